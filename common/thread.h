@@ -1,0 +1,37 @@
+// Thread: a named OS thread owned by the component that starts it, joined when
+// the owner is destroyed. Every thread in HyMCache is one of these (or a gRPC
+// callback thread), so `top -H` and gdb show who is who.
+//
+// Thread safety: Start/Join from the owning thread only.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <thread>
+
+namespace hymcache {
+
+class Thread {
+ public:
+  Thread() = default;
+  // Starts `fn` on a new thread named `name` (truncated to 15 characters).
+  Thread(std::string name, std::function<void()> fn);
+  ~Thread() { Join(); }
+  Thread(Thread&&) = default;
+  Thread& operator=(Thread&& other) {
+    Join();
+    t_ = std::move(other.t_);
+    return *this;
+  }
+
+  // Waits for the thread to finish. Idempotent.
+  void Join() {
+    if (t_.joinable()) t_.join();
+  }
+  bool joinable() const { return t_.joinable(); }
+
+ private:
+  std::thread t_;
+};
+
+}  // namespace hymcache

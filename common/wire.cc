@@ -1,0 +1,162 @@
+#include "common/wire.h"
+
+#include <cstring>
+
+#include "absl/base/internal/endian.h"
+#include "absl/strings/str_cat.h"
+
+namespace hymcache::wire {
+namespace {
+
+using absl::little_endian::Load16;
+using absl::little_endian::Load32;
+using absl::little_endian::Load64;
+using absl::little_endian::Store16;
+using absl::little_endian::Store32;
+using absl::little_endian::Store64;
+
+bool KnownType(uint8_t t) {
+  return t >= static_cast<uint8_t>(FrameType::kReadRequest) &&
+         t <= static_cast<uint8_t>(FrameType::kPong);
+}
+
+}  // namespace
+
+void EncodeHeader(const FrameHeader& h, uint8_t out[kHeaderBytes]) {
+  Store32(out + 0, kMagic);
+  out[4] = kVersion;
+  out[5] = static_cast<uint8_t>(h.type);
+  Store16(out + 6, h.op_count);
+  Store64(out + 8, h.request_id);
+  Store64(out + 16, h.payload_bytes);
+  Store32(out + 24, h.status);
+  Store32(out + 28, 0);
+}
+
+absl::StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kHeaderBytes]) {
+  uint32_t magic = Load32(in);
+  if (magic != kMagic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data plane: bad magic 0x", absl::Hex(magic),
+                     " (not a HyMCache data-plane peer)"));
+  }
+  if (in[4] != kVersion) {
+    return absl::UnimplementedError(
+        absl::StrCat("data plane: protocol version ", in[4],
+                     " not supported (this side speaks ", kVersion, ")"));
+  }
+  if (!KnownType(in[5])) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data plane: unknown frame type ", in[5]));
+  }
+  if (Load32(in + 28) != 0) {
+    return absl::InvalidArgumentError("data plane: reserved header bits set");
+  }
+  FrameHeader h;
+  h.type = static_cast<FrameType>(in[5]);
+  h.op_count = Load16(in + 6);
+  h.request_id = Load64(in + 8);
+  h.payload_bytes = Load64(in + 16);
+  h.status = Load32(in + 24);
+  if (h.op_count > kMaxOps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data plane: ", h.op_count, " ops in one frame (limit ", kMaxOps, ")"));
+  }
+  switch (h.type) {
+    case FrameType::kReadRequest:
+    case FrameType::kWriteRequest:
+      if (h.op_count == 0) {
+        return absl::InvalidArgumentError("data plane: request with no ops");
+      }
+      if (h.type == FrameType::kReadRequest && h.payload_bytes != 0) {
+        return absl::InvalidArgumentError(
+            "data plane: read request carries a payload");
+      }
+      if (h.payload_bytes > uint64_t{kMaxOps} * kMaxObjectBytes) {
+        return absl::InvalidArgumentError("data plane: payload too large");
+      }
+      break;
+    case FrameType::kReadResponse:
+      if (h.payload_bytes > uint64_t{kMaxOps} * kMaxObjectBytes) {
+        return absl::InvalidArgumentError("data plane: payload too large");
+      }
+      break;
+    case FrameType::kWriteResponse:
+    case FrameType::kPing:
+    case FrameType::kPong:
+      if (h.payload_bytes != 0) {
+        return absl::InvalidArgumentError(
+            "data plane: unexpected payload on a control frame");
+      }
+      break;
+    case FrameType::kError:
+      if (h.op_count != 0 || h.payload_bytes > kMaxErrorBytes) {
+        return absl::InvalidArgumentError("data plane: malformed error frame");
+      }
+      break;
+  }
+  if ((h.type == FrameType::kPing || h.type == FrameType::kPong) &&
+      h.op_count != 0) {
+    return absl::InvalidArgumentError("data plane: ping with ops");
+  }
+  return h;
+}
+
+void EncodeOp(const OpDesc& op, uint8_t out[kOpBytes]) {
+  Store32(out + 0, op.region_id);
+  Store32(out + 4, op.status);
+  Store64(out + 8, op.addr);
+  Store64(out + 16, op.length);
+  Store64(out + 24, op.generation);
+}
+
+OpDesc DecodeOp(const uint8_t in[kOpBytes]) {
+  OpDesc op;
+  op.region_id = Load32(in + 0);
+  op.status = Load32(in + 4);
+  op.addr = Load64(in + 8);
+  op.length = Load64(in + 16);
+  op.generation = Load64(in + 24);
+  return op;
+}
+
+absl::Status ValidateOps(const FrameHeader& h, absl::Span<const OpDesc> ops) {
+  if (ops.size() != h.op_count) {
+    return absl::InvalidArgumentError("data plane: op count mismatch");
+  }
+  uint64_t sum = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const OpDesc& op = ops[i];
+    if (op.length == 0 || op.length > kMaxObjectBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data plane: op ", i, " length ", op.length,
+                       " outside 1..", kMaxObjectBytes));
+    }
+    if (op.addr > UINT64_MAX - op.length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data plane: op ", i, " address overflows"));
+    }
+    bool counts = h.type == FrameType::kWriteRequest ||
+                  (h.type == FrameType::kReadResponse && op.status == 0);
+    if (counts) sum += op.length;  // <= kMaxOps * 2^30: cannot overflow
+  }
+  if ((h.type == FrameType::kWriteRequest ||
+       h.type == FrameType::kReadResponse) &&
+      sum != h.payload_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data plane: payload is ", h.payload_bytes,
+                     " bytes but the ops add up to ", sum));
+  }
+  return absl::OkStatus();
+}
+
+uint32_t ToWireCode(absl::StatusCode code) { return static_cast<uint32_t>(code); }
+
+absl::StatusCode FromWireCode(uint32_t code) {
+  if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::StatusCode::kUnknown;
+  }
+  return static_cast<absl::StatusCode>(code);
+}
+
+}  // namespace hymcache::wire

@@ -1,0 +1,140 @@
+#include "common/wire.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <vector>
+
+namespace hymcache::wire {
+namespace {
+
+std::vector<uint8_t> Header(const FrameHeader& h) {
+  std::vector<uint8_t> b(kHeaderBytes);
+  EncodeHeader(h, b.data());
+  return b;
+}
+
+TEST_CASE("header and op round-trip") {
+  FrameHeader h;
+  h.type = FrameType::kWriteRequest;
+  h.op_count = 3;
+  h.request_id = 0x1122334455667788ull;
+  h.payload_bytes = 12345;
+  h.status = 7;
+  auto b = Header(h);
+  auto d = DecodeHeader(b.data());
+  REQUIRE(d.ok());
+  CHECK(d->type == FrameType::kWriteRequest);
+  CHECK(d->op_count == 3);
+  CHECK(d->request_id == h.request_id);
+  CHECK(d->payload_bytes == 12345);
+  CHECK(d->status == 7);
+
+  OpDesc op{9, 3, 1ull << 40, 4096, 77};
+  uint8_t ob[kOpBytes];
+  EncodeOp(op, ob);
+  OpDesc o = DecodeOp(ob);
+  CHECK(o.region_id == 9);
+  CHECK(o.status == 3);
+  CHECK(o.addr == (1ull << 40));
+  CHECK(o.length == 4096);
+  CHECK(o.generation == 77);
+}
+
+TEST_CASE("hostile headers are rejected before anything is allocated") {
+  FrameHeader h;
+  h.type = FrameType::kReadRequest;
+  h.op_count = 1;
+
+  SECTION("bad magic") {
+    auto b = Header(h);
+    b[0] ^= 0xff;
+    auto d = DecodeHeader(b.data());
+    CHECK(d.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+  SECTION("other version") {
+    auto b = Header(h);
+    b[4] = 2;
+    CHECK(DecodeHeader(b.data()).status().code() ==
+          absl::StatusCode::kUnimplemented);
+  }
+  SECTION("unknown type") {
+    auto b = Header(h);
+    b[5] = 99;
+    CHECK_FALSE(DecodeHeader(b.data()).ok());
+    b[5] = 0;
+    CHECK_FALSE(DecodeHeader(b.data()).ok());
+  }
+  SECTION("too many ops") {
+    h.op_count = kMaxOps + 1;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    h.op_count = 0xffff;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+  }
+  SECTION("request with no ops") {
+    h.op_count = 0;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+  }
+  SECTION("read request with a payload") {
+    h.payload_bytes = 1;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+  }
+  SECTION("absurd write payload") {
+    h.type = FrameType::kWriteRequest;
+    h.payload_bytes = ~0ull;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+  }
+  SECTION("oversized error message") {
+    h.type = FrameType::kError;
+    h.op_count = 0;
+    h.payload_bytes = kMaxErrorBytes + 1;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+  }
+  SECTION("reserved bits") {
+    auto b = Header(h);
+    b[30] = 1;
+    CHECK_FALSE(DecodeHeader(b.data()).ok());
+  }
+}
+
+TEST_CASE("op tables are checked against the header") {
+  FrameHeader h;
+  h.type = FrameType::kWriteRequest;
+  h.op_count = 2;
+  std::vector<OpDesc> ops = {{0, 0, 0, 100, 1}, {0, 0, 4096, 50, 2}};
+
+  h.payload_bytes = 150;
+  CHECK(ValidateOps(h, ops).ok());
+  h.payload_bytes = 149;
+  CHECK_FALSE(ValidateOps(h, ops).ok());  // truncated payload
+  h.payload_bytes = 150;
+
+  ops[1].length = 0;
+  CHECK_FALSE(ValidateOps(h, ops).ok());
+  ops[1].length = kMaxObjectBytes + 1;
+  CHECK_FALSE(ValidateOps(h, ops).ok());
+  ops[1].length = 50;
+  ops[1].addr = UINT64_MAX - 10;
+  CHECK_FALSE(ValidateOps(h, ops).ok());
+  ops[1].addr = 0;
+
+  // A read response counts only the ops that succeeded.
+  h.type = FrameType::kReadResponse;
+  ops[1].status = ToWireCode(absl::StatusCode::kNotFound);
+  h.payload_bytes = 100;
+  CHECK(ValidateOps(h, ops).ok());
+  h.payload_bytes = 150;
+  CHECK_FALSE(ValidateOps(h, ops).ok());
+
+  // Op count must match.
+  h.op_count = 3;
+  CHECK_FALSE(ValidateOps(h, ops).ok());
+}
+
+TEST_CASE("status codes survive the wire; unknown ones become kUnknown") {
+  CHECK(FromWireCode(ToWireCode(absl::StatusCode::kNotFound)) ==
+        absl::StatusCode::kNotFound);
+  CHECK(FromWireCode(12345) == absl::StatusCode::kUnknown);
+}
+
+}  // namespace
+}  // namespace hymcache::wire
