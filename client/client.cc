@@ -1,0 +1,442 @@
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "client/tcp_transport.h"
+#include "client/transport.h"
+#include "common/mutex.h"
+#include "common/net.h"
+#include "common/status_macros.h"
+#include "proto/master.grpc.pb.h"
+
+namespace hymcache {
+
+absl::Status ClientOptions::Validate() const {
+  if (master_address.empty()) {
+    return absl::InvalidArgumentError("ClientOptions.master_address is required");
+  }
+  if (auto hp = SplitHostPort(master_address); !hp.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.master_address: ", hp.status().message()));
+  }
+  if (default_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.default_deadline must be positive");
+  }
+  if (max_idle_connections_per_node < 0) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.max_idle_connections_per_node must be >= 0");
+  }
+  if (max_keys_per_rpc == 0 || max_keys_per_rpc > 1024) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.max_keys_per_rpc must be in 1..1024");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+namespace pb = ::hymcache::v1;
+
+absl::Status FromGrpc(const grpc::Status& s, const char* what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+ObjectLocation FromProto(const pb::Location& l) {
+  ObjectLocation o;
+  o.node_id = l.node_id();
+  o.region_id = l.region_id();
+  o.addr = l.addr();
+  o.length = l.length();
+  o.generation = l.generation();
+  return o;
+}
+
+RemoteRef ToRef(const ObjectLocation& l) {
+  return RemoteRef{l.region_id, l.addr, l.length, l.generation};
+}
+
+class ClientImpl : public Client {
+ public:
+  ClientImpl(const ClientOptions& options,
+             std::unique_ptr<pb::MasterService::Stub> stub,
+             std::unique_ptr<Transport> transport)
+      : options_(options),
+        stub_(std::move(stub)),
+        transport_(std::move(transport)) {}
+
+  absl::StatusOr<LookupResult> BatchLookup(absl::Span<const std::string> keys,
+                                           const CallOptions& call) override {
+    RETURN_IF_ERROR(CheckKeys(keys));
+    absl::Time deadline = Deadline(call);
+    LookupResult out;
+    RETURN_IF_ERROR(Lookup(keys, deadline, /*stop_at_miss=*/false, &out));
+    return out;
+  }
+
+  absl::StatusOr<PutResult> Put(absl::Span<const std::string> keys,
+                                absl::Span<const ConstBuffer> buffers,
+                                const CallOptions& call) override {
+    RETURN_IF_ERROR(CheckKeys(keys));
+    if (keys.size() != buffers.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Put: ", keys.size(), " keys but ", buffers.size(), " buffers"));
+    }
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (buffers[i].size == 0 || buffers[i].data == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Put: buffer ", i, " is empty"));
+      }
+    }
+    absl::Time deadline = Deadline(call);
+    PutResult out;
+    out.outcomes.assign(keys.size(), PutOutcome::kFailed);
+    out.errors.assign(keys.size(), absl::OkStatus());
+    uint32_t node = 0;
+    for (size_t begin = 0; begin < keys.size();
+         begin += options_.max_keys_per_rpc) {
+      size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
+      absl::Status st = PutChunk(keys.subspan(begin, n),
+                                 buffers.subspan(begin, n), begin, deadline,
+                                 &node, &out);
+      if (!st.ok()) {
+        if (begin == 0) return st;  // nothing happened yet: the call failed
+        for (size_t i = begin; i < keys.size(); ++i) out.errors[i] = st;
+        break;
+      }
+    }
+    out.node_id = node;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      switch (out.outcomes[i]) {
+        case PutOutcome::kStored:
+          ++out.stored;
+          break;
+        case PutOutcome::kAlreadyStored:
+        case PutOutcome::kInProgress:
+          ++out.skipped;
+          break;
+        case PutOutcome::kFailed:
+          ++out.failed;
+          if (out.errors[i].ok()) {
+            out.errors[i] = absl::UnknownError("not stored");
+          }
+          break;
+      }
+    }
+    return out;
+  }
+
+  absl::StatusOr<GetResult> Get(absl::Span<const std::string> keys,
+                                absl::Span<const MutableBuffer> buffers,
+                                const CallOptions& call) override {
+    RETURN_IF_ERROR(CheckKeys(keys));
+    if (keys.size() != buffers.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Get: ", keys.size(), " keys but ", buffers.size(), " buffers"));
+    }
+    absl::Time deadline = Deadline(call);
+    LookupResult found;
+    RETURN_IF_ERROR(Lookup(keys, deadline, /*stop_at_miss=*/true, &found));
+
+    GetResult out;
+    out.hit_prefix = found.hit_prefix;
+    size_t usable = found.hit_prefix;
+    out.stop_reason =
+        usable < keys.size()
+            ? absl::NotFoundError(absl::StrCat("key ", usable, " is not stored"))
+            : absl::OkStatus();
+    for (size_t i = 0; i < usable; ++i) {
+      if (buffers[i].size < found.locations[i].length ||
+          buffers[i].data == nullptr) {
+        out.stop_reason = absl::OutOfRangeError(absl::StrCat(
+            "Get: buffer ", i, " holds ", buffers[i].size, " bytes, object is ",
+            found.locations[i].length));
+        usable = i;
+        break;
+      }
+    }
+    // Read runs of consecutive blocks on the same node as one batch each.
+    size_t i = 0;
+    while (i < usable) {
+      size_t j = i;
+      uint32_t node = found.locations[i].node_id;
+      while (j < usable && found.locations[j].node_id == node) ++j;
+      absl::StatusOr<PeerInfo> peer = Peer(node);
+      if (!peer.ok()) {
+        out.stop_reason = peer.status();
+        break;
+      }
+      std::vector<ReadOp> ops;
+      ops.reserve(j - i);
+      for (size_t k = i; k < j; ++k) {
+        ops.push_back(ReadOp{ToRef(found.locations[k]), buffers[k].data});
+      }
+      std::vector<absl::Status> st = transport_->Read(*peer, ops, deadline);
+      size_t ok = 0;
+      while (ok < st.size() && st[ok].ok()) ++ok;
+      for (size_t k = i; k < i + ok; ++k) {
+        out.lengths.push_back(found.locations[k].length);
+      }
+      out.loaded = i + ok;
+      if (ok < st.size()) {
+        out.stop_reason = st[ok];
+        break;
+      }
+      i = j;
+    }
+    if (out.loaded == keys.size()) out.stop_reason = absl::OkStatus();
+    return out;
+  }
+
+  absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string> keys,
+                                           const CallOptions& call) override {
+    RETURN_IF_ERROR(CheckKeys(keys));
+    absl::Time deadline = Deadline(call);
+    std::vector<bool> out;
+    for (size_t begin = 0; begin < keys.size();
+         begin += options_.max_keys_per_rpc) {
+      size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
+      pb::RemoveRequest req;
+      for (size_t i = begin; i < begin + n; ++i) req.add_keys(keys[i]);
+      pb::RemoveResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+      RETURN_IF_ERROR(FromGrpc(stub_->Remove(&ctx, req, &resp), "Remove"));
+      for (bool b : resp.removed()) out.push_back(b);
+    }
+    return out;
+  }
+
+  absl::StatusOr<ClusterStatus> GetClusterStatus(const CallOptions& call) override {
+    pb::GetStatsRequest req;
+    pb::GetStatsResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(Deadline(call)));
+    RETURN_IF_ERROR(FromGrpc(stub_->GetStats(&ctx, req, &resp), "GetStats"));
+    ClusterStatus out;
+    out.object_count = resp.object_count();
+    out.object_bytes = resp.object_bytes();
+    out.pending_puts = resp.pending_puts();
+    out.index_bytes_per_entry = resp.index_bytes_per_entry();
+    for (const pb::NodeInfo& n : resp.nodes()) {
+      NodeStatus s;
+      s.node_id = n.node_id();
+      s.name = n.name();
+      s.data_address = n.data_address();
+      s.control_address = n.control_address();
+      s.alive = n.alive();
+      s.last_heartbeat_unix_ms = n.last_heartbeat_unix_ms();
+      s.capacity_bytes = n.capacity_bytes();
+      s.used_bytes = n.used_bytes();
+      s.object_count = n.object_count();
+      if (n.regions_size() > 0) s.device_kind = n.regions(0).device_kind();
+      out.nodes.push_back(std::move(s));
+    }
+    return out;
+  }
+
+ private:
+  absl::Time Deadline(const CallOptions& call) const {
+    if (call.deadline == absl::InfinitePast()) {
+      return absl::Now() + options_.default_deadline;
+    }
+    return call.deadline;
+  }
+
+  static absl::Status CheckKeys(absl::Span<const std::string> keys) {
+    if (keys.empty()) return absl::InvalidArgumentError("empty key list");
+    return absl::OkStatus();
+  }
+
+  void Remember(const pb::NodeInfo& n) {
+    PeerInfo p;
+    p.node_id = n.node_id();
+    p.data_address = n.data_address();
+    for (const auto& [k, v] : n.transport_params()) p.params[k] = v;
+    MutexLock l(&mu_);
+    peers_[p.node_id] = std::move(p);
+  }
+
+  absl::StatusOr<PeerInfo> Peer(uint32_t node_id) {
+    MutexLock l(&mu_);
+    auto it = peers_.find(node_id);
+    if (it == peers_.end()) {
+      return absl::UnavailableError(
+          absl::StrCat("no address known for storage node ", node_id));
+    }
+    return it->second;
+  }
+
+  // Looks keys up in RPCs of max_keys_per_rpc. With stop_at_miss, stops
+  // after the first RPC that ends the hit prefix (later keys are reported
+  // missing). An RPC failure after the first returns what was found so far.
+  absl::Status Lookup(absl::Span<const std::string> keys, absl::Time deadline,
+                      bool stop_at_miss, LookupResult* out) {
+    out->found.assign(keys.size(), false);
+    out->locations.assign(keys.size(), ObjectLocation{});
+    out->hit_prefix = 0;
+    bool prefix_open = true;
+    for (size_t begin = 0; begin < keys.size();
+         begin += options_.max_keys_per_rpc) {
+      size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
+      pb::BatchLookupRequest req;
+      for (size_t i = begin; i < begin + n; ++i) req.add_keys(keys[i]);
+      pb::BatchLookupResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+      absl::Status st = FromGrpc(stub_->BatchLookup(&ctx, req, &resp), "BatchLookup");
+      if (!st.ok()) {
+        if (begin == 0) return st;
+        break;
+      }
+      if (static_cast<size_t>(resp.results_size()) != n) {
+        return absl::InternalError("BatchLookup: master returned a short answer");
+      }
+      for (const pb::NodeInfo& node : resp.nodes()) Remember(node);
+      for (size_t i = 0; i < n; ++i) {
+        const pb::LookupResult& r = resp.results(static_cast<int>(i));
+        out->found[begin + i] = r.found();
+        if (r.found()) out->locations[begin + i] = FromProto(r.location());
+        if (prefix_open && r.found()) {
+          ++out->hit_prefix;
+        } else {
+          prefix_open = false;
+        }
+      }
+      if (stop_at_miss && !prefix_open) break;
+    }
+    return absl::OkStatus();
+  }
+
+  // One PutStart / writes / PutCommit round for keys [offset, offset+n).
+  absl::Status PutChunk(absl::Span<const std::string> keys,
+                        absl::Span<const ConstBuffer> buffers, size_t offset,
+                        absl::Time deadline, uint32_t* node, PutResult* out) {
+    pb::PutStartRequest req;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      req.add_keys(keys[i]);
+      req.add_lengths(buffers[i].size);
+    }
+    req.set_preferred_node_id(*node);
+    pb::PutStartResponse resp;
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+      RETURN_IF_ERROR(FromGrpc(stub_->PutStart(&ctx, req, &resp), "PutStart"));
+    }
+    if (static_cast<size_t>(resp.slots_size()) != keys.size()) {
+      return absl::InternalError("PutStart: master returned a short answer");
+    }
+    std::vector<WriteOp> ops;
+    std::vector<size_t> op_index;  // op -> key index in this chunk
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const pb::PutSlot& slot = resp.slots(static_cast<int>(i));
+      switch (slot.state()) {
+        case pb::SLOT_EXISTS:
+          out->outcomes[offset + i] = PutOutcome::kAlreadyStored;
+          break;
+        case pb::SLOT_IN_PROGRESS:
+          out->outcomes[offset + i] = PutOutcome::kInProgress;
+          break;
+        default: {
+          ObjectLocation loc = FromProto(slot.location());
+          if (loc.length != buffers[i].size) {
+            return absl::InternalError("PutStart: allocation of the wrong size");
+          }
+          ops.push_back(WriteOp{ToRef(loc), buffers[i].data});
+          op_index.push_back(i);
+        }
+      }
+    }
+    if (ops.empty()) return absl::OkStatus();
+    Remember(resp.node());
+    *node = resp.node().node_id();
+    PeerInfo peer;
+    peer.node_id = resp.node().node_id();
+    peer.data_address = resp.node().data_address();
+    for (const auto& [k, v] : resp.node().transport_params()) peer.params[k] = v;
+
+    std::vector<absl::Status> st = transport_->Write(peer, ops, deadline);
+    pb::PutCommitRequest commit;
+    commit.set_put_id(resp.put_id());
+    size_t good = 0;
+    for (size_t k = 0; k < ops.size(); ++k) {
+      if (st[k].ok()) {
+        ++good;
+      } else {
+        commit.add_failed_indexes(static_cast<uint32_t>(op_index[k]));
+        out->errors[offset + op_index[k]] = st[k];
+      }
+    }
+    if (absl::Now() >= deadline) {
+      // No time left to commit: the master frees the space when the put
+      // expires. Report the written blocks as not stored.
+      for (size_t k = 0; k < ops.size(); ++k) {
+        if (st[k].ok()) {
+          out->errors[offset + op_index[k]] =
+              absl::DeadlineExceededError("Put: deadline passed before commit");
+        }
+      }
+      return absl::OkStatus();
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    if (good == 0) {
+      pb::PutAbortRequest abort;
+      abort.set_put_id(resp.put_id());
+      pb::PutAbortResponse ar;
+      FromGrpc(stub_->PutAbort(&ctx, abort, &ar), "PutAbort").IgnoreError();
+      return absl::OkStatus();
+    }
+    pb::PutCommitResponse cr;
+    absl::Status cs = FromGrpc(stub_->PutCommit(&ctx, commit, &cr), "PutCommit");
+    for (size_t k = 0; k < ops.size(); ++k) {
+      if (!st[k].ok()) continue;
+      if (cs.ok()) {
+        out->outcomes[offset + op_index[k]] = PutOutcome::kStored;
+      } else {
+        out->errors[offset + op_index[k]] = cs;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const ClientOptions options_;
+  const std::unique_ptr<pb::MasterService::Stub> stub_;
+  const std::unique_ptr<Transport> transport_;
+
+  Mutex mu_;
+  absl::flat_hash_map<uint32_t, PeerInfo> peers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(
+    const ClientOptions& options) {
+  RETURN_IF_ERROR(options.Validate());
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(
+      options.master_address, grpc::InsecureChannelCredentials(), args);
+  std::unique_ptr<Transport> transport;
+  switch (options.transport) {
+    case TransportKind::kTcp: {
+      TcpTransportOptions t;
+      t.max_idle_per_peer = options.max_idle_connections_per_node;
+      transport = NewTcpTransport(t);
+      break;
+    }
+  }
+  return std::unique_ptr<Client>(new ClientImpl(
+      options, pb::MasterService::NewStub(channel), std::move(transport)));
+}
+
+}  // namespace hymcache

@@ -1,0 +1,157 @@
+// hymcache::Client: the C++ SDK an inference server links to store and load
+// KV-cache blocks.
+//
+// Blocks are named by keys (see block_key.h for prefix-chained keys). The
+// master maps each key to a Location on a storage node; the bytes move over
+// the data plane (TCP today) straight between the node and the caller's
+// buffers.
+//
+//   auto client = hymcache::Client::Create({.master_address = "host:50051"});
+//   client->Put(keys, buffers);            // new blocks of a request
+//   auto got = client->Get(keys, buffers); // the leading run of hits
+//   // blocks [got->loaded, keys.size()) are recomputed by the engine
+//
+// Every call takes a deadline (default 10 s). When it passes, the call
+// returns what it finished and the caller recomputes the rest; it never
+// writes into the caller's buffers after returning.
+//
+// Thread safety: a Client is safe for concurrent use without external
+// synchronization.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "client/options.h"
+
+namespace hymcache {
+
+// Caller-owned memory.
+struct ConstBuffer {
+  const void* data = nullptr;
+  size_t size = 0;
+};
+struct MutableBuffer {
+  void* data = nullptr;
+  size_t size = 0;
+};
+
+// Where an object lives (see proto/common.proto Location).
+struct ObjectLocation {
+  uint32_t node_id = 0;
+  uint32_t region_id = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint64_t generation = 0;
+};
+
+struct LookupResult {
+  // Per key, in order: whether it is stored (on a live node).
+  std::vector<bool> found;
+  // Per key; meaningful where found.
+  std::vector<ObjectLocation> locations;
+  // Number of leading keys found: the reusable prefix.
+  size_t hit_prefix = 0;
+};
+
+enum class PutOutcome {
+  kStored,         // written and committed by this call
+  kAlreadyStored,  // the key was already stored: nothing written
+  kInProgress,     // another writer is storing the key: nothing written
+  kFailed,         // not stored; see PutResult::errors
+};
+
+struct PutResult {
+  // Per key, in order.
+  std::vector<PutOutcome> outcomes;
+  // Per key: OK, or why it failed.
+  std::vector<absl::Status> errors;
+  size_t stored = 0;
+  size_t skipped = 0;  // kAlreadyStored + kInProgress
+  size_t failed = 0;
+  // Node the stored blocks went to (0 if none).
+  uint32_t node_id = 0;
+};
+
+struct GetResult {
+  // Blocks [0, loaded) are in the caller's buffers, complete.
+  size_t loaded = 0;
+  // Byte length of each loaded block.
+  std::vector<uint64_t> lengths;
+  // Leading keys the master reported stored (>= loaded).
+  size_t hit_prefix = 0;
+  // Why loading stopped before the end of the key list: NotFound (a miss or
+  // the object vanished), DeadlineExceeded, Unavailable (node unreachable),
+  // OutOfRange (a buffer was too small). OK when everything was loaded.
+  absl::Status stop_reason;
+};
+
+struct NodeStatus {
+  uint32_t node_id = 0;
+  std::string name;
+  std::string data_address;
+  std::string control_address;
+  bool alive = false;
+  int64_t last_heartbeat_unix_ms = 0;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t object_count = 0;
+  std::string device_kind;
+};
+
+struct ClusterStatus {
+  std::vector<NodeStatus> nodes;
+  uint64_t object_count = 0;
+  uint64_t object_bytes = 0;
+  uint64_t pending_puts = 0;
+  uint64_t index_bytes_per_entry = 0;
+};
+
+class Client {
+ public:
+  // Connects lazily: Create succeeds while the master is down; calls then
+  // fail with Unavailable until it is up. InvalidArgument on bad options.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(
+      const ClientOptions& options);
+
+  virtual ~Client() = default;
+
+  // Looks up `keys` in order. Errors: InvalidArgument (empty list, empty or
+  // oversized key), Unavailable, DeadlineExceeded.
+  virtual absl::StatusOr<LookupResult> BatchLookup(
+      absl::Span<const std::string> keys, const CallOptions& call = {}) = 0;
+
+  // Stores `buffers[i]` under `keys[i]`: all new blocks of one call go to one
+  // storage node. Keys already stored are skipped. Per-key failures (a node
+  // refusing a write, the deadline) are reported in the result, and the keys
+  // written before them are still committed. Errors (whole call):
+  // InvalidArgument (sizes differ, empty buffer, bad key), ResourceExhausted
+  // (no node has room), Unavailable.
+  virtual absl::StatusOr<PutResult> Put(absl::Span<const std::string> keys,
+                                        absl::Span<const ConstBuffer> buffers,
+                                        const CallOptions& call = {}) = 0;
+
+  // Loads the leading run of stored keys into `buffers` (buffers[i] must hold
+  // the object of keys[i]). Returns how far it got; see GetResult. Errors
+  // (whole call): InvalidArgument (sizes differ), Unavailable or
+  // DeadlineExceeded from the master before anything was loaded.
+  virtual absl::StatusOr<GetResult> Get(absl::Span<const std::string> keys,
+                                        absl::Span<const MutableBuffer> buffers,
+                                        const CallOptions& call = {}) = 0;
+
+  // Removes keys; per key whether it was stored.
+  virtual absl::StatusOr<std::vector<bool>> Remove(
+      absl::Span<const std::string> keys, const CallOptions& call = {}) = 0;
+
+  // Nodes, liveness, capacity and object counts.
+  virtual absl::StatusOr<ClusterStatus> GetClusterStatus(
+      const CallOptions& call = {}) = 0;
+};
+
+}  // namespace hymcache

@@ -1,0 +1,48 @@
+// Options for the HyMCache client SDK. See client.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace hymcache {
+
+// How object bytes move between this process and storage nodes.
+enum class TransportKind {
+  // Length-prefixed binary framing over TCP (works everywhere).
+  kTcp,
+};
+
+struct ClientOptions {
+  // gRPC address of the master, "host:port". Required.
+  std::string master_address;
+
+  // Deadline of a call that is given none. When it passes, the call returns
+  // what it has finished (Get: the blocks loaded so far) and the engine
+  // recomputes the rest. Default: 10 s.
+  absl::Duration default_deadline = absl::Seconds(10);
+
+  // Data-plane transport. Default: kTcp.
+  TransportKind transport = TransportKind::kTcp;
+
+  // Idle data-plane connections kept per storage node for reuse. Default: 8.
+  int max_idle_connections_per_node = 8;
+
+  // Keys per master RPC; longer key lists are split. At most the master's
+  // limit (1024 by default). Default: 1024.
+  uint32_t max_keys_per_rpc = 1024;
+
+  // Checks every field; InvalidArgument names the bad one.
+  absl::Status Validate() const;
+};
+
+// Per-call options.
+struct CallOptions {
+  // Absolute deadline. Default: absl::InfinitePast() = now + the client's
+  // default_deadline.
+  absl::Time deadline = absl::InfinitePast();
+};
+
+}  // namespace hymcache

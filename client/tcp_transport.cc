@@ -1,0 +1,293 @@
+#include "client/tcp_transport.h"
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/mutex.h"
+#include "common/net.h"
+#include "common/status_macros.h"
+#include "common/wire.h"
+
+namespace hymcache {
+namespace {
+
+using wire::FrameHeader;
+using wire::FrameType;
+using wire::OpDesc;
+
+wire::OpDesc ToOp(const RemoteRef& r) {
+  OpDesc op;
+  op.region_id = r.region_id;
+  op.addr = r.addr;
+  op.length = r.length;
+  op.generation = r.generation;
+  return op;
+}
+
+class TcpTransport : public Transport {
+ public:
+  explicit TcpTransport(const TcpTransportOptions& options)
+      : options_(options) {}
+
+  std::string_view name() const override { return "tcp"; }
+
+  std::vector<absl::Status> Read(const PeerInfo& peer,
+                                 absl::Span<const ReadOp> ops,
+                                 absl::Time deadline) override {
+    std::vector<absl::Status> out(ops.size());
+    size_t i = 0;
+    while (i < ops.size()) {
+      size_t n = std::min<size_t>(ops.size() - i, wire::kMaxOps);
+      RunBatch(peer, deadline, absl::MakeSpan(out).subspan(i, n),
+               [&](Socket& s, absl::Span<absl::Status> st,
+                   bool* response_started) {
+                 return ReadFrame(s, ops.subspan(i, n), st, deadline,
+                                  response_started);
+               });
+      // Stop at the first transport failure: later ops would only wait.
+      bool failed = false;
+      for (size_t k = i; k < i + n; ++k) {
+        if (IsTransportFailure(out[k])) failed = true;
+      }
+      i += n;
+      if (failed) {
+        for (size_t k = i; k < ops.size(); ++k) out[k] = out[i - 1];
+        break;
+      }
+    }
+    return out;
+  }
+
+  std::vector<absl::Status> Write(const PeerInfo& peer,
+                                  absl::Span<const WriteOp> ops,
+                                  absl::Time deadline) override {
+    std::vector<absl::Status> out(ops.size());
+    size_t i = 0;
+    while (i < ops.size()) {
+      size_t n = std::min<size_t>(ops.size() - i, wire::kMaxOps);
+      RunBatch(peer, deadline, absl::MakeSpan(out).subspan(i, n),
+               [&](Socket& s, absl::Span<absl::Status> st,
+                   bool* response_started) {
+                 return WriteFrame(s, ops.subspan(i, n), st, deadline,
+                                   response_started);
+               });
+      i += n;
+    }
+    return out;
+  }
+
+ private:
+  static bool IsTransportFailure(const absl::Status& s) {
+    return s.code() == absl::StatusCode::kUnavailable ||
+           s.code() == absl::StatusCode::kDeadlineExceeded;
+  }
+
+  // Runs one frame exchange on a pooled or new connection. A pooled
+  // connection the peer closed while idle fails before any response byte
+  // arrives; then the frame is retried once on a fresh connection (the peer
+  // never saw it, so this cannot apply anything twice).
+  template <typename Fn>
+  void RunBatch(const PeerInfo& peer, absl::Time deadline,
+                absl::Span<absl::Status> statuses, Fn&& fn) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      bool pooled = false;
+      auto sock = Take(peer.data_address, deadline, &pooled);
+      if (!sock.ok()) {
+        for (auto& s : statuses) s = sock.status();
+        return;
+      }
+      bool response_started = false;
+      absl::Status st = fn(*sock, statuses, &response_started);
+      if (st.ok()) {
+        Give(peer.data_address, std::move(*sock));
+        return;
+      }
+      // The connection is in an unknown state: drop it.
+      if (pooled && !response_started &&
+          st.code() == absl::StatusCode::kUnavailable && attempt == 0) {
+        continue;
+      }
+      // Ops not completed before the failure carry it.
+      for (auto& s : statuses) {
+        if (s.code() == absl::StatusCode::kAborted &&
+            s.message() == kPending) {
+          s = st;
+        }
+      }
+      return;
+    }
+  }
+
+  static constexpr const char* kPending = "pending";
+
+  absl::Status SendRequest(Socket& s, FrameType type,
+                           absl::Span<const OpDesc> ops, uint64_t payload,
+                           std::vector<iovec>& payload_iov, uint64_t id,
+                           absl::Time deadline) {
+    FrameHeader h;
+    h.type = type;
+    h.op_count = static_cast<uint16_t>(ops.size());
+    h.request_id = id;
+    h.payload_bytes = payload;
+    std::vector<uint8_t> head(wire::kHeaderBytes + ops.size() * wire::kOpBytes);
+    wire::EncodeHeader(h, head.data());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      wire::EncodeOp(ops[i], head.data() + wire::kHeaderBytes + i * wire::kOpBytes);
+    }
+    std::vector<iovec> iov;
+    iov.reserve(1 + payload_iov.size());
+    iov.push_back({head.data(), head.size()});
+    iov.insert(iov.end(), payload_iov.begin(), payload_iov.end());
+    return SendAllV(s.fd(), iov.data(), static_cast<int>(iov.size()), deadline);
+  }
+
+  // Receives a response header and op table for request `id`. Sets
+  // *response_started once any byte has arrived.
+  absl::StatusOr<std::pair<FrameHeader, std::vector<OpDesc>>> RecvResponse(
+      Socket& s, FrameType want, uint64_t id, size_t op_count,
+      absl::Time deadline, bool* response_started) {
+    uint8_t hb[wire::kHeaderBytes];
+    bool got_any = false;
+    absl::Status st = RecvAll(s.fd(), hb, sizeof(hb), deadline, &got_any);
+    if (got_any) *response_started = true;
+    if (!st.ok()) return st;
+    auto h = wire::DecodeHeader(hb);
+    if (!h.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("bad response from storage node: ", h.status().message()));
+    }
+    if (h->type == FrameType::kError) {
+      std::string msg(h->payload_bytes, '\0');
+      RETURN_IF_ERROR(RecvAll(s.fd(), msg.data(), msg.size(), deadline));
+      absl::StatusCode code = wire::FromWireCode(h->status);
+      if (code == absl::StatusCode::kOk) code = absl::StatusCode::kInternal;
+      // The node closes the connection after an error frame.
+      return absl::Status(code, absl::StrCat("storage node: ", msg));
+    }
+    if (h->type != want || h->request_id != id || h->op_count != op_count) {
+      return absl::UnavailableError("storage node answered out of protocol");
+    }
+    std::vector<uint8_t> table(op_count * wire::kOpBytes);
+    RETURN_IF_ERROR(RecvAll(s.fd(), table.data(), table.size(), deadline));
+    std::vector<OpDesc> ops(op_count);
+    for (size_t i = 0; i < op_count; ++i) {
+      ops[i] = wire::DecodeOp(table.data() + i * wire::kOpBytes);
+    }
+    absl::Status v = wire::ValidateOps(*h, ops);
+    if (!v.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("bad response from storage node: ", v.message()));
+    }
+    return std::make_pair(*h, std::move(ops));
+  }
+
+  // Returns OK when the connection is still in sync (reusable).
+  absl::Status ReadFrame(Socket& s, absl::Span<const ReadOp> ops,
+                         absl::Span<absl::Status> statuses,
+                         absl::Time deadline, bool* response_started) {
+    std::vector<OpDesc> descs;
+    descs.reserve(ops.size());
+    for (const ReadOp& op : ops) descs.push_back(ToOp(op.src));
+    for (auto& st : statuses) st = absl::AbortedError(kPending);
+    uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+    std::vector<iovec> none;
+    RETURN_IF_ERROR(SendRequest(s, FrameType::kReadRequest, descs, 0,
+                                       none, id, deadline));
+    auto resp = RecvResponse(s, FrameType::kReadResponse, id, ops.size(),
+                             deadline, response_started);
+    if (!resp.ok()) return resp.status();
+    auto& got = resp->second;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (got[i].length != descs[i].length || got[i].addr != descs[i].addr) {
+        return absl::UnavailableError("storage node answered out of protocol");
+      }
+    }
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (got[i].status != 0) {
+        absl::StatusCode code = wire::FromWireCode(got[i].status);
+        statuses[i] = absl::Status(
+            code, absl::StrCat("storage node refused read of region ",
+                               descs[i].region_id, " addr ", descs[i].addr,
+                               " generation ", descs[i].generation));
+        continue;
+      }
+      absl::Status st =
+          RecvAll(s.fd(), ops[i].dst, descs[i].length, deadline);
+      if (!st.ok()) return st;
+      statuses[i] = absl::OkStatus();
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteFrame(Socket& s, absl::Span<const WriteOp> ops,
+                          absl::Span<absl::Status> statuses,
+                          absl::Time deadline, bool* response_started) {
+    std::vector<OpDesc> descs;
+    std::vector<iovec> iov;
+    uint64_t payload = 0;
+    for (const WriteOp& op : ops) {
+      descs.push_back(ToOp(op.dst));
+      iov.push_back({const_cast<void*>(op.src), op.dst.length});
+      payload += op.dst.length;
+    }
+    for (auto& st : statuses) st = absl::AbortedError(kPending);
+    uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+    RETURN_IF_ERROR(SendRequest(s, FrameType::kWriteRequest, descs,
+                                       payload, iov, id, deadline));
+    auto resp = RecvResponse(s, FrameType::kWriteResponse, id, ops.size(),
+                             deadline, response_started);
+    if (!resp.ok()) return resp.status();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      uint32_t code = resp->second[i].status;
+      statuses[i] =
+          code == 0 ? absl::OkStatus()
+                    : absl::Status(wire::FromWireCode(code),
+                                   absl::StrCat("storage node refused write of region ",
+                                                descs[i].region_id, " addr ",
+                                                descs[i].addr));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Socket> Take(const std::string& address, absl::Time deadline,
+                              bool* pooled) {
+    {
+      MutexLock l(&mu_);
+      auto it = idle_.find(address);
+      if (it != idle_.end() && !it->second.empty()) {
+        Socket s = std::move(it->second.back());
+        it->second.pop_back();
+        *pooled = true;
+        return s;
+      }
+    }
+    *pooled = false;
+    return ConnectTcp(address, deadline);
+  }
+
+  void Give(const std::string& address, Socket s) {
+    MutexLock l(&mu_);
+    auto& pool = idle_[address];
+    if (static_cast<int>(pool.size()) < options_.max_idle_per_peer) {
+      pool.push_back(std::move(s));
+    }
+  }
+
+  const TcpTransportOptions options_;
+  std::atomic<uint64_t> next_id_{1};
+
+  Mutex mu_;
+  absl::flat_hash_map<std::string, std::vector<Socket>> idle_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> NewTcpTransport(const TcpTransportOptions& options) {
+  return std::make_unique<TcpTransport>(options);
+}
+
+}  // namespace hymcache

@@ -1,0 +1,79 @@
+// Transport: how object bytes move between a client and storage nodes.
+//
+// The shape is one-sided from day one: "read <node, region, addr, len> into
+// this caller-owned buffer" and "write this buffer to <node, region, addr>",
+// batched. The TCP implementation asks the node to do it; an RDMA transport
+// posts READ/WRITE work requests against the node's registered region; a
+// same-host shared-memory transport copies from a mapping. Callers do not
+// change between them.
+//
+// Internal to the client library (not a public header of //client).
+//
+// Thread safety: implementations are safe for concurrent use.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace hymcache {
+
+// How to reach one storage node.
+struct PeerInfo {
+  uint32_t node_id = 0;
+  // TCP data plane "host:port".
+  std::string data_address;
+  // Transport-specific parameters published by the node (rdma, shm...).
+  std::map<std::string, std::string> params;
+};
+
+// A span of node memory holding (part of) one allocation.
+struct RemoteRef {
+  uint32_t region_id = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint64_t generation = 0;
+};
+
+struct ReadOp {
+  RemoteRef src;
+  // Caller-owned, at least src.length bytes.
+  void* dst = nullptr;
+};
+
+struct WriteOp {
+  RemoteRef dst;
+  // Caller-owned, src.length bytes; not modified.
+  const void* src = nullptr;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual std::string_view name() const = 0;
+
+  // Reads every op from `peer`, in order, into its caller-owned buffer.
+  // Returns one status per op: OK (all bytes are in the buffer), NotFound
+  // (the object is gone or its space was reused), DeadlineExceeded,
+  // Unavailable (peer unreachable or failed mid-transfer), or another error.
+  // After a transport failure the remaining ops carry that failure. When Read
+  // returns, nothing writes into the buffers any more.
+  virtual std::vector<absl::Status> Read(const PeerInfo& peer,
+                                         absl::Span<const ReadOp> ops,
+                                         absl::Time deadline) = 0;
+
+  // Writes every op to `peer`. Statuses as for Read; an op that failed left
+  // nothing readable at its destination.
+  virtual std::vector<absl::Status> Write(const PeerInfo& peer,
+                                          absl::Span<const WriteOp> ops,
+                                          absl::Time deadline) = 0;
+};
+
+}  // namespace hymcache

@@ -1,0 +1,518 @@
+// End-to-end tests: the real hymcache-master and hymcache-storage binaries on
+// loopback (port 0), driven through the client SDK and raw protocol calls.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/block_key.h"
+#include "client/client.h"
+#include "client/tcp_transport.h"
+#include "common/net.h"
+#include "common/wire.h"
+#include "proto/master.grpc.pb.h"
+#include "tests/daemon.h"
+
+namespace hymcache {
+namespace {
+
+using testing::MasterProcess;
+using testing::StorageProcess;
+using testing::TempDir;
+namespace pb = ::hymcache::v1;
+
+std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {
+  std::vector<uint8_t> b(n);
+  std::mt19937 rng(seed);
+  for (auto& x : b) x = static_cast<uint8_t>(rng());
+  return b;
+}
+
+std::vector<std::string> Keys(size_t n, const std::string& model = "m") {
+  KeyNamespace ns;
+  ns.model = model;
+  BlockKeyBuilder b(ns, 16);
+  std::vector<int32_t> tokens(n * 16);
+  std::iota(tokens.begin(), tokens.end(), 1);
+  return b.Keys(tokens);
+}
+
+std::unique_ptr<Client> NewClient(const std::string& master) {
+  ClientOptions o;
+  o.master_address = master;
+  auto c = Client::Create(o);
+  REQUIRE(c.ok());
+  return std::move(*c);
+}
+
+// Waits until the master reports `alive` live nodes.
+void WaitForNodes(Client& c, size_t alive) {
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  size_t seen = 0;
+  while (absl::Now() < deadline) {
+    auto st = c.GetClusterStatus();
+    if (st.ok()) {
+      seen = 0;
+      for (const auto& n : st->nodes) seen += n.alive ? 1 : 0;
+      if (seen == alive) return;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  FAIL("cluster never reached " << alive << " live nodes (saw " << seen << ")");
+}
+
+struct Blocks {
+  std::vector<std::string> keys;
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<ConstBuffer> in() const {
+    std::vector<ConstBuffer> v;
+    for (const auto& d : data) v.push_back({d.data(), d.size()});
+    return v;
+  }
+};
+
+Blocks MakeBlocks(const std::vector<std::string>& keys,
+                  const std::vector<size_t>& sizes, uint32_t seed) {
+  Blocks b;
+  b.keys = keys;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    b.data.push_back(Bytes(sizes[i % sizes.size()], seed + i));
+  }
+  return b;
+}
+
+// Gets every key into fresh buffers and checks the loaded prefix byte for byte.
+GetResult GetAndVerify(Client& c, const Blocks& b, size_t slack = 0) {
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<MutableBuffer> bufs;
+  for (const auto& d : b.data) out.emplace_back(d.size() + slack, 0xEE);
+  for (auto& o : out) bufs.push_back({o.data(), o.size()});
+  auto r = c.Get(b.keys, bufs);
+  REQUIRE(r.ok());
+  REQUIRE(r->lengths.size() == r->loaded);
+  for (size_t i = 0; i < r->loaded; ++i) {
+    INFO("block " << i);
+    REQUIRE(r->lengths[i] == b.data[i].size());
+    REQUIRE(std::memcmp(out[i].data(), b.data[i].data(), b.data[i].size()) == 0);
+  }
+  return *r;
+}
+
+struct Cluster {
+  std::string dir = TempDir("cluster");
+  MasterProcess master;
+  std::vector<StorageProcess> nodes;
+  std::unique_ptr<Client> client;
+
+  explicit Cluster(int n_nodes, std::vector<std::string> master_flags = {}) {
+    auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0", master_flags);
+    REQUIRE(m.ok());
+    master = std::move(*m);
+    for (int i = 0; i < n_nodes; ++i) AddNode(absl::StrCat("node-", i));
+    client = NewClient(master.address);
+    WaitForNodes(*client, nodes.size());
+  }
+  void AddNode(const std::string& name) {
+    auto s = StorageProcess::Start(master.address, name,
+                                   {"--dram_bytes=268435456"});
+    INFO(s.status().ToString());
+    REQUIRE(s.ok());
+    nodes.push_back(std::move(*s));
+  }
+};
+
+TEST_CASE("put, lookup and get round-trip byte for byte with prefix semantics") {
+  Cluster c(1);
+  auto keys = Keys(8);
+  Blocks all = MakeBlocks(keys, {1, 4095, 4096, (1 << 20) + 7, 16 << 20, 3, 100000, 65536}, 7);
+
+  Blocks first5;
+  first5.keys.assign(keys.begin(), keys.begin() + 5);
+  first5.data.assign(all.data.begin(), all.data.begin() + 5);
+  auto put = c.client->Put(first5.keys, first5.in());
+  REQUIRE(put.ok());
+  CHECK(put->stored == 5);
+  CHECK(put->failed == 0);
+
+  auto look = c.client->BatchLookup(keys);
+  REQUIRE(look.ok());
+  CHECK(look->hit_prefix == 5);
+  for (size_t i = 0; i < 8; ++i) CHECK(look->found[i] == (i < 5));
+  CHECK(look->locations[4].length == (16u << 20));
+
+  GetResult got = GetAndVerify(*c.client, all, /*slack=*/3);
+  CHECK(got.loaded == 5);
+  CHECK(got.hit_prefix == 5);
+  CHECK(got.stop_reason.code() == absl::StatusCode::kNotFound);
+
+  // Storing again writes nothing.
+  auto again = c.client->Put(first5.keys, first5.in());
+  REQUIRE(again.ok());
+  CHECK(again->skipped == 5);
+  CHECK(again->stored == 0);
+
+  // A hole: blocks 6 and 7 stored, block 5 not. The reusable prefix stays 5.
+  Blocks tail;
+  tail.keys = {keys[6], keys[7]};
+  tail.data = {all.data[6], all.data[7]};
+  REQUIRE(c.client->Put(tail.keys, tail.in())->stored == 2);
+  CHECK(c.client->BatchLookup(keys)->hit_prefix == 5);
+  CHECK(GetAndVerify(*c.client, all).loaded == 5);
+
+  // Filling the hole makes the whole chain loadable.
+  Blocks hole;
+  hole.keys = {keys[5]};
+  hole.data = {all.data[5]};
+  REQUIRE(c.client->Put(hole.keys, hole.in())->stored == 1);
+  got = GetAndVerify(*c.client, all);
+  CHECK(got.loaded == 8);
+  CHECK(got.stop_reason.ok());
+
+  // A buffer too small stops the load there.
+  {
+    std::vector<std::vector<uint8_t>> out;
+    std::vector<MutableBuffer> bufs;
+    for (const auto& d : all.data) out.emplace_back(d.size());
+    out[3].resize(10);
+    for (auto& o : out) bufs.push_back({o.data(), o.size()});
+    auto r = c.client->Get(keys, bufs);
+    REQUIRE(r.ok());
+    CHECK(r->loaded == 3);
+    CHECK(r->stop_reason.code() == absl::StatusCode::kOutOfRange);
+  }
+
+  // Remove cuts the prefix.
+  auto rm = c.client->Remove({keys[2]});
+  REQUIRE(rm.ok());
+  CHECK((*rm)[0]);
+  CHECK_FALSE((*c.client->Remove({keys[2]}))[0]);
+  CHECK(GetAndVerify(*c.client, all).loaded == 2);
+
+  // Keys are namespaced: the same tokens under another model miss.
+  CHECK(c.client->BatchLookup(Keys(8, "other-model"))->hit_prefix == 0);
+
+  auto st = c.client->GetClusterStatus();
+  REQUIRE(st.ok());
+  CHECK(st->object_count == 7);
+  REQUIRE(st->nodes.size() == 1);
+  CHECK(st->nodes[0].object_count == 7);
+  CHECK(st->nodes[0].used_bytes > 0);
+}
+
+TEST_CASE("placement: one request on one node, successive requests spread") {
+  Cluster c(2);
+  auto keys = Keys(24);
+  std::set<uint32_t> nodes_used;
+  for (int r = 0; r < 6; ++r) {
+    std::vector<std::string> k(keys.begin() + r * 4, keys.begin() + r * 4 + 4);
+    Blocks b = MakeBlocks(k, {64 << 10}, r * 10);
+    auto put = c.client->Put(b.keys, b.in());
+    REQUIRE(put.ok());
+    REQUIRE(put->stored == 4);
+    auto look = c.client->BatchLookup(k);
+    REQUIRE(look.ok());
+    REQUIRE(look->hit_prefix == 4);
+    for (const auto& l : look->locations) CHECK(l.node_id == put->node_id);
+    nodes_used.insert(put->node_id);
+    CHECK(GetAndVerify(*c.client, b).loaded == 4);
+  }
+  CHECK(nodes_used.size() == 2);
+  auto st = c.client->GetClusterStatus();
+  REQUIRE(st.ok());
+  for (const auto& n : st->nodes) CHECK(n.object_count > 0);
+}
+
+TEST_CASE("master kill -9 and restart keeps every committed key readable") {
+  Cluster c(1);
+  auto keys = Keys(20);
+  Blocks b = MakeBlocks(keys, {200 << 10, 3000}, 99);
+  auto put = c.client->Put(b.keys, b.in());
+  REQUIRE(put.ok());
+  REQUIRE(put->stored == 20);
+
+  REQUIRE(c.master.daemon.Stop(SIGKILL).ok());
+  CHECK_FALSE(c.client->BatchLookup(keys).ok());  // master is down
+
+  auto m = MasterProcess::Start(c.dir + "/master", c.master.address);
+  REQUIRE(m.ok());
+  c.master = std::move(*m);
+  auto look = c.client->BatchLookup(keys);
+  REQUIRE(look.ok());
+  CHECK(look->hit_prefix == 20);
+  CHECK(GetAndVerify(*c.client, b).loaded == 20);
+
+  // The node keeps heartbeating to the new master; new writes work and get
+  // newer generations than anything before the crash.
+  uint64_t max_gen = 0;
+  for (const auto& l : look->locations) max_gen = std::max(max_gen, l.generation);
+  auto more = Keys(24);
+  Blocks b2 = MakeBlocks({more[20], more[21]}, {5000}, 5);
+  REQUIRE(c.client->Put(b2.keys, b2.in())->stored == 2);
+  auto l2 = c.client->BatchLookup(b2.keys);
+  REQUIRE(l2.ok());
+  for (const auto& l : l2->locations) CHECK(l.generation > max_gen);
+  CHECK(GetAndVerify(*c.client, b2).loaded == 2);
+}
+
+TEST_CASE("a dead storage node's keys turn into misses") {
+  Cluster c(2, {"--node_timeout_ms=1500"});
+  auto keys = Keys(4);
+  Blocks b = MakeBlocks(keys, {10000}, 3);
+  auto put = c.client->Put(b.keys, b.in());
+  REQUIRE(put.ok());
+  REQUIRE(put->stored == 4);
+  auto st = c.client->GetClusterStatus();
+  REQUIRE(st.ok());
+  // Find and kill the node holding the blocks.
+  std::string victim_addr;
+  for (const auto& n : st->nodes) {
+    if (n.node_id == put->node_id) victim_addr = n.data_address;
+  }
+  bool killed = false;
+  for (auto& n : c.nodes) {
+    if (n.data_address == victim_addr) {
+      REQUIRE(n.daemon.Stop(SIGKILL).ok());
+      killed = true;
+    }
+  }
+  REQUIRE(killed);
+
+  // Before the master notices, a Get fails fast on the data plane and
+  // reports what it has (nothing) instead of hanging.
+  {
+    std::vector<std::vector<uint8_t>> out(4, std::vector<uint8_t>(10000));
+    std::vector<MutableBuffer> bufs;
+    for (auto& o : out) bufs.push_back({o.data(), o.size()});
+    auto r = c.client->Get(keys, bufs);
+    if (r.ok()) CHECK(r->loaded == 0);
+  }
+
+  absl::Time deadline = absl::Now() + absl::Seconds(15);
+  size_t hits = 4;
+  while (absl::Now() < deadline) {
+    auto look = c.client->BatchLookup(keys);
+    REQUIRE(look.ok());
+    hits = look->hit_prefix;
+    if (hits == 0) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  CHECK(hits == 0);
+  WaitForNodes(*c.client, 1);
+
+  // New writes go to the surviving node.
+  auto k2 = Keys(6);
+  Blocks b2 = MakeBlocks({k2[4], k2[5]}, {777}, 1);
+  auto p2 = c.client->Put(b2.keys, b2.in());
+  REQUIRE(p2.ok());
+  CHECK(p2->stored == 2);
+  CHECK(p2->node_id != put->node_id);
+  CHECK(GetAndVerify(*c.client, b2).loaded == 2);
+}
+
+TEST_CASE("SIGTERM: the storage node drains, deregisters and exits 0") {
+  Cluster c(1);
+  auto keys = Keys(2);
+  Blocks b = MakeBlocks(keys, {4096}, 11);
+  REQUIRE(c.client->Put(b.keys, b.in())->stored == 2);
+  auto status = c.nodes[0].daemon.Stop(SIGTERM);
+  REQUIRE(status.ok());
+  CHECK(WIFEXITED(*status));
+  CHECK(WEXITSTATUS(*status) == 0);
+  // Deregistered at once (no waiting for the node timeout): its DRAM
+  // objects are gone.
+  auto st = c.client->GetClusterStatus();
+  REQUIRE(st.ok());
+  REQUIRE(st->nodes.size() == 1);
+  CHECK_FALSE(st->nodes[0].alive);
+  CHECK(c.client->BatchLookup(keys)->hit_prefix == 0);
+  // The master itself also stops cleanly.
+  auto ms = c.master.daemon.Stop(SIGTERM);
+  REQUIRE(ms.ok());
+  CHECK(WIFEXITED(*ms));
+  CHECK(WEXITSTATUS(*ms) == 0);
+}
+
+TEST_CASE("calls past their deadline return what they have") {
+  Cluster c(1);
+  auto keys = Keys(3);
+  Blocks b = MakeBlocks(keys, {1 << 20}, 5);
+  REQUIRE(c.client->Put(b.keys, b.in())->stored == 3);
+  std::vector<std::vector<uint8_t>> out(3, std::vector<uint8_t>(1 << 20));
+  std::vector<MutableBuffer> bufs;
+  for (auto& o : out) bufs.push_back({o.data(), o.size()});
+  CallOptions late;
+  late.deadline = absl::Now() - absl::Seconds(1);
+  auto r = c.client->Get(keys, bufs, late);
+  CHECK(r.status().code() == absl::StatusCode::kDeadlineExceeded);
+  auto p = c.client->Put(keys, b.in(), late);
+  CHECK(p.status().code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+// Raw requests: every malformed one gets a clear error; the daemons stay up
+// and nothing already committed is lost.
+TEST_CASE("malformed requests get errors while the daemons stay up") {
+  Cluster c(1);
+  auto keys = Keys(3);
+  Blocks b = MakeBlocks(keys, {8192}, 21);
+  REQUIRE(c.client->Put(b.keys, b.in())->stored == 3);
+
+  auto channel = grpc::CreateChannel(c.master.address,
+                                     grpc::InsecureChannelCredentials());
+  auto stub = pb::MasterService::NewStub(channel);
+  auto call_put = [&](const pb::PutStartRequest& req) {
+    grpc::ClientContext ctx;
+    pb::PutStartResponse resp;
+    return stub->PutStart(&ctx, req, &resp).error_code();
+  };
+  SECTION("master rejects bad puts and lookups") {
+    pb::PutStartRequest req;
+    CHECK(call_put(req) == grpc::INVALID_ARGUMENT);  // no keys
+    req.add_keys(std::string(300, 'k'));
+    req.add_lengths(10);
+    CHECK(call_put(req) == grpc::INVALID_ARGUMENT);  // key too long
+    req.set_keys(0, "");
+    CHECK(call_put(req) == grpc::INVALID_ARGUMENT);  // empty key
+    req.set_keys(0, "ok-key");
+    req.set_lengths(0, 0);
+    CHECK(call_put(req) == grpc::INVALID_ARGUMENT);  // zero length
+    req.set_lengths(0, uint64_t{1} << 40);
+    CHECK(call_put(req) == grpc::INVALID_ARGUMENT);  // oversized length
+    req.set_lengths(0, 10);
+    req.add_lengths(20);
+    CHECK(call_put(req) == grpc::INVALID_ARGUMENT);  // count mismatch
+    req.clear_lengths();
+    req.add_lengths(10);
+    req.add_keys("ok-key");
+    req.add_lengths(10);
+    CHECK(call_put(req) == grpc::INVALID_ARGUMENT);  // duplicate key
+    pb::PutStartRequest unknown;
+    unknown.add_keys("x");
+    unknown.add_lengths(10);
+    unknown.set_preferred_node_id(999);
+    CHECK(call_put(unknown) == grpc::NOT_FOUND);  // unknown node
+    pb::PutStartRequest huge;
+    huge.add_keys("y");
+    huge.add_lengths(uint64_t{1} << 30);  // larger than the node
+    CHECK(call_put(huge) == grpc::RESOURCE_EXHAUSTED);
+    pb::PutStartRequest many;
+    for (int i = 0; i < 5000; ++i) {
+      many.add_keys(absl::StrCat("k", i));
+      many.add_lengths(1);
+    }
+    CHECK(call_put(many) == grpc::INVALID_ARGUMENT);  // batch too large
+
+    {
+      grpc::ClientContext ctx;
+      pb::PutCommitRequest r;
+      r.set_put_id(123456789);
+      pb::PutCommitResponse resp;
+      CHECK(stub->PutCommit(&ctx, r, &resp).error_code() == grpc::NOT_FOUND);
+    }
+    {
+      grpc::ClientContext ctx;
+      pb::BatchLookupRequest r;
+      pb::BatchLookupResponse resp;
+      CHECK(stub->BatchLookup(&ctx, r, &resp).error_code() ==
+            grpc::INVALID_ARGUMENT);
+    }
+    {
+      grpc::ClientContext ctx;
+      pb::RegisterNodeRequest r;
+      r.set_name("bad");
+      r.set_data_address("no-port");
+      pb::RegisterNodeResponse resp;
+      CHECK(stub->RegisterNode(&ctx, r, &resp).error_code() ==
+            grpc::INVALID_ARGUMENT);
+    }
+    {
+      grpc::ClientContext ctx;
+      pb::HeartbeatRequest r;
+      r.set_node_id(4242);
+      pb::HeartbeatResponse resp;
+      auto s = stub->Heartbeat(&ctx, r, &resp);
+      CHECK((!s.ok() || resp.reregister()));
+    }
+  }
+  SECTION("storage node rejects hostile data-plane frames") {
+    const std::string& addr = c.nodes[0].data_address;
+    auto deadline = [] { return absl::Now() + absl::Seconds(5); };
+    // Garbage bytes: an error frame, then the connection closes.
+    {
+      auto s = ConnectTcp(addr, deadline());
+      REQUIRE(s.ok());
+      std::string junk(64, 'Z');
+      REQUIRE(SendAll(s->fd(), junk.data(), junk.size(), deadline()).ok());
+      uint8_t h[wire::kHeaderBytes];
+      REQUIRE(RecvAll(s->fd(), h, sizeof(h), deadline()).ok());
+      auto hdr = wire::DecodeHeader(h);
+      REQUIRE(hdr.ok());
+      CHECK(hdr->type == wire::FrameType::kError);
+    }
+    // A header announcing 65535 ops: refused before anything is allocated.
+    {
+      auto s = ConnectTcp(addr, deadline());
+      REQUIRE(s.ok());
+      uint8_t h[wire::kHeaderBytes];
+      wire::FrameHeader fh;
+      fh.type = wire::FrameType::kReadRequest;
+      fh.op_count = 1;
+      wire::EncodeHeader(fh, h);
+      h[6] = 0xff;
+      h[7] = 0xff;
+      REQUIRE(SendAll(s->fd(), h, sizeof(h), deadline()).ok());
+      REQUIRE(RecvAll(s->fd(), h, sizeof(h), deadline()).ok());
+      CHECK(wire::DecodeHeader(h)->type == wire::FrameType::kError);
+    }
+    // A write whose payload is cut off mid-way: nothing becomes readable.
+    {
+      auto s = ConnectTcp(addr, deadline());
+      REQUIRE(s.ok());
+      uint8_t buf[wire::kHeaderBytes + wire::kOpBytes];
+      wire::FrameHeader fh;
+      fh.type = wire::FrameType::kWriteRequest;
+      fh.op_count = 1;
+      fh.payload_bytes = 1 << 20;
+      wire::EncodeHeader(fh, buf);
+      wire::OpDesc op;
+      op.addr = 200 << 20;
+      op.length = 1 << 20;
+      op.generation = 1ull << 60;
+      wire::EncodeOp(op, buf + wire::kHeaderBytes);
+      REQUIRE(SendAll(s->fd(), buf, sizeof(buf), deadline()).ok());
+      std::string half(1000, 'h');
+      REQUIRE(SendAll(s->fd(), half.data(), half.size(), deadline()).ok());
+    }
+    // Reads with a wrong generation, an unknown region or out of bounds
+    // get per-op errors, not bytes.
+    auto look = c.client->BatchLookup(keys);
+    REQUIRE(look.ok());
+    auto t = NewTcpTransport({});
+    PeerInfo peer{look->locations[0].node_id, addr, {}};
+    std::vector<uint8_t> sink(1 << 20);
+    const ObjectLocation& l = look->locations[0];
+    std::vector<ReadOp> ops = {
+        {{l.region_id, l.addr, l.length, l.generation + 1000}, sink.data()},
+        {{l.region_id + 7, l.addr, l.length, l.generation}, sink.data()},
+        {{l.region_id, uint64_t{1} << 40, 4096, l.generation}, sink.data()},
+        {{l.region_id, 200 << 20, 1 << 20, 1ull << 60}, sink.data()},
+    };
+    auto st = t->Read(peer, ops, deadline());
+    for (const auto& s : st) CHECK_FALSE(s.ok());
+  }
+  // Both daemons are still up and everything committed is intact.
+  CHECK(c.master.daemon.Alive());
+  CHECK(c.nodes[0].daemon.Alive());
+  CHECK(GetAndVerify(*c.client, b).loaded == 3);
+}
+
+}  // namespace
+}  // namespace hymcache

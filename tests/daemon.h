@@ -1,0 +1,73 @@
+// Test harness: runs the real hymcache-master / hymcache-storage binaries as
+// child processes on loopback with port 0, reading the bound ports back from
+// the one line each daemon prints when it is serving.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace hymcache::testing {
+
+// Path of a binary in this test's runfiles, e.g. "master/hymcache-master".
+std::string RunfilePath(const std::string& workspace_relative);
+
+// A fresh directory under TEST_TMPDIR.
+std::string TempDir(const std::string& name);
+
+class Daemon {
+ public:
+  Daemon() = default;
+  ~Daemon();  // SIGKILLs a still-running child
+  Daemon(Daemon&& o) noexcept;
+  Daemon& operator=(Daemon&& o) noexcept;
+
+  // Starts `binary` with `args` and waits (up to `timeout`) for its first
+  // stdout line, returned by ready_line().
+  static absl::StatusOr<Daemon> Start(const std::string& binary,
+                                      const std::vector<std::string>& args,
+                                      absl::Duration timeout = absl::Seconds(30));
+
+  const std::string& ready_line() const { return ready_line_; }
+  pid_t pid() const { return pid_; }
+  bool running() const { return pid_ > 0; }
+
+  // Sends `sig` and waits for exit; returns the exit status (waitpid form).
+  absl::StatusOr<int> Stop(int sig, absl::Duration timeout = absl::Seconds(30));
+  // Whether the child is still alive (reaps it if it exited).
+  bool Alive();
+
+ private:
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  std::string ready_line_;
+};
+
+// Value of "key=VALUE" in a ready line, or "" if absent.
+std::string Field(const std::string& line, const std::string& key);
+
+// A master binary: parses "hymcache-master listening on HOST:PORT".
+struct MasterProcess {
+  Daemon daemon;
+  std::string address;
+  static absl::StatusOr<MasterProcess> Start(const std::string& db_path,
+                                             const std::string& listen,
+                                             std::vector<std::string> extra = {});
+};
+
+// A storage binary: parses "hymcache-storage data=H:P control=H:P".
+struct StorageProcess {
+  Daemon daemon;
+  std::string data_address;
+  std::string control_address;
+  static absl::StatusOr<StorageProcess> Start(const std::string& master,
+                                              const std::string& name,
+                                              std::vector<std::string> extra = {});
+};
+
+}  // namespace hymcache::testing

@@ -1,0 +1,127 @@
+// hymctl and the demo workload against real daemons.
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/time/clock.h"
+#include "tests/daemon.h"
+#include "tools/demo/demo.h"
+#include "tools/hymctl/hymctl.h"
+
+namespace hymcache {
+namespace {
+
+using testing::MasterProcess;
+using testing::StorageProcess;
+using testing::TempDir;
+
+int Ctl(const std::string& master, std::vector<std::string> args,
+        std::string* out, bool json = false, bool hex = false) {
+  hymctl::Options o;
+  o.master_address = master;
+  o.json = json;
+  o.hex_keys = hex;
+  std::ostringstream os, es;
+  int rc = hymctl::Run(o, args, os, es);
+  *out = os.str() + es.str();
+  return rc;
+}
+
+struct Small {
+  std::string dir = TempDir("tools");
+  MasterProcess master;
+  StorageProcess node;
+  Small() {
+    auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0");
+    REQUIRE(m.ok());
+    master = std::move(*m);
+    auto s = StorageProcess::Start(master.address, "tools-node", {"--dram_bytes=134217728"});
+    REQUIRE(s.ok());
+    node = std::move(*s);
+    std::string out;
+    for (int i = 0; i < 300; ++i) {
+      if (Ctl(master.address, {"status"}, &out, true) == 0 &&
+          nlohmann::json::parse(out)["nodes"].size() == 1 &&
+          nlohmann::json::parse(out)["nodes"][0]["alive"] == true) {
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    FAIL("node never registered: " << out);
+  }
+};
+
+TEST_CASE("hymctl status, put, get, lookup, rm") {
+  Small c;
+  std::string out;
+  REQUIRE(Ctl(c.master.address, {"status"}, &out) == 0);
+  CHECK(out.find("tools-node") != std::string::npos);
+  CHECK(out.find("alive") != std::string::npos);
+
+  std::string in_file = c.dir + "/in.bin", out_file = c.dir + "/out.bin";
+  std::string payload(300000, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 31);
+  std::ofstream(in_file, std::ios::binary) << payload;
+
+  REQUIRE(Ctl(c.master.address, {"put", "greeting", in_file}, &out) == 0);
+  CHECK(out.find("stored greeting") != std::string::npos);
+  REQUIRE(Ctl(c.master.address, {"put", "greeting", in_file}, &out) == 0);
+  CHECK(out.find("already stored") != std::string::npos);
+
+  REQUIRE(Ctl(c.master.address, {"get", "greeting", out_file}, &out) == 0);
+  std::ifstream got(out_file, std::ios::binary);
+  std::string back((std::istreambuf_iterator<char>(got)), std::istreambuf_iterator<char>());
+  CHECK(back == payload);
+
+  REQUIRE(Ctl(c.master.address, {"lookup", "greeting", "absent"}, &out, true) == 0);
+  auto j = nlohmann::json::parse(out);
+  CHECK(j["hit_prefix"] == 1);
+  CHECK(j["results"][0]["found"] == true);
+  CHECK(j["results"][0]["length"] == payload.size());
+  CHECK(j["results"][1]["found"] == false);
+
+  // Hex keys name the same bytes.
+  REQUIRE(Ctl(c.master.address, {"lookup", "6772656574696e67"}, &out, true, true) == 0);
+  CHECK(nlohmann::json::parse(out)["hit_prefix"] == 1);
+  CHECK(Ctl(c.master.address, {"lookup", "zz"}, &out, false, true) == 2);
+
+  REQUIRE(Ctl(c.master.address, {"status"}, &out, true) == 0);
+  j = nlohmann::json::parse(out);
+  CHECK(j["objects"] == 1);
+  CHECK(j["nodes"][0]["used_bytes"].get<uint64_t>() >= payload.size());
+
+  REQUIRE(Ctl(c.master.address, {"rm", "greeting"}, &out) == 0);
+  CHECK(out.find("yes") != std::string::npos);
+  CHECK(Ctl(c.master.address, {"get", "greeting", out_file}, &out) == 1);
+  CHECK(out.find("not stored") != std::string::npos);
+
+  // Usage errors.
+  CHECK(Ctl(c.master.address, {}, &out) == 2);
+  CHECK(Ctl(c.master.address, {"frobnicate"}, &out) == 2);
+  CHECK(Ctl(c.master.address, {"put", "k"}, &out) == 2);
+  CHECK(Ctl(c.master.address, {"put", "k", c.dir + "/missing"}, &out) == 1);
+}
+
+TEST_CASE("the demo workload reuses prefixes and verifies every byte") {
+  Small c;
+  demo::DemoOptions o;
+  o.master_address = c.master.address;
+  o.conversations = 2;
+  o.turns = 3;
+  o.block_tokens = 64;
+  o.tokens_per_turn = 128;
+  o.block_bytes = 64 << 10;
+  std::ostringstream out;
+  absl::Status s = demo::Run(o, out);
+  INFO(out.str());
+  REQUIRE(s.ok());
+  // Turn 1 stores 2 blocks per conversation, turn 2 reuses them and adds 4,
+  // turn 3 reuses 6 and adds 4: 2*(0+2+6) = 16 of 2*(2+6+10) = 36 loaded.
+  CHECK(out.str().find("36 blocks needed, 16 loaded") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace hymcache

@@ -1,0 +1,139 @@
+// get_bench: loopback GET throughput of HyMCache against the raw loopback
+// socket limit, measured side by side in one run.
+//
+//   bazel run -c opt //tools/bench:get_bench -- --block_mib=16 --blocks=16 --rounds=8
+//
+// Starts an in-process master and storage node (DRAM device) on 127.0.0.1,
+// stores `blocks` blocks, then times `rounds` Gets of all of them (one batch
+// per Get). The baseline is one TCP stream on loopback where a server answers
+// each 1-byte request with a block from memory: the same request/response
+// shape with no protocol, index or bounds checks.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gflags/gflags.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/net.h"
+#include "common/thread.h"
+#include "master/master_server.h"
+#include "storage_node/storage_node.h"
+
+DEFINE_uint64(block_mib, 16, "block size in MiB");
+DEFINE_int32(blocks, 16, "blocks per Get");
+DEFINE_int32(rounds, 8, "timed Gets");
+DEFINE_string(db_path, "", "master RocksDB dir (default: a temp dir)");
+
+namespace hymcache {
+namespace {
+
+double RawSocketGBps(size_t block, int blocks, int rounds) {
+  auto ls = ListenTcp("127.0.0.1", 0);
+  if (!ls.ok()) return -1;
+  int port = *LocalPort(ls->fd());
+  std::vector<char> src(block, 'x');
+  Thread server("raw-server", [&] {
+    int fd = accept(ls->fd(), nullptr, nullptr);
+    Socket s(fd);
+    TuneDataSocket(fd);
+    char c;
+    while (RecvAll(fd, &c, 1, absl::InfiniteFuture()).ok()) {
+      if (!SendAll(fd, src.data(), src.size(), absl::InfiniteFuture()).ok()) break;
+    }
+  });
+  auto c = ConnectTcp(absl::StrCat("127.0.0.1:", port), absl::InfiniteFuture());
+  std::vector<char> dst(block);
+  auto one = [&] {
+    char r = 'r';
+    SendAll(c->fd(), &r, 1, absl::InfiniteFuture()).IgnoreError();
+    RecvAll(c->fd(), dst.data(), dst.size(), absl::InfiniteFuture()).IgnoreError();
+  };
+  for (int i = 0; i < blocks; ++i) one();  // warm up
+  absl::Time t0 = absl::Now();
+  for (int r = 0; r < rounds; ++r) {
+    for (int i = 0; i < blocks; ++i) one();
+  }
+  double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  c->Close();
+  server.Join();
+  return static_cast<double>(block) * blocks * rounds / secs / 1e9;
+}
+
+int Main() {
+  size_t block = FLAGS_block_mib << 20;
+  std::string db = FLAGS_db_path.empty()
+                       ? absl::StrCat("/tmp/hymcache-get-bench-", getpid())
+                       : FLAGS_db_path;
+  MasterOptions mo;
+  mo.db_path = db;
+  auto master = MasterServer::Create(mo);
+  if (!master.ok()) {
+    fprintf(stderr, "master: %s\n", master.status().ToString().c_str());
+    return 1;
+  }
+  StorageNodeOptions so;
+  so.master_address = (*master)->address();
+  so.dram_bytes = block * FLAGS_blocks + (64 << 20);
+  auto node = StorageNode::Create(so);
+  if (!node.ok() || !(*node)->WaitRegistered(absl::Now() + absl::Seconds(10))) {
+    fprintf(stderr, "storage node did not come up\n");
+    return 1;
+  }
+  ClientOptions co;
+  co.master_address = (*master)->address();
+  auto client = Client::Create(co);
+  std::vector<std::string> keys;
+  std::vector<std::vector<char>> data(FLAGS_blocks, std::vector<char>(block));
+  std::vector<ConstBuffer> in;
+  std::vector<MutableBuffer> out;
+  std::vector<std::vector<char>> dst(FLAGS_blocks, std::vector<char>(block));
+  for (int i = 0; i < FLAGS_blocks; ++i) {
+    keys.push_back(absl::StrCat("bench-", i));
+    memset(data[i].data(), 'a' + i % 26, block);
+    in.push_back({data[i].data(), block});
+    out.push_back({dst[i].data(), block});
+  }
+  auto put = (*client)->Put(keys, in);
+  if (!put.ok() || put->stored != keys.size()) {
+    fprintf(stderr, "put failed\n");
+    return 1;
+  }
+  (*client)->Get(keys, out).IgnoreError();  // warm up
+  absl::Time t0 = absl::Now();
+  size_t loaded = 0;
+  for (int r = 0; r < FLAGS_rounds; ++r) {
+    auto g = (*client)->Get(keys, out);
+    if (g.ok()) loaded += g->loaded;
+  }
+  double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  double get = static_cast<double>(block) * loaded / secs / 1e9;
+  bool ok = loaded == static_cast<size_t>(FLAGS_rounds) * keys.size();
+  for (int i = 0; i < FLAGS_blocks && ok; ++i) ok = dst[i] == data[i];
+  double raw = RawSocketGBps(block, FLAGS_blocks, FLAGS_rounds);
+  printf("block=%zu MiB blocks/get=%d rounds=%d\n", block >> 20, FLAGS_blocks,
+         FLAGS_rounds);
+  printf("raw loopback socket : %6.2f GB/s\n", raw);
+  printf("hymcache GET (tcp)  : %6.2f GB/s  (%.2fx raw)%s\n", get, get / raw,
+         ok ? "" : "  DATA MISMATCH");
+  node->get()->Shutdown();
+  master->get()->Shutdown();
+  std::string rm = "rm -rf " + db;
+  if (FLAGS_db_path.empty()) system(rm.c_str());
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace hymcache
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  return hymcache::Main();
+}

@@ -1,0 +1,301 @@
+#include "tools/hymctl/hymctl.h"
+
+#include <fstream>
+#include <iomanip>
+#include <iterator>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/block_key.h"
+#include "client/client.h"
+
+namespace hymcache::hymctl {
+namespace {
+
+using nlohmann::json;
+
+std::string Human(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", v, units[u]);
+}
+
+// Prints rows as aligned columns.
+void Table(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& r : rows) {
+    if (width.size() < r.size()) width.resize(r.size(), 0);
+    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  }
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
+    }
+    out << line << "\n";
+  }
+}
+
+std::string Printable(const std::string& key) {
+  for (unsigned char c : key) {
+    if (c < 0x20 || c > 0x7e) return KeyToHex(key);
+  }
+  return key;
+}
+
+class Cli {
+ public:
+  Cli(const Options& o, std::ostream& out, std::ostream& err)
+      : o_(o), out_(out), err_(err) {}
+
+  int Run(const std::vector<std::string>& args) {
+    if (args.empty()) return Usage("missing command");
+    const std::string& cmd = args[0];
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    ClientOptions co;
+    co.master_address = o_.master_address;
+    co.default_deadline = absl::Seconds(o_.timeout_seconds);
+    auto client = Client::Create(co);
+    if (!client.ok()) return Fail(client.status());
+    client_ = std::move(*client);
+    if (cmd == "status") return rest.empty() ? Status() : Usage("status takes no operands");
+    if (cmd == "put") return rest.size() == 2 ? Put(rest[0], rest[1]) : Usage("put KEY FILE");
+    if (cmd == "get") return rest.size() == 2 ? Get(rest[0], rest[1]) : Usage("get KEY FILE");
+    if (cmd == "lookup") return rest.empty() ? Usage("lookup KEY...") : Lookup(rest);
+    if (cmd == "rm") return rest.empty() ? Usage("rm KEY...") : Remove(rest);
+    return Usage(absl::StrCat("unknown command '", cmd, "'"));
+  }
+
+ private:
+  int Usage(const std::string& why) {
+    err_ << "hymctl: " << why << "\n"
+         << "usage: hymctl [--master=HOST:PORT] [--json] [--hex] COMMAND\n"
+         << "  status            nodes, liveness, capacity, used, objects\n"
+         << "  put KEY FILE      store FILE under KEY\n"
+         << "  get KEY FILE      write KEY's bytes to FILE\n"
+         << "  lookup KEY...     locations and the hit prefix\n"
+         << "  rm KEY...         remove keys\n";
+    return 2;
+  }
+
+  int Fail(const absl::Status& s) {
+    if (o_.json) {
+      out_ << json{{"error", std::string(absl::StatusCodeToString(s.code()))},
+                   {"message", std::string(s.message())}}
+                  .dump()
+           << "\n";
+    } else {
+      err_ << "hymctl: " << s.ToString() << "\n";
+    }
+    return 1;
+  }
+
+  bool Key(const std::string& arg, std::string* key) {
+    if (!o_.hex_keys) {
+      *key = arg;
+      return true;
+    }
+    if (arg.size() % 2 != 0 ||
+        arg.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+      err_ << "hymctl: '" << arg << "' is not hex\n";
+      return false;
+    }
+    *key = absl::HexStringToBytes(arg);
+    return true;
+  }
+
+  bool Keys(const std::vector<std::string>& args, std::vector<std::string>* keys) {
+    for (const auto& a : args) {
+      std::string k;
+      if (!Key(a, &k)) return false;
+      keys->push_back(k);
+    }
+    return true;
+  }
+
+  int Status() {
+    auto st = client_->GetClusterStatus();
+    if (!st.ok()) return Fail(st.status());
+    if (o_.json) {
+      json nodes = json::array();
+      for (const auto& n : st->nodes) {
+        nodes.push_back({{"node_id", n.node_id},
+                         {"name", n.name},
+                         {"data_address", n.data_address},
+                         {"control_address", n.control_address},
+                         {"alive", n.alive},
+                         {"device", n.device_kind},
+                         {"capacity_bytes", n.capacity_bytes},
+                         {"used_bytes", n.used_bytes},
+                         {"free_bytes", n.capacity_bytes - std::min(n.used_bytes, n.capacity_bytes)},
+                         {"objects", n.object_count},
+                         {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms}});
+      }
+      out_ << json{{"nodes", nodes},
+                   {"objects", st->object_count},
+                   {"object_bytes", st->object_bytes},
+                   {"pending_puts", st->pending_puts},
+                   {"index_bytes_per_entry", st->index_bytes_per_entry}}
+                  .dump(2)
+           << "\n";
+      return 0;
+    }
+    std::vector<std::vector<std::string>> rows = {
+        {"NODE", "NAME", "DATA", "STATE", "DEVICE", "CAPACITY", "USED", "FREE",
+         "OBJECTS", "LAST HEARTBEAT"}};
+    int64_t now_ms = absl::ToUnixMillis(absl::Now());
+    for (const auto& n : st->nodes) {
+      std::string hb = n.last_heartbeat_unix_ms > 0
+                           ? absl::StrFormat("%.1fs ago", (now_ms - n.last_heartbeat_unix_ms) / 1000.0)
+                           : "never";
+      rows.push_back({absl::StrCat(n.node_id), n.name, n.data_address,
+                      n.alive ? "alive" : "DEAD", n.device_kind,
+                      Human(n.capacity_bytes), Human(n.used_bytes),
+                      Human(n.capacity_bytes - std::min(n.used_bytes, n.capacity_bytes)),
+                      absl::StrCat(n.object_count), hb});
+    }
+    Table(out_, rows);
+    out_ << "\n" << st->object_count << " objects, " << Human(st->object_bytes)
+         << ", " << st->pending_puts << " puts in progress\n";
+    return 0;
+  }
+
+  int Put(const std::string& key_arg, const std::string& file) {
+    std::string key;
+    if (!Key(key_arg, &key)) return 2;
+    std::ifstream in(file, std::ios::binary);
+    if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot read ", file)));
+    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (data.empty()) return Fail(absl::InvalidArgumentError(absl::StrCat(file, " is empty")));
+    ConstBuffer b{data.data(), data.size()};
+    auto r = client_->Put({key}, {b});
+    if (!r.ok()) return Fail(r.status());
+    const char* what = r->outcomes[0] == PutOutcome::kStored          ? "stored"
+                       : r->outcomes[0] == PutOutcome::kAlreadyStored ? "already stored"
+                       : r->outcomes[0] == PutOutcome::kInProgress    ? "being stored by another writer"
+                                                                      : "failed";
+    if (o_.json) {
+      out_ << json{{"key", Printable(key)}, {"result", what}, {"bytes", data.size()},
+                   {"node_id", r->node_id},
+                   {"error", r->errors[0].ok() ? "" : r->errors[0].ToString()}}
+                  .dump()
+           << "\n";
+    } else if (r->outcomes[0] == PutOutcome::kFailed) {
+      err_ << "hymctl: put " << Printable(key) << " failed: " << r->errors[0].ToString() << "\n";
+    } else {
+      out_ << what << " " << Printable(key) << " (" << Human(data.size()) << ")";
+      if (r->node_id != 0) out_ << " on node " << r->node_id;
+      out_ << "\n";
+    }
+    return r->outcomes[0] == PutOutcome::kFailed ? 1 : 0;
+  }
+
+  int Get(const std::string& key_arg, const std::string& file) {
+    std::string key;
+    if (!Key(key_arg, &key)) return 2;
+    auto look = client_->BatchLookup({key});
+    if (!look.ok()) return Fail(look.status());
+    if (!look->found[0]) return Fail(absl::NotFoundError(absl::StrCat("key ", Printable(key), " is not stored")));
+    std::string data(look->locations[0].length, '\0');
+    MutableBuffer b{data.data(), data.size()};
+    auto r = client_->Get({key}, {b});
+    if (!r.ok()) return Fail(r.status());
+    if (r->loaded != 1) return Fail(r->stop_reason);
+    data.resize(r->lengths[0]);
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+    if (!out) return Fail(absl::InternalError(absl::StrCat("cannot write ", file)));
+    if (o_.json) {
+      out_ << json{{"key", Printable(key)}, {"bytes", data.size()}, {"file", file}}.dump() << "\n";
+    } else {
+      out_ << "wrote " << Human(data.size()) << " of " << Printable(key) << " to " << file << "\n";
+    }
+    return 0;
+  }
+
+  int Lookup(const std::vector<std::string>& args) {
+    std::vector<std::string> keys;
+    if (!Keys(args, &keys)) return 2;
+    auto r = client_->BatchLookup(keys);
+    if (!r.ok()) return Fail(r.status());
+    if (o_.json) {
+      json items = json::array();
+      for (size_t i = 0; i < keys.size(); ++i) {
+        json j{{"key", Printable(keys[i])}, {"found", static_cast<bool>(r->found[i])}};
+        if (r->found[i]) {
+          const auto& l = r->locations[i];
+          j["node_id"] = l.node_id;
+          j["region_id"] = l.region_id;
+          j["addr"] = l.addr;
+          j["length"] = l.length;
+          j["generation"] = l.generation;
+        }
+        items.push_back(j);
+      }
+      out_ << json{{"results", items}, {"hit_prefix", r->hit_prefix}}.dump(2) << "\n";
+      return 0;
+    }
+    std::vector<std::vector<std::string>> rows = {
+        {"KEY", "FOUND", "NODE", "REGION", "ADDR", "LENGTH", "GENERATION"}};
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const auto& l = r->locations[i];
+      if (r->found[i]) {
+        rows.push_back({Printable(keys[i]), "yes", absl::StrCat(l.node_id),
+                        absl::StrCat(l.region_id), absl::StrCat(l.addr),
+                        absl::StrCat(l.length), absl::StrCat(l.generation)});
+      } else {
+        rows.push_back({Printable(keys[i]), "no", "-", "-", "-", "-", "-"});
+      }
+    }
+    Table(out_, rows);
+    out_ << "\nhit prefix: " << r->hit_prefix << " of " << keys.size() << "\n";
+    return 0;
+  }
+
+  int Remove(const std::vector<std::string>& args) {
+    std::vector<std::string> keys;
+    if (!Keys(args, &keys)) return 2;
+    auto r = client_->Remove(keys);
+    if (!r.ok()) return Fail(r.status());
+    if (o_.json) {
+      json items = json::array();
+      for (size_t i = 0; i < keys.size(); ++i) {
+        items.push_back({{"key", Printable(keys[i])}, {"removed", static_cast<bool>((*r)[i])}});
+      }
+      out_ << json{{"results", items}}.dump(2) << "\n";
+      return 0;
+    }
+    std::vector<std::vector<std::string>> rows = {{"KEY", "REMOVED"}};
+    for (size_t i = 0; i < keys.size(); ++i) {
+      rows.push_back({Printable(keys[i]), (*r)[i] ? "yes" : "no (not stored)"});
+    }
+    Table(out_, rows);
+    return 0;
+  }
+
+  const Options o_;
+  std::ostream& out_;
+  std::ostream& err_;
+  std::unique_ptr<Client> client_;
+};
+
+}  // namespace
+
+int Run(const Options& options, const std::vector<std::string>& args,
+        std::ostream& out, std::ostream& err) {
+  return Cli(options, out, err).Run(args);
+}
+
+}  // namespace hymcache::hymctl

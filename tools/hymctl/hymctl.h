@@ -1,0 +1,34 @@
+// hymctl: the admin CLI's logic, as a library so tests run it in-process.
+//
+//   hymctl [--master=H:P] [--json] [--hex] status
+//   hymctl put KEY FILE        store FILE's bytes under KEY
+//   hymctl get KEY FILE        write KEY's bytes to FILE
+//   hymctl lookup KEY...       where each key lives, and the hit prefix
+//   hymctl rm KEY...           remove keys
+//
+// Keys are taken as text, or as hex with --hex (block keys are binary).
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace hymcache::hymctl {
+
+struct Options {
+  // Master gRPC address. Default: 127.0.0.1:50051.
+  std::string master_address = "127.0.0.1:50051";
+  // Print JSON instead of tables. Default: false.
+  bool json = false;
+  // Keys on the command line are hex. Default: false.
+  bool hex_keys = false;
+  // Per-command deadline in seconds. Default: 10.
+  double timeout_seconds = 10;
+};
+
+// Runs one command (`args` = command and its operands). Returns the process
+// exit code: 0 success, 1 the operation failed, 2 bad usage.
+int Run(const Options& options, const std::vector<std::string>& args,
+        std::ostream& out, std::ostream& err);
+
+}  // namespace hymcache::hymctl
