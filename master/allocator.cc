@@ -1,0 +1,161 @@
+#include "master/allocator.h"
+
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+
+namespace hymcache {
+namespace master {
+
+absl::Status RegionAllocatorOptions::Validate() const {
+  if (capacity == 0) {
+    return absl::InvalidArgumentError("region capacity must be > 0");
+  }
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region alignment ", alignment, " is not a power of two"));
+  }
+  if (capacity < alignment) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region capacity ", capacity,
+                     " is smaller than its alignment ", alignment));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<RegionAllocator>> RegionAllocator::Create(
+    const RegionAllocatorOptions& options) {
+  absl::Status s = options.Validate();
+  if (!s.ok()) return s;
+  return std::unique_ptr<RegionAllocator>(new RegionAllocator(options));
+}
+
+RegionAllocator::RegionAllocator(const RegionAllocatorOptions& options)
+    : capacity_(options.capacity),
+      alignment_(options.alignment),
+      usable_capacity_(options.capacity &
+                       ~uint64_t{options.alignment - 1}) {
+  AddFree(0, usable_capacity_);
+}
+
+void RegionAllocator::AddFree(uint64_t offset, uint64_t len) {
+  free_by_offset_.emplace(offset, len);
+  free_by_size_.emplace(len, offset);
+}
+
+void RegionAllocator::RemoveFree(std::map<uint64_t, uint64_t>::iterator it) {
+  free_by_size_.erase({it->second, it->first});
+  free_by_offset_.erase(it);
+}
+
+bool RegionAllocator::CanFit(uint64_t len) const {
+  if (len == 0 || len > usable_capacity_) return false;
+  return largest_free() >= RoundUp(len);
+}
+
+uint64_t RegionAllocator::largest_free() const {
+  if (free_by_size_.empty()) return 0;
+  return free_by_size_.rbegin()->first;
+}
+
+absl::StatusOr<uint64_t> RegionAllocator::Allocate(uint64_t len) {
+  if (len == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes");
+  if (len > usable_capacity_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "allocation of ", len, " bytes exceeds region size ", usable_capacity_));
+  }
+  const uint64_t need = RoundUp(len);
+  // Best fit: the smallest extent of length >= need, lowest offset on ties.
+  auto fit = free_by_size_.lower_bound({need, 0});
+  if (fit == free_by_size_.end()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no free extent of ", need, " bytes (free ", free_bytes(),
+                     ", largest extent ", largest_free(), ")"));
+  }
+  const uint64_t ext_len = fit->first;
+  const uint64_t offset = fit->second;
+  RemoveFree(free_by_offset_.find(offset));
+  if (ext_len > need) AddFree(offset + need, ext_len - need);
+  allocated_.emplace(offset, need);
+  used_bytes_ += need;
+  return offset;
+}
+
+absl::Status RegionAllocator::Free(uint64_t offset) {
+  if (offset >= usable_capacity_ || (offset & (alignment_ - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "free of offset ", offset, " outside the region or misaligned"));
+  }
+  auto a = allocated_.find(offset);
+  if (a == allocated_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no allocation starts at offset ", offset));
+  }
+  uint64_t start = offset;
+  uint64_t len = a->second;
+  allocated_.erase(a);
+  used_bytes_ -= len;
+
+  // Coalesce with the following extent.
+  auto next = free_by_offset_.lower_bound(start);
+  if (next != free_by_offset_.end() && next->first == start + len) {
+    len += next->second;
+    auto to_remove = next++;
+    RemoveFree(to_remove);
+  }
+  // Coalesce with the preceding extent.
+  if (next != free_by_offset_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == start) {
+      start = prev->first;
+      len += prev->second;
+      RemoveFree(prev);
+    }
+  }
+  AddFree(start, len);
+  return absl::OkStatus();
+}
+
+absl::Status RegionAllocator::Reserve(uint64_t offset, uint64_t len) {
+  if (len == 0) return absl::InvalidArgumentError("cannot reserve 0 bytes");
+  if ((offset & (alignment_ - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reserve offset ", offset, " is not aligned to ", alignment_));
+  }
+  if (offset >= usable_capacity_ || len > usable_capacity_ - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reserve [", offset, ", +", len,
+                     ") leaves the region of ", usable_capacity_, " bytes"));
+  }
+  const uint64_t need = RoundUp(len);
+  if (need > usable_capacity_ - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reserve [", offset, ", +", need,
+                     ") leaves the region of ", usable_capacity_, " bytes"));
+  }
+  // The range must lie inside one free extent: the last extent starting at
+  // or before `offset`.
+  auto it = free_by_offset_.upper_bound(offset);
+  if (it == free_by_offset_.begin()) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("range at ", offset, " overlaps an allocation"));
+  }
+  --it;
+  const uint64_t ext_start = it->first;
+  const uint64_t ext_len = it->second;
+  if (offset + need > ext_start + ext_len) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "range [", offset, ", +", need, ") overlaps an allocation"));
+  }
+  RemoveFree(it);
+  if (offset > ext_start) AddFree(ext_start, offset - ext_start);
+  if (offset + need < ext_start + ext_len) {
+    AddFree(offset + need, ext_start + ext_len - offset - need);
+  }
+  allocated_.emplace(offset, need);
+  used_bytes_ += need;
+  return absl::OkStatus();
+}
+
+}  // namespace master
+}  // namespace hymcache

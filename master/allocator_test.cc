@@ -1,0 +1,200 @@
+#include "master/allocator.h"
+
+#include <catch2/catch.hpp>
+#include <random>
+#include <vector>
+
+namespace hymcache {
+namespace master {
+namespace {
+
+std::unique_ptr<RegionAllocator> Make(uint64_t capacity, uint32_t alignment) {
+  auto a = RegionAllocator::Create({capacity, alignment});
+  REQUIRE(a.ok());
+  return std::move(a).value();
+}
+
+TEST_CASE("RegionAllocator rejects bad options") {
+  CHECK(RegionAllocator::Create({0, 64}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(RegionAllocator::Create({4096, 0}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(RegionAllocator::Create({4096, 48}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(RegionAllocator::Create({32, 64}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("RegionAllocator aligns and rounds allocations") {
+  auto a = Make(4096, 64);
+  auto x = a->Allocate(1);
+  auto y = a->Allocate(65);
+  auto z = a->Allocate(64);
+  REQUIRE(x.ok());
+  REQUIRE(y.ok());
+  REQUIRE(z.ok());
+  CHECK(*x == 0);
+  CHECK(*y == 64);
+  CHECK(*z == 192);
+  CHECK(a->used_bytes() == 256);
+  CHECK(a->free_bytes() == 4096 - 256);
+  CHECK(a->largest_free() == 4096 - 256);
+  CHECK(a->Allocate(0).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("RegionAllocator ignores an unaligned capacity tail") {
+  auto a = Make(1000, 256);
+  CHECK(a->usable_capacity() == 768);
+  CHECK(a->free_bytes() == 768);
+  CHECK(a->Allocate(768).ok());
+  CHECK(a->Allocate(1).status().code() ==
+        absl::StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("RegionAllocator exhausts and reuses freed space") {
+  auto a = Make(1024, 256);
+  std::vector<uint64_t> offs;
+  for (int i = 0; i < 4; ++i) {
+    auto o = a->Allocate(200);
+    REQUIRE(o.ok());
+    offs.push_back(*o);
+  }
+  CHECK(a->free_bytes() == 0);
+  CHECK(a->largest_free() == 0);
+  auto full = a->Allocate(1);
+  CHECK(full.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(a->Allocate(uint64_t{1} << 40).status().code() ==
+        absl::StatusCode::kResourceExhausted);
+
+  REQUIRE(a->Free(offs[2]).ok());
+  auto again = a->Allocate(256);
+  REQUIRE(again.ok());
+  CHECK(*again == offs[2]);
+}
+
+TEST_CASE("RegionAllocator best fit and coalescing under fragmentation") {
+  auto a = Make(16 * 64, 64);
+  std::vector<uint64_t> offs;
+  for (int i = 0; i < 16; ++i) {
+    auto o = a->Allocate(64);
+    REQUIRE(o.ok());
+    offs.push_back(*o);
+  }
+  // Free every other unit: 8 holes of 64 bytes, none adjacent.
+  for (int i = 0; i < 16; i += 2) REQUIRE(a->Free(offs[i]).ok());
+  CHECK(a->free_bytes() == 8 * 64);
+  CHECK(a->largest_free() == 64);
+  CHECK(a->free_extent_count() == 8);
+  CHECK(a->Allocate(128).status().code() ==
+        absl::StatusCode::kResourceExhausted);
+
+  // Freeing unit 1 merges holes 0,1,2 into one 192-byte extent.
+  REQUIRE(a->Free(offs[1]).ok());
+  CHECK(a->largest_free() == 192);
+  CHECK(a->free_extent_count() == 7);
+  // Make a 128-byte hole at units 4..5 (merging with hole 4... then 6).
+  REQUIRE(a->Free(offs[5]).ok());  // merges 4,5,6 -> 192 bytes at 256
+  CHECK(a->free_extent_count() == 6);
+
+  // Best fit: a 64-byte request takes a 64-byte hole, not a 192-byte one.
+  auto small = a->Allocate(64);
+  REQUIRE(small.ok());
+  CHECK(*small == offs[8]);
+  // A 192-byte request takes the lowest of the two 192-byte extents.
+  auto big = a->Allocate(150);
+  REQUIRE(big.ok());
+  CHECK(*big == 0);
+
+  // Free everything: one extent covering the region again.
+  REQUIRE(a->Free(*big).ok());
+  REQUIRE(a->Free(*small).ok());
+  for (int i = 3; i < 16; i += 2) {
+    if (i == 5) continue;
+    REQUIRE(a->Free(offs[i]).ok());
+  }
+  CHECK(a->used_bytes() == 0);
+  CHECK(a->free_extent_count() == 1);
+  CHECK(a->largest_free() == 16 * 64);
+  CHECK(a->allocation_count() == 0);
+}
+
+TEST_CASE("RegionAllocator rejects bad frees without changing state") {
+  auto a = Make(4096, 64);
+  auto x = a->Allocate(100);
+  REQUIRE(x.ok());
+  CHECK(a->Free(4096).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(a->Free(1 << 30).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(a->Free(*x + 1).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(a->Free(*x + 64).code() == absl::StatusCode::kNotFound);
+  CHECK(a->used_bytes() == 128);
+  REQUIRE(a->Free(*x).ok());
+  CHECK(a->Free(*x).code() == absl::StatusCode::kNotFound);  // double free
+  CHECK(a->used_bytes() == 0);
+  CHECK(a->free_extent_count() == 1);
+}
+
+TEST_CASE("RegionAllocator rebuilds from Reserve") {
+  auto a = Make(4096, 64);
+  REQUIRE(a->Reserve(128, 100).ok());  // [128, 256)
+  REQUIRE(a->Reserve(1024, 64).ok());  // [1024, 1088)
+  REQUIRE(a->Reserve(0, 128).ok());    // [0, 128): adjacent, still separate
+  CHECK(a->used_bytes() == 128 + 128 + 64);
+  CHECK(a->allocation_count() == 3);
+
+  CHECK(a->Reserve(192, 64).code() == absl::StatusCode::kAlreadyExists);
+  CHECK(a->Reserve(960, 128).code() == absl::StatusCode::kAlreadyExists);
+  CHECK(a->Reserve(100, 64).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(a->Reserve(4032, 65).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(a->Reserve(8192, 64).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(a->Reserve(256, 0).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(a->Reserve(0, ~uint64_t{0}).code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  // New allocations avoid the reserved ranges.
+  auto x = a->Allocate(700);
+  REQUIRE(x.ok());
+  CHECK(*x == 256);  // [256, 960) is the best fit for 704 bytes
+  REQUIRE(a->Free(128).ok());
+  REQUIRE(a->Free(0).ok());
+  auto y = a->Allocate(256);
+  REQUIRE(y.ok());
+  CHECK(*y == 0);
+}
+
+TEST_CASE("RegionAllocator survives a random workload") {
+  auto a = Make(1 << 20, 512);
+  std::mt19937_64 rng(42);
+  std::vector<std::pair<uint64_t, uint64_t>> live;
+  uint64_t expect_used = 0;
+  for (int i = 0; i < 20000; ++i) {
+    if (live.empty() || rng() % 3 != 0) {
+      uint64_t len = 1 + rng() % 20000;
+      auto o = a->Allocate(len);
+      if (!o.ok()) {
+        REQUIRE(o.status().code() == absl::StatusCode::kResourceExhausted);
+        continue;
+      }
+      REQUIRE(*o % 512 == 0);
+      uint64_t rounded = (len + 511) / 512 * 512;
+      for (auto& [off, l] : live) {
+        REQUIRE((*o + rounded <= off || off + l <= *o));
+      }
+      live.emplace_back(*o, rounded);
+      expect_used += rounded;
+    } else {
+      size_t k = rng() % live.size();
+      REQUIRE(a->Free(live[k].first).ok());
+      expect_used -= live[k].second;
+      live[k] = live.back();
+      live.pop_back();
+    }
+    REQUIRE(a->used_bytes() == expect_used);
+  }
+  for (auto& [off, l] : live) REQUIRE(a->Free(off).ok());
+  CHECK(a->free_extent_count() == 1);
+  CHECK(a->largest_free() == (1 << 20));
+}
+
+}  // namespace
+}  // namespace master
+}  // namespace hymcache

@@ -1,0 +1,120 @@
+// MasterServer: the HyMCache master daemon in a library. It opens the
+// RocksDB metadata store, rebuilds the in-memory state (MasterService),
+// serves hymcache.v1.MasterService over gRPC (callback API) and runs the
+// "master-reaper" thread that frees expired pending puts.
+//
+// main.cc is a thin wrapper around it; integration tests and tools run it
+// in-process:
+//
+//   MasterOptions options;
+//   options.db_path = dir;                      // listen on 127.0.0.1:0
+//   ASSIGN_OR_RETURN(auto master, MasterServer::Create(options));
+//   Dial(master->address());
+//   ...
+//   master->Shutdown();                         // or let it go out of scope
+//
+// Thread safety: safe for concurrent use without external synchronization,
+// except that Shutdown must not be called from a gRPC callback thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/mutex.h"
+#include "common/thread.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace hymcache {
+
+namespace master {
+class MasterService;
+class MasterRpcHandler;
+}  // namespace master
+
+struct MasterOptions {
+  // gRPC host:port to listen on; port 0 picks a free port (see port()).
+  // Default: "127.0.0.1:0".
+  std::string listen_address = "127.0.0.1:0";
+  // Directory of the RocksDB metadata store; its parent must exist. Only one
+  // master may use it at a time. Required. Default: "".
+  std::string db_path;
+  // A storage node silent for this long is dead: its objects miss and it
+  // gets no placements. Default: 10 s.
+  absl::Duration node_timeout = absl::Seconds(10);
+  // Heartbeat period told to nodes at registration; below node_timeout.
+  // Default: 1 s.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Pending puts not committed within this are freed. Default: 30 s.
+  absl::Duration put_timeout = absl::Seconds(30);
+  // Most keys in one PutStart / BatchLookup / Remove. Default: 1024.
+  uint32_t max_batch_keys = 1024;
+  // Longest key in bytes. Default: 256.
+  uint32_t max_key_bytes = 256;
+  // Largest object in bytes. Default: 1 GiB.
+  uint64_t max_object_bytes = uint64_t{1} << 30;
+  // fsync the metadata WAL on every write. Without it commits survive a
+  // process crash (kill -9) but the last ones may be lost on power loss,
+  // which a cache tolerates. Default: false.
+  bool sync_writes = false;
+  // Source of time for liveness and put expiry; not owned, must outlive the
+  // server. Default: nullptr, meaning Clock::Real().
+  Clock* clock = nullptr;
+
+  // InvalidArgument naming the first bad field.
+  absl::Status Validate() const;
+};
+
+class MasterServer {
+ public:
+  // Opens the store, loads it and starts serving. Errors: InvalidArgument
+  // for bad options; the store's error (e.g. another master holds db_path);
+  // Unavailable if the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<MasterServer>> Create(
+      const MasterOptions& options);
+  // Calls Shutdown().
+  ~MasterServer();
+  MasterServer(const MasterServer&) = delete;
+  MasterServer& operator=(const MasterServer&) = delete;
+
+  // The bound gRPC port.
+  int port() const { return port_; }
+  // "host:port" that clients dial: the listen host (127.0.0.1 for a wildcard
+  // host such as 0.0.0.0 or [::]) and the bound port.
+  std::string address() const { return address_; }
+
+  // Stops serving (in-flight calls get up to 1 s to finish), joins the
+  // reaper and closes the store. Idempotent; later calls return at once.
+  void Shutdown();
+  // Blocks until Shutdown() has completed.
+  void Wait();
+
+  // The service behind the RPCs, for in-process tests. Null after Shutdown.
+  master::MasterService* ServiceForTest() { return service_.get(); }
+
+ private:
+  MasterServer() = default;
+  void ReaperLoop(absl::Duration interval);
+
+  // Constant after Create.
+  int port_ = 0;
+  std::string address_;
+  std::unique_ptr<master::MasterService> service_;
+  std::unique_ptr<master::MasterRpcHandler> handler_;
+  std::unique_ptr<grpc::Server> server_;
+  Thread reaper_;
+
+  Mutex mu_;
+  CondVar cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace hymcache

@@ -1,0 +1,238 @@
+#include "master/master_server.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "common/clock.h"
+#include "common/thread.h"
+#include "master/master_service.h"
+#include "proto/master.grpc.pb.h"
+
+namespace hymcache {
+namespace {
+
+namespace v1 = ::hymcache::v1;
+
+std::string TestDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::filesystem::path p =
+      std::filesystem::path(tmp ? tmp : "/tmp") / ("master_server_" + name);
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p.parent_path());
+  return p.string();
+}
+
+std::unique_ptr<v1::MasterService::Stub> Dial(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args);
+  return v1::MasterService::NewStub(channel);
+}
+
+v1::RegisterNodeRequest NodeReq(const std::string& name) {
+  v1::RegisterNodeRequest r;
+  r.set_name(name);
+  r.set_incarnation(1);
+  r.set_data_address("127.0.0.1:7000");
+  r.set_control_address("127.0.0.1:7001");
+  auto* region = r.add_regions();
+  region->set_region_id(0);
+  region->set_capacity_bytes(uint64_t{1} << 30);
+  region->set_alignment(4096);
+  return r;
+}
+
+TEST_CASE("MasterOptions validation") {
+  MasterOptions o;
+  CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);  // db_path
+  o.db_path = "/tmp/x";
+  CHECK(o.Validate().ok());
+  o.listen_address = "nonsense";
+  CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
+  o.listen_address = "127.0.0.1:0";
+  o.put_timeout = absl::ZeroDuration();
+  CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(MasterServer::Create(o).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("MasterServer serves the master API over gRPC") {
+  MasterOptions o;
+  o.db_path = TestDir("serve");
+  auto created = MasterServer::Create(o);
+  INFO(created.status().ToString());
+  REQUIRE(created.ok());
+  std::unique_ptr<MasterServer> server = std::move(created).value();
+  CHECK(server->port() > 0);
+  CHECK(server->address() == "127.0.0.1:" + std::to_string(server->port()));
+  auto stub = Dial(server->address());
+
+  v1::RegisterNodeResponse reg;
+  {
+    grpc::ClientContext ctx;
+    REQUIRE(stub->RegisterNode(&ctx, NodeReq("n1"), &reg).ok());
+    CHECK(reg.node_id() == 1);
+    CHECK(reg.heartbeat_interval_ms() == 1000);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterNodeRequest bad = NodeReq("");
+    v1::RegisterNodeResponse resp;
+    grpc::Status s = stub->RegisterNode(&ctx, bad, &resp);
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(s.error_message().find("name") != std::string::npos);
+  }
+
+  // A maximal batch: 1024 keys of 256 bytes.
+  v1::PutStartRequest put;
+  for (int i = 0; i < 1024; ++i) {
+    std::string key(256, 'k');
+    key.replace(0, std::to_string(i).size(), std::to_string(i));
+    put.add_keys(key);
+    put.add_lengths(4096);
+  }
+  v1::PutStartResponse started;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = stub->PutStart(&ctx, put, &started);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+    CHECK(started.slots_size() == 1024);
+    CHECK(started.node().node_id() == reg.node_id());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PutCommitRequest c;
+    c.set_put_id(started.put_id());
+    c.add_failed_indexes(1023);
+    v1::PutCommitResponse resp;
+    REQUIRE(stub->PutCommit(&ctx, c, &resp).ok());
+    CHECK(resp.committed() == 1023);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PutCommitRequest c;
+    c.set_put_id(started.put_id());
+    v1::PutCommitResponse resp;
+    grpc::Status s = stub->PutCommit(&ctx, c, &resp);
+    CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+    CHECK(s.error_message().find("expired or unknown") != std::string::npos);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::BatchLookupRequest l;
+    for (const auto& k : put.keys()) l.add_keys(k);
+    v1::BatchLookupResponse resp;
+    REQUIRE(stub->BatchLookup(&ctx, l, &resp).ok());
+    CHECK(resp.hit_prefix_length() == 1023);
+    CHECK(resp.nodes_size() == 1);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PutStartRequest none;
+    none.add_keys("x");
+    none.add_lengths(1);
+    none.set_preferred_node_id(99);
+    v1::PutStartResponse resp;
+    CHECK(stub->PutStart(&ctx, none, &resp).error_code() ==
+          grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::GetStatsResponse stats;
+    REQUIRE(stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok());
+    CHECK(stats.object_count() == 1023);
+    CHECK(stats.nodes_alive() == 1);
+    grpc::ClientContext ctx2;
+    v1::ListNodesResponse nodes;
+    REQUIRE(stub->ListNodes(&ctx2, v1::ListNodesRequest(), &nodes).ok());
+    CHECK(nodes.nodes(0).object_count() == 1023);
+    grpc::ClientContext ctx3;
+    v1::HeartbeatRequest hb;
+    hb.set_node_id(reg.node_id());
+    hb.set_incarnation(1);
+    v1::HeartbeatResponse hbr;
+    REQUIRE(stub->Heartbeat(&ctx3, hb, &hbr).ok());
+    CHECK_FALSE(hbr.reregister());
+    grpc::ClientContext ctx4;
+    v1::RemoveRequest rm;
+    rm.add_keys(put.keys(0));
+    v1::RemoveResponse rmr;
+    REQUIRE(stub->Remove(&ctx4, rm, &rmr).ok());
+    CHECK(rmr.removed(0));
+  }
+
+  // A second master cannot open the same store.
+  MasterOptions o2 = o;
+  CHECK_FALSE(MasterServer::Create(o2).ok());
+
+  // Wait returns once another thread shuts down; Shutdown is idempotent.
+  {
+    Thread stopper("stopper", [&] { server->Shutdown(); });
+    server->Wait();
+  }
+  server->Shutdown();
+  CHECK(server->ServiceForTest() == nullptr);
+
+  // Restart on the same store (and port).
+  MasterOptions o3 = o;
+  o3.listen_address = "127.0.0.1:" + std::to_string(server->port());
+  server.reset();
+  auto again = MasterServer::Create(o3);
+  INFO(again.status().ToString());
+  REQUIRE(again.ok());
+  auto stub2 = Dial((*again)->address());
+  grpc::ClientContext ctx;
+  v1::GetStatsResponse stats;
+  REQUIRE(stub2->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok());
+  CHECK(stats.object_count() == 1022);
+
+  // The port is taken now: a third server on it fails cleanly.
+  MasterOptions o4;
+  o4.db_path = TestDir("other");
+  o4.listen_address = o3.listen_address;
+  CHECK(MasterServer::Create(o4).status().code() ==
+        absl::StatusCode::kUnavailable);
+}
+
+TEST_CASE("MasterServer's reaper frees expired puts") {
+  FakeClock clock;
+  MasterOptions o;
+  o.db_path = TestDir("reaper");
+  o.clock = &clock;
+  o.put_timeout = absl::Milliseconds(40);  // reaper runs every 10 ms
+  auto server = MasterServer::Create(o);
+  REQUIRE(server.ok());
+  auto stub = Dial((*server)->address());
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterNodeResponse reg;
+    REQUIRE(stub->RegisterNode(&ctx, NodeReq("n"), &reg).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PutStartRequest put;
+    put.add_keys("k");
+    put.add_lengths(10);
+    v1::PutStartResponse resp;
+    REQUIRE(stub->PutStart(&ctx, put, &resp).ok());
+    REQUIRE(resp.put_id() != 0);
+  }
+  clock.Advance(absl::Seconds(1));
+  // Wait for the reaper thread (real time), bounded.
+  uint64_t pending = 1;
+  for (int i = 0; i < 500 && pending != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    pending = (*server)->ServiceForTest()->GetStats().pending_puts();
+  }
+  CHECK(pending == 0);
+}
+
+}  // namespace
+}  // namespace hymcache

@@ -1,0 +1,885 @@
+#include "master/master_service.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <limits>
+#include <random>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "common/net.h"
+
+namespace hymcache {
+namespace master {
+namespace {
+
+namespace v1 = ::hymcache::v1;
+
+constexpr size_t kMaxNodeNameBytes = 128;
+constexpr int kMaxRegions = 64;
+constexpr uint32_t kMaxAlignment = uint32_t{1} << 30;
+constexpr uint32_t kMaxBatchKeysLimit = 65536;
+// WARNING lines per bulk drop before switching to a summary.
+constexpr int kMaxDropWarnings = 10;
+
+absl::Status ValidateAddress(const std::string& address, const char* what) {
+  auto hp = SplitHostPort(address);
+  if (!hp.ok() || hp->second == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " '", absl::CHexEscape(address), "' is not host:port"));
+  }
+  return absl::OkStatus();
+}
+
+std::string PrintableKey(absl::string_view key) {
+  if (key.size() > 64) key = key.substr(0, 64);
+  return absl::CHexEscape(key);
+}
+
+// Registration fields of a region (used_bytes cleared).
+v1::RegionInfo DurableRegion(const v1::RegionInfo& r) {
+  v1::RegionInfo out = r;
+  out.set_used_bytes(0);
+  return out;
+}
+
+// Whether two region lists lay out the address space identically.
+bool SameLayout(const google::protobuf::RepeatedPtrField<v1::RegionInfo>& a,
+                const google::protobuf::RepeatedPtrField<v1::RegionInfo>& b) {
+  if (a.size() != b.size()) return false;
+  std::map<uint32_t, const v1::RegionInfo*> am;
+  for (const auto& r : a) am[r.region_id()] = &r;
+  for (const auto& r : b) {
+    auto it = am.find(r.region_id());
+    if (it == am.end()) return false;
+    if (it->second->capacity_bytes() != r.capacity_bytes() ||
+        it->second->alignment() != r.alignment()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status MasterServiceOptions::Validate() const {
+  if (node_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("node_timeout must be > 0");
+  }
+  if (heartbeat_interval <= absl::ZeroDuration() ||
+      heartbeat_interval >= node_timeout) {
+    return absl::InvalidArgumentError(
+        "heartbeat_interval must be > 0 and below node_timeout");
+  }
+  if (absl::ToInt64Milliseconds(heartbeat_interval) >
+      int64_t{std::numeric_limits<uint32_t>::max()}) {
+    return absl::InvalidArgumentError("heartbeat_interval is too long");
+  }
+  if (put_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("put_timeout must be > 0");
+  }
+  if (max_batch_keys == 0 || max_batch_keys > kMaxBatchKeysLimit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_batch_keys must be 1..", kMaxBatchKeysLimit));
+  }
+  if (max_key_bytes == 0 || max_key_bytes > MetadataIndex::kMaxKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_key_bytes must be 1..", MetadataIndex::kMaxKeyBytes));
+  }
+  if (max_object_bytes == 0 || max_object_bytes > MetadataIndex::kMaxLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_object_bytes must be 1..", MetadataIndex::kMaxLength));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<MasterService>> MasterService::Create(
+    const MasterServiceOptions& options, std::unique_ptr<MetadataStore> store) {
+  absl::Status s = options.Validate();
+  if (!s.ok()) return s;
+  if (store == nullptr) {
+    return absl::InvalidArgumentError("MasterService needs a MetadataStore");
+  }
+  std::unique_ptr<MasterService> service(
+      new MasterService(options, std::move(store)));
+  s = service->Load();
+  if (!s.ok()) return s;
+  return service;
+}
+
+MasterService::MasterService(const MasterServiceOptions& options,
+                             std::unique_ptr<MetadataStore> store)
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : Clock::Real()),
+      store_(std::move(store)) {
+  // Put ids are not durable: start at a random point so that a put id from
+  // before a restart does not name a put of the new process.
+  std::random_device rd;
+  uint64_t start = (uint64_t{rd()} << 32) | 1;
+  MutexLock l(&mu_);
+  next_put_id_ = start;
+}
+
+MasterService::~MasterService() = default;
+
+absl::Status MasterService::Load() {
+  MutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  auto nodes = store_->LoadNodes();
+  if (!nodes.ok()) return nodes.status();
+  for (auto& info : *nodes) {
+    Node node;
+    node.last_seen = now;
+    for (const auto& r : info.regions()) {
+      auto alloc = RegionAllocator::Create({r.capacity_bytes(), r.alignment()});
+      if (!alloc.ok()) {
+        LOG(WARNING) << "node " << info.name() << " region " << r.region_id()
+                     << " not usable: " << alloc.status();
+        continue;
+      }
+      Region& region = node.regions[r.region_id()];
+      region.info = DurableRegion(r);
+      region.allocator = std::move(alloc).value();
+    }
+    const uint32_t id = info.node_id();
+    if (id == 0 || nodes_.count(id) || node_by_name_.count(info.name())) {
+      LOG(WARNING) << "ignoring persisted node record '" << info.name()
+                   << "' with duplicate or zero id " << id;
+      continue;
+    }
+    next_node_id_ = std::max(next_node_id_, id + 1);
+    node_by_name_[info.name()] = id;
+    node.info = std::move(info);
+    nodes_.emplace(id, std::move(node));
+  }
+
+  std::vector<std::string> doomed;
+  absl::Status s = store_->ForEachObject([&](absl::string_view key,
+                                             const ObjectRecord& r)
+                                             ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    std::string why;
+    auto n = nodes_.find(r.node_id);
+    if (n == nodes_.end()) {
+      why = absl::StrCat("node ", r.node_id, " is unknown");
+    } else if (auto reg = n->second.regions.find(r.region_id);
+               reg == n->second.regions.end()) {
+      why = absl::StrCat("node ", r.node_id, " has no region ", r.region_id);
+    } else if (key.empty() || key.size() > MetadataIndex::kMaxKeyBytes ||
+               r.length == 0 || r.length > MetadataIndex::kMaxLength) {
+      why = "key or length out of range";
+    } else if (absl::Status rs = reg->second.allocator->Reserve(r.addr, r.length);
+               !rs.ok()) {
+      why = std::string(rs.message());
+    } else {
+      IndexEntry e{r.node_id, r.region_id, r.addr, r.length, r.generation};
+      auto up = index_.Upsert(key, e);
+      if (up.ok()) {
+        CountObject(e, +1);
+        return;
+      }
+      reg->second.allocator->Free(r.addr).IgnoreError();
+      why = std::string(up.status().message());
+    }
+    if (doomed.size() < kMaxDropWarnings) {
+      LOG(WARNING) << "dropping persisted object '" << PrintableKey(key)
+                   << "': " << why;
+    }
+    doomed.emplace_back(key);
+  });
+  if (!s.ok()) return s;
+  if (!doomed.empty()) {
+    LOG(WARNING) << "dropped " << doomed.size()
+                 << " persisted objects that no longer fit their node";
+    counters_.objects_dropped += doomed.size();
+    s = store_->DeleteObjects(std::move(doomed));
+    if (!s.ok()) return s;
+  }
+  LOG(INFO) << "master loaded " << nodes_.size() << " nodes and "
+            << index_.size() << " objects";
+  return absl::OkStatus();
+}
+
+absl::Status MasterService::ValidateKeys(
+    const google::protobuf::RepeatedPtrField<std::string>& keys) const {
+  if (keys.empty() || static_cast<uint32_t>(keys.size()) > options_.max_batch_keys) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(keys.size(), " keys in one call (want 1..",
+                     options_.max_batch_keys, ")"));
+  }
+  for (int i = 0; i < keys.size(); ++i) {
+    if (keys[i].empty() || keys[i].size() > options_.max_key_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key ", i, " has ", keys[i].size(), " bytes (want 1..",
+                       options_.max_key_bytes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool MasterService::IsAlive(const Node& node, absl::Time now) const {
+  return !node.deregistered && now - node.last_seen <= options_.node_timeout;
+}
+
+void MasterService::FillNodeInfo(const Node& node, absl::Time now,
+                                 v1::NodeInfo* out) const {
+  *out = node.info;
+  out->clear_regions();
+  uint64_t used = 0;
+  uint64_t capacity = 0;
+  for (const auto& [id, region] : node.regions) {
+    v1::RegionInfo* r = out->add_regions();
+    *r = region.info;
+    r->set_used_bytes(region.allocator->used_bytes());
+    used += region.allocator->used_bytes();
+    capacity += region.info.capacity_bytes();
+  }
+  out->set_alive(IsAlive(node, now));
+  out->set_last_heartbeat_unix_ms(absl::ToUnixMillis(node.last_seen));
+  out->set_object_count(node.object_count);
+  out->set_used_bytes(used);
+  out->set_capacity_bytes(capacity);
+}
+
+void MasterService::CountObject(const IndexEntry& e, int delta) {
+  auto n = nodes_.find(e.node_id);
+  if (n == nodes_.end()) return;
+  n->second.object_count += delta;
+  auto r = n->second.regions.find(e.region_id);
+  if (r != n->second.regions.end()) r->second.object_count += delta;
+  if (delta > 0) {
+    object_bytes_ += e.length;
+  } else {
+    object_bytes_ -= e.length;
+  }
+}
+
+void MasterService::FreeSpace(uint32_t node_id, uint32_t region_id,
+                              uint64_t addr) {
+  auto n = nodes_.find(node_id);
+  if (n == nodes_.end()) {
+    LOG(DFATAL) << "free on unknown node " << node_id;
+    return;
+  }
+  auto r = n->second.regions.find(region_id);
+  if (r == n->second.regions.end()) {
+    LOG(DFATAL) << "free on unknown region " << node_id << "/" << region_id;
+    return;
+  }
+  absl::Status s = r->second.allocator->Free(addr);
+  if (!s.ok()) {
+    LOG(DFATAL) << "free of " << node_id << "/" << region_id << "@" << addr
+                << ": " << s;
+  }
+}
+
+void MasterService::ReleasePut(uint64_t put_id, bool free_space) {
+  auto it = pending_.find(put_id);
+  if (it == pending_.end()) return;
+  for (const PendingSlot& slot : it->second.slots) {
+    if (free_space) FreeSpace(it->second.node_id, slot.region_id, slot.addr);
+    pending_keys_.erase(slot.key);
+  }
+  pending_.erase(it);
+}
+
+void MasterService::CancelPutsOfNode(uint32_t node_id, bool free_space) {
+  std::vector<uint64_t> doomed;
+  for (const auto& [id, put] : pending_) {
+    if (put.node_id == node_id) doomed.push_back(id);
+  }
+  for (uint64_t id : doomed) ReleasePut(id, free_space);
+  counters_.puts_cancelled += doomed.size();
+}
+
+absl::StatusOr<MasterService::Rebuild> MasterService::PlanRebuild(
+    uint32_t node_id,
+    const google::protobuf::RepeatedPtrField<v1::RegionInfo>& regions,
+    const std::vector<uint32_t>& purge_regions) const {
+  Rebuild plan;
+  for (const auto& r : regions) {
+    auto alloc = RegionAllocator::Create({r.capacity_bytes(), r.alignment()});
+    if (!alloc.ok()) return alloc.status();
+    Region& region = plan.regions[r.region_id()];
+    region.info = DurableRegion(r);
+    region.allocator = std::move(alloc).value();
+  }
+  index_.ForEach([&](absl::string_view key, const IndexEntry& e) {
+    if (e.node_id != node_id) return;
+    if (std::find(purge_regions.begin(), purge_regions.end(), e.region_id) !=
+        purge_regions.end()) {
+      plan.doomed.emplace_back(key);
+      ++plan.purged;
+      return;
+    }
+    auto r = plan.regions.find(e.region_id);
+    if (r == plan.regions.end() ||
+        !r->second.allocator->Reserve(e.addr, e.length).ok()) {
+      plan.doomed.emplace_back(key);
+      return;
+    }
+    ++r->second.object_count;
+    ++plan.kept;
+  });
+  return plan;
+}
+
+absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
+    const v1::RegisterNodeRequest& request) {
+  if (request.name().empty() || request.name().size() > kMaxNodeNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node name of ", request.name().size(),
+                     " bytes (want 1..", kMaxNodeNameBytes, ")"));
+  }
+  absl::Status s = ValidateAddress(request.data_address(), "data_address");
+  if (!s.ok()) return s;
+  s = ValidateAddress(request.control_address(), "control_address");
+  if (!s.ok()) return s;
+  if (request.regions().empty() || request.regions_size() > kMaxRegions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(request.regions_size(), " regions (want 1..", kMaxRegions,
+                     ")"));
+  }
+  absl::flat_hash_set<uint32_t> region_ids;
+  for (const auto& r : request.regions()) {
+    if (!region_ids.insert(r.region_id()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("region id ", r.region_id(), " appears twice"));
+    }
+    const uint32_t a = r.alignment();
+    if (a == 0 || (a & (a - 1)) != 0 || a > kMaxAlignment) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("region ", r.region_id(), ": alignment ", a,
+                       " is not a power of two <= 1 GiB"));
+    }
+    if (r.capacity_bytes() == 0 || r.capacity_bytes() < a) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("region ", r.region_id(), ": capacity ",
+                       r.capacity_bytes(), " must be > 0 and >= alignment ",
+                       a));
+    }
+  }
+
+  v1::NodeInfo info;
+  info.set_name(request.name());
+  info.set_incarnation(request.incarnation());
+  info.set_data_address(request.data_address());
+  info.set_control_address(request.control_address());
+  for (const auto& r : request.regions()) *info.add_regions() = DurableRegion(r);
+  *info.mutable_transport_params() = request.transport_params();
+
+  v1::RegisterNodeResponse response;
+  response.set_heartbeat_interval_ms(static_cast<uint32_t>(
+      absl::ToInt64Milliseconds(options_.heartbeat_interval)));
+
+  MutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  auto known = node_by_name_.find(request.name());
+  if (known == node_by_name_.end()) {
+    if (next_node_id_ == 0) {
+      return absl::ResourceExhaustedError("node ids exhausted");
+    }
+    const uint32_t id = next_node_id_;
+    info.set_node_id(id);
+    auto plan = PlanRebuild(id, info.regions(), {});
+    if (!plan.ok()) return plan.status();
+    s = store_->PutNode(info);
+    if (!s.ok()) return s;
+    ++next_node_id_;
+    Node& node = nodes_[id];
+    node.info = std::move(info);
+    node.last_seen = now;
+    node.regions = std::move(plan->regions);
+    node_by_name_[request.name()] = id;
+    response.set_node_id(id);
+    LOG(INFO) << "registered node " << id << " '" << request.name()
+              << "' incarnation " << request.incarnation() << " at "
+              << request.data_address();
+    return response;
+  }
+
+  const uint32_t id = known->second;
+  Node& node = nodes_.at(id);
+  info.set_node_id(id);
+  const bool new_incarnation =
+      node.info.incarnation() != request.incarnation();
+  const bool new_layout = !SameLayout(node.info.regions(), request.regions());
+  if (!new_incarnation && !new_layout) {
+    // Same memory, same layout: a node coming back after a timeout or a
+    // master restart. Keep everything, refresh addresses.
+    s = store_->PutNode(info);
+    if (!s.ok()) return s;
+    node.info = std::move(info);
+    for (const auto& r : node.info.regions()) {
+      node.regions.at(r.region_id()).info = r;
+    }
+    node.last_seen = now;
+    node.deregistered = false;
+    response.set_node_id(id);
+    LOG(INFO) << "node " << id << " '" << request.name() << "' re-registered";
+    return response;
+  }
+
+  std::vector<uint32_t> purge_regions;
+  if (new_incarnation) {
+    for (const auto& [rid, region] : node.regions) {
+      if (!region.info.persistent()) purge_regions.push_back(rid);
+    }
+  }
+  auto plan = PlanRebuild(id, info.regions(), purge_regions);
+  if (!plan.ok()) return plan.status();
+  MetadataMutation m;
+  m.delete_objects = plan->doomed;
+  m.put_nodes.push_back(info);
+  s = store_->Apply(m);
+  if (!s.ok()) return s;
+
+  // The old allocators are replaced: pending puts' space goes with them.
+  CancelPutsOfNode(id, /*free_space=*/false);
+  for (const std::string& key : plan->doomed) {
+    auto e = index_.Erase(key);
+    if (e) CountObject(*e, -1);
+  }
+  counters_.objects_purged += plan->purged;
+  counters_.objects_dropped += plan->doomed.size() - plan->purged;
+  if (plan->doomed.size() > plan->purged) {
+    LOG(WARNING) << "node " << id << " '" << request.name() << "': dropped "
+                 << plan->doomed.size() - plan->purged
+                 << " objects that no longer fit its new regions";
+  }
+  node.info = std::move(info);
+  node.regions = std::move(plan->regions);
+  node.object_count = plan->kept;
+  node.last_seen = now;
+  node.deregistered = false;
+  response.set_node_id(id);
+  LOG(INFO) << "node " << id << " '" << request.name() << "' re-registered"
+            << (new_incarnation ? " with a new incarnation" : "")
+            << (new_layout ? " with new regions" : "") << "; purged "
+            << plan->purged << " objects, kept " << plan->kept;
+  return response;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> MasterService::Heartbeat(
+    const v1::HeartbeatRequest& request) {
+  v1::HeartbeatResponse response;
+  MutexLock l(&mu_);
+  auto n = nodes_.find(request.node_id());
+  if (n == nodes_.end() || n->second.deregistered ||
+      n->second.info.incarnation() != request.incarnation()) {
+    response.set_reregister(true);
+    return response;
+  }
+  n->second.last_seen = clock_->Now();
+  return response;
+}
+
+absl::StatusOr<v1::DeregisterNodeResponse> MasterService::DeregisterNode(
+    const v1::DeregisterNodeRequest& request) {
+  MutexLock l(&mu_);
+  auto n = nodes_.find(request.node_id());
+  if (n == nodes_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("node ", request.node_id(), " is unknown"));
+  }
+  Node& node = n->second;
+  if (node.info.incarnation() != request.incarnation()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", request.node_id(), " has incarnation ",
+                     node.info.incarnation(), ", not ", request.incarnation()));
+  }
+  // Objects in memory that dies with the node's process.
+  std::vector<std::string> doomed;
+  index_.ForEach([&](absl::string_view key, const IndexEntry& e)
+                     ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (e.node_id != node.info.node_id()) return;
+    auto r = node.regions.find(e.region_id);
+    if (r != node.regions.end() && !r->second.info.persistent()) {
+      doomed.emplace_back(key);
+    }
+  });
+  if (!doomed.empty()) {
+    absl::Status s = store_->DeleteObjects(doomed);
+    if (!s.ok()) return s;
+  }
+  for (const std::string& key : doomed) {
+    auto e = index_.Erase(key);
+    if (!e) continue;
+    FreeSpace(e->node_id, e->region_id, e->addr);
+    CountObject(*e, -1);
+  }
+  counters_.objects_purged += doomed.size();
+  CancelPutsOfNode(node.info.node_id(), /*free_space=*/true);
+  node.deregistered = true;
+  LOG(INFO) << "node " << node.info.node_id() << " '" << node.info.name()
+            << "' deregistered; purged " << doomed.size() << " objects";
+  return v1::DeregisterNodeResponse();
+}
+
+bool MasterService::TryAllocateOnNode(
+    Node& node, const std::vector<uint64_t>& lengths,
+    std::vector<std::pair<uint32_t, uint64_t>>* out) {
+  out->clear();
+  for (uint64_t len : lengths) {
+    // The region with the most free space that can hold the slot.
+    Region* best = nullptr;
+    uint32_t best_id = 0;
+    for (auto& [rid, region] : node.regions) {
+      if (!region.allocator->CanFit(len)) continue;
+      if (best == nullptr ||
+          region.allocator->free_bytes() > best->allocator->free_bytes()) {
+        best = &region;
+        best_id = rid;
+      }
+    }
+    absl::StatusOr<uint64_t> addr =
+        best ? best->allocator->Allocate(len)
+             : absl::StatusOr<uint64_t>(absl::ResourceExhaustedError(""));
+    if (!addr.ok()) {
+      for (const auto& [rid, a] : *out) {
+        node.regions.at(rid).allocator->Free(a).IgnoreError();
+      }
+      out->clear();
+      return false;
+    }
+    out->emplace_back(best_id, *addr);
+  }
+  return true;
+}
+
+absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
+    const v1::PutStartRequest& request) {
+  absl::Status s = ValidateKeys(request.keys());
+  if (!s.ok()) return s;
+  if (request.lengths_size() != request.keys_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(request.keys_size(), " keys but ",
+                     request.lengths_size(), " lengths"));
+  }
+  for (int i = 0; i < request.lengths_size(); ++i) {
+    uint64_t len = request.lengths(i);
+    if (len == 0 || len > options_.max_object_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("length ", i, " is ", len, " (want 1..",
+                       options_.max_object_bytes, ")"));
+    }
+  }
+  {
+    absl::flat_hash_set<absl::string_view> seen;
+    for (int i = 0; i < request.keys_size(); ++i) {
+      if (!seen.insert(request.keys(i)).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("key ", i, " '", PrintableKey(request.keys(i)),
+                         "' appears more than once"));
+      }
+    }
+  }
+
+  v1::PutStartResponse response;
+  MutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  const uint32_t preferred = request.preferred_node_id();
+  if (preferred != 0 && nodes_.count(preferred) == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("preferred node ", preferred, " is unknown"));
+  }
+
+  // Classify the keys.
+  std::vector<int> to_allocate;
+  std::vector<uint64_t> lengths;
+  uint64_t total_bytes = 0;
+  for (int i = 0; i < request.keys_size(); ++i) {
+    v1::PutSlot* slot = response.add_slots();
+    const std::string& key = request.keys(i);
+    if (pending_keys_.contains(key)) {
+      slot->set_state(v1::SLOT_IN_PROGRESS);
+      continue;
+    }
+    if (auto e = index_.Find(key)) {
+      auto n = nodes_.find(e->node_id);
+      if (n != nodes_.end() && IsAlive(n->second, now)) {
+        slot->set_state(v1::SLOT_EXISTS);
+        v1::Location* loc = slot->mutable_location();
+        loc->set_node_id(e->node_id);
+        loc->set_region_id(e->region_id);
+        loc->set_addr(e->addr);
+        loc->set_length(e->length);
+        loc->set_generation(e->generation);
+        continue;
+      }
+      // Committed on a dead node: a miss for readers, so it may be written
+      // again; the commit replaces the old entry.
+    }
+    slot->set_state(v1::SLOT_ALLOCATED);
+    to_allocate.push_back(i);
+    lengths.push_back(request.lengths(i));
+    total_bytes += request.lengths(i);
+  }
+  if (to_allocate.empty()) return response;
+
+  // Choose one node for the whole request.
+  std::vector<std::pair<uint32_t, uint64_t>> placed;
+  Node* chosen = nullptr;
+  if (preferred != 0) {
+    Node& p = nodes_.at(preferred);
+    if (IsAlive(p, now) && TryAllocateOnNode(p, lengths, &placed)) {
+      chosen = &p;
+    }
+  }
+  size_t alive = 0;
+  if (chosen == nullptr && !nodes_.empty()) {
+    auto start = nodes_.upper_bound(last_placed_node_);
+    auto it = start;
+    for (size_t tried = 0; tried < nodes_.size(); ++tried, ++it) {
+      if (it == nodes_.end()) it = nodes_.begin();
+      if (!IsAlive(it->second, now)) continue;
+      ++alive;
+      if (it->first == preferred) continue;  // already tried
+      if (TryAllocateOnNode(it->second, lengths, &placed)) {
+        chosen = &it->second;
+        break;
+      }
+    }
+  }
+  if (chosen == nullptr) {
+    if (alive == 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no alive storage node to place ", to_allocate.size(),
+          " objects (", nodes_.size(), " nodes known)"));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no alive storage node has room for ", to_allocate.size(),
+        " objects totalling ", total_bytes, " bytes"));
+  }
+  const uint32_t node_id = chosen->info.node_id();
+
+  PendingPut put;
+  put.node_id = node_id;
+  put.key_count = static_cast<uint32_t>(request.keys_size());
+  put.expiry = now + options_.put_timeout;
+  put.slots.reserve(to_allocate.size());
+  for (size_t j = 0; j < to_allocate.size(); ++j) {
+    auto gen = store_->NextGeneration();
+    if (!gen.ok()) {
+      for (const auto& [rid, addr] : placed) FreeSpace(node_id, rid, addr);
+      return gen.status();
+    }
+    const int i = to_allocate[j];
+    PendingSlot slot{static_cast<uint32_t>(i), request.keys(i),
+                     placed[j].first,          placed[j].second,
+                     request.lengths(i),       *gen};
+    v1::Location* loc = response.mutable_slots(i)->mutable_location();
+    loc->set_node_id(node_id);
+    loc->set_region_id(slot.region_id);
+    loc->set_addr(slot.addr);
+    loc->set_length(slot.length);
+    loc->set_generation(slot.generation);
+    put.slots.push_back(std::move(slot));
+  }
+  const uint64_t put_id = next_put_id_++;
+  if (next_put_id_ == 0) next_put_id_ = 1;
+  for (const PendingSlot& slot : put.slots) pending_keys_[slot.key] = put_id;
+  response.set_expires_unix_ms(absl::ToUnixMillis(put.expiry));
+  pending_.emplace(put_id, std::move(put));
+  last_placed_node_ = node_id;
+  response.set_put_id(put_id);
+  FillNodeInfo(*chosen, now, response.mutable_node());
+  return response;
+}
+
+absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
+    const v1::PutCommitRequest& request) {
+  MutexLock l(&mu_);
+  auto it = pending_.find(request.put_id());
+  if (it == pending_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("put ", request.put_id(), " expired or unknown"));
+  }
+  if (clock_->Now() > it->second.expiry) {
+    ReleasePut(request.put_id(), /*free_space=*/true);
+    ++counters_.puts_expired;
+    return absl::NotFoundError(
+        absl::StrCat("put ", request.put_id(), " expired or unknown"));
+  }
+  PendingPut& put = it->second;
+  absl::flat_hash_set<uint32_t> failed;
+  for (uint32_t idx : request.failed_indexes()) {
+    if (idx >= put.key_count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("failed index ", idx, " out of range (put has ",
+                       put.key_count, " keys)"));
+    }
+    failed.insert(idx);
+  }
+
+  MetadataMutation m;
+  for (const PendingSlot& slot : put.slots) {
+    if (failed.contains(slot.index)) continue;
+    m.put_objects.push_back(
+        {slot.key, ObjectRecord{put.node_id, slot.region_id, slot.addr,
+                                slot.length, slot.generation}});
+  }
+  absl::Status s = store_->Apply(m);
+  if (!s.ok()) return s;  // nothing changed; the put stays pending
+
+  uint32_t committed = 0;
+  for (const PendingSlot& slot : put.slots) {
+    pending_keys_.erase(slot.key);
+    if (failed.contains(slot.index)) {
+      FreeSpace(put.node_id, slot.region_id, slot.addr);
+      continue;
+    }
+    IndexEntry e{put.node_id, slot.region_id, slot.addr, slot.length,
+                 slot.generation};
+    auto old = index_.Upsert(slot.key, e);
+    if (!old.ok()) {
+      // Keys and lengths were validated at PutStart.
+      LOG(DFATAL) << "index rejected committed key: " << old.status();
+      FreeSpace(put.node_id, slot.region_id, slot.addr);
+      continue;
+    }
+    if (old->has_value()) {
+      // Replaced an entry on a dead node.
+      const IndexEntry& o = **old;
+      FreeSpace(o.node_id, o.region_id, o.addr);
+      CountObject(o, -1);
+    }
+    CountObject(e, +1);
+    ++committed;
+  }
+  pending_.erase(it);
+  v1::PutCommitResponse response;
+  response.set_committed(committed);
+  return response;
+}
+
+absl::StatusOr<v1::PutAbortResponse> MasterService::PutAbort(
+    const v1::PutAbortRequest& request) {
+  MutexLock l(&mu_);
+  if (!pending_.contains(request.put_id())) {
+    return absl::NotFoundError(
+        absl::StrCat("put ", request.put_id(), " expired or unknown"));
+  }
+  ReleasePut(request.put_id(), /*free_space=*/true);
+  return v1::PutAbortResponse();
+}
+
+size_t MasterService::ReapExpired() {
+  MutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  std::vector<uint64_t> expired;
+  for (const auto& [id, put] : pending_) {
+    if (now > put.expiry) expired.push_back(id);
+  }
+  for (uint64_t id : expired) ReleasePut(id, /*free_space=*/true);
+  counters_.puts_expired += expired.size();
+  if (!expired.empty()) {
+    LOG(INFO) << "reaped " << expired.size() << " expired puts";
+  }
+  return expired.size();
+}
+
+absl::StatusOr<v1::BatchLookupResponse> MasterService::BatchLookup(
+    const v1::BatchLookupRequest& request) const {
+  absl::Status s = ValidateKeys(request.keys());
+  if (!s.ok()) return s;
+  v1::BatchLookupResponse response;
+  response.mutable_results()->Reserve(request.keys_size());
+  ReaderMutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  std::vector<const Node*> referenced;
+  bool prefix = true;
+  uint32_t hit_prefix = 0;
+  for (const std::string& key : request.keys()) {
+    v1::LookupResult* result = response.add_results();
+    auto e = index_.Find(key);
+    const Node* node = nullptr;
+    if (e) {
+      auto n = nodes_.find(e->node_id);
+      if (n != nodes_.end() && IsAlive(n->second, now)) node = &n->second;
+    }
+    if (node == nullptr) {
+      prefix = false;
+      continue;
+    }
+    result->set_found(true);
+    v1::Location* loc = result->mutable_location();
+    loc->set_node_id(e->node_id);
+    loc->set_region_id(e->region_id);
+    loc->set_addr(e->addr);
+    loc->set_length(e->length);
+    loc->set_generation(e->generation);
+    if (prefix) ++hit_prefix;
+    if (std::find(referenced.begin(), referenced.end(), node) ==
+        referenced.end()) {
+      referenced.push_back(node);
+    }
+  }
+  response.set_hit_prefix_length(hit_prefix);
+  for (const Node* node : referenced) {
+    FillNodeInfo(*node, now, response.add_nodes());
+  }
+  return response;
+}
+
+absl::StatusOr<v1::RemoveResponse> MasterService::Remove(
+    const v1::RemoveRequest& request) {
+  absl::Status s = ValidateKeys(request.keys());
+  if (!s.ok()) return s;
+  MutexLock l(&mu_);
+  MetadataMutation m;
+  for (const std::string& key : request.keys()) {
+    if (index_.Find(key)) m.delete_objects.push_back(key);
+  }
+  s = store_->Apply(m);
+  if (!s.ok()) return s;
+  v1::RemoveResponse response;
+  for (const std::string& key : request.keys()) {
+    auto e = index_.Erase(key);
+    response.add_removed(e.has_value());
+    if (!e) continue;
+    FreeSpace(e->node_id, e->region_id, e->addr);
+    CountObject(*e, -1);
+  }
+  return response;
+}
+
+v1::ListNodesResponse MasterService::ListNodes() const {
+  v1::ListNodesResponse response;
+  ReaderMutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  for (const auto& [id, node] : nodes_) {
+    FillNodeInfo(node, now, response.add_nodes());
+  }
+  return response;
+}
+
+v1::GetStatsResponse MasterService::GetStats() const {
+  v1::GetStatsResponse response;
+  ReaderMutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  response.set_object_count(index_.size());
+  response.set_object_bytes(object_bytes_);
+  response.set_pending_puts(pending_.size());
+  uint64_t alive = 0;
+  for (const auto& [id, node] : nodes_) {
+    v1::NodeInfo* info = response.add_nodes();
+    FillNodeInfo(node, now, info);
+    if (info->alive()) ++alive;
+  }
+  response.set_nodes_alive(alive);
+  response.set_nodes_dead(nodes_.size() - alive);
+  response.set_index_bytes_per_entry(
+      index_.empty() ? 0 : index_.MemoryBytes() / index_.size());
+  return response;
+}
+
+MasterServiceCounters MasterService::counters() const {
+  ReaderMutexLock l(&mu_);
+  return counters_;
+}
+
+}  // namespace master
+}  // namespace hymcache

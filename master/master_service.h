@@ -1,0 +1,257 @@
+// MasterService: the master's logic, independent of gRPC. It owns
+//   - the node table (registration, incarnations, heartbeats, liveness),
+//   - one RegionAllocator per storage-node region (the master chooses every
+//     object's address),
+//   - the in-memory MetadataIndex of committed objects,
+//   - the pending two-phase puts,
+// and keeps the durable part (nodes, committed objects, generations) in a
+// MetadataStore. MasterServer (master_server.h) adapts it to gRPC.
+//
+// Consistency: a change is written to the store first and applied in memory
+// only after the write succeeded, so everything a reader can see is durable
+// (modulo MetadataStore sync settings) and a failed write changes nothing.
+// At start-up the index and allocators are rebuilt from the store; pending
+// puts are not durable and are forgotten by a restart.
+//
+// Liveness: a node is alive while its last heartbeat (or registration) is
+// within `node_timeout`, and it has not deregistered. After a restart every
+// persisted node counts as seen at load time. Objects on dead nodes are
+// misses for BatchLookup and can be written again elsewhere by PutStart;
+// dead nodes get no placements.
+//
+// Thread safety: safe for concurrent use without external synchronization.
+// One mutex guards all state (lookups share it as readers); store writes
+// happen under it, so commits are serialized in store order.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/mutex.h"
+#include "master/allocator.h"
+#include "master/metadata_index.h"
+#include "master/metadata_store.h"
+#include "proto/master.pb.h"
+
+namespace hymcache {
+namespace master {
+
+struct MasterServiceOptions {
+  // A node that has not heartbeated for this long is dead: its objects are
+  // misses and it gets no placements. Must be > 0. Default: 10 s.
+  absl::Duration node_timeout = absl::Seconds(10);
+  // Heartbeat period told to nodes at registration. Must be > 0 and below
+  // node_timeout. Default: 1 s.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // A PutStart allocation not committed within this is freed. Must be > 0.
+  // Default: 30 s.
+  absl::Duration put_timeout = absl::Seconds(30);
+  // Most keys in one PutStart / BatchLookup / Remove. 1..65536.
+  // Default: 1024.
+  uint32_t max_batch_keys = 1024;
+  // Longest key in bytes. 1..65535. Default: 256.
+  uint32_t max_key_bytes = 256;
+  // Largest object in bytes. 1..2^48-1. Default: 1 GiB.
+  uint64_t max_object_bytes = uint64_t{1} << 30;
+  // Source of time for liveness and put expiry. Not owned; must outlive the
+  // service. Default: nullptr, meaning Clock::Real().
+  Clock* clock = nullptr;
+
+  absl::Status Validate() const;
+};
+
+// Counters of degraded paths, for logs and the daemon's stats export.
+struct MasterServiceCounters {
+  // Persisted objects dropped at start-up or on re-registration because
+  // their node or region no longer holds them.
+  uint64_t objects_dropped = 0;
+  // Objects purged because their node's memory started afresh (new
+  // incarnation or deregistration of non-persistent regions).
+  uint64_t objects_purged = 0;
+  // Pending puts freed by ReapExpired or found expired at commit.
+  uint64_t puts_expired = 0;
+  // Pending puts cancelled because their node re-registered or left.
+  uint64_t puts_cancelled = 0;
+};
+
+class MasterService {
+ public:
+  // Loads `store` (nodes, then objects), rebuilds the allocators and the
+  // index. Objects whose node or region is gone, or whose range does not fit
+  // the region, are dropped with a WARNING and deleted from the store.
+  // Errors: InvalidArgument for bad options or a null store; the store's
+  // error if loading fails.
+  static absl::StatusOr<std::unique_ptr<MasterService>> Create(
+      const MasterServiceOptions& options,
+      std::unique_ptr<MetadataStore> store);
+
+  MasterService(const MasterService&) = delete;
+  MasterService& operator=(const MasterService&) = delete;
+  ~MasterService();
+
+  // Registers a node (or re-registers a known name; its id is stable).
+  // If the name is known with a different incarnation, the objects in its
+  // non-persistent regions are purged. If its regions changed, its
+  // allocators are rebuilt and objects that no longer fit are dropped. Either
+  // way its pending puts are cancelled.
+  // Errors: InvalidArgument (name empty or > 128 bytes, address not
+  // host:port, 0 or > 64 regions, capacity 0 or below alignment, alignment
+  // not a power of two or > 1 GiB, repeated region id); store errors.
+  absl::StatusOr<hymcache::v1::RegisterNodeResponse> RegisterNode(
+      const hymcache::v1::RegisterNodeRequest& request);
+
+  // Records liveness. reregister=true if the id is unknown, the incarnation
+  // differs or the node deregistered.
+  absl::StatusOr<hymcache::v1::HeartbeatResponse> Heartbeat(
+      const hymcache::v1::HeartbeatRequest& request);
+
+  // The node is dead from now on; objects in its non-persistent regions are
+  // purged and its pending puts cancelled. Errors: NotFound for an unknown
+  // id; FailedPrecondition for a different incarnation; store errors.
+  absl::StatusOr<hymcache::v1::DeregisterNodeResponse> DeregisterNode(
+      const hymcache::v1::DeregisterNodeRequest& request);
+
+  // Allocates space for every key that is neither committed (on an alive
+  // node: SLOT_EXISTS) nor in another pending put (SLOT_IN_PROGRESS). All
+  // allocated slots go to one node: the preferred node if it is alive and
+  // has room, else the next alive node (round robin) with room for all.
+  // Errors: InvalidArgument (key count, key sizes, length count or values,
+  // duplicate keys); NotFound (unknown preferred node); ResourceExhausted
+  // (no alive node has room; nothing allocated); store errors.
+  absl::StatusOr<hymcache::v1::PutStartResponse> PutStart(
+      const hymcache::v1::PutStartRequest& request);
+
+  // Makes every allocated slot of the put visible except `failed_indexes`,
+  // which are freed. Errors: NotFound ("put expired or unknown");
+  // InvalidArgument for an index >= the put's key count (nothing changes);
+  // store errors (nothing changes, the put stays pending).
+  absl::StatusOr<hymcache::v1::PutCommitResponse> PutCommit(
+      const hymcache::v1::PutCommitRequest& request);
+
+  // Frees the put's space. Errors: NotFound ("put expired or unknown").
+  absl::StatusOr<hymcache::v1::PutAbortResponse> PutAbort(
+      const hymcache::v1::PutAbortRequest& request);
+
+  // Per key: found (committed, node alive) and where; the length of the
+  // leading run of hits; NodeInfo of each node referenced.
+  // Errors: InvalidArgument (key count or sizes).
+  absl::StatusOr<hymcache::v1::BatchLookupResponse> BatchLookup(
+      const hymcache::v1::BatchLookupRequest& request) const;
+
+  // Removes committed keys and frees their space; per key whether it
+  // existed. Pending puts are not affected. Errors: InvalidArgument (key
+  // count or sizes); store errors (nothing removed).
+  absl::StatusOr<hymcache::v1::RemoveResponse> Remove(
+      const hymcache::v1::RemoveRequest& request);
+
+  hymcache::v1::ListNodesResponse ListNodes() const;
+  hymcache::v1::GetStatsResponse GetStats() const;
+
+  // Frees pending puts whose expiry has passed; returns how many. Called
+  // periodically by MasterServer.
+  size_t ReapExpired();
+
+  MasterServiceCounters counters() const;
+  const MasterServiceOptions& options() const { return options_; }
+
+ private:
+  struct Region {
+    hymcache::v1::RegionInfo info;  // registration fields
+    std::unique_ptr<RegionAllocator> allocator;
+    uint64_t object_count = 0;
+  };
+  struct Node {
+    hymcache::v1::NodeInfo info;  // registration fields only
+    absl::Time last_seen;
+    bool deregistered = false;
+    std::map<uint32_t, Region> regions;
+    uint64_t object_count = 0;
+  };
+  struct PendingSlot {
+    uint32_t index;  // into the PutStart keys
+    std::string key;
+    uint32_t region_id;
+    uint64_t addr;
+    uint64_t length;
+    uint64_t generation;
+  };
+  struct PendingPut {
+    uint32_t node_id;
+    uint32_t key_count;
+    absl::Time expiry;
+    std::vector<PendingSlot> slots;
+  };
+  // A new region layout and the node's objects sorted against it.
+  struct Rebuild {
+    std::map<uint32_t, Region> regions;
+    std::vector<std::string> doomed;  // purged or no longer fitting
+    uint64_t purged = 0;              // of doomed, purged by incarnation
+    uint64_t kept = 0;
+  };
+
+  MasterService(const MasterServiceOptions& options,
+                std::unique_ptr<MetadataStore> store);
+
+  absl::Status Load();
+  absl::Status ValidateKeys(
+      const google::protobuf::RepeatedPtrField<std::string>& keys) const;
+
+  bool IsAlive(const Node& node, absl::Time now) const;
+  void FillNodeInfo(const Node& node, absl::Time now,
+                    hymcache::v1::NodeInfo* out) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Builds allocators for `regions` and reserves the node's objects in them.
+  // Objects in `purge_regions` or that do not fit are listed as doomed.
+  absl::StatusOr<Rebuild> PlanRebuild(
+      uint32_t node_id,
+      const google::protobuf::RepeatedPtrField<hymcache::v1::RegionInfo>&
+          regions,
+      const std::vector<uint32_t>& purge_regions) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Allocates every length on `node` (one region per slot), or nothing.
+  bool TryAllocateOnNode(Node& node, const std::vector<uint64_t>& lengths,
+                         std::vector<std::pair<uint32_t, uint64_t>>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns space to its allocator; a failure is a broken invariant, logged.
+  void FreeSpace(uint32_t node_id, uint32_t region_id, uint64_t addr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Accounts a committed object added to / removed from the index.
+  void CountObject(const IndexEntry& e, int delta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a pending put, freeing its space if `free_space`.
+  void ReleasePut(uint64_t put_id, bool free_space)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CancelPutsOfNode(uint32_t node_id, bool free_space)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  const MasterServiceOptions options_;
+  Clock* const clock_;
+  const std::unique_ptr<MetadataStore> store_;  // thread-safe itself
+
+  mutable Mutex mu_;
+  // Protected by mu_.
+  std::map<uint32_t, Node> nodes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint32_t> node_by_name_
+      ABSL_GUARDED_BY(mu_);
+  uint32_t next_node_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint32_t last_placed_node_ ABSL_GUARDED_BY(mu_) = 0;
+  MetadataIndex index_ ABSL_GUARDED_BY(mu_);
+  uint64_t object_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, PendingPut> pending_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> pending_keys_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_put_id_ ABSL_GUARDED_BY(mu_) = 1;
+  MasterServiceCounters counters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace master
+}  // namespace hymcache

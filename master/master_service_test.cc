@@ -1,0 +1,857 @@
+#include "master/master_service.h"
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/thread.h"
+#include "master/fake_metadata_store.h"
+#include "master/metadata_store.h"
+
+namespace hymcache {
+namespace master {
+namespace {
+
+namespace v1 = ::hymcache::v1;
+using absl::StatusCode;
+
+std::string TestDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::filesystem::path p =
+      std::filesystem::path(tmp ? tmp : "/tmp") / ("master_service_" + name);
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p.parent_path());
+  return p.string();
+}
+
+struct RegionSpec {
+  uint32_t id;
+  uint64_t capacity;
+  uint32_t alignment = 64;
+  bool persistent = false;
+};
+
+v1::RegisterNodeRequest NodeReq(const std::string& name, uint64_t incarnation,
+                                std::vector<RegionSpec> regions,
+                                int port = 7000) {
+  v1::RegisterNodeRequest r;
+  r.set_name(name);
+  r.set_incarnation(incarnation);
+  r.set_data_address("127.0.0.1:" + std::to_string(port));
+  r.set_control_address("127.0.0.1:" + std::to_string(port + 1));
+  for (const auto& spec : regions) {
+    auto* region = r.add_regions();
+    region->set_region_id(spec.id);
+    region->set_capacity_bytes(spec.capacity);
+    region->set_alignment(spec.alignment);
+    region->set_persistent(spec.persistent);
+    region->set_device_kind("dram");
+    region->set_numa_node(-1);
+  }
+  (*r.mutable_transport_params())["tcp"] = "yes";
+  return r;
+}
+
+v1::PutStartRequest PutReq(std::vector<std::string> keys,
+                           std::vector<uint64_t> lengths,
+                           uint32_t preferred = 0) {
+  v1::PutStartRequest r;
+  for (auto& k : keys) r.add_keys(k);
+  for (auto l : lengths) r.add_lengths(l);
+  r.set_preferred_node_id(preferred);
+  return r;
+}
+
+v1::BatchLookupRequest LookupReq(std::vector<std::string> keys) {
+  v1::BatchLookupRequest r;
+  for (auto& k : keys) r.add_keys(k);
+  return r;
+}
+
+// A master over a real RocksDB in TEST_TMPDIR with a FakeClock; reopenable.
+struct Harness {
+  explicit Harness(const std::string& name) : dir(TestDir(name)) {
+    options.clock = &clock;
+    options.node_timeout = absl::Seconds(10);
+    options.put_timeout = absl::Seconds(30);
+    Open();
+  }
+  void Open() {
+    RocksDbMetadataStoreOptions so;
+    so.path = dir;
+    so.generation_block = 16;  // cross block boundaries in tests
+    auto store = RocksDbMetadataStore::Create(so);
+    INFO(store.status().ToString());
+    REQUIRE(store.ok());
+    auto s = MasterService::Create(options, std::move(store).value());
+    INFO(s.status().ToString());
+    REQUIRE(s.ok());
+    svc = std::move(s).value();
+  }
+  void Restart() {
+    svc.reset();
+    Open();
+  }
+  uint32_t Register(const std::string& name, uint64_t incarnation,
+                    std::vector<RegionSpec> regions, int port = 7000) {
+    auto r = svc->RegisterNode(NodeReq(name, incarnation, regions, port));
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    return r->node_id();
+  }
+  v1::PutStartResponse Start(std::vector<std::string> keys,
+                             std::vector<uint64_t> lengths,
+                             uint32_t preferred = 0) {
+    auto r = svc->PutStart(PutReq(keys, lengths, preferred));
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    return *r;
+  }
+  uint32_t Commit(uint64_t put_id, std::vector<uint32_t> failed = {}) {
+    v1::PutCommitRequest req;
+    req.set_put_id(put_id);
+    for (auto f : failed) req.add_failed_indexes(f);
+    auto r = svc->PutCommit(req);
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    return r->committed();
+  }
+  // Puts and commits `keys` of `len` bytes each; returns the node used.
+  uint32_t Put(std::vector<std::string> keys, uint64_t len = 100,
+               uint32_t preferred = 0) {
+    auto r = Start(keys, std::vector<uint64_t>(keys.size(), len), preferred);
+    REQUIRE(r.put_id() != 0);
+    Commit(r.put_id());
+    return r.node().node_id();
+  }
+  v1::BatchLookupResponse Lookup(std::vector<std::string> keys) {
+    auto r = svc->BatchLookup(LookupReq(keys));
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    return *r;
+  }
+  void Heartbeat(uint32_t id, uint64_t incarnation) {
+    v1::HeartbeatRequest req;
+    req.set_node_id(id);
+    req.set_incarnation(incarnation);
+    auto r = svc->Heartbeat(req);
+    REQUIRE(r.ok());
+    REQUIRE_FALSE(r->reregister());
+  }
+  uint64_t UsedBytes(uint32_t node_id) {
+    const v1::ListNodesResponse nodes = svc->ListNodes();
+    for (const auto& n : nodes.nodes()) {
+      if (n.node_id() == node_id) return n.used_bytes();
+    }
+    FAIL("node not listed");
+    return 0;
+  }
+
+  FakeClock clock;
+  std::string dir;
+  MasterServiceOptions options;
+  std::unique_ptr<MasterService> svc;
+};
+
+TEST_CASE("MasterServiceOptions validation") {
+  MasterServiceOptions o;
+  CHECK(o.Validate().ok());
+  o.node_timeout = absl::ZeroDuration();
+  CHECK(o.Validate().code() == StatusCode::kInvalidArgument);
+  o = MasterServiceOptions();
+  o.heartbeat_interval = absl::Seconds(20);
+  CHECK(o.Validate().code() == StatusCode::kInvalidArgument);
+  o = MasterServiceOptions();
+  o.put_timeout = absl::ZeroDuration();
+  CHECK(o.Validate().code() == StatusCode::kInvalidArgument);
+  o = MasterServiceOptions();
+  o.max_batch_keys = 0;
+  CHECK(o.Validate().code() == StatusCode::kInvalidArgument);
+  o = MasterServiceOptions();
+  o.max_key_bytes = 70000;
+  CHECK(o.Validate().code() == StatusCode::kInvalidArgument);
+  o = MasterServiceOptions();
+  o.max_object_bytes = uint64_t{1} << 50;
+  CHECK(o.Validate().code() == StatusCode::kInvalidArgument);
+  CHECK(MasterService::Create(MasterServiceOptions(), nullptr).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("RegisterNode assigns stable ids and validates requests") {
+  Harness h("register");
+  CHECK(h.Register("a", 1, {{0, 1 << 20}}) == 1);
+  CHECK(h.Register("b", 1, {{0, 1 << 20}}, 7100) == 2);
+  CHECK(h.Register("a", 1, {{0, 1 << 20}}) == 1);
+  CHECK(h.Register("a", 2, {{0, 1 << 20}}) == 1);
+  auto ok = h.svc->RegisterNode(NodeReq("c", 1, {{0, 4096}}));
+  REQUIRE(ok.ok());
+  CHECK(ok->heartbeat_interval_ms() == 1000);
+
+  auto code = [&](const v1::RegisterNodeRequest& r) {
+    return h.svc->RegisterNode(r).status().code();
+  };
+  CHECK(code(NodeReq("", 1, {{0, 4096}})) == StatusCode::kInvalidArgument);
+  CHECK(code(NodeReq(std::string(129, 'n'), 1, {{0, 4096}})) ==
+        StatusCode::kInvalidArgument);
+  CHECK(code(NodeReq(std::string(128, 'n'), 1, {{0, 4096}})) == StatusCode::kOk);
+  CHECK(code(NodeReq("x", 1, {})) == StatusCode::kInvalidArgument);
+  std::vector<RegionSpec> many;
+  for (uint32_t i = 0; i < 65; ++i) many.push_back({i, 4096});
+  CHECK(code(NodeReq("x", 1, many)) == StatusCode::kInvalidArgument);
+  many.pop_back();
+  CHECK(code(NodeReq("x64", 1, many)) == StatusCode::kOk);
+  CHECK(code(NodeReq("x", 1, {{0, 0}})) == StatusCode::kInvalidArgument);
+  CHECK(code(NodeReq("x", 1, {{0, 4096, 0}})) == StatusCode::kInvalidArgument);
+  CHECK(code(NodeReq("x", 1, {{0, 4096, 48}})) == StatusCode::kInvalidArgument);
+  CHECK(code(NodeReq("x", 1, {{0, uint64_t{1} << 32, 1u << 31}})) ==
+        StatusCode::kInvalidArgument);
+  CHECK(code(NodeReq("x", 1, {{0, 1024, 4096}})) ==
+        StatusCode::kInvalidArgument);
+  CHECK(code(NodeReq("x", 1, {{3, 4096}, {3, 8192}})) ==
+        StatusCode::kInvalidArgument);
+  auto bad_addr = NodeReq("x", 1, {{0, 4096}});
+  bad_addr.set_data_address("no-port");
+  CHECK(code(bad_addr) == StatusCode::kInvalidArgument);
+  bad_addr.set_data_address("host:0");
+  CHECK(code(bad_addr) == StatusCode::kInvalidArgument);
+  bad_addr.set_data_address("host:70000");
+  CHECK(code(bad_addr) == StatusCode::kInvalidArgument);
+  bad_addr = NodeReq("x", 1, {{0, 4096}});
+  bad_addr.set_control_address("");
+  CHECK(code(bad_addr) == StatusCode::kInvalidArgument);
+  auto v6 = NodeReq("v6", 1, {{0, 4096}});
+  v6.set_data_address("[::1]:9000");
+  CHECK(code(v6) == StatusCode::kOk);
+}
+
+TEST_CASE("Heartbeat tracks liveness and asks unknown nodes to re-register") {
+  Harness h("heartbeat");
+  uint32_t a = h.Register("a", 5, {{0, 1 << 20}});
+  v1::HeartbeatRequest req;
+  req.set_node_id(99);
+  req.set_incarnation(5);
+  CHECK(h.svc->Heartbeat(req)->reregister());
+  req.set_node_id(a);
+  req.set_incarnation(6);
+  CHECK(h.svc->Heartbeat(req)->reregister());
+
+  h.clock.Advance(absl::Seconds(9));
+  h.Heartbeat(a, 5);
+  h.clock.Advance(absl::Seconds(9));
+  CHECK(h.svc->ListNodes().nodes(0).alive());
+  CHECK(h.svc->ListNodes().nodes(0).last_heartbeat_unix_ms() ==
+        absl::ToUnixMillis(h.clock.Now() - absl::Seconds(9)));
+  h.clock.Advance(absl::Seconds(2));
+  CHECK_FALSE(h.svc->ListNodes().nodes(0).alive());
+  h.Heartbeat(a, 5);  // a late heartbeat revives it
+  CHECK(h.svc->ListNodes().nodes(0).alive());
+}
+
+TEST_CASE("PutStart spreads calls across nodes and keeps each call on one") {
+  Harness h("spread");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}, {1, 1 << 20}});
+  uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  std::vector<uint32_t> chosen;
+  for (int call = 0; call < 6; ++call) {
+    std::vector<std::string> keys;
+    for (int i = 0; i < 8; ++i) {
+      keys.push_back("c" + std::to_string(call) + "-" + std::to_string(i));
+    }
+    auto r = h.Start(keys, std::vector<uint64_t>(8, 1000));
+    REQUIRE(r.put_id() != 0);
+    REQUIRE(r.slots_size() == 8);
+    std::set<std::pair<uint32_t, uint64_t>> addrs;
+    std::set<uint64_t> generations;
+    for (const auto& slot : r.slots()) {
+      CHECK(slot.state() == v1::SLOT_ALLOCATED);
+      CHECK(slot.location().node_id() == r.node().node_id());
+      CHECK(slot.location().length() == 1000);
+      CHECK(slot.location().addr() % 64 == 0);
+      addrs.insert({slot.location().region_id(), slot.location().addr()});
+      generations.insert(slot.location().generation());
+    }
+    CHECK(addrs.size() == 8);
+    CHECK(generations.size() == 8);
+    CHECK(r.node().data_address().size() > 0);
+    CHECK(r.node().alive());
+    CHECK(r.expires_unix_ms() ==
+          absl::ToUnixMillis(h.clock.Now() + absl::Seconds(30)));
+    chosen.push_back(r.node().node_id());
+    h.Commit(r.put_id());
+  }
+  CHECK(chosen == std::vector<uint32_t>{a, b, a, b, a, b});
+
+  // Node a has two regions: its slots used both.
+  auto nodes = h.svc->ListNodes();
+  const auto& na = nodes.nodes(0);
+  REQUIRE(na.node_id() == a);
+  CHECK(na.regions(0).used_bytes() > 0);
+  CHECK(na.regions(1).used_bytes() > 0);
+  CHECK(na.object_count() == 24u);
+  CHECK(na.used_bytes() == 24u * 1024);
+  CHECK(na.capacity_bytes() == 2 << 20);
+
+  // The preferred node wins when alive and roomy.
+  for (int i = 0; i < 3; ++i) {
+    CHECK(h.Put({"pref" + std::to_string(i)}, 100, b) == b);
+  }
+  // Unknown preferred node.
+  CHECK(h.svc->PutStart(PutReq({"z"}, {1}, 77)).status().code() ==
+        StatusCode::kNotFound);
+}
+
+TEST_CASE("PutStart falls back when the preferred node is full") {
+  Harness h("fallback");
+  uint32_t small = h.Register("small", 1, {{0, 4096}});
+  uint32_t big = h.Register("big", 1, {{0, 1 << 20}}, 7100);
+  // Needs 3 x 2048: does not fit the small node in one call.
+  auto r = h.Start({"x", "y", "z"}, {2000, 2000, 2000}, small);
+  CHECK(r.node().node_id() == big);
+  // Fits the small node: goes there.
+  auto r2 = h.Start({"p", "q"}, {2000, 2000}, small);
+  CHECK(r2.node().node_id() == small);
+  // Now nothing fits the small node, and a 2 MiB request fits nowhere.
+  auto none = h.svc->PutStart(PutReq({"huge"}, {2 << 20}));
+  CHECK(none.status().code() == StatusCode::kResourceExhausted);
+  CHECK(none.status().message().find("room") != std::string::npos);
+  CHECK(h.UsedBytes(small) == 4096);
+  CHECK(h.UsedBytes(big) == 3 * 2048);
+}
+
+TEST_CASE("PutStart reports existing and in-progress keys") {
+  Harness h("states");
+  h.Register("a", 1, {{0, 1 << 20}});
+  h.Put({"done"});
+  auto first = h.Start({"busy"}, {10});
+  auto r = h.Start({"done", "busy", "new"}, {10, 10, 10});
+  CHECK(r.slots(0).state() == v1::SLOT_EXISTS);
+  CHECK(r.slots(0).location().length() == 100);
+  CHECK(r.slots(1).state() == v1::SLOT_IN_PROGRESS);
+  CHECK(r.slots(2).state() == v1::SLOT_ALLOCATED);
+  CHECK(r.put_id() != 0);
+  CHECK(r.put_id() != first.put_id());
+
+  auto nothing = h.Start({"done", "busy"}, {10, 10});
+  CHECK(nothing.put_id() == 0);
+  CHECK(nothing.slots(0).state() == v1::SLOT_EXISTS);
+  CHECK(nothing.slots(1).state() == v1::SLOT_IN_PROGRESS);
+  CHECK_FALSE(nothing.has_node());
+}
+
+TEST_CASE("PutStart, BatchLookup and Remove validate their input") {
+  Harness h("validate");
+  h.Register("a", 1, {{0, 1 << 20}});
+  auto put = [&](v1::PutStartRequest r) {
+    return h.svc->PutStart(r).status().code();
+  };
+  CHECK(put(PutReq({}, {})) == StatusCode::kInvalidArgument);
+  std::vector<std::string> too_many(1025, "k");
+  for (size_t i = 0; i < too_many.size(); ++i) too_many[i] += std::to_string(i);
+  CHECK(put(PutReq(too_many, std::vector<uint64_t>(1025, 1))) ==
+        StatusCode::kInvalidArgument);
+  too_many.pop_back();
+  CHECK(put(PutReq(too_many, std::vector<uint64_t>(1024, 1))) ==
+        StatusCode::kOk);
+  CHECK(put(PutReq({""}, {1})) == StatusCode::kInvalidArgument);
+  CHECK(put(PutReq({std::string(257, 'k')}, {1})) ==
+        StatusCode::kInvalidArgument);
+  CHECK(put(PutReq({std::string(256, 'k')}, {1})) == StatusCode::kOk);
+  CHECK(put(PutReq({"a", "b"}, {1})) == StatusCode::kInvalidArgument);
+  CHECK(put(PutReq({"a"}, {1, 2})) == StatusCode::kInvalidArgument);
+  CHECK(put(PutReq({"a"}, {0})) == StatusCode::kInvalidArgument);
+  CHECK(put(PutReq({"a"}, {(uint64_t{1} << 30) + 1})) ==
+        StatusCode::kInvalidArgument);
+  CHECK(put(PutReq({"a", "b", "a"}, {1, 1, 1})) ==
+        StatusCode::kInvalidArgument);
+  CHECK(put(PutReq({"a"}, {1}, 42)) == StatusCode::kNotFound);
+
+  CHECK(h.svc->BatchLookup(LookupReq({})).status().code() ==
+        StatusCode::kInvalidArgument);
+  CHECK(h.svc->BatchLookup(LookupReq({"a", ""})).status().code() ==
+        StatusCode::kInvalidArgument);
+  CHECK(h.svc->BatchLookup(LookupReq({std::string(257, 'x')})).status().code() ==
+        StatusCode::kInvalidArgument);
+  v1::RemoveRequest rm;
+  CHECK(h.svc->Remove(rm).status().code() == StatusCode::kInvalidArgument);
+  rm.add_keys(std::string(300, 'x'));
+  CHECK(h.svc->Remove(rm).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Objects become visible only at commit; failures are freed") {
+  Harness h("commit");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  auto r = h.Start({"k0", "k1", "k2", "k3"}, {100, 200, 300, 400});
+  CHECK(h.Lookup({"k0", "k1"}).results(0).found() == false);
+  CHECK(h.UsedBytes(a) == 128 + 256 + 320 + 448);
+
+  // Out-of-range index: rejected, nothing changes.
+  v1::PutCommitRequest bad;
+  bad.set_put_id(r.put_id());
+  bad.add_failed_indexes(1);
+  bad.add_failed_indexes(4);
+  CHECK(h.svc->PutCommit(bad).status().code() == StatusCode::kInvalidArgument);
+  CHECK(h.UsedBytes(a) == 128 + 256 + 320 + 448);
+  CHECK(h.svc->GetStats().pending_puts() == 1);
+
+  CHECK(h.Commit(r.put_id(), {1, 3, 3}) == 2);
+  auto l = h.Lookup({"k0", "k1", "k2", "k3"});
+  CHECK(l.results(0).found());
+  CHECK_FALSE(l.results(1).found());
+  CHECK(l.results(2).found());
+  CHECK_FALSE(l.results(3).found());
+  CHECK(l.results(2).location().length() == 300);
+  CHECK(l.results(2).location().generation() ==
+        r.slots(2).location().generation());
+  CHECK(h.UsedBytes(a) == 128 + 320);
+
+  // Committing twice: the put is gone.
+  v1::PutCommitRequest again;
+  again.set_put_id(r.put_id());
+  auto st = h.svc->PutCommit(again).status();
+  CHECK(st.code() == StatusCode::kNotFound);
+  CHECK(st.message().find("expired or unknown") != std::string::npos);
+  again.set_put_id(12345);
+  CHECK(h.svc->PutCommit(again).status().code() == StatusCode::kNotFound);
+
+  // Failed keys may be put again.
+  auto retry = h.Start({"k1", "k3"}, {10, 10});
+  CHECK(retry.slots(0).state() == v1::SLOT_ALLOCATED);
+  CHECK(retry.slots(1).state() == v1::SLOT_ALLOCATED);
+
+  // Abort frees.
+  v1::PutAbortRequest abort;
+  abort.set_put_id(retry.put_id());
+  REQUIRE(h.svc->PutAbort(abort).ok());
+  CHECK(h.svc->PutAbort(abort).status().code() == StatusCode::kNotFound);
+  CHECK(h.UsedBytes(a) == 128 + 320);
+  CHECK(h.svc->GetStats().pending_puts() == 0);
+}
+
+TEST_CASE("BatchLookup reports the hit prefix and the nodes referenced") {
+  Harness h("lookup");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  CHECK(h.Put({"b0", "b1"}) == a);
+  CHECK(h.Put({"b2"}) == b);
+  h.Put({"b4"});
+
+  auto l = h.Lookup({"b0", "b1", "b2", "b3", "b4"});
+  CHECK(l.hit_prefix_length() == 3);
+  CHECK(l.results(4).found());
+  CHECK(l.nodes_size() == 2);
+  std::set<uint32_t> ids;
+  for (const auto& n : l.nodes()) {
+    ids.insert(n.node_id());
+    CHECK(n.alive());
+    CHECK(n.transport_params().at("tcp") == "yes");
+  }
+  CHECK(ids == std::set<uint32_t>{a, b});
+  CHECK(h.Lookup({"nope", "b0"}).hit_prefix_length() == 0);
+  auto only_a = h.Lookup({"b0", "b0"});  // duplicates are fine
+  CHECK(only_a.hit_prefix_length() == 2);
+  CHECK(only_a.nodes_size() == 1);
+}
+
+TEST_CASE("Dead nodes' objects miss and dead nodes get no placements") {
+  Harness h("dead");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  CHECK(h.Put({"x"}) == a);
+  CHECK(h.Put({"y"}) == b);
+  h.clock.Advance(absl::Seconds(8));
+  h.Heartbeat(b, 1);
+  h.clock.Advance(absl::Seconds(5));  // a: 13 s silent, b: 5 s
+
+  auto l = h.Lookup({"x", "y"});
+  CHECK_FALSE(l.results(0).found());
+  CHECK(l.results(1).found());
+  CHECK(l.hit_prefix_length() == 0);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(h.Put({"z" + std::to_string(i)}, 100, a) == b);  // a is dead
+  }
+  auto stats = h.svc->GetStats();
+  CHECK(stats.nodes_alive() == 1);
+  CHECK(stats.nodes_dead() == 1);
+
+  // A key on a dead node can be written again elsewhere; the old space is
+  // freed at commit.
+  uint64_t used_a = h.UsedBytes(a);
+  auto again = h.Start({"x"}, {50});
+  CHECK(again.slots(0).state() == v1::SLOT_ALLOCATED);
+  CHECK(again.node().node_id() == b);
+  h.Commit(again.put_id());
+  CHECK(h.UsedBytes(a) == used_a - 128);
+  CHECK(h.Lookup({"x"}).results(0).location().node_id() == b);
+
+  h.clock.Advance(absl::Seconds(20));  // everyone dead
+  auto none = h.svc->PutStart(PutReq({"w"}, {1}));
+  CHECK(none.status().code() == StatusCode::kResourceExhausted);
+  CHECK(none.status().message().find("no alive") != std::string::npos);
+  h.Heartbeat(a, 1);
+  CHECK(h.Put({"w"}) == a);
+}
+
+TEST_CASE("A node's commit still succeeds if it died meanwhile") {
+  Harness h("diedmeanwhile");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  auto r = h.Start({"k"}, {10});
+  h.clock.Advance(absl::Seconds(11));
+  CHECK(h.Commit(r.put_id()) == 1);
+  CHECK_FALSE(h.Lookup({"k"}).results(0).found());
+  h.Heartbeat(a, 1);
+  CHECK(h.Lookup({"k"}).results(0).found());
+}
+
+TEST_CASE("Expired puts are reaped and cannot be committed") {
+  Harness h("reap");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  auto r1 = h.Start({"a1", "a2"}, {100, 100});
+  h.clock.Advance(absl::Seconds(20));
+  h.Heartbeat(a, 1);
+  auto r2 = h.Start({"b1"}, {100});
+  CHECK(h.svc->ReapExpired() == 0);
+  h.clock.Advance(absl::Seconds(11));  // r1 expired, r2 not
+  h.Heartbeat(a, 1);
+  CHECK(h.svc->ReapExpired() == 1);
+  CHECK(h.svc->GetStats().pending_puts() == 1);
+  CHECK(h.UsedBytes(a) == 128);
+  v1::PutCommitRequest c;
+  c.set_put_id(r1.put_id());
+  CHECK(h.svc->PutCommit(c).status().code() == StatusCode::kNotFound);
+  // The keys are free for a new put.
+  auto r3 = h.Start({"a1"}, {100});
+  CHECK(r3.slots(0).state() == v1::SLOT_ALLOCATED);
+
+  // Commit after expiry but before the reaper ran: NOT_FOUND and freed.
+  h.clock.Advance(absl::Seconds(31));
+  c.set_put_id(r2.put_id());
+  CHECK(h.svc->PutCommit(c).status().code() == StatusCode::kNotFound);
+  CHECK(h.svc->ReapExpired() == 1);  // r3
+  CHECK(h.UsedBytes(a) == 0);
+  CHECK(h.svc->counters().puts_expired == 3);
+}
+
+TEST_CASE("Restart keeps committed objects and nodes, not pending puts") {
+  Harness h("restart");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  uint32_t b = h.Register("b", 1, {{0, 1 << 20, 64, true}}, 7100);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 40; ++i) keys.push_back("key" + std::to_string(i));
+  uint64_t max_generation = 0;
+  for (int i = 0; i < 40; i += 4) {
+    auto r = h.Start({keys[i], keys[i + 1], keys[i + 2], keys[i + 3]},
+                     {100, 200, 300, 400});
+    for (const auto& s : r.slots()) {
+      max_generation = std::max(max_generation, s.location().generation());
+    }
+    h.Commit(r.put_id());
+  }
+  auto pending = h.Start({"pending1", "pending2"}, {64, 64});
+  for (const auto& s : pending.slots()) {
+    max_generation = std::max(max_generation, s.location().generation());
+  }
+  uint64_t used_a = h.UsedBytes(a) - 128 * (pending.node().node_id() == a);
+  uint64_t used_b = h.UsedBytes(b) - 128 * (pending.node().node_id() == b);
+  auto before = h.Lookup(keys);
+
+  h.clock.Advance(absl::Seconds(100));  // long downtime
+  h.Restart();
+
+  auto after = h.Lookup(keys);
+  CHECK(after.hit_prefix_length() == 40);
+  for (int i = 0; i < 40; ++i) {
+    CHECK(after.results(i).location().SerializeAsString() ==
+          before.results(i).location().SerializeAsString());
+  }
+  CHECK(h.Lookup({"pending1"}).results(0).found() == false);
+  CHECK(h.UsedBytes(a) == used_a);
+  CHECK(h.UsedBytes(b) == used_b);
+  auto stats = h.svc->GetStats();
+  CHECK(stats.object_count() == 40);
+  CHECK(stats.object_bytes() == 10 * 1000);
+  CHECK(stats.pending_puts() == 0);
+  CHECK(stats.nodes_alive() == 2);
+  CHECK(stats.index_bytes_per_entry() > 0);
+  CHECK(h.svc->ListNodes().nodes(1).regions(0).persistent());
+
+  v1::PutCommitRequest c;
+  c.set_put_id(pending.put_id());
+  CHECK(h.svc->PutCommit(c).status().code() == StatusCode::kNotFound);
+
+  // Ids and generations continue; freed pending space is reusable.
+  CHECK(h.Register("c", 1, {{0, 1 << 20}}, 7200) == 3);
+  CHECK(h.Register("a", 1, {{0, 1 << 20}}) == a);
+  auto r = h.Start({"pending1", "fresh"}, {64, 64});
+  for (const auto& s : r.slots()) {
+    CHECK(s.state() == v1::SLOT_ALLOCATED);
+    CHECK(s.location().generation() > max_generation);
+  }
+
+  // Nodes that do not heartbeat after the restart die after node_timeout.
+  h.clock.Advance(absl::Seconds(11));
+  CHECK(h.Lookup(keys).hit_prefix_length() == 0);
+}
+
+TEST_CASE("Restart drops objects that no longer fit their node") {
+  const std::string dir = TestDir("restart_drop");
+  FakeClock clock;
+  MasterServiceOptions o;
+  o.clock = &clock;
+  {
+    RocksDbMetadataStoreOptions so;
+    so.path = dir;
+    auto store = RocksDbMetadataStore::Create(so);
+    REQUIRE(store.ok());
+    hymcache::v1::NodeInfo n;
+    n.set_node_id(4);
+    n.set_name("n4");
+    n.set_incarnation(1);
+    n.set_data_address("h:1");
+    n.set_control_address("h:2");
+    auto* r = n.add_regions();
+    r->set_region_id(0);
+    r->set_capacity_bytes(4096);
+    r->set_alignment(64);
+    MetadataMutation m;
+    m.put_nodes.push_back(n);
+    m.put_objects.push_back({"ok", ObjectRecord{4, 0, 0, 100, 1}});
+    m.put_objects.push_back({"overlap", ObjectRecord{4, 0, 64, 100, 2}});
+    m.put_objects.push_back({"outside", ObjectRecord{4, 0, 4096, 64, 3}});
+    m.put_objects.push_back({"noregion", ObjectRecord{4, 9, 0, 64, 4}});
+    m.put_objects.push_back({"nonode", ObjectRecord{5, 0, 0, 64, 5}});
+    REQUIRE((*store)->Apply(m).ok());
+  }
+  for (int round = 0; round < 2; ++round) {
+    RocksDbMetadataStoreOptions so;
+    so.path = dir;
+    auto store = RocksDbMetadataStore::Create(so);
+    REQUIRE(store.ok());
+    auto svc = MasterService::Create(o, std::move(store).value());
+    REQUIRE(svc.ok());
+    // Keys load in order: "ok" reserves [0, 128), so "overlap" at 64 is
+    // dropped, as are the entries of a missing node, region or range. The
+    // drop is durable: the second round loads only "ok".
+    CHECK((*svc)->GetStats().object_count() == 1u);
+    CHECK((*svc)->counters().objects_dropped == (round == 0 ? 4u : 0u));
+    CHECK((*svc)->BatchLookup(LookupReq({"ok"}))->results(0).found());
+    // The next id continues after the persisted one.
+    auto r = (*svc)->RegisterNode(NodeReq("new" + std::to_string(round), 1,
+                                          {{0, 4096}}));
+    REQUIRE(r.ok());
+    CHECK(r->node_id() == uint32_t(5 + round));
+  }
+}
+
+TEST_CASE("Re-registering with a new incarnation purges volatile regions") {
+  Harness h("incarnation");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}, {1, 1 << 20, 64, true}});
+  // Fill both regions.
+  std::vector<std::string> keys;
+  for (int i = 0; i < 16; ++i) keys.push_back("k" + std::to_string(i));
+  h.Put(keys, 1000);
+  auto pending = h.Start({"p"}, {10});
+  auto l = h.Lookup(keys);
+  int volatile_count = 0;
+  for (const auto& r : l.results()) volatile_count += r.location().region_id() == 0;
+  REQUIRE(volatile_count > 0);
+  REQUIRE(volatile_count < 16);
+
+  // Same incarnation: nothing purged.
+  CHECK(h.Register("a", 1, {{0, 1 << 20}, {1, 1 << 20, 64, true}}) == a);
+  CHECK(h.svc->GetStats().object_count() == 16);
+  CHECK(h.svc->GetStats().pending_puts() == 1);
+
+  // New incarnation: region 0 (not persistent) is purged, region 1 kept.
+  CHECK(h.Register("a", 2, {{0, 1 << 20}, {1, 1 << 20, 64, true}}) == a);
+  auto after = h.Lookup(keys);
+  for (int i = 0; i < 16; ++i) {
+    CHECK(after.results(i).found() == (l.results(i).location().region_id() == 1));
+  }
+  CHECK(h.svc->GetStats().object_count() == uint64_t(16 - volatile_count));
+  CHECK(h.svc->GetStats().pending_puts() == 0);
+  CHECK(h.svc->counters().objects_purged == uint64_t(volatile_count));
+  auto node = h.svc->ListNodes().nodes(0);
+  CHECK(node.incarnation() == 2);
+  CHECK(node.regions(0).used_bytes() == 0);
+  CHECK(node.regions(1).used_bytes() == uint64_t(16 - volatile_count) * 1024);
+  v1::PutCommitRequest c;
+  c.set_put_id(pending.put_id());
+  CHECK(h.svc->PutCommit(c).status().code() == StatusCode::kNotFound);
+
+  // The purge is durable.
+  h.Restart();
+  CHECK(h.svc->GetStats().object_count() == uint64_t(16 - volatile_count));
+  // Old heartbeats are refused; new ones accepted.
+  v1::HeartbeatRequest hb;
+  hb.set_node_id(a);
+  hb.set_incarnation(1);
+  CHECK(h.svc->Heartbeat(hb)->reregister());
+  h.Heartbeat(a, 2);
+}
+
+TEST_CASE("Re-registering with new regions rebuilds the allocators") {
+  Harness h("regions");
+  h.Register("a", 1, {{0, 1 << 20}, {1, 1 << 20}});
+  std::vector<std::string> keys;
+  for (int i = 0; i < 8; ++i) keys.push_back("k" + std::to_string(i));
+  h.Put(keys, 4096);
+  auto l = h.Lookup(keys);
+  // Region 1 disappears; region 0 stays: region-1 objects are dropped.
+  h.Register("a", 1, {{0, 1 << 20}});
+  auto after = h.Lookup(keys);
+  int kept = 0;
+  for (int i = 0; i < 8; ++i) {
+    bool in0 = l.results(i).location().region_id() == 0;
+    CHECK(after.results(i).found() == in0);
+    kept += in0;
+  }
+  CHECK(kept > 0);
+  auto node = h.svc->ListNodes().nodes(0);
+  REQUIRE(node.regions_size() == 1);
+  CHECK(node.regions(0).used_bytes() == uint64_t(kept) * 4096);
+  CHECK(node.object_count() == uint64_t(kept));
+  // Shrinking region 0 below the objects' offsets drops them too.
+  h.Register("a", 1, {{0, 4096}});
+  CHECK(h.svc->GetStats().object_count() <= 1);
+  CHECK(h.svc->GetStats().object_bytes() ==
+        h.svc->GetStats().object_count() * 4096);
+}
+
+TEST_CASE("DeregisterNode kills the node and purges volatile objects") {
+  Harness h("deregister");
+  uint32_t a = h.Register("a", 7, {{0, 1 << 20}});
+  uint32_t b = h.Register("b", 7, {{0, 1 << 20, 64, true}}, 7100);
+  CHECK(h.Put({"x"}) == a);
+  CHECK(h.Put({"y"}) == b);
+  auto pending = h.Start({"p"}, {10}, a);
+  REQUIRE(pending.node().node_id() == a);
+
+  v1::DeregisterNodeRequest d;
+  d.set_node_id(a);
+  d.set_incarnation(8);
+  CHECK(h.svc->DeregisterNode(d).status().code() ==
+        StatusCode::kFailedPrecondition);
+  d.set_node_id(99);
+  CHECK(h.svc->DeregisterNode(d).status().code() == StatusCode::kNotFound);
+  d.set_node_id(a);
+  d.set_incarnation(7);
+  REQUIRE(h.svc->DeregisterNode(d).ok());
+  CHECK_FALSE(h.svc->ListNodes().nodes(0).alive());
+  CHECK(h.UsedBytes(a) == 0);
+  CHECK(h.svc->GetStats().pending_puts() == 0);
+  v1::HeartbeatRequest hb;
+  hb.set_node_id(a);
+  hb.set_incarnation(7);
+  CHECK(h.svc->Heartbeat(hb)->reregister());
+  CHECK(h.Put({"z"}) == b);
+
+  d.set_node_id(b);
+  REQUIRE(h.svc->DeregisterNode(d).ok());
+  CHECK_FALSE(h.Lookup({"y"}).results(0).found());  // dead
+  CHECK(h.Register("b", 7, {{0, 1 << 20, 64, true}}, 7100) == b);
+  CHECK(h.Lookup({"y"}).results(0).found());  // persistent: kept
+  CHECK(h.Register("a", 7, {{0, 1 << 20}}) == a);
+  CHECK_FALSE(h.Lookup({"x"}).results(0).found());
+}
+
+TEST_CASE("Remove deletes objects durably and frees their space") {
+  Harness h("remove");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  h.Put({"r1", "r2", "r3"});
+  auto pending = h.Start({"p"}, {10});
+  v1::RemoveRequest rm;
+  rm.add_keys("r1");
+  rm.add_keys("missing");
+  rm.add_keys("r3");
+  rm.add_keys("p");
+  rm.add_keys("r1");
+  auto r = h.svc->Remove(rm);
+  REQUIRE(r.ok());
+  REQUIRE(r->removed_size() == 5);
+  CHECK(r->removed(0));
+  CHECK_FALSE(r->removed(1));
+  CHECK(r->removed(2));
+  CHECK_FALSE(r->removed(3));
+  CHECK_FALSE(r->removed(4));
+  CHECK(h.UsedBytes(a) == 128 + 64);
+  CHECK(h.Commit(pending.put_id()) == 1);
+  h.Restart();
+  auto l = h.Lookup({"r1", "r2", "r3", "p"});
+  CHECK_FALSE(l.results(0).found());
+  CHECK(l.results(1).found());
+  CHECK_FALSE(l.results(2).found());
+  CHECK(l.results(3).found());
+}
+
+TEST_CASE("A failed store write changes nothing") {
+  FakeClock clock;
+  auto fake = std::make_unique<FakeMetadataStore>();
+  FakeMetadataStore* store = fake.get();
+  MasterServiceOptions o;
+  o.clock = &clock;
+  auto svc = MasterService::Create(o, std::move(fake));
+  REQUIRE(svc.ok());
+  MasterService& s = **svc;
+  REQUIRE(s.RegisterNode(NodeReq("a", 1, {{0, 1 << 20}})).ok());
+  auto put = s.PutStart(PutReq({"k1", "k2"}, {10, 10}));
+  REQUIRE(put.ok());
+
+  store->FailWritesForTest(absl::UnavailableError("disk on fire"));
+  v1::PutCommitRequest c;
+  c.set_put_id(put->put_id());
+  CHECK(s.PutCommit(c).status().code() == StatusCode::kUnavailable);
+  CHECK_FALSE(s.BatchLookup(LookupReq({"k1"}))->results(0).found());
+  CHECK(s.GetStats().pending_puts() == 1);
+  CHECK(s.PutStart(PutReq({"k3"}, {10})).status().code() ==
+        StatusCode::kUnavailable);  // no generation
+  CHECK(s.GetStats().nodes(0).used_bytes() == 128);
+  CHECK(s.RegisterNode(NodeReq("b", 1, {{0, 4096}})).status().code() ==
+        StatusCode::kUnavailable);
+  CHECK(s.ListNodes().nodes_size() == 1);
+
+  store->FailWritesForTest(absl::OkStatus());
+  auto ok = s.PutCommit(c);
+  REQUIRE(ok.ok());
+  CHECK(ok->committed() == 2);
+  CHECK(store->object_count() == 2);
+  CHECK(s.BatchLookup(LookupReq({"k1", "k2"}))->hit_prefix_length() == 2);
+
+  store->FailWritesForTest(absl::UnavailableError("again"));
+  v1::RemoveRequest rm;
+  rm.add_keys("k1");
+  CHECK(s.Remove(rm).status().code() == StatusCode::kUnavailable);
+  CHECK(s.BatchLookup(LookupReq({"k1"}))->results(0).found());
+}
+
+TEST_CASE("Concurrent puts and lookups") {
+  Harness h("concurrent");
+  h.Register("a", 1, {{0, 64 << 20}});
+  h.Register("b", 1, {{0, 64 << 20}}, 7100);
+  {
+    std::vector<Thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back("svc-test", [&h, t] {
+        for (int i = 0; i < 200; ++i) {
+          std::string key = "t" + std::to_string(t) + "-" + std::to_string(i);
+          auto r = h.svc->PutStart(PutReq({key, key + "x"}, {100, 100}));
+          if (!r.ok() || r->put_id() == 0) continue;
+          v1::PutCommitRequest c;
+          c.set_put_id(r->put_id());
+          h.svc->PutCommit(c).IgnoreError();
+          h.svc->BatchLookup(LookupReq({key, key + "x"})).IgnoreError();
+          if (i % 10 == 0) h.svc->ReapExpired();
+          if (i % 20 == 0) h.svc->GetStats();
+        }
+      });
+    }
+  }
+  CHECK(h.svc->GetStats().object_count() == 4 * 200 * 2);
+}
+
+}  // namespace
+}  // namespace master
+}  // namespace hymcache

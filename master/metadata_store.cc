@@ -1,0 +1,286 @@
+#include "master/metadata_store.h"
+
+#include <glog/logging.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/base/internal/endian.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+namespace hymcache {
+namespace master {
+namespace {
+
+// Key layout. One-byte prefixes keep the three kinds apart:
+//   "o" + object key  -> EncodeObjectRecord
+//   "n" + node name   -> serialized v1::NodeInfo (registration fields)
+//   "m:generation"    -> little-endian u64: generations below it may have
+//                        been handed out.
+constexpr char kObjectPrefix = 'o';
+constexpr char kNodePrefix = 'n';
+constexpr char kGenerationKey[] = "m:generation";
+
+// Object value: version byte + node_id u32 + region_id u32 + addr u64 +
+// length u64 + generation u64, all little-endian.
+constexpr uint8_t kObjectFormat = 1;
+constexpr size_t kObjectValueSize = 1 + 4 + 4 + 8 + 8 + 8;
+
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  std::string msg = absl::StrCat("metadata store: ", what, ": ", s.ToString());
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  if (s.IsIOError() || s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) {
+    return absl::UnavailableError(msg);
+  }
+  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
+  return absl::InternalError(msg);
+}
+
+std::string ObjectKey(absl::string_view key) {
+  std::string k;
+  k.reserve(key.size() + 1);
+  k.push_back(kObjectPrefix);
+  k.append(key.data(), key.size());
+  return k;
+}
+
+std::string NodeKey(absl::string_view name) {
+  std::string k;
+  k.reserve(name.size() + 1);
+  k.push_back(kNodePrefix);
+  k.append(name.data(), name.size());
+  return k;
+}
+
+std::string EncodeU64(uint64_t v) {
+  std::string s(8, '\0');
+  absl::little_endian::Store64(s.data(), v);
+  return s;
+}
+
+// Only the registration fields are durable.
+hymcache::v1::NodeInfo DurableNodeFields(const hymcache::v1::NodeInfo& in) {
+  hymcache::v1::NodeInfo out;
+  out.set_node_id(in.node_id());
+  out.set_name(in.name());
+  out.set_incarnation(in.incarnation());
+  out.set_data_address(in.data_address());
+  out.set_control_address(in.control_address());
+  for (const auto& r : in.regions()) {
+    auto* nr = out.add_regions();
+    *nr = r;
+    nr->set_used_bytes(0);
+  }
+  *out.mutable_transport_params() = in.transport_params();
+  return out;
+}
+
+}  // namespace
+
+absl::Status MetadataStore::PutObjects(
+    std::vector<std::pair<std::string, ObjectRecord>> objects) {
+  MetadataMutation m;
+  m.put_objects = std::move(objects);
+  return Apply(m);
+}
+
+absl::Status MetadataStore::DeleteObjects(std::vector<std::string> keys) {
+  MetadataMutation m;
+  m.delete_objects = std::move(keys);
+  return Apply(m);
+}
+
+absl::Status MetadataStore::PutNode(const hymcache::v1::NodeInfo& node) {
+  MetadataMutation m;
+  m.put_nodes.push_back(node);
+  return Apply(m);
+}
+
+std::string EncodeObjectRecord(const ObjectRecord& r) {
+  std::string v(kObjectValueSize, '\0');
+  char* p = v.data();
+  p[0] = static_cast<char>(kObjectFormat);
+  absl::little_endian::Store32(p + 1, r.node_id);
+  absl::little_endian::Store32(p + 5, r.region_id);
+  absl::little_endian::Store64(p + 9, r.addr);
+  absl::little_endian::Store64(p + 17, r.length);
+  absl::little_endian::Store64(p + 25, r.generation);
+  return v;
+}
+
+absl::StatusOr<ObjectRecord> DecodeObjectRecord(absl::string_view v) {
+  if (v.size() != kObjectValueSize ||
+      static_cast<uint8_t>(v[0]) != kObjectFormat) {
+    return absl::DataLossError(
+        absl::StrCat("object record of ", v.size(), " bytes, format ",
+                     v.empty() ? -1 : static_cast<uint8_t>(v[0]),
+                     ": not understood"));
+  }
+  const char* p = v.data();
+  ObjectRecord r;
+  r.node_id = absl::little_endian::Load32(p + 1);
+  r.region_id = absl::little_endian::Load32(p + 5);
+  r.addr = absl::little_endian::Load64(p + 9);
+  r.length = absl::little_endian::Load64(p + 17);
+  r.generation = absl::little_endian::Load64(p + 25);
+  return r;
+}
+
+absl::Status RocksDbMetadataStoreOptions::Validate() const {
+  if (path.empty()) {
+    return absl::InvalidArgumentError("metadata store: path is required");
+  }
+  if (generation_block == 0) {
+    return absl::InvalidArgumentError(
+        "metadata store: generation_block must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<RocksDbMetadataStore>>
+RocksDbMetadataStore::Create(const RocksDbMetadataStoreOptions& options) {
+  absl::Status valid = options.Validate();
+  if (!valid.ok()) return valid;
+
+  rocksdb::Options db_options;
+  db_options.create_if_missing = true;
+  // Small values, point reads never happen after start-up: keep RocksDB lean.
+  db_options.max_background_jobs = 2;
+  db_options.keep_log_file_num = 4;
+  rocksdb::DB* raw = nullptr;
+  absl::Status s = FromRocks(rocksdb::DB::Open(db_options, options.path, &raw),
+                             absl::StrCat("open ", options.path));
+  if (!s.ok()) return s;
+  std::unique_ptr<RocksDbMetadataStore> store(
+      new RocksDbMetadataStore(options, std::unique_ptr<rocksdb::DB>(raw)));
+
+  std::string value;
+  rocksdb::Status gs =
+      store->db_->Get(rocksdb::ReadOptions(), kGenerationKey, &value);
+  uint64_t start = 1;
+  if (gs.ok()) {
+    if (value.size() != 8) {
+      return absl::DataLossError(
+          absl::StrCat("metadata store: generation record has ", value.size(),
+                       " bytes, want 8"));
+    }
+    start = std::max<uint64_t>(1, absl::little_endian::Load64(value.data()));
+  } else if (!gs.IsNotFound()) {
+    return FromRocks(gs, "read generation");
+  }
+  {
+    MutexLock l(&store->gen_mu_);
+    store->next_generation_ = start;
+    store->generation_limit_ = start;
+    s = store->ReserveGenerationBlock();
+  }
+  if (!s.ok()) return s;
+  LOG(INFO) << "metadata store " << options.path
+            << " opened; generations resume at " << start;
+  return store;
+}
+
+RocksDbMetadataStore::RocksDbMetadataStore(
+    const RocksDbMetadataStoreOptions& options, std::unique_ptr<rocksdb::DB> db)
+    : options_(options), db_(std::move(db)) {}
+
+RocksDbMetadataStore::~RocksDbMetadataStore() {
+  rocksdb::Status s = db_->Close();
+  if (!s.ok()) LOG(WARNING) << "metadata store close: " << s.ToString();
+}
+
+absl::Status RocksDbMetadataStore::ReserveGenerationBlock() {
+  uint64_t new_limit = generation_limit_ + options_.generation_block;
+  if (new_limit < generation_limit_) {
+    return absl::ResourceExhaustedError("metadata store: generations exhausted");
+  }
+  rocksdb::WriteOptions wo;
+  // The limit must be durable before any generation of the block is used,
+  // even when ordinary writes are not synced: a lost limit could repeat
+  // generations. This write happens once per block.
+  wo.sync = true;
+  absl::Status s = FromRocks(
+      db_->Put(wo, kGenerationKey, EncodeU64(new_limit)), "persist generation");
+  if (!s.ok()) return s;
+  generation_limit_ = new_limit;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> RocksDbMetadataStore::NextGeneration() {
+  MutexLock l(&gen_mu_);
+  if (next_generation_ >= generation_limit_) {
+    absl::Status s = ReserveGenerationBlock();
+    if (!s.ok()) return s;
+  }
+  return next_generation_++;
+}
+
+absl::Status RocksDbMetadataStore::Apply(const MetadataMutation& mutation) {
+  if (mutation.empty()) return absl::OkStatus();
+  rocksdb::WriteBatch batch;
+  for (const auto& key : mutation.delete_objects) {
+    batch.Delete(ObjectKey(key));
+  }
+  for (const auto& [key, record] : mutation.put_objects) {
+    batch.Put(ObjectKey(key), EncodeObjectRecord(record));
+  }
+  for (const auto& node : mutation.put_nodes) {
+    std::string value;
+    if (!DurableNodeFields(node).SerializeToString(&value)) {
+      return absl::InternalError("metadata store: cannot serialize NodeInfo");
+    }
+    batch.Put(NodeKey(node.name()), value);
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync_writes;
+  return FromRocks(db_->Write(wo, &batch), "write batch");
+}
+
+absl::Status RocksDbMetadataStore::ForEachObject(
+    const std::function<void(absl::string_view key, const ObjectRecord&)>& fn) {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  const std::string prefix(1, kObjectPrefix);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix);
+       it->Next()) {
+    rocksdb::Slice k = it->key();
+    rocksdb::Slice v = it->value();
+    auto record = DecodeObjectRecord(absl::string_view(v.data(), v.size()));
+    if (!record.ok()) {
+      return absl::DataLossError(absl::StrCat(
+          "metadata store: object '", absl::CEscape(absl::string_view(
+                                          k.data() + 1, k.size() - 1)),
+          "': ", record.status().message()));
+    }
+    fn(absl::string_view(k.data() + 1, k.size() - 1), *record);
+  }
+  return FromRocks(it->status(), "scan objects");
+}
+
+absl::StatusOr<std::vector<hymcache::v1::NodeInfo>>
+RocksDbMetadataStore::LoadNodes() {
+  std::vector<hymcache::v1::NodeInfo> nodes;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  const std::string prefix(1, kNodePrefix);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix);
+       it->Next()) {
+    hymcache::v1::NodeInfo node;
+    if (!node.ParseFromArray(it->value().data(),
+                             static_cast<int>(it->value().size()))) {
+      return absl::DataLossError(absl::StrCat(
+          "metadata store: node record '", it->key().ToString().substr(1),
+          "' does not parse"));
+    }
+    nodes.push_back(std::move(node));
+  }
+  absl::Status s = FromRocks(it->status(), "scan nodes");
+  if (!s.ok()) return s;
+  return nodes;
+}
+
+}  // namespace master
+}  // namespace hymcache

@@ -1,0 +1,150 @@
+// MetadataStore: the master's durable state. Holds
+//   - committed objects: key -> ObjectRecord (where the bytes live),
+//   - storage-node records: name -> NodeInfo (id, incarnation, addresses,
+//     regions, transport parameters),
+//   - the generation high-water mark.
+// The master keeps everything in memory as well and reads the store only at
+// start-up (ForEachObject / LoadNodes); every change is written here first,
+// then applied in memory, so a crash never loses a change that a reader saw.
+//
+// RocksDbMetadataStore is the production implementation; FakeMetadataStore
+// (testonly, fake_metadata_store.h) keeps everything in memory and can inject
+// write failures.
+//
+// Thread safety: implementations are safe for concurrent use without external
+// synchronization.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/mutex.h"
+#include "proto/common.pb.h"
+
+namespace rocksdb {
+class DB;
+}
+
+namespace hymcache {
+namespace master {
+
+// Where one committed object lives. Mirrors v1::Location.
+struct ObjectRecord {
+  uint32_t node_id = 0;
+  uint32_t region_id = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint64_t generation = 0;
+
+  bool operator==(const ObjectRecord& o) const {
+    return node_id == o.node_id && region_id == o.region_id &&
+           addr == o.addr && length == o.length && generation == o.generation;
+  }
+};
+
+// One atomic change: all of it is applied or none of it.
+struct MetadataMutation {
+  std::vector<std::pair<std::string, ObjectRecord>> put_objects;
+  std::vector<std::string> delete_objects;
+  // Keyed by NodeInfo.name. Only the registration fields are kept (node_id,
+  // name, incarnation, addresses, regions without used_bytes,
+  // transport_params); liveness and usage fields are dropped.
+  std::vector<hymcache::v1::NodeInfo> put_nodes;
+
+  bool empty() const {
+    return put_objects.empty() && delete_objects.empty() && put_nodes.empty();
+  }
+};
+
+class MetadataStore {
+ public:
+  virtual ~MetadataStore() = default;
+
+  // Applies `mutation` atomically. Deleting a missing object is not an error.
+  // Errors: Internal / Unavailable on a storage failure (nothing applied).
+  virtual absl::Status Apply(const MetadataMutation& mutation) = 0;
+
+  // Returns a generation never returned before by this store, including
+  // across restarts: > 0 and increasing. Errors: a storage failure while
+  // reserving the next block of generations.
+  virtual absl::StatusOr<uint64_t> NextGeneration() = 0;
+
+  // Calls `fn` for every committed object (unspecified order). Stops and
+  // returns the error if an entry is corrupt or reading fails.
+  virtual absl::Status ForEachObject(
+      const std::function<void(absl::string_view key, const ObjectRecord&)>& fn)
+      = 0;
+
+  // All node records.
+  virtual absl::StatusOr<std::vector<hymcache::v1::NodeInfo>> LoadNodes() = 0;
+
+  // Convenience wrappers around Apply.
+  absl::Status PutObjects(
+      std::vector<std::pair<std::string, ObjectRecord>> objects);
+  absl::Status DeleteObjects(std::vector<std::string> keys);
+  absl::Status PutNode(const hymcache::v1::NodeInfo& node);
+};
+
+struct RocksDbMetadataStoreOptions {
+  // Directory of the RocksDB database; created if missing (its parent must
+  // exist). Required. Default: "" (invalid).
+  std::string path;
+  // fsync the write-ahead log on every write. Without it a write survives a
+  // process crash (kill -9: the WAL is in the OS page cache) but the last
+  // writes can be lost on a machine crash or power loss. Losing them is safe
+  // for a cache: those objects are simply missing after restart.
+  // Default: false.
+  bool sync_writes = false;
+  // Generations are reserved in blocks of this many: the end of the block is
+  // persisted before any generation of it is handed out, so a restart starts
+  // after the block and never repeats one. Must be > 0. Default: 1 << 20.
+  uint64_t generation_block = uint64_t{1} << 20;
+
+  absl::Status Validate() const;
+};
+
+class RocksDbMetadataStore : public MetadataStore {
+ public:
+  // Opens (or creates) the database and reserves the first block of
+  // generations. Errors: InvalidArgument for bad options; Internal /
+  // Unavailable if RocksDB cannot open the directory (e.g. another process
+  // holds its lock); DataLoss if the generation record is corrupt.
+  static absl::StatusOr<std::unique_ptr<RocksDbMetadataStore>> Create(
+      const RocksDbMetadataStoreOptions& options);
+  ~RocksDbMetadataStore() override;
+
+  absl::Status Apply(const MetadataMutation& mutation) override;
+  absl::StatusOr<uint64_t> NextGeneration() override;
+  absl::Status ForEachObject(
+      const std::function<void(absl::string_view key, const ObjectRecord&)>& fn)
+      override;
+  absl::StatusOr<std::vector<hymcache::v1::NodeInfo>> LoadNodes() override;
+
+ private:
+  RocksDbMetadataStore(const RocksDbMetadataStoreOptions& options,
+                       std::unique_ptr<rocksdb::DB> db);
+  absl::Status ReserveGenerationBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gen_mu_);
+
+  // Constant after construction.
+  const RocksDbMetadataStoreOptions options_;
+  const std::unique_ptr<rocksdb::DB> db_;  // thread-safe itself
+
+  Mutex gen_mu_;
+  uint64_t next_generation_ ABSL_GUARDED_BY(gen_mu_) = 0;
+  // Generations < generation_limit_ may be handed out; the limit is durable.
+  uint64_t generation_limit_ ABSL_GUARDED_BY(gen_mu_) = 0;
+};
+
+// Encoding helpers, exposed for tests and tools.
+std::string EncodeObjectRecord(const ObjectRecord& record);
+absl::StatusOr<ObjectRecord> DecodeObjectRecord(absl::string_view value);
+
+}  // namespace master
+}  // namespace hymcache

@@ -1,0 +1,189 @@
+#include "master/metadata_store.h"
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "master/fake_metadata_store.h"
+
+namespace hymcache {
+namespace master {
+namespace {
+
+// A fresh directory under TEST_TMPDIR for each test case.
+std::string TestDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::filesystem::path p =
+      std::filesystem::path(tmp ? tmp : "/tmp") / ("metadata_store_" + name);
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p.parent_path());
+  return p.string();
+}
+
+std::unique_ptr<RocksDbMetadataStore> Open(const std::string& path,
+                                           uint64_t block = 1 << 20) {
+  RocksDbMetadataStoreOptions o;
+  o.path = path;
+  o.generation_block = block;
+  auto s = RocksDbMetadataStore::Create(o);
+  INFO(s.status().ToString());
+  REQUIRE(s.ok());
+  return std::move(s).value();
+}
+
+std::map<std::string, ObjectRecord> AllObjects(MetadataStore* store) {
+  std::map<std::string, ObjectRecord> out;
+  REQUIRE(store
+              ->ForEachObject([&](absl::string_view k, const ObjectRecord& r) {
+                out.emplace(std::string(k), r);
+              })
+              .ok());
+  return out;
+}
+
+TEST_CASE("ObjectRecord encoding round-trips and rejects garbage") {
+  ObjectRecord r{7, 3, 1ull << 40, 12345, 99};
+  auto d = DecodeObjectRecord(EncodeObjectRecord(r));
+  REQUIRE(d.ok());
+  CHECK(*d == r);
+  CHECK(DecodeObjectRecord("").status().code() == absl::StatusCode::kDataLoss);
+  std::string bad = EncodeObjectRecord(r);
+  bad[0] = 9;
+  CHECK(DecodeObjectRecord(bad).status().code() ==
+        absl::StatusCode::kDataLoss);
+}
+
+TEST_CASE("RocksDbMetadataStore rejects bad options") {
+  CHECK(RocksDbMetadataStore::Create({}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  RocksDbMetadataStoreOptions o;
+  o.path = TestDir("badopts");
+  o.generation_block = 0;
+  CHECK(RocksDbMetadataStore::Create(o).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("RocksDbMetadataStore persists objects and nodes across reopen") {
+  const std::string dir = TestDir("persist");
+  {
+    auto store = Open(dir);
+    CHECK(AllObjects(store.get()).empty());
+    REQUIRE(store->LoadNodes().ok());
+    CHECK(store->LoadNodes()->empty());
+
+    MetadataMutation m;
+    std::string binary_key("\x00\x01\xff key", 8);
+    m.put_objects.push_back({"a", ObjectRecord{1, 0, 0, 100, 5}});
+    m.put_objects.push_back({"b", ObjectRecord{1, 2, 4096, 200, 6}});
+    m.put_objects.push_back({binary_key, ObjectRecord{2, 0, 64, 1, 7}});
+    hymcache::v1::NodeInfo node;
+    node.set_node_id(1);
+    node.set_name("node-a");
+    node.set_incarnation(42);
+    node.set_data_address("127.0.0.1:7000");
+    node.set_control_address("127.0.0.1:7001");
+    node.set_alive(true);             // not durable
+    node.set_object_count(3);         // not durable
+    auto* region = node.add_regions();
+    region->set_region_id(2);
+    region->set_capacity_bytes(1 << 20);
+    region->set_alignment(64);
+    region->set_persistent(true);
+    region->set_used_bytes(999);      // not durable
+    (*node.mutable_transport_params())["shm"] = std::string("\x00path", 5);
+    m.put_nodes.push_back(node);
+    REQUIRE(store->Apply(m).ok());
+
+    REQUIRE(store->DeleteObjects({"a", "missing"}).ok());
+  }
+  {
+    auto store = Open(dir);
+    auto objs = AllObjects(store.get());
+    REQUIRE(objs.size() == 2);
+    CHECK(objs["b"] == ObjectRecord{1, 2, 4096, 200, 6});
+    CHECK(objs[std::string("\x00\x01\xff key", 8)] ==
+          ObjectRecord{2, 0, 64, 1, 7});
+    auto nodes = store->LoadNodes();
+    REQUIRE(nodes.ok());
+    REQUIRE(nodes->size() == 1);
+    const auto& n = (*nodes)[0];
+    CHECK(n.node_id() == 1);
+    CHECK(n.name() == "node-a");
+    CHECK(n.incarnation() == 42);
+    CHECK(n.data_address() == "127.0.0.1:7000");
+    CHECK(n.control_address() == "127.0.0.1:7001");
+    CHECK_FALSE(n.alive());
+    CHECK(n.object_count() == 0);
+    REQUIRE(n.regions_size() == 1);
+    CHECK(n.regions(0).region_id() == 2);
+    CHECK(n.regions(0).persistent());
+    CHECK(n.regions(0).used_bytes() == 0);
+    CHECK(n.transport_params().at("shm") == std::string("\x00path", 5));
+
+    // Overwrite a node record.
+    hymcache::v1::NodeInfo n2 = n;
+    n2.set_incarnation(43);
+    REQUIRE(store->PutNode(n2).ok());
+    REQUIRE(store->LoadNodes()->at(0).incarnation() == 43);
+  }
+}
+
+TEST_CASE("RocksDbMetadataStore never repeats a generation across restarts") {
+  const std::string dir = TestDir("generations");
+  uint64_t last = 0;
+  for (int round = 0; round < 4; ++round) {
+    auto store = Open(dir, /*block=*/8);
+    // Use fewer, exactly, and more than one block.
+    int n = round * 7 + 1;
+    for (int i = 0; i < n; ++i) {
+      auto g = store->NextGeneration();
+      REQUIRE(g.ok());
+      CHECK(*g > last);
+      last = *g;
+    }
+  }
+  CHECK(last > 0);
+}
+
+TEST_CASE("RocksDbMetadataStore refuses a second open of the same directory") {
+  const std::string dir = TestDir("locked");
+  auto first = Open(dir);
+  RocksDbMetadataStoreOptions o;
+  o.path = dir;
+  auto second = RocksDbMetadataStore::Create(o);
+  CHECK_FALSE(second.ok());
+}
+
+TEST_CASE("RocksDbMetadataStore handles a large batch") {
+  const std::string dir = TestDir("batch");
+  auto store = Open(dir);
+  std::vector<std::pair<std::string, ObjectRecord>> objs;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 5000; ++i) {
+    std::string key = "key-" + std::to_string(i);
+    objs.push_back({key, ObjectRecord{1, 0, uint64_t(i) * 64, 64, uint64_t(i) + 1}});
+    keys.push_back(key);
+  }
+  REQUIRE(store->PutObjects(objs).ok());
+  CHECK(AllObjects(store.get()).size() == 5000);
+  keys.resize(4000);
+  REQUIRE(store->DeleteObjects(keys).ok());
+  CHECK(AllObjects(store.get()).size() == 1000);
+}
+
+TEST_CASE("FakeMetadataStore applies and fails on demand") {
+  FakeMetadataStore store;
+  REQUIRE(store.PutObjects({{"a", ObjectRecord{1, 0, 0, 1, 1}}}).ok());
+  store.FailWritesForTest(absl::UnavailableError("disk gone"));
+  CHECK(store.DeleteObjects({"a"}).code() == absl::StatusCode::kUnavailable);
+  CHECK_FALSE(store.NextGeneration().ok());
+  store.FailWritesForTest(absl::OkStatus());
+  CHECK(store.object_count() == 1);
+  CHECK(*store.NextGeneration() == 1);
+}
+
+}  // namespace
+}  // namespace master
+}  // namespace hymcache
