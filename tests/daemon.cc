@@ -34,12 +34,18 @@ std::string TempDir(const std::string& name) {
   return dir;
 }
 
-Daemon::~Daemon() {
+Daemon::~Daemon() { Reset(); }
+
+void Daemon::Reset() {
   if (pid_ > 0) {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
+    pid_ = -1;
   }
-  if (stdout_fd_ >= 0) close(stdout_fd_);
+  if (stdout_fd_ >= 0) {
+    close(stdout_fd_);
+    stdout_fd_ = -1;
+  }
 }
 
 Daemon::Daemon(Daemon&& o) noexcept
@@ -49,7 +55,7 @@ Daemon::Daemon(Daemon&& o) noexcept
 
 Daemon& Daemon::operator=(Daemon&& o) noexcept {
   if (this != &o) {
-    this->~Daemon();
+    Reset();
     pid_ = std::exchange(o.pid_, -1);
     stdout_fd_ = std::exchange(o.stdout_fd_, -1);
     ready_line_ = std::move(o.ready_line_);

@@ -43,6 +43,9 @@ class Daemon {
   bool Alive();
 
  private:
+  // SIGKILLs a running child and closes its pipe.
+  void Reset();
+
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
   std::string ready_line_;

@@ -1,0 +1,27 @@
+// ThreadSanitizer settings for binaries that use gRPC, in the tsan build
+// (--config=tsan defines HYMCACHE_TSAN); empty otherwise.
+//
+// Debian's gRPC, protobuf and Abseil are not built with TSan, so the thread
+// hand-offs inside them are invisible and TSan reports false races:
+//   - in syscalls and memmoves made by those libraries (epoll fds, absl's
+//     deadlock graph): interceptor calls from uninstrumented modules are
+//     ignored;
+//   - in grpcpp's inline templates and in proto messages that gRPC builds on
+//     one thread and parses, serializes or destroys on another: suppressed
+//     only when the racing access's top frame is gRPC or generated message
+//     code, so our own code (handlers, services, clients) is still checked.
+// TSan reads both hooks from the executable at start-up, so this library is
+// alwayslink and must be linked statically into each binary and test that
+// uses gRPC (cc_test needs linkstatic = True).
+#ifdef HYMCACHE_TSAN
+extern "C" const char* __tsan_default_options() {
+  return "ignore_noninstrumented_modules=1";
+}
+extern "C" const char* __tsan_default_suppressions() {
+  return "race_top:^grpc::\n"
+         "race_top:^grpc_core::\n"
+         "race_top:^std::_Function_handler<*grpc::\n"
+         "race_top:^hymcache::v1::\n"
+         "race_top:^google::protobuf::\n";
+}
+#endif

@@ -1,0 +1,501 @@
+#include "storage_node/data_server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace hymcache::storage {
+namespace {
+
+void SignalFd(int fd) {
+  uint64_t one = 1;
+  ssize_t n;
+  do {
+    n = ::write(fd, &one, sizeof(one));
+  } while (n < 0 && errno == EINTR);
+}
+
+void DrainFd(int fd) {
+  uint64_t v;
+  ssize_t n;
+  do {
+    n = ::read(fd, &v, sizeof(v));
+  } while (n < 0 && errno == EINTR);
+}
+
+// Header + op table of a response, in one buffer.
+std::vector<uint8_t> EncodeResponse(wire::FrameType type, uint64_t request_id,
+                                    uint64_t payload_bytes,
+                                    const std::vector<wire::OpDesc>& ops) {
+  std::vector<uint8_t> buf(wire::kHeaderBytes + ops.size() * wire::kOpBytes);
+  wire::FrameHeader h;
+  h.type = type;
+  h.op_count = static_cast<uint16_t>(ops.size());
+  h.request_id = request_id;
+  h.payload_bytes = payload_bytes;
+  wire::EncodeHeader(h, buf.data());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    wire::EncodeOp(ops[i], buf.data() + wire::kHeaderBytes + i * wire::kOpBytes);
+  }
+  return buf;
+}
+
+storage::ExtentKey KeyOf(const wire::OpDesc& op) {
+  return ExtentKey{op.region_id, op.addr, op.length, op.generation};
+}
+
+uint32_t WireStatus(const absl::Status& s) {
+  return wire::ToWireCode(s.code());
+}
+
+}  // namespace
+
+absl::Status DataServerOptions::Validate() const {
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data server: port ", port, " outside 0..65535"));
+  }
+  if (max_connections < 1) {
+    return absl::InvalidArgumentError("data server: max_connections must be >= 1");
+  }
+  if (io_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("data server: io_timeout must be > 0");
+  }
+  if (device == nullptr || extents == nullptr) {
+    return absl::InvalidArgumentError(
+        "data server: device and extents are required");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DataServer>> DataServer::Create(
+    const DataServerOptions& options) {
+  RETURN_IF_ERROR(options.Validate());
+  ASSIGN_OR_RETURN(Socket listen, ListenTcp(options.host, options.port));
+  ASSIGN_OR_RETURN(int port, LocalPort(listen.fd()));
+  // Non-blocking so that a connection that vanishes between poll and accept
+  // cannot block the acceptor.
+  int flags = fcntl(listen.fd(), F_GETFL, 0);
+  if (flags < 0 || fcntl(listen.fd(), F_SETFL, flags | O_NONBLOCK) != 0) {
+    return absl::InternalError(
+        absl::StrCat("data server: fcntl: ", strerror(errno)));
+  }
+  int stop_fd = eventfd(0, EFD_CLOEXEC);
+  int reap_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (stop_fd < 0 || reap_fd < 0) {
+    int e = errno;
+    if (stop_fd >= 0) close(stop_fd);
+    if (reap_fd >= 0) close(reap_fd);
+    return absl::InternalError(absl::StrCat("data server: eventfd: ", strerror(e)));
+  }
+  std::unique_ptr<DataServer> server(
+      new DataServer(options, std::move(listen), port, stop_fd, reap_fd));
+  DataServer* s = server.get();
+  server->acceptor_ = Thread("dp-accept", [s] { s->AcceptLoop(); });
+  LOG(INFO) << "data server listening on " << options.host << ":" << port;
+  return server;
+}
+
+DataServer::DataServer(const DataServerOptions& options, Socket listen,
+                       int port, int stop_fd, int reap_fd)
+    : options_(options),
+      port_(port),
+      stop_fd_(stop_fd),
+      reap_fd_(reap_fd),
+      listen_(std::move(listen)) {}
+
+DataServer::~DataServer() {
+  Shutdown(absl::Seconds(10));
+  close(stop_fd_);
+  close(reap_fd_);
+}
+
+// ---------------------------------------------------------------- accepting
+
+void DataServer::AcceptLoop() {
+  while (true) {
+    pollfd p[3] = {{listen_.fd(), POLLIN, 0},
+                   {stop_fd_, POLLIN, 0},
+                   {reap_fd_, POLLIN, 0}};
+    int r = poll(p, 3, -1);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      LOG(ERROR) << "data server: poll: " << strerror(errno);
+      absl::SleepFor(absl::Milliseconds(100));
+      continue;
+    }
+    if (p[1].revents != 0) break;
+    if (p[2].revents != 0) {
+      DrainFd(reap_fd_);
+      Reap();
+    }
+    if (p[0].revents != 0) Accept();
+  }
+  // Stop accepting: new connections are refused by the kernel from here on.
+  listen_.Close();
+}
+
+void DataServer::Accept() {
+  int fd = accept4(listen_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR || e == ECONNABORTED) {
+      return;
+    }
+    LOG_EVERY_N(WARNING, 100) << "data server: accept: " << strerror(e);
+    // Out of descriptors or memory: back off rather than spin on poll.
+    absl::SleepFor(absl::Milliseconds(50));
+    return;
+  }
+  Socket sock(fd);
+  TuneDataSocket(fd);
+  int open = 0;
+  {
+    MutexLock l(&mu_);
+    open = active_;
+    if (active_ < options_.max_connections) {
+      accepted_.fetch_add(1, std::memory_order_relaxed);
+      ++active_;
+      auto conn = std::make_unique<Conn>();
+      conn->sock = std::move(sock);
+      Conn* c = conn.get();
+      conns_.push_back(std::move(conn));
+      c->thread = Thread("dp-conn", [this, c] { ServeConnection(c); });
+      return;
+    }
+  }
+  refused_.fetch_add(1, std::memory_order_relaxed);
+  LOG_EVERY_N(WARNING, 100) << "data server: refusing a connection: " << open
+                            << " open (limit " << options_.max_connections
+                            << ")";
+  SendError(fd, 0,
+            absl::ResourceExhaustedError(absl::StrCat(
+                "storage node: too many data-plane connections (limit ",
+                options_.max_connections, ")")));
+  // `sock` closes the connection.
+}
+
+void DataServer::Reap() {
+  std::list<std::unique_ptr<Conn>> finished;
+  {
+    MutexLock l(&mu_);
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if ((*it)->done) {
+        finished.push_back(std::move(*it));
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& c : finished) c->thread.Join();
+  // `finished` closes the sockets.
+}
+
+// ---------------------------------------------------------------- serving
+
+void DataServer::ServeConnection(Conn* conn) {
+  const int fd = conn->sock.fd();
+  while (true) {
+    pollfd p[2] = {{fd, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    int r = poll(p, 2, -1);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (p[1].revents != 0) break;  // shutting down: close idle connection
+    uint8_t hdr[wire::kHeaderBytes];
+    const absl::Time deadline = absl::Now() + options_.io_timeout;
+    bool got_any = false;
+    absl::Status s = RecvAll(fd, hdr, sizeof(hdr), deadline, &got_any);
+    if (!s.ok()) {
+      if (got_any) {
+        protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+        SendError(fd, 0,
+                  absl::Status(s.code(), absl::StrCat("truncated frame header: ",
+                                                      s.message())));
+      }
+      break;  // clean close by the peer when !got_any
+    }
+    if (!HandleRequest(fd, hdr, deadline)) break;
+  }
+  // Tell the peer at once; the descriptor is closed when the thread is
+  // reaped.
+  ::shutdown(fd, SHUT_RDWR);
+  {
+    MutexLock l(&mu_);
+    conn->done = true;
+    --active_;
+    cv_.SignalAll();
+  }
+  SignalFd(reap_fd_);
+}
+
+bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline) {
+  absl::StatusOr<wire::FrameHeader> h = wire::DecodeHeader(hdr);
+  if (!h.ok()) {
+    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    VLOG(1) << "data server: bad header: " << h.status();
+    SendError(fd, 0, h.status());
+    return false;
+  }
+  switch (h->type) {
+    case wire::FrameType::kPing: {
+      std::vector<uint8_t> buf =
+          EncodeResponse(wire::FrameType::kPong, h->request_id, 0, {});
+      return SendAll(fd, buf.data(), buf.size(), deadline).ok();
+    }
+    case wire::FrameType::kReadRequest:
+    case wire::FrameType::kWriteRequest:
+      break;
+    default:
+      protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+      SendError(fd, h->request_id,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "data plane: a storage node does not accept frame type ",
+                    static_cast<int>(h->type))));
+      return false;
+  }
+
+  // DecodeHeader bounded op_count by kMaxOps.
+  std::vector<uint8_t> table(size_t{h->op_count} * wire::kOpBytes);
+  absl::Status s = RecvAll(fd, table.data(), table.size(), deadline);
+  if (!s.ok()) {
+    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    SendError(fd, h->request_id,
+              absl::Status(s.code(),
+                           absl::StrCat("truncated op table: ", s.message())));
+    return false;
+  }
+  std::vector<wire::OpDesc> ops(h->op_count);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    ops[i] = wire::DecodeOp(table.data() + i * wire::kOpBytes);
+  }
+  s = wire::ValidateOps(*h, ops);
+  if (!s.ok()) {
+    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    SendError(fd, h->request_id, s);
+    return false;
+  }
+  for (wire::OpDesc& op : ops) op.status = 0;
+  if (h->type == wire::FrameType::kReadRequest) {
+    return HandleRead(fd, *h, ops, deadline);
+  }
+  return HandleWrite(fd, *h, ops, deadline);
+}
+
+bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
+                            std::vector<wire::OpDesc>& ops,
+                            absl::Time deadline) {
+  MemoryDevice* device = options_.device;
+  std::vector<ExtentTable::ReadPin> pins(ops.size());
+  std::vector<ReadView> views(ops.size());
+  uint64_t payload = 0;
+  uint64_t ok_ops = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    wire::OpDesc& op = ops[i];
+    absl::StatusOr<ExtentTable::ReadPin> pin =
+        options_.extents->PinRead(KeyOf(op));
+    if (!pin.ok()) {
+      op.status = WireStatus(pin.status());
+      if (pin.status().code() == absl::StatusCode::kNotFound) {
+        stale_reads_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+      }
+      continue;
+    }
+    absl::StatusOr<ReadView> view =
+        device->AcquireRead(op.region_id, op.addr, op.length);
+    if (!view.ok()) {
+      op.status = WireStatus(view.status());
+      rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+      continue;  // `pin` releases
+    }
+    pins[i] = std::move(*pin);
+    views[i] = *view;
+    payload += op.length;
+    ++ok_ops;
+  }
+
+  std::vector<uint8_t> head =
+      EncodeResponse(wire::FrameType::kReadResponse, h.request_id, payload, ops);
+  std::vector<iovec> iov;
+  iov.reserve(ops.size() + 1);
+  iov.push_back({head.data(), head.size()});
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (views[i].data == nullptr) continue;
+    iov.push_back({const_cast<uint8_t*>(views[i].data),
+                   static_cast<size_t>(views[i].length)});
+  }
+  // Counted before sending so that a client that has its answer sees them.
+  read_ops_.fetch_add(ok_ops, std::memory_order_relaxed);
+  bytes_read_.fetch_add(payload, std::memory_order_relaxed);
+  absl::Status s =
+      SendAllV(fd, iov.data(), static_cast<int>(iov.size()), deadline);
+  // Device views end before the extent pins that protect them.
+  for (ReadView& v : views) {
+    if (v.data != nullptr) device->ReleaseRead(v);
+  }
+  pins.clear();
+  if (!s.ok()) {
+    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    VLOG(1) << "data server: sending a read response failed: " << s;
+    return false;
+  }
+  return true;
+}
+
+bool DataServer::HandleWrite(int fd, const wire::FrameHeader& h,
+                             std::vector<wire::OpDesc>& ops,
+                             absl::Time deadline) {
+  MemoryDevice* device = options_.device;
+  for (wire::OpDesc& op : ops) {
+    absl::StatusOr<ExtentTable::WriteTicket> ticket =
+        options_.extents->BeginWrite(KeyOf(op));
+    absl::Status st = ticket.status();
+    WriteView view;
+    if (st.ok()) {
+      absl::StatusOr<WriteView> v =
+          device->BeginWrite(op.region_id, op.addr, op.length);
+      if (v.ok()) {
+        view = *v;
+      } else {
+        st = v.status();
+        ticket->Abort();
+      }
+    }
+    if (!st.ok()) {
+      // Rejected: skip its bytes to stay in step with the stream.
+      op.status = WireStatus(st);
+      rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+      absl::Status d = Discard(fd, op.length, deadline);
+      if (!d.ok()) {
+        protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+        SendError(fd, h.request_id,
+                  absl::Status(d.code(), absl::StrCat("truncated write payload: ",
+                                                      d.message())));
+        return false;
+      }
+      continue;
+    }
+    absl::Status r = RecvAll(fd, view.data, op.length, deadline);
+    if (!r.ok()) {
+      device->AbortWrite(view);
+      ticket->Abort();
+      protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+      SendError(fd, h.request_id,
+                absl::Status(r.code(), absl::StrCat("truncated write payload: ",
+                                                    r.message())));
+      return false;
+    }
+    st = device->CommitWrite(view);
+    if (st.ok()) {
+      st = ticket->Commit();
+    } else {
+      ticket->Abort();
+    }
+    if (st.ok()) {
+      write_ops_.fetch_add(1, std::memory_order_relaxed);
+      bytes_written_.fetch_add(op.length, std::memory_order_relaxed);
+    } else {
+      op.status = WireStatus(st);
+      rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  std::vector<uint8_t> buf =
+      EncodeResponse(wire::FrameType::kWriteResponse, h.request_id, 0, ops);
+  absl::Status s = SendAll(fd, buf.data(), buf.size(), deadline);
+  if (!s.ok()) {
+    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+void DataServer::SendError(int fd, uint64_t request_id,
+                           const absl::Status& status) {
+  absl::StatusCode code =
+      status.ok() ? absl::StatusCode::kInternal : status.code();
+  std::string msg(status.message().substr(0, wire::kMaxErrorBytes));
+  uint8_t hdr[wire::kHeaderBytes];
+  wire::FrameHeader h;
+  h.type = wire::FrameType::kError;
+  h.request_id = request_id;
+  h.payload_bytes = msg.size();
+  h.status = wire::ToWireCode(code);
+  wire::EncodeHeader(h, hdr);
+  iovec iov[2] = {{hdr, sizeof(hdr)}, {msg.data(), msg.size()}};
+  // Best effort: the connection is closed next either way.
+  SendAllV(fd, iov, 2, absl::Now() + absl::Seconds(1)).IgnoreError();
+}
+
+// ---------------------------------------------------------------- shutdown
+
+void DataServer::Shutdown(absl::Duration drain_timeout) {
+  {
+    MutexLock l(&mu_);
+    if (shutdown_started_) {
+      while (!shutdown_done_) cv_.Wait(&mu_);
+      return;
+    }
+    shutdown_started_ = true;
+  }
+  // Wakes the acceptor and every idle connection; stays readable.
+  SignalFd(stop_fd_);
+  acceptor_.Join();  // the listening socket is closed when this returns
+
+  const absl::Time deadline = absl::Now() + drain_timeout;
+  std::list<std::unique_ptr<Conn>> conns;
+  {
+    MutexLock l(&mu_);
+    while (active_ > 0) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    }
+    if (active_ > 0) {
+      LOG(WARNING) << "data server: " << active_
+                   << " requests still in progress after "
+                   << absl::FormatDuration(drain_timeout)
+                   << "; breaking their connections";
+      for (auto& c : conns_) {
+        if (!c->done) ::shutdown(c->sock.fd(), SHUT_RDWR);
+      }
+    }
+    conns.swap(conns_);
+  }
+  for (auto& c : conns) c->thread.Join();
+  conns.clear();
+  MutexLock l(&mu_);
+  shutdown_done_ = true;
+  cv_.SignalAll();
+}
+
+DataServerStats DataServer::Stats() const {
+  DataServerStats s;
+  s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
+  s.bytes_written = bytes_written_.load(std::memory_order_relaxed);
+  s.read_ops = read_ops_.load(std::memory_order_relaxed);
+  s.write_ops = write_ops_.load(std::memory_order_relaxed);
+  s.stale_reads = stale_reads_.load(std::memory_order_relaxed);
+  s.rejected_ops = rejected_ops_.load(std::memory_order_relaxed);
+  s.accepted_connections = accepted_.load(std::memory_order_relaxed);
+  s.refused_connections = refused_.load(std::memory_order_relaxed);
+  s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
+  MutexLock l(&mu_);
+  s.open_connections = static_cast<uint64_t>(active_);
+  return s;
+}
+
+}  // namespace hymcache::storage

@@ -1,0 +1,151 @@
+// DataServer: the storage node's TCP data plane, speaking the protocol of
+// common/wire.h. Object bytes move straight between sockets and device memory
+// (reads are sent from the pointers the MemoryDevice hands out, writes are
+// received into them), checked against the ExtentTable.
+//
+// Threads: one acceptor ("dp-accept") and one thread per connection
+// ("dp-conn"), at most max_connections of them; a connection beyond that is
+// answered with a kError frame (ResourceExhausted) and closed. A connection
+// carries one request at a time. Each request must complete within
+// io_timeout of its header arriving, so a stalled peer cannot hold a thread;
+// an idle connection may stay open until shutdown.
+//
+// Per-op outcomes are reported in the response's op table (status codes of
+// ExtentTable and MemoryDevice errors: NotFound for a stale or unknown read,
+// FailedPrecondition for a stale write, OutOfRange/InvalidArgument for an
+// address outside the region, ResourceExhausted when the device refuses a
+// write, Unavailable when readers of reused space do not drain). A malformed
+// frame, or a connection that breaks mid-request, ends the connection (with a
+// best-effort kError); an interrupted write leaves nothing readable.
+//
+// Thread safety: safe for concurrent use without external synchronization.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "common/net.h"
+#include "common/thread.h"
+#include "common/wire.h"
+#include "storage_node/extent_table.h"
+#include "storage_node/memory_device.h"
+
+namespace hymcache::storage {
+
+struct DataServerOptions {
+  // Address to listen on.
+  // Default: "127.0.0.1"
+  std::string host = "127.0.0.1";
+  // TCP port; 0 picks a free port (see DataServer::port()).
+  // Default: 0
+  int port = 0;
+  // Most connections served at once.
+  // Default: 256
+  int max_connections = 256;
+  // Bound on receiving and answering one request, from its header on.
+  // Default: 30 s
+  absl::Duration io_timeout = absl::Seconds(30);
+  // The memory and the extent record the server serves. Not owned; required;
+  // must outlive the server.
+  MemoryDevice* device = nullptr;
+  ExtentTable* extents = nullptr;
+
+  absl::Status Validate() const;
+};
+
+struct DataServerStats {
+  uint64_t bytes_read = 0;        // object bytes sent to readers
+  uint64_t bytes_written = 0;     // object bytes committed by writers
+  uint64_t read_ops = 0;          // read ops answered OK
+  uint64_t write_ops = 0;         // write ops committed
+  uint64_t stale_reads = 0;       // read ops answered NotFound
+  uint64_t rejected_ops = 0;      // write ops not stored + reads failed
+                                  // other than NotFound
+  uint64_t open_connections = 0;
+  uint64_t accepted_connections = 0;
+  uint64_t refused_connections = 0;  // over max_connections
+  uint64_t protocol_errors = 0;      // malformed frames, broken requests
+};
+
+class DataServer {
+ public:
+  // Binds the listening socket and starts accepting.
+  // Errors: InvalidArgument for bad options, Unavailable if the address
+  // cannot be bound, Internal if the server's event descriptors cannot be
+  // created.
+  static absl::StatusOr<std::unique_ptr<DataServer>> Create(
+      const DataServerOptions& options);
+  // Shutdown(absl::Seconds(10)).
+  ~DataServer();
+  DataServer(const DataServer&) = delete;
+  DataServer& operator=(const DataServer&) = delete;
+
+  // The bound port.
+  int port() const { return port_; }
+
+  // Graceful: closes the listening socket, closes idle connections at once,
+  // lets requests in progress finish until `drain_timeout` passes (then
+  // breaks their connections), and joins every thread. Idempotent; a second
+  // caller waits for the first to finish.
+  void Shutdown(absl::Duration drain_timeout);
+
+  DataServerStats Stats() const;
+
+ private:
+  struct Conn {
+    Socket sock;
+    Thread thread;
+    bool done = false;  // guarded by mu_
+  };
+
+  DataServer(const DataServerOptions& options, Socket listen, int port,
+             int stop_fd, int reap_fd);
+
+  void AcceptLoop();
+  void Accept();
+  // Joins and frees the connections whose threads have finished.
+  void Reap();
+  void ServeConnection(Conn* conn);
+  // Serves one request whose header is in `hdr`; false: close the connection.
+  bool HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline);
+  bool HandleRead(int fd, const wire::FrameHeader& h,
+                  std::vector<wire::OpDesc>& ops, absl::Time deadline);
+  bool HandleWrite(int fd, const wire::FrameHeader& h,
+                   std::vector<wire::OpDesc>& ops, absl::Time deadline);
+  void SendError(int fd, uint64_t request_id, const absl::Status& status);
+
+  // Constant after construction.
+  const DataServerOptions options_;
+  const int port_;
+  const int stop_fd_;  // eventfd: readable once shutdown starts
+  const int reap_fd_;  // eventfd: a connection thread finished
+  Socket listen_;      // used by the acceptor thread only
+  Thread acceptor_;
+
+  std::atomic<uint64_t> bytes_read_{0};
+  std::atomic<uint64_t> bytes_written_{0};
+  std::atomic<uint64_t> read_ops_{0};
+  std::atomic<uint64_t> write_ops_{0};
+  std::atomic<uint64_t> stale_reads_{0};
+  std::atomic<uint64_t> rejected_ops_{0};
+  std::atomic<uint64_t> accepted_{0};
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> protocol_errors_{0};
+
+  mutable Mutex mu_;
+  CondVar cv_;  // a connection finished; shutdown finished
+  std::list<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
+  int active_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutdown_started_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace hymcache::storage

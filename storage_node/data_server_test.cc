@@ -1,0 +1,486 @@
+#include "storage_node/data_server.h"
+
+#include <sys/socket.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "common/net.h"
+#include "common/thread.h"
+#include "common/wire.h"
+#include "storage_node/dram_device.h"
+#include "storage_node/extent_table.h"
+#include "storage_node/fake_memory_device.h"
+
+namespace hymcache::storage {
+namespace {
+
+using wire::FrameType;
+using wire::OpDesc;
+
+constexpr uint64_t kCap = 4 << 20;
+constexpr uint32_t kRegion = 0;
+
+struct Reply {
+  wire::FrameHeader h;
+  std::vector<OpDesc> ops;
+  std::string payload;
+};
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
+
+// A server over `device` with a fresh extent table.
+struct Fixture {
+  explicit Fixture(std::unique_ptr<MemoryDevice> dev,
+                   DataServerOptions o = DataServerOptions()) {
+    device = std::move(dev);
+    ExtentTableOptions to;
+    to.regions = device->Regions();
+    auto t = ExtentTable::Create(to);
+    REQUIRE(t.ok());
+    extents = std::move(*t);
+    o.device = device.get();
+    o.extents = extents.get();
+    auto s = DataServer::Create(o);
+    REQUIRE(s.ok());
+    server = std::move(*s);
+  }
+  explicit Fixture(DataServerOptions o = DataServerOptions())
+      : Fixture(MakeDram(), o) {}
+
+  static std::unique_ptr<MemoryDevice> MakeDram() {
+    DramDeviceOptions d;
+    d.capacity_bytes = kCap;
+    auto dev = DramDevice::Create(d);
+    REQUIRE(dev.ok());
+    return std::move(*dev);
+  }
+
+  Socket Connect() {
+    auto s = ConnectTcp("127.0.0.1:" + std::to_string(server->port()), Soon());
+    REQUIRE(s.ok());
+    return std::move(*s);
+  }
+
+  std::unique_ptr<MemoryDevice> device;
+  std::unique_ptr<ExtentTable> extents;
+  std::unique_ptr<DataServer> server;
+};
+
+void SendFrame(int fd, FrameType type, uint64_t id,
+               const std::vector<OpDesc>& ops, const std::string& payload,
+               uint64_t payload_bytes) {
+  std::vector<uint8_t> buf(wire::kHeaderBytes + ops.size() * wire::kOpBytes);
+  wire::FrameHeader h;
+  h.type = type;
+  h.op_count = static_cast<uint16_t>(ops.size());
+  h.request_id = id;
+  h.payload_bytes = payload_bytes;
+  wire::EncodeHeader(h, buf.data());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    wire::EncodeOp(ops[i], buf.data() + wire::kHeaderBytes + i * wire::kOpBytes);
+  }
+  buf.insert(buf.end(), payload.begin(), payload.end());
+  REQUIRE(SendAll(fd, buf.data(), buf.size(), Soon()).ok());
+}
+
+absl::StatusOr<Reply> ReadReply(int fd) {
+  uint8_t hdr[wire::kHeaderBytes];
+  absl::Status s = RecvAll(fd, hdr, sizeof(hdr), Soon());
+  if (!s.ok()) return s;
+  auto h = wire::DecodeHeader(hdr);
+  if (!h.ok()) return h.status();
+  Reply r;
+  r.h = *h;
+  std::vector<uint8_t> table(h->op_count * wire::kOpBytes);
+  if (!table.empty()) {
+    s = RecvAll(fd, table.data(), table.size(), Soon());
+    if (!s.ok()) return s;
+  }
+  for (size_t i = 0; i < h->op_count; ++i) {
+    r.ops.push_back(wire::DecodeOp(table.data() + i * wire::kOpBytes));
+  }
+  r.payload.resize(h->payload_bytes);
+  if (h->payload_bytes > 0) {
+    s = RecvAll(fd, r.payload.data(), r.payload.size(), Soon());
+    if (!s.ok()) return s;
+  }
+  return r;
+}
+
+OpDesc Op(uint64_t addr, uint64_t len, uint64_t gen, uint32_t region = kRegion) {
+  OpDesc op;
+  op.region_id = region;
+  op.addr = addr;
+  op.length = len;
+  op.generation = gen;
+  return op;
+}
+
+// Without Catch2 assertions: safe on any thread.
+absl::StatusOr<Reply> Exchange(int fd, FrameType type,
+                               const std::vector<OpDesc>& ops,
+                               const std::string& payload) {
+  std::vector<uint8_t> buf(wire::kHeaderBytes + ops.size() * wire::kOpBytes);
+  wire::FrameHeader h;
+  h.type = type;
+  h.op_count = static_cast<uint16_t>(ops.size());
+  h.request_id = 1;
+  h.payload_bytes = payload.size();
+  wire::EncodeHeader(h, buf.data());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    wire::EncodeOp(ops[i], buf.data() + wire::kHeaderBytes + i * wire::kOpBytes);
+  }
+  buf.insert(buf.end(), payload.begin(), payload.end());
+  absl::Status s = SendAll(fd, buf.data(), buf.size(), Soon());
+  if (!s.ok()) return s;
+  return ReadReply(fd);
+}
+
+Reply Write(int fd, const std::vector<OpDesc>& ops,
+            const std::vector<std::string>& bytes, uint64_t id = 7) {
+  std::string payload;
+  for (const auto& b : bytes) payload += b;
+  SendFrame(fd, FrameType::kWriteRequest, id, ops, payload, payload.size());
+  auto r = ReadReply(fd);
+  REQUIRE(r.ok());
+  CHECK(r->h.type == FrameType::kWriteResponse);
+  CHECK(r->h.request_id == id);
+  REQUIRE(r->ops.size() == ops.size());
+  return *r;
+}
+
+Reply Read(int fd, const std::vector<OpDesc>& ops, uint64_t id = 9) {
+  SendFrame(fd, FrameType::kReadRequest, id, ops, "", 0);
+  auto r = ReadReply(fd);
+  REQUIRE(r.ok());
+  CHECK(r->h.type == FrameType::kReadResponse);
+  CHECK(r->h.request_id == id);
+  REQUIRE(r->ops.size() == ops.size());
+  REQUIRE(wire::ValidateOps(r->h, r->ops).ok());
+  return *r;
+}
+
+// Waits (bounded) until `pred` holds.
+template <typename Pred>
+bool Eventually(Pred pred) {
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return pred();
+}
+
+absl::StatusCode Code(const OpDesc& op) { return wire::FromWireCode(op.status); }
+
+// True once the server has closed `fd` (EOF or reset).
+bool PeerClosed(int fd) {
+  char c;
+  absl::Status s = RecvAll(fd, &c, 1, Soon());
+  return !s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded;
+}
+
+void Ping(Fixture& f) {
+  Socket s = f.Connect();
+  SendFrame(s.fd(), FrameType::kPing, 42, {}, "", 0);
+  auto r = ReadReply(s.fd());
+  REQUIRE(r.ok());
+  CHECK(r->h.type == FrameType::kPong);
+  CHECK(r->h.request_id == 42);
+}
+
+TEST_CASE("DataServer answers ping") {
+  Fixture f;
+  Ping(f);
+  Ping(f);
+}
+
+TEST_CASE("DataServer round trip") {
+  Fixture f;
+  Socket s = f.Connect();
+  std::string data(10000, 'x');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7);
+  Reply w = Write(s.fd(), {Op(8192, data.size(), 3)}, {data});
+  CHECK(Code(w.ops[0]) == absl::StatusCode::kOk);
+  CHECK(w.h.payload_bytes == 0);
+  Reply r = Read(s.fd(), {Op(8192, data.size(), 3)});
+  CHECK(Code(r.ops[0]) == absl::StatusCode::kOk);
+  CHECK(r.payload == data);
+  DataServerStats st = f.server->Stats();
+  CHECK(st.write_ops == 1);
+  CHECK(st.read_ops == 1);
+  CHECK(st.bytes_written == data.size());
+  CHECK(st.bytes_read == data.size());
+  CHECK(st.open_connections == 1);
+}
+
+TEST_CASE("DataServer batches ops and reports each op's status") {
+  Fixture f;
+  Socket s = f.Connect();
+  Reply w = Write(s.fd(), {Op(0, 3, 1), Op(4096, 5, 2), Op(8192, 4, 3)},
+                  {"abc", "defgh", "ijkl"});
+  for (const OpDesc& op : w.ops) CHECK(Code(op) == absl::StatusCode::kOk);
+
+  // Wrong generation in the middle: NotFound, and its bytes are left out.
+  Reply r = Read(s.fd(), {Op(0, 3, 1), Op(4096, 5, 9), Op(8192, 4, 3),
+                          Op(4096, 5, 2)});
+  CHECK(Code(r.ops[0]) == absl::StatusCode::kOk);
+  CHECK(Code(r.ops[1]) == absl::StatusCode::kNotFound);
+  CHECK(Code(r.ops[2]) == absl::StatusCode::kOk);
+  CHECK(Code(r.ops[3]) == absl::StatusCode::kOk);
+  CHECK(r.ops[1].length == 5);  // length stays as requested
+  CHECK(r.payload == "abcijkldefgh");
+  CHECK(f.server->Stats().stale_reads == 1);
+
+  // Space reused by a newer generation: the old location reads NotFound.
+  Reply w2 = Write(s.fd(), {Op(0, 2, 10)}, {"zz"});
+  CHECK(Code(w2.ops[0]) == absl::StatusCode::kOk);
+  Reply r2 = Read(s.fd(), {Op(0, 3, 1), Op(0, 2, 10)});
+  CHECK(Code(r2.ops[0]) == absl::StatusCode::kNotFound);
+  CHECK(r2.payload == "zz");
+  // And a late write of the old generation is refused as stale.
+  Reply w3 = Write(s.fd(), {Op(0, 3, 1)}, {"old"});
+  CHECK(Code(w3.ops[0]) == absl::StatusCode::kFailedPrecondition);
+  CHECK(Read(s.fd(), {Op(0, 2, 10)}).payload == "zz");
+}
+
+TEST_CASE("DataServer rejects ops outside the region and stays in step") {
+  Fixture f;
+  Socket s = f.Connect();
+  Reply w = Write(s.fd(),
+                  {Op(kCap - 2, 4, 1), Op(0, 4, 2, /*region=*/5), Op(64, 4, 3)},
+                  {"AAAA", "BBBB", "CCCC"});
+  CHECK(Code(w.ops[0]) == absl::StatusCode::kOutOfRange);
+  CHECK(Code(w.ops[1]) == absl::StatusCode::kInvalidArgument);
+  CHECK(Code(w.ops[2]) == absl::StatusCode::kOk);
+  Reply r = Read(s.fd(), {Op(kCap, 1, 1), Op(0, 4, 2, 5), Op(64, 4, 3)});
+  CHECK(Code(r.ops[0]) == absl::StatusCode::kOutOfRange);
+  CHECK(Code(r.ops[1]) == absl::StatusCode::kInvalidArgument);
+  CHECK(r.payload == "CCCC");
+  DataServerStats st = f.server->Stats();
+  CHECK(st.rejected_ops == 4);
+  CHECK(st.write_ops == 1);
+}
+
+TEST_CASE("DataServer reports a refused device write and carries on") {
+  auto dev = std::make_unique<FakeMemoryDevice>(kCap);
+  FakeMemoryDevice* fake = dev.get();
+  Fixture f(std::move(dev));
+  Socket s = f.Connect();
+  fake->SetRefuseWritesForTest(true);
+  Reply w = Write(s.fd(), {Op(0, 4, 1)}, {"full"});
+  CHECK(Code(w.ops[0]) == absl::StatusCode::kResourceExhausted);
+  fake->SetRefuseWritesForTest(false);
+  fake->SetFailCommitsForTest(true);
+  w = Write(s.fd(), {Op(0, 4, 1)}, {"fail"});
+  CHECK(Code(w.ops[0]) == absl::StatusCode::kUnavailable);
+  fake->SetFailCommitsForTest(false);
+  CHECK(Code(Read(s.fd(), {Op(0, 4, 1)}).ops[0]) ==
+        absl::StatusCode::kNotFound);
+  w = Write(s.fd(), {Op(0, 4, 1)}, {"good"});
+  CHECK(Code(w.ops[0]) == absl::StatusCode::kOk);
+  CHECK(Read(s.fd(), {Op(0, 4, 1)}).payload == "good");
+  CHECK(fake->Stats().outstanding_writes == 0);
+  // Read views are released just after the response is sent.
+  CHECK(Eventually([&] { return fake->Stats().outstanding_reads == 0; }));
+}
+
+TEST_CASE("DataServer answers a garbage header with kError and closes") {
+  Fixture f;
+  {
+    Socket s = f.Connect();
+    std::string junk(wire::kHeaderBytes, 'G');
+    REQUIRE(SendAll(s.fd(), junk.data(), junk.size(), Soon()).ok());
+    auto r = ReadReply(s.fd());
+    REQUIRE(r.ok());
+    CHECK(r->h.type == FrameType::kError);
+    CHECK(wire::FromWireCode(r->h.status) == absl::StatusCode::kInvalidArgument);
+    CHECK(r->payload.find("magic") != std::string::npos);
+    CHECK(PeerClosed(s.fd()));
+  }
+  {
+    // A response frame type from a client.
+    Socket s = f.Connect();
+    SendFrame(s.fd(), FrameType::kPong, 5, {}, "", 0);
+    auto r = ReadReply(s.fd());
+    REQUIRE(r.ok());
+    CHECK(r->h.type == FrameType::kError);
+    CHECK(PeerClosed(s.fd()));
+  }
+  {
+    // Payload that does not add up to the ops' lengths.
+    Socket s = f.Connect();
+    SendFrame(s.fd(), FrameType::kWriteRequest, 5, {Op(0, 4, 1)}, "abcdefgh", 8);
+    auto r = ReadReply(s.fd());
+    REQUIRE(r.ok());
+    CHECK(r->h.type == FrameType::kError);
+    CHECK(PeerClosed(s.fd()));
+  }
+  {
+    // Op with zero length.
+    Socket s = f.Connect();
+    SendFrame(s.fd(), FrameType::kReadRequest, 5, {Op(0, 0, 1)}, "", 0);
+    auto r = ReadReply(s.fd());
+    REQUIRE(r.ok());
+    CHECK(r->h.type == FrameType::kError);
+  }
+  CHECK(f.server->Stats().protocol_errors >= 4);
+  Ping(f);
+}
+
+TEST_CASE("DataServer: a truncated write leaves nothing readable") {
+  Fixture f;
+  {
+    Socket s = f.Connect();
+    // Promise 100 bytes, send 50, then stop sending.
+    SendFrame(s.fd(), FrameType::kWriteRequest, 5, {Op(0, 100, 1)},
+              std::string(50, 'q'), 100);
+    ::shutdown(s.fd(), SHUT_WR);
+    auto r = ReadReply(s.fd());
+    REQUIRE(r.ok());
+    CHECK(r->h.type == FrameType::kError);
+    CHECK(wire::FromWireCode(r->h.status) == absl::StatusCode::kUnavailable);
+    CHECK(PeerClosed(s.fd()));
+  }
+  {
+    // A truncated header.
+    Socket s = f.Connect();
+    REQUIRE(SendAll(s.fd(), "HYMC", 4, Soon()).ok());
+    ::shutdown(s.fd(), SHUT_WR);
+    auto r = ReadReply(s.fd());
+    REQUIRE(r.ok());
+    CHECK(r->h.type == FrameType::kError);
+  }
+  Socket s = f.Connect();
+  CHECK(Code(Read(s.fd(), {Op(0, 100, 1)}).ops[0]) ==
+        absl::StatusCode::kNotFound);
+  CHECK(f.extents->Stats().writing == 0);
+  // The allocation can still be written afterwards.
+  Reply w = Write(s.fd(), {Op(0, 100, 1)}, {std::string(100, 'r')});
+  CHECK(Code(w.ops[0]) == absl::StatusCode::kOk);
+}
+
+TEST_CASE("DataServer: a stalled peer times out") {
+  DataServerOptions o;
+  o.io_timeout = absl::Milliseconds(200);
+  Fixture f(o);
+  Socket s = f.Connect();
+  SendFrame(s.fd(), FrameType::kWriteRequest, 5, {Op(0, 100, 1)},
+            std::string(10, 'q'), 100);
+  auto r = ReadReply(s.fd());
+  REQUIRE(r.ok());
+  CHECK(r->h.type == FrameType::kError);
+  CHECK(wire::FromWireCode(r->h.status) ==
+        absl::StatusCode::kDeadlineExceeded);
+  CHECK(PeerClosed(s.fd()));
+  CHECK(f.extents->Stats().writing == 0);
+  Ping(f);
+}
+
+TEST_CASE("DataServer refuses connections beyond max_connections") {
+  DataServerOptions o;
+  o.max_connections = 1;
+  Fixture f(o);
+  Socket a = f.Connect();
+  SendFrame(a.fd(), FrameType::kPing, 1, {}, "", 0);
+  REQUIRE(ReadReply(a.fd()).ok());  // `a` is being served
+  Socket b = f.Connect();
+  auto r = ReadReply(b.fd());
+  REQUIRE(r.ok());
+  CHECK(r->h.type == FrameType::kError);
+  CHECK(wire::FromWireCode(r->h.status) ==
+        absl::StatusCode::kResourceExhausted);
+  CHECK(f.server->Stats().refused_connections == 1);
+  a.Close();
+  // Once `a` is gone there is room again.
+  bool served = false;
+  for (int i = 0; i < 200 && !served; ++i) {
+    Socket c = f.Connect();
+    SendFrame(c.fd(), FrameType::kPing, 2, {}, "", 0);
+    auto p = ReadReply(c.fd());
+    served = p.ok() && p->h.type == FrameType::kPong;
+    if (!served) absl::SleepFor(absl::Milliseconds(10));
+  }
+  CHECK(served);
+}
+
+TEST_CASE("DataServer shuts down promptly with an idle connection") {
+  Fixture f;
+  Socket idle = f.Connect();
+  SendFrame(idle.fd(), FrameType::kPing, 1, {}, "", 0);
+  REQUIRE(ReadReply(idle.fd()).ok());
+  absl::Time start = absl::Now();
+  f.server->Shutdown(absl::Seconds(10));
+  CHECK(absl::Now() - start < absl::Seconds(3));
+  CHECK(PeerClosed(idle.fd()));
+  CHECK(f.server->Stats().open_connections == 0);
+  // No longer accepting.
+  auto c = ConnectTcp("127.0.0.1:" + std::to_string(f.server->port()), Soon());
+  if (c.ok()) CHECK(PeerClosed(c->fd()));
+  f.server->Shutdown(absl::Seconds(1));  // idempotent
+}
+
+TEST_CASE("DataServer finishes a request in progress during shutdown") {
+  Fixture f;
+  Socket s = f.Connect();
+  // Send the header and half the payload, then shut down, then the rest.
+  SendFrame(s.fd(), FrameType::kWriteRequest, 5, {Op(0, 8, 1)}, "1234", 8);
+  REQUIRE(Eventually([&] { return f.extents->Stats().writing == 1; }));
+  Thread stopper("stopper", [&] { f.server->Shutdown(absl::Seconds(10)); });
+  absl::SleepFor(absl::Milliseconds(50));
+  REQUIRE(SendAll(s.fd(), "5678", 4, Soon()).ok());
+  auto r = ReadReply(s.fd());
+  REQUIRE(r.ok());
+  CHECK(r->h.type == FrameType::kWriteResponse);
+  CHECK(Code(r->ops[0]) == absl::StatusCode::kOk);
+  stopper.Join();
+  CHECK(f.extents->Stats().extents == 1);
+}
+
+TEST_CASE("DataServer: drain timeout breaks a stalled request") {
+  Fixture f;
+  Socket s = f.Connect();
+  SendFrame(s.fd(), FrameType::kWriteRequest, 5, {Op(0, 8, 1)}, "1234", 8);
+  REQUIRE(Eventually([&] { return f.extents->Stats().writing == 1; }));
+  absl::Time start = absl::Now();
+  f.server->Shutdown(absl::Milliseconds(100));
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  CHECK(f.extents->Stats().writing == 0);
+  CHECK(f.extents->Stats().extents == 0);
+}
+
+TEST_CASE("DataServer serves many connections at once") {
+  Fixture f;
+  std::vector<Thread> threads;
+  std::atomic<int> good{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back("client", [&, t] {
+      auto s = ConnectTcp("127.0.0.1:" + std::to_string(f.server->port()),
+                          Soon());
+      if (!s.ok()) return;
+      for (int i = 0; i < 20; ++i) {
+        uint64_t addr = static_cast<uint64_t>(t) * 65536 + i * 1024;
+        uint64_t gen = static_cast<uint64_t>(t) * 1000 + i + 1;
+        std::string data(1000, static_cast<char>('a' + t));
+        auto w = Exchange(s->fd(), FrameType::kWriteRequest,
+                          {Op(addr, data.size(), gen)}, data);
+        auto r = Exchange(s->fd(), FrameType::kReadRequest,
+                          {Op(addr, data.size(), gen)}, "");
+        if (w.ok() && w->ops.size() == 1 &&
+            Code(w->ops[0]) == absl::StatusCode::kOk && r.ok() &&
+            r->payload == data) {
+          ++good;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.Join();
+  CHECK(good.load() == 80);
+}
+
+}  // namespace
+}  // namespace hymcache::storage

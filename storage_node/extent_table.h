@@ -1,0 +1,187 @@
+// ExtentTable: the storage node's record of which objects are in its memory,
+// so that every data-plane read and write is checked against the region and
+// the allocation the master handed out.
+//
+// The master hands out allocations (region, addr, length, generation).
+// Generations are cluster-wide, unique and increasing; when the master frees
+// space and hands it out again, the new allocation has a higher generation.
+// The table enforces:
+//   * A write of (region, addr, len, gen) is accepted if the range lies in the
+//     region and no overlapping extent has a generation >= gen (else
+//     FailedPrecondition). Overlapping extents with lower generations are
+//     invalidated at once (no new read can pin them) and dropped.
+//   * While the bytes are being written the extent is not readable. Commit
+//     makes it readable; an aborted or failed write leaves nothing readable.
+//   * A read succeeds only for a readable extent with exactly that addr,
+//     length and generation (else NotFound), and pins the extent until the
+//     ReadPin is released.
+//   * A write never changes bytes under a reader or another writer: it waits
+//     (up to drain_timeout) for the pins and in-progress writes of the
+//     overlapping older extents to drain, and fails with Unavailable if they
+//     do not.
+//   * Of two concurrent writes to overlapping ranges, the lower generation
+//     loses (FailedPrecondition at its BeginWrite or at its Commit).
+//
+// Thread safety: safe for concurrent use without external synchronization.
+// ReadPin and WriteTicket are used by one thread at a time and must not
+// outlive the table.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "storage_node/memory_device.h"
+
+namespace hymcache::storage {
+
+// One allocation as the master describes it (proto Location minus node id).
+struct ExtentKey {
+  uint32_t region_id = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint64_t generation = 0;
+};
+
+struct ExtentTableOptions {
+  // The regions whose space the table tracks (MemoryDevice::Regions()). Ids
+  // must be distinct; at least one region.
+  std::vector<RegionDescriptor> regions;
+  // How long a write waits for readers (and an older in-progress write) of
+  // the space it reuses before failing with Unavailable.
+  // Default: 5 s
+  absl::Duration drain_timeout = absl::Seconds(5);
+
+  absl::Status Validate() const;
+};
+
+struct ExtentTableStats {
+  uint64_t extents = 0;         // readable extents
+  uint64_t bytes = 0;           // bytes of readable extents
+  uint64_t writing = 0;         // writes in progress
+  uint64_t retired = 0;         // invalidated extents still pinned/written
+  uint64_t pinned_reads = 0;    // outstanding ReadPins
+};
+
+class ExtentTable {
+ private:
+  struct Extent;
+
+ public:
+  // A pinned readable extent. Releases the pin when destroyed. Move-only.
+  class ReadPin {
+   public:
+    ReadPin() = default;
+    ReadPin(ReadPin&& o) noexcept;
+    ReadPin& operator=(ReadPin&& o) noexcept;
+    ~ReadPin() { Release(); }
+    ReadPin(const ReadPin&) = delete;
+    ReadPin& operator=(const ReadPin&) = delete;
+
+    bool valid() const { return extent_ != nullptr; }
+    // Ends the pin. Idempotent.
+    void Release();
+
+   private:
+    friend class ExtentTable;
+    ReadPin(ExtentTable* table, Extent* extent)
+        : table_(table), extent_(extent) {}
+    ExtentTable* table_ = nullptr;
+    Extent* extent_ = nullptr;
+  };
+
+  // An extent being written. Aborts when destroyed unless committed.
+  // Move-only.
+  class WriteTicket {
+   public:
+    WriteTicket() = default;
+    WriteTicket(WriteTicket&& o) noexcept;
+    WriteTicket& operator=(WriteTicket&& o) noexcept;
+    ~WriteTicket() { Abort(); }
+    WriteTicket(const WriteTicket&) = delete;
+    WriteTicket& operator=(const WriteTicket&) = delete;
+
+    bool valid() const { return extent_ != nullptr; }
+    // Makes the extent readable. FailedPrecondition if a higher generation
+    // took over the range meanwhile (the extent is then dropped).
+    // REQUIRES: valid(). The ticket is finished either way.
+    absl::Status Commit();
+    // Drops the extent; nothing becomes readable. Idempotent.
+    void Abort();
+
+   private:
+    friend class ExtentTable;
+    WriteTicket(ExtentTable* table, Extent* extent)
+        : table_(table), extent_(extent) {}
+    ExtentTable* table_ = nullptr;
+    Extent* extent_ = nullptr;
+  };
+
+  // Errors: InvalidArgument for bad options.
+  static absl::StatusOr<std::unique_ptr<ExtentTable>> Create(
+      const ExtentTableOptions& options);
+  ~ExtentTable();
+  ExtentTable(const ExtentTable&) = delete;
+  ExtentTable& operator=(const ExtentTable&) = delete;
+
+  // Pins the readable extent `key`.
+  // Errors: InvalidArgument (unknown region, length 0), OutOfRange (beyond
+  // the region), NotFound (no readable extent with exactly this addr, length
+  // and generation: the object is not on this node or its space was reused).
+  absl::StatusOr<ReadPin> PinRead(const ExtentKey& key);
+
+  // Starts writing `key`; may block up to drain_timeout for older readers.
+  // Errors: InvalidArgument/OutOfRange as PinRead, FailedPrecondition (an
+  // overlapping extent has the same or a higher generation), Unavailable
+  // (readers of the reused space did not drain in time).
+  absl::StatusOr<WriteTicket> BeginWrite(const ExtentKey& key);
+
+  ExtentTableStats Stats() const;
+
+ private:
+  struct Region {
+    uint64_t capacity = 0;
+    // Readable and being-written extents by addr; never overlapping.
+    std::map<uint64_t, std::unique_ptr<Extent>> live;
+  };
+
+  explicit ExtentTable(const ExtentTableOptions& options);
+
+  absl::StatusOr<Region*> FindRegion(const ExtentKey& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Live extents of `region` that overlap [addr, addr + len).
+  std::vector<std::map<uint64_t, std::unique_ptr<Extent>>::iterator>
+  OverlappingLive(Region* region, uint64_t addr, uint64_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool RetiredBlocks(const ExtentKey& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes `e` from its region's live map; keeps it in retired_ while it is
+  // pinned or written, else frees it.
+  void Retire(Region* region, Extent* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees a retired extent once nothing refers to it.
+  void MaybeFreeRetired(Extent* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void Unpin(Extent* e);
+  absl::Status Commit(Extent* e);
+  void Abort(Extent* e);
+
+  // Constant after construction.
+  const absl::Duration drain_timeout_;
+
+  mutable Mutex mu_;
+  CondVar cv_;  // signalled when a retired extent loses a pin or writer
+  std::map<uint32_t, Region> regions_ ABSL_GUARDED_BY(mu_);
+  // Invalidated extents that still have pins or an in-progress write.
+  std::vector<std::unique_ptr<Extent>> retired_ ABSL_GUARDED_BY(mu_);
+  uint64_t readable_count_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t readable_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t writing_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pins_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace hymcache::storage

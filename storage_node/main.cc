@@ -1,0 +1,137 @@
+// hymcache-storage: the storage-node daemon. Flags become StorageNodeOptions;
+// all logic lives in //storage_node:storage_node.
+//
+// Once serving it prints exactly one line to stdout:
+//   hymcache-storage data=HOST:PORT control=HOST:PORT
+// SIGTERM or SIGINT shuts it down gracefully (exit 0).
+#include <signal.h>
+#include <pthread.h>
+
+#include <cctype>
+#include <cstdint>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "storage_node/storage_node.h"
+
+DEFINE_string(master, "127.0.0.1:50051", "Master gRPC address (host:port).");
+DEFINE_string(name, "",
+              "Stable node name reported to the master (default: "
+              "advertise_host:data_port).");
+DEFINE_string(listen_host, "127.0.0.1",
+              "Address the data plane and control service bind to.");
+DEFINE_int32(data_port, 50061, "Data-plane TCP port (0: pick a free port).");
+DEFINE_int32(control_port, 50062, "Control gRPC port (0: pick a free port).");
+DEFINE_string(advertise_host, "",
+              "Host clients and the master use to reach this node (default: "
+              "listen_host).");
+DEFINE_string(dram_bytes, "1G",
+              "DRAM device capacity: bytes, or with a K/M/G/T suffix "
+              "(binary units), e.g. 256M.");
+DEFINE_int32(numa_node, -1, "NUMA node for the DRAM device (-1: local).");
+DEFINE_uint32(alignment, 4096, "Allocation alignment (power of two).");
+DEFINE_int32(max_connections, 256, "Most data-plane connections at once.");
+DEFINE_int32(io_timeout_ms, 30000, "Bound on one data-plane request (ms).");
+DEFINE_int32(drain_timeout_ms, 10000,
+             "Graceful shutdown waits this long for requests in progress (ms).");
+
+namespace {
+
+// "1073741824", "1G", "256M", "64KiB", "2TB" (binary units).
+bool ParseBytes(std::string s, uint64_t* out) {
+  s = std::string(absl::StripAsciiWhitespace(s));
+  size_t digits = 0;
+  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) {
+    ++digits;
+  }
+  if (digits == 0) return false;
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(s.substr(0, digits), &n)) return false;
+  std::string unit = absl::AsciiStrToUpper(s.substr(digits));
+  int shift = 0;
+  if (unit.empty() || unit == "B") {
+    shift = 0;
+  } else if (unit == "K" || unit == "KB" || unit == "KIB") {
+    shift = 10;
+  } else if (unit == "M" || unit == "MB" || unit == "MIB") {
+    shift = 20;
+  } else if (unit == "G" || unit == "GB" || unit == "GIB") {
+    shift = 30;
+  } else if (unit == "T" || unit == "TB" || unit == "TIB") {
+    shift = 40;
+  } else {
+    return false;
+  }
+  if (shift > 0 && n > (UINT64_MAX >> shift)) return false;
+  *out = n << shift;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "hymcache-storage --master=HOST:PORT [--dram_bytes=1G] ...");
+  // Debian's Abseil is built with the mutex deadlock detector on: a global
+  // lock-order graph updated on every absl::Mutex acquisition (gRPC's too).
+  // It is a debugging aid, too costly for the data path.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  FLAGS_logtostderr = true;
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+
+  hymcache::StorageNodeOptions options;
+  options.master_address = FLAGS_master;
+  options.node_name = FLAGS_name;
+  options.listen_host = FLAGS_listen_host;
+  options.data_port = FLAGS_data_port;
+  options.control_port = FLAGS_control_port;
+  options.advertise_host = FLAGS_advertise_host;
+  if (!ParseBytes(FLAGS_dram_bytes, &options.dram_bytes)) {
+    std::cerr << "hymcache-storage: bad --dram_bytes '" << FLAGS_dram_bytes
+              << "' (want e.g. 1073741824, 256M, 1G)\n";
+    return 2;
+  }
+  options.numa_node = FLAGS_numa_node;
+  options.alignment = FLAGS_alignment;
+  options.max_connections = FLAGS_max_connections;
+  options.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);
+  options.drain_timeout = absl::Milliseconds(FLAGS_drain_timeout_ms);
+  absl::Status valid = options.Validate();
+  if (!valid.ok()) {
+    std::cerr << "hymcache-storage: " << valid.message() << "\n";
+    return 2;
+  }
+
+  // Block the shutdown signals before any thread starts, so that every
+  // thread inherits the mask and only sigwait below receives them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto node = hymcache::StorageNode::Create(options);
+  if (!node.ok()) {
+    LOG(ERROR) << "cannot start the storage node: " << node.status();
+    return 1;
+  }
+  std::cout << "hymcache-storage data=" << (*node)->data_address()
+            << " control=" << (*node)->control_address() << std::endl;
+
+  int sig = 0;
+  while (sigwait(&stop_signals, &sig) != 0) {
+  }
+  LOG(INFO) << "received signal " << sig << "; shutting down";
+  (*node)->Shutdown();
+  node->reset();
+  return 0;
+}

@@ -1,0 +1,137 @@
+// MemoryDevice: the seam between a storage node and the memory that holds
+// object bytes. The node's data plane moves bytes between sockets and the
+// pointers a device hands out, so a device never copies on the fast path.
+//
+// Implementations: DramDevice (one NUMA-local DRAM region) and, next, a hybrid
+// DRAM+SSD device (a bounded DRAM staging window over an O_DIRECT capacity
+// file, with a write buffer). The API is shaped for the hybrid device:
+//   * reads hand out a pointer that stays valid only until ReleaseRead (a
+//     staging-window slot or bounce buffer that the device may recycle after);
+//   * writes go through BeginWrite, which may refuse at once (e.g.
+//     ResourceExhausted "write buffer full"), then CommitWrite or AbortWrite;
+//   * PrefetchObject/PrefetchWait/PrefetchRelease stage an object ahead of a
+//     read (DRAM: ready at once).
+//
+// The device checks addresses against its regions but knows nothing of
+// objects or generations: the caller (the ExtentTable) guarantees that no
+// write overlaps a range that is being read or written.
+//
+// Thread safety: implementations are safe for concurrent use without external
+// synchronization.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace hymcache::storage {
+
+// One addressable memory region of a device (maps to proto RegionInfo).
+struct RegionDescriptor {
+  uint32_t region_id = 0;
+  uint64_t capacity_bytes = 0;
+  // Allocations start at multiples of this (power of two).
+  uint32_t alignment = 4096;
+  // NUMA node the memory is on, -1 if unknown.
+  int numa_node = -1;
+  // "dram" or "hybrid".
+  std::string device_kind;
+  // Whether the contents survive a restart of the storage node.
+  bool persistent = false;
+};
+
+// Readable bytes of [addr, addr + length) of a region, valid until
+// ReleaseRead(view). `cookie` is private to the device.
+struct ReadView {
+  uint32_t region_id = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  const uint8_t* data = nullptr;
+  uint64_t cookie = 0;
+};
+
+// Writable destination for [addr, addr + length) of a region, valid until
+// CommitWrite or AbortWrite. `cookie` is private to the device.
+struct WriteView {
+  uint32_t region_id = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint8_t* data = nullptr;
+  uint64_t cookie = 0;
+};
+
+// A pending prefetch; pass it back to PrefetchWait and PrefetchRelease.
+struct PrefetchHandle {
+  uint64_t id = 0;
+  uint32_t region_id = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+};
+
+struct MemoryDeviceStats {
+  uint64_t capacity_bytes = 0;
+  uint64_t reads = 0;            // AcquireRead calls that succeeded
+  uint64_t read_bytes = 0;
+  uint64_t writes = 0;           // CommitWrite calls that succeeded
+  uint64_t write_bytes = 0;
+  uint64_t aborted_writes = 0;   // AbortWrite calls
+  uint64_t refused_writes = 0;   // BeginWrite refused for lack of resources
+  uint64_t prefetches = 0;       // PrefetchObject calls that succeeded
+  uint64_t outstanding_reads = 0;   // acquired, not yet released
+  uint64_t outstanding_writes = 0;  // begun, not yet committed or aborted
+};
+
+// Checks that [addr, addr + len) lies in a region of `capacity` bytes:
+// InvalidArgument for len 0, OutOfRange beyond the region or on overflow.
+// Shared by the devices and the extent table so their errors agree.
+absl::Status CheckRange(uint64_t capacity, uint64_t addr, uint64_t len);
+
+class MemoryDevice {
+ public:
+  virtual ~MemoryDevice() = default;
+
+  // The device's regions. Constant for the device's lifetime.
+  virtual std::vector<RegionDescriptor> Regions() const = 0;
+
+  // Makes [addr, addr + len) of `region` readable. The returned pointer is
+  // valid until ReleaseRead(view); every successful AcquireRead must be
+  // released exactly once.
+  // Errors: InvalidArgument (unknown region, len 0), OutOfRange (range beyond
+  // the region or overflowing), ResourceExhausted/Unavailable (hybrid: no
+  // staging space, I/O error).
+  virtual absl::StatusOr<ReadView> AcquireRead(uint32_t region, uint64_t addr,
+                                               uint64_t len) = 0;
+  virtual void ReleaseRead(const ReadView& view) = 0;
+
+  // Returns a writable destination for [addr, addr + len) of `region`. The
+  // bytes become the region's contents only on CommitWrite; AbortWrite
+  // discards the view (the range's contents are then unspecified). Every
+  // successful BeginWrite must end in exactly one CommitWrite or AbortWrite.
+  // Errors: as AcquireRead; ResourceExhausted ("write buffer full") when the
+  // device refuses the write at once.
+  virtual absl::StatusOr<WriteView> BeginWrite(uint32_t region, uint64_t addr,
+                                               uint64_t len) = 0;
+  // Errors: Unavailable/DataLoss (hybrid: the write could not be persisted).
+  // The view is finished either way.
+  virtual absl::Status CommitWrite(const WriteView& view) = 0;
+  virtual void AbortWrite(const WriteView& view) = 0;
+
+  // Starts staging [addr, addr + len) of `region` for a later read.
+  // Every successful PrefetchObject must be released exactly once.
+  virtual absl::StatusOr<PrefetchHandle> PrefetchObject(uint32_t region,
+                                                        uint64_t addr,
+                                                        uint64_t len) = 0;
+  // Waits until the prefetch is staged or `deadline` passes
+  // (DeadlineExceeded). The pointer is valid until PrefetchRelease(handle).
+  virtual absl::StatusOr<const uint8_t*> PrefetchWait(
+      const PrefetchHandle& handle, absl::Time deadline) = 0;
+  virtual void PrefetchRelease(const PrefetchHandle& handle) = 0;
+
+  virtual MemoryDeviceStats Stats() const = 0;
+};
+
+}  // namespace hymcache::storage

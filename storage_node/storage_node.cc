@@ -1,0 +1,433 @@
+#include "storage_node/storage_node.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/net.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "proto/master.grpc.pb.h"
+#include "proto/storage.grpc.pb.h"
+#include "storage_node/data_server.h"
+#include "storage_node/dram_device.h"
+#include "storage_node/extent_table.h"
+#include "storage_node/memory_device.h"
+
+namespace hymcache {
+namespace {
+
+namespace v1 = ::hymcache::v1;
+
+// How long reads of reused space may hold up a write.
+constexpr absl::Duration kExtentDrainTimeout = absl::Seconds(5);
+// Registration retry backoff while the master is unreachable.
+constexpr absl::Duration kMinRetry = absl::Milliseconds(100);
+constexpr absl::Duration kMaxRetry = absl::Seconds(2);
+// Used when the master does not say how often to heartbeat.
+constexpr absl::Duration kDefaultHeartbeat = absl::Seconds(1);
+
+std::string JoinHostPort(const std::string& host, int port) {
+  if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
+}
+
+void ToProto(const storage::RegionDescriptor& r, v1::RegionInfo* out) {
+  out->set_region_id(r.region_id);
+  out->set_capacity_bytes(r.capacity_bytes);
+  out->set_alignment(r.alignment);
+  out->set_numa_node(r.numa_node);
+  out->set_device_kind(r.device_kind);
+  out->set_persistent(r.persistent);
+}
+
+}  // namespace
+
+struct StorageNode::MasterClient {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::MasterService::Stub> stub;
+};
+
+// The gRPC StorageControl service. Handlers never block.
+class StorageNode::ControlService final
+    : public v1::StorageControl::CallbackService {
+ public:
+  explicit ControlService(StorageNode* node) : node_(node) {}
+
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
+                                     const v1::StorageStatsRequest* /*req*/,
+                                     v1::StorageStatsResponse* resp) override {
+    StorageNode* n = node_;
+    {
+      MutexLock l(&n->mu_);
+      resp->set_node_id(n->node_id_);
+      resp->set_registered(n->registered_);
+    }
+    resp->set_name(n->name_);
+    resp->set_incarnation(n->incarnation_);
+    for (const storage::RegionDescriptor& r : n->device_->Regions()) {
+      ToProto(r, resp->add_regions());
+    }
+    resp->set_extents(n->extents_->Stats().extents);
+    storage::DataServerStats d = n->data_server_->Stats();
+    resp->set_bytes_read(d.bytes_read);
+    resp->set_bytes_written(d.bytes_written);
+    resp->set_read_ops(d.read_ops);
+    resp->set_write_ops(d.write_ops);
+    resp->set_stale_reads(d.stale_reads);
+    resp->set_rejected_ops(d.rejected_ops);
+    resp->set_open_connections(d.open_connections);
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+ private:
+  StorageNode* const node_;
+};
+
+absl::Status StorageNodeOptions::Validate() const {
+  if (master_address.empty()) {
+    return absl::InvalidArgumentError("storage node: master_address is required");
+  }
+  absl::Status s = SplitHostPort(master_address).status();
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("storage node: master_address: ", s.message()));
+  }
+  if (listen_host.empty()) {
+    return absl::InvalidArgumentError("storage node: listen_host is empty");
+  }
+  if (data_port < 0 || data_port > 65535 || control_port < 0 ||
+      control_port > 65535) {
+    return absl::InvalidArgumentError("storage node: ports must be in 0..65535");
+  }
+  if (data_port != 0 && data_port == control_port) {
+    return absl::InvalidArgumentError(
+        "storage node: data_port and control_port must differ");
+  }
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "storage node: alignment ", alignment, " is not a power of two"));
+  }
+  if (dram_bytes < alignment) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "storage node: dram_bytes ", dram_bytes, " is below the alignment"));
+  }
+  if (numa_node < -1) {
+    return absl::InvalidArgumentError("storage node: numa_node must be >= -1");
+  }
+  if (max_connections < 1) {
+    return absl::InvalidArgumentError(
+        "storage node: max_connections must be >= 1");
+  }
+  if (io_timeout <= absl::ZeroDuration() ||
+      drain_timeout < absl::ZeroDuration() ||
+      rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "storage node: io_timeout and rpc_timeout must be > 0, "
+        "drain_timeout >= 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
+    const StorageNodeOptions& options) {
+  RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<StorageNode> node(new StorageNode(options));
+  const std::string advertise =
+      options.advertise_host.empty() ? options.listen_host
+                                     : options.advertise_host;
+
+  storage::DramDeviceOptions dev;
+  dev.region_id = 0;
+  dev.capacity_bytes = options.dram_bytes;
+  dev.numa_node = options.numa_node;
+  dev.alignment = options.alignment;
+  ASSIGN_OR_RETURN(node->device_, storage::DramDevice::Create(dev));
+
+  storage::ExtentTableOptions ext;
+  ext.regions = node->device_->Regions();
+  ext.drain_timeout = kExtentDrainTimeout;
+  ASSIGN_OR_RETURN(node->extents_, storage::ExtentTable::Create(ext));
+
+  storage::DataServerOptions ds;
+  ds.host = options.listen_host;
+  ds.port = options.data_port;
+  ds.max_connections = options.max_connections;
+  ds.io_timeout = options.io_timeout;
+  ds.device = node->device_.get();
+  ds.extents = node->extents_.get();
+  ASSIGN_OR_RETURN(node->data_server_, storage::DataServer::Create(ds));
+  node->data_port_ = node->data_server_->port();
+
+  node->data_address_ = JoinHostPort(advertise, node->data_port_);
+  node->name_ =
+      options.node_name.empty() ? node->data_address_ : options.node_name;
+  absl::BitGen gen;
+  do {
+    node->incarnation_ = absl::Uniform<uint64_t>(gen);
+  } while (node->incarnation_ == 0);
+
+  node->control_service_ = std::make_unique<ControlService>(node.get());
+  grpc::ServerBuilder builder;
+  // Without this, gRPC binds with SO_REUSEPORT and "succeeds" on a port
+  // another server already holds.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  const std::string control_listen =
+      JoinHostPort(options.listen_host, options.control_port);
+  builder.AddListeningPort(control_listen, grpc::InsecureServerCredentials(),
+                           &node->control_port_);
+  builder.RegisterService(node->control_service_.get());
+  node->control_server_ = builder.BuildAndStart();
+  if (node->control_server_ == nullptr || node->control_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "storage node: cannot serve the control service on ", control_listen));
+  }
+
+  node->control_address_ = JoinHostPort(advertise, node->control_port_);
+  grpc::ChannelArguments args;
+  // Notice a restarted master quickly instead of after gRPC's default
+  // reconnect backoff (up to two minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  node->master_ = std::make_unique<MasterClient>();
+  node->master_->channel = grpc::CreateCustomChannel(
+      options.master_address, grpc::InsecureChannelCredentials(), args);
+  node->master_->stub = v1::MasterService::NewStub(node->master_->channel);
+
+  LOG(INFO) << "storage node '" << node->name_ << "' incarnation "
+            << node->incarnation_ << ": data " << node->data_address_
+            << ", control " << node->control_address_ << ", "
+            << options.dram_bytes << " bytes of DRAM; master "
+            << options.master_address;
+  StorageNode* n = node.get();
+  node->heartbeat_ = Thread("sn-heartbeat", [n] { n->HeartbeatLoop(); });
+  return node;
+}
+
+StorageNode::StorageNode(const StorageNodeOptions& options)
+    : options_(options) {}
+
+StorageNode::~StorageNode() { Shutdown(); }
+
+uint32_t StorageNode::node_id() const {
+  MutexLock l(&mu_);
+  return node_id_;
+}
+
+bool StorageNode::registered() const {
+  MutexLock l(&mu_);
+  return registered_;
+}
+
+bool StorageNode::WaitRegistered(absl::Time deadline) {
+  MutexLock l(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return registered_ || stopping_;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  return registered_;
+}
+
+bool StorageNode::SleepUnlessStopping(absl::Duration d) {
+  MutexLock l(&mu_);
+  mu_.AwaitWithDeadline(absl::Condition(&stopping_), absl::Now() + d);
+  return !stopping_;
+}
+
+template <typename Fn>
+absl::Status StorageNode::CallMaster(Fn call) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  {
+    MutexLock l(&mu_);
+    if (stopping_) return absl::CancelledError("storage node shutting down");
+    rpc_ = &ctx;
+  }
+  grpc::Status s = call(&ctx);
+  MutexLock l(&mu_);
+  rpc_ = nullptr;
+  return FromGrpc(s);
+}
+
+absl::Status StorageNode::Register() {
+  v1::RegisterNodeRequest req;
+  req.set_name(name_);
+  req.set_incarnation(incarnation_);
+  req.set_data_address(data_address_);
+  req.set_control_address(control_address_);
+  for (const storage::RegionDescriptor& r : device_->Regions()) {
+    ToProto(r, req.add_regions());
+  }
+  v1::RegisterNodeResponse resp;
+  RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
+    return master_->stub->RegisterNode(ctx, req, &resp);
+  }));
+  if (resp.node_id() == 0) {
+    return absl::InternalError("master assigned node id 0");
+  }
+  absl::Duration interval =
+      resp.heartbeat_interval_ms() == 0
+          ? kDefaultHeartbeat
+          : std::max(absl::Milliseconds(resp.heartbeat_interval_ms()),
+                     absl::Milliseconds(10));
+  MutexLock l(&mu_);
+  if (node_id_ != 0 && node_id_ != resp.node_id()) {
+    LOG(WARNING) << "master changed this node's id from " << node_id_
+                 << " to " << resp.node_id();
+  }
+  node_id_ = resp.node_id();
+  heartbeat_interval_ = interval;
+  registered_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> StorageNode::Heartbeat(uint32_t node_id) {
+  v1::HeartbeatRequest req;
+  req.set_node_id(node_id);
+  req.set_incarnation(incarnation_);
+  v1::HeartbeatResponse resp;
+  RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
+    return master_->stub->Heartbeat(ctx, req, &resp);
+  }));
+  return resp.reregister();
+}
+
+void StorageNode::HeartbeatLoop() {
+  absl::Duration retry = kMinRetry;
+  bool outage = false;  // a warning was logged for the current outage
+  while (true) {
+    bool registered;
+    uint32_t node_id;
+    absl::Duration interval;
+    {
+      MutexLock l(&mu_);
+      if (stopping_) return;
+      registered = registered_;
+      node_id = node_id_;
+      interval = heartbeat_interval_;
+    }
+    if (!registered) {
+      absl::Status s = Register();
+      if (s.ok()) {
+        MutexLock l(&mu_);
+        LOG(INFO) << "registered with master " << options_.master_address
+                  << " as node " << node_id_ << " (heartbeat every "
+                  << absl::FormatDuration(heartbeat_interval_) << ")";
+        outage = false;
+        retry = kMinRetry;
+        continue;
+      }
+      if (s.code() == absl::StatusCode::kCancelled) return;  // shutting down
+      if (!outage) {
+        LOG(WARNING) << "cannot register with master "
+                     << options_.master_address << ": " << s
+                     << "; retrying in the background";
+        outage = true;
+      }
+      if (!SleepUnlessStopping(retry)) return;
+      retry = std::min(retry * 2, kMaxRetry);
+      continue;
+    }
+    if (!SleepUnlessStopping(interval)) return;
+    absl::StatusOr<bool> reregister = Heartbeat(node_id);
+    if (reregister.ok() && !*reregister) continue;
+    {
+      MutexLock l(&mu_);
+      if (stopping_) return;
+      // Either the master forgot this node, or it was unreachable (and may
+      // have restarted meanwhile): register again, which is idempotent for
+      // the same name and incarnation.
+      registered_ = false;
+    }
+    if (reregister.ok()) {
+      LOG(INFO) << "master asked node " << node_id << " to register again";
+    } else if (!outage) {
+      LOG(WARNING) << "heartbeat to master " << options_.master_address
+                   << " failed: " << reregister.status()
+                   << "; will register again once it is reachable";
+      outage = true;
+    }
+  }
+}
+
+void StorageNode::Deregister(uint32_t node_id) {
+  v1::DeregisterNodeRequest req;
+  req.set_node_id(node_id);
+  req.set_incarnation(incarnation_);
+  v1::DeregisterNodeResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  absl::Status s =
+      FromGrpc(master_->stub->DeregisterNode(&ctx, req, &resp));
+  if (s.ok()) {
+    LOG(INFO) << "deregistered node " << node_id << " from the master";
+  } else {
+    LOG(WARNING) << "deregistering node " << node_id
+                 << " from the master failed: " << s
+                 << " (it will notice the missing heartbeats)";
+  }
+}
+
+void StorageNode::Shutdown() {
+  {
+    MutexLock l(&mu_);
+    if (shutdown_started_) {
+      mu_.Await(absl::Condition(&shutdown_done_));
+      return;
+    }
+    shutdown_started_ = true;
+  }
+  // A node whose Create failed half-way has nothing to announce.
+  if (heartbeat_.joinable()) {
+    LOG(INFO) << "storage node '" << name_ << "' shutting down";
+  }
+  if (data_server_ != nullptr) data_server_->Shutdown(options_.drain_timeout);
+  uint32_t node_id = 0;
+  bool was_registered = false;
+  {
+    MutexLock l(&mu_);
+    stopping_ = true;
+    if (rpc_ != nullptr) rpc_->TryCancel();
+  }
+  heartbeat_.Join();
+  {
+    MutexLock l(&mu_);
+    node_id = node_id_;
+    was_registered = registered_;
+    registered_ = false;
+  }
+  // Try even after a missed heartbeat: the master may be back.
+  if (master_ != nullptr && node_id != 0) {
+    if (!was_registered) VLOG(1) << "deregistering while not registered";
+    Deregister(node_id);
+  }
+  if (control_server_ != nullptr) {
+    control_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    control_server_->Wait();
+  }
+  MutexLock l(&mu_);
+  shutdown_done_ = true;
+}
+
+void StorageNode::Wait() {
+  MutexLock l(&mu_);
+  mu_.Await(absl::Condition(&shutdown_done_));
+}
+
+}  // namespace hymcache

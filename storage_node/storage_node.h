@@ -1,0 +1,164 @@
+// StorageNode: one HyMCache storage node. It owns a memory device (DRAM), the
+// extent table that checks every access against the master's allocations,
+// the TCP data plane (common/wire.h) through which clients read and write
+// object bytes, and a gRPC StorageControl service (stats). A background
+// thread ("sn-heartbeat") registers the node with the master and keeps it
+// alive with heartbeats; it re-registers when the master asks (or after the
+// master was unreachable) and keeps retrying while the master is down.
+//
+// Every start is a new incarnation: DRAM contents start afresh, so the node
+// announces a random 64-bit incarnation and the master drops whatever an
+// earlier incarnation held.
+//
+// Thread safety: safe for concurrent use without external synchronization.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "common/thread.h"
+
+namespace grpc {
+class ClientContext;
+class Server;
+}  // namespace grpc
+
+namespace hymcache {
+
+namespace storage {
+class DataServer;
+class ExtentTable;
+class MemoryDevice;
+}  // namespace storage
+
+struct StorageNodeOptions {
+  // The master's gRPC address, host:port. Required.
+  std::string master_address;
+  // Stable name of the node, reported to the master.
+  // Default: "" = advertise_host:data_port
+  std::string node_name;
+  // Address the data plane and the control service bind to.
+  // Default: "127.0.0.1"
+  std::string listen_host = "127.0.0.1";
+  // Data-plane TCP port; 0 picks a free port (see StorageNode::data_port()).
+  // Default: 0
+  int data_port = 0;
+  // Control (gRPC) port; 0 picks a free port.
+  // Default: 0
+  int control_port = 0;
+  // Host that clients and the master use to reach this node.
+  // Default: "" = listen_host
+  std::string advertise_host;
+  // Capacity of the DRAM device in bytes.
+  // Default: 1 GiB
+  uint64_t dram_bytes = uint64_t{1} << 30;
+  // NUMA node for the DRAM device; -1: the local node. An invalid node falls
+  // back to unplaced memory with a warning.
+  // Default: -1
+  int numa_node = -1;
+  // Allocation alignment of the region (a power of two), told to the master.
+  // Default: 4096
+  uint32_t alignment = 4096;
+  // Most data-plane connections served at once.
+  // Default: 256
+  int max_connections = 256;
+  // Bound on receiving and answering one data-plane request.
+  // Default: 30 s
+  absl::Duration io_timeout = absl::Seconds(30);
+  // Graceful shutdown waits this long for data-plane requests in progress.
+  // Default: 10 s
+  absl::Duration drain_timeout = absl::Seconds(10);
+  // Deadline of each RPC to the master (register, heartbeat, deregister).
+  // Default: 2 s
+  absl::Duration rpc_timeout = absl::Seconds(2);
+
+  absl::Status Validate() const;
+};
+
+class StorageNode {
+ public:
+  // Allocates the memory, binds both ports and starts serving; registration
+  // with the master proceeds in the background (Create succeeds while the
+  // master is down).
+  // Errors: InvalidArgument (bad options), Unavailable (a port cannot be
+  // bound), ResourceExhausted (memory cannot be allocated).
+  static absl::StatusOr<std::unique_ptr<StorageNode>> Create(
+      const StorageNodeOptions& options);
+  // Shutdown().
+  ~StorageNode();
+  StorageNode(const StorageNode&) = delete;
+  StorageNode& operator=(const StorageNode&) = delete;
+
+  int data_port() const { return data_port_; }
+  int control_port() const { return control_port_; }
+  // host:port as advertised to the master.
+  const std::string& data_address() const { return data_address_; }
+  const std::string& control_address() const { return control_address_; }
+  const std::string& name() const { return name_; }
+  uint64_t incarnation() const { return incarnation_; }
+  // The id the master assigned; 0 until the first registration.
+  uint32_t node_id() const;
+  // Whether the node is currently registered with a reachable master.
+  bool registered() const;
+  // Blocks until registered with the master or `deadline`; false on timeout
+  // (or shutdown).
+  bool WaitRegistered(absl::Time deadline);
+
+  // Graceful: stops accepting data-plane connections, lets requests in
+  // progress finish (bounded by drain_timeout), deregisters from the master,
+  // and stops every thread and server. Idempotent; concurrent callers wait
+  // for the first to finish.
+  void Shutdown();
+  // Blocks until Shutdown() has finished.
+  void Wait();
+
+ private:
+  struct MasterClient;
+  class ControlService;
+
+  explicit StorageNode(const StorageNodeOptions& options);
+
+  void HeartbeatLoop();
+  absl::Status Register();
+  // Returns whether the master asked for a new registration.
+  absl::StatusOr<bool> Heartbeat(uint32_t node_id);
+  void Deregister(uint32_t node_id);
+  // Sleeps for `d` or until shutdown starts; false on shutdown.
+  bool SleepUnlessStopping(absl::Duration d);
+  // Runs `call` with a fresh context that Shutdown can cancel.
+  template <typename Fn>
+  absl::Status CallMaster(Fn call);
+
+  // Constant after Create.
+  const StorageNodeOptions options_;
+  std::unique_ptr<storage::MemoryDevice> device_;
+  std::unique_ptr<storage::ExtentTable> extents_;
+  std::unique_ptr<storage::DataServer> data_server_;
+  std::unique_ptr<ControlService> control_service_;
+  std::unique_ptr<grpc::Server> control_server_;  // after control_service_
+  std::unique_ptr<MasterClient> master_;
+  int data_port_ = 0;
+  int control_port_ = 0;
+  std::string data_address_;
+  std::string control_address_;
+  std::string name_;
+  uint64_t incarnation_ = 0;
+  Thread heartbeat_;
+
+  mutable Mutex mu_;
+  uint32_t node_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_started_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_done_ ABSL_GUARDED_BY(mu_) = false;
+  // The master RPC in flight, cancelled by Shutdown.
+  grpc::ClientContext* rpc_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace hymcache
