@@ -65,9 +65,11 @@ class ABSL_LOCKABLE Mutex {
   // Releases the mutex until `cond` is true, then re-acquires it.
   // REQUIRES: held exclusively.
   void Await(const absl::Condition& cond) ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
+    // absl releases and re-takes the lock inside Await and evaluates other
+    // waiters' conditions there: keep TSan's ignore region open throughout.
     PreUnlock(0);
-    PostUnlock(0);
     mu_.Await(cond);
+    PostUnlock(0);
     PreLock(0);
     PostLock(0);
   }
@@ -75,8 +77,8 @@ class ABSL_LOCKABLE Mutex {
   bool AwaitWithDeadline(const absl::Condition& cond, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
     PreUnlock(0);
-    PostUnlock(0);
     bool ok = mu_.AwaitWithDeadline(cond, deadline);
+    PostUnlock(0);
     PreLock(0);
     PostLock(0);
     return ok;
@@ -134,8 +136,8 @@ class CondVar {
   // REQUIRES: `mu` held exclusively.
   void Wait(Mutex* mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     mu->PreUnlock(0);
-    mu->PostUnlock(0);
     cv_.Wait(&mu->mu_);
+    mu->PostUnlock(0);
     mu->PreLock(0);
     mu->PostLock(0);
   }
@@ -143,8 +145,8 @@ class CondVar {
   bool WaitWithDeadline(Mutex* mu, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     mu->PreUnlock(0);
-    mu->PostUnlock(0);
     bool timed_out = cv_.WaitWithDeadline(&mu->mu_, deadline);
+    mu->PostUnlock(0);
     mu->PreLock(0);
     mu->PostLock(0);
     return timed_out;
