@@ -72,6 +72,16 @@ class ClientImpl : public Client {
         stub_(std::move(stub)),
         transport_(std::move(transport)) {}
 
+  ~ClientImpl() override {
+    // Background aborts reference this client: wait for them (each is
+    // bounded by kAbortTimeout).
+    MutexLock l(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return aborts_in_flight_ == 0;
+    };
+    mu_.Await(absl::Condition(&done));
+  }
+
   absl::StatusOr<LookupResult> BatchLookup(absl::Span<const std::string> keys,
                                            const CallOptions& call) override {
     RETURN_IF_ERROR(CheckKeys(keys));
@@ -332,6 +342,7 @@ class ClientImpl : public Client {
       RETURN_IF_ERROR(FromGrpc(stub_->PutStart(&ctx, req, &resp), "PutStart"));
     }
     if (static_cast<size_t>(resp.slots_size()) != keys.size()) {
+      AbortInBackground(resp.put_id());
       return absl::InternalError("PutStart: master returned a short answer");
     }
     std::vector<WriteOp> ops;
@@ -348,6 +359,7 @@ class ClientImpl : public Client {
         default: {
           ObjectLocation loc = FromProto(slot.location());
           if (loc.length != buffers[i].size) {
+            AbortInBackground(resp.put_id());
             return absl::InternalError("PutStart: allocation of the wrong size");
           }
           ops.push_back(WriteOp{ToRef(loc), buffers[i].data});
@@ -376,8 +388,9 @@ class ClientImpl : public Client {
       }
     }
     if (absl::Now() >= deadline) {
-      // No time left to commit: the master frees the space when the put
-      // expires. Report the written blocks as not stored.
+      // No time left to commit: free the space in the background and report
+      // the written blocks as not stored.
+      AbortInBackground(resp.put_id());
       for (size_t k = 0; k < ops.size(); ++k) {
         if (st[k].ok()) {
           out->errors[offset + op_index[k]] =
@@ -386,15 +399,12 @@ class ClientImpl : public Client {
       }
       return absl::OkStatus();
     }
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
     if (good == 0) {
-      pb::PutAbortRequest abort;
-      abort.set_put_id(resp.put_id());
-      pb::PutAbortResponse ar;
-      FromGrpc(stub_->PutAbort(&ctx, abort, &ar), "PutAbort").IgnoreError();
+      AbortInBackground(resp.put_id());
       return absl::OkStatus();
     }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
     pb::PutCommitResponse cr;
     absl::Status cs = FromGrpc(stub_->PutCommit(&ctx, commit, &cr), "PutCommit");
     for (size_t k = 0; k < ops.size(); ++k) {
@@ -408,12 +418,40 @@ class ClientImpl : public Client {
     return absl::OkStatus();
   }
 
+  // Frees a put's allocation on the master without waiting: used when the
+  // call gives up after PutStart (deadline, bad answer). If the abort is
+  // lost, the master frees the space when the put expires.
+  void AbortInBackground(uint64_t put_id) {
+    if (put_id == 0) return;
+    struct Call {
+      grpc::ClientContext ctx;
+      pb::PutAbortRequest req;
+      pb::PutAbortResponse resp;
+    };
+    auto* call = new Call;
+    call->req.set_put_id(put_id);
+    call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + kAbortTimeout));
+    {
+      MutexLock l(&mu_);
+      ++aborts_in_flight_;
+    }
+    stub_->async()->PutAbort(&call->ctx, &call->req, &call->resp,
+                             [this, call](grpc::Status) {
+                               delete call;
+                               MutexLock l(&mu_);
+                               --aborts_in_flight_;
+                             });
+  }
+
+  static constexpr absl::Duration kAbortTimeout = absl::Seconds(2);
+
   const ClientOptions options_;
   const std::unique_ptr<pb::MasterService::Stub> stub_;
   const std::unique_ptr<Transport> transport_;
 
   Mutex mu_;
   absl::flat_hash_map<uint32_t, PeerInfo> peers_ ABSL_GUARDED_BY(mu_);
+  int aborts_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

@@ -75,7 +75,7 @@ struct PutResult {
   size_t stored = 0;
   size_t skipped = 0;  // kAlreadyStored + kInProgress
   size_t failed = 0;
-  // Node the stored blocks went to (0 if none).
+  // Node the (last chunk of) stored blocks went to (0 if none).
   uint32_t node_id = 0;
 };
 
@@ -127,8 +127,11 @@ class Client {
   virtual absl::StatusOr<LookupResult> BatchLookup(
       absl::Span<const std::string> keys, const CallOptions& call = {}) = 0;
 
-  // Stores `buffers[i]` under `keys[i]`: all new blocks of one call go to one
-  // storage node. Keys already stored are skipped. Per-key failures (a node
+  // Stores `buffers[i]` under `keys[i]`. All new blocks of one call go to one
+  // storage node when the call fits one master RPC (max_keys_per_rpc keys);
+  // longer calls ask for the first chunk's node for every later chunk, which
+  // the master honours while that node has room. Keys already stored are
+  // skipped. Per-key failures (a node
   // refusing a write, the deadline) are reported in the result, and the keys
   // written before them are still committed. Errors (whole call):
   // InvalidArgument (sizes differ, empty buffer, bad key), ResourceExhausted

@@ -27,8 +27,9 @@ struct ClientOptions {
   // Data-plane transport. Default: kTcp.
   TransportKind transport = TransportKind::kTcp;
 
-  // Idle data-plane connections kept per storage node for reuse. Default: 8.
-  int max_idle_connections_per_node = 8;
+  // Idle data-plane connections kept per storage node for reuse (nodes
+  // close connections idle for a minute). Default: 4.
+  int max_idle_connections_per_node = 4;
 
   // Keys per master RPC; longer key lists are split. At most the master's
   // limit (1024 by default). Default: 1024.

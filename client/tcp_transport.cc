@@ -41,20 +41,17 @@ class TcpTransport : public Transport {
     size_t i = 0;
     while (i < ops.size()) {
       size_t n = std::min<size_t>(ops.size() - i, wire::kMaxOps);
-      RunBatch(peer, deadline, absl::MakeSpan(out).subspan(i, n),
-               [&](Socket& s, absl::Span<absl::Status> st,
-                   bool* response_started) {
-                 return ReadFrame(s, ops.subspan(i, n), st, deadline,
-                                  response_started);
-               });
-      // Stop at the first transport failure: later ops would only wait.
-      bool failed = false;
-      for (size_t k = i; k < i + n; ++k) {
-        if (IsTransportFailure(out[k])) failed = true;
-      }
+      absl::Status conn =
+          RunBatch(peer, deadline, absl::MakeSpan(out).subspan(i, n),
+                   [&](Socket& s, absl::Span<absl::Status> st,
+                       bool* response_started) {
+                     return ReadFrame(s, ops.subspan(i, n), st, deadline,
+                                      response_started);
+                   });
       i += n;
-      if (failed) {
-        for (size_t k = i; k < ops.size(); ++k) out[k] = out[i - 1];
+      // After a connection failure later frames would only fail or wait.
+      if (!conn.ok()) {
+        for (size_t k = i; k < ops.size(); ++k) out[k] = conn;
         break;
       }
     }
@@ -68,42 +65,44 @@ class TcpTransport : public Transport {
     size_t i = 0;
     while (i < ops.size()) {
       size_t n = std::min<size_t>(ops.size() - i, wire::kMaxOps);
-      RunBatch(peer, deadline, absl::MakeSpan(out).subspan(i, n),
-               [&](Socket& s, absl::Span<absl::Status> st,
-                   bool* response_started) {
-                 return WriteFrame(s, ops.subspan(i, n), st, deadline,
-                                   response_started);
-               });
+      absl::Status conn =
+          RunBatch(peer, deadline, absl::MakeSpan(out).subspan(i, n),
+                   [&](Socket& s, absl::Span<absl::Status> st,
+                       bool* response_started) {
+                     return WriteFrame(s, ops.subspan(i, n), st, deadline,
+                                       response_started);
+                   });
       i += n;
+      if (!conn.ok()) {
+        for (size_t k = i; k < ops.size(); ++k) out[k] = conn;
+        break;
+      }
     }
     return out;
   }
 
  private:
-  static bool IsTransportFailure(const absl::Status& s) {
-    return s.code() == absl::StatusCode::kUnavailable ||
-           s.code() == absl::StatusCode::kDeadlineExceeded;
-  }
-
   // Runs one frame exchange on a pooled or new connection. A pooled
   // connection the peer closed while idle fails before any response byte
   // arrives; then the frame is retried once on a fresh connection (the peer
-  // never saw it, so this cannot apply anything twice).
+  // never saw it, so this cannot apply anything twice). Returns OK when the
+  // exchange completed (per-op results are in `statuses`), else the
+  // connection failure, which every unfinished op also carries.
   template <typename Fn>
-  void RunBatch(const PeerInfo& peer, absl::Time deadline,
+  absl::Status RunBatch(const PeerInfo& peer, absl::Time deadline,
                 absl::Span<absl::Status> statuses, Fn&& fn) {
     for (int attempt = 0; attempt < 2; ++attempt) {
       bool pooled = false;
       auto sock = Take(peer.data_address, deadline, &pooled);
       if (!sock.ok()) {
         for (auto& s : statuses) s = sock.status();
-        return;
+        return sock.status();
       }
       bool response_started = false;
       absl::Status st = fn(*sock, statuses, &response_started);
       if (st.ok()) {
         Give(peer.data_address, std::move(*sock));
-        return;
+        return st;
       }
       // The connection is in an unknown state: drop it.
       if (pooled && !response_started &&
@@ -117,8 +116,9 @@ class TcpTransport : public Transport {
           s = st;
         }
       }
-      return;
+      return st;
     }
+    return absl::InternalError("unreachable");
   }
 
   static constexpr const char* kPending = "pending";

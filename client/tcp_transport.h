@@ -13,8 +13,8 @@
 namespace hymcache {
 
 struct TcpTransportOptions {
-  // Idle connections kept per peer. Default: 8.
-  int max_idle_per_peer = 8;
+  // Idle connections kept per peer. Default: 4.
+  int max_idle_per_peer = 4;
 };
 
 std::unique_ptr<Transport> NewTcpTransport(const TcpTransportOptions& options);

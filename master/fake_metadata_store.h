@@ -32,6 +32,10 @@ class FakeMetadataStore : public MetadataStore {
     if (!fail_writes_.ok()) return fail_writes_;
     return next_generation_++;
   }
+  uint64_t GenerationCeiling() override {
+    MutexLock l(&mu_);
+    return next_generation_ + (uint64_t{1} << 20);
+  }
   absl::Status ForEachObject(
       const std::function<void(absl::string_view, const ObjectRecord&)>& fn)
       override {

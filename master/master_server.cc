@@ -160,10 +160,12 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   server->handler_ =
       std::make_unique<master::MasterRpcHandler>(server->service_.get());
 
-  const int max_message = static_cast<int>(std::max<uint64_t>(
-      master::kMinMaxMessageBytes,
-      uint64_t{options.max_batch_keys} * (options.max_key_bytes + 16) +
-          (1 << 20)));
+  const int max_message = static_cast<int>(std::min<uint64_t>(
+      INT32_MAX,
+      std::max<uint64_t>(
+          master::kMinMaxMessageBytes,
+          uint64_t{options.max_batch_keys} * (options.max_key_bytes + 16) +
+              (1 << 20))));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen_address,

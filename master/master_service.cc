@@ -152,6 +152,9 @@ absl::Status MasterService::Load() {
     }
     next_node_id_ = std::max(next_node_id_, id + 1);
     node_by_name_[info.name()] = id;
+    // DeregisterNode persists incarnation 0: such a node stays dead until
+    // it registers again.
+    node.deregistered = info.incarnation() == 0;
     node.info = std::move(info);
     nodes_.emplace(id, std::move(node));
   }
@@ -297,7 +300,7 @@ void MasterService::CancelPutsOfNode(uint32_t node_id, bool free_space) {
 absl::StatusOr<MasterService::Rebuild> MasterService::PlanRebuild(
     uint32_t node_id,
     const google::protobuf::RepeatedPtrField<v1::RegionInfo>& regions,
-    const std::vector<uint32_t>& purge_regions) const {
+    const std::vector<uint32_t>& purge_regions, bool scan_index) const {
   Rebuild plan;
   for (const auto& r : regions) {
     auto alloc = RegionAllocator::Create({r.capacity_bytes(), r.alignment()});
@@ -306,6 +309,7 @@ absl::StatusOr<MasterService::Rebuild> MasterService::PlanRebuild(
     region.info = DurableRegion(r);
     region.allocator = std::move(alloc).value();
   }
+  if (!scan_index) return plan;
   index_.ForEach([&](absl::string_view key, const IndexEntry& e) {
     if (e.node_id != node_id) return;
     if (std::find(purge_regions.begin(), purge_regions.end(), e.region_id) !=
@@ -337,6 +341,9 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   if (!s.ok()) return s;
   s = ValidateAddress(request.control_address(), "control_address");
   if (!s.ok()) return s;
+  if (request.incarnation() == 0) {
+    return absl::InvalidArgumentError("incarnation must be nonzero");
+  }
   if (request.regions().empty() || request.regions_size() > kMaxRegions) {
     return absl::InvalidArgumentError(
         absl::StrCat(request.regions_size(), " regions (want 1..", kMaxRegions,
@@ -373,6 +380,7 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   v1::RegisterNodeResponse response;
   response.set_heartbeat_interval_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(options_.heartbeat_interval)));
+  response.set_generation_ceiling(store_->GenerationCeiling());
 
   MutexLock l(&mu_);
   const absl::Time now = clock_->Now();
@@ -383,7 +391,7 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
     }
     const uint32_t id = next_node_id_;
     info.set_node_id(id);
-    auto plan = PlanRebuild(id, info.regions(), {});
+    auto plan = PlanRebuild(id, info.regions(), {}, /*scan_index=*/false);
     if (!plan.ok()) return plan.status();
     s = store_->PutNode(info);
     if (!s.ok()) return s;
@@ -413,11 +421,13 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
     if (!s.ok()) return s;
     node.info = std::move(info);
     for (const auto& r : node.info.regions()) {
-      node.regions.at(r.region_id()).info = r;
+      auto region = node.regions.find(r.region_id());
+      if (region != node.regions.end()) region->second.info = r;
     }
     node.last_seen = now;
     node.deregistered = false;
     response.set_node_id(id);
+    response.set_objects_retained(true);
     LOG(INFO) << "node " << id << " '" << request.name() << "' re-registered";
     return response;
   }
@@ -473,6 +483,7 @@ absl::StatusOr<v1::HeartbeatResponse> MasterService::Heartbeat(
     return response;
   }
   n->second.last_seen = clock_->Now();
+  response.set_generation_ceiling(store_->GenerationCeiling());
   return response;
 }
 
@@ -500,10 +511,15 @@ absl::StatusOr<v1::DeregisterNodeResponse> MasterService::DeregisterNode(
       doomed.emplace_back(key);
     }
   });
-  if (!doomed.empty()) {
-    absl::Status s = store_->DeleteObjects(doomed);
-    if (!s.ok()) return s;
-  }
+  // One batch: the purge, and the node record with incarnation 0 so that a
+  // restarted master keeps it dead instead of placing puts on it.
+  MetadataMutation m;
+  m.delete_objects = doomed;
+  v1::NodeInfo gone = node.info;
+  gone.set_incarnation(0);
+  m.put_nodes.push_back(std::move(gone));
+  absl::Status s = store_->Apply(m);
+  if (!s.ok()) return s;
   for (const std::string& key : doomed) {
     auto e = index_.Erase(key);
     if (!e) continue;

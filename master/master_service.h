@@ -214,7 +214,8 @@ class MasterService {
       uint32_t node_id,
       const google::protobuf::RepeatedPtrField<hymcache::v1::RegionInfo>&
           regions,
-      const std::vector<uint32_t>& purge_regions) const
+      const std::vector<uint32_t>& purge_regions,
+      bool scan_index = true) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Allocates every length on `node` (one region per slot), or nothing.
   bool TryAllocateOnNode(Node& node, const std::vector<uint64_t>& lengths,

@@ -852,6 +852,70 @@ TEST_CASE("Concurrent puts and lookups") {
   CHECK(h.svc->GetStats().object_count() == 4 * 200 * 2);
 }
 
+TEST_CASE("registration reports retained objects and a generation ceiling") {
+  Harness h("retained");
+  auto first = h.svc->RegisterNode(NodeReq("n1", 5, {{0, 1 << 20}}));
+  REQUIRE(first.ok());
+  CHECK_FALSE(first->objects_retained());  // a new node: nothing is known
+  auto put = h.Start({"a", "b"}, {100, 100});
+  h.Commit(put.put_id());
+  uint64_t max_gen = 0;
+  for (const auto& slot : put.slots()) {
+    max_gen = std::max(max_gen, slot.location().generation());
+  }
+  CHECK(first->generation_ceiling() >= max_gen);
+
+  // Same incarnation coming back (e.g. after a master restart): retained.
+  h.Restart();
+  auto again = h.svc->RegisterNode(NodeReq("n1", 5, {{0, 1 << 20}}));
+  REQUIRE(again.ok());
+  CHECK(again->objects_retained());
+  CHECK(again->generation_ceiling() >= max_gen);
+  v1::HeartbeatRequest hb;
+  hb.set_node_id(again->node_id());
+  hb.set_incarnation(5);
+  auto hr = h.svc->Heartbeat(hb);
+  REQUIRE(hr.ok());
+  CHECK_FALSE(hr->reregister());
+  CHECK(hr->generation_ceiling() >= max_gen);
+  // Every generation issued after a restart stays under the ceiling the
+  // node was told, even across generation blocks.
+  for (int i = 0; i < 40; ++i) {
+    auto p = h.Start({"k" + std::to_string(i)}, {64});
+    CHECK(p.slots(0).location().generation() <= h.svc->Heartbeat(hb)->generation_ceiling());
+    h.Commit(p.put_id());
+  }
+
+  // A new incarnation of DRAM memory: nothing retained.
+  auto fresh = h.svc->RegisterNode(NodeReq("n1", 6, {{0, 1 << 20}}));
+  REQUIRE(fresh.ok());
+  CHECK_FALSE(fresh->objects_retained());
+  // Incarnation 0 is reserved.
+  CHECK(h.svc->RegisterNode(NodeReq("n2", 0, {{0, 1 << 20}})).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a deregistered node stays dead across a master restart") {
+  Harness h("dereg_restart");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}}, 7000);
+  uint32_t b = h.Register("b", 2, {{0, 1 << 20}}, 7100);
+  v1::DeregisterNodeRequest d;
+  d.set_node_id(a);
+  d.set_incarnation(1);
+  REQUIRE(h.svc->DeregisterNode(d).ok());
+  h.Restart();
+  // Every placement goes to b; a is reported dead.
+  for (int i = 0; i < 4; ++i) {
+    auto p = h.Start({"x" + std::to_string(i)}, {64});
+    CHECK(p.node().node_id() == b);
+    h.Commit(p.put_id());
+  }
+  auto nodes = h.svc->ListNodes();
+  for (const auto& n : nodes.nodes()) CHECK(n.alive() == (n.node_id() == b));
+  // It comes back by registering again.
+  CHECK(h.Register("a", 3, {{0, 1 << 20}}, 7000) == a);
+}
+
 }  // namespace
 }  // namespace master
 }  // namespace hymcache

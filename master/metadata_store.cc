@@ -220,6 +220,15 @@ absl::StatusOr<uint64_t> RocksDbMetadataStore::NextGeneration() {
   return next_generation_++;
 }
 
+uint64_t RocksDbMetadataStore::GenerationCeiling() {
+  MutexLock l(&gen_mu_);
+  // Nodes learn the ceiling at most one heartbeat late: leave room for a few
+  // blocks to be reserved in between.
+  uint64_t slack = 4 * options_.generation_block;
+  return generation_limit_ > UINT64_MAX - slack ? UINT64_MAX
+                                                : generation_limit_ + slack;
+}
+
 absl::Status RocksDbMetadataStore::Apply(const MetadataMutation& mutation) {
   if (mutation.empty()) return absl::OkStatus();
   rocksdb::WriteBatch batch;

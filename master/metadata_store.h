@@ -76,6 +76,11 @@ class MetadataStore {
   // reserving the next block of generations.
   virtual absl::StatusOr<uint64_t> NextGeneration() = 0;
 
+  // An upper bound on every generation NextGeneration has returned or will
+  // return soon (the durable limit plus a few blocks of slack). Storage
+  // nodes refuse writes that claim a higher generation.
+  virtual uint64_t GenerationCeiling() = 0;
+
   // Calls `fn` for every committed object (unspecified order). Stops and
   // returns the error if an entry is corrupt or reading fails.
   virtual absl::Status ForEachObject(
@@ -122,6 +127,7 @@ class RocksDbMetadataStore : public MetadataStore {
 
   absl::Status Apply(const MetadataMutation& mutation) override;
   absl::StatusOr<uint64_t> NextGeneration() override;
+  uint64_t GenerationCeiling() override;
   absl::Status ForEachObject(
       const std::function<void(absl::string_view key, const ObjectRecord&)>& fn)
       override;

@@ -9,7 +9,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
+#include <exception>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -73,6 +76,9 @@ absl::Status DataServerOptions::Validate() const {
   if (io_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("data server: io_timeout must be > 0");
   }
+  if (idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("data server: idle_timeout must be > 0");
+  }
   if (device == nullptr || extents == nullptr) {
     return absl::InvalidArgumentError(
         "data server: device and extents are required");
@@ -103,7 +109,12 @@ absl::StatusOr<std::unique_ptr<DataServer>> DataServer::Create(
   std::unique_ptr<DataServer> server(
       new DataServer(options, std::move(listen), port, stop_fd, reap_fd));
   DataServer* s = server.get();
-  server->acceptor_ = Thread("dp-accept", [s] { s->AcceptLoop(); });
+  try {
+    server->acceptor_ = Thread("dp-accept", [s] { s->AcceptLoop(); });
+  } catch (const std::exception& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "data server: cannot start the acceptor thread: ", e.what()));
+  }
   LOG(INFO) << "data server listening on " << options.host << ":" << port;
   return server;
 }
@@ -161,20 +172,47 @@ void DataServer::Accept() {
   }
   Socket sock(fd);
   TuneDataSocket(fd);
+  auto owned = std::make_unique<Conn>();
+  Conn* c = owned.get();
   int open = 0;
+  bool admitted = false;
   {
     MutexLock l(&mu_);
     open = active_;
     if (active_ < options_.max_connections) {
-      accepted_.fetch_add(1, std::memory_order_relaxed);
       ++active_;
-      auto conn = std::make_unique<Conn>();
-      conn->sock = std::move(sock);
-      Conn* c = conn.get();
-      conns_.push_back(std::move(conn));
-      c->thread = Thread("dp-conn", [this, c] { ServeConnection(c); });
+      c->sock = std::move(sock);
+      conns_.push_back(std::move(owned));
+      admitted = true;
+    }
+  }
+  if (admitted) {
+    // Outside mu_: creating a thread can be slow, and it can fail. Only this
+    // thread reaps `c`, and Shutdown touches conns_ only after joining it.
+    absl::Status started = StartConnThread(c);
+    if (started.ok()) {
+      accepted_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
+    {
+      MutexLock l(&mu_);
+      --active_;
+      auto it = std::find_if(conns_.begin(), conns_.end(),
+                             [c](const std::unique_ptr<Conn>& p) {
+                               return p.get() == c;
+                             });
+      CHECK(it != conns_.end()) << "data server: connection lost";
+      sock = std::move((*it)->sock);
+      conns_.erase(it);
+      cv_.SignalAll();
+    }
+    thread_start_failures_.fetch_add(1, std::memory_order_relaxed);
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    LOG_EVERY_N(WARNING, 100) << "data server: refusing a connection: "
+                              << started.message() << " (" << open
+                              << " open)";
+    SendError(sock.fd(), 0, started);
+    return;  // `sock` closes the connection
   }
   refused_.fetch_add(1, std::memory_order_relaxed);
   LOG_EVERY_N(WARNING, 100) << "data server: refusing a connection: " << open
@@ -185,6 +223,22 @@ void DataServer::Accept() {
                 "storage node: too many data-plane connections (limit ",
                 options_.max_connections, ")")));
   // `sock` closes the connection.
+}
+
+absl::Status DataServer::StartConnThread(Conn* c) {
+  try {
+    if (fail_thread_starts_for_test_.load(std::memory_order_relaxed)) {
+      throw std::system_error(EAGAIN, std::generic_category(),
+                              "thread start refused for test");
+    }
+    c->thread = Thread("dp-conn", [this, c] { ServeConnection(c); });
+  } catch (const std::exception& e) {
+    // std::system_error at the thread or pid limit, std::bad_alloc.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "storage node: too many connections / cannot start a thread: ",
+        e.what()));
+  }
+  return absl::OkStatus();
 }
 
 void DataServer::Reap() {
@@ -209,10 +263,30 @@ void DataServer::Reap() {
 void DataServer::ServeConnection(Conn* conn) {
   const int fd = conn->sock.fd();
   while (true) {
-    pollfd p[2] = {{fd, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    int r = poll(p, 2, -1);
-    if (r < 0) {
-      if (errno == EINTR) continue;
+    // Wait for the next request header, up to idle_timeout.
+    const absl::Time idle_deadline = absl::Now() + options_.idle_timeout;
+    pollfd p[2];
+    int r;
+    do {
+      p[0] = {fd, POLLIN, 0};
+      p[1] = {stop_fd_, POLLIN, 0};
+      int timeout_ms = -1;
+      if (idle_deadline != absl::InfiniteFuture()) {
+        const absl::Duration left = std::max(
+            idle_deadline - absl::Now(), absl::ZeroDuration());
+        timeout_ms = static_cast<int>(std::min<int64_t>(
+            absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
+            INT_MAX));
+      }
+      r = poll(p, 2, timeout_ms);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) break;
+    if (r == 0) {
+      // Idle too long: free the thread and the slot. A client that comes
+      // back finds the connection closed and retries on a fresh one.
+      idle_closed_.fetch_add(1, std::memory_order_relaxed);
+      VLOG(1) << "data server: closing a connection idle for "
+              << absl::FormatDuration(options_.idle_timeout);
       break;
     }
     if (p[1].revents != 0) break;  // shutting down: close idle connection
@@ -493,6 +567,9 @@ DataServerStats DataServer::Stats() const {
   s.accepted_connections = accepted_.load(std::memory_order_relaxed);
   s.refused_connections = refused_.load(std::memory_order_relaxed);
   s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
+  s.thread_start_failures =
+      thread_start_failures_.load(std::memory_order_relaxed);
+  s.idle_closed_connections = idle_closed_.load(std::memory_order_relaxed);
   MutexLock l(&mu_);
   s.open_connections = static_cast<uint64_t>(active_);
   return s;

@@ -4,11 +4,13 @@
 // received into them), checked against the ExtentTable.
 //
 // Threads: one acceptor ("dp-accept") and one thread per connection
-// ("dp-conn"), at most max_connections of them; a connection beyond that is
-// answered with a kError frame (ResourceExhausted) and closed. A connection
-// carries one request at a time. Each request must complete within
-// io_timeout of its header arriving, so a stalled peer cannot hold a thread;
-// an idle connection may stay open until shutdown.
+// ("dp-conn"), at most max_connections of them; a connection beyond that, or
+// one whose thread cannot be started (thread or pid limit), is answered with
+// a kError frame (ResourceExhausted) and closed. A connection carries one
+// request at a time. Each request must complete within io_timeout of its
+// header arriving, so a stalled peer cannot hold a thread; a connection that
+// waits longer than idle_timeout for its next request is closed (clients
+// retry on a fresh connection).
 //
 // Per-op outcomes are reported in the response's op table (status codes of
 // ExtentTable and MemoryDevice errors: NotFound for a stale or unknown read,
@@ -47,12 +49,16 @@ struct DataServerOptions {
   // TCP port; 0 picks a free port (see DataServer::port()).
   // Default: 0
   int port = 0;
-  // Most connections served at once.
-  // Default: 256
-  int max_connections = 256;
+  // Most connections served at once (each holds a thread).
+  // Default: 1024
+  int max_connections = 1024;
   // Bound on receiving and answering one request, from its header on.
   // Default: 30 s
   absl::Duration io_timeout = absl::Seconds(30);
+  // A connection that waits longer than this for the next request header is
+  // closed, freeing its thread and its slot. absl::InfiniteDuration(): never.
+  // Default: 60 s
+  absl::Duration idle_timeout = absl::Seconds(60);
   // The memory and the extent record the server serves. Not owned; required;
   // must outlive the server.
   MemoryDevice* device = nullptr;
@@ -71,7 +77,9 @@ struct DataServerStats {
                                   // other than NotFound
   uint64_t open_connections = 0;
   uint64_t accepted_connections = 0;
-  uint64_t refused_connections = 0;  // over max_connections
+  uint64_t refused_connections = 0;  // over max_connections, or no thread
+  uint64_t thread_start_failures = 0;  // connection threads not started
+  uint64_t idle_closed_connections = 0;  // closed after idle_timeout
   uint64_t protocol_errors = 0;      // malformed frames, broken requests
 };
 
@@ -99,6 +107,12 @@ class DataServer {
 
   DataServerStats Stats() const;
 
+  // While `fail` is set, starting a connection thread fails as it does at
+  // the process's thread limit (std::system_error).
+  void SetFailThreadStartsForTest(bool fail) {
+    fail_thread_starts_for_test_.store(fail, std::memory_order_relaxed);
+  }
+
  private:
   struct Conn {
     Socket sock;
@@ -111,6 +125,9 @@ class DataServer {
 
   void AcceptLoop();
   void Accept();
+  // Starts the thread serving `c`. Errors: ResourceExhausted if the thread
+  // cannot be created.
+  absl::Status StartConnThread(Conn* c);
   // Joins and frees the connections whose threads have finished.
   void Reap();
   void ServeConnection(Conn* conn);
@@ -139,6 +156,9 @@ class DataServer {
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> protocol_errors_{0};
+  std::atomic<uint64_t> thread_start_failures_{0};
+  std::atomic<uint64_t> idle_closed_{0};
+  std::atomic<bool> fail_thread_starts_for_test_{false};
 
   mutable Mutex mu_;
   CondVar cv_;  // a connection finished; shutdown finished

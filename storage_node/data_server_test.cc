@@ -408,6 +408,81 @@ TEST_CASE("DataServer refuses connections beyond max_connections") {
   CHECK(served);
 }
 
+TEST_CASE("DataServer closes connections idle beyond idle_timeout") {
+  CHECK(DataServerOptions().max_connections == 1024);
+  CHECK(DataServerOptions().idle_timeout == absl::Seconds(60));
+  DataServerOptions o;
+  o.idle_timeout = absl::Milliseconds(300);
+  o.max_connections = 1;
+  Fixture f(o);
+  Socket idle = f.Connect();
+  SendFrame(idle.fd(), FrameType::kPing, 1, {}, "", 0);
+  REQUIRE(ReadReply(idle.fd()).ok());
+  // Never sends again: closed once idle_timeout passes, freeing the slot.
+  absl::Time start = absl::Now();
+  CHECK(PeerClosed(idle.fd()));
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  CHECK(Eventually([&] { return f.server->Stats().open_connections == 0; }));
+  CHECK(f.server->Stats().idle_closed_connections == 1);
+
+  // A connection that keeps sending requests stays open past idle_timeout.
+  Socket busy = f.Connect();
+  for (int i = 0; i < 8; ++i) {
+    SendFrame(busy.fd(), FrameType::kPing, 10 + i, {}, "", 0);
+    auto r = ReadReply(busy.fd());
+    REQUIRE(r.ok());
+    CHECK(r->h.type == FrameType::kPong);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  CHECK(f.server->Stats().idle_closed_connections == 1);
+  CHECK(f.server->Stats().refused_connections == 0);
+}
+
+TEST_CASE("DataServer rejects a non-positive idle_timeout") {
+  auto dev = Fixture::MakeDram();
+  ExtentTableOptions to;
+  to.regions = dev->Regions();
+  auto t = ExtentTable::Create(to);
+  REQUIRE(t.ok());
+  DataServerOptions o;
+  o.device = dev.get();
+  o.extents = t->get();
+  o.idle_timeout = absl::ZeroDuration();
+  CHECK(DataServer::Create(o).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  o.idle_timeout = absl::InfiniteDuration();  // never times out
+  auto s = DataServer::Create(o);
+  REQUIRE(s.ok());
+  Socket c = *ConnectTcp("127.0.0.1:" + std::to_string((*s)->port()), Soon());
+  SendFrame(c.fd(), FrameType::kPing, 1, {}, "", 0);
+  CHECK(ReadReply(c.fd()).ok());
+}
+
+TEST_CASE("DataServer survives failing to start a connection thread") {
+  Fixture f;
+  f.server->SetFailThreadStartsForTest(true);
+  for (int i = 0; i < 3; ++i) {
+    Socket s = f.Connect();
+    auto r = ReadReply(s.fd());
+    REQUIRE(r.ok());
+    CHECK(r->h.type == FrameType::kError);
+    CHECK(wire::FromWireCode(r->h.status) ==
+          absl::StatusCode::kResourceExhausted);
+    CHECK(r->payload.find("cannot start a thread") != std::string::npos);
+    CHECK(PeerClosed(s.fd()));
+  }
+  DataServerStats st = f.server->Stats();
+  CHECK(st.thread_start_failures == 3);
+  CHECK(st.refused_connections == 3);
+  CHECK(st.open_connections == 0);  // the bookkeeping was undone
+  CHECK(st.accepted_connections == 0);
+  f.server->SetFailThreadStartsForTest(false);
+  Ping(f);
+  CHECK(f.server->Stats().accepted_connections == 1);
+  f.server->Shutdown(absl::Seconds(5));
+  CHECK(f.server->Stats().open_connections == 0);
+}
+
 TEST_CASE("DataServer shuts down promptly with an idle connection") {
   Fixture f;
   Socket idle = f.Connect();

@@ -17,6 +17,7 @@ struct ExtentTable::Extent {
   bool writing = false;     // a WriteTicket is outstanding
   bool live = true;         // in its region's live map (else in retired_)
   bool superseded = false;  // a higher generation took over while writing
+  bool cleared = false;     // dropped by Clear(): blocks no generation
   uint64_t pins = 0;
 };
 
@@ -161,7 +162,8 @@ ExtentTable::OverlappingLive(Region* region, uint64_t addr, uint64_t len) {
 
 bool ExtentTable::RetiredBlocks(const ExtentKey& key) const {
   for (const auto& e : retired_) {
-    if (Overlaps(e->key, key) && e->key.generation >= key.generation) {
+    if (!e->cleared && Overlaps(e->key, key) &&
+        e->key.generation >= key.generation) {
       return true;
     }
   }
@@ -219,6 +221,11 @@ absl::StatusOr<ExtentTable::WriteTicket> ExtentTable::BeginWrite(
     const ExtentKey& key) {
   MutexLock l(&mu_);
   ASSIGN_OR_RETURN(Region * region, FindRegion(key));
+  if (key.generation > generation_ceiling_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "generation ", key.generation, " was not issued by the master (ceiling ",
+        generation_ceiling_, ")"));
+  }
   auto overlapping = OverlappingLive(region, key.addr, key.length);
   for (const auto& it : overlapping) {
     const ExtentKey& o = it->second->key;
@@ -258,9 +265,15 @@ absl::StatusOr<ExtentTable::WriteTicket> ExtentTable::BeginWrite(
     if (cv_.WaitWithDeadline(&mu_, deadline) && busy()) break;
   }
   if (e->superseded) {
+    const bool cleared = e->cleared;
     e->writing = false;
     --writing_;
     MaybeFreeRetired(e);
+    if (cleared) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the master forgot this node's objects while the write waited (",
+          Describe(key), ")"));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "stale allocation: space was reused (", Describe(key),
         " was overtaken by a newer write)"));
@@ -289,8 +302,15 @@ absl::Status ExtentTable::Commit(Extent* e) {
   e->writing = false;
   --writing_;
   if (!e->live) {
-    ExtentKey key = e->key;
+    const ExtentKey key = e->key;
+    const bool cleared = e->cleared;
     MaybeFreeRetired(e);
+    if (cleared) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the master forgot this node's objects while the object was being "
+          "written (",
+          Describe(key), ")"));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "stale allocation: space was reused while the object was being "
         "written (",
@@ -315,6 +335,30 @@ void ExtentTable::Abort(Extent* e) {
   auto it = rit->second.live.find(e->key.addr);
   CHECK(it != rit->second.live.end() && it->second.get() == e);
   rit->second.live.erase(it);
+}
+
+void ExtentTable::SetGenerationCeiling(uint64_t ceiling) {
+  MutexLock l(&mu_);
+  generation_ceiling_ = ceiling;
+}
+
+uint64_t ExtentTable::generation_ceiling() const {
+  MutexLock l(&mu_);
+  return generation_ceiling_;
+}
+
+void ExtentTable::Clear() {
+  MutexLock l(&mu_);
+  // Extents retired earlier are dropped too: none may block a new write.
+  for (auto& e : retired_) e->cleared = true;
+  for (auto& entry : regions_) {
+    Region& region = entry.second;
+    while (!region.live.empty()) {
+      Extent* e = region.live.begin()->second.get();
+      e->cleared = true;
+      Retire(&region, e);  // frees it unless pinned or being written
+    }
+  }
 }
 
 ExtentTableStats ExtentTable::Stats() const {

@@ -21,6 +21,11 @@
 //     do not.
 //   * Of two concurrent writes to overlapping ranges, the lower generation
 //     loses (FailedPrecondition at its BeginWrite or at its Commit).
+//   * A write whose generation is above the generation ceiling (the highest
+//     the master says it has issued) is refused with FailedPrecondition, so
+//     a bogus generation cannot shadow space.
+//   * Clear() forgets every extent at once (the master no longer knows this
+//     node's objects); it never changes bytes under a reader or a writer.
 //
 // Thread safety: safe for concurrent use without external synchronization.
 // ReadPin and WriteTicket are used by one thread at a time and must not
@@ -28,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <vector>
@@ -136,10 +142,25 @@ class ExtentTable {
   absl::StatusOr<ReadPin> PinRead(const ExtentKey& key);
 
   // Starts writing `key`; may block up to drain_timeout for older readers.
-  // Errors: InvalidArgument/OutOfRange as PinRead, FailedPrecondition (an
-  // overlapping extent has the same or a higher generation), Unavailable
-  // (readers of the reused space did not drain in time).
+  // Errors: InvalidArgument/OutOfRange as PinRead, FailedPrecondition (the
+  // generation is above the generation ceiling, or an overlapping extent has
+  // the same or a higher generation), Unavailable (readers of the reused
+  // space did not drain in time).
   absl::StatusOr<WriteTicket> BeginWrite(const ExtentKey& key);
+
+  // Writes with a generation above `ceiling` are refused from now on
+  // (writes already begun are not affected). The ceiling may go down: a
+  // master that lost its state issues generations from a low value again.
+  // Initially there is no ceiling (UINT64_MAX).
+  void SetGenerationCeiling(uint64_t ceiling);
+  uint64_t generation_ceiling() const;
+
+  // Forgets every extent: nothing is readable afterwards and no old
+  // generation blocks a new write. Reads already pinned finish normally and
+  // keep their bytes until released (a new write of the space waits for
+  // them as usual); writes in progress never become readable (their Commit
+  // fails with FailedPrecondition).
+  void Clear();
 
   ExtentTableStats Stats() const;
 
@@ -161,7 +182,9 @@ class ExtentTable {
   bool RetiredBlocks(const ExtentKey& key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `e` from its region's live map; keeps it in retired_ while it is
-  // pinned or written, else frees it.
+  // pinned or written, else frees it. A retired extent blocks writes of
+  // lower generations over its space until it is freed, unless it was
+  // cleared.
   void Retire(Region* region, Extent* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees a retired extent once nothing refers to it.
   void MaybeFreeRetired(Extent* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -173,6 +196,8 @@ class ExtentTable {
   // Constant after construction.
   const absl::Duration drain_timeout_;
 
+  static constexpr uint64_t kNoCeiling = std::numeric_limits<uint64_t>::max();
+
   mutable Mutex mu_;
   CondVar cv_;  // signalled when a retired extent loses a pin or writer
   std::map<uint32_t, Region> regions_ ABSL_GUARDED_BY(mu_);
@@ -182,6 +207,7 @@ class ExtentTable {
   uint64_t readable_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t writing_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pins_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ceiling_ ABSL_GUARDED_BY(mu_) = kNoCeiling;
 };
 
 }  // namespace hymcache::storage

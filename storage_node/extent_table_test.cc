@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <optional>
+#include <string>
 
 #include <catch2/catch.hpp>
 
@@ -300,6 +301,129 @@ TEST_CASE("ExtentTable: concurrent readers and writers stay consistent") {
   CHECK(s.retired == 0);
   CHECK(s.pinned_reads == 0);
   CHECK(s.bytes == s.extents * 128);
+}
+
+TEST_CASE("ExtentTable: Clear drops every extent so low generations can "
+          "write again") {
+  auto t = MakeTable();
+  Store(*t, Key(0, 100, 1000));
+  Store(*t, Key(4096, 100, 2000));
+  // Without Clear a restarted master's low generations are refused forever.
+  CHECK(t->BeginWrite(Key(0, 100, 5)).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  t->Clear();
+  CHECK(PinCode(*t, Key(0, 100, 1000)) == absl::StatusCode::kNotFound);
+  CHECK(PinCode(*t, Key(4096, 100, 2000)) == absl::StatusCode::kNotFound);
+  ExtentTableStats s = t->Stats();
+  CHECK(s.extents == 0);
+  CHECK(s.bytes == 0);
+  CHECK(s.retired == 0);
+  Store(*t, Key(0, 100, 5));
+  Store(*t, Key(4096, 50, 6));
+  CHECK(PinCode(*t, Key(0, 100, 5)) == absl::StatusCode::kOk);
+  CHECK(t->Stats().extents == 2);
+  t->Clear();  // idempotent on an emptied table
+  t->Clear();
+  CHECK(t->Stats().extents == 0);
+}
+
+TEST_CASE("ExtentTable: Clear lets pinned reads finish and fails writes in "
+          "progress") {
+  auto t = MakeTable(absl::Seconds(10));
+  Store(*t, Key(0, 100, 1000));
+  auto pin = t->PinRead(Key(0, 100, 1000));
+  REQUIRE(pin.ok());
+  auto w = t->BeginWrite(Key(4096, 100, 1001));
+  REQUIRE(w.ok());
+  t->Clear();
+  ExtentTableStats s = t->Stats();
+  CHECK(s.extents == 0);
+  CHECK(s.retired == 2);  // the pinned and the written extent
+  CHECK(s.pinned_reads == 1);
+  CHECK(s.writing == 1);
+  // The write in progress never becomes readable.
+  absl::Status c = w->Commit();
+  CHECK(c.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(PinCode(*t, Key(4096, 100, 1001)) == absl::StatusCode::kNotFound);
+  // The cleared extent blocks no lower generation over the written space.
+  Store(*t, Key(4096, 100, 3));
+  // A new write over the pinned space waits for the reader, then succeeds:
+  // the old bytes are not overwritten under it.
+  std::atomic<bool> began{false};
+  absl::Status commit;
+  Thread writer("writer", [&] {
+    auto nw = t->BeginWrite(Key(0, 100, 4));
+    began = true;
+    commit = nw.ok() ? nw->Commit() : nw.status();
+  });
+  REQUIRE(Eventually([&] { return t->Stats().writing == 1; }));
+  absl::SleepFor(absl::Milliseconds(50));
+  CHECK_FALSE(began.load());
+  pin->Release();  // the pinned read finishes normally
+  writer.Join();
+  CHECK(commit.ok());
+  CHECK(PinCode(*t, Key(0, 100, 4)) == absl::StatusCode::kOk);
+  s = t->Stats();
+  CHECK(s.extents == 2);
+  CHECK(s.retired == 0);
+  CHECK(s.pinned_reads == 0);
+  CHECK(s.writing == 0);
+}
+
+TEST_CASE("ExtentTable: Clear also releases extents retired earlier") {
+  auto t = MakeTable(absl::Seconds(10));
+  Store(*t, Key(0, 100, 50));
+  auto pin = t->PinRead(Key(0, 100, 50));
+  REQUIRE(pin.ok());
+  // gen 60 retires gen 50 and waits for its reader.
+  absl::Status s60;
+  Thread w60("w60", [&] {
+    auto w = t->BeginWrite(Key(0, 100, 60));
+    s60 = w.ok() ? w->Commit() : w.status();
+  });
+  REQUIRE(Eventually([&] { return t->Stats().retired == 1; }));
+  t->Clear();
+  w60.Join();  // woken: its extent was cleared
+  CHECK(s60.code() == absl::StatusCode::kFailedPrecondition);
+  // gen 50, still pinned, does not block a lower generation; the write
+  // waits for the pin only.
+  absl::Status s7;
+  Thread w7("w7", [&] {
+    auto w = t->BeginWrite(Key(0, 100, 7));
+    s7 = w.ok() ? w->Commit() : w.status();
+  });
+  REQUIRE(Eventually([&] { return t->Stats().writing == 1; }));
+  pin->Release();
+  w7.Join();
+  CHECK(s7.ok());
+  CHECK(PinCode(*t, Key(0, 100, 7)) == absl::StatusCode::kOk);
+  CHECK(t->Stats().retired == 0);
+}
+
+TEST_CASE("ExtentTable: writes above the generation ceiling are refused") {
+  auto t = MakeTable();
+  CHECK(t->generation_ceiling() == UINT64_MAX);
+  Store(*t, Key(0, 10, 1u << 30));  // no ceiling by default
+  t->SetGenerationCeiling(100);
+  CHECK(t->generation_ceiling() == 100);
+  absl::Status s = t->BeginWrite(Key(4096, 10, 101)).status();
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(s.message()) ==
+        "generation 101 was not issued by the master (ceiling 100)");
+  CHECK(t->Stats().writing == 0);
+  Store(*t, Key(4096, 10, 100));  // at the ceiling: fine
+  CHECK(PinCode(*t, Key(4096, 10, 100)) == absl::StatusCode::kOk);
+  // Reads of extents above the ceiling are not affected.
+  CHECK(PinCode(*t, Key(0, 10, 1u << 30)) == absl::StatusCode::kOk);
+  // Bad region and bounds are still reported as such.
+  CHECK(t->BeginWrite(ExtentKey{2, 0, 10, 500}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  // The ceiling moves both ways.
+  t->SetGenerationCeiling(1000);
+  Store(*t, Key(8192, 10, 500));
+  t->SetGenerationCeiling(10);
+  CHECK(t->BeginWrite(Key(12288, 10, 11)).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_CASE("ExtentTable rejects bad options") {

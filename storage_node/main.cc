@@ -37,8 +37,10 @@ DEFINE_string(dram_bytes, "1G",
               "(binary units), e.g. 256M.");
 DEFINE_int32(numa_node, -1, "NUMA node for the DRAM device (-1: local).");
 DEFINE_uint32(alignment, 4096, "Allocation alignment (power of two).");
-DEFINE_int32(max_connections, 256, "Most data-plane connections at once.");
+DEFINE_int32(max_connections, 1024, "Most data-plane connections at once.");
 DEFINE_int32(io_timeout_ms, 30000, "Bound on one data-plane request (ms).");
+DEFINE_int32(idle_timeout_ms, 60000,
+             "Close a data-plane connection idle this long (ms).");
 DEFINE_int32(drain_timeout_ms, 10000,
              "Graceful shutdown waits this long for requests in progress (ms).");
 
@@ -103,6 +105,7 @@ int main(int argc, char** argv) {
   options.alignment = FLAGS_alignment;
   options.max_connections = FLAGS_max_connections;
   options.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);
+  options.idle_timeout = absl::Milliseconds(FLAGS_idle_timeout_ms);
   options.drain_timeout = absl::Milliseconds(FLAGS_drain_timeout_ms);
   absl::Status valid = options.Validate();
   if (!valid.ok()) {

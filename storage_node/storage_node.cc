@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <exception>
 #include <utility>
 #include <vector>
 
@@ -135,10 +136,11 @@ absl::Status StorageNodeOptions::Validate() const {
         "storage node: max_connections must be >= 1");
   }
   if (io_timeout <= absl::ZeroDuration() ||
+      idle_timeout <= absl::ZeroDuration() ||
       drain_timeout < absl::ZeroDuration() ||
       rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "storage node: io_timeout and rpc_timeout must be > 0, "
+        "storage node: io_timeout, idle_timeout and rpc_timeout must be > 0, "
         "drain_timeout >= 0");
   }
   return absl::OkStatus();
@@ -169,6 +171,7 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   ds.port = options.data_port;
   ds.max_connections = options.max_connections;
   ds.io_timeout = options.io_timeout;
+  ds.idle_timeout = options.idle_timeout;
   ds.device = node->device_.get();
   ds.extents = node->extents_.get();
   ASSIGN_OR_RETURN(node->data_server_, storage::DataServer::Create(ds));
@@ -216,7 +219,12 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
             << options.dram_bytes << " bytes of DRAM; master "
             << options.master_address;
   StorageNode* n = node.get();
-  node->heartbeat_ = Thread("sn-heartbeat", [n] { n->HeartbeatLoop(); });
+  try {
+    node->heartbeat_ = Thread("sn-heartbeat", [n] { n->HeartbeatLoop(); });
+  } catch (const std::exception& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "storage node: cannot start the heartbeat thread: ", e.what()));
+  }
   return node;
 }
 
@@ -286,6 +294,21 @@ absl::Status StorageNode::Register() {
           ? kDefaultHeartbeat
           : std::max(absl::Milliseconds(resp.heartbeat_interval_ms()),
                      absl::Milliseconds(10));
+  // The ceiling first: a write with an old master's (higher) generation
+  // that is still on its way must not land after the table is cleared.
+  ApplyGenerationCeiling(resp.generation_ceiling());
+  if (!resp.objects_retained()) {
+    // The master knows none of our objects (say its metadata was wiped):
+    // drop them, or their generations would refuse its new allocations
+    // over the same space.
+    const uint64_t dropped = extents_->Stats().extents;
+    extents_->Clear();
+    if (dropped > 0) {
+      LOG(WARNING) << "master " << options_.master_address
+                   << " does not retain this node's objects; dropped "
+                   << dropped << " extents";
+    }
+  }
   MutexLock l(&mu_);
   if (node_id_ != 0 && node_id_ != resp.node_id()) {
     LOG(WARNING) << "master changed this node's id from " << node_id_
@@ -305,7 +328,14 @@ absl::StatusOr<bool> StorageNode::Heartbeat(uint32_t node_id) {
   RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
     return master_->stub->Heartbeat(ctx, req, &resp);
   }));
+  ApplyGenerationCeiling(resp.generation_ceiling());
   return resp.reregister();
+}
+
+void StorageNode::ApplyGenerationCeiling(uint64_t ceiling) {
+  // 0: a master that does not send a ceiling; keep the last one.
+  // It may go down (a master that lost its state starts over).
+  if (ceiling != 0) extents_->SetGenerationCeiling(ceiling);
 }
 
 void StorageNode::HeartbeatLoop() {
@@ -397,7 +427,8 @@ void StorageNode::Shutdown() {
   if (heartbeat_.joinable()) {
     LOG(INFO) << "storage node '" << name_ << "' shutting down";
   }
-  if (data_server_ != nullptr) data_server_->Shutdown(options_.drain_timeout);
+  // Leave the master first, so that it stops placing objects here while
+  // the data plane drains.
   uint32_t node_id = 0;
   bool was_registered = false;
   {
@@ -412,11 +443,14 @@ void StorageNode::Shutdown() {
     was_registered = registered_;
     registered_ = false;
   }
-  // Try even after a missed heartbeat: the master may be back.
+  // Try even after a missed heartbeat: the master may be back. Bounded by
+  // rpc_timeout.
   if (master_ != nullptr && node_id != 0) {
     if (!was_registered) VLOG(1) << "deregistering while not registered";
     Deregister(node_id);
   }
+  // Then stop accepting and let requests in progress finish.
+  if (data_server_ != nullptr) data_server_->Shutdown(options_.drain_timeout);
   if (control_server_ != nullptr) {
     control_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
     control_server_->Wait();

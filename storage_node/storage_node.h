@@ -8,7 +8,10 @@
 //
 // Every start is a new incarnation: DRAM contents start afresh, so the node
 // announces a random 64-bit incarnation and the master drops whatever an
-// earlier incarnation held.
+// earlier incarnation held. Conversely, when a registration answer says the
+// master no longer knows the node's objects (e.g. it lost its metadata), the
+// node drops its extents. Every registration and heartbeat answer may carry
+// a generation ceiling; writes claiming a higher generation are refused.
 //
 // Thread safety: safe for concurrent use without external synchronization.
 #pragma once
@@ -64,12 +67,16 @@ struct StorageNodeOptions {
   // Allocation alignment of the region (a power of two), told to the master.
   // Default: 4096
   uint32_t alignment = 4096;
-  // Most data-plane connections served at once.
-  // Default: 256
-  int max_connections = 256;
+  // Most data-plane connections served at once (each holds a thread).
+  // Default: 1024
+  int max_connections = 1024;
   // Bound on receiving and answering one data-plane request.
   // Default: 30 s
   absl::Duration io_timeout = absl::Seconds(30);
+  // A data-plane connection idle (waiting for its next request) longer than
+  // this is closed. absl::InfiniteDuration(): never.
+  // Default: 60 s
+  absl::Duration idle_timeout = absl::Seconds(60);
   // Graceful shutdown waits this long for data-plane requests in progress.
   // Default: 10 s
   absl::Duration drain_timeout = absl::Seconds(10);
@@ -109,10 +116,11 @@ class StorageNode {
   // (or shutdown).
   bool WaitRegistered(absl::Time deadline);
 
-  // Graceful: stops accepting data-plane connections, lets requests in
-  // progress finish (bounded by drain_timeout), deregisters from the master,
-  // and stops every thread and server. Idempotent; concurrent callers wait
-  // for the first to finish.
+  // Graceful: stops heartbeating and deregisters from the master first
+  // (bounded by rpc_timeout) so that it places nothing new here, then stops
+  // accepting data-plane connections and lets requests in progress finish
+  // (bounded by drain_timeout), then stops every other thread and server.
+  // Idempotent; concurrent callers wait for the first to finish.
   void Shutdown();
   // Blocks until Shutdown() has finished.
   void Wait();
@@ -128,6 +136,8 @@ class StorageNode {
   // Returns whether the master asked for a new registration.
   absl::StatusOr<bool> Heartbeat(uint32_t node_id);
   void Deregister(uint32_t node_id);
+  // Applies a ceiling from the master to the extent table; 0 is ignored.
+  void ApplyGenerationCeiling(uint64_t ceiling);
   // Sleeps for `d` or until shutdown starts; false on shutdown.
   bool SleepUnlessStopping(absl::Duration d);
   // Runs `call` with a fresh context that Shutdown can cancel.

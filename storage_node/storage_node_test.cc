@@ -2,12 +2,18 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include <catch2/catch.hpp>
 
 #include "absl/synchronization/mutex.h"
 #include "common/net.h"
 #include "common/wire.h"
 #include "common/mutex.h"
+#include "common/thread.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 
@@ -162,6 +168,8 @@ class FakeMaster final : public v1::MasterService::CallbackService {
     reregister_ = false;
     resp->set_node_id(7);
     resp->set_heartbeat_interval_ms(20);
+    resp->set_objects_retained(objects_retained_);
+    resp->set_generation_ceiling(register_ceiling_);
     return Done(ctx);
   }
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
@@ -172,6 +180,7 @@ class FakeMaster final : public v1::MasterService::CallbackService {
     heartbeat_ok_ = req->node_id() == 7 &&
                     req->incarnation() == last_register_.incarnation();
     resp->set_reregister(reregister_);
+    resp->set_generation_ceiling(heartbeat_ceiling_);
     return Done(ctx);
   }
   grpc::ServerUnaryReactor* DeregisterNode(
@@ -181,6 +190,17 @@ class FakeMaster final : public v1::MasterService::CallbackService {
     ++deregisters_;
     last_deregister_ = *req;
     return Done(ctx);
+  }
+
+  // What the next RegisterNode answers say (0: no ceiling, as an old master).
+  void SetRegisterReply(bool objects_retained, uint64_t ceiling) {
+    MutexLock l(&mu_);
+    objects_retained_ = objects_retained;
+    register_ceiling_ = ceiling;
+  }
+  void SetHeartbeatCeiling(uint64_t ceiling) {
+    MutexLock l(&mu_);
+    heartbeat_ceiling_ = ceiling;
   }
 
   void AskReregister() {
@@ -225,6 +245,9 @@ class FakeMaster final : public v1::MasterService::CallbackService {
   bool heartbeat_ok_ ABSL_GUARDED_BY(mu_) = false;
   int deregisters_ ABSL_GUARDED_BY(mu_) = 0;
   bool reregister_ ABSL_GUARDED_BY(mu_) = false;
+  bool objects_retained_ ABSL_GUARDED_BY(mu_) = true;
+  uint64_t register_ceiling_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t heartbeat_ceiling_ ABSL_GUARDED_BY(mu_) = 0;
   v1::RegisterNodeRequest last_register_ ABSL_GUARDED_BY(mu_);
   v1::DeregisterNodeRequest last_deregister_ ABSL_GUARDED_BY(mu_);
 };
@@ -297,6 +320,193 @@ TEST_CASE("StorageNode registers, heartbeats, re-registers and deregisters") {
   CHECK(master.last_deregister().incarnation() == n.incarnation());
   CHECK_FALSE(n.registered());
   server->Shutdown(absl::ToChronoTime(absl::Now()));
+}
+
+// ---------------------------------------------------------------- data plane
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
+
+wire::OpDesc Op(uint64_t addr, uint64_t len, uint64_t gen) {
+  wire::OpDesc op;
+  op.region_id = 0;
+  op.addr = addr;
+  op.length = len;
+  op.generation = gen;
+  return op;
+}
+
+// Sends a one-op request; for a write, the first `sent` bytes of `data`
+// (all by default).
+void SendRequest(int fd, wire::FrameType type, const wire::OpDesc& op,
+                 const std::string& data, size_t sent = std::string::npos) {
+  std::vector<uint8_t> buf(wire::kHeaderBytes + wire::kOpBytes);
+  wire::FrameHeader h;
+  h.type = type;
+  h.op_count = 1;
+  h.request_id = 1;
+  h.payload_bytes = type == wire::FrameType::kWriteRequest ? op.length : 0;
+  wire::EncodeHeader(h, buf.data());
+  wire::EncodeOp(op, buf.data() + wire::kHeaderBytes);
+  buf.insert(buf.end(), data.begin(),
+             data.begin() + static_cast<ptrdiff_t>(std::min(sent, data.size())));
+  REQUIRE(SendAll(fd, buf.data(), buf.size(), Soon()).ok());
+}
+
+// The status of the op of a one-op response, and its payload.
+std::pair<absl::StatusCode, std::string> RecvResponse(int fd) {
+  uint8_t hdr[wire::kHeaderBytes];
+  REQUIRE(RecvAll(fd, hdr, sizeof(hdr), Soon()).ok());
+  auto h = wire::DecodeHeader(hdr);
+  REQUIRE(h.ok());
+  REQUIRE(h->op_count == 1);
+  uint8_t op[wire::kOpBytes];
+  REQUIRE(RecvAll(fd, op, sizeof(op), Soon()).ok());
+  std::string payload(h->payload_bytes, '\0');
+  if (!payload.empty()) {
+    REQUIRE(RecvAll(fd, payload.data(), payload.size(), Soon()).ok());
+  }
+  return {wire::FromWireCode(wire::DecodeOp(op).status), payload};
+}
+
+absl::StatusCode WriteCode(int fd, uint64_t addr, uint64_t gen,
+                           const std::string& data) {
+  SendRequest(fd, wire::FrameType::kWriteRequest, Op(addr, data.size(), gen),
+              data);
+  return RecvResponse(fd).first;
+}
+
+std::pair<absl::StatusCode, std::string> ReadObject(int fd, uint64_t addr,
+                                                    uint64_t len, uint64_t gen) {
+  SendRequest(fd, wire::FrameType::kReadRequest, Op(addr, len, gen), "");
+  return RecvResponse(fd);
+}
+
+struct Cluster {
+  Cluster() {
+    server = StartMaster(&master, 0, &port);
+    REQUIRE(server != nullptr);
+  }
+  ~Cluster() {
+    node.reset();
+    server->Shutdown(absl::ToChronoTime(absl::Now()));
+  }
+  StorageNode& Start(StorageNodeOptions o = Options()) {
+    o.master_address = "127.0.0.1:" + std::to_string(port);
+    auto created = StorageNode::Create(o);
+    REQUIRE(created.ok());
+    node = std::move(*created);
+    REQUIRE(node->WaitRegistered(absl::Now() + absl::Seconds(20)));
+    return *node;
+  }
+  Socket Connect() {
+    auto s = ConnectTcp(node->data_address(), Soon());
+    REQUIRE(s.ok());
+    return std::move(*s);
+  }
+  // Has the master ask for a new registration and waits until the node has
+  // taken the answer in.
+  void Reregister() {
+    const int before = master.registers();
+    master.AskReregister();
+    REQUIRE(Eventually([&] { return master.registers() > before; }));
+    // registered() turned false before the RegisterNode call and turns true
+    // after its answer has been applied.
+    REQUIRE(node->WaitRegistered(absl::Now() + absl::Seconds(20)));
+  }
+  // Waits until the node has applied at least one heartbeat answer given
+  // after this call.
+  void AwaitHeartbeat() {
+    const int before = master.heartbeats();
+    // The node sends a heartbeat only after handling the previous answer.
+    REQUIRE(Eventually([&] { return master.heartbeats() >= before + 2; }));
+  }
+
+  FakeMaster master;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<StorageNode> node;
+};
+
+TEST_CASE("StorageNode drops its extents when the master does not retain "
+          "its objects") {
+  Cluster c;
+  c.master.SetRegisterReply(/*objects_retained=*/true, /*ceiling=*/10000);
+  c.Start();
+  Socket s = c.Connect();
+  REQUIRE(WriteCode(s.fd(), 0, 1000, "old-data") == absl::StatusCode::kOk);
+
+  // A master that still knows the node's objects: they stay.
+  c.Reregister();
+  auto r = ReadObject(s.fd(), 0, 8, 1000);
+  CHECK(r.first == absl::StatusCode::kOk);
+  CHECK(r.second == "old-data");
+
+  // The master lost its metadata and restarted: its generations start low.
+  c.master.SetRegisterReply(/*objects_retained=*/false, /*ceiling=*/100);
+  c.Reregister();
+  CHECK(ReadObject(s.fd(), 0, 8, 1000).first == absl::StatusCode::kNotFound);
+  // The old generation no longer refuses new writes over its space.
+  CHECK(WriteCode(s.fd(), 0, 5, "new-data") == absl::StatusCode::kOk);
+  r = ReadObject(s.fd(), 0, 8, 5);
+  CHECK(r.first == absl::StatusCode::kOk);
+  CHECK(r.second == "new-data");
+}
+
+TEST_CASE("StorageNode refuses writes above the master's generation "
+          "ceiling") {
+  Cluster c;
+  c.master.SetRegisterReply(/*objects_retained=*/false, /*ceiling=*/100);
+  c.master.SetHeartbeatCeiling(0);  // not sent: keep the last ceiling
+  c.Start();
+  c.AwaitHeartbeat();
+  Socket s = c.Connect();
+  CHECK(WriteCode(s.fd(), 0, 101, "bogus") ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(ReadObject(s.fd(), 0, 5, 101).first == absl::StatusCode::kNotFound);
+  CHECK(WriteCode(s.fd(), 0, 100, "fine") == absl::StatusCode::kOk);
+
+  // Heartbeats raise it.
+  c.master.SetHeartbeatCeiling(1000);
+  c.AwaitHeartbeat();
+  CHECK(WriteCode(s.fd(), 4096, 500, "later") == absl::StatusCode::kOk);
+  CHECK(WriteCode(s.fd(), 8192, 1001, "bogus") ==
+        absl::StatusCode::kFailedPrecondition);
+  // And may lower it.
+  c.master.SetHeartbeatCeiling(600);
+  c.AwaitHeartbeat();
+  CHECK(WriteCode(s.fd(), 8192, 700, "bogus") ==
+        absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("StorageNode deregisters before draining the data plane") {
+  Cluster c;
+  c.master.SetRegisterReply(/*objects_retained=*/true, /*ceiling=*/1000);
+  StorageNodeOptions o = Options();
+  o.drain_timeout = absl::Seconds(60);  // longer than Eventually waits
+  StorageNode& n = c.Start(o);
+  Socket a = c.Connect();
+  Socket b = c.Connect();
+  // A write in progress on `a`: header and half of the payload.
+  SendRequest(a.fd(), wire::FrameType::kWriteRequest, Op(0, 8, 50), "12345678",
+              4);
+  // Once it has begun, a lower generation over its space is refused (before
+  // that, the lower one is accepted and then superseded: harmless).
+  REQUIRE(Eventually([&] {
+    return WriteCode(b.fd(), 0, 49, "xxxxxxxx") ==
+           absl::StatusCode::kFailedPrecondition;
+  }));
+
+  Thread stopper("stopper", [&] { n.Shutdown(); });
+  // The master hears of the leave while the request is still in progress.
+  CHECK(Eventually([&] { return c.master.deregisters() == 1; }));
+  CHECK_FALSE(n.registered());
+  // The request in progress still completes.
+  REQUIRE(SendAll(a.fd(), "5678", 4, Soon()).ok());
+  CHECK(RecvResponse(a.fd()).first == absl::StatusCode::kOk);
+  stopper.Join();
+  CHECK(c.master.deregisters() == 1);
+  n.Shutdown();  // idempotent
+  CHECK(c.master.deregisters() == 1);
 }
 
 }  // namespace
