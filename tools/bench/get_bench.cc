@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -30,36 +31,41 @@
 DEFINE_uint64(block_mib, 16, "block size in MiB");
 DEFINE_int32(blocks, 16, "blocks per Get");
 DEFINE_int32(rounds, 8, "timed Gets");
+DEFINE_int32(trials, 3, "alternating trials of each measurement");
 DEFINE_string(db_path, "", "master RocksDB dir (default: a temp dir)");
 
 namespace hymcache {
 namespace {
 
+// One TCP stream: the client sends a 1-byte request, the server answers with
+// the next block. Source and destination footprints match the GET run
+// (`blocks` distinct blocks each side), so both pay the same memory traffic.
 double RawSocketGBps(size_t block, int blocks, int rounds) {
   auto ls = ListenTcp("127.0.0.1", 0);
   if (!ls.ok()) return -1;
   int port = *LocalPort(ls->fd());
-  std::vector<char> src(block, 'x');
+  std::vector<std::vector<char>> src(blocks, std::vector<char>(block, 'x'));
   Thread server("raw-server", [&] {
     int fd = accept(ls->fd(), nullptr, nullptr);
     Socket s(fd);
     TuneDataSocket(fd);
     char c;
-    while (RecvAll(fd, &c, 1, absl::InfiniteFuture()).ok()) {
-      if (!SendAll(fd, src.data(), src.size(), absl::InfiniteFuture()).ok()) break;
+    for (size_t i = 0; RecvAll(fd, &c, 1, absl::InfiniteFuture()).ok(); ++i) {
+      const auto& b = src[i % src.size()];
+      if (!SendAll(fd, b.data(), b.size(), absl::InfiniteFuture()).ok()) break;
     }
   });
   auto c = ConnectTcp(absl::StrCat("127.0.0.1:", port), absl::InfiniteFuture());
-  std::vector<char> dst(block);
-  auto one = [&] {
+  std::vector<std::vector<char>> dst(blocks, std::vector<char>(block));
+  auto one = [&](int i) {
     char r = 'r';
     SendAll(c->fd(), &r, 1, absl::InfiniteFuture()).IgnoreError();
-    RecvAll(c->fd(), dst.data(), dst.size(), absl::InfiniteFuture()).IgnoreError();
+    RecvAll(c->fd(), dst[i].data(), block, absl::InfiniteFuture()).IgnoreError();
   };
-  for (int i = 0; i < blocks; ++i) one();  // warm up
+  for (int i = 0; i < blocks; ++i) one(i);  // warm up
   absl::Time t0 = absl::Now();
   for (int r = 0; r < rounds; ++r) {
-    for (int i = 0; i < blocks; ++i) one();
+    for (int i = 0; i < blocks; ++i) one(i);
   }
   double secs = absl::ToDoubleSeconds(absl::Now() - t0);
   c->Close();
@@ -107,22 +113,29 @@ int Main() {
     return 1;
   }
   (*client)->Get(keys, out).IgnoreError();  // warm up
-  absl::Time t0 = absl::Now();
-  size_t loaded = 0;
-  for (int r = 0; r < FLAGS_rounds; ++r) {
-    auto g = (*client)->Get(keys, out);
-    if (g.ok()) loaded += g->loaded;
+  printf("block=%zu MiB blocks/get=%d rounds=%d trials=%d\n", block >> 20,
+         FLAGS_blocks, FLAGS_rounds, FLAGS_trials);
+  bool ok = true;
+  double best_get = 0, best_raw = 0;
+  for (int trial = 0; trial < FLAGS_trials; ++trial) {
+    absl::Time t0 = absl::Now();
+    size_t loaded = 0;
+    for (int r = 0; r < FLAGS_rounds; ++r) {
+      auto g = (*client)->Get(keys, out);
+      if (g.ok()) loaded += g->loaded;
+    }
+    double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+    double get = static_cast<double>(block) * loaded / secs / 1e9;
+    ok = ok && loaded == static_cast<size_t>(FLAGS_rounds) * keys.size();
+    for (int i = 0; i < FLAGS_blocks && ok; ++i) ok = dst[i] == data[i];
+    double raw = RawSocketGBps(block, FLAGS_blocks, FLAGS_rounds);
+    printf("trial %d: raw loopback socket %6.2f GB/s, hymcache GET (tcp) %6.2f GB/s (%.2fx)\n",
+           trial, raw, get, get / raw);
+    best_get = std::max(best_get, get);
+    best_raw = std::max(best_raw, raw);
   }
-  double secs = absl::ToDoubleSeconds(absl::Now() - t0);
-  double get = static_cast<double>(block) * loaded / secs / 1e9;
-  bool ok = loaded == static_cast<size_t>(FLAGS_rounds) * keys.size();
-  for (int i = 0; i < FLAGS_blocks && ok; ++i) ok = dst[i] == data[i];
-  double raw = RawSocketGBps(block, FLAGS_blocks, FLAGS_rounds);
-  printf("block=%zu MiB blocks/get=%d rounds=%d\n", block >> 20, FLAGS_blocks,
-         FLAGS_rounds);
-  printf("raw loopback socket : %6.2f GB/s\n", raw);
-  printf("hymcache GET (tcp)  : %6.2f GB/s  (%.2fx raw)%s\n", get, get / raw,
-         ok ? "" : "  DATA MISMATCH");
+  printf("best: raw loopback socket %6.2f GB/s, hymcache GET (tcp) %6.2f GB/s  (%.2fx raw)%s\n",
+         best_raw, best_get, best_get / best_raw, ok ? "" : "  DATA MISMATCH");
   node->get()->Shutdown();
   master->get()->Shutdown();
   std::string rm = "rm -rf " + db;
