@@ -189,11 +189,12 @@ void DataServer::Accept() {
   if (admitted) {
     // Outside mu_: creating a thread can be slow, and it can fail. Only this
     // thread reaps `c`, and Shutdown touches conns_ only after joining it.
+    // Counted before the thread starts: it may answer a request (and the
+    // client read Stats) before this thread runs again.
+    accepted_.fetch_add(1, std::memory_order_relaxed);
     absl::Status started = StartConnThread(c);
-    if (started.ok()) {
-      accepted_.fetch_add(1, std::memory_order_relaxed);
-      return;
-    }
+    if (started.ok()) return;
+    accepted_.fetch_sub(1, std::memory_order_relaxed);
     {
       MutexLock l(&mu_);
       --active_;
