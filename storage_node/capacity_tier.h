@@ -1,0 +1,90 @@
+// CapacityTier: the durable side of the hybrid device.
+//
+// It owns the capacity file (a regular file or a block device) and its
+// BlockIo, and remembers which object extents are durably in it:
+//
+//   [ header, kHeaderBytes ][ data area: capacity_bytes ]
+//
+// The header identifies the format (magic + version), the node that owns
+// the file, the node's incarnation and the capacity, with a checksum. Opening
+// a file without a valid header formats it (new random incarnation); opening
+// one with a valid header adopts it (same incarnation), so a restarted node
+// serves its flushed objects again. A header naming another node, another
+// capacity, or another format version is refused (FailedPrecondition).
+//
+// Durable extents: after an object's bytes are written to the data area, the
+// hybrid device calls Record(); before it overwrites space that a durable
+// extent covers, it calls Forget() for that range. Both are durable when they
+// return (RocksDB with synced writes, in `metadata_dir`). On open, Extents()
+// lists what survives, to be re-adopted by the node's extent table: an
+// object acknowledged but never flushed before a crash is simply absent
+// (a miss), never served with wrong bytes.
+//
+// Thread safety: safe for concurrent use.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "storage_node/block_io.h"
+
+namespace hymcache::storage {
+
+struct CapacityTierOptions {
+  // Capacity file or block device. Required.
+  std::string path;
+  // Bytes of the data area (the region the master allocates in); a multiple
+  // of BlockIo::kAlignment. Required.
+  uint64_t capacity_bytes = 0;
+  // Name of the owning storage node, stored in the header. Required.
+  std::string node_name;
+  // Directory of the durable extent record (RocksDB).
+  // Default: "" = path + ".meta" (set it explicitly for block devices).
+  std::string metadata_dir;
+  // I/O engine settings; path and size_bytes are filled in by Open.
+  BlockIoOptions io;
+};
+
+// One object's bytes durably in the data area. `tag` is the caller's
+// (the allocation generation).
+struct DurableExtent {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint64_t tag = 0;
+};
+
+class CapacityTier {
+ public:
+  static constexpr uint64_t kHeaderBytes = 1 << 20;
+  static constexpr uint32_t kFormatVersion = 1;
+
+  // Formats or adopts `path` (see the file comment).
+  static absl::StatusOr<std::unique_ptr<CapacityTier>> Open(
+      const CapacityTierOptions& options);
+  virtual ~CapacityTier() = default;
+
+  // The incarnation in the header: new when formatted, kept when adopted.
+  virtual uint64_t incarnation() const = 0;
+  // Whether Open adopted an existing file (vs formatting a new one).
+  virtual bool adopted() const = 0;
+  virtual uint64_t capacity_bytes() const = 0;
+
+  // I/O on the file. Data-area address `addr` is file offset
+  // kHeaderBytes + addr.
+  virtual BlockIo* io() = 0;
+
+  // Durable extents as of Open.
+  virtual std::vector<DurableExtent> Extents() const = 0;
+  // Durably forgets every extent overlapping [addr, addr + length).
+  virtual absl::Status Forget(uint64_t addr, uint64_t length) = 0;
+  // Durably records extents whose bytes are now in the data area (one synced
+  // batch). Each replaces any extent overlapping it.
+  virtual absl::Status Record(absl::Span<const DurableExtent> extents) = 0;
+};
+
+}  // namespace hymcache::storage
