@@ -78,7 +78,7 @@ class CapacityTier {
   // kHeaderBytes + addr.
   virtual BlockIo* io() = 0;
 
-  // Durable extents as of Open.
+  // The durable extents now (right after Open: what survived).
   virtual std::vector<DurableExtent> Extents() const = 0;
   // Durably forgets every extent overlapping [addr, addr + length).
   virtual absl::Status Forget(uint64_t addr, uint64_t length) = 0;

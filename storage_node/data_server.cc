@@ -444,7 +444,7 @@ bool DataServer::HandleWrite(int fd, const wire::FrameHeader& h,
     WriteView view;
     if (st.ok()) {
       absl::StatusOr<WriteView> v =
-          device->BeginWrite(op.region_id, op.addr, op.length);
+          device->BeginWrite(op.region_id, op.addr, op.length, op.generation);
       if (v.ok()) {
         view = *v;
       } else {

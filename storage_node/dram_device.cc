@@ -186,7 +186,8 @@ void DramDevice::ReleaseRead(const ReadView& view) {
 }
 
 absl::StatusOr<WriteView> DramDevice::BeginWrite(uint32_t region, uint64_t addr,
-                                                 uint64_t len) {
+                                                 uint64_t len,
+                                                 uint64_t /*tag*/) {
   absl::Status s = Check(region, addr, len);
   if (!s.ok()) return s;
   outstanding_writes_.fetch_add(1, std::memory_order_relaxed);

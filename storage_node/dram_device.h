@@ -60,7 +60,7 @@ class DramDevice final : public MemoryDevice {
   void ReleaseRead(const ReadView& view) override;
 
   absl::StatusOr<WriteView> BeginWrite(uint32_t region, uint64_t addr,
-                                       uint64_t len) override;
+                                       uint64_t len, uint64_t tag) override;
   absl::Status CommitWrite(const WriteView& view) override;
   void AbortWrite(const WriteView& view) override;
 

@@ -36,7 +36,7 @@ TEST_CASE("DramDevice describes one non-persistent dram region") {
 
 TEST_CASE("DramDevice writes and reads bytes in place") {
   auto dev = MakeDevice();
-  auto w = dev->BeginWrite(3, 4096, 5);
+  auto w = dev->BeginWrite(3, 4096, 5, /*tag=*/1);
   REQUIRE(w.ok());
   std::memcpy(w->data, "hello", 5);
   REQUIRE(dev->CommitWrite(*w).ok());
@@ -48,7 +48,7 @@ TEST_CASE("DramDevice writes and reads bytes in place") {
   dev->ReleaseRead(*r);
 
   // The last byte of the region is addressable.
-  auto last = dev->BeginWrite(3, kCap - 1, 1);
+  auto last = dev->BeginWrite(3, kCap - 1, 1, /*tag=*/1);
   REQUIRE(last.ok());
   last->data[0] = 0x7f;
   dev->AbortWrite(*last);
@@ -78,9 +78,9 @@ TEST_CASE("DramDevice bounds-checks every call") {
         absl::StatusCode::kOutOfRange);
   CHECK(dev->AcquireRead(3, 10, kMax).status().code() ==
         absl::StatusCode::kOutOfRange);
-  CHECK(dev->BeginWrite(3, kMax, kMax).status().code() ==
+  CHECK(dev->BeginWrite(3, kMax, kMax, /*tag=*/1).status().code() ==
         absl::StatusCode::kOutOfRange);
-  CHECK(dev->BeginWrite(0, 0, 1).status().code() ==
+  CHECK(dev->BeginWrite(0, 0, 1, /*tag=*/1).status().code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(dev->PrefetchObject(3, kCap, 1).status().code() ==
         absl::StatusCode::kOutOfRange);
@@ -92,7 +92,7 @@ TEST_CASE("DramDevice bounds-checks every call") {
 
 TEST_CASE("DramDevice prefetches are ready at once") {
   auto dev = MakeDevice();
-  auto w = dev->BeginWrite(3, 100, 3);
+  auto w = dev->BeginWrite(3, 100, 3, /*tag=*/1);
   REQUIRE(w.ok());
   std::memcpy(w->data, "abc", 3);
   REQUIRE(dev->CommitWrite(*w).ok());
@@ -108,7 +108,7 @@ TEST_CASE("DramDevice prefetches are ready at once") {
 TEST_CASE("DramDevice falls back when the NUMA node does not exist") {
   auto dev = MakeDevice(/*numa_node=*/4000);
   CHECK_FALSE(dev->numa_allocated());
-  auto w = dev->BeginWrite(3, 0, 1);
+  auto w = dev->BeginWrite(3, 0, 1, /*tag=*/1);
   REQUIRE(w.ok());
   w->data[0] = 1;
   REQUIRE(dev->CommitWrite(*w).ok());

@@ -51,7 +51,7 @@ class FakeMemoryDevice final : public MemoryDevice {
   void ReleaseRead(const ReadView&) override { --outstanding_reads_; }
 
   absl::StatusOr<WriteView> BeginWrite(uint32_t region, uint64_t addr,
-                                       uint64_t len) override {
+                                       uint64_t len, uint64_t /*tag*/) override {
     absl::Status s = Check(region, addr, len);
     if (!s.ok()) return s;
     if (refuse_writes_) {

@@ -85,6 +85,14 @@ struct MemoryDeviceStats {
   uint64_t outstanding_writes = 0;  // begun, not yet committed or aborted
 };
 
+// An object a persistent device holds durably, as found at start-up.
+struct RecoveredExtent {
+  uint32_t region_id = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint64_t generation = 0;
+};
+
 // Checks that [addr, addr + len) lies in a region of `capacity` bytes:
 // InvalidArgument for len 0, OutOfRange beyond the region or on overflow.
 // Shared by the devices and the extent table so their errors agree.
@@ -111,10 +119,13 @@ class MemoryDevice {
   // bytes become the region's contents only on CommitWrite; AbortWrite
   // discards the view (the range's contents are then unspecified). Every
   // successful BeginWrite must end in exactly one CommitWrite or AbortWrite.
+  // `tag` is an opaque caller tag recorded with the object by durable
+  // devices (the allocation generation), returned by RecoveredExtents after a
+  // restart; DRAM ignores it.
   // Errors: as AcquireRead; ResourceExhausted ("write buffer full") when the
   // device refuses the write at once.
   virtual absl::StatusOr<WriteView> BeginWrite(uint32_t region, uint64_t addr,
-                                               uint64_t len) = 0;
+                                               uint64_t len, uint64_t tag) = 0;
   // Errors: Unavailable/DataLoss (hybrid: the write could not be persisted).
   // The view is finished either way.
   virtual absl::Status CommitWrite(const WriteView& view) = 0;
@@ -132,6 +143,11 @@ class MemoryDevice {
   virtual void PrefetchRelease(const PrefetchHandle& handle) = 0;
 
   virtual MemoryDeviceStats Stats() const = 0;
+
+  // Objects a persistent device still holds after a restart, for the node to
+  // re-adopt into its extent table (generation = the BeginWrite tag). Empty
+  // for volatile devices. Constant for the device's lifetime.
+  virtual std::vector<RecoveredExtent> RecoveredExtents() const { return {}; }
 };
 
 }  // namespace hymcache::storage

@@ -1,0 +1,518 @@
+#include "storage_node/capacity_tier.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/iterator.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include <array>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace hymcache::storage {
+namespace {
+
+// ------------------------------------------------------------------ header
+//
+// The first kHeaderMeaningful bytes of the file, little-endian:
+//   [0, 8)      magic "HYMCCAP\0"
+//   [8, 12)     format version (u32)
+//   [12, 16)    reserved, zero
+//   [16, 24)    capacity_bytes (u64)
+//   [24, 32)    incarnation (u64, nonzero)
+//   [32, 40)    creation time, Unix microseconds (i64)
+//   [40, 41)    node name length (u8)
+//   [41, 296)   node name, zero-padded
+//   [4092, 4096) CRC32C of bytes [0, 4092)
+// The rest of kHeaderBytes is reserved (never read).
+constexpr size_t kHeaderMeaningful = 4096;
+constexpr char kMagic[8] = {'H', 'Y', 'M', 'C', 'C', 'A', 'P', '\0'};
+constexpr size_t kVersionOff = 8;
+constexpr size_t kCapacityOff = 16;
+constexpr size_t kIncarnationOff = 24;
+constexpr size_t kCreatedOff = 32;
+constexpr size_t kNameLenOff = 40;
+constexpr size_t kNameOff = 41;
+constexpr size_t kMaxNodeName = 255;
+constexpr size_t kChecksumOff = kHeaderMeaningful - 4;
+
+static_assert(kNameOff + kMaxNodeName <= kChecksumOff);
+static_assert(kHeaderMeaningful % BlockIo::kAlignment == 0);
+static_assert(CapacityTier::kHeaderBytes % BlockIo::kAlignment == 0);
+
+void Put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void Put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t Get32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+uint64_t Get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// CRC32C (Castagnoli), bytewise table: the header is checked once per open.
+uint32_t Crc32c(const uint8_t* data, size_t n) {
+  static const std::array<uint32_t, 256> kTable = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  uint32_t crc = ~0u;
+  for (size_t i = 0; i < n; ++i) crc = kTable[(crc ^ data[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+struct Header {
+  uint32_t version = 0;
+  uint64_t capacity_bytes = 0;
+  uint64_t incarnation = 0;
+  int64_t created_micros = 0;
+  std::string node_name;
+};
+
+void EncodeHeader(const Header& h, uint8_t* buf) {
+  std::memset(buf, 0, kHeaderMeaningful);
+  std::memcpy(buf, kMagic, sizeof(kMagic));
+  Put32(buf + kVersionOff, h.version);
+  Put64(buf + kCapacityOff, h.capacity_bytes);
+  Put64(buf + kIncarnationOff, h.incarnation);
+  Put64(buf + kCreatedOff, static_cast<uint64_t>(h.created_micros));
+  buf[kNameLenOff] = static_cast<uint8_t>(h.node_name.size());
+  std::memcpy(buf + kNameOff, h.node_name.data(), h.node_name.size());
+  Put32(buf + kChecksumOff, Crc32c(buf, kChecksumOff));
+}
+
+// What the first bytes of the file turned out to be.
+enum class HeaderKind {
+  kValid,         // ours, version kFormatVersion, checksum good
+  kOtherVersion,  // ours (magic), another format version: never touched
+  kCorrupt,       // magic and our version, but a bad checksum
+  kBlank,         // all zero: a new file
+  kForeign,       // something else entirely
+};
+
+HeaderKind DecodeHeader(const uint8_t* buf, Header* h) {
+  if (std::memcmp(buf, kMagic, sizeof(kMagic)) != 0) {
+    for (size_t i = 0; i < kHeaderMeaningful; ++i) {
+      if (buf[i] != 0) return HeaderKind::kForeign;
+    }
+    return HeaderKind::kBlank;
+  }
+  h->version = Get32(buf + kVersionOff);
+  // Checked before the checksum: another version may lay the rest out
+  // differently, and its file must never be reformatted by this one.
+  if (h->version != CapacityTier::kFormatVersion) {
+    return HeaderKind::kOtherVersion;
+  }
+  if (Crc32c(buf, kChecksumOff) != Get32(buf + kChecksumOff)) {
+    return HeaderKind::kCorrupt;
+  }
+  size_t name_len = buf[kNameLenOff];
+  h->capacity_bytes = Get64(buf + kCapacityOff);
+  h->incarnation = Get64(buf + kIncarnationOff);
+  h->created_micros = static_cast<int64_t>(Get64(buf + kCreatedOff));
+  h->node_name.assign(reinterpret_cast<const char*>(buf + kNameOff), name_len);
+  if (h->incarnation == 0) return HeaderKind::kCorrupt;
+  return HeaderKind::kValid;
+}
+
+// ------------------------------------------------------------- metadata DB
+//
+// Keys (bytewise order):
+//   "e" + big-endian addr (9 bytes) -> little-endian length u64 + tag u64
+//   "m:incarnation"                 -> little-endian u64: the header
+//                                      incarnation the extents belong to
+// Big-endian addresses make key order address order.
+constexpr char kExtentPrefix = 'e';
+constexpr size_t kExtentKeySize = 9;
+constexpr size_t kExtentValueSize = 16;
+constexpr char kIncarnationKey[] = "m:incarnation";
+
+std::string ExtentKey(uint64_t addr) {
+  std::string k(kExtentKeySize, '\0');
+  k[0] = kExtentPrefix;
+  for (int i = 0; i < 8; ++i) {
+    k[1 + i] = static_cast<char>(addr >> (8 * (7 - i)));
+  }
+  return k;
+}
+
+uint64_t ExtentKeyAddr(const rocksdb::Slice& k) {
+  uint64_t v = 0;
+  for (size_t i = 1; i < kExtentKeySize; ++i) {
+    v = (v << 8) | static_cast<uint8_t>(k.data()[i]);
+  }
+  return v;
+}
+
+std::string U64Value(uint64_t v) {
+  std::string s(8, '\0');
+  Put64(reinterpret_cast<uint8_t*>(s.data()), v);
+  return s;
+}
+
+std::string ExtentValue(uint64_t length, uint64_t tag) {
+  return U64Value(length) + U64Value(tag);
+}
+
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  std::string msg = absl::StrCat("capacity tier: ", what, ": ", s.ToString());
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  if (s.IsIOError() || s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) {
+    return absl::UnavailableError(msg);
+  }
+  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
+  return absl::InternalError(msg);
+}
+
+struct ExtentInfo {
+  uint64_t length;
+  uint64_t tag;
+};
+using ExtentMap = std::map<uint64_t, ExtentInfo>;
+
+class CapacityTierImpl final : public CapacityTier {
+ public:
+  CapacityTierImpl(const CapacityTierOptions& options, std::unique_ptr<BlockIo> io,
+                   Header header, bool adopted)
+      : options_(options),
+        io_(std::move(io)),
+        header_(std::move(header)),
+        adopted_(adopted) {}
+
+  ~CapacityTierImpl() override {
+    if (db_ != nullptr) {
+      rocksdb::Status s = db_->Close();
+      if (!s.ok()) LOG(WARNING) << "capacity tier: close db: " << s.ToString();
+    }
+  }
+
+  // Opens the extent DB and loads the extents of this incarnation.
+  absl::Status OpenDb(const std::string& dir);
+
+  uint64_t incarnation() const override { return header_.incarnation; }
+  bool adopted() const override { return adopted_; }
+  uint64_t capacity_bytes() const override { return header_.capacity_bytes; }
+  BlockIo* io() override { return io_.get(); }
+
+  // The current durable extents, in address order. Right after Open these
+  // are the extents that survived from before; afterwards they include every
+  // Record/Forget since.
+  std::vector<DurableExtent> Extents() const override {
+    MutexLock l(&mu_);
+    std::vector<DurableExtent> out;
+    out.reserve(extents_.size());
+    for (const auto& [addr, e] : extents_) {
+      out.push_back(DurableExtent{addr, e.length, e.tag});
+    }
+    return out;
+  }
+
+  absl::Status Forget(uint64_t addr, uint64_t length) override {
+    if (length == 0) return absl::OkStatus();
+    if (addr + length < addr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "capacity tier: Forget range [", addr, ", +", length, ") wraps"));
+    }
+    MutexLock l(&mu_);
+    rocksdb::WriteBatch batch;
+    Undo undo;
+    EraseOverlapsLocked(addr, length, &batch, &undo);
+    if (undo.empty()) return absl::OkStatus();
+    return CommitLocked(&batch, &undo, "forget");
+  }
+
+  absl::Status Record(absl::Span<const DurableExtent> extents) override {
+    for (const DurableExtent& e : extents) {
+      if (e.length == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "capacity tier: Record of an empty extent at ", e.addr));
+      }
+      if (e.addr > header_.capacity_bytes ||
+          e.length > header_.capacity_bytes - e.addr) {
+        return absl::OutOfRangeError(absl::StrCat(
+            "capacity tier: extent [", e.addr, ", +", e.length,
+            ") outside the data area of ", header_.capacity_bytes, " bytes"));
+      }
+    }
+    if (extents.empty()) return absl::OkStatus();
+    MutexLock l(&mu_);
+    rocksdb::WriteBatch batch;
+    Undo undo;
+    // In order, so a later extent of the batch replaces an earlier one.
+    for (const DurableExtent& e : extents) {
+      EraseOverlapsLocked(e.addr, e.length, &batch, &undo);
+      batch.Put(ExtentKey(e.addr), ExtentValue(e.length, e.tag));
+      ExtentInfo info{e.length, e.tag};
+      extents_.emplace(e.addr, info);
+      undo.push_back(UndoStep{true, e.addr, info});
+    }
+    return CommitLocked(&batch, &undo, "record");
+  }
+
+ private:
+  // Mirror changes are applied while the batch is built, so overlaps within
+  // one batch resolve in order; if the batch then fails, they are undone in
+  // reverse.
+  struct UndoStep {
+    bool inserted;  // else erased
+    uint64_t addr;
+    ExtentInfo info;
+  };
+  using Undo = std::vector<UndoStep>;
+
+  void EraseOverlapsLocked(uint64_t addr, uint64_t length,
+                           rocksdb::WriteBatch* batch, Undo* undo)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint64_t end = addr + length;
+    // The greatest extent starting at or before addr may reach into the
+    // range; extents are disjoint, so no earlier one can.
+    auto it = extents_.upper_bound(addr);
+    if (it != extents_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second.length > addr) it = prev;
+    }
+    while (it != extents_.end() && it->first < end) {
+      batch->Delete(ExtentKey(it->first));
+      undo->push_back(UndoStep{false, it->first, it->second});
+      it = extents_.erase(it);
+    }
+  }
+
+  absl::Status CommitLocked(rocksdb::WriteBatch* batch, Undo* undo,
+                            absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    absl::Status s = FromRocks(db_->Write(wo, batch), what);
+    if (s.ok()) return s;
+    for (auto it = undo->rbegin(); it != undo->rend(); ++it) {
+      if (it->inserted) {
+        extents_.erase(it->addr);
+      } else {
+        extents_.emplace(it->addr, it->info);
+      }
+    }
+    return s;
+  }
+
+  // Constant after construction.
+  const CapacityTierOptions options_;
+  const std::unique_ptr<BlockIo> io_;
+  const Header header_;
+  const bool adopted_;
+  std::unique_ptr<rocksdb::DB> db_;  // set once by OpenDb
+
+  // Serialises Record/Forget, so that DB and mirror change in the same order.
+  mutable Mutex mu_;
+  // Mirror of the DB's extents: disjoint, keyed by addr.
+  ExtentMap extents_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status CapacityTierImpl::OpenDb(const std::string& dir) {
+  rocksdb::Options db_options;
+  db_options.create_if_missing = true;
+  db_options.max_background_jobs = 2;
+  db_options.keep_log_file_num = 4;
+  rocksdb::DB* raw = nullptr;
+  RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(db_options, dir, &raw),
+                            absl::StrCat("open ", dir)));
+  db_.reset(raw);
+
+  std::string value;
+  rocksdb::Status gs = db_->Get(rocksdb::ReadOptions(), kIncarnationKey, &value);
+  if (!gs.ok() && !gs.IsNotFound()) {
+    return FromRocks(gs, "read incarnation");
+  }
+  bool same = gs.ok() && value.size() == 8 &&
+              Get64(reinterpret_cast<const uint8_t*>(value.data())) ==
+                  header_.incarnation;
+
+  rocksdb::WriteBatch wipe;
+  size_t dropped = 0;
+  ExtentMap loaded;
+  std::unique_ptr<rocksdb::Iterator> it(
+      db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(std::string(1, kExtentPrefix));
+       it->Valid() && !it->key().empty() && it->key()[0] == kExtentPrefix;
+       it->Next()) {
+    if (!same) {
+      wipe.Delete(it->key());
+      ++dropped;
+      continue;
+    }
+    const rocksdb::Slice k = it->key();
+    const rocksdb::Slice v = it->value();
+    bool bad = k.size() != kExtentKeySize || v.size() != kExtentValueSize;
+    uint64_t addr = 0, length = 0, tag = 0;
+    if (!bad) {
+      addr = ExtentKeyAddr(k);
+      length = Get64(reinterpret_cast<const uint8_t*>(v.data()));
+      tag = Get64(reinterpret_cast<const uint8_t*>(v.data()) + 8);
+      bad = length == 0 || addr > header_.capacity_bytes ||
+            length > header_.capacity_bytes - addr;
+      if (!bad && !loaded.empty()) {
+        auto last = std::prev(loaded.end());
+        bad = last->first + last->second.length > addr;
+      }
+    }
+    if (bad) {
+      // Serving it could return wrong bytes; forgetting it is only a miss.
+      LOG(WARNING) << "capacity tier: dropping malformed extent record in "
+                   << dir;
+      wipe.Delete(it->key());
+      ++dropped;
+      continue;
+    }
+    loaded.emplace(addr, ExtentInfo{length, tag});
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "scan extents"));
+  it.reset();
+
+  if (!same) {
+    if (adopted_ && dropped > 0) {
+      LOG(WARNING) << "capacity tier: extent record in " << dir
+                   << " belongs to another incarnation than " << options_.path
+                   << " (" << header_.incarnation << "); discarding "
+                   << dropped << " extents";
+    } else if (dropped > 0) {
+      LOG(INFO) << "capacity tier: fresh format of " << options_.path
+                << "; discarding " << dropped << " old extents";
+    }
+    wipe.Put(kIncarnationKey, U64Value(header_.incarnation));
+  }
+  if (wipe.Count() > 0) {
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    RETURN_IF_ERROR(FromRocks(db_->Write(wo, &wipe), "reset extents"));
+  }
+  MutexLock l(&mu_);
+  extents_ = std::move(loaded);
+  return absl::OkStatus();
+}
+
+absl::Status Validate(const CapacityTierOptions& o) {
+  if (o.path.empty()) return absl::InvalidArgumentError("capacity tier: empty path");
+  if (o.capacity_bytes == 0 || o.capacity_bytes % BlockIo::kAlignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "capacity tier: capacity_bytes ", o.capacity_bytes,
+        " must be a positive multiple of ", BlockIo::kAlignment));
+  }
+  if (o.capacity_bytes > (uint64_t{1} << 62)) {
+    return absl::InvalidArgumentError("capacity tier: capacity_bytes too large");
+  }
+  if (o.node_name.empty() || o.node_name.size() > kMaxNodeName) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "capacity tier: node_name must have 1 to ", kMaxNodeName, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CapacityTier>> CapacityTier::Open(
+    const CapacityTierOptions& options) {
+  RETURN_IF_ERROR(Validate(options));
+  BlockIoOptions io_options = options.io;
+  io_options.path = options.path;
+  io_options.size_bytes = kHeaderBytes + options.capacity_bytes;
+  // A regular file shorter than this is grown (sparsely) before its header
+  // is read, even if the header then refuses the open: harmless, as growth
+  // never touches the header or existing data.
+  ASSIGN_OR_RETURN(std::unique_ptr<BlockIo> io, BlockIo::Open(io_options));
+
+  AlignedBuffer buf = AllocateAligned(kHeaderMeaningful);
+  if (buf == nullptr) {
+    return absl::ResourceExhaustedError("capacity tier: header buffer");
+  }
+  RETURN_IF_ERROR(io->ReadSync(0, buf.get(), kHeaderMeaningful));
+  Header header;
+  HeaderKind kind = DecodeHeader(buf.get(), &header);
+  bool adopted = false;
+  switch (kind) {
+    case HeaderKind::kValid:
+      if (header.node_name != options.node_name) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "capacity tier: ", options.path, " belongs to node \"",
+            header.node_name, "\", not \"", options.node_name, "\""));
+      }
+      if (header.capacity_bytes != options.capacity_bytes) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "capacity tier: ", options.path, " was formatted with capacity ",
+            header.capacity_bytes, " bytes, but capacity_bytes is ",
+            options.capacity_bytes));
+      }
+      adopted = true;
+      break;
+    case HeaderKind::kOtherVersion:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "capacity tier: ", options.path, " has format version ",
+          header.version, ", this build reads version ", kFormatVersion));
+    case HeaderKind::kCorrupt:
+      LOG(WARNING) << "capacity tier: " << options.path
+                   << " has a corrupt header; reformatting (its extents are "
+                      "lost)";
+      break;
+    case HeaderKind::kForeign:
+      LOG(WARNING) << "capacity tier: " << options.path
+                   << " holds no HyMCache header; formatting it";
+      break;
+    case HeaderKind::kBlank:
+      break;
+  }
+
+  if (!adopted) {
+    absl::BitGen gen;
+    header = Header();
+    header.version = kFormatVersion;
+    header.capacity_bytes = options.capacity_bytes;
+    do {
+      header.incarnation = absl::Uniform<uint64_t>(gen);
+    } while (header.incarnation == 0);
+    header.created_micros = absl::ToUnixMicros(absl::Now());
+    header.node_name = options.node_name;
+    EncodeHeader(header, buf.get());
+    // The header is durable before the extent DB learns the new incarnation:
+    // a crash in between leaves a DB whose incarnation differs, which the
+    // next open discards.
+    RETURN_IF_ERROR(io->WriteSync(0, buf.get(), kHeaderMeaningful));
+    RETURN_IF_ERROR(io->Sync());
+    LOG(INFO) << "capacity tier: formatted " << options.path << " for node "
+              << options.node_name << ", incarnation " << header.incarnation
+              << ", " << options.capacity_bytes << " bytes";
+  } else {
+    LOG(INFO) << "capacity tier: adopted " << options.path << " of node "
+              << header.node_name << ", incarnation " << header.incarnation;
+  }
+
+  std::string dir = options.metadata_dir.empty() ? options.path + ".meta"
+                                                 : options.metadata_dir;
+  auto tier = std::make_unique<CapacityTierImpl>(options, std::move(io),
+                                                 std::move(header), adopted);
+  RETURN_IF_ERROR(tier->OpenDb(dir));
+  return std::unique_ptr<CapacityTier>(std::move(tier));
+}
+
+}  // namespace hymcache::storage

@@ -1,0 +1,1148 @@
+#include "storage_node/hybrid_device.h"
+
+#include <numa.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace hymcache::storage {
+namespace {
+
+constexpr uint64_t kPage = BlockIo::kAlignment;
+
+uint64_t RoundUp(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
+uint64_t RoundDown(uint64_t v) { return v / kPage * kPage; }
+
+// Reserves `bytes` (a multiple of the page size) of DRAM, on `numa_node` if
+// it is usable. Sets *numa to whether libnuma placed it.
+uint8_t* AllocateArea(size_t bytes, int numa_node, bool* numa,
+                      const char* what) {
+  *numa = false;
+  void* mem = nullptr;
+  if (numa_node >= 0) {
+    if (numa_available() >= 0 && numa_node <= numa_max_node()) {
+      mem = numa_alloc_onnode(bytes, numa_node);
+      if (mem != nullptr) *numa = true;
+    }
+    if (mem == nullptr) {
+      LOG(WARNING) << "hybrid device: cannot place the " << what
+                   << " on NUMA node " << numa_node
+                   << "; using ordinary anonymous memory";
+    }
+  }
+  if (mem == nullptr) {
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return nullptr;
+    mem = m;
+  }
+  if (madvise(mem, bytes, MADV_HUGEPAGE) != 0) {
+    VLOG(1) << "hybrid device: madvise(MADV_HUGEPAGE) failed for the " << what;
+  }
+  return static_cast<uint8_t*>(mem);
+}
+
+void FreeArea(uint8_t* mem, size_t bytes, bool numa) {
+  if (mem == nullptr) return;
+  if (numa) {
+    numa_free(mem, bytes);
+  } else {
+    munmap(mem, bytes);
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- internals
+
+// First-fit allocator of [0, size) at page granularity. Not thread-safe.
+class HybridDevice::RangeAllocator {
+ public:
+  explicit RangeAllocator(uint64_t size) : size_(size) {
+    if (size > 0) free_[0] = size;
+  }
+  // `len` is a multiple of kPage.
+  std::optional<uint64_t> Allocate(uint64_t len) {
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < len) continue;
+      const uint64_t off = it->first;
+      const uint64_t rest = it->second - len;
+      free_.erase(it);
+      if (rest > 0) free_[off + len] = rest;
+      used_ += len;
+      return off;
+    }
+    return std::nullopt;
+  }
+  void Free(uint64_t off, uint64_t len) {
+    used_ -= len;
+    auto next = free_.lower_bound(off);
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == off) {
+        off = prev->first;
+        len += prev->second;
+        free_.erase(prev);
+      }
+    }
+    if (next != free_.end() && off + len == next->first) {
+      len += next->second;
+      free_.erase(next);
+    }
+    free_[off] = len;
+  }
+  uint64_t used() const { return used_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  const uint64_t size_;
+  uint64_t used_ = 0;
+  std::map<uint64_t, uint64_t> free_;  // offset -> length, coalesced
+};
+
+// An object staged (or being staged, or waiting for window space).
+struct HybridDevice::Staged {
+  enum class State { kQueued, kLoading, kReady, kFailed };
+  uint64_t addr = 0;
+  uint64_t len = 0;
+  uint64_t span_start = 0;  // addr rounded down to a page
+  uint64_t span_len = 0;    // whole pages covering the object
+  State state = State::kQueued;
+  int refs = 0;  // prefetch handles
+  int pins = 0;  // reads
+  bool keyed = false;     // findable in staged_by_key_
+  bool has_slot = false;  // holds window space
+  uint64_t slot_off = 0;
+  int chunks_pending = 0;    // in read_q_, not issued
+  int chunks_in_flight = 0;  // issued, not completed
+  absl::Status error;
+  int owners() const { return refs + pins; }
+};
+
+// An object in the write buffer.
+struct HybridDevice::Entry {
+  uint64_t id = 0;
+  uint64_t addr = 0;
+  uint64_t len = 0;
+  uint64_t tag = 0;
+  uint64_t buf_off = 0;
+  uint64_t buf_len = 0;  // len rounded up to a page
+  bool writing = true;       // between BeginWrite and Commit/Abort
+  bool live = false;         // in live_: readable from the buffer
+  bool queued = false;       // in flush_queue_
+  bool in_flight = false;    // in the batch being flushed
+  bool superseded = false;   // a newer write covers it
+  int pins = 0;              // reads and prefetch handles
+  uint64_t seq = 0;
+  absl::Time commit_time;
+};
+
+// A staging miss: the object read into a bounce buffer.
+struct HybridDevice::MissRead {
+  uint8_t* buf = nullptr;
+  uint64_t span_start = 0;
+  uint64_t span_len = 0;
+  int outstanding = 0;  // chunks not completed
+  absl::Status status;
+  bool abandoned = false;  // the reader gave up; the last chunk frees it
+};
+
+struct HybridDevice::FlushBatch {
+  int outstanding = 0;
+  absl::Status status;
+};
+
+struct HybridDevice::IoReq {
+  enum class Kind { kRefill, kMiss, kFlush };
+  Kind kind = Kind::kRefill;
+  void* owner = nullptr;  // Staged*, MissRead* or FlushBatch*
+  uint64_t file_off = 0;
+  uint8_t* buf = nullptr;
+  size_t len = 0;
+  bool write() const { return kind == Kind::kFlush; }
+};
+
+// ---------------------------------------------------------------- options
+
+absl::Status HybridDeviceOptions::Validate() const {
+  auto bad = [](const std::string& m) {
+    return absl::InvalidArgumentError(absl::StrCat("hybrid device: ", m));
+  };
+  if (staging_bytes == 0) return bad("staging_bytes must be > 0");
+  if (write_buffer_bytes == 0) return bad("write_buffer_bytes must be > 0");
+  if (staging_bytes > (uint64_t{1} << 50) ||
+      write_buffer_bytes > (uint64_t{1} << 50)) {
+    return bad("staging_bytes/write_buffer_bytes implausibly large");
+  }
+  if (numa_node < -1) return bad(absl::StrCat("numa_node ", numa_node));
+  if (io_chunk_bytes == 0 || io_chunk_bytes % kPage != 0) {
+    return bad(absl::StrCat("io_chunk_bytes ", io_chunk_bytes,
+                            " is not a positive multiple of 4096"));
+  }
+  if (io_queue_depth < 1) return bad("io_queue_depth must be >= 1");
+  if (flush_batch_bytes == 0) return bad("flush_batch_bytes must be > 0");
+  if (!(flush_high_watermark > 0 && flush_high_watermark <= 1)) {
+    return bad("flush_high_watermark must be in (0, 1]");
+  }
+  if (flush_max_delay < absl::ZeroDuration()) {
+    return bad("flush_max_delay must be >= 0");
+  }
+  if (flush_depth_idle < 1 || flush_depth_under_pressure < 1) {
+    return bad("flush depths must be >= 1");
+  }
+  if (flush_retry_initial <= absl::ZeroDuration() ||
+      flush_retry_max < flush_retry_initial) {
+    return bad("need 0 < flush_retry_initial <= flush_retry_max");
+  }
+  if (max_bounce_bytes == 0) return bad("max_bounce_bytes must be > 0");
+  if (read_timeout <= absl::ZeroDuration()) {
+    return bad("read_timeout must be > 0");
+  }
+  if (shutdown_flush_timeout < absl::ZeroDuration()) {
+    return bad("shutdown_flush_timeout must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- lifetime
+
+absl::StatusOr<std::unique_ptr<HybridDevice>> HybridDevice::Create(
+    const HybridDeviceOptions& options, std::unique_ptr<CapacityTier> tier) {
+  absl::Status valid = options.Validate();
+  if (!valid.ok()) return valid;
+  if (tier == nullptr || tier->io() == nullptr) {
+    return absl::InvalidArgumentError("hybrid device: a capacity tier is required");
+  }
+  const uint64_t cap = tier->capacity_bytes();
+  if (cap == 0 || cap % kPage != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hybrid device: tier capacity ", cap,
+        " is not a positive multiple of 4096"));
+  }
+  const size_t window_bytes = RoundUp(options.staging_bytes);
+  const size_t buffer_bytes = RoundUp(options.write_buffer_bytes);
+  bool window_numa = false;
+  bool buffer_numa = false;
+  uint8_t* window = AllocateArea(window_bytes, options.numa_node, &window_numa,
+                                 "staging window");
+  if (window == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "hybrid device: cannot reserve a staging window of ", window_bytes,
+        " bytes: ", strerror(errno)));
+  }
+  uint8_t* buffer = AllocateArea(buffer_bytes, options.numa_node, &buffer_numa,
+                                 "write buffer");
+  if (buffer == nullptr) {
+    int e = errno;
+    FreeArea(window, window_bytes, window_numa);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("hybrid device: cannot reserve a write buffer of ",
+                     buffer_bytes, " bytes: ", strerror(e)));
+  }
+  std::unique_ptr<HybridDevice> dev(new HybridDevice(
+      options, std::move(tier), window, window_bytes, window_numa, buffer,
+      buffer_bytes, buffer_numa));
+  HybridDevice* d = dev.get();
+  try {
+    dev->flusher_ = Thread("hyb-flusher", [d] { d->FlusherLoop(); });
+  } catch (const std::exception& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "hybrid device: cannot start the flusher thread: ", e.what()));
+  }
+  LOG(INFO) << "hybrid device: " << cap << " bytes on the tier, staging window "
+            << window_bytes << " bytes, write buffer " << buffer_bytes
+            << " bytes, " << d->recovered_.size() << " durable objects";
+  return dev;
+}
+
+namespace {
+std::vector<RecoveredExtent> ToRecovered(const CapacityTier& tier) {
+  std::vector<RecoveredExtent> out;
+  for (const DurableExtent& e : tier.Extents()) {
+    out.push_back(RecoveredExtent{0, e.addr, e.length, e.tag});
+  }
+  return out;
+}
+}  // namespace
+
+HybridDevice::HybridDevice(const HybridDeviceOptions& options,
+                           std::unique_ptr<CapacityTier> tier, uint8_t* window,
+                           size_t window_mapped, bool window_numa,
+                           uint8_t* buffer, size_t buffer_mapped,
+                           bool buffer_numa)
+    : options_(options),
+      tier_(std::move(tier)),
+      io_(tier_->io()),
+      capacity_(tier_->capacity_bytes()),
+      recovered_(ToRecovered(*tier_)),
+      window_(window),
+      window_bytes_(window_mapped),
+      window_mapped_(window_mapped),
+      window_numa_(window_numa),
+      buffer_(buffer),
+      buffer_bytes_(buffer_mapped),
+      buffer_mapped_(buffer_mapped),
+      buffer_numa_(buffer_numa),
+      window_alloc_(std::make_unique<RangeAllocator>(window_mapped)),
+      buffer_alloc_(std::make_unique<RangeAllocator>(buffer_mapped)),
+      backoff_(options.flush_retry_initial) {
+  stats_.staging_capacity_bytes = window_mapped;
+  stats_.write_buffer_capacity_bytes = buffer_mapped;
+}
+
+HybridDevice::~HybridDevice() {
+  {
+    MutexLock l(&mu_);
+    stopping_ = true;
+    stop_deadline_ = absl::Now() + options_.shutdown_flush_timeout;
+    cv_.SignalAll();
+  }
+  flusher_.Join();
+  std::vector<uint8_t*> bounces;
+  {
+    MutexLock l(&mu_);
+    if (!flush_queue_.empty()) {
+      LOG(WARNING) << "hybrid device: " << flush_queue_.size()
+                   << " committed objects were not flushed before shutdown";
+    }
+    // Queued prefetches never started: nothing to wait for.
+    for (Staged* s : window_fifo_) s->state = Staged::State::kFailed;
+    window_fifo_.clear();
+    // Every I/O issued or queued completes; its buffers must outlive it.
+    while (reads_in_flight_ > 0 || writes_in_flight_ > 0 || !read_q_.empty() ||
+           !write_q_.empty()) {
+      cv_.Wait(&mu_);
+    }
+    if (!reads_out_.empty() || !handles_.empty() || stats_.device.outstanding_writes > 0) {
+      LOG(ERROR) << "hybrid device destroyed with " << reads_out_.size()
+                 << " reads, " << handles_.size() << " prefetch handles and "
+                 << stats_.device.outstanding_writes << " writes outstanding";
+    }
+    for (auto& [cookie, rec] : reads_out_) {
+      if (rec.kind == ReadKind::kBounce) {
+        bounces.push_back(rec.miss->buf);
+        delete rec.miss;
+      }
+    }
+    reads_out_.clear();
+  }
+  // In-flight counts drop inside OnIoDone, which then still unlocks mu_.
+  while (callbacks_running_.load() > 0) std::this_thread::yield();
+  for (uint8_t* b : bounces) free(b);
+  FreeArea(window_, window_mapped_, window_numa_);
+  FreeArea(buffer_, buffer_mapped_, buffer_numa_);
+}
+
+std::vector<RegionDescriptor> HybridDevice::Regions() const {
+  RegionDescriptor r;
+  r.region_id = 0;
+  r.capacity_bytes = capacity_;
+  r.alignment = kPage;
+  r.numa_node = options_.numa_node;
+  r.device_kind = "hybrid";
+  r.persistent = true;
+  return {r};
+}
+
+std::vector<RecoveredExtent> HybridDevice::RecoveredExtents() const {
+  return recovered_;
+}
+
+absl::Status HybridDevice::Check(uint32_t region, uint64_t addr,
+                                 uint64_t len) const {
+  if (region != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown region ", region, " (the hybrid device has region 0)"));
+  }
+  return CheckRange(capacity_, addr, len);
+}
+
+// ---------------------------------------------------------------- I/O engine
+
+bool HybridDevice::ForegroundBusyLocked() const {
+  return reads_in_flight_ > 0 || !read_q_.empty();
+}
+
+void HybridDevice::QueueChunksLocked(IoReq proto, uint64_t span,
+                                     std::deque<IoReq>* q) {
+  for (uint64_t off = 0; off < span; off += options_.io_chunk_bytes) {
+    IoReq r = proto;
+    r.file_off = proto.file_off + off;
+    r.buf = proto.buf + off;
+    r.len = static_cast<size_t>(std::min(options_.io_chunk_bytes, span - off));
+    q->push_back(r);
+  }
+}
+
+void HybridDevice::RefillIoStartLocked() {
+  if (refill_ios_++ == 0) refill_busy_since_ = absl::Now();
+}
+
+void HybridDevice::RefillIoEndLocked() {
+  if (--refill_ios_ == 0) refill_busy_ += absl::Now() - refill_busy_since_;
+}
+
+void HybridDevice::TakeIssuableLocked(std::vector<IoReq>* out) {
+  const int depth = options_.io_queue_depth;
+  // Foreground reads first: they get the whole queue.
+  while (!read_q_.empty() && reads_in_flight_ + writes_in_flight_ < depth) {
+    IoReq r = read_q_.front();
+    read_q_.pop_front();
+    if (r.kind == IoReq::Kind::kRefill) {
+      Staged* s = static_cast<Staged*>(r.owner);
+      --s->chunks_pending;
+      ++s->chunks_in_flight;
+      RefillIoStartLocked();
+    }
+    ++reads_in_flight_;
+    out->push_back(r);
+  }
+  const int wlimit = ForegroundBusyLocked() ? options_.flush_depth_under_pressure
+                                            : options_.flush_depth_idle;
+  while (!write_q_.empty() && writes_in_flight_ < wlimit &&
+         reads_in_flight_ + writes_in_flight_ < depth) {
+    out->push_back(write_q_.front());
+    write_q_.pop_front();
+    ++writes_in_flight_;
+  }
+}
+
+void HybridDevice::Issue(std::vector<IoReq>* reqs) {
+  for (const IoReq& r : *reqs) {
+    auto done = [this, r](absl::Status s) { OnIoDone(r, std::move(s)); };
+    if (r.write()) {
+      io_->Write(r.file_off, r.buf, r.len, std::move(done));
+    } else {
+      io_->Read(r.file_off, r.buf, r.len, std::move(done));
+    }
+  }
+  reqs->clear();
+}
+
+void HybridDevice::OnIoDone(const IoReq& req, absl::Status status) {
+  callbacks_running_.fetch_add(1);
+  std::vector<IoReq> next;
+  uint8_t* free_buf = nullptr;
+  {
+    MutexLock l(&mu_);
+    if (req.write()) {
+      --writes_in_flight_;
+    } else {
+      --reads_in_flight_;
+    }
+    switch (req.kind) {
+      case IoReq::Kind::kRefill: {
+        Staged* s = static_cast<Staged*>(req.owner);
+        --s->chunks_in_flight;
+        RefillIoEndLocked();
+        stats_.refill_bytes += req.len;
+        if (!status.ok()) {
+          ++stats_.read_io_errors;
+          if (s->error.ok()) s->error = status;
+          // Chunks not issued yet are pointless now.
+          if (s->chunks_pending > 0) {
+            read_q_.erase(std::remove_if(read_q_.begin(), read_q_.end(),
+                                         [s](const IoReq& r) {
+                                           return r.owner == s;
+                                         }),
+                          read_q_.end());
+            s->chunks_pending = 0;
+          }
+        }
+        if (s->chunks_in_flight == 0 && s->chunks_pending == 0 &&
+            s->state == Staged::State::kLoading) {
+          if (s->error.ok()) {
+            s->state = Staged::State::kReady;
+          } else {
+            s->state = Staged::State::kFailed;
+            ++stats_.prefetch_errors;
+            LOG(WARNING) << "hybrid device: staging [" << s->addr << ", +"
+                         << s->len << ") failed: " << s->error;
+            UnkeyStagedLocked(s);
+          }
+        }
+        MaybeFreeStagedLocked(s);
+        break;
+      }
+      case IoReq::Kind::kMiss: {
+        MissRead* m = static_cast<MissRead*>(req.owner);
+        if (!status.ok() && m->status.ok()) {
+          ++stats_.read_io_errors;
+          m->status = status;
+        }
+        if (--m->outstanding == 0 && m->abandoned) {
+          free_buf = m->buf;
+          bounce_bytes_ -= m->span_len;
+          delete m;
+        }
+        break;
+      }
+      case IoReq::Kind::kFlush: {
+        FlushBatch* b = static_cast<FlushBatch*>(req.owner);
+        if (!status.ok() && b->status.ok()) b->status = status;
+        --b->outstanding;
+        break;
+      }
+    }
+    TakeIssuableLocked(&next);
+    cv_.SignalAll();
+  }
+  free(free_buf);
+  Issue(&next);
+  callbacks_running_.fetch_sub(1);  // the last touch of `this`
+}
+
+// ---------------------------------------------------------------- window
+
+void HybridDevice::UnkeyStagedLocked(Staged* s) {
+  if (!s->keyed) return;
+  auto it = staged_by_key_.find({s->addr, s->len});
+  if (it != staged_by_key_.end() && it->second == s) staged_by_key_.erase(it);
+  s->keyed = false;
+}
+
+void HybridDevice::MaybeFreeStagedLocked(Staged* s) {
+  if (s->owners() == 0 && s->chunks_pending > 0) {
+    read_q_.erase(std::remove_if(read_q_.begin(), read_q_.end(),
+                                 [s](const IoReq& r) { return r.owner == s; }),
+                  read_q_.end());
+    s->chunks_pending = 0;
+  }
+  // The slot is never handed on while a read still writes into it.
+  if (s->chunks_in_flight > 0) return;
+  bool freed_space = false;
+  if (s->has_slot && (s->owners() == 0 || s->state == Staged::State::kFailed)) {
+    window_alloc_->Free(s->slot_off, s->span_len);
+    s->has_slot = false;
+    freed_space = true;
+  }
+  if (s->owners() == 0) {
+    UnkeyStagedLocked(s);
+    if (s->state == Staged::State::kQueued) {
+      auto it = std::find(window_fifo_.begin(), window_fifo_.end(), s);
+      if (it != window_fifo_.end()) {
+        // The head may be what blocked the rest.
+        freed_space = freed_space || it == window_fifo_.begin();
+        window_fifo_.erase(it);
+      }
+    }
+    staged_.erase(s);  // deletes s
+  }
+  if (freed_space) PumpWindowLocked();
+}
+
+void HybridDevice::PumpWindowLocked() {
+  if (stopping_) return;
+  while (!window_fifo_.empty()) {
+    Staged* s = window_fifo_.front();
+    std::optional<uint64_t> off = window_alloc_->Allocate(s->span_len);
+    if (!off) break;  // strict FIFO: later ones wait behind the head
+    window_fifo_.pop_front();
+    s->has_slot = true;
+    s->slot_off = *off;
+    s->state = Staged::State::kLoading;
+    IoReq proto;
+    proto.kind = IoReq::Kind::kRefill;
+    proto.owner = s;
+    proto.file_off = CapacityTier::kHeaderBytes + s->span_start;
+    proto.buf = window_ + s->slot_off;
+    const size_t before = read_q_.size();
+    QueueChunksLocked(proto, s->span_len, &read_q_);
+    s->chunks_pending = static_cast<int>(read_q_.size() - before);
+  }
+}
+
+void HybridDevice::InvalidateStagedLocked(uint64_t addr, uint64_t len) {
+  if (staged_by_key_.empty()) return;
+  const uint64_t from = addr > max_staged_span_ ? addr - max_staged_span_ : 0;
+  const uint64_t end = addr + len;
+  for (auto it = staged_by_key_.lower_bound({from, 0});
+       it != staged_by_key_.end() && it->first.first < end;) {
+    Staged* s = it->second;
+    ++it;
+    if (s->span_start < end && addr < s->span_start + s->span_len) {
+      // Handles and reads holding it keep their (old) bytes.
+      UnkeyStagedLocked(s);
+    }
+  }
+}
+
+absl::StatusOr<PrefetchHandle> HybridDevice::PrefetchObject(uint32_t region,
+                                                            uint64_t addr,
+                                                            uint64_t len) {
+  absl::Status st = Check(region, addr, len);
+  if (!st.ok()) return st;
+  const uint64_t span_start = RoundDown(addr);
+  const uint64_t span_len = RoundUp(addr + len) - span_start;
+  if (span_len > window_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "hybrid device: object of ", len, " bytes is larger than the ",
+        window_bytes_, "-byte staging window"));
+  }
+  PrefetchHandle h;
+  h.region_id = region;
+  h.addr = addr;
+  h.length = len;
+  std::vector<IoReq> next;
+  {
+    MutexLock l(&mu_);
+    h.id = next_id_++;
+    ++stats_.device.prefetches;
+    HandleRec rec;
+    rec.addr = addr;
+    rec.len = len;
+    if (Entry* e = FindBufferedLocked(addr, len)) {
+      ++e->pins;
+      rec.entry = e;
+      ++stats_.prefetch_from_buffer;
+    } else if (auto it = staged_by_key_.find({addr, len});
+               it != staged_by_key_.end()) {
+      ++it->second->refs;
+      rec.staged = it->second;
+      ++stats_.prefetch_shared;
+    } else {
+      auto owned = std::make_unique<Staged>();
+      Staged* s = owned.get();
+      s->addr = addr;
+      s->len = len;
+      s->span_start = span_start;
+      s->span_len = span_len;
+      s->refs = 1;
+      s->keyed = true;
+      staged_[s] = std::move(owned);
+      staged_by_key_[{addr, len}] = s;
+      max_staged_span_ = std::max(max_staged_span_, span_len);
+      window_fifo_.push_back(s);
+      rec.staged = s;
+      PumpWindowLocked();
+      TakeIssuableLocked(&next);
+    }
+    handles_[h.id] = rec;
+  }
+  Issue(&next);
+  return h;
+}
+
+absl::StatusOr<const uint8_t*> HybridDevice::PrefetchWait(
+    const PrefetchHandle& handle, absl::Time deadline) {
+  MutexLock l(&mu_);
+  while (true) {
+    auto it = handles_.find(handle.id);
+    if (it == handles_.end() || it->second.addr != handle.addr ||
+        it->second.len != handle.length || handle.region_id != 0) {
+      return absl::InvalidArgumentError("hybrid device: unknown prefetch handle");
+    }
+    const HandleRec& rec = it->second;
+    if (rec.entry != nullptr) {
+      return static_cast<const uint8_t*>(buffer_ + rec.entry->buf_off +
+                                         (handle.addr - rec.entry->addr));
+    }
+    Staged* s = rec.staged;
+    if (s->state == Staged::State::kReady) {
+      return static_cast<const uint8_t*>(window_ + s->slot_off +
+                                         (s->addr - s->span_start));
+    }
+    if (s->state == Staged::State::kFailed) {
+      return absl::UnavailableError(absl::StrCat(
+          "hybrid device: staging failed: ", s->error.message()));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          s->state == Staged::State::kQueued
+              ? "hybrid device: prefetch still waiting for window space"
+              : "hybrid device: prefetch still reading");
+    }
+    cv_.WaitWithDeadline(&mu_, deadline);
+  }
+}
+
+void HybridDevice::PrefetchRelease(const PrefetchHandle& handle) {
+  std::vector<IoReq> next;
+  {
+    MutexLock l(&mu_);
+    auto it = handles_.find(handle.id);
+    if (it == handles_.end() || it->second.addr != handle.addr ||
+        it->second.len != handle.length) {
+      ++stats_.unknown_releases;
+      VLOG(1) << "hybrid device: release of unknown prefetch " << handle.id;
+      return;
+    }
+    HandleRec rec = it->second;
+    handles_.erase(it);
+    if (rec.entry != nullptr) {
+      --rec.entry->pins;
+      MaybeFreeEntryLocked(rec.entry);
+    } else {
+      Staged* s = rec.staged;
+      --s->refs;
+      if (s->owners() == 0 && (s->state == Staged::State::kQueued ||
+                               s->state == Staged::State::kLoading)) {
+        ++stats_.prefetch_cancelled;
+      }
+      MaybeFreeStagedLocked(s);
+    }
+    TakeIssuableLocked(&next);
+    cv_.SignalAll();
+  }
+  Issue(&next);
+}
+
+// ---------------------------------------------------------------- reads
+
+HybridDevice::Entry* HybridDevice::FindBufferedLocked(uint64_t addr,
+                                                      uint64_t len) {
+  auto it = live_.upper_bound(addr);
+  if (it == live_.begin()) return nullptr;
+  Entry* e = std::prev(it)->second;
+  if (e->addr <= addr && addr + len <= e->addr + e->len) return e;
+  return nullptr;
+}
+
+absl::StatusOr<ReadView> HybridDevice::AcquireRead(uint32_t region,
+                                                   uint64_t addr,
+                                                   uint64_t len) {
+  absl::Status st = Check(region, addr, len);
+  if (!st.ok()) return st;
+  ReadView v;
+  v.region_id = region;
+  v.addr = addr;
+  v.length = len;
+  const uint64_t span_start = RoundDown(addr);
+  const uint64_t span_len = RoundUp(addr + len) - span_start;
+
+  MutexLock l(&mu_);
+  auto admit = [&](const uint8_t* data, ReadRec rec) {
+    v.data = data;
+    v.cookie = next_id_++;
+    reads_out_[v.cookie] = rec;
+    ++stats_.device.reads;
+    stats_.device.read_bytes += len;
+    ++stats_.device.outstanding_reads;
+  };
+  if (Entry* e = FindBufferedLocked(addr, len)) {
+    ++e->pins;
+    ++stats_.buffer_hits;
+    ReadRec rec{ReadKind::kBuffer};
+    rec.entry = e;
+    admit(buffer_ + e->buf_off + (addr - e->addr), rec);
+    return v;
+  }
+  if (auto it = staged_by_key_.find({addr, len}); it != staged_by_key_.end() &&
+      it->second->state != Staged::State::kQueued) {
+    Staged* s = it->second;
+    ++s->pins;
+    const absl::Time deadline = absl::Now() + options_.read_timeout;
+    while (s->state == Staged::State::kLoading) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    }
+    if (s->state == Staged::State::kReady) {
+      ++stats_.staging_hits;
+      ReadRec rec{ReadKind::kWindow};
+      rec.staged = s;
+      admit(window_ + s->slot_off + (addr - s->span_start), rec);
+      return v;
+    }
+    --s->pins;
+    MaybeFreeStagedLocked(s);
+    // Failed or too slow: read it directly below.
+  }
+
+  // Staging miss: read into a bounce buffer.
+  if (bounce_bytes_ > 0 && bounce_bytes_ + span_len > options_.max_bounce_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "hybrid device: too many staging-miss bounce buffers (",
+        bounce_bytes_, " bytes outstanding)"));
+  }
+  uint8_t* buf = static_cast<uint8_t*>(aligned_alloc(kPage, span_len));
+  if (buf == nullptr) {
+    return absl::ResourceExhaustedError(
+        "hybrid device: cannot allocate a bounce buffer");
+  }
+  bounce_bytes_ += span_len;
+  ++stats_.staging_misses;
+  MissRead* m = new MissRead;
+  m->buf = buf;
+  m->span_start = span_start;
+  m->span_len = span_len;
+  IoReq proto;
+  proto.kind = IoReq::Kind::kMiss;
+  proto.owner = m;
+  proto.file_off = CapacityTier::kHeaderBytes + span_start;
+  proto.buf = buf;
+  const size_t before = read_q_.size();
+  QueueChunksLocked(proto, span_len, &read_q_);
+  m->outstanding = static_cast<int>(read_q_.size() - before);
+  std::vector<IoReq> next;
+  TakeIssuableLocked(&next);
+  mu_.Unlock();
+  Issue(&next);
+  mu_.Lock();
+  const absl::Time deadline = absl::Now() + options_.read_timeout;
+  while (m->outstanding > 0) {
+    if (cv_.WaitWithDeadline(&mu_, deadline) && m->outstanding > 0) {
+      m->abandoned = true;  // the last completion frees it
+      return absl::UnavailableError(absl::StrCat(
+          "hybrid device: tier read of [", addr, ", +", len,
+          ") timed out after ", absl::FormatDuration(options_.read_timeout)));
+    }
+  }
+  if (!m->status.ok()) {
+    absl::Status s = absl::UnavailableError(absl::StrCat(
+        "hybrid device: tier read of [", addr, ", +", len,
+        ") failed: ", m->status.ToString()));
+    bounce_bytes_ -= span_len;
+    delete m;
+    free(buf);
+    return s;
+  }
+  ReadRec rec{ReadKind::kBounce};
+  rec.miss = m;
+  admit(buf + (addr - span_start), rec);
+  return v;
+}
+
+void HybridDevice::ReleaseRead(const ReadView& view) {
+  std::vector<IoReq> next;
+  uint8_t* free_buf = nullptr;
+  {
+    MutexLock l(&mu_);
+    auto it = reads_out_.find(view.cookie);
+    if (it == reads_out_.end()) {
+      ++stats_.unknown_releases;
+      return;
+    }
+    ReadRec rec = it->second;
+    reads_out_.erase(it);
+    --stats_.device.outstanding_reads;
+    switch (rec.kind) {
+      case ReadKind::kBuffer:
+        --rec.entry->pins;
+        MaybeFreeEntryLocked(rec.entry);
+        break;
+      case ReadKind::kWindow:
+        --rec.staged->pins;
+        MaybeFreeStagedLocked(rec.staged);
+        break;
+      case ReadKind::kBounce:
+        free_buf = rec.miss->buf;
+        bounce_bytes_ -= rec.miss->span_len;
+        delete rec.miss;
+        break;
+    }
+    TakeIssuableLocked(&next);
+  }
+  free(free_buf);
+  Issue(&next);
+}
+
+// ---------------------------------------------------------------- writes
+
+void HybridDevice::MaybeFreeEntryLocked(Entry* e) {
+  if (e->writing || e->live || e->queued || e->in_flight || e->pins > 0) {
+    return;
+  }
+  buffer_alloc_->Free(e->buf_off, e->buf_len);
+  entries_.erase(e->id);  // deletes e
+}
+
+void HybridDevice::SupersedeLocked(uint64_t addr, uint64_t len) {
+  const uint64_t end = addr + len;
+  auto it = live_.lower_bound(addr);
+  if (it != live_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second->addr + prev->second->buf_len > addr) it = prev;
+  }
+  while (it != live_.end() && it->first < end) {
+    Entry* e = it->second;
+    it = live_.erase(it);
+    e->live = false;
+    e->superseded = true;
+    if (e->queued) ++stats_.superseded_writes;
+    if (e->queued && !e->in_flight) {
+      flush_queue_.erase(e->seq);
+      e->queued = false;
+    }
+    MaybeFreeEntryLocked(e);
+  }
+}
+
+absl::StatusOr<WriteView> HybridDevice::BeginWrite(uint32_t region,
+                                                   uint64_t addr, uint64_t len,
+                                                   uint64_t tag) {
+  absl::Status st = Check(region, addr, len);
+  if (!st.ok()) return st;
+  if (addr % kPage != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hybrid device: write address ", addr, " is not 4 KiB aligned"));
+  }
+  const uint64_t buf_len = RoundUp(len);
+  MutexLock l(&mu_);
+  std::optional<uint64_t> off;
+  if (buf_len <= buffer_bytes_ && !stopping_) off = buffer_alloc_->Allocate(buf_len);
+  if (!off) {
+    ++stats_.write_buffer_refusals;
+    ++stats_.device.refused_writes;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "write buffer full (", buffer_alloc_->used(), " of ", buffer_bytes_,
+        " bytes in use; object of ", len, " bytes)"));
+  }
+  // The caller has drained readers of the old objects in this range.
+  SupersedeLocked(addr, buf_len);
+  InvalidateStagedLocked(addr, buf_len);
+  auto owned = std::make_unique<Entry>();
+  Entry* e = owned.get();
+  e->id = next_id_++;
+  e->addr = addr;
+  e->len = len;
+  e->tag = tag;
+  e->buf_off = *off;
+  e->buf_len = buf_len;
+  entries_[e->id] = std::move(owned);
+  // The padding is flushed with the object: make it deterministic.
+  if (buf_len > len) std::memset(buffer_ + *off + len, 0, buf_len - len);
+  ++stats_.write_buffer_admits;
+  ++stats_.device.outstanding_writes;
+  WriteView v;
+  v.region_id = region;
+  v.addr = addr;
+  v.length = len;
+  v.data = buffer_ + *off;
+  v.cookie = e->id;
+  return v;
+}
+
+absl::Status HybridDevice::CommitWrite(const WriteView& view) {
+  MutexLock l(&mu_);
+  auto it = entries_.find(view.cookie);
+  if (it == entries_.end() || !it->second->writing ||
+      it->second->addr != view.addr || it->second->len != view.length) {
+    ++stats_.unknown_releases;
+    return absl::InvalidArgumentError("hybrid device: unknown write view");
+  }
+  Entry* e = it->second.get();
+  e->writing = false;
+  --stats_.device.outstanding_writes;
+  ++stats_.device.writes;
+  stats_.device.write_bytes += e->len;
+  // A prefetch may have staged the old bytes since BeginWrite.
+  SupersedeLocked(e->addr, e->buf_len);
+  InvalidateStagedLocked(e->addr, e->buf_len);
+  e->live = true;
+  live_[e->addr] = e;
+  e->queued = true;
+  e->seq = next_seq_++;
+  e->commit_time = absl::Now();
+  flush_queue_[e->seq] = e;
+  cv_.SignalAll();
+  return absl::OkStatus();
+}
+
+void HybridDevice::AbortWrite(const WriteView& view) {
+  MutexLock l(&mu_);
+  auto it = entries_.find(view.cookie);
+  if (it == entries_.end() || !it->second->writing) {
+    ++stats_.unknown_releases;
+    return;
+  }
+  Entry* e = it->second.get();
+  e->writing = false;
+  --stats_.device.outstanding_writes;
+  ++stats_.device.aborted_writes;
+  MaybeFreeEntryLocked(e);
+}
+
+// ---------------------------------------------------------------- flusher
+
+bool HybridDevice::FlushDueLocked(absl::Time now, absl::Time* wake) const {
+  *wake = absl::InfiniteFuture();
+  if (flush_queue_.empty()) return false;
+  if (now < retry_after_) {
+    *wake = retry_after_;
+    return false;
+  }
+  if (stopping_ || force_flush_ > 0) return true;
+  if (!ForegroundBusyLocked()) return true;
+  if (static_cast<double>(buffer_alloc_->used()) >=
+      options_.flush_high_watermark * static_cast<double>(buffer_bytes_)) {
+    return true;
+  }
+  if (options_.flush_max_delay != absl::InfiniteDuration()) {
+    const absl::Time due =
+        flush_queue_.begin()->second->commit_time + options_.flush_max_delay;
+    if (now >= due) return true;
+    *wake = due;
+  }
+  return false;
+}
+
+void HybridDevice::FlusherLoop() {
+  MutexLock l(&mu_);
+  while (true) {
+    const absl::Time now = absl::Now();
+    if (stopping_ && (flush_queue_.empty() || now >= stop_deadline_)) break;
+    absl::Time wake;
+    if (!FlushDueLocked(now, &wake)) {
+      if (stopping_) wake = std::min(wake, stop_deadline_);
+      cv_.WaitWithDeadline(&mu_, wake);
+      continue;
+    }
+    std::vector<Entry*> batch;
+    uint64_t bytes = 0;
+    for (auto& [seq, e] : flush_queue_) {
+      if (!batch.empty() && bytes + e->buf_len > options_.flush_batch_bytes) {
+        break;
+      }
+      e->in_flight = true;
+      bytes += e->buf_len;
+      batch.push_back(e);
+    }
+    mu_.Unlock();
+    const bool ok = FlushBatchOnce(std::move(batch));
+    mu_.Lock();
+    if (ok) {
+      backoff_ = options_.flush_retry_initial;
+      retry_after_ = absl::InfinitePast();
+    } else {
+      retry_after_ = absl::Now() + backoff_;
+      backoff_ = std::min(backoff_ * 2, options_.flush_retry_max);
+    }
+  }
+}
+
+bool HybridDevice::FlushBatchOnce(std::vector<Entry*> batch) {
+  // Entry addr/len/buf fields are constant after BeginWrite.
+  struct Run {
+    uint64_t addr;
+    uint8_t* buf;
+    uint64_t len;
+  };
+  std::vector<Run> runs;
+  for (Entry* e : batch) {
+    uint8_t* buf = buffer_ + e->buf_off;
+    if (!runs.empty() && runs.back().addr + runs.back().len == e->addr &&
+        runs.back().buf + runs.back().len == buf) {
+      runs.back().len += e->buf_len;
+    } else {
+      runs.push_back(Run{e->addr, buf, e->buf_len});
+    }
+  }
+  absl::Status status;
+  for (const Run& r : runs) {
+    status = tier_->Forget(r.addr, r.len);
+    if (!status.ok()) break;
+  }
+  if (status.ok()) {
+    FlushBatch fb;
+    std::vector<IoReq> next;
+    {
+      MutexLock l(&mu_);
+      for (const Run& r : runs) {
+        IoReq proto;
+        proto.kind = IoReq::Kind::kFlush;
+        proto.owner = &fb;
+        proto.file_off = CapacityTier::kHeaderBytes + r.addr;
+        proto.buf = r.buf;
+        const size_t before = write_q_.size();
+        QueueChunksLocked(proto, r.len, &write_q_);
+        fb.outstanding += static_cast<int>(write_q_.size() - before);
+      }
+      stats_.flush_ios += static_cast<uint64_t>(fb.outstanding);
+      TakeIssuableLocked(&next);
+    }
+    Issue(&next);
+    std::vector<DurableExtent> extents;
+    {
+      MutexLock l(&mu_);
+      while (fb.outstanding > 0) cv_.Wait(&mu_);
+      status = fb.status;
+      for (Entry* e : batch) {
+        if (!e->superseded) extents.push_back({e->addr, e->len, e->tag});
+      }
+    }
+    if (status.ok() && !extents.empty()) status = tier_->Record(extents);
+  }
+
+  MutexLock l(&mu_);
+  for (Entry* e : batch) e->in_flight = false;
+  if (status.ok()) {
+    ++stats_.flush_batches;
+    for (Entry* e : batch) {
+      e->queued = false;
+      flush_queue_.erase(e->seq);
+      if (!e->superseded) {
+        stats_.flushed_bytes += e->len;
+        ++stats_.flushed_objects;
+      }
+      if (e->live) {
+        live_.erase(e->addr);
+        e->live = false;
+      }
+      MaybeFreeEntryLocked(e);
+    }
+  } else {
+    ++stats_.flush_errors;
+    LOG(WARNING) << "hybrid device: flushing " << batch.size()
+                 << " objects failed (kept in the write buffer, will retry in "
+                 << absl::FormatDuration(backoff_) << "): " << status;
+    for (Entry* e : batch) {
+      if (e->superseded) {
+        e->queued = false;
+        flush_queue_.erase(e->seq);
+        MaybeFreeEntryLocked(e);
+      }
+    }
+  }
+  cv_.SignalAll();
+  return status.ok();
+}
+
+bool HybridDevice::WaitFlushedForTest(absl::Time deadline, bool force) {
+  MutexLock l(&mu_);
+  if (force) ++force_flush_;
+  cv_.SignalAll();
+  while (!flush_queue_.empty()) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  if (force) --force_flush_;
+  return flush_queue_.empty();
+}
+
+// ---------------------------------------------------------------- stats
+
+HybridDeviceStats HybridDevice::HybridStats() const {
+  MutexLock l(&mu_);
+  HybridDeviceStats s = stats_;
+  const absl::Time now = absl::Now();
+  s.device.capacity_bytes = capacity_;
+  s.staged_bytes = window_alloc_->used();
+  s.staged_objects = staged_.size();
+  s.prefetch_queue_length = window_fifo_.size();
+  s.bounce_bytes = bounce_bytes_;
+  absl::Duration busy = refill_busy_;
+  if (refill_ios_ > 0) busy += now - refill_busy_since_;
+  s.refill_seconds = absl::ToDoubleSeconds(busy);
+  s.refill_bandwidth_bytes_per_s =
+      s.refill_seconds > 0 ? static_cast<double>(s.refill_bytes) / s.refill_seconds
+                           : 0;
+  s.buffered_bytes = buffer_alloc_->used();
+  s.unflushed_objects = flush_queue_.size();
+  s.flush_lag = flush_queue_.empty()
+                    ? absl::ZeroDuration()
+                    : now - flush_queue_.begin()->second->commit_time;
+  return s;
+}
+
+MemoryDeviceStats HybridDevice::Stats() const { return HybridStats().device; }
+
+}  // namespace hymcache::storage

@@ -1,0 +1,358 @@
+// HybridDevice: the software CXL hybrid-memory device. One region (id 0,
+// kind "hybrid", persistent) whose bytes live in an SSD capacity tier
+// (CapacityTier: region address `a` is file offset kHeaderBytes + a), with two
+// bounded DRAM areas in front of it:
+//
+//   * The staging window (`staging_bytes`): NOT a cache of the footprint, but
+//     a bounded window the caller fills ahead of its reads.
+//     PrefetchObject reserves window space (first-fit, 4 KiB granularity) and
+//     reads the object from the tier in io_chunk_bytes chunks issued
+//     concurrently. When the window is full, prefetches queue in FIFO order
+//     (back-pressure) and start as PrefetchRelease frees space. Prefetches of
+//     the same (region, addr, len) share one staged copy (refcounted, no
+//     extra I/O); a prefetch of an object still in the write buffer is served
+//     from there with no I/O. Released space is reused at once: nothing stays
+//     staged without a handle or a read pinning it.
+//   * The write buffer (`write_buffer_bytes`), separate from the window.
+//     BeginWrite admits an object only if it fits right now, else answers
+//     ResourceExhausted("write buffer full") at once: it never blocks.
+//     CommitWrite makes the object readable from the buffer at once and
+//     queues it for the flusher.
+//
+// Reads (AcquireRead) are served, in order of preference, from the write
+// buffer, from the staging window (a "staging hit"; an object still being
+// staged is waited for), else from the tier into a bounce buffer (a "staging
+// miss": counted, slower, still correct). Outstanding bounce buffers are
+// bounded by max_bounce_bytes (ResourceExhausted beyond; one bounce read is
+// always allowed so that any object stays readable).
+//
+// Flush policy (the "hyb-flusher" thread). Committed objects are flushed in
+// commit order, in batches of up to flush_batch_bytes; consecutive objects
+// contiguous both in the tier and in the buffer are merged into one run, and
+// runs are written in io_chunk_bytes pieces. A batch starts only when
+//   (a) no foreground read I/O (refill or miss) is queued or in flight, or
+//   (b) the buffer is at least flush_high_watermark full, or
+//   (c) the oldest unflushed commit is older than flush_max_delay.
+// While foreground reads are queued or in flight, the batch keeps at most
+// flush_depth_under_pressure writes in flight (else flush_depth_idle), so
+// reads keep most of the queue; foreground reads are always issued before
+// flush writes. A flush never touches the staging window. Per batch:
+// CapacityTier::Forget over every run (older durable objects there are being
+// overwritten) -> write the bytes (object lengths rounded up to 4 KiB: the
+// master allocates 4 KiB-aligned space, so the padding is the object's own)
+// -> CapacityTier::Record(tag = BeginWrite's tag) -> the buffer space is
+// freed (after the last reader or prefetch handle of the object lets go). On
+// an I/O or record error the batch stays in the buffer, readable, and is
+// retried after an exponential backoff (flush_retry_initial ..
+// flush_retry_max); errors are logged and counted.
+//
+// A write over a range invalidates overlapping staged copies (new reads and
+// prefetches no longer find them; handles already holding them keep their
+// window space until released, but their bytes are those of the old object,
+// or unspecified if the new one is flushed while the old one is still being
+// read) and supersedes overlapping buffered objects.
+//
+// Restart: RecoveredExtents() returns the tier's durable extents as of Open,
+// as region 0 objects with generation = tag. Destruction flushes what is
+// buffered (up to shutdown_flush_timeout) and waits for every I/O in flight.
+//
+// Writes require a 4 KiB-aligned addr (InvalidArgument otherwise).
+//
+// Concurrency: one mutex guards the window, buffer and I/O queues; it is
+// never held while waiting for I/O or while calling into the tier. I/O
+// completions run on the BlockIo's completion thread and only update state,
+// signal waiters and issue queued I/O. Threads: the flusher only (plus the
+// BlockIo's own).
+//
+// Thread safety: safe for concurrent use without external synchronization.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "common/thread.h"
+#include "storage_node/capacity_tier.h"
+#include "storage_node/memory_device.h"
+
+namespace hymcache::storage {
+
+struct HybridDeviceOptions {
+  // DRAM of the staging window; rounded up to 4 KiB. Production: tens of
+  // GiB (e.g. 64 GiB).
+  // Default: 256 MiB
+  uint64_t staging_bytes = uint64_t{256} << 20;
+  // DRAM of the write buffer; rounded up to 4 KiB.
+  // Default: 64 MiB
+  uint64_t write_buffer_bytes = uint64_t{64} << 20;
+  // NUMA node of the window and the buffer; -1: wherever the kernel places
+  // them. Unusable nodes fall back to plain memory with a warning.
+  // Default: -1
+  int numa_node = -1;
+  // Refills, misses and flush runs are split into I/Os of this size (a
+  // multiple of 4 KiB).
+  // Default: 1 MiB
+  uint64_t io_chunk_bytes = uint64_t{1} << 20;
+  // Most I/Os the device keeps in flight; match BlockIoOptions::queue_depth.
+  // Default: 64
+  int io_queue_depth = 64;
+  // Most bytes one flush batch writes.
+  // Default: 8 MiB
+  uint64_t flush_batch_bytes = uint64_t{8} << 20;
+  // Buffer fill (fraction of write_buffer_bytes) above which a batch starts
+  // even while foreground reads are in flight.
+  // Default: 0.75
+  double flush_high_watermark = 0.75;
+  // A commit older than this is flushed even while reads are in flight.
+  // absl::InfiniteDuration(): never (flush only when idle or above the
+  // watermark).
+  // Default: 1 s
+  absl::Duration flush_max_delay = absl::Seconds(1);
+  // Flush writes in flight when no foreground read is queued or in flight.
+  // Default: 4
+  int flush_depth_idle = 4;
+  // Flush writes in flight while foreground reads are queued or in flight.
+  // Default: 1
+  int flush_depth_under_pressure = 1;
+  // Backoff after a failed batch: starts here, doubles per failure up to
+  // flush_retry_max, resets on success.
+  // Default: 10 ms, 2 s
+  absl::Duration flush_retry_initial = absl::Milliseconds(10);
+  absl::Duration flush_retry_max = absl::Seconds(2);
+  // Most bytes of outstanding bounce buffers (staging misses). A miss beyond
+  // it fails with ResourceExhausted, unless no other bounce is outstanding.
+  // Default: 64 MiB
+  uint64_t max_bounce_bytes = uint64_t{64} << 20;
+  // How long AcquireRead waits for a staging miss (or an object being
+  // staged) before failing with Unavailable.
+  // Default: 30 s
+  absl::Duration read_timeout = absl::Seconds(30);
+  // How long destruction waits for the flusher to empty the buffer.
+  // Default: 30 s
+  absl::Duration shutdown_flush_timeout = absl::Seconds(30);
+
+  absl::Status Validate() const;
+};
+
+// MemoryDeviceStats plus the hybrid device's own counters.
+struct HybridDeviceStats {
+  MemoryDeviceStats device;
+  // Staging window.
+  uint64_t staging_capacity_bytes = 0;
+  uint64_t staged_bytes = 0;          // window space reserved now
+  uint64_t staged_objects = 0;        // staged or being staged now
+  uint64_t prefetch_queue_length = 0; // prefetches waiting for space
+  uint64_t prefetch_shared = 0;       // prefetches that joined a staged copy
+  uint64_t prefetch_from_buffer = 0;  // prefetches served by the write buffer
+  uint64_t prefetch_cancelled = 0;    // released while queued or loading
+  uint64_t prefetch_errors = 0;       // refills that failed
+  uint64_t unknown_releases = 0;      // unknown/double PrefetchRelease,
+                                      // ReleaseRead, Commit/AbortWrite
+  uint64_t staging_hits = 0;          // reads served from the window
+  uint64_t buffer_hits = 0;           // reads served from the write buffer
+  uint64_t staging_misses = 0;        // reads through a bounce buffer
+  uint64_t bounce_bytes = 0;          // bounce buffers outstanding now
+  uint64_t refill_bytes = 0;          // bytes read by prefetches
+  double refill_seconds = 0;          // time with refill I/O in flight
+  double refill_bandwidth_bytes_per_s = 0;  // refill_bytes / refill_seconds
+  uint64_t read_io_errors = 0;
+  // Write buffer.
+  uint64_t write_buffer_capacity_bytes = 0;
+  uint64_t write_buffer_admits = 0;
+  uint64_t write_buffer_refusals = 0;
+  uint64_t buffered_bytes = 0;        // buffer space in use now
+  uint64_t unflushed_objects = 0;     // committed, not yet durable
+  absl::Duration flush_lag;           // age of the oldest unflushed commit
+  uint64_t flushed_bytes = 0;
+  uint64_t flushed_objects = 0;
+  uint64_t flush_batches = 0;
+  uint64_t flush_ios = 0;
+  uint64_t flush_errors = 0;
+  uint64_t superseded_writes = 0;     // buffered objects overwritten unflushed
+};
+
+class HybridDevice final : public MemoryDevice {
+ public:
+  // Takes ownership of `tier` (the region is its data area).
+  // Errors: InvalidArgument (options, null tier, tier capacity not a
+  // multiple of 4 KiB), ResourceExhausted (DRAM cannot be reserved or the
+  // flusher cannot start).
+  static absl::StatusOr<std::unique_ptr<HybridDevice>> Create(
+      const HybridDeviceOptions& options, std::unique_ptr<CapacityTier> tier);
+  ~HybridDevice() override;
+  HybridDevice(const HybridDevice&) = delete;
+  HybridDevice& operator=(const HybridDevice&) = delete;
+
+  std::vector<RegionDescriptor> Regions() const override;
+
+  // Errors: InvalidArgument/OutOfRange (range), ResourceExhausted (too many
+  // bounce bytes outstanding), Unavailable (tier read failed or timed out).
+  absl::StatusOr<ReadView> AcquireRead(uint32_t region, uint64_t addr,
+                                       uint64_t len) override;
+  // Unknown or repeated views are counted (unknown_releases) and ignored.
+  void ReleaseRead(const ReadView& view) override;
+
+  // Errors: InvalidArgument (range, unaligned addr), OutOfRange,
+  // ResourceExhausted("write buffer full") at once when the object does not
+  // fit in the buffer now.
+  absl::StatusOr<WriteView> BeginWrite(uint32_t region, uint64_t addr,
+                                       uint64_t len, uint64_t tag) override;
+  // Makes the object readable from the buffer and queues it for flushing.
+  // Errors: InvalidArgument for an unknown view.
+  absl::Status CommitWrite(const WriteView& view) override;
+  void AbortWrite(const WriteView& view) override;
+
+  // Errors: InvalidArgument/OutOfRange (range), ResourceExhausted (larger
+  // than the whole window).
+  absl::StatusOr<PrefetchHandle> PrefetchObject(uint32_t region, uint64_t addr,
+                                                uint64_t len) override;
+  // Errors: DeadlineExceeded (not staged yet; the handle stays valid),
+  // Unavailable (the refill failed), InvalidArgument (unknown handle).
+  absl::StatusOr<const uint8_t*> PrefetchWait(const PrefetchHandle& handle,
+                                              absl::Time deadline) override;
+  // Drops the handle. A queued prefetch is cancelled; an in-flight one keeps
+  // its window space until its I/O completes. Unknown or repeated handles
+  // are counted (unknown_releases) and ignored.
+  void PrefetchRelease(const PrefetchHandle& handle) override;
+
+  MemoryDeviceStats Stats() const override;
+  HybridDeviceStats HybridStats() const;
+
+  std::vector<RecoveredExtent> RecoveredExtents() const override;
+
+  // Blocks until every committed object is durable or `deadline` passes;
+  // returns whether the buffer has nothing left to flush. Flushing itself
+  // still follows the policy above unless `force`, which ignores read
+  // pressure (as shutdown does).
+  bool WaitFlushedForTest(absl::Time deadline, bool force = false);
+
+  CapacityTier* tier() const { return tier_.get(); }
+
+ private:
+  struct Staged;
+  struct Entry;
+  struct MissRead;
+  struct FlushBatch;
+  struct IoReq;
+  class RangeAllocator;
+  enum class ReadKind { kWindow, kBuffer, kBounce };
+  struct ReadRec {
+    ReadKind kind;
+    Staged* staged = nullptr;
+    Entry* entry = nullptr;
+    MissRead* miss = nullptr;
+  };
+  struct HandleRec {
+    uint64_t addr = 0;
+    uint64_t len = 0;
+    Staged* staged = nullptr;  // exactly one of staged / entry
+    Entry* entry = nullptr;
+  };
+
+  HybridDevice(const HybridDeviceOptions& options,
+               std::unique_ptr<CapacityTier> tier, uint8_t* window,
+               size_t window_mapped, bool window_numa, uint8_t* buffer,
+               size_t buffer_mapped, bool buffer_numa);
+  absl::Status Check(uint32_t region, uint64_t addr, uint64_t len) const;
+
+  // --- all below: REQUIRES mu_ held, unless noted.
+  Entry* FindBufferedLocked(uint64_t addr, uint64_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SupersedeLocked(uint64_t addr, uint64_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void InvalidateStagedLocked(uint64_t addr, uint64_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeFreeEntryLocked(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeFreeStagedLocked(Staged* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnkeyStagedLocked(Staged* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts queued prefetches that fit in the window now.
+  void PumpWindowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueChunksLocked(IoReq proto, uint64_t span, std::deque<IoReq>* q)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves I/O the limits allow from the queues to `out` (issue after
+  // unlocking, with Issue()).
+  void TakeIssuableLocked(std::vector<IoReq>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ForegroundBusyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool FlushDueLocked(absl::Time now, absl::Time* wake) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefillIoStartLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefillIoEndLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Without mu_.
+  void Issue(std::vector<IoReq>* reqs) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnIoDone(const IoReq& req, absl::Status status)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void FlusherLoop();
+  // Flushes one batch; returns false if it failed.
+  bool FlushBatchOnce(std::vector<Entry*> batch) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Constant after construction.
+  const HybridDeviceOptions options_;
+  const std::unique_ptr<CapacityTier> tier_;
+  BlockIo* const io_;
+  const uint64_t capacity_;
+  const std::vector<RecoveredExtent> recovered_;
+  uint8_t* const window_;
+  const uint64_t window_bytes_;
+  const size_t window_mapped_;
+  const bool window_numa_;
+  uint8_t* const buffer_;
+  const uint64_t buffer_bytes_;
+  const size_t buffer_mapped_;
+  const bool buffer_numa_;
+
+  mutable Mutex mu_;
+  CondVar cv_;  // any state change a waiter may care about
+
+  // Protected by mu_.
+  std::unique_ptr<RangeAllocator> window_alloc_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<RangeAllocator> buffer_alloc_ ABSL_GUARDED_BY(mu_);
+  // Staged copies findable by (addr, len).
+  std::map<std::pair<uint64_t, uint64_t>, Staged*> staged_by_key_
+      ABSL_GUARDED_BY(mu_);
+  // Every Staged alive (keyed, unkeyed with owners, or waiting for I/O).
+  std::map<Staged*, std::unique_ptr<Staged>> staged_ ABSL_GUARDED_BY(mu_);
+  std::deque<Staged*> window_fifo_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, HandleRec> handles_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, ReadRec> reads_out_ ABSL_GUARDED_BY(mu_);
+  // Every Entry alive, by id (= WriteView cookie).
+  std::map<uint64_t, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  // Committed, not superseded, not yet durable+released: readable, by addr.
+  std::map<uint64_t, Entry*> live_ ABSL_GUARDED_BY(mu_);
+  // Committed and not yet durable, by commit sequence.
+  std::map<uint64_t, Entry*> flush_queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<IoReq> read_q_ ABSL_GUARDED_BY(mu_);
+  std::deque<IoReq> write_q_ ABSL_GUARDED_BY(mu_);
+  int reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int writes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int refill_ios_ ABSL_GUARDED_BY(mu_) = 0;  // refill reads in flight
+  absl::Time refill_busy_since_ ABSL_GUARDED_BY(mu_);
+  absl::Duration refill_busy_ ABSL_GUARDED_BY(mu_);
+  uint64_t bounce_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t max_staged_span_ ABSL_GUARDED_BY(mu_) = 0;  // high-water mark
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time stop_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  int force_flush_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Duration backoff_ ABSL_GUARDED_BY(mu_);
+  HybridDeviceStats stats_ ABSL_GUARDED_BY(mu_);
+
+  // OnIoDone calls still running (they touch `this` after the in-flight
+  // counts drop, so destruction also waits for this to reach 0).
+  std::atomic<int> callbacks_running_{0};
+
+  Thread flusher_;
+};
+
+}  // namespace hymcache::storage

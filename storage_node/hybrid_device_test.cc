@@ -1,0 +1,688 @@
+#include "storage_node/hybrid_device.h"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/thread.h"
+#include "storage_node/fake_block_io.h"
+
+namespace hymcache::storage {
+namespace {
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kCap = 8 * kKiB * kKiB;  // data area of the fake tier
+constexpr uint64_t kHdr = CapacityTier::kHeaderBytes;
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
+
+uint8_t PatternByte(uint64_t pos, uint64_t seed) {
+  uint64_t x = (pos + 1) * 0x9E3779B97F4A7C15ull ^ (seed * 0xC2B2AE3D27D4EB4Full);
+  x ^= x >> 29;
+  return static_cast<uint8_t>(x);
+}
+
+std::vector<uint8_t> Pattern(uint64_t addr, uint64_t len, uint64_t seed) {
+  std::vector<uint8_t> v(len);
+  for (uint64_t i = 0; i < len; ++i) v[i] = PatternByte(addr + i, seed);
+  return v;
+}
+
+bool Matches(const uint8_t* p, uint64_t addr, uint64_t len, uint64_t seed) {
+  for (uint64_t i = 0; i < len; ++i) {
+    if (p[i] != PatternByte(addr + i, seed)) return false;
+  }
+  return true;
+}
+
+HybridDeviceOptions SmallOptions() {
+  HybridDeviceOptions o;
+  o.staging_bytes = 128 * kKiB;
+  o.write_buffer_bytes = 128 * kKiB;
+  o.io_chunk_bytes = 16 * kKiB;
+  o.io_queue_depth = 8;
+  o.flush_batch_bytes = 64 * kKiB;
+  o.flush_max_delay = absl::InfiniteDuration();
+  o.flush_retry_initial = absl::Milliseconds(5);
+  o.flush_retry_max = absl::Milliseconds(20);
+  o.read_timeout = absl::Seconds(20);
+  return o;
+}
+
+// A fake disk and a device over it. The disk outlives devices, so a test can
+// "restart" the device over the same bytes.
+struct Rig {
+  explicit Rig(HybridDeviceOptions o = SmallOptions())
+      : io(std::make_unique<FakeBlockIo>(kHdr + kCap)) {
+    Open(o);
+  }
+  void Open(HybridDeviceOptions o, std::vector<DurableExtent> extents = {}) {
+    auto t = std::make_unique<FakeCapacityTier>(io.get(), kCap,
+                                                std::move(extents));
+    tier = t.get();
+    auto d = HybridDevice::Create(o, std::move(t));
+    REQUIRE(d.ok());
+    dev = std::move(*d);
+  }
+  // Puts the pattern for (addr, len, seed) straight onto the disk.
+  void FillDisk(uint64_t addr, uint64_t len, uint64_t seed) {
+    std::vector<uint8_t> v = Pattern(addr, len, seed);
+    io->FillForTest(kHdr + addr, v.data(), v.size());
+  }
+  // Writes the pattern through the device.
+  void Put(uint64_t addr, uint64_t len, uint64_t gen, uint64_t seed) {
+    auto w = dev->BeginWrite(0, addr, len, gen);
+    REQUIRE(w.ok());
+    std::vector<uint8_t> v = Pattern(addr, len, seed);
+    std::memcpy(w->data, v.data(), len);
+    REQUIRE(dev->CommitWrite(*w).ok());
+  }
+  bool ReadMatches(uint64_t addr, uint64_t len, uint64_t seed) {
+    auto r = dev->AcquireRead(0, addr, len);
+    REQUIRE(r.ok());
+    bool ok = Matches(r->data, addr, len, seed);
+    dev->ReleaseRead(*r);
+    return ok;
+  }
+
+  std::unique_ptr<FakeBlockIo> io;
+  FakeCapacityTier* tier = nullptr;
+  std::unique_ptr<HybridDevice> dev;
+};
+
+PrefetchHandle Prefetch(HybridDevice* d, uint64_t addr, uint64_t len) {
+  auto h = d->PrefetchObject(0, addr, len);
+  REQUIRE(h.ok());
+  return *h;
+}
+
+TEST_CASE("HybridDevice describes one persistent hybrid region") {
+  Rig rig;
+  auto regions = rig.dev->Regions();
+  REQUIRE(regions.size() == 1);
+  CHECK(regions[0].region_id == 0);
+  CHECK(regions[0].capacity_bytes == kCap);
+  CHECK(regions[0].alignment == 4096);
+  CHECK(regions[0].device_kind == "hybrid");
+  CHECK(regions[0].persistent);
+  CHECK(rig.dev->RecoveredExtents().empty());
+  CHECK(rig.dev->AcquireRead(1, 0, 1).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(rig.dev->AcquireRead(0, kCap, 1).status().code() ==
+        absl::StatusCode::kOutOfRange);
+  CHECK(rig.dev->BeginWrite(0, 100, 10, 1).status().code() ==
+        absl::StatusCode::kInvalidArgument);  // unaligned
+  CHECK(rig.dev->PrefetchObject(0, 0, 1 << 20).status().code() ==
+        absl::StatusCode::kResourceExhausted);  // larger than the window
+  HybridDeviceOptions bad = SmallOptions();
+  bad.io_chunk_bytes = 1000;
+  CHECK_FALSE(bad.Validate().ok());
+}
+
+TEST_CASE("Prefetch, wait, read from the window, release") {
+  Rig rig;
+  rig.FillDisk(64 * kKiB, 40 * kKiB, 1);
+  PrefetchHandle h = Prefetch(rig.dev.get(), 64 * kKiB, 40 * kKiB);
+  auto p = rig.dev->PrefetchWait(h, Soon());
+  REQUIRE(p.ok());
+  CHECK(Matches(*p, 64 * kKiB, 40 * kKiB, 1));
+  // 40 KiB in 16 KiB chunks: three reads.
+  CHECK(rig.io->ReadsForTest() == 3);
+
+  auto r = rig.dev->AcquireRead(0, 64 * kKiB, 40 * kKiB);
+  REQUIRE(r.ok());
+  CHECK(r->data == *p);  // served from the window, no copy
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.staging_hits == 1);
+  CHECK(s.staging_misses == 0);
+  CHECK(s.staged_bytes == 40 * kKiB);
+  CHECK(s.refill_bytes == 40 * kKiB);
+  CHECK(s.refill_bandwidth_bytes_per_s > 0);
+
+  rig.dev->PrefetchRelease(h);
+  // Still pinned by the read.
+  CHECK(rig.dev->HybridStats().staged_bytes == 40 * kKiB);
+  rig.dev->ReleaseRead(*r);
+  s = rig.dev->HybridStats();
+  CHECK(s.staged_bytes == 0);
+  CHECK(s.staged_objects == 0);
+  CHECK(s.device.outstanding_reads == 0);
+
+  // Not staged any more: a miss through a bounce buffer, still correct.
+  CHECK(rig.ReadMatches(64 * kKiB, 40 * kKiB, 1));
+  CHECK(rig.dev->HybridStats().staging_misses == 1);
+
+  // Unknown and double releases are counted, not fatal.
+  rig.dev->PrefetchRelease(h);
+  rig.dev->ReleaseRead(*r);
+  CHECK(rig.dev->HybridStats().unknown_releases == 2);
+  CHECK(rig.dev->PrefetchWait(h, Soon()).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("A full window queues prefetches FIFO until space is released") {
+  Rig rig;  // 128 KiB window
+  rig.FillDisk(0, kCap / 2, 2);
+  PrefetchHandle a = Prefetch(rig.dev.get(), 0, 64 * kKiB);
+  PrefetchHandle b = Prefetch(rig.dev.get(), 1024 * kKiB, 32 * kKiB);
+  PrefetchHandle c = Prefetch(rig.dev.get(), 2048 * kKiB, 64 * kKiB);
+  // D would fit in the 32 KiB left, but waits behind C.
+  PrefetchHandle d = Prefetch(rig.dev.get(), 3072 * kKiB, 16 * kKiB);
+  REQUIRE(rig.dev->PrefetchWait(a, Soon()).ok());
+  REQUIRE(rig.dev->PrefetchWait(b, Soon()).ok());
+  CHECK(rig.dev->HybridStats().prefetch_queue_length == 2);
+  CHECK(rig.dev->PrefetchWait(c, absl::Now() + absl::Milliseconds(20))
+            .status()
+            .code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(rig.dev->PrefetchWait(d, absl::Now()).status().code() ==
+        absl::StatusCode::kDeadlineExceeded);
+
+  rig.dev->PrefetchRelease(b);  // 64 KiB free: C starts, D still waits
+  auto pc = rig.dev->PrefetchWait(c, Soon());
+  REQUIRE(pc.ok());
+  CHECK(Matches(*pc, 2048 * kKiB, 64 * kKiB, 2));
+  CHECK(rig.dev->HybridStats().prefetch_queue_length == 1);
+  CHECK(rig.dev->PrefetchWait(d, absl::Now()).status().code() ==
+        absl::StatusCode::kDeadlineExceeded);
+
+  rig.dev->PrefetchRelease(a);
+  auto pd = rig.dev->PrefetchWait(d, Soon());
+  REQUIRE(pd.ok());
+  CHECK(Matches(*pd, 3072 * kKiB, 16 * kKiB, 2));
+  rig.dev->PrefetchRelease(c);
+  rig.dev->PrefetchRelease(d);
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.staged_bytes == 0);
+  CHECK(s.prefetch_queue_length == 0);
+  CHECK(s.prefetch_cancelled == 0);
+}
+
+TEST_CASE("Releasing ready handles that were never read frees their space") {
+  Rig rig;
+  rig.FillDisk(0, 512 * kKiB, 3);
+  for (int round = 0; round < 5; ++round) {
+    std::vector<PrefetchHandle> hs;
+    for (uint64_t i = 0; i < 4; ++i) {
+      hs.push_back(Prefetch(rig.dev.get(), i * 32 * kKiB, 32 * kKiB));
+    }
+    // Wait only for the last: the FIFO makes the others ready too.
+    REQUIRE(rig.dev->PrefetchWait(hs.back(), Soon()).ok());
+    for (const PrefetchHandle& h : hs) rig.dev->PrefetchRelease(h);
+    CHECK(rig.dev->HybridStats().staged_bytes == 0);
+  }
+  CHECK(rig.dev->HybridStats().prefetch_cancelled == 0);
+}
+
+TEST_CASE("Cancelling queued and in-flight prefetches never reuses a busy slot") {
+  HybridDeviceOptions o = SmallOptions();
+  o.staging_bytes = 64 * kKiB;  // one object at a time
+  Rig rig(o);
+  rig.FillDisk(0, 512 * kKiB, 4);
+  rig.io->PauseForTest();
+  PrefetchHandle a = Prefetch(rig.dev.get(), 0, 64 * kKiB);
+  PrefetchHandle b = Prefetch(rig.dev.get(), 128 * kKiB, 64 * kKiB);
+  REQUIRE(rig.io->WaitPendingForTest(4, absl::Seconds(10)));  // A's chunks
+  CHECK(rig.dev->HybridStats().prefetch_queue_length == 1);
+
+  rig.dev->PrefetchRelease(b);  // queued: cancelled at once, no I/O
+  CHECK(rig.dev->HybridStats().prefetch_queue_length == 0);
+  CHECK(rig.dev->HybridStats().prefetch_cancelled == 1);
+
+  PrefetchHandle c = Prefetch(rig.dev.get(), 256 * kKiB, 64 * kKiB);
+  rig.dev->PrefetchRelease(a);  // in flight: its slot stays reserved
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.prefetch_cancelled == 2);
+  CHECK(s.staged_bytes == 64 * kKiB);
+  CHECK(s.prefetch_queue_length == 1);  // C still waits for A's I/O
+  CHECK(rig.dev->PrefetchWait(c, absl::Now() + absl::Milliseconds(20))
+            .status()
+            .code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(rig.io->ReadsForTest() == 4);  // nothing issued for B or C
+
+  rig.io->ResumeForTest();
+  auto pc = rig.dev->PrefetchWait(c, Soon());
+  REQUIRE(pc.ok());
+  // A's late reads did not land in C's slot.
+  CHECK(Matches(*pc, 256 * kKiB, 64 * kKiB, 4));
+  CHECK(rig.io->ReadsForTest() == 8);
+  rig.dev->PrefetchRelease(c);
+  rig.dev->PrefetchRelease(c);
+  s = rig.dev->HybridStats();
+  CHECK(s.staged_bytes == 0);
+  CHECK(s.staged_objects == 0);
+  CHECK(s.unknown_releases == 1);
+}
+
+TEST_CASE("Prefetches of the same object share one staged copy") {
+  Rig rig;
+  rig.FillDisk(96 * kKiB, 20 * kKiB, 5);
+  PrefetchHandle h1 = Prefetch(rig.dev.get(), 96 * kKiB, 20 * kKiB);
+  PrefetchHandle h2 = Prefetch(rig.dev.get(), 96 * kKiB, 20 * kKiB);
+  CHECK(h1.id != h2.id);
+  auto p1 = rig.dev->PrefetchWait(h1, Soon());
+  auto p2 = rig.dev->PrefetchWait(h2, Soon());
+  REQUIRE(p1.ok());
+  REQUIRE(p2.ok());
+  CHECK(*p1 == *p2);
+  CHECK(rig.io->ReadsForTest() == 2);  // 20 KiB: two 16 KiB chunks, once
+  CHECK(rig.dev->HybridStats().prefetch_shared == 1);
+  rig.dev->PrefetchRelease(h1);
+  CHECK(Matches(*p2, 96 * kKiB, 20 * kKiB, 5));
+  CHECK(rig.dev->HybridStats().staged_bytes == 20 * kKiB);
+  rig.dev->PrefetchRelease(h2);
+  CHECK(rig.dev->HybridStats().staged_bytes == 0);
+}
+
+TEST_CASE("Writes: admit, refuse at once when full, read your write") {
+  Rig rig;  // 128 KiB buffer
+  rig.io->PauseForTest();  // nothing leaves the buffer
+  auto w1 = rig.dev->BeginWrite(0, 0, 64 * kKiB, 11);
+  auto w2 = rig.dev->BeginWrite(0, 64 * kKiB, 60 * kKiB + 1, 12);  // 64 KiB
+  REQUIRE(w1.ok());
+  REQUIRE(w2.ok());
+  const absl::Time t0 = absl::Now();
+  auto w3 = rig.dev->BeginWrite(0, 256 * kKiB, 4 * kKiB, 13);
+  CHECK(absl::Now() - t0 < absl::Seconds(1));
+  CHECK(w3.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(rig.dev->HybridStats().write_buffer_refusals == 1);
+  CHECK(rig.dev->Stats().refused_writes == 1);
+
+  rig.dev->AbortWrite(*w2);
+  std::vector<uint8_t> v = Pattern(0, 64 * kKiB, 6);
+  std::memcpy(w1->data, v.data(), v.size());
+  REQUIRE(rig.dev->CommitWrite(*w1).ok());
+  CHECK(rig.dev->CommitWrite(*w1).code() == absl::StatusCode::kInvalidArgument);
+
+  // Readable from the buffer before any flush.
+  auto r = rig.dev->AcquireRead(0, 0, 64 * kKiB);
+  REQUIRE(r.ok());
+  CHECK(Matches(r->data, 0, 64 * kKiB, 6));
+  rig.dev->ReleaseRead(*r);
+  // A sub-range of a buffered object is served too.
+  CHECK(rig.ReadMatches(4 * kKiB, 100, 6));
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.buffer_hits == 2);
+  CHECK(s.write_buffer_admits == 2);
+  CHECK(s.device.aborted_writes == 1);
+  CHECK(s.device.writes == 1);
+  CHECK(s.unflushed_objects == 1);
+
+  // A prefetch of a buffered object costs no I/O.
+  const uint64_t reads_before = rig.io->ReadsForTest();
+  PrefetchHandle h = Prefetch(rig.dev.get(), 0, 64 * kKiB);
+  auto p = rig.dev->PrefetchWait(h, absl::Now());
+  REQUIRE(p.ok());
+  CHECK(Matches(*p, 0, 64 * kKiB, 6));
+  CHECK(rig.io->ReadsForTest() == reads_before);
+  CHECK(rig.dev->HybridStats().prefetch_from_buffer == 1);
+
+  rig.io->ResumeForTest();
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  // The handle still sees the buffered bytes after the flush.
+  CHECK(Matches(*p, 0, 64 * kKiB, 6));
+  rig.dev->PrefetchRelease(h);
+  s = rig.dev->HybridStats();
+  CHECK(s.buffered_bytes == 0);
+  CHECK(s.flushed_bytes == 64 * kKiB);
+  CHECK(s.flush_lag == absl::ZeroDuration());
+  // Now from the tier, byte for byte.
+  CHECK(rig.io->CopyForTest(kHdr, 64 * kKiB) == v);
+  CHECK(rig.ReadMatches(0, 64 * kKiB, 6));
+  CHECK(rig.dev->HybridStats().staging_misses == 1);
+}
+
+TEST_CASE("Flushes go in commit order, merged, then recorded with the tags") {
+  Rig rig;
+  rig.FillDisk(1024 * kKiB, 16 * kKiB, 7);
+  // Hold the flusher off with a foreground read in flight.
+  rig.io->PauseForTest();
+  PrefetchHandle hold = Prefetch(rig.dev.get(), 1024 * kKiB, 16 * kKiB);
+  REQUIRE(rig.io->WaitPendingForTest(1, absl::Seconds(10)));
+  rig.Put(512 * kKiB, 8 * kKiB, 103, 8);
+  rig.Put(0, 8 * kKiB, 101, 8);
+  rig.Put(8 * kKiB, 5000, 102, 8);  // contiguous with the previous one
+  rig.Put(256 * kKiB, 4 * kKiB, 104, 8);
+  CHECK(rig.io->WritesForTest() == 0);
+  rig.dev->PrefetchRelease(hold);
+  rig.io->ResumeForTest();
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+
+  std::vector<uint64_t> write_offsets;
+  for (const FakeBlockIo::Op& op : rig.io->LogForTest()) {
+    if (op.write) write_offsets.push_back(op.offset - kHdr);
+  }
+  CHECK(write_offsets ==
+        std::vector<uint64_t>{512 * kKiB, 0, 256 * kKiB});  // 0+8K merged
+  auto forgets = rig.tier->ForgetCallsForTest();
+  REQUIRE(forgets.size() == 3);
+  CHECK(forgets[1] == std::make_pair(uint64_t{0}, 16 * kKiB));
+  auto recorded = rig.tier->RecordedForTest();
+  REQUIRE(recorded.size() == 4);
+  CHECK(recorded[0].tag == 103);
+  CHECK(recorded[1].tag == 101);
+  CHECK(recorded[2].tag == 102);
+  CHECK(recorded[2].length == 5000);
+  CHECK(recorded[3].tag == 104);
+  CHECK(rig.io->CopyForTest(kHdr + 8 * kKiB, 5000) ==
+        Pattern(8 * kKiB, 5000, 8));
+  CHECK(rig.ReadMatches(8 * kKiB, 5000, 8));
+  CHECK(rig.ReadMatches(512 * kKiB, 8 * kKiB, 8));
+  CHECK(rig.dev->HybridStats().flushed_objects == 4);
+}
+
+TEST_CASE("Flushing yields to reads below the high watermark") {
+  Rig rig;  // 128 KiB buffer: watermark at 96 KiB
+  rig.FillDisk(1024 * kKiB, 16 * kKiB, 9);
+  rig.io->PauseForTest();
+  PrefetchHandle hold = Prefetch(rig.dev.get(), 1024 * kKiB, 16 * kKiB);
+  REQUIRE(rig.io->WaitPendingForTest(1, absl::Seconds(10)));
+  rig.Put(0, 32 * kKiB, 1, 10);
+  rig.Put(64 * kKiB, 32 * kKiB, 2, 10);
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK(rig.io->WritesForTest() == 0);  // a read is in flight
+  CHECK(rig.dev->HybridStats().flush_lag >= absl::Milliseconds(100));
+
+  // Above the watermark: flush anyway, one write at a time.
+  rig.Put(128 * kKiB, 32 * kKiB, 3, 10);
+  REQUIRE(rig.io->WaitPendingForTest(2, absl::Seconds(10)));
+  absl::SleepFor(absl::Milliseconds(50));
+  CHECK(rig.io->WritesForTest() == 1);
+  CHECK(rig.io->PendingForTest() == 2);
+
+  rig.io->ResumeForTest();
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  REQUIRE(rig.dev->PrefetchWait(hold, Soon()).ok());
+  rig.dev->PrefetchRelease(hold);
+  CHECK(rig.ReadMatches(128 * kKiB, 32 * kKiB, 10));
+  CHECK(rig.dev->HybridStats().buffered_bytes == 0);
+}
+
+TEST_CASE("Flush errors keep objects readable and are retried") {
+  Rig rig;
+  rig.io->FailNextForTest(1);
+  rig.Put(0, 16 * kKiB, 21, 11);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.flush_errors == 1);
+  CHECK(s.flushed_objects == 1);
+  CHECK(rig.ReadMatches(0, 16 * kKiB, 11));
+
+  rig.tier->FailNextForTest(1);  // the Forget of the next batch
+  rig.Put(64 * kKiB, 16 * kKiB, 22, 12);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  CHECK(rig.dev->HybridStats().flush_errors == 2);
+  CHECK(rig.ReadMatches(64 * kKiB, 16 * kKiB, 12));
+  auto ext = rig.tier->ExtentsNowForTest();
+  REQUIRE(ext.size() == 2);
+  CHECK(ext[1].tag == 22);
+}
+
+TEST_CASE("Refill and miss errors surface as Unavailable") {
+  Rig rig;
+  rig.io->FailNextForTest(1);
+  PrefetchHandle h = Prefetch(rig.dev.get(), 0, 16 * kKiB);
+  CHECK(rig.dev->PrefetchWait(h, Soon()).status().code() ==
+        absl::StatusCode::kUnavailable);
+  rig.dev->PrefetchRelease(h);
+  rig.io->FailNextForTest(1);
+  CHECK(rig.dev->AcquireRead(0, 0, 16 * kKiB).status().code() ==
+        absl::StatusCode::kUnavailable);
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.prefetch_errors == 1);
+  CHECK(s.read_io_errors == 2);
+  CHECK(s.staged_bytes == 0);
+  CHECK(s.bounce_bytes == 0);
+  // And it works again afterwards.
+  rig.FillDisk(0, 16 * kKiB, 13);
+  CHECK(rig.ReadMatches(0, 16 * kKiB, 13));
+}
+
+TEST_CASE("Bounce buffers are bounded") {
+  HybridDeviceOptions o = SmallOptions();
+  o.max_bounce_bytes = 64 * kKiB;
+  Rig rig(o);
+  rig.FillDisk(0, 256 * kKiB, 14);
+  auto r1 = rig.dev->AcquireRead(0, 0, 48 * kKiB);
+  REQUIRE(r1.ok());
+  CHECK(rig.dev->AcquireRead(0, 64 * kKiB, 32 * kKiB).status().code() ==
+        absl::StatusCode::kResourceExhausted);
+  rig.dev->ReleaseRead(*r1);
+  // Alone, even an object above the bound is readable.
+  CHECK(rig.ReadMatches(0, 100 * kKiB, 14));
+  CHECK(rig.dev->HybridStats().bounce_bytes == 0);
+}
+
+TEST_CASE("A write invalidates the staged copy of the space it reuses") {
+  Rig rig;
+  rig.FillDisk(0, 32 * kKiB, 15);
+  PrefetchHandle old = Prefetch(rig.dev.get(), 0, 32 * kKiB);
+  auto p = rig.dev->PrefetchWait(old, Soon());
+  REQUIRE(p.ok());
+  rig.Put(0, 32 * kKiB, 5, 16);
+  CHECK(rig.ReadMatches(0, 32 * kKiB, 16));  // the new bytes
+  CHECK(Matches(*p, 0, 32 * kKiB, 15));      // the old handle keeps its own
+  rig.dev->PrefetchRelease(old);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  PrefetchHandle fresh = Prefetch(rig.dev.get(), 0, 32 * kKiB);
+  auto q = rig.dev->PrefetchWait(fresh, Soon());
+  REQUIRE(q.ok());
+  CHECK(Matches(*q, 0, 32 * kKiB, 16));
+  rig.dev->PrefetchRelease(fresh);
+}
+
+TEST_CASE("A restarted device re-adopts its durable objects") {
+  Rig rig;
+  rig.Put(0, 12 * kKiB, 7, 17);
+  rig.Put(1024 * kKiB, 100 * kKiB, 8, 18);
+  rig.Put(0, 12 * kKiB, 9, 19);  // overwrites generation 7
+  std::vector<DurableExtent> durable;
+  rig.tier->SaveExtentsOnCloseForTest(&durable);
+  rig.dev.reset();
+
+  rig.Open(SmallOptions(), durable);
+  CHECK(rig.tier->adopted());
+  std::vector<RecoveredExtent> rec = rig.dev->RecoveredExtents();
+  REQUIRE(rec.size() == 2);
+  CHECK(rec[0].region_id == 0);
+  CHECK(rec[0].addr == 0);
+  CHECK(rec[0].length == 12 * kKiB);
+  CHECK(rec[0].generation == 9);
+  CHECK(rec[1].addr == 1024 * kKiB);
+  CHECK(rec[1].length == 100 * kKiB);
+  CHECK(rec[1].generation == 8);
+  CHECK(rig.ReadMatches(0, 12 * kKiB, 19));
+  CHECK(rig.ReadMatches(1024 * kKiB, 100 * kKiB, 18));
+}
+
+TEST_CASE("Destruction flushes what is buffered") {
+  Rig rig;
+  std::vector<DurableExtent> ext;
+  rig.tier->SaveExtentsOnCloseForTest(&ext);
+  rig.io->PauseForTest();  // nothing is flushed before the reset
+  rig.Put(0, 8 * kKiB, 31, 20);
+  rig.Put(64 * kKiB, 8 * kKiB, 32, 21);
+  CHECK(rig.dev->HybridStats().unflushed_objects == 2);
+  rig.io->ResumeForTest();
+  rig.dev.reset();
+  REQUIRE(ext.size() == 2);
+  CHECK(ext[0].tag == 31);
+  CHECK(ext[1].tag == 32);
+  CHECK(rig.io->CopyForTest(kHdr, 8 * kKiB) == Pattern(0, 8 * kKiB, 20));
+}
+
+TEST_CASE("A footprint many times the window streams through correctly") {
+  HybridDeviceOptions o = SmallOptions();
+  o.staging_bytes = 96 * kKiB;
+  Rig rig(o);
+  rig.io->SetLatencyForTest(absl::Microseconds(50));
+  // Objects of 1..40 KiB at 4 KiB-aligned addresses, ~1.5 MiB in all.
+  std::mt19937_64 rng(42);
+  struct Obj {
+    uint64_t addr, len;
+  };
+  std::vector<Obj> objs;
+  uint64_t addr = 0;
+  while (addr < 1536 * kKiB) {
+    uint64_t len = 1 + rng() % (40 * kKiB);
+    objs.push_back({addr, len});
+    addr += (len + 4095) / 4096 * 4096;
+  }
+  // Half written through the device, half already on the disk.
+  for (size_t i = 0; i < objs.size(); ++i) {
+    if (i % 2 == 0) {
+      rig.FillDisk(objs[i].addr, objs[i].len, 50);
+    } else {
+      while (true) {
+        auto w = rig.dev->BeginWrite(0, objs[i].addr, objs[i].len, i);
+        if (!w.ok()) {
+          REQUIRE(w.status().code() == absl::StatusCode::kResourceExhausted);
+          absl::SleepFor(absl::Milliseconds(1));
+          continue;
+        }
+        std::vector<uint8_t> v = Pattern(objs[i].addr, objs[i].len, 50);
+        std::memcpy(w->data, v.data(), v.size());
+        REQUIRE(rig.dev->CommitWrite(*w).ok());
+        break;
+      }
+    }
+  }
+  // Keep up to 4 prefetches ahead of the reader.
+  for (int pass = 0; pass < 2; ++pass) {
+    std::deque<std::pair<Obj, PrefetchHandle>> ahead;
+    size_t next = 0;
+    size_t bad = 0;
+    while (next < objs.size() || !ahead.empty()) {
+      while (next < objs.size() && ahead.size() < 4) {
+        ahead.emplace_back(objs[next],
+                           Prefetch(rig.dev.get(), objs[next].addr,
+                                    objs[next].len));
+        ++next;
+      }
+      auto [obj, h] = ahead.front();
+      ahead.pop_front();
+      auto p = rig.dev->PrefetchWait(h, Soon());
+      REQUIRE(p.ok());
+      if (!Matches(*p, obj.addr, obj.len, 50)) ++bad;
+      auto r = rig.dev->AcquireRead(0, obj.addr, obj.len);
+      REQUIRE(r.ok());
+      if (!Matches(r->data, obj.addr, obj.len, 50)) ++bad;
+      rig.dev->PrefetchRelease(h);
+      rig.dev->ReleaseRead(*r);
+    }
+    CHECK(bad == 0);
+  }
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.staged_bytes == 0);
+  CHECK(s.staging_misses == 0);
+  CHECK(s.device.outstanding_reads == 0);
+  CHECK(s.refill_bytes > 2 * o.staging_bytes);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  CHECK(rig.tier->ExtentsNowForTest().size() == objs.size() / 2);
+}
+
+TEST_CASE("Concurrent writers, prefetchers and missing readers agree") {
+  HybridDeviceOptions o = SmallOptions();
+  o.write_buffer_bytes = 64 * kKiB;
+  o.staging_bytes = 64 * kKiB;
+  o.max_bounce_bytes = 32 * kKiB;
+  o.flush_max_delay = absl::Milliseconds(5);
+  Rig rig(o);
+  rig.io->SetLatencyForTest(absl::Microseconds(20));
+  constexpr uint64_t kObj = 12 * kKiB;
+  constexpr int kObjs = 24;
+  // Region 1: prefetched; region 2: read directly. Both prefilled.
+  rig.FillDisk(2048 * kKiB, kObjs * 16 * kKiB, 70);
+  rig.FillDisk(4096 * kKiB, kObjs * 16 * kKiB, 71);
+  std::atomic<int> bad{0};
+  std::atomic<int> refused{0};
+
+  // Each writer owns its addresses, so no write overlaps another access.
+  auto writer = [&](uint64_t base, uint64_t seed0) {
+    for (int round = 0; round < 3; ++round) {
+      for (int i = 0; i < kObjs; ++i) {
+        const uint64_t addr = base + i * 16 * kKiB;
+        const uint64_t seed = seed0 + round;
+        auto w = rig.dev->BeginWrite(0, addr, kObj, round * 100 + i + 1);
+        if (!w.ok()) {
+          ++refused;
+          if (w.status().code() != absl::StatusCode::kResourceExhausted) ++bad;
+          absl::SleepFor(absl::Microseconds(200));
+          --i;
+          continue;
+        }
+        std::vector<uint8_t> v = Pattern(addr, kObj, seed);
+        std::memcpy(w->data, v.data(), kObj);
+        if (!rig.dev->CommitWrite(*w).ok()) ++bad;
+        auto r = rig.dev->AcquireRead(0, addr, kObj);
+        if (!r.ok()) {
+          if (r.status().code() != absl::StatusCode::kResourceExhausted) ++bad;
+          continue;
+        }
+        if (!Matches(r->data, addr, kObj, seed)) ++bad;
+        rig.dev->ReleaseRead(*r);
+      }
+    }
+  };
+  auto prefetcher = [&] {
+    for (int round = 0; round < 3; ++round) {
+      for (int i = 0; i < kObjs; i += 2) {
+        const uint64_t a0 = 2048 * kKiB + i * 16 * kKiB;
+        auto h0 = rig.dev->PrefetchObject(0, a0, kObj);
+        auto h1 = rig.dev->PrefetchObject(0, a0 + 16 * kKiB, kObj);
+        if (!h0.ok() || !h1.ok()) {
+          ++bad;
+          return;
+        }
+        for (auto* h : {&*h0, &*h1}) {
+          auto p = rig.dev->PrefetchWait(*h, Soon());
+          if (!p.ok() || !Matches(*p, h->addr, kObj, 70)) ++bad;
+          rig.dev->PrefetchRelease(*h);
+        }
+      }
+    }
+  };
+  auto reader = [&] {
+    for (int round = 0; round < 3; ++round) {
+      for (int i = 0; i < kObjs; ++i) {
+        const uint64_t addr = 4096 * kKiB + i * 16 * kKiB;
+        auto r = rig.dev->AcquireRead(0, addr, kObj);
+        if (!r.ok()) {
+          if (r.status().code() != absl::StatusCode::kResourceExhausted) ++bad;
+          continue;
+        }
+        if (!Matches(r->data, addr, kObj, 71)) ++bad;
+        rig.dev->ReleaseRead(*r);
+      }
+    }
+  };
+  {
+    Thread w1("test-w1", [&] { writer(0, 80); });
+    Thread w2("test-w2", [&] { writer(1024 * kKiB, 90); });
+    Thread p("test-p", prefetcher);
+    Thread r("test-r", reader);
+  }
+  CHECK(bad.load() == 0);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  for (int i = 0; i < kObjs; ++i) {
+    CHECK(rig.ReadMatches(i * 16 * kKiB, kObj, 82));
+    CHECK(rig.ReadMatches(1024 * kKiB + i * 16 * kKiB, kObj, 92));
+  }
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.staged_bytes == 0);
+  CHECK(s.bounce_bytes == 0);
+  CHECK(s.buffered_bytes == 0);
+  CHECK(s.device.outstanding_reads == 0);
+  CHECK(s.device.outstanding_writes == 0);
+  CHECK(s.unknown_releases == 0);
+  CHECK(rig.tier->ExtentsNowForTest().size() == 2 * kObjs);
+}
+
+}  // namespace
+}  // namespace hymcache::storage
