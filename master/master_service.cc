@@ -152,9 +152,9 @@ absl::Status MasterService::Load() {
     }
     next_node_id_ = std::max(next_node_id_, id + 1);
     node_by_name_[info.name()] = id;
-    // DeregisterNode persists incarnation 0: such a node stays dead until
+    // DeregisterNode persists alive = false: such a node stays dead until
     // it registers again.
-    node.deregistered = info.incarnation() == 0;
+    node.deregistered = !info.alive();
     node.info = std::move(info);
     nodes_.emplace(id, std::move(node));
   }
@@ -376,6 +376,8 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   info.set_control_address(request.control_address());
   for (const auto& r : request.regions()) *info.add_regions() = DurableRegion(r);
   *info.mutable_transport_params() = request.transport_params();
+  // Persisted: false once the node deregisters (see DeregisterNode).
+  info.set_alive(true);
 
   v1::RegisterNodeResponse response;
   response.set_heartbeat_interval_ms(static_cast<uint32_t>(
@@ -434,9 +436,9 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
 
   std::vector<uint32_t> purge_regions;
   if (new_incarnation) {
-    for (const auto& [rid, region] : node.regions) {
-      if (!region.info.persistent()) purge_regions.push_back(rid);
-    }
+    // A new incarnation means the node's memory started afresh (DRAM after a
+    // restart, a re-formatted capacity file): nothing it held is there.
+    for (const auto& [rid, region] : node.regions) purge_regions.push_back(rid);
   }
   auto plan = PlanRebuild(id, info.regions(), purge_regions);
   if (!plan.ok()) return plan.status();
@@ -465,6 +467,7 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   node.last_seen = now;
   node.deregistered = false;
   response.set_node_id(id);
+  response.set_objects_retained(!new_incarnation);
   LOG(INFO) << "node " << id << " '" << request.name() << "' re-registered"
             << (new_incarnation ? " with a new incarnation" : "")
             << (new_layout ? " with new regions" : "") << "; purged "
@@ -511,12 +514,12 @@ absl::StatusOr<v1::DeregisterNodeResponse> MasterService::DeregisterNode(
       doomed.emplace_back(key);
     }
   });
-  // One batch: the purge, and the node record with incarnation 0 so that a
+  // One batch: the purge, and the node record marked not alive so that a
   // restarted master keeps it dead instead of placing puts on it.
   MetadataMutation m;
   m.delete_objects = doomed;
   v1::NodeInfo gone = node.info;
-  gone.set_incarnation(0);
+  gone.set_alive(false);
   m.put_nodes.push_back(std::move(gone));
   absl::Status s = store_->Apply(m);
   if (!s.ok()) return s;

@@ -610,6 +610,7 @@ TEST_CASE("Restart drops objects that no longer fit their node") {
     n.set_node_id(4);
     n.set_name("n4");
     n.set_incarnation(1);
+    n.set_alive(true);  // registered, not deregistered
     n.set_data_address("h:1");
     n.set_control_address("h:2");
     auto* r = n.add_regions();
@@ -646,7 +647,7 @@ TEST_CASE("Restart drops objects that no longer fit their node") {
   }
 }
 
-TEST_CASE("Re-registering with a new incarnation purges volatile regions") {
+TEST_CASE("Re-registering with a new incarnation purges every region") {
   Harness h("incarnation");
   uint32_t a = h.Register("a", 1, {{0, 1 << 20}, {1, 1 << 20, 64, true}});
   // Fill both regions.
@@ -665,26 +666,25 @@ TEST_CASE("Re-registering with a new incarnation purges volatile regions") {
   CHECK(h.svc->GetStats().object_count() == 16);
   CHECK(h.svc->GetStats().pending_puts() == 1);
 
-  // New incarnation: region 0 (not persistent) is purged, region 1 kept.
+  // New incarnation: the node's memory started afresh (DRAM restarted, or a
+  // persistent capacity file was re-formatted): every region is purged.
   CHECK(h.Register("a", 2, {{0, 1 << 20}, {1, 1 << 20, 64, true}}) == a);
   auto after = h.Lookup(keys);
-  for (int i = 0; i < 16; ++i) {
-    CHECK(after.results(i).found() == (l.results(i).location().region_id() == 1));
-  }
-  CHECK(h.svc->GetStats().object_count() == uint64_t(16 - volatile_count));
+  for (int i = 0; i < 16; ++i) CHECK_FALSE(after.results(i).found());
+  CHECK(h.svc->GetStats().object_count() == 0);
   CHECK(h.svc->GetStats().pending_puts() == 0);
-  CHECK(h.svc->counters().objects_purged == uint64_t(volatile_count));
+  CHECK(h.svc->counters().objects_purged == 16u);
   auto node = h.svc->ListNodes().nodes(0);
   CHECK(node.incarnation() == 2);
   CHECK(node.regions(0).used_bytes() == 0);
-  CHECK(node.regions(1).used_bytes() == uint64_t(16 - volatile_count) * 1024);
+  CHECK(node.regions(1).used_bytes() == 0);
   v1::PutCommitRequest c;
   c.set_put_id(pending.put_id());
   CHECK(h.svc->PutCommit(c).status().code() == StatusCode::kNotFound);
 
   // The purge is durable.
   h.Restart();
-  CHECK(h.svc->GetStats().object_count() == uint64_t(16 - volatile_count));
+  CHECK(h.svc->GetStats().object_count() == 0);
   // Old heartbeats are refused; new ones accepted.
   v1::HeartbeatRequest hb;
   hb.set_node_id(a);

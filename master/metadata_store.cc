@@ -69,6 +69,7 @@ hymcache::v1::NodeInfo DurableNodeFields(const hymcache::v1::NodeInfo& in) {
   out.set_node_id(in.node_id());
   out.set_name(in.name());
   out.set_incarnation(in.incarnation());
+  out.set_alive(in.alive());
   out.set_data_address(in.data_address());
   out.set_control_address(in.control_address());
   for (const auto& r : in.regions()) {

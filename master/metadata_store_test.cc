@@ -84,7 +84,7 @@ TEST_CASE("RocksDbMetadataStore persists objects and nodes across reopen") {
     node.set_incarnation(42);
     node.set_data_address("127.0.0.1:7000");
     node.set_control_address("127.0.0.1:7001");
-    node.set_alive(true);             // not durable
+    node.set_alive(false);            // durable: the deregistration mark
     node.set_object_count(3);         // not durable
     auto* region = node.add_regions();
     region->set_region_id(2);

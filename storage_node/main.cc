@@ -35,7 +35,24 @@ DEFINE_string(advertise_host, "",
 DEFINE_string(dram_bytes, "1G",
               "DRAM device capacity: bytes, or with a K/M/G/T suffix "
               "(binary units), e.g. 256M.");
-DEFINE_int32(numa_node, -1, "NUMA node for the DRAM device (-1: local).");
+DEFINE_int32(numa_node, -1, "NUMA node for the device's DRAM (-1: local).");
+DEFINE_string(device, "dram",
+              "Memory device: dram, hybrid (DRAM staging window + write "
+              "buffer over a capacity file), or hybrid-lru (the same budget "
+              "as a transparent LRU cache; a baseline).");
+DEFINE_string(capacity_path, "",
+              "Hybrid devices: capacity file or block device.");
+DEFINE_string(capacity_bytes, "",
+              "Hybrid devices: addressable capacity, e.g. 64G.");
+DEFINE_string(capacity_metadata_dir, "",
+              "Hybrid device: durable object record (default: "
+              "capacity_path + .meta).");
+DEFINE_string(staging_bytes, "256M", "Hybrid devices: DRAM staging window.");
+DEFINE_string(write_buffer_bytes, "64M", "Hybrid devices: DRAM write buffer.");
+DEFINE_string(io_engine, "auto", "Hybrid devices: auto, io_uring or threadpool.");
+DEFINE_int32(io_queue_depth, 64, "Hybrid devices: I/Os in flight.");
+DEFINE_bool(io_direct, true,
+            "Hybrid devices: O_DIRECT on the capacity file (off only for tmpfs).");
 DEFINE_uint32(alignment, 4096, "Allocation alignment (power of two).");
 DEFINE_int32(max_connections, 1024, "Most data-plane connections at once.");
 DEFINE_int32(io_timeout_ms, 30000, "Bound on one data-plane request (ms).");
@@ -102,6 +119,31 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.numa_node = FLAGS_numa_node;
+  if (FLAGS_device == "dram") {
+    options.device = hymcache::StorageNodeOptions::Device::kDram;
+  } else if (FLAGS_device == "hybrid") {
+    options.device = hymcache::StorageNodeOptions::Device::kHybrid;
+  } else if (FLAGS_device == "hybrid-lru") {
+    options.device = hymcache::StorageNodeOptions::Device::kHybridLru;
+  } else {
+    std::cerr << "hymcache-storage: bad --device '" << FLAGS_device
+              << "' (want dram, hybrid or hybrid-lru)\n";
+    return 2;
+  }
+  if (FLAGS_device != "dram") {
+    options.capacity_path = FLAGS_capacity_path;
+    options.capacity_metadata_dir = FLAGS_capacity_metadata_dir;
+    if (!ParseBytes(FLAGS_capacity_bytes, &options.capacity_bytes) ||
+        !ParseBytes(FLAGS_staging_bytes, &options.staging_bytes) ||
+        !ParseBytes(FLAGS_write_buffer_bytes, &options.write_buffer_bytes)) {
+      std::cerr << "hymcache-storage: bad --capacity_bytes, --staging_bytes or "
+                   "--write_buffer_bytes (want e.g. 64G, 256M)\n";
+      return 2;
+    }
+    options.io_engine = FLAGS_io_engine;
+    options.io_queue_depth = FLAGS_io_queue_depth;
+    options.io_direct = FLAGS_io_direct;
+  }
   options.alignment = FLAGS_alignment;
   options.max_connections = FLAGS_max_connections;
   options.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);

@@ -15,9 +15,12 @@
 #include "glog/logging.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
+#include "storage_node/capacity_tier.h"
 #include "storage_node/data_server.h"
 #include "storage_node/dram_device.h"
 #include "storage_node/extent_table.h"
+#include "storage_node/hybrid_device.h"
+#include "storage_node/lru_device.h"
 #include "storage_node/memory_device.h"
 
 namespace hymcache {
@@ -124,7 +127,34 @@ absl::Status StorageNodeOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "storage node: alignment ", alignment, " is not a power of two"));
   }
-  if (dram_bytes < alignment) {
+  if (device == Device::kHybrid || device == Device::kHybridLru) {
+    if (capacity_path.empty() || capacity_bytes == 0 ||
+        capacity_bytes % 4096 != 0) {
+      return absl::InvalidArgumentError(
+          "storage node: a hybrid device needs capacity_path and "
+          "capacity_bytes (a positive multiple of 4096)");
+    }
+    if (device == Device::kHybrid && node_name.empty()) {
+      return absl::InvalidArgumentError(
+          "storage node: a hybrid device needs a stable node_name (its "
+          "capacity file records which node owns it)");
+    }
+    if (alignment < 4096) {
+      return absl::InvalidArgumentError(
+          "storage node: a hybrid device needs alignment >= 4096");
+    }
+    if (io_engine != "auto" && io_engine != "io_uring" &&
+        io_engine != "threadpool") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "storage node: io_engine '", io_engine,
+          "' (want auto, io_uring or threadpool)"));
+    }
+    if (staging_bytes == 0 || write_buffer_bytes == 0 || io_queue_depth < 1) {
+      return absl::InvalidArgumentError(
+          "storage node: staging_bytes, write_buffer_bytes and "
+          "io_queue_depth must be positive");
+    }
+  } else if (dram_bytes < alignment) {
     return absl::InvalidArgumentError(absl::StrCat(
         "storage node: dram_bytes ", dram_bytes, " is below the alignment"));
   }
@@ -146,6 +176,66 @@ absl::Status StorageNodeOptions::Validate() const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Builds the configured memory device. A persistent device replaces
+// `*incarnation` with the one recorded in its capacity file. The LRU
+// baseline does not own its capacity tier: `*tier_out` keeps it alive.
+absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
+    const StorageNodeOptions& o, uint64_t* incarnation,
+    std::unique_ptr<storage::CapacityTier>* tier_out) {
+  using Device = StorageNodeOptions::Device;
+  if (o.device == Device::kDram) {
+    storage::DramDeviceOptions dev;
+    dev.region_id = 0;
+    dev.capacity_bytes = o.dram_bytes;
+    dev.numa_node = o.numa_node;
+    dev.alignment = o.alignment;
+    ASSIGN_OR_RETURN(auto d, storage::DramDevice::Create(dev));
+    return std::unique_ptr<storage::MemoryDevice>(std::move(d));
+  }
+  storage::CapacityTierOptions tier;
+  tier.path = o.capacity_path;
+  tier.capacity_bytes = o.capacity_bytes;
+  tier.node_name = o.device == Device::kHybrid ? o.node_name : "lru-baseline";
+  tier.metadata_dir = o.capacity_metadata_dir;
+  tier.io.queue_depth = o.io_queue_depth;
+  tier.io.direct = o.io_direct;
+  tier.io.engine = o.io_engine == "io_uring" ? storage::BlockIoOptions::Engine::kIoUring
+                   : o.io_engine == "threadpool"
+                       ? storage::BlockIoOptions::Engine::kThreadPool
+                       : storage::BlockIoOptions::Engine::kAuto;
+  ASSIGN_OR_RETURN(std::unique_ptr<storage::CapacityTier> t,
+                   storage::CapacityTier::Open(tier));
+  if (o.device == Device::kHybrid) {
+    *incarnation = t->incarnation();
+    storage::HybridDeviceOptions h;
+    h.staging_bytes = o.staging_bytes;
+    h.write_buffer_bytes = o.write_buffer_bytes;
+    h.numa_node = o.numa_node;
+    h.io_queue_depth = o.io_queue_depth;
+    LOG(INFO) << "hybrid device: capacity file " << o.capacity_path << " ("
+              << (t->adopted() ? "adopted" : "formatted") << ", "
+              << t->io()->engine() << "), staging window " << o.staging_bytes
+              << " bytes, write buffer " << o.write_buffer_bytes << " bytes";
+    ASSIGN_OR_RETURN(auto d, storage::HybridDevice::Create(h, std::move(t)));
+    return std::unique_ptr<storage::MemoryDevice>(std::move(d));
+  }
+  storage::LruCacheDeviceOptions l;
+  l.capacity_bytes = o.capacity_bytes;
+  l.data_offset = storage::CapacityTier::kHeaderBytes;
+  l.cache_bytes = o.staging_bytes + o.write_buffer_bytes;
+  l.max_concurrent_fills = o.io_queue_depth;
+  l.alignment = o.alignment;
+  LOG(INFO) << "LRU baseline device: capacity file " << o.capacity_path
+            << ", cache " << l.cache_bytes << " bytes";
+  ASSIGN_OR_RETURN(auto d, storage::LruCacheDevice::Create(l, t->io()));
+  *tier_out = std::move(t);
+  return std::unique_ptr<storage::MemoryDevice>(std::move(d));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
     const StorageNodeOptions& options) {
   RETURN_IF_ERROR(options.Validate());
@@ -154,17 +244,36 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
       options.advertise_host.empty() ? options.listen_host
                                      : options.advertise_host;
 
-  storage::DramDeviceOptions dev;
-  dev.region_id = 0;
-  dev.capacity_bytes = options.dram_bytes;
-  dev.numa_node = options.numa_node;
-  dev.alignment = options.alignment;
-  ASSIGN_OR_RETURN(node->device_, storage::DramDevice::Create(dev));
+  absl::BitGen gen;
+  do {
+    node->incarnation_ = absl::Uniform<uint64_t>(gen);
+  } while (node->incarnation_ == 0);
+  ASSIGN_OR_RETURN(node->device_, MakeDevice(options, &node->incarnation_,
+                                             &node->lru_tier_));
 
   storage::ExtentTableOptions ext;
   ext.regions = node->device_->Regions();
   ext.drain_timeout = kExtentDrainTimeout;
   ASSIGN_OR_RETURN(node->extents_, storage::ExtentTable::Create(ext));
+  // A persistent device still holds the objects it flushed before a
+  // restart: they are readable again (the master keeps them while this
+  // incarnation is the one it knows; otherwise registration clears them).
+  size_t adopted = 0;
+  for (const storage::RecoveredExtent& e : node->device_->RecoveredExtents()) {
+    auto ticket = node->extents_->BeginWrite(
+        storage::ExtentKey{e.region_id, e.addr, e.length, e.generation});
+    if (ticket.ok() && ticket->Commit().ok()) {
+      ++adopted;
+    } else {
+      LOG(WARNING) << "storage node: cannot re-adopt extent at " << e.addr
+                   << " (" << e.length << " bytes, generation "
+                   << e.generation << ")";
+    }
+  }
+  if (adopted > 0) {
+    LOG(INFO) << "storage node: re-adopted " << adopted
+              << " objects from the capacity tier";
+  }
 
   storage::DataServerOptions ds;
   ds.host = options.listen_host;
@@ -180,11 +289,6 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   node->data_address_ = JoinHostPort(advertise, node->data_port_);
   node->name_ =
       options.node_name.empty() ? node->data_address_ : options.node_name;
-  absl::BitGen gen;
-  do {
-    node->incarnation_ = absl::Uniform<uint64_t>(gen);
-  } while (node->incarnation_ == 0);
-
   node->control_service_ = std::make_unique<ControlService>(node.get());
   grpc::ServerBuilder builder;
   // Without this, gRPC binds with SO_REUSEPORT and "succeeds" on a port
@@ -205,8 +309,9 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   grpc::ChannelArguments args;
   // Notice a restarted master quickly instead of after gRPC's default
   // reconnect backoff (up to two minutes).
+  // (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also uses it as the minimum
+  // connect timeout, and 100 ms fails connects on a loaded machine.)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   node->master_ = std::make_unique<MasterClient>();
   node->master_->channel = grpc::CreateCustomChannel(

@@ -36,6 +36,7 @@ namespace hymcache {
 namespace storage {
 class DataServer;
 class ExtentTable;
+class CapacityTier;
 class MemoryDevice;
 }  // namespace storage
 
@@ -65,8 +66,45 @@ struct StorageNodeOptions {
   // Default: -1
   int numa_node = -1;
   // Allocation alignment of the region (a power of two), told to the master.
+  // Hybrid devices need at least 4096 (O_DIRECT).
   // Default: 4096
   uint32_t alignment = 4096;
+
+  // The memory device behind the node.
+  enum class Device {
+    // dram_bytes of DRAM on numa_node (contents start afresh every start).
+    kDram,
+    // Software CXL hybrid memory: a capacity file (capacity_bytes, the
+    // addressable space) behind a DRAM staging window (staging_bytes) and a
+    // write buffer (write_buffer_bytes). Persistent: a restarted node on the
+    // same file serves its flushed objects again. Requires node_name.
+    kHybrid,
+    // The same capacity file and DRAM budget managed as a transparent
+    // write-back LRU cache (a baseline for comparison; not persistent).
+    kHybridLru,
+  };
+  // Default: kDram
+  Device device = Device::kDram;
+  // Hybrid devices: capacity file or block device. Required for them.
+  std::string capacity_path;
+  // Hybrid devices: addressable bytes in the capacity file (multiple of
+  // 4096). Required for them.
+  uint64_t capacity_bytes = 0;
+  // kHybrid: where the durable record of flushed objects lives.
+  // Default: "" = capacity_path + ".meta"
+  std::string capacity_metadata_dir;
+  // Hybrid devices: DRAM staging window. Default: 256 MiB
+  uint64_t staging_bytes = uint64_t{256} << 20;
+  // Hybrid devices: DRAM write buffer (kHybridLru adds it to its cache).
+  // Default: 64 MiB
+  uint64_t write_buffer_bytes = uint64_t{64} << 20;
+  // Hybrid devices: I/O engine ("auto", "io_uring", "threadpool") and queue
+  // depth. Default: "auto", 64
+  std::string io_engine = "auto";
+  int io_queue_depth = 64;
+  // Hybrid devices: open the capacity file with O_DIRECT. Turn off only on
+  // filesystems without it (tmpfs). Default: true
+  bool io_direct = true;
   // Most data-plane connections served at once (each holds a thread).
   // Default: 1024
   int max_connections = 1024;
@@ -146,6 +184,8 @@ class StorageNode {
 
   // Constant after Create.
   const StorageNodeOptions options_;
+  // The LRU baseline device's capacity tier (it does not own it).
+  std::unique_ptr<storage::CapacityTier> lru_tier_;
   std::unique_ptr<storage::MemoryDevice> device_;
   std::unique_ptr<storage::ExtentTable> extents_;
   std::unique_ptr<storage::DataServer> data_server_;

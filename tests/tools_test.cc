@@ -57,7 +57,9 @@ struct Small {
 TEST_CASE("hymctl status, put, get, lookup, rm") {
   Small c;
   std::string out;
-  REQUIRE(Ctl(c.master.address, {"status"}, &out) == 0);
+  int rc = Ctl(c.master.address, {"status"}, &out);
+  INFO(out);
+  REQUIRE(rc == 0);
   CHECK(out.find("tools-node") != std::string::npos);
   CHECK(out.find("alive") != std::string::npos);
 
