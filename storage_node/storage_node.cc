@@ -66,6 +66,11 @@ struct StorageNode::MasterClient {
 };
 
 // The gRPC StorageControl service. Handlers never block.
+namespace {
+void ExportDeviceStats(const storage::MemoryDevice& device,
+                       google::protobuf::Map<std::string, double>* out);
+}  // namespace
+
 class StorageNode::ControlService final
     : public v1::StorageControl::CallbackService {
  public:
@@ -94,6 +99,7 @@ class StorageNode::ControlService final
     resp->set_stale_reads(d.stale_reads);
     resp->set_rejected_ops(d.rejected_ops);
     resp->set_open_connections(d.open_connections);
+    ExportDeviceStats(*n->device_, resp->mutable_device_stats());
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -102,6 +108,50 @@ class StorageNode::ControlService final
  private:
   StorageNode* const node_;
 };
+
+namespace {
+
+// The device's counters, by name, for StorageControl.GetStats.
+void ExportDeviceStats(const storage::MemoryDevice& device,
+                       google::protobuf::Map<std::string, double>* out) {
+  const storage::MemoryDeviceStats m = device.Stats();
+  (*out)["capacity_bytes"] = static_cast<double>(m.capacity_bytes);
+  (*out)["reads"] = static_cast<double>(m.reads);
+  (*out)["read_bytes"] = static_cast<double>(m.read_bytes);
+  (*out)["writes"] = static_cast<double>(m.writes);
+  (*out)["write_bytes"] = static_cast<double>(m.write_bytes);
+  (*out)["refused_writes"] = static_cast<double>(m.refused_writes);
+  if (const auto* h = dynamic_cast<const storage::HybridDevice*>(&device)) {
+    const storage::HybridDeviceStats s = h->HybridStats();
+    (*out)["staging_capacity_bytes"] = static_cast<double>(s.staging_capacity_bytes);
+    (*out)["staged_bytes"] = static_cast<double>(s.staged_bytes);
+    (*out)["prefetch_queue_length"] = static_cast<double>(s.prefetch_queue_length);
+    (*out)["staging_hits"] = static_cast<double>(s.staging_hits);
+    (*out)["staging_misses"] = static_cast<double>(s.staging_misses);
+    (*out)["buffer_hits"] = static_cast<double>(s.buffer_hits);
+    (*out)["refill_bytes"] = static_cast<double>(s.refill_bytes);
+    (*out)["refill_bandwidth_bytes_per_s"] = s.refill_bandwidth_bytes_per_s;
+    (*out)["write_buffer_capacity_bytes"] =
+        static_cast<double>(s.write_buffer_capacity_bytes);
+    (*out)["write_buffer_admits"] = static_cast<double>(s.write_buffer_admits);
+    (*out)["write_buffer_refusals"] = static_cast<double>(s.write_buffer_refusals);
+    (*out)["buffered_bytes"] = static_cast<double>(s.buffered_bytes);
+    (*out)["unflushed_objects"] = static_cast<double>(s.unflushed_objects);
+    (*out)["flush_lag_seconds"] = absl::ToDoubleSeconds(s.flush_lag);
+    (*out)["flushed_bytes"] = static_cast<double>(s.flushed_bytes);
+    (*out)["flush_errors"] = static_cast<double>(s.flush_errors);
+  }
+  if (const auto* l = dynamic_cast<const storage::LruCacheDevice*>(&device)) {
+    const storage::LruCacheStats s = l->CacheStats();
+    (*out)["lru_hits"] = static_cast<double>(s.hits);
+    (*out)["lru_misses"] = static_cast<double>(s.misses);
+    (*out)["lru_hit_ratio"] = s.hit_ratio();
+    (*out)["lru_evictions"] = static_cast<double>(s.evictions);
+    (*out)["lru_dirty_writebacks"] = static_cast<double>(s.dirty_writebacks);
+  }
+}
+
+}  // namespace
 
 absl::Status StorageNodeOptions::Validate() const {
   if (master_address.empty()) {

@@ -100,6 +100,15 @@ TEST_CASE("hymctl status, put, get, lookup, rm") {
   CHECK(Ctl(c.master.address, {"get", "greeting", out_file}, &out) == 1);
   CHECK(out.find("not stored") != std::string::npos);
 
+  // Per-node counters from the nodes' control services.
+  REQUIRE(Ctl(c.master.address, {"stats"}, &out, true) == 0);
+  j = nlohmann::json::parse(out);
+  REQUIRE(j["nodes"].size() == 1);
+  CHECK(j["nodes"][0]["write_ops"].get<uint64_t>() >= 1);
+  CHECK(j["nodes"][0]["device"]["capacity_bytes"].get<double>() == 134217728.0);
+  REQUIRE(Ctl(c.master.address, {"stats"}, &out) == 0);
+  CHECK(out.find("device.capacity_bytes") != std::string::npos);
+
   // Usage errors.
   CHECK(Ctl(c.master.address, {}, &out) == 2);
   CHECK(Ctl(c.master.address, {"frobnicate"}, &out) == 2);

@@ -1,10 +1,12 @@
 #include "tools/hymctl/hymctl.h"
 
 #include <fstream>
+#include <map>
 #include <iomanip>
 #include <iterator>
 #include <sstream>
 
+#include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
@@ -14,6 +16,7 @@
 #include "absl/time/time.h"
 #include "client/block_key.h"
 #include "client/client.h"
+#include "proto/storage.grpc.pb.h"
 
 namespace hymcache::hymctl {
 namespace {
@@ -71,6 +74,7 @@ class Cli {
     if (!client.ok()) return Fail(client.status());
     client_ = std::move(*client);
     if (cmd == "status") return rest.empty() ? Status() : Usage("status takes no operands");
+    if (cmd == "stats") return rest.empty() ? NodeStats() : Usage("stats takes no operands");
     if (cmd == "put") return rest.size() == 2 ? Put(rest[0], rest[1]) : Usage("put KEY FILE");
     if (cmd == "get") return rest.size() == 2 ? Get(rest[0], rest[1]) : Usage("get KEY FILE");
     if (cmd == "lookup") return rest.empty() ? Usage("lookup KEY...") : Lookup(rest);
@@ -83,6 +87,7 @@ class Cli {
     err_ << "hymctl: " << why << "\n"
          << "usage: hymctl [--master=HOST:PORT] [--json] [--hex] COMMAND\n"
          << "  status            nodes, liveness, capacity, used, objects\n"
+         << "  stats             each node's data-plane and device counters\n"
          << "  put KEY FILE      store FILE under KEY\n"
          << "  get KEY FILE      write KEY's bytes to FILE\n"
          << "  lookup KEY...     locations and the hit prefix\n"
@@ -169,6 +174,63 @@ class Cli {
     Table(out_, rows);
     out_ << "\n" << st->object_count << " objects, " << Human(st->object_bytes)
          << ", " << st->pending_puts << " puts in progress\n";
+    return 0;
+  }
+
+  // Asks every node's control service for its counters.
+  int NodeStats() {
+    auto st = client_->GetClusterStatus();
+    if (!st.ok()) return Fail(st.status());
+    json all = json::array();
+    for (const auto& n : st->nodes) {
+      json j{{"node_id", n.node_id}, {"name", n.name}, {"alive", n.alive}};
+      auto stub = hymcache::v1::StorageControl::NewStub(grpc::CreateChannel(
+          n.control_address, grpc::InsecureChannelCredentials()));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(o_.timeout_seconds)));
+      hymcache::v1::StorageStatsResponse resp;
+      grpc::Status s = stub->GetStats(&ctx, hymcache::v1::StorageStatsRequest(), &resp);
+      if (!s.ok()) {
+        j["error"] = s.error_message();
+      } else {
+        j["bytes_read"] = resp.bytes_read();
+        j["bytes_written"] = resp.bytes_written();
+        j["read_ops"] = resp.read_ops();
+        j["write_ops"] = resp.write_ops();
+        j["stale_reads"] = resp.stale_reads();
+        j["rejected_ops"] = resp.rejected_ops();
+        j["open_connections"] = resp.open_connections();
+        json dev = json::object();
+        for (const auto& [k, v] : resp.device_stats()) dev[k] = v;
+        j["device"] = dev;
+      }
+      all.push_back(j);
+    }
+    if (o_.json) {
+      out_ << json{{"nodes", all}}.dump(2) << "\n";
+      return 0;
+    }
+    for (const auto& j : all) {
+      out_ << "node " << j["node_id"].get<uint32_t>() << " ("
+           << j["name"].get<std::string>() << ")";
+      if (j.contains("error")) {
+        out_ << ": unreachable: " << j["error"].get<std::string>() << "\n";
+        continue;
+      }
+      out_ << "\n";
+      std::vector<std::vector<std::string>> rows = {{"  COUNTER", "VALUE"}};
+      for (const char* k : {"bytes_read", "bytes_written", "read_ops", "write_ops",
+                            "stale_reads", "rejected_ops", "open_connections"}) {
+        rows.push_back({std::string("  ") + k, absl::StrCat(j[k].get<uint64_t>())});
+      }
+      std::map<std::string, double> dev = j["device"].get<std::map<std::string, double>>();
+      for (const auto& [k, v] : dev) {
+        rows.push_back({"  device." + k, v == static_cast<double>(static_cast<uint64_t>(v))
+                                             ? absl::StrCat(static_cast<uint64_t>(v))
+                                             : absl::StrFormat("%.4g", v)});
+      }
+      Table(out_, rows);
+    }
     return 0;
   }
 

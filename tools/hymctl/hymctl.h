@@ -1,6 +1,7 @@
 // hymctl: the admin CLI's logic, as a library so tests run it in-process.
 //
 //   hymctl [--master=H:P] [--json] [--hex] status
+//   hymctl stats               each node's data-plane and device counters
 //   hymctl put KEY FILE        store FILE's bytes under KEY
 //   hymctl get KEY FILE        write KEY's bytes to FILE
 //   hymctl lookup KEY...       where each key lives, and the hit prefix
