@@ -141,7 +141,8 @@ struct HybridDevice::Entry {
   bool writing = true;       // between BeginWrite and Commit/Abort
   bool live = false;         // in live_: readable from the buffer
   bool queued = false;       // in flush_queue_
-  bool in_flight = false;    // in the batch being flushed
+  bool in_flight = false;    // in a batch being flushed
+  bool forgotten = false;    // CapacityTier::Forget done over its range
   bool superseded = false;   // a newer write covers it
   int pins = 0;              // reads and prefetch handles
   uint64_t seq = 0;
@@ -158,9 +159,11 @@ struct HybridDevice::MissRead {
   bool abandoned = false;  // the reader gave up; the last chunk frees it
 };
 
+// A batch of the flush pipeline.
 struct HybridDevice::FlushBatch {
-  int outstanding = 0;
-  absl::Status status;
+  std::vector<Entry*> entries;  // in commit order, in_flight
+  int outstanding = 0;          // writes not completed
+  absl::Status status;          // first error (Forget or write)
 };
 
 struct HybridDevice::IoReq {
@@ -393,10 +396,37 @@ void HybridDevice::RefillIoEndLocked() {
   if (--refill_ios_ == 0) refill_busy_ += absl::Now() - refill_busy_since_;
 }
 
+int HybridDevice::FlushDepthLocked() const {
+  if (!ForegroundBusyLocked()) return options_.flush_depth_idle;
+  // Under read pressure the flush gets a share that grows with the buffer's
+  // fill: a trickle below the high watermark, more above it, and a quarter
+  // of the queue when the buffer is nearly full (new writes are being
+  // refused then, and draining it is what lets them in again).
+  const double fill = static_cast<double>(buffer_alloc_->used()) /
+                      static_cast<double>(buffer_bytes_);
+  if (fill < options_.flush_high_watermark) {
+    return options_.flush_depth_under_pressure;
+  }
+  if (fill < 0.9) {
+    return std::max(options_.flush_depth_under_pressure,
+                    options_.flush_depth_idle);
+  }
+  return std::max({options_.flush_depth_under_pressure,
+                   options_.flush_depth_idle, options_.io_queue_depth / 4});
+}
+
 void HybridDevice::TakeIssuableLocked(std::vector<IoReq>* out) {
   const int depth = options_.io_queue_depth;
-  // Foreground reads first: they get the whole queue.
-  while (!read_q_.empty() && reads_in_flight_ + writes_in_flight_ < depth) {
+  const int wlimit = FlushDepthLocked();
+  // Foreground reads first, but while flush writes are waiting they leave
+  // `wlimit` slots for them: otherwise a steady read load (always more
+  // refills queued than the queue holds) starves the flusher, the write
+  // buffer stays full and every new write is refused.
+  const int reserved =
+      write_q_.empty() ? 0
+                       : std::max(0, std::min(wlimit, depth - 1) - writes_in_flight_);
+  while (!read_q_.empty() &&
+         reads_in_flight_ + writes_in_flight_ < depth - reserved) {
     IoReq r = read_q_.front();
     read_q_.pop_front();
     if (r.kind == IoReq::Kind::kRefill) {
@@ -408,8 +438,6 @@ void HybridDevice::TakeIssuableLocked(std::vector<IoReq>* out) {
     ++reads_in_flight_;
     out->push_back(r);
   }
-  const int wlimit = ForegroundBusyLocked() ? options_.flush_depth_under_pressure
-                                            : options_.flush_depth_idle;
   while (!write_q_.empty() && writes_in_flight_ < wlimit &&
          reads_in_flight_ + writes_in_flight_ < depth) {
     out->push_back(write_q_.front());
@@ -986,49 +1014,180 @@ bool HybridDevice::FlushDueLocked(absl::Time now, absl::Time* wake) const {
   return false;
 }
 
+std::vector<HybridDevice::Entry*> HybridDevice::PickBatchLocked() const {
+  std::vector<Entry*> batch;
+  uint64_t bytes = 0;
+  for (const auto& [seq, e] : flush_queue_) {
+    if (e->in_flight) continue;  // in an earlier batch of the pipeline
+    if (!batch.empty() && bytes + e->buf_len > options_.flush_batch_bytes) {
+      break;
+    }
+    // Two writes of the same tier bytes may complete in either order: an
+    // object waits until an overlapping one in flight has landed. Later
+    // objects wait too, so that objects are written in commit order.
+    bool overlaps = false;
+    for (const auto& fb : pipeline_) {
+      for (const Entry* o : fb->entries) {
+        if (o->addr < e->addr + e->buf_len && e->addr < o->addr + o->buf_len) {
+          overlaps = true;
+        }
+      }
+    }
+    if (overlaps) break;
+    bytes += e->buf_len;
+    batch.push_back(e);
+  }
+  return batch;
+}
+
+absl::Status HybridDevice::ForgetQueuedLocked() {
+  // Every queued object not forgotten yet, not just the next batch: a
+  // backlog (e.g. a burst of rewrites) then costs one synced tier write per
+  // contiguous address range instead of one per object, which matters
+  // under read load, where each sync waits behind the queued reads. An
+  // object forgotten ahead of its flush is merely absent after a crash,
+  // which is what an unflushed object is anyway.
+  std::vector<Entry*> todo;
+  for (const auto& [seq, e] : flush_queue_) {
+    if (!e->forgotten) todo.push_back(e);
+  }
+  if (todo.empty()) return absl::OkStatus();
+  std::sort(todo.begin(), todo.end(),
+            [](const Entry* a, const Entry* b) { return a->addr < b->addr; });
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [begin, end)
+  for (const Entry* e : todo) {
+    if (!ranges.empty() && e->addr <= ranges.back().second) {
+      ranges.back().second = std::max(ranges.back().second, e->addr + e->buf_len);
+    } else {
+      ranges.emplace_back(e->addr, e->addr + e->buf_len);
+    }
+  }
+  absl::Status status;
+  mu_.Unlock();
+  for (const auto& [begin, end] : ranges) {
+    status = tier_->Forget(begin, end - begin);
+    if (!status.ok()) break;
+  }
+  mu_.Lock();
+  if (!status.ok()) return status;
+  // `todo` may have been superseded (and freed) meanwhile; objects queued
+  // meanwhile inside a forgotten range are covered too (only this thread
+  // records extents, and it recorded none since).
+  for (auto& [seq, e] : flush_queue_) {
+    for (const auto& [begin, end] : ranges) {
+      if (begin <= e->addr && e->addr + e->buf_len <= end) {
+        e->forgotten = true;
+        break;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 void HybridDevice::FlusherLoop() {
   MutexLock l(&mu_);
   while (true) {
     const absl::Time now = absl::Now();
-    if (stopping_ && (flush_queue_.empty() || now >= stop_deadline_)) break;
-    absl::Time wake;
-    if (!FlushDueLocked(now, &wake)) {
-      if (stopping_) wake = std::min(wake, stop_deadline_);
-      cv_.WaitWithDeadline(&mu_, wake);
+    if (stopping_ && pipeline_.empty() &&
+        (flush_queue_.empty() || now >= stop_deadline_)) {
+      break;
+    }
+    // Retire the batches at the head of the pipeline whose writes are done:
+    // one synced Record for all of them.
+    if (!pipeline_.empty() && pipeline_.front()->outstanding == 0) {
+      std::vector<std::unique_ptr<FlushBatch>> done;
+      while (!pipeline_.empty() && pipeline_.front()->outstanding == 0) {
+        done.push_back(std::move(pipeline_.front()));
+        pipeline_.pop_front();
+      }
+      std::vector<DurableExtent> extents;
+      for (const auto& fb : done) {
+        if (!fb->status.ok()) continue;
+        for (Entry* e : fb->entries) {
+          if (!e->superseded) extents.push_back({e->addr, e->len, e->tag});
+        }
+      }
+      absl::Status record;
+      if (!extents.empty()) {
+        mu_.Unlock();
+        record = tier_->Record(extents);
+        mu_.Lock();
+      }
+      bool all_ok = true;
+      for (const auto& fb : done) {
+        absl::Status s = fb->status.ok() ? record : fb->status;
+        all_ok = all_ok && s.ok();
+        FinishBatchLocked(fb.get(), s);
+      }
+      if (all_ok) {
+        backoff_ = options_.flush_retry_initial;
+        retry_after_ = absl::InfinitePast();
+      } else {
+        retry_after_ = absl::Now() + backoff_;
+        backoff_ = std::min(backoff_ * 2, options_.flush_retry_max);
+      }
+      cv_.SignalAll();
       continue;
     }
-    std::vector<Entry*> batch;
-    uint64_t bytes = 0;
-    for (auto& [seq, e] : flush_queue_) {
-      if (!batch.empty() && bytes + e->buf_len > options_.flush_batch_bytes) {
-        break;
+    absl::Time wake = absl::InfiniteFuture();
+    if (static_cast<int>(pipeline_.size()) < kMaxFlushBatchesInFlight &&
+        !(stopping_ && now >= stop_deadline_) && FlushDueLocked(now, &wake)) {
+      std::vector<Entry*> batch = PickBatchLocked();
+      if (!batch.empty()) {
+        for (Entry* e : batch) e->in_flight = true;
+        absl::Status forget = absl::OkStatus();
+        for (Entry* e : batch) {
+          if (!e->forgotten) {
+            forget = ForgetQueuedLocked();
+            break;
+          }
+        }
+        auto fb = std::make_unique<FlushBatch>();
+        fb->entries = std::move(batch);
+        if (!forget.ok()) {
+          // Retired (as failed) by the next iteration.
+          fb->status = forget;
+        } else {
+          IssueBatchLocked(fb.get());
+        }
+        pipeline_.push_back(std::move(fb));
+        continue;
       }
-      e->in_flight = true;
-      bytes += e->buf_len;
-      batch.push_back(e);
+      wake = absl::InfiniteFuture();  // woken when a write completes
     }
-    mu_.Unlock();
-    const bool ok = FlushBatchOnce(std::move(batch));
-    mu_.Lock();
-    if (ok) {
-      backoff_ = options_.flush_retry_initial;
-      retry_after_ = absl::InfinitePast();
-    } else {
-      retry_after_ = absl::Now() + backoff_;
-      backoff_ = std::min(backoff_ * 2, options_.flush_retry_max);
+    // Nothing to start now. While reads are idle, forget ahead what was
+    // committed meanwhile (a sync costs ~1 ms then, tens of ms behind a
+    // full read queue), so that a backlog left when reads resume needs only
+    // its writes and one Record per batch.
+    if (!ForegroundBusyLocked() && !(now < retry_after_) &&
+        std::any_of(flush_queue_.begin(), flush_queue_.end(),
+                    [](const auto& q) { return !q.second->forgotten; })) {
+      absl::Status forget = ForgetQueuedLocked();
+      if (!forget.ok()) {
+        ++stats_.flush_errors;
+        LOG(WARNING) << "hybrid device: forgetting the extents of queued "
+                        "objects failed (will retry in "
+                     << absl::FormatDuration(backoff_) << "): " << forget;
+        retry_after_ = absl::Now() + backoff_;
+        backoff_ = std::min(backoff_ * 2, options_.flush_retry_max);
+      }
+      continue;
     }
+    if (stopping_) wake = std::min(wake, stop_deadline_);
+    cv_.WaitWithDeadline(&mu_, wake);
   }
 }
 
-bool HybridDevice::FlushBatchOnce(std::vector<Entry*> batch) {
-  // Entry addr/len/buf fields are constant after BeginWrite.
+void HybridDevice::IssueBatchLocked(FlushBatch* fb) {
+  // Entry addr/len/buf fields are constant after BeginWrite. Objects
+  // contiguous both in the tier and in the buffer are written as one run.
   struct Run {
     uint64_t addr;
     uint8_t* buf;
     uint64_t len;
   };
   std::vector<Run> runs;
-  for (Entry* e : batch) {
+  for (Entry* e : fb->entries) {
     uint8_t* buf = buffer_ + e->buf_off;
     if (!runs.empty() && runs.back().addr + runs.back().len == e->addr &&
         runs.back().buf + runs.back().len == buf) {
@@ -1037,47 +1196,29 @@ bool HybridDevice::FlushBatchOnce(std::vector<Entry*> batch) {
       runs.push_back(Run{e->addr, buf, e->buf_len});
     }
   }
-  absl::Status status;
   for (const Run& r : runs) {
-    status = tier_->Forget(r.addr, r.len);
-    if (!status.ok()) break;
+    IoReq proto;
+    proto.kind = IoReq::Kind::kFlush;
+    proto.owner = fb;
+    proto.file_off = CapacityTier::kHeaderBytes + r.addr;
+    proto.buf = r.buf;
+    const size_t before = write_q_.size();
+    QueueChunksLocked(proto, r.len, &write_q_);
+    fb->outstanding += static_cast<int>(write_q_.size() - before);
   }
-  if (status.ok()) {
-    FlushBatch fb;
-    std::vector<IoReq> next;
-    {
-      MutexLock l(&mu_);
-      for (const Run& r : runs) {
-        IoReq proto;
-        proto.kind = IoReq::Kind::kFlush;
-        proto.owner = &fb;
-        proto.file_off = CapacityTier::kHeaderBytes + r.addr;
-        proto.buf = r.buf;
-        const size_t before = write_q_.size();
-        QueueChunksLocked(proto, r.len, &write_q_);
-        fb.outstanding += static_cast<int>(write_q_.size() - before);
-      }
-      stats_.flush_ios += static_cast<uint64_t>(fb.outstanding);
-      TakeIssuableLocked(&next);
-    }
-    Issue(&next);
-    std::vector<DurableExtent> extents;
-    {
-      MutexLock l(&mu_);
-      while (fb.outstanding > 0) cv_.Wait(&mu_);
-      status = fb.status;
-      for (Entry* e : batch) {
-        if (!e->superseded) extents.push_back({e->addr, e->len, e->tag});
-      }
-    }
-    if (status.ok() && !extents.empty()) status = tier_->Record(extents);
-  }
+  stats_.flush_ios += static_cast<uint64_t>(fb->outstanding);
+  std::vector<IoReq> next;
+  TakeIssuableLocked(&next);
+  mu_.Unlock();
+  Issue(&next);
+  mu_.Lock();
+}
 
-  MutexLock l(&mu_);
-  for (Entry* e : batch) e->in_flight = false;
+void HybridDevice::FinishBatchLocked(FlushBatch* fb, const absl::Status& status) {
+  for (Entry* e : fb->entries) e->in_flight = false;
   if (status.ok()) {
     ++stats_.flush_batches;
-    for (Entry* e : batch) {
+    for (Entry* e : fb->entries) {
       e->queued = false;
       flush_queue_.erase(e->seq);
       if (!e->superseded) {
@@ -1090,21 +1231,19 @@ bool HybridDevice::FlushBatchOnce(std::vector<Entry*> batch) {
       }
       MaybeFreeEntryLocked(e);
     }
-  } else {
-    ++stats_.flush_errors;
-    LOG(WARNING) << "hybrid device: flushing " << batch.size()
-                 << " objects failed (kept in the write buffer, will retry in "
-                 << absl::FormatDuration(backoff_) << "): " << status;
-    for (Entry* e : batch) {
-      if (e->superseded) {
-        e->queued = false;
-        flush_queue_.erase(e->seq);
-        MaybeFreeEntryLocked(e);
-      }
+    return;
+  }
+  ++stats_.flush_errors;
+  LOG(WARNING) << "hybrid device: flushing " << fb->entries.size()
+               << " objects failed (kept in the write buffer, will retry in "
+               << absl::FormatDuration(backoff_) << "): " << status;
+  for (Entry* e : fb->entries) {
+    if (e->superseded) {
+      e->queued = false;
+      flush_queue_.erase(e->seq);
+      MaybeFreeEntryLocked(e);
     }
   }
-  cv_.SignalAll();
-  return status.ok();
 }
 
 bool HybridDevice::WaitFlushedForTest(absl::Time deadline, bool force) {

@@ -34,11 +34,18 @@
 //   (b) the buffer is at least flush_high_watermark full, or
 //   (c) the oldest unflushed commit is older than flush_max_delay.
 // While foreground reads are queued or in flight, the batch keeps at most
-// flush_depth_under_pressure writes in flight (else flush_depth_idle), so
-// reads keep most of the queue; foreground reads are always issued before
-// flush writes. A flush never touches the staging window. Per batch:
-// CapacityTier::Forget over every run (older durable objects there are being
-// overwritten) -> write the bytes (object lengths rounded up to 4 KiB: the
+// flush_depth_under_pressure writes in flight while the buffer is below
+// flush_high_watermark, flush_depth_idle up to 90% full, and a quarter of the
+// queue beyond (else flush_depth_idle); foreground reads are issued before
+// flush writes, except that a waiting flush always keeps those slots (a
+// steady read load must not starve the flusher, or the write buffer would
+// stay full and refuse every write). A flush never touches the staging window.
+// Before a batch is written, CapacityTier::Forget runs over every queued
+// object not forgotten yet (older durable objects there are being
+// overwritten), one call per contiguous address range; while reads are idle
+// the flusher forgets newly committed objects ahead. Up to two batches are
+// in flight: the next is written while the previous one is recorded (a
+// batch waits for an in-flight batch it overlaps). Per batch: write the bytes (object lengths rounded up to 4 KiB: the
 // master allocates 4 KiB-aligned space, so the padding is the object's own)
 // -> CapacityTier::Record(tag = BeginWrite's tag) -> the buffer space is
 // freed (after the last reader or prefetch handle of the object lets go). On
@@ -279,6 +286,8 @@ class HybridDevice final : public MemoryDevice {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves I/O the limits allow from the queues to `out` (issue after
   // unlocking, with Issue()).
+  // Flush writes allowed in flight now (see the flush policy above).
+  int FlushDepthLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TakeIssuableLocked(std::vector<IoReq>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ForegroundBusyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -291,9 +300,23 @@ class HybridDevice final : public MemoryDevice {
   void Issue(std::vector<IoReq>* reqs) ABSL_LOCKS_EXCLUDED(mu_);
   void OnIoDone(const IoReq& req, absl::Status status)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void FlusherLoop();
-  // Flushes one batch; returns false if it failed.
-  bool FlushBatchOnce(std::vector<Entry*> batch) ABSL_LOCKS_EXCLUDED(mu_);
+  void FlusherLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // The flusher's steps; REQUIRES mu_ held (they release it around tier
+  // calls and I/O submission).
+  // The next batch: queued objects not in flight, in commit order, up to
+  // flush_batch_bytes, stopping before one that overlaps a batch in flight.
+  std::vector<Entry*> PickBatchLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CapacityTier::Forget over every queued object not forgotten yet, one
+  // call per contiguous address range.
+  absl::Status ForgetQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void IssueBatchLocked(FlushBatch* fb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishBatchLocked(FlushBatch* fb, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Flush batches whose writes may be in flight at once (the next batch is
+  // written while the previous one is being recorded).
+  static constexpr int kMaxFlushBatchesInFlight = 2;
 
   // Constant after construction.
   const HybridDeviceOptions options_;
@@ -330,6 +353,8 @@ class HybridDevice final : public MemoryDevice {
   std::map<uint64_t, Entry*> live_ ABSL_GUARDED_BY(mu_);
   // Committed and not yet durable, by commit sequence.
   std::map<uint64_t, Entry*> flush_queue_ ABSL_GUARDED_BY(mu_);
+  // Batches being written or waiting to be recorded, oldest first.
+  std::deque<std::unique_ptr<FlushBatch>> pipeline_ ABSL_GUARDED_BY(mu_);
   std::deque<IoReq> read_q_ ABSL_GUARDED_BY(mu_);
   std::deque<IoReq> write_q_ ABSL_GUARDED_BY(mu_);
   int reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;

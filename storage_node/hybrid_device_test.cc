@@ -360,9 +360,13 @@ TEST_CASE("Flushes go in commit order, merged, then recorded with the tags") {
   }
   CHECK(write_offsets ==
         std::vector<uint64_t>{512 * kKiB, 0, 256 * kKiB});  // 0+8K merged
+  // Forgotten ahead, one call per contiguous address range, in address
+  // order.
   auto forgets = rig.tier->ForgetCallsForTest();
   REQUIRE(forgets.size() == 3);
-  CHECK(forgets[1] == std::make_pair(uint64_t{0}, 16 * kKiB));
+  CHECK(forgets[0] == std::make_pair(uint64_t{0}, 16 * kKiB));
+  CHECK(forgets[1] == std::make_pair(256 * kKiB, 4 * kKiB));
+  CHECK(forgets[2] == std::make_pair(512 * kKiB, 8 * kKiB));
   auto recorded = rig.tier->RecordedForTest();
   REQUIRE(recorded.size() == 4);
   CHECK(recorded[0].tag == 103);
@@ -389,12 +393,14 @@ TEST_CASE("Flushing yields to reads below the high watermark") {
   CHECK(rig.io->WritesForTest() == 0);  // a read is in flight
   CHECK(rig.dev->HybridStats().flush_lag >= absl::Milliseconds(100));
 
-  // Above the watermark: flush anyway, one write at a time.
+  // At 96 KiB (75%, below 90%): flush anyway, flush_depth_idle (4) writes
+  // at a time: the first batch (64 KiB = 4 chunks of 16 KiB) is in flight,
+  // the rest waits for a slot.
   rig.Put(128 * kKiB, 32 * kKiB, 3, 10);
-  REQUIRE(rig.io->WaitPendingForTest(2, absl::Seconds(10)));
+  REQUIRE(rig.io->WaitPendingForTest(5, absl::Seconds(10)));
   absl::SleepFor(absl::Milliseconds(50));
-  CHECK(rig.io->WritesForTest() == 1);
-  CHECK(rig.io->PendingForTest() == 2);
+  CHECK(rig.io->WritesForTest() == 4);
+  CHECK(rig.io->PendingForTest() == 5);
 
   rig.io->ResumeForTest();
   REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
