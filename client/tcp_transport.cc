@@ -37,30 +37,23 @@ class TcpTransport : public Transport {
   std::vector<absl::Status> Read(const PeerInfo& peer,
                                  absl::Span<const ReadOp> ops,
                                  absl::Time deadline) override {
-    std::vector<absl::Status> out(ops.size());
-    size_t i = 0;
-    while (i < ops.size()) {
-      size_t n = std::min<size_t>(ops.size() - i, wire::kMaxOps);
-      absl::Status conn =
-          RunBatch(peer, deadline, absl::MakeSpan(out).subspan(i, n),
-                   [&](Socket& s, absl::Span<absl::Status> st,
-                       bool* response_started) {
-                     return ReadFrame(s, ops.subspan(i, n), st, deadline,
-                                      response_started);
-                   });
-      i += n;
-      // After a connection failure later frames would only fail or wait.
-      if (!conn.ok()) {
-        for (size_t k = i; k < ops.size(); ++k) out[k] = conn;
-        break;
-      }
-    }
-    return out;
+    return InFrames(peer, ops, deadline, &TcpTransport::ReadFrame);
   }
 
   std::vector<absl::Status> Write(const PeerInfo& peer,
                                   absl::Span<const WriteOp> ops,
                                   absl::Time deadline) override {
+    return InFrames(peer, ops, deadline, &TcpTransport::WriteFrame);
+  }
+
+ private:
+  // Sends `ops` in frames of at most wire::kMaxOps, one exchange per frame
+  // (`frame` is ReadFrame or WriteFrame). After a connection failure the
+  // remaining frames are not tried: they carry that failure.
+  template <typename Op, typename Frame>
+  std::vector<absl::Status> InFrames(const PeerInfo& peer,
+                                     absl::Span<const Op> ops,
+                                     absl::Time deadline, Frame frame) {
     std::vector<absl::Status> out(ops.size());
     size_t i = 0;
     while (i < ops.size()) {
@@ -69,8 +62,8 @@ class TcpTransport : public Transport {
           RunBatch(peer, deadline, absl::MakeSpan(out).subspan(i, n),
                    [&](Socket& s, absl::Span<absl::Status> st,
                        bool* response_started) {
-                     return WriteFrame(s, ops.subspan(i, n), st, deadline,
-                                       response_started);
+                     return (this->*frame)(s, ops.subspan(i, n), st, deadline,
+                                           response_started);
                    });
       i += n;
       if (!conn.ok()) {
@@ -81,7 +74,6 @@ class TcpTransport : public Transport {
     return out;
   }
 
- private:
   // Runs one frame exchange on a pooled or new connection. A pooled
   // connection the peer closed while idle fails before any response byte
   // arrives; then the frame is retried once on a fresh connection (the peer
