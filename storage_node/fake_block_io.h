@@ -9,6 +9,8 @@
 //   * FakeCapacityTier: a CapacityTier over a FakeBlockIo (not owned) with
 //     its durable extents in a map. Construct a new one over the same
 //     FakeBlockIo with the old one's ExtentsNowForTest() to model a restart.
+//     Knobs: fail the next N Forget/Record calls, make Record calls fail, or
+//     block them (pause/resume, let N through).
 //
 // Thread safety: safe for concurrent use.
 #pragma once
@@ -264,6 +266,18 @@ class FakeCapacityTier final : public CapacityTier {
   }
   absl::Status Record(absl::Span<const DurableExtent> extents) override {
     MutexLock l(&mu_);
+    ++record_calls_;
+    if (records_paused_) {
+      ++records_blocked_;
+      cv_.SignalAll();
+      while (records_paused_ && record_permits_ == 0) cv_.Wait(&mu_);
+      if (records_paused_) --record_permits_;
+      --records_blocked_;
+      cv_.SignalAll();
+    }
+    if (records_fail_) {
+      return absl::UnavailableError("injected metadata error (records)");
+    }
     if (fail_next_ > 0) {
       --fail_next_;
       return absl::UnavailableError("injected metadata error");
@@ -281,6 +295,44 @@ class FakeCapacityTier final : public CapacityTier {
   void FailNextForTest(int n) {
     MutexLock l(&mu_);
     fail_next_ = n;
+  }
+  // While paused, Record calls block (before changing anything) until
+  // resumed or let through by AllowRecordsForTest; Forget is unaffected.
+  void PauseRecordsForTest() {
+    MutexLock l(&mu_);
+    records_paused_ = true;
+    record_permits_ = 0;
+  }
+  void ResumeRecordsForTest() {
+    MutexLock l(&mu_);
+    records_paused_ = false;
+    cv_.SignalAll();
+  }
+  // While paused: lets `n` more Record calls (blocked or future) through.
+  void AllowRecordsForTest(int n) {
+    MutexLock l(&mu_);
+    record_permits_ += n;
+    cv_.SignalAll();
+  }
+  // Waits until exactly `n` Record calls are blocked; false on timeout.
+  bool WaitRecordsBlockedForTest(int n, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    MutexLock l(&mu_);
+    while (records_blocked_ != n) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) return false;
+    }
+    return true;
+  }
+  // While set, every Record fails (Unavailable) without changing anything;
+  // Forget is unaffected.
+  void SetRecordsFailForTest(bool fail) {
+    MutexLock l(&mu_);
+    records_fail_ = fail;
+  }
+  // Record calls so far (including failed and blocked ones).
+  int RecordCallsForTest() const {
+    MutexLock l(&mu_);
+    return record_calls_;
   }
   // The durable extents now (what a reopened tier would report).
   std::vector<DurableExtent> ExtentsNowForTest() const {
@@ -325,11 +377,17 @@ class FakeCapacityTier final : public CapacityTier {
   const std::vector<DurableExtent> at_open_;
 
   mutable Mutex mu_;
+  CondVar cv_;
   std::map<uint64_t, DurableExtent> now_ ABSL_GUARDED_BY(mu_);
   std::vector<DurableExtent> recorded_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, uint64_t>> forget_calls_ ABSL_GUARDED_BY(mu_);
   int fail_next_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<DurableExtent>* save_on_close_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool records_paused_ ABSL_GUARDED_BY(mu_) = false;
+  int record_permits_ ABSL_GUARDED_BY(mu_) = 0;
+  int records_blocked_ ABSL_GUARDED_BY(mu_) = 0;
+  bool records_fail_ ABSL_GUARDED_BY(mu_) = false;
+  int record_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace hymcache::storage

@@ -140,8 +140,8 @@ struct HybridDevice::Entry {
   uint64_t buf_len = 0;  // len rounded up to a page
   bool writing = true;       // between BeginWrite and Commit/Abort
   bool live = false;         // in live_: readable from the buffer
-  bool queued = false;       // in flush_queue_
-  bool in_flight = false;    // in a batch being flushed
+  bool queued = false;       // in flush_queue_: not yet on the tier
+  bool in_flight = false;    // in a batch being written
   bool forgotten = false;    // CapacityTier::Forget done over its range
   bool superseded = false;   // a newer write covers it
   int pins = 0;              // reads and prefetch handles
@@ -159,12 +159,14 @@ struct HybridDevice::MissRead {
   bool abandoned = false;  // the reader gave up; the last chunk frees it
 };
 
-// A batch of the flush pipeline.
+// A batch of the flush pipeline: in pipeline_ from its first write until
+// its last completes.
 struct HybridDevice::FlushBatch {
   std::vector<Entry*> entries;  // in commit order, in_flight
   int outstanding = 0;          // writes not completed
-  absl::Status status;          // first error (Forget or write)
+  absl::Status status;          // first write error
 };
+
 
 struct HybridDevice::IoReq {
   enum class Kind { kRefill, kMiss, kFlush };
@@ -203,6 +205,9 @@ absl::Status HybridDeviceOptions::Validate() const {
   }
   if (flush_depth_idle < 1 || flush_depth_under_pressure < 1) {
     return bad("flush depths must be >= 1");
+  }
+  if (record_max_delay < absl::ZeroDuration()) {
+    return bad("record_max_delay must be >= 0");
   }
   if (flush_retry_initial <= absl::ZeroDuration() ||
       flush_retry_max < flush_retry_initial) {
@@ -315,9 +320,12 @@ HybridDevice::~HybridDevice() {
   std::vector<uint8_t*> bounces;
   {
     MutexLock l(&mu_);
-    if (!flush_queue_.empty()) {
+    if (!flush_queue_.empty() || !record_pending_.empty()) {
       LOG(WARNING) << "hybrid device: " << flush_queue_.size()
-                   << " committed objects were not flushed before shutdown";
+                   << " committed objects were not flushed and "
+                   << record_pending_.size()
+                   << " flushed objects not recorded before shutdown (both "
+                      "are absent after a restart)";
     }
     // Queued prefetches never started: nothing to wait for.
     for (Staged* s : window_fifo_) s->state = Staged::State::kFailed;
@@ -519,7 +527,7 @@ void HybridDevice::OnIoDone(const IoReq& req, absl::Status status) {
       case IoReq::Kind::kFlush: {
         FlushBatch* b = static_cast<FlushBatch*>(req.owner);
         if (!status.ok() && b->status.ok()) b->status = status;
-        --b->outstanding;
+        if (--b->outstanding == 0) RetireBatchLocked(b);  // deletes b
         break;
       }
     }
@@ -903,6 +911,51 @@ void HybridDevice::SupersedeLocked(uint64_t addr, uint64_t len) {
     }
     MaybeFreeEntryLocked(e);
   }
+  DropPendingRecordsLocked(addr, len);
+}
+
+void HybridDevice::DropPendingRecordsLocked(uint64_t addr, uint64_t len) {
+  // The new object's flush forgets the range before writing it, but a
+  // pending record of an old object there would be recorded after that
+  // Forget, claiming bytes the new object overwrites. It is not durable
+  // yet, so dropping it is all it takes (the old object is merely absent
+  // after a crash, as the new one is until it is recorded).
+  stats_.records_dropped += ErasePendingRecordsLocked(addr, len);
+  // One in the running Record becomes durable anyway; the new object's
+  // Forget, which comes after that Record returns, removes it again. Only
+  // if that Record fails must it not come back.
+  const uint64_t end = addr + len;
+  for (PendingRecord& r : recording_) {
+    if (r.extent.addr < end && addr < r.extent.addr + r.extent.length) {
+      r.dropped = true;
+    }
+  }
+}
+
+int HybridDevice::ErasePendingRecordsLocked(uint64_t addr, uint64_t len) {
+  const uint64_t end = addr + len;
+  int n = 0;
+  auto it = record_pending_.lower_bound(addr);
+  if (it != record_pending_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second.extent.length > addr) it = prev;
+  }
+  while (it != record_pending_.end() && it->first < end) {
+    it = record_pending_.erase(it);
+    ++n;
+  }
+  return n;
+}
+
+void HybridDevice::AddPendingRecordLocked(PendingRecord r) {
+  // Pending records never overlap (see DropPendingRecordsLocked); stay safe
+  // if that ever breaks: the newer object wins.
+  if (ErasePendingRecordsLocked(r.extent.addr, r.extent.length) > 0) {
+    LOG(DFATAL) << "hybrid device: overlapping pending records at "
+                << r.extent.addr;
+  }
+  r.dropped = false;
+  record_pending_[r.extent.addr] = r;
 }
 
 absl::StatusOr<WriteView> HybridDevice::BeginWrite(uint32_t region,
@@ -1001,10 +1054,7 @@ bool HybridDevice::FlushDueLocked(absl::Time now, absl::Time* wake) const {
   }
   if (stopping_ || force_flush_ > 0) return true;
   if (!ForegroundBusyLocked()) return true;
-  if (static_cast<double>(buffer_alloc_->used()) >=
-      options_.flush_high_watermark * static_cast<double>(buffer_bytes_)) {
-    return true;
-  }
+  if (PressureLocked()) return true;
   if (options_.flush_max_delay != absl::InfiniteDuration()) {
     const absl::Time due =
         flush_queue_.begin()->second->commit_time + options_.flush_max_delay;
@@ -1018,7 +1068,10 @@ std::vector<HybridDevice::Entry*> HybridDevice::PickBatchLocked() const {
   std::vector<Entry*> batch;
   uint64_t bytes = 0;
   for (const auto& [seq, e] : flush_queue_) {
-    if (e->in_flight) continue;  // in an earlier batch of the pipeline
+    // In flight: in an earlier batch. Not forgotten: waits for its Forget;
+    // later objects may go first, as queued objects never overlap (a commit
+    // supersedes every older queued object it overlaps).
+    if (e->in_flight || !e->forgotten) continue;
     if (!batch.empty() && bytes + e->buf_len > options_.flush_batch_bytes) {
       break;
     }
@@ -1040,18 +1093,29 @@ std::vector<HybridDevice::Entry*> HybridDevice::PickBatchLocked() const {
   return batch;
 }
 
-absl::Status HybridDevice::ForgetQueuedLocked() {
-  // Every queued object not forgotten yet, not just the next batch: a
-  // backlog (e.g. a burst of rewrites) then costs one synced tier write per
-  // contiguous address range instead of one per object, which matters
-  // under read load, where each sync waits behind the queued reads. An
-  // object forgotten ahead of its flush is merely absent after a crash,
-  // which is what an unflushed object is anyway.
+bool HybridDevice::ForgetNeededLocked() const {
+  for (const auto& [seq, e] : flush_queue_) {
+    if (!e->forgotten) return true;
+  }
+  return false;
+}
+
+absl::Status HybridDevice::ForgetQueuedLocked(bool all) {
+  // Queued objects not forgotten yet, merged into contiguous address ranges:
+  // a backlog (e.g. a burst of rewrites) then costs one synced tier write
+  // per range instead of one per object. While reads are idle a sync costs
+  // ~1 ms and every range is forgotten at once; under read load each one
+  // waits behind the queued reads (tens of ms), so only the range holding
+  // the oldest such object is forgotten, and its objects can be written
+  // before the next range's sync. An object forgotten ahead of its flush is
+  // merely absent after a crash, which is what an unflushed object is
+  // anyway.
   std::vector<Entry*> todo;
   for (const auto& [seq, e] : flush_queue_) {
     if (!e->forgotten) todo.push_back(e);
   }
   if (todo.empty()) return absl::OkStatus();
+  const uint64_t oldest_addr = todo.front()->addr;  // flush_queue_ order
   std::sort(todo.begin(), todo.end(),
             [](const Entry* a, const Entry* b) { return a->addr < b->addr; });
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [begin, end)
@@ -1062,6 +1126,14 @@ absl::Status HybridDevice::ForgetQueuedLocked() {
       ranges.emplace_back(e->addr, e->addr + e->buf_len);
     }
   }
+  if (!all) {
+    for (const auto& r : ranges) {
+      if (r.first <= oldest_addr && oldest_addr < r.second) {
+        ranges = {r};
+        break;
+      }
+    }
+  }
   absl::Status status;
   mu_.Unlock();
   for (const auto& [begin, end] : ranges) {
@@ -1069,6 +1141,7 @@ absl::Status HybridDevice::ForgetQueuedLocked() {
     if (!status.ok()) break;
   }
   mu_.Lock();
+  last_was_forget_ = true;
   if (!status.ok()) return status;
   // `todo` may have been superseded (and freed) meanwhile; objects queued
   // meanwhile inside a forgotten range are covered too (only this thread
@@ -1088,94 +1161,124 @@ void HybridDevice::FlusherLoop() {
   MutexLock l(&mu_);
   while (true) {
     const absl::Time now = absl::Now();
+    const bool past_deadline = stopping_ && now >= stop_deadline_;
     if (stopping_ && pipeline_.empty() &&
-        (flush_queue_.empty() || now >= stop_deadline_)) {
+        ((flush_queue_.empty() && record_pending_.empty()) || past_deadline)) {
       break;
     }
-    // Retire the batches at the head of the pipeline whose writes are done:
-    // one synced Record for all of them.
-    if (!pipeline_.empty() && pipeline_.front()->outstanding == 0) {
-      std::vector<std::unique_ptr<FlushBatch>> done;
-      while (!pipeline_.empty() && pipeline_.front()->outstanding == 0) {
-        done.push_back(std::move(pipeline_.front()));
-        pipeline_.pop_front();
-      }
-      std::vector<DurableExtent> extents;
-      for (const auto& fb : done) {
-        if (!fb->status.ok()) continue;
-        for (Entry* e : fb->entries) {
-          if (!e->superseded) extents.push_back({e->addr, e->len, e->tag});
-        }
-      }
-      absl::Status record;
-      if (!extents.empty()) {
-        mu_.Unlock();
-        record = tier_->Record(extents);
-        mu_.Lock();
-      }
-      bool all_ok = true;
-      for (const auto& fb : done) {
-        absl::Status s = fb->status.ok() ? record : fb->status;
-        all_ok = all_ok && s.ok();
-        FinishBatchLocked(fb.get(), s);
-      }
-      if (all_ok) {
-        backoff_ = options_.flush_retry_initial;
-        retry_after_ = absl::InfinitePast();
-      } else {
-        retry_after_ = absl::Now() + backoff_;
-        backoff_ = std::min(backoff_ * 2, options_.flush_retry_max);
-      }
-      cv_.SignalAll();
-      continue;
-    }
+    const bool busy = ForegroundBusyLocked();
+    const bool retrying = now < retry_after_;
     absl::Time wake = absl::InfiniteFuture();
-    if (static_cast<int>(pipeline_.size()) < kMaxFlushBatchesInFlight &&
-        !(stopping_ && now >= stop_deadline_) && FlushDueLocked(now, &wake)) {
+    const bool due = !past_deadline && FlushDueLocked(now, &wake);
+    // 1. Start a batch of forgotten objects (no tier call).
+    if (due && static_cast<int>(pipeline_.size()) < kMaxFlushBatchesInFlight) {
       std::vector<Entry*> batch = PickBatchLocked();
       if (!batch.empty()) {
-        for (Entry* e : batch) e->in_flight = true;
-        absl::Status forget = absl::OkStatus();
-        for (Entry* e : batch) {
-          if (!e->forgotten) {
-            forget = ForgetQueuedLocked();
-            break;
-          }
-        }
-        auto fb = std::make_unique<FlushBatch>();
-        fb->entries = std::move(batch);
-        if (!forget.ok()) {
-          // Retired (as failed) by the next iteration.
-          fb->status = forget;
-        } else {
-          IssueBatchLocked(fb.get());
-        }
-        pipeline_.push_back(std::move(fb));
+        StartBatchLocked(std::move(batch));
         continue;
       }
-      wake = absl::InfiniteFuture();  // woken when a write completes
     }
-    // Nothing to start now. While reads are idle, forget ahead what was
-    // committed meanwhile (a sync costs ~1 ms then, tens of ms behind a
-    // full read queue), so that a backlog left when reads resume needs only
-    // its writes and one Record per batch.
-    if (!ForegroundBusyLocked() && !(now < retry_after_) &&
-        std::any_of(flush_queue_.begin(), flush_queue_.end(),
-                    [](const auto& q) { return !q.second->forgotten; })) {
-      absl::Status forget = ForgetQueuedLocked();
+    // 2. A synced tier call: a Forget that lets objects be written (or, while
+    // reads are idle and syncs are cheap, one ahead of time), or one Record
+    // of every object written since the last one; when both are due they
+    // alternate. While the buffer is under pressure (at the high watermark:
+    // freeing space is what lets new writes in) Records wait until the
+    // oldest pending one is record_max_delay old, so that a Record (tens of
+    // ms under read load) does not hold up the next Forget.
+    const bool forget_wanted =
+        (due || (!busy && !retrying && !past_deadline)) && ForgetNeededLocked();
+    bool record_due = !record_pending_.empty() && !retrying;
+    if (record_due && PressureLocked() && !stopping_ && force_flush_ == 0) {
+      absl::Time oldest = absl::InfiniteFuture();
+      for (const auto& [addr, r] : record_pending_) {
+        oldest = std::min(oldest, r.since);
+      }
+      if (now - oldest < options_.record_max_delay) {
+        record_due = false;
+        wake = std::min(wake, oldest + options_.record_max_delay);
+      }
+    }
+    const bool record_first = record_due && last_was_forget_;
+    if (forget_wanted && !record_first) {
+      absl::Status forget = ForgetQueuedLocked(/*all=*/!busy);
       if (!forget.ok()) {
         ++stats_.flush_errors;
         LOG(WARNING) << "hybrid device: forgetting the extents of queued "
                         "objects failed (will retry in "
                      << absl::FormatDuration(backoff_) << "): " << forget;
-        retry_after_ = absl::Now() + backoff_;
-        backoff_ = std::min(backoff_ * 2, options_.flush_retry_max);
+        BackOffLocked();
       }
       continue;
+    }
+    if (record_due) {
+      RecordPendingLocked();
+      continue;
+    }
+    // 3. Nothing to do until a write completes, a commit arrives, reads go
+    // idle, a retry or the shutdown deadline is due.
+    if (!record_pending_.empty() && retrying) {
+      wake = std::min(wake, retry_after_);
     }
     if (stopping_) wake = std::min(wake, stop_deadline_);
     cv_.WaitWithDeadline(&mu_, wake);
   }
+}
+
+bool HybridDevice::PressureLocked() const {
+  return static_cast<double>(buffer_alloc_->used()) >=
+         options_.flush_high_watermark * static_cast<double>(buffer_bytes_);
+}
+
+void HybridDevice::BackOffLocked() {
+  retry_after_ = absl::Now() + backoff_;
+  backoff_ = std::min(backoff_ * 2, options_.flush_retry_max);
+}
+
+void HybridDevice::ResetBackoffLocked() {
+  backoff_ = options_.flush_retry_initial;
+  retry_after_ = absl::InfinitePast();
+}
+
+void HybridDevice::StartBatchLocked(std::vector<Entry*> batch) {
+  for (Entry* e : batch) e->in_flight = true;
+  auto owned = std::make_unique<FlushBatch>();
+  FlushBatch* fb = owned.get();
+  fb->entries = std::move(batch);
+  pipeline_.push_back(std::move(owned));
+  IssueBatchLocked(fb);  // fb may be retired (deleted) once this returns
+}
+
+void HybridDevice::RecordPendingLocked() {
+  recording_.clear();
+  for (const auto& [addr, r] : record_pending_) recording_.push_back(r);
+  record_pending_.clear();
+  std::sort(recording_.begin(), recording_.end(),
+            [](const PendingRecord& a, const PendingRecord& b) {
+              return a.seq < b.seq;
+            });
+  std::vector<DurableExtent> extents;
+  extents.reserve(recording_.size());
+  for (const PendingRecord& r : recording_) extents.push_back(r.extent);
+  mu_.Unlock();
+  const absl::Status status = tier_->Record(extents);
+  mu_.Lock();
+  last_was_forget_ = false;
+  if (status.ok()) {
+    ++stats_.record_batches;
+    stats_.recorded_objects += recording_.size();
+    ResetBackoffLocked();
+  } else {
+    ++stats_.record_errors;
+    LOG(WARNING) << "hybrid device: recording " << recording_.size()
+                 << " flushed objects failed (they stay readable; will retry "
+                 << "in " << absl::FormatDuration(backoff_) << "): " << status;
+    for (const PendingRecord& r : recording_) {
+      if (!r.dropped) AddPendingRecordLocked(r);
+    }
+    BackOffLocked();
+  }
+  recording_.clear();
+  cv_.SignalAll();
 }
 
 void HybridDevice::IssueBatchLocked(FlushBatch* fb) {
@@ -1214,9 +1317,12 @@ void HybridDevice::IssueBatchLocked(FlushBatch* fb) {
   mu_.Lock();
 }
 
-void HybridDevice::FinishBatchLocked(FlushBatch* fb, const absl::Status& status) {
+void HybridDevice::RetireBatchLocked(FlushBatch* fb) {
   for (Entry* e : fb->entries) e->in_flight = false;
-  if (status.ok()) {
+  if (fb->status.ok()) {
+    // The bytes are on the tier: readers go there from now on, and the
+    // buffer space is freed as soon as no reader or prefetch handle holds
+    // the buffered copy. Only the record remains (RecordPendingLocked).
     ++stats_.flush_batches;
     for (Entry* e : fb->entries) {
       e->queued = false;
@@ -1224,6 +1330,11 @@ void HybridDevice::FinishBatchLocked(FlushBatch* fb, const absl::Status& status)
       if (!e->superseded) {
         stats_.flushed_bytes += e->len;
         ++stats_.flushed_objects;
+        PendingRecord r;
+        r.extent = DurableExtent{e->addr, e->len, e->tag};
+        r.seq = e->seq;
+        r.since = absl::Now();
+        AddPendingRecordLocked(r);
       }
       if (e->live) {
         live_.erase(e->addr);
@@ -1231,30 +1342,41 @@ void HybridDevice::FinishBatchLocked(FlushBatch* fb, const absl::Status& status)
       }
       MaybeFreeEntryLocked(e);
     }
-    return;
-  }
-  ++stats_.flush_errors;
-  LOG(WARNING) << "hybrid device: flushing " << fb->entries.size()
-               << " objects failed (kept in the write buffer, will retry in "
-               << absl::FormatDuration(backoff_) << "): " << status;
-  for (Entry* e : fb->entries) {
-    if (e->superseded) {
-      e->queued = false;
-      flush_queue_.erase(e->seq);
-      MaybeFreeEntryLocked(e);
+    ResetBackoffLocked();
+  } else {
+    ++stats_.flush_errors;
+    LOG(WARNING) << "hybrid device: writing " << fb->entries.size()
+                 << " objects to the tier failed (kept in the write buffer, "
+                 << "will retry in " << absl::FormatDuration(backoff_)
+                 << "): " << fb->status;
+    for (Entry* e : fb->entries) {
+      if (e->superseded) {
+        e->queued = false;
+        flush_queue_.erase(e->seq);
+        MaybeFreeEntryLocked(e);
+      }
     }
+    BackOffLocked();
   }
+  auto it = std::find_if(pipeline_.begin(), pipeline_.end(),
+                         [fb](const auto& p) { return p.get() == fb; });
+  if (it != pipeline_.end()) pipeline_.erase(it);  // deletes fb
+  cv_.SignalAll();
 }
 
 bool HybridDevice::WaitFlushedForTest(absl::Time deadline, bool force) {
   MutexLock l(&mu_);
   if (force) ++force_flush_;
   cv_.SignalAll();
-  while (!flush_queue_.empty()) {
+  auto durable = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return flush_queue_.empty() && record_pending_.empty() &&
+           recording_.empty();
+  };
+  while (!durable()) {
     if (cv_.WaitWithDeadline(&mu_, deadline)) break;
   }
   if (force) --force_flush_;
-  return flush_queue_.empty();
+  return durable();
 }
 
 // ---------------------------------------------------------------- stats
@@ -1276,6 +1398,7 @@ HybridDeviceStats HybridDevice::HybridStats() const {
                            : 0;
   s.buffered_bytes = buffer_alloc_->used();
   s.unflushed_objects = flush_queue_.size();
+  s.record_pending_objects = record_pending_.size() + recording_.size();
   s.flush_lag = flush_queue_.empty()
                     ? absl::ZeroDuration()
                     : now - flush_queue_.begin()->second->commit_time;

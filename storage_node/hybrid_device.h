@@ -27,9 +27,11 @@
 // always allowed so that any object stays readable).
 //
 // Flush policy (the "hyb-flusher" thread). Committed objects are flushed in
-// commit order, in batches of up to flush_batch_bytes; consecutive objects
-// contiguous both in the tier and in the buffer are merged into one run, and
-// runs are written in io_chunk_bytes pieces. A batch starts only when
+// commit order (except that one waiting for its Forget, below, may be
+// overtaken by a later one; queued objects never overlap), in batches of up
+// to flush_batch_bytes; consecutive objects contiguous both in the tier and
+// in the buffer are merged into one run, and runs are written in
+// io_chunk_bytes pieces. A batch starts only when
 //   (a) no foreground read I/O (refill or miss) is queued or in flight, or
 //   (b) the buffer is at least flush_high_watermark full, or
 //   (c) the oldest unflushed commit is older than flush_max_delay.
@@ -40,18 +42,47 @@
 // flush writes, except that a waiting flush always keeps those slots (a
 // steady read load must not starve the flusher, or the write buffer would
 // stay full and refuse every write). A flush never touches the staging window.
-// Before a batch is written, CapacityTier::Forget runs over every queued
-// object not forgotten yet (older durable objects there are being
-// overwritten), one call per contiguous address range; while reads are idle
-// the flusher forgets newly committed objects ahead. Up to two batches are
-// in flight: the next is written while the previous one is recorded (a
-// batch waits for an in-flight batch it overlaps). Per batch: write the bytes (object lengths rounded up to 4 KiB: the
-// master allocates 4 KiB-aligned space, so the padding is the object's own)
-// -> CapacityTier::Record(tag = BeginWrite's tag) -> the buffer space is
-// freed (after the last reader or prefetch handle of the object lets go). On
-// an I/O or record error the batch stays in the buffer, readable, and is
-// retried after an exponential backoff (flush_retry_initial ..
-// flush_retry_max); errors are logged and counted.
+// An object is written only after CapacityTier::Forget has run over its
+// range (an older durable object there is being overwritten). Forgets cover
+// queued objects merged into contiguous address ranges, one synced call per
+// range: all of them while reads are idle (a sync costs ~1 ms then; the
+// flusher also forgets newly committed objects ahead), under read load
+// (tens of ms per sync) only the range holding the oldest unforgotten
+// object, so that its objects are written before the next range's sync.
+// Up to four batches are being written at once (a batch waits for an
+// in-flight batch it overlaps). Objects are written with their
+// lengths rounded up to 4 KiB (the master allocates 4 KiB-aligned space, so
+// the padding is the object's own).
+//
+// Recording is decoupled from freeing the buffer. When a batch's last write
+// completes, its objects are on the tier: they leave the buffer (reads and
+// prefetches go to the tier from then on, like any flushed object), their
+// buffer space is freed as soon as the last reader or prefetch handle of
+// the buffered copy lets go, and their records become pending. Whenever
+// records are pending and no Record runs, the flusher records all of them
+// in one synced CapacityTier::Record (a group commit, tag = BeginWrite's
+// tag). The flusher makes every tier call, one at a time, so Forgets and
+// Records alternate when both are due; under buffer pressure
+// (flush_high_watermark) Records wait until the oldest pending record has
+// waited record_max_delay, so that they do not hold up the Forgets that let
+// buffered objects be written. (Under a read load each synced tier write
+// takes 25-50 ms; when a batch's buffer space waited for its Record, the
+// buffer drained too slowly and new writes were refused.)
+//
+// Durability: acknowledged (CommitWrite) -> in the buffer; written -> on
+// the tier, record pending; recorded -> durable. Only recorded objects
+// survive a crash (the others are absent: a miss, never wrong bytes). A
+// write over a range drops the pending records overlapping it (they must
+// not be recorded after the new object's Forget), and a record already in
+// the running Record is removed again by the new object's Forget, which
+// runs after that Record returns (the flusher makes every tier call). So a
+// durable record never claims bytes that were overwritten.
+//
+// Errors: on a write or Forget error the batch stays in the buffer,
+// readable, and is retried; on a Record error the records stay pending
+// (the objects readable from the tier) and are retried; retries wait an
+// exponential backoff (flush_retry_initial .. flush_retry_max); errors are
+// logged and counted.
 //
 // A write over a range invalidates overlapping staged copies (new reads and
 // prefetches no longer find them; handles already holding them keep their
@@ -61,7 +92,8 @@
 //
 // Restart: RecoveredExtents() returns the tier's durable extents as of Open,
 // as region 0 objects with generation = tag. Destruction flushes what is
-// buffered (up to shutdown_flush_timeout) and waits for every I/O in flight.
+// buffered and records what is pending (up to shutdown_flush_timeout) and
+// waits for every I/O in flight.
 //
 // Writes require a 4 KiB-aligned addr (InvalidArgument otherwise).
 //
@@ -129,8 +161,14 @@ struct HybridDeviceOptions {
   // Flush writes in flight while foreground reads are queued or in flight.
   // Default: 1
   int flush_depth_under_pressure = 1;
-  // Backoff after a failed batch: starts here, doubles per failure up to
-  // flush_retry_max, resets on success.
+  // Under buffer pressure (flush_high_watermark), written objects are
+  // recorded only once the oldest of them has waited this long (a Record
+  // would hold up the Forgets that let buffered objects be written). Bounds
+  // how long a flushed object stays non-durable under pressure.
+  // Default: 500 ms
+  absl::Duration record_max_delay = absl::Milliseconds(500);
+  // Backoff after a failed write, Forget or Record: starts here, doubles
+  // per failure up to flush_retry_max, resets on success.
   // Default: 10 ms, 2 s
   absl::Duration flush_retry_initial = absl::Milliseconds(10);
   absl::Duration flush_retry_max = absl::Seconds(2);
@@ -176,14 +214,20 @@ struct HybridDeviceStats {
   uint64_t write_buffer_admits = 0;
   uint64_t write_buffer_refusals = 0;
   uint64_t buffered_bytes = 0;        // buffer space in use now
-  uint64_t unflushed_objects = 0;     // committed, not yet durable
+  uint64_t unflushed_objects = 0;     // committed, not yet on the tier
   absl::Duration flush_lag;           // age of the oldest unflushed commit
-  uint64_t flushed_bytes = 0;
+  uint64_t flushed_bytes = 0;         // written to the tier
   uint64_t flushed_objects = 0;
   uint64_t flush_batches = 0;
   uint64_t flush_ios = 0;
-  uint64_t flush_errors = 0;
+  uint64_t flush_errors = 0;          // failed batch writes and Forgets
   uint64_t superseded_writes = 0;     // buffered objects overwritten unflushed
+  // Durable extent records (group commits of flushed objects).
+  uint64_t record_pending_objects = 0;  // on the tier, not recorded yet
+  uint64_t recorded_objects = 0;
+  uint64_t record_batches = 0;        // successful Record calls
+  uint64_t record_errors = 0;         // failed Record calls (retried)
+  uint64_t records_dropped = 0;       // pending records of overwritten objects
 };
 
 class HybridDevice final : public MemoryDevice {
@@ -235,10 +279,10 @@ class HybridDevice final : public MemoryDevice {
 
   std::vector<RecoveredExtent> RecoveredExtents() const override;
 
-  // Blocks until every committed object is durable or `deadline` passes;
-  // returns whether the buffer has nothing left to flush. Flushing itself
-  // still follows the policy above unless `force`, which ignores read
-  // pressure (as shutdown does).
+  // Blocks until every committed object is durable (written and recorded)
+  // or `deadline` passes; returns whether nothing is left to flush or
+  // record. Flushing itself still follows the policy above unless `force`,
+  // which ignores read pressure (as shutdown does).
   bool WaitFlushedForTest(absl::Time deadline, bool force = false);
 
   CapacityTier* tier() const { return tier_.get(); }
@@ -249,6 +293,15 @@ class HybridDevice final : public MemoryDevice {
   struct MissRead;
   struct FlushBatch;
   struct IoReq;
+  // An object on the tier whose extent is not recorded yet.
+  struct PendingRecord {
+    DurableExtent extent;
+    uint64_t seq = 0;  // commit sequence: records go in commit order
+    absl::Time since;  // when its bytes landed
+    // A write over its range began while it was in the running Record: it
+    // must not be put back if that Record fails.
+    bool dropped = false;
+  };
   class RangeAllocator;
   enum class ReadKind { kWindow, kBuffer, kBounce };
   struct ReadRec {
@@ -273,7 +326,16 @@ class HybridDevice final : public MemoryDevice {
   // --- all below: REQUIRES mu_ held, unless noted.
   Entry* FindBufferedLocked(uint64_t addr, uint64_t len)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks buffered objects overlapping the range superseded and drops
+  // pending records overlapping it.
   void SupersedeLocked(uint64_t addr, uint64_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropPendingRecordsLocked(uint64_t addr, uint64_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases pending records overlapping the range; returns how many.
+  int ErasePendingRecordsLocked(uint64_t addr, uint64_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddPendingRecordLocked(PendingRecord r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void InvalidateStagedLocked(uint64_t addr, uint64_t len)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -303,20 +365,35 @@ class HybridDevice final : public MemoryDevice {
   void FlusherLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // The flusher's steps; REQUIRES mu_ held (they release it around tier
   // calls and I/O submission).
-  // The next batch: queued objects not in flight, in commit order, up to
-  // flush_batch_bytes, stopping before one that overlaps a batch in flight.
+  // The next batch: queued objects forgotten and not in flight, in commit
+  // order, up to flush_batch_bytes, stopping before one that overlaps a
+  // batch in flight.
   std::vector<Entry*> PickBatchLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // CapacityTier::Forget over every queued object not forgotten yet, one
-  // call per contiguous address range.
-  absl::Status ForgetQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void IssueBatchLocked(FlushBatch* fb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishBatchLocked(FlushBatch* fb, const absl::Status& status)
+  // Whether a queued object is not forgotten yet.
+  bool ForgetNeededLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CapacityTier::Forget over queued objects not forgotten yet, one call
+  // per contiguous address range: every range if `all`, else the one
+  // holding the oldest such object.
+  absl::Status ForgetQueuedLocked(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Buffer fill at or above flush_high_watermark.
+  bool PressureLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the writes of a batch of forgotten objects.
+  void StartBatchLocked(std::vector<Entry*> batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void IssueBatchLocked(FlushBatch* fb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One synced CapacityTier::Record of every pending record.
+  void RecordPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BackOffLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ResetBackoffLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When the last write of `fb` completes (any thread): frees the buffer
+  // space of its objects (once unpinned) and makes their records pending,
+  // or keeps them queued on an error. Deletes fb.
+  void RetireBatchLocked(FlushBatch* fb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Flush batches whose writes may be in flight at once (the next batch is
-  // written while the previous one is being recorded).
-  static constexpr int kMaxFlushBatchesInFlight = 2;
+  // Flush batches whose writes may be queued or in flight at once (how many
+  // writes are in flight is FlushDepthLocked's).
+  static constexpr int kMaxFlushBatchesInFlight = 4;
 
   // Constant after construction.
   const HybridDeviceOptions options_;
@@ -351,10 +428,16 @@ class HybridDevice final : public MemoryDevice {
   std::map<uint64_t, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   // Committed, not superseded, not yet durable+released: readable, by addr.
   std::map<uint64_t, Entry*> live_ ABSL_GUARDED_BY(mu_);
-  // Committed and not yet durable, by commit sequence.
+  // Committed and not yet on the tier, by commit sequence.
   std::map<uint64_t, Entry*> flush_queue_ ABSL_GUARDED_BY(mu_);
-  // Batches being written or waiting to be recorded, oldest first.
+  // Batches with writes queued or in flight, oldest first.
   std::deque<std::unique_ptr<FlushBatch>> pipeline_ ABSL_GUARDED_BY(mu_);
+  // On the tier, record not issued yet, by addr; never overlapping.
+  std::map<uint64_t, PendingRecord> record_pending_ ABSL_GUARDED_BY(mu_);
+  // The records of the Record call running now (empty when none runs).
+  std::vector<PendingRecord> recording_ ABSL_GUARDED_BY(mu_);
+  // The flusher's last tier call was a Forget (vs a Record).
+  bool last_was_forget_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<IoReq> read_q_ ABSL_GUARDED_BY(mu_);
   std::deque<IoReq> write_q_ ABSL_GUARDED_BY(mu_);
   int reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -103,6 +103,30 @@ PrefetchHandle Prefetch(HybridDevice* d, uint64_t addr, uint64_t len) {
   return *h;
 }
 
+// Polls `pred` until it holds; false after 20 s.
+template <typename Pred>
+bool WaitUntil(Pred pred) {
+  const absl::Time deadline = Soon();
+  while (!pred()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// Whether every durable extent's bytes on the disk are its object's, for
+// objects written with seed == tag: a record never claims bytes that were
+// overwritten since.
+bool DurableMatchesDisk(const Rig& rig) {
+  for (const DurableExtent& e : rig.tier->ExtentsNowForTest()) {
+    if (rig.io->CopyForTest(kHdr + e.addr, e.length) !=
+        Pattern(e.addr, e.length, e.tag)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 TEST_CASE("HybridDevice describes one persistent hybrid region") {
   Rig rig;
   auto regions = rig.dev->Regions();
@@ -428,6 +452,19 @@ TEST_CASE("Flush errors keep objects readable and are retried") {
   auto ext = rig.tier->ExtentsNowForTest();
   REQUIRE(ext.size() == 2);
   CHECK(ext[1].tag == 22);
+
+  // Failed Records are retried (after a backoff) until one succeeds; the
+  // object stays readable from the tier meanwhile.
+  rig.tier->SetRecordsFailForTest(true);
+  rig.Put(128 * kKiB, 16 * kKiB, 23, 13);
+  REQUIRE(WaitUntil([&] { return rig.dev->HybridStats().record_errors >= 3; }));
+  CHECK(rig.dev->HybridStats().record_pending_objects == 1);
+  CHECK(rig.ReadMatches(128 * kKiB, 16 * kKiB, 13));
+  rig.tier->SetRecordsFailForTest(false);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  ext = rig.tier->ExtentsNowForTest();
+  REQUIRE(ext.size() == 3);
+  CHECK(ext[2].tag == 23);
 }
 
 TEST_CASE("Refill and miss errors surface as Unavailable") {
@@ -521,6 +558,170 @@ TEST_CASE("Destruction flushes what is buffered") {
   CHECK(ext[0].tag == 31);
   CHECK(ext[1].tag == 32);
   CHECK(rig.io->CopyForTest(kHdr, 8 * kKiB) == Pattern(0, 8 * kKiB, 20));
+}
+
+TEST_CASE("Buffer space is freed once the bytes land, before the Record") {
+  Rig rig;  // 128 KiB buffer
+  rig.tier->PauseRecordsForTest();
+  rig.Put(0, 64 * kKiB, 41, 41);
+  REQUIRE(rig.tier->WaitRecordsBlockedForTest(1, absl::Seconds(10)));
+  // The Record is still running, the buffer space is free already.
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.buffered_bytes == 0);
+  CHECK(s.unflushed_objects == 0);
+  CHECK(s.record_pending_objects == 1);
+  CHECK(s.flushed_objects == 1);
+  CHECK(s.recorded_objects == 0);
+  CHECK(rig.tier->ExtentsNowForTest().empty());
+  // A whole buffer's worth is admitted again.
+  rig.Put(256 * kKiB, 128 * kKiB, 42, 42);
+  // The written-but-unrecorded object is read from the tier, not the buffer,
+  // both directly and through the window.
+  CHECK(rig.ReadMatches(0, 64 * kKiB, 41));
+  PrefetchHandle h = Prefetch(rig.dev.get(), 0, 64 * kKiB);
+  auto p = rig.dev->PrefetchWait(h, Soon());
+  REQUIRE(p.ok());
+  CHECK(Matches(*p, 0, 64 * kKiB, 41));
+  rig.dev->PrefetchRelease(h);
+  s = rig.dev->HybridStats();
+  CHECK(s.staging_misses == 1);
+  CHECK(s.buffer_hits == 0);
+  CHECK(s.prefetch_from_buffer == 0);
+
+  rig.tier->ResumeRecordsForTest();
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  auto ext = rig.tier->ExtentsNowForTest();
+  REQUIRE(ext.size() == 2);
+  CHECK(ext[0].tag == 41);
+  CHECK(ext[1].tag == 42);
+  s = rig.dev->HybridStats();
+  CHECK(s.recorded_objects == 2);
+  CHECK(s.record_pending_objects == 0);
+  CHECK(s.buffered_bytes == 0);
+}
+
+TEST_CASE("A pinned buffered copy keeps its space until released") {
+  Rig rig;
+  rig.tier->PauseRecordsForTest();
+  rig.io->PauseForTest();
+  rig.Put(0, 64 * kKiB, 43, 43);
+  auto r = rig.dev->AcquireRead(0, 0, 64 * kKiB);  // a buffer hit
+  REQUIRE(r.ok());
+  rig.io->ResumeForTest();
+  REQUIRE(rig.tier->WaitRecordsBlockedForTest(1, absl::Seconds(10)));
+  // On the tier now, but the reader still holds the buffered copy.
+  CHECK(rig.dev->HybridStats().buffered_bytes == 64 * kKiB);
+  CHECK(rig.dev->HybridStats().unflushed_objects == 0);
+  CHECK(Matches(r->data, 0, 64 * kKiB, 43));
+  rig.dev->ReleaseRead(*r);
+  CHECK(rig.dev->HybridStats().buffered_bytes == 0);
+  rig.tier->ResumeRecordsForTest();
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+}
+
+TEST_CASE("Overwriting an object whose record is pending leaves no stale record") {
+  Rig rig;
+  int old_records_expected = 0;
+  SECTION("the pending record is dropped") {
+    rig.tier->SetRecordsFailForTest(true);
+    rig.Put(0, 64 * kKiB, 1, 1);
+    REQUIRE(WaitUntil([&] {
+      HybridDeviceStats s = rig.dev->HybridStats();
+      return s.record_pending_objects == 1 && s.buffered_bytes == 0 &&
+             s.record_errors > 0;
+    }));
+    // Overwrite its middle and hold the new bytes in flight: a Record of
+    // the old object from now on would claim bytes about to be replaced.
+    rig.io->PauseForTest();
+    rig.Put(16 * kKiB, 32 * kKiB, 2, 2);
+    HybridDeviceStats s = rig.dev->HybridStats();
+    CHECK(s.records_dropped == 1);
+    CHECK(s.record_pending_objects == 0);
+    rig.tier->SetRecordsFailForTest(false);
+    REQUIRE(rig.io->WaitPendingForTest(1, absl::Seconds(10)));
+    absl::SleepFor(absl::Milliseconds(50));  // room for a wrong Record
+    rig.tier->PauseRecordsForTest();
+    CHECK(DurableMatchesDisk(rig));
+    rig.io->ResumeForTest();
+    // The new object's Record: its bytes have landed.
+    REQUIRE(rig.tier->WaitRecordsBlockedForTest(1, absl::Seconds(10)));
+    CHECK(DurableMatchesDisk(rig));
+    rig.tier->ResumeRecordsForTest();
+  }
+  SECTION("the old object is in the Record running at the overwrite") {
+    rig.tier->PauseRecordsForTest();
+    rig.Put(0, 64 * kKiB, 1, 1);
+    REQUIRE(rig.tier->WaitRecordsBlockedForTest(1, absl::Seconds(10)));
+    rig.Put(16 * kKiB, 32 * kKiB, 2, 2);
+    rig.tier->AllowRecordsForTest(1);  // the old object becomes durable
+    old_records_expected = 1;
+    // Then the new one is forgotten over, written and recorded (blocked).
+    REQUIRE(WaitUntil([&] { return rig.tier->RecordCallsForTest() == 2; }));
+    REQUIRE(rig.tier->WaitRecordsBlockedForTest(1, absl::Seconds(10)));
+    CHECK(rig.tier->ExtentsNowForTest().empty());
+    CHECK(DurableMatchesDisk(rig));
+    rig.tier->ResumeRecordsForTest();
+  }
+  SECTION("a failed Record does not bring the overwritten one back") {
+    rig.tier->PauseRecordsForTest();
+    rig.tier->SetRecordsFailForTest(true);
+    rig.Put(0, 64 * kKiB, 1, 1);
+    REQUIRE(rig.tier->WaitRecordsBlockedForTest(1, absl::Seconds(10)));
+    rig.Put(16 * kKiB, 32 * kKiB, 2, 2);
+    rig.tier->AllowRecordsForTest(1);  // fails
+    REQUIRE(WaitUntil([&] { return rig.dev->HybridStats().record_errors == 1; }));
+    rig.tier->SetRecordsFailForTest(false);
+    rig.tier->ResumeRecordsForTest();
+  }
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  auto ext = rig.tier->ExtentsNowForTest();
+  REQUIRE(ext.size() == 1);
+  CHECK(ext[0].addr == 16 * kKiB);
+  CHECK(ext[0].length == 32 * kKiB);
+  CHECK(ext[0].tag == 2);
+  CHECK(DurableMatchesDisk(rig));
+  // The old object is recorded only by a Record that began before the
+  // overwrite (the second section), never later.
+  int records_of_old = 0;
+  for (const DurableExtent& e : rig.tier->RecordedForTest()) {
+    records_of_old += e.tag == 1 ? 1 : 0;
+  }
+  CHECK(records_of_old == old_records_expected);
+  CHECK(rig.ReadMatches(16 * kKiB, 32 * kKiB, 2));
+}
+
+TEST_CASE("After a crash only recorded objects are recovered") {
+  HybridDeviceOptions o = SmallOptions();
+  o.shutdown_flush_timeout = absl::ZeroDuration();  // no flush on the way out
+  Rig rig(o);
+  rig.Put(0, 16 * kKiB, 1, 1);
+  rig.Put(512 * kKiB, 16 * kKiB, 2, 2);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  REQUIRE(rig.tier->ExtentsNowForTest().size() == 2);
+
+  rig.tier->SetRecordsFailForTest(true);
+  rig.Put(1024 * kKiB, 16 * kKiB, 3, 3);  // new
+  rig.Put(0, 16 * kKiB, 4, 4);            // over a recorded one
+  REQUIRE(WaitUntil([&] {
+    HybridDeviceStats s = rig.dev->HybridStats();
+    return s.record_pending_objects == 2 && s.buffered_bytes == 0;
+  }));
+  // Written, not recorded: served from the tier with the right bytes.
+  CHECK(rig.ReadMatches(1024 * kKiB, 16 * kKiB, 3));
+  CHECK(rig.ReadMatches(0, 16 * kKiB, 4));
+  CHECK(rig.dev->HybridStats().buffer_hits == 0);
+  CHECK(rig.dev->HybridStats().staging_misses == 2);
+
+  std::vector<DurableExtent> durable;
+  rig.tier->SaveExtentsOnCloseForTest(&durable);
+  rig.dev.reset();  // the records never make it
+  rig.Open(o, durable);
+  std::vector<RecoveredExtent> rec = rig.dev->RecoveredExtents();
+  REQUIRE(rec.size() == 1);
+  CHECK(rec[0].addr == 512 * kKiB);
+  CHECK(rec[0].length == 16 * kKiB);
+  CHECK(rec[0].generation == 2);
+  CHECK(rig.ReadMatches(512 * kKiB, 16 * kKiB, 2));
 }
 
 TEST_CASE("A footprint many times the window streams through correctly") {

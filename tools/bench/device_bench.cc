@@ -21,7 +21,9 @@
 //                   (its share of the window) ahead of its reads:
 //                   PrefetchObject .. PrefetchWait, memcpy out, PrefetchRelease;
 //   staging+writer  the same plus a writer thread appending blocks at a fixed
-//                   rate through BeginWrite/CommitWrite (refusals are counted
+//                   rate through BeginWrite/CommitWrite while the turns read
+//                   (paused during the between-turn appends; its rate is
+//                   measured over the read phases only; refusals are counted
 //                   and skipped);
 //   lru             LruCacheDevice (cache = window + write buffer), reads via
 //                   AcquireRead in order;
@@ -117,8 +119,11 @@ DEFINE_string(engine, "auto", "BlockIo engine: auto|uring|threadpool");
 DEFINE_double(raw_gib, 2, "span of the raw sequential read in GiB");
 DEFINE_int32(raw_passes, 2, "timed passes over the raw span");
 DEFINE_uint64(raw_streams, 1, "sequential streams of the raw read");
-DEFINE_double(writer_fraction, 0.2,
-              "writer rate as a fraction of the raw read bandwidth");
+DEFINE_double(writer_fraction, 0.05,
+              "writer rate, while turns read, as a fraction of the raw read "
+              "bandwidth. 0.05: the new KV of a multi-turn turn is a small "
+              "fraction (~5-10%) of the prefix it re-reads, and other "
+              "conversations' turns are what a reader overlaps with");
 DEFINE_double(writer_mbps, 0,
               "writer rate in MB/s (overrides --writer_fraction when > 0)");
 DEFINE_int32(prefetch_depth, 0,
@@ -439,7 +444,8 @@ struct ModeResult {
   uint64_t read_errors = 0;
   uint64_t append_refusals = 0;  // appends refused (retried)
   bool writer = false;
-  double writer_mbps = 0;     // achieved
+  double writer_mbps = 0;     // achieved, over the read phases
+  double writer_seconds = 0;  // read phases the writer ran in
   uint64_t writer_refused = 0;
   uint64_t writer_writes = 0;
   std::string notes;
@@ -551,11 +557,12 @@ class StagingTarget : public Target {
     return absl::StrFormat(
         "prefetches=%u shared=%u from_buffer=%u staging_misses=%u "
         "refill=%.2fGB@%.2fGB/s flushed=%.2fGB flush_batches=%u "
-        "write_refusals=%u",
+        "recorded=%u in %u Records (%u failed) write_refusals=%u",
         s.device.prefetches, s.prefetch_shared, s.prefetch_from_buffer,
         s.staging_misses, s.refill_bytes / 1e9,
         s.refill_bandwidth_bytes_per_s / 1e9, s.flushed_bytes / 1e9,
-        s.flush_batches, s.write_buffer_refusals);
+        s.flush_batches, s.recorded_objects, s.record_batches,
+        s.record_errors, s.write_buffer_refusals);
   }
 
  private:
@@ -670,7 +677,8 @@ absl::Status WriteBlock(MemoryDevice* dev, uint64_t addr, uint64_t len,
 }
 
 // The concurrent writer: one block every block/rate seconds into the writer
-// area, refused writes skipped and counted.
+// area while active (the turns' read phases), refused writes skipped and
+// counted. Starts paused.
 class Writer {
  public:
   Writer(MemoryDevice* dev, const Config& cfg, double bytes_per_s)
@@ -679,12 +687,27 @@ class Writer {
   }
   ~Writer() { Stop(); }
   void Stop() {
+    Pause();
     {
       MutexLock l(&mu_);
       stop_ = true;
       cv_.SignalAll();
     }
     thread_.Join();
+  }
+  void Resume() {
+    MutexLock l(&mu_);
+    if (active_) return;
+    active_ = true;
+    active_since_ = absl::Now();
+    cv_.SignalAll();
+  }
+  // A write already started finishes (and counts).
+  void Pause() {
+    MutexLock l(&mu_);
+    if (!active_) return;
+    active_ = false;
+    active_time_ += absl::Now() - active_since_;
   }
   uint64_t writes() {
     MutexLock l(&mu_);
@@ -694,31 +717,34 @@ class Writer {
     MutexLock l(&mu_);
     return refused_;
   }
+  // Over the time it was active.
   double achieved_mbps() {
     MutexLock l(&mu_);
-    const double secs = absl::ToDoubleSeconds(end_ - start_);
+    const double secs = absl::ToDoubleSeconds(active_time_);
     return secs > 0 ? writes_ * static_cast<double>(cfg_.block) / secs / 1e6
                     : 0;
+  }
+  double active_seconds() {
+    MutexLock l(&mu_);
+    return absl::ToDoubleSeconds(active_time_);
   }
 
  private:
   void Loop() {
     const uint64_t area = cfg_.blocks_per_conv * cfg_.conversations;
-    absl::Time next = absl::Now();
-    {
-      MutexLock l(&mu_);
-      start_ = next;
-    }
+    absl::Time next = absl::InfinitePast();
     for (uint64_t k = 0;; ++k) {
       {
         MutexLock l(&mu_);
-        while (!stop_ && absl::Now() < next) {
-          cv_.WaitWithDeadline(&mu_, next);
+        while (!stop_ && (!active_ || absl::Now() < next)) {
+          if (active_) {
+            cv_.WaitWithDeadline(&mu_, next);
+          } else {
+            cv_.Wait(&mu_);
+            next = absl::Now();  // a read phase starts the schedule afresh
+          }
         }
-        if (stop_) {
-          end_ = absl::Now();
-          return;
-        }
+        if (stop_) return;
       }
       next += interval_;
       const uint64_t addr =
@@ -752,11 +778,12 @@ class Writer {
   Mutex mu_;
   CondVar cv_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool active_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time active_since_ ABSL_GUARDED_BY(mu_);
+  absl::Duration active_time_ ABSL_GUARDED_BY(mu_);
   uint64_t writes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t errors_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time start_ ABSL_GUARDED_BY(mu_);
-  absl::Time end_ ABSL_GUARDED_BY(mu_);
   Thread thread_;
 };
 
@@ -848,8 +875,10 @@ absl::StatusOr<ModeResult> RunMode(const Config& cfg, const std::string& name,
       }
       target->DeviceHits(&dh0, &dl0);
       const absl::Time t0 = absl::Now();
+      if (writer) writer->Resume();  // writes only while the turn reads
       barrier.Wait();
       barrier.Wait();
+      if (writer) writer->Pause();
       absl::Time t1 = t0;
       for (absl::Time e : read_end[t - 1]) t1 = std::max(t1, e);
       const absl::Time a0 = absl::Now();
@@ -890,6 +919,7 @@ absl::StatusOr<ModeResult> RunMode(const Config& cfg, const std::string& name,
     res.writer_writes = writer->writes();
     res.writer_refused = writer->refused();
     res.writer_mbps = writer->achieved_mbps();
+    res.writer_seconds = writer->active_seconds();
   }
   for (const PerConv& p : per) {
     res.bad_blocks += p.bad;
@@ -1079,9 +1109,10 @@ int Main() {
   for (const ModeResult& r : results) {
     std::string note;
     if (r.writer) {
-      note = absl::StrFormat("writer %.0f of %.0f MB/s, %u refused",
-                             r.writer_mbps, writer_rate / 1e6,
-                             r.writer_refused);
+      note = absl::StrFormat(
+          "writer %.0f of %.0f MB/s over %.1f s of reads, %u of %u refused",
+          r.writer_mbps, writer_rate / 1e6, r.writer_seconds, r.writer_refused,
+          r.writer_writes + r.writer_refused);
     }
     if (r.name == "staging_writer" && st) {
       note += absl::StrFormat("; cost vs staging %.1f%%", 100 * writer_cost);
@@ -1148,6 +1179,7 @@ int Main() {
           << ", \"append_refusals\": " << r.append_refusals;
       if (r.writer) {
         out << ", \"writer_mbps\": " << r.writer_mbps
+            << ", \"writer_seconds\": " << r.writer_seconds
             << ", \"writer_writes\": " << r.writer_writes
             << ", \"writer_refused\": " << r.writer_refused;
       }
