@@ -4,6 +4,9 @@
 # and logs under ./hymcache-data), runs the demo workload against it, shows
 # `hymctl status`, and stops the cluster. With --keep the cluster keeps
 # running (stop it with: kill $(cat hymcache-data/*.pid)).
+# HYMCACHE_DEVICE=hybrid runs the storage node on the software CXL hybrid
+# device instead (a 2 GiB capacity file under ./hymcache-data behind a 64 MiB
+# staging window and a 32 MiB write buffer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +14,12 @@ KEEP=0
 [ "${1:-}" = "--keep" ] && KEEP=1
 DATA=${HYMCACHE_DATA:-$PWD/hymcache-data}
 DRAM=${HYMCACHE_DRAM_BYTES:-536870912}
+DEVICE=${HYMCACHE_DEVICE:-dram}
+DEVICE_FLAGS=(--dram_bytes="$DRAM")
+if [ "$DEVICE" = "hybrid" ]; then
+  DEVICE_FLAGS=(--device=hybrid --capacity_path="$DATA/capacity.dat"
+                --capacity_bytes=2G --staging_bytes=64M --write_buffer_bytes=32M)
+fi
 
 bash tools/setup.sh
 echo "quickstart: building (first build takes a few minutes on 2 cores)..."
@@ -49,7 +58,7 @@ MASTER=${line##* }
 echo "quickstart: $line"
 
 "$BIN/storage_node/hymcache-storage" --master="$MASTER" --name=local-node-0 \
-  --data_port=0 --control_port=0 --dram_bytes="$DRAM" --log_dir="$DATA/logs" \
+  --data_port=0 --control_port=0 "${DEVICE_FLAGS[@]}" --log_dir="$DATA/logs" \
   >"$DATA/storage.out" 2>"$DATA/logs/storage.stderr" &
 pids+=($!); echo $! >"$DATA/storage.pid"
 echo "quickstart: $(ready_line "$DATA/storage.out" "${pids[1]}")"
@@ -65,6 +74,10 @@ echo "quickstart: demo workload (4 conversations x 5 turns, 1 MiB blocks)"
 echo
 "$BIN/tools/hymctl/hymctl" --master="$MASTER" status
 echo
+if [ "$DEVICE" = "hybrid" ]; then
+  "$BIN/tools/hymctl/hymctl" --master="$MASTER" stats
+  echo
+fi
 if [ $KEEP -eq 1 ]; then
   echo "quickstart: cluster left running; master at $MASTER"
   echo "  try: $BIN/tools/hymctl/hymctl --master=$MASTER status"
