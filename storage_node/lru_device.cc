@@ -401,7 +401,7 @@ absl::Status LruCacheDevice::AccessLines(uint64_t first, uint64_t last,
       cv_.SignalAll();
     }
     // On failure every line we claimed leaves the table.
-    if (!status.ok()) {
+    auto fail_claimed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       for (size_t i = 0; i < n; ++i) {
         if (!claimed[i]) continue;
         Slot& s = slots_[slot_of[i]];
@@ -411,7 +411,8 @@ absl::Status LruCacheDevice::AccessLines(uint64_t first, uint64_t last,
       }
       for (size_t i = 0; i < n; ++i) Unpin(slot_of[i]);
       return status;
-    }
+    };
+    if (!status.ok()) return fail_claimed();
     // Hits another access is still filling: wait for them.
     for (size_t i = 0; i < n; ++i) {
       if (claimed[i]) continue;
@@ -422,17 +423,7 @@ absl::Status LruCacheDevice::AccessLines(uint64_t first, uint64_t last,
             "lru device: fill of line ", first + i, " failed"));
       }
     }
-    if (!status.ok()) {
-      for (size_t i = 0; i < n; ++i) {
-        if (!claimed[i]) continue;
-        Slot& s = slots_[slot_of[i]];
-        s.state = LineState::kFailed;
-        table_.erase(first + i);
-        lru_.erase(s.lru);
-      }
-      for (size_t i = 0; i < n; ++i) Unpin(slot_of[i]);
-      return status;
-    }
+    if (!status.ok()) return fail_claimed();
   }
 
   // Every line is pinned and readable (or ours alone): move the bytes.
