@@ -3,12 +3,15 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "client/tcp_transport.h"
 #include "client/transport.h"
+#include "common/executor.h"
 #include "common/mutex.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -35,6 +38,22 @@ absl::Status ClientOptions::Validate() const {
   if (max_keys_per_rpc == 0 || max_keys_per_rpc > 1024) {
     return absl::InvalidArgumentError(
         "ClientOptions.max_keys_per_rpc must be in 1..1024");
+  }
+  if (lookup_batch_keys == 0 || lookup_batch_keys > max_keys_per_rpc) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.lookup_batch_keys must be in 1..max_keys_per_rpc");
+  }
+  if (lookup_pipeline_depth < 1 || lookup_pipeline_depth > 64) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.lookup_pipeline_depth must be in 1..64");
+  }
+  if (read_batch_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.read_batch_bytes must be > 0");
+  }
+  if (store_threads < 1 || max_pending_stores < 1) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.store_threads and max_pending_stores must be >= 1");
   }
   return absl::OkStatus();
 }
@@ -63,18 +82,55 @@ RemoteRef ToRef(const ObjectLocation& l) {
   return RemoteRef{l.region_id, l.addr, l.length, l.generation};
 }
 
+// Completion of one asynchronous Store.
+class StoreHandleImpl : public StoreHandle {
+ public:
+  bool Done() const override {
+    MutexLock l(&mu_);
+    return result_.has_value();
+  }
+
+  absl::StatusOr<PutResult> Wait(absl::Time deadline) override {
+    MutexLock l(&mu_);
+    while (!result_.has_value()) {
+      if (cv_.WaitWithDeadline(&mu_, deadline) && !result_.has_value()) {
+        return absl::DeadlineExceededError("Store: still running");
+      }
+    }
+    return *result_;
+  }
+
+  void Complete(absl::StatusOr<PutResult> r) {
+    MutexLock l(&mu_);
+    result_ = std::move(r);
+    cv_.SignalAll();
+  }
+
+ private:
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::optional<absl::StatusOr<PutResult>> result_ ABSL_GUARDED_BY(mu_);
+};
+
 class ClientImpl : public Client {
  public:
   ClientImpl(const ClientOptions& options,
              std::unique_ptr<pb::MasterService::Stub> stub,
-             std::unique_ptr<Transport> transport)
+             std::unique_ptr<Transport> transport,
+             std::unique_ptr<Executor> store_executor,
+             std::unique_ptr<Executor> bg_executor)
       : options_(options),
         stub_(std::move(stub)),
-        transport_(std::move(transport)) {}
+        transport_(std::move(transport)),
+        store_executor_(std::move(store_executor)),
+        bg_executor_(std::move(bg_executor)) {}
 
   ~ClientImpl() override {
-    // Background aborts reference this client: wait for them (each is
-    // bounded by kAbortTimeout).
+    // Stores and releases finish first (each is bounded by its deadline).
+    store_executor_.reset();
+    bg_executor_.reset();
+    // Background aborts and cancelled lookups reference this client: wait
+    // for them (each is bounded by its deadline).
     MutexLock l(&mu_);
     auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return aborts_in_flight_ == 0;
@@ -94,53 +150,8 @@ class ClientImpl : public Client {
   absl::StatusOr<PutResult> Put(absl::Span<const std::string> keys,
                                 absl::Span<const ConstBuffer> buffers,
                                 const CallOptions& call) override {
-    RETURN_IF_ERROR(CheckKeys(keys));
-    if (keys.size() != buffers.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Put: ", keys.size(), " keys but ", buffers.size(), " buffers"));
-    }
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      if (buffers[i].size == 0 || buffers[i].data == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("Put: buffer ", i, " is empty"));
-      }
-    }
-    absl::Time deadline = Deadline(call);
-    PutResult out;
-    out.outcomes.assign(keys.size(), PutOutcome::kFailed);
-    out.errors.assign(keys.size(), absl::OkStatus());
-    uint32_t node = 0;
-    for (size_t begin = 0; begin < keys.size();
-         begin += options_.max_keys_per_rpc) {
-      size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
-      absl::Status st = PutChunk(keys.subspan(begin, n),
-                                 buffers.subspan(begin, n), begin, deadline,
-                                 &node, &out);
-      if (!st.ok()) {
-        if (begin == 0) return st;  // nothing happened yet: the call failed
-        for (size_t i = begin; i < keys.size(); ++i) out.errors[i] = st;
-        break;
-      }
-    }
-    out.node_id = node;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      switch (out.outcomes[i]) {
-        case PutOutcome::kStored:
-          ++out.stored;
-          break;
-        case PutOutcome::kAlreadyStored:
-        case PutOutcome::kInProgress:
-          ++out.skipped;
-          break;
-        case PutOutcome::kFailed:
-          ++out.failed;
-          if (out.errors[i].ok()) {
-            out.errors[i] = absl::UnknownError("not stored");
-          }
-          break;
-      }
-    }
-    return out;
+    RETURN_IF_ERROR(CheckPut(keys, buffers));
+    return PutAll(keys, buffers, /*parent_key=*/"", Deadline(call));
   }
 
   absl::StatusOr<GetResult> Get(absl::Span<const std::string> keys,
@@ -203,6 +214,159 @@ class ClientImpl : public Client {
     }
     if (out.loaded == keys.size()) out.stop_reason = absl::OkStatus();
     return out;
+  }
+
+  absl::StatusOr<LoadResult> Load(absl::Span<const std::string> keys,
+                                  absl::Span<const MutableBuffer> buffers,
+                                  const LoadOptions& options) override {
+    RETURN_IF_ERROR(CheckKeys(keys));
+    if (keys.size() != buffers.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Load: ", keys.size(), " keys but ", buffers.size(), " buffers"));
+    }
+    const absl::Time deadline = options.deadline == absl::InfinitePast()
+                                    ? absl::Now() + options_.default_deadline
+                                    : options.deadline;
+    const uint64_t session = options.prefetch ? NewSessionId() : 0;
+    LookupPipeline lookups(this, keys, deadline);
+
+    LoadResult out;
+    std::vector<ObjectLocation> locs(keys.size());
+    size_t found = 0;    // leading keys known to be stored
+    size_t hinted = 0;   // of those, announced to their nodes
+    bool closed = false; // the hit prefix ends at `found`
+    absl::Status stop;
+    std::vector<uint32_t> session_nodes;  // nodes holding hinted objects
+
+    while (true) {
+      // Take lookup answers in order: wait only when there is nothing to
+      // read meanwhile.
+      while (!closed && lookups.has_next()) {
+        const bool block = out.loaded == found;
+        absl::StatusOr<const pb::BatchLookupResponse*> r =
+            lookups.Next(block);
+        if (r.ok() && *r == nullptr) break;  // not arrived yet
+        if (!r.ok()) {
+          if (found == 0 && out.loaded == 0) return r.status();
+          stop = r.status();
+          closed = true;
+          break;
+        }
+        const pb::BatchLookupResponse& resp = **r;
+        for (const pb::NodeInfo& n : resp.nodes()) Remember(n);
+        for (const pb::LookupResult& lr : resp.results()) {
+          if (!lr.found()) {
+            closed = true;
+            break;
+          }
+          locs[found++] = FromProto(lr.location());
+        }
+        if (closed) lookups.CancelRest();
+      }
+      if (lookups.done() ) closed = true;
+
+      // Announce the new hits to their nodes, in read order.
+      if (options.prefetch && hinted < found) {
+        Hint(session, locs, hinted, found, deadline, &session_nodes);
+        hinted = found;
+      }
+
+      if (out.loaded == found) {
+        if (closed) break;
+        continue;  // wait for the next lookup answer
+      }
+      // Read the next run of blocks on one node.
+      const size_t i = out.loaded;
+      if (buffers[i].data == nullptr || buffers[i].size < locs[i].length) {
+        stop = absl::OutOfRangeError(
+            absl::StrCat("Load: buffer ", i, " holds ", buffers[i].size,
+                         " bytes, object is ", locs[i].length));
+        break;
+      }
+      size_t j = i + 1;
+      uint64_t batch = locs[i].length;
+      while (j < found && locs[j].node_id == locs[i].node_id &&
+             batch + locs[j].length <= options_.read_batch_bytes &&
+             buffers[j].data != nullptr && buffers[j].size >= locs[j].length) {
+        batch += locs[j].length;
+        ++j;
+      }
+      absl::StatusOr<PeerInfo> peer = Peer(locs[i].node_id);
+      if (!peer.ok()) {
+        stop = peer.status();
+        break;
+      }
+      std::vector<ReadOp> ops;
+      ops.reserve(j - i);
+      for (size_t k = i; k < j; ++k) {
+        ops.push_back(ReadOp{ToRef(locs[k]), buffers[k].data});
+      }
+      std::vector<absl::Status> st =
+          options.prefetch
+              ? transport_->ReadSession(*peer, session, ops, deadline)
+              : transport_->Read(*peer, ops, deadline);
+      size_t ok = 0;
+      while (ok < st.size() && st[ok].ok()) {
+        out.lengths.push_back(locs[i + ok].length);
+        out.bytes += locs[i + ok].length;
+        ++ok;
+      }
+      out.loaded = i + ok;
+      // Aborted: the node had not staged the rest yet; ask again.
+      if (ok < st.size() && st[ok].code() != absl::StatusCode::kAborted) {
+        stop = st[ok];
+        break;
+      }
+    }
+    lookups.CancelRest();
+    out.hit_prefix = std::max(found, out.loaded);
+    if (out.loaded == keys.size()) {
+      out.stop_reason = absl::OkStatus();
+    } else if (!stop.ok()) {
+      out.stop_reason = stop;
+    } else {
+      out.stop_reason =
+          absl::NotFoundError(absl::StrCat("key ", found, " is not stored"));
+    }
+    // Objects announced but not read (deadline, a miss, an error): drop
+    // them on their nodes without waiting (the node's session timeout
+    // covers a lost release).
+    if (options.prefetch && hinted > out.loaded) {
+      ReleaseInBackground(session, session_nodes);
+    }
+    return out;
+  }
+
+  std::shared_ptr<StoreHandle> Store(absl::Span<const std::string> keys,
+                                     absl::Span<const ConstBuffer> buffers,
+                                     const StoreOptions& options) override {
+    auto handle = std::make_shared<StoreHandleImpl>();
+    absl::Status bad = CheckPut(keys, buffers);
+    if (!bad.ok()) {
+      handle->Complete(bad);
+      return handle;
+    }
+    const absl::Time deadline = absl::Now() + options.timeout;
+    auto task = [this, handle, keys = std::vector<std::string>(keys.begin(), keys.end()),
+                 bufs = std::vector<ConstBuffer>(buffers.begin(), buffers.end()),
+                 parent = options.parent_key, deadline]() {
+      absl::StatusOr<PutResult> r = PutAll(keys, bufs, parent, deadline);
+      if (!r.ok() && r.status().code() == absl::StatusCode::kResourceExhausted) {
+        // No node had room: every key is refused (skipped), not an error.
+        PutResult refused;
+        refused.outcomes.assign(keys.size(), PutOutcome::kFailed);
+        refused.errors.assign(keys.size(), r.status());
+        refused.failed = refused.refused = keys.size();
+        r = std::move(refused);
+      }
+      handle->Complete(std::move(r));
+    };
+    if (!store_executor_->TrySubmit(std::move(task))) {
+      handle->Complete(absl::ResourceExhaustedError(absl::StrCat(
+          "Store: ", options_.max_pending_stores,
+          " stores already pending; skipped")));
+    }
+    return handle;
   }
 
   absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string> keys,
@@ -298,6 +462,8 @@ class ClientImpl : public Client {
       size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
       pb::BatchLookupRequest req;
       for (size_t i = begin; i < begin + n; ++i) req.add_keys(keys[i]);
+      // Get reads the leading hits: mark them in use on the master.
+      req.set_for_read(stop_at_miss);
       pb::BatchLookupResponse resp;
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(deadline));
@@ -325,16 +491,130 @@ class ClientImpl : public Client {
     return absl::OkStatus();
   }
 
+  static absl::Status CheckPut(absl::Span<const std::string> keys,
+                               absl::Span<const ConstBuffer> buffers) {
+    RETURN_IF_ERROR(CheckKeys(keys));
+    if (keys.size() != buffers.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Put: ", keys.size(), " keys but ", buffers.size(), " buffers"));
+    }
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (buffers[i].size == 0 || buffers[i].data == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Put: buffer ", i, " is empty"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Put of checked arguments, in chunks of max_keys_per_rpc; the first
+  // chunk is placed with `parent_key`'s node, later ones on the first's.
+  absl::StatusOr<PutResult> PutAll(absl::Span<const std::string> keys,
+                                   absl::Span<const ConstBuffer> buffers,
+                                   const std::string& parent_key,
+                                   absl::Time deadline) {
+    PutResult out;
+    out.outcomes.assign(keys.size(), PutOutcome::kFailed);
+    out.errors.assign(keys.size(), absl::OkStatus());
+    uint32_t node = 0;
+    for (size_t begin = 0; begin < keys.size();
+         begin += options_.max_keys_per_rpc) {
+      size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
+      absl::Status st = PutChunk(keys.subspan(begin, n),
+                                 buffers.subspan(begin, n), begin,
+                                 begin == 0 ? parent_key : std::string(),
+                                 deadline, &node, &out);
+      if (!st.ok()) {
+        if (begin == 0) return st;  // nothing happened yet: the call failed
+        for (size_t i = begin; i < keys.size(); ++i) out.errors[i] = st;
+        break;
+      }
+    }
+    out.node_id = node;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      switch (out.outcomes[i]) {
+        case PutOutcome::kStored:
+          ++out.stored;
+          break;
+        case PutOutcome::kAlreadyStored:
+        case PutOutcome::kInProgress:
+          ++out.skipped;
+          break;
+        case PutOutcome::kFailed:
+          ++out.failed;
+          if (out.errors[i].ok()) {
+            out.errors[i] = absl::UnknownError("not stored");
+          }
+          if (out.errors[i].code() == absl::StatusCode::kResourceExhausted) {
+            ++out.refused;
+          }
+          break;
+      }
+    }
+    return out;
+  }
+
+  uint64_t NewSessionId() {
+    MutexLock l(&mu_);
+    uint64_t id;
+    do {
+      id = absl::Uniform<uint64_t>(rng_);
+    } while (id == 0);
+    return id;
+  }
+
+  // Announces locs[from, to) to their nodes (one ordered list per node).
+  // Hints are advisory: a failed one only costs speed, the reads report
+  // real errors.
+  void Hint(uint64_t session, const std::vector<ObjectLocation>& locs,
+            size_t from, size_t to, absl::Time deadline,
+            std::vector<uint32_t>* nodes) {
+    std::vector<std::pair<uint32_t, std::vector<RemoteRef>>> per_node;
+    for (size_t i = from; i < to; ++i) {
+      auto it = std::find_if(per_node.begin(), per_node.end(),
+                             [&](const auto& p) { return p.first == locs[i].node_id; });
+      if (it == per_node.end()) {
+        per_node.emplace_back(locs[i].node_id, std::vector<RemoteRef>());
+        it = std::prev(per_node.end());
+      }
+      it->second.push_back(ToRef(locs[i]));
+    }
+    for (auto& [node, refs] : per_node) {
+      absl::StatusOr<PeerInfo> peer = Peer(node);
+      if (!peer.ok()) continue;
+      if (std::find(nodes->begin(), nodes->end(), node) == nodes->end()) {
+        nodes->push_back(node);
+      }
+      transport_->Prefetch(*peer, session, refs, deadline);
+    }
+  }
+
+  // Ends `session` on `nodes` without waiting.
+  void ReleaseInBackground(uint64_t session, std::vector<uint32_t> nodes) {
+    for (uint32_t node : nodes) {
+      absl::StatusOr<PeerInfo> peer = Peer(node);
+      if (!peer.ok()) continue;
+      // Dropped when the queue is full: the node's session timeout frees
+      // the staging instead.
+      bg_executor_->TrySubmit([this, p = *peer, session] {
+        transport_->Release(p, session, {}, absl::Now() + kReleaseTimeout)
+            .IgnoreError();
+      });
+    }
+  }
+
   // One PutStart / writes / PutCommit round for keys [offset, offset+n).
   absl::Status PutChunk(absl::Span<const std::string> keys,
                         absl::Span<const ConstBuffer> buffers, size_t offset,
-                        absl::Time deadline, uint32_t* node, PutResult* out) {
+                        const std::string& parent_key, absl::Time deadline,
+                        uint32_t* node, PutResult* out) {
     pb::PutStartRequest req;
     for (size_t i = 0; i < keys.size(); ++i) {
       req.add_keys(keys[i]);
       req.add_lengths(buffers[i].size);
     }
     req.set_preferred_node_id(*node);
+    if (*node == 0 && !parent_key.empty()) req.set_parent_key(parent_key);
     pb::PutStartResponse resp;
     {
       grpc::ClientContext ctx;
@@ -444,14 +724,147 @@ class ClientImpl : public Client {
   }
 
   static constexpr absl::Duration kAbortTimeout = absl::Seconds(2);
+  static constexpr absl::Duration kReleaseTimeout = absl::Seconds(1);
+
+  // The BatchLookup round trips of one Load: chunks of lookup_batch_keys,
+  // up to lookup_pipeline_depth in flight, answers taken in order. Calls
+  // still in flight when the pipeline is destroyed are cancelled; their
+  // state lives until their callbacks ran (the client waits for those).
+  class LookupPipeline {
+   public:
+    LookupPipeline(ClientImpl* client, absl::Span<const std::string> keys,
+                   absl::Time deadline)
+        : client_(client),
+          keys_(keys),
+          deadline_(deadline),
+          chunk_(client->options_.lookup_batch_keys),
+          nchunks_((keys.size() + chunk_ - 1) / chunk_),
+          state_(std::make_shared<State>()) {
+      state_->calls.resize(nchunks_);
+      Launch();
+    }
+    ~LookupPipeline() { CancelRest(); }
+
+    // Whether answers remain to be taken.
+    bool has_next() const { return !stopped_ && next_ < nchunks_; }
+    bool done() const { return !has_next(); }
+
+    // The next chunk's answer (one result per key of the chunk); nullptr
+    // when !block and it has not arrived. Errors: the RPC's status,
+    // DeadlineExceeded, Internal for a malformed answer.
+    absl::StatusOr<const pb::BatchLookupResponse*> Next(bool block) {
+      Call* c = state_->calls[next_].get();
+      {
+        MutexLock l(&state_->mu);
+        while (!c->done) {
+          if (!block) return nullptr;
+          if (state_->cv.WaitWithDeadline(&state_->mu, deadline_) &&
+              !c->done) {
+            return absl::DeadlineExceededError(
+                "Load: lookup did not answer before the deadline");
+          }
+        }
+      }
+      const size_t n = ChunkSize(next_);
+      ++next_;
+      Launch();
+      RETURN_IF_ERROR(FromGrpc(c->status, "BatchLookup"));
+      if (static_cast<size_t>(c->resp.results_size()) != n) {
+        return absl::InternalError("BatchLookup: master returned a short answer");
+      }
+      return &c->resp;
+    }
+
+    // No more answers are wanted: cancels the calls in flight.
+    void CancelRest() {
+      stopped_ = true;
+      MutexLock l(&state_->mu);
+      for (size_t k = next_; k < launched_; ++k) {
+        if (!state_->calls[k]->done) state_->calls[k]->ctx.TryCancel();
+      }
+    }
+
+   private:
+    struct Call {
+      grpc::ClientContext ctx;
+      pb::BatchLookupRequest req;
+      pb::BatchLookupResponse resp;
+      grpc::Status status;
+      bool done = false;  // guarded by State::mu
+    };
+    struct State {
+      Mutex mu;
+      CondVar cv;
+      // Filled by the Load's thread before each call starts.
+      std::vector<std::unique_ptr<Call>> calls;
+    };
+
+    size_t ChunkSize(size_t k) const {
+      return std::min(chunk_, keys_.size() - k * chunk_);
+    }
+
+    void Launch() {
+      const size_t depth = static_cast<size_t>(
+          client_->options_.lookup_pipeline_depth);
+      while (!stopped_ && launched_ < nchunks_ && launched_ < next_ + depth) {
+        auto call = std::make_unique<Call>();
+        Call* c = call.get();
+        const size_t begin = launched_ * chunk_;
+        for (size_t i = begin; i < begin + ChunkSize(launched_); ++i) {
+          c->req.add_keys(keys_[i]);
+        }
+        c->req.set_for_read(true);
+        c->ctx.set_deadline(absl::ToChronoTime(deadline_));
+        state_->calls[launched_] = std::move(call);
+        ++launched_;
+        client_->AsyncStarted();
+        client_->stub_->async()->BatchLookup(
+            &c->ctx, &c->req, &c->resp,
+            [state = state_, c, client = client_](grpc::Status s) {
+              {
+                MutexLock l(&state->mu);
+                c->status = std::move(s);
+                c->done = true;
+                state->cv.SignalAll();
+              }
+              client->AsyncDone();
+            });
+      }
+    }
+
+    ClientImpl* const client_;
+    const absl::Span<const std::string> keys_;
+    const absl::Time deadline_;
+    const size_t chunk_;
+    const size_t nchunks_;
+    const std::shared_ptr<State> state_;
+    size_t next_ = 0;      // next chunk to take
+    size_t launched_ = 0;  // chunks whose call started
+    bool stopped_ = false;
+  };
+
+  void AsyncStarted() {
+    MutexLock l(&mu_);
+    ++aborts_in_flight_;
+  }
+  void AsyncDone() {
+    MutexLock l(&mu_);
+    --aborts_in_flight_;
+  }
 
   const ClientOptions options_;
   const std::unique_ptr<pb::MasterService::Stub> stub_;
   const std::unique_ptr<Transport> transport_;
+  // Run Stores ("hym-store") and releases of cancelled prefetches
+  // ("hym-bg").
+  std::unique_ptr<Executor> store_executor_;
+  std::unique_ptr<Executor> bg_executor_;
 
   Mutex mu_;
   absl::flat_hash_map<uint32_t, PeerInfo> peers_ ABSL_GUARDED_BY(mu_);
+  // Async calls (aborts, lookups) whose callbacks have not run.
   int aborts_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -480,8 +893,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
       break;
     }
   }
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Executor> stores,
+      Executor::Create({.name = "hym-store",
+                        .threads = options.store_threads,
+                        .max_tasks = static_cast<size_t>(options.max_pending_stores)}));
+  ASSIGN_OR_RETURN(std::unique_ptr<Executor> bg,
+                   Executor::Create({.name = "hym-bg", .threads = 1,
+                                     .max_tasks = 4096}));
   return std::unique_ptr<Client>(new ClientImpl(
-      options, pb::MasterService::NewStub(channel), std::move(transport)));
+      options, pb::MasterService::NewStub(channel), std::move(transport),
+      std::move(stores), std::move(bg)));
 }
 
 }  // namespace hymcache

@@ -75,6 +75,10 @@ struct PutResult {
   size_t stored = 0;
   size_t skipped = 0;  // kAlreadyStored + kInProgress
   size_t failed = 0;
+  // Of `failed`, keys refused for lack of room (ResourceExhausted: no node
+  // had space, or the node's write buffer was full). Opportunistic writes
+  // skip these; nothing is retried.
+  size_t refused = 0;
   // Node the (last chunk of) stored blocks went to (0 if none).
   uint32_t node_id = 0;
 };
@@ -90,6 +94,61 @@ struct GetResult {
   // the object vanished), DeadlineExceeded, Unavailable (node unreachable),
   // OutOfRange (a buffer was too small). OK when everything was loaded.
   absl::Status stop_reason;
+};
+
+// A request's read path (Client::Load).
+struct LoadOptions {
+  // Absolute deadline. Default: absl::InfinitePast() = now + the client's
+  // default_deadline (10 s). When it passes, Load returns the blocks it has
+  // loaded, cancels the rest on the nodes, and the engine recomputes them.
+  absl::Time deadline = absl::InfinitePast();
+  // Send each node the ordered list of its blocks first, so that it stages
+  // them from SSD into DRAM ahead of the reads. false: plain reads (each
+  // read of an unstaged block waits for the SSD). Default: true.
+  bool prefetch = true;
+};
+
+struct LoadResult {
+  // Blocks [0, loaded) are in the caller's buffers, complete.
+  size_t loaded = 0;
+  // Byte length of each loaded block.
+  std::vector<uint64_t> lengths;
+  // Leading keys the master reported stored (>= loaded). Keys past the
+  // first lookup round trip that were not looked up count as not stored.
+  size_t hit_prefix = 0;
+  // Why loading stopped before the end of the key list (as
+  // GetResult::stop_reason). OK when everything was loaded.
+  absl::Status stop_reason;
+  // Bytes loaded (sum of lengths).
+  uint64_t bytes = 0;
+};
+
+// Placement hints and limits of an opportunistic Store.
+struct StoreOptions {
+  // Key of the block preceding keys[0] in the request's chain (the last
+  // block of the prefix the engine loaded). The master places the new
+  // blocks on that block's node when it has room, keeping the chain on one
+  // node for ordered prefetch. Empty: keys[0] heads its chain.
+  // keys are in chain order: eviction prefers the later ones (a chain that
+  // loses its tail still serves a shorter prefix).
+  std::string parent_key;
+  // Bound on the whole store, from the call. A store never blocks the
+  // caller; this bounds how long its buffers are in use. Default: 2 s.
+  absl::Duration timeout = absl::Seconds(2);
+};
+
+// Completion of an asynchronous Store. Thread-safe.
+class StoreHandle {
+ public:
+  virtual ~StoreHandle() = default;
+  // Whether the store finished (its buffers are no longer used).
+  virtual bool Done() const = 0;
+  // Waits until the store finishes or `deadline` passes (DeadlineExceeded;
+  // the store goes on). The result: per key stored / skipped / failed
+  // (refused), or a whole-call error (InvalidArgument, Unavailable,
+  // ResourceExhausted when the client's store queue is full).
+  virtual absl::StatusOr<PutResult> Wait(
+      absl::Time deadline = absl::InfiniteFuture()) = 0;
 };
 
 struct NodeStatus {
@@ -147,6 +206,32 @@ class Client {
   virtual absl::StatusOr<GetResult> Get(absl::Span<const std::string> keys,
                                         absl::Span<const MutableBuffer> buffers,
                                         const CallOptions& call = {}) = 0;
+
+  // A request's read path. Looks `keys` up (pipelined: the first round trip
+  // carries lookup_batch_keys keys and reads start as soon as it returns),
+  // tells each node holding hits the ordered list of its blocks so that it
+  // stages them ahead (LoadOptions::prefetch), then reads the blocks in
+  // order into `buffers`, each released on its node as soon as it has been
+  // read. Returns how many leading blocks were loaded; see LoadResult. On
+  // the deadline it returns what it has and cancels the rest on the nodes;
+  // nothing writes into `buffers` after Load returns.
+  // Errors (whole call): InvalidArgument (empty key list, sizes differ),
+  // Unavailable or DeadlineExceeded from the master before anything was
+  // loaded.
+  virtual absl::StatusOr<LoadResult> Load(
+      absl::Span<const std::string> keys,
+      absl::Span<const MutableBuffer> buffers,
+      const LoadOptions& options = {}) = 0;
+
+  // Stores a request's new blocks asynchronously and opportunistically:
+  // returns at once; a write a node refuses (no room, write buffer full) is
+  // skipped and reported in the result, never retried. `buffers` must stay
+  // valid and unchanged until the handle is Done(). Keys are copied.
+  // Never fails: errors are reported through the handle.
+  virtual std::shared_ptr<StoreHandle> Store(
+      absl::Span<const std::string> keys,
+      absl::Span<const ConstBuffer> buffers,
+      const StoreOptions& options = {}) = 0;
 
   // Removes keys; per key whether it was stored.
   virtual absl::StatusOr<std::vector<bool>> Remove(

@@ -35,6 +35,20 @@ struct ClientOptions {
   // limit (1024 by default). Default: 1024.
   uint32_t max_keys_per_rpc = 1024;
 
+  // Keys per lookup round trip of Load: the first round trip carries this
+  // many so that reads start early; later ones are issued concurrently
+  // (lookup_pipeline_depth in flight). 1..max_keys_per_rpc. Default: 32.
+  uint32_t lookup_batch_keys = 32;
+  // Lookup round trips of one Load in flight at once. 1..64. Default: 4.
+  int lookup_pipeline_depth = 4;
+  // Most bytes read from a node in one data-plane request of Load (a block
+  // larger than this is read alone). Default: 4 MiB.
+  uint64_t read_batch_bytes = 4 << 20;
+  // Threads that run asynchronous Stores ("hym-store"). Default: 2.
+  int store_threads = 2;
+  // Stores queued or running at once; a Store beyond this fails at once
+  // with ResourceExhausted (skipped, never blocking). Default: 64.
+  int max_pending_stores = 64;
   // Checks every field; InvalidArgument names the bad one.
   absl::Status Validate() const;
 };

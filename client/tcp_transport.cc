@@ -37,18 +37,76 @@ class TcpTransport : public Transport {
   std::vector<absl::Status> Read(const PeerInfo& peer,
                                  absl::Span<const ReadOp> ops,
                                  absl::Time deadline) override {
-    return InFrames(peer, ops, deadline, &TcpTransport::ReadFrame);
+    return ReadSession(peer, 0, ops, deadline);
+  }
+
+  std::vector<absl::Status> ReadSession(const PeerInfo& peer,
+                                        uint64_t session,
+                                        absl::Span<const ReadOp> ops,
+                                        absl::Time deadline) override {
+    return InFrames(peer, ops, deadline,
+                    [this, session](Socket& s, absl::Span<const ReadOp> o,
+                                    absl::Span<absl::Status> st,
+                                    absl::Time d, bool* started) {
+                      return ReadFrame(s, session, o, st, d, started);
+                    });
+  }
+
+  std::vector<absl::Status> Prefetch(const PeerInfo& peer, uint64_t session,
+                                     absl::Span<const RemoteRef> refs,
+                                     absl::Time deadline) override {
+    return InFrames(peer, refs, deadline,
+                    [this, session](Socket& s, absl::Span<const RemoteRef> r,
+                                    absl::Span<absl::Status> st,
+                                    absl::Time d, bool* started) {
+                      return SessionFrame(s, FrameType::kPrefetchRequest,
+                                          session, r, st, d, started);
+                    });
+  }
+
+  absl::Status Release(const PeerInfo& peer, uint64_t session,
+                       absl::Span<const RemoteRef> refs,
+                       absl::Time deadline) override {
+    if (refs.empty()) {
+      // One frame with no ops: release everything.
+      std::vector<absl::Status> st;
+      return RunBatch(peer, deadline, absl::MakeSpan(st),
+                      [&](Socket& s, absl::Span<absl::Status> out,
+                          bool* started) {
+                        return SessionFrame(s, FrameType::kReleaseRequest,
+                                            session, refs, out, deadline,
+                                            started);
+                      });
+    }
+    std::vector<absl::Status> st = InFrames(
+        peer, refs, deadline,
+        [this, session](Socket& s, absl::Span<const RemoteRef> r,
+                        absl::Span<absl::Status> out, absl::Time d,
+                        bool* started) {
+          return SessionFrame(s, FrameType::kReleaseRequest, session, r, out,
+                              d, started);
+        });
+    for (const absl::Status& s : st) {
+      // NotFound: already read or dropped by the node; nothing to release.
+      if (!s.ok() && s.code() != absl::StatusCode::kNotFound) return s;
+    }
+    return absl::OkStatus();
   }
 
   std::vector<absl::Status> Write(const PeerInfo& peer,
                                   absl::Span<const WriteOp> ops,
                                   absl::Time deadline) override {
-    return InFrames(peer, ops, deadline, &TcpTransport::WriteFrame);
+    return InFrames(peer, ops, deadline,
+                    [this](Socket& s, absl::Span<const WriteOp> o,
+                           absl::Span<absl::Status> st, absl::Time d,
+                           bool* started) {
+                      return WriteFrame(s, o, st, d, started);
+                    });
   }
 
  private:
   // Sends `ops` in frames of at most wire::kMaxOps, one exchange per frame
-  // (`frame` is ReadFrame or WriteFrame). After a connection failure the
+  // (`frame` runs one exchange). After a connection failure the
   // remaining frames are not tried: they carry that failure.
   template <typename Op, typename Frame>
   std::vector<absl::Status> InFrames(const PeerInfo& peer,
@@ -62,8 +120,8 @@ class TcpTransport : public Transport {
           RunBatch(peer, deadline, absl::MakeSpan(out).subspan(i, n),
                    [&](Socket& s, absl::Span<absl::Status> st,
                        bool* response_started) {
-                     return (this->*frame)(s, ops.subspan(i, n), st, deadline,
-                                           response_started);
+                     return frame(s, ops.subspan(i, n), st, deadline,
+                                  response_started);
                    });
       i += n;
       if (!conn.ok()) {
@@ -176,8 +234,40 @@ class TcpTransport : public Transport {
     return std::make_pair(*h, std::move(ops));
   }
 
+  // A prefetch or release exchange. Returns OK when the connection is still
+  // in sync (reusable).
+  absl::Status SessionFrame(Socket& s, FrameType type, uint64_t session,
+                            absl::Span<const RemoteRef> refs,
+                            absl::Span<absl::Status> statuses,
+                            absl::Time deadline, bool* response_started) {
+    std::vector<OpDesc> descs;
+    descs.reserve(refs.size());
+    for (const RemoteRef& r : refs) descs.push_back(ToOp(r));
+    for (auto& st : statuses) st = absl::AbortedError(kPending);
+    uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+    uint8_t sid[wire::kSessionBytes];
+    wire::EncodeSession(session, sid);
+    std::vector<iovec> payload = {{sid, sizeof(sid)}};
+    RETURN_IF_ERROR(SendRequest(s, type, descs, sizeof(sid), payload, id,
+                                deadline));
+    const FrameType want = type == FrameType::kPrefetchRequest
+                               ? FrameType::kPrefetchResponse
+                               : FrameType::kReleaseResponse;
+    auto resp = RecvResponse(s, want, id, refs.size(), deadline,
+                             response_started);
+    if (!resp.ok()) return resp.status();
+    for (size_t i = 0; i < refs.size(); ++i) {
+      uint32_t code = resp->second[i].status;
+      statuses[i] = code == 0 ? absl::OkStatus()
+                              : absl::Status(wire::FromWireCode(code),
+                                             "storage node refused the hint");
+    }
+    return absl::OkStatus();
+  }
+
   // Returns OK when the connection is still in sync (reusable).
-  absl::Status ReadFrame(Socket& s, absl::Span<const ReadOp> ops,
+  absl::Status ReadFrame(Socket& s, uint64_t session,
+                         absl::Span<const ReadOp> ops,
                          absl::Span<absl::Status> statuses,
                          absl::Time deadline, bool* response_started) {
     std::vector<OpDesc> descs;
@@ -185,9 +275,13 @@ class TcpTransport : public Transport {
     for (const ReadOp& op : ops) descs.push_back(ToOp(op.src));
     for (auto& st : statuses) st = absl::AbortedError(kPending);
     uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
-    std::vector<iovec> none;
-    RETURN_IF_ERROR(SendRequest(s, FrameType::kReadRequest, descs, 0,
-                                       none, id, deadline));
+    uint8_t sid[wire::kSessionBytes];
+    wire::EncodeSession(session, sid);
+    std::vector<iovec> payload;
+    if (session != 0) payload.push_back({sid, sizeof(sid)});
+    RETURN_IF_ERROR(SendRequest(s, FrameType::kReadRequest, descs,
+                                session != 0 ? sizeof(sid) : 0, payload, id,
+                                deadline));
     auto resp = RecvResponse(s, FrameType::kReadResponse, id, ops.size(),
                              deadline, response_started);
     if (!resp.ok()) return resp.status();

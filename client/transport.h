@@ -69,6 +69,30 @@ class Transport {
                                          absl::Span<const ReadOp> ops,
                                          absl::Time deadline) = 0;
 
+  // Read-path sessions (request-level prefetch; see common/wire.h). A load
+  // picks a random non-zero `session` id, announces the ordered objects it
+  // will read from `peer` (Prefetch, may be called again to append), reads
+  // them with ReadSession (each object is released on the node once read),
+  // and drops what it will not read with Release (empty `refs`: all of
+  // them, ending the session). Prefetch returns one status per ref (OK:
+  // queued; NotFound: not on the node; a transport failure for all); hints
+  // are advisory, a failed one only costs speed.
+  virtual std::vector<absl::Status> Prefetch(const PeerInfo& peer,
+                                             uint64_t session,
+                                             absl::Span<const RemoteRef> refs,
+                                             absl::Time deadline) = 0;
+  // As Read; ops the session prefetched are served from their staged copies
+  // and released on the node. A suffix of the ops may come back Aborted
+  // (not staged yet, nothing written to their buffers): read them again.
+  // The first op is never Aborted.
+  virtual std::vector<absl::Status> ReadSession(const PeerInfo& peer,
+                                                uint64_t session,
+                                                absl::Span<const ReadOp> ops,
+                                                absl::Time deadline) = 0;
+  virtual absl::Status Release(const PeerInfo& peer, uint64_t session,
+                               absl::Span<const RemoteRef> refs,
+                               absl::Time deadline) = 0;
+
   // Writes every op to `peer`. Statuses as for Read; an op that failed left
   // nothing readable at its destination.
   virtual std::vector<absl::Status> Write(const PeerInfo& peer,

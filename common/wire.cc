@@ -17,7 +17,7 @@ using absl::little_endian::Store64;
 
 bool KnownType(uint8_t t) {
   return t >= static_cast<uint8_t>(FrameType::kReadRequest) &&
-         t <= static_cast<uint8_t>(FrameType::kPong);
+         t <= static_cast<uint8_t>(FrameType::kReleaseResponse);
 }
 
 }  // namespace
@@ -68,9 +68,10 @@ absl::StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kHeaderBytes]) {
       if (h.op_count == 0) {
         return absl::InvalidArgumentError("data plane: request with no ops");
       }
-      if (h.type == FrameType::kReadRequest && h.payload_bytes != 0) {
+      if (h.type == FrameType::kReadRequest && h.payload_bytes != 0 &&
+          h.payload_bytes != kSessionBytes) {
         return absl::InvalidArgumentError(
-            "data plane: read request carries a payload");
+            "data plane: read request payload is not a session id");
       }
       if (h.payload_bytes > uint64_t{kMaxOps} * kMaxObjectBytes) {
         return absl::InvalidArgumentError("data plane: payload too large");
@@ -81,6 +82,19 @@ absl::StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kHeaderBytes]) {
         return absl::InvalidArgumentError("data plane: payload too large");
       }
       break;
+    case FrameType::kPrefetchRequest:
+      if (h.op_count == 0) {
+        return absl::InvalidArgumentError("data plane: prefetch with no ops");
+      }
+      [[fallthrough]];
+    case FrameType::kReleaseRequest:
+      if (h.payload_bytes != kSessionBytes) {
+        return absl::InvalidArgumentError(
+            "data plane: session request without a session id");
+      }
+      break;
+    case FrameType::kPrefetchResponse:
+    case FrameType::kReleaseResponse:
     case FrameType::kWriteResponse:
     case FrameType::kPing:
     case FrameType::kPong:
@@ -101,6 +115,12 @@ absl::StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kHeaderBytes]) {
   }
   return h;
 }
+
+void EncodeSession(uint64_t session, uint8_t out[kSessionBytes]) {
+  Store64(out, session);
+}
+
+uint64_t DecodeSession(const uint8_t in[kSessionBytes]) { return Load64(in); }
 
 void EncodeOp(const OpDesc& op, uint8_t out[kOpBytes]) {
   Store32(out + 0, op.region_id);

@@ -34,6 +34,29 @@
 //                  (<= kMaxErrorBytes). The server closes the connection.
 //   kPing/kPong    op_count 0, payload empty: liveness and version check.
 //
+// Read-path sessions (request-level prefetch). A client loading a request's
+// blocks picks a random 64-bit session id and names, per node, the ordered
+// list of that node's blocks it is about to read; the node stages them from
+// its capacity tier into DRAM ahead of the reads and releases each one as it
+// is read. The session id travels as an 8-byte little-endian payload:
+//   kPrefetchRequest  ops = objects in read order (>= 1); payload = session
+//                     id (payload_bytes == 8). Appends to the session's
+//                     queue (creating it).
+//   kPrefetchResponse the request's ops with a status each (OK: queued;
+//                     NotFound: not on this node; ResourceExhausted: session
+//                     or node limits); payload empty.
+//   kReadRequest      with payload_bytes == 8 (the session id): ops the
+//                     session prefetched are served from staging and released
+//                     once sent; other ops are read as without a session.
+//                     The node may answer a suffix of the ops ABORTED (not
+//                     staged yet, no bytes sent): the client asks for them
+//                     again. The first op is never ABORTED.
+//   kReleaseRequest   ops = objects of the session to drop unread (op_count 0:
+//                     all of them, ending the session: a cancelled load);
+//                     payload = session id.
+//   kReleaseResponse  the request's ops with a status each (NotFound: not in
+//                     the session); payload empty.
+//
 // Every limit is checked on the 32-byte header before the receiver allocates
 // or reads anything else; a frame that breaks one is answered with kError.
 #pragma once
@@ -66,7 +89,16 @@ enum class FrameType : uint8_t {
   kError = 5,
   kPing = 6,
   kPong = 7,
+  kPrefetchRequest = 8,
+  kPrefetchResponse = 9,
+  kReleaseRequest = 10,
+  kReleaseResponse = 11,
 };
+
+// Bytes of the session id payload of session-scoped requests.
+inline constexpr uint64_t kSessionBytes = 8;
+void EncodeSession(uint64_t session, uint8_t out[kSessionBytes]);
+uint64_t DecodeSession(const uint8_t in[kSessionBytes]);
 
 struct FrameHeader {
   FrameType type = FrameType::kPing;

@@ -74,9 +74,32 @@ TEST_CASE("hostile headers are rejected before anything is allocated") {
     h.op_count = 0;
     CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
   }
-  SECTION("read request with a payload") {
+  SECTION("read request with a payload other than a session id") {
     h.payload_bytes = 1;
     CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    h.payload_bytes = kSessionBytes + 1;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    h.payload_bytes = kSessionBytes;
+    CHECK(DecodeHeader(Header(h).data()).ok());
+  }
+  SECTION("session requests need a session id") {
+    h.type = FrameType::kPrefetchRequest;
+    h.payload_bytes = 0;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    h.payload_bytes = kSessionBytes;
+    CHECK(DecodeHeader(Header(h).data()).ok());
+    h.op_count = 0;  // a prefetch names at least one object
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    h.type = FrameType::kReleaseRequest;  // a release may name none (all)
+    CHECK(DecodeHeader(Header(h).data()).ok());
+    h.payload_bytes = 16;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+  }
+  SECTION("session ids round-trip") {
+    uint8_t b[kSessionBytes];
+    EncodeSession(0x0123456789abcdefull, b);
+    CHECK(b[0] == 0xef);
+    CHECK(DecodeSession(b) == 0x0123456789abcdefull);
   }
   SECTION("absurd write payload") {
     h.type = FrameType::kWriteRequest;

@@ -334,6 +334,8 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline) 
     }
     case wire::FrameType::kReadRequest:
     case wire::FrameType::kWriteRequest:
+    case wire::FrameType::kPrefetchRequest:
+    case wire::FrameType::kReleaseRequest:
       break;
     default:
       protocol_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -365,22 +367,101 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline) 
     return false;
   }
   for (wire::OpDesc& op : ops) op.status = 0;
-  if (h->type == wire::FrameType::kReadRequest) {
-    return HandleRead(fd, *h, ops, deadline);
+  if (h->type == wire::FrameType::kWriteRequest) {
+    return HandleWrite(fd, *h, ops, deadline);
   }
-  return HandleWrite(fd, *h, ops, deadline);
+  // Reads, prefetches and releases: the payload, if any, is a session id
+  // (DecodeHeader checked its size).
+  uint64_t session = 0;
+  if (h->payload_bytes == wire::kSessionBytes) {
+    uint8_t b[wire::kSessionBytes];
+    s = RecvAll(fd, b, sizeof(b), deadline);
+    if (!s.ok()) {
+      protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+      SendError(fd, h->request_id,
+                absl::Status(s.code(), absl::StrCat("truncated session id: ",
+                                                    s.message())));
+      return false;
+    }
+    session = wire::DecodeSession(b);
+  }
+  if (h->type == wire::FrameType::kReadRequest) {
+    return HandleRead(fd, *h, ops, session, deadline);
+  }
+  return HandleSession(fd, *h, ops, session, deadline);
+}
+
+bool DataServer::HandleSession(int fd, const wire::FrameHeader& h,
+                               std::vector<wire::OpDesc>& ops,
+                               uint64_t session, absl::Time deadline) {
+  const bool prefetch = h.type == wire::FrameType::kPrefetchRequest;
+  std::vector<ExtentKey> keys;
+  keys.reserve(ops.size());
+  for (const wire::OpDesc& op : ops) keys.push_back(KeyOf(op));
+  std::vector<absl::Status> st;
+  if (options_.kv == nullptr) {
+    st.assign(ops.size(), absl::UnimplementedError(
+                              "storage node: no prefetch manager"));
+  } else if (prefetch) {
+    st = options_.kv->Prefetch(session, keys);
+  } else {
+    st = options_.kv->Release(session, keys);
+  }
+  for (size_t i = 0; i < ops.size(); ++i) ops[i].status = WireStatus(st[i]);
+  std::vector<uint8_t> buf = EncodeResponse(
+      prefetch ? wire::FrameType::kPrefetchResponse
+               : wire::FrameType::kReleaseResponse,
+      h.request_id, 0, ops);
+  absl::Status s = SendAll(fd, buf.data(), buf.size(), deadline);
+  if (!s.ok()) {
+    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
 }
 
 bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
-                            std::vector<wire::OpDesc>& ops,
+                            std::vector<wire::OpDesc>& ops, uint64_t session,
                             absl::Time deadline) {
   MemoryDevice* device = options_.device;
   std::vector<ExtentTable::ReadPin> pins(ops.size());
   std::vector<ReadView> views(ops.size());
+  std::vector<KvManager::StagedRead> staged(ops.size());
   uint64_t payload = 0;
   uint64_t ok_ops = 0;
+  uint64_t staged_ops = 0;
+  bool holding = false;  // a staged object of this request is held
   for (size_t i = 0; i < ops.size(); ++i) {
     wire::OpDesc& op = ops[i];
+    if (session != 0 && options_.kv != nullptr) {
+      // Prefetched by the session: its staged copy. Only a request holding
+      // no staged object waits for one; otherwise the rest of the request
+      // is answered ABORTED (asked again), so that requests holding part of
+      // the window never wait for each other. Anything not prefetched (not
+      // hinted, dropped as stale) is read the ordinary way below.
+      absl::StatusOr<KvManager::StagedRead> r =
+          holding ? options_.kv->AcquireReadIfStaged(session, KeyOf(op))
+                  : options_.kv->AcquireRead(session, KeyOf(op), deadline);
+      if (holding && r.status().code() == absl::StatusCode::kUnavailable) {
+        for (size_t k = i; k < ops.size(); ++k) {
+          ops[k].status = WireStatus(absl::AbortedError("not staged yet"));
+        }
+        break;
+      }
+      if (r.ok()) {
+        holding = true;
+        staged[i] = std::move(*r);
+        payload += op.length;
+        ++ok_ops;
+        ++staged_ops;
+        continue;
+      }
+      if (r.status().code() != absl::StatusCode::kNotFound) {
+        op.status = WireStatus(r.status());
+        rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+    }
     absl::StatusOr<ExtentTable::ReadPin> pin =
         options_.extents->PinRead(KeyOf(op));
     if (!pin.ok()) {
@@ -411,12 +492,18 @@ bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
   iov.reserve(ops.size() + 1);
   iov.push_back({head.data(), head.size()});
   for (size_t i = 0; i < ops.size(); ++i) {
+    if (staged[i].valid()) {
+      iov.push_back({const_cast<uint8_t*>(staged[i].data()),
+                     static_cast<size_t>(staged[i].length())});
+      continue;
+    }
     if (views[i].data == nullptr) continue;
     iov.push_back({const_cast<uint8_t*>(views[i].data),
                    static_cast<size_t>(views[i].length)});
   }
   // Counted before sending so that a client that has its answer sees them.
   read_ops_.fetch_add(ok_ops, std::memory_order_relaxed);
+  staged_read_ops_.fetch_add(staged_ops, std::memory_order_relaxed);
   bytes_read_.fetch_add(payload, std::memory_order_relaxed);
   absl::Status s =
       SendAllV(fd, iov.data(), static_cast<int>(iov.size()), deadline);
@@ -425,6 +512,8 @@ bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
     if (v.data != nullptr) device->ReleaseRead(v);
   }
   pins.clear();
+  // Read: released on the node, and the sessions stage their next objects.
+  staged.clear();
   if (!s.ok()) {
     protocol_errors_.fetch_add(1, std::memory_order_relaxed);
     VLOG(1) << "data server: sending a read response failed: " << s;
@@ -563,6 +652,7 @@ DataServerStats DataServer::Stats() const {
   s.bytes_written = bytes_written_.load(std::memory_order_relaxed);
   s.read_ops = read_ops_.load(std::memory_order_relaxed);
   s.write_ops = write_ops_.load(std::memory_order_relaxed);
+  s.staged_read_ops = staged_read_ops_.load(std::memory_order_relaxed);
   s.stale_reads = stale_reads_.load(std::memory_order_relaxed);
   s.rejected_ops = rejected_ops_.load(std::memory_order_relaxed);
   s.accepted_connections = accepted_.load(std::memory_order_relaxed);

@@ -38,6 +38,7 @@
 #include "common/thread.h"
 #include "common/wire.h"
 #include "storage_node/extent_table.h"
+#include "storage_node/kv_manager.h"
 #include "storage_node/memory_device.h"
 
 namespace hymcache::storage {
@@ -63,6 +64,11 @@ struct DataServerOptions {
   // must outlive the server.
   MemoryDevice* device = nullptr;
   ExtentTable* extents = nullptr;
+  // Serves the read-path session frames (prefetch, release, session reads).
+  // Not owned; optional (without it prefetch and release requests are
+  // answered with per-op Unimplemented and session reads are plain reads);
+  // must outlive the server.
+  KvManager* kv = nullptr;
 
   absl::Status Validate() const;
 };
@@ -72,6 +78,8 @@ struct DataServerStats {
   uint64_t bytes_written = 0;     // object bytes committed by writers
   uint64_t read_ops = 0;          // read ops answered OK
   uint64_t write_ops = 0;         // write ops committed
+  uint64_t staged_read_ops = 0;   // of read_ops, served from a session's
+                                  // prefetched (staged) copy
   uint64_t stale_reads = 0;       // read ops answered NotFound
   uint64_t rejected_ops = 0;      // write ops not stored + reads failed
                                   // other than NotFound
@@ -133,8 +141,14 @@ class DataServer {
   void ServeConnection(Conn* conn);
   // Serves one request whose header is in `hdr`; false: close the connection.
   bool HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline);
+  // `session` 0: no session.
   bool HandleRead(int fd, const wire::FrameHeader& h,
-                  std::vector<wire::OpDesc>& ops, absl::Time deadline);
+                  std::vector<wire::OpDesc>& ops, uint64_t session,
+                  absl::Time deadline);
+  // kPrefetchRequest and kReleaseRequest.
+  bool HandleSession(int fd, const wire::FrameHeader& h,
+                     std::vector<wire::OpDesc>& ops, uint64_t session,
+                     absl::Time deadline);
   bool HandleWrite(int fd, const wire::FrameHeader& h,
                    std::vector<wire::OpDesc>& ops, absl::Time deadline);
   void SendError(int fd, uint64_t request_id, const absl::Status& status);
@@ -151,6 +165,7 @@ class DataServer {
   std::atomic<uint64_t> bytes_written_{0};
   std::atomic<uint64_t> read_ops_{0};
   std::atomic<uint64_t> write_ops_{0};
+  std::atomic<uint64_t> staged_read_ops_{0};
   std::atomic<uint64_t> stale_reads_{0};
   std::atomic<uint64_t> rejected_ops_{0};
   std::atomic<uint64_t> accepted_{0};

@@ -76,6 +76,9 @@ class FakeMemoryDevice final : public MemoryDevice {
                                                 uint64_t len) override {
     absl::Status s = Check(region, addr, len);
     if (!s.ok()) return s;
+    ++prefetches_;
+    ++outstanding_prefetches_;
+    outstanding_prefetch_bytes_ += static_cast<int64_t>(len);
     return PrefetchHandle{1, region, addr, len};
   }
   absl::StatusOr<const uint8_t*> PrefetchWait(const PrefetchHandle& h,
@@ -84,7 +87,19 @@ class FakeMemoryDevice final : public MemoryDevice {
     if (!s.ok()) return s;
     return static_cast<const uint8_t*>(mem_.get() + h.addr);
   }
-  void PrefetchRelease(const PrefetchHandle&) override {}
+  void PrefetchRelease(const PrefetchHandle& h) override {
+    --outstanding_prefetches_;
+    outstanding_prefetch_bytes_ -= static_cast<int64_t>(h.length);
+  }
+
+  // Prefetch handles handed out, and those not yet released.
+  int64_t PrefetchesForTest() const { return prefetches_.load(); }
+  int64_t OutstandingPrefetchesForTest() const {
+    return outstanding_prefetches_.load();
+  }
+  int64_t OutstandingPrefetchBytesForTest() const {
+    return outstanding_prefetch_bytes_.load();
+  }
 
   MemoryDeviceStats Stats() const override {
     MemoryDeviceStats s;
@@ -93,6 +108,7 @@ class FakeMemoryDevice final : public MemoryDevice {
     s.writes = writes_;
     s.aborted_writes = aborted_;
     s.refused_writes = refused_;
+    s.prefetches = static_cast<uint64_t>(prefetches_.load());
     s.outstanding_reads = static_cast<uint64_t>(outstanding_reads_.load());
     s.outstanding_writes = static_cast<uint64_t>(outstanding_writes_.load());
     return s;
@@ -111,6 +127,8 @@ class FakeMemoryDevice final : public MemoryDevice {
   std::atomic<bool> fail_commits_{false};
   std::atomic<uint64_t> reads_{0}, writes_{0}, aborted_{0}, refused_{0};
   std::atomic<int64_t> outstanding_reads_{0}, outstanding_writes_{0};
+  std::atomic<int64_t> prefetches_{0}, outstanding_prefetches_{0},
+      outstanding_prefetch_bytes_{0};
 };
 
 }  // namespace hymcache::storage

@@ -53,6 +53,12 @@ DEFINE_string(io_engine, "auto", "Hybrid devices: auto, io_uring or threadpool."
 DEFINE_int32(io_queue_depth, 64, "Hybrid devices: I/Os in flight.");
 DEFINE_bool(io_direct, true,
             "Hybrid devices: O_DIRECT on the capacity file (off only for tmpfs).");
+DEFINE_string(prefetch_window_bytes, "128M",
+              "Request-level prefetch: staged bytes a request may have ahead "
+              "of its reads.");
+DEFINE_int32(prefetch_session_timeout_ms, 5000,
+             "A request that stops reading this long loses its staged "
+             "objects (ms).");
 DEFINE_uint32(alignment, 4096, "Allocation alignment (power of two).");
 DEFINE_int32(max_connections, 1024, "Most data-plane connections at once.");
 DEFINE_int32(io_timeout_ms, 30000, "Bound on one data-plane request (ms).");
@@ -144,6 +150,15 @@ int main(int argc, char** argv) {
     options.io_queue_depth = FLAGS_io_queue_depth;
     options.io_direct = FLAGS_io_direct;
   }
+  if (!ParseBytes(FLAGS_prefetch_window_bytes,
+                  &options.prefetch_window_bytes) ||
+      options.prefetch_window_bytes == 0) {
+    std::cerr << "hymcache-storage: bad --prefetch_window_bytes (want e.g. "
+                 "128M)\n";
+    return 2;
+  }
+  options.prefetch_session_timeout =
+      absl::Milliseconds(FLAGS_prefetch_session_timeout_ms);
   options.alignment = FLAGS_alignment;
   options.max_connections = FLAGS_max_connections;
   options.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);

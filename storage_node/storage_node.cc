@@ -17,6 +17,7 @@
 #include "proto/storage.grpc.pb.h"
 #include "storage_node/capacity_tier.h"
 #include "storage_node/data_server.h"
+#include "storage_node/kv_manager.h"
 #include "storage_node/dram_device.h"
 #include "storage_node/extent_table.h"
 #include "storage_node/hybrid_device.h"
@@ -100,6 +101,19 @@ class StorageNode::ControlService final
     resp->set_rejected_ops(d.rejected_ops);
     resp->set_open_connections(d.open_connections);
     ExportDeviceStats(*n->device_, resp->mutable_device_stats());
+    auto& m = *resp->mutable_device_stats();
+    const storage::KvManagerStats k = n->kv_->Stats();
+    m["prefetch_sessions"] = static_cast<double>(k.sessions);
+    m["prefetch_queued_objects"] = static_cast<double>(k.queued_objects);
+    m["prefetch_staging_objects"] = static_cast<double>(k.staging_objects);
+    m["prefetch_staged_ahead_bytes"] = static_cast<double>(k.staged_ahead_bytes);
+    m["prefetch_hints"] = static_cast<double>(k.hints);
+    m["prefetch_duplicate_hints"] = static_cast<double>(k.duplicate_hints);
+    m["prefetch_refused_hints"] = static_cast<double>(k.refused_hints);
+    m["prefetch_staged_reads"] = static_cast<double>(k.staged_reads);
+    m["prefetch_dropped_stale"] = static_cast<double>(k.dropped_stale);
+    m["prefetch_released_unread"] = static_cast<double>(k.released_unread);
+    m["prefetch_expired_sessions"] = static_cast<double>(k.expired_sessions);
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -223,6 +237,12 @@ absl::Status StorageNodeOptions::Validate() const {
         "storage node: io_timeout, idle_timeout and rpc_timeout must be > 0, "
         "drain_timeout >= 0");
   }
+  if (prefetch_window_bytes == 0 ||
+      prefetch_session_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "storage node: prefetch_window_bytes and prefetch_session_timeout "
+        "must be > 0");
+  }
   return absl::OkStatus();
 }
 
@@ -325,7 +345,20 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
               << " objects from the capacity tier";
   }
 
+  storage::KvManagerOptions kv;
+  kv.window_bytes = options.prefetch_window_bytes;
+  kv.session_timeout = options.prefetch_session_timeout;
+  // The hybrid device's window is shared between requests; the LRU
+  // baseline and DRAM stage nothing (their "prefetch" costs no space).
+  if (options.device == StorageNodeOptions::Device::kHybrid) {
+    kv.staging_capacity = options.staging_bytes;
+  }
+  kv.device = node->device_.get();
+  kv.extents = node->extents_.get();
+  ASSIGN_OR_RETURN(node->kv_, storage::KvManager::Create(kv));
+
   storage::DataServerOptions ds;
+  ds.kv = node->kv_.get();
   ds.host = options.listen_host;
   ds.port = options.data_port;
   ds.max_connections = options.max_connections;

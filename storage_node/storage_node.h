@@ -36,6 +36,7 @@ namespace hymcache {
 namespace storage {
 class DataServer;
 class ExtentTable;
+class KvManager;
 class CapacityTier;
 class MemoryDevice;
 }  // namespace storage
@@ -105,6 +106,12 @@ struct StorageNodeOptions {
   // Hybrid devices: open the capacity file with O_DIRECT. Turn off only on
   // filesystems without it (tmpfs). Default: true
   bool io_direct = true;
+  // Request-level prefetch (KvManager): staged bytes a request may have
+  // ahead of its reads. Default: 128 MiB
+  uint64_t prefetch_window_bytes = uint64_t{128} << 20;
+  // A request that stops reading for this long loses its staged objects.
+  // Default: 5 s
+  absl::Duration prefetch_session_timeout = absl::Seconds(5);
   // Most data-plane connections served at once (each holds a thread).
   // Default: 1024
   int max_connections = 1024;
@@ -188,6 +195,7 @@ class StorageNode {
   std::unique_ptr<storage::CapacityTier> lru_tier_;
   std::unique_ptr<storage::MemoryDevice> device_;
   std::unique_ptr<storage::ExtentTable> extents_;
+  std::unique_ptr<storage::KvManager> kv_;  // before data_server_
   std::unique_ptr<storage::DataServer> data_server_;
   std::unique_ptr<ControlService> control_service_;
   std::unique_ptr<grpc::Server> control_server_;  // after control_service_
