@@ -13,7 +13,10 @@
 #include "common/wire.h"
 #include "storage_node/dram_device.h"
 #include "storage_node/extent_table.h"
+#include "storage_node/fake_block_io.h"
 #include "storage_node/fake_memory_device.h"
+#include "storage_node/hybrid_device.h"
+#include "storage_node/kv_manager.h"
 
 namespace hymcache::storage {
 namespace {
@@ -555,6 +558,162 @@ TEST_CASE("DataServer serves many connections at once") {
   }
   for (auto& th : threads) th.Join();
   CHECK(good.load() == 80);
+}
+
+// ------------------------------------------------------------ sessions
+
+std::string SessionPayload(uint64_t session) {
+  std::string p(wire::kSessionBytes, '\0');
+  wire::EncodeSession(session, reinterpret_cast<uint8_t*>(p.data()));
+  return p;
+}
+
+Reply SessionFrame(int fd, FrameType type, uint64_t session,
+                   const std::vector<OpDesc>& ops) {
+  SendFrame(fd, type, 11, ops, SessionPayload(session), wire::kSessionBytes);
+  auto r = ReadReply(fd);
+  REQUIRE(r.ok());
+  REQUIRE(r->ops.size() == ops.size());
+  return *r;
+}
+
+// A server with a KvManager over `device`.
+struct SessionFixture {
+  explicit SessionFixture(std::unique_ptr<MemoryDevice> dev) {
+    device = std::move(dev);
+    ExtentTableOptions to;
+    to.regions = device->Regions();
+    extents = std::move(*ExtentTable::Create(to));
+    KvManagerOptions ko;
+    ko.device = device.get();
+    ko.extents = extents.get();
+    kv = std::move(*KvManager::Create(ko));
+    DataServerOptions o;
+    o.device = device.get();
+    o.extents = extents.get();
+    o.kv = kv.get();
+    server = std::move(*DataServer::Create(o));
+  }
+  Socket Connect() {
+    auto s = ConnectTcp("127.0.0.1:" + std::to_string(server->port()), Soon());
+    REQUIRE(s.ok());
+    return std::move(*s);
+  }
+  std::unique_ptr<MemoryDevice> device;
+  std::unique_ptr<ExtentTable> extents;
+  std::unique_ptr<KvManager> kv;
+  std::unique_ptr<DataServer> server;
+};
+
+TEST_CASE("DataServer serves prefetch, session reads and release") {
+  SessionFixture f(Fixture::MakeDram());
+  Socket s = f.Connect();
+  Reply w = Write(s.fd(), {Op(0, 3, 1), Op(4096, 5, 2), Op(8192, 4, 3)},
+                  {"abc", "defgh", "ijkl"});
+  for (const OpDesc& op : w.ops) REQUIRE(Code(op) == absl::StatusCode::kOk);
+
+  Reply p = SessionFrame(s.fd(), FrameType::kPrefetchRequest, 77,
+                         {Op(0, 3, 1), Op(4096, 5, 9), Op(8192, 4, 3)});
+  CHECK(p.h.type == FrameType::kPrefetchResponse);
+  CHECK(Code(p.ops[0]) == absl::StatusCode::kOk);
+  CHECK(Code(p.ops[1]) == absl::StatusCode::kNotFound);  // stale generation
+  CHECK(Code(p.ops[2]) == absl::StatusCode::kOk);
+  CHECK(f.kv->Stats().staging_objects == 2);
+
+  // A session read: the prefetched object from staging, and an object the
+  // session did not prefetch the ordinary way.
+  SendFrame(s.fd(), FrameType::kReadRequest, 12, {Op(0, 3, 1), Op(4096, 5, 2)},
+            SessionPayload(77), wire::kSessionBytes);
+  auto r = ReadReply(s.fd());
+  REQUIRE(r.ok());
+  CHECK(r->h.type == FrameType::kReadResponse);
+  CHECK(Code(r->ops[0]) == absl::StatusCode::kOk);
+  CHECK(Code(r->ops[1]) == absl::StatusCode::kOk);
+  CHECK(r->payload == "abcdefgh");
+  CHECK(f.server->Stats().staged_read_ops == 1);
+  CHECK(f.kv->Stats().staging_objects == 1);
+
+  // Cancel: release everything of the session (no ops).
+  Reply rel = SessionFrame(s.fd(), FrameType::kReleaseRequest, 77, {});
+  CHECK(rel.h.type == FrameType::kReleaseResponse);
+  CHECK(f.kv->Stats().sessions == 0);
+  CHECK(f.kv->Stats().released_unread == 1);
+  // Releasing an unknown session's object: NotFound per op.
+  rel = SessionFrame(s.fd(), FrameType::kReleaseRequest, 77, {Op(0, 3, 1)});
+  CHECK(Code(rel.ops[0]) == absl::StatusCode::kNotFound);
+
+  // A prefetch without its session id is malformed: kError, closed.
+  SendFrame(s.fd(), FrameType::kPrefetchRequest, 13, {Op(0, 3, 1)}, "", 0);
+  auto e = ReadReply(s.fd());
+  REQUIRE(e.ok());
+  CHECK(e->h.type == FrameType::kError);
+  CHECK(PeerClosed(s.fd()));
+}
+
+TEST_CASE("DataServer without a prefetch manager answers Unimplemented") {
+  Fixture f;
+  Socket s = f.Connect();
+  Reply w = Write(s.fd(), {Op(0, 3, 1)}, {"abc"});
+  Reply p = SessionFrame(s.fd(), FrameType::kPrefetchRequest, 5, {Op(0, 3, 1)});
+  CHECK(Code(p.ops[0]) == absl::StatusCode::kUnimplemented);
+  // Session reads are plain reads.
+  SendFrame(s.fd(), FrameType::kReadRequest, 12, {Op(0, 3, 1)},
+            SessionPayload(5), wire::kSessionBytes);
+  auto r = ReadReply(s.fd());
+  REQUIRE(r.ok());
+  CHECK(r->payload == "abc");
+}
+
+TEST_CASE("a session read holding a staged object never waits for another") {
+  constexpr uint64_t kObj = 64 << 10;
+  constexpr uint64_t kTierCap = 4 << 20;
+  FakeBlockIo io(CapacityTier::kHeaderBytes + kTierCap);
+  std::string a(kObj, 'a'), b(kObj, 'b');
+  io.FillForTest(CapacityTier::kHeaderBytes, a.data(), a.size());
+  io.FillForTest(CapacityTier::kHeaderBytes + kObj, b.data(), b.size());
+  HybridDeviceOptions ho;
+  ho.staging_bytes = 1 << 20;
+  ho.write_buffer_bytes = 1 << 20;
+  ho.io_chunk_bytes = kObj;
+  auto tier = std::make_unique<FakeCapacityTier>(
+      &io, kTierCap,
+      std::vector<DurableExtent>{{0, kObj, 1}, {kObj, kObj, 2}});
+  auto dev = HybridDevice::Create(ho, std::move(tier));
+  REQUIRE(dev.ok());
+  SessionFixture f(std::move(*dev));
+  for (const RecoveredExtent& x : f.device->RecoveredExtents()) {
+    auto t = f.extents->BeginWrite({x.region_id, x.addr, x.length, x.generation});
+    REQUIRE(t.ok());
+    REQUIRE(t->Commit().ok());
+  }
+  Socket s = f.Connect();
+  Reply p = SessionFrame(s.fd(), FrameType::kPrefetchRequest, 3, {Op(0, kObj, 1)});
+  REQUIRE(Code(p.ops[0]) == absl::StatusCode::kOk);
+  // Object a is staged; b's staging is stuck (the disk is paused).
+  auto* hybrid = static_cast<HybridDevice*>(f.device.get());
+  REQUIRE(Eventually([&] { return hybrid->HybridStats().staged_bytes >= kObj; }));
+  io.PauseForTest();
+  p = SessionFrame(s.fd(), FrameType::kPrefetchRequest, 3, {Op(kObj, kObj, 2)});
+  REQUIRE(Code(p.ops[0]) == absl::StatusCode::kOk);
+
+  SendFrame(s.fd(), FrameType::kReadRequest, 12,
+            {Op(0, kObj, 1), Op(kObj, kObj, 2)}, SessionPayload(3),
+            wire::kSessionBytes);
+  auto r = ReadReply(s.fd());
+  REQUIRE(r.ok());
+  CHECK(Code(r->ops[0]) == absl::StatusCode::kOk);
+  CHECK(Code(r->ops[1]) == absl::StatusCode::kAborted);  // asked again later
+  CHECK(r->payload == a);
+
+  io.ResumeForTest();
+  SendFrame(s.fd(), FrameType::kReadRequest, 13, {Op(kObj, kObj, 2)},
+            SessionPayload(3), wire::kSessionBytes);
+  r = ReadReply(s.fd());
+  REQUIRE(r.ok());
+  CHECK(Code(r->ops[0]) == absl::StatusCode::kOk);
+  CHECK(r->payload == b);
+  CHECK(f.kv->Stats().sessions == 0);
+  CHECK(f.server->Stats().staged_read_ops == 2);
 }
 
 }  // namespace
