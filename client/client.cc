@@ -399,6 +399,8 @@ class ClientImpl : public Client {
     out.object_bytes = resp.object_bytes();
     out.pending_puts = resp.pending_puts();
     out.index_bytes_per_entry = resp.index_bytes_per_entry();
+    out.evicted_objects = resp.evicted_objects();
+    out.evicted_bytes = resp.evicted_bytes();
     for (const pb::NodeInfo& n : resp.nodes()) {
       NodeStatus s;
       s.node_id = n.node_id();

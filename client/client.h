@@ -170,6 +170,9 @@ struct ClusterStatus {
   uint64_t object_bytes = 0;
   uint64_t pending_puts = 0;
   uint64_t index_bytes_per_entry = 0;
+  // Objects the master evicted to make room, since it started.
+  uint64_t evicted_objects = 0;
+  uint64_t evicted_bytes = 0;
 };
 
 class Client {

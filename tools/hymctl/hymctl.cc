@@ -152,6 +152,8 @@ class Cli {
                    {"objects", st->object_count},
                    {"object_bytes", st->object_bytes},
                    {"pending_puts", st->pending_puts},
+                   {"evicted_objects", st->evicted_objects},
+                   {"evicted_bytes", st->evicted_bytes},
                    {"index_bytes_per_entry", st->index_bytes_per_entry}}
                   .dump(2)
            << "\n";
@@ -173,7 +175,9 @@ class Cli {
     }
     Table(out_, rows);
     out_ << "\n" << st->object_count << " objects, " << Human(st->object_bytes)
-         << ", " << st->pending_puts << " puts in progress\n";
+         << ", " << st->pending_puts << " puts in progress, "
+         << st->evicted_objects << " evicted (" << Human(st->evicted_bytes)
+         << ")\n";
     return 0;
   }
 
