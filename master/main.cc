@@ -27,6 +27,12 @@ DEFINE_int64(put_timeout_ms, 30000,
              "pending puts not committed within this are freed");
 DEFINE_int64(heartbeat_interval_ms, 1000,
              "heartbeat period told to storage nodes");
+DEFINE_int64(read_lease_ms, 5000,
+             "an object returned to a reader is not evicted for this long "
+             "(0: reads do not protect objects from eviction)");
+DEFINE_uint32(max_evictions_per_put, 4096,
+              "most objects one put may evict from a full node (0: never "
+              "evict; a full node refuses puts)");
 DEFINE_bool(sync_writes, false,
             "fsync the metadata WAL on every write (survives power loss)");
 
@@ -50,6 +56,8 @@ int main(int argc, char** argv) {
   options.node_timeout = absl::Milliseconds(FLAGS_node_timeout_ms);
   options.put_timeout = absl::Milliseconds(FLAGS_put_timeout_ms);
   options.heartbeat_interval = absl::Milliseconds(FLAGS_heartbeat_interval_ms);
+  options.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
+  options.max_evictions_per_put = FLAGS_max_evictions_per_put;
   options.sync_writes = FLAGS_sync_writes;
   absl::Status valid = options.Validate();
   if (!valid.ok()) {

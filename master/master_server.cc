@@ -126,6 +126,8 @@ absl::Status MasterOptions::Validate() const {
   so.max_batch_keys = max_batch_keys;
   so.max_key_bytes = max_key_bytes;
   so.max_object_bytes = max_object_bytes;
+  so.read_lease = read_lease;
+  so.max_evictions_per_put = max_evictions_per_put;
   absl::Status s = so.Validate();
   if (!s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("master: ", s.message()));
@@ -151,6 +153,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   so.max_batch_keys = options.max_batch_keys;
   so.max_key_bytes = options.max_key_bytes;
   so.max_object_bytes = options.max_object_bytes;
+  so.read_lease = options.read_lease;
+  so.max_evictions_per_put = options.max_evictions_per_put;
   so.clock = options.clock;
   auto service = master::MasterService::Create(so, std::move(store).value());
   if (!service.ok()) return service.status();

@@ -60,6 +60,12 @@ struct MasterOptions {
   uint32_t max_key_bytes = 256;
   // Largest object in bytes. Default: 1 GiB.
   uint64_t max_object_bytes = uint64_t{1} << 30;
+  // An object returned by a read (for_read BatchLookup) is not evicted for
+  // this long afterwards. 0 disables the protection. 0..24 h. Default: 5 s.
+  absl::Duration read_lease = absl::Seconds(5);
+  // Most objects one PutStart may evict from a full node to make room; 0
+  // disables eviction (a full node refuses puts). Default: 4096.
+  uint32_t max_evictions_per_put = 4096;
   // fsync the metadata WAL on every write. Without it commits survive a
   // process crash (kill -9) but the last ones may be lost on power loss,
   // which a cache tolerates. Default: false.

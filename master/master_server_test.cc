@@ -60,6 +60,10 @@ TEST_CASE("MasterOptions validation") {
   CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
   CHECK(MasterServer::Create(o).status().code() ==
         absl::StatusCode::kInvalidArgument);
+  o.put_timeout = absl::Seconds(30);
+  CHECK(o.Validate().ok());
+  o.read_lease = -absl::Seconds(1);  // passed on to MasterServiceOptions
+  CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("MasterServer serves the master API over gRPC") {

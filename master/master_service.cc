@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <utility>
@@ -24,6 +25,13 @@ constexpr uint32_t kMaxAlignment = uint32_t{1} << 30;
 constexpr uint32_t kMaxBatchKeysLimit = 65536;
 // WARNING lines per bulk drop before switching to a summary.
 constexpr int kMaxDropWarnings = 10;
+constexpr absl::Duration kMaxReadLease = absl::Hours(24);
+// Read ticks stay below this (LeaseTick moves the epoch forward).
+constexpr int64_t kMaxLeaseTick = int64_t{1} << 31;
+
+uint64_t RoundUp(uint64_t len, uint32_t alignment) {
+  return (len + alignment - 1) & ~uint64_t{alignment - 1};
+}
 
 absl::Status ValidateAddress(const std::string& address, const char* what) {
   auto hp = SplitHostPort(address);
@@ -93,6 +101,9 @@ absl::Status MasterServiceOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("max_object_bytes must be 1..", MetadataIndex::kMaxLength));
   }
+  if (read_lease < absl::ZeroDuration() || read_lease > kMaxReadLease) {
+    return absl::InvalidArgumentError("read_lease must be 0..24h");
+  }
   return absl::OkStatus();
 }
 
@@ -121,6 +132,7 @@ MasterService::MasterService(const MasterServiceOptions& options,
   uint64_t start = (uint64_t{rd()} << 32) | 1;
   MutexLock l(&mu_);
   next_put_id_ = start;
+  lease_epoch_ = clock_->Now();
 }
 
 MasterService::~MasterService() = default;
@@ -244,6 +256,33 @@ void MasterService::FillNodeInfo(const Node& node, absl::Time now,
   out->set_object_count(node.object_count);
   out->set_used_bytes(used);
   out->set_capacity_bytes(capacity);
+}
+
+uint32_t MasterService::LeaseTick(absl::Time now) {
+  int64_t ms = absl::ToInt64Milliseconds(now - lease_epoch_) + 1;
+  if (ms < 1) ms = 1;  // the clock went back past the epoch
+  if (ms >= kMaxLeaseTick) {
+    // Move the epoch so that `now` becomes tick lease + 2: ticks still
+    // within the lease keep their distance to now (and stay > 0), older
+    // ones drop to 0 or stay expired.
+    const int64_t lease_ms = absl::ToInt64Milliseconds(options_.read_lease);
+    const int64_t shift = ms - (lease_ms + 2);
+    index_.RebaseReadTicks(static_cast<uint32_t>(
+        std::min<int64_t>(shift, std::numeric_limits<uint32_t>::max())));
+    lease_epoch_ += absl::Milliseconds(shift);
+    ms -= shift;
+    VLOG(1) << "read ticks rebased by " << shift << " ms";
+  }
+  return static_cast<uint32_t>(ms);
+}
+
+bool MasterService::IsLeased(uint32_t read_tick, uint32_t now_tick) const {
+  if (read_tick == 0) return false;  // never read since written
+  const int64_t age = int64_t{now_tick} - int64_t{read_tick};
+  // |age|: a read "in the future" means the clock went back; treat it like
+  // a read that far in the past instead of leasing it until the clock
+  // catches up.
+  return std::abs(age) < absl::ToInt64Milliseconds(options_.read_lease);
 }
 
 void MasterService::CountObject(const IndexEntry& e, int delta) {
@@ -568,6 +607,128 @@ bool MasterService::TryAllocateOnNode(
   return true;
 }
 
+absl::StatusOr<bool> MasterService::EvictAndAllocate(
+    Node& node, const std::vector<uint64_t>& lengths,
+    const absl::flat_hash_set<absl::string_view>& keep, absl::Time now,
+    std::vector<std::pair<uint32_t, uint64_t>>* out, std::string* why) {
+  const uint32_t node_id = node.info.node_id();
+  if (options_.max_evictions_per_put == 0) {
+    *why = "eviction is disabled";
+    return false;
+  }
+  // A lower bound of the bytes the put needs and what the node has free.
+  // If the put cannot fit even the empty node, evicting is pointless.
+  uint32_t min_alignment = std::numeric_limits<uint32_t>::max();
+  uint64_t usable = 0;
+  uint64_t free = 0;
+  for (const auto& [rid, region] : node.regions) {
+    min_alignment = std::min(min_alignment, region.allocator->alignment());
+    usable += region.allocator->usable_capacity();
+    free += region.allocator->free_bytes();
+  }
+  uint64_t need = 0;
+  for (uint64_t len : lengths) {
+    bool fits_a_region = false;
+    for (const auto& [rid, region] : node.regions) {
+      const RegionAllocator& a = *region.allocator;
+      if (RoundUp(len, a.alignment()) <= a.usable_capacity()) {
+        fits_a_region = true;
+        break;
+      }
+    }
+    if (!fits_a_region) {
+      *why = absl::StrCat("an object of ", len, " bytes exceeds every region");
+      return false;
+    }
+    need += RoundUp(len, min_alignment);
+  }
+  if (need > usable) {
+    *why = absl::StrCat("the put needs ", need, " bytes, more than the node's ",
+                        usable);
+    return false;
+  }
+
+  // Rounds: the first takes the least recently used objects until their
+  // bytes plus the free bytes cover `need` (if even all evictable objects
+  // cannot, nothing is evicted). If fragmentation still defeats the
+  // allocator, further rounds evict 1, 2, 4, ... more objects, so the
+  // rounds (store writes) stay O(log cap) and at most about as many extra
+  // objects go as were needed.
+  const uint32_t now_tick = LeaseTick(now);
+  uint32_t evicted = 0;
+  size_t round_size = 1;  // objects in the next round after the first
+  while (true) {
+    const bool first = evicted == 0;
+    std::vector<std::pair<std::string, IndexEntry>> victims;
+    uint64_t reclaim = 0;
+    bool leased = false;
+    const size_t budget = options_.max_evictions_per_put - evicted;
+    index_.ForEachLeastRecent(
+        node_id, [&](absl::string_view key, const IndexEntry& e,
+                     uint32_t read_tick) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          if (victims.size() >= budget) return false;
+          if (keep.contains(key)) return true;
+          if (IsLeased(read_tick, now_tick)) {
+            leased = true;
+            return false;
+          }
+          auto r = node.regions.find(e.region_id);
+          if (r == node.regions.end()) return true;  // not in an allocator
+          victims.emplace_back(std::string(key), e);
+          reclaim += RoundUp(e.length, r->second.allocator->alignment());
+          if (first) return free + reclaim < need;
+          return victims.size() < round_size;
+        });
+    if (victims.empty() || (first && free + reclaim < need)) {
+      if (leased) {
+        *why = "the least recently used objects are leased by reads";
+      } else if (victims.size() >= budget) {
+        *why = absl::StrCat("more than ", options_.max_evictions_per_put,
+                            " evictions would be needed");
+      } else {
+        *why = "not enough evictable objects";
+      }
+      if (evicted > 0) {
+        absl::StrAppend(why, " (", evicted, " objects evicted, the rest ",
+                        "fragmented)");
+      }
+      return false;
+    }
+    absl::Status s = EvictObjects(node_id, victims);
+    if (!s.ok()) return s;
+    evicted += victims.size();
+    free += reclaim;
+    if (TryAllocateOnNode(node, lengths, out)) return true;
+    if (!first) round_size *= 2;
+  }
+}
+
+absl::Status MasterService::EvictObjects(
+    uint32_t node_id,
+    const std::vector<std::pair<std::string, IndexEntry>>& victims) {
+  MetadataMutation m;
+  m.delete_objects.reserve(victims.size());
+  for (const auto& [key, e] : victims) m.delete_objects.push_back(key);
+  absl::Status s = store_->Apply(m);
+  if (!s.ok()) return s;
+  uint64_t bytes = 0;
+  for (const auto& [key, entry] : victims) {
+    auto e = index_.Erase(key);
+    if (!e) continue;
+    FreeSpace(e->node_id, e->region_id, e->addr);
+    CountObject(*e, -1);
+    bytes += e->length;
+    VLOG(2) << "evicted '" << PrintableKey(key) << "' from node " << node_id
+            << " (" << e->length << " bytes, generation " << e->generation
+            << ")";
+  }
+  counters_.evicted_objects += victims.size();
+  counters_.evicted_bytes += bytes;
+  VLOG(1) << "evicted " << victims.size() << " objects (" << bytes
+          << " bytes) from node " << node_id << " to make room";
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
     const v1::PutStartRequest& request) {
   absl::Status s = ValidateKeys(request.keys());
@@ -585,6 +746,11 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
                        options_.max_object_bytes, ")"));
     }
   }
+  if (request.parent_key().size() > options_.max_key_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parent_key has ", request.parent_key().size(),
+                     " bytes (want 0..", options_.max_key_bytes, ")"));
+  }
   {
     absl::flat_hash_set<absl::string_view> seen;
     for (int i = 0; i < request.keys_size(); ++i) {
@@ -599,10 +765,20 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   v1::PutStartResponse response;
   MutexLock l(&mu_);
   const absl::Time now = clock_->Now();
-  const uint32_t preferred = request.preferred_node_id();
+  uint32_t preferred = request.preferred_node_id();
   if (preferred != 0 && nodes_.count(preferred) == 0) {
     return absl::NotFoundError(
         absl::StrCat("preferred node ", preferred, " is unknown"));
+  }
+  // Keys this call must not evict: its parent and the keys it reports as
+  // existing (the caller relies on their locations).
+  absl::flat_hash_set<absl::string_view> keep;
+  if (!request.parent_key().empty()) {
+    keep.insert(request.parent_key());
+    if (auto e = index_.Find(request.parent_key()); e && preferred == 0) {
+      auto n = nodes_.find(e->node_id);
+      if (n != nodes_.end() && IsAlive(n->second, now)) preferred = e->node_id;
+    }
   }
 
   // Classify the keys.
@@ -620,6 +796,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
       auto n = nodes_.find(e->node_id);
       if (n != nodes_.end() && IsAlive(n->second, now)) {
         slot->set_state(v1::SLOT_EXISTS);
+        keep.insert(key);
         v1::Location* loc = slot->mutable_location();
         loc->set_node_id(e->node_id);
         loc->set_region_id(e->region_id);
@@ -641,10 +818,12 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   // Choose one node for the whole request.
   std::vector<std::pair<uint32_t, uint64_t>> placed;
   Node* chosen = nullptr;
+  Node* target = nullptr;  // where to evict if no node has room
   if (preferred != 0) {
     Node& p = nodes_.at(preferred);
-    if (IsAlive(p, now) && TryAllocateOnNode(p, lengths, &placed)) {
-      chosen = &p;
+    if (IsAlive(p, now)) {
+      target = &p;
+      if (TryAllocateOnNode(p, lengths, &placed)) chosen = &p;
     }
   }
   size_t alive = 0;
@@ -655,6 +834,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
       if (it == nodes_.end()) it = nodes_.begin();
       if (!IsAlive(it->second, now)) continue;
       ++alive;
+      if (target == nullptr) target = &it->second;
       if (it->first == preferred) continue;  // already tried
       if (TryAllocateOnNode(it->second, lengths, &placed)) {
         chosen = &it->second;
@@ -668,9 +848,17 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
           "no alive storage node to place ", to_allocate.size(),
           " objects (", nodes_.size(), " nodes known)"));
     }
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "no alive storage node has room for ", to_allocate.size(),
-        " objects totalling ", total_bytes, " bytes"));
+    std::string why;
+    absl::StatusOr<bool> fit =
+        EvictAndAllocate(*target, lengths, keep, now, &placed, &why);
+    if (!fit.ok()) return fit.status();
+    if (!*fit) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no alive storage node has room for ", to_allocate.size(),
+          " objects totalling ", total_bytes, " bytes; eviction on node ",
+          target->info.node_id(), ": ", why));
+    }
+    chosen = target;
   }
   const uint32_t node_id = chosen->info.node_id();
 
@@ -743,8 +931,12 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
   absl::Status s = store_->Apply(m);
   if (!s.ok()) return s;  // nothing changed; the put stays pending
 
+  // Last key first: the chain head ends up most recent, so among these
+  // equally recent blocks eviction takes the tail first.
   uint32_t committed = 0;
-  for (const PendingSlot& slot : put.slots) {
+  for (auto it_slot = put.slots.rbegin(); it_slot != put.slots.rend();
+       ++it_slot) {
+    const PendingSlot& slot = *it_slot;
     pending_keys_.erase(slot.key);
     if (failed.contains(slot.index)) {
       FreeSpace(put.node_id, slot.region_id, slot.addr);
@@ -801,13 +993,29 @@ size_t MasterService::ReapExpired() {
 }
 
 absl::StatusOr<v1::BatchLookupResponse> MasterService::BatchLookup(
-    const v1::BatchLookupRequest& request) const {
+    const v1::BatchLookupRequest& request) {
   absl::Status s = ValidateKeys(request.keys());
   if (!s.ok()) return s;
   v1::BatchLookupResponse response;
   response.mutable_results()->Reserve(request.keys_size());
-  ReaderMutexLock l(&mu_);
+  if (!request.for_read()) {
+    ReaderMutexLock l(&mu_);
+    LookupLocked(request, clock_->Now(), &response);
+    return response;
+  }
+  MutexLock l(&mu_);
   const absl::Time now = clock_->Now();
+  const uint32_t hits = LookupLocked(request, now, &response);
+  // Last hit first: the chain head ends up most recent.
+  const uint32_t tick = LeaseTick(now);
+  for (uint32_t i = hits; i > 0; --i) index_.Touch(request.keys(i - 1), tick);
+  return response;
+}
+
+uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
+                                     absl::Time now,
+                                     v1::BatchLookupResponse* out) const {
+  v1::BatchLookupResponse& response = *out;
   std::vector<const Node*> referenced;
   bool prefix = true;
   uint32_t hit_prefix = 0;
@@ -840,7 +1048,7 @@ absl::StatusOr<v1::BatchLookupResponse> MasterService::BatchLookup(
   for (const Node* node : referenced) {
     FillNodeInfo(*node, now, response.add_nodes());
   }
-  return response;
+  return hit_prefix;
 }
 
 absl::StatusOr<v1::RemoveResponse> MasterService::Remove(
@@ -890,6 +1098,8 @@ v1::GetStatsResponse MasterService::GetStats() const {
   }
   response.set_nodes_alive(alive);
   response.set_nodes_dead(nodes_.size() - alive);
+  response.set_evicted_objects(counters_.evicted_objects);
+  response.set_evicted_bytes(counters_.evicted_bytes);
   response.set_index_bytes_per_entry(
       index_.empty() ? 0 : index_.MemoryBytes() / index_.size());
   return response;

@@ -19,20 +19,49 @@
 // misses for BatchLookup and can be written again elsewhere by PutStart;
 // dead nodes get no placements.
 //
+// Placement: PutStart puts all new slots of a request on one node. The
+// preferred node is preferred_node_id if set, else the node holding
+// parent_key (the block before keys[0] in its chain) if it is alive, so a
+// chain stays on one node. Order: the preferred node if it has room; else
+// the next alive node with room (round robin); else evict on the preferred
+// node (without one: the next alive node in round-robin order).
+//
+// Eviction (making room on a full node): each node's committed objects are
+// on an exact LRU list in the index. PutCommit inserts a put's keys at the
+// most recent end from the last key to the first, and a for_read
+// BatchLookup touches its hit prefix the same way, so among equally recent
+// blocks of a chain the tail goes first (a chain that lost its tail still
+// serves a shorter prefix; one that lost its head serves nothing). An
+// object read (for_read lookup) within `read_lease` is never evicted: the
+// walk from the least recent end stops at the first leased object (every
+// object after it was used even more recently). A commit does not grant a
+// lease, so freshly written objects stay evictable. Pending puts' space is
+// never evicted (it is not in the index), nor the keys that the PutStart
+// itself reports as existing, nor its parent_key. Evictions are written to
+// the store first (one batch), then applied to the index and allocators;
+// the space is reused under a new, higher generation, so a reader holding
+// an evicted location gets NotFound from the node, never other bytes.
+// Recency and leases are not durable: after a restart the order is the
+// store's load order and nothing is leased.
+//
 // Thread safety: safe for concurrent use without external synchronization.
-// One mutex guards all state (lookups share it as readers); store writes
-// happen under it, so commits are serialized in store order.
+// One mutex guards all state (plain lookups share it as readers; for_read
+// lookups update recency and take it exclusively); store writes happen
+// under it, so commits are serialized in store order.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/mutex.h"
@@ -61,6 +90,13 @@ struct MasterServiceOptions {
   uint32_t max_key_bytes = 256;
   // Largest object in bytes. 1..2^48-1. Default: 1 GiB.
   uint64_t max_object_bytes = uint64_t{1} << 30;
+  // An object returned by a for_read BatchLookup is not evicted for this
+  // long afterwards (a read in progress). 0 disables the protection (reads
+  // still count as recent use). 0..24 h. Default: 5 s.
+  absl::Duration read_lease = absl::Seconds(5);
+  // Most objects one PutStart may evict to make room (bounds the work under
+  // the lock). 0 disables eviction: a full node refuses puts. Default: 4096.
+  uint32_t max_evictions_per_put = 4096;
   // Source of time for liveness and put expiry. Not owned; must outlive the
   // service. Default: nullptr, meaning Clock::Real().
   Clock* clock = nullptr;
@@ -80,6 +116,10 @@ struct MasterServiceCounters {
   uint64_t puts_expired = 0;
   // Pending puts cancelled because their node re-registered or left.
   uint64_t puts_cancelled = 0;
+  // Committed objects evicted to make room for new puts, and their bytes
+  // (object lengths).
+  uint64_t evicted_objects = 0;
+  uint64_t evicted_bytes = 0;
 };
 
 class MasterService {
@@ -121,11 +161,19 @@ class MasterService {
 
   // Allocates space for every key that is neither committed (on an alive
   // node: SLOT_EXISTS) nor in another pending put (SLOT_IN_PROGRESS). All
-  // allocated slots go to one node: the preferred node if it is alive and
-  // has room, else the next alive node (round robin) with room for all.
+  // allocated slots go to one node (see Placement above): the preferred
+  // node (preferred_node_id, else parent_key's node) if it is alive and has
+  // room, else the next alive node (round robin) with room for all, else
+  // the preferred (or next alive) node after evicting least recently used
+  // objects, at most max_evictions_per_put of them.
+  // Eviction plans before it acts: if the objects it may evict (up to the
+  // first leased one, the cap, or the end of the list) cannot free enough
+  // bytes, nothing is evicted. Only fragmentation can make a put fail after
+  // evicting; those evictions stay made (they were next in LRU order).
   // Errors: InvalidArgument (key count, key sizes, length count or values,
-  // duplicate keys); NotFound (unknown preferred node); ResourceExhausted
-  // (no alive node has room; nothing allocated); store errors.
+  // duplicate keys, parent_key too long); NotFound (unknown preferred
+  // node); ResourceExhausted (no room even after eviction; nothing
+  // allocated); store errors.
   absl::StatusOr<hymcache::v1::PutStartResponse> PutStart(
       const hymcache::v1::PutStartRequest& request);
 
@@ -141,10 +189,12 @@ class MasterService {
       const hymcache::v1::PutAbortRequest& request);
 
   // Per key: found (committed, node alive) and where; the length of the
-  // leading run of hits; NodeInfo of each node referenced.
-  // Errors: InvalidArgument (key count or sizes).
+  // leading run of hits; NodeInfo of each node referenced. With for_read,
+  // the hit prefix becomes most recently used (last key first) and leased
+  // for read_lease; such calls take the mutex exclusively. Without it
+  // nothing changes. Errors: InvalidArgument (key count or sizes).
   absl::StatusOr<hymcache::v1::BatchLookupResponse> BatchLookup(
-      const hymcache::v1::BatchLookupRequest& request) const;
+      const hymcache::v1::BatchLookupRequest& request);
 
   // Removes committed keys and frees their space; per key whether it
   // existed. Pending puts are not affected. Errors: InvalidArgument (key
@@ -205,6 +255,32 @@ class MasterService {
       const google::protobuf::RepeatedPtrField<std::string>& keys) const;
 
   bool IsAlive(const Node& node, absl::Time now) const;
+  // Fills `response` for `request`'s keys; returns the hit prefix length.
+  uint32_t LookupLocked(const hymcache::v1::BatchLookupRequest& request,
+                        absl::Time now,
+                        hymcache::v1::BatchLookupResponse* response) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The read tick of `now` for the index: milliseconds since lease_epoch_
+  // plus one (0 means "never read"). Kept below 2^31 by moving the epoch
+  // forward and rebasing the index's ticks, so ticks never wrap.
+  uint32_t LeaseTick(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether an object read at `read_tick` is still leased at `now_tick`.
+  bool IsLeased(uint32_t read_tick, uint32_t now_tick) const;
+  // Evicts least recently used objects of `node` (never `keep`, never past
+  // the first leased one, at most max_evictions_per_put) until `lengths`
+  // fit, and allocates them into *out. Returns false if they cannot fit,
+  // with the reason in *why. Store errors are returned as such.
+  absl::StatusOr<bool> EvictAndAllocate(
+      Node& node, const std::vector<uint64_t>& lengths,
+      const absl::flat_hash_set<absl::string_view>& keep, absl::Time now,
+      std::vector<std::pair<uint32_t, uint64_t>>* out, std::string* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes `victims` (all on `node_id`) from the store in one batch, then
+  // from the index and allocators. Errors: store errors (nothing changes).
+  absl::Status EvictObjects(
+      uint32_t node_id,
+      const std::vector<std::pair<std::string, IndexEntry>>& victims)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillNodeInfo(const Node& node, absl::Time now,
                     hymcache::v1::NodeInfo* out) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -251,6 +327,8 @@ class MasterService {
   absl::flat_hash_map<std::string, uint64_t> pending_keys_
       ABSL_GUARDED_BY(mu_);
   uint64_t next_put_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Time of read tick 1 (see LeaseTick).
+  absl::Time lease_epoch_ ABSL_GUARDED_BY(mu_);
   MasterServiceCounters counters_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -74,10 +75,14 @@ v1::BatchLookupRequest LookupReq(std::vector<std::string> keys) {
 
 // A master over a real RocksDB in TEST_TMPDIR with a FakeClock; reopenable.
 struct Harness {
-  explicit Harness(const std::string& name) : dir(TestDir(name)) {
+  explicit Harness(
+      const std::string& name,
+      const std::function<void(MasterServiceOptions&)>& tweak = nullptr)
+      : dir(TestDir(name)) {
     options.clock = &clock;
     options.node_timeout = absl::Seconds(10);
     options.put_timeout = absl::Seconds(30);
+    if (tweak) tweak(options);
     Open();
   }
   void Open() {
@@ -133,6 +138,42 @@ struct Harness {
     INFO(r.status().ToString());
     REQUIRE(r.ok());
     return *r;
+  }
+  // A lookup before a read: touches and leases the hit prefix.
+  v1::BatchLookupResponse Read(std::vector<std::string> keys) {
+    v1::BatchLookupRequest req = LookupReq(keys);
+    req.set_for_read(true);
+    auto r = svc->BatchLookup(req);
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    return *r;
+  }
+  // '1' per key found, '0' per miss (a plain lookup: changes nothing).
+  std::string Found(std::vector<std::string> keys) {
+    std::string out;
+    const v1::BatchLookupResponse got = Lookup(keys);
+    for (const auto& r : got.results()) out += r.found() ? '1' : '0';
+    return out;
+  }
+  // PutStart of `keys` (`len` bytes each) as the continuation of
+  // `parent`'s chain.
+  absl::StatusOr<v1::PutStartResponse> StartChild(
+      std::vector<std::string> keys, uint64_t len, const std::string& parent,
+      uint32_t preferred = 0) {
+    v1::PutStartRequest req =
+        PutReq(keys, std::vector<uint64_t>(keys.size(), len), preferred);
+    req.set_parent_key(parent);
+    return svc->PutStart(req);
+  }
+  // Puts and commits a chain continuation; returns the node used.
+  uint32_t PutChild(std::vector<std::string> keys, uint64_t len,
+                    const std::string& parent) {
+    auto r = StartChild(keys, len, parent);
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    REQUIRE(r->put_id() != 0);
+    Commit(r->put_id());
+    return r->node().node_id();
   }
   void Heartbeat(uint32_t id, uint64_t incarnation) {
     v1::HeartbeatRequest req;
@@ -914,6 +955,445 @@ TEST_CASE("a deregistered node stays dead across a master restart") {
   for (const auto& n : nodes.nodes()) CHECK(n.alive() == (n.node_id() == b));
   // It comes back by registering again.
   CHECK(h.Register("a", 3, {{0, 1 << 20}}, 7000) == a);
+}
+
+
+// Eviction tests use one-region nodes of 64-byte alignment and 1000-byte
+// objects (1024 bytes allocated), so a node of N * 1024 bytes holds N.
+constexpr uint64_t kObj = 1000;
+constexpr uint64_t kSlot = 1024;
+
+TEST_CASE("MasterServiceOptions validates read_lease") {
+  MasterServiceOptions o;
+  CHECK(o.read_lease == absl::Seconds(5));
+  CHECK(o.max_evictions_per_put == 4096);
+  o.read_lease = absl::ZeroDuration();
+  CHECK(o.Validate().ok());
+  o.read_lease = -absl::Milliseconds(1);
+  CHECK(o.Validate().code() == StatusCode::kInvalidArgument);
+  o.read_lease = absl::Hours(25);
+  CHECK(o.Validate().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("A full node evicts in least-recently-used order") {
+  Harness h("evict_lru");
+  const uint32_t a = h.Register("a", 1, {{0, 8 * kSlot}});
+  for (int i = 0; i < 8; ++i) h.Put({"k" + std::to_string(i)}, kObj);
+  CHECK(h.UsedBytes(a) == 8 * kSlot);
+  // Fresh writes are evictable at once (a commit grants no lease): the
+  // oldest write goes.
+  CHECK(h.Put({"n0"}, kObj) == a);
+  CHECK(h.Found({"k0", "k1"}) == "01");
+
+  // Reads make k3 and k1 the most recent (k1 last).
+  h.Read({"k3"});
+  h.Read({"k1"});
+  // A plain lookup changes nothing: k4 stays old.
+  h.Lookup({"k4"});
+  // A for_read lookup touches only the hit prefix: k5 after a miss is not.
+  CHECK(h.Read({"k2", "missing", "k5"}).hit_prefix_length() == 1);
+  h.clock.Advance(absl::Seconds(6));  // leases over
+  h.Heartbeat(a, 1);
+  // Order now, least recent first: k4 k5 k6 k7 n0 k3 k1 k2.
+  h.Put({"n1"}, kObj);
+  CHECK(h.Found({"k4", "k5", "k6"}) == "011");
+  h.Put({"n2"}, kObj);
+  h.Put({"n3"}, kObj);
+  h.Put({"n4"}, kObj);
+  CHECK(h.Found({"k5", "k6", "k7", "n0", "k3", "k1", "k2"}) == "0001111");
+  h.Put({"n5"}, kObj);
+  CHECK(h.Found({"n0", "k3", "k1", "k2"}) == "0111");
+  h.Put({"n6"}, kObj);
+  CHECK(h.Found({"k3", "k1", "k2"}) == "011");
+
+  const auto c = h.svc->counters();
+  CHECK(c.evicted_objects == 7);
+  CHECK(c.evicted_bytes == 7 * kObj);
+  const auto stats = h.svc->GetStats();
+  CHECK(stats.evicted_objects() == 7);
+  CHECK(stats.evicted_bytes() == 7 * kObj);
+  CHECK(stats.object_count() == 8);
+  CHECK(stats.object_bytes() == 8 * kObj);
+  CHECK(stats.nodes(0).object_count() == 8);
+  CHECK(h.UsedBytes(a) == 8 * kSlot);
+}
+
+TEST_CASE("Eviction takes a chain's tail before its head") {
+  Harness h("evict_chain");
+  const uint32_t a = h.Register("a", 1, {{0, 4 * kSlot}});
+  // One commit of a chain: c3 extends c2 extends c1 extends c0.
+  h.Put({"c0", "c1", "c2", "c3"}, kObj);
+  h.Put({"x"}, kObj);
+  CHECK(h.Found({"c0", "c1", "c2", "c3", "x"}) == "11101");
+  h.Put({"y"}, kObj);
+  CHECK(h.Found({"c0", "c1", "c2", "x", "y"}) == "11011");
+
+  // A read of the chain touches it tail first too: afterwards c1 is older
+  // than c0, and both are newer than x and y.
+  h.Read({"c0", "c1"});
+  h.clock.Advance(absl::Seconds(6));
+  h.Heartbeat(a, 1);
+  h.Put({"p"}, kObj);
+  h.Put({"q"}, kObj);
+  CHECK(h.Found({"c0", "c1", "x", "y", "p", "q"}) == "110011");
+  h.Put({"r"}, kObj);
+  CHECK(h.Found({"c0", "c1"}) == "10");
+  h.Put({"s"}, kObj);
+  CHECK(h.Found({"c0"}) == "0");
+}
+
+TEST_CASE("Objects read within the lease are never evicted") {
+  Harness h("evict_lease");
+  const uint32_t a = h.Register("a", 1, {{0, 4 * kSlot}});
+  for (const char* k : {"a", "b", "c", "d"}) h.Put({k}, kObj);
+  h.Read({"a", "b"});  // order now: c d b a; a and b leased
+  h.Put({"e"}, kObj);
+  h.Put({"f"}, kObj);
+  CHECK(h.Found({"a", "b", "c", "d", "e", "f"}) == "110011");
+
+  // Order: b a e f. The walk stops at b (leased) although e and f could go.
+  auto refused = h.svc->PutStart(PutReq({"g"}, {kObj}));
+  CHECK(refused.status().code() == StatusCode::kResourceExhausted);
+  CHECK(refused.status().message().find("leased") != std::string::npos);
+  CHECK(h.svc->counters().evicted_objects == 2);
+  CHECK(h.svc->GetStats().pending_puts() == 0);
+  CHECK(h.UsedBytes(a) == 4 * kSlot);
+
+  // Everything leased.
+  h.Read({"e", "f"});
+  h.clock.Advance(absl::Milliseconds(4999));
+  CHECK(h.svc->PutStart(PutReq({"g"}, {kObj})).status().code() ==
+        StatusCode::kResourceExhausted);
+  CHECK(h.Found({"a", "b", "e", "f"}) == "1111");
+  // A lease lasts read_lease from the read: a and b (read first) expire,
+  // e and f were read at the same instant here, so all four expire at 5 s.
+  h.clock.Advance(absl::Milliseconds(1));
+  CHECK(h.Put({"g"}, kObj) == a);
+  CHECK(h.Found({"a", "b", "e", "f", "g"}) == "10111");  // b was least recent
+  CHECK(h.svc->counters().evicted_objects == 3);
+}
+
+TEST_CASE("A renewed read extends the lease") {
+  Harness h("evict_renew");
+  const uint32_t a = h.Register("a", 1, {{0, 2 * kSlot}});
+  h.Put({"a"}, kObj);
+  h.Put({"b"}, kObj);
+  h.Read({"a", "b"});
+  h.clock.Advance(absl::Seconds(4));
+  h.Read({"b"});  // b's lease runs 4 s longer than a's
+  h.clock.Advance(absl::Seconds(2));
+  h.Heartbeat(a, 1);
+  CHECK(h.Put({"c"}, kObj) == a);  // a's lease is over
+  CHECK(h.Found({"a", "b"}) == "01");
+  CHECK(h.svc->PutStart(PutReq({"d"}, {kObj})).status().code() ==
+        StatusCode::kResourceExhausted);  // order b c: b still leased
+  h.clock.Advance(absl::Seconds(3));
+  h.Heartbeat(a, 1);
+  h.Put({"d"}, kObj);
+  CHECK(h.Found({"b", "c", "d"}) == "011");
+}
+
+TEST_CASE("read_lease = 0 leaves reads evictable but still recent") {
+  Harness h("evict_nolease",
+            [](MasterServiceOptions& o) { o.read_lease = absl::ZeroDuration(); });
+  h.Register("a", 1, {{0, 2 * kSlot}});
+  h.Put({"a"}, kObj);
+  h.Put({"b"}, kObj);
+  h.Read({"a"});
+  h.Put({"c"}, kObj);
+  CHECK(h.Found({"a", "b", "c"}) == "101");
+  h.Read({"a"});
+  h.Put({"d"}, kObj);
+  CHECK(h.Found({"a", "c", "d"}) == "101");
+}
+
+TEST_CASE("Leases survive the read tick base moving (no wrap-around)") {
+  Harness h("evict_ticks");
+  const uint32_t a = h.Register("a", 1, {{0, 2 * kSlot}});
+  h.Put({"a"}, kObj);
+  h.Put({"b"}, kObj);
+  h.Read({"a"});
+  // 2^32 ms later a 32-bit millisecond tick would equal a's read tick and
+  // lease it again.
+  h.clock.Advance(absl::Milliseconds(int64_t{1} << 32));
+  h.Heartbeat(a, 1);
+  h.Read({"b"});  // b: now the most recent and leased; order a b
+  CHECK(h.Put({"c"}, kObj) == a);
+  CHECK(h.Found({"a", "b", "c"}) == "011");
+  // b's lease holds across the move of the base, then ends.
+  CHECK(h.svc->PutStart(PutReq({"d"}, {kObj})).status().code() ==
+        StatusCode::kResourceExhausted);  // order b c
+  h.clock.Advance(absl::Hours(600));  // another base move
+  h.Heartbeat(a, 1);
+  h.Read({"c"});
+  CHECK(h.Put({"d"}, kObj) == a);  // b (lease long over) goes, not c
+  CHECK(h.Found({"b", "c", "d"}) == "011");
+}
+
+TEST_CASE("PutStart places a chain's continuation on its parent's node") {
+  Harness h("parent_place");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  const uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  CHECK(h.Put({"p0"}, kObj, b) == b);
+  // Round robin alone would alternate a, b, a, ...
+  std::string parent = "p0";
+  for (int i = 1; i <= 4; ++i) {
+    std::string k1 = "p" + std::to_string(i) + "a";
+    std::string k2 = "p" + std::to_string(i) + "b";
+    CHECK(h.PutChild({k1, k2}, kObj, parent) == b);
+    parent = k2;
+  }
+  // An explicit preferred node wins over the parent.
+  CHECK(h.StartChild({"q"}, kObj, parent, a)->node().node_id() == a);
+  // An unknown parent is no hint: round robin.
+  std::set<uint32_t> used;
+  for (int i = 0; i < 2; ++i) {
+    used.insert(h.PutChild({"r" + std::to_string(i)}, kObj, "nowhere"));
+  }
+  CHECK(used == std::set<uint32_t>{a, b});
+  // A parent on a dead node is no hint either.
+  h.clock.Advance(absl::Seconds(11));
+  h.Heartbeat(a, 1);
+  CHECK(h.PutChild({"s"}, kObj, parent) == a);
+  // A parent key longer than any key is refused.
+  CHECK(h.StartChild({"t"}, kObj, std::string(257, 'k')).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("A full parent node falls back to a node with room before evicting") {
+  Harness h("parent_full");
+  const uint32_t a = h.Register("a", 1, {{0, 2 * kSlot}});
+  const uint32_t b = h.Register("b", 1, {{0, 2 * kSlot}}, 7100);
+  h.Put({"p", "x"}, kObj, a);  // a is full
+  // The continuation of p goes to b, which has room: nothing is evicted.
+  CHECK(h.PutChild({"c1"}, kObj, "p") == b);
+  CHECK(h.svc->counters().evicted_objects == 0);
+  CHECK(h.Found({"p", "x"}) == "11");
+  h.Put({"y"}, kObj, b);  // b full too
+  // Now eviction happens on the parent's node, not on b. The p-x commit
+  // left x (its tail) least recent: x goes.
+  CHECK(h.PutChild({"c2"}, kObj, "p") == a);
+  CHECK(h.Found({"p", "x", "c1", "y", "c2"}) == "10111");
+  // Order on a: p c2. p is least recent but is this put's parent: kept.
+  CHECK(h.PutChild({"c3"}, kObj, "p") == a);
+  CHECK(h.Found({"p", "c2", "c3"}) == "101");
+  CHECK(h.svc->counters().evicted_objects == 2);
+  CHECK(h.Found({"c1", "y"}) == "11");  // b untouched
+}
+
+TEST_CASE("Without a preferred node eviction happens on the next node in turn") {
+  Harness h("evict_rr");
+  const uint32_t a = h.Register("a", 1, {{0, 1 * kSlot}});
+  const uint32_t b = h.Register("b", 1, {{0, 1 * kSlot}}, 7100);
+  const uint32_t first = h.Put({"k0"}, kObj);
+  const uint32_t second = h.Put({"k1"}, kObj);
+  CHECK(first != second);
+  // Both full: evictions alternate like placements.
+  CHECK(h.Put({"k2"}, kObj) == first);
+  CHECK(h.Put({"k3"}, kObj) == second);
+  CHECK(h.Found({"k0", "k1", "k2", "k3"}) == "0011");
+  CHECK(std::set<uint32_t>{first, second} == std::set<uint32_t>{a, b});
+}
+
+TEST_CASE("Evicted space is reused under a higher generation") {
+  Harness h("evict_generation");
+  h.Register("a", 1, {{0, 1 * kSlot}});
+  auto r1 = h.Start({"old"}, {kObj});
+  h.Commit(r1.put_id());
+  const v1::Location old_loc = r1.slots(0).location();
+  auto r2 = h.Start({"new"}, {kObj});
+  REQUIRE(r2.slots(0).state() == v1::SLOT_ALLOCATED);
+  const v1::Location& new_loc = r2.slots(0).location();
+  CHECK(new_loc.node_id() == old_loc.node_id());
+  CHECK(new_loc.region_id() == old_loc.region_id());
+  CHECK(new_loc.addr() == old_loc.addr());
+  CHECK(new_loc.generation() > old_loc.generation());
+  CHECK(h.Found({"old"}) == "0");
+  h.Commit(r2.put_id());
+  CHECK(h.Lookup({"new"}).results(0).location().generation() ==
+        new_loc.generation());
+}
+
+TEST_CASE("Evicted objects stay gone after a restart") {
+  Harness h("evict_restart");
+  const uint32_t a = h.Register("a", 1, {{0, 4 * kSlot}});
+  h.Put({"c0", "c1", "c2", "c3"}, kObj);
+  h.Put({"x", "y"}, kObj);
+  CHECK(h.Found({"c0", "c1", "c2", "c3", "x", "y"}) == "110011");
+  h.Restart();
+  CHECK(h.Found({"c0", "c1", "c2", "c3", "x", "y"}) == "110011");
+  CHECK(h.UsedBytes(a) == 4 * kSlot);
+  CHECK(h.svc->GetStats().object_count() == 4);
+  // Counters are per process.
+  CHECK(h.svc->counters().evicted_objects == 0);
+  // And the rebuilt index can evict again (load order).
+  h.Put({"z"}, kObj);
+  CHECK(h.svc->GetStats().object_count() == 4);
+  CHECK(h.svc->counters().evicted_objects == 1);
+}
+
+TEST_CASE("Pending puts and the call's existing keys are never evicted") {
+  Harness h("evict_pending");
+  const uint32_t a = h.Register("a", 1, {{0, 4 * kSlot}});
+  auto pending = h.Start({"p1", "p2"}, {kObj, kObj});
+  h.Put({"a"}, kObj);
+  h.Put({"b"}, kObj);
+  // Room for 2 more only by evicting a and b; 3 cannot fit without
+  // touching the pending space: refused, and nothing is evicted.
+  auto three = h.svc->PutStart(PutReq({"x", "y", "z"}, {kObj, kObj, kObj}));
+  CHECK(three.status().code() == StatusCode::kResourceExhausted);
+  CHECK(h.svc->counters().evicted_objects == 0);
+  CHECK(h.Found({"a", "b"}) == "11");
+  // "a" is the least recent, but this call reports it as existing: b goes.
+  auto r = h.Start({"a", "c"}, {kObj, kObj});
+  CHECK(r.slots(0).state() == v1::SLOT_EXISTS);
+  CHECK(r.slots(1).state() == v1::SLOT_ALLOCATED);
+  h.Commit(r.put_id());
+  CHECK(h.Found({"a", "b", "c"}) == "101");
+  // The pending put commits where it was told to.
+  CHECK(h.Commit(pending.put_id()) == 2);
+  auto got = h.Lookup({"p1", "p2"});
+  CHECK(got.hit_prefix_length() == 2);
+  CHECK(got.results(0).location().SerializeAsString() ==
+        pending.slots(0).location().SerializeAsString());
+  CHECK(h.UsedBytes(a) == 4 * kSlot);
+}
+
+TEST_CASE("Eviction with mixed object sizes frees just enough") {
+  Harness h("evict_sizes");
+  const uint32_t a = h.Register("a", 1, {{0, 8192}});
+  // Allocated: a 1024 @0, b 3008 @1024, c 2048 @4032, d 2048 @6080; 64 free.
+  h.Put({"a"}, 1000);
+  h.Put({"b"}, 3000);
+  h.Put({"c"}, 2000);
+  h.Put({"d"}, 2000);
+  CHECK(h.UsedBytes(a) == 8128);
+  // 4032 bytes: a and b (adjacent, 4032 together) suffice.
+  auto r = h.Start({"e"}, {4000});
+  CHECK(r.slots(0).location().addr() == 0);
+  h.Commit(r.put_id());
+  CHECK(h.Found({"a", "b", "c", "d", "e"}) == "00111");
+  CHECK(h.svc->counters().evicted_objects == 2);
+  CHECK(h.svc->counters().evicted_bytes == 4000);
+  // A small object fits the 64 free bytes: no eviction.
+  h.Put({"tiny"}, 10);
+  CHECK(h.svc->counters().evicted_objects == 2);
+  CHECK(h.Found({"c", "d", "e", "tiny"}) == "1111");
+}
+
+TEST_CASE("Eviction evicts more when the freed space is fragmented") {
+  Harness h("evict_fragmented");
+  const uint32_t a = h.Register("a", 1, {{0, 8192}});
+  for (const char* k : {"a", "b", "c", "d"}) h.Put({k}, 2048);  // @0 2048 4096 6144
+  h.Read({"b"});
+  h.Read({"d"});
+  h.clock.Advance(absl::Seconds(6));
+  h.Heartbeat(a, 1);
+  // Order a c b d. 4096 bytes: a + c free enough bytes but not adjacent;
+  // one more (b) joins them.
+  auto r = h.Start({"e"}, {4096});
+  CHECK(r.slots(0).location().addr() == 0);
+  CHECK(h.Found({"a", "b", "c", "d"}) == "0001");
+  CHECK(h.svc->counters().evicted_objects == 3);
+}
+
+TEST_CASE("Eviction is capped per PutStart and plans before it evicts") {
+  Harness h("evict_cap", [](MasterServiceOptions& o) {
+    o.max_evictions_per_put = 2;
+  });
+  h.Register("a", 1, {{0, 4 * kSlot}});
+  for (const char* k : {"a", "b", "c", "d"}) h.Put({k}, kObj);
+  auto big = h.svc->PutStart(PutReq({"x", "y", "z"}, {kObj, kObj, kObj}));
+  CHECK(big.status().code() == StatusCode::kResourceExhausted);
+  CHECK(h.svc->counters().evicted_objects == 0);
+  CHECK(h.Found({"a", "b", "c", "d"}) == "1111");
+  // Larger than the node: refused without evicting.
+  auto huge = h.svc->PutStart(PutReq({"h"}, {8 * kSlot}));
+  CHECK(huge.status().code() == StatusCode::kResourceExhausted);
+  CHECK(h.svc->counters().evicted_objects == 0);
+  h.Put({"x", "y"}, kObj);
+  CHECK(h.Found({"a", "b", "c", "d", "x", "y"}) == "001111");
+}
+
+TEST_CASE("max_evictions_per_put = 0 never evicts") {
+  Harness h("evict_off", [](MasterServiceOptions& o) {
+    o.max_evictions_per_put = 0;
+  });
+  h.Register("a", 1, {{0, 1 * kSlot}});
+  h.Put({"a"}, kObj);
+  CHECK(h.svc->PutStart(PutReq({"b"}, {kObj})).status().code() ==
+        StatusCode::kResourceExhausted);
+  CHECK(h.Found({"a"}) == "1");
+}
+
+TEST_CASE("A failed eviction write evicts nothing") {
+  FakeClock clock;
+  auto fake = std::make_unique<FakeMetadataStore>();
+  FakeMetadataStore* store = fake.get();
+  MasterServiceOptions o;
+  o.clock = &clock;
+  auto svc = MasterService::Create(o, std::move(fake));
+  REQUIRE(svc.ok());
+  MasterService& s = **svc;
+  REQUIRE(s.RegisterNode(NodeReq("a", 1, {{0, kSlot}})).ok());
+  auto put = s.PutStart(PutReq({"k1"}, {kObj}));
+  REQUIRE(put.ok());
+  v1::PutCommitRequest c;
+  c.set_put_id(put->put_id());
+  REQUIRE(s.PutCommit(c).ok());
+  store->FailWritesForTest(absl::UnavailableError("disk on fire"));
+  CHECK(s.PutStart(PutReq({"k2"}, {kObj})).status().code() ==
+        StatusCode::kUnavailable);
+  CHECK(s.BatchLookup(LookupReq({"k1"}))->results(0).found());
+  CHECK(s.counters().evicted_objects == 0);
+  CHECK(store->object_count() == 1);
+  store->FailWritesForTest(absl::OkStatus());
+  REQUIRE(s.PutStart(PutReq({"k2"}, {kObj})).ok());
+  CHECK_FALSE(s.BatchLookup(LookupReq({"k1"}))->results(0).found());
+  CHECK(store->object_count() == 0);
+}
+
+TEST_CASE("Concurrent puts, reads and evictions") {
+  Harness h("evict_concurrent");
+  h.Register("a", 1, {{0, 64 * kSlot}});
+  h.Register("b", 1, {{0, 64 * kSlot}}, 7100);
+  {
+    std::vector<Thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back("svc-test", [&h, t] {
+        std::string parent;
+        for (int i = 0; i < 300; ++i) {
+          std::string key = "t" + std::to_string(t) + "-" + std::to_string(i);
+          v1::PutStartRequest req = PutReq({key, key + "x"}, {kObj, kObj});
+          req.set_parent_key(parent);
+          auto r = h.svc->PutStart(req);
+          if (r.ok() && r->put_id() != 0) {
+            v1::PutCommitRequest c;
+            c.set_put_id(r->put_id());
+            h.svc->PutCommit(c).IgnoreError();
+          }
+          v1::BatchLookupRequest look = LookupReq({parent, key, key + "x"});
+          look.set_for_read(i % 2 == 0);
+          h.svc->BatchLookup(look).IgnoreError();
+          parent = key + "x";
+          if (i % 50 == 0) {
+            h.clock.Advance(absl::Seconds(6));
+            for (uint32_t id : {1u, 2u}) {
+              v1::HeartbeatRequest hb;
+              hb.set_node_id(id);
+              hb.set_incarnation(1);
+              h.svc->Heartbeat(hb).IgnoreError();
+            }
+          }
+          if (i % 20 == 0) h.svc->GetStats();
+        }
+      });
+    }
+  }
+  const auto stats = h.svc->GetStats();
+  CHECK(stats.object_count() <= 128);
+  CHECK(stats.evicted_objects() > 0);
+  CHECK(stats.object_count() + stats.evicted_objects() <= 4 * 300 * 2);
 }
 
 }  // namespace

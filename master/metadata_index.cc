@@ -60,6 +60,7 @@ struct MetadataIndex::Record {
 };
 MetadataIndex::MetadataIndex() : set_(0, Hash{this}, Eq{this}) {
   static_assert(sizeof(Record) == 64, "Record must be one cache line");
+  static_assert(sizeof(Links) == 12, "Links must stay small");
 }
 
 MetadataIndex::~MetadataIndex() {
@@ -78,6 +79,10 @@ MetadataIndex::Record& MetadataIndex::record(uint32_t i) const {
   return chunks_[i >> kChunkShift][i & (kChunkSize - 1)];
 }
 
+MetadataIndex::Links& MetadataIndex::links(uint32_t i) const {
+  return link_chunks_[i >> kChunkShift][i & (kChunkSize - 1)];
+}
+
 absl::string_view MetadataIndex::KeyOf(uint32_t i) const {
   const Record& r = record(i);
   return absl::string_view(r.key_data(), r.key_len());
@@ -91,6 +96,7 @@ uint32_t MetadataIndex::NewRecord() {
   }
   if ((records_used_ >> kChunkShift) >= chunks_.size()) {
     chunks_.push_back(std::make_unique<Record[]>(kChunkSize));
+    link_chunks_.push_back(std::make_unique<Links[]>(kChunkSize));
   }
   return records_used_++;
 }
@@ -102,7 +108,46 @@ void MetadataIndex::FreeRecord(uint32_t i) {
     delete[] r.key_data();
   }
   std::memset(&r, 0, sizeof(r));
+  links(i) = Links{kNil, kNil, 0};
   free_records_.push_back(i);
+}
+
+void MetadataIndex::LinkMostRecent(uint32_t i, uint32_t node_id) {
+  LinkMostRecent(i, lists_[node_id]);
+}
+
+void MetadataIndex::LinkMostRecent(uint32_t i, List& list) {
+  Links& l = links(i);
+  l.prev = list.most;
+  l.next = kNil;
+  if (list.most != kNil) {
+    links(list.most).next = i;
+  } else {
+    list.least = i;
+  }
+  list.most = i;
+}
+
+void MetadataIndex::Unlink(uint32_t i, uint32_t node_id) {
+  auto it = lists_.find(node_id);
+  if (it == lists_.end()) return;  // not linked (cannot happen)
+  Unlink(i, it->second);
+  if (it->second.least == kNil) lists_.erase(it);
+}
+
+void MetadataIndex::Unlink(uint32_t i, List& list) {
+  Links& l = links(i);
+  if (l.prev != kNil) {
+    links(l.prev).next = l.next;
+  } else {
+    list.least = l.next;
+  }
+  if (l.next != kNil) {
+    links(l.next).prev = l.prev;
+  } else {
+    list.most = l.prev;
+  }
+  l.prev = l.next = kNil;
 }
 
 absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
@@ -119,9 +164,13 @@ absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
   }
   auto it = set_.find(key);
   if (it != set_.end()) {
-    Record& r = record(*it);
+    const uint32_t i = *it;
+    Record& r = record(i);
     IndexEntry old = r.entry();
+    Unlink(i, old.node_id);
     r.SetEntry(entry, r.key_len());
+    LinkMostRecent(i, entry.node_id);
+    links(i).read_tick = 0;
     return std::optional<IndexEntry>(old);
   }
   if (free_records_.empty() &&
@@ -140,6 +189,8 @@ absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
     out_of_line_key_bytes_ += MallocSize(key.size());
   }
   set_.insert(i);
+  LinkMostRecent(i, entry.node_id);
+  links(i).read_tick = 0;
   return std::optional<IndexEntry>();
 }
 
@@ -155,8 +206,52 @@ std::optional<IndexEntry> MetadataIndex::Erase(absl::string_view key) {
   uint32_t i = *it;
   IndexEntry e = record(i).entry();
   set_.erase(it);
+  Unlink(i, e.node_id);
   FreeRecord(i);
   return e;
+}
+
+bool MetadataIndex::Touch(absl::string_view key, uint32_t read_tick) {
+  auto it = set_.find(key);
+  if (it == set_.end()) return false;
+  const uint32_t i = *it;
+  const uint32_t node_id = record(i).node_id;
+  auto list = lists_.find(node_id);
+  if (list == lists_.end()) {
+    LinkMostRecent(i, node_id);  // not linked (cannot happen)
+  } else if (list->second.most != i) {
+    // Not the most recent, so the list keeps at least one other record.
+    Unlink(i, list->second);
+    LinkMostRecent(i, list->second);
+  }
+  links(i).read_tick = read_tick;
+  return true;
+}
+
+std::optional<uint32_t> MetadataIndex::ReadTick(absl::string_view key) const {
+  auto it = set_.find(key);
+  if (it == set_.end()) return std::nullopt;
+  return links(*it).read_tick;
+}
+
+void MetadataIndex::ForEachLeastRecent(
+    uint32_t node_id,
+    const std::function<bool(absl::string_view, const IndexEntry&, uint32_t)>&
+        fn) const {
+  auto it = lists_.find(node_id);
+  if (it == lists_.end()) return;
+  for (uint32_t i = it->second.least; i != kNil;) {
+    const uint32_t next = links(i).next;
+    if (!fn(KeyOf(i), record(i).entry(), links(i).read_tick)) return;
+    i = next;
+  }
+}
+
+void MetadataIndex::RebaseReadTicks(uint32_t shift) {
+  for (uint32_t i : set_) {
+    uint32_t& t = links(i).read_tick;
+    t = t > shift ? t - shift : 0;
+  }
 }
 
 std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::EraseIf(
@@ -170,6 +265,7 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::EraseIf(
   for (uint32_t i : doomed) {
     out.emplace_back(std::string(KeyOf(i)), record(i).entry());
     set_.erase(i);  // hashes record i, which is still intact
+    Unlink(i, out.back().second.node_id);
     FreeRecord(i);
   }
   return out;
@@ -187,8 +283,12 @@ size_t MetadataIndex::MemoryBytes() const {
   size_t table = set_.capacity() * (sizeof(uint32_t) + 1) + 16;
   size_t records = chunks_.size() * kChunkSize * sizeof(Record) +
                    chunks_.capacity() * sizeof(chunks_[0]);
+  size_t links = link_chunks_.size() * kChunkSize * sizeof(Links) +
+                 link_chunks_.capacity() * sizeof(link_chunks_[0]);
+  // flat_hash_map slot (node id + List) plus its control byte.
+  size_t lists = lists_.capacity() * (sizeof(uint32_t) + sizeof(List) + 1);
   size_t free_list = free_records_.capacity() * sizeof(uint32_t);
-  return table + records + free_list + out_of_line_key_bytes_;
+  return table + records + links + lists + free_list + out_of_line_key_bytes_;
 }
 
 void MetadataIndex::Reserve(size_t n) { set_.reserve(n); }

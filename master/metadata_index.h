@@ -7,10 +7,23 @@
 //     buffer;
 //   - records live in fixed-size chunks (no large reallocations while
 //     growing) and freed records are reused;
-//   - the hash table (absl::flat_hash_set) holds only 4-byte record numbers.
+//   - the hash table (absl::flat_hash_set) holds only 4-byte record numbers;
+//   - recency: every entry is on its node's exact LRU list, an intrusive
+//     doubly-linked list threaded through a parallel array of 12-byte links
+//     per record number (prev, next, read tick), chunked like the records;
+//     insert, touch and unlink are O(1). Per node only the two list ends are
+//     kept (a small map).
 //
-// At 1e6 32-byte keys this is ~75-85 heap bytes per entry, against ~150-190
+// At 1e6 32-byte keys this is ~87 heap bytes per entry, against ~150-190
 // for absl::flat_hash_map<std::string, Entry> (run metadata_index_benchmark).
+//
+// Recency and read ticks: Upsert puts the entry at the most recent end of
+// its node's list with read tick 0 ("never read"); Touch moves it there and
+// records a read tick. Ticks are opaque uint32 values chosen by the owner
+// (MasterService uses milliseconds since a base it moves forward with
+// RebaseReadTicks, so ticks never wrap); the index only stores them.
+// ForEachLeastRecent walks one node's list from the least recent end. None
+// of this is persisted: the owner rebuilds the index in load order.
 //
 // Limits: keys of 1..65535 bytes, lengths below 2^48, at most 2^32 - 1
 // entries; Insert reports violations as InvalidArgument.
@@ -25,8 +38,11 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -60,16 +76,39 @@ class MetadataIndex {
   MetadataIndex& operator=(const MetadataIndex&) = delete;
 
   // Adds `key` -> `entry`, or replaces the entry if `key` is present.
-  // Returns the replaced entry, if any. Errors: InvalidArgument if the key is
-  // empty or too long or entry.length > kMaxLength (nothing changes).
+  // Either way the entry becomes the most recent of entry.node_id's list,
+  // with read tick 0. Returns the replaced entry, if any.
+  // Errors: InvalidArgument if the key is empty or too long or entry.length
+  // > kMaxLength; ResourceExhausted at 2^32 - 1 entries (nothing changes).
   absl::StatusOr<std::optional<IndexEntry>> Upsert(absl::string_view key,
                                                    const IndexEntry& entry);
 
   // The entry of `key`, if present.
   std::optional<IndexEntry> Find(absl::string_view key) const;
 
-  // Removes `key`; returns its entry if it was present.
+  // Removes `key` (and unlinks it from its recency list); returns its entry
+  // if it was present.
   std::optional<IndexEntry> Erase(absl::string_view key);
+
+  // Makes `key` the most recent entry of its node's list and sets its read
+  // tick to `read_tick`. Returns false (and changes nothing) if `key` is
+  // absent. Touching keys k[n-1], ..., k[0] in that order leaves k[0] the
+  // most recent: walks from the least recent end meet k[n-1] first.
+  bool Touch(absl::string_view key, uint32_t read_tick);
+
+  // The read tick of `key` (0 if never touched since its Upsert), if present.
+  std::optional<uint32_t> ReadTick(absl::string_view key) const;
+
+  // Calls `fn` for the entries of `node_id`, least recently used first,
+  // until it returns false or the list ends. `fn` must not modify the index.
+  void ForEachLeastRecent(
+      uint32_t node_id,
+      const std::function<bool(absl::string_view key, const IndexEntry& entry,
+                               uint32_t read_tick)>& fn) const;
+
+  // Lowers every nonzero read tick by `shift`; ticks <= `shift` become 0.
+  // O(entries); lets the owner keep ticks small without wrapping.
+  void RebaseReadTicks(uint32_t shift);
 
   // Removes every entry for which `pred` returns true and returns the
   // removed (key, entry) pairs.
@@ -119,14 +158,37 @@ class MetadataIndex {
 
   static constexpr size_t kChunkShift = 12;  // 4096 records (256 KiB) per chunk
   static constexpr size_t kChunkSize = size_t{1} << kChunkShift;
+  static constexpr uint32_t kNil = 0xffffffffu;  // no record (list end)
+
+  // Recency links of one record number; parallel to the records.
+  struct Links {
+    uint32_t prev;       // less recent neighbour, or kNil
+    uint32_t next;       // more recent neighbour, or kNil
+    uint32_t read_tick;  // last Touch, 0 if none since Upsert
+  };
+  // One node's recency list.
+  struct List {
+    uint32_t least = kNil;  // least recently used end
+    uint32_t most = kNil;   // most recently used end
+  };
 
   static size_t HashKey(absl::string_view key);
   absl::string_view KeyOf(uint32_t i) const;
   Record& record(uint32_t i) const;
+  Links& links(uint32_t i) const;
   uint32_t NewRecord();
   void FreeRecord(uint32_t i);
+  // Appends record i at the most recent end of `node_id`'s list / `list`.
+  void LinkMostRecent(uint32_t i, uint32_t node_id);
+  void LinkMostRecent(uint32_t i, List& list);
+  // Takes record i out of `node_id`'s list, dropping the list if empty.
+  void Unlink(uint32_t i, uint32_t node_id);
+  // Takes record i out of `list` (which may become empty).
+  void Unlink(uint32_t i, List& list);
 
   std::vector<std::unique_ptr<Record[]>> chunks_;
+  std::vector<std::unique_ptr<Links[]>> link_chunks_;  // parallel to chunks_
+  absl::flat_hash_map<uint32_t, List> lists_;           // by node id
   uint32_t records_used_ = 0;       // high-water mark of record numbers
   std::vector<uint32_t> free_records_;
   size_t out_of_line_key_bytes_ = 0;

@@ -140,6 +140,30 @@ void BM_LookupBatch32Misses(benchmark::State& state) {
 }
 BENCHMARK(BM_LookupBatch32Misses);
 
+// A for_read BatchLookup's recency update: 32 random present keys moved to
+// the most recent end of their node's list.
+// Probe keys as in BM_LookupBatch32Hits.
+void BM_TouchBatch32(benchmark::State& state) {
+  LookupData& d = Data();
+  std::mt19937_64 rng(5);
+  constexpr size_t kProbes = 1 << 16;
+  std::string probes(kProbes * 32, '\0');
+  for (size_t i = 0; i < kProbes; ++i) {
+    std::memcpy(&probes[i * 32], d.keys[rng() % d.keys.size()].data(), 32);
+  }
+  size_t next = 0;
+  uint32_t tick = 1;
+  for (auto _ : state) {
+    for (int i = 0; i < 32; ++i) {
+      absl::string_view key(&probes[(next++ & (kProbes - 1)) * 32], 32);
+      benchmark::DoNotOptimize(d.index.Touch(key, tick));
+    }
+    ++tick;
+  }
+  state.SetItemsProcessed(state.iterations() * 32);
+}
+BENCHMARK(BM_TouchBatch32);
+
 void BM_UpsertErase(benchmark::State& state) {
   LookupData& d = Data();
   size_t next = 0;

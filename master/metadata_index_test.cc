@@ -1,9 +1,12 @@
 #include "master/metadata_index.h"
 
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <list>
 #include <map>
 #include <random>
 #include <string>
+#include <vector>
 
 namespace hymcache {
 namespace master {
@@ -137,6 +140,175 @@ TEST_CASE("MetadataIndex matches a std::map under random operations") {
     CHECK(*f == e);
   }
   CHECK(index.MemoryBytes() > 0);
+}
+
+IndexEntry OnNode(uint32_t node, uint64_t n) {
+  IndexEntry e = E(n);
+  e.node_id = node;
+  return e;
+}
+
+// Keys of `node` from the least recent end.
+std::vector<std::string> Order(const MetadataIndex& index, uint32_t node) {
+  std::vector<std::string> out;
+  index.ForEachLeastRecent(
+      node, [&](absl::string_view k, const IndexEntry& e, uint32_t) {
+        CHECK(e.node_id == node);
+        out.emplace_back(k);
+        return true;
+      });
+  return out;
+}
+
+using Keys = std::vector<std::string>;
+
+TEST_CASE("MetadataIndex keeps an exact LRU list per node") {
+  MetadataIndex index;
+  CHECK(Order(index, 1).empty());
+  for (const char* k : {"a", "b", "c"}) REQUIRE(index.Upsert(k, OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("x", OnNode(2, 2)).ok());
+  CHECK(Order(index, 1) == Keys{"a", "b", "c"});
+  CHECK(Order(index, 2) == Keys{"x"});
+
+  // Touch moves to the most recent end and records the read tick.
+  CHECK(index.Touch("a", 7));
+  CHECK(Order(index, 1) == Keys{"b", "c", "a"});
+  CHECK(*index.ReadTick("a") == 7);
+  CHECK(*index.ReadTick("b") == 0);
+  CHECK(index.Touch("a", 8));  // already most recent
+  CHECK(Order(index, 1) == Keys{"b", "c", "a"});
+  CHECK(*index.ReadTick("a") == 8);
+  CHECK_FALSE(index.Touch("nope", 9));
+  CHECK_FALSE(index.ReadTick("nope").has_value());
+
+  // Replacing is a fresh insert: most recent, read tick cleared.
+  REQUIRE(index.Upsert("b", OnNode(1, 5)).ok());
+  CHECK(Order(index, 1) == Keys{"c", "a", "b"});
+  REQUIRE(index.Touch("b", 3));
+  REQUIRE(index.Upsert("b", OnNode(1, 6)).ok());
+  CHECK(*index.ReadTick("b") == 0);
+  // ... and moves lists when the node changes.
+  REQUIRE(index.Upsert("c", OnNode(2, 5)).ok());
+  CHECK(Order(index, 1) == Keys{"a", "b"});
+  CHECK(Order(index, 2) == Keys{"x", "c"});
+
+  // Erase unlinks from the middle and both ends.
+  REQUIRE(index.Upsert("d", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("e", OnNode(1, 1)).ok());
+  CHECK(Order(index, 1) == Keys{"a", "b", "d", "e"});
+  CHECK(index.Erase("b").has_value());
+  CHECK(Order(index, 1) == Keys{"a", "d", "e"});
+  CHECK(index.Erase("a").has_value());
+  CHECK(index.Erase("e").has_value());
+  CHECK(Order(index, 1) == Keys{"d"});
+  CHECK(index.Erase("d").has_value());
+  CHECK(Order(index, 1).empty());
+  // A reused record starts clean.
+  REQUIRE(index.Upsert("f", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("g", OnNode(1, 1)).ok());
+  CHECK(Order(index, 1) == Keys{"f", "g"});
+  CHECK(*index.ReadTick("f") == 0);
+
+  // The walk stops when fn returns false.
+  int calls = 0;
+  index.ForEachLeastRecent(2, [&](absl::string_view k, const IndexEntry&,
+                                  uint32_t) {
+    ++calls;
+    CHECK(k == "x");
+    return false;
+  });
+  CHECK(calls == 1);
+}
+
+TEST_CASE("MetadataIndex: touching a chain tail-first leaves the head most recent") {
+  MetadataIndex index;
+  const Keys chain = {"k0", "k1", "k2", "k3"};
+  for (const auto& k : chain) REQUIRE(index.Upsert(k, OnNode(1, 1)).ok());
+  CHECK(Order(index, 1) == chain);
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    REQUIRE(index.Touch(*it, 1));
+  }
+  CHECK(Order(index, 1) == Keys{"k3", "k2", "k1", "k0"});
+}
+
+TEST_CASE("MetadataIndex RebaseReadTicks lowers ticks and clears old ones") {
+  MetadataIndex index;
+  for (const char* k : {"a", "b", "c"}) REQUIRE(index.Upsert(k, OnNode(1, 1)).ok());
+  REQUIRE(index.Touch("a", 100));
+  REQUIRE(index.Touch("b", 1000));
+  index.RebaseReadTicks(100);
+  CHECK(*index.ReadTick("a") == 0);
+  CHECK(*index.ReadTick("b") == 900);
+  CHECK(*index.ReadTick("c") == 0);
+  CHECK(Order(index, 1) == Keys{"c", "a", "b"});  // order untouched
+}
+
+TEST_CASE("MetadataIndex recency lists match a model under random operations") {
+  MetadataIndex index;
+  std::map<uint32_t, std::list<std::string>> model;  // least recent first
+  std::map<std::string, uint32_t> node_of;
+  std::map<std::string, uint32_t> tick_of;
+  std::mt19937_64 rng(11);
+  auto model_unlink = [&](const std::string& key) {
+    auto& l = model[node_of[key]];
+    l.erase(std::find(l.begin(), l.end(), key));
+  };
+  for (int i = 0; i < 20000; ++i) {
+    std::string key = "k" + std::to_string(rng() % 500);
+    if (rng() % 5 == 0) key += std::string(40, 'L');
+    const bool present = node_of.count(key) == 1;
+    switch (rng() % 6) {
+      case 0:
+      case 1: {
+        const uint32_t node = static_cast<uint32_t>(rng() % 4 + 1);
+        REQUIRE(index.Upsert(key, OnNode(node, rng() % 1000)).ok());
+        if (present) model_unlink(key);
+        model[node].push_back(key);
+        node_of[key] = node;
+        tick_of[key] = 0;
+        break;
+      }
+      case 2:
+      case 3: {
+        const uint32_t tick = static_cast<uint32_t>(rng() % 1000 + 1);
+        CHECK(index.Touch(key, tick) == present);
+        if (present) {
+          model_unlink(key);
+          model[node_of[key]].push_back(key);
+          tick_of[key] = tick;
+        }
+        break;
+      }
+      case 4: {
+        CHECK(index.Erase(key).has_value() == present);
+        if (present) {
+          model_unlink(key);
+          node_of.erase(key);
+          tick_of.erase(key);
+        }
+        break;
+      }
+      case 5: {
+        if (i % 50 != 0) break;
+        const uint32_t node = static_cast<uint32_t>(rng() % 4 + 1);
+        auto removed = index.EraseIf([&](absl::string_view k, const IndexEntry& e) {
+          return e.node_id == node && k.size() > 40;
+        });
+        for (auto& [k, e] : removed) {
+          model_unlink(k);
+          node_of.erase(k);
+          tick_of.erase(k);
+        }
+        break;
+      }
+    }
+  }
+  for (uint32_t node = 1; node <= 4; ++node) {
+    const auto& l = model[node];
+    CHECK(Order(index, node) == Keys(l.begin(), l.end()));
+  }
+  for (const auto& [k, t] : tick_of) CHECK(*index.ReadTick(k) == t);
+  CHECK(index.size() == node_of.size());
 }
 
 }  // namespace

@@ -1,0 +1,312 @@
+// lookup_bench: per-key BatchLookup latency and throughput of the master
+// through real gRPC on loopback.
+//
+//   bazel run -c opt //tools/bench:lookup_bench
+//   bazel run -c opt //tools/bench:lookup_bench -- --objects=1000000 --seconds=3
+//
+// Starts an in-process master (RocksDB in a temp dir, 127.0.0.1:0),
+// registers a fake storage node through the stub (one large region; no
+// storage daemon: nothing is read or written, the master only keeps
+// metadata), commits `objects` objects of `key_bytes`-byte random keys
+// through PutStart/PutCommit, then for every batch size x client thread
+// count x mode runs BatchLookup calls of `batch` random stored keys for
+// `seconds` seconds. Each client thread has its own channel (its own TCP
+// connection), like separate engine processes. Mode "plain" is a lookup
+// (shared lock in the master), "for_read" a lookup before a load (touches
+// and leases the hits; exclusive lock).
+//
+// Prints a markdown table: batch size, threads, mode, µs per call (p50 and
+// p99), µs per key (p50 / batch) and keys/s, each row the best of `trials`
+// trials by keys/s (other load on the machine only slows a trial). Every call
+// must report all its keys as hits; misses are counted and make the exit
+// status 1.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gflags/gflags.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/thread.h"
+#include "master/master_server.h"
+#include "proto/master.grpc.pb.h"
+
+DEFINE_uint64(objects, 100000, "objects committed before the lookups");
+DEFINE_uint32(key_bytes, 32, "bytes per key (random binary)");
+DEFINE_string(batch_sizes, "1,8,32,128,1024", "keys per BatchLookup call");
+DEFINE_string(threads, "1,4", "client thread counts");
+DEFINE_string(modes, "plain,for_read", "plain and/or for_read lookups");
+DEFINE_double(seconds, 1.0, "timed seconds per trial");
+DEFINE_int32(trials, 3,
+             "trials per row; the row shows the one with the most keys/s "
+             "(the least disturbed on a shared machine)");
+DEFINE_string(db_path, "", "master RocksDB dir (default: a temp dir)");
+
+namespace hymcache {
+namespace {
+
+namespace v1 = ::hymcache::v1;
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (absl::SimpleAtoi(part, &v) && v > 0) out.push_back(v);
+  }
+  return out;
+}
+
+std::unique_ptr<v1::MasterService::Stub> Dial(const std::string& address,
+                                              int channel_id) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  // Distinct args: gRPC would otherwise share one connection between the
+  // threads' channels.
+  args.SetInt("hymcache.bench_channel", channel_id);
+  return v1::MasterService::NewStub(grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args));
+}
+
+std::vector<std::string> MakeKeys(size_t n, size_t bytes) {
+  std::mt19937_64 rng(42);
+  std::vector<std::string> keys(n, std::string(bytes, '\0'));
+  for (auto& k : keys) {
+    for (size_t i = 0; i < bytes; i += 8) {
+      uint64_t v = rng();
+      std::memcpy(&k[i], &v, std::min<size_t>(8, bytes - i));
+    }
+  }
+  return keys;
+}
+
+bool Commit(v1::MasterService::Stub* stub,
+            const std::vector<std::string>& keys) {
+  constexpr size_t kPerPut = 1024;  // the master's default max_batch_keys
+  for (size_t start = 0; start < keys.size(); start += kPerPut) {
+    v1::PutStartRequest req;
+    for (size_t i = start; i < std::min(keys.size(), start + kPerPut); ++i) {
+      req.add_keys(keys[i]);
+      req.add_lengths(4096);
+    }
+    v1::PutStartResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub->PutStart(&ctx, req, &resp);
+    if (!s.ok() || resp.put_id() == 0) {
+      std::fprintf(stderr, "PutStart: %s\n", s.error_message().c_str());
+      return false;
+    }
+    v1::PutCommitRequest commit;
+    commit.set_put_id(resp.put_id());
+    v1::PutCommitResponse done;
+    grpc::ClientContext ctx2;
+    s = stub->PutCommit(&ctx2, commit, &done);
+    if (!s.ok() || done.committed() != static_cast<uint32_t>(req.keys_size())) {
+      std::fprintf(stderr, "PutCommit: %s\n", s.error_message().c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+struct Row {
+  int batch;
+  int threads;
+  bool for_read;
+  uint64_t calls = 0;
+  uint64_t misses = 0;
+  uint64_t errors = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+  double keys_per_s = 0;
+};
+
+Row Measure(const std::string& address, const std::vector<std::string>& keys,
+            int batch, int threads, bool for_read, int* next_channel) {
+  Row row{batch, threads, for_read};
+  std::vector<std::unique_ptr<v1::MasterService::Stub>> stubs;
+  for (int t = 0; t < threads; ++t) stubs.push_back(Dial(address, (*next_channel)++));
+  std::vector<std::vector<double>> lat(threads);
+  std::atomic<uint64_t> misses{0}, errors{0};
+  auto one_call = [&](v1::MasterService::Stub* stub, std::mt19937_64& rng) {
+    v1::BatchLookupRequest req;
+    req.set_for_read(for_read);
+    const size_t start = rng() % (keys.size() - batch + 1);
+    for (int i = 0; i < batch; ++i) req.add_keys(keys[start + i]);
+    v1::BatchLookupResponse resp;
+    grpc::ClientContext ctx;
+    absl::Time t0 = absl::Now();
+    grpc::Status s = stub->BatchLookup(&ctx, req, &resp);
+    double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    if (!s.ok()) {
+      errors.fetch_add(1, std::memory_order_relaxed);
+    } else if (resp.hit_prefix_length() != static_cast<uint32_t>(batch)) {
+      misses.fetch_add(batch - resp.hit_prefix_length(),
+                       std::memory_order_relaxed);
+    }
+    return us;
+  };
+  // Warm-up: connect every channel and fault in the paths.
+  for (int t = 0; t < threads; ++t) {
+    std::mt19937_64 rng(t);
+    for (int i = 0; i < 20; ++i) one_call(stubs[t].get(), rng);
+  }
+  const absl::Duration duration = absl::Seconds(FLAGS_seconds);
+  const absl::Time start = absl::Now();
+  {
+    std::vector<Thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back("lookup-bench", [&, t] {
+        std::mt19937_64 rng(1000 + t);
+        const absl::Time end = start + duration;
+        while (absl::Now() < end) lat[t].push_back(one_call(stubs[t].get(), rng));
+      });
+    }
+  }
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  std::vector<double> all;
+  for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+  std::sort(all.begin(), all.end());
+  row.calls = all.size();
+  row.misses = misses.load();
+  row.errors = errors.load();
+  if (!all.empty()) {
+    row.p50_us = all[all.size() / 2];
+    row.p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
+  }
+  row.keys_per_s = static_cast<double>(row.calls) * batch / secs;
+  return row;
+}
+
+int Main() {
+  const std::vector<int> batches = ParseList(FLAGS_batch_sizes);
+  const std::vector<int> thread_counts = ParseList(FLAGS_threads);
+  std::vector<bool> modes;
+  for (absl::string_view m : absl::StrSplit(FLAGS_modes, ',', absl::SkipEmpty())) {
+    if (m == "plain") modes.push_back(false);
+    if (m == "for_read") modes.push_back(true);
+  }
+  if (batches.empty() || thread_counts.empty() || modes.empty() ||
+      FLAGS_key_bytes == 0 || FLAGS_key_bytes > 256) {
+    std::fprintf(stderr, "bad --batch_sizes, --threads, --modes or --key_bytes\n");
+    return 2;
+  }
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  if (FLAGS_objects < static_cast<uint64_t>(max_batch) || max_batch > 1024) {
+    std::fprintf(stderr, "--objects must be >= the largest batch (<= 1024)\n");
+    return 2;
+  }
+
+  const bool temp_db = FLAGS_db_path.empty();
+  const std::string db =
+      temp_db ? absl::StrCat("/tmp/hymcache-lookup-bench-", getpid())
+              : FLAGS_db_path;
+  MasterOptions mo;
+  mo.db_path = db;
+  // No heartbeats in this benchmark: keep the fake node alive throughout.
+  mo.node_timeout = absl::Hours(1);
+  auto master = MasterServer::Create(mo);
+  if (!master.ok()) {
+    std::fprintf(stderr, "master: %s\n", master.status().ToString().c_str());
+    return 1;
+  }
+  const std::string address = (*master)->address();
+  int next_channel = 0;
+  auto admin = Dial(address, next_channel++);
+
+  v1::RegisterNodeRequest reg;
+  reg.set_name("bench-node");
+  reg.set_incarnation(1);
+  reg.set_data_address("127.0.0.1:7000");
+  reg.set_control_address("127.0.0.1:7001");
+  v1::RegionInfo* region = reg.add_regions();
+  region->set_region_id(0);
+  region->set_capacity_bytes(uint64_t{1} << 40);
+  region->set_alignment(4096);
+  region->set_device_kind("dram");
+  v1::RegisterNodeResponse reg_resp;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = admin->RegisterNode(&ctx, reg, &reg_resp);
+    if (!s.ok()) {
+      std::fprintf(stderr, "RegisterNode: %s\n", s.error_message().c_str());
+      return 1;
+    }
+  }
+
+  const std::vector<std::string> keys = MakeKeys(FLAGS_objects, FLAGS_key_bytes);
+  absl::Time t0 = absl::Now();
+  if (!Commit(admin.get(), keys)) return 1;
+  const double commit_s = absl::ToDoubleSeconds(absl::Now() - t0);
+  v1::GetStatsResponse stats;
+  {
+    grpc::ClientContext ctx;
+    admin->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok();
+  }
+  std::printf("objects=%lu key_bytes=%u committed in %.2f s (%.0f objects/s); "
+              "index %lu bytes/entry; best of %d x %.1f s per row\n\n",
+              static_cast<unsigned long>(stats.object_count()),
+              FLAGS_key_bytes, commit_s, FLAGS_objects / commit_s,
+              static_cast<unsigned long>(stats.index_bytes_per_entry()),
+              FLAGS_trials, FLAGS_seconds);
+  std::printf("| batch | threads | mode | calls | µs/call p50 | µs/call p99 | "
+              "µs/key (p50) | keys/s |\n");
+  std::printf("|---:|---:|---|---:|---:|---:|---:|---:|\n");
+  std::fflush(stdout);
+  uint64_t misses = 0, errors = 0;
+  for (int batch : batches) {
+    for (int threads : thread_counts) {
+      // The modes' trials alternate, so both see the same background load.
+      std::vector<Row> best;
+      for (bool for_read : modes) best.push_back(Row{batch, threads, for_read});
+      for (int trial = 0; trial < std::max(1, FLAGS_trials); ++trial) {
+        for (Row& r : best) {
+          Row t = Measure(address, keys, batch, threads, r.for_read,
+                          &next_channel);
+          misses += t.misses;
+          errors += t.errors;
+          if (t.keys_per_s > r.keys_per_s) r = t;
+        }
+      }
+      for (const Row& r : best) {
+        std::printf("| %d | %d | %s | %lu | %.1f | %.1f | %.2f | %.0f |\n",
+                    r.batch, r.threads, r.for_read ? "for_read" : "plain",
+                    static_cast<unsigned long>(r.calls), r.p50_us, r.p99_us,
+                    r.p50_us / r.batch, r.keys_per_s);
+      }
+      std::fflush(stdout);
+    }
+  }
+  if (misses || errors) {
+    std::printf("\nERROR: %lu misses, %lu failed calls\n",
+                static_cast<unsigned long>(misses),
+                static_cast<unsigned long>(errors));
+  }
+  (*master)->Shutdown();
+  if (temp_db) {
+    std::error_code ec;
+    std::filesystem::remove_all(db, ec);
+  }
+  return misses || errors ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace hymcache
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  return hymcache::Main();
+}
