@@ -1,0 +1,248 @@
+// hymbench end to end: the real hymbench binary generates a multi-turn trace
+// and replays it against real hymcache-master / hymcache-storage daemons on
+// loopback.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "tests/daemon.h"
+
+namespace hymcache {
+namespace {
+
+using testing::MasterProcess;
+using testing::RunfilePath;
+using testing::StorageProcess;
+using testing::TempDir;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Run {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs the hymbench binary with `args`; stdout and stderr go to files in
+// `dir`, read back into the result.
+Run Hymbench(const std::string& dir, const std::vector<std::string>& args) {
+  static int n = 0;
+  const std::string out_path = absl::StrCat(dir, "/stdout-", n);
+  const std::string err_path = absl::StrCat(dir, "/stderr-", n++);
+  const std::string binary = RunfilePath("tools/hymbench/hymbench");
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0 || err < 0) _exit(126);
+    dup2(out, 1);
+    dup2(err, 2);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(binary.c_str()));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  Run r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = ReadFile(out_path);
+  r.err = ReadFile(err_path);
+  return r;
+}
+
+// The infinite-cache ceiling of a JSONL trace, computed here independently
+// of hymbench: leading hash_ids seen in any earlier request.
+size_t CeilingHits(const std::string& trace, size_t* blocks) {
+  std::istringstream in(trace);
+  std::unordered_set<uint64_t> seen;
+  size_t hits = 0;
+  *blocks = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::vector<uint64_t> ids = nlohmann::json::parse(line)["hash_ids"];
+    size_t k = 0;
+    while (k < ids.size() && seen.count(ids[k])) ++k;
+    hits += k;
+    *blocks += ids.size();
+    seen.insert(ids.begin(), ids.end());
+  }
+  return hits;
+}
+
+// A master and one storage node with ample room.
+struct Cluster {
+  std::string dir = TempDir("hymbench");
+  MasterProcess master;
+  StorageProcess node;
+  Cluster() {
+    auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0");
+    REQUIRE(m.ok());
+    master = std::move(*m);
+    auto s = StorageProcess::Start(master.address, "bench-node", {"--dram_bytes=268435456"});
+    REQUIRE(s.ok());
+    node = std::move(*s);
+    ClientOptions o;
+    o.master_address = master.address;
+    auto client = Client::Create(o);
+    REQUIRE(client.ok());
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      auto st = (*client)->GetClusterStatus();
+      if (st.ok() && st->nodes.size() == 1 && st->nodes[0].alive) return;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    FAIL("the storage node never registered");
+  }
+};
+
+const std::vector<std::string> kWorkload = {
+    "--conversations=3", "--turns=4", "--system_prompt_tokens=600", "--user_tokens=700",
+    "--output_tokens=200"};
+
+std::vector<std::string> With(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST_CASE("replaying a generated trace reaches the infinite-cache ceiling") {
+  Cluster c;
+  const std::string trace = c.dir + "/trace.jsonl";
+  Run gen = Hymbench(c.dir, With({"gen", "--out=" + trace}, kWorkload));
+  INFO(gen.err);
+  REQUIRE(gen.exit_code == 0);
+  size_t blocks = 0;
+  const size_t ceiling = CeilingHits(ReadFile(trace), &blocks);
+  REQUIRE(ceiling > 0);
+  REQUIRE(ceiling < blocks);
+
+  // `gen` to stdout writes the same trace.
+  Run gen_stdout = Hymbench(c.dir, With({"gen"}, kWorkload));
+  REQUIRE(gen_stdout.exit_code == 0);
+  CHECK(gen_stdout.out == ReadFile(trace));
+
+  Run ceil = Hymbench(c.dir, {"ceiling", "--trace=" + trace, "--json=" + c.dir + "/ceiling.json"});
+  INFO(ceil.out << ceil.err);
+  REQUIRE(ceil.exit_code == 0);
+  auto cj = nlohmann::json::parse(ReadFile(c.dir + "/ceiling.json"));
+  CHECK(cj["hits"] == ceiling);
+  CHECK(cj["blocks"] == blocks);
+  CHECK(ceil.out.find("infinite-cache ceiling hit ratio") != std::string::npos);
+
+  // Sequential, each store finished before the next request: every block an
+  // infinite cache would hold is loaded, and every loaded byte is checked.
+  const std::string json = c.dir + "/report.json", csv = c.dir + "/report.csv";
+  Run replay = Hymbench(c.dir, {"replay", "--master=" + c.master.address, "--trace=" + trace,
+                                "--concurrency=1", "--wait_stores", "--verify",
+                                "--block_bytes=64K", "--json=" + json, "--csv=" + csv,
+                                "--progress_s=0"});
+  INFO(replay.out << replay.err);
+  REQUIRE(replay.exit_code == 0);
+  CHECK(replay.out.find("turn 3") != std::string::npos);
+  auto j = nlohmann::json::parse(ReadFile(json));
+  CHECK(j["group_by"] == "turn");
+  CHECK(j["groups"].size() == 4);
+  const auto& all = j["overall"];
+  CHECK(all["requests"] == 12);
+  CHECK(all["blocks"] == blocks);
+  CHECK(all["ceiling_hits"] == ceiling);
+  CHECK(all["loaded"] == ceiling);
+  CHECK(all["hit_prefix"] == ceiling);
+  CHECK(all["prefix_hit_ratio"].get<double>() == Approx(all["ceiling_hit_ratio"].get<double>()));
+  CHECK(all["loaded_bytes"] == ceiling * 65536);
+  CHECK(all["stored"] == blocks - ceiling);  // each block stored once
+  CHECK(all["refused"] == 0);
+  CHECK(all["store_failed"] == 0);
+  CHECK(all["load_errors"] == 0);
+  CHECK(all["corrupt_blocks"] == 0);
+  for (const auto& r : j["requests"]) CHECK(r["loaded"] == r["ceiling_hits"]);
+  // Turn 0: only the shared system prompt's first block is reused.
+  CHECK(j["groups"][0]["loaded"] == 2);
+  // CSV: header, four turns, "all".
+  std::istringstream lines(ReadFile(csv));
+  std::string line;
+  int rows = 0;
+  while (std::getline(lines, line)) ++rows;
+  CHECK(rows == 6);
+}
+
+TEST_CASE("concurrent synthetic replay stores everything it computes") {
+  Cluster c;
+  const std::vector<std::string> replay =
+      With({"replay", "--master=" + c.master.address, "--synthetic", "--concurrency=2",
+            "--prefetch=false", "--verify", "--block_bytes=32K", "--namespace=conc",
+            "--progress_s=0.05", "--json=" + c.dir + "/first.json"},
+           kWorkload);
+  Run first = Hymbench(c.dir, replay);
+  INFO(first.out << first.err);
+  REQUIRE(first.exit_code == 0);
+  CHECK(first.err.find("requests, hit") != std::string::npos);  // progress lines
+  auto j = nlohmann::json::parse(ReadFile(c.dir + "/first.json"));
+  CHECK(j["overall"]["requests"] == 12);
+  CHECK(j["overall"]["loaded"] <= j["overall"]["ceiling_hits"]);
+  CHECK(j["overall"]["corrupt_blocks"] == 0);
+  CHECK(j["overall"]["refused"] == 0);
+
+  // hymbench waits for its stores before exiting: a second run of the same
+  // workload in the same namespace finds every block.
+  std::vector<std::string> again = replay;
+  again.push_back("--json=" + c.dir + "/second.json");
+  Run second = Hymbench(c.dir, again);
+  INFO(second.out << second.err);
+  REQUIRE(second.exit_code == 0);
+  auto k = nlohmann::json::parse(ReadFile(c.dir + "/second.json"));
+  CHECK(k["overall"]["loaded"] == k["overall"]["blocks"]);
+  CHECK(k["overall"]["stored"] == 0);
+  CHECK(k["overall"]["corrupt_blocks"] == 0);
+}
+
+TEST_CASE("hymbench fails clearly on bad input") {
+  struct {
+    std::string dir = TempDir("hymbench-bad");
+  } c;
+  const std::string trace = c.dir + "/bad.jsonl";
+  std::ofstream(trace) << "{\"timestamp\": 0, \"input_length\": 10, \"hash_ids\": [1]}\n"
+                       << "{\"timestamp\": 1, \"input_length\": 10, \"hash_ids\": [1, 2]}\n";
+  Run bad = Hymbench(c.dir, {"replay", "--master=127.0.0.1:1", "--trace=" + trace});
+  CHECK(bad.exit_code == 1);
+  CHECK(bad.err.find("bad.jsonl:2: hash_ids has 2 entries") != std::string::npos);
+
+  Run missing = Hymbench(c.dir, {"ceiling", "--trace=" + c.dir + "/none.jsonl"});
+  CHECK(missing.exit_code == 1);
+  CHECK(missing.err.find("cannot open trace") != std::string::npos);
+
+  Run usage = Hymbench(c.dir, {"replay", "--master=127.0.0.1:1", "--synthetic",
+                               "--block_bytes=lots"});
+  CHECK(usage.exit_code == 2);
+  CHECK(usage.err.find("bad --block_bytes") != std::string::npos);
+  CHECK(Hymbench(c.dir, {"frobnicate"}).exit_code == 2);
+  CHECK(Hymbench(c.dir, {"ceiling"}).exit_code == 2);
+
+  Run down = Hymbench(c.dir, {"replay", "--master=127.0.0.1:1", "--synthetic"});
+  CHECK(down.exit_code == 1);
+  CHECK(down.err.find("cannot reach the master") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace hymcache

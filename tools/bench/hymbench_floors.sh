@@ -1,0 +1,168 @@
+#!/bin/bash
+# Measures the request-level prefetch floors on a Mooncake trace, each in one
+# run on this machine (side by side, so host noise hits both sides alike):
+#
+#   1. prefetch on vs off: one hybrid node (small staging window, footprint
+#      many times the window) populated once, then read-only replays
+#      alternating prefetch on / off; ratio of load bandwidth.
+#   2. hit ratio vs the infinite-cache ceiling: a fresh hybrid node with
+#      capacity above the footprint, replaying with stores.
+#   3. hybrid vs DRAM-only at equal DRAM: the same replay against a DRAM node
+#      of D bytes (the master evicts by recency) and a hybrid node whose
+#      window + write buffer total D, once the footprint exceeds D.
+#
+# Usage: tools/bench/hymbench_floors.sh TRACE.jsonl [floor...]
+#   floors: 1 2 3 (default: all). Results under $OUT (default
+#   /tmp/hymbench-floors): JSON/CSV per run and summary.txt.
+# Knobs (environment): BLOCK (256K), REQS1 (1000: requests for floor 1),
+#   TIME_SCALE (20: trace time compression for floors 2 and 3),
+#   CONCURRENCY (4), DRAM (512M: floor 3's DRAM), CAPDIR (capacity files;
+#   default $OUT, must be a real filesystem for O_DIRECT).
+set -euo pipefail
+
+TRACE=${1:?usage: $0 TRACE.jsonl [1 2 3]}
+shift || true
+FLOORS=${*:-1 2 3}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-/tmp/hymbench-floors}
+BLOCK=${BLOCK:-256K}
+REQS1=${REQS1:-1000}
+TIME_SCALE=${TIME_SCALE:-20}
+CONCURRENCY=${CONCURRENCY:-4}
+DRAM=${DRAM:-512M}
+CAPDIR=${CAPDIR:-$OUT}
+
+mkdir -p "$OUT" "$CAPDIR"
+cd "$ROOT"
+bazel build -c opt //master:hymcache-master //storage_node:hymcache-storage \
+  //tools/hymbench:hymbench >/dev/null
+# Copies: bazel-bin follows the last build configuration.
+BIN="$OUT/bin"
+mkdir -p "$BIN"
+cp -f bazel-bin/master/hymcache-master bazel-bin/storage_node/hymcache-storage \
+  bazel-bin/tools/hymbench/hymbench "$BIN/"
+
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+# wait_line FILE PATTERN: prints the first line of FILE matching PATTERN.
+wait_line() {
+  for _ in $(seq 600); do
+    if grep -m1 "$2" "$1" 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "timed out waiting for '$2' in $1" >&2
+  cat "$1" >&2
+  return 1
+}
+
+# start_master DIR [flags]: sets MASTER.
+start_master() {
+  local dir=$1; shift
+  rm -rf "$dir"; mkdir -p "$dir"
+  "$BIN/hymcache-master" --listen=127.0.0.1:0 --db_path="$dir/db" "$@" \
+    >"$dir/stdout" 2>"$dir/stderr" &
+  PIDS+=($!)
+  MASTER=$(wait_line "$dir/stdout" "listening on" | awk '{print $NF}')
+}
+
+# start_node DIR NAME [flags]
+start_node() {
+  local dir=$1 name=$2; shift 2
+  mkdir -p "$dir"
+  "$BIN/hymcache-storage" --master="$MASTER" --name="$name" --data_port=0 \
+    --control_port=0 "$@" >"$dir/$name.stdout" 2>"$dir/$name.stderr" &
+  PIDS+=($!)
+  wait_line "$dir/$name.stdout" "hymcache-storage data=" >/dev/null
+}
+
+stop_all() {
+  cleanup
+  PIDS=()
+}
+
+# replay NAME [flags]: runs hymbench, keeps its JSON and table.
+replay() {
+  local name=$1; shift
+  "$BIN/hymbench" replay --master="$MASTER" --trace="$TRACE" \
+    --block_bytes="$BLOCK" --progress_s=5 --json="$OUT/$name.json" \
+    --csv="$OUT/$name.csv" "$@" >"$OUT/$name.txt" 2>"$OUT/$name.progress"
+}
+
+# overall FILE FIELD: a number from hymbench's JSON overall row.
+overall() {
+  python3 -c "import json,sys; print(json.load(open('$1'))['overall']['$2'])"
+}
+
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+for f in $FLOORS; do
+  case $f in
+  1)
+    note "== floor 1: prefetch on vs off (first $REQS1 requests, $BLOCK blocks, 64M window)"
+    start_master "$OUT/f1/master"
+    start_node "$OUT/f1" node --device=hybrid --capacity_path="$CAPDIR/f1.cap" \
+      --capacity_bytes=16G --staging_bytes=64M --write_buffer_bytes=256M
+    replay f1-populate --max_requests="$REQS1" --wait_stores
+    on=() off=()
+    for round in 1 2; do
+      replay "f1-on-$round" --max_requests="$REQS1" --store=false --prefetch=true \
+        --concurrency="$CONCURRENCY"
+      replay "f1-off-$round" --max_requests="$REQS1" --store=false --prefetch=false \
+        --concurrency="$CONCURRENCY"
+      on+=("$(overall "$OUT/f1-on-$round.json" load_gbps)")
+      off+=("$(overall "$OUT/f1-off-$round.json" load_gbps)")
+      note "round $round: prefetch on ${on[-1]} GB/s, off ${off[-1]} GB/s," \
+        "hit ratio $(overall "$OUT/f1-on-$round.json" prefix_hit_ratio)"
+    done
+    note "$(python3 -c "on=[${on[0]},${on[1]}]; off=[${off[0]},${off[1]}]; \
+print('prefetch on/off load bandwidth: %.2fx (on %.2f GB/s, off %.2f GB/s; floor 1.3x)' \
+% (sum(on)/sum(off), sum(on)/2, sum(off)/2))")"
+    stop_all
+    rm -f "$CAPDIR/f1.cap"
+    ;;
+  2)
+    note "== floor 2: hit ratio vs ceiling, capacity above the footprint ($BLOCK blocks)"
+    start_master "$OUT/f2/master"
+    start_node "$OUT/f2" node --device=hybrid --capacity_path="$CAPDIR/f2.cap" \
+      --capacity_bytes=24G --staging_bytes=256M --write_buffer_bytes=512M
+    replay f2 --time_scale="$TIME_SCALE" --concurrency="$CONCURRENCY"
+    hr=$(overall "$OUT/f2.json" prefix_hit_ratio)
+    ceil=$(overall "$OUT/f2.json" ceiling_hit_ratio)
+    note "hit ratio $hr, ceiling $ceil: $(python3 -c "print('%.2f%% below the ceiling (floor: within 2%%)' % (100*($ceil-$hr)/$ceil))")"
+    stop_all
+    rm -f "$CAPDIR/f2.cap"
+    ;;
+  3)
+    note "== floor 3: hybrid vs DRAM-only at $DRAM of DRAM ($BLOCK blocks)"
+    # Short read lease: the replay compresses time, so a lease of seconds
+    # would cover most of the footprint and block eviction on the DRAM node.
+    start_master "$OUT/f3/master-dram" --read_lease_ms=200
+    start_node "$OUT/f3" dram --device=dram --dram_bytes="$DRAM"
+    replay f3-dram --time_scale="$TIME_SCALE" --concurrency="$CONCURRENCY"
+    stop_all
+    half=$(python3 -c "
+import re
+m=re.fullmatch(r'(\d+)([KMG]?)','$DRAM'); n=int(m[1])*{'':1,'K':1<<10,'M':1<<20,'G':1<<30}[m[2]]
+print(n//2)")
+    start_master "$OUT/f3/master-hybrid" --read_lease_ms=200
+    start_node "$OUT/f3" hybrid --device=hybrid --capacity_path="$CAPDIR/f3.cap" \
+      --capacity_bytes=24G --staging_bytes="$half" --write_buffer_bytes="$half"
+    replay f3-hybrid --time_scale="$TIME_SCALE" --concurrency="$CONCURRENCY"
+    d=$(overall "$OUT/f3-dram.json" prefix_hit_ratio)
+    h=$(overall "$OUT/f3-hybrid.json" prefix_hit_ratio)
+    note "hit ratio: DRAM-only $d, hybrid $h, ceiling $(overall "$OUT/f3-hybrid.json" ceiling_hit_ratio):" \
+      "$(python3 -c "print('%.2fx (floor 2x)' % ($h/$d if $d > 0 else float('inf')))")"
+    stop_all
+    rm -f "$CAPDIR/f3.cap"
+    ;;
+  *) echo "unknown floor $f" >&2; exit 2 ;;
+  esac
+done
+echo "results in $OUT"

@@ -1,0 +1,365 @@
+// hymbench: replays a request trace (Mooncake JSONL, or a synthetic
+// multi-turn workload) against a live HyMCache cluster and reports prefix
+// hit ratio vs the infinite-cache ceiling, load bandwidth and latency, and
+// write admission, per turn or per window of trace time.
+//
+//   hymbench replay --master=HOST:PORT --trace=PATH [flags]
+//   hymbench replay --master=HOST:PORT --synthetic --conversations=N --turns=T
+//   hymbench gen --conversations=N --turns=T ... > trace.jsonl
+//   hymbench ceiling --trace=PATH | --synthetic ...
+//
+// Flags become TraceOptions / SyntheticOptions / ReplayOptions /
+// ReportOptions here; all logic lives in the libraries of this package.
+// Exit status: 0 success, 1 the run failed (unreachable cluster, every Load
+// failed, a verification error, unwritable output), 2 bad usage.
+#include <cctype>
+#include <cstdint>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "tools/hymbench/replay.h"
+#include "tools/hymbench/report.h"
+#include "tools/hymbench/trace.h"
+
+// Workload.
+DEFINE_string(trace, "", "Mooncake JSONL trace to replay (replay, ceiling).");
+DEFINE_bool(synthetic, false,
+            "Use the synthetic multi-turn workload instead of --trace.");
+DEFINE_uint64(max_requests, 0, "Use only the first N requests (0: all).");
+DEFINE_int64(block_tokens, 512, "Tokens per KV block (trace hash_ids granularity).");
+DEFINE_bool(check_block_count, true,
+            "Reject trace lines whose hash_ids count != ceil(input_length / block_tokens).");
+DEFINE_int32(conversations, 8, "Synthetic: conversations.");
+DEFINE_int32(turns, 5, "Synthetic: turns per conversation.");
+DEFINE_int64(system_prompt_tokens, 1024, "Synthetic: system prompt tokens.");
+DEFINE_bool(shared_system_prompt, true,
+            "Synthetic: all conversations share one system prompt.");
+DEFINE_int64(user_tokens, 1024, "Synthetic: new user tokens per turn.");
+DEFINE_int64(output_tokens, 256, "Synthetic: model output tokens per turn.");
+DEFINE_double(turn_gap_ms, 1000, "Synthetic: trace time between turns of a conversation.");
+DEFINE_string(out, "-", "gen: output file ('-': stdout).");
+
+// Replay.
+DEFINE_string(master, "127.0.0.1:50051", "Master gRPC address host:port.");
+DEFINE_string(block_bytes, "256K", "Bytes per KV block, e.g. 262144, 256K, 1M.");
+DEFINE_int32(concurrency, 1, "Worker threads, each running one request at a time.");
+DEFINE_string(time_scale, "max",
+              "Replay time = trace time / this; 'max' or 0: as fast as possible.");
+DEFINE_bool(prefetch, true, "LoadOptions.prefetch: stage each node's blocks ahead.");
+DEFINE_bool(verify, false, "Check every loaded byte.");
+DEFINE_bool(wait_stores, false,
+            "Wait for each request's store before the worker's next request "
+            "(deterministic hit ratios with --concurrency=1; not engine-like).");
+DEFINE_bool(store, true,
+            "Store each request's missing blocks after it (false: read-only "
+            "replay of what the cluster holds).");
+DEFINE_string(namespace, "hymbench", "Key namespace: runs in different namespaces share nothing.");
+DEFINE_int64(load_timeout_ms, 0, "Deadline of each Load (0: the client's default, 10 s).");
+DEFINE_int64(store_timeout_ms, 2000, "StoreOptions.timeout of each Store.");
+DEFINE_string(max_store_inflight, "2G",
+              "Most request-buffer bytes held by unfinished stores; beyond it "
+              "stores are dropped (0: no limit).");
+DEFINE_int32(store_threads, 2, "ClientOptions.store_threads.");
+DEFINE_int32(max_pending_stores, 64, "ClientOptions.max_pending_stores.");
+DEFINE_bool(check_cluster, true, "Fail fast unless the master answers and has a live node.");
+DEFINE_double(progress_s, 1, "Progress line on stderr every N seconds (0: none).");
+
+// Report.
+DEFINE_string(group_by, "auto", "Report rows: auto (turn if known, else window), turn, window.");
+DEFINE_double(window_s, 60, "Window of trace time per report row (seconds).");
+DEFINE_string(csv, "", "Write the report as CSV to this path.");
+DEFINE_string(json, "", "Write the report (and per-request records) as JSON to this path.");
+
+namespace hymcache::hymbench {
+namespace {
+
+constexpr char kUsage[] =
+    "hymbench replay --master=HOST:PORT --trace=PATH [--max_requests=N] "
+    "[--block_bytes=256K] [--concurrency=1] [--time_scale=max] [--prefetch] "
+    "[--verify] [--wait_stores] [--namespace=NS] [--csv=PATH] [--json=PATH] "
+    "[--window_s=60]\n"
+    "  hymbench replay --master=HOST:PORT --synthetic --conversations=N --turns=T ...\n"
+    "  hymbench gen --conversations=N --turns=T [--system_prompt_tokens] "
+    "[--user_tokens] [--output_tokens] [--turn_gap_ms] > trace.jsonl\n"
+    "  hymbench ceiling --trace=PATH | --synthetic ...";
+
+int UsageError(const std::string& message) {
+  std::cerr << "hymbench: " << message << "\nusage: " << kUsage << "\n";
+  return 2;
+}
+
+int Fail(const std::string& message) {
+  std::cerr << "hymbench: " << message << "\n";
+  return 1;
+}
+
+// "262144", "256K", "1M", "64KiB", "2G" (binary units).
+bool ParseBytes(std::string s, uint64_t* out) {
+  s = std::string(absl::StripAsciiWhitespace(s));
+  size_t digits = 0;
+  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) {
+    ++digits;
+  }
+  if (digits == 0) return false;
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(s.substr(0, digits), &n)) return false;
+  const std::string unit = absl::AsciiStrToUpper(s.substr(digits));
+  int shift = 0;
+  if (unit.empty() || unit == "B") {
+    shift = 0;
+  } else if (unit == "K" || unit == "KB" || unit == "KIB") {
+    shift = 10;
+  } else if (unit == "M" || unit == "MB" || unit == "MIB") {
+    shift = 20;
+  } else if (unit == "G" || unit == "GB" || unit == "GIB") {
+    shift = 30;
+  } else {
+    return false;
+  }
+  if (shift > 0 && n > (UINT64_MAX >> shift)) return false;
+  *out = n << shift;
+  return true;
+}
+
+SyntheticOptions SyntheticFromFlags() {
+  SyntheticOptions o;
+  o.conversations = FLAGS_conversations;
+  o.turns = FLAGS_turns;
+  o.system_prompt_tokens = FLAGS_system_prompt_tokens;
+  o.shared_system_prompt = FLAGS_shared_system_prompt;
+  o.user_tokens = FLAGS_user_tokens;
+  o.output_tokens = FLAGS_output_tokens;
+  o.turn_gap_ms = FLAGS_turn_gap_ms;
+  o.block_tokens = FLAGS_block_tokens;
+  return o;
+}
+
+// The workload of `replay` and `ceiling`.
+absl::StatusOr<std::vector<Request>> LoadWorkload() {
+  if (FLAGS_synthetic) {
+    auto requests = GenerateSynthetic(SyntheticFromFlags());
+    if (requests.ok() && FLAGS_max_requests > 0 && requests->size() > FLAGS_max_requests) {
+      requests->resize(FLAGS_max_requests);
+    }
+    return requests;
+  }
+  TraceOptions o;
+  o.max_requests = FLAGS_max_requests;
+  o.block_tokens = FLAGS_block_tokens;
+  o.check_block_count = FLAGS_check_block_count;
+  return LoadTrace(FLAGS_trace, o);
+}
+
+// The workload of `replay` and `ceiling`: --trace or --synthetic. Returns
+// the exit status on failure (2: bad flags, 1: unreadable trace), else 0.
+int LoadRequests(std::vector<Request>* out) {
+  if (FLAGS_synthetic == !FLAGS_trace.empty()) {
+    return UsageError("give exactly one of --trace=PATH and --synthetic");
+  }
+  absl::StatusOr<std::vector<Request>> requests = LoadWorkload();
+  if (!requests.ok()) {
+    return FLAGS_synthetic ? UsageError(std::string(requests.status().message()))
+                           : Fail(std::string(requests.status().message()));
+  }
+  *out = std::move(*requests);
+  return 0;
+}
+
+int RunGen() {
+  auto requests = GenerateSynthetic(SyntheticFromFlags());
+  if (!requests.ok()) return UsageError(std::string(requests.status().message()));
+  if (FLAGS_max_requests > 0 && requests->size() > FLAGS_max_requests) {
+    requests->resize(FLAGS_max_requests);
+  }
+  if (FLAGS_out == "-") {
+    WriteTrace(*requests, std::cout);
+    std::cout.flush();
+    return std::cout.good() ? 0 : Fail("cannot write to stdout");
+  }
+  std::ofstream out(FLAGS_out);
+  if (!out.is_open()) return Fail(absl::StrCat("cannot open --out=", FLAGS_out));
+  WriteTrace(*requests, out);
+  out.close();
+  return out.good() ? 0 : Fail(absl::StrCat("cannot write ", FLAGS_out));
+}
+
+int RunCeiling() {
+  std::vector<Request> requests;
+  if (int rc = LoadRequests(&requests); rc != 0) return rc;
+  CeilingSummary c = ComputeCeiling(requests);
+  std::cout << "requests " << c.requests << ", blocks " << c.blocks << ", ceiling hits "
+            << c.hits << "\n"
+            << "infinite-cache ceiling hit ratio " << absl::StrFormat("%.4f", c.hit_ratio())
+            << "\n";
+  if (!FLAGS_json.empty()) {
+    std::ofstream out(FLAGS_json);
+    out << absl::StrFormat(
+        "{\"requests\": %d, \"blocks\": %d, \"hits\": %d, \"hit_ratio\": %.6f}\n",
+        c.requests, c.blocks, c.hits, c.hit_ratio());
+    out.close();
+    if (!out.good()) return Fail(absl::StrCat("cannot write --json=", FLAGS_json));
+  }
+  return 0;
+}
+
+int RunReplay() {
+  // Options first: a usage error should not wait for a trace or a cluster.
+  ReplayOptions ro;
+  ro.key_namespace = FLAGS_namespace;
+  if (!ParseBytes(FLAGS_block_bytes, &ro.block_bytes)) {
+    return UsageError(absl::StrCat("bad --block_bytes '", FLAGS_block_bytes,
+                                   "' (want e.g. 262144, 256K, 1M)"));
+  }
+  ro.concurrency = FLAGS_concurrency;
+  if (absl::AsciiStrToLower(FLAGS_time_scale) == "max") {
+    ro.time_scale = 0;
+  } else if (!absl::SimpleAtod(FLAGS_time_scale, &ro.time_scale)) {
+    return UsageError(absl::StrCat("bad --time_scale '", FLAGS_time_scale,
+                                   "' (want a number >= 0 or 'max')"));
+  }
+  ro.prefetch = FLAGS_prefetch;
+  ro.verify = FLAGS_verify;
+  ro.wait_stores = FLAGS_wait_stores;
+  ro.store = FLAGS_store;
+  ro.load_timeout = absl::Milliseconds(FLAGS_load_timeout_ms);
+  ro.store_timeout = absl::Milliseconds(FLAGS_store_timeout_ms);
+  if (!ParseBytes(FLAGS_max_store_inflight, &ro.max_store_bytes_in_flight)) {
+    return UsageError(absl::StrCat("bad --max_store_inflight '", FLAGS_max_store_inflight, "'"));
+  }
+  ro.progress_interval = absl::Seconds(FLAGS_progress_s);
+  if (auto s = ro.Validate(); !s.ok()) return UsageError(std::string(s.message()));
+
+  ReportOptions rep;
+  if (FLAGS_group_by == "auto") {
+    rep.group_by = GroupBy::kAuto;
+  } else if (FLAGS_group_by == "turn") {
+    rep.group_by = GroupBy::kTurn;
+  } else if (FLAGS_group_by == "window") {
+    rep.group_by = GroupBy::kWindow;
+  } else {
+    return UsageError(absl::StrCat("bad --group_by '", FLAGS_group_by,
+                                   "' (want auto, turn or window)"));
+  }
+  rep.window_s = FLAGS_window_s;
+  if (!(rep.window_s > 0)) return UsageError("--window_s must be > 0");
+
+  ClientOptions co;
+  co.master_address = FLAGS_master;
+  co.store_threads = FLAGS_store_threads;
+  co.max_pending_stores = FLAGS_max_pending_stores;
+  if (auto s = co.Validate(); !s.ok()) return UsageError(std::string(s.message()));
+
+  std::vector<Request> requests;
+  if (int rc = LoadRequests(&requests); rc != 0) return rc;
+  if (requests.empty()) return Fail("the workload has no requests");
+
+  // Open the outputs before the run so that a typo does not waste it.
+  std::ofstream csv, json;
+  if (!FLAGS_csv.empty()) {
+    csv.open(FLAGS_csv);
+    if (!csv.is_open()) return Fail(absl::StrCat("cannot open --csv=", FLAGS_csv));
+  }
+  if (!FLAGS_json.empty()) {
+    json.open(FLAGS_json);
+    if (!json.is_open()) return Fail(absl::StrCat("cannot open --json=", FLAGS_json));
+  }
+
+  auto client = Client::Create(co);
+  if (!client.ok()) return Fail(absl::StrCat("client: ", client.status().message()));
+  if (FLAGS_check_cluster) {
+    if (auto s = CheckCluster(client->get()); !s.ok()) {
+      return Fail(absl::StrCat(FLAGS_master, ": ", s.message()));
+    }
+  }
+  const CeilingSummary ceiling = ComputeCeiling(requests);
+  std::cerr << "hymbench: replaying " << requests.size() << " requests ("
+            << ceiling.blocks << " blocks, ceiling hit ratio "
+            << absl::StrFormat("%.4f", ceiling.hit_ratio()) << ") against " << FLAGS_master
+            << "\n";
+
+  auto result = Replay(client->get(), requests, ro, FLAGS_progress_s > 0 ? &std::cerr : nullptr);
+  if (!result.ok()) return Fail(std::string(result.status().message()));
+
+  auto report = BuildReport(result->records, rep);
+  if (!report.ok()) return UsageError(std::string(report.status().message()));
+  report->wall_seconds = result->wall_seconds;
+  report->config = {
+      {"master", FLAGS_master},
+      {"workload", FLAGS_synthetic ? "synthetic" : FLAGS_trace},
+      {"requests", absl::StrCat(requests.size())},
+      {"block_bytes", absl::StrCat(ro.block_bytes)},
+      {"block_tokens", absl::StrCat(FLAGS_block_tokens)},
+      {"concurrency", absl::StrCat(ro.concurrency)},
+      {"time_scale", absl::StrCat(ro.time_scale)},
+      {"prefetch", ro.prefetch ? "true" : "false"},
+      {"verify", ro.verify ? "true" : "false"},
+      {"wait_stores", ro.wait_stores ? "true" : "false"},
+      {"namespace", ro.key_namespace},
+  };
+  if (FLAGS_synthetic) {
+    report->config.push_back({"conversations", absl::StrCat(FLAGS_conversations)});
+    report->config.push_back({"turns", absl::StrCat(FLAGS_turns)});
+    report->config.push_back({"system_prompt_tokens", absl::StrCat(FLAGS_system_prompt_tokens)});
+    report->config.push_back({"shared_system_prompt", FLAGS_shared_system_prompt ? "true" : "false"});
+    report->config.push_back({"user_tokens", absl::StrCat(FLAGS_user_tokens)});
+    report->config.push_back({"output_tokens", absl::StrCat(FLAGS_output_tokens)});
+  }
+  WriteTable(*report, std::cout);
+  std::cout.flush();
+  if (csv.is_open()) {
+    WriteCsv(*report, csv);
+    csv.close();
+    if (!csv.good()) return Fail(absl::StrCat("cannot write --csv=", FLAGS_csv));
+  }
+  if (json.is_open()) {
+    WriteJson(*report, result->records, json);
+    json.close();
+    if (!json.good()) return Fail(absl::StrCat("cannot write --json=", FLAGS_json));
+  }
+
+  int rc = 0;
+  if (result->load_errors > 0) {
+    std::cerr << "hymbench: " << result->load_errors << " of " << result->load_calls
+              << " Load calls failed; first: " << result->first_load_error << "\n";
+    if (result->load_errors == result->load_calls) rc = Fail("every Load failed");
+  }
+  if (!result->first_store_error.ok()) {
+    std::cerr << "hymbench: stores reported errors; first: " << result->first_store_error
+              << "\n";
+  }
+  if (result->corrupt_blocks > 0) {
+    rc = Fail(absl::StrCat("verification failed: ", result->corrupt_blocks,
+                           " corrupt blocks; first: ", result->first_corruption));
+  }
+  return rc;
+}
+
+}  // namespace
+}  // namespace hymcache::hymbench
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(hymcache::hymbench::kUsage);
+  // Debian's Abseil has the mutex deadlock detector on; too costly here.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  FLAGS_logtostderr = true;
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  if (argc != 2) return hymcache::hymbench::UsageError("expected one command");
+  const std::string command = argv[1];
+  if (command == "replay") return hymcache::hymbench::RunReplay();
+  if (command == "gen") return hymcache::hymbench::RunGen();
+  if (command == "ceiling") return hymcache::hymbench::RunCeiling();
+  return hymcache::hymbench::UsageError(absl::StrCat("unknown command '", command, "'"));
+}

@@ -1,0 +1,110 @@
+// The hymbench replay driver: plays a request trace against a live HyMCache
+// cluster through hymcache::Client, the way a serving engine would.
+//
+// For each request (hash_ids = its blocks, keys from BlockCodec):
+//   1. Load(keys, buffers, {prefetch}): the leading run of cached blocks.
+//      Records hits (hit_prefix), loaded blocks and bytes, load latency; with
+//      `verify`, checks every loaded byte against the block's deterministic
+//      contents.
+//   2. "Computes" blocks [loaded, n) (fills their deterministic bytes) and
+//      hands them to Store asynchronously, with parent_key = keys[loaded-1].
+//      The request path never waits for a store (unless wait_stores); the
+//      worker polls its stores between requests and keeps each one's buffers
+//      alive until Done(), then records stored / skipped / refused / failed.
+//
+// `concurrency` workers take requests in trace order. With time_scale > 0 a
+// request does not start before (timestamp - first timestamp) / time_scale
+// after the start of the run; with 0 they run back to back.
+//
+// Thread safety: Replay may be called from any thread; it starts and joins
+// its own named threads ("hymbench-w<i>", "hymbench-prog") and uses `client`
+// concurrently (hymcache::Client is thread-safe).
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/client.h"
+#include "tools/hymbench/report.h"
+#include "tools/hymbench/trace.h"
+
+namespace hymcache::hymbench {
+
+struct ReplayOptions {
+  // Namespace of the block keys: runs with different namespaces share
+  // nothing. Default: "hymbench".
+  std::string key_namespace = "hymbench";
+  // Bytes of KV per block (a 512-token block of a real model is 256 KiB ..
+  // several MiB). > 0. Default: 256 KiB.
+  uint64_t block_bytes = 256 << 10;
+  // Worker threads, each running one request at a time. 1..1024. Default: 1.
+  int concurrency = 1;
+  // Trace time divided by this is replay time; 0 replays as fast as
+  // possible. >= 0. Default: 0.
+  double time_scale = 0;
+  // LoadOptions::prefetch. Default: true.
+  bool prefetch = true;
+  // Check every loaded block's length and bytes. Default: false.
+  bool verify = false;
+  // Wait for each request's Store to finish before the worker takes its next
+  // request (with concurrency 1: every store is visible to the next
+  // request, so hits reach the ceiling when the cluster has room). Not what
+  // an engine does; for deterministic tests. Default: false.
+  bool wait_stores = false;
+  // Store each request's missing blocks after it (as an engine does). false:
+  // read-only replay of what the cluster holds (to compare read paths on
+  // the same contents). Default: true.
+  bool store = true;
+  // Deadline of each Load from its start; zero uses the client's default
+  // deadline. Default: zero.
+  absl::Duration load_timeout = absl::ZeroDuration();
+  // StoreOptions::timeout. > 0. Default: 2 s.
+  absl::Duration store_timeout = absl::Seconds(2);
+  // Most bytes of request buffers held by unfinished stores; a request whose
+  // store would exceed it (while other stores are in flight) skips its store
+  // and counts its blocks as dropped, as an engine short of staging memory
+  // would. 0: no limit. Default: 2 GiB.
+  uint64_t max_store_bytes_in_flight = uint64_t{2} << 30;
+  // Interval of the progress lines; zero prints none. Default: 1 s.
+  absl::Duration progress_interval = absl::Seconds(1);
+
+  // InvalidArgument naming the bad field.
+  absl::Status Validate() const;
+};
+
+struct ReplayResult {
+  // One per request, in trace order.
+  std::vector<RequestRecord> records;
+  // Wall time of the replay (first request to last store finished).
+  double wall_seconds = 0;
+  // Load calls made and how many of them failed as a whole.
+  size_t load_calls = 0;
+  size_t load_errors = 0;
+  // The first whole-call Load error (OK if none).
+  absl::Status first_load_error;
+  // The first Store error (OK if none).
+  absl::Status first_store_error;
+  // Blocks that failed verification, and a description of the first.
+  size_t corrupt_blocks = 0;
+  std::string first_corruption;
+};
+
+// Replays `requests`. `progress` (may be null) receives a progress line every
+// progress_interval and a last one, marked "(done)", at the end. Errors: InvalidArgument (bad options). Failures of
+// individual calls are recorded, not returned.
+// REQUIRES: client != nullptr.
+absl::StatusOr<ReplayResult> Replay(Client* client, absl::Span<const Request> requests,
+                                    const ReplayOptions& options,
+                                    std::ostream* progress = nullptr);
+
+// Checks that the master answers (Unavailable otherwise, naming it) and has
+// at least one live storage node (FailedPrecondition otherwise).
+absl::Status CheckCluster(Client* client, absl::Duration timeout = absl::Seconds(10));
+
+}  // namespace hymcache::hymbench

@@ -1,0 +1,462 @@
+#include "tools/hymbench/replay.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/time/clock.h"
+#include "common/mutex.h"
+#include "common/thread.h"
+#include "tools/hymbench/block_data.h"
+#include "tools/hymbench/trace.h"
+
+namespace hymcache::hymbench {
+namespace {
+
+class FakeStoreHandle : public StoreHandle {
+ public:
+  bool Done() const override {
+    MutexLock l(&mu_);
+    return done_;
+  }
+  absl::StatusOr<PutResult> Wait(absl::Time deadline) override {
+    MutexLock l(&mu_);
+    if (!mu_.AwaitWithDeadline(absl::Condition(&done_), deadline)) {
+      return absl::DeadlineExceededError("store still running");
+    }
+    return result_;
+  }
+  void Complete(absl::StatusOr<PutResult> r) {
+    MutexLock l(&mu_);
+    result_ = std::move(r);
+    done_ = true;
+  }
+
+ private:
+  mutable Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::StatusOr<PutResult> result_ ABSL_GUARDED_BY(mu_);
+};
+
+// An in-memory cluster behind the Client interface: Load returns the leading
+// run of stored keys; Store copies the blocks now, or later on its own thread
+// (store_delay > 0), refusing blocks beyond capacity_blocks.
+class FakeClient : public Client {
+ public:
+  struct Options {
+    size_t capacity_blocks = SIZE_MAX;
+    // > 0: stores complete asynchronously after this delay.
+    absl::Duration store_delay = absl::ZeroDuration();
+    // Every Load fails with this status (when not OK).
+    absl::Status load_error;
+  };
+  explicit FakeClient(Options o) : options_(std::move(o)) {
+    if (options_.store_delay > absl::ZeroDuration()) {
+      thread_ = Thread("fake-store", [this] { StoreLoop(); });
+    }
+  }
+  ~FakeClient() override {
+    {
+      MutexLock l(&mu_);
+      stop_ = true;
+    }
+    thread_.Join();
+  }
+
+  absl::StatusOr<LoadResult> Load(absl::Span<const std::string> keys,
+                                  absl::Span<const MutableBuffer> buffers,
+                                  const LoadOptions& options) override {
+    if (!options_.load_error.ok()) return options_.load_error;
+    if (keys.empty() || keys.size() != buffers.size()) {
+      return absl::InvalidArgumentError("bad Load");
+    }
+    MutexLock l(&mu_);
+    ++loads_;
+    prefetch_seen_ = options.prefetch;
+    LoadResult r;
+    while (r.hit_prefix < keys.size() && blocks_.contains(keys[r.hit_prefix])) ++r.hit_prefix;
+    for (; r.loaded < r.hit_prefix; ++r.loaded) {
+      const std::string& b = blocks_[keys[r.loaded]];
+      if (b.size() > buffers[r.loaded].size) {
+        r.stop_reason = absl::OutOfRangeError("buffer too small");
+        break;
+      }
+      std::memcpy(buffers[r.loaded].data, b.data(), b.size());
+      r.lengths.push_back(b.size());
+      r.bytes += b.size();
+    }
+    if (r.loaded < keys.size() && r.stop_reason.ok()) {
+      r.stop_reason = absl::NotFoundError("miss");
+    }
+    return r;
+  }
+
+  std::shared_ptr<StoreHandle> Store(absl::Span<const std::string> keys,
+                                     absl::Span<const ConstBuffer> buffers,
+                                     const StoreOptions& options) override {
+    auto h = std::make_shared<FakeStoreHandle>();
+    Job job{h, std::vector<std::string>(keys.begin(), keys.end()),
+            std::vector<ConstBuffer>(buffers.begin(), buffers.end()),
+            absl::Now() + options_.store_delay};
+    MutexLock l(&mu_);
+    parents_.push_back({keys.empty() ? "" : keys[0], options.parent_key});
+    if (options_.store_delay > absl::ZeroDuration()) {
+      jobs_.push_back(std::move(job));
+    } else {
+      Execute(job);
+    }
+    return h;
+  }
+
+  // Flips a byte of a stored block.
+  void CorruptForTest(const std::string& key) {
+    MutexLock l(&mu_);
+    blocks_[key][3] ^= 1;
+  }
+  size_t stored_blocks() {
+    MutexLock l(&mu_);
+    return blocks_.size();
+  }
+  // (first key of each Store, its parent_key), in call order.
+  std::vector<std::pair<std::string, std::string>> parents() {
+    MutexLock l(&mu_);
+    return parents_;
+  }
+  bool prefetch_seen() {
+    MutexLock l(&mu_);
+    return prefetch_seen_;
+  }
+
+  // Unused by hymbench.
+  absl::StatusOr<LookupResult> BatchLookup(absl::Span<const std::string>,
+                                           const CallOptions&) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<PutResult> Put(absl::Span<const std::string>, absl::Span<const ConstBuffer>,
+                                const CallOptions&) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<GetResult> Get(absl::Span<const std::string>, absl::Span<const MutableBuffer>,
+                                const CallOptions&) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string>,
+                                           const CallOptions&) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<ClusterStatus> GetClusterStatus(const CallOptions&) override {
+    ClusterStatus s;
+    s.nodes.push_back({});
+    s.nodes[0].alive = alive_;
+    return s;
+  }
+  bool alive_ = true;
+
+ private:
+  struct Job {
+    std::shared_ptr<FakeStoreHandle> handle;
+    std::vector<std::string> keys;
+    std::vector<ConstBuffer> buffers;
+    absl::Time due;
+  };
+
+  void Execute(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    PutResult r;
+    for (size_t i = 0; i < job.keys.size(); ++i) {
+      if (blocks_.contains(job.keys[i])) {
+        r.outcomes.push_back(PutOutcome::kAlreadyStored);
+        r.errors.push_back(absl::OkStatus());
+        ++r.skipped;
+      } else if (blocks_.size() >= options_.capacity_blocks) {
+        r.outcomes.push_back(PutOutcome::kFailed);
+        r.errors.push_back(absl::ResourceExhaustedError("full"));
+        ++r.failed;
+        ++r.refused;
+      } else {
+        const auto* p = static_cast<const char*>(job.buffers[i].data);
+        blocks_[job.keys[i]] = std::string(p, job.buffers[i].size);
+        r.outcomes.push_back(PutOutcome::kStored);
+        r.errors.push_back(absl::OkStatus());
+        ++r.stored;
+      }
+    }
+    job.handle->Complete(std::move(r));
+  }
+
+  void StoreLoop() {
+    MutexLock l(&mu_);
+    while (!stop_ || !jobs_.empty()) {
+      if (jobs_.empty()) {
+        mu_.AwaitWithDeadline(absl::Condition(
+                                  +[](FakeClient* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                    return c->stop_ || !c->jobs_.empty();
+                                  },
+                                  this),
+                              absl::Now() + absl::Milliseconds(100));
+        continue;
+      }
+      const absl::Time due = jobs_.front().due;
+      if (absl::Now() < due) {
+        mu_.Unlock();
+        absl::SleepFor(due - absl::Now());
+        mu_.Lock();
+        continue;
+      }
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      Execute(job);
+    }
+  }
+
+  const Options options_;
+  Mutex mu_;
+  absl::flat_hash_map<std::string, std::string> blocks_ ABSL_GUARDED_BY(mu_);
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, std::string>> parents_ ABSL_GUARDED_BY(mu_);
+  size_t loads_ ABSL_GUARDED_BY(mu_) = 0;
+  bool prefetch_seen_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  Thread thread_;
+};
+
+std::vector<Request> Workload(int conversations = 3, int turns = 4) {
+  SyntheticOptions o;
+  o.conversations = conversations;
+  o.turns = turns;
+  o.system_prompt_tokens = 600;
+  o.user_tokens = 700;
+  o.output_tokens = 200;
+  auto r = GenerateSynthetic(o);
+  REQUIRE(r.ok());
+  return *r;
+}
+
+ReplayOptions Small() {
+  ReplayOptions o;
+  o.block_bytes = 4096;
+  o.verify = true;
+  o.progress_interval = absl::ZeroDuration();
+  return o;
+}
+
+size_t UniqueBlocks(const std::vector<Request>& reqs) {
+  absl::flat_hash_map<uint64_t, int> ids;
+  for (const Request& r : reqs) {
+    for (uint64_t id : r.hash_ids) ids[id] = 1;
+  }
+  return ids.size();
+}
+
+TEST_CASE("sequential replay with waited stores reaches the ceiling exactly") {
+  FakeClient client({});
+  std::vector<Request> reqs = Workload();
+  ReplayOptions o = Small();
+  o.wait_stores = true;
+  o.prefetch = false;
+  auto res = Replay(&client, reqs, o);
+  REQUIRE(res.ok());
+  REQUIRE(res->records.size() == reqs.size());
+  size_t stored = 0, loaded = 0, ceiling = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const RequestRecord& r = res->records[i];
+    CHECK(r.index == i);
+    CHECK(r.turn == reqs[i].turn);
+    CHECK(r.conversation == reqs[i].conversation);
+    CHECK(r.blocks == reqs[i].hash_ids.size());
+    CHECK(r.loaded == r.ceiling_hits);
+    CHECK(r.hit_prefix == r.loaded);
+    CHECK(r.loaded_bytes == r.loaded * 4096);
+    CHECK(r.store_keys == r.blocks - r.loaded);
+    CHECK(r.stored == r.store_keys);
+    CHECK(r.corrupt_blocks == 0);
+    CHECK(r.load_called);
+    stored += r.stored;
+    loaded += r.loaded;
+    ceiling += r.ceiling_hits;
+  }
+  CHECK(loaded == ceiling);
+  CHECK(loaded > 0);
+  CHECK(stored == UniqueBlocks(reqs));
+  CHECK(client.stored_blocks() == UniqueBlocks(reqs));
+  CHECK(res->load_calls == reqs.size());
+  CHECK(res->load_errors == 0);
+  CHECK(res->corrupt_blocks == 0);
+  CHECK_FALSE(client.prefetch_seen());
+
+  // parent_key: the key of the last loaded block (none on a full miss).
+  BlockCodec codec(o.key_namespace, o.block_bytes);
+  auto parents = client.parents();
+  REQUIRE(parents.size() == reqs.size());  // every request stored something
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const RequestRecord& r = res->records[i];
+    CHECK(parents[i].first == codec.Key(reqs[i].hash_ids[r.loaded]));
+    CHECK(parents[i].second == (r.loaded == 0 ? "" : codec.Key(reqs[i].hash_ids[r.loaded - 1])));
+  }
+
+  // A second run in the same namespace hits everything (already stored);
+  // a new namespace starts cold.
+  auto again = Replay(&client, reqs, o);
+  REQUIRE(again.ok());
+  for (const RequestRecord& r : again->records) CHECK(r.loaded == r.blocks);
+  o.key_namespace = "other";
+  auto cold = Replay(&client, reqs, o);
+  REQUIRE(cold.ok());
+  CHECK(cold->records[0].loaded == 0);
+}
+
+TEST_CASE("concurrent replay with asynchronous stores finishes every store") {
+  FakeClient::Options fo;
+  fo.store_delay = absl::Milliseconds(2);
+  FakeClient client(fo);
+  std::vector<Request> reqs = Workload(6, 5);
+  ReplayOptions o = Small();
+  o.concurrency = 4;
+  auto res = Replay(&client, reqs, o);
+  REQUIRE(res.ok());
+  size_t stored = 0;
+  for (const RequestRecord& r : res->records) {
+    CHECK(r.loaded <= r.blocks);
+    CHECK(r.corrupt_blocks == 0);
+    CHECK(r.store_keys == r.blocks - r.loaded);
+    // Every store finished and was accounted for.
+    CHECK(r.stored + r.skipped == r.store_keys);
+    CHECK(r.store_error.empty());
+    stored += r.stored;
+  }
+  CHECK(stored == UniqueBlocks(reqs));
+  CHECK(client.prefetch_seen());
+}
+
+TEST_CASE("verify catches a corrupted block") {
+  FakeClient client({});
+  std::vector<Request> reqs = Workload(1, 2);
+  ReplayOptions o = Small();
+  o.wait_stores = true;
+  REQUIRE(Replay(&client, reqs, o).ok());
+  // The last block of turn 1 is in no other request.
+  REQUIRE(reqs[1].hash_ids.size() == 5);
+  client.CorruptForTest(BlockCodec(o.key_namespace, o.block_bytes).Key(reqs[1].hash_ids[4]));
+  auto res = Replay(&client, reqs, o);
+  REQUIRE(res.ok());
+  CHECK(res->corrupt_blocks == 1);
+  CHECK(res->records[1].corrupt_blocks == 1);
+  CHECK(res->first_corruption.find("request 1 block 4") != std::string::npos);
+  CHECK(res->first_corruption.find("offset 3") != std::string::npos);
+
+  // Without verify nothing is checked.
+  o.verify = false;
+  res = Replay(&client, reqs, o);
+  REQUIRE(res.ok());
+  CHECK(res->corrupt_blocks == 0);
+}
+
+TEST_CASE("refused writes are counted and lower the hit ratio") {
+  FakeClient::Options fo;
+  fo.capacity_blocks = 5;
+  FakeClient client(fo);
+  std::vector<Request> reqs = Workload();
+  ReplayOptions o = Small();
+  o.wait_stores = true;
+  auto res = Replay(&client, reqs, o);
+  REQUIRE(res.ok());
+  size_t stored = 0, refused = 0, loaded = 0, ceiling = 0;
+  for (const RequestRecord& r : res->records) {
+    stored += r.stored;
+    refused += r.refused;
+    loaded += r.loaded;
+    ceiling += r.ceiling_hits;
+    CHECK(r.store_failed == 0);
+  }
+  CHECK(stored == 5);
+  CHECK(refused > 0);
+  CHECK(loaded < ceiling);
+}
+
+TEST_CASE("failed loads are recorded and the blocks still stored") {
+  FakeClient::Options fo;
+  fo.load_error = absl::UnavailableError("master down");
+  FakeClient client(fo);
+  std::vector<Request> reqs = Workload(2, 2);
+  auto res = Replay(&client, reqs, Small());
+  REQUIRE(res.ok());
+  CHECK(res->load_calls == reqs.size());
+  CHECK(res->load_errors == reqs.size());
+  CHECK(absl::IsUnavailable(res->first_load_error));
+  for (const RequestRecord& r : res->records) {
+    CHECK(r.load_error.find("master down") != std::string::npos);
+    CHECK(r.loaded == 0);
+    CHECK(r.store_keys > 0);
+  }
+}
+
+TEST_CASE("the in-flight store budget drops stores instead of blocking") {
+  FakeClient::Options fo;
+  fo.store_delay = absl::Seconds(1);
+  FakeClient client(fo);
+  std::vector<Request> reqs = {Request{}, Request{}, Request{}};
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].input_length = 1024;
+    reqs[i].hash_ids = {10 * i, 10 * i + 1};
+  }
+  ReplayOptions o = Small();
+  o.max_store_bytes_in_flight = 2 * 4096;  // one request's buffers
+  auto res = Replay(&client, reqs, o);
+  REQUIRE(res.ok());
+  CHECK(res->records[0].stored == 2);
+  CHECK(res->records[1].store_dropped == 2);
+  CHECK(res->records[2].store_dropped == 2);
+  CHECK(res->records[1].stored == 0);
+}
+
+TEST_CASE("time scale spaces requests by trace time") {
+  FakeClient client({});
+  std::vector<Request> reqs(3);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].timestamp_ms = 1000 + 1000.0 * i;  // relative to the first request
+    reqs[i].input_length = 10;
+    reqs[i].hash_ids = {i};
+  }
+  ReplayOptions o = Small();
+  o.time_scale = 20;  // 2 s of trace in 100 ms
+  auto res = Replay(&client, reqs, o);
+  REQUIRE(res.ok());
+  CHECK(res->wall_seconds >= 0.1);
+  CHECK(res->wall_seconds < 5);
+}
+
+TEST_CASE("requests without blocks and bad options") {
+  FakeClient client({});
+  std::vector<Request> reqs(2);
+  reqs[1].input_length = 5;
+  reqs[1].hash_ids = {1};
+  auto res = Replay(&client, reqs, Small());
+  REQUIRE(res.ok());
+  CHECK_FALSE(res->records[0].load_called);
+  CHECK(res->records[1].load_called);
+  CHECK(res->load_calls == 1);
+
+  auto bad = [&](auto mutate) {
+    ReplayOptions o = Small();
+    mutate(o);
+    return Replay(&client, reqs, o).status().code() == absl::StatusCode::kInvalidArgument;
+  };
+  CHECK(bad([](ReplayOptions& o) { o.block_bytes = 0; }));
+  CHECK(bad([](ReplayOptions& o) { o.concurrency = 0; }));
+  CHECK(bad([](ReplayOptions& o) { o.time_scale = -1; }));
+  CHECK(bad([](ReplayOptions& o) { o.store_timeout = absl::ZeroDuration(); }));
+}
+
+TEST_CASE("CheckCluster wants a live node") {
+  FakeClient client({});
+  CHECK(CheckCluster(&client).ok());
+  client.alive_ = false;
+  CHECK(CheckCluster(&client).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace hymcache::hymbench
