@@ -1,13 +1,8 @@
 #include "storage_node/dram_device.h"
 
-#include <numa.h>
-#include <numaif.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
+#include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -15,29 +10,12 @@
 namespace hymcache::storage {
 namespace {
 
-size_t PageSize() {
-  long p = sysconf(_SC_PAGESIZE);
-  return p > 0 ? static_cast<size_t>(p) : 4096;
-}
-
-// Whether libnuma can place memory on `node` (-1: any node).
-bool NumaUsable(int node, std::string* why) {
-  if (numa_available() < 0) {
-    *why = "NUMA is not available on this machine";
-    return false;
+// The bytes of each region (all of `region_bytes` but the last).
+uint64_t RegionBytes(const DramDeviceOptions& o) {
+  if (o.max_region_bytes == 0 || o.capacity_bytes <= o.max_region_bytes) {
+    return o.capacity_bytes;
   }
-  if (node < 0) return true;
-  if (node > numa_max_node()) {
-    *why = absl::StrCat("NUMA node ", node, " does not exist (max node ",
-                        numa_max_node(), ")");
-    return false;
-  }
-  if (numa_all_nodes_ptr == nullptr ||
-      !numa_bitmask_isbitset(numa_all_nodes_ptr, static_cast<unsigned>(node))) {
-    *why = absl::StrCat("NUMA node ", node, " is not usable by this process");
-    return false;
-  }
-  return true;
+  return o.max_region_bytes / o.alignment * o.alignment;
 }
 
 }  // namespace
@@ -59,6 +37,24 @@ absl::Status DramDeviceOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("dram device: numa_node ", numa_node, " (want >= -1)"));
   }
+  if (max_region_bytes != 0 && max_region_bytes < alignment) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dram device: max_region_bytes ", max_region_bytes,
+                     " is below the alignment ", alignment));
+  }
+  const uint64_t each = RegionBytes(*this);
+  const uint64_t count = (capacity_bytes + each - 1) / each;
+  if (count > kMaxRegions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dram device: max_region_bytes ", max_region_bytes, " would split ",
+        capacity_bytes, " bytes into ", count, " regions (max ", kMaxRegions,
+        ")"));
+  }
+  if (count - 1 > std::numeric_limits<uint32_t>::max() - region_id) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dram device: region ids ", region_id, " + ", count,
+        " regions overflow"));
+  }
   return absl::OkStatus();
 }
 
@@ -67,69 +63,41 @@ absl::StatusOr<std::unique_ptr<DramDevice>> DramDevice::Create(
   absl::Status valid = options.Validate();
   if (!valid.ok()) return valid;
 
-  const size_t page = PageSize();
-  const size_t bytes = (options.capacity_bytes + page - 1) / page * page;
-
-  void* mem = nullptr;
-  bool numa_allocated = false;
-  std::string why;
-  if (NumaUsable(options.numa_node, &why)) {
-    // Both calls only reserve address space with a placement policy; pages
-    // are faulted in on first touch.
-    mem = options.numa_node < 0 ? numa_alloc_local(bytes)
-                                : numa_alloc_onnode(bytes, options.numa_node);
-    if (mem != nullptr) {
-      numa_allocated = true;
-    } else {
-      why = absl::StrCat("numa_alloc of ", bytes, " bytes failed");
+  const uint64_t each = RegionBytes(options);
+  std::vector<Region> regions;
+  for (uint64_t off = 0; off < options.capacity_bytes; off += each) {
+    Region r;
+    r.id = options.region_id + static_cast<uint32_t>(regions.size());
+    r.capacity = std::min(each, options.capacity_bytes - off);
+    HostMemoryOptions m;
+    m.bytes = r.capacity;
+    m.numa_node = options.numa_node;
+    m.huge_pages = options.huge_pages;
+    m.shareable = options.shareable;
+    m.name = absl::StrCat("hymcache-dram-region-", r.id);
+    auto mem = HostMemory::Allocate(m);
+    if (!mem.ok()) {
+      return absl::Status(mem.status().code(),
+                          absl::StrCat("dram device: region ", r.id, ": ",
+                                       mem.status().message()));
     }
+    r.memory = std::move(*mem);
+    regions.push_back(std::move(r));
   }
-  if (mem == nullptr) {
-    LOG(WARNING) << "dram device: " << why
-                 << "; falling back to anonymous mmap without NUMA placement";
-    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) {
-      int e = errno;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "dram device: cannot map ", bytes, " bytes: ", strerror(e)));
-    }
-    mem = m;
-  }
-  if (options.huge_pages && madvise(mem, bytes, MADV_HUGEPAGE) != 0) {
-    VLOG(1) << "dram device: madvise(MADV_HUGEPAGE) failed: " << strerror(errno);
-  }
-
-  // Report where the memory actually is: touch the first page (only that
-  // one) and ask the kernel which node backs it.
-  int node = options.numa_node;
-  if (numa_allocated) {
-    static_cast<volatile uint8_t*>(mem)[0] = 0;
-    int actual = -1;
-    if (get_mempolicy(&actual, nullptr, 0, mem, MPOL_F_NODE | MPOL_F_ADDR) ==
-        0) {
-      node = actual;
-    }
-    if (options.numa_node >= 0 && node != options.numa_node) {
-      LOG(WARNING) << "dram device: asked for NUMA node " << options.numa_node
-                   << " but the kernel placed memory on node " << node;
-    }
-  }
-  LOG(INFO) << "dram device: region " << options.region_id << " of "
-            << options.capacity_bytes << " bytes"
-            << (numa_allocated ? " via libnuma" : " via mmap")
-            << ", NUMA node " << node;
-  return std::unique_ptr<DramDevice>(new DramDevice(
-      options, static_cast<uint8_t*>(mem), bytes, numa_allocated, node));
+  const HostMemory& first = *regions.front().memory;
+  LOG(INFO) << "dram device: " << options.capacity_bytes << " bytes in "
+            << regions.size() << " region(s) " << regions.front().id << ".."
+            << regions.back().id << " of up to " << each << " bytes, "
+            << (first.shareable() ? "shareable (memfd)" : "private")
+            << ", NUMA node " << first.numa_node()
+            << (first.numa_bound() ? " (bound)" : "");
+  return std::unique_ptr<DramDevice>(
+      new DramDevice(options, std::move(regions)));
 }
 
-DramDevice::DramDevice(const DramDeviceOptions& options, uint8_t* base,
-                       size_t mapped_bytes, bool numa_allocated, int numa_node)
-    : options_(options),
-      base_(base),
-      mapped_bytes_(mapped_bytes),
-      numa_allocated_(numa_allocated),
-      numa_node_(numa_node) {}
+DramDevice::DramDevice(const DramDeviceOptions& options,
+                       std::vector<Region> regions)
+    : options_(options), regions_(std::move(regions)) {}
 
 DramDevice::~DramDevice() {
   if (outstanding_reads_.load() != 0 || outstanding_writes_.load() != 0) {
@@ -137,38 +105,65 @@ DramDevice::~DramDevice() {
                << " reads and " << outstanding_writes_.load()
                << " writes outstanding";
   }
-  if (numa_allocated_) {
-    numa_free(base_, mapped_bytes_);
-  } else {
-    munmap(base_, mapped_bytes_);
+}
+
+bool DramDevice::numa_allocated() const {
+  for (const Region& r : regions_) {
+    if (!r.memory->numa_bound()) return false;
   }
+  return true;
 }
 
 std::vector<RegionDescriptor> DramDevice::Regions() const {
-  RegionDescriptor r;
-  r.region_id = options_.region_id;
-  r.capacity_bytes = options_.capacity_bytes;
-  r.alignment = options_.alignment;
-  r.numa_node = numa_node_;
-  r.device_kind = "dram";
-  r.persistent = false;
-  return {r};
+  std::vector<RegionDescriptor> out;
+  for (const Region& region : regions_) {
+    RegionDescriptor r;
+    r.region_id = region.id;
+    r.capacity_bytes = region.capacity;
+    r.alignment = options_.alignment;
+    r.numa_node = region.memory->numa_node();
+    r.device_kind = "dram";
+    r.persistent = false;
+    out.push_back(r);
+  }
+  return out;
 }
 
-absl::Status DramDevice::Check(uint32_t region, uint64_t addr,
-                               uint64_t len) const {
-  if (region != options_.region_id) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown region ", region, " (this device has region ",
-                     options_.region_id, ")"));
+std::vector<MemoryArea> DramDevice::Areas() const {
+  std::vector<MemoryArea> out;
+  for (const Region& region : regions_) {
+    MemoryArea a;
+    a.area_id = region.id;
+    a.base = region.memory->data();
+    a.length = region.capacity;
+    a.fd = region.memory->fd();
+    a.kind = "region";
+    out.push_back(a);
   }
-  return CheckRange(options_.capacity_bytes, addr, len);
+  return out;
+}
+
+absl::StatusOr<uint8_t*> DramDevice::Locate(uint32_t region, uint64_t addr,
+                                            uint64_t len) const {
+  const uint32_t first = options_.region_id;
+  if (region < first || region - first >= regions_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown region ", region, " (this device has ",
+        regions_.size() == 1
+            ? absl::StrCat("region ", first)
+            : absl::StrCat("regions ", first, "..", regions_.back().id),
+        ")"));
+  }
+  const Region& r = regions_[region - first];
+  absl::Status s = CheckRange(r.capacity, addr, len);
+  if (!s.ok()) return s;
+  return r.memory->data() + addr;
 }
 
 absl::StatusOr<ReadView> DramDevice::AcquireRead(uint32_t region, uint64_t addr,
                                                  uint64_t len) {
-  absl::Status s = Check(region, addr, len);
-  if (!s.ok()) return s;
+  absl::StatusOr<uint8_t*> p = Locate(region, addr, len);
+  if (!p.ok()) return p.status();
   reads_.fetch_add(1, std::memory_order_relaxed);
   read_bytes_.fetch_add(len, std::memory_order_relaxed);
   outstanding_reads_.fetch_add(1, std::memory_order_relaxed);
@@ -176,7 +171,7 @@ absl::StatusOr<ReadView> DramDevice::AcquireRead(uint32_t region, uint64_t addr,
   v.region_id = region;
   v.addr = addr;
   v.length = len;
-  v.data = base_ + addr;
+  v.data = *p;
   return v;
 }
 
@@ -188,14 +183,14 @@ void DramDevice::ReleaseRead(const ReadView& view) {
 absl::StatusOr<WriteView> DramDevice::BeginWrite(uint32_t region, uint64_t addr,
                                                  uint64_t len,
                                                  uint64_t /*tag*/) {
-  absl::Status s = Check(region, addr, len);
-  if (!s.ok()) return s;
+  absl::StatusOr<uint8_t*> p = Locate(region, addr, len);
+  if (!p.ok()) return p.status();
   outstanding_writes_.fetch_add(1, std::memory_order_relaxed);
   WriteView v;
   v.region_id = region;
   v.addr = addr;
   v.length = len;
-  v.data = base_ + addr;
+  v.data = *p;
   return v;
 }
 
@@ -218,8 +213,8 @@ void DramDevice::AbortWrite(const WriteView& view) {
 absl::StatusOr<PrefetchHandle> DramDevice::PrefetchObject(uint32_t region,
                                                           uint64_t addr,
                                                           uint64_t len) {
-  absl::Status s = Check(region, addr, len);
-  if (!s.ok()) return s;
+  absl::StatusOr<uint8_t*> p = Locate(region, addr, len);
+  if (!p.ok()) return p.status();
   prefetches_.fetch_add(1, std::memory_order_relaxed);
   PrefetchHandle h;
   h.id = next_prefetch_id_.fetch_add(1, std::memory_order_relaxed);
@@ -234,9 +229,10 @@ absl::StatusOr<const uint8_t*> DramDevice::PrefetchWait(
   if (handle.id == 0) {
     return absl::InvalidArgumentError("not a prefetch handle");
   }
-  absl::Status s = Check(handle.region_id, handle.addr, handle.length);
-  if (!s.ok()) return s;
-  return static_cast<const uint8_t*>(base_ + handle.addr);
+  absl::StatusOr<uint8_t*> p =
+      Locate(handle.region_id, handle.addr, handle.length);
+  if (!p.ok()) return p.status();
+  return static_cast<const uint8_t*>(*p);
 }
 
 void DramDevice::PrefetchRelease(const PrefetchHandle& /*handle*/) {}

@@ -1,11 +1,20 @@
-// DramDevice: a MemoryDevice with one region of plain DRAM, allocated on a
-// chosen NUMA node (libnuma) or, where NUMA is unavailable, with anonymous
-// mmap. The memory is reserved lazily (pages are faulted in by the first write
-// to them) and transparent huge pages are requested. Contents do not survive
+// DramDevice: a MemoryDevice of plain DRAM, allocated with HostMemory on a
+// chosen NUMA node (or wherever the kernel places it). By default the memory
+// is shareable (memfds that a same-host client can map) and every region is
+// exposed as a MemoryArea, for RDMA registration and shared-memory access.
+// The memory is reserved lazily (pages are faulted in by the first write to
+// them) and transparent huge pages are requested. Contents do not survive
 // the process.
 //
-// Reads and writes hand out pointers straight into the region, so commit and
-// abort are bookkeeping only and prefetches are ready at once.
+// Regions: one of capacity_bytes, or, with max_region_bytes, several
+// (ids region_id, region_id + 1, ...), each at most max_region_bytes, so that
+// the master allocates every object inside one region and no object
+// straddles two memory registrations. Each region is its own HostMemory (its
+// own memfd, mapped from offset 0), and Areas() returns one area per region
+// with area_id == region_id, kind "region".
+//
+// Reads and writes hand out pointers straight into the regions, so commit
+// and abort are bookkeeping only and prefetches are ready at once.
 //
 // Thread safety: safe for concurrent use without external synchronization.
 #pragma once
@@ -17,20 +26,27 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "storage_node/host_memory.h"
 #include "storage_node/memory_device.h"
 
 namespace hymcache::storage {
 
 struct DramDeviceOptions {
-  // Id of the device's single region.
+  // Id of the device's first (or only) region; further regions take the
+  // following ids.
   // Default: 0
   uint32_t region_id = 0;
-  // Size of the region in bytes; must be > 0.
+  // Total size of the regions in bytes; must be > 0.
   // Default: 1 GiB
   uint64_t capacity_bytes = uint64_t{1} << 30;
+  // Largest region. When capacity_bytes exceeds it, the capacity is split
+  // into regions of max_region_bytes rounded down to the alignment (the last
+  // one takes the rest); at most kMaxRegions regions. 0: one region.
+  // Default: 0
+  uint64_t max_region_bytes = 0;
   // NUMA node to allocate on; -1 lets the kernel place pages on the node of
   // the first thread that touches them. An invalid node, or a machine without
-  // NUMA support, falls back to ordinary anonymous memory with a warning.
+  // NUMA support, falls back to memory without NUMA placement with a warning.
   // Default: -1
   int numa_node = -1;
   // Allocation alignment advertised to the master (a power of two).
@@ -39,6 +55,17 @@ struct DramDeviceOptions {
   // Ask for transparent huge pages (madvise MADV_HUGEPAGE; best effort).
   // Default: true
   bool huge_pages = true;
+  // Back each region with a memfd (MemoryArea::fd) that a same-host client
+  // can map; false: private anonymous memory (fd -1; RDMA only). Shared
+  // pages count as Shmem in /proc/meminfo, and get huge pages only if
+  // /sys/kernel/mm/transparent_hugepage/shmem_enabled allows (see
+  // host_memory.h).
+  // Default: true
+  bool shareable = true;
+
+  // Most regions max_region_bytes may split the capacity into (each holds a
+  // file descriptor).
+  static constexpr uint64_t kMaxRegions = 256;
 
   absl::Status Validate() const;
 };
@@ -72,20 +99,31 @@ class DramDevice final : public MemoryDevice {
 
   MemoryDeviceStats Stats() const override;
 
-  // Whether the region came from libnuma (false: the mmap fallback).
-  bool numa_allocated() const { return numa_allocated_; }
+  // One area per region: area_id = region id, kind "region", fd = the
+  // region's memfd (-1 unless shareable), base/length = the region's bytes.
+  std::vector<MemoryArea> Areas() const override;
+
+  // Whether every region is bound to options.numa_node (false: numa_node
+  // -1, or the node was unusable and the memory fell back).
+  bool numa_allocated() const;
 
  private:
-  DramDevice(const DramDeviceOptions& options, uint8_t* base,
-             size_t mapped_bytes, bool numa_allocated, int numa_node);
-  absl::Status Check(uint32_t region, uint64_t addr, uint64_t len) const;
+  struct Region {
+    uint32_t id = 0;
+    uint64_t capacity = 0;
+    std::unique_ptr<HostMemory> memory;
+  };
+
+  DramDevice(const DramDeviceOptions& options, std::vector<Region> regions);
+  // The bytes of [addr, addr + len) of `region`, or the error of a bad range
+  // (InvalidArgument for an unknown region).
+  absl::StatusOr<uint8_t*> Locate(uint32_t region, uint64_t addr,
+                                  uint64_t len) const;
 
   // Constant after construction.
   const DramDeviceOptions options_;
-  uint8_t* const base_;
-  const size_t mapped_bytes_;
-  const bool numa_allocated_;
-  const int numa_node_;  // as reported to the master; -1 unknown
+  // By id: regions_[i].id == options_.region_id + i.
+  const std::vector<Region> regions_;
 
   std::atomic<uint64_t> reads_{0};
   std::atomic<uint64_t> read_bytes_{0};

@@ -1,8 +1,5 @@
 #include "storage_node/hybrid_device.h"
 
-#include <numa.h>
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -24,42 +21,24 @@ constexpr uint64_t kPage = BlockIo::kAlignment;
 uint64_t RoundUp(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
 uint64_t RoundDown(uint64_t v) { return v / kPage * kPage; }
 
-// Reserves `bytes` (a multiple of the page size) of DRAM, on `numa_node` if
-// it is usable. Sets *numa to whether libnuma placed it.
-uint8_t* AllocateArea(size_t bytes, int numa_node, bool* numa,
-                      const char* what) {
-  *numa = false;
-  void* mem = nullptr;
-  if (numa_node >= 0) {
-    if (numa_available() >= 0 && numa_node <= numa_max_node()) {
-      mem = numa_alloc_onnode(bytes, numa_node);
-      if (mem != nullptr) *numa = true;
-    }
-    if (mem == nullptr) {
-      LOG(WARNING) << "hybrid device: cannot place the " << what
-                   << " on NUMA node " << numa_node
-                   << "; using ordinary anonymous memory";
-    }
+// Reserves `bytes` of DRAM for the staging window or the write buffer.
+absl::StatusOr<std::unique_ptr<HostMemory>> AllocateArea(
+    const HybridDeviceOptions& options, uint64_t bytes, const char* name,
+    const char* what) {
+  HostMemoryOptions m;
+  m.bytes = bytes;
+  m.numa_node = options.numa_node;
+  m.huge_pages = true;
+  m.shareable = options.shareable;
+  m.name = name;
+  auto mem = HostMemory::Allocate(m);
+  if (!mem.ok()) {
+    return absl::Status(
+        mem.status().code(),
+        absl::StrCat("hybrid device: cannot reserve a ", what, " of ", bytes,
+                     " bytes: ", mem.status().message()));
   }
-  if (mem == nullptr) {
-    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) return nullptr;
-    mem = m;
-  }
-  if (madvise(mem, bytes, MADV_HUGEPAGE) != 0) {
-    VLOG(1) << "hybrid device: madvise(MADV_HUGEPAGE) failed for the " << what;
-  }
-  return static_cast<uint8_t*>(mem);
-}
-
-void FreeArea(uint8_t* mem, size_t bytes, bool numa) {
-  if (mem == nullptr) return;
-  if (numa) {
-    numa_free(mem, bytes);
-  } else {
-    munmap(mem, bytes);
-  }
+  return mem;
 }
 
 }  // namespace
@@ -238,29 +217,17 @@ absl::StatusOr<std::unique_ptr<HybridDevice>> HybridDevice::Create(
         "hybrid device: tier capacity ", cap,
         " is not a positive multiple of 4096"));
   }
-  const size_t window_bytes = RoundUp(options.staging_bytes);
-  const size_t buffer_bytes = RoundUp(options.write_buffer_bytes);
-  bool window_numa = false;
-  bool buffer_numa = false;
-  uint8_t* window = AllocateArea(window_bytes, options.numa_node, &window_numa,
-                                 "staging window");
-  if (window == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "hybrid device: cannot reserve a staging window of ", window_bytes,
-        " bytes: ", strerror(errno)));
-  }
-  uint8_t* buffer = AllocateArea(buffer_bytes, options.numa_node, &buffer_numa,
-                                 "write buffer");
-  if (buffer == nullptr) {
-    int e = errno;
-    FreeArea(window, window_bytes, window_numa);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("hybrid device: cannot reserve a write buffer of ",
-                     buffer_bytes, " bytes: ", strerror(e)));
-  }
-  std::unique_ptr<HybridDevice> dev(new HybridDevice(
-      options, std::move(tier), window, window_bytes, window_numa, buffer,
-      buffer_bytes, buffer_numa));
+  const uint64_t window_bytes = RoundUp(options.staging_bytes);
+  const uint64_t buffer_bytes = RoundUp(options.write_buffer_bytes);
+  auto window = AllocateArea(options, window_bytes, "hymcache-staging",
+                             "staging window");
+  if (!window.ok()) return window.status();
+  auto buffer = AllocateArea(options, buffer_bytes, "hymcache-write-buffer",
+                             "write buffer");
+  if (!buffer.ok()) return buffer.status();
+  std::unique_ptr<HybridDevice> dev(
+      new HybridDevice(options, std::move(tier), std::move(*window),
+                       window_bytes, std::move(*buffer), buffer_bytes));
   HybridDevice* d = dev.get();
   try {
     dev->flusher_ = Thread("hyb-flusher", [d] { d->FlusherLoop(); });
@@ -285,28 +252,27 @@ std::vector<RecoveredExtent> ToRecovered(const CapacityTier& tier) {
 }  // namespace
 
 HybridDevice::HybridDevice(const HybridDeviceOptions& options,
-                           std::unique_ptr<CapacityTier> tier, uint8_t* window,
-                           size_t window_mapped, bool window_numa,
-                           uint8_t* buffer, size_t buffer_mapped,
-                           bool buffer_numa)
+                           std::unique_ptr<CapacityTier> tier,
+                           std::unique_ptr<HostMemory> window_memory,
+                           uint64_t window_bytes,
+                           std::unique_ptr<HostMemory> buffer_memory,
+                           uint64_t buffer_bytes)
     : options_(options),
       tier_(std::move(tier)),
       io_(tier_->io()),
       capacity_(tier_->capacity_bytes()),
       recovered_(ToRecovered(*tier_)),
-      window_(window),
-      window_bytes_(window_mapped),
-      window_mapped_(window_mapped),
-      window_numa_(window_numa),
-      buffer_(buffer),
-      buffer_bytes_(buffer_mapped),
-      buffer_mapped_(buffer_mapped),
-      buffer_numa_(buffer_numa),
-      window_alloc_(std::make_unique<RangeAllocator>(window_mapped)),
-      buffer_alloc_(std::make_unique<RangeAllocator>(buffer_mapped)),
+      window_memory_(std::move(window_memory)),
+      buffer_memory_(std::move(buffer_memory)),
+      window_(window_memory_->data()),
+      window_bytes_(window_bytes),
+      buffer_(buffer_memory_->data()),
+      buffer_bytes_(buffer_bytes),
+      window_alloc_(std::make_unique<RangeAllocator>(window_bytes)),
+      buffer_alloc_(std::make_unique<RangeAllocator>(buffer_bytes)),
       backoff_(options.flush_retry_initial) {
-  stats_.staging_capacity_bytes = window_mapped;
-  stats_.write_buffer_capacity_bytes = buffer_mapped;
+  stats_.staging_capacity_bytes = window_bytes;
+  stats_.write_buffer_capacity_bytes = buffer_bytes;
 }
 
 HybridDevice::~HybridDevice() {
@@ -351,8 +317,8 @@ HybridDevice::~HybridDevice() {
   // In-flight counts drop inside OnIoDone, which then still unlocks mu_.
   while (callbacks_running_.load() > 0) std::this_thread::yield();
   for (uint8_t* b : bounces) free(b);
-  FreeArea(window_, window_mapped_, window_numa_);
-  FreeArea(buffer_, buffer_mapped_, buffer_numa_);
+  // window_memory_ and buffer_memory_ are unmapped after this body: no I/O
+  // into them is left.
 }
 
 std::vector<RegionDescriptor> HybridDevice::Regions() const {
@@ -360,10 +326,27 @@ std::vector<RegionDescriptor> HybridDevice::Regions() const {
   r.region_id = 0;
   r.capacity_bytes = capacity_;
   r.alignment = kPage;
-  r.numa_node = options_.numa_node;
+  // Where the DRAM in front of the tier actually is.
+  r.numa_node = window_memory_->numa_node();
   r.device_kind = "hybrid";
   r.persistent = true;
   return {r};
+}
+
+std::vector<MemoryArea> HybridDevice::Areas() const {
+  MemoryArea staging;
+  staging.area_id = kStagingAreaId;
+  staging.base = window_;
+  staging.length = window_bytes_;
+  staging.fd = window_memory_->fd();
+  staging.kind = "staging";
+  MemoryArea buffer;
+  buffer.area_id = kWriteBufferAreaId;
+  buffer.base = buffer_;
+  buffer.length = buffer_bytes_;
+  buffer.fd = buffer_memory_->fd();
+  buffer.kind = "write_buffer";
+  return {staging, buffer};
 }
 
 std::vector<RecoveredExtent> HybridDevice::RecoveredExtents() const {

@@ -97,6 +97,10 @@
 //
 // Writes require a 4 KiB-aligned addr (InvalidArgument otherwise).
 //
+// Memory: the window and the buffer are HostMemory on numa_node, memfds
+// unless !shareable, exposed by Areas() for RDMA registration and same-host
+// mapping (bounce buffers are plain heap memory).
+//
 // Concurrency: one mutex guards the window, buffer and I/O queues; it is
 // never held while waiting for I/O or while calling into the tier. I/O
 // completions run on the BlockIo's completion thread and only update state,
@@ -120,6 +124,7 @@
 #include "common/mutex.h"
 #include "common/thread.h"
 #include "storage_node/capacity_tier.h"
+#include "storage_node/host_memory.h"
 #include "storage_node/memory_device.h"
 
 namespace hymcache::storage {
@@ -136,6 +141,13 @@ struct HybridDeviceOptions {
   // them. Unusable nodes fall back to plain memory with a warning.
   // Default: -1
   int numa_node = -1;
+  // Back the window and the buffer with memfds (MemoryArea::fd) that a
+  // same-host client can map; false: private anonymous memory (fd -1).
+  // Shared pages count as Shmem in /proc/meminfo and get huge pages only if
+  // /sys/kernel/mm/transparent_hugepage/shmem_enabled allows (see
+  // host_memory.h).
+  // Default: true
+  bool shareable = true;
   // Refills, misses and flush runs are split into I/Os of this size (a
   // multiple of 4 KiB).
   // Default: 1 MiB
@@ -279,6 +291,16 @@ class HybridDevice final : public MemoryDevice {
 
   std::vector<RecoveredExtent> RecoveredExtents() const override;
 
+  // Area ids of Areas(): the staging window and the write buffer.
+  static constexpr uint32_t kStagingAreaId = 1;
+  static constexpr uint32_t kWriteBufferAreaId = 2;
+  // Two areas: the staging window (kStagingAreaId, kind "staging") and the
+  // write buffer (kWriteBufferAreaId, kind "write_buffer"), each with its
+  // memfd (-1 unless options.shareable). PrefetchWait pointers lie in one of
+  // them, BeginWrite views in the write buffer; AcquireRead bounce buffers
+  // (staging misses) lie outside both.
+  std::vector<MemoryArea> Areas() const override;
+
   // Blocks until every committed object is durable (written and recorded)
   // or `deadline` passes; returns whether nothing is left to flush or
   // record. Flushing itself still follows the policy above unless `force`,
@@ -318,9 +340,11 @@ class HybridDevice final : public MemoryDevice {
   };
 
   HybridDevice(const HybridDeviceOptions& options,
-               std::unique_ptr<CapacityTier> tier, uint8_t* window,
-               size_t window_mapped, bool window_numa, uint8_t* buffer,
-               size_t buffer_mapped, bool buffer_numa);
+               std::unique_ptr<CapacityTier> tier,
+               std::unique_ptr<HostMemory> window_memory,
+               uint64_t window_bytes,
+               std::unique_ptr<HostMemory> buffer_memory,
+               uint64_t buffer_bytes);
   absl::Status Check(uint32_t region, uint64_t addr, uint64_t len) const;
 
   // --- all below: REQUIRES mu_ held, unless noted.
@@ -401,14 +425,14 @@ class HybridDevice final : public MemoryDevice {
   BlockIo* const io_;
   const uint64_t capacity_;
   const std::vector<RecoveredExtent> recovered_;
+  // The DRAM of the staging window and the write buffer (page-rounded;
+  // window_bytes_ and buffer_bytes_ of them are used).
+  const std::unique_ptr<HostMemory> window_memory_;
+  const std::unique_ptr<HostMemory> buffer_memory_;
   uint8_t* const window_;
   const uint64_t window_bytes_;
-  const size_t window_mapped_;
-  const bool window_numa_;
   uint8_t* const buffer_;
   const uint64_t buffer_bytes_;
-  const size_t buffer_mapped_;
-  const bool buffer_numa_;
 
   mutable Mutex mu_;
   CondVar cv_;  // any state change a waiter may care about

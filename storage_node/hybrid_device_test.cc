@@ -1,5 +1,9 @@
 #include "storage_node/hybrid_device.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -8,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -148,6 +153,132 @@ TEST_CASE("HybridDevice describes one persistent hybrid region") {
   HybridDeviceOptions bad = SmallOptions();
   bad.io_chunk_bytes = 1000;
   CHECK_FALSE(bad.Validate().ok());
+}
+
+TEST_CASE("HybridDevice exposes the staging window and write buffer as areas") {
+  Rig rig;  // 128 KiB window, 128 KiB buffer
+  const std::vector<MemoryArea> areas = rig.dev->Areas();
+  REQUIRE(areas.size() == 2);
+  const MemoryArea& staging = areas[0];
+  const MemoryArea& buffer = areas[1];
+  CHECK(staging.area_id == HybridDevice::kStagingAreaId);
+  CHECK(staging.area_id == 1);
+  CHECK(staging.kind == "staging");
+  CHECK(staging.length == 128 * kKiB);
+  CHECK(buffer.area_id == HybridDevice::kWriteBufferAreaId);
+  CHECK(buffer.area_id == 2);
+  CHECK(buffer.kind == "write_buffer");
+  CHECK(buffer.length == 128 * kKiB);
+  CHECK(staging.fd >= 0);
+  CHECK(buffer.fd >= 0);
+  CHECK(staging.fd != buffer.fd);
+  CHECK((staging.base + staging.length <= buffer.base ||
+         buffer.base + buffer.length <= staging.base));
+
+  // A prefetch from the tier is staged in the window.
+  rig.FillDisk(64 * kKiB, 40 * kKiB, 21);
+  PrefetchHandle h = Prefetch(rig.dev.get(), 64 * kKiB, 40 * kKiB);
+  auto p = rig.dev->PrefetchWait(h, Soon());
+  REQUIRE(p.ok());
+  auto in_window = LocateInAreas(areas, *p, 40 * kKiB);
+  REQUIRE(in_window.ok());
+  CHECK(in_window->first == HybridDevice::kStagingAreaId);
+  // A same-host peer mapping the window's memfd sees the staged bytes.
+  {
+    const std::string path = "/proc/self/fd/" + std::to_string(staging.fd);
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    void* m = mmap(nullptr, staging.length, PROT_READ, MAP_SHARED, fd, 0);
+    REQUIRE(m != MAP_FAILED);
+    CHECK(Matches(static_cast<uint8_t*>(m) + in_window->second, 64 * kKiB,
+                  40 * kKiB, 21));
+    munmap(m, staging.length);
+    close(fd);
+  }
+  rig.dev->PrefetchRelease(h);
+
+  // Writes land in the write buffer; a prefetch of a buffered object is
+  // served from there.
+  rig.io->PauseForTest();
+  auto w = rig.dev->BeginWrite(0, 512 * kKiB, 20 * kKiB, 1);
+  REQUIRE(w.ok());
+  auto in_buffer = LocateInAreas(areas, w->data, w->length);
+  REQUIRE(in_buffer.ok());
+  CHECK(in_buffer->first == HybridDevice::kWriteBufferAreaId);
+  std::vector<uint8_t> v = Pattern(512 * kKiB, 20 * kKiB, 22);
+  std::memcpy(w->data, v.data(), v.size());
+  REQUIRE(rig.dev->CommitWrite(*w).ok());
+  PrefetchHandle hb = Prefetch(rig.dev.get(), 512 * kKiB, 20 * kKiB);
+  auto pb = rig.dev->PrefetchWait(hb, Soon());
+  REQUIRE(pb.ok());
+  auto pb_where = LocateInAreas(areas, *pb, 20 * kKiB);
+  REQUIRE(pb_where.ok());
+  CHECK(pb_where->first == HybridDevice::kWriteBufferAreaId);
+  CHECK(Matches(*pb, 512 * kKiB, 20 * kKiB, 22));
+  rig.dev->PrefetchRelease(hb);
+  rig.io->ResumeForTest();
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+
+  // A staging miss reads into a bounce buffer, outside both areas.
+  auto r = rig.dev->AcquireRead(0, 64 * kKiB, 40 * kKiB);
+  REQUIRE(r.ok());
+  CHECK(rig.dev->HybridStats().staging_misses == 1);
+  CHECK(LocateInAreas(areas, r->data, r->length).status().code() ==
+        absl::StatusCode::kNotFound);
+  rig.dev->ReleaseRead(*r);
+}
+
+TEST_CASE("HybridDevice with shareable=false exposes private areas") {
+  HybridDeviceOptions o = SmallOptions();
+  o.shareable = false;
+  Rig rig(o);
+  const std::vector<MemoryArea> areas = rig.dev->Areas();
+  REQUIRE(areas.size() == 2);
+  CHECK(areas[0].fd == -1);
+  CHECK(areas[1].fd == -1);
+  auto w = rig.dev->BeginWrite(0, 0, 4 * kKiB, 1);
+  REQUIRE(w.ok());
+  CHECK(LocateInAreas(areas, w->data, w->length).ok());
+  rig.dev->AbortWrite(*w);
+}
+
+TEST_CASE("PrefetchWait and BeginWrite pointers always lie in an area") {
+  Rig rig;
+  const std::vector<MemoryArea> areas = rig.dev->Areas();
+  rig.FillDisk(0, kCap, 23);
+  std::mt19937_64 rng(7);
+  int from_window = 0;
+  int from_buffer = 0;
+  for (int i = 0; i < 200; ++i) {
+    const uint64_t len = (1 + rng() % 8) * 4 * kKiB;
+    const uint64_t addr = (rng() % ((kCap - len) / (4 * kKiB))) * 4 * kKiB;
+    if (rng() % 3 == 0) {
+      auto w = rig.dev->BeginWrite(0, addr, len, 100 + i);
+      if (!w.ok()) {
+        // The buffer is full for now; let the flusher drain it.
+        CHECK(w.status().code() == absl::StatusCode::kResourceExhausted);
+        REQUIRE(rig.dev->WaitFlushedForTest(Soon(), /*force=*/true));
+        continue;
+      }
+      auto where = LocateInAreas(areas, w->data, w->length);
+      REQUIRE(where.ok());
+      CHECK(where->first == HybridDevice::kWriteBufferAreaId);
+      std::vector<uint8_t> v = Pattern(addr, len, 23);
+      std::memcpy(w->data, v.data(), len);
+      REQUIRE(rig.dev->CommitWrite(*w).ok());
+    } else {
+      PrefetchHandle h = Prefetch(rig.dev.get(), addr, len);
+      auto p = rig.dev->PrefetchWait(h, Soon());
+      REQUIRE(p.ok());
+      auto where = LocateInAreas(areas, *p, len);
+      REQUIRE(where.ok());
+      (where->first == HybridDevice::kStagingAreaId ? from_window
+                                                    : from_buffer)++;
+      CHECK(Matches(*p, addr, len, 23));
+      rig.dev->PrefetchRelease(h);
+    }
+  }
+  CHECK(from_window > 0);
 }
 
 TEST_CASE("Prefetch, wait, read from the window, release") {

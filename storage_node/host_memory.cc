@@ -1,0 +1,256 @@
+#include "storage_node/host_memory.h"
+
+#include <fcntl.h>
+#include <numa.h>
+#include <numaif.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "glog/logging.h"
+
+namespace hymcache::storage {
+namespace {
+
+constexpr uint64_t kMaxBytes = uint64_t{1} << 56;
+constexpr size_t kMaxNameBytes = 200;
+
+uint64_t PageSize() {
+  long p = sysconf(_SC_PAGESIZE);
+  return p > 0 ? static_cast<uint64_t>(p) : 4096;
+}
+
+// The canonical code for a failed allocation-related system call.
+absl::Status ErrnoStatus(int e, absl::string_view what) {
+  std::string m = absl::StrCat(what, ": ", strerror(e));
+  switch (e) {
+    case ENOMEM:
+    case ENOSPC:
+    case EFBIG:
+    case EMFILE:
+    case ENFILE:
+    case EAGAIN:
+    case EOVERFLOW:
+      return absl::ResourceExhaustedError(m);
+    case EINVAL:
+      return absl::InvalidArgumentError(m);
+    case EPERM:
+    case EACCES:
+      return absl::PermissionDeniedError(m);
+    default:
+      return absl::InternalError(m);
+  }
+}
+
+// Whether memory can be bound to NUMA node `node` (>= 0); else says why.
+bool NumaUsable(int node, std::string* why) {
+  if (numa_available() < 0) {
+    *why = "NUMA is not available on this machine";
+    return false;
+  }
+  if (node > numa_max_node()) {
+    *why = absl::StrCat("NUMA node ", node, " does not exist (max node ",
+                        numa_max_node(), ")");
+    return false;
+  }
+  if (numa_all_nodes_ptr == nullptr ||
+      !numa_bitmask_isbitset(numa_all_nodes_ptr, static_cast<unsigned>(node))) {
+    *why = absl::StrCat("NUMA node ", node, " is not usable by this process");
+    return false;
+  }
+  return true;
+}
+
+// Binds [mem, mem + bytes) to `node` (MPOL_BIND, as numa_alloc_onnode does).
+// On a shmem mapping this sets the memfd's shared policy, which every
+// mapping of it honours.
+bool BindToNode(void* mem, uint64_t bytes, int node, std::string* why) {
+  struct bitmask* mask = numa_allocate_nodemask();
+  if (mask == nullptr) {
+    *why = "cannot allocate a NUMA node mask";
+    return false;
+  }
+  numa_bitmask_setbit(mask, static_cast<unsigned>(node));
+  long rc = mbind(mem, bytes, MPOL_BIND, mask->maskp, mask->size + 1, 0);
+  int e = errno;
+  numa_bitmask_free(mask);
+  if (rc != 0) {
+    *why = absl::StrCat("mbind to NUMA node ", node, " failed: ", strerror(e));
+    return false;
+  }
+  return true;
+}
+
+// Faults in the first page (a write: a read of private memory would map the
+// shared zero page) and asks the kernel which node backs it; -1 if unknown.
+int FirstPageNode(uint8_t* mem) {
+  static_cast<volatile uint8_t*>(mem)[0] = 0;
+  int node = -1;
+  if (get_mempolicy(&node, nullptr, 0, mem, MPOL_F_NODE | MPOL_F_ADDR) != 0) {
+    return -1;
+  }
+  return node;
+}
+
+// The selected value of a transparent_hugepage sysfs knob ("[never]" ->
+// "never"), or "" if unreadable.
+std::string ThpSetting(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) return "";
+  size_t open = line.find('[');
+  size_t close = line.find(']', open);
+  if (open == std::string::npos || close == std::string::npos) return "";
+  return line.substr(open + 1, close - open - 1);
+}
+
+void WarnIfNoShmemThp() {
+  static std::atomic<bool> warned{false};
+  const std::string s =
+      ThpSetting("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  if ((s == "never" || s == "deny") && !warned.exchange(true)) {
+    LOG(WARNING) << "host memory: transparent huge pages for shared memory "
+                    "are off (/sys/kernel/mm/transparent_hugepage/"
+                    "shmem_enabled is '"
+                 << s
+                 << "'), so shareable device memory uses 4 KiB pages; set it "
+                    "to 'advise' for huge pages";
+  }
+}
+
+}  // namespace
+
+absl::Status HostMemoryOptions::Validate() const {
+  if (bytes == 0) {
+    return absl::InvalidArgumentError("host memory: bytes must be > 0");
+  }
+  if (bytes > kMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host memory: ", bytes, " bytes is implausibly large (max 2^56)"));
+  }
+  if (numa_node < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host memory: numa_node ", numa_node, " (want >= -1)"));
+  }
+  if (name.size() > kMaxNameBytes || name.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host memory: name must be at most ", kMaxNameBytes,
+        " bytes without NULs"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<HostMemory>> HostMemory::Allocate(
+    const HostMemoryOptions& options) {
+  absl::Status valid = options.Validate();
+  if (!valid.ok()) return valid;
+  const std::string name = options.name.empty() ? "hymcache" : options.name;
+  const uint64_t page = PageSize();
+  const uint64_t size = (options.bytes + page - 1) / page * page;
+
+  int fd = -1;
+  if (options.shareable) {
+    // Growing a file past RLIMIT_FSIZE raises SIGXFSZ, which kills the
+    // process: refuse instead.
+    struct rlimit fsize;
+    if (getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY &&
+        size > fsize.rlim_cur) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "host memory ", name, ": ", size,
+          " bytes exceed the file size limit (RLIMIT_FSIZE ", fsize.rlim_cur,
+          ")"));
+    }
+    fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) {
+      int e = errno;
+      if (e != ENOSYS && e != EPERM && e != EACCES) {
+        return ErrnoStatus(e, absl::StrCat("host memory ", name,
+                                           ": memfd_create"));
+      }
+      LOG(WARNING) << "host memory " << name << ": memfd_create failed ("
+                   << strerror(e)
+                   << "); using private memory that peers cannot map";
+    } else if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      int e = errno;
+      close(fd);
+      return ErrnoStatus(
+          e, absl::StrCat("host memory ", name, ": ftruncate to ", size));
+    } else if (fcntl(fd, F_ADD_SEALS,
+                     F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      LOG(WARNING) << "host memory " << name
+                   << ": cannot seal the memfd against resizing ("
+                   << strerror(errno)
+                   << "); a peer that truncates it would crash this process";
+    }
+  }
+
+  void* mem = fd >= 0 ? mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                             MAP_SHARED | MAP_NORESERVE, fd, 0)
+                      : mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                             0);
+  if (mem == MAP_FAILED) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    return ErrnoStatus(e, absl::StrCat("host memory ", name, ": cannot map ",
+                                       size, " bytes"));
+  }
+
+  bool bound = false;
+  if (options.numa_node >= 0) {
+    std::string why;
+    bound = NumaUsable(options.numa_node, &why) &&
+            BindToNode(mem, size, options.numa_node, &why);
+    if (!bound) {
+      LOG(WARNING) << "host memory " << name << ": " << why
+                   << "; falling back to memory without NUMA placement";
+    }
+  }
+  if (options.huge_pages) {
+    if (madvise(mem, size, MADV_HUGEPAGE) != 0) {
+      VLOG(1) << "host memory " << name
+              << ": madvise(MADV_HUGEPAGE) failed: " << strerror(errno);
+    }
+    if (fd >= 0) WarnIfNoShmemThp();
+  }
+
+  auto* data = static_cast<uint8_t*>(mem);
+  const int node = FirstPageNode(data);
+  if (bound && node != options.numa_node) {
+    LOG(WARNING) << "host memory " << name << ": asked for NUMA node "
+                 << options.numa_node << " but the kernel placed memory on node "
+                 << node;
+  }
+  VLOG(1) << "host memory " << name << ": " << size << " bytes, "
+          << (fd >= 0 ? "shareable memfd" : "private") << ", NUMA node "
+          << node << (bound ? " (bound)" : "");
+  return std::unique_ptr<HostMemory>(
+      new HostMemory(data, size, fd, node, bound));
+}
+
+HostMemory::HostMemory(uint8_t* data, uint64_t size, int fd, int numa_node,
+                       bool numa_bound)
+    : data_(data),
+      size_(size),
+      fd_(fd),
+      numa_node_(numa_node),
+      numa_bound_(numa_bound) {}
+
+HostMemory::~HostMemory() {
+  if (munmap(data_, size_) != 0) {
+    LOG(ERROR) << "host memory: munmap of " << size_
+               << " bytes failed: " << strerror(errno);
+  }
+  if (fd_ >= 0) close(fd_);
+}
+
+}  // namespace hymcache::storage
