@@ -9,6 +9,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "client/direct_transport.h"
+#include "client/rdma_mover.h"
 #include "client/tcp_transport.h"
 #include "client/transport.h"
 #include "common/executor.h"
@@ -717,8 +719,10 @@ class ClientImpl : public Client {
       MutexLock l(&mu_);
       ++aborts_in_flight_;
     }
+    TsanRelease(call);
     stub_->async()->PutAbort(&call->ctx, &call->req, &call->resp,
                              [this, call](grpc::Status) {
+                               TsanAcquire(call);
                                delete call;
                                MutexLock l(&mu_);
                                --aborts_in_flight_;
@@ -820,9 +824,12 @@ class ClientImpl : public Client {
         state_->calls[launched_] = std::move(call);
         ++launched_;
         client_->AsyncStarted();
+        // The callback runs on a gRPC thread: publish the call's state to it.
+        TsanRelease(c);
         client_->stub_->async()->BatchLookup(
             &c->ctx, &c->req, &c->resp,
             [state = state_, c, client = client_](grpc::Status s) {
+              TsanAcquire(c);
               {
                 MutexLock l(&state->mu);
                 c->status = std::move(s);
@@ -869,6 +876,39 @@ class ClientImpl : public Client {
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
 };
 
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(
+    const ClientOptions& options) {
+  TcpTransportOptions t;
+  t.max_idle_per_peer = options.max_idle_connections_per_node;
+  DirectTransportOptions d;
+  d.max_idle_per_peer = options.max_idle_connections_per_node;
+  std::vector<std::unique_ptr<Transport>> candidates;
+  switch (options.transport) {
+    case TransportKind::kTcp:
+      return NewTcpTransport(t);
+    case TransportKind::kShm:
+      candidates.push_back(NewDirectTransport(NewShmMover(), d));
+      return NewFirstReachableTransport(std::move(candidates));
+    case TransportKind::kRdma: {
+      ASSIGN_OR_RETURN(std::unique_ptr<DirectMover> rdma,
+                       NewRdmaMover(options.rdma_device));
+      candidates.push_back(NewDirectTransport(std::move(rdma), d));
+      return NewFirstReachableTransport(std::move(candidates));
+    }
+    case TransportKind::kAuto: {
+      candidates.push_back(NewDirectTransport(NewShmMover(), d));
+      absl::StatusOr<std::unique_ptr<DirectMover>> rdma =
+          NewRdmaMover(options.rdma_device);
+      if (rdma.ok()) {
+        candidates.push_back(NewDirectTransport(std::move(*rdma), d));
+      }
+      candidates.push_back(NewTcpTransport(t));
+      return NewFirstReachableTransport(std::move(candidates));
+    }
+  }
+  return absl::InvalidArgumentError("unknown transport kind");
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(
@@ -886,15 +926,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(
       options.master_address, grpc::InsecureChannelCredentials(), args);
-  std::unique_ptr<Transport> transport;
-  switch (options.transport) {
-    case TransportKind::kTcp: {
-      TcpTransportOptions t;
-      t.max_idle_per_peer = options.max_idle_connections_per_node;
-      transport = NewTcpTransport(t);
-      break;
-    }
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
+                   MakeTransport(options));
   ASSIGN_OR_RETURN(
       std::unique_ptr<Executor> stores,
       Executor::Create({.name = "hym-store",

@@ -13,6 +13,16 @@ namespace hymcache {
 enum class TransportKind {
   // Length-prefixed binary framing over TCP (works everywhere).
   kTcp,
+  // Same-host shared memory: the node's memory is mapped into this process
+  // and copied with loads and stores (the CXL-attached deployment). Nodes on
+  // other hosts are unreachable.
+  kShm,
+  // One-sided RDMA READ/WRITE into registered memory (rdma-core verbs).
+  // Client::Create fails with Unavailable on a host without an RDMA device.
+  kRdma,
+  // Per node: shared memory when the node is on this host, else RDMA when
+  // both sides have it, else TCP.
+  kAuto,
 };
 
 struct ClientOptions {
@@ -27,6 +37,8 @@ struct ClientOptions {
   // Data-plane transport. Default: kTcp.
   TransportKind transport = TransportKind::kTcp;
 
+  // RDMA device to use ("" = the first one). Default: "".
+  std::string rdma_device;
   // Idle data-plane connections kept per storage node for reuse (nodes
   // close connections idle for a minute). Default: 4.
   int max_idle_connections_per_node = 4;

@@ -1,5 +1,7 @@
 #include "client/tcp_transport.h"
 
+#include "client/frame_io.h"
+
 #include <atomic>
 #include <string>
 #include <vector>
@@ -18,14 +20,9 @@ using wire::FrameHeader;
 using wire::FrameType;
 using wire::OpDesc;
 
-wire::OpDesc ToOp(const RemoteRef& r) {
-  OpDesc op;
-  op.region_id = r.region_id;
-  op.addr = r.addr;
-  op.length = r.length;
-  op.generation = r.generation;
-  return op;
-}
+using frame_io::RecvResponse;
+using frame_io::SendRequest;
+using frame_io::ToOp;
 
 class TcpTransport : public Transport {
  public:
@@ -172,67 +169,6 @@ class TcpTransport : public Transport {
   }
 
   static constexpr const char* kPending = "pending";
-
-  absl::Status SendRequest(Socket& s, FrameType type,
-                           absl::Span<const OpDesc> ops, uint64_t payload,
-                           std::vector<iovec>& payload_iov, uint64_t id,
-                           absl::Time deadline) {
-    FrameHeader h;
-    h.type = type;
-    h.op_count = static_cast<uint16_t>(ops.size());
-    h.request_id = id;
-    h.payload_bytes = payload;
-    std::vector<uint8_t> head(wire::kHeaderBytes + ops.size() * wire::kOpBytes);
-    wire::EncodeHeader(h, head.data());
-    for (size_t i = 0; i < ops.size(); ++i) {
-      wire::EncodeOp(ops[i], head.data() + wire::kHeaderBytes + i * wire::kOpBytes);
-    }
-    std::vector<iovec> iov;
-    iov.reserve(1 + payload_iov.size());
-    iov.push_back({head.data(), head.size()});
-    iov.insert(iov.end(), payload_iov.begin(), payload_iov.end());
-    return SendAllV(s.fd(), iov.data(), static_cast<int>(iov.size()), deadline);
-  }
-
-  // Receives a response header and op table for request `id`. Sets
-  // *response_started once any byte has arrived.
-  absl::StatusOr<std::pair<FrameHeader, std::vector<OpDesc>>> RecvResponse(
-      Socket& s, FrameType want, uint64_t id, size_t op_count,
-      absl::Time deadline, bool* response_started) {
-    uint8_t hb[wire::kHeaderBytes];
-    bool got_any = false;
-    absl::Status st = RecvAll(s.fd(), hb, sizeof(hb), deadline, &got_any);
-    if (got_any) *response_started = true;
-    if (!st.ok()) return st;
-    auto h = wire::DecodeHeader(hb);
-    if (!h.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("bad response from storage node: ", h.status().message()));
-    }
-    if (h->type == FrameType::kError) {
-      std::string msg(h->payload_bytes, '\0');
-      RETURN_IF_ERROR(RecvAll(s.fd(), msg.data(), msg.size(), deadline));
-      absl::StatusCode code = wire::FromWireCode(h->status);
-      if (code == absl::StatusCode::kOk) code = absl::StatusCode::kInternal;
-      // The node closes the connection after an error frame.
-      return absl::Status(code, absl::StrCat("storage node: ", msg));
-    }
-    if (h->type != want || h->request_id != id || h->op_count != op_count) {
-      return absl::UnavailableError("storage node answered out of protocol");
-    }
-    std::vector<uint8_t> table(op_count * wire::kOpBytes);
-    RETURN_IF_ERROR(RecvAll(s.fd(), table.data(), table.size(), deadline));
-    std::vector<OpDesc> ops(op_count);
-    for (size_t i = 0; i < op_count; ++i) {
-      ops[i] = wire::DecodeOp(table.data() + i * wire::kOpBytes);
-    }
-    absl::Status v = wire::ValidateOps(*h, ops);
-    if (!v.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("bad response from storage node: ", v.message()));
-    }
-    return std::make_pair(*h, std::move(ops));
-  }
 
   // A prefetch or release exchange. Returns OK when the connection is still
   // in sync (reusable).

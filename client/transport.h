@@ -59,6 +59,12 @@ class Transport {
 
   virtual std::string_view name() const = 0;
 
+  // OK if this transport can reach `peer` (shared memory needs the same
+  // host, RDMA a device on both sides); else why not. TCP reaches all.
+  virtual absl::Status CanReach(const PeerInfo& peer) {
+    return absl::OkStatus();
+  }
+
   // Reads every op from `peer`, in order, into its caller-owned buffer.
   // Returns one status per op: OK (all bytes are in the buffer), NotFound
   // (the object is gone or its space was reused), DeadlineExceeded,

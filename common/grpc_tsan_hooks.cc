@@ -22,6 +22,8 @@ extern "C" const char* __tsan_default_suppressions() {
          "race_top:^grpc_core::\n"
          "race_top:^std::_Function_handler<*grpc::\n"
          "race_top:^hymcache::v1::\n"
-         "race_top:^google::protobuf::\n";
+         "race_top:^google::protobuf::\n"
+         // Demangled templates start with their return type.
+         "race_top:^void google::protobuf::\n";
 }
 #endif

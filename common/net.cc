@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -269,6 +270,22 @@ absl::Status Discard(int fd, size_t len, absl::Time deadline) {
     len -= chunk;
   }
   return absl::OkStatus();
+}
+
+std::string LocalHostIdentity() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) return "";
+  std::string boot;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {0};
+    if (std::fgets(buf, sizeof(buf), f) != nullptr) boot = buf;
+    std::fclose(f);
+  }
+  while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) {
+    boot.pop_back();
+  }
+  if (boot.empty()) return "";
+  return std::string(host) + "/" + boot;
 }
 
 }  // namespace hymcache

@@ -71,4 +71,8 @@ absl::Status RecvAll(int fd, void* buf, size_t len, absl::Time deadline,
 // Receives and drops `len` bytes.
 absl::Status Discard(int fd, size_t len, absl::Time deadline);
 
+// Identifies this host's running kernel ("hostname/boot_id"): two processes
+// with the same identity can share memory. Empty if it cannot be read.
+std::string LocalHostIdentity();
+
 }  // namespace hymcache

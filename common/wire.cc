@@ -17,7 +17,7 @@ using absl::little_endian::Store64;
 
 bool KnownType(uint8_t t) {
   return t >= static_cast<uint8_t>(FrameType::kReadRequest) &&
-         t <= static_cast<uint8_t>(FrameType::kReleaseResponse);
+         t <= static_cast<uint8_t>(FrameType::kRdmaConnectResponse);
 }
 
 }  // namespace
@@ -93,8 +93,37 @@ absl::StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kHeaderBytes]) {
             "data plane: session request without a session id");
       }
       break;
+    case FrameType::kAcquireRequest:
+      if (h.op_count == 0 || h.payload_bytes != kSessionBytes) {
+        return absl::InvalidArgumentError(
+            "data plane: acquire needs ops and a session id");
+      }
+      break;
+    case FrameType::kAcquireResponse:
+    case FrameType::kWriteBeginResponse:
+      if (h.payload_bytes != uint64_t{h.op_count} * kAreaRefBytes) {
+        return absl::InvalidArgumentError(
+            "data plane: malformed direct-access response");
+      }
+      break;
+    case FrameType::kWriteBeginRequest:
+    case FrameType::kWriteCommitRequest:
+      if (h.op_count == 0 || h.payload_bytes != 0) {
+        return absl::InvalidArgumentError(
+            "data plane: direct write frames carry ops and no payload");
+      }
+      break;
+    case FrameType::kRdmaConnectRequest:
+    case FrameType::kRdmaConnectResponse:
+      if (h.op_count != 0 || h.payload_bytes == 0 ||
+          h.payload_bytes > kMaxConnectBytes) {
+        return absl::InvalidArgumentError(
+            "data plane: malformed RDMA connect frame");
+      }
+      break;
     case FrameType::kPrefetchResponse:
     case FrameType::kReleaseResponse:
+    case FrameType::kWriteCommitResponse:
     case FrameType::kWriteResponse:
     case FrameType::kPing:
     case FrameType::kPong:
@@ -121,6 +150,19 @@ void EncodeSession(uint64_t session, uint8_t out[kSessionBytes]) {
 }
 
 uint64_t DecodeSession(const uint8_t in[kSessionBytes]) { return Load64(in); }
+
+void EncodeAreaRef(const AreaRef& r, uint8_t out[kAreaRefBytes]) {
+  Store32(out, r.area);
+  Store32(out + 4, 0);
+  Store64(out + 8, r.offset);
+}
+
+AreaRef DecodeAreaRef(const uint8_t in[kAreaRefBytes]) {
+  AreaRef r;
+  r.area = Load32(in);
+  r.offset = Load64(in + 8);
+  return r;
+}
 
 void EncodeOp(const OpDesc& op, uint8_t out[kOpBytes]) {
   Store32(out + 0, op.region_id);

@@ -57,6 +57,38 @@
 //   kReleaseResponse  the request's ops with a status each (NotFound: not in
 //                     the session); payload empty.
 //
+// Direct access (one-sided data planes: RDMA, same-host shared memory). The
+// bytes move between the client's buffers and the node's exposed memory
+// areas (MemoryArea: the DRAM region, the hybrid staging window and write
+// buffer) without the node's CPU; these frames, on one TCP connection that
+// the client keeps for the whole exchange, pin and unpin the memory:
+//   kAcquireRequest   ops = objects to read; payload = session id (0: none).
+//                     The node stages each (through the session's prefetch
+//                     queue when the session hinted it) and holds it for this
+//                     connection until it is released.
+//   kAcquireResponse  the ops with a status each; payload = one AreaRef (16
+//                     bytes: u32 area, u32 0, u64 offset) per op, zero for
+//                     failed ops. As for session reads, a suffix may be
+//                     ABORTED (not staged yet; the first op never is).
+//   kReleaseRequest   (above) with the acquired ops: ends their holds; per op
+//                     OK when the hold lasted until now (the bytes read were
+//                     the object's), NotFound otherwise.
+//   kWriteBeginRequest ops = allocations to write; payload empty. The node
+//                     reserves a destination for each (held for this
+//                     connection; refused at once with ResourceExhausted when
+//                     a hybrid write buffer is full).
+//   kWriteBeginResponse the ops with a status each; payload = one AreaRef per
+//                     op.
+//   kWriteCommitRequest ops = begun writes; an op's status field is 0 to
+//                     commit it, non-zero to abort it. Payload empty.
+//   kWriteCommitResponse the ops with a status each; payload empty.
+//   kRdmaConnectRequest / kRdmaConnectResponse  op_count 0; payload = the
+//                     side's RDMA queue-pair description (<= kMaxConnectBytes).
+//                     The node's queue pair lives as long as the connection.
+// When a connection closes, its holds are released and its begun writes
+// aborted (nothing becomes readable). A client must not close it while a
+// one-sided transfer may still touch the held memory.
+//
 // Every limit is checked on the 32-byte header before the receiver allocates
 // or reads anything else; a frame that breaks one is answered with kError.
 #pragma once
@@ -93,7 +125,28 @@ enum class FrameType : uint8_t {
   kPrefetchResponse = 9,
   kReleaseRequest = 10,
   kReleaseResponse = 11,
+  kAcquireRequest = 12,
+  kAcquireResponse = 13,
+  kWriteBeginRequest = 14,
+  kWriteBeginResponse = 15,
+  kWriteCommitRequest = 16,
+  kWriteCommitResponse = 17,
+  kRdmaConnectRequest = 18,
+  kRdmaConnectResponse = 19,
 };
+
+// Where an acquired object or a write destination lies in the node's
+// exposed memory (payload of kAcquireResponse / kWriteBeginResponse).
+inline constexpr size_t kAreaRefBytes = 16;
+struct AreaRef {
+  uint32_t area = 0;
+  uint64_t offset = 0;
+};
+void EncodeAreaRef(const AreaRef& r, uint8_t out[kAreaRefBytes]);
+AreaRef DecodeAreaRef(const uint8_t in[kAreaRefBytes]);
+
+// Largest RDMA connect payload.
+inline constexpr uint64_t kMaxConnectBytes = 1024;
 
 // Bytes of the session id payload of session-scoped requests.
 inline constexpr uint64_t kSessionBytes = 8;

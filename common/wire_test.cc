@@ -95,6 +95,36 @@ TEST_CASE("hostile headers are rejected before anything is allocated") {
     h.payload_bytes = 16;
     CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
   }
+  SECTION("direct-access frames") {
+    h.type = FrameType::kAcquireRequest;
+    h.payload_bytes = kSessionBytes;
+    CHECK(DecodeHeader(Header(h).data()).ok());
+    h.payload_bytes = 0;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    h.type = FrameType::kAcquireResponse;
+    h.payload_bytes = h.op_count * kAreaRefBytes;
+    CHECK(DecodeHeader(Header(h).data()).ok());
+    h.payload_bytes += 1;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    h.type = FrameType::kWriteBeginRequest;
+    h.payload_bytes = 0;
+    CHECK(DecodeHeader(Header(h).data()).ok());
+    h.payload_bytes = 8;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    h.type = FrameType::kRdmaConnectRequest;
+    h.op_count = 0;
+    h.payload_bytes = kMaxConnectBytes;
+    CHECK(DecodeHeader(Header(h).data()).ok());
+    h.payload_bytes = kMaxConnectBytes + 1;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    h.payload_bytes = 0;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    uint8_t b[kAreaRefBytes];
+    EncodeAreaRef({7, 0x1122334455ull}, b);
+    AreaRef r = DecodeAreaRef(b);
+    CHECK(r.area == 7);
+    CHECK(r.offset == 0x1122334455ull);
+  }
   SECTION("session ids round-trip") {
     uint8_t b[kSessionBytes];
     EncodeSession(0x0123456789abcdefull, b);

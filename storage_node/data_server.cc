@@ -13,6 +13,8 @@
 #include <cstring>
 #include <exception>
 #include <system_error>
+#include <map>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -63,7 +65,29 @@ uint32_t WireStatus(const absl::Status& s) {
   return wire::ToWireCode(s.code());
 }
 
+struct KeyLess {
+  bool operator()(const ExtentKey& a, const ExtentKey& b) const {
+    return std::tie(a.region_id, a.addr, a.length, a.generation) <
+           std::tie(b.region_id, b.addr, b.length, b.generation);
+  }
+};
+
 }  // namespace
+
+// A connection's direct-access state: objects held for one-sided reads,
+// destinations reserved for one-sided writes, the RDMA queue pair. Owned by
+// the connection's thread.
+struct DataServer::ConnState {
+  struct WriteHold {
+    ExtentTable::WriteTicket ticket;
+    WriteView view;
+  };
+  std::map<ExtentKey, KvManager::StagedRead, KeyLess> reads;
+  std::map<ExtentKey, WriteHold, KeyLess> writes;
+  // Session for acquires that name none (0 until first needed).
+  uint64_t own_session = 0;
+  std::shared_ptr<void> rdma_qp;
+};
 
 absl::Status DataServerOptions::Validate() const {
   if (port < 0 || port > 65535) {
@@ -122,6 +146,7 @@ absl::StatusOr<std::unique_ptr<DataServer>> DataServer::Create(
 DataServer::DataServer(const DataServerOptions& options, Socket listen,
                        int port, int stop_fd, int reap_fd)
     : options_(options),
+      areas_(options.device->Areas()),
       port_(port),
       stop_fd_(stop_fd),
       reap_fd_(reap_fd),
@@ -263,6 +288,7 @@ void DataServer::Reap() {
 
 void DataServer::ServeConnection(Conn* conn) {
   const int fd = conn->sock.fd();
+  ConnState cs;
   while (true) {
     // Wait for the next request header, up to idle_timeout.
     const absl::Time idle_deadline = absl::Now() + options_.idle_timeout;
@@ -304,8 +330,11 @@ void DataServer::ServeConnection(Conn* conn) {
       }
       break;  // clean close by the peer when !got_any
     }
-    if (!HandleRequest(fd, hdr, deadline)) break;
+    if (!HandleRequest(fd, hdr, deadline, &cs)) break;
   }
+  // Before the peer learns the connection is gone (a client must not touch
+  // held memory after closing it anyway).
+  EndConnState(&cs);
   // Tell the peer at once; the descriptor is closed when the thread is
   // reaped.
   ::shutdown(fd, SHUT_RDWR);
@@ -318,7 +347,8 @@ void DataServer::ServeConnection(Conn* conn) {
   SignalFd(reap_fd_);
 }
 
-bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline) {
+bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
+                               ConnState* cs) {
   absl::StatusOr<wire::FrameHeader> h = wire::DecodeHeader(hdr);
   if (!h.ok()) {
     protocol_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -336,7 +366,12 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline) 
     case wire::FrameType::kWriteRequest:
     case wire::FrameType::kPrefetchRequest:
     case wire::FrameType::kReleaseRequest:
+    case wire::FrameType::kAcquireRequest:
+    case wire::FrameType::kWriteBeginRequest:
+    case wire::FrameType::kWriteCommitRequest:
       break;
+    case wire::FrameType::kRdmaConnectRequest:
+      return HandleRdmaConnect(fd, *h, deadline, cs);
     default:
       protocol_errors_.fetch_add(1, std::memory_order_relaxed);
       SendError(fd, h->request_id,
@@ -366,9 +401,16 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline) 
     SendError(fd, h->request_id, s);
     return false;
   }
+  if (h->type == wire::FrameType::kWriteCommitRequest) {
+    // The status field says commit (0) or abort.
+    return HandleWriteCommit(fd, *h, ops, deadline, cs);
+  }
   for (wire::OpDesc& op : ops) op.status = 0;
   if (h->type == wire::FrameType::kWriteRequest) {
     return HandleWrite(fd, *h, ops, deadline);
+  }
+  if (h->type == wire::FrameType::kWriteBeginRequest) {
+    return HandleWriteBegin(fd, *h, ops, deadline, cs);
   }
   // Reads, prefetches and releases: the payload, if any, is a session id
   // (DecodeHeader checked its size).
@@ -388,24 +430,45 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline) 
   if (h->type == wire::FrameType::kReadRequest) {
     return HandleRead(fd, *h, ops, session, deadline);
   }
-  return HandleSession(fd, *h, ops, session, deadline);
+  if (h->type == wire::FrameType::kAcquireRequest) {
+    return HandleAcquire(fd, *h, ops, session, deadline, cs);
+  }
+  return HandleSession(fd, *h, ops, session, deadline, cs);
 }
 
 bool DataServer::HandleSession(int fd, const wire::FrameHeader& h,
                                std::vector<wire::OpDesc>& ops,
-                               uint64_t session, absl::Time deadline) {
+                               uint64_t session, absl::Time deadline,
+                               ConnState* cs) {
   const bool prefetch = h.type == wire::FrameType::kPrefetchRequest;
+  std::vector<absl::Status> st(ops.size());
+  // A release ends this connection's holds first (direct reads); the rest
+  // are dropped from the session's prefetch queue.
   std::vector<ExtentKey> keys;
-  keys.reserve(ops.size());
-  for (const wire::OpDesc& op : ops) keys.push_back(KeyOf(op));
-  std::vector<absl::Status> st;
-  if (options_.kv == nullptr) {
-    st.assign(ops.size(), absl::UnimplementedError(
-                              "storage node: no prefetch manager"));
-  } else if (prefetch) {
-    st = options_.kv->Prefetch(session, keys);
-  } else {
-    st = options_.kv->Release(session, keys);
+  std::vector<size_t> index;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const ExtentKey k = KeyOf(ops[i]);
+    if (!prefetch) {
+      auto it = cs->reads.find(k);
+      if (it != cs->reads.end()) {
+        cs->reads.erase(it);  // releases the object
+        continue;
+      }
+    }
+    keys.push_back(k);
+    index.push_back(i);
+  }
+  if (!keys.empty() || (!prefetch && ops.empty())) {
+    std::vector<absl::Status> r;
+    if (options_.kv == nullptr) {
+      r.assign(keys.size(), absl::UnimplementedError(
+                                "storage node: no prefetch manager"));
+    } else if (prefetch) {
+      r = options_.kv->Prefetch(session, keys);
+    } else {
+      r = options_.kv->Release(session, keys);
+    }
+    for (size_t k = 0; k < keys.size(); ++k) st[index[k]] = r[k];
   }
   for (size_t i = 0; i < ops.size(); ++i) ops[i].status = WireStatus(st[i]);
   std::vector<uint8_t> buf = EncodeResponse(
@@ -418,6 +481,263 @@ bool DataServer::HandleSession(int fd, const wire::FrameHeader& h,
     return false;
   }
   return true;
+}
+
+namespace {
+
+// Sends a response frame whose payload is one AreaRef per op.
+absl::Status SendWithAreaRefs(int fd, wire::FrameType type, uint64_t id,
+                              const std::vector<wire::OpDesc>& ops,
+                              const std::vector<wire::AreaRef>& refs,
+                              absl::Time deadline) {
+  std::vector<uint8_t> buf =
+      EncodeResponse(type, id, ops.size() * wire::kAreaRefBytes, ops);
+  const size_t head = buf.size();
+  buf.resize(head + ops.size() * wire::kAreaRefBytes);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    wire::EncodeAreaRef(refs[i], buf.data() + head + i * wire::kAreaRefBytes);
+  }
+  return SendAll(fd, buf.data(), buf.size(), deadline);
+}
+
+}  // namespace
+
+bool DataServer::HandleAcquire(int fd, const wire::FrameHeader& h,
+                               std::vector<wire::OpDesc>& ops,
+                               uint64_t session, absl::Time deadline,
+                               ConnState* cs) {
+  std::vector<wire::AreaRef> refs(ops.size());
+  if (options_.kv == nullptr || areas_.empty()) {
+    for (auto& op : ops) {
+      op.status = WireStatus(absl::UnimplementedError(
+          "storage node: no direct access to this device's memory"));
+    }
+  } else {
+    if (session == 0) {
+      if (cs->own_session == 0) {
+        // Distinct from clients' random ids in practice; only this
+        // connection uses it.
+        cs->own_session = (uint64_t{1} << 63) |
+                          next_conn_session_.fetch_add(1, std::memory_order_relaxed);
+      }
+      session = cs->own_session;
+    }
+    bool holding = false;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      wire::OpDesc& op = ops[i];
+      const ExtentKey key = KeyOf(op);
+      auto held = cs->reads.find(key);
+      if (held != cs->reads.end()) {
+        // Acquired again on this connection: the same hold.
+        auto loc = LocateInAreas(areas_, held->second.data(), op.length);
+        refs[i] = {loc->first, loc->second};
+        holding = true;
+        continue;
+      }
+      // Staged through the session: queued now unless the load hinted it
+      // (a repeated hint costs nothing). Only a request holding nothing may
+      // wait, as for session reads.
+      absl::Status hint = options_.kv->Prefetch(session, {key})[0];
+      if (!hint.ok()) {
+        op.status = WireStatus(hint);
+        if (hint.code() == absl::StatusCode::kNotFound) {
+          stale_reads_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+        }
+        continue;
+      }
+      absl::StatusOr<KvManager::StagedRead> r =
+          holding ? options_.kv->AcquireReadIfStaged(session, key)
+                  : options_.kv->AcquireRead(session, key, deadline);
+      if (holding && r.status().code() == absl::StatusCode::kUnavailable) {
+        for (size_t k = i; k < ops.size(); ++k) {
+          ops[k].status = WireStatus(absl::AbortedError("not staged yet"));
+        }
+        break;
+      }
+      if (!r.ok()) {
+        op.status = WireStatus(r.status());
+        rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      auto loc = LocateInAreas(areas_, r->data(), op.length);
+      if (!loc.ok()) {
+        op.status = WireStatus(absl::InternalError(
+            "storage node: staged copy outside the exposed memory"));
+        rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+        continue;  // `r` releases
+      }
+      refs[i] = {loc->first, loc->second};
+      cs->reads.emplace(key, std::move(*r));
+      holding = true;
+      acquired_ops_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  absl::Status s = SendWithAreaRefs(fd, wire::FrameType::kAcquireResponse,
+                                    h.request_id, ops, refs, deadline);
+  if (!s.ok()) {
+    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+bool DataServer::HandleWriteBegin(int fd, const wire::FrameHeader& h,
+                                  std::vector<wire::OpDesc>& ops,
+                                  absl::Time deadline, ConnState* cs) {
+  MemoryDevice* device = options_.device;
+  std::vector<wire::AreaRef> refs(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    wire::OpDesc& op = ops[i];
+    const ExtentKey key = KeyOf(op);
+    absl::Status st;
+    if (areas_.empty()) {
+      st = absl::UnimplementedError(
+          "storage node: no direct access to this device's memory");
+    } else if (cs->writes.count(key) != 0) {
+      st = absl::AlreadyExistsError("write already begun on this connection");
+    }
+    absl::StatusOr<ExtentTable::WriteTicket> ticket =
+        st.ok() ? options_.extents->BeginWrite(key)
+                : absl::StatusOr<ExtentTable::WriteTicket>(st);
+    WriteView view;
+    if (ticket.ok()) {
+      absl::StatusOr<WriteView> v =
+          device->BeginWrite(op.region_id, op.addr, op.length, op.generation);
+      if (v.ok()) {
+        auto loc = LocateInAreas(areas_, v->data, op.length);
+        if (loc.ok()) {
+          view = *v;
+          refs[i] = {loc->first, loc->second};
+        } else {
+          device->AbortWrite(*v);
+          st = absl::UnimplementedError(
+              "storage node: write destination outside the exposed memory");
+        }
+      } else {
+        st = v.status();
+      }
+    } else {
+      st = ticket.status();
+    }
+    if (!st.ok()) {
+      op.status = WireStatus(st);
+      rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+      continue;  // `ticket` aborts
+    }
+    cs->writes.emplace(key, ConnState::WriteHold{std::move(*ticket), view});
+  }
+  absl::Status s = SendWithAreaRefs(fd, wire::FrameType::kWriteBeginResponse,
+                                    h.request_id, ops, refs, deadline);
+  if (!s.ok()) {
+    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+bool DataServer::HandleWriteCommit(int fd, const wire::FrameHeader& h,
+                                   std::vector<wire::OpDesc>& ops,
+                                   absl::Time deadline, ConnState* cs) {
+  MemoryDevice* device = options_.device;
+  for (wire::OpDesc& op : ops) {
+    const bool commit = op.status == 0;
+    auto it = cs->writes.find(KeyOf(op));
+    if (it == cs->writes.end()) {
+      op.status = WireStatus(
+          absl::NotFoundError("no write begun for this allocation"));
+      continue;
+    }
+    ConnState::WriteHold hold = std::move(it->second);
+    cs->writes.erase(it);
+    absl::Status st;
+    if (!commit) {
+      device->AbortWrite(hold.view);
+      hold.ticket.Abort();
+      st = absl::CancelledError("write aborted by the client");
+    } else {
+      st = device->CommitWrite(hold.view);
+      if (st.ok()) {
+        st = hold.ticket.Commit();
+      } else {
+        hold.ticket.Abort();
+      }
+    }
+    op.status = WireStatus(st);
+    if (st.ok()) {
+      direct_write_ops_.fetch_add(1, std::memory_order_relaxed);
+      write_ops_.fetch_add(1, std::memory_order_relaxed);
+      bytes_written_.fetch_add(op.length, std::memory_order_relaxed);
+    } else if (commit) {
+      rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  std::vector<uint8_t> buf = EncodeResponse(
+      wire::FrameType::kWriteCommitResponse, h.request_id, 0, ops);
+  absl::Status s = SendAll(fd, buf.data(), buf.size(), deadline);
+  if (!s.ok()) {
+    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+bool DataServer::HandleRdmaConnect(int fd, const wire::FrameHeader& h,
+                                   absl::Time deadline, ConnState* cs) {
+  // DecodeHeader bounded the payload by kMaxConnectBytes.
+  std::string info(h.payload_bytes, '\0');
+  absl::Status s = RecvAll(fd, info.data(), info.size(), deadline);
+  if (!s.ok()) {
+    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  if (options_.rdma == nullptr) {
+    SendError(fd, h.request_id,
+              absl::UnimplementedError("storage node: RDMA is not enabled"));
+    return false;
+  }
+  if (cs->rdma_qp != nullptr) {
+    SendError(fd, h.request_id,
+              absl::FailedPreconditionError(
+                  "data plane: this connection already has a queue pair"));
+    return false;
+  }
+  auto accepted = options_.rdma->Accept(info);
+  if (!accepted.ok()) {
+    SendError(fd, h.request_id, accepted.status());
+    return false;
+  }
+  cs->rdma_qp = std::move(accepted->first);
+  const std::string& mine = accepted->second;
+  rdma_connections_.fetch_add(1, std::memory_order_relaxed);
+  wire::FrameHeader r;
+  r.type = wire::FrameType::kRdmaConnectResponse;
+  r.request_id = h.request_id;
+  r.payload_bytes = mine.size();
+  uint8_t hdr[wire::kHeaderBytes];
+  wire::EncodeHeader(r, hdr);
+  iovec iov[2] = {{hdr, sizeof(hdr)},
+                  {const_cast<char*>(mine.data()), mine.size()}};
+  s = SendAllV(fd, iov, 2, deadline);
+  if (!s.ok()) {
+    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+void DataServer::EndConnState(ConnState* cs) {
+  for (auto& [key, hold] : cs->writes) {
+    options_.device->AbortWrite(hold.view);
+    hold.ticket.Abort();
+  }
+  cs->writes.clear();
+  cs->reads.clear();  // releases the held objects
+  if (cs->own_session != 0 && options_.kv != nullptr) {
+    options_.kv->Release(cs->own_session, {});
+  }
+  cs->rdma_qp.reset();
 }
 
 bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
@@ -653,6 +973,9 @@ DataServerStats DataServer::Stats() const {
   s.read_ops = read_ops_.load(std::memory_order_relaxed);
   s.write_ops = write_ops_.load(std::memory_order_relaxed);
   s.staged_read_ops = staged_read_ops_.load(std::memory_order_relaxed);
+  s.acquired_ops = acquired_ops_.load(std::memory_order_relaxed);
+  s.direct_write_ops = direct_write_ops_.load(std::memory_order_relaxed);
+  s.rdma_connections = rdma_connections_.load(std::memory_order_relaxed);
   s.stale_reads = stale_reads_.load(std::memory_order_relaxed);
   s.rejected_ops = rejected_ops_.load(std::memory_order_relaxed);
   s.accepted_connections = accepted_.load(std::memory_order_relaxed);

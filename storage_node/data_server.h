@@ -28,6 +28,8 @@
 #include <list>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -42,6 +44,19 @@
 #include "storage_node/memory_device.h"
 
 namespace hymcache::storage {
+
+// Accepts RDMA connections for the data server (kRdmaConnectRequest): makes
+// a queue pair connected to the client's and returns it, with the local
+// queue-pair description to send back. Implemented by the storage node over
+// the verbs layer; the data server knows nothing of verbs.
+class RdmaAcceptor {
+ public:
+  virtual ~RdmaAcceptor() = default;
+  // The first member keeps the queue pair alive; it is dropped when the TCP
+  // connection that asked for it closes.
+  virtual absl::StatusOr<std::pair<std::shared_ptr<void>, std::string>> Accept(
+      std::string_view client_info) = 0;
+};
 
 struct DataServerOptions {
   // Address to listen on.
@@ -69,6 +84,9 @@ struct DataServerOptions {
   // answered with per-op Unimplemented and session reads are plain reads);
   // must outlive the server.
   KvManager* kv = nullptr;
+  // Serves kRdmaConnectRequest. Not owned; optional (without it RDMA
+  // connects are refused with Unimplemented); must outlive the server.
+  RdmaAcceptor* rdma = nullptr;
 
   absl::Status Validate() const;
 };
@@ -80,6 +98,9 @@ struct DataServerStats {
   uint64_t write_ops = 0;         // write ops committed
   uint64_t staged_read_ops = 0;   // of read_ops, served from a session's
                                   // prefetched (staged) copy
+  uint64_t acquired_ops = 0;      // direct reads: objects held for a peer
+  uint64_t direct_write_ops = 0;  // direct writes committed
+  uint64_t rdma_connections = 0;  // RDMA queue pairs accepted
   uint64_t stale_reads = 0;       // read ops answered NotFound
   uint64_t rejected_ops = 0;      // write ops not stored + reads failed
                                   // other than NotFound
@@ -140,7 +161,23 @@ class DataServer {
   void Reap();
   void ServeConnection(Conn* conn);
   // Serves one request whose header is in `hdr`; false: close the connection.
-  bool HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline);
+  // What a connection holds for direct access (defined in the .cc).
+  struct ConnState;
+  bool HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
+                     ConnState* cs);
+  bool HandleAcquire(int fd, const wire::FrameHeader& h,
+                     std::vector<wire::OpDesc>& ops, uint64_t session,
+                     absl::Time deadline, ConnState* cs);
+  bool HandleWriteBegin(int fd, const wire::FrameHeader& h,
+                        std::vector<wire::OpDesc>& ops, absl::Time deadline,
+                        ConnState* cs);
+  bool HandleWriteCommit(int fd, const wire::FrameHeader& h,
+                         std::vector<wire::OpDesc>& ops, absl::Time deadline,
+                         ConnState* cs);
+  bool HandleRdmaConnect(int fd, const wire::FrameHeader& h,
+                         absl::Time deadline, ConnState* cs);
+  // Ends a connection's holds and begun writes.
+  void EndConnState(ConnState* cs);
   // `session` 0: no session.
   bool HandleRead(int fd, const wire::FrameHeader& h,
                   std::vector<wire::OpDesc>& ops, uint64_t session,
@@ -148,13 +185,14 @@ class DataServer {
   // kPrefetchRequest and kReleaseRequest.
   bool HandleSession(int fd, const wire::FrameHeader& h,
                      std::vector<wire::OpDesc>& ops, uint64_t session,
-                     absl::Time deadline);
+                     absl::Time deadline, ConnState* cs);
   bool HandleWrite(int fd, const wire::FrameHeader& h,
                    std::vector<wire::OpDesc>& ops, absl::Time deadline);
   void SendError(int fd, uint64_t request_id, const absl::Status& status);
 
   // Constant after construction.
   const DataServerOptions options_;
+  const std::vector<MemoryArea> areas_;  // options_.device->Areas()
   const int port_;
   const int stop_fd_;  // eventfd: readable once shutdown starts
   const int reap_fd_;  // eventfd: a connection thread finished
@@ -166,6 +204,10 @@ class DataServer {
   std::atomic<uint64_t> read_ops_{0};
   std::atomic<uint64_t> write_ops_{0};
   std::atomic<uint64_t> staged_read_ops_{0};
+  std::atomic<uint64_t> acquired_ops_{0};
+  std::atomic<uint64_t> direct_write_ops_{0};
+  std::atomic<uint64_t> rdma_connections_{0};
+  std::atomic<uint64_t> next_conn_session_{1};
   std::atomic<uint64_t> stale_reads_{0};
   std::atomic<uint64_t> rejected_ops_{0};
   std::atomic<uint64_t> accepted_{0};

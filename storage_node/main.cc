@@ -59,6 +59,15 @@ DEFINE_string(prefetch_window_bytes, "128M",
 DEFINE_int32(prefetch_session_timeout_ms, 5000,
              "A request that stops reading this long loses its staged "
              "objects (ms).");
+DEFINE_bool(shm, true,
+            "Let clients on this host map the device memory (shared-memory "
+            "data plane).");
+DEFINE_string(rdma, "auto",
+              "RDMA data plane: off, auto (if a device exists) or on.");
+DEFINE_string(rdma_device, "", "RDMA device name (default: the first).");
+DEFINE_string(max_region_bytes, "0",
+              "DRAM device: most bytes per region / RDMA registration (0: "
+              "the RDMA device's limit, or one region).");
 DEFINE_uint32(alignment, 4096, "Allocation alignment (power of two).");
 DEFINE_int32(max_connections, 1024, "Most data-plane connections at once.");
 DEFINE_int32(io_timeout_ms, 30000, "Bound on one data-plane request (ms).");
@@ -159,6 +168,13 @@ int main(int argc, char** argv) {
   }
   options.prefetch_session_timeout =
       absl::Milliseconds(FLAGS_prefetch_session_timeout_ms);
+  options.expose_shm = FLAGS_shm;
+  options.rdma = FLAGS_rdma;
+  options.rdma_device = FLAGS_rdma_device;
+  if (!ParseBytes(FLAGS_max_region_bytes, &options.max_region_bytes)) {
+    std::cerr << "hymcache-storage: bad --max_region_bytes\n";
+    return 2;
+  }
   options.alignment = FLAGS_alignment;
   options.max_connections = FLAGS_max_connections;
   options.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);

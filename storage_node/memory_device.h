@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -93,6 +94,29 @@ struct RecoveredExtent {
   uint64_t generation = 0;
 };
 
+// A span of device memory that a data plane may expose for direct access by
+// peers: registered with an RDMA NIC (one-sided READ/WRITE) or mapped by a
+// same-host client (shared memory). The DRAM device's regions, the hybrid
+// device's staging window and write buffer. Every pointer a device hands out
+// for reads through PrefetchWait, and for writes through BeginWrite, lies in
+// one area (AcquireRead may also return bounce buffers outside any area).
+struct MemoryArea {
+  // Distinct per device; stable for the device's lifetime.
+  uint32_t area_id = 0;
+  uint8_t* base = nullptr;
+  uint64_t length = 0;
+  // A memfd holding the bytes (mapped MAP_SHARED at `base`), which a same-host
+  // peer can map; -1 if the area is private memory. Owned by the device.
+  int fd = -1;
+  // "region", "staging" or "write_buffer".
+  std::string kind;
+};
+
+// Finds the area holding [p, p + len): its id and the offset of p in it.
+// NotFound if no single area holds the whole range.
+absl::StatusOr<std::pair<uint32_t, uint64_t>> LocateInAreas(
+    const std::vector<MemoryArea>& areas, const uint8_t* p, uint64_t len);
+
 // Checks that [addr, addr + len) lies in a region of `capacity` bytes:
 // InvalidArgument for len 0, OutOfRange beyond the region or on overflow.
 // Shared by the devices and the extent table so their errors agree.
@@ -148,6 +172,11 @@ class MemoryDevice {
   // re-adopt into its extent table (generation = the BeginWrite tag). Empty
   // for volatile devices. Constant for the device's lifetime.
   virtual std::vector<RecoveredExtent> RecoveredExtents() const { return {}; }
+
+  // The memory a data plane may expose for direct access (see MemoryArea).
+  // Constant for the device's lifetime. Empty: no direct access (the data
+  // plane moves bytes over TCP only).
+  virtual std::vector<MemoryArea> Areas() const { return {}; }
 };
 
 }  // namespace hymcache::storage

@@ -1,5 +1,7 @@
 #include "storage_node/storage_node.h"
 
+#include <unistd.h>
+
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -11,6 +13,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
+#include "common/rdma.h"
+#include "common/transport_params.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "proto/master.grpc.pb.h"
@@ -18,6 +22,7 @@
 #include "storage_node/capacity_tier.h"
 #include "storage_node/data_server.h"
 #include "storage_node/kv_manager.h"
+#include "storage_node/rdma_plane.h"
 #include "storage_node/dram_device.h"
 #include "storage_node/extent_table.h"
 #include "storage_node/hybrid_device.h"
@@ -103,6 +108,11 @@ class StorageNode::ControlService final
     ExportDeviceStats(*n->device_, resp->mutable_device_stats());
     auto& m = *resp->mutable_device_stats();
     const storage::KvManagerStats k = n->kv_->Stats();
+    m["staged_read_ops"] = static_cast<double>(d.staged_read_ops);
+    m["direct_acquired_ops"] = static_cast<double>(d.acquired_ops);
+    m["direct_write_ops"] = static_cast<double>(d.direct_write_ops);
+    m["rdma_connections"] = static_cast<double>(d.rdma_connections);
+    m["rdma_enabled"] = n->rdma_ != nullptr ? 1 : 0;
     m["prefetch_sessions"] = static_cast<double>(k.sessions);
     m["prefetch_queued_objects"] = static_cast<double>(k.queued_objects);
     m["prefetch_staging_objects"] = static_cast<double>(k.staging_objects);
@@ -237,6 +247,10 @@ absl::Status StorageNodeOptions::Validate() const {
         "storage node: io_timeout, idle_timeout and rpc_timeout must be > 0, "
         "drain_timeout >= 0");
   }
+  if (rdma != "off" && rdma != "auto" && rdma != "on") {
+    return absl::InvalidArgumentError(
+        "storage node: rdma must be off, auto or on");
+  }
   if (prefetch_window_bytes == 0 ||
       prefetch_session_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -252,13 +266,15 @@ namespace {
 // `*incarnation` with the one recorded in its capacity file. The LRU
 // baseline does not own its capacity tier: `*tier_out` keeps it alive.
 absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
-    const StorageNodeOptions& o, uint64_t* incarnation,
-    std::unique_ptr<storage::CapacityTier>* tier_out) {
+    const StorageNodeOptions& o, uint64_t max_region_bytes,
+    uint64_t* incarnation, std::unique_ptr<storage::CapacityTier>* tier_out) {
   using Device = StorageNodeOptions::Device;
   if (o.device == Device::kDram) {
     storage::DramDeviceOptions dev;
     dev.region_id = 0;
     dev.capacity_bytes = o.dram_bytes;
+    dev.max_region_bytes = max_region_bytes;
+    dev.shareable = o.expose_shm || o.rdma != "off";
     dev.numa_node = o.numa_node;
     dev.alignment = o.alignment;
     ASSIGN_OR_RETURN(auto d, storage::DramDevice::Create(dev));
@@ -318,8 +334,45 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   do {
     node->incarnation_ = absl::Uniform<uint64_t>(gen);
   } while (node->incarnation_ == 0);
-  ASSIGN_OR_RETURN(node->device_, MakeDevice(options, &node->incarnation_,
-                                             &node->lru_tier_));
+  // RDMA first: its registration limit decides how the DRAM device is
+  // split into regions (no object may straddle two registrations).
+  std::unique_ptr<rdma::Device> rdma_device;
+  if (options.rdma != "off") {
+    rdma::DeviceOptions ro;
+    ro.device_name = options.rdma_device;
+    absl::StatusOr<std::unique_ptr<rdma::Device>> d = rdma::Device::Open(ro);
+    if (d.ok()) {
+      rdma_device = std::move(*d);
+    } else if (options.rdma == "on") {
+      return d.status();
+    } else {
+      LOG(INFO) << "storage node: no RDMA data plane (" << d.status().message()
+                << "); serving TCP and shared memory";
+    }
+  }
+  uint64_t max_region = options.max_region_bytes;
+  if (max_region == 0 && rdma_device != nullptr) {
+    max_region = rdma_device->max_mr_size();
+  }
+  ASSIGN_OR_RETURN(node->device_,
+                   MakeDevice(options, max_region, &node->incarnation_,
+                              &node->lru_tier_));
+  if (rdma_device != nullptr) {
+    absl::StatusOr<std::unique_ptr<storage::RdmaPlane>> plane =
+        storage::RdmaPlane::Create(std::move(rdma_device),
+                                   node->device_->Areas());
+    if (plane.ok()) {
+      node->rdma_ = std::move(*plane);
+      for (auto& [k, v] : node->rdma_->TransportParams()) {
+        node->transport_params_[k] = v;
+      }
+    } else if (options.rdma == "on") {
+      return plane.status();
+    } else {
+      LOG(WARNING) << "storage node: RDMA data plane disabled: "
+                   << plane.status();
+    }
+  }
 
   storage::ExtentTableOptions ext;
   ext.regions = node->device_->Regions();
@@ -357,8 +410,28 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   kv.extents = node->extents_.get();
   ASSIGN_OR_RETURN(node->kv_, storage::KvManager::Create(kv));
 
+  if (options.expose_shm) {
+    // Same-host clients map the memfds through /proc/<pid>/fd/<fd>.
+    std::string areas;
+    for (const storage::MemoryArea& a : node->device_->Areas()) {
+      if (a.fd < 0) continue;
+      absl::StrAppend(&areas, areas.empty() ? "" : ",", a.area_id, ":", a.fd,
+                      ":", a.length);
+    }
+    const std::string host = LocalHostIdentity();
+    if (!areas.empty() && !host.empty()) {
+      absl::BitGen gen;
+      node->transport_params_[kShmHostParam] = host;
+      node->transport_params_[kShmPidParam] = absl::StrCat(getpid());
+      node->transport_params_[kShmInstanceParam] =
+          absl::StrCat(absl::Uniform<uint64_t>(gen));
+      node->transport_params_[kShmAreasParam] = areas;
+    }
+  }
+
   storage::DataServerOptions ds;
   ds.kv = node->kv_.get();
+  ds.rdma = node->rdma_.get();
   ds.host = options.listen_host;
   ds.port = options.data_port;
   ds.max_connections = options.max_connections;
@@ -469,6 +542,9 @@ absl::Status StorageNode::Register() {
   req.set_control_address(control_address_);
   for (const storage::RegionDescriptor& r : device_->Regions()) {
     ToProto(r, req.add_regions());
+  }
+  for (const auto& [k, v] : transport_params_) {
+    (*req.mutable_transport_params())[k] = v;
   }
   v1::RegisterNodeResponse resp;
   RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {

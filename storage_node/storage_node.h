@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -37,6 +38,7 @@ namespace storage {
 class DataServer;
 class ExtentTable;
 class KvManager;
+class RdmaPlane;
 class CapacityTier;
 class MemoryDevice;
 }  // namespace storage
@@ -112,6 +114,20 @@ struct StorageNodeOptions {
   // A request that stops reading for this long loses its staged objects.
   // Default: 5 s
   absl::Duration prefetch_session_timeout = absl::Seconds(5);
+  // Let clients on this host map the device memory (the shared-memory data
+  // plane): publishes the device's memfd-backed areas to the master.
+  // Default: true
+  bool expose_shm = true;
+  // RDMA data plane: "off"; "auto" (use an RDMA device if there is one, else
+  // serve TCP and shared memory only); "on" (Create fails without one).
+  // Default: "auto"
+  std::string rdma = "auto";
+  // RDMA device name ("" = the first). Default: ""
+  std::string rdma_device;
+  // DRAM device: most bytes per region (and so per RDMA registration); 0 =
+  // the device's registration limit when RDMA is on, else one region.
+  // Default: 0
+  uint64_t max_region_bytes = 0;
   // Most data-plane connections served at once (each holds a thread).
   // Default: 1024
   int max_connections = 1024;
@@ -196,6 +212,7 @@ class StorageNode {
   std::unique_ptr<storage::MemoryDevice> device_;
   std::unique_ptr<storage::ExtentTable> extents_;
   std::unique_ptr<storage::KvManager> kv_;  // before data_server_
+  std::unique_ptr<storage::RdmaPlane> rdma_;  // before data_server_
   std::unique_ptr<storage::DataServer> data_server_;
   std::unique_ptr<ControlService> control_service_;
   std::unique_ptr<grpc::Server> control_server_;  // after control_service_
@@ -206,6 +223,8 @@ class StorageNode {
   std::string control_address_;
   std::string name_;
   uint64_t incarnation_ = 0;
+  // Published to clients through the master (RegisterNodeRequest).
+  std::map<std::string, std::string> transport_params_;
   Thread heartbeat_;
 
   mutable Mutex mu_;

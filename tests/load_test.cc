@@ -274,7 +274,7 @@ TEST_CASE("concurrent requests share one node's staging window") {
     c.StoreAll(absl::StrCat("conc", r), 0, kBlocks, kMiB);
   }
   std::vector<LoadResult> results(kRequests);
-  std::vector<bool> intact(kRequests, false);
+  std::vector<char> intact(kRequests, 0);  // not vector<bool>: one byte each
   std::vector<Thread> threads;
   for (int r = 0; r < kRequests; ++r) {
     threads.emplace_back("load", [&, r] {
@@ -288,7 +288,7 @@ TEST_CASE("concurrent requests share one node's staging window") {
         results[r] = *res;
         bool ok = res->loaded == kBlocks;
         for (size_t i = 0; ok && i < kBlocks; ++i) ok = out[i] == Bytes(ns, i, kMiB);
-        intact[r] = ok;
+        intact[r] = ok ? 1 : 0;
         if (!ok) return;
       }
     });

@@ -1,0 +1,252 @@
+#include "client/rdma_mover.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/frame_io.h"
+#include "common/mutex.h"
+#include "common/rdma.h"
+#include "common/status_macros.h"
+#include "common/transport_params.h"
+#include "common/wire.h"
+
+namespace hymcache {
+namespace {
+
+// Bytes of the registered bounce buffer each channel stages transfers
+// through (a transfer larger than this runs in several rounds).
+constexpr size_t kBounceBytes = size_t{16} << 20;
+
+struct RemoteArea {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint32_t rkey = 0;
+};
+
+std::string Param(const PeerInfo& peer, const char* name) {
+  auto it = peer.params.find(name);
+  return it == peer.params.end() ? "" : it->second;
+}
+
+absl::StatusOr<std::map<uint32_t, RemoteArea>> ParseAreas(
+    const PeerInfo& peer) {
+  std::map<uint32_t, RemoteArea> out;
+  for (absl::string_view item :
+       absl::StrSplit(Param(peer, kRdmaAreasParam), ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> f = absl::StrSplit(item, ':');
+    uint32_t area = 0;
+    RemoteArea a;
+    if (f.size() != 4 || !absl::SimpleAtoi(f[0], &area) ||
+        !absl::SimpleAtoi(f[1], &a.addr) || !absl::SimpleAtoi(f[2], &a.length) ||
+        !absl::SimpleAtoi(f[3], &a.rkey)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rdma: malformed area list from storage node ", peer.node_id));
+    }
+    out[area] = a;
+  }
+  if (out.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "rdma: storage node ", peer.node_id, " registers no memory"));
+  }
+  return out;
+}
+
+// One queue pair to one node, with its own registered bounce buffer.
+class RdmaChannel : public DirectChannel {
+ public:
+  RdmaChannel(rdma::Device* device, std::unique_ptr<rdma::QueuePair> qp,
+              std::map<uint32_t, RemoteArea> areas, uint8_t* bounce,
+              std::unique_ptr<rdma::MemoryRegion> bounce_mr)
+      : device_(device),
+        qp_(std::move(qp)),
+        areas_(std::move(areas)),
+        bounce_(bounce),
+        bounce_mr_(std::move(bounce_mr)) {}
+
+  ~RdmaChannel() override {
+    // The queue pair goes before the memory it may touch.
+    qp_.reset();
+    bounce_mr_.reset();
+    munmap(bounce_, kBounceBytes);
+  }
+
+  // Stages every piece through the bounce buffer: reads land there and are
+  // copied out; writes are copied in first. Pieces are at most the
+  // device's largest message.
+  std::vector<absl::Status> Move(absl::Span<const DirectSegment> segs,
+                                 absl::Time deadline) override {
+    std::vector<absl::Status> out(segs.size());
+    struct Piece {
+      size_t seg;
+      uint64_t seg_offset;
+      uint64_t length;
+    };
+    std::vector<Piece> round;
+    std::vector<rdma::OneSidedOp> ops;
+    uint64_t used = 0;
+    const uint64_t max_piece =
+        std::min<uint64_t>(kBounceBytes, std::max<uint32_t>(device_->max_msg_size(), 4096));
+
+    auto flush = [&]() {
+      if (ops.empty()) return;
+      std::vector<absl::Status> st = qp_->Execute(ops, deadline);
+      for (size_t k = 0; k < round.size(); ++k) {
+        const Piece& p = round[k];
+        const DirectSegment& s = segs[p.seg];
+        if (!st[k].ok()) {
+          if (out[p.seg].ok()) out[p.seg] = st[k];
+          continue;
+        }
+        if (!s.write && out[p.seg].ok()) {
+          std::memcpy(static_cast<uint8_t*>(s.local) + p.seg_offset,
+                      static_cast<uint8_t*>(ops[k].local), p.length);
+        }
+      }
+      round.clear();
+      ops.clear();
+      used = 0;
+    };
+
+    for (size_t i = 0; i < segs.size(); ++i) {
+      const DirectSegment& s = segs[i];
+      auto a = areas_.find(s.area);
+      if (a == areas_.end() || s.offset > a->second.length ||
+          s.length > a->second.length - s.offset) {
+        out[i] = absl::OutOfRangeError(absl::StrCat(
+            "rdma: area ", s.area, " offset ", s.offset, " length ", s.length,
+            " outside the node's registered memory"));
+        continue;
+      }
+      for (uint64_t off = 0; off < s.length;) {
+        const uint64_t len = std::min(max_piece, s.length - off);
+        if (used + len > kBounceBytes) flush();
+        if (!qp_->healthy()) break;
+        uint8_t* local = bounce_ + used;
+        if (s.write) {
+          std::memcpy(local, static_cast<const uint8_t*>(s.local) + off, len);
+        }
+        rdma::OneSidedOp op;
+        op.kind = s.write ? rdma::OneSidedOp::Kind::kWrite
+                          : rdma::OneSidedOp::Kind::kRead;
+        op.local = local;
+        op.lkey = bounce_mr_->lkey();
+        op.remote_addr = a->second.addr + s.offset + off;
+        op.rkey = a->second.rkey;
+        op.length = static_cast<uint32_t>(len);
+        ops.push_back(op);
+        round.push_back(Piece{i, off, len});
+        used += len;
+        off += len;
+      }
+    }
+    flush();
+    for (size_t i = 0; i < segs.size(); ++i) {
+      if (out[i].ok() && !qp_->healthy()) {
+        // Not every piece ran before the queue pair broke.
+        out[i] = absl::UnavailableError("rdma: queue pair failed");
+      }
+    }
+    return out;
+  }
+
+  bool healthy() const override { return qp_->healthy(); }
+
+ private:
+  rdma::Device* const device_;
+  std::unique_ptr<rdma::QueuePair> qp_;
+  const std::map<uint32_t, RemoteArea> areas_;
+  uint8_t* const bounce_;
+  std::unique_ptr<rdma::MemoryRegion> bounce_mr_;
+};
+
+class RdmaMover : public DirectMover {
+ public:
+  explicit RdmaMover(std::unique_ptr<rdma::Device> device)
+      : device_(std::move(device)) {}
+
+  std::string_view name() const override { return "rdma"; }
+
+  absl::Status Usable(const PeerInfo& peer) override {
+    if (Param(peer, kRdmaAreasParam).empty()) {
+      return absl::UnavailableError(absl::StrCat(
+          "rdma: storage node ", peer.node_id, " has no RDMA data plane"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<DirectChannel>> Open(
+      const PeerInfo& peer, Socket& ctrl, absl::Time deadline) override {
+    ASSIGN_OR_RETURN(auto areas, ParseAreas(peer));
+    void* mem = mmap(nullptr, kBounceBytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+      return absl::ResourceExhaustedError("rdma: cannot map a bounce buffer");
+    }
+    auto bounce = static_cast<uint8_t*>(mem);
+    absl::StatusOr<std::unique_ptr<rdma::MemoryRegion>> mr =
+        device_->Register(bounce, kBounceBytes, /*remote_write=*/false);
+    if (!mr.ok()) {
+      munmap(bounce, kBounceBytes);
+      return mr.status();
+    }
+    absl::StatusOr<std::unique_ptr<rdma::QueuePair>> qp =
+        rdma::QueuePair::Create(device_.get(), {});
+    absl::Status st = qp.status();
+    if (st.ok()) st = Handshake(ctrl, qp->get(), deadline);
+    if (!st.ok()) {
+      qp = nullptr;
+      mr->reset();
+      munmap(bounce, kBounceBytes);
+      return st;
+    }
+    return std::unique_ptr<DirectChannel>(new RdmaChannel(
+        device_.get(), std::move(*qp), std::move(areas), bounce, std::move(*mr)));
+  }
+
+ private:
+  // Exchanges queue-pair descriptions over the data-plane connection.
+  static absl::Status Handshake(Socket& ctrl, rdma::QueuePair* qp,
+                                absl::Time deadline) {
+    const std::string mine = qp->local_info().Encode();
+    const iovec payload[1] = {{const_cast<char*>(mine.data()), mine.size()}};
+    RETURN_IF_ERROR(frame_io::SendRequest(ctrl, wire::FrameType::kRdmaConnectRequest,
+                                          {}, mine.size(), payload, 1, deadline));
+    uint8_t hb[wire::kHeaderBytes];
+    RETURN_IF_ERROR(RecvAll(ctrl.fd(), hb, sizeof(hb), deadline));
+    ASSIGN_OR_RETURN(wire::FrameHeader h, wire::DecodeHeader(hb));
+    std::string body(h.payload_bytes, '\0');
+    RETURN_IF_ERROR(RecvAll(ctrl.fd(), body.data(), body.size(), deadline));
+    if (h.type == wire::FrameType::kError) {
+      absl::StatusCode code = wire::FromWireCode(h.status);
+      if (code == absl::StatusCode::kOk) code = absl::StatusCode::kInternal;
+      return absl::Status(code, absl::StrCat("storage node: ", body));
+    }
+    if (h.type != wire::FrameType::kRdmaConnectResponse || h.request_id != 1) {
+      return absl::UnavailableError("rdma: storage node answered out of protocol");
+    }
+    ASSIGN_OR_RETURN(rdma::QpInfo remote, rdma::QpInfo::Decode(body));
+    return qp->Connect(remote);
+  }
+
+  const std::unique_ptr<rdma::Device> device_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DirectMover>> NewRdmaMover(
+    const std::string& device) {
+  rdma::DeviceOptions o;
+  o.device_name = device;
+  ASSIGN_OR_RETURN(std::unique_ptr<rdma::Device> d, rdma::Device::Open(o));
+  return std::unique_ptr<DirectMover>(new RdmaMover(std::move(d)));
+}
+
+}  // namespace hymcache

@@ -1,0 +1,253 @@
+// The one-sided data planes end to end: the real master and storage binaries
+// (DRAM and hybrid devices) with clients on the shared-memory, RDMA and auto
+// transports. Store and Load byte for byte, with the node's counters showing
+// which plane moved the bytes.
+//
+// RDMA needs a device: on a host without one the RDMA cases check that RDMA
+// is reported unavailable (client and node) and stop there. Inside the
+// QEMU guest of tests/vmtest (Soft-RoCE), HYMCACHE_REQUIRE_RDMA=1 makes a
+// missing device a failure. HYMCACHE_NUMA_NODE=N (or HYMCACHE_CXL_NODE, set
+// by the vmtest cxl mode) places the shared-memory DRAM node's memory on NUMA
+// node N: a client then loads and stores CXL memory with plain copies.
+#include <grpcpp/grpcpp.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/rdma.h"
+#include "proto/storage.grpc.pb.h"
+#include "tests/daemon.h"
+
+namespace hymcache {
+namespace {
+
+using testing::MasterProcess;
+using testing::StorageProcess;
+using testing::TempDir;
+
+bool RequireRdma() {
+  const char* v = std::getenv("HYMCACHE_REQUIRE_RDMA");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// O_DIRECT on the capacity file, unless the test's directory is on tmpfs
+// (as inside the vmtest guest), which refuses it.
+std::string DirectIoFlag() {
+  struct statfs fs;
+  const char* dir = std::getenv("TEST_TMPDIR");
+  if (dir != nullptr && statfs(dir, &fs) == 0 && fs.f_type == TMPFS_MAGIC) {
+    return "--io_direct=false";
+  }
+  return "--io_direct=true";
+}
+
+// HYMCACHE_NUMA_NODE, else the CXL node the vmtest cxl mode announces.
+int NumaNode() {
+  const char* v = std::getenv("HYMCACHE_NUMA_NODE");
+  if (v == nullptr) v = std::getenv("HYMCACHE_CXL_NODE");
+  return v == nullptr ? -1 : std::atoi(v);
+}
+
+std::vector<uint8_t> Bytes(size_t i, size_t len) {
+  std::vector<uint8_t> b(len);
+  std::mt19937_64 rng(i * 0x9E3779B97F4A7C15ull + 17);
+  for (size_t k = 0; k < len; k += 8) {
+    uint64_t v = rng();
+    std::memcpy(&b[k], &v, std::min<size_t>(8, len - k));
+  }
+  return b;
+}
+
+std::map<std::string, double> NodeStats(const StorageProcess& node,
+                                        v1::StorageStatsResponse* full = nullptr) {
+  auto stub = v1::StorageControl::NewStub(grpc::CreateChannel(
+      node.control_address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::StorageStatsRequest req;
+  v1::StorageStatsResponse resp;
+  REQUIRE(stub->GetStats(&ctx, req, &resp).ok());
+  if (full != nullptr) *full = resp;
+  return {resp.device_stats().begin(), resp.device_stats().end()};
+}
+
+struct Cluster {
+  std::string dir = TempDir("direct");
+  MasterProcess master;
+  StorageProcess node;
+
+  explicit Cluster(std::vector<std::string> node_flags) {
+    auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0");
+    REQUIRE(m.ok());
+    master = std::move(*m);
+    auto s = StorageProcess::Start(master.address, "direct-node", node_flags);
+    INFO(s.status().ToString());
+    REQUIRE(s.ok());
+    node = std::move(*s);
+  }
+
+  std::unique_ptr<Client> NewClient(TransportKind kind) {
+    ClientOptions o;
+    o.master_address = master.address;
+    o.transport = kind;
+    auto c = Client::Create(o);
+    INFO(c.status().ToString());
+    REQUIRE(c.ok());
+    for (int i = 0; i < 600; ++i) {
+      auto st = (*c)->GetClusterStatus();
+      if (st.ok() && st->nodes.size() == 1 && st->nodes[0].alive) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return std::move(*c);
+  }
+};
+
+// Stores n blocks of `len` through `client` (retrying refusals of a full
+// write buffer), loads them back and checks every byte.
+void RoundTrip(Client& client, const std::string& ns, size_t n, size_t len) {
+  std::vector<std::string> keys;
+  std::vector<std::vector<uint8_t>> data;
+  for (size_t i = 0; i < n; ++i) {
+    keys.push_back(absl::StrCat(ns, "/", i));
+    data.push_back(Bytes(i, len));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    absl::Time give_up = absl::Now() + absl::Seconds(60);
+    while (true) {
+      ConstBuffer in{data[i].data(), data[i].size()};
+      StoreOptions so;
+      so.timeout = absl::Seconds(20);
+      if (i > 0) so.parent_key = keys[i - 1];
+      auto r = client.Store({keys[i]}, {in}, so)->Wait();
+      INFO(r.status().ToString());
+      REQUIRE(r.ok());
+      if (r->stored == 1) break;
+      INFO(r->errors[0].ToString());
+      REQUIRE(r->refused == 1);
+      REQUIRE(absl::Now() < give_up);
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  std::vector<std::vector<uint8_t>> out(n, std::vector<uint8_t>(len));
+  std::vector<MutableBuffer> bufs;
+  for (auto& o : out) bufs.push_back({o.data(), o.size()});
+  for (bool prefetch : {true, false}) {
+    LoadOptions lo;
+    lo.prefetch = prefetch;
+    lo.deadline = absl::Now() + absl::Seconds(60);
+    auto l = client.Load(keys, bufs, lo);
+    REQUIRE(l.ok());
+    INFO(l->stop_reason.ToString());
+    REQUIRE(l->loaded == n);
+    for (size_t i = 0; i < n; ++i) {
+      INFO("block " << i);
+      REQUIRE(out[i] == data[i]);
+      std::fill(out[i].begin(), out[i].end(), 0);
+    }
+  }
+}
+
+TEST_CASE("shared memory: DRAM node, bytes move through the mapping") {
+  std::vector<std::string> flags = {"--device=dram", "--dram_bytes=256M",
+                                    "--rdma=off"};
+  if (NumaNode() >= 0) flags.push_back(absl::StrCat("--numa_node=", NumaNode()));
+  Cluster c(flags);
+  auto client = c.NewClient(TransportKind::kShm);
+  RoundTrip(*client, "shm-dram", 24, (1 << 20) + 12345);
+  v1::StorageStatsResponse full;
+  auto st = NodeStats(c.node, &full);
+  CHECK(st["direct_write_ops"] == 24);
+  CHECK(st["direct_acquired_ops"] == 48);
+  CHECK(full.read_ops() == 0);  // no bytes went over TCP
+  CHECK(full.bytes_read() == 0);
+  if (NumaNode() >= 0) {
+    REQUIRE(full.regions_size() >= 1);
+    CHECK(full.regions(0).numa_node() == NumaNode());
+  }
+}
+
+TEST_CASE("shared memory: hybrid node, staging window and write buffer") {
+  Cluster c({"--device=hybrid", "--capacity_path=" + TempDir("cap") + "/c.dat",
+             "--capacity_bytes=256M", "--staging_bytes=8M",
+             "--write_buffer_bytes=8M", "--rdma=off", DirectIoFlag()});
+  auto client = c.NewClient(TransportKind::kAuto);  // same host: shm
+  RoundTrip(*client, "shm-hybrid", 40, 1 << 20);
+  auto st = NodeStats(c.node);
+  CHECK(st["direct_write_ops"] == 40);
+  CHECK(st["direct_acquired_ops"] == 80);
+  CHECK(st["prefetch_sessions"] == 0);
+}
+
+TEST_CASE("a node without shared memory is reached over TCP by auto") {
+  Cluster c({"--device=dram", "--dram_bytes=64M", "--shm=false", "--rdma=off"});
+  auto client = c.NewClient(TransportKind::kAuto);
+  RoundTrip(*client, "tcp", 8, 100000);
+  auto st = NodeStats(c.node);
+  CHECK(st["direct_write_ops"] == 0);
+  CHECK(st["direct_acquired_ops"] == 0);
+  // Shared memory only: the node is unreachable, reported, not a crash.
+  auto shm = c.NewClient(TransportKind::kShm);
+  std::vector<uint8_t> b(100000);
+  MutableBuffer buf{b.data(), b.size()};
+  auto l = shm->Load({"tcp/0"}, {buf});
+  REQUIRE(l.ok());
+  CHECK(l->loaded == 0);
+  CHECK(l->stop_reason.code() == absl::StatusCode::kUnavailable);
+}
+
+TEST_CASE("RDMA: one-sided reads and writes, or reported unavailable") {
+  const bool have = rdma::Available().ok();
+  if (!have) {
+    REQUIRE_FALSE(RequireRdma());
+    // The client reports RDMA unavailable instead of crashing...
+    ClientOptions o;
+    o.master_address = "127.0.0.1:1";
+    o.transport = TransportKind::kRdma;
+    auto c = Client::Create(o);
+    CHECK(c.status().code() == absl::StatusCode::kUnavailable);
+    // ... and so does a node asked for it.
+    auto m = MasterProcess::Start(TempDir("nordma") + "/master", "127.0.0.1:0");
+    REQUIRE(m.ok());
+    auto s = StorageProcess::Start(m->address, "rdma-node",
+                                   {"--device=dram", "--dram_bytes=64M", "--rdma=on"});
+    CHECK_FALSE(s.ok());
+    WARN("no RDMA device on this host: RDMA data plane not exercised ("
+         << rdma::Available().message() << ")");
+    return;
+  }
+  for (const char* device : {"dram", "hybrid"}) {
+    INFO(device);
+    std::vector<std::string> flags = {absl::StrCat("--device=", device),
+                                      "--rdma=on", "--shm=false"};
+    if (std::string(device) == "dram") {
+      flags.push_back("--dram_bytes=128M");
+      // Several registrations: no object may straddle two.
+      flags.push_back("--max_region_bytes=16M");
+    } else {
+      flags.push_back("--capacity_path=" + TempDir("rcap") + "/c.dat");
+      flags.insert(flags.end(), {"--capacity_bytes=128M", "--staging_bytes=8M",
+                                 "--write_buffer_bytes=8M", DirectIoFlag()});
+    }
+    Cluster c(flags);
+    auto client = c.NewClient(TransportKind::kRdma);
+    RoundTrip(*client, absl::StrCat("rdma-", device), 20, (1 << 20) + 4096);
+    auto st = NodeStats(c.node);
+    CHECK(st["rdma_enabled"] == 1);
+    CHECK(st["rdma_connections"] >= 1);
+    CHECK(st["direct_write_ops"] == 20);
+    CHECK(st["direct_acquired_ops"] == 40);
+  }
+}
+
+}  // namespace
+}  // namespace hymcache
