@@ -31,6 +31,8 @@ void FillBlock(const std::string& key, std::vector<uint8_t>& out) {
 absl::Status Run(const DemoOptions& o, std::ostream& out) {
   ClientOptions co;
   co.master_address = o.master_address;
+  // Shared memory with a node on this host, RDMA if present, else TCP.
+  co.transport = TransportKind::kAuto;
   auto client_or = Client::Create(co);
   if (!client_or.ok()) return client_or.status();
   Client& client = **client_or;
@@ -59,7 +61,8 @@ absl::Status Run(const DemoOptions& o, std::ostream& out) {
       std::vector<MutableBuffer> mb;
       for (auto& b : bufs) mb.push_back({b.data(), b.size()});
       absl::Time start = absl::Now();
-      auto got = client.Get(k, mb);
+      // The request's read path: lookup, prefetch hints, ordered reads.
+      auto got = client.Load(k, mb);
       double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
       if (!got.ok()) return got.status();
       // Check every loaded block against its expected bytes.
@@ -81,7 +84,11 @@ absl::Status Run(const DemoOptions& o, std::ostream& out) {
       }
       size_t stored = 0;
       if (!new_keys.empty()) {
-        auto put = client.Put(new_keys, in);
+        // Stored asynchronously next to the prefix; an engine would go on
+        // with the request and reuse the buffers once the store is done.
+        StoreOptions so;
+        if (got->loaded > 0) so.parent_key = k[got->loaded - 1];
+        auto put = client.Store(new_keys, in, so)->Wait();
         if (!put.ok()) return put.status();
         stored = put->stored;
       }
