@@ -76,10 +76,16 @@ LOG=${LOG:-$RUN/console.log}
 # Single-quote a word for /bin/sh.
 q() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
 
+# The guest scripts run from a copy in the run directory: the kit itself may
+# sit where the guest cannot see it (a CI clone under the host's /tmp).
+mkdir -p "$RUN/kit"
+cp -r "$HERE/guest" "$RUN/kit/"
+KIT=$RUN/kit
+
 # job.env: read by the guest script (busybox sh) before the chroot.
 {
   echo "VMTEST_MODES=$(q "${MODE/cxl+rdma/rdma+cxl}")"
-  echo "VMTEST_KIT=$(q "$HERE")"
+  echo "VMTEST_KIT=$(q "$KIT")"
   echo "VMTEST_RUN=$(q "$RUN")"
   echo "VMTEST_BIN=$(q "$BIN")"
 } > "$RUN/job.env"
@@ -108,7 +114,7 @@ q() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
 
 APPEND="console=ttyS0 panic=-1 oops=panic quiet loglevel=${LOGLEVEL:-4}"
 if [ "$MODE" != shell ]; then
-  APPEND+=" vmtest_guest=$HERE/guest/main.sh vmtest_job=$RUN/job.env"
+  APPEND+=" vmtest_guest=$KIT/guest/main.sh vmtest_job=$RUN/job.env"
 fi
 QEMU=(qemu-system-x86_64 -accel tcg -smp "${VM_SMP:-2}" -nographic -no-reboot -nic none
   -virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap"
