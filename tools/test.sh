@@ -39,34 +39,14 @@ done
 # trouble, a kernel oops) is retried once; a failing test is not.
 if [ "${HYMCACHE_VMTEST:-1}" = "1" ]; then
   echo "=== vmtest: Soft-RoCE and a CXL NUMA node in a QEMU guest"
-  if bash tests/vmtest/setup.sh &&
-     bazel build -c opt //common:rdma_loopback_test //tests:direct_cluster_test; then
-    bb=$(bazel info -c opt bazel-bin 2>/dev/null)
-    for t in "rdma common/rdma_loopback_test" "rdma+cxl tests/direct_cluster_test"; do
-      mode=${t%% *}
-      bin=${t#* }
-      rc=1
-      for attempt in 1 2; do
-        out=$(HYMCACHE_REQUIRE_RDMA=1 VM_TIMEOUT=900 bash tests/vmtest/run.sh \
-                "$mode" "$bb/$bin" 2>&1)
-        rc=$?
-        echo "$out" | grep -E "^VMTEST (PASS|FAIL)|FAILED|with expansion" || true
-        echo "$out" | grep -q "VMTEST-RESULT" && break
-        echo "=== vmtest: the guest reported no result; retrying once"
-      done
-      if [ "$rc" -eq 0 ]; then
-        passed=$((passed + 1))
-      else
-        echo "$out" | tail -n 80
-        failed=$((failed + 1))
-        status=1
-      fi
-    done
-  else
-    echo "=== vmtest: setup or build failed"
-    failed=$((failed + 1))
-    status=1
-  fi
+  log=$(mktemp)
+  bash tests/vmtest/check.sh 2>&1 | tee "$log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  p=$(sed -n 's/^vmtest: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$log")
+  f=$(sed -n 's/^vmtest: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$log")
+  passed=$((passed + ${p:-0}))
+  failed=$((failed + ${f:-1}))
+  rm -f "$log"
 fi
 
 echo "$passed passed, $failed failed"
