@@ -114,7 +114,22 @@ class DirectTransport : public Transport {
   struct Conn {
     Socket sock;
     std::unique_ptr<DirectChannel> channel;
+    // A release whose response has not been read yet (0: none): the next
+    // exchange on this connection reads it first.
+    uint64_t pending_release_id = 0;
+    size_t pending_release_ops = 0;
   };
+
+  // Reads the response of the connection's pending release, if any.
+  static absl::Status DrainPending(Conn& c, absl::Time deadline) {
+    if (c.pending_release_id == 0) return absl::OkStatus();
+    bool started = false;
+    auto rel = RecvResponse(c.sock, FrameType::kReleaseResponse,
+                            c.pending_release_id, c.pending_release_ops,
+                            deadline, &started);
+    c.pending_release_id = 0;
+    return rel.status();
+  }
 
   // A pooled connection when `pooled_ok`, else a fresh one; sets *pooled.
   absl::StatusOr<Conn> Take(const PeerInfo& peer, absl::Time deadline,
@@ -180,8 +195,11 @@ class DirectTransport : public Transport {
       ASSIGN_OR_RETURN(Conn c, Take(peer, deadline, attempt == 0, &pooled));
       const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
       bool started = false;
+      // The request goes out before the previous release's answer is read:
+      // the node answers in order, so both round trips overlap.
       absl::Status st = SendRequest(c.sock, type, descs, payload_bytes,
                                     payload, id, deadline);
+      if (st.ok()) st = DrainPending(c, deadline);
       absl::StatusOr<std::pair<wire::FrameHeader, std::vector<OpDesc>>> resp;
       if (st.ok()) {
         resp = RecvResponse(c.sock, want, id, descs.size(), deadline, &started);
@@ -252,22 +270,22 @@ class DirectTransport : public Transport {
       }
       return absl::OkStatus();
     }
-    // Release: an op counts only if its hold lasted through the transfer.
+    // Release. The node drops a hold only on its release or when this
+    // connection closes, so every hold lasted through the transfer that has
+    // just finished: the bytes are the objects'. The release's response is
+    // read by the next exchange on this connection (one round trip fewer
+    // per transfer); if the connection dies first, closing it releases.
     const uint64_t rid = next_id_.fetch_add(1, std::memory_order_relaxed);
-    RETURN_IF_ERROR(SendRequest(c.sock, FrameType::kReleaseRequest, held,
-                                sizeof(sid), payload, rid, deadline));
-    ASSIGN_OR_RETURN(auto rel, RecvResponse(c.sock, FrameType::kReleaseResponse,
-                                            rid, held.size(), deadline,
-                                            &started));
+    absl::Status sent = SendRequest(c.sock, FrameType::kReleaseRequest, held,
+                                    sizeof(sid), payload, rid, deadline);
     for (size_t k = 0; k < segs.size(); ++k) {
-      if (!moved[k].ok()) {
-        st[seg_op[k]] = moved[k];
-      } else if (rel.second[k].status != 0) {
-        st[seg_op[k]] = absl::UnavailableError(
-            "storage node dropped the object during the transfer");
-      }
+      if (!moved[k].ok()) st[seg_op[k]] = moved[k];
     }
-    Give(peer, std::move(c));
+    if (sent.ok()) {
+      c.pending_release_id = rid;
+      c.pending_release_ops = held.size();
+      Give(peer, std::move(c));
+    }
     return absl::OkStatus();
   }
 

@@ -6,7 +6,8 @@
 // control exchanges around it on a TCP connection it keeps per transfer:
 //
 //   read:  kAcquireRequest -> move node area -> caller buffer -> kRelease
-//          (an op is OK only if its hold lasted through the transfer)
+//          (holds end only by release or when the connection closes, so the
+//          release's answer is read by the connection's next exchange)
 //   write: kWriteBeginRequest -> move caller buffer -> node area ->
 //          kWriteCommitRequest (failed moves are aborted)
 //

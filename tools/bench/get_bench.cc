@@ -36,6 +36,7 @@
 #include "storage_node/storage_node.h"
 
 DEFINE_uint64(block_mib, 16, "block size in MiB");
+DEFINE_uint64(block_kib, 0, "block size in KiB (overrides --block_mib when set)");
 DEFINE_int32(blocks, 16, "blocks per Get");
 DEFINE_int32(rounds, 8, "timed Gets");
 DEFINE_int32(trials, 3, "alternating trials of each measurement");
@@ -100,7 +101,7 @@ double MemcpyGBps(size_t block, int blocks, int rounds) {
 }
 
 int Main() {
-  size_t block = FLAGS_block_mib << 20;
+  size_t block = FLAGS_block_kib > 0 ? FLAGS_block_kib << 10 : FLAGS_block_mib << 20;
   TransportKind kind;
   if (FLAGS_transport == "tcp") {
     kind = TransportKind::kTcp;
@@ -159,8 +160,8 @@ int Main() {
     return 1;
   }
   (*client)->Get(keys, out).IgnoreError();  // warm up
-  printf("block=%zu MiB blocks/get=%d rounds=%d trials=%d transport=%s\n",
-         block >> 20, FLAGS_blocks, FLAGS_rounds, FLAGS_trials,
+  printf("block=%zu KiB blocks/get=%d rounds=%d trials=%d transport=%s\n",
+         block >> 10, FLAGS_blocks, FLAGS_rounds, FLAGS_trials,
          FLAGS_transport.c_str());
   bool ok = true;
   double best_get = 0, best_raw = 0;

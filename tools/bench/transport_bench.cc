@@ -1,0 +1,182 @@
+// transport_bench: the data planes alone (no master, no lookups) against the
+// limit of what they move, side by side in one run:
+//   tcp: Transport::Read from an in-process data server (DRAM device) over
+//        loopback vs one raw loopback TCP stream answering each 1-byte
+//        request with the same blocks;
+//   shm: the shared-memory transport (acquire, memcpy from the node's memfd
+//        mapping, release) vs memcpy of the same blocks.
+// Same footprint on both sides: `batch` distinct blocks per request, copied
+// into `batch` distinct destination buffers.
+//
+//   bazel run -c opt //tools/bench:transport_bench
+//   bazel run -c opt //tools/bench:transport_bench -- --block_kib=256 --batch=32
+//
+// Without --block_kib/--batch it runs the matrix 16 MiB and 256 KiB blocks x
+// batches of 1 and 32.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gflags/gflags.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/direct_transport.h"
+#include "client/tcp_transport.h"
+#include "common/net.h"
+#include "common/thread.h"
+#include "common/transport_params.h"
+#include "storage_node/data_server.h"
+#include "storage_node/dram_device.h"
+#include "storage_node/extent_table.h"
+#include "storage_node/kv_manager.h"
+
+DEFINE_uint64(block_kib, 0, "block size in KiB (0: the matrix)");
+DEFINE_int32(batch, 0, "blocks per request (0: the matrix)");
+DEFINE_double(seconds, 1.0, "time per measurement");
+DEFINE_int32(trials, 3, "alternating trials; the best of each is reported");
+
+namespace hymcache {
+namespace {
+
+// Runs `one` (which moves `bytes`) repeatedly for about FLAGS_seconds.
+template <typename Fn>
+double Rate(uint64_t bytes, Fn one) {
+  one();  // warm up
+  int n = 0;
+  absl::Time t0 = absl::Now();
+  absl::Duration spent;
+  do {
+    one();
+    ++n;
+    spent = absl::Now() - t0;
+  } while (spent < absl::Seconds(FLAGS_seconds));
+  return static_cast<double>(bytes) * n / absl::ToDoubleSeconds(spent) / 1e9;
+}
+
+struct Node {
+  std::unique_ptr<storage::DramDevice> device;
+  std::unique_ptr<storage::ExtentTable> extents;
+  std::unique_ptr<storage::KvManager> kv;
+  std::unique_ptr<storage::DataServer> server;
+  PeerInfo peer;
+
+  explicit Node(uint64_t bytes) {
+    storage::DramDeviceOptions d;
+    d.capacity_bytes = bytes;
+    device = std::move(*storage::DramDevice::Create(d));
+    storage::ExtentTableOptions e;
+    e.regions = device->Regions();
+    extents = std::move(*storage::ExtentTable::Create(e));
+    storage::KvManagerOptions k;
+    k.device = device.get();
+    k.extents = extents.get();
+    kv = std::move(*storage::KvManager::Create(k));
+    storage::DataServerOptions o;
+    o.device = device.get();
+    o.extents = extents.get();
+    o.kv = kv.get();
+    server = std::move(*storage::DataServer::Create(o));
+    peer.node_id = 1;
+    peer.data_address = absl::StrCat("127.0.0.1:", server->port());
+    std::string areas;
+    for (const storage::MemoryArea& a : device->Areas()) {
+      absl::StrAppend(&areas, areas.empty() ? "" : ",", a.area_id, ":", a.fd,
+                      ":", a.length);
+    }
+    peer.params[kShmHostParam] = LocalHostIdentity();
+    peer.params[kShmPidParam] = absl::StrCat(getpid());
+    peer.params[kShmInstanceParam] = "1";
+    peer.params[kShmAreasParam] = areas;
+  }
+};
+
+void RunOne(size_t block, int batch) {
+  Node node(block * batch + (1 << 20));
+  auto tcp = NewTcpTransport({});
+  auto shm = NewDirectTransport(NewShmMover(), {});
+  std::vector<std::vector<char>> src(batch, std::vector<char>(block));
+  std::vector<std::vector<char>> dst(batch, std::vector<char>(block));
+  std::vector<WriteOp> w;
+  std::vector<ReadOp> r;
+  const uint64_t stride = (block + 4095) / 4096 * 4096;
+  for (int i = 0; i < batch; ++i) {
+    memset(src[i].data(), 'a' + i % 26, block);
+    RemoteRef ref{0, i * stride, block, static_cast<uint64_t>(i + 1)};
+    w.push_back({ref, src[i].data()});
+    r.push_back({ref, dst[i].data()});
+  }
+  const absl::Time far = absl::InfiniteFuture();
+  for (const absl::Status& s : tcp->Write(node.peer, w, far)) {
+    if (!s.ok()) {
+      fprintf(stderr, "write: %s\n", s.ToString().c_str());
+      return;
+    }
+  }
+  // Raw socket: a server answering each 1-byte request with the next block.
+  auto ls = ListenTcp("127.0.0.1", 0);
+  int port = *LocalPort(ls->fd());
+  Thread raw_server("raw-server", [&] {
+    int fd = accept(ls->fd(), nullptr, nullptr);
+    Socket s(fd);
+    TuneDataSocket(fd);
+    char c;
+    for (size_t i = 0; RecvAll(fd, &c, 1, far).ok(); ++i) {
+      const auto& b = src[i % src.size()];
+      if (!SendAll(fd, b.data(), b.size(), far).ok()) break;
+    }
+  });
+  auto raw = ConnectTcp(absl::StrCat("127.0.0.1:", port), far);
+  const uint64_t bytes = static_cast<uint64_t>(block) * batch;
+  bool ok = true;
+  double best[4] = {0, 0, 0, 0};
+  for (int t = 0; t < FLAGS_trials; ++t) {
+    double v[4];
+    v[0] = Rate(bytes, [&] {
+      for (int i = 0; i < batch; ++i) {
+        char q = 'r';
+        SendAll(raw->fd(), &q, 1, far).IgnoreError();
+        RecvAll(raw->fd(), dst[i].data(), block, far).IgnoreError();
+      }
+    });
+    v[1] = Rate(bytes, [&] {
+      for (const absl::Status& s : tcp->Read(node.peer, r, far)) ok &= s.ok();
+    });
+    v[2] = Rate(bytes, [&] {
+      for (int i = 0; i < batch; ++i) memcpy(dst[i].data(), src[i].data(), block);
+    });
+    v[3] = Rate(bytes, [&] {
+      for (const absl::Status& s : shm->Read(node.peer, r, far)) ok &= s.ok();
+    });
+    for (int k = 0; k < 4; ++k) best[k] = std::max(best[k], v[k]);
+  }
+  for (int i = 0; i < batch && ok; ++i) ok = dst[i] == src[i];
+  printf("%8zu KiB x %2d | raw socket %6.2f  tcp %6.2f  (%.2fx) | memcpy %6.2f  shm %6.2f  (%.2fx)%s\n",
+         block >> 10, batch, best[0], best[1], best[1] / best[0], best[2],
+         best[3], best[3] / best[2], ok ? "" : "  DATA MISMATCH");
+  raw->Close();
+  raw_server.Join();
+}
+
+}  // namespace
+}  // namespace hymcache
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  printf("GB/s, best of %d alternating trials of %.1f s each\n", FLAGS_trials,
+         FLAGS_seconds);
+  std::vector<size_t> blocks = {size_t{16} << 20, size_t{256} << 10};
+  std::vector<int> batches = {1, 32};
+  if (FLAGS_block_kib > 0) blocks = {FLAGS_block_kib << 10};
+  if (FLAGS_batch > 0) batches = {FLAGS_batch};
+  for (size_t b : blocks) {
+    for (int n : batches) hymcache::RunOne(b, n);
+  }
+  return 0;
+}
