@@ -82,6 +82,7 @@ class DirectTransport : public Transport {
   std::vector<absl::Status> Write(const PeerInfo& peer,
                                   absl::Span<const WriteOp> ops,
                                   absl::Time deadline) override {
+    if (!mover_->can_write()) return hints_->Write(peer, ops, deadline);
     std::vector<absl::Status> out(ops.size());
     for (size_t i = 0; i < ops.size(); i += wire::kMaxOps) {
       const size_t n = std::min<size_t>(ops.size() - i, wire::kMaxOps);

@@ -63,6 +63,9 @@ class DirectMover {
  public:
   virtual ~DirectMover() = default;
   virtual std::string_view name() const = 0;
+  // Whether channels can write node memory; if not, the transport writes
+  // over TCP.
+  virtual bool can_write() const { return true; }
   // OK if this mover can reach `peer` (e.g. shared memory: the node is on
   // this host and publishes its areas); else why not (Unavailable).
   virtual absl::Status Usable(const PeerInfo& peer) = 0;
@@ -81,8 +84,10 @@ struct DirectTransportOptions {
 std::unique_ptr<Transport> NewDirectTransport(
     std::unique_ptr<DirectMover> mover, const DirectTransportOptions& options);
 
-// Same-host shared memory: maps the node's memfd-backed areas (published as
-// "shm.*" transport parameters) and copies with memcpy.
+// Same-host shared memory: maps the node's memfd-backed areas read-only
+// (descriptors passed over the node's Unix socket after a credentials
+// check, storage_node/shm_export.h) and copies out with memcpy; writes go
+// over TCP.
 std::unique_ptr<DirectMover> NewShmMover();
 
 // Per peer, the first of `candidates` that can reach it (Transport::

@@ -1,7 +1,9 @@
 // Same-host shared memory: the storage node backs its exposed areas with
-// memfds and publishes them (kShm*Param); a client on the same host maps
-// them through /proc/<pid>/fd/<fd> and copies with memcpy. Mappings are
-// cached per node instance and shared by all channels.
+// memfds; a client on the same host connects to the node's abstract Unix
+// socket (kShmSocketParam), which checks its credentials and passes it
+// read-only descriptors of the areas; the client maps them PROT_READ and
+// copies out with memcpy. Writes go over TCP. Mappings are cached per node
+// instance and shared by all channels.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,10 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/direct_transport.h"
+#include "common/fd_passing.h"
 #include "common/mutex.h"
 
 namespace hymcache {
@@ -57,12 +62,12 @@ class ShmChannel : public DirectChannel {
             " outside the node's mapped memory"));
         continue;
       }
-      uint8_t* remote = it->second->base + s.offset;
       if (s.write) {
-        std::memcpy(remote, s.local, s.length);
-      } else {
-        std::memcpy(s.local, remote, s.length);
+        out[i] = absl::UnimplementedError(
+            "shm: the node's memory is mapped read-only; writes go over TCP");
+        continue;
       }
+      std::memcpy(s.local, it->second->base + s.offset, s.length);
     }
     return out;
   }
@@ -76,10 +81,11 @@ class ShmChannel : public DirectChannel {
 class ShmMover : public DirectMover {
  public:
   std::string_view name() const override { return "shm"; }
+  bool can_write() const override { return false; }
 
   absl::Status Usable(const PeerInfo& peer) override {
     const std::string host = Param(peer, kShmHostParam);
-    if (host.empty() || Param(peer, kShmAreasParam).empty()) {
+    if (host.empty() || Param(peer, kShmSocketParam).empty()) {
       return absl::UnavailableError(absl::StrCat(
           "shm: storage node ", peer.node_id, " exposes no shared memory"));
     }
@@ -93,14 +99,14 @@ class ShmMover : public DirectMover {
 
   absl::StatusOr<std::unique_ptr<DirectChannel>> Open(const PeerInfo& peer,
                                                       Socket&,
-                                                      absl::Time) override {
+                                                      absl::Time deadline) override {
     const std::string key = absl::StrCat(peer.node_id, "/",
-                                         Param(peer, kShmPidParam), "/",
+                                         Param(peer, kShmSocketParam), "/",
                                          Param(peer, kShmInstanceParam));
     MutexLock l(&mu_);
     auto it = maps_.find(key);
     if (it == maps_.end()) {
-      absl::StatusOr<std::shared_ptr<const AreaMap>> m = MapAll(peer);
+      absl::StatusOr<std::shared_ptr<const AreaMap>> m = MapAll(peer, deadline);
       if (!m.ok()) return m.status();
       it = maps_.emplace(key, *std::move(m)).first;
     }
@@ -108,36 +114,40 @@ class ShmMover : public DirectMover {
   }
 
  private:
+  // Asks the node for read-only descriptors of its areas and maps them.
   static absl::StatusOr<std::shared_ptr<const AreaMap>> MapAll(
-      const PeerInfo& peer) {
-    const std::string pid = Param(peer, kShmPidParam);
+      const PeerInfo& peer, absl::Time deadline) {
+    absl::StatusOr<Socket> s =
+        ConnectUnixAbstract(Param(peer, kShmSocketParam), deadline);
+    if (!s.ok()) return s.status();
+    std::string payload;
+    std::vector<int> fds;
+    absl::Status got = RecvWithFds(s->fd(), &payload, &fds, deadline);
+    if (!got.ok()) return got;
+    auto closer = absl::MakeCleanup([&fds] {
+      for (int fd : fds) close(fd);
+    });
+    std::vector<absl::string_view> lines =
+        absl::StrSplit(payload, '\n', absl::SkipEmpty());
+    if (fds.empty() || lines.size() != fds.size()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "shm: storage node ", peer.node_id, " refused to share its memory (",
+          absl::StripAsciiWhitespace(payload), ")"));
+    }
     auto areas = std::make_shared<AreaMap>();
-    for (absl::string_view item :
-         absl::StrSplit(Param(peer, kShmAreasParam), ',', absl::SkipEmpty())) {
-      std::vector<absl::string_view> f = absl::StrSplit(item, ':');
+    for (size_t i = 0; i < lines.size(); ++i) {
+      std::vector<absl::string_view> f = absl::StrSplit(lines[i], ':');
       uint32_t area = 0;
-      int fd = -1;
       uint64_t length = 0;
-      if (f.size() != 3 || !absl::SimpleAtoi(f[0], &area) ||
-          !absl::SimpleAtoi(f[1], &fd) || !absl::SimpleAtoi(f[2], &length) ||
-          length == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("shm: malformed area list from storage node ",
-                         peer.node_id));
+      if (f.size() != 2 || !absl::SimpleAtoi(f[0], &area) ||
+          !absl::SimpleAtoi(f[1], &length) || length == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shm: malformed area list from storage node ", peer.node_id));
       }
-      const std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
-      int mfd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-      if (mfd < 0) {
-        return absl::UnavailableError(absl::StrCat(
-            "shm: cannot open ", path, ": ", strerror(errno)));
-      }
-      void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, mfd,
-                     0);
-      int e = errno;
-      close(mfd);
+      void* p = mmap(nullptr, length, PROT_READ, MAP_SHARED, fds[i], 0);
       if (p == MAP_FAILED) {
-        return absl::UnavailableError(
-            absl::StrCat("shm: cannot map ", path, ": ", strerror(e)));
+        return absl::UnavailableError(absl::StrCat(
+            "shm: cannot map area ", area, ": ", strerror(errno)));
       }
       auto m = std::make_shared<Mapping>();
       m->base = static_cast<uint8_t*>(p);

@@ -5,11 +5,13 @@
 
 namespace hymcache {
 
-// Same-host shared memory (clients map /proc/<pid>/fd/<fd>).
+// Same-host shared memory: a client on the same host connects to the
+// node's abstract Unix socket, which checks its credentials and passes it
+// read-only descriptors of the areas (storage_node/shm_export.h).
 inline constexpr char kShmHostParam[] = "shm.host";          // LocalHostIdentity()
-inline constexpr char kShmPidParam[] = "shm.pid";            // node process id
+inline constexpr char kShmSocketParam[] = "shm.socket";      // abstract name
 inline constexpr char kShmInstanceParam[] = "shm.instance";  // per node start
-// "area:fd:length[,area:fd:length...]"
+// "area:length[,area:length...]"
 inline constexpr char kShmAreasParam[] = "shm.areas";
 
 // RDMA.

@@ -23,6 +23,7 @@
 #include "storage_node/data_server.h"
 #include "storage_node/kv_manager.h"
 #include "storage_node/rdma_plane.h"
+#include "storage_node/shm_export.h"
 #include "storage_node/dram_device.h"
 #include "storage_node/extent_table.h"
 #include "storage_node/hybrid_device.h"
@@ -411,21 +412,20 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   ASSIGN_OR_RETURN(node->kv_, storage::KvManager::Create(kv));
 
   if (options.expose_shm) {
-    // Same-host clients map the memfds through /proc/<pid>/fd/<fd>.
-    std::string areas;
-    for (const storage::MemoryArea& a : node->device_->Areas()) {
-      if (a.fd < 0) continue;
-      absl::StrAppend(&areas, areas.empty() ? "" : ",", a.area_id, ":", a.fd,
-                      ":", a.length);
-    }
-    const std::string host = LocalHostIdentity();
-    if (!areas.empty() && !host.empty()) {
-      absl::BitGen gen;
-      node->transport_params_[kShmHostParam] = host;
-      node->transport_params_[kShmPidParam] = absl::StrCat(getpid());
-      node->transport_params_[kShmInstanceParam] =
-          absl::StrCat(absl::Uniform<uint64_t>(gen));
-      node->transport_params_[kShmAreasParam] = areas;
+    // Same-host clients get read-only descriptors of the memfds over a Unix
+    // socket that checks who they are.
+    storage::ShmExportOptions so;
+    so.areas = node->device_->Areas();
+    absl::StatusOr<std::unique_ptr<storage::ShmExport>> ex =
+        storage::ShmExport::Create(so);
+    if (ex.ok()) {
+      node->shm_export_ = std::move(*ex);
+      for (auto& [k, v] : node->shm_export_->TransportParams()) {
+        node->transport_params_[k] = v;
+      }
+    } else {
+      LOG(INFO) << "storage node: no shared-memory data plane ("
+                << ex.status().message() << ")";
     }
   }
 

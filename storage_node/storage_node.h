@@ -39,6 +39,7 @@ class DataServer;
 class ExtentTable;
 class KvManager;
 class RdmaPlane;
+class ShmExport;
 class CapacityTier;
 class MemoryDevice;
 }  // namespace storage
@@ -213,6 +214,7 @@ class StorageNode {
   std::unique_ptr<storage::ExtentTable> extents_;
   std::unique_ptr<storage::KvManager> kv_;  // before data_server_
   std::unique_ptr<storage::RdmaPlane> rdma_;  // before data_server_
+  std::unique_ptr<storage::ShmExport> shm_export_;
   std::unique_ptr<storage::DataServer> data_server_;
   std::unique_ptr<ControlService> control_service_;
   std::unique_ptr<grpc::Server> control_server_;  // after control_service_

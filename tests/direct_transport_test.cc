@@ -4,6 +4,8 @@
 // sessions, holds released, and the choice between shared memory and TCP.
 #include "client/direct_transport.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/tcp_transport.h"
+#include "common/fd_passing.h"
 #include "common/net.h"
 #include "common/transport_params.h"
 #include "storage_node/data_server.h"
@@ -21,6 +24,7 @@
 #include "storage_node/fake_block_io.h"
 #include "storage_node/hybrid_device.h"
 #include "storage_node/kv_manager.h"
+#include "storage_node/shm_export.h"
 
 namespace hymcache {
 namespace {
@@ -45,6 +49,7 @@ struct Server {
   std::unique_ptr<storage::ExtentTable> extents;
   std::unique_ptr<storage::KvManager> kv;
   std::unique_ptr<storage::DataServer> server;
+  std::unique_ptr<storage::ShmExport> shm_export;
   PeerInfo peer;
 
   explicit Server(std::unique_ptr<storage::MemoryDevice> dev,
@@ -65,16 +70,10 @@ struct Server {
     peer.node_id = 1;
     peer.data_address = absl::StrCat("127.0.0.1:", server->port());
     // What the storage node publishes.
-    std::string areas;
-    for (const storage::MemoryArea& a : device->Areas()) {
-      if (a.fd < 0) continue;
-      absl::StrAppend(&areas, areas.empty() ? "" : ",", a.area_id, ":", a.fd,
-                      ":", a.length);
-    }
-    peer.params[kShmHostParam] = LocalHostIdentity();
-    peer.params[kShmPidParam] = absl::StrCat(getpid());
-    peer.params[kShmInstanceParam] = "1";
-    peer.params[kShmAreasParam] = areas;
+    storage::ShmExportOptions so;
+    so.areas = device->Areas();
+    shm_export = std::move(*storage::ShmExport::Create(so));
+    for (auto& [k, v] : shm_export->TransportParams()) peer.params[k] = v;
   }
 
   static Server Dram() {
@@ -109,7 +108,9 @@ TEST_CASE("shared memory: direct writes and reads round-trip byte for byte") {
   }
   auto ws = t->Write(s.peer, w, Soon());
   for (size_t i = 0; i < kOps; ++i) REQUIRE(ws[i].ok());
-  CHECK(s.server->Stats().direct_write_ops == kOps);
+  // The mapping is read-only: writes went over TCP.
+  CHECK(s.server->Stats().direct_write_ops == 0);
+  CHECK(s.server->Stats().write_ops == kOps);
 
   std::vector<std::vector<uint8_t>> dst(kOps, std::vector<uint8_t>(kLen, 0));
   std::vector<ReadOp> r;
@@ -236,11 +237,13 @@ TEST_CASE("shared memory is used only for nodes on this host") {
   auto t = NewFirstReachableTransport(std::move(c));
   std::vector<uint8_t> a = Pattern(4096, 9);
   REQUIRE(t->Write(s.peer, {{{0, 0, a.size(), 1}, a.data()}}, Soon())[0].ok());
-  CHECK(s.server->Stats().direct_write_ops == 1);
   std::vector<uint8_t> x(a.size());
+  REQUIRE(t->Read(s.peer, {{{0, 0, a.size(), 1}, x.data()}}, Soon())[0].ok());
+  CHECK(s.server->Stats().acquired_ops == 1);  // shared memory served it
+  std::fill(x.begin(), x.end(), 0);
   REQUIRE(t->Read(remote, {{{0, 0, a.size(), 1}, x.data()}}, Soon())[0].ok());
   CHECK(x == a);
-  CHECK(s.server->Stats().acquired_ops == 0);  // TCP served it
+  CHECK(s.server->Stats().acquired_ops == 1);  // TCP served this one
   CHECK(s.server->Stats().read_ops == 1);
 
   // Shared memory only: a node elsewhere is unreachable, not a crash.
@@ -249,6 +252,48 @@ TEST_CASE("shared memory is used only for nodes on this host") {
   auto strict = NewFirstReachableTransport(std::move(only));
   auto rs = strict->Read(remote, {{{0, 0, a.size(), 1}, x.data()}}, Soon());
   CHECK(rs[0].code() == absl::StatusCode::kUnavailable);
+}
+
+TEST_CASE("shared memory is handed out read-only, and only to allowed users") {
+  Server s = Server::Dram();
+  std::vector<uint8_t> a = Pattern(4096, 3);
+  auto tcp = NewTcpTransport({});
+  REQUIRE(tcp->Write(s.peer, {{{0, 0, a.size(), 1}, a.data()}}, Soon())[0].ok());
+
+  // What a client receives: read-only descriptors. Mapping one writable
+  // fails; mapping it read-only shows the node's bytes.
+  auto sock = ConnectUnixAbstract(s.shm_export->socket_name(), Soon());
+  REQUIRE(sock.ok());
+  std::string payload;
+  std::vector<int> fds;
+  REQUIRE(RecvWithFds(sock->fd(), &payload, &fds, Soon()).ok());
+  REQUIRE(fds.size() == s.device->Areas().size());
+  for (int fd : fds) {
+    CHECK((fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY);
+    CHECK(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) ==
+          MAP_FAILED);
+  }
+  void* ro = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fds[0], 0);
+  REQUIRE(ro != MAP_FAILED);
+  CHECK(std::memcmp(ro, a.data(), a.size()) == 0);
+  munmap(ro, 4096);
+  for (int fd : fds) close(fd);
+  CHECK(Eventually([&] { return s.shm_export->served() == 1; }));
+
+  // A user the node does not allow gets nothing: the transport reports it.
+  storage::ShmExportOptions so;
+  so.areas = s.device->Areas();
+  so.allow_own_user = false;
+  so.allow_root = false;
+  auto strict = std::move(*storage::ShmExport::Create(so));
+  PeerInfo peer = s.peer;
+  for (auto& [k, v] : strict->TransportParams()) peer.params[k] = v;
+  auto t = NewDirectTransport(NewShmMover(), {});
+  std::vector<uint8_t> x(a.size());
+  auto rs = t->Read(peer, {{{0, 0, a.size(), 1}, x.data()}}, Soon());
+  CHECK(rs[0].code() == absl::StatusCode::kPermissionDenied);
+  CHECK(x == std::vector<uint8_t>(a.size(), 0));
+  CHECK(Eventually([&] { return strict->refused() == 1; }));
 }
 
 TEST_CASE("a dead node fails direct transfers with Unavailable") {

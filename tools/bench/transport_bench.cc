@@ -36,6 +36,7 @@
 #include "storage_node/dram_device.h"
 #include "storage_node/extent_table.h"
 #include "storage_node/kv_manager.h"
+#include "storage_node/shm_export.h"
 
 DEFINE_uint64(block_kib, 0, "block size in KiB (0: the matrix)");
 DEFINE_int32(batch, 0, "blocks per request (0: the matrix)");
@@ -65,6 +66,7 @@ struct Node {
   std::unique_ptr<storage::ExtentTable> extents;
   std::unique_ptr<storage::KvManager> kv;
   std::unique_ptr<storage::DataServer> server;
+  std::unique_ptr<storage::ShmExport> shm_export;
   PeerInfo peer;
 
   explicit Node(uint64_t bytes) {
@@ -85,15 +87,11 @@ struct Node {
     server = std::move(*storage::DataServer::Create(o));
     peer.node_id = 1;
     peer.data_address = absl::StrCat("127.0.0.1:", server->port());
-    std::string areas;
-    for (const storage::MemoryArea& a : device->Areas()) {
-      absl::StrAppend(&areas, areas.empty() ? "" : ",", a.area_id, ":", a.fd,
-                      ":", a.length);
-    }
-    peer.params[kShmHostParam] = LocalHostIdentity();
-    peer.params[kShmPidParam] = absl::StrCat(getpid());
-    peer.params[kShmInstanceParam] = "1";
-    peer.params[kShmAreasParam] = areas;
+    // What the storage node publishes.
+    storage::ShmExportOptions so;
+    so.areas = device->Areas();
+    shm_export = std::move(*storage::ShmExport::Create(so));
+    for (auto& [k, v] : shm_export->TransportParams()) peer.params[k] = v;
   }
 };
 
