@@ -371,6 +371,17 @@ class ClientImpl : public Client {
     return handle;
   }
 
+  absl::Status RegisterMemory(void* data, size_t size) override {
+    if (data == nullptr || size == 0) {
+      return absl::InvalidArgumentError("RegisterMemory: empty range");
+    }
+    return transport_->RegisterMemory(data, size);
+  }
+
+  absl::Status UnregisterMemory(void* data) override {
+    return transport_->UnregisterMemory(data);
+  }
+
   absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string> keys,
                                            const CallOptions& call) override {
     RETURN_IF_ERROR(CheckKeys(keys));

@@ -243,6 +243,17 @@ class Client {
   // Nodes, liveness, capacity and object counts.
   virtual absl::StatusOr<ClusterStatus> GetClusterStatus(
       const CallOptions& call = {}) = 0;
+
+  // Registers engine-owned memory [data, data + size) (e.g. the KV buffers
+  // the engine loads into) for direct transfers: RDMA reads then land in
+  // it, and writes leave from it, without a copy through the transport's
+  // bounce buffer. The memory stays pinned and must stay mapped until
+  // UnregisterMemory(data). A no-op for transports without registration.
+  // Errors: InvalidArgument (null, empty, overlapping a registration),
+  // ResourceExhausted (the locked-memory limit).
+  virtual absl::Status RegisterMemory(void* data, size_t size) = 0;
+  // Errors: NotFound if `data` does not start a registration.
+  virtual absl::Status UnregisterMemory(void* data) = 0;
 };
 
 }  // namespace hymcache

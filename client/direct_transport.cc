@@ -37,6 +37,13 @@ class DirectTransport : public Transport {
     return mover_->Usable(peer);
   }
 
+  absl::Status RegisterMemory(void* data, size_t size) override {
+    return mover_->RegisterMemory(data, size);
+  }
+  absl::Status UnregisterMemory(void* data) override {
+    return mover_->UnregisterMemory(data);
+  }
+
   std::vector<absl::Status> Read(const PeerInfo& peer,
                                  absl::Span<const ReadOp> ops,
                                  absl::Time deadline) override {
@@ -379,6 +386,28 @@ class FirstReachableTransport : public Transport {
 
   absl::Status CanReach(const PeerInfo& peer) override {
     return Pick(peer).status();
+  }
+
+  // Every candidate learns the memory (any of them may serve a node).
+  absl::Status RegisterMemory(void* data, size_t size) override {
+    for (size_t i = 0; i < candidates_.size(); ++i) {
+      absl::Status s = candidates_[i]->RegisterMemory(data, size);
+      if (!s.ok()) {
+        for (size_t k = 0; k < i; ++k) {
+          candidates_[k]->UnregisterMemory(data).IgnoreError();
+        }
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status UnregisterMemory(void* data) override {
+    absl::Status first;
+    for (const auto& t : candidates_) {
+      absl::Status s = t->UnregisterMemory(data);
+      if (first.ok()) first = s;
+    }
+    return first;
   }
 
   std::vector<absl::Status> Read(const PeerInfo& peer,

@@ -66,6 +66,13 @@ class DirectMover {
   // Whether channels can write node memory; if not, the transport writes
   // over TCP.
   virtual bool can_write() const { return true; }
+  // Caller memory channels may use in place (Transport::RegisterMemory).
+  virtual absl::Status RegisterMemory(void* data, size_t size) {
+    return absl::OkStatus();
+  }
+  virtual absl::Status UnregisterMemory(void* data) {
+    return absl::OkStatus();
+  }
   // OK if this mover can reach `peer` (e.g. shared memory: the node is on
   // this host and publishes its areas); else why not (Unavailable).
   virtual absl::Status Usable(const PeerInfo& peer) = 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,8 @@ namespace {
 // Bytes of the registered bounce buffer each channel stages transfers
 // through (a transfer larger than this runs in several rounds).
 constexpr size_t kBounceBytes = size_t{16} << 20;
+// Work requests per Execute.
+constexpr size_t kMaxOpsPerRound = 1024;
 
 struct RemoteArea {
   uint64_t addr = 0;
@@ -59,13 +62,69 @@ absl::StatusOr<std::map<uint32_t, RemoteArea>> ParseAreas(
   return out;
 }
 
+// Engine memory registered for in-place transfers (Client::RegisterMemory),
+// shared by all channels of a mover.
+class Registry {
+ public:
+  struct Entry {
+    uintptr_t start = 0;
+    size_t length = 0;
+    std::shared_ptr<rdma::MemoryRegion> mr;
+  };
+
+  absl::Status Add(rdma::Device* device, void* data, size_t size) {
+    const auto start = reinterpret_cast<uintptr_t>(data);
+    {
+      MutexLock l(&mu_);
+      auto next = entries_.lower_bound(start);
+      if ((next != entries_.end() && next->first < start + size) ||
+          (next != entries_.begin() &&
+           std::prev(next)->first + std::prev(next)->second.length > start)) {
+        return absl::InvalidArgumentError(
+            "RegisterMemory: the range overlaps a registered one");
+      }
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<rdma::MemoryRegion> mr,
+                     device->Register(data, size, /*remote_write=*/false));
+    MutexLock l(&mu_);
+    entries_[start] = Entry{start, size, std::move(mr)};
+    return absl::OkStatus();
+  }
+
+  absl::Status Remove(void* data) {
+    MutexLock l(&mu_);
+    if (entries_.erase(reinterpret_cast<uintptr_t>(data)) == 0) {
+      return absl::NotFoundError("UnregisterMemory: no registration starts there");
+    }
+    return absl::OkStatus();
+  }
+
+  // The registration holding all of [p, p + len), if any. The returned
+  // entry keeps its memory region alive while a transfer uses it.
+  std::optional<Entry> Find(const void* p, size_t len) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    MutexLock l(&mu_);
+    auto it = entries_.upper_bound(a);
+    if (it == entries_.begin()) return std::nullopt;
+    --it;
+    if (a + len > it->first + it->second.length) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  mutable Mutex mu_;
+  std::map<uintptr_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
+};
+
 // One queue pair to one node, with its own registered bounce buffer.
 class RdmaChannel : public DirectChannel {
  public:
-  RdmaChannel(rdma::Device* device, std::unique_ptr<rdma::QueuePair> qp,
+  RdmaChannel(rdma::Device* device, const Registry* registry,
+              std::unique_ptr<rdma::QueuePair> qp,
               std::map<uint32_t, RemoteArea> areas, uint8_t* bounce,
               std::unique_ptr<rdma::MemoryRegion> bounce_mr)
       : device_(device),
+        registry_(registry),
         qp_(std::move(qp)),
         areas_(std::move(areas)),
         bounce_(bounce),
@@ -78,9 +137,9 @@ class RdmaChannel : public DirectChannel {
     munmap(bounce_, kBounceBytes);
   }
 
-  // Stages every piece through the bounce buffer: reads land there and are
-  // copied out; writes are copied in first. Pieces are at most the
-  // device's largest message.
+  // Segments in registered engine memory move in place; the others go
+  // through the bounce buffer (reads land there and are copied out; writes
+  // are copied in first). Pieces are at most the device's largest message.
   std::vector<absl::Status> Move(absl::Span<const DirectSegment> segs,
                                  absl::Time deadline) override {
     std::vector<absl::Status> out(segs.size());
@@ -88,7 +147,10 @@ class RdmaChannel : public DirectChannel {
       size_t seg;
       uint64_t seg_offset;
       uint64_t length;
+      bool in_place;
     };
+    // Registrations in use stay alive until the transfer is done.
+    std::vector<std::shared_ptr<rdma::MemoryRegion>> pinned;
     std::vector<Piece> round;
     std::vector<rdma::OneSidedOp> ops;
     uint64_t used = 0;
@@ -105,7 +167,7 @@ class RdmaChannel : public DirectChannel {
           if (out[p.seg].ok()) out[p.seg] = st[k];
           continue;
         }
-        if (!s.write && out[p.seg].ok()) {
+        if (!s.write && !p.in_place && out[p.seg].ok()) {
           std::memcpy(static_cast<uint8_t*>(s.local) + p.seg_offset,
                       static_cast<uint8_t*>(ops[k].local), p.length);
         }
@@ -125,24 +187,36 @@ class RdmaChannel : public DirectChannel {
             " outside the node's registered memory"));
         continue;
       }
+      std::optional<Registry::Entry> reg = registry_->Find(s.local, s.length);
+      if (reg.has_value()) pinned.push_back(reg->mr);
       for (uint64_t off = 0; off < s.length;) {
         const uint64_t len = std::min(max_piece, s.length - off);
-        if (used + len > kBounceBytes) flush();
+        rdma::OneSidedOp op;
+        op.kind = s.write ? rdma::OneSidedOp::Kind::kWrite
+                          : rdma::OneSidedOp::Kind::kRead;
+        op.remote_addr = a->second.addr + s.offset + off;
+        op.rkey = a->second.rkey;
+        op.length = static_cast<uint32_t>(len);
+        if (reg.has_value()) {
+          if (ops.size() >= kMaxOpsPerRound) flush();
+          if (!qp_->healthy()) break;
+          op.local = static_cast<uint8_t*>(s.local) + off;
+          op.lkey = reg->mr->lkey();
+          ops.push_back(op);
+          round.push_back(Piece{i, off, len, true});
+          off += len;
+          continue;
+        }
+        if (used + len > kBounceBytes || ops.size() >= kMaxOpsPerRound) flush();
         if (!qp_->healthy()) break;
         uint8_t* local = bounce_ + used;
         if (s.write) {
           std::memcpy(local, static_cast<const uint8_t*>(s.local) + off, len);
         }
-        rdma::OneSidedOp op;
-        op.kind = s.write ? rdma::OneSidedOp::Kind::kWrite
-                          : rdma::OneSidedOp::Kind::kRead;
         op.local = local;
         op.lkey = bounce_mr_->lkey();
-        op.remote_addr = a->second.addr + s.offset + off;
-        op.rkey = a->second.rkey;
-        op.length = static_cast<uint32_t>(len);
         ops.push_back(op);
-        round.push_back(Piece{i, off, len});
+        round.push_back(Piece{i, off, len, false});
         used += len;
         off += len;
       }
@@ -161,6 +235,7 @@ class RdmaChannel : public DirectChannel {
 
  private:
   rdma::Device* const device_;
+  const Registry* const registry_;
   std::unique_ptr<rdma::QueuePair> qp_;
   const std::map<uint32_t, RemoteArea> areas_;
   uint8_t* const bounce_;
@@ -173,6 +248,13 @@ class RdmaMover : public DirectMover {
       : device_(std::move(device)) {}
 
   std::string_view name() const override { return "rdma"; }
+
+  absl::Status RegisterMemory(void* data, size_t size) override {
+    return registry_.Add(device_.get(), data, size);
+  }
+  absl::Status UnregisterMemory(void* data) override {
+    return registry_.Remove(data);
+  }
 
   absl::Status Usable(const PeerInfo& peer) override {
     if (Param(peer, kRdmaAreasParam).empty()) {
@@ -208,7 +290,8 @@ class RdmaMover : public DirectMover {
       return st;
     }
     return std::unique_ptr<DirectChannel>(new RdmaChannel(
-        device_.get(), std::move(*qp), std::move(areas), bounce, std::move(*mr)));
+        device_.get(), &registry_, std::move(*qp), std::move(areas), bounce,
+        std::move(*mr)));
   }
 
  private:
@@ -236,7 +319,9 @@ class RdmaMover : public DirectMover {
     return qp->Connect(remote);
   }
 
+  // Before registry_: registrations end before the device closes.
   const std::unique_ptr<rdma::Device> device_;
+  Registry registry_;
 };
 
 }  // namespace

@@ -65,6 +65,15 @@ class Transport {
     return absl::OkStatus();
   }
 
+  // Caller memory that transfers may use in place (RDMA registration); see
+  // Client::RegisterMemory. Default: nothing to do.
+  virtual absl::Status RegisterMemory(void* data, size_t size) {
+    return absl::OkStatus();
+  }
+  virtual absl::Status UnregisterMemory(void* data) {
+    return absl::OkStatus();
+  }
+
   // Reads every op from `peer`, in order, into its caller-owned buffer.
   // Returns one status per op: OK (all bytes are in the buffer), NotFound
   // (the object is gone or its space was reused), DeadlineExceeded,

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <string>
@@ -93,10 +94,24 @@ struct Cluster {
     auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0");
     REQUIRE(m.ok());
     master = std::move(*m);
+    // "$DIR" in a flag: this cluster's directory.
+    for (std::string& f : node_flags) {
+      size_t at = f.find("$DIR");
+      if (at != std::string::npos) f.replace(at, 4, dir);
+    }
     auto s = StorageProcess::Start(master.address, "direct-node", node_flags);
     INFO(s.status().ToString());
     REQUIRE(s.ok());
     node = std::move(*s);
+  }
+
+  // The capacity files and databases go with the cluster (the vmtest guest
+  // keeps TEST_TMPDIR in RAM).
+  ~Cluster() {
+    if (node.daemon.running()) node.daemon.Stop(SIGKILL).IgnoreError();
+    if (master.daemon.running()) master.daemon.Stop(SIGKILL).IgnoreError();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
   }
 
   std::unique_ptr<Client> NewClient(TransportKind kind) {
@@ -117,12 +132,28 @@ struct Cluster {
 
 // Stores n blocks of `len` through `client` (retrying refusals of a full
 // write buffer), loads them back and checks every byte.
-void RoundTrip(Client& client, const std::string& ns, size_t n, size_t len) {
+// How RoundTrip registers its buffers (Client::RegisterMemory): not at all;
+// registered where registration is a no-op (shared memory, TCP); registered
+// and pinned (RDMA moves them in place; overlaps and double unregistration
+// are refused).
+enum class Reg { kNone, kNoop, kPinned };
+
+void RoundTrip(Client& client, const std::string& ns, size_t n, size_t len,
+               Reg reg = Reg::kNone) {
+  const bool register_memory = reg != Reg::kNone;
   std::vector<std::string> keys;
   std::vector<std::vector<uint8_t>> data;
   for (size_t i = 0; i < n; ++i) {
     keys.push_back(absl::StrCat(ns, "/", i));
     data.push_back(Bytes(i, len));
+  }
+  if (register_memory) {
+    for (auto& d : data) REQUIRE(client.RegisterMemory(d.data(), d.size()).ok());
+    if (reg == Reg::kPinned) {
+      // Overlapping a registration is refused.
+      CHECK(client.RegisterMemory(data[0].data() + 1, 10).code() ==
+            absl::StatusCode::kInvalidArgument);
+    }
   }
   for (size_t i = 0; i < n; ++i) {
     absl::Time give_up = absl::Now() + absl::Seconds(60);
@@ -144,6 +175,9 @@ void RoundTrip(Client& client, const std::string& ns, size_t n, size_t len) {
   std::vector<std::vector<uint8_t>> out(n, std::vector<uint8_t>(len));
   std::vector<MutableBuffer> bufs;
   for (auto& o : out) bufs.push_back({o.data(), o.size()});
+  if (register_memory) {
+    for (auto& o : out) REQUIRE(client.RegisterMemory(o.data(), o.size()).ok());
+  }
   for (bool prefetch : {true, false}) {
     LoadOptions lo;
     lo.prefetch = prefetch;
@@ -158,6 +192,14 @@ void RoundTrip(Client& client, const std::string& ns, size_t n, size_t len) {
       std::fill(out[i].begin(), out[i].end(), 0);
     }
   }
+  if (register_memory) {
+    for (auto& d : data) CHECK(client.UnregisterMemory(d.data()).ok());
+    for (auto& o : out) CHECK(client.UnregisterMemory(o.data()).ok());
+    if (reg == Reg::kPinned) {
+      CHECK(client.UnregisterMemory(out[0].data()).code() ==
+            absl::StatusCode::kNotFound);
+    }
+  }
 }
 
 TEST_CASE("shared memory: DRAM node, bytes move through the mapping") {
@@ -167,11 +209,13 @@ TEST_CASE("shared memory: DRAM node, bytes move through the mapping") {
   Cluster c(flags);
   auto client = c.NewClient(TransportKind::kShm);
   RoundTrip(*client, "shm-dram", 24, (1 << 20) + 12345);
+  // Registration is a no-op for shared memory, and harmless.
+  RoundTrip(*client, "shm-dram-reg", 2, 4096, Reg::kNoop);
   v1::StorageStatsResponse full;
   auto st = NodeStats(c.node, &full);
   CHECK(st["direct_write_ops"] == 0);  // read-only mapping: writes over TCP
-  CHECK(full.write_ops() == 24);
-  CHECK(st["direct_acquired_ops"] == 48);
+  CHECK(full.write_ops() == 26);
+  CHECK(st["direct_acquired_ops"] == 52);
   CHECK(full.read_ops() == 0);  // no bytes went over TCP
   CHECK(full.bytes_read() == 0);
   if (NumaNode() >= 0) {
@@ -181,7 +225,7 @@ TEST_CASE("shared memory: DRAM node, bytes move through the mapping") {
 }
 
 TEST_CASE("shared memory: hybrid node, staging window and write buffer") {
-  Cluster c({"--device=hybrid", "--capacity_path=" + TempDir("cap") + "/c.dat",
+  Cluster c({"--device=hybrid", "--capacity_path=$DIR/c.dat",
              "--capacity_bytes=256M", "--staging_bytes=8M",
              "--write_buffer_bytes=8M", "--rdma=off", DirectIoFlag()});
   auto client = c.NewClient(TransportKind::kAuto);  // same host: shm
@@ -244,22 +288,27 @@ TEST_CASE("RDMA: one-sided reads and writes, or reported unavailable") {
       // Several registrations: no object may straddle two.
       flags.push_back("--max_region_bytes=16M");
     } else {
-      flags.push_back("--capacity_path=" + TempDir("rcap") + "/c.dat");
-      flags.insert(flags.end(), {"--capacity_bytes=128M", "--staging_bytes=8M",
-                                 "--write_buffer_bytes=8M", DirectIoFlag()});
+      flags.push_back("--capacity_path=$DIR/c.dat");
+      // Room for the 12 MiB blocks of the registered round trip.
+      flags.insert(flags.end(), {"--capacity_bytes=256M", "--staging_bytes=48M",
+                                 "--write_buffer_bytes=48M", DirectIoFlag()});
     }
     Cluster c(flags);
     auto client = c.NewClient(TransportKind::kRdma);
     RoundTrip(*client, absl::StrCat("rdma-", device), 20, (1 << 20) + 4096);
+    // Engine-owned buffers registered: moved in place, 12 MiB blocks (more
+    // than one 8 MiB Soft-RoCE message each, within one 16 MiB region).
+    RoundTrip(*client, absl::StrCat("rdma-reg-", device), 3, 12 << 20,
+              Reg::kPinned);
     auto st = NodeStats(c.node);
     CHECK(st["rdma_enabled"] == 1);
     CHECK(st["rdma_connections"] >= 1);
-    CHECK(st["direct_write_ops"] == 20);
-    CHECK(st["direct_acquired_ops"] == 40);
+    CHECK(st["direct_write_ops"] == 23);
+    CHECK(st["direct_acquired_ops"] == 46);
     // The same round trip over TCP against the same RDMA-enabled node.
     auto tcp = c.NewClient(TransportKind::kTcp);
     RoundTrip(*tcp, absl::StrCat("tcp-", device), 10, (1 << 20) + 4096);
-    CHECK(NodeStats(c.node)["direct_write_ops"] == 20);
+    CHECK(NodeStats(c.node)["direct_write_ops"] == 23);
   }
 }
 

@@ -25,7 +25,9 @@ for t in "rdma common/rdma_loopback_test" "rdma+cxl tests/direct_cluster_test"; 
   rc=1
   out=""
   for attempt in 1 2; do
-    out=$(HYMCACHE_REQUIRE_RDMA=1 VM_TIMEOUT=${VM_TIMEOUT:-900} \
+    # 4 GiB: the guest's /tmp (tmpfs) holds the tests' capacity files and
+    # databases, and 2 GiB ran short (virtio failed "out of resources").
+    out=$(HYMCACHE_REQUIRE_RDMA=1 VM_TIMEOUT=${VM_TIMEOUT:-900} VM_MEM=${VM_MEM:-4G} \
           bash tests/vmtest/run.sh "$mode" "$bb/$bin" 2>&1)
     rc=$?
     echo "$out" | grep -q "VMTEST-RESULT" && break

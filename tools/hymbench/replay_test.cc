@@ -155,6 +155,8 @@ class FakeClient : public Client {
     s.nodes[0].alive = alive_;
     return s;
   }
+  absl::Status RegisterMemory(void*, size_t) override { return absl::OkStatus(); }
+  absl::Status UnregisterMemory(void*) override { return absl::OkStatus(); }
   bool alive_ = true;
 
  private:
