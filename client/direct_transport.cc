@@ -169,6 +169,18 @@ class DirectTransport : public Transport {
     }
   }
 
+  // A channel broke during Move: every op it carried failed (with Move's
+  // status where it has one).
+  static void FailMoved(const std::vector<absl::Status>& moved,
+                        const std::vector<size_t>& seg_op,
+                        absl::Span<absl::Status> st) {
+    for (size_t k = 0; k < moved.size(); ++k) {
+      st[seg_op[k]] = moved[k].ok()
+                          ? absl::UnavailableError("direct transfer failed")
+                          : moved[k];
+    }
+  }
+
   // Receives `n` AreaRefs.
   static absl::StatusOr<std::vector<wire::AreaRef>> RecvRefs(
       Socket& s, size_t n, absl::Time deadline) {
@@ -271,11 +283,7 @@ class DirectTransport : public Transport {
     if (!c.channel->healthy()) {
       // Nothing is in flight any more (Move's contract); closing the
       // connection releases the holds.
-      for (size_t k = 0; k < segs.size(); ++k) {
-        st[seg_op[k]] = moved[k].ok()
-                            ? absl::UnavailableError("direct transfer failed")
-                            : moved[k];
-      }
+      FailMoved(moved, seg_op, st);
       return absl::OkStatus();
     }
     // Release. The node drops a hold only on its release or when this
@@ -330,11 +338,7 @@ class DirectTransport : public Transport {
     std::vector<absl::Status> moved = c.channel->Move(segs, deadline);
     if (!c.channel->healthy()) {
       // Closing the connection aborts every begun write.
-      for (size_t k = 0; k < segs.size(); ++k) {
-        st[seg_op[k]] = moved[k].ok()
-                            ? absl::UnavailableError("direct transfer failed")
-                            : moved[k];
-      }
+      FailMoved(moved, seg_op, st);
       return absl::OkStatus();
     }
     for (size_t k = 0; k < segs.size(); ++k) {

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <string>
 
+#include "common/bytes.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -76,40 +77,6 @@ DEFINE_int32(idle_timeout_ms, 60000,
 DEFINE_int32(drain_timeout_ms, 10000,
              "Graceful shutdown waits this long for requests in progress (ms).");
 
-namespace {
-
-// "1073741824", "1G", "256M", "64KiB", "2TB" (binary units).
-bool ParseBytes(std::string s, uint64_t* out) {
-  s = std::string(absl::StripAsciiWhitespace(s));
-  size_t digits = 0;
-  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) {
-    ++digits;
-  }
-  if (digits == 0) return false;
-  uint64_t n = 0;
-  if (!absl::SimpleAtoi(s.substr(0, digits), &n)) return false;
-  std::string unit = absl::AsciiStrToUpper(s.substr(digits));
-  int shift = 0;
-  if (unit.empty() || unit == "B") {
-    shift = 0;
-  } else if (unit == "K" || unit == "KB" || unit == "KIB") {
-    shift = 10;
-  } else if (unit == "M" || unit == "MB" || unit == "MIB") {
-    shift = 20;
-  } else if (unit == "G" || unit == "GB" || unit == "GIB") {
-    shift = 30;
-  } else if (unit == "T" || unit == "TB" || unit == "TIB") {
-    shift = 40;
-  } else {
-    return false;
-  }
-  if (shift > 0 && n > (UINT64_MAX >> shift)) return false;
-  *out = n << shift;
-  return true;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "hymcache-storage --master=HOST:PORT [--dram_bytes=1G] ...");
@@ -128,7 +95,7 @@ int main(int argc, char** argv) {
   options.data_port = FLAGS_data_port;
   options.control_port = FLAGS_control_port;
   options.advertise_host = FLAGS_advertise_host;
-  if (!ParseBytes(FLAGS_dram_bytes, &options.dram_bytes)) {
+  if (!hymcache::ParseBytes(FLAGS_dram_bytes, &options.dram_bytes)) {
     std::cerr << "hymcache-storage: bad --dram_bytes '" << FLAGS_dram_bytes
               << "' (want e.g. 1073741824, 256M, 1G)\n";
     return 2;
@@ -148,9 +115,9 @@ int main(int argc, char** argv) {
   if (FLAGS_device != "dram") {
     options.capacity_path = FLAGS_capacity_path;
     options.capacity_metadata_dir = FLAGS_capacity_metadata_dir;
-    if (!ParseBytes(FLAGS_capacity_bytes, &options.capacity_bytes) ||
-        !ParseBytes(FLAGS_staging_bytes, &options.staging_bytes) ||
-        !ParseBytes(FLAGS_write_buffer_bytes, &options.write_buffer_bytes)) {
+    if (!hymcache::ParseBytes(FLAGS_capacity_bytes, &options.capacity_bytes) ||
+        !hymcache::ParseBytes(FLAGS_staging_bytes, &options.staging_bytes) ||
+        !hymcache::ParseBytes(FLAGS_write_buffer_bytes, &options.write_buffer_bytes)) {
       std::cerr << "hymcache-storage: bad --capacity_bytes, --staging_bytes or "
                    "--write_buffer_bytes (want e.g. 64G, 256M)\n";
       return 2;
@@ -159,7 +126,7 @@ int main(int argc, char** argv) {
     options.io_queue_depth = FLAGS_io_queue_depth;
     options.io_direct = FLAGS_io_direct;
   }
-  if (!ParseBytes(FLAGS_prefetch_window_bytes,
+  if (!hymcache::ParseBytes(FLAGS_prefetch_window_bytes,
                   &options.prefetch_window_bytes) ||
       options.prefetch_window_bytes == 0) {
     std::cerr << "hymcache-storage: bad --prefetch_window_bytes (want e.g. "
@@ -171,7 +138,7 @@ int main(int argc, char** argv) {
   options.expose_shm = FLAGS_shm;
   options.rdma = FLAGS_rdma;
   options.rdma_device = FLAGS_rdma_device;
-  if (!ParseBytes(FLAGS_max_region_bytes, &options.max_region_bytes)) {
+  if (!hymcache::ParseBytes(FLAGS_max_region_bytes, &options.max_region_bytes)) {
     std::cerr << "hymcache-storage: bad --max_region_bytes\n";
     return 2;
   }

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bytes.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -105,33 +106,6 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-// "262144", "256K", "1M", "64KiB", "2G" (binary units).
-bool ParseBytes(std::string s, uint64_t* out) {
-  s = std::string(absl::StripAsciiWhitespace(s));
-  size_t digits = 0;
-  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) {
-    ++digits;
-  }
-  if (digits == 0) return false;
-  uint64_t n = 0;
-  if (!absl::SimpleAtoi(s.substr(0, digits), &n)) return false;
-  const std::string unit = absl::AsciiStrToUpper(s.substr(digits));
-  int shift = 0;
-  if (unit.empty() || unit == "B") {
-    shift = 0;
-  } else if (unit == "K" || unit == "KB" || unit == "KIB") {
-    shift = 10;
-  } else if (unit == "M" || unit == "MB" || unit == "MIB") {
-    shift = 20;
-  } else if (unit == "G" || unit == "GB" || unit == "GIB") {
-    shift = 30;
-  } else {
-    return false;
-  }
-  if (shift > 0 && n > (UINT64_MAX >> shift)) return false;
-  *out = n << shift;
-  return true;
-}
 
 SyntheticOptions SyntheticFromFlags() {
   SyntheticOptions o;
