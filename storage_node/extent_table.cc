@@ -19,6 +19,7 @@ struct ExtentTable::Extent {
   bool superseded = false;  // a higher generation took over while writing
   bool cleared = false;     // dropped by Clear(): blocks no generation
   uint64_t pins = 0;
+  uint64_t seq = 0;         // order of its BeginWrite in this table
 };
 
 namespace {
@@ -250,6 +251,7 @@ absl::StatusOr<ExtentTable::WriteTicket> ExtentTable::BeginWrite(
   auto owned = std::make_unique<Extent>();
   Extent* e = owned.get();
   e->key = key;
+  e->seq = next_seq_++;
   e->writing = true;
   region->live.emplace(key.addr, std::move(owned));
   ++writing_;
@@ -347,14 +349,28 @@ uint64_t ExtentTable::generation_ceiling() const {
   return generation_ceiling_;
 }
 
-void ExtentTable::Clear() {
+void ExtentTable::Clear() { ClearStale(kNoCeiling, kNoCeiling); }
+
+uint64_t ExtentTable::WriteSequence() const {
   MutexLock l(&mu_);
+  return next_seq_;
+}
+
+void ExtentTable::ClearStale(uint64_t before_seq, uint64_t max_generation) {
+  MutexLock l(&mu_);
+  auto stale = [&](const Extent* e) {
+    return e->seq < before_seq || e->key.generation > max_generation;
+  };
   // Extents retired earlier are dropped too: none may block a new write.
-  for (auto& e : retired_) e->cleared = true;
+  for (auto& e : retired_) {
+    if (stale(e.get())) e->cleared = true;
+  }
   for (auto& entry : regions_) {
     Region& region = entry.second;
-    while (!region.live.empty()) {
-      Extent* e = region.live.begin()->second.get();
+    for (auto it = region.live.begin(); it != region.live.end();) {
+      Extent* e = it->second.get();
+      ++it;  // Retire erases `e` from the map
+      if (!stale(e)) continue;
       e->cleared = true;
       Retire(&region, e);  // frees it unless pinned or being written
     }

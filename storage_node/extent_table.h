@@ -162,6 +162,16 @@ class ExtentTable {
   // fails with FailedPrecondition).
   void Clear();
 
+  // The sequence number the next BeginWrite gets (writes are numbered in
+  // the order they begin).
+  uint64_t WriteSequence() const;
+  // As Clear(), but only for extents whose write began before `before_seq`
+  // (WriteSequence() at some earlier point) or whose generation is above
+  // `max_generation`. A node that re-registers uses it to drop what it held
+  // before the master forgot it, without dropping writes the master placed
+  // after it registered.
+  void ClearStale(uint64_t before_seq, uint64_t max_generation);
+
   ExtentTableStats Stats() const;
 
  private:
@@ -208,6 +218,7 @@ class ExtentTable {
   uint64_t writing_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pins_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ceiling_ ABSL_GUARDED_BY(mu_) = kNoCeiling;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace hymcache::storage

@@ -438,5 +438,29 @@ TEST_CASE("ExtentTable rejects bad options") {
         absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("ExtentTable: ClearStale keeps writes begun after the mark") {
+  auto t = MakeTable();
+  Store(*t, Key(0, 100, 50));      // held before re-registering
+  auto pending = t->BeginWrite(Key(4096, 100, 51));  // begun before, too
+  REQUIRE(pending.ok());
+  const uint64_t mark = t->WriteSequence();
+  Store(*t, Key(8192, 100, 3));    // placed by the master after registering
+  Store(*t, Key(12288, 100, 900)); // a generation the master never issued
+  auto late = t->BeginWrite(Key(16384, 100, 4));  // in progress, after
+  REQUIRE(late.ok());
+
+  t->ClearStale(mark, /*max_generation=*/100);
+  CHECK(PinCode(*t, Key(0, 100, 50)) == absl::StatusCode::kNotFound);
+  CHECK(pending->Commit().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(PinCode(*t, Key(8192, 100, 3)) == absl::StatusCode::kOk);
+  CHECK(PinCode(*t, Key(12288, 100, 900)) == absl::StatusCode::kNotFound);
+  CHECK(late->Commit().ok());
+  CHECK(PinCode(*t, Key(16384, 100, 4)) == absl::StatusCode::kOk);
+  // The cleared space takes lower generations again.
+  Store(*t, Key(0, 100, 2));
+  CHECK(PinCode(*t, Key(0, 100, 2)) == absl::StatusCode::kOk);
+  CHECK(t->Stats().extents == 3);
+}
+
 }  // namespace
 }  // namespace hymcache::storage

@@ -535,6 +535,9 @@ absl::Status StorageNode::CallMaster(Fn call) {
 }
 
 absl::Status StorageNode::Register() {
+  // Writes that begin from here on may be the master's placements after it
+  // registered us: a registration that forgets our objects keeps them.
+  const uint64_t write_mark = extents_->WriteSequence();
   v1::RegisterNodeRequest req;
   req.set_name(name_);
   req.set_incarnation(incarnation_);
@@ -562,11 +565,16 @@ absl::Status StorageNode::Register() {
   // that is still on its way must not land after the table is cleared.
   ApplyGenerationCeiling(resp.generation_ceiling());
   if (!resp.objects_retained()) {
-    // The master knows none of our objects (say its metadata was wiped):
-    // drop them, or their generations would refuse its new allocations
-    // over the same space.
-    const uint64_t dropped = extents_->Stats().extents;
-    extents_->Clear();
+    // The master knows none of the objects we held when we asked (say its
+    // metadata was wiped): drop them, or their generations would refuse its
+    // new allocations over the same space. Writes the master placed since
+    // it registered us (clients may write before this answer arrives)
+    // stay, unless their generation is one it has not issued.
+    const uint64_t before = extents_->Stats().extents;
+    extents_->ClearStale(write_mark, resp.generation_ceiling() == 0
+                                         ? UINT64_MAX
+                                         : resp.generation_ceiling());
+    const uint64_t dropped = before - std::min(before, extents_->Stats().extents);
     if (dropped > 0) {
       LOG(WARNING) << "master " << options_.master_address
                    << " does not retain this node's objects; dropped "
