@@ -251,7 +251,6 @@ class DirectTransport : public Transport {
     uint8_t sid[wire::kSessionBytes];
     wire::EncodeSession(session, sid);
     const iovec payload[1] = {{sid, sizeof(sid)}};
-    bool started = false;
     ASSIGN_OR_RETURN(
         Exchange ex,
         FirstExchange(peer, FrameType::kAcquireRequest,

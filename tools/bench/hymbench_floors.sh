@@ -15,9 +15,12 @@
 #   floors: 1 2 3 (default: all). Results under $OUT (default
 #   /tmp/hymbench-floors): JSON/CSV per run and summary.txt.
 # Knobs (environment): BLOCK (256K), REQS1 (1000: requests for floor 1),
-#   TIME_SCALE (20: trace time compression for floors 2 and 3),
-#   CONCURRENCY (4), DRAM (512M: floor 3's DRAM), CAPDIR (capacity files;
-#   default $OUT, must be a real filesystem for O_DIRECT).
+#   CONCURRENCY1 (1: replay workers of floor 1: one request at a time shows
+#   the request-level pipeline; with several workers the plain reads of
+#   different requests also overlap each other), TIME_SCALE (20: trace time
+#   compression for floors 2 and 3), CONCURRENCY (4: workers of floors 2 and
+#   3), DRAM (512M: floor 3's DRAM), CAPDIR (capacity files; default $OUT,
+#   must be a real filesystem for O_DIRECT).
 set -euo pipefail
 
 TRACE=${1:?usage: $0 TRACE.jsonl [1 2 3]}
@@ -29,6 +32,7 @@ BLOCK=${BLOCK:-256K}
 REQS1=${REQS1:-1000}
 TIME_SCALE=${TIME_SCALE:-20}
 CONCURRENCY=${CONCURRENCY:-4}
+CONCURRENCY1=${CONCURRENCY1:-1}
 DRAM=${DRAM:-512M}
 CAPDIR=${CAPDIR:-$OUT}
 
@@ -105,7 +109,7 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 for f in $FLOORS; do
   case $f in
   1)
-    note "== floor 1: prefetch on vs off (first $REQS1 requests, $BLOCK blocks, 64M window)"
+    note "== floor 1: prefetch on vs off (first $REQS1 requests, $BLOCK blocks, 64M window, $CONCURRENCY1 worker(s))"
     start_master "$OUT/f1/master"
     start_node "$OUT/f1" node --device=hybrid --capacity_path="$CAPDIR/f1.cap" \
       --capacity_bytes=16G --staging_bytes=64M --write_buffer_bytes=256M
@@ -113,9 +117,9 @@ for f in $FLOORS; do
     on=() off=()
     for round in 1 2; do
       replay "f1-on-$round" --max_requests="$REQS1" --store=false --prefetch=true \
-        --concurrency="$CONCURRENCY"
+        --concurrency="$CONCURRENCY1"
       replay "f1-off-$round" --max_requests="$REQS1" --store=false --prefetch=false \
-        --concurrency="$CONCURRENCY"
+        --concurrency="$CONCURRENCY1"
       on+=("$(overall "$OUT/f1-on-$round.json" load_gbps)")
       off+=("$(overall "$OUT/f1-off-$round.json" load_gbps)")
       note "round $round: prefetch on ${on[-1]} GB/s, off ${off[-1]} GB/s," \
