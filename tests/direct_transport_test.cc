@@ -24,6 +24,7 @@
 #include "storage_node/fake_block_io.h"
 #include "storage_node/hybrid_device.h"
 #include "storage_node/kv_manager.h"
+#include "storage_node/local_data_plane.h"
 #include "storage_node/shm_export.h"
 
 namespace hymcache {
@@ -44,36 +45,28 @@ bool Eventually(Pred pred) {
 }
 
 struct Server {
-  std::unique_ptr<storage::FakeBlockIo> io;  // hybrid only
-  std::unique_ptr<storage::MemoryDevice> device;
-  std::unique_ptr<storage::ExtentTable> extents;
-  std::unique_ptr<storage::KvManager> kv;
-  std::unique_ptr<storage::DataServer> server;
-  std::unique_ptr<storage::ShmExport> shm_export;
+  std::unique_ptr<storage::FakeBlockIo> io;  // hybrid only; outlives plane
+  std::unique_ptr<storage::LocalDataPlane> plane;
+  // Shortcuts into `plane`.
+  storage::MemoryDevice* device;
+  storage::ExtentTable* extents;
+  storage::KvManager* kv;
+  storage::DataServer* server;
+  storage::ShmExport* shm_export;
   PeerInfo peer;
 
   explicit Server(std::unique_ptr<storage::MemoryDevice> dev,
                   std::unique_ptr<storage::FakeBlockIo> fake_io = nullptr)
-      : io(std::move(fake_io)), device(std::move(dev)) {
-    storage::ExtentTableOptions e;
-    e.regions = device->Regions();
-    extents = std::move(*storage::ExtentTable::Create(e));
-    storage::KvManagerOptions k;
-    k.device = device.get();
-    k.extents = extents.get();
-    kv = std::move(*storage::KvManager::Create(k));
-    storage::DataServerOptions o;
-    o.device = device.get();
-    o.extents = extents.get();
-    o.kv = kv.get();
-    server = std::move(*storage::DataServer::Create(o));
+      : io(std::move(fake_io)),
+        plane(std::make_unique<storage::LocalDataPlane>(std::move(dev))),
+        device(plane->device.get()),
+        extents(plane->extents.get()),
+        kv(plane->kv.get()),
+        server(plane->server.get()),
+        shm_export(plane->shm_export.get()) {
     peer.node_id = 1;
-    peer.data_address = absl::StrCat("127.0.0.1:", server->port());
-    // What the storage node publishes.
-    storage::ShmExportOptions so;
-    so.areas = device->Areas();
-    shm_export = std::move(*storage::ShmExport::Create(so));
-    for (auto& [k, v] : shm_export->TransportParams()) peer.params[k] = v;
+    peer.data_address = plane->data_address();
+    for (auto& [k, v] : plane->transport_params()) peer.params[k] = v;
   }
 
   static Server Dram() {

@@ -35,8 +35,7 @@
 #include "storage_node/data_server.h"
 #include "storage_node/dram_device.h"
 #include "storage_node/extent_table.h"
-#include "storage_node/kv_manager.h"
-#include "storage_node/shm_export.h"
+#include "storage_node/local_data_plane.h"
 
 DEFINE_uint64(block_kib, 0, "block size in KiB (0: the matrix)");
 DEFINE_int32(batch, 0, "blocks per request (0: the matrix)");
@@ -62,37 +61,17 @@ double Rate(uint64_t bytes, Fn one) {
 }
 
 struct Node {
-  std::unique_ptr<storage::DramDevice> device;
-  std::unique_ptr<storage::ExtentTable> extents;
-  std::unique_ptr<storage::KvManager> kv;
-  std::unique_ptr<storage::DataServer> server;
-  std::unique_ptr<storage::ShmExport> shm_export;
-  PeerInfo peer;
-
   explicit Node(uint64_t bytes) {
     storage::DramDeviceOptions d;
     d.capacity_bytes = bytes;
-    device = std::move(*storage::DramDevice::Create(d));
-    storage::ExtentTableOptions e;
-    e.regions = device->Regions();
-    extents = std::move(*storage::ExtentTable::Create(e));
-    storage::KvManagerOptions k;
-    k.device = device.get();
-    k.extents = extents.get();
-    kv = std::move(*storage::KvManager::Create(k));
-    storage::DataServerOptions o;
-    o.device = device.get();
-    o.extents = extents.get();
-    o.kv = kv.get();
-    server = std::move(*storage::DataServer::Create(o));
+    plane = std::make_unique<storage::LocalDataPlane>(
+        storage::DramDevice::Create(d).value());
     peer.node_id = 1;
-    peer.data_address = absl::StrCat("127.0.0.1:", server->port());
-    // What the storage node publishes.
-    storage::ShmExportOptions so;
-    so.areas = device->Areas();
-    shm_export = std::move(*storage::ShmExport::Create(so));
-    for (auto& [k, v] : shm_export->TransportParams()) peer.params[k] = v;
+    peer.data_address = plane->data_address();
+    for (auto& [k, v] : plane->transport_params()) peer.params[k] = v;
   }
+  std::unique_ptr<storage::LocalDataPlane> plane;
+  PeerInfo peer;
 };
 
 void RunOne(size_t block, int batch) {
