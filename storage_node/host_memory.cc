@@ -4,11 +4,13 @@
 #include <numa.h>
 #include <numaif.h>
 #include <sys/mman.h>
+#include <linux/memfd.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -113,18 +115,51 @@ std::string ThpSetting(const char* path) {
   return line.substr(open + 1, close - open - 1);
 }
 
-void WarnIfNoShmemThp() {
-  static std::atomic<bool> warned{false};
-  const std::string s =
-      ThpSetting("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
-  if ((s == "never" || s == "deny") && !warned.exchange(true)) {
-    LOG(WARNING) << "host memory: transparent huge pages for shared memory "
-                    "are off (/sys/kernel/mm/transparent_hugepage/"
-                    "shmem_enabled is '"
-                 << s
-                 << "'), so shareable device memory uses 4 KiB pages; set it "
-                    "to 'advise' for huge pages";
+constexpr char kShmemThpKnob[] =
+    "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
+constexpr char kThpKnob[] = "/sys/kernel/mm/transparent_hugepage/enabled";
+constexpr uint64_t kHugePage = uint64_t{2} << 20;
+
+// Whether madvise(MADV_HUGEPAGE) gets huge pages for shared memory (memfds).
+bool ShmemThpAllowed() {
+  const std::string s = ThpSetting(kShmemThpKnob);
+  return s == "always" || s == "within_size" || s == "advise" || s == "force";
+}
+
+// Whether madvise(MADV_HUGEPAGE) gets huge pages for private memory.
+bool PrivateThpAllowed() {
+  const std::string s = ThpSetting(kThpKnob);
+  return s == "always" || s == "madvise";
+}
+
+// Free 2 MiB pages of the hugetlb pool (HugePages_Free when the default huge
+// page size is 2 MiB), in bytes; 0 if none or unknown.
+uint64_t FreeHugetlbBytes() {
+  std::ifstream in("/proc/meminfo");
+  uint64_t free_pages = 0, page_kib = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    unsigned long long v = 0;
+    if (std::sscanf(line.c_str(), "HugePages_Free: %llu", &v) == 1) {
+      free_pages = v;
+    } else if (std::sscanf(line.c_str(), "Hugepagesize: %llu kB", &v) == 1) {
+      page_kib = v;
+    }
   }
+  return page_kib * 1024 == kHugePage ? free_pages * kHugePage : 0;
+}
+
+void WarnSmallSharedPages(const std::string& name) {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  LOG(WARNING) << "host memory " << name
+               << ": shareable memory gets 4 KiB pages (" << kShmemThpKnob
+               << " is '" << ThpSetting(kShmemThpKnob)
+               << "' and the hugetlb pool has no room): every 1 MiB device "
+                  "transfer then pins 256 pages and may be split, which costs "
+                  "fast devices much of their bandwidth. Set the knob to "
+                  "'advise' (the storage node does so itself when it may: "
+                  "--shmem_huge_pages) or reserve 2 MiB pages (vm.nr_hugepages)";
 }
 
 }  // namespace
@@ -155,9 +190,11 @@ absl::StatusOr<std::unique_ptr<HostMemory>> HostMemory::Allocate(
   if (!valid.ok()) return valid;
   const std::string name = options.name.empty() ? "hymcache" : options.name;
   const uint64_t page = PageSize();
-  const uint64_t size = (options.bytes + page - 1) / page * page;
+  const uint64_t small_size = (options.bytes + page - 1) / page * page;
 
+  uint64_t size = small_size;
   int fd = -1;
+  PageBacking backing = PageBacking::kSmall;
   if (options.shareable) {
     // Growing a file past RLIMIT_FSIZE raises SIGXFSZ, which kills the
     // process: refuse instead.
@@ -169,7 +206,24 @@ absl::StatusOr<std::unique_ptr<HostMemory>> HostMemory::Allocate(
           " bytes exceed the file size limit (RLIMIT_FSIZE ", fsize.rlim_cur,
           ")"));
     }
-    fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    // Huge pages for shared memory: transparent ones where the shmem knob
+    // allows them, else reserved 2 MiB pages from the hugetlb pool if it
+    // has room for the whole block, else 4 KiB pages.
+    if (options.huge_pages && !ShmemThpAllowed()) {
+      const uint64_t huge_size = (size + kHugePage - 1) / kHugePage * kHugePage;
+      if (FreeHugetlbBytes() >= huge_size) {
+        fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING |
+                                            MFD_HUGETLB | MFD_HUGE_2MB);
+        if (fd >= 0 && ftruncate(fd, static_cast<off_t>(huge_size)) == 0) {
+          size = huge_size;
+          backing = PageBacking::kHugetlb;
+        } else if (fd >= 0) {
+          close(fd);
+          fd = -1;
+        }
+      }
+    }
+    if (fd < 0) fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) {
       int e = errno;
       if (e != ENOSYS && e != EPERM && e != EACCES) {
@@ -179,13 +233,15 @@ absl::StatusOr<std::unique_ptr<HostMemory>> HostMemory::Allocate(
       LOG(WARNING) << "host memory " << name << ": memfd_create failed ("
                    << strerror(e)
                    << "); using private memory that peers cannot map";
-    } else if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    } else if (backing != PageBacking::kHugetlb &&
+               ftruncate(fd, static_cast<off_t>(size)) != 0) {
       int e = errno;
       close(fd);
       return ErrnoStatus(
           e, absl::StrCat("host memory ", name, ": ftruncate to ", size));
-    } else if (fcntl(fd, F_ADD_SEALS,
-                     F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    }
+    if (fd >= 0 && fcntl(fd, F_ADD_SEALS,
+                         F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
       LOG(WARNING) << "host memory " << name
                    << ": cannot seal the memfd against resizing ("
                    << strerror(errno)
@@ -193,11 +249,32 @@ absl::StatusOr<std::unique_ptr<HostMemory>> HostMemory::Allocate(
     }
   }
 
-  void* mem = fd >= 0 ? mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                             MAP_SHARED | MAP_NORESERVE, fd, 0)
-                      : mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
-                             0);
+  // Hugetlb pages are reserved at mmap (no MAP_NORESERVE): a pool that runs
+  // dry later would otherwise turn a first touch into SIGBUS.
+  void* mem = MAP_FAILED;
+  if (backing == PageBacking::kHugetlb) {
+    mem = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mem == MAP_FAILED) {
+      // The pool emptied meanwhile: ordinary shared pages instead.
+      close(fd);
+      size = small_size;
+      backing = PageBacking::kSmall;
+      fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        return ErrnoStatus(e, absl::StrCat("host memory ", name,
+                                           ": memfd of ", size, " bytes"));
+      }
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    }
+  }
+  if (mem == MAP_FAILED) {
+    mem = fd >= 0 ? mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_NORESERVE, fd, 0)
+                  : mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  }
   if (mem == MAP_FAILED) {
     int e = errno;
     if (fd >= 0) close(fd);
@@ -215,12 +292,14 @@ absl::StatusOr<std::unique_ptr<HostMemory>> HostMemory::Allocate(
                    << "; falling back to memory without NUMA placement";
     }
   }
-  if (options.huge_pages) {
+  if (options.huge_pages && backing != PageBacking::kHugetlb) {
     if (madvise(mem, size, MADV_HUGEPAGE) != 0) {
       VLOG(1) << "host memory " << name
               << ": madvise(MADV_HUGEPAGE) failed: " << strerror(errno);
+    } else if (fd >= 0 ? ShmemThpAllowed() : PrivateThpAllowed()) {
+      backing = PageBacking::kTransparentHuge;
     }
-    if (fd >= 0) WarnIfNoShmemThp();
+    if (fd >= 0 && backing == PageBacking::kSmall) WarnSmallSharedPages(name);
   }
 
   auto* data = static_cast<uint8_t*>(mem);
@@ -231,19 +310,65 @@ absl::StatusOr<std::unique_ptr<HostMemory>> HostMemory::Allocate(
                  << node;
   }
   VLOG(1) << "host memory " << name << ": " << size << " bytes, "
-          << (fd >= 0 ? "shareable memfd" : "private") << ", NUMA node "
-          << node << (bound ? " (bound)" : "");
+          << (fd >= 0 ? "shareable memfd" : "private") << ", "
+          << PageBackingName(backing) << " pages, NUMA node " << node
+          << (bound ? " (bound)" : "");
   return std::unique_ptr<HostMemory>(
-      new HostMemory(data, size, fd, node, bound));
+      new HostMemory(data, size, fd, node, bound, backing));
 }
 
 HostMemory::HostMemory(uint8_t* data, uint64_t size, int fd, int numa_node,
-                       bool numa_bound)
+                       bool numa_bound, PageBacking backing)
     : data_(data),
       size_(size),
       fd_(fd),
       numa_node_(numa_node),
-      numa_bound_(numa_bound) {}
+      numa_bound_(numa_bound),
+      backing_(backing) {}
+
+const char* PageBackingName(PageBacking b) {
+  switch (b) {
+    case PageBacking::kSmall:
+      return "4k";
+    case PageBacking::kTransparentHuge:
+      return "thp";
+    case PageBacking::kHugetlb:
+      return "hugetlb-2m";
+  }
+  return "unknown";
+}
+
+absl::Status EnableSharedHugePages() {
+  const std::string s = ThpSetting(kShmemThpKnob);
+  if (s.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "host memory: ", kShmemThpKnob, " is missing or unreadable"));
+  }
+  if (ShmemThpAllowed()) return absl::OkStatus();
+  if (s == "deny") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "host memory: ", kShmemThpKnob, " is 'deny' (left alone)"));
+  }
+  {
+    std::ofstream out(kShmemThpKnob);
+    out << "advise\n";
+    out.flush();
+    if (!out) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "host memory: cannot set ", kShmemThpKnob, " to 'advise' (it is '",
+          s, "'): ", strerror(errno)));
+    }
+  }
+  if (!ShmemThpAllowed()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "host memory: ", kShmemThpKnob, " stayed '", ThpSetting(kShmemThpKnob),
+        "' after writing 'advise'"));
+  }
+  LOG(WARNING) << "host memory: set " << kShmemThpKnob << " from '" << s
+               << "' to 'advise' (huge pages only for memory that asks for "
+                  "them, as the device's shareable DRAM does)";
+  return absl::OkStatus();
+}
 
 HostMemory::~HostMemory() {
   if (munmap(data_, size_) != 0) {

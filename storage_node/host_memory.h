@@ -22,11 +22,20 @@
 // With numa_node == -1 the process's policy applies (by default: the node of
 // the thread that first touches a page).
 //
-// Huge pages: huge_pages asks for transparent huge pages with
-// madvise(MADV_HUGEPAGE), best effort. For private memory the kernel honours
-// it when /sys/kernel/mm/transparent_hugepage/enabled is "always" or
-// "madvise"; for shareable memory only when .../shmem_enabled is "always",
-// "within_size" or "advise" (Debian's default is "never": 4 KiB pages).
+// Huge pages: huge_pages asks for 2 MiB pages, best effort; page_backing()
+// says what the block got. Private memory gets transparent huge pages
+// (madvise(MADV_HUGEPAGE)) when /sys/kernel/mm/transparent_hugepage/enabled
+// is "always" or "madvise" (Debian's default). Shareable memory gets them
+// only when .../shmem_enabled is "always", "within_size", "advise" or
+// "force" (Debian's default is "never"); otherwise, if the hugetlb pool
+// (vm.nr_hugepages of 2 MiB) has room for the whole block, a hugetlb memfd
+// (pages reserved at allocation, size rounded up to 2 MiB); otherwise 4 KiB
+// pages, with a warning. Page size matters for device I/O: an O_DIRECT
+// transfer of 1 MiB into 4 KiB pages pins 256 pages and can exceed a
+// device's segment limit (virtio-blk: 254), which cost the hybrid device's
+// staging window a third of a virtio disk's bandwidth and three quarters of
+// a fast device's (docs/hybrid_device.md). EnableSharedHugePages() sets the
+// shmem knob to "advise" when permitted.
 //
 // Thread safety: the object is immutable after Allocate; accessors are safe
 // from any thread. The bytes are the caller's to synchronize.
@@ -41,6 +50,23 @@
 
 namespace hymcache::storage {
 
+// What backs a HostMemory's pages.
+enum class PageBacking {
+  kSmall,            // base pages (4 KiB)
+  kTransparentHuge,  // transparent huge pages were asked for and are allowed
+  kHugetlb,          // 2 MiB pages reserved from the hugetlb pool
+};
+// "4k", "thp" or "hugetlb-2m".
+const char* PageBackingName(PageBacking b);
+
+// Sets /sys/kernel/mm/transparent_hugepage/shmem_enabled to "advise" if it is
+// "never" (a system-wide knob; "advise" gives huge pages only to shared
+// mappings that ask for them with madvise). OK if shared memory can get
+// transparent huge pages afterwards; PermissionDenied when the knob is not
+// writable (not root, read-only sysfs), FailedPrecondition for "deny",
+// Unavailable without THP support.
+absl::Status EnableSharedHugePages();
+
 struct HostMemoryOptions {
   // Bytes to reserve; must be > 0 and at most 2^56. Rounded up to the page
   // size.
@@ -51,8 +77,7 @@ struct HostMemoryOptions {
   // a warning.
   // Default: -1
   int numa_node = -1;
-  // Ask for transparent huge pages (madvise MADV_HUGEPAGE; best effort, see
-  // the file comment).
+  // Ask for huge pages (best effort, see the file comment).
   // Default: true
   bool huge_pages = true;
   // Back the memory with a memfd that a same-host peer can map (fd() >= 0).
@@ -84,7 +109,8 @@ class HostMemory {
 
   // Start of the block: page aligned, zero-filled at allocation.
   uint8_t* data() const { return data_; }
-  // Length of the block: options.bytes rounded up to the page size.
+  // Length of the block: options.bytes rounded up to the page size (2 MiB
+  // for hugetlb backing).
   uint64_t size() const { return size_; }
   // The memfd holding the bytes (mapped at data(), offset 0), owned by this
   // object; -1 for private memory.
@@ -96,10 +122,13 @@ class HostMemory {
   // Whether the block is bound to options.numa_node (false: no node was
   // asked for, or the node was unusable and the memory fell back).
   bool numa_bound() const { return numa_bound_; }
+  // What backs the pages (kTransparentHuge: asked for and allowed; the
+  // kernel still falls back to small pages when it cannot find 2 MiB).
+  PageBacking page_backing() const { return backing_; }
 
  private:
   HostMemory(uint8_t* data, uint64_t size, int fd, int numa_node,
-             bool numa_bound);
+             bool numa_bound, PageBacking backing);
 
   // Constant after construction.
   uint8_t* const data_;
@@ -107,6 +136,7 @@ class HostMemory {
   const int fd_;
   const int numa_node_;
   const bool numa_bound_;
+  const PageBacking backing_;
 };
 
 }  // namespace hymcache::storage

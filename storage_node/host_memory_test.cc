@@ -206,5 +206,77 @@ TEST_CASE("HostMemory refuses bad options and absurd sizes without crashing") {
   }
 }
 
+// The selected value of a THP sysfs knob, or "" if unreadable.
+std::string Knob(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line)) return "";
+  size_t a = line.find('['), b = line.find(']');
+  if (a == std::string::npos || b == std::string::npos) return "";
+  return line.substr(a + 1, b - a - 1);
+}
+
+bool SetKnob(const char* path, const std::string& v) {
+  std::ofstream out(path);
+  out << v << "\n";
+  out.flush();
+  return static_cast<bool>(out) && Knob(path) == v;
+}
+
+constexpr char kShmemKnob[] =
+    "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
+
+TEST_CASE("HostMemory reports its page backing as the THP knobs allow") {
+  const std::string thp = Knob("/sys/kernel/mm/transparent_hugepage/enabled");
+  const std::string shmem = Knob(kShmemKnob);
+  for (bool shareable : {false, true}) {
+    INFO("shareable " << shareable << " enabled=" << thp << " shmem=" << shmem);
+    HostMemoryOptions o;
+    o.bytes = 8 << 20;
+    o.shareable = shareable;
+    auto m = MustAllocate(o);
+    const bool allowed =
+        shareable ? (shmem == "always" || shmem == "within_size" ||
+                     shmem == "advise" || shmem == "force")
+                  : (thp == "always" || thp == "madvise");
+    if (allowed) {
+      CHECK(m->page_backing() == PageBacking::kTransparentHuge);
+    } else {
+      // 4 KiB, or a hugetlb memfd if the pool has room for it.
+      CHECK(m->page_backing() != PageBacking::kTransparentHuge);
+    }
+    o.huge_pages = false;
+    CHECK(MustAllocate(o)->page_backing() == PageBacking::kSmall);
+  }
+  CHECK(std::string(PageBackingName(PageBacking::kSmall)) == "4k");
+  CHECK(std::string(PageBackingName(PageBacking::kHugetlb)) == "hugetlb-2m");
+}
+
+TEST_CASE("EnableSharedHugePages turns 'never' into 'advise'") {
+  const std::string before = Knob(kShmemKnob);
+  if (before.empty() || before == "deny" || !SetKnob(kShmemKnob, "never")) {
+    WARN("cannot set " << kShmemKnob << " here (not root, or read-only); "
+                                        "skipped");
+    return;
+  }
+  HostMemoryOptions o;
+  o.bytes = 4 << 20;
+  o.shareable = true;
+  {
+    // Never: no transparent huge pages for shared memory.
+    auto m = MustAllocate(o);
+    CHECK(m->page_backing() != PageBacking::kTransparentHuge);
+  }
+  absl::Status s = EnableSharedHugePages();
+  CHECK(s.ok());
+  CHECK(Knob(kShmemKnob) == "advise");
+  CHECK(MustAllocate(o)->page_backing() == PageBacking::kTransparentHuge);
+  // Already allowed: nothing to change.
+  CHECK(EnableSharedHugePages().ok());
+  CHECK(Knob(kShmemKnob) == "advise");
+  // Leave the machine as it was.
+  SetKnob(kShmemKnob, before);
+}
+
 }  // namespace
 }  // namespace hymcache::storage

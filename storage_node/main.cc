@@ -63,6 +63,11 @@ DEFINE_int32(prefetch_session_timeout_ms, 5000,
 DEFINE_bool(shm, true,
             "Let clients on this host map the device memory (shared-memory "
             "data plane).");
+DEFINE_bool(shared_huge_pages, true,
+            "Set /sys/kernel/mm/transparent_hugepage/shmem_enabled to "
+            "'advise' when it is 'never' and the device memory is shared "
+            "(shm or RDMA), so it gets huge pages (fast device I/O); false: "
+            "leave it (4 KiB pages, with a warning).");
 DEFINE_string(rdma, "auto",
               "RDMA data plane: off, auto (if a device exists) or on.");
 DEFINE_string(rdma_device, "", "RDMA device name (default: the first).");
@@ -136,6 +141,7 @@ int main(int argc, char** argv) {
   options.prefetch_session_timeout =
       absl::Milliseconds(FLAGS_prefetch_session_timeout_ms);
   options.expose_shm = FLAGS_shm;
+  options.shared_huge_pages = FLAGS_shared_huge_pages;
   options.rdma = FLAGS_rdma;
   options.rdma_device = FLAGS_rdma_device;
   if (!hymcache::ParseBytes(FLAGS_max_region_bytes, &options.max_region_bytes)) {

@@ -26,6 +26,7 @@
 #include "storage_node/shm_export.h"
 #include "storage_node/dram_device.h"
 #include "storage_node/extent_table.h"
+#include "storage_node/host_memory.h"
 #include "storage_node/hybrid_device.h"
 #include "storage_node/lru_device.h"
 #include "storage_node/memory_device.h"
@@ -270,12 +271,21 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
     const StorageNodeOptions& o, uint64_t max_region_bytes,
     uint64_t* incarnation, std::unique_ptr<storage::CapacityTier>* tier_out) {
   using Device = StorageNodeOptions::Device;
+  const bool shareable = o.expose_shm || o.rdma != "off";
+  if (shareable && o.shared_huge_pages) {
+    absl::Status hp = storage::EnableSharedHugePages();
+    if (!hp.ok()) {
+      LOG(WARNING) << "storage node: shared device memory may get 4 KiB "
+                      "pages: "
+                   << hp;
+    }
+  }
   if (o.device == Device::kDram) {
     storage::DramDeviceOptions dev;
     dev.region_id = 0;
     dev.capacity_bytes = o.dram_bytes;
     dev.max_region_bytes = max_region_bytes;
-    dev.shareable = o.expose_shm || o.rdma != "off";
+    dev.shareable = shareable;
     dev.numa_node = o.numa_node;
     dev.alignment = o.alignment;
     ASSIGN_OR_RETURN(auto d, storage::DramDevice::Create(dev));
@@ -301,6 +311,7 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
     h.write_buffer_bytes = o.write_buffer_bytes;
     h.numa_node = o.numa_node;
     h.io_queue_depth = o.io_queue_depth;
+    h.shareable = shareable;
     LOG(INFO) << "hybrid device: capacity file " << o.capacity_path << " ("
               << (t->adopted() ? "adopted" : "formatted") << ", "
               << t->io()->engine() << "), staging window " << o.staging_bytes

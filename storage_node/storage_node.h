@@ -119,6 +119,15 @@ struct StorageNodeOptions {
   // plane): publishes the device's memfd-backed areas to the master.
   // Default: true
   bool expose_shm = true;
+  // When the device's memory is shareable (shm or RDMA) and shared memory
+  // cannot get huge pages (Debian's default
+  // /sys/kernel/mm/transparent_hugepage/shmem_enabled is "never"), set that
+  // knob to "advise" if permitted (it then gives huge pages only to shared
+  // memory that asks, as the device's does), else warn. With 4 KiB pages a
+  // hybrid device's staging window lost a third of a virtio disk's
+  // bandwidth and three quarters of a fast device's (docs/hybrid_device.md).
+  // Default: true
+  bool shared_huge_pages = true;
   // RDMA data plane: "off"; "auto" (use an RDMA device if there is one, else
   // serve TCP and shared memory only); "on" (Create fails without one).
   // Default: "auto"
