@@ -105,8 +105,12 @@ struct HybridDevice::Staged {
   uint64_t slot_off = 0;
   int chunks_pending = 0;    // in read_q_, not issued
   int chunks_in_flight = 0;  // issued, not completed
+  int waiters = 0;           // threads waiting for it to be ready
   absl::Status error;
-  int owners() const { return refs + pins; }
+  // Signalled when state becomes kReady or kFailed: only the threads
+  // waiting for this object wake up, not every reader on every I/O.
+  CondVar cv;
+  int owners() const { return refs + pins + waiters; }
 };
 
 // An object in the write buffer.
@@ -136,6 +140,7 @@ struct HybridDevice::MissRead {
   int outstanding = 0;  // chunks not completed
   absl::Status status;
   bool abandoned = false;  // the reader gave up; the last chunk frees it
+  CondVar cv;              // signalled when outstanding reaches 0
 };
 
 // A batch of the flush pipeline: in pipeline_ from its first write until
@@ -242,6 +247,17 @@ absl::StatusOr<std::unique_ptr<HybridDevice>> HybridDevice::Create(
 }
 
 namespace {
+FlushPolicyOptions PolicyOptions(const HybridDeviceOptions& o) {
+  FlushPolicyOptions p;
+  p.flush_batch_bytes = o.flush_batch_bytes;
+  p.high_watermark = o.flush_high_watermark;
+  p.max_delay = o.flush_max_delay;
+  p.depth_idle = o.flush_depth_idle;
+  p.depth_under_pressure = o.flush_depth_under_pressure;
+  p.queue_depth = o.io_queue_depth;
+  return p;
+}
+
 std::vector<RecoveredExtent> ToRecovered(const CapacityTier& tier) {
   std::vector<RecoveredExtent> out;
   for (const DurableExtent& e : tier.Extents()) {
@@ -262,6 +278,7 @@ HybridDevice::HybridDevice(const HybridDeviceOptions& options,
       io_(tier_->io()),
       capacity_(tier_->capacity_bytes()),
       recovered_(ToRecovered(*tier_)),
+      flush_policy_(PolicyOptions(options)),
       window_memory_(std::move(window_memory)),
       buffer_memory_(std::move(buffer_memory)),
       window_(window_memory_->data()),
@@ -272,6 +289,7 @@ HybridDevice::HybridDevice(const HybridDeviceOptions& options,
       buffer_alloc_(std::make_unique<RangeAllocator>(buffer_bytes)),
       backoff_(options.flush_retry_initial) {
   stats_.staging_capacity_bytes = window_bytes;
+  stats_.staging_pages = PageBackingName(window_memory_->page_backing());
   stats_.write_buffer_capacity_bytes = buffer_bytes;
 }
 
@@ -388,25 +406,42 @@ void HybridDevice::RefillIoEndLocked() {
 }
 
 int HybridDevice::FlushDepthLocked() const {
-  if (!ForegroundBusyLocked()) return options_.flush_depth_idle;
-  // Under read pressure the flush gets a share that grows with the buffer's
-  // fill: a trickle below the high watermark, more above it, and a quarter
-  // of the queue when the buffer is nearly full (new writes are being
-  // refused then, and draining it is what lets them in again).
-  const double fill = static_cast<double>(buffer_alloc_->used()) /
-                      static_cast<double>(buffer_bytes_);
-  if (fill < options_.flush_high_watermark) {
-    return options_.flush_depth_under_pressure;
+  return flush_policy_.WriteSlots(FlushStateLocked(absl::Now()));
+}
+
+void HybridDevice::NoteDepthLocked() {
+  const absl::Time now = absl::Now();
+  if (reads_in_flight_ > 0) {
+    const double dt = absl::ToDoubleSeconds(now - depth_since_);
+    read_depth_integral_ += dt * reads_in_flight_;
+    read_busy_seconds_ += dt;
   }
-  if (fill < 0.9) {
-    return std::max(options_.flush_depth_under_pressure,
-                    options_.flush_depth_idle);
+  depth_since_ = now;
+}
+
+FlushPolicyState HybridDevice::FlushStateLocked(absl::Time now) const {
+  FlushPolicyState st;
+  st.buffer_bytes = buffer_bytes_;
+  st.buffer_used = buffer_alloc_->used();
+  st.reads_busy = ForegroundBusyLocked();
+  st.forced = stopping_ || force_flush_ > 0;
+  // Enough of the queue to know whether a batch's worth is unflushed, and
+  // the age of the oldest commit not being written yet.
+  bool have_oldest = false;
+  for (const auto& [seq, e] : flush_queue_) {
+    if (!e->in_flight && !have_oldest) {
+      st.oldest_waiting_age = now - e->commit_time;
+      have_oldest = true;
+    }
+    st.unflushed_bytes += e->buf_len;
+    if (st.unflushed_bytes >= options_.flush_batch_bytes) break;
   }
-  return std::max({options_.flush_depth_under_pressure,
-                   options_.flush_depth_idle, options_.io_queue_depth / 4});
+  st.any_waiting = have_oldest || st.unflushed_bytes >= options_.flush_batch_bytes;
+  return st;
 }
 
 void HybridDevice::TakeIssuableLocked(std::vector<IoReq>* out) {
+  NoteDepthLocked();
   const int depth = options_.io_queue_depth;
   const int wlimit = FlushDepthLocked();
   // Foreground reads first, but while flush writes are waiting they leave
@@ -455,6 +490,7 @@ void HybridDevice::OnIoDone(const IoReq& req, absl::Status status) {
   uint8_t* free_buf = nullptr;
   {
     MutexLock l(&mu_);
+    NoteDepthLocked();
     if (req.write()) {
       --writes_in_flight_;
     } else {
@@ -490,6 +526,7 @@ void HybridDevice::OnIoDone(const IoReq& req, absl::Status status) {
                          << s->len << ") failed: " << s->error;
             UnkeyStagedLocked(s);
           }
+          if (s->waiters > 0) s->cv.SignalAll();
         }
         MaybeFreeStagedLocked(s);
         break;
@@ -500,10 +537,14 @@ void HybridDevice::OnIoDone(const IoReq& req, absl::Status status) {
           ++stats_.read_io_errors;
           m->status = status;
         }
-        if (--m->outstanding == 0 && m->abandoned) {
-          free_buf = m->buf;
-          bounce_bytes_ -= m->span_len;
-          delete m;
+        if (--m->outstanding == 0) {
+          if (m->abandoned) {
+            free_buf = m->buf;
+            bounce_bytes_ -= m->span_len;
+            delete m;
+          } else {
+            m->cv.SignalAll();
+          }
         }
         break;
       }
@@ -515,7 +556,13 @@ void HybridDevice::OnIoDone(const IoReq& req, absl::Status status) {
       }
     }
     TakeIssuableLocked(&next);
-    cv_.SignalAll();
+    // The flusher (and destruction) care about a retired batch (signalled
+    // there), reads going idle (a flush may be due now) and, when stopping,
+    // every completion. Readers wait on their own object's CondVar.
+    if (stopping_ || (!req.write() && !ForegroundBusyLocked() &&
+                      !flush_queue_.empty())) {
+      cv_.SignalAll();
+    }
   }
   free(free_buf);
   Issue(&next);
@@ -682,7 +729,12 @@ absl::StatusOr<const uint8_t*> HybridDevice::PrefetchWait(
               ? "hybrid device: prefetch still waiting for window space"
               : "hybrid device: prefetch still reading");
     }
-    cv_.WaitWithDeadline(&mu_, deadline);
+    // `waiters` keeps `s` alive while this thread waits on its CondVar,
+    // even if the handle is released meanwhile (looked up again below).
+    ++s->waiters;
+    s->cv.WaitWithDeadline(&mu_, deadline);
+    --s->waiters;
+    MaybeFreeStagedLocked(s);
   }
 }
 
@@ -712,7 +764,8 @@ void HybridDevice::PrefetchRelease(const PrefetchHandle& handle) {
       MaybeFreeStagedLocked(s);
     }
     TakeIssuableLocked(&next);
-    cv_.SignalAll();
+    // A cancelled refill may leave the reads idle: a flush may be due.
+    if (!ForegroundBusyLocked() && !flush_queue_.empty()) cv_.SignalAll();
   }
   Issue(&next);
 }
@@ -763,7 +816,7 @@ absl::StatusOr<ReadView> HybridDevice::AcquireRead(uint32_t region,
     ++s->pins;
     const absl::Time deadline = absl::Now() + options_.read_timeout;
     while (s->state == Staged::State::kLoading) {
-      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+      if (s->cv.WaitWithDeadline(&mu_, deadline)) break;
     }
     if (s->state == Staged::State::kReady) {
       ++stats_.staging_hits;
@@ -809,7 +862,7 @@ absl::StatusOr<ReadView> HybridDevice::AcquireRead(uint32_t region,
   mu_.Lock();
   const absl::Time deadline = absl::Now() + options_.read_timeout;
   while (m->outstanding > 0) {
-    if (cv_.WaitWithDeadline(&mu_, deadline) && m->outstanding > 0) {
+    if (m->cv.WaitWithDeadline(&mu_, deadline) && m->outstanding > 0) {
       m->abandoned = true;  // the last completion frees it
       return absl::UnavailableError(absl::StrCat(
           "hybrid device: tier read of [", addr, ", +", len,
@@ -1035,15 +1088,9 @@ bool HybridDevice::FlushDueLocked(absl::Time now, absl::Time* wake) const {
     *wake = retry_after_;
     return false;
   }
-  if (stopping_ || force_flush_ > 0) return true;
-  if (!ForegroundBusyLocked()) return true;
-  if (PressureLocked()) return true;
-  if (options_.flush_max_delay != absl::InfiniteDuration()) {
-    const absl::Time due =
-        flush_queue_.begin()->second->commit_time + options_.flush_max_delay;
-    if (now >= due) return true;
-    *wake = due;
-  }
+  absl::Duration recheck;
+  if (flush_policy_.Due(FlushStateLocked(now), &recheck)) return true;
+  if (recheck != absl::InfiniteDuration()) *wake = now + recheck;
   return false;
 }
 
@@ -1379,6 +1426,13 @@ HybridDeviceStats HybridDevice::HybridStats() const {
   s.refill_bandwidth_bytes_per_s =
       s.refill_seconds > 0 ? static_cast<double>(s.refill_bytes) / s.refill_seconds
                            : 0;
+  double integral = read_depth_integral_, busy_s = read_busy_seconds_;
+  if (reads_in_flight_ > 0) {
+    const double dt = absl::ToDoubleSeconds(now - depth_since_);
+    integral += dt * reads_in_flight_;
+    busy_s += dt;
+  }
+  s.read_queue_depth_avg = busy_s > 0 ? integral / busy_s : 0;
   s.buffered_bytes = buffer_alloc_->used();
   s.unflushed_objects = flush_queue_.size();
   s.record_pending_objects = record_pending_.size() + recording_.size();

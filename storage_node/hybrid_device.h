@@ -31,17 +31,20 @@
 // overtaken by a later one; queued objects never overlap), in batches of up
 // to flush_batch_bytes; consecutive objects contiguous both in the tier and
 // in the buffer are merged into one run, and runs are written in
-// io_chunk_bytes pieces. A batch starts only when
-//   (a) no foreground read I/O (refill or miss) is queued or in flight, or
-//   (b) the buffer is at least flush_high_watermark full, or
-//   (c) the oldest unflushed commit is older than flush_max_delay.
-// While foreground reads are queued or in flight, the batch keeps at most
-// flush_depth_under_pressure writes in flight while the buffer is below
-// flush_high_watermark, flush_depth_idle up to 90% full, and a quarter of the
-// queue beyond (else flush_depth_idle); foreground reads are issued before
-// flush writes, except that a waiting flush always keeps those slots (a
-// steady read load must not starve the flusher, or the write buffer would
-// stay full and refuse every write). A flush never touches the staging window.
+// io_chunk_bytes pieces. When a batch starts and how many writes it keeps
+// in flight is FlushPolicy's (flush_policy.h): a batch starts when no
+// foreground read I/O (refill or miss) is queued or in flight, or a whole
+// batch of committed bytes waits (under a steady read load the buffer
+// drains continuously, in large writes), or the buffer is at least
+// flush_high_watermark full, or the oldest waiting commit is older than
+// flush_max_delay; flush writes in flight grow with the buffer's fill
+// (ceil(io_queue_depth x fill), at least flush_depth_under_pressure under
+// reads or flush_depth_idle without, at most 3/4 of the queue), so that
+// the flush takes about the share of the device the incoming writes need.
+// Foreground reads are issued before flush writes, except that a waiting
+// flush always keeps its slots (a steady read load must not starve the
+// flusher, or the write buffer would stay full and refuse every write). A
+// flush never touches the staging window.
 // An object is written only after CapacityTier::Forget has run over its
 // range (an older durable object there is being overwritten). Forgets cover
 // queued objects merged into contiguous address ranges, one synced call per
@@ -124,6 +127,7 @@
 #include "common/mutex.h"
 #include "common/thread.h"
 #include "storage_node/capacity_tier.h"
+#include "storage_node/flush_policy.h"
 #include "storage_node/host_memory.h"
 #include "storage_node/memory_device.h"
 
@@ -158,8 +162,8 @@ struct HybridDeviceOptions {
   // Most bytes one flush batch writes.
   // Default: 8 MiB
   uint64_t flush_batch_bytes = uint64_t{8} << 20;
-  // Buffer fill (fraction of write_buffer_bytes) above which a batch starts
-  // even while foreground reads are in flight.
+  // Buffer fill (fraction of write_buffer_bytes) at which a batch starts
+  // even while foreground reads are in flight and less than a batch waits.
   // Default: 0.75
   double flush_high_watermark = 0.75;
   // A commit older than this is flushed even while reads are in flight.
@@ -167,10 +171,12 @@ struct HybridDeviceOptions {
   // watermark).
   // Default: 1 s
   absl::Duration flush_max_delay = absl::Seconds(1);
-  // Flush writes in flight when no foreground read is queued or in flight.
+  // Least flush writes in flight when no foreground read is queued or in
+  // flight (more as the buffer fills: FlushPolicy).
   // Default: 4
   int flush_depth_idle = 4;
-  // Flush writes in flight while foreground reads are queued or in flight.
+  // Least flush writes in flight while foreground reads are queued or in
+  // flight (more as the buffer fills: FlushPolicy).
   // Default: 1
   int flush_depth_under_pressure = 1;
   // Under buffer pressure (flush_high_watermark), written objects are
@@ -204,6 +210,9 @@ struct HybridDeviceStats {
   MemoryDeviceStats device;
   // Staging window.
   uint64_t staging_capacity_bytes = 0;
+  // Pages backing the window: "thp", "hugetlb-2m" or "4k" (slow for device
+  // I/O: see host_memory.h).
+  const char* staging_pages = "";
   uint64_t staged_bytes = 0;          // window space reserved now
   uint64_t staged_objects = 0;        // staged or being staged now
   uint64_t prefetch_queue_length = 0; // prefetches waiting for space
@@ -220,6 +229,9 @@ struct HybridDeviceStats {
   uint64_t refill_bytes = 0;          // bytes read by prefetches
   double refill_seconds = 0;          // time with refill I/O in flight
   double refill_bandwidth_bytes_per_s = 0;  // refill_bytes / refill_seconds
+  // Reads (refills and misses) in flight on average while any is: how full
+  // the device's queue was kept (io_queue_depth at most).
+  double read_queue_depth_avg = 0;
   uint64_t read_io_errors = 0;
   // Write buffer.
   uint64_t write_buffer_capacity_bytes = 0;
@@ -379,6 +391,12 @@ class HybridDevice final : public MemoryDevice {
   bool ForegroundBusyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool FlushDueLocked(absl::Time now, absl::Time* wake) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The flush policy's view of the write side now.
+  FlushPolicyState FlushStateLocked(absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Accounts the reads in flight since the last change (call before
+  // changing reads_in_flight_).
+  void NoteDepthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefillIoStartLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefillIoEndLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -425,6 +443,7 @@ class HybridDevice final : public MemoryDevice {
   BlockIo* const io_;
   const uint64_t capacity_;
   const std::vector<RecoveredExtent> recovered_;
+  const FlushPolicy flush_policy_;
   // The DRAM of the staging window and the write buffer (page-rounded;
   // window_bytes_ and buffer_bytes_ of them are used).
   const std::unique_ptr<HostMemory> window_memory_;
@@ -469,6 +488,9 @@ class HybridDevice final : public MemoryDevice {
   int refill_ios_ ABSL_GUARDED_BY(mu_) = 0;  // refill reads in flight
   absl::Time refill_busy_since_ ABSL_GUARDED_BY(mu_);
   absl::Duration refill_busy_ ABSL_GUARDED_BY(mu_);
+  absl::Time depth_since_ ABSL_GUARDED_BY(mu_);
+  double read_depth_integral_ ABSL_GUARDED_BY(mu_) = 0;  // depth x seconds
+  double read_busy_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bounce_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;

@@ -536,31 +536,39 @@ TEST_CASE("Flushes go in commit order, merged, then recorded with the tags") {
   CHECK(rig.dev->HybridStats().flushed_objects == 4);
 }
 
-TEST_CASE("Flushing yields to reads below the high watermark") {
-  Rig rig;  // 128 KiB buffer: watermark at 96 KiB
+TEST_CASE("Under reads, a flush waits for a whole batch; its writes grow with the fill") {
+  Rig rig;  // 128 KiB buffer (watermark 96 KiB), 64 KiB batches, QD 8
   rig.FillDisk(1024 * kKiB, 16 * kKiB, 9);
   rig.io->PauseForTest();
   PrefetchHandle hold = Prefetch(rig.dev.get(), 1024 * kKiB, 16 * kKiB);
   REQUIRE(rig.io->WaitPendingForTest(1, absl::Seconds(10)));
   rig.Put(0, 32 * kKiB, 1, 10);
-  rig.Put(64 * kKiB, 32 * kKiB, 2, 10);
   absl::SleepFor(absl::Milliseconds(100));
-  CHECK(rig.io->WritesForTest() == 0);  // a read is in flight
+  // Less than a batch waits and a read is in flight: no flush yet.
+  CHECK(rig.io->WritesForTest() == 0);
   CHECK(rig.dev->HybridStats().flush_lag >= absl::Milliseconds(100));
 
-  // At 96 KiB (75%, below 90%): flush anyway, flush_depth_idle (4) writes
-  // at a time: the first batch (64 KiB = 4 chunks of 16 KiB) is in flight,
-  // the rest waits for a slot.
-  rig.Put(128 * kKiB, 32 * kKiB, 3, 10);
+  // A whole batch (64 KiB) waits: it starts at once, with ceil(8 x 50%) =
+  // 4 write slots: all 4 chunks of 16 KiB in flight beside the read.
+  rig.Put(64 * kKiB, 32 * kKiB, 2, 10);
   REQUIRE(rig.io->WaitPendingForTest(5, absl::Seconds(10)));
   absl::SleepFor(absl::Milliseconds(50));
   CHECK(rig.io->WritesForTest() == 4);
   CHECK(rig.io->PendingForTest() == 5);
 
+  // 96 KiB buffered (75%, the watermark): the next (partial) batch starts
+  // too, and the fill allows ceil(8 x 75%) = 6 writes in flight.
+  rig.Put(128 * kKiB, 32 * kKiB, 3, 10);
+  REQUIRE(rig.io->WaitPendingForTest(7, absl::Seconds(10)));
+  absl::SleepFor(absl::Milliseconds(50));
+  CHECK(rig.io->WritesForTest() == 6);
+  CHECK(rig.io->PendingForTest() == 7);
+
   rig.io->ResumeForTest();
   REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
   REQUIRE(rig.dev->PrefetchWait(hold, Soon()).ok());
   rig.dev->PrefetchRelease(hold);
+  CHECK(rig.ReadMatches(0, 32 * kKiB, 10));
   CHECK(rig.ReadMatches(128 * kKiB, 32 * kKiB, 10));
   CHECK(rig.dev->HybridStats().buffered_bytes == 0);
 }
