@@ -99,6 +99,7 @@
 #include "common/thread.h"
 #include "storage_node/block_io.h"
 #include "storage_node/capacity_tier.h"
+#include "storage_node/host_memory.h"
 #include "storage_node/hybrid_device.h"
 #include "storage_node/lru_device.h"
 #include "storage_node/memory_device.h"
@@ -133,6 +134,16 @@ DEFINE_string(modes, "raw,staging,staging_writer,lru,lru_writer",
               "modes to run, comma-separated");
 DEFINE_uint64(lru_line_kib, 1024,
               "LRU cache line in KiB (1 MiB = the hybrid device's I/O size)");
+DEFINE_string(consume, "check",
+              "what a reader does with each block it gets: check (verify the "
+              "block's header in place, as the data plane hands the device's "
+              "pointer to TCP or shared memory without a copy) or copy (also "
+              "memcpy the whole block out: the cost of an extra copy)");
+DEFINE_bool(shared_huge_pages, true,
+            "set /sys/kernel/mm/transparent_hugepage/shmem_enabled to advise "
+            "when it is never, as the storage node does "
+            "(--shared_huge_pages); false: leave it, and the staging window "
+            "may get 4 KiB pages");
 DEFINE_int32(settle_ms, 0, "pause after populating, before timing a mode");
 DEFINE_string(json, "", "also write the results as JSON to this file");
 DEFINE_bool(keep_files, false, "keep the capacity files");
@@ -313,6 +324,17 @@ bool BlockOk(const uint8_t* p, uint64_t addr) {
   uint64_t got;
   std::memcpy(&got, p, sizeof(got));
   return got == addr;
+}
+
+// What a reader does with a block the device hands it (--consume): checks
+// its header where it lies, or copies it out first. Returns whether the
+// block is the one asked for.
+bool Consume(const uint8_t* p, uint8_t* dst, uint64_t len, uint64_t addr) {
+  if (FLAGS_consume == "copy") {
+    std::memcpy(dst, p, len);
+    return BlockOk(dst, addr);
+  }
+  return BlockOk(p, addr);
 }
 
 // ------------------------------------------------------------ raw
@@ -516,9 +538,8 @@ class StagingTarget : public Target {
       }
       if (!p.ok()) {
         ++*errors;
-      } else {
-        std::memcpy(dst, *p, cfg_.block);
-        if (!BlockOk(dst, h.addr)) ++*bad;
+      } else if (!Consume(*p, dst, cfg_.block, h.addr)) {
+        ++*bad;
       }
       dev_->PrefetchRelease(h);
     }
@@ -555,12 +576,14 @@ class StagingTarget : public Target {
   std::string Describe() const override {
     storage::HybridDeviceStats s = dev_->HybridStats();
     return absl::StrFormat(
-        "prefetches=%u shared=%u from_buffer=%u staging_misses=%u "
-        "refill=%.2fGB@%.2fGB/s flushed=%.2fGB flush_batches=%u "
+        "window_pages=%s prefetches=%u shared=%u from_buffer=%u "
+        "staging_misses=%u refill=%.2fGB@%.2fGB/s read_qd=%.1f "
+        "flushed=%.2fGB flush_batches=%u "
         "recorded=%u in %u Records (%u failed) write_refusals=%u",
-        s.device.prefetches, s.prefetch_shared, s.prefetch_from_buffer,
-        s.staging_misses, s.refill_bytes / 1e9,
-        s.refill_bandwidth_bytes_per_s / 1e9, s.flushed_bytes / 1e9,
+        s.staging_pages, s.device.prefetches, s.prefetch_shared,
+        s.prefetch_from_buffer, s.staging_misses, s.refill_bytes / 1e9,
+        s.refill_bandwidth_bytes_per_s / 1e9, s.read_queue_depth_avg,
+        s.flushed_bytes / 1e9,
         s.flush_batches, s.recorded_objects, s.record_batches,
         s.record_errors, s.write_buffer_refusals);
   }
@@ -587,9 +610,9 @@ class LruTarget : public Target {
         ++*errors;
         continue;
       }
-      std::memcpy(dst, r->data, cfg_.block);
+      const bool ok = Consume(r->data, dst, cfg_.block, addr);
       dev_->ReleaseRead(*r);
-      if (!BlockOk(dst, addr)) ++*bad;
+      if (!ok) ++*bad;
     }
   }
   void DeviceHits(uint64_t* hits, uint64_t* lookups) const override {
@@ -959,6 +982,10 @@ int Main() {
     std::fprintf(stderr, "bad flags\n");
     return 2;
   }
+  if (FLAGS_consume != "check" && FLAGS_consume != "copy") {
+    std::fprintf(stderr, "--consume must be check or copy\n");
+    return 2;
+  }
   if (FLAGS_engine == "auto") {
     cfg.engine = BlockIoOptions::Engine::kAuto;
   } else if (FLAGS_engine == "uring") {
@@ -1000,6 +1027,12 @@ int Main() {
                  "--capacity_file at a real disk.\n",
                  cfg.prefix.c_str());
     return 2;
+  }
+  if (FLAGS_shared_huge_pages) {
+    absl::Status hp = storage::EnableSharedHugePages();
+    if (!hp.ok()) {
+      std::fprintf(stderr, "shared huge pages: %s\n", hp.ToString().c_str());
+    }
   }
   std::vector<std::string> modes = absl::StrSplit(FLAGS_modes, ',');
   auto want_mode = [&](const std::string& m) {
