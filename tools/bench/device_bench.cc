@@ -8,8 +8,12 @@
 //
 // Workload. C conversations (threads) each own a prefix of blocks. Turn t
 // (1..T) reads the first t/T of every conversation's prefix in order, then
-// appends the next 1/T (writes through the device). At the last turn the
-// footprint read is footprint_x times the staging window. Before each mode
+// appends the next 1/T (writes through the device; with --drain_appends,
+// the default, made durable untimed before the next turn reads). At the last
+// turn the footprint read is footprint_x times the staging window. Readers
+// check each block where the device hands it out (--consume=check, as the
+// data plane sends from or maps the device's memory), or copy it out
+// (--consume=copy). Before each mode
 // the whole footprint is written through that device's write path (so the
 // tier holds real bytes, not holes) and made durable, and the capacity file's
 // page-cache pages are dropped.
@@ -130,10 +134,14 @@ DEFINE_double(writer_mbps, 0,
 DEFINE_int32(prefetch_depth, 0,
              "objects each conversation prefetches ahead; 0: its share of the "
              "window (window / conversations / block)");
-DEFINE_string(modes, "raw,staging,staging_writer,lru,lru_writer",
+DEFINE_string(modes, "raw,staging,staging_writer,lru,lru_writer,lru_small",
               "modes to run, comma-separated");
 DEFINE_uint64(lru_line_kib, 1024,
-              "LRU cache line in KiB (1 MiB = the hybrid device's I/O size)");
+              "LRU cache line in KiB (1 MiB = the hybrid device's I/O size: "
+              "the strongest LRU baseline)");
+DEFINE_uint64(lru_small_line_kib, 64,
+              "cache line in KiB of the lru_small mode: a device-side DRAM "
+              "cache works at small granularity, where LRU collapses");
 DEFINE_string(consume, "check",
               "what a reader does with each block it gets: check (verify the "
               "block's header in place, as the data plane hands the device's "
@@ -144,6 +152,12 @@ DEFINE_bool(shared_huge_pages, true,
             "when it is never, as the storage node does "
             "(--shared_huge_pages); false: leave it, and the staging window "
             "may get 4 KiB pages");
+DEFINE_bool(drain_appends, true,
+            "after each turn's appends (untimed), make them durable before "
+            "the next turn reads (both devices): the appends push window-"
+            "many blocks through the write buffer at memory speed and leave "
+            "it full, so without this the concurrent writer's refusals at "
+            "each turn's start measure that burst, not its own rate");
 DEFINE_int32(settle_ms, 0, "pause after populating, before timing a mode");
 DEFINE_string(json, "", "also write the results as JSON to this file");
 DEFINE_bool(keep_files, false, "keep the capacity files");
@@ -470,6 +484,10 @@ struct ModeResult {
   double writer_seconds = 0;  // read phases the writer ran in
   uint64_t writer_refused = 0;
   uint64_t writer_writes = 0;
+  // What the device did (staging modes): refill bandwidth while refills were
+  // in flight, and the reads it kept in flight on average.
+  double refill_gbps = 0;
+  double read_qd = 0;
   std::string notes;
 };
 
@@ -497,6 +515,11 @@ class Target {
   // Makes everything written so far durable in the tier.
   virtual absl::Status Drain() = 0;
   virtual std::string Describe() const = 0;
+  // Refill GB/s and average read queue depth; 0 when not a staging device.
+  virtual void DeviceIo(double* refill_gbps, double* read_qd) const {
+    *refill_gbps = 0;
+    *read_qd = 0;
+  }
 };
 
 class StagingTarget : public Target {
@@ -573,6 +596,11 @@ class StagingTarget : public Target {
     return absl::OkStatus();
   }
 
+  void DeviceIo(double* refill_gbps, double* read_qd) const override {
+    storage::HybridDeviceStats s = dev_->HybridStats();
+    *refill_gbps = s.refill_bandwidth_bytes_per_s / 1e9;
+    *read_qd = s.read_queue_depth_avg;
+  }
   std::string Describe() const override {
     storage::HybridDeviceStats s = dev_->HybridStats();
     return absl::StrFormat(
@@ -664,7 +692,8 @@ absl::StatusOr<std::unique_ptr<Target>> MakeStaging(const Config& cfg,
 }
 
 absl::StatusOr<std::unique_ptr<Target>> MakeLru(const Config& cfg,
-                                                const std::string& path) {
+                                                const std::string& path,
+                                                uint64_t line_bytes) {
   // Same file layout as the capacity tier: data area after its header.
   auto io = BlockIo::Open(
       IoOptions(cfg, path, CapacityTier::kHeaderBytes + cfg.capacity));
@@ -673,7 +702,7 @@ absl::StatusOr<std::unique_ptr<Target>> MakeLru(const Config& cfg,
   o.capacity_bytes = cfg.capacity;
   o.data_offset = CapacityTier::kHeaderBytes;
   o.cache_bytes = cfg.window + cfg.write_buffer;
-  o.line_bytes = FLAGS_lru_line_kib << 10;
+  o.line_bytes = line_bytes;
   o.max_concurrent_fills = cfg.queue_depth;
   auto dev = LruCacheDevice::Create(o, io->get());
   if (!dev.ok()) return Fail("create lru device", dev.status());
@@ -811,10 +840,12 @@ class Writer {
 };
 
 absl::StatusOr<ModeResult> RunMode(const Config& cfg, const std::string& name,
-                                   bool lru, double writer_bytes_per_s) {
+                                   bool lru, uint64_t lru_line,
+                                   double writer_bytes_per_s) {
   const std::string path = cfg.prefix + "." + name;
   RemoveFiles(path);
-  auto target_or = lru ? MakeLru(cfg, path) : MakeStaging(cfg, path);
+  auto target_or =
+      lru ? MakeLru(cfg, path, lru_line) : MakeStaging(cfg, path);
   if (!target_or.ok()) return target_or.status();
   std::unique_ptr<Target> target = std::move(*target_or);
   MemoryDevice* dev = target->device();
@@ -906,6 +937,10 @@ absl::StatusOr<ModeResult> RunMode(const Config& cfg, const std::string& name,
       for (absl::Time e : read_end[t - 1]) t1 = std::max(t1, e);
       const absl::Time a0 = absl::Now();
       barrier.Wait();
+      if (FLAGS_drain_appends && t < cfg.turns) {
+        absl::Status ds = target->Drain();
+        if (!ds.ok()) failed = true;
+      }
       TurnResult tr;
       tr.turn = t;
       tr.prefix_bytes = t * cfg.append_blocks * cfg.block * c;
@@ -927,10 +962,11 @@ absl::StatusOr<ModeResult> RunMode(const Config& cfg, const std::string& name,
       total_lookups += lookups;
       std::fprintf(stderr,
                    "[%s] turn %d: read %.2f GB (%.1fx window) at %.2f GB/s, "
-                   "hit ratio %.3f, appends %.2f s\n",
+                   "hit ratio %.3f, appends%s %.2f s\n",
                    name.c_str(), t, tr.prefix_bytes / 1e9,
                    static_cast<double>(tr.prefix_bytes) / cfg.window,
-                   tr.read_gbps, tr.hit_ratio, tr.append_seconds);
+                   tr.read_gbps, tr.hit_ratio,
+                   FLAGS_drain_appends ? " and drain" : "", tr.append_seconds);
       res.turns.push_back(tr);
     }
     res.read_gbps = total_bytes / total_secs / 1e9;
@@ -951,6 +987,7 @@ absl::StatusOr<ModeResult> RunMode(const Config& cfg, const std::string& name,
   }
   if (failed) return absl::InternalError(name + ": an append failed");
   res.notes = target->Describe();
+  target->DeviceIo(&res.refill_gbps, &res.read_qd);
   std::fprintf(stderr, "[%s] %s\n", name.c_str(), res.notes.c_str());
   writer.reset();
   target.reset();
@@ -1075,14 +1112,18 @@ int Main() {
     const char* name;
     bool lru;
     bool writer;
+    uint64_t line;
   };
-  const Spec specs[] = {{"staging", false, false},
-                        {"staging_writer", false, true},
-                        {"lru", true, false},
-                        {"lru_writer", true, true}};
+  const Spec specs[] = {{"staging", false, false, 0},
+                        {"staging_writer", false, true, 0},
+                        {"lru", true, false, FLAGS_lru_line_kib << 10},
+                        {"lru_writer", true, true, FLAGS_lru_line_kib << 10},
+                        {"lru_small", true, false,
+                         FLAGS_lru_small_line_kib << 10}};
   for (const Spec& sp : specs) {
     if (!want_mode(sp.name)) continue;
-    auto r = RunMode(cfg, sp.name, sp.lru, sp.writer ? writer_rate : 0);
+    auto r = RunMode(cfg, sp.name, sp.lru, sp.line,
+                     sp.writer ? writer_rate : 0);
     if (!r.ok()) {
       std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
       return 1;
@@ -1133,11 +1174,12 @@ int Main() {
   const bool floor_writer = writer_cost <= 0.10 && writer_sustained;
   std::printf("\n### Summary (all turns; last turn = footprint %.1fx window)\n\n",
               static_cast<double>(cfg.footprint) / cfg.window);
-  std::printf("| mode | read GB/s (all turns) | last turn GB/s | vs raw | hit ratio | notes |\n");
-  std::printf("|---|---|---|---|---|---|\n");
+  std::printf("| mode | read GB/s (all turns) | last turn GB/s | vs raw | hit ratio | refill GB/s | read QD | notes |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   if (raw.gbps > 0) {
-    std::printf("| raw (%s, QD %d) | %.2f | %.2f | 1.00 | - | |\n",
-                raw.engine.c_str(), cfg.queue_depth, raw.gbps, raw.gbps);
+    std::printf("| raw (%s, QD %d) | %.2f | %.2f | 1.00 | - | - | %d | |\n",
+                raw.engine.c_str(), cfg.queue_depth, raw.gbps, raw.gbps,
+                cfg.queue_depth);
   }
   for (const ModeResult& r : results) {
     std::string note;
@@ -1157,9 +1199,19 @@ int Main() {
     if (r.bad_blocks || r.read_errors) {
       note += absl::StrFormat("; BAD %u ERR %u", r.bad_blocks, r.read_errors);
     }
-    std::printf("| %s | %.2f | %.2f | %.2f | %.3f | %s |\n", r.name.c_str(),
-                r.read_gbps, r.turns.back().read_gbps,
+    const std::string name =
+        r.name == "lru" || r.name == "lru_writer"
+            ? absl::StrFormat("%s (%u KiB lines)", r.name, FLAGS_lru_line_kib)
+        : r.name == "lru_small"
+            ? absl::StrFormat("%s (%u KiB lines)", r.name,
+                              FLAGS_lru_small_line_kib)
+            : r.name;
+    std::printf("| %s | %.2f | %.2f | %.2f | %.3f | %s | %s | %s |\n",
+                name.c_str(), r.read_gbps, r.turns.back().read_gbps,
                 raw.gbps > 0 ? r.read_gbps / raw.gbps : 0.0, r.hit_ratio,
+                r.refill_gbps > 0 ? absl::StrFormat("%.2f", r.refill_gbps).c_str()
+                                  : "-",
+                r.read_qd > 0 ? absl::StrFormat("%.1f", r.read_qd).c_str() : "-",
                 note.c_str());
   }
   std::printf("\nFloors: staging >= 0.8x raw at %.1fx window: %s (%.2fx; all "
@@ -1177,6 +1229,9 @@ int Main() {
                         .c_str()
                   : "");
   if (lr && st) {
+    std::printf("Staging vs %u KiB-line LRU: %.2fx (floor on a fast device: "
+                "1.5x; at a bandwidth-bound device both can reach raw)\n",
+                FLAGS_lru_line_kib, st->read_gbps / lr->read_gbps);
     std::printf("LRU vs staging: %.2fx (LRU hit ratio %.3f)%s\n",
                 lr->read_gbps / st->read_gbps, lr->hit_ratio,
                 lw ? absl::StrFormat("; LRU+writer %.2f GB/s", lw->read_gbps)
@@ -1199,7 +1254,9 @@ int Main() {
         << ", \"engine\": \"" << JsonEscape(raw.engine.empty() ? FLAGS_engine : raw.engine)
         << "\", \"filesystem\": \"" << JsonEscape(fs)
         << "\", \"writer_bytes_per_s\": " << writer_rate
-        << ", \"lru_line_bytes\": " << (FLAGS_lru_line_kib << 10) << "},\n";
+        << ", \"lru_line_bytes\": " << (FLAGS_lru_line_kib << 10)
+        << ", \"lru_small_line_bytes\": " << (FLAGS_lru_small_line_kib << 10)
+        << ", \"consume\": \"" << JsonEscape(FLAGS_consume) << "\"},\n";
     out << "  \"raw_gbps\": " << raw.gbps << ",\n  \"modes\": {";
     for (size_t i = 0; i < results.size(); ++i) {
       const ModeResult& r = results[i];
@@ -1209,7 +1266,9 @@ int Main() {
           << ", \"hit_ratio\": " << r.hit_ratio
           << ", \"bad_blocks\": " << r.bad_blocks
           << ", \"read_errors\": " << r.read_errors
-          << ", \"append_refusals\": " << r.append_refusals;
+          << ", \"append_refusals\": " << r.append_refusals
+          << ", \"refill_gbps\": " << r.refill_gbps
+          << ", \"read_queue_depth\": " << r.read_qd;
       if (r.writer) {
         out << ", \"writer_mbps\": " << r.writer_mbps
             << ", \"writer_seconds\": " << r.writer_seconds

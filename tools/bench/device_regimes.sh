@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# device_bench in both device regimes in one run: the capacity files' device
+# at its own speed, then the same device throttled (cgroup v1 blkio, so the
+# kernel, not the benchmark, limits the bandwidth), and one table of both.
+#
+#   tools/bench/device_regimes.sh [--dir=DIR] [--throttle_read_bps=N]
+#       [--throttle_write_bps=N] [--out=DIR] [-- device_bench flags...]
+#
+#   --dir                where the capacity files go (a real filesystem with
+#                        O_DIRECT; default /tmp). Its block device is the one
+#                        throttled.
+#   --throttle_read_bps  default 2000000000 (2 GB/s)
+#   --throttle_write_bps default 1000000000
+#   --out                JSON and logs (default /tmp/device-regimes)
+#
+# Needs root and the cgroup v1 blkio controller at /sys/fs/cgroup/blkio for
+# the throttled half (without them it runs the unthrottled half only and
+# says so). Takes about a minute on a 2-core machine.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+DIR=/tmp
+RBPS=2000000000
+WBPS=1000000000
+OUT=/tmp/device-regimes
+EXTRA=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --dir=*) DIR=${1#*=} ;;
+    --throttle_read_bps=*) RBPS=${1#*=} ;;
+    --throttle_write_bps=*) WBPS=${1#*=} ;;
+    --out=*) OUT=${1#*=} ;;
+    --) shift; EXTRA=("$@"); break ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+mkdir -p "$OUT" "$DIR"
+cd "$ROOT"
+bazel build -c opt //tools/bench:device_bench >/dev/null
+BIN="$OUT/device_bench"
+cp -f bazel-bin/tools/bench/device_bench "$BIN"
+PREFIX="$DIR/hymcache-device-regimes-$$"
+
+echo "== fast: $DIR as it is" >&2
+"$BIN" --capacity_file="$PREFIX" --json="$OUT/fast.json" "${EXTRA[@]}" \
+  >"$OUT/fast.txt" 2>"$OUT/fast.log"
+
+CG_ROOT=/sys/fs/cgroup/blkio
+if [ ! -w "$CG_ROOT" ]; then
+  echo "no writable cgroup v1 blkio at $CG_ROOT (need root): throttled run skipped" >&2
+  cat "$OUT/fast.txt"
+  exit 0
+fi
+MAJMIN=$(findmnt -n -o MAJ:MIN --target "$DIR" | head -1 | tr -d ' ')
+CG="$CG_ROOT/hymcache-device-regimes.$$"
+mkdir "$CG"
+cleanup() {
+  for t in $(cat "$CG/tasks" 2>/dev/null); do echo "$t" >"$CG_ROOT/tasks" 2>/dev/null || true; done
+  rmdir "$CG" 2>/dev/null || true
+}
+trap cleanup EXIT
+echo "$MAJMIN $RBPS" >"$CG/blkio.throttle.read_bps_device"
+echo "$MAJMIN $WBPS" >"$CG/blkio.throttle.write_bps_device"
+echo "== throttled: $DIR ($MAJMIN) at $RBPS B/s read, $WBPS B/s write" >&2
+sh -c 'echo $$ > "$1/tasks"; shift; exec "$@"' sh "$CG" \
+  "$BIN" --capacity_file="$PREFIX" --json="$OUT/throttled.json" "${EXTRA[@]}" \
+  >"$OUT/throttled.txt" 2>"$OUT/throttled.log"
+
+python3 - "$OUT/fast.json" "$OUT/throttled.json" <<'EOF'
+import json, sys
+runs = [("fast", json.load(open(sys.argv[1]))), ("throttled", json.load(open(sys.argv[2])))]
+modes = ["staging", "staging_writer", "lru", "lru_writer", "lru_small"]
+print("| regime | raw GB/s | " + " | ".join(modes) + " | staging/raw | staging/lru | writer refused |")
+print("|---|---|" + "---|" * len(modes) + "---|---|---|")
+for name, r in runs:
+    m = r["modes"]
+    raw = r["raw_gbps"]
+    cells = []
+    for k in modes:
+        cells.append("%.2f" % m[k]["read_gbps"] if k in m else "-")
+    st = m.get("staging", {}).get("read_gbps", 0)
+    lru = m.get("lru", {}).get("read_gbps", 0)
+    sw = m.get("staging_writer")
+    refused = ("%d of %d" % (sw["writer_refused"], sw["writer_refused"] + sw["writer_writes"])) if sw else "-"
+    print("| %s | %.2f | %s | %.2fx | %s | %s |" % (
+        name, raw, " | ".join(cells), st / raw if raw else 0,
+        "%.2fx" % (st / lru) if lru else "-", refused))
+EOF
+echo "details: $OUT/{fast,throttled}.txt" >&2
