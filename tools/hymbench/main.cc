@@ -73,6 +73,8 @@ DEFINE_string(max_store_inflight, "2G",
               "Most request-buffer bytes held by unfinished stores; beyond it "
               "stores are dropped (0: no limit).");
 DEFINE_int32(store_threads, 2, "ClientOptions.store_threads.");
+DEFINE_string(transport, "tcp",
+              "ClientOptions.transport: tcp, shm (same host), rdma or auto.");
 DEFINE_int32(max_pending_stores, 64, "ClientOptions.max_pending_stores.");
 DEFINE_bool(check_cluster, true, "Fail fast unless the master answers and has a live node.");
 DEFINE_double(progress_s, 1, "Progress line on stderr every N seconds (0: none).");
@@ -233,6 +235,18 @@ int RunReplay() {
   co.master_address = FLAGS_master;
   co.store_threads = FLAGS_store_threads;
   co.max_pending_stores = FLAGS_max_pending_stores;
+  if (FLAGS_transport == "tcp") {
+    co.transport = TransportKind::kTcp;
+  } else if (FLAGS_transport == "shm") {
+    co.transport = TransportKind::kShm;
+  } else if (FLAGS_transport == "rdma") {
+    co.transport = TransportKind::kRdma;
+  } else if (FLAGS_transport == "auto") {
+    co.transport = TransportKind::kAuto;
+  } else {
+    return UsageError(absl::StrCat("bad --transport '", FLAGS_transport,
+                                   "' (want tcp, shm, rdma or auto)"));
+  }
   if (auto s = co.Validate(); !s.ok()) return UsageError(std::string(s.message()));
 
   std::vector<Request> requests;
