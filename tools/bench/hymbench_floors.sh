@@ -46,48 +46,8 @@ mkdir -p "$BIN"
 cp -f bazel-bin/master/hymcache-master bazel-bin/storage_node/hymcache-storage \
   bazel-bin/tools/hymbench/hymbench "$BIN/"
 
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-
-# wait_line FILE PATTERN: prints the first line of FILE matching PATTERN.
-wait_line() {
-  for _ in $(seq 600); do
-    if grep -m1 "$2" "$1" 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "timed out waiting for '$2' in $1" >&2
-  cat "$1" >&2
-  return 1
-}
-
-# start_master DIR [flags]: sets MASTER.
-start_master() {
-  local dir=$1; shift
-  rm -rf "$dir"; mkdir -p "$dir"
-  "$BIN/hymcache-master" --listen=127.0.0.1:0 --db_path="$dir/db" "$@" \
-    >"$dir/stdout" 2>"$dir/stderr" &
-  PIDS+=($!)
-  MASTER=$(wait_line "$dir/stdout" "listening on" | awk '{print $NF}')
-}
-
-# start_node DIR NAME [flags]
-start_node() {
-  local dir=$1 name=$2; shift 2
-  mkdir -p "$dir"
-  "$BIN/hymcache-storage" --master="$MASTER" --name="$name" --data_port=0 \
-    --control_port=0 "$@" >"$dir/$name.stdout" 2>"$dir/$name.stderr" &
-  PIDS+=($!)
-  wait_line "$dir/$name.stdout" "hymcache-storage data=" >/dev/null
-}
-
-stop_all() {
-  cleanup
-  PIDS=()
-}
+# shellcheck source=tools/bench/cluster_lib.sh
+source "$ROOT/tools/bench/cluster_lib.sh"
 
 # replay NAME [flags]: runs hymbench, keeps its JSON and table.
 replay() {
@@ -95,11 +55,6 @@ replay() {
   "$BIN/hymbench" replay --master="$MASTER" --trace="$TRACE" \
     --block_bytes="$BLOCK" --progress_s=5 --json="$OUT/$name.json" \
     --csv="$OUT/$name.csv" "$@" >"$OUT/$name.txt" 2>"$OUT/$name.progress"
-}
-
-# overall FILE FIELD: a number from hymbench's JSON overall row.
-overall() {
-  python3 -c "import json,sys; print(json.load(open('$1'))['overall']['$2'])"
 }
 
 SUMMARY="$OUT/summary.txt"
