@@ -322,6 +322,44 @@ TEST_CASE("Prefetch, wait, read from the window, release") {
         absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("Waiters wake for their own object; a handle released mid-wait") {
+  Rig rig;
+  rig.FillDisk(0, 64 * kKiB, 3);
+  rig.io->PauseForTest();
+  PrefetchHandle a = Prefetch(rig.dev.get(), 0, 16 * kKiB);
+  PrefetchHandle b = Prefetch(rig.dev.get(), 32 * kKiB, 16 * kKiB);
+  REQUIRE(rig.io->WaitPendingForTest(2, absl::Seconds(10)));
+  // Two threads wait for a, one for b (the same handle twice, as a caller
+  // that races its own release would).
+  std::atomic<int> a_ok{0};
+  absl::Status b_status;
+  Thread wa1("wait-a1", [&] {
+    if (rig.dev->PrefetchWait(a, Soon()).ok()) ++a_ok;
+  });
+  Thread wa2("wait-a2", [&] {
+    if (rig.dev->PrefetchWait(a, Soon()).ok()) ++a_ok;
+  });
+  Thread wb("wait-b", [&] { b_status = rig.dev->PrefetchWait(b, Soon()).status(); });
+  absl::SleepFor(absl::Milliseconds(50));  // let them block
+  // b's handle goes away while its waiter sleeps: the staged object stays
+  // alive until the waiter has looked again, which then finds no handle.
+  rig.dev->PrefetchRelease(b);
+  rig.io->ResumeForTest();
+  wa1.Join();
+  wa2.Join();
+  wb.Join();
+  CHECK(a_ok == 2);
+  CHECK((b_status.ok() ||
+         b_status.code() == absl::StatusCode::kInvalidArgument));
+  auto p = rig.dev->PrefetchWait(a, Soon());
+  REQUIRE(p.ok());
+  CHECK(Matches(*p, 0, 16 * kKiB, 3));
+  rig.dev->PrefetchRelease(a);
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.staged_objects == 0);
+  CHECK(s.staged_bytes == 0);
+}
+
 TEST_CASE("A full window queues prefetches FIFO until space is released") {
   Rig rig;  // 128 KiB window
   rig.FillDisk(0, kCap / 2, 2);
