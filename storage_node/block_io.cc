@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -444,6 +445,112 @@ class UringBlockIo final : public BlockIoBase {
   Thread reaper_;
 };
 
+// Caps the bandwidth of another BlockIo: transfers whose BandwidthPacer
+// start time has come go straight to it; the others wait, in start-time
+// order, for the "blkio-pace" thread.
+class PacedBlockIo final : public BlockIo {
+ public:
+  PacedBlockIo(std::unique_ptr<BlockIo> inner, uint64_t read_bps,
+               uint64_t write_bps)
+      : inner_(std::move(inner)),
+        read_bps_(read_bps),
+        write_bps_(write_bps),
+        read_pacer_(read_bps, kBurst),
+        write_pacer_(write_bps, kBurst) {
+    thread_ = Thread("blkio-pace", [this] { Loop(); });
+  }
+  ~PacedBlockIo() override {
+    {
+      MutexLock l(&mu_);
+      stopping_ = true;
+      cv_.SignalAll();
+    }
+    thread_.Join();  // issues what waits first
+    // inner_ (declared first) is destroyed last: it waits for in-flight I/O.
+  }
+
+  void Read(uint64_t offset, void* buf, size_t len, Callback done) override {
+    Pace(Op{false, offset, static_cast<uint8_t*>(buf), len, std::move(done)});
+  }
+  void Write(uint64_t offset, const void* buf, size_t len,
+             Callback done) override {
+    Pace(Op{true, offset,
+            const_cast<uint8_t*>(static_cast<const uint8_t*>(buf)), len,
+            std::move(done)});
+  }
+  absl::Status Sync() override { return inner_->Sync(); }
+  uint64_t size() const override { return inner_->size(); }
+  std::string_view engine() const override { return inner_->engine(); }
+
+ private:
+  static constexpr absl::Duration kBurst = absl::Milliseconds(1);
+  struct Op {
+    bool write;
+    uint64_t offset;
+    uint8_t* buf;
+    size_t len;
+    Callback done;
+  };
+
+  void Pace(Op op) {
+    {
+      MutexLock l(&mu_);
+      const uint64_t bps = op.write ? write_bps_ : read_bps_;
+      if (bps > 0) {
+        const absl::Time now = absl::Now();
+        const absl::Time at =
+            (op.write ? write_pacer_ : read_pacer_).Schedule(now, op.len);
+        if (at > now) {
+          waiting_.emplace(at, std::move(op));
+          cv_.SignalAll();
+          return;
+        }
+      }
+    }
+    Issue(std::move(op));
+  }
+
+  void Issue(Op op) {
+    if (op.write) {
+      inner_->Write(op.offset, op.buf, op.len, std::move(op.done));
+    } else {
+      inner_->Read(op.offset, op.buf, op.len, std::move(op.done));
+    }
+  }
+
+  void Loop() {
+    MutexLock l(&mu_);
+    while (true) {
+      if (waiting_.empty()) {
+        if (stopping_) return;
+        cv_.Wait(&mu_);
+        continue;
+      }
+      auto it = waiting_.begin();
+      if (!stopping_ && it->first > absl::Now()) {
+        cv_.WaitWithDeadline(&mu_, it->first);
+        continue;
+      }
+      Op op = std::move(it->second);
+      waiting_.erase(it);
+      mu_.Unlock();
+      Issue(std::move(op));
+      mu_.Lock();
+    }
+  }
+
+  const std::unique_ptr<BlockIo> inner_;
+  const uint64_t read_bps_;
+  const uint64_t write_bps_;
+  Mutex mu_;
+  CondVar cv_;  // a new waiting transfer, or stopping
+  BandwidthPacer read_pacer_ ABSL_GUARDED_BY(mu_);
+  BandwidthPacer write_pacer_ ABSL_GUARDED_BY(mu_);
+  std::multimap<absl::Time, Op> waiting_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  Thread thread_;  // last: starts after the members above exist
+};
+
 absl::Status CheckSize(int fd, const BlockIoOptions& options) {
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -509,9 +616,27 @@ absl::Status BlockIoOptions::Validate() const {
   return absl::InvalidArgumentError("block io: unknown engine");
 }
 
+absl::Time BandwidthPacer::Schedule(absl::Time now, uint64_t len) {
+  if (bytes_per_s_ == 0) return now;
+  free_at_ = std::max(free_at_, now - burst_);
+  const absl::Time start = std::max(now, free_at_);
+  free_at_ += absl::Seconds(static_cast<double>(len) /
+                            static_cast<double>(bytes_per_s_));
+  return start;
+}
+
 absl::StatusOr<std::unique_ptr<BlockIo>> BlockIo::Open(
     const BlockIoOptions& options) {
   RETURN_IF_ERROR(options.Validate());
+  if (options.max_read_bytes_per_s > 0 || options.max_write_bytes_per_s > 0) {
+    BlockIoOptions unpaced = options;
+    unpaced.max_read_bytes_per_s = 0;
+    unpaced.max_write_bytes_per_s = 0;
+    ASSIGN_OR_RETURN(std::unique_ptr<BlockIo> inner, Open(unpaced));
+    return std::unique_ptr<BlockIo>(std::make_unique<PacedBlockIo>(
+        std::move(inner), options.max_read_bytes_per_s,
+        options.max_write_bytes_per_s));
+  }
   int flags = O_RDWR | O_CREAT | O_CLOEXEC;
   if (options.direct) flags |= O_DIRECT;
   int fd;

@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace hymcache::storage {
 
@@ -47,6 +48,15 @@ struct BlockIoOptions {
   // filesystems without O_DIRECT support (tmpfs); such opens log a warning.
   // Default: true.
   bool direct = true;
+  // Bandwidth caps in bytes per second for reads and for writes (0: none).
+  // Transfers start no faster than the cap allows (BandwidthPacer: at most
+  // 1 ms of idle credit), paced by a "blkio-pace" thread; the queue depth
+  // still applies beneath. For a node that must leave a shared disk's
+  // bandwidth to others, and for measuring a slower device on a fast one
+  // (device_bench --read_bps).
+  // Default: 0, 0.
+  uint64_t max_read_bytes_per_s = 0;
+  uint64_t max_write_bytes_per_s = 0;
 
   absl::Status Validate() const;
 };
@@ -81,6 +91,24 @@ class BlockIo {
   // Blocking conveniences over Read/Write.
   absl::Status ReadSync(uint64_t offset, void* buf, size_t len);
   absl::Status WriteSync(uint64_t offset, const void* buf, size_t len);
+};
+
+// Schedules transfers so that they start no faster than `bytes_per_s`: the
+// "device" is busy len / bytes_per_s after each start, and idle time earns
+// at most `burst` of credit. Pure (the caller passes the time); not
+// thread-safe.
+class BandwidthPacer {
+ public:
+  BandwidthPacer(uint64_t bytes_per_s, absl::Duration burst)
+      : bytes_per_s_(bytes_per_s), burst_(burst) {}
+  // When a transfer of `len` bytes asked for at `now` may start (now, or
+  // later when earlier transfers used the bandwidth).
+  absl::Time Schedule(absl::Time now, uint64_t len);
+
+ private:
+  const uint64_t bytes_per_s_;
+  const absl::Duration burst_;
+  absl::Time free_at_ = absl::InfinitePast();
 };
 
 // Memory aligned to BlockIo::kAlignment (freed with free()).

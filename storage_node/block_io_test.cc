@@ -322,6 +322,73 @@ TEST_CASE("invalid options are refused", "[block_io]") {
   CHECK(BlockIo::Open(o).status().code() == absl::StatusCode::kNotFound);
 }
 
+TEST_CASE("BandwidthPacer keeps starts to the rate, with bounded credit",
+          "[block_io]") {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  // 1 MB/s, 1 ms of credit.
+  BandwidthPacer p(1000000, absl::Milliseconds(1));
+  // Each 1000-byte transfer keeps the "device" busy for 1 ms; the first
+  // two start at once (the second spends the 1 ms of credit).
+  CHECK(p.Schedule(t0, 1000) == t0);
+  CHECK(p.Schedule(t0, 1000) == t0);
+  CHECK(p.Schedule(t0, 1000) == t0 + absl::Milliseconds(1));
+  CHECK(p.Schedule(t0, 1000) == t0 + absl::Milliseconds(2));
+  // Asked later than the device frees up: now.
+  CHECK(p.Schedule(t0 + absl::Milliseconds(10), 1000) ==
+        t0 + absl::Milliseconds(10));
+  // A long idle earns at most 1 ms of credit: two back-to-back transfers
+  // start at once, the third waits.
+  const absl::Time t1 = t0 + absl::Seconds(5);
+  CHECK(p.Schedule(t1, 1000) == t1);
+  CHECK(p.Schedule(t1, 1000) == t1);
+  CHECK(p.Schedule(t1, 1000) == t1 + absl::Milliseconds(1));
+  // Over a long run the rate holds: 1000 transfers of 1000 bytes span ~1 s.
+  const absl::Time t2 = t0 + absl::Seconds(20);
+  absl::Time last;
+  for (int i = 0; i < 1000; ++i) last = p.Schedule(t2, 1000);
+  CHECK(last - t2 >= absl::Milliseconds(997));
+  CHECK(last - t2 <= absl::Milliseconds(1000));
+  // Unlimited: always now.
+  BandwidthPacer none(0, absl::Milliseconds(1));
+  CHECK(none.Schedule(t0, uint64_t{1} << 40) == t0);
+  CHECK(none.Schedule(t0, uint64_t{1} << 40) == t0);
+}
+
+TEST_CASE("a bandwidth cap paces transfers and keeps them correct",
+          "[block_io]") {
+  BlockIoOptions o;
+  o.path = TmpPath("paced");
+  o.size_bytes = kSize;
+  o.engine = Engine::kAuto;
+  o.direct = false;  // correctness and pacing, not the disk
+  o.max_read_bytes_per_s = 64 << 20;   // 64 MiB/s
+  o.max_write_bytes_per_s = 64 << 20;
+  auto io_or = BlockIo::Open(o);
+  REQUIRE(io_or.ok());
+  std::unique_ptr<BlockIo> io = std::move(*io_or);
+  RoundTrip(*io, o.path);
+  // 8 MiB of reads at 64 MiB/s take at least ~1/8 s (less 1 ms of credit),
+  // whatever the disk does.
+  constexpr int kN = 128;
+  auto buf = AllocateAligned(kBlock * kN);
+  Latch latch(kN);
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < kN; ++i) {
+    io->Read(uint64_t{kBlock} * i, buf.get() + kBlock * i, kBlock,
+             latch.Callback(i));
+  }
+  for (const absl::Status& st : latch.Wait()) CHECK(st.ok());
+  CHECK(absl::Now() - start >= absl::Milliseconds(120));
+  // Destruction with transfers still waiting for their time issues them.
+  Latch tail(kN);
+  for (int i = 0; i < kN; ++i) {
+    io->Read(uint64_t{kBlock} * i, buf.get() + kBlock * i, kBlock,
+             tail.Callback(i));
+  }
+  io.reset();
+  for (const absl::Status& st : tail.Wait()) CHECK(st.ok());
+}
+
 TEST_CASE("AllocateAligned rounds up and aligns", "[block_io]") {
   auto b = AllocateAligned(1);
   REQUIRE(b != nullptr);

@@ -120,6 +120,11 @@ DEFINE_string(capacity_file, "",
               "one file per mode is created next to it and removed at the "
               "end. Default: $TMPDIR or /tmp + /hymcache-device-bench-<pid>");
 DEFINE_int32(queue_depth, 64, "BlockIo queue depth (all modes)");
+DEFINE_uint64(read_bps, 0,
+              "cap the capacity files' read bandwidth (bytes/s, all modes, "
+              "raw included) with BlockIo's pacer: the same device made "
+              "slower, e.g. 2000000000; 0: none");
+DEFINE_uint64(write_bps, 0, "as --read_bps, for writes");
 DEFINE_string(engine, "auto", "BlockIo engine: auto|uring|threadpool");
 DEFINE_double(raw_gib, 2, "span of the raw sequential read in GiB");
 DEFINE_int32(raw_passes, 2, "timed passes over the raw span");
@@ -247,6 +252,8 @@ BlockIoOptions IoOptions(const Config& cfg, const std::string& path,
   o.engine = cfg.engine;
   o.queue_depth = cfg.queue_depth;
   o.direct = true;
+  o.max_read_bytes_per_s = FLAGS_read_bps;
+  o.max_write_bytes_per_s = FLAGS_write_bps;
   return o;
 }
 
@@ -1089,6 +1096,12 @@ int Main() {
                static_cast<double>(cfg.footprint) / cfg.window, cfg.turns,
                cfg.queue_depth, cfg.prefetch_depth, cfg.prefix.c_str(),
                fs.c_str());
+  if (FLAGS_read_bps > 0 || FLAGS_write_bps > 0) {
+    std::fprintf(stderr,
+                 "device_bench: capacity files paced to %.2f GB/s read, "
+                 "%.2f GB/s write (0: unpaced)\n",
+                 FLAGS_read_bps / 1e9, FLAGS_write_bps / 1e9);
+  }
 
   const absl::Time start = absl::Now();
   RawResult raw;
@@ -1256,7 +1269,9 @@ int Main() {
         << "\", \"writer_bytes_per_s\": " << writer_rate
         << ", \"lru_line_bytes\": " << (FLAGS_lru_line_kib << 10)
         << ", \"lru_small_line_bytes\": " << (FLAGS_lru_small_line_kib << 10)
-        << ", \"consume\": \"" << JsonEscape(FLAGS_consume) << "\"},\n";
+        << ", \"consume\": \"" << JsonEscape(FLAGS_consume)
+        << "\", \"read_bps_cap\": " << FLAGS_read_bps
+        << ", \"write_bps_cap\": " << FLAGS_write_bps << "},\n";
     out << "  \"raw_gbps\": " << raw.gbps << ",\n  \"modes\": {";
     for (size_t i = 0; i < results.size(); ++i) {
       const ModeResult& r = results[i];
