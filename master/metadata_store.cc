@@ -4,6 +4,7 @@
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "absl/base/internal/endian.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/rocksdb_util.h"
 
 namespace hymcache {
 namespace master {
@@ -31,14 +33,7 @@ constexpr uint8_t kObjectFormat = 1;
 constexpr size_t kObjectValueSize = 1 + 4 + 4 + 8 + 8 + 8;
 
 absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  std::string msg = absl::StrCat("metadata store: ", what, ": ", s.ToString());
-  if (s.IsCorruption()) return absl::DataLossError(msg);
-  if (s.IsIOError() || s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) {
-    return absl::UnavailableError(msg);
-  }
-  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
-  return absl::InternalError(msg);
+  return FromRocksDb(s, "metadata store", what);
 }
 
 std::string ObjectKey(absl::string_view key) {
@@ -148,11 +143,15 @@ RocksDbMetadataStore::Create(const RocksDbMetadataStoreOptions& options) {
   absl::Status valid = options.Validate();
   if (!valid.ok()) return valid;
 
-  rocksdb::Options db_options;
-  db_options.create_if_missing = true;
-  // Small values, point reads never happen after start-up: keep RocksDB lean.
-  db_options.max_background_jobs = 2;
-  db_options.keep_log_file_num = 4;
+  // Small values, point reads never happen after start-up: keep RocksDB lean,
+  // and able to open and close on a full disk (common/rocksdb_util.h). After
+  // a disk-full error RocksDB resumes by itself once a memtable's worth of
+  // space is free: 8 MiB rather than the default 64 MiB.
+  rocksdb::Options db_options = SmallDbOptions(options.path, size_t{8} << 20);
+  // Created here, as RocksDB logs an error for a missing directory even
+  // with create_if_missing; a real problem is DB::Open's to report.
+  mkdir(options.path.c_str(), 0755);
+  ReleasePreallocatedSpace(options.path);
   rocksdb::DB* raw = nullptr;
   absl::Status s = FromRocks(rocksdb::DB::Open(db_options, options.path, &raw),
                              absl::StrCat("open ", options.path));
@@ -200,13 +199,12 @@ absl::Status RocksDbMetadataStore::ReserveGenerationBlock() {
   if (new_limit < generation_limit_) {
     return absl::ResourceExhaustedError("metadata store: generations exhausted");
   }
-  rocksdb::WriteOptions wo;
   // The limit must be durable before any generation of the block is used,
   // even when ordinary writes are not synced: a lost limit could repeat
   // generations. This write happens once per block.
-  wo.sync = true;
-  absl::Status s = FromRocks(
-      db_->Put(wo, kGenerationKey, EncodeU64(new_limit)), "persist generation");
+  rocksdb::WriteBatch batch;
+  batch.Put(kGenerationKey, EncodeU64(new_limit));
+  absl::Status s = Write(&batch, /*sync=*/true, "persist generation");
   if (!s.ok()) return s;
   generation_limit_ = new_limit;
   return absl::OkStatus();
@@ -246,9 +244,40 @@ absl::Status RocksDbMetadataStore::Apply(const MetadataMutation& mutation) {
     }
     batch.Put(NodeKey(node.name()), value);
   }
+  return Write(&batch, options_.sync_writes, "write batch");
+}
+
+absl::Status RocksDbMetadataStore::Write(rocksdb::WriteBatch* batch, bool sync,
+                                         absl::string_view what) {
+  if (write_failed_.load(std::memory_order_acquire)) {
+    // After a failed write RocksDB refuses writes until resumed (it also
+    // resumes by itself once a full disk has room again; meanwhile Resume
+    // says Busy, and the write below returns the original error).
+    rocksdb::Status r = db_->Resume();
+    if (!r.ok() && !r.IsBusy()) {
+      return Explain(FromRocks(r, "resume after a failed write"), what);
+    }
+    if (r.ok() && write_failed_.exchange(false, std::memory_order_acq_rel)) {
+      LOG(INFO) << "metadata store " << options_.path << " takes writes again";
+    }
+  }
   rocksdb::WriteOptions wo;
-  wo.sync = options_.sync_writes;
-  return FromRocks(db_->Write(wo, &batch), "write batch");
+  wo.sync = sync;
+  absl::Status s = FromRocks(db_->Write(wo, batch), what);
+  if (!s.ok()) {
+    write_failed_.store(true, std::memory_order_release);
+    return Explain(s, what);
+  }
+  return s;
+}
+
+absl::Status RocksDbMetadataStore::Explain(const absl::Status& s,
+                                           absl::string_view what) const {
+  if (!absl::IsResourceExhausted(s)) return s;
+  return absl::ResourceExhaustedError(
+      absl::StrCat("metadata store: ", what, ": the filesystem of ",
+                   options_.path, " is full; writes are refused until space "
+                   "is freed (", s.message(), ")"));
 }
 
 absl::Status RocksDbMetadataStore::ForEachObject(

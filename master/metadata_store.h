@@ -15,6 +15,7 @@
 // synchronization.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,6 +31,7 @@
 
 namespace rocksdb {
 class DB;
+class WriteBatch;
 }
 
 namespace hymcache {
@@ -68,7 +70,8 @@ class MetadataStore {
   virtual ~MetadataStore() = default;
 
   // Applies `mutation` atomically. Deleting a missing object is not an error.
-  // Errors: Internal / Unavailable on a storage failure (nothing applied).
+  // Errors: ResourceExhausted when the disk is full; Internal / Unavailable
+  // on another storage failure (nothing applied either way).
   virtual absl::Status Apply(const MetadataMutation& mutation) = 0;
 
   // Returns a generation never returned before by this store, including
@@ -137,10 +140,18 @@ class RocksDbMetadataStore : public MetadataStore {
   RocksDbMetadataStore(const RocksDbMetadataStoreOptions& options,
                        std::unique_ptr<rocksdb::DB> db);
   absl::Status ReserveGenerationBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gen_mu_);
+  // One write; after a failed one, resumes the DB first.
+  absl::Status Write(rocksdb::WriteBatch* batch, bool sync,
+                     absl::string_view what);
+  // Names the full filesystem in a ResourceExhausted error.
+  absl::Status Explain(const absl::Status& s, absl::string_view what) const;
 
   // Constant after construction.
   const RocksDbMetadataStoreOptions options_;
   const std::unique_ptr<rocksdb::DB> db_;  // thread-safe itself
+
+  // The last write failed (RocksDB refuses writes until resumed).
+  std::atomic<bool> write_failed_{false};
 
   Mutex gen_mu_;
   uint64_t next_generation_ ABSL_GUARDED_BY(gen_mu_) = 0;

@@ -1,7 +1,15 @@
 #include "master/metadata_store.h"
 
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -171,6 +179,62 @@ TEST_CASE("RocksDbMetadataStore handles a large batch") {
   keys.resize(4000);
   REQUIRE(store->DeleteObjects(keys).ok());
   CHECK(AllObjects(store.get()).size() == 1000);
+}
+
+TEST_CASE("RocksDbMetadataStore on a full disk refuses writes, keeps reads") {
+  // A 4 MiB tmpfs: needs root (or a user namespace allowing mounts).
+  const std::string dir = TestDir("fulldisk");
+  std::filesystem::create_directories(dir);
+  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=4194304") != 0) {
+    WARN("cannot mount a tmpfs (" << std::strerror(errno) << "); skipping");
+    return;
+  }
+  struct Unmount {
+    std::string d;
+    ~Unmount() { umount2(d.c_str(), MNT_DETACH); }
+  } unmount{dir};
+  const std::string db = dir + "/db";
+  {
+    auto store = Open(db);
+    // An empty store takes little room: no preallocated WAL or MANIFEST.
+    uint64_t bytes = 0;
+    for (const auto& e : std::filesystem::directory_iterator(db)) {
+      if (e.is_regular_file()) bytes += e.file_size();
+    }
+    CHECK(bytes < (1 << 20));
+    REQUIRE(store->PutObjects({{"kept", ObjectRecord{1, 0, 0, 10, 1}}}).ok());
+
+    // Fill the filesystem.
+    int fd = open((dir + "/filler").c_str(), O_WRONLY | O_CREAT, 0644);
+    REQUIRE(fd >= 0);
+    std::vector<char> chunk(64 << 10, 'f');
+    while (true) {
+      ssize_t n = write(fd, chunk.data(), chunk.size());
+      if (n < 0) break;
+      if (n < static_cast<ssize_t>(chunk.size())) {
+        chunk.resize(std::max<size_t>(1, chunk.size() / 2));
+      }
+    }
+    close(fd);
+
+    absl::Status s;
+    for (int i = 0; i < 1000 && s.ok(); ++i) {
+      s = store->PutObjects(
+          {{"k" + std::to_string(i), ObjectRecord{1, 0, 4096, 10, 2}}});
+    }
+    INFO(s.ToString());
+    REQUIRE(s.code() == absl::StatusCode::kResourceExhausted);
+    CHECK(s.message().find("full") != absl::string_view::npos);
+    CHECK(store->PutObjects({{"x", ObjectRecord{1, 0, 8192, 10, 3}}}).code() ==
+          absl::StatusCode::kResourceExhausted);
+    // Reads go on.
+    CHECK(AllObjects(store.get()).count("kept") == 1);
+    // Closing on the full disk must not crash.
+  }
+  REQUIRE(unlink((dir + "/filler").c_str()) == 0);
+  auto store = Open(db);
+  CHECK(AllObjects(store.get()).count("kept") == 1);
+  CHECK(store->PutObjects({{"after", ObjectRecord{1, 0, 0, 10, 9}}}).ok());
 }
 
 TEST_CASE("FakeMetadataStore applies and fails on demand") {

@@ -4,8 +4,11 @@
 #include <rocksdb/iterator.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <array>
+#include <cerrno>
 #include <cstring>
 #include <iterator>
 #include <map>
@@ -16,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
+#include "common/rocksdb_util.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -177,15 +181,12 @@ std::string ExtentValue(uint64_t length, uint64_t tag) {
 }
 
 absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  std::string msg = absl::StrCat("capacity tier: ", what, ": ", s.ToString());
-  if (s.IsCorruption()) return absl::DataLossError(msg);
-  if (s.IsIOError() || s.IsBusy() || s.IsTimedOut() || s.IsTryAgain()) {
-    return absl::UnavailableError(msg);
-  }
-  if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
-  return absl::InternalError(msg);
+  return FromRocksDb(s, "capacity tier", what);
 }
+
+// Memtable of the extent record (about 40 bytes an extent): also about the
+// largest its WAL grows. Nothing is preallocated (SmallDbOptions).
+constexpr size_t kExtentDbWriteBuffer = size_t{1} << 20;
 
 struct ExtentInfo {
   uint64_t length;
@@ -204,6 +205,7 @@ class CapacityTierImpl final : public CapacityTier {
 
   ~CapacityTierImpl() override {
     if (db_ != nullptr) {
+      // Safe on a full disk after failed writes (common/rocksdb_util.h).
       rocksdb::Status s = db_->Close();
       if (!s.ok()) LOG(WARNING) << "capacity tier: close db: " << s.ToString();
     }
@@ -304,9 +306,7 @@ class CapacityTierImpl final : public CapacityTier {
   absl::Status CommitLocked(rocksdb::WriteBatch* batch, Undo* undo,
                             absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    rocksdb::WriteOptions wo;
-    wo.sync = true;
-    absl::Status s = FromRocks(db_->Write(wo, batch), what);
+    absl::Status s = WriteLocked(batch, what);
     if (s.ok()) return s;
     for (auto it = undo->rbegin(); it != undo->rend(); ++it) {
       if (it->inserted) {
@@ -318,27 +318,89 @@ class CapacityTierImpl final : public CapacityTier {
     return s;
   }
 
+  // One synced write. After a failed one RocksDB refuses writes (a
+  // background error) until it is resumed: the next write tries that first,
+  // so the record works again once space is freed.
+  absl::Status WriteLocked(rocksdb::WriteBatch* batch, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (read_only_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "capacity tier: ", what, ": the extent record in ", db_dir_,
+          " was opened read-only (its filesystem was full at start); restart "
+          "the node once space is freed"));
+    }
+    if (!write_error_.ok()) {
+      rocksdb::Status r = db_->Resume();
+      // Busy: RocksDB's own recovery is under way (it waits for space).
+      if (r.IsBusy()) return write_error_;
+      if (!r.ok()) return Explain(FromRocks(r, "resume extent record"), what);
+      write_error_ = absl::OkStatus();
+      LOG(INFO) << "capacity tier: extent record in " << db_dir_
+                << " takes writes again";
+    }
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    absl::Status s = FromRocks(db_->Write(wo, batch), what);
+    if (!s.ok()) write_error_ = Explain(s, what);
+    return write_error_;
+  }
+
+  // Names the filesystem in a ResourceExhausted error.
+  absl::Status Explain(const absl::Status& s, absl::string_view what) const {
+    if (!absl::IsResourceExhausted(s)) return s;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "capacity tier: ", what, ": the filesystem of the extent record ",
+        db_dir_, " is full (", s.message(), ")"));
+  }
+
   // Constant after construction.
   const CapacityTierOptions options_;
   const std::unique_ptr<BlockIo> io_;
   const Header header_;
   const bool adopted_;
-  std::unique_ptr<rocksdb::DB> db_;  // set once by OpenDb
+  // Set once by OpenDb.
+  std::unique_ptr<rocksdb::DB> db_;
+  std::string db_dir_;
+  // The DB could only be opened read-only (a full filesystem): Record and
+  // Forget fail with ResourceExhausted.
+  bool read_only_ = false;
 
   // Serialises Record/Forget, so that DB and mirror change in the same order.
   mutable Mutex mu_;
   // Mirror of the DB's extents: disjoint, keyed by addr.
   ExtentMap extents_ ABSL_GUARDED_BY(mu_);
+  // Why the last write failed: resume the DB before the next one.
+  absl::Status write_error_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::Status CapacityTierImpl::OpenDb(const std::string& dir) {
-  rocksdb::Options db_options;
-  db_options.create_if_missing = true;
-  db_options.max_background_jobs = 2;
-  db_options.keep_log_file_num = 4;
+  db_dir_ = dir;
+  rocksdb::Options db_options =
+      SmallDbOptions("extent record " + dir, kExtentDbWriteBuffer);
+  // Created here, as RocksDB logs an error for a missing directory even
+  // with create_if_missing; a real problem is DB::Open's to report.
+  mkdir(dir.c_str(), 0755);
+  ReleasePreallocatedSpace(dir);
   rocksdb::DB* raw = nullptr;
-  RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(db_options, dir, &raw),
-                            absl::StrCat("open ", dir)));
+  rocksdb::Status os = rocksdb::DB::Open(db_options, dir, &raw);
+  if (os.IsNoSpace()) {
+    // Opening writes a new MANIFEST (and OPTIONS file). On a full filesystem
+    // the node can still serve what is durable: read-only, no writes at all.
+    LOG(WARNING) << "capacity tier: the filesystem of the extent record "
+                 << dir << " is full (" << os.ToString()
+                 << "); opening it read-only: nothing new becomes durable "
+                    "until the node restarts with space";
+    raw = nullptr;
+    rocksdb::Status ro = rocksdb::DB::OpenForReadOnly(db_options, dir, &raw);
+    if (!ro.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "capacity tier: the filesystem of the extent record ", dir,
+          " is full: ", os.ToString(), "; read-only open: ", ro.ToString()));
+    }
+    read_only_ = true;
+  } else {
+    RETURN_IF_ERROR(FromRocks(os, absl::StrCat("open ", dir)));
+  }
   db_.reset(raw);
 
   std::string value;
@@ -403,12 +465,12 @@ absl::Status CapacityTierImpl::OpenDb(const std::string& dir) {
     }
     wipe.Put(kIncarnationKey, U64Value(header_.incarnation));
   }
-  if (wipe.Count() > 0) {
-    rocksdb::WriteOptions wo;
-    wo.sync = true;
-    RETURN_IF_ERROR(FromRocks(db_->Write(wo, &wipe), "reset extents"));
-  }
   MutexLock l(&mu_);
+  // Read-only, the wipe waits for the next writable open: what it would
+  // delete is not loaded, and nothing new is recorded meanwhile.
+  if (wipe.Count() > 0 && !read_only_) {
+    RETURN_IF_ERROR(WriteLocked(&wipe, "reset extents"));
+  }
   extents_ = std::move(loaded);
   return absl::OkStatus();
 }
@@ -430,11 +492,82 @@ absl::Status Validate(const CapacityTierOptions& o) {
   return absl::OkStatus();
 }
 
+std::string ParentDir(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Room left beside a full capacity file for the extent record when both
+// share a filesystem (an empty record takes tens of KiB; see
+// kExtentDbWriteBuffer for its WAL).
+constexpr uint64_t kExtentRecordHeadroom = uint64_t{4} << 20;
+
+// Whether a filesystem has room for the capacity file, which is sparse: its
+// blocks are allocated as objects are flushed, and a flush that finds the
+// filesystem full fails. A regular file is checked against the free space
+// of its filesystem plus what it already holds (st_blocks), keeping
+// kExtentRecordHeadroom for the extent record if that lives on the same
+// filesystem; a block device is not checked.
+absl::Status CheckSpace(const CapacityTierOptions& o, const std::string& db_dir) {
+  uint64_t file_bytes = CapacityTier::kHeaderBytes + o.capacity_bytes;
+  bool headroom = false;
+  uint64_t allocated = 0;
+  struct stat st;
+  if (stat(o.path.c_str(), &st) == 0) {
+    if (S_ISBLK(st.st_mode)) return absl::OkStatus();
+    if (S_ISREG(st.st_mode)) allocated = static_cast<uint64_t>(st.st_blocks) * 512;
+  } else if (errno != ENOENT) {
+    return absl::OkStatus();  // BlockIo::Open reports it
+  }
+  struct statvfs vfs;
+  const std::string dir = ParentDir(o.path);
+  if (statvfs(dir.c_str(), &vfs) != 0) {
+    return absl::OkStatus();  // likewise: a missing directory
+  }
+  struct stat dir_st, db_st;
+  const std::string db_probe =
+      stat(db_dir.c_str(), &db_st) == 0 ? db_dir : ParentDir(db_dir);
+  if (stat(dir.c_str(), &dir_st) == 0 && stat(db_probe.c_str(), &db_st) == 0 &&
+      dir_st.st_dev == db_st.st_dev) {
+    file_bytes += kExtentRecordHeadroom;
+    headroom = true;
+  }
+  const uint64_t free_bytes =
+      static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize);
+  const uint64_t needed = file_bytes > allocated ? file_bytes - allocated : 0;
+  if (needed <= free_bytes) return absl::OkStatus();
+  const std::string numbers = absl::StrCat(
+      o.path, " needs ", file_bytes, " bytes (header + capacity_bytes ",
+      o.capacity_bytes,
+      headroom ? absl::StrCat(" + ", kExtentRecordHeadroom,
+                              " for the extent record")
+               : std::string(),
+      "), ", allocated, " of them already allocated, but ",
+      dir, " has ", free_bytes, " bytes free (short by ", needed - free_bytes,
+      ")");
+  if (o.allow_overcommit) {
+    LOG(WARNING) << "capacity tier: overcommitted: " << numbers
+                 << "; flushes will fail with ENOSPC and stores be refused "
+                    "once the filesystem is full";
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "capacity tier: not enough free space: ", numbers,
+      ". Lower capacity_bytes, free space, or allow overcommit "
+      "(--allow_overcommit)"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CapacityTier>> CapacityTier::Open(
     const CapacityTierOptions& options) {
   RETURN_IF_ERROR(Validate(options));
+  const std::string dir = options.metadata_dir.empty()
+                              ? options.path + ".meta"
+                              : options.metadata_dir;
+  RETURN_IF_ERROR(CheckSpace(options, dir));
   BlockIoOptions io_options = options.io;
   io_options.path = options.path;
   io_options.size_bytes = kHeaderBytes + options.capacity_bytes;
@@ -507,8 +640,6 @@ absl::StatusOr<std::unique_ptr<CapacityTier>> CapacityTier::Open(
               << header.node_name << ", incarnation " << header.incarnation;
   }
 
-  std::string dir = options.metadata_dir.empty() ? options.path + ".meta"
-                                                 : options.metadata_dir;
   auto tier = std::make_unique<CapacityTierImpl>(options, std::move(io),
                                                  std::move(header), adopted);
   RETURN_IF_ERROR(tier->OpenDb(dir));

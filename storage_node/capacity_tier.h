@@ -46,6 +46,11 @@ struct CapacityTierOptions {
   // Directory of the durable extent record (RocksDB).
   // Default: "" = path + ".meta" (set it explicitly for block devices).
   std::string metadata_dir;
+  // Open refuses a capacity file (a regular file; it is sparse) larger than
+  // the free space of its filesystem plus what the file already holds, as
+  // flushes would fail once the filesystem fills up. With this set it only
+  // warns. Default: false
+  bool allow_overcommit = false;
   // I/O engine settings; path and size_bytes are filled in by Open.
   BlockIoOptions io;
 };
@@ -64,6 +69,14 @@ class CapacityTier {
   static constexpr uint32_t kFormatVersion = 1;
 
   // Formats or adopts `path` (see the file comment).
+  // Errors: InvalidArgument (bad options); FailedPrecondition (a header of
+  // another node, capacity or format version); ResourceExhausted (the
+  // filesystem lacks free space for the capacity file, see
+  // allow_overcommit; or the extent record's filesystem is full and it
+  // cannot even be opened read-only); DataLoss (a corrupt extent record);
+  // Unavailable / Internal (I/O errors).
+  // The extent record is opened read-only when its filesystem is too full
+  // to open it for writing: Record and Forget then fail (see below).
   static absl::StatusOr<std::unique_ptr<CapacityTier>> Open(
       const CapacityTierOptions& options);
   virtual ~CapacityTier() = default;
@@ -81,9 +94,14 @@ class CapacityTier {
   // The durable extents now (right after Open: what survived).
   virtual std::vector<DurableExtent> Extents() const = 0;
   // Durably forgets every extent overlapping [addr, addr + length).
+  // Errors (nothing changed): ResourceExhausted when the extent record's
+  // filesystem is full or it was opened read-only; Unavailable / Internal
+  // on other I/O errors. After a failure the next call first tries to
+  // resume the extent record (it works again once space is freed).
   virtual absl::Status Forget(uint64_t addr, uint64_t length) = 0;
   // Durably records extents whose bytes are now in the data area (one synced
   // batch). Each replaces any extent overlapping it.
+  // Errors: InvalidArgument / OutOfRange (bad extents); otherwise as Forget.
   virtual absl::Status Record(absl::Span<const DurableExtent> extents) = 0;
 };
 

@@ -48,6 +48,10 @@ DEFINE_string(capacity_bytes, "",
 DEFINE_string(capacity_metadata_dir, "",
               "Hybrid device: durable object record (default: "
               "capacity_path + .meta).");
+DEFINE_bool(allow_overcommit, false,
+            "Hybrid devices: start even if the (sparse) capacity file is "
+            "larger than the free space of its filesystem (warn instead of "
+            "refusing; stores are refused once it is full).");
 DEFINE_string(staging_bytes, "256M", "Hybrid devices: DRAM staging window.");
 DEFINE_string(write_buffer_bytes, "64M", "Hybrid devices: DRAM write buffer.");
 DEFINE_string(io_engine, "auto", "Hybrid devices: auto, io_uring or threadpool.");
@@ -120,6 +124,7 @@ int main(int argc, char** argv) {
   if (FLAGS_device != "dram") {
     options.capacity_path = FLAGS_capacity_path;
     options.capacity_metadata_dir = FLAGS_capacity_metadata_dir;
+    options.allow_capacity_overcommit = FLAGS_allow_overcommit;
     if (!hymcache::ParseBytes(FLAGS_capacity_bytes, &options.capacity_bytes) ||
         !hymcache::ParseBytes(FLAGS_staging_bytes, &options.staging_bytes) ||
         !hymcache::ParseBytes(FLAGS_write_buffer_bytes, &options.write_buffer_bytes)) {

@@ -296,6 +296,7 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
   tier.capacity_bytes = o.capacity_bytes;
   tier.node_name = o.device == Device::kHybrid ? o.node_name : "lru-baseline";
   tier.metadata_dir = o.capacity_metadata_dir;
+  tier.allow_overcommit = o.allow_capacity_overcommit;
   tier.io.queue_depth = o.io_queue_depth;
   tier.io.direct = o.io_direct;
   tier.io.engine = o.io_engine == "io_uring" ? storage::BlockIoOptions::Engine::kIoUring

@@ -97,6 +97,12 @@ struct StorageNodeOptions {
   // kHybrid: where the durable record of flushed objects lives.
   // Default: "" = capacity_path + ".meta"
   std::string capacity_metadata_dir;
+  // Hybrid devices: start even if the capacity file (a sparse regular file)
+  // is larger than the free space of its filesystem, with a warning; without
+  // it Create fails with ResourceExhausted. Once such a filesystem is full,
+  // flushes fail and stores are refused when the write buffer fills.
+  // Default: false
+  bool allow_capacity_overcommit = false;
   // Hybrid devices: DRAM staging window. Default: 256 MiB
   uint64_t staging_bytes = uint64_t{256} << 20;
   // Hybrid devices: DRAM write buffer (kHybridLru adds it to its cache).
@@ -164,7 +170,10 @@ class StorageNode {
   // with the master proceeds in the background (Create succeeds while the
   // master is down).
   // Errors: InvalidArgument (bad options), Unavailable (a port cannot be
-  // bound), ResourceExhausted (memory cannot be allocated).
+  // bound), ResourceExhausted (memory cannot be allocated; or the capacity
+  // file does not fit the free space of its filesystem, see
+  // allow_capacity_overcommit), FailedPrecondition (a capacity file of
+  // another node or capacity).
   static absl::StatusOr<std::unique_ptr<StorageNode>> Create(
       const StorageNodeOptions& options);
   // Shutdown().

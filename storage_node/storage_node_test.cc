@@ -1,8 +1,11 @@
 #include "storage_node/storage_node.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -153,6 +156,44 @@ TEST_CASE("StorageNode: Create fails on bad options or taken ports") {
   o = Options();
   o.control_port = port;
   CHECK_FALSE(StorageNode::Create(o).ok());
+}
+
+TEST_CASE("StorageNode: a capacity file larger than the free space is "
+          "refused unless overcommit is allowed") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  struct statvfs vfs;
+  REQUIRE(statvfs(dir.c_str(), &vfs) == 0);
+  const uint64_t free_bytes =
+      static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  StorageNodeOptions o = Options();
+  o.device = StorageNodeOptions::Device::kHybrid;
+  o.node_name = "overcommit-node";
+  o.capacity_path = dir + "/overcommit.cap";
+  o.capacity_bytes = (free_bytes + (uint64_t{1} << 40)) / 4096 * 4096;
+  o.staging_bytes = 4 << 20;
+  o.write_buffer_bytes = 4 << 20;
+  o.io_direct = false;  // whatever TEST_TMPDIR is
+  o.expose_shm = false;
+  o.shared_huge_pages = false;
+  o.rdma = "off";
+  auto refused = StorageNode::Create(o);
+  REQUIRE(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  INFO(refused.status().ToString());
+  CHECK(refused.status().message().find("free") != absl::string_view::npos);
+  CHECK(refused.status().message().find(std::to_string(o.capacity_bytes)) !=
+        absl::string_view::npos);
+
+  o.allow_capacity_overcommit = true;
+  auto node = StorageNode::Create(o);
+  INFO(node.status().ToString());
+  REQUIRE(node.ok());
+  struct stat st;
+  REQUIRE(stat(o.capacity_path.c_str(), &st) == 0);
+  CHECK(static_cast<uint64_t>(st.st_size) > o.capacity_bytes);
+  // Sparse: a few MiB at most are allocated.
+  CHECK(static_cast<uint64_t>(st.st_blocks) * 512 < (uint64_t{16} << 20));
+  (*node)->Shutdown();
 }
 
 // A stand-in for the master's node-liveness RPCs (the rest are
