@@ -1010,9 +1010,15 @@ absl::StatusOr<WriteView> HybridDevice::BeginWrite(uint32_t region,
   if (!off) {
     ++stats_.write_buffer_refusals;
     ++stats_.device.refused_writes;
+    // While flushes fail (e.g. a full filesystem), say why the buffer does
+    // not drain.
+    const bool failing = !last_flush_error_.ok();
     return absl::ResourceExhaustedError(absl::StrCat(
         "write buffer full (", buffer_alloc_->used(), " of ", buffer_bytes_,
-        " bytes in use; object of ", len, " bytes)"));
+        " bytes in use; object of ", len, " bytes)",
+        failing ? absl::StrCat("; flushes to the capacity tier are failing: ",
+                               last_flush_error_.message())
+                : std::string()));
   }
   // The caller has drained readers of the old objects in this range.
   SupersedeLocked(addr, buf_len);
@@ -1233,6 +1239,7 @@ void HybridDevice::FlusherLoop() {
       absl::Status forget = ForgetQueuedLocked(/*all=*/!busy);
       if (!forget.ok()) {
         ++stats_.flush_errors;
+        last_flush_error_ = forget;
         LOG(WARNING) << "hybrid device: forgetting the extents of queued "
                         "objects failed (will retry in "
                      << absl::FormatDuration(backoff_) << "): " << forget;
@@ -1373,8 +1380,10 @@ void HybridDevice::RetireBatchLocked(FlushBatch* fb) {
       MaybeFreeEntryLocked(e);
     }
     ResetBackoffLocked();
+    last_flush_error_ = absl::OkStatus();
   } else {
     ++stats_.flush_errors;
+    last_flush_error_ = fb->status;
     LOG(WARNING) << "hybrid device: writing " << fb->entries.size()
                  << " objects to the tier failed (kept in the write buffer, "
                  << "will retry in " << absl::FormatDuration(backoff_)

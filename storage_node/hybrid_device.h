@@ -500,6 +500,9 @@ class HybridDevice final : public MemoryDevice {
   int force_flush_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Duration backoff_ ABSL_GUARDED_BY(mu_);
+  // The last failed flush write or Forget, until a batch is written again
+  // (named in write refusals: why the buffer does not drain).
+  absl::Status last_flush_error_ ABSL_GUARDED_BY(mu_);
   HybridDeviceStats stats_ ABSL_GUARDED_BY(mu_);
 
   // OnIoDone calls still running (they touch `this` after the in-flight

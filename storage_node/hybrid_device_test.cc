@@ -644,6 +644,32 @@ TEST_CASE("Flush errors keep objects readable and are retried") {
   CHECK(ext[2].tag == 23);
 }
 
+TEST_CASE("While flushes fail, a full buffer's refusal says why") {
+  Rig rig;  // 128 KiB buffer
+  rig.io->FailNextForTest(1000000);  // every write fails (a full disk)
+  for (int i = 0; i < 8; ++i) rig.Put(i * 16 * kKiB, 16 * kKiB, 30 + i, 30 + i);
+  REQUIRE(WaitUntil([&] { return rig.dev->HybridStats().flush_errors > 0; }));
+  auto w = rig.dev->BeginWrite(0, 512 * kKiB, 16 * kKiB, 99);
+  REQUIRE(w.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(w.status().message().find("flushes to the capacity tier are failing") !=
+        std::string::npos);
+  // Nothing committed is lost meanwhile.
+  CHECK(rig.ReadMatches(3 * 16 * kKiB, 16 * kKiB, 33));
+  rig.io->FailNextForTest(0);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  CHECK(rig.ReadMatches(7 * 16 * kKiB, 16 * kKiB, 37));
+  // Drained and healthy: a plain refusal no longer blames the flush.
+  for (int i = 0; i < 8; ++i) rig.Put(i * 16 * kKiB, 16 * kKiB, 40 + i, 40 + i);
+  rig.io->PauseForTest();
+  auto again = rig.dev->BeginWrite(0, 1024 * kKiB, 128 * kKiB, 99);
+  if (!again.ok()) {
+    CHECK(again.status().message().find("failing") == std::string::npos);
+  } else {
+    rig.dev->AbortWrite(*again);
+  }
+  rig.io->ResumeForTest();
+}
+
 TEST_CASE("Refill and miss errors surface as Unavailable") {
   Rig rig;
   rig.io->FailNextForTest(1);
