@@ -136,9 +136,13 @@ absl::StatusOr<int> LocalPort(int fd) {
   return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
 }
 
-void TuneDataSocket(int fd) {
+void TuneDataSocket(int fd, int send_buffer_bytes) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (send_buffer_bytes > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &send_buffer_bytes,
+               sizeof(send_buffer_bytes));
+  }
 }
 
 absl::StatusOr<Socket> ConnectTcp(const std::string& host_port,

@@ -94,6 +94,10 @@ absl::Status DataServerOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("data server: port ", port, " outside 0..65535"));
   }
+  if (send_buffer_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "data server: send_buffer_bytes must be >= 0");
+  }
   if (max_connections < 1) {
     return absl::InvalidArgumentError("data server: max_connections must be >= 1");
   }
@@ -196,7 +200,7 @@ void DataServer::Accept() {
     return;
   }
   Socket sock(fd);
-  TuneDataSocket(fd);
+  TuneDataSocket(fd, options_.send_buffer_bytes);
   auto owned = std::make_unique<Conn>();
   Conn* c = owned.get();
   int open = 0;

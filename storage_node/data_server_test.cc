@@ -461,6 +461,39 @@ TEST_CASE("DataServer rejects a non-positive idle_timeout") {
   CHECK(ReadReply(c.fd()).ok());
 }
 
+TEST_CASE("DataServer serves with a bounded or an autotuned send buffer") {
+  {
+    auto dev = Fixture::MakeDram();
+    ExtentTableOptions to;
+    to.regions = dev->Regions();
+    auto t = ExtentTable::Create(to);
+    REQUIRE(t.ok());
+    DataServerOptions o;
+    o.device = dev.get();
+    o.extents = t->get();
+    o.send_buffer_bytes = -1;
+    CHECK(DataServer::Create(o).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  }
+  for (int send_buffer : {0, 16 << 10, kDataSendBufferBytes}) {
+    INFO("send_buffer_bytes " << send_buffer);
+    DataServerOptions o;
+    o.send_buffer_bytes = send_buffer;
+    Fixture f(o);
+    Socket s = f.Connect();
+    // Larger than any of the buffers: the response is sent in many turns.
+    std::string a(2 << 20, 'a'), b(1 << 20, 'b');
+    Reply w = Write(s.fd(), {Op(0, a.size(), 1), Op(a.size(), b.size(), 2)},
+                    {a, b});
+    REQUIRE(Code(w.ops[0]) == absl::StatusCode::kOk);
+    REQUIRE(Code(w.ops[1]) == absl::StatusCode::kOk);
+    Reply r = Read(s.fd(), {Op(0, a.size(), 1), Op(a.size(), b.size(), 2)});
+    CHECK(Code(r.ops[0]) == absl::StatusCode::kOk);
+    CHECK(Code(r.ops[1]) == absl::StatusCode::kOk);
+    CHECK(r.payload == a + b);
+  }
+}
+
 TEST_CASE("DataServer survives failing to start a connection thread") {
   Fixture f;
   f.server->SetFailThreadStartsForTest(true);

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/bytes.h"
+#include "common/net.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -80,6 +81,9 @@ DEFINE_string(max_region_bytes, "0",
               "the RDMA device's limit, or one region).");
 DEFINE_uint32(alignment, 4096, "Allocation alignment (power of two).");
 DEFINE_int32(max_connections, 1024, "Most data-plane connections at once.");
+DEFINE_int32(data_send_buffer_bytes, hymcache::kDataSendBufferBytes,
+             "Send buffer of each data-plane connection in bytes (0: the "
+             "kernel's autotuning, up to net.ipv4.tcp_wmem's maximum).");
 DEFINE_int32(io_timeout_ms, 30000, "Bound on one data-plane request (ms).");
 DEFINE_int32(idle_timeout_ms, 60000,
              "Close a data-plane connection idle this long (ms).");
@@ -155,6 +159,7 @@ int main(int argc, char** argv) {
   }
   options.alignment = FLAGS_alignment;
   options.max_connections = FLAGS_max_connections;
+  options.data_send_buffer_bytes = FLAGS_data_send_buffer_bytes;
   options.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);
   options.idle_timeout = absl::Milliseconds(FLAGS_idle_timeout_ms);
   options.drain_timeout = absl::Milliseconds(FLAGS_drain_timeout_ms);

@@ -237,6 +237,10 @@ absl::Status StorageNodeOptions::Validate() const {
   if (numa_node < -1) {
     return absl::InvalidArgumentError("storage node: numa_node must be >= -1");
   }
+  if (data_send_buffer_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "storage node: data_send_buffer_bytes must be >= 0");
+  }
   if (max_connections < 1) {
     return absl::InvalidArgumentError(
         "storage node: max_connections must be >= 1");
@@ -447,6 +451,7 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   ds.host = options.listen_host;
   ds.port = options.data_port;
   ds.max_connections = options.max_connections;
+  ds.send_buffer_bytes = options.data_send_buffer_bytes;
   ds.io_timeout = options.io_timeout;
   ds.idle_timeout = options.idle_timeout;
   ds.device = node->device_.get();

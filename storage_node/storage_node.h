@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
+#include "common/net.h"
 #include "common/thread.h"
 
 namespace grpc {
@@ -147,6 +148,10 @@ struct StorageNodeOptions {
   // Most data-plane connections served at once (each holds a thread).
   // Default: 1024
   int max_connections = 1024;
+  // Send buffer of each data-plane connection (see
+  // DataServerOptions::send_buffer_bytes); 0: the kernel's autotuning.
+  // Default: kDataSendBufferBytes (512 KiB)
+  int data_send_buffer_bytes = kDataSendBufferBytes;
   // Bound on receiving and answering one data-plane request.
   // Default: 30 s
   absl::Duration io_timeout = absl::Seconds(30);

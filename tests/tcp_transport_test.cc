@@ -1,6 +1,7 @@
 // TcpTransport against the real data server (DRAM device + extent table) on
-// loopback: frames split past kMaxOps, per-op errors stay per op, pooled
-// connections closed by the server are replaced, and a dead peer fails fast.
+// loopback: frames split past kMaxOps and max_read_frame_bytes, per-op
+// errors stay per op, pooled connections closed by the server are replaced,
+// and a dead peer fails fast.
 #include "client/tcp_transport.h"
 
 #include <catch2/catch.hpp>
@@ -79,6 +80,51 @@ TEST_CASE("batches larger than one frame round-trip; errors stay per op") {
   }
   // The untouched op's buffer was never written.
   for (size_t k = 0; k < kLen; ++k) REQUIRE(dst[1500 * kLen + k] == 0);
+}
+
+TEST_CASE("reads past max_read_frame_bytes split by bytes; errors stay per op") {
+  Server s;
+  TcpTransportOptions o;
+  o.max_read_frame_bytes = 10000;
+  auto t = NewTcpTransport(o);
+  // 4000-byte ops two to a frame, and a 25000-byte op over the bound alone.
+  std::vector<uint64_t> lens = {4000, 4000, 4000, 25000, 4000, 4000, 4000};
+  std::vector<uint64_t> addr;
+  uint64_t next = 0;
+  for (uint64_t len : lens) {
+    addr.push_back(next);
+    next += (len + 4095) / 4096 * 4096;
+  }
+  std::vector<std::vector<uint8_t>> src;
+  std::vector<WriteOp> w;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    src.emplace_back(lens[i]);
+    for (size_t k = 0; k < lens[i]; ++k) src[i][k] = static_cast<uint8_t>(i * 31 + k);
+    w.push_back({{0, addr[i], lens[i], i + 1}, src[i].data()});
+  }
+  auto ws = t->Write(s.peer, w, absl::Now() + absl::Seconds(30));
+  for (const auto& st : ws) REQUIRE(st.ok());
+
+  std::vector<std::vector<uint8_t>> dst;
+  std::vector<ReadOp> r;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    dst.emplace_back(lens[i], 0);
+    r.push_back({{0, addr[i], lens[i], i + 1}, dst[i].data()});
+  }
+  r[4].src.generation = 99999;  // not the generation that was written
+  auto rs = t->Read(s.peer, r, absl::Now() + absl::Seconds(30));
+  for (size_t i = 0; i < lens.size(); ++i) {
+    INFO("op " << i);
+    if (i == 4) {
+      CHECK(rs[i].code() == absl::StatusCode::kNotFound);
+      CHECK(dst[i] == std::vector<uint8_t>(lens[i], 0));
+      continue;
+    }
+    REQUIRE(rs[i].ok());
+    CHECK(dst[i] == src[i]);
+  }
+  CHECK(s.server->Stats().read_ops == lens.size() - 1);
+  CHECK(s.server->Stats().accepted_connections == 1);  // in turn, one connection
 }
 
 TEST_CASE("a pooled connection the server closed while idle is replaced") {
