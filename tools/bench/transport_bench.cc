@@ -96,13 +96,14 @@ void RunOne(size_t block, int batch) {
       return;
     }
   }
-  // Raw socket: a server answering each 1-byte request with the next block.
+  // Raw socket: a server answering each 1-byte request with the next block,
+  // with the data server's socket options.
   auto ls = ListenTcp("127.0.0.1", 0);
   int port = *LocalPort(ls->fd());
   Thread raw_server("raw-server", [&] {
     int fd = accept(ls->fd(), nullptr, nullptr);
     Socket s(fd);
-    TuneDataSocket(fd);
+    TuneDataSocket(fd, storage::DataServerOptions().send_buffer_bytes);
     char c;
     for (size_t i = 0; RecvAll(fd, &c, 1, far).ok(); ++i) {
       const auto& b = src[i % src.size()];
