@@ -732,7 +732,9 @@ absl::StatusOr<const uint8_t*> HybridDevice::PrefetchWait(
     // `waiters` keeps `s` alive while this thread waits on its CondVar,
     // even if the handle is released meanwhile (looked up again below).
     ++s->waiters;
+    ++stats_.prefetch_waiters;
     s->cv.WaitWithDeadline(&mu_, deadline);
+    --stats_.prefetch_waiters;
     --s->waiters;
     MaybeFreeStagedLocked(s);
   }

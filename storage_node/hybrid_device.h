@@ -219,6 +219,7 @@ struct HybridDeviceStats {
   uint64_t prefetch_shared = 0;       // prefetches that joined a staged copy
   uint64_t prefetch_from_buffer = 0;  // prefetches served by the write buffer
   uint64_t prefetch_cancelled = 0;    // released while queued or loading
+  uint64_t prefetch_waiters = 0;      // threads blocked in PrefetchWait now
   uint64_t prefetch_errors = 0;       // refills that failed
   uint64_t unknown_releases = 0;      // unknown/double PrefetchRelease,
                                       // ReleaseRead, Commit/AbortWrite

@@ -340,7 +340,8 @@ TEST_CASE("Waiters wake for their own object; a handle released mid-wait") {
     if (rig.dev->PrefetchWait(a, Soon()).ok()) ++a_ok;
   });
   Thread wb("wait-b", [&] { b_status = rig.dev->PrefetchWait(b, Soon()).status(); });
-  absl::SleepFor(absl::Milliseconds(50));  // let them block
+  REQUIRE(WaitUntil(
+      [&] { return rig.dev->HybridStats().prefetch_waiters == 3; }));
   // b's handle goes away while its waiter sleeps: the staged object stays
   // alive until the waiter has looked again, which then finds no handle.
   rig.dev->PrefetchRelease(b);
@@ -590,7 +591,6 @@ TEST_CASE("Under reads, a flush waits for a whole batch; its writes grow with th
   // 4 write slots: all 4 chunks of 16 KiB in flight beside the read.
   rig.Put(64 * kKiB, 32 * kKiB, 2, 10);
   REQUIRE(rig.io->WaitPendingForTest(5, absl::Seconds(10)));
-  absl::SleepFor(absl::Milliseconds(50));
   CHECK(rig.io->WritesForTest() == 4);
   CHECK(rig.io->PendingForTest() == 5);
 
@@ -598,7 +598,6 @@ TEST_CASE("Under reads, a flush waits for a whole batch; its writes grow with th
   // too, and the fill allows ceil(8 x 75%) = 6 writes in flight.
   rig.Put(128 * kKiB, 32 * kKiB, 3, 10);
   REQUIRE(rig.io->WaitPendingForTest(7, absl::Seconds(10)));
-  absl::SleepFor(absl::Milliseconds(50));
   CHECK(rig.io->WritesForTest() == 6);
   CHECK(rig.io->PendingForTest() == 7);
 
