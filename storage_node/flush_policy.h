@@ -65,7 +65,8 @@ class FlushPolicy {
   // will be (else InfiniteDuration).
   bool Due(const FlushPolicyState& s, absl::Duration* recheck_after) const;
 
-  // Flush writes that may be in flight now.
+  // Flush writes that may be in flight now. Reads only buffer_bytes,
+  // buffer_used and reads_busy.
   int WriteSlots(const FlushPolicyState& s) const;
 
   // Fill of the buffer in [0, 1].

@@ -406,7 +406,13 @@ void HybridDevice::RefillIoEndLocked() {
 }
 
 int HybridDevice::FlushDepthLocked() const {
-  return flush_policy_.WriteSlots(FlushStateLocked(absl::Now()));
+  // Runs on every I/O completion: only what WriteSlots reads (the fill and
+  // the read pressure), not FlushStateLocked's walk of the queue.
+  FlushPolicyState st;
+  st.buffer_bytes = buffer_bytes_;
+  st.buffer_used = buffer_alloc_->used();
+  st.reads_busy = ForegroundBusyLocked();
+  return flush_policy_.WriteSlots(st);
 }
 
 void HybridDevice::NoteDepthLocked() {
