@@ -202,6 +202,7 @@ class ClientImpl : public Client {
         ops.push_back(ReadOp{ToRef(found.locations[k]), buffers[k].data});
       }
       std::vector<absl::Status> st = transport_->Read(*peer, ops, deadline);
+      ReportRefused(keys, found.locations, i, st);
       size_t ok = 0;
       while (ok < st.size() && st[ok].ok()) ++ok;
       for (size_t k = i; k < i + ok; ++k) {
@@ -307,6 +308,7 @@ class ClientImpl : public Client {
           options.prefetch
               ? transport_->ReadSession(*peer, session, ops, deadline)
               : transport_->Read(*peer, ops, deadline);
+      ReportRefused(keys, locs, i, st);
       size_t ok = 0;
       while (ok < st.size() && st[ok].ok()) {
         out.lengths.push_back(locs[i + ok].length);
@@ -605,6 +607,37 @@ class ClientImpl : public Client {
   }
 
   // Ends `session` on `nodes` without waiting.
+  // Read repair: the node refused reads of listed objects (NotFound: it
+  // does not hold that extent, e.g. it lost its write buffer in a crash).
+  // Tells the master in the background, which drops the listings that still
+  // name those exact locations, so the keys can be stored again. `st[k]` is
+  // the status of the read of keys[first + k] at locs[first + k].
+  void ReportRefused(absl::Span<const std::string> keys,
+                     const std::vector<ObjectLocation>& locs, size_t first,
+                     const std::vector<absl::Status>& st) {
+    pb::ReportMissingRequest req;
+    for (size_t k = 0; k < st.size(); ++k) {
+      if (st[k].code() != absl::StatusCode::kNotFound) continue;
+      req.add_keys(keys[first + k]);
+      const ObjectLocation& l = locs[first + k];
+      pb::Location* loc = req.add_locations();
+      loc->set_node_id(l.node_id);
+      loc->set_region_id(l.region_id);
+      loc->set_addr(l.addr);
+      loc->set_length(l.length);
+      loc->set_generation(l.generation);
+    }
+    if (req.keys_size() == 0) return;
+    // Dropped when the queue is full: the node's next reconciliation
+    // removes the listings instead.
+    bg_executor_->TrySubmit([this, req = std::move(req)] {
+      pb::ReportMissingResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + kReleaseTimeout));
+      stub_->ReportMissing(&ctx, req, &resp);
+    });
+  }
+
   void ReleaseInBackground(uint64_t session, std::vector<uint32_t> nodes) {
     for (uint32_t node : nodes) {
       absl::StatusOr<PeerInfo> peer = Peer(node);

@@ -33,6 +33,9 @@ DEFINE_int64(read_lease_ms, 5000,
 DEFINE_uint32(max_evictions_per_put, 4096,
               "most objects one put may evict from a full node (0: never "
               "evict; a full node refuses puts)");
+DEFINE_int64(reconcile_interval_ms, 60000,
+             "period of each storage node's background reconciliation of its "
+             "extents with the master's listings (0: only at registration)");
 DEFINE_bool(sync_writes, false,
             "fsync the metadata WAL on every write (survives power loss)");
 
@@ -59,6 +62,7 @@ int main(int argc, char** argv) {
   options.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
   options.max_evictions_per_put = FLAGS_max_evictions_per_put;
   options.sync_writes = FLAGS_sync_writes;
+  options.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
   absl::Status valid = options.Validate();
   if (!valid.ok()) {
     LOG(ERROR) << valid;

@@ -89,6 +89,111 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                                    v1::RemoveResponse* resp) override {
     return Reply(ctx, service_->Remove(*req), resp);
   }
+  grpc::ServerUnaryReactor* ReportMissing(
+      grpc::CallbackServerContext* ctx, const v1::ReportMissingRequest* req,
+      v1::ReportMissingResponse* resp) override {
+    return Reply(ctx, service_->ReportMissing(*req), resp);
+  }
+
+  // Reads the node's extents chunk by chunk; compares at the end of the
+  // stream (see MasterService::FinishReconcile).
+  grpc::ServerReadReactor<v1::ReconcileNodeRequest>* ReconcileNode(
+      grpc::CallbackServerContext* /*ctx*/,
+      v1::ReconcileNodeResponse* resp) override {
+    class Reader final : public grpc::ServerReadReactor<v1::ReconcileNodeRequest> {
+     public:
+      Reader(MasterService* service, v1::ReconcileNodeResponse* resp)
+          : service_(service), resp_(resp) {
+        StartRead(&req_);
+      }
+      void OnReadDone(bool ok) override {
+        if (!ok) {  // the node finished its stream (or went away)
+          if (r_ == nullptr) {
+            Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                "ReconcileNode: empty stream"));
+            return;
+          }
+          absl::StatusOr<v1::ReconcileNodeResponse> out =
+              service_->FinishReconcile(std::move(r_));
+          if (out.ok()) *resp_ = std::move(*out);
+          Finish(ToGrpc(out.status()));
+          return;
+        }
+        if (r_ == nullptr) {
+          auto r = service_->BeginReconcile(req_.node_id(), req_.incarnation());
+          if (!r.ok()) {
+            Finish(ToGrpc(r.status()));
+            return;
+          }
+          r_ = std::move(*r);
+        }
+        absl::Status s = r_->Add(req_.extents());
+        if (!s.ok()) {
+          Finish(ToGrpc(s));
+          return;
+        }
+        req_.Clear();
+        StartRead(&req_);
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      MasterService* const service_;
+      v1::ReconcileNodeResponse* const resp_;
+      v1::ReconcileNodeRequest req_;
+      std::unique_ptr<Reconciliation> r_;
+    };
+    return new Reader(service_, resp);
+  }
+
+  // Pages of the master's listings until the index has been walked.
+  grpc::ServerWriteReactor<v1::ListObjectsResponse>* ListObjects(
+      grpc::CallbackServerContext* /*ctx*/,
+      const v1::ListObjectsRequest* req) override {
+    class Writer final
+        : public grpc::ServerWriteReactor<v1::ListObjectsResponse> {
+     public:
+      Writer(MasterService* service, const v1::ListObjectsRequest& req)
+          : service_(service),
+            node_id_(req.node_id()),
+            page_(req.page_size() == 0
+                      ? 4096
+                      : std::min<uint32_t>(req.page_size(), 65536)) {
+        Next();
+      }
+      void OnWriteDone(bool ok) override {
+        if (!ok) {
+          Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                              "ListObjects: stream broken"));
+          return;
+        }
+        Next();
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      void Next() {
+        resp_.Clear();
+        while (more_ && resp_.objects_size() == 0) {
+          more_ = service_->ListObjects(node_id_, &cursor_, page_, &resp_);
+        }
+        if (resp_.objects_size() == 0) {
+          Finish(grpc::Status::OK);
+          return;
+        }
+        StartWrite(&resp_);
+      }
+
+      MasterService* const service_;
+      const uint32_t node_id_;
+      const uint32_t page_;
+      uint64_t cursor_ = 0;
+      bool more_ = true;
+      v1::ListObjectsResponse resp_;
+    };
+    return new Writer(service_, *req);
+  }
+
   grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* ctx,
                                       const v1::ListNodesRequest* /*req*/,
                                       v1::ListNodesResponse* resp) override {
@@ -128,6 +233,7 @@ absl::Status MasterOptions::Validate() const {
   so.max_object_bytes = max_object_bytes;
   so.read_lease = read_lease;
   so.max_evictions_per_put = max_evictions_per_put;
+  so.reconcile_interval = reconcile_interval;
   absl::Status s = so.Validate();
   if (!s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("master: ", s.message()));
@@ -155,6 +261,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   so.max_object_bytes = options.max_object_bytes;
   so.read_lease = options.read_lease;
   so.max_evictions_per_put = options.max_evictions_per_put;
+  so.reconcile_interval = options.reconcile_interval;
   so.clock = options.clock;
   auto service = master::MasterService::Create(so, std::move(store).value());
   if (!service.ok()) return service.status();

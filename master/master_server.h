@@ -66,6 +66,10 @@ struct MasterOptions {
   // Most objects one PutStart may evict from a full node to make room; 0
   // disables eviction (a full node refuses puts). Default: 4096.
   uint32_t max_evictions_per_put = 4096;
+  // Period of each storage node's background reconciliation with the
+  // master (anti-entropy; registration always reconciles). 0: none.
+  // 0..24 h. Default: 60 s.
+  absl::Duration reconcile_interval = absl::Seconds(60);
   // fsync the metadata WAL on every write. Without it commits survive a
   // process crash (kill -9) but the last ones may be lost on power loss,
   // which a cache tolerates. Default: false.

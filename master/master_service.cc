@@ -26,6 +26,11 @@ constexpr uint32_t kMaxBatchKeysLimit = 65536;
 // WARNING lines per bulk drop before switching to a summary.
 constexpr int kMaxDropWarnings = 10;
 constexpr absl::Duration kMaxReadLease = absl::Hours(24);
+constexpr absl::Duration kMaxReconcileInterval = absl::Hours(24);
+constexpr uint64_t kMaxReconcileExtentsLimit = uint64_t{1} << 28;
+constexpr uint32_t kMaxUnlistedLimit = uint32_t{1} << 20;
+// Extents in one ReconcileNode message.
+constexpr int kMaxReconcileChunk = 65536;
 // Read ticks stay below this (LeaseTick moves the epoch forward).
 constexpr int64_t kMaxLeaseTick = int64_t{1} << 31;
 
@@ -103,6 +108,20 @@ absl::Status MasterServiceOptions::Validate() const {
   }
   if (read_lease < absl::ZeroDuration() || read_lease > kMaxReadLease) {
     return absl::InvalidArgumentError("read_lease must be 0..24h");
+  }
+  if (reconcile_interval < absl::ZeroDuration() ||
+      reconcile_interval > kMaxReconcileInterval) {
+    return absl::InvalidArgumentError("reconcile_interval must be 0..24h");
+  }
+  if (max_reconcile_extents == 0 ||
+      max_reconcile_extents > kMaxReconcileExtentsLimit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_reconcile_extents must be 1..", kMaxReconcileExtentsLimit));
+  }
+  if (max_unlisted_per_reconcile == 0 ||
+      max_unlisted_per_reconcile > kMaxUnlistedLimit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_unlisted_per_reconcile must be 1..", kMaxUnlistedLimit));
   }
   return absl::OkStatus();
 }
@@ -235,7 +254,8 @@ absl::Status MasterService::ValidateKeys(
 }
 
 bool MasterService::IsAlive(const Node& node, absl::Time now) const {
-  return !node.deregistered && now - node.last_seen <= options_.node_timeout;
+  return node.registered && !node.needs_reconcile && !node.deregistered &&
+         now - node.last_seen <= options_.node_timeout;
 }
 
 void MasterService::FillNodeInfo(const Node& node, absl::Time now,
@@ -252,6 +272,8 @@ void MasterService::FillNodeInfo(const Node& node, absl::Time now,
     capacity += region.info.capacity_bytes();
   }
   out->set_alive(IsAlive(node, now));
+  out->set_awaiting_reconcile(node.registered && node.needs_reconcile &&
+                              !node.deregistered);
   out->set_last_heartbeat_unix_ms(absl::ToUnixMillis(node.last_seen));
   out->set_object_count(node.object_count);
   out->set_used_bytes(used);
@@ -422,6 +444,9 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   response.set_heartbeat_interval_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(options_.heartbeat_interval)));
   response.set_generation_ceiling(store_->GenerationCeiling());
+  response.set_reconcile_interval_ms(static_cast<uint32_t>(std::min<int64_t>(
+      absl::ToInt64Milliseconds(options_.reconcile_interval),
+      std::numeric_limits<uint32_t>::max())));
 
   MutexLock l(&mu_);
   const absl::Time now = clock_->Now();
@@ -440,6 +465,7 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
     Node& node = nodes_[id];
     node.info = std::move(info);
     node.last_seen = now;
+    node.registered = true;
     node.regions = std::move(plan->regions);
     node_by_name_[request.name()] = id;
     response.set_node_id(id);
@@ -467,9 +493,15 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
     }
     node.last_seen = now;
     node.deregistered = false;
+    MarkRegistered(node, /*retained=*/true);
     response.set_node_id(id);
     response.set_objects_retained(true);
-    LOG(INFO) << "node " << id << " '" << request.name() << "' re-registered";
+    response.set_reconcile(node.needs_reconcile);
+    LOG(INFO) << "node " << id << " '" << request.name() << "' re-registered"
+              << (node.needs_reconcile
+                      ? absl::StrCat("; serving its ", node.object_count,
+                                     " objects once it reconciles")
+                      : "");
     return response;
   }
 
@@ -505,8 +537,10 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   node.object_count = plan->kept;
   node.last_seen = now;
   node.deregistered = false;
+  MarkRegistered(node, /*retained=*/!new_incarnation);
   response.set_node_id(id);
   response.set_objects_retained(!new_incarnation);
+  response.set_reconcile(node.needs_reconcile);
   LOG(INFO) << "node " << id << " '" << request.name() << "' re-registered"
             << (new_incarnation ? " with a new incarnation" : "")
             << (new_layout ? " with new regions" : "") << "; purged "
@@ -519,13 +553,16 @@ absl::StatusOr<v1::HeartbeatResponse> MasterService::Heartbeat(
   v1::HeartbeatResponse response;
   MutexLock l(&mu_);
   auto n = nodes_.find(request.node_id());
-  if (n == nodes_.end() || n->second.deregistered ||
+  // A node this process has not seen register (a master restart) registers
+  // again, so that it learns whether to reconcile.
+  if (n == nodes_.end() || n->second.deregistered || !n->second.registered ||
       n->second.info.incarnation() != request.incarnation()) {
     response.set_reregister(true);
     return response;
   }
   n->second.last_seen = clock_->Now();
   response.set_generation_ceiling(store_->GenerationCeiling());
+  response.set_reconcile(n->second.needs_reconcile);
   return response;
 }
 
@@ -931,6 +968,17 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
   absl::Status s = store_->Apply(m);
   if (!s.ok()) return s;  // nothing changed; the put stays pending
 
+  // A reconciliation of the node that began before this commit may have
+  // listed the node's extents before these writes landed: it must not
+  // judge them.
+  if (auto n = nodes_.find(put.node_id);
+      n != nodes_.end() && n->second.reconciling) {
+    for (const PendingSlot& slot : put.slots) {
+      if (!failed.contains(slot.index)) {
+        n->second.committed_since_reconcile.insert(slot.generation);
+      }
+    }
+  }
   // Last key first: the chain head ends up most recent, so among these
   // equally recent blocks eviction takes the tail first.
   uint32_t committed = 0;
@@ -1073,6 +1121,250 @@ absl::StatusOr<v1::RemoveResponse> MasterService::Remove(
   return response;
 }
 
+void MasterService::MarkRegistered(Node& node, bool retained) {
+  node.registered = true;
+  // A reconciliation that began before this registration described the
+  // node's previous life: superseded.
+  ++node.reconcile_epoch;
+  node.reconciling = false;
+  node.committed_since_reconcile.clear();
+  // The node may no longer hold what we list for it (a crash lost its
+  // write buffer, a partition outlived puts): serve it once it has told us.
+  node.needs_reconcile = retained && node.object_count > 0;
+}
+
+absl::Status Reconciliation::Add(
+    const google::protobuf::RepeatedPtrField<v1::Location>& extents) {
+  if (extents.size() > kMaxReconcileChunk) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        extents.size(), " extents in one message (want at most ",
+        kMaxReconcileChunk, ")"));
+  }
+  if (held_.size() + extents.size() > max_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "reconciliation of node ", node_id_, " reports more than ", max_,
+        " extents (max_reconcile_extents)"));
+  }
+  for (const v1::Location& e : extents) {
+    if (e.generation() == 0 || e.length() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "extent at region ", e.region_id(), " addr ", e.addr(),
+          " has generation ", e.generation(), " and length ", e.length(),
+          " (want both > 0)"));
+    }
+    if (!held_.emplace(e.generation(), Held{e.region_id(), e.addr(),
+                                            e.length()})
+             .second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "generation ", e.generation(), " reported twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Reconciliation>> MasterService::BeginReconcile(
+    uint32_t node_id, uint64_t incarnation) {
+  MutexLock l(&mu_);
+  auto n = nodes_.find(node_id);
+  if (n == nodes_.end()) {
+    return absl::NotFoundError(absl::StrCat("node ", node_id, " is unknown"));
+  }
+  Node& node = n->second;
+  if (node.deregistered || !node.registered ||
+      node.info.incarnation() != incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", node_id, " is not registered with incarnation ",
+        incarnation, "; register first"));
+  }
+  auto r = std::make_unique<Reconciliation>();
+  r->node_id_ = node_id;
+  r->incarnation_ = incarnation;
+  r->epoch_ = ++node.reconcile_epoch;
+  r->max_ = options_.max_reconcile_extents;
+  node.reconciling = true;
+  node.committed_since_reconcile.clear();
+  return r;
+}
+
+absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
+    std::unique_ptr<Reconciliation> r) {
+  MutexLock l(&mu_);
+  auto n = nodes_.find(r->node_id_);
+  if (n == nodes_.end() || n->second.deregistered ||
+      n->second.info.incarnation() != r->incarnation_ ||
+      n->second.reconcile_epoch != r->epoch_) {
+    return absl::AbortedError(absl::StrCat(
+        "reconciliation of node ", r->node_id_,
+        " was superseded (the node re-registered, left, or began another)"));
+  }
+  Node& node = n->second;
+  const uint32_t id = r->node_id_;
+  v1::ReconcileNodeResponse response;
+  response.set_held(r->held_.size());
+
+  // Listings of the node against what it holds.
+  std::vector<std::string> doomed;
+  uint64_t listed = 0, matched = 0, skipped = 0;
+  index_.ForEachLeastRecent(
+      id, [&](absl::string_view key, const IndexEntry& e, uint32_t)
+              ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        ++listed;
+        auto h = r->held_.find(e.generation);
+        if (h != r->held_.end() && h->second.region_id == e.region_id &&
+            h->second.addr == e.addr && h->second.length == e.length) {
+          ++matched;
+          r->held_.erase(h);
+        } else if (node.committed_since_reconcile.contains(e.generation)) {
+          ++skipped;
+        } else {
+          // Not held, or held with another range: the listing is wrong
+          // (a mismatched extent stays in held_ and is freed as unlisted).
+          doomed.emplace_back(key);
+        }
+        return true;
+      });
+
+  // Held extents neither listed nor pending.
+  absl::flat_hash_set<uint64_t> pending_generations;
+  for (const auto& [put_id, put] : pending_) {
+    if (put.node_id != id) continue;
+    for (const PendingSlot& slot : put.slots) {
+      pending_generations.insert(slot.generation);
+    }
+  }
+  uint64_t unlisted = 0;
+  for (const auto& [generation, h] : r->held_) {
+    if (pending_generations.contains(generation) ||
+        node.committed_since_reconcile.contains(generation)) {
+      continue;
+    }
+    ++unlisted;
+    if (static_cast<uint32_t>(response.unlisted_size()) <
+        options_.max_unlisted_per_reconcile) {
+      v1::Location* loc = response.add_unlisted();
+      loc->set_node_id(id);
+      loc->set_region_id(h.region_id);
+      loc->set_addr(h.addr);
+      loc->set_length(h.length);
+      loc->set_generation(generation);
+    }
+  }
+
+  if (!doomed.empty()) {
+    absl::Status s = store_->DeleteObjects(doomed);
+    if (!s.ok()) {
+      node.reconciling = false;
+      node.committed_since_reconcile.clear();
+      return s;
+    }
+    for (const std::string& key : doomed) {
+      auto e = index_.Erase(key);
+      if (!e) continue;
+      FreeSpace(e->node_id, e->region_id, e->addr);
+      CountObject(*e, -1);
+    }
+  }
+  response.set_listed(listed);
+  response.set_matched(matched);
+  response.set_dropped_listings(doomed.size());
+  response.set_unlisted_count(unlisted);
+  response.set_skipped_recent(skipped);
+  counters_.reconciliations++;
+  counters_.reconcile_dropped_listings += doomed.size();
+  counters_.reconcile_unlisted_extents += unlisted;
+  node.reconciling = false;
+  node.committed_since_reconcile.clear();
+  const bool was_awaited = node.needs_reconcile;
+  node.needs_reconcile = false;
+  if (was_awaited || !doomed.empty() || unlisted > 0) {
+    LOG(INFO) << "node " << id << " '" << node.info.name()
+              << "' reconciled: listed " << listed << ", held "
+              << response.held() << ", matched " << matched
+              << ", dropped " << doomed.size()
+              << " listings it does not hold, " << unlisted
+              << " extents unlisted" << (was_awaited ? "; serving it" : "");
+  }
+  return response;
+}
+
+absl::StatusOr<v1::ReportMissingResponse> MasterService::ReportMissing(
+    const v1::ReportMissingRequest& request) {
+  absl::Status s = ValidateKeys(request.keys());
+  if (!s.ok()) return s;
+  if (request.locations_size() != request.keys_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(request.keys_size(), " keys but ",
+                     request.locations_size(), " locations"));
+  }
+  MutexLock l(&mu_);
+  std::vector<bool> drop(request.keys_size(), false);
+  std::vector<std::string> doomed;
+  for (int i = 0; i < request.keys_size(); ++i) {
+    const v1::Location& loc = request.locations(i);
+    auto e = index_.Find(request.keys(i));
+    if (e && e->node_id == loc.node_id() && e->region_id == loc.region_id() &&
+        e->addr == loc.addr() && e->length == loc.length() &&
+        e->generation == loc.generation()) {
+      drop[i] = true;
+      doomed.push_back(request.keys(i));
+    }
+  }
+  if (!doomed.empty()) {
+    s = store_->DeleteObjects(doomed);
+    if (!s.ok()) return s;
+  }
+  v1::ReportMissingResponse response;
+  uint64_t dropped = 0;
+  for (int i = 0; i < request.keys_size(); ++i) {
+    if (drop[i]) {
+      auto e = index_.Erase(request.keys(i));
+      if (e) {
+        FreeSpace(e->node_id, e->region_id, e->addr);
+        CountObject(*e, -1);
+        ++dropped;
+      } else {
+        drop[i] = false;  // a repeated key: dropped once
+      }
+    }
+    response.add_dropped(drop[i]);
+  }
+  counters_.read_repairs += dropped;
+  if (dropped > 0) {
+    LOG(INFO) << "read repair: dropped " << dropped
+              << " listings that their node refused to serve";
+  }
+  return response;
+}
+
+bool MasterService::ListObjects(uint32_t node_id, uint64_t* cursor,
+                                size_t max,
+                                v1::ListObjectsResponse* out) const {
+  ReaderMutexLock l(&mu_);
+  const uint64_t begin = std::min<uint64_t>(*cursor, index_.records_end());
+  // Visit at most a few pages' worth of records per call when filtering by
+  // node, so one call never walks the whole index under the lock.
+  const size_t budget = node_id == 0 ? max : max * 16;
+  size_t added = 0;
+  const uint32_t next = index_.ForEachFrom(
+      static_cast<uint32_t>(begin), budget,
+      [&](absl::string_view key, const IndexEntry& e) {
+        if (node_id != 0 && e.node_id != node_id) return true;
+        if (added == max) return false;
+        v1::ListedObject* o = out->add_objects();
+        o->set_key(std::string(key));
+        v1::Location* loc = o->mutable_location();
+        loc->set_node_id(e.node_id);
+        loc->set_region_id(e.region_id);
+        loc->set_addr(e.addr);
+        loc->set_length(e.length);
+        loc->set_generation(e.generation);
+        ++added;
+        return true;
+      });
+  *cursor = next;
+  return next < index_.records_end();
+}
+
 v1::ListNodesResponse MasterService::ListNodes() const {
   v1::ListNodesResponse response;
   ReaderMutexLock l(&mu_);
@@ -1100,6 +1392,12 @@ v1::GetStatsResponse MasterService::GetStats() const {
   response.set_nodes_dead(nodes_.size() - alive);
   response.set_evicted_objects(counters_.evicted_objects);
   response.set_evicted_bytes(counters_.evicted_bytes);
+  response.set_reconciliations(counters_.reconciliations);
+  response.set_reconcile_dropped_listings(
+      counters_.reconcile_dropped_listings);
+  response.set_reconcile_unlisted_extents(
+      counters_.reconcile_unlisted_extents);
+  response.set_read_repairs(counters_.read_repairs);
   response.set_index_bytes_per_entry(
       index_.empty() ? 0 : index_.MemoryBytes() / index_.size());
   return response;

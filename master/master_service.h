@@ -13,11 +13,30 @@
 // At start-up the index and allocators are rebuilt from the store; pending
 // puts are not durable and are forgotten by a restart.
 //
-// Liveness: a node is alive while its last heartbeat (or registration) is
-// within `node_timeout`, and it has not deregistered. After a restart every
-// persisted node counts as seen at load time. Objects on dead nodes are
-// misses for BatchLookup and can be written again elsewhere by PutStart;
-// dead nodes get no placements.
+// Liveness: a node is alive while it has registered with this master
+// process, completed the reconciliation that registration asked for (if
+// any), its last heartbeat (or registration) is within `node_timeout`, and
+// it has not deregistered. After a restart no persisted node is alive until
+// it registers again (its heartbeats are answered with reregister). Objects
+// on nodes that are not alive are misses for BatchLookup and can be written
+// again elsewhere by PutStart; such nodes get no placements.
+//
+// Reconciliation (the storage nodes are the truth about which bytes exist;
+// the master's listings converge to them): a registration that keeps a
+// node's listings (same incarnation: a restart of a persistent node, a
+// master restart, a partition) asks the node to reconcile, and its objects
+// are misses until it has. The node streams every readable extent it holds
+// (BeginReconcile, Reconciliation::Add per chunk, FinishReconcile); the
+// comparison runs under the lock at Finish: a listing the node does not hold
+// exactly (region, addr, length, generation) is removed and its space freed,
+// unless it was committed after BeginReconcile (the node's listing may have
+// been taken before the write landed); a held extent the master neither
+// lists nor has a pending put for is returned as unlisted for the node to
+// free. No grace period is needed for the latter: every generation comes
+// from this master's store, so an extent that is neither listed nor pending
+// can never be committed (a PutCommit of an unknown put fails). Nodes also
+// reconcile every `reconcile_interval` (anti-entropy), and a reader that a
+// node refused reports the listing (ReportMissing), which drops it at once.
 //
 // Placement: PutStart puts all new slots of a request on one node. The
 // preferred node is preferred_node_id if set, else the node holding
@@ -97,6 +116,16 @@ struct MasterServiceOptions {
   // Most objects one PutStart may evict to make room (bounds the work under
   // the lock). 0 disables eviction: a full node refuses puts. Default: 4096.
   uint32_t max_evictions_per_put = 4096;
+  // Period of each node's background reconciliation (anti-entropy), told
+  // to nodes at registration. 0 disables the periodic rounds (registration
+  // still reconciles). 0..24 h. Default: 60 s.
+  absl::Duration reconcile_interval = absl::Seconds(60);
+  // Most extents one reconciliation may report (bounds the master's memory
+  // for it: about 40 bytes each). 1..2^28. Default: 2^26.
+  uint64_t max_reconcile_extents = uint64_t{1} << 26;
+  // Most unlisted extents returned by one reconciliation (the next round
+  // returns the rest). 1..2^20. Default: 65536.
+  uint32_t max_unlisted_per_reconcile = 65536;
   // Source of time for liveness and put expiry. Not owned; must outlive the
   // service. Default: nullptr, meaning Clock::Real().
   Clock* clock = nullptr;
@@ -120,6 +149,43 @@ struct MasterServiceCounters {
   // (object lengths).
   uint64_t evicted_objects = 0;
   uint64_t evicted_bytes = 0;
+  // Completed reconciliations; listings they removed because the node did
+  // not hold them; unlisted extents they returned to nodes.
+  uint64_t reconciliations = 0;
+  uint64_t reconcile_dropped_listings = 0;
+  uint64_t reconcile_unlisted_extents = 0;
+  // Listings dropped because a reader reported the node refused them.
+  uint64_t read_repairs = 0;
+};
+
+// One node's extents as streamed by it during a reconciliation (see
+// MasterService::BeginReconcile). Owned by the caller; not thread-safe.
+class Reconciliation {
+ public:
+  // Adds a chunk of the node's extents. Errors: InvalidArgument (a
+  // generation 0 or repeated, length 0), ResourceExhausted (more than
+  // max_reconcile_extents in total). After an error the reconciliation is
+  // unusable.
+  absl::Status Add(
+      const google::protobuf::RepeatedPtrField<hymcache::v1::Location>&
+          extents);
+
+  uint32_t node_id() const { return node_id_; }
+  uint64_t held() const { return held_.size(); }
+
+ private:
+  friend class MasterService;
+  struct Held {
+    uint32_t region_id;
+    uint64_t addr;
+    uint64_t length;
+  };
+  uint32_t node_id_ = 0;
+  uint64_t incarnation_ = 0;
+  uint64_t epoch_ = 0;
+  uint64_t max_ = 0;
+  // By generation (unique cluster-wide).
+  absl::flat_hash_map<uint64_t, Held> held_;
 };
 
 class MasterService {
@@ -202,6 +268,33 @@ class MasterService {
   absl::StatusOr<hymcache::v1::RemoveResponse> Remove(
       const hymcache::v1::RemoveRequest& request);
 
+  // Starts a reconciliation of `node_id` (see Reconciliation above): the
+  // caller Adds the node's extents, then calls FinishReconcile. A newer
+  // BeginReconcile or a re-registration of the node supersedes it.
+  // Errors: NotFound (unknown node); FailedPrecondition (another
+  // incarnation, or the node deregistered).
+  absl::StatusOr<std::unique_ptr<Reconciliation>> BeginReconcile(
+      uint32_t node_id, uint64_t incarnation);
+  // Compares and converges (see the class comment). Errors: Aborted (the
+  // reconciliation was superseded, or the node re-registered or
+  // deregistered meanwhile: nothing changed); store errors (nothing
+  // changed; the node stays unreconciled).
+  absl::StatusOr<hymcache::v1::ReconcileNodeResponse> FinishReconcile(
+      std::unique_ptr<Reconciliation> r);
+
+  // Drops each listing that still names exactly the reported location.
+  // Errors: InvalidArgument (key count or sizes, or as many locations as
+  // keys not given); store errors (nothing dropped).
+  absl::StatusOr<hymcache::v1::ReportMissingResponse> ReportMissing(
+      const hymcache::v1::ReportMissingRequest& request);
+
+  // Appends up to `max` committed objects (of `node_id`, or of every node
+  // if 0) to `out`, resuming at `*cursor` (start with 0) and advancing it;
+  // returns false once the listing is complete. Takes the lock once per
+  // call; objects committed or removed between calls may or may not appear.
+  bool ListObjects(uint32_t node_id, uint64_t* cursor, size_t max,
+                   hymcache::v1::ListObjectsResponse* out) const;
+
   hymcache::v1::ListNodesResponse ListNodes() const;
   hymcache::v1::GetStatsResponse GetStats() const;
 
@@ -222,6 +315,18 @@ class MasterService {
     hymcache::v1::NodeInfo info;  // registration fields only
     absl::Time last_seen;
     bool deregistered = false;
+    // Registered with this master process (false for nodes loaded from the
+    // store until they register again).
+    bool registered = false;
+    // Its objects are misses until a reconciliation completes.
+    bool needs_reconcile = false;
+    // Bumped by every BeginReconcile and registration; a reconciliation
+    // with an older epoch is superseded.
+    uint64_t reconcile_epoch = 0;
+    // Generations committed on the node since the current reconciliation
+    // began (not judged by it). Only filled while one runs.
+    bool reconciling = false;
+    absl::flat_hash_set<uint64_t> committed_since_reconcile;
     std::map<uint32_t, Region> regions;
     uint64_t object_count = 0;
   };
@@ -307,6 +412,11 @@ class MasterService {
   void ReleasePut(uint64_t put_id, bool free_space)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CancelPutsOfNode(uint32_t node_id, bool free_space)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A registration of `node` succeeded: supersedes any reconciliation and
+  // decides whether the node must reconcile before it is served
+  // (`retained`: the master kept its listings).
+  void MarkRegistered(Node& node, bool retained)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.

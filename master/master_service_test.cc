@@ -108,6 +108,45 @@ struct Harness {
     REQUIRE(r.ok());
     return r->node_id();
   }
+  // Every object the master lists on `node_id`.
+  std::vector<v1::Location> Listed(uint32_t node_id) {
+    std::vector<v1::Location> out;
+    uint64_t cursor = 0;
+    bool more = true;
+    while (more) {
+      v1::ListObjectsResponse page;
+      more = svc->ListObjects(node_id, &cursor, 3, &page);
+      for (const auto& o : page.objects()) out.push_back(o.location());
+    }
+    return out;
+  }
+  // A reconciliation of `node_id` by a node holding exactly `held`.
+  v1::ReconcileNodeResponse ReconcileWith(uint32_t node_id,
+                                          uint64_t incarnation,
+                                          const std::vector<v1::Location>& held) {
+    auto r = svc->BeginReconcile(node_id, incarnation);
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    google::protobuf::RepeatedPtrField<v1::Location> chunk(held.begin(),
+                                                           held.end());
+    REQUIRE((*r)->Add(chunk).ok());
+    auto out = svc->FinishReconcile(std::move(*r));
+    INFO(out.status().ToString());
+    REQUIRE(out.ok());
+    return *out;
+  }
+  // A node coming back after a master restart: registers again and
+  // reconciles, holding everything the master lists for it.
+  uint32_t Rejoin(const std::string& name, uint64_t incarnation,
+                  std::vector<RegionSpec> regions, int port = 7000) {
+    auto r = svc->RegisterNode(NodeReq(name, incarnation, regions, port));
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    if (r->reconcile()) {
+      ReconcileWith(r->node_id(), incarnation, Listed(r->node_id()));
+    }
+    return r->node_id();
+  }
   v1::PutStartResponse Start(std::vector<std::string> keys,
                              std::vector<uint64_t> lengths,
                              uint32_t preferred = 0) {
@@ -602,6 +641,25 @@ TEST_CASE("Restart keeps committed objects and nodes, not pending puts") {
   h.clock.Advance(absl::Seconds(100));  // long downtime
   h.Restart();
 
+  // No node is alive before it registers with the new process, and one
+  // that kept its objects is not served before it reconciles.
+  CHECK(h.Lookup(keys).hit_prefix_length() == 0);
+  CHECK(h.svc->GetStats().nodes_alive() == 0);
+  v1::HeartbeatRequest stale_hb;
+  stale_hb.set_node_id(a);
+  stale_hb.set_incarnation(1);
+  CHECK(h.svc->Heartbeat(stale_hb)->reregister());
+  auto back = h.svc->RegisterNode(NodeReq("a", 1, {{0, 1 << 20}}));
+  REQUIRE(back.ok());
+  CHECK(back->objects_retained());
+  CHECK(back->reconcile());
+  CHECK(h.svc->Heartbeat(stale_hb)->reconcile());
+  CHECK(h.svc->GetStats().nodes_alive() == 0);
+  CHECK(h.svc->ListNodes().nodes(0).awaiting_reconcile());
+  h.ReconcileWith(a, 1, h.Listed(a));
+  CHECK_FALSE(h.svc->Heartbeat(stale_hb)->reconcile());
+  CHECK(h.Rejoin("b", 1, {{0, 1 << 20, 64, true}}, 7100) == b);
+
   auto after = h.Lookup(keys);
   CHECK(after.hit_prefix_length() == 40);
   for (int i = 0; i < 40; ++i) {
@@ -679,6 +737,20 @@ TEST_CASE("Restart drops objects that no longer fit their node") {
     // drop is durable: the second round loads only "ok".
     CHECK((*svc)->GetStats().object_count() == 1u);
     CHECK((*svc)->counters().objects_dropped == (round == 0 ? 4u : 0u));
+    // Served once its node registers with this process and reconciles.
+    CHECK_FALSE((*svc)->BatchLookup(LookupReq({"ok"}))->results(0).found());
+    auto back = (*svc)->RegisterNode(NodeReq("n4", 1, {{0, 4096}}));
+    REQUIRE(back.ok());
+    REQUIRE(back->reconcile());
+    auto rec = (*svc)->BeginReconcile(4, 1);
+    REQUIRE(rec.ok());
+    google::protobuf::RepeatedPtrField<v1::Location> held;
+    v1::Location* ok = held.Add();
+    ok->set_addr(0);
+    ok->set_length(100);
+    ok->set_generation(1);
+    REQUIRE((*rec)->Add(held).ok());
+    REQUIRE((*svc)->FinishReconcile(std::move(*rec)).ok());
     CHECK((*svc)->BatchLookup(LookupReq({"ok"}))->results(0).found());
     // The next id continues after the persisted one.
     auto r = (*svc)->RegisterNode(NodeReq("new" + std::to_string(round), 1,
@@ -726,9 +798,15 @@ TEST_CASE("Re-registering with a new incarnation purges every region") {
   // The purge is durable.
   h.Restart();
   CHECK(h.svc->GetStats().object_count() == 0);
-  // Old heartbeats are refused; new ones accepted.
+  // Every heartbeat to the new process is answered "register again"; after
+  // that, heartbeats of the registered incarnation are accepted.
   v1::HeartbeatRequest hb;
   hb.set_node_id(a);
+  hb.set_incarnation(1);
+  CHECK(h.svc->Heartbeat(hb)->reregister());
+  hb.set_incarnation(2);
+  CHECK(h.svc->Heartbeat(hb)->reregister());
+  h.Register("a", 2, {{0, 4096}, {1, 4096}});
   hb.set_incarnation(1);
   CHECK(h.svc->Heartbeat(hb)->reregister());
   h.Heartbeat(a, 2);
@@ -742,7 +820,7 @@ TEST_CASE("Re-registering with new regions rebuilds the allocators") {
   h.Put(keys, 4096);
   auto l = h.Lookup(keys);
   // Region 1 disappears; region 0 stays: region-1 objects are dropped.
-  h.Register("a", 1, {{0, 1 << 20}});
+  h.Rejoin("a", 1, {{0, 1 << 20}});
   auto after = h.Lookup(keys);
   int kept = 0;
   for (int i = 0; i < 8; ++i) {
@@ -756,7 +834,7 @@ TEST_CASE("Re-registering with new regions rebuilds the allocators") {
   CHECK(node.regions(0).used_bytes() == uint64_t(kept) * 4096);
   CHECK(node.object_count() == uint64_t(kept));
   // Shrinking region 0 below the objects' offsets drops them too.
-  h.Register("a", 1, {{0, 4096}});
+  h.Rejoin("a", 1, {{0, 4096}});
   CHECK(h.svc->GetStats().object_count() <= 1);
   CHECK(h.svc->GetStats().object_bytes() ==
         h.svc->GetStats().object_count() * 4096);
@@ -793,7 +871,7 @@ TEST_CASE("DeregisterNode kills the node and purges volatile objects") {
   d.set_node_id(b);
   REQUIRE(h.svc->DeregisterNode(d).ok());
   CHECK_FALSE(h.Lookup({"y"}).results(0).found());  // dead
-  CHECK(h.Register("b", 7, {{0, 1 << 20, 64, true}}, 7100) == b);
+  CHECK(h.Rejoin("b", 7, {{0, 1 << 20, 64, true}}, 7100) == b);
   CHECK(h.Lookup({"y"}).results(0).found());  // persistent: kept
   CHECK(h.Register("a", 7, {{0, 1 << 20}}) == a);
   CHECK_FALSE(h.Lookup({"x"}).results(0).found());
@@ -821,6 +899,7 @@ TEST_CASE("Remove deletes objects durably and frees their space") {
   CHECK(h.UsedBytes(a) == 128 + 64);
   CHECK(h.Commit(pending.put_id()) == 1);
   h.Restart();
+  h.Rejoin("a", 1, {{0, 1 << 20}});
   auto l = h.Lookup({"r1", "r2", "r3", "p"});
   CHECK_FALSE(l.results(0).found());
   CHECK(l.results(1).found());
@@ -911,7 +990,9 @@ TEST_CASE("registration reports retained objects and a generation ceiling") {
   auto again = h.svc->RegisterNode(NodeReq("n1", 5, {{0, 1 << 20}}));
   REQUIRE(again.ok());
   CHECK(again->objects_retained());
+  CHECK(again->reconcile());
   CHECK(again->generation_ceiling() >= max_gen);
+  h.ReconcileWith(again->node_id(), 5, h.Listed(again->node_id()));
   v1::HeartbeatRequest hb;
   hb.set_node_id(again->node_id());
   hb.set_incarnation(5);
@@ -945,6 +1026,7 @@ TEST_CASE("a deregistered node stays dead across a master restart") {
   d.set_incarnation(1);
   REQUIRE(h.svc->DeregisterNode(d).ok());
   h.Restart();
+  CHECK(h.Rejoin("b", 2, {{0, 1 << 20}}, 7100) == b);
   // Every placement goes to b; a is reported dead.
   for (int i = 0; i < 4; ++i) {
     auto p = h.Start({"x" + std::to_string(i)}, {64});
@@ -1221,6 +1303,7 @@ TEST_CASE("Evicted objects stay gone after a restart") {
   h.Put({"x", "y"}, kObj);
   CHECK(h.Found({"c0", "c1", "c2", "c3", "x", "y"}) == "110011");
   h.Restart();
+  CHECK(h.Rejoin("a", 1, {{0, 4 * kSlot}}) == a);
   CHECK(h.Found({"c0", "c1", "c2", "c3", "x", "y"}) == "110011");
   CHECK(h.UsedBytes(a) == 4 * kSlot);
   CHECK(h.svc->GetStats().object_count() == 4);
@@ -1394,6 +1477,215 @@ TEST_CASE("Concurrent puts, reads and evictions") {
   CHECK(stats.object_count() <= 128);
   CHECK(stats.evicted_objects() > 0);
   CHECK(stats.object_count() + stats.evicted_objects() <= 4 * 300 * 2);
+}
+
+// ------------------------------------------------------------ reconciliation
+
+v1::Location At(uint32_t region, uint64_t addr, uint64_t length,
+                uint64_t generation) {
+  v1::Location l;
+  l.set_region_id(region);
+  l.set_addr(addr);
+  l.set_length(length);
+  l.set_generation(generation);
+  return l;
+}
+
+TEST_CASE("Reconciliation drops listings a restarted node lost and frees what it holds unlisted") {
+  Harness h("reconcile_lost");
+  const std::vector<RegionSpec> regions = {{0, 1 << 20, 64, true}};
+  const uint32_t a = h.Register("a", 9, regions);
+  h.Put({"k0", "k1", "k2", "k3", "k4"}, 100);
+  const uint64_t used = h.UsedBytes(a);
+  auto listed = h.Listed(a);
+  REQUIRE(listed.size() == 5);
+
+  // The node crashes and comes back with the same incarnation (a hybrid
+  // node re-adopting its capacity file) without k3 and k4 (lost from its
+  // write buffer), plus an extent the master never committed.
+  auto back = h.svc->RegisterNode(NodeReq("a", 9, regions));
+  REQUIRE(back.ok());
+  CHECK(back->objects_retained());
+  CHECK(back->reconcile());
+  // Not served until it has reconciled: neither reads nor placements.
+  CHECK(h.Lookup({"k0"}).hit_prefix_length() == 0);
+  CHECK(h.svc->PutStart(PutReq({"z"}, {64})).status().code() ==
+        StatusCode::kResourceExhausted);
+
+  // The put allocated in key order: k3 and k4 have the highest
+  // generations.
+  std::vector<v1::Location> held = listed;
+  std::sort(held.begin(), held.end(), [](const auto& x, const auto& y) {
+    return x.generation() < y.generation();
+  });
+  held.resize(3);
+  const v1::Location stray = At(0, (1 << 20) - 4096, 100, 1000000);
+  held.push_back(stray);
+  auto r = h.ReconcileWith(a, 9, held);
+  CHECK(r.listed() == 5);
+  CHECK(r.held() == 4);
+  CHECK(r.matched() == 3);
+  CHECK(r.dropped_listings() == 2);
+  CHECK(r.unlisted_count() == 1);
+  REQUIRE(r.unlisted_size() == 1);
+  CHECK(r.unlisted(0).generation() == stray.generation());
+  CHECK(r.unlisted(0).addr() == stray.addr());
+
+  // Served again; the lost keys are misses, their space is free, and they
+  // can be stored again (no SLOT_EXISTS forever).
+  CHECK(h.Found({"k0", "k1", "k2", "k3", "k4"}) == "11100");
+  CHECK(h.UsedBytes(a) == used * 3 / 5);
+  auto again = h.Start({"k3", "k4"}, {100, 100});
+  CHECK(again.slots(0).state() == v1::SLOT_ALLOCATED);
+  CHECK(again.slots(1).state() == v1::SLOT_ALLOCATED);
+  auto c = h.svc->counters();
+  CHECK(c.reconciliations == 1);
+  CHECK(c.reconcile_dropped_listings == 2);
+  CHECK(c.reconcile_unlisted_extents == 1);
+  // Durable: a restart does not bring the dropped listings back.
+  h.Restart();
+  h.Rejoin("a", 9, regions);
+  CHECK(h.Found({"k0", "k1", "k2", "k3", "k4"}) == "11100");
+}
+
+TEST_CASE("Reconciliation does not judge commits made while it ran, nor pending puts") {
+  Harness h("reconcile_race");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  h.Put({"old"}, 100);
+  auto old_loc = h.Listed(a);
+  REQUIRE(old_loc.size() == 1);
+
+  auto rec = h.svc->BeginReconcile(a, 1);
+  REQUIRE(rec.ok());
+  // The node listed its extents before these writes landed.
+  auto fresh = h.Start({"fresh"}, {100});
+  h.Commit(fresh.put_id());
+  auto pending = h.Start({"pending"}, {100});
+  // The node reports the pending put's extent (written, not committed yet)
+  // and not "old".
+  google::protobuf::RepeatedPtrField<v1::Location> chunk;
+  const v1::Location& p = pending.slots(0).location();
+  *chunk.Add() = At(p.region_id(), p.addr(), p.length(), p.generation());
+  REQUIRE((*rec)->Add(chunk).ok());
+  auto r = h.svc->FinishReconcile(std::move(*rec));
+  REQUIRE(r.ok());
+  CHECK(r->listed() == 2);
+  CHECK(r->skipped_recent() == 1);
+  CHECK(r->dropped_listings() == 1);  // "old"
+  CHECK(r->unlisted_count() == 0);    // the pending extent is not freed
+  CHECK(h.Found({"old", "fresh"}) == "01");
+  CHECK(h.Commit(pending.put_id()) == 1);
+  CHECK(h.Found({"pending"}) == "1");
+}
+
+TEST_CASE("A reconciliation superseded by another or by a re-registration changes nothing") {
+  Harness h("reconcile_superseded");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  h.Put({"k"}, 100);
+  auto first = h.svc->BeginReconcile(a, 1);
+  REQUIRE(first.ok());
+  auto second = h.svc->BeginReconcile(a, 1);
+  REQUIRE(second.ok());
+  CHECK(h.svc->FinishReconcile(std::move(*first)).status().code() ==
+        StatusCode::kAborted);
+  REQUIRE(h.svc->RegisterNode(NodeReq("a", 1, {{0, 1 << 20}})).ok());
+  CHECK(h.svc->FinishReconcile(std::move(*second)).status().code() ==
+        StatusCode::kAborted);
+  // Another incarnation or an unknown node cannot begin one.
+  CHECK(h.svc->BeginReconcile(a, 2).status().code() ==
+        StatusCode::kFailedPrecondition);
+  CHECK(h.svc->BeginReconcile(99, 1).status().code() == StatusCode::kNotFound);
+  // Nothing was dropped: the node still awaits a real reconciliation.
+  auto r = h.ReconcileWith(a, 1, h.Listed(a));
+  CHECK(r.matched() == 1);
+  CHECK(h.Found({"k"}) == "1");
+}
+
+TEST_CASE("Reconciliation rejects bad extent reports and bounds their number") {
+  Harness h("reconcile_bad", [](MasterServiceOptions& o) {
+    o.max_reconcile_extents = 2;
+  });
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  auto rec = h.svc->BeginReconcile(a, 1);
+  REQUIRE(rec.ok());
+  google::protobuf::RepeatedPtrField<v1::Location> dup;
+  *dup.Add() = At(0, 0, 64, 5);
+  *dup.Add() = At(0, 64, 64, 5);
+  CHECK((*rec)->Add(dup).code() == StatusCode::kInvalidArgument);
+  auto rec2 = h.svc->BeginReconcile(a, 1);
+  google::protobuf::RepeatedPtrField<v1::Location> zero;
+  *zero.Add() = At(0, 0, 0, 5);
+  CHECK((*rec2)->Add(zero).code() == StatusCode::kInvalidArgument);
+  auto rec3 = h.svc->BeginReconcile(a, 1);
+  google::protobuf::RepeatedPtrField<v1::Location> many;
+  for (int i = 1; i <= 3; ++i) *many.Add() = At(0, 64 * i, 64, i);
+  CHECK((*rec3)->Add(many).code() == StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("A held extent with a listed generation but another range is no match") {
+  Harness h("reconcile_mismatch");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  h.Put({"k"}, 100);
+  auto listed = h.Listed(a);
+  REQUIRE(listed.size() == 1);
+  v1::Location wrong = listed[0];
+  wrong.set_addr(wrong.addr() + 4096);
+  auto r = h.ReconcileWith(a, 1, {wrong});
+  CHECK(r.matched() == 0);
+  CHECK(r.dropped_listings() == 1);
+  REQUIRE(r.unlisted_size() == 1);
+  CHECK(r.unlisted(0).addr() == wrong.addr());
+  CHECK(h.Found({"k"}) == "0");
+}
+
+TEST_CASE("ReportMissing drops a listing only at the exact reported location") {
+  Harness h("report_missing");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  h.Put({"k", "other"}, 100);
+  auto look = h.Lookup({"k"});
+  REQUIRE(look.results(0).found());
+  v1::ReportMissingRequest req;
+  req.add_keys("k");
+  v1::Location stale = look.results(0).location();
+  stale.set_generation(stale.generation() + 1000);
+  *req.add_locations() = stale;
+  auto r = h.svc->ReportMissing(req);
+  REQUIRE(r.ok());
+  CHECK_FALSE(r->dropped(0));
+  CHECK(h.Found({"k"}) == "1");
+
+  *req.mutable_locations(0) = look.results(0).location();
+  req.add_keys("k");  // repeated: dropped once
+  *req.add_locations() = look.results(0).location();
+  r = h.svc->ReportMissing(req);
+  REQUIRE(r.ok());
+  CHECK(r->dropped(0));
+  CHECK_FALSE(r->dropped(1));
+  CHECK(h.Found({"k", "other"}) == "01");
+  CHECK(h.svc->counters().read_repairs == 1);
+  CHECK(h.Start({"k"}, {100}).slots(0).state() == v1::SLOT_ALLOCATED);
+  (void)a;
+
+  v1::ReportMissingRequest bad;
+  bad.add_keys("k");
+  CHECK(h.svc->ReportMissing(bad).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("ListObjects pages through every listing once, by node") {
+  Harness h("list_objects");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  const uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  for (int i = 0; i < 10; ++i) h.Put({"a" + std::to_string(i)}, 64, a);
+  for (int i = 0; i < 7; ++i) h.Put({"b" + std::to_string(i)}, 64, b);
+  h.svc->Remove([] {
+    v1::RemoveRequest r;
+    r.add_keys("a3");
+    return r;
+  }()).IgnoreError();
+  CHECK(h.Listed(a).size() == 9);
+  CHECK(h.Listed(b).size() == 7);
+  CHECK(h.Listed(0).size() == 16);
 }
 
 }  // namespace

@@ -277,6 +277,21 @@ void MetadataIndex::ForEach(
   for (uint32_t i : set_) fn(KeyOf(i), record(i).entry());
 }
 
+uint32_t MetadataIndex::ForEachFrom(
+    uint32_t begin, size_t max,
+    const std::function<bool(absl::string_view, const IndexEntry&)>& fn)
+    const {
+  size_t visited = 0;
+  uint32_t i = begin;
+  for (; i < records_used_ && visited < max; ++i) {
+    const Record& r = record(i);
+    if (r.key_len() == 0) continue;  // free (FreeRecord zeroes it)
+    if (!fn(KeyOf(i), r.entry())) return i;
+    ++visited;
+  }
+  return i;
+}
+
 size_t MetadataIndex::MemoryBytes() const {
   // Swiss table: one control byte plus one slot per bucket, plus a group of
   // cloned control bytes.

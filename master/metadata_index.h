@@ -121,6 +121,19 @@ class MetadataIndex {
       const std::function<void(absl::string_view, const IndexEntry&)>& fn)
       const;
 
+  // Calls `fn` for up to `max` entries in record-number order, starting at
+  // record `begin`, until it returns false; returns the record number to
+  // resume at (the one `fn` declined, or records_end() when the walk is
+  // complete). Entries inserted or erased between calls may or may not be
+  // visited; none is visited twice unless it is erased and inserted again.
+  // `fn` must not modify the index.
+  uint32_t ForEachFrom(
+      uint32_t begin, size_t max,
+      const std::function<bool(absl::string_view, const IndexEntry&)>& fn)
+      const;
+  // One past the highest record number in use.
+  uint32_t records_end() const { return records_used_; }
+
   size_t size() const { return set_.size(); }
   bool empty() const { return set_.empty(); }
 

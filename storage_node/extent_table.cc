@@ -377,6 +377,44 @@ void ExtentTable::ClearStale(uint64_t before_seq, uint64_t max_generation) {
   }
 }
 
+bool ExtentTable::Drop(const ExtentKey& key) {
+  MutexLock l(&mu_);
+  auto r = regions_.find(key.region_id);
+  if (r == regions_.end()) return false;
+  auto it = r->second.live.find(key.addr);
+  if (it == r->second.live.end()) return false;
+  Extent* e = it->second.get();
+  if (!e->readable || e->key.length != key.length ||
+      e->key.generation != key.generation) {
+    return false;
+  }
+  Retire(&r->second, e);  // frees it unless pinned
+  return true;
+}
+
+void ExtentTable::ListReadable(Cursor* cursor, size_t max,
+                               std::vector<ExtentKey>* out) const {
+  MutexLock l(&mu_);
+  if (cursor->done) return;
+  size_t added = 0;
+  for (auto r = regions_.lower_bound(cursor->region_id); r != regions_.end();
+       ++r) {
+    const uint64_t from = r->first == cursor->region_id ? cursor->addr : 0;
+    for (auto it = r->second.live.lower_bound(from);
+         it != r->second.live.end(); ++it) {
+      if (added == max) {
+        cursor->region_id = r->first;
+        cursor->addr = it->first;
+        return;
+      }
+      if (!it->second->readable) continue;
+      out->push_back(it->second->key);
+      ++added;
+    }
+  }
+  cursor->done = true;
+}
+
 ExtentTableStats ExtentTable::Stats() const {
   MutexLock l(&mu_);
   ExtentTableStats s;

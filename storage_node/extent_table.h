@@ -172,6 +172,27 @@ class ExtentTable {
   // after it registered.
   void ClearStale(uint64_t before_seq, uint64_t max_generation);
 
+  // Drops the readable extent with exactly `key` (the master neither lists
+  // it nor has a put pending for it): nothing can pin it afterwards. Pins
+  // already taken keep their bytes until released, as with Clear(). Returns
+  // false (and changes nothing) if no readable extent matches exactly.
+  bool Drop(const ExtentKey& key);
+
+  // Position of a ListReadable walk; a default cursor starts at the
+  // beginning.
+  struct Cursor {
+    uint32_t region_id = 0;
+    uint64_t addr = 0;
+    bool done = false;
+  };
+  // Appends up to `max` readable extents to `out` in (region, addr) order,
+  // starting at `*cursor`, and advances it (cursor->done once the walk has
+  // passed the last region). The walk takes the table's lock once per call,
+  // so a long listing does not block writers; extents written or dropped
+  // meanwhile may or may not appear.
+  void ListReadable(Cursor* cursor, size_t max, std::vector<ExtentKey>* out)
+      const;
+
   ExtentTableStats Stats() const;
 
  private:

@@ -59,6 +59,12 @@ DEFINE_string(io_engine, "auto", "Hybrid devices: auto, io_uring or threadpool."
 DEFINE_int32(io_queue_depth, 64, "Hybrid devices: I/Os in flight.");
 DEFINE_bool(io_direct, true,
             "Hybrid devices: O_DIRECT on the capacity file (off only for tmpfs).");
+DEFINE_string(io_max_read_bytes_per_s, "0",
+              "Hybrid devices: pace capacity-file reads to this many bytes/s "
+              "(e.g. 2G; 0: unpaced)");
+DEFINE_string(io_max_write_bytes_per_s, "0",
+              "Hybrid devices: pace capacity-file writes to this many bytes/s "
+              "(0: unpaced)");
 DEFINE_string(prefetch_window_bytes, "128M",
               "Request-level prefetch: staged bytes a request may have ahead "
               "of its reads.");
@@ -139,6 +145,14 @@ int main(int argc, char** argv) {
     options.io_engine = FLAGS_io_engine;
     options.io_queue_depth = FLAGS_io_queue_depth;
     options.io_direct = FLAGS_io_direct;
+    if (!hymcache::ParseBytes(FLAGS_io_max_read_bytes_per_s,
+                              &options.io_max_read_bytes_per_s) ||
+        !hymcache::ParseBytes(FLAGS_io_max_write_bytes_per_s,
+                              &options.io_max_write_bytes_per_s)) {
+      std::cerr << "hymcache-storage: bad --io_max_read_bytes_per_s or "
+                   "--io_max_write_bytes_per_s (want e.g. 2G, 0)\n";
+      return 2;
+    }
   }
   if (!hymcache::ParseBytes(FLAGS_prefetch_window_bytes,
                   &options.prefetch_window_bytes) ||

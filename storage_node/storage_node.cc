@@ -43,6 +43,11 @@ constexpr absl::Duration kMinRetry = absl::Milliseconds(100);
 constexpr absl::Duration kMaxRetry = absl::Seconds(2);
 // Used when the master does not say how often to heartbeat.
 constexpr absl::Duration kDefaultHeartbeat = absl::Seconds(1);
+// Deadline of one reconciliation stream (a node may hold millions of
+// extents: ~20 bytes each on the wire).
+constexpr absl::Duration kReconcileTimeout = absl::Minutes(2);
+// Extents per ReconcileNode message (the master accepts up to 65536).
+constexpr size_t kReconcileChunk = 16384;
 
 std::string JoinHostPort(const std::string& host, int port) {
   if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
@@ -126,9 +131,68 @@ class StorageNode::ControlService final
     m["prefetch_dropped_stale"] = static_cast<double>(k.dropped_stale);
     m["prefetch_released_unread"] = static_cast<double>(k.released_unread);
     m["prefetch_expired_sessions"] = static_cast<double>(k.expired_sessions);
+    {
+      MutexLock l(&n->mu_);
+      resp->set_reconciliations(n->reconciliations_);
+      resp->set_reconcile_freed_extents(n->reconcile_freed_);
+      resp->set_last_reconcile(n->last_reconcile_);
+    }
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
+  }
+
+  // Pages of the extent table (each page under the table's lock once).
+  grpc::ServerWriteReactor<v1::ListExtentsResponse>* ListExtents(
+      grpc::CallbackServerContext* /*ctx*/,
+      const v1::ListExtentsRequest* req) override {
+    class Writer final
+        : public grpc::ServerWriteReactor<v1::ListExtentsResponse> {
+     public:
+      Writer(StorageNode* node, uint32_t page)
+          : node_(node), page_(page), node_id_(node->node_id()) {
+        Next();
+      }
+      void OnWriteDone(bool ok) override {
+        if (!ok) {
+          Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                              "ListExtents: stream broken"));
+          return;
+        }
+        Next();
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      void Next() {
+        resp_.Clear();
+        keys_.clear();
+        node_->extents_->ListReadable(&cursor_, page_, &keys_);
+        if (keys_.empty()) {
+          Finish(grpc::Status::OK);
+          return;
+        }
+        for (const storage::ExtentKey& k : keys_) {
+          v1::Location* loc = resp_.add_extents();
+          loc->set_node_id(node_id_);
+          loc->set_region_id(k.region_id);
+          loc->set_addr(k.addr);
+          loc->set_length(k.length);
+          loc->set_generation(k.generation);
+        }
+        StartWrite(&resp_);
+      }
+
+      StorageNode* const node_;
+      const uint32_t page_;
+      const uint32_t node_id_;
+      storage::ExtentTable::Cursor cursor_;
+      std::vector<storage::ExtentKey> keys_;
+      v1::ListExtentsResponse resp_;
+    };
+    const uint32_t page =
+        req->page_size() == 0 ? 4096 : std::min<uint32_t>(req->page_size(), 65536);
+    return new Writer(node_, page);
   }
 
  private:
@@ -303,6 +367,8 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
   tier.allow_overcommit = o.allow_capacity_overcommit;
   tier.io.queue_depth = o.io_queue_depth;
   tier.io.direct = o.io_direct;
+  tier.io.max_read_bytes_per_s = o.io_max_read_bytes_per_s;
+  tier.io.max_write_bytes_per_s = o.io_max_write_bytes_per_s;
   tier.io.engine = o.io_engine == "io_uring" ? storage::BlockIoOptions::Engine::kIoUring
                    : o.io_engine == "threadpool"
                        ? storage::BlockIoOptions::Engine::kThreadPool
@@ -537,9 +603,11 @@ bool StorageNode::SleepUnlessStopping(absl::Duration d) {
 }
 
 template <typename Fn>
-absl::Status StorageNode::CallMaster(Fn call) {
+absl::Status StorageNode::CallMaster(Fn call, absl::Duration timeout) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  ctx.set_deadline(absl::ToChronoTime(
+      absl::Now() +
+      (timeout == absl::ZeroDuration() ? options_.rpc_timeout : timeout)));
   {
     MutexLock l(&mu_);
     if (stopping_) return absl::CancelledError("storage node shutting down");
@@ -606,6 +674,9 @@ absl::Status StorageNode::Register() {
   node_id_ = resp.node_id();
   heartbeat_interval_ = interval;
   registered_ = true;
+  reconcile_due_ = resp.reconcile();
+  reconcile_interval_ = absl::Milliseconds(resp.reconcile_interval_ms());
+  next_reconcile_ = absl::Now() + reconcile_interval_;
   return absl::OkStatus();
 }
 
@@ -618,7 +689,100 @@ absl::StatusOr<bool> StorageNode::Heartbeat(uint32_t node_id) {
     return master_->stub->Heartbeat(ctx, req, &resp);
   }));
   ApplyGenerationCeiling(resp.generation_ceiling());
+  if (resp.reconcile()) {
+    MutexLock l(&mu_);
+    reconcile_due_ = true;
+  }
   return resp.reregister();
+}
+
+void StorageNode::MaybeReconcile() {
+  uint32_t node_id;
+  {
+    MutexLock l(&mu_);
+    const bool periodic = reconcile_interval_ > absl::ZeroDuration() &&
+                          absl::Now() >= next_reconcile_;
+    if (stopping_ || !registered_ || (!reconcile_due_ && !periodic)) return;
+    node_id = node_id_;
+  }
+  absl::Status s = Reconcile(node_id);
+  if (s.ok()) return;
+  LOG(WARNING) << "reconciliation with master " << options_.master_address
+               << " failed: " << s;
+  MutexLock l(&mu_);
+  if (s.code() == absl::StatusCode::kFailedPrecondition ||
+      s.code() == absl::StatusCode::kNotFound) {
+    registered_ = false;  // the master does not know us (any more)
+  }
+  // A failed periodic round is retried after a heartbeat interval, not at
+  // every heartbeat.
+  next_reconcile_ = absl::Now() + std::max(heartbeat_interval_, kMaxRetry);
+}
+
+absl::Status StorageNode::Reconcile(uint32_t node_id) {
+  v1::ReconcileNodeResponse resp;
+  const absl::Time start = absl::Now();
+  uint64_t sent = 0;
+  RETURN_IF_ERROR(CallMaster(
+      [&](grpc::ClientContext* ctx) {
+        std::unique_ptr<grpc::ClientWriter<v1::ReconcileNodeRequest>> w =
+            master_->stub->ReconcileNode(ctx, &resp);
+        v1::ReconcileNodeRequest req;
+        req.set_node_id(node_id);
+        req.set_incarnation(incarnation_);
+        storage::ExtentTable::Cursor cursor;
+        std::vector<storage::ExtentKey> keys;
+        bool first = true;
+        while (!cursor.done || first) {
+          keys.clear();
+          extents_->ListReadable(&cursor, kReconcileChunk, &keys);
+          for (const storage::ExtentKey& k : keys) {
+            v1::Location* loc = req.add_extents();
+            loc->set_region_id(k.region_id);
+            loc->set_addr(k.addr);
+            loc->set_length(k.length);
+            loc->set_generation(k.generation);
+          }
+          sent += keys.size();
+          if (!keys.empty() || first) {
+            if (!w->Write(req)) break;  // Finish reports why
+          }
+          first = false;
+          req.clear_extents();
+        }
+        w->WritesDone();
+        return w->Finish();
+      },
+      kReconcileTimeout));
+  // What the master neither lists nor will commit: free it.
+  uint64_t freed = 0;
+  for (const v1::Location& loc : resp.unlisted()) {
+    if (extents_->Drop(storage::ExtentKey{loc.region_id(), loc.addr(),
+                                          loc.length(), loc.generation()})) {
+      ++freed;
+    }
+  }
+  const std::string outcome = absl::StrCat(
+      "held ", sent, ", master listed ", resp.listed(), ", matched ",
+      resp.matched(), ", master dropped ", resp.dropped_listings(),
+      " listings, freed ", freed, " of ", resp.unlisted_count(),
+      " unlisted extents, in ",
+      absl::FormatDuration(absl::Trunc(absl::Now() - start,
+                                       absl::Milliseconds(1))));
+  if (resp.dropped_listings() > 0 || freed > 0) {
+    LOG(INFO) << "reconciled with master: " << outcome;
+  } else {
+    VLOG(1) << "reconciled with master: " << outcome;
+  }
+  MutexLock l(&mu_);
+  ++reconciliations_;
+  reconcile_freed_ += freed;
+  last_reconcile_ = outcome;
+  // The rest of the unlisted extents come in the next round, at once.
+  reconcile_due_ = resp.unlisted_count() > static_cast<uint64_t>(
+                                               resp.unlisted_size());
+  next_reconcile_ = absl::Now() + reconcile_interval_;
+  return absl::OkStatus();
 }
 
 void StorageNode::ApplyGenerationCeiling(uint64_t ceiling) {
@@ -644,12 +808,15 @@ void StorageNode::HeartbeatLoop() {
     if (!registered) {
       absl::Status s = Register();
       if (s.ok()) {
-        MutexLock l(&mu_);
-        LOG(INFO) << "registered with master " << options_.master_address
-                  << " as node " << node_id_ << " (heartbeat every "
-                  << absl::FormatDuration(heartbeat_interval_) << ")";
+        {
+          MutexLock l(&mu_);
+          LOG(INFO) << "registered with master " << options_.master_address
+                    << " as node " << node_id_ << " (heartbeat every "
+                    << absl::FormatDuration(heartbeat_interval_) << ")";
+        }
         outage = false;
         retry = kMinRetry;
+        MaybeReconcile();
         continue;
       }
       if (s.code() == absl::StatusCode::kCancelled) return;  // shutting down
@@ -665,7 +832,10 @@ void StorageNode::HeartbeatLoop() {
     }
     if (!SleepUnlessStopping(interval)) return;
     absl::StatusOr<bool> reregister = Heartbeat(node_id);
-    if (reregister.ok() && !*reregister) continue;
+    if (reregister.ok() && !*reregister) {
+      MaybeReconcile();
+      continue;
+    }
     {
       MutexLock l(&mu_);
       if (stopping_) return;

@@ -116,6 +116,11 @@ struct StorageNodeOptions {
   // Hybrid devices: open the capacity file with O_DIRECT. Turn off only on
   // filesystems without it (tmpfs). Default: true
   bool io_direct = true;
+  // Hybrid devices: pace the capacity file's reads / writes to at most this
+  // many bytes per second (emulates a slower device; tests use a slow
+  // writer to keep objects in the write buffer). 0: unpaced. Default: 0
+  uint64_t io_max_read_bytes_per_s = 0;
+  uint64_t io_max_write_bytes_per_s = 0;
   // Request-level prefetch (KvManager): staged bytes a request may have
   // ahead of its reads. Default: 128 MiB
   uint64_t prefetch_window_bytes = uint64_t{128} << 20;
@@ -226,8 +231,16 @@ class StorageNode {
   // Sleeps for `d` or until shutdown starts; false on shutdown.
   bool SleepUnlessStopping(absl::Duration d);
   // Runs `call` with a fresh context that Shutdown can cancel.
+  // `timeout` 0 means rpc_timeout.
   template <typename Fn>
-  absl::Status CallMaster(Fn call);
+  absl::Status CallMaster(Fn call,
+                          absl::Duration timeout = absl::ZeroDuration());
+  // Streams the extent table to the master (ReconcileNode) and frees the
+  // extents it reports unlisted.
+  absl::Status Reconcile(uint32_t node_id);
+  // Reconciles if the master asked for it or the anti-entropy period has
+  // passed (heartbeat thread).
+  void MaybeReconcile();
 
   // Constant after Create.
   const StorageNodeOptions options_;
@@ -256,6 +269,15 @@ class StorageNode {
   uint32_t node_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  // The master asked for a reconciliation (registration or heartbeat), or
+  // the last one returned only part of the unlisted extents.
+  bool reconcile_due_ ABSL_GUARDED_BY(mu_) = false;
+  // Anti-entropy period told by the master (0: none) and the next round.
+  absl::Duration reconcile_interval_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_reconcile_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  uint64_t reconciliations_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reconcile_freed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_reconcile_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_started_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_done_ ABSL_GUARDED_BY(mu_) = false;

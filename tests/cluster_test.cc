@@ -245,6 +245,9 @@ TEST_CASE("master kill -9 and restart keeps every committed key readable") {
   auto m = MasterProcess::Start(c.dir + "/master", c.master.address);
   REQUIRE(m.ok());
   c.master = std::move(*m);
+  // The restarted master serves the node's objects once the node has
+  // registered with it again and reconciled (within a heartbeat or two).
+  WaitForNodes(*c.client, 1);
   auto look = c.client->BatchLookup(keys);
   REQUIRE(look.ok());
   CHECK(look->hit_prefix == 20);
@@ -381,6 +384,52 @@ TEST_CASE("calls past their deadline return what they have") {
   CHECK(r.status().code() == absl::StatusCode::kDeadlineExceeded);
   auto p = c.client->Put(keys, b.in(), late);
   CHECK(p.status().code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+// A PutCommit of a slot nobody wrote (a client that crashed mid-put, or a
+// buggy one) lists a key the node cannot serve. The first reader's refusal
+// drops the listing (read repair); the node's next reconciliation would too.
+TEST_CASE("a listed key its node does not hold is dropped by the first read and can be stored again") {
+  Cluster c(1);
+  auto channel = grpc::CreateChannel(c.master.address,
+                                     grpc::InsecureChannelCredentials());
+  auto stub = pb::MasterService::NewStub(channel);
+  pb::PutStartRequest start;
+  start.add_keys("never-written");
+  start.add_lengths(8192);
+  pb::PutStartResponse slots;
+  {
+    grpc::ClientContext ctx;
+    REQUIRE(stub->PutStart(&ctx, start, &slots).ok());
+  }
+  REQUIRE(slots.slots(0).state() == pb::SLOT_ALLOCATED);
+  {
+    grpc::ClientContext ctx;
+    pb::PutCommitRequest commit;
+    commit.set_put_id(slots.put_id());
+    pb::PutCommitResponse resp;
+    REQUIRE(stub->PutCommit(&ctx, commit, &resp).ok());
+  }
+  REQUIRE(c.client->BatchLookup({"never-written"})->hit_prefix == 1);
+
+  std::vector<uint8_t> out(8192);
+  std::vector<MutableBuffer> buf = {{out.data(), out.size()}};
+  auto r = c.client->Get({"never-written"}, buf);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 0);
+  CHECK(r->stop_reason.code() == absl::StatusCode::kNotFound);
+  // The report is sent in the background.
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (c.client->BatchLookup({"never-written"})->hit_prefix != 0 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  CHECK(c.client->BatchLookup({"never-written"})->hit_prefix == 0);
+  Blocks b = MakeBlocks({"never-written"}, {8192}, 77);
+  auto put = c.client->Put(b.keys, b.in());
+  REQUIRE(put.ok());
+  CHECK(put->stored == 1);
+  CHECK(GetAndVerify(*c.client, b).loaded == 1);
 }
 
 // Raw requests: every malformed one gets a clear error; the daemons stay up
