@@ -463,4 +463,41 @@ TEST_CASE("ExtentTable: ClearStale keeps writes begun after the mark") {
 }
 
 }  // namespace
+TEST_CASE("ExtentTable: ListReadable pages in address order; Drop removes exact extents only") {
+  auto t = MakeTable();
+  for (uint64_t i = 0; i < 10; ++i) Store(*t, Key(i * 4096, 100, i + 1));
+  auto writing = t->BeginWrite(Key(20 * 4096, 100, 50));  // not readable
+  REQUIRE(writing.ok());
+  std::vector<ExtentKey> all;
+  ExtentTable::Cursor c;
+  int pages = 0;
+  while (!c.done) {
+    t->ListReadable(&c, 3, &all);
+    ++pages;
+  }
+  CHECK(pages == 4);
+  REQUIRE(all.size() == 10);
+  for (size_t i = 0; i < all.size(); ++i) {
+    CHECK(all[i].addr == i * 4096);
+    CHECK(all[i].generation == i + 1);
+  }
+  // Drop: only the exact key, and a pinned reader keeps its bytes.
+  CHECK_FALSE(t->Drop(Key(0, 100, 99)));
+  CHECK_FALSE(t->Drop(Key(0, 200, 1)));
+  CHECK_FALSE(t->Drop(Key(20 * 4096, 100, 50)));  // being written
+  auto pin = t->PinRead(Key(4096, 100, 2));
+  REQUIRE(pin.ok());
+  CHECK(t->Drop(Key(0, 100, 1)));
+  CHECK(t->Drop(Key(4096, 100, 2)));
+  CHECK_FALSE(t->Drop(Key(4096, 100, 2)));
+  CHECK(PinCode(*t, Key(0, 100, 1)) == absl::StatusCode::kNotFound);
+  CHECK(PinCode(*t, Key(4096, 100, 2)) == absl::StatusCode::kNotFound);
+  CHECK(t->Stats().extents == 8);
+  pin->Release();
+  // The space takes a new, higher generation.
+  Store(*t, Key(0, 100, 60));
+  CHECK(PinCode(*t, Key(0, 100, 60)) == absl::StatusCode::kOk);
+  REQUIRE(writing->Commit().ok());
+}
+
 }  // namespace hymcache::storage

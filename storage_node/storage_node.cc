@@ -142,6 +142,21 @@ class StorageNode::ControlService final
     return reactor;
   }
 
+  grpc::ServerUnaryReactor* RequestReconcile(
+      grpc::CallbackServerContext* ctx,
+      const v1::RequestReconcileRequest* /*req*/,
+      v1::RequestReconcileResponse* resp) override {
+    {
+      MutexLock l(&node_->mu_);
+      node_->reconcile_due_ = true;
+      resp->set_reconciliations(node_->reconciliations_);
+      resp->set_registered(node_->registered_);
+    }
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
   // Pages of the extent table (each page under the table's lock once).
   grpc::ServerWriteReactor<v1::ListExtentsResponse>* ListExtents(
       grpc::CallbackServerContext* /*ctx*/,

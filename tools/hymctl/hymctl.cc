@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -17,6 +19,7 @@
 #include "client/block_key.h"
 #include "client/client.h"
 #include "proto/storage.grpc.pb.h"
+#include "tools/hymctl/fsck.h"
 
 namespace hymcache::hymctl {
 namespace {
@@ -79,6 +82,7 @@ class Cli {
     if (cmd == "get") return rest.size() == 2 ? Get(rest[0], rest[1]) : Usage("get KEY FILE");
     if (cmd == "lookup") return rest.empty() ? Usage("lookup KEY...") : Lookup(rest);
     if (cmd == "rm") return rest.empty() ? Usage("rm KEY...") : Remove(rest);
+    if (cmd == "fsck") return Fsck(rest);
     return Usage(absl::StrCat("unknown command '", cmd, "'"));
   }
 
@@ -91,7 +95,10 @@ class Cli {
          << "  put KEY FILE      store FILE under KEY\n"
          << "  get KEY FILE      write KEY's bytes to FILE\n"
          << "  lookup KEY...     locations and the hit prefix\n"
-         << "  rm KEY...         remove keys\n";
+         << "  rm KEY...         remove keys\n"
+         << "  fsck [--repair] [--settle=SECONDS]\n"
+         << "                    compare the master's listings with every\n"
+         << "                    node's extents (exit 1 if inconsistent)\n";
     return 2;
   }
 
@@ -349,6 +356,93 @@ class Cli {
     }
     Table(out_, rows);
     return 0;
+  }
+
+  // See fsck.h. Exit status 1 when anything inconsistent is confirmed
+  // (after --repair: when anything is left).
+  int Fsck(const std::vector<std::string>& args) {
+    FsckOptions f;
+    f.master_address = o_.master_address;
+    f.rpc_timeout = absl::Seconds(std::max(o_.timeout_seconds, 60.0));
+    for (const std::string& a : args) {
+      double settle = 0;
+      if (a == "--repair") {
+        f.repair = true;
+      } else if (absl::StartsWith(a, "--settle=") &&
+                 absl::SimpleAtod(a.substr(9), &settle) && settle >= 0) {
+        f.settle = absl::Seconds(settle);
+      } else {
+        return Usage(absl::StrCat("fsck: unknown option '", a, "'"));
+      }
+    }
+    absl::StatusOr<FsckReport> r = RunFsck(f);
+    if (!r.ok()) return Fail(r.status());
+    const bool inconsistent =
+        f.repair ? r->remaining > 0 || r->checksum_failures > 0 : !r->clean();
+    auto loc = [](const hymcache::v1::Location& l) {
+      return json{{"node_id", l.node_id()},   {"region_id", l.region_id()},
+                  {"addr", l.addr()},         {"length", l.length()},
+                  {"generation", l.generation()}};
+    };
+    if (o_.json) {
+      json findings = json::array();
+      for (const FsckFinding& x : r->findings) {
+        json j{{"kind", FindingKindName(x.kind)}, {"node_id", x.node_id}};
+        if (!x.key.empty()) j["key"] = Printable(x.key);
+        if (x.kind != FsckFinding::Kind::kUnlisted) j["listed"] = loc(x.listed);
+        if (x.kind != FsckFinding::Kind::kListedMissing) j["held"] = loc(x.held);
+        findings.push_back(j);
+      }
+      json out{{"consistent", !inconsistent},
+               {"nodes_checked", r->nodes_checked},
+               {"listed", r->listed},
+               {"held", r->held},
+               {"matched", r->matched},
+               {"unchecked", r->unchecked},
+               {"unreachable", r->unreachable},
+               {"checksum_failures", r->checksum_failures},
+               {"findings", findings}};
+      if (f.repair) {
+        out["repair"] = json{{"listings_dropped", r->listings_dropped},
+                             {"nodes_reconciled", r->nodes_reconciled},
+                             {"remaining", r->remaining}};
+      }
+      out_ << out.dump(2) << "\n";
+      return inconsistent ? 1 : 0;
+    }
+    size_t counts[3] = {0, 0, 0};
+    for (const FsckFinding& x : r->findings) ++counts[static_cast<int>(x.kind)];
+    out_ << "checked " << r->nodes_checked << " nodes: " << r->listed
+         << " listings, " << r->held << " extents, " << r->matched
+         << " matched\n"
+         << "  listed but missing:      " << counts[0] << "\n"
+         << "  present but unlisted:    " << counts[1] << "\n"
+         << "  generation/range mismatch: " << counts[2] << "\n"
+         << "  checksum failures:       " << r->checksum_failures << "\n";
+    if (r->unchecked > 0) {
+      out_ << "  not checked (node dead or unreachable): " << r->unchecked
+           << " listings\n";
+    }
+    for (const std::string& u : r->unreachable) out_ << "  unreachable: " << u << "\n";
+    size_t shown = 0;
+    for (const FsckFinding& x : r->findings) {
+      if (++shown > 20) {
+        out_ << "  ... " << r->findings.size() - 20 << " more (--json lists all)\n";
+        break;
+      }
+      const auto& l = x.kind == FsckFinding::Kind::kUnlisted ? x.held : x.listed;
+      out_ << "  " << FindingKindName(x.kind) << " node " << x.node_id
+           << (x.key.empty() ? "" : " key " + Printable(x.key)) << " region "
+           << l.region_id() << " addr " << l.addr() << " length " << l.length()
+           << " generation " << l.generation() << "\n";
+    }
+    if (f.repair) {
+      out_ << "repair: dropped " << r->listings_dropped << " listings, "
+           << r->nodes_reconciled << " nodes reconciled; " << r->remaining
+           << " inconsistencies left\n";
+    }
+    out_ << (inconsistent ? "INCONSISTENT" : "clean") << "\n";
+    return inconsistent ? 1 : 0;
   }
 
   const Options o_;

@@ -6,6 +6,9 @@
 //   hymctl get KEY FILE        write KEY's bytes to FILE
 //   hymctl lookup KEY...       where each key lives, and the hit prefix
 //   hymctl rm KEY...           remove keys
+//   hymctl fsck [--repair] [--settle=SECONDS]
+//                              master listings vs node extents (fsck.h);
+//                              exit 1 if anything is inconsistent
 //
 // Keys are taken as text, or as hex with --hex (block keys are binary).
 #pragma once
