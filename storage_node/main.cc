@@ -93,6 +93,9 @@ DEFINE_int32(data_send_buffer_bytes, hymcache::kDataSendBufferBytes,
 DEFINE_int32(io_timeout_ms, 30000, "Bound on one data-plane request (ms).");
 DEFINE_int32(idle_timeout_ms, 60000,
              "Close a data-plane connection idle this long (ms).");
+DEFINE_int32(shutdown_flush_timeout_ms, 15000,
+             "Hybrid devices: at shutdown, flush the write buffer for at most "
+             "this long, then abandon what is left (ms)");
 DEFINE_int32(drain_timeout_ms, 10000,
              "Graceful shutdown waits this long for requests in progress (ms).");
 
@@ -177,6 +180,8 @@ int main(int argc, char** argv) {
   options.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);
   options.idle_timeout = absl::Milliseconds(FLAGS_idle_timeout_ms);
   options.drain_timeout = absl::Milliseconds(FLAGS_drain_timeout_ms);
+  options.shutdown_flush_timeout =
+      absl::Milliseconds(FLAGS_shutdown_flush_timeout_ms);
   absl::Status valid = options.Validate();
   if (!valid.ok()) {
     std::cerr << "hymcache-storage: " << valid.message() << "\n";

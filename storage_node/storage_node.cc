@@ -327,10 +327,11 @@ absl::Status StorageNodeOptions::Validate() const {
   if (io_timeout <= absl::ZeroDuration() ||
       idle_timeout <= absl::ZeroDuration() ||
       drain_timeout < absl::ZeroDuration() ||
+      shutdown_flush_timeout < absl::ZeroDuration() ||
       rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "storage node: io_timeout, idle_timeout and rpc_timeout must be > 0, "
-        "drain_timeout >= 0");
+        "drain_timeout and shutdown_flush_timeout >= 0");
   }
   if (rdma != "off" && rdma != "auto" && rdma != "on") {
     return absl::InvalidArgumentError(
@@ -397,6 +398,7 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
     h.write_buffer_bytes = o.write_buffer_bytes;
     h.numa_node = o.numa_node;
     h.io_queue_depth = o.io_queue_depth;
+    h.shutdown_flush_timeout = o.shutdown_flush_timeout;
     h.shareable = shareable;
     LOG(INFO) << "hybrid device: capacity file " << o.capacity_path << " ("
               << (t->adopted() ? "adopted" : "formatted") << ", "

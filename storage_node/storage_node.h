@@ -170,6 +170,21 @@ struct StorageNodeOptions {
   // Deadline of each RPC to the master (register, heartbeat, deregister).
   // Default: 2 s
   absl::Duration rpc_timeout = absl::Seconds(2);
+  // Hybrid devices: at shutdown, how long the write buffer may keep
+  // flushing to the capacity file; objects still buffered then are
+  // abandoned (lost like in a crash: the master drops their listings when
+  // the node reconciles after its restart). Default: 15 s
+  absl::Duration shutdown_flush_timeout = absl::Seconds(15);
+  // Shutdown() returns within about rpc_timeout (deregistration) +
+  // drain_timeout (data-plane requests) + 1 s (control server) +
+  // shutdown_flush_timeout (hybrid write buffer) + one synced RocksDB write:
+  // 28 s with the defaults. Service managers must allow more (the systemd
+  // unit's TimeoutStopSec and the Helm chart's terminationGracePeriodSeconds
+  // are 45 s).
+  absl::Duration ShutdownBound() const {
+    return rpc_timeout + drain_timeout + absl::Seconds(1) +
+           shutdown_flush_timeout;
+  }
 
   absl::Status Validate() const;
 };
