@@ -31,6 +31,8 @@ constexpr uint64_t kMaxReconcileExtentsLimit = uint64_t{1} << 28;
 constexpr uint32_t kMaxUnlistedLimit = uint32_t{1} << 20;
 // Extents in one ReconcileNode message.
 constexpr int kMaxReconcileChunk = 65536;
+// Index records compared per shared-lock hold during a reconciliation.
+constexpr size_t kReconcileScanChunk = 65536;
 // Read ticks stay below this (LeaseTick moves the epoch forward).
 constexpr int64_t kMaxLeaseTick = int64_t{1} << 31;
 
@@ -1188,41 +1190,70 @@ absl::StatusOr<std::unique_ptr<Reconciliation>> MasterService::BeginReconcile(
 
 absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
     std::unique_ptr<Reconciliation> r) {
-  MutexLock l(&mu_);
-  auto n = nodes_.find(r->node_id_);
-  if (n == nodes_.end() || n->second.deregistered ||
-      n->second.info.incarnation() != r->incarnation_ ||
-      n->second.reconcile_epoch != r->epoch_) {
-    return absl::AbortedError(absl::StrCat(
-        "reconciliation of node ", r->node_id_,
-        " was superseded (the node re-registered, left, or began another)"));
-  }
-  Node& node = n->second;
   const uint32_t id = r->node_id_;
-  v1::ReconcileNodeResponse response;
-  response.set_held(r->held_.size());
+  auto superseded = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    auto n = nodes_.find(id);
+    return n == nodes_.end() || n->second.deregistered ||
+           n->second.info.incarnation() != r->incarnation_ ||
+           n->second.reconcile_epoch != r->epoch_;
+  };
+  auto aborted = [&] {
+    return absl::AbortedError(absl::StrCat(
+        "reconciliation of node ", id,
+        " was superseded (the node re-registered, left, or began another)"));
+  };
 
-  // Listings of the node against what it holds.
-  std::vector<std::string> doomed;
+  // Phase 1: compare the listings with what the node holds, a chunk of the
+  // index at a time under the shared lock, so lookups and commits proceed
+  // in between. A listing committed after BeginReconcile is not judged (the
+  // node may have listed its extents before the write landed); one that
+  // changes between the chunks is checked again in phase 2.
+  std::vector<std::pair<std::string, IndexEntry>> candidates;
   uint64_t listed = 0, matched = 0, skipped = 0;
-  index_.ForEachLeastRecent(
-      id, [&](absl::string_view key, const IndexEntry& e, uint32_t)
-              ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        ++listed;
-        auto h = r->held_.find(e.generation);
-        if (h != r->held_.end() && h->second.region_id == e.region_id &&
-            h->second.addr == e.addr && h->second.length == e.length) {
-          ++matched;
-          r->held_.erase(h);
-        } else if (node.committed_since_reconcile.contains(e.generation)) {
-          ++skipped;
-        } else {
-          // Not held, or held with another range: the listing is wrong
-          // (a mismatched extent stays in held_ and is freed as unlisted).
-          doomed.emplace_back(key);
-        }
-        return true;
-      });
+  for (uint32_t cursor = 0;;) {
+    ReaderMutexLock l(&mu_);
+    if (superseded()) return aborted();
+    const Node& node = nodes_.at(id);
+    cursor = index_.ForEachFrom(
+        cursor, kReconcileScanChunk,
+        [&](absl::string_view key, const IndexEntry& e)
+            ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              if (e.node_id != id) return true;
+              ++listed;
+              auto h = r->held_.find(e.generation);
+              if (h != r->held_.end() && h->second.region_id == e.region_id &&
+                  h->second.addr == e.addr && h->second.length == e.length) {
+                ++matched;
+                r->held_.erase(h);
+              } else if (node.committed_since_reconcile.contains(
+                             e.generation)) {
+                ++skipped;
+              } else {
+                // Not held, or held with another range: the listing is
+                // wrong (a mismatched extent stays in held_ and is freed
+                // as unlisted).
+                candidates.emplace_back(std::string(key), e);
+              }
+              return true;
+            });
+    if (cursor >= index_.records_end()) break;
+  }
+
+  // Phase 2, under the exclusive lock: drop the candidates that still name
+  // the same object, and find the held extents neither listed nor pending.
+  MutexLock l(&mu_);
+  if (superseded()) return aborted();
+  Node& node = nodes_.at(id);
+  v1::ReconcileNodeResponse response;
+  response.set_held(r->held_.size() + matched);
+  std::vector<std::string> doomed;
+  for (const auto& [key, e] : candidates) {
+    auto now = index_.Find(key);
+    if (now && *now == e &&
+        !node.committed_since_reconcile.contains(e.generation)) {
+      doomed.push_back(key);
+    }
+  }
 
   // Held extents neither listed nor pending.
   absl::flat_hash_set<uint64_t> pending_generations;
