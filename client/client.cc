@@ -416,6 +416,9 @@ class ClientImpl : public Client {
     out.index_bytes_per_entry = resp.index_bytes_per_entry();
     out.evicted_objects = resp.evicted_objects();
     out.evicted_bytes = resp.evicted_bytes();
+    out.reconciliations = resp.reconciliations();
+    out.reconcile_dropped_listings = resp.reconcile_dropped_listings();
+    out.read_repairs = resp.read_repairs();
     for (const pb::NodeInfo& n : resp.nodes()) {
       NodeStatus s;
       s.node_id = n.node_id();
@@ -423,6 +426,7 @@ class ClientImpl : public Client {
       s.data_address = n.data_address();
       s.control_address = n.control_address();
       s.alive = n.alive();
+      s.awaiting_reconcile = n.awaiting_reconcile();
       s.last_heartbeat_unix_ms = n.last_heartbeat_unix_ms();
       s.capacity_bytes = n.capacity_bytes();
       s.used_bytes = n.used_bytes();

@@ -157,6 +157,8 @@ struct NodeStatus {
   std::string data_address;
   std::string control_address;
   bool alive = false;
+  // Registered, not served until it has reconciled with the master.
+  bool awaiting_reconcile = false;
   int64_t last_heartbeat_unix_ms = 0;
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;
@@ -173,6 +175,11 @@ struct ClusterStatus {
   // Objects the master evicted to make room, since it started.
   uint64_t evicted_objects = 0;
   uint64_t evicted_bytes = 0;
+  // Since the master started: node reconciliations, listings they removed
+  // (the node did not hold them), and listings dropped by read repair.
+  uint64_t reconciliations = 0;
+  uint64_t reconcile_dropped_listings = 0;
+  uint64_t read_repairs = 0;
 };
 
 class Client {

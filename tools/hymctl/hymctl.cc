@@ -148,6 +148,7 @@ class Cli {
                          {"data_address", n.data_address},
                          {"control_address", n.control_address},
                          {"alive", n.alive},
+                         {"awaiting_reconcile", n.awaiting_reconcile},
                          {"device", n.device_kind},
                          {"capacity_bytes", n.capacity_bytes},
                          {"used_bytes", n.used_bytes},
@@ -161,6 +162,9 @@ class Cli {
                    {"pending_puts", st->pending_puts},
                    {"evicted_objects", st->evicted_objects},
                    {"evicted_bytes", st->evicted_bytes},
+                   {"reconciliations", st->reconciliations},
+                   {"reconcile_dropped_listings", st->reconcile_dropped_listings},
+                   {"read_repairs", st->read_repairs},
                    {"index_bytes_per_entry", st->index_bytes_per_entry}}
                   .dump(2)
            << "\n";
@@ -175,7 +179,8 @@ class Cli {
                            ? absl::StrFormat("%.1fs ago", (now_ms - n.last_heartbeat_unix_ms) / 1000.0)
                            : "never";
       rows.push_back({absl::StrCat(n.node_id), n.name, n.data_address,
-                      n.alive ? "alive" : "DEAD", n.device_kind,
+                      n.alive ? "alive" : n.awaiting_reconcile ? "RECONCILING" : "DEAD",
+                      n.device_kind,
                       Human(n.capacity_bytes), Human(n.used_bytes),
                       Human(n.capacity_bytes - std::min(n.used_bytes, n.capacity_bytes)),
                       absl::StrCat(n.object_count), hb});
@@ -184,7 +189,11 @@ class Cli {
     out_ << "\n" << st->object_count << " objects, " << Human(st->object_bytes)
          << ", " << st->pending_puts << " puts in progress, "
          << st->evicted_objects << " evicted (" << Human(st->evicted_bytes)
-         << ")\n";
+         << ")\n"
+         << st->reconciliations << " node reconciliations, "
+         << st->reconcile_dropped_listings
+         << " listings dropped by them, " << st->read_repairs
+         << " by read repair\n";
     return 0;
   }
 
