@@ -89,6 +89,7 @@ class StorageNode::ControlService final
  public:
   explicit ControlService(StorageNode* node) : node_(node) {}
 
+
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
                                      const v1::StorageStatsRequest* /*req*/,
                                      v1::StorageStatsResponse* resp) override {
@@ -161,22 +162,30 @@ class StorageNode::ControlService final
   grpc::ServerWriteReactor<v1::ListExtentsResponse>* ListExtents(
       grpc::CallbackServerContext* /*ctx*/,
       const v1::ListExtentsRequest* req) override {
+    // TsanAcquire/TsanRelease: see MasterRpcHandler::ReconcileNode.
     class Writer final
         : public grpc::ServerWriteReactor<v1::ListExtentsResponse> {
      public:
       Writer(StorageNode* node, uint32_t page)
-          : node_(node), page_(page), node_id_(node->node_id()) {
+          : node_(node),
+            page_(page),
+            node_id_(node->node_id()) {
         Next();
       }
       void OnWriteDone(bool ok) override {
-        if (!ok) {
+        TsanAcquire(this);
+        if (ok) {
+          Next();
+        } else {
+          TsanRelease(this);
           Finish(grpc::Status(grpc::StatusCode::CANCELLED,
                               "ListExtents: stream broken"));
-          return;
         }
-        Next();
       }
-      void OnDone() override { delete this; }
+      void OnDone() override {
+        TsanAcquire(this);
+        delete this;
+      }
 
      private:
       void Next() {
@@ -184,6 +193,7 @@ class StorageNode::ControlService final
         keys_.clear();
         node_->extents_->ListReadable(&cursor_, page_, &keys_);
         if (keys_.empty()) {
+          TsanRelease(this);
           Finish(grpc::Status::OK);
           return;
         }
@@ -195,6 +205,7 @@ class StorageNode::ControlService final
           loc->set_length(k.length);
           loc->set_generation(k.generation);
         }
+        TsanRelease(this);
         StartWrite(&resp_);
       }
 
