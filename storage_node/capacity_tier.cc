@@ -23,6 +23,7 @@
 #include "common/rocksdb_util.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "storage_node/host_memory.h"
 
 namespace hymcache::storage {
 namespace {
@@ -752,7 +753,7 @@ class VerifyPlan {
 // Completion state of the reads in flight (BlockIo callbacks run on its
 // completion thread).
 struct VerifySlot {
-  AlignedBuffer buf;
+  uint8_t* buf = nullptr;  // read_bytes of the verification buffers
   VerifyPlan::Read read;
   bool done = false;
   absl::Status status;
@@ -778,14 +779,26 @@ absl::StatusOr<ExtentVerifyReport> CapacityTier::VerifyExtents(
       std::min<uint64_t>(static_cast<uint64_t>(options.depth),
                          std::max<uint64_t>(1, checked.size())));
   std::vector<VerifySlot> slots(static_cast<size_t>(depth));
+  // On huge pages where the kernel allows: an O_DIRECT read into 4 KiB
+  // pages pins one page per 4 KiB and can exceed a device's segment limit
+  // (on a virtio disk verification ran at half the speed it does on 2 MiB
+  // pages).
+  std::unique_ptr<HostMemory> buffers;
   if (!checked.empty()) {
-    for (VerifySlot& slot : slots) {
-      slot.buf = AllocateAligned(options.read_bytes);
-      if (slot.buf == nullptr) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "capacity tier: cannot allocate ", depth, " verification buffers of ",
-            options.read_bytes, " bytes"));
-      }
+    HostMemoryOptions m;
+    m.bytes = options.read_bytes * static_cast<uint64_t>(depth);
+    m.huge_pages = true;
+    m.shareable = false;
+    m.name = "hymcache-verify";
+    absl::StatusOr<std::unique_ptr<HostMemory>> mem = HostMemory::Allocate(m);
+    if (!mem.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "capacity tier: cannot allocate ", depth, " verification buffers of ",
+          options.read_bytes, " bytes: ", mem.status().message()));
+    }
+    buffers = std::move(*mem);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      slots[i].buf = buffers->data() + i * options.read_bytes;
     }
   }
 
@@ -814,7 +827,7 @@ absl::StatusOr<ExtentVerifyReport> CapacityTier::VerifyExtents(
         slot.status = absl::OkStatus();
       }
       report.bytes_read += slot.read.len;
-      io->Read(kHeaderBytes + slot.read.addr, slot.buf.get(),
+      io->Read(kHeaderBytes + slot.read.addr, slot.buf,
                static_cast<size_t>(slot.read.len),
                [&mu, &cv, &slot](absl::Status s) {
                  MutexLock l(&mu);
@@ -836,7 +849,7 @@ absl::StatusOr<ExtentVerifyReport> CapacityTier::VerifyExtents(
     for (const VerifyPlan::Piece& p : slot.read.pieces) {
       if (status.ok()) {
         crc[p.extent] =
-            crc32c::Extend(crc[p.extent], slot.buf.get() + p.buf_off, p.len);
+            crc32c::Extend(crc[p.extent], slot.buf + p.buf_off, p.len);
       } else if (read_error[p.extent].ok()) {
         read_error[p.extent] = status;
       }

@@ -133,7 +133,8 @@ struct HybridDevice::Entry {
   bool in_flight = false;    // in a batch being written
   bool forgotten = false;    // CapacityTier::Forget done over its range
   bool superseded = false;   // a newer write covers it
-  bool has_crc = false;      // crc computed (by the flusher)
+  bool committing = false;   // CommitWrite is computing its CRC
+  bool has_crc = false;      // crc computed (at CommitWrite)
   uint32_t crc = 0;          // CRC32C of the object's len bytes
   int pins = 0;              // reads and prefetch handles
   uint64_t seq = 0;
@@ -1273,11 +1274,28 @@ absl::Status HybridDevice::CommitWrite(const WriteView& view) {
   MutexLock l(&mu_);
   auto it = entries_.find(view.cookie);
   if (it == entries_.end() || !it->second->writing ||
-      it->second->addr != view.addr || it->second->len != view.length) {
+      it->second->committing || it->second->addr != view.addr ||
+      it->second->len != view.length) {
     ++stats_.unknown_releases;
     return absl::InvalidArgumentError("hybrid device: unknown write view");
   }
   Entry* e = it->second.get();
+  // The object's CRC32C, while its bytes are likely still in this core's
+  // cache, on the writer's thread (not the one flusher), outside mu_. The
+  // entry cannot be freed while `writing`; `committing` turns away a
+  // concurrent Commit or Abort of the same view.
+  e->committing = true;
+  const uint8_t* data = buffer_ + e->buf_off;
+  const uint64_t len = e->len;
+  mu_.Unlock();
+  const absl::Time crc_start = absl::Now();
+  const uint32_t crc = crc32c::Value(data, len);
+  const absl::Duration crc_took = absl::Now() - crc_start;
+  mu_.Lock();
+  e->committing = false;
+  e->crc = crc;
+  e->has_crc = true;
+  stats_.commit_checksum_seconds += absl::ToDoubleSeconds(crc_took);
   e->writing = false;
   --stats_.device.outstanding_writes;
   ++stats_.device.writes;
@@ -1306,6 +1324,10 @@ void HybridDevice::AbortWrite(const WriteView& view) {
     return;
   }
   Entry* e = it->second.get();
+  if (e->committing) {
+    ++stats_.unknown_releases;
+    return;
+  }
   e->writing = false;
   --stats_.device.outstanding_writes;
   ++stats_.device.aborted_writes;
@@ -1513,39 +1535,11 @@ void HybridDevice::ResetBackoffLocked() {
 
 void HybridDevice::StartBatchLocked(std::vector<Entry*> batch) {
   for (Entry* e : batch) e->in_flight = true;
-  ChecksumBatchLocked(batch);
   auto owned = std::make_unique<FlushBatch>();
   FlushBatch* fb = owned.get();
   fb->entries = std::move(batch);
   pipeline_.push_back(std::move(owned));
   IssueBatchLocked(fb);  // fb may be retired (deleted) once this returns
-}
-
-void HybridDevice::ChecksumBatchLocked(const std::vector<Entry*>& batch) {
-  // Entry addr/len/buf fields and the committed bytes are constant, and
-  // in_flight entries are never freed: safe to read without mu_. Computed
-  // once per object (a batch that failed is retried with the same CRCs).
-  struct Job {
-    Entry* e;
-    const uint8_t* data;
-    uint64_t len;
-    uint32_t crc;
-  };
-  std::vector<Job> jobs;
-  for (Entry* e : batch) {
-    if (!e->has_crc) jobs.push_back(Job{e, buffer_ + e->buf_off, e->len, 0});
-  }
-  if (jobs.empty()) return;
-  mu_.Unlock();
-  const absl::Time start = absl::Now();
-  for (Job& j : jobs) j.crc = crc32c::Value(j.data, j.len);
-  const absl::Duration took = absl::Now() - start;
-  mu_.Lock();
-  for (const Job& j : jobs) {
-    j.e->crc = j.crc;
-    j.e->has_crc = true;
-  }
-  stats_.flush_checksum_seconds += absl::ToDoubleSeconds(took);
 }
 
 void HybridDevice::ForgetCorruptLocked() {

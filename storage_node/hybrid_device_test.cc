@@ -1147,7 +1147,7 @@ TEST_CASE("Flushed objects carry the CRC32C of their bytes in their records") {
     std::vector<uint8_t> want = Pattern(e.addr, e.length, 100 + e.tag);
     CHECK(e.crc32c == crc32c::Value(want.data(), want.size()));
   }
-  CHECK(rig.dev->HybridStats().flush_checksum_seconds > 0);
+  CHECK(rig.dev->HybridStats().commit_checksum_seconds > 0);
 }
 
 TEST_CASE("A read I/O error fails only that object, wakes its waiters, and heals") {
