@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/mutex.h"
+#include "storage_node/faulty_block_io.h"
 
 namespace hymcache::storage {
 namespace {
@@ -394,6 +395,53 @@ TEST_CASE("AllocateAligned rounds up and aligns", "[block_io]") {
   REQUIRE(b != nullptr);
   REQUIRE(reinterpret_cast<uintptr_t>(b.get()) % BlockIo::kAlignment == 0);
   b[BlockIo::kAlignment - 1] = 7;  // the whole rounded block is usable
+}
+
+TEST_CASE("FaultyBlockIo fails the chosen requests of a real BlockIo",
+          "[block_io]") {
+  BlockIoOptions o;
+  o.path = TmpPath("faulty");
+  o.size_bytes = kSize;
+  o.direct = false;
+  auto inner = BlockIo::Open(o);
+  REQUIRE(inner.ok());
+  FaultyBlockIo io(std::move(*inner));
+  auto buf = AllocateAligned(kBlock);
+  std::memset(buf.get(), 0x11, kBlock);
+  REQUIRE(io.WriteSync(0, buf.get(), kBlock).ok());
+  REQUIRE(io.WriteSync(kBlock, buf.get(), kBlock).ok());
+
+  // A bad range: overlapping reads fail with DataLoss (as EIO does) and
+  // leave unspecified bytes; the others read.
+  io.FailReadsForTest(kBlock + 4096, 4096);
+  absl::Status s = io.ReadSync(kBlock, buf.get(), kBlock);
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(buf[0] == FaultyBlockIo::kScribble);
+  REQUIRE(io.ReadSync(0, buf.get(), kBlock).ok());
+  CHECK(buf[kBlock - 1] == 0x11);
+  CHECK(io.FailedReadsForTest() == 1);
+
+  // A failed write does not reach the file.
+  io.FailWritesForTest(0, 4096, absl::ResourceExhaustedError("disk full"));
+  std::memset(buf.get(), 0x22, kBlock);
+  CHECK(io.WriteSync(0, buf.get(), 4096).code() ==
+        absl::StatusCode::kResourceExhausted);
+  CHECK(io.FailedWritesForTest() == 1);
+  REQUIRE(io.ReadSync(0, buf.get(), 4096).ok());
+  CHECK(buf[0] == 0x11);
+
+  // Every third read, until cleared.
+  io.ClearFaultsForTest();
+  io.FailEveryNthReadForTest(3);
+  int failed = 0;
+  for (int i = 0; i < 9; ++i) {
+    failed += io.ReadSync(kBlock, buf.get(), 4096).ok() ? 0 : 1;
+  }
+  CHECK(failed == 3);
+  io.ClearFaultsForTest();
+  REQUIRE(io.ReadSync(kBlock + 4096, buf.get(), 4096).ok());
+  CHECK(buf[0] == 0x11);
+  REQUIRE(io.Sync().ok());
 }
 
 }  // namespace

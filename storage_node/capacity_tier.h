@@ -15,10 +15,21 @@
 // Durable extents: after an object's bytes are written to the data area, the
 // hybrid device calls Record(); before it overwrites space that a durable
 // extent covers, it calls Forget() for that range. Both are durable when they
-// return (RocksDB with synced writes, in `metadata_dir`). On open, Extents()
+// return (RocksDB with synced writes, in `metadata_dir`); Record first makes
+// the data area itself durable (BlockIo::Sync, fdatasync), so that a record
+// never outlives its bytes, even across a power loss. On open, Extents()
 // lists what survives, to be re-adopted by the node's extent table: an
 // object acknowledged but never flushed before a crash is simply absent
 // (a miss), never served with wrong bytes.
+//
+// Checksums: each record may carry the CRC32C (common/crc32c.h) of the
+// object's bytes [addr, addr + length). VerifyExtents reads the data area
+// and drops (forgets) every extent whose bytes do not match: torn by a
+// crash, or corrupted at rest. Records written before checksums existed
+// (16-byte values) are still read, as "unchecked" extents; new ones carry
+// the checksum (20-byte values). A build that predates checksums discards
+// the new records as malformed when it opens the file (a cache miss, never
+// wrong bytes).
 //
 // Thread safety: safe for concurrent use.
 #pragma once
@@ -61,6 +72,52 @@ struct DurableExtent {
   uint64_t addr = 0;
   uint64_t length = 0;
   uint64_t tag = 0;
+  // Whether crc32c holds the CRC32C of the object's `length` bytes (false:
+  // an "unchecked" record, e.g. one written before checksums existed).
+  bool checksummed = false;
+  uint32_t crc32c = 0;
+};
+
+// A byte range of the data area.
+struct TierRange {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+};
+
+// How CapacityTier::VerifyExtents reads the data area.
+struct ExtentVerifyOptions {
+  // Bytes per read, a multiple of BlockIo::kAlignment. Neighbouring extents
+  // share reads; a longer extent takes several.
+  // Default: 4 MiB
+  uint64_t read_bytes = uint64_t{4} << 20;
+  // Reads in flight. Memory used: read_bytes x depth.
+  // Default: 8
+  int depth = 8;
+  // A gap between two extents up to this long is read through rather than
+  // skipped with a new read.
+  // Default: 256 KiB
+  uint64_t max_gap_bytes = uint64_t{256} << 10;
+
+  absl::Status Validate() const;
+};
+
+// What VerifyExtents found. Every extent it looked at is in exactly one of
+// good, corrupt and unreadable (each in address order).
+struct ExtentVerifyReport {
+  // Checksum matched, or none recorded (unchecked_objects of them).
+  std::vector<DurableExtent> good;
+  // The bytes do not match the recorded checksum: forgotten.
+  std::vector<DurableExtent> corrupt;
+  // A read of their bytes failed: forgotten too (never served unverified).
+  std::vector<DurableExtent> unreadable;
+  uint64_t verified_objects = 0;  // good ones with a checksum
+  uint64_t verified_bytes = 0;    // their bytes
+  uint64_t unchecked_objects = 0; // good ones without a checksum (not read)
+  uint64_t bytes_read = 0;        // including gaps read through
+  absl::Duration elapsed;
+  // The Forget of corrupt and unreadable extents (they are reported either
+  // way; a failed Forget leaves their records, to be verified again).
+  absl::Status forget_status;
 };
 
 class CapacityTier {
@@ -99,10 +156,25 @@ class CapacityTier {
   // on other I/O errors. After a failure the next call first tries to
   // resume the extent record (it works again once space is freed).
   virtual absl::Status Forget(uint64_t addr, uint64_t length) = 0;
-  // Durably records extents whose bytes are now in the data area (one synced
-  // batch). Each replaces any extent overlapping it.
-  // Errors: InvalidArgument / OutOfRange (bad extents); otherwise as Forget.
+  // As Forget, for several ranges in one synced batch.
+  virtual absl::Status ForgetRanges(absl::Span<const TierRange> ranges) = 0;
+  // Durably records extents whose bytes are now in the data area: makes the
+  // data area durable (BlockIo::Sync), then writes one synced batch. Each
+  // extent replaces any extent overlapping it.
+  // Errors: InvalidArgument / OutOfRange (bad extents); the Sync's error
+  // (nothing recorded); otherwise as Forget.
   virtual absl::Status Record(absl::Span<const DurableExtent> extents) = 0;
+
+  // Reads the bytes of every extent in Extents() that carries a checksum
+  // (through io(), options.depth reads of options.read_bytes in flight, in
+  // address order) and compares their CRC32C; durably forgets the extents
+  // that do not match or cannot be read, in one ForgetRanges. Meant for
+  // open, before anything else uses the tier: the extents must not change
+  // meanwhile. Each failure is logged (WARNING).
+  // Errors: InvalidArgument (options), ResourceExhausted (read buffers).
+  // Read errors and mismatches are per-extent results, never an error.
+  absl::StatusOr<ExtentVerifyReport> VerifyExtents(
+      const ExtentVerifyOptions& options);
 };
 
 }  // namespace hymcache::storage

@@ -15,6 +15,11 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <rocksdb/db.h>
+
+#include "common/crc32c.h"
+#include "storage_node/fake_block_io.h"
+#include "storage_node/faulty_block_io.h"
 
 namespace hymcache::storage {
 namespace {
@@ -515,6 +520,177 @@ TEST_CASE("invalid options", "[capacity_tier]") {
   o.path = "";
   CHECK(CapacityTier::Open(o).status().code() ==
         absl::StatusCode::kInvalidArgument);
+}
+
+// ------------------------------------------------------------- checksums
+
+std::vector<uint8_t> Bytes(uint64_t addr, uint64_t len, uint64_t seed) {
+  std::vector<uint8_t> v(len);
+  for (uint64_t i = 0; i < len; ++i) {
+    v[i] = static_cast<uint8_t>(((addr + i) * 2654435761u) >> 13 ^ seed * 97);
+  }
+  return v;
+}
+
+// Writes an object's bytes (padded to whole pages with zeros) into the data
+// area and returns its extent with the checksum.
+DurableExtent WriteObject(BlockIo* io, uint64_t addr, uint64_t len,
+                          uint64_t tag) {
+  const uint64_t span = (len + 4095) / 4096 * 4096;
+  auto buf = AllocateAligned(span);
+  std::memset(buf.get(), 0, span);
+  std::vector<uint8_t> v = Bytes(addr, len, tag);
+  std::memcpy(buf.get(), v.data(), len);
+  REQUIRE(io->WriteSync(CapacityTier::kHeaderBytes + addr, buf.get(), span).ok());
+  return DurableExtent{addr, len, tag, true, crc32c::Value(v.data(), len)};
+}
+
+std::vector<uint64_t> Tags(const std::vector<DurableExtent>& v) {
+  std::vector<uint64_t> out;
+  for (const DurableExtent& e : v) out.push_back(e.tag);
+  return out;
+}
+
+TEST_CASE("records keep their checksums across a reopen", "[capacity_tier]") {
+  CapacityTierOptions o = Options("crc_keep");
+  DurableExtent a, b;
+  {
+    auto t = MustOpen(o);
+    a = WriteObject(t->io(), 0, 5000, 1);
+    b = WriteObject(t->io(), 65536, 4096, 2);
+    REQUIRE(t->Record({a, b, {131072, 4096, 3}}).ok());  // the last unchecked
+  }
+  auto t = MustOpen(o);
+  auto ext = t->Extents();
+  REQUIRE(ext.size() == 3);
+  CHECK(ext[0].checksummed);
+  CHECK(ext[0].crc32c == a.crc32c);
+  CHECK(ext[1].checksummed);
+  CHECK(ext[1].crc32c == b.crc32c);
+  CHECK_FALSE(ext[2].checksummed);
+}
+
+TEST_CASE("records written before checksums existed are read as unchecked",
+          "[capacity_tier]") {
+  CapacityTierOptions o = Options("crc_old");
+  std::string incarnation_key_value;
+  { MustOpen(o); }
+  {
+    // An extent as the previous format wrote it: a 16-byte value.
+    rocksdb::DB* raw = nullptr;
+    rocksdb::Options dbo;
+    REQUIRE(rocksdb::DB::Open(dbo, o.path + ".meta", &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    std::string key(9, '\0');
+    key[0] = 'e';
+    key[7] = 0x10;  // addr 0x1000 big-endian
+    std::string value(16, '\0');
+    value[1] = 0x20;  // length 0x2000 little-endian
+    value[8] = 42;    // tag
+    REQUIRE(db->Put(rocksdb::WriteOptions(), key, value).ok());
+    REQUIRE(db->Close().ok());
+  }
+  auto t = MustOpen(o);
+  auto ext = t->Extents();
+  REQUIRE(ext.size() == 1);
+  CHECK(ext[0].addr == 0x1000);
+  CHECK(ext[0].length == 0x2000);
+  CHECK(ext[0].tag == 42);
+  CHECK_FALSE(ext[0].checksummed);
+  // Not read, adopted as it is.
+  auto report = t->VerifyExtents(ExtentVerifyOptions());
+  REQUIRE(report.ok());
+  CHECK(report->good.size() == 1);
+  CHECK(report->unchecked_objects == 1);
+  CHECK(report->bytes_read == 0);
+}
+
+TEST_CASE("VerifyExtents drops and forgets flipped and torn objects",
+          "[capacity_tier]") {
+  CapacityTierOptions o = Options("crc_verify");
+  std::vector<DurableExtent> all;
+  {
+    auto t = MustOpen(o);
+    // Sizes around the read size (16 KiB below): objects sharing one read,
+    // spanning several, odd lengths, small gaps read through and large
+    // gaps skipped.
+    all.push_back(WriteObject(t->io(), 0, 3000, 1));
+    all.push_back(WriteObject(t->io(), 4096, 4096, 2));
+    all.push_back(WriteObject(t->io(), 8192, 50000, 3));   // flipped below
+    all.push_back(WriteObject(t->io(), 65536, 12288, 4));
+    all.push_back(WriteObject(t->io(), 1 << 20, 40000, 5));  // torn below
+    all.push_back(WriteObject(t->io(), (1 << 20) + 40960, 100, 6));
+    all.push_back(WriteObject(t->io(), 3 << 20, 70000, 7));
+    REQUIRE(t->Record(all).ok());
+  }
+  FlipByte(o.path, CapacityTier::kHeaderBytes + 8192 + 49999);  // its last byte
+  {
+    // Torn: the record made it, the bytes (after the first page) did not.
+    int fd = open(o.path.c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    std::vector<uint8_t> zeros(36864, 0);
+    REQUIRE(pwrite(fd, zeros.data(), zeros.size(),
+                   CapacityTier::kHeaderBytes + (1 << 20) + 4096) ==
+            static_cast<ssize_t>(zeros.size()));
+    REQUIRE(fsync(fd) == 0);
+    close(fd);
+  }
+  auto t = MustOpen(o);
+  REQUIRE(t->Extents().size() == 7);
+  ExtentVerifyOptions vo;
+  vo.read_bytes = 16384;
+  vo.depth = 3;
+  vo.max_gap_bytes = 8192;
+  auto report = t->VerifyExtents(vo);
+  REQUIRE(report.ok());
+  CHECK(Tags(report->good) == std::vector<uint64_t>{1, 2, 4, 6, 7});
+  CHECK(Tags(report->corrupt) == std::vector<uint64_t>{3, 5});
+  CHECK(report->unreadable.empty());
+  CHECK(report->verified_objects == 5);
+  CHECK(report->verified_bytes == 3000 + 4096 + 12288 + 100 + 70000);
+  CHECK(report->unchecked_objects == 0);
+  CHECK(report->forget_status.ok());
+  CHECK(Tags(t->Extents()) == std::vector<uint64_t>{1, 2, 4, 6, 7});
+  // Forgotten durably; the rest verifies clean, also read all at once.
+  t.reset();
+  t = MustOpen(o);
+  CHECK(Tags(t->Extents()) == std::vector<uint64_t>{1, 2, 4, 6, 7});
+  report = t->VerifyExtents(ExtentVerifyOptions());
+  REQUIRE(report.ok());
+  CHECK(report->good.size() == 5);
+  CHECK(report->corrupt.empty());
+
+  ExtentVerifyOptions bad;
+  bad.read_bytes = 1000;
+  CHECK(t->VerifyExtents(bad).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  bad = ExtentVerifyOptions();
+  bad.depth = 0;
+  CHECK(t->VerifyExtents(bad).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("VerifyExtents drops objects whose reads fail", "[capacity_tier]") {
+  constexpr uint64_t kCap = 1 << 20;
+  FakeBlockIo disk(CapacityTier::kHeaderBytes + kCap);
+  FaultyBlockIo faulty(&disk);
+  std::vector<DurableExtent> ext;
+  ext.push_back(WriteObject(&disk, 0, 8192, 1));
+  ext.push_back(WriteObject(&disk, 65536, 20000, 2));
+  ext.push_back(WriteObject(&disk, 131072, 4096, 3));
+  FakeCapacityTier tier(&faulty, kCap, ext);
+  // A bad sector in the middle of the second object.
+  faulty.FailReadsForTest(CapacityTier::kHeaderBytes + 65536 + 8192, 4096);
+  ExtentVerifyOptions vo;
+  vo.read_bytes = 8192;
+  vo.max_gap_bytes = 0;
+  auto report = tier.VerifyExtents(vo);
+  REQUIRE(report.ok());
+  CHECK(Tags(report->good) == std::vector<uint64_t>{1, 3});
+  CHECK(Tags(report->unreadable) == std::vector<uint64_t>{2});
+  CHECK(report->corrupt.empty());
+  CHECK(faulty.FailedReadsForTest() == 1);
+  CHECK(Tags(tier.ExtentsNowForTest()) == std::vector<uint64_t>{1, 3});
 }
 
 }  // namespace

@@ -6,8 +6,9 @@
 //     bytes move when the request completes (not when it is submitted), so a
 //     test that pauses completions sees exactly what a slow disk would.
 //     Knobs: per-I/O latency, fail the next N I/Os, pause/resume completions.
-//   * FakeCapacityTier: a CapacityTier over a FakeBlockIo (not owned) with
-//     its durable extents in a map. Construct a new one over the same
+//   * FakeCapacityTier: a CapacityTier over a BlockIo (not owned; usually a
+//     FakeBlockIo, possibly wrapped in a FaultyBlockIo) with its durable
+//     extents in a map. Construct a new one over the same
 //     FakeBlockIo with the old one's ExtentsNowForTest() to model a restart.
 //     Knobs: fail the next N Forget/Record calls, make Record calls fail, or
 //     block them (pause/resume, let N through).
@@ -222,14 +223,14 @@ class FakeBlockIo final : public BlockIo {
   Thread thread_;  // last: starts after the members above exist
 };
 
-// A CapacityTier whose data area is FakeBlockIo bytes from kHeaderBytes on
+// A CapacityTier whose data area is the BlockIo's bytes from kHeaderBytes on
 // and whose durable extents live in a map.
 class FakeCapacityTier final : public CapacityTier {
  public:
   // `io` (not owned) must hold kHeaderBytes + capacity_bytes. `extents`: the
   // durable extents as of "Open" (adopted() is true when non-empty or
   // `adopted`).
-  FakeCapacityTier(FakeBlockIo* io, uint64_t capacity_bytes,
+  FakeCapacityTier(BlockIo* io, uint64_t capacity_bytes,
                    std::vector<DurableExtent> extents = {},
                    bool adopted = false, uint64_t incarnation = 1)
       : io_(io),
@@ -262,6 +263,16 @@ class FakeCapacityTier final : public CapacityTier {
       return absl::UnavailableError("injected metadata error");
     }
     EraseOverlapping(addr, length);
+    return absl::OkStatus();
+  }
+  absl::Status ForgetRanges(absl::Span<const TierRange> ranges) override {
+    MutexLock l(&mu_);
+    for (const TierRange& r : ranges) forget_calls_.emplace_back(r.addr, r.length);
+    if (fail_next_ > 0) {
+      --fail_next_;
+      return absl::UnavailableError("injected metadata error");
+    }
+    for (const TierRange& r : ranges) EraseOverlapping(r.addr, r.length);
     return absl::OkStatus();
   }
   absl::Status Record(absl::Span<const DurableExtent> extents) override {
@@ -370,7 +381,7 @@ class FakeCapacityTier final : public CapacityTier {
     }
   }
 
-  FakeBlockIo* const io_;
+  BlockIo* const io_;
   const uint64_t capacity_;
   const uint64_t incarnation_;
   const bool adopted_;

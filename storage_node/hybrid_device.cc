@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "glog/logging.h"
 
 namespace hymcache::storage {
@@ -92,7 +93,9 @@ class HybridDevice::RangeAllocator {
 
 // An object staged (or being staged, or waiting for window space).
 struct HybridDevice::Staged {
-  enum class State { kQueued, kLoading, kReady, kFailed };
+  // kLoaded: the bytes are in but their checksum is not checked yet
+  // (verify_reads); kChecking: a consumer is checking it.
+  enum class State { kQueued, kLoading, kLoaded, kChecking, kReady, kFailed };
   uint64_t addr = 0;
   uint64_t len = 0;
   uint64_t span_start = 0;  // addr rounded down to a page
@@ -106,6 +109,9 @@ struct HybridDevice::Staged {
   int chunks_pending = 0;    // in read_q_, not issued
   int chunks_in_flight = 0;  // issued, not completed
   int waiters = 0;           // threads waiting for it to be ready
+  bool check = false;        // verify_reads and its checksum is known
+  uint32_t crc = 0;          // the expected CRC32C
+  bool corrupt = false;      // failed: checksum mismatch (else: I/O error)
   absl::Status error;
   // Signalled when state becomes kReady or kFailed: only the threads
   // waiting for this object wake up, not every reader on every I/O.
@@ -127,6 +133,9 @@ struct HybridDevice::Entry {
   bool in_flight = false;    // in a batch being written
   bool forgotten = false;    // CapacityTier::Forget done over its range
   bool superseded = false;   // a newer write covers it
+  bool committing = false;   // CommitWrite is computing its CRC
+  bool has_crc = false;      // crc computed (at CommitWrite)
+  uint32_t crc = 0;          // CRC32C of the object's len bytes
   int pins = 0;              // reads and prefetch handles
   uint64_t seq = 0;
   absl::Time commit_time;
@@ -139,6 +148,8 @@ struct HybridDevice::MissRead {
   uint64_t span_len = 0;
   int outstanding = 0;  // chunks not completed
   absl::Status status;
+  bool check = false;      // verify_reads and the object's checksum is known
+  uint32_t crc = 0;
   bool abandoned = false;  // the reader gave up; the last chunk frees it
   CondVar cv;              // signalled when outstanding reaches 0
 };
@@ -204,6 +215,10 @@ absl::Status HybridDeviceOptions::Validate() const {
   if (shutdown_flush_timeout < absl::ZeroDuration()) {
     return bad("shutdown_flush_timeout must be >= 0");
   }
+  if (verify_on_open) {
+    absl::Status v = open_verify.Validate();
+    if (!v.ok()) return bad(std::string(v.message()));
+  }
   return absl::OkStatus();
 }
 
@@ -230,9 +245,47 @@ absl::StatusOr<std::unique_ptr<HybridDevice>> HybridDevice::Create(
   auto buffer = AllocateArea(options, buffer_bytes, "hymcache-write-buffer",
                              "write buffer");
   if (!buffer.ok()) return buffer.status();
-  std::unique_ptr<HybridDevice> dev(
-      new HybridDevice(options, std::move(tier), std::move(*window),
-                       window_bytes, std::move(*buffer), buffer_bytes));
+
+  // What survived, checked against the bytes unless told not to.
+  std::vector<DurableExtent> durable = tier->Extents();
+  OpenCheck check;
+  if (options.verify_on_open && tier->adopted() && !durable.empty()) {
+    absl::StatusOr<ExtentVerifyReport> report =
+        tier->VerifyExtents(options.open_verify);
+    if (!report.ok()) {
+      return absl::Status(report.status().code(),
+                          absl::StrCat("hybrid device: verifying the adopted "
+                                       "objects: ",
+                                       report.status().message()));
+    }
+    durable = std::move(report->good);
+    check.verified_objects = report->verified_objects;
+    check.verified_bytes = report->verified_bytes;
+    check.unchecked_objects = report->unchecked_objects;
+    check.checksum_failures = report->corrupt.size();
+    check.dropped_objects = report->corrupt.size() + report->unreadable.size();
+    check.elapsed = report->elapsed;
+    const double secs = absl::ToDoubleSeconds(report->elapsed);
+    const std::string summary = absl::StrCat(
+        "hybrid device: verified ", report->verified_objects,
+        " adopted objects (", report->verified_bytes, " bytes, ",
+        report->bytes_read, " read) in ", secs, " s (",
+        secs > 0 ? static_cast<double>(report->bytes_read) / secs / 1e9 : 0,
+        " GB/s); dropped ", report->corrupt.size(),
+        " with a checksum mismatch and ", report->unreadable.size(),
+        " unreadable; ", report->unchecked_objects,
+        " without a checksum adopted unchecked");
+    if (check.dropped_objects > 0) {
+      LOG(WARNING) << summary;
+    } else {
+      LOG(INFO) << summary;
+    }
+  } else {
+    check.unchecked_objects = durable.size();
+  }
+  std::unique_ptr<HybridDevice> dev(new HybridDevice(
+      options, std::move(tier), durable, check, std::move(*window),
+      window_bytes, std::move(*buffer), buffer_bytes));
   HybridDevice* d = dev.get();
   try {
     dev->flusher_ = Thread("hyb-flusher", [d] { d->FlusherLoop(); });
@@ -258,9 +311,11 @@ FlushPolicyOptions PolicyOptions(const HybridDeviceOptions& o) {
   return p;
 }
 
-std::vector<RecoveredExtent> ToRecovered(const CapacityTier& tier) {
+std::vector<RecoveredExtent> ToRecovered(
+    const std::vector<DurableExtent>& durable) {
   std::vector<RecoveredExtent> out;
-  for (const DurableExtent& e : tier.Extents()) {
+  out.reserve(durable.size());
+  for (const DurableExtent& e : durable) {
     out.push_back(RecoveredExtent{0, e.addr, e.length, e.tag});
   }
   return out;
@@ -269,6 +324,8 @@ std::vector<RecoveredExtent> ToRecovered(const CapacityTier& tier) {
 
 HybridDevice::HybridDevice(const HybridDeviceOptions& options,
                            std::unique_ptr<CapacityTier> tier,
+                           const std::vector<DurableExtent>& durable,
+                           const OpenCheck& open_check,
                            std::unique_ptr<HostMemory> window_memory,
                            uint64_t window_bytes,
                            std::unique_ptr<HostMemory> buffer_memory,
@@ -277,7 +334,7 @@ HybridDevice::HybridDevice(const HybridDeviceOptions& options,
       tier_(std::move(tier)),
       io_(tier_->io()),
       capacity_(tier_->capacity_bytes()),
-      recovered_(ToRecovered(*tier_)),
+      recovered_(ToRecovered(durable)),
       flush_policy_(PolicyOptions(options)),
       window_memory_(std::move(window_memory)),
       buffer_memory_(std::move(buffer_memory)),
@@ -291,6 +348,18 @@ HybridDevice::HybridDevice(const HybridDeviceOptions& options,
   stats_.staging_capacity_bytes = window_bytes;
   stats_.staging_pages = PageBackingName(window_memory_->page_backing());
   stats_.write_buffer_capacity_bytes = buffer_bytes;
+  stats_.open_verified_objects = open_check.verified_objects;
+  stats_.open_verified_bytes = open_check.verified_bytes;
+  stats_.open_unchecked_objects = open_check.unchecked_objects;
+  stats_.open_dropped_objects = open_check.dropped_objects;
+  stats_.checksum_failures = open_check.checksum_failures;
+  stats_.open_verify_seconds = absl::ToDoubleSeconds(open_check.elapsed);
+  if (options_.verify_reads) {
+    MutexLock l(&mu_);
+    for (const DurableExtent& e : durable) {
+      if (e.checksummed) tier_sums_[e.addr] = TierSum{e.length, e.crc32c, false};
+    }
+  }
 }
 
 HybridDevice::~HybridDevice() {
@@ -524,7 +593,8 @@ void HybridDevice::OnIoDone(const IoReq& req, absl::Status status) {
         if (s->chunks_in_flight == 0 && s->chunks_pending == 0 &&
             s->state == Staged::State::kLoading) {
           if (s->error.ok()) {
-            s->state = Staged::State::kReady;
+            // A consumer checks it (CheckStagedLocked), not this thread.
+            s->state = s->check ? Staged::State::kLoaded : Staged::State::kReady;
           } else {
             s->state = Staged::State::kFailed;
             ++stats_.prefetch_errors;
@@ -650,6 +720,78 @@ void HybridDevice::InvalidateStagedLocked(uint64_t addr, uint64_t len) {
   }
 }
 
+// ---------------------------------------------------------------- checksums
+
+HybridDevice::TierSum* HybridDevice::FindSumLocked(uint64_t addr, uint64_t len) {
+  if (!options_.verify_reads) return nullptr;
+  auto it = tier_sums_.find(addr);
+  if (it == tier_sums_.end() || it->second.len != len) return nullptr;
+  return &it->second;
+}
+
+void HybridDevice::EraseSumsLocked(uint64_t addr, uint64_t len) {
+  const uint64_t end = addr + len;
+  auto it = tier_sums_.lower_bound(addr);
+  if (it != tier_sums_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second.len > addr) it = prev;
+  }
+  while (it != tier_sums_.end() && it->first < end) it = tier_sums_.erase(it);
+  auto overlaps = [addr, end](const CorruptForget& f) {
+    return f.range.addr < end && addr < f.range.addr + f.range.length;
+  };
+  forget_corrupt_.erase(
+      std::remove_if(forget_corrupt_.begin(), forget_corrupt_.end(), overlaps),
+      forget_corrupt_.end());
+  for (CorruptForget& f : forgetting_corrupt_) {
+    if (overlaps(f)) f.dropped = true;
+  }
+}
+
+void HybridDevice::MarkCorruptLocked(uint64_t addr, uint64_t len, uint32_t crc) {
+  TierSum* sum = FindSumLocked(addr, len);
+  // Replaced by a write since the read began: that object is not this one.
+  if (sum == nullptr || sum->crc != crc || sum->corrupt) return;
+  sum->corrupt = true;
+  // Never recorded from now on; one in the running Record is forgotten
+  // below, after that Record returns (the flusher makes every tier call).
+  DropPendingRecordsLocked(addr, len);
+  forget_corrupt_.push_back(CorruptForget{TierRange{addr, len}, false});
+  cv_.SignalAll();  // the flusher
+}
+
+void HybridDevice::CheckStagedLocked(Staged* s) {
+  s->state = Staged::State::kChecking;
+  ++s->waiters;  // keeps `s` and its window slot while mu_ is released
+  const uint8_t* data = window_ + s->slot_off + (s->addr - s->span_start);
+  const uint64_t len = s->len;
+  mu_.Unlock();
+  const uint32_t got = crc32c::Value(data, len);
+  mu_.Lock();
+  --s->waiters;
+  ++stats_.verified_reads;
+  if (got == s->crc) {
+    s->state = Staged::State::kReady;
+  } else {
+    s->state = Staged::State::kFailed;
+    s->corrupt = true;
+    s->error = absl::DataLossError(absl::StrCat(
+        "hybrid device: the object at ", s->addr, " (", s->len,
+        " bytes) does not match its checksum on the capacity tier"));
+    ++stats_.read_checksum_failures;
+    ++stats_.checksum_failures;
+    LOG(WARNING) << "hybrid device: the object at " << s->addr << " ("
+                 << s->len << " bytes) staged from the capacity tier does not "
+                 << "match its checksum (recorded " << std::hex << s->crc
+                 << ", read " << got << std::dec
+                 << "); refused until it is overwritten";
+    UnkeyStagedLocked(s);
+    MarkCorruptLocked(s->addr, s->len, s->crc);
+  }
+  s->cv.SignalAll();
+  MaybeFreeStagedLocked(s);  // may delete s
+}
+
 absl::StatusOr<PrefetchHandle> HybridDevice::PrefetchObject(uint32_t region,
                                                             uint64_t addr,
                                                             uint64_t len) {
@@ -684,6 +826,13 @@ absl::StatusOr<PrefetchHandle> HybridDevice::PrefetchObject(uint32_t region,
       rec.staged = it->second;
       ++stats_.prefetch_shared;
     } else {
+      const TierSum* sum = FindSumLocked(addr, len);
+      if (sum != nullptr && sum->corrupt) {
+        ++stats_.corrupt_refusals;
+        return absl::DataLossError(absl::StrCat(
+            "hybrid device: the object at ", addr, " (", len,
+            " bytes) failed its checksum on the capacity tier"));
+      }
       auto owned = std::make_unique<Staged>();
       Staged* s = owned.get();
       s->addr = addr;
@@ -692,6 +841,10 @@ absl::StatusOr<PrefetchHandle> HybridDevice::PrefetchObject(uint32_t region,
       s->span_len = span_len;
       s->refs = 1;
       s->keyed = true;
+      if (sum != nullptr) {
+        s->check = true;
+        s->crc = sum->crc;
+      }
       staged_[s] = std::move(owned);
       staged_by_key_[{addr, len}] = s;
       max_staged_span_ = std::max(max_staged_span_, span_len);
@@ -721,11 +874,18 @@ absl::StatusOr<const uint8_t*> HybridDevice::PrefetchWait(
                                          (handle.addr - rec.entry->addr));
     }
     Staged* s = rec.staged;
+    if (s->state == Staged::State::kLoaded) {
+      // The handle keeps `s` alive while it is checked; looked up again
+      // afterwards, as the handle may be released meanwhile.
+      CheckStagedLocked(s);
+      continue;
+    }
     if (s->state == Staged::State::kReady) {
       return static_cast<const uint8_t*>(window_ + s->slot_off +
                                          (s->addr - s->span_start));
     }
     if (s->state == Staged::State::kFailed) {
+      if (s->corrupt) return s->error;
       return absl::UnavailableError(absl::StrCat(
           "hybrid device: staging failed: ", s->error.message()));
     }
@@ -733,6 +893,8 @@ absl::StatusOr<const uint8_t*> HybridDevice::PrefetchWait(
       return absl::DeadlineExceededError(
           s->state == Staged::State::kQueued
               ? "hybrid device: prefetch still waiting for window space"
+          : s->state == Staged::State::kChecking
+              ? "hybrid device: prefetch still checking its checksum"
               : "hybrid device: prefetch still reading");
     }
     // `waiters` keeps `s` alive while this thread waits on its CondVar,
@@ -821,10 +983,25 @@ absl::StatusOr<ReadView> HybridDevice::AcquireRead(uint32_t region,
   if (auto it = staged_by_key_.find({addr, len}); it != staged_by_key_.end() &&
       it->second->state != Staged::State::kQueued) {
     Staged* s = it->second;
-    ++s->pins;
+    ++s->pins;  // keeps `s` alive, also while it is checked
     const absl::Time deadline = absl::Now() + options_.read_timeout;
-    while (s->state == Staged::State::kLoading) {
-      if (s->cv.WaitWithDeadline(&mu_, deadline)) break;
+    while (true) {
+      if (s->state == Staged::State::kLoaded) {
+        CheckStagedLocked(s);
+        continue;
+      }
+      if (s->state != Staged::State::kLoading &&
+          s->state != Staged::State::kChecking) {
+        break;
+      }
+      // Counted as a waiter: the completion signals s->cv only when one
+      // waits (a pin alone went unwoken until read_timeout).
+      ++s->waiters;
+      ++stats_.read_waiters;
+      const bool timed_out = s->cv.WaitWithDeadline(&mu_, deadline);
+      --stats_.read_waiters;
+      --s->waiters;
+      if (timed_out) break;
     }
     if (s->state == Staged::State::kReady) {
       ++stats_.staging_hits;
@@ -833,9 +1010,21 @@ absl::StatusOr<ReadView> HybridDevice::AcquireRead(uint32_t region,
       admit(window_ + s->slot_off + (addr - s->span_start), rec);
       return v;
     }
+    const bool corrupt = s->state == Staged::State::kFailed && s->corrupt;
+    absl::Status error = s->error;
     --s->pins;
     MaybeFreeStagedLocked(s);
+    if (corrupt) return error;
     // Failed or too slow: read it directly below.
+  }
+
+  // Staging miss. Known to be corrupt: refused without I/O.
+  const TierSum* sum = FindSumLocked(addr, len);
+  if (sum != nullptr && sum->corrupt) {
+    ++stats_.corrupt_refusals;
+    return absl::DataLossError(absl::StrCat(
+        "hybrid device: the object at ", addr, " (", len,
+        " bytes) failed its checksum on the capacity tier"));
   }
 
   // Staging miss: read into a bounce buffer.
@@ -855,6 +1044,10 @@ absl::StatusOr<ReadView> HybridDevice::AcquireRead(uint32_t region,
   m->buf = buf;
   m->span_start = span_start;
   m->span_len = span_len;
+  if (sum != nullptr) {
+    m->check = true;
+    m->crc = sum->crc;
+  }
   IoReq proto;
   proto.kind = IoReq::Kind::kMiss;
   proto.owner = m;
@@ -877,10 +1070,34 @@ absl::StatusOr<ReadView> HybridDevice::AcquireRead(uint32_t region,
           ") timed out after ", absl::FormatDuration(options_.read_timeout)));
     }
   }
-  if (!m->status.ok()) {
-    absl::Status s = absl::UnavailableError(absl::StrCat(
-        "hybrid device: tier read of [", addr, ", +", len,
-        ") failed: ", m->status.ToString()));
+  bool corrupt = false;
+  if (m->status.ok() && m->check) {
+    // Only this thread holds `m` now (no chunk is outstanding).
+    mu_.Unlock();
+    const uint32_t got = crc32c::Value(buf + (addr - span_start), len);
+    mu_.Lock();
+    ++stats_.verified_reads;
+    if (got != m->crc) {
+      corrupt = true;
+      ++stats_.read_checksum_failures;
+      ++stats_.checksum_failures;
+      LOG(WARNING) << "hybrid device: the object at " << addr << " (" << len
+                   << " bytes) read from the capacity tier does not match its "
+                      "checksum (recorded "
+                   << std::hex << m->crc << ", read " << got << std::dec
+                   << "); refused until it is overwritten";
+      MarkCorruptLocked(addr, len, m->crc);
+    }
+  }
+  if (corrupt || !m->status.ok()) {
+    absl::Status s =
+        corrupt ? absl::DataLossError(absl::StrCat(
+                      "hybrid device: the object at ", addr, " (", len,
+                      " bytes) does not match its checksum on the capacity "
+                      "tier"))
+                : absl::UnavailableError(absl::StrCat(
+                      "hybrid device: tier read of [", addr, ", +", len,
+                      ") failed: ", m->status.ToString()));
     bounce_bytes_ -= span_len;
     delete m;
     free(buf);
@@ -1057,11 +1274,28 @@ absl::Status HybridDevice::CommitWrite(const WriteView& view) {
   MutexLock l(&mu_);
   auto it = entries_.find(view.cookie);
   if (it == entries_.end() || !it->second->writing ||
-      it->second->addr != view.addr || it->second->len != view.length) {
+      it->second->committing || it->second->addr != view.addr ||
+      it->second->len != view.length) {
     ++stats_.unknown_releases;
     return absl::InvalidArgumentError("hybrid device: unknown write view");
   }
   Entry* e = it->second.get();
+  // The object's CRC32C, while its bytes are likely still in this core's
+  // cache, on the writer's thread (not the one flusher), outside mu_. The
+  // entry cannot be freed while `writing`; `committing` turns away a
+  // concurrent Commit or Abort of the same view.
+  e->committing = true;
+  const uint8_t* data = buffer_ + e->buf_off;
+  const uint64_t len = e->len;
+  mu_.Unlock();
+  const absl::Time crc_start = absl::Now();
+  const uint32_t crc = crc32c::Value(data, len);
+  const absl::Duration crc_took = absl::Now() - crc_start;
+  mu_.Lock();
+  e->committing = false;
+  e->crc = crc;
+  e->has_crc = true;
+  stats_.commit_checksum_seconds += absl::ToDoubleSeconds(crc_took);
   e->writing = false;
   --stats_.device.outstanding_writes;
   ++stats_.device.writes;
@@ -1069,6 +1303,9 @@ absl::Status HybridDevice::CommitWrite(const WriteView& view) {
   // A prefetch may have staged the old bytes since BeginWrite.
   SupersedeLocked(e->addr, e->buf_len);
   InvalidateStagedLocked(e->addr, e->buf_len);
+  // The old objects' bytes on the tier are being replaced (not at
+  // BeginWrite: an aborted write leaves them, corrupt ones still refused).
+  EraseSumsLocked(e->addr, e->buf_len);
   e->live = true;
   live_[e->addr] = e;
   e->queued = true;
@@ -1087,6 +1324,10 @@ void HybridDevice::AbortWrite(const WriteView& view) {
     return;
   }
   Entry* e = it->second.get();
+  if (e->committing) {
+    ++stats_.unknown_releases;
+    return;
+  }
   e->writing = false;
   --stats_.device.outstanding_writes;
   ++stats_.device.aborted_writes;
@@ -1207,7 +1448,9 @@ void HybridDevice::FlusherLoop() {
     const absl::Time now = absl::Now();
     const bool past_deadline = stopping_ && now >= stop_deadline_;
     if (stopping_ && pipeline_.empty() &&
-        ((flush_queue_.empty() && record_pending_.empty()) || past_deadline)) {
+        ((flush_queue_.empty() && record_pending_.empty() &&
+          forget_corrupt_.empty()) ||
+         past_deadline)) {
       break;
     }
     const bool busy = ForegroundBusyLocked();
@@ -1242,6 +1485,12 @@ void HybridDevice::FlusherLoop() {
         wake = std::min(wake, oldest + options_.record_max_delay);
       }
     }
+    // Corrupt objects' records go first: they are few, and until forgotten
+    // a restart without verify_on_open would adopt them again.
+    if (!forget_corrupt_.empty() && !retrying && !past_deadline) {
+      ForgetCorruptLocked();
+      continue;
+    }
     const bool record_first = record_due && last_was_forget_;
     if (forget_wanted && !record_first) {
       absl::Status forget = ForgetQueuedLocked(/*all=*/!busy);
@@ -1261,7 +1510,7 @@ void HybridDevice::FlusherLoop() {
     }
     // 3. Nothing to do until a write completes, a commit arrives, reads go
     // idle, a retry or the shutdown deadline is due.
-    if (!record_pending_.empty() && retrying) {
+    if ((!record_pending_.empty() || !forget_corrupt_.empty()) && retrying) {
       wake = std::min(wake, retry_after_);
     }
     if (stopping_) wake = std::min(wake, stop_deadline_);
@@ -1291,6 +1540,30 @@ void HybridDevice::StartBatchLocked(std::vector<Entry*> batch) {
   fb->entries = std::move(batch);
   pipeline_.push_back(std::move(owned));
   IssueBatchLocked(fb);  // fb may be retired (deleted) once this returns
+}
+
+void HybridDevice::ForgetCorruptLocked() {
+  forgetting_corrupt_ = std::move(forget_corrupt_);
+  forget_corrupt_.clear();
+  std::vector<TierRange> ranges;
+  for (const CorruptForget& f : forgetting_corrupt_) ranges.push_back(f.range);
+  mu_.Unlock();
+  const absl::Status status = tier_->ForgetRanges(ranges);
+  mu_.Lock();
+  last_was_forget_ = true;
+  if (status.ok()) {
+    stats_.corrupt_records_forgotten += ranges.size();
+  } else {
+    LOG(WARNING) << "hybrid device: forgetting the records of "
+                 << ranges.size() << " corrupt objects failed (will retry in "
+                 << absl::FormatDuration(backoff_) << "): " << status;
+    for (const CorruptForget& f : forgetting_corrupt_) {
+      if (!f.dropped) forget_corrupt_.push_back(f);
+    }
+    BackOffLocked();
+  }
+  forgetting_corrupt_.clear();
+  cv_.SignalAll();
 }
 
 void HybridDevice::RecordPendingLocked() {
@@ -1375,8 +1648,12 @@ void HybridDevice::RetireBatchLocked(FlushBatch* fb) {
       if (!e->superseded) {
         stats_.flushed_bytes += e->len;
         ++stats_.flushed_objects;
+        if (options_.verify_reads && e->has_crc) {
+          EraseSumsLocked(e->addr, e->buf_len);
+          tier_sums_[e->addr] = TierSum{e->len, e->crc, false};
+        }
         PendingRecord r;
-        r.extent = DurableExtent{e->addr, e->len, e->tag};
+        r.extent = DurableExtent{e->addr, e->len, e->tag, e->has_crc, e->crc};
         r.seq = e->seq;
         r.since = absl::Now();
         AddPendingRecordLocked(r);

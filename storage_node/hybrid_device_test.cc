@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/crc32c.h"
 #include "common/thread.h"
 #include "storage_node/fake_block_io.h"
+#include "storage_node/faulty_block_io.h"
 
 namespace hymcache::storage {
 namespace {
@@ -62,14 +64,18 @@ HybridDeviceOptions SmallOptions() {
 }
 
 // A fake disk and a device over it. The disk outlives devices, so a test can
-// "restart" the device over the same bytes.
+// "restart" the device over the same bytes. With `faults`, the device's I/O
+// goes through a FaultyBlockIo over the disk.
 struct Rig {
-  explicit Rig(HybridDeviceOptions o = SmallOptions())
-      : io(std::make_unique<FakeBlockIo>(kHdr + kCap)) {
+  explicit Rig(HybridDeviceOptions o = SmallOptions(), bool faults = false)
+      : io(std::make_unique<FakeBlockIo>(kHdr + kCap)),
+        faulty(faults ? std::make_unique<FaultyBlockIo>(io.get()) : nullptr) {
     Open(o);
   }
   void Open(HybridDeviceOptions o, std::vector<DurableExtent> extents = {}) {
-    auto t = std::make_unique<FakeCapacityTier>(io.get(), kCap,
+    BlockIo* dev_io = faulty != nullptr ? static_cast<BlockIo*>(faulty.get())
+                                        : io.get();
+    auto t = std::make_unique<FakeCapacityTier>(dev_io, kCap,
                                                 std::move(extents));
     tier = t.get();
     auto d = HybridDevice::Create(o, std::move(t));
@@ -98,8 +104,9 @@ struct Rig {
   }
 
   std::unique_ptr<FakeBlockIo> io;
+  std::unique_ptr<FaultyBlockIo> faulty;
   FakeCapacityTier* tier = nullptr;
-  std::unique_ptr<HybridDevice> dev;
+  std::unique_ptr<HybridDevice> dev;  // last: destroyed first
 };
 
 PrefetchHandle Prefetch(HybridDevice* d, uint64_t addr, uint64_t len) {
@@ -359,6 +366,38 @@ TEST_CASE("Waiters wake for their own object; a handle released mid-wait") {
   HybridDeviceStats s = rig.dev->HybridStats();
   CHECK(s.staged_objects == 0);
   CHECK(s.staged_bytes == 0);
+}
+
+TEST_CASE("A read of an object being staged wakes when the refill lands") {
+  HybridDeviceOptions o = SmallOptions();
+  o.read_timeout = absl::Seconds(10);
+  Rig rig(o);
+  rig.FillDisk(0, 32 * kKiB, 23);
+  rig.io->PauseForTest();
+  PrefetchHandle h = Prefetch(rig.dev.get(), 0, 32 * kKiB);
+  absl::Duration took;
+  bool matched = false;
+  {
+    Thread reader("test-read", [&] {
+      const absl::Time start = absl::Now();
+      auto r = rig.dev->AcquireRead(0, 0, 32 * kKiB);
+      took = absl::Now() - start;
+      if (r.ok()) {
+        matched = Matches(r->data, 0, 32 * kKiB, 23);
+        rig.dev->ReleaseRead(*r);
+      }
+    });
+    REQUIRE(WaitUntil([&] { return rig.dev->HybridStats().read_waiters == 1; }));
+    rig.io->ResumeForTest();
+  }
+  CHECK(matched);
+  // Woken by the completion, not by read_timeout.
+  CHECK(took < absl::Seconds(5));
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.staging_hits == 1);
+  CHECK(s.staging_misses == 0);
+  CHECK(s.read_waiters == 0);
+  rig.dev->PrefetchRelease(h);
 }
 
 TEST_CASE("A full window queues prefetches FIFO until space is released") {
@@ -1091,6 +1130,381 @@ TEST_CASE("Concurrent writers, prefetchers and missing readers agree") {
   CHECK(s.device.outstanding_writes == 0);
   CHECK(s.unknown_releases == 0);
   CHECK(rig.tier->ExtentsNowForTest().size() == 2 * kObjs);
+}
+
+// ------------------------------------------------------ checksums, I/O errors
+
+TEST_CASE("Flushed objects carry the CRC32C of their bytes in their records") {
+  Rig rig;
+  rig.Put(0, 5000, 1, 101);  // not a whole page: the padding is not summed
+  rig.Put(64 * kKiB, 16 * kKiB, 2, 102);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  auto ext = rig.tier->ExtentsNowForTest();
+  REQUIRE(ext.size() == 2);
+  for (const DurableExtent& e : ext) {
+    INFO("object at " << e.addr);
+    CHECK(e.checksummed);
+    std::vector<uint8_t> want = Pattern(e.addr, e.length, 100 + e.tag);
+    CHECK(e.crc32c == crc32c::Value(want.data(), want.size()));
+  }
+  CHECK(rig.dev->HybridStats().commit_checksum_seconds > 0);
+}
+
+TEST_CASE("A read I/O error fails only that object, wakes its waiters, and heals") {
+  Rig rig(SmallOptions(), /*faults=*/true);
+  const uint64_t a = 0, b = 64 * kKiB, len = 32 * kKiB;
+  rig.FillDisk(a, len, 111);
+  rig.FillDisk(b, len, 112);
+  // A bad sector inside A.
+  rig.faulty->FailReadsForTest(kHdr + a + 16 * kKiB, 4 * kKiB);
+
+  // Three prefetchers of A share one staged copy and wait for it; the
+  // refill fails while they wait.
+  rig.io->PauseForTest();
+  std::vector<PrefetchHandle> ha;
+  for (int i = 0; i < 3; ++i) ha.push_back(Prefetch(rig.dev.get(), a, len));
+  PrefetchHandle hb = Prefetch(rig.dev.get(), b, len);
+  std::atomic<int> unavailable{0};
+  {
+    std::vector<std::unique_ptr<Thread>> waiters;
+    for (int i = 0; i < 3; ++i) {
+      waiters.push_back(std::make_unique<Thread>("test-wait", [&, i] {
+        auto p = rig.dev->PrefetchWait(ha[i], Soon());
+        if (p.status().code() == absl::StatusCode::kUnavailable) ++unavailable;
+      }));
+    }
+    REQUIRE(WaitUntil([&] { return rig.dev->HybridStats().prefetch_waiters == 3; }));
+    rig.io->ResumeForTest();
+  }
+  CHECK(unavailable.load() == 3);
+  auto pb = rig.dev->PrefetchWait(hb, Soon());
+  REQUIRE(pb.ok());
+  CHECK(Matches(*pb, b, len, 112));
+  for (const PrefetchHandle& h : ha) rig.dev->PrefetchRelease(h);
+  rig.dev->PrefetchRelease(hb);
+
+  // A staging miss of A fails too; B is served.
+  auto ra = rig.dev->AcquireRead(0, a, len);
+  CHECK(ra.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(rig.ReadMatches(b, len, 112));
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.prefetch_errors == 1);
+  CHECK(s.read_io_errors == 2);
+  CHECK(s.staged_bytes == 0);
+  CHECK(s.bounce_bytes == 0);
+  CHECK(s.checksum_failures == 0);
+  CHECK(rig.faulty->FailedReadsForTest() == 2);
+
+  // Not remembered: once the disk reads again, so does A.
+  rig.faulty->ClearFaultsForTest();
+  CHECK(rig.ReadMatches(a, len, 111));
+  PrefetchHandle again = Prefetch(rig.dev.get(), a, len);
+  auto p = rig.dev->PrefetchWait(again, Soon());
+  REQUIRE(p.ok());
+  CHECK(Matches(*p, a, len, 111));
+  rig.dev->PrefetchRelease(again);
+}
+
+TEST_CASE("With verify_reads, an I/O error is still Unavailable, not corruption") {
+  HybridDeviceOptions o = SmallOptions();
+  o.verify_reads = true;
+  Rig rig(o, /*faults=*/true);
+  rig.Put(0, 20 * kKiB, 1, 121);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  rig.faulty->FailReadsForTest(kHdr, 4 * kKiB);
+  CHECK(rig.dev->AcquireRead(0, 0, 20 * kKiB).status().code() ==
+        absl::StatusCode::kUnavailable);
+  PrefetchHandle h = Prefetch(rig.dev.get(), 0, 20 * kKiB);
+  CHECK(rig.dev->PrefetchWait(h, Soon()).status().code() ==
+        absl::StatusCode::kUnavailable);
+  rig.dev->PrefetchRelease(h);
+  rig.faulty->ClearFaultsForTest();
+  CHECK(rig.ReadMatches(0, 20 * kKiB, 121));
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.checksum_failures == 0);
+  CHECK(s.corrupt_refusals == 0);
+  CHECK(s.verified_reads == 1);
+}
+
+TEST_CASE("Reads under failing I/O return the right bytes or an error, never a hang") {
+  HybridDeviceOptions o = SmallOptions();
+  o.verify_reads = true;
+  o.staging_bytes = 64 * kKiB;
+  o.max_bounce_bytes = 32 * kKiB;
+  Rig rig(o, /*faults=*/true);
+  constexpr uint64_t kObj = 12 * kKiB;
+  constexpr int kObjs = 16;
+  for (int i = 0; i < kObjs; ++i) {
+    rig.Put(i * 16 * kKiB, kObj, i + 1, 130 + i);
+    if (i % 8 == 7) REQUIRE(rig.dev->WaitFlushedForTest(Soon()));  // 128 KiB buffer
+  }
+  rig.io->SetLatencyForTest(absl::Microseconds(20));
+  rig.faulty->FailEveryNthReadForTest(3);
+  std::atomic<int> bad{0}, served{0}, failed{0};
+  auto check = [&](absl::Status st) {
+    if (st.code() == absl::StatusCode::kUnavailable) {
+      ++failed;
+    } else if (st.code() != absl::StatusCode::kResourceExhausted) {
+      ++bad;  // anything else (DataLoss included) is wrong here
+    }
+  };
+  auto prefetcher = [&](int first) {
+    for (int round = 0; round < 4; ++round) {
+      for (int i = first; i < kObjs; i += 2) {
+        const uint64_t addr = i * 16 * kKiB;
+        auto h = rig.dev->PrefetchObject(0, addr, kObj);
+        if (!h.ok()) {
+          check(h.status());
+          continue;
+        }
+        auto p = rig.dev->PrefetchWait(*h, Soon());
+        if (p.ok()) {
+          if (!Matches(*p, addr, kObj, 130 + i)) ++bad;
+          ++served;
+        } else {
+          check(p.status());
+        }
+        rig.dev->PrefetchRelease(*h);
+      }
+    }
+  };
+  auto reader = [&] {
+    for (int round = 0; round < 4; ++round) {
+      for (int i = 0; i < kObjs; ++i) {
+        const uint64_t addr = i * 16 * kKiB;
+        auto r = rig.dev->AcquireRead(0, addr, kObj);
+        if (!r.ok()) {
+          check(r.status());
+          continue;
+        }
+        if (!Matches(r->data, addr, kObj, 130 + i)) ++bad;
+        ++served;
+        rig.dev->ReleaseRead(*r);
+      }
+    }
+  };
+  {
+    Thread p0("test-p0", [&] { prefetcher(0); });
+    Thread p1("test-p1", [&] { prefetcher(1); });
+    Thread r("test-r", reader);
+  }
+  CHECK(bad.load() == 0);
+  CHECK(served.load() > 0);
+  CHECK(failed.load() > 0);
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.read_io_errors > 0);
+  CHECK(s.checksum_failures == 0);
+  CHECK(s.staged_bytes == 0);
+  CHECK(s.bounce_bytes == 0);
+  CHECK(s.device.outstanding_reads == 0);
+  rig.faulty->ClearFaultsForTest();
+  for (int i = 0; i < kObjs; ++i) CHECK(rig.ReadMatches(i * 16 * kKiB, kObj, 130 + i));
+}
+
+TEST_CASE("verify_reads: an object corrupted before its record is refused and never recorded") {
+  HybridDeviceOptions o = SmallOptions();
+  o.verify_reads = true;
+  Rig rig(o);
+  rig.tier->SetRecordsFailForTest(true);
+  rig.Put(0, 16 * kKiB, 5, 140);
+  rig.Put(64 * kKiB, 16 * kKiB, 6, 141);
+  REQUIRE(WaitUntil([&] {
+    HybridDeviceStats s = rig.dev->HybridStats();
+    return s.record_pending_objects == 2 && s.buffered_bytes == 0;
+  }));
+  const uint8_t junk[3] = {1, 2, 3};
+  rig.io->FillForTest(kHdr + 100, junk, sizeof(junk));
+  CHECK(rig.dev->AcquireRead(0, 0, 16 * kKiB).status().code() ==
+        absl::StatusCode::kDataLoss);
+  CHECK(rig.ReadMatches(64 * kKiB, 16 * kKiB, 141));
+  rig.tier->SetRecordsFailForTest(false);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  REQUIRE(WaitUntil(
+      [&] { return rig.dev->HybridStats().corrupt_records_forgotten == 1; }));
+  auto ext = rig.tier->ExtentsNowForTest();
+  REQUIRE(ext.size() == 1);
+  CHECK(ext[0].tag == 6);
+  for (const DurableExtent& e : rig.tier->RecordedForTest()) CHECK(e.tag != 5);
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.read_checksum_failures == 1);
+  CHECK(s.checksum_failures == 1);
+  CHECK(s.verified_reads == 2);
+}
+
+// ---------------------------------------------- over a real capacity file
+
+std::string TmpPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+// A hybrid device over a real capacity file and extent record (RocksDB).
+struct FileRig {
+  explicit FileRig(const std::string& name) {
+    tier.path = TmpPath(name);
+    tier.capacity_bytes = kCap;
+    tier.node_name = "node-crc";
+    tier.io.queue_depth = 8;
+    const std::string probe = tier.path + ".probe";
+    int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0644);
+    tier.io.direct = fd >= 0;
+    if (fd >= 0) close(fd);
+    unlink(probe.c_str());
+  }
+  void Open(const HybridDeviceOptions& o) {
+    dev.reset();
+    auto t = CapacityTier::Open(tier);
+    INFO(t.status().ToString());
+    REQUIRE(t.ok());
+    auto d = HybridDevice::Create(o, std::move(*t));
+    INFO(d.status().ToString());
+    REQUIRE(d.ok());
+    dev = std::move(*d);
+  }
+  void Put(uint64_t addr, uint64_t len, uint64_t gen, uint64_t seed) {
+    auto w = dev->BeginWrite(0, addr, len, gen);
+    REQUIRE(w.ok());
+    std::vector<uint8_t> v = Pattern(addr, len, seed);
+    std::memcpy(w->data, v.data(), len);
+    REQUIRE(dev->CommitWrite(*w).ok());
+  }
+  absl::Status Read(uint64_t addr, uint64_t len, uint64_t seed) {
+    auto r = dev->AcquireRead(0, addr, len);
+    if (!r.ok()) return r.status();
+    const bool ok = Matches(r->data, addr, len, seed);
+    dev->ReleaseRead(*r);
+    return ok ? absl::OkStatus() : absl::InternalError("wrong bytes");
+  }
+  // Overwrites file bytes behind the device's back.
+  void Scribble(uint64_t addr, uint64_t len, uint8_t byte) {
+    int fd = open(tier.path.c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    std::vector<uint8_t> v(len, byte);
+    REQUIRE(pwrite(fd, v.data(), len, kHdr + addr) == static_cast<ssize_t>(len));
+    REQUIRE(fdatasync(fd) == 0);
+    close(fd);
+  }
+  std::vector<uint64_t> RecoveredGens() const {
+    std::vector<uint64_t> g;
+    for (const RecoveredExtent& e : dev->RecoveredExtents()) g.push_back(e.generation);
+    return g;
+  }
+
+  CapacityTierOptions tier;
+  std::unique_ptr<HybridDevice> dev;
+};
+
+TEST_CASE("Reopening a capacity file drops the object with a flipped byte and the torn one") {
+  FileRig rig("hyb_reopen");
+  rig.Open(SmallOptions());
+  rig.Put(0, 20 * kKiB, 1, 151);
+  rig.Put(64 * kKiB, 8 * kKiB + 123, 2, 152);   // a byte flipped below
+  rig.Put(128 * kKiB, 40 * kKiB, 3, 153);       // torn below
+  rig.Put(256 * kKiB, 4 * kKiB, 4, 154);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  rig.dev.reset();
+
+  {
+    int fd = open(rig.tier.path.c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    uint8_t byte = 0;
+    REQUIRE(pread(fd, &byte, 1, kHdr + 64 * kKiB + 5000) == 1);
+    byte ^= 0x01;
+    REQUIRE(pwrite(fd, &byte, 1, kHdr + 64 * kKiB + 5000) == 1);
+    REQUIRE(fdatasync(fd) == 0);
+    close(fd);
+  }
+  // Torn: the record is there, the tail of the bytes never landed.
+  rig.Scribble(128 * kKiB + 24 * kKiB, 16 * kKiB, 0);
+
+  rig.Open(SmallOptions());
+  CHECK(rig.RecoveredGens() == std::vector<uint64_t>{1, 4});
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.open_verified_objects == 2);
+  CHECK(s.open_verified_bytes == 24 * kKiB);
+  CHECK(s.open_dropped_objects == 2);
+  CHECK(s.checksum_failures == 2);
+  CHECK(s.open_unchecked_objects == 0);
+  CHECK(rig.Read(0, 20 * kKiB, 151).ok());
+  CHECK(rig.Read(256 * kKiB, 4 * kKiB, 154).ok());
+  rig.dev.reset();
+
+  // Their records are gone for good: not adopted even unchecked.
+  HybridDeviceOptions unchecked = SmallOptions();
+  unchecked.verify_on_open = false;
+  rig.Open(unchecked);
+  CHECK(rig.RecoveredGens() == std::vector<uint64_t>{1, 4});
+  CHECK(rig.dev->HybridStats().open_unchecked_objects == 2);
+  CHECK(rig.dev->HybridStats().open_verified_objects == 0);
+}
+
+TEST_CASE("verify_reads catches bytes changed behind the device's back") {
+  HybridDeviceOptions o = SmallOptions();
+  o.verify_reads = true;
+  FileRig rig("hyb_verify_reads");
+  rig.Open(o);
+  const uint64_t a = 0, b = 64 * kKiB, c = 128 * kKiB, d = 192 * kKiB;
+  rig.Put(a, 20 * kKiB, 1, 161);
+  rig.Put(b, 12 * kKiB, 2, 162);
+  rig.Put(c, 8 * kKiB, 3, 163);
+  rig.Put(d, 16 * kKiB, 4, 164);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  // D was staged and read fine, then evicted (released).
+  {
+    auto h = rig.dev->PrefetchObject(0, d, 16 * kKiB);
+    REQUIRE(h.ok());
+    auto p = rig.dev->PrefetchWait(*h, Soon());
+    REQUIRE(p.ok());
+    CHECK(Matches(*p, d, 16 * kKiB, 164));
+    rig.dev->PrefetchRelease(*h);
+  }
+  rig.Scribble(a + 8 * kKiB, 4 * kKiB, 0x5A);
+  rig.Scribble(b + 4 * kKiB, 4 * kKiB, 0);
+  rig.Scribble(d + 12 * kKiB, 4 * kKiB, 0xA5);
+
+  // A staging miss, a refill, and a refill of a once-staged object: each
+  // fails with DataLoss, and the object is refused from then on.
+  CHECK(rig.Read(a, 20 * kKiB, 161).code() == absl::StatusCode::kDataLoss);
+  auto hb = rig.dev->PrefetchObject(0, b, 12 * kKiB);
+  REQUIRE(hb.ok());
+  CHECK(rig.dev->PrefetchWait(*hb, Soon()).status().code() ==
+        absl::StatusCode::kDataLoss);
+  rig.dev->PrefetchRelease(*hb);
+  auto hd = rig.dev->PrefetchObject(0, d, 16 * kKiB);
+  REQUIRE(hd.ok());
+  CHECK(rig.dev->PrefetchWait(*hd, Soon()).status().code() ==
+        absl::StatusCode::kDataLoss);
+  rig.dev->PrefetchRelease(*hd);
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.read_checksum_failures == 3);
+  CHECK(s.checksum_failures == 3);
+  CHECK(s.staged_bytes == 0);
+  CHECK(s.bounce_bytes == 0);
+
+  CHECK(rig.Read(a, 20 * kKiB, 161).code() == absl::StatusCode::kDataLoss);
+  CHECK(rig.dev->PrefetchObject(0, b, 12 * kKiB).status().code() ==
+        absl::StatusCode::kDataLoss);
+  CHECK(rig.dev->HybridStats().corrupt_refusals == 2);
+  CHECK(rig.dev->HybridStats().read_checksum_failures == 3);
+  // The others are served.
+  CHECK(rig.Read(c, 8 * kKiB, 163).ok());
+
+  // A new object over A is readable, from the buffer and from the tier.
+  rig.Put(a, 20 * kKiB, 10, 165);
+  CHECK(rig.Read(a, 20 * kKiB, 165).ok());
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  CHECK(rig.Read(a, 20 * kKiB, 165).ok());
+  REQUIRE(WaitUntil(
+      [&] { return rig.dev->HybridStats().corrupt_records_forgotten >= 2; }));
+
+  // The corrupt objects' records were forgotten: a restart without any
+  // verification adopts only the good ones.
+  rig.dev.reset();
+  HybridDeviceOptions plain = SmallOptions();
+  plain.verify_on_open = false;
+  rig.Open(plain);
+  CHECK(rig.RecoveredGens() == std::vector<uint64_t>{10, 3});
+  CHECK(rig.Read(a, 20 * kKiB, 165).ok());
 }
 
 }  // namespace
