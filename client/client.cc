@@ -612,7 +612,8 @@ class ClientImpl : public Client {
 
   // Ends `session` on `nodes` without waiting.
   // Read repair: the node refused reads of listed objects (NotFound: it
-  // does not hold that extent, e.g. it lost its write buffer in a crash).
+  // does not hold that extent, e.g. it lost its write buffer in a crash;
+  // DataLoss: the bytes failed their checksum).
   // Tells the master in the background, which drops the listings that still
   // name those exact locations, so the keys can be stored again. `st[k]` is
   // the status of the read of keys[first + k] at locs[first + k].
@@ -621,7 +622,12 @@ class ClientImpl : public Client {
                      const std::vector<absl::Status>& st) {
     pb::ReportMissingRequest req;
     for (size_t k = 0; k < st.size(); ++k) {
-      if (st[k].code() != absl::StatusCode::kNotFound) continue;
+      // NotFound: no such extent; DataLoss: its bytes failed their
+      // checksum (the node forgot it).
+      if (st[k].code() != absl::StatusCode::kNotFound &&
+          st[k].code() != absl::StatusCode::kDataLoss) {
+        continue;
+      }
       req.add_keys(keys[first + k]);
       const ObjectLocation& l = locs[first + k];
       pb::Location* loc = req.add_locations();

@@ -783,6 +783,9 @@ bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
       if (r.status().code() != absl::StatusCode::kNotFound) {
         op.status = WireStatus(r.status());
         rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+        if (r.status().code() == absl::StatusCode::kDataLoss) {
+          options_.extents->Drop(KeyOf(op));  // as below
+        }
         continue;
       }
     }
@@ -802,6 +805,12 @@ bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
     if (!view.ok()) {
       op.status = WireStatus(view.status());
       rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+      // The object's bytes are gone for good (a checksum mismatch): forget
+      // it, so the master's next reconciliation drops its listing (the
+      // reader reports it at once).
+      if (view.status().code() == absl::StatusCode::kDataLoss) {
+        options_.extents->Drop(KeyOf(op));
+      }
       continue;  // `pin` releases
     }
     pins[i] = std::move(*pin);

@@ -256,6 +256,24 @@ void ExportDeviceStats(const storage::MemoryDevice& device,
     (*out)["flush_lag_seconds"] = absl::ToDoubleSeconds(s.flush_lag);
     (*out)["flushed_bytes"] = static_cast<double>(s.flushed_bytes);
     (*out)["flush_errors"] = static_cast<double>(s.flush_errors);
+    (*out)["read_io_errors"] = static_cast<double>(s.read_io_errors);
+    (*out)["prefetch_errors"] = static_cast<double>(s.prefetch_errors);
+    (*out)["read_waiters"] = static_cast<double>(s.read_waiters);
+    // Integrity (checksums on the capacity tier).
+    (*out)["checksum_failures"] = static_cast<double>(s.checksum_failures);
+    (*out)["read_checksum_failures"] =
+        static_cast<double>(s.read_checksum_failures);
+    (*out)["verified_reads"] = static_cast<double>(s.verified_reads);
+    (*out)["corrupt_refusals"] = static_cast<double>(s.corrupt_refusals);
+    (*out)["corrupt_records_forgotten"] =
+        static_cast<double>(s.corrupt_records_forgotten);
+    (*out)["open_verified_objects"] =
+        static_cast<double>(s.open_verified_objects);
+    (*out)["open_unchecked_objects"] =
+        static_cast<double>(s.open_unchecked_objects);
+    (*out)["open_dropped_objects"] = static_cast<double>(s.open_dropped_objects);
+    (*out)["open_verify_seconds"] = s.open_verify_seconds;
+    (*out)["commit_checksum_seconds"] = s.commit_checksum_seconds;
   }
   if (const auto* l = dynamic_cast<const storage::LruCacheDevice*>(&device)) {
     const storage::LruCacheStats s = l->CacheStats();
@@ -410,6 +428,8 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
     h.numa_node = o.numa_node;
     h.io_queue_depth = o.io_queue_depth;
     h.shutdown_flush_timeout = o.shutdown_flush_timeout;
+    h.verify_on_open = o.verify_on_open;
+    h.verify_reads = o.verify_reads;
     h.shareable = shareable;
     LOG(INFO) << "hybrid device: capacity file " << o.capacity_path << " ("
               << (t->adopted() ? "adopted" : "formatted") << ", "

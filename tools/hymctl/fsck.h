@@ -8,7 +8,11 @@
 //   * present but unlisted: a node holds an extent the master does not list
 //     (space nobody can reach until the node's next reconciliation);
 //   * mismatched: the node holds the listed generation at another range;
-//   * checksum failures the nodes counted (hybrid capacity tier).
+// and, for information, the checksum failures the nodes counted since they
+// started (hybrid capacity tier: an object whose bytes fail their CRC32C is
+// dropped by its node at once, so its listing shows up as listed-but-missing
+// until the node reconciles or a reader reports it; the counter itself is
+// not an inconsistency).
 // Listings on nodes that are not alive, or whose control port does not
 // answer, are counted as unchecked, not as inconsistencies.
 //
@@ -62,16 +66,14 @@ struct FsckReport {
   uint64_t unchecked = 0;  // listings on dead or unreachable nodes
   uint64_t nodes_checked = 0;
   std::vector<std::string> unreachable;  // "node N (name): why"
-  uint64_t checksum_failures = 0;        // summed node counters
+  uint64_t checksum_failures = 0;        // summed node counters (info)
   std::vector<FsckFinding> findings;     // confirmed by both passes
   // With repair: what was done, and the findings left afterwards.
   uint64_t listings_dropped = 0;
   uint64_t nodes_reconciled = 0;
   uint64_t remaining = 0;
 
-  bool clean() const {
-    return findings.empty() && checksum_failures == 0;
-  }
+  bool clean() const { return findings.empty(); }
 };
 
 // Errors: Unavailable / DeadlineExceeded if the master cannot be listed.

@@ -386,8 +386,7 @@ class Cli {
     }
     absl::StatusOr<FsckReport> r = RunFsck(f);
     if (!r.ok()) return Fail(r.status());
-    const bool inconsistent =
-        f.repair ? r->remaining > 0 || r->checksum_failures > 0 : !r->clean();
+    const bool inconsistent = f.repair ? r->remaining > 0 : !r->clean();
     auto loc = [](const hymcache::v1::Location& l) {
       return json{{"node_id", l.node_id()},   {"region_id", l.region_id()},
                   {"addr", l.addr()},         {"length", l.length()},
@@ -427,7 +426,9 @@ class Cli {
          << "  listed but missing:      " << counts[0] << "\n"
          << "  present but unlisted:    " << counts[1] << "\n"
          << "  generation/range mismatch: " << counts[2] << "\n"
-         << "  checksum failures:       " << r->checksum_failures << "\n";
+         << "  objects the nodes dropped for failing their checksum (since "
+            "they started): "
+         << r->checksum_failures << "\n";
     if (r->unchecked > 0) {
       out_ << "  not checked (node dead or unreachable): " << r->unchecked
            << " listings\n";
