@@ -1,5 +1,6 @@
 #include "master/metadata_index.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -58,13 +59,28 @@ struct MetadataIndex::Record {
     return e;
   }
 };
+// State kept between LoadEntry and FinishLoad.
+struct MetadataIndex::LoadState {
+  // Persisted last use, by record number.
+  std::vector<uint64_t> last_use;
+  // Parents not yet loaded when their child was: resolved by FinishLoad.
+  struct Pending {
+    uint32_t record;
+    uint32_t length;
+    uint64_t offset;  // into parent_keys
+  };
+  std::vector<Pending> pending;
+  std::string parent_keys;
+};
+
 MetadataIndex::MetadataIndex() : set_(0, Hash{this}, Eq{this}) {
   static_assert(sizeof(Record) == 64, "Record must be one cache line");
-  static_assert(sizeof(Links) == 12, "Links must stay small");
+  static_assert(sizeof(Links) == 20, "Links must stay small");
 }
 
 MetadataIndex::~MetadataIndex() {
-  // Release out-of-line keys; record chunks go with chunks_.
+  // Release out-of-line keys; record chunks go with chunks_. Ghosts have
+  // released theirs already.
   for (uint32_t i : set_) {
     Record& r = record(i);
     if (r.key_len() > Record::kInlineKey) delete[] r.key_data();
@@ -88,17 +104,39 @@ absl::string_view MetadataIndex::KeyOf(uint32_t i) const {
   return absl::string_view(r.key_data(), r.key_len());
 }
 
-uint32_t MetadataIndex::NewRecord() {
+bool MetadataIndex::IsGhost(uint32_t i) const {
+  return record(i).key_len() == 0 && links(i).child_count() > 0;
+}
+
+absl::StatusOr<uint32_t> MetadataIndex::NewRecord() {
   if (!free_records_.empty()) {
     uint32_t i = free_records_.back();
     free_records_.pop_back();
     return i;
+  }
+  if (records_used_ == std::numeric_limits<uint32_t>::max()) {
+    return absl::ResourceExhaustedError("index is full (2^32 - 1 records)");
   }
   if ((records_used_ >> kChunkShift) >= chunks_.size()) {
     chunks_.push_back(std::make_unique<Record[]>(kChunkSize));
     link_chunks_.push_back(std::make_unique<Links[]>(kChunkSize));
   }
   return records_used_++;
+}
+
+void MetadataIndex::FillRecord(uint32_t i, absl::string_view key,
+                               const IndexEntry& entry) {
+  Record& r = record(i);
+  r.SetEntry(entry, key.size());
+  if (key.size() <= Record::kInlineKey) {
+    std::memcpy(r.key, key.data(), key.size());
+  } else {
+    char* p = new char[key.size()];
+    std::memcpy(p, key.data(), key.size());
+    std::memcpy(r.key, &p, sizeof(p));
+    out_of_line_key_bytes_ += MallocSize(key.size());
+  }
+  links(i) = Links{kNil, kNil, 0, kNil, 0};
 }
 
 void MetadataIndex::FreeRecord(uint32_t i) {
@@ -108,8 +146,55 @@ void MetadataIndex::FreeRecord(uint32_t i) {
     delete[] r.key_data();
   }
   std::memset(&r, 0, sizeof(r));
-  links(i) = Links{kNil, kNil, 0};
+  links(i) = Links{kNil, kNil, 0, kNil, 0};
   free_records_.push_back(i);
+}
+
+void MetadataIndex::RemoveRecord(uint32_t i) {
+  Record& r = record(i);
+  const uint32_t node_id = r.node_id;
+  Unlink(i, node_id);
+  DetachFromParent(i);
+  Links& l = links(i);
+  if (l.child_count() == 0) {
+    FreeRecord(i);
+    return;
+  }
+  // A ghost: keyless, unfindable, unlisted; freed with its last child.
+  if (r.key_len() > Record::kInlineKey) {
+    out_of_line_key_bytes_ -= MallocSize(r.key_len());
+    delete[] r.key_data();
+  }
+  std::memset(r.key, 0, sizeof(r.key));
+  r.length_and_key_len = 0;
+  l.read_tick = 0;
+  l.children &= kMaxChildren;  // no longer queued for CollectUsed
+  ++ghost_count_;
+  ++ghosts_by_node_[node_id];
+}
+
+void MetadataIndex::SetParent(uint32_t i, uint32_t parent) {
+  links(i).parent = parent;
+  if (parent != kNil) ++links(parent).children;
+}
+
+void MetadataIndex::DetachFromParent(uint32_t i) {
+  Links& l = links(i);
+  const uint32_t p = l.parent;
+  if (p == kNil) return;
+  l.parent = kNil;
+  Links& pl = links(p);
+  --pl.children;  // the count is > 0: the used bit is untouched
+  if (pl.child_count() == 0 && record(p).key_len() == 0) {
+    // A ghost's last child: the ghost goes.
+    const uint32_t node_id = record(p).node_id;
+    --ghost_count_;
+    auto g = ghosts_by_node_.find(node_id);
+    if (g != ghosts_by_node_.end() && --g->second == 0) {
+      ghosts_by_node_.erase(g);
+    }
+    FreeRecord(p);
+  }
 }
 
 void MetadataIndex::LinkMostRecent(uint32_t i, uint32_t node_id) {
@@ -126,6 +211,19 @@ void MetadataIndex::LinkMostRecent(uint32_t i, List& list) {
     list.least = i;
   }
   list.most = i;
+}
+
+void MetadataIndex::LinkBelow(uint32_t i, uint32_t above, List& list) {
+  Links& l = links(i);
+  Links& a = links(above);
+  l.next = above;
+  l.prev = a.prev;
+  if (a.prev != kNil) {
+    links(a.prev).next = i;
+  } else {
+    list.least = i;
+  }
+  a.prev = i;
 }
 
 void MetadataIndex::Unlink(uint32_t i, uint32_t node_id) {
@@ -150,48 +248,103 @@ void MetadataIndex::Unlink(uint32_t i, List& list) {
   l.prev = l.next = kNil;
 }
 
-absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
-    absl::string_view key, const IndexEntry& entry) {
-  if (key.empty() || key.size() > kMaxKeyBytes) {
+namespace {
+
+absl::Status ValidateKeyAndEntry(absl::string_view key, const IndexEntry& entry,
+                                 absl::string_view parent) {
+  if (key.empty() || key.size() > MetadataIndex::kMaxKeyBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("index key of ", key.size(), " bytes (want 1..",
-                     kMaxKeyBytes, ")"));
+                     MetadataIndex::kMaxKeyBytes, ")"));
   }
-  if (entry.length > kMaxLength) {
+  if (entry.length > MetadataIndex::kMaxLength) {
     return absl::InvalidArgumentError(
         absl::StrCat("index entry length ", entry.length, " exceeds ",
-                     kMaxLength));
+                     MetadataIndex::kMaxLength));
   }
+  if (!parent.empty() && parent == key) {
+    return absl::InvalidArgumentError("index key is its own parent");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
+    absl::string_view key, const IndexEntry& entry, absl::string_view parent) {
+  absl::Status valid = ValidateKeyAndEntry(key, entry, parent);
+  if (!valid.ok()) return valid;
+  // The parent, if present on the same node with room for another child.
+  uint32_t p = kNil;
+  if (!parent.empty()) {
+    auto pit = set_.find(parent);
+    if (pit != set_.end() && record(*pit).node_id == entry.node_id &&
+        links(*pit).child_count() < kMaxChildren) {
+      p = *pit;
+    }
+  }
+  auto place = [&](uint32_t i) {
+    List& list = lists_[entry.node_id];
+    SetParent(i, p);
+    if (p != kNil) {
+      LinkBelow(i, p, list);
+    } else {
+      LinkMostRecent(i, list);
+    }
+  };
+
+  std::optional<IndexEntry> old;
   auto it = set_.find(key);
   if (it != set_.end()) {
     const uint32_t i = *it;
     Record& r = record(i);
-    IndexEntry old = r.entry();
-    Unlink(i, old.node_id);
-    r.SetEntry(entry, r.key_len());
-    LinkMostRecent(i, entry.node_id);
-    links(i).read_tick = 0;
-    return std::optional<IndexEntry>(old);
+    old = r.entry();
+    if (links(i).child_count() == 0) {
+      // Reuse the record: a fresh entry in place of the old one.
+      Unlink(i, old->node_id);
+      DetachFromParent(i);
+      r.SetEntry(entry, r.key_len());
+      links(i).read_tick = 0;
+      place(i);
+      return old;
+    }
+    // Its children must not follow the key to a new location: they keep
+    // the old record (now a ghost) and are orphans.
+    if (free_records_.empty() &&
+        records_used_ == std::numeric_limits<uint32_t>::max()) {
+      return absl::ResourceExhaustedError("index is full (2^32 - 1 records)");
+    }
+    set_.erase(it);
+    RemoveRecord(i);
   }
-  if (free_records_.empty() &&
-      records_used_ == std::numeric_limits<uint32_t>::max()) {
-    return absl::ResourceExhaustedError("index is full (2^32 - 1 entries)");
-  }
-  uint32_t i = NewRecord();
-  Record& r = record(i);
-  r.SetEntry(entry, key.size());
-  if (key.size() <= Record::kInlineKey) {
-    std::memcpy(r.key, key.data(), key.size());
-  } else {
-    char* p = new char[key.size()];
-    std::memcpy(p, key.data(), key.size());
-    std::memcpy(r.key, &p, sizeof(p));
-    out_of_line_key_bytes_ += MallocSize(key.size());
-  }
+  absl::StatusOr<uint32_t> fresh = NewRecord();
+  if (!fresh.ok()) return fresh.status();
+  const uint32_t i = *fresh;
+  FillRecord(i, key, entry);
   set_.insert(i);
-  LinkMostRecent(i, entry.node_id);
-  links(i).read_tick = 0;
-  return std::optional<IndexEntry>();
+  place(i);
+  return old;
+}
+
+bool MetadataIndex::Adopt(absl::string_view child, absl::string_view parent) {
+  auto c = set_.find(child);
+  auto p = set_.find(parent);
+  if (c == set_.end() || p == set_.end() || *c == *p) return false;
+  const uint32_t ci = *c;
+  const uint32_t pi = *p;
+  const uint32_t node_id = record(ci).node_id;
+  if (links(ci).parent != kNil || record(pi).node_id != node_id ||
+      links(pi).child_count() >= kMaxChildren) {
+    return false;
+  }
+  for (uint32_t a = pi; a != kNil; a = links(a).parent) {
+    if (a == ci) return false;  // parent is below child: a cycle
+  }
+  SetParent(ci, pi);
+  List& list = lists_[node_id];
+  Unlink(ci, list);
+  LinkBelow(ci, pi, list);
+  return true;
 }
 
 std::optional<IndexEntry> MetadataIndex::Find(absl::string_view key) const {
@@ -203,35 +356,82 @@ std::optional<IndexEntry> MetadataIndex::Find(absl::string_view key) const {
 std::optional<IndexEntry> MetadataIndex::Erase(absl::string_view key) {
   auto it = set_.find(key);
   if (it == set_.end()) return std::nullopt;
-  uint32_t i = *it;
+  const uint32_t i = *it;
   IndexEntry e = record(i).entry();
   set_.erase(it);
-  Unlink(i, e.node_id);
-  FreeRecord(i);
+  RemoveRecord(i);
   return e;
 }
 
 bool MetadataIndex::Touch(absl::string_view key, uint32_t read_tick) {
   auto it = set_.find(key);
   if (it == set_.end()) return false;
-  const uint32_t i = *it;
+  TouchRecord(*it, read_tick);
+  return true;
+}
+
+size_t MetadataIndex::TouchPrefix(const std::vector<absl::string_view>& keys,
+                                  uint32_t read_tick) {
+  std::vector<uint32_t> found;
+  found.reserve(keys.size());
+  for (absl::string_view key : keys) {
+    auto it = set_.find(key);
+    if (it != set_.end()) found.push_back(*it);
+  }
+  for (auto i = found.rbegin(); i != found.rend(); ++i) {
+    if (links(*i).parent == kNil) TouchRecord(*i, read_tick);
+  }
+  for (uint32_t i : found) {
+    if (links(i).parent != kNil) TouchRecord(i, read_tick);
+  }
+  return found.size();
+}
+
+void MetadataIndex::TouchRecord(uint32_t i, uint32_t read_tick) {
   const uint32_t node_id = record(i).node_id;
+  Links& l = links(i);
   auto list = lists_.find(node_id);
   if (list == lists_.end()) {
     LinkMostRecent(i, node_id);  // not linked (cannot happen)
+  } else if (l.parent != kNil) {
+    // The parent is on the same list and stays there.
+    if (l.next != l.parent) {
+      Unlink(i, list->second);
+      LinkBelow(i, l.parent, list->second);
+    }
   } else if (list->second.most != i) {
     // Not the most recent, so the list keeps at least one other record.
     Unlink(i, list->second);
     LinkMostRecent(i, list->second);
   }
-  links(i).read_tick = read_tick;
-  return true;
+  l.read_tick = read_tick;
+  if (track_used_ && (l.children & kUsedBit) == 0) {
+    l.children |= kUsedBit;
+    used_.push_back(i);
+  }
 }
 
 std::optional<uint32_t> MetadataIndex::ReadTick(absl::string_view key) const {
   auto it = set_.find(key);
   if (it == set_.end()) return std::nullopt;
   return links(*it).read_tick;
+}
+
+std::optional<MetadataIndex::ChainLinks> MetadataIndex::Chain(
+    absl::string_view key) const {
+  auto it = set_.find(key);
+  if (it == set_.end()) return std::nullopt;
+  ChainLinks out;
+  const Links& l = links(*it);
+  out.children = l.child_count();
+  if (l.parent != kNil) out.parent = std::string(KeyOf(l.parent));
+  for (uint32_t a = l.parent; a != kNil; a = links(a).parent) {
+    if (IsGhost(a)) {
+      out.orphan = true;
+      break;
+    }
+  }
+  return out;
 }
 
 void MetadataIndex::ForEachLeastRecent(
@@ -245,6 +445,113 @@ void MetadataIndex::ForEachLeastRecent(
     if (!fn(KeyOf(i), record(i).entry(), links(i).read_tick)) return;
     i = next;
   }
+}
+
+MetadataIndex::WalkEnd MetadataIndex::PickEvictions(
+    uint32_t node_id, size_t max_scan,
+    const std::function<Verdict(absl::string_view, const IndexEntry&,
+                                uint32_t)>& judge,
+    const std::function<bool(absl::string_view, const IndexEntry&)>& take)
+    const {
+  auto it = lists_.find(node_id);
+  if (it == lists_.end()) return WalkEnd::kListEnd;
+  // Children chosen so far, per parent; entries passed over because they
+  // still had children (only after an Adopt are children more recent).
+  absl::flat_hash_map<uint32_t, uint32_t> chosen_children;
+  absl::flat_hash_set<uint32_t> deferred;
+  size_t scanned = 0;
+  for (uint32_t i = it->second.least; i != kNil; i = links(i).next) {
+    if (scanned == max_scan) return WalkEnd::kScanLimit;
+    ++scanned;
+    const Verdict v = judge(KeyOf(i), record(i).entry(), links(i).read_tick);
+    if (v == Verdict::kStop) return WalkEnd::kStopped;
+    if (v == Verdict::kKeep) continue;
+    const uint32_t children = links(i).child_count();
+    if (children > 0) {
+      auto c = chosen_children.find(i);
+      if (c == chosen_children.end() || c->second < children) {
+        deferred.insert(i);
+        continue;
+      }
+    }
+    // Choose i, then every deferred ancestor it was the last child of.
+    for (uint32_t x = i;;) {
+      if (!take(KeyOf(x), record(x).entry())) return WalkEnd::kEnough;
+      const uint32_t p = links(x).parent;
+      if (p == kNil) break;
+      const uint32_t n = ++chosen_children[p];
+      if (n < links(p).child_count() || deferred.erase(p) == 0) break;
+      x = p;
+    }
+  }
+  return WalkEnd::kListEnd;
+}
+
+std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::Orphans()
+    const {
+  std::vector<std::pair<std::string, IndexEntry>> out;
+  if (ghost_count_ == 0) return out;
+  // Per record: 0 unknown, 1 reachable, 2 orphan.
+  std::vector<uint8_t> state(records_used_, 0);
+  std::vector<uint32_t> path;
+  for (const auto& [node_id, count] : ghosts_by_node_) {
+    auto list = lists_.find(node_id);
+    if (list == lists_.end()) continue;
+    for (uint32_t i = list->second.least; i != kNil; i = links(i).next) {
+      path.clear();
+      uint32_t a = i;
+      uint8_t verdict = 1;
+      while (a != kNil) {
+        if (state[a] != 0) {
+          verdict = state[a];
+          break;
+        }
+        if (IsGhost(a)) {
+          verdict = 2;
+          break;
+        }
+        path.push_back(a);
+        a = links(a).parent;
+      }
+      for (uint32_t x : path) state[x] = verdict;
+      if (verdict == 2) out.emplace_back(std::string(KeyOf(i)), record(i).entry());
+    }
+  }
+  return out;
+}
+
+void MetadataIndex::TrackUsed(bool on) {
+  if (!on) {
+    for (size_t k = used_head_; k < used_.size(); ++k) {
+      const uint32_t i = used_[k];
+      if (i < records_used_) links(i).children &= kMaxChildren;
+    }
+    used_.clear();
+    used_.shrink_to_fit();
+    used_head_ = 0;
+  }
+  track_used_ = on;
+}
+
+std::vector<std::pair<std::string, uint32_t>> MetadataIndex::CollectUsed(
+    size_t max) {
+  std::vector<std::pair<std::string, uint32_t>> out;
+  while (out.size() < max && used_head_ < used_.size()) {
+    const uint32_t i = used_[used_head_++];
+    Links& l = links(i);
+    if ((l.children & kUsedBit) == 0 || record(i).key_len() == 0) continue;
+    l.children &= kMaxChildren;
+    out.emplace_back(std::string(KeyOf(i)), l.read_tick);
+  }
+  if (used_head_ == used_.size()) {
+    used_.clear();
+    if (used_.capacity() > (size_t{1} << 16)) used_.shrink_to_fit();
+    used_head_ = 0;
+  } else if (used_head_ > (size_t{1} << 12) && used_head_ > used_.size() / 2) {
+    used_.erase(used_.begin(), used_.begin() + used_head_);
+    used_head_ = 0;
+  }
+  return out;
 }
 
 void MetadataIndex::RebaseReadTicks(uint32_t shift) {
@@ -265,8 +572,7 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::EraseIf(
   for (uint32_t i : doomed) {
     out.emplace_back(std::string(KeyOf(i)), record(i).entry());
     set_.erase(i);  // hashes record i, which is still intact
-    Unlink(i, out.back().second.node_id);
-    FreeRecord(i);
+    RemoveRecord(i);
   }
   return out;
 }
@@ -285,11 +591,147 @@ uint32_t MetadataIndex::ForEachFrom(
   uint32_t i = begin;
   for (; i < records_used_ && visited < max; ++i) {
     const Record& r = record(i);
-    if (r.key_len() == 0) continue;  // free (FreeRecord zeroes it)
+    if (r.key_len() == 0) continue;  // free (FreeRecord zeroes it) or a ghost
     if (!fn(KeyOf(i), r.entry())) return i;
     ++visited;
   }
   return i;
+}
+
+absl::Status MetadataIndex::LoadEntry(absl::string_view key,
+                                      const IndexEntry& entry,
+                                      absl::string_view parent,
+                                      uint64_t last_use) {
+  absl::Status valid = ValidateKeyAndEntry(key, entry, parent);
+  if (!valid.ok()) return valid;
+  absl::StatusOr<uint32_t> fresh = NewRecord();
+  if (!fresh.ok()) return fresh.status();
+  const uint32_t i = *fresh;
+  FillRecord(i, key, entry);
+  if (!set_.insert(i).second) {  // one probe, no separate find
+    FreeRecord(i);
+    return absl::AlreadyExistsError("index key loaded twice");
+  }
+  if (load_ == nullptr) load_ = std::make_unique<LoadState>();
+  LoadState& ls = *load_;
+  if (ls.last_use.size() <= i) ls.last_use.resize(size_t{i} + 1, 0);
+  ls.last_use[i] = last_use;
+  if (parent.empty()) return absl::OkStatus();
+  auto p = set_.find(parent);
+  if (p == set_.end()) {
+    ls.pending.push_back({i, static_cast<uint32_t>(parent.size()),
+                          ls.parent_keys.size()});
+    ls.parent_keys.append(parent.data(), parent.size());
+  } else if (record(*p).node_id == entry.node_id &&
+             links(*p).child_count() < kMaxChildren) {
+    SetParent(i, *p);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::FinishLoad() {
+  std::vector<std::pair<std::string, IndexEntry>> dropped;
+  if (load_ == nullptr) return dropped;
+  LoadState& ls = *load_;
+  ls.last_use.resize(records_used_, 0);
+
+  // Parents loaded after their children.
+  std::vector<uint8_t> flags(records_used_, 0);
+  constexpr uint8_t kKnown = 1, kBroken = 2, kMissingParent = 4;
+  for (const LoadState::Pending& pending : ls.pending) {
+    absl::string_view parent(ls.parent_keys.data() + pending.offset,
+                             pending.length);
+    auto p = set_.find(parent);
+    if (p == set_.end()) {
+      flags[pending.record] |= kMissingParent;
+    } else if (record(*p).node_id == record(pending.record).node_id &&
+               links(*p).child_count() < kMaxChildren) {
+      SetParent(pending.record, *p);
+    }
+  }
+  ls.pending = {};
+  ls.parent_keys = {};
+
+  // Live records in load order (record numbers are handed out in order).
+  std::vector<uint32_t> loaded;
+  loaded.reserve(set_.size());
+  for (uint32_t i = 0; i < records_used_; ++i) {
+    if (record(i).key_len() != 0) loaded.push_back(i);
+  }
+
+  // Depth and brokenness (the chain above reaches a missing parent) of every
+  // entry, each computed once.
+  std::vector<uint32_t> depth(records_used_, 0);
+  std::vector<uint32_t> path;
+  for (uint32_t i : loaded) {
+    path.clear();
+    uint32_t a = i;
+    while (a != kNil && (flags[a] & kKnown) == 0) {
+      path.push_back(a);
+      a = links(a).parent;
+    }
+    bool broken = a != kNil && (flags[a] & kBroken) != 0;
+    uint32_t d = a == kNil ? 0 : depth[a] + 1;
+    for (auto x = path.rbegin(); x != path.rend(); ++x) {
+      broken = broken || (flags[*x] & kMissingParent) != 0;
+      depth[*x] = d++;
+      flags[*x] |= kKnown | (broken ? kBroken : 0);
+    }
+  }
+  // A broken entry's whole chain up to the missing parent is broken, and so
+  // is its subtree: erasing them all leaves no ghost.
+  std::vector<uint32_t> kept;
+  kept.reserve(loaded.size());
+  for (uint32_t i : loaded) {
+    if ((flags[i] & kBroken) == 0) {
+      kept.push_back(i);
+      continue;
+    }
+    dropped.emplace_back(std::string(KeyOf(i)), record(i).entry());
+    set_.erase(i);
+    RemoveRecord(i);  // on no list yet
+  }
+  loaded = {};
+  flags = {};
+
+  // Deepest first (a stable counting sort), to raise each parent's last use
+  // to its subtree's.
+  uint32_t max_depth = 0;
+  for (uint32_t i : kept) max_depth = std::max(max_depth, depth[i]);
+  std::vector<size_t> start(size_t{max_depth} + 2, 0);
+  for (uint32_t i : kept) ++start[max_depth - depth[i] + 1];
+  for (size_t d = 1; d < start.size(); ++d) start[d] += start[d - 1];
+  std::vector<uint32_t> order(kept.size());
+  for (uint32_t i : kept) order[start[max_depth - depth[i]]++] = i;
+  kept = {};
+  depth = {};
+  std::vector<uint64_t>& last_use = ls.last_use;
+  for (uint32_t i : order) {
+    const uint32_t p = links(i).parent;
+    if (p != kNil) last_use[p] = std::max(last_use[p], last_use[i]);
+  }
+  // Least recent first; among equals deeper first (children below their
+  // parents), then in load order. Sorting packed (time, position) pairs
+  // keeps the sort's memory access sequential.
+  struct Item {
+    uint64_t last_use;
+    uint32_t position;  // in `order`: deepest first, then load order
+    uint32_t record;
+  };
+  std::vector<Item> items(order.size());
+  for (size_t k = 0; k < order.size(); ++k) {
+    items[k] = Item{last_use[order[k]], static_cast<uint32_t>(k), order[k]};
+  }
+  order = {};
+  load_.reset();  // last_use
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return a.last_use != b.last_use ? a.last_use < b.last_use
+                                    : a.position < b.position;
+  });
+  for (const Item& item : items) {
+    LinkMostRecent(item.record, record(item.record).node_id);
+  }
+  return dropped;
 }
 
 size_t MetadataIndex::MemoryBytes() const {
@@ -303,7 +745,9 @@ size_t MetadataIndex::MemoryBytes() const {
   // flat_hash_map slot (node id + List) plus its control byte.
   size_t lists = lists_.capacity() * (sizeof(uint32_t) + sizeof(List) + 1);
   size_t free_list = free_records_.capacity() * sizeof(uint32_t);
-  return table + records + links + lists + free_list + out_of_line_key_bytes_;
+  size_t used = used_.capacity() * sizeof(uint32_t);
+  return table + records + links + lists + free_list + used +
+         out_of_line_key_bytes_;
 }
 
 void MetadataIndex::Reserve(size_t n) { set_.reserve(n); }

@@ -1,5 +1,6 @@
 // MetadataIndex: the master's in-memory map from object key to where the
-// object lives. Sized for tens of millions of entries, so it is compact:
+// object lives, with each node's recency order and the objects' chain
+// structure. Sized for tens of millions of entries, so it is compact:
 //
 //   - every entry is one 64-byte record (one cache line) holding the key and
 //     the location; keys of up to 32 bytes (the client's SHA-256 prefix keys
@@ -8,25 +9,55 @@
 //   - records live in fixed-size chunks (no large reallocations while
 //     growing) and freed records are reused;
 //   - the hash table (absl::flat_hash_set) holds only 4-byte record numbers;
-//   - recency: every entry is on its node's exact LRU list, an intrusive
-//     doubly-linked list threaded through a parallel array of 12-byte links
-//     per record number (prev, next, read tick), chunked like the records;
-//     insert, touch and unlink are O(1). Per node only the two list ends are
-//     kept (a small map).
+//   - per record number, a parallel array (chunked like the records) of
+//     20-byte links: recency prev/next, read tick, parent record number and
+//     child count. Insert, touch, unlink, link to a parent are O(1). Per node
+//     only the two list ends are kept (a small map).
 //
-// At 1e6 32-byte keys this is ~87 heap bytes per entry, against ~150-190
+// At 1e6 32-byte keys this is ~95 heap bytes per entry, against ~150-190
 // for absl::flat_hash_map<std::string, Entry> (run metadata_index_benchmark).
 //
-// Recency and read ticks: Upsert puts the entry at the most recent end of
-// its node's list with read tick 0 ("never read"); Touch moves it there and
-// records a read tick. Ticks are opaque uint32 values chosen by the owner
-// (MasterService uses milliseconds since a base it moves forward with
-// RebaseReadTicks, so ticks never wrap); the index only stores them.
-// ForEachLeastRecent walks one node's list from the least recent end. None
-// of this is persisted: the owner rebuilds the index in load order.
+// Chains: a KV-cache object is a block of a prefix chain; a block is
+// reachable (a reader's Load gets to it) only through every block before it.
+// Upsert takes the key of the block before (the parent). When the parent is
+// present on the same node the entry is linked to it: it records the parent
+// and the parent counts it as a child. Links never cross nodes (a chain
+// continued on another node starts a new tree there). A leaf is an entry
+// with no children; PickEvictions only chooses leaves (or entries all of
+// whose children it chose before), so no eviction leaves a block whose
+// parent is gone.
+//
+// Erasing an entry that still has children (Remove of a middle block, a
+// purge, a dropped listing) does not free its record at once: the record
+// becomes a ghost (no key, not findable, not on any list) that its children
+// still point to, and is freed when its last child goes. The entries below
+// a ghost are orphans: their chain is broken, no reader reaches them.
+// Orphans() finds them (a walk of the affected nodes' lists) so that the
+// owner removes them; nothing is ever left pointing at a reused record.
+//
+// Recency and read ticks: Upsert puts a root entry at the most recent end
+// of its node's list, and a linked entry just below its parent (a chain's
+// continuation shares the recency of the chain it extends: the parent was
+// just read by the Load that preceded the Store), both with read tick 0
+// ("never read"). Touch moves a root to the most recent end and a linked
+// entry just below its parent, and records a read tick. So every linked
+// entry is less recent than its parent (FinishLoad builds the lists that
+// way too; only a late Adopt can leave an exception), and the least recent
+// entries are leaves. Ticks are opaque
+// uint32 values chosen by the owner (MasterService uses milliseconds since
+// a base it moves forward with RebaseReadTicks, so ticks never wrap); the
+// index only stores them. ForEachLeastRecent walks one node's list from the
+// least recent end.
+//
+// Persisting recency is the owner's job, lazily: with TrackUsed(true), Touch
+// also queues the entry (once until collected) and CollectUsed hands out the
+// queued keys and ticks. At start-up LoadEntry / FinishLoad rebuild the
+// lists from persisted last-use times and parent keys.
 //
 // Limits: keys of 1..65535 bytes, lengths below 2^48, at most 2^32 - 1
-// entries; Insert reports violations as InvalidArgument.
+// entries (ghosts included), at most 2^31 - 1 children per entry (more are
+// stored unlinked); Upsert reports violations as InvalidArgument /
+// ResourceExhausted.
 //
 // Thread safety: not thread-safe. Const methods may run concurrently with
 // each other; anything else needs external synchronization (MasterService
@@ -76,28 +107,65 @@ class MetadataIndex {
   MetadataIndex& operator=(const MetadataIndex&) = delete;
 
   // Adds `key` -> `entry`, or replaces the entry if `key` is present.
-  // Either way the entry becomes the most recent of entry.node_id's list,
-  // with read tick 0. Returns the replaced entry, if any.
-  // Errors: InvalidArgument if the key is empty or too long or entry.length
-  // > kMaxLength; ResourceExhausted at 2^32 - 1 entries (nothing changes).
-  absl::StatusOr<std::optional<IndexEntry>> Upsert(absl::string_view key,
-                                                   const IndexEntry& entry);
+  // `parent` is the key of the block before `key` in its chain ("": none).
+  // If `parent` is present on entry.node_id, the entry is linked to it and
+  // placed just below it in the node's recency list; otherwise it is a root
+  // at the most recent end. Either way its read tick is 0. A replaced entry
+  // that has children leaves them orphaned (its record becomes a ghost and
+  // the key gets a fresh record). Returns the replaced entry, if any.
+  // Errors: InvalidArgument if the key is empty or too long, entry.length >
+  // kMaxLength or parent == key; ResourceExhausted at 2^32 - 1 records
+  // (nothing changes either way).
+  absl::StatusOr<std::optional<IndexEntry>> Upsert(
+      absl::string_view key, const IndexEntry& entry,
+      absl::string_view parent = absl::string_view());
+
+  // Links `child` under `parent` after the fact: for a block committed
+  // before the block before it (two puts of one chain racing). Requires
+  // both present on the same node, `child` a root, and `parent` not below
+  // `child`; then `child` moves just below `parent`. Its own descendants
+  // stay where they are, so if `child` was more recent than `parent` they
+  // may end up more recent than it (PickEvictions copes). Returns whether
+  // it linked.
+  bool Adopt(absl::string_view child, absl::string_view parent);
 
   // The entry of `key`, if present.
   std::optional<IndexEntry> Find(absl::string_view key) const;
 
-  // Removes `key` (and unlinks it from its recency list); returns its entry
-  // if it was present.
+  // Removes `key`: unlinks it from its recency list and its parent; if it
+  // has children they become orphans (see the file comment). Returns its
+  // entry if it was present.
   std::optional<IndexEntry> Erase(absl::string_view key);
 
-  // Makes `key` the most recent entry of its node's list and sets its read
-  // tick to `read_tick`. Returns false (and changes nothing) if `key` is
-  // absent. Touching keys k[n-1], ..., k[0] in that order leaves k[0] the
-  // most recent: walks from the least recent end meet k[n-1] first.
+  // Marks `key` used: a root becomes the most recent entry of its node's
+  // list, a linked entry moves just below its parent (a block is never more
+  // recent than the block before it: a reader gets to it only through its
+  // parent, whose use is what counts); sets its read tick to `read_tick`.
+  // Returns false (and changes nothing) if `key` is absent. Touching roots
+  // k[n-1], ..., k[0] in that order leaves k[0] the most recent: walks from
+  // the least recent end meet k[n-1] first.
   bool Touch(absl::string_view key, uint32_t read_tick);
+
+  // Touches `keys` as one read of a chain prefix, with one hash lookup
+  // each: first the roots, last key first, then the linked entries in
+  // order, each ending up just below its parent. So a chain read in one or
+  // several calls (head first) is ordered head most recent, tail least,
+  // and unrelated keys as by Touch from the last to the first. Absent keys
+  // are skipped; returns how many were present.
+  size_t TouchPrefix(const std::vector<absl::string_view>& keys,
+                     uint32_t read_tick);
 
   // The read tick of `key` (0 if never touched since its Upsert), if present.
   std::optional<uint32_t> ReadTick(absl::string_view key) const;
+
+  // Chain structure of one entry.
+  struct ChainLinks {
+    std::string parent;     // the linked parent's key; "" for a root
+    uint32_t children = 0;  // linked children (all on the same node)
+    bool orphan = false;    // an ancestor was erased (a ghost): unreachable
+  };
+  // `key`'s links, if present. O(depth) for `orphan`.
+  std::optional<ChainLinks> Chain(absl::string_view key) const;
 
   // Calls `fn` for the entries of `node_id`, least recently used first,
   // until it returns false or the list ends. `fn` must not modify the index.
@@ -106,12 +174,61 @@ class MetadataIndex {
       const std::function<bool(absl::string_view key, const IndexEntry& entry,
                                uint32_t read_tick)>& fn) const;
 
+  // What the owner's policy says about one eviction candidate.
+  enum class Verdict {
+    kEvict,  // may go
+    kKeep,   // must stay; the walk goes on past it
+    kStop,   // must stay, and so must everything more recent: end the walk
+  };
+  // Why PickEvictions ended.
+  enum class WalkEnd { kEnough, kStopped, kScanLimit, kListEnd };
+  // Chooses eviction victims on `node_id` without stranding a chain: walks
+  // the list from the least recent end and asks `judge` about each entry
+  // (at most `max_scan` of them). An entry that may go is chosen if it is a
+  // leaf, counting as gone the children chosen before it; otherwise it is
+  // deferred, and chosen (before the walk goes on) as soon as its last
+  // child is. Children are less recent than their parent (but see Adopt),
+  // so the walk meets a chain's tail first and reaches the parent after
+  // its children. Every chosen entry's children were chosen before it:
+  // erasing the victims in the order chosen never orphans anything. `take`
+  // is called once per chosen entry, in that order, and returns false when
+  // it has enough. Nothing is modified; `judge` and `take` must not modify
+  // the index.
+  WalkEnd PickEvictions(
+      uint32_t node_id, size_t max_scan,
+      const std::function<Verdict(absl::string_view key,
+                                  const IndexEntry& entry,
+                                  uint32_t read_tick)>& judge,
+      const std::function<bool(absl::string_view key,
+                               const IndexEntry& entry)>& take) const;
+
+  // Number of erased entries whose children are still present (ghosts).
+  // While it is nonzero, Orphans() has something to return.
+  size_t ghost_count() const { return ghost_count_; }
+
+  // The orphans (entries with an erased ancestor), in no particular order.
+  // Walks the lists of the nodes that have ghosts: O(their entries);
+  // returns {} at once when there are no ghosts. Erasing the returned keys
+  // (in any order) frees every ghost.
+  std::vector<std::pair<std::string, IndexEntry>> Orphans() const;
+
+  // With `on`, Touch queues each entry it touches (once until collected)
+  // for CollectUsed. Off by default; turning it off drops the queue.
+  void TrackUsed(bool on);
+  // Up to `max` entries touched since they were last collected, oldest
+  // queued first, as (key, read tick); they leave the queue. Entries erased
+  // meanwhile are skipped.
+  std::vector<std::pair<std::string, uint32_t>> CollectUsed(size_t max);
+  // Entries waiting in the queue (an upper bound: erased ones count until
+  // collected).
+  size_t used_queued() const { return used_.size() - used_head_; }
+
   // Lowers every nonzero read tick by `shift`; ticks <= `shift` become 0.
   // O(entries); lets the owner keep ticks small without wrapping.
   void RebaseReadTicks(uint32_t shift);
 
   // Removes every entry for which `pred` returns true and returns the
-  // removed (key, entry) pairs.
+  // removed (key, entry) pairs. Their children that stay become orphans.
   std::vector<std::pair<std::string, IndexEntry>> EraseIf(
       const std::function<bool(absl::string_view, const IndexEntry&)>& pred);
 
@@ -134,6 +251,23 @@ class MetadataIndex {
   // One past the highest record number in use.
   uint32_t records_end() const { return records_used_; }
 
+  // Start-up loading. LoadEntry adds `key` -> `entry` with the key of its
+  // chain parent ("" for none) and its persisted time of last use (any
+  // monotonic unit; 0 means unknown, i.e. oldest), in any order. The entry
+  // is findable at once but on no recency list until FinishLoad.
+  // REQUIRES: the index was empty before the first LoadEntry, and only
+  // LoadEntry and const methods are called until FinishLoad.
+  // Errors: as Upsert, and AlreadyExists for a key loaded twice.
+  absl::Status LoadEntry(absl::string_view key, const IndexEntry& entry,
+                         absl::string_view parent, uint64_t last_use);
+  // Links every loaded entry to its parent when the parent is present on the
+  // same node, and erases the entries whose parent is not present on any
+  // node, with all their descendants (nothing reaches them); returns those.
+  // Then builds each node's recency list: by the last use of the entry's
+  // subtree (a chain is as recent as its most recently used block), least
+  // recent first, and children before their parent on ties. O(n log n).
+  std::vector<std::pair<std::string, IndexEntry>> FinishLoad();
+
   size_t size() const { return set_.size(); }
   bool empty() const { return set_.empty(); }
 
@@ -146,6 +280,7 @@ class MetadataIndex {
 
  private:
   struct Record;
+  struct LoadState;
   // Hash and equality of record numbers by the key they hold, and of keys
   // (heterogeneous lookup without building a record).
   struct Hash {
@@ -172,12 +307,19 @@ class MetadataIndex {
   static constexpr size_t kChunkShift = 12;  // 4096 records (256 KiB) per chunk
   static constexpr size_t kChunkSize = size_t{1} << kChunkShift;
   static constexpr uint32_t kNil = 0xffffffffu;  // no record (list end)
+  static constexpr uint32_t kUsedBit = 0x80000000u;  // in Links::children
+  static constexpr uint32_t kMaxChildren = kUsedBit - 1;
 
-  // Recency links of one record number; parallel to the records.
+  // Recency and chain links of one record number; parallel to the records.
   struct Links {
     uint32_t prev;       // less recent neighbour, or kNil
     uint32_t next;       // more recent neighbour, or kNil
     uint32_t read_tick;  // last Touch, 0 if none since Upsert
+    uint32_t parent;     // linked parent (same node), or kNil
+    // Low 31 bits: linked children. kUsedBit: queued for CollectUsed.
+    uint32_t children;
+
+    uint32_t child_count() const { return children & kMaxChildren; }
   };
   // One node's recency list.
   struct List {
@@ -189,15 +331,33 @@ class MetadataIndex {
   absl::string_view KeyOf(uint32_t i) const;
   Record& record(uint32_t i) const;
   Links& links(uint32_t i) const;
-  uint32_t NewRecord();
+  // A record number for a new entry. Errors: ResourceExhausted when every
+  // record number is in use.
+  absl::StatusOr<uint32_t> NewRecord();
+  // Stores `key` and `entry` in the fresh record i.
+  void FillRecord(uint32_t i, absl::string_view key, const IndexEntry& entry);
+  // Releases record i's key and puts it on the free list.
   void FreeRecord(uint32_t i);
+  // Takes live record i out of the set, its list and its parent; frees it,
+  // or makes it a ghost if it has children.
+  void RemoveRecord(uint32_t i);
+  // Links live record i under `parent` (same node), or makes it a root.
+  void SetParent(uint32_t i, uint32_t parent);
+  // Drops record i's link to its parent (which may become free if it was a
+  // ghost and i its last child).
+  void DetachFromParent(uint32_t i);
   // Appends record i at the most recent end of `node_id`'s list / `list`.
   void LinkMostRecent(uint32_t i, uint32_t node_id);
   void LinkMostRecent(uint32_t i, List& list);
+  // Inserts record i into `list` just below (less recent than) `above`.
+  void LinkBelow(uint32_t i, uint32_t above, List& list);
   // Takes record i out of `node_id`'s list, dropping the list if empty.
   void Unlink(uint32_t i, uint32_t node_id);
   // Takes record i out of `list` (which may become empty).
   void Unlink(uint32_t i, List& list);
+  // Touch of live record i.
+  void TouchRecord(uint32_t i, uint32_t read_tick);
+  bool IsGhost(uint32_t i) const;
 
   std::vector<std::unique_ptr<Record[]>> chunks_;
   std::vector<std::unique_ptr<Links[]>> link_chunks_;  // parallel to chunks_
@@ -205,6 +365,14 @@ class MetadataIndex {
   uint32_t records_used_ = 0;       // high-water mark of record numbers
   std::vector<uint32_t> free_records_;
   size_t out_of_line_key_bytes_ = 0;
+  size_t ghost_count_ = 0;
+  // Ghosts per node id (for Orphans()).
+  absl::flat_hash_map<uint32_t, size_t> ghosts_by_node_;
+  // CollectUsed queue: record numbers, [used_head_, end) pending.
+  bool track_used_ = false;
+  std::vector<uint32_t> used_;
+  size_t used_head_ = 0;
+  std::unique_ptr<LoadState> load_;  // between LoadEntry and FinishLoad
   Set set_;
 };
 

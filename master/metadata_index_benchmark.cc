@@ -1,5 +1,6 @@
 // Memory and lookup cost of MetadataIndex with the client's key shape
-// (32-byte binary SHA-256 prefix keys).
+// (32-byte binary SHA-256 prefix keys), stored as chains of 16 blocks (each
+// linked to the block before it), 16 nodes.
 //
 //   bazel run -c opt //master:metadata_index_benchmark
 //   bazel run -c opt //master:metadata_index_benchmark -- --entries=10000000
@@ -12,6 +13,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,14 +47,22 @@ std::vector<std::string> MakeKeys(size_t n, uint64_t seed) {
   return keys;
 }
 
+constexpr size_t kChain = 16;
+
+// Entry i is block i % kChain of chain i / kChain; a chain is on one node.
 IndexEntry EntryFor(size_t i) {
   IndexEntry e;
-  e.node_id = static_cast<uint32_t>(i % 16 + 1);
+  e.node_id = static_cast<uint32_t>(i / kChain % 16 + 1);
   e.region_id = static_cast<uint32_t>(i % 2);
   e.addr = uint64_t{i} * 65536;
   e.length = 65536;
   e.generation = i + 1;
   return e;
+}
+
+// The key of the block before entry i in its chain ("" for a head).
+absl::string_view ParentOf(const std::vector<std::string>& keys, size_t i) {
+  return i % kChain == 0 ? absl::string_view() : keys[i - 1];
 }
 
 void MeasureMemory() {
@@ -61,7 +71,9 @@ void MeasureMemory() {
     size_t before = HeapInUse();
     auto* index = new MetadataIndex;
     for (size_t i = 0; i < keys.size(); ++i) {
-      if (!index->Upsert(keys[i], EntryFor(i)).ok()) std::abort();
+      if (!index->Upsert(keys[i], EntryFor(i), ParentOf(keys, i)).ok()) {
+        std::abort();
+      }
     }
     size_t after = HeapInUse();
     double per = double(after - before) / double(keys.size());
@@ -91,7 +103,9 @@ struct LookupData {
   LookupData() : keys(MakeKeys(g_entries, 2)), misses(MakeKeys(4096, 3)) {
     index.Reserve(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
-      if (!index.Upsert(keys[i], EntryFor(i)).ok()) std::abort();
+      if (!index.Upsert(keys[i], EntryFor(i), ParentOf(keys, i)).ok()) {
+        std::abort();
+      }
     }
   }
 };
@@ -163,6 +177,24 @@ void BM_TouchBatch32(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 32);
 }
 BENCHMARK(BM_TouchBatch32);
+
+// A for_read BatchLookup of one whole chain (16 blocks, head first).
+void BM_TouchPrefix16(benchmark::State& state) {
+  LookupData& d = Data();
+  std::mt19937_64 rng(6);
+  const size_t chains = std::max<size_t>(1, d.keys.size() / kChain);
+  std::vector<absl::string_view> chain(kChain);
+  uint32_t tick = 1;
+  for (auto _ : state) {
+    const size_t first = (rng() % chains) * kChain;
+    for (size_t j = 0; j < kChain; ++j) {
+      chain[j] = d.keys[std::min(first + j, d.keys.size() - 1)];
+    }
+    benchmark::DoNotOptimize(d.index.TouchPrefix(chain, tick++));
+  }
+  state.SetItemsProcessed(state.iterations() * kChain);
+}
+BENCHMARK(BM_TouchPrefix16);
 
 void BM_UpsertErase(benchmark::State& state) {
   LookupData& d = Data();

@@ -2,9 +2,11 @@
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <functional>
 #include <list>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -309,6 +311,372 @@ TEST_CASE("MetadataIndex recency lists match a model under random operations") {
   }
   for (const auto& [k, t] : tick_of) CHECK(*index.ReadTick(k) == t);
   CHECK(index.size() == node_of.size());
+}
+
+
+using Verdict = MetadataIndex::Verdict;
+using WalkEnd = MetadataIndex::WalkEnd;
+
+// PickEvictions with `judge` (default: everything may go), taking at most
+// `want` entries; returns the chosen keys in order.
+Keys Pick(const MetadataIndex& index, uint32_t node, size_t want,
+          std::function<Verdict(absl::string_view)> judge = nullptr,
+          size_t max_scan = 1000, WalkEnd* end = nullptr) {
+  Keys out;
+  WalkEnd e = index.PickEvictions(
+      node, max_scan,
+      [&](absl::string_view k, const IndexEntry&, uint32_t) {
+        return judge ? judge(k) : Verdict::kEvict;
+      },
+      [&](absl::string_view k, const IndexEntry&) {
+        out.emplace_back(k);
+        return out.size() < want;
+      });
+  if (end != nullptr) *end = e;
+  return out;
+}
+
+std::string ParentOf(const MetadataIndex& index, const std::string& key) {
+  auto c = index.Chain(key);
+  REQUIRE(c.has_value());
+  return c->parent;
+}
+
+TEST_CASE("MetadataIndex links chains on one node, continuations below their parent") {
+  MetadataIndex index;
+  REQUIRE(index.Upsert("p", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("a1", OnNode(1, 1), "p").ok());
+  REQUIRE(index.Upsert("a2", OnNode(1, 1), "a1").ok());
+  REQUIRE(index.Upsert("b1", OnNode(1, 1), "p").ok());
+  REQUIRE(index.Upsert("b2", OnNode(1, 1), "b1").ok());
+  REQUIRE(index.Upsert("x", OnNode(1, 1)).ok());
+  // A continuation shares the recency of the block it extends.
+  CHECK(Order(index, 1) == Keys{"a2", "a1", "b2", "b1", "p", "x"});
+  CHECK(index.Chain("p")->children == 2);
+  CHECK(ParentOf(index, "p").empty());
+  CHECK(ParentOf(index, "a2") == "a1");
+  CHECK(index.Chain("a2")->children == 0);
+  CHECK_FALSE(index.Chain("a2")->orphan);
+  CHECK_FALSE(index.Chain("nope").has_value());
+
+  // Links never cross nodes; an absent parent makes a root.
+  REQUIRE(index.Upsert("q", OnNode(2, 1), "p").ok());
+  CHECK(ParentOf(index, "q").empty());
+  CHECK(index.Chain("p")->children == 2);
+  REQUIRE(index.Upsert("r", OnNode(1, 1), "nowhere").ok());
+  CHECK(Order(index, 1).back() == "r");
+  CHECK(index.Upsert("s", OnNode(1, 1), "s").status().code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  // Replacing a leaf moves its link.
+  REQUIRE(index.Upsert("a2", OnNode(1, 1), "b2").ok());
+  CHECK(index.Chain("a1")->children == 0);
+  CHECK(index.Chain("b2")->children == 1);
+  CHECK(ParentOf(index, "a2") == "b2");
+  CHECK(Order(index, 1) == Keys{"a1", "a2", "b2", "b1", "p", "x", "r"});
+  // Touch moves only the entry, never its links.
+  REQUIRE(index.Touch("a2", 5));
+  CHECK(ParentOf(index, "a2") == "b2");
+  CHECK(index.Chain("b2")->children == 1);
+}
+
+TEST_CASE("MetadataIndex keeps every block less recent than its parent") {
+  MetadataIndex index;
+  REQUIRE(index.Upsert("h", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("t1", OnNode(1, 1), "h").ok());
+  REQUIRE(index.Upsert("t2", OnNode(1, 1), "t1").ok());
+  REQUIRE(index.Upsert("u", OnNode(1, 1)).ok());
+  REQUIRE(Order(index, 1) == Keys{"t2", "t1", "h", "u"});
+  // A touched tail stays below its parent; a touched head takes only
+  // itself to the most recent end.
+  REQUIRE(index.Touch("t2", 1));
+  CHECK(Order(index, 1) == Keys{"t2", "t1", "h", "u"});
+  REQUIRE(index.Touch("h", 2));
+  CHECK(Order(index, 1) == Keys{"t2", "t1", "u", "h"});
+  REQUIRE(index.Touch("t1", 3));
+  CHECK(Order(index, 1) == Keys{"t2", "u", "t1", "h"});
+  CHECK(*index.ReadTick("t1") == 3);
+
+  // A chain read in two calls (a pipelined Load), head first: ordered head
+  // most recent, tail least, whatever the calls' order of touches.
+  MetadataIndex chain;
+  Keys c;
+  for (int i = 0; i < 6; ++i) {
+    c.push_back("c" + std::to_string(i));
+    REQUIRE(chain.Upsert(c.back(), OnNode(1, 1), i ? c[i - 1] : "").ok());
+    REQUIRE(chain.Upsert("x" + std::to_string(i), OnNode(1, 1)).ok());
+  }
+  CHECK(chain.TouchPrefix({c[0], c[1], c[2]}, 1) == 3);
+  CHECK(chain.TouchPrefix({c[3], "missing", c[4], c[5]}, 2) == 3);
+  Keys order = Order(chain, 1);
+  CHECK(Keys(order.end() - 6, order.end()) ==
+        Keys{c[5], c[4], c[3], c[2], c[1], c[0]});
+  // Unrelated keys read together: the first ends up most recent.
+  CHECK(chain.TouchPrefix({"x1", "x0"}, 3) == 2);
+  order = Order(chain, 1);
+  CHECK(Keys(order.end() - 2, order.end()) == Keys{"x0", "x1"});
+}
+
+TEST_CASE("MetadataIndex PickEvictions takes a chain's tail first, never a block with children") {
+  MetadataIndex index;
+  REQUIRE(index.Upsert("h", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("t1", OnNode(1, 1), "h").ok());
+  REQUIRE(index.Upsert("t2", OnNode(1, 1), "t1").ok());
+  REQUIRE(index.Upsert("u", OnNode(1, 1)).ok());
+  REQUIRE(index.Touch("h", 1));
+  REQUIRE(index.Touch("t1", 1));
+  REQUIRE(Order(index, 1) == Keys{"t2", "u", "t1", "h"});
+  CHECK(Pick(index, 1, 1) == Keys{"t2"});
+  CHECK(Pick(index, 1, 10) == Keys{"t2", "u", "t1", "h"});
+
+  // A kept tail keeps its whole chain; a stop ends the walk.
+  CHECK(Pick(index, 1, 10, [](absl::string_view k) {
+          return k == "t2" ? Verdict::kKeep : Verdict::kEvict;
+        }) == Keys{"u"});
+  WalkEnd end;
+  CHECK(Pick(index, 1, 10,
+             [](absl::string_view k) {
+               return k == "u" ? Verdict::kStop : Verdict::kEvict;
+             },
+             1000, &end) == Keys{"t2"});
+  CHECK(end == WalkEnd::kStopped);
+  CHECK(Pick(index, 1, 10, nullptr, 2, &end) == Keys{"t2", "u"});
+  CHECK(end == WalkEnd::kScanLimit);
+  CHECK(Pick(index, 1, 10, nullptr, 1000, &end).size() == 4);
+  CHECK(end == WalkEnd::kListEnd);
+  Pick(index, 1, 2, nullptr, 1000, &end);
+  CHECK(end == WalkEnd::kEnough);
+  CHECK(Pick(index, 9, 10, nullptr, 1000, &end).empty());
+  CHECK(end == WalkEnd::kListEnd);
+
+  // Two continuations of one prefix: the prefix goes after both.
+  MetadataIndex branch;
+  REQUIRE(branch.Upsert("p", OnNode(1, 1)).ok());
+  REQUIRE(branch.Upsert("a", OnNode(1, 1), "p").ok());
+  REQUIRE(branch.Upsert("b", OnNode(1, 1), "p").ok());
+  REQUIRE(Order(branch, 1) == Keys{"a", "b", "p"});
+  CHECK(Pick(branch, 1, 10) == Keys{"a", "b", "p"});
+  CHECK(Pick(branch, 1, 10, [](absl::string_view k) {
+          return k == "b" ? Verdict::kKeep : Verdict::kEvict;
+        }) == Keys{"a"});
+}
+
+TEST_CASE("MetadataIndex Adopt links a block committed before its parent") {
+  MetadataIndex index;
+  REQUIRE(index.Upsert("y5", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("y6", OnNode(1, 1), "y5").ok());
+  REQUIRE(index.Upsert("s4", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("z", OnNode(2, 1)).ok());
+  CHECK_FALSE(index.Adopt("y5", "nope"));
+  CHECK_FALSE(index.Adopt("z", "s4"));  // another node
+  CHECK_FALSE(index.Adopt("y6", "s4"));  // not a root
+  CHECK(index.Adopt("y5", "s4"));
+  CHECK(ParentOf(index, "y5") == "s4");
+  CHECK(index.Chain("s4")->children == 1);
+  CHECK_FALSE(index.Adopt("s4", "y6"));  // would be a cycle
+  CHECK(Order(index, 1) == Keys{"y6", "y5", "s4"});
+
+  // Adopting a block more recent than its new parent leaves its tail above
+  // it; the eviction walk still takes the tail, then the block, then the
+  // parent.
+  MetadataIndex late;
+  REQUIRE(late.Upsert("p", OnNode(1, 1)).ok());
+  REQUIRE(late.Upsert("c", OnNode(1, 1)).ok());
+  REQUIRE(late.Upsert("d", OnNode(1, 1), "c").ok());
+  REQUIRE(late.Adopt("c", "p"));
+  REQUIRE(Order(late, 1) == Keys{"c", "p", "d"});
+  CHECK(Pick(late, 1, 10) == Keys{"d", "c", "p"});
+  CHECK(Pick(late, 1, 2) == Keys{"d", "c"});
+}
+
+TEST_CASE("MetadataIndex: erasing a block with children leaves orphans until they go") {
+  MetadataIndex index;
+  REQUIRE(index.Upsert("a", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("b", OnNode(1, 1), "a").ok());
+  REQUIRE(index.Upsert("c", OnNode(1, 1), "b").ok());
+  REQUIRE(index.Upsert("d", OnNode(1, 1), "c").ok());
+  REQUIRE(index.Upsert("x", OnNode(2, 1)).ok());
+  CHECK(index.Orphans().empty());
+
+  REQUIRE(index.Erase("b").has_value());
+  CHECK(index.ghost_count() == 1);
+  CHECK(index.size() == 4);
+  CHECK(index.Chain("a")->children == 0);  // the parent is free to go
+  CHECK(index.Chain("c")->orphan);
+  CHECK(index.Chain("d")->orphan);
+  CHECK(ParentOf(index, "c").empty());
+  CHECK_FALSE(index.Find("b").has_value());
+  std::set<std::string> orphans;
+  for (auto& [k, e] : index.Orphans()) orphans.insert(k);
+  CHECK(orphans == std::set<std::string>{"c", "d"});
+  // Erasing the orphans (here parents first) frees every ghost.
+  REQUIRE(index.Erase("c").has_value());
+  CHECK(index.ghost_count() == 1);  // b freed, c now a ghost holding d
+  REQUIRE(index.Erase("d").has_value());
+  CHECK(index.ghost_count() == 0);
+  CHECK(index.Orphans().empty());
+  CHECK(Order(index, 1) == Keys{"a"});
+
+  // Replacing a key that has children: the children stay with the old
+  // location (orphans); the key is a fresh root.
+  REQUIRE(index.Upsert("b", OnNode(1, 2), "a").ok());
+  REQUIRE(index.Upsert("c", OnNode(1, 3), "b").ok());
+  auto old = index.Upsert("b", OnNode(2, 4));
+  REQUIRE(old.ok());
+  CHECK(**old == OnNode(1, 2));
+  CHECK(index.ghost_count() == 1);
+  CHECK(index.Chain("c")->orphan);
+  CHECK(index.Chain("b")->children == 0);
+  CHECK(index.Chain("a")->children == 0);
+  CHECK(*index.Find("b") == OnNode(2, 4));
+  auto removed = index.EraseIf(
+      [](absl::string_view k, const IndexEntry&) { return k == "c"; });
+  CHECK(removed.size() == 1);
+  CHECK(index.ghost_count() == 0);
+  CHECK(index.size() == 3);
+}
+
+TEST_CASE("MetadataIndex CollectUsed hands out each touched entry once") {
+  MetadataIndex index;
+  for (const char* k : {"a", "b", "c"}) REQUIRE(index.Upsert(k, OnNode(1, 1)).ok());
+  REQUIRE(index.Touch("a", 1));  // not tracked yet
+  CHECK(index.CollectUsed(10).empty());
+  index.TrackUsed(true);
+  REQUIRE(index.Touch("a", 2));
+  REQUIRE(index.Touch("b", 3));
+  REQUIRE(index.Touch("a", 4));
+  CHECK(index.used_queued() == 2);
+  using Used = std::vector<std::pair<std::string, uint32_t>>;
+  CHECK(index.CollectUsed(1) == Used{{"a", 4}});
+  CHECK(index.CollectUsed(10) == Used{{"b", 3}});
+  CHECK(index.CollectUsed(10).empty());
+  // Erased entries are skipped; a reused record starts unqueued.
+  REQUIRE(index.Touch("c", 5));
+  REQUIRE(index.Touch("a", 6));
+  REQUIRE(index.Erase("c").has_value());
+  REQUIRE(index.Upsert("d", OnNode(1, 1)).ok());
+  CHECK(index.CollectUsed(10) == Used{{"a", 6}});
+  REQUIRE(index.Touch("d", 7));
+  index.TrackUsed(false);
+  CHECK(index.used_queued() == 0);
+  REQUIRE(index.Touch("d", 8));
+  CHECK(index.CollectUsed(10).empty());
+}
+
+TEST_CASE("MetadataIndex LoadEntry/FinishLoad rebuild chains, recency and drop broken chains") {
+  MetadataIndex index;
+  struct L {
+    const char* key;
+    uint32_t node;
+    const char* parent;
+    uint64_t last_use;
+  };
+  // Children before parents, and across nodes.
+  const std::vector<L> loads = {
+      {"x2", 1, "x1", 7},  {"x1", 1, "x0", 50},   {"o2", 1, "o1", 60},
+      {"w", 2, "y1", 1},   {"y1", 1, "y0", 21},   {"z", 1, "", 30},
+      {"o1", 1, "gone", 40}, {"y0", 1, "", 20},   {"x0", 1, "", 5},
+      {"old", 1, "", 0},
+  };
+  for (const L& l : loads) {
+    REQUIRE(index.LoadEntry(l.key, OnNode(l.node, 1), l.parent, l.last_use).ok());
+  }
+  CHECK(index.LoadEntry("z", OnNode(1, 1), "", 1).code() ==
+        absl::StatusCode::kAlreadyExists);
+  CHECK(index.Find("x2").has_value());
+  std::set<std::string> dropped;
+  for (auto& [k, e] : index.FinishLoad()) dropped.insert(k);
+  CHECK(dropped == std::set<std::string>{"o1", "o2"});
+  CHECK(index.size() == 8);
+  CHECK(index.ghost_count() == 0);
+  // A chain is as recent as its most recent block (x: 50); children below
+  // their parents.
+  CHECK(Order(index, 1) == Keys{"old", "x2", "y1", "y0", "z", "x1", "x0"});
+  CHECK(Order(index, 2) == Keys{"w"});
+  CHECK(ParentOf(index, "x2") == "x1");
+  CHECK(ParentOf(index, "x1") == "x0");
+  CHECK(ParentOf(index, "w").empty());
+  CHECK(index.Chain("y0")->children == 1);
+  CHECK(Pick(index, 1, 10) == Keys{"old", "x2", "y1", "y0", "z", "x1", "x0"});
+  // The index works as usual afterwards.
+  REQUIRE(index.Upsert("x3", OnNode(1, 1), "x2").ok());
+  CHECK(index.Chain("x2")->children == 1);
+}
+
+TEST_CASE("MetadataIndex chains stay consistent under random operations") {
+  MetadataIndex index;
+  std::mt19937_64 rng(23);
+  std::vector<std::string> live;
+  auto key = [&](uint64_t n) { return "k" + std::to_string(n); };
+  for (int i = 0; i < 20000; ++i) {
+    const std::string k = key(rng() % 400);
+    const uint32_t node = static_cast<uint32_t>(rng() % 2 + 1);
+    switch (rng() % 8) {
+      case 0:
+      case 1:
+      case 2: {
+        const std::string parent = rng() % 4 == 0 ? "" : key(rng() % 400);
+        if (parent == k) break;
+        REQUIRE(index.Upsert(k, OnNode(node, 1), parent).ok());
+        break;
+      }
+      case 3:
+        if (rng() % 2) {
+          index.Touch(k, 1);
+        } else {
+          index.TouchPrefix({k, key(rng() % 400), key(rng() % 400)}, 2);
+        }
+        break;
+      case 4:
+        index.Erase(k);
+        break;
+      case 5: {
+        // Evict a few in the order chosen: never creates a ghost (it may
+        // free some, taking orphans).
+        const size_t ghosts = index.ghost_count();
+        for (const std::string& v : Pick(index, node, rng() % 8 + 1)) {
+          const auto c = index.Chain(v);
+          REQUIRE(c.has_value());
+          CHECK(c->children == 0);
+          REQUIRE(index.Erase(v).has_value());
+        }
+        CHECK(index.ghost_count() <= ghosts);
+        break;
+      }
+      case 6:
+        if (i % 100 == 0) {
+          for (auto& [o, e] : index.Orphans()) REQUIRE(index.Erase(o).has_value());
+          CHECK(index.ghost_count() == 0);
+        }
+        break;
+      case 7:
+        break;
+    }
+  }
+  // Every block is less recent than its parent.
+  for (uint32_t node = 1; node <= 2; ++node) {
+    std::map<std::string, size_t> pos;
+    for (const auto& k : Order(index, node)) pos.emplace(k, pos.size());
+    for (const auto& [k, at] : pos) {
+      const std::string parent = index.Chain(k)->parent;
+      if (!parent.empty()) CHECK(at < pos.at(parent));
+    }
+  }
+  // Child counts match the parent links.
+  std::map<std::string, uint32_t> children;
+  index.ForEach([&](absl::string_view k, const IndexEntry& e) {
+    const auto c = index.Chain(k);
+    if (!c->parent.empty()) {
+      ++children[c->parent];
+      CHECK(index.Find(c->parent)->node_id == e.node_id);
+    }
+  });
+  index.ForEach([&](absl::string_view k, const IndexEntry&) {
+    CHECK(index.Chain(k)->children == children[std::string(k)]);
+  });
+  for (auto& [o, e] : index.Orphans()) REQUIRE(index.Erase(o).has_value());
+  CHECK(index.ghost_count() == 0);
+  CHECK(index.Orphans().empty());
 }
 
 }  // namespace
