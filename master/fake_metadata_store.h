@@ -21,8 +21,12 @@ class FakeMetadataStore : public MetadataStore {
   absl::Status Apply(const MetadataMutation& mutation) override {
     MutexLock l(&mu_);
     if (!fail_writes_.ok()) return fail_writes_;
-    for (const auto& k : mutation.delete_objects) objects_.erase(k);
+    for (const auto& k : mutation.delete_objects) {
+      objects_.erase(k);
+      uses_.erase(k);
+    }
     for (const auto& [k, r] : mutation.put_objects) objects_[k] = r;
+    for (const auto& [k, ms] : mutation.object_uses) uses_[k] = ms;
     for (const auto& n : mutation.put_nodes) nodes_[n.name()] = n;
     ++writes_;
     return absl::OkStatus();
@@ -40,7 +44,16 @@ class FakeMetadataStore : public MetadataStore {
       const std::function<void(absl::string_view, const ObjectRecord&)>& fn)
       override {
     MutexLock l(&mu_);
-    for (const auto& [k, r] : objects_) fn(k, r);
+    for (const auto& [k, r] : objects_) {
+      auto use = uses_.find(k);
+      if (use == uses_.end() || use->second <= r.last_use_ms) {
+        fn(k, r);
+        continue;
+      }
+      ObjectRecord later = r;
+      later.last_use_ms = use->second;
+      fn(k, later);
+    }
     return absl::OkStatus();
   }
   absl::StatusOr<std::vector<hymcache::v1::NodeInfo>> LoadNodes() override {
@@ -69,6 +82,7 @@ class FakeMetadataStore : public MetadataStore {
   mutable Mutex mu_;
   absl::Status fail_writes_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, ObjectRecord> objects_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> uses_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, hymcache::v1::NodeInfo> nodes_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t writes_ ABSL_GUARDED_BY(mu_) = 0;

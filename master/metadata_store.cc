@@ -6,6 +6,7 @@
 #include <rocksdb/write_batch.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -18,30 +19,48 @@ namespace hymcache {
 namespace master {
 namespace {
 
-// Key layout. One-byte prefixes keep the three kinds apart:
+// Key layout. One-byte prefixes keep the kinds apart:
 //   "o" + object key  -> EncodeObjectRecord
+//   "u" + object key  -> little-endian u64: a later use of the object (Unix
+//                        ms), written lazily; deleted with the object
 //   "n" + node name   -> serialized v1::NodeInfo (registration fields)
 //   "m:generation"    -> little-endian u64: generations below it may have
 //                        been handed out.
 constexpr char kObjectPrefix = 'o';
+constexpr char kUsePrefix = 'u';
 constexpr char kNodePrefix = 'n';
 constexpr char kGenerationKey[] = "m:generation";
 
-// Object value: version byte + node_id u32 + region_id u32 + addr u64 +
-// length u64 + generation u64, all little-endian.
-constexpr uint8_t kObjectFormat = 1;
-constexpr size_t kObjectValueSize = 1 + 4 + 4 + 8 + 8 + 8;
+// Object value, all little-endian:
+//   format 1: version byte + node_id u32 + region_id u32 + addr u64 +
+//             length u64 + generation u64 (33 bytes);
+//   format 2: the same fields, then last_use_ms u64 + parent key length
+//             u16 + the parent key (43 bytes + the parent key).
+// Format 2 is written; both are read.
+constexpr uint8_t kObjectFormat1 = 1;
+constexpr uint8_t kObjectFormat2 = 2;
+constexpr size_t kObjectValueSize1 = 1 + 4 + 4 + 8 + 8 + 8;
+constexpr size_t kObjectValueSize2 = kObjectValueSize1 + 8 + 2;
+constexpr size_t kMaxParentKey = 65535;
 
 absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
   return FromRocksDb(s, "metadata store", what);
 }
 
-std::string ObjectKey(absl::string_view key) {
+std::string PrefixedKey(char prefix, absl::string_view key) {
   std::string k;
   k.reserve(key.size() + 1);
-  k.push_back(kObjectPrefix);
+  k.push_back(prefix);
   k.append(key.data(), key.size());
   return k;
+}
+
+std::string ObjectKey(absl::string_view key) {
+  return PrefixedKey(kObjectPrefix, key);
+}
+
+std::string UseKey(absl::string_view key) {
+  return PrefixedKey(kUsePrefix, key);
 }
 
 std::string NodeKey(absl::string_view name) {
@@ -98,32 +117,61 @@ absl::Status MetadataStore::PutNode(const hymcache::v1::NodeInfo& node) {
 }
 
 std::string EncodeObjectRecord(const ObjectRecord& r) {
-  std::string v(kObjectValueSize, '\0');
+  // A parent key longer than any key is a caller bug; keep the record
+  // loadable (as a chain head) rather than corrupt.
+  const size_t plen =
+      r.parent_key.size() <= kMaxParentKey ? r.parent_key.size() : 0;
+  std::string v(kObjectValueSize2 + plen, '\0');
   char* p = v.data();
-  p[0] = static_cast<char>(kObjectFormat);
+  p[0] = static_cast<char>(kObjectFormat2);
   absl::little_endian::Store32(p + 1, r.node_id);
   absl::little_endian::Store32(p + 5, r.region_id);
   absl::little_endian::Store64(p + 9, r.addr);
   absl::little_endian::Store64(p + 17, r.length);
   absl::little_endian::Store64(p + 25, r.generation);
+  absl::little_endian::Store64(p + 33, r.last_use_ms);
+  absl::little_endian::Store16(p + 41, static_cast<uint16_t>(plen));
+  if (plen > 0) std::memcpy(p + kObjectValueSize2, r.parent_key.data(), plen);
   return v;
 }
 
-absl::StatusOr<ObjectRecord> DecodeObjectRecord(absl::string_view v) {
-  if (v.size() != kObjectValueSize ||
-      static_cast<uint8_t>(v[0]) != kObjectFormat) {
-    return absl::DataLossError(
-        absl::StrCat("object record of ", v.size(), " bytes, format ",
-                     v.empty() ? -1 : static_cast<uint8_t>(v[0]),
-                     ": not understood"));
+namespace {
+
+// Decodes into *r, reusing its parent_key's buffer.
+absl::Status DecodeObjectRecordInto(absl::string_view v, ObjectRecord* r) {
+  const int format = v.empty() ? -1 : static_cast<uint8_t>(v[0]);
+  const bool v1 = format == kObjectFormat1 && v.size() == kObjectValueSize1;
+  const bool v2 =
+      format == kObjectFormat2 && v.size() >= kObjectValueSize2 &&
+      v.size() == kObjectValueSize2 +
+                      absl::little_endian::Load16(v.data() + 41);
+  if (!v1 && !v2) {
+    return absl::DataLossError(absl::StrCat("object record of ", v.size(),
+                                            " bytes, format ", format,
+                                            ": not understood"));
   }
   const char* p = v.data();
+  r->node_id = absl::little_endian::Load32(p + 1);
+  r->region_id = absl::little_endian::Load32(p + 5);
+  r->addr = absl::little_endian::Load64(p + 9);
+  r->length = absl::little_endian::Load64(p + 17);
+  r->generation = absl::little_endian::Load64(p + 25);
+  if (v2) {
+    r->last_use_ms = absl::little_endian::Load64(p + 33);
+    r->parent_key.assign(p + kObjectValueSize2, v.size() - kObjectValueSize2);
+  } else {
+    r->last_use_ms = 0;
+    r->parent_key.clear();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ObjectRecord> DecodeObjectRecord(absl::string_view v) {
   ObjectRecord r;
-  r.node_id = absl::little_endian::Load32(p + 1);
-  r.region_id = absl::little_endian::Load32(p + 5);
-  r.addr = absl::little_endian::Load64(p + 9);
-  r.length = absl::little_endian::Load64(p + 17);
-  r.generation = absl::little_endian::Load64(p + 25);
+  absl::Status s = DecodeObjectRecordInto(v, &r);
+  if (!s.ok()) return s;
   return r;
 }
 
@@ -233,9 +281,13 @@ absl::Status RocksDbMetadataStore::Apply(const MetadataMutation& mutation) {
   rocksdb::WriteBatch batch;
   for (const auto& key : mutation.delete_objects) {
     batch.Delete(ObjectKey(key));
+    batch.Delete(UseKey(key));
   }
   for (const auto& [key, record] : mutation.put_objects) {
     batch.Put(ObjectKey(key), EncodeObjectRecord(record));
+  }
+  for (const auto& [key, ms] : mutation.object_uses) {
+    batch.Put(UseKey(key), EncodeU64(ms));
   }
   for (const auto& node : mutation.put_nodes) {
     std::string value;
@@ -282,22 +334,49 @@ absl::Status RocksDbMetadataStore::Explain(const absl::Status& s,
 
 absl::Status RocksDbMetadataStore::ForEachObject(
     const std::function<void(absl::string_view key, const ObjectRecord&)>& fn) {
+  // Objects and their later uses are both in key order: merge the two
+  // ranges with one iterator each.
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  std::unique_ptr<rocksdb::Iterator> use(
+      db_->NewIterator(rocksdb::ReadOptions()));
   const std::string prefix(1, kObjectPrefix);
+  const std::string use_prefix(1, kUsePrefix);
+  use->Seek(use_prefix);
+  auto use_valid = [&] {
+    return use->Valid() && use->key().starts_with(use_prefix);
+  };
+  ObjectRecord record;  // reused: no allocation per object
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix);
        it->Next()) {
     rocksdb::Slice k = it->key();
     rocksdb::Slice v = it->value();
-    auto record = DecodeObjectRecord(absl::string_view(v.data(), v.size()));
-    if (!record.ok()) {
+    const rocksdb::Slice key(k.data() + 1, k.size() - 1);
+    absl::Status decoded =
+        DecodeObjectRecordInto(absl::string_view(v.data(), v.size()), &record);
+    if (!decoded.ok()) {
       return absl::DataLossError(absl::StrCat(
-          "metadata store: object '", absl::CEscape(absl::string_view(
-                                          k.data() + 1, k.size() - 1)),
-          "': ", record.status().message()));
+          "metadata store: object '",
+          absl::CEscape(absl::string_view(key.data(), key.size())),
+          "': ", decoded.message()));
     }
-    fn(absl::string_view(k.data() + 1, k.size() - 1), *record);
+    // Uses of keys that are no objects (cannot happen) are skipped.
+    while (use_valid() &&
+           rocksdb::Slice(use->key().data() + 1, use->key().size() - 1)
+                   .compare(key) < 0) {
+      use->Next();
+    }
+    if (use_valid() &&
+        rocksdb::Slice(use->key().data() + 1, use->key().size() - 1)
+                .compare(key) == 0 &&
+        use->value().size() == 8) {
+      record.last_use_ms = std::max(
+          record.last_use_ms, absl::little_endian::Load64(use->value().data()));
+    }
+    fn(absl::string_view(key.data(), key.size()), record);
   }
-  return FromRocks(it->status(), "scan objects");
+  absl::Status s = FromRocks(it->status(), "scan objects");
+  if (!s.ok()) return s;
+  return FromRocks(use->status(), "scan object uses");
 }
 
 absl::StatusOr<std::vector<hymcache::v1::NodeInfo>>

@@ -1,5 +1,8 @@
 // MetadataStore: the master's durable state. Holds
-//   - committed objects: key -> ObjectRecord (where the bytes live),
+//   - committed objects: key -> ObjectRecord (where the bytes live, the key
+//     of the block before it in its chain, when it was committed),
+//   - the objects' last-use times, written lazily apart from the objects
+//     (the master batches its readers' recency changes),
 //   - storage-node records: name -> NodeInfo (id, incarnation, addresses,
 //     regions, transport parameters),
 //   - the generation high-water mark.
@@ -37,31 +40,50 @@ class WriteBatch;
 namespace hymcache {
 namespace master {
 
-// Where one committed object lives. Mirrors v1::Location.
+// One committed object: where it lives (mirrors v1::Location), its chain
+// parent and its last use.
 struct ObjectRecord {
   uint32_t node_id = 0;
   uint32_t region_id = 0;
   uint64_t addr = 0;
   uint64_t length = 0;
   uint64_t generation = 0;
+  // Unix milliseconds of the last use known to the store: the commit time,
+  // or a later use written with MetadataMutation::object_uses (ForEachObject
+  // reports the later of the two). 0: unknown (records written before the
+  // master kept it).
+  uint64_t last_use_ms = 0;
+  // The key of the block before this one in its chain (PutStart's
+  // parent_key, or the previous key of the same put); "" for a chain head
+  // and for records written before the master kept it. At most 65535 bytes.
+  std::string parent_key;
 
   bool operator==(const ObjectRecord& o) const {
     return node_id == o.node_id && region_id == o.region_id &&
-           addr == o.addr && length == o.length && generation == o.generation;
+           addr == o.addr && length == o.length &&
+           generation == o.generation && last_use_ms == o.last_use_ms &&
+           parent_key == o.parent_key;
   }
 };
 
 // One atomic change: all of it is applied or none of it.
 struct MetadataMutation {
   std::vector<std::pair<std::string, ObjectRecord>> put_objects;
+  // Deletes the objects and their last-use times.
   std::vector<std::string> delete_objects;
+  // Later uses of committed objects: key -> Unix milliseconds. Kept apart
+  // from the object (a small write; the object record stays as committed)
+  // until the object is deleted. Writing one for a key that is not a
+  // committed object is the caller's mistake: it is ignored at load.
+  std::vector<std::pair<std::string, uint64_t>> object_uses;
   // Keyed by NodeInfo.name. Only the registration fields are kept (node_id,
   // name, incarnation, addresses, regions without used_bytes,
   // transport_params); liveness and usage fields are dropped.
   std::vector<hymcache::v1::NodeInfo> put_nodes;
 
   bool empty() const {
-    return put_objects.empty() && delete_objects.empty() && put_nodes.empty();
+    return put_objects.empty() && delete_objects.empty() &&
+           object_uses.empty() && put_nodes.empty();
   }
 };
 
@@ -84,8 +106,10 @@ class MetadataStore {
   // nodes refuse writes that claim a higher generation.
   virtual uint64_t GenerationCeiling() = 0;
 
-  // Calls `fn` for every committed object (unspecified order). Stops and
-  // returns the error if an entry is corrupt or reading fails.
+  // Calls `fn` for every committed object (unspecified order), with
+  // last_use_ms the later of its commit time and its last object_uses
+  // write. Stops and returns the error if an entry is corrupt or reading
+  // fails.
   virtual absl::Status ForEachObject(
       const std::function<void(absl::string_view key, const ObjectRecord&)>& fn)
       = 0;
@@ -159,7 +183,8 @@ class RocksDbMetadataStore : public MetadataStore {
   uint64_t generation_limit_ ABSL_GUARDED_BY(gen_mu_) = 0;
 };
 
-// Encoding helpers, exposed for tests and tools.
+// Encoding helpers, exposed for tests and tools. Decode also reads the
+// first format (no last use, no parent), which older masters wrote.
 std::string EncodeObjectRecord(const ObjectRecord& record);
 absl::StatusOr<ObjectRecord> DecodeObjectRecord(absl::string_view value);
 

@@ -1,6 +1,8 @@
 #include "master/metadata_store.h"
 
 #include <fcntl.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
@@ -56,11 +58,109 @@ TEST_CASE("ObjectRecord encoding round-trips and rejects garbage") {
   auto d = DecodeObjectRecord(EncodeObjectRecord(r));
   REQUIRE(d.ok());
   CHECK(*d == r);
+  r.last_use_ms = 1765000000123;
+  r.parent_key = std::string("\x00parent\xff", 8);
+  d = DecodeObjectRecord(EncodeObjectRecord(r));
+  REQUIRE(d.ok());
+  CHECK(*d == r);
   CHECK(DecodeObjectRecord("").status().code() == absl::StatusCode::kDataLoss);
   std::string bad = EncodeObjectRecord(r);
   bad[0] = 9;
   CHECK(DecodeObjectRecord(bad).status().code() ==
         absl::StatusCode::kDataLoss);
+  bad = EncodeObjectRecord(r);
+  bad.pop_back();  // the parent key's length disagrees
+  CHECK(DecodeObjectRecord(bad).status().code() ==
+        absl::StatusCode::kDataLoss);
+}
+
+// A value in the first format (what masters before parent keys wrote):
+// version 1, node, region, addr, length, generation, little-endian.
+std::string FormatOneValue(uint32_t node, uint32_t region, uint64_t addr,
+                           uint64_t length, uint64_t generation) {
+  std::string v(1, '\x01');
+  auto put = [&v](uint64_t x, int bytes) {
+    for (int i = 0; i < bytes; ++i) v.push_back(static_cast<char>(x >> (8 * i)));
+  };
+  put(node, 4);
+  put(region, 4);
+  put(addr, 8);
+  put(length, 8);
+  put(generation, 8);
+  return v;
+}
+
+TEST_CASE("Object records of the first format still load") {
+  auto d = DecodeObjectRecord(FormatOneValue(7, 3, 4096, 12345, 99));
+  REQUIRE(d.ok());
+  CHECK(*d == ObjectRecord{7, 3, 4096, 12345, 99});
+  CHECK(d->parent_key.empty());
+  CHECK(d->last_use_ms == 0);
+  std::string longer = FormatOneValue(7, 3, 4096, 12345, 99) + "x";
+  CHECK(DecodeObjectRecord(longer).status().code() ==
+        absl::StatusCode::kDataLoss);
+
+  // Written into RocksDB as an older master did, beside a new record.
+  const std::string dir = TestDir("format1");
+  {
+    rocksdb::Options o;
+    o.create_if_missing = true;
+    rocksdb::DB* raw = nullptr;
+    REQUIRE(rocksdb::DB::Open(o, dir, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    REQUIRE(db->Put(rocksdb::WriteOptions(), "oold",
+                    FormatOneValue(1, 0, 64, 10, 5))
+                .ok());
+    REQUIRE(db->Close().ok());
+  }
+  auto store = Open(dir);
+  ObjectRecord fresh{1, 0, 128, 10, 6};
+  fresh.parent_key = "old";
+  fresh.last_use_ms = 42;
+  REQUIRE(store->PutObjects({{"new", fresh}}).ok());
+  auto objs = AllObjects(store.get());
+  REQUIRE(objs.size() == 2);
+  CHECK(objs["old"] == ObjectRecord{1, 0, 64, 10, 5});
+  CHECK(objs["new"] == fresh);
+}
+
+TEST_CASE("Later uses are kept apart from the objects and deleted with them") {
+  auto check = [](MetadataStore* store) {
+    ObjectRecord a{1, 0, 0, 10, 1};
+    a.last_use_ms = 100;
+    ObjectRecord b{1, 0, 64, 10, 2};
+    b.last_use_ms = 200;
+    REQUIRE(store->PutObjects({{"a", a}, {"b", b}}).ok());
+    MetadataMutation uses;
+    uses.object_uses = {{"a", 150}, {"b", 190}, {"gone", 1}};
+    CHECK_FALSE(uses.empty());
+    REQUIRE(store->Apply(uses).ok());
+    auto objs = AllObjects(store);
+    REQUIRE(objs.size() == 2);  // a use of no object is no object
+    CHECK(objs["a"].last_use_ms == 150);  // the later of the two
+    CHECK(objs["b"].last_use_ms == 200);
+    // Deleting an object deletes its use: a new object of that key starts
+    // from its own commit time.
+    REQUIRE(store->DeleteObjects({"a"}).ok());
+    a.last_use_ms = 120;
+    REQUIRE(store->PutObjects({{"a", a}}).ok());
+    CHECK(AllObjects(store)["a"].last_use_ms == 120);
+  };
+  SECTION("RocksDB") {
+    const std::string dir = TestDir("uses");
+    {
+      auto store = Open(dir);
+      check(store.get());
+    }
+    auto store = Open(dir);  // and across a reopen
+    auto objs = AllObjects(store.get());
+    CHECK(objs["a"].last_use_ms == 120);
+    CHECK(objs["b"].last_use_ms == 200);
+  }
+  SECTION("fake") {
+    FakeMetadataStore store;
+    check(&store);
+  }
 }
 
 TEST_CASE("RocksDbMetadataStore rejects bad options") {
