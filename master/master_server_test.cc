@@ -166,7 +166,8 @@ TEST_CASE("MasterServer serves the master API over gRPC") {
     CHECK_FALSE(hbr.reregister());
     grpc::ClientContext ctx4;
     v1::RemoveRequest rm;
-    rm.add_keys(put.keys(0));
+    // The chain's last committed block (the put's last write failed).
+    rm.add_keys(put.keys(put.keys_size() - 2));
     v1::RemoveResponse rmr;
     REQUIRE(stub->Remove(&ctx4, rm, &rmr).ok());
     CHECK(rmr.removed(0));

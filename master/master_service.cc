@@ -125,6 +125,9 @@ absl::Status MasterServiceOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_unlisted_per_reconcile must be 1..", kMaxUnlistedLimit));
   }
+  if (max_eviction_scan == 0) {
+    return absl::InvalidArgumentError("max_eviction_scan must be > 0");
+  }
   return absl::OkStatus();
 }
 
@@ -154,9 +157,17 @@ MasterService::MasterService(const MasterServiceOptions& options,
   MutexLock l(&mu_);
   next_put_id_ = start;
   lease_epoch_ = clock_->Now();
+  index_.TrackUsed(options_.recency_batch > 0);
 }
 
-MasterService::~MasterService() = default;
+MasterService::~MasterService() {
+  MutexLock l(&mu_);
+  // Everything read since the last batch, in batches of a bounded size.
+  while (index_.used_queued() > 0 &&
+         PersistRecencyLocked(std::max<uint32_t>(options_.recency_batch,
+                                                 1 << 16)) > 0) {
+  }
+}
 
 absl::Status MasterService::Load() {
   MutexLock l(&mu_);
@@ -211,13 +222,13 @@ absl::Status MasterService::Load() {
       why = std::string(rs.message());
     } else {
       IndexEntry e{r.node_id, r.region_id, r.addr, r.length, r.generation};
-      auto up = index_.Upsert(key, e);
+      absl::Status up = index_.LoadEntry(key, e, r.parent_key, r.last_use_ms);
       if (up.ok()) {
         CountObject(e, +1);
         return;
       }
       reg->second.allocator->Free(r.addr).IgnoreError();
-      why = std::string(up.status().message());
+      why = std::string(up.message());
     }
     if (doomed.size() < kMaxDropWarnings) {
       LOG(WARNING) << "dropping persisted object '" << PrintableKey(key)
@@ -230,6 +241,20 @@ absl::Status MasterService::Load() {
     LOG(WARNING) << "dropped " << doomed.size()
                  << " persisted objects that no longer fit their node";
     counters_.objects_dropped += doomed.size();
+  }
+  // Chains and recency order; objects whose chain lost a block go.
+  const auto orphans = index_.FinishLoad();
+  for (const auto& [key, e] : orphans) {
+    FreeSpace(e.node_id, e.region_id, e.addr);
+    CountObject(e, -1);
+    doomed.push_back(key);
+  }
+  if (!orphans.empty()) {
+    LOG(WARNING) << "dropped " << orphans.size()
+                 << " persisted objects whose chain lost a block before them";
+    counters_.orphans_removed += orphans.size();
+  }
+  if (!doomed.empty()) {
     s = store_->DeleteObjects(std::move(doomed));
     if (!s.ok()) return s;
   }
@@ -344,11 +369,104 @@ void MasterService::FreeSpace(uint32_t node_id, uint32_t region_id,
 void MasterService::ReleasePut(uint64_t put_id, bool free_space) {
   auto it = pending_.find(put_id);
   if (it == pending_.end()) return;
-  for (const PendingSlot& slot : it->second.slots) {
-    if (free_space) FreeSpace(it->second.node_id, slot.region_id, slot.addr);
-    pending_keys_.erase(slot.key);
-  }
+  PendingPut put = std::move(it->second);
   pending_.erase(it);
+  for (const PendingSlot& slot : put.slots) {
+    if (free_space) FreeSpace(put.node_id, slot.region_id, slot.addr);
+    pending_keys_.erase(slot.key);
+    SettleWaitingChildrenLocked(slot.key, /*committed=*/false);
+  }
+  UnpinParent(put);
+}
+
+void MasterService::SettleWaitingChildrenLocked(const std::string& key,
+                                                bool committed) {
+  auto w = waiting_children_.find(key);
+  if (w == waiting_children_.end()) return;
+  std::vector<std::string> children = std::move(w->second);
+  waiting_children_.erase(w);
+  if (committed) {
+    // A child on another node stays unlinked: a chain continued there.
+    for (const std::string& child : children) index_.Adopt(child, key);
+    return;
+  }
+  MetadataMutation m;
+  for (std::string& child : children) {
+    if (index_.Find(child)) m.delete_objects.push_back(std::move(child));
+  }
+  absl::Status s = store_->Apply(m);
+  if (!s.ok()) {
+    LOG(WARNING) << "cannot remove " << m.delete_objects.size()
+                 << " blocks whose parent was never committed: " << s;
+    return;
+  }
+  for (const std::string& child : m.delete_objects) {
+    auto e = index_.Erase(child);
+    if (!e) continue;
+    FreeSpace(e->node_id, e->region_id, e->addr);
+    CountObject(*e, -1);
+  }
+  counters_.orphans_removed += m.delete_objects.size();
+  SweepOrphansLocked();  // blocks linked below them
+}
+
+void MasterService::UnpinParent(const PendingPut& put) {
+  if (put.parent_key.empty()) return;
+  auto pin = pending_parents_.find(put.parent_key);
+  if (pin != pending_parents_.end() && --pin->second == 0) {
+    pending_parents_.erase(pin);
+  }
+}
+
+std::vector<std::pair<std::string, IndexEntry>>
+MasterService::SweepOrphansLocked() {
+  if (index_.ghost_count() == 0) return {};
+  auto orphans = index_.Orphans();
+  if (orphans.empty()) return {};
+  MetadataMutation m;
+  m.delete_objects.reserve(orphans.size());
+  for (const auto& [key, e] : orphans) m.delete_objects.push_back(key);
+  absl::Status s = store_->Apply(m);
+  if (!s.ok()) {
+    LOG(WARNING) << "cannot remove " << orphans.size()
+                 << " objects whose chain lost a block (retried later): " << s;
+    return {};
+  }
+  for (const auto& [key, entry] : orphans) {
+    auto e = index_.Erase(key);
+    if (!e) continue;
+    FreeSpace(e->node_id, e->region_id, e->addr);
+    CountObject(*e, -1);
+  }
+  counters_.orphans_removed += orphans.size();
+  VLOG(1) << "removed " << orphans.size()
+          << " objects whose chain lost a block before them";
+  return orphans;
+}
+
+size_t MasterService::PersistRecencyLocked(size_t max) {
+  if (max == 0) return 0;
+  auto used = index_.CollectUsed(max);
+  if (used.empty()) return 0;
+  MetadataMutation m;
+  m.object_uses.reserve(used.size());
+  for (auto& [key, tick] : used) {
+    // Tick t was read at lease_epoch_ + (t - 1) ms; a tick rebased to 0 is
+    // older than the epoch.
+    const absl::Time at =
+        lease_epoch_ + absl::Milliseconds(tick > 0 ? int64_t{tick} - 1 : 0);
+    m.object_uses.emplace_back(std::move(key),
+                               static_cast<uint64_t>(absl::ToUnixMillis(at)));
+  }
+  absl::Status s = store_->Apply(m);
+  if (!s.ok()) {
+    ++counters_.recency_write_failures;
+    LOG(WARNING) << "cannot persist the last reads of " << used.size()
+                 << " objects (a restart orders them by older uses): " << s;
+    return 0;
+  }
+  counters_.recency_writes += used.size();
+  return used.size();
 }
 
 void MasterService::CancelPutsOfNode(uint32_t node_id, bool free_space) {
@@ -540,6 +658,7 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   node.last_seen = now;
   node.deregistered = false;
   MarkRegistered(node, /*retained=*/!new_incarnation);
+  SweepOrphansLocked();  // chains that lost a dropped object
   response.set_node_id(id);
   response.set_objects_retained(!new_incarnation);
   response.set_reconcile(node.needs_reconcile);
@@ -609,6 +728,7 @@ absl::StatusOr<v1::DeregisterNodeResponse> MasterService::DeregisterNode(
   }
   counters_.objects_purged += doomed.size();
   CancelPutsOfNode(node.info.node_id(), /*free_space=*/true);
+  SweepOrphansLocked();  // chains that reached into the purged regions
   node.deregistered = true;
   LOG(INFO) << "node " << node.info.node_id() << " '" << node.info.name()
             << "' deregistered; purged " << doomed.size() << " objects";
@@ -695,37 +815,61 @@ absl::StatusOr<bool> MasterService::EvictAndAllocate(
   // objects go as were needed.
   const uint32_t now_tick = LeaseTick(now);
   uint32_t evicted = 0;
+  size_t scanned = 0;     // objects the walks looked at, all rounds
   size_t round_size = 1;  // objects in the next round after the first
   while (true) {
     const bool first = evicted == 0;
     std::vector<std::pair<std::string, IndexEntry>> victims;
     uint64_t reclaim = 0;
-    bool leased = false;
     const size_t budget = options_.max_evictions_per_put - evicted;
-    index_.ForEachLeastRecent(
-        node_id, [&](absl::string_view key, const IndexEntry& e,
-                     uint32_t read_tick) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          if (victims.size() >= budget) return false;
-          if (keep.contains(key)) return true;
-          if (IsLeased(read_tick, now_tick)) {
-            leased = true;
-            return false;
-          }
-          auto r = node.regions.find(e.region_id);
-          if (r == node.regions.end()) return true;  // not in an allocator
-          victims.emplace_back(std::string(key), e);
-          reclaim += RoundUp(e.length, r->second.allocator->alignment());
-          if (first) return free + reclaim < need;
-          return victims.size() < round_size;
-        });
+    const size_t scan_budget = options_.max_eviction_scan - scanned;
+    MetadataIndex::WalkEnd end = MetadataIndex::WalkEnd::kEnough;
+    if (budget > 0 && scan_budget > 0) {
+      end = index_.PickEvictions(
+          node_id, scan_budget,
+          [&](absl::string_view key, const IndexEntry& e, uint32_t read_tick)
+              ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                ++scanned;
+                if (keep.contains(key) || pending_parents_.contains(key)) {
+                  return MetadataIndex::Verdict::kKeep;
+                }
+                if (IsLeased(read_tick, now_tick)) {
+                  return MetadataIndex::Verdict::kStop;
+                }
+                if (node.regions.count(e.region_id) == 0) {
+                  return MetadataIndex::Verdict::kKeep;  // not in an allocator
+                }
+                return MetadataIndex::Verdict::kEvict;
+              },
+          [&](absl::string_view key, const IndexEntry& e)
+              ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                victims.emplace_back(std::string(key), e);
+                reclaim += RoundUp(
+                    e.length,
+                    node.regions.at(e.region_id).allocator->alignment());
+                if (victims.size() >= budget) return false;
+                if (first) return free + reclaim < need;
+                return victims.size() < round_size;
+              });
+    }
     if (victims.empty() || (first && free + reclaim < need)) {
-      if (leased) {
-        *why = "the least recently used objects are leased by reads";
-      } else if (victims.size() >= budget) {
-        *why = absl::StrCat("more than ", options_.max_evictions_per_put,
-                            " evictions would be needed");
-      } else {
-        *why = "not enough evictable objects";
+      switch (end) {
+        case MetadataIndex::WalkEnd::kStopped:
+          *why = "the least recently used objects are leased by reads";
+          break;
+        case MetadataIndex::WalkEnd::kScanLimit:
+          *why = absl::StrCat(
+              "the eviction walk looked at ", options_.max_eviction_scan,
+              " objects (chain blocks with children, pinned or leased ones "
+              "are passed over)");
+          break;
+        case MetadataIndex::WalkEnd::kEnough:
+          *why = absl::StrCat("more than ", options_.max_evictions_per_put,
+                              " evictions would be needed");
+          break;
+        case MetadataIndex::WalkEnd::kListEnd:
+          *why = "not enough evictable objects";
+          break;
       }
       if (evicted > 0) {
         absl::StrAppend(why, " (", evicted, " objects evicted, the rest ",
@@ -799,6 +943,11 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
                          "' appears more than once"));
       }
     }
+    if (seen.contains(request.parent_key())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parent_key '", PrintableKey(request.parent_key()),
+                       "' is one of the keys"));
+    }
   }
 
   v1::PutStartResponse response;
@@ -814,7 +963,15 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   absl::flat_hash_set<absl::string_view> keep;
   if (!request.parent_key().empty()) {
     keep.insert(request.parent_key());
-    if (auto e = index_.Find(request.parent_key()); e && preferred == 0) {
+    auto e = index_.Find(request.parent_key());
+    if (!e && !pending_keys_.contains(request.parent_key())) {
+      // No reader could reach blocks after a missing one (see Chains).
+      return absl::FailedPreconditionError(
+          absl::StrCat("parent_key '", PrintableKey(request.parent_key()),
+                       "' is not stored: the blocks after it would be "
+                       "unreachable"));
+    }
+    if (e && preferred == 0) {
       auto n = nodes_.find(e->node_id);
       if (n != nodes_.end() && IsAlive(n->second, now)) preferred = e->node_id;
     }
@@ -904,6 +1061,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   PendingPut put;
   put.node_id = node_id;
   put.key_count = static_cast<uint32_t>(request.keys_size());
+  put.parent_key = request.parent_key();
   put.expiry = now + options_.put_timeout;
   put.slots.reserve(to_allocate.size());
   for (size_t j = 0; j < to_allocate.size(); ++j) {
@@ -913,9 +1071,13 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
       return gen.status();
     }
     const int i = to_allocate[j];
-    PendingSlot slot{static_cast<uint32_t>(i), request.keys(i),
-                     placed[j].first,          placed[j].second,
-                     request.lengths(i),       *gen};
+    PendingSlot slot{static_cast<uint32_t>(i),
+                     request.keys(i),
+                     i == 0 ? request.parent_key() : request.keys(i - 1),
+                     placed[j].first,
+                     placed[j].second,
+                     request.lengths(i),
+                     *gen};
     v1::Location* loc = response.mutable_slots(i)->mutable_location();
     loc->set_node_id(node_id);
     loc->set_region_id(slot.region_id);
@@ -927,6 +1089,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   const uint64_t put_id = next_put_id_++;
   if (next_put_id_ == 0) next_put_id_ = 1;
   for (const PendingSlot& slot : put.slots) pending_keys_[slot.key] = put_id;
+  if (!put.parent_key.empty()) ++pending_parents_[put.parent_key];
   response.set_expires_unix_ms(absl::ToUnixMillis(put.expiry));
   pending_.emplace(put_id, std::move(put));
   last_placed_node_ = node_id;
@@ -960,12 +1123,36 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
     failed.insert(idx);
   }
 
+  // The slots to commit, in chain order: a slot whose parent is neither
+  // committed nor committed by this put would be unreachable.
+  const absl::Time now = clock_->Now();
+  std::vector<const PendingSlot*> to_commit;
+  std::vector<const PendingSlot*> waiting;  // parent in another pending put
+  uint32_t unreachable = 0;
+  {
+    absl::flat_hash_set<absl::string_view> committing;
+    for (const PendingSlot& slot : put.slots) {
+      if (failed.contains(slot.index)) continue;
+      if (!slot.parent.empty() && !committing.contains(slot.parent) &&
+          !index_.Find(slot.parent)) {
+        auto other = pending_keys_.find(slot.parent);
+        if (other == pending_keys_.end() || other->second == request.put_id()) {
+          ++unreachable;
+          continue;
+        }
+        waiting.push_back(&slot);
+      }
+      committing.insert(slot.key);
+      to_commit.push_back(&slot);
+    }
+  }
   MetadataMutation m;
-  for (const PendingSlot& slot : put.slots) {
-    if (failed.contains(slot.index)) continue;
-    m.put_objects.push_back(
-        {slot.key, ObjectRecord{put.node_id, slot.region_id, slot.addr,
-                                slot.length, slot.generation}});
+  for (const PendingSlot* slot : to_commit) {
+    ObjectRecord record{put.node_id, slot->region_id, slot->addr,
+                        slot->length, slot->generation};
+    record.last_use_ms = static_cast<uint64_t>(absl::ToUnixMillis(now));
+    record.parent_key = slot->parent;
+    m.put_objects.emplace_back(slot->key, std::move(record));
   }
   absl::Status s = store_->Apply(m);
   if (!s.ok()) return s;  // nothing changed; the put stays pending
@@ -975,26 +1162,24 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
   // judge them.
   if (auto n = nodes_.find(put.node_id);
       n != nodes_.end() && n->second.reconciling) {
-    for (const PendingSlot& slot : put.slots) {
-      if (!failed.contains(slot.index)) {
-        n->second.committed_since_reconcile.insert(slot.generation);
-      }
+    for (const PendingSlot* slot : to_commit) {
+      n->second.committed_since_reconcile.insert(slot->generation);
     }
   }
-  // Last key first: the chain head ends up most recent, so among these
-  // equally recent blocks eviction takes the tail first.
+  // In chain order: each block links to its parent (committed before it)
+  // and goes just below it in recency, so the tail is the least recent.
   uint32_t committed = 0;
-  for (auto it_slot = put.slots.rbegin(); it_slot != put.slots.rend();
-       ++it_slot) {
-    const PendingSlot& slot = *it_slot;
+  size_t next = 0;
+  for (const PendingSlot& slot : put.slots) {
     pending_keys_.erase(slot.key);
-    if (failed.contains(slot.index)) {
+    if (next == to_commit.size() || to_commit[next] != &slot) {
       FreeSpace(put.node_id, slot.region_id, slot.addr);
       continue;
     }
+    ++next;
     IndexEntry e{put.node_id, slot.region_id, slot.addr, slot.length,
                  slot.generation};
-    auto old = index_.Upsert(slot.key, e);
+    auto old = index_.Upsert(slot.key, e, slot.parent);
     if (!old.ok()) {
       // Keys and lengths were validated at PutStart.
       LOG(DFATAL) << "index rejected committed key: " << old.status();
@@ -1010,6 +1195,21 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
     CountObject(e, +1);
     ++committed;
   }
+  counters_.commits_unreachable += unreachable;
+  for (const PendingSlot* slot : waiting) {
+    waiting_children_[slot->parent].push_back(slot->key);
+  }
+  // Blocks of other puts waiting for these; the put's keys that were not
+  // committed leave theirs unreachable.
+  next = 0;
+  for (const PendingSlot& slot : put.slots) {
+    const bool ok = next < to_commit.size() && to_commit[next] == &slot;
+    if (ok) ++next;
+    SettleWaitingChildrenLocked(slot.key, ok);
+  }
+  // A replaced entry's children (on the dead node) lost their chain:
+  // ReapExpired removes them.
+  UnpinParent(put);
   pending_.erase(it);
   v1::PutCommitResponse response;
   response.set_committed(committed);
@@ -1039,6 +1239,8 @@ size_t MasterService::ReapExpired() {
   if (!expired.empty()) {
     LOG(INFO) << "reaped " << expired.size() << " expired puts";
   }
+  PersistRecencyLocked(options_.recency_batch);
+  SweepOrphansLocked();
   return expired.size();
 }
 
@@ -1056,9 +1258,12 @@ absl::StatusOr<v1::BatchLookupResponse> MasterService::BatchLookup(
   MutexLock l(&mu_);
   const absl::Time now = clock_->Now();
   const uint32_t hits = LookupLocked(request, now, &response);
-  // Last hit first: the chain head ends up most recent.
+  // The chain head ends up most recent, each block just below the one
+  // before it (MetadataIndex::TouchPrefix).
   const uint32_t tick = LeaseTick(now);
-  for (uint32_t i = hits; i > 0; --i) index_.Touch(request.keys(i - 1), tick);
+  std::vector<absl::string_view> hit_keys(request.keys().begin(),
+                                          request.keys().begin() + hits);
+  index_.TouchPrefix(hit_keys, tick);
   return response;
 }
 
@@ -1120,6 +1325,7 @@ absl::StatusOr<v1::RemoveResponse> MasterService::Remove(
     FreeSpace(e->node_id, e->region_id, e->addr);
     CountObject(*e, -1);
   }
+  SweepOrphansLocked();  // the removed blocks' descendants
   return response;
 }
 
@@ -1294,6 +1500,21 @@ absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
       FreeSpace(e->node_id, e->region_id, e->addr);
       CountObject(*e, -1);
     }
+    // Blocks after a dropped one are unreachable: they go too, and the
+    // node frees them in this round.
+    for (const auto& [key, e] : SweepOrphansLocked()) {
+      if (e.node_id != id) continue;
+      ++unlisted;
+      if (static_cast<uint32_t>(response.unlisted_size()) <
+          options_.max_unlisted_per_reconcile) {
+        v1::Location* loc = response.add_unlisted();
+        loc->set_node_id(id);
+        loc->set_region_id(e.region_id);
+        loc->set_addr(e.addr);
+        loc->set_length(e.length);
+        loc->set_generation(e.generation);
+      }
+    }
   }
   response.set_listed(listed);
   response.set_matched(matched);
@@ -1360,6 +1581,7 @@ absl::StatusOr<v1::ReportMissingResponse> MasterService::ReportMissing(
     response.add_dropped(drop[i]);
   }
   counters_.read_repairs += dropped;
+  SweepOrphansLocked();  // the blocks after a dropped one
   if (dropped > 0) {
     LOG(INFO) << "read repair: dropped " << dropped
               << " listings that their node refused to serve";

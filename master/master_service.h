@@ -48,23 +48,78 @@
 // the next alive node with room (round robin); else evict on the preferred
 // node (without one: the next alive node in round-robin order).
 //
+// Chains: PutStart's parent_key is the block before keys[0] and keys[i+1]
+// extends keys[i]. A block is reachable (an engine's Load, which uses the
+// leading run of hits, gets to it) only through every block before it. At
+// PutCommit each block is linked in the index to its parent when that is on
+// the same node (MetadataIndex: a 4-byte parent record number and a child
+// count per entry), and the parent key is persisted with the object. A
+// chain continued on another node (its parent's node was full) starts a
+// new tree there. Nothing unreachable is stored: PutStart refuses
+// (FailedPrecondition) a parent_key that is neither committed nor being
+// put, and PutCommit frees, instead of committing, a block whose parent is
+// not committed by then (its write failed, or the parent was removed). A
+// block whose parent is still in another pending put (two puts of one
+// chain racing) is committed unlinked and linked when that parent commits
+// (MetadataIndex::Adopt), or removed if its put ends without it. A put's
+// parent is pinned (not evicted) until the put ends.
+//
 // Eviction (making room on a full node): each node's committed objects are
-// on an exact LRU list in the index. PutCommit inserts a put's keys at the
-// most recent end from the last key to the first, and a for_read
-// BatchLookup touches its hit prefix the same way, so among equally recent
-// blocks of a chain the tail goes first (a chain that lost its tail still
-// serves a shorter prefix; one that lost its head serves nothing). An
-// object read (for_read lookup) within `read_lease` is never evicted: the
-// walk from the least recent end stops at the first leased object (every
-// object after it was used even more recently). A commit does not grant a
-// lease, so freshly written objects stay evictable. Pending puts' space is
-// never evicted (it is not in the index), nor the keys that the PutStart
-// itself reports as existing, nor its parent_key. Evictions are written to
-// the store first (one batch), then applied to the index and allocators;
-// the space is reused under a new, higher generation, so a reader holding
-// an evicted location gets NotFound from the node, never other bytes.
-// Recency and leases are not durable: after a restart the order is the
-// store's load order and nothing is leased.
+// on an exact LRU list in the index, ordered so that a block is never more
+// recent than its parent (a reader gets to a block only through its parent,
+// so the parent's use is what counts). PutCommit puts a chain head at the
+// most recent end and a continuation just below its parent: the new blocks
+// share the recency of the chain they extend, whose blocks the Load before
+// the Store has just touched. A for_read BatchLookup moves the heads among
+// its hits to the most recent end (last key first) and each linked hit
+// just below its parent, so a chain read head first, in one call or in a
+// pipelined Load's several, ends up head most recent, tail least. Eviction
+// removes only chain leaves, never a block with a child on the same node:
+// the walk from the least recent end takes a leaf, counting the children
+// it took before as gone, and passes over a block that still has one
+// (MetadataIndex::PickEvictions). With the order above the least recent
+// blocks are leaves, the walk meets a chain's tail first and its head
+// after the rest of the chain, so a chain shrinks from its tail and never
+// loses its head while a tail survives. It passes over blocks only when
+// something more recent below them must stay (a leased, pinned or kept
+// tail). Why leaves rather than "a block with its whole subtree": an LRU
+// head may carry thousands of descendants (a shared system prompt) that
+// readers reach through it, more recent by construction; the subtree
+// would evict recently used blocks and unbounded work in one PutStart.
+// Leaves first keeps LRU order meaningful and the work bounded: at most
+// max_evictions_per_put victims and max_eviction_scan objects looked at
+// per PutStart, across its rounds.
+// An object read (for_read lookup) within `read_lease` is never evicted:
+// the walk stops at the first leased object (objects after it were mostly
+// used even more recently). A commit does not grant a lease, so freshly
+// written objects stay evictable. Pending puts' space is never evicted (it
+// is not in the index), nor the keys that the PutStart itself reports as
+// existing, nor its parent_key, nor any pending put's parent. Evictions are
+// written to the store first (one batch), then applied to the index and
+// allocators; the space is reused under a new, higher generation, so a
+// reader holding an evicted location gets NotFound from the node, never
+// other bytes.
+//
+// Removing a block that has descendants: Remove of a middle block would
+// strand the blocks after it, so Remove cascades: the requested keys go,
+// then every block on the same node whose chain passed through one of them
+// (the "orphans"; counted in orphans_removed, not reported per key). The
+// same sweep follows node purges and re-registrations that drop objects,
+// and runs in ReapExpired for any other path that erases listings (a sweep
+// costs a walk of the affected node's objects, and happens only when a
+// removal left orphans).
+//
+// Recency across restarts: the commit time is stored with each object, and
+// reads are written lazily: the index queues each object touched by a
+// for_read lookup (once until written) and ReapExpired writes up to
+// recency_batch of them per call (the read time, in a small record apart
+// from the object), off the lookup path; the destructor writes the rest.
+// At start-up each node's list is rebuilt from those times (a chain counts
+// as recent as its most recent block; children below their parents), so a
+// restart keeps the LRU order up to the last batch written; a kill -9
+// loses at most the reads of the last moments. Leases are not durable:
+// after a restart nothing is leased. Objects persisted by an older master
+// (no time, no parent) load as the least recent, unlinked.
 //
 // Thread safety: safe for concurrent use without external synchronization.
 // One mutex guards all state (plain lookups share it as readers; for_read
@@ -129,6 +184,14 @@ struct MasterServiceOptions {
   // Most unlisted extents returned by one reconciliation (the next round
   // returns the rest). 1..2^20. Default: 65536.
   uint32_t max_unlisted_per_reconcile = 65536;
+  // Most objects one PutStart's eviction walk looks at, victims and objects
+  // passed over (leased, pinned, or with children) together, across its
+  // rounds. Must be > 0. Default: 16384.
+  uint32_t max_eviction_scan = 16384;
+  // Most objects whose last read ReapExpired writes to the store per call
+  // (see Recency across restarts). 0: reads are not persisted (a restart
+  // orders objects by commit time). Default: 16384.
+  uint32_t recency_batch = 16384;
   // Source of time for liveness and put expiry. Not owned; must outlive the
   // service. Default: nullptr, meaning Clock::Real().
   Clock* clock = nullptr;
@@ -159,6 +222,16 @@ struct MasterServiceCounters {
   uint64_t reconcile_unlisted_extents = 0;
   // Listings dropped because a reader reported the node refused them.
   uint64_t read_repairs = 0;
+  // Objects removed because a block before them in their chain was removed
+  // (Remove cascade, purges, dropped listings, or found so at start-up).
+  uint64_t orphans_removed = 0;
+  // Put slots freed at PutCommit because the block before them was not
+  // committed (they would be unreachable).
+  uint64_t commits_unreachable = 0;
+  // Objects whose last read was written to the store, and failed writes of
+  // such batches (those reads are then not persisted).
+  uint64_t recency_writes = 0;
+  uint64_t recency_write_failures = 0;
 };
 
 // One node's extents as streamed by it during a reconciliation (see
@@ -194,8 +267,10 @@ class Reconciliation {
 class MasterService {
  public:
   // Loads `store` (nodes, then objects), rebuilds the allocators and the
-  // index. Objects whose node or region is gone, or whose range does not fit
-  // the region, are dropped with a WARNING and deleted from the store.
+  // index (chains and recency order, see above). Objects whose node or
+  // region is gone, or whose range does not fit the region, are dropped
+  // with a WARNING and deleted from the store, and so are objects whose
+  // chain lost a block before them (orphans_removed).
   // Errors: InvalidArgument for bad options or a null store; the store's
   // error if loading fails.
   static absl::StatusOr<std::unique_ptr<MasterService>> Create(
@@ -204,6 +279,7 @@ class MasterService {
 
   MasterService(const MasterService&) = delete;
   MasterService& operator=(const MasterService&) = delete;
+  // Writes the reads not yet persisted (see Recency across restarts).
   ~MasterService();
 
   // Registers a node (or re-registers a known name; its id is stable).
@@ -235,19 +311,26 @@ class MasterService {
   // room, else the next alive node (round robin) with room for all, else
   // the preferred (or next alive) node after evicting least recently used
   // objects, at most max_evictions_per_put of them.
-  // Eviction plans before it acts: if the objects it may evict (up to the
-  // first leased one, the cap, or the end of the list) cannot free enough
-  // bytes, nothing is evicted. Only fragmentation can make a put fail after
-  // evicting; those evictions stay made (they were next in LRU order).
+  // Eviction plans before it acts: if the objects it may evict (chain
+  // leaves, up to the first leased one, the caps, or the end of the list)
+  // cannot free enough bytes, nothing is evicted. Only fragmentation can
+  // make a put fail after evicting; those evictions stay made (they were
+  // next in LRU order).
   // Errors: InvalidArgument (key count, key sizes, length count or values,
-  // duplicate keys, parent_key too long); NotFound (unknown preferred
-  // node); ResourceExhausted (no room even after eviction; nothing
-  // allocated); store errors.
+  // duplicate keys, parent_key too long or one of the keys); NotFound
+  // (unknown preferred node); FailedPrecondition (parent_key is neither
+  // committed nor in a pending put: the blocks would be unreachable);
+  // ResourceExhausted (no room even after eviction; nothing allocated);
+  // store errors.
   absl::StatusOr<hymcache::v1::PutStartResponse> PutStart(
       const hymcache::v1::PutStartRequest& request);
 
   // Makes every allocated slot of the put visible except `failed_indexes`,
-  // which are freed. Errors: NotFound ("put expired or unknown");
+  // which are freed, and except slots whose parent (the block before them)
+  // is not committed once the earlier slots are: those are freed too
+  // (commits_unreachable), since no reader could reach them. Each committed
+  // block is linked to its parent on the same node.
+  // Errors: NotFound ("put expired or unknown");
   // InvalidArgument for an index >= the put's key count (nothing changes);
   // store errors (nothing changes, the put stays pending).
   absl::StatusOr<hymcache::v1::PutCommitResponse> PutCommit(
@@ -259,15 +342,20 @@ class MasterService {
 
   // Per key: found (committed, node alive) and where; the length of the
   // leading run of hits; NodeInfo of each node referenced. With for_read,
-  // the hit prefix becomes most recently used (last key first) and leased
-  // for read_lease; such calls take the mutex exclusively. Without it
-  // nothing changes. Errors: InvalidArgument (key count or sizes).
+  // the hit prefix becomes most recently used (chain heads first, each
+  // linked block just below its parent; unlinked keys last key first) and
+  // leased for read_lease; such calls take the mutex exclusively. Without
+  // it nothing changes. Errors: InvalidArgument (key count or sizes).
   absl::StatusOr<hymcache::v1::BatchLookupResponse> BatchLookup(
       const hymcache::v1::BatchLookupRequest& request);
 
   // Removes committed keys and frees their space; per key whether it
-  // existed. Pending puts are not affected. Errors: InvalidArgument (key
-  // count or sizes); store errors (nothing removed).
+  // existed. Then removes their descendants on the same node (blocks whose
+  // chain passes through a removed key: unreachable), which are not
+  // reported per key (orphans_removed). Pending puts are not affected.
+  // Errors: InvalidArgument (key count or sizes); store errors (nothing
+  // removed; a failure removing the descendants is logged and retried by
+  // ReapExpired).
   absl::StatusOr<hymcache::v1::RemoveResponse> Remove(
       const hymcache::v1::RemoveRequest& request);
 
@@ -301,8 +389,10 @@ class MasterService {
   hymcache::v1::ListNodesResponse ListNodes() const;
   hymcache::v1::GetStatsResponse GetStats() const;
 
-  // Frees pending puts whose expiry has passed; returns how many. Called
-  // periodically by MasterServer.
+  // Periodic upkeep, called by MasterServer: frees pending puts whose
+  // expiry has passed, writes up to recency_batch objects' last reads to
+  // the store, and removes orphans left by removals. Returns the number of
+  // puts freed.
   size_t ReapExpired();
 
   MasterServiceCounters counters() const;
@@ -336,6 +426,7 @@ class MasterService {
   struct PendingSlot {
     uint32_t index;  // into the PutStart keys
     std::string key;
+    std::string parent;  // the block before it in its chain ("": none)
     uint32_t region_id;
     uint64_t addr;
     uint64_t length;
@@ -344,6 +435,7 @@ class MasterService {
   struct PendingPut {
     uint32_t node_id;
     uint32_t key_count;
+    std::string parent_key;  // PutStart's; pinned while the put is pending
     absl::Time expiry;
     std::vector<PendingSlot> slots;
   };
@@ -421,6 +513,20 @@ class MasterService {
   // (`retained`: the master kept its listings).
   void MarkRegistered(Node& node, bool retained)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases a put's pin on its parent (see Chains).
+  void UnpinParent(const PendingPut& put) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `key` was committed (link the blocks waiting for it) or its put ended
+  // without committing it (remove them: unreachable).
+  void SettleWaitingChildrenLocked(const std::string& key, bool committed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the index's orphans (objects whose chain lost a block before
+  // them) from the store in one batch, then from the index and allocators;
+  // returns them. A store failure leaves them for the next call (WARNING).
+  std::vector<std::pair<std::string, IndexEntry>> SweepOrphansLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes up to `max` queued reads (object, read time) to the store in one
+  // batch; returns how many (0 on a store failure: those reads are lost).
+  size_t PersistRecencyLocked(size_t max) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const MasterServiceOptions options_;
@@ -438,6 +544,14 @@ class MasterService {
   uint64_t object_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, PendingPut> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> pending_keys_
+      ABSL_GUARDED_BY(mu_);
+  // Parents of pending puts -> number of such puts (never evicted).
+  absl::flat_hash_map<std::string, uint32_t> pending_parents_
+      ABSL_GUARDED_BY(mu_);
+  // Blocks committed while the block before them was in another pending
+  // put: that block's key -> theirs. Linked when it commits, removed when
+  // its put ends without committing it.
+  absl::flat_hash_map<std::string, std::vector<std::string>> waiting_children_
       ABSL_GUARDED_BY(mu_);
   uint64_t next_put_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Time of read tick 1 (see LeaseTick).
