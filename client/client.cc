@@ -530,6 +530,8 @@ class ClientImpl : public Client {
 
   // Put of checked arguments, in chunks of max_keys_per_rpc; the first
   // chunk is placed with `parent_key`'s node, later ones on the first's.
+  // Each chunk names the block before it as its parent, so the master
+  // knows the whole call as one chain.
   absl::StatusOr<PutResult> PutAll(absl::Span<const std::string> keys,
                                    absl::Span<const ConstBuffer> buffers,
                                    const std::string& parent_key,
@@ -543,7 +545,7 @@ class ClientImpl : public Client {
       size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
       absl::Status st = PutChunk(keys.subspan(begin, n),
                                  buffers.subspan(begin, n), begin,
-                                 begin == 0 ? parent_key : std::string(),
+                                 begin == 0 ? parent_key : keys[begin - 1],
                                  deadline, &node, &out);
       if (!st.ok()) {
         if (begin == 0) return st;  // nothing happened yet: the call failed
@@ -672,7 +674,7 @@ class ClientImpl : public Client {
       req.add_lengths(buffers[i].size);
     }
     req.set_preferred_node_id(*node);
-    if (*node == 0 && !parent_key.empty()) req.set_parent_key(parent_key);
+    if (!parent_key.empty()) req.set_parent_key(parent_key);
     pb::PutStartResponse resp;
     {
       grpc::ClientContext ctx;

@@ -196,7 +196,10 @@ class Client {
   virtual absl::StatusOr<LookupResult> BatchLookup(
       absl::Span<const std::string> keys, const CallOptions& call = {}) = 0;
 
-  // Stores `buffers[i]` under `keys[i]`. All new blocks of one call go to one
+  // Stores `buffers[i]` under `keys[i]`. The keys are one chain (keys[i+1]
+  // extends keys[i], as for Get): a block after one that could not be
+  // stored is not kept, and removing a block removes the blocks after it.
+  // All new blocks of one call go to one
   // storage node when the call fits one master RPC (max_keys_per_rpc keys);
   // longer calls ask for the first chunk's node for every later chunk, which
   // the master honours while that node has room. Keys already stored are
@@ -243,7 +246,8 @@ class Client {
       absl::Span<const ConstBuffer> buffers,
       const StoreOptions& options = {}) = 0;
 
-  // Removes keys; per key whether it was stored.
+  // Removes keys; per key whether it was stored. The blocks after a removed
+  // one in its chain (on the same node) go too: nothing could reach them.
   virtual absl::StatusOr<std::vector<bool>> Remove(
       absl::Span<const std::string> keys, const CallOptions& call = {}) = 0;
 

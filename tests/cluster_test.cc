@@ -130,6 +130,29 @@ struct Cluster {
   }
 };
 
+TEST_CASE("a put longer than one master RPC is still one chain") {
+  Cluster c(1);
+  ClientOptions o;
+  o.master_address = c.master.address;
+  o.max_keys_per_rpc = 2;
+  o.lookup_batch_keys = 2;
+  auto client = Client::Create(o);
+  REQUIRE(client.ok());
+  auto keys = Keys(5, "chunked");
+  Blocks b = MakeBlocks(keys, {4096}, 3);
+  auto put = (*client)->Put(b.keys, b.in());
+  REQUIRE(put.ok());
+  REQUIRE(put->stored == 5);
+  // The chunks link up: removing the second block takes every block after
+  // it, across the chunk boundaries (the master cascades to unreachable
+  // blocks).
+  REQUIRE((*(*client)->Remove({keys[1]}))[0]);
+  auto st = (*client)->GetClusterStatus();
+  REQUIRE(st.ok());
+  CHECK(st->object_count == 1);
+  CHECK(GetAndVerify(**client, b).loaded == 1);
+}
+
 TEST_CASE("put, lookup and get round-trip byte for byte with prefix semantics") {
   Cluster c(1);
   auto keys = Keys(8);
