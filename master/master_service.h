@@ -104,10 +104,12 @@
 // strand the blocks after it, so Remove cascades: the requested keys go,
 // then every block on the same node whose chain passed through one of them
 // (the "orphans"; counted in orphans_removed, not reported per key). The
-// same sweep follows node purges and re-registrations that drop objects,
-// and runs in ReapExpired for any other path that erases listings (a sweep
-// costs a walk of the affected node's objects, and happens only when a
-// removal left orphans).
+// same sweep follows listings dropped by reconciliation (whose response
+// then returns the orphans' extents as unlisted, so the node frees them in
+// that round) and by read repair, node purges and re-registrations that
+// drop objects, and runs in ReapExpired for any other path (a sweep costs
+// a walk of the affected node's objects, and happens only when a removal
+// left orphans).
 //
 // Recency across restarts: the commit time is stored with each object, and
 // reads are written lazily: the index queues each object touched by a
