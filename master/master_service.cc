@@ -1605,6 +1605,10 @@ bool MasterService::ListObjects(uint32_t node_id, uint64_t* cursor,
         if (added == max) return false;
         v1::ListedObject* o = out->add_objects();
         o->set_key(std::string(key));
+        if (auto chain = index_.Chain(key)) {
+          o->set_parent_key(std::move(chain->parent));
+          o->set_unreachable(chain->orphan);
+        }
         v1::Location* loc = o->mutable_location();
         loc->set_node_id(e.node_id);
         loc->set_region_id(e.region_id);

@@ -2025,6 +2025,21 @@ TEST_CASE("ListObjects pages through every listing once, by node") {
   CHECK(h.Listed(a).size() == 9);
   CHECK(h.Listed(b).size() == 7);
   CHECK(h.Listed(0).size() == 16);
+
+  // Chain links are listed (fsck checks reachability with them).
+  h.Put({"c0", "c1", "c2"}, 64, a);
+  uint64_t cursor = 0;
+  std::map<std::string, v1::ListedObject> chain;
+  bool more = true;
+  while (more) {
+    v1::ListObjectsResponse page;
+    more = h.svc->ListObjects(a, &cursor, 100, &page);
+    for (const auto& o : page.objects()) chain[o.key()] = o;
+  }
+  CHECK(chain.at("c0").parent_key().empty());
+  CHECK(chain.at("c1").parent_key() == "c0");
+  CHECK(chain.at("c2").parent_key() == "c1");
+  for (const auto& [k, o] : chain) CHECK_FALSE(o.unreachable());
 }
 
 }  // namespace

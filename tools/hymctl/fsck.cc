@@ -34,6 +34,7 @@ bool SameRange(const v1::Location& a, const v1::Location& b) {
 struct Listing {
   std::string key;
   v1::Location location;
+  bool unreachable = false;
 };
 
 // One snapshot of both sides.
@@ -104,7 +105,7 @@ class Fsck {
       while (reader->Read(&page)) {
         for (const v1::ListedObject& o : page.objects()) {
           listed[o.location().node_id()][o.location().generation()] =
-              Listing{o.key(), o.location()};
+              Listing{o.key(), o.location(), o.unreachable()};
         }
       }
       RETURN_IF_ERROR(FromGrpc(reader->Finish(), "ListObjects"));
@@ -130,6 +131,10 @@ class Fsck {
       r.listed += mine.size();
       r.held += held.size();
       for (const auto& [gen, l] : mine) {
+        if (l.unreachable) {
+          r.findings.push_back({FsckFinding::Kind::kUnreachable, n.node_id(),
+                                l.key, l.location, {}});
+        }
         auto h = held.find(gen);
         if (h == held.end()) {
           r.findings.push_back({FsckFinding::Kind::kListedMissing,
@@ -204,8 +209,13 @@ class Fsck {
   absl::Status Repair(FsckReport* report) {
     // Listings the node does not hold (exactly): read repair.
     v1::ReportMissingRequest missing;
+    v1::RemoveRequest unreachable;
     std::set<uint32_t> reconcile;
     for (const FsckFinding& f : report->findings) {
+      if (f.kind == FsckFinding::Kind::kUnreachable) {
+        unreachable.add_keys(f.key);
+        continue;
+      }
       if (f.kind != FsckFinding::Kind::kUnlisted) {
         missing.add_keys(f.key);
         *missing.add_locations() = f.listed;
@@ -226,6 +236,18 @@ class Fsck {
       RETURN_IF_ERROR(FromGrpc(master_->ReportMissing(Ctx(&ctx), req, &resp),
                                 "ReportMissing"));
       for (bool d : resp.dropped()) report->listings_dropped += d;
+    }
+    for (int begin = 0; begin < unreachable.keys_size(); begin += 1024) {
+      v1::RemoveRequest req;
+      for (int i = begin; i < std::min(unreachable.keys_size(), begin + 1024);
+           ++i) {
+        req.add_keys(unreachable.keys(i));
+      }
+      grpc::ClientContext ctx;
+      v1::RemoveResponse resp;
+      RETURN_IF_ERROR(
+          FromGrpc(master_->Remove(Ctx(&ctx), req, &resp), "Remove"));
+      for (bool d : resp.removed()) report->listings_dropped += d;
     }
     // Unlisted extents: the node's reconciliation frees them (the master
     // knows which are pending).
@@ -279,6 +301,8 @@ const char* FindingKindName(FsckFinding::Kind kind) {
       return "unlisted";
     case FsckFinding::Kind::kMismatched:
       return "mismatched";
+    case FsckFinding::Kind::kUnreachable:
+      return "unreachable";
   }
   return "unknown";
 }

@@ -8,6 +8,9 @@
 //   * present but unlisted: a node holds an extent the master does not list
 //     (space nobody can reach until the node's next reconciliation);
 //   * mismatched: the node holds the listed generation at another range;
+//   * unreachable: a listed block whose chain is broken before it on its
+//     node (the master removes such tails itself; a chain continued on
+//     another node is not linked and not checked);
 // and, for information, the checksum failures the nodes counted since they
 // started (hybrid capacity tier: an object whose bytes fail their CRC32C is
 // dropped by its node at once, so its listing shows up as listed-but-missing
@@ -25,7 +28,8 @@
 //
 // Repair: listings found missing or mismatched are dropped through the
 // master's read repair (ReportMissing: only if the listing still names that
-// exact location); nodes holding unlisted extents are asked to reconcile
+// exact location); unreachable blocks are removed (Remove); nodes holding
+// unlisted extents are asked to reconcile
 // (StorageControl.RequestReconcile), which frees what the master neither
 // lists nor has pending. fsck then checks again and reports what is left.
 #pragma once
@@ -51,7 +55,7 @@ struct FsckOptions {
 };
 
 struct FsckFinding {
-  enum class Kind { kListedMissing, kUnlisted, kMismatched };
+  enum class Kind { kListedMissing, kUnlisted, kMismatched, kUnreachable };
   Kind kind;
   uint32_t node_id = 0;
   std::string key;             // empty for kUnlisted

@@ -398,7 +398,10 @@ class Cli {
         json j{{"kind", FindingKindName(x.kind)}, {"node_id", x.node_id}};
         if (!x.key.empty()) j["key"] = Printable(x.key);
         if (x.kind != FsckFinding::Kind::kUnlisted) j["listed"] = loc(x.listed);
-        if (x.kind != FsckFinding::Kind::kListedMissing) j["held"] = loc(x.held);
+        if (x.kind == FsckFinding::Kind::kUnlisted ||
+            x.kind == FsckFinding::Kind::kMismatched) {
+          j["held"] = loc(x.held);
+        }
         findings.push_back(j);
       }
       json out{{"consistent", !inconsistent},
@@ -418,7 +421,7 @@ class Cli {
       out_ << out.dump(2) << "\n";
       return inconsistent ? 1 : 0;
     }
-    size_t counts[3] = {0, 0, 0};
+    size_t counts[4] = {0, 0, 0, 0};
     for (const FsckFinding& x : r->findings) ++counts[static_cast<int>(x.kind)];
     out_ << "checked " << r->nodes_checked << " nodes: " << r->listed
          << " listings, " << r->held << " extents, " << r->matched
@@ -426,6 +429,7 @@ class Cli {
          << "  listed but missing:      " << counts[0] << "\n"
          << "  present but unlisted:    " << counts[1] << "\n"
          << "  generation/range mismatch: " << counts[2] << "\n"
+         << "  unreachable chain tails: " << counts[3] << "\n"
          << "  objects the nodes dropped for failing their checksum (since "
             "they started): "
          << r->checksum_failures << "\n";
