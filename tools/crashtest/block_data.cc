@@ -16,7 +16,8 @@ uint64_t SplitMix(uint64_t* state) {
 }
 
 void PutLe(uint64_t v, size_t bytes, uint8_t* out) {
-  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
+  for (size_t i = 0; i < bytes; ++i)
+    out[i] = static_cast<uint8_t>(v >> (8 * i));
 }
 
 uint64_t GetLe(const uint8_t* in, size_t bytes) {
@@ -34,7 +35,8 @@ void FillStream(uint64_t seed, uint64_t from, uint64_t len, uint8_t* block) {
     uint64_t word = SplitMix(&state);
     for (uint64_t b = 0; b < 8; ++b) {
       const uint64_t i = w * 8 + b;
-      if (i >= from && i < len) block[i] = static_cast<uint8_t>(word >> (8 * b));
+      if (i >= from && i < len)
+        block[i] = static_cast<uint8_t>(word >> (8 * b));
     }
   }
 }
@@ -71,8 +73,7 @@ BlockCheck CheckBlock(std::string_view key, uint64_t expected_len,
   // Regenerated in pieces would be faster; blocks are small (KiB to MiB) and
   // a whole copy keeps the comparison obvious.
   std::string expected(expected_len, '\0');
-  FillBlock(key, expected_len,
-            reinterpret_cast<uint8_t*>(expected.data()));
+  FillBlock(key, expected_len, reinterpret_cast<uint8_t*>(expected.data()));
   const uint64_t common = std::min(expected_len, len);
   if (std::memcmp(expected.data(), data, common) != 0) {
     for (uint64_t i = 0; i < common; ++i) {
@@ -85,9 +86,8 @@ BlockCheck CheckBlock(std::string_view key, uint64_t expected_len,
   if (len >= kBlockHeaderBytes && std::memcmp(data, kMagic, 8) == 0) {
     const uint64_t klen = GetLe(data + 16, 2);
     if (kBlockHeaderBytes + klen <= len) {
-      std::string_view other(reinterpret_cast<const char*>(data) +
-                                 kBlockHeaderBytes,
-                             klen);
+      std::string_view other(
+          reinterpret_cast<const char*>(data) + kBlockHeaderBytes, klen);
       if (other != key) out.other_key = std::string(other);
     }
   }

@@ -68,7 +68,8 @@ absl::Status ChildProcess::Start(const std::string& binary,
   // only async-signal-safe calls are allowed in a threaded parent.
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(binary.c_str()));
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
@@ -101,9 +102,10 @@ absl::Status ChildProcess::Start(const std::string& binary,
       int status = 0;
       waitpid(pid_, &status, 0);
       Reap(status);
-      return absl::DeadlineExceededError(absl::StrCat(
-          binary, " printed no ready line within ", absl::FormatDuration(timeout),
-          " (got '", line, "'); see ", log_path));
+      return absl::DeadlineExceededError(
+          absl::StrCat(binary, " printed no ready line within ",
+                       absl::FormatDuration(timeout), " (got '", line,
+                       "'); see ", log_path));
     }
     pollfd p{stdout_fd_, POLLIN, 0};
     const int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
@@ -169,7 +171,8 @@ absl::StatusOr<int> RunCommand(const std::string& binary,
   }
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(binary.c_str()));
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   const pid_t pid = fork();
   if (pid < 0) {

@@ -99,8 +99,8 @@ class Cluster {
   // not running.
   absl::Status Kill(size_t i);
   // Starts daemon `i` again with its flags and ports (but see
-  // node_same_ports), retrying a start that fails early (see ClusterOptions). Errors: FailedPrecondition if it is
-  // running; the last start's error.
+  // node_same_ports), retrying a start that fails early (see ClusterOptions).
+  // Errors: FailedPrecondition if it is running; the last start's error.
   absl::Status Restart(size_t i);
   // Whether daemon `i` runs; when it exited by itself, reaps it and
   // describes how in `*exit` (if not null).

@@ -36,8 +36,7 @@ absl::Status CrashTestOptions::Validate() const {
   // Block keys are 32 bytes (BlockKeyBuilder), embedded in every block.
   if (min_block_bytes < kBlockHeaderBytes + 32 ||
       max_block_bytes < min_block_bytes) {
-    return bad(absl::StrCat("block bytes must satisfy ",
-                            kBlockHeaderBytes + 32,
+    return bad(absl::StrCat("block bytes must satisfy ", kBlockHeaderBytes + 32,
                             " <= min_block_bytes <= max_block_bytes"));
   }
   if (think_time < absl::ZeroDuration()) return bad("think_time < 0");
@@ -68,17 +67,17 @@ std::string CrashTestReport::SummaryLine() const {
       "crashtest: kills=", kills, " (", absl::StrJoin(by, " "), ")",
       " operations=", operations(), " blocks_verified=", blocks_verified,
       " wrong_bytes=", wrong_bytes, " wrong_blocks=", wrong_blocks,
-      " deadline_overruns=", deadline_overruns, " max_overrun_ms=",
-      absl::ToInt64Milliseconds(max_overrun),
+      " deadline_overruns=", deadline_overruns,
+      " max_overrun_ms=", absl::ToInt64Milliseconds(max_overrun),
       " lost_on_live_node=", lost_on_live_node, "/", live_node_checked,
       " lost_on_killed_node=", lost_on_killed_node,
       " stale_listings=", stale_listings,
       " repaired=", repaired < 0 ? std::string("n/a") : absl::StrCat(repaired),
-      " unreachable_tails=", unreachable_tails,
-      " evictions>=", evictions_seen, " daemon_crashes=", daemon_crashes,
-      " unclean_stops=", unclean_stops, " time_s=",
-      absl::ToInt64Seconds(run_time), " result=",
-      passed() ? "PASS" : absl::StrCat("FAIL(", absl::StrJoin(failures, "; "), ")"));
+      " unreachable_tails=", unreachable_tails, " evictions>=", evictions_seen,
+      " daemon_crashes=", daemon_crashes, " unclean_stops=", unclean_stops,
+      " time_s=", absl::ToInt64Seconds(run_time), " result=",
+      passed() ? "PASS"
+               : absl::StrCat("FAIL(", absl::StrJoin(failures, "; "), ")"));
 }
 
 namespace {
@@ -88,7 +87,9 @@ constexpr uint64_t kAlignment = 4096;
 // Examples of each anomaly written to the log.
 constexpr int kMaxExamples = 10;
 
-uint64_t RoundUp(uint64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+uint64_t RoundUp(uint64_t n) {
+  return (n + kAlignment - 1) / kAlignment * kAlignment;
+}
 
 int64_t UnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
 
@@ -130,7 +131,6 @@ class CrashTest::Impl {
     std::map<uint64_t, uint64_t> by_epoch;
   };
   struct Conversation {
-    uint64_t id = 0;
     std::vector<std::string> keys;
     std::vector<uint64_t> lengths;
   };
@@ -167,12 +167,12 @@ class CrashTest::Impl {
                    const std::vector<uint64_t>& lengths,
                    const absl::StatusOr<PutResult>& result,
                    const std::vector<uint64_t>& kills_at_start,
-                   const std::vector<uint64_t>& kills_at_end,
-                   absl::Time began);
+                   const std::vector<uint64_t>& kills_at_end, absl::Time began);
   // Charges `bytes` allocated on node `i` (or on every node, i < 0) by a
   // Store that ran while the node's epoch went from `from` to `to`.
   void Charge(int i, uint64_t bytes, const std::vector<uint64_t>& from,
-              const std::vector<uint64_t>& to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+              const std::vector<uint64_t>& to)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The most bytes this test may have had allocated on node `i` while it
   // held what it held during epoch `epoch`.
   static uint64_t Bound(const Placement& p, bool keeps_objects, uint64_t epoch);
@@ -210,9 +210,11 @@ class CrashTest::Impl {
   // Mid-run: every block that must be served is listed, and a sample of
   // them loads. Run before each kill.
   void Audit();
-  void ReportLost(const char* when, const MustServe& m, const std::string& what);
+  void ReportLost(const char* when, const MustServe& m,
+                  const std::string& what);
   // Whether each key is listed (BatchLookup, retried).
-  absl::StatusOr<std::vector<bool>> Listed(const std::vector<std::string>& keys);
+  absl::StatusOr<std::vector<bool>> Listed(
+      const std::vector<std::string>& keys);
   enum class Read { kServed, kNotListed, kUnreadable };
   // Gets one key (retrying transient errors) and checks its bytes.
   Read ReadKey(const std::string& key, uint64_t length, std::string* why);
@@ -236,7 +238,7 @@ class CrashTest::Impl {
   // Per daemon index: the usable capacity the master registered.
   std::vector<uint64_t> capacity_;
   // Owner thread only.
-  std::vector<absl::Time> ready_at_;   // last (re)start of each daemon
+  std::vector<absl::Time> ready_at_;  // last (re)start of each daemon
   std::vector<bool> expected_up_;
   std::mt19937_64 kill_rng_;
   std::mt19937_64 audit_rng_;
@@ -245,7 +247,6 @@ class CrashTest::Impl {
 
   Mutex stop_mu_;
   bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
-  std::atomic<uint64_t> next_conversation_{1};
 
   Mutex mu_;
   CrashTestReport report_ ABSL_GUARDED_BY(mu_);
@@ -338,10 +339,12 @@ bool CrashTest::Impl::VerifyLoaded(const char* what,
       auto describe = [this](const std::string& key) {
         auto it = ledger_.find(key);
         if (it == ledger_.end()) return std::string("never stored");
-        if (!it->second.committed) return std::string("never reported committed");
+        if (!it->second.committed)
+          return std::string("never reported committed");
         return absl::StrCat("committed on ",
-                            it->second.node >= 0 ? cluster_->name(it->second.node)
-                                                 : std::string("?"));
+                            it->second.node >= 0
+                                ? cluster_->name(it->second.node)
+                                : std::string("?"));
       };
       std::string line = absl::StrCat(
           "WRONG BYTES: ", what, " key ", Hex(keys[w.index]), " (block ",
@@ -382,8 +385,9 @@ absl::Status CrashTest::Impl::WaitNodesAlive(absl::Time after,
         if (n.alive && n.last_heartbeat_unix_ms > UnixMs(after)) ++ready;
         if (index_of_node_.count(n.node_id) == 0) {
           index_of_node_[n.node_id] = i;
-          const uint64_t usable = std::min(n.capacity_bytes, cluster_->capacity_bytes(i)) /
-                                  kAlignment * kAlignment;
+          const uint64_t usable =
+              std::min(n.capacity_bytes, cluster_->capacity_bytes(i)) /
+              kAlignment * kAlignment;
           capacity_[i] = usable;
         }
       }
@@ -437,8 +441,8 @@ void CrashTest::Impl::ConversationLoop(int slot) {
   std::vector<uint8_t> scratch;
   while (!Stopping()) {
     Conversation c;
-    c.id = next_conversation_.fetch_add(1);
-    const int turns = std::uniform_int_distribution<int>(1, options_.max_turns)(rng);
+    const int turns =
+        std::uniform_int_distribution<int>(1, options_.max_turns)(rng);
     const int prompt =
         std::uniform_int_distribution<int>(0, options_.system_prompts - 1)(rng);
     {
@@ -454,7 +458,8 @@ void CrashTest::Impl::ConversationLoop(int slot) {
     }
     for (int t = 0; t < turns && !Stopping(); ++t) {
       AppendBlocks(
-          c, std::uniform_int_distribution<int>(1, options_.max_new_blocks)(rng),
+          c,
+          std::uniform_int_distribution<int>(1, options_.max_new_blocks)(rng),
           rng);
       {
         MutexLock l(&mu_);
@@ -473,7 +478,8 @@ void CrashTest::Impl::RunTurn(Conversation& c, std::vector<uint8_t>& scratch) {
   const size_t stride = options_.max_block_bytes;
   scratch.assign(n * stride, 0xA5);
   std::vector<MutableBuffer> bufs(n);
-  for (size_t i = 0; i < n; ++i) bufs[i] = {scratch.data() + i * stride, stride};
+  for (size_t i = 0; i < n; ++i)
+    bufs[i] = {scratch.data() + i * stride, stride};
 
   LoadOptions lo;
   lo.deadline = absl::Now() + options_.load_deadline;
@@ -673,9 +679,9 @@ absl::Status CrashTest::Impl::WatchFor(absl::Duration d) {
       {
         MutexLock l(&mu_);
         ++report_.daemon_crashes;
-        report_.failures.push_back(absl::StrCat(
-            cluster_->name(i), " exited by itself (", how, "), see ",
-            cluster_->log_path(i)));
+        report_.failures.push_back(
+            absl::StrCat(cluster_->name(i), " exited by itself (", how,
+                         "), see ", cluster_->log_path(i)));
       }
       Log(absl::StrCat("DAEMON CRASH: ", cluster_->name(i), " exited (", how,
                        "); log ", cluster_->log_path(i)));
@@ -696,10 +702,12 @@ absl::Status CrashTest::Impl::KillLoop() {
         std::uniform_int_distribution<int64_t>(a, b)(kill_rng_));
   };
   for (int k = 1; k <= options_.kills; ++k) {
-    RETURN_IF_ERROR(WatchFor(uniform(options_.min_kill_gap, options_.max_kill_gap)));
+    RETURN_IF_ERROR(
+        WatchFor(uniform(options_.min_kill_gap, options_.max_kill_gap)));
     const size_t victim = std::uniform_int_distribution<size_t>(
         0, cluster_->size() - 1)(kill_rng_);
-    const absl::Duration down = uniform(absl::ZeroDuration(), options_.max_down_time);
+    const absl::Duration down =
+        uniform(absl::ZeroDuration(), options_.max_down_time);
     if (options_.audit_reads >= 0) Audit();
     kill_counts_[victim].fetch_add(1);
     expected_up_[victim] = false;
@@ -718,11 +726,11 @@ absl::Status CrashTest::Impl::KillLoop() {
       MutexLock l(&mu_);
       so_far = report_;
     }
-    Log(absl::StrCat("kill ", k, "/", options_.kills, ": SIGKILL ",
-                     cluster_->name(victim), ", down for ",
-                     absl::FormatDuration(down), " (loads=", so_far.loads,
-                     " stores=", so_far.stores, " verified=",
-                     so_far.blocks_verified, " wrong=", so_far.wrong_blocks, ")"));
+    Log(absl::StrCat(
+        "kill ", k, "/", options_.kills, ": SIGKILL ", cluster_->name(victim),
+        ", down for ", absl::FormatDuration(down), " (loads=", so_far.loads,
+        " stores=", so_far.stores, " verified=", so_far.blocks_verified,
+        " wrong=", so_far.wrong_blocks, ")"));
     RETURN_IF_ERROR(WatchFor(down));
     RETURN_IF_ERROR(RestartDaemon(victim, "after a kill"));
   }
@@ -752,9 +760,12 @@ absl::Status CrashTest::Impl::Recover() {
 // master's listings and the nodes' extents consistent (issue 10: listed but
 // missing, present but unlisted, generation/length mismatch, checksum
 // failures, unreachable tails). hymctl has no fsck on main yet, so this
-// runs only with --fsck. When fsck lands: parse its --json output here into
-// report_.repaired (objects fixed by --repair) and per-kind counts, and
-// re-run it without --repair after a repair to require it clean.
+// runs only with --fsck (and today fails: hymctl answers "unknown
+// command"). When fsck lands: adjust the command line below to its flags
+// (gflags takes "--repair" anywhere on the line as a global flag), parse
+// its --json output into report_.repaired (objects fixed by --repair) and
+// per-kind counts, and run it again without --repair after a repair to
+// require it clean.
 void CrashTest::Impl::RunFsck() {
   if (!options_.fsck && !options_.fsck_repair) return;
   const std::string out_path = cluster_->log_path(0) + ".fsck";
@@ -812,7 +823,8 @@ CrashTest::Impl::Read CrashTest::Impl::ReadKey(const std::string& key,
     }
     if (g.ok() && g->loaded == 1) {
       // Served; wrong bytes are counted (and fail the run) separately.
-      VerifyLoaded("Get", {key}, {length}, 0, 1, g->lengths, buf.data(), stride);
+      VerifyLoaded("Get", {key}, {length}, 0, 1, g->lengths, buf.data(),
+                   stride);
       return Read::kServed;
     }
     *why = g.ok() ? g->stop_reason.ToString() : g.status().ToString();
@@ -834,13 +846,17 @@ std::vector<CrashTest::Impl::MustServe> CrashTest::Impl::MustBeServed(
     if (!rec.committed || rec.node < 0) continue;
     if (kills[rec.node] != rec.kills_at_store) continue;
     if (Bound(placed_[rec.node], cluster_->keeps_objects(rec.node),
-              rec.kills_at_store) + slack > capacity_[rec.node]) {
+              rec.kills_at_store) +
+            slack >
+        capacity_[rec.node]) {
       continue;
     }
-    out.push_back({key, rec.length, rec.node, rec.store_began, rec.store_returned});
+    out.push_back(
+        {key, rec.length, rec.node, rec.store_began, rec.store_returned});
   }
-  std::sort(out.begin(), out.end(),
-            [](const MustServe& a, const MustServe& b) { return a.key < b.key; });
+  std::sort(out.begin(), out.end(), [](const MustServe& a, const MustServe& b) {
+    return a.key < b.key;
+  });
   return out;
 }
 
@@ -850,6 +866,7 @@ void CrashTest::Impl::ReportLost(const char* when, const MustServe& m,
   {
     MutexLock l(&mu_);
     ++report_.lost_on_live_node;
+    ++report_.lost_by_node[cluster_->name(m.node)];
     print = examples_.lost++ < kMaxExamples;
   }
   if (print) {
@@ -902,7 +919,8 @@ void CrashTest::Impl::Audit() {
   // Read a sample of the listed ones.
   std::vector<size_t> found;
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (std::find(missing.begin(), missing.end(), i) == missing.end()) found.push_back(i);
+    if (std::find(missing.begin(), missing.end(), i) == missing.end())
+      found.push_back(i);
   }
   std::shuffle(found.begin(), found.end(), audit_rng_);
   if (found.size() > static_cast<size_t>(options_.audit_reads)) {
@@ -973,14 +991,14 @@ void CrashTest::Impl::FinalChecks() {
       print = examples_.stale++ < kMaxExamples;
     }
     if (print) {
-      Log(absl::StrCat("STALE LISTING: key ", Hex(keys[i]),
-                       " is listed but unreadable: ", why,
-                       rec.committed
-                           ? absl::StrCat(" (committed on ",
-                                          rec.node >= 0 ? cluster_->name(rec.node)
-                                                        : "?",
-                                          ")")
-                           : " (never reported committed)"));
+      Log(absl::StrCat(
+          "STALE LISTING: key ", Hex(keys[i]),
+          " is listed but unreadable: ", why,
+          rec.committed
+              ? absl::StrCat(" (committed on ",
+                             rec.node >= 0 ? cluster_->name(rec.node) : "?",
+                             ")")
+              : " (never reported committed)"));
     }
   }
 
@@ -1003,7 +1021,8 @@ void CrashTest::Impl::FinalChecks() {
       if (!served[i]) ++lost_killed;
       continue;
     }
-    if (std::binary_search(must.begin(), must.end(), MustServe{keys[i], 0, 0, absl::Time(), absl::Time()},
+    if (std::binary_search(must.begin(), must.end(),
+                           MustServe{keys[i], 0, 0, absl::Time(), absl::Time()},
                            [](const MustServe& a, const MustServe& b) {
                              return a.key < b.key;
                            })) {
@@ -1040,8 +1059,9 @@ void CrashTest::Impl::FinalChecks() {
     }
     Log(absl::StrCat(cluster_->name(i), ": ", kills[i], " kills, capacity ",
                      capacity_[i] >> 20, " MiB, ", placed[i].total >> 20,
-                     " MiB placed by this test; per epoch (MiB, ! = may have "
-                     "evicted): ", absl::StrJoin(epochs, " ")));
+                     " MiB placed by this test; per epoch with stores (MiB, ! = "
+                     "may have evicted): ",
+                     absl::StrJoin(epochs, " ")));
   }
   MutexLock l(&mu_);
   report_.keys_stored = keys.size();
@@ -1063,8 +1083,8 @@ void CrashTest::Impl::StopDaemons() {
       if (expected_up_[k]) {
         MutexLock l(&mu_);
         ++report_.daemon_crashes;
-        report_.failures.push_back(absl::StrCat(
-            cluster_->name(k), " exited by itself (", how, ")"));
+        report_.failures.push_back(
+            absl::StrCat(cluster_->name(k), " exited by itself (", how, ")"));
       }
       continue;
     }
@@ -1079,8 +1099,8 @@ void CrashTest::Impl::StopDaemons() {
       ++report_.unclean_stops;
       report_.failures.push_back(absl::StrCat(
           cluster_->name(k), " did not stop cleanly on SIGTERM (",
-          st.ok() ? DescribeWaitStatus(*st) : st.status().ToString(),
-          "), see ", cluster_->log_path(k)));
+          st.ok() ? DescribeWaitStatus(*st) : st.status().ToString(), "), see ",
+          cluster_->log_path(k)));
     }
   }
 }
@@ -1100,7 +1120,8 @@ absl::StatusOr<CrashTestReport> CrashTest::Impl::Run(std::ostream& log) {
   {
     MutexLock l(&mu_);
     placed_.assign(n, Placement());
-    for (size_t i = 0; i < n; ++i) report_.kills_by_daemon[cluster_->name(i)] = 0;
+    for (size_t i = 0; i < n; ++i)
+      report_.kills_by_daemon[cluster_->name(i)] = 0;
   }
   ClientOptions co;
   co.master_address = cluster_->master_address();
@@ -1147,12 +1168,13 @@ absl::StatusOr<CrashTestReport> CrashTest::Impl::Run(std::ostream& log) {
   report_.run_time = absl::Now() - start_;
   CrashTestReport& r = report_;
   if (r.wrong_bytes > 0 || r.wrong_blocks > 0) {
-    r.failures.push_back(absl::StrCat(r.wrong_blocks, " blocks with wrong bytes"));
+    r.failures.push_back(
+        absl::StrCat(r.wrong_blocks, " blocks with wrong bytes"));
   }
   if (r.deadline_overruns > 0) {
-    r.failures.push_back(absl::StrCat(r.deadline_overruns,
-                                      " calls overran their deadline by more than ",
-                                      absl::FormatDuration(options_.max_overrun)));
+    r.failures.push_back(absl::StrCat(
+        r.deadline_overruns, " calls overran their deadline by more than ",
+        absl::FormatDuration(options_.max_overrun)));
   }
   if (options_.require_live_node_durability && r.lost_on_live_node > 0) {
     r.failures.push_back(absl::StrCat(
@@ -1160,8 +1182,8 @@ absl::StatusOr<CrashTestReport> CrashTest::Impl::Run(std::ostream& log) {
   }
   if (options_.require_clean_recovery) {
     if (r.stale_listings > 0) {
-      r.failures.push_back(absl::StrCat(r.stale_listings,
-                                        " keys listed but unreadable after recovery"));
+      r.failures.push_back(absl::StrCat(
+          r.stale_listings, " keys listed but unreadable after recovery"));
     }
     if (r.fsck_ran && !r.fsck_clean) r.failures.push_back("fsck not clean");
   }

@@ -145,12 +145,12 @@ struct CrashTestReport {
   uint64_t deadline_overruns = 0;
   absl::Duration max_overrun = absl::ZeroDuration();
   // Workload outcomes.
-  uint64_t blocks_loaded = 0;     // by workload Loads
-  uint64_t blocks_stored = 0;     // committed (kStored)
-  uint64_t store_refused = 0;     // refused for room (ResourceExhausted)
-  uint64_t store_failed = 0;      // other per-key failures
-  uint64_t load_errors = 0;       // Loads failing as a whole
-  uint64_t refused_reads = 0;     // during the run: listed, the node refused
+  uint64_t blocks_loaded = 0;  // by workload Loads
+  uint64_t blocks_stored = 0;  // committed (kStored)
+  uint64_t store_refused = 0;  // refused for room (ResourceExhausted)
+  uint64_t store_failed = 0;   // other per-key failures
+  uint64_t load_errors = 0;    // Loads failing as a whole
+  uint64_t refused_reads = 0;  // during the run: listed, the node refused
   // Why Loads stopped short and Store keys failed: "Load NOT_FOUND" etc. ->
   // count, and the first message of each kind.
   std::map<std::string, uint64_t> outcomes;
@@ -160,11 +160,12 @@ struct CrashTestReport {
   uint64_t evictions_seen = 0;
 
   // After recovery.
-  uint64_t keys_stored = 0;        // distinct keys any Store was given
-  uint64_t keys_listed = 0;        // of those, BatchLookup found
-  uint64_t keys_readable = 0;      // listed and loaded with the right bytes
-  uint64_t stale_listings = 0;     // listed but unreadable
-  uint64_t unreachable_tails = 0;  // listed after an unlisted block of its chain
+  uint64_t keys_stored = 0;     // distinct keys any Store was given
+  uint64_t keys_listed = 0;     // of those, BatchLookup found
+  uint64_t keys_readable = 0;   // listed and loaded with the right bytes
+  uint64_t stale_listings = 0;  // listed but unreadable
+  uint64_t unreachable_tails =
+      0;  // listed after an unlisted block of its chain
   // Committed blocks on nodes never killed since their Store began whose
   // node never needed to evict: checked (by the audits before each kill and
   // after recovery; a block counts once per check), and of those not
@@ -173,6 +174,8 @@ struct CrashTestReport {
   uint64_t lost_on_live_node = 0;
   uint64_t audits = 0;
   uint64_t audit_reads = 0;
+  // lost_on_live_node per node name.
+  std::map<std::string, uint64_t> lost_by_node;
   // After recovery: committed blocks whose node could have evicted (not
   // checked), and of those not served.
   uint64_t live_node_unverifiable = 0;

@@ -9,6 +9,7 @@
 // Prints progress on stderr and one summary line on stdout; exits 0 when
 // every check passed, 1 when one failed, 2 on bad flags, 3 when the run
 // could not be carried out (the cluster did not start or restart).
+#include <gflags/gflags.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -20,8 +21,6 @@
 #include <system_error>
 #include <vector>
 
-#include <gflags/gflags.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
@@ -30,16 +29,20 @@
 
 DEFINE_uint64(seed, 1, "seed of the kill schedule and the workload");
 DEFINE_int32(kills, 20, "SIGKILLs of a random daemon (master or node)");
-DEFINE_int32(min_kill_gap_ms, 1000, "least time between a restart and the next kill");
-DEFINE_int32(max_kill_gap_ms, 4000, "most time between a restart and the next kill");
+DEFINE_int32(min_kill_gap_ms, 1000,
+             "least time between a restart and the next kill");
+DEFINE_int32(max_kill_gap_ms, 4000,
+             "most time between a restart and the next kill");
 DEFINE_int32(max_down_ms, 1000, "a killed daemon stays down up to this long");
 
 DEFINE_int32(conversations, 4, "concurrent conversations (threads)");
 DEFINE_int32(max_turns, 8, "turns per conversation: 1..max_turns");
 DEFINE_int32(max_new_blocks, 3, "blocks a turn appends: 1..max_new_blocks");
-DEFINE_int32(system_prompts, 3, "shared system prompts conversations open with");
+DEFINE_int32(system_prompts, 3,
+             "shared system prompts conversations open with");
 DEFINE_int32(system_prompt_blocks, 2, "blocks of each system prompt");
-DEFINE_string(min_block_bytes, "16K", "smallest block (lengths derive from keys)");
+DEFINE_string(min_block_bytes, "16K",
+              "smallest block (lengths derive from keys)");
 DEFINE_string(max_block_bytes, "64K", "largest block");
 DEFINE_int32(think_ms, 20, "pause between a conversation's turns");
 DEFINE_int32(load_deadline_ms, 2000, "deadline of each Load");
@@ -50,11 +53,13 @@ DEFINE_int32(max_overrun_ms, 1000,
 DEFINE_int32(dram_nodes, 1, "storage nodes with --device=dram");
 DEFINE_int32(hybrid_nodes, 1, "storage nodes with --device=hybrid");
 DEFINE_string(dram_bytes, "128M", "DRAM of each dram node");
-DEFINE_string(hybrid_capacity_bytes, "32M", "capacity file of each hybrid node");
+DEFINE_string(hybrid_capacity_bytes, "32M",
+              "capacity file of each hybrid node");
 DEFINE_string(staging_bytes, "4M", "hybrid nodes: DRAM staging window");
 DEFINE_string(write_buffer_bytes, "2M", "hybrid nodes: DRAM write buffer");
 DEFINE_int32(node_timeout_ms, 3000, "master: a node silent this long is dead");
-DEFINE_int32(heartbeat_interval_ms, 500, "master: heartbeat period of the nodes");
+DEFINE_int32(heartbeat_interval_ms, 500,
+             "master: heartbeat period of the nodes");
 DEFINE_string(master_args, "",
               "extra flags for every master run, space-separated");
 DEFINE_string(storage_args, "",
@@ -67,8 +72,9 @@ DEFINE_int32(recovery_wait_ms, 5000,
              "after the workload, once every node is alive again: time for "
              "the cluster to converge (a reconciliation round) before the "
              "final checks");
-DEFINE_int32(alive_timeout_ms, 120000,
-             "most time to wait for every node to be alive after the last restart");
+DEFINE_int32(
+    alive_timeout_ms, 120000,
+    "most time to wait for every node to be alive after the last restart");
 DEFINE_bool(require_clean_recovery, true,
             "fail when keys are listed but unreadable after recovery (or "
             "fsck is not clean)");
@@ -81,9 +87,10 @@ DEFINE_bool(node_same_ports, true,
 DEFINE_bool(fsck, false, "run `hymctl fsck` after recovery (the fsck hook)");
 DEFINE_bool(fsck_repair, false, "also run `hymctl fsck --repair`");
 
-DEFINE_string(work_dir, "",
-              "daemon data (master RocksDB, capacity files); default: a new "
-              "directory under TEST_TMPDIR or /tmp, removed after a passing run");
+DEFINE_string(
+    work_dir, "",
+    "daemon data (master RocksDB, capacity files); default: a new "
+    "directory under TEST_TMPDIR or /tmp, removed after a passing run");
 DEFINE_string(daemon_log_dir, "", "daemon logs (default: work_dir)");
 DEFINE_string(master_binary, "", "hymcache-master (default: from runfiles)");
 DEFINE_string(storage_binary, "", "hymcache-storage (default: from runfiles)");
@@ -95,7 +102,8 @@ namespace {
 std::string Runfile(const char* argv0, const std::string& rel) {
   std::vector<std::string> roots;
   for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
-    if (const char* dir = getenv(env)) roots.push_back(absl::StrCat(dir, "/hymcache/"));
+    if (const char* dir = getenv(env))
+      roots.push_back(absl::StrCat(dir, "/hymcache/"));
   }
   roots.push_back(absl::StrCat(argv0, ".runfiles/hymcache/"));
   std::error_code ec;
@@ -167,11 +175,12 @@ int main(int argc, char** argv) {
     c.nodes.push_back({absl::StrCat("dram-", i), Device::kDram, dram});
   }
   for (int i = 0; i < FLAGS_hybrid_nodes; ++i) {
-    c.nodes.push_back({absl::StrCat("hybrid-", i), Device::kHybrid, hybrid,
-                       staging, wbuf});
+    c.nodes.push_back(
+        {absl::StrCat("hybrid-", i), Device::kHybrid, hybrid, staging, wbuf});
   }
-  c.master_args = {absl::StrCat("--node_timeout_ms=", FLAGS_node_timeout_ms),
-                   absl::StrCat("--heartbeat_interval_ms=", FLAGS_heartbeat_interval_ms)};
+  c.master_args = {
+      absl::StrCat("--node_timeout_ms=", FLAGS_node_timeout_ms),
+      absl::StrCat("--heartbeat_interval_ms=", FLAGS_heartbeat_interval_ms)};
   for (std::string& w : Words(FLAGS_master_args)) c.master_args.push_back(w);
   c.storage_args = Words(FLAGS_storage_args);
 
@@ -212,21 +221,28 @@ int main(int argc, char** argv) {
   }
   const auto& r = *report;
   std::cerr << "crashtest: loads=" << r.loads << " stores=" << r.stores
-            << " other_calls=" << r.other_calls << " blocks_loaded="
-            << r.blocks_loaded << " blocks_stored=" << r.blocks_stored
-            << " store_refused=" << r.store_refused << " store_failed="
-            << r.store_failed << " load_errors=" << r.load_errors
-            << " refused_reads=" << r.refused_reads << " swapped_blocks="
-            << r.swapped_blocks << "\n"
+            << " other_calls=" << r.other_calls
+            << " blocks_loaded=" << r.blocks_loaded
+            << " blocks_stored=" << r.blocks_stored
+            << " store_refused=" << r.store_refused
+            << " store_failed=" << r.store_failed
+            << " load_errors=" << r.load_errors
+            << " refused_reads=" << r.refused_reads
+            << " swapped_blocks=" << r.swapped_blocks << "\n"
             << "crashtest: after recovery: keys_stored=" << r.keys_stored
             << " listed=" << r.keys_listed << " readable=" << r.keys_readable
-            << " stale=" << r.stale_listings << " live_node_checked="
-            << r.live_node_checked << " (audits=" << r.audits << ", reads="
-            << r.audit_reads << ") live_node_unverifiable="
-            << r.live_node_unverifiable << " (missing, maybe evicted: "
-            << r.live_node_missing_maybe_evicted << ") fsck="
+            << " stale=" << r.stale_listings
+            << " live_node_checked=" << r.live_node_checked
+            << " (audits=" << r.audits << ", reads=" << r.audit_reads
+            << ") live_node_unverifiable=" << r.live_node_unverifiable
+            << " (missing, maybe evicted: " << r.live_node_missing_maybe_evicted
+            << ") fsck="
             << (r.fsck_ran ? (r.fsck_clean ? "clean" : "NOT clean") : "off")
             << " failed_starts=" << r.failed_starts << "\n";
+  for (const auto& [node, count] : r.lost_by_node) {
+    std::cerr << "crashtest:   lost on live node " << node << ": " << count
+              << "\n";
+  }
   for (const auto& [kind, count] : r.outcomes) {
     std::cerr << "crashtest:   " << kind << " x" << count << " (e.g. "
               << r.outcome_examples.at(kind) << ")\n";
