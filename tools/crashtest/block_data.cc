@@ -1,0 +1,97 @@
+#include "tools/crashtest/block_data.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace hymcache::crashtest {
+namespace {
+
+constexpr char kMagic[8] = {'H', 'Y', 'M', 'C', 'R', 'T', '0', '1'};
+
+uint64_t SplitMix(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+void PutLe(uint64_t v, size_t bytes, uint8_t* out) {
+  for (size_t i = 0; i < bytes; ++i)
+    out[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+uint64_t GetLe(const uint8_t* in, size_t bytes) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < bytes; ++i) v |= uint64_t{in[i]} << (8 * i);
+  return v;
+}
+
+// Byte `i` of the block of `key`, for i >= kBlockHeaderBytes + key size, is
+// byte (i % 8) of word (i / 8) of the stream: writing and checking walk the
+// stream a word at a time.
+void FillStream(uint64_t seed, uint64_t from, uint64_t len, uint8_t* block) {
+  uint64_t state = seed;
+  for (uint64_t w = 0; w * 8 < len; ++w) {
+    uint64_t word = SplitMix(&state);
+    for (uint64_t b = 0; b < 8; ++b) {
+      const uint64_t i = w * 8 + b;
+      if (i >= from && i < len)
+        block[i] = static_cast<uint8_t>(word >> (8 * b));
+    }
+  }
+}
+
+}  // namespace
+
+uint64_t KeyHash(std::string_view key) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : key) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return SplitMix(&h);
+}
+
+uint64_t BlockLength(std::string_view key, uint64_t min_bytes,
+                     uint64_t max_bytes) {
+  const uint64_t span = max_bytes - min_bytes + 1;
+  return min_bytes + (KeyHash(key) >> 7) % span;
+}
+
+void FillBlock(std::string_view key, uint64_t len, uint8_t* out) {
+  const uint64_t header = kBlockHeaderBytes + key.size();
+  std::memcpy(out, kMagic, sizeof(kMagic));
+  PutLe(len, 8, out + 8);
+  PutLe(key.size(), 2, out + 16);
+  std::memcpy(out + kBlockHeaderBytes, key.data(), key.size());
+  FillStream(KeyHash(key), header, len, out);
+}
+
+BlockCheck CheckBlock(std::string_view key, uint64_t expected_len,
+                      const uint8_t* data, uint64_t len) {
+  BlockCheck out;
+  // Regenerated in pieces would be faster; blocks are small (KiB to MiB) and
+  // a whole copy keeps the comparison obvious.
+  std::string expected(expected_len, '\0');
+  FillBlock(key, expected_len, reinterpret_cast<uint8_t*>(expected.data()));
+  const uint64_t common = std::min(expected_len, len);
+  if (std::memcmp(expected.data(), data, common) != 0) {
+    for (uint64_t i = 0; i < common; ++i) {
+      if (static_cast<uint8_t>(expected[i]) != data[i]) ++out.wrong_bytes;
+    }
+  }
+  out.wrong_bytes += std::max(expected_len, len) - common;
+  if (out.wrong_bytes == 0) return out;
+  // Someone else's block?
+  if (len >= kBlockHeaderBytes && std::memcmp(data, kMagic, 8) == 0) {
+    const uint64_t klen = GetLe(data + 16, 2);
+    if (kBlockHeaderBytes + klen <= len) {
+      std::string_view other(
+          reinterpret_cast<const char*>(data) + kBlockHeaderBytes, klen);
+      if (other != key) out.other_key = std::string(other);
+    }
+  }
+  return out;
+}
+
+}  // namespace hymcache::crashtest
