@@ -91,6 +91,22 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                                    v1::RemoveResponse* resp) override {
     return Reply(ctx, service_->Remove(*req), resp);
   }
+  grpc::ServerUnaryReactor* BeginReconcile(
+      grpc::CallbackServerContext* ctx, const v1::BeginReconcileRequest* req,
+      v1::BeginReconcileResponse* resp) override {
+    absl::StatusOr<uint64_t> epoch =
+        service_->StartReconcile(req->node_id(), req->incarnation());
+    if (!epoch.ok()) {
+      return Reply(ctx, absl::StatusOr<v1::BeginReconcileResponse>(
+                            epoch.status()),
+                   resp);
+    }
+    v1::BeginReconcileResponse r;
+    r.set_epoch(*epoch);
+    return Reply(ctx, absl::StatusOr<v1::BeginReconcileResponse>(std::move(r)),
+                 resp);
+  }
+
   grpc::ServerUnaryReactor* ReportMissing(
       grpc::CallbackServerContext* ctx, const v1::ReportMissingRequest* req,
       v1::ReportMissingResponse* resp) override {
@@ -139,7 +155,8 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
           return;
         }
         if (r_ == nullptr) {
-          auto r = service_->BeginReconcile(req_.node_id(), req_.incarnation());
+          auto r = service_->OpenReconcile(req_.node_id(), req_.incarnation(),
+                                           req_.epoch());
           if (!r.ok()) {
             TsanRelease(this);
             Finish(ToGrpc(r.status()));

@@ -280,6 +280,10 @@ absl::Status MasterService::ValidateKeys(
   return absl::OkStatus();
 }
 
+bool MasterService::MayComeBack(const Node& node, absl::Time now) const {
+  return !node.deregistered && now - node.last_seen <= options_.node_timeout;
+}
+
 bool MasterService::IsAlive(const Node& node, absl::Time now) const {
   return node.registered && !node.needs_reconcile && !node.deregistered &&
          now - node.last_seen <= options_.node_timeout;
@@ -990,7 +994,11 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
     }
     if (auto e = index_.Find(key)) {
       auto n = nodes_.find(e->node_id);
-      if (n != nodes_.end() && IsAlive(n->second, now)) {
+      // A node that is only briefly unavailable (re-registering after a
+      // master restart, or reconciling) keeps its keys: storing one
+      // elsewhere would replace it, and the blocks after it on that node
+      // would be dropped with it.
+      if (n != nodes_.end() && MayComeBack(n->second, now)) {
         slot->set_state(v1::SLOT_EXISTS);
         keep.insert(key);
         v1::Location* loc = slot->mutable_location();
@@ -1372,6 +1380,40 @@ absl::Status Reconciliation::Add(
 
 absl::StatusOr<std::unique_ptr<Reconciliation>> MasterService::BeginReconcile(
     uint32_t node_id, uint64_t incarnation) {
+  absl::StatusOr<uint64_t> epoch = StartReconcile(node_id, incarnation);
+  if (!epoch.ok()) return epoch.status();
+  return OpenReconcile(node_id, incarnation, *epoch);
+}
+
+absl::StatusOr<std::unique_ptr<Reconciliation>> MasterService::OpenReconcile(
+    uint32_t node_id, uint64_t incarnation, uint64_t epoch) {
+  ReaderMutexLock l(&mu_);
+  auto n = nodes_.find(node_id);
+  if (n == nodes_.end()) {
+    return absl::NotFoundError(absl::StrCat("node ", node_id, " is unknown"));
+  }
+  const Node& node = n->second;
+  if (node.deregistered || !node.registered ||
+      node.info.incarnation() != incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", node_id, " is not registered with incarnation ",
+        incarnation, "; register first"));
+  }
+  if (epoch == 0 || node.reconcile_epoch != epoch || !node.reconciling) {
+    return absl::AbortedError(absl::StrCat(
+        "reconciliation ", epoch, " of node ", node_id,
+        " is not the current one; begin again"));
+  }
+  auto r = std::make_unique<Reconciliation>();
+  r->node_id_ = node_id;
+  r->incarnation_ = incarnation;
+  r->epoch_ = epoch;
+  r->max_ = options_.max_reconcile_extents;
+  return r;
+}
+
+absl::StatusOr<uint64_t> MasterService::StartReconcile(uint32_t node_id,
+                                                       uint64_t incarnation) {
   MutexLock l(&mu_);
   auto n = nodes_.find(node_id);
   if (n == nodes_.end()) {
@@ -1384,14 +1426,9 @@ absl::StatusOr<std::unique_ptr<Reconciliation>> MasterService::BeginReconcile(
         "node ", node_id, " is not registered with incarnation ",
         incarnation, "; register first"));
   }
-  auto r = std::make_unique<Reconciliation>();
-  r->node_id_ = node_id;
-  r->incarnation_ = incarnation;
-  r->epoch_ = ++node.reconcile_epoch;
-  r->max_ = options_.max_reconcile_extents;
   node.reconciling = true;
   node.committed_since_reconcile.clear();
-  return r;
+  return ++node.reconcile_epoch;
 }
 
 absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(

@@ -18,8 +18,10 @@
 // any), its last heartbeat (or registration) is within `node_timeout`, and
 // it has not deregistered. After a restart no persisted node is alive until
 // it registers again (its heartbeats are answered with reregister). Objects
-// on nodes that are not alive are misses for BatchLookup and can be written
-// again elsewhere by PutStart; such nodes get no placements.
+// on nodes that are not alive are misses for BatchLookup and such nodes get
+// no placements; PutStart writes their keys again elsewhere only once the
+// node is dead (unseen for node_timeout, or deregistered): a node that is
+// merely re-registering or reconciling keeps them (SLOT_EXISTS).
 //
 // Reconciliation (the storage nodes are the truth about which bytes exist;
 // the master's listings converge to them): a registration that keeps a
@@ -368,6 +370,14 @@ class MasterService {
   // incarnation, or the node deregistered).
   absl::StatusOr<std::unique_ptr<Reconciliation>> BeginReconcile(
       uint32_t node_id, uint64_t incarnation);
+  // The same in two steps, for a node that lists its extents after the
+  // master has begun tracking commits: StartReconcile returns the epoch,
+  // OpenReconcile the Reconciliation for it. OpenReconcile errors: as
+  // BeginReconcile, and Aborted if `epoch` is not the node's current one.
+  absl::StatusOr<uint64_t> StartReconcile(uint32_t node_id,
+                                          uint64_t incarnation);
+  absl::StatusOr<std::unique_ptr<Reconciliation>> OpenReconcile(
+      uint32_t node_id, uint64_t incarnation, uint64_t epoch);
   // Compares and converges (see the class comment). Errors: Aborted (the
   // reconciliation was superseded, or the node re-registered or
   // deregistered meanwhile: nothing changed); store errors (nothing
@@ -457,6 +467,11 @@ class MasterService {
       const google::protobuf::RepeatedPtrField<std::string>& keys) const;
 
   bool IsAlive(const Node& node, absl::Time now) const;
+  // Alive, or only briefly unavailable with its objects: not deregistered
+  // and seen within node_timeout (registration pending after a master
+  // restart counts from the load; a reconciliation in progress). PutStart
+  // reports such a node's keys as existing rather than storing them again.
+  bool MayComeBack(const Node& node, absl::Time now) const;
   // Fills `response` for `request`'s keys; returns the hit prefix length.
   uint32_t LookupLocked(const hymcache::v1::BatchLookupRequest& request,
                         absl::Time now,

@@ -2042,6 +2042,31 @@ TEST_CASE("ListObjects pages through every listing once, by node") {
   for (const auto& [k, o] : chain) CHECK_FALSE(o.unreachable());
 }
 
+TEST_CASE("A key on a node re-registering after a master restart is not stored again, so its chain survives") {
+  Harness h("rejoin_keeps_chain");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  h.Put({"head", "mid", "tail"}, 100, a);
+  h.Restart();
+  // The node has not registered with the new process: misses, but a
+  // client that re-stores the head must not replace it (which would drop
+  // the blocks after it on the node).
+  CHECK(h.Found({"head"}) == "0");
+  auto again = h.Start({"head"}, {100});
+  CHECK(again.slots(0).state() == v1::SLOT_EXISTS);
+  CHECK(h.Rejoin("a", 1, {{0, 1 << 20}}) == a);
+  CHECK(h.Found({"head", "mid", "tail"}) == "111");
+  // Once the node is dead for good, its keys may be stored elsewhere.
+  const uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  h.clock.Advance(absl::Seconds(11));
+  v1::HeartbeatRequest hb;
+  hb.set_node_id(b);
+  hb.set_incarnation(1);
+  REQUIRE_FALSE(h.svc->Heartbeat(hb)->reregister());
+  auto moved = h.Start({"head"}, {100});
+  CHECK(moved.slots(0).state() == v1::SLOT_ALLOCATED);
+  CHECK(moved.node().node_id() == b);
+}
+
 }  // namespace
 }  // namespace master
 }  // namespace hymcache

@@ -528,6 +528,11 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
     LOG(INFO) << "storage node: re-adopted " << adopted
               << " objects from the capacity tier";
   }
+  // No writes before the master has registered this process: a master
+  // that still takes the previous process (or incarnation) for alive would
+  // place puts here that this process's registration then purges. The
+  // registration sets the real ceiling.
+  node->extents_->SetGenerationCeiling(0);
 
   storage::KvManagerOptions kv;
   kv.window_bytes = options.prefetch_window_bytes;
@@ -771,6 +776,15 @@ absl::Status StorageNode::Reconcile(uint32_t node_id) {
   v1::ReconcileNodeResponse resp;
   const absl::Time start = absl::Now();
   uint64_t sent = 0;
+  // The master tracks commits from here on; only then do we list (a
+  // listing it committed earlier was written here before, so we hold it).
+  v1::BeginReconcileRequest begin;
+  begin.set_node_id(node_id);
+  begin.set_incarnation(incarnation_);
+  v1::BeginReconcileResponse begun;
+  RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
+    return master_->stub->BeginReconcile(ctx, begin, &begun);
+  }));
   RETURN_IF_ERROR(CallMaster(
       [&](grpc::ClientContext* ctx) {
         std::unique_ptr<grpc::ClientWriter<v1::ReconcileNodeRequest>> w =
@@ -778,6 +792,7 @@ absl::Status StorageNode::Reconcile(uint32_t node_id) {
         v1::ReconcileNodeRequest req;
         req.set_node_id(node_id);
         req.set_incarnation(incarnation_);
+        req.set_epoch(begun.epoch());
         storage::ExtentTable::Cursor cursor;
         std::vector<storage::ExtentKey> keys;
         bool first = true;
