@@ -161,13 +161,21 @@ bool ChildProcess::Alive() {
 
 absl::StatusOr<int> RunCommand(const std::string& binary,
                                const std::vector<std::string>& args,
-                               const std::string& output_path,
+                               const std::string& stdout_path,
+                               const std::string& stderr_path,
                                absl::Duration timeout) {
-  const int out_fd = open(output_path.c_str(),
-                          O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const int out_fd =
+      open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out_fd < 0) {
     return absl::InternalError(
-        absl::StrCat("open ", output_path, ": ", strerror(errno)));
+        absl::StrCat("open ", stdout_path, ": ", strerror(errno)));
+  }
+  const int err_fd = open(stderr_path.c_str(),
+                          O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (err_fd < 0) {
+    close(out_fd);
+    return absl::InternalError(
+        absl::StrCat("open ", stderr_path, ": ", strerror(errno)));
   }
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(binary.c_str()));
@@ -177,16 +185,18 @@ absl::StatusOr<int> RunCommand(const std::string& binary,
   const pid_t pid = fork();
   if (pid < 0) {
     close(out_fd);
+    close(err_fd);
     return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   }
   if (pid == 0) {
     dup2(out_fd, 1);
-    dup2(out_fd, 2);
+    dup2(err_fd, 2);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     execv(binary.c_str(), argv.data());
     _exit(127);
   }
   close(out_fd);
+  close(err_fd);
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
     int status = 0;

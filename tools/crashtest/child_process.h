@@ -62,12 +62,14 @@ class ChildProcess {
   std::string ready_line_;
 };
 
-// Runs `binary` with `args` to completion, its stdout and stderr appended to
-// `output_path`, and returns its wait status. Errors: Internal (fork, the
-// output file), DeadlineExceeded (still running after `timeout`: killed).
+// Runs `binary` with `args` to completion, its stdout written to
+// `stdout_path` (truncated first) and its stderr appended to `stderr_path`,
+// and returns its wait status. Errors: Internal (fork, the files),
+// DeadlineExceeded (still running after `timeout`: killed).
 absl::StatusOr<int> RunCommand(const std::string& binary,
                                const std::vector<std::string>& args,
-                               const std::string& output_path,
+                               const std::string& stdout_path,
+                               const std::string& stderr_path,
                                absl::Duration timeout);
 
 // "exit 3", "signal 9 (Killed)", ... for a wait status.

@@ -86,6 +86,8 @@ class Cluster {
   const std::string& name(size_t i) const { return daemons_[i]->name; }
   const std::string& log_path(size_t i) const { return daemons_[i]->log_path; }
   const std::string& master_address() const { return master_address_; }
+  // Process id of daemon `i` (-1 when it is not running).
+  pid_t pid(size_t i) const { return daemons_[i]->process.pid(); }
   // Index of the daemon named `name`, or -1.
   int IndexOf(const std::string& name) const;
   // Capacity in bytes the node offers (its spec's bytes); 0 for the master.

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <utility>
 
@@ -71,7 +73,10 @@ std::string CrashTestReport::SummaryLine() const {
       " max_overrun_ms=", absl::ToInt64Milliseconds(max_overrun),
       " lost_on_live_node=", lost_on_live_node, "/", live_node_checked,
       " lost_on_killed_node=", lost_on_killed_node,
-      " stale_listings=", stale_listings,
+      " stale_listings=", stale_listings, " fsck=",
+      !fsck_ran    ? std::string("off")
+      : fsck_clean ? std::string("clean")
+                   : std::string("INCONSISTENT"),
       " repaired=", repaired < 0 ? std::string("n/a") : absl::StrCat(repaired),
       " unreachable_tails=", unreachable_tails, " evictions>=", evictions_seen,
       " daemon_crashes=", daemon_crashes, " unclean_stops=", unclean_stops,
@@ -193,7 +198,7 @@ class CrashTest::Impl {
   // After the workload: recovery, fsck, the final reads.
   absl::Status Recover();
   // ==== HOOK: hymctl fsck ====
-  void RunFsck();
+  void RunFsck(bool repair);
   void FinalChecks();
 
   // Blocks that must be served now: committed on a node not killed since
@@ -213,8 +218,7 @@ class CrashTest::Impl {
   void ReportLost(const char* when, const MustServe& m,
                   const std::string& what);
   // Whether each key is listed (BatchLookup, retried).
-  absl::StatusOr<std::vector<bool>> Listed(
-      const std::vector<std::string>& keys);
+  absl::StatusOr<LookupResult> Listed(const std::vector<std::string>& keys);
   enum class Read { kServed, kNotListed, kUnreadable };
   // Gets one key (retrying transient errors) and checks its bytes.
   Read ReadKey(const std::string& key, uint64_t length, std::string* why);
@@ -557,12 +561,13 @@ void CrashTest::Impl::RecordStore(const std::vector<std::string>& keys,
     report_.store_failed += keys.size();
     CountOutcome("Store call failed:", result.status());
     // Unavailable: the master was unreachable or died mid-call (its pending
-    // puts died with it); InvalidArgument and ResourceExhausted allocate
-    // nothing. Anything else (a deadline) may have left an allocation on
+    // puts died with it); InvalidArgument, FailedPrecondition (the parent is
+    // not stored) and ResourceExhausted allocate nothing. Anything else (a deadline) may have left an allocation on
     // some node until the put expires.
     const absl::StatusCode code = result.status().code();
     if (code != absl::StatusCode::kUnavailable &&
         code != absl::StatusCode::kInvalidArgument &&
+        code != absl::StatusCode::kFailedPrecondition &&
         code != absl::StatusCode::kResourceExhausted) {
       charge_all();
     }
@@ -756,39 +761,70 @@ absl::Status CrashTest::Impl::Recover() {
 }
 
 // ==== HOOK: hymctl fsck ====
-// After recovery, before the final reads: `hymctl fsck` must find the
-// master's listings and the nodes' extents consistent (issue 10: listed but
-// missing, present but unlisted, generation/length mismatch, checksum
-// failures, unreachable tails). hymctl has no fsck on main yet, so this
-// runs only with --fsck (and today fails: hymctl answers "unknown
-// command"). When fsck lands: adjust the command line below to its flags
-// (gflags takes "--repair" anywhere on the line as a global flag), parse
-// its --json output into report_.repaired (objects fixed by --repair) and
-// per-kind counts, and run it again without --repair after a repair to
-// require it clean.
-void CrashTest::Impl::RunFsck() {
-  if (!options_.fsck && !options_.fsck_repair) return;
-  const std::string out_path = cluster_->log_path(0) + ".fsck";
-  for (bool repair : {false, true}) {
-    if (repair && !options_.fsck_repair) break;
-    std::vector<std::string> args = {"--master=" + cluster_->master_address(),
-                                     "--json", "fsck"};
-    if (repair) args.push_back("--repair");
-    absl::StatusOr<int> st =
-        RunCommand(options_.hymctl_binary, args, out_path, absl::Seconds(120));
-    const bool clean = st.ok() && WIFEXITED(*st) && WEXITSTATUS(*st) == 0;
-    Log(absl::StrCat("hymctl ", absl::StrJoin(args, " "), ": ",
-                     st.ok() ? DescribeWaitStatus(*st) : st.status().ToString(),
-                     " (output in ", out_path, ")"));
-    MutexLock l(&mu_);
-    report_.fsck_ran = true;
-    if (!repair) report_.fsck_clean = clean;
+// After recovery: `hymctl fsck` compares the master's listings with every
+// node's extents (tools/hymctl/fsck.h) and must find them consistent. With
+// `repair`, `hymctl fsck --repair` fixes what it finds (after the final
+// reads, so that those measure what the cluster converged to by itself);
+// what it fixed is the summary's "repaired".
+void CrashTest::Impl::RunFsck(bool repair) {
+  const std::string out_path =
+      cluster_->log_path(0) + (repair ? ".fsck-repair.json" : ".fsck.json");
+  const std::string err_path = cluster_->log_path(0) + ".fsck.log";
+  std::vector<std::string> args = {"--master=" + cluster_->master_address(),
+                                   "--json"};
+  if (repair) args.push_back("--repair");
+  args.push_back("fsck");
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<int> st = RunCommand(options_.hymctl_binary, args, out_path,
+                                      err_path, absl::Seconds(300));
+  std::string verdict;
+  bool consistent = false;
+  int64_t repaired = -1;
+  std::map<std::string, uint64_t> findings;
+  if (!st.ok()) {
+    verdict = st.status().ToString();
+  } else {
+    std::ifstream in(out_path);
+    nlohmann::json j =
+        nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("consistent")) {
+      verdict = absl::StrCat(DescribeWaitStatus(*st), ", no JSON verdict");
+    } else {
+      consistent = j["consistent"].get<bool>();
+      if (j.contains("findings") && j["findings"].is_array()) {
+        for (const auto& f : j["findings"]) {
+          ++findings[f.value("kind", std::string("?"))];
+        }
+      }
+      if (repair && j.contains("repair")) {
+        repaired = j["repair"].value("listings_dropped", int64_t{0});
+      }
+      std::vector<std::string> kinds;
+      for (const auto& [k, n] : findings)
+        kinds.push_back(absl::StrCat(k, "=", n));
+      verdict = absl::StrCat(
+          consistent ? "consistent" : "INCONSISTENT", kinds.empty() ? "" : " (",
+          absl::StrJoin(kinds, " "), kinds.empty() ? "" : ")");
+      if (repaired >= 0)
+        absl::StrAppend(&verdict, ", listings dropped ", repaired);
+    }
   }
+  Log(absl::StrCat("hymctl ", absl::StrJoin(args, " "), ": ", verdict, " in ",
+                   absl::FormatDuration(absl::Now() - t0), " (", out_path,
+                   ")"));
+  MutexLock l(&mu_);
+  if (repair) {
+    report_.repaired = repaired;
+    return;
+  }
+  report_.fsck_ran = true;
+  report_.fsck_clean = consistent;
+  report_.fsck_findings = std::move(findings);
 }
 
-absl::StatusOr<std::vector<bool>> CrashTest::Impl::Listed(
+absl::StatusOr<LookupResult> CrashTest::Impl::Listed(
     const std::vector<std::string>& keys) {
-  if (keys.empty()) return std::vector<bool>();
+  if (keys.empty()) return LookupResult();
   absl::StatusOr<LookupResult> look = absl::UnavailableError("not run");
   for (int attempt = 0; attempt < 5 && !look.ok(); ++attempt) {
     if (attempt > 0) absl::SleepFor(absl::Milliseconds(500));
@@ -799,8 +835,7 @@ absl::StatusOr<std::vector<bool>> CrashTest::Impl::Listed(
     MutexLock l(&mu_);
     ++report_.other_calls;
   }
-  if (!look.ok()) return look.status();
-  return look->found;
+  return look;
 }
 
 CrashTest::Impl::Read CrashTest::Impl::ReadKey(const std::string& key,
@@ -891,7 +926,7 @@ void CrashTest::Impl::Audit() {
   if (must.empty()) return;
   std::vector<std::string> keys;
   for (const MustServe& m : must) keys.push_back(m.key);
-  absl::StatusOr<std::vector<bool>> listed = Listed(keys);
+  absl::StatusOr<LookupResult> listed = Listed(keys);
   if (!listed.ok()) {
     Log("audit skipped: BatchLookup failed: " + listed.status().ToString());
     return;
@@ -900,17 +935,17 @@ void CrashTest::Impl::Audit() {
   // look again for a while before calling it lost.
   std::vector<size_t> missing;
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (!(*listed)[i]) missing.push_back(i);
+    if (!listed->found[i]) missing.push_back(i);
   }
   for (int round = 0; round < 8 && !missing.empty(); ++round) {
     absl::SleepFor(absl::Milliseconds(500));
     std::vector<std::string> again;
     for (size_t i : missing) again.push_back(keys[i]);
-    absl::StatusOr<std::vector<bool>> l2 = Listed(again);
+    absl::StatusOr<LookupResult> l2 = Listed(again);
     if (!l2.ok()) continue;
     std::vector<size_t> still;
     for (size_t j = 0; j < missing.size(); ++j) {
-      if (!(*l2)[j]) still.push_back(missing[j]);
+      if (!l2->found[j]) still.push_back(missing[j]);
     }
     missing = std::move(still);
   }
@@ -954,7 +989,7 @@ void CrashTest::Impl::FinalChecks() {
   std::sort(keys.begin(), keys.end());
 
   // 1. What the master lists.
-  absl::StatusOr<std::vector<bool>> found = Listed(keys);
+  absl::StatusOr<LookupResult> found = Listed(keys);
   if (!found.ok()) {
     Log("final BatchLookup failed: " + found.status().ToString());
     MutexLock l(&mu_);
@@ -962,7 +997,7 @@ void CrashTest::Impl::FinalChecks() {
                                found.status().ToString());
     return;
   }
-  std::vector<bool> listed = *found;
+  std::vector<bool> listed = found->found;
 
   // 2. Read every listed key (one Get per key: a stale listing must not
   // hide the keys after it).
@@ -1032,19 +1067,44 @@ void CrashTest::Impl::FinalChecks() {
     if (!served[i]) ++maybe_evicted;
   }
 
-  // 4. Unreachable tails: listed blocks after an unlisted one in a chain.
-  absl::flat_hash_map<std::string, bool> tails;
+  // 4. Unreachable tails: listed blocks after an unlisted one in a chain,
+  // by where the missing block was (last) committed: on the tail's node,
+  // on another node, or nowhere (a Store that failed for it).
+  absl::flat_hash_map<std::string, int> tails;  // key -> kind
+  enum { kSameNode, kOtherNode, kNeverCommitted };
   for (const auto& chain : chains) {
+    const KeyRecord* gap = nullptr;
     bool broken = false;
     for (const std::string& k : chain) {
       auto it = index.find(k);
       const bool l = it != index.end() && listed[it->second];
       if (!l) {
+        if (!broken) {
+          auto r = ledger.find(k);
+          gap = r == ledger.end() ? nullptr : &r->second;
+        }
         broken = true;
       } else if (broken) {
-        tails[k] = true;
+        int kind = kNeverCommitted;
+        if (gap != nullptr && gap->committed && gap->node >= 0) {
+          auto n = index_of_node_.find(found->locations[it->second].node_id);
+          kind = n != index_of_node_.end() && n->second == gap->node
+                     ? kSameNode
+                     : kOtherNode;
+        }
+        tails.emplace(k, kind);
       }
     }
+  }
+  uint64_t tail_kinds[3] = {0, 0, 0};
+  for (const auto& [k, kind] : tails) ++tail_kinds[kind];
+  if (!tails.empty()) {
+    Log(absl::StrCat("unreachable tails: ", tails.size(),
+                     " listed blocks after an unlisted one in their chain; "
+                     "the missing block was on the same node for ",
+                     tail_kinds[kSameNode], ", on another node for ",
+                     tail_kinds[kOtherNode], ", never committed for ",
+                     tail_kinds[kNeverCommitted]));
   }
 
   std::vector<Placement> placed;
@@ -1057,11 +1117,12 @@ void CrashTest::Impl::FinalChecks() {
     for (const auto& [e, b] : placed[i].by_epoch) {
       epochs.push_back(absl::StrCat(b >> 20, b > capacity_[i] ? "!" : ""));
     }
-    Log(absl::StrCat(cluster_->name(i), ": ", kills[i], " kills, capacity ",
-                     capacity_[i] >> 20, " MiB, ", placed[i].total >> 20,
-                     " MiB placed by this test; per epoch with stores (MiB, ! = "
-                     "may have evicted): ",
-                     absl::StrJoin(epochs, " ")));
+    Log(absl::StrCat(
+        cluster_->name(i), ": ", kills[i], " kills, capacity ",
+        capacity_[i] >> 20, " MiB, ", placed[i].total >> 20,
+        " MiB placed by this test; per epoch with stores (MiB, ! = "
+        "may have evicted): ",
+        absl::StrJoin(epochs, " ")));
   }
   MutexLock l(&mu_);
   report_.keys_stored = keys.size();
@@ -1156,8 +1217,9 @@ absl::StatusOr<CrashTestReport> CrashTest::Impl::Run(std::ostream& log) {
     MutexLock l(&mu_);
     report_.failures.push_back("recovery: " + recovered.ToString());
   } else {
-    RunFsck();
+    if (options_.fsck) RunFsck(/*repair=*/false);
     FinalChecks();
+    if (options_.fsck_repair) RunFsck(/*repair=*/true);
   }
   StopDaemons();
   client_.reset();
@@ -1185,7 +1247,9 @@ absl::StatusOr<CrashTestReport> CrashTest::Impl::Run(std::ostream& log) {
       r.failures.push_back(absl::StrCat(
           r.stale_listings, " keys listed but unreadable after recovery"));
     }
-    if (r.fsck_ran && !r.fsck_clean) r.failures.push_back("fsck not clean");
+    if (r.fsck_ran && !r.fsck_clean) {
+      r.failures.push_back("hymctl fsck found the cluster inconsistent");
+    }
   }
   return r;
 }

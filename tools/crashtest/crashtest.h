@@ -27,7 +27,8 @@
 //    (listed-but-unreadable keys are stale listings);
 //  - daemons never exit by themselves, and stop cleanly on SIGTERM at the
 //    end;
-//  - (hook) `hymctl fsck` reports the cluster clean (RunFsck).
+//  - `hymctl fsck` finds the master's listings and the nodes' extents
+//    consistent after recovery (RunFsck, the fsck hook).
 //
 // Thread safety: a CrashTest runs once, from one thread, which must live
 // until Run returns (the daemons die with it).
@@ -50,7 +51,7 @@ namespace hymcache::crashtest {
 struct CrashTestOptions {
   // The cluster: binaries, work_dir (required), nodes, extra daemon flags.
   ClusterOptions cluster;
-  // hymctl binary for the fsck hook ("" = no fsck). Default: "".
+  // hymctl binary for the fsck hook. Required with fsck or fsck_repair.
   std::string hymctl_binary;
 
   // Seed of every random choice (kill moments and victims, conversations).
@@ -112,9 +113,10 @@ struct CrashTestOptions {
   // Fail the run when a block that must still be served (see live-node
   // durability above) is not. Default: true.
   bool require_live_node_durability = true;
-  // Run `hymctl fsck` (and with fsck_repair `fsck --repair`) after
-  // recovery; needs hymctl_binary. Default: false (hymctl has no fsck yet).
-  bool fsck = false;
+  // Run `hymctl fsck` after recovery (fsck_repair: also `hymctl fsck
+  // --repair` after the final reads); needs hymctl_binary. Default: true,
+  // false.
+  bool fsck = true;
   bool fsck_repair = false;
   // Bound on each daemon's graceful stop at the end. Default: 60 s.
   absl::Duration stop_timeout = absl::Seconds(60);
@@ -183,10 +185,11 @@ struct CrashTestReport {
   // Committed blocks on a node killed after their Store began that are no
   // longer served.
   uint64_t lost_on_killed_node = 0;
-  // The fsck hook: whether it ran, its verdict, what it repaired (-1:
-  // unknown).
+  // The fsck hook: whether it ran, its verdict and findings per kind, and
+  // the listings `fsck --repair` dropped (-1: it did not run).
   bool fsck_ran = false;
   bool fsck_clean = false;
+  std::map<std::string, uint64_t> fsck_findings;
   int64_t repaired = -1;
 
   // Daemons that exited by themselves, failed to start, or did not stop

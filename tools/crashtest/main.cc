@@ -84,8 +84,15 @@ DEFINE_bool(require_live_node_durability, true,
 DEFINE_bool(node_same_ports, true,
             "restart storage nodes on the ports of their first run (false: "
             "new ports each run)");
-DEFINE_bool(fsck, false, "run `hymctl fsck` after recovery (the fsck hook)");
-DEFINE_bool(fsck_repair, false, "also run `hymctl fsck --repair`");
+DEFINE_bool(fsck, true,
+            "run `hymctl fsck` after recovery; with --require_clean_recovery "
+            "it must find the cluster consistent");
+DEFINE_bool(fsck_repair, false,
+            "after the final reads, run `hymctl fsck --repair` (the summary's "
+            "repaired)");
+DEFINE_int32(reconcile_interval_ms, 2000,
+             "master: period of each node's background reconciliation (-1: "
+             "leave the master's default)");
 
 DEFINE_string(
     work_dir, "",
@@ -181,6 +188,10 @@ int main(int argc, char** argv) {
   c.master_args = {
       absl::StrCat("--node_timeout_ms=", FLAGS_node_timeout_ms),
       absl::StrCat("--heartbeat_interval_ms=", FLAGS_heartbeat_interval_ms)};
+  if (FLAGS_reconcile_interval_ms >= 0) {
+    c.master_args.push_back(
+        absl::StrCat("--reconcile_interval_ms=", FLAGS_reconcile_interval_ms));
+  }
   for (std::string& w : Words(FLAGS_master_args)) c.master_args.push_back(w);
   c.storage_args = Words(FLAGS_storage_args);
 
@@ -239,6 +250,9 @@ int main(int argc, char** argv) {
             << ") fsck="
             << (r.fsck_ran ? (r.fsck_clean ? "clean" : "NOT clean") : "off")
             << " failed_starts=" << r.failed_starts << "\n";
+  for (const auto& [kind, count] : r.fsck_findings) {
+    std::cerr << "crashtest:   fsck " << kind << ": " << count << "\n";
+  }
   for (const auto& [node, count] : r.lost_by_node) {
     std::cerr << "crashtest:   lost on live node " << node << ": " << count
               << "\n";
