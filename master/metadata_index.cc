@@ -299,23 +299,29 @@ absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
     const uint32_t i = *it;
     Record& r = record(i);
     old = r.entry();
-    if (links(i).child_count() == 0) {
-      // Reuse the record: a fresh entry in place of the old one.
-      Unlink(i, old->node_id);
-      DetachFromParent(i);
-      r.SetEntry(entry, r.key_len());
-      links(i).read_tick = 0;
-      place(i);
-      return old;
+    if (links(i).child_count() > 0) {
+      // The key stays listed (at its new location), so the blocks after it
+      // are still reachable through it: they stay, as roots of their node
+      // (a chain continued on another node), not as orphans. O(entries of
+      // the old node); a key with children is stored again only when its
+      // node is dead.
+      auto list = lists_.find(old->node_id);
+      if (list != lists_.end()) {
+        for (uint32_t j = list->second.least;
+             j != kNil && links(i).child_count() > 0;) {
+          const uint32_t next = links(j).next;
+          if (links(j).parent == i) DetachFromParent(j);
+          j = next;
+        }
+      }
     }
-    // Its children must not follow the key to a new location: they keep
-    // the old record (now a ghost) and are orphans.
-    if (free_records_.empty() &&
-        records_used_ == std::numeric_limits<uint32_t>::max()) {
-      return absl::ResourceExhaustedError("index is full (2^32 - 1 records)");
-    }
-    set_.erase(it);
-    RemoveRecord(i);
+    // Reuse the record: a fresh entry in place of the old one.
+    Unlink(i, old->node_id);
+    DetachFromParent(i);
+    r.SetEntry(entry, r.key_len());
+    links(i).read_tick = 0;
+    place(i);
+    return old;
   }
   absl::StatusOr<uint32_t> fresh = NewRecord();
   if (!fresh.ok()) return fresh.status();

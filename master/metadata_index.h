@@ -110,9 +110,10 @@ class MetadataIndex {
   // `parent` is the key of the block before `key` in its chain ("": none).
   // If `parent` is present on entry.node_id, the entry is linked to it and
   // placed just below it in the node's recency list; otherwise it is a root
-  // at the most recent end. Either way its read tick is 0. A replaced entry
-  // that has children leaves them orphaned (its record becomes a ghost and
-  // the key gets a fresh record). Returns the replaced entry, if any.
+  // at the most recent end. Either way its read tick is 0. A replaced
+  // entry's children stay, unlinked (roots of their node): the key is still
+  // listed, so readers still reach them through it (O(entries of the old
+  // node) when it has children). Returns the replaced entry, if any.
   // Errors: InvalidArgument if the key is empty or too long, entry.length >
   // kMaxLength or parent == key; ResourceExhausted at 2^32 - 1 records
   // (nothing changes either way).

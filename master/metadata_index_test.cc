@@ -517,23 +517,22 @@ TEST_CASE("MetadataIndex: erasing a block with children leaves orphans until the
   CHECK(index.Orphans().empty());
   CHECK(Order(index, 1) == Keys{"a"});
 
-  // Replacing a key that has children: the children stay with the old
-  // location (orphans); the key is a fresh root.
+  // Replacing a key that has children (stored again on another node): the
+  // key is still listed, so its children stay reachable through it; they
+  // become roots of their node, not orphans.
   REQUIRE(index.Upsert("b", OnNode(1, 2), "a").ok());
   REQUIRE(index.Upsert("c", OnNode(1, 3), "b").ok());
   auto old = index.Upsert("b", OnNode(2, 4));
   REQUIRE(old.ok());
   CHECK(**old == OnNode(1, 2));
-  CHECK(index.ghost_count() == 1);
-  CHECK(index.Chain("c")->orphan);
+  CHECK(index.ghost_count() == 0);
+  CHECK_FALSE(index.Chain("c")->orphan);
+  CHECK(ParentOf(index, "c").empty());
   CHECK(index.Chain("b")->children == 0);
   CHECK(index.Chain("a")->children == 0);
   CHECK(*index.Find("b") == OnNode(2, 4));
-  auto removed = index.EraseIf(
-      [](absl::string_view k, const IndexEntry&) { return k == "c"; });
-  CHECK(removed.size() == 1);
-  CHECK(index.ghost_count() == 0);
-  CHECK(index.size() == 3);
+  CHECK(index.Orphans().empty());
+  CHECK(index.size() == 4);  // c stays
 }
 
 TEST_CASE("MetadataIndex CollectUsed hands out each touched entry once") {
