@@ -1,25 +1,29 @@
-// consistency_repro: deterministic reproductions of two consistency defects
-// the crash test (tools/crashtest) finds on main, with real daemons and the
-// real SDK. Each case prints what it saw and exits 1 when the defect shows,
-// 0 when it does not (2: the setup failed).
+// consistency_repro: deterministic reproductions of consistency defects the
+// crash test (tools/crashtest) found, with real daemons and the real SDK.
+// Each case prints what it saw and exits 1 when the defect shows, 0 when it
+// does not (2: the setup failed).
 //
 //   bazel run //tools/crashtest:consistency_repro -- --case=lost_commit
 //   bazel run //tools/crashtest:consistency_repro -- --case=orphaned_subtree
 //
-// lost_commit: a DRAM node is SIGKILLed and restarted on its ports (as a
+// lost_commit (fixed by 791d3ab: a node refuses writes until it has
+//   registered): a DRAM node is SIGKILLed and restarted on its ports (as a
 //   service manager does) but cannot reach the master yet. The master still
-//   lists the node's old incarnation as alive, places a Put there, the new
-//   process accepts the write and the master commits it: the client is told
-//   "stored". When the node then registers (a new incarnation), the master
-//   purges every listing of the node, that one included, and the node frees
-//   the bytes. Nothing crashed after the commit; the key is gone.
+//   lists the node's old incarnation as alive and places a Put there; the
+//   new process accepted the write and the master committed it, so the
+//   client was told "stored". When the node then registered (a new
+//   incarnation), the master purged every listing of the node, that one
+//   included, and the node freed the bytes: nothing crashed after the
+//   commit, and the key was gone.
 // orphaned_subtree: a chain [p, c1..c8] is stored on node X. X stalls
-//   (SIGSTOP, like a long GC pause or a partition) past the node timeout;
-//   meanwhile p alone is stored again, on node Y (its listing was on a dead
-//   node). The commit replaces p's entry, which makes the old entry's
-//   children on X orphans, and the master removes c1..c8, although a reader
-//   still reaches them through p's key (now on Y). X comes back having
-//   never crashed, and the chain is cut after p.
+//   (SIGSTOP, like a long pause or a partition) past the node timeout and
+//   is marked dead; meanwhile p alone is stored again, on node Y. The commit
+//   replaces p's entry, which makes the old entry's children on X orphans,
+//   and the master removes c1..c8, although a reader reaches them through
+//   p's key (now on Y) once X is back. X comes back having never crashed,
+//   and the chain is cut after p. (791d3ab keeps the keys of a node that is
+//   re-registering or reconciling; a node marked dead still loses them.)
+
 #include <gflags/gflags.h>
 #include <poll.h>
 #include <signal.h>

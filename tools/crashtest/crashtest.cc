@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -123,7 +124,10 @@ class CrashTest::Impl {
     // index of the node, and that node's kill count when that Store began.
     bool committed = false;
     int node = -1;
-    uint64_t kills_at_store = 0;
+    // Every daemon's kill count when that Store began.
+    std::vector<uint64_t> kills_at_store;
+    // The block before this one in its chain ("" for a chain's first).
+    std::string parent;
     // When that Store began and returned.
     absl::Time store_began;
     absl::Time store_returned;
@@ -168,8 +172,10 @@ class CrashTest::Impl {
   void ConversationLoop(int slot);
   void AppendBlocks(Conversation& c, size_t count, std::mt19937_64& rng);
   void RunTurn(Conversation& c, std::vector<uint8_t>& scratch);
+  // `parent`: the block before keys[0] in its chain.
   void RecordStore(const std::vector<std::string>& keys,
                    const std::vector<uint64_t>& lengths,
+                   const std::string& parent,
                    const absl::StatusOr<PutResult>& result,
                    const std::vector<uint64_t>& kills_at_start,
                    const std::vector<uint64_t>& kills_at_end, absl::Time began);
@@ -256,6 +262,8 @@ class CrashTest::Impl {
   CrashTestReport report_ ABSL_GUARDED_BY(mu_);
   Anomalies examples_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, KeyRecord> ledger_ ABSL_GUARDED_BY(mu_);
+  // Keys counted in report_.lost_on_live_node.
+  absl::flat_hash_set<std::string> lost_keys_ ABSL_GUARDED_BY(mu_);
   // Every conversation's chain (for unreachable tails).
   std::vector<std::vector<std::string>> chains_ ABSL_GUARDED_BY(mu_);
   // Per daemon index.
@@ -295,7 +303,10 @@ void CrashTest::Impl::NoteCall(const char* what, absl::Time deadline,
   bool report = false;
   {
     MutexLock l(&mu_);
-    report_.max_overrun = std::max(report_.max_overrun, late);
+    if (late > report_.max_overrun) {
+      report_.max_overrun = late;
+      report_.max_overrun_call = what;
+    }
     if (late > options_.max_overrun) {
       ++report_.deadline_overruns;
       report = examples_.overrun++ < kMaxExamples;
@@ -538,11 +549,13 @@ void CrashTest::Impl::RunTurn(Conversation& c, std::vector<uint8_t>& scratch) {
               absl::Seconds(30));
   if (!res.ok() && !h->Done()) res = h->Wait();
   NoteCall("Store", started + options_.store_timeout, absl::Now());
-  RecordStore(keys, lengths, res, kills_at_start, KillCounts(), started);
+  RecordStore(keys, lengths, so.parent_key, res, kills_at_start, KillCounts(),
+              started);
 }
 
 void CrashTest::Impl::RecordStore(const std::vector<std::string>& keys,
                                   const std::vector<uint64_t>& lengths,
+                                  const std::string& parent,
                                   const absl::StatusOr<PutResult>& result,
                                   const std::vector<uint64_t>& kills_at_start,
                                   const std::vector<uint64_t>& kills_at_end,
@@ -554,6 +567,7 @@ void CrashTest::Impl::RecordStore(const std::vector<std::string>& keys,
   for (size_t i = 0; i < keys.size(); ++i) {
     KeyRecord& rec = ledger_[keys[i]];
     rec.length = lengths[i];
+    rec.parent = i == 0 ? parent : keys[i - 1];
     total += RoundUp(lengths[i]);
   }
   auto charge_all = [&] { Charge(-1, total, kills_at_start, kills_at_end); };
@@ -562,8 +576,8 @@ void CrashTest::Impl::RecordStore(const std::vector<std::string>& keys,
     CountOutcome("Store call failed:", result.status());
     // Unavailable: the master was unreachable or died mid-call (its pending
     // puts died with it); InvalidArgument, FailedPrecondition (the parent is
-    // not stored) and ResourceExhausted allocate nothing. Anything else (a deadline) may have left an allocation on
-    // some node until the put expires.
+    // not stored) and ResourceExhausted allocate nothing. Anything else (a
+    // deadline) may have left an allocation on some node until the put expires.
     const absl::StatusCode code = result.status().code();
     if (code != absl::StatusCode::kUnavailable &&
         code != absl::StatusCode::kInvalidArgument &&
@@ -589,7 +603,7 @@ void CrashTest::Impl::RecordStore(const std::vector<std::string>& keys,
         KeyRecord& rec = ledger_[keys[i]];
         rec.committed = true;
         rec.node = node;
-        rec.kills_at_store = node >= 0 ? kills_at_start[node] : 0;
+        rec.kills_at_store = kills_at_start;
         rec.store_began = began;
         rec.store_returned = returned;
         break;
@@ -877,15 +891,35 @@ std::vector<CrashTest::Impl::MustServe> CrashTest::Impl::MustBeServed(
   const std::vector<uint64_t> kills = KillCounts();
   std::vector<MustServe> out;
   MutexLock l(&mu_);
+  // Whether `rec` is still where its Store put it, as far as this test can
+  // tell: its node was not killed since `since` (kill counts when a Store
+  // began) and never needed to evict.
+  auto kept = [&](const KeyRecord& rec, const std::vector<uint64_t>& since)
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                    if (!rec.committed || rec.node < 0) return false;
+                    const uint64_t epoch = rec.kills_at_store[rec.node];
+                    if (kills[rec.node] != epoch ||
+                        kills[rec.node] != since[rec.node]) {
+                      return false;
+                    }
+                    return Bound(placed_[rec.node],
+                                 cluster_->keeps_objects(rec.node), epoch) +
+                               slack <=
+                           capacity_[rec.node];
+                  };
   for (const auto& [key, rec] : ledger_) {
-    if (!rec.committed || rec.node < 0) continue;
-    if (kills[rec.node] != rec.kills_at_store) continue;
-    if (Bound(placed_[rec.node], cluster_->keeps_objects(rec.node),
-              rec.kills_at_store) +
-            slack >
-        capacity_[rec.node]) {
-      continue;
+    if (!kept(rec, rec.kills_at_store)) continue;
+    // Every block before it in its chain must be kept too: a block after a
+    // lost one is unreachable, and the master may drop it.
+    bool chain_kept = true;
+    std::string parent = rec.parent;
+    for (int depth = 0; chain_kept && !parent.empty(); ++depth) {
+      auto it = ledger_.find(parent);
+      chain_kept = depth < 1024 && it != ledger_.end() &&
+                   kept(it->second, rec.kills_at_store);
+      if (chain_kept) parent = it->second.parent;
     }
+    if (!chain_kept) continue;
     out.push_back(
         {key, rec.length, rec.node, rec.store_began, rec.store_returned});
   }
@@ -900,6 +934,8 @@ void CrashTest::Impl::ReportLost(const char* when, const MustServe& m,
   bool print = false;
   {
     MutexLock l(&mu_);
+    if (!lost_keys_.insert(m.key).second)
+      return;  // counted by an earlier check
     ++report_.lost_on_live_node;
     ++report_.lost_by_node[cluster_->name(m.node)];
     print = examples_.lost++ < kMaxExamples;
@@ -1052,7 +1088,7 @@ void CrashTest::Impl::FinalChecks() {
   for (size_t i = 0; i < keys.size(); ++i) {
     const KeyRecord& rec = ledger[keys[i]];
     if (!rec.committed) continue;
-    if (rec.node >= 0 && kills[rec.node] != rec.kills_at_store) {
+    if (rec.node >= 0 && kills[rec.node] != rec.kills_at_store[rec.node]) {
       if (!served[i]) ++lost_killed;
       continue;
     }

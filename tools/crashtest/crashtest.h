@@ -13,14 +13,17 @@
 //    deadline (a Store after its timeout);
 //  - live-node durability: a block whose Store committed on a node that
 //    was never killed since (the master may be killed any number of times)
-//    and that cannot have been evicted is still listed and served after
-//    recovery. Eviction is ruled out per node by accounting: the master
-//    evicts on a node only when no alive node has room for a put, and it
-//    allocates best-fit from coalesced free space, so a node whose
-//    cumulative allocations by this test (every block ever placed there,
-//    rounded up to the alignment, plus puts whose node is unknown) stay
-//    within its capacity never needed to evict. Blocks on nodes past that
-//    bound are reported as "unverifiable", never as lost;
+//    and that cannot have been evicted, and every block before it in its
+//    chain likewise (a block after a lost one is unreachable: the master
+//    may drop it), is still listed and served, at audits before each kill
+//    and after recovery. Eviction is ruled out per node by accounting:
+//    the master evicts on a node only when no alive node has room for a
+//    put, and it allocates best-fit from coalesced free space, so a node
+//    whose allocations by this test (every block ever placed there, rounded
+//    up to the alignment, plus puts whose node is unknown; for a DRAM node,
+//    since it last restarted empty) stay within its capacity never needed
+//    to evict. Blocks on nodes past that bound are "unverifiable", never
+//    "lost";
 //  - recovery: after the last restart, once every node is alive again and
 //    `recovery_wait` has passed (a reconciliation round), every key the
 //    test stored that the master lists must load with the right bytes
@@ -146,6 +149,7 @@ struct CrashTestReport {
   // largest lateness seen (any call).
   uint64_t deadline_overruns = 0;
   absl::Duration max_overrun = absl::ZeroDuration();
+  std::string max_overrun_call;  // which call that was
   // Workload outcomes.
   uint64_t blocks_loaded = 0;  // by workload Loads
   uint64_t blocks_stored = 0;  // committed (kStored)
@@ -170,8 +174,8 @@ struct CrashTestReport {
       0;  // listed after an unlisted block of its chain
   // Committed blocks on nodes never killed since their Store began whose
   // node never needed to evict: checked (by the audits before each kill and
-  // after recovery; a block counts once per check), and of those not
-  // served. Audits made, and blocks they read.
+  // after recovery; a block counts once per check), and of those the
+  // distinct blocks not served. Audits made, and blocks they read.
   uint64_t live_node_checked = 0;
   uint64_t lost_on_live_node = 0;
   uint64_t audits = 0;
