@@ -247,7 +247,11 @@ int main(int argc, char** argv) {
             << " store_failed=" << r.store_failed
             << " load_errors=" << r.load_errors
             << " refused_reads=" << r.refused_reads
-            << " swapped_blocks=" << r.swapped_blocks << "\n"
+            << " swapped_blocks=" << r.swapped_blocks
+            << " latest_return=" << absl::FormatDuration(r.max_overrun)
+            << " past its deadline ("
+            << (r.max_overrun_call.empty() ? "none late" : r.max_overrun_call)
+            << ")\n"
             << "crashtest: after recovery: keys_stored=" << r.keys_stored
             << " listed=" << r.keys_listed << " readable=" << r.keys_readable
             << " stale=" << r.stale_listings
