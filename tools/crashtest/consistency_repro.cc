@@ -1,7 +1,8 @@
 // consistency_repro: deterministic reproductions of consistency defects the
-// crash test (tools/crashtest) found, with real daemons and the real SDK.
-// Each case prints what it saw and exits 1 when the defect shows, 0 when it
-// does not (2: the setup failed).
+// crash test (tools/crashtest) found, with real daemons and the real SDK;
+// both are fixed on main and consistency_repro_test keeps them fixed. Each
+// case prints what it saw and exits 1 when the defect shows, 0 when it does
+// not (2: the setup failed).
 //
 //   bazel run //tools/crashtest:consistency_repro -- --case=lost_commit
 //   bazel run //tools/crashtest:consistency_repro -- --case=orphaned_subtree
@@ -15,14 +16,14 @@
 //   incarnation), the master purged every listing of the node, that one
 //   included, and the node freed the bytes: nothing crashed after the
 //   commit, and the key was gone.
-// orphaned_subtree: a chain [p, c1..c8] is stored on node X. X stalls
-//   (SIGSTOP, like a long pause or a partition) past the node timeout and
-//   is marked dead; meanwhile p alone is stored again, on node Y. The commit
-//   replaces p's entry, which makes the old entry's children on X orphans,
-//   and the master removes c1..c8, although a reader reaches them through
-//   p's key (now on Y) once X is back. X comes back having never crashed,
-//   and the chain is cut after p. (791d3ab keeps the keys of a node that is
-//   re-registering or reconciling; a node marked dead still loses them.)
+// orphaned_subtree (fixed by a756405: the blocks after a key stored again
+//   elsewhere stay, as roots still reached through the key): a chain
+//   [p, c1..c8] is stored on node X. X stalls (SIGSTOP, like a long pause or
+//   a partition) past the node timeout and is marked dead; meanwhile p alone
+//   is stored again, on node Y. The commit replaced p's entry, which made
+//   the old entry's children on X orphans, and the master removed c1..c8,
+//   although a reader reaches them through p's key once X is back. X came
+//   back having never crashed, and the chain was cut after p.
 
 #include <gflags/gflags.h>
 #include <poll.h>
