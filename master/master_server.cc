@@ -147,6 +147,17 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                                 "ReconcileNode: empty stream"));
             return;
           }
+          if (!last_) {
+            // Cancelled, past its deadline, broken, or a message that did
+            // not parse: gRPC reports all of these as the end of the stream.
+            // The extents so far are not all the node holds.
+            r_.reset();
+            TsanRelease(this);
+            Finish(grpc::Status(grpc::StatusCode::ABORTED,
+                                "ReconcileNode: the stream ended before its "
+                                "last message; nothing was judged"));
+            return;
+          }
           absl::StatusOr<v1::ReconcileNodeResponse> out =
               service_->FinishReconcile(std::move(r_));
           if (out.ok()) *resp_ = std::move(*out);
@@ -164,12 +175,19 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
           }
           r_ = std::move(*r);
         }
+        if (last_) {
+          TsanRelease(this);
+          Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "ReconcileNode: a message after the last one"));
+          return;
+        }
         absl::Status s = r_->Add(req_.extents());
         if (!s.ok()) {
           TsanRelease(this);
           Finish(ToGrpc(s));
           return;
         }
+        last_ = req_.last();
         req_.Clear();
         TsanRelease(this);
         StartRead(&req_);
@@ -179,6 +197,7 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       v1::ReconcileNodeResponse* const resp_;
       v1::ReconcileNodeRequest req_;
       std::unique_ptr<Reconciliation> r_;
+      bool last_ = false;  // the node's final message has arrived
     };
     return new Reader(service_, resp);
   }

@@ -810,7 +810,10 @@ absl::Status StorageNode::Reconcile(uint32_t node_id) {
             loc->set_generation(k.generation);
           }
           sent += keys.size();
-          if (!keys.empty() || first) {
+          // The final message says so (possibly with no extents): the
+          // master judges only a stream that was not cut short.
+          req.set_last(cursor.done);
+          if (!keys.empty() || first || cursor.done) {
             if (!w->Write(req)) break;  // Finish reports why
           }
           first = false;
