@@ -21,6 +21,9 @@ extern "C" const char* __tsan_default_suppressions() {
   return "race_top:^grpc::\n"
          "race_top:^grpc_core::\n"
          "race_top:^std::_Function_handler<*grpc::\n"
+         // A callback gRPC wraps in a std::function on one thread and
+         // destroys on another (a stream reset as soon as it opens).
+         "race_top:^std::_Function_base::~_Function_base\n"
          "race_top:^hymcache::v1::\n"
          "race_top:^google::protobuf::\n"
          // Demangled templates start with their return type.
