@@ -4,7 +4,7 @@
 //
 // Prints "hymcache-master listening on HOST:PORT" on stdout once serving
 // (with --listen=...:0 the port is the one picked); stops cleanly on SIGTERM
-// or SIGINT and exits 0.
+// or SIGINT and exits 0; SIGHUP re-reads --auth_tokens_file.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <pthread.h>
@@ -38,6 +38,18 @@ DEFINE_int64(reconcile_interval_ms, 60000,
              "extents with the master's listings (0: only at registration)");
 DEFINE_bool(sync_writes, false,
             "fsync the metadata WAL on every write (survives power loss)");
+DEFINE_string(auth_tokens_file, "",
+              "identities file or directory (docs/security.md); re-read on "
+              "SIGHUP. Empty: no authentication, loopback only");
+DEFINE_bool(insecure, false,
+            "without --auth_tokens_file, listen on a non-loopback address "
+            "anyway (every caller is an admin)");
+DEFINE_string(tls_cert, "", "PEM server certificate chain (enables TLS)");
+DEFINE_string(tls_key, "", "PEM private key of --tls_cert");
+DEFINE_string(tls_ca, "",
+              "PEM CA certificates that verify client certificates");
+DEFINE_bool(tls_require_client_cert, false,
+            "refuse TLS clients without a certificate signed by --tls_ca");
 
 int main(int argc, char** argv) {
   FLAGS_logtostderr = true;  // default for a daemon; --logtostderr=0 overrides
@@ -51,6 +63,7 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   hymcache::MasterOptions options;
@@ -63,6 +76,12 @@ int main(int argc, char** argv) {
   options.max_evictions_per_put = FLAGS_max_evictions_per_put;
   options.sync_writes = FLAGS_sync_writes;
   options.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
+  options.auth_tokens_file = FLAGS_auth_tokens_file;
+  options.insecure = FLAGS_insecure;
+  options.tls.cert_file = FLAGS_tls_cert;
+  options.tls.key_file = FLAGS_tls_key;
+  options.tls.ca_file = FLAGS_tls_ca;
+  options.tls.require_client_cert = FLAGS_tls_require_client_cert;
   absl::Status valid = options.Validate();
   if (!valid.ok()) {
     LOG(ERROR) << valid;
@@ -85,7 +104,10 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   int sig = 0;
-  while (sigwait(&stop_signals, &sig) != 0) {
+  while (true) {
+    if (sigwait(&stop_signals, &sig) != 0) continue;
+    if (sig != SIGHUP) break;
+    (*server)->ReloadIdentities().IgnoreError();  // logged by the server
   }
   LOG(INFO) << "signal " << sig << ": shutting down";
   (*server)->Shutdown();

@@ -36,9 +36,53 @@ constexpr int kMinMaxMessageBytes = 16 << 20;
 // The gRPC adapter: every method runs MasterService inline on the callback
 // thread (the work is in-memory plus at most one RocksDB batch write) and
 // finishes the default reactor.
+//
+// Every method first checks the caller's identity (Admit): engines (and
+// admins, for hymctl put/get) read and write blocks; admins list and
+// remove; nodes register, heartbeat and reconcile.
 class MasterRpcHandler final : public v1::MasterService::CallbackService {
  public:
-  explicit MasterRpcHandler(MasterService* service) : service_(service) {}
+  MasterRpcHandler(MasterService* service, const Authenticator* auth)
+      : service_(service), auth_(auth) {}
+
+  static constexpr Roles kEngine = Roles(Role::kEngine) | Role::kAdmin;
+  static constexpr Roles kAdmin = Role::kAdmin;
+  static constexpr Roles kNode = Role::kNode;
+
+  // The caller, if it may call `method`; AnonymousAdmin() when
+  // authentication is off.
+  absl::StatusOr<Identity> Admit(grpc::CallbackServerContext* ctx,
+                                 Roles allowed, const char* method) const {
+    if (auth_ == nullptr) return AnonymousAdmin();
+    absl::StatusOr<Identity> id = auth_->Check(*ctx, allowed, method);
+    if (!id.ok()) {
+      LOG_EVERY_N(WARNING, 100)
+          << "master: refused a call from " << ctx->peer() << ": "
+          << id.status() << " (every 100th refusal logged)";
+    }
+    return id;
+  }
+
+  // A streaming call refused before it reads or writes anything.
+  template <typename Reactor>
+  class Refused final : public Reactor {
+   public:
+    explicit Refused(const absl::Status& s) {
+      TsanRelease(this);
+      this->Finish(ToGrpc(s));
+    }
+    void OnDone() override {
+      TsanAcquire(this);
+      delete this;
+    }
+  };
+
+  static grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx,
+                                          const absl::Status& s) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpc(s));
+    return reactor;
+  }
 
 
   template <typename Response>
@@ -54,46 +98,64 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* RegisterNode(
       grpc::CallbackServerContext* ctx, const v1::RegisterNodeRequest* req,
       v1::RegisterNodeResponse* resp) override {
+    auto id = Admit(ctx, kNode, "RegisterNode");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->RegisterNode(*req), resp);
   }
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const v1::HeartbeatRequest* req,
                                       v1::HeartbeatResponse* resp) override {
+    auto id = Admit(ctx, kNode, "Heartbeat");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->Heartbeat(*req), resp);
   }
   grpc::ServerUnaryReactor* DeregisterNode(
       grpc::CallbackServerContext* ctx, const v1::DeregisterNodeRequest* req,
       v1::DeregisterNodeResponse* resp) override {
+    auto id = Admit(ctx, kNode, "DeregisterNode");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->DeregisterNode(*req), resp);
   }
   grpc::ServerUnaryReactor* PutStart(grpc::CallbackServerContext* ctx,
                                      const v1::PutStartRequest* req,
                                      v1::PutStartResponse* resp) override {
+    auto id = Admit(ctx, kEngine, "PutStart");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->PutStart(*req), resp);
   }
   grpc::ServerUnaryReactor* PutCommit(grpc::CallbackServerContext* ctx,
                                       const v1::PutCommitRequest* req,
                                       v1::PutCommitResponse* resp) override {
+    auto id = Admit(ctx, kEngine, "PutCommit");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->PutCommit(*req), resp);
   }
   grpc::ServerUnaryReactor* PutAbort(grpc::CallbackServerContext* ctx,
                                      const v1::PutAbortRequest* req,
                                      v1::PutAbortResponse* resp) override {
+    auto id = Admit(ctx, kEngine, "PutAbort");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->PutAbort(*req), resp);
   }
   grpc::ServerUnaryReactor* BatchLookup(
       grpc::CallbackServerContext* ctx, const v1::BatchLookupRequest* req,
       v1::BatchLookupResponse* resp) override {
+    auto id = Admit(ctx, kEngine, "BatchLookup");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->BatchLookup(*req), resp);
   }
   grpc::ServerUnaryReactor* Remove(grpc::CallbackServerContext* ctx,
                                    const v1::RemoveRequest* req,
                                    v1::RemoveResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "Remove");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->Remove(*req), resp);
   }
   grpc::ServerUnaryReactor* BeginReconcile(
       grpc::CallbackServerContext* ctx, const v1::BeginReconcileRequest* req,
       v1::BeginReconcileResponse* resp) override {
+    auto id = Admit(ctx, kNode, "BeginReconcile");
+    if (!id.ok()) return Refuse(ctx, id.status());
     absl::StatusOr<uint64_t> epoch =
         service_->StartReconcile(req->node_id(), req->incarnation());
     if (!epoch.ok()) {
@@ -110,14 +172,20 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* ReportMissing(
       grpc::CallbackServerContext* ctx, const v1::ReportMissingRequest* req,
       v1::ReportMissingResponse* resp) override {
+    auto id = Admit(ctx, kEngine, "ReportMissing");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->ReportMissing(*req), resp);
   }
 
   // Reads the node's extents chunk by chunk; compares at the end of the
   // stream (see MasterService::FinishReconcile).
   grpc::ServerReadReactor<v1::ReconcileNodeRequest>* ReconcileNode(
-      grpc::CallbackServerContext* /*ctx*/,
+      grpc::CallbackServerContext* ctx,
       v1::ReconcileNodeResponse* resp) override {
+    if (auto id = Admit(ctx, kNode, "ReconcileNode"); !id.ok()) {
+      return new Refused<grpc::ServerReadReactor<v1::ReconcileNodeRequest>>(
+          id.status());
+    }
     // gRPC never runs two callbacks of one reactor at once but hands them
     // between its threads through synchronization TSan cannot see (Debian's
     // gRPC is not instrumented): each callback starts with TsanAcquire(this)
@@ -185,8 +253,12 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
 
   // Pages of the master's listings until the index has been walked.
   grpc::ServerWriteReactor<v1::ListObjectsResponse>* ListObjects(
-      grpc::CallbackServerContext* /*ctx*/,
+      grpc::CallbackServerContext* ctx,
       const v1::ListObjectsRequest* req) override {
+    if (auto id = Admit(ctx, kAdmin, "ListObjects"); !id.ok()) {
+      return new Refused<grpc::ServerWriteReactor<v1::ListObjectsResponse>>(
+          id.status());
+    }
     class Writer final
         : public grpc::ServerWriteReactor<v1::ListObjectsResponse> {
      public:
@@ -241,6 +313,8 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* ctx,
                                       const v1::ListNodesRequest* /*req*/,
                                       v1::ListNodesResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "ListNodes");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, absl::StatusOr<v1::ListNodesResponse>(
                           service_->ListNodes()),
                  resp);
@@ -248,6 +322,8 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
                                      const v1::GetStatsRequest* /*req*/,
                                      v1::GetStatsResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "GetStats");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, absl::StatusOr<v1::GetStatsResponse>(
                           service_->GetStats()),
                  resp);
@@ -255,6 +331,7 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
 
  private:
   MasterService* const service_;
+  const Authenticator* const auth_;  // null: authentication off
 };
 
 }  // namespace master
@@ -268,6 +345,14 @@ absl::Status MasterOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("master: listen_address: ", hp.status().message()));
   }
+  absl::Status tls_ok = tls.Validate();
+  if (!tls_ok.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("master: ", tls_ok.message()));
+  }
+  absl::Status protected_mode = CheckProtectedMode(
+      "master", hp->first, !auth_tokens_file.empty(), insecure);
+  if (!protected_mode.ok()) return protected_mode;
   master::MasterServiceOptions so;
   so.node_timeout = node_timeout;
   so.heartbeat_interval = heartbeat_interval;
@@ -310,10 +395,21 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   auto service = master::MasterService::Create(so, std::move(store).value());
   if (!service.ok()) return service.status();
 
+  std::unique_ptr<Authenticator> auth;
+  if (!options.auth_tokens_file.empty()) {
+    auto a = Authenticator::Create(options.auth_tokens_file);
+    if (!a.ok()) return a.status();
+    auth = std::move(a).value();
+  }
+  auto creds = MakeServerCredentials(options.tls);
+  if (!creds.ok()) return creds.status();
+
   std::unique_ptr<MasterServer> server(new MasterServer);
+  server->auth_ = std::move(auth);
   server->service_ = std::move(service).value();
   server->handler_ =
-      std::make_unique<master::MasterRpcHandler>(server->service_.get());
+      std::make_unique<master::MasterRpcHandler>(server->service_.get(),
+                                                 server->auth_.get());
 
   const int max_message = static_cast<int>(std::min<uint64_t>(
       INT32_MAX,
@@ -323,8 +419,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
               (1 << 20))));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen_address, *creds, &port);
   // Without this, gRPC sets SO_REUSEPORT and a second master would bind the
   // same port silently.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -349,11 +444,39 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   server->reaper_ =
       Thread("master-reaper", [raw, interval] { raw->ReaperLoop(interval); });
   LOG(INFO) << "master serving on " << server->address_ << " (db "
-            << options.db_path << ")";
+            << options.db_path << ", "
+            << (options.tls.ServerEnabled()
+                    ? (options.tls.require_client_cert ? "mutual TLS"
+                                                       : "TLS")
+                    : "plaintext")
+            << ")";
+  if (server->auth_ != nullptr) {
+    LOG(INFO) << "master: " << server->auth_->size() << " identities from "
+              << options.auth_tokens_file;
+  } else if (!IsLoopbackHost(SplitHostPort(options.listen_address)->first)) {
+    LOG(WARNING) << "master: no identities and --insecure: anyone who can "
+                    "reach "
+                 << options.listen_address << " may call every method";
+  } else {
+    LOG(INFO) << "master: protected mode (no identities configured): "
+                 "serving loopback only; every local caller is an admin";
+  }
   return server;
 }
 
 MasterServer::~MasterServer() { Shutdown(); }
+
+absl::Status MasterServer::ReloadIdentities() {
+  if (auth_ == nullptr) return absl::OkStatus();
+  absl::Status s = auth_->Reload();
+  if (s.ok()) {
+    LOG(INFO) << "master: reloaded " << auth_->size() << " identities";
+  } else {
+    LOG(ERROR) << "master: identities not reloaded (the old ones stay): "
+               << s;
+  }
+  return s;
+}
 
 void MasterServer::ReaperLoop(absl::Duration interval) {
   while (true) {

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "common/security.h"
 #include "common/thread.h"
 
 namespace grpc {
@@ -74,6 +75,16 @@ struct MasterOptions {
   // process crash (kill -9) but the last ones may be lost on power loss,
   // which a cache tolerates. Default: false.
   bool sync_writes = false;
+  // Identities file (or directory) of the callers (common/security.h:
+  // "role tenant name sha256:HEX | cert:NAME" lines). "" turns
+  // authentication off: every caller is an admin, and only a loopback
+  // listen_address is allowed unless `insecure`. Default: "".
+  std::string auth_tokens_file;
+  // Listen on a non-loopback address without identities. Default: false.
+  bool insecure = false;
+  // TLS for the gRPC service (server certificate; client certificates
+  // verified against tls.ca_file). Default: plaintext.
+  TlsOptions tls;
   // Source of time for liveness and put expiry; not owned, must outlive the
   // server. Default: nullptr, meaning Clock::Real().
   Clock* clock = nullptr;
@@ -100,6 +111,10 @@ class MasterServer {
   // host such as 0.0.0.0 or [::]) and the bound port.
   std::string address() const { return address_; }
 
+  // Re-reads the identities file (SIGHUP). On error the old identities stay.
+  // OkStatus when authentication is off.
+  absl::Status ReloadIdentities();
+
   // Stops serving (in-flight calls get up to 1 s to finish), joins the
   // reaper and closes the store. Idempotent; later calls return at once.
   void Shutdown();
@@ -116,6 +131,7 @@ class MasterServer {
   // Constant after Create.
   int port_ = 0;
   std::string address_;
+  std::unique_ptr<Authenticator> auth_;  // null: authentication off
   std::unique_ptr<master::MasterService> service_;
   std::unique_ptr<master::MasterRpcHandler> handler_;
   std::unique_ptr<grpc::Server> server_;

@@ -14,6 +14,7 @@
 
 #include "common/bytes.h"
 #include "common/net.h"
+#include "common/security.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -104,6 +105,28 @@ DEFINE_int32(shutdown_flush_timeout_ms, 15000,
              "this long, then abandon what is left (ms)");
 DEFINE_int32(drain_timeout_ms, 10000,
              "Graceful shutdown waits this long for requests in progress (ms).");
+DEFINE_string(auth_tokens_file, "",
+              "identities file or directory of the control service's callers "
+              "(admins; docs/security.md); re-read on SIGHUP. Empty: no "
+              "authentication, loopback only");
+DEFINE_bool(insecure, false,
+            "without --auth_tokens_file, listen on a non-loopback host anyway");
+DEFINE_string(token_file, "",
+              "file holding this node's bearer token (role node) for the "
+              "master");
+DEFINE_string(tls_cert, "",
+              "PEM certificate chain: the control service's server "
+              "certificate and the client certificate towards the master");
+DEFINE_string(tls_key, "", "PEM private key of --tls_cert");
+DEFINE_string(tls_ca, "",
+              "PEM CA certificates: verify the master and client "
+              "certificates (enables TLS towards the master)");
+DEFINE_bool(tls_require_client_cert, false,
+            "control service: refuse TLS clients without a certificate "
+            "signed by --tls_ca");
+DEFINE_string(tls_server_name, "",
+              "name the master's certificate must carry (default: the host "
+              "of --master)");
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
@@ -188,6 +211,22 @@ int main(int argc, char** argv) {
   options.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);
   options.idle_timeout = absl::Milliseconds(FLAGS_idle_timeout_ms);
   options.drain_timeout = absl::Milliseconds(FLAGS_drain_timeout_ms);
+  options.auth_tokens_file = FLAGS_auth_tokens_file;
+  options.insecure = FLAGS_insecure;
+  options.tls.cert_file = FLAGS_tls_cert;
+  options.tls.key_file = FLAGS_tls_key;
+  options.tls.ca_file = FLAGS_tls_ca;
+  options.tls.require_client_cert = FLAGS_tls_require_client_cert;
+  options.tls.server_name = FLAGS_tls_server_name;
+  if (!FLAGS_token_file.empty()) {
+    auto token = hymcache::ReadTokenFile(FLAGS_token_file);
+    if (!token.ok()) {
+      std::cerr << "hymcache-storage: --token_file: " << token.status().message()
+                << "\n";
+      return 2;
+    }
+    options.master_token = *token;
+  }
   options.shutdown_flush_timeout =
       absl::Milliseconds(FLAGS_shutdown_flush_timeout_ms);
   absl::Status valid = options.Validate();
@@ -202,6 +241,7 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -214,7 +254,10 @@ int main(int argc, char** argv) {
             << " control=" << (*node)->control_address() << std::endl;
 
   int sig = 0;
-  while (sigwait(&stop_signals, &sig) != 0) {
+  while (true) {
+    if (sigwait(&stop_signals, &sig) != 0) continue;
+    if (sig != SIGHUP) break;
+    (*node)->ReloadIdentities().IgnoreError();  // logged by the node
   }
   LOG(INFO) << "received signal " << sig << "; shutting down";
   (*node)->Shutdown();

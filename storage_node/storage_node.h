@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "common/net.h"
+#include "common/security.h"
 #include "common/thread.h"
 
 namespace grpc {
@@ -182,6 +183,21 @@ struct StorageNodeOptions {
   // abandoned (lost like in a crash: the master drops their listings when
   // the node reconciles after its restart). Default: 15 s
   absl::Duration shutdown_flush_timeout = absl::Seconds(15);
+  // Identities file (or directory) of the callers of the control service
+  // (admins; common/security.h). "" turns authentication off, and then
+  // only a loopback listen_host is allowed unless `insecure`. Default: "".
+  std::string auth_tokens_file;
+  // Listen on a non-loopback host without identities. Default: false.
+  bool insecure = false;
+  // TLS of the control service (cert_file/key_file/ca_file/
+  // require_client_cert) and of the connection to the master (ca_file
+  // verifies the master; cert_file/key_file are presented as the client
+  // certificate; server_name overrides the master's expected name).
+  // Default: plaintext.
+  TlsOptions tls;
+  // Bearer token (role node) sent to the master; "" sends none.
+  // Default: "".
+  std::string master_token;
   // Shutdown() returns within about rpc_timeout (deregistration) +
   // drain_timeout (data-plane requests) + 1 s (control server) +
   // shutdown_flush_timeout (hybrid write buffer) + one synced RocksDB write:
@@ -236,6 +252,9 @@ class StorageNode {
   void Shutdown();
   // Blocks until Shutdown() has finished.
   void Wait();
+  // Re-reads the identities file (SIGHUP); on error the old identities
+  // stay. OkStatus when authentication is off.
+  absl::Status ReloadIdentities();
 
  private:
   struct MasterClient;
@@ -274,6 +293,7 @@ class StorageNode {
   std::unique_ptr<storage::RdmaPlane> rdma_;  // before data_server_
   std::unique_ptr<storage::ShmExport> shm_export_;
   std::unique_ptr<storage::DataServer> data_server_;
+  std::unique_ptr<Authenticator> auth_;  // null: authentication off
   std::unique_ptr<ControlService> control_service_;
   std::unique_ptr<grpc::Server> control_server_;  // after control_service_
   std::unique_ptr<MasterClient> master_;

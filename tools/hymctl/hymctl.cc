@@ -1,5 +1,10 @@
 #include "tools/hymctl/hymctl.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <iomanip>
@@ -70,8 +75,14 @@ class Cli {
     if (args.empty()) return Usage("missing command");
     const std::string& cmd = args[0];
     std::vector<std::string> rest(args.begin() + 1, args.end());
+    if (cmd == "token") return Token(rest);
     ClientOptions co;
     co.master_address = o_.master_address;
+    co.auth_token = o_.security.token;
+    co.tls_ca_file = o_.security.tls.ca_file;
+    co.tls_cert_file = o_.security.tls.cert_file;
+    co.tls_key_file = o_.security.tls.key_file;
+    co.tls_server_name = o_.security.tls.server_name;
     co.default_deadline = absl::Seconds(o_.timeout_seconds);
     auto client = Client::Create(co);
     if (!client.ok()) return Fail(client.status());
@@ -98,8 +109,47 @@ class Cli {
          << "  rm KEY...         remove keys\n"
          << "  fsck [--repair] [--settle=SECONDS]\n"
          << "                    compare the master's listings with every\n"
-         << "                    node's extents (exit 1 if inconsistent)\n";
+         << "                    node's extents (exit 1 if inconsistent)\n"
+         << "  token new ROLE TENANT NAME TOKEN_FILE\n"
+         << "                    write a fresh token to TOKEN_FILE (a new\n"
+         << "                    file, mode 0600) and print its identities\n"
+         << "                    line (ROLE: engine, admin or node; TENANT:\n"
+         << "                    - for the default)\n";
     return 2;
+  }
+
+  // token new ROLE TENANT NAME TOKEN_FILE: the token goes to a file only
+  // its owner reads, never to the terminal; stdout gets the line for the
+  // daemons' identities file.
+  int Token(const std::vector<std::string>& args) {
+    if (args.size() != 5 || args[0] != "new") {
+      return Usage("token new ROLE TENANT NAME TOKEN_FILE");
+    }
+    auto role = ParseRole(args[1]);
+    if (!role.ok()) return Usage(std::string(role.status().message()));
+    for (const std::string& f : {args[2], args[3]}) {
+      if (f.empty() || f.find_first_of(" \t\n#") != std::string::npos) {
+        return Usage("TENANT and NAME are single words without '#'");
+      }
+    }
+    auto token = NewToken();
+    if (!token.ok()) return Fail(token.status());
+    const int fd = ::open(args[4].c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+          args[4], ": ", std::strerror(errno), " (the token file must be new)")));
+    }
+    const std::string text = *token + "\n";
+    const bool written =
+        ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    const bool closed = ::close(fd) == 0;
+    if (!written || !closed) {
+      ::unlink(args[4].c_str());
+      return Fail(absl::InternalError(absl::StrCat(args[4], ": write failed")));
+    }
+    out_ << IdentityLine(*role, args[2] == "-" ? "" : args[2], args[3], *token)
+         << "\n";
+    return 0;
   }
 
   int Fail(const absl::Status& s) {
@@ -204,8 +254,9 @@ class Cli {
     json all = json::array();
     for (const auto& n : st->nodes) {
       json j{{"node_id", n.node_id}, {"name", n.name}, {"alive", n.alive}};
-      auto stub = hymcache::v1::StorageControl::NewStub(grpc::CreateChannel(
-          n.control_address, grpc::InsecureChannelCredentials()));
+      auto channel = CreateChannel(n.control_address, o_.security);
+      if (!channel.ok()) return Fail(channel.status());
+      auto stub = hymcache::v1::StorageControl::NewStub(*channel);
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(o_.timeout_seconds)));
       hymcache::v1::StorageStatsResponse resp;
@@ -372,6 +423,7 @@ class Cli {
   int Fsck(const std::vector<std::string>& args) {
     FsckOptions f;
     f.master_address = o_.master_address;
+    f.security = o_.security;
     f.rpc_timeout = absl::Seconds(std::max(o_.timeout_seconds, 60.0));
     for (const std::string& a : args) {
       double settle = 0;
