@@ -11,6 +11,7 @@
 #include <openssl/sha.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -244,26 +245,20 @@ absl::Status Authenticator::Reload() {
   if (path_.empty()) return absl::OkStatus();
   auto table = Load(path_);
   if (!table.ok()) return table.status();
-  auto fresh = std::make_shared<const Table>(std::move(table).value());
-  MutexLock l(&mu_);
-  table_ = std::move(fresh);
+  std::atomic_store(&table_, std::make_shared<const Table>(
+                                 std::move(table).value()));
   return absl::OkStatus();
 }
 
 size_t Authenticator::size() const {
-  MutexLock l(&mu_);
-  return table_->size();
+  return std::atomic_load(&table_)->size();
 }
 
 absl::StatusOr<Identity> Authenticator::CheckCredentials(
     absl::string_view authorization,
     const std::vector<std::string>& cert_names, Roles allowed,
     absl::string_view method) const {
-  std::shared_ptr<const Table> table;
-  {
-    MutexLock l(&mu_);
-    table = table_;
-  }
+  const std::shared_ptr<const Table> table = std::atomic_load(&table_);
   const Identity* id = nullptr;
   if (!authorization.empty()) {
     absl::string_view token = authorization;

@@ -30,7 +30,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/mutex.h"
 
 namespace grpc {
 class Channel;
@@ -141,8 +140,9 @@ class Authenticator {
   // Constant after Create.
   const std::string path_;
 
-  mutable Mutex mu_;
-  std::shared_ptr<const Table> table_ ABSL_GUARDED_BY(mu_);
+  // Replaced whole by Reload (std::atomic_load / atomic_store: every call
+  // reads it, and a mutex here cost more than the check itself).
+  std::shared_ptr<const Table> table_;
 };
 
 // The caller when authentication is off: an admin of the default tenant.
