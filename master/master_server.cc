@@ -12,6 +12,8 @@
 #include "common/net.h"
 #include "master/master_service.h"
 #include "master/metadata_store.h"
+#include "master/tenant.h"
+#include "master/tenants.h"
 #include "proto/master.grpc.pb.h"
 
 namespace hymcache {
@@ -42,8 +44,55 @@ constexpr int kMinMaxMessageBytes = 16 << 20;
 // remove; nodes register, heartbeat and reconcile.
 class MasterRpcHandler final : public v1::MasterService::CallbackService {
  public:
-  MasterRpcHandler(MasterService* service, const Authenticator* auth)
-      : service_(service), auth_(auth) {}
+  MasterRpcHandler(MasterService* service, const Authenticator* auth,
+                   TenantRegistry* tenants, uint32_t max_key_bytes,
+                   Clock* clock)
+      : service_(service),
+        auth_(auth),
+        tenants_(tenants),
+        max_key_bytes_(max_key_bytes),
+        clock_(clock) {}
+
+  // Tenants (master/tenant.h): the keys a caller sends name its own
+  // tenant's key space. InvalidArgument for a key longer than the
+  // configured limit, or one of the default tenant spelling a qualified key
+  // (admins may: fsck hands back the keys ListObjects gave it).
+  absl::Status CheckKeys(const Identity& id,
+                         const google::protobuf::RepeatedPtrField<std::string>&
+                             keys,
+                         const char* method) const {
+    for (const std::string& k : keys) {
+      absl::Status s = CheckKey(id, k, method);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status CheckKey(const Identity& id, const std::string& k,
+                        const char* method) const {
+    if (k.size() > max_key_bytes_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          method, ": a key of ", k.size(), " bytes (at most ", max_key_bytes_,
+          ")"));
+    }
+    if (id.role != Role::kAdmin && id.tenant == kDefaultTenantName &&
+        IsQualifiedKey(k)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          method, ": a key begins with the reserved tenant marker"));
+    }
+    return absl::OkStatus();
+  }
+  // Whether the caller's keys are rewritten (a tenant other than default).
+  static bool Rewrites(const Identity& id) {
+    return id.tenant != kDefaultTenantName;
+  }
+  static void Qualify(const Identity& id, std::string* key) {
+    if (id.role == Role::kAdmin && IsQualifiedKey(*key)) return;
+    *key = QualifyKey(id.tenant, *key);
+  }
+  static void QualifyAll(const Identity& id,
+                         google::protobuf::RepeatedPtrField<std::string>* keys) {
+    for (std::string& k : *keys) Qualify(id, &k);
+  }
 
   static constexpr Roles kEngine = Roles(Role::kEngine) | Role::kAdmin;
   static constexpr Roles kAdmin = Role::kAdmin;
@@ -76,6 +125,18 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       delete this;
     }
   };
+
+  // With identities, only the tenant that started a put may commit or
+  // abort it (put ids are small integers anyone could guess).
+  absl::Status OwnPut(const Identity& id, uint64_t put_id,
+                      const char* method) const {
+    if (auth_ == nullptr || tenants_->OwnsPut(put_id, id.tenant)) {
+      return absl::OkStatus();
+    }
+    return absl::NotFoundError(absl::StrCat(method, ": no pending put ",
+                                            put_id, " of tenant '", id.tenant,
+                                            "'"));
+  }
 
   static grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx,
                                           const absl::Status& s) {
@@ -121,35 +182,86 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                                      v1::PutStartResponse* resp) override {
     auto id = Admit(ctx, kEngine, "PutStart");
     if (!id.ok()) return Refuse(ctx, id.status());
-    return Reply(ctx, service_->PutStart(*req), resp);
+    absl::Status s = CheckKeys(*id, req->keys(), "PutStart");
+    if (s.ok()) s = CheckKey(*id, req->parent_key(), "PutStart");
+    if (!s.ok()) return Refuse(ctx, s);
+    const v1::PutStartRequest* r = req;
+    v1::PutStartRequest qualified;
+    if (Rewrites(*id)) {
+      qualified = *req;
+      QualifyAll(*id, qualified.mutable_keys());
+      if (!qualified.parent_key().empty()) {
+        Qualify(*id, qualified.mutable_parent_key());
+      }
+      r = &qualified;
+    }
+    const TenantQuota quota = tenants_->Quota(id->tenant);
+    if (quota.max_objects != 0 || quota.max_bytes != 0) {
+      uint64_t bytes = 0;
+      for (uint64_t len : req->lengths()) bytes += len;
+      const MetadataIndex::TenantUsage used =
+          service_->UsageOfTenant(id->tenant);
+      s = tenants_->CheckQuota(id->tenant, used.objects, used.bytes,
+                               static_cast<uint64_t>(req->keys_size()), bytes);
+      if (!s.ok()) return Refuse(ctx, s);
+    }
+    absl::StatusOr<v1::PutStartResponse> out = service_->PutStart(*r);
+    if (out.ok() && auth_ != nullptr) {
+      tenants_->NotePut(out->put_id(), id->tenant,
+                        absl::FromUnixMillis(out->expires_unix_ms()),
+                        clock_->Now());
+    }
+    return Reply(ctx, std::move(out), resp);
   }
   grpc::ServerUnaryReactor* PutCommit(grpc::CallbackServerContext* ctx,
                                       const v1::PutCommitRequest* req,
                                       v1::PutCommitResponse* resp) override {
     auto id = Admit(ctx, kEngine, "PutCommit");
     if (!id.ok()) return Refuse(ctx, id.status());
-    return Reply(ctx, service_->PutCommit(*req), resp);
+    if (absl::Status s = OwnPut(*id, req->put_id(), "PutCommit"); !s.ok()) {
+      return Refuse(ctx, s);
+    }
+    absl::StatusOr<v1::PutCommitResponse> out = service_->PutCommit(*req);
+    if (out.ok()) tenants_->ForgetPut(req->put_id());
+    return Reply(ctx, std::move(out), resp);
   }
   grpc::ServerUnaryReactor* PutAbort(grpc::CallbackServerContext* ctx,
                                      const v1::PutAbortRequest* req,
                                      v1::PutAbortResponse* resp) override {
     auto id = Admit(ctx, kEngine, "PutAbort");
     if (!id.ok()) return Refuse(ctx, id.status());
-    return Reply(ctx, service_->PutAbort(*req), resp);
+    if (absl::Status s = OwnPut(*id, req->put_id(), "PutAbort"); !s.ok()) {
+      return Refuse(ctx, s);
+    }
+    absl::StatusOr<v1::PutAbortResponse> out = service_->PutAbort(*req);
+    if (out.ok()) tenants_->ForgetPut(req->put_id());
+    return Reply(ctx, std::move(out), resp);
   }
   grpc::ServerUnaryReactor* BatchLookup(
       grpc::CallbackServerContext* ctx, const v1::BatchLookupRequest* req,
       v1::BatchLookupResponse* resp) override {
     auto id = Admit(ctx, kEngine, "BatchLookup");
     if (!id.ok()) return Refuse(ctx, id.status());
-    return Reply(ctx, service_->BatchLookup(*req), resp);
+    if (absl::Status s = CheckKeys(*id, req->keys(), "BatchLookup"); !s.ok()) {
+      return Refuse(ctx, s);
+    }
+    if (!Rewrites(*id)) return Reply(ctx, service_->BatchLookup(*req), resp);
+    v1::BatchLookupRequest qualified = *req;
+    QualifyAll(*id, qualified.mutable_keys());
+    return Reply(ctx, service_->BatchLookup(qualified), resp);
   }
   grpc::ServerUnaryReactor* Remove(grpc::CallbackServerContext* ctx,
                                    const v1::RemoveRequest* req,
                                    v1::RemoveResponse* resp) override {
     auto id = Admit(ctx, kAdmin, "Remove");
     if (!id.ok()) return Refuse(ctx, id.status());
-    return Reply(ctx, service_->Remove(*req), resp);
+    if (absl::Status s = CheckKeys(*id, req->keys(), "Remove"); !s.ok()) {
+      return Refuse(ctx, s);
+    }
+    if (!Rewrites(*id)) return Reply(ctx, service_->Remove(*req), resp);
+    v1::RemoveRequest qualified = *req;
+    QualifyAll(*id, qualified.mutable_keys());
+    return Reply(ctx, service_->Remove(qualified), resp);
   }
   grpc::ServerUnaryReactor* BeginReconcile(
       grpc::CallbackServerContext* ctx, const v1::BeginReconcileRequest* req,
@@ -174,7 +286,14 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       v1::ReportMissingResponse* resp) override {
     auto id = Admit(ctx, kEngine, "ReportMissing");
     if (!id.ok()) return Refuse(ctx, id.status());
-    return Reply(ctx, service_->ReportMissing(*req), resp);
+    if (absl::Status s = CheckKeys(*id, req->keys(), "ReportMissing");
+        !s.ok()) {
+      return Refuse(ctx, s);
+    }
+    if (!Rewrites(*id)) return Reply(ctx, service_->ReportMissing(*req), resp);
+    v1::ReportMissingRequest qualified = *req;
+    QualifyAll(*id, qualified.mutable_keys());
+    return Reply(ctx, service_->ReportMissing(qualified), resp);
   }
 
   // Reads the node's extents chunk by chunk; compares at the end of the
@@ -319,6 +438,50 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                           service_->ListNodes()),
                  resp);
   }
+  grpc::ServerUnaryReactor* ListTenants(grpc::CallbackServerContext* ctx,
+                                        const v1::ListTenantsRequest* req,
+                                        v1::ListTenantsResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "ListTenants");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    auto usage = service_->AllTenantUsage();
+    std::map<std::string, v1::TenantInfo> rows;
+    for (const auto& [t, u] : usage) {
+      rows[t].set_objects(u.objects);
+      rows[t].set_bytes(u.bytes);
+    }
+    for (const auto& [t, q] : tenants_->Quotas()) {
+      rows[t].set_max_objects(q.max_objects);
+      rows[t].set_max_bytes(q.max_bytes);
+    }
+    if (!req->tenant().empty()) rows[req->tenant()];  // even if empty
+    v1::ListTenantsResponse out;
+    for (auto& [t, info] : rows) {
+      if (!req->tenant().empty() && t != req->tenant()) continue;
+      info.set_tenant(t);
+      info.set_quota_refusals(tenants_->QuotaRefusals(t));
+      *out.add_tenants() = std::move(info);
+    }
+    return Reply(ctx, absl::StatusOr<v1::ListTenantsResponse>(std::move(out)),
+                 resp);
+  }
+  grpc::ServerUnaryReactor* SetTenantQuota(
+      grpc::CallbackServerContext* ctx, const v1::SetTenantQuotaRequest* req,
+      v1::SetTenantQuotaResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "SetTenantQuota");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    absl::Status s = tenants_->SetQuota(
+        req->tenant(), TenantQuota{req->max_objects(), req->max_bytes()});
+    if (s.ok()) {
+      LOG(INFO) << "master: tenant '" << req->tenant() << "' quota set to "
+                << req->max_objects() << " objects, " << req->max_bytes()
+                << " bytes by '" << id->name << "'";
+    }
+    return Reply(ctx,
+                 s.ok() ? absl::StatusOr<v1::SetTenantQuotaResponse>(
+                              v1::SetTenantQuotaResponse())
+                        : absl::StatusOr<v1::SetTenantQuotaResponse>(s),
+                 resp);
+  }
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
                                      const v1::GetStatsRequest* /*req*/,
                                      v1::GetStatsResponse* resp) override {
@@ -332,6 +495,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
  private:
   MasterService* const service_;
   const Authenticator* const auth_;  // null: authentication off
+  TenantRegistry* const tenants_;
+  const uint32_t max_key_bytes_;  // as the caller sends them
+  Clock* const clock_;
 };
 
 }  // namespace master
@@ -386,7 +552,11 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   so.heartbeat_interval = options.heartbeat_interval;
   so.put_timeout = options.put_timeout;
   so.max_batch_keys = options.max_batch_keys;
-  so.max_key_bytes = options.max_key_bytes;
+  // Keys of tenants other than the default carry a prefix (tenant.h); the
+  // handler checks the length the caller sent against max_key_bytes.
+  so.max_key_bytes = static_cast<uint32_t>(std::min<uint64_t>(
+      master::MetadataIndex::kMaxKeyBytes,
+      uint64_t{options.max_key_bytes} + master::kMaxTenantPrefixBytes));
   so.max_object_bytes = options.max_object_bytes;
   so.read_lease = options.read_lease;
   so.max_evictions_per_put = options.max_evictions_per_put;
@@ -404,12 +574,20 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   auto creds = MakeServerCredentials(options.tls);
   if (!creds.ok()) return creds.status();
 
+  auto tenants = master::TenantRegistry::Create(
+      options.tenant_quotas_file.empty() ? options.db_path + ".quotas"
+                                         : options.tenant_quotas_file);
+  if (!tenants.ok()) return tenants.status();
+
   std::unique_ptr<MasterServer> server(new MasterServer);
   server->auth_ = std::move(auth);
+  server->tenants_ = std::move(tenants).value();
   server->service_ = std::move(service).value();
   server->handler_ =
-      std::make_unique<master::MasterRpcHandler>(server->service_.get(),
-                                                 server->auth_.get());
+      std::make_unique<master::MasterRpcHandler>(
+          server->service_.get(), server->auth_.get(), server->tenants_.get(),
+          options.max_key_bytes,
+          options.clock != nullptr ? options.clock : Clock::Real());
 
   const int max_message = static_cast<int>(std::min<uint64_t>(
       INT32_MAX,

@@ -38,6 +38,7 @@ namespace hymcache {
 namespace master {
 class MasterService;
 class MasterRpcHandler;
+class TenantRegistry;
 }  // namespace master
 
 struct MasterOptions {
@@ -82,6 +83,9 @@ struct MasterOptions {
   std::string auth_tokens_file;
   // Listen on a non-loopback address without identities. Default: false.
   bool insecure = false;
+  // Per-tenant quotas (hymctl tenant set-quota), one "tenant max_objects
+  // max_bytes" line each. Default: "" = db_path + ".quotas".
+  std::string tenant_quotas_file;
   // TLS for the gRPC service (server certificate; client certificates
   // verified against tls.ca_file). Default: plaintext.
   TlsOptions tls;
@@ -132,6 +136,7 @@ class MasterServer {
   int port_ = 0;
   std::string address_;
   std::unique_ptr<Authenticator> auth_;  // null: authentication off
+  std::unique_ptr<master::TenantRegistry> tenants_;
   std::unique_ptr<master::MasterService> service_;
   std::unique_ptr<master::MasterRpcHandler> handler_;
   std::unique_ptr<grpc::Server> server_;

@@ -1669,6 +1669,18 @@ v1::ListNodesResponse MasterService::ListNodes() const {
   return response;
 }
 
+MetadataIndex::TenantUsage MasterService::UsageOfTenant(
+    absl::string_view tenant) const {
+  MutexLock l(&mu_);
+  return index_.UsageOf(tenant);
+}
+
+absl::flat_hash_map<std::string, MetadataIndex::TenantUsage>
+MasterService::AllTenantUsage() const {
+  MutexLock l(&mu_);
+  return index_.AllTenantUsage();
+}
+
 v1::GetStatsResponse MasterService::GetStats() const {
   v1::GetStatsResponse response;
   ReaderMutexLock l(&mu_);

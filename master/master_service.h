@@ -401,6 +401,12 @@ class MasterService {
   hymcache::v1::ListNodesResponse ListNodes() const;
   hymcache::v1::GetStatsResponse GetStats() const;
 
+  // Objects and bytes stored per tenant (keys qualified as in
+  // master/tenant.h); UsageOfTenant of a tenant without objects is zero.
+  MetadataIndex::TenantUsage UsageOfTenant(absl::string_view tenant) const;
+  absl::flat_hash_map<std::string, MetadataIndex::TenantUsage>
+  AllTenantUsage() const;
+
   // Periodic upkeep, called by MasterServer: frees pending puts whose
   // expiry has passed, writes up to recency_batch objects' last reads to
   // the store, and removes orphans left by removals. Returns the number of

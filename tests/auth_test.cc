@@ -104,6 +104,7 @@ std::vector<std::tuple<std::string, Roles, Call>> MasterMethods() {
       HYM_UNARY(BatchLookup, engine),  HYM_UNARY(Remove, admin),
       HYM_UNARY(ListNodes, admin),     HYM_UNARY(GetStats, admin),
       HYM_UNARY(BeginReconcile, node), HYM_UNARY(ReportMissing, engine),
+      HYM_UNARY(ListTenants, admin),   HYM_UNARY(SetTenantQuota, admin),
   };
 #undef HYM_UNARY
   m.emplace_back("ReconcileNode", node, [](grpc::Channel* ch) {
@@ -257,7 +258,7 @@ TEST_CASE("Every RPC admits its roles and refuses the others") {
       ++checked;
     }
   }
-  CHECK(checked == 14 * 5 + 3 * 3);
+  CHECK(checked == 16 * 5 + 3 * 3);
   // The node registered with its token, so its heartbeats are admitted.
   CHECK(c.node->registered());
 }
@@ -514,6 +515,156 @@ TEST_CASE("The master binary refuses a wildcard address without identities") {
   auto insecure =
       testing::MasterProcess::Start(dir + "/m2", "0.0.0.0:0", {"--insecure"});
   CHECK(insecure.ok());
+}
+
+}  // namespace
+}  // namespace hymcache
+
+namespace hymcache {
+namespace {
+
+std::unique_ptr<Client> EngineClient(const std::string& master,
+                                     const std::string& token) {
+  ClientOptions co;
+  co.master_address = master;
+  co.auth_token = token;
+  auto c = Client::Create(co);
+  REQUIRE(c.ok());
+  return std::move(*c);
+}
+
+bool Store(Client& c, const std::string& key, const std::string& bytes) {
+  auto put = c.Put({key}, {ConstBuffer{bytes.data(), bytes.size()}});
+  return put.ok() && put->outcomes[0] == PutOutcome::kStored;
+}
+
+// What `key` holds for `c` ("" when it misses).
+std::string Load(Client& c, const std::string& key, size_t size) {
+  std::string out(size, '\0');
+  auto got = c.Get({key}, {MutableBuffer{out.data(), out.size()}});
+  REQUIRE(got.ok());
+  return got->loaded == 1 ? out : std::string();
+}
+
+TEST_CASE("Tenants: A neither reads, overwrites, removes nor learns of B's "
+          "blocks; quotas refuse puts beyond them") {
+  const std::string a_token = *NewToken(), b_token = *NewToken();
+  const std::string admin_a = *NewToken(), d_token = *NewToken();
+  Cluster c = StartCluster(
+      {}, {},
+      IdentityLine(Role::kEngine, "tenant-a", "a", a_token) + "\n" +
+          IdentityLine(Role::kEngine, "tenant-b", "b", b_token) + "\n" +
+          IdentityLine(Role::kAdmin, "tenant-a", "admin-a", admin_a) + "\n" +
+          IdentityLine(Role::kEngine, "-", "d", d_token) + "\n");
+  const std::string m = c.master->address();
+  auto a = EngineClient(m, a_token);
+  auto b = EngineClient(m, b_token);
+  auto dflt = EngineClient(m, c.tokens.admin);  // an admin of "default"
+  const std::string xa(8192, 'a'), xb(8192, 'b'), xd(8192, 'd');
+
+  REQUIRE(Store(*a, "k1", xa));
+  // B does not see A's key: a miss, not a hit it cannot read.
+  auto lookup = b->BatchLookup({"k1"});
+  REQUIRE(lookup.ok());
+  CHECK(lookup->hit_prefix == 0);
+  CHECK(Load(*b, "k1", xb.size()).empty());
+  // B storing the same key makes B's own block; A's is untouched.
+  REQUIRE(Store(*b, "k1", xb));
+  REQUIRE(Store(*dflt, "k1", xd));
+  CHECK(Load(*a, "k1", xa.size()) == xa);
+  CHECK(Load(*b, "k1", xb.size()) == xb);
+  CHECK(Load(*dflt, "k1", xd.size()) == xd);
+
+  // Nobody spells another tenant's key: the default tenant's engines may
+  // not send qualified keys, other tenants' are qualified again.
+  const std::string spelled = std::string("\xffHYMTNT\0", 8) +
+                              std::string(1, 8) + "tenant-a" + "k1";
+  CHECK(Load(*b, spelled, xa.size()).empty());
+  auto acme = EngineClient(m, c.tokens.engine);  // tenant acme
+  CHECK(Load(*acme, spelled, xa.size()).empty());
+  auto engine_default = EngineClient(m, d_token);
+  CHECK(absl::IsInvalidArgument(
+      engine_default->BatchLookup({spelled}).status()));
+  CHECK(Load(*engine_default, "k1", xd.size()) == xd);
+
+  // B cannot commit or abort A's put (put ids are guessable).
+  auto stub_a = v1::MasterService::NewStub(Dial(m, {{}, a_token}));
+  auto stub_b = v1::MasterService::NewStub(Dial(m, {{}, b_token}));
+  v1::PutStartRequest start;
+  start.add_keys("k2");
+  start.add_lengths(4096);
+  v1::PutStartResponse started;
+  {
+    grpc::ClientContext ctx;
+    REQUIRE(stub_a->PutStart(&ctx, start, &started).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PutCommitRequest commit;
+    commit.set_put_id(started.put_id());
+    v1::PutCommitResponse resp;
+    CHECK(stub_b->PutCommit(&ctx, commit, &resp).error_code() ==
+          grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PutAbortRequest abort;
+    abort.set_put_id(started.put_id());
+    v1::PutAbortResponse resp;
+    CHECK(stub_b->PutAbort(&ctx, abort, &resp).error_code() ==
+          grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PutAbortRequest abort;
+    abort.set_put_id(started.put_id());
+    v1::PutAbortResponse resp;
+    CHECK(stub_a->PutAbort(&ctx, abort, &resp).ok());
+  }
+
+  // tenant-a's admin removes tenant-a's k1 only.
+  hymctl::Options ho;
+  ho.master_address = m;
+  ho.security.token = admin_a;
+  std::ostringstream out, err;
+  CHECK(hymctl::Run(ho, {"rm", "k1"}, out, err) == 0);
+  CHECK(Load(*a, "k1", xa.size()).empty());
+  CHECK(Load(*b, "k1", xb.size()) == xb);
+  CHECK(Load(*dflt, "k1", xd.size()) == xd);
+
+  // Usage per tenant, and a quota of 2 objects for tenant-b (it holds 1).
+  ho.security.token = c.tokens.admin;
+  std::ostringstream q1, e1;
+  REQUIRE(hymctl::Run(ho, {"tenant", "set-quota", "tenant-b", "2", "0"}, q1,
+                      e1) == 0);
+  CHECK(Store(*b, "k3", xb));
+  CHECK_FALSE(Store(*b, "k4", xb));  // a third object
+  CHECK(Store(*a, "k4", xa));        // tenant-a has no quota
+  hymctl::Options hj = ho;
+  hj.json = true;
+  std::ostringstream lj, le;
+  REQUIRE(hymctl::Run(hj, {"tenant", "usage", "tenant-b"}, lj, le) == 0);
+  CHECK(absl::StrContains(lj.str(), "\"objects\": 2"));
+  CHECK(absl::StrContains(lj.str(), "\"max_objects\": 2"));
+  CHECK(absl::StrContains(lj.str(), "\"quota_refusals\": 1"));
+  std::ostringstream lt, lte;
+  REQUIRE(hymctl::Run(ho, {"tenant", "list"}, lt, lte) == 0);
+  CHECK(absl::StrContains(lt.str(), "tenant-a"));
+  CHECK(absl::StrContains(lt.str(), "default"));
+
+  // Quotas survive a master restart (the quotas file beside the store).
+  MasterOptions mo;
+  mo.db_path = c.identities.substr(0, c.identities.rfind('/')) + "/master";
+  mo.auth_tokens_file = c.identities;
+  c.node.reset();
+  c.master.reset();
+  auto again = MasterServer::Create(mo);
+  REQUIRE(again.ok());
+  ho.master_address = (*again)->address();
+  hj.master_address = (*again)->address();
+  std::ostringstream l2, le2;
+  REQUIRE(hymctl::Run(hj, {"tenant", "usage", "tenant-b"}, l2, le2) == 0);
+  CHECK(absl::StrContains(l2.str(), "\"max_objects\": 2"));
 }
 
 }  // namespace

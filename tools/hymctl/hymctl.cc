@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "client/block_key.h"
 #include "client/client.h"
+#include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 #include "tools/hymctl/fsck.h"
 
@@ -76,6 +77,7 @@ class Cli {
     const std::string& cmd = args[0];
     std::vector<std::string> rest(args.begin() + 1, args.end());
     if (cmd == "token") return Token(rest);
+    if (cmd == "tenant") return Tenant(rest);
     ClientOptions co;
     co.master_address = o_.master_address;
     co.auth_token = o_.security.token;
@@ -110,6 +112,10 @@ class Cli {
          << "  fsck [--repair] [--settle=SECONDS]\n"
          << "                    compare the master's listings with every\n"
          << "                    node's extents (exit 1 if inconsistent)\n"
+         << "  tenant list       every tenant's objects, bytes and quota\n"
+         << "  tenant usage TENANT\n"
+         << "  tenant set-quota TENANT MAX_OBJECTS MAX_BYTES\n"
+         << "                    0 = unlimited; refused PutStarts beyond it\n"
          << "  token new ROLE TENANT NAME TOKEN_FILE\n"
          << "                    write a fresh token to TOKEN_FILE (a new\n"
          << "                    file, mode 0600) and print its identities\n"
@@ -150,6 +156,85 @@ class Cli {
     out_ << IdentityLine(*role, args[2] == "-" ? "" : args[2], args[3], *token)
          << "\n";
     return 0;
+  }
+
+  // tenant list | usage TENANT | set-quota TENANT MAX_OBJECTS MAX_BYTES
+  // (docs/security.md, "Tenants").
+  int Tenant(const std::vector<std::string>& args) {
+    const bool list = args.size() == 1 && args[0] == "list";
+    const bool usage = args.size() == 2 && args[0] == "usage";
+    const bool set = args.size() == 4 && args[0] == "set-quota";
+    if (!list && !usage && !set) {
+      return Usage(
+          "tenant list | usage TENANT | set-quota TENANT MAX_OBJECTS "
+          "MAX_BYTES");
+    }
+    auto channel = CreateChannel(o_.master_address, o_.security);
+    if (!channel.ok()) return Fail(channel.status());
+    auto stub = hymcache::v1::MasterService::NewStub(*channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(o_.timeout_seconds)));
+    if (set) {
+      hymcache::v1::SetTenantQuotaRequest req;
+      uint64_t objects = 0, bytes = 0;
+      if (!absl::SimpleAtoi(args[2], &objects) ||
+          !absl::SimpleAtoi(args[3], &bytes)) {
+        return Usage("set-quota: MAX_OBJECTS and MAX_BYTES are integers");
+      }
+      req.set_tenant(args[1]);
+      req.set_max_objects(objects);
+      req.set_max_bytes(bytes);
+      hymcache::v1::SetTenantQuotaResponse resp;
+      grpc::Status s = stub->SetTenantQuota(&ctx, req, &resp);
+      if (!s.ok()) return Fail(GrpcToStatus(s));
+      if (o_.json) {
+        out_ << json{{"tenant", args[1]}, {"max_objects", objects},
+                     {"max_bytes", bytes}}.dump() << "\n";
+      } else {
+        out_ << "tenant " << args[1] << ": quota " << objects << " objects, "
+             << bytes << " bytes (0 = unlimited)\n";
+      }
+      return 0;
+    }
+    hymcache::v1::ListTenantsRequest req;
+    if (usage) req.set_tenant(args[1]);
+    hymcache::v1::ListTenantsResponse resp;
+    grpc::Status s = stub->ListTenants(&ctx, req, &resp);
+    if (!s.ok()) return Fail(GrpcToStatus(s));
+    if (o_.json) {
+      json all = json::array();
+      for (const auto& t : resp.tenants()) {
+        all.push_back(json{{"tenant", t.tenant()},
+                           {"objects", t.objects()},
+                           {"bytes", t.bytes()},
+                           {"max_objects", t.max_objects()},
+                           {"max_bytes", t.max_bytes()},
+                           {"quota_refusals", t.quota_refusals()}});
+      }
+      out_ << json{{"tenants", all}}.dump(2) << "\n";
+      return 0;
+    }
+    auto limit = [](uint64_t v, bool bytes) -> std::string {
+      if (v == 0) return "-";
+      return bytes ? Human(v) : absl::StrCat(v);
+    };
+    std::vector<std::vector<std::string>> rows = {
+        {"TENANT", "OBJECTS", "BYTES", "MAX OBJECTS", "MAX BYTES",
+         "REFUSED PUTS"}};
+    for (const auto& t : resp.tenants()) {
+      rows.push_back({t.tenant(), absl::StrCat(t.objects()), Human(t.bytes()),
+                      limit(t.max_objects(), false),
+                      limit(t.max_bytes(), true),
+                      absl::StrCat(t.quota_refusals())});
+    }
+    Table(out_, rows);
+    return 0;
+  }
+
+  static absl::Status GrpcToStatus(const grpc::Status& s) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        s.error_message());
   }
 
   int Fail(const absl::Status& s) {

@@ -9,6 +9,8 @@
 //   hymctl fsck [--repair] [--settle=SECONDS]
 //                              master listings vs node extents (fsck.h);
 //                              exit 1 if anything is inconsistent
+//   hymctl tenant list | usage TENANT | set-quota TENANT MAX_OBJECTS MAX_BYTES
+//                              tenants' objects, bytes, quotas (admins)
 //   hymctl token new ROLE TENANT NAME TOKEN_FILE
 //                              a fresh token written to TOKEN_FILE (0600,
 //                              new file); its identities line on stdout

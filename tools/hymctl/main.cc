@@ -22,7 +22,7 @@ DEFINE_string(tls_server_name, "",
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
-      "hymctl [flags] status | stats | put KEY FILE | get KEY FILE | lookup KEY... | rm KEY... | fsck [--repair] [--settle=S] | token new ROLE TENANT NAME TOKEN_FILE");
+      "hymctl [flags] status | stats | put KEY FILE | get KEY FILE | lookup KEY... | rm KEY... | fsck [--repair] [--settle=S] | tenant list|usage T|set-quota T OBJS BYTES | token new ROLE TENANT NAME TOKEN_FILE");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   hymcache::hymctl::Options o;
   o.master_address = FLAGS_master;
