@@ -53,11 +53,12 @@
 // Chains: PutStart's parent_key is the block before keys[0] and keys[i+1]
 // extends keys[i]. A block is reachable (an engine's Load, which uses the
 // leading run of hits, gets to it) only through every block before it. At
-// PutCommit each block is linked in the index to its parent when that is on
-// the same node (MetadataIndex: a 4-byte parent record number and a child
-// count per entry), and the parent key is persisted with the object. A
-// chain continued on another node (its parent's node was full) starts a
-// new tree there. Nothing unreachable is stored: PutStart refuses
+// PutCommit each block is linked in the index to its parent (MetadataIndex:
+// a 4-byte parent record number and a child count per entry), and the
+// parent key is persisted with the object. A chain continued on another
+// node (its parent's node was full or down) is cross-linked: eviction and
+// recency on that node treat the block as a chain head, but losing its
+// parent orphans it like any other descendant. Nothing unreachable is stored: PutStart refuses
 // (FailedPrecondition) a parent_key that is neither committed nor being
 // put, and PutCommit frees, instead of committing, a block whose parent is
 // not committed by then (its write failed, or the parent was removed). A
@@ -76,7 +77,8 @@
 // its hits to the most recent end (last key first) and each linked hit
 // just below its parent, so a chain read head first, in one call or in a
 // pipelined Load's several, ends up head most recent, tail least. Eviction
-// removes only chain leaves, never a block with a child on the same node:
+// removes only chain leaves, never a block with a child on the same node
+// (a child on another node is removed with it, as an orphan):
 // the walk from the least recent end takes a leaf, counting the children
 // it took before as gone, and passes over a block that still has one
 // (MetadataIndex::PickEvictions). With the order above the least recent
@@ -104,7 +106,7 @@
 //
 // Removing a block that has descendants: Remove of a middle block would
 // strand the blocks after it, so Remove cascades: the requested keys go,
-// then every block on the same node whose chain passed through one of them
+// then every block, on any node, whose chain passed through one of them
 // (the "orphans"; counted in orphans_removed, not reported per key). The
 // same sweep follows listings dropped by reconciliation (whose response
 // then returns the orphans' extents as unlisted, so the node frees them in
@@ -333,7 +335,7 @@ class MasterService {
   // which are freed, and except slots whose parent (the block before them)
   // is not committed once the earlier slots are: those are freed too
   // (commits_unreachable), since no reader could reach them. Each committed
-  // block is linked to its parent on the same node.
+  // block is linked to its parent (across nodes too).
   // Errors: NotFound ("put expired or unknown");
   // InvalidArgument for an index >= the put's key count (nothing changes);
   // store errors (nothing changes, the put stays pending).
@@ -354,7 +356,7 @@ class MasterService {
       const hymcache::v1::BatchLookupRequest& request);
 
   // Removes committed keys and frees their space; per key whether it
-  // existed. Then removes their descendants on the same node (blocks whose
+  // existed. Then removes their descendants on any node (blocks whose
   // chain passes through a removed key: unreachable), which are not
   // reported per key (orphans_removed). Pending puts are not affected.
   // Errors: InvalidArgument (key count or sizes); store errors (nothing

@@ -1622,6 +1622,44 @@ TEST_CASE("Remove of a middle block removes the blocks after it") {
   CHECK(h.Found({"e0", "e1", "c0", "x"}) == "0011");
 }
 
+TEST_CASE("A chain continued on another node loses its tail there with its head") {
+  Harness h("cross_node_chain");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  const uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  CHECK(h.Put({"c0", "c1"}, kObj, a) == a);
+  // The chain goes on on b (say a was full), then on a again.
+  auto tail = h.StartChild({"c2", "c3"}, kObj, "c1", b);
+  REQUIRE(tail.ok());
+  CHECK(tail->node().node_id() == b);
+  h.Commit(tail->put_id());
+  auto back = h.StartChild({"c4"}, kObj, "c3", a);
+  REQUIRE(back.ok());
+  CHECK(back->node().node_id() == a);
+  h.Commit(back->put_id());
+  CHECK(h.Put({"y"}, kObj, b) == b);
+  CHECK(h.Found({"c0", "c1", "c2", "c3", "c4", "y"}) == "111111");
+  // The restarted master links them again from the persisted parents.
+  h.Restart();
+  h.Rejoin("a", 1, {{0, 1 << 20}});
+  h.Rejoin("b", 1, {{0, 1 << 20}}, 7100);
+  CHECK(h.Found({"c0", "c1", "c2", "c3", "c4", "y"}) == "111111");
+
+  // Node a lost c1: reconciling a drops it, and every block after it, on
+  // both nodes, goes (a frees c4 in this round; b in its next one).
+  const v1::Location c1 = h.Lookup({"c1"}).results(0).location();
+  std::vector<v1::Location> held;
+  for (const auto& loc : h.Listed(a)) {
+    if (loc.generation() != c1.generation()) held.push_back(loc);
+  }
+  const v1::ReconcileNodeResponse r = h.ReconcileWith(a, 1, held);
+  CHECK(r.dropped_listings() == 1);
+  CHECK(r.unlisted_count() == 1);  // c4, on a
+  CHECK(h.Found({"c0", "c1", "c2", "c3", "c4", "y"}) == "100001");
+  CHECK(h.svc->counters().orphans_removed == 3);
+  CHECK(h.UsedBytes(b) == kSlot);
+  CHECK(h.UsedBytes(a) == kSlot);
+}
+
 TEST_CASE("A listing reconciled away takes the blocks after it; the node frees them at once") {
   Harness h("reconcile_cascade");
   const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});

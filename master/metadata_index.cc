@@ -106,7 +106,11 @@ absl::string_view MetadataIndex::KeyOf(uint32_t i) const {
 }
 
 bool MetadataIndex::IsGhost(uint32_t i) const {
-  return record(i).key_len() == 0 && links(i).child_count() > 0;
+  return record(i).key_len() == 0 && HasChildren(i);
+}
+
+bool MetadataIndex::HasChildren(uint32_t i) const {
+  return links(i).child_count() > 0 || cross_children_.contains(i);
 }
 
 absl::StatusOr<uint32_t> MetadataIndex::NewRecord() {
@@ -194,7 +198,7 @@ void MetadataIndex::RemoveRecord(uint32_t i) {
   Unlink(i, node_id);
   DetachFromParent(i);
   Links& l = links(i);
-  if (l.child_count() == 0) {
+  if (!HasChildren(i)) {
     FreeRecord(i);
     return;
   }
@@ -207,14 +211,65 @@ void MetadataIndex::RemoveRecord(uint32_t i) {
   std::memset(r.key, 0, sizeof(r.key));
   r.length_and_key_len = 0;
   l.read_tick = 0;
-  l.children &= kMaxChildren;  // no longer queued for CollectUsed
+  l.children &= ~kUsedBit;  // no longer queued for CollectUsed
   ++ghost_count_;
   ++ghosts_by_node_[node_id];
+  // Its orphans on other nodes are found through those nodes' lists.
+  auto cross = cross_children_.find(i);
+  if (cross != cross_children_.end()) {
+    for (const auto& [node, count] : cross->second) ++ghosts_by_node_[node];
+  }
+}
+
+void MetadataIndex::DropGhostNode(uint32_t node_id) {
+  auto g = ghosts_by_node_.find(node_id);
+  if (g != ghosts_by_node_.end() && --g->second == 0) ghosts_by_node_.erase(g);
+}
+
+bool MetadataIndex::CanLink(uint32_t parent, uint32_t node_id) const {
+  return record(parent).node_id != node_id ||
+         links(parent).child_count() < kMaxChildren;
 }
 
 void MetadataIndex::SetParent(uint32_t i, uint32_t parent) {
-  links(i).parent = parent;
-  if (parent != kNil) ++links(parent).children;
+  Links& l = links(i);
+  l.parent = parent;
+  l.children &= ~kCrossBit;
+  if (parent == kNil) return;
+  const uint32_t node_id = record(i).node_id;
+  if (record(parent).node_id == node_id) {
+    ++links(parent).children;
+  } else {
+    l.children |= kCrossBit;
+    AddCrossChild(parent, node_id);
+  }
+}
+
+void MetadataIndex::AddCrossChild(uint32_t parent, uint32_t node_id) {
+  auto& nodes = cross_children_[parent];
+  for (auto& [node, count] : nodes) {
+    if (node == node_id) {
+      ++count;
+      return;
+    }
+  }
+  nodes.emplace_back(node_id, 1);
+}
+
+void MetadataIndex::RemoveCrossChild(uint32_t parent, uint32_t node_id) {
+  auto it = cross_children_.find(parent);
+  if (it == cross_children_.end()) return;  // cannot happen
+  auto& nodes = it->second;
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    if (nodes[k].first != node_id) continue;
+    if (--nodes[k].second == 0) {
+      nodes.erase(nodes.begin() + static_cast<ptrdiff_t>(k));
+      // A ghost's last orphan on that node is gone.
+      if (record(parent).key_len() == 0) DropGhostNode(node_id);
+    }
+    break;
+  }
+  if (nodes.empty()) cross_children_.erase(it);
 }
 
 void MetadataIndex::DetachFromParent(uint32_t i) {
@@ -222,18 +277,41 @@ void MetadataIndex::DetachFromParent(uint32_t i) {
   const uint32_t p = l.parent;
   if (p == kNil) return;
   l.parent = kNil;
-  Links& pl = links(p);
-  --pl.children;  // the count is > 0: the used bit is untouched
-  if (pl.child_count() == 0 && record(p).key_len() == 0) {
+  if (l.cross()) {
+    l.children &= ~kCrossBit;
+    RemoveCrossChild(p, record(i).node_id);
+  } else {
+    --links(p).children;  // the count is > 0: the flag bits are untouched
+  }
+  if (record(p).key_len() == 0 && !HasChildren(p)) {
     // A ghost's last child: the ghost goes.
-    const uint32_t node_id = record(p).node_id;
     --ghost_count_;
-    auto g = ghosts_by_node_.find(node_id);
-    if (g != ghosts_by_node_.end() && --g->second == 0) {
-      ghosts_by_node_.erase(g);
-    }
+    DropGhostNode(record(p).node_id);
     FreeRecord(p);
   }
+}
+
+std::vector<uint32_t> MetadataIndex::DetachChildren(uint32_t i) {
+  std::vector<uint32_t> nodes;
+  if (links(i).child_count() > 0) nodes.push_back(record(i).node_id);
+  auto cross = cross_children_.find(i);
+  if (cross != cross_children_.end()) {
+    for (const auto& [node, count] : cross->second) nodes.push_back(node);
+  }
+  std::vector<uint32_t> out;
+  for (uint32_t node : nodes) {
+    auto list = lists_.find(node);
+    if (list == lists_.end()) continue;
+    for (uint32_t j = list->second.least; j != kNil && HasChildren(i);) {
+      const uint32_t next = links(j).next;
+      if (links(j).parent == i) {
+        DetachFromParent(j);
+        out.push_back(j);
+      }
+      j = next;
+    }
+  }
+  return out;
 }
 
 void MetadataIndex::LinkMostRecent(uint32_t i, uint32_t node_id) {
@@ -313,19 +391,17 @@ absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
     absl::string_view key, const IndexEntry& entry, absl::string_view parent) {
   absl::Status valid = ValidateKeyAndEntry(key, entry, parent);
   if (!valid.ok()) return valid;
-  // The parent, if present on the same node with room for another child.
+  // The parent, if present (on the same node: with room for another child).
   uint32_t p = kNil;
   if (!parent.empty()) {
     auto pit = set_.find(parent);
-    if (pit != set_.end() && record(*pit).node_id == entry.node_id &&
-        links(*pit).child_count() < kMaxChildren) {
-      p = *pit;
-    }
+    if (pit != set_.end() && CanLink(*pit, entry.node_id)) p = *pit;
   }
+  auto it = set_.find(key);
   auto place = [&](uint32_t i) {
     List& list = lists_[entry.node_id];
     SetParent(i, p);
-    if (p != kNil) {
+    if (links(i).local_parent() != kNil) {
       LinkBelow(i, p, list);
     } else {
       LinkMostRecent(i, list);
@@ -333,26 +409,25 @@ absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
   };
 
   std::optional<IndexEntry> old;
-  auto it = set_.find(key);
   if (it != set_.end()) {
     const uint32_t i = *it;
     Record& r = record(i);
     old = r.entry();
-    if (links(i).child_count() > 0) {
-      // The key stays listed (at its new location), so the blocks after it
-      // are still reachable through it: they stay, as roots of their node
-      // (a chain continued on another node), not as orphans. O(entries of
-      // the old node); a key with children is stored again only when its
-      // node is dead.
-      auto list = lists_.find(old->node_id);
-      if (list != lists_.end()) {
-        for (uint32_t j = list->second.least;
-             j != kNil && links(i).child_count() > 0;) {
-          const uint32_t next = links(j).next;
-          if (links(j).parent == i) DetachFromParent(j);
-          j = next;
+    // The key stays listed (at its new location), so the blocks after it
+    // are still reachable through it: they stay, linked to it again (same
+    // node or cross links as its new node says), so that losing it later
+    // still orphans them. O(entries of the nodes holding them); a key with
+    // children is stored again only when its node is dead.
+    std::vector<uint32_t> kids;
+    if (HasChildren(i)) {
+      // A parent below the key would close a cycle: the key becomes a root.
+      for (uint32_t a = p; a != kNil; a = links(a).parent) {
+        if (a == i) {
+          p = kNil;
+          break;
         }
       }
+      kids = DetachChildren(i);
     }
     // Reuse the record: a fresh entry in place of the old one.
     Unlink(i, old->node_id);
@@ -363,6 +438,15 @@ absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
                     static_cast<int64_t>(old->length));
     links(i).read_tick = 0;
     place(i);
+    for (uint32_t j : kids) {
+      const uint32_t node_id = record(j).node_id;
+      if (!CanLink(i, node_id)) continue;  // stays a root
+      SetParent(j, i);
+      if (links(j).cross()) continue;
+      List& list = lists_[node_id];
+      Unlink(j, list);
+      LinkBelow(j, i, list);
+    }
     return old;
   }
   absl::StatusOr<uint32_t> fresh = NewRecord();
@@ -381,14 +465,12 @@ bool MetadataIndex::Adopt(absl::string_view child, absl::string_view parent) {
   const uint32_t ci = *c;
   const uint32_t pi = *p;
   const uint32_t node_id = record(ci).node_id;
-  if (links(ci).parent != kNil || record(pi).node_id != node_id ||
-      links(pi).child_count() >= kMaxChildren) {
-    return false;
-  }
+  if (links(ci).parent != kNil || !CanLink(pi, node_id)) return false;
   for (uint32_t a = pi; a != kNil; a = links(a).parent) {
     if (a == ci) return false;  // parent is below child: a cycle
   }
   SetParent(ci, pi);
+  if (links(ci).cross()) return true;  // stays a root of its node's list
   List& list = lists_[node_id];
   Unlink(ci, list);
   LinkBelow(ci, pi, list);
@@ -427,10 +509,10 @@ size_t MetadataIndex::TouchPrefix(const std::vector<absl::string_view>& keys,
     if (it != set_.end()) found.push_back(*it);
   }
   for (auto i = found.rbegin(); i != found.rend(); ++i) {
-    if (links(*i).parent == kNil) TouchRecord(*i, read_tick);
+    if (links(*i).local_parent() == kNil) TouchRecord(*i, read_tick);
   }
   for (uint32_t i : found) {
-    if (links(i).parent != kNil) TouchRecord(i, read_tick);
+    if (links(i).local_parent() != kNil) TouchRecord(i, read_tick);
   }
   return found.size();
 }
@@ -441,7 +523,7 @@ void MetadataIndex::TouchRecord(uint32_t i, uint32_t read_tick) {
   auto list = lists_.find(node_id);
   if (list == lists_.end()) {
     LinkMostRecent(i, node_id);  // not linked (cannot happen)
-  } else if (l.parent != kNil) {
+  } else if (l.local_parent() != kNil) {
     // The parent is on the same list and stays there.
     if (l.next != l.parent) {
       Unlink(i, list->second);
@@ -472,6 +554,11 @@ std::optional<MetadataIndex::ChainLinks> MetadataIndex::Chain(
   ChainLinks out;
   const Links& l = links(*it);
   out.children = l.child_count();
+  out.cross = l.cross();
+  auto cross = cross_children_.find(*it);
+  if (cross != cross_children_.end()) {
+    for (const auto& [node, count] : cross->second) out.cross_children += count;
+  }
   if (l.parent != kNil) out.parent = std::string(KeyOf(l.parent));
   for (uint32_t a = l.parent; a != kNil; a = links(a).parent) {
     if (IsGhost(a)) {
@@ -525,7 +612,8 @@ MetadataIndex::WalkEnd MetadataIndex::PickEvictions(
     // Choose i, then every deferred ancestor it was the last child of.
     for (uint32_t x = i;;) {
       if (!take(KeyOf(x), record(x).entry())) return WalkEnd::kEnough;
-      const uint32_t p = links(x).parent;
+      // A cross-linked parent is on another node's list: not this walk's.
+      const uint32_t p = links(x).local_parent();
       if (p == kNil) break;
       const uint32_t n = ++chosen_children[p];
       if (n < links(p).child_count() || deferred.erase(p) == 0) break;
@@ -542,8 +630,16 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::Orphans()
   // Per record: 0 unknown, 1 reachable, 2 orphan.
   std::vector<uint8_t> state(records_used_, 0);
   std::vector<uint32_t> path;
+  // The lists to walk: the ghosts' nodes, then the nodes of orphans'
+  // cross-linked children (their descendants there are orphans too).
+  std::vector<uint32_t> nodes;
+  absl::flat_hash_set<uint32_t> queued;
   for (const auto& [node_id, count] : ghosts_by_node_) {
-    auto list = lists_.find(node_id);
+    nodes.push_back(node_id);
+    queued.insert(node_id);
+  }
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    auto list = lists_.find(nodes[n]);
     if (list == lists_.end()) continue;
     for (uint32_t i = list->second.least; i != kNil; i = links(i).next) {
       path.clear();
@@ -562,7 +658,13 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::Orphans()
         a = links(a).parent;
       }
       for (uint32_t x : path) state[x] = verdict;
-      if (verdict == 2) out.emplace_back(std::string(KeyOf(i)), record(i).entry());
+      if (verdict != 2) continue;
+      out.emplace_back(std::string(KeyOf(i)), record(i).entry());
+      auto cross = cross_children_.find(i);
+      if (cross == cross_children_.end()) continue;
+      for (const auto& [node, count] : cross->second) {
+        if (queued.insert(node).second) nodes.push_back(node);
+      }
     }
   }
   return out;
@@ -572,7 +674,7 @@ void MetadataIndex::TrackUsed(bool on) {
   if (!on) {
     for (size_t k = used_head_; k < used_.size(); ++k) {
       const uint32_t i = used_[k];
-      if (i < records_used_) links(i).children &= kMaxChildren;
+      if (i < records_used_) links(i).children &= ~kUsedBit;
     }
     used_.clear();
     used_.shrink_to_fit();
@@ -588,7 +690,7 @@ std::vector<std::pair<std::string, uint32_t>> MetadataIndex::CollectUsed(
     const uint32_t i = used_[used_head_++];
     Links& l = links(i);
     if ((l.children & kUsedBit) == 0 || record(i).key_len() == 0) continue;
-    l.children &= kMaxChildren;
+    l.children &= ~kUsedBit;
     out.emplace_back(std::string(KeyOf(i)), l.read_tick);
   }
   if (used_head_ == used_.size()) {
@@ -670,8 +772,7 @@ absl::Status MetadataIndex::LoadEntry(absl::string_view key,
     ls.pending.push_back({i, static_cast<uint32_t>(parent.size()),
                           ls.parent_keys.size()});
     ls.parent_keys.append(parent.data(), parent.size());
-  } else if (record(*p).node_id == entry.node_id &&
-             links(*p).child_count() < kMaxChildren) {
+  } else if (CanLink(*p, entry.node_id)) {
     SetParent(i, *p);
   }
   return absl::OkStatus();
@@ -692,8 +793,7 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::FinishLoad() {
     auto p = set_.find(parent);
     if (p == set_.end()) {
       flags[pending.record] |= kMissingParent;
-    } else if (record(*p).node_id == record(pending.record).node_id &&
-               links(*p).child_count() < kMaxChildren) {
+    } else if (CanLink(*p, record(pending.record).node_id)) {
       SetParent(pending.record, *p);
     }
   }
@@ -794,7 +894,12 @@ size_t MetadataIndex::MemoryBytes() const {
   size_t lists = lists_.capacity() * (sizeof(uint32_t) + sizeof(List) + 1);
   size_t free_list = free_records_.capacity() * sizeof(uint32_t);
   size_t used = used_.capacity() * sizeof(uint32_t);
-  return table + records + links + lists + free_list + used +
+  size_t cross = cross_children_.capacity() *
+                 (sizeof(uint32_t) + sizeof(std::vector<int>) + 1);
+  for (const auto& [parent, nodes] : cross_children_) {
+    cross += nodes.capacity() * sizeof(nodes[0]);
+  }
+  return table + records + links + lists + free_list + used + cross +
          out_of_line_key_bytes_;
 }
 

@@ -20,12 +20,16 @@
 // Chains: a KV-cache object is a block of a prefix chain; a block is
 // reachable (a reader's Load gets to it) only through every block before it.
 // Upsert takes the key of the block before (the parent). When the parent is
-// present on the same node the entry is linked to it: it records the parent
-// and the parent counts it as a child. Links never cross nodes (a chain
-// continued on another node starts a new tree there). A leaf is an entry
-// with no children; PickEvictions only chooses leaves (or entries all of
-// whose children it chose before), so no eviction leaves a block whose
-// parent is gone.
+// present the entry is linked to it: it records the parent and the parent
+// counts it as a child. A link to a parent on another node (a chain
+// continued elsewhere because its node was full or down) is a cross link:
+// the child is a root of its node's recency list and its parent counts it
+// apart (a small side table: cross links are rare), so eviction and recency
+// stay per node, but erasing the parent still orphans the child. A leaf is
+// an entry with no children on its node; PickEvictions only chooses leaves
+// (or entries all of whose children it chose before), so no eviction leaves
+// a block on the same node whose parent is gone, and the owner removes the
+// cross-linked descendants of what it evicts (Orphans()).
 //
 // Erasing an entry that still has children (Remove of a middle block, a
 // purge, a dropped listing) does not free its record at once: the record
@@ -55,8 +59,8 @@
 // lists from persisted last-use times and parent keys.
 //
 // Limits: keys of 1..65535 bytes, lengths below 2^48, at most 2^32 - 1
-// entries (ghosts included), at most 2^31 - 1 children per entry (more are
-// stored unlinked); Upsert reports violations as InvalidArgument /
+// entries (ghosts included), at most 2^30 - 1 children per entry on its node
+// (more are stored unlinked) and 2^32 - 1 on each other node; Upsert reports violations as InvalidArgument /
 // ResourceExhausted.
 //
 // Thread safety: not thread-safe. Const methods may run concurrently with
@@ -110,10 +114,13 @@ class MetadataIndex {
   // `parent` is the key of the block before `key` in its chain ("": none).
   // If `parent` is present on entry.node_id, the entry is linked to it and
   // placed just below it in the node's recency list; otherwise it is a root
-  // at the most recent end. Either way its read tick is 0. A replaced
-  // entry's children stay, unlinked (roots of their node): the key is still
-  // listed, so readers still reach them through it (O(entries of the old
-  // node) when it has children). Returns the replaced entry, if any.
+  // at the most recent end, cross-linked to `parent` if that is present on
+  // another node. Either way its read tick is 0. A replaced entry's children
+  // stay, linked to it again as its new node makes them (same-node children
+  // just below it, the others cross-linked): the key is still listed, so
+  // readers still reach them through it (O(entries of the nodes holding its
+  // children) when it has children). If `parent` is below `key`, `key`
+  // becomes a root instead (no cycle). Returns the replaced entry, if any.
   // Errors: InvalidArgument if the key is empty or too long, entry.length >
   // kMaxLength or parent == key; ResourceExhausted at 2^32 - 1 records
   // (nothing changes either way).
@@ -123,8 +130,9 @@ class MetadataIndex {
 
   // Links `child` under `parent` after the fact: for a block committed
   // before the block before it (two puts of one chain racing). Requires
-  // both present on the same node, `child` a root, and `parent` not below
-  // `child`; then `child` moves just below `parent`. Its own descendants
+  // both present, `child` unlinked, and `parent` not below `child`; then
+  // `child` moves just below `parent` if both are on the same node (else it
+  // is cross-linked and stays where it is). Its own descendants
   // stay where they are, so if `child` was more recent than `parent` they
   // may end up more recent than it (PickEvictions copes). Returns whether
   // it linked.
@@ -161,8 +169,10 @@ class MetadataIndex {
 
   // Chain structure of one entry.
   struct ChainLinks {
-    std::string parent;     // the linked parent's key; "" for a root
-    uint32_t children = 0;  // linked children (all on the same node)
+    std::string parent;     // the linked parent's key; "" for none
+    bool cross = false;     // the parent is on another node
+    uint32_t children = 0;  // linked children on the same node
+    uint32_t cross_children = 0;  // linked children on other nodes
     bool orphan = false;    // an ancestor was erased (a ghost): unreachable
   };
   // `key`'s links, if present. O(depth) for `orphan`.
@@ -208,7 +218,8 @@ class MetadataIndex {
   size_t ghost_count() const { return ghost_count_; }
 
   // The orphans (entries with an erased ancestor), in no particular order.
-  // Walks the lists of the nodes that have ghosts: O(their entries);
+  // Walks the lists of the nodes that have ghosts, and of the nodes where
+  // orphans' chains continue (cross links): O(their entries);
   // returns {} at once when there are no ghosts. Erasing the returned keys
   // (in any order) frees every ghost.
   std::vector<std::pair<std::string, IndexEntry>> Orphans() const;
@@ -261,9 +272,9 @@ class MetadataIndex {
   // Errors: as Upsert, and AlreadyExists for a key loaded twice.
   absl::Status LoadEntry(absl::string_view key, const IndexEntry& entry,
                          absl::string_view parent, uint64_t last_use);
-  // Links every loaded entry to its parent when the parent is present on the
-  // same node, and erases the entries whose parent is not present on any
-  // node, with all their descendants (nothing reaches them); returns those.
+  // Links every loaded entry to its parent when the parent is present (a
+  // cross link when on another node), and erases the entries whose parent
+  // is not present on any node, with all their descendants (nothing reaches them); returns those.
   // Then builds each node's recency list: by the last use of the entry's
   // subtree (a chain is as recent as its most recently used block), least
   // recent first, and children before their parent on ties. O(n log n).
@@ -320,18 +331,24 @@ class MetadataIndex {
   static constexpr size_t kChunkSize = size_t{1} << kChunkShift;
   static constexpr uint32_t kNil = 0xffffffffu;  // no record (list end)
   static constexpr uint32_t kUsedBit = 0x80000000u;  // in Links::children
-  static constexpr uint32_t kMaxChildren = kUsedBit - 1;
+  // In Links::children: the parent link crosses nodes.
+  static constexpr uint32_t kCrossBit = 0x40000000u;
+  static constexpr uint32_t kMaxChildren = kCrossBit - 1;
 
   // Recency and chain links of one record number; parallel to the records.
   struct Links {
     uint32_t prev;       // less recent neighbour, or kNil
     uint32_t next;       // more recent neighbour, or kNil
     uint32_t read_tick;  // last Touch, 0 if none since Upsert
-    uint32_t parent;     // linked parent (same node), or kNil
-    // Low 31 bits: linked children. kUsedBit: queued for CollectUsed.
+    uint32_t parent;     // linked parent (kCrossBit: on another node), or kNil
+    // Low 30 bits: linked children on the same node. kUsedBit: queued for
+    // CollectUsed. kCrossBit: `parent` is on another node.
     uint32_t children;
 
     uint32_t child_count() const { return children & kMaxChildren; }
+    bool cross() const { return (children & kCrossBit) != 0; }
+    // A same-node parent, or kNil.
+    uint32_t local_parent() const { return cross() ? kNil : parent; }
   };
   // One node's recency list.
   struct List {
@@ -353,8 +370,21 @@ class MetadataIndex {
   // Takes live record i out of the set, its list and its parent; frees it,
   // or makes it a ghost if it has children.
   void RemoveRecord(uint32_t i);
-  // Links live record i under `parent` (same node), or makes it a root.
+  // Links live record i under `parent` (cross-linked when on another node),
+  // or makes it a root.
   void SetParent(uint32_t i, uint32_t parent);
+  // Whether record `parent` can take record i's node as a child's.
+  bool CanLink(uint32_t parent, uint32_t node_id) const;
+  // Whether record i has linked children on any node.
+  bool HasChildren(uint32_t i) const;
+  // Counts one more / one fewer child of record `parent` on `node_id`
+  // (another node than its own).
+  void AddCrossChild(uint32_t parent, uint32_t node_id);
+  void RemoveCrossChild(uint32_t parent, uint32_t node_id);
+  // Unlinks every child of live record i (on every node) and returns them.
+  std::vector<uint32_t> DetachChildren(uint32_t i);
+  // One fewer ghost whose orphans may be on `node_id`.
+  void DropGhostNode(uint32_t node_id);
   // Drops record i's link to its parent (which may become free if it was a
   // ghost and i its last child).
   void DetachFromParent(uint32_t i);
@@ -382,8 +412,12 @@ class MetadataIndex {
   TenantUsage default_usage_;
   absl::flat_hash_map<std::string, TenantUsage> tenant_usage_;
   void CountTenant(absl::string_view key, int objects, int64_t bytes);
-  // Ghosts per node id (for Orphans()).
+  // Per node id: its ghosts, plus the ghosts with cross-linked children on
+  // it (the lists Orphans() walks).
   absl::flat_hash_map<uint32_t, size_t> ghosts_by_node_;
+  // Cross-linked children per parent record: (node id, count) pairs.
+  absl::flat_hash_map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>>
+      cross_children_;
   // CollectUsed queue: record numbers, [used_head_, end) pending.
   bool track_used_ = false;
   std::vector<uint32_t> used_;

@@ -360,10 +360,16 @@ TEST_CASE("MetadataIndex links chains on one node, continuations below their par
   CHECK_FALSE(index.Chain("a2")->orphan);
   CHECK_FALSE(index.Chain("nope").has_value());
 
-  // Links never cross nodes; an absent parent makes a root.
+  // A parent on another node: a cross link; the child is a root of its
+  // node's list, and its parent counts it apart. An absent parent makes a
+  // root.
   REQUIRE(index.Upsert("q", OnNode(2, 1), "p").ok());
-  CHECK(ParentOf(index, "q").empty());
+  CHECK(ParentOf(index, "q") == "p");
+  CHECK(index.Chain("q")->cross);
+  CHECK_FALSE(index.Chain("a1")->cross);
   CHECK(index.Chain("p")->children == 2);
+  CHECK(index.Chain("p")->cross_children == 1);
+  CHECK(Order(index, 2) == Keys{"q"});
   REQUIRE(index.Upsert("r", OnNode(1, 1), "nowhere").ok());
   CHECK(Order(index, 1).back() == "r");
   CHECK(index.Upsert("s", OnNode(1, 1), "s").status().code() ==
@@ -469,12 +475,18 @@ TEST_CASE("MetadataIndex Adopt links a block committed before its parent") {
   REQUIRE(index.Upsert("s4", OnNode(1, 1)).ok());
   REQUIRE(index.Upsert("z", OnNode(2, 1)).ok());
   CHECK_FALSE(index.Adopt("y5", "nope"));
-  CHECK_FALSE(index.Adopt("z", "s4"));  // another node
   CHECK_FALSE(index.Adopt("y6", "s4"));  // not a root
   CHECK(index.Adopt("y5", "s4"));
   CHECK(ParentOf(index, "y5") == "s4");
   CHECK(index.Chain("s4")->children == 1);
   CHECK_FALSE(index.Adopt("s4", "y6"));  // would be a cycle
+  CHECK(Order(index, 1) == Keys{"y6", "y5", "s4"});
+  // On another node: cross-linked, and it stays where it is in its list.
+  CHECK(index.Adopt("z", "s4"));
+  CHECK(index.Chain("z")->cross);
+  CHECK(index.Chain("s4")->children == 1);
+  CHECK(index.Chain("s4")->cross_children == 1);
+  CHECK(Order(index, 2) == Keys{"z"});
   CHECK(Order(index, 1) == Keys{"y6", "y5", "s4"});
 
   // Adopting a block more recent than its new parent leaves its tail above
@@ -488,6 +500,57 @@ TEST_CASE("MetadataIndex Adopt links a block committed before its parent") {
   REQUIRE(Order(late, 1) == Keys{"c", "p", "d"});
   CHECK(Pick(late, 1, 10) == Keys{"d", "c", "p"});
   CHECK(Pick(late, 1, 2) == Keys{"d", "c"});
+}
+
+TEST_CASE("MetadataIndex: a chain continued on another node is orphaned with its head") {
+  MetadataIndex index;
+  index.TrackUsed(true);
+  REQUIRE(index.Upsert("h", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("t1", OnNode(2, 1), "h").ok());   // node 1 was full
+  REQUIRE(index.Upsert("t2", OnNode(2, 1), "t1").ok());
+  REQUIRE(index.Upsert("u", OnNode(3, 1), "t2").ok());   // and node 2 too
+  REQUIRE(index.Upsert("y", OnNode(2, 1)).ok());
+  // Per node, h and t2 are leaves: eviction and recency stay per node.
+  CHECK(index.Chain("h")->children == 0);
+  CHECK(index.Chain("h")->cross_children == 1);
+  CHECK(Pick(index, 1, 10) == Keys{"h"});
+  CHECK(Order(index, 2) == Keys{"t2", "t1", "y"});
+  // A cross-linked block touched is a root of its list: most recent.
+  REQUIRE(index.Touch("t1", 5));
+  CHECK(Order(index, 2) == Keys{"t2", "y", "t1"});
+  CHECK(index.CollectUsed(10).size() == 1);  // clears the used bit only
+  CHECK(index.Chain("t1")->cross);
+
+  // Evicting (or losing) the head orphans the tails on the other nodes.
+  REQUIRE(index.Erase("h").has_value());
+  CHECK(index.ghost_count() == 1);
+  CHECK(index.Chain("t1")->orphan);
+  CHECK(index.Chain("u")->orphan);
+  std::set<std::string> orphans;
+  for (auto& [k, e] : index.Orphans()) orphans.insert(k);
+  CHECK(orphans == std::set<std::string>{"t1", "t2", "u"});
+  for (const auto& k : orphans) REQUIRE(index.Erase(k).has_value());
+  CHECK(index.ghost_count() == 0);
+  CHECK(index.Orphans().empty());
+  CHECK(index.size() == 1);
+
+  // A key stored again (elsewhere) keeps its children on every node,
+  // linked to it: the key is still listed, so readers still reach them.
+  REQUIRE(index.Upsert("h", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("c1", OnNode(1, 1), "h").ok());
+  REQUIRE(index.Upsert("c2", OnNode(2, 1), "h").ok());
+  REQUIRE(index.Upsert("h", OnNode(2, 1)).ok());
+  CHECK(index.Chain("c1")->cross);
+  CHECK_FALSE(index.Chain("c2")->cross);
+  CHECK(index.Chain("h")->children == 1);
+  CHECK(index.Chain("h")->cross_children == 1);
+  CHECK(index.Orphans().empty());
+  REQUIRE(index.Erase("h").has_value());
+  std::set<std::string> lost;
+  for (auto& [k, e] : index.Orphans()) lost.insert(k);
+  CHECK(lost == std::set<std::string>{"c1", "c2"});
+  for (const auto& k : lost) REQUIRE(index.Erase(k).has_value());
+  CHECK(index.ghost_count() == 0);
 }
 
 TEST_CASE("MetadataIndex: erasing a block with children leaves orphans until they go") {
@@ -519,8 +582,8 @@ TEST_CASE("MetadataIndex: erasing a block with children leaves orphans until the
   CHECK(Order(index, 1) == Keys{"a"});
 
   // Replacing a key that has children (stored again on another node): the
-  // key is still listed, so its children stay reachable through it; they
-  // become roots of their node, not orphans.
+  // key is still listed, so its children stay reachable through it, linked
+  // to it across nodes now, not orphans.
   REQUIRE(index.Upsert("b", OnNode(1, 2), "a").ok());
   REQUIRE(index.Upsert("c", OnNode(1, 3), "b").ok());
   auto old = index.Upsert("b", OnNode(2, 4));
@@ -528,12 +591,29 @@ TEST_CASE("MetadataIndex: erasing a block with children leaves orphans until the
   CHECK(**old == OnNode(1, 2));
   CHECK(index.ghost_count() == 0);
   CHECK_FALSE(index.Chain("c")->orphan);
-  CHECK(ParentOf(index, "c").empty());
+  CHECK(ParentOf(index, "c") == "b");
+  CHECK(index.Chain("c")->cross);
   CHECK(index.Chain("b")->children == 0);
+  CHECK(index.Chain("b")->cross_children == 1);
   CHECK(index.Chain("a")->children == 0);
   CHECK(*index.Find("b") == OnNode(2, 4));
   CHECK(index.Orphans().empty());
   CHECK(index.size() == 4);  // c stays
+  // Stored again on c's node: a same-node link, c just below it.
+  REQUIRE(index.Upsert("b", OnNode(1, 5)).ok());
+  CHECK_FALSE(index.Chain("c")->cross);
+  CHECK(index.Chain("b")->children == 1);
+  CHECK(index.Chain("b")->cross_children == 0);
+  CHECK(Order(index, 1) == Keys{"a", "c", "b"});
+  // Losing it later orphans c.
+  REQUIRE(index.Erase("b").has_value());
+  CHECK(index.Chain("c")->orphan);
+  // A key stored again under its own descendant: a root, not a cycle.
+  REQUIRE(index.Upsert("b", OnNode(1, 6), "a").ok());
+  REQUIRE(index.Upsert("c", OnNode(1, 7), "b").ok());
+  REQUIRE(index.Upsert("b", OnNode(2, 8), "c").ok());
+  CHECK(ParentOf(index, "b").empty());
+  CHECK(ParentOf(index, "c") == "b");
 }
 
 TEST_CASE("MetadataIndex CollectUsed hands out each touched entry once") {
@@ -595,7 +675,9 @@ TEST_CASE("MetadataIndex LoadEntry/FinishLoad rebuild chains, recency and drop b
   CHECK(Order(index, 2) == Keys{"w"});
   CHECK(ParentOf(index, "x2") == "x1");
   CHECK(ParentOf(index, "x1") == "x0");
-  CHECK(ParentOf(index, "w").empty());
+  CHECK(ParentOf(index, "w") == "y1");  // across nodes
+  CHECK(index.Chain("w")->cross);
+  CHECK(index.Chain("y1")->cross_children == 1);
   CHECK(index.Chain("y0")->children == 1);
   CHECK(Pick(index, 1, 10) == Keys{"old", "x2", "y1", "y0", "z", "x1", "x0"});
   // The index works as usual afterwards.
@@ -607,6 +689,7 @@ TEST_CASE("MetadataIndex chains stay consistent under random operations") {
   MetadataIndex index;
   std::mt19937_64 rng(23);
   std::vector<std::string> live;
+  bool saw_cross = false;
   auto key = [&](uint64_t n) { return "k" + std::to_string(n); };
   for (int i = 0; i < 20000; ++i) {
     const std::string k = key(rng() % 400);
@@ -618,6 +701,7 @@ TEST_CASE("MetadataIndex chains stay consistent under random operations") {
         const std::string parent = rng() % 4 == 0 ? "" : key(rng() % 400);
         if (parent == k) break;
         REQUIRE(index.Upsert(k, OnNode(node, 1), parent).ok());
+        if (index.Chain(k)->cross) saw_cross = true;
         break;
       }
       case 3:
@@ -631,13 +715,15 @@ TEST_CASE("MetadataIndex chains stay consistent under random operations") {
         index.Erase(k);
         break;
       case 5: {
-        // Evict a few in the order chosen: never creates a ghost (it may
-        // free some, taking orphans).
-        const size_t ghosts = index.ghost_count();
+        // Evict a few in the order chosen: creates a ghost only for a
+        // victim with children on another node (it may free some, taking
+        // orphans).
+        size_t ghosts = index.ghost_count();
         for (const std::string& v : Pick(index, node, rng() % 8 + 1)) {
           const auto c = index.Chain(v);
           REQUIRE(c.has_value());
           CHECK(c->children == 0);
+          if (c->cross_children > 0) ++ghosts;
           REQUIRE(index.Erase(v).has_value());
         }
         CHECK(index.ghost_count() <= ghosts);
@@ -658,21 +744,23 @@ TEST_CASE("MetadataIndex chains stay consistent under random operations") {
     std::map<std::string, size_t> pos;
     for (const auto& k : Order(index, node)) pos.emplace(k, pos.size());
     for (const auto& [k, at] : pos) {
-      const std::string parent = index.Chain(k)->parent;
-      if (!parent.empty()) CHECK(at < pos.at(parent));
+      const auto c = index.Chain(k);
+      if (!c->parent.empty() && !c->cross) CHECK(at < pos.at(c->parent));
     }
   }
   // Child counts match the parent links.
-  std::map<std::string, uint32_t> children;
+  std::map<std::string, uint32_t> children, cross_children;
   index.ForEach([&](absl::string_view k, const IndexEntry& e) {
     const auto c = index.Chain(k);
-    if (!c->parent.empty()) {
-      ++children[c->parent];
-      CHECK(index.Find(c->parent)->node_id == e.node_id);
-    }
+    if (c->parent.empty()) return;
+    const bool same = index.Find(c->parent)->node_id == e.node_id;
+    CHECK(c->cross == !same);
+    ++(same ? children : cross_children)[c->parent];
   });
+  CHECK(saw_cross);
   index.ForEach([&](absl::string_view k, const IndexEntry&) {
     CHECK(index.Chain(k)->children == children[std::string(k)]);
+    CHECK(index.Chain(k)->cross_children == cross_children[std::string(k)]);
   });
   for (auto& [o, e] : index.Orphans()) REQUIRE(index.Erase(o).has_value());
   CHECK(index.ghost_count() == 0);

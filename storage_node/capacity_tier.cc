@@ -253,7 +253,15 @@ class CapacityTierImpl final : public CapacityTier {
     rocksdb::WriteBatch batch;
     Undo undo;
     for (const TierRange& r : ranges) {
-      if (r.length > 0) EraseOverlapsLocked(r.addr, r.length, &batch, &undo);
+      if (r.length == 0) continue;
+      if (r.exact) {
+        auto it = extents_.find(r.addr);
+        if (it == extents_.end() || it->second.length != r.length ||
+            it->second.tag != r.tag) {
+          continue;
+        }
+      }
+      EraseOverlapsLocked(r.addr, r.length, &batch, &undo);
     }
     if (undo.empty()) return absl::OkStatus();
     return CommitLocked(&batch, &undo, "forget");

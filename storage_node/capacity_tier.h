@@ -82,6 +82,10 @@ struct DurableExtent {
 struct TierRange {
   uint64_t addr = 0;
   uint64_t length = 0;
+  // ForgetRanges: when set, only an extent of exactly [addr, +length) with
+  // this tag is forgotten (a newer object recorded there since is kept).
+  bool exact = false;
+  uint64_t tag = 0;
 };
 
 // How CapacityTier::VerifyExtents reads the data area.
@@ -156,7 +160,8 @@ class CapacityTier {
   // on other I/O errors. After a failure the next call first tries to
   // resume the extent record (it works again once space is freed).
   virtual absl::Status Forget(uint64_t addr, uint64_t length) = 0;
-  // As Forget, for several ranges in one synced batch.
+  // As Forget, for several ranges in one synced batch (ranges marked
+  // `exact` forget only their own extent).
   virtual absl::Status ForgetRanges(absl::Span<const TierRange> ranges) = 0;
   // Durably records extents whose bytes are now in the data area: makes the
   // data area durable (BlockIo::Sync), then writes one synced batch. Each

@@ -177,6 +177,23 @@ TEST_CASE("Forget removes overlapping extents", "[capacity_tier]") {
   REQUIRE(t->Extents().empty());
 }
 
+TEST_CASE("exact ForgetRanges forget only their own extent", "[capacity_tier]") {
+  CapacityTierOptions o = Options("forget_exact");
+  auto t = MustOpen(o);
+  REQUIRE(t->Record({{0, 4096, 1}, {8192, 8192, 2}, {32768, 4096, 3}}).ok());
+  const std::vector<TierRange> ranges = {
+      {0, 4096, /*exact=*/true, 9},       // another tag: kept
+      {8192, 4096, /*exact=*/true, 2},    // another length: kept
+      {32768, 4096, /*exact=*/true, 3}};  // the extent: forgotten
+  REQUIRE(t->ForgetRanges(ranges).ok());
+  std::vector<DurableExtent> want = {{0, 4096, 1}, {8192, 8192, 2}};
+  INFO(Describe(t->Extents()));
+  REQUIRE(Same(t->Extents(), want));
+  t.reset();
+  t = MustOpen(o);
+  REQUIRE(Same(t->Extents(), want));
+}
+
 TEST_CASE("a file of another node is refused", "[capacity_tier]") {
   CapacityTierOptions o = Options("othernode", "node-a");
   { MustOpen(o); }

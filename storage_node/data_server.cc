@@ -89,6 +89,42 @@ struct DataServer::ConnState {
   std::shared_ptr<void> rdma_qp;
 };
 
+namespace {
+
+// Whether `key` overlaps an entry of `held` (keyed by ExtentKey in KeyLess
+// order). Walks back from the first entry past the key's end; entries are at
+// most wire::kMaxObjectBytes long, so the walk stops that far before it.
+template <typename Map>
+bool OverlapsHeld(const Map& held, const ExtentKey& key) {
+  const uint64_t end = key.addr + key.length;  // ValidateOps: no overflow
+  auto it = held.lower_bound(ExtentKey{key.region_id, end, 0, 0});
+  while (it != held.begin()) {
+    --it;
+    const ExtentKey& k = it->first;
+    if (k.region_id != key.region_id) break;
+    if (k.addr + k.length > key.addr) return true;  // k.addr < end
+    if (k.addr + wire::kMaxObjectBytes <= key.addr) break;
+  }
+  return false;
+}
+
+// A write over what this connection itself holds (a write it began, an
+// object it acquired) would wait for the connection's own hold to end, which
+// cannot happen while the connection's one thread waits (it waited the
+// extent table's drain timeout per op, far past io_timeout): refused at once.
+template <typename Writes, typename Reads>
+absl::Status CheckNotHeld(const Writes& writes, const Reads& reads,
+                          const ExtentKey& key) {
+  if (OverlapsHeld(writes, key) || OverlapsHeld(reads, key)) {
+    return absl::FailedPreconditionError(
+        "data plane: the write overlaps a write begun or an object acquired "
+        "on this connection (commit or release it first)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status DataServerOptions::Validate() const {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(
@@ -411,7 +447,7 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
   }
   for (wire::OpDesc& op : ops) op.status = 0;
   if (h->type == wire::FrameType::kWriteRequest) {
-    return HandleWrite(fd, *h, ops, deadline);
+    return HandleWrite(fd, *h, ops, deadline, cs);
   }
   if (h->type == wire::FrameType::kWriteBeginRequest) {
     return HandleWriteBegin(fd, *h, ops, deadline, cs);
@@ -601,9 +637,11 @@ bool DataServer::HandleWriteBegin(int fd, const wire::FrameHeader& h,
           "storage node: no direct access to this device's memory");
     } else if (cs->writes.count(key) != 0) {
       st = absl::AlreadyExistsError("write already begun on this connection");
+    } else {
+      st = CheckNotHeld(cs->writes, cs->reads, key);
     }
     absl::StatusOr<ExtentTable::WriteTicket> ticket =
-        st.ok() ? options_.extents->BeginWrite(key)
+        st.ok() ? options_.extents->BeginWrite(key, deadline)
                 : absl::StatusOr<ExtentTable::WriteTicket>(st);
     WriteView view;
     if (ticket.ok()) {
@@ -857,11 +895,13 @@ bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
 
 bool DataServer::HandleWrite(int fd, const wire::FrameHeader& h,
                              std::vector<wire::OpDesc>& ops,
-                             absl::Time deadline) {
+                             absl::Time deadline, ConnState* cs) {
   MemoryDevice* device = options_.device;
   for (wire::OpDesc& op : ops) {
+    absl::Status held = CheckNotHeld(cs->writes, cs->reads, KeyOf(op));
     absl::StatusOr<ExtentTable::WriteTicket> ticket =
-        options_.extents->BeginWrite(KeyOf(op));
+        held.ok() ? options_.extents->BeginWrite(KeyOf(op), deadline)
+                  : absl::StatusOr<ExtentTable::WriteTicket>(held);
     absl::Status st = ticket.status();
     WriteView view;
     if (st.ok()) {

@@ -194,7 +194,8 @@ class DataServer {
                      std::vector<wire::OpDesc>& ops, uint64_t session,
                      absl::Time deadline, ConnState* cs);
   bool HandleWrite(int fd, const wire::FrameHeader& h,
-                   std::vector<wire::OpDesc>& ops, absl::Time deadline);
+                   std::vector<wire::OpDesc>& ops, absl::Time deadline,
+                   ConnState* cs);
   void SendError(int fd, uint64_t request_id, const absl::Status& status);
 
   // Constant after construction.

@@ -219,7 +219,7 @@ absl::StatusOr<ExtentTable::ReadPin> ExtentTable::PinRead(const ExtentKey& key) 
 }
 
 absl::StatusOr<ExtentTable::WriteTicket> ExtentTable::BeginWrite(
-    const ExtentKey& key) {
+    const ExtentKey& key, absl::Time until) {
   MutexLock l(&mu_);
   ASSIGN_OR_RETURN(Region * region, FindRegion(key));
   if (key.generation > generation_ceiling_) {
@@ -262,7 +262,7 @@ absl::StatusOr<ExtentTable::WriteTicket> ExtentTable::BeginWrite(
     }
     return false;
   };
-  const absl::Time deadline = absl::Now() + drain_timeout_;
+  const absl::Time deadline = std::min(absl::Now() + drain_timeout_, until);
   while (!e->superseded && busy()) {
     if (cv_.WaitWithDeadline(&mu_, deadline) && busy()) break;
   }
@@ -286,7 +286,8 @@ absl::StatusOr<ExtentTable::WriteTicket> ExtentTable::BeginWrite(
     region->live.erase(key.addr);
     return absl::UnavailableError(absl::StrCat(
         "readers of the reused space did not finish within ",
-        absl::FormatDuration(drain_timeout_), " (", Describe(key), ")"));
+        absl::FormatDuration(drain_timeout_), " or the request's deadline (",
+        Describe(key), ")"));
   }
   return WriteTicket(this, e);
 }

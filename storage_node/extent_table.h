@@ -141,12 +141,14 @@ class ExtentTable {
   // and generation: the object is not on this node or its space was reused).
   absl::StatusOr<ReadPin> PinRead(const ExtentKey& key);
 
-  // Starts writing `key`; may block up to drain_timeout for older readers.
+  // Starts writing `key`; may block up to drain_timeout for older readers,
+  // and never past `deadline` (a data-plane request's io_timeout).
   // Errors: InvalidArgument/OutOfRange as PinRead, FailedPrecondition (the
   // generation is above the generation ceiling, or an overlapping extent has
   // the same or a higher generation), Unavailable (readers of the reused
   // space did not drain in time).
-  absl::StatusOr<WriteTicket> BeginWrite(const ExtentKey& key);
+  absl::StatusOr<WriteTicket> BeginWrite(
+      const ExtentKey& key, absl::Time deadline = absl::InfiniteFuture());
 
   // Writes with a generation above `ceiling` are refused from now on
   // (writes already begun are not affected). The ceiling may go down: a

@@ -272,7 +272,16 @@ class FakeCapacityTier final : public CapacityTier {
       --fail_next_;
       return absl::UnavailableError("injected metadata error");
     }
-    for (const TierRange& r : ranges) EraseOverlapping(r.addr, r.length);
+    for (const TierRange& r : ranges) {
+      if (r.exact) {
+        auto it = now_.find(r.addr);
+        if (it == now_.end() || it->second.length != r.length ||
+            it->second.tag != r.tag) {
+          continue;
+        }
+      }
+      EraseOverlapping(r.addr, r.length);
+    }
     return absl::OkStatus();
   }
   absl::Status Record(absl::Span<const DurableExtent> extents) override {

@@ -756,7 +756,8 @@ void HybridDevice::MarkCorruptLocked(uint64_t addr, uint64_t len, uint32_t crc) 
   // Never recorded from now on; one in the running Record is forgotten
   // below, after that Record returns (the flusher makes every tier call).
   DropPendingRecordsLocked(addr, len);
-  forget_corrupt_.push_back(CorruptForget{TierRange{addr, len}, false});
+  forget_corrupt_.push_back(
+      CorruptForget{TierRange{addr, len, false, 0}, false, false});
   cv_.SignalAll();  // the flusher
 }
 
@@ -1151,6 +1152,44 @@ void HybridDevice::MaybeFreeEntryLocked(Entry* e) {
   }
   buffer_alloc_->Free(e->buf_off, e->buf_len);
   entries_.erase(e->id);  // deletes e
+}
+
+void HybridDevice::Discard(uint32_t region, uint64_t addr, uint64_t len,
+                           uint64_t tag) {
+  if (!Check(region, addr, len).ok() || addr % kPage != 0) return;
+  MutexLock l(&mu_);
+  const uint64_t span = RoundUp(len);
+  const uint64_t end = addr + span;
+  // A write committed over the range since is newer: it replaces the object
+  // (and its record) itself. One still being written needs no check: its
+  // commit cancels the queued forget, and if it aborts the old object is
+  // still the one to forget.
+  auto it = live_.lower_bound(addr);
+  if (it != live_.begin() && std::prev(it)->second->addr +
+                                     std::prev(it)->second->buf_len > addr) {
+    it = std::prev(it);
+  }
+  for (; it != live_.end() && it->first < end; ++it) {
+    const Entry* e = it->second;
+    if (e->addr != addr || e->len != len || e->tag != tag) return;
+  }
+  auto rit = record_pending_.lower_bound(addr);
+  if (rit != record_pending_.begin() &&
+      std::prev(rit)->first + std::prev(rit)->second.extent.length > addr) {
+    rit = std::prev(rit);
+  }
+  for (; rit != record_pending_.end() && rit->first < end; ++rit) {
+    const DurableExtent& x = rit->second.extent;
+    if (x.addr != addr || x.length != len || x.tag != tag) return;
+  }
+  SupersedeLocked(addr, span);
+  InvalidateStagedLocked(addr, span);
+  // The checksum (verify_reads) stays: exact forgets leave a newer object
+  // recorded there, and only a committed write replaces it.
+  forget_corrupt_.push_back(
+      CorruptForget{TierRange{addr, len, /*exact=*/true, tag}, true, false});
+  ++stats_.discarded_objects;
+  cv_.SignalAll();
 }
 
 void HybridDevice::SupersedeLocked(uint64_t addr, uint64_t len) {
@@ -1552,7 +1591,10 @@ void HybridDevice::ForgetCorruptLocked() {
   mu_.Lock();
   last_was_forget_ = true;
   if (status.ok()) {
-    stats_.corrupt_records_forgotten += ranges.size();
+    for (const CorruptForget& f : forgetting_corrupt_) {
+      ++(f.discarded ? stats_.discarded_records_forgotten
+                     : stats_.corrupt_records_forgotten);
+    }
   } else {
     LOG(WARNING) << "hybrid device: forgetting the records of "
                  << ranges.size() << " corrupt objects failed (will retry in "

@@ -305,6 +305,11 @@ struct HybridDeviceStats {
   uint64_t corrupt_refusals = 0;       // reads/prefetches of a known-corrupt
                                        // object refused (DataLoss)
   uint64_t corrupt_records_forgotten = 0;  // their records, durably
+  // Discard (reconciliation: the master neither lists nor will commit the
+  // object): calls acted on (no newer object buffered), and their forgets
+  // done (the record, if still that object's, is durably gone).
+  uint64_t discarded_objects = 0;
+  uint64_t discarded_records_forgotten = 0;
   double commit_checksum_seconds = 0;  // CommitWrite time computing them
 };
 
@@ -363,6 +368,13 @@ class HybridDevice final : public MemoryDevice {
 
   std::vector<RecoveredExtent> RecoveredExtents() const override;
 
+  // Drops the object (a buffered copy is superseded, a staged one
+  // invalidated, a pending record dropped) and has the flusher durably
+  // forget its record, unless a newer write covers the range (its commit
+  // cancels a queued forget). Readers holding the object keep their views.
+  void Discard(uint32_t region, uint64_t addr, uint64_t len,
+               uint64_t tag) override;
+
   // Area ids of Areas(): the staging window and the write buffer.
   static constexpr uint32_t kStagingAreaId = 1;
   static constexpr uint32_t kWriteBufferAreaId = 2;
@@ -403,9 +415,11 @@ class HybridDevice final : public MemoryDevice {
     uint32_t crc = 0;
     bool corrupt = false;  // a read found a mismatch: refused
   };
-  // A corrupt object's range whose record the flusher is to forget.
+  // A corrupt (or discarded) object's range whose record the flusher is to
+  // forget.
   struct CorruptForget {
     TierRange range;
+    bool discarded = false;  // Discard, not a checksum failure
     // A write committed over the range meanwhile (its own Forget comes
     // later): must not be put back if this Forget fails.
     bool dropped = false;
@@ -587,7 +601,8 @@ class HybridDevice final : public MemoryDevice {
   // verify_reads only: checksums of the objects on the tier (recorded or
   // pending), by addr; never overlapping.
   std::map<uint64_t, TierSum> tier_sums_ ABSL_GUARDED_BY(mu_);
-  // Corrupt objects' records to forget, and those being forgotten now.
+  // Corrupt and discarded objects' records to forget, and those being
+  // forgotten now.
   std::vector<CorruptForget> forget_corrupt_ ABSL_GUARDED_BY(mu_);
   std::vector<CorruptForget> forgetting_corrupt_ ABSL_GUARDED_BY(mu_);
   std::deque<IoReq> read_q_ ABSL_GUARDED_BY(mu_);

@@ -1331,6 +1331,59 @@ TEST_CASE("verify_reads: an object corrupted before its record is refused and ne
   CHECK(s.verified_reads == 2);
 }
 
+TEST_CASE("Discard forgets a durable object's record and drops a buffered one") {
+  Rig rig;
+  rig.Put(0, 16 * kKiB, 5, 150);
+  rig.Put(64 * kKiB, 16 * kKiB, 6, 151);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  REQUIRE(rig.tier->ExtentsNowForTest().size() == 2);
+
+  // Another tag, or another extent at the address: a newer object; its
+  // record is kept.
+  rig.dev->Discard(0, 0, 16 * kKiB, 4);
+  rig.dev->Discard(0, 0, 8 * kKiB, 5);
+  // The recorded object with its tag: its record is durably forgotten.
+  rig.dev->Discard(0, 64 * kKiB, 16 * kKiB, 6);
+  REQUIRE(WaitUntil(
+      [&] { return rig.dev->HybridStats().discarded_records_forgotten == 3; }));
+  auto ext = rig.tier->ExtentsNowForTest();
+  REQUIRE(ext.size() == 1);
+  CHECK(ext[0].tag == 5);
+
+  // A buffered object (its flush held off by a read in flight): dropped
+  // from the buffer, never written nor recorded.
+  rig.io->PauseForTest();
+  PrefetchHandle hold = Prefetch(rig.dev.get(), 512 * kKiB, 16 * kKiB);
+  REQUIRE(rig.io->WaitPendingForTest(1, absl::Seconds(10)));
+  rig.Put(128 * kKiB, 16 * kKiB, 7, 152);
+  rig.dev->Discard(0, 128 * kKiB, 16 * kKiB, 7);
+  rig.dev->PrefetchRelease(hold);
+  rig.io->ResumeForTest();
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  REQUIRE(WaitUntil(
+      [&] { return rig.dev->HybridStats().discarded_records_forgotten == 4; }));
+  for (const DurableExtent& e : rig.tier->RecordedForTest()) CHECK(e.tag != 7);
+  ext = rig.tier->ExtentsNowForTest();
+  REQUIRE(ext.size() == 1);
+  CHECK(ext[0].tag == 5);
+  HybridDeviceStats s = rig.dev->HybridStats();
+  CHECK(s.discarded_objects == 4);
+  CHECK(s.buffered_bytes == 0);
+  CHECK(rig.ReadMatches(0, 16 * kKiB, 150));
+
+  // A write committed over a discarded range before its forget runs
+  // cancels the forget: the new object stays recorded.
+  rig.dev->Discard(0, 0, 16 * kKiB, 5);
+  rig.Put(0, 16 * kKiB, 8, 153);
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  bool found = false;
+  for (const DurableExtent& e : rig.tier->ExtentsNowForTest()) {
+    if (e.tag == 8) found = true;
+  }
+  CHECK(found);
+  CHECK(rig.ReadMatches(0, 16 * kKiB, 153));
+}
+
 // ---------------------------------------------- over a real capacity file
 
 std::string TmpPath(const std::string& name) {

@@ -173,6 +173,16 @@ class MemoryDevice {
   // for volatile devices. Constant for the device's lifetime.
   virtual std::vector<RecoveredExtent> RecoveredExtents() const { return {}; }
 
+  // The node no longer holds the object written at [addr, addr + len) of
+  // `region` with `tag` (the master neither lists it nor will commit it): a
+  // persistent device stops keeping it, so it is not re-adopted after a
+  // restart. Does nothing when a newer object (another tag or extent) covers
+  // the range, or for volatile devices. Never fails: a device that cannot
+  // forget the object now does so later or leaves it to the next
+  // reconciliation. Readers already holding the object keep their view.
+  virtual void Discard(uint32_t region, uint64_t addr, uint64_t len,
+                       uint64_t tag) {}
+
   // The memory a data plane may expose for direct access (see MemoryArea).
   // Constant for the device's lifetime. Empty: no direct access (the data
   // plane moves bytes over TCP only).

@@ -304,6 +304,9 @@ void ExportDeviceStats(const storage::MemoryDevice& device,
     (*out)["corrupt_refusals"] = static_cast<double>(s.corrupt_refusals);
     (*out)["corrupt_records_forgotten"] =
         static_cast<double>(s.corrupt_records_forgotten);
+    (*out)["discarded_objects"] = static_cast<double>(s.discarded_objects);
+    (*out)["discarded_records_forgotten"] =
+        static_cast<double>(s.discarded_records_forgotten);
     (*out)["open_verified_objects"] =
         static_cast<double>(s.open_verified_objects);
     (*out)["open_unchecked_objects"] =
@@ -895,6 +898,9 @@ absl::Status StorageNode::Reconcile(uint32_t node_id) {
   for (const v1::Location& loc : resp.unlisted()) {
     if (extents_->Drop(storage::ExtentKey{loc.region_id(), loc.addr(),
                                           loc.length(), loc.generation()})) {
+      // A persistent device forgets it too, or a restart would adopt it again.
+      device_->Discard(loc.region_id(), loc.addr(), loc.length(),
+                       loc.generation());
       ++freed;
     }
   }

@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/storage.grpc.pb.h"
 #include "tests/daemon.h"
 #include "tools/hymctl/fsck.h"
 
@@ -312,6 +314,52 @@ TEST_CASE("a byte flipped in the capacity file: the object is dropped at restart
   CHECK(report->clean());
   CHECK(report->checksum_failures == 1);
   CHECK(report->matched == keys.size() - 2);
+}
+
+TEST_CASE("an extent the master stopped listing is freed on the hybrid node for good, not adopted again at restart") {
+  HybridCluster c;
+  auto keys = Keys(4);
+  c.StoreAll(keys);
+  // Flushed and recorded; the master forgets block 3 (a chain leaf) while
+  // the node keeps it.
+  REQUIRE(c.node.daemon.Stop(SIGTERM).ok());
+  c.StartNode();
+  c.WaitAlive();
+  auto removed = c.client->Remove({keys[3]});
+  REQUIRE(removed.ok());
+  REQUIRE((*removed)[0]);
+  hymctl::FsckOptions fo;
+  fo.master_address = c.master.address;
+  fo.settle = absl::Milliseconds(200);
+  fo.repair = true;
+  auto report = hymctl::RunFsck(fo);
+  REQUIRE(report.ok());
+  CHECK(report->findings.size() == 1);  // the unlisted extent
+  CHECK(report->remaining == 0);
+
+  // Its record is gone too: the restarted node adopts three objects, and
+  // its first reconciliation has nothing to free.
+  REQUIRE(c.node.daemon.Stop(SIGTERM).ok());
+  c.StartNode();
+  c.WaitAlive();
+  auto stub = v1::StorageControl::NewStub(grpc::CreateChannel(
+      c.node.control_address, grpc::InsecureChannelCredentials()));
+  v1::StorageStatsResponse stats;
+  for (int i = 0; i < 200; ++i) {
+    grpc::ClientContext ctx;
+    REQUIRE(stub->GetStats(&ctx, v1::StorageStatsRequest(), &stats).ok());
+    if (stats.reconciliations() > 0) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  REQUIRE(stats.reconciliations() > 0);
+  CHECK(stats.reconcile_freed_extents() == 0);
+  CHECK(stats.extents() == 3);
+  fo.repair = false;
+  report = hymctl::RunFsck(fo);
+  REQUIRE(report.ok());
+  CHECK(report->clean());
+  CHECK(report->matched == 3);
+  CHECK(c.LoadAndVerify({keys[0], keys[1], keys[2]}) == 3);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev libgoogle-glog-dev libgflags-dev
   catch2 libbenchmark-dev nlohmann-json3-dev libssl-dev
+  clang-14 libclang-rt-14-dev lld-14
   libnuma-dev libibverbs-dev librdmacm-dev liburing-dev
 )
 

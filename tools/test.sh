@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs the HyMCache test suite: installs dependencies, then runs every test
 # under each configuration in HYMCACHE_TEST_CONFIGS (default: "default asan
-# tsan"), then the RDMA and CXL tests inside a QEMU guest (tests/vmtest;
-# HYMCACHE_VMTEST=0 skips them), and prints a closing line "N passed, N
-# failed" counted from Bazel's per-test results and the guest runs. Exits
-# non-zero if any test failed or did not build.
+# tsan"), then a short run of every libFuzzer target (tools/fuzz.sh;
+# HYMCACHE_FUZZ=0 skips it), then the RDMA and CXL tests inside a QEMU guest
+# (tests/vmtest; HYMCACHE_VMTEST=0 skips them), and prints a closing line
+# "N passed, N failed" counted from Bazel's per-test results, the fuzz
+# targets and the guest runs. Exits non-zero if any test failed or did not
+# build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +35,21 @@ for cfg in $CONFIGS; do
   fi
   rm -f "$log"
 done
+# A short libFuzzer run of every fuzz target (tools/fuzz.sh: clang-14 with
+# ASan+UBSan, HYMCACHE_FUZZ_SECONDS per target, two at a time; the corpus
+# replay of each target already ran above as an ordinary test).
+# HYMCACHE_FUZZ=0 skips it.
+if [ "${HYMCACHE_FUZZ:-1}" = "1" ]; then
+  echo "=== fuzz: a short run of every libFuzzer target"
+  log=$(mktemp)
+  bash tools/fuzz.sh --seconds="${HYMCACHE_FUZZ_SECONDS:-20}" 2>&1 | tee "$log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  p=$(sed -n 's/^fuzz: \([0-9]*\) passed, \([0-9]*\) failed.*$/\1/p' "$log")
+  f=$(sed -n 's/^fuzz: \([0-9]*\) passed, \([0-9]*\) failed.*$/\2/p' "$log")
+  passed=$((passed + ${p:-0}))
+  failed=$((failed + ${f:-1}))
+  rm -f "$log"
+fi
 # The RDMA and CXL code paths on real (software) devices: a QEMU guest with
 # Soft-RoCE and a CXL memory NUMA node runs host-built tests (tests/vmtest).
 # HYMCACHE_VMTEST=0 skips it. A guest that never reports a result (boot

@@ -1290,6 +1290,11 @@ absl::StatusOr<CrashTestReport> CrashTest::Impl::Run(std::ostream& log) {
       r.failures.push_back(absl::StrCat(
           r.stale_listings, " keys listed but unreadable after recovery"));
     }
+    if (r.unreachable_tails > 0) {
+      r.failures.push_back(absl::StrCat(
+          r.unreachable_tails,
+          " listed blocks after an unlisted one in their chain"));
+    }
     if (r.fsck_ran && !r.fsck_clean) {
       r.failures.push_back("hymctl fsck found the cluster inconsistent");
     }

@@ -115,8 +115,9 @@ struct CrashTestOptions {
   // Bound on waiting for every node to be alive after the last restart.
   // Default: 120 s.
   absl::Duration alive_timeout = absl::Seconds(120);
-  // Fail the run when keys are listed but unreadable after recovery (or
-  // fsck, when it runs, is not clean). Default: true.
+  // Fail the run when keys are listed but unreadable after recovery, when a
+  // listed block follows an unlisted one in its chain (an unreachable tail),
+  // or when fsck, if it runs, is not clean. Default: true.
   bool require_clean_recovery = true;
   // Fail the run when a block that must still be served (see live-node
   // durability above) is not. Default: true.
