@@ -28,6 +28,17 @@ grpc::Status ToGrpc(const absl::Status& s) {
                       std::string(s.message()));
 }
 
+// Who a caller is, for the per-caller limits (pending puts): its peer
+// address without the port ("ipv4:10.0.0.7", "ipv6:[::1]"). One small
+// function, so that an authenticated identity can replace it.
+std::string CallerKey(const grpc::CallbackServerContext* ctx) {
+  std::string peer = ctx->peer();
+  const size_t colon = peer.rfind(':');
+  const size_t first = peer.find(':');
+  if (colon != std::string::npos && colon != first) peer.resize(colon);
+  return peer;
+}
+
 // Large enough for max_batch_keys keys of max_key_bytes each plus framing.
 constexpr int kMinMaxMessageBytes = 16 << 20;
 
@@ -66,10 +77,15 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       v1::DeregisterNodeResponse* resp) override {
     return Reply(ctx, service_->DeregisterNode(*req), resp);
   }
+  grpc::ServerUnaryReactor* ForgetNode(grpc::CallbackServerContext* ctx,
+                                       const v1::ForgetNodeRequest* req,
+                                       v1::ForgetNodeResponse* resp) override {
+    return Reply(ctx, service_->ForgetNode(*req), resp);
+  }
   grpc::ServerUnaryReactor* PutStart(grpc::CallbackServerContext* ctx,
                                      const v1::PutStartRequest* req,
                                      v1::PutStartResponse* resp) override {
-    return Reply(ctx, service_->PutStart(*req), resp);
+    return Reply(ctx, service_->PutStart(*req, CallerKey(ctx)), resp);
   }
   grpc::ServerUnaryReactor* PutCommit(grpc::CallbackServerContext* ctx,
                                       const v1::PutCommitRequest* req,
@@ -278,6 +294,10 @@ absl::Status MasterOptions::Validate() const {
   so.read_lease = read_lease;
   so.max_evictions_per_put = max_evictions_per_put;
   so.reconcile_interval = reconcile_interval;
+  so.max_nodes = max_nodes;
+  so.forget_dead_nodes_after = forget_dead_nodes_after;
+  so.max_pending_share_per_caller = max_pending_share_per_caller;
+  so.max_pending_slots_per_caller = max_pending_slots_per_caller;
   absl::Status s = so.Validate();
   if (!s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("master: ", s.message()));
@@ -306,6 +326,10 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   so.read_lease = options.read_lease;
   so.max_evictions_per_put = options.max_evictions_per_put;
   so.reconcile_interval = options.reconcile_interval;
+  so.max_nodes = options.max_nodes;
+  so.forget_dead_nodes_after = options.forget_dead_nodes_after;
+  so.max_pending_share_per_caller = options.max_pending_share_per_caller;
+  so.max_pending_slots_per_caller = options.max_pending_slots_per_caller;
   so.clock = options.clock;
   auto service = master::MasterService::Create(so, std::move(store).value());
   if (!service.ok()) return service.status();

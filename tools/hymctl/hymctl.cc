@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "client/block_key.h"
 #include "client/client.h"
+#include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 #include "tools/hymctl/fsck.h"
 
@@ -83,6 +84,11 @@ class Cli {
     if (cmd == "lookup") return rest.empty() ? Usage("lookup KEY...") : Lookup(rest);
     if (cmd == "rm") return rest.empty() ? Usage("rm KEY...") : Remove(rest);
     if (cmd == "fsck") return Fsck(rest);
+    if (cmd == "node") {
+      return rest.size() == 2 && rest[0] == "forget"
+                 ? ForgetNode(rest[1])
+                 : Usage("node forget NAME");
+    }
     return Usage(absl::StrCat("unknown command '", cmd, "'"));
   }
 
@@ -98,7 +104,8 @@ class Cli {
          << "  rm KEY...         remove keys\n"
          << "  fsck [--repair] [--settle=SECONDS]\n"
          << "                    compare the master's listings with every\n"
-         << "                    node's extents (exit 1 if inconsistent)\n";
+         << "                    node's extents (exit 1 if inconsistent)\n"
+         << "  node forget NAME  remove a dead node's record and its objects\n";
     return 2;
   }
 
@@ -194,6 +201,33 @@ class Cli {
          << st->reconcile_dropped_listings
          << " listings dropped by them, " << st->read_repairs
          << " by read repair\n";
+    return 0;
+  }
+
+  // Admin: the master removes a dead node's record and its objects.
+  int ForgetNode(const std::string& name) {
+    auto stub = hymcache::v1::MasterService::NewStub(grpc::CreateChannel(
+        o_.master_address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(
+        absl::Now() + absl::Seconds(o_.timeout_seconds)));
+    hymcache::v1::ForgetNodeRequest req;
+    req.set_name(name);
+    hymcache::v1::ForgetNodeResponse resp;
+    grpc::Status s = stub->ForgetNode(&ctx, req, &resp);
+    if (!s.ok()) {
+      return Fail(absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                               s.error_message()));
+    }
+    if (o_.json) {
+      out_ << json{{"node_id", resp.node_id()},
+                   {"objects_removed", resp.objects_removed()}}
+                  .dump()
+           << "\n";
+    } else {
+      out_ << "forgot node " << resp.node_id() << " '" << name << "' and its "
+           << resp.objects_removed() << " objects\n";
+    }
     return 0;
   }
 

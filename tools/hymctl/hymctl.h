@@ -9,6 +9,8 @@
 //   hymctl fsck [--repair] [--settle=SECONDS]
 //                              master listings vs node extents (fsck.h);
 //                              exit 1 if anything is inconsistent
+//   hymctl node forget NAME    (admin) remove a dead node's record and its
+//                              objects from the master
 //
 // Keys are taken as text, or as hex with --hex (block keys are binary).
 #pragma once
