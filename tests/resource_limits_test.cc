@@ -113,6 +113,21 @@ void PutAndGet(Client& c, const std::string& model, size_t n = 4) {
   for (size_t i = 0; i < n; ++i) CHECK(out[i] == data[i]);
 }
 
+// Bound on the master's RSS growth across the test. ASan keeps freed memory
+// in its quarantine (256 MiB by default), which the parsed and refused
+// registrations pass through.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr uint64_t kMasterGrowthKiB = 400 * 1024;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr uint64_t kMasterGrowthKiB = 400 * 1024;
+#else
+constexpr uint64_t kMasterGrowthKiB = 150 * 1024;
+#endif
+#else
+constexpr uint64_t kMasterGrowthKiB = 150 * 1024;
+#endif
+
 template <typename Pred>
 bool Eventually(Pred pred, absl::Duration limit = absl::Seconds(20)) {
   const absl::Time deadline = absl::Now() + limit;
@@ -270,7 +285,7 @@ TEST_CASE("Hostile callers do not deny service to a legitimate one") {
   std::cerr << "resource_limits_test: master RSS " << master_rss << " -> "
             << master_after << " KiB; node RSS " << node_rss << " -> "
             << node_after << " KiB; " << started << " flood puts started\n";
-  CHECK(master_after < master_rss + 150 * 1024);
+  CHECK(master_after < master_rss + kMasterGrowthKiB);
   CHECK(node_after < node_rss + 96 * 1024);
   CHECK(m->daemon.Alive());
   CHECK(n->daemon.Alive());
