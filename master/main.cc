@@ -36,6 +36,17 @@ DEFINE_uint32(max_evictions_per_put, 4096,
 DEFINE_int64(reconcile_interval_ms, 60000,
              "period of each storage node's background reconciliation of its "
              "extents with the master's listings (0: only at registration)");
+DEFINE_uint32(max_nodes, 1024,
+              "most node records kept (alive or dead); forget dead ones with "
+              "`hymctl node forget NAME`");
+DEFINE_int64(forget_dead_nodes_after_s, 7 * 24 * 3600,
+             "forget a node record (and its objects) unseen this long (s; "
+             "0: never)");
+DEFINE_double(max_pending_share_per_caller, 0.25,
+              "most bytes of one caller's pending puts on a node, as a share "
+              "of the node's capacity");
+DEFINE_uint64(max_pending_slots_per_caller, 65536,
+              "most objects in one caller's pending puts");
 DEFINE_bool(sync_writes, false,
             "fsync the metadata WAL on every write (survives power loss)");
 DEFINE_string(auth_tokens_file, "",
@@ -75,6 +86,13 @@ int main(int argc, char** argv) {
   options.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
   options.max_evictions_per_put = FLAGS_max_evictions_per_put;
   options.sync_writes = FLAGS_sync_writes;
+  options.max_nodes = FLAGS_max_nodes;
+  options.forget_dead_nodes_after =
+      FLAGS_forget_dead_nodes_after_s == 0
+          ? absl::InfiniteDuration()
+          : absl::Seconds(FLAGS_forget_dead_nodes_after_s);
+  options.max_pending_share_per_caller = FLAGS_max_pending_share_per_caller;
+  options.max_pending_slots_per_caller = FLAGS_max_pending_slots_per_caller;
   options.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
   options.auth_tokens_file = FLAGS_auth_tokens_file;
   options.insecure = FLAGS_insecure;

@@ -30,6 +30,17 @@ grpc::Status ToGrpc(const absl::Status& s) {
                       std::string(s.message()));
 }
 
+// Who a caller is, for the per-caller limits (pending puts): its peer
+// address without the port ("ipv4:10.0.0.7", "ipv6:[::1]"). One small
+// function, so that an authenticated identity can replace it.
+std::string CallerKey(const grpc::CallbackServerContext* ctx) {
+  std::string peer = ctx->peer();
+  const size_t colon = peer.rfind(':');
+  const size_t first = peer.find(':');
+  if (colon != std::string::npos && colon != first) peer.resize(colon);
+  return peer;
+}
+
 // Large enough for max_batch_keys keys of max_key_bytes each plus framing.
 constexpr int kMinMaxMessageBytes = 16 << 20;
 
@@ -112,6 +123,14 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     return id;
   }
 
+  // Whose pending puts a PutStart counts against (the per-caller limits):
+  // the identity when identities are configured, else the peer's address.
+  std::string CallerKeyOf(const grpc::CallbackServerContext* ctx,
+                          const Identity& id) const {
+    if (auth_ == nullptr) return CallerKey(ctx);
+    return absl::StrCat("id:", id.tenant, "/", id.name);
+  }
+
   // A streaming call refused before it reads or writes anything.
   template <typename Reactor>
   class Refused final : public Reactor {
@@ -177,6 +196,13 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->DeregisterNode(*req), resp);
   }
+  grpc::ServerUnaryReactor* ForgetNode(grpc::CallbackServerContext* ctx,
+                                       const v1::ForgetNodeRequest* req,
+                                       v1::ForgetNodeResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "ForgetNode");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    return Reply(ctx, service_->ForgetNode(*req), resp);
+  }
   grpc::ServerUnaryReactor* PutStart(grpc::CallbackServerContext* ctx,
                                      const v1::PutStartRequest* req,
                                      v1::PutStartResponse* resp) override {
@@ -205,7 +231,8 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                                static_cast<uint64_t>(req->keys_size()), bytes);
       if (!s.ok()) return Refuse(ctx, s);
     }
-    absl::StatusOr<v1::PutStartResponse> out = service_->PutStart(*r);
+    absl::StatusOr<v1::PutStartResponse> out =
+        service_->PutStart(*r, CallerKeyOf(ctx, *id));
     if (out.ok() && auth_ != nullptr) {
       tenants_->NotePut(out->put_id(), id->tenant,
                         absl::FromUnixMillis(out->expires_unix_ms()),
@@ -529,6 +556,10 @@ absl::Status MasterOptions::Validate() const {
   so.read_lease = read_lease;
   so.max_evictions_per_put = max_evictions_per_put;
   so.reconcile_interval = reconcile_interval;
+  so.max_nodes = max_nodes;
+  so.forget_dead_nodes_after = forget_dead_nodes_after;
+  so.max_pending_share_per_caller = max_pending_share_per_caller;
+  so.max_pending_slots_per_caller = max_pending_slots_per_caller;
   absl::Status s = so.Validate();
   if (!s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("master: ", s.message()));
@@ -561,6 +592,10 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   so.read_lease = options.read_lease;
   so.max_evictions_per_put = options.max_evictions_per_put;
   so.reconcile_interval = options.reconcile_interval;
+  so.max_nodes = options.max_nodes;
+  so.forget_dead_nodes_after = options.forget_dead_nodes_after;
+  so.max_pending_share_per_caller = options.max_pending_share_per_caller;
+  so.max_pending_slots_per_caller = options.max_pending_slots_per_caller;
   so.clock = options.clock;
   auto service = master::MasterService::Create(so, std::move(store).value());
   if (!service.ok()) return service.status();

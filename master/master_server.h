@@ -72,6 +72,14 @@ struct MasterOptions {
   // master (anti-entropy; registration always reconciles). 0: none.
   // 0..24 h. Default: 60 s.
   absl::Duration reconcile_interval = absl::Seconds(60);
+  // Resource limits (see MasterServiceOptions): node records kept; when a
+  // dead node's record is forgotten; a caller's pending puts (share of a
+  // node's capacity, slots). The caller of a PutStart is its peer address
+  // (see MasterRpcHandler's CallerKey). Defaults: 1024, 7 days, 0.25, 65536.
+  uint32_t max_nodes = 1024;
+  absl::Duration forget_dead_nodes_after = absl::Hours(7 * 24);
+  double max_pending_share_per_caller = 0.25;
+  uint64_t max_pending_slots_per_caller = 65536;
   // fsync the metadata WAL on every write. Without it commits survive a
   // process crash (kill -9) but the last ones may be lost on power loss,
   // which a cache tolerates. Default: false.

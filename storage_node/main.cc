@@ -4,8 +4,12 @@
 // Once serving it prints exactly one line to stdout:
 //   hymcache-storage data=HOST:PORT control=HOST:PORT
 // SIGTERM or SIGINT shuts it down gracefully (exit 0).
-#include <signal.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cctype>
 #include <cstdint>
@@ -93,7 +97,16 @@ DEFINE_string(max_region_bytes, "0",
               "DRAM device: most bytes per region / RDMA registration (0: "
               "the RDMA device's limit, or one region).");
 DEFINE_uint32(alignment, 4096, "Allocation alignment (power of two).");
-DEFINE_int32(max_connections, 1024, "Most data-plane connections at once.");
+DEFINE_int32(max_connections, 8192,
+             "Most data-plane connections open at once (idle ones hold no "
+             "thread).");
+DEFINE_int32(max_connections_per_peer, 1024,
+             "Most data-plane connections open at once from one peer "
+             "address.");
+DEFINE_int32(data_worker_threads, 256,
+             "Most data-plane worker threads (requests served at once).");
+DEFINE_int32(max_requests_per_peer, 128,
+             "Most data-plane requests of one peer address served at once.");
 DEFINE_int32(data_send_buffer_bytes, hymcache::kDataSendBufferBytes,
              "Send buffer of each data-plane connection in bytes (0: the "
              "kernel's autotuning, up to net.ipv4.tcp_wmem's maximum).");
@@ -138,6 +151,16 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
+  // Every data-plane connection holds a descriptor: allow as many as the
+  // hard limit does (the soft limit is often 1024).
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
+      nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+      LOG(WARNING) << "cannot raise the descriptor limit: " << strerror(errno);
+    }
+  }
 
   hymcache::StorageNodeOptions options;
   options.master_address = FLAGS_master;
@@ -207,6 +230,9 @@ int main(int argc, char** argv) {
   }
   options.alignment = FLAGS_alignment;
   options.max_connections = FLAGS_max_connections;
+  options.max_connections_per_peer = FLAGS_max_connections_per_peer;
+  options.data_worker_threads = FLAGS_data_worker_threads;
+  options.max_requests_per_peer = FLAGS_max_requests_per_peer;
   options.data_send_buffer_bytes = FLAGS_data_send_buffer_bytes;
   options.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);
   options.idle_timeout = absl::Milliseconds(FLAGS_idle_timeout_ms);

@@ -397,9 +397,11 @@ absl::Status StorageNodeOptions::Validate() const {
     return absl::InvalidArgumentError(
         "storage node: data_send_buffer_bytes must be >= 0");
   }
-  if (max_connections < 1) {
+  if (max_connections < 1 || max_connections_per_peer < 1 ||
+      data_worker_threads < 1 || max_requests_per_peer < 1) {
     return absl::InvalidArgumentError(
-        "storage node: max_connections must be >= 1");
+        "storage node: max_connections, max_connections_per_peer, "
+        "data_worker_threads and max_requests_per_peer must be >= 1");
   }
   if (io_timeout <= absl::ZeroDuration() ||
       idle_timeout <= absl::ZeroDuration() ||
@@ -618,6 +620,9 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   ds.host = options.listen_host;
   ds.port = options.data_port;
   ds.max_connections = options.max_connections;
+  ds.max_connections_per_peer = options.max_connections_per_peer;
+  ds.worker_threads = options.data_worker_threads;
+  ds.max_requests_per_peer = options.max_requests_per_peer;
   ds.send_buffer_bytes = options.data_send_buffer_bytes;
   ds.io_timeout = options.io_timeout;
   ds.idle_timeout = options.idle_timeout;

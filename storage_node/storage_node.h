@@ -158,9 +158,14 @@ struct StorageNodeOptions {
   // the device's registration limit when RDMA is on, else one region.
   // Default: 0
   uint64_t max_region_bytes = 0;
-  // Most data-plane connections served at once (each holds a thread).
-  // Default: 1024
-  int max_connections = 1024;
+  // Data-plane limits (see DataServerOptions): connections open at once, in
+  // all and per peer address; worker threads; requests of one peer served
+  // at once. An idle connection holds no thread.
+  // Defaults: 8192, 1024, 256, 128
+  int max_connections = 8192;
+  int max_connections_per_peer = 1024;
+  int data_worker_threads = 256;
+  int max_requests_per_peer = 128;
   // Send buffer of each data-plane connection (see
   // DataServerOptions::send_buffer_bytes); 0: the kernel's autotuning.
   // Default: kDataSendBufferBytes (512 KiB)

@@ -96,6 +96,11 @@ class Cli {
     if (cmd == "lookup") return rest.empty() ? Usage("lookup KEY...") : Lookup(rest);
     if (cmd == "rm") return rest.empty() ? Usage("rm KEY...") : Remove(rest);
     if (cmd == "fsck") return Fsck(rest);
+    if (cmd == "node") {
+      return rest.size() == 2 && rest[0] == "forget"
+                 ? ForgetNode(rest[1])
+                 : Usage("node forget NAME");
+    }
     return Usage(absl::StrCat("unknown command '", cmd, "'"));
   }
 
@@ -120,7 +125,8 @@ class Cli {
          << "                    write a fresh token to TOKEN_FILE (a new\n"
          << "                    file, mode 0600) and print its identities\n"
          << "                    line (ROLE: engine, admin or node; TENANT:\n"
-         << "                    - for the default)\n";
+         << "                    - for the default)\n"
+         << "  node forget NAME  remove a dead node's record and its objects\n";
     return 2;
   }
 
@@ -329,6 +335,33 @@ class Cli {
          << st->reconcile_dropped_listings
          << " listings dropped by them, " << st->read_repairs
          << " by read repair\n";
+    return 0;
+  }
+
+  // Admin: the master removes a dead node's record and its objects.
+  int ForgetNode(const std::string& name) {
+    auto stub = hymcache::v1::MasterService::NewStub(grpc::CreateChannel(
+        o_.master_address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(
+        absl::Now() + absl::Seconds(o_.timeout_seconds)));
+    hymcache::v1::ForgetNodeRequest req;
+    req.set_name(name);
+    hymcache::v1::ForgetNodeResponse resp;
+    grpc::Status s = stub->ForgetNode(&ctx, req, &resp);
+    if (!s.ok()) {
+      return Fail(absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                               s.error_message()));
+    }
+    if (o_.json) {
+      out_ << json{{"node_id", resp.node_id()},
+                   {"objects_removed", resp.objects_removed()}}
+                  .dump()
+           << "\n";
+    } else {
+      out_ << "forgot node " << resp.node_id() << " '" << name << "' and its "
+           << resp.objects_removed() << " objects\n";
+    }
     return 0;
   }
 

@@ -15,6 +15,8 @@
 //                              a fresh token written to TOKEN_FILE (0600,
 //                              new file); its identities line on stdout
 //                              (docs/security.md)
+//   hymctl node forget NAME    (admin) remove a dead node's record and its
+//                              objects from the master
 //
 // Keys are taken as text, or as hex with --hex (block keys are binary).
 #pragma once
