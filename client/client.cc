@@ -16,6 +16,7 @@
 #include "common/executor.h"
 #include "common/mutex.h"
 #include "common/net.h"
+#include "common/security.h"
 #include "common/status_macros.h"
 #include "proto/master.grpc.pb.h"
 
@@ -28,6 +29,10 @@ absl::Status ClientOptions::Validate() const {
   if (auto hp = SplitHostPort(master_address); !hp.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("ClientOptions.master_address: ", hp.status().message()));
+  }
+  if (tls_cert_file.empty() != tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.tls_cert_file and tls_key_file go together");
   }
   if (default_deadline <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -980,8 +985,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   // connect timeout, and 100 ms fails connects on a loaded machine.)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel = grpc::CreateCustomChannel(
-      options.master_address, grpc::InsecureChannelCredentials(), args);
+  ChannelSecurity security;
+  security.token = options.auth_token;
+  security.tls.ca_file = options.tls_ca_file;
+  security.tls.cert_file = options.tls_cert_file;
+  security.tls.key_file = options.tls_key_file;
+  security.tls.server_name = options.tls_server_name;
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                   CreateChannel(options.master_address, security, args));
   ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
                    MakeTransport(options));
   ASSIGN_OR_RETURN(

@@ -29,6 +29,19 @@ struct ClientOptions {
   // gRPC address of the master, "host:port". Required.
   std::string master_address;
 
+  // Bearer token presented to the master (role engine, or admin for
+  // hymctl); "" sends none, as a master without identities expects.
+  // docs/security.md. Default: "".
+  std::string auth_token;
+  // TLS towards the master: the CA that signed the master's certificate
+  // (PEM file; enables TLS), an optional client certificate and key for
+  // mutual TLS, and the name the master's certificate must carry when it is
+  // not the host of master_address. Default: "" (plaintext).
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+
   // Deadline of a call that is given none. When it passes, the call returns
   // what it has finished (Get: the blocks loaded so far) and the engine
   // recomputes the rest. Default: 10 s.

@@ -27,6 +27,7 @@ class FakeMetadataStore : public MetadataStore {
     }
     for (const auto& [k, r] : mutation.put_objects) objects_[k] = r;
     for (const auto& [k, ms] : mutation.object_uses) uses_[k] = ms;
+    for (const auto& n : mutation.delete_nodes) nodes_.erase(n);
     for (const auto& n : mutation.put_nodes) nodes_[n.name()] = n;
     ++writes_;
     return absl::OkStatus();

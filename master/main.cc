@@ -4,7 +4,7 @@
 //
 // Prints "hymcache-master listening on HOST:PORT" on stdout once serving
 // (with --listen=...:0 the port is the one picked); stops cleanly on SIGTERM
-// or SIGINT and exits 0.
+// or SIGINT and exits 0; SIGHUP re-reads --auth_tokens_file.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <pthread.h>
@@ -36,8 +36,31 @@ DEFINE_uint32(max_evictions_per_put, 4096,
 DEFINE_int64(reconcile_interval_ms, 60000,
              "period of each storage node's background reconciliation of its "
              "extents with the master's listings (0: only at registration)");
+DEFINE_uint32(max_nodes, 1024,
+              "most node records kept (alive or dead); forget dead ones with "
+              "`hymctl node forget NAME`");
+DEFINE_int64(forget_dead_nodes_after_s, 7 * 24 * 3600,
+             "forget a node record (and its objects) unseen this long (s; "
+             "0: never)");
+DEFINE_double(max_pending_share_per_caller, 0.25,
+              "most bytes of one caller's pending puts on a node, as a share "
+              "of the node's capacity");
+DEFINE_uint64(max_pending_slots_per_caller, 65536,
+              "most objects in one caller's pending puts");
 DEFINE_bool(sync_writes, false,
             "fsync the metadata WAL on every write (survives power loss)");
+DEFINE_string(auth_tokens_file, "",
+              "identities file or directory (docs/security.md); re-read on "
+              "SIGHUP. Empty: no authentication, loopback only");
+DEFINE_bool(insecure, false,
+            "without --auth_tokens_file, listen on a non-loopback address "
+            "anyway (every caller is an admin)");
+DEFINE_string(tls_cert, "", "PEM server certificate chain (enables TLS)");
+DEFINE_string(tls_key, "", "PEM private key of --tls_cert");
+DEFINE_string(tls_ca, "",
+              "PEM CA certificates that verify client certificates");
+DEFINE_bool(tls_require_client_cert, false,
+            "refuse TLS clients without a certificate signed by --tls_ca");
 
 int main(int argc, char** argv) {
   FLAGS_logtostderr = true;  // default for a daemon; --logtostderr=0 overrides
@@ -51,6 +74,7 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   hymcache::MasterOptions options;
@@ -62,7 +86,20 @@ int main(int argc, char** argv) {
   options.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
   options.max_evictions_per_put = FLAGS_max_evictions_per_put;
   options.sync_writes = FLAGS_sync_writes;
+  options.max_nodes = FLAGS_max_nodes;
+  options.forget_dead_nodes_after =
+      FLAGS_forget_dead_nodes_after_s == 0
+          ? absl::InfiniteDuration()
+          : absl::Seconds(FLAGS_forget_dead_nodes_after_s);
+  options.max_pending_share_per_caller = FLAGS_max_pending_share_per_caller;
+  options.max_pending_slots_per_caller = FLAGS_max_pending_slots_per_caller;
   options.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
+  options.auth_tokens_file = FLAGS_auth_tokens_file;
+  options.insecure = FLAGS_insecure;
+  options.tls.cert_file = FLAGS_tls_cert;
+  options.tls.key_file = FLAGS_tls_key;
+  options.tls.ca_file = FLAGS_tls_ca;
+  options.tls.require_client_cert = FLAGS_tls_require_client_cert;
   absl::Status valid = options.Validate();
   if (!valid.ok()) {
     LOG(ERROR) << valid;
@@ -85,7 +122,10 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   int sig = 0;
-  while (sigwait(&stop_signals, &sig) != 0) {
+  while (true) {
+    if (sigwait(&stop_signals, &sig) != 0) continue;
+    if (sig != SIGHUP) break;
+    (*server)->ReloadIdentities().IgnoreError();  // logged by the server
   }
   LOG(INFO) << "signal " << sig << ": shutting down";
   (*server)->Shutdown();

@@ -12,6 +12,8 @@
 #include "common/net.h"
 #include "master/master_service.h"
 #include "master/metadata_store.h"
+#include "master/tenant.h"
+#include "master/tenants.h"
 #include "proto/master.grpc.pb.h"
 
 namespace hymcache {
@@ -28,6 +30,17 @@ grpc::Status ToGrpc(const absl::Status& s) {
                       std::string(s.message()));
 }
 
+// Who a caller is, for the per-caller limits (pending puts): its peer
+// address without the port ("ipv4:10.0.0.7", "ipv6:[::1]"). One small
+// function, so that an authenticated identity can replace it.
+std::string CallerKey(const grpc::CallbackServerContext* ctx) {
+  std::string peer = ctx->peer();
+  const size_t colon = peer.rfind(':');
+  const size_t first = peer.find(':');
+  if (colon != std::string::npos && colon != first) peer.resize(colon);
+  return peer;
+}
+
 // Large enough for max_batch_keys keys of max_key_bytes each plus framing.
 constexpr int kMinMaxMessageBytes = 16 << 20;
 
@@ -36,9 +49,120 @@ constexpr int kMinMaxMessageBytes = 16 << 20;
 // The gRPC adapter: every method runs MasterService inline on the callback
 // thread (the work is in-memory plus at most one RocksDB batch write) and
 // finishes the default reactor.
+//
+// Every method first checks the caller's identity (Admit): engines (and
+// admins, for hymctl put/get) read and write blocks; admins list and
+// remove; nodes register, heartbeat and reconcile.
 class MasterRpcHandler final : public v1::MasterService::CallbackService {
  public:
-  explicit MasterRpcHandler(MasterService* service) : service_(service) {}
+  MasterRpcHandler(MasterService* service, const Authenticator* auth,
+                   TenantRegistry* tenants, uint32_t max_key_bytes,
+                   Clock* clock)
+      : service_(service),
+        auth_(auth),
+        tenants_(tenants),
+        max_key_bytes_(max_key_bytes),
+        clock_(clock) {}
+
+  // Tenants (master/tenant.h): the keys a caller sends name its own
+  // tenant's key space. InvalidArgument for a key longer than the
+  // configured limit, or one of the default tenant spelling a qualified key
+  // (admins may: fsck hands back the keys ListObjects gave it).
+  absl::Status CheckKeys(const Identity& id,
+                         const google::protobuf::RepeatedPtrField<std::string>&
+                             keys,
+                         const char* method) const {
+    for (const std::string& k : keys) {
+      absl::Status s = CheckKey(id, k, method);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status CheckKey(const Identity& id, const std::string& k,
+                        const char* method) const {
+    if (k.size() > max_key_bytes_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          method, ": a key of ", k.size(), " bytes (at most ", max_key_bytes_,
+          ")"));
+    }
+    if (id.role != Role::kAdmin && id.tenant == kDefaultTenantName &&
+        IsQualifiedKey(k)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          method, ": a key begins with the reserved tenant marker"));
+    }
+    return absl::OkStatus();
+  }
+  // Whether the caller's keys are rewritten (a tenant other than default).
+  static bool Rewrites(const Identity& id) {
+    return id.tenant != kDefaultTenantName;
+  }
+  static void Qualify(const Identity& id, std::string* key) {
+    if (id.role == Role::kAdmin && IsQualifiedKey(*key)) return;
+    *key = QualifyKey(id.tenant, *key);
+  }
+  static void QualifyAll(const Identity& id,
+                         google::protobuf::RepeatedPtrField<std::string>* keys) {
+    for (std::string& k : *keys) Qualify(id, &k);
+  }
+
+  static constexpr Roles kEngine = Roles(Role::kEngine) | Role::kAdmin;
+  static constexpr Roles kAdmin = Role::kAdmin;
+  static constexpr Roles kNode = Role::kNode;
+
+  // The caller, if it may call `method`; AnonymousAdmin() when
+  // authentication is off.
+  absl::StatusOr<Identity> Admit(grpc::CallbackServerContext* ctx,
+                                 Roles allowed, const char* method) const {
+    if (auth_ == nullptr) return AnonymousAdmin();
+    absl::StatusOr<Identity> id = auth_->Check(*ctx, allowed, method);
+    if (!id.ok()) {
+      LOG_EVERY_N(WARNING, 100)
+          << "master: refused a call from " << ctx->peer() << ": "
+          << id.status() << " (every 100th refusal logged)";
+    }
+    return id;
+  }
+
+  // Whose pending puts a PutStart counts against (the per-caller limits):
+  // the identity when identities are configured, else the peer's address.
+  std::string CallerKeyOf(const grpc::CallbackServerContext* ctx,
+                          const Identity& id) const {
+    if (auth_ == nullptr) return CallerKey(ctx);
+    return absl::StrCat("id:", id.tenant, "/", id.name);
+  }
+
+  // A streaming call refused before it reads or writes anything.
+  template <typename Reactor>
+  class Refused final : public Reactor {
+   public:
+    explicit Refused(const absl::Status& s) {
+      TsanRelease(this);
+      this->Finish(ToGrpc(s));
+    }
+    void OnDone() override {
+      TsanAcquire(this);
+      delete this;
+    }
+  };
+
+  // With identities, only the tenant that started a put may commit or
+  // abort it (put ids are small integers anyone could guess).
+  absl::Status OwnPut(const Identity& id, uint64_t put_id,
+                      const char* method) const {
+    if (auth_ == nullptr || tenants_->OwnsPut(put_id, id.tenant)) {
+      return absl::OkStatus();
+    }
+    return absl::NotFoundError(absl::StrCat(method, ": no pending put ",
+                                            put_id, " of tenant '", id.tenant,
+                                            "'"));
+  }
+
+  static grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx,
+                                          const absl::Status& s) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpc(s));
+    return reactor;
+  }
 
 
   template <typename Response>
@@ -54,46 +178,123 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* RegisterNode(
       grpc::CallbackServerContext* ctx, const v1::RegisterNodeRequest* req,
       v1::RegisterNodeResponse* resp) override {
+    auto id = Admit(ctx, kNode, "RegisterNode");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->RegisterNode(*req), resp);
   }
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const v1::HeartbeatRequest* req,
                                       v1::HeartbeatResponse* resp) override {
+    auto id = Admit(ctx, kNode, "Heartbeat");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->Heartbeat(*req), resp);
   }
   grpc::ServerUnaryReactor* DeregisterNode(
       grpc::CallbackServerContext* ctx, const v1::DeregisterNodeRequest* req,
       v1::DeregisterNodeResponse* resp) override {
+    auto id = Admit(ctx, kNode, "DeregisterNode");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->DeregisterNode(*req), resp);
+  }
+  grpc::ServerUnaryReactor* ForgetNode(grpc::CallbackServerContext* ctx,
+                                       const v1::ForgetNodeRequest* req,
+                                       v1::ForgetNodeResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "ForgetNode");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    return Reply(ctx, service_->ForgetNode(*req), resp);
   }
   grpc::ServerUnaryReactor* PutStart(grpc::CallbackServerContext* ctx,
                                      const v1::PutStartRequest* req,
                                      v1::PutStartResponse* resp) override {
-    return Reply(ctx, service_->PutStart(*req), resp);
+    auto id = Admit(ctx, kEngine, "PutStart");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    absl::Status s = CheckKeys(*id, req->keys(), "PutStart");
+    if (s.ok()) s = CheckKey(*id, req->parent_key(), "PutStart");
+    if (!s.ok()) return Refuse(ctx, s);
+    const v1::PutStartRequest* r = req;
+    v1::PutStartRequest qualified;
+    if (Rewrites(*id)) {
+      qualified = *req;
+      QualifyAll(*id, qualified.mutable_keys());
+      if (!qualified.parent_key().empty()) {
+        Qualify(*id, qualified.mutable_parent_key());
+      }
+      r = &qualified;
+    }
+    const TenantQuota quota = tenants_->Quota(id->tenant);
+    if (quota.max_objects != 0 || quota.max_bytes != 0) {
+      uint64_t bytes = 0;
+      for (uint64_t len : req->lengths()) bytes += len;
+      const MetadataIndex::TenantUsage used =
+          service_->UsageOfTenant(id->tenant);
+      s = tenants_->CheckQuota(id->tenant, used.objects, used.bytes,
+                               static_cast<uint64_t>(req->keys_size()), bytes);
+      if (!s.ok()) return Refuse(ctx, s);
+    }
+    absl::StatusOr<v1::PutStartResponse> out =
+        service_->PutStart(*r, CallerKeyOf(ctx, *id));
+    if (out.ok() && auth_ != nullptr) {
+      tenants_->NotePut(out->put_id(), id->tenant,
+                        absl::FromUnixMillis(out->expires_unix_ms()),
+                        clock_->Now());
+    }
+    return Reply(ctx, std::move(out), resp);
   }
   grpc::ServerUnaryReactor* PutCommit(grpc::CallbackServerContext* ctx,
                                       const v1::PutCommitRequest* req,
                                       v1::PutCommitResponse* resp) override {
-    return Reply(ctx, service_->PutCommit(*req), resp);
+    auto id = Admit(ctx, kEngine, "PutCommit");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    if (absl::Status s = OwnPut(*id, req->put_id(), "PutCommit"); !s.ok()) {
+      return Refuse(ctx, s);
+    }
+    absl::StatusOr<v1::PutCommitResponse> out = service_->PutCommit(*req);
+    if (out.ok()) tenants_->ForgetPut(req->put_id());
+    return Reply(ctx, std::move(out), resp);
   }
   grpc::ServerUnaryReactor* PutAbort(grpc::CallbackServerContext* ctx,
                                      const v1::PutAbortRequest* req,
                                      v1::PutAbortResponse* resp) override {
-    return Reply(ctx, service_->PutAbort(*req), resp);
+    auto id = Admit(ctx, kEngine, "PutAbort");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    if (absl::Status s = OwnPut(*id, req->put_id(), "PutAbort"); !s.ok()) {
+      return Refuse(ctx, s);
+    }
+    absl::StatusOr<v1::PutAbortResponse> out = service_->PutAbort(*req);
+    if (out.ok()) tenants_->ForgetPut(req->put_id());
+    return Reply(ctx, std::move(out), resp);
   }
   grpc::ServerUnaryReactor* BatchLookup(
       grpc::CallbackServerContext* ctx, const v1::BatchLookupRequest* req,
       v1::BatchLookupResponse* resp) override {
-    return Reply(ctx, service_->BatchLookup(*req), resp);
+    auto id = Admit(ctx, kEngine, "BatchLookup");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    if (absl::Status s = CheckKeys(*id, req->keys(), "BatchLookup"); !s.ok()) {
+      return Refuse(ctx, s);
+    }
+    if (!Rewrites(*id)) return Reply(ctx, service_->BatchLookup(*req), resp);
+    v1::BatchLookupRequest qualified = *req;
+    QualifyAll(*id, qualified.mutable_keys());
+    return Reply(ctx, service_->BatchLookup(qualified), resp);
   }
   grpc::ServerUnaryReactor* Remove(grpc::CallbackServerContext* ctx,
                                    const v1::RemoveRequest* req,
                                    v1::RemoveResponse* resp) override {
-    return Reply(ctx, service_->Remove(*req), resp);
+    auto id = Admit(ctx, kAdmin, "Remove");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    if (absl::Status s = CheckKeys(*id, req->keys(), "Remove"); !s.ok()) {
+      return Refuse(ctx, s);
+    }
+    if (!Rewrites(*id)) return Reply(ctx, service_->Remove(*req), resp);
+    v1::RemoveRequest qualified = *req;
+    QualifyAll(*id, qualified.mutable_keys());
+    return Reply(ctx, service_->Remove(qualified), resp);
   }
   grpc::ServerUnaryReactor* BeginReconcile(
       grpc::CallbackServerContext* ctx, const v1::BeginReconcileRequest* req,
       v1::BeginReconcileResponse* resp) override {
+    auto id = Admit(ctx, kNode, "BeginReconcile");
+    if (!id.ok()) return Refuse(ctx, id.status());
     absl::StatusOr<uint64_t> epoch =
         service_->StartReconcile(req->node_id(), req->incarnation());
     if (!epoch.ok()) {
@@ -110,14 +311,27 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* ReportMissing(
       grpc::CallbackServerContext* ctx, const v1::ReportMissingRequest* req,
       v1::ReportMissingResponse* resp) override {
-    return Reply(ctx, service_->ReportMissing(*req), resp);
+    auto id = Admit(ctx, kEngine, "ReportMissing");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    if (absl::Status s = CheckKeys(*id, req->keys(), "ReportMissing");
+        !s.ok()) {
+      return Refuse(ctx, s);
+    }
+    if (!Rewrites(*id)) return Reply(ctx, service_->ReportMissing(*req), resp);
+    v1::ReportMissingRequest qualified = *req;
+    QualifyAll(*id, qualified.mutable_keys());
+    return Reply(ctx, service_->ReportMissing(qualified), resp);
   }
 
   // Reads the node's extents chunk by chunk; compares at the end of the
   // stream (see MasterService::FinishReconcile).
   grpc::ServerReadReactor<v1::ReconcileNodeRequest>* ReconcileNode(
-      grpc::CallbackServerContext* /*ctx*/,
+      grpc::CallbackServerContext* ctx,
       v1::ReconcileNodeResponse* resp) override {
+    if (auto id = Admit(ctx, kNode, "ReconcileNode"); !id.ok()) {
+      return new Refused<grpc::ServerReadReactor<v1::ReconcileNodeRequest>>(
+          id.status());
+    }
     // gRPC never runs two callbacks of one reactor at once but hands them
     // between its threads through synchronization TSan cannot see (Debian's
     // gRPC is not instrumented): each callback starts with TsanAcquire(this)
@@ -204,8 +418,12 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
 
   // Pages of the master's listings until the index has been walked.
   grpc::ServerWriteReactor<v1::ListObjectsResponse>* ListObjects(
-      grpc::CallbackServerContext* /*ctx*/,
+      grpc::CallbackServerContext* ctx,
       const v1::ListObjectsRequest* req) override {
+    if (auto id = Admit(ctx, kAdmin, "ListObjects"); !id.ok()) {
+      return new Refused<grpc::ServerWriteReactor<v1::ListObjectsResponse>>(
+          id.status());
+    }
     class Writer final
         : public grpc::ServerWriteReactor<v1::ListObjectsResponse> {
      public:
@@ -260,13 +478,61 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* ctx,
                                       const v1::ListNodesRequest* /*req*/,
                                       v1::ListNodesResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "ListNodes");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, absl::StatusOr<v1::ListNodesResponse>(
                           service_->ListNodes()),
+                 resp);
+  }
+  grpc::ServerUnaryReactor* ListTenants(grpc::CallbackServerContext* ctx,
+                                        const v1::ListTenantsRequest* req,
+                                        v1::ListTenantsResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "ListTenants");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    auto usage = service_->AllTenantUsage();
+    std::map<std::string, v1::TenantInfo> rows;
+    for (const auto& [t, u] : usage) {
+      rows[t].set_objects(u.objects);
+      rows[t].set_bytes(u.bytes);
+    }
+    for (const auto& [t, q] : tenants_->Quotas()) {
+      rows[t].set_max_objects(q.max_objects);
+      rows[t].set_max_bytes(q.max_bytes);
+    }
+    if (!req->tenant().empty()) rows[req->tenant()];  // even if empty
+    v1::ListTenantsResponse out;
+    for (auto& [t, info] : rows) {
+      if (!req->tenant().empty() && t != req->tenant()) continue;
+      info.set_tenant(t);
+      info.set_quota_refusals(tenants_->QuotaRefusals(t));
+      *out.add_tenants() = std::move(info);
+    }
+    return Reply(ctx, absl::StatusOr<v1::ListTenantsResponse>(std::move(out)),
+                 resp);
+  }
+  grpc::ServerUnaryReactor* SetTenantQuota(
+      grpc::CallbackServerContext* ctx, const v1::SetTenantQuotaRequest* req,
+      v1::SetTenantQuotaResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "SetTenantQuota");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    absl::Status s = tenants_->SetQuota(
+        req->tenant(), TenantQuota{req->max_objects(), req->max_bytes()});
+    if (s.ok()) {
+      LOG(INFO) << "master: tenant '" << req->tenant() << "' quota set to "
+                << req->max_objects() << " objects, " << req->max_bytes()
+                << " bytes by '" << id->name << "'";
+    }
+    return Reply(ctx,
+                 s.ok() ? absl::StatusOr<v1::SetTenantQuotaResponse>(
+                              v1::SetTenantQuotaResponse())
+                        : absl::StatusOr<v1::SetTenantQuotaResponse>(s),
                  resp);
   }
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
                                      const v1::GetStatsRequest* /*req*/,
                                      v1::GetStatsResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "GetStats");
+    if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, absl::StatusOr<v1::GetStatsResponse>(
                           service_->GetStats()),
                  resp);
@@ -274,6 +540,10 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
 
  private:
   MasterService* const service_;
+  const Authenticator* const auth_;  // null: authentication off
+  TenantRegistry* const tenants_;
+  const uint32_t max_key_bytes_;  // as the caller sends them
+  Clock* const clock_;
 };
 
 }  // namespace master
@@ -287,6 +557,14 @@ absl::Status MasterOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("master: listen_address: ", hp.status().message()));
   }
+  absl::Status tls_ok = tls.Validate();
+  if (!tls_ok.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("master: ", tls_ok.message()));
+  }
+  absl::Status protected_mode = CheckProtectedMode(
+      "master", hp->first, !auth_tokens_file.empty(), insecure);
+  if (!protected_mode.ok()) return protected_mode;
   master::MasterServiceOptions so;
   so.node_timeout = node_timeout;
   so.heartbeat_interval = heartbeat_interval;
@@ -297,6 +575,10 @@ absl::Status MasterOptions::Validate() const {
   so.read_lease = read_lease;
   so.max_evictions_per_put = max_evictions_per_put;
   so.reconcile_interval = reconcile_interval;
+  so.max_nodes = max_nodes;
+  so.forget_dead_nodes_after = forget_dead_nodes_after;
+  so.max_pending_share_per_caller = max_pending_share_per_caller;
+  so.max_pending_slots_per_caller = max_pending_slots_per_caller;
   absl::Status s = so.Validate();
   if (!s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("master: ", s.message()));
@@ -320,19 +602,46 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   so.heartbeat_interval = options.heartbeat_interval;
   so.put_timeout = options.put_timeout;
   so.max_batch_keys = options.max_batch_keys;
-  so.max_key_bytes = options.max_key_bytes;
+  // Keys of tenants other than the default carry a prefix (tenant.h); the
+  // handler checks the length the caller sent against max_key_bytes.
+  so.max_key_bytes = static_cast<uint32_t>(std::min<uint64_t>(
+      master::MetadataIndex::kMaxKeyBytes,
+      uint64_t{options.max_key_bytes} + master::kMaxTenantPrefixBytes));
   so.max_object_bytes = options.max_object_bytes;
   so.read_lease = options.read_lease;
   so.max_evictions_per_put = options.max_evictions_per_put;
   so.reconcile_interval = options.reconcile_interval;
+  so.max_nodes = options.max_nodes;
+  so.forget_dead_nodes_after = options.forget_dead_nodes_after;
+  so.max_pending_share_per_caller = options.max_pending_share_per_caller;
+  so.max_pending_slots_per_caller = options.max_pending_slots_per_caller;
   so.clock = options.clock;
   auto service = master::MasterService::Create(so, std::move(store).value());
   if (!service.ok()) return service.status();
 
+  std::unique_ptr<Authenticator> auth;
+  if (!options.auth_tokens_file.empty()) {
+    auto a = Authenticator::Create(options.auth_tokens_file);
+    if (!a.ok()) return a.status();
+    auth = std::move(a).value();
+  }
+  auto creds = MakeServerCredentials(options.tls);
+  if (!creds.ok()) return creds.status();
+
+  auto tenants = master::TenantRegistry::Create(
+      options.tenant_quotas_file.empty() ? options.db_path + ".quotas"
+                                         : options.tenant_quotas_file);
+  if (!tenants.ok()) return tenants.status();
+
   std::unique_ptr<MasterServer> server(new MasterServer);
+  server->auth_ = std::move(auth);
+  server->tenants_ = std::move(tenants).value();
   server->service_ = std::move(service).value();
   server->handler_ =
-      std::make_unique<master::MasterRpcHandler>(server->service_.get());
+      std::make_unique<master::MasterRpcHandler>(
+          server->service_.get(), server->auth_.get(), server->tenants_.get(),
+          options.max_key_bytes,
+          options.clock != nullptr ? options.clock : Clock::Real());
 
   const int max_message = static_cast<int>(std::min<uint64_t>(
       INT32_MAX,
@@ -342,8 +651,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
               (1 << 20))));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen_address, *creds, &port);
   // Without this, gRPC sets SO_REUSEPORT and a second master would bind the
   // same port silently.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -368,11 +676,39 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   server->reaper_ =
       Thread("master-reaper", [raw, interval] { raw->ReaperLoop(interval); });
   LOG(INFO) << "master serving on " << server->address_ << " (db "
-            << options.db_path << ")";
+            << options.db_path << ", "
+            << (options.tls.ServerEnabled()
+                    ? (options.tls.require_client_cert ? "mutual TLS"
+                                                       : "TLS")
+                    : "plaintext")
+            << ")";
+  if (server->auth_ != nullptr) {
+    LOG(INFO) << "master: " << server->auth_->size() << " identities from "
+              << options.auth_tokens_file;
+  } else if (!IsLoopbackHost(SplitHostPort(options.listen_address)->first)) {
+    LOG(WARNING) << "master: no identities and --insecure: anyone who can "
+                    "reach "
+                 << options.listen_address << " may call every method";
+  } else {
+    LOG(INFO) << "master: protected mode (no identities configured): "
+                 "serving loopback only; every local caller is an admin";
+  }
   return server;
 }
 
 MasterServer::~MasterServer() { Shutdown(); }
+
+absl::Status MasterServer::ReloadIdentities() {
+  if (auth_ == nullptr) return absl::OkStatus();
+  absl::Status s = auth_->Reload();
+  if (s.ok()) {
+    LOG(INFO) << "master: reloaded " << auth_->size() << " identities";
+  } else {
+    LOG(ERROR) << "master: identities not reloaded (the old ones stay): "
+               << s;
+  }
+  return s;
+}
 
 void MasterServer::ReaperLoop(absl::Duration interval) {
   while (true) {

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "common/security.h"
 #include "common/thread.h"
 
 namespace grpc {
@@ -37,6 +38,7 @@ namespace hymcache {
 namespace master {
 class MasterService;
 class MasterRpcHandler;
+class TenantRegistry;
 }  // namespace master
 
 struct MasterOptions {
@@ -70,10 +72,31 @@ struct MasterOptions {
   // master (anti-entropy; registration always reconciles). 0: none.
   // 0..24 h. Default: 60 s.
   absl::Duration reconcile_interval = absl::Seconds(60);
+  // Resource limits (see MasterServiceOptions): node records kept; when a
+  // dead node's record is forgotten; a caller's pending puts (share of a
+  // node's capacity, slots). The caller of a PutStart is its peer address
+  // (see MasterRpcHandler's CallerKey). Defaults: 1024, 7 days, 0.25, 65536.
+  uint32_t max_nodes = 1024;
+  absl::Duration forget_dead_nodes_after = absl::Hours(7 * 24);
+  double max_pending_share_per_caller = 0.25;
+  uint64_t max_pending_slots_per_caller = 65536;
   // fsync the metadata WAL on every write. Without it commits survive a
   // process crash (kill -9) but the last ones may be lost on power loss,
   // which a cache tolerates. Default: false.
   bool sync_writes = false;
+  // Identities file (or directory) of the callers (common/security.h:
+  // "role tenant name sha256:HEX | cert:NAME" lines). "" turns
+  // authentication off: every caller is an admin, and only a loopback
+  // listen_address is allowed unless `insecure`. Default: "".
+  std::string auth_tokens_file;
+  // Listen on a non-loopback address without identities. Default: false.
+  bool insecure = false;
+  // Per-tenant quotas (hymctl tenant set-quota), one "tenant max_objects
+  // max_bytes" line each. Default: "" = db_path + ".quotas".
+  std::string tenant_quotas_file;
+  // TLS for the gRPC service (server certificate; client certificates
+  // verified against tls.ca_file). Default: plaintext.
+  TlsOptions tls;
   // Source of time for liveness and put expiry; not owned, must outlive the
   // server. Default: nullptr, meaning Clock::Real().
   Clock* clock = nullptr;
@@ -100,6 +123,10 @@ class MasterServer {
   // host such as 0.0.0.0 or [::]) and the bound port.
   std::string address() const { return address_; }
 
+  // Re-reads the identities file (SIGHUP). On error the old identities stay.
+  // OkStatus when authentication is off.
+  absl::Status ReloadIdentities();
+
   // Stops serving (in-flight calls get up to 1 s to finish), joins the
   // reaper and closes the store. Idempotent; later calls return at once.
   void Shutdown();
@@ -116,6 +143,8 @@ class MasterServer {
   // Constant after Create.
   int port_ = 0;
   std::string address_;
+  std::unique_ptr<Authenticator> auth_;  // null: authentication off
+  std::unique_ptr<master::TenantRegistry> tenants_;
   std::unique_ptr<master::MasterService> service_;
   std::unique_ptr<master::MasterRpcHandler> handler_;
   std::unique_ptr<grpc::Server> server_;

@@ -20,6 +20,13 @@ namespace {
 namespace v1 = ::hymcache::v1;
 
 constexpr size_t kMaxNodeNameBytes = 128;
+// Registration size caps (documented in proto/master.proto).
+constexpr size_t kMaxAddressBytes = 256;
+constexpr int kMaxTransportParams = 32;
+constexpr size_t kMaxTransportParamKeyBytes = 64;
+constexpr size_t kMaxTransportParamValueBytes = 4096;
+constexpr size_t kMaxTransportParamsBytes = 8192;
+constexpr uint32_t kMaxNodesLimit = 65536;
 constexpr int kMaxRegions = 64;
 constexpr uint32_t kMaxAlignment = uint32_t{1} << 30;
 constexpr uint32_t kMaxBatchKeysLimit = 65536;
@@ -41,6 +48,11 @@ uint64_t RoundUp(uint64_t len, uint32_t alignment) {
 }
 
 absl::Status ValidateAddress(const std::string& address, const char* what) {
+  if (address.size() > kMaxAddressBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " of ", address.size(), " bytes (want at most ",
+                     kMaxAddressBytes, ")"));
+  }
   auto hp = SplitHostPort(address);
   if (!hp.ok() || hp->second == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -52,6 +64,36 @@ absl::Status ValidateAddress(const std::string& address, const char* what) {
 std::string PrintableKey(absl::string_view key) {
   if (key.size() > 64) key = key.substr(0, 64);
   return absl::CHexEscape(key);
+}
+
+absl::Status ValidateTransportParams(
+    const google::protobuf::Map<std::string, std::string>& params) {
+  if (params.size() > kMaxTransportParams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(params.size(), " transport_params (want at most ",
+                     kMaxTransportParams, ")"));
+  }
+  size_t total = 0;
+  for (const auto& [key, value] : params) {
+    if (key.empty() || key.size() > kMaxTransportParamKeyBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "transport_params key '", PrintableKey(key), "' of ", key.size(),
+          " bytes (want 1..", kMaxTransportParamKeyBytes, ")"));
+    }
+    if (value.size() > kMaxTransportParamValueBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "transport_params '", PrintableKey(key), "' of ", value.size(),
+          " bytes (want at most ", kMaxTransportParamValueBytes, ")"));
+    }
+    total += key.size() + value.size();
+  }
+  if (total > kMaxTransportParamsBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport_params of ", total,
+                     " bytes in all (want at most ", kMaxTransportParamsBytes,
+                     ")"));
+  }
+  return absl::OkStatus();
 }
 
 // Registration fields of a region (used_bytes cleared).
@@ -127,6 +169,23 @@ absl::Status MasterServiceOptions::Validate() const {
   }
   if (max_eviction_scan == 0) {
     return absl::InvalidArgumentError("max_eviction_scan must be > 0");
+  }
+  if (max_nodes == 0 || max_nodes > kMaxNodesLimit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_nodes must be 1..", kMaxNodesLimit));
+  }
+  if (forget_dead_nodes_after <= node_timeout) {
+    return absl::InvalidArgumentError(
+        "forget_dead_nodes_after must be > node_timeout");
+  }
+  if (!(max_pending_share_per_caller > 0 &&
+        max_pending_share_per_caller <= 1)) {
+    return absl::InvalidArgumentError(
+        "max_pending_share_per_caller must be in (0, 1]");
+  }
+  if (max_pending_slots_per_caller == 0) {
+    return absl::InvalidArgumentError(
+        "max_pending_slots_per_caller must be > 0");
   }
   return absl::OkStatus();
 }
@@ -375,6 +434,7 @@ void MasterService::ReleasePut(uint64_t put_id, bool free_space) {
   if (it == pending_.end()) return;
   PendingPut put = std::move(it->second);
   pending_.erase(it);
+  CountCallerPending(put, -1);
   for (const PendingSlot& slot : put.slots) {
     if (free_space) FreeSpace(put.node_id, slot.region_id, slot.addr);
     pending_keys_.erase(slot.key);
@@ -482,6 +542,115 @@ void MasterService::CancelPutsOfNode(uint32_t node_id, bool free_space) {
   counters_.puts_cancelled += doomed.size();
 }
 
+bool MasterService::CallerMayPut(absl::string_view caller, const Node& node,
+                                 uint64_t slots, uint64_t bytes,
+                                 std::string* why) const {
+  uint64_t capacity = 0;
+  for (const auto& [rid, region] : node.regions) {
+    capacity += region.info.capacity_bytes();
+  }
+  const uint64_t byte_limit = static_cast<uint64_t>(
+      static_cast<double>(capacity) * options_.max_pending_share_per_caller);
+  uint64_t pending_slots = 0;
+  uint64_t pending_bytes = 0;
+  auto it = pending_by_caller_.find(caller);
+  if (it != pending_by_caller_.end()) {
+    pending_slots = it->second.slots;
+    auto b = it->second.bytes_by_node.find(node.info.node_id());
+    if (b != it->second.bytes_by_node.end()) pending_bytes = b->second;
+  }
+  const std::string who =
+      caller.empty() ? std::string("this caller")
+                     : absl::StrCat("caller ", absl::CHexEscape(caller));
+  if (pending_slots + slots > options_.max_pending_slots_per_caller) {
+    *why = absl::StrCat(
+        who, " has ", pending_slots, " objects in pending puts (limit ",
+        options_.max_pending_slots_per_caller,
+        "); commit or abort them before starting more");
+    return false;
+  }
+  if (options_.max_pending_share_per_caller < 1 &&
+      pending_bytes + bytes > byte_limit) {
+    *why = absl::StrCat(
+        who, " has ", pending_bytes, " bytes in pending puts on node ",
+        node.info.node_id(), "; ", bytes, " more would exceed its limit of ",
+        byte_limit, " bytes (", options_.max_pending_share_per_caller * 100,
+        "% of the node's capacity); commit or abort them before starting "
+        "more");
+    return false;
+  }
+  return true;
+}
+
+void MasterService::CountCallerPending(const PendingPut& put, int delta) {
+  CallerPending& c = pending_by_caller_[put.caller];
+  const uint64_t slots = put.slots.size();
+  if (delta > 0) {
+    c.slots += slots;
+    c.bytes_by_node[put.node_id] += put.bytes;
+    return;
+  }
+  c.slots -= std::min(c.slots, slots);
+  auto b = c.bytes_by_node.find(put.node_id);
+  if (b != c.bytes_by_node.end()) {
+    b->second -= std::min(b->second, put.bytes);
+    if (b->second == 0) c.bytes_by_node.erase(b);
+  }
+  if (c.slots == 0 && c.bytes_by_node.empty()) {
+    pending_by_caller_.erase(put.caller);
+  }
+}
+
+absl::StatusOr<uint64_t> MasterService::ForgetNodeLocked(uint32_t node_id) {
+  Node& node = nodes_.at(node_id);
+  std::vector<std::string> doomed;
+  index_.ForEach([&](absl::string_view key, const IndexEntry& e) {
+    if (e.node_id == node_id) doomed.emplace_back(key);
+  });
+  MetadataMutation m;
+  m.delete_objects = doomed;
+  m.delete_nodes.push_back(node.info.name());
+  absl::Status s = store_->Apply(m);
+  if (!s.ok()) return s;
+  for (const std::string& key : doomed) {
+    auto e = index_.Erase(key);
+    if (e) CountObject(*e, -1);
+  }
+  // Its allocators go with it.
+  CancelPutsOfNode(node_id, /*free_space=*/false);
+  SweepOrphansLocked();
+  LOG(INFO) << "forgot node " << node_id << " '" << node.info.name()
+            << "' and its " << doomed.size() << " objects";
+  node_by_name_.erase(node.info.name());
+  nodes_.erase(node_id);
+  ++counters_.nodes_forgotten;
+  return doomed.size();
+}
+
+absl::StatusOr<v1::ForgetNodeResponse> MasterService::ForgetNode(
+    const v1::ForgetNodeRequest& request) {
+  MutexLock l(&mu_);
+  auto known = node_by_name_.find(request.name());
+  if (known == node_by_name_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no node named '", absl::CHexEscape(request.name()), "'"));
+  }
+  const uint32_t id = known->second;
+  if (MayComeBack(nodes_.at(id), clock_->Now())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", id, " '", absl::CHexEscape(request.name()),
+        "' was seen within the node timeout (",
+        absl::FormatDuration(options_.node_timeout),
+        "); stop it (or let it deregister) before forgetting it"));
+  }
+  auto removed = ForgetNodeLocked(id);
+  if (!removed.ok()) return removed.status();
+  v1::ForgetNodeResponse response;
+  response.set_node_id(id);
+  response.set_objects_removed(*removed);
+  return response;
+}
+
 absl::StatusOr<MasterService::Rebuild> MasterService::PlanRebuild(
     uint32_t node_id,
     const google::protobuf::RepeatedPtrField<v1::RegionInfo>& regions,
@@ -529,6 +698,8 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   if (request.incarnation() == 0) {
     return absl::InvalidArgumentError("incarnation must be nonzero");
   }
+  s = ValidateTransportParams(request.transport_params());
+  if (!s.ok()) return s;
   if (request.regions().empty() || request.regions_size() > kMaxRegions) {
     return absl::InvalidArgumentError(
         absl::StrCat(request.regions_size(), " regions (want 1..", kMaxRegions,
@@ -578,6 +749,11 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   if (known == node_by_name_.end()) {
     if (next_node_id_ == 0) {
       return absl::ResourceExhaustedError("node ids exhausted");
+    }
+    if (nodes_.size() >= options_.max_nodes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the master keeps at most ", options_.max_nodes,
+          " node records; remove dead ones with `hymctl node forget NAME`"));
     }
     const uint32_t id = next_node_id_;
     info.set_node_id(id);
@@ -917,7 +1093,7 @@ absl::Status MasterService::EvictObjects(
 }
 
 absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
-    const v1::PutStartRequest& request) {
+    const v1::PutStartRequest& request, absl::string_view caller) {
   absl::Status s = ValidateKeys(request.keys());
   if (!s.ok()) return s;
   if (request.lengths_size() != request.keys_size()) {
@@ -1019,13 +1195,19 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   }
   if (to_allocate.empty()) return response;
 
-  // Choose one node for the whole request.
+  // Choose one node for the whole request, among those where the caller's
+  // pending puts leave room for it (checked before anything is evicted).
   std::vector<std::pair<uint32_t, uint64_t>> placed;
   Node* chosen = nullptr;
   Node* target = nullptr;  // where to evict if no node has room
+  std::string over_limit;  // why the caller may not put on some node
+  auto caller_may_put = [&](const Node& n) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return CallerMayPut(caller, n, to_allocate.size(), total_bytes,
+                        &over_limit);
+  };
   if (preferred != 0) {
     Node& p = nodes_.at(preferred);
-    if (IsAlive(p, now)) {
+    if (IsAlive(p, now) && caller_may_put(p)) {
       target = &p;
       if (TryAllocateOnNode(p, lengths, &placed)) chosen = &p;
     }
@@ -1038,6 +1220,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
       if (it == nodes_.end()) it = nodes_.begin();
       if (!IsAlive(it->second, now)) continue;
       ++alive;
+      if (!caller_may_put(it->second)) continue;
       if (target == nullptr) target = &it->second;
       if (it->first == preferred) continue;  // already tried
       if (TryAllocateOnNode(it->second, lengths, &placed)) {
@@ -1051,6 +1234,12 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
       return absl::ResourceExhaustedError(absl::StrCat(
           "no alive storage node to place ", to_allocate.size(),
           " objects (", nodes_.size(), " nodes known)"));
+    }
+    if (target == nullptr) {
+      ++counters_.puts_over_caller_limit;
+      LOG_EVERY_N(WARNING, 1000)
+          << "PutStart refused: " << over_limit;
+      return absl::ResourceExhaustedError(over_limit);
     }
     std::string why;
     absl::StatusOr<bool> fit =
@@ -1067,6 +1256,8 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   const uint32_t node_id = chosen->info.node_id();
 
   PendingPut put;
+  put.caller = std::string(caller);
+  put.bytes = total_bytes;
   put.node_id = node_id;
   put.key_count = static_cast<uint32_t>(request.keys_size());
   put.parent_key = request.parent_key();
@@ -1099,6 +1290,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   for (const PendingSlot& slot : put.slots) pending_keys_[slot.key] = put_id;
   if (!put.parent_key.empty()) ++pending_parents_[put.parent_key];
   response.set_expires_unix_ms(absl::ToUnixMillis(put.expiry));
+  CountCallerPending(put, +1);
   pending_.emplace(put_id, std::move(put));
   last_placed_node_ = node_id;
   response.set_put_id(put_id);
@@ -1218,6 +1410,7 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
   // A replaced entry's children (on the dead node) lost their chain:
   // ReapExpired removes them.
   UnpinParent(put);
+  CountCallerPending(put, -1);
   pending_.erase(it);
   v1::PutCommitResponse response;
   response.set_committed(committed);
@@ -1249,6 +1442,21 @@ size_t MasterService::ReapExpired() {
   }
   PersistRecencyLocked(options_.recency_batch);
   SweepOrphansLocked();
+  if (options_.forget_dead_nodes_after != absl::InfiniteDuration()) {
+    std::vector<uint32_t> forgotten;
+    for (const auto& [id, node] : nodes_) {
+      if (now - node.last_seen > options_.forget_dead_nodes_after) {
+        forgotten.push_back(id);
+      }
+    }
+    for (uint32_t id : forgotten) {
+      auto removed = ForgetNodeLocked(id);
+      if (!removed.ok()) {
+        LOG(WARNING) << "cannot forget node " << id
+                     << " (dead too long): " << removed.status();
+      }
+    }
+  }
   return expired.size();
 }
 
@@ -1667,6 +1875,18 @@ v1::ListNodesResponse MasterService::ListNodes() const {
     FillNodeInfo(node, now, response.add_nodes());
   }
   return response;
+}
+
+MetadataIndex::TenantUsage MasterService::UsageOfTenant(
+    absl::string_view tenant) const {
+  MutexLock l(&mu_);
+  return index_.UsageOf(tenant);
+}
+
+absl::flat_hash_map<std::string, MetadataIndex::TenantUsage>
+MasterService::AllTenantUsage() const {
+  MutexLock l(&mu_);
+  return index_.AllTenantUsage();
 }
 
 v1::GetStatsResponse MasterService::GetStats() const {

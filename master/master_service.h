@@ -198,6 +198,25 @@ struct MasterServiceOptions {
   // (see Recency across restarts). 0: reads are not persisted (a restart
   // orders objects by commit time). Default: 16384.
   uint32_t recency_batch = 16384;
+  // Most node records kept (alive or dead). RegisterNode of a new name
+  // beyond it is refused (ResourceExhausted); ForgetNode, or
+  // forget_dead_nodes_after, removes dead ones. With the registration size
+  // caps (see RegisterNode) it bounds ListNodes and GetStats to about
+  // 11 KiB per node. 1..65536. Default: 1024.
+  uint32_t max_nodes = 1024;
+  // A node record not seen for this long (dead or deregistered) is
+  // forgotten by ReapExpired, as by ForgetNode. absl::InfiniteDuration():
+  // never. Must be > node_timeout. Default: 7 days.
+  absl::Duration forget_dead_nodes_after = absl::Hours(7 * 24);
+  // Pending (started, not yet committed or aborted) puts of one caller
+  // (PutStart's caller key): at most this share of a node's capacity in
+  // bytes on that node, and at most max_pending_slots_per_caller slots in
+  // all, so that one caller's never-committed puts cannot fill a node.
+  // PutStart beyond them is refused (ResourceExhausted). Share in (0, 1];
+  // 1: no limit on bytes.
+  // Default: 0.25, 65536.
+  double max_pending_share_per_caller = 0.25;
+  uint64_t max_pending_slots_per_caller = 65536;
   // Source of time for liveness and put expiry. Not owned; must outlive the
   // service. Default: nullptr, meaning Clock::Real().
   Clock* clock = nullptr;
@@ -238,6 +257,10 @@ struct MasterServiceCounters {
   // such batches (those reads are then not persisted).
   uint64_t recency_writes = 0;
   uint64_t recency_write_failures = 0;
+  // PutStarts refused because their caller had too many pending puts.
+  uint64_t puts_over_caller_limit = 0;
+  // Node records removed (ForgetNode, or dead for forget_dead_nodes_after).
+  uint64_t nodes_forgotten = 0;
 };
 
 // One node's extents as streamed by it during a reconciliation (see
@@ -294,8 +317,11 @@ class MasterService {
   // allocators are rebuilt and objects that no longer fit are dropped. Either
   // way its pending puts are cancelled.
   // Errors: InvalidArgument (name empty or > 128 bytes, address not
-  // host:port, 0 or > 64 regions, capacity 0 or below alignment, alignment
-  // not a power of two or > 1 GiB, repeated region id); store errors.
+  // host:port or > 256 bytes, 0 or > 64 regions, capacity 0 or below
+  // alignment, alignment not a power of two or > 1 GiB, repeated region id,
+  // transport_params over their caps: 32 entries, keys 1..64 bytes, values
+  // <= 4096 bytes, 8192 bytes in all); ResourceExhausted (a new name while
+  // max_nodes records are kept); store errors.
   absl::StatusOr<hymcache::v1::RegisterNodeResponse> RegisterNode(
       const hymcache::v1::RegisterNodeRequest& request);
 
@@ -303,6 +329,14 @@ class MasterService {
   // differs or the node deregistered.
   absl::StatusOr<hymcache::v1::HeartbeatResponse> Heartbeat(
       const hymcache::v1::HeartbeatRequest& request);
+
+  // Removes the record of the node named `name`, its objects and its
+  // pending puts; if it comes back it registers as a new node. Errors:
+  // NotFound (unknown name); FailedPrecondition (the node may still come
+  // back: not deregistered and seen within node_timeout); store errors
+  // (nothing removed).
+  absl::StatusOr<hymcache::v1::ForgetNodeResponse> ForgetNode(
+      const hymcache::v1::ForgetNodeRequest& request);
 
   // The node is dead from now on; objects in its non-persistent regions are
   // purged and its pending puts cancelled. Errors: NotFound for an unknown
@@ -326,10 +360,14 @@ class MasterService {
   // duplicate keys, parent_key too long or one of the keys); NotFound
   // (unknown preferred node); FailedPrecondition (parent_key is neither
   // committed nor in a pending put: the blocks would be unreachable);
-  // ResourceExhausted (no room even after eviction; nothing allocated);
-  // store errors.
+  // ResourceExhausted (no room even after eviction, or `caller` has too
+  // many pending puts, see max_pending_share_per_caller; nothing
+  // allocated); store errors.
+  // `caller` identifies who asks, for the pending-put limits (the gRPC
+  // adapter passes its caller key; "" is one anonymous caller).
   absl::StatusOr<hymcache::v1::PutStartResponse> PutStart(
-      const hymcache::v1::PutStartRequest& request);
+      const hymcache::v1::PutStartRequest& request,
+      absl::string_view caller = "");
 
   // Makes every allocated slot of the put visible except `failed_indexes`,
   // which are freed, and except slots whose parent (the block before them)
@@ -403,10 +441,16 @@ class MasterService {
   hymcache::v1::ListNodesResponse ListNodes() const;
   hymcache::v1::GetStatsResponse GetStats() const;
 
+  // Objects and bytes stored per tenant (keys qualified as in
+  // master/tenant.h); UsageOfTenant of a tenant without objects is zero.
+  MetadataIndex::TenantUsage UsageOfTenant(absl::string_view tenant) const;
+  absl::flat_hash_map<std::string, MetadataIndex::TenantUsage>
+  AllTenantUsage() const;
+
   // Periodic upkeep, called by MasterServer: frees pending puts whose
   // expiry has passed, writes up to recency_batch objects' last reads to
-  // the store, and removes orphans left by removals. Returns the number of
-  // puts freed.
+  // the store, removes orphans left by removals, and forgets nodes dead for
+  // forget_dead_nodes_after. Returns the number of puts freed.
   size_t ReapExpired();
 
   MasterServiceCounters counters() const;
@@ -447,11 +491,18 @@ class MasterService {
     uint64_t generation;
   };
   struct PendingPut {
+    std::string caller;  // PutStart's caller key
+    uint64_t bytes = 0;  // of its slots
     uint32_t node_id;
     uint32_t key_count;
     std::string parent_key;  // PutStart's; pinned while the put is pending
     absl::Time expiry;
     std::vector<PendingSlot> slots;
+  };
+  // One caller's pending puts (see max_pending_share_per_caller).
+  struct CallerPending {
+    uint64_t slots = 0;
+    absl::flat_hash_map<uint32_t, uint64_t> bytes_by_node;
   };
   // A new region layout and the node's objects sorted against it.
   struct Rebuild {
@@ -527,6 +578,18 @@ class MasterService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CancelPutsOfNode(uint32_t node_id, bool free_space)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `caller` may have `slots` more pending slots of `bytes` on
+  // `node`; if not, why in *why.
+  bool CallerMayPut(absl::string_view caller, const Node& node,
+                    uint64_t slots, uint64_t bytes, std::string* why) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Counts a pending put in / out of its caller's usage.
+  void CountCallerPending(const PendingPut& put, int delta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes node `node_id` with its objects and pending puts (ForgetNode).
+  // Returns the objects removed. Errors: store errors (nothing changes).
+  absl::StatusOr<uint64_t> ForgetNodeLocked(uint32_t node_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A registration of `node` succeeded: supersedes any reconciliation and
   // decides whether the node must reconcile before it is served
   // (`retained`: the master kept its listings).
@@ -562,6 +625,8 @@ class MasterService {
   MetadataIndex index_ ABSL_GUARDED_BY(mu_);
   uint64_t object_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, PendingPut> pending_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, CallerPending> pending_by_caller_
+      ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> pending_keys_
       ABSL_GUARDED_BY(mu_);
   // Parents of pending puts -> number of such puts (never evicted).

@@ -83,6 +83,9 @@ struct Harness {
     options.clock = &clock;
     options.node_timeout = absl::Seconds(10);
     options.put_timeout = absl::Seconds(30);
+    // These tests fill small nodes from one caller (the limits have their
+    // own tests in master_limits_test.cc).
+    options.max_pending_share_per_caller = 1.0;
     if (tweak) tweak(options);
     Open();
   }
@@ -720,6 +723,7 @@ TEST_CASE("Restart drops objects that no longer fit their node") {
   const std::string dir = TestDir("restart_drop");
   FakeClock clock;
   MasterServiceOptions o;
+  o.max_pending_share_per_caller = 1.0;  // fills one node
   o.clock = &clock;
   {
     RocksDbMetadataStoreOptions so;
@@ -933,6 +937,7 @@ TEST_CASE("A failed store write changes nothing") {
   auto fake = std::make_unique<FakeMetadataStore>();
   FakeMetadataStore* store = fake.get();
   MasterServiceOptions o;
+  o.max_pending_share_per_caller = 1.0;  // fills one node
   o.clock = &clock;
   auto svc = MasterService::Create(o, std::move(fake));
   REQUIRE(svc.ok());
@@ -1068,6 +1073,7 @@ constexpr uint64_t kSlot = 1024;
 
 TEST_CASE("MasterServiceOptions validates read_lease") {
   MasterServiceOptions o;
+  o.max_pending_share_per_caller = 1.0;  // fills one node
   CHECK(o.read_lease == absl::Seconds(5));
   CHECK(o.max_evictions_per_put == 4096);
   o.read_lease = absl::ZeroDuration();
@@ -1433,6 +1439,7 @@ TEST_CASE("A failed eviction write evicts nothing") {
   auto fake = std::make_unique<FakeMetadataStore>();
   FakeMetadataStore* store = fake.get();
   MasterServiceOptions o;
+  o.max_pending_share_per_caller = 1.0;  // fills one node
   o.clock = &clock;
   auto svc = MasterService::Create(o, std::move(fake));
   REQUIRE(svc.ok());

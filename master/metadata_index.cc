@@ -6,6 +6,7 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "master/tenant.h"
 
 namespace hymcache {
 namespace master {
@@ -132,6 +133,7 @@ void MetadataIndex::FillRecord(uint32_t i, absl::string_view key,
                                const IndexEntry& entry) {
   Record& r = record(i);
   r.SetEntry(entry, key.size());
+  CountTenant(key, +1, static_cast<int64_t>(entry.length));
   if (key.size() <= Record::kInlineKey) {
     std::memcpy(r.key, key.data(), key.size());
   } else {
@@ -143,8 +145,44 @@ void MetadataIndex::FillRecord(uint32_t i, absl::string_view key,
   links(i) = Links{kNil, kNil, 0, kNil, 0};
 }
 
+void MetadataIndex::CountTenant(absl::string_view key, int objects,
+                                int64_t bytes) {
+  const absl::string_view tenant = TenantOfKey(key);
+  if (tenant == kDefaultTenantName) {
+    default_usage_.objects += objects;
+    default_usage_.bytes += bytes;
+    return;
+  }
+  auto it = tenant_usage_.find(tenant);
+  if (it == tenant_usage_.end()) {
+    it = tenant_usage_.emplace(std::string(tenant), TenantUsage()).first;
+  }
+  it->second.objects += objects;
+  it->second.bytes += bytes;
+  if (it->second.objects == 0) tenant_usage_.erase(it);
+}
+
+MetadataIndex::TenantUsage MetadataIndex::UsageOf(
+    absl::string_view tenant) const {
+  if (tenant == kDefaultTenantName) return default_usage_;
+  auto it = tenant_usage_.find(tenant);
+  return it == tenant_usage_.end() ? TenantUsage() : it->second;
+}
+
+absl::flat_hash_map<std::string, MetadataIndex::TenantUsage>
+MetadataIndex::AllTenantUsage() const {
+  absl::flat_hash_map<std::string, TenantUsage> out = tenant_usage_;
+  if (default_usage_.objects > 0) {
+    out[std::string(kDefaultTenantName)] = default_usage_;
+  }
+  return out;
+}
+
 void MetadataIndex::FreeRecord(uint32_t i) {
   Record& r = record(i);
+  if (r.key_len() > 0) {
+    CountTenant(KeyOf(i), -1, -static_cast<int64_t>(r.entry().length));
+  }
   if (r.key_len() > Record::kInlineKey) {
     out_of_line_key_bytes_ -= MallocSize(r.key_len());
     delete[] r.key_data();
@@ -165,6 +203,7 @@ void MetadataIndex::RemoveRecord(uint32_t i) {
     return;
   }
   // A ghost: keyless, unfindable, unlisted; freed with its last child.
+  CountTenant(KeyOf(i), -1, -static_cast<int64_t>(r.entry().length));
   if (r.key_len() > Record::kInlineKey) {
     out_of_line_key_bytes_ -= MallocSize(r.key_len());
     delete[] r.key_data();
@@ -394,6 +433,9 @@ absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
     Unlink(i, old->node_id);
     DetachFromParent(i);
     r.SetEntry(entry, r.key_len());
+    CountTenant(key, 0,
+                static_cast<int64_t>(entry.length) -
+                    static_cast<int64_t>(old->length));
     links(i).read_tick = 0;
     place(i);
     for (uint32_t j : kids) {

@@ -283,6 +283,17 @@ class MetadataIndex {
   size_t size() const { return set_.size(); }
   bool empty() const { return set_.empty(); }
 
+  // Objects and bytes of the entries whose key is in a tenant's key space
+  // (master/tenant.h), kept up to date by every insert, replace and erase.
+  struct TenantUsage {
+    uint64_t objects = 0;
+    uint64_t bytes = 0;
+  };
+  // One tenant's ("default" for unqualified keys).
+  TenantUsage UsageOf(absl::string_view tenant) const;
+  // Every tenant with entries.
+  absl::flat_hash_map<std::string, TenantUsage> AllTenantUsage() const;
+
   // Heap bytes held by the index (hash table, record chunks, free list and
   // out-of-line keys); an estimate from capacities, not a malloc census.
   size_t MemoryBytes() const;
@@ -397,6 +408,10 @@ class MetadataIndex {
   std::vector<uint32_t> free_records_;
   size_t out_of_line_key_bytes_ = 0;
   size_t ghost_count_ = 0;
+  // See UsageOf(): the default tenant apart (no hashing on its path).
+  TenantUsage default_usage_;
+  absl::flat_hash_map<std::string, TenantUsage> tenant_usage_;
+  void CountTenant(absl::string_view key, int objects, int64_t bytes);
   // Per node id: its ghosts, plus the ghosts with cross-linked children on
   // it (the lists Orphans() walks).
   absl::flat_hash_map<uint32_t, size_t> ghosts_by_node_;

@@ -1,4 +1,5 @@
 #include "master/metadata_index.h"
+#include "master/tenant.h"
 
 #include <catch2/catch.hpp>
 #include <algorithm>
@@ -764,6 +765,39 @@ TEST_CASE("MetadataIndex chains stay consistent under random operations") {
   for (auto& [o, e] : index.Orphans()) REQUIRE(index.Erase(o).has_value());
   CHECK(index.ghost_count() == 0);
   CHECK(index.Orphans().empty());
+}
+
+TEST_CASE("MetadataIndex counts objects and bytes per tenant") {
+  MetadataIndex index;
+  const std::string a1 = QualifyKey("acme", "k1");
+  const std::string a2 = QualifyKey("acme", "k2");
+  const std::string b1 = QualifyKey("blue", "k1");
+  CHECK(TenantOfKey(a1) == "acme");
+  CHECK(TenantOfKey("k1") == kDefaultTenantName);
+  CHECK(QualifyKey("default", "k1") == "k1");
+  REQUIRE(index.Upsert("k1", E(10)).ok());  // default tenant: length 11
+  REQUIRE(index.Upsert(a1, E(1)).ok());     // 2 bytes
+  REQUIRE(index.Upsert(a2, E(2), a1).ok());  // 3 bytes, a child of a1
+  REQUIRE(index.Upsert(b1, E(4)).ok());     // 5 bytes
+  CHECK(index.UsageOf("acme").objects == 2);
+  CHECK(index.UsageOf("acme").bytes == 5);
+  CHECK(index.UsageOf("blue").bytes == 5);
+  CHECK(index.UsageOf("default").objects == 1);
+  CHECK(index.UsageOf("default").bytes == 11);
+  CHECK(index.UsageOf("nobody").objects == 0);
+  // Replacing changes the bytes; erasing a parent (a ghost stays for its
+  // child) and then the child count once each.
+  REQUIRE(index.Upsert(a2, E(20), a1).ok());  // 21 bytes
+  CHECK(index.UsageOf("acme").bytes == 23);
+  CHECK(index.Erase(a1).has_value());
+  CHECK(index.UsageOf("acme").objects == 1);
+  CHECK(index.UsageOf("acme").bytes == 21);
+  CHECK(index.Erase(a2).has_value());
+  CHECK(index.UsageOf("acme").objects == 0);
+  auto all = index.AllTenantUsage();
+  CHECK(all.size() == 2);
+  CHECK(all.count("blue") == 1);
+  CHECK(all.count("default") == 1);
 }
 
 }  // namespace

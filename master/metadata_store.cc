@@ -289,6 +289,7 @@ absl::Status RocksDbMetadataStore::Apply(const MetadataMutation& mutation) {
   for (const auto& [key, ms] : mutation.object_uses) {
     batch.Put(UseKey(key), EncodeU64(ms));
   }
+  for (const auto& name : mutation.delete_nodes) batch.Delete(NodeKey(name));
   for (const auto& node : mutation.put_nodes) {
     std::string value;
     if (!DurableNodeFields(node).SerializeToString(&value)) {

@@ -80,10 +80,13 @@ struct MetadataMutation {
   // name, incarnation, addresses, regions without used_bytes,
   // transport_params); liveness and usage fields are dropped.
   std::vector<hymcache::v1::NodeInfo> put_nodes;
+  // Node records to delete, by name (applied before put_nodes). Deleting a
+  // missing record is not an error.
+  std::vector<std::string> delete_nodes;
 
   bool empty() const {
     return put_objects.empty() && delete_objects.empty() &&
-           object_uses.empty() && put_nodes.empty();
+           object_uses.empty() && put_nodes.empty() && delete_nodes.empty();
   }
 };
 

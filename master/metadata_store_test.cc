@@ -235,6 +235,12 @@ TEST_CASE("RocksDbMetadataStore persists objects and nodes across reopen") {
     n2.set_incarnation(43);
     REQUIRE(store->PutNode(n2).ok());
     REQUIRE(store->LoadNodes()->at(0).incarnation() == 43);
+
+    // Delete it (and a missing one: not an error).
+    MetadataMutation m;
+    m.delete_nodes = {n.name(), "no-such-node"};
+    REQUIRE(store->Apply(m).ok());
+    CHECK(store->LoadNodes()->empty());
   }
 }
 

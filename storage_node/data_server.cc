@@ -2,8 +2,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -75,8 +78,8 @@ struct KeyLess {
 }  // namespace
 
 // A connection's direct-access state: objects held for one-sided reads,
-// destinations reserved for one-sided writes, the RDMA queue pair. Owned by
-// the connection's thread.
+// destinations reserved for one-sided writes, the RDMA queue pair. Lives as
+// long as the connection; used by whoever owns the connection.
 struct DataServer::ConnState {
   struct WriteHold {
     ExtentTable::WriteTicket ticket;
@@ -125,6 +128,77 @@ absl::Status CheckNotHeld(const Writes& writes, const Reads& reads,
 
 }  // namespace
 
+// A connection. While `idle` it is owned by the loop (in the epoll set,
+// waiting for its next header); otherwise by the worker serving it or the
+// queue it waits in.
+struct DataServer::Conn {
+  uint64_t id = 0;
+  Socket sock;
+  std::string peer;
+  ConnState state;
+  // The request header gathered so far, and when its first byte came.
+  uint8_t hdr[wire::kHeaderBytes];
+  size_t hdr_got = 0;
+  absl::Time header_start;
+  // Guarded by mu_.
+  bool idle = true;
+  bool timer_set = false;
+  absl::Time timer;
+};
+
+namespace {
+// epoll data of the server's own descriptors; connections count from
+// kFirstConnId.
+constexpr uint64_t kListenId = 1;
+constexpr uint64_t kStopId = 2;
+constexpr uint64_t kWakeId = 3;
+constexpr uint64_t kFirstConnId = 16;
+// Connections accepted per turn of the loop (then it serves the others).
+constexpr int kAcceptBurst = 64;
+// Requests a worker serves back to back on one connection before giving
+// it back to the loop (others waiting go first).
+constexpr int kMaxRequestsInARow = 16;
+// Longest sleep of the loop (it then looks at its timers again).
+constexpr absl::Duration kMaxLoopWait = absl::Seconds(1);
+
+bool EpollAdd(int epoll_fd, int fd, uint64_t id, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = id;
+  return epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
+int TimeoutMs(absl::Time deadline, absl::Time now) {
+  const absl::Duration left = std::max(deadline - now, absl::ZeroDuration());
+  return static_cast<int>(std::min<int64_t>(
+      absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
+      INT_MAX));
+}
+
+}  // namespace
+
+std::string DataServer::PeerKeyOf(const struct sockaddr_storage& addr) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (addr.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+    if (inet_ntop(AF_INET, &a->sin_addr, buf, sizeof(buf)) != nullptr) {
+      return buf;
+    }
+  } else if (addr.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+      if (inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], buf, sizeof(buf)) !=
+          nullptr) {
+        return buf;
+      }
+    } else if (inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof(buf)) !=
+               nullptr) {
+      return buf;
+    }
+  }
+  return "unknown";
+}
+
 absl::Status DataServerOptions::Validate() const {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(
@@ -136,6 +210,17 @@ absl::Status DataServerOptions::Validate() const {
   }
   if (max_connections < 1) {
     return absl::InvalidArgumentError("data server: max_connections must be >= 1");
+  }
+  if (max_connections_per_peer < 1) {
+    return absl::InvalidArgumentError(
+        "data server: max_connections_per_peer must be >= 1");
+  }
+  if (worker_threads < 1) {
+    return absl::InvalidArgumentError("data server: worker_threads must be >= 1");
+  }
+  if (max_requests_per_peer < 1) {
+    return absl::InvalidArgumentError(
+        "data server: max_requests_per_peer must be >= 1");
   }
   if (io_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("data server: io_timeout must be > 0");
@@ -155,237 +240,445 @@ absl::StatusOr<std::unique_ptr<DataServer>> DataServer::Create(
   RETURN_IF_ERROR(options.Validate());
   ASSIGN_OR_RETURN(Socket listen, ListenTcp(options.host, options.port));
   ASSIGN_OR_RETURN(int port, LocalPort(listen.fd()));
-  // Non-blocking so that a connection that vanishes between poll and accept
-  // cannot block the acceptor.
+  // Non-blocking so that a connection that vanishes between epoll_wait and
+  // accept cannot block the loop.
   int flags = fcntl(listen.fd(), F_GETFL, 0);
   if (flags < 0 || fcntl(listen.fd(), F_SETFL, flags | O_NONBLOCK) != 0) {
     return absl::InternalError(
         absl::StrCat("data server: fcntl: ", strerror(errno)));
   }
-  int stop_fd = eventfd(0, EFD_CLOEXEC);
-  int reap_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (stop_fd < 0 || reap_fd < 0) {
+  int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  int stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  int wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (epoll_fd < 0 || stop_fd < 0 || wake_fd < 0 ||
+      !EpollAdd(epoll_fd, listen.fd(), kListenId, EPOLLIN) ||
+      !EpollAdd(epoll_fd, stop_fd, kStopId, EPOLLIN) ||
+      !EpollAdd(epoll_fd, wake_fd, kWakeId, EPOLLIN)) {
     int e = errno;
-    if (stop_fd >= 0) close(stop_fd);
-    if (reap_fd >= 0) close(reap_fd);
-    return absl::InternalError(absl::StrCat("data server: eventfd: ", strerror(e)));
+    for (int fd : {epoll_fd, stop_fd, wake_fd}) {
+      if (fd >= 0) close(fd);
+    }
+    return absl::InternalError(
+        absl::StrCat("data server: epoll/eventfd: ", strerror(e)));
   }
-  std::unique_ptr<DataServer> server(
-      new DataServer(options, std::move(listen), port, stop_fd, reap_fd));
+  std::unique_ptr<DataServer> server(new DataServer(
+      options, std::move(listen), port, epoll_fd, stop_fd, wake_fd));
   DataServer* s = server.get();
   try {
-    server->acceptor_ = Thread("dp-accept", [s] { s->AcceptLoop(); });
+    server->loop_ = Thread("dp-poll", [s] { s->Loop(); });
   } catch (const std::exception& e) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "data server: cannot start the acceptor thread: ", e.what()));
+        "data server: cannot start the event loop thread: ", e.what()));
+  }
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
+      nofile.rlim_cur != RLIM_INFINITY &&
+      nofile.rlim_cur < static_cast<rlim_t>(options.max_connections) + 64) {
+    LOG(WARNING) << "data server: max_connections " << options.max_connections
+                 << " is near or above the descriptor limit ("
+                 << nofile.rlim_cur << "); accept fails beyond it";
   }
   LOG(INFO) << "data server listening on " << options.host << ":" << port;
   return server;
 }
 
 DataServer::DataServer(const DataServerOptions& options, Socket listen,
-                       int port, int stop_fd, int reap_fd)
+                       int port, int epoll_fd, int stop_fd, int wake_fd)
     : options_(options),
       areas_(options.device->Areas()),
       port_(port),
+      epoll_fd_(epoll_fd),
       stop_fd_(stop_fd),
-      reap_fd_(reap_fd),
-      listen_(std::move(listen)) {}
+      wake_fd_(wake_fd),
+      listen_(std::move(listen)) {
+  MutexLock l(&mu_);
+  next_conn_id_ = kFirstConnId;
+}
 
 DataServer::~DataServer() {
   Shutdown(absl::Seconds(10));
+  close(epoll_fd_);
   close(stop_fd_);
-  close(reap_fd_);
+  close(wake_fd_);
 }
 
-// ---------------------------------------------------------------- accepting
+// ---------------------------------------------------------------- the loop
 
-void DataServer::AcceptLoop() {
-  while (true) {
-    pollfd p[3] = {{listen_.fd(), POLLIN, 0},
-                   {stop_fd_, POLLIN, 0},
-                   {reap_fd_, POLLIN, 0}};
-    int r = poll(p, 3, -1);
-    if (r < 0) {
+void DataServer::Loop() {
+  std::vector<epoll_event> events(256);
+  bool stop = false;
+  while (!stop) {
+    int timeout_ms;
+    {
+      MutexLock l(&mu_);
+      // At most kMaxLoopWait, so that a later timer never needs a wake-up.
+      const absl::Time now = absl::Now();
+      loop_wait_until_ = now + kMaxLoopWait;
+      if (!timers_.empty() && timers_.begin()->first < loop_wait_until_) {
+        loop_wait_until_ = timers_.begin()->first;
+      }
+      timeout_ms = TimeoutMs(loop_wait_until_, now);
+    }
+    int n = epoll_wait(epoll_fd_, events.data(),
+                       static_cast<int>(events.size()), timeout_ms);
+    if (n < 0) {
       if (errno == EINTR) continue;
-      LOG(ERROR) << "data server: poll: " << strerror(errno);
+      LOG(ERROR) << "data server: epoll_wait: " << strerror(errno);
       absl::SleepFor(absl::Milliseconds(100));
       continue;
     }
-    if (p[1].revents != 0) break;
-    if (p[2].revents != 0) {
-      DrainFd(reap_fd_);
-      Reap();
+    for (int i = 0; i < n; ++i) {
+      const uint64_t id = events[i].data.u64;
+      if (id == kStopId) {
+        stop = true;
+      } else if (id == kWakeId) {
+        DrainFd(wake_fd_);
+      } else if (id == kListenId) {
+        if (!stop) Accept();
+      } else {
+        Conn* c = nullptr;
+        {
+          MutexLock l(&mu_);
+          auto it = conns_.find(id);
+          if (it != conns_.end() && it->second->idle) c = it->second.get();
+        }
+        if (c != nullptr) ReadHeader(c);
+      }
     }
-    if (p[0].revents != 0) Accept();
+    // Idle too long, or a header not completed within io_timeout.
+    std::vector<Conn*> expired;
+    {
+      MutexLock l(&mu_);
+      const absl::Time now = absl::Now();
+      while (!timers_.empty() && timers_.begin()->first <= now) {
+        auto it = conns_.find(timers_.begin()->second);
+        timers_.erase(timers_.begin());
+        if (it == conns_.end()) continue;
+        it->second->timer_set = false;
+        expired.push_back(it->second.get());
+      }
+    }
+    for (Conn* c : expired) {
+      if (c->hdr_got == 0) {
+        // Frees the slot. A client that comes back finds the connection
+        // closed and retries on a fresh one.
+        idle_closed_.fetch_add(1, std::memory_order_relaxed);
+        VLOG(1) << "data server: closing a connection idle for "
+                << absl::FormatDuration(options_.idle_timeout);
+      } else {
+        protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+        SendError(c->sock.fd(), 0,
+                  absl::DeadlineExceededError(
+                      "truncated frame header: deadline exceeded"));
+      }
+      CloseConn(c);
+    }
   }
   // Stop accepting: new connections are refused by the kernel from here on.
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_.fd(), nullptr);
   listen_.Close();
+  // Close the idle connections. Workers close theirs after their request
+  // (shutdown_started_ is set).
+  std::vector<Conn*> idle;
+  {
+    MutexLock l(&mu_);
+    for (auto& [id, c] : conns_) {
+      if (c->idle) idle.push_back(c.get());
+    }
+  }
+  for (Conn* c : idle) CloseConn(c);
 }
 
 void DataServer::Accept() {
-  int fd = accept4(listen_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR || e == ECONNABORTED) {
+  for (int i = 0; i < kAcceptBurst; ++i) {
+    sockaddr_storage addr{};
+    socklen_t addr_len = sizeof(addr);
+    int fd = accept4(listen_.fd(), reinterpret_cast<sockaddr*>(&addr),
+                     &addr_len, SOCK_CLOEXEC);
+    if (fd < 0) {
+      int e = errno;
+      if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR || e == ECONNABORTED) {
+        return;
+      }
+      LOG_EVERY_N(WARNING, 100) << "data server: accept: " << strerror(e);
+      // Out of descriptors or memory: back off rather than spin.
+      absl::SleepFor(absl::Milliseconds(50));
       return;
     }
-    LOG_EVERY_N(WARNING, 100) << "data server: accept: " << strerror(e);
-    // Out of descriptors or memory: back off rather than spin on poll.
-    absl::SleepFor(absl::Milliseconds(50));
-    return;
-  }
-  Socket sock(fd);
-  TuneDataSocket(fd, options_.send_buffer_bytes);
-  auto owned = std::make_unique<Conn>();
-  Conn* c = owned.get();
-  int open = 0;
-  bool admitted = false;
-  {
-    MutexLock l(&mu_);
-    open = active_;
-    if (active_ < options_.max_connections) {
-      ++active_;
-      c->sock = std::move(sock);
-      conns_.push_back(std::move(owned));
-      admitted = true;
-    }
-  }
-  if (admitted) {
-    // Outside mu_: creating a thread can be slow, and it can fail. Only this
-    // thread reaps `c`, and Shutdown touches conns_ only after joining it.
-    // Counted before the thread starts: it may answer a request (and the
-    // client read Stats) before this thread runs again.
-    accepted_.fetch_add(1, std::memory_order_relaxed);
-    absl::Status started = StartConnThread(c);
-    if (started.ok()) return;
-    accepted_.fetch_sub(1, std::memory_order_relaxed);
+    Socket sock(fd);
+    TuneDataSocket(fd, options_.send_buffer_bytes);
+    std::string peer = PeerKeyOf(addr);
+    absl::Status refused;
+    bool per_peer = false;
+    size_t open = 0;
     {
       MutexLock l(&mu_);
-      --active_;
-      auto it = std::find_if(conns_.begin(), conns_.end(),
-                             [c](const std::unique_ptr<Conn>& p) {
-                               return p.get() == c;
-                             });
-      CHECK(it != conns_.end()) << "data server: connection lost";
-      sock = std::move((*it)->sock);
-      conns_.erase(it);
-      cv_.SignalAll();
+      open = conns_.size();
+      if (conns_.size() >= static_cast<size_t>(options_.max_connections)) {
+        refused = absl::ResourceExhaustedError(absl::StrCat(
+            "storage node: too many data-plane connections (limit ",
+            options_.max_connections, ")"));
+      } else if (peers_[peer].conns >= options_.max_connections_per_peer) {
+        per_peer = true;
+        refused = absl::ResourceExhaustedError(absl::StrCat(
+            "storage node: too many data-plane connections from ", peer,
+            " (limit ", options_.max_connections_per_peer, " per peer)"));
+      } else {
+        auto owned = std::make_unique<Conn>();
+        Conn* c = owned.get();
+        c->id = next_conn_id_++;
+        c->sock = std::move(sock);
+        c->peer = peer;
+        if (EpollAdd(epoll_fd_, fd, c->id, EPOLLIN | EPOLLONESHOT)) {
+          ++peers_[peer].conns;
+          conns_.emplace(c->id, std::move(owned));
+          SetTimerLocked(c, options_.idle_timeout == absl::InfiniteDuration()
+                                ? absl::InfiniteFuture()
+                                : absl::Now() + options_.idle_timeout);
+          // Counted before it can be served: a client may read Stats once
+          // answered.
+          accepted_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          refused = absl::InternalError(absl::StrCat(
+              "storage node: cannot watch the connection: ", strerror(errno)));
+          sock = std::move(c->sock);
+        }
+      }
+      auto p = peers_.find(peer);
+      if (p != peers_.end() && p->second.conns == 0 &&
+          p->second.requests == 0 && p->second.deferred.empty()) {
+        peers_.erase(p);
+      }
     }
-    thread_start_failures_.fetch_add(1, std::memory_order_relaxed);
+    if (refused.ok()) continue;
     refused_.fetch_add(1, std::memory_order_relaxed);
-    LOG_EVERY_N(WARNING, 100) << "data server: refusing a connection: "
-                              << started.message() << " (" << open
-                              << " open)";
-    SendError(sock.fd(), 0, started);
-    return;  // `sock` closes the connection
+    if (per_peer) peer_refused_.fetch_add(1, std::memory_order_relaxed);
+    LOG_EVERY_N(WARNING, 100) << "data server: refusing a connection from "
+                              << peer << ": " << refused.message() << " ("
+                              << open << " open)";
+    SendError(fd, 0, refused);
+    // `sock` closes the connection.
   }
-  refused_.fetch_add(1, std::memory_order_relaxed);
-  LOG_EVERY_N(WARNING, 100) << "data server: refusing a connection: " << open
-                            << " open (limit " << options_.max_connections
-                            << ")";
-  SendError(fd, 0,
-            absl::ResourceExhaustedError(absl::StrCat(
-                "storage node: too many data-plane connections (limit ",
-                options_.max_connections, ")")));
-  // `sock` closes the connection.
 }
 
-absl::Status DataServer::StartConnThread(Conn* c) {
+void DataServer::ReadHeader(Conn* c) {
+  const int fd = c->sock.fd();
+  ssize_t n;
+  do {
+    n = recv(fd, c->hdr + c->hdr_got, sizeof(c->hdr) - c->hdr_got,
+             MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+    if (c->hdr_got > 0) {
+      protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+      SendError(fd, 0,
+                absl::UnavailableError(
+                    "truncated frame header: connection closed"));
+    }
+    CloseConn(c);  // a clean close by the peer when nothing came
+    return;
+  }
+  if (n > 0) {
+    if (c->hdr_got == 0) c->header_start = absl::Now();
+    c->hdr_got += static_cast<size_t>(n);
+  }
+  if (c->hdr_got == sizeof(c->hdr)) {
+    Dispatch(c);
+    return;
+  }
+  MutexLock l(&mu_);
+  if (c->hdr_got > 0) SetTimerLocked(c, c->header_start + options_.io_timeout);
+  if (!Arm(c)) {
+    // Cannot watch it any more: closed by the next timer turn.
+    SetTimerLocked(c, absl::Now());
+  }
+}
+
+void DataServer::SetTimerLocked(Conn* c, absl::Time when) {
+  ClearTimerLocked(c);
+  if (when == absl::InfiniteFuture()) return;
+  timers_.emplace(when, c->id);
+  c->timer = when;
+  c->timer_set = true;
+  // The loop sleeps until loop_wait_until_; wake it for an earlier timer.
+  if (when < loop_wait_until_) {
+    loop_wait_until_ = when;
+    SignalFd(wake_fd_);
+  }
+}
+
+void DataServer::ClearTimerLocked(Conn* c) {
+  if (!c->timer_set) return;
+  timers_.erase({c->timer, c->id});
+  c->timer_set = false;
+}
+
+bool DataServer::Arm(Conn* c) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLONESHOT;
+  ev.data.u64 = c->id;
+  return epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c->sock.fd(), &ev) == 0;
+}
+
+// ---------------------------------------------------------------- workers
+
+void DataServer::Dispatch(Conn* c) {
+  absl::Status no_worker;
+  {
+    MutexLock l(&mu_);
+    c->idle = false;
+    ClearTimerLocked(c);
+    ++requests_;
+    Peer& p = peers_[c->peer];
+    if (p.requests >= options_.max_requests_per_peer) {
+      // Served when one of the peer's requests finishes.
+      p.deferred.push_back(c);
+      deferred_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    ++p.requests;
+    ready_.push_back(c);
+    if (MaybeStartWorkerLocked()) {
+      work_cv_.Signal();
+      return;
+    }
+    // No worker at all: the request cannot be served.
+    ready_.pop_back();
+    --p.requests;
+    --requests_;
+    no_worker = absl::ResourceExhaustedError(
+        "storage node: too many connections / cannot start a thread");
+    done_cv_.SignalAll();
+  }
+  refused_.fetch_add(1, std::memory_order_relaxed);
+  LOG_EVERY_N(WARNING, 100) << "data server: " << no_worker.message();
+  SendError(c->sock.fd(), 0, no_worker);
+  CloseConn(c);
+}
+
+bool DataServer::MaybeStartWorkerLocked() {
+  if (ready_.size() <= static_cast<size_t>(idle_workers_) ||
+      workers_.size() >= static_cast<size_t>(options_.worker_threads)) {
+    return !workers_.empty();
+  }
   try {
     if (fail_thread_starts_for_test_.load(std::memory_order_relaxed)) {
       throw std::system_error(EAGAIN, std::generic_category(),
                               "thread start refused for test");
     }
-    c->thread = Thread("dp-conn", [this, c] { ServeConnection(c); });
+    workers_.emplace_back("dp-work", [this] { Work(); });
   } catch (const std::exception& e) {
-    // std::system_error at the thread or pid limit, std::bad_alloc.
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "storage node: too many connections / cannot start a thread: ",
-        e.what()));
+    // std::system_error at the thread or pid limit, std::bad_alloc: the
+    // workers there are serve the queue.
+    thread_start_failures_.fetch_add(1, std::memory_order_relaxed);
+    LOG_EVERY_N(WARNING, 100) << "data server: cannot start a worker ("
+                              << workers_.size() << " running): " << e.what();
   }
-  return absl::OkStatus();
+  return !workers_.empty();
 }
 
-void DataServer::Reap() {
-  std::list<std::unique_ptr<Conn>> finished;
+void DataServer::Work() {
+  mu_.Lock();
+  while (true) {
+    while (ready_.empty() && !workers_exit_) {
+      ++idle_workers_;
+      work_cv_.Wait(&mu_);
+      --idle_workers_;
+    }
+    if (ready_.empty()) break;  // workers_exit_
+    Conn* c = ready_.front();
+    ready_.pop_front();
+    mu_.Unlock();
+    Serve(c);
+    mu_.Lock();
+  }
+  mu_.Unlock();
+}
+
+void DataServer::Serve(Conn* c) {
+  const int fd = c->sock.fd();
+  bool keep = true;
+  for (int served = 1;; ++served) {
+    keep = HandleRequest(fd, c->hdr, c->header_start + options_.io_timeout,
+                         &c->state);
+    c->hdr_got = 0;
+    if (!keep || served == kMaxRequestsInARow) break;
+    {
+      MutexLock l(&mu_);
+      if (shutdown_started_) break;
+    }
+    // The next request may be here already: serve it without a turn
+    // through the loop.
+    ssize_t n;
+    do {
+      n = recv(fd, c->hdr, sizeof(c->hdr), MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (n <= 0) {
+      keep = false;  // closed by the peer, or broken
+      break;
+    }
+    c->header_start = absl::Now();
+    c->hdr_got = static_cast<size_t>(n);
+    if (c->hdr_got < sizeof(c->hdr)) break;  // the loop gathers the rest
+  }
   {
     MutexLock l(&mu_);
-    for (auto it = conns_.begin(); it != conns_.end();) {
-      if ((*it)->done) {
-        finished.push_back(std::move(*it));
-        it = conns_.erase(it);
-      } else {
-        ++it;
-      }
+    FinishRequestLocked(c);
+    if (keep && !shutdown_started_) {
+      c->idle = true;
+      SetTimerLocked(
+          c, c->hdr_got > 0 ? c->header_start + options_.io_timeout
+             : options_.idle_timeout == absl::InfiniteDuration()
+                 ? absl::InfiniteFuture()
+                 : absl::Now() + options_.idle_timeout);
+      if (Arm(c)) return;  // the loop owns `c` from here
+      c->idle = false;
+      ClearTimerLocked(c);
     }
   }
-  for (auto& c : finished) c->thread.Join();
-  // `finished` closes the sockets.
+  CloseConn(c);
+}
+
+void DataServer::FinishRequestLocked(Conn* c) {
+  --requests_;
+  Peer& p = peers_[c->peer];
+  --p.requests;
+  if (!p.deferred.empty()) {
+    Conn* next = p.deferred.front();
+    p.deferred.pop_front();
+    ++p.requests;
+    ready_.push_back(next);  // at least this worker is coming back
+    work_cv_.Signal();
+  }
+  done_cv_.SignalAll();
+}
+
+void DataServer::CloseConn(Conn* c) {
+  // Before the peer learns the connection is gone (a client must not touch
+  // held memory after closing it anyway).
+  EndConnState(&c->state);
+  ::shutdown(c->sock.fd(), SHUT_RDWR);
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->sock.fd(), nullptr);
+  std::unique_ptr<Conn> owned;
+  {
+    MutexLock l(&mu_);
+    ClearTimerLocked(c);
+    auto it = conns_.find(c->id);
+    CHECK(it != conns_.end()) << "data server: connection lost";
+    owned = std::move(it->second);
+    conns_.erase(it);
+    auto p = peers_.find(c->peer);
+    if (p != peers_.end() && --p->second.conns <= 0 &&
+        p->second.requests == 0 && p->second.deferred.empty()) {
+      peers_.erase(p);
+    }
+    done_cv_.SignalAll();
+  }
+  // `owned` closes the socket.
 }
 
 // ---------------------------------------------------------------- serving
-
-void DataServer::ServeConnection(Conn* conn) {
-  const int fd = conn->sock.fd();
-  ConnState cs;
-  while (true) {
-    // Wait for the next request header, up to idle_timeout.
-    const absl::Time idle_deadline = absl::Now() + options_.idle_timeout;
-    pollfd p[2];
-    int r;
-    do {
-      p[0] = {fd, POLLIN, 0};
-      p[1] = {stop_fd_, POLLIN, 0};
-      int timeout_ms = -1;
-      if (idle_deadline != absl::InfiniteFuture()) {
-        const absl::Duration left = std::max(
-            idle_deadline - absl::Now(), absl::ZeroDuration());
-        timeout_ms = static_cast<int>(std::min<int64_t>(
-            absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
-            INT_MAX));
-      }
-      r = poll(p, 2, timeout_ms);
-    } while (r < 0 && errno == EINTR);
-    if (r < 0) break;
-    if (r == 0) {
-      // Idle too long: free the thread and the slot. A client that comes
-      // back finds the connection closed and retries on a fresh one.
-      idle_closed_.fetch_add(1, std::memory_order_relaxed);
-      VLOG(1) << "data server: closing a connection idle for "
-              << absl::FormatDuration(options_.idle_timeout);
-      break;
-    }
-    if (p[1].revents != 0) break;  // shutting down: close idle connection
-    uint8_t hdr[wire::kHeaderBytes];
-    const absl::Time deadline = absl::Now() + options_.io_timeout;
-    bool got_any = false;
-    absl::Status s = RecvAll(fd, hdr, sizeof(hdr), deadline, &got_any);
-    if (!s.ok()) {
-      if (got_any) {
-        protocol_errors_.fetch_add(1, std::memory_order_relaxed);
-        SendError(fd, 0,
-                  absl::Status(s.code(), absl::StrCat("truncated frame header: ",
-                                                      s.message())));
-      }
-      break;  // clean close by the peer when !got_any
-    }
-    if (!HandleRequest(fd, hdr, deadline, &cs)) break;
-  }
-  // Before the peer learns the connection is gone (a client must not touch
-  // held memory after closing it anyway).
-  EndConnState(&cs);
-  // Tell the peer at once; the descriptor is closed when the thread is
-  // reaped.
-  ::shutdown(fd, SHUT_RDWR);
-  {
-    MutexLock l(&mu_);
-    conn->done = true;
-    --active_;
-    cv_.SignalAll();
-  }
-  SignalFd(reap_fd_);
-}
 
 bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
                                ConnState* cs) {
@@ -985,38 +1278,49 @@ void DataServer::Shutdown(absl::Duration drain_timeout) {
   {
     MutexLock l(&mu_);
     if (shutdown_started_) {
-      while (!shutdown_done_) cv_.Wait(&mu_);
+      while (!shutdown_done_) done_cv_.Wait(&mu_);
       return;
     }
     shutdown_started_ = true;
   }
-  // Wakes the acceptor and every idle connection; stays readable.
+  // Stops the loop, which closes the listening socket and every idle
+  // connection; stays readable.
   SignalFd(stop_fd_);
-  acceptor_.Join();  // the listening socket is closed when this returns
+  loop_.Join();
 
   const absl::Time deadline = absl::Now() + drain_timeout;
-  std::list<std::unique_ptr<Conn>> conns;
+  std::vector<Thread> workers;
   {
     MutexLock l(&mu_);
-    while (active_ > 0) {
-      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    while (requests_ > 0) {
+      if (done_cv_.WaitWithDeadline(&mu_, deadline)) break;
     }
-    if (active_ > 0) {
-      LOG(WARNING) << "data server: " << active_
+    if (requests_ > 0) {
+      LOG(WARNING) << "data server: " << requests_
                    << " requests still in progress after "
                    << absl::FormatDuration(drain_timeout)
                    << "; breaking their connections";
-      for (auto& c : conns_) {
-        if (!c->done) ::shutdown(c->sock.fd(), SHUT_RDWR);
+      for (auto& [id, c] : conns_) {
+        if (!c->idle) ::shutdown(c->sock.fd(), SHUT_RDWR);
       }
     }
-    conns.swap(conns_);
+    // Workers finish what is queued (broken connections fail fast), then
+    // exit.
+    workers_exit_ = true;
+    work_cv_.SignalAll();
+    workers.swap(workers_);
   }
-  for (auto& c : conns) c->thread.Join();
-  conns.clear();
+  for (Thread& w : workers) w.Join();
+  workers.clear();
+  std::vector<Conn*> left;  // none expected: each was closed by its owner
+  {
+    MutexLock l(&mu_);
+    for (auto& [id, c] : conns_) left.push_back(c.get());
+  }
+  for (Conn* c : left) CloseConn(c);
   MutexLock l(&mu_);
   shutdown_done_ = true;
-  cv_.SignalAll();
+  done_cv_.SignalAll();
 }
 
 DataServerStats DataServer::Stats() const {
@@ -1037,8 +1341,12 @@ DataServerStats DataServer::Stats() const {
   s.thread_start_failures =
       thread_start_failures_.load(std::memory_order_relaxed);
   s.idle_closed_connections = idle_closed_.load(std::memory_order_relaxed);
+  s.peer_refused_connections = peer_refused_.load(std::memory_order_relaxed);
+  s.deferred_requests = deferred_.load(std::memory_order_relaxed);
   MutexLock l(&mu_);
-  s.open_connections = static_cast<uint64_t>(active_);
+  s.open_connections = conns_.size();
+  s.worker_threads = workers_.size();
+  s.requests_in_progress = static_cast<uint64_t>(requests_);
   return s;
 }
 

@@ -3,14 +3,26 @@
 // (reads are sent from the pointers the MemoryDevice hands out, writes are
 // received into them), checked against the ExtentTable.
 //
-// Threads: one acceptor ("dp-accept") and one thread per connection
-// ("dp-conn"), at most max_connections of them; a connection beyond that, or
-// one whose thread cannot be started (thread or pid limit), is answered with
-// a kError frame (ResourceExhausted) and closed. A connection carries one
-// request at a time. Each request must complete within io_timeout of its
-// header arriving, so a stalled peer cannot hold a thread; a connection that
-// waits longer than idle_timeout for its next request is closed (clients
-// retry on a fresh connection).
+// Threads: one event loop ("dp-poll") and a bounded pool of workers
+// ("dp-work", started on demand up to worker_threads). A connection with no
+// request in progress holds no thread: it waits in the loop's epoll set,
+// which also gathers each request's fixed-size header. Once a header is
+// complete the connection is handed to a worker, which serves that one
+// request (op table, payload, response) and gives the connection back to
+// the loop. A connection carries one request at a time.
+//
+// Limits, so that no peer can deny service to another (a peer is the
+// client's IP address, see PeerKeyOf): at most max_connections open and
+// max_connections_per_peer from one peer (beyond either, a new connection is
+// answered with a kError frame (ResourceExhausted) and closed); at most
+// max_requests_per_peer of one peer's requests served or queued for a
+// worker at once (its further ready connections wait, without a thread,
+// until one of its requests finishes; other peers' requests go first).
+// Each request must complete within io_timeout of its header's first byte,
+// so a stalled peer cannot hold a worker; a connection that waits longer
+// than idle_timeout for its next request is closed (clients retry on a
+// fresh connection). A connection's direct-access holds (acquired objects,
+// begun writes, its RDMA queue pair) live as long as the connection.
 //
 // Per-op outcomes are reported in the response's op table (status codes of
 // ExtentTable and MemoryDevice errors: NotFound for a stale or unknown read,
@@ -25,12 +37,16 @@
 
 #include <atomic>
 #include <cstdint>
-#include <list>
+#include <deque>
+#include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include <sys/socket.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -65,9 +81,25 @@ struct DataServerOptions {
   // TCP port; 0 picks a free port (see DataServer::port()).
   // Default: 0
   int port = 0;
-  // Most connections served at once (each holds a thread).
+  // Most connections open at once, idle or not. An idle connection holds a
+  // descriptor and about 1 KiB, no thread; the process's descriptor limit
+  // (RLIMIT_NOFILE) must allow this many plus the node's own.
+  // Default: 8192
+  int max_connections = 8192;
+  // Most connections open at once from one peer address: one peer cannot
+  // take every slot (above max_connections: no per-peer limit).
   // Default: 1024
-  int max_connections = 1024;
+  int max_connections_per_peer = 1024;
+  // Most worker threads: requests served at once. Started on demand and kept
+  // until shutdown.
+  // Default: 256
+  int worker_threads = 256;
+  // Most requests of one peer address served or waiting for a worker at
+  // once; further ready connections of that peer wait (without a thread)
+  // for one of its requests to finish (above worker_threads: no per-peer
+  // limit).
+  // Default: 128
+  int max_requests_per_peer = 128;
   // Send buffer of each connection (SO_SNDBUF): bounds the response bytes
   // in flight, so that a reader sharing a core with the connection's thread
   // copies them while they are still in the cache (see TuneDataSocket in
@@ -79,7 +111,7 @@ struct DataServerOptions {
   // Default: 30 s
   absl::Duration io_timeout = absl::Seconds(30);
   // A connection that waits longer than this for the next request header is
-  // closed, freeing its thread and its slot. absl::InfiniteDuration(): never.
+  // closed, freeing its slot (and its holds). absl::InfiniteDuration(): never.
   // Default: 60 s
   absl::Duration idle_timeout = absl::Seconds(60);
   // The memory and the extent record the server serves. Not owned; required;
@@ -113,8 +145,14 @@ struct DataServerStats {
                                   // other than NotFound
   uint64_t open_connections = 0;
   uint64_t accepted_connections = 0;
-  uint64_t refused_connections = 0;  // over max_connections, or no thread
-  uint64_t thread_start_failures = 0;  // connection threads not started
+  uint64_t refused_connections = 0;  // over a connection limit, or no
+                                     // worker could serve a request
+  uint64_t peer_refused_connections = 0;  // of refused_connections, over
+                                          // max_connections_per_peer
+  uint64_t thread_start_failures = 0;  // worker threads not started
+  uint64_t worker_threads = 0;         // workers started
+  uint64_t requests_in_progress = 0;   // served or waiting for a worker
+  uint64_t deferred_requests = 0;      // waited for max_requests_per_peer
   uint64_t idle_closed_connections = 0;  // closed after idle_timeout
   uint64_t protocol_errors = 0;      // malformed frames, broken requests
 };
@@ -143,33 +181,62 @@ class DataServer {
 
   DataServerStats Stats() const;
 
-  // While `fail` is set, starting a connection thread fails as it does at
-  // the process's thread limit (std::system_error).
+  // While `fail` is set, starting a worker thread fails as it does at the
+  // process's thread limit (std::system_error).
   void SetFailThreadStartsForTest(bool fail) {
     fail_thread_starts_for_test_.store(fail, std::memory_order_relaxed);
   }
 
+  // The peer key of an address (limits are per key): its IP address as
+  // text (an IPv4-mapped IPv6 address as IPv4), without the port. A small
+  // function so that a later identity (a tenant) can replace it.
+  static std::string PeerKeyOf(const struct sockaddr_storage& addr);
+
  private:
-  struct Conn {
-    Socket sock;
-    Thread thread;
-    bool done = false;  // guarded by mu_
+  // What a connection holds for direct access (defined in the .cc).
+  struct ConnState;
+  struct Conn;
+  // Per peer key: its connections and requests.
+  struct Peer {
+    int conns = 0;
+    int requests = 0;  // served or queued for a worker
+    std::deque<Conn*> deferred;  // ready, over max_requests_per_peer
   };
 
   DataServer(const DataServerOptions& options, Socket listen, int port,
-             int stop_fd, int reap_fd);
+             int epoll_fd, int stop_fd, int wake_fd);
 
-  void AcceptLoop();
+  // The event loop: accepts, gathers request headers of idle connections,
+  // closes idle ones, hands ready ones to workers.
+  void Loop();
   void Accept();
-  // Starts the thread serving `c`. Errors: ResourceExhausted if the thread
-  // cannot be created.
-  absl::Status StartConnThread(Conn* c);
-  // Joins and frees the connections whose threads have finished.
-  void Reap();
-  void ServeConnection(Conn* conn);
+  // The loop owns `c` (idle): reads what has arrived of its header.
+  void ReadHeader(Conn* c);
+  // `c`'s header is complete: queue it for a worker (or defer it).
+  void Dispatch(Conn* c);
+  // Starts a worker if none is idle and the pool may grow; false if the
+  // pool is empty and cannot start one.
+  bool MaybeStartWorkerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Work();
+  // Serves `c`'s request (and those that follow at once); then gives `c`
+  // back to the loop, or closes it.
+  void Serve(Conn* c);
+  // A request of `c`'s peer finished: its next deferred connection (if
+  // any) is queued.
+  void FinishRequestLocked(Conn* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `c` waits in the epoll set for its next request (or the rest of its
+  // header). REQUIRES: `c` is not idle; mu_ not held.
+  void ReturnToLoop(Conn* c);
+  // Ends `c`'s holds, closes and frees it. REQUIRES: the caller owns `c`
+  // (the loop for an idle connection, a worker for a busy one).
+  void CloseConn(Conn* c);
+  // The loop's timer for `c` (idle or header deadline).
+  void SetTimerLocked(Conn* c, absl::Time when)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ClearTimerLocked(Conn* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Arm(Conn* c);
+
   // Serves one request whose header is in `hdr`; false: close the connection.
-  // What a connection holds for direct access (defined in the .cc).
-  struct ConnState;
   bool HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
                      ConnState* cs);
   bool HandleAcquire(int fd, const wire::FrameHeader& h,
@@ -202,10 +269,11 @@ class DataServer {
   const DataServerOptions options_;
   const std::vector<MemoryArea> areas_;  // options_.device->Areas()
   const int port_;
+  const int epoll_fd_;
   const int stop_fd_;  // eventfd: readable once shutdown starts
-  const int reap_fd_;  // eventfd: a connection thread finished
-  Socket listen_;      // used by the acceptor thread only
-  Thread acceptor_;
+  const int wake_fd_;  // eventfd: the loop's earliest timer moved
+  Socket listen_;      // used by the loop thread only
+  Thread loop_;
 
   std::atomic<uint64_t> bytes_read_{0};
   std::atomic<uint64_t> bytes_written_{0};
@@ -223,13 +291,28 @@ class DataServer {
   std::atomic<uint64_t> protocol_errors_{0};
   std::atomic<uint64_t> thread_start_failures_{0};
   std::atomic<uint64_t> idle_closed_{0};
+  std::atomic<uint64_t> peer_refused_{0};
+  std::atomic<uint64_t> deferred_{0};
   std::atomic<bool> fail_thread_starts_for_test_{false};
 
   mutable Mutex mu_;
-  CondVar cv_;  // a connection finished; shutdown finished
-  std::list<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
-  int active_ ABSL_GUARDED_BY(mu_) = 0;
+  CondVar work_cv_;  // a connection was queued for a worker; stopping
+  CondVar done_cv_;  // a request finished; shutdown finished
+  // Every open connection, by id (the epoll data).
+  std::map<uint64_t, std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);
+  std::deque<Conn*> ready_ ABSL_GUARDED_BY(mu_);  // for the workers
+  // Idle connections' deadlines (idle_timeout, or io_timeout of a partial
+  // header), for the loop.
+  std::set<std::pair<absl::Time, uint64_t>> timers_ ABSL_GUARDED_BY(mu_);
+  // When the loop wakes up at the latest (it sleeps in epoll_wait until).
+  absl::Time loop_wait_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::vector<Thread> workers_ ABSL_GUARDED_BY(mu_);
+  int idle_workers_ ABSL_GUARDED_BY(mu_) = 0;
+  int requests_ ABSL_GUARDED_BY(mu_) = 0;  // served or queued, all peers
+  uint64_t next_conn_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_started_ ABSL_GUARDED_BY(mu_) = false;
+  bool workers_exit_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_done_ ABSL_GUARDED_BY(mu_) = false;
 };
 

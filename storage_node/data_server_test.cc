@@ -1,5 +1,7 @@
 #include "storage_node/data_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <cstring>
@@ -412,7 +414,7 @@ TEST_CASE("DataServer refuses connections beyond max_connections") {
 }
 
 TEST_CASE("DataServer closes connections idle beyond idle_timeout") {
-  CHECK(DataServerOptions().max_connections == 1024);
+  CHECK(DataServerOptions().max_connections == 8192);
   CHECK(DataServerOptions().idle_timeout == absl::Seconds(60));
   DataServerOptions o;
   o.idle_timeout = absl::Milliseconds(300);
@@ -494,11 +496,14 @@ TEST_CASE("DataServer serves with a bounded or an autotuned send buffer") {
   }
 }
 
-TEST_CASE("DataServer survives failing to start a connection thread") {
+TEST_CASE("DataServer survives failing to start a worker thread") {
   Fixture f;
   f.server->SetFailThreadStartsForTest(true);
+  // Accepted (an idle connection needs no thread), but no worker can be
+  // started for its request: refused, and the bookkeeping undone.
   for (int i = 0; i < 3; ++i) {
     Socket s = f.Connect();
+    SendFrame(s.fd(), FrameType::kPing, 1, {}, "", 0);
     auto r = ReadReply(s.fd());
     REQUIRE(r.ok());
     CHECK(r->h.type == FrameType::kError);
@@ -507,14 +512,18 @@ TEST_CASE("DataServer survives failing to start a connection thread") {
     CHECK(r->payload.find("cannot start a thread") != std::string::npos);
     CHECK(PeerClosed(s.fd()));
   }
+  REQUIRE(Eventually([&] { return f.server->Stats().open_connections == 0; }));
   DataServerStats st = f.server->Stats();
   CHECK(st.thread_start_failures == 3);
   CHECK(st.refused_connections == 3);
-  CHECK(st.open_connections == 0);  // the bookkeeping was undone
-  CHECK(st.accepted_connections == 0);
+  CHECK(st.worker_threads == 0);
+  CHECK(st.requests_in_progress == 0);
   f.server->SetFailThreadStartsForTest(false);
   Ping(f);
-  CHECK(f.server->Stats().accepted_connections == 1);
+  CHECK(f.server->Stats().worker_threads == 1);
+  // Once one worker runs, a failure to start another only delays requests.
+  f.server->SetFailThreadStartsForTest(true);
+  Ping(f);
   f.server->Shutdown(absl::Seconds(5));
   CHECK(f.server->Stats().open_connections == 0);
 }
@@ -591,6 +600,122 @@ TEST_CASE("DataServer serves many connections at once") {
   }
   for (auto& th : threads) th.Join();
   CHECK(good.load() == 80);
+}
+
+// ------------------------------------------------------------ limits
+
+// A connection from `source` (a loopback address other than 127.0.0.1 is
+// another peer to the server).
+Socket ConnectFrom(const char* source, int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  Socket s(fd);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  REQUIRE(inet_pton(AF_INET, source, &a.sin_addr) == 1);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  REQUIRE(inet_pton(AF_INET, "127.0.0.1", &to.sin_addr) == 1);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0);
+  return s;
+}
+
+bool Pong(int fd, uint64_t id) {
+  SendFrame(fd, FrameType::kPing, id, {}, "", 0);
+  auto r = ReadReply(fd);
+  return r.ok() && r->h.type == FrameType::kPong && r->h.request_id == id;
+}
+
+TEST_CASE("DataServer: idle connections hold no thread") {
+  Fixture f;
+  std::vector<Socket> idle;
+  for (int i = 0; i < 300; ++i) idle.push_back(f.Connect());
+  // Each served once, then idle again.
+  for (int i = 0; i < 300; i += 10) CHECK(Pong(idle[i].fd(), i + 1));
+  REQUIRE(Eventually([&] { return f.server->Stats().open_connections == 300; }));
+  REQUIRE(Eventually(
+      [&] { return f.server->Stats().requests_in_progress == 0; }));
+  CHECK(f.server->Stats().worker_threads <= 4);  // one request at a time
+  Ping(f);
+}
+
+TEST_CASE("DataServer limits connections per peer") {
+  CHECK(DataServerOptions().max_connections_per_peer == 1024);
+  DataServerOptions o;
+  o.max_connections = 4;
+  o.max_connections_per_peer = 2;
+  Fixture f(o);
+  Socket a1 = ConnectFrom("127.0.0.2", f.server->port());
+  Socket a2 = ConnectFrom("127.0.0.2", f.server->port());
+  CHECK(Pong(a1.fd(), 1));
+  CHECK(Pong(a2.fd(), 2));
+  Socket a3 = ConnectFrom("127.0.0.2", f.server->port());
+  auto r = ReadReply(a3.fd());
+  REQUIRE(r.ok());
+  CHECK(r->h.type == FrameType::kError);
+  CHECK(wire::FromWireCode(r->h.status) ==
+        absl::StatusCode::kResourceExhausted);
+  CHECK(r->payload.find("from 127.0.0.2") != std::string::npos);
+  CHECK(f.server->Stats().peer_refused_connections == 1);
+  // Another peer still gets in.
+  Socket b = f.Connect();
+  CHECK(Pong(b.fd(), 3));
+  CHECK(f.server->Stats().refused_connections == 1);
+  // Options are checked.
+  o.max_connections_per_peer = 0;
+  o.device = f.device.get();
+  o.extents = f.extents.get();
+  CHECK(DataServer::Create(o).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("DataServer: a peer's stalled requests do not hold up another's") {
+  DataServerOptions o;
+  o.worker_threads = 2;
+  o.max_requests_per_peer = 1;
+  Fixture f(o);
+  // Peer A stalls a write mid-payload: it holds a worker.
+  Socket a1 = ConnectFrom("127.0.0.2", f.server->port());
+  SendFrame(a1.fd(), FrameType::kWriteRequest, 5, {Op(0, 8, 1)}, "1234", 8);
+  REQUIRE(Eventually([&] { return f.extents->Stats().writing == 1; }));
+  // Its next request waits for it (no second worker for A)...
+  Socket a2 = ConnectFrom("127.0.0.2", f.server->port());
+  SendFrame(a2.fd(), FrameType::kPing, 6, {}, "", 0);
+  REQUIRE(Eventually([&] { return f.server->Stats().deferred_requests == 1; }));
+  // ...while peer B is served at once.
+  Socket b = f.Connect();
+  for (int i = 0; i < 5; ++i) CHECK(Pong(b.fd(), 10 + i));
+  // A's write completes, then its deferred ping is answered.
+  REQUIRE(SendAll(a1.fd(), "5678", 4, Soon()).ok());
+  auto w = ReadReply(a1.fd());
+  REQUIRE(w.ok());
+  CHECK(w->h.type == FrameType::kWriteResponse);
+  auto p = ReadReply(a2.fd());
+  REQUIRE(p.ok());
+  CHECK(p->h.type == FrameType::kPong);
+  CHECK(Eventually(
+      [&] { return f.server->Stats().requests_in_progress == 0; }));
+}
+
+TEST_CASE("DataServer: a header trickled byte by byte holds no worker") {
+  DataServerOptions o;
+  o.worker_threads = 1;
+  o.max_requests_per_peer = 1;
+  o.io_timeout = absl::Milliseconds(300);
+  Fixture f(o);
+  Socket slow = f.Connect();
+  REQUIRE(SendAll(slow.fd(), "\x01", 1, Soon()).ok());
+  Socket b = ConnectFrom("127.0.0.2", f.server->port());
+  CHECK(Pong(b.fd(), 1));  // the only worker is free
+  // The header never completes: an error once io_timeout passes.
+  auto r = ReadReply(slow.fd());
+  REQUIRE(r.ok());
+  CHECK(r->h.type == FrameType::kError);
+  CHECK(wire::FromWireCode(r->h.status) ==
+        absl::StatusCode::kDeadlineExceeded);
+  CHECK(PeerClosed(slow.fd()));
 }
 
 // ------------------------------------------------------------ sessions

@@ -4,8 +4,12 @@
 // Once serving it prints exactly one line to stdout:
 //   hymcache-storage data=HOST:PORT control=HOST:PORT
 // SIGTERM or SIGINT shuts it down gracefully (exit 0).
-#include <signal.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cctype>
 #include <cstdint>
@@ -14,6 +18,7 @@
 
 #include "common/bytes.h"
 #include "common/net.h"
+#include "common/security.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -92,7 +97,16 @@ DEFINE_string(max_region_bytes, "0",
               "DRAM device: most bytes per region / RDMA registration (0: "
               "the RDMA device's limit, or one region).");
 DEFINE_uint32(alignment, 4096, "Allocation alignment (power of two).");
-DEFINE_int32(max_connections, 1024, "Most data-plane connections at once.");
+DEFINE_int32(max_connections, 8192,
+             "Most data-plane connections open at once (idle ones hold no "
+             "thread).");
+DEFINE_int32(max_connections_per_peer, 1024,
+             "Most data-plane connections open at once from one peer "
+             "address.");
+DEFINE_int32(data_worker_threads, 256,
+             "Most data-plane worker threads (requests served at once).");
+DEFINE_int32(max_requests_per_peer, 128,
+             "Most data-plane requests of one peer address served at once.");
 DEFINE_int32(data_send_buffer_bytes, hymcache::kDataSendBufferBytes,
              "Send buffer of each data-plane connection in bytes (0: the "
              "kernel's autotuning, up to net.ipv4.tcp_wmem's maximum).");
@@ -104,6 +118,28 @@ DEFINE_int32(shutdown_flush_timeout_ms, 15000,
              "this long, then abandon what is left (ms)");
 DEFINE_int32(drain_timeout_ms, 10000,
              "Graceful shutdown waits this long for requests in progress (ms).");
+DEFINE_string(auth_tokens_file, "",
+              "identities file or directory of the control service's callers "
+              "(admins; docs/security.md); re-read on SIGHUP. Empty: no "
+              "authentication, loopback only");
+DEFINE_bool(insecure, false,
+            "without --auth_tokens_file, listen on a non-loopback host anyway");
+DEFINE_string(token_file, "",
+              "file holding this node's bearer token (role node) for the "
+              "master");
+DEFINE_string(tls_cert, "",
+              "PEM certificate chain: the control service's server "
+              "certificate and the client certificate towards the master");
+DEFINE_string(tls_key, "", "PEM private key of --tls_cert");
+DEFINE_string(tls_ca, "",
+              "PEM CA certificates: verify the master and client "
+              "certificates (enables TLS towards the master)");
+DEFINE_bool(tls_require_client_cert, false,
+            "control service: refuse TLS clients without a certificate "
+            "signed by --tls_ca");
+DEFINE_string(tls_server_name, "",
+              "name the master's certificate must carry (default: the host "
+              "of --master)");
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
@@ -115,6 +151,16 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
+  // Every data-plane connection holds a descriptor: allow as many as the
+  // hard limit does (the soft limit is often 1024).
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
+      nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+      LOG(WARNING) << "cannot raise the descriptor limit: " << strerror(errno);
+    }
+  }
 
   hymcache::StorageNodeOptions options;
   options.master_address = FLAGS_master;
@@ -184,10 +230,29 @@ int main(int argc, char** argv) {
   }
   options.alignment = FLAGS_alignment;
   options.max_connections = FLAGS_max_connections;
+  options.max_connections_per_peer = FLAGS_max_connections_per_peer;
+  options.data_worker_threads = FLAGS_data_worker_threads;
+  options.max_requests_per_peer = FLAGS_max_requests_per_peer;
   options.data_send_buffer_bytes = FLAGS_data_send_buffer_bytes;
   options.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);
   options.idle_timeout = absl::Milliseconds(FLAGS_idle_timeout_ms);
   options.drain_timeout = absl::Milliseconds(FLAGS_drain_timeout_ms);
+  options.auth_tokens_file = FLAGS_auth_tokens_file;
+  options.insecure = FLAGS_insecure;
+  options.tls.cert_file = FLAGS_tls_cert;
+  options.tls.key_file = FLAGS_tls_key;
+  options.tls.ca_file = FLAGS_tls_ca;
+  options.tls.require_client_cert = FLAGS_tls_require_client_cert;
+  options.tls.server_name = FLAGS_tls_server_name;
+  if (!FLAGS_token_file.empty()) {
+    auto token = hymcache::ReadTokenFile(FLAGS_token_file);
+    if (!token.ok()) {
+      std::cerr << "hymcache-storage: --token_file: " << token.status().message()
+                << "\n";
+      return 2;
+    }
+    options.master_token = *token;
+  }
   options.shutdown_flush_timeout =
       absl::Milliseconds(FLAGS_shutdown_flush_timeout_ms);
   absl::Status valid = options.Validate();
@@ -202,6 +267,7 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -214,7 +280,10 @@ int main(int argc, char** argv) {
             << " control=" << (*node)->control_address() << std::endl;
 
   int sig = 0;
-  while (sigwait(&stop_signals, &sig) != 0) {
+  while (true) {
+    if (sigwait(&stop_signals, &sig) != 0) continue;
+    if (sig != SIGHUP) break;
+    (*node)->ReloadIdentities().IgnoreError();  // logged by the node
   }
   LOG(INFO) << "received signal " << sig << "; shutting down";
   (*node)->Shutdown();

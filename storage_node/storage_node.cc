@@ -89,10 +89,30 @@ class StorageNode::ControlService final
  public:
   explicit ControlService(StorageNode* node) : node_(node) {}
 
+  // Only admins (hymctl) call the control service.
+  absl::Status Admit(grpc::CallbackServerContext* ctx,
+                     const char* method) const {
+    if (node_->auth_ == nullptr) return absl::OkStatus();
+    absl::Status s = node_->auth_->Check(*ctx, Role::kAdmin, method).status();
+    if (!s.ok()) {
+      LOG_EVERY_N(WARNING, 100)
+          << "storage node: refused a call from " << ctx->peer() << ": " << s
+          << " (every 100th refusal logged)";
+    }
+    return s;
+  }
+  static grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx,
+                                          const absl::Status& s) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                                 std::string(s.message())));
+    return reactor;
+  }
 
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
                                      const v1::StorageStatsRequest* /*req*/,
                                      v1::StorageStatsResponse* resp) override {
+    if (absl::Status a = Admit(ctx, "GetStats"); !a.ok()) return Refuse(ctx, a);
     StorageNode* n = node_;
     {
       MutexLock l(&n->mu_);
@@ -147,6 +167,7 @@ class StorageNode::ControlService final
       grpc::CallbackServerContext* ctx,
       const v1::RequestReconcileRequest* /*req*/,
       v1::RequestReconcileResponse* resp) override {
+    if (absl::Status a = Admit(ctx, "RequestReconcile"); !a.ok()) return Refuse(ctx, a);
     {
       MutexLock l(&node_->mu_);
       node_->reconcile_due_ = true;
@@ -160,8 +181,24 @@ class StorageNode::ControlService final
 
   // Pages of the extent table (each page under the table's lock once).
   grpc::ServerWriteReactor<v1::ListExtentsResponse>* ListExtents(
-      grpc::CallbackServerContext* /*ctx*/,
+      grpc::CallbackServerContext* ctx,
       const v1::ListExtentsRequest* req) override {
+    if (absl::Status a = Admit(ctx, "ListExtents"); !a.ok()) {
+      class Refused final
+          : public grpc::ServerWriteReactor<v1::ListExtentsResponse> {
+       public:
+        explicit Refused(const absl::Status& s) {
+          TsanRelease(this);
+          Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                              std::string(s.message())));
+        }
+        void OnDone() override {
+          TsanAcquire(this);
+          delete this;
+        }
+      };
+      return new Refused(a);
+    }
     // TsanAcquire/TsanRelease: see MasterRpcHandler::ReconcileNode.
     class Writer final
         : public grpc::ServerWriteReactor<v1::ListExtentsResponse> {
@@ -302,6 +339,14 @@ absl::Status StorageNodeOptions::Validate() const {
   if (listen_host.empty()) {
     return absl::InvalidArgumentError("storage node: listen_host is empty");
   }
+  s = tls.Validate();
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("storage node: ", s.message()));
+  }
+  s = CheckProtectedMode("storage node", listen_host,
+                         !auth_tokens_file.empty(), insecure);
+  if (!s.ok()) return s;
   if (data_port < 0 || data_port > 65535 || control_port < 0 ||
       control_port > 65535) {
     return absl::InvalidArgumentError("storage node: ports must be in 0..65535");
@@ -352,9 +397,11 @@ absl::Status StorageNodeOptions::Validate() const {
     return absl::InvalidArgumentError(
         "storage node: data_send_buffer_bytes must be >= 0");
   }
-  if (max_connections < 1) {
+  if (max_connections < 1 || max_connections_per_peer < 1 ||
+      data_worker_threads < 1 || max_requests_per_peer < 1) {
     return absl::InvalidArgumentError(
-        "storage node: max_connections must be >= 1");
+        "storage node: max_connections, max_connections_per_peer, "
+        "data_worker_threads and max_requests_per_peer must be >= 1");
   }
   if (io_timeout <= absl::ZeroDuration() ||
       idle_timeout <= absl::ZeroDuration() ||
@@ -573,6 +620,9 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   ds.host = options.listen_host;
   ds.port = options.data_port;
   ds.max_connections = options.max_connections;
+  ds.max_connections_per_peer = options.max_connections_per_peer;
+  ds.worker_threads = options.data_worker_threads;
+  ds.max_requests_per_peer = options.max_requests_per_peer;
   ds.send_buffer_bytes = options.data_send_buffer_bytes;
   ds.io_timeout = options.io_timeout;
   ds.idle_timeout = options.idle_timeout;
@@ -584,6 +634,19 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   node->data_address_ = JoinHostPort(advertise, node->data_port_);
   node->name_ =
       options.node_name.empty() ? node->data_address_ : options.node_name;
+  if (!options.auth_tokens_file.empty()) {
+    ASSIGN_OR_RETURN(node->auth_,
+                     Authenticator::Create(options.auth_tokens_file));
+    LOG(INFO) << "storage node: " << node->auth_->size()
+              << " identities from " << options.auth_tokens_file;
+  } else if (IsLoopbackHost(options.listen_host)) {
+    LOG(INFO) << "storage node: protected mode (no identities configured): "
+                 "listening on loopback only";
+  } else {
+    LOG(WARNING) << "storage node: no identities and --insecure: anyone who "
+                    "can reach "
+                 << options.listen_host << " may call the control service";
+  }
   node->control_service_ = std::make_unique<ControlService>(node.get());
   grpc::ServerBuilder builder;
   // Without this, gRPC binds with SO_REUSEPORT and "succeeds" on a port
@@ -591,8 +654,9 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   const std::string control_listen =
       JoinHostPort(options.listen_host, options.control_port);
-  builder.AddListeningPort(control_listen, grpc::InsecureServerCredentials(),
-                           &node->control_port_);
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
+                   MakeServerCredentials(options.tls));
+  builder.AddListeningPort(control_listen, creds, &node->control_port_);
   builder.RegisterService(node->control_service_.get());
   node->control_server_ = builder.BuildAndStart();
   if (node->control_server_ == nullptr || node->control_port_ == 0) {
@@ -609,8 +673,9 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   node->master_ = std::make_unique<MasterClient>();
-  node->master_->channel = grpc::CreateCustomChannel(
-      options.master_address, grpc::InsecureChannelCredentials(), args);
+  ASSIGN_OR_RETURN(node->master_->channel,
+                   CreateChannel(options.master_address,
+                                 {options.tls, options.master_token}, args));
   node->master_->stub = v1::MasterService::NewStub(node->master_->channel);
 
   LOG(INFO) << "storage node '" << node->name_ << "' incarnation "
@@ -632,6 +697,19 @@ StorageNode::StorageNode(const StorageNodeOptions& options)
     : options_(options) {}
 
 StorageNode::~StorageNode() { Shutdown(); }
+
+absl::Status StorageNode::ReloadIdentities() {
+  if (auth_ == nullptr) return absl::OkStatus();
+  absl::Status s = auth_->Reload();
+  if (s.ok()) {
+    LOG(INFO) << "storage node: reloaded " << auth_->size() << " identities";
+  } else {
+    LOG(ERROR) << "storage node: identities not reloaded (the old ones "
+                  "stay): "
+               << s;
+  }
+  return s;
+}
 
 uint32_t StorageNode::node_id() const {
   MutexLock l(&mu_);

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "common/net.h"
+#include "common/security.h"
 #include "common/thread.h"
 
 namespace grpc {
@@ -157,9 +158,14 @@ struct StorageNodeOptions {
   // the device's registration limit when RDMA is on, else one region.
   // Default: 0
   uint64_t max_region_bytes = 0;
-  // Most data-plane connections served at once (each holds a thread).
-  // Default: 1024
-  int max_connections = 1024;
+  // Data-plane limits (see DataServerOptions): connections open at once, in
+  // all and per peer address; worker threads; requests of one peer served
+  // at once. An idle connection holds no thread.
+  // Defaults: 8192, 1024, 256, 128
+  int max_connections = 8192;
+  int max_connections_per_peer = 1024;
+  int data_worker_threads = 256;
+  int max_requests_per_peer = 128;
   // Send buffer of each data-plane connection (see
   // DataServerOptions::send_buffer_bytes); 0: the kernel's autotuning.
   // Default: kDataSendBufferBytes (512 KiB)
@@ -182,6 +188,21 @@ struct StorageNodeOptions {
   // abandoned (lost like in a crash: the master drops their listings when
   // the node reconciles after its restart). Default: 15 s
   absl::Duration shutdown_flush_timeout = absl::Seconds(15);
+  // Identities file (or directory) of the callers of the control service
+  // (admins; common/security.h). "" turns authentication off, and then
+  // only a loopback listen_host is allowed unless `insecure`. Default: "".
+  std::string auth_tokens_file;
+  // Listen on a non-loopback host without identities. Default: false.
+  bool insecure = false;
+  // TLS of the control service (cert_file/key_file/ca_file/
+  // require_client_cert) and of the connection to the master (ca_file
+  // verifies the master; cert_file/key_file are presented as the client
+  // certificate; server_name overrides the master's expected name).
+  // Default: plaintext.
+  TlsOptions tls;
+  // Bearer token (role node) sent to the master; "" sends none.
+  // Default: "".
+  std::string master_token;
   // Shutdown() returns within about rpc_timeout (deregistration) +
   // drain_timeout (data-plane requests) + 1 s (control server) +
   // shutdown_flush_timeout (hybrid write buffer) + one synced RocksDB write:
@@ -236,6 +257,9 @@ class StorageNode {
   void Shutdown();
   // Blocks until Shutdown() has finished.
   void Wait();
+  // Re-reads the identities file (SIGHUP); on error the old identities
+  // stay. OkStatus when authentication is off.
+  absl::Status ReloadIdentities();
 
  private:
   struct MasterClient;
@@ -274,6 +298,7 @@ class StorageNode {
   std::unique_ptr<storage::RdmaPlane> rdma_;  // before data_server_
   std::unique_ptr<storage::ShmExport> shm_export_;
   std::unique_ptr<storage::DataServer> data_server_;
+  std::unique_ptr<Authenticator> auth_;  // null: authentication off
   std::unique_ptr<ControlService> control_service_;
   std::unique_ptr<grpc::Server> control_server_;  // after control_service_
   std::unique_ptr<MasterClient> master_;

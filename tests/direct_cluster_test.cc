@@ -91,7 +91,9 @@ struct Cluster {
   StorageProcess node;
 
   explicit Cluster(std::vector<std::string> node_flags) {
-    auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0");
+    // One trusted caller stores most of a small node in one Store.
+    auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0",
+                                  {"--max_pending_share_per_caller=1"});
     REQUIRE(m.ok());
     master = std::move(*m);
     // "$DIR" in a flag: this cluster's directory.

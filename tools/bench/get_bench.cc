@@ -310,6 +310,8 @@ absl::Status StartInProcess(uint64_t dram_bytes, const std::string& db,
                             Cluster* c) {
   MasterOptions mo;
   mo.db_path = db;
+  // One trusted caller stores nearly the whole node in one put.
+  mo.max_pending_share_per_caller = 1.0;
   auto master = MasterServer::Create(mo);
   if (!master.ok()) return master.status();
   c->master = std::move(*master);
@@ -337,7 +339,9 @@ absl::Status StartDaemons(uint64_t dram_bytes, const std::string& db,
                                       : FLAGS_storage_binary;
   auto m = testing::Daemon::Start(
       master_bin,
-      {"--db_path=" + db, "--listen=127.0.0.1:0", "--minloglevel=1"},
+      {"--db_path=" + db, "--listen=127.0.0.1:0", "--minloglevel=1",
+       // One trusted caller stores nearly the whole node in one put.
+       "--max_pending_share_per_caller=1"},
       absl::Seconds(30));
   if (!m.ok()) return m.status();
   const std::string prefix = "hymcache-master listening on ";

@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -41,6 +42,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "common/thread.h"
 #include "master/master_server.h"
 #include "proto/master.grpc.pb.h"
@@ -55,6 +57,12 @@ DEFINE_int32(trials, 3,
              "trials per row; the row shows the one with the most keys/s "
              "(the least disturbed on a shared machine)");
 DEFINE_string(db_path, "", "master RocksDB dir (default: a temp dir)");
+DEFINE_bool(auth, false,
+            "run the master with identities: every lookup carries an "
+            "engine's bearer token and is checked (docs/security.md)");
+DEFINE_string(tls_dir, "",
+              "serve and dial over TLS with the certificates of "
+              "tests/make_test_certs.sh DIR (server.pem/key, ca.pem)");
 
 namespace hymcache {
 namespace {
@@ -70,15 +78,23 @@ std::vector<int> ParseList(const std::string& s) {
   return out;
 }
 
-std::unique_ptr<v1::MasterService::Stub> Dial(const std::string& address,
-                                              int channel_id) {
+// TLS and the token of the lookups' channels (Main sets them).
+hymcache::ChannelSecurity g_security;
+
+std::unique_ptr<v1::MasterService::Stub> Dial(
+    const std::string& address, int channel_id,
+    const hymcache::ChannelSecurity& security = g_security) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   // Distinct args: gRPC would otherwise share one connection between the
   // threads' channels.
   args.SetInt("hymcache.bench_channel", channel_id);
-  return v1::MasterService::NewStub(grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args));
+  auto channel = hymcache::CreateChannel(address, security, args);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "dial: %s\n", channel.status().ToString().c_str());
+    std::exit(1);
+  }
+  return v1::MasterService::NewStub(*channel);
 }
 
 std::vector<std::string> MakeKeys(size_t n, size_t bytes) {
@@ -218,6 +234,30 @@ int Main() {
   mo.db_path = db;
   // No heartbeats in this benchmark: keep the fake node alive throughout.
   mo.node_timeout = absl::Hours(1);
+  hymcache::ChannelSecurity node_security, admin_security;
+  if (!FLAGS_tls_dir.empty()) {
+    mo.tls.cert_file = FLAGS_tls_dir + "/server.pem";
+    mo.tls.key_file = FLAGS_tls_dir + "/server.key";
+    g_security.tls.ca_file = FLAGS_tls_dir + "/ca.pem";
+  }
+  node_security = admin_security = g_security;
+  if (FLAGS_auth) {
+    mo.auth_tokens_file = db + ".identities";
+    const std::string engine = *hymcache::NewToken();
+    node_security.token = *hymcache::NewToken();
+    admin_security.token = *hymcache::NewToken();
+    std::ofstream(mo.auth_tokens_file)
+        << hymcache::IdentityLine(hymcache::Role::kEngine, "bench", "bench",
+                                  engine)
+        << "\n"
+        << hymcache::IdentityLine(hymcache::Role::kNode, "", "node",
+                                  node_security.token)
+        << "\n"
+        << hymcache::IdentityLine(hymcache::Role::kAdmin, "", "admin",
+                                  admin_security.token)
+        << "\n";
+    g_security.token = engine;
+  }
   auto master = MasterServer::Create(mo);
   if (!master.ok()) {
     std::fprintf(stderr, "master: %s\n", master.status().ToString().c_str());
@@ -225,7 +265,8 @@ int Main() {
   }
   const std::string address = (*master)->address();
   int next_channel = 0;
-  auto admin = Dial(address, next_channel++);
+  auto admin = Dial(address, next_channel++, admin_security);
+  auto node = Dial(address, next_channel++, node_security);
 
   v1::RegisterNodeRequest reg;
   reg.set_name("bench-node");
@@ -240,7 +281,7 @@ int Main() {
   v1::RegisterNodeResponse reg_resp;
   {
     grpc::ClientContext ctx;
-    grpc::Status s = admin->RegisterNode(&ctx, reg, &reg_resp);
+    grpc::Status s = node->RegisterNode(&ctx, reg, &reg_resp);
     if (!s.ok()) {
       std::fprintf(stderr, "RegisterNode: %s\n", s.error_message().c_str());
       return 1;
@@ -257,11 +298,13 @@ int Main() {
     admin->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok();
   }
   std::printf("objects=%lu key_bytes=%u committed in %.2f s (%.0f objects/s); "
-              "index %lu bytes/entry; best of %d x %.1f s per row\n\n",
+              "index %lu bytes/entry; best of %d x %.1f s per row; %s, %s\n\n",
               static_cast<unsigned long>(stats.object_count()),
               FLAGS_key_bytes, commit_s, FLAGS_objects / commit_s,
               static_cast<unsigned long>(stats.index_bytes_per_entry()),
-              FLAGS_trials, FLAGS_seconds);
+              FLAGS_trials, FLAGS_seconds,
+              FLAGS_auth ? "bearer tokens checked" : "no authentication",
+              FLAGS_tls_dir.empty() ? "plaintext" : "TLS");
   std::printf("| batch | threads | mode | calls | µs/call p50 | µs/call p99 | "
               "µs/key (p50) | keys/s |\n");
   std::printf("|---:|---:|---|---:|---:|---:|---:|---:|\n");
@@ -299,6 +342,10 @@ int Main() {
   if (temp_db) {
     std::error_code ec;
     std::filesystem::remove_all(db, ec);
+  }
+  if (FLAGS_auth) {
+    std::error_code ec;
+    std::filesystem::remove(mo.auth_tokens_file, ec);
   }
   return misses || errors ? 1 : 0;
 }

@@ -19,6 +19,7 @@
 #include "client/block_key.h"
 #include "client/client.h"
 #include "common/mutex.h"
+#include "common/security.h"
 #include "common/status_macros.h"
 #include "common/thread.h"
 #include "tools/crashtest/block_data.h"
@@ -786,6 +787,9 @@ void CrashTest::Impl::RunFsck(bool repair) {
   const std::string err_path = cluster_->log_path(0) + ".fsck.log";
   std::vector<std::string> args = {"--master=" + cluster_->master_address(),
                                    "--json"};
+  if (!options_.token_file.empty()) {
+    args.push_back("--token_file=" + options_.token_file);
+  }
   if (repair) args.push_back("--repair");
   args.push_back("fsck");
   const absl::Time t0 = absl::Now();
@@ -1224,6 +1228,9 @@ absl::StatusOr<CrashTestReport> CrashTest::Impl::Run(std::ostream& log) {
   co.master_address = cluster_->master_address();
   co.default_deadline = options_.load_deadline;
   co.store_threads = options_.conversations;
+  if (!options_.token_file.empty()) {
+    ASSIGN_OR_RETURN(co.auth_token, ReadTokenFile(options_.token_file));
+  }
   ASSIGN_OR_RETURN(client_, Client::Create(co));
   RETURN_IF_ERROR(WaitNodesAlive(start_, absl::Seconds(60)));
   Log(absl::StrCat("cluster up: master ", cluster_->master_address(), ", ",

@@ -56,6 +56,11 @@ struct CrashTestOptions {
   ClusterOptions cluster;
   // hymctl binary for the fsck hook. Required with fsck or fsck_repair.
   std::string hymctl_binary;
+  // File holding the bearer token of the workload's client and of hymctl
+  // fsck (an admin's: admins may also load and store), for daemons run with
+  // --auth_tokens_file (pass it, and the nodes' --token_file, through the
+  // cluster's extra daemon flags). "" sends none. Default: "".
+  std::string token_file;
 
   // Seed of every random choice (kill moments and victims, conversations).
   // Default: 1.

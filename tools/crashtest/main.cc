@@ -101,6 +101,10 @@ DEFINE_string(
 DEFINE_string(daemon_log_dir, "", "daemon logs (default: work_dir)");
 DEFINE_string(master_binary, "", "hymcache-master (default: from runfiles)");
 DEFINE_string(storage_binary, "", "hymcache-storage (default: from runfiles)");
+DEFINE_string(token_file, "",
+              "bearer token (an admin's) of the workload's client and of "
+              "hymctl fsck, for daemons given --auth_tokens_file through "
+              "--master_args / --storage_args (docs/security.md)");
 DEFINE_string(hymctl_binary, "", "hymctl for --fsck (default: from runfiles)");
 
 namespace {
@@ -151,6 +155,7 @@ int main(int argc, char** argv) {
   c.storage_binary = FLAGS_storage_binary.empty()
                          ? Runfile(argv[0], "storage_node/hymcache-storage")
                          : FLAGS_storage_binary;
+  o.token_file = FLAGS_token_file;
   o.hymctl_binary = FLAGS_hymctl_binary.empty()
                         ? Runfile(argv[0], "tools/hymctl/hymctl")
                         : FLAGS_hymctl_binary;

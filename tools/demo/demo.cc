@@ -31,6 +31,8 @@ void FillBlock(const std::string& key, std::vector<uint8_t>& out) {
 absl::Status Run(const DemoOptions& o, std::ostream& out) {
   ClientOptions co;
   co.master_address = o.master_address;
+  co.auth_token = o.token;
+  co.tls_ca_file = o.tls_ca_file;
   // Shared memory with a node on this host, RDMA if present, else TCP.
   co.transport = TransportKind::kAuto;
   auto client_or = Client::Create(co);

@@ -17,6 +17,10 @@ namespace hymcache::demo {
 struct DemoOptions {
   // Master gRPC address. Default: 127.0.0.1:50051.
   std::string master_address = "127.0.0.1:50051";
+  // Bearer token (role engine) and the master's CA (enables TLS).
+  // Default: none, plaintext.
+  std::string token;
+  std::string tls_ca_file;
   // Concurrent conversations (run one after another per turn). Default: 4.
   int conversations = 4;
   // Turns per conversation. Default: 5.

@@ -3,9 +3,12 @@
 
 #include <gflags/gflags.h>
 
+#include "common/security.h"
 #include "tools/demo/demo.h"
 
 DEFINE_string(master, "127.0.0.1:50051", "master gRPC address host:port");
+DEFINE_string(token_file, "", "file holding the bearer token (role engine)");
+DEFINE_string(tls_ca, "", "PEM CA of the master's certificate (enables TLS)");
 DEFINE_int32(conversations, 4, "conversations");
 DEFINE_int32(turns, 5, "turns per conversation");
 DEFINE_int32(block_tokens, 512, "tokens per KV block");
@@ -16,6 +19,16 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   hymcache::demo::DemoOptions o;
   o.master_address = FLAGS_master;
+  o.tls_ca_file = FLAGS_tls_ca;
+  if (!FLAGS_token_file.empty()) {
+    auto token = hymcache::ReadTokenFile(FLAGS_token_file);
+    if (!token.ok()) {
+      std::cerr << "hymcache-demo: --token_file: " << token.status().message()
+                << "\n";
+      return 2;
+    }
+    o.token = *token;
+  }
   o.conversations = FLAGS_conversations;
   o.turns = FLAGS_turns;
   o.block_tokens = FLAGS_block_tokens;

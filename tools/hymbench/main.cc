@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/bytes.h"
+#include "common/security.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,11 @@ DEFINE_string(out, "-", "gen: output file ('-': stdout).");
 
 // Replay.
 DEFINE_string(master, "127.0.0.1:50051", "Master gRPC address host:port.");
+DEFINE_string(token_file, "",
+              "File holding the bearer token (role engine) for the master.");
+DEFINE_string(tls_ca, "", "PEM CA of the master's certificate (enables TLS).");
+DEFINE_string(tls_cert, "", "PEM client certificate for mutual TLS.");
+DEFINE_string(tls_key, "", "PEM private key of --tls_cert.");
 DEFINE_string(block_bytes, "256K", "Bytes per KV block, e.g. 262144, 256K, 1M.");
 DEFINE_int32(concurrency, 1, "Worker threads, each running one request at a time.");
 DEFINE_string(time_scale, "max",
@@ -235,6 +241,16 @@ int RunReplay() {
   co.master_address = FLAGS_master;
   co.store_threads = FLAGS_store_threads;
   co.max_pending_stores = FLAGS_max_pending_stores;
+  if (!FLAGS_token_file.empty()) {
+    auto token = ReadTokenFile(FLAGS_token_file);
+    if (!token.ok()) {
+      return UsageError(absl::StrCat("--token_file: ", token.status().message()));
+    }
+    co.auth_token = *token;
+  }
+  co.tls_ca_file = FLAGS_tls_ca;
+  co.tls_cert_file = FLAGS_tls_cert;
+  co.tls_key_file = FLAGS_tls_key;
   if (FLAGS_transport == "tcp") {
     co.transport = TransportKind::kTcp;
   } else if (FLAGS_transport == "shm") {

@@ -44,14 +44,15 @@ struct Pass {
 
 class Fsck {
  public:
-  explicit Fsck(const FsckOptions& o) : o_(o) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    master_ = v1::MasterService::NewStub(grpc::CreateCustomChannel(
-        o.master_address, grpc::InsecureChannelCredentials(), args));
-  }
+  explicit Fsck(const FsckOptions& o) : o_(o) {}
 
   absl::StatusOr<FsckReport> Run() {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                     CreateChannel(o_.master_address, o_.security, args));
+    master_ = v1::MasterService::NewStub(channel);
+
     absl::StatusOr<FsckReport> first = OnePass();
     if (!first.ok()) return first.status();
     absl::SleepFor(o_.settle);
@@ -77,12 +78,13 @@ class Fsck {
     return ctx;
   }
 
-  std::unique_ptr<v1::StorageControl::Stub> NodeStub(
+  absl::StatusOr<std::unique_ptr<v1::StorageControl::Stub>> NodeStub(
       const std::string& address) const {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
-    return v1::StorageControl::NewStub(grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args));
+    ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                     CreateChannel(address, o_.security, args));
+    return v1::StorageControl::NewStub(channel);
   }
 
   absl::StatusOr<FsckReport> OnePass() {
@@ -118,8 +120,9 @@ class Fsck {
       }
       auto stub = NodeStub(n.control_address());
       std::map<uint64_t, v1::Location> held;
-      absl::Status s = ListNode(stub.get(), n.node_id(), &held);
-      if (s.ok()) s = CountChecksums(stub.get(), &r.checksum_failures);
+      absl::Status s = stub.status();
+      if (s.ok()) s = ListNode(stub->get(), n.node_id(), &held);
+      if (s.ok()) s = CountChecksums(stub->get(), &r.checksum_failures);
       if (!s.ok()) {
         r.unreachable.push_back(
             absl::StrCat("node ", n.node_id(), " (", n.name(), "): ",
@@ -261,7 +264,7 @@ class Fsck {
     }
     for (const v1::NodeInfo& n : nodes.nodes()) {
       if (!reconcile.count(n.node_id())) continue;
-      auto stub = NodeStub(n.control_address());
+      ASSIGN_OR_RETURN(auto stub, NodeStub(n.control_address()));
       v1::RequestReconcileResponse asked;
       {
         grpc::ClientContext ctx;

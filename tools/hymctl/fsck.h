@@ -40,12 +40,15 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "proto/common.pb.h"
 
 namespace hymcache::hymctl {
 
 struct FsckOptions {
   std::string master_address;
+  // Token and TLS towards the master and the nodes. Default: none.
+  ChannelSecurity security;
   // Time between the two passes. Default: 2 s.
   absl::Duration settle = absl::Seconds(2);
   // Repair what is found, then check again. Default: false.

@@ -1,5 +1,10 @@
 #include "tools/hymctl/hymctl.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <iomanip>
@@ -18,6 +23,7 @@
 #include "absl/time/time.h"
 #include "client/block_key.h"
 #include "client/client.h"
+#include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 #include "tools/hymctl/fsck.h"
 
@@ -70,8 +76,15 @@ class Cli {
     if (args.empty()) return Usage("missing command");
     const std::string& cmd = args[0];
     std::vector<std::string> rest(args.begin() + 1, args.end());
+    if (cmd == "token") return Token(rest);
+    if (cmd == "tenant") return Tenant(rest);
     ClientOptions co;
     co.master_address = o_.master_address;
+    co.auth_token = o_.security.token;
+    co.tls_ca_file = o_.security.tls.ca_file;
+    co.tls_cert_file = o_.security.tls.cert_file;
+    co.tls_key_file = o_.security.tls.key_file;
+    co.tls_server_name = o_.security.tls.server_name;
     co.default_deadline = absl::Seconds(o_.timeout_seconds);
     auto client = Client::Create(co);
     if (!client.ok()) return Fail(client.status());
@@ -83,6 +96,11 @@ class Cli {
     if (cmd == "lookup") return rest.empty() ? Usage("lookup KEY...") : Lookup(rest);
     if (cmd == "rm") return rest.empty() ? Usage("rm KEY...") : Remove(rest);
     if (cmd == "fsck") return Fsck(rest);
+    if (cmd == "node") {
+      return rest.size() == 2 && rest[0] == "forget"
+                 ? ForgetNode(rest[1])
+                 : Usage("node forget NAME");
+    }
     return Usage(absl::StrCat("unknown command '", cmd, "'"));
   }
 
@@ -98,8 +116,131 @@ class Cli {
          << "  rm KEY...         remove keys\n"
          << "  fsck [--repair] [--settle=SECONDS]\n"
          << "                    compare the master's listings with every\n"
-         << "                    node's extents (exit 1 if inconsistent)\n";
+         << "                    node's extents (exit 1 if inconsistent)\n"
+         << "  tenant list       every tenant's objects, bytes and quota\n"
+         << "  tenant usage TENANT\n"
+         << "  tenant set-quota TENANT MAX_OBJECTS MAX_BYTES\n"
+         << "                    0 = unlimited; refused PutStarts beyond it\n"
+         << "  token new ROLE TENANT NAME TOKEN_FILE\n"
+         << "                    write a fresh token to TOKEN_FILE (a new\n"
+         << "                    file, mode 0600) and print its identities\n"
+         << "                    line (ROLE: engine, admin or node; TENANT:\n"
+         << "                    - for the default)\n"
+         << "  node forget NAME  remove a dead node's record and its objects\n";
     return 2;
+  }
+
+  // token new ROLE TENANT NAME TOKEN_FILE: the token goes to a file only
+  // its owner reads, never to the terminal; stdout gets the line for the
+  // daemons' identities file.
+  int Token(const std::vector<std::string>& args) {
+    if (args.size() != 5 || args[0] != "new") {
+      return Usage("token new ROLE TENANT NAME TOKEN_FILE");
+    }
+    auto role = ParseRole(args[1]);
+    if (!role.ok()) return Usage(std::string(role.status().message()));
+    for (const std::string& f : {args[2], args[3]}) {
+      if (f.empty() || f.find_first_of(" \t\n#") != std::string::npos) {
+        return Usage("TENANT and NAME are single words without '#'");
+      }
+    }
+    auto token = NewToken();
+    if (!token.ok()) return Fail(token.status());
+    const int fd = ::open(args[4].c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+          args[4], ": ", std::strerror(errno), " (the token file must be new)")));
+    }
+    const std::string text = *token + "\n";
+    const bool written =
+        ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    const bool closed = ::close(fd) == 0;
+    if (!written || !closed) {
+      ::unlink(args[4].c_str());
+      return Fail(absl::InternalError(absl::StrCat(args[4], ": write failed")));
+    }
+    out_ << IdentityLine(*role, args[2] == "-" ? "" : args[2], args[3], *token)
+         << "\n";
+    return 0;
+  }
+
+  // tenant list | usage TENANT | set-quota TENANT MAX_OBJECTS MAX_BYTES
+  // (docs/security.md, "Tenants").
+  int Tenant(const std::vector<std::string>& args) {
+    const bool list = args.size() == 1 && args[0] == "list";
+    const bool usage = args.size() == 2 && args[0] == "usage";
+    const bool set = args.size() == 4 && args[0] == "set-quota";
+    if (!list && !usage && !set) {
+      return Usage(
+          "tenant list | usage TENANT | set-quota TENANT MAX_OBJECTS "
+          "MAX_BYTES");
+    }
+    auto channel = CreateChannel(o_.master_address, o_.security);
+    if (!channel.ok()) return Fail(channel.status());
+    auto stub = hymcache::v1::MasterService::NewStub(*channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(o_.timeout_seconds)));
+    if (set) {
+      hymcache::v1::SetTenantQuotaRequest req;
+      uint64_t objects = 0, bytes = 0;
+      if (!absl::SimpleAtoi(args[2], &objects) ||
+          !absl::SimpleAtoi(args[3], &bytes)) {
+        return Usage("set-quota: MAX_OBJECTS and MAX_BYTES are integers");
+      }
+      req.set_tenant(args[1]);
+      req.set_max_objects(objects);
+      req.set_max_bytes(bytes);
+      hymcache::v1::SetTenantQuotaResponse resp;
+      grpc::Status s = stub->SetTenantQuota(&ctx, req, &resp);
+      if (!s.ok()) return Fail(GrpcToStatus(s));
+      if (o_.json) {
+        out_ << json{{"tenant", args[1]}, {"max_objects", objects},
+                     {"max_bytes", bytes}}.dump() << "\n";
+      } else {
+        out_ << "tenant " << args[1] << ": quota " << objects << " objects, "
+             << bytes << " bytes (0 = unlimited)\n";
+      }
+      return 0;
+    }
+    hymcache::v1::ListTenantsRequest req;
+    if (usage) req.set_tenant(args[1]);
+    hymcache::v1::ListTenantsResponse resp;
+    grpc::Status s = stub->ListTenants(&ctx, req, &resp);
+    if (!s.ok()) return Fail(GrpcToStatus(s));
+    if (o_.json) {
+      json all = json::array();
+      for (const auto& t : resp.tenants()) {
+        all.push_back(json{{"tenant", t.tenant()},
+                           {"objects", t.objects()},
+                           {"bytes", t.bytes()},
+                           {"max_objects", t.max_objects()},
+                           {"max_bytes", t.max_bytes()},
+                           {"quota_refusals", t.quota_refusals()}});
+      }
+      out_ << json{{"tenants", all}}.dump(2) << "\n";
+      return 0;
+    }
+    auto limit = [](uint64_t v, bool bytes) -> std::string {
+      if (v == 0) return "-";
+      return bytes ? Human(v) : absl::StrCat(v);
+    };
+    std::vector<std::vector<std::string>> rows = {
+        {"TENANT", "OBJECTS", "BYTES", "MAX OBJECTS", "MAX BYTES",
+         "REFUSED PUTS"}};
+    for (const auto& t : resp.tenants()) {
+      rows.push_back({t.tenant(), absl::StrCat(t.objects()), Human(t.bytes()),
+                      limit(t.max_objects(), false),
+                      limit(t.max_bytes(), true),
+                      absl::StrCat(t.quota_refusals())});
+    }
+    Table(out_, rows);
+    return 0;
+  }
+
+  static absl::Status GrpcToStatus(const grpc::Status& s) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        s.error_message());
   }
 
   int Fail(const absl::Status& s) {
@@ -197,6 +338,33 @@ class Cli {
     return 0;
   }
 
+  // Admin: the master removes a dead node's record and its objects.
+  int ForgetNode(const std::string& name) {
+    auto stub = hymcache::v1::MasterService::NewStub(grpc::CreateChannel(
+        o_.master_address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(
+        absl::Now() + absl::Seconds(o_.timeout_seconds)));
+    hymcache::v1::ForgetNodeRequest req;
+    req.set_name(name);
+    hymcache::v1::ForgetNodeResponse resp;
+    grpc::Status s = stub->ForgetNode(&ctx, req, &resp);
+    if (!s.ok()) {
+      return Fail(absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                               s.error_message()));
+    }
+    if (o_.json) {
+      out_ << json{{"node_id", resp.node_id()},
+                   {"objects_removed", resp.objects_removed()}}
+                  .dump()
+           << "\n";
+    } else {
+      out_ << "forgot node " << resp.node_id() << " '" << name << "' and its "
+           << resp.objects_removed() << " objects\n";
+    }
+    return 0;
+  }
+
   // Asks every node's control service for its counters.
   int NodeStats() {
     auto st = client_->GetClusterStatus();
@@ -204,8 +372,9 @@ class Cli {
     json all = json::array();
     for (const auto& n : st->nodes) {
       json j{{"node_id", n.node_id}, {"name", n.name}, {"alive", n.alive}};
-      auto stub = hymcache::v1::StorageControl::NewStub(grpc::CreateChannel(
-          n.control_address, grpc::InsecureChannelCredentials()));
+      auto channel = CreateChannel(n.control_address, o_.security);
+      if (!channel.ok()) return Fail(channel.status());
+      auto stub = hymcache::v1::StorageControl::NewStub(*channel);
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(o_.timeout_seconds)));
       hymcache::v1::StorageStatsResponse resp;
@@ -372,6 +541,7 @@ class Cli {
   int Fsck(const std::vector<std::string>& args) {
     FsckOptions f;
     f.master_address = o_.master_address;
+    f.security = o_.security;
     f.rpc_timeout = absl::Seconds(std::max(o_.timeout_seconds, 60.0));
     for (const std::string& a : args) {
       double settle = 0;

@@ -9,6 +9,14 @@
 //   hymctl fsck [--repair] [--settle=SECONDS]
 //                              master listings vs node extents (fsck.h);
 //                              exit 1 if anything is inconsistent
+//   hymctl tenant list | usage TENANT | set-quota TENANT MAX_OBJECTS MAX_BYTES
+//                              tenants' objects, bytes, quotas (admins)
+//   hymctl token new ROLE TENANT NAME TOKEN_FILE
+//                              a fresh token written to TOKEN_FILE (0600,
+//                              new file); its identities line on stdout
+//                              (docs/security.md)
+//   hymctl node forget NAME    (admin) remove a dead node's record and its
+//                              objects from the master
 //
 // Keys are taken as text, or as hex with --hex (block keys are binary).
 #pragma once
@@ -16,6 +24,8 @@
 #include <ostream>
 #include <string>
 #include <vector>
+
+#include "common/security.h"
 
 namespace hymcache::hymctl {
 
@@ -28,6 +38,9 @@ struct Options {
   bool hex_keys = false;
   // Per-command deadline in seconds. Default: 10.
   double timeout_seconds = 10;
+  // Token (an admin's, see docs/security.md) and TLS towards the master and
+  // the nodes' control services. Default: none, plaintext.
+  ChannelSecurity security;
 };
 
 // Runs one command (`args` = command and its operands). Returns the process

@@ -13,16 +13,34 @@ DEFINE_bool(hex, false, "keys on the command line are hex");
 DEFINE_double(timeout, 10, "per-command deadline in seconds");
 DEFINE_bool(repair, false, "fsck: repair what is found, then check again");
 DEFINE_double(settle, 2, "fsck: seconds between its two confirming passes");
+DEFINE_string(token_file, "", "file holding the bearer token (an admin's)");
+DEFINE_string(tls_ca, "", "PEM CA of the master's and nodes' certificates (enables TLS)");
+DEFINE_string(tls_cert, "", "PEM client certificate for mutual TLS");
+DEFINE_string(tls_key, "", "PEM private key of --tls_cert");
+DEFINE_string(tls_server_name, "",
+              "name the servers' certificates carry (default: the host dialled)");
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
-      "hymctl [flags] status | stats | put KEY FILE | get KEY FILE | lookup KEY... | rm KEY... | fsck [--repair] [--settle=S]");
+      "hymctl [flags] status | stats | put KEY FILE | get KEY FILE | lookup KEY... | rm KEY... | fsck [--repair] [--settle=S] | tenant list|usage T|set-quota T OBJS BYTES | token new ROLE TENANT NAME TOKEN_FILE");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   hymcache::hymctl::Options o;
   o.master_address = FLAGS_master;
   o.json = FLAGS_json;
   o.hex_keys = FLAGS_hex;
   o.timeout_seconds = FLAGS_timeout;
+  if (!FLAGS_token_file.empty()) {
+    auto token = hymcache::ReadTokenFile(FLAGS_token_file);
+    if (!token.ok()) {
+      std::cerr << "hymctl: --token_file: " << token.status().message() << "\n";
+      return 2;
+    }
+    o.security.token = *token;
+  }
+  o.security.tls.ca_file = FLAGS_tls_ca;
+  o.security.tls.cert_file = FLAGS_tls_cert;
+  o.security.tls.key_file = FLAGS_tls_key;
+  o.security.tls.server_name = FLAGS_tls_server_name;
   std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && args[0] == "fsck") {
     if (FLAGS_repair) args.push_back("--repair");

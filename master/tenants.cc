@@ -1,0 +1,164 @@
+#include "master/tenants.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iterator>
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "master/tenant.h"
+
+namespace hymcache::master {
+
+namespace {
+
+absl::Status ValidTenant(absl::string_view tenant) {
+  if (tenant.empty() || tenant.size() > kMaxTenantBytes ||
+      tenant.find_first_of(" \t\r\n#") != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenant '", tenant, "': 1..", kMaxTenantBytes,
+        " characters, no spaces or '#'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Create(
+    const std::string& quota_path) {
+  std::unique_ptr<TenantRegistry> r(new TenantRegistry(quota_path));
+  if (quota_path.empty()) return r;
+  std::error_code ec;
+  if (!std::filesystem::exists(quota_path, ec)) return r;
+  std::ifstream in(quota_path);
+  if (!in) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(quota_path, ": cannot open"));
+  }
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    std::vector<absl::string_view> f =
+        absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.empty() || f[0][0] == '#') continue;
+    TenantQuota q;
+    if (f.size() != 3 || !ValidTenant(f[0]).ok() ||
+        !absl::SimpleAtoi(f[1], &q.max_objects) ||
+        !absl::SimpleAtoi(f[2], &q.max_bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          quota_path, ":", n, ": expected 'tenant max_objects max_bytes'"));
+    }
+    r->quotas_[std::string(f[0])] = q;
+  }
+  return r;
+}
+
+absl::Status TenantRegistry::Save(
+    const std::map<std::string, TenantQuota>& quotas) const {
+  if (path_.empty()) return absl::OkStatus();
+  const std::string tmp = path_ + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "# tenant max_objects max_bytes (0: unlimited); hymctl tenant "
+           "set-quota\n";
+    for (const auto& [t, q] : quotas) {
+      out << t << " " << q.max_objects << " " << q.max_bytes << "\n";
+    }
+    out.flush();
+    if (!out) return absl::InternalError(absl::StrCat(tmp, ": write failed"));
+  }
+  if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat(path_, ": rename failed"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TenantRegistry::SetQuota(absl::string_view tenant,
+                                      const TenantQuota& quota) {
+  absl::Status valid = ValidTenant(tenant);
+  if (!valid.ok()) return valid;
+  MutexLock l(&mu_);
+  std::map<std::string, TenantQuota> next = quotas_;
+  if (quota.max_objects == 0 && quota.max_bytes == 0) {
+    next.erase(std::string(tenant));
+  } else {
+    next[std::string(tenant)] = quota;
+  }
+  absl::Status s = Save(next);
+  if (!s.ok()) return s;
+  quotas_ = std::move(next);
+  return absl::OkStatus();
+}
+
+TenantQuota TenantRegistry::Quota(absl::string_view tenant) const {
+  MutexLock l(&mu_);
+  auto it = quotas_.find(std::string(tenant));
+  return it == quotas_.end() ? TenantQuota() : it->second;
+}
+
+std::map<std::string, TenantQuota> TenantRegistry::Quotas() const {
+  MutexLock l(&mu_);
+  return quotas_;
+}
+
+absl::Status TenantRegistry::CheckQuota(absl::string_view tenant,
+                                        uint64_t objects, uint64_t bytes,
+                                        uint64_t new_objects,
+                                        uint64_t new_bytes) {
+  MutexLock l(&mu_);
+  auto it = quotas_.find(std::string(tenant));
+  if (it == quotas_.end()) return absl::OkStatus();
+  const TenantQuota& q = it->second;
+  std::string why;
+  if (q.max_objects != 0 && objects + new_objects > q.max_objects) {
+    why = absl::StrCat(objects, " objects + ", new_objects, " new > quota ",
+                       q.max_objects);
+  } else if (q.max_bytes != 0 && bytes + new_bytes > q.max_bytes) {
+    why = absl::StrCat(bytes, " bytes + ", new_bytes, " new > quota ",
+                       q.max_bytes);
+  }
+  if (why.empty()) return absl::OkStatus();
+  ++refusals_[std::string(tenant)];
+  return absl::ResourceExhaustedError(
+      absl::StrCat("tenant '", tenant, "' is over its quota: ", why));
+}
+
+uint64_t TenantRegistry::QuotaRefusals(absl::string_view tenant) const {
+  MutexLock l(&mu_);
+  auto it = refusals_.find(std::string(tenant));
+  return it == refusals_.end() ? 0 : it->second;
+}
+
+void TenantRegistry::NotePut(uint64_t put_id, absl::string_view tenant,
+                             absl::Time expiry, absl::Time now) {
+  MutexLock l(&mu_);
+  puts_[put_id] = Put{std::string(tenant), expiry};
+  if (puts_.size() < sweep_at_) return;
+  // Puts neither committed nor aborted: the master freed them at expiry.
+  for (auto it = puts_.begin(); it != puts_.end();) {
+    auto next = std::next(it);
+    if (it->second.expiry + absl::Minutes(1) < now) puts_.erase(it);
+    it = next;
+  }
+  sweep_at_ = std::max<size_t>(1024, 2 * puts_.size());
+}
+
+bool TenantRegistry::OwnsPut(uint64_t put_id, absl::string_view tenant) const {
+  MutexLock l(&mu_);
+  auto it = puts_.find(put_id);
+  return it != puts_.end() && it->second.tenant == tenant;
+}
+
+void TenantRegistry::ForgetPut(uint64_t put_id) {
+  MutexLock l(&mu_);
+  puts_.erase(put_id);
+}
+
+}  // namespace hymcache::master

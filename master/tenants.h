@@ -1,0 +1,80 @@
+// TenantRegistry: what the master's RPC adapter knows about tenants beyond
+// the keys (master/tenant.h): each tenant's quota, persisted in a small text
+// file beside the metadata store, the tenant that started each pending put
+// (so that no other tenant can commit or abort it), and per-tenant refusal
+// counters.
+//
+// Quota file: one line per tenant, "tenant max_objects max_bytes" (0:
+// unlimited), rewritten whole (temporary file + rename) by SetQuota.
+//
+// Thread safety: safe for concurrent use without external synchronization.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+
+namespace hymcache::master {
+
+struct TenantQuota {
+  uint64_t max_objects = 0;  // 0: unlimited
+  uint64_t max_bytes = 0;    // 0: unlimited
+};
+
+class TenantRegistry {
+ public:
+  // Reads `quota_path` if it exists ("" keeps quotas in memory only).
+  // Errors: InvalidArgument naming the bad line; the file's read errors.
+  static absl::StatusOr<std::unique_ptr<TenantRegistry>> Create(
+      const std::string& quota_path);
+
+  // Sets (both 0: clears) `tenant`'s quota and rewrites the file.
+  // InvalidArgument for a bad tenant name; Internal if the file cannot be
+  // written (the quota is then not changed).
+  absl::Status SetQuota(absl::string_view tenant, const TenantQuota& quota);
+  TenantQuota Quota(absl::string_view tenant) const;
+  std::map<std::string, TenantQuota> Quotas() const;
+
+  // OkStatus if `tenant`, holding `objects` / `bytes`, may add
+  // `new_objects` / `new_bytes`; else ResourceExhausted naming the limit
+  // (and counts a refusal).
+  absl::Status CheckQuota(absl::string_view tenant, uint64_t objects,
+                          uint64_t bytes, uint64_t new_objects,
+                          uint64_t new_bytes);
+  uint64_t QuotaRefusals(absl::string_view tenant) const;
+
+  // Pending puts: NotePut after a successful PutStart (entries past
+  // `expiry` by a minute are swept as others are added); OwnsPut before a
+  // commit or abort; ForgetPut after it.
+  void NotePut(uint64_t put_id, absl::string_view tenant, absl::Time expiry,
+               absl::Time now);
+  bool OwnsPut(uint64_t put_id, absl::string_view tenant) const;
+  void ForgetPut(uint64_t put_id);
+
+ private:
+  struct Put {
+    std::string tenant;
+    absl::Time expiry;
+  };
+  explicit TenantRegistry(std::string path) : path_(std::move(path)) {}
+  absl::Status Save(const std::map<std::string, TenantQuota>& quotas) const;
+
+  // Constant after Create.
+  const std::string path_;
+
+  mutable Mutex mu_;
+  std::map<std::string, TenantQuota> quotas_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> refusals_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Put> puts_ ABSL_GUARDED_BY(mu_);
+  size_t sweep_at_ ABSL_GUARDED_BY(mu_) = 1024;
+};
+
+}  // namespace hymcache::master

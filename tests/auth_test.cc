@@ -1,0 +1,671 @@
+// Identities, roles and TLS against a real master and storage node on
+// loopback (in-process): every RPC of the master and of the node's control
+// service, called with no credential, an unknown token and each role's
+// token, is either admitted (any answer but UNAUTHENTICATED /
+// PERMISSION_DENIED) or refused with exactly the right code; TLS handshakes
+// succeed with the cluster's CA and fail with another CA, an expired server
+// certificate or a missing client certificate; mutual TLS identifies a node
+// by its certificate.
+#include <grpcpp/grpcpp.h>
+
+#include <signal.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "catch2/catch.hpp"
+#include "client/client.h"
+#include "common/security.h"
+#include "master/master_server.h"
+#include "proto/master.grpc.pb.h"
+#include "proto/storage.grpc.pb.h"
+#include "storage_node/storage_node.h"
+#include "tests/daemon.h"
+#include "tools/hymctl/hymctl.h"
+
+namespace hymcache {
+namespace {
+
+namespace v1 = ::hymcache::v1;
+using testing::TempDir;
+
+struct Tokens {
+  std::string engine, admin, node;
+};
+
+// Writes an identities file with one token per role; returns the tokens.
+Tokens WriteIdentities(const std::string& path,
+                       const std::string& extra_lines = "") {
+  Tokens t{*NewToken(), *NewToken(), *NewToken()};
+  std::ofstream(path) << "# test identities\n"
+                      << IdentityLine(Role::kEngine, "acme", "engine-0",
+                                      t.engine)
+                      << "\n"
+                      << IdentityLine(Role::kAdmin, "", "admin-0", t.admin)
+                      << "\n"
+                      << IdentityLine(Role::kNode, "", "node-0", t.node)
+                      << "\n"
+                      << extra_lines;
+  return t;
+}
+
+std::shared_ptr<grpc::Channel> Dial(const std::string& address,
+                                    const ChannelSecurity& security) {
+  auto channel = CreateChannel(address, security);
+  REQUIRE(channel.ok());
+  return *channel;
+}
+
+void Deadline(grpc::ClientContext* ctx) {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+}
+
+using Call = std::function<grpc::Status(grpc::Channel*)>;
+
+template <typename Req, typename Resp, typename Fn>
+Call Unary(Fn fn) {
+  return [fn](grpc::Channel* ch) {
+    auto stub = v1::MasterService::NewStub(
+        std::shared_ptr<grpc::Channel>(ch, [](grpc::Channel*) {}));
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    Req req;
+    Resp resp;
+    return fn(stub.get(), &ctx, req, &resp);
+  };
+}
+
+// Every method of hymcache.v1.MasterService with the roles that may call it.
+std::vector<std::tuple<std::string, Roles, Call>> MasterMethods() {
+  using S = v1::MasterService::Stub;
+  const Roles engine = Roles(Role::kEngine) | Role::kAdmin;
+  const Roles admin = Role::kAdmin;
+  const Roles node = Role::kNode;
+#define HYM_UNARY(M, ROLES)                                               \
+  {                                                                       \
+    #M, ROLES,                                                            \
+        Unary<v1::M##Request, v1::M##Response>(                           \
+            [](S* s, grpc::ClientContext* c, const v1::M##Request& r,     \
+               v1::M##Response* out) { return s->M(c, r, out); })         \
+  }
+  std::vector<std::tuple<std::string, Roles, Call>> m = {
+      HYM_UNARY(RegisterNode, node),   HYM_UNARY(Heartbeat, node),
+      HYM_UNARY(DeregisterNode, node), HYM_UNARY(PutStart, engine),
+      HYM_UNARY(PutCommit, engine),    HYM_UNARY(PutAbort, engine),
+      HYM_UNARY(BatchLookup, engine),  HYM_UNARY(Remove, admin),
+      HYM_UNARY(ListNodes, admin),     HYM_UNARY(GetStats, admin),
+      HYM_UNARY(BeginReconcile, node), HYM_UNARY(ReportMissing, engine),
+      HYM_UNARY(ListTenants, admin),   HYM_UNARY(SetTenantQuota, admin),
+  };
+#undef HYM_UNARY
+  m.emplace_back("ReconcileNode", node, [](grpc::Channel* ch) {
+    auto stub = v1::MasterService::NewStub(
+        std::shared_ptr<grpc::Channel>(ch, [](grpc::Channel*) {}));
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::ReconcileNodeResponse resp;
+    auto w = stub->ReconcileNode(&ctx, &resp);
+    v1::ReconcileNodeRequest req;
+    req.set_node_id(999999);
+    w->Write(req);
+    w->WritesDone();
+    return w->Finish();
+  });
+  m.emplace_back("ListObjects", admin, [](grpc::Channel* ch) {
+    auto stub = v1::MasterService::NewStub(
+        std::shared_ptr<grpc::Channel>(ch, [](grpc::Channel*) {}));
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    auto r = stub->ListObjects(&ctx, v1::ListObjectsRequest());
+    v1::ListObjectsResponse page;
+    while (r->Read(&page)) {
+    }
+    return r->Finish();
+  });
+  return m;
+}
+
+// Every method of hymcache.v1.StorageControl (admins only).
+std::vector<std::pair<std::string, Call>> NodeMethods() {
+  auto stub_of = [](grpc::Channel* ch) {
+    return v1::StorageControl::NewStub(
+        std::shared_ptr<grpc::Channel>(ch, [](grpc::Channel*) {}));
+  };
+  return {
+      {"GetStats",
+       [stub_of](grpc::Channel* ch) {
+         grpc::ClientContext ctx;
+         Deadline(&ctx);
+         v1::StorageStatsResponse resp;
+         return stub_of(ch)->GetStats(&ctx, v1::StorageStatsRequest(), &resp);
+       }},
+      {"RequestReconcile",
+       [stub_of](grpc::Channel* ch) {
+         grpc::ClientContext ctx;
+         Deadline(&ctx);
+         v1::RequestReconcileResponse resp;
+         return stub_of(ch)->RequestReconcile(
+             &ctx, v1::RequestReconcileRequest(), &resp);
+       }},
+      {"ListExtents",
+       [stub_of](grpc::Channel* ch) {
+         grpc::ClientContext ctx;
+         Deadline(&ctx);
+         auto r = stub_of(ch)->ListExtents(&ctx, v1::ListExtentsRequest());
+         v1::ListExtentsResponse page;
+         while (r->Read(&page)) {
+         }
+         return r->Finish();
+       }},
+  };
+}
+
+struct Cluster {
+  Tokens tokens;
+  std::string identities;
+  std::unique_ptr<MasterServer> master;
+  std::unique_ptr<StorageNode> node;
+};
+
+Cluster StartCluster(const TlsOptions& master_tls = {},
+                     const TlsOptions& node_tls = {},
+                     const std::string& extra_identities = "",
+                     bool node_uses_token = true) {
+  Cluster c;
+  const std::string dir = TempDir("auth");
+  c.identities = dir + "/identities";
+  c.tokens = WriteIdentities(c.identities, extra_identities);
+  MasterOptions mo;
+  mo.db_path = dir + "/master";
+  mo.auth_tokens_file = c.identities;
+  mo.tls = master_tls;
+  auto master = MasterServer::Create(mo);
+  REQUIRE(master.ok());
+  c.master = std::move(*master);
+  StorageNodeOptions so;
+  so.master_address = c.master->address();
+  so.node_name = "auth-node";
+  so.dram_bytes = 16 << 20;
+  so.rdma = "off";
+  so.auth_tokens_file = c.identities;
+  if (node_uses_token) so.master_token = c.tokens.node;
+  so.tls = node_tls;
+  auto node = StorageNode::Create(so);
+  REQUIRE(node.ok());
+  c.node = std::move(*node);
+  REQUIRE(c.node->WaitRegistered(absl::Now() + absl::Seconds(20)));
+  return c;
+}
+
+bool Refused(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+         s.error_code() == grpc::StatusCode::PERMISSION_DENIED;
+}
+
+TEST_CASE("Every RPC admits its roles and refuses the others") {
+  Cluster c = StartCluster();
+  const std::map<std::string, std::pair<std::string, Role>> who = {
+      {"engine", {c.tokens.engine, Role::kEngine}},
+      {"admin", {c.tokens.admin, Role::kAdmin}},
+      {"node", {c.tokens.node, Role::kNode}},
+  };
+  int checked = 0;
+  for (const auto& [method, roles, call] : MasterMethods()) {
+    INFO("master " << method);
+    // No credential, and a token the master does not know.
+    for (const std::string& token : {std::string(), std::string("hym_bogus")}) {
+      auto ch = Dial(c.master->address(), {{}, token});
+      grpc::Status s = call(ch.get());
+      CHECK(s.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+      CHECK(absl::StrContains(s.error_message(), method));
+      ++checked;
+    }
+    for (const auto& [name, tr] : who) {
+      INFO("as " << name);
+      auto ch = Dial(c.master->address(), {{}, tr.first});
+      grpc::Status s = call(ch.get());
+      if (roles.Contains(tr.second)) {
+        CHECK_FALSE(Refused(s));
+      } else {
+        CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+        CHECK(absl::StrContains(s.error_message(), "role " + name));
+      }
+      ++checked;
+    }
+  }
+  for (const auto& [method, call] : NodeMethods()) {
+    INFO("node " << method);
+    auto none = Dial(c.node->control_address(), {});
+    CHECK(call(none.get()).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    for (const auto& [name, tr] : who) {
+      INFO("as " << name);
+      auto ch = Dial(c.node->control_address(), {{}, tr.first});
+      grpc::Status s = call(ch.get());
+      if (tr.second == Role::kAdmin) {
+        CHECK(s.ok());
+      } else {
+        CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+      }
+      ++checked;
+    }
+  }
+  CHECK(checked == 16 * 5 + 3 * 3);
+  // The node registered with its token, so its heartbeats are admitted.
+  CHECK(c.node->registered());
+}
+
+TEST_CASE("Engines store and load with a token; hymctl needs an admin's") {
+  Cluster c = StartCluster();
+  ClientOptions co;
+  co.master_address = c.master->address();
+  co.auth_token = c.tokens.engine;
+  auto client = Client::Create(co);
+  REQUIRE(client.ok());
+  const std::string bytes(64 << 10, 'x');
+  auto put = (*client)->Put({"k1"}, {ConstBuffer{bytes.data(), bytes.size()}});
+  REQUIRE(put.ok());
+  CHECK(put->outcomes[0] == PutOutcome::kStored);
+  std::string back(bytes.size(), 0);
+  auto got = (*client)->Get({"k1"}, {MutableBuffer{back.data(), back.size()}});
+  REQUIRE(got.ok());
+  CHECK(got->loaded == 1);
+  CHECK(back == bytes);
+
+  co.auth_token = "";
+  auto anonymous = Client::Create(co);
+  REQUIRE(anonymous.ok());
+  auto refused = (*anonymous)->BatchLookup({"k1"});
+  CHECK(absl::IsUnauthenticated(refused.status()));
+
+  hymctl::Options ho;
+  ho.master_address = c.master->address();
+  ho.security.token = c.tokens.engine;
+  std::ostringstream out, err;
+  CHECK(hymctl::Run(ho, {"status"}, out, err) == 1);
+  CHECK(absl::StrContains(out.str() + err.str(), "PERMISSION_DENIED"));
+  ho.security.token = c.tokens.admin;
+  std::ostringstream out2, err2;
+  CHECK(hymctl::Run(ho, {"stats"}, out2, err2) == 0);
+  CHECK(absl::StrContains(out2.str(), "auth-node"));
+  CHECK_FALSE(absl::StrContains(out2.str(), "error"));
+}
+
+TEST_CASE("hymctl token new writes a token its identities line admits") {
+  const std::string dir = TempDir("token");
+  hymctl::Options ho;
+  std::ostringstream out, err;
+  REQUIRE(hymctl::Run(ho, {"token", "new", "engine", "acme", "vllm-1",
+                           dir + "/t"},
+                      out, err) == 0);
+  auto token = ReadTokenFile(dir + "/t");
+  REQUIRE(token.ok());
+  auto auth = Authenticator::FromTextForTest(out.str());
+  REQUIRE(auth.ok());
+  auto id = (*auth)->CheckCredentials("Bearer " + *token, {}, Role::kEngine,
+                                      "M");
+  REQUIRE(id.ok());
+  CHECK(id->tenant == "acme");
+  // Never overwrites a token file.
+  std::ostringstream out2, err2;
+  CHECK(hymctl::Run(ho, {"token", "new", "admin", "-", "x", dir + "/t"}, out2,
+                    err2) == 1);
+  CHECK(*ReadTokenFile(dir + "/t") == *token);
+}
+
+TEST_CASE("Protected mode: no identities, loopback only unless insecure") {
+  MasterOptions mo;
+  mo.db_path = TempDir("protected") + "/master";
+  mo.listen_address = "0.0.0.0:0";
+  auto refused = MasterServer::Create(mo);
+  CHECK(absl::IsInvalidArgument(refused.status()));
+  CHECK(absl::StrContains(refused.status().message(), "--insecure"));
+  mo.insecure = true;
+  auto master = MasterServer::Create(mo);
+  REQUIRE(master.ok());
+
+  StorageNodeOptions so;
+  so.master_address = (*master)->address();
+  so.listen_host = "0.0.0.0";
+  CHECK(absl::IsInvalidArgument(so.Validate()));
+  so.insecure = true;
+  CHECK(so.Validate().ok());
+}
+
+// The TLS material for this test binary (tests/make_test_certs.sh).
+std::string Certs() {
+  static const std::string dir = [] {
+    std::string d = TempDir("certs");
+    const std::string cmd = absl::StrCat(
+        "bash ", testing::RunfilePath("tests/make_test_certs.sh"), " ", d);
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    return d;
+  }();
+  return dir;
+}
+
+TlsOptions ServerTls(const std::string& name, bool require_client = false) {
+  const std::string d = Certs();
+  TlsOptions t;
+  t.cert_file = d + "/" + name + ".pem";
+  t.key_file = d + "/" + name + ".key";
+  t.ca_file = d + "/ca.pem";
+  t.require_client_cert = require_client;
+  return t;
+}
+
+TlsOptions ClientTls(const std::string& ca, const std::string& cert = "") {
+  const std::string d = Certs();
+  TlsOptions t;
+  t.ca_file = d + "/" + ca + ".pem";
+  if (!cert.empty()) {
+    t.cert_file = d + "/" + cert + ".pem";
+    t.key_file = d + "/" + cert + ".key";
+  }
+  return t;
+}
+
+grpc::Status ListNodes(const std::string& address,
+                       const ChannelSecurity& security) {
+  auto stub = v1::MasterService::NewStub(Dial(address, security));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  v1::ListNodesResponse resp;
+  return stub->ListNodes(&ctx, v1::ListNodesRequest(), &resp);
+}
+
+TEST_CASE("TLS: the cluster's CA passes; another CA, an expired "
+          "certificate or plaintext fail the handshake") {
+  Cluster c = StartCluster(ServerTls("server"), ServerTls("server"));
+  const std::string a = c.master->address();
+  CHECK(ListNodes(a, {ClientTls("ca"), c.tokens.admin}).ok());
+  // The node dialled the master over TLS and serves its control port so.
+  auto ch = Dial(c.node->control_address(), {ClientTls("ca"), c.tokens.admin});
+  auto stub = v1::StorageControl::NewStub(ch);
+  grpc::ClientContext ctx;
+  v1::StorageStatsResponse st;
+  CHECK(stub->GetStats(&ctx, v1::StorageStatsRequest(), &st).ok());
+  // A client trusting another CA does not accept the master's certificate.
+  grpc::Status wrong = ListNodes(a, {ClientTls("other-ca"), c.tokens.admin});
+  CHECK(wrong.error_code() == grpc::StatusCode::UNAVAILABLE);
+  // Plaintext towards a TLS port fails too.
+  CHECK(ListNodes(a, {{}, c.tokens.admin}).error_code() ==
+        grpc::StatusCode::UNAVAILABLE);
+  // The name checked is the server's: override it to a name it lacks.
+  TlsOptions misnamed = ClientTls("ca");
+  misnamed.server_name = "not-the-master.example";
+  CHECK(ListNodes(a, {misnamed, c.tokens.admin}).error_code() ==
+        grpc::StatusCode::UNAVAILABLE);
+
+  // A master presenting an expired certificate.
+  MasterOptions mo;
+  mo.db_path = TempDir("expired") + "/master";
+  mo.auth_tokens_file = c.identities;
+  mo.tls = ServerTls("expired");
+  auto expired = MasterServer::Create(mo);
+  REQUIRE(expired.ok());
+  CHECK(ListNodes((*expired)->address(), {ClientTls("ca"), c.tokens.admin})
+            .error_code() == grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_CASE("Mutual TLS: certificates identify callers; none is refused") {
+  // The node has no token: its certificate's SAN names it in the file.
+  Cluster c = StartCluster(ServerTls("server", /*require_client=*/true),
+                           ServerTls("node") /* its client certificate */,
+                           "node - node-a cert:node-a.hymcache.test\n"
+                           "admin - admin-cert cert:hym-admin\n",
+                           /*node_uses_token=*/false);
+  const std::string a = c.master->address();
+  // The admin's certificate alone (CN=hym-admin) is an identity.
+  CHECK(ListNodes(a, {ClientTls("ca", "admin"), ""}).ok());
+  // The node's certificate is a node, not an admin.
+  CHECK(ListNodes(a, {ClientTls("ca", "node"), ""}).error_code() ==
+        grpc::StatusCode::PERMISSION_DENIED);
+  // No client certificate: the handshake fails.
+  CHECK(ListNodes(a, {ClientTls("ca"), c.tokens.admin}).error_code() ==
+        grpc::StatusCode::UNAVAILABLE);
+  // A certificate from another CA: the handshake fails.
+  CHECK(ListNodes(a, {ClientTls("ca", "other"), c.tokens.admin})
+            .error_code() == grpc::StatusCode::UNAVAILABLE);
+  // A token still wins over the certificate it travels with.
+  CHECK(ListNodes(a, {ClientTls("ca", "node"), c.tokens.admin}).ok());
+}
+
+}  // namespace
+}  // namespace hymcache
+
+namespace hymcache {
+namespace {
+
+// Polls `ok` until it holds or 20 s pass.
+bool Eventually(const std::function<bool()>& ok) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    if (ok()) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return ok();
+}
+
+TEST_CASE("The daemons re-read their identities on SIGHUP") {
+  const std::string dir = TempDir("sighup");
+  const std::string identities = dir + "/identities";
+  Tokens old_tokens = WriteIdentities(identities);
+  std::ofstream(dir + "/node-token") << old_tokens.node << "\n";
+  auto master = testing::MasterProcess::Start(
+      dir + "/master", "127.0.0.1:0", {"--auth_tokens_file=" + identities});
+  REQUIRE(master.ok());
+  auto node = testing::StorageProcess::Start(
+      master->address, "sighup-node",
+      {"--auth_tokens_file=" + identities, "--token_file=" + dir + "/node-token",
+       "--dram_bytes=16M", "--rdma=off"});
+  REQUIRE(node.ok());
+  // The node registered with its token file.
+  REQUIRE(Eventually([&] {
+    auto stub = v1::MasterService::NewStub(
+        Dial(master->address, {{}, old_tokens.admin}));
+    grpc::ClientContext ctx;
+    v1::ListNodesResponse resp;
+    return stub->ListNodes(&ctx, v1::ListNodesRequest(), &resp).ok() &&
+           resp.nodes_size() == 1 && resp.nodes(0).alive();
+  }));
+  auto node_stats = [&](const std::string& token) {
+    auto stub = v1::StorageControl::NewStub(
+        Dial(node->control_address, {{}, token}));
+    grpc::ClientContext ctx;
+    v1::StorageStatsResponse resp;
+    return stub->GetStats(&ctx, v1::StorageStatsRequest(), &resp);
+  };
+  CHECK(node_stats(old_tokens.admin).ok());
+
+  // Rotate: a new admin token replaces the old one (the node keeps its own).
+  const std::string new_admin = *NewToken();
+  std::ofstream(identities, std::ios::trunc)
+      << IdentityLine(Role::kAdmin, "", "admin-1", new_admin) << "\n"
+      << IdentityLine(Role::kNode, "", "node-0", old_tokens.node) << "\n";
+  CHECK(ListNodes(master->address, {{}, new_admin}).error_code() ==
+        grpc::StatusCode::UNAUTHENTICATED);
+  REQUIRE(kill(master->daemon.pid(), SIGHUP) == 0);
+  REQUIRE(kill(node->daemon.pid(), SIGHUP) == 0);
+  CHECK(Eventually(
+      [&] { return ListNodes(master->address, {{}, new_admin}).ok(); }));
+  CHECK(ListNodes(master->address, {{}, old_tokens.admin}).error_code() ==
+        grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(Eventually([&] { return node_stats(new_admin).ok(); }));
+  CHECK(node_stats(old_tokens.admin).error_code() ==
+        grpc::StatusCode::UNAUTHENTICATED);
+
+  // (A file that does not parse keeps the old identities: security_test.)
+  CHECK(master->daemon.Stop(SIGTERM).ok());
+  CHECK(node->daemon.Stop(SIGTERM).ok());
+}
+
+TEST_CASE("The master binary refuses a wildcard address without identities") {
+  const std::string dir = TempDir("protected-bin");
+  CHECK_FALSE(
+      testing::MasterProcess::Start(dir + "/m1", "0.0.0.0:0", {}).ok());
+  auto insecure =
+      testing::MasterProcess::Start(dir + "/m2", "0.0.0.0:0", {"--insecure"});
+  CHECK(insecure.ok());
+}
+
+}  // namespace
+}  // namespace hymcache
+
+namespace hymcache {
+namespace {
+
+std::unique_ptr<Client> EngineClient(const std::string& master,
+                                     const std::string& token) {
+  ClientOptions co;
+  co.master_address = master;
+  co.auth_token = token;
+  auto c = Client::Create(co);
+  REQUIRE(c.ok());
+  return std::move(*c);
+}
+
+bool Store(Client& c, const std::string& key, const std::string& bytes) {
+  auto put = c.Put({key}, {ConstBuffer{bytes.data(), bytes.size()}});
+  return put.ok() && put->outcomes[0] == PutOutcome::kStored;
+}
+
+// What `key` holds for `c` ("" when it misses).
+std::string Load(Client& c, const std::string& key, size_t size) {
+  std::string out(size, '\0');
+  auto got = c.Get({key}, {MutableBuffer{out.data(), out.size()}});
+  REQUIRE(got.ok());
+  return got->loaded == 1 ? out : std::string();
+}
+
+TEST_CASE("Tenants: A neither reads, overwrites, removes nor learns of B's "
+          "blocks; quotas refuse puts beyond them") {
+  const std::string a_token = *NewToken(), b_token = *NewToken();
+  const std::string admin_a = *NewToken(), d_token = *NewToken();
+  Cluster c = StartCluster(
+      {}, {},
+      IdentityLine(Role::kEngine, "tenant-a", "a", a_token) + "\n" +
+          IdentityLine(Role::kEngine, "tenant-b", "b", b_token) + "\n" +
+          IdentityLine(Role::kAdmin, "tenant-a", "admin-a", admin_a) + "\n" +
+          IdentityLine(Role::kEngine, "-", "d", d_token) + "\n");
+  const std::string m = c.master->address();
+  auto a = EngineClient(m, a_token);
+  auto b = EngineClient(m, b_token);
+  auto dflt = EngineClient(m, c.tokens.admin);  // an admin of "default"
+  const std::string xa(8192, 'a'), xb(8192, 'b'), xd(8192, 'd');
+
+  REQUIRE(Store(*a, "k1", xa));
+  // B does not see A's key: a miss, not a hit it cannot read.
+  auto lookup = b->BatchLookup({"k1"});
+  REQUIRE(lookup.ok());
+  CHECK(lookup->hit_prefix == 0);
+  CHECK(Load(*b, "k1", xb.size()).empty());
+  // B storing the same key makes B's own block; A's is untouched.
+  REQUIRE(Store(*b, "k1", xb));
+  REQUIRE(Store(*dflt, "k1", xd));
+  CHECK(Load(*a, "k1", xa.size()) == xa);
+  CHECK(Load(*b, "k1", xb.size()) == xb);
+  CHECK(Load(*dflt, "k1", xd.size()) == xd);
+
+  // Nobody spells another tenant's key: the default tenant's engines may
+  // not send qualified keys, other tenants' are qualified again.
+  const std::string spelled = std::string("\xffHYMTNT\0", 8) +
+                              std::string(1, 8) + "tenant-a" + "k1";
+  CHECK(Load(*b, spelled, xa.size()).empty());
+  auto acme = EngineClient(m, c.tokens.engine);  // tenant acme
+  CHECK(Load(*acme, spelled, xa.size()).empty());
+  auto engine_default = EngineClient(m, d_token);
+  CHECK(absl::IsInvalidArgument(
+      engine_default->BatchLookup({spelled}).status()));
+  CHECK(Load(*engine_default, "k1", xd.size()) == xd);
+
+  // B cannot commit or abort A's put (put ids are guessable).
+  auto stub_a = v1::MasterService::NewStub(Dial(m, {{}, a_token}));
+  auto stub_b = v1::MasterService::NewStub(Dial(m, {{}, b_token}));
+  v1::PutStartRequest start;
+  start.add_keys("k2");
+  start.add_lengths(4096);
+  v1::PutStartResponse started;
+  {
+    grpc::ClientContext ctx;
+    REQUIRE(stub_a->PutStart(&ctx, start, &started).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PutCommitRequest commit;
+    commit.set_put_id(started.put_id());
+    v1::PutCommitResponse resp;
+    CHECK(stub_b->PutCommit(&ctx, commit, &resp).error_code() ==
+          grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PutAbortRequest abort;
+    abort.set_put_id(started.put_id());
+    v1::PutAbortResponse resp;
+    CHECK(stub_b->PutAbort(&ctx, abort, &resp).error_code() ==
+          grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PutAbortRequest abort;
+    abort.set_put_id(started.put_id());
+    v1::PutAbortResponse resp;
+    CHECK(stub_a->PutAbort(&ctx, abort, &resp).ok());
+  }
+
+  // tenant-a's admin removes tenant-a's k1 only.
+  hymctl::Options ho;
+  ho.master_address = m;
+  ho.security.token = admin_a;
+  std::ostringstream out, err;
+  CHECK(hymctl::Run(ho, {"rm", "k1"}, out, err) == 0);
+  CHECK(Load(*a, "k1", xa.size()).empty());
+  CHECK(Load(*b, "k1", xb.size()) == xb);
+  CHECK(Load(*dflt, "k1", xd.size()) == xd);
+
+  // Usage per tenant, and a quota of 2 objects for tenant-b (it holds 1).
+  ho.security.token = c.tokens.admin;
+  std::ostringstream q1, e1;
+  REQUIRE(hymctl::Run(ho, {"tenant", "set-quota", "tenant-b", "2", "0"}, q1,
+                      e1) == 0);
+  CHECK(Store(*b, "k3", xb));
+  CHECK_FALSE(Store(*b, "k4", xb));  // a third object
+  CHECK(Store(*a, "k4", xa));        // tenant-a has no quota
+  hymctl::Options hj = ho;
+  hj.json = true;
+  std::ostringstream lj, le;
+  REQUIRE(hymctl::Run(hj, {"tenant", "usage", "tenant-b"}, lj, le) == 0);
+  CHECK(absl::StrContains(lj.str(), "\"objects\": 2"));
+  CHECK(absl::StrContains(lj.str(), "\"max_objects\": 2"));
+  CHECK(absl::StrContains(lj.str(), "\"quota_refusals\": 1"));
+  std::ostringstream lt, lte;
+  REQUIRE(hymctl::Run(ho, {"tenant", "list"}, lt, lte) == 0);
+  CHECK(absl::StrContains(lt.str(), "tenant-a"));
+  CHECK(absl::StrContains(lt.str(), "default"));
+
+  // Quotas survive a master restart (the quotas file beside the store).
+  MasterOptions mo;
+  mo.db_path = c.identities.substr(0, c.identities.rfind('/')) + "/master";
+  mo.auth_tokens_file = c.identities;
+  c.node.reset();
+  c.master.reset();
+  auto again = MasterServer::Create(mo);
+  REQUIRE(again.ok());
+  ho.master_address = (*again)->address();
+  hj.master_address = (*again)->address();
+  std::ostringstream l2, le2;
+  REQUIRE(hymctl::Run(hj, {"tenant", "usage", "tenant-b"}, l2, le2) == 0);
+  CHECK(absl::StrContains(l2.str(), "\"max_objects\": 2"));
+}
+
+}  // namespace
+}  // namespace hymcache
