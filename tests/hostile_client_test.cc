@@ -69,8 +69,9 @@ constexpr int64_t kRssBoundBytes = int64_t{64} << 20;
 // Generous: the daemons run 5-15x slower under ThreadSanitizer.
 constexpr absl::Duration kSlack = absl::Seconds(20);
 // The node's data-plane timeouts, set low so that slow peers are cut quickly.
-constexpr int kIoTimeoutMs = 1000;
-constexpr int kIdleTimeoutMs = 1500;
+// Correct requests must fit too, under TSan on a loaded machine.
+constexpr int kIoTimeoutMs = 2000;
+constexpr int kIdleTimeoutMs = 2500;
 constexpr size_t kBlockBytes = 64 << 10;
 
 std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
@@ -1871,7 +1872,7 @@ std::vector<Case> DataCases(Cluster& c) {
                      break;
                    }
                    ++sent;
-                   Drained d = Drain(header.fd(), absl::Milliseconds(100));
+                   Drained d = Drain(header.fd(), absl::Milliseconds(300));
                    if (d.closed) {
                      header_closed = true;
                      break;
