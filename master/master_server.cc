@@ -94,8 +94,11 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
   grpc::ServerUnaryReactor* BeginReconcile(
       grpc::CallbackServerContext* ctx, const v1::BeginReconcileRequest* req,
       v1::BeginReconcileResponse* resp) override {
+    absl::Status auth = service_->CheckNodeAuth(
+        req->node_id(), req->incarnation(), "reconcile", req->auth());
     absl::StatusOr<uint64_t> epoch =
-        service_->StartReconcile(req->node_id(), req->incarnation());
+        auth.ok() ? service_->StartReconcile(req->node_id(), req->incarnation())
+                  : absl::StatusOr<uint64_t>(auth);
     if (!epoch.ok()) {
       return Reply(ctx, absl::StatusOr<v1::BeginReconcileResponse>(
                             epoch.status()),
@@ -155,8 +158,12 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
           return;
         }
         if (r_ == nullptr) {
-          auto r = service_->OpenReconcile(req_.node_id(), req_.incarnation(),
-                                           req_.epoch());
+          absl::Status auth = service_->CheckNodeAuth(
+              req_.node_id(), req_.incarnation(), "reconcile", req_.auth());
+          auto r = auth.ok() ? service_->OpenReconcile(req_.node_id(),
+                                                       req_.incarnation(),
+                                                       req_.epoch())
+                             : decltype(service_->OpenReconcile(0, 0, 0))(auth);
           if (!r.ok()) {
             TsanRelease(this);
             Finish(ToGrpc(r.status()));
