@@ -1,5 +1,7 @@
 #include "client/client.h"
 
+#include <cstring>
+
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -70,18 +72,29 @@ absl::Status FromGrpc(const grpc::Status& s, const char* what) {
                       absl::StrCat(what, ": ", s.error_message()));
 }
 
-ObjectLocation FromProto(const pb::Location& l) {
+ObjectLocation FromProto(const pb::Location& l, const pb::Capability& c) {
   ObjectLocation o;
   o.node_id = l.node_id();
   o.region_id = l.region_id();
   o.addr = l.addr();
   o.length = l.length();
   o.generation = l.generation();
+  o.capability.expires_unix_ms = c.expires_unix_ms();
+  o.capability.rights = static_cast<uint8_t>(c.rights());
+  // A malformed tag is sent as zeros: the node refuses it.
+  if (c.tag().size() == o.capability.tag.size()) {
+    std::memcpy(o.capability.tag.data(), c.tag().data(), c.tag().size());
+  }
   return o;
 }
 
 RemoteRef ToRef(const ObjectLocation& l) {
-  return RemoteRef{l.region_id, l.addr, l.length, l.generation};
+  RemoteRef r{l.region_id, l.addr, l.length, l.generation};
+  r.cap.expires_unix_ms = l.capability.expires_unix_ms;
+  r.cap.rights = l.capability.rights;
+  static_assert(sizeof(r.cap.tag) == sizeof(l.capability.tag));
+  std::memcpy(r.cap.tag, l.capability.tag.data(), sizeof(r.cap.tag));
+  return r;
 }
 
 // Completion of one asynchronous Store.
@@ -262,7 +275,7 @@ class ClientImpl : public Client {
             closed = true;
             break;
           }
-          locs[found++] = FromProto(lr.location());
+          locs[found++] = FromProto(lr.location(), lr.capability());
         }
         if (closed) lookups.CancelRest();
       }
@@ -500,7 +513,9 @@ class ClientImpl : public Client {
       for (size_t i = 0; i < n; ++i) {
         const pb::LookupResult& r = resp.results(static_cast<int>(i));
         out->found[begin + i] = r.found();
-        if (r.found()) out->locations[begin + i] = FromProto(r.location());
+        if (r.found()) {
+          out->locations[begin + i] = FromProto(r.location(), r.capability());
+        }
         if (prefix_open && r.found()) {
           ++out->hit_prefix;
         } else {
@@ -697,7 +712,7 @@ class ClientImpl : public Client {
           out->outcomes[offset + i] = PutOutcome::kInProgress;
           break;
         default: {
-          ObjectLocation loc = FromProto(slot.location());
+          ObjectLocation loc = FromProto(slot.location(), slot.capability());
           if (loc.length != buffers[i].size) {
             AbortInBackground(resp.put_id());
             return absl::InternalError("PutStart: allocation of the wrong size");
