@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/net.h"
+#include "common/test_capabilities.h"
 #include "common/thread.h"
 #include "common/wire.h"
 #include "storage_node/dram_device.h"
@@ -47,6 +48,7 @@ struct Fixture {
     extents = std::move(*t);
     o.device = device.get();
     o.extents = extents.get();
+    o.capabilities = TestCapabilities::Get().verifier();
     auto s = DataServer::Create(o);
     REQUIRE(s.ok());
     server = std::move(*s);
@@ -73,6 +75,21 @@ struct Fixture {
   std::unique_ptr<DataServer> server;
 };
 
+// The capability table of a request of `type`: each op's own capability if
+// it has one (tests of refused ones), else one TestCapabilities signs.
+void AppendCapabilities(FrameType type, const std::vector<OpDesc>& ops,
+                        std::vector<uint8_t>* buf) {
+  if (!wire::CarriesCapabilities(type)) return;
+  for (OpDesc op : ops) {
+    if (op.cap.rights == 0) {
+      TestCapabilities::Get().SignOp(&op, TestCapabilities::RightsFor(type));
+    }
+    uint8_t c[wire::kCapBytes];
+    wire::EncodeCapability(op.cap, c);
+    buf->insert(buf->end(), c, c + sizeof(c));
+  }
+}
+
 void SendFrame(int fd, FrameType type, uint64_t id,
                const std::vector<OpDesc>& ops, const std::string& payload,
                uint64_t payload_bytes) {
@@ -86,6 +103,7 @@ void SendFrame(int fd, FrameType type, uint64_t id,
   for (size_t i = 0; i < ops.size(); ++i) {
     wire::EncodeOp(ops[i], buf.data() + wire::kHeaderBytes + i * wire::kOpBytes);
   }
+  AppendCapabilities(type, ops, &buf);
   buf.insert(buf.end(), payload.begin(), payload.end());
   REQUIRE(SendAll(fd, buf.data(), buf.size(), Soon()).ok());
 }
@@ -137,6 +155,7 @@ absl::StatusOr<Reply> Exchange(int fd, FrameType type,
   for (size_t i = 0; i < ops.size(); ++i) {
     wire::EncodeOp(ops[i], buf.data() + wire::kHeaderBytes + i * wire::kOpBytes);
   }
+  AppendCapabilities(type, ops, &buf);
   buf.insert(buf.end(), payload.begin(), payload.end());
   absl::Status s = SendAll(fd, buf.data(), buf.size(), Soon());
   if (!s.ok()) return s;
@@ -450,6 +469,7 @@ TEST_CASE("DataServer rejects a non-positive idle_timeout") {
   DataServerOptions o;
   o.device = dev.get();
   o.extents = t->get();
+  o.capabilities = TestCapabilities::Get().verifier();
   o.idle_timeout = absl::ZeroDuration();
   CHECK(DataServer::Create(o).status().code() ==
         absl::StatusCode::kInvalidArgument);
@@ -471,6 +491,7 @@ TEST_CASE("DataServer serves with a bounded or an autotuned send buffer") {
     DataServerOptions o;
     o.device = dev.get();
     o.extents = t->get();
+    o.capabilities = TestCapabilities::Get().verifier();
     o.send_buffer_bytes = -1;
     CHECK(DataServer::Create(o).status().code() ==
           absl::StatusCode::kInvalidArgument);
@@ -625,6 +646,7 @@ struct SessionFixture {
     o.device = device.get();
     o.extents = extents.get();
     o.kv = kv.get();
+    o.capabilities = TestCapabilities::Get().verifier();
     server = std::move(*DataServer::Create(o));
   }
   Socket Connect() {

@@ -796,8 +796,8 @@ absl::Status StorageNode::Register() {
     return absl::InternalError(absl::StrCat(
         "master sent a node key of ", resp.node_key().size(), " bytes"));
   }
-  SaveNodeKey(resp.node_key());
-  // Capabilities the master signs for this registration verify from now on.
+  // Capabilities the master signs for this registration verify from now on
+  // (the key file is written last: clients may already be writing).
   capabilities_->SetIdentity(resp.node_id(), incarnation_, resp.node_key());
   absl::Duration interval =
       resp.heartbeat_interval_ms() == 0
@@ -824,6 +824,7 @@ absl::Status StorageNode::Register() {
                    << dropped << " extents";
     }
   }
+  {
   MutexLock l(&mu_);
   if (node_id_ != 0 && node_id_ != resp.node_id()) {
     LOG(WARNING) << "master changed this node's id from " << node_id_
@@ -835,6 +836,8 @@ absl::Status StorageNode::Register() {
   reconcile_due_ = resp.reconcile();
   reconcile_interval_ = absl::Milliseconds(resp.reconcile_interval_ms());
   next_reconcile_ = absl::Now() + reconcile_interval_;
+  }
+  SaveNodeKey(resp.node_key());
   return absl::OkStatus();
 }
 
