@@ -283,6 +283,7 @@ absl::Status MasterOptions::Validate() const {
   so.max_key_bytes = max_key_bytes;
   so.max_object_bytes = max_object_bytes;
   so.read_lease = read_lease;
+  so.capability_lifetime = capability_lifetime;
   so.max_evictions_per_put = max_evictions_per_put;
   so.reconcile_interval = reconcile_interval;
   absl::Status s = so.Validate();
@@ -311,6 +312,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   so.max_key_bytes = options.max_key_bytes;
   so.max_object_bytes = options.max_object_bytes;
   so.read_lease = options.read_lease;
+  so.capability_lifetime = options.capability_lifetime;
   so.max_evictions_per_put = options.max_evictions_per_put;
   so.reconcile_interval = options.reconcile_interval;
   so.clock = options.clock;

@@ -85,6 +85,14 @@ DEFINE_bool(shared_huge_pages, true,
             "'advise' when it is 'never' and the device memory is shared "
             "(shm or RDMA), so it gets huge pages (fast device I/O); false: "
             "leave it (4 KiB pages, with a warning).");
+DEFINE_string(node_key_file, "",
+              "Where the node keeps the key the master issues at its first "
+              "registration (mode 0600), so that a restart proves it (and "
+              "keeps a hybrid device's objects). Default: capacity_path + "
+              ".node_key for --device=hybrid, memory only otherwise.");
+DEFINE_int32(capability_skew_ms, 30000,
+             "Accept a data-plane capability this long past its expiry "
+             "(clock skew between master and node).");
 DEFINE_string(rdma, "auto",
               "RDMA data plane: off, auto (if a device exists) or on.");
 DEFINE_string(rdma_device, "", "RDMA device name (default: the first).");
@@ -175,6 +183,8 @@ int main(int argc, char** argv) {
   options.prefetch_session_timeout =
       absl::Milliseconds(FLAGS_prefetch_session_timeout_ms);
   options.expose_shm = FLAGS_shm;
+  options.node_key_path = FLAGS_node_key_file;
+  options.capability_skew = absl::Milliseconds(FLAGS_capability_skew_ms);
   options.shared_huge_pages = FLAGS_shared_huge_pages;
   options.rdma = FLAGS_rdma;
   options.rdma_device = FLAGS_rdma_device;

@@ -293,6 +293,11 @@ void ExportDeviceStats(const storage::MemoryDevice& device,
 }  // namespace
 
 absl::Status StorageNodeOptions::Validate() const {
+  if (capability_skew < absl::ZeroDuration() ||
+      capability_skew > absl::Hours(1)) {
+    return absl::InvalidArgumentError(
+        "storage node: capability_skew must be 0..1h");
+  }
   if (master_address.empty()) {
     return absl::InvalidArgumentError("storage node: master_address is required");
   }
