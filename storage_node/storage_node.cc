@@ -650,6 +650,8 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
     // socket that checks who they are.
     storage::ShmExportOptions so;
     so.areas = node->device_->Areas();
+    so.allowed_uids = options.shm_allowed_uids;
+    so.allowed_gids = options.shm_allowed_gids;
     absl::StatusOr<std::unique_ptr<storage::ShmExport>> ex =
         storage::ShmExport::Create(so);
     if (ex.ok()) {

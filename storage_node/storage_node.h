@@ -16,11 +16,14 @@
 // Thread safety: safe for concurrent use without external synchronization.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -144,6 +147,12 @@ struct StorageNodeOptions {
   // plane): publishes the device's memfd-backed areas to the master.
   // Default: true
   bool expose_shm = true;
+  // Who besides the node's own user and root may map it (SO_PEERCRED /
+  // SO_PEERGROUPS on the shared-memory socket): these users, and members of
+  // these groups. A client that maps it can read all of the node's exposed
+  // memory. Default: none.
+  std::vector<uid_t> shm_allowed_uids;
+  std::vector<gid_t> shm_allowed_gids;
   // Where the node keeps the key the master issues at its first
   // registration (mode 0600), so that a restarted process proves it: with
   // the same incarnation (a hybrid device's re-adopted objects) it keeps
