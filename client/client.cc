@@ -8,6 +8,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/base/internal/endian.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -81,10 +82,8 @@ ObjectLocation FromProto(const pb::Location& l, const pb::Capability& c) {
   o.generation = l.generation();
   o.capability.expires_unix_ms = c.expires_unix_ms();
   o.capability.rights = static_cast<uint8_t>(c.rights());
-  // A malformed tag is sent as zeros: the node refuses it.
-  if (c.tag().size() == o.capability.tag.size()) {
-    std::memcpy(o.capability.tag.data(), c.tag().data(), c.tag().size());
-  }
+  absl::little_endian::Store64(o.capability.tag.data(), c.tag_lo());
+  absl::little_endian::Store64(o.capability.tag.data() + 8, c.tag_hi());
   return o;
 }
 

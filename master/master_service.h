@@ -131,6 +131,7 @@
 // under it, so commits are serialized in store order.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -440,6 +441,13 @@ class MasterService {
   size_t ReapExpired();
 
   MasterServiceCounters counters() const;
+
+  // While set, lookups and puts carry no capabilities (benchmarks
+  // measuring what signing them costs; nodes then refuse every op). Never
+  // set outside tests and benchmarks.
+  void SetSkipCapabilitiesForTest(bool skip) {
+    skip_capabilities_for_test_.store(skip, std::memory_order_relaxed);
+  }
   const MasterServiceOptions& options() const { return options_; }
 
  private:
@@ -592,6 +600,7 @@ class MasterService {
   const MasterServiceOptions options_;
   Clock* const clock_;
   const std::unique_ptr<MetadataStore> store_;  // thread-safe itself
+  std::atomic<bool> skip_capabilities_for_test_{false};
 
   mutable Mutex mu_;
   // Protected by mu_.

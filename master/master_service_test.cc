@@ -2145,10 +2145,9 @@ absl::Status NodeChecks(const std::string& key, uint64_t incarnation,
   op.generation = loc.generation();
   op.cap.expires_unix_ms = cap.expires_unix_ms();
   op.cap.rights = static_cast<uint8_t>(cap.rights());
-  if (cap.tag().size() != wire::kCapTagBytes) {
-    return absl::PermissionDeniedError("no tag");
-  }
-  std::memcpy(op.cap.tag, cap.tag().data(), wire::kCapTagBytes);
+  const uint64_t lo = cap.tag_lo(), hi = cap.tag_hi();  // little-endian
+  std::memcpy(op.cap.tag, &lo, 8);
+  std::memcpy(op.cap.tag + 8, &hi, 8);
   return v.Current().Check(op, rights, absl::ToUnixMillis(now));
 }
 

@@ -734,6 +734,10 @@ StorageNode::StorageNode(const StorageNodeOptions& options)
 
 StorageNode::~StorageNode() { Shutdown(); }
 
+void StorageNode::SetSkipCapabilityChecksForTest(bool skip) {
+  data_server_->SetSkipCapabilityChecksForTest(skip);
+}
+
 uint32_t StorageNode::node_id() const {
   MutexLock l(&mu_);
   return node_id_;

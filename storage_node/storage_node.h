@@ -264,6 +264,11 @@ class StorageNode {
   // Blocks until Shutdown() has finished.
   void Wait();
 
+  // While set, the data plane does not check capabilities (benchmarks
+  // measuring what checking them costs). Never set outside tests and
+  // benchmarks.
+  void SetSkipCapabilityChecksForTest(bool skip);
+
  private:
   struct MasterClient;
   class ControlService;
