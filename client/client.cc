@@ -1,11 +1,14 @@
 #include "client/client.h"
 
+#include <cstring>
+
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
 #include <optional>
 #include <utility>
 
+#include "absl/base/internal/endian.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -75,18 +78,27 @@ absl::Status FromGrpc(const grpc::Status& s, const char* what) {
                       absl::StrCat(what, ": ", s.error_message()));
 }
 
-ObjectLocation FromProto(const pb::Location& l) {
+ObjectLocation FromProto(const pb::Location& l, const pb::Capability& c) {
   ObjectLocation o;
   o.node_id = l.node_id();
   o.region_id = l.region_id();
   o.addr = l.addr();
   o.length = l.length();
   o.generation = l.generation();
+  o.capability.expires_unix_ms = c.expires_unix_ms();
+  o.capability.rights = static_cast<uint8_t>(c.rights());
+  absl::little_endian::Store64(o.capability.tag.data(), c.tag_lo());
+  absl::little_endian::Store64(o.capability.tag.data() + 8, c.tag_hi());
   return o;
 }
 
 RemoteRef ToRef(const ObjectLocation& l) {
-  return RemoteRef{l.region_id, l.addr, l.length, l.generation};
+  RemoteRef r{l.region_id, l.addr, l.length, l.generation};
+  r.cap.expires_unix_ms = l.capability.expires_unix_ms;
+  r.cap.rights = l.capability.rights;
+  static_assert(sizeof(r.cap.tag) == sizeof(l.capability.tag));
+  std::memcpy(r.cap.tag, l.capability.tag.data(), sizeof(r.cap.tag));
+  return r;
 }
 
 // Completion of one asynchronous Store.
@@ -267,7 +279,7 @@ class ClientImpl : public Client {
             closed = true;
             break;
           }
-          locs[found++] = FromProto(lr.location());
+          locs[found++] = FromProto(lr.location(), lr.capability());
         }
         if (closed) lookups.CancelRest();
       }
@@ -505,7 +517,9 @@ class ClientImpl : public Client {
       for (size_t i = 0; i < n; ++i) {
         const pb::LookupResult& r = resp.results(static_cast<int>(i));
         out->found[begin + i] = r.found();
-        if (r.found()) out->locations[begin + i] = FromProto(r.location());
+        if (r.found()) {
+          out->locations[begin + i] = FromProto(r.location(), r.capability());
+        }
         if (prefix_open && r.found()) {
           ++out->hit_prefix;
         } else {
@@ -702,7 +716,7 @@ class ClientImpl : public Client {
           out->outcomes[offset + i] = PutOutcome::kInProgress;
           break;
         default: {
-          ObjectLocation loc = FromProto(slot.location());
+          ObjectLocation loc = FromProto(slot.location(), slot.capability());
           if (loc.length != buffers[i].size) {
             AbortInBackground(resp.put_id());
             return absl::InternalError("PutStart: allocation of the wrong size");

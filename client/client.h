@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -42,6 +43,15 @@ struct MutableBuffer {
   size_t size = 0;
 };
 
+// The master's permission to read (lookup) or write (put) one location
+// until it expires (see proto/common.proto Capability). Opaque to callers:
+// the storage node checks it on the data plane.
+struct ObjectCapability {
+  int64_t expires_unix_ms = 0;
+  uint8_t rights = 0;
+  std::array<uint8_t, 16> tag{};
+};
+
 // Where an object lives (see proto/common.proto Location).
 struct ObjectLocation {
   uint32_t node_id = 0;
@@ -49,6 +59,7 @@ struct ObjectLocation {
   uint64_t addr = 0;
   uint64_t length = 0;
   uint64_t generation = 0;
+  ObjectCapability capability;
 };
 
 struct LookupResult {

@@ -13,6 +13,7 @@ wire::OpDesc ToOp(const RemoteRef& r) {
   op.addr = r.addr;
   op.length = r.length;
   op.generation = r.generation;
+  op.cap = r.cap;
   return op;
 }
 
@@ -26,10 +27,17 @@ absl::Status SendRequest(Socket& s, wire::FrameType type,
   h.op_count = static_cast<uint16_t>(ops.size());
   h.request_id = id;
   h.payload_bytes = payload_bytes;
-  std::vector<uint8_t> head(wire::kHeaderBytes + ops.size() * wire::kOpBytes);
+  const bool caps = wire::CarriesCapabilities(type);
+  const size_t table = ops.size() * wire::kOpBytes;
+  std::vector<uint8_t> head(wire::kHeaderBytes + table +
+                            (caps ? ops.size() * wire::kCapBytes : 0));
   wire::EncodeHeader(h, head.data());
   for (size_t i = 0; i < ops.size(); ++i) {
     wire::EncodeOp(ops[i], head.data() + wire::kHeaderBytes + i * wire::kOpBytes);
+    if (caps) {
+      wire::EncodeCapability(ops[i].cap, head.data() + wire::kHeaderBytes +
+                                             table + i * wire::kCapBytes);
+    }
   }
   std::vector<iovec> iov;
   iov.reserve(1 + payload.size());

@@ -20,8 +20,8 @@ namespace hymcache::frame_io {
 
 wire::OpDesc ToOp(const RemoteRef& r);
 
-// Sends a request frame: header, op table, then `payload` (payload_bytes in
-// total).
+// Sends a request frame: header, op table, the ops' capabilities (for the
+// types that carry them), then `payload` (payload_bytes in total).
 absl::Status SendRequest(Socket& s, wire::FrameType type,
                          absl::Span<const wire::OpDesc> ops,
                          uint64_t payload_bytes,

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/wire.h"
 
 namespace hymcache {
 
@@ -39,6 +40,10 @@ struct RemoteRef {
   uint64_t addr = 0;
   uint64_t length = 0;
   uint64_t generation = 0;
+  // The master's permission to read (lookup) or write (PutStart) exactly
+  // this allocation; the node refuses an op without a valid one
+  // (PermissionDenied).
+  wire::Capability cap;
 };
 
 struct ReadOp {

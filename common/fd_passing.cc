@@ -94,6 +94,20 @@ absl::StatusOr<ucred> PeerCredentials(int fd) {
   return c;
 }
 
+absl::StatusOr<std::vector<gid_t>> PeerGroups(int fd) {
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) break;
+    groups.resize(len / sizeof(gid_t) + 1);  // len says how many it needs
+  }
+  return absl::InternalError(absl::StrCat("SO_PEERGROUPS: ", strerror(errno)));
+}
+
 absl::Status SendWithFds(int fd, const std::string& payload,
                          const std::vector<int>& fds) {
   if (payload.empty() || payload.size() > kMaxPayload || fds.size() > kMaxFds) {

@@ -26,6 +26,9 @@ absl::StatusOr<Socket> ConnectUnixAbstract(const std::string& name,
 
 // The connected peer's credentials.
 absl::StatusOr<ucred> PeerCredentials(int fd);
+// The connected peer's supplementary groups (SO_PEERGROUPS, Linux 4.13+).
+// Errors: Internal (the kernel cannot tell).
+absl::StatusOr<std::vector<gid_t>> PeerGroups(int fd);
 
 // Sends `payload` (1..64 KiB) with `fds` (at most 64) in one message.
 absl::Status SendWithFds(int fd, const std::string& payload,

@@ -164,6 +164,40 @@ AreaRef DecodeAreaRef(const uint8_t in[kAreaRefBytes]) {
   return r;
 }
 
+bool CarriesCapabilities(FrameType type) {
+  switch (type) {
+    case FrameType::kReadRequest:
+    case FrameType::kWriteRequest:
+    case FrameType::kPrefetchRequest:
+    case FrameType::kAcquireRequest:
+    case FrameType::kWriteBeginRequest:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void EncodeCapability(const Capability& c, uint8_t out[kCapBytes]) {
+  Store64(out, static_cast<uint64_t>(c.expires_unix_ms));
+  out[8] = c.rights;
+  std::memset(out + 9, 0, 7);
+  std::memcpy(out + 16, c.tag, kCapTagBytes);
+}
+
+absl::StatusOr<Capability> DecodeCapability(const uint8_t in[kCapBytes]) {
+  for (int i = 9; i < 16; ++i) {
+    if (in[i] != 0) {
+      return absl::InvalidArgumentError(
+          "data plane: reserved capability bytes set");
+    }
+  }
+  Capability c;
+  c.expires_unix_ms = static_cast<int64_t>(Load64(in));
+  c.rights = in[8];
+  std::memcpy(c.tag, in + 16, kCapTagBytes);
+  return c;
+}
+
 void EncodeOp(const OpDesc& op, uint8_t out[kOpBytes]) {
   Store32(out + 0, op.region_id);
   Store32(out + 4, op.status);

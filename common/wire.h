@@ -8,7 +8,7 @@
 //
 //   FrameHeader (32 bytes, little-endian)
 //      0  u32 magic          "HYMC" (0x434D5948)
-//      4  u8  version        kVersion (1)
+//      4  u8  version        kVersion (2; 1 had no capability table)
 //      5  u8  type           FrameType
 //      6  u16 op_count       number of OpDesc that follow, <= kMaxOps
 //      8  u64 request_id     echoed in the response
@@ -103,7 +103,7 @@
 namespace hymcache::wire {
 
 inline constexpr uint32_t kMagic = 0x434D5948;  // "HYMC" little-endian
-inline constexpr uint8_t kVersion = 1;
+inline constexpr uint8_t kVersion = 2;
 inline constexpr size_t kHeaderBytes = 32;
 inline constexpr size_t kOpBytes = 32;
 // Most ops in one frame.
@@ -153,6 +153,24 @@ inline constexpr uint64_t kSessionBytes = 8;
 void EncodeSession(uint64_t session, uint8_t out[kSessionBytes]);
 uint64_t DecodeSession(const uint8_t in[kSessionBytes]);
 
+// Bytes of one capability table entry.
+inline constexpr size_t kCapBytes = 32;
+// Bytes of a capability's MAC tag (HMAC-SHA256 truncated).
+inline constexpr size_t kCapTagBytes = 16;
+inline constexpr uint8_t kCapRead = 1;
+inline constexpr uint8_t kCapWrite = 2;
+
+// The authorization of one op (see "Capabilities" above). Not part of the
+// 32-byte op encoding: requests carry it in their capability table.
+struct Capability {
+  int64_t expires_unix_ms = 0;
+  uint8_t rights = 0;
+  uint8_t tag[kCapTagBytes] = {};
+};
+void EncodeCapability(const Capability& c, uint8_t out[kCapBytes]);
+// Errors: InvalidArgument (reserved bytes set).
+absl::StatusOr<Capability> DecodeCapability(const uint8_t in[kCapBytes]);
+
 struct FrameHeader {
   FrameType type = FrameType::kPing;
   uint16_t op_count = 0;
@@ -167,7 +185,13 @@ struct OpDesc {
   uint64_t addr = 0;
   uint64_t length = 0;
   uint64_t generation = 0;
+  // Requests of the types that CarriesCapabilities: the op's entry of the
+  // capability table. Unused elsewhere.
+  Capability cap;
 };
+
+// Whether frames of `type` carry a capability table after the op table.
+bool CarriesCapabilities(FrameType type);
 
 void EncodeHeader(const FrameHeader& h, uint8_t out[kHeaderBytes]);
 

@@ -30,6 +30,11 @@ DEFINE_int64(heartbeat_interval_ms, 1000,
 DEFINE_int64(read_lease_ms, 5000,
              "an object returned to a reader is not evicted for this long "
              "(0: reads do not protect objects from eviction)");
+DEFINE_int64(capability_lifetime_ms, 300000,
+             "lifetime of the read capability handed out with each lookup "
+             "hit (storage nodes accept it for their --capability_skew_ms "
+             "longer); must exceed a client's call deadline plus the read "
+             "lease");
 DEFINE_uint32(max_evictions_per_put, 4096,
               "most objects one put may evict from a full node (0: never "
               "evict; a full node refuses puts)");
@@ -84,6 +89,8 @@ int main(int argc, char** argv) {
   options.put_timeout = absl::Milliseconds(FLAGS_put_timeout_ms);
   options.heartbeat_interval = absl::Milliseconds(FLAGS_heartbeat_interval_ms);
   options.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
+  options.capability_lifetime =
+      absl::Milliseconds(FLAGS_capability_lifetime_ms);
   options.max_evictions_per_put = FLAGS_max_evictions_per_put;
   options.sync_writes = FLAGS_sync_writes;
   options.max_nodes = FLAGS_max_nodes;

@@ -1,10 +1,12 @@
 // MasterService's resource limits: registration size caps, the number of
 // node records and their removal, and each caller's pending puts.
 #include <catch2/catch.hpp>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/capability.h"
 #include "common/clock.h"
 #include "master/fake_metadata_store.h"
 #include "master/master_service.h"
@@ -50,8 +52,34 @@ struct Harness {
     REQUIRE(s.ok());
     svc = std::move(*s);
   }
+  // The proof of a node's key (NodeAuth) for `purpose`, if one was issued.
+  v1::NodeAuth AuthFor(const std::string& purpose, const std::string& name,
+                       uint32_t id, uint64_t incarnation) {
+    v1::NodeAuth a;
+    auto k = keys.find(name);
+    if (k == keys.end()) return a;
+    a.set_unix_ms(absl::ToUnixMillis(clock.Now()));
+    a.set_proof(NodeProof(HmacSha256(k->second), purpose, name, id,
+                          incarnation, a.unix_ms()));
+    return a;
+  }
+  // RegisterNode with the proof of the name's key.
+  absl::StatusOr<v1::RegisterNodeResponse> Reg(v1::RegisterNodeRequest req) {
+    *req.mutable_auth() = AuthFor("register", req.name(), 0, req.incarnation());
+    auto r = svc->RegisterNode(req);
+    if (r.ok()) {
+      keys[req.name()] = r->node_key();
+      names[r->node_id()] = req.name();
+    }
+    return r;
+  }
+  absl::StatusOr<v1::HeartbeatResponse> Hb(v1::HeartbeatRequest req) {
+    *req.mutable_auth() = AuthFor("heartbeat", names[req.node_id()],
+                                  req.node_id(), req.incarnation());
+    return svc->Heartbeat(req);
+  }
   uint32_t Register(const std::string& name, int port = 7000) {
-    auto r = svc->RegisterNode(NodeReq(name, port));
+    auto r = Reg(NodeReq(name, port));
     INFO(r.status().ToString());
     REQUIRE(r.ok());
     return r->node_id();
@@ -62,6 +90,8 @@ struct Harness {
     REQUIRE(svc->PutCommit(c).ok());
   }
   FakeClock clock;
+  std::map<std::string, std::string> keys;  // node name -> key
+  std::map<uint32_t, std::string> names;    // node id -> name
   FakeMetadataStore* store;
   std::unique_ptr<MasterService> svc;
 };
@@ -143,7 +173,7 @@ TEST_CASE("The master keeps at most max_nodes records; dead ones can go") {
   CHECK(c.status().code() == StatusCode::kResourceExhausted);
   CHECK(c.status().message().find("hymctl node forget") != std::string::npos);
   // Known names still re-register.
-  CHECK(h.svc->RegisterNode(NodeReq("a", 7000)).ok());
+  CHECK(h.Reg(NodeReq("a", 7000)).ok());
 
   // An alive node cannot be forgotten; an unknown one is NotFound.
   v1::ForgetNodeRequest f;
@@ -168,7 +198,7 @@ TEST_CASE("The master keeps at most max_nodes records; dead ones can go") {
   CHECK(h.svc->counters().nodes_forgotten == 1);
   // Room for a new node; "a" coming back is a new node.
   h.Register("c", 7200);
-  auto b2 = h.svc->RegisterNode(NodeReq("b", 7100));
+  auto b2 = h.Reg(NodeReq("b", 7100));
   CHECK(b2.ok());
 }
 
@@ -184,7 +214,7 @@ TEST_CASE("Nodes dead for forget_dead_nodes_after are forgotten") {
   v1::HeartbeatRequest hb;
   hb.set_node_id(2);
   hb.set_incarnation(1);
-  REQUIRE(h.svc->Heartbeat(hb).ok());
+  REQUIRE(h.Hb(hb).ok());
   h.clock.Advance(absl::Minutes(2));
   h.svc->ReapExpired();
   auto nodes = h.svc->ListNodes();
@@ -227,7 +257,7 @@ TEST_CASE("One caller's pending puts cannot fill a node") {
   v1::HeartbeatRequest hb;
   hb.set_node_id(n);
   hb.set_incarnation(1);
-  REQUIRE(h.svc->Heartbeat(hb).ok());
+  REQUIRE(h.Hb(hb).ok());
   auto again = h.svc->PutStart(PutReq("after", 4096), "ipv4:10.0.0.66");
   REQUIRE(again.ok());
   // Committed and aborted puts give their share back.

@@ -295,8 +295,11 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       v1::BeginReconcileResponse* resp) override {
     auto id = Admit(ctx, kNode, "BeginReconcile");
     if (!id.ok()) return Refuse(ctx, id.status());
+    absl::Status auth = service_->CheckNodeAuth(
+        req->node_id(), req->incarnation(), "reconcile", req->auth());
     absl::StatusOr<uint64_t> epoch =
-        service_->StartReconcile(req->node_id(), req->incarnation());
+        auth.ok() ? service_->StartReconcile(req->node_id(), req->incarnation())
+                  : absl::StatusOr<uint64_t>(auth);
     if (!epoch.ok()) {
       return Reply(ctx, absl::StatusOr<v1::BeginReconcileResponse>(
                             epoch.status()),
@@ -380,8 +383,12 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
           return;
         }
         if (r_ == nullptr) {
-          auto r = service_->OpenReconcile(req_.node_id(), req_.incarnation(),
-                                           req_.epoch());
+          absl::Status auth = service_->CheckNodeAuth(
+              req_.node_id(), req_.incarnation(), "reconcile", req_.auth());
+          auto r = auth.ok() ? service_->OpenReconcile(req_.node_id(),
+                                                       req_.incarnation(),
+                                                       req_.epoch())
+                             : decltype(service_->OpenReconcile(0, 0, 0))(auth);
           if (!r.ok()) {
             TsanRelease(this);
             Finish(ToGrpc(r.status()));
@@ -573,6 +580,7 @@ absl::Status MasterOptions::Validate() const {
   so.max_key_bytes = max_key_bytes;
   so.max_object_bytes = max_object_bytes;
   so.read_lease = read_lease;
+  so.capability_lifetime = capability_lifetime;
   so.max_evictions_per_put = max_evictions_per_put;
   so.reconcile_interval = reconcile_interval;
   so.max_nodes = max_nodes;
@@ -609,6 +617,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
       uint64_t{options.max_key_bytes} + master::kMaxTenantPrefixBytes));
   so.max_object_bytes = options.max_object_bytes;
   so.read_lease = options.read_lease;
+  so.capability_lifetime = options.capability_lifetime;
   so.max_evictions_per_put = options.max_evictions_per_put;
   so.reconcile_interval = options.reconcile_interval;
   so.max_nodes = options.max_nodes;

@@ -65,6 +65,9 @@ struct MasterOptions {
   // An object returned by a read (for_read BatchLookup) is not evicted for
   // this long afterwards. 0 disables the protection. 0..24 h. Default: 5 s.
   absl::Duration read_lease = absl::Seconds(5);
+  // Lifetime of a read capability (see MasterServiceOptions). 1 s..1 h.
+  // Default: 5 min.
+  absl::Duration capability_lifetime = absl::Minutes(5);
   // Most objects one PutStart may evict from a full node to make room; 0
   // disables eviction (a full node refuses puts). Default: 4096.
   uint32_t max_evictions_per_put = 4096;

@@ -8,6 +8,8 @@
 #include <string>
 #include <thread>
 
+#include "common/capability.h"
+
 #include "common/clock.h"
 #include "common/thread.h"
 #include "master/master_service.h"
@@ -162,7 +164,15 @@ TEST_CASE("MasterServer serves the master API over gRPC") {
     hb.set_node_id(reg.node_id());
     hb.set_incarnation(1);
     v1::HeartbeatResponse hbr;
-    REQUIRE(stub->Heartbeat(&ctx3, hb, &hbr).ok());
+    // Without a proof of the node's key: refused.
+    CHECK(stub->Heartbeat(&ctx3, hb, &hbr).error_code() ==
+          grpc::StatusCode::PERMISSION_DENIED);
+    grpc::ClientContext ctx3b;
+    hb.mutable_auth()->set_unix_ms(absl::ToUnixMillis(absl::Now()));
+    hb.mutable_auth()->set_proof(NodeProof(HmacSha256(reg.node_key()),
+                                           "heartbeat", "n1", reg.node_id(), 1,
+                                           hb.auth().unix_ms()));
+    REQUIRE(stub->Heartbeat(&ctx3b, hb, &hbr).ok());
     CHECK_FALSE(hbr.reregister());
     grpc::ClientContext ctx4;
     v1::RemoveRequest rm;

@@ -1,5 +1,7 @@
 #include "master/master_service.h"
 
+#include "absl/base/internal/endian.h"
+
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -153,6 +155,14 @@ absl::Status MasterServiceOptions::Validate() const {
   if (read_lease < absl::ZeroDuration() || read_lease > kMaxReadLease) {
     return absl::InvalidArgumentError("read_lease must be 0..24h");
   }
+  if (capability_lifetime < absl::Seconds(1) ||
+      capability_lifetime > absl::Hours(1)) {
+    return absl::InvalidArgumentError("capability_lifetime must be 1s..1h");
+  }
+  if (node_auth_window < absl::Seconds(1) ||
+      node_auth_window > absl::Hours(1)) {
+    return absl::InvalidArgumentError("node_auth_window must be 1s..1h");
+  }
   if (reconcile_interval < absl::ZeroDuration() ||
       reconcile_interval > kMaxReconcileInterval) {
     return absl::InvalidArgumentError("reconcile_interval must be 0..24h");
@@ -258,6 +268,7 @@ absl::Status MasterService::Load() {
     // DeregisterNode persists alive = false: such a node stays dead until
     // it registers again.
     node.deregistered = !info.alive();
+    if (!info.node_key().empty()) node.mac.emplace(info.node_key());
     node.info = std::move(info);
     nodes_.emplace(id, std::move(node));
   }
@@ -348,9 +359,63 @@ bool MasterService::IsAlive(const Node& node, absl::Time now) const {
          now - node.last_seen <= options_.node_timeout;
 }
 
+bool MasterService::ProofValid(const Node& node, std::string_view purpose,
+                               uint32_t node_id, uint64_t incarnation,
+                               const v1::NodeAuth& auth,
+                               absl::Time now) const {
+  if (!node.mac || auth.proof().size() != kNodeProofBytes) return false;
+  const int64_t skew = auth.unix_ms() - absl::ToUnixMillis(now);
+  const int64_t window = absl::ToInt64Milliseconds(options_.node_auth_window);
+  if (skew > window || skew < -window) return false;
+  const std::string want = NodeProof(*node.mac, purpose, node.info.name(),
+                                     node_id, incarnation, auth.unix_ms());
+  return TagsEqual(reinterpret_cast<const uint8_t*>(want.data()),
+                   reinterpret_cast<const uint8_t*>(auth.proof().data()),
+                   kNodeProofBytes);
+}
+
+void MasterService::Grant(const Node& node, const v1::Location& loc,
+                          uint8_t rights, absl::Time expiry,
+                          v1::Capability* out) const {
+  if (!node.mac) return;  // never for a registered node
+  if (skip_capabilities_for_test_.load(std::memory_order_relaxed)) return;
+  CapabilityScope scope;
+  scope.node_id = loc.node_id();
+  scope.incarnation = node.info.incarnation();
+  scope.region_id = loc.region_id();
+  scope.addr = loc.addr();
+  scope.length = loc.length();
+  scope.generation = loc.generation();
+  scope.rights = rights;
+  scope.expires_unix_ms = absl::ToUnixMillis(expiry);
+  const wire::Capability cap = SignCapability(*node.mac, scope);
+  out->set_expires_unix_ms(cap.expires_unix_ms);
+  out->set_rights(rights);
+  out->set_tag_lo(absl::little_endian::Load64(cap.tag));
+  out->set_tag_hi(absl::little_endian::Load64(cap.tag + 8));
+}
+
+absl::Status MasterService::CheckNodeAuth(uint32_t node_id,
+                                          uint64_t incarnation,
+                                          std::string_view purpose,
+                                          const v1::NodeAuth& auth) const {
+  ReaderMutexLock l(&mu_);
+  auto n = nodes_.find(node_id);
+  if (n == nodes_.end()) {
+    return absl::NotFoundError(absl::StrCat("node ", node_id, " is unknown"));
+  }
+  if (!ProofValid(n->second, purpose, node_id, incarnation, auth,
+                  clock_->Now())) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        std::string(purpose), " of node ", node_id, ": no valid proof of its node key"));
+  }
+  return absl::OkStatus();
+}
+
 void MasterService::FillNodeInfo(const Node& node, absl::Time now,
                                  v1::NodeInfo* out) const {
   *out = node.info;
+  out->clear_node_key();
   out->clear_regions();
   uint64_t used = 0;
   uint64_t capacity = 0;
@@ -759,10 +824,15 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
     info.set_node_id(id);
     auto plan = PlanRebuild(id, info.regions(), {}, /*scan_index=*/false);
     if (!plan.ok()) return plan.status();
+    auto key = NewNodeKey();
+    if (!key.ok()) return key.status();
+    info.set_node_key(*key);
     s = store_->PutNode(info);
     if (!s.ok()) return s;
     ++next_node_id_;
     Node& node = nodes_[id];
+    node.mac.emplace(*key);
+    response.set_node_key(*key);
     node.info = std::move(info);
     node.last_seen = now;
     node.registered = true;
@@ -778,8 +848,30 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   const uint32_t id = known->second;
   Node& node = nodes_.at(id);
   info.set_node_id(id);
+  // Only the holder of the name's key keeps or takes over its identity.
+  const bool proven = ProofValid(node, "register", 0, request.incarnation(),
+                                 request.auth(), now);
+  bool takeover = false;
+  if (!proven && node.mac) {
+    if (MayComeBack(node, now)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "node '", request.name(), "' is registered and alive: registering "
+          "it again needs a proof of its node key (or wait until it has "
+          "missed heartbeats for ",
+          absl::FormatDuration(options_.node_timeout), ")"));
+    }
+    takeover = true;  // a new node under the old name: nothing it held
+  }
+  std::string key = node.info.node_key();
+  if (takeover || key.empty()) {  // key.empty(): trusted on first use
+    auto k = NewNodeKey();
+    if (!k.ok()) return k.status();
+    key = *std::move(k);
+  }
+  info.set_node_key(key);
+  response.set_node_key(key);
   const bool new_incarnation =
-      node.info.incarnation() != request.incarnation();
+      takeover || node.info.incarnation() != request.incarnation();
   const bool new_layout = !SameLayout(node.info.regions(), request.regions());
   if (!new_incarnation && !new_layout) {
     // Same memory, same layout: a node coming back after a timeout or a
@@ -787,6 +879,7 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
     s = store_->PutNode(info);
     if (!s.ok()) return s;
     node.info = std::move(info);
+    node.mac.emplace(key);
     for (const auto& r : node.info.regions()) {
       auto region = node.regions.find(r.region_id());
       if (region != node.regions.end()) region->second.info = r;
@@ -833,6 +926,7 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
                  << " objects that no longer fit its new regions";
   }
   node.info = std::move(info);
+  node.mac.emplace(key);
   node.regions = std::move(plan->regions);
   node.object_count = plan->kept;
   node.last_seen = now;
@@ -843,7 +937,9 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   response.set_objects_retained(!new_incarnation);
   response.set_reconcile(node.needs_reconcile);
   LOG(INFO) << "node " << id << " '" << request.name() << "' re-registered"
-            << (new_incarnation ? " with a new incarnation" : "")
+            << (takeover ? " by a new node (no proof of the old one's key)"
+                : new_incarnation ? " with a new incarnation"
+                                  : "")
             << (new_layout ? " with new regions" : "") << "; purged "
             << plan->purged << " objects, kept " << plan->kept;
   return response;
@@ -861,7 +957,14 @@ absl::StatusOr<v1::HeartbeatResponse> MasterService::Heartbeat(
     response.set_reregister(true);
     return response;
   }
-  n->second.last_seen = clock_->Now();
+  const absl::Time now = clock_->Now();
+  if (!ProofValid(n->second, "heartbeat", request.node_id(),
+                  request.incarnation(), request.auth(), now)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("heartbeat of node ", request.node_id(),
+                     ": no valid proof of its node key"));
+  }
+  n->second.last_seen = now;
   response.set_generation_ceiling(store_->GenerationCeiling());
   response.set_reconcile(n->second.needs_reconcile);
   return response;
@@ -876,6 +979,12 @@ absl::StatusOr<v1::DeregisterNodeResponse> MasterService::DeregisterNode(
         absl::StrCat("node ", request.node_id(), " is unknown"));
   }
   Node& node = n->second;
+  if (!ProofValid(node, "deregister", request.node_id(),
+                  request.incarnation(), request.auth(), clock_->Now())) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("deregistration of node ", request.node_id(),
+                     ": no valid proof of its node key"));
+  }
   if (node.info.incarnation() != request.incarnation()) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", request.node_id(), " has incarnation ",
@@ -1283,6 +1392,8 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
     loc->set_addr(slot.addr);
     loc->set_length(slot.length);
     loc->set_generation(slot.generation);
+    Grant(*chosen, *loc, wire::kCapWrite, put.expiry,
+          response.mutable_slots(i)->mutable_capability());
     put.slots.push_back(std::move(slot));
   }
   const uint64_t put_id = next_put_id_++;
@@ -1490,6 +1601,7 @@ uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
   std::vector<const Node*> referenced;
   bool prefix = true;
   uint32_t hit_prefix = 0;
+  const absl::Time cap_expiry = now + options_.capability_lifetime;
   for (const std::string& key : request.keys()) {
     v1::LookupResult* result = response.add_results();
     auto e = index_.Find(key);
@@ -1509,6 +1621,8 @@ uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
     loc->set_addr(e->addr);
     loc->set_length(e->length);
     loc->set_generation(e->generation);
+    Grant(*node, *loc, wire::kCapRead, cap_expiry,
+          result->mutable_capability());
     if (prefix) ++hit_prefix;
     if (std::find(referenced.begin(), referenced.end(), node) ==
         referenced.end()) {

@@ -133,12 +133,15 @@
 // under it, so commits are serialized in store order.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+#include <optional>
+#include <string_view>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -146,6 +149,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/capability.h"
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "master/allocator.h"
@@ -217,6 +221,18 @@ struct MasterServiceOptions {
   // Default: 0.25, 65536.
   double max_pending_share_per_caller = 0.25;
   uint64_t max_pending_slots_per_caller = 65536;
+  // Lifetime of the read capability handed out with each BatchLookup hit
+  // (common/wire.h, "Capabilities"); write capabilities last as long as
+  // their put. Longer than a client's call deadline (10 s) plus the read
+  // lease, so a Load never outlives its capabilities; storage nodes also
+  // accept a capability for their skew allowance past it. 1 s..1 h.
+  // Default: 5 min.
+  absl::Duration capability_lifetime = absl::Minutes(5);
+  // A node's proof of its key (NodeAuth) is accepted when its time is
+  // within this of the master's clock (clock skew plus queueing; a
+  // recorded proof can be replayed within it, see docs/security.md).
+  // 1 s..1 h. Default: 5 min.
+  absl::Duration node_auth_window = absl::Minutes(5);
   // Source of time for liveness and put expiry. Not owned; must outlive the
   // service. Default: nullptr, meaning Clock::Real().
   Clock* clock = nullptr;
@@ -312,21 +328,29 @@ class MasterService {
   ~MasterService();
 
   // Registers a node (or re-registers a known name; its id is stable).
-  // If the name is known with a different incarnation, the objects in its
-  // non-persistent regions are purged. If its regions changed, its
-  // allocators are rebuilt and objects that no longer fit are dropped. Either
-  // way its pending puts are cancelled.
+  // A new name gets a new random node key (returned, persisted with the
+  // node record). A known name must prove its key (request.auth): then, if
+  // the incarnation differs, the objects in its non-persistent regions are
+  // purged. Without the proof the name is taken over as a new node (every
+  // object of the name purged, a new key issued), which is refused while
+  // the old node may still be alive (seen within node_timeout and not
+  // deregistered). A record persisted without a key (an older master) is
+  // trusted on first use. If its regions changed, its allocators are
+  // rebuilt and objects that no longer fit are dropped. Either way its
+  // pending puts are cancelled.
   // Errors: InvalidArgument (name empty or > 128 bytes, address not
   // host:port or > 256 bytes, 0 or > 64 regions, capacity 0 or below
   // alignment, alignment not a power of two or > 1 GiB, repeated region id,
   // transport_params over their caps: 32 entries, keys 1..64 bytes, values
-  // <= 4096 bytes, 8192 bytes in all); ResourceExhausted (a new name while
-  // max_nodes records are kept); store errors.
+  // <= 4096 bytes, 8192 bytes in all); PermissionDenied (no valid proof for
+  // a name whose node is alive); ResourceExhausted (a new name while
+  // max_nodes records are kept); Internal (no random key); store errors.
   absl::StatusOr<hymcache::v1::RegisterNodeResponse> RegisterNode(
       const hymcache::v1::RegisterNodeRequest& request);
 
   // Records liveness. reregister=true if the id is unknown, the incarnation
-  // differs or the node deregistered.
+  // differs or the node deregistered. Errors: PermissionDenied (the request
+  // does not prove the node's key).
   absl::StatusOr<hymcache::v1::HeartbeatResponse> Heartbeat(
       const hymcache::v1::HeartbeatRequest& request);
 
@@ -340,7 +364,8 @@ class MasterService {
 
   // The node is dead from now on; objects in its non-persistent regions are
   // purged and its pending puts cancelled. Errors: NotFound for an unknown
-  // id; FailedPrecondition for a different incarnation; store errors.
+  // id; PermissionDenied (the request does not prove the node's key);
+  // FailedPrecondition for a different incarnation; store errors.
   absl::StatusOr<hymcache::v1::DeregisterNodeResponse> DeregisterNode(
       const hymcache::v1::DeregisterNodeRequest& request);
 
@@ -403,6 +428,13 @@ class MasterService {
   absl::StatusOr<hymcache::v1::RemoveResponse> Remove(
       const hymcache::v1::RemoveRequest& request);
 
+  // Whether `auth` proves the key of node `node_id` for the call `purpose`
+  // ("reconcile" for BeginReconcile and ReconcileNode). Errors: NotFound
+  // (unknown node); PermissionDenied.
+  absl::Status CheckNodeAuth(uint32_t node_id, uint64_t incarnation,
+                             std::string_view purpose,
+                             const hymcache::v1::NodeAuth& auth) const;
+
   // Starts a reconciliation of `node_id` (see Reconciliation above): the
   // caller Adds the node's extents, then calls FinishReconcile. A newer
   // BeginReconcile or a re-registration of the node supersedes it.
@@ -454,6 +486,13 @@ class MasterService {
   size_t ReapExpired();
 
   MasterServiceCounters counters() const;
+
+  // While set, lookups and puts carry no capabilities (benchmarks
+  // measuring what signing them costs; nodes then refuse every op). Never
+  // set outside tests and benchmarks.
+  void SetSkipCapabilitiesForTest(bool skip) {
+    skip_capabilities_for_test_.store(skip, std::memory_order_relaxed);
+  }
   const MasterServiceOptions& options() const { return options_; }
 
  private:
@@ -463,7 +502,10 @@ class MasterService {
     uint64_t object_count = 0;
   };
   struct Node {
-    hymcache::v1::NodeInfo info;  // registration fields only
+    // Registration fields, and node_key (never copied out: FillNodeInfo).
+    hymcache::v1::NodeInfo info;
+    // Keyed with info.node_key(); empty for a record without one.
+    std::optional<HmacSha256> mac;
     absl::Time last_seen;
     bool deregistered = false;
     // Registered with this master process (false for nodes loaded from the
@@ -520,6 +562,14 @@ class MasterService {
       const google::protobuf::RepeatedPtrField<std::string>& keys) const;
 
   bool IsAlive(const Node& node, absl::Time now) const;
+  // Whether `auth` is a valid proof of `node`'s key now.
+  bool ProofValid(const Node& node, std::string_view purpose,
+                  uint32_t node_id, uint64_t incarnation,
+                  const hymcache::v1::NodeAuth& auth, absl::Time now) const;
+  // The read or write capability for a location on `node`.
+  void Grant(const Node& node, const hymcache::v1::Location& loc,
+             uint8_t rights, absl::Time expiry,
+             hymcache::v1::Capability* out) const;
   // Alive, or only briefly unavailable with its objects: not deregistered
   // and seen within node_timeout (registration pending after a master
   // restart counts from the load; a reconciliation in progress). PutStart
@@ -614,6 +664,7 @@ class MasterService {
   const MasterServiceOptions options_;
   Clock* const clock_;
   const std::unique_ptr<MetadataStore> store_;  // thread-safe itself
+  std::atomic<bool> skip_capabilities_for_test_{false};
 
   mutable Mutex mu_;
   // Protected by mu_.

@@ -1,6 +1,7 @@
 #include "master/master_service.h"
 
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/capability.h"
 #include "common/clock.h"
 #include "common/thread.h"
 #include "master/fake_metadata_store.h"
@@ -56,6 +58,61 @@ v1::RegisterNodeRequest NodeReq(const std::string& name, uint64_t incarnation,
   }
   (*r.mutable_transport_params())["tcp"] = "yes";
   return r;
+}
+
+// The node keys the masters of these tests issued, by node name, and the
+// name of each node id: the tests' nodes prove their keys as real ones do.
+std::map<std::string, std::string>& KeyByName() {
+  static auto* m = new std::map<std::string, std::string>;
+  return *m;
+}
+std::map<uint32_t, std::string>& NameById() {
+  static auto* m = new std::map<uint32_t, std::string>;
+  return *m;
+}
+
+absl::Time MasterNow(MasterService* svc) {
+  Clock* c = svc->options().clock ? svc->options().clock : Clock::Real();
+  return c->Now();
+}
+
+v1::NodeAuth AuthFor(MasterService* svc, const std::string& purpose,
+                     const std::string& name, uint32_t id,
+                     uint64_t incarnation) {
+  v1::NodeAuth a;
+  auto k = KeyByName().find(name);
+  if (k == KeyByName().end()) return a;
+  a.set_unix_ms(absl::ToUnixMillis(MasterNow(svc)));
+  a.set_proof(NodeProof(HmacSha256(k->second), purpose, name, id, incarnation,
+                        a.unix_ms()));
+  return a;
+}
+
+// RegisterNode with a proof of the name's key if one was issued.
+absl::StatusOr<v1::RegisterNodeResponse> Reg(MasterService* svc,
+                                             v1::RegisterNodeRequest req) {
+  *req.mutable_auth() =
+      AuthFor(svc, "register", req.name(), 0, req.incarnation());
+  auto r = svc->RegisterNode(req);
+  if (r.ok()) {
+    KeyByName()[req.name()] = r->node_key();
+    NameById()[r->node_id()] = req.name();
+  }
+  return r;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Hb(MasterService* svc,
+                                         v1::HeartbeatRequest req) {
+  *req.mutable_auth() = AuthFor(svc, "heartbeat", NameById()[req.node_id()],
+                                req.node_id(), req.incarnation());
+  return svc->Heartbeat(req);
+}
+
+absl::StatusOr<v1::DeregisterNodeResponse> Dereg(
+    MasterService* svc, v1::DeregisterNodeRequest req) {
+  *req.mutable_auth() = AuthFor(svc, "deregister", NameById()[req.node_id()],
+                                req.node_id(), req.incarnation());
+  return svc->DeregisterNode(req);
 }
 
 v1::PutStartRequest PutReq(std::vector<std::string> keys,
@@ -117,7 +174,7 @@ struct Harness {
   }
   uint32_t Register(const std::string& name, uint64_t incarnation,
                     std::vector<RegionSpec> regions, int port = 7000) {
-    auto r = svc->RegisterNode(NodeReq(name, incarnation, regions, port));
+    auto r = Reg(svc.get(), NodeReq(name, incarnation, regions, port));
     INFO(r.status().ToString());
     REQUIRE(r.ok());
     return r->node_id();
@@ -153,7 +210,7 @@ struct Harness {
   // reconciles, holding everything the master lists for it.
   uint32_t Rejoin(const std::string& name, uint64_t incarnation,
                   std::vector<RegionSpec> regions, int port = 7000) {
-    auto r = svc->RegisterNode(NodeReq(name, incarnation, regions, port));
+    auto r = Reg(svc.get(), NodeReq(name, incarnation, regions, port));
     INFO(r.status().ToString());
     REQUIRE(r.ok());
     if (r->reconcile()) {
@@ -232,7 +289,7 @@ struct Harness {
     v1::HeartbeatRequest req;
     req.set_node_id(id);
     req.set_incarnation(incarnation);
-    auto r = svc->Heartbeat(req);
+    auto r = Hb(svc.get(), req);
     REQUIRE(r.ok());
     REQUIRE_FALSE(r->reregister());
   }
@@ -288,12 +345,12 @@ TEST_CASE("RegisterNode assigns stable ids and validates requests") {
   CHECK(h.Register("b", 1, {{0, 1 << 20}}, 7100) == 2);
   CHECK(h.Register("a", 1, {{0, 1 << 20}}) == 1);
   CHECK(h.Register("a", 2, {{0, 1 << 20}}) == 1);
-  auto ok = h.svc->RegisterNode(NodeReq("c", 1, {{0, 4096}}));
+  auto ok = Reg(h.svc.get(), NodeReq("c", 1, {{0, 4096}}));
   REQUIRE(ok.ok());
   CHECK(ok->heartbeat_interval_ms() == 1000);
 
   auto code = [&](const v1::RegisterNodeRequest& r) {
-    return h.svc->RegisterNode(r).status().code();
+    return Reg(h.svc.get(), r).status().code();
   };
   CHECK(code(NodeReq("", 1, {{0, 4096}})) == StatusCode::kInvalidArgument);
   CHECK(code(NodeReq(std::string(129, 'n'), 1, {{0, 4096}})) ==
@@ -335,10 +392,10 @@ TEST_CASE("Heartbeat tracks liveness and asks unknown nodes to re-register") {
   v1::HeartbeatRequest req;
   req.set_node_id(99);
   req.set_incarnation(5);
-  CHECK(h.svc->Heartbeat(req)->reregister());
+  CHECK(Hb(h.svc.get(), req)->reregister());
   req.set_node_id(a);
   req.set_incarnation(6);
-  CHECK(h.svc->Heartbeat(req)->reregister());
+  CHECK(Hb(h.svc.get(), req)->reregister());
 
   h.clock.Advance(absl::Seconds(9));
   h.Heartbeat(a, 5);
@@ -672,16 +729,16 @@ TEST_CASE("Restart keeps committed objects and nodes, not pending puts") {
   v1::HeartbeatRequest stale_hb;
   stale_hb.set_node_id(a);
   stale_hb.set_incarnation(1);
-  CHECK(h.svc->Heartbeat(stale_hb)->reregister());
-  auto back = h.svc->RegisterNode(NodeReq("a", 1, {{0, 1 << 20}}));
+  CHECK(Hb(h.svc.get(), stale_hb)->reregister());
+  auto back = Reg(h.svc.get(), NodeReq("a", 1, {{0, 1 << 20}}));
   REQUIRE(back.ok());
   CHECK(back->objects_retained());
   CHECK(back->reconcile());
-  CHECK(h.svc->Heartbeat(stale_hb)->reconcile());
+  CHECK(Hb(h.svc.get(), stale_hb)->reconcile());
   CHECK(h.svc->GetStats().nodes_alive() == 0);
   CHECK(h.svc->ListNodes().nodes(0).awaiting_reconcile());
   h.ReconcileWith(a, 1, h.Listed(a));
-  CHECK_FALSE(h.svc->Heartbeat(stale_hb)->reconcile());
+  CHECK_FALSE(Hb(h.svc.get(), stale_hb)->reconcile());
   CHECK(h.Rejoin("b", 1, {{0, 1 << 20, 64, true}}, 7100) == b);
 
   auto after = h.Lookup(keys);
@@ -764,7 +821,7 @@ TEST_CASE("Restart drops objects that no longer fit their node") {
     CHECK((*svc)->counters().objects_dropped == (round == 0 ? 4u : 0u));
     // Served once its node registers with this process and reconciles.
     CHECK_FALSE((*svc)->BatchLookup(LookupReq({"ok"}))->results(0).found());
-    auto back = (*svc)->RegisterNode(NodeReq("n4", 1, {{0, 4096}}));
+    auto back = Reg((*svc).get(), NodeReq("n4", 1, {{0, 4096}}));
     REQUIRE(back.ok());
     REQUIRE(back->reconcile());
     auto rec = (*svc)->BeginReconcile(4, 1);
@@ -778,7 +835,7 @@ TEST_CASE("Restart drops objects that no longer fit their node") {
     REQUIRE((*svc)->FinishReconcile(std::move(*rec)).ok());
     CHECK((*svc)->BatchLookup(LookupReq({"ok"}))->results(0).found());
     // The next id continues after the persisted one.
-    auto r = (*svc)->RegisterNode(NodeReq("new" + std::to_string(round), 1,
+    auto r = Reg((*svc).get(), NodeReq("new" + std::to_string(round), 1,
                                           {{0, 4096}}));
     REQUIRE(r.ok());
     CHECK(r->node_id() == uint32_t(5 + round));
@@ -828,12 +885,12 @@ TEST_CASE("Re-registering with a new incarnation purges every region") {
   v1::HeartbeatRequest hb;
   hb.set_node_id(a);
   hb.set_incarnation(1);
-  CHECK(h.svc->Heartbeat(hb)->reregister());
+  CHECK(Hb(h.svc.get(), hb)->reregister());
   hb.set_incarnation(2);
-  CHECK(h.svc->Heartbeat(hb)->reregister());
+  CHECK(Hb(h.svc.get(), hb)->reregister());
   h.Register("a", 2, {{0, 4096}, {1, 4096}});
   hb.set_incarnation(1);
-  CHECK(h.svc->Heartbeat(hb)->reregister());
+  CHECK(Hb(h.svc.get(), hb)->reregister());
   h.Heartbeat(a, 2);
 }
 
@@ -877,24 +934,24 @@ TEST_CASE("DeregisterNode kills the node and purges volatile objects") {
   v1::DeregisterNodeRequest d;
   d.set_node_id(a);
   d.set_incarnation(8);
-  CHECK(h.svc->DeregisterNode(d).status().code() ==
+  CHECK(Dereg(h.svc.get(), d).status().code() ==
         StatusCode::kFailedPrecondition);
   d.set_node_id(99);
-  CHECK(h.svc->DeregisterNode(d).status().code() == StatusCode::kNotFound);
+  CHECK(Dereg(h.svc.get(), d).status().code() == StatusCode::kNotFound);
   d.set_node_id(a);
   d.set_incarnation(7);
-  REQUIRE(h.svc->DeregisterNode(d).ok());
+  REQUIRE(Dereg(h.svc.get(), d).ok());
   CHECK_FALSE(h.svc->ListNodes().nodes(0).alive());
   CHECK(h.UsedBytes(a) == 0);
   CHECK(h.svc->GetStats().pending_puts() == 0);
   v1::HeartbeatRequest hb;
   hb.set_node_id(a);
   hb.set_incarnation(7);
-  CHECK(h.svc->Heartbeat(hb)->reregister());
+  CHECK(Hb(h.svc.get(), hb)->reregister());
   CHECK(h.Put({"z"}) == b);
 
   d.set_node_id(b);
-  REQUIRE(h.svc->DeregisterNode(d).ok());
+  REQUIRE(Dereg(h.svc.get(), d).ok());
   CHECK_FALSE(h.Lookup({"y"}).results(0).found());  // dead
   CHECK(h.Rejoin("b", 7, {{0, 1 << 20, 64, true}}, 7100) == b);
   CHECK(h.Lookup({"y"}).results(0).found());  // persistent: kept
@@ -942,7 +999,7 @@ TEST_CASE("A failed store write changes nothing") {
   auto svc = MasterService::Create(o, std::move(fake));
   REQUIRE(svc.ok());
   MasterService& s = **svc;
-  REQUIRE(s.RegisterNode(NodeReq("a", 1, {{0, 1 << 20}})).ok());
+  REQUIRE(Reg(&s, NodeReq("a", 1, {{0, 1 << 20}})).ok());
   auto put = s.PutStart(PutReq({"k1", "k2"}, {10, 10}));
   REQUIRE(put.ok());
 
@@ -955,7 +1012,7 @@ TEST_CASE("A failed store write changes nothing") {
   CHECK(s.PutStart(PutReq({"k3"}, {10})).status().code() ==
         StatusCode::kUnavailable);  // no generation
   CHECK(s.GetStats().nodes(0).used_bytes() == 128);
-  CHECK(s.RegisterNode(NodeReq("b", 1, {{0, 4096}})).status().code() ==
+  CHECK(Reg(&s, NodeReq("b", 1, {{0, 4096}})).status().code() ==
         StatusCode::kUnavailable);
   CHECK(s.ListNodes().nodes_size() == 1);
 
@@ -1000,7 +1057,7 @@ TEST_CASE("Concurrent puts and lookups") {
 
 TEST_CASE("registration reports retained objects and a generation ceiling") {
   Harness h("retained");
-  auto first = h.svc->RegisterNode(NodeReq("n1", 5, {{0, 1 << 20}}));
+  auto first = Reg(h.svc.get(), NodeReq("n1", 5, {{0, 1 << 20}}));
   REQUIRE(first.ok());
   CHECK_FALSE(first->objects_retained());  // a new node: nothing is known
   auto put = h.Start({"a", "b"}, {100, 100});
@@ -1013,7 +1070,7 @@ TEST_CASE("registration reports retained objects and a generation ceiling") {
 
   // Same incarnation coming back (e.g. after a master restart): retained.
   h.Restart();
-  auto again = h.svc->RegisterNode(NodeReq("n1", 5, {{0, 1 << 20}}));
+  auto again = Reg(h.svc.get(), NodeReq("n1", 5, {{0, 1 << 20}}));
   REQUIRE(again.ok());
   CHECK(again->objects_retained());
   CHECK(again->reconcile());
@@ -1022,7 +1079,7 @@ TEST_CASE("registration reports retained objects and a generation ceiling") {
   v1::HeartbeatRequest hb;
   hb.set_node_id(again->node_id());
   hb.set_incarnation(5);
-  auto hr = h.svc->Heartbeat(hb);
+  auto hr = Hb(h.svc.get(), hb);
   REQUIRE(hr.ok());
   CHECK_FALSE(hr->reregister());
   CHECK(hr->generation_ceiling() >= max_gen);
@@ -1030,16 +1087,16 @@ TEST_CASE("registration reports retained objects and a generation ceiling") {
   // node was told, even across generation blocks.
   for (int i = 0; i < 40; ++i) {
     auto p = h.Start({"k" + std::to_string(i)}, {64});
-    CHECK(p.slots(0).location().generation() <= h.svc->Heartbeat(hb)->generation_ceiling());
+    CHECK(p.slots(0).location().generation() <= Hb(h.svc.get(), hb)->generation_ceiling());
     h.Commit(p.put_id());
   }
 
   // A new incarnation of DRAM memory: nothing retained.
-  auto fresh = h.svc->RegisterNode(NodeReq("n1", 6, {{0, 1 << 20}}));
+  auto fresh = Reg(h.svc.get(), NodeReq("n1", 6, {{0, 1 << 20}}));
   REQUIRE(fresh.ok());
   CHECK_FALSE(fresh->objects_retained());
   // Incarnation 0 is reserved.
-  CHECK(h.svc->RegisterNode(NodeReq("n2", 0, {{0, 1 << 20}})).status().code() ==
+  CHECK(Reg(h.svc.get(), NodeReq("n2", 0, {{0, 1 << 20}})).status().code() ==
         StatusCode::kInvalidArgument);
 }
 
@@ -1050,7 +1107,7 @@ TEST_CASE("a deregistered node stays dead across a master restart") {
   v1::DeregisterNodeRequest d;
   d.set_node_id(a);
   d.set_incarnation(1);
-  REQUIRE(h.svc->DeregisterNode(d).ok());
+  REQUIRE(Dereg(h.svc.get(), d).ok());
   h.Restart();
   CHECK(h.Rejoin("b", 2, {{0, 1 << 20}}, 7100) == b);
   // Every placement goes to b; a is reported dead.
@@ -1444,7 +1501,7 @@ TEST_CASE("A failed eviction write evicts nothing") {
   auto svc = MasterService::Create(o, std::move(fake));
   REQUIRE(svc.ok());
   MasterService& s = **svc;
-  REQUIRE(s.RegisterNode(NodeReq("a", 1, {{0, kSlot}})).ok());
+  REQUIRE(Reg(&s, NodeReq("a", 1, {{0, kSlot}})).ok());
   auto put = s.PutStart(PutReq({"k1"}, {kObj}));
   REQUIRE(put.ok());
   v1::PutCommitRequest c;
@@ -1508,7 +1565,7 @@ TEST_CASE("Concurrent puts, reads and evictions") {
               v1::HeartbeatRequest hb;
               hb.set_node_id(id);
               hb.set_incarnation(1);
-              h.svc->Heartbeat(hb).IgnoreError();
+              Hb(h.svc.get(), hb).IgnoreError();
             }
           }
           if (i % 20 == 0) h.svc->GetStats();
@@ -1886,7 +1943,7 @@ TEST_CASE("Reconciliation drops listings a restarted node lost and frees what it
   // The node crashes and comes back with the same incarnation (a hybrid
   // node re-adopting its capacity file) without k3 and k4 (lost from its
   // write buffer), plus an extent the master never committed.
-  auto back = h.svc->RegisterNode(NodeReq("a", 9, regions));
+  auto back = Reg(h.svc.get(), NodeReq("a", 9, regions));
   REQUIRE(back.ok());
   CHECK(back->objects_retained());
   CHECK(back->reconcile());
@@ -1971,7 +2028,7 @@ TEST_CASE("A reconciliation superseded by another or by a re-registration change
   REQUIRE(second.ok());
   CHECK(h.svc->FinishReconcile(std::move(*first)).status().code() ==
         StatusCode::kAborted);
-  REQUIRE(h.svc->RegisterNode(NodeReq("a", 1, {{0, 1 << 20}})).ok());
+  REQUIRE(Reg(h.svc.get(), NodeReq("a", 1, {{0, 1 << 20}})).ok());
   CHECK(h.svc->FinishReconcile(std::move(*second)).status().code() ==
         StatusCode::kAborted);
   // Another incarnation or an unknown node cannot begin one.
@@ -2106,10 +2163,156 @@ TEST_CASE("A key on a node re-registering after a master restart is not stored a
   v1::HeartbeatRequest hb;
   hb.set_node_id(b);
   hb.set_incarnation(1);
-  REQUIRE_FALSE(h.svc->Heartbeat(hb)->reregister());
+  REQUIRE_FALSE(Hb(h.svc.get(), hb)->reregister());
   auto moved = h.Start({"head"}, {100});
   CHECK(moved.slots(0).state() == v1::SLOT_ALLOCATED);
   CHECK(moved.node().node_id() == b);
+}
+
+}  // namespace
+}  // namespace master
+}  // namespace hymcache
+
+namespace hymcache {
+namespace master {
+namespace {
+
+// The capability the master returned for `loc`, checked as the node does.
+absl::Status NodeChecks(const std::string& key, uint64_t incarnation,
+                        const v1::Location& loc, const v1::Capability& cap,
+                        uint8_t rights, absl::Time now) {
+  CapabilityVerifier v(absl::Seconds(30));
+  v.SetIdentity(loc.node_id(), incarnation, key);
+  wire::OpDesc op;
+  op.region_id = loc.region_id();
+  op.addr = loc.addr();
+  op.length = loc.length();
+  op.generation = loc.generation();
+  op.cap.expires_unix_ms = cap.expires_unix_ms();
+  op.cap.rights = static_cast<uint8_t>(cap.rights());
+  const uint64_t lo = cap.tag_lo(), hi = cap.tag_hi();  // little-endian
+  std::memcpy(op.cap.tag, &lo, 8);
+  std::memcpy(op.cap.tag + 8, &hi, 8);
+  return v.Current().Check(op, rights, absl::ToUnixMillis(now));
+}
+
+TEST_CASE("Lookups and puts carry capabilities for exactly their location") {
+  Harness h("caps", [](MasterServiceOptions& o) {
+    o.capability_lifetime = absl::Minutes(2);
+  });
+  const uint32_t a = h.Register("a", 3, {{0, 1 << 20}});
+  const std::string key = KeyByName()["a"];
+  REQUIRE(key.size() == kNodeKeyBytes);
+  // Never published.
+  const v1::ListNodesResponse listed = h.svc->ListNodes();
+  for (const auto& n : listed.nodes()) CHECK(n.node_key().empty());
+  auto put = h.Start({"k1"}, {100});
+  REQUIRE(put.slots(0).state() == v1::SLOT_ALLOCATED);
+  const auto& slot = put.slots(0);
+  CHECK(NodeChecks(key, 3, slot.location(), slot.capability(), wire::kCapWrite,
+                   h.clock.Now())
+            .ok());
+  CHECK(slot.capability().expires_unix_ms() == put.expires_unix_ms());
+  // A write capability is no read capability.
+  CHECK(NodeChecks(key, 3, slot.location(), slot.capability(), wire::kCapRead,
+                   h.clock.Now())
+            .code() == StatusCode::kPermissionDenied);
+  h.Commit(put.put_id());
+  const v1::BatchLookupResponse got = h.Lookup({"k1"});
+  REQUIRE(got.results(0).found());
+  const auto& r = got.results(0);
+  CHECK(NodeChecks(key, 3, r.location(), r.capability(), wire::kCapRead,
+                   h.clock.Now())
+            .ok());
+  CHECK(r.capability().expires_unix_ms() ==
+        absl::ToUnixMillis(h.clock.Now() + absl::Minutes(2)));
+  // Another generation, or the other incarnation, is refused.
+  v1::Location other = r.location();
+  other.set_generation(other.generation() + 1);
+  CHECK(NodeChecks(key, 3, other, r.capability(), wire::kCapRead,
+                   h.clock.Now())
+            .code() == StatusCode::kPermissionDenied);
+  CHECK(NodeChecks(key, 4, r.location(), r.capability(), wire::kCapRead,
+                   h.clock.Now())
+            .code() == StatusCode::kPermissionDenied);
+  // Expired (past the node's 30 s skew allowance).
+  CHECK(NodeChecks(key, 3, r.location(), r.capability(), wire::kCapRead,
+                   h.clock.Now() + absl::Minutes(2) + absl::Seconds(31))
+            .code() == StatusCode::kPermissionDenied);
+  (void)a;
+}
+
+TEST_CASE("Only the holder of a node's key keeps, leaves or takes its name") {
+  Harness h("impostor");
+  const uint32_t a = h.Register("a", 5, {{0, 1 << 20}});
+  h.Put({"k1"});
+  const std::string key = KeyByName()["a"];
+
+  // An impostor with the published name and incarnation and its own data
+  // address: refused while the node is alive; the objects stay pointed at it.
+  v1::RegisterNodeRequest fake = NodeReq("a", 5, {{0, 1 << 20}}, 6666);
+  auto r = h.svc->RegisterNode(fake);
+  CHECK(r.status().code() == StatusCode::kPermissionDenied);
+  fake.mutable_auth()->set_unix_ms(absl::ToUnixMillis(h.clock.Now()));
+  fake.mutable_auth()->set_proof(std::string(kNodeProofBytes, 'x'));
+  CHECK(h.svc->RegisterNode(fake).status().code() ==
+        StatusCode::kPermissionDenied);
+  // A new incarnation without the key: refused too (it would purge).
+  CHECK(h.svc->RegisterNode(NodeReq("a", 6, {{0, 1 << 20}}, 6666))
+            .status()
+            .code() == StatusCode::kPermissionDenied);
+  CHECK(h.Found({"k1"}) == "1");
+  CHECK(h.svc->ListNodes().nodes(0).data_address() == "127.0.0.1:7000");
+
+  // Heartbeat and deregistration without the proof, or with a stale one.
+  v1::HeartbeatRequest hb;
+  hb.set_node_id(a);
+  hb.set_incarnation(5);
+  CHECK(h.svc->Heartbeat(hb).status().code() == StatusCode::kPermissionDenied);
+  v1::DeregisterNodeRequest d;
+  d.set_node_id(a);
+  d.set_incarnation(5);
+  CHECK(h.svc->DeregisterNode(d).status().code() ==
+        StatusCode::kPermissionDenied);
+  v1::DeregisterNodeRequest old = d;
+  *old.mutable_auth() = AuthFor(h.svc.get(), "deregister", "a", a, 5);
+  h.clock.Advance(absl::Minutes(6));  // beyond node_auth_window
+  h.Heartbeat(a, 5);
+  CHECK(h.svc->DeregisterNode(old).status().code() ==
+        StatusCode::kPermissionDenied);
+  // A heartbeat's proof is no deregistration's.
+  v1::DeregisterNodeRequest wrong = d;
+  *wrong.mutable_auth() = AuthFor(h.svc.get(), "heartbeat", "a", a, 5);
+  CHECK(h.svc->DeregisterNode(wrong).status().code() ==
+        StatusCode::kPermissionDenied);
+  CHECK(h.Found({"k1"}) == "1");
+
+  // The real node re-registers with its proof: same key, objects kept.
+  auto back = Reg(h.svc.get(), NodeReq("a", 5, {{0, 1 << 20}}));
+  REQUIRE(back.ok());
+  CHECK(back->objects_retained());
+  CHECK(back->node_key() == key);
+
+  // The key survives a master restart: a proof is accepted after it, and
+  // the name is still refused to an impostor (every node counts as alive
+  // from the load for node_timeout).
+  h.CrashAndRestart();
+  CHECK(h.svc->RegisterNode(NodeReq("a", 5, {{0, 1 << 20}}, 6666))
+            .status()
+            .code() == StatusCode::kPermissionDenied);
+  back = Reg(h.svc.get(), NodeReq("a", 5, {{0, 1 << 20}}));
+  REQUIRE(back.ok());
+  CHECK(back->objects_retained());
+  CHECK(back->node_key() == key);
+
+  // Once the node is gone, a new node may take the name, but not its
+  // objects: they are purged, and it gets a new key.
+  h.clock.Advance(absl::Seconds(11));
+  auto taken = h.svc->RegisterNode(NodeReq("a", 5, {{0, 1 << 20}}, 6666));
+  REQUIRE(taken.ok());
+  CHECK_FALSE(taken->objects_retained());
+  CHECK(taken->node_key() != key);
+  CHECK(h.Found({"k1"}) == "0");
 }
 
 }  // namespace

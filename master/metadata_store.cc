@@ -92,6 +92,7 @@ hymcache::v1::NodeInfo DurableNodeFields(const hymcache::v1::NodeInfo& in) {
     nr->set_used_bytes(0);
   }
   *out.mutable_transport_params() = in.transport_params();
+  out.set_node_key(in.node_key());
   return out;
 }
 

@@ -232,6 +232,10 @@ absl::Status DataServerOptions::Validate() const {
     return absl::InvalidArgumentError(
         "data server: device and extents are required");
   }
+  if (capabilities == nullptr) {
+    return absl::InvalidArgumentError(
+        "data server: a capability verifier is required");
+  }
   return absl::OkStatus();
 }
 
@@ -739,6 +743,45 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
     return HandleWriteCommit(fd, *h, ops, deadline, cs);
   }
   for (wire::OpDesc& op : ops) op.status = 0;
+  if (wire::CarriesCapabilities(h->type)) {
+    // The capability table; an op it does not authorize is answered
+    // PermissionDenied and otherwise skipped by the handlers below (its
+    // status is set before they run).
+    table.resize(size_t{h->op_count} * wire::kCapBytes);
+    s = RecvAll(fd, table.data(), table.size(), deadline);
+    for (size_t i = 0; s.ok() && i < ops.size(); ++i) {
+      absl::StatusOr<wire::Capability> c =
+          wire::DecodeCapability(table.data() + i * wire::kCapBytes);
+      if (c.ok()) {
+        ops[i].cap = *c;
+      } else {
+        s = c.status();
+      }
+    }
+    if (!s.ok()) {
+      protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+      SendError(fd, h->request_id,
+                absl::Status(s.code(), absl::StrCat("bad capability table: ",
+                                                    s.message())));
+      return false;
+    }
+    if (!skip_capability_checks_for_test_.load(std::memory_order_relaxed)) {
+      const uint8_t rights = h->type == wire::FrameType::kWriteRequest ||
+                                     h->type == wire::FrameType::kWriteBeginRequest
+                                 ? wire::kCapWrite
+                                 : wire::kCapRead;
+      const CapabilityVerifier::Snapshot id = options_.capabilities->Current();
+      const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+      for (wire::OpDesc& op : ops) {
+        absl::Status c = id.Check(op, rights, now_ms);
+        if (c.ok()) continue;
+        op.status = WireStatus(c);
+        denied_ops_.fetch_add(1, std::memory_order_relaxed);
+        rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+        VLOG(1) << "data server: op refused: " << c;
+      }
+    }
+  }
   if (h->type == wire::FrameType::kWriteRequest) {
     return HandleWrite(fd, *h, ops, deadline, cs);
   }
@@ -780,6 +823,10 @@ bool DataServer::HandleSession(int fd, const wire::FrameHeader& h,
   std::vector<ExtentKey> keys;
   std::vector<size_t> index;
   for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].status != 0) {  // refused (capability)
+      st[i] = absl::Status(wire::FromWireCode(ops[i].status), "refused");
+      continue;
+    }
     const ExtentKey k = KeyOf(ops[i]);
     if (!prefetch) {
       auto it = cs->reads.find(k);
@@ -842,6 +889,7 @@ bool DataServer::HandleAcquire(int fd, const wire::FrameHeader& h,
   std::vector<wire::AreaRef> refs(ops.size());
   if (options_.kv == nullptr || areas_.empty()) {
     for (auto& op : ops) {
+      if (op.status != 0) continue;
       op.status = WireStatus(absl::UnimplementedError(
           "storage node: no direct access to this device's memory"));
     }
@@ -858,6 +906,7 @@ bool DataServer::HandleAcquire(int fd, const wire::FrameHeader& h,
     bool holding = false;
     for (size_t i = 0; i < ops.size(); ++i) {
       wire::OpDesc& op = ops[i];
+      if (op.status != 0) continue;  // refused (capability)
       const ExtentKey key = KeyOf(op);
       auto held = cs->reads.find(key);
       if (held != cs->reads.end()) {
@@ -923,6 +972,7 @@ bool DataServer::HandleWriteBegin(int fd, const wire::FrameHeader& h,
   std::vector<wire::AreaRef> refs(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
     wire::OpDesc& op = ops[i];
+    if (op.status != 0) continue;  // refused (capability)
     const ExtentKey key = KeyOf(op);
     absl::Status st;
     if (areas_.empty()) {
@@ -1088,6 +1138,7 @@ bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
   bool holding = false;  // a staged object of this request is held
   for (size_t i = 0; i < ops.size(); ++i) {
     wire::OpDesc& op = ops[i];
+    if (op.status != 0) continue;  // refused (capability)
     if (session != 0 && options_.kv != nullptr) {
       // Prefetched by the session: its staged copy. Only a request holding
       // no staged object waits for one; otherwise the rest of the request
@@ -1191,7 +1242,10 @@ bool DataServer::HandleWrite(int fd, const wire::FrameHeader& h,
                              absl::Time deadline, ConnState* cs) {
   MemoryDevice* device = options_.device;
   for (wire::OpDesc& op : ops) {
-    absl::Status held = CheckNotHeld(cs->writes, cs->reads, KeyOf(op));
+    absl::Status held = op.status != 0
+                            ? absl::Status(wire::FromWireCode(op.status),
+                                           "refused (capability)")
+                            : CheckNotHeld(cs->writes, cs->reads, KeyOf(op));
     absl::StatusOr<ExtentTable::WriteTicket> ticket =
         held.ok() ? options_.extents->BeginWrite(KeyOf(op), deadline)
                   : absl::StatusOr<ExtentTable::WriteTicket>(held);
@@ -1209,8 +1263,10 @@ bool DataServer::HandleWrite(int fd, const wire::FrameHeader& h,
     }
     if (!st.ok()) {
       // Rejected: skip its bytes to stay in step with the stream.
-      op.status = WireStatus(st);
-      rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+      if (op.status == 0) {
+        op.status = WireStatus(st);
+        rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+      }
       absl::Status d = Discard(fd, op.length, deadline);
       if (!d.ok()) {
         protocol_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -1343,6 +1399,7 @@ DataServerStats DataServer::Stats() const {
   s.idle_closed_connections = idle_closed_.load(std::memory_order_relaxed);
   s.peer_refused_connections = peer_refused_.load(std::memory_order_relaxed);
   s.deferred_requests = deferred_.load(std::memory_order_relaxed);
+  s.denied_ops = denied_ops_.load(std::memory_order_relaxed);
   MutexLock l(&mu_);
   s.open_connections = conns_.size();
   s.worker_threads = workers_.size();

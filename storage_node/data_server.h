@@ -28,7 +28,8 @@
 // ExtentTable and MemoryDevice errors: NotFound for a stale or unknown read,
 // FailedPrecondition for a stale write, OutOfRange/InvalidArgument for an
 // address outside the region, ResourceExhausted when the device refuses a
-// write, Unavailable when readers of reused space do not drain). A malformed
+// write, Unavailable when readers of reused space do not drain,
+// PermissionDenied when the op's capability does not authorize it). A malformed
 // frame, or a connection that breaks mid-request, ends the connection (with a
 // best-effort kError); an interrupted write leaves nothing readable.
 //
@@ -51,6 +52,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/capability.h"
 #include "common/mutex.h"
 #include "common/net.h"
 #include "common/thread.h"
@@ -126,6 +128,10 @@ struct DataServerOptions {
   // Serves kRdmaConnectRequest. Not owned; optional (without it RDMA
   // connects are refused with Unimplemented); must outlive the server.
   RdmaAcceptor* rdma = nullptr;
+  // Checks every op's capability (common/wire.h, "Capabilities") against
+  // the node's current identity before serving it. Not owned; required;
+  // must outlive the server.
+  const CapabilityVerifier* capabilities = nullptr;
 
   absl::Status Validate() const;
 };
@@ -155,6 +161,8 @@ struct DataServerStats {
   uint64_t deferred_requests = 0;      // waited for max_requests_per_peer
   uint64_t idle_closed_connections = 0;  // closed after idle_timeout
   uint64_t protocol_errors = 0;      // malformed frames, broken requests
+  uint64_t denied_ops = 0;  // ops refused for their capability (also in
+                            // rejected_ops)
 };
 
 class DataServer {
@@ -185,6 +193,12 @@ class DataServer {
   // process's thread limit (std::system_error).
   void SetFailThreadStartsForTest(bool fail) {
     fail_thread_starts_for_test_.store(fail, std::memory_order_relaxed);
+  }
+  // While set, capabilities are not checked (for measuring what checking
+  // them costs: tools/bench/get_bench). Never set outside tests and
+  // benchmarks.
+  void SetSkipCapabilityChecksForTest(bool skip) {
+    skip_capability_checks_for_test_.store(skip, std::memory_order_relaxed);
   }
 
   // The peer key of an address (limits are per key): its IP address as
@@ -293,7 +307,9 @@ class DataServer {
   std::atomic<uint64_t> idle_closed_{0};
   std::atomic<uint64_t> peer_refused_{0};
   std::atomic<uint64_t> deferred_{0};
+  std::atomic<uint64_t> denied_ops_{0};
   std::atomic<bool> fail_thread_starts_for_test_{false};
+  std::atomic<bool> skip_capability_checks_for_test_{false};
 
   mutable Mutex mu_;
   CondVar work_cv_;  // a connection was queued for a worker; stopping

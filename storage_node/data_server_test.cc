@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/net.h"
+#include "common/test_capabilities.h"
 #include "common/thread.h"
 #include "common/wire.h"
 #include "storage_node/dram_device.h"
@@ -40,15 +41,18 @@ absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 // A server over `device` with a fresh extent table.
 struct Fixture {
   explicit Fixture(std::unique_ptr<MemoryDevice> dev,
-                   DataServerOptions o = DataServerOptions()) {
+                   DataServerOptions o = DataServerOptions(),
+                   absl::Duration drain = absl::Seconds(5)) {
     device = std::move(dev);
     ExtentTableOptions to;
     to.regions = device->Regions();
+    to.drain_timeout = drain;
     auto t = ExtentTable::Create(to);
     REQUIRE(t.ok());
     extents = std::move(*t);
     o.device = device.get();
     o.extents = extents.get();
+    o.capabilities = TestCapabilities::Get().verifier();
     auto s = DataServer::Create(o);
     REQUIRE(s.ok());
     server = std::move(*s);
@@ -75,6 +79,21 @@ struct Fixture {
   std::unique_ptr<DataServer> server;
 };
 
+// The capability table of a request of `type`: each op's own capability if
+// it has one (tests of refused ones), else one TestCapabilities signs.
+void AppendCapabilities(FrameType type, const std::vector<OpDesc>& ops,
+                        std::vector<uint8_t>* buf) {
+  if (!wire::CarriesCapabilities(type)) return;
+  for (OpDesc op : ops) {
+    if (op.cap.rights == 0) {
+      TestCapabilities::Get().SignOp(&op, TestCapabilities::RightsFor(type));
+    }
+    uint8_t c[wire::kCapBytes];
+    wire::EncodeCapability(op.cap, c);
+    buf->insert(buf->end(), c, c + sizeof(c));
+  }
+}
+
 void SendFrame(int fd, FrameType type, uint64_t id,
                const std::vector<OpDesc>& ops, const std::string& payload,
                uint64_t payload_bytes) {
@@ -88,6 +107,7 @@ void SendFrame(int fd, FrameType type, uint64_t id,
   for (size_t i = 0; i < ops.size(); ++i) {
     wire::EncodeOp(ops[i], buf.data() + wire::kHeaderBytes + i * wire::kOpBytes);
   }
+  AppendCapabilities(type, ops, &buf);
   buf.insert(buf.end(), payload.begin(), payload.end());
   REQUIRE(SendAll(fd, buf.data(), buf.size(), Soon()).ok());
 }
@@ -139,6 +159,7 @@ absl::StatusOr<Reply> Exchange(int fd, FrameType type,
   for (size_t i = 0; i < ops.size(); ++i) {
     wire::EncodeOp(ops[i], buf.data() + wire::kHeaderBytes + i * wire::kOpBytes);
   }
+  AppendCapabilities(type, ops, &buf);
   buf.insert(buf.end(), payload.begin(), payload.end());
   absl::Status s = SendAll(fd, buf.data(), buf.size(), Soon());
   if (!s.ok()) return s;
@@ -221,6 +242,87 @@ TEST_CASE("DataServer round trip") {
   CHECK(st.bytes_written == data.size());
   CHECK(st.bytes_read == data.size());
   CHECK(st.open_connections == 1);
+}
+
+TEST_CASE("DataServer serves only ops its capabilities authorize") {
+  Fixture f;
+  Socket s = f.Connect();
+  const TestCapabilities& caps = TestCapabilities::Get();
+  std::string a(5000, 'a'), b(5000, 'b');
+  REQUIRE(Code(Write(s.fd(), {Op(0, a.size(), 3)}, {a}).ops[0]) ==
+          absl::StatusCode::kOk);
+
+  // Per op: a valid one is served beside refused ones.
+  OpDesc good = Op(0, a.size(), 3);
+  OpDesc forged = good;
+  caps.SignOp(&forged, wire::kCapRead);
+  forged.cap.tag[0] ^= 1;
+  OpDesc expired = good;
+  expired.cap = caps.Sign(0 + kRegion, 0, a.size(), 3, wire::kCapRead,
+                          -absl::Seconds(31));  // past the 30 s skew
+  OpDesc write_cap = good;
+  caps.SignOp(&write_cap, wire::kCapWrite);
+  OpDesc other_gen = good;
+  caps.SignOp(&other_gen, wire::kCapRead);
+  other_gen.generation = 4;
+  Reply r = Read(s.fd(), {forged, good, expired, write_cap, other_gen});
+  CHECK(Code(r.ops[0]) == absl::StatusCode::kPermissionDenied);
+  CHECK(Code(r.ops[1]) == absl::StatusCode::kOk);
+  CHECK(Code(r.ops[2]) == absl::StatusCode::kPermissionDenied);
+  CHECK(Code(r.ops[3]) == absl::StatusCode::kPermissionDenied);
+  CHECK(Code(r.ops[4]) == absl::StatusCode::kPermissionDenied);
+  CHECK(r.payload == a);
+
+  // Another node's capability (same key, other identity).
+  CapabilityVerifier other(absl::Seconds(30));
+  other.SetIdentity(TestCapabilities::kNodeId + 1,
+                    TestCapabilities::kIncarnation, TestCapabilities::Key());
+  OpDesc signed_good = good;
+  caps.SignOp(&signed_good, wire::kCapRead);
+  CHECK(other.Current()
+            .Check(signed_good, wire::kCapRead, absl::ToUnixMillis(absl::Now()))
+            .code() == absl::StatusCode::kPermissionDenied);
+
+  // A read capability used for a write over the live object, at its
+  // generation + 1: refused, its bytes skipped (the connection stays in
+  // step), the object untouched.
+  OpDesc over = Op(0, b.size(), 4);
+  caps.SignOp(&over, wire::kCapRead);
+  OpDesc fresh = Op(1 << 20, b.size(), 5);  // granted: written
+  Reply w = Write(s.fd(), {over, fresh}, {b, b});
+  CHECK(Code(w.ops[0]) == absl::StatusCode::kPermissionDenied);
+  CHECK(Code(w.ops[1]) == absl::StatusCode::kOk);
+  r = Read(s.fd(), {Op(0, a.size(), 3), Op(1 << 20, b.size(), 5)});
+  CHECK(Code(r.ops[0]) == absl::StatusCode::kOk);
+  CHECK(Code(r.ops[1]) == absl::StatusCode::kOk);
+  CHECK(r.payload == a + b);
+  CHECK(f.server->Stats().denied_ops == 5);
+}
+
+TEST_CASE("DataServer: a failed write over a live object leaves it readable") {
+  // The defect: a write at generation + 1 over a live object dropped it
+  // before waiting for its readers, so a write that then failed (readers
+  // did not drain) destroyed it anyway.
+  Fixture f(Fixture::MakeDram(), DataServerOptions(), absl::Milliseconds(100));
+  Socket s = f.Connect();
+  std::string a(8192, 'a'), b(8192, 'b');
+  REQUIRE(Code(Write(s.fd(), {Op(0, a.size(), 3)}, {a}).ops[0]) ==
+          absl::StatusCode::kOk);
+  auto pin = f.extents->PinRead(ExtentKey{kRegion, 0, a.size(), 3});
+  REQUIRE(pin.ok());  // a reader in progress
+  Reply w = Write(s.fd(), {Op(0, b.size(), 4)}, {b});  // granted
+  CHECK(Code(w.ops[0]) == absl::StatusCode::kUnavailable);
+  Reply r = Read(s.fd(), {Op(0, a.size(), 3)});
+  CHECK(Code(r.ops[0]) == absl::StatusCode::kOk);
+  CHECK(r.payload == a);
+  pin->Release();
+  // Once the reader is done the write goes through.
+  CHECK(Code(Write(s.fd(), {Op(0, b.size(), 4)}, {b}).ops[0]) ==
+        absl::StatusCode::kOk);
+  r = Read(s.fd(), {Op(0, a.size(), 3), Op(0, b.size(), 4)});
+  CHECK(Code(r.ops[0]) == absl::StatusCode::kNotFound);
+  CHECK(Code(r.ops[1]) == absl::StatusCode::kOk);
+  CHECK(r.payload == b);
 }
 
 TEST_CASE("DataServer batches ops and reports each op's status") {
@@ -452,6 +554,7 @@ TEST_CASE("DataServer rejects a non-positive idle_timeout") {
   DataServerOptions o;
   o.device = dev.get();
   o.extents = t->get();
+  o.capabilities = TestCapabilities::Get().verifier();
   o.idle_timeout = absl::ZeroDuration();
   CHECK(DataServer::Create(o).status().code() ==
         absl::StatusCode::kInvalidArgument);
@@ -473,6 +576,7 @@ TEST_CASE("DataServer serves with a bounded or an autotuned send buffer") {
     DataServerOptions o;
     o.device = dev.get();
     o.extents = t->get();
+    o.capabilities = TestCapabilities::Get().verifier();
     o.send_buffer_bytes = -1;
     CHECK(DataServer::Create(o).status().code() ==
           absl::StatusCode::kInvalidArgument);
@@ -750,6 +854,7 @@ struct SessionFixture {
     o.device = device.get();
     o.extents = extents.get();
     o.kv = kv.get();
+    o.capabilities = TestCapabilities::Get().verifier();
     server = std::move(*DataServer::Create(o));
   }
   Socket Connect() {

@@ -222,36 +222,102 @@ absl::StatusOr<ExtentTable::WriteTicket> ExtentTable::BeginWrite(
     const ExtentKey& key, absl::Time until) {
   MutexLock l(&mu_);
   ASSIGN_OR_RETURN(Region * region, FindRegion(key));
-  if (key.generation > generation_ceiling_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "generation ", key.generation, " was not issued by the master (ceiling ",
-        generation_ceiling_, ")"));
-  }
-  auto overlapping = OverlappingLive(region, key.addr, key.length);
-  for (const auto& it : overlapping) {
-    const ExtentKey& o = it->second->key;
-    if (o.generation < key.generation) continue;
-    if (o.generation == key.generation && o.addr == key.addr &&
-        o.length == key.length) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "allocation already written or being written (", Describe(key), ")"));
+  // Readers of the older extents this write replaces (and of space earlier
+  // writes retired) must finish before its bytes land. Wait for them while
+  // changing nothing, so that a write that fails here (Unavailable, or a
+  // check below once the wait lets another writer in) leaves every
+  // readable object as it was. New readers may still pin them meanwhile.
+  const absl::Time deadline = std::min(absl::Now() + drain_timeout_, until);
+  const uint64_t seq = next_seq_++;
+  std::vector<std::map<uint64_t, std::unique_ptr<Extent>>::iterator>
+      overlapping;
+  auto me = waiting_.end();
+  // OK once nothing blocks the write (then `overlapping` is current).
+  auto wait = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    while (true) {
+      if (key.generation > generation_ceiling_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "generation ", key.generation,
+            " was not issued by the master (ceiling ", generation_ceiling_,
+            ")"));
+      }
+      if (me != waiting_.end() && me->cleared) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the master forgot this node's objects while the write waited (",
+            Describe(key), ")"));
+      }
+      for (auto w = waiting_.begin(); w != waiting_.end(); ++w) {
+        if (w == me || !Overlaps(w->key, key) ||
+            w->key.generation < key.generation) {
+          continue;
+        }
+        return absl::FailedPreconditionError(absl::StrCat(
+            "stale allocation: space was reused (", Describe(key),
+            " was overtaken by a newer write)"));
+      }
+      overlapping = OverlappingLive(region, key.addr, key.length);
+      bool busy = false;
+      for (const auto& it : overlapping) {
+        const ExtentKey& o = it->second->key;
+        busy = busy || it->second->pins > 0;
+        if (o.generation < key.generation) continue;
+        if (o.generation == key.generation && o.addr == key.addr &&
+            o.length == key.length) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "allocation already written or being written (", Describe(key),
+              ")"));
+        }
+        return absl::FailedPreconditionError(absl::StrCat(
+            "stale allocation: space was reused (", Describe(key),
+            " overlaps generation ", o.generation, ")"));
+      }
+      if (RetiredBlocks(key)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "stale allocation: space was reused (", Describe(key), ")"));
+      }
+      for (const auto& r : retired_) {
+        busy = busy || (Overlaps(r->key, key) && (r->pins > 0 || r->writing));
+      }
+      if (!busy) return absl::OkStatus();
+      if (me == waiting_.end()) {
+        me = waiting_.insert(waiting_.end(), Waiting{key, seq});
+        cv_.SignalAll();  // an older waiting write gives way
+        continue;
+      }
+      if (cv_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+        // Timed out: unless the last look finds nothing blocking, give up.
+        bool still = false;
+        for (const auto& it : OverlappingLive(region, key.addr, key.length)) {
+          still = still || it->second->pins > 0;
+        }
+        for (const auto& r : retired_) {
+          still =
+              still || (Overlaps(r->key, key) && (r->pins > 0 || r->writing));
+        }
+        if (still) {
+          return absl::UnavailableError(absl::StrCat(
+              "readers of the reused space did not finish within ",
+              absl::FormatDuration(drain_timeout_), " (", Describe(key),
+              "); the objects there are still readable"));
+        }
+      }
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "stale allocation: space was reused (", Describe(key),
-        " overlaps generation ", o.generation, ")"));
+  };
+  absl::Status waited = wait();
+  if (me != waiting_.end()) {
+    waiting_.erase(me);
+    cv_.SignalAll();  // a lower waiting write may proceed or fail now
   }
-  if (RetiredBlocks(key)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "stale allocation: space was reused (", Describe(key), ")"));
-  }
-  // Invalidate the older extents now so that no new read pins them; their
-  // bytes are overwritten only after existing pins drain.
+  if (!waited.ok()) return waited;
+  // Invalidate the older extents now (none is pinned): no read can pin
+  // them any more. Only an older write still in progress there (superseded
+  // now) is waited for below.
   for (const auto& it : overlapping) Retire(region, it->second.get());
 
   auto owned = std::make_unique<Extent>();
   Extent* e = owned.get();
   e->key = key;
-  e->seq = next_seq_++;
+  e->seq = seq;
   e->writing = true;
   region->live.emplace(key.addr, std::move(owned));
   ++writing_;
@@ -262,7 +328,6 @@ absl::StatusOr<ExtentTable::WriteTicket> ExtentTable::BeginWrite(
     }
     return false;
   };
-  const absl::Time deadline = std::min(absl::Now() + drain_timeout_, until);
   while (!e->superseded && busy()) {
     if (cv_.WaitWithDeadline(&mu_, deadline) && busy()) break;
   }
@@ -297,6 +362,8 @@ void ExtentTable::Unpin(Extent* e) {
   CHECK_GT(e->pins, 0u) << "extent table: unbalanced unpin";
   --e->pins;
   --pins_;
+  // A write may be waiting for this object's readers (BeginWrite).
+  if (e->pins == 0) cv_.SignalAll();
   MaybeFreeRetired(e);
 }
 
@@ -366,6 +433,13 @@ void ExtentTable::ClearStale(uint64_t before_seq, uint64_t max_generation) {
   for (auto& e : retired_) {
     if (stale(e.get())) e->cleared = true;
   }
+  // Writes still waiting for readers fail (as writes in progress do).
+  for (Waiting& w : waiting_) {
+    if (w.seq < before_seq || w.key.generation > max_generation) {
+      w.cleared = true;
+      cv_.SignalAll();
+    }
+  }
   for (auto& entry : regions_) {
     Region& region = entry.second;
     for (auto it = region.live.begin(); it != region.live.end();) {
@@ -424,6 +498,7 @@ ExtentTableStats ExtentTable::Stats() const {
   s.writing = writing_;
   s.retired = retired_.size();
   s.pinned_reads = pins_;
+  s.waiting_writes = waiting_.size();
   return s;
 }
 

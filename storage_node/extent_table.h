@@ -9,16 +9,21 @@
 //   * A write of (region, addr, len, gen) is accepted if the range lies in the
 //     region and no overlapping extent has a generation >= gen (else
 //     FailedPrecondition). Overlapping extents with lower generations are
-//     invalidated at once (no new read can pin them) and dropped.
+//     invalidated (no new read can pin them) and dropped once their readers
+//     have finished, never before: a write that fails while it waits for
+//     them (Unavailable after drain_timeout) leaves them readable.
 //   * While the bytes are being written the extent is not readable. Commit
 //     makes it readable; an aborted or failed write leaves nothing readable.
 //   * A read succeeds only for a readable extent with exactly that addr,
 //     length and generation (else NotFound), and pins the extent until the
 //     ReadPin is released.
 //   * A write never changes bytes under a reader or another writer: it waits
-//     (up to drain_timeout) for the pins and in-progress writes of the
-//     overlapping older extents to drain, and fails with Unavailable if they
-//     do not.
+//     (up to drain_timeout) for the pins of the overlapping older extents
+//     and the in-progress writes it supersedes to drain, and fails with
+//     Unavailable if they do not. Only an older write still in progress
+//     that outlives the wait makes it fail after it has invalidated the
+//     older extents (the master then reallocated space a writer still
+//     holds: the client's capability for it has expired by then or soon).
 //   * Of two concurrent writes to overlapping ranges, the lower generation
 //     loses (FailedPrecondition at its BeginWrite or at its Commit).
 //   * A write whose generation is above the generation ceiling (the highest
@@ -34,6 +39,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <list>
 #include <map>
 #include <memory>
 #include <vector>
@@ -72,6 +78,8 @@ struct ExtentTableStats {
   uint64_t writing = 0;         // writes in progress
   uint64_t retired = 0;         // invalidated extents still pinned/written
   uint64_t pinned_reads = 0;    // outstanding ReadPins
+  uint64_t waiting_writes = 0;  // writes waiting for readers of the space
+                                // they reuse (BeginWrite)
 };
 
 class ExtentTable {
@@ -236,6 +244,14 @@ class ExtentTable {
   std::map<uint32_t, Region> regions_ ABSL_GUARDED_BY(mu_);
   // Invalidated extents that still have pins or an in-progress write.
   std::vector<std::unique_ptr<Extent>> retired_ ABSL_GUARDED_BY(mu_);
+  // Writes waiting in BeginWrite for the readers of the space they reuse
+  // (not yet in the live map); a waiting write gives way to a newer one.
+  struct Waiting {
+    ExtentKey key;
+    uint64_t seq;
+    bool cleared = false;  // by ClearStale: the write fails
+  };
+  std::list<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
   uint64_t readable_count_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t readable_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t writing_ ABSL_GUARDED_BY(mu_) = 0;

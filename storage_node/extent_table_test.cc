@@ -167,13 +167,14 @@ TEST_CASE("ExtentTable: a write waits for readers of the reused space") {
     began = true;
     commit = w.ok() ? w->Commit() : w.status();
   });
-  // The writer is registered and waiting; the old extent is already gone
-  // for new readers, but the existing pin still holds.
-  REQUIRE(Eventually([&] { return t->Stats().writing == 1; }));
-  CHECK(PinCode(*t, Key(0, 100, 5)) == absl::StatusCode::kNotFound);
+  // The writer waits for the pin without changing anything: the old extent
+  // stays readable until it proceeds.
+  REQUIRE(Eventually([&] { return t->Stats().waiting_writes == 1; }));
+  CHECK(PinCode(*t, Key(0, 100, 5)) == absl::StatusCode::kOk);
   absl::SleepFor(absl::Milliseconds(50));
   CHECK_FALSE(began.load());
-  CHECK(t->Stats().retired == 1);
+  CHECK(t->Stats().retired == 0);
+  CHECK(t->Stats().writing == 0);
   pin->Release();
   writer.Join();
   CHECK(began.load());
@@ -193,10 +194,14 @@ TEST_CASE("ExtentTable: a write fails with Unavailable if readers do not "
   REQUIRE(pin.ok());
   CHECK(t->BeginWrite(Key(0, 100, 6)).status().code() ==
         absl::StatusCode::kUnavailable);
-  // Nothing readable at the new generation, the old one is invalidated.
+  // Nothing readable at the new generation, and the failed write did not
+  // destroy the old object: it is still readable (it used to be dropped
+  // before the write waited for its readers).
   CHECK(PinCode(*t, Key(0, 100, 6)) == absl::StatusCode::kNotFound);
-  CHECK(PinCode(*t, Key(0, 100, 5)) == absl::StatusCode::kNotFound);
+  CHECK(PinCode(*t, Key(0, 100, 5)) == absl::StatusCode::kOk);
   CHECK(t->Stats().writing == 0);
+  CHECK(t->Stats().waiting_writes == 0);
+  CHECK(t->Stats().extents == 1);
   pin->Release();
   CHECK(t->Stats().retired == 0);
   Store(*t, Key(0, 100, 7));
@@ -237,13 +242,17 @@ TEST_CASE("ExtentTable: a waiting write overtaken by a newer one fails") {
   REQUIRE(pin.ok());
   absl::Status s7;
   Thread w7("w7", [&] { s7 = t->BeginWrite(Key(0, 100, 7)).status(); });
-  REQUIRE(Eventually([&] { return t->Stats().writing == 1; }));
+  REQUIRE(Eventually([&] { return t->Stats().waiting_writes == 1; }));
   std::optional<absl::StatusOr<ExtentTable::WriteTicket>> w9;
   Thread w9t("w9", [&] { w9.emplace(t->BeginWrite(Key(0, 100, 9))); });
   // gen 7 gives up as soon as gen 9 takes over, without waiting for the pin.
   w7.Join();
   CHECK(s7.code() == absl::StatusCode::kFailedPrecondition);
-  REQUIRE(Eventually([&] { return t->Stats().writing == 1; }));
+  REQUIRE(Eventually([&] { return t->Stats().waiting_writes == 1; }));
+  // A lower generation arriving while gen 9 waits is refused at once.
+  CHECK(t->BeginWrite(Key(0, 100, 8)).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(PinCode(*t, Key(0, 100, 5)) == absl::StatusCode::kOk);
   pin->Release();
   w9t.Join();
   REQUIRE(w9->ok());
@@ -356,7 +365,7 @@ TEST_CASE("ExtentTable: Clear lets pinned reads finish and fails writes in "
     began = true;
     commit = nw.ok() ? nw->Commit() : nw.status();
   });
-  REQUIRE(Eventually([&] { return t->Stats().writing == 1; }));
+  REQUIRE(Eventually([&] { return t->Stats().waiting_writes == 1; }));
   absl::SleepFor(absl::Milliseconds(50));
   CHECK_FALSE(began.load());
   pin->Release();  // the pinned read finishes normally
@@ -381,9 +390,9 @@ TEST_CASE("ExtentTable: Clear also releases extents retired earlier") {
     auto w = t->BeginWrite(Key(0, 100, 60));
     s60 = w.ok() ? w->Commit() : w.status();
   });
-  REQUIRE(Eventually([&] { return t->Stats().retired == 1; }));
+  REQUIRE(Eventually([&] { return t->Stats().waiting_writes == 1; }));
   t->Clear();
-  w60.Join();  // woken: its extent was cleared
+  w60.Join();  // woken: the write was cleared while it waited
   CHECK(s60.code() == absl::StatusCode::kFailedPrecondition);
   // gen 50, still pinned, does not block a lower generation; the write
   // waits for the pin only.
@@ -392,7 +401,7 @@ TEST_CASE("ExtentTable: Clear also releases extents retired earlier") {
     auto w = t->BeginWrite(Key(0, 100, 7));
     s7 = w.ok() ? w->Commit() : w.status();
   });
-  REQUIRE(Eventually([&] { return t->Stats().writing == 1; }));
+  REQUIRE(Eventually([&] { return t->Stats().waiting_writes == 1; }));
   pin->Release();
   w7.Join();
   CHECK(s7.ok());

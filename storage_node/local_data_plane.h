@@ -1,7 +1,8 @@
 // LocalDataPlane: testonly. A storage node's data plane in this process: the
 // extent table, prefetch manager, TCP data server (port 0) and shared-memory
 // export over a given device, wired as StorageNode wires them, without the
-// master. For transport tests and benchmarks.
+// master. For transport tests and benchmarks. It verifies capabilities
+// signed by TestCapabilities (tests/signing_transport.h signs them).
 #pragma once
 
 #include <map>
@@ -10,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/test_capabilities.h"
 #include "storage_node/data_server.h"
 #include "storage_node/extent_table.h"
 #include "storage_node/kv_manager.h"
@@ -33,6 +35,7 @@ struct LocalDataPlane {
     o.device = device.get();
     o.extents = extents.get();
     o.kv = kv.get();
+    o.capabilities = TestCapabilities::Get().verifier();
     server = DataServer::Create(o).value();
     ShmExportOptions so;
     so.areas = device->Areas();

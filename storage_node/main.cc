@@ -22,6 +22,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gflags/gflags.h"
@@ -90,6 +91,21 @@ DEFINE_bool(shared_huge_pages, true,
             "'advise' when it is 'never' and the device memory is shared "
             "(shm or RDMA), so it gets huge pages (fast device I/O); false: "
             "leave it (4 KiB pages, with a warning).");
+DEFINE_string(shm_allowed_uids, "",
+              "Comma-separated users (numeric uids) besides the node's own "
+              "and root that may map the device memory (shm data plane); "
+              "such a client can read all of it.");
+DEFINE_string(shm_allowed_gids, "",
+              "Comma-separated groups (numeric gids): their members may map "
+              "the device memory too.");
+DEFINE_string(node_key_file, "",
+              "Where the node keeps the key the master issues at its first "
+              "registration (mode 0600), so that a restart proves it (and "
+              "keeps a hybrid device's objects). Default: capacity_path + "
+              ".node_key for --device=hybrid, memory only otherwise.");
+DEFINE_int32(capability_skew_ms, 30000,
+             "Accept a data-plane capability this long past its expiry "
+             "(clock skew between master and node).");
 DEFINE_string(rdma, "auto",
               "RDMA data plane: off, auto (if a device exists) or on.");
 DEFINE_string(rdma_device, "", "RDMA device name (default: the first).");
@@ -221,6 +237,22 @@ int main(int argc, char** argv) {
   options.prefetch_session_timeout =
       absl::Milliseconds(FLAGS_prefetch_session_timeout_ms);
   options.expose_shm = FLAGS_shm;
+  options.node_key_path = FLAGS_node_key_file;
+  for (auto [flag, out] :
+       {std::pair{&FLAGS_shm_allowed_uids, &options.shm_allowed_uids},
+        std::pair{&FLAGS_shm_allowed_gids, &options.shm_allowed_gids}}) {
+    for (absl::string_view id :
+         absl::StrSplit(*flag, ',', absl::SkipWhitespace())) {
+      uint32_t v = 0;
+      if (!absl::SimpleAtoi(id, &v)) {
+        std::cerr << "hymcache-storage: bad id '" << id
+                  << "' in --shm_allowed_uids/--shm_allowed_gids (numeric)\n";
+        return 2;
+      }
+      out->push_back(v);
+    }
+  }
+  options.capability_skew = absl::Milliseconds(FLAGS_capability_skew_ms);
   options.shared_huge_pages = FLAGS_shared_huge_pages;
   options.rdma = FLAGS_rdma;
   options.rdma_device = FLAGS_rdma_device;

@@ -103,22 +103,43 @@ void ShmExport::Loop() {
   }
 }
 
+bool ShmExport::Allowed(const ShmExportOptions& options, uid_t me,
+                        const ucred& cred, const std::vector<gid_t>& groups) {
+  auto listed = [](const auto& list, auto v) {
+    return std::find(list.begin(), list.end(), v) != list.end();
+  };
+  if (cred.uid == me && options.allow_own_user) return true;
+  if (cred.uid == 0 && options.allow_root) return true;
+  if (listed(options.allowed_uids, cred.uid)) return true;
+  if (listed(options.allowed_gids, cred.gid)) return true;
+  for (gid_t g : groups) {
+    if (listed(options.allowed_gids, g)) return true;
+  }
+  return false;
+}
+
 void ShmExport::Serve(int fd) {
   absl::StatusOr<ucred> who = PeerCredentials(fd);
   if (!who.ok()) {
     refused_.fetch_add(1);
     return;
   }
-  const uid_t me = geteuid();
-  const bool allowed =
-      (who->uid == me && options_.allow_own_user) ||
-      (who->uid == 0 && options_.allow_root) ||
-      std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(),
-                who->uid) != options_.allowed_uids.end();
-  if (!allowed) {
+  std::vector<gid_t> groups;
+  if (!options_.allowed_gids.empty()) {
+    absl::StatusOr<std::vector<gid_t>> g = PeerGroups(fd);
+    if (g.ok()) {
+      groups = *std::move(g);
+    } else {
+      LOG_EVERY_N(WARNING, 100) << "shm export: " << g.status()
+                                << " (checking the primary group only)";
+    }
+  }
+  if (!Allowed(options_, geteuid(), *who, groups)) {
     refused_.fetch_add(1);
     LOG_EVERY_N(WARNING, 100) << "shm export: refusing uid " << who->uid
-                              << " (pid " << who->pid << ")";
+                              << " gid " << who->gid << " (pid " << who->pid
+                              << "): not in --shm_allowed_uids / "
+                                 "--shm_allowed_gids";
     SendWithFds(fd, "denied\n", {}).IgnoreError();
     return;
   }

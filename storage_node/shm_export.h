@@ -1,10 +1,14 @@
 // ShmExport: hands same-host clients read-only access to the device's
 // exposed memory (MemoryDevice::Areas, memfd-backed) for the shared-memory
 // data plane. A client connects to an abstract-namespace Unix socket; the
-// exporter checks its credentials (SO_PEERCRED: by default the node's own
-// user, root, or a listed uid) and sends it read-only descriptors of the areas
+// exporter checks its credentials (SO_PEERCRED and SO_PEERGROUPS: by default
+// the node's own user, root, a listed uid, or a member of a listed group) and
+// sends it read-only descriptors of the areas
 // (SCM_RIGHTS), which the client maps PROT_READ. Holds on the TCP data plane
-// (common/wire.h, direct access) still protect every copy; writes from
+// (common/wire.h, direct access; each acquire carries a read capability)
+// still protect every copy, but a client given the descriptors can read
+// every byte of the exported memory: the lists decide who is trusted that
+// far (docs/security.md). Writes from
 // clients go over TCP.
 //
 // Threads: one "shm-export" thread answering connections one at a time.
@@ -12,6 +16,7 @@
 // Thread safety: safe for concurrent use.
 #pragma once
 
+#include <sys/socket.h>  // ucred
 #include <sys/types.h>
 
 #include <atomic>
@@ -37,6 +42,9 @@ struct ShmExportOptions {
   bool allow_own_user = true;
   bool allow_root = true;
   std::vector<uid_t> allowed_uids;
+  // And members of these groups (the peer's primary group or one of its
+  // supplementary groups). Default: none.
+  std::vector<gid_t> allowed_gids;
 };
 
 class ShmExport {
@@ -50,6 +58,10 @@ class ShmExport {
   ShmExport& operator=(const ShmExport&) = delete;
 
   const std::string& socket_name() const { return name_; }
+  // Whether a peer with `cred` and supplementary `groups` may map the
+  // memory, for a node running as `me`.
+  static bool Allowed(const ShmExportOptions& options, uid_t me,
+                      const ucred& cred, const std::vector<gid_t>& groups);
   // kShm* transport parameters (host identity, socket, area lengths, a
   // per-start instance id).
   std::map<std::string, std::string> TransportParams() const;

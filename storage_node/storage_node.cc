@@ -1,6 +1,11 @@
 #include "storage_node/storage_node.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
 
 #include <grpcpp/grpcpp.h>
 
@@ -328,6 +333,11 @@ void ExportDeviceStats(const storage::MemoryDevice& device,
 }  // namespace
 
 absl::Status StorageNodeOptions::Validate() const {
+  if (capability_skew < absl::ZeroDuration() ||
+      capability_skew > absl::Hours(1)) {
+    return absl::InvalidArgumentError(
+        "storage node: capability_skew must be 0..1h");
+  }
   if (master_address.empty()) {
     return absl::InvalidArgumentError("storage node: master_address is required");
   }
@@ -503,6 +513,80 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
 
 }  // namespace
 
+namespace {
+
+// The node key file: exactly kNodeKeyBytes. NotFound if it does not exist.
+absl::StatusOr<std::string> ReadNodeKey(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    if (errno == ENOENT) return absl::NotFoundError(path);
+    return absl::InternalError(
+        absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  }
+  std::string key(kNodeKeyBytes + 1, '\0');
+  const size_t n = std::fread(key.data(), 1, key.size(), f);
+  std::fclose(f);
+  if (n != kNodeKeyBytes) {
+    return absl::DataLossError(absl::StrCat(path, " holds ", n,
+                                            " bytes, not a node key"));
+  }
+  key.resize(kNodeKeyBytes);
+  return key;
+}
+
+// Replaces the node key file atomically (mode 0600).
+absl::Status WriteNodeKey(const std::string& path, const std::string& key) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
+  }
+  const bool ok = ::write(fd, key.data(), key.size()) ==
+                      static_cast<ssize_t>(key.size()) &&
+                  ::fsync(fd) == 0;
+  const int e = errno;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return absl::InternalError(
+        absl::StrCat("cannot write ", path, ": ", strerror(ok ? errno : e)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+v1::NodeAuth StorageNode::Auth(std::string_view purpose,
+                               uint32_t node_id) const {
+  v1::NodeAuth auth;
+  std::string key;
+  {
+    MutexLock l(&mu_);
+    key = node_key_;
+  }
+  if (key.empty()) return auth;
+  auth.set_unix_ms(absl::ToUnixMillis(absl::Now()));
+  auth.set_proof(NodeProof(HmacSha256(key), purpose, name_, node_id,
+                           incarnation_, auth.unix_ms()));
+  return auth;
+}
+
+void StorageNode::SaveNodeKey(const std::string& key) {
+  {
+    MutexLock l(&mu_);
+    if (node_key_ == key) return;
+    node_key_ = key;
+  }
+  if (node_key_path_.empty()) return;
+  absl::Status s = WriteNodeKey(node_key_path_, key);
+  if (!s.ok()) {
+    LOG(WARNING) << "storage node: cannot keep the node key: " << s
+                 << " (a restart will have to wait for the old process to "
+                    "time out, and will lose its objects)";
+  }
+}
+
 absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
     const StorageNodeOptions& options) {
   RETURN_IF_ERROR(options.Validate());
@@ -515,6 +599,21 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   do {
     node->incarnation_ = absl::Uniform<uint64_t>(gen);
   } while (node->incarnation_ == 0);
+  node->node_key_path_ = options.node_key_path;
+  if (node->node_key_path_.empty() &&
+      options.device == StorageNodeOptions::Device::kHybrid) {
+    node->node_key_path_ = options.capacity_path + ".node_key";
+  }
+  if (!node->node_key_path_.empty()) {
+    absl::StatusOr<std::string> key = ReadNodeKey(node->node_key_path_);
+    if (key.ok()) {
+      MutexLock l(&node->mu_);
+      node->node_key_ = *std::move(key);
+    } else if (key.status().code() != absl::StatusCode::kNotFound) {
+      LOG(WARNING) << "storage node: ignoring node key file "
+                   << node->node_key_path_ << ": " << key.status();
+    }
+  }
   // RDMA first: its registration limit decides how the DRAM device is
   // split into regions (no object may straddle two registrations).
   std::unique_ptr<rdma::Device> rdma_device;
@@ -601,6 +700,8 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
     // socket that checks who they are.
     storage::ShmExportOptions so;
     so.areas = node->device_->Areas();
+    so.allowed_uids = options.shm_allowed_uids;
+    so.allowed_gids = options.shm_allowed_gids;
     absl::StatusOr<std::unique_ptr<storage::ShmExport>> ex =
         storage::ShmExport::Create(so);
     if (ex.ok()) {
@@ -628,6 +729,9 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   ds.idle_timeout = options.idle_timeout;
   ds.device = node->device_.get();
   ds.extents = node->extents_.get();
+  node->capabilities_ =
+      std::make_unique<CapabilityVerifier>(options.capability_skew);
+  ds.capabilities = node->capabilities_.get();
   ASSIGN_OR_RETURN(node->data_server_, storage::DataServer::Create(ds));
   node->data_port_ = node->data_server_->port();
 
@@ -711,6 +815,10 @@ absl::Status StorageNode::ReloadIdentities() {
   return s;
 }
 
+void StorageNode::SetSkipCapabilityChecksForTest(bool skip) {
+  data_server_->SetSkipCapabilityChecksForTest(skip);
+}
+
 uint32_t StorageNode::node_id() const {
   MutexLock l(&mu_);
   return node_id_;
@@ -768,6 +876,7 @@ absl::Status StorageNode::Register() {
   for (const auto& [k, v] : transport_params_) {
     (*req.mutable_transport_params())[k] = v;
   }
+  *req.mutable_auth() = Auth("register", 0);
   v1::RegisterNodeResponse resp;
   RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
     return master_->stub->RegisterNode(ctx, req, &resp);
@@ -775,6 +884,13 @@ absl::Status StorageNode::Register() {
   if (resp.node_id() == 0) {
     return absl::InternalError("master assigned node id 0");
   }
+  if (resp.node_key().size() != kNodeKeyBytes) {
+    return absl::InternalError(absl::StrCat(
+        "master sent a node key of ", resp.node_key().size(), " bytes"));
+  }
+  // Capabilities the master signs for this registration verify from now on
+  // (the key file is written last: clients may already be writing).
+  capabilities_->SetIdentity(resp.node_id(), incarnation_, resp.node_key());
   absl::Duration interval =
       resp.heartbeat_interval_ms() == 0
           ? kDefaultHeartbeat
@@ -800,6 +916,7 @@ absl::Status StorageNode::Register() {
                    << dropped << " extents";
     }
   }
+  {
   MutexLock l(&mu_);
   if (node_id_ != 0 && node_id_ != resp.node_id()) {
     LOG(WARNING) << "master changed this node's id from " << node_id_
@@ -811,6 +928,8 @@ absl::Status StorageNode::Register() {
   reconcile_due_ = resp.reconcile();
   reconcile_interval_ = absl::Milliseconds(resp.reconcile_interval_ms());
   next_reconcile_ = absl::Now() + reconcile_interval_;
+  }
+  SaveNodeKey(resp.node_key());
   return absl::OkStatus();
 }
 
@@ -818,6 +937,7 @@ absl::StatusOr<bool> StorageNode::Heartbeat(uint32_t node_id) {
   v1::HeartbeatRequest req;
   req.set_node_id(node_id);
   req.set_incarnation(incarnation_);
+  *req.mutable_auth() = Auth("heartbeat", node_id);
   v1::HeartbeatResponse resp;
   RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
     return master_->stub->Heartbeat(ctx, req, &resp);
@@ -862,6 +982,7 @@ absl::Status StorageNode::Reconcile(uint32_t node_id) {
   v1::BeginReconcileRequest begin;
   begin.set_node_id(node_id);
   begin.set_incarnation(incarnation_);
+  *begin.mutable_auth() = Auth("reconcile", node_id);
   v1::BeginReconcileResponse begun;
   RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
     return master_->stub->BeginReconcile(ctx, begin, &begun);
@@ -874,6 +995,7 @@ absl::Status StorageNode::Reconcile(uint32_t node_id) {
         req.set_node_id(node_id);
         req.set_incarnation(incarnation_);
         req.set_epoch(begun.epoch());
+        *req.mutable_auth() = Auth("reconcile", node_id);
         storage::ExtentTable::Cursor cursor;
         std::vector<storage::ExtentKey> keys;
         bool first = true;
@@ -896,6 +1018,7 @@ absl::Status StorageNode::Reconcile(uint32_t node_id) {
           }
           first = false;
           req.clear_extents();
+          req.clear_auth();  // the first message proves it
         }
         w->WritesDone();
         return w->Finish();
@@ -1009,6 +1132,7 @@ void StorageNode::Deregister(uint32_t node_id) {
   v1::DeregisterNodeRequest req;
   req.set_node_id(node_id);
   req.set_incarnation(incarnation_);
+  *req.mutable_auth() = Auth("deregister", node_id);
   v1::DeregisterNodeResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));

@@ -16,14 +16,19 @@
 // Thread safety: safe for concurrent use without external synchronization.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/capability.h"
 #include "common/mutex.h"
 #include "common/net.h"
 #include "common/security.h"
@@ -33,6 +38,10 @@ namespace grpc {
 class ClientContext;
 class Server;
 }  // namespace grpc
+
+namespace hymcache::v1 {
+class NodeAuth;
+}  // namespace hymcache::v1
 
 namespace hymcache {
 
@@ -139,6 +148,24 @@ struct StorageNodeOptions {
   // plane): publishes the device's memfd-backed areas to the master.
   // Default: true
   bool expose_shm = true;
+  // Who besides the node's own user and root may map it (SO_PEERCRED /
+  // SO_PEERGROUPS on the shared-memory socket): these users, and members of
+  // these groups. A client that maps it can read all of the node's exposed
+  // memory. Default: none.
+  std::vector<uid_t> shm_allowed_uids;
+  std::vector<gid_t> shm_allowed_gids;
+  // Where the node keeps the key the master issues at its first
+  // registration (mode 0600), so that a restarted process proves it: with
+  // the same incarnation (a hybrid device's re-adopted objects) it keeps
+  // its objects, and it need not wait for the old process to time out.
+  // Without the key a restarted node is refused while the master still
+  // takes the old process for alive, then registers as a new node (its
+  // objects purged). Default: "" = capacity_path + ".node_key" for kHybrid,
+  // kept in memory only otherwise.
+  std::string node_key_path;
+  // A data-plane capability is accepted this long past its expiry by this
+  // host's clock (clock skew between master and node). Default: 30 s
+  absl::Duration capability_skew = absl::Seconds(30);
   // When the device's memory is shareable (shm or RDMA) and shared memory
   // cannot get huge pages (Debian's default
   // /sys/kernel/mm/transparent_hugepage/shmem_enabled is "never"), set that
@@ -261,6 +288,11 @@ class StorageNode {
   // stay. OkStatus when authentication is off.
   absl::Status ReloadIdentities();
 
+  // While set, the data plane does not check capabilities (benchmarks
+  // measuring what checking them costs). Never set outside tests and
+  // benchmarks.
+  void SetSkipCapabilityChecksForTest(bool skip);
+
  private:
   struct MasterClient;
   class ControlService;
@@ -274,6 +306,12 @@ class StorageNode {
   void Deregister(uint32_t node_id);
   // Applies a ceiling from the master to the extent table; 0 is ignored.
   void ApplyGenerationCeiling(uint64_t ceiling);
+  // A proof of the node key for the master call `purpose` (empty before
+  // the node has a key).
+  hymcache::v1::NodeAuth Auth(std::string_view purpose, uint32_t node_id)
+      const;
+  // Stores a key the master issued (in node_key_path_, if any).
+  void SaveNodeKey(const std::string& key);
   // Sleeps for `d` or until shutdown starts; false on shutdown.
   bool SleepUnlessStopping(absl::Duration d);
   // Runs `call` with a fresh context that Shutdown can cancel.
@@ -297,6 +335,8 @@ class StorageNode {
   std::unique_ptr<storage::KvManager> kv_;  // before data_server_
   std::unique_ptr<storage::RdmaPlane> rdma_;  // before data_server_
   std::unique_ptr<storage::ShmExport> shm_export_;
+  // Set at every registration; checks every data-plane op.
+  std::unique_ptr<CapabilityVerifier> capabilities_;  // before data_server_
   std::unique_ptr<storage::DataServer> data_server_;
   std::unique_ptr<Authenticator> auth_;  // null: authentication off
   std::unique_ptr<ControlService> control_service_;
@@ -308,12 +348,17 @@ class StorageNode {
   std::string control_address_;
   std::string name_;
   uint64_t incarnation_ = 0;
+  // options_.node_key_path resolved ("": none).
+  std::string node_key_path_;
   // Published to clients through the master (RegisterNodeRequest).
   std::map<std::string, std::string> transport_params_;
   Thread heartbeat_;
 
   mutable Mutex mu_;
   uint32_t node_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // The key the master issued ("" before the first registration, unless
+  // read from node_key_path_).
+  std::string node_key_ ABSL_GUARDED_BY(mu_);
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   // The master asked for a reconciliation (registration or heartbeat), or

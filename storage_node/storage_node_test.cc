@@ -14,6 +14,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/net.h"
+#include "common/test_capabilities.h"
 #include "common/wire.h"
 #include "common/mutex.h"
 #include "common/thread.h"
@@ -205,9 +206,15 @@ class FakeMaster final : public v1::MasterService::CallbackService {
       v1::RegisterNodeResponse* resp) override {
     MutexLock l(&mu_);
     ++registers_;
+    // Every registration after the first proves the key this one issued.
+    if (registers_ > 1 && !Proven(req->auth(), "register", req->name(), 0,
+                                  req->incarnation())) {
+      ++unproven_;
+    }
     last_register_ = *req;
     reregister_ = false;
     resp->set_node_id(7);
+    resp->set_node_key(TestCapabilities::Key());
     resp->set_heartbeat_interval_ms(20);
     resp->set_objects_retained(objects_retained_);
     resp->set_generation_ceiling(register_ceiling_);
@@ -219,7 +226,9 @@ class FakeMaster final : public v1::MasterService::CallbackService {
     MutexLock l(&mu_);
     ++heartbeats_;
     heartbeat_ok_ = req->node_id() == 7 &&
-                    req->incarnation() == last_register_.incarnation();
+                    req->incarnation() == last_register_.incarnation() &&
+                    Proven(req->auth(), "heartbeat", last_register_.name(), 7,
+                           req->incarnation());
     resp->set_reregister(reregister_);
     resp->set_generation_ceiling(heartbeat_ceiling_);
     return Done(ctx);
@@ -231,6 +240,18 @@ class FakeMaster final : public v1::MasterService::CallbackService {
     ++deregisters_;
     last_deregister_ = *req;
     return Done(ctx);
+  }
+
+  static bool Proven(const v1::NodeAuth& auth, const std::string& purpose,
+                     const std::string& name, uint32_t id,
+                     uint64_t incarnation) {
+    return auth.proof() == NodeProof(HmacSha256(TestCapabilities::Key()),
+                                     purpose, name, id, incarnation,
+                                     auth.unix_ms());
+  }
+  int unproven_registrations() const {
+    MutexLock l(&mu_);
+    return unproven_;
   }
 
   // What the next RegisterNode answers say (0: no ceiling, as an old master).
@@ -291,6 +312,7 @@ class FakeMaster final : public v1::MasterService::CallbackService {
   uint64_t heartbeat_ceiling_ ABSL_GUARDED_BY(mu_) = 0;
   v1::RegisterNodeRequest last_register_ ABSL_GUARDED_BY(mu_);
   v1::DeregisterNodeRequest last_deregister_ ABSL_GUARDED_BY(mu_);
+  int unproven_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 std::unique_ptr<grpc::Server> StartMaster(FakeMaster* service, int port,
@@ -359,6 +381,9 @@ TEST_CASE("StorageNode registers, heartbeats, re-registers and deregisters") {
   CHECK(master.deregisters() == 1);
   CHECK(master.last_deregister().node_id() == 7);
   CHECK(master.last_deregister().incarnation() == n.incarnation());
+  CHECK(FakeMaster::Proven(master.last_deregister().auth(), "deregister",
+                           n.name(), 7, n.incarnation()));
+  CHECK(master.unproven_registrations() == 0);
   CHECK_FALSE(n.registered());
   server->Shutdown(absl::ToChronoTime(absl::Now()));
 }
@@ -376,11 +401,16 @@ wire::OpDesc Op(uint64_t addr, uint64_t len, uint64_t gen) {
   return op;
 }
 
-// Sends a one-op request; for a write, the first `sent` bytes of `data`
-// (all by default).
+// The incarnation of the node the data-plane tests below talk to (its id is
+// the FakeMaster's 7, its key TestCapabilities::Key()).
+uint64_t g_incarnation = 0;
+
+// Sends a one-op request with the master's capability for it; for a write,
+// the first `sent` bytes of `data` (all by default).
 void SendRequest(int fd, wire::FrameType type, const wire::OpDesc& op,
                  const std::string& data, size_t sent = std::string::npos) {
-  std::vector<uint8_t> buf(wire::kHeaderBytes + wire::kOpBytes);
+  std::vector<uint8_t> buf(wire::kHeaderBytes + wire::kOpBytes +
+                           wire::kCapBytes);
   wire::FrameHeader h;
   h.type = type;
   h.op_count = 1;
@@ -388,6 +418,18 @@ void SendRequest(int fd, wire::FrameType type, const wire::OpDesc& op,
   h.payload_bytes = type == wire::FrameType::kWriteRequest ? op.length : 0;
   wire::EncodeHeader(h, buf.data());
   wire::EncodeOp(op, buf.data() + wire::kHeaderBytes);
+  CapabilityScope scope;
+  scope.node_id = 7;
+  scope.incarnation = g_incarnation;
+  scope.region_id = op.region_id;
+  scope.addr = op.addr;
+  scope.length = op.length;
+  scope.generation = op.generation;
+  scope.rights = TestCapabilities::RightsFor(type);
+  scope.expires_unix_ms = absl::ToUnixMillis(Soon());
+  wire::EncodeCapability(
+      SignCapability(HmacSha256(TestCapabilities::Key()), scope),
+      buf.data() + wire::kHeaderBytes + wire::kOpBytes);
   buf.insert(buf.end(), data.begin(),
              data.begin() + static_cast<ptrdiff_t>(std::min(sent, data.size())));
   REQUIRE(SendAll(fd, buf.data(), buf.size(), Soon()).ok());
@@ -437,6 +479,7 @@ struct Cluster {
     REQUIRE(created.ok());
     node = std::move(*created);
     REQUIRE(node->WaitRegistered(absl::Now() + absl::Seconds(20)));
+    g_incarnation = node->incarnation();
     return *node;
   }
   Socket Connect() {

@@ -26,6 +26,7 @@
 #include "storage_node/kv_manager.h"
 #include "storage_node/local_data_plane.h"
 #include "storage_node/shm_export.h"
+#include "tests/signing_transport.h"
 
 namespace hymcache {
 namespace {
@@ -88,7 +89,7 @@ std::vector<uint8_t> Pattern(size_t len, uint64_t seed) {
 TEST_CASE("shared memory: direct writes and reads round-trip byte for byte") {
   Server s = Server::Dram();
   REQUIRE_FALSE(s.device->Areas().empty());
-  auto t = NewDirectTransport(NewShmMover(), {});
+  auto t = Signed(NewDirectTransport(NewShmMover(), {}));
   REQUIRE(t->CanReach(s.peer).ok());
 
   constexpr size_t kOps = 1500;  // two frames
@@ -140,7 +141,7 @@ TEST_CASE("shared memory: direct writes and reads round-trip byte for byte") {
 
 TEST_CASE("shared memory: prefetch sessions serve direct reads") {
   Server s = Server::Dram();
-  auto t = NewDirectTransport(NewShmMover(), {});
+  auto t = Signed(NewDirectTransport(NewShmMover(), {}));
   std::vector<uint8_t> a = Pattern(1 << 20, 1), b = Pattern(1 << 20, 2);
   auto ws = t->Write(s.peer,
                      {{{0, 0, a.size(), 1}, a.data()},
@@ -178,7 +179,7 @@ TEST_CASE("shared memory over the hybrid device's window and write buffer") {
   auto dev = storage::HybridDevice::Create(ho, std::move(tier));
   REQUIRE(dev.ok());
   Server s(std::move(*dev), std::move(io));
-  auto t = NewDirectTransport(NewShmMover(), {});
+  auto t = Signed(NewDirectTransport(NewShmMover(), {}));
   // 8 MiB through a 2 MiB write buffer: write in small batches, retrying
   // refusals while the flusher drains.
   constexpr size_t kObj = 512 << 10;
@@ -217,7 +218,7 @@ TEST_CASE("shared memory is used only for nodes on this host") {
   Server s = Server::Dram();
   PeerInfo remote = s.peer;
   remote.params[kShmHostParam] = "another-host/0000";
-  auto shm = NewDirectTransport(NewShmMover(), {});
+  auto shm = Signed(NewDirectTransport(NewShmMover(), {}));
   CHECK(shm->CanReach(remote).code() == absl::StatusCode::kUnavailable);
   PeerInfo bare = s.peer;
   bare.params.clear();
@@ -225,8 +226,8 @@ TEST_CASE("shared memory is used only for nodes on this host") {
 
   // The auto choice: shared memory where possible, TCP otherwise.
   std::vector<std::unique_ptr<Transport>> c;
-  c.push_back(NewDirectTransport(NewShmMover(), {}));
-  c.push_back(NewTcpTransport({}));
+  c.push_back(Signed(NewDirectTransport(NewShmMover(), {})));
+  c.push_back(Signed(NewTcpTransport({})));
   auto t = NewFirstReachableTransport(std::move(c));
   std::vector<uint8_t> a = Pattern(4096, 9);
   REQUIRE(t->Write(s.peer, {{{0, 0, a.size(), 1}, a.data()}}, Soon())[0].ok());
@@ -241,7 +242,7 @@ TEST_CASE("shared memory is used only for nodes on this host") {
 
   // Shared memory only: a node elsewhere is unreachable, not a crash.
   std::vector<std::unique_ptr<Transport>> only;
-  only.push_back(NewDirectTransport(NewShmMover(), {}));
+  only.push_back(Signed(NewDirectTransport(NewShmMover(), {})));
   auto strict = NewFirstReachableTransport(std::move(only));
   auto rs = strict->Read(remote, {{{0, 0, a.size(), 1}, x.data()}}, Soon());
   CHECK(rs[0].code() == absl::StatusCode::kUnavailable);
@@ -250,7 +251,7 @@ TEST_CASE("shared memory is used only for nodes on this host") {
 TEST_CASE("shared memory is handed out read-only, and only to allowed users") {
   Server s = Server::Dram();
   std::vector<uint8_t> a = Pattern(4096, 3);
-  auto tcp = NewTcpTransport({});
+  auto tcp = Signed(NewTcpTransport({}));
   REQUIRE(tcp->Write(s.peer, {{{0, 0, a.size(), 1}, a.data()}}, Soon())[0].ok());
 
   // What a client receives: read-only descriptors. Mapping one writable
@@ -281,7 +282,7 @@ TEST_CASE("shared memory is handed out read-only, and only to allowed users") {
   auto strict = std::move(*storage::ShmExport::Create(so));
   PeerInfo peer = s.peer;
   for (auto& [k, v] : strict->TransportParams()) peer.params[k] = v;
-  auto t = NewDirectTransport(NewShmMover(), {});
+  auto t = Signed(NewDirectTransport(NewShmMover(), {}));
   std::vector<uint8_t> x(a.size());
   auto rs = t->Read(peer, {{{0, 0, a.size(), 1}, x.data()}}, Soon());
   CHECK(rs[0].code() == absl::StatusCode::kPermissionDenied);
@@ -290,7 +291,7 @@ TEST_CASE("shared memory is handed out read-only, and only to allowed users") {
 }
 
 TEST_CASE("a dead node fails direct transfers with Unavailable") {
-  auto t = NewDirectTransport(NewShmMover(), {});
+  auto t = Signed(NewDirectTransport(NewShmMover(), {}));
   PeerInfo peer;
   {
     Server s = Server::Dram();

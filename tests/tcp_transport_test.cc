@@ -14,6 +14,7 @@
 #include "storage_node/data_server.h"
 #include "storage_node/dram_device.h"
 #include "storage_node/extent_table.h"
+#include "tests/signing_transport.h"
 
 namespace hymcache {
 namespace {
@@ -39,6 +40,7 @@ struct Server {
     storage::DataServerOptions o;
     o.device = device.get();
     o.extents = extents.get();
+    o.capabilities = TestCapabilities::Get().verifier();
     o.idle_timeout = idle;
     auto s = storage::DataServer::Create(o);
     REQUIRE(s.ok());
@@ -50,7 +52,7 @@ struct Server {
 
 TEST_CASE("batches larger than one frame round-trip; errors stay per op") {
   Server s;
-  auto t = NewTcpTransport({});
+  auto t = Signed(NewTcpTransport({}));
   constexpr size_t kOps = 2500;  // three frames
   constexpr size_t kLen = 1000;
   std::vector<uint8_t> src(kOps * kLen);
@@ -86,7 +88,7 @@ TEST_CASE("reads past max_read_frame_bytes split by bytes; errors stay per op") 
   Server s;
   TcpTransportOptions o;
   o.max_read_frame_bytes = 10000;
-  auto t = NewTcpTransport(o);
+  auto t = Signed(NewTcpTransport(o));
   // 4000-byte ops two to a frame, and a 25000-byte op over the bound alone.
   std::vector<uint64_t> lens = {4000, 4000, 4000, 25000, 4000, 4000, 4000};
   std::vector<uint64_t> addr;
@@ -129,7 +131,7 @@ TEST_CASE("reads past max_read_frame_bytes split by bytes; errors stay per op") 
 
 TEST_CASE("a pooled connection the server closed while idle is replaced") {
   Server s(absl::Milliseconds(100));
-  auto t = NewTcpTransport({});
+  auto t = Signed(NewTcpTransport({}));
   std::vector<uint8_t> a(5000, 'a'), b(5000);
   std::vector<WriteOp> w = {{{0, 0, a.size(), 1}, a.data()}};
   REQUIRE(t->Write(s.peer, w, absl::Now() + absl::Seconds(5))[0].ok());
@@ -146,7 +148,7 @@ TEST_CASE("a dead peer fails every op fast") {
     Server s;
     dead = s.peer;
   }  // server gone; its port is closed
-  auto t = NewTcpTransport({});
+  auto t = Signed(NewTcpTransport({}));
   std::vector<uint8_t> b(100);
   std::vector<ReadOp> r(3, ReadOp{{0, 0, 100, 1}, b.data()});
   absl::Time start = absl::Now();

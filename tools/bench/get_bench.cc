@@ -88,6 +88,10 @@ DEFINE_string(child_role, "",
               "internal: run as the busy process (busy) or as the "
               "baseline's server on descriptor 3 (raw_server)");
 DEFINE_int32(child_parent, 0, "internal: the bench's pid");
+DEFINE_bool(compare_capability_checks, false,
+            "--processes=one: also time every trial's GETs with the node's "
+            "capability checks turned off (a bench-only switch), side by "
+            "side");
 
 namespace hymcache {
 namespace {
@@ -462,8 +466,27 @@ int Main() {
   std::vector<pid_t> get_pids = cluster.pids();
   get_pids.push_back(getpid());
   bool ok = true;
-  double best_get = 0, best_raw = 0;
+  double best_get = 0, best_raw = 0, best_unchecked = 0;
+  // --compare_capability_checks: the same GETs without the node's checks,
+  // before the checked ones on odd trials and after them on even ones.
+  auto unchecked_gets = [&]() {
+    cluster.node->SetSkipCapabilityChecksForTest(true);
+    absl::Time u0 = absl::Now();
+    size_t unchecked = 0;
+    for (int r = 0; r < FLAGS_rounds; ++r) {
+      auto g = (*client)->Get(keys, out);
+      if (g.ok()) unchecked += g->loaded;
+    }
+    const Rate off =
+        MakeRate(static_cast<double>(block) * unchecked, absl::Now() - u0, 0);
+    cluster.node->SetSkipCapabilityChecksForTest(false);
+    return off;
+  };
+  const bool compare =
+      FLAGS_compare_capability_checks && cluster.node != nullptr;
   for (int trial = 0; trial < FLAGS_trials; ++trial) {
+    Rate off;
+    if (compare && trial % 2 == 1) off = unchecked_gets();
     const uint64_t cs0 = ContextSwitches(get_pids);
     absl::Time t0 = absl::Now();
     size_t loaded = 0;
@@ -476,6 +499,13 @@ int Main() {
                               ContextSwitches(get_pids) - cs0);
     ok = ok && loaded == static_cast<size_t>(FLAGS_rounds) * keys.size();
     for (int i = 0; i < FLAGS_blocks && ok; ++i) ok = dst[i] == data[i];
+    if (compare) {
+      if (trial % 2 == 0) off = unchecked_gets();
+      printf("trial %d: GET with capability checks %6.2f GB/s, without "
+             "%6.2f GB/s (%.3fx)\n",
+             trial, get.gbps, off.gbps, get.gbps / off.gbps);
+      best_unchecked = std::max(best_unchecked, off.gbps);
+    }
     const Rate raw =
         vs_memcpy ? Memcpy(block, FLAGS_blocks, FLAGS_rounds)
                   : RawSocket(block, FLAGS_blocks, FLAGS_rounds, separate);
@@ -489,6 +519,11 @@ int Main() {
     best_raw = std::max(best_raw, raw.gbps);
   }
   busy.reset();
+  if (best_unchecked > 0) {
+    printf("best: GET with capability checks %6.2f GB/s, without %6.2f GB/s "
+           "(%.3fx)\n",
+           best_get, best_unchecked, best_get / best_unchecked);
+  }
   printf("best: %s %6.2f GB/s, hymcache GET (%s) %6.2f GB/s  (%.2fx)%s\n",
          baseline, best_raw, FLAGS_transport.c_str(), best_get,
          best_get / best_raw, ok ? "" : "  DATA MISMATCH");

@@ -45,6 +45,7 @@
 #include "common/security.h"
 #include "common/thread.h"
 #include "master/master_server.h"
+#include "master/master_service.h"
 #include "proto/master.grpc.pb.h"
 
 DEFINE_uint64(objects, 100000, "objects committed before the lookups");
@@ -53,6 +54,9 @@ DEFINE_string(batch_sizes, "1,8,32,128,1024", "keys per BatchLookup call");
 DEFINE_string(threads, "1,4", "client thread counts");
 DEFINE_string(modes, "plain,for_read", "plain and/or for_read lookups");
 DEFINE_double(seconds, 1.0, "timed seconds per trial");
+DEFINE_bool(compare_capabilities, false,
+            "also time every row with the master's capability signing "
+            "turned off (a bench-only switch), side by side");
 DEFINE_int32(trials, 3,
              "trials per row; the row shows the one with the most keys/s "
              "(the least disturbed on a shared machine)");
@@ -148,11 +152,13 @@ struct Row {
   double p50_us = 0;
   double p99_us = 0;
   double keys_per_s = 0;
+  bool caps = true;  // capabilities signed
 };
 
 Row Measure(const std::string& address, const std::vector<std::string>& keys,
             int batch, int threads, bool for_read, int* next_channel) {
   Row row{batch, threads, for_read};
+  row.caps = true;
   std::vector<std::unique_ptr<v1::MasterService::Stub>> stubs;
   for (int t = 0; t < threads; ++t) stubs.push_back(Dial(address, (*next_channel)++));
   std::vector<std::vector<double>> lat(threads);
@@ -314,11 +320,19 @@ int Main() {
     for (int threads : thread_counts) {
       // The modes' trials alternate, so both see the same background load.
       std::vector<Row> best;
-      for (bool for_read : modes) best.push_back(Row{batch, threads, for_read});
+      for (bool for_read : modes) {
+        best.push_back(Row{batch, threads, for_read});
+        if (FLAGS_compare_capabilities) {
+          best.push_back(Row{batch, threads, for_read});
+          best.back().caps = false;
+        }
+      }
       for (int trial = 0; trial < std::max(1, FLAGS_trials); ++trial) {
         for (Row& r : best) {
+          (*master)->ServiceForTest()->SetSkipCapabilitiesForTest(!r.caps);
           Row t = Measure(address, keys, batch, threads, r.for_read,
                           &next_channel);
+          t.caps = r.caps;
           misses += t.misses;
           errors += t.errors;
           if (t.keys_per_s > r.keys_per_s) r = t;
@@ -326,7 +340,10 @@ int Main() {
       }
       for (const Row& r : best) {
         std::printf("| %d | %d | %s | %lu | %.1f | %.1f | %.2f | %.0f |\n",
-                    r.batch, r.threads, r.for_read ? "for_read" : "plain",
+                    r.batch, r.threads,
+                    absl::StrCat(r.for_read ? "for_read" : "plain",
+                                 r.caps ? "" : " (no caps)")
+                        .c_str(),
                     static_cast<unsigned long>(r.calls), r.p50_us, r.p99_us,
                     r.p50_us / r.batch, r.keys_per_s);
       }

@@ -120,6 +120,11 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(
                "--shared_huge_pages=false"};
     if (n.device == StorageNodeSpec::Device::kDram) {
       d->args.push_back(absl::StrCat("--dram_bytes=", n.bytes));
+      // As deployed: the node keeps its key, so that a restarted process
+      // proves it and re-registers at once (a hybrid node keeps it beside
+      // its capacity file by default).
+      d->args.push_back("--node_key_file=" + options.work_dir + "/" + n.name +
+                        ".node_key");
     } else {
       d->keeps_objects = true;
       d->args.push_back("--device=hybrid");

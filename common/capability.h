@@ -1,0 +1,122 @@
+// Data-plane capabilities and node keys (docs/security.md).
+//
+// At registration the master gives each storage node a random 32-byte key
+// (NewNodeKey) and keeps it (persisted with the node record). With it:
+//   * the master signs a capability for every location it hands out
+//     (BatchLookup: read, PutStart: write): HMAC-SHA256 over (node id,
+//     incarnation, region, addr, length, generation, rights, expiry),
+//     truncated to 128 bits; the node verifies it on every data-plane op
+//     (CapabilityVerifier) before touching the object;
+//   * the node proves it holds the key on its control RPCs (heartbeat,
+//     deregistration, reconciliation, re-registration) with NodeProof, an
+//     HMAC over the call and the caller's wall-clock time.
+//
+// Thread safety: HmacSha256 is immutable after construction and safe for
+// concurrent use; CapabilityVerifier is safe for concurrent use without
+// external synchronization.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "common/wire.h"
+
+namespace hymcache {
+
+inline constexpr size_t kNodeKeyBytes = 32;
+inline constexpr size_t kNodeProofBytes = 32;
+
+// A new random node key of kNodeKeyBytes (OpenSSL RAND_bytes).
+// Errors: Internal if the generator fails.
+absl::StatusOr<std::string> NewNodeKey();
+
+// HMAC-SHA256 (RFC 2104) under one key, with the key's inner and outer
+// blocks hashed once at construction, so a short message costs two SHA-256
+// compressions plus the message's.
+class HmacSha256 {
+ public:
+  explicit HmacSha256(std::string_view key);
+  void Mac(const void* data, size_t len, uint8_t out[32]) const;
+
+ private:
+  struct State;  // the hashed inner and outer key blocks
+  std::shared_ptr<const State> state_;
+};
+
+// What one capability authorizes.
+struct CapabilityScope {
+  uint32_t node_id = 0;
+  uint64_t incarnation = 0;
+  uint32_t region_id = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint64_t generation = 0;
+  uint8_t rights = 0;  // wire::kCapRead or wire::kCapWrite
+  int64_t expires_unix_ms = 0;
+};
+
+// Signs `scope` with the node's key.
+wire::Capability SignCapability(const HmacSha256& key,
+                                const CapabilityScope& scope);
+
+// Constant-time comparison of `n` bytes.
+bool TagsEqual(const uint8_t* a, const uint8_t* b, size_t n);
+
+// Proof that the caller holds a node's key, for the master's node RPCs.
+// `purpose` names the RPC ("register", "heartbeat", ...); node_id is 0 for
+// a registration.
+std::string NodeProof(const HmacSha256& key, std::string_view purpose,
+                      std::string_view name, uint32_t node_id,
+                      uint64_t incarnation, int64_t unix_ms);
+
+// The storage node's side: checks each data-plane op against its current
+// identity (node id, incarnation, key), set at every registration.
+class CapabilityVerifier {
+ public:
+  // `skew`: how long past its expiry (by this host's clock) a capability is
+  // still accepted, for clock differences between master and node.
+  explicit CapabilityVerifier(absl::Duration skew) : skew_(skew) {}
+
+  // From now on verifies against this identity (a registration).
+  void SetIdentity(uint32_t node_id, uint64_t incarnation,
+                   std::string_view key);
+  // Whether an identity is set.
+  bool HasIdentity() const;
+
+  // One request's view of the identity: verifies its ops without locking.
+  class Snapshot {
+   public:
+    // OK if `op.cap` authorizes `rights` on exactly op's object at
+    // `now_unix_ms`. Errors: PermissionDenied (no identity yet, wrong
+    // rights, forged or other node's, other object's or generation's,
+    // expired).
+    absl::Status Check(const wire::OpDesc& op, uint8_t rights,
+                       int64_t now_unix_ms) const;
+
+   private:
+    friend class CapabilityVerifier;
+    struct Identity {
+      uint32_t node_id;
+      uint64_t incarnation;
+      HmacSha256 mac;
+    };
+    std::shared_ptr<const Identity> id_;
+    int64_t skew_ms_ = 0;
+  };
+  Snapshot Current() const;
+
+ private:
+  const absl::Duration skew_;
+  mutable Mutex mu_;
+  std::shared_ptr<const Snapshot::Identity> id_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hymcache
