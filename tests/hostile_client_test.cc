@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "client/block_key.h"
 #include "client/client.h"
+#include "common/capability.h"
 #include "common/fd_passing.h"
 #include "common/net.h"
 #include "common/transport_params.h"
@@ -597,7 +598,36 @@ std::string EncodeFrame(wire::FrameType type, const std::vector<wire::OpDesc>& o
     wire::EncodeOp(ops[i], reinterpret_cast<uint8_t*>(b.data()) + wire::kHeaderBytes +
                                i * wire::kOpBytes);
   }
+  if (wire::CarriesCapabilities(type)) {
+    // The capability table: each op's (zero, so refused, unless the case
+    // copied one from the master).
+    std::string caps(ops.size() * wire::kCapBytes, '\0');
+    for (size_t i = 0; i < ops.size(); ++i) {
+      wire::EncodeCapability(ops[i].cap, reinterpret_cast<uint8_t*>(caps.data()) +
+                                             i * wire::kCapBytes);
+    }
+    b += caps;
+  }
   return b + payload;
+}
+
+wire::Capability ToWire(const pb::Capability& c) {
+  wire::Capability w;
+  w.expires_unix_ms = c.expires_unix_ms();
+  w.rights = static_cast<uint8_t>(c.rights());
+  const uint64_t lo = c.tag_lo(), hi = c.tag_hi();  // little-endian host
+  std::memcpy(w.tag, &lo, 8);
+  std::memcpy(w.tag + 8, &hi, 8);
+  return w;
+}
+
+// A node's proof of its key for the master's node RPCs.
+pb::NodeAuth Auth(const std::string& key, const char* purpose,
+                  const std::string& name, uint32_t id, uint64_t incarnation) {
+  pb::NodeAuth a;
+  a.set_unix_ms(absl::ToUnixMillis(absl::Now()));
+  a.set_proof(NodeProof(HmacSha256(key), purpose, name, id, incarnation, a.unix_ms()));
+  return a;
 }
 
 std::string Session(uint64_t id) {
@@ -696,6 +726,7 @@ struct Cluster {
   pb::NodeInfo info;  // the node as the master lists it
   Blocks known;       // stored before the first case
   pb::Location known_loc;
+  pb::Capability known_cap;  // read permission from the lookup
   int fresh = 0;
   bool hybrid = false;
 
@@ -739,6 +770,7 @@ struct Cluster {
     REQUIRE(master_stub->BatchLookup(&ctx, lr, &lp).ok());
     REQUIRE(lp.results(0).found());
     known_loc = lp.results(0).location();
+    known_cap = lp.results(0).capability();
   }
 
   void WaitAlive() {
@@ -1153,6 +1185,8 @@ std::vector<Case> MasterSemanticCases(Cluster& c) {
                    pb::DeregisterNodeRequest d;
                    d.set_node_id(resp.node_id());
                    d.set_incarnation(r.incarnation());
+                   *d.mutable_auth() = Auth(resp.node_key(), "deregister", r.name(),
+                                            resp.node_id(), r.incarnation());
                    pb::DeregisterNodeResponse dr;
                    grpc::ClientContext dctx;
                    CHECK(stub()->DeregisterNode(&dctx, d, &dr).ok());
@@ -1188,11 +1222,12 @@ std::vector<Case> MasterSemanticCases(Cluster& c) {
                    grpc::ClientContext ctx;
                    o |= expect(stub()->DeregisterNode(&ctx, r, &resp), StatusCode::NOT_FOUND);
                  }
+                 // The real node's id without its node key.
                  r.set_node_id(c.info.node_id());
                  r.set_incarnation(c.info.incarnation() + 1);
                  grpc::ClientContext ctx;
                  o |= expect(stub()->DeregisterNode(&ctx, r, &resp),
-                             StatusCode::FAILED_PRECONDITION);
+                             StatusCode::PERMISSION_DENIED);
                  return o;
                }});
   v.push_back({"begin_reconcile_unknown_and_wrong_incarnation", [=, &c] {
@@ -1208,7 +1243,7 @@ std::vector<Case> MasterSemanticCases(Cluster& c) {
                  r.set_incarnation(c.info.incarnation() + 1);
                  grpc::ClientContext ctx;
                  o |= expect(stub()->BeginReconcile(&ctx, r, &resp),
-                             StatusCode::FAILED_PRECONDITION);
+                             StatusCode::PERMISSION_DENIED);
                  return o;
                }});
   v.push_back({"list_objects_page_sizes", [=] {
@@ -1258,7 +1293,8 @@ struct FakeReconcile {
   Cluster& c;
   pb::RegisterNodeRequest reg = FakeNode("hostile-reconciler");
   uint32_t id = 0;
-  std::string key = "hostile-fake-listing";
+  std::string key;  // the node key the master issued
+  std::string listing = "hostile-fake-listing";
   pb::Location loc;
 
   explicit FakeReconcile(Cluster& cluster) : c(cluster) {
@@ -1266,8 +1302,9 @@ struct FakeReconcile {
     grpc::ClientContext ctx;
     REQUIRE(c.master_stub->RegisterNode(&ctx, reg, &resp).ok());
     id = resp.node_id();
+    key = resp.node_key();
     pb::PutStartRequest ps;
-    ps.add_keys(key);
+    ps.add_keys(listing);
     ps.add_lengths(4096);
     ps.set_preferred_node_id(id);
     pb::PutStartResponse psr;
@@ -1289,6 +1326,7 @@ struct FakeReconcile {
     pb::DeregisterNodeRequest d;
     d.set_node_id(id);
     d.set_incarnation(reg.incarnation());
+    *d.mutable_auth() = Auth(key, "deregister", reg.name(), id, reg.incarnation());
     pb::DeregisterNodeResponse dr;
     grpc::ClientContext ctx;
     c.master_stub->DeregisterNode(&ctx, d, &dr);
@@ -1298,6 +1336,7 @@ struct FakeReconcile {
     pb::BeginReconcileRequest r;
     r.set_node_id(id);
     r.set_incarnation(reg.incarnation());
+    *r.mutable_auth() = Auth(key, "reconcile", reg.name(), id, reg.incarnation());
     pb::BeginReconcileResponse resp;
     grpc::ClientContext ctx;
     REQUIRE(c.master_stub->BeginReconcile(&ctx, r, &resp).ok());
@@ -1308,6 +1347,7 @@ struct FakeReconcile {
     r.set_node_id(id);
     r.set_incarnation(reg.incarnation());
     r.set_epoch(epoch);
+    *r.mutable_auth() = Auth(key, "reconcile", reg.name(), id, reg.incarnation());
     return r;
   }
   // The stream's outcome; the listing must survive every one of them.
@@ -1320,7 +1360,7 @@ struct FakeReconcile {
   }
   bool Listed() {
     pb::BatchLookupRequest r;
-    r.add_keys(key);
+    r.add_keys(listing);
     pb::BatchLookupResponse resp;
     grpc::ClientContext ctx;
     REQUIRE(c.master_stub->BatchLookup(&ctx, r, &resp).ok());
@@ -1333,7 +1373,7 @@ struct FakeReconcile {
     pb::ListObjectsResponse page;
     bool found = false;
     while (reader->Read(&page)) {
-      for (const auto& o : page.objects()) found |= o.key() == key;
+      for (const auto& o : page.objects()) found |= o.key() == listing;
     }
     REQUIRE(reader->Finish().ok());
     return found;
@@ -1371,7 +1411,9 @@ std::vector<Case> ReconcileCases(Cluster& c, FakeReconcile& f) {
   v.push_back({"reconcile_unknown_node_and_incarnation", [&, expect] {
                  pb::ReconcileNodeRequest r = f.First(f.Begin());
                  r.set_incarnation(r.incarnation() + 1);
-                 Outcome o = expect(f.Stream({Ser(r)}), {StatusCode::FAILED_PRECONDITION});
+                 // (Its proof names the registered incarnation.)
+                 Outcome o = expect(f.Stream({Ser(r)}), {StatusCode::FAILED_PRECONDITION,
+                                                         StatusCode::PERMISSION_DENIED});
                  r.set_node_id(0xfffffff0u);
                  o |= expect(f.Stream({Ser(r)}), {StatusCode::NOT_FOUND});
                  return o;
@@ -1521,8 +1563,9 @@ std::vector<Case> DataCases(Cluster& c) {
     o.generation = gen;
     return o;
   };
-  const wire::OpDesc known = op(region, c.known_loc.addr(), c.known_loc.length(),
-                                c.known_loc.generation());
+  wire::OpDesc known = op(region, c.known_loc.addr(), c.known_loc.length(),
+                          c.known_loc.generation());
+  known.cap = ToWire(c.known_cap);
   using FT = wire::FrameType;
   auto raw_header = [](uint32_t magic, uint8_t version, uint8_t type, uint16_t ops,
                        uint64_t payload, uint32_t reserved = 0) {
@@ -1560,6 +1603,7 @@ std::vector<Case> DataCases(Cluster& c) {
     o.addr = l.addr();
     o.length = l.length();
     o.generation = l.generation();
+    o.cap = ToWire(r.slots(0).capability());
     return o;
   };
   // After a write was abandoned: the same key stores and reads back.
@@ -1579,23 +1623,23 @@ std::vector<Case> DataCases(Cluster& c) {
                  return DataExchange(addr, raw_header(wire::kMagic, 99, 6, 0, 0), true);
                }});
   v.push_back({"unknown_type", [=] {
-                 return DataExchange(addr, raw_header(wire::kMagic, 1, 200, 0, 0), true);
+                 return DataExchange(addr, raw_header(wire::kMagic, wire::kVersion, 200, 0, 0), true);
                }});
   v.push_back({"type_zero", [=] {
-                 return DataExchange(addr, raw_header(wire::kMagic, 1, 0, 0, 0), true);
+                 return DataExchange(addr, raw_header(wire::kMagic, wire::kVersion, 0, 0, 0), true);
                }});
   v.push_back({"reserved_bits_set", [=] {
-                 return DataExchange(addr, raw_header(wire::kMagic, 1, 6, 0, 0, 1), true);
+                 return DataExchange(addr, raw_header(wire::kMagic, wire::kVersion, 6, 0, 0, 1), true);
                }});
   v.push_back({"op_count_over_max", [=] {
                  return DataExchange(addr,
-                                     raw_header(wire::kMagic, 1, uint8_t(FT::kReadRequest),
+                                     raw_header(wire::kMagic, wire::kVersion, uint8_t(FT::kReadRequest),
                                                 wire::kMaxOps + 1, 0),
                                      true);
                }});
   v.push_back({"op_count_65535", [=] {
                  return DataExchange(addr,
-                                     raw_header(wire::kMagic, 1, uint8_t(FT::kReadRequest),
+                                     raw_header(wire::kMagic, wire::kVersion, uint8_t(FT::kReadRequest),
                                                 65535, 0),
                                      true);
                }});
