@@ -20,6 +20,7 @@
 #include "common/net.h"
 #include "common/wire.h"
 #include "proto/master.grpc.pb.h"
+#include "proto/storage.grpc.pb.h"
 #include "tests/daemon.h"
 
 namespace hymcache {
@@ -120,6 +121,25 @@ struct Cluster {
     for (int i = 0; i < n_nodes; ++i) AddNode(absl::StrCat("node-", i));
     client = NewClient(master.address);
     WaitForNodes(*client, nodes.size());
+    for (const StorageProcess& n : nodes) WaitRegistered(n);
+  }
+  // The master lists a node alive as soon as it answers its registration;
+  // the node applies the answer (its key, its generation ceiling) a moment
+  // later, and refuses writes until then.
+  static void WaitRegistered(const StorageProcess& n) {
+    auto stub = v1::StorageControl::NewStub(grpc::CreateChannel(
+        n.control_address, grpc::InsecureChannelCredentials()));
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      grpc::ClientContext ctx;
+      v1::StorageStatsResponse stats;
+      if (stub->GetStats(&ctx, v1::StorageStatsRequest(), &stats).ok() &&
+          stats.registered()) {
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    FAIL("node " << n.control_address << " never applied its registration");
   }
   void AddNode(const std::string& name) {
     auto s = StorageProcess::Start(master.address, name,
