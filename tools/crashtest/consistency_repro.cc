@@ -222,6 +222,13 @@ int LostCommit(ClusterOptions o) {
   if (!client.ok()) return Fail(client.status().ToString());
   if (!WaitAlive(**client, "n", absl::InfinitePast()))
     return Fail("n not alive");
+  // The master lists the node alive once it answered the registration; the
+  // node keeps its key a moment later. A restart before that cannot prove
+  // the key and waits out the node timeout.
+  const std::string key_file = o.work_dir + "/n.node_key";
+  for (int i = 0; i < 1000 && ::access(key_file.c_str(), F_OK) != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
 
   // The node crashes and is restarted on its ports, but cannot reach the
   // master for now.
