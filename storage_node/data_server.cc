@@ -706,9 +706,8 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
     case wire::FrameType::kAcquireRequest:
     case wire::FrameType::kWriteBeginRequest:
     case wire::FrameType::kWriteCommitRequest:
-      break;
     case wire::FrameType::kRdmaConnectRequest:
-      return HandleRdmaConnect(fd, *h, deadline, cs);
+      break;
     default:
       protocol_errors_.fetch_add(1, std::memory_order_relaxed);
       SendError(fd, h->request_id,
@@ -766,13 +765,18 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
       return false;
     }
     if (!skip_capability_checks_for_test_.load(std::memory_order_relaxed)) {
-      const uint8_t rights = h->type == wire::FrameType::kWriteRequest ||
-                                     h->type == wire::FrameType::kWriteBeginRequest
-                                 ? wire::kCapWrite
-                                 : wire::kCapRead;
+      uint8_t rights = h->type == wire::FrameType::kWriteRequest ||
+                               h->type == wire::FrameType::kWriteBeginRequest
+                           ? wire::kCapWrite
+                           : wire::kCapRead;
       const CapabilityVerifier::Snapshot id = options_.capabilities->Current();
       const int64_t now_ms = absl::ToUnixMillis(absl::Now());
       for (wire::OpDesc& op : ops) {
+        // A queue pair may be granted by a read or a write capability.
+        if (h->type == wire::FrameType::kRdmaConnectRequest) {
+          rights = op.cap.rights == wire::kCapWrite ? wire::kCapWrite
+                                                    : wire::kCapRead;
+        }
         absl::Status c = id.Check(op, rights, now_ms);
         if (c.ok()) continue;
         op.status = WireStatus(c);
@@ -781,6 +785,9 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
         VLOG(1) << "data server: op refused: " << c;
       }
     }
+  }
+  if (h->type == wire::FrameType::kRdmaConnectRequest) {
+    return HandleRdmaConnect(fd, *h, ops[0], deadline, cs);
   }
   if (h->type == wire::FrameType::kWriteRequest) {
     return HandleWrite(fd, *h, ops, deadline, cs);
@@ -1069,12 +1076,23 @@ bool DataServer::HandleWriteCommit(int fd, const wire::FrameHeader& h,
 }
 
 bool DataServer::HandleRdmaConnect(int fd, const wire::FrameHeader& h,
+                                   const wire::OpDesc& grant,
                                    absl::Time deadline, ConnState* cs) {
   // DecodeHeader bounded the payload by kMaxConnectBytes.
   std::string info(h.payload_bytes, '\0');
   absl::Status s = RecvAll(fd, info.data(), info.size(), deadline);
   if (!s.ok()) {
     protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  if (grant.status != 0) {
+    // Nobody gets a queue pair (and with it one-sided access to the
+    // registered memory) without a capability the master issued for an
+    // object on this node.
+    SendError(fd, h.request_id,
+              absl::PermissionDeniedError(
+                  "data plane: RDMA connect refused: its grant carries no "
+                  "valid capability for an object on this node"));
     return false;
   }
   if (options_.rdma == nullptr) {

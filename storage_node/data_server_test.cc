@@ -299,6 +299,47 @@ TEST_CASE("DataServer serves only ops its capabilities authorize") {
   CHECK(f.server->Stats().denied_ops == 5);
 }
 
+TEST_CASE("DataServer: an RDMA queue pair needs a granted object") {
+  // This server has no RDMA plane: a valid grant gets as far as that
+  // (Unimplemented); a missing, forged, expired or wrong-rights grant is
+  // refused before (PermissionDenied), and every refusal closes.
+  Fixture f;
+  const TestCapabilities& caps = TestCapabilities::Get();
+  const std::string qp_info(64, 'q');
+  auto connect = [&](std::vector<OpDesc> ops) {
+    Socket s = f.Connect();
+    SendFrame(s.fd(), FrameType::kRdmaConnectRequest, 3, ops, qp_info,
+              qp_info.size());
+    auto r = ReadReply(s.fd());
+    REQUIRE(r.ok());
+    REQUIRE(r->h.type == FrameType::kError);
+    CHECK(PeerClosed(s.fd()));
+    INFO(std::string(r->payload.begin(), r->payload.end()));
+    return wire::FromWireCode(r->h.status);
+  };
+  OpDesc good = Op(0, 4096, 3);  // signed by SendFrame: a read grant
+  CHECK(connect({good}) == absl::StatusCode::kUnimplemented);
+  OpDesc write_grant = good;
+  caps.SignOp(&write_grant, wire::kCapWrite);
+  CHECK(connect({write_grant}) == absl::StatusCode::kUnimplemented);
+  OpDesc forged = good;
+  caps.SignOp(&forged, wire::kCapRead);
+  forged.cap.tag[3] ^= 0x40;
+  CHECK(connect({forged}) == absl::StatusCode::kPermissionDenied);
+  OpDesc expired = good;
+  expired.cap = caps.Sign(kRegion, 0, 4096, 3, wire::kCapRead,
+                          -absl::Seconds(31));
+  CHECK(connect({expired}) == absl::StatusCode::kPermissionDenied);
+  OpDesc other_object = good;
+  caps.SignOp(&other_object, wire::kCapRead);
+  other_object.addr = 8192;
+  CHECK(connect({other_object}) == absl::StatusCode::kPermissionDenied);
+  // The old, unauthenticated form (no op) is malformed.
+  CHECK(connect({}) == absl::StatusCode::kInvalidArgument);
+  CHECK(f.server->Stats().denied_ops == 3);
+  Ping(f);
+}
+
 TEST_CASE("DataServer: a failed write over a live object leaves it readable") {
   // The defect: a write at generation + 1 over a live object dropped it
   // before waiting for its readers, so a write that then failed (readers
