@@ -158,6 +158,9 @@ constexpr int kAcceptBurst = 64;
 // Requests a worker serves back to back on one connection before giving
 // it back to the loop (others waiting go first).
 constexpr int kMaxRequestsInARow = 16;
+// Longest a request whose capabilities fail waits for a registration in
+// flight (CapabilityVerifier::WaitForIdentityChange).
+constexpr absl::Duration kIdentityChangeWait = absl::Seconds(2);
 // Longest sleep of the loop (it then looks at its timers again).
 constexpr absl::Duration kMaxLoopWait = absl::Seconds(1);
 
@@ -769,15 +772,34 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
                                h->type == wire::FrameType::kWriteBeginRequest
                            ? wire::kCapWrite
                            : wire::kCapRead;
-      const CapabilityVerifier::Snapshot id = options_.capabilities->Current();
+      CapabilityVerifier::Snapshot id = options_.capabilities->Current();
       const int64_t now_ms = absl::ToUnixMillis(absl::Now());
-      for (wire::OpDesc& op : ops) {
+      auto check = [&](wire::OpDesc& op) {
         // A queue pair may be granted by a read or a write capability.
         if (h->type == wire::FrameType::kRdmaConnectRequest) {
           rights = op.cap.rights == wire::kCapWrite ? wire::kCapWrite
                                                     : wire::kCapRead;
         }
-        absl::Status c = id.Check(op, rights, now_ms);
+        return id.Check(op, rights, now_ms);
+      };
+      std::vector<bool> failed(ops.size());
+      bool denied = false;
+      for (size_t i = 0; i < ops.size(); ++i) {
+        failed[i] = !check(ops[i]).ok();
+        denied = denied || failed[i];
+      }
+      // A registration in flight: the master may already grant under the
+      // identity it sets. Wait for it (bounded) and check the refused ops
+      // once more.
+      if (denied &&
+          options_.capabilities->WaitForIdentityChange(
+              id, std::min(deadline, absl::Now() + kIdentityChangeWait))) {
+        id = options_.capabilities->Current();
+      }
+      for (size_t i = 0; denied && i < ops.size(); ++i) {
+        if (!failed[i]) continue;
+        wire::OpDesc& op = ops[i];
+        absl::Status c = check(op);
         if (c.ok()) continue;
         op.status = WireStatus(c);
         denied_ops_.fetch_add(1, std::memory_order_relaxed);

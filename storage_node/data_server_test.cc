@@ -52,7 +52,9 @@ struct Fixture {
     extents = std::move(*t);
     o.device = device.get();
     o.extents = extents.get();
-    o.capabilities = TestCapabilities::Get().verifier();
+    if (o.capabilities == nullptr) {
+      o.capabilities = TestCapabilities::Get().verifier();
+    }
     auto s = DataServer::Create(o);
     REQUIRE(s.ok());
     server = std::move(*s);
@@ -297,6 +299,39 @@ TEST_CASE("DataServer serves only ops its capabilities authorize") {
   CHECK(Code(r.ops[1]) == absl::StatusCode::kOk);
   CHECK(r.payload == a + b);
   CHECK(f.server->Stats().denied_ops == 5);
+}
+
+TEST_CASE("DataServer: ops arriving during a registration wait for its identity") {
+  // The master lists a node a moment before the node has applied the
+  // registration's answer; a client's capabilities under it must not be
+  // refused in that moment.
+  CapabilityVerifier v(absl::Seconds(30));
+  DataServerOptions o;
+  o.capabilities = &v;
+  Fixture f(Fixture::MakeDram(), o);
+  Socket s = f.Connect();
+  v.BeginIdentityChange();
+  Thread registration("registration", [&] {
+    absl::SleepFor(absl::Milliseconds(100));  // the answer on its way
+    v.SetIdentity(TestCapabilities::kNodeId, TestCapabilities::kIncarnation,
+                  TestCapabilities::Key());
+  });
+  std::string a(4096, 'a');
+  Reply w = Write(s.fd(), {Op(0, a.size(), 3)}, {a});
+  CHECK(Code(w.ops[0]) == absl::StatusCode::kOk);
+  registration.Join();
+  Reply r = Read(s.fd(), {Op(0, a.size(), 3)});
+  CHECK(Code(r.ops[0]) == absl::StatusCode::kOk);
+  CHECK(r.payload == a);
+  CHECK(f.server->Stats().denied_ops == 0);
+  // With no registration in flight a forged capability is refused at once.
+  OpDesc forged = Op(0, a.size(), 3);
+  TestCapabilities::Get().SignOp(&forged, wire::kCapRead);
+  forged.cap.tag[0] ^= 1;
+  const absl::Time t0 = absl::Now();
+  r = Read(s.fd(), {forged});
+  CHECK(Code(r.ops[0]) == absl::StatusCode::kPermissionDenied);
+  CHECK(absl::Now() - t0 < absl::Seconds(1));
 }
 
 TEST_CASE("DataServer: an RDMA queue pair needs a granted object") {
