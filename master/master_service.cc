@@ -1202,7 +1202,7 @@ absl::Status MasterService::MakeRoomInTenant(
       quota.max_bytes != 0 && bytes > quota.max_bytes ? bytes - quota.max_bytes
                                                       : 0;
   if (over_objects == 0 && over_bytes == 0) return absl::OkStatus();
-  auto refuse = [&](absl::string_view why) {
+  auto refuse = [&](absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++counters_.puts_over_tenant_quota;
     return absl::ResourceExhaustedError(absl::StrCat(
         "tenant '", tenant, "' quota: ", used.objects, " objects / ",
@@ -1228,7 +1228,9 @@ absl::Status MasterService::MakeRoomInTenant(
   auto covered = [&] {
     return got_objects >= over_objects && got_bytes >= over_bytes;
   };
-  for (const auto& [node_id, node] : nodes_) {
+  for (const auto& entry : nodes_) {
+    const uint32_t node_id = entry.first;
+    const Node& node = entry.second;
     if (covered() || chosen >= options_.max_evictions_per_put) break;
     index_.PickEvictions(
         node_id, options_.max_eviction_scan,
