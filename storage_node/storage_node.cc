@@ -471,6 +471,7 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
   tier.metadata_dir = o.capacity_metadata_dir;
   tier.allow_overcommit = o.allow_capacity_overcommit;
   tier.io.queue_depth = o.io_queue_depth;
+  tier.io.submit = o.io_submit;
   tier.io.direct = o.io_direct;
   tier.io.max_read_bytes_per_s = o.io_max_read_bytes_per_s;
   tier.io.max_write_bytes_per_s = o.io_max_write_bytes_per_s;
@@ -493,7 +494,9 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
     h.shareable = shareable;
     LOG(INFO) << "hybrid device: capacity file " << o.capacity_path << " ("
               << (t->adopted() ? "adopted" : "formatted") << ", "
-              << t->io()->engine() << "), staging window " << o.staging_bytes
+              << t->io()->engine()
+              << (t->io()->async_submit() ? ", async submission" : "")
+              << "), staging window " << o.staging_bytes
               << " bytes, write buffer " << o.write_buffer_bytes << " bytes";
     ASSIGN_OR_RETURN(auto d, storage::HybridDevice::Create(h, std::move(t)));
     return std::unique_ptr<storage::MemoryDevice>(std::move(d));
