@@ -364,6 +364,26 @@ TEST_CASE("inspect, top, version and help") {
     CHECK(out.find(std::string("\n  ") + cmd + " ") != std::string::npos);
   }
   CheckFits80(out);
+
+  // The binary: HYMCACHE_MASTER is the default master, --master wins;
+  // --help lists the commands first.
+  const std::string bin = testing::RunfilePath("tools/hymctl/hymctl");
+  auto env = testing::Daemon::Start(
+      "/usr/bin/env", {"HYMCACHE_MASTER=" + c.master.address, bin, "status"});
+  REQUIRE(env.ok());
+  CHECK(env->ready_line().rfind("NODE  NAME", 0) == 0);
+  auto flag_wins = testing::Daemon::Start(
+      "/usr/bin/env", {"HYMCACHE_MASTER=127.0.0.1:1", bin,
+                       "--master=" + c.master.address, "status"});
+  REQUIRE(flag_wins.ok());
+  CHECK(flag_wins->ready_line().rfind("NODE  NAME", 0) == 0);
+  auto unreachable = testing::Daemon::Start(
+      "/usr/bin/env",
+      {"HYMCACHE_MASTER=127.0.0.1:1", bin, "--timeout=1", "status"});
+  CHECK(unreachable.status().code() == absl::StatusCode::kUnavailable);
+  auto help = testing::Daemon::Start(bin, {"--help"});
+  REQUIRE(help.ok());
+  CHECK(help->ready_line().rfind("usage: hymctl", 0) == 0);
 }
 
 }  // namespace
