@@ -697,15 +697,22 @@ absl::StatusOr<uint64_t> MasterService::ForgetNodeLocked(uint32_t node_id) {
   return doomed.size();
 }
 
+absl::StatusOr<uint32_t> MasterService::NodeIdByNameLocked(
+    absl::string_view name) const {
+  auto known = node_by_name_.find(name);
+  if (known == node_by_name_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no node named '", absl::CHexEscape(name), "'"));
+  }
+  return known->second;
+}
+
 absl::StatusOr<v1::ForgetNodeResponse> MasterService::ForgetNode(
     const v1::ForgetNodeRequest& request) {
   MutexLock l(&mu_);
-  auto known = node_by_name_.find(request.name());
-  if (known == node_by_name_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "no node named '", absl::CHexEscape(request.name()), "'"));
-  }
-  const uint32_t id = known->second;
+  absl::StatusOr<uint32_t> known = NodeIdByNameLocked(request.name());
+  if (!known.ok()) return known.status();
+  const uint32_t id = *known;
   if (MayComeBack(nodes_.at(id), clock_->Now())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "node ", id, " '", absl::CHexEscape(request.name()),
@@ -724,14 +731,11 @@ absl::StatusOr<v1::ForgetNodeResponse> MasterService::ForgetNode(
 absl::StatusOr<v1::SetNodeDrainingResponse> MasterService::SetNodeDraining(
     const v1::SetNodeDrainingRequest& request) {
   MutexLock l(&mu_);
-  auto known = node_by_name_.find(request.name());
-  if (known == node_by_name_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "no node named '", absl::CHexEscape(request.name()), "'"));
-  }
-  Node& node = nodes_.at(known->second);
+  absl::StatusOr<uint32_t> known = NodeIdByNameLocked(request.name());
+  if (!known.ok()) return known.status();
+  Node& node = nodes_.at(*known);
   v1::SetNodeDrainingResponse response;
-  response.set_node_id(known->second);
+  response.set_node_id(*known);
   response.set_object_count(node.object_count);
   if (node.info.draining() == request.draining()) return response;
   v1::NodeInfo changed = node.info;
@@ -740,7 +744,7 @@ absl::StatusOr<v1::SetNodeDrainingResponse> MasterService::SetNodeDraining(
   if (!s.ok()) return s;
   node.info.set_draining(request.draining());
   response.set_changed(true);
-  LOG(INFO) << "node " << known->second << " '" << node.info.name() << "' "
+  LOG(INFO) << "node " << *known << " '" << node.info.name() << "' "
             << (request.draining() ? "draining: no new placements"
                                    : "undrained: placements resume")
             << " (" << node.object_count << " objects)";

@@ -655,6 +655,9 @@ class MasterService {
   // Counts a pending put in / out of its caller's usage.
   void CountCallerPending(const PendingPut& put, int delta)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The id of the node named `name`. Errors: NotFound.
+  absl::StatusOr<uint32_t> NodeIdByNameLocked(absl::string_view name) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Removes node `node_id` with its objects and pending puts (ForgetNode).
   // Returns the objects removed. Errors: store errors (nothing changes).
   absl::StatusOr<uint64_t> ForgetNodeLocked(uint32_t node_id)

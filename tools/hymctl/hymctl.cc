@@ -89,20 +89,6 @@ std::string ShortBytes(uint64_t bytes) {
                            : absl::StrFormat("%.0f%s", v, units[u]);
 }
 
-// A count in at most 5 characters: 999, 1.2k, 12k, 123M.
-std::string ShortCount(uint64_t n) {
-  if (n < 1000) return absl::StrCat(n);
-  const char* units[] = {"", "k", "M", "G", "T"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 999.5 && u < 4) {
-    v /= 1000;
-    ++u;
-  }
-  return v < 9.95 ? absl::StrFormat("%.1f%s", v, units[u])
-                  : absl::StrFormat("%.0f%s", v, units[u]);
-}
-
 // An age in at most 5 characters: 0.4s, 12s, 5m, 3h, 2d.
 std::string ShortAge(absl::Duration d) {
   const double s = absl::ToDoubleSeconds(d);
@@ -463,7 +449,7 @@ class Cli {
                         DeviceKind(n).substr(0, 6), ShortBytes(n.used_bytes()),
                         ShortBytes(n.capacity_bytes()),
                         absl::StrFormat("%.0f%%", pct),
-                        ShortCount(n.object_count()), seen(n)});
+                        ShortNumber(static_cast<double>(n.object_count())), seen(n)});
       }
       size_t others = 2 * (rows[0].size() - 1);
       for (size_t c = 0; c < rows[0].size(); ++c) {

@@ -33,8 +33,17 @@ json Opt(const std::optional<double>& v) {
   return v ? json(*v) : json(nullptr);
 }
 
-// A rate or size in at most 5 characters: 999, 1.2k, 12k, 123M.
-std::string Short(double v) {
+std::string ShortOpt(const std::optional<double>& v) {
+  return v ? ShortNumber(*v) : "-";
+}
+
+std::string Percent(const std::optional<double>& v) {
+  return v ? absl::StrFormat("%.0f%%", *v * 100) : "-";
+}
+
+}  // namespace
+
+std::string ShortNumber(double v) {
   const char* units[] = {"", "k", "M", "G", "T", "P"};
   int u = 0;
   while (v >= 999.5 && u < 5) {
@@ -45,16 +54,6 @@ std::string Short(double v) {
   return v < 9.95 ? absl::StrFormat("%.1f%s", v, units[u])
                   : absl::StrFormat("%.0f%s", v, units[u]);
 }
-
-std::string ShortOpt(const std::optional<double>& v) {
-  return v ? Short(*v) : "-";
-}
-
-std::string Percent(const std::optional<double>& v) {
-  return v ? absl::StrFormat("%.0f%%", *v * 100) : "-";
-}
-
-}  // namespace
 
 TopView ComputeTop(const TopSample& before, const TopSample& after) {
   TopView view;

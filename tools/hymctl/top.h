@@ -86,6 +86,9 @@ struct TopView {
   std::vector<TopRow> rows;
 };
 
+// A number in at most 5 characters, SI prefixes: 999, 1.2k, 12k, 123M.
+std::string ShortNumber(double v);
+
 // Rates between `before` and `after` (after.at later). A counter that went
 // down (the node restarted) counts from zero; a node absent from `before`
 // has no rates yet.

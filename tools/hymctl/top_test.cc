@@ -106,5 +106,19 @@ TEST_CASE("top's rates are deltas over the interval") {
   CHECK(os.str().find("hybrid-no~") != std::string::npos);
 }
 
+TEST_CASE("ShortNumber fits 5 characters") {
+  CHECK(ShortNumber(0) == "0");
+  CHECK(ShortNumber(999) == "999");
+  CHECK(ShortNumber(999.6) == "1.0k");
+  CHECK(ShortNumber(1234) == "1.2k");
+  CHECK(ShortNumber(12345) == "12k");
+  CHECK(ShortNumber(123456789) == "123M");
+  CHECK(ShortNumber(1e20) == "100000P");  // beyond P: longer, never wrong
+  for (double v = 1; v < 1e18; v *= 3.7) {
+    INFO(v);
+    CHECK(ShortNumber(v).size() <= 5);
+  }
+}
+
 }  // namespace
 }  // namespace hymcache::hymctl
