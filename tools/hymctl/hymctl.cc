@@ -148,6 +148,7 @@ class Cli {
       return rest.size() == 1 ? Inspect(rest[0]) : Usage("inspect KEY");
     }
     if (cmd == "top") return rest.empty() ? Top() : Usage("top takes no operands");
+    if (cmd == "status") return rest.empty() ? Status() : Usage("status takes no operands");
     ClientOptions co;
     co.master_address = o_.master_address;
     co.auth_token = o_.security.token;
@@ -159,7 +160,6 @@ class Cli {
     auto client = Client::Create(co);
     if (!client.ok()) return Fail(client.status());
     client_ = std::move(*client);
-    if (cmd == "status") return rest.empty() ? Status() : Usage("status takes no operands");
     if (cmd == "stats") return rest.empty() ? NodeStats() : Usage("stats takes no operands");
     if (cmd == "put") return rest.size() == 2 ? Put(rest[0], rest[1]) : Usage("put KEY FILE");
     if (cmd == "get") return rest.size() == 2 ? Get(rest[0], rest[1]) : Usage("get KEY FILE");

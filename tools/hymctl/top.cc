@@ -164,8 +164,9 @@ void PrintTop(std::ostream& out, const TopView& view) {
     std::string name = r.name;
     if (name.size() > kNameWidth) name = name.substr(0, kNameWidth - 1) + "~";
     if (!r.error.empty()) {
-      out << absl::StrFormat("%-4d  %-10s  %-11s  unreachable\n", r.node_id,
-                             name, r.state.substr(0, 11));
+      // The rest of the line (80 columns) says why there are no rates.
+      out << absl::StrFormat("%-4d  %-10s  %-11s  %s\n", r.node_id, name,
+                             r.state.substr(0, 11), r.error.substr(0, 49));
       continue;
     }
     out << absl::StrFormat(

@@ -104,6 +104,7 @@ TEST_CASE("top's rates are deltas over the interval") {
   }
   CHECK(n >= 7);
   CHECK(os.str().find("hybrid-no~") != std::string::npos);
+  CHECK(os.str().find("DEAD         not alive") != std::string::npos);
 }
 
 TEST_CASE("ShortNumber fits 5 characters") {
