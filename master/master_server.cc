@@ -7,6 +7,7 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
 #include "common/net.h"
@@ -530,6 +531,32 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                               v1::SetTenantQuotaResponse())
                         : absl::StatusOr<v1::SetTenantQuotaResponse>(s),
                  resp);
+  }
+  grpc::ServerUnaryReactor* SetNodeDraining(
+      grpc::CallbackServerContext* ctx, const v1::SetNodeDrainingRequest* req,
+      v1::SetNodeDrainingResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "SetNodeDraining");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    auto out = service_->SetNodeDraining(*req);
+    if (out.ok() && out->changed()) {
+      LOG(INFO) << "master: node '" << absl::CHexEscape(req->name()) << "' "
+                << (req->draining() ? "drained" : "undrained") << " by '"
+                << id->name << "'";
+    }
+    return Reply(ctx, std::move(out), resp);
+  }
+  grpc::ServerUnaryReactor* InspectKey(grpc::CallbackServerContext* ctx,
+                                       const v1::InspectKeyRequest* req,
+                                       v1::InspectKeyResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "InspectKey");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    if (absl::Status s = CheckKey(*id, req->key(), "InspectKey"); !s.ok()) {
+      return Refuse(ctx, s);
+    }
+    if (!Rewrites(*id)) return Reply(ctx, service_->InspectKey(*req), resp);
+    v1::InspectKeyRequest qualified = *req;
+    Qualify(*id, qualified.mutable_key());
+    return Reply(ctx, service_->InspectKey(qualified), resp);
   }
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
                                      const v1::GetStatsRequest* /*req*/,

@@ -362,6 +362,10 @@ bool MasterService::IsAlive(const Node& node, absl::Time now) const {
          now - node.last_seen <= options_.node_timeout;
 }
 
+bool MasterService::IsPlaceable(const Node& node, absl::Time now) const {
+  return IsAlive(node, now) && !node.info.draining();
+}
+
 bool MasterService::ProofValid(const Node& node, std::string_view purpose,
                                uint32_t node_id, uint64_t incarnation,
                                const v1::NodeAuth& auth,
@@ -701,15 +705,22 @@ absl::StatusOr<uint64_t> MasterService::ForgetNodeLocked(uint32_t node_id) {
   return doomed.size();
 }
 
+absl::StatusOr<uint32_t> MasterService::NodeIdByNameLocked(
+    absl::string_view name) const {
+  auto known = node_by_name_.find(name);
+  if (known == node_by_name_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no node named '", absl::CHexEscape(name), "'"));
+  }
+  return known->second;
+}
+
 absl::StatusOr<v1::ForgetNodeResponse> MasterService::ForgetNode(
     const v1::ForgetNodeRequest& request) {
   MutexLock l(&mu_);
-  auto known = node_by_name_.find(request.name());
-  if (known == node_by_name_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "no node named '", absl::CHexEscape(request.name()), "'"));
-  }
-  const uint32_t id = known->second;
+  absl::StatusOr<uint32_t> known = NodeIdByNameLocked(request.name());
+  if (!known.ok()) return known.status();
+  const uint32_t id = *known;
   if (MayComeBack(nodes_.at(id), clock_->Now())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "node ", id, " '", absl::CHexEscape(request.name()),
@@ -722,6 +733,72 @@ absl::StatusOr<v1::ForgetNodeResponse> MasterService::ForgetNode(
   v1::ForgetNodeResponse response;
   response.set_node_id(id);
   response.set_objects_removed(*removed);
+  return response;
+}
+
+absl::StatusOr<v1::SetNodeDrainingResponse> MasterService::SetNodeDraining(
+    const v1::SetNodeDrainingRequest& request) {
+  MutexLock l(&mu_);
+  absl::StatusOr<uint32_t> known = NodeIdByNameLocked(request.name());
+  if (!known.ok()) return known.status();
+  Node& node = nodes_.at(*known);
+  v1::SetNodeDrainingResponse response;
+  response.set_node_id(*known);
+  response.set_object_count(node.object_count);
+  if (node.info.draining() == request.draining()) return response;
+  v1::NodeInfo changed = node.info;
+  changed.set_draining(request.draining());
+  absl::Status s = store_->PutNode(changed);
+  if (!s.ok()) return s;
+  node.info.set_draining(request.draining());
+  response.set_changed(true);
+  LOG(INFO) << "node " << *known << " '" << node.info.name() << "' "
+            << (request.draining() ? "draining: no new placements"
+                                   : "undrained: placements resume")
+            << " (" << node.object_count << " objects)";
+  return response;
+}
+
+absl::StatusOr<v1::InspectKeyResponse> MasterService::InspectKey(
+    const v1::InspectKeyRequest& request) const {
+  if (request.key().empty() || request.key().size() > options_.max_key_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key of ", request.key().size(), " bytes (want 1..",
+                     options_.max_key_bytes, ")"));
+  }
+  v1::InspectKeyResponse response;
+  response.set_tenant(std::string(TenantOfKey(request.key())));
+  ReaderMutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  response.set_put_in_progress(pending_keys_.contains(request.key()));
+  auto e = index_.Find(request.key());
+  if (!e) return response;
+  response.set_found(true);
+  v1::Location* loc = response.mutable_location();
+  loc->set_node_id(e->node_id);
+  loc->set_region_id(e->region_id);
+  loc->set_addr(e->addr);
+  loc->set_length(e->length);
+  loc->set_generation(e->generation);
+  auto n = nodes_.find(e->node_id);
+  if (n != nodes_.end()) FillNodeInfo(n->second, now, response.mutable_node());
+  const std::optional<uint32_t> tick = index_.ReadTick(request.key());
+  if (tick && *tick > 0) {
+    // As in PersistRecencyLocked: tick t was read at lease_epoch_ + t - 1 ms.
+    const absl::Time read = lease_epoch_ + absl::Milliseconds(int64_t{*tick} - 1);
+    response.set_last_read_unix_ms(absl::ToUnixMillis(read));
+    if (read + options_.read_lease > now) {
+      response.set_lease_expires_unix_ms(
+          absl::ToUnixMillis(read + options_.read_lease));
+    }
+  }
+  if (auto chain = index_.Chain(request.key())) {
+    response.set_parent_key(chain->parent);
+    response.set_parent_on_other_node(chain->cross);
+    response.set_children(chain->children);
+    response.set_cross_children(chain->cross_children);
+    response.set_unreachable(chain->orphan);
+  }
   return response;
 }
 
@@ -857,6 +934,9 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   const uint32_t id = known->second;
   Node& node = nodes_.at(id);
   info.set_node_id(id);
+  // An operator's drain outlives the node's restarts (hymctl undrain ends
+  // it).
+  info.set_draining(node.info.draining());
   // Only the holder of the name's key keeps or takes over its identity.
   const bool proven = ProofValid(node, "register", 0, request.incarnation(),
                                  request.auth(), now);
@@ -1360,7 +1440,9 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
     }
     if (e && preferred == 0) {
       auto n = nodes_.find(e->node_id);
-      if (n != nodes_.end() && IsAlive(n->second, now)) preferred = e->node_id;
+      if (n != nodes_.end() && IsPlaceable(n->second, now)) {
+        preferred = e->node_id;
+      }
     }
   }
 
@@ -1425,18 +1507,23 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   };
   if (preferred != 0) {
     Node& p = nodes_.at(preferred);
-    if (IsAlive(p, now) && caller_may_put(p)) {
+    if (IsPlaceable(p, now) && caller_may_put(p)) {
       target = &p;
       if (TryAllocateOnNode(p, lengths, &placed)) chosen = &p;
     }
   }
   size_t alive = 0;
+  size_t draining = 0;  // alive, but drained by an operator
   if (chosen == nullptr && !nodes_.empty()) {
     auto start = nodes_.upper_bound(last_placed_node_);
     auto it = start;
     for (size_t tried = 0; tried < nodes_.size(); ++tried, ++it) {
       if (it == nodes_.end()) it = nodes_.begin();
       if (!IsAlive(it->second, now)) continue;
+      if (it->second.info.draining()) {
+        ++draining;
+        continue;
+      }
       ++alive;
       if (!caller_may_put(it->second)) continue;
       if (target == nullptr) target = &it->second;
@@ -1451,7 +1538,10 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
     if (alive == 0) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "no alive storage node to place ", to_allocate.size(),
-          " objects (", nodes_.size(), " nodes known)"));
+          " objects (", nodes_.size(), " nodes known",
+          draining > 0 ? absl::StrCat(", ", draining, " alive but draining")
+                       : "",
+          ")"));
     }
     if (target == nullptr) {
       ++counters_.puts_over_caller_limit;

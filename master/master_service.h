@@ -374,6 +374,23 @@ class MasterService {
   absl::StatusOr<hymcache::v1::ForgetNodeResponse> ForgetNode(
       const hymcache::v1::ForgetNodeRequest& request);
 
+  // Drains (request.draining) or undrains the node named request.name: a
+  // draining node gets no new placements (PutStart passes it over as if it
+  // were not alive, also as a preferred or parent's node, and never evicts
+  // on it); its committed objects are still found and served, and its keys
+  // are still SLOT_EXISTS for PutStart. The state is persisted with the
+  // node record (kept by a master restart and by re-registrations).
+  // Errors: NotFound (unknown name); store errors (nothing changes).
+  absl::StatusOr<hymcache::v1::SetNodeDrainingResponse> SetNodeDraining(
+      const hymcache::v1::SetNodeDrainingRequest& request);
+
+  // What the master knows about one key (see InspectKeyResponse): its
+  // location and node (found even on a dead node), last read, lease,
+  // chain links, tenant, and whether a put of it is pending. Changes
+  // nothing. Errors: InvalidArgument (key empty or over max_key_bytes).
+  absl::StatusOr<hymcache::v1::InspectKeyResponse> InspectKey(
+      const hymcache::v1::InspectKeyRequest& request) const;
+
   // The node is dead from now on; objects in its non-persistent regions are
   // purged and its pending puts cancelled. Errors: NotFound for an unknown
   // id; PermissionDenied (the request does not prove the node's key);
@@ -592,6 +609,8 @@ class MasterService {
       const google::protobuf::RepeatedPtrField<std::string>& keys) const;
 
   bool IsAlive(const Node& node, absl::Time now) const;
+  // Alive and not draining: may get new placements.
+  bool IsPlaceable(const Node& node, absl::Time now) const;
   // Whether `auth` is a valid proof of `node`'s key now.
   bool ProofValid(const Node& node, std::string_view purpose,
                   uint32_t node_id, uint64_t incarnation,
@@ -666,6 +685,9 @@ class MasterService {
   // Counts a pending put in / out of its caller's and its tenant's usage.
   void CountCallerPending(const PendingPut& put, int delta)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The id of the node named `name`. Errors: NotFound.
+  absl::StatusOr<uint32_t> NodeIdByNameLocked(absl::string_view name) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Brings `tenant` within `quota` for `new_objects` / `new_bytes` more by
   // evicting its own least recently used objects (never `keep`); see
   // PutStart. OK if it fits (possibly after evicting); ResourceExhausted

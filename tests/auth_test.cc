@@ -105,6 +105,8 @@ std::vector<std::tuple<std::string, Roles, Call>> MasterMethods() {
       HYM_UNARY(ListNodes, admin),     HYM_UNARY(GetStats, admin),
       HYM_UNARY(BeginReconcile, node), HYM_UNARY(ReportMissing, engine),
       HYM_UNARY(ListTenants, admin),   HYM_UNARY(SetTenantQuota, admin),
+      HYM_UNARY(ForgetNode, admin),    HYM_UNARY(SetNodeDraining, admin),
+      HYM_UNARY(InspectKey, admin),
   };
 #undef HYM_UNARY
   m.emplace_back("ReconcileNode", node, [](grpc::Channel* ch) {
@@ -258,7 +260,7 @@ TEST_CASE("Every RPC admits its roles and refuses the others") {
       ++checked;
     }
   }
-  CHECK(checked == 16 * 5 + 3 * 3);
+  CHECK(checked == 19 * 5 + 3 * 3);
   // The node registered with its token, so its heartbeats are admitted.
   CHECK(c.node->registered());
 }

@@ -1,4 +1,7 @@
 // hymctl: HyMCache admin CLI. See hymctl.h for the commands.
+#include <unistd.h>
+
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -7,10 +10,12 @@
 
 #include "tools/hymctl/hymctl.h"
 
-DEFINE_string(master, "127.0.0.1:50051", "master gRPC address host:port");
+DEFINE_string(master, "127.0.0.1:50051",
+              "master gRPC address host:port (default: $HYMCACHE_MASTER if set)");
 DEFINE_bool(json, false, "print JSON instead of tables");
 DEFINE_bool(hex, false, "keys on the command line are hex");
-DEFINE_double(timeout, 10, "per-command deadline in seconds");
+DEFINE_double(timeout, 10,
+              "per-command deadline in seconds (drain --wait: how long to wait)");
 DEFINE_bool(repair, false, "fsck: repair what is found, then check again");
 DEFINE_double(settle, 2, "fsck: seconds between its two confirming passes");
 DEFINE_string(token_file, "", "file holding the bearer token (an admin's)");
@@ -19,13 +24,58 @@ DEFINE_string(tls_cert, "", "PEM client certificate for mutual TLS");
 DEFINE_string(tls_key, "", "PEM private key of --tls_cert");
 DEFINE_string(tls_server_name, "",
               "name the servers' certificates carry (default: the host dialled)");
+DEFINE_string(o, "", "status: 'wide' for every address and exact sizes");
+DEFINE_bool(wait, false, "drain: wait until the node holds no objects");
+DEFINE_double(interval, 2, "top: seconds between refreshes");
+DEFINE_int32(iterations, 0, "top: refreshes before exiting (0: until interrupted)");
+
+namespace {
+
+// --help: the commands and hymctl's own flags (not those of the libraries
+// it links).
+void PrintHelp() {
+  std::cout << hymcache::hymctl::HelpText() << "\nFlags:\n";
+  std::vector<gflags::CommandLineFlagInfo> flags;
+  gflags::GetAllFlags(&flags);
+  for (const auto& f : flags) {
+    if (f.filename.find("tools/hymctl/main.cc") == std::string::npos) continue;
+    std::cout << "  --" << f.name << "="
+              << (f.type == "string" ? "\"" + f.default_value + "\""
+                                     : f.default_value)
+              << "\n      " << f.description << "\n";
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "hymctl [flags] status | stats | put KEY FILE | get KEY FILE | lookup KEY... | rm KEY... | fsck [--repair] [--settle=S] | tenant list|usage T|set-quota T OBJS BYTES | token new ROLE TENANT NAME TOKEN_FILE");
+  gflags::SetUsageMessage("hymctl [flags] COMMAND (hymctl help)");
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (a == "--help" || a == "-help" || a == "-h" || a == "--helpshort") {
+      PrintHelp();
+      return 0;
+    }
+  }
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   hymcache::hymctl::Options o;
   o.master_address = FLAGS_master;
+  // A CLI's environment: the default master (flags win).
+  const char* env_master = std::getenv("HYMCACHE_MASTER");
+  if (gflags::GetCommandLineFlagInfoOrDie("master").is_default &&
+      env_master != nullptr && *env_master != '\0') {
+    o.master_address = env_master;
+  }
+  if (FLAGS_o != "" && FLAGS_o != "wide") {
+    std::cerr << "hymctl: -o takes 'wide'\n";
+    return 2;
+  }
+  o.wide = FLAGS_o == "wide";
+  o.wait = FLAGS_wait;
+  o.interval_seconds = FLAGS_interval;
+  o.iterations = FLAGS_iterations;
+  o.clear_screen = ::isatty(STDOUT_FILENO) == 1;
   o.json = FLAGS_json;
   o.hex_keys = FLAGS_hex;
   o.timeout_seconds = FLAGS_timeout;
