@@ -15,6 +15,7 @@
 #include <system_error>
 
 #include "absl/time/time.h"
+#include "common/cli.h"
 #include "master/master_server.h"
 
 DEFINE_string(listen, "127.0.0.1:50051",
@@ -68,9 +69,27 @@ DEFINE_bool(tls_require_client_cert, false,
             "refuse TLS clients without a certificate signed by --tls_ca");
 
 int main(int argc, char** argv) {
-  FLAGS_logtostderr = true;  // default for a daemon; --logtostderr=0 overrides
-  gflags::SetUsageMessage("HyMCache master: metadata, placement, liveness");
-  gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
+  hymcache::ParseCommandLine(
+      {.program = "hymcache-master",
+       .usage = "HyMCache master: metadata, placement, liveness.\n"
+                "  hymcache-master --listen=HOST:PORT --db_path=DIR [flags]",
+       .groups =
+           {{"Serving", {"listen", "db_path", "sync_writes"}},
+            {"Nodes and placement",
+             {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
+              "read_lease_ms", "max_evictions_per_put",
+              "reconcile_interval_ms", "capability_lifetime_ms"}},
+            {"Limits",
+             {"max_nodes", "forget_dead_nodes_after_s",
+              "max_pending_share_per_caller", "max_pending_slots_per_caller"}},
+            {"Security (docs/security.md)",
+             {"auth_tokens_file", "insecure", "tls_cert", "tls_key", "tls_ca",
+              "tls_require_client_cert"}},
+            {"Logging (stderr by default: journald)",
+             {"log_dir", "logtostderr", "v", "vmodule", "minloglevel"}}},
+       .main_file = __FILE__,
+       .daemon_logging = true},
+      &argc, &argv);
   google::InitGoogleLogging(argv[0]);
 
   // Block the stop signals in every thread (threads inherit the mask), then

@@ -5,6 +5,7 @@
 
 #include <gflags/gflags.h>
 
+#include "common/cli.h"
 #include "tools/hymctl/hymctl.h"
 
 DEFINE_string(master, "127.0.0.1:50051", "master gRPC address host:port");
@@ -21,9 +22,20 @@ DEFINE_string(tls_server_name, "",
               "name the servers' certificates carry (default: the host dialled)");
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "hymctl [flags] status | stats | put KEY FILE | get KEY FILE | lookup KEY... | rm KEY... | fsck [--repair] [--settle=S] | tenant list|usage T|set-quota T OBJS BYTES | token new ROLE TENANT NAME TOKEN_FILE");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine(
+      {.program = "hymctl",
+       .usage =
+           "hymctl [flags] status | stats | put KEY FILE | get KEY FILE | "
+           "lookup KEY... | rm KEY... | fsck [--repair] [--settle=S] | tenant "
+           "list|usage T|set-quota T OBJS BYTES | token new ROLE TENANT NAME "
+           "TOKEN_FILE",
+       .groups = {{"Connection",
+                   {"master", "timeout", "token_file", "tls_ca", "tls_cert",
+                    "tls_key", "tls_server_name"}},
+                  {"Output", {"json", "hex"}},
+                  {"fsck", {"repair", "settle"}}},
+       .main_file = __FILE__},
+      &argc, &argv);
   hymcache::hymctl::Options o;
   o.master_address = FLAGS_master;
   o.json = FLAGS_json;
