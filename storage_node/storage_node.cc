@@ -445,6 +445,12 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
     uint64_t* incarnation, std::unique_ptr<storage::CapacityTier>* tier_out) {
   using Device = StorageNodeOptions::Device;
   const bool shareable = o.expose_shm || o.rdma != "off";
+  RETURN_IF_ERROR(storage::CheckMemoryFits(
+      o.device == Device::kDram ? o.dram_bytes
+                                : o.staging_bytes + o.write_buffer_bytes,
+      o.numa_node, o.allow_memory_overcommit,
+      o.device == Device::kDram ? "--dram_bytes"
+                                : "--staging_bytes + --write_buffer_bytes"));
   if (shareable && o.shared_huge_pages) {
     absl::Status hp = storage::EnableSharedHugePages();
     if (!hp.ok()) {

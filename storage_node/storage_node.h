@@ -114,6 +114,12 @@ struct StorageNodeOptions {
   // flushes fail and stores are refused when the write buffer fills.
   // Default: false
   bool allow_capacity_overcommit = false;
+  // Start even if the device's DRAM (dram_bytes for kDram; staging_bytes +
+  // write_buffer_bytes for the hybrid devices) exceeds the physical memory
+  // of numa_node (or of the host for -1), with a warning; without it Create
+  // fails with ResourceExhausted.
+  // Default: false
+  bool allow_memory_overcommit = false;
   // Hybrid devices: DRAM staging window. Default: 256 MiB
   uint64_t staging_bytes = uint64_t{256} << 20;
   // Hybrid devices: DRAM write buffer (kHybridLru adds it to its cache).
@@ -250,7 +256,8 @@ class StorageNode {
   // with the master proceeds in the background (Create succeeds while the
   // master is down).
   // Errors: InvalidArgument (bad options), Unavailable (a port cannot be
-  // bound), ResourceExhausted (memory cannot be allocated; or the capacity
+  // bound), ResourceExhausted (memory cannot be allocated, or exceeds the
+  // machine's, see allow_memory_overcommit; or the capacity
   // file does not fit the free space of its filesystem, see
   // allow_capacity_overcommit), FailedPrecondition (a capacity file of
   // another node or capacity).
