@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
 #include <exception>
@@ -758,6 +760,10 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
                  << options.listen_host << " may call the control service";
   }
   node->control_service_ = std::make_unique<ControlService>(node.get());
+  // grpc.health.v1 (see Ready()) and server reflection on the control port;
+  // process-wide switches for servers built from here on.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // Without this, gRPC binds with SO_REUSEPORT and "succeeds" on a port
   // another server already holds.
@@ -774,6 +780,10 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
         "storage node: cannot serve the control service on ", control_listen));
   }
 
+  if (auto* health = node->control_server_->GetHealthCheckService()) {
+    health->SetServingStatus(v1::StorageControl::service_full_name(), false);
+    health->SetServingStatus(false);  // until registered and reconciled
+  }
   node->control_address_ = JoinHostPort(advertise, node->control_port_);
   grpc::ChannelArguments args;
   // Notice a restarted master quickly instead of after gRPC's default
@@ -828,6 +838,15 @@ void StorageNode::SetSkipCapabilityChecksForTest(bool skip) {
 uint32_t StorageNode::node_id() const {
   MutexLock l(&mu_);
   return node_id_;
+}
+
+bool StorageNode::ReadyLocked() const {
+  return registered_ && !stopping_ && !reconcile_before_ready_;
+}
+
+bool StorageNode::ready() const {
+  MutexLock l(&mu_);
+  return ReadyLocked();
 }
 
 bool StorageNode::registered() const {
@@ -932,6 +951,7 @@ absl::Status StorageNode::Register() {
   heartbeat_interval_ = interval;
   registered_ = true;
   reconcile_due_ = resp.reconcile();
+  reconcile_before_ready_ = resp.reconcile();
   reconcile_interval_ = absl::Milliseconds(resp.reconcile_interval_ms());
   next_reconcile_ = absl::Now() + reconcile_interval_;
   }
@@ -1054,6 +1074,7 @@ absl::Status StorageNode::Reconcile(uint32_t node_id) {
     VLOG(1) << "reconciled with master: " << outcome;
   }
   MutexLock l(&mu_);
+  reconcile_before_ready_ = false;
   ++reconciliations_;
   reconcile_freed_ += freed;
   last_reconcile_ = outcome;
@@ -1073,16 +1094,30 @@ void StorageNode::ApplyGenerationCeiling(uint64_t ceiling) {
 void StorageNode::HeartbeatLoop() {
   absl::Duration retry = kMinRetry;
   bool outage = false;  // a warning was logged for the current outage
+  bool published_ready = false;  // what the health service says
   while (true) {
     bool registered;
     uint32_t node_id;
     absl::Duration interval;
+    bool ready;
     {
       MutexLock l(&mu_);
       if (stopping_) return;
       registered = registered_;
       node_id = node_id_;
       interval = heartbeat_interval_;
+      ready = ReadyLocked();
+    }
+    // Only this thread changes the status (Shutdown ends it for good).
+    if (ready != published_ready) {
+      if (auto* health = control_server_->GetHealthCheckService()) {
+        health->SetServingStatus(ready);
+      }
+      LOG(INFO) << "storage node '" << name_ << "' is "
+                << (ready ? "ready (health: SERVING)"
+                          : "not ready (health: NOT_SERVING) until it is "
+                            "registered with the master and reconciled");
+      published_ready = ready;
     }
     if (!registered) {
       absl::Status s = Register();
@@ -1161,6 +1196,12 @@ void StorageNode::Shutdown() {
       return;
     }
     shutdown_started_ = true;
+  }
+  // NOT_SERVING for good, before the node leaves the master and drains.
+  if (control_server_ != nullptr) {
+    if (auto* health = control_server_->GetHealthCheckService()) {
+      health->Shutdown();
+    }
   }
   // A node whose Create failed half-way has nothing to announce.
   if (heartbeat_.joinable()) {

@@ -279,6 +279,15 @@ class StorageNode {
   uint32_t node_id() const;
   // Whether the node is currently registered with a reachable master.
   bool registered() const;
+  // Registered with the master, and the reconciliation the registration
+  // asked for is done (so the master's listings match what the node holds),
+  // and not shutting down. The control port's gRPC health status
+  // (grpc.health.v1, service "" and "hymcache.v1.StorageControl") follows
+  // it, updated by the heartbeat thread within a heartbeat interval:
+  // NOT_SERVING while starting and while the master does not know the node
+  // (say it is unreachable), SERVING when ready, NOT_SERVING from the start
+  // of Shutdown on (before the node deregisters and drains).
+  bool ready() const;
   // Blocks until registered with the master or `deadline`; false on timeout
   // (or shutdown).
   bool WaitRegistered(absl::Time deadline);
@@ -307,6 +316,7 @@ class StorageNode {
   explicit StorageNode(const StorageNodeOptions& options);
 
   void HeartbeatLoop();
+  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Register();
   // Returns whether the master asked for a new registration.
   absl::StatusOr<bool> Heartbeat(uint32_t node_id);
@@ -371,6 +381,8 @@ class StorageNode {
   // The master asked for a reconciliation (registration or heartbeat), or
   // the last one returned only part of the unlisted extents.
   bool reconcile_due_ ABSL_GUARDED_BY(mu_) = false;
+  // The registration asked for a reconciliation not yet done: not ready.
+  bool reconcile_before_ready_ ABSL_GUARDED_BY(mu_) = false;
   // Anti-entropy period told by the master (0: none) and the next round.
   absl::Duration reconcile_interval_ ABSL_GUARDED_BY(mu_);
   absl::Time next_reconcile_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
