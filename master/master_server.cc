@@ -16,6 +16,7 @@
 #include "master/metadata_store.h"
 #include "master/tenant.h"
 #include "master/tenants.h"
+#include "common/health_probe.h"
 #include "proto/master.grpc.pb.h"
 
 namespace hymcache {
@@ -769,6 +770,10 @@ void MasterServer::Shutdown() {
   MutexLock l(&mu_);
   stopped_ = true;
   cv_.SignalAll();
+}
+
+absl::Status MasterServer::CheckAlive(absl::Duration timeout) {
+  return CheckServerAnswers(server_.get(), timeout);
 }
 
 void MasterServer::Wait() {

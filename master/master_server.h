@@ -140,6 +140,11 @@ class MasterServer {
   // Blocks until Shutdown() has completed.
   void Wait();
 
+  // Whether the gRPC server answers a health check within `timeout` (the
+  // systemd watchdog's test; common/health_probe.h). REQUIRES: not
+  // concurrently with or after Shutdown().
+  absl::Status CheckAlive(absl::Duration timeout);
+
   // The service behind the RPCs, for in-process tests. Null after Shutdown.
   master::MasterService* ServiceForTest() { return service_.get(); }
 

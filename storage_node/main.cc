@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include <atomic>
 #include <cctype>
 #include <cstdint>
 #include <iostream>
@@ -18,6 +19,7 @@
 
 #include "common/bytes.h"
 #include "common/cli.h"
+#include "common/systemd.h"
 #include "common/net.h"
 #include "common/security.h"
 #include "absl/strings/ascii.h"
@@ -339,21 +341,45 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // Under systemd (Type=notify): READY=1 once the ports serve (registration
+  // with the master follows in the background; the control port's gRPC
+  // health says when the node is ready), STOPPING=1 at the end, watchdog
+  // pings while the control server answers. After the signal mask: its
+  // thread inherits it.
+  std::atomic<hymcache::StorageNode*> serving{nullptr};
+  auto notifier = hymcache::SystemdNotifier::Create(
+      {.alive = [&serving](absl::Duration timeout) {
+        hymcache::StorageNode* n = serving.load();
+        return n == nullptr ? absl::OkStatus() : n->CheckAlive(timeout);
+      }});
+  notifier->Status("opening the memory device");
   auto node = hymcache::StorageNode::Create(options);
   if (!node.ok()) {
     LOG(ERROR) << "cannot start the storage node: " << node.status();
+    notifier->Status(node.status().ToString());
     return 1;
   }
   std::cout << "hymcache-storage data=" << (*node)->data_address()
             << " control=" << (*node)->control_address() << std::endl;
+  serving = node->get();
+  const std::string serving_status =
+      "serving data=" + (*node)->data_address() +
+      " control=" + (*node)->control_address() + "; master " + FLAGS_master;
+  notifier->Ready(serving_status);
 
   int sig = 0;
   while (true) {
     if (sigwait(&stop_signals, &sig) != 0) continue;
     if (sig != SIGHUP) break;
-    (*node)->ReloadIdentities().IgnoreError();  // logged by the node
+    absl::Status reloaded = (*node)->ReloadIdentities();  // logged too
+    notifier->Status(reloaded.ok()
+                         ? serving_status + "; identities reloaded"
+                         : "identities not reloaded: " + reloaded.ToString());
   }
   LOG(INFO) << "received signal " << sig << "; shutting down";
+  notifier->Stopping("shutting down: deregistering, draining");
+  serving = nullptr;
+  notifier.reset();  // joins the watchdog thread before the node goes
   (*node)->Shutdown();
   node->reset();
   return 0;

@@ -24,6 +24,7 @@
 #include "common/transport_params.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "common/health_probe.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 #include "storage_node/capacity_tier.h"
@@ -1237,6 +1238,10 @@ void StorageNode::Shutdown() {
   }
   MutexLock l(&mu_);
   shutdown_done_ = true;
+}
+
+absl::Status StorageNode::CheckAlive(absl::Duration timeout) {
+  return CheckServerAnswers(control_server_.get(), timeout);
 }
 
 void StorageNode::Wait() {

@@ -300,6 +300,10 @@ class StorageNode {
   void Shutdown();
   // Blocks until Shutdown() has finished.
   void Wait();
+  // Whether the control port's gRPC server answers a health check within
+  // `timeout` (the systemd watchdog's test; common/health_probe.h).
+  // REQUIRES: not concurrently with or after Shutdown().
+  absl::Status CheckAlive(absl::Duration timeout);
   // Re-reads the identities file (SIGHUP); on error the old identities
   // stay. OkStatus when authentication is off.
   absl::Status ReloadIdentities();
