@@ -904,19 +904,24 @@ absl::Status StorageNode::Register() {
   }
   *req.mutable_auth() = Auth("register", 0);
   v1::RegisterNodeResponse resp;
-  RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
+  // The master lists this node as soon as it has answered, and clients may
+  // come with its capabilities before the answer is applied here: data-
+  // plane requests whose capabilities fail meanwhile wait for it.
+  capabilities_->BeginIdentityChange();
+  absl::Status called = CallMaster([&](grpc::ClientContext* ctx) {
     return master_->stub->RegisterNode(ctx, req, &resp);
-  }));
-  if (resp.node_id() == 0) {
-    return absl::InternalError("master assigned node id 0");
+  });
+  if (called.ok() && resp.node_id() == 0) {
+    called = absl::InternalError("master assigned node id 0");
   }
-  if (resp.node_key().size() != kNodeKeyBytes) {
-    return absl::InternalError(absl::StrCat(
+  if (called.ok() && resp.node_key().size() != kNodeKeyBytes) {
+    called = absl::InternalError(absl::StrCat(
         "master sent a node key of ", resp.node_key().size(), " bytes"));
   }
-  // Capabilities the master signs for this registration verify from now on
-  // (the key file is written last: clients may already be writing).
-  capabilities_->SetIdentity(resp.node_id(), incarnation_, resp.node_key());
+  if (!called.ok()) {
+    capabilities_->AbandonIdentityChange();
+    return called;
+  }
   absl::Duration interval =
       resp.heartbeat_interval_ms() == 0
           ? kDefaultHeartbeat
@@ -924,7 +929,11 @@ absl::Status StorageNode::Register() {
                      absl::Milliseconds(10));
   // The ceiling first: a write with an old master's (higher) generation
   // that is still on its way must not land after the table is cleared.
+  // Then the identity: capabilities the master signs for this registration
+  // verify from now on, and the requests waiting for it go on (the key
+  // file is written last: clients may already be writing).
   ApplyGenerationCeiling(resp.generation_ceiling());
+  capabilities_->SetIdentity(resp.node_id(), incarnation_, resp.node_key());
   if (!resp.objects_retained()) {
     // The master knows none of the objects we held when we asked (say its
     // metadata was wiped): drop them, or their generations would refuse its
