@@ -1,7 +1,9 @@
 #include "master/master_server.h"
 
 #include <glog/logging.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +17,7 @@
 #include "master/metadata_store.h"
 #include "master/tenant.h"
 #include "master/tenants.h"
+#include "common/health_probe.h"
 #include "proto/master.grpc.pb.h"
 
 namespace hymcache {
@@ -681,6 +684,11 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
           master::kMinMaxMessageBytes,
           uint64_t{options.max_batch_keys} * (options.max_key_bytes + 16) +
               (1 << 20))));
+  // grpc.health.v1 (NOT_SERVING until Create returns, and again from
+  // Shutdown on) and server reflection on the same port. Both are
+  // process-wide switches that take effect for servers built afterwards.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen_address, *creds, &port);
@@ -696,6 +704,13 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
         "master: cannot listen on ", options.listen_address));
   }
   server->port_ = port;
+  grpc::HealthCheckServiceInterface* health =
+      server->server_->GetHealthCheckService();
+  if (health != nullptr) {
+    health->SetServingStatus(::hymcache::v1::MasterService::service_full_name(),
+                             false);
+    health->SetServingStatus(false);  // "" and the service
+  }
   std::string host = SplitHostPort(options.listen_address)->first;
   if (host == "0.0.0.0" || host == "::" || host == "*") host = "127.0.0.1";
   server->address_ = host.find(':') != std::string::npos
@@ -725,6 +740,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     LOG(INFO) << "master: protected mode (no identities configured): "
                  "serving loopback only; every local caller is an admin";
   }
+  // Loaded and serving: health probes say so from now on.
+  if (health != nullptr) health->SetServingStatus(true);
   return server;
 }
 
@@ -762,6 +779,9 @@ void MasterServer::Shutdown() {
     cv_.SignalAll();
   }
   if (server_) {
+    // NOT_SERVING first (Watch callers hear it), and for good: later
+    // status changes are ignored.
+    if (auto* health = server_->GetHealthCheckService()) health->Shutdown();
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(1));
   }
@@ -773,6 +793,10 @@ void MasterServer::Shutdown() {
   MutexLock l(&mu_);
   stopped_ = true;
   cv_.SignalAll();
+}
+
+absl::Status MasterServer::CheckAlive(absl::Duration timeout) {
+  return CheckServerAnswers(server_.get(), timeout);
 }
 
 void MasterServer::Wait() {

@@ -1054,6 +1054,11 @@ absl::StatusOr<v1::HeartbeatResponse> MasterService::Heartbeat(
                      ": no valid proof of its node key"));
   }
   n->second.last_seen = now;
+  if (n->second.reported_dead) {
+    LOG(INFO) << "node " << request.node_id() << " '"
+              << n->second.info.name() << "' heartbeats again: alive";
+    n->second.reported_dead = false;
+  }
   response.set_generation_ceiling(store_->GenerationCeiling());
   response.set_reconcile(n->second.needs_reconcile);
   return response;
@@ -1375,6 +1380,26 @@ absl::Status MasterService::EvictObjects(
   counters_.evicted_bytes += bytes;
   VLOG(1) << "evicted " << victims.size() << " objects (" << bytes
           << " bytes) from node " << node_id << " to make room";
+  // One line per kEvictionLogPeriod at most, summing the batches since.
+  constexpr absl::Duration kEvictionLogPeriod = absl::Seconds(10);
+  EvictionLog& log = eviction_log_;
+  ++log.batches;
+  log.objects += victims.size();
+  log.bytes += bytes;
+  const absl::Time now = clock_->Now();
+  if (now - log.last_line >= kEvictionLogPeriod) {
+    LOG(INFO) << "evicted " << log.objects << " objects (" << log.bytes
+              << " bytes) to make room, in " << log.batches
+              << (log.batches == 1 ? " batch" : " batches")
+              << (log.last_line == absl::InfinitePast()
+                      ? std::string()
+                      : absl::StrCat(" over the last ",
+                                     absl::FormatDuration(absl::Trunc(
+                                         now - log.last_line, absl::Seconds(1)))))
+              << "; the last from node " << node_id;
+    log = EvictionLog{};
+    log.last_line = now;
+  }
   return absl::OkStatus();
 }
 
@@ -1753,6 +1778,20 @@ size_t MasterService::ReapExpired() {
   }
   PersistRecencyLocked(options_.recency_batch);
   SweepOrphansLocked();
+  // One line when a registered node goes silent (its objects miss now).
+  for (auto& [id, node] : nodes_) {
+    if (node.registered && !node.deregistered && !node.reported_dead &&
+        !IsAlive(node, now)) {
+      LOG(WARNING) << "node " << id << " '" << node.info.name()
+                   << "' missed its heartbeats for "
+                   << absl::FormatDuration(
+                          absl::Trunc(now - node.last_seen, absl::Seconds(1)))
+                   << ": dead; its " << node.object_count
+                   << " objects miss and it gets no placements until it "
+                      "returns";
+      node.reported_dead = true;
+    }
+  }
   if (options_.forget_dead_nodes_after != absl::InfiniteDuration()) {
     std::vector<uint32_t> forgotten;
     for (const auto& [id, node] : nodes_) {
@@ -1861,6 +1900,7 @@ absl::StatusOr<v1::RemoveResponse> MasterService::Remove(
 
 void MasterService::MarkRegistered(Node& node, bool retained) {
   node.registered = true;
+  node.reported_dead = false;  // registration logs its own line
   // A reconciliation that began before this registration described the
   // node's previous life: superseded.
   ++node.reconcile_epoch;

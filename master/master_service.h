@@ -563,6 +563,8 @@ class MasterService {
     absl::flat_hash_set<uint64_t> committed_since_reconcile;
     std::map<uint32_t, Region> regions;
     uint64_t object_count = 0;
+    // ReapExpired logged that it missed its heartbeats (once per outage).
+    bool reported_dead = false;
   };
   struct PendingSlot {
     uint32_t index;  // into the PutStart keys
@@ -755,6 +757,15 @@ class MasterService {
   // Time of read tick 1 (see LeaseTick).
   absl::Time lease_epoch_ ABSL_GUARDED_BY(mu_);
   MasterServiceCounters counters_ ABSL_GUARDED_BY(mu_);
+  // Evictions since the last log line about them (at most one line per
+  // kEvictionLogPeriod: a full cache evicts on every put).
+  struct EvictionLog {
+    uint64_t batches = 0;
+    uint64_t objects = 0;
+    uint64_t bytes = 0;
+    absl::Time last_line = absl::InfinitePast();
+  };
+  EvictionLog eviction_log_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace master

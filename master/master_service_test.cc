@@ -12,6 +12,7 @@
 
 #include "common/capability.h"
 #include "common/clock.h"
+#include "common/test_log_capture.h"
 #include "common/thread.h"
 #include "master/fake_metadata_store.h"
 #include "master/metadata_store.h"
@@ -1207,6 +1208,49 @@ TEST_CASE("Eviction takes a chain's tail before its head") {
   CHECK(h.Found({"c0", "c1"}) == "10");
   h.Put({"s"}, kObj);
   CHECK(h.Found({"c0"}) == "0");
+}
+
+TEST_CASE("Evictions are logged at most once per 10 s, summed") {
+  Harness h("evict_log");
+  const uint32_t a = h.Register("a", 1, {{0, 4 * kSlot}});
+  for (int i = 0; i < 4; ++i) h.Put({"k" + std::to_string(i)}, kObj);
+  testing::LogCapture log;
+  // A full node: every put evicts one object, 20 batches at once.
+  for (int i = 0; i < 20; ++i) CHECK(h.Put({"n" + std::to_string(i)}, kObj) == a);
+  CHECK(log.Count("to make room") == 1);
+  CHECK(log.Count("evicted 1 objects (1000 bytes) to make room, in 1 batch;") ==
+        1);
+  h.clock.Advance(absl::Seconds(10));
+  h.Heartbeat(a, 1);
+  CHECK(h.Put({"last"}, kObj) == a);
+  // The 19 batches after the first line and this one, in one line.
+  CHECK(log.Count("to make room") == 2);
+  CHECK(log.Count("evicted 20 objects (20000 bytes) to make room, in 20 "
+                  "batches over the last 10s; the last from node") == 1);
+}
+
+TEST_CASE("A node that misses its heartbeats is logged once per outage") {
+  Harness h("dead_log");
+  const uint32_t a = h.Register("a", 1, {{0, 4 * kSlot}});
+  const uint32_t b = h.Register("b", 2, {{0, 4 * kSlot}}, 7001);
+  testing::LogCapture log;
+  h.svc->ReapExpired();
+  CHECK(log.Count("missed its heartbeats") == 0);
+  h.clock.Advance(absl::Seconds(6));
+  h.Heartbeat(a, 1);
+  h.clock.Advance(absl::Seconds(6));  // b silent for 12 s, a for 6 s
+  h.svc->ReapExpired();
+  h.svc->ReapExpired();
+  CHECK(log.Count("missed its heartbeats") == 1);
+  CHECK(log.Count("node " + std::to_string(b) + " 'b' missed its heartbeats "
+                  "for 12s: dead") == 1);
+  // Back: one line, and a later outage is logged again.
+  h.Heartbeat(b, 2);
+  CHECK(log.Count("'b' heartbeats again: alive") == 1);
+  h.clock.Advance(absl::Seconds(11));
+  h.svc->ReapExpired();
+  CHECK(log.Count("'b' missed its heartbeats") == 2);
+  CHECK(log.Count("'a' missed its heartbeats") == 1);
 }
 
 TEST_CASE("Objects read within the lease are never evicted") {

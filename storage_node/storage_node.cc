@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
 #include <exception>
@@ -22,6 +24,7 @@
 #include "common/transport_params.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "common/health_probe.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 #include "storage_node/capacity_tier.h"
@@ -445,6 +448,12 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
     uint64_t* incarnation, std::unique_ptr<storage::CapacityTier>* tier_out) {
   using Device = StorageNodeOptions::Device;
   const bool shareable = o.expose_shm || o.rdma != "off";
+  RETURN_IF_ERROR(storage::CheckMemoryFits(
+      o.device == Device::kDram ? o.dram_bytes
+                                : o.staging_bytes + o.write_buffer_bytes,
+      o.numa_node, o.allow_memory_overcommit,
+      o.device == Device::kDram ? "--dram_bytes"
+                                : "--staging_bytes + --write_buffer_bytes"));
   if (shareable && o.shared_huge_pages) {
     absl::Status hp = storage::EnableSharedHugePages();
     if (!hp.ok()) {
@@ -755,6 +764,10 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
                  << options.listen_host << " may call the control service";
   }
   node->control_service_ = std::make_unique<ControlService>(node.get());
+  // grpc.health.v1 (see Ready()) and server reflection on the control port;
+  // process-wide switches for servers built from here on.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // Without this, gRPC binds with SO_REUSEPORT and "succeeds" on a port
   // another server already holds.
@@ -771,6 +784,10 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
         "storage node: cannot serve the control service on ", control_listen));
   }
 
+  if (auto* health = node->control_server_->GetHealthCheckService()) {
+    health->SetServingStatus(v1::StorageControl::service_full_name(), false);
+    health->SetServingStatus(false);  // until registered and reconciled
+  }
   node->control_address_ = JoinHostPort(advertise, node->control_port_);
   grpc::ChannelArguments args;
   // Notice a restarted master quickly instead of after gRPC's default
@@ -825,6 +842,15 @@ void StorageNode::SetSkipCapabilityChecksForTest(bool skip) {
 uint32_t StorageNode::node_id() const {
   MutexLock l(&mu_);
   return node_id_;
+}
+
+bool StorageNode::ReadyLocked() const {
+  return registered_ && !stopping_ && !reconcile_before_ready_;
+}
+
+bool StorageNode::ready() const {
+  MutexLock l(&mu_);
+  return ReadyLocked();
 }
 
 bool StorageNode::registered() const {
@@ -938,6 +964,7 @@ absl::Status StorageNode::Register() {
   heartbeat_interval_ = interval;
   registered_ = true;
   reconcile_due_ = resp.reconcile();
+  reconcile_before_ready_ = resp.reconcile();
   reconcile_interval_ = absl::Milliseconds(resp.reconcile_interval_ms());
   next_reconcile_ = absl::Now() + reconcile_interval_;
   }
@@ -1060,6 +1087,7 @@ absl::Status StorageNode::Reconcile(uint32_t node_id) {
     VLOG(1) << "reconciled with master: " << outcome;
   }
   MutexLock l(&mu_);
+  reconcile_before_ready_ = false;
   ++reconciliations_;
   reconcile_freed_ += freed;
   last_reconcile_ = outcome;
@@ -1079,16 +1107,30 @@ void StorageNode::ApplyGenerationCeiling(uint64_t ceiling) {
 void StorageNode::HeartbeatLoop() {
   absl::Duration retry = kMinRetry;
   bool outage = false;  // a warning was logged for the current outage
+  bool published_ready = false;  // what the health service says
   while (true) {
     bool registered;
     uint32_t node_id;
     absl::Duration interval;
+    bool ready;
     {
       MutexLock l(&mu_);
       if (stopping_) return;
       registered = registered_;
       node_id = node_id_;
       interval = heartbeat_interval_;
+      ready = ReadyLocked();
+    }
+    // Only this thread changes the status (Shutdown ends it for good).
+    if (ready != published_ready) {
+      if (auto* health = control_server_->GetHealthCheckService()) {
+        health->SetServingStatus(ready);
+      }
+      LOG(INFO) << "storage node '" << name_ << "' is "
+                << (ready ? "ready (health: SERVING)"
+                          : "not ready (health: NOT_SERVING) until it is "
+                            "registered with the master and reconciled");
+      published_ready = ready;
     }
     if (!registered) {
       absl::Status s = Register();
@@ -1168,6 +1210,12 @@ void StorageNode::Shutdown() {
     }
     shutdown_started_ = true;
   }
+  // NOT_SERVING for good, before the node leaves the master and drains.
+  if (control_server_ != nullptr) {
+    if (auto* health = control_server_->GetHealthCheckService()) {
+      health->Shutdown();
+    }
+  }
   // A node whose Create failed half-way has nothing to announce.
   if (heartbeat_.joinable()) {
     LOG(INFO) << "storage node '" << name_ << "' shutting down";
@@ -1202,6 +1250,10 @@ void StorageNode::Shutdown() {
   }
   MutexLock l(&mu_);
   shutdown_done_ = true;
+}
+
+absl::Status StorageNode::CheckAlive(absl::Duration timeout) {
+  return CheckServerAnswers(control_server_.get(), timeout);
 }
 
 void StorageNode::Wait() {

@@ -8,6 +8,8 @@
 
 #include <gflags/gflags.h>
 
+#include "common/build_info.h"
+#include "common/cli.h"
 #include "tools/hymctl/hymctl.h"
 
 DEFINE_string(master, "127.0.0.1:50051",
@@ -29,38 +31,24 @@ DEFINE_bool(wait, false, "drain: wait until the node holds no objects");
 DEFINE_double(interval, 2, "top: seconds between refreshes");
 DEFINE_int32(iterations, 0, "top: refreshes before exiting (0: until interrupted)");
 
-namespace {
-
-// --help: the commands and hymctl's own flags (not those of the libraries
-// it links).
-void PrintHelp() {
-  std::cout << hymcache::hymctl::HelpText() << "\nFlags:\n";
-  std::vector<gflags::CommandLineFlagInfo> flags;
-  gflags::GetAllFlags(&flags);
-  for (const auto& f : flags) {
-    if (f.filename.find("tools/hymctl/main.cc") == std::string::npos) continue;
-    std::cout << "  --" << f.name << "="
-              << (f.type == "string" ? "\"" + f.default_value + "\""
-                                     : f.default_value)
-              << "\n      " << f.description << "\n";
-  }
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("hymctl [flags] COMMAND (hymctl help)");
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--") break;
-    if (a == "--help" || a == "-help" || a == "-h" || a == "--helpshort") {
-      PrintHelp();
-      return 0;
-    }
-  }
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine(
+      {.program = "hymctl",
+       .usage = hymcache::hymctl::HelpText(),
+       .groups = {{"Connection",
+                   {"master", "timeout", "token_file", "tls_ca", "tls_cert",
+                    "tls_key", "tls_server_name"}},
+                  {"Output", {"json", "hex", "o"}},
+                  {"fsck", {"repair", "settle"}},
+                  {"drain and top", {"wait", "interval", "iterations"}}},
+       .main_file = __FILE__},
+      &argc, &argv);
   hymcache::hymctl::Options o;
   o.master_address = FLAGS_master;
+  {
+    const hymcache::BuildStamp& b = hymcache::BuildInfo();
+    o.version = b.version + " (commit " + b.git_commit + ")";
+  }
   // A CLI's environment: the default master (flags win).
   const char* env_master = std::getenv("HYMCACHE_MASTER");
   if (gflags::GetCommandLineFlagInfoOrDie("master").is_default &&
