@@ -273,40 +273,34 @@ absl::Status MasterService::Load() {
     nodes_.emplace(id, std::move(node));
   }
 
+  // The fast path reserves each region's space in one ReserveAll after the
+  // scan (a tree search per object was more than half of a restart). Only
+  // a corrupt store (overlapping or out-of-range records) makes some region
+  // refuse; then the load starts over on the careful path, which reserves
+  // one object at a time and drops the ones that do not fit.
   std::vector<std::string> doomed;
-  absl::Status s = store_->ForEachObject([&](absl::string_view key,
-                                             const ObjectRecord& r)
-                                             ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    std::string why;
-    auto n = nodes_.find(r.node_id);
-    if (n == nodes_.end()) {
-      why = absl::StrCat("node ", r.node_id, " is unknown");
-    } else if (auto reg = n->second.regions.find(r.region_id);
-               reg == n->second.regions.end()) {
-      why = absl::StrCat("node ", r.node_id, " has no region ", r.region_id);
-    } else if (key.empty() || key.size() > MetadataIndex::kMaxKeyBytes ||
-               r.length == 0 || r.length > MetadataIndex::kMaxLength) {
-      why = "key or length out of range";
-    } else if (absl::Status rs = reg->second.allocator->Reserve(r.addr, r.length);
-               !rs.ok()) {
-      why = std::string(rs.message());
-    } else {
-      IndexEntry e{r.node_id, r.region_id, r.addr, r.length, r.generation};
-      absl::Status up = index_.LoadEntry(key, e, r.parent_key, r.last_use_ms);
-      if (up.ok()) {
-        CountObject(e, +1);
-        return;
+  absl::StatusOr<bool> loaded = LoadObjectsLocked(/*careful=*/false, &doomed);
+  if (!loaded.ok()) return loaded.status();
+  if (!*loaded) {
+    LOG(WARNING) << "persisted objects overlap or leave their region: "
+                    "loading them one at a time";
+    index_.Clear();
+    object_bytes_ = 0;
+    doomed.clear();
+    for (auto& [id, node] : nodes_) {
+      node.object_count = 0;
+      for (auto& [region_id, region] : node.regions) {
+        region.object_count = 0;
+        region.allocator = std::move(
+            RegionAllocator::Create({region.allocator->capacity(),
+                                     region.allocator->alignment()})
+                .value());
       }
-      reg->second.allocator->Free(r.addr).IgnoreError();
-      why = std::string(up.message());
     }
-    if (doomed.size() < kMaxDropWarnings) {
-      LOG(WARNING) << "dropping persisted object '" << PrintableKey(key)
-                   << "': " << why;
-    }
-    doomed.emplace_back(key);
-  });
-  if (!s.ok()) return s;
+    loaded = LoadObjectsLocked(/*careful=*/true, &doomed);
+    if (!loaded.ok()) return loaded.status();
+  }
+  absl::Status s;
   if (!doomed.empty()) {
     LOG(WARNING) << "dropped " << doomed.size()
                  << " persisted objects that no longer fit their node";
@@ -331,6 +325,56 @@ absl::Status MasterService::Load() {
   LOG(INFO) << "master loaded " << nodes_.size() << " nodes and "
             << index_.size() << " objects";
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> MasterService::LoadObjectsLocked(
+    bool careful, std::vector<std::string>* doomed) {
+  // Careless: each region's ranges, reserved after the scan.
+  absl::flat_hash_map<RegionAllocator*,
+                      std::vector<std::pair<uint64_t, uint64_t>>>
+      ranges;
+  absl::Status s = store_->ForEachObject([&](absl::string_view key,
+                                             const ObjectRecord& r)
+                                             ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    std::string why;
+    auto n = nodes_.find(r.node_id);
+    if (n == nodes_.end()) {
+      why = absl::StrCat("node ", r.node_id, " is unknown");
+    } else if (auto reg = n->second.regions.find(r.region_id);
+               reg == n->second.regions.end()) {
+      why = absl::StrCat("node ", r.node_id, " has no region ", r.region_id);
+    } else if (key.empty() || key.size() > MetadataIndex::kMaxKeyBytes ||
+               r.length == 0 || r.length > MetadataIndex::kMaxLength) {
+      why = "key or length out of range";
+    } else if (absl::Status rs =
+                   careful ? reg->second.allocator->Reserve(r.addr, r.length)
+                           : absl::OkStatus();
+               !rs.ok()) {
+      why = std::string(rs.message());
+    } else {
+      IndexEntry e{r.node_id, r.region_id, r.addr, r.length, r.generation};
+      absl::Status up = index_.LoadEntry(key, e, r.parent_key, r.last_use_ms);
+      if (up.ok()) {
+        CountObject(e, +1);
+        if (!careful) {
+          ranges[reg->second.allocator.get()].emplace_back(r.addr, r.length);
+        }
+        return;
+      }
+      if (careful) reg->second.allocator->Free(r.addr).IgnoreError();
+      why = std::string(up.message());
+    }
+    if (doomed->size() < kMaxDropWarnings) {
+      LOG(WARNING) << "dropping persisted object '" << PrintableKey(key)
+                   << "': " << why;
+    }
+    doomed->emplace_back(key);
+  });
+  if (!s.ok()) return s;
+  for (auto& [allocator, region_ranges] : ranges) {
+    if (!allocator->ReserveAll(std::move(region_ranges)).ok()) return false;
+  }
+  return true;
 }
 
 absl::Status MasterService::ValidateKeys(

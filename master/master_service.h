@@ -558,6 +558,14 @@ class MasterService {
                 std::unique_ptr<MetadataStore> store);
 
   absl::Status Load();
+  // Loads the persisted objects into index_ and the allocators (empty
+  // before), adding the keys of the objects it drops to *doomed. Careful:
+  // reserves one object at a time, dropping the ones whose space is taken.
+  // Otherwise reserves each region's objects at once after the scan, and
+  // returns false (state half-loaded: reset it) if some region refuses.
+  absl::StatusOr<bool> LoadObjectsLocked(bool careful,
+                                         std::vector<std::string>* doomed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidateKeys(
       const google::protobuf::RepeatedPtrField<std::string>& keys) const;
 

@@ -905,5 +905,27 @@ size_t MetadataIndex::MemoryBytes() const {
 
 void MetadataIndex::Reserve(size_t n) { set_.reserve(n); }
 
+void MetadataIndex::Clear() {
+  for (uint32_t i : set_) {
+    Record& r = record(i);
+    if (r.key_len() > Record::kInlineKey) delete[] r.key_data();
+  }
+  set_.clear();
+  chunks_.clear();
+  link_chunks_.clear();
+  lists_.clear();
+  records_used_ = 0;
+  free_records_.clear();
+  out_of_line_key_bytes_ = 0;
+  ghost_count_ = 0;
+  default_usage_ = TenantUsage();
+  tenant_usage_.clear();
+  ghosts_by_node_.clear();
+  cross_children_.clear();
+  used_.clear();
+  used_head_ = 0;
+  load_.reset();
+}
+
 }  // namespace master
 }  // namespace hymcache

@@ -298,6 +298,10 @@ class MetadataIndex {
   // out-of-line keys); an estimate from capacities, not a malloc census.
   size_t MemoryBytes() const;
 
+  // Removes every entry (ghosts, queued uses and a load in progress too);
+  // the index is as new, except that TrackUsed stays as set.
+  void Clear();
+
   // Pre-sizes the hash table for `n` entries.
   void Reserve(size_t n);
 
