@@ -685,6 +685,23 @@ TEST_CASE("MetadataIndex LoadEntry/FinishLoad rebuild chains, recency and drop b
   CHECK(index.Chain("x2")->children == 1);
 }
 
+TEST_CASE("MetadataIndex: touching an orphan whose parent is a ghost keeps the list whole") {
+  MetadataIndex index;
+  REQUIRE(index.Upsert("a", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("b", OnNode(1, 1), "a").ok());
+  REQUIRE(index.Upsert("c", OnNode(1, 1), "b").ok());
+  REQUIRE(index.Upsert("z", OnNode(1, 1)).ok());
+  REQUIRE(index.Erase("b").has_value());  // b: a ghost; c: an orphan
+  REQUIRE(index.Touch("c", 5));          // as a root: most recent
+  CHECK(Order(index, 1) == Keys{"a", "z", "c"});
+  auto orphans = index.Orphans();
+  REQUIRE(orphans.size() == 1);
+  CHECK(orphans[0].first == "c");
+  REQUIRE(index.Erase("c").has_value());
+  CHECK(index.ghost_count() == 0);
+  CHECK(Order(index, 1) == Keys{"a", "z"});
+}
+
 TEST_CASE("MetadataIndex Clear leaves an index as new, mid-load too") {
   MetadataIndex index;
   index.TrackUsed(true);

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <deque>
 #include <cstring>
 #include <utility>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/rocksdb_util.h"
+#include "common/thread.h"
 
 namespace hymcache {
 namespace master {
@@ -334,15 +336,141 @@ absl::Status RocksDbMetadataStore::Explain(const absl::Status& s,
                    "is freed (", s.message(), ")"));
 }
 
+namespace {
+
+// Objects decoded by the scanning thread for the caller's: keys and parent
+// keys in one buffer, no allocation per object.
+struct ScanBatch {
+  struct Item {
+    ObjectRecord fixed;  // parent_key unused (in `bytes`)
+    uint32_t key_begin;
+    uint32_t key_len;
+    uint32_t parent_len;  // the parent follows the key in `bytes`
+  };
+  std::string bytes;
+  std::vector<Item> items;
+};
+constexpr size_t kScanBatchObjects = 4096;
+constexpr size_t kScanBatchesQueued = 4;
+
+// The hand-off between the two threads.
+struct ScanQueue {
+  Mutex mu;
+  std::deque<std::unique_ptr<ScanBatch>> full ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<ScanBatch>> spare ABSL_GUARDED_BY(mu);
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+};
+
+}  // namespace
+
 absl::Status RocksDbMetadataStore::ForEachObject(
     const std::function<void(absl::string_view key, const ObjectRecord&)>& fn) {
+  // Reading and decoding run on a thread of their own, a few batches ahead
+  // of `fn` (the master's index inserts): a restart takes the longer of the
+  // two rather than their sum.
+  ScanQueue q;
+  Thread scanner("meta-scan", [this, &q] {
+    auto next_batch = [&q] {
+      MutexLock l(&q.mu);
+      q.mu.Await(absl::Condition(
+          +[](ScanQueue* q) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return q->full.size() < kScanBatchesQueued;
+          },
+          &q));
+      std::unique_ptr<ScanBatch> b;
+      if (!q.spare.empty()) {
+        b = std::move(q.spare.back());
+        q.spare.pop_back();
+      } else {
+        b = std::make_unique<ScanBatch>();
+      }
+      return b;
+    };
+    auto ship = [&q](std::unique_ptr<ScanBatch> b) {
+      MutexLock l(&q.mu);
+      q.full.push_back(std::move(b));
+    };
+    std::unique_ptr<ScanBatch> batch = next_batch();
+    absl::Status s = ScanObjects([&](absl::string_view key,
+                                     const ObjectRecord& r) {
+      ScanBatch::Item item;
+      item.fixed.node_id = r.node_id;
+      item.fixed.region_id = r.region_id;
+      item.fixed.addr = r.addr;
+      item.fixed.length = r.length;
+      item.fixed.generation = r.generation;
+      item.fixed.last_use_ms = r.last_use_ms;
+      item.key_begin = static_cast<uint32_t>(batch->bytes.size());
+      item.key_len = static_cast<uint32_t>(key.size());
+      item.parent_len = static_cast<uint32_t>(r.parent_key.size());
+      batch->bytes.append(key.data(), key.size());
+      batch->bytes.append(r.parent_key);
+      batch->items.push_back(item);
+      if (batch->items.size() >= kScanBatchObjects) {
+        ship(std::move(batch));
+        batch = next_batch();
+      }
+    });
+    MutexLock l(&q.mu);
+    q.full.push_back(std::move(batch));
+    q.status = s;
+    q.done = true;
+  });
+
+  ObjectRecord record;  // reused: no allocation per object
+  for (;;) {
+    std::unique_ptr<ScanBatch> batch;
+    {
+      MutexLock l(&q.mu);
+      q.mu.Await(absl::Condition(
+          +[](ScanQueue* q) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return !q->full.empty() || q->done;
+          },
+          &q));
+      if (q.full.empty()) break;  // done
+      batch = std::move(q.full.front());
+      q.full.pop_front();
+    }
+    for (const ScanBatch::Item& item : batch->items) {
+      const char* k = batch->bytes.data() + item.key_begin;
+      record.node_id = item.fixed.node_id;
+      record.region_id = item.fixed.region_id;
+      record.addr = item.fixed.addr;
+      record.length = item.fixed.length;
+      record.generation = item.fixed.generation;
+      record.last_use_ms = item.fixed.last_use_ms;
+      record.parent_key.assign(k + item.key_len, item.parent_len);
+      fn(absl::string_view(k, item.key_len), record);
+    }
+    batch->bytes.clear();
+    batch->items.clear();
+    MutexLock l(&q.mu);
+    q.spare.push_back(std::move(batch));
+  }
+  scanner.Join();
+  MutexLock l(&q.mu);
+  return q.status;
+}
+
+absl::Status RocksDbMetadataStore::ScanObjects(
+    const std::function<void(absl::string_view key, const ObjectRecord&)>& fn) {
   // Objects and their later uses are both in key order: merge the two
-  // ranges with one iterator each.
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  std::unique_ptr<rocksdb::Iterator> use(
-      db_->NewIterator(rocksdb::ReadOptions()));
+  // ranges with one iterator each. A one-time sequential read: large
+  // readahead, no block cache pollution, each iterator bounded to its range
+  // (so it never walks on into the next kind's keys or tombstones).
   const std::string prefix(1, kObjectPrefix);
   const std::string use_prefix(1, kUsePrefix);
+  const std::string end(1, kObjectPrefix + 1);
+  const std::string use_end(1, kUsePrefix + 1);
+  const rocksdb::Slice end_slice(end), use_end_slice(use_end);
+  rocksdb::ReadOptions ro;
+  ro.fill_cache = false;
+  ro.readahead_size = size_t{2} << 20;
+  ro.iterate_upper_bound = &end_slice;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+  ro.iterate_upper_bound = &use_end_slice;
+  std::unique_ptr<rocksdb::Iterator> use(db_->NewIterator(ro));
   use->Seek(use_prefix);
   auto use_valid = [&] {
     return use->Valid() && use->key().starts_with(use_prefix);

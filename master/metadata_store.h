@@ -167,6 +167,11 @@ class RocksDbMetadataStore : public MetadataStore {
   RocksDbMetadataStore(const RocksDbMetadataStoreOptions& options,
                        std::unique_ptr<rocksdb::DB> db);
   absl::Status ReserveGenerationBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gen_mu_);
+  // ForEachObject on the calling thread (ForEachObject runs it on a thread
+  // of its own, a few batches ahead of its `fn`).
+  absl::Status ScanObjects(
+      const std::function<void(absl::string_view key, const ObjectRecord&)>&
+          fn);
   // One write; after a failed one, resumes the DB first.
   absl::Status Write(rocksdb::WriteBatch* batch, bool sync,
                      absl::string_view what);
