@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
+#include <rocksdb/transaction_log.h>
 #include <rocksdb/write_batch.h>
 #include <sys/stat.h>
 
@@ -199,6 +200,11 @@ RocksDbMetadataStore::Create(const RocksDbMetadataStoreOptions& options) {
   // a disk-full error RocksDB resumes by itself once a memtable's worth of
   // space is free: 8 MiB rather than the default 64 MiB.
   rocksdb::Options db_options = SmallDbOptions(options.path, size_t{8} << 20);
+  if (options.keep_wal_seconds > 0) {
+    // Obsolete logs move to archive/ and stay for ForEachObjectChangeSince.
+    db_options.WAL_ttl_seconds = options.keep_wal_seconds;
+    db_options.WAL_size_limit_MB = options.keep_wal_mb;
+  }
   // Created here, as RocksDB logs an error for a missing directory even
   // with create_if_missing; a real problem is DB::Open's to report.
   mkdir(options.path.c_str(), 0755);
@@ -507,6 +513,132 @@ absl::Status RocksDbMetadataStore::ScanObjects(
   absl::Status s = FromRocks(it->status(), "scan objects");
   if (!s.ok()) return s;
   return FromRocks(use->status(), "scan object uses");
+}
+
+uint64_t RocksDbMetadataStore::LatestSequence() {
+  return db_->GetLatestSequenceNumber();
+}
+
+namespace {
+
+// Turns one write batch's records into object changes, numbering them
+// from the batch's first sequence number (one per record) and skipping
+// those at or below `after`.
+class ChangeHandler : public rocksdb::WriteBatch::Handler {
+ public:
+  ChangeHandler(uint64_t first, uint64_t after,
+                const std::function<void(
+                    const MetadataStore::ObjectChange&)>& fn)
+      : seq_(first), after_(after), fn_(fn) {}
+
+  rocksdb::Status PutCF(uint32_t cf, const rocksdb::Slice& key,
+                        const rocksdb::Slice& value) override {
+    if (cf != 0 || Skip() || key.empty()) return rocksdb::Status::OK();
+    MetadataStore::ObjectChange c;
+    c.key = absl::string_view(key.data() + 1, key.size() - 1);
+    if (key[0] == kObjectPrefix) {
+      absl::Status s = DecodeObjectRecordInto(
+          absl::string_view(value.data(), value.size()), &record_);
+      if (!s.ok()) {
+        status_ = absl::DataLossError(absl::StrCat(
+            "metadata store: logged object '", absl::CEscape(c.key), "': ",
+            s.message()));
+        return rocksdb::Status::Corruption("object record");
+      }
+      c.kind = MetadataStore::ObjectChange::Kind::kPut;
+      c.record = &record_;
+      fn_(c);
+    } else if (key[0] == kUsePrefix && value.size() == 8) {
+      c.kind = MetadataStore::ObjectChange::Kind::kUse;
+      c.use_ms = absl::little_endian::Load64(value.data());
+      fn_(c);
+    }
+    return rocksdb::Status::OK();
+  }
+  rocksdb::Status DeleteCF(uint32_t cf, const rocksdb::Slice& key) override {
+    if (cf != 0 || Skip() || key.empty()) return rocksdb::Status::OK();
+    if (key[0] == kObjectPrefix) {
+      MetadataStore::ObjectChange c;
+      c.kind = MetadataStore::ObjectChange::Kind::kDelete;
+      c.key = absl::string_view(key.data() + 1, key.size() - 1);
+      fn_(c);
+    }
+    return rocksdb::Status::OK();
+  }
+  rocksdb::Status SingleDeleteCF(uint32_t cf,
+                                 const rocksdb::Slice& key) override {
+    return DeleteCF(cf, key);
+  }
+  rocksdb::Status DeleteRangeCF(uint32_t, const rocksdb::Slice&,
+                                const rocksdb::Slice&) override {
+    Skip();
+    status_ = absl::InternalError("metadata store: a logged range delete");
+    return rocksdb::Status::NotSupported("range delete");
+  }
+  rocksdb::Status MergeCF(uint32_t, const rocksdb::Slice&,
+                          const rocksdb::Slice&) override {
+    Skip();
+    status_ = absl::InternalError("metadata store: a logged merge");
+    return rocksdb::Status::NotSupported("merge");
+  }
+
+  uint64_t next_sequence() const { return seq_; }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  // Numbers the record; whether it is at or below `after`.
+  bool Skip() { return seq_++ <= after_; }
+
+  uint64_t seq_;
+  const uint64_t after_;
+  const std::function<void(const MetadataStore::ObjectChange&)>& fn_;
+  ObjectRecord record_;
+  absl::Status status_;
+};
+
+}  // namespace
+
+absl::Status RocksDbMetadataStore::ForEachObjectChangeSince(
+    uint64_t after, const std::function<void(const ObjectChange&)>& fn) {
+  const uint64_t latest = db_->GetLatestSequenceNumber();
+  if (after > latest) {
+    return absl::NotFoundError(absl::StrCat(
+        "metadata store: sequence ", after, " is beyond the latest, ",
+        latest));
+  }
+  if (after == latest) return absl::OkStatus();
+  std::unique_ptr<rocksdb::TransactionLogIterator> it;
+  rocksdb::Status rs = db_->GetUpdatesSince(after + 1, &it);
+  if (!rs.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        "metadata store: no log from sequence ", after + 1, ": ",
+        rs.ToString()));
+  }
+  uint64_t next = after + 1;  // the first sequence not yet seen
+  for (; it->Valid() && next <= latest; it->Next()) {
+    rocksdb::BatchResult b = it->GetBatch();
+    if (b.sequence > next) {
+      return absl::NotFoundError(absl::StrCat(
+          "metadata store: the log skips from sequence ", next, " to ",
+          b.sequence));
+    }
+    ChangeHandler handler(b.sequence, after, fn);
+    rs = b.writeBatchPtr->Iterate(&handler);
+    if (!handler.status().ok()) return handler.status();
+    if (!rs.ok()) return FromRocks(rs, "replay the log");
+    next = std::max(next, handler.next_sequence());
+  }
+  if (!it->status().ok() && next <= latest) {
+    return absl::NotFoundError(absl::StrCat(
+        "metadata store: reading the log at sequence ", next, ": ",
+        it->status().ToString()));
+  }
+  if (next <= latest) {
+    return absl::NotFoundError(absl::StrCat(
+        "metadata store: the log ends at sequence ", next - 1,
+        " before the latest, ", latest));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<hymcache::v1::NodeInfo>>
