@@ -200,8 +200,9 @@ void Load(const std::string& dir, int reps) {
         secs, cpu,
         static_cast<unsigned long long>((*svc)->GetStats().object_count()),
         path);
-    // Each repetition loads the same state: no snapshot at its close.
-    if (!g_snapshot.empty()) {
+    // Each repetition loads the same state: no snapshot at its close. (A
+    // load that scanned writes one, for the next repetition.)
+    if ((*svc)->load_path() == MasterService::LoadPath::kSnapshot) {
       const std::string keep = g_snapshot + ".keep";
       std::filesystem::copy_file(
           g_snapshot, keep, std::filesystem::copy_options::overwrite_existing);
