@@ -176,6 +176,20 @@ struct Row {
   bool caps = true;  // capabilities signed
 };
 
+// Calls, p50 / p99 and keys/s of `row` from the threads' call latencies.
+void Summarize(const std::vector<std::vector<double>>& lat, double secs,
+               Row* row) {
+  std::vector<double> all;
+  for (const auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+  std::sort(all.begin(), all.end());
+  row->calls = all.size();
+  if (!all.empty()) {
+    row->p50_us = all[all.size() / 2];
+    row->p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
+  }
+  row->keys_per_s = static_cast<double>(row->calls) * row->batch / secs;
+}
+
 Row Measure(const std::string& address, const std::vector<std::string>& keys,
             int batch, int threads, bool for_read, int* next_channel) {
   Row row{batch, threads, for_read};
@@ -219,18 +233,9 @@ Row Measure(const std::string& address, const std::vector<std::string>& keys,
       });
     }
   }
-  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-  std::vector<double> all;
-  for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-  std::sort(all.begin(), all.end());
-  row.calls = all.size();
+  Summarize(lat, absl::ToDoubleSeconds(absl::Now() - start), &row);
   row.misses = misses.load();
   row.errors = errors.load();
-  if (!all.empty()) {
-    row.p50_us = all[all.size() / 2];
-    row.p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
-  }
-  row.keys_per_s = static_cast<double>(row.calls) * batch / secs;
   return row;
 }
 
@@ -435,18 +440,9 @@ Row MeasureRedis(int port, const std::vector<std::string>& keys, int batch,
       });
     }
   }
-  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-  std::vector<double> all;
-  for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-  std::sort(all.begin(), all.end());
-  row.calls = all.size();
+  Summarize(lat, absl::ToDoubleSeconds(absl::Now() - start), &row);
   row.misses = misses.load();
   row.errors = errors.load();
-  if (!all.empty()) {
-    row.p50_us = all[all.size() / 2];
-    row.p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
-  }
-  row.keys_per_s = static_cast<double>(row.calls) * batch / secs;
   return row;
 }
 
