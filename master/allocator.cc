@@ -1,5 +1,6 @@
 #include "master/allocator.h"
 
+#include <algorithm>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
@@ -154,6 +155,58 @@ absl::Status RegionAllocator::Reserve(uint64_t offset, uint64_t len) {
   }
   allocated_.emplace(offset, need);
   used_bytes_ += need;
+  return absl::OkStatus();
+}
+
+absl::Status RegionAllocator::ReserveAll(
+    std::vector<std::pair<uint64_t, uint64_t>> ranges) {
+  if (!allocated_.empty()) {
+    return absl::FailedPreconditionError(
+        "ReserveAll needs an allocator without allocations");
+  }
+  for (auto& [offset, len] : ranges) {
+    if (len == 0) return absl::InvalidArgumentError("cannot reserve 0 bytes");
+    if ((offset & (alignment_ - 1)) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "reserve offset ", offset, " is not aligned to ", alignment_));
+    }
+    if (offset >= usable_capacity_ || len > usable_capacity_ - offset ||
+        RoundUp(len) > usable_capacity_ - offset) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reserve [", offset, ", +", len,
+                       ") leaves the region of ", usable_capacity_, " bytes"));
+    }
+    len = RoundUp(len);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i - 1].first + ranges[i - 1].second > ranges[i].first) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "range [", ranges[i].first, ", +", ranges[i].second,
+          ") overlaps an allocation"));
+    }
+  }
+  // The free extents are the gaps, found in address order: each goes at
+  // the end of free_by_offset_ (a hinted insert, no search).
+  free_by_offset_.clear();
+  free_by_size_.clear();
+  allocated_.reserve(ranges.size());
+  uint64_t cursor = 0;
+  for (const auto& [offset, len] : ranges) {
+    if (offset > cursor) {
+      free_by_offset_.emplace_hint(free_by_offset_.end(), cursor,
+                                   offset - cursor);
+      free_by_size_.emplace(offset - cursor, cursor);
+    }
+    allocated_.emplace(offset, len);
+    used_bytes_ += len;
+    cursor = offset + len;
+  }
+  if (cursor < usable_capacity_) {
+    free_by_offset_.emplace_hint(free_by_offset_.end(), cursor,
+                                 usable_capacity_ - cursor);
+    free_by_size_.emplace(usable_capacity_ - cursor, cursor);
+  }
   return absl::OkStatus();
 }
 

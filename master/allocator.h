@@ -21,6 +21,7 @@
 #include <memory>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -63,6 +64,15 @@ class RegionAllocator {
   // misaligned or the range leaves the region; AlreadyExists if any byte of
   // the range is already allocated. Nothing changes on error.
   absl::Status Reserve(uint64_t offset, uint64_t len);
+
+  // Marks every (offset, len) range of `ranges` (any order) as one
+  // allocation, as Reserve of each would, in O(n log n) with sequential
+  // memory access instead of a tree search per range: the master's restart
+  // path. All or nothing. Errors: FailedPrecondition if the allocator already
+  // holds an allocation; InvalidArgument (naming the first such range) as
+  // Reserve for a range of length 0, misaligned or leaving the region;
+  // AlreadyExists if two ranges overlap. Nothing changes on error.
+  absl::Status ReserveAll(std::vector<std::pair<uint64_t, uint64_t>> ranges);
 
   // Whether the allocator could satisfy Allocate(len) right now.
   bool CanFit(uint64_t len) const;

@@ -1,6 +1,7 @@
 #include "master/allocator.h"
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -159,6 +160,68 @@ TEST_CASE("RegionAllocator rebuilds from Reserve") {
   auto y = a->Allocate(256);
   REQUIRE(y.ok());
   CHECK(*y == 0);
+}
+
+TEST_CASE("RegionAllocator ReserveAll matches Reserve one range at a time") {
+  std::mt19937_64 rng(7);
+  auto one = Make(1 << 20, 512);
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  // Random disjoint ranges: allocate, then free a third of them.
+  auto scratch = Make(1 << 20, 512);
+  std::vector<uint64_t> offsets;
+  for (int i = 0; i < 400; ++i) {
+    auto o = scratch->Allocate(1 + rng() % 4000);
+    if (o.ok()) offsets.push_back(*o);
+  }
+  for (uint64_t o : offsets) {
+    if (rng() % 3 == 0) continue;
+    uint64_t len = 1 + rng() % 512;  // within the first alignment unit
+    ranges.emplace_back(o, len);
+  }
+  std::shuffle(ranges.begin(), ranges.end(), rng);
+  for (auto [o, l] : ranges) REQUIRE(one->Reserve(o, l).ok());
+  auto all = Make(1 << 20, 512);
+  REQUIRE(all->ReserveAll(ranges).ok());
+  CHECK(all->used_bytes() == one->used_bytes());
+  CHECK(all->allocation_count() == one->allocation_count());
+  CHECK(all->free_extent_count() == one->free_extent_count());
+  CHECK(all->largest_free() == one->largest_free());
+  // Both then place and free alike.
+  for (int i = 0; i < 2000; ++i) {
+    uint64_t len = 1 + rng() % 6000;
+    auto x = one->Allocate(len);
+    auto y = all->Allocate(len);
+    REQUIRE(x.ok() == y.ok());
+    if (x.ok()) REQUIRE(*x == *y);
+  }
+  for (auto [o, l] : ranges) {
+    REQUIRE(one->Free(o).ok());
+    REQUIRE(all->Free(o).ok());
+  }
+  CHECK(all->used_bytes() == one->used_bytes());
+  CHECK(all->free_extent_count() == one->free_extent_count());
+}
+
+TEST_CASE("RegionAllocator ReserveAll refuses bad input unchanged") {
+  auto a = Make(4096, 64);
+  using R = std::vector<std::pair<uint64_t, uint64_t>>;
+  CHECK(a->ReserveAll(R{{0, 64}, {64, 65}, {128, 64}}).code() ==
+        absl::StatusCode::kAlreadyExists);  // 65 rounds up to 128
+  CHECK(a->ReserveAll(R{{0, 64}, {100, 64}}).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(a->ReserveAll(R{{4032, 65}}).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(a->ReserveAll(R{{64, 0}}).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(a->allocation_count() == 0);
+  CHECK(a->free_extent_count() == 1);
+  CHECK(a->largest_free() == 4096);
+  REQUIRE(a->ReserveAll(R{}).ok());
+  REQUIRE(a->ReserveAll(R{{4032, 64}, {0, 64}}).ok());
+  CHECK(a->used_bytes() == 128);
+  CHECK(a->largest_free() == 4096 - 128);
+  CHECK(a->ReserveAll(R{{128, 64}}).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(a->allocation_count() == 2);
 }
 
 TEST_CASE("RegionAllocator survives a random workload") {

@@ -15,6 +15,8 @@
 // loading thread: the load runs on it, and this is the figure to compare
 // on a busy machine), then "vm_hwm_mb=..." (peak resident memory of the
 // process, so run the load without --write to see the load's own peak).
+// First it prints "scan_seconds=..." for a bare MetadataStore::ForEachObject
+// (the store's share of the load).
 #include <sys/resource.h>
 #include <time.h>
 
@@ -53,9 +55,13 @@ std::string KeyOf(uint64_t i) {
   return k;
 }
 
+// Set by --snapshot: the services use an index snapshot beside the store.
+std::string g_snapshot;
+
 std::unique_ptr<MetadataStore> OpenStore(const std::string& dir) {
   RocksDbMetadataStoreOptions so;
   so.path = dir;
+  so.keep_wal_seconds = 3600;  // as MasterServer does with snapshots
   auto store = RocksDbMetadataStore::Create(so);
   if (!store.ok()) {
     std::fprintf(stderr, "open %s: %s\n", dir.c_str(),
@@ -70,10 +76,36 @@ MasterServiceOptions ServiceOptions() {
   o.node_timeout = absl::Hours(1);  // no heartbeats while writing
   o.max_batch_keys = 4096;
   o.read_lease = absl::ZeroDuration();
+  o.snapshot_path = g_snapshot;
   return o;
 }
 
-void Write(const std::string& dir, uint64_t entries, uint64_t chain) {
+void PutChains(MasterService* svc, uint64_t from, uint64_t to,
+               uint64_t chain) {
+  std::string parent = from > 0 ? KeyOf(from - 1) : "";
+  for (uint64_t first = from; first < to; first += chain) {
+    const uint64_t n = std::min(chain, to - first);
+    v1::PutStartRequest put;
+    for (uint64_t i = first; i < first + n; ++i) {
+      put.add_keys(KeyOf(i));
+      put.add_lengths(kObjectBytes);
+    }
+    // Every other chain continues the previous one.
+    if ((first / chain) % 2 == 1) put.set_parent_key(parent);
+    parent = KeyOf(first + n - 1);
+    auto r = svc->PutStart(put);
+    if (!r.ok()) {
+      std::fprintf(stderr, "PutStart: %s\n", r.status().ToString().c_str());
+      std::exit(1);
+    }
+    v1::PutCommitRequest commit;
+    commit.set_put_id(r->put_id());
+    if (!svc->PutCommit(commit).ok()) std::abort();
+  }
+}
+
+void Write(const std::string& dir, uint64_t entries, uint64_t chain,
+           uint64_t newer) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   auto svc = MasterService::Create(ServiceOptions(), OpenStore(dir));
@@ -90,26 +122,7 @@ void Write(const std::string& dir, uint64_t entries, uint64_t chain) {
   region->set_persistent(true);
   if (!(*svc)->RegisterNode(reg).ok()) std::abort();
   const auto start = std::chrono::steady_clock::now();
-  std::string parent;
-  for (uint64_t first = 0; first < entries; first += chain) {
-    const uint64_t n = std::min(chain, entries - first);
-    v1::PutStartRequest put;
-    for (uint64_t i = first; i < first + n; ++i) {
-      put.add_keys(KeyOf(i));
-      put.add_lengths(kObjectBytes);
-    }
-    // Every other chain continues the previous one.
-    if ((first / chain) % 2 == 1) put.set_parent_key(parent);
-    parent = KeyOf(first + n - 1);
-    auto r = (*svc)->PutStart(put);
-    if (!r.ok()) {
-      std::fprintf(stderr, "PutStart: %s\n", r.status().ToString().c_str());
-      std::exit(1);
-    }
-    v1::PutCommitRequest commit;
-    commit.set_put_id(r->put_id());
-    if (!(*svc)->PutCommit(commit).ok()) std::abort();
-  }
+  PutChains(svc->get(), 0, entries, chain);
   for (uint64_t first = 0; first < entries; first += 2 * chain) {
     v1::BatchLookupRequest look;
     look.set_for_read(true);
@@ -124,7 +137,22 @@ void Write(const std::string& dir, uint64_t entries, uint64_t chain) {
   std::printf("wrote entries=%llu chain=%llu in %.2f s\n",
               static_cast<unsigned long long>(entries),
               static_cast<unsigned long long>(chain), secs);
+  std::string saved;
+  if (!g_snapshot.empty() && newer > 0) {
+    // A periodic snapshot, then `newer` more objects, then a kill -9: the
+    // next start-up replays them from the store's log.
+    if (!(*svc)->WriteSnapshot().ok()) std::abort();
+    saved = g_snapshot + ".saved";
+    std::filesystem::copy_file(
+        g_snapshot, saved, std::filesystem::copy_options::overwrite_existing);
+    PutChains(svc->get(), entries, entries + newer, chain);
+    std::printf("then %llu more objects after the snapshot\n",
+                static_cast<unsigned long long>(newer));
+  }
   svc->reset();  // closes the store as a shutting-down daemon does
+  if (!saved.empty()) {
+    std::filesystem::rename(saved, g_snapshot);
+  }
 }
 
 double ThreadCpuSeconds() {
@@ -134,6 +162,20 @@ double ThreadCpuSeconds() {
 }
 
 void Load(const std::string& dir, int reps) {
+  {
+    // The store's share: one scan that only counts.
+    auto store = OpenStore(dir);
+    const auto start = std::chrono::steady_clock::now();
+    uint64_t n = 0;
+    absl::Status s = store->ForEachObject(
+        [&](absl::string_view, const ObjectRecord&) { ++n; });
+    if (!s.ok()) std::abort();
+    std::printf("scan_seconds=%.3f objects=%llu\n",
+                std::chrono::duration<double>(
+                    std::chrono::steady_clock::now() - start)
+                    .count(),
+                static_cast<unsigned long long>(n));
+  }
   for (int rep = 0; rep < reps; ++rep) {
     auto store = OpenStore(dir);
     const auto start = std::chrono::steady_clock::now();
@@ -147,10 +189,26 @@ void Load(const std::string& dir, int reps) {
       std::fprintf(stderr, "load: %s\n", svc.status().ToString().c_str());
       std::exit(1);
     }
-    std::printf("load_seconds=%.3f load_cpu_seconds=%.3f objects=%llu\n",
-                secs, cpu,
-                static_cast<unsigned long long>(
-                    (*svc)->GetStats().object_count()));
+    const char* path = "scan";
+    switch ((*svc)->load_path()) {
+      case MasterService::LoadPath::kSnapshot: path = "snapshot"; break;
+      case MasterService::LoadPath::kCarefulScan: path = "careful"; break;
+      case MasterService::LoadPath::kScan: break;
+    }
+    std::printf(
+        "load_seconds=%.3f load_cpu_seconds=%.3f objects=%llu path=%s\n",
+        secs, cpu,
+        static_cast<unsigned long long>((*svc)->GetStats().object_count()),
+        path);
+    // Each repetition loads the same state: no snapshot at its close. (A
+    // load that scanned writes one, for the next repetition.)
+    if ((*svc)->load_path() == MasterService::LoadPath::kSnapshot) {
+      const std::string keep = g_snapshot + ".keep";
+      std::filesystem::copy_file(
+          g_snapshot, keep, std::filesystem::copy_options::overwrite_existing);
+      svc->reset();
+      std::filesystem::rename(keep, g_snapshot);
+    }
     std::fflush(stdout);
   }
   struct rusage ru;
@@ -168,6 +226,7 @@ int main(int argc, char** argv) {
   uint64_t chain = 16;
   int reps = 3;
   bool write = false;
+  uint64_t newer = 0;
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     if (std::strncmp(a, "--dir=", 6) == 0) {
@@ -180,6 +239,10 @@ int main(int argc, char** argv) {
       reps = std::atoi(a + 7);
     } else if (std::strcmp(a, "--write") == 0) {
       write = true;
+    } else if (std::strcmp(a, "--snapshot") == 0) {
+      hymcache::master::g_snapshot = dir + ".snapshot";
+    } else if (std::strncmp(a, "--newer=", 8) == 0) {
+      newer = std::strtoull(a + 8, nullptr, 10);
     } else {
       std::fprintf(stderr, "unknown argument %s\n", a);
       return 2;
@@ -189,7 +252,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--entries must be > 0, --chain 1..4096\n");
     return 2;
   }
-  if (write) hymcache::master::Write(dir, entries, chain);
+  if (!hymcache::master::g_snapshot.empty()) {
+    hymcache::master::g_snapshot = dir + ".snapshot";  // after --dir
+  }
+  if (write) hymcache::master::Write(dir, entries, chain, newer);
   hymcache::master::Load(dir, reps);
   return 0;
 }

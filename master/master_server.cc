@@ -613,6 +613,7 @@ absl::Status MasterOptions::Validate() const {
   so.forget_dead_nodes_after = forget_dead_nodes_after;
   so.max_pending_share_per_caller = max_pending_share_per_caller;
   so.max_pending_slots_per_caller = max_pending_slots_per_caller;
+  so.snapshot_interval = index_snapshot_interval;
   absl::Status s = so.Validate();
   if (!s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("master: ", s.message()));
@@ -628,6 +629,10 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   master::RocksDbMetadataStoreOptions store_options;
   store_options.path = options.db_path;
   store_options.sync_writes = options.sync_writes;
+  if (options.index_snapshots) {
+    store_options.keep_wal_seconds = static_cast<uint64_t>(absl::ToInt64Seconds(
+        std::max(2 * options.index_snapshot_interval, absl::Hours(1))));
+  }
   auto store = master::RocksDbMetadataStore::Create(store_options);
   if (!store.ok()) return store.status();
 
@@ -651,6 +656,10 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   so.max_pending_share_per_caller = options.max_pending_share_per_caller;
   so.max_pending_slots_per_caller = options.max_pending_slots_per_caller;
   so.clock = options.clock;
+  if (options.index_snapshots) {
+    so.snapshot_path = options.db_path + ".snapshot";
+    so.snapshot_interval = options.index_snapshot_interval;
+  }
   auto service = master::MasterService::Create(so, std::move(store).value());
   if (!service.ok()) return service.status();
 
@@ -768,6 +777,8 @@ void MasterServer::ReaperLoop(absl::Duration interval) {
       if (stopping_) return;
     }
     service_->ReapExpired();
+    absl::Status s = service_->MaybeSnapshot();
+    if (!s.ok()) LOG(WARNING) << "index snapshot not written: " << s;
   }
 }
 

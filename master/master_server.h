@@ -87,6 +87,14 @@ struct MasterOptions {
   // process crash (kill -9) but the last ones may be lost on power loss,
   // which a cache tolerates. Default: false.
   bool sync_writes = false;
+  // Index snapshots (see MasterServiceOptions::snapshot_path) at
+  // db_path + ".snapshot": written at shutdown and every
+  // index_snapshot_interval (0: only at shutdown), loaded at start-up with
+  // the store's changes since replayed from its write-ahead log, which is
+  // kept for the purpose (twice the interval, at least an hour, at most
+  // 1 GiB). Defaults: true, 10 min.
+  bool index_snapshots = true;
+  absl::Duration index_snapshot_interval = absl::Minutes(10);
   // Identities file (or directory) of the callers (common/security.h:
   // "role tenant name sha256:HEX | cert:NAME" lines). "" turns
   // authentication off: every caller is an admin, and only a loopback

@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "master/index_snapshot.h"
 #include "common/net.h"
 #include "master/tenant.h"
 
@@ -187,6 +188,9 @@ absl::Status MasterServiceOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("max_nodes must be 1..", kMaxNodesLimit));
   }
+  if (snapshot_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("snapshot_interval must be >= 0");
+  }
   if (forget_dead_nodes_after <= node_timeout) {
     return absl::InvalidArgumentError(
         "forget_dead_nodes_after must be > node_timeout");
@@ -233,12 +237,70 @@ MasterService::MasterService(const MasterServiceOptions& options,
 }
 
 MasterService::~MasterService() {
-  MutexLock l(&mu_);
-  // Everything read since the last batch, in batches of a bounded size.
-  while (index_.used_queued() > 0 &&
-         PersistRecencyLocked(std::max<uint32_t>(options_.recency_batch,
-                                                 1 << 16)) > 0) {
+  {
+    MutexLock l(&mu_);
+    // Everything read since the last batch, in batches of a bounded size.
+    while (index_.used_queued() > 0 &&
+           PersistRecencyLocked(std::max<uint32_t>(options_.recency_batch,
+                                                   1 << 16)) > 0) {
+    }
   }
+  // The next start-up loads this instead of scanning the store.
+  if (!options_.snapshot_path.empty()) {
+    absl::Status s = WriteSnapshot();
+    if (!s.ok()) LOG(WARNING) << "no index snapshot at shutdown: " << s;
+  }
+}
+
+absl::Status MasterService::WriteSnapshot() {
+  if (options_.snapshot_path.empty()) {
+    return absl::FailedPreconditionError("no snapshot_path");
+  }
+  MutexLock w(&snapshot_mu_);
+  const absl::Time start = clock_->Now();
+  absl::StatusOr<uint64_t> bytes;
+  uint64_t seq = 0;
+  size_t objects = 0;
+  {
+    // Every store write happens under mu_ held exclusively, before the
+    // change is applied in memory: with mu_ held the sequence number names
+    // exactly the state of the index.
+    ReaderMutexLock l(&mu_);
+    seq = store_->LatestSequence();
+    if (seq == 0) {
+      return absl::UnimplementedError("the store keeps no sequence numbers");
+    }
+    objects = index_.size();
+    bytes = WriteIndexSnapshotTemp(options_.snapshot_path, seq, index_);
+  }
+  if (!bytes.ok()) return bytes.status();
+  absl::Status s = CommitIndexSnapshot(options_.snapshot_path);
+  if (!s.ok()) return s;
+  last_snapshot_ = clock_->Now();
+  LOG(INFO) << "index snapshot: " << objects << " objects at sequence " << seq
+            << ", " << *bytes << " bytes in "
+            << absl::FormatDuration(last_snapshot_ - start);
+  return absl::OkStatus();
+}
+
+absl::Status MasterService::MaybeSnapshot() {
+  if (options_.snapshot_path.empty() ||
+      options_.snapshot_interval <= absl::ZeroDuration()) {
+    return absl::OkStatus();
+  }
+  {
+    MutexLock w(&snapshot_mu_);
+    if (last_snapshot_ == absl::Time()) last_snapshot_ = clock_->Now();
+    if (clock_->Now() - last_snapshot_ < options_.snapshot_interval) {
+      return absl::OkStatus();
+    }
+  }
+  return WriteSnapshot();
+}
+
+MasterService::LoadPath MasterService::load_path() const {
+  ReaderMutexLock l(&mu_);
+  return load_path_;
 }
 
 absl::Status MasterService::Load() {
@@ -276,40 +338,30 @@ absl::Status MasterService::Load() {
     nodes_.emplace(id, std::move(node));
   }
 
+  // The fast path reserves each region's space in one ReserveAll after the
+  // scan (a tree search per object was more than half of a restart). Only
+  // a corrupt store (overlapping or out-of-range records) makes some region
+  // refuse; then the load starts over on the careful path, which reserves
+  // one object at a time and drops the ones that do not fit.
   std::vector<std::string> doomed;
-  absl::Status s = store_->ForEachObject([&](absl::string_view key,
-                                             const ObjectRecord& r)
-                                             ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    std::string why;
-    auto n = nodes_.find(r.node_id);
-    if (n == nodes_.end()) {
-      why = absl::StrCat("node ", r.node_id, " is unknown");
-    } else if (auto reg = n->second.regions.find(r.region_id);
-               reg == n->second.regions.end()) {
-      why = absl::StrCat("node ", r.node_id, " has no region ", r.region_id);
-    } else if (key.empty() || key.size() > MetadataIndex::kMaxKeyBytes ||
-               r.length == 0 || r.length > MetadataIndex::kMaxLength) {
-      why = "key or length out of range";
-    } else if (absl::Status rs = reg->second.allocator->Reserve(r.addr, r.length);
-               !rs.ok()) {
-      why = std::string(rs.message());
-    } else {
-      IndexEntry e{r.node_id, r.region_id, r.addr, r.length, r.generation};
-      absl::Status up = index_.LoadEntry(key, e, r.parent_key, r.last_use_ms);
-      if (up.ok()) {
-        CountObject(e, +1);
-        return;
-      }
-      reg->second.allocator->Free(r.addr).IgnoreError();
-      why = std::string(up.message());
+  if (LoadSnapshotLocked(&doomed)) {
+    load_path_ = LoadPath::kSnapshot;
+  } else {
+    load_path_ = LoadPath::kScan;
+    absl::StatusOr<bool> loaded =
+        LoadObjectsLocked(/*careful=*/false, &doomed);
+    if (!loaded.ok()) return loaded.status();
+    if (!*loaded) {
+      LOG(WARNING) << "persisted objects overlap or leave their region: "
+                      "loading them one at a time";
+      ResetObjectsLocked();
+      doomed.clear();
+      load_path_ = LoadPath::kCarefulScan;
+      loaded = LoadObjectsLocked(/*careful=*/true, &doomed);
+      if (!loaded.ok()) return loaded.status();
     }
-    if (doomed.size() < kMaxDropWarnings) {
-      LOG(WARNING) << "dropping persisted object '" << PrintableKey(key)
-                   << "': " << why;
-    }
-    doomed.emplace_back(key);
-  });
-  if (!s.ok()) return s;
+  }
+  absl::Status s;
   if (!doomed.empty()) {
     LOG(WARNING) << "dropped " << doomed.size()
                  << " persisted objects that no longer fit their node";
@@ -334,6 +386,229 @@ absl::Status MasterService::Load() {
   LOG(INFO) << "master loaded " << nodes_.size() << " nodes and "
             << index_.size() << " objects";
   return absl::OkStatus();
+}
+
+void MasterService::ResetObjectsLocked() {
+  index_.Clear();
+  object_bytes_ = 0;
+  for (auto& [id, node] : nodes_) {
+    node.object_count = 0;
+    for (auto& [region_id, region] : node.regions) {
+      region.object_count = 0;
+      region.allocator = std::move(
+          RegionAllocator::Create({region.allocator->capacity(),
+                                   region.allocator->alignment()})
+              .value());
+    }
+  }
+}
+
+bool MasterService::LoadSnapshotLocked(std::vector<std::string>* doomed) {
+  if (options_.snapshot_path.empty()) return false;
+  absl::StatusOr<uint64_t> seq =
+      ReadIndexSnapshot(options_.snapshot_path, &index_);
+  if (!seq.ok()) {
+    if (!absl::IsNotFound(seq.status())) {
+      LOG(WARNING) << "index snapshot not used: " << seq.status();
+    }
+    return false;
+  }
+  const size_t snapshot_entries = index_.size();
+  // The changes since the snapshot, applied as the running master applied
+  // them: puts (new or replacing, linked to their parent if present),
+  // deletes (their descendants become orphans, removed below), later uses.
+  const bool track = options_.recency_batch > 0;
+  index_.TrackUsed(false);
+  std::vector<std::pair<std::string, std::string>> linked;  // key, parent
+  std::vector<std::pair<uint64_t, std::string>> uses;       // ms, key
+  absl::Status bad;
+  uint64_t changes = 0;
+  absl::Status s = store_->ForEachObjectChangeSince(
+      *seq, [&](const MetadataStore::ObjectChange& c)
+                ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        ++changes;
+        if (!bad.ok()) return;
+        switch (c.kind) {
+          case MetadataStore::ObjectChange::Kind::kPut: {
+            const ObjectRecord& r = *c.record;
+            IndexEntry e{r.node_id, r.region_id, r.addr, r.length,
+                         r.generation};
+            auto up = index_.Upsert(c.key, e, r.parent_key);
+            if (!up.ok()) {
+              bad = up.status();
+              return;
+            }
+            if (!r.parent_key.empty()) {
+              linked.emplace_back(std::string(c.key), r.parent_key);
+            }
+            break;
+          }
+          case MetadataStore::ObjectChange::Kind::kDelete:
+            index_.Erase(c.key);
+            break;
+          case MetadataStore::ObjectChange::Kind::kUse:
+            uses.emplace_back(c.use_ms, std::string(c.key));
+            break;
+        }
+      });
+  if (s.ok()) s = bad;
+  if (!s.ok()) {
+    LOG(WARNING) << "index snapshot at sequence " << *seq
+                 << " not used (scanning the store instead): " << s;
+    ResetObjectsLocked();
+    index_.TrackUsed(track);
+    return false;
+  }
+  // A block committed before the block before it (racing puts of one
+  // chain) is linked once both are in.
+  for (const auto& [key, parent] : linked) {
+    auto chain = index_.Chain(key);
+    if (chain && chain->parent.empty() && index_.Find(parent)) {
+      index_.Adopt(key, parent);
+    }
+  }
+  std::stable_sort(uses.begin(), uses.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [ms, key] : uses) index_.Touch(key, 0);
+  index_.TrackUsed(track);
+
+  // Per region: its objects' ranges, count and bytes, in one pass over the
+  // index (entries come grouped by node, so the last region is cached).
+  struct RegionLoad {
+    Node* node = nullptr;
+    Region* region = nullptr;  // nullptr: unknown node or region
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    uint64_t bytes = 0;
+  };
+  absl::flat_hash_map<uint64_t, RegionLoad> regions;
+  std::vector<std::string> gone;
+  auto collect = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    regions.clear();
+    gone.clear();
+    uint64_t last_id = ~uint64_t{0};
+    RegionLoad* last = nullptr;
+    index_.ForEach([&](absl::string_view key, const IndexEntry& e)
+                       ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      const uint64_t id = (uint64_t{e.node_id} << 32) | e.region_id;
+      if (id != last_id) {
+        auto [it, fresh] = regions.try_emplace(id);
+        if (fresh) {
+          auto n = nodes_.find(e.node_id);
+          if (n != nodes_.end()) {
+            auto r = n->second.regions.find(e.region_id);
+            if (r != n->second.regions.end()) {
+              it->second.node = &n->second;
+              it->second.region = &r->second;
+            }
+          }
+        }
+        last_id = id;
+        last = &it->second;
+      }
+      if (last->region == nullptr || e.length == 0) {
+        gone.emplace_back(key);
+        return;
+      }
+      last->ranges.emplace_back(e.addr, e.length);
+      last->bytes += e.length;
+    });
+  };
+  // Blocks whose chain lost a block go (a crash between a removal and the
+  // removal of its orphans leaves them in the store).
+  std::vector<std::string> dropped;
+  for (const auto& [key, e] : index_.Orphans()) {
+    index_.Erase(key);
+    dropped.push_back(key);
+  }
+  collect();
+  if (!gone.empty()) {
+    // Rare (a node record lost): they go with their descendants, and the
+    // pass again without them.
+    for (const std::string& key : gone) index_.Erase(key);
+    dropped.insert(dropped.end(), gone.begin(), gone.end());
+    for (const auto& [key, e] : index_.Orphans()) {
+      index_.Erase(key);
+      dropped.push_back(key);
+    }
+    collect();
+  }
+  gone = std::move(dropped);
+  for (auto& [id, load] : regions) {
+    if (load.region == nullptr) continue;
+    const size_t n = load.ranges.size();
+    absl::Status rs = load.region->allocator->ReserveAll(std::move(load.ranges));
+    if (!rs.ok()) {
+      LOG(WARNING) << "index snapshot at sequence " << *seq
+                   << " not used (scanning the store instead): " << rs;
+      ResetObjectsLocked();
+      return false;
+    }
+    load.node->object_count += n;
+    load.region->object_count += n;
+    object_bytes_ += load.bytes;
+  }
+  for (std::string& key : gone) {
+    if (doomed->size() < kMaxDropWarnings) {
+      LOG(WARNING) << "dropping persisted object '" << PrintableKey(key)
+                   << "': its node or region is unknown, or its chain lost "
+                      "a block";
+    }
+    doomed->push_back(std::move(key));
+  }
+  LOG(INFO) << "index snapshot at sequence " << *seq << ": "
+            << snapshot_entries << " objects, then " << changes
+            << " changes replayed";
+  return true;
+}
+
+absl::StatusOr<bool> MasterService::LoadObjectsLocked(
+    bool careful, std::vector<std::string>* doomed) {
+  // Careless: each region's ranges, reserved after the scan.
+  absl::flat_hash_map<RegionAllocator*,
+                      std::vector<std::pair<uint64_t, uint64_t>>>
+      ranges;
+  absl::Status s = store_->ForEachObject([&](absl::string_view key,
+                                             const ObjectRecord& r)
+                                             ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    std::string why;
+    auto n = nodes_.find(r.node_id);
+    if (n == nodes_.end()) {
+      why = absl::StrCat("node ", r.node_id, " is unknown");
+    } else if (auto reg = n->second.regions.find(r.region_id);
+               reg == n->second.regions.end()) {
+      why = absl::StrCat("node ", r.node_id, " has no region ", r.region_id);
+    } else if (key.empty() || key.size() > MetadataIndex::kMaxKeyBytes ||
+               r.length == 0 || r.length > MetadataIndex::kMaxLength) {
+      why = "key or length out of range";
+    } else if (absl::Status rs =
+                   careful ? reg->second.allocator->Reserve(r.addr, r.length)
+                           : absl::OkStatus();
+               !rs.ok()) {
+      why = std::string(rs.message());
+    } else {
+      IndexEntry e{r.node_id, r.region_id, r.addr, r.length, r.generation};
+      absl::Status up = index_.LoadEntry(key, e, r.parent_key, r.last_use_ms);
+      if (up.ok()) {
+        CountObject(e, +1);
+        if (!careful) {
+          ranges[reg->second.allocator.get()].emplace_back(r.addr, r.length);
+        }
+        return;
+      }
+      if (careful) reg->second.allocator->Free(r.addr).IgnoreError();
+      why = std::string(up.message());
+    }
+    if (doomed->size() < kMaxDropWarnings) {
+      LOG(WARNING) << "dropping persisted object '" << PrintableKey(key)
+                   << "': " << why;
+    }
+    doomed->emplace_back(key);
+  });
+  if (!s.ok()) return s;
+  for (auto& [allocator, region_ranges] : ranges) {
+    if (!allocator->ReserveAll(std::move(region_ranges)).ok()) return false;
+  }
+  return true;
 }
 
 absl::Status MasterService::ValidateKeys(

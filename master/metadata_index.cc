@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "absl/base/internal/endian.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "master/tenant.h"
@@ -523,8 +524,9 @@ void MetadataIndex::TouchRecord(uint32_t i, uint32_t read_tick) {
   auto list = lists_.find(node_id);
   if (list == lists_.end()) {
     LinkMostRecent(i, node_id);  // not linked (cannot happen)
-  } else if (l.local_parent() != kNil) {
-    // The parent is on the same list and stays there.
+  } else if (l.local_parent() != kNil && record(l.parent).key_len() != 0) {
+    // The parent is on the same list and stays there. (An orphan's parent
+    // may be a ghost, on no list: the orphan is touched as a root.)
     if (l.next != l.parent) {
       Unlink(i, list->second);
       LinkBelow(i, l.parent, list->second);
@@ -904,6 +906,164 @@ size_t MetadataIndex::MemoryBytes() const {
 }
 
 void MetadataIndex::Reserve(size_t n) { set_.reserve(n); }
+
+// Snapshot stream: u64 entry count, then per entry (little-endian)
+//   u16 key length, the key, u32 node id, u32 region id, u64 addr,
+//   u64 length, u64 generation, u32 position of the parent in the stream
+//   (0xffffffff: none);
+// each node's entries least recent first (the nodes one after another).
+namespace {
+constexpr size_t kSnapshotFixed = 2 + 4 + 4 + 8 + 8 + 8 + 4;
+constexpr size_t kSnapshotPiece = size_t{1} << 20;
+}  // namespace
+
+absl::Status MetadataIndex::Save(
+    const std::function<absl::Status(absl::string_view)>& write) const {
+  if (ghost_count_ > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("index has ", ghost_count_, " ghosts: no snapshot"));
+  }
+  if (load_ != nullptr) {
+    return absl::FailedPreconditionError("index is loading: no snapshot");
+  }
+  // Stream positions, in list order, so parents can be named before they
+  // are written (a child is less recent than its parent: written first).
+  std::vector<uint32_t> position(records_used_, kNil);
+  uint32_t next = 0;
+  for (const auto& [node_id, list] : lists_) {
+    for (uint32_t i = list.least; i != kNil; i = links(i).next) {
+      position[i] = next++;
+    }
+  }
+  std::string out;
+  out.reserve(kSnapshotPiece + kSnapshotFixed + kMaxKeyBytes);
+  out.resize(8);
+  absl::little_endian::Store64(out.data(), next);
+  for (const auto& [node_id, list] : lists_) {
+    for (uint32_t i = list.least; i != kNil; i = links(i).next) {
+      const Record& r = record(i);
+      const absl::string_view key = KeyOf(i);
+      const uint32_t parent = links(i).parent;
+      const size_t at = out.size();
+      out.resize(at + kSnapshotFixed + key.size());
+      char* p = out.data() + at;
+      absl::little_endian::Store16(p, static_cast<uint16_t>(key.size()));
+      std::memcpy(p + 2, key.data(), key.size());
+      p += 2 + key.size();
+      absl::little_endian::Store32(p, r.node_id);
+      absl::little_endian::Store32(p + 4, r.region_id);
+      absl::little_endian::Store64(p + 8, r.addr);
+      absl::little_endian::Store64(p + 16, r.length());
+      absl::little_endian::Store64(p + 24, r.generation);
+      absl::little_endian::Store32(p + 32,
+                                   parent == kNil ? kNil : position[parent]);
+      if (out.size() >= kSnapshotPiece) {
+        absl::Status s = write(out);
+        if (!s.ok()) return s;
+        out.clear();
+      }
+    }
+  }
+  return out.empty() ? absl::OkStatus() : write(out);
+}
+
+absl::Status MetadataIndex::Restore(absl::string_view data) {
+  auto fail = [this](absl::string_view why) {
+    Clear();
+    return absl::DataLossError(absl::StrCat("index snapshot: ", why));
+  };
+  if (data.size() < 8) return fail("shorter than its header");
+  const uint64_t count = absl::little_endian::Load64(data.data());
+  // Every entry takes more than kSnapshotFixed bytes: a count beyond that
+  // is corrupt (and must not size the tables).
+  if (count > (data.size() - 8) / (kSnapshotFixed + 1)) {
+    return fail(absl::StrCat("claims ", count, " entries in ", data.size(),
+                             " bytes"));
+  }
+  set_.reserve(count);
+  std::vector<uint32_t> parents(count);
+  const char* p = data.data() + 8;
+  const char* const end = data.data() + data.size();
+  uint32_t node_id = kNil;
+  List* list = nullptr;
+  for (uint64_t k = 0; k < count; ++k) {
+    if (end - p < static_cast<ptrdiff_t>(kSnapshotFixed)) {
+      return fail("truncated");
+    }
+    const size_t key_len = absl::little_endian::Load16(p);
+    if (key_len == 0 ||
+        end - p < static_cast<ptrdiff_t>(kSnapshotFixed + key_len)) {
+      return fail("truncated or empty key");
+    }
+    const absl::string_view key(p + 2, key_len);
+    p += 2 + key_len;
+    IndexEntry e;
+    e.node_id = absl::little_endian::Load32(p);
+    e.region_id = absl::little_endian::Load32(p + 4);
+    e.addr = absl::little_endian::Load64(p + 8);
+    e.length = absl::little_endian::Load64(p + 16);
+    e.generation = absl::little_endian::Load64(p + 24);
+    parents[k] = absl::little_endian::Load32(p + 32);
+    p += kSnapshotFixed - 2;
+    if (e.length > kMaxLength) return fail("length out of range");
+    // A fresh index hands out record numbers 0, 1, ...: record k is entry k.
+    absl::StatusOr<uint32_t> fresh = NewRecord();
+    if (!fresh.ok()) return fail(fresh.status().message());
+    FillRecord(*fresh, key, e);
+    if (!set_.insert(*fresh).second) return fail("a key twice");
+    if (e.node_id != node_id || list == nullptr) {
+      node_id = e.node_id;
+      list = &lists_[node_id];
+    }
+    LinkMostRecent(*fresh, *list);
+  }
+  if (p != end) return fail("bytes after the last entry");
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint32_t parent = parents[i];
+    if (parent == kNil) continue;
+    if (parent >= count || parent == i) return fail("bad parent position");
+    if (CanLink(parent, record(i).node_id)) SetParent(i, parent);
+  }
+  // Save wrote parents that were linked, so no cycle unless corrupt; a
+  // cycle would make chain walks loop, so check: each entry's chain must
+  // reach a root within `count` steps (O(n) with memoised depths).
+  std::vector<uint8_t> state(count, 0);  // 1: on the current path, 2: done
+  std::vector<uint32_t> path;
+  for (uint32_t i = 0; i < count; ++i) {
+    path.clear();
+    uint32_t a = i;
+    while (a != kNil && state[a] == 0) {
+      state[a] = 1;
+      path.push_back(a);
+      a = links(a).parent;
+    }
+    if (a != kNil && state[a] == 1) return fail("a chain loops");
+    for (uint32_t x : path) state[x] = 2;
+  }
+  return absl::OkStatus();
+}
+
+void MetadataIndex::Clear() {
+  for (uint32_t i : set_) {
+    Record& r = record(i);
+    if (r.key_len() > Record::kInlineKey) delete[] r.key_data();
+  }
+  set_.clear();
+  chunks_.clear();
+  link_chunks_.clear();
+  lists_.clear();
+  records_used_ = 0;
+  free_records_.clear();
+  out_of_line_key_bytes_ = 0;
+  ghost_count_ = 0;
+  default_usage_ = TenantUsage();
+  tenant_usage_.clear();
+  ghosts_by_node_.clear();
+  cross_children_.clear();
+  used_.clear();
+  used_head_ = 0;
+  load_.reset();
+}
 
 }  // namespace master
 }  // namespace hymcache

@@ -298,6 +298,29 @@ class MetadataIndex {
   // out-of-line keys); an estimate from capacities, not a malloc census.
   size_t MemoryBytes() const;
 
+  // Snapshots: every entry with its location, its chain parent and its
+  // place in its node's recency order, as a compact byte stream (per entry
+  // 38 bytes plus the key). Restore rebuilds an index from it with one pass
+  // of sequential reads: no sort, no hash lookup of parents (they are
+  // stream positions). Read ticks are not kept (0 after Restore, as after
+  // FinishLoad); neither is the CollectUsed queue.
+  //
+  // Save calls `write` with consecutive pieces of the stream (about 1 MiB
+  // each) and returns the first error it returns. Errors:
+  // FailedPrecondition while the index has ghosts (erased entries whose
+  // orphans are still present) or a load is in progress.
+  absl::Status Save(
+      const std::function<absl::Status(absl::string_view)>& write) const;
+  // Rebuilds the index from a whole stream written by Save; pieces may be
+  // concatenated. REQUIRES: the index is empty. Errors: DataLoss if `data`
+  // is not such a stream (truncated, a key twice, a parent position out of
+  // range); the index is then empty again.
+  absl::Status Restore(absl::string_view data);
+
+  // Removes every entry (ghosts, queued uses and a load in progress too);
+  // the index is as new, except that TrackUsed stays as set.
+  void Clear();
+
   // Pre-sizes the hash table for `n` entries.
   void Reserve(size_t n);
 

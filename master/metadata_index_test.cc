@@ -685,6 +685,51 @@ TEST_CASE("MetadataIndex LoadEntry/FinishLoad rebuild chains, recency and drop b
   CHECK(index.Chain("x2")->children == 1);
 }
 
+TEST_CASE("MetadataIndex: touching an orphan whose parent is a ghost keeps the list whole") {
+  MetadataIndex index;
+  REQUIRE(index.Upsert("a", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("b", OnNode(1, 1), "a").ok());
+  REQUIRE(index.Upsert("c", OnNode(1, 1), "b").ok());
+  REQUIRE(index.Upsert("z", OnNode(1, 1)).ok());
+  REQUIRE(index.Erase("b").has_value());  // b: a ghost; c: an orphan
+  REQUIRE(index.Touch("c", 5));          // as a root: most recent
+  CHECK(Order(index, 1) == Keys{"a", "z", "c"});
+  auto orphans = index.Orphans();
+  REQUIRE(orphans.size() == 1);
+  CHECK(orphans[0].first == "c");
+  REQUIRE(index.Erase("c").has_value());
+  CHECK(index.ghost_count() == 0);
+  CHECK(Order(index, 1) == Keys{"a", "z"});
+}
+
+TEST_CASE("MetadataIndex Clear leaves an index as new, mid-load too") {
+  MetadataIndex index;
+  index.TrackUsed(true);
+  const std::string long_key(100, 'L');
+  REQUIRE(index.Upsert("a", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("b", OnNode(1, 1), "a").ok());
+  REQUIRE(index.Upsert(long_key, OnNode(2, 1), "a").ok());  // cross link
+  REQUIRE(index.Touch("b", 3));
+  CHECK(index.Erase("a").has_value());  // b and long_key: orphans
+  CHECK(index.ghost_count() == 1);
+  index.Clear();
+  CHECK(index.empty());
+  CHECK(index.ghost_count() == 0);
+  CHECK(index.used_queued() == 0);
+  CHECK(index.UsageOf("default").objects == 0);
+  CHECK_FALSE(index.Find("b").has_value());
+  CHECK(Order(index, 1).empty());
+  // A load interrupted by Clear starts over cleanly.
+  REQUIRE(index.LoadEntry("x", OnNode(1, 1), "", 1).ok());
+  index.Clear();
+  REQUIRE(index.LoadEntry("x", OnNode(1, 1), "", 1).ok());
+  REQUIRE(index.LoadEntry(long_key, OnNode(1, 1), "x", 2).ok());
+  CHECK(index.FinishLoad().empty());
+  CHECK(Order(index, 1) == Keys{long_key, "x"});
+  REQUIRE(index.Touch("x", 4));
+  CHECK(index.used_queued() == 1);  // TrackUsed stays on
+}
+
 TEST_CASE("MetadataIndex chains stay consistent under random operations") {
   MetadataIndex index;
   std::mt19937_64 rng(23);

@@ -3,10 +3,12 @@
 #include <glog/logging.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
+#include <rocksdb/transaction_log.h>
 #include <rocksdb/write_batch.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <deque>
 #include <cstring>
 #include <utility>
 
@@ -14,6 +16,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/rocksdb_util.h"
+#include "common/thread.h"
 
 namespace hymcache {
 namespace master {
@@ -198,6 +201,11 @@ RocksDbMetadataStore::Create(const RocksDbMetadataStoreOptions& options) {
   // a disk-full error RocksDB resumes by itself once a memtable's worth of
   // space is free: 8 MiB rather than the default 64 MiB.
   rocksdb::Options db_options = SmallDbOptions(options.path, size_t{8} << 20);
+  if (options.keep_wal_seconds > 0) {
+    // Obsolete logs move to archive/ and stay for ForEachObjectChangeSince.
+    db_options.WAL_ttl_seconds = options.keep_wal_seconds;
+    db_options.WAL_size_limit_MB = options.keep_wal_mb;
+  }
   // Created here, as RocksDB logs an error for a missing directory even
   // with create_if_missing; a real problem is DB::Open's to report.
   mkdir(options.path.c_str(), 0755);
@@ -335,15 +343,141 @@ absl::Status RocksDbMetadataStore::Explain(const absl::Status& s,
                    "is freed (", s.message(), ")"));
 }
 
+namespace {
+
+// Objects decoded by the scanning thread for the caller's: keys and parent
+// keys in one buffer, no allocation per object.
+struct ScanBatch {
+  struct Item {
+    ObjectRecord fixed;  // parent_key unused (in `bytes`)
+    uint32_t key_begin;
+    uint32_t key_len;
+    uint32_t parent_len;  // the parent follows the key in `bytes`
+  };
+  std::string bytes;
+  std::vector<Item> items;
+};
+constexpr size_t kScanBatchObjects = 4096;
+constexpr size_t kScanBatchesQueued = 4;
+
+// The hand-off between the two threads.
+struct ScanQueue {
+  Mutex mu;
+  std::deque<std::unique_ptr<ScanBatch>> full ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<ScanBatch>> spare ABSL_GUARDED_BY(mu);
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+};
+
+}  // namespace
+
 absl::Status RocksDbMetadataStore::ForEachObject(
     const std::function<void(absl::string_view key, const ObjectRecord&)>& fn) {
+  // Reading and decoding run on a thread of their own, a few batches ahead
+  // of `fn` (the master's index inserts): a restart takes the longer of the
+  // two rather than their sum.
+  ScanQueue q;
+  Thread scanner("meta-scan", [this, &q] {
+    auto next_batch = [&q] {
+      MutexLock l(&q.mu);
+      q.mu.Await(absl::Condition(
+          +[](ScanQueue* q) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return q->full.size() < kScanBatchesQueued;
+          },
+          &q));
+      std::unique_ptr<ScanBatch> b;
+      if (!q.spare.empty()) {
+        b = std::move(q.spare.back());
+        q.spare.pop_back();
+      } else {
+        b = std::make_unique<ScanBatch>();
+      }
+      return b;
+    };
+    auto ship = [&q](std::unique_ptr<ScanBatch> b) {
+      MutexLock l(&q.mu);
+      q.full.push_back(std::move(b));
+    };
+    std::unique_ptr<ScanBatch> batch = next_batch();
+    absl::Status s = ScanObjects([&](absl::string_view key,
+                                     const ObjectRecord& r) {
+      ScanBatch::Item item;
+      item.fixed.node_id = r.node_id;
+      item.fixed.region_id = r.region_id;
+      item.fixed.addr = r.addr;
+      item.fixed.length = r.length;
+      item.fixed.generation = r.generation;
+      item.fixed.last_use_ms = r.last_use_ms;
+      item.key_begin = static_cast<uint32_t>(batch->bytes.size());
+      item.key_len = static_cast<uint32_t>(key.size());
+      item.parent_len = static_cast<uint32_t>(r.parent_key.size());
+      batch->bytes.append(key.data(), key.size());
+      batch->bytes.append(r.parent_key);
+      batch->items.push_back(item);
+      if (batch->items.size() >= kScanBatchObjects) {
+        ship(std::move(batch));
+        batch = next_batch();
+      }
+    });
+    MutexLock l(&q.mu);
+    q.full.push_back(std::move(batch));
+    q.status = s;
+    q.done = true;
+  });
+
+  ObjectRecord record;  // reused: no allocation per object
+  for (;;) {
+    std::unique_ptr<ScanBatch> batch;
+    {
+      MutexLock l(&q.mu);
+      q.mu.Await(absl::Condition(
+          +[](ScanQueue* q) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return !q->full.empty() || q->done;
+          },
+          &q));
+      if (q.full.empty()) break;  // done
+      batch = std::move(q.full.front());
+      q.full.pop_front();
+    }
+    for (const ScanBatch::Item& item : batch->items) {
+      const char* k = batch->bytes.data() + item.key_begin;
+      record.node_id = item.fixed.node_id;
+      record.region_id = item.fixed.region_id;
+      record.addr = item.fixed.addr;
+      record.length = item.fixed.length;
+      record.generation = item.fixed.generation;
+      record.last_use_ms = item.fixed.last_use_ms;
+      record.parent_key.assign(k + item.key_len, item.parent_len);
+      fn(absl::string_view(k, item.key_len), record);
+    }
+    batch->bytes.clear();
+    batch->items.clear();
+    MutexLock l(&q.mu);
+    q.spare.push_back(std::move(batch));
+  }
+  scanner.Join();
+  MutexLock l(&q.mu);
+  return q.status;
+}
+
+absl::Status RocksDbMetadataStore::ScanObjects(
+    const std::function<void(absl::string_view key, const ObjectRecord&)>& fn) {
   // Objects and their later uses are both in key order: merge the two
-  // ranges with one iterator each.
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  std::unique_ptr<rocksdb::Iterator> use(
-      db_->NewIterator(rocksdb::ReadOptions()));
+  // ranges with one iterator each. A one-time sequential read: large
+  // readahead, no block cache pollution, each iterator bounded to its range
+  // (so it never walks on into the next kind's keys or tombstones).
   const std::string prefix(1, kObjectPrefix);
   const std::string use_prefix(1, kUsePrefix);
+  const std::string end(1, kObjectPrefix + 1);
+  const std::string use_end(1, kUsePrefix + 1);
+  const rocksdb::Slice end_slice(end), use_end_slice(use_end);
+  rocksdb::ReadOptions ro;
+  ro.fill_cache = false;
+  ro.readahead_size = size_t{2} << 20;
+  ro.iterate_upper_bound = &end_slice;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+  ro.iterate_upper_bound = &use_end_slice;
+  std::unique_ptr<rocksdb::Iterator> use(db_->NewIterator(ro));
   use->Seek(use_prefix);
   auto use_valid = [&] {
     return use->Valid() && use->key().starts_with(use_prefix);
@@ -380,6 +514,132 @@ absl::Status RocksDbMetadataStore::ForEachObject(
   absl::Status s = FromRocks(it->status(), "scan objects");
   if (!s.ok()) return s;
   return FromRocks(use->status(), "scan object uses");
+}
+
+uint64_t RocksDbMetadataStore::LatestSequence() {
+  return db_->GetLatestSequenceNumber();
+}
+
+namespace {
+
+// Turns one write batch's records into object changes, numbering them
+// from the batch's first sequence number (one per record) and skipping
+// those at or below `after`.
+class ChangeHandler : public rocksdb::WriteBatch::Handler {
+ public:
+  ChangeHandler(uint64_t first, uint64_t after,
+                const std::function<void(
+                    const MetadataStore::ObjectChange&)>& fn)
+      : seq_(first), after_(after), fn_(fn) {}
+
+  rocksdb::Status PutCF(uint32_t cf, const rocksdb::Slice& key,
+                        const rocksdb::Slice& value) override {
+    if (cf != 0 || Skip() || key.empty()) return rocksdb::Status::OK();
+    MetadataStore::ObjectChange c;
+    c.key = absl::string_view(key.data() + 1, key.size() - 1);
+    if (key[0] == kObjectPrefix) {
+      absl::Status s = DecodeObjectRecordInto(
+          absl::string_view(value.data(), value.size()), &record_);
+      if (!s.ok()) {
+        status_ = absl::DataLossError(absl::StrCat(
+            "metadata store: logged object '", absl::CEscape(c.key), "': ",
+            s.message()));
+        return rocksdb::Status::Corruption("object record");
+      }
+      c.kind = MetadataStore::ObjectChange::Kind::kPut;
+      c.record = &record_;
+      fn_(c);
+    } else if (key[0] == kUsePrefix && value.size() == 8) {
+      c.kind = MetadataStore::ObjectChange::Kind::kUse;
+      c.use_ms = absl::little_endian::Load64(value.data());
+      fn_(c);
+    }
+    return rocksdb::Status::OK();
+  }
+  rocksdb::Status DeleteCF(uint32_t cf, const rocksdb::Slice& key) override {
+    if (cf != 0 || Skip() || key.empty()) return rocksdb::Status::OK();
+    if (key[0] == kObjectPrefix) {
+      MetadataStore::ObjectChange c;
+      c.kind = MetadataStore::ObjectChange::Kind::kDelete;
+      c.key = absl::string_view(key.data() + 1, key.size() - 1);
+      fn_(c);
+    }
+    return rocksdb::Status::OK();
+  }
+  rocksdb::Status SingleDeleteCF(uint32_t cf,
+                                 const rocksdb::Slice& key) override {
+    return DeleteCF(cf, key);
+  }
+  rocksdb::Status DeleteRangeCF(uint32_t, const rocksdb::Slice&,
+                                const rocksdb::Slice&) override {
+    Skip();
+    status_ = absl::InternalError("metadata store: a logged range delete");
+    return rocksdb::Status::NotSupported("range delete");
+  }
+  rocksdb::Status MergeCF(uint32_t, const rocksdb::Slice&,
+                          const rocksdb::Slice&) override {
+    Skip();
+    status_ = absl::InternalError("metadata store: a logged merge");
+    return rocksdb::Status::NotSupported("merge");
+  }
+
+  uint64_t next_sequence() const { return seq_; }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  // Numbers the record; whether it is at or below `after`.
+  bool Skip() { return seq_++ <= after_; }
+
+  uint64_t seq_;
+  const uint64_t after_;
+  const std::function<void(const MetadataStore::ObjectChange&)>& fn_;
+  ObjectRecord record_;
+  absl::Status status_;
+};
+
+}  // namespace
+
+absl::Status RocksDbMetadataStore::ForEachObjectChangeSince(
+    uint64_t after, const std::function<void(const ObjectChange&)>& fn) {
+  const uint64_t latest = db_->GetLatestSequenceNumber();
+  if (after > latest) {
+    return absl::NotFoundError(absl::StrCat(
+        "metadata store: sequence ", after, " is beyond the latest, ",
+        latest));
+  }
+  if (after == latest) return absl::OkStatus();
+  std::unique_ptr<rocksdb::TransactionLogIterator> it;
+  rocksdb::Status rs = db_->GetUpdatesSince(after + 1, &it);
+  if (!rs.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        "metadata store: no log from sequence ", after + 1, ": ",
+        rs.ToString()));
+  }
+  uint64_t next = after + 1;  // the first sequence not yet seen
+  for (; it->Valid() && next <= latest; it->Next()) {
+    rocksdb::BatchResult b = it->GetBatch();
+    if (b.sequence > next) {
+      return absl::NotFoundError(absl::StrCat(
+          "metadata store: the log skips from sequence ", next, " to ",
+          b.sequence));
+    }
+    ChangeHandler handler(b.sequence, after, fn);
+    rs = b.writeBatchPtr->Iterate(&handler);
+    if (!handler.status().ok()) return handler.status();
+    if (!rs.ok()) return FromRocks(rs, "replay the log");
+    next = std::max(next, handler.next_sequence());
+  }
+  if (!it->status().ok() && next <= latest) {
+    return absl::NotFoundError(absl::StrCat(
+        "metadata store: reading the log at sequence ", next, ": ",
+        it->status().ToString()));
+  }
+  if (next <= latest) {
+    return absl::NotFoundError(absl::StrCat(
+        "metadata store: the log ends at sequence ", next - 1,
+        " before the latest, ", latest));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<hymcache::v1::NodeInfo>>

@@ -121,6 +121,35 @@ class MetadataStore {
   // All node records.
   virtual absl::StatusOr<std::vector<hymcache::v1::NodeInfo>> LoadNodes() = 0;
 
+  // Change tracking, for a restart from a snapshot of the owner's state
+  // plus the changes written after it. The store's sequence number grows
+  // with every write; read while no Apply runs, it names exactly the state
+  // written so far. 0 if the store does not track changes.
+  virtual uint64_t LatestSequence() { return 0; }
+
+  // One object change, as ForEachObjectChangeSince reports it.
+  struct ObjectChange {
+    enum class Kind { kPut, kDelete, kUse };
+    Kind kind;
+    absl::string_view key;
+    const ObjectRecord* record = nullptr;  // kPut
+    uint64_t use_ms = 0;                   // kUse: a later use (Unix ms)
+  };
+  // Calls `fn` for every object put, delete and later use (object_uses)
+  // written after sequence number `after`, in the order written (node and
+  // generation records are not reported: LoadNodes has them current).
+  // `fn` must not write to the store. Errors: Unimplemented if the store
+  // does not keep its changes; NotFound if it no longer holds every change
+  // since `after` (pruned) or `after` is not one of its sequence numbers;
+  // DataLoss for an object record that does not decode; others on read
+  // failure. On error `fn` may have seen some of the changes.
+  virtual absl::Status ForEachObjectChangeSince(
+      uint64_t after, const std::function<void(const ObjectChange&)>& fn) {
+    (void)after;
+    (void)fn;
+    return absl::UnimplementedError("this store does not keep its changes");
+  }
+
   // Convenience wrappers around Apply.
   absl::Status PutObjects(
       std::vector<std::pair<std::string, ObjectRecord>> objects);
@@ -142,6 +171,15 @@ struct RocksDbMetadataStoreOptions {
   // persisted before any generation of it is handed out, so a restart starts
   // after the block and never repeats one. Must be > 0. Default: 1 << 20.
   uint64_t generation_block = uint64_t{1} << 20;
+  // Keep write-ahead log files this long after RocksDB is done with them
+  // (and at most keep_wal_mb of them), so that ForEachObjectChangeSince
+  // can read the changes since the owner's last snapshot. 0: do not keep
+  // them (ForEachObjectChangeSince then sees only the unflushed tail).
+  // Default: 0.
+  uint64_t keep_wal_seconds = 0;
+  // Most megabytes of kept log files (0: no size limit besides the time).
+  // Default: 1024.
+  uint64_t keep_wal_mb = 1024;
 
   absl::Status Validate() const;
 };
@@ -163,11 +201,20 @@ class RocksDbMetadataStore : public MetadataStore {
       const std::function<void(absl::string_view key, const ObjectRecord&)>& fn)
       override;
   absl::StatusOr<std::vector<hymcache::v1::NodeInfo>> LoadNodes() override;
+  uint64_t LatestSequence() override;
+  absl::Status ForEachObjectChangeSince(
+      uint64_t after,
+      const std::function<void(const ObjectChange&)>& fn) override;
 
  private:
   RocksDbMetadataStore(const RocksDbMetadataStoreOptions& options,
                        std::unique_ptr<rocksdb::DB> db);
   absl::Status ReserveGenerationBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gen_mu_);
+  // ForEachObject on the calling thread (ForEachObject runs it on a thread
+  // of its own, a few batches ahead of its `fn`).
+  absl::Status ScanObjects(
+      const std::function<void(absl::string_view key, const ObjectRecord&)>&
+          fn);
   // One write; after a failed one, resumes the DB first.
   absl::Status Write(rocksdb::WriteBatch* batch, bool sync,
                      absl::string_view what);

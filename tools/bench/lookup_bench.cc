@@ -20,7 +20,23 @@
 // trials by keys/s (other load on the machine only slows a trial). Every call
 // must report all its keys as hits; misses are counted and make the exit
 // status 1.
+//
+// --redis: the side-by-side baseline. Starts redis-server (Debian's
+// redis-server package; --redis_server names the binary) on a free loopback
+// port without persistence, stores the same keys with a 40-byte value each
+// (about a Location), and times MGET of the same `batch` keys per call from
+// the same client threads, each with its own connection, one call in flight
+// per connection (as redis-benchmark -P 1), through a minimal RESP client
+// here; its rows follow each batch/threads group, with the ratio of
+// HyMCache's calls/s to Redis's. The same comparison with Redis's own tool:
+//   redis-benchmark -p PORT -c 8 -n 200000 -P 1 MGET k1 ... k32
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +55,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -64,6 +81,10 @@ DEFINE_string(db_path, "", "master RocksDB dir (default: a temp dir)");
 DEFINE_bool(auth, false,
             "run the master with identities: every lookup carries an "
             "engine's bearer token and is checked (docs/security.md)");
+DEFINE_bool(redis, false,
+            "also time Redis MGET of the same keys (redis-server started "
+            "here on a free loopback port) and print the ratios");
+DEFINE_string(redis_server, "redis-server", "the redis-server binary");
 DEFINE_string(tls_dir, "",
               "serve and dial over TLS with the certificates of "
               "tests/make_test_certs.sh DIR (server.pem/key, ca.pem)");
@@ -155,6 +176,20 @@ struct Row {
   bool caps = true;  // capabilities signed
 };
 
+// Calls, p50 / p99 and keys/s of `row` from the threads' call latencies.
+void Summarize(const std::vector<std::vector<double>>& lat, double secs,
+               Row* row) {
+  std::vector<double> all;
+  for (const auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+  std::sort(all.begin(), all.end());
+  row->calls = all.size();
+  if (!all.empty()) {
+    row->p50_us = all[all.size() / 2];
+    row->p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
+  }
+  row->keys_per_s = static_cast<double>(row->calls) * row->batch / secs;
+}
+
 Row Measure(const std::string& address, const std::vector<std::string>& keys,
             int batch, int threads, bool for_read, int* next_channel) {
   Row row{batch, threads, for_read};
@@ -198,19 +233,239 @@ Row Measure(const std::string& address, const std::vector<std::string>& keys,
       });
     }
   }
-  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-  std::vector<double> all;
-  for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-  std::sort(all.begin(), all.end());
-  row.calls = all.size();
+  Summarize(lat, absl::ToDoubleSeconds(absl::Now() - start), &row);
   row.misses = misses.load();
   row.errors = errors.load();
-  if (!all.empty()) {
-    row.p50_us = all[all.size() / 2];
-    row.p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
-  }
-  row.keys_per_s = static_cast<double>(row.calls) * batch / secs;
   return row;
+}
+
+// ------------------------------------------------------------ Redis baseline
+
+// A loopback port free right now (bind port 0, read it, close).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// One blocking RESP connection: sends commands, reads replies.
+class Resp {
+ public:
+  ~Resp() {
+    if (fd_ >= 0) close(fd_);
+  }
+  bool Connect(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      close(fd_);
+      fd_ = -1;
+      return false;
+    }
+    int one = 1;
+    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return true;
+  }
+  // Appends a command of `args` to the send buffer.
+  void Add(const std::vector<absl::string_view>& args) {
+    absl::StrAppend(&out_, "*", args.size(), "\r\n");
+    for (absl::string_view a : args) {
+      absl::StrAppend(&out_, "$", a.size(), "\r\n");
+      out_.append(a.data(), a.size());
+      out_ += "\r\n";
+    }
+  }
+  bool Flush() {
+    size_t off = 0;
+    while (off < out_.size()) {
+      ssize_t n = write(fd_, out_.data() + off, out_.size() - off);
+      if (n <= 0) return false;
+      off += static_cast<size_t>(n);
+    }
+    out_.clear();
+    return true;
+  }
+  // Reads one reply; returns the number of non-nil bulk strings in it
+  // (an array's elements, or 1 for a status / bulk string), -1 on error.
+  int64_t Read() {
+    std::string line;
+    if (!Line(&line) || line.empty()) return -1;
+    int64_t n = 0;
+    switch (line[0]) {
+      case '+':
+      case ':':
+        return 1;
+      case '$':
+        return Bulk(line) ? 1 : 0;
+      case '*': {
+        if (!absl::SimpleAtoi(line.substr(1), &n)) return -1;
+        int64_t found = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          if (!Line(&line) || line.empty() || line[0] != '$') return -1;
+          found += Bulk(line) ? 1 : 0;
+        }
+        return found;
+      }
+      default:
+        return -1;
+    }
+  }
+
+ private:
+  bool Fill() {
+    if (pos_ > 0) {
+      in_.erase(0, pos_);
+      pos_ = 0;
+    }
+    char buf[1 << 16];
+    ssize_t n = read(fd_, buf, sizeof(buf));
+    if (n <= 0) return false;
+    in_.append(buf, static_cast<size_t>(n));
+    return true;
+  }
+  bool Line(std::string* line) {
+    for (;;) {
+      size_t eol = in_.find("\r\n", pos_);
+      if (eol != std::string::npos) {
+        line->assign(in_, pos_, eol - pos_);
+        pos_ = eol + 2;
+        return true;
+      }
+      if (!Fill()) return false;
+    }
+  }
+  // After a "$len" line: skips the payload; false for nil ($-1).
+  bool Bulk(const std::string& header) {
+    int64_t len = 0;
+    if (!absl::SimpleAtoi(header.substr(1), &len) || len < 0) return false;
+    while (in_.size() - pos_ < static_cast<size_t>(len) + 2) {
+      if (!Fill()) return false;
+    }
+    pos_ += static_cast<size_t>(len) + 2;
+    return true;
+  }
+
+  int fd_ = -1;
+  std::string out_;
+  std::string in_;
+  size_t pos_ = 0;
+};
+
+// redis-server as a child process, stopped (SIGTERM, waited for) at the end.
+struct RedisServer {
+  pid_t pid = -1;
+  int port = -1;
+  ~RedisServer() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  bool Start() {
+    port = FreePort();
+    if (port <= 0) return false;
+    const std::string port_s = std::to_string(port);
+    pid = fork();
+    if (pid == 0) {
+      execlp(FLAGS_redis_server.c_str(), FLAGS_redis_server.c_str(), "--port",
+             port_s.c_str(), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--loglevel",
+             "warning", "--protected-mode", "no", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    if (pid < 0) return false;
+    for (int i = 0; i < 200; ++i) {  // up to 10 s for it to listen
+      Resp probe;
+      if (probe.Connect(port)) {
+        probe.Add({"PING"});
+        if (probe.Flush() && probe.Read() == 1) return true;
+      }
+      usleep(50 * 1000);
+    }
+    return false;
+  }
+};
+
+Row MeasureRedis(int port, const std::vector<std::string>& keys, int batch,
+                 int threads) {
+  Row row{batch, threads, false};
+  std::vector<std::unique_ptr<Resp>> conns;
+  for (int t = 0; t < threads; ++t) {
+    conns.push_back(std::make_unique<Resp>());
+    if (!conns.back()->Connect(port)) std::exit(1);
+  }
+  std::vector<std::vector<double>> lat(threads);
+  std::atomic<uint64_t> misses{0}, errors{0};
+  auto one_call = [&](Resp* c, std::mt19937_64& rng) {
+    const size_t start = rng() % (keys.size() - batch + 1);
+    std::vector<absl::string_view> args = {"MGET"};
+    for (int i = 0; i < batch; ++i) args.push_back(keys[start + i]);
+    absl::Time t0 = absl::Now();
+    c->Add(args);
+    int64_t found = c->Flush() ? c->Read() : -1;
+    double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    if (found < 0) {
+      errors.fetch_add(1, std::memory_order_relaxed);
+    } else if (found != batch) {
+      misses.fetch_add(batch - found, std::memory_order_relaxed);
+    }
+    return us;
+  };
+  for (int t = 0; t < threads; ++t) {
+    std::mt19937_64 rng(t);
+    for (int i = 0; i < 20; ++i) one_call(conns[t].get(), rng);
+  }
+  const absl::Time start = absl::Now();
+  {
+    std::vector<Thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back("redis-bench", [&, t] {
+        std::mt19937_64 rng(1000 + t);
+        const absl::Time end = start + absl::Seconds(FLAGS_seconds);
+        while (absl::Now() < end) {
+          lat[t].push_back(one_call(conns[t].get(), rng));
+        }
+      });
+    }
+  }
+  Summarize(lat, absl::ToDoubleSeconds(absl::Now() - start), &row);
+  row.misses = misses.load();
+  row.errors = errors.load();
+  return row;
+}
+
+// Stores every key with a 40-byte value, 1000 keys per MSET, pipelined.
+bool LoadRedis(int port, const std::vector<std::string>& keys) {
+  Resp c;
+  if (!c.Connect(port)) return false;
+  const std::string value(40, 'v');
+  size_t sent = 0;
+  for (size_t start = 0; start < keys.size(); start += 1000) {
+    std::vector<absl::string_view> args = {"MSET"};
+    for (size_t i = start; i < std::min(keys.size(), start + 1000); ++i) {
+      args.push_back(keys[i]);
+      args.push_back(value);
+    }
+    c.Add(args);
+    ++sent;
+  }
+  if (!c.Flush()) return false;
+  for (size_t i = 0; i < sent; ++i) {
+    if (c.Read() != 1) return false;
+  }
+  return true;
 }
 
 int Main() {
@@ -311,9 +566,20 @@ int Main() {
               FLAGS_trials, FLAGS_seconds,
               FLAGS_auth ? "bearer tokens checked" : "no authentication",
               FLAGS_tls_dir.empty() ? "plaintext" : "TLS");
+  RedisServer redis;
+  if (FLAGS_redis) {
+    if (!redis.Start() || !LoadRedis(redis.port, keys)) {
+      std::fprintf(stderr, "redis: cannot start %s or load the keys\n",
+                   FLAGS_redis_server.c_str());
+      return 1;
+    }
+    std::printf("Redis baseline: %s on 127.0.0.1:%d (no persistence), "
+                "MGET of the same keys, 40-byte values\n\n",
+                FLAGS_redis_server.c_str(), redis.port);
+  }
   std::printf("| batch | threads | mode | calls | µs/call p50 | µs/call p99 | "
-              "µs/key (p50) | keys/s |\n");
-  std::printf("|---:|---:|---|---:|---:|---:|---:|---:|\n");
+              "µs/key (p50) | keys/s | calls/s |\n");
+  std::printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
   std::fflush(stdout);
   uint64_t misses = 0, errors = 0;
   for (int batch : batches) {
@@ -327,6 +593,7 @@ int Main() {
           best.back().caps = false;
         }
       }
+      Row redis_best{batch, threads, false};
       for (int trial = 0; trial < std::max(1, FLAGS_trials); ++trial) {
         for (Row& r : best) {
           (*master)->ServiceForTest()->SetSkipCapabilitiesForTest(!r.caps);
@@ -337,15 +604,34 @@ int Main() {
           errors += t.errors;
           if (t.keys_per_s > r.keys_per_s) r = t;
         }
+        if (FLAGS_redis) {
+          Row t = MeasureRedis(redis.port, keys, batch, threads);
+          misses += t.misses;
+          errors += t.errors;
+          if (t.keys_per_s > redis_best.keys_per_s) redis_best = t;
+        }
       }
+      auto calls_per_s = [](const Row& r) { return r.keys_per_s / r.batch; };
       for (const Row& r : best) {
-        std::printf("| %d | %d | %s | %lu | %.1f | %.1f | %.2f | %.0f |\n",
-                    r.batch, r.threads,
-                    absl::StrCat(r.for_read ? "for_read" : "plain",
-                                 r.caps ? "" : " (no caps)")
-                        .c_str(),
+        std::string mode = absl::StrCat(r.for_read ? "for_read" : "plain",
+                                        r.caps ? "" : " (no caps)");
+        if (FLAGS_redis) {
+          absl::StrAppend(&mode, " (", absl::StrFormat(
+                                           "%.2f", calls_per_s(r) /
+                                                       calls_per_s(redis_best)),
+                          "x Redis)");
+        }
+        std::printf("| %d | %d | %s | %lu | %.1f | %.1f | %.2f | %.0f | %.0f |\n",
+                    r.batch, r.threads, mode.c_str(),
                     static_cast<unsigned long>(r.calls), r.p50_us, r.p99_us,
-                    r.p50_us / r.batch, r.keys_per_s);
+                    r.p50_us / r.batch, r.keys_per_s, calls_per_s(r));
+      }
+      if (FLAGS_redis) {
+        const Row& r = redis_best;
+        std::printf("| %d | %d | Redis MGET | %lu | %.1f | %.1f | %.2f | %.0f | %.0f |\n",
+                    r.batch, r.threads, static_cast<unsigned long>(r.calls),
+                    r.p50_us, r.p99_us, r.p50_us / r.batch, r.keys_per_s,
+                    calls_per_s(r));
       }
       std::fflush(stdout);
     }
