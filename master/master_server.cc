@@ -622,13 +622,9 @@ absl::Status MasterOptions::Validate() const {
       "master", hp->first, !auth_tokens_file.empty(), insecure);
   if (!protected_mode.ok()) return protected_mode;
   if (!metrics_listen.empty()) {
-    auto m = SplitHostPort(metrics_listen);
-    if (!m.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("master: metrics_listen: ", m.status().message()));
-    }
-    protected_mode = CheckProtectedMode("master (metrics_listen)", m->first,
-                                        !auth_tokens_file.empty(), insecure);
+    protected_mode = CheckProtectedListen("master: metrics_listen",
+                                          metrics_listen,
+                                          !auth_tokens_file.empty(), insecure);
     if (!protected_mode.ok()) return protected_mode;
   }
   master::MasterServiceOptions so;

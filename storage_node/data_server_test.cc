@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -241,7 +242,17 @@ TEST_CASE("DataServer round trip") {
   CHECK(st.read_ops == 1);
   CHECK(st.bytes_written == data.size());
   CHECK(st.bytes_read == data.size());
+  CHECK(st.tcp_bytes_written == data.size());
+  CHECK(st.shm_bytes_written + st.rdma_bytes_written == 0);
   CHECK(st.open_connections == 1);
+  // The same stats by name, with the read latency histogram.
+  FlatStatsVisitor flat;
+  f.server->VisitStats(&flat);
+  std::map<std::string, double> m(flat.values().begin(), flat.values().end());
+  CHECK(m.at("bytes_read") == data.size());
+  CHECK(m.at("tcp_bytes_written") == data.size());
+  CHECK(m.at("open_connections") == 1);
+  CHECK(m.at("read_seconds_count") == 1);
 }
 
 TEST_CASE("DataServer serves only ops its capabilities authorize") {

@@ -297,14 +297,8 @@ absl::Status StorageNodeOptions::Validate() const {
                          !auth_tokens_file.empty(), insecure);
   if (!s.ok()) return s;
   if (!metrics_listen.empty()) {
-    absl::StatusOr<std::pair<std::string, int>> m =
-        SplitHostPort(metrics_listen);
-    if (!m.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("storage node: metrics_listen: ", m.status().message()));
-    }
-    s = CheckProtectedMode("storage node (metrics_listen)", m->first,
-                           !auth_tokens_file.empty(), insecure);
+    s = CheckProtectedListen("storage node: metrics_listen", metrics_listen,
+                             !auth_tokens_file.empty(), insecure);
     if (!s.ok()) return s;
   }
   if (data_port < 0 || data_port > 65535 || control_port < 0 ||
