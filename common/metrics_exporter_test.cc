@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -84,6 +85,31 @@ TEST_CASE("the exporter serves the stats collected at each scrape") {
   Add(counters.read_bytes, 1);
   body = HttpGet((*e)->address(), "/metrics");
   CHECK(absl::StrContains(body, "hymcache_test_read_bytes_total 4097"));
+}
+
+TEST_CASE("garbage on the metrics port does not stop the exporter") {
+  MetricsExporterOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.collect = [](StatsVisitor* v) { v->Gauge("alive", "1", 1); };
+  auto e = MetricsExporter::Create(o);
+  REQUIRE(e.ok());
+  const std::vector<std::string> junk = {
+      std::string("\x00\x01\x02\xff\r\n\r\n", 8),
+      "GET /metrics HTTP/1.1\r\nHost: " + std::string(100000, 'h') + "\r\n\r\n",
+      "POST /metrics HTTP/1.1\r\nContent-Length: 99999999\r\n\r\nabc",
+      "GET /../../etc/passwd HTTP/1.0\r\n\r\n",
+      "GET /metrics",  // then the connection closes half-way
+  };
+  for (const std::string& j : junk) {
+    auto s = ConnectTcp((*e)->address(), absl::Now() + absl::Seconds(5));
+    REQUIRE(s.ok());
+    SendAll(s->fd(), j.data(), j.size(), absl::Now() + absl::Seconds(5))
+        .IgnoreError();  // the server may close first
+  }
+  const std::string body = HttpGet((*e)->address(), "/metrics");
+  CHECK(absl::StrContains(body, "200 OK"));
+  CHECK(absl::StrContains(body, "\nalive 1"));
+  CHECK(absl::StrContains(HttpGet((*e)->address(), "/other"), "404"));
 }
 
 TEST_CASE("a name reported with two types keeps the first; bad characters become _") {
