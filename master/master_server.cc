@@ -562,8 +562,14 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                                      v1::GetStatsResponse* resp) override {
     auto id = Admit(ctx, kAdmin, "GetStats");
     if (!id.ok()) return Refuse(ctx, id.status());
-    return Reply(ctx, absl::StatusOr<v1::GetStatsResponse>(
-                          service_->GetStats()),
+    v1::GetStatsResponse r = service_->GetStats();
+    FlatStatsVisitor flat;
+    VisitStats(&flat);
+    service_->counters().Visit(&flat);
+    for (const auto& [name, value] : flat.values()) {
+      (*r.mutable_stats())[name] = value;
+    }
+    return Reply(ctx, absl::StatusOr<v1::GetStatsResponse>(std::move(r)),
                  resp);
   }
 

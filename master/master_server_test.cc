@@ -168,6 +168,18 @@ TEST_CASE("MasterServer serves the master API over gRPC") {
     CHECK(resp.nodes_size() == 1);
   }
   {
+    // The lookup counters, by name (the master's Prometheus series).
+    grpc::ClientContext ctx;
+    v1::GetStatsResponse st;
+    REQUIRE(stub->GetStats(&ctx, v1::GetStatsRequest(), &st).ok());
+    CHECK(st.stats().at("lookups") == 1);
+    CHECK(st.stats().at("lookup_keys") == 1024);
+    CHECK(st.stats().at("lookup_hits") == 1023);
+    CHECK(st.stats().at("lookup_prefix_hits") == 1023);
+    CHECK(st.stats().at("lookup_seconds_count") == 1);
+    CHECK(st.stats().at("evicted_objects") == 0);
+  }
+  {
     grpc::ClientContext ctx;
     v1::PutStartRequest none;
     none.add_keys("x");
