@@ -11,11 +11,14 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <system_error>
 
 #include "absl/time/time.h"
+#include "common/cli.h"
+#include "common/systemd.h"
 #include "master/master_server.h"
 
 DEFINE_string(listen, "127.0.0.1:50051",
@@ -73,9 +76,27 @@ DEFINE_bool(tls_require_client_cert, false,
             "refuse TLS clients without a certificate signed by --tls_ca");
 
 int main(int argc, char** argv) {
-  FLAGS_logtostderr = true;  // default for a daemon; --logtostderr=0 overrides
-  gflags::SetUsageMessage("HyMCache master: metadata, placement, liveness");
-  gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
+  hymcache::ParseCommandLine(
+      {.program = "hymcache-master",
+       .usage = "HyMCache master: metadata, placement, liveness.\n"
+                "  hymcache-master --listen=HOST:PORT --db_path=DIR [flags]",
+       .groups =
+           {{"Serving", {"listen", "db_path", "sync_writes"}},
+            {"Nodes and placement",
+             {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
+              "read_lease_ms", "max_evictions_per_put",
+              "reconcile_interval_ms", "capability_lifetime_ms"}},
+            {"Limits",
+             {"max_nodes", "forget_dead_nodes_after_s",
+              "max_pending_share_per_caller", "max_pending_slots_per_caller"}},
+            {"Security (docs/security.md)",
+             {"auth_tokens_file", "insecure", "tls_cert", "tls_key", "tls_ca",
+              "tls_require_client_cert"}},
+            {"Logging (stderr by default: journald)",
+             {"log_dir", "logtostderr", "v", "vmodule", "minloglevel"}}},
+       .main_file = __FILE__,
+       .daemon_logging = true},
+      &argc, &argv);
   google::InitGoogleLogging(argv[0]);
 
   // Block the stop signals in every thread (threads inherit the mask), then
@@ -119,15 +140,27 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // Under systemd (Type=notify): READY=1 once serving, STOPPING=1 at the
+  // end, watchdog pings while the gRPC server answers (unconditional while
+  // the store loads). After the signal mask: its thread inherits it.
+  std::atomic<hymcache::MasterServer*> serving{nullptr};
+  auto notifier = hymcache::SystemdNotifier::Create(
+      {.alive = [&serving](absl::Duration timeout) {
+        hymcache::MasterServer* s = serving.load();
+        return s == nullptr ? absl::OkStatus() : s->CheckAlive(timeout);
+      }});
+
   std::error_code ec;
   std::filesystem::create_directories(FLAGS_db_path, ec);
   if (ec) {
     LOG(ERROR) << "cannot create " << FLAGS_db_path << ": " << ec.message();
     return 1;
   }
+  notifier->Status("loading " + FLAGS_db_path);
   auto server = hymcache::MasterServer::Create(options);
   if (!server.ok()) {
     LOG(ERROR) << "cannot start: " << server.status();
+    notifier->Status(server.status().ToString());
     return 1;
   }
   std::printf("hymcache-master listening on %s\n",
@@ -137,14 +170,23 @@ int main(int argc, char** argv) {
                 (*server)->metrics_address().c_str());
   }
   std::fflush(stdout);
+  serving = server->get();
+  notifier->Ready("serving on " + (*server)->address());
 
   int sig = 0;
   while (true) {
     if (sigwait(&stop_signals, &sig) != 0) continue;
     if (sig != SIGHUP) break;
-    (*server)->ReloadIdentities().IgnoreError();  // logged by the server
+    absl::Status reloaded = (*server)->ReloadIdentities();  // logged too
+    notifier->Status(reloaded.ok()
+                         ? "serving on " + (*server)->address() +
+                               "; identities reloaded"
+                         : "identities not reloaded: " + reloaded.ToString());
   }
   LOG(INFO) << "signal " << sig << ": shutting down";
+  notifier->Stopping("shutting down");
+  serving = nullptr;
+  notifier.reset();  // joins the watchdog thread before the server goes
   (*server)->Shutdown();
   return 0;
 }

@@ -1,12 +1,15 @@
 #include "master/master_server.h"
 
 #include <glog/logging.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
 #include <chrono>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
 #include "common/metrics_exporter.h"
@@ -16,6 +19,7 @@
 #include "master/metadata_store.h"
 #include "master/tenant.h"
 #include "master/tenants.h"
+#include "common/health_probe.h"
 #include "proto/master.grpc.pb.h"
 
 namespace hymcache {
@@ -232,18 +236,14 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       }
       r = &qualified;
     }
+    // The service enforces the quota (evicting the tenant's own objects
+    // first) under its lock, counting pending puts.
     const TenantQuota quota = tenants_->Quota(id->tenant);
-    if (quota.max_objects != 0 || quota.max_bytes != 0) {
-      uint64_t bytes = 0;
-      for (uint64_t len : req->lengths()) bytes += len;
-      const MetadataIndex::TenantUsage used =
-          service_->UsageOfTenant(id->tenant);
-      s = tenants_->CheckQuota(id->tenant, used.objects, used.bytes,
-                               static_cast<uint64_t>(req->keys_size()), bytes);
-      if (!s.ok()) return Refuse(ctx, s);
-    }
-    absl::StatusOr<v1::PutStartResponse> out =
-        service_->PutStart(*r, CallerKeyOf(ctx, *id));
+    bool over_quota = false;
+    absl::StatusOr<v1::PutStartResponse> out = service_->PutStart(
+        *r, CallerKeyOf(ctx, *id),
+        TenantLimit{quota.max_objects, quota.max_bytes}, &over_quota);
+    if (over_quota) tenants_->CountQuotaRefusal(id->tenant);
     if (out.ok() && auth_ != nullptr) {
       tenants_->NotePut(out->put_id(), id->tenant,
                         absl::FromUnixMillis(out->expires_unix_ms()),
@@ -557,6 +557,32 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                         : absl::StatusOr<v1::SetTenantQuotaResponse>(s),
                  resp);
   }
+  grpc::ServerUnaryReactor* SetNodeDraining(
+      grpc::CallbackServerContext* ctx, const v1::SetNodeDrainingRequest* req,
+      v1::SetNodeDrainingResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "SetNodeDraining");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    auto out = service_->SetNodeDraining(*req);
+    if (out.ok() && out->changed()) {
+      LOG(INFO) << "master: node '" << absl::CHexEscape(req->name()) << "' "
+                << (req->draining() ? "drained" : "undrained") << " by '"
+                << id->name << "'";
+    }
+    return Reply(ctx, std::move(out), resp);
+  }
+  grpc::ServerUnaryReactor* InspectKey(grpc::CallbackServerContext* ctx,
+                                       const v1::InspectKeyRequest* req,
+                                       v1::InspectKeyResponse* resp) override {
+    auto id = Admit(ctx, kAdmin, "InspectKey");
+    if (!id.ok()) return Refuse(ctx, id.status());
+    if (absl::Status s = CheckKey(*id, req->key(), "InspectKey"); !s.ok()) {
+      return Refuse(ctx, s);
+    }
+    if (!Rewrites(*id)) return Reply(ctx, service_->InspectKey(*req), resp);
+    v1::InspectKeyRequest qualified = *req;
+    Qualify(*id, qualified.mutable_key());
+    return Reply(ctx, service_->InspectKey(qualified), resp);
+  }
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
                                      const v1::GetStatsRequest* /*req*/,
                                      v1::GetStatsResponse* resp) override {
@@ -719,6 +745,11 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
           master::kMinMaxMessageBytes,
           uint64_t{options.max_batch_keys} * (options.max_key_bytes + 16) +
               (1 << 20))));
+  // grpc.health.v1 (NOT_SERVING until Create returns, and again from
+  // Shutdown on) and server reflection on the same port. Both are
+  // process-wide switches that take effect for servers built afterwards.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen_address, *creds, &port);
@@ -734,6 +765,13 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
         "master: cannot listen on ", options.listen_address));
   }
   server->port_ = port;
+  grpc::HealthCheckServiceInterface* health =
+      server->server_->GetHealthCheckService();
+  if (health != nullptr) {
+    health->SetServingStatus(::hymcache::v1::MasterService::service_full_name(),
+                             false);
+    health->SetServingStatus(false);  // "" and the service
+  }
   std::string host = SplitHostPort(options.listen_address)->first;
   if (host == "0.0.0.0" || host == "::" || host == "*") host = "127.0.0.1";
   server->address_ = host.find(':') != std::string::npos
@@ -778,6 +816,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     LOG(INFO) << "master: protected mode (no identities configured): "
                  "serving loopback only; every local caller is an admin";
   }
+  // Loaded and serving: health probes say so from now on.
+  if (health != nullptr) health->SetServingStatus(true);
   return server;
 }
 
@@ -848,6 +888,9 @@ void MasterServer::Shutdown() {
   }
   metrics_.reset();  // no scrape runs past this point
   if (server_) {
+    // NOT_SERVING first (Watch callers hear it), and for good: later
+    // status changes are ignored.
+    if (auto* health = server_->GetHealthCheckService()) health->Shutdown();
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(1));
   }
@@ -859,6 +902,10 @@ void MasterServer::Shutdown() {
   MutexLock l(&mu_);
   stopped_ = true;
   cv_.SignalAll();
+}
+
+absl::Status MasterServer::CheckAlive(absl::Duration timeout) {
+  return CheckServerAnswers(server_.get(), timeout);
 }
 
 void MasterServer::Wait() {

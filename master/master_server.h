@@ -142,9 +142,18 @@ class MasterServer {
 
   // Stops serving (in-flight calls get up to 1 s to finish), joins the
   // reaper and closes the store. Idempotent; later calls return at once.
+  // The gRPC health status (grpc.health.v1, service "" and
+  // "hymcache.v1.MasterService") turns NOT_SERVING first; it is SERVING
+  // from the end of Create until then. (The port is bound only after the
+  // store is loaded: a probe during loading is refused.)
   void Shutdown();
   // Blocks until Shutdown() has completed.
   void Wait();
+
+  // Whether the gRPC server answers a health check within `timeout` (the
+  // systemd watchdog's test; common/health_probe.h). REQUIRES: not
+  // concurrently with or after Shutdown().
+  absl::Status CheckAlive(absl::Duration timeout);
 
   // The service behind the RPCs, for in-process tests. Null after Shutdown.
   master::MasterService* ServiceForTest() { return service_.get(); }

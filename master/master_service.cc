@@ -1,5 +1,7 @@
 #include "master/master_service.h"
 
+#include "master/tenant.h"
+
 #include "absl/base/internal/endian.h"
 
 #include <glog/logging.h>
@@ -14,6 +16,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
+#include "master/tenant.h"
 
 namespace hymcache {
 namespace master {
@@ -359,6 +362,10 @@ bool MasterService::IsAlive(const Node& node, absl::Time now) const {
          now - node.last_seen <= options_.node_timeout;
 }
 
+bool MasterService::IsPlaceable(const Node& node, absl::Time now) const {
+  return IsAlive(node, now) && !node.info.draining();
+}
+
 bool MasterService::ProofValid(const Node& node, std::string_view purpose,
                                uint32_t node_id, uint64_t incarnation,
                                const v1::NodeAuth& auth,
@@ -649,12 +656,18 @@ bool MasterService::CallerMayPut(absl::string_view caller, const Node& node,
 
 void MasterService::CountCallerPending(const PendingPut& put, int delta) {
   CallerPending& c = pending_by_caller_[put.caller];
+  TenantPending& t = pending_by_tenant_[put.tenant];
   const uint64_t slots = put.slots.size();
   if (delta > 0) {
     c.slots += slots;
     c.bytes_by_node[put.node_id] += put.bytes;
+    t.objects += slots;
+    t.bytes += put.bytes;
     return;
   }
+  t.objects -= std::min(t.objects, slots);
+  t.bytes -= std::min(t.bytes, put.bytes);
+  if (t.objects == 0 && t.bytes == 0) pending_by_tenant_.erase(put.tenant);
   c.slots -= std::min(c.slots, slots);
   auto b = c.bytes_by_node.find(put.node_id);
   if (b != c.bytes_by_node.end()) {
@@ -692,15 +705,22 @@ absl::StatusOr<uint64_t> MasterService::ForgetNodeLocked(uint32_t node_id) {
   return doomed.size();
 }
 
+absl::StatusOr<uint32_t> MasterService::NodeIdByNameLocked(
+    absl::string_view name) const {
+  auto known = node_by_name_.find(name);
+  if (known == node_by_name_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no node named '", absl::CHexEscape(name), "'"));
+  }
+  return known->second;
+}
+
 absl::StatusOr<v1::ForgetNodeResponse> MasterService::ForgetNode(
     const v1::ForgetNodeRequest& request) {
   MutexLock l(&mu_);
-  auto known = node_by_name_.find(request.name());
-  if (known == node_by_name_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "no node named '", absl::CHexEscape(request.name()), "'"));
-  }
-  const uint32_t id = known->second;
+  absl::StatusOr<uint32_t> known = NodeIdByNameLocked(request.name());
+  if (!known.ok()) return known.status();
+  const uint32_t id = *known;
   if (MayComeBack(nodes_.at(id), clock_->Now())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "node ", id, " '", absl::CHexEscape(request.name()),
@@ -713,6 +733,72 @@ absl::StatusOr<v1::ForgetNodeResponse> MasterService::ForgetNode(
   v1::ForgetNodeResponse response;
   response.set_node_id(id);
   response.set_objects_removed(*removed);
+  return response;
+}
+
+absl::StatusOr<v1::SetNodeDrainingResponse> MasterService::SetNodeDraining(
+    const v1::SetNodeDrainingRequest& request) {
+  MutexLock l(&mu_);
+  absl::StatusOr<uint32_t> known = NodeIdByNameLocked(request.name());
+  if (!known.ok()) return known.status();
+  Node& node = nodes_.at(*known);
+  v1::SetNodeDrainingResponse response;
+  response.set_node_id(*known);
+  response.set_object_count(node.object_count);
+  if (node.info.draining() == request.draining()) return response;
+  v1::NodeInfo changed = node.info;
+  changed.set_draining(request.draining());
+  absl::Status s = store_->PutNode(changed);
+  if (!s.ok()) return s;
+  node.info.set_draining(request.draining());
+  response.set_changed(true);
+  LOG(INFO) << "node " << *known << " '" << node.info.name() << "' "
+            << (request.draining() ? "draining: no new placements"
+                                   : "undrained: placements resume")
+            << " (" << node.object_count << " objects)";
+  return response;
+}
+
+absl::StatusOr<v1::InspectKeyResponse> MasterService::InspectKey(
+    const v1::InspectKeyRequest& request) const {
+  if (request.key().empty() || request.key().size() > options_.max_key_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key of ", request.key().size(), " bytes (want 1..",
+                     options_.max_key_bytes, ")"));
+  }
+  v1::InspectKeyResponse response;
+  response.set_tenant(std::string(TenantOfKey(request.key())));
+  ReaderMutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  response.set_put_in_progress(pending_keys_.contains(request.key()));
+  auto e = index_.Find(request.key());
+  if (!e) return response;
+  response.set_found(true);
+  v1::Location* loc = response.mutable_location();
+  loc->set_node_id(e->node_id);
+  loc->set_region_id(e->region_id);
+  loc->set_addr(e->addr);
+  loc->set_length(e->length);
+  loc->set_generation(e->generation);
+  auto n = nodes_.find(e->node_id);
+  if (n != nodes_.end()) FillNodeInfo(n->second, now, response.mutable_node());
+  const std::optional<uint32_t> tick = index_.ReadTick(request.key());
+  if (tick && *tick > 0) {
+    // As in PersistRecencyLocked: tick t was read at lease_epoch_ + t - 1 ms.
+    const absl::Time read = lease_epoch_ + absl::Milliseconds(int64_t{*tick} - 1);
+    response.set_last_read_unix_ms(absl::ToUnixMillis(read));
+    if (read + options_.read_lease > now) {
+      response.set_lease_expires_unix_ms(
+          absl::ToUnixMillis(read + options_.read_lease));
+    }
+  }
+  if (auto chain = index_.Chain(request.key())) {
+    response.set_parent_key(chain->parent);
+    response.set_parent_on_other_node(chain->cross);
+    response.set_children(chain->children);
+    response.set_cross_children(chain->cross_children);
+    response.set_unreachable(chain->orphan);
+  }
   return response;
 }
 
@@ -848,6 +934,9 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   const uint32_t id = known->second;
   Node& node = nodes_.at(id);
   info.set_node_id(id);
+  // An operator's drain outlives the node's restarts (hymctl undrain ends
+  // it).
+  info.set_draining(node.info.draining());
   // Only the holder of the name's key keeps or takes over its identity.
   const bool proven = ProofValid(node, "register", 0, request.incarnation(),
                                  request.auth(), now);
@@ -965,6 +1054,11 @@ absl::StatusOr<v1::HeartbeatResponse> MasterService::Heartbeat(
                      ": no valid proof of its node key"));
   }
   n->second.last_seen = now;
+  if (n->second.reported_dead) {
+    LOG(INFO) << "node " << request.node_id() << " '"
+              << n->second.info.name() << "' heartbeats again: alive";
+    n->second.reported_dead = false;
+  }
   response.set_generation_ceiling(store_->GenerationCeiling());
   response.set_reconcile(n->second.needs_reconcile);
   return response;
@@ -1175,6 +1269,94 @@ absl::StatusOr<bool> MasterService::EvictAndAllocate(
   }
 }
 
+absl::Status MasterService::MakeRoomInTenant(
+    const std::string& tenant, const TenantLimit& quota, uint64_t new_objects,
+    uint64_t new_bytes, const absl::flat_hash_set<absl::string_view>& keep,
+    absl::Time now) {
+  MetadataIndex::TenantUsage used = index_.UsageOf(tenant);
+  auto p = pending_by_tenant_.find(tenant);
+  const TenantPending pending =
+      p == pending_by_tenant_.end() ? TenantPending{} : p->second;
+  const uint64_t objects = used.objects + pending.objects + new_objects;
+  const uint64_t bytes = used.bytes + pending.bytes + new_bytes;
+  const uint64_t over_objects =
+      quota.max_objects != 0 && objects > quota.max_objects
+          ? objects - quota.max_objects
+          : 0;
+  const uint64_t over_bytes =
+      quota.max_bytes != 0 && bytes > quota.max_bytes ? bytes - quota.max_bytes
+                                                      : 0;
+  if (over_objects == 0 && over_bytes == 0) return absl::OkStatus();
+  auto refuse = [&](absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++counters_.puts_over_tenant_quota;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant '", tenant, "' quota: ", used.objects, " objects / ",
+        used.bytes, " bytes stored and ", pending.objects, " / ",
+        pending.bytes, " in pending puts; ", new_objects, " / ", new_bytes,
+        " more would exceed max_objects ", quota.max_objects, " / max_bytes ",
+        quota.max_bytes, " (0: unlimited): ", why));
+  };
+  if ((quota.max_objects != 0 &&
+       pending.objects + new_objects > quota.max_objects) ||
+      (quota.max_bytes != 0 && pending.bytes + new_bytes > quota.max_bytes)) {
+    return refuse("its pending puts and this one alone exceed it");
+  }
+  if (options_.max_evictions_per_put == 0) return refuse("eviction is disabled");
+
+  // Plan: the tenant's least recently used objects, node by node, until
+  // the excess is covered; evict only if it is.
+  const uint32_t now_tick = LeaseTick(now);
+  std::map<uint32_t, std::vector<std::pair<std::string, IndexEntry>>> victims;
+  uint64_t got_objects = 0;
+  uint64_t got_bytes = 0;
+  size_t chosen = 0;
+  auto covered = [&] {
+    return got_objects >= over_objects && got_bytes >= over_bytes;
+  };
+  for (const auto& entry : nodes_) {
+    const uint32_t node_id = entry.first;
+    const Node& node = entry.second;
+    if (covered() || chosen >= options_.max_evictions_per_put) break;
+    index_.PickEvictions(
+        node_id, options_.max_eviction_scan,
+        [&](absl::string_view key, const IndexEntry& e, uint32_t read_tick)
+            ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              if (TenantOfKey(key) != tenant || keep.contains(key) ||
+                  pending_parents_.contains(key) ||
+                  IsLeased(read_tick, now_tick) ||
+                  node.regions.count(e.region_id) == 0) {
+                return MetadataIndex::Verdict::kKeep;
+              }
+              return MetadataIndex::Verdict::kEvict;
+            },
+        [&](absl::string_view key, const IndexEntry& e)
+            ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              victims[node_id].emplace_back(std::string(key), e);
+              ++got_objects;
+              got_bytes += e.length;
+              ++chosen;
+              return !covered() && chosen < options_.max_evictions_per_put;
+            });
+  }
+  if (!covered()) {
+    return refuse(absl::StrCat(
+        "evicting its own least recently used objects would free only ",
+        got_objects, " objects / ", got_bytes,
+        " bytes (chain blocks with children, leased, pinned or this put's "
+        "own blocks stay; at most ",
+        options_.max_evictions_per_put, " per put)"));
+  }
+  for (const auto& [node_id, list] : victims) {
+    absl::Status evicted = EvictObjects(node_id, list);
+    if (!evicted.ok()) return evicted;
+    counters_.tenant_evicted_objects += list.size();
+  }
+  LOG_EVERY_N(INFO, 100) << "master: evicted " << got_objects << " objects ("
+                         << got_bytes << " bytes) of tenant '" << tenant
+                         << "' to keep it within its quota";
+  return absl::OkStatus();
+}
+
 absl::Status MasterService::EvictObjects(
     uint32_t node_id,
     const std::vector<std::pair<std::string, IndexEntry>>& victims) {
@@ -1198,11 +1380,32 @@ absl::Status MasterService::EvictObjects(
   counters_.evicted_bytes += bytes;
   VLOG(1) << "evicted " << victims.size() << " objects (" << bytes
           << " bytes) from node " << node_id << " to make room";
+  // One line per kEvictionLogPeriod at most, summing the batches since.
+  constexpr absl::Duration kEvictionLogPeriod = absl::Seconds(10);
+  EvictionLog& log = eviction_log_;
+  ++log.batches;
+  log.objects += victims.size();
+  log.bytes += bytes;
+  const absl::Time now = clock_->Now();
+  if (now - log.last_line >= kEvictionLogPeriod) {
+    LOG(INFO) << "evicted " << log.objects << " objects (" << log.bytes
+              << " bytes) to make room, in " << log.batches
+              << (log.batches == 1 ? " batch" : " batches")
+              << (log.last_line == absl::InfinitePast()
+                      ? std::string()
+                      : absl::StrCat(" over the last ",
+                                     absl::FormatDuration(absl::Trunc(
+                                         now - log.last_line, absl::Seconds(1)))))
+              << "; the last from node " << node_id;
+    log = EvictionLog{};
+    log.last_line = now;
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
-    const v1::PutStartRequest& request, absl::string_view caller) {
+    const v1::PutStartRequest& request, absl::string_view caller,
+    const TenantLimit& quota, bool* over_quota) {
   absl::Status s = ValidateKeys(request.keys());
   if (!s.ok()) return s;
   if (request.lengths_size() != request.keys_size()) {
@@ -1262,7 +1465,9 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
     }
     if (e && preferred == 0) {
       auto n = nodes_.find(e->node_id);
-      if (n != nodes_.end() && IsAlive(n->second, now)) preferred = e->node_id;
+      if (n != nodes_.end() && IsPlaceable(n->second, now)) {
+        preferred = e->node_id;
+      }
     }
   }
 
@@ -1304,6 +1509,17 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   }
   if (to_allocate.empty()) return response;
 
+  const std::string tenant(TenantOfKey(request.keys(0)));
+  if (quota.limited()) {
+    const uint64_t refused = counters_.puts_over_tenant_quota;
+    absl::Status room = MakeRoomInTenant(tenant, quota, to_allocate.size(),
+                                         total_bytes, keep, now);
+    if (over_quota != nullptr) {
+      *over_quota = counters_.puts_over_tenant_quota != refused;
+    }
+    if (!room.ok()) return room;
+  }
+
   // Choose one node for the whole request, among those where the caller's
   // pending puts leave room for it (checked before anything is evicted).
   std::vector<std::pair<uint32_t, uint64_t>> placed;
@@ -1316,18 +1532,23 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   };
   if (preferred != 0) {
     Node& p = nodes_.at(preferred);
-    if (IsAlive(p, now) && caller_may_put(p)) {
+    if (IsPlaceable(p, now) && caller_may_put(p)) {
       target = &p;
       if (TryAllocateOnNode(p, lengths, &placed)) chosen = &p;
     }
   }
   size_t alive = 0;
+  size_t draining = 0;  // alive, but drained by an operator
   if (chosen == nullptr && !nodes_.empty()) {
     auto start = nodes_.upper_bound(last_placed_node_);
     auto it = start;
     for (size_t tried = 0; tried < nodes_.size(); ++tried, ++it) {
       if (it == nodes_.end()) it = nodes_.begin();
       if (!IsAlive(it->second, now)) continue;
+      if (it->second.info.draining()) {
+        ++draining;
+        continue;
+      }
       ++alive;
       if (!caller_may_put(it->second)) continue;
       if (target == nullptr) target = &it->second;
@@ -1342,7 +1563,10 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
     if (alive == 0) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "no alive storage node to place ", to_allocate.size(),
-          " objects (", nodes_.size(), " nodes known)"));
+          " objects (", nodes_.size(), " nodes known",
+          draining > 0 ? absl::StrCat(", ", draining, " alive but draining")
+                       : "",
+          ")"));
     }
     if (target == nullptr) {
       ++counters_.puts_over_caller_limit;
@@ -1366,6 +1590,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
 
   PendingPut put;
   put.caller = std::string(caller);
+  put.tenant = tenant;
   put.bytes = total_bytes;
   put.node_id = node_id;
   put.key_count = static_cast<uint32_t>(request.keys_size());
@@ -1553,6 +1778,20 @@ size_t MasterService::ReapExpired() {
   }
   PersistRecencyLocked(options_.recency_batch);
   SweepOrphansLocked();
+  // One line when a registered node goes silent (its objects miss now).
+  for (auto& [id, node] : nodes_) {
+    if (node.registered && !node.deregistered && !node.reported_dead &&
+        !IsAlive(node, now)) {
+      LOG(WARNING) << "node " << id << " '" << node.info.name()
+                   << "' missed its heartbeats for "
+                   << absl::FormatDuration(
+                          absl::Trunc(now - node.last_seen, absl::Seconds(1)))
+                   << ": dead; its " << node.object_count
+                   << " objects miss and it gets no placements until it "
+                      "returns";
+      node.reported_dead = true;
+    }
+  }
   if (options_.forget_dead_nodes_after != absl::InfiniteDuration()) {
     std::vector<uint32_t> forgotten;
     for (const auto& [id, node] : nodes_) {
@@ -1661,6 +1900,7 @@ absl::StatusOr<v1::RemoveResponse> MasterService::Remove(
 
 void MasterService::MarkRegistered(Node& node, bool retained) {
   node.registered = true;
+  node.reported_dead = false;  // registration logs its own line
   // A reconciliation that began before this registration described the
   // node's previous life: superseded.
   ++node.reconcile_epoch;

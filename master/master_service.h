@@ -260,8 +260,17 @@ struct MasterServiceOptions {
   COUNTER(recency_writes, "Object reads written to the store (recency)")   \
   COUNTER(recency_write_failures, "Failed writes of read-recency batches")  \
   COUNTER(puts_over_caller_limit, "PutStarts refused: their caller had too many pending puts") \
+  COUNTER(tenant_evicted_objects, "Objects evicted from a tenant over its quota for its own new put (also in evicted_objects)") \
+  COUNTER(puts_over_tenant_quota, "PutStarts refused: the tenant could not be brought within its quota") \
   COUNTER(nodes_forgotten, "Node records removed (ForgetNode, or dead too long)")
 HYM_DECLARE_STATS_STRUCT(MasterServiceCounters, HYM_MASTER_SERVICE_COUNTERS);
+
+// A tenant's quota as PutStart enforces it (0: unlimited).
+struct TenantLimit {
+  uint64_t max_objects = 0;
+  uint64_t max_bytes = 0;
+  bool limited() const { return max_objects != 0 || max_bytes != 0; }
+};
 
 // One node's extents as streamed by it during a reconciliation (see
 // MasterService::BeginReconcile). Owned by the caller; not thread-safe.
@@ -346,6 +355,23 @@ class MasterService {
   absl::StatusOr<hymcache::v1::ForgetNodeResponse> ForgetNode(
       const hymcache::v1::ForgetNodeRequest& request);
 
+  // Drains (request.draining) or undrains the node named request.name: a
+  // draining node gets no new placements (PutStart passes it over as if it
+  // were not alive, also as a preferred or parent's node, and never evicts
+  // on it); its committed objects are still found and served, and its keys
+  // are still SLOT_EXISTS for PutStart. The state is persisted with the
+  // node record (kept by a master restart and by re-registrations).
+  // Errors: NotFound (unknown name); store errors (nothing changes).
+  absl::StatusOr<hymcache::v1::SetNodeDrainingResponse> SetNodeDraining(
+      const hymcache::v1::SetNodeDrainingRequest& request);
+
+  // What the master knows about one key (see InspectKeyResponse): its
+  // location and node (found even on a dead node), last read, lease,
+  // chain links, tenant, and whether a put of it is pending. Changes
+  // nothing. Errors: InvalidArgument (key empty or over max_key_bytes).
+  absl::StatusOr<hymcache::v1::InspectKeyResponse> InspectKey(
+      const hymcache::v1::InspectKeyRequest& request) const;
+
   // The node is dead from now on; objects in its non-persistent regions are
   // purged and its pending puts cancelled. Errors: NotFound for an unknown
   // id; PermissionDenied (the request does not prove the node's key);
@@ -374,9 +400,21 @@ class MasterService {
   // allocated); store errors.
   // `caller` identifies who asks, for the pending-put limits (the gRPC
   // adapter passes its caller key; "" is one anonymous caller).
+  // `quota`: the limits of the tenant whose key space the keys are in
+  // (master/tenant.h; all keys of one request are one tenant's), 0 for
+  // none. The tenant's committed objects plus its pending puts plus this
+  // put's new slots must stay within them: if they would not, the tenant's
+  // own least recently used objects are evicted first (chain leaves, not
+  // leased by reads, not this put's parent or existing keys; nodes in
+  // turn, at most max_evictions_per_put, planned before anything goes);
+  // if even that cannot make room, ResourceExhausted naming the quota
+  // (counted in puts_over_tenant_quota; *over_quota set when given) and
+  // nothing changes. (Evictions made for the quota stay made if the put
+  // then finds no node with room.)
   absl::StatusOr<hymcache::v1::PutStartResponse> PutStart(
       const hymcache::v1::PutStartRequest& request,
-      absl::string_view caller = "");
+      absl::string_view caller = "", const TenantLimit& quota = {},
+      bool* over_quota = nullptr);
 
   // Makes every allocated slot of the put visible except `failed_indexes`,
   // which are freed, and except slots whose parent (the block before them)
@@ -506,6 +544,8 @@ class MasterService {
     absl::flat_hash_set<uint64_t> committed_since_reconcile;
     std::map<uint32_t, Region> regions;
     uint64_t object_count = 0;
+    // ReapExpired logged that it missed its heartbeats (once per outage).
+    bool reported_dead = false;
   };
   struct PendingSlot {
     uint32_t index;  // into the PutStart keys
@@ -518,12 +558,18 @@ class MasterService {
   };
   struct PendingPut {
     std::string caller;  // PutStart's caller key
+    std::string tenant;  // whose key space its keys are in
     uint64_t bytes = 0;  // of its slots
     uint32_t node_id;
     uint32_t key_count;
     std::string parent_key;  // PutStart's; pinned while the put is pending
     absl::Time expiry;
     std::vector<PendingSlot> slots;
+  };
+  // One tenant's pending puts (for its quota).
+  struct TenantPending {
+    uint64_t objects = 0;
+    uint64_t bytes = 0;
   };
   // One caller's pending puts (see max_pending_share_per_caller).
   struct CallerPending {
@@ -546,6 +592,8 @@ class MasterService {
       const google::protobuf::RepeatedPtrField<std::string>& keys) const;
 
   bool IsAlive(const Node& node, absl::Time now) const;
+  // Alive and not draining: may get new placements.
+  bool IsPlaceable(const Node& node, absl::Time now) const;
   // Whether `auth` is a valid proof of `node`'s key now.
   bool ProofValid(const Node& node, std::string_view purpose,
                   uint32_t node_id, uint64_t incarnation,
@@ -617,8 +665,20 @@ class MasterService {
   bool CallerMayPut(absl::string_view caller, const Node& node,
                     uint64_t slots, uint64_t bytes, std::string* why) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Counts a pending put in / out of its caller's usage.
+  // Counts a pending put in / out of its caller's and its tenant's usage.
   void CountCallerPending(const PendingPut& put, int delta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The id of the node named `name`. Errors: NotFound.
+  absl::StatusOr<uint32_t> NodeIdByNameLocked(absl::string_view name) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Brings `tenant` within `quota` for `new_objects` / `new_bytes` more by
+  // evicting its own least recently used objects (never `keep`); see
+  // PutStart. OK if it fits (possibly after evicting); ResourceExhausted
+  // naming the quota if it cannot (nothing evicted); store errors.
+  absl::Status MakeRoomInTenant(
+      const std::string& tenant, const TenantLimit& quota,
+      uint64_t new_objects, uint64_t new_bytes,
+      const absl::flat_hash_set<absl::string_view>& keep, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes node `node_id` with its objects and pending puts (ForgetNode).
   // Returns the objects removed. Errors: store errors (nothing changes).
@@ -662,6 +722,8 @@ class MasterService {
   absl::flat_hash_map<uint64_t, PendingPut> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, CallerPending> pending_by_caller_
       ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, TenantPending> pending_by_tenant_
+      ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> pending_keys_
       ABSL_GUARDED_BY(mu_);
   // Parents of pending puts -> number of such puts (never evicted).
@@ -676,6 +738,15 @@ class MasterService {
   // Time of read tick 1 (see LeaseTick).
   absl::Time lease_epoch_ ABSL_GUARDED_BY(mu_);
   MasterServiceCounters counters_ ABSL_GUARDED_BY(mu_);
+  // Evictions since the last log line about them (at most one line per
+  // kEvictionLogPeriod: a full cache evicts on every put).
+  struct EvictionLog {
+    uint64_t batches = 0;
+    uint64_t objects = 0;
+    uint64_t bytes = 0;
+    absl::Time last_line = absl::InfinitePast();
+  };
+  EvictionLog eviction_log_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace master

@@ -236,11 +236,21 @@ class Driver {
         }
         break;
       }
-      case 13:
+      case 13: {
         service_->ListNodes();
         service_->GetStats();
         service_->counters();
+        v1::InspectKeyRequest inspect;
+        if (!Raw(&inspect)) inspect.set_key(Key());
+        service_->InspectKey(inspect).IgnoreError();
+        v1::SetNodeDrainingRequest drain;
+        if (!Raw(&drain)) {
+          drain.set_name(NodeName());
+          drain.set_draining(in_.Bool());
+        }
+        service_->SetNodeDraining(drain).IgnoreError();
         break;
+      }
       case 14: service_->ReapExpired(); break;
       case 15: clock_.Advance(absl::Milliseconds(in_.Range(0, 40000))); break;
       case 16:
@@ -318,6 +328,10 @@ class Driver {
     auto resp = service_->PutStart(r);
     if (!resp.ok()) return;
     FUZZ_CHECK(resp->slots_size() == r.keys_size());
+    if (resp->put_id() != 0) {
+      FUZZ_CHECK(!resp->node().draining())
+          << "placed on draining node " << resp->node().node_id();
+    }
     if (resp->put_id() != 0) put_ids_.push_back(resp->put_id());
     Listings();
     for (const v1::PutSlot& slot : resp->slots()) {

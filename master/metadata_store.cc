@@ -93,6 +93,7 @@ hymcache::v1::NodeInfo DurableNodeFields(const hymcache::v1::NodeInfo& in) {
   }
   *out.mutable_transport_params() = in.transport_params();
   out.set_node_key(in.node_key());
+  out.set_draining(in.draining());
   return out;
 }
 

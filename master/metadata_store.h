@@ -78,7 +78,8 @@ struct MetadataMutation {
   std::vector<std::pair<std::string, uint64_t>> object_uses;
   // Keyed by NodeInfo.name. Only the registration fields are kept (node_id,
   // name, incarnation, addresses, regions without used_bytes,
-  // transport_params); liveness and usage fields are dropped.
+  // transport_params, node_key, draining); liveness and usage fields are
+  // dropped.
   std::vector<hymcache::v1::NodeInfo> put_nodes;
   // Node records to delete, by name (applied before put_nodes). Deleting a
   // missing record is not an error.

@@ -338,6 +338,47 @@ const char* PageBackingName(PageBacking b) {
   return "unknown";
 }
 
+absl::StatusOr<uint64_t> PhysicalMemoryBytes(int numa_node) {
+  if (numa_node >= 0 && numa_available() >= 0 && numa_node <= numa_max_node()) {
+    const long long size = numa_node_size64(numa_node, nullptr);
+    if (size > 0) return static_cast<uint64_t>(size);
+  }
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemTotal:") return kib * 1024;
+  }
+  return absl::UnavailableError("cannot read MemTotal from /proc/meminfo");
+}
+
+absl::Status CheckMemoryFits(uint64_t bytes, int numa_node,
+                             bool allow_overcommit, const std::string& what) {
+  absl::StatusOr<uint64_t> physical = PhysicalMemoryBytes(numa_node);
+  if (!physical.ok()) {
+    LOG(WARNING) << "storage node: cannot check " << what << " against the "
+                 << "machine's memory: " << physical.status();
+    return absl::OkStatus();
+  }
+  if (bytes <= *physical) return absl::OkStatus();
+  const bool on_node = numa_node >= 0 && numa_available() >= 0 &&
+                       numa_node <= numa_max_node();
+  const std::string numbers = absl::StrCat(
+      what, " asks for ", bytes, " bytes of DRAM, but ",
+      on_node ? absl::StrCat("NUMA node ", numa_node) : std::string("the host"),
+      " has ", *physical, " bytes (",
+      on_node ? "numa_node_size64" : "MemTotal", ")");
+  if (allow_overcommit) {
+    LOG(WARNING) << "storage node: overcommitted: " << numbers
+                 << "; the kernel may kill the node once it fills";
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "storage node: not enough memory: ", numbers, ". Lower ", what,
+      ", or start anyway with --allow_overcommit"));
+}
+
 absl::Status EnableSharedHugePages() {
   const std::string s = ThpSetting(kShmemThpKnob);
   if (s.empty()) {

@@ -67,6 +67,20 @@ const char* PageBackingName(PageBacking b);
 // Unavailable without THP support.
 absl::Status EnableSharedHugePages();
 
+// Physical memory of NUMA node `numa_node` (libnuma's numa_node_size64), or
+// of the host (MemTotal in /proc/meminfo) for -1 or when NUMA is not
+// available. Unavailable if it cannot be read.
+absl::StatusOr<uint64_t> PhysicalMemoryBytes(int numa_node);
+
+// Start-up sanity: whether `bytes` of DRAM for `what` (e.g. "--dram_bytes")
+// fit PhysicalMemoryBytes(numa_node). Address space is reserved lazily, so
+// a larger region would start and advertise capacity the host cannot back.
+// ResourceExhausted with both numbers when it does not fit, unless
+// `allow_overcommit` (then a warning is logged and OK returned). OK when
+// the memory size cannot be read (a warning).
+absl::Status CheckMemoryFits(uint64_t bytes, int numa_node,
+                             bool allow_overcommit, const std::string& what);
+
 struct HostMemoryOptions {
   // Bytes to reserve; must be > 0 and at most 2^56. Rounded up to the page
   // size.

@@ -278,5 +278,42 @@ TEST_CASE("EnableSharedHugePages turns 'never' into 'advise'") {
   SetKnob(kShmemKnob, before);
 }
 
+TEST_CASE("PhysicalMemoryBytes: the host's MemTotal, a node's size") {
+  auto host = PhysicalMemoryBytes(-1);
+  REQUIRE(host.ok());
+  // sysconf agrees with /proc/meminfo's MemTotal (to the page).
+  const uint64_t pages = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                         static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  CHECK(*host <= pages + 4096);
+  CHECK(*host + (uint64_t{64} << 20) >= pages);
+  if (numa_available() >= 0) {
+    auto node0 = PhysicalMemoryBytes(0);
+    REQUIRE(node0.ok());
+    CHECK(*node0 > 0);
+    CHECK(*node0 <= *host + (uint64_t{64} << 20));
+  }
+}
+
+TEST_CASE("CheckMemoryFits refuses more DRAM than the host or node has") {
+  auto host = PhysicalMemoryBytes(-1);
+  REQUIRE(host.ok());
+  CHECK(CheckMemoryFits(uint64_t{1} << 30, -1, false, "--dram_bytes").ok());
+  CHECK(CheckMemoryFits(*host, -1, false, "--dram_bytes").ok());
+  absl::Status s = CheckMemoryFits(*host + 1, -1, false, "--dram_bytes");
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(s.message().find("--dram_bytes") != std::string::npos);
+  CHECK(s.message().find("--allow_overcommit") != std::string::npos);
+  CHECK(s.message().find(std::to_string(*host)) != std::string::npos);
+  // 1 TiB, as an operator might mistype.
+  CHECK(!CheckMemoryFits(uint64_t{1} << 40, -1, false, "--dram_bytes").ok());
+  CHECK(CheckMemoryFits(uint64_t{1} << 40, -1, true, "--dram_bytes").ok());
+  if (numa_available() >= 0) {
+    const uint64_t node0 = *PhysicalMemoryBytes(0);
+    absl::Status n = CheckMemoryFits(node0 + 1, 0, false, "--dram_bytes");
+    CHECK(n.code() == absl::StatusCode::kResourceExhausted);
+    CHECK(n.message().find("NUMA node 0") != std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace hymcache::storage

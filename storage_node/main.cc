@@ -11,12 +11,15 @@
 #include <cerrno>
 #include <cstring>
 
+#include <atomic>
 #include <cctype>
 #include <cstdint>
 #include <iostream>
 #include <string>
 
 #include "common/bytes.h"
+#include "common/cli.h"
+#include "common/systemd.h"
 #include "common/net.h"
 #include "common/security.h"
 #include "absl/strings/ascii.h"
@@ -56,13 +59,20 @@ DEFINE_string(capacity_metadata_dir, "",
               "Hybrid device: durable object record (default: "
               "capacity_path + .meta).");
 DEFINE_bool(allow_overcommit, false,
-            "Hybrid devices: start even if the (sparse) capacity file is "
+            "Start even if the device's DRAM (--dram_bytes; hybrid devices: "
+            "--staging_bytes + --write_buffer_bytes) exceeds the memory of "
+            "--numa_node (or of the host), or the (sparse) capacity file is "
             "larger than the free space of its filesystem (warn instead of "
-            "refusing; stores are refused once it is full).");
+            "refusing; stores are refused once the filesystem is full).");
 DEFINE_string(staging_bytes, "256M", "Hybrid devices: DRAM staging window.");
 DEFINE_string(write_buffer_bytes, "64M", "Hybrid devices: DRAM write buffer.");
 DEFINE_string(io_engine, "auto", "Hybrid devices: auto, io_uring or threadpool.");
 DEFINE_int32(io_queue_depth, 64, "Hybrid devices: I/Os in flight.");
+DEFINE_string(io_submit, "auto",
+              "Hybrid devices: how io_uring submits: inline (NVMe, virtio), "
+              "async (through the kernel's workers, for devices that move the "
+              "bytes inside submission: zram, brd, pmem) or auto (async for "
+              "such bio-based devices).");
 DEFINE_bool(io_direct, true,
             "Hybrid devices: O_DIRECT on the capacity file (off only for tmpfs).");
 DEFINE_string(io_max_read_bytes_per_s, "0",
@@ -162,14 +172,46 @@ DEFINE_string(tls_server_name, "",
               "of --master)");
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "hymcache-storage --master=HOST:PORT [--dram_bytes=1G] ...");
   // Debian's Abseil is built with the mutex deadlock detector on: a global
   // lock-order graph updated on every absl::Mutex acquisition (gRPC's too).
   // It is a debugging aid, too costly for the data path.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  FLAGS_logtostderr = true;
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine(
+      {.program = "hymcache-storage",
+       .usage = "HyMCache storage node: serves KV blocks from DRAM/CXL "
+                "memory or a hybrid device.\n"
+                "  hymcache-storage --master=HOST:PORT [--dram_bytes=1G] "
+                "[flags]",
+       .groups =
+           {{"Master and addresses",
+             {"master", "name", "listen_host", "advertise_host", "data_port",
+              "control_port"}},
+            {"Memory device",
+             {"device", "dram_bytes", "numa_node", "allow_overcommit",
+              "alignment", "max_region_bytes", "shared_huge_pages"}},
+            {"Hybrid device (--device=hybrid, hybrid-lru)",
+             {"capacity_path", "capacity_bytes", "capacity_metadata_dir",
+              "staging_bytes", "write_buffer_bytes", "io_engine",
+              "io_queue_depth", "io_direct", "io_max_read_bytes_per_s",
+              "io_max_write_bytes_per_s", "verify_on_open", "verify_reads",
+              "shutdown_flush_timeout_ms"}},
+            {"Prefetch",
+             {"prefetch_window_bytes", "prefetch_session_timeout_ms"}},
+            {"Data planes",
+             {"shm", "shm_allowed_uids", "shm_allowed_gids", "rdma",
+              "rdma_device", "max_connections", "max_connections_per_peer",
+              "data_worker_threads", "max_requests_per_peer",
+              "data_send_buffer_bytes", "io_timeout_ms", "idle_timeout_ms",
+              "drain_timeout_ms"}},
+            {"Security (docs/security.md)",
+             {"auth_tokens_file", "insecure", "token_file", "node_key_file",
+              "capability_skew_ms", "tls_cert", "tls_key", "tls_ca",
+              "tls_require_client_cert", "tls_server_name"}},
+            {"Logging (stderr by default: journald)",
+             {"log_dir", "logtostderr", "v", "vmodule", "minloglevel"}}},
+       .main_file = __FILE__,
+       .daemon_logging = true},
+      &argc, &argv);
   google::InitGoogleLogging(argv[0]);
   // Every data-plane connection holds a descriptor: allow as many as the
   // hard limit does (the soft limit is often 1024).
@@ -195,6 +237,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.numa_node = FLAGS_numa_node;
+  options.allow_memory_overcommit = FLAGS_allow_overcommit;
   if (FLAGS_device == "dram") {
     options.device = hymcache::StorageNodeOptions::Device::kDram;
   } else if (FLAGS_device == "hybrid") {
@@ -219,6 +262,17 @@ int main(int argc, char** argv) {
     }
     options.io_engine = FLAGS_io_engine;
     options.io_queue_depth = FLAGS_io_queue_depth;
+    if (FLAGS_io_submit == "auto") {
+      options.io_submit = hymcache::storage::BlockIoOptions::Submit::kAuto;
+    } else if (FLAGS_io_submit == "inline") {
+      options.io_submit = hymcache::storage::BlockIoOptions::Submit::kInline;
+    } else if (FLAGS_io_submit == "async") {
+      options.io_submit = hymcache::storage::BlockIoOptions::Submit::kAsync;
+    } else {
+      std::cerr << "hymcache-storage: bad --io_submit '" << FLAGS_io_submit
+                << "' (want auto, inline or async)\n";
+      return 2;
+    }
     options.io_direct = FLAGS_io_direct;
     options.verify_on_open = FLAGS_verify_on_open;
     options.verify_reads = FLAGS_verify_reads;
@@ -308,9 +362,22 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // Under systemd (Type=notify): READY=1 once the ports serve (registration
+  // with the master follows in the background; the control port's gRPC
+  // health says when the node is ready), STOPPING=1 at the end, watchdog
+  // pings while the control server answers. After the signal mask: its
+  // thread inherits it.
+  std::atomic<hymcache::StorageNode*> serving{nullptr};
+  auto notifier = hymcache::SystemdNotifier::Create(
+      {.alive = [&serving](absl::Duration timeout) {
+        hymcache::StorageNode* n = serving.load();
+        return n == nullptr ? absl::OkStatus() : n->CheckAlive(timeout);
+      }});
+  notifier->Status("opening the memory device");
   auto node = hymcache::StorageNode::Create(options);
   if (!node.ok()) {
     LOG(ERROR) << "cannot start the storage node: " << node.status();
+    notifier->Status(node.status().ToString());
     return 1;
   }
   std::cout << "hymcache-storage data=" << (*node)->data_address()
@@ -319,14 +386,25 @@ int main(int argc, char** argv) {
     std::cout << " metrics=" << (*node)->metrics_address();
   }
   std::cout << std::endl;
+  serving = node->get();
+  const std::string serving_status =
+      "serving data=" + (*node)->data_address() +
+      " control=" + (*node)->control_address() + "; master " + FLAGS_master;
+  notifier->Ready(serving_status);
 
   int sig = 0;
   while (true) {
     if (sigwait(&stop_signals, &sig) != 0) continue;
     if (sig != SIGHUP) break;
-    (*node)->ReloadIdentities().IgnoreError();  // logged by the node
+    absl::Status reloaded = (*node)->ReloadIdentities();  // logged too
+    notifier->Status(reloaded.ok()
+                         ? serving_status + "; identities reloaded"
+                         : "identities not reloaded: " + reloaded.ToString());
   }
   LOG(INFO) << "received signal " << sig << "; shutting down";
+  notifier->Stopping("shutting down: deregistering, draining");
+  serving = nullptr;
+  notifier.reset();  // joins the watchdog thread before the node goes
   (*node)->Shutdown();
   node->reset();
   return 0;

@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
 #include <exception>
@@ -24,6 +26,7 @@
 #include "common/transport_params.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "common/health_probe.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 #include "storage_node/capacity_tier.h"
@@ -389,6 +392,12 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
     uint64_t* incarnation, std::unique_ptr<storage::CapacityTier>* tier_out) {
   using Device = StorageNodeOptions::Device;
   const bool shareable = o.expose_shm || o.rdma != "off";
+  RETURN_IF_ERROR(storage::CheckMemoryFits(
+      o.device == Device::kDram ? o.dram_bytes
+                                : o.staging_bytes + o.write_buffer_bytes,
+      o.numa_node, o.allow_memory_overcommit,
+      o.device == Device::kDram ? "--dram_bytes"
+                                : "--staging_bytes + --write_buffer_bytes"));
   if (shareable && o.shared_huge_pages) {
     absl::Status hp = storage::EnableSharedHugePages();
     if (!hp.ok()) {
@@ -415,6 +424,7 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
   tier.metadata_dir = o.capacity_metadata_dir;
   tier.allow_overcommit = o.allow_capacity_overcommit;
   tier.io.queue_depth = o.io_queue_depth;
+  tier.io.submit = o.io_submit;
   tier.io.direct = o.io_direct;
   tier.io.max_read_bytes_per_s = o.io_max_read_bytes_per_s;
   tier.io.max_write_bytes_per_s = o.io_max_write_bytes_per_s;
@@ -437,7 +447,9 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
     h.shareable = shareable;
     LOG(INFO) << "hybrid device: capacity file " << o.capacity_path << " ("
               << (t->adopted() ? "adopted" : "formatted") << ", "
-              << t->io()->engine() << "), staging window " << o.staging_bytes
+              << t->io()->engine()
+              << (t->io()->async_submit() ? ", async submission" : "")
+              << "), staging window " << o.staging_bytes
               << " bytes, write buffer " << o.write_buffer_bytes << " bytes";
     ASSIGN_OR_RETURN(auto d, storage::HybridDevice::Create(h, std::move(t)));
     return std::unique_ptr<storage::MemoryDevice>(std::move(d));
@@ -696,6 +708,10 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
                  << options.listen_host << " may call the control service";
   }
   node->control_service_ = std::make_unique<ControlService>(node.get());
+  // grpc.health.v1 (see Ready()) and server reflection on the control port;
+  // process-wide switches for servers built from here on.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // Without this, gRPC binds with SO_REUSEPORT and "succeeds" on a port
   // another server already holds.
@@ -712,6 +728,10 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
         "storage node: cannot serve the control service on ", control_listen));
   }
 
+  if (auto* health = node->control_server_->GetHealthCheckService()) {
+    health->SetServingStatus(v1::StorageControl::service_full_name(), false);
+    health->SetServingStatus(false);  // until registered and reconciled
+  }
   node->control_address_ = JoinHostPort(advertise, node->control_port_);
   if (!options.metrics_listen.empty()) {
     MetricsExporterOptions mo;
@@ -777,6 +797,15 @@ uint32_t StorageNode::node_id() const {
   return node_id_;
 }
 
+bool StorageNode::ReadyLocked() const {
+  return registered_ && !stopping_ && !reconcile_before_ready_;
+}
+
+bool StorageNode::ready() const {
+  MutexLock l(&mu_);
+  return ReadyLocked();
+}
+
 bool StorageNode::registered() const {
   MutexLock l(&mu_);
   return registered_;
@@ -831,19 +860,24 @@ absl::Status StorageNode::Register() {
   }
   *req.mutable_auth() = Auth("register", 0);
   v1::RegisterNodeResponse resp;
-  RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
+  // The master lists this node as soon as it has answered, and clients may
+  // come with its capabilities before the answer is applied here: data-
+  // plane requests whose capabilities fail meanwhile wait for it.
+  capabilities_->BeginIdentityChange();
+  absl::Status called = CallMaster([&](grpc::ClientContext* ctx) {
     return master_->stub->RegisterNode(ctx, req, &resp);
-  }));
-  if (resp.node_id() == 0) {
-    return absl::InternalError("master assigned node id 0");
+  });
+  if (called.ok() && resp.node_id() == 0) {
+    called = absl::InternalError("master assigned node id 0");
   }
-  if (resp.node_key().size() != kNodeKeyBytes) {
-    return absl::InternalError(absl::StrCat(
+  if (called.ok() && resp.node_key().size() != kNodeKeyBytes) {
+    called = absl::InternalError(absl::StrCat(
         "master sent a node key of ", resp.node_key().size(), " bytes"));
   }
-  // Capabilities the master signs for this registration verify from now on
-  // (the key file is written last: clients may already be writing).
-  capabilities_->SetIdentity(resp.node_id(), incarnation_, resp.node_key());
+  if (!called.ok()) {
+    capabilities_->AbandonIdentityChange();
+    return called;
+  }
   absl::Duration interval =
       resp.heartbeat_interval_ms() == 0
           ? kDefaultHeartbeat
@@ -851,7 +885,11 @@ absl::Status StorageNode::Register() {
                      absl::Milliseconds(10));
   // The ceiling first: a write with an old master's (higher) generation
   // that is still on its way must not land after the table is cleared.
+  // Then the identity: capabilities the master signs for this registration
+  // verify from now on, and the requests waiting for it go on (the key
+  // file is written last: clients may already be writing).
   ApplyGenerationCeiling(resp.generation_ceiling());
+  capabilities_->SetIdentity(resp.node_id(), incarnation_, resp.node_key());
   if (!resp.objects_retained()) {
     // The master knows none of the objects we held when we asked (say its
     // metadata was wiped): drop them, or their generations would refuse its
@@ -879,6 +917,7 @@ absl::Status StorageNode::Register() {
   heartbeat_interval_ = interval;
   registered_ = true;
   reconcile_due_ = resp.reconcile();
+  reconcile_before_ready_ = resp.reconcile();
   reconcile_interval_ = absl::Milliseconds(resp.reconcile_interval_ms());
   next_reconcile_ = absl::Now() + reconcile_interval_;
   }
@@ -1001,6 +1040,7 @@ absl::Status StorageNode::Reconcile(uint32_t node_id) {
     VLOG(1) << "reconciled with master: " << outcome;
   }
   MutexLock l(&mu_);
+  reconcile_before_ready_ = false;
   ++reconciliations_;
   reconcile_freed_ += freed;
   last_reconcile_ = outcome;
@@ -1020,16 +1060,30 @@ void StorageNode::ApplyGenerationCeiling(uint64_t ceiling) {
 void StorageNode::HeartbeatLoop() {
   absl::Duration retry = kMinRetry;
   bool outage = false;  // a warning was logged for the current outage
+  bool published_ready = false;  // what the health service says
   while (true) {
     bool registered;
     uint32_t node_id;
     absl::Duration interval;
+    bool ready;
     {
       MutexLock l(&mu_);
       if (stopping_) return;
       registered = registered_;
       node_id = node_id_;
       interval = heartbeat_interval_;
+      ready = ReadyLocked();
+    }
+    // Only this thread changes the status (Shutdown ends it for good).
+    if (ready != published_ready) {
+      if (auto* health = control_server_->GetHealthCheckService()) {
+        health->SetServingStatus(ready);
+      }
+      LOG(INFO) << "storage node '" << name_ << "' is "
+                << (ready ? "ready (health: SERVING)"
+                          : "not ready (health: NOT_SERVING) until it is "
+                            "registered with the master and reconciled");
+      published_ready = ready;
     }
     if (!registered) {
       absl::Status s = Register();
@@ -1110,6 +1164,12 @@ void StorageNode::Shutdown() {
     shutdown_started_ = true;
   }
   metrics_.reset();  // no scrape runs past this point
+  // NOT_SERVING for good, before the node leaves the master and drains.
+  if (control_server_ != nullptr) {
+    if (auto* health = control_server_->GetHealthCheckService()) {
+      health->Shutdown();
+    }
+  }
   // A node whose Create failed half-way has nothing to announce.
   if (heartbeat_.joinable()) {
     LOG(INFO) << "storage node '" << name_ << "' shutting down";
@@ -1144,6 +1204,10 @@ void StorageNode::Shutdown() {
   }
   MutexLock l(&mu_);
   shutdown_done_ = true;
+}
+
+absl::Status StorageNode::CheckAlive(absl::Duration timeout) {
+  return CheckServerAnswers(control_server_.get(), timeout);
 }
 
 void StorageNode::Wait() {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "storage_node/block_io.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/capability.h"
@@ -117,6 +118,12 @@ struct StorageNodeOptions {
   // flushes fail and stores are refused when the write buffer fills.
   // Default: false
   bool allow_capacity_overcommit = false;
+  // Start even if the device's DRAM (dram_bytes for kDram; staging_bytes +
+  // write_buffer_bytes for the hybrid devices) exceeds the physical memory
+  // of numa_node (or of the host for -1), with a warning; without it Create
+  // fails with ResourceExhausted.
+  // Default: false
+  bool allow_memory_overcommit = false;
   // Hybrid devices: DRAM staging window. Default: 256 MiB
   uint64_t staging_bytes = uint64_t{256} << 20;
   // Hybrid devices: DRAM write buffer (kHybridLru adds it to its cache).
@@ -126,6 +133,11 @@ struct StorageNodeOptions {
   // depth. Default: "auto", 64
   std::string io_engine = "auto";
   int io_queue_depth = 64;
+  // Hybrid devices: how io_uring submits (BlockIoOptions::Submit: auto
+  // detects devices that move the bytes inside submission, such as zram).
+  // Default: kAuto
+  storage::BlockIoOptions::Submit io_submit =
+      storage::BlockIoOptions::Submit::kAuto;
   // Hybrid devices: open the capacity file with O_DIRECT. Turn off only on
   // filesystems without it (tmpfs). Default: true
   bool io_direct = true;
@@ -258,7 +270,8 @@ class StorageNode {
   // with the master proceeds in the background (Create succeeds while the
   // master is down).
   // Errors: InvalidArgument (bad options), Unavailable (a port cannot be
-  // bound), ResourceExhausted (memory cannot be allocated; or the capacity
+  // bound), ResourceExhausted (memory cannot be allocated, or exceeds the
+  // machine's, see allow_memory_overcommit; or the capacity
   // file does not fit the free space of its filesystem, see
   // allow_capacity_overcommit), FailedPrecondition (a capacity file of
   // another node or capacity).
@@ -282,6 +295,15 @@ class StorageNode {
   uint32_t node_id() const;
   // Whether the node is currently registered with a reachable master.
   bool registered() const;
+  // Registered with the master, and the reconciliation the registration
+  // asked for is done (so the master's listings match what the node holds),
+  // and not shutting down. The control port's gRPC health status
+  // (grpc.health.v1, service "" and "hymcache.v1.StorageControl") follows
+  // it, updated by the heartbeat thread within a heartbeat interval:
+  // NOT_SERVING while starting and while the master does not know the node
+  // (say it is unreachable), SERVING when ready, NOT_SERVING from the start
+  // of Shutdown on (before the node deregisters and drains).
+  bool ready() const;
   // Blocks until registered with the master or `deadline`; false on timeout
   // (or shutdown).
   bool WaitRegistered(absl::Time deadline);
@@ -294,6 +316,10 @@ class StorageNode {
   void Shutdown();
   // Blocks until Shutdown() has finished.
   void Wait();
+  // Whether the control port's gRPC server answers a health check within
+  // `timeout` (the systemd watchdog's test; common/health_probe.h).
+  // REQUIRES: not concurrently with or after Shutdown().
+  absl::Status CheckAlive(absl::Duration timeout);
   // Re-reads the identities file (SIGHUP); on error the old identities
   // stay. OkStatus when authentication is off.
   absl::Status ReloadIdentities();
@@ -314,6 +340,7 @@ class StorageNode {
   void VisitStats(StatsVisitor* v, const std::string& device_prefix) const;
 
   void HeartbeatLoop();
+  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Register();
   // Returns whether the master asked for a new registration.
   absl::StatusOr<bool> Heartbeat(uint32_t node_id);
@@ -382,6 +409,8 @@ class StorageNode {
   // The master asked for a reconciliation (registration or heartbeat), or
   // the last one returned only part of the unlisted extents.
   bool reconcile_due_ ABSL_GUARDED_BY(mu_) = false;
+  // The registration asked for a reconciliation not yet done: not ready.
+  bool reconcile_before_ready_ ABSL_GUARDED_BY(mu_) = false;
   // Anti-entropy period told by the master (0: none) and the next round.
   absl::Duration reconcile_interval_ ABSL_GUARDED_BY(mu_);
   absl::Time next_reconcile_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();

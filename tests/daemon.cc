@@ -63,21 +63,37 @@ Daemon& Daemon::operator=(Daemon&& o) noexcept {
   return *this;
 }
 
+namespace {
+
+// In the child after fork: execs `binary` with `args` and environ + `env`.
+[[noreturn]] void Exec(const std::string& binary,
+                       const std::vector<std::string>& args,
+                       const std::vector<std::string>& env) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(binary.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  execve(binary.c_str(), argv.data(), envp.data());
+  _exit(127);
+}
+
+}  // namespace
+
 absl::StatusOr<Daemon> Daemon::Start(const std::string& binary,
                                      const std::vector<std::string>& args,
-                                     absl::Duration timeout) {
+                                     absl::Duration timeout,
+                                     const std::vector<std::string>& env) {
   int pipefd[2];
   if (pipe2(pipefd, O_CLOEXEC) != 0) return absl::InternalError("pipe");
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork");
   if (pid == 0) {
     dup2(pipefd[1], 1);
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(binary.c_str()));
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(binary.c_str(), argv.data());
-    _exit(127);
+    Exec(binary, args, env);
   }
   close(pipefd[1]);
   Daemon d;
@@ -130,6 +146,46 @@ bool Daemon::Alive() {
     return false;
   }
   return true;
+}
+
+absl::StatusOr<RunResult> Run(const std::string& binary,
+                              const std::vector<std::string>& args,
+                              absl::Duration timeout) {
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) != 0) return absl::InternalError("pipe");
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork");
+  if (pid == 0) {
+    dup2(pipefd[1], 1);
+    dup2(pipefd[1], 2);
+    Exec(binary, args, {});
+  }
+  close(pipefd[1]);
+  RunResult r;
+  const absl::Time deadline = absl::Now() + timeout;
+  bool timed_out = false;
+  while (true) {
+    int left =
+        static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (left <= 0) {
+      timed_out = true;
+      kill(pid, SIGKILL);
+      break;
+    }
+    pollfd p{pipefd[0], POLLIN, 0};
+    if (poll(&p, 1, left) <= 0) continue;
+    char buf[4096];
+    ssize_t n = read(pipefd[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    r.output.append(buf, static_cast<size_t>(n));
+  }
+  close(pipefd[0]);
+  waitpid(pid, &r.status, 0);
+  if (timed_out) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(binary, " did not exit: '", r.output, "'"));
+  }
+  return r;
 }
 
 std::string Field(const std::string& line, const std::string& key) {

@@ -28,10 +28,12 @@ class Daemon {
   Daemon& operator=(Daemon&& o) noexcept;
 
   // Starts `binary` with `args` and waits (up to `timeout`) for its first
-  // stdout line, returned by ready_line().
+  // stdout line, returned by ready_line(). `env` ("NAME=VALUE") is added to
+  // the child's environment.
   static absl::StatusOr<Daemon> Start(const std::string& binary,
                                       const std::vector<std::string>& args,
-                                      absl::Duration timeout = absl::Seconds(30));
+                                      absl::Duration timeout = absl::Seconds(30),
+                                      const std::vector<std::string>& env = {});
 
   const std::string& ready_line() const { return ready_line_; }
   pid_t pid() const { return pid_; }
@@ -50,6 +52,17 @@ class Daemon {
   int stdout_fd_ = -1;
   std::string ready_line_;
 };
+
+// A finished run of a binary: its exit status (waitpid form) and what it
+// wrote to stdout and stderr (interleaved).
+struct RunResult {
+  int status = 0;
+  std::string output;
+};
+// Runs `binary` with `args` to completion (SIGKILL after `timeout`).
+absl::StatusOr<RunResult> Run(const std::string& binary,
+                              const std::vector<std::string>& args,
+                              absl::Duration timeout = absl::Seconds(30));
 
 // Value of "key=VALUE" in a ready line, or "" if absent.
 std::string Field(const std::string& line, const std::string& key);

@@ -11,6 +11,7 @@ PACKAGES=(
   clang-14 libclang-rt-14-dev lld-14
   libnuma-dev libibverbs-dev librdmacm-dev liburing-dev
   prometheus-cpp-dev prometheus
+  libsystemd-dev systemd
 )
 
 missing=()

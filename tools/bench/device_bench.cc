@@ -21,6 +21,11 @@
 // Modes, in one run, each on its own fresh capacity file:
 //   raw             sequential O_DIRECT reads of a multi-GiB span through
 //                   BlockIo in block-size chunks at queue_depth: the limit;
+//   raw_writer      the same while a thread writes blocks at the writer rate
+//                   straight through BlockIo: what the device's own write
+//                   work costs reads (the share of staging+writer's cost no
+//                   cache policy can remove; large where the device's work
+//                   runs on the host's cores, as zram's does);
 //   staging         HybridDevice; each conversation keeps a prefetch pipeline
 //                   (its share of the window) ahead of its reads:
 //                   PrefetchObject .. PrefetchWait, memcpy out, PrefetchRelease;
@@ -126,6 +131,8 @@ DEFINE_uint64(read_bps, 0,
               "slower, e.g. 2000000000; 0: none");
 DEFINE_uint64(write_bps, 0, "as --read_bps, for writes");
 DEFINE_string(engine, "auto", "BlockIo engine: auto|uring|threadpool");
+DEFINE_string(io_submit, "auto",
+              "io_uring submission: auto|inline|async (BlockIoOptions::Submit)");
 DEFINE_double(raw_gib, 2, "span of the raw sequential read in GiB");
 DEFINE_int32(raw_passes, 2, "timed passes over the raw span");
 DEFINE_uint64(raw_streams, 1, "sequential streams of the raw read");
@@ -139,7 +146,7 @@ DEFINE_double(writer_mbps, 0,
 DEFINE_int32(prefetch_depth, 0,
              "objects each conversation prefetches ahead; 0: its share of the "
              "window (window / conversations / block)");
-DEFINE_string(modes, "raw,staging,staging_writer,lru,lru_writer,lru_small",
+DEFINE_string(modes, "raw,raw_writer,staging,staging_writer,lru,lru_writer,lru_small",
               "modes to run, comma-separated");
 DEFINE_uint64(lru_line_kib, 1024,
               "LRU cache line in KiB (1 MiB = the hybrid device's I/O size: "
@@ -254,6 +261,9 @@ BlockIoOptions IoOptions(const Config& cfg, const std::string& path,
   o.direct = true;
   o.max_read_bytes_per_s = FLAGS_read_bps;
   o.max_write_bytes_per_s = FLAGS_write_bps;
+  o.submit = FLAGS_io_submit == "inline"  ? BlockIoOptions::Submit::kInline
+             : FLAGS_io_submit == "async" ? BlockIoOptions::Submit::kAsync
+                                          : BlockIoOptions::Submit::kAuto;
   return o;
 }
 
@@ -363,15 +373,25 @@ bool Consume(const uint8_t* p, uint8_t* dst, uint64_t len, uint64_t addr) {
 struct RawResult {
   double gbps = 0;
   std::string engine;
+  double writer_mbps = 0;  // the raw-writer's achieved rate, if it ran
 };
 
+// With `writer_bytes_per_s` > 0, a "raw-writer" thread writes blocks at
+// that rate into an area past the span while the passes read: what the
+// device's own write work costs its reads (on a device whose work runs on
+// the host's cores, such as zram, writes take CPU from reads; on an NVMe
+// drive they share only its bandwidth).
 absl::StatusOr<RawResult> RunRaw(const Config& cfg, double span_gib,
-                                 uint64_t streams) {
+                                 uint64_t streams,
+                                 double writer_bytes_per_s = 0) {
   const std::string path = cfg.prefix + ".raw";
   RemoveFiles(path);
   const uint64_t span =
       static_cast<uint64_t>(span_gib * (1 << 30)) / cfg.block * cfg.block;
-  auto io_or = BlockIo::Open(IoOptions(cfg, path, span));
+  constexpr uint64_t kWriterAreaBlocks = 64;
+  const uint64_t writer_area =
+      writer_bytes_per_s > 0 ? kWriterAreaBlocks * cfg.block : 0;
+  auto io_or = BlockIo::Open(IoOptions(cfg, path, span + writer_area));
   if (!io_or.ok()) return Fail("raw: open " + path, io_or.status());
   std::unique_ptr<BlockIo> io = std::move(*io_or);
   const int depth = cfg.queue_depth;
@@ -400,6 +420,7 @@ absl::StatusOr<RawResult> RunRaw(const Config& cfg, double span_gib,
   }
   DropPageCache(path);
   // Two passes; the result is their combined rate.
+  double writer_mbps_sum = 0;
   double secs = 0;
   uint64_t bytes = 0;
   for (int pass = 0; pass < FLAGS_raw_passes; ++pass) {
@@ -442,10 +463,55 @@ absl::StatusOr<RawResult> RunRaw(const Config& cfg, double span_gib,
     chain->per_stream = per_stream;
     chain->streams = streams;
     chain->total = total;
-    const int n = static_cast<int>(std::min<uint64_t>(depth, total));
+    // The writer's (at most 4) writes get ring slots of their own: reads
+    // re-issued from completions would otherwise take every free slot.
+    const int read_depth = writer_bytes_per_s > 0 ? std::max(1, depth - 4) : depth;
+    const int n = static_cast<int>(std::min<uint64_t>(read_depth, total));
     {
       MutexLock l(&chain->mu);
       chain->live = n;
+    }
+    // The writer: one block every block / rate seconds, at most 4 in
+    // flight, until the pass has read everything.
+    std::atomic<bool> reading{true};
+    uint64_t written = 0;
+    absl::Status write_status;
+    Thread writer;
+    if (writer_bytes_per_s > 0) {
+      writer = Thread("raw-writer", [&] {
+        HugeBuffer wmem(4 * cfg.block);
+        if (wmem.data() == nullptr) {
+          write_status = absl::ResourceExhaustedError("raw-writer: mmap");
+          return;
+        }
+        for (uint64_t i = 0; i < 4; ++i) {
+          FillBlock(wmem.data() + i * cfg.block, cfg.block, span + i);
+        }
+        Inflight inflight;
+        const absl::Duration every =
+            absl::Seconds(cfg.block / writer_bytes_per_s);
+        absl::Time due = absl::Now();
+        while (reading.load()) {
+          absl::Status st = inflight.WaitAtMost(3);
+          if (!st.ok()) {
+            write_status = st;
+            break;
+          }
+          io->Write(span + (written % kWriterAreaBlocks) * cfg.block,
+                    wmem.data() + (written % 4) * cfg.block, cfg.block,
+                    inflight.Add());
+          ++written;
+          due += every;
+          const absl::Time now = absl::Now();
+          if (due > now) {
+            absl::SleepFor(due - now);
+          } else {
+            due = now;  // fell behind: no burst to catch up
+          }
+        }
+        absl::Status st = inflight.WaitAtMost(0);
+        if (write_status.ok()) write_status = st;
+      });
     }
     const absl::Time t0 = absl::Now();
     for (int i = 0; i < n; ++i) chain->Issue(bufs[i]);
@@ -453,6 +519,13 @@ absl::StatusOr<RawResult> RunRaw(const Config& cfg, double span_gib,
       MutexLock l(&chain->mu);
       while (chain->live > 0) chain->cv.Wait(&chain->mu);
       if (!chain->status.ok()) return Fail("raw: read", chain->status);
+    }
+    const double read_secs = absl::ToDoubleSeconds(absl::Now() - t0);
+    reading.store(false);
+    writer.Join();
+    if (!write_status.ok()) return Fail("raw: write", write_status);
+    if (writer_bytes_per_s > 0) {
+      writer_mbps_sum += written * cfg.block / read_secs / 1e6;
     }
     const double pass_secs = absl::ToDoubleSeconds(absl::Now() - t0);
     std::fprintf(stderr, "[raw] pass %d: %.2f GB/s\n", pass + 1,
@@ -462,7 +535,8 @@ absl::StatusOr<RawResult> RunRaw(const Config& cfg, double span_gib,
   }
   RawResult r;
   r.gbps = static_cast<double>(bytes) / secs / 1e9;
-  r.engine = std::string(io->engine());
+  r.writer_mbps = writer_mbps_sum / FLAGS_raw_passes;
+  r.engine = std::string(io->engine()) + (io->async_submit() ? "+async" : "");
   io.reset();
   RemoveFiles(path);
   return r;
@@ -1119,6 +1193,17 @@ int Main() {
                            ? FLAGS_writer_mbps * 1e6
                            : FLAGS_writer_fraction * raw.gbps * 1e9;
   if (writer_rate <= 0) writer_rate = 200e6;
+  RawResult raw_writer;
+  if (want_mode("raw_writer")) {
+    auto r = RunRaw(cfg, FLAGS_raw_gib, FLAGS_raw_streams, writer_rate);
+    if (!r.ok()) {
+      std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    raw_writer = *r;
+    std::fprintf(stderr, "[raw_writer] %.2f GB/s with a writer at %.0f of %.0f MB/s\n",
+                 raw_writer.gbps, raw_writer.writer_mbps, writer_rate / 1e6);
+  }
 
   std::vector<ModeResult> results;
   struct Spec {
@@ -1194,6 +1279,16 @@ int Main() {
                 raw.engine.c_str(), cfg.queue_depth, raw.gbps, raw.gbps,
                 cfg.queue_depth);
   }
+  const double device_write_cost =
+      raw.gbps > 0 && raw_writer.gbps > 0 ? 1 - raw_writer.gbps / raw.gbps : 0;
+  if (raw_writer.gbps > 0) {
+    std::printf(
+        "| raw_writer (raw reads + writer) | %.2f | %.2f | %.2f | - | - | %d | "
+        "writer %.0f of %.0f MB/s; the device's own cost of the writes %.1f%% |\n",
+        raw_writer.gbps, raw_writer.gbps,
+        raw.gbps > 0 ? raw_writer.gbps / raw.gbps : 0.0, cfg.queue_depth,
+        raw_writer.writer_mbps, writer_rate / 1e6, 100 * device_write_cost);
+  }
   for (const ModeResult& r : results) {
     std::string note;
     if (r.writer) {
@@ -1241,6 +1336,12 @@ int Main() {
                                     sw->writer_refused)
                         .c_str()
                   : "");
+  if (raw_writer.gbps > 0 && sw) {
+    std::printf("The same writer costs raw reads %.1f%%: the device's own share "
+                "of staging's %.1f%% (on a device whose work runs on the "
+                "host's cores, such as zram, writes take CPU from reads).\n",
+                100 * device_write_cost, 100 * writer_cost);
+  }
   if (lr && st) {
     std::printf("Staging vs %u KiB-line LRU: %.2fx (floor on a fast device: "
                 "1.5x; at a bandwidth-bound device both can reach raw)\n",
@@ -1272,7 +1373,9 @@ int Main() {
         << ", \"consume\": \"" << JsonEscape(FLAGS_consume)
         << "\", \"read_bps_cap\": " << FLAGS_read_bps
         << ", \"write_bps_cap\": " << FLAGS_write_bps << "},\n";
-    out << "  \"raw_gbps\": " << raw.gbps << ",\n  \"modes\": {";
+    out << "  \"raw_gbps\": " << raw.gbps << ",\n  \"raw_writer_gbps\": "
+        << raw_writer.gbps << ",\n  \"raw_writer_mbps\": "
+        << raw_writer.writer_mbps << ",\n  \"modes\": {";
     for (size_t i = 0; i < results.size(); ++i) {
       const ModeResult& r = results[i];
       out << (i ? ",\n" : "\n") << "    \"" << r.name << "\": {"

@@ -27,6 +27,7 @@
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 #include "tools/hymctl/fsck.h"
+#include "tools/hymctl/top.h"
 
 namespace hymcache::hymctl {
 namespace {
@@ -68,6 +69,57 @@ std::string Printable(const std::string& key) {
   return key;
 }
 
+// Sets j[field] to `key` as text, or as hex if it has bytes outside
+// printable ASCII, and j[field + "_encoding"] to "text" or "hex".
+void PutKey(json& j, const std::string& field, const std::string& key) {
+  const std::string shown = Printable(key);
+  j[field] = shown;
+  j[field + "_encoding"] = shown == key ? "text" : "hex";
+}
+
+// Bytes in at most 5 characters: 512B, 1.5K, 12K, 123M (binary units).
+std::string ShortBytes(uint64_t bytes) {
+  const char* units[] = {"B", "K", "M", "G", "T", "P"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 999.5 && u < 5) {
+    v /= 1024;
+    ++u;
+  }
+  return v < 9.95 && u > 0 ? absl::StrFormat("%.1f%s", v, units[u])
+                           : absl::StrFormat("%.0f%s", v, units[u]);
+}
+
+// An age in at most 5 characters: 0.4s, 12s, 5m, 3h, 2d.
+std::string ShortAge(absl::Duration d) {
+  const double s = absl::ToDoubleSeconds(d);
+  if (s < 0) return "0s";
+  if (s < 10) return absl::StrFormat("%.1fs", s);
+  if (s < 120) return absl::StrFormat("%.0fs", s);
+  if (s < 7200) return absl::StrFormat("%.0fm", s / 60);
+  if (s < 172800) return absl::StrFormat("%.0fh", s / 3600);
+  return absl::StrFormat("%.0fd", s / 86400);
+}
+
+// A node's state as status, top and inspect show it.
+std::string NodeState(const hymcache::v1::NodeInfo& n) {
+  if (n.alive()) return n.draining() ? "DRAINING" : "alive";
+  const std::string base = n.awaiting_reconcile() ? "RECONCILING" : "DEAD";
+  return n.draining() ? base + ",DRAINING" : base;
+}
+
+// Fits 80 columns in the narrow status table.
+std::string NarrowState(const hymcache::v1::NodeInfo& n) {
+  if (n.alive()) return n.draining() ? "DRAINING" : "alive";
+  const std::string base = n.awaiting_reconcile() ? "RECONCILING" : "DEAD";
+  return n.draining() ? (n.awaiting_reconcile() ? "RECONC,DRAIN" : "DEAD,DRAIN")
+                      : base;
+}
+
+std::string DeviceKind(const hymcache::v1::NodeInfo& n) {
+  return n.regions_size() > 0 ? n.regions(0).device_kind() : "";
+}
+
 class Cli {
  public:
   Cli(const Options& o, std::ostream& out, std::ostream& err)
@@ -77,8 +129,27 @@ class Cli {
     if (args.empty()) return Usage("missing command");
     const std::string& cmd = args[0];
     std::vector<std::string> rest(args.begin() + 1, args.end());
+    if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+      out_ << HelpText();
+      return 0;
+    }
+    if (cmd == "version") {
+      return rest.empty() ? Version() : Usage("version takes no operands");
+    }
     if (cmd == "token") return Token(rest);
     if (cmd == "tenant") return Tenant(rest);
+    if (cmd == "drain" || cmd == "undrain") {
+      return rest.size() == 1 ? Drain(rest[0], cmd == "drain")
+                              : Usage(cmd + " NODE");
+    }
+    if (cmd == "forget") {
+      return rest.size() == 1 ? ForgetNode(rest[0]) : Usage("forget NODE");
+    }
+    if (cmd == "inspect") {
+      return rest.size() == 1 ? Inspect(rest[0]) : Usage("inspect KEY");
+    }
+    if (cmd == "top") return rest.empty() ? Top() : Usage("top takes no operands");
+    if (cmd == "status") return rest.empty() ? Status() : Usage("status takes no operands");
     ClientOptions co;
     co.master_address = o_.master_address;
     co.auth_token = o_.security.token;
@@ -90,7 +161,6 @@ class Cli {
     auto client = Client::Create(co);
     if (!client.ok()) return Fail(client.status());
     client_ = std::move(*client);
-    if (cmd == "status") return rest.empty() ? Status() : Usage("status takes no operands");
     if (cmd == "stats") return rest.empty() ? NodeStats() : Usage("stats takes no operands");
     if (cmd == "put") return rest.size() == 2 ? Put(rest[0], rest[1]) : Usage("put KEY FILE");
     if (cmd == "get") return rest.size() == 2 ? Get(rest[0], rest[1]) : Usage("get KEY FILE");
@@ -100,35 +170,58 @@ class Cli {
     if (cmd == "node") {
       return rest.size() == 2 && rest[0] == "forget"
                  ? ForgetNode(rest[1])
-                 : Usage("node forget NAME");
+                 : Usage("node forget NODE");
     }
     return Usage(absl::StrCat("unknown command '", cmd, "'"));
   }
 
  private:
   int Usage(const std::string& why) {
-    err_ << "hymctl: " << why << "\n"
-         << "usage: hymctl [--master=HOST:PORT] [--json] [--hex] COMMAND\n"
-         << "  status            nodes, liveness, capacity, used, objects\n"
-         << "  stats             each node's data-plane and device counters\n"
-         << "  put KEY FILE      store FILE under KEY\n"
-         << "  get KEY FILE      write KEY's bytes to FILE\n"
-         << "  lookup KEY...     locations and the hit prefix\n"
-         << "  rm KEY...         remove keys\n"
-         << "  fsck [--repair] [--settle=SECONDS]\n"
-         << "                    compare the master's listings with every\n"
-         << "                    node's extents (exit 1 if inconsistent)\n"
-         << "  tenant list       every tenant's objects, bytes and quota\n"
-         << "  tenant usage TENANT\n"
-         << "  tenant set-quota TENANT MAX_OBJECTS MAX_BYTES\n"
-         << "                    0 = unlimited; refused PutStarts beyond it\n"
-         << "  token new ROLE TENANT NAME TOKEN_FILE\n"
-         << "                    write a fresh token to TOKEN_FILE (a new\n"
-         << "                    file, mode 0600) and print its identities\n"
-         << "                    line (ROLE: engine, admin or node; TENANT:\n"
-         << "                    - for the default)\n"
-         << "  node forget NAME  remove a dead node's record and its objects\n";
+    err_ << "hymctl: " << why << "\n" << HelpText();
     return 2;
+  }
+
+  std::unique_ptr<hymcache::v1::MasterService::Stub> MasterStub(
+      absl::Status* status) {
+    auto channel = CreateChannel(o_.master_address, o_.security);
+    if (!channel.ok()) {
+      *status = channel.status();
+      return nullptr;
+    }
+    return hymcache::v1::MasterService::NewStub(*channel);
+  }
+
+  void SetDeadline(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(o_.timeout_seconds)));
+  }
+
+  absl::StatusOr<hymcache::v1::GetStatsResponse> MasterStats(
+      hymcache::v1::MasterService::Stub* stub) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    hymcache::v1::GetStatsResponse resp;
+    grpc::Status s = stub->GetStats(&ctx, hymcache::v1::GetStatsRequest(), &resp);
+    if (!s.ok()) return GrpcToStatus(s);
+    return resp;
+  }
+
+  // NODE on the command line: a node's name, or else its id.
+  absl::StatusOr<hymcache::v1::NodeInfo> ResolveNode(
+      hymcache::v1::MasterService::Stub* stub, const std::string& arg) {
+    auto st = MasterStats(stub);
+    if (!st.ok()) return st.status();
+    for (const auto& n : st->nodes()) {
+      if (n.name() == arg) return n;
+    }
+    uint32_t id = 0;
+    if (absl::SimpleAtoi(arg, &id)) {
+      for (const auto& n : st->nodes()) {
+        if (n.node_id() == id) return n;
+      }
+    }
+    return absl::NotFoundError(absl::StrCat(
+        "no node named '", arg, "' (or with that id); see hymctl status"));
   }
 
   // token new ROLE TENANT NAME TOKEN_FILE: the token goes to a file only
@@ -280,88 +373,373 @@ class Cli {
   }
 
   int Status() {
-    auto st = client_->GetClusterStatus();
+    absl::Status why;
+    auto stub = MasterStub(&why);
+    if (stub == nullptr) return Fail(why);
+    auto st = MasterStats(stub.get());
     if (!st.ok()) return Fail(st.status());
+    const int64_t now_ms = absl::ToUnixMillis(absl::Now());
     if (o_.json) {
       json nodes = json::array();
-      for (const auto& n : st->nodes) {
-        nodes.push_back({{"node_id", n.node_id},
-                         {"name", n.name},
-                         {"data_address", n.data_address},
-                         {"control_address", n.control_address},
-                         {"alive", n.alive},
-                         {"awaiting_reconcile", n.awaiting_reconcile},
-                         {"device", n.device_kind},
-                         {"capacity_bytes", n.capacity_bytes},
-                         {"used_bytes", n.used_bytes},
-                         {"free_bytes", n.capacity_bytes - std::min(n.used_bytes, n.capacity_bytes)},
-                         {"objects", n.object_count},
-                         {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms}});
+      for (const auto& n : st->nodes()) {
+        const uint64_t free =
+            n.capacity_bytes() - std::min(n.used_bytes(), n.capacity_bytes());
+        nodes.push_back({{"node_id", n.node_id()},
+                         {"name", n.name()},
+                         {"data_address", n.data_address()},
+                         {"control_address", n.control_address()},
+                         {"state", NodeState(n)},
+                         {"alive", n.alive()},
+                         {"draining", n.draining()},
+                         {"awaiting_reconcile", n.awaiting_reconcile()},
+                         {"device", DeviceKind(n)},
+                         {"capacity_bytes", n.capacity_bytes()},
+                         {"used_bytes", n.used_bytes()},
+                         {"free_bytes", free},
+                         {"objects", n.object_count()},
+                         {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms()}});
       }
       out_ << json{{"nodes", nodes},
-                   {"objects", st->object_count},
-                   {"object_bytes", st->object_bytes},
-                   {"pending_puts", st->pending_puts},
-                   {"evicted_objects", st->evicted_objects},
-                   {"evicted_bytes", st->evicted_bytes},
-                   {"reconciliations", st->reconciliations},
-                   {"reconcile_dropped_listings", st->reconcile_dropped_listings},
-                   {"read_repairs", st->read_repairs},
-                   {"index_bytes_per_entry", st->index_bytes_per_entry}}
+                   {"objects", st->object_count()},
+                   {"object_bytes", st->object_bytes()},
+                   {"pending_puts", st->pending_puts()},
+                   {"evicted_objects", st->evicted_objects()},
+                   {"evicted_bytes", st->evicted_bytes()},
+                   {"reconciliations", st->reconciliations()},
+                   {"reconcile_dropped_listings", st->reconcile_dropped_listings()},
+                   {"read_repairs", st->read_repairs()},
+                   {"index_bytes_per_entry", st->index_bytes_per_entry()}}
                   .dump(2)
            << "\n";
       return 0;
     }
-    std::vector<std::vector<std::string>> rows = {
-        {"NODE", "NAME", "DATA", "STATE", "DEVICE", "CAPACITY", "USED", "FREE",
-         "OBJECTS", "LAST HEARTBEAT"}};
-    int64_t now_ms = absl::ToUnixMillis(absl::Now());
-    for (const auto& n : st->nodes) {
-      std::string hb = n.last_heartbeat_unix_ms > 0
-                           ? absl::StrFormat("%.1fs ago", (now_ms - n.last_heartbeat_unix_ms) / 1000.0)
-                           : "never";
-      rows.push_back({absl::StrCat(n.node_id), n.name, n.data_address,
-                      n.alive ? "alive" : n.awaiting_reconcile ? "RECONCILING" : "DEAD",
-                      n.device_kind,
-                      Human(n.capacity_bytes), Human(n.used_bytes),
-                      Human(n.capacity_bytes - std::min(n.used_bytes, n.capacity_bytes)),
-                      absl::StrCat(n.object_count), hb});
+    auto seen = [&](const hymcache::v1::NodeInfo& n) -> std::string {
+      if (n.last_heartbeat_unix_ms() <= 0) return "never";
+      return ShortAge(absl::Milliseconds(now_ms - n.last_heartbeat_unix_ms()));
+    };
+    std::vector<std::vector<std::string>> rows;
+    if (o_.wide) {
+      rows.push_back({"NODE", "NAME", "DATA", "CONTROL", "STATE", "DEVICE",
+                      "CAPACITY", "USED", "FREE", "OBJECTS", "LAST HEARTBEAT"});
+      for (const auto& n : st->nodes()) {
+        rows.push_back(
+            {absl::StrCat(n.node_id()), n.name(), n.data_address(),
+             n.control_address(), NodeState(n), DeviceKind(n),
+             Human(n.capacity_bytes()), Human(n.used_bytes()),
+             Human(n.capacity_bytes() -
+                   std::min(n.used_bytes(), n.capacity_bytes())),
+             absl::StrCat(n.object_count()),
+             n.last_heartbeat_unix_ms() > 0
+                 ? absl::StrFormat(
+                       "%.1fs ago",
+                       (now_ms - n.last_heartbeat_unix_ms()) / 1000.0)
+                 : "never"});
+      }
+    } else {
+      // Every column but NAME is bounded (ids aside): NAME gets what is
+      // left of 80 columns and is cut short with '~'.
+      rows.push_back({"NODE", "NAME", "STATE", "DEVICE", "USED", "SIZE",
+                      "USE%", "OBJECTS", "SEEN"});
+      for (const auto& n : st->nodes()) {
+        const double pct =
+            n.capacity_bytes() == 0
+                ? 0
+                : 100.0 * static_cast<double>(n.used_bytes()) /
+                      static_cast<double>(n.capacity_bytes());
+        rows.push_back({absl::StrCat(n.node_id()), n.name(), NarrowState(n),
+                        DeviceKind(n).substr(0, 6), ShortBytes(n.used_bytes()),
+                        ShortBytes(n.capacity_bytes()),
+                        absl::StrFormat("%.0f%%", pct),
+                        ShortNumber(static_cast<double>(n.object_count())), seen(n)});
+      }
+      size_t others = 2 * (rows[0].size() - 1);
+      for (size_t c = 0; c < rows[0].size(); ++c) {
+        if (c == 1) continue;
+        size_t w = 0;
+        for (const auto& r : rows) w = std::max(w, r[c].size());
+        others += w;
+      }
+      const size_t name_width = others + 8 < 80 ? 80 - others : 8;
+      for (auto& r : rows) {
+        if (r[1].size() > name_width) r[1] = r[1].substr(0, name_width - 1) + "~";
+      }
     }
     Table(out_, rows);
-    out_ << "\n" << st->object_count << " objects, " << Human(st->object_bytes)
-         << ", " << st->pending_puts << " puts in progress, "
-         << st->evicted_objects << " evicted (" << Human(st->evicted_bytes)
-         << ")\n"
-         << st->reconciliations << " node reconciliations, "
-         << st->reconcile_dropped_listings
-         << " listings dropped by them, " << st->read_repairs
-         << " by read repair\n";
+    out_ << "\n"
+         << st->object_count() << " objects, " << Human(st->object_bytes())
+         << ", " << st->pending_puts() << " puts pending, "
+         << st->evicted_objects() << " evicted ("
+         << Human(st->evicted_bytes()) << ")\n"
+         << "reconciliations: " << st->reconciliations() << " ("
+         << st->reconcile_dropped_listings()
+         << " listings dropped); read repairs: " << st->read_repairs()
+         << "\n";
     return 0;
   }
 
   // Admin: the master removes a dead node's record and its objects.
-  int ForgetNode(const std::string& name) {
-    auto stub = hymcache::v1::MasterService::NewStub(grpc::CreateChannel(
-        o_.master_address, grpc::InsecureChannelCredentials()));
+  int ForgetNode(const std::string& arg) {
+    absl::Status why;
+    auto stub = MasterStub(&why);
+    if (stub == nullptr) return Fail(why);
+    auto node = ResolveNode(stub.get(), arg);
+    if (!node.ok()) return Fail(node.status());
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(
-        absl::Now() + absl::Seconds(o_.timeout_seconds)));
+    SetDeadline(&ctx);
     hymcache::v1::ForgetNodeRequest req;
-    req.set_name(name);
+    req.set_name(node->name());
     hymcache::v1::ForgetNodeResponse resp;
     grpc::Status s = stub->ForgetNode(&ctx, req, &resp);
-    if (!s.ok()) {
-      return Fail(absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                               s.error_message()));
-    }
+    if (!s.ok()) return Fail(GrpcToStatus(s));
     if (o_.json) {
       out_ << json{{"node_id", resp.node_id()},
+                   {"name", node->name()},
                    {"objects_removed", resp.objects_removed()}}
                   .dump()
            << "\n";
     } else {
-      out_ << "forgot node " << resp.node_id() << " '" << name << "' and its "
-           << resp.objects_removed() << " objects\n";
+      out_ << "forgot node " << resp.node_id() << " '" << node->name()
+           << "' and its " << resp.objects_removed() << " objects\n";
+    }
+    return 0;
+  }
+
+  // Admin: drain (no new placements) or undrain a node; with --wait, until
+  // it holds no objects or timeout_seconds pass.
+  int Drain(const std::string& arg, bool draining) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(o_.timeout_seconds);
+    absl::Status why;
+    auto stub = MasterStub(&why);
+    if (stub == nullptr) return Fail(why);
+    auto node = ResolveNode(stub.get(), arg);
+    if (!node.ok()) return Fail(node.status());
+    hymcache::v1::SetNodeDrainingRequest req;
+    req.set_name(node->name());
+    req.set_draining(draining);
+    hymcache::v1::SetNodeDrainingResponse resp;
+    {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      grpc::Status s = stub->SetNodeDraining(&ctx, req, &resp);
+      if (!s.ok()) return Fail(GrpcToStatus(s));
+    }
+    uint64_t objects = resp.object_count();
+    bool forgotten = false;
+    const bool wait = draining && o_.wait;
+    while (wait && objects > 0 && absl::Now() < deadline) {
+      absl::SleepFor(std::min(absl::Milliseconds(200), deadline - absl::Now()));
+      auto st = MasterStats(stub.get());
+      if (!st.ok()) return Fail(st.status());
+      forgotten = true;
+      for (const auto& n : st->nodes()) {
+        if (n.node_id() != resp.node_id()) continue;
+        forgotten = false;
+        objects = n.object_count();
+      }
+      if (forgotten) objects = 0;
+    }
+    const bool empty = objects == 0;
+    if (o_.json) {
+      json j{{"node_id", resp.node_id()},
+             {"name", node->name()},
+             {"draining", draining},
+             {"changed", resp.changed()},
+             {"objects", objects}};
+      if (wait) j["drained"] = empty;
+      if (forgotten) j["forgotten"] = true;
+      out_ << j.dump() << "\n";
+    } else {
+      out_ << "node " << resp.node_id() << " '" << node->name() << "' "
+           << (draining ? "draining: no new placements, reads continue"
+                        : "undrained: placements resume")
+           << (resp.changed() ? "" : " (already so)") << "; " << objects
+           << " objects\n";
+      if (wait) {
+        out_ << (empty ? "drained: the node holds no objects"
+                       : absl::StrCat(objects,
+                                      " objects remain after --timeout=",
+                                      o_.timeout_seconds, "s"))
+             << "\n";
+      }
+    }
+    return wait && !empty ? 1 : 0;
+  }
+
+  // Admin: everything the master knows about one key.
+  int Inspect(const std::string& key_arg) {
+    std::string key;
+    if (!Key(key_arg, &key)) return 2;
+    absl::Status why;
+    auto stub = MasterStub(&why);
+    if (stub == nullptr) return Fail(why);
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    hymcache::v1::InspectKeyRequest req;
+    req.set_key(key);
+    hymcache::v1::InspectKeyResponse r;
+    grpc::Status s = stub->InspectKey(&ctx, req, &r);
+    if (!s.ok()) return Fail(GrpcToStatus(s));
+    const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+    const auto& l = r.location();
+    const auto& n = r.node();
+    if (o_.json) {
+      json j{{"found", r.found()},
+             {"tenant", r.tenant()},
+             {"put_in_progress", r.put_in_progress()}};
+      PutKey(j, "key", key);
+      if (r.found()) {
+        j["location"] = json{{"node_id", l.node_id()},
+                             {"region_id", l.region_id()},
+                             {"addr", l.addr()},
+                             {"length", l.length()},
+                             {"generation", l.generation()}};
+        j["node"] = json{{"node_id", n.node_id()},
+                         {"name", n.name()},
+                         {"data_address", n.data_address()},
+                         {"state", NodeState(n)},
+                         {"alive", n.alive()},
+                         {"draining", n.draining()},
+                         {"awaiting_reconcile", n.awaiting_reconcile()},
+                         {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms()}};
+        j["last_read_unix_ms"] = r.last_read_unix_ms();
+        j["leased"] = r.lease_expires_unix_ms() > now_ms;
+        j["lease_expires_unix_ms"] = r.lease_expires_unix_ms();
+        json chain{{"parent_on_other_node", r.parent_on_other_node()},
+                   {"children", r.children()},
+                   {"cross_children", r.cross_children()},
+                   {"unreachable", r.unreachable()}};
+        if (!r.parent_key().empty()) PutKey(chain, "parent_key", r.parent_key());
+        j["chain"] = chain;
+      }
+      out_ << j.dump(2) << "\n";
+      return r.found() ? 0 : 1;
+    }
+    std::vector<std::vector<std::string>> rows;
+    rows.push_back({"key", Printable(key) + (Printable(key) == key ? "" : " (hex)")});
+    rows.push_back({"tenant", r.tenant()});
+    if (!r.found()) {
+      rows.push_back({"found", r.put_in_progress()
+                                   ? "no (a put of it is in progress)"
+                                   : "no"});
+      Table(out_, rows);
+      return 1;
+    }
+    rows.push_back({"node", absl::StrCat(n.node_id(), " '", n.name(), "' ",
+                                         NodeState(n), ", data ",
+                                         n.data_address())});
+    rows.push_back({"location", absl::StrCat("region ", l.region_id(), " addr ",
+                                             l.addr(), " length ", l.length(),
+                                             " generation ", l.generation())});
+    rows.push_back(
+        {"served", n.alive() ? "yes" : "no: its node is not alive (a miss)"});
+    std::string read = "never (since it was stored or the master started)";
+    if (r.last_read_unix_ms() > 0) {
+      read = absl::StrCat(
+          ShortAge(absl::Milliseconds(now_ms - r.last_read_unix_ms())), " ago");
+      if (r.lease_expires_unix_ms() > now_ms) {
+        absl::StrAppend(&read, "; leased (not evicted) for ",
+                        ShortAge(absl::Milliseconds(r.lease_expires_unix_ms() -
+                                                    now_ms)));
+      }
+    }
+    rows.push_back({"last read", read});
+    std::string chain =
+        r.parent_key().empty()
+            ? "chain head (or unlinked)"
+            : absl::StrCat("parent ", Printable(r.parent_key()),
+                           r.parent_on_other_node() ? " (on another node)" : "");
+    absl::StrAppend(&chain, "; ", r.children(), " children",
+                    r.cross_children() > 0
+                        ? absl::StrCat(" + ", r.cross_children(),
+                                       " on other nodes")
+                        : "",
+                    r.unreachable() ? "; UNREACHABLE (a block before it is gone)"
+                                    : "");
+    rows.push_back({"chain", chain});
+    if (r.put_in_progress()) rows.push_back({"put", "a new put of it is in progress"});
+    Table(out_, rows);
+    return 0;
+  }
+
+  // One snapshot for top.
+  absl::StatusOr<TopSample> Sample(hymcache::v1::MasterService::Stub* stub) {
+    auto st = MasterStats(stub);
+    if (!st.ok()) return st.status();
+    TopSample sample;
+    sample.objects = st->object_count();
+    sample.pending_puts = st->pending_puts();
+    sample.evicted_objects = st->evicted_objects();
+    for (const auto& n : st->nodes()) {
+      NodeSample ns;
+      ns.node_id = n.node_id();
+      ns.name = n.name();
+      ns.state = NodeState(n);
+      ns.objects = n.object_count();
+      ns.used_bytes = n.used_bytes();
+      ns.capacity_bytes = n.capacity_bytes();
+      if (!n.alive() && !n.awaiting_reconcile()) {
+        ns.error = "not alive";
+        sample.nodes.push_back(std::move(ns));
+        continue;
+      }
+      auto channel = CreateChannel(n.control_address(), o_.security);
+      if (!channel.ok()) return channel.status();
+      auto node_stub = hymcache::v1::StorageControl::NewStub(*channel);
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      hymcache::v1::StorageStatsResponse resp;
+      grpc::Status s = node_stub->GetStats(
+          &ctx, hymcache::v1::StorageStatsRequest(), &resp);
+      if (!s.ok()) {
+        ns.error = s.error_message();
+      } else {
+        ns.reachable = true;
+        ns.read_ops = resp.read_ops();
+        ns.write_ops = resp.write_ops();
+        ns.bytes_read = resp.bytes_read();
+        ns.bytes_written = resp.bytes_written();
+        for (const auto& [k, v] : resp.device_stats()) ns.device[k] = v;
+      }
+      sample.nodes.push_back(std::move(ns));
+    }
+    sample.at = absl::Now();
+    return sample;
+  }
+
+  // Refreshes a per-node view of rates every interval_seconds.
+  int Top() {
+    if (!(o_.interval_seconds > 0)) {
+      return Usage("top: --interval must be > 0 seconds");
+    }
+    absl::Status why;
+    auto stub = MasterStub(&why);
+    if (stub == nullptr) return Fail(why);
+    auto before = Sample(stub.get());
+    if (!before.ok()) return Fail(before.status());
+    for (int i = 0; o_.iterations <= 0 || i < o_.iterations; ++i) {
+      absl::SleepFor(absl::Seconds(o_.interval_seconds));
+      auto after = Sample(stub.get());
+      if (!after.ok()) return Fail(after.status());
+      const TopView view = ComputeTop(*before, *after);
+      if (o_.json) {
+        out_ << TopJson(view) << "\n";
+      } else {
+        if (o_.clear_screen) out_ << "\x1b[H\x1b[2J";
+        PrintTop(out_, view);
+      }
+      out_.flush();
+      before = std::move(after);
+    }
+    return 0;
+  }
+
+  // hymctl's own version and the master it talks to.
+  int Version() {
+    const std::string v = o_.version.empty() ? "unknown" : o_.version;
+    if (o_.json) {
+      out_ << json{{"hymctl", v}, {"protocol", "hymcache.v1"}}.dump() << "\n";
+    } else {
+      out_ << "hymctl " << v << " (protocol hymcache.v1)\n";
     }
     return 0;
   }
@@ -443,11 +821,11 @@ class Cli {
                        : r->outcomes[0] == PutOutcome::kInProgress    ? "being stored by another writer"
                                                                       : "failed";
     if (o_.json) {
-      out_ << json{{"key", Printable(key)}, {"result", what}, {"bytes", data.size()},
-                   {"node_id", r->node_id},
-                   {"error", r->errors[0].ok() ? "" : r->errors[0].ToString()}}
-                  .dump()
-           << "\n";
+      json j{{"result", what}, {"bytes", data.size()},
+             {"node_id", r->node_id},
+             {"error", r->errors[0].ok() ? "" : r->errors[0].ToString()}};
+      PutKey(j, "key", key);
+      out_ << j.dump() << "\n";
     } else if (r->outcomes[0] == PutOutcome::kFailed) {
       err_ << "hymctl: put " << Printable(key) << " failed: " << r->errors[0].ToString() << "\n";
     } else {
@@ -474,7 +852,9 @@ class Cli {
     out.write(data.data(), static_cast<std::streamsize>(data.size()));
     if (!out) return Fail(absl::InternalError(absl::StrCat("cannot write ", file)));
     if (o_.json) {
-      out_ << json{{"key", Printable(key)}, {"bytes", data.size()}, {"file", file}}.dump() << "\n";
+      json j{{"bytes", data.size()}, {"file", file}};
+      PutKey(j, "key", key);
+      out_ << j.dump() << "\n";
     } else {
       out_ << "wrote " << Human(data.size()) << " of " << Printable(key) << " to " << file << "\n";
     }
@@ -489,7 +869,8 @@ class Cli {
     if (o_.json) {
       json items = json::array();
       for (size_t i = 0; i < keys.size(); ++i) {
-        json j{{"key", Printable(keys[i])}, {"found", static_cast<bool>(r->found[i])}};
+        json j{{"found", static_cast<bool>(r->found[i])}};
+        PutKey(j, "key", keys[i]);
         if (r->found[i]) {
           const auto& l = r->locations[i];
           j["node_id"] = l.node_id;
@@ -528,7 +909,9 @@ class Cli {
     if (o_.json) {
       json items = json::array();
       for (size_t i = 0; i < keys.size(); ++i) {
-        items.push_back({{"key", Printable(keys[i])}, {"removed", static_cast<bool>((*r)[i])}});
+        json j{{"removed", static_cast<bool>((*r)[i])}};
+        PutKey(j, "key", keys[i]);
+        items.push_back(j);
       }
       out_ << json{{"results", items}}.dump(2) << "\n";
       return 0;
@@ -571,7 +954,7 @@ class Cli {
       json findings = json::array();
       for (const FsckFinding& x : r->findings) {
         json j{{"kind", FindingKindName(x.kind)}, {"node_id", x.node_id}};
-        if (!x.key.empty()) j["key"] = Printable(x.key);
+        if (!x.key.empty()) PutKey(j, "key", x.key);
         if (x.kind != FsckFinding::Kind::kUnlisted) j["listed"] = loc(x.listed);
         if (x.kind == FsckFinding::Kind::kUnlisted ||
             x.kind == FsckFinding::Kind::kMismatched) {
@@ -641,6 +1024,53 @@ class Cli {
 };
 
 }  // namespace
+
+std::string HelpText() {
+  return R"(usage: hymctl [flags] COMMAND [operands]   (hymctl --help: the flags too)
+
+Cluster:
+  status [-o wide]    nodes: state, device, used, size, objects, last seen
+                      (fits 80 columns; -o wide: addresses, exact sizes)
+  stats               each node's data-plane and device counters
+  top [--interval=S] [--iterations=N]
+                      per-node reads, writes, DRAM hit ratio, staging and
+                      flush rates, refreshed every S seconds (default 2)
+  version             hymctl's version
+On call (admin):
+  drain NODE [--wait] [--timeout=S]
+                      no new puts on NODE (reads continue; kept across
+                      restarts); --wait: until it holds no objects
+  undrain NODE        placements on NODE resume
+  forget NODE         remove a dead node's record and its objects
+                      (also: node forget NODE)
+  inspect KEY         where KEY is, its node's state, last read, lease,
+                      chain links, tenant
+  fsck [--repair] [--settle=S]
+                      compare the master's listings with every node's
+                      extents (exit 1 if inconsistent)
+Objects:
+  put KEY FILE        store FILE under KEY
+  get KEY FILE        write KEY's bytes to FILE
+  lookup KEY...       locations and the hit prefix
+  rm KEY...           remove keys
+Tenants and tokens:
+  tenant list         every tenant's objects, bytes and quota
+  tenant usage TENANT
+  tenant set-quota TENANT MAX_OBJECTS MAX_BYTES
+                      0 = unlimited; refused PutStarts beyond it
+  token new ROLE TENANT NAME TOKEN_FILE
+                      write a fresh token to TOKEN_FILE (a new file, mode
+                      0600) and print its identities line (ROLE: engine,
+                      admin or node; TENANT: - for the default)
+  help                this text
+
+NODE is a node's name or id. KEY is text, or hex with --hex. The master is
+--master, else $HYMCACHE_MASTER, else 127.0.0.1:50051. --json prints JSON;
+each key in it comes with "<field>_encoding": "text" or "hex".
+Exit status: 0 done, 1 failed (or: drain --wait not empty, inspect not
+found, fsck inconsistent), 2 bad usage.
+)";
+}
 
 int Run(const Options& options, const std::vector<std::string>& args,
         std::ostream& out, std::ostream& err) {

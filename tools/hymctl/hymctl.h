@@ -1,24 +1,12 @@
 // hymctl: the admin CLI's logic, as a library so tests run it in-process.
+// HelpText() lists the commands (hymctl help, hymctl --help). On-call
+// commands (docs/operations.md): drain / undrain NODE, forget NODE,
+// inspect KEY, top, version.
 //
-//   hymctl [--master=H:P] [--json] [--hex] status
-//   hymctl stats               each node's data-plane and device counters
-//   hymctl put KEY FILE        store FILE's bytes under KEY
-//   hymctl get KEY FILE        write KEY's bytes to FILE
-//   hymctl lookup KEY...       where each key lives, and the hit prefix
-//   hymctl rm KEY...           remove keys
-//   hymctl fsck [--repair] [--settle=SECONDS]
-//                              master listings vs node extents (fsck.h);
-//                              exit 1 if anything is inconsistent
-//   hymctl tenant list | usage TENANT | set-quota TENANT MAX_OBJECTS MAX_BYTES
-//                              tenants' objects, bytes, quotas (admins)
-//   hymctl token new ROLE TENANT NAME TOKEN_FILE
-//                              a fresh token written to TOKEN_FILE (0600,
-//                              new file); its identities line on stdout
-//                              (docs/security.md)
-//   hymctl node forget NAME    (admin) remove a dead node's record and its
-//                              objects from the master
-//
-// Keys are taken as text, or as hex with --hex (block keys are binary).
+// Keys are taken as text, or as hex with --hex (block keys are binary). In
+// JSON output every key says how it is spelled: "key" beside
+// "key_encoding" ("text", or "hex" for a key with bytes outside printable
+// ASCII).
 #pragma once
 
 #include <ostream>
@@ -41,7 +29,24 @@ struct Options {
   // Token (an admin's, see docs/security.md) and TLS towards the master and
   // the nodes' control services. Default: none, plaintext.
   ChannelSecurity security;
+  // status: the wide table (every address, exact sizes) instead of the one
+  // that fits 80 columns. Default: false.
+  bool wide = false;
+  // drain: wait until the node holds no objects (at most timeout_seconds).
+  // Default: false.
+  bool wait = false;
+  // top: seconds between refreshes (> 0), and refreshes before exiting (0:
+  // until interrupted). Default: 2, 0.
+  double interval_seconds = 2;
+  int iterations = 0;
+  // top: clear the screen before each refresh (a terminal). Default: false.
+  bool clear_screen = false;
+  // What `hymctl version` reports for hymctl itself. Default: "" (unknown).
+  std::string version;
 };
+
+// The commands and what they do (hymctl help).
+std::string HelpText();
 
 // Runs one command (`args` = command and its operands). Returns the process
 // exit code: 0 success, 1 the operation failed, 2 bad usage.

@@ -1,16 +1,23 @@
 // hymctl: HyMCache admin CLI. See hymctl.h for the commands.
+#include <unistd.h>
+
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include <gflags/gflags.h>
 
+#include "common/build_info.h"
+#include "common/cli.h"
 #include "tools/hymctl/hymctl.h"
 
-DEFINE_string(master, "127.0.0.1:50051", "master gRPC address host:port");
+DEFINE_string(master, "127.0.0.1:50051",
+              "master gRPC address host:port (default: $HYMCACHE_MASTER if set)");
 DEFINE_bool(json, false, "print JSON instead of tables");
 DEFINE_bool(hex, false, "keys on the command line are hex");
-DEFINE_double(timeout, 10, "per-command deadline in seconds");
+DEFINE_double(timeout, 10,
+              "per-command deadline in seconds (drain --wait: how long to wait)");
 DEFINE_bool(repair, false, "fsck: repair what is found, then check again");
 DEFINE_double(settle, 2, "fsck: seconds between its two confirming passes");
 DEFINE_string(token_file, "", "file holding the bearer token (an admin's)");
@@ -19,13 +26,44 @@ DEFINE_string(tls_cert, "", "PEM client certificate for mutual TLS");
 DEFINE_string(tls_key, "", "PEM private key of --tls_cert");
 DEFINE_string(tls_server_name, "",
               "name the servers' certificates carry (default: the host dialled)");
+DEFINE_string(o, "", "status: 'wide' for every address and exact sizes");
+DEFINE_bool(wait, false, "drain: wait until the node holds no objects");
+DEFINE_double(interval, 2, "top: seconds between refreshes");
+DEFINE_int32(iterations, 0, "top: refreshes before exiting (0: until interrupted)");
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "hymctl [flags] status | stats | put KEY FILE | get KEY FILE | lookup KEY... | rm KEY... | fsck [--repair] [--settle=S] | tenant list|usage T|set-quota T OBJS BYTES | token new ROLE TENANT NAME TOKEN_FILE");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine(
+      {.program = "hymctl",
+       .usage = hymcache::hymctl::HelpText(),
+       .groups = {{"Connection",
+                   {"master", "timeout", "token_file", "tls_ca", "tls_cert",
+                    "tls_key", "tls_server_name"}},
+                  {"Output", {"json", "hex", "o"}},
+                  {"fsck", {"repair", "settle"}},
+                  {"drain and top", {"wait", "interval", "iterations"}}},
+       .main_file = __FILE__},
+      &argc, &argv);
   hymcache::hymctl::Options o;
   o.master_address = FLAGS_master;
+  {
+    const hymcache::BuildStamp& b = hymcache::BuildInfo();
+    o.version = b.version + " (commit " + b.git_commit + ")";
+  }
+  // A CLI's environment: the default master (flags win).
+  const char* env_master = std::getenv("HYMCACHE_MASTER");
+  if (gflags::GetCommandLineFlagInfoOrDie("master").is_default &&
+      env_master != nullptr && *env_master != '\0') {
+    o.master_address = env_master;
+  }
+  if (FLAGS_o != "" && FLAGS_o != "wide") {
+    std::cerr << "hymctl: -o takes 'wide'\n";
+    return 2;
+  }
+  o.wide = FLAGS_o == "wide";
+  o.wait = FLAGS_wait;
+  o.interval_seconds = FLAGS_interval;
+  o.iterations = FLAGS_iterations;
+  o.clear_screen = ::isatty(STDOUT_FILENO) == 1;
   o.json = FLAGS_json;
   o.hex_keys = FLAGS_hex;
   o.timeout_seconds = FLAGS_timeout;
