@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/net.h"
 
 namespace hymcache {
 
@@ -480,6 +481,17 @@ absl::Status CheckProtectedMode(absl::string_view what, absl::string_view host,
       "' without identities (protected mode: loopback only). Give "
       "--auth_tokens_file (see docs/security.md), or --insecure to serve "
       "every caller on this address"));
+}
+
+absl::Status CheckProtectedListen(absl::string_view what,
+                                  const std::string& host_port,
+                                  bool have_identities, bool insecure) {
+  absl::StatusOr<std::pair<std::string, int>> hp = SplitHostPort(host_port);
+  if (!hp.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", hp.status().message()));
+  }
+  return CheckProtectedMode(what, hp->first, have_identities, insecure);
 }
 
 }  // namespace hymcache

@@ -206,5 +206,10 @@ bool IsLoopbackHost(absl::string_view host);
 // and `insecure` is false; `what` names the daemon and flag in the message.
 absl::Status CheckProtectedMode(absl::string_view what, absl::string_view host,
                                 bool have_identities, bool insecure);
+// The same for a "host:port" (e.g. --metrics_listen): InvalidArgument, naming
+// `what`, also when it does not parse.
+absl::Status CheckProtectedListen(absl::string_view what,
+                                  const std::string& host_port,
+                                  bool have_identities, bool insecure);
 
 }  // namespace hymcache

@@ -159,6 +159,15 @@ TEST_CASE("Protected mode: loopback only without identities") {
   CHECK(absl::StrContains(s.message(), "--insecure"));
   CHECK(CheckProtectedMode("master", "0.0.0.0", true, false).ok());
   CHECK(CheckProtectedMode("master", "0.0.0.0", false, true).ok());
+  // host:port form (--metrics_listen).
+  CHECK(CheckProtectedListen("m", "127.0.0.1:9451", false, false).ok());
+  CHECK(CheckProtectedListen("m", "[::1]:0", false, false).ok());
+  CHECK(absl::IsInvalidArgument(
+      CheckProtectedListen("m", "0.0.0.0:9451", false, false)));
+  CHECK(CheckProtectedListen("m", "0.0.0.0:9451", true, false).ok());
+  s = CheckProtectedListen("m", "9451", false, false);
+  CHECK(absl::IsInvalidArgument(s));
+  CHECK(absl::StartsWith(s.message(), "m: "));
 }
 
 TEST_CASE("TlsOptions::Validate") {

@@ -3,7 +3,8 @@
 //   hymcache-master --listen=0.0.0.0:50051 --db_path=/var/lib/hymcache/master
 //
 // Prints "hymcache-master listening on HOST:PORT" on stdout once serving
-// (with --listen=...:0 the port is the one picked); stops cleanly on SIGTERM
+// (with --listen=...:0 the port is the one picked), then
+// "hymcache-master metrics on HOST:PORT" with --metrics_listen; stops cleanly on SIGTERM
 // or SIGINT and exits 0; SIGHUP re-reads --auth_tokens_file.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -67,6 +68,10 @@ DEFINE_string(tls_cert, "", "PEM server certificate chain (enables TLS)");
 DEFINE_string(tls_key, "", "PEM private key of --tls_cert");
 DEFINE_string(tls_ca, "",
               "PEM CA certificates that verify client certificates");
+DEFINE_string(metrics_listen, "",
+              "HOST:PORT serving Prometheus metrics on /metrics (port 0 "
+              "picks a free port; empty: none). Non-loopback only with "
+              "--auth_tokens_file or --insecure");
 DEFINE_bool(tls_require_client_cert, false,
             "refuse TLS clients without a certificate signed by --tls_ca");
 
@@ -128,6 +133,7 @@ int main(int argc, char** argv) {
   options.tls.key_file = FLAGS_tls_key;
   options.tls.ca_file = FLAGS_tls_ca;
   options.tls.require_client_cert = FLAGS_tls_require_client_cert;
+  options.metrics_listen = FLAGS_metrics_listen;
   absl::Status valid = options.Validate();
   if (!valid.ok()) {
     LOG(ERROR) << valid;
@@ -159,6 +165,10 @@ int main(int argc, char** argv) {
   }
   std::printf("hymcache-master listening on %s\n",
               (*server)->address().c_str());
+  if (!(*server)->metrics_address().empty()) {
+    std::printf("hymcache-master metrics on %s\n",
+                (*server)->metrics_address().c_str());
+  }
   std::fflush(stdout);
   serving = server->get();
   notifier->Ready("serving on " + (*server)->address());

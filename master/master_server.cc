@@ -12,7 +12,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
+#include "common/metrics_exporter.h"
 #include "common/net.h"
+#include "common/stats.h"
 #include "master/master_service.h"
 #include "master/metadata_store.h"
 #include "master/tenant.h"
@@ -57,6 +59,15 @@ constexpr int kMinMaxMessageBytes = 16 << 20;
 // Every method first checks the caller's identity (Admit): engines (and
 // admins, for hymctl put/get) read and write blocks; admins list and
 // remove; nodes register, heartbeat and reconcile.
+// The RPC layer's stats, declared once (common/stats.h).
+#define HYM_MASTER_RPC_STATS(COUNTER, GAUGE, DGAUGE)                         \
+  COUNTER(lookups, "BatchLookup calls answered OK")                          \
+  COUNTER(lookup_keys, "Keys of the BatchLookup calls answered OK")          \
+  COUNTER(lookup_hits, "Keys found by BatchLookup")                          \
+  COUNTER(lookup_prefix_hits, "Keys in the leading run of hits (what a Load reads)") \
+  COUNTER(lookup_errors, "BatchLookup calls refused or failed")
+HYM_DECLARE_STATS(MasterRpcStats, MasterRpcCounters, HYM_MASTER_RPC_STATS);
+
 class MasterRpcHandler final : public v1::MasterService::CallbackService {
  public:
   MasterRpcHandler(MasterService* service, const Authenticator* auth,
@@ -268,14 +279,25 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       grpc::CallbackServerContext* ctx, const v1::BatchLookupRequest* req,
       v1::BatchLookupResponse* resp) override {
     auto id = Admit(ctx, kEngine, "BatchLookup");
-    if (!id.ok()) return Refuse(ctx, id.status());
+    if (!id.ok()) {
+      Add(rpc_stats_.lookup_errors);
+      return Refuse(ctx, id.status());
+    }
     if (absl::Status s = CheckKeys(*id, req->keys(), "BatchLookup"); !s.ok()) {
+      Add(rpc_stats_.lookup_errors);
       return Refuse(ctx, s);
     }
-    if (!Rewrites(*id)) return Reply(ctx, service_->BatchLookup(*req), resp);
-    v1::BatchLookupRequest qualified = *req;
-    QualifyAll(*id, qualified.mutable_keys());
-    return Reply(ctx, service_->BatchLookup(qualified), resp);
+    const absl::Time start = absl::Now();
+    absl::StatusOr<v1::BatchLookupResponse> r;
+    if (!Rewrites(*id)) {
+      r = service_->BatchLookup(*req);
+    } else {
+      v1::BatchLookupRequest qualified = *req;
+      QualifyAll(*id, qualified.mutable_keys());
+      r = service_->BatchLookup(qualified);
+    }
+    CountLookup(r, absl::Now() - start);
+    return Reply(ctx, std::move(r), resp);
   }
   grpc::ServerUnaryReactor* Remove(grpc::CallbackServerContext* ctx,
                                    const v1::RemoveRequest* req,
@@ -566,17 +588,50 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                                      v1::GetStatsResponse* resp) override {
     auto id = Admit(ctx, kAdmin, "GetStats");
     if (!id.ok()) return Refuse(ctx, id.status());
-    return Reply(ctx, absl::StatusOr<v1::GetStatsResponse>(
-                          service_->GetStats()),
+    v1::GetStatsResponse r = service_->GetStats();
+    FlatStatsVisitor flat;
+    VisitStats(&flat);
+    service_->counters().Visit(&flat);
+    for (const auto& [name, value] : flat.values()) {
+      (*r.mutable_stats())[name] = value;
+    }
+    return Reply(ctx, absl::StatusOr<v1::GetStatsResponse>(std::move(r)),
                  resp);
   }
 
+  // The RPC layer's stats and the lookup latency histogram.
+  void VisitStats(StatsVisitor* v) const {
+    rpc_stats_.Load().Visit(v);
+    v->Histogram("lookup_seconds",
+                 "BatchLookup calls answered OK: time in the service",
+                 lookup_latency_.Snapshot());
+  }
+
  private:
+  // Relaxed atomic adds and a lock-free histogram: nothing here serializes
+  // lookups.
+  void CountLookup(const absl::StatusOr<v1::BatchLookupResponse>& r,
+                   absl::Duration took) {
+    if (!r.ok()) {
+      Add(rpc_stats_.lookup_errors);
+      return;
+    }
+    uint64_t hits = 0;
+    for (const v1::LookupResult& x : r->results()) hits += x.found() ? 1 : 0;
+    Add(rpc_stats_.lookups);
+    Add(rpc_stats_.lookup_keys, static_cast<uint64_t>(r->results_size()));
+    Add(rpc_stats_.lookup_hits, hits);
+    Add(rpc_stats_.lookup_prefix_hits, r->hit_prefix_length());
+    lookup_latency_.Observe(took);
+  }
+
   MasterService* const service_;
   const Authenticator* const auth_;  // null: authentication off
   TenantRegistry* const tenants_;
   const uint32_t max_key_bytes_;  // as the caller sends them
   Clock* const clock_;
+  MasterRpcCounters rpc_stats_;
+  LatencyHistogram lookup_latency_;
 };
 
 }  // namespace master
@@ -598,6 +653,12 @@ absl::Status MasterOptions::Validate() const {
   absl::Status protected_mode = CheckProtectedMode(
       "master", hp->first, !auth_tokens_file.empty(), insecure);
   if (!protected_mode.ok()) return protected_mode;
+  if (!metrics_listen.empty()) {
+    protected_mode = CheckProtectedListen("master: metrics_listen",
+                                          metrics_listen,
+                                          !auth_tokens_file.empty(), insecure);
+    if (!protected_mode.ok()) return protected_mode;
+  }
   master::MasterServiceOptions so;
   so.node_timeout = node_timeout;
   so.heartbeat_interval = heartbeat_interval;
@@ -726,9 +787,24 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
                          ? absl::StrCat("[", host, "]:", port)
                          : absl::StrCat(host, ":", port);
 
+  MasterServer* raw = server.get();
+  if (!options.metrics_listen.empty()) {
+    MetricsExporterOptions mo;
+    mo.listen_address = options.metrics_listen;
+    mo.prefix = "hymcache_master_";
+    mo.collect = [raw](StatsVisitor* v) { raw->VisitStats(v); };
+    auto metrics = MetricsExporter::Create(mo);
+    if (!metrics.ok()) {
+      server->server_->Shutdown();
+      return metrics.status();
+    }
+    server->metrics_ = std::move(metrics).value();
+    server->metrics_address_ = server->metrics_->address();
+    LOG(INFO) << "master: metrics on http://" << server->metrics_address_
+              << "/metrics";
+  }
   const absl::Duration interval = std::clamp(
       options.put_timeout / 4, absl::Milliseconds(10), absl::Seconds(1));
-  MasterServer* raw = server.get();
   server->reaper_ =
       Thread("master-reaper", [raw, interval] { raw->ReaperLoop(interval); });
   LOG(INFO) << "master serving on " << server->address_ << " (db "
@@ -755,6 +831,38 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
 }
 
 MasterServer::~MasterServer() { Shutdown(); }
+
+void MasterServer::VisitStats(StatsVisitor* v) const {
+  handler_->VisitStats(v);
+  const v1::GetStatsResponse st = service_->GetStats();
+  v->Gauge("objects", "Committed objects listed", st.object_count());
+  v->Gauge("object_bytes", "Bytes of committed objects", st.object_bytes());
+  v->Gauge("puts_in_flight", "Pending puts (started, not committed)",
+           st.pending_puts());
+  v->Gauge("nodes_alive", "Storage nodes alive", st.nodes_alive());
+  v->Gauge("nodes_dead", "Storage node records not alive", st.nodes_dead());
+  v->Gauge("index_bytes_per_entry", "Heap bytes of the index per entry",
+           st.index_bytes_per_entry());
+  for (const v1::NodeInfo& n : st.nodes()) {
+    const StatLabel node{"node", n.name()};
+    const absl::Span<const StatLabel> l(&node, 1);
+    v->Gauge("node_up", "1 if the node is alive (heartbeating, reconciled)",
+             n.alive() ? 1 : 0, l);
+    v->Gauge("node_capacity_bytes", "Bytes the node offers",
+             n.capacity_bytes(), l);
+    v->Gauge("node_used_bytes", "Bytes allocated on the node",
+             n.used_bytes(), l);
+    v->Gauge("node_objects", "Objects listed on the node", n.object_count(), l);
+  }
+  service_->counters().Visit(v);
+  for (const auto& [tenant, u] : service_->AllTenantUsage()) {
+    const StatLabel t{"tenant", tenant};
+    const absl::Span<const StatLabel> l(&t, 1);
+    v->Gauge("tenant_objects", "Committed objects of the tenant", u.objects, l);
+    v->Gauge("tenant_bytes", "Bytes of the tenant's committed objects",
+             u.bytes, l);
+  }
+}
 
 absl::Status MasterServer::ReloadIdentities() {
   if (auth_ == nullptr) return absl::OkStatus();
@@ -789,6 +897,7 @@ void MasterServer::Shutdown() {
     stopping_ = true;
     cv_.SignalAll();
   }
+  metrics_.reset();  // no scrape runs past this point
   if (server_) {
     // NOT_SERVING first (Watch callers hear it), and for good: later
     // status changes are ignored.

@@ -35,6 +35,9 @@ class Server;
 
 namespace hymcache {
 
+class MetricsExporter;
+class StatsVisitor;
+
 namespace master {
 class MasterService;
 class MasterRpcHandler;
@@ -111,6 +114,11 @@ struct MasterOptions {
   // Source of time for liveness and put expiry; not owned, must outlive the
   // server. Default: nullptr, meaning Clock::Real().
   Clock* clock = nullptr;
+  // HOST:PORT serving Prometheus metrics (GET /metrics, series
+  // hymcache_master_*; docs/operations.md); port 0 picks a free port (see
+  // metrics_address()). "" serves none. A non-loopback host needs what
+  // listen_address needs (identities or `insecure`). Default: "".
+  std::string metrics_listen;
 
   // InvalidArgument naming the first bad field.
   absl::Status Validate() const;
@@ -133,6 +141,8 @@ class MasterServer {
   // "host:port" that clients dial: the listen host (127.0.0.1 for a wildcard
   // host such as 0.0.0.0 or [::]) and the bound port.
   std::string address() const { return address_; }
+  // "host:port" of the Prometheus endpoint; "" without metrics_listen.
+  const std::string& metrics_address() const { return metrics_address_; }
 
   // Re-reads the identities file (SIGHUP). On error the old identities stay.
   // OkStatus when authentication is off.
@@ -159,16 +169,22 @@ class MasterServer {
  private:
   MasterServer() = default;
   void ReaperLoop(absl::Duration interval);
+  // Every master stat (the Prometheus series, unprefixed): the RPC layer's,
+  // the service's counters and gauges, per node and per tenant.
+  void VisitStats(StatsVisitor* v) const;
 
   // Constant after Create.
   int port_ = 0;
   std::string address_;
+  std::string metrics_address_;
   std::unique_ptr<Authenticator> auth_;  // null: authentication off
   std::unique_ptr<master::TenantRegistry> tenants_;
   std::unique_ptr<master::MasterService> service_;
   std::unique_ptr<master::MasterRpcHandler> handler_;
   std::unique_ptr<grpc::Server> server_;
   Thread reaper_;
+  // Serves /metrics; destroyed first by Shutdown (scrapes read service_).
+  std::unique_ptr<MetricsExporter> metrics_;
 
   Mutex mu_;
   CondVar cv_;

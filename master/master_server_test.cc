@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "common/capability.h"
 
 #include "common/clock.h"
@@ -66,6 +67,33 @@ TEST_CASE("MasterOptions validation") {
   CHECK(o.Validate().ok());
   o.read_lease = -absl::Seconds(1);  // passed on to MasterServiceOptions
   CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
+  o.read_lease = absl::Seconds(5);
+  // The metrics endpoint follows protected mode.
+  o.metrics_listen = "0.0.0.0:9451";
+  CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
+  o.insecure = true;
+  CHECK(o.Validate().ok());
+  o.insecure = false;
+  o.metrics_listen = "127.0.0.1";
+  CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
+  o.metrics_listen = "127.0.0.1:0";
+  CHECK(o.Validate().ok());
+}
+
+TEST_CASE("MasterServer serves metrics when asked; a taken metrics port "
+          "fails Create") {
+  MasterOptions o;
+  o.db_path = TestDir("metrics");
+  CHECK((*MasterServer::Create(o))->metrics_address().empty());
+  o.metrics_listen = "127.0.0.1:0";
+  auto server = MasterServer::Create(o);
+  REQUIRE(server.ok());
+  CHECK(absl::StartsWith((*server)->metrics_address(), "127.0.0.1:"));
+  MasterOptions o2;
+  o2.db_path = TestDir("metrics2");
+  o2.metrics_listen = (*server)->metrics_address();
+  CHECK(MasterServer::Create(o2).status().code() ==
+        absl::StatusCode::kUnavailable);
 }
 
 TEST_CASE("MasterServer serves the master API over gRPC") {
@@ -138,6 +166,18 @@ TEST_CASE("MasterServer serves the master API over gRPC") {
     REQUIRE(stub->BatchLookup(&ctx, l, &resp).ok());
     CHECK(resp.hit_prefix_length() == 1023);
     CHECK(resp.nodes_size() == 1);
+  }
+  {
+    // The lookup counters, by name (the master's Prometheus series).
+    grpc::ClientContext ctx;
+    v1::GetStatsResponse st;
+    REQUIRE(stub->GetStats(&ctx, v1::GetStatsRequest(), &st).ok());
+    CHECK(st.stats().at("lookups") == 1);
+    CHECK(st.stats().at("lookup_keys") == 1024);
+    CHECK(st.stats().at("lookup_hits") == 1023);
+    CHECK(st.stats().at("lookup_prefix_hits") == 1023);
+    CHECK(st.stats().at("lookup_seconds_count") == 1);
+    CHECK(st.stats().at("evicted_objects") == 0);
   }
   {
     grpc::ClientContext ctx;

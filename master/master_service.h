@@ -152,6 +152,7 @@
 #include "common/capability.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "common/stats.h"
 #include "master/allocator.h"
 #include "master/metadata_index.h"
 #include "master/metadata_store.h"
@@ -250,49 +251,29 @@ struct MasterServiceOptions {
   absl::Status Validate() const;
 };
 
-// Counters of degraded paths, for logs and the daemon's stats export.
-struct MasterServiceCounters {
-  // Persisted objects dropped at start-up or on re-registration because
-  // their node or region no longer holds them.
-  uint64_t objects_dropped = 0;
-  // Objects purged because their node's memory started afresh (new
-  // incarnation or deregistration of non-persistent regions).
-  uint64_t objects_purged = 0;
-  // Pending puts freed by ReapExpired or found expired at commit.
-  uint64_t puts_expired = 0;
-  // Pending puts cancelled because their node re-registered or left.
-  uint64_t puts_cancelled = 0;
-  // Committed objects evicted to make room for new puts, and their bytes
-  // (object lengths).
-  uint64_t evicted_objects = 0;
-  uint64_t evicted_bytes = 0;
-  // Completed reconciliations; listings they removed because the node did
-  // not hold them; unlisted extents they returned to nodes.
-  uint64_t reconciliations = 0;
-  uint64_t reconcile_dropped_listings = 0;
-  uint64_t reconcile_unlisted_extents = 0;
-  // Listings dropped because a reader reported the node refused them.
-  uint64_t read_repairs = 0;
-  // Objects removed because a block before them in their chain was removed
-  // (Remove cascade, purges, dropped listings, or found so at start-up).
-  uint64_t orphans_removed = 0;
-  // Put slots freed at PutCommit because the block before them was not
-  // committed (they would be unreachable).
-  uint64_t commits_unreachable = 0;
-  // Objects whose last read was written to the store, and failed writes of
-  // such batches (those reads are then not persisted).
-  uint64_t recency_writes = 0;
-  uint64_t recency_write_failures = 0;
-  // PutStarts refused because their caller had too many pending puts.
-  uint64_t puts_over_caller_limit = 0;
-  // Objects evicted from a tenant over its quota to make room for its own
-  // new put (also counted in evicted_objects), and PutStarts refused
-  // because even that could not bring the tenant within its quota.
-  uint64_t tenant_evicted_objects = 0;
-  uint64_t puts_over_tenant_quota = 0;
-  // Node records removed (ForgetNode, or dead for forget_dead_nodes_after).
-  uint64_t nodes_forgotten = 0;
-};
+// The master service's counters since start, declared once
+// (common/stats.h); kept under the service's lock and exported by the
+// daemon (hymcache_master_*_total).
+#define HYM_MASTER_SERVICE_COUNTERS(COUNTER, GAUGE, DGAUGE)                  \
+  COUNTER(objects_dropped, "Persisted objects dropped at start-up or re-registration: their node or region no longer holds them") \
+  COUNTER(objects_purged, "Objects purged because their node's memory started afresh") \
+  COUNTER(puts_expired, "Pending puts freed by expiry")                      \
+  COUNTER(puts_cancelled, "Pending puts cancelled: their node re-registered or left") \
+  COUNTER(evicted_objects, "Committed objects evicted to make room for new puts") \
+  COUNTER(evicted_bytes, "Bytes (object lengths) of evicted objects")       \
+  COUNTER(reconciliations, "Completed node reconciliations")                \
+  COUNTER(reconcile_dropped_listings, "Listings reconciliations removed: the node did not hold them") \
+  COUNTER(reconcile_unlisted_extents, "Unlisted extents reconciliations returned to nodes") \
+  COUNTER(read_repairs, "Listings dropped because a reader reported the node refused them") \
+  COUNTER(orphans_removed, "Objects removed because a block before them in their chain was removed") \
+  COUNTER(commits_unreachable, "Put slots freed at commit: the block before them was not committed") \
+  COUNTER(recency_writes, "Object reads written to the store (recency)")   \
+  COUNTER(recency_write_failures, "Failed writes of read-recency batches")  \
+  COUNTER(puts_over_caller_limit, "PutStarts refused: their caller had too many pending puts") \
+  COUNTER(tenant_evicted_objects, "Objects evicted from a tenant over its quota for its own new put (also in evicted_objects)") \
+  COUNTER(puts_over_tenant_quota, "PutStarts refused: the tenant could not be brought within its quota") \
+  COUNTER(nodes_forgotten, "Node records removed (ForgetNode, or dead too long)")
+HYM_DECLARE_STATS_STRUCT(MasterServiceCounters, HYM_MASTER_SERVICE_COUNTERS);
 
 // A tenant's quota as PutStart enforces it (0: unlimited).
 struct TenantLimit {

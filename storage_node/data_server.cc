@@ -369,11 +369,11 @@ void DataServer::Loop() {
       if (c->hdr_got == 0) {
         // Frees the slot. A client that comes back finds the connection
         // closed and retries on a fresh one.
-        idle_closed_.fetch_add(1, std::memory_order_relaxed);
+        Add(counters_.idle_closed_connections, 1);
         VLOG(1) << "data server: closing a connection idle for "
                 << absl::FormatDuration(options_.idle_timeout);
       } else {
-        protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+        Add(counters_.protocol_errors, 1);
         SendError(c->sock.fd(), 0,
                   absl::DeadlineExceededError(
                       "truncated frame header: deadline exceeded"));
@@ -444,7 +444,7 @@ void DataServer::Accept() {
                                 : absl::Now() + options_.idle_timeout);
           // Counted before it can be served: a client may read Stats once
           // answered.
-          accepted_.fetch_add(1, std::memory_order_relaxed);
+          Add(counters_.accepted_connections, 1);
         } else {
           refused = absl::InternalError(absl::StrCat(
               "storage node: cannot watch the connection: ", strerror(errno)));
@@ -458,8 +458,8 @@ void DataServer::Accept() {
       }
     }
     if (refused.ok()) continue;
-    refused_.fetch_add(1, std::memory_order_relaxed);
-    if (per_peer) peer_refused_.fetch_add(1, std::memory_order_relaxed);
+    Add(counters_.refused_connections, 1);
+    if (per_peer) Add(counters_.peer_refused_connections, 1);
     LOG_EVERY_N(WARNING, 100) << "data server: refusing a connection from "
                               << peer << ": " << refused.message() << " ("
                               << open << " open)";
@@ -477,7 +477,7 @@ void DataServer::ReadHeader(Conn* c) {
   } while (n < 0 && errno == EINTR);
   if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
     if (c->hdr_got > 0) {
-      protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+      Add(counters_.protocol_errors, 1);
       SendError(fd, 0,
                 absl::UnavailableError(
                     "truncated frame header: connection closed"));
@@ -540,7 +540,7 @@ void DataServer::Dispatch(Conn* c) {
     if (p.requests >= options_.max_requests_per_peer) {
       // Served when one of the peer's requests finishes.
       p.deferred.push_back(c);
-      deferred_.fetch_add(1, std::memory_order_relaxed);
+      Add(counters_.deferred_requests, 1);
       return;
     }
     ++p.requests;
@@ -557,7 +557,7 @@ void DataServer::Dispatch(Conn* c) {
         "storage node: too many connections / cannot start a thread");
     done_cv_.SignalAll();
   }
-  refused_.fetch_add(1, std::memory_order_relaxed);
+  Add(counters_.refused_connections, 1);
   LOG_EVERY_N(WARNING, 100) << "data server: " << no_worker.message();
   SendError(c->sock.fd(), 0, no_worker);
   CloseConn(c);
@@ -577,7 +577,7 @@ bool DataServer::MaybeStartWorkerLocked() {
   } catch (const std::exception& e) {
     // std::system_error at the thread or pid limit, std::bad_alloc: the
     // workers there are serve the queue.
-    thread_start_failures_.fetch_add(1, std::memory_order_relaxed);
+    Add(counters_.thread_start_failures, 1);
     LOG_EVERY_N(WARNING, 100) << "data server: cannot start a worker ("
                               << workers_.size() << " running): " << e.what();
   }
@@ -691,7 +691,7 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
                                ConnState* cs) {
   absl::StatusOr<wire::FrameHeader> h = wire::DecodeHeader(hdr);
   if (!h.ok()) {
-    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    Add(counters_.protocol_errors, 1);
     VLOG(1) << "data server: bad header: " << h.status();
     SendError(fd, 0, h.status());
     return false;
@@ -712,7 +712,7 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
     case wire::FrameType::kRdmaConnectRequest:
       break;
     default:
-      protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+      Add(counters_.protocol_errors, 1);
       SendError(fd, h->request_id,
                 absl::InvalidArgumentError(absl::StrCat(
                     "data plane: a storage node does not accept frame type ",
@@ -724,7 +724,7 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
   std::vector<uint8_t> table(size_t{h->op_count} * wire::kOpBytes);
   absl::Status s = RecvAll(fd, table.data(), table.size(), deadline);
   if (!s.ok()) {
-    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    Add(counters_.protocol_errors, 1);
     SendError(fd, h->request_id,
               absl::Status(s.code(),
                            absl::StrCat("truncated op table: ", s.message())));
@@ -736,7 +736,7 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
   }
   s = wire::ValidateOps(*h, ops);
   if (!s.ok()) {
-    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    Add(counters_.protocol_errors, 1);
     SendError(fd, h->request_id, s);
     return false;
   }
@@ -761,7 +761,7 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
       }
     }
     if (!s.ok()) {
-      protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+      Add(counters_.protocol_errors, 1);
       SendError(fd, h->request_id,
                 absl::Status(s.code(), absl::StrCat("bad capability table: ",
                                                     s.message())));
@@ -802,8 +802,8 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
         absl::Status c = check(op);
         if (c.ok()) continue;
         op.status = WireStatus(c);
-        denied_ops_.fetch_add(1, std::memory_order_relaxed);
-        rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+        Add(counters_.denied_ops, 1);
+        Add(counters_.rejected_ops, 1);
         VLOG(1) << "data server: op refused: " << c;
       }
     }
@@ -824,7 +824,7 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
     uint8_t b[wire::kSessionBytes];
     s = RecvAll(fd, b, sizeof(b), deadline);
     if (!s.ok()) {
-      protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+      Add(counters_.protocol_errors, 1);
       SendError(fd, h->request_id,
                 absl::Status(s.code(), absl::StrCat("truncated session id: ",
                                                     s.message())));
@@ -833,7 +833,10 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
     session = wire::DecodeSession(b);
   }
   if (h->type == wire::FrameType::kReadRequest) {
-    return HandleRead(fd, *h, ops, session, deadline);
+    const absl::Time start = absl::Now();
+    const bool ok = HandleRead(fd, *h, ops, session, deadline);
+    read_latency_.Observe(absl::Now() - start);
+    return ok;
   }
   if (h->type == wire::FrameType::kAcquireRequest) {
     return HandleAcquire(fd, *h, ops, session, deadline, cs);
@@ -886,7 +889,7 @@ bool DataServer::HandleSession(int fd, const wire::FrameHeader& h,
       h.request_id, 0, ops);
   absl::Status s = SendAll(fd, buf.data(), buf.size(), deadline);
   if (!s.ok()) {
-    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    Add(counters_.protocol_errors, 1);
     return false;
   }
   return true;
@@ -952,9 +955,9 @@ bool DataServer::HandleAcquire(int fd, const wire::FrameHeader& h,
       if (!hint.ok()) {
         op.status = WireStatus(hint);
         if (hint.code() == absl::StatusCode::kNotFound) {
-          stale_reads_.fetch_add(1, std::memory_order_relaxed);
+          Add(counters_.stale_reads, 1);
         } else {
-          rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+          Add(counters_.rejected_ops, 1);
         }
         continue;
       }
@@ -969,26 +972,29 @@ bool DataServer::HandleAcquire(int fd, const wire::FrameHeader& h,
       }
       if (!r.ok()) {
         op.status = WireStatus(r.status());
-        rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+        Add(counters_.rejected_ops, 1);
         continue;
       }
       auto loc = LocateInAreas(areas_, r->data(), op.length);
       if (!loc.ok()) {
         op.status = WireStatus(absl::InternalError(
             "storage node: staged copy outside the exposed memory"));
-        rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+        Add(counters_.rejected_ops, 1);
         continue;  // `r` releases
       }
       refs[i] = {loc->first, loc->second};
       cs->reads.emplace(key, std::move(*r));
       holding = true;
-      acquired_ops_.fetch_add(1, std::memory_order_relaxed);
+      Add(counters_.direct_acquired_ops, 1);
+      Add(cs->rdma_qp != nullptr ? counters_.rdma_bytes_read
+                                 : counters_.shm_bytes_read,
+          op.length);
     }
   }
   absl::Status s = SendWithAreaRefs(fd, wire::FrameType::kAcquireResponse,
                                     h.request_id, ops, refs, deadline);
   if (!s.ok()) {
-    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    Add(counters_.protocol_errors, 1);
     return false;
   }
   return true;
@@ -1037,7 +1043,7 @@ bool DataServer::HandleWriteBegin(int fd, const wire::FrameHeader& h,
     }
     if (!st.ok()) {
       op.status = WireStatus(st);
-      rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+      Add(counters_.rejected_ops, 1);
       continue;  // `ticket` aborts
     }
     cs->writes.emplace(key, ConnState::WriteHold{std::move(*ticket), view});
@@ -1045,7 +1051,7 @@ bool DataServer::HandleWriteBegin(int fd, const wire::FrameHeader& h,
   absl::Status s = SendWithAreaRefs(fd, wire::FrameType::kWriteBeginResponse,
                                     h.request_id, ops, refs, deadline);
   if (!s.ok()) {
-    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    Add(counters_.protocol_errors, 1);
     return false;
   }
   return true;
@@ -1080,18 +1086,21 @@ bool DataServer::HandleWriteCommit(int fd, const wire::FrameHeader& h,
     }
     op.status = WireStatus(st);
     if (st.ok()) {
-      direct_write_ops_.fetch_add(1, std::memory_order_relaxed);
-      write_ops_.fetch_add(1, std::memory_order_relaxed);
-      bytes_written_.fetch_add(op.length, std::memory_order_relaxed);
+      Add(counters_.direct_write_ops, 1);
+      Add(counters_.write_ops, 1);
+      Add(counters_.bytes_written, op.length);
+      Add(cs->rdma_qp != nullptr ? counters_.rdma_bytes_written
+                                 : counters_.shm_bytes_written,
+          op.length);
     } else if (commit) {
-      rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+      Add(counters_.rejected_ops, 1);
     }
   }
   std::vector<uint8_t> buf = EncodeResponse(
       wire::FrameType::kWriteCommitResponse, h.request_id, 0, ops);
   absl::Status s = SendAll(fd, buf.data(), buf.size(), deadline);
   if (!s.ok()) {
-    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    Add(counters_.protocol_errors, 1);
     return false;
   }
   return true;
@@ -1104,7 +1113,7 @@ bool DataServer::HandleRdmaConnect(int fd, const wire::FrameHeader& h,
   std::string info(h.payload_bytes, '\0');
   absl::Status s = RecvAll(fd, info.data(), info.size(), deadline);
   if (!s.ok()) {
-    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    Add(counters_.protocol_errors, 1);
     return false;
   }
   if (grant.status != 0) {
@@ -1135,7 +1144,7 @@ bool DataServer::HandleRdmaConnect(int fd, const wire::FrameHeader& h,
   }
   cs->rdma_qp = std::move(accepted->first);
   const std::string& mine = accepted->second;
-  rdma_connections_.fetch_add(1, std::memory_order_relaxed);
+  Add(counters_.rdma_connections, 1);
   wire::FrameHeader r;
   r.type = wire::FrameType::kRdmaConnectResponse;
   r.request_id = h.request_id;
@@ -1146,7 +1155,7 @@ bool DataServer::HandleRdmaConnect(int fd, const wire::FrameHeader& h,
                   {const_cast<char*>(mine.data()), mine.size()}};
   s = SendAllV(fd, iov, 2, deadline);
   if (!s.ok()) {
-    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    Add(counters_.protocol_errors, 1);
     return false;
   }
   return true;
@@ -1204,7 +1213,7 @@ bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
       }
       if (r.status().code() != absl::StatusCode::kNotFound) {
         op.status = WireStatus(r.status());
-        rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+        Add(counters_.rejected_ops, 1);
         if (r.status().code() == absl::StatusCode::kDataLoss) {
           options_.extents->Drop(KeyOf(op));  // as below
         }
@@ -1216,9 +1225,9 @@ bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
     if (!pin.ok()) {
       op.status = WireStatus(pin.status());
       if (pin.status().code() == absl::StatusCode::kNotFound) {
-        stale_reads_.fetch_add(1, std::memory_order_relaxed);
+        Add(counters_.stale_reads, 1);
       } else {
-        rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+        Add(counters_.rejected_ops, 1);
       }
       continue;
     }
@@ -1226,7 +1235,7 @@ bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
         device->AcquireRead(op.region_id, op.addr, op.length);
     if (!view.ok()) {
       op.status = WireStatus(view.status());
-      rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+      Add(counters_.rejected_ops, 1);
       // The object's bytes are gone for good (a checksum mismatch): forget
       // it, so the master's next reconciliation drops its listing (the
       // reader reports it at once).
@@ -1257,9 +1266,9 @@ bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
                    static_cast<size_t>(views[i].length)});
   }
   // Counted before sending so that a client that has its answer sees them.
-  read_ops_.fetch_add(ok_ops, std::memory_order_relaxed);
-  staged_read_ops_.fetch_add(staged_ops, std::memory_order_relaxed);
-  bytes_read_.fetch_add(payload, std::memory_order_relaxed);
+  Add(counters_.read_ops, ok_ops);
+  Add(counters_.staged_read_ops, staged_ops);
+  Add(counters_.bytes_read, payload);
   absl::Status s =
       SendAllV(fd, iov.data(), static_cast<int>(iov.size()), deadline);
   // Device views end before the extent pins that protect them.
@@ -1270,7 +1279,7 @@ bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
   // Read: released on the node, and the sessions stage their next objects.
   staged.clear();
   if (!s.ok()) {
-    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    Add(counters_.protocol_errors, 1);
     VLOG(1) << "data server: sending a read response failed: " << s;
     return false;
   }
@@ -1305,11 +1314,11 @@ bool DataServer::HandleWrite(int fd, const wire::FrameHeader& h,
       // Rejected: skip its bytes to stay in step with the stream.
       if (op.status == 0) {
         op.status = WireStatus(st);
-        rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+        Add(counters_.rejected_ops, 1);
       }
       absl::Status d = Discard(fd, op.length, deadline);
       if (!d.ok()) {
-        protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+        Add(counters_.protocol_errors, 1);
         SendError(fd, h.request_id,
                   absl::Status(d.code(), absl::StrCat("truncated write payload: ",
                                                       d.message())));
@@ -1321,7 +1330,7 @@ bool DataServer::HandleWrite(int fd, const wire::FrameHeader& h,
     if (!r.ok()) {
       device->AbortWrite(view);
       ticket->Abort();
-      protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+      Add(counters_.protocol_errors, 1);
       SendError(fd, h.request_id,
                 absl::Status(r.code(), absl::StrCat("truncated write payload: ",
                                                     r.message())));
@@ -1334,18 +1343,19 @@ bool DataServer::HandleWrite(int fd, const wire::FrameHeader& h,
       ticket->Abort();
     }
     if (st.ok()) {
-      write_ops_.fetch_add(1, std::memory_order_relaxed);
-      bytes_written_.fetch_add(op.length, std::memory_order_relaxed);
+      Add(counters_.write_ops, 1);
+      Add(counters_.bytes_written, op.length);
+      Add(counters_.tcp_bytes_written, op.length);
     } else {
       op.status = WireStatus(st);
-      rejected_ops_.fetch_add(1, std::memory_order_relaxed);
+      Add(counters_.rejected_ops, 1);
     }
   }
   std::vector<uint8_t> buf =
       EncodeResponse(wire::FrameType::kWriteResponse, h.request_id, 0, ops);
   absl::Status s = SendAll(fd, buf.data(), buf.size(), deadline);
   if (!s.ok()) {
-    protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    Add(counters_.protocol_errors, 1);
     return false;
   }
   return true;
@@ -1420,31 +1430,19 @@ void DataServer::Shutdown(absl::Duration drain_timeout) {
 }
 
 DataServerStats DataServer::Stats() const {
-  DataServerStats s;
-  s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
-  s.bytes_written = bytes_written_.load(std::memory_order_relaxed);
-  s.read_ops = read_ops_.load(std::memory_order_relaxed);
-  s.write_ops = write_ops_.load(std::memory_order_relaxed);
-  s.staged_read_ops = staged_read_ops_.load(std::memory_order_relaxed);
-  s.acquired_ops = acquired_ops_.load(std::memory_order_relaxed);
-  s.direct_write_ops = direct_write_ops_.load(std::memory_order_relaxed);
-  s.rdma_connections = rdma_connections_.load(std::memory_order_relaxed);
-  s.stale_reads = stale_reads_.load(std::memory_order_relaxed);
-  s.rejected_ops = rejected_ops_.load(std::memory_order_relaxed);
-  s.accepted_connections = accepted_.load(std::memory_order_relaxed);
-  s.refused_connections = refused_.load(std::memory_order_relaxed);
-  s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
-  s.thread_start_failures =
-      thread_start_failures_.load(std::memory_order_relaxed);
-  s.idle_closed_connections = idle_closed_.load(std::memory_order_relaxed);
-  s.peer_refused_connections = peer_refused_.load(std::memory_order_relaxed);
-  s.deferred_requests = deferred_.load(std::memory_order_relaxed);
-  s.denied_ops = denied_ops_.load(std::memory_order_relaxed);
+  DataServerStats s = counters_.Load();
   MutexLock l(&mu_);
   s.open_connections = conns_.size();
   s.worker_threads = workers_.size();
   s.requests_in_progress = static_cast<uint64_t>(requests_);
   return s;
+}
+
+void DataServer::VisitStats(StatsVisitor* v) const {
+  Stats().Visit(v);
+  v->Histogram("read_seconds",
+               "TCP read requests: header received to reply sent",
+               read_latency_.Snapshot());
 }
 
 }  // namespace hymcache::storage

@@ -55,6 +55,7 @@
 #include "common/capability.h"
 #include "common/mutex.h"
 #include "common/net.h"
+#include "common/stats.h"
 #include "common/thread.h"
 #include "common/wire.h"
 #include "storage_node/extent_table.h"
@@ -136,34 +137,37 @@ struct DataServerOptions {
   absl::Status Validate() const;
 };
 
-struct DataServerStats {
-  uint64_t bytes_read = 0;        // object bytes sent to readers
-  uint64_t bytes_written = 0;     // object bytes committed by writers
-  uint64_t read_ops = 0;          // read ops answered OK
-  uint64_t write_ops = 0;         // write ops committed
-  uint64_t staged_read_ops = 0;   // of read_ops, served from a session's
-                                  // prefetched (staged) copy
-  uint64_t acquired_ops = 0;      // direct reads: objects held for a peer
-  uint64_t direct_write_ops = 0;  // direct writes committed
-  uint64_t rdma_connections = 0;  // RDMA queue pairs accepted
-  uint64_t stale_reads = 0;       // read ops answered NotFound
-  uint64_t rejected_ops = 0;      // write ops not stored + reads failed
-                                  // other than NotFound
-  uint64_t open_connections = 0;
-  uint64_t accepted_connections = 0;
-  uint64_t refused_connections = 0;  // over a connection limit, or no
-                                     // worker could serve a request
-  uint64_t peer_refused_connections = 0;  // of refused_connections, over
-                                          // max_connections_per_peer
-  uint64_t thread_start_failures = 0;  // worker threads not started
-  uint64_t worker_threads = 0;         // workers started
-  uint64_t requests_in_progress = 0;   // served or waiting for a worker
-  uint64_t deferred_requests = 0;      // waited for max_requests_per_peer
-  uint64_t idle_closed_connections = 0;  // closed after idle_timeout
-  uint64_t protocol_errors = 0;      // malformed frames, broken requests
-  uint64_t denied_ops = 0;  // ops refused for their capability (also in
-                            // rejected_ops)
-};
+// Every stat of the data server, declared once (common/stats.h): the live
+// counters (DataServerCounters), the snapshot (DataServerStats) and the
+// exported names (`hymctl stats`, Prometheus hymcache_storage_*).
+#define HYM_DATA_SERVER_STATS(COUNTER, GAUGE, DGAUGE)                        \
+  COUNTER(bytes_read, "Object bytes sent to readers over TCP")               \
+  COUNTER(bytes_written, "Object bytes committed by writers (every plane)")  \
+  COUNTER(read_ops, "Read ops answered OK over TCP")                         \
+  COUNTER(write_ops, "Write ops committed (every plane)")                    \
+  COUNTER(staged_read_ops, "Read ops served from a prefetched (staged) copy") \
+  COUNTER(direct_acquired_ops, "Direct reads: objects held for a peer")     \
+  COUNTER(direct_write_ops, "Direct writes committed")                       \
+  COUNTER(shm_bytes_read, "Object bytes held for shared-memory readers")     \
+  COUNTER(rdma_bytes_read, "Object bytes held for RDMA readers")             \
+  COUNTER(tcp_bytes_written, "Object bytes committed over TCP")              \
+  COUNTER(shm_bytes_written, "Object bytes committed through shared memory") \
+  COUNTER(rdma_bytes_written, "Object bytes committed through RDMA")         \
+  COUNTER(rdma_connections, "RDMA queue pairs accepted")                     \
+  COUNTER(stale_reads, "Read ops answered NotFound")                         \
+  COUNTER(rejected_ops, "Write ops not stored and reads failed other than NotFound") \
+  COUNTER(accepted_connections, "Data connections accepted")                 \
+  COUNTER(refused_connections, "Connections refused over a limit or for want of a worker") \
+  COUNTER(peer_refused_connections, "Connections refused over max_connections_per_peer") \
+  COUNTER(thread_start_failures, "Worker threads that could not be started") \
+  COUNTER(deferred_requests, "Requests that waited for max_requests_per_peer") \
+  COUNTER(idle_closed_connections, "Connections closed after idle_timeout")  \
+  COUNTER(protocol_errors, "Malformed frames and broken requests")           \
+  COUNTER(denied_ops, "Ops refused for their capability (also rejected)")    \
+  GAUGE(open_connections, "Data connections open now")                       \
+  GAUGE(worker_threads, "Data-plane worker threads started")                 \
+  GAUGE(requests_in_progress, "Requests served or waiting for a worker")
+HYM_DECLARE_STATS(DataServerStats, DataServerCounters, HYM_DATA_SERVER_STATS);
 
 class DataServer {
  public:
@@ -188,6 +192,8 @@ class DataServer {
   void Shutdown(absl::Duration drain_timeout);
 
   DataServerStats Stats() const;
+  // Reports Stats() and the read latency histogram ("read_seconds").
+  void VisitStats(StatsVisitor* v) const;
 
   // While `fail` is set, starting a worker thread fails as it does at the
   // process's thread limit (std::system_error).
@@ -291,25 +297,10 @@ class DataServer {
   Socket listen_;      // used by the loop thread only
   Thread loop_;
 
-  std::atomic<uint64_t> bytes_read_{0};
-  std::atomic<uint64_t> bytes_written_{0};
-  std::atomic<uint64_t> read_ops_{0};
-  std::atomic<uint64_t> write_ops_{0};
-  std::atomic<uint64_t> staged_read_ops_{0};
-  std::atomic<uint64_t> acquired_ops_{0};
-  std::atomic<uint64_t> direct_write_ops_{0};
-  std::atomic<uint64_t> rdma_connections_{0};
+  DataServerCounters counters_;
+  // Read-op service time, frame header to reply sent (TCP reads).
+  LatencyHistogram read_latency_;
   std::atomic<uint64_t> next_conn_session_{1};
-  std::atomic<uint64_t> stale_reads_{0};
-  std::atomic<uint64_t> rejected_ops_{0};
-  std::atomic<uint64_t> accepted_{0};
-  std::atomic<uint64_t> refused_{0};
-  std::atomic<uint64_t> protocol_errors_{0};
-  std::atomic<uint64_t> thread_start_failures_{0};
-  std::atomic<uint64_t> idle_closed_{0};
-  std::atomic<uint64_t> peer_refused_{0};
-  std::atomic<uint64_t> deferred_{0};
-  std::atomic<uint64_t> denied_ops_{0};
   std::atomic<bool> fail_thread_starts_for_test_{false};
   std::atomic<bool> skip_capability_checks_for_test_{false};
 

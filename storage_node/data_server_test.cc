@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -243,7 +244,23 @@ TEST_CASE("DataServer round trip") {
   CHECK(st.read_ops == 1);
   CHECK(st.bytes_written == data.size());
   CHECK(st.bytes_read == data.size());
+  CHECK(st.tcp_bytes_written == data.size());
+  CHECK(st.shm_bytes_written + st.rdma_bytes_written == 0);
   CHECK(st.open_connections == 1);
+  // The same stats by name, with the read latency histogram (observed
+  // once the reply is sent: the reader may see the reply first).
+  auto by_name = [&] {
+    FlatStatsVisitor flat;
+    f.server->VisitStats(&flat);
+    return std::map<std::string, double>(flat.values().begin(),
+                                         flat.values().end());
+  };
+  CHECK(Eventually([&] { return by_name().at("read_seconds_count") == 1; }));
+  const std::map<std::string, double> m = by_name();
+  CHECK(m.at("bytes_read") == data.size());
+  CHECK(m.at("tcp_bytes_written") == data.size());
+  CHECK(m.at("open_connections") == 1);
+  CHECK(m.at("read_seconds_count") == 1);
 }
 
 TEST_CASE("DataServer serves only ops its capabilities authorize") {

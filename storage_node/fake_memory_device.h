@@ -82,15 +82,23 @@ class FakeMemoryDevice final : public MemoryDevice {
     return PrefetchHandle{1, region, addr, len};
   }
   absl::StatusOr<const uint8_t*> PrefetchWait(const PrefetchHandle& h,
-                                              absl::Time) override {
+                                              absl::Time deadline) override {
     absl::Status s = Check(h.region_id, h.addr, h.length);
     if (!s.ok()) return s;
+    if (deadline <= absl::Now() && not_ready_probes_.load() > 0) {
+      --not_ready_probes_;
+      return absl::DeadlineExceededError("fake device: still staging");
+    }
     return static_cast<const uint8_t*>(mem_.get() + h.addr);
   }
   void PrefetchRelease(const PrefetchHandle& h) override {
     --outstanding_prefetches_;
     outstanding_prefetch_bytes_ -= static_cast<int64_t>(h.length);
   }
+
+  // The next `n` PrefetchWait calls whose deadline has passed answer
+  // DeadlineExceeded, as a device still staging the object would.
+  void SetNotReadyProbesForTest(int n) { not_ready_probes_.store(n); }
 
   // Prefetch handles handed out, and those not yet released.
   int64_t PrefetchesForTest() const { return prefetches_.load(); }
@@ -127,6 +135,7 @@ class FakeMemoryDevice final : public MemoryDevice {
   std::atomic<bool> fail_commits_{false};
   std::atomic<uint64_t> reads_{0}, writes_{0}, aborted_{0}, refused_{0};
   std::atomic<int64_t> outstanding_reads_{0}, outstanding_writes_{0};
+  std::atomic<int> not_ready_probes_{0};
   std::atomic<int64_t> prefetches_{0}, outstanding_prefetches_{0},
       outstanding_prefetch_bytes_{0};
 };

@@ -160,6 +160,7 @@ struct HybridDevice::FlushBatch {
   std::vector<Entry*> entries;  // in commit order, in_flight
   int outstanding = 0;          // writes not completed
   absl::Status status;          // first write error
+  absl::Time issued;            // for the flush latency histogram
 };
 
 
@@ -1642,6 +1643,7 @@ void HybridDevice::RecordPendingLocked() {
 }
 
 void HybridDevice::IssueBatchLocked(FlushBatch* fb) {
+  fb->issued = absl::Now();
   // Entry addr/len/buf fields are constant after BeginWrite. Objects
   // contiguous both in the tier and in the buffer are written as one run.
   struct Run {
@@ -1680,6 +1682,7 @@ void HybridDevice::IssueBatchLocked(FlushBatch* fb) {
 void HybridDevice::RetireBatchLocked(FlushBatch* fb) {
   for (Entry* e : fb->entries) e->in_flight = false;
   if (fb->status.ok()) {
+    flush_latency_.Observe(absl::Now() - fb->issued);
     // The bytes are on the tier: readers go there from now on, and the
     // buffer space is freed as soon as no reader or prefetch handle holds
     // the buffered copy. Only the record remains (RecordPendingLocked).
@@ -1779,5 +1782,16 @@ HybridDeviceStats HybridDevice::HybridStats() const {
 }
 
 MemoryDeviceStats HybridDevice::Stats() const { return HybridStats().device; }
+
+void HybridDevice::VisitStats(StatsVisitor* v) const {
+  const HybridDeviceStats s = HybridStats();
+  s.device.Visit(v);
+  s.Visit(v);
+  v->Gauge("flush_lag_seconds", "Age of the oldest unflushed commit",
+           absl::ToDoubleSeconds(s.flush_lag));
+  v->Histogram("flush_seconds",
+               "Flush batches: issued to written (successful batches)",
+               flush_latency_.Snapshot());
+}
 
 }  // namespace hymcache::storage

@@ -145,6 +145,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
+#include "common/stats.h"
 #include "common/thread.h"
 #include "storage_node/capacity_tier.h"
 #include "storage_node/flush_policy.h"
@@ -243,74 +244,72 @@ struct HybridDeviceOptions {
 };
 
 // MemoryDeviceStats plus the hybrid device's own counters.
-struct HybridDeviceStats {
+// The hybrid device's own stats, declared once (common/stats.h); exported
+// beside the basic MemoryDeviceStats by VisitStats.
+#define HYM_HYBRID_DEVICE_STATS(COUNTER, GAUGE, DGAUGE)                      \
+  /* Staging window. */                                                      \
+  GAUGE(staging_capacity_bytes, "Bytes of the DRAM staging window")          \
+  GAUGE(staged_bytes, "Staging window space reserved now")                   \
+  GAUGE(staged_objects, "Objects staged or being staged now")                \
+  GAUGE(prefetch_queue_length, "Prefetches waiting for window space")        \
+  COUNTER(prefetch_shared, "Prefetches that joined a staged copy")          \
+  COUNTER(prefetch_from_buffer, "Prefetches served by the write buffer")     \
+  COUNTER(prefetch_cancelled, "Prefetches released while queued or loading") \
+  GAUGE(prefetch_waiters, "Threads blocked in PrefetchWait now")             \
+  GAUGE(read_waiters, "Threads blocked in AcquireRead for an object being staged") \
+  COUNTER(prefetch_errors, "Refills that failed")                            \
+  COUNTER(unknown_releases, "Unknown or double releases, commits and aborts") \
+  COUNTER(staging_hits, "Reads served from the staging window")             \
+  COUNTER(buffer_hits, "Reads served from the write buffer")                 \
+  COUNTER(staging_misses, "Reads through a bounce buffer")                   \
+  GAUGE(bounce_bytes, "Bounce buffers outstanding now")                      \
+  COUNTER(refill_bytes, "Bytes read from the tier by prefetches")            \
+  DGAUGE(refill_seconds, "Time with refill I/O in flight")                   \
+  DGAUGE(refill_bandwidth_bytes_per_s, "refill_bytes / refill_seconds")      \
+  /* Reads in flight on average while any is (io_queue_depth at most). */    \
+  DGAUGE(read_queue_depth_avg, "Tier reads in flight on average while any is") \
+  COUNTER(read_io_errors, "Tier reads that failed")                          \
+  /* Write buffer. */                                                        \
+  GAUGE(write_buffer_capacity_bytes, "Bytes of the DRAM write buffer")       \
+  COUNTER(write_buffer_admits, "Writes admitted to the write buffer")        \
+  COUNTER(write_buffer_refusals, "Writes refused: write buffer full")        \
+  GAUGE(buffered_bytes, "Write buffer space in use now")                     \
+  GAUGE(unflushed_objects, "Objects committed, not yet on the tier")         \
+  COUNTER(flushed_bytes, "Bytes flushed to the tier")                        \
+  COUNTER(flushed_objects, "Objects flushed to the tier")                    \
+  COUNTER(flush_batches, "Flush batches written")                            \
+  COUNTER(flush_ios, "Flush I/Os issued")                                    \
+  COUNTER(flush_errors, "Failed flush batch writes and forgets")             \
+  COUNTER(superseded_writes, "Buffered objects overwritten unflushed")       \
+  /* Durable extent records (group commits of flushed objects). */           \
+  GAUGE(record_pending_objects, "Objects on the tier, not recorded yet")     \
+  COUNTER(recorded_objects, "Objects durably recorded")                      \
+  COUNTER(record_batches, "Successful Record calls")                         \
+  COUNTER(record_errors, "Failed Record calls (retried)")                    \
+  COUNTER(records_dropped, "Pending records of overwritten objects")        \
+  /* Checksums (CRC32C of each object's bytes on the tier). */               \
+  GAUGE(open_verified_objects, "Re-adopted at open, checksum matched")       \
+  GAUGE(open_verified_bytes, "Bytes verified at open")                       \
+  DGAUGE(open_verify_seconds, "Time the verification at open took")          \
+  GAUGE(open_unchecked_objects, "Re-adopted at open unchecked")              \
+  GAUGE(open_dropped_objects, "Not re-adopted at open: mismatch or unreadable") \
+  COUNTER(checksum_failures, "Checksum mismatches, at open and on reads")    \
+  COUNTER(verified_reads, "Tier reads checked (verify_reads)")               \
+  COUNTER(read_checksum_failures, "Checked tier reads that mismatched")      \
+  COUNTER(corrupt_refusals, "Reads or prefetches of a known-corrupt object refused") \
+  COUNTER(corrupt_records_forgotten, "Records of corrupt objects durably forgotten") \
+  /* Discard (reconciliation): calls acted on, their forgets done. */        \
+  COUNTER(discarded_objects, "Discards acted on")                            \
+  COUNTER(discarded_records_forgotten, "Records of discarded objects durably forgotten") \
+  DGAUGE(commit_checksum_seconds, "CommitWrite time computing checksums")
+HYM_DECLARE_STATS_STRUCT(HybridDeviceCounters, HYM_HYBRID_DEVICE_STATS);
+
+struct HybridDeviceStats : HybridDeviceCounters {
   MemoryDeviceStats device;
-  // Staging window.
-  uint64_t staging_capacity_bytes = 0;
   // Pages backing the window: "thp", "hugetlb-2m" or "4k" (slow for device
   // I/O: see host_memory.h).
   const char* staging_pages = "";
-  uint64_t staged_bytes = 0;          // window space reserved now
-  uint64_t staged_objects = 0;        // staged or being staged now
-  uint64_t prefetch_queue_length = 0; // prefetches waiting for space
-  uint64_t prefetch_shared = 0;       // prefetches that joined a staged copy
-  uint64_t prefetch_from_buffer = 0;  // prefetches served by the write buffer
-  uint64_t prefetch_cancelled = 0;    // released while queued or loading
-  uint64_t prefetch_waiters = 0;      // threads blocked in PrefetchWait now
-  uint64_t read_waiters = 0;          // threads blocked in AcquireRead now,
-                                      // for an object being staged
-  uint64_t prefetch_errors = 0;       // refills that failed
-  uint64_t unknown_releases = 0;      // unknown/double PrefetchRelease,
-                                      // ReleaseRead, Commit/AbortWrite
-  uint64_t staging_hits = 0;          // reads served from the window
-  uint64_t buffer_hits = 0;           // reads served from the write buffer
-  uint64_t staging_misses = 0;        // reads through a bounce buffer
-  uint64_t bounce_bytes = 0;          // bounce buffers outstanding now
-  uint64_t refill_bytes = 0;          // bytes read by prefetches
-  double refill_seconds = 0;          // time with refill I/O in flight
-  double refill_bandwidth_bytes_per_s = 0;  // refill_bytes / refill_seconds
-  // Reads (refills and misses) in flight on average while any is: how full
-  // the device's queue was kept (io_queue_depth at most).
-  double read_queue_depth_avg = 0;
-  uint64_t read_io_errors = 0;
-  // Write buffer.
-  uint64_t write_buffer_capacity_bytes = 0;
-  uint64_t write_buffer_admits = 0;
-  uint64_t write_buffer_refusals = 0;
-  uint64_t buffered_bytes = 0;        // buffer space in use now
-  uint64_t unflushed_objects = 0;     // committed, not yet on the tier
-  absl::Duration flush_lag;           // age of the oldest unflushed commit
-  uint64_t flushed_bytes = 0;         // written to the tier
-  uint64_t flushed_objects = 0;
-  uint64_t flush_batches = 0;
-  uint64_t flush_ios = 0;
-  uint64_t flush_errors = 0;          // failed batch writes and Forgets
-  uint64_t superseded_writes = 0;     // buffered objects overwritten unflushed
-  // Durable extent records (group commits of flushed objects).
-  uint64_t record_pending_objects = 0;  // on the tier, not recorded yet
-  uint64_t recorded_objects = 0;
-  uint64_t record_batches = 0;        // successful Record calls
-  uint64_t record_errors = 0;         // failed Record calls (retried)
-  uint64_t records_dropped = 0;       // pending records of overwritten objects
-  // Checksums (CRC32C of each object's bytes on the tier).
-  uint64_t open_verified_objects = 0;  // re-adopted, checksum matched
-  uint64_t open_verified_bytes = 0;
-  double open_verify_seconds = 0;      // the verification at open took
-  uint64_t open_unchecked_objects = 0; // re-adopted unchecked (no checksum
-                                       // recorded, or verify_on_open off)
-  uint64_t open_dropped_objects = 0;   // not re-adopted: mismatch or unreadable
-  uint64_t checksum_failures = 0;      // mismatches: at open and on reads
-  uint64_t verified_reads = 0;         // tier reads checked (verify_reads)
-  uint64_t read_checksum_failures = 0; // of which mismatched (DataLoss)
-  uint64_t corrupt_refusals = 0;       // reads/prefetches of a known-corrupt
-                                       // object refused (DataLoss)
-  uint64_t corrupt_records_forgotten = 0;  // their records, durably
-  // Discard (reconciliation: the master neither lists nor will commit the
-  // object): calls acted on (no newer object buffered), and their forgets
-  // done (the record, if still that object's, is durably gone).
-  uint64_t discarded_objects = 0;
-  uint64_t discarded_records_forgotten = 0;
-  double commit_checksum_seconds = 0;  // CommitWrite time computing them
+  absl::Duration flush_lag;  // age of the oldest unflushed commit
 };
 
 class HybridDevice final : public MemoryDevice {
@@ -365,6 +364,9 @@ class HybridDevice final : public MemoryDevice {
 
   MemoryDeviceStats Stats() const override;
   HybridDeviceStats HybridStats() const;
+  // Stats(), HybridStats() ("flush_lag_seconds" for flush_lag) and the
+  // flush latency histogram ("flush_seconds").
+  void VisitStats(StatsVisitor* v) const override;
 
   std::vector<RecoveredExtent> RecoveredExtents() const override;
 
@@ -628,6 +630,7 @@ class HybridDevice final : public MemoryDevice {
   // (named in write refusals: why the buffer does not drain).
   absl::Status last_flush_error_ ABSL_GUARDED_BY(mu_);
   HybridDeviceStats stats_ ABSL_GUARDED_BY(mu_);
+  LatencyHistogram flush_latency_;  // lock-free
 
   // OnIoDone calls still running (they touch `this` after the in-flight
   // counts drop, so destruction also waits for this to reach 0).

@@ -323,8 +323,17 @@ absl::StatusOr<KvManager::StagedRead> KvManager::Acquire(
     handle = e->handle;
   }
   // The entry cannot go away while kReading: Release and the reaper leave it.
+  // Probe first: staged already (a hit), or wait for it (timed).
   absl::StatusOr<const uint8_t*> data =
-      options_.device->PrefetchWait(handle, deadline);
+      options_.device->PrefetchWait(handle, absl::InfinitePast());
+  bool waited = false;
+  if (wait && !data.ok() &&
+      data.status().code() == absl::StatusCode::kDeadlineExceeded) {
+    waited = true;
+    const absl::Time start = clock_->Now();
+    data = options_.device->PrefetchWait(handle, deadline);
+    wait_latency_.Observe(clock_->Now() - start);
+  }
   if (!wait && !data.ok() &&
       data.status().code() == absl::StatusCode::kDeadlineExceeded) {
     // Still staging: leave it to a later read.
@@ -349,6 +358,7 @@ absl::StatusOr<KvManager::StagedRead> KvManager::Acquire(
   {
     MutexLock l(&mu_);
     ++counters_.staged_reads;
+    ++(waited ? counters_.waited_reads : counters_.ready_reads);
   }
   return r;
 }
@@ -418,6 +428,13 @@ KvManagerStats KvManager::Stats() const {
     st.staged_ahead_bytes += s->issued_bytes;
   }
   return st;
+}
+
+void KvManager::VisitStats(StatsVisitor* v) const {
+  Stats().Visit(v);
+  v->Histogram("wait_seconds",
+               "Time session reads waited for their object's staging",
+               wait_latency_.Snapshot());
 }
 
 }  // namespace hymcache::storage

@@ -41,6 +41,7 @@
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "common/stats.h"
 #include "common/thread.h"
 #include "storage_node/extent_table.h"
 #include "storage_node/memory_device.h"
@@ -75,19 +76,23 @@ struct KvManagerOptions {
   absl::Status Validate() const;
 };
 
-struct KvManagerStats {
-  uint64_t sessions = 0;            // active sessions
-  uint64_t queued_objects = 0;      // hinted, not yet issued
-  uint64_t staging_objects = 0;     // issued to the device, not yet read
-  uint64_t staged_ahead_bytes = 0;  // bytes of staging_objects
-  uint64_t hints = 0;               // objects accepted into sessions
-  uint64_t duplicate_hints = 0;     // hints of objects already in the session
-  uint64_t refused_hints = 0;       // over max_sessions / per-session limit
-  uint64_t staged_reads = 0;        // reads served through a session
-  uint64_t dropped_stale = 0;       // not readable any more when issued
-  uint64_t released_unread = 0;     // dropped by Release or the reaper
-  uint64_t expired_sessions = 0;    // released by the reaper
-};
+// The KV manager's stats, declared once (common/stats.h); exported with the
+// prefix "prefetch_".
+#define HYM_KV_MANAGER_STATS(COUNTER, GAUGE, DGAUGE)                        \
+  GAUGE(sessions, "Active prefetch sessions")                               \
+  GAUGE(queued_objects, "Hinted objects not yet issued to the device")      \
+  GAUGE(staging_objects, "Objects issued to the device, not yet read")      \
+  GAUGE(staged_ahead_bytes, "Bytes of staging_objects")                     \
+  COUNTER(hints, "Objects accepted into sessions")                          \
+  COUNTER(duplicate_hints, "Hints of objects already in the session")       \
+  COUNTER(refused_hints, "Hints over max_sessions or the per-session limit") \
+  COUNTER(staged_reads, "Reads served through a session")                   \
+  COUNTER(ready_reads, "Session reads whose object was staged in time (hits)") \
+  COUNTER(waited_reads, "Session reads that waited for their object's staging") \
+  COUNTER(dropped_stale, "Objects not readable any more when issued")       \
+  COUNTER(released_unread, "Objects dropped by Release or the reaper unread") \
+  COUNTER(expired_sessions, "Sessions released by the reaper")
+HYM_DECLARE_STATS_STRUCT(KvManagerStats, HYM_KV_MANAGER_STATS);
 
 class KvManager {
  private:
@@ -165,6 +170,9 @@ class KvManager {
   int ReapExpired();
 
   KvManagerStats Stats() const;
+  // Reports Stats() and the time session reads waited for staging
+  // ("wait_seconds"), unprefixed.
+  void VisitStats(StatsVisitor* v) const;
 
  private:
   struct KeyHash {
@@ -199,6 +207,8 @@ class KvManager {
   // Constant after construction.
   const KvManagerOptions options_;
   Clock* const clock_;
+  // Time session reads waited for their object's staging (waited_reads).
+  LatencyHistogram wait_latency_;
   Thread reaper_;
 
   mutable Mutex mu_;

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <map>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -89,9 +91,32 @@ TEST_CASE("a session stages at most its window ahead of its reads") {
   st = rig.kv->Stats();
   CHECK(st.sessions == 0);  // fully read: the session is gone
   CHECK(st.staged_reads == 20);
+  CHECK(st.ready_reads == 20);  // the fake device stages at once
+  CHECK(st.waited_reads == 0);
   CHECK(st.released_unread == 0);
   CHECK(rig.dev.PrefetchesForTest() == 20);
   CHECK(rig.dev.OutstandingPrefetchesForTest() == 0);
+}
+
+TEST_CASE("a read that finds its object still staging counts as waited") {
+  Rig rig(3);
+  REQUIRE(AllOk(rig.kv->Prefetch(5, rig.Keys(0, 3))));
+  rig.Read(5, 0);
+  rig.dev.SetNotReadyProbesForTest(1);
+  rig.Read(5, 1);
+  rig.Read(5, 2);
+  const KvManagerStats st = rig.kv->Stats();
+  CHECK(st.staged_reads == 3);
+  CHECK(st.ready_reads == 2);
+  CHECK(st.waited_reads == 1);
+  // Exported with the wait histogram, one observation.
+  FlatStatsVisitor flat;
+  rig.kv->VisitStats(&flat);
+  std::map<std::string, double> m(flat.values().begin(), flat.values().end());
+  CHECK(m.at("waited_reads") == 1);
+  CHECK(m.at("ready_reads") == 2);
+  CHECK(m.at("wait_seconds_count") == 1);
+  CHECK(m.at("sessions") == 0);
 }
 
 TEST_CASE("hints for objects already in the session cost nothing") {

@@ -612,6 +612,14 @@ LruCacheStats LruCacheDevice::CacheStats() const {
   return cache_stats_;
 }
 
+void LruCacheDevice::VisitStats(StatsVisitor* v) const {
+  Stats().Visit(v);
+  const LruCacheStats s = CacheStats();
+  PrefixedStatsVisitor lru(v, "lru_");
+  s.Visit(&lru);
+  lru.Gauge("hit_ratio", "hits / (hits + misses) since start", s.hit_ratio());
+}
+
 absl::Status LruCacheDevice::Flush() {
   // Pin every dirty valid line, write them all back, mark them clean.
   std::vector<int> slots;

@@ -93,15 +93,20 @@ struct LruCacheDeviceOptions {
 
 // Cache counters. Line granularity: an access touching three lines counts
 // three hits or misses.
-struct LruCacheStats {
-  uint64_t hits = 0;      // line found in the cache (or being filled)
-  uint64_t misses = 0;    // line not in the cache
-  uint64_t fills = 0;     // lines read from the tier
-  uint64_t evictions = 0;         // lines dropped to make room
-  uint64_t dirty_writebacks = 0;  // evicted lines written back to the tier
-  uint64_t tier_read_bytes = 0;
-  uint64_t tier_write_bytes = 0;
-  uint64_t io_errors = 0;         // failed fills and write-backs
+// The LRU cache's stats, declared once (common/stats.h); exported with the
+// prefix "lru_" beside the basic MemoryDeviceStats.
+#define HYM_LRU_CACHE_STATS(COUNTER, GAUGE, DGAUGE)                         \
+  COUNTER(hits, "Lines found in the cache (or being filled)")              \
+  COUNTER(misses, "Lines not in the cache")                                \
+  COUNTER(fills, "Lines read from the tier")                               \
+  COUNTER(evictions, "Lines dropped to make room")                         \
+  COUNTER(dirty_writebacks, "Evicted lines written back to the tier")      \
+  COUNTER(tier_read_bytes, "Bytes read from the tier")                     \
+  COUNTER(tier_write_bytes, "Bytes written to the tier")                   \
+  COUNTER(io_errors, "Failed fills and write-backs")
+HYM_DECLARE_STATS_STRUCT(LruCacheCounters, HYM_LRU_CACHE_STATS);
+
+struct LruCacheStats : LruCacheCounters {
   double hit_ratio() const {
     return hits + misses == 0
                ? 0.0
@@ -148,6 +153,8 @@ class LruCacheDevice final : public MemoryDevice {
 
   MemoryDeviceStats Stats() const override;
   LruCacheStats CacheStats() const;
+  // Stats(), then CacheStats() prefixed "lru_" and "lru_hit_ratio".
+  void VisitStats(StatsVisitor* v) const override;
 
   // Writes every dirty line back to the tier (lines stay cached, now clean).
   // Errors: the first failed write-back.

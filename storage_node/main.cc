@@ -148,6 +148,10 @@ DEFINE_string(auth_tokens_file, "",
               "identities file or directory of the control service's callers "
               "(admins; docs/security.md); re-read on SIGHUP. Empty: no "
               "authentication, loopback only");
+DEFINE_string(metrics_listen, "",
+              "HOST:PORT serving Prometheus metrics on /metrics (port 0 "
+              "picks a free port; empty: none). Non-loopback only with "
+              "--auth_tokens_file or --insecure");
 DEFINE_bool(insecure, false,
             "without --auth_tokens_file, listen on a non-loopback host anyway");
 DEFINE_string(token_file, "",
@@ -325,6 +329,7 @@ int main(int argc, char** argv) {
   options.drain_timeout = absl::Milliseconds(FLAGS_drain_timeout_ms);
   options.auth_tokens_file = FLAGS_auth_tokens_file;
   options.insecure = FLAGS_insecure;
+  options.metrics_listen = FLAGS_metrics_listen;
   options.tls.cert_file = FLAGS_tls_cert;
   options.tls.key_file = FLAGS_tls_key;
   options.tls.ca_file = FLAGS_tls_ca;
@@ -376,7 +381,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << "hymcache-storage data=" << (*node)->data_address()
-            << " control=" << (*node)->control_address() << std::endl;
+            << " control=" << (*node)->control_address();
+  if (!(*node)->metrics_address().empty()) {
+    std::cout << " metrics=" << (*node)->metrics_address();
+  }
+  std::cout << std::endl;
   serving = node->get();
   const std::string serving_status =
       "serving data=" + (*node)->data_address() +

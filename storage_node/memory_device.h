@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/stats.h"
 
 namespace hymcache::storage {
 
@@ -73,18 +74,19 @@ struct PrefetchHandle {
   uint64_t length = 0;
 };
 
-struct MemoryDeviceStats {
-  uint64_t capacity_bytes = 0;
-  uint64_t reads = 0;            // AcquireRead calls that succeeded
-  uint64_t read_bytes = 0;
-  uint64_t writes = 0;           // CommitWrite calls that succeeded
-  uint64_t write_bytes = 0;
-  uint64_t aborted_writes = 0;   // AbortWrite calls
-  uint64_t refused_writes = 0;   // BeginWrite refused for lack of resources
-  uint64_t prefetches = 0;       // PrefetchObject calls that succeeded
-  uint64_t outstanding_reads = 0;   // acquired, not yet released
-  uint64_t outstanding_writes = 0;  // begun, not yet committed or aborted
-};
+// Every device's basic stats, declared once (common/stats.h).
+#define HYM_MEMORY_DEVICE_STATS(COUNTER, GAUGE, DGAUGE)                     \
+  GAUGE(capacity_bytes, "Bytes the device holds")                           \
+  COUNTER(reads, "AcquireRead calls that succeeded")                        \
+  COUNTER(read_bytes, "Bytes of successful AcquireRead calls")              \
+  COUNTER(writes, "CommitWrite calls that succeeded")                       \
+  COUNTER(write_bytes, "Bytes of successful CommitWrite calls")             \
+  COUNTER(aborted_writes, "AbortWrite calls")                               \
+  COUNTER(refused_writes, "BeginWrite refused for lack of resources")       \
+  COUNTER(prefetches, "PrefetchObject calls that succeeded")                \
+  GAUGE(outstanding_reads, "Reads acquired, not yet released")              \
+  GAUGE(outstanding_writes, "Writes begun, not yet committed or aborted")
+HYM_DECLARE_STATS_STRUCT(MemoryDeviceStats, HYM_MEMORY_DEVICE_STATS);
 
 // An object a persistent device holds durably, as found at start-up.
 struct RecoveredExtent {
@@ -167,6 +169,11 @@ class MemoryDevice {
   virtual void PrefetchRelease(const PrefetchHandle& handle) = 0;
 
   virtual MemoryDeviceStats Stats() const = 0;
+
+  // Reports every stat of the device (common/stats.h) under its name: the
+  // storage node's GetStats map and Prometheus series come from here. The
+  // default reports Stats(); a device with more to say overrides it.
+  virtual void VisitStats(StatsVisitor* v) const { Stats().Visit(v); }
 
   // Objects a persistent device still holds after a restart, for the node to
   // re-adopt into its extent table (generation = the BeginWrite tag). Empty

@@ -19,7 +19,9 @@
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/metrics_exporter.h"
 #include "common/net.h"
+#include "common/stats.h"
 #include "common/rdma.h"
 #include "common/transport_params.h"
 #include "common/status_macros.h"
@@ -87,10 +89,6 @@ struct StorageNode::MasterClient {
 };
 
 // The gRPC StorageControl service. Handlers never block.
-namespace {
-void ExportDeviceStats(const storage::MemoryDevice& device,
-                       google::protobuf::Map<std::string, double>* out);
-}  // namespace
 
 class StorageNode::ControlService final
     : public v1::StorageControl::CallbackService {
@@ -141,25 +139,10 @@ class StorageNode::ControlService final
     resp->set_stale_reads(d.stale_reads);
     resp->set_rejected_ops(d.rejected_ops);
     resp->set_open_connections(d.open_connections);
-    ExportDeviceStats(*n->device_, resp->mutable_device_stats());
+    FlatStatsVisitor flat;
+    n->VisitStats(&flat, "");
     auto& m = *resp->mutable_device_stats();
-    const storage::KvManagerStats k = n->kv_->Stats();
-    m["staged_read_ops"] = static_cast<double>(d.staged_read_ops);
-    m["direct_acquired_ops"] = static_cast<double>(d.acquired_ops);
-    m["direct_write_ops"] = static_cast<double>(d.direct_write_ops);
-    m["rdma_connections"] = static_cast<double>(d.rdma_connections);
-    m["rdma_enabled"] = n->rdma_ != nullptr ? 1 : 0;
-    m["prefetch_sessions"] = static_cast<double>(k.sessions);
-    m["prefetch_queued_objects"] = static_cast<double>(k.queued_objects);
-    m["prefetch_staging_objects"] = static_cast<double>(k.staging_objects);
-    m["prefetch_staged_ahead_bytes"] = static_cast<double>(k.staged_ahead_bytes);
-    m["prefetch_hints"] = static_cast<double>(k.hints);
-    m["prefetch_duplicate_hints"] = static_cast<double>(k.duplicate_hints);
-    m["prefetch_refused_hints"] = static_cast<double>(k.refused_hints);
-    m["prefetch_staged_reads"] = static_cast<double>(k.staged_reads);
-    m["prefetch_dropped_stale"] = static_cast<double>(k.dropped_stale);
-    m["prefetch_released_unread"] = static_cast<double>(k.released_unread);
-    m["prefetch_expired_sessions"] = static_cast<double>(k.expired_sessions);
+    for (const auto& [name, value] : flat.values()) m[name] = value;
     {
       MutexLock l(&n->mu_);
       resp->set_reconciliations(n->reconciliations_);
@@ -270,70 +253,26 @@ class StorageNode::ControlService final
   StorageNode* const node_;
 };
 
-namespace {
-
-// The device's counters, by name, for StorageControl.GetStats.
-void ExportDeviceStats(const storage::MemoryDevice& device,
-                       google::protobuf::Map<std::string, double>* out) {
-  const storage::MemoryDeviceStats m = device.Stats();
-  (*out)["capacity_bytes"] = static_cast<double>(m.capacity_bytes);
-  (*out)["reads"] = static_cast<double>(m.reads);
-  (*out)["read_bytes"] = static_cast<double>(m.read_bytes);
-  (*out)["writes"] = static_cast<double>(m.writes);
-  (*out)["write_bytes"] = static_cast<double>(m.write_bytes);
-  (*out)["refused_writes"] = static_cast<double>(m.refused_writes);
-  if (const auto* h = dynamic_cast<const storage::HybridDevice*>(&device)) {
-    const storage::HybridDeviceStats s = h->HybridStats();
-    (*out)["staging_capacity_bytes"] = static_cast<double>(s.staging_capacity_bytes);
-    (*out)["staged_bytes"] = static_cast<double>(s.staged_bytes);
-    (*out)["prefetch_queue_length"] = static_cast<double>(s.prefetch_queue_length);
-    (*out)["staging_hits"] = static_cast<double>(s.staging_hits);
-    (*out)["staging_misses"] = static_cast<double>(s.staging_misses);
-    (*out)["buffer_hits"] = static_cast<double>(s.buffer_hits);
-    (*out)["refill_bytes"] = static_cast<double>(s.refill_bytes);
-    (*out)["refill_bandwidth_bytes_per_s"] = s.refill_bandwidth_bytes_per_s;
-    (*out)["write_buffer_capacity_bytes"] =
-        static_cast<double>(s.write_buffer_capacity_bytes);
-    (*out)["write_buffer_admits"] = static_cast<double>(s.write_buffer_admits);
-    (*out)["write_buffer_refusals"] = static_cast<double>(s.write_buffer_refusals);
-    (*out)["buffered_bytes"] = static_cast<double>(s.buffered_bytes);
-    (*out)["unflushed_objects"] = static_cast<double>(s.unflushed_objects);
-    (*out)["flush_lag_seconds"] = absl::ToDoubleSeconds(s.flush_lag);
-    (*out)["flushed_bytes"] = static_cast<double>(s.flushed_bytes);
-    (*out)["flush_errors"] = static_cast<double>(s.flush_errors);
-    (*out)["read_io_errors"] = static_cast<double>(s.read_io_errors);
-    (*out)["prefetch_errors"] = static_cast<double>(s.prefetch_errors);
-    (*out)["read_waiters"] = static_cast<double>(s.read_waiters);
-    // Integrity (checksums on the capacity tier).
-    (*out)["checksum_failures"] = static_cast<double>(s.checksum_failures);
-    (*out)["read_checksum_failures"] =
-        static_cast<double>(s.read_checksum_failures);
-    (*out)["verified_reads"] = static_cast<double>(s.verified_reads);
-    (*out)["corrupt_refusals"] = static_cast<double>(s.corrupt_refusals);
-    (*out)["corrupt_records_forgotten"] =
-        static_cast<double>(s.corrupt_records_forgotten);
-    (*out)["discarded_objects"] = static_cast<double>(s.discarded_objects);
-    (*out)["discarded_records_forgotten"] =
-        static_cast<double>(s.discarded_records_forgotten);
-    (*out)["open_verified_objects"] =
-        static_cast<double>(s.open_verified_objects);
-    (*out)["open_unchecked_objects"] =
-        static_cast<double>(s.open_unchecked_objects);
-    (*out)["open_dropped_objects"] = static_cast<double>(s.open_dropped_objects);
-    (*out)["open_verify_seconds"] = s.open_verify_seconds;
-    (*out)["commit_checksum_seconds"] = s.commit_checksum_seconds;
-  }
-  if (const auto* l = dynamic_cast<const storage::LruCacheDevice*>(&device)) {
-    const storage::LruCacheStats s = l->CacheStats();
-    (*out)["lru_hits"] = static_cast<double>(s.hits);
-    (*out)["lru_misses"] = static_cast<double>(s.misses);
-    (*out)["lru_hit_ratio"] = s.hit_ratio();
-    (*out)["lru_evictions"] = static_cast<double>(s.evictions);
-    (*out)["lru_dirty_writebacks"] = static_cast<double>(s.dirty_writebacks);
-  }
+void StorageNode::VisitStats(StatsVisitor* v,
+                             const std::string& device_prefix) const {
+  data_server_->VisitStats(v);
+  PrefixedStatsVisitor device(v, device_prefix);
+  device_->VisitStats(&device);
+  PrefixedStatsVisitor prefetch(v, "prefetch_");
+  kv_->VisitStats(&prefetch);
+  v->Gauge("rdma_enabled", "Whether the RDMA data plane is on",
+           rdma_ != nullptr ? 1 : 0);
+  v->Gauge("extents", "Extents the node holds or is writing",
+           static_cast<double>(extents_->Stats().extents));
+  MutexLock l(&mu_);
+  v->Gauge("registered", "Whether the node is registered with the master",
+           registered_ ? 1 : 0);
+  v->Counter("reconciliations", "Completed reconciliations with the master",
+             static_cast<double>(reconciliations_));
+  v->Counter("reconcile_freed_extents",
+             "Extents freed because the master neither listed nor expected them",
+             static_cast<double>(reconcile_freed_));
 }
-
-}  // namespace
 
 absl::Status StorageNodeOptions::Validate() const {
   if (capability_skew < absl::ZeroDuration() ||
@@ -360,6 +299,11 @@ absl::Status StorageNodeOptions::Validate() const {
   s = CheckProtectedMode("storage node", listen_host,
                          !auth_tokens_file.empty(), insecure);
   if (!s.ok()) return s;
+  if (!metrics_listen.empty()) {
+    s = CheckProtectedListen("storage node: metrics_listen", metrics_listen,
+                             !auth_tokens_file.empty(), insecure);
+    if (!s.ok()) return s;
+  }
   if (data_port < 0 || data_port > 65535 || control_port < 0 ||
       control_port > 65535) {
     return absl::InvalidArgumentError("storage node: ports must be in 0..65535");
@@ -789,6 +733,15 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
     health->SetServingStatus(false);  // until registered and reconciled
   }
   node->control_address_ = JoinHostPort(advertise, node->control_port_);
+  if (!options.metrics_listen.empty()) {
+    MetricsExporterOptions mo;
+    mo.listen_address = options.metrics_listen;
+    mo.prefix = "hymcache_storage_";
+    StorageNode* self = node.get();
+    mo.collect = [self](StatsVisitor* v) { self->VisitStats(v, "device_"); };
+    ASSIGN_OR_RETURN(node->metrics_, MetricsExporter::Create(mo));
+    node->metrics_address_ = node->metrics_->address();
+  }
   grpc::ChannelArguments args;
   // Notice a restarted master quickly instead of after gRPC's default
   // reconnect backoff (up to two minutes).
@@ -1210,6 +1163,7 @@ void StorageNode::Shutdown() {
     }
     shutdown_started_ = true;
   }
+  metrics_.reset();  // no scrape runs past this point
   // NOT_SERVING for good, before the node leaves the master and drains.
   if (control_server_ != nullptr) {
     if (auto* health = control_server_->GetHealthCheckService()) {

@@ -46,6 +46,9 @@ class NodeAuth;
 
 namespace hymcache {
 
+class MetricsExporter;
+class StatsVisitor;
+
 namespace storage {
 class DataServer;
 class ExtentTable;
@@ -242,6 +245,11 @@ struct StorageNodeOptions {
   // Bearer token (role node) sent to the master; "" sends none.
   // Default: "".
   std::string master_token;
+  // HOST:PORT serving Prometheus metrics (GET /metrics, series
+  // hymcache_storage_*; docs/operations.md); port 0 picks a free port (see
+  // metrics_address()). "" serves none. A non-loopback host needs what
+  // listen_host needs (identities or `insecure`). Default: "".
+  std::string metrics_listen;
   // Shutdown() returns within about rpc_timeout (deregistration) +
   // drain_timeout (data-plane requests) + 1 s (control server) +
   // shutdown_flush_timeout (hybrid write buffer) + one synced RocksDB write:
@@ -279,6 +287,8 @@ class StorageNode {
   // host:port as advertised to the master.
   const std::string& data_address() const { return data_address_; }
   const std::string& control_address() const { return control_address_; }
+  // host:port of the Prometheus endpoint; "" without metrics_listen.
+  const std::string& metrics_address() const { return metrics_address_; }
   const std::string& name() const { return name_; }
   uint64_t incarnation() const { return incarnation_; }
   // The id the master assigned; 0 until the first registration.
@@ -324,6 +334,10 @@ class StorageNode {
   class ControlService;
 
   explicit StorageNode(const StorageNodeOptions& options);
+  // Every stat of the node: the data server's, the device's (under
+  // `device_prefix`), the KV manager's (under "prefetch_") and the node's
+  // own. GetStats uses no device prefix, the Prometheus series "device_".
+  void VisitStats(StatsVisitor* v, const std::string& device_prefix) const;
 
   void HeartbeatLoop();
   bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -373,6 +387,7 @@ class StorageNode {
   int control_port_ = 0;
   std::string data_address_;
   std::string control_address_;
+  std::string metrics_address_;
   std::string name_;
   uint64_t incarnation_ = 0;
   // options_.node_key_path resolved ("": none).
@@ -380,6 +395,9 @@ class StorageNode {
   // Published to clients through the master (RegisterNodeRequest).
   std::map<std::string, std::string> transport_params_;
   Thread heartbeat_;
+  // Serves /metrics; destroyed first by Shutdown (its scrapes read the
+  // members above).
+  std::unique_ptr<MetricsExporter> metrics_;
 
   mutable Mutex mu_;
   uint32_t node_id_ ABSL_GUARDED_BY(mu_) = 0;

@@ -12,6 +12,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/net.h"
 #include "common/test_capabilities.h"
@@ -100,6 +102,17 @@ TEST_CASE("StorageNode comes up and serves with the master down") {
   CHECK(stats.regions(0).device_kind() == "dram");
   CHECK(stats.regions(0).alignment() == 4096);
   CHECK(stats.open_connections() == 1);
+  // Every stat by name: the data server's, the DRAM device's, the
+  // prefetcher's; no hybrid device stats on a DRAM node.
+  const auto& m = stats.device_stats();
+  CHECK(m.at("open_connections") == 1);
+  CHECK(m.at("capacity_bytes") == double{16 << 20});
+  CHECK(m.count("shm_bytes_read") == 1);
+  CHECK(m.count("prefetch_ready_reads") == 1);
+  CHECK(m.count("read_seconds_count") == 1);
+  CHECK(m.at("registered") == 0);
+  CHECK(m.count("write_buffer_refusals") == 0);
+  CHECK(n.metrics_address().empty());  // no metrics_listen
 
   absl::Time start = absl::Now();
   n.Shutdown();
@@ -157,6 +170,31 @@ TEST_CASE("StorageNode: Create fails on bad options or taken ports") {
   o = Options();
   o.control_port = port;
   CHECK_FALSE(StorageNode::Create(o).ok());
+  o = Options();
+  o.metrics_listen = absl::StrCat("127.0.0.1:", port);
+  CHECK(StorageNode::Create(o).status().code() ==
+        absl::StatusCode::kUnavailable);
+  o = Options();
+  o.metrics_listen = "no-port";
+  CHECK(StorageNode::Create(o).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("StorageNode: metrics_listen follows protected mode") {
+  StorageNodeOptions o = Options();
+  o.metrics_listen = "0.0.0.0:0";
+  absl::Status s = o.Validate();
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("metrics_listen") != absl::string_view::npos);
+  o.insecure = true;
+  CHECK(o.Validate().ok());
+  o.insecure = false;
+  o.metrics_listen = "[::1]:0";
+  CHECK(o.Validate().ok());
+  o.metrics_listen = "localhost:0";
+  auto node = StorageNode::Create(o);
+  REQUIRE(node.ok());
+  CHECK(absl::StartsWith((*node)->metrics_address(), "127.0.0.1:"));
 }
 
 TEST_CASE("StorageNode: a capacity file larger than the free space is "

@@ -298,7 +298,8 @@ TEST_CASE("Engines store and load with a token; hymctl needs an admin's") {
   std::ostringstream out2, err2;
   CHECK(hymctl::Run(ho, {"stats"}, out2, err2) == 0);
   CHECK(absl::StrContains(out2.str(), "auth-node"));
-  CHECK_FALSE(absl::StrContains(out2.str(), "error"));
+  // Every node answered (stats names such as protocol_errors aside).
+  CHECK_FALSE(absl::StrContains(out2.str(), "unreachable"));
 }
 
 TEST_CASE("hymctl token new writes a token its identities line admits") {

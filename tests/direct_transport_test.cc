@@ -123,7 +123,7 @@ TEST_CASE("shared memory: direct writes and reads round-trip byte for byte") {
     REQUIRE(rs[i].ok());
     REQUIRE(dst[i] == src[i]);
   }
-  CHECK(s.server->Stats().acquired_ops == kOps - 1);
+  CHECK(s.server->Stats().direct_acquired_ops == kOps - 1);
   // Every hold ends: nothing pinned, no session left.
   CHECK(Eventually([&] { return s.extents->Stats().pinned_reads == 0; }));
   CHECK(Eventually([&] { return s.kv->Stats().sessions == 0; }));
@@ -233,12 +233,15 @@ TEST_CASE("shared memory is used only for nodes on this host") {
   REQUIRE(t->Write(s.peer, {{{0, 0, a.size(), 1}, a.data()}}, Soon())[0].ok());
   std::vector<uint8_t> x(a.size());
   REQUIRE(t->Read(s.peer, {{{0, 0, a.size(), 1}, x.data()}}, Soon())[0].ok());
-  CHECK(s.server->Stats().acquired_ops == 1);  // shared memory served it
+  CHECK(s.server->Stats().direct_acquired_ops == 1);  // shared memory served it
+  CHECK(s.server->Stats().shm_bytes_read == a.size());
+  CHECK(s.server->Stats().rdma_bytes_read == 0);
   std::fill(x.begin(), x.end(), 0);
   REQUIRE(t->Read(remote, {{{0, 0, a.size(), 1}, x.data()}}, Soon())[0].ok());
   CHECK(x == a);
-  CHECK(s.server->Stats().acquired_ops == 1);  // TCP served this one
+  CHECK(s.server->Stats().direct_acquired_ops == 1);  // TCP served this one
   CHECK(s.server->Stats().read_ops == 1);
+  CHECK(s.server->Stats().bytes_read == a.size());
 
   // Shared memory only: a node elsewhere is unreachable, not a crash.
   std::vector<std::unique_ptr<Transport>> only;

@@ -51,14 +51,15 @@ ready_line() {
 }
 
 "$BIN/master/hymcache-master" --listen=127.0.0.1:0 --db_path="$DATA/master" \
-  --log_dir="$DATA/logs" >"$DATA/master.out" 2>"$DATA/logs/master.stderr" &
+  --metrics_listen=127.0.0.1:0 --log_dir="$DATA/logs" >"$DATA/master.out" 2>"$DATA/logs/master.stderr" &
 pids+=($!); echo $! >"$DATA/master.pid"
 line=$(ready_line "$DATA/master.out" "${pids[0]}")
 MASTER=${line##* }
 echo "quickstart: $line"
 
 "$BIN/storage_node/hymcache-storage" --master="$MASTER" --name=local-node-0 \
-  --data_port=0 --control_port=0 "${DEVICE_FLAGS[@]}" --log_dir="$DATA/logs" \
+  --data_port=0 --control_port=0 --metrics_listen=127.0.0.1:0 \
+  "${DEVICE_FLAGS[@]}" --log_dir="$DATA/logs" \
   >"$DATA/storage.out" 2>"$DATA/logs/storage.stderr" &
 pids+=($!); echo $! >"$DATA/storage.pid"
 echo "quickstart: $(ready_line "$DATA/storage.out" "${pids[1]}")"
@@ -81,6 +82,9 @@ fi
 if [ $KEEP -eq 1 ]; then
   echo "quickstart: cluster left running; master at $MASTER"
   echo "  try: $BIN/tools/hymctl/hymctl --master=$MASTER status"
+  echo "  Prometheus targets (docs/operations.md, Metrics):" \
+    "master $(sed -n 's/^hymcache-master metrics on //p' "$DATA/master.out")," \
+    "storage $(grep -o 'metrics=[^ ]*' "$DATA/storage.out" | cut -d= -f2)"
 else
   echo "quickstart: stopping the cluster (logs in $DATA/logs)"
 fi

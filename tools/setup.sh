@@ -10,6 +10,7 @@ PACKAGES=(
   catch2 libbenchmark-dev nlohmann-json3-dev libssl-dev
   clang-14 libclang-rt-14-dev lld-14
   libnuma-dev libibverbs-dev librdmacm-dev liburing-dev
+  prometheus-cpp-dev prometheus
   libsystemd-dev systemd
 )
 

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <algorithm>
 #include <map>
 #include <iomanip>
 #include <iterator>
@@ -786,12 +787,16 @@ class Cli {
       }
       out_ << "\n";
       std::vector<std::vector<std::string>> rows = {{"  COUNTER", "VALUE"}};
-      for (const char* k : {"bytes_read", "bytes_written", "read_ops", "write_ops",
-                            "stale_reads", "rejected_ops", "open_connections"}) {
-        rows.push_back({std::string("  ") + k, absl::StrCat(j[k].get<uint64_t>())});
+      const std::vector<std::string> fixed = {"bytes_read", "bytes_written", "read_ops",
+                                              "write_ops", "stale_reads", "rejected_ops",
+                                              "open_connections"};
+      for (const std::string& k : fixed) {
+        rows.push_back({"  " + k, absl::StrCat(j[k].get<uint64_t>())});
       }
       std::map<std::string, double> dev = j["device"].get<std::map<std::string, double>>();
       for (const auto& [k, v] : dev) {
+        // The node's map has every stat, these too.
+        if (std::find(fixed.begin(), fixed.end(), k) != fixed.end()) continue;
         rows.push_back({"  device." + k, v == static_cast<double>(static_cast<uint64_t>(v))
                                              ? absl::StrCat(static_cast<uint64_t>(v))
                                              : absl::StrFormat("%.4g", v)});

@@ -1,0 +1,468 @@
+// A real Prometheus server (Debian's /usr/bin/prometheus) scrapes a real
+// master and a real hybrid storage node (in-process, loopback, port 0) every
+// second; the test puts and loads data and asks Prometheus's HTTP API for the
+// series that must have changed. A second case checks the shipped alert
+// rules (promtool check rules / test rules) and that every metric name the
+// rules and the Grafana dashboard use is one the daemons export.
+//
+// The prometheus package is a test dependency (tools/setup.sh installs it):
+// without it these tests FAIL, they do not skip.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/net.h"
+#include "master/master_server.h"
+#include "storage_node/storage_node.h"
+#include "tests/daemon.h"
+
+extern char** environ;
+
+namespace hymcache {
+namespace {
+
+using ::hymcache::testing::RunfilePath;
+using ::hymcache::testing::TempDir;
+using json = nlohmann::json;
+
+constexpr char kPrometheus[] = "/usr/bin/prometheus";
+constexpr char kPromtool[] = "/usr/bin/promtool";
+
+// gRPC starts threads that trip absl's deadlock detector under load (as in
+// storage_node_test).
+const bool kNoDeadlockDetector = [] {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return true;
+}();
+
+void RequireTool(const char* path) {
+  INFO(path << " is missing: install Debian's prometheus package "
+               "(tools/setup.sh does). This test needs the real binary and "
+               "fails without it.");
+  REQUIRE(access(path, X_OK) == 0);
+}
+
+struct HttpResponse {
+  int status = 0;
+  std::string body;
+};
+
+// GET over HTTP/1.0 (the server closes the connection after the answer).
+absl::StatusOr<HttpResponse> HttpGet(const std::string& address,
+                                     const std::string& target) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  auto s = ConnectTcp(address, deadline);
+  if (!s.ok()) return s.status();
+  const std::string req =
+      absl::StrCat("GET ", target, " HTTP/1.0\r\nHost: ", address, "\r\n\r\n");
+  absl::Status sent = SendAll(s->fd(), req.data(), req.size(), deadline);
+  if (!sent.ok()) return sent;
+  std::string raw;
+  char buf[16384];
+  while (true) {
+    pollfd p{s->fd(), POLLIN, 0};
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) <= 0) {
+      return absl::DeadlineExceededError("HTTP answer too slow");
+    }
+    const ssize_t n = recv(s->fd(), buf, sizeof(buf), 0);
+    if (n < 0) return absl::UnavailableError("recv failed");
+    if (n == 0) break;
+    raw.append(buf, static_cast<size_t>(n));
+  }
+  HttpResponse r;
+  const size_t sp = raw.find(' ');
+  const size_t end = raw.find("\r\n\r\n");
+  if (sp == std::string::npos || end == std::string::npos) {
+    return absl::DataLossError(absl::StrCat("not HTTP: ", raw.substr(0, 100)));
+  }
+  r.status = std::atoi(raw.c_str() + sp + 1);
+  r.body = raw.substr(end + 4);
+  return r;
+}
+
+std::string UrlEncode(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      absl::StrAppend(&out, "%", absl::Hex(c, absl::kZeroPad2));
+    }
+  }
+  return out;
+}
+
+// Starts argv[0] (a path) with stdout and stderr appended to `log`; its pid,
+// or -1.
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(),
+                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc =
+      posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : -1;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs a program to completion; its exit status and combined output.
+std::pair<int, std::string> Run(const std::vector<std::string>& argv,
+                                const std::string& log) {
+  const pid_t pid = Spawn(argv, log);
+  if (pid < 0) return {-1, "posix_spawn failed"};
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFile(log)};
+}
+
+// A port nothing listens on (bound, then closed: Prometheus cannot pick
+// port 0 and tell us).
+int UnusedPort() {
+  auto s = ListenTcp("127.0.0.1", 0);
+  REQUIRE(s.ok());
+  auto p = LocalPort(s->fd());
+  REQUIRE(p.ok());
+  return *p;
+}
+
+// A Prometheus server process, stopped (SIGTERM, then SIGKILL) on
+// destruction.
+class PrometheusServer {
+ public:
+  PrometheusServer(const std::string& dir,
+                   const std::vector<std::pair<std::string, std::string>>& jobs)
+      : dir_(dir) {
+    std::ofstream cfg(dir + "/prometheus.yml");
+    cfg << "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        << "  evaluation_interval: 1s\nscrape_configs:\n";
+    for (const auto& [job, target] : jobs) {
+      cfg << "  - job_name: " << job << "\n    static_configs:\n"
+          << "      - targets: ['" << target << "']\n";
+    }
+    cfg.close();
+    log_ = dir + "/prometheus.log";
+  }
+  ~PrometheusServer() { Stop(); }
+
+  // Starts it and waits until /-/ready answers 200.
+  void Start() {
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      address_ = absl::StrCat("127.0.0.1:", UnusedPort());
+      std::vector<std::string> argv = {
+          kPrometheus,
+          "--config.file=" + dir_ + "/prometheus.yml",
+          "--storage.tsdb.path=" + dir_ + "/tsdb",
+          "--web.listen-address=" + address_,
+          "--log.level=info"};
+      pid_ = Spawn(argv, log_);
+      REQUIRE(pid_ > 0);
+      const absl::Time deadline = absl::Now() + absl::Seconds(20);
+      while (absl::Now() < deadline) {
+        int status = 0;
+        if (waitpid(pid_, &status, WNOHANG) == pid_) {
+          pid_ = -1;  // exited (e.g. the port was taken meanwhile): retry
+          break;
+        }
+        auto r = HttpGet(address_, "/-/ready");
+        if (r.ok() && r->status == 200) return;
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+      Stop();
+    }
+    FAIL("prometheus did not become ready; its log:\n" << Log());
+  }
+
+  void Stop() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    int status = 0;
+    while (waitpid(pid_, &status, WNOHANG) == 0) {
+      if (absl::Now() > deadline) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    pid_ = -1;
+  }
+
+  // The result vector of an instant query (/api/v1/query).
+  json Query(const std::string& promql) {
+    auto r = HttpGet(address_, "/api/v1/query?query=" + UrlEncode(promql));
+    if (!r.ok() || r->status != 200) return json::array();
+    json j = json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || j.value("status", "") != "success") {
+      return json::array();
+    }
+    return j["data"]["result"];
+  }
+
+  // Polls `promql` until it returns at least one series or `timeout`
+  // passes; the last result.
+  json WaitFor(const std::string& promql,
+               absl::Duration timeout = absl::Seconds(20)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    json r = Query(promql);
+    while (r.empty() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(200));
+      r = Query(promql);
+    }
+    return r;
+  }
+
+  std::string Log() const { return ReadFile(log_); }
+
+ private:
+  const std::string dir_;
+  std::string log_;
+  std::string address_;
+  pid_t pid_ = -1;
+};
+
+double Value(const json& series) {
+  return std::stod(series["value"][1].get<std::string>());
+}
+
+// A master and a hybrid storage node, both serving /metrics on loopback.
+struct Cluster {
+  std::unique_ptr<MasterServer> master;
+  std::unique_ptr<StorageNode> node;
+  std::unique_ptr<Client> client;
+};
+
+Cluster StartCluster(const std::string& dir) {
+  Cluster c;
+  MasterOptions mo;
+  mo.db_path = dir + "/master";
+  mo.metrics_listen = "127.0.0.1:0";
+  mo.heartbeat_interval = absl::Milliseconds(200);
+  auto master = MasterServer::Create(mo);
+  REQUIRE(master.ok());
+  c.master = std::move(*master);
+  REQUIRE(!c.master->metrics_address().empty());
+
+  StorageNodeOptions so;
+  so.master_address = c.master->address();
+  so.node_name = "prom-node";
+  so.device = StorageNodeOptions::Device::kHybrid;
+  so.capacity_path = dir + "/capacity.dat";
+  so.capacity_bytes = 64 << 20;
+  so.staging_bytes = 4 << 20;
+  so.write_buffer_bytes = 4 << 20;
+  so.io_direct = false;  // whatever TEST_TMPDIR is
+  so.expose_shm = false;
+  so.shared_huge_pages = false;
+  so.rdma = "off";
+  so.metrics_listen = "127.0.0.1:0";
+  auto node = StorageNode::Create(so);
+  REQUIRE(node.ok());
+  c.node = std::move(*node);
+  REQUIRE(!c.node->metrics_address().empty());
+  REQUIRE(c.node->WaitRegistered(absl::Now() + absl::Seconds(20)));
+
+  ClientOptions co;
+  co.master_address = c.master->address();
+  auto client = Client::Create(co);
+  REQUIRE(client.ok());
+  c.client = std::move(*client);
+  return c;
+}
+
+// Puts `n` blocks of 64 KiB, then loads and gets them back, checking bytes.
+void PutAndLoad(Client& client, int n) {
+  constexpr size_t kBlock = 64 << 10;
+  std::vector<std::string> keys;
+  std::vector<std::string> data;
+  for (int i = 0; i < n; ++i) {
+    keys.push_back(absl::StrCat("prom-key-", i));
+    data.emplace_back(kBlock, static_cast<char>('a' + i % 26));
+  }
+  std::vector<ConstBuffer> in;
+  for (const std::string& d : data) in.push_back({d.data(), d.size()});
+  auto put = client.Put(keys, in);
+  REQUIRE(put.ok());
+  REQUIRE(put->stored == static_cast<size_t>(n));
+
+  std::vector<std::string> out(n, std::string(kBlock, '\0'));
+  std::vector<MutableBuffer> bufs;
+  for (std::string& o : out) bufs.push_back({o.data(), o.size()});
+  auto load = client.Load(keys, bufs);
+  REQUIRE(load.ok());
+  CHECK(load->loaded == static_cast<size_t>(n));
+  auto get = client.Get(keys, bufs);
+  REQUIRE(get.ok());
+  CHECK(out == data);
+  // A miss, for the hit ratio.
+  std::vector<std::string> missing = {"prom-missing"};
+  std::string m(kBlock, '\0');
+  std::vector<MutableBuffer> mb = {{m.data(), m.size()}};
+  REQUIRE(client.Get(missing, mb).ok());
+}
+
+TEST_CASE("a real Prometheus scrapes the master and a storage node and sees "
+          "their series change under load") {
+  RequireTool(kPrometheus);
+  const std::string dir = TempDir("prometheus");
+  Cluster c = StartCluster(dir);
+  PrometheusServer prom(dir, {{"hymcache-master", c.master->metrics_address()},
+                              {"hymcache-storage", c.node->metrics_address()}});
+  prom.Start();
+
+  // Both targets scraped, before any load: the counters are zero.
+  INFO("prometheus log:\n" << prom.Log());
+  REQUIRE(prom.WaitFor("up{job=\"hymcache-master\"} == 1").size() == 1);
+  REQUIRE(prom.WaitFor("up{job=\"hymcache-storage\"} == 1").size() == 1);
+  json before = prom.WaitFor("hymcache_storage_bytes_written_total");
+  REQUIRE(before.size() == 1);
+  CHECK(Value(before[0]) == 0);
+  before = prom.WaitFor("hymcache_master_lookup_keys_total");
+  REQUIRE(before.size() == 1);
+  CHECK(Value(before[0]) == 0);
+  json up = prom.WaitFor("hymcache_master_node_up{node=\"prom-node\"} == 1");
+  CHECK(up.size() == 1);
+
+  PutAndLoad(*c.client, 24);
+  constexpr uint64_t kBytes = 24 * (64 << 10);
+
+  // Every series below changed under the load (each was 0 before it).
+  // (Each waits for the value the whole load reaches: a scrape may catch
+  // it half-way.)
+  json r = prom.WaitFor("hymcache_storage_bytes_written_total == " +
+                        std::to_string(kBytes));
+  REQUIRE(r.size() == 1);
+  CHECK(r[0]["metric"]["job"] == "hymcache-storage");
+  r = prom.WaitFor("hymcache_storage_tcp_bytes_written_total == " +
+                   std::to_string(kBytes));
+  CHECK(r.size() == 1);
+  r = prom.WaitFor("hymcache_storage_bytes_read_total >= " +
+                   std::to_string(2 * kBytes));
+  CHECK(r.size() == 1);
+  r = prom.WaitFor("hymcache_storage_device_write_buffer_admits_total >= 24");
+  CHECK(r.size() == 1);
+  r = prom.WaitFor("hymcache_storage_prefetch_staged_reads_total > 0");
+  CHECK(r.size() == 1);
+  r = prom.WaitFor("hymcache_storage_read_seconds_count > 0");
+  CHECK(r.size() == 1);
+  r = prom.WaitFor("hymcache_master_node_used_bytes{node=\"prom-node\"} >= " +
+                   std::to_string(kBytes));
+  CHECK(r.size() == 1);
+  r = prom.WaitFor("hymcache_master_node_objects{node=\"prom-node\"} == 24");
+  CHECK(r.size() == 1);
+  r = prom.WaitFor("hymcache_master_tenant_objects{tenant=\"default\"} == 24");
+  CHECK(r.size() == 1);
+  r = prom.WaitFor("hymcache_master_lookup_seconds_count > 0");
+  CHECK(r.size() == 1);
+  // The hit ratio is computable: some keys missed, most hit.
+  r = prom.WaitFor(
+      "hymcache_master_lookup_hits_total / hymcache_master_lookup_keys_total "
+      "> 0.5 < 1");
+  CHECK(r.size() == 1);
+  // The capacity tier was written (the flusher runs in the background).
+  r = prom.WaitFor("hymcache_storage_device_flushed_bytes_total > 0");
+  CHECK(r.size() == 1);
+  r = prom.WaitFor("hymcache_storage_device_flush_seconds_count > 0");
+  CHECK(r.size() == 1);
+  prom.Stop();
+}
+
+// Every `hymcache_*` name in `text`.
+std::set<std::string> MetricNames(const std::string& text) {
+  std::set<std::string> out;
+  static const std::regex kName("hymcache_[a-z0-9_]+");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), kName);
+       it != std::sregex_iterator(); ++it) {
+    out.insert(it->str());
+  }
+  return out;
+}
+
+TEST_CASE("the alert rules pass promtool and every metric name the rules and "
+          "the dashboard use is exported") {
+  RequireTool(kPromtool);
+  const std::string dir = TempDir("promtool");
+  const std::string alerts = RunfilePath("deploy/monitoring/alerts.yml");
+  const std::string alerts_test =
+      RunfilePath("deploy/monitoring/alerts_test.yml");
+  const std::string dashboard =
+      RunfilePath("deploy/monitoring/grafana-dashboard.json");
+
+  auto [rc, out] = Run({kPromtool, "check", "rules", alerts}, dir + "/check.log");
+  INFO(out);
+  CHECK(rc == 0);
+  std::tie(rc, out) =
+      Run({kPromtool, "test", "rules", alerts_test}, dir + "/test.log");
+  INFO(out);
+  CHECK(rc == 0);
+
+  // Series the daemons export, with a node registered and data stored.
+  Cluster c = StartCluster(dir);
+  PutAndLoad(*c.client, 4);
+  std::set<std::string> exported;
+  for (const std::string& addr :
+       {c.master->metrics_address(), c.node->metrics_address()}) {
+    auto r = HttpGet(addr, "/metrics");
+    REQUIRE(r.ok());
+    REQUIRE(r->status == 200);
+    for (absl::string_view line : absl::StrSplit(r->body, '\n')) {
+      if (line.empty() || line[0] == '#') continue;
+      exported.insert(
+          std::string(line.substr(0, line.find_first_of("{ "))));
+    }
+  }
+  REQUIRE(exported.count("hymcache_master_lookups_total") == 1);
+  REQUIRE(exported.count("hymcache_storage_bytes_read_total") == 1);
+
+  const json dash = json::parse(ReadFile(dashboard));
+  CHECK(dash["panels"].size() > 10);
+  std::set<std::string> used = MetricNames(ReadFile(alerts));
+  CHECK(used.size() >= 8);
+  std::string exprs;
+  for (const json& p : dash["panels"]) {
+    for (const json& t : p["targets"]) exprs += t["expr"].get<std::string>() + "\n";
+  }
+  const std::set<std::string> in_dashboard = MetricNames(exprs);
+  CHECK(in_dashboard.size() >= 20);
+  used.insert(in_dashboard.begin(), in_dashboard.end());
+  for (const std::string& name : used) {
+    INFO("used by the rules or the dashboard, not exported: " << name);
+    CHECK(exported.count(name) == 1);
+  }
+}
+
+}  // namespace
+}  // namespace hymcache
