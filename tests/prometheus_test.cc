@@ -5,7 +5,7 @@
 // rules (promtool check rules / test rules) and that every metric name the
 // rules and the Grafana dashboard use is one the daemons export.
 //
-// The prometheus package is a test dependency (tools/setup.sh installs it):
+// The prometheus package is a test dependency (`tools/setup.sh --test` installs it):
 // without it these tests FAIL, they do not skip.
 #include <fcntl.h>
 #include <poll.h>
@@ -57,7 +57,7 @@ const bool kNoDeadlockDetector = [] {
 
 void RequireTool(const char* path) {
   INFO(path << " is missing: install Debian's prometheus package "
-               "(tools/setup.sh does). This test needs the real binary and "
+               "(tools/setup.sh --test does). This test needs the real binary and "
                "fails without it.");
   REQUIRE(access(path, X_OK) == 0);
 }

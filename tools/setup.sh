@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # Installs everything HyMCache needs to build, test and run on Debian 12.
 # Idempotent: does nothing when every package is already installed.
+#
+#   tools/setup.sh          build and run (tools/quickstart.sh)
+#   tools/setup.sh --test   also the servers the tests start (tools/test.sh):
+#                           Prometheus (prometheus_test) and systemd's tools
+#                           (systemd-analyze verify of the units). A
+#                           prometheus.service this installs is stopped and
+#                           disabled again: the tests run their own.
 set -euo pipefail
 
 PACKAGES=(
@@ -10,9 +17,12 @@ PACKAGES=(
   catch2 libbenchmark-dev nlohmann-json3-dev libssl-dev
   clang-14 libclang-rt-14-dev lld-14
   libnuma-dev libibverbs-dev librdmacm-dev liburing-dev
-  prometheus-cpp-dev prometheus
-  libsystemd-dev systemd
+  prometheus-cpp-dev libsystemd-dev
 )
+TEST_PACKAGES=(prometheus systemd)
+if [ "${1:-}" = "--test" ]; then
+  PACKAGES+=("${TEST_PACKAGES[@]}")
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -31,4 +41,9 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 echo "setup: installing ${missing[*]}"
 $SUDO apt-get update -q
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+for p in "${missing[@]}"; do
+  if [ "$p" = prometheus ] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  fi
+done
 echo "setup: done"

@@ -10,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-bash tools/setup.sh || exit 1
+bash tools/setup.sh --test || exit 1
 
 CONFIGS=${HYMCACHE_TEST_CONFIGS:-"default asan tsan"}
 passed=0

@@ -5,7 +5,7 @@
 set -euo pipefail
 src="$TEST_SRCDIR/hymcache"
 command -v systemd-analyze >/dev/null || {
-  echo "systemd-analyze missing: apt-get install systemd (tools/setup.sh)" >&2
+  echo "systemd-analyze missing: apt-get install systemd (tools/setup.sh --test)" >&2
   exit 1
 }
 declare -A bin=(
