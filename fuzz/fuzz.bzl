@@ -14,7 +14,8 @@ LLVMFuzzerInitialize):
                              ordinary default/asan/tsan builds.
 """
 
-def hym_fuzz_target(name, srcs, deps = [], test_size = "small", test_tags = []):
+def hym_fuzz_target(name, srcs, deps = [], test_size = "small", test_tags = [],
+                    test_linkstatic = False):
     lib = name + "_lib"
     native.cc_library(
         name = lib,
@@ -44,6 +45,9 @@ def hym_fuzz_target(name, srcs, deps = [], test_size = "small", test_tags = []):
         name = name + "_regression_test",
         size = test_size,
         tags = test_tags,
+        # True for targets that run gRPC servers: //common:grpc_tsan_hooks
+        # must be linked into the executable.
+        linkstatic = test_linkstatic,
         deps = [
             ":" + lib,
             "//fuzz:replay_main",
