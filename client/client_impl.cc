@@ -58,8 +58,7 @@ absl::StatusOr<LookupResult> ClientImpl::BatchLookup(
     absl::Span<const std::string> keys, const CallOptions& call) {
   RETURN_IF_ERROR(CheckKeys(keys));
   LookupResult out;
-  RETURN_IF_ERROR(
-      Lookup(keys, Deadline(call.deadline), /*stop_at_miss=*/false, &out));
+  RETURN_IF_ERROR(Lookup(keys, Deadline(call.deadline), &out));
   return out;
 }
 
@@ -94,9 +93,10 @@ absl::Status ClientImpl::UnregisterMemory(void* data) {
   return transport_->UnregisterMemory(data);
 }
 
-absl::Time ClientImpl::Deadline(absl::Time requested) const {
+absl::Time ClientImpl::Deadline(absl::Time requested,
+                                absl::Duration default_deadline) const {
   if (requested == absl::InfinitePast()) {
-    return clock_->Now() + options_.default_deadline;
+    return clock_->Now() + default_deadline;
   }
   return requested;
 }
@@ -122,8 +122,7 @@ absl::StatusOr<PeerInfo> ClientImpl::Peer(uint32_t node_id) {
 }
 
 absl::Status ClientImpl::Lookup(absl::Span<const std::string> keys,
-                                absl::Time deadline, bool stop_at_miss,
-                                LookupResult* out) {
+                                absl::Time deadline, LookupResult* out) {
   out->found.assign(keys.size(), false);
   out->locations.assign(keys.size(), ObjectLocation{});
   out->hit_prefix = 0;
@@ -131,10 +130,8 @@ absl::Status ClientImpl::Lookup(absl::Span<const std::string> keys,
   for (size_t begin = 0; begin < keys.size();
        begin += options_.max_keys_per_rpc) {
     size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
-    // Get reads the leading hits: mark them in use on the master.
     absl::StatusOr<LookupBatch> batch =
-        master_->Lookup(keys.subspan(begin, n), /*for_read=*/stop_at_miss,
-                        deadline);
+        master_->Lookup(keys.subspan(begin, n), /*for_read=*/false, deadline);
     if (!batch.ok()) {
       if (begin == 0 || batch.status().code() == absl::StatusCode::kInternal) {
         return batch.status();
@@ -151,7 +148,6 @@ absl::Status ClientImpl::Lookup(absl::Span<const std::string> keys,
         prefix_open = false;
       }
     }
-    if (stop_at_miss && !prefix_open) break;
   }
   return absl::OkStatus();
 }

@@ -54,12 +54,6 @@ class ClientImpl : public Client {
 
   absl::StatusOr<LookupResult> BatchLookup(absl::Span<const std::string> keys,
                                            const CallOptions& call) override;
-  absl::StatusOr<PutResult> Put(absl::Span<const std::string> keys,
-                                absl::Span<const ConstBuffer> buffers,
-                                const CallOptions& call) override;
-  absl::StatusOr<GetResult> Get(absl::Span<const std::string> keys,
-                                absl::Span<const MutableBuffer> buffers,
-                                const CallOptions& call) override;
   absl::StatusOr<LoadResult> Load(absl::Span<const std::string> keys,
                                   absl::Span<const MutableBuffer> buffers,
                                   const LoadOptions& options) override;
@@ -73,19 +67,28 @@ class ClientImpl : public Client {
   absl::Status RegisterMemory(void* data, size_t size) override;
   absl::Status UnregisterMemory(void* data) override;
 
+ protected:
+  absl::Time DefaultCallDeadline() const override {
+    return clock_->Now() + options_.default_deadline;
+  }
+
  private:
   static constexpr absl::Duration kReleaseTimeout = absl::Seconds(1);
 
   // client_impl.cc
-  absl::Time Deadline(absl::Time requested) const;
+  // `requested`, or now + default_deadline for absl::InfinitePast().
+  absl::Time Deadline(absl::Time requested,
+                      absl::Duration default_deadline) const;
+  absl::Time Deadline(absl::Time requested) const {
+    return Deadline(requested, options_.default_deadline);
+  }
   static absl::Status CheckKeys(absl::Span<const std::string> keys);
   void Remember(const PeerInfo& peer);
   absl::StatusOr<PeerInfo> Peer(uint32_t node_id);
-  // Looks keys up in RPCs of max_keys_per_rpc. With stop_at_miss, stops
-  // after the first RPC that ends the hit prefix (later keys are reported
-  // missing). An RPC failure after the first returns what was found so far.
+  // Looks keys up in RPCs of max_keys_per_rpc. An RPC failure after the
+  // first returns what was found so far.
   absl::Status Lookup(absl::Span<const std::string> keys, absl::Time deadline,
-                      bool stop_at_miss, LookupResult* out);
+                      LookupResult* out);
 
   // load.cc
   uint64_t NewSessionId();

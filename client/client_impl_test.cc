@@ -69,7 +69,7 @@ struct Blocks {
 };
 
 PutResult StoreAll(Rig& rig, const Blocks& b, StoreOptions so = {}) {
-  so.timeout = absl::Hours(1);
+  so.deadline = rig.clock.Now() + absl::Hours(1);
   auto r = rig.client->Store(b.keys, b.in(), so)->Wait();
   REQUIRE(r.ok());
   REQUIRE(r->stored == b.keys.size());
@@ -293,6 +293,40 @@ TEST_CASE("Load stops before a buffer too small for its block") {
   CheckLoaded(b, out, 3);
 }
 
+TEST_CASE("Get is Load without prefetch hints; Put is Store and wait") {
+  Rig rig;
+  Blocks b(6);
+  auto put = rig.client->Put(b.keys, b.in());
+  REQUIRE(put.ok());
+  CHECK(put->stored == 6);
+  CHECK(rig.transport->writes() == std::vector<size_t>{6});
+  Out out(6);
+  auto got = rig.client->Get(b.keys, out.bufs);
+  REQUIRE(got.ok());
+  CHECK(got->loaded == 6);
+  CHECK(got->bytes == 6 * kLen);
+  CheckLoaded(b, out, 6);
+  CHECK(rig.transport->reads() == std::vector<size_t>{4, 2});
+  CHECK(rig.transport->session_reads().empty());
+  CHECK(rig.transport->prefetched() == 0);
+}
+
+TEST_CASE("A Put given no deadline has the call default, a Store the store default") {
+  ClientOptions o = TestOptions();
+  o.default_deadline = absl::Seconds(10);
+  o.default_store_deadline = absl::Milliseconds(1500);
+  Rig rig(o, /*op_time=*/absl::Seconds(1));
+  Blocks b(3), c(3, 3);
+  auto put = rig.client->Put(b.keys, b.in());  // writes take 3 s < 10 s
+  REQUIRE(put.ok());
+  CHECK(put->stored == 3);
+  auto store = rig.client->Store(c.keys, c.in(), {})->Wait();  // 3 s > 1.5 s
+  REQUIRE(store.ok());
+  CHECK(store->stored == 0);
+  CHECK(store->failed == 3);
+  CHECK(store->errors[2].code() == absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST_CASE("Store writes and commits new blocks and skips stored or in-progress ones") {
   Rig rig;
   Blocks first(5);
@@ -393,7 +427,7 @@ TEST_CASE("Store: a deadline in the middle of the writes aborts the put") {
   Rig rig(TestOptions(), /*op_time=*/absl::Seconds(1));
   Blocks b(3);
   StoreOptions so;
-  so.timeout = absl::Milliseconds(1500);  // writes at +0 s and +1 s fit
+  so.deadline = rig.clock.Now() + absl::Milliseconds(1500);  // 2 writes fit
   auto r = rig.client->Store(b.keys, b.in(), so)->Wait();
   REQUIRE(r.ok());
   CHECK(r->stored == 0);

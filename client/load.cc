@@ -1,4 +1,4 @@
-// The read path of ClientImpl: Load (and Get).
+// The read path of ClientImpl: Load (Client::Get is Load without hints).
 #include <algorithm>
 #include <utility>
 
@@ -7,69 +7,6 @@
 #include "common/status_macros.h"
 
 namespace hymcache {
-
-absl::StatusOr<GetResult> ClientImpl::Get(
-    absl::Span<const std::string> keys,
-    absl::Span<const MutableBuffer> buffers, const CallOptions& call) {
-  RETURN_IF_ERROR(CheckKeys(keys));
-  if (keys.size() != buffers.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Get: ", keys.size(), " keys but ", buffers.size(), " buffers"));
-  }
-  absl::Time deadline = Deadline(call.deadline);
-  LookupResult found;
-  RETURN_IF_ERROR(Lookup(keys, deadline, /*stop_at_miss=*/true, &found));
-
-  GetResult out;
-  out.hit_prefix = found.hit_prefix;
-  size_t usable = found.hit_prefix;
-  out.stop_reason =
-      usable < keys.size()
-          ? absl::NotFoundError(absl::StrCat("key ", usable, " is not stored"))
-          : absl::OkStatus();
-  for (size_t i = 0; i < usable; ++i) {
-    if (buffers[i].size < found.locations[i].length ||
-        buffers[i].data == nullptr) {
-      out.stop_reason = absl::OutOfRangeError(absl::StrCat(
-          "Get: buffer ", i, " holds ", buffers[i].size, " bytes, object is ",
-          found.locations[i].length));
-      usable = i;
-      break;
-    }
-  }
-  // Read runs of consecutive blocks on the same node as one batch each.
-  size_t i = 0;
-  while (i < usable) {
-    size_t j = i;
-    uint32_t node = found.locations[i].node_id;
-    while (j < usable && found.locations[j].node_id == node) ++j;
-    absl::StatusOr<PeerInfo> peer = Peer(node);
-    if (!peer.ok()) {
-      out.stop_reason = peer.status();
-      break;
-    }
-    std::vector<ReadOp> ops;
-    ops.reserve(j - i);
-    for (size_t k = i; k < j; ++k) {
-      ops.push_back(ReadOp{ToRemoteRef(found.locations[k]), buffers[k].data});
-    }
-    std::vector<absl::Status> st = transport_->Read(*peer, ops, deadline);
-    ReportRefused(keys, found.locations, i, st);
-    size_t ok = 0;
-    while (ok < st.size() && st[ok].ok()) ++ok;
-    for (size_t k = i; k < i + ok; ++k) {
-      out.lengths.push_back(found.locations[k].length);
-    }
-    out.loaded = i + ok;
-    if (ok < st.size()) {
-      out.stop_reason = st[ok];
-      break;
-    }
-    i = j;
-  }
-  if (out.loaded == keys.size()) out.stop_reason = absl::OkStatus();
-  return out;
-}
 
 absl::StatusOr<LoadResult> ClientImpl::Load(
     absl::Span<const std::string> keys,

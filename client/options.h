@@ -42,10 +42,13 @@ struct ClientOptions {
   std::string tls_key_file;
   std::string tls_server_name;
 
-  // Deadline of a call that is given none. When it passes, the call returns
-  // what it has finished (Get: the blocks loaded so far) and the engine
-  // recomputes the rest. Default: 10 s.
+  // Deadline of a call that is given none (now + this). When it passes, the
+  // call returns what it has finished (Load: the blocks loaded so far) and
+  // the engine recomputes the rest. Default: 10 s.
   absl::Duration default_deadline = absl::Seconds(10);
+  // Deadline of a Store that is given none (now + this): how long its
+  // buffers stay in use at most. Default: 2 s.
+  absl::Duration default_store_deadline = absl::Seconds(2);
 
   // Data-plane transport. Default: kTcp.
   TransportKind transport = TransportKind::kTcp;
@@ -76,13 +79,6 @@ struct ClientOptions {
   int max_pending_stores = 64;
   // Checks every field; InvalidArgument names the bad one.
   absl::Status Validate() const;
-};
-
-// Per-call options.
-struct CallOptions {
-  // Absolute deadline. Default: absl::InfinitePast() = now + the client's
-  // default_deadline.
-  absl::Time deadline = absl::InfinitePast();
 };
 
 }  // namespace hymcache

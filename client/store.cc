@@ -1,5 +1,5 @@
-// The write path of ClientImpl: Store (and Put): PutStart, writes to the
-// node, PutCommit.
+// The write path of ClientImpl: Store (Client::Put is Store and wait):
+// PutStart, writes to the node, PutCommit.
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -43,13 +43,6 @@ class StoreHandleImpl : public StoreHandle {
 
 }  // namespace
 
-absl::StatusOr<PutResult> ClientImpl::Put(absl::Span<const std::string> keys,
-                                          absl::Span<const ConstBuffer> buffers,
-                                          const CallOptions& call) {
-  RETURN_IF_ERROR(CheckPut(keys, buffers));
-  return PutAll(keys, buffers, /*parent_key=*/"", Deadline(call.deadline));
-}
-
 std::shared_ptr<StoreHandle> ClientImpl::Store(
     absl::Span<const std::string> keys, absl::Span<const ConstBuffer> buffers,
     const StoreOptions& options) {
@@ -59,7 +52,8 @@ std::shared_ptr<StoreHandle> ClientImpl::Store(
     handle->Complete(bad);
     return handle;
   }
-  const absl::Time deadline = clock_->Now() + options.timeout;
+  const absl::Time deadline =
+      Deadline(options.deadline, options_.default_store_deadline);
   auto task = [this, handle,
                keys = std::vector<std::string>(keys.begin(), keys.end()),
                bufs = std::vector<ConstBuffer>(buffers.begin(), buffers.end()),

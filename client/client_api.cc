@@ -1,3 +1,6 @@
+// What client.h and options.h define beside the abstract Client: option
+// checks, and Get and Put on top of Load and Store.
+#include "client/client.h"
 #include "client/options.h"
 
 #include "absl/strings/str_cat.h"
@@ -17,9 +20,11 @@ absl::Status ClientOptions::Validate() const {
     return absl::InvalidArgumentError(
         "ClientOptions.tls_cert_file and tls_key_file go together");
   }
-  if (default_deadline <= absl::ZeroDuration()) {
+  if (default_deadline <= absl::ZeroDuration() ||
+      default_store_deadline <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "ClientOptions.default_deadline must be positive");
+        "ClientOptions.default_deadline and default_store_deadline must be "
+        "positive");
   }
   if (max_idle_connections_per_node < 0) {
     return absl::InvalidArgumentError(
@@ -46,6 +51,26 @@ absl::Status ClientOptions::Validate() const {
         "ClientOptions.store_threads and max_pending_stores must be >= 1");
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<LoadResult> Client::Get(absl::Span<const std::string> keys,
+                                        absl::Span<const MutableBuffer> buffers,
+                                        const CallOptions& call) {
+  LoadOptions load;
+  load.deadline = call.deadline;
+  load.prefetch = false;
+  return Load(keys, buffers, load);
+}
+
+absl::StatusOr<PutResult> Client::Put(absl::Span<const std::string> keys,
+                                      absl::Span<const ConstBuffer> buffers,
+                                      const CallOptions& call) {
+  StoreOptions store;
+  // The deadline of a call, not of an opportunistic store.
+  store.deadline = call.deadline == absl::InfinitePast()
+                       ? DefaultCallDeadline()
+                       : call.deadline;
+  return Store(keys, buffers, store)->Wait();
 }
 
 }  // namespace hymcache
