@@ -41,8 +41,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
       options,
       NewGrpcMasterClient(
           std::move(channel),
-          {.lookup_batch_keys = options.lookup_batch_keys,
-           .lookup_pipeline_depth = options.lookup_pipeline_depth}),
+          {.lookup_pipeline_depth = options.lookup_pipeline_depth}),
       std::move(transport));
 }
 

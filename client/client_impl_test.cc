@@ -34,7 +34,7 @@ struct Rig {
   explicit Rig(ClientOptions o = TestOptions(),
                absl::Duration op_time = absl::ZeroDuration()) {
     REQUIRE(o.Validate().ok());
-    master = std::make_shared<FakeMasterClient>(o.lookup_batch_keys);
+    master = std::make_shared<FakeMasterClient>();
     transport = std::make_shared<FakeTransport>(&clock, op_time);
     master->AddNode({1, "node-1:1", {}});
     master->AddNode({2, "node-2:1", {}});
@@ -115,6 +115,7 @@ TEST_CASE("Load reads every stored block byte for byte, in batches of read_batch
   CHECK(r->lengths == std::vector<uint64_t>(10, kLen));
   CheckLoaded(b, out, 10);
   CHECK(rig.transport->session_reads() == std::vector<size_t>{4, 4, 2});
+  CHECK(rig.master->stream_chunk_keys() == std::vector<size_t>{4});
   CHECK(rig.transport->reads().empty());
   CHECK(rig.transport->prefetched() == 10);
   // Everything announced was read: nothing to release.
@@ -309,6 +310,8 @@ TEST_CASE("Get is Load without prefetch hints; Put is Store and wait") {
   CHECK(rig.transport->reads() == std::vector<size_t>{4, 2});
   CHECK(rig.transport->session_reads().empty());
   CHECK(rig.transport->prefetched() == 0);
+  // Without hints, lookups of max_keys_per_rpc keys (no staging to start).
+  CHECK(rig.master->stream_chunk_keys() == std::vector<size_t>{1024});
 }
 
 TEST_CASE("A Put given no deadline has the call default, a Store the store default") {

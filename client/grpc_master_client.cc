@@ -94,6 +94,7 @@ class GrpcMasterClient : public MasterClient {
   }
 
   std::unique_ptr<LookupStream> StartLookups(absl::Span<const std::string> keys,
+                                             size_t chunk_keys,
                                              absl::Time deadline) override;
 
   absl::StatusOr<PutStartReply> PutStart(const PutStartArgs& args,
@@ -250,18 +251,18 @@ class GrpcMasterClient : public MasterClient {
   int async_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// The BatchLookup round trips of one Load: chunks of lookup_batch_keys, up
-// to lookup_pipeline_depth in flight, answers taken in order. Calls still in
+// The BatchLookup round trips of one Load: chunks of `chunk` keys, up to
+// lookup_pipeline_depth in flight, answers taken in order. Calls still in
 // flight when the stream is destroyed are cancelled; their state lives until
 // their callbacks ran (the GrpcMasterClient waits for those).
 class GrpcLookupStream : public LookupStream {
  public:
   GrpcLookupStream(GrpcMasterClient* client, absl::Span<const std::string> keys,
-                   absl::Time deadline)
+                   size_t chunk, absl::Time deadline)
       : client_(client),
         keys_(keys),
         deadline_(deadline),
-        chunk_(client->options_.lookup_batch_keys),
+        chunk_(chunk),
         nchunks_((keys.size() + chunk_ - 1) / chunk_),
         state_(std::make_shared<State>()) {
     state_->calls.resize(nchunks_);
@@ -364,8 +365,9 @@ class GrpcLookupStream : public LookupStream {
 };
 
 std::unique_ptr<LookupStream> GrpcMasterClient::StartLookups(
-    absl::Span<const std::string> keys, absl::Time deadline) {
-  return std::make_unique<GrpcLookupStream>(this, keys, deadline);
+    absl::Span<const std::string> keys, size_t chunk_keys,
+    absl::Time deadline) {
+  return std::make_unique<GrpcLookupStream>(this, keys, chunk_keys, deadline);
 }
 
 }  // namespace

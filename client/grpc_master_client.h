@@ -19,8 +19,6 @@ class Channel;
 namespace hymcache {
 
 struct GrpcMasterClientOptions {
-  // Keys per lookup round trip of StartLookups (ClientOptions).
-  uint32_t lookup_batch_keys = 32;
   // Lookup round trips of one stream in flight at once (ClientOptions).
   int lookup_pipeline_depth = 4;
 };

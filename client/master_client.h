@@ -96,11 +96,12 @@ class MasterClient {
                                              bool for_read,
                                              absl::Time deadline) = 0;
 
-  // Starts the pipelined for-read lookups of a Load (chunks of
-  // lookup_batch_keys, lookup_pipeline_depth in flight). `keys` must
-  // outlive the stream.
+  // Starts the pipelined for-read lookups of a Load: chunks of
+  // `chunk_keys` (at most max_keys_per_rpc), lookup_pipeline_depth in
+  // flight. `keys` must outlive the stream.
   virtual std::unique_ptr<LookupStream> StartLookups(
-      absl::Span<const std::string> keys, absl::Time deadline) = 0;
+      absl::Span<const std::string> keys, size_t chunk_keys,
+      absl::Time deadline) = 0;
 
   // Allocates space for new objects. Errors: the RPC's status
   // (ResourceExhausted: no node has room).

@@ -63,9 +63,11 @@ struct ClientOptions {
   // limit (1024 by default). Default: 1024.
   uint32_t max_keys_per_rpc = 1024;
 
-  // Keys per lookup round trip of Load: the first round trip carries this
-  // many so that reads start early; later ones are issued concurrently
-  // (lookup_pipeline_depth in flight). 1..max_keys_per_rpc. Default: 32.
+  // Keys per lookup round trip of Load with prefetch hints: the first round
+  // trip carries this many so that staging and reads start early; later
+  // ones are issued concurrently (lookup_pipeline_depth in flight). A Load
+  // without hints (Get) looks up max_keys_per_rpc keys per round trip.
+  // 1..max_keys_per_rpc. Default: 32.
   uint32_t lookup_batch_keys = 32;
   // Lookup round trips of one Load in flight at once. 1..64. Default: 4.
   int lookup_pipeline_depth = 4;

@@ -20,14 +20,15 @@ ObjectCapability FakeCapability(const ObjectLocation& l, uint8_t rights) {
   return c;
 }
 
-// Chunks of lookup_batch_keys, each answered when taken.
+// Chunks of `chunk` keys, each answered when taken.
 class FakeMasterClient::Stream : public LookupStream {
  public:
-  Stream(FakeMasterClient* master, absl::Span<const std::string> keys)
-      : master_(master), keys_(keys) {}
+  Stream(FakeMasterClient* master, absl::Span<const std::string> keys,
+         size_t chunk)
+      : master_(master), keys_(keys), chunk_(chunk) {}
 
   bool has_next() const override {
-    return !stopped_ && next_ * master_->lookup_batch_keys_ < keys_.size();
+    return !stopped_ && next_ * chunk_ < keys_.size();
   }
 
   absl::StatusOr<const LookupBatch*> Next(bool block) override {
@@ -39,9 +40,8 @@ class FakeMasterClient::Stream : public LookupStream {
         it != master_->lookup_failures_.end()) {
       return it->second;
     }
-    const size_t begin = chunk * master_->lookup_batch_keys_;
-    const size_t n =
-        std::min<size_t>(master_->lookup_batch_keys_, keys_.size() - begin);
+    const size_t begin = chunk * chunk_;
+    const size_t n = std::min(chunk_, keys_.size() - begin);
     batch_ = master_->LookupLocked(keys_.subspan(begin, n));
     return &batch_;
   }
@@ -57,6 +57,7 @@ class FakeMasterClient::Stream : public LookupStream {
  private:
   FakeMasterClient* const master_;
   const absl::Span<const std::string> keys_;
+  const size_t chunk_;
   size_t next_ = 0;
   bool stopped_ = false;
   LookupBatch batch_;
@@ -144,6 +145,11 @@ size_t FakeMasterClient::lookup_chunks_taken() const {
   return chunks_taken_;
 }
 
+std::vector<size_t> FakeMasterClient::stream_chunk_keys() const {
+  MutexLock l(&mu_);
+  return stream_chunk_keys_;
+}
+
 size_t FakeMasterClient::streams_cancelled_early() const {
   MutexLock l(&mu_);
   return streams_cancelled_early_;
@@ -176,8 +182,11 @@ absl::StatusOr<LookupBatch> FakeMasterClient::Lookup(
 }
 
 std::unique_ptr<LookupStream> FakeMasterClient::StartLookups(
-    absl::Span<const std::string> keys, absl::Time deadline) {
-  return std::make_unique<Stream>(this, keys);
+    absl::Span<const std::string> keys, size_t chunk_keys,
+    absl::Time deadline) {
+  MutexLock l(&mu_);
+  stream_chunk_keys_.push_back(chunk_keys);
+  return std::make_unique<Stream>(this, keys, chunk_keys);
 }
 
 absl::StatusOr<PutStartReply> FakeMasterClient::PutStart(

@@ -37,10 +37,7 @@ class FakeMasterClient : public MasterClient {
     std::vector<uint32_t> failed_indexes;
   };
 
-  // `lookup_batch_keys`: keys per chunk of StartLookups (as the gRPC
-  // implementation's ClientOptions::lookup_batch_keys).
-  explicit FakeMasterClient(uint32_t lookup_batch_keys = 32)
-      : lookup_batch_keys_(lookup_batch_keys) {}
+  FakeMasterClient() = default;
 
   // A node PutStart may place objects on. The first one added takes puts
   // that name neither a preferred node nor a stored parent.
@@ -75,12 +72,15 @@ class FakeMasterClient : public MasterClient {
   // with chunks left.
   size_t lookup_chunks_taken() const;
   size_t streams_cancelled_early() const;
+  // Chunk sizes of the lookup streams started, in order.
+  std::vector<size_t> stream_chunk_keys() const;
 
   // MasterClient.
   absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> keys,
                                      bool for_read,
                                      absl::Time deadline) override;
   std::unique_ptr<LookupStream> StartLookups(absl::Span<const std::string> keys,
+                                             size_t chunk_keys,
                                              absl::Time deadline) override;
   absl::StatusOr<PutStartReply> PutStart(const PutStartArgs& args,
                                          absl::Time deadline) override;
@@ -104,8 +104,6 @@ class FakeMasterClient : public MasterClient {
 
   LookupBatch LookupLocked(absl::Span<const std::string> keys) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  const uint32_t lookup_batch_keys_;
 
   mutable Mutex mu_;
   CondVar cv_;
@@ -132,6 +130,7 @@ class FakeMasterClient : public MasterClient {
       ABSL_GUARDED_BY(mu_);
   size_t chunks_taken_ ABSL_GUARDED_BY(mu_) = 0;
   size_t streams_cancelled_early_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<size_t> stream_chunk_keys_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hymcache
