@@ -208,8 +208,9 @@ class Client {
   virtual absl::StatusOr<LookupResult> BatchLookup(
       absl::Span<const std::string> keys, const CallOptions& call = {}) = 0;
 
-  // A request's read path. Looks `keys` up (pipelined: the first round trip
-  // carries lookup_batch_keys keys and reads start as soon as it returns),
+  // A request's read path. Looks `keys` up (pipelined: with prefetch, the
+  // first round trip carries lookup_batch_keys keys and reads start as soon
+  // as it returns),
   // tells each node holding hits the ordered list of its blocks so that it
   // stages them ahead (LoadOptions::prefetch), then reads the blocks in
   // order into `buffers`, each released on its node as soon as it has been
@@ -245,8 +246,9 @@ class Client {
       absl::Span<const ConstBuffer> buffers,
       const StoreOptions& options = {}) = 0;
 
-  // Load without prefetch hints (plain reads), with the deadline of `call`
-  // (default: now + default_deadline). See Load for the result and errors.
+  // Load without prefetch hints (plain reads; each lookup round trip carries
+  // max_keys_per_rpc keys), with the deadline of `call` (default: now +
+  // default_deadline). See Load for the result and errors.
   absl::StatusOr<LoadResult> Get(absl::Span<const std::string> keys,
                                  absl::Span<const MutableBuffer> buffers,
                                  const CallOptions& call = {});
@@ -254,9 +256,11 @@ class Client {
   // Store, then wait for it: the deadline of `call` (default: now +
   // default_deadline) bounds the store, and the result is the handle's
   // (StoreHandle::Wait). Blocks before a failure are still committed. A put
-  // counts against max_pending_stores like any Store (ResourceExhausted
-  // beyond it), and "no node has room" refuses every key (PutResult::
-  // refused) rather than failing the call.
+  // counts against max_pending_stores like any Store, and "no node has
+  // room" refuses every key (PutResult::refused) rather than failing the
+  // call. Errors (whole call): InvalidArgument (sizes differ, an empty
+  // buffer or key list), Unavailable or DeadlineExceeded from the master
+  // before anything was stored, ResourceExhausted (max_pending_stores).
   absl::StatusOr<PutResult> Put(absl::Span<const std::string> keys,
                                 absl::Span<const ConstBuffer> buffers,
                                 const CallOptions& call = {});
