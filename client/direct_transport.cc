@@ -140,8 +140,10 @@ class DirectTransport : public Transport {
   }
 
   // A pooled connection when `pooled_ok`, else a fresh one; sets *pooled.
-  absl::StatusOr<Conn> Take(const PeerInfo& peer, absl::Time deadline,
-                            bool pooled_ok, bool* pooled) {
+  // `grant`: an op of the transfer, for a mover that must prove it may
+  // open a channel.
+  absl::StatusOr<Conn> Take(const PeerInfo& peer, const OpDesc& grant,
+                            absl::Time deadline, bool pooled_ok, bool* pooled) {
     *pooled = false;
     if (pooled_ok) {
       MutexLock l(&mu_);
@@ -156,7 +158,7 @@ class DirectTransport : public Transport {
     RETURN_IF_ERROR(mover_->Usable(peer));
     Conn c;
     ASSIGN_OR_RETURN(c.sock, ConnectTcp(peer.data_address, deadline));
-    ASSIGN_OR_RETURN(c.channel, mover_->Open(peer, c.sock, deadline));
+    ASSIGN_OR_RETURN(c.channel, mover_->Open(peer, c.sock, grant, deadline));
     return c;
   }
 
@@ -212,7 +214,8 @@ class DirectTransport : public Transport {
     absl::Status last;
     for (int attempt = 0; attempt < 2; ++attempt) {
       bool pooled = false;
-      ASSIGN_OR_RETURN(Conn c, Take(peer, deadline, attempt == 0, &pooled));
+      ASSIGN_OR_RETURN(Conn c,
+                       Take(peer, descs[0], deadline, attempt == 0, &pooled));
       const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
       bool started = false;
       // The request goes out before the previous release's answer is read:

@@ -31,6 +31,7 @@
 #include "client/transport.h"
 #include "common/net.h"
 #include "common/transport_params.h"
+#include "common/wire.h"
 
 namespace hymcache {
 
@@ -77,10 +78,13 @@ class DirectMover {
   // this host and publishes its areas); else why not (Unavailable).
   virtual absl::Status Usable(const PeerInfo& peer) = 0;
   // Sets up a channel on a fresh connection `ctrl` to the peer's data plane
-  // (RDMA: exchanges queue pairs over it). The channel is used only with
-  // that connection.
+  // (RDMA: exchanges queue pairs over it, presenting `grant`, an object of
+  // the transfer about to start with its capability, which the node checks
+  // before it creates a queue pair). The channel is used only with that
+  // connection.
   virtual absl::StatusOr<std::unique_ptr<DirectChannel>> Open(
-      const PeerInfo& peer, Socket& ctrl, absl::Time deadline) = 0;
+      const PeerInfo& peer, Socket& ctrl, const wire::OpDesc& grant,
+      absl::Time deadline) = 0;
 };
 
 struct DirectTransportOptions {

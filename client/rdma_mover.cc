@@ -265,7 +265,8 @@ class RdmaMover : public DirectMover {
   }
 
   absl::StatusOr<std::unique_ptr<DirectChannel>> Open(
-      const PeerInfo& peer, Socket& ctrl, absl::Time deadline) override {
+      const PeerInfo& peer, Socket& ctrl, const wire::OpDesc& grant,
+      absl::Time deadline) override {
     ASSIGN_OR_RETURN(auto areas, ParseAreas(peer));
     void* mem = mmap(nullptr, kBounceBytes, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -282,7 +283,7 @@ class RdmaMover : public DirectMover {
     absl::StatusOr<std::unique_ptr<rdma::QueuePair>> qp =
         rdma::QueuePair::Create(device_.get(), {});
     absl::Status st = qp.status();
-    if (st.ok()) st = Handshake(ctrl, qp->get(), deadline);
+    if (st.ok()) st = Handshake(ctrl, qp->get(), grant, deadline);
     if (!st.ok()) {
       qp = nullptr;
       mr->reset();
@@ -296,12 +297,15 @@ class RdmaMover : public DirectMover {
 
  private:
   // Exchanges queue-pair descriptions over the data-plane connection.
+  // `grant` (an object of the transfer, with its capability) authorizes
+  // the queue pair.
   static absl::Status Handshake(Socket& ctrl, rdma::QueuePair* qp,
-                                absl::Time deadline) {
+                                const wire::OpDesc& grant, absl::Time deadline) {
     const std::string mine = qp->local_info().Encode();
     const iovec payload[1] = {{const_cast<char*>(mine.data()), mine.size()}};
-    RETURN_IF_ERROR(frame_io::SendRequest(ctrl, wire::FrameType::kRdmaConnectRequest,
-                                          {}, mine.size(), payload, 1, deadline));
+    RETURN_IF_ERROR(frame_io::SendRequest(
+        ctrl, wire::FrameType::kRdmaConnectRequest, {&grant, 1}, mine.size(),
+        payload, 1, deadline));
     uint8_t hb[wire::kHeaderBytes];
     RETURN_IF_ERROR(RecvAll(ctrl.fd(), hb, sizeof(hb), deadline));
     ASSIGN_OR_RETURN(wire::FrameHeader h, wire::DecodeHeader(hb));

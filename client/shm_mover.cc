@@ -99,6 +99,7 @@ class ShmMover : public DirectMover {
 
   absl::StatusOr<std::unique_ptr<DirectChannel>> Open(const PeerInfo& peer,
                                                       Socket&,
+                                                      const wire::OpDesc&,
                                                       absl::Time deadline) override {
     const std::string key = absl::StrCat(peer.node_id, "/",
                                          Param(peer, kShmSocketParam), "/",

@@ -125,6 +125,28 @@ void CapabilityVerifier::SetIdentity(uint32_t node_id, uint64_t incarnation,
       Snapshot::Identity{node_id, incarnation, HmacSha256(key)});
   MutexLock l(&mu_);
   id_ = std::move(id);
+  changing_ = 0;
+  changed_.SignalAll();
+}
+
+void CapabilityVerifier::BeginIdentityChange() {
+  MutexLock l(&mu_);
+  ++changing_;
+}
+
+void CapabilityVerifier::AbandonIdentityChange() {
+  MutexLock l(&mu_);
+  if (changing_ > 0) --changing_;
+  changed_.SignalAll();
+}
+
+bool CapabilityVerifier::WaitForIdentityChange(const Snapshot& seen,
+                                               absl::Time deadline) const {
+  MutexLock l(&mu_);
+  while (changing_ > 0 && id_ == seen.id_) {
+    if (changed_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  return id_ != seen.id_;
 }
 
 bool CapabilityVerifier::HasIdentity() const {

@@ -85,7 +85,8 @@ class CapabilityVerifier {
   // still accepted, for clock differences between master and node.
   explicit CapabilityVerifier(absl::Duration skew) : skew_(skew) {}
 
-  // From now on verifies against this identity (a registration).
+  // From now on verifies against this identity (a registration). Ends an
+  // identity change begun by BeginIdentityChange.
   void SetIdentity(uint32_t node_id, uint64_t incarnation,
                    std::string_view key);
   // Whether an identity is set.
@@ -113,10 +114,26 @@ class CapabilityVerifier {
   };
   Snapshot Current() const;
 
+  // A registration is in flight. The master lists the node (and signs
+  // capabilities under the identity the registration sets) a moment before
+  // its answer reaches the node, so a capability that fails meanwhile may
+  // be valid under the coming identity: WaitForIdentityChange waits it out.
+  void BeginIdentityChange();
+  // The registration failed: the identity stays as it was.
+  void AbandonIdentityChange();
+  // If an identity change is in flight, waits until it ends or `deadline`.
+  // Returns whether a new identity was set since `seen` (a Snapshot taken
+  // before the failed check), i.e. whether checking again may succeed.
+  bool WaitForIdentityChange(const Snapshot& seen,
+                             absl::Time deadline) const;
+
  private:
   const absl::Duration skew_;
   mutable Mutex mu_;
+  mutable CondVar changed_;
   std::shared_ptr<const Snapshot::Identity> id_ ABSL_GUARDED_BY(mu_);
+  // Registrations in flight (BeginIdentityChange not yet ended).
+  int changing_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace hymcache

@@ -5,7 +5,9 @@
 #include <cstring>
 #include <string>
 
+#include "absl/time/clock.h"
 #include "catch2/catch.hpp"
+#include "common/thread.h"
 
 namespace hymcache {
 namespace {
@@ -113,6 +115,55 @@ TEST_CASE("CapabilityVerifier accepts exactly what was signed") {
   CHECK(!other.Current().Check(OpFor(s, cap), wire::kCapRead, 999'000).ok());
   other.SetIdentity(7, 99, std::string(32, 'x'));
   CHECK(!other.Current().Check(OpFor(s, cap), wire::kCapRead, 999'000).ok());
+}
+
+TEST_CASE("A check that fails during a registration waits for its identity") {
+  const std::string key(32, 'k');
+  HmacSha256 mac(key);
+  CapabilityScope s;
+  s.node_id = 3;
+  s.incarnation = 5;
+  s.length = 4096;
+  s.generation = 1;
+  s.rights = wire::kCapRead;
+  s.expires_unix_ms = absl::ToUnixMillis(absl::Now() + absl::Minutes(5));
+  const wire::Capability cap = SignCapability(mac, s);
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+
+  CapabilityVerifier v(absl::Seconds(30));
+  // Nothing in flight: no wait, nothing new.
+  CapabilityVerifier::Snapshot before = v.Current();
+  CHECK_FALSE(v.WaitForIdentityChange(before, absl::InfiniteFuture()));
+
+  // A registration in flight: a refused check waits until it is applied,
+  // then passes under the new identity.
+  v.BeginIdentityChange();
+  before = v.Current();
+  CHECK_FALSE(before.Check(OpFor(s, cap), wire::kCapRead, now).ok());
+  bool changed = false;
+  Thread waiter("id-waiter", [&] {
+    changed = v.WaitForIdentityChange(before, absl::InfiniteFuture());
+  });
+  v.SetIdentity(3, 5, key);
+  waiter.Join();
+  CHECK(changed);
+  CHECK(v.Current().Check(OpFor(s, cap), wire::kCapRead, now).ok());
+
+  // A registration that fails: the wait ends with nothing new.
+  v.BeginIdentityChange();
+  before = v.Current();
+  Thread waiter2("id-waiter2", [&] {
+    changed = v.WaitForIdentityChange(before, absl::InfiniteFuture());
+  });
+  v.AbandonIdentityChange();
+  waiter2.Join();
+  CHECK_FALSE(changed);
+
+  // One that never ends: the wait is bounded by its deadline.
+  v.BeginIdentityChange();
+  CHECK_FALSE(v.WaitForIdentityChange(v.Current(),
+                                      absl::Now() + absl::Milliseconds(20)));
+  v.AbandonIdentityChange();
 }
 
 TEST_CASE("Capability wire encoding round-trips and checks reserved bytes") {

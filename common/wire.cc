@@ -114,6 +114,14 @@ absl::StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kHeaderBytes]) {
       }
       break;
     case FrameType::kRdmaConnectRequest:
+      // Exactly one op: the grant that authorizes the queue pair.
+      if (h.op_count != 1 || h.payload_bytes == 0 ||
+          h.payload_bytes > kMaxConnectBytes) {
+        return absl::InvalidArgumentError(
+            "data plane: malformed RDMA connect request (wants one op, the "
+            "grant, and a queue-pair description)");
+      }
+      break;
     case FrameType::kRdmaConnectResponse:
       if (h.op_count != 0 || h.payload_bytes == 0 ||
           h.payload_bytes > kMaxConnectBytes) {
@@ -171,6 +179,7 @@ bool CarriesCapabilities(FrameType type) {
     case FrameType::kPrefetchRequest:
     case FrameType::kAcquireRequest:
     case FrameType::kWriteBeginRequest:
+    case FrameType::kRdmaConnectRequest:
       return true;
     default:
       return false;

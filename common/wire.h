@@ -82,9 +82,16 @@
 //   kWriteCommitRequest ops = begun writes; an op's status field is 0 to
 //                     commit it, non-zero to abort it. Payload empty.
 //   kWriteCommitResponse the ops with a status each; payload empty.
-//   kRdmaConnectRequest / kRdmaConnectResponse  op_count 0; payload = the
-//                     side's RDMA queue-pair description (<= kMaxConnectBytes).
-//                     The node's queue pair lives as long as the connection.
+//   kRdmaConnectRequest op_count 1: the grant, any object the master gave
+//                     the client a read or write capability for on this node
+//                     (capability table as for acquires); payload = the
+//                     client's RDMA queue-pair description (<=
+//                     kMaxConnectBytes). Without a valid grant the node
+//                     answers kError PermissionDenied and creates no queue
+//                     pair.
+//   kRdmaConnectResponse op_count 0; payload = the node's queue-pair
+//                     description. The node's queue pair lives as long as the
+//                     connection.
 // When a connection closes, its holds are released and its begun writes
 // aborted (nothing becomes readable). A client must not close it while a
 // one-sided transfer may still touch the held memory.

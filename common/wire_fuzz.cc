@@ -60,6 +60,9 @@ void CheckHeader(const uint8_t* in, const FrameHeader& h) {
       FUZZ_CHECK(h.op_count == 0 && h.payload_bytes <= kMaxErrorBytes);
       break;
     case FrameType::kRdmaConnectRequest:
+      FUZZ_CHECK(h.op_count == 1 && h.payload_bytes > 0 &&
+                 h.payload_bytes <= kMaxConnectBytes);
+      break;
     case FrameType::kRdmaConnectResponse:
       FUZZ_CHECK(h.op_count == 0 && h.payload_bytes > 0 &&
                  h.payload_bytes <= kMaxConnectBytes);

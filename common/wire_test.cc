@@ -111,14 +111,28 @@ TEST_CASE("hostile headers are rejected before anything is allocated") {
     CHECK(DecodeHeader(Header(h).data()).ok());
     h.payload_bytes = 8;
     CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    // A connect request carries exactly one op (its grant); the response
+    // none.
     h.type = FrameType::kRdmaConnectRequest;
-    h.op_count = 0;
+    h.op_count = 1;
     h.payload_bytes = kMaxConnectBytes;
     CHECK(DecodeHeader(Header(h).data()).ok());
+    CHECK(CarriesCapabilities(h.type));
+    h.op_count = 0;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    h.op_count = 2;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    h.op_count = 1;
     h.payload_bytes = kMaxConnectBytes + 1;
     CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
     h.payload_bytes = 0;
     CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    h.type = FrameType::kRdmaConnectResponse;
+    h.payload_bytes = kMaxConnectBytes;
+    CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    h.op_count = 0;
+    CHECK(DecodeHeader(Header(h).data()).ok());
+    CHECK_FALSE(CarriesCapabilities(h.type));
     uint8_t b[kAreaRefBytes];
     EncodeAreaRef({7, 0x1122334455ull}, b);
     AreaRef r = DecodeAreaRef(b);

@@ -221,18 +221,14 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       }
       r = &qualified;
     }
+    // The service enforces the quota (evicting the tenant's own objects
+    // first) under its lock, counting pending puts.
     const TenantQuota quota = tenants_->Quota(id->tenant);
-    if (quota.max_objects != 0 || quota.max_bytes != 0) {
-      uint64_t bytes = 0;
-      for (uint64_t len : req->lengths()) bytes += len;
-      const MetadataIndex::TenantUsage used =
-          service_->UsageOfTenant(id->tenant);
-      s = tenants_->CheckQuota(id->tenant, used.objects, used.bytes,
-                               static_cast<uint64_t>(req->keys_size()), bytes);
-      if (!s.ok()) return Refuse(ctx, s);
-    }
-    absl::StatusOr<v1::PutStartResponse> out =
-        service_->PutStart(*r, CallerKeyOf(ctx, *id));
+    bool over_quota = false;
+    absl::StatusOr<v1::PutStartResponse> out = service_->PutStart(
+        *r, CallerKeyOf(ctx, *id),
+        TenantLimit{quota.max_objects, quota.max_bytes}, &over_quota);
+    if (over_quota) tenants_->CountQuotaRefusal(id->tenant);
     if (out.ok() && auth_ != nullptr) {
       tenants_->NotePut(out->put_id(), id->tenant,
                         absl::FromUnixMillis(out->expires_unix_ms()),

@@ -1,5 +1,7 @@
 #include "master/master_service.h"
 
+#include "master/tenant.h"
+
 #include "absl/base/internal/endian.h"
 
 #include <glog/logging.h>
@@ -14,6 +16,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
+#include "master/tenant.h"
 
 namespace hymcache {
 namespace master {
@@ -649,12 +652,18 @@ bool MasterService::CallerMayPut(absl::string_view caller, const Node& node,
 
 void MasterService::CountCallerPending(const PendingPut& put, int delta) {
   CallerPending& c = pending_by_caller_[put.caller];
+  TenantPending& t = pending_by_tenant_[put.tenant];
   const uint64_t slots = put.slots.size();
   if (delta > 0) {
     c.slots += slots;
     c.bytes_by_node[put.node_id] += put.bytes;
+    t.objects += slots;
+    t.bytes += put.bytes;
     return;
   }
+  t.objects -= std::min(t.objects, slots);
+  t.bytes -= std::min(t.bytes, put.bytes);
+  if (t.objects == 0 && t.bytes == 0) pending_by_tenant_.erase(put.tenant);
   c.slots -= std::min(c.slots, slots);
   auto b = c.bytes_by_node.find(put.node_id);
   if (b != c.bytes_by_node.end()) {
@@ -1175,6 +1184,94 @@ absl::StatusOr<bool> MasterService::EvictAndAllocate(
   }
 }
 
+absl::Status MasterService::MakeRoomInTenant(
+    const std::string& tenant, const TenantLimit& quota, uint64_t new_objects,
+    uint64_t new_bytes, const absl::flat_hash_set<absl::string_view>& keep,
+    absl::Time now) {
+  MetadataIndex::TenantUsage used = index_.UsageOf(tenant);
+  auto p = pending_by_tenant_.find(tenant);
+  const TenantPending pending =
+      p == pending_by_tenant_.end() ? TenantPending{} : p->second;
+  const uint64_t objects = used.objects + pending.objects + new_objects;
+  const uint64_t bytes = used.bytes + pending.bytes + new_bytes;
+  const uint64_t over_objects =
+      quota.max_objects != 0 && objects > quota.max_objects
+          ? objects - quota.max_objects
+          : 0;
+  const uint64_t over_bytes =
+      quota.max_bytes != 0 && bytes > quota.max_bytes ? bytes - quota.max_bytes
+                                                      : 0;
+  if (over_objects == 0 && over_bytes == 0) return absl::OkStatus();
+  auto refuse = [&](absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++counters_.puts_over_tenant_quota;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant '", tenant, "' quota: ", used.objects, " objects / ",
+        used.bytes, " bytes stored and ", pending.objects, " / ",
+        pending.bytes, " in pending puts; ", new_objects, " / ", new_bytes,
+        " more would exceed max_objects ", quota.max_objects, " / max_bytes ",
+        quota.max_bytes, " (0: unlimited): ", why));
+  };
+  if ((quota.max_objects != 0 &&
+       pending.objects + new_objects > quota.max_objects) ||
+      (quota.max_bytes != 0 && pending.bytes + new_bytes > quota.max_bytes)) {
+    return refuse("its pending puts and this one alone exceed it");
+  }
+  if (options_.max_evictions_per_put == 0) return refuse("eviction is disabled");
+
+  // Plan: the tenant's least recently used objects, node by node, until
+  // the excess is covered; evict only if it is.
+  const uint32_t now_tick = LeaseTick(now);
+  std::map<uint32_t, std::vector<std::pair<std::string, IndexEntry>>> victims;
+  uint64_t got_objects = 0;
+  uint64_t got_bytes = 0;
+  size_t chosen = 0;
+  auto covered = [&] {
+    return got_objects >= over_objects && got_bytes >= over_bytes;
+  };
+  for (const auto& entry : nodes_) {
+    const uint32_t node_id = entry.first;
+    const Node& node = entry.second;
+    if (covered() || chosen >= options_.max_evictions_per_put) break;
+    index_.PickEvictions(
+        node_id, options_.max_eviction_scan,
+        [&](absl::string_view key, const IndexEntry& e, uint32_t read_tick)
+            ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              if (TenantOfKey(key) != tenant || keep.contains(key) ||
+                  pending_parents_.contains(key) ||
+                  IsLeased(read_tick, now_tick) ||
+                  node.regions.count(e.region_id) == 0) {
+                return MetadataIndex::Verdict::kKeep;
+              }
+              return MetadataIndex::Verdict::kEvict;
+            },
+        [&](absl::string_view key, const IndexEntry& e)
+            ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              victims[node_id].emplace_back(std::string(key), e);
+              ++got_objects;
+              got_bytes += e.length;
+              ++chosen;
+              return !covered() && chosen < options_.max_evictions_per_put;
+            });
+  }
+  if (!covered()) {
+    return refuse(absl::StrCat(
+        "evicting its own least recently used objects would free only ",
+        got_objects, " objects / ", got_bytes,
+        " bytes (chain blocks with children, leased, pinned or this put's "
+        "own blocks stay; at most ",
+        options_.max_evictions_per_put, " per put)"));
+  }
+  for (const auto& [node_id, list] : victims) {
+    absl::Status evicted = EvictObjects(node_id, list);
+    if (!evicted.ok()) return evicted;
+    counters_.tenant_evicted_objects += list.size();
+  }
+  LOG_EVERY_N(INFO, 100) << "master: evicted " << got_objects << " objects ("
+                         << got_bytes << " bytes) of tenant '" << tenant
+                         << "' to keep it within its quota";
+  return absl::OkStatus();
+}
+
 absl::Status MasterService::EvictObjects(
     uint32_t node_id,
     const std::vector<std::pair<std::string, IndexEntry>>& victims) {
@@ -1202,7 +1299,8 @@ absl::Status MasterService::EvictObjects(
 }
 
 absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
-    const v1::PutStartRequest& request, absl::string_view caller) {
+    const v1::PutStartRequest& request, absl::string_view caller,
+    const TenantLimit& quota, bool* over_quota) {
   absl::Status s = ValidateKeys(request.keys());
   if (!s.ok()) return s;
   if (request.lengths_size() != request.keys_size()) {
@@ -1304,6 +1402,17 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   }
   if (to_allocate.empty()) return response;
 
+  const std::string tenant(TenantOfKey(request.keys(0)));
+  if (quota.limited()) {
+    const uint64_t refused = counters_.puts_over_tenant_quota;
+    absl::Status room = MakeRoomInTenant(tenant, quota, to_allocate.size(),
+                                         total_bytes, keep, now);
+    if (over_quota != nullptr) {
+      *over_quota = counters_.puts_over_tenant_quota != refused;
+    }
+    if (!room.ok()) return room;
+  }
+
   // Choose one node for the whole request, among those where the caller's
   // pending puts leave room for it (checked before anything is evicted).
   std::vector<std::pair<uint32_t, uint64_t>> placed;
@@ -1366,6 +1475,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
 
   PendingPut put;
   put.caller = std::string(caller);
+  put.tenant = tenant;
   put.bytes = total_bytes;
   put.node_id = node_id;
   put.key_count = static_cast<uint32_t>(request.keys_size());

@@ -275,8 +275,20 @@ struct MasterServiceCounters {
   uint64_t recency_write_failures = 0;
   // PutStarts refused because their caller had too many pending puts.
   uint64_t puts_over_caller_limit = 0;
+  // Objects evicted from a tenant over its quota to make room for its own
+  // new put (also counted in evicted_objects), and PutStarts refused
+  // because even that could not bring the tenant within its quota.
+  uint64_t tenant_evicted_objects = 0;
+  uint64_t puts_over_tenant_quota = 0;
   // Node records removed (ForgetNode, or dead for forget_dead_nodes_after).
   uint64_t nodes_forgotten = 0;
+};
+
+// A tenant's quota as PutStart enforces it (0: unlimited).
+struct TenantLimit {
+  uint64_t max_objects = 0;
+  uint64_t max_bytes = 0;
+  bool limited() const { return max_objects != 0 || max_bytes != 0; }
 };
 
 // One node's extents as streamed by it during a reconciliation (see
@@ -390,9 +402,21 @@ class MasterService {
   // allocated); store errors.
   // `caller` identifies who asks, for the pending-put limits (the gRPC
   // adapter passes its caller key; "" is one anonymous caller).
+  // `quota`: the limits of the tenant whose key space the keys are in
+  // (master/tenant.h; all keys of one request are one tenant's), 0 for
+  // none. The tenant's committed objects plus its pending puts plus this
+  // put's new slots must stay within them: if they would not, the tenant's
+  // own least recently used objects are evicted first (chain leaves, not
+  // leased by reads, not this put's parent or existing keys; nodes in
+  // turn, at most max_evictions_per_put, planned before anything goes);
+  // if even that cannot make room, ResourceExhausted naming the quota
+  // (counted in puts_over_tenant_quota; *over_quota set when given) and
+  // nothing changes. (Evictions made for the quota stay made if the put
+  // then finds no node with room.)
   absl::StatusOr<hymcache::v1::PutStartResponse> PutStart(
       const hymcache::v1::PutStartRequest& request,
-      absl::string_view caller = "");
+      absl::string_view caller = "", const TenantLimit& quota = {},
+      bool* over_quota = nullptr);
 
   // Makes every allocated slot of the put visible except `failed_indexes`,
   // which are freed, and except slots whose parent (the block before them)
@@ -534,12 +558,18 @@ class MasterService {
   };
   struct PendingPut {
     std::string caller;  // PutStart's caller key
+    std::string tenant;  // whose key space its keys are in
     uint64_t bytes = 0;  // of its slots
     uint32_t node_id;
     uint32_t key_count;
     std::string parent_key;  // PutStart's; pinned while the put is pending
     absl::Time expiry;
     std::vector<PendingSlot> slots;
+  };
+  // One tenant's pending puts (for its quota).
+  struct TenantPending {
+    uint64_t objects = 0;
+    uint64_t bytes = 0;
   };
   // One caller's pending puts (see max_pending_share_per_caller).
   struct CallerPending {
@@ -633,8 +663,17 @@ class MasterService {
   bool CallerMayPut(absl::string_view caller, const Node& node,
                     uint64_t slots, uint64_t bytes, std::string* why) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Counts a pending put in / out of its caller's usage.
+  // Counts a pending put in / out of its caller's and its tenant's usage.
   void CountCallerPending(const PendingPut& put, int delta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Brings `tenant` within `quota` for `new_objects` / `new_bytes` more by
+  // evicting its own least recently used objects (never `keep`); see
+  // PutStart. OK if it fits (possibly after evicting); ResourceExhausted
+  // naming the quota if it cannot (nothing evicted); store errors.
+  absl::Status MakeRoomInTenant(
+      const std::string& tenant, const TenantLimit& quota,
+      uint64_t new_objects, uint64_t new_bytes,
+      const absl::flat_hash_set<absl::string_view>& keep, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes node `node_id` with its objects and pending puts (ForgetNode).
   // Returns the objects removed. Errors: store errors (nothing changes).
@@ -677,6 +716,8 @@ class MasterService {
   uint64_t object_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, PendingPut> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, CallerPending> pending_by_caller_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, TenantPending> pending_by_tenant_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> pending_keys_
       ABSL_GUARDED_BY(mu_);

@@ -15,6 +15,7 @@
 #include "common/thread.h"
 #include "master/fake_metadata_store.h"
 #include "master/metadata_store.h"
+#include "master/tenant.h"
 
 namespace hymcache {
 namespace master {
@@ -1237,6 +1238,86 @@ TEST_CASE("Objects read within the lease are never evicted") {
   CHECK(h.Put({"g"}, kObj) == a);
   CHECK(h.Found({"a", "b", "e", "f", "g"}) == "10111");  // b was least recent
   CHECK(h.svc->counters().evicted_objects == 3);
+}
+
+TEST_CASE("A tenant over its quota evicts its own least recently used objects first") {
+  Harness h("tenant_quota");
+  h.Register("a", 1, {{0, 64 * kSlot}});
+  auto A = [](const std::string& k) { return QualifyKey("alpha", k); };
+  auto B = [](const std::string& k) { return QualifyKey("beta", k); };
+  const TenantLimit three{3, 0};
+  auto put = [&](std::vector<std::string> keys, const TenantLimit& q,
+                 bool* over = nullptr) {
+    return h.svc->PutStart(PutReq(keys, std::vector<uint64_t>(keys.size(), kObj)),
+                           "", q, over);
+  };
+  auto put_commit = [&](std::vector<std::string> keys, const TenantLimit& q) {
+    auto r = put(keys, q);
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    h.Commit(r->put_id());
+  };
+  // Beta's objects are older than all of alpha's: a global LRU would take
+  // them first.
+  for (const char* k : {"b1", "b2", "b3"}) put_commit({B(k)}, {});
+  for (const char* k : {"a1", "a2", "a3"}) put_commit({A(k)}, three);
+  CHECK(h.svc->UsageOfTenant("alpha").objects == 3);
+
+  // A fourth object of alpha: alpha's least recently used one goes.
+  h.Read({A("a1")});
+  h.clock.Advance(absl::Seconds(10));  // past the read lease
+  bool over = true;
+  auto r = put({A("a4")}, three, &over);
+  REQUIRE(r.ok());
+  CHECK_FALSE(over);
+  h.Commit(r->put_id());
+  CHECK(h.Found({A("a1"), A("a2"), A("a3"), A("a4")}) == "1011");
+  CHECK(h.Found({B("b1"), B("b2"), B("b3")}) == "111");
+  CHECK(h.svc->counters().tenant_evicted_objects == 1);
+  CHECK(h.svc->counters().evicted_objects == 1);
+
+  // Pending puts count: two more pending leave room for none.
+  auto p1 = put({A("a5"), A("a6")}, three);  // evicts two (a3, a4 or a1)
+  REQUIRE(p1.ok());
+  CHECK(h.svc->counters().tenant_evicted_objects == 3);
+  over = false;
+  auto refused = put({A("a7"), A("a8")}, three, &over);
+  CHECK(refused.status().code() == StatusCode::kResourceExhausted);
+  CHECK(refused.status().message().find("quota") != std::string::npos);
+  CHECK(over);
+  CHECK(h.svc->counters().puts_over_tenant_quota == 1);
+  CHECK(h.svc->counters().tenant_evicted_objects == 3);  // planned: none went
+  h.Commit(p1->put_id());
+  CHECK(h.svc->UsageOfTenant("alpha").objects == 3);
+
+  // Leased objects stay: with all three read just now, nothing may go.
+  h.Read({A("a5"), A("a6")});
+  std::string last;
+  for (const char* k : {"a1", "a2", "a3", "a4"}) {
+    if (h.Found({A(k)}) == "1") last = A(k);
+  }
+  REQUIRE_FALSE(last.empty());
+  h.Read({last});
+  over = false;
+  refused = put({A("a9")}, three, &over);
+  CHECK(refused.status().code() == StatusCode::kResourceExhausted);
+  CHECK(over);
+  CHECK(h.svc->UsageOfTenant("alpha").objects == 3);
+
+  // A byte quota, and a put larger than the quota by itself.
+  const TenantLimit bytes{0, 2 * kObj};
+  over = false;
+  refused = put({B("b4"), B("b5"), B("b6")}, bytes, &over);
+  CHECK(refused.status().code() == StatusCode::kResourceExhausted);
+  CHECK(over);
+  CHECK(h.Found({B("b1"), B("b2"), B("b3")}) == "111");
+  auto ok = put({B("b4")}, bytes);  // beta holds 3: two of its own go
+  REQUIRE(ok.ok());
+  h.Commit(ok->put_id());
+  CHECK(h.Found({B("b1"), B("b2"), B("b3"), B("b4")}) == "0011");
+  CHECK(h.svc->UsageOfTenant("beta").bytes == 2 * kObj);
+  // Other tenants never lost anything to alpha's or beta's quota.
+  CHECK(h.svc->UsageOfTenant("alpha").objects == 3);
 }
 
 TEST_CASE("A renewed read extends the lease") {

@@ -108,26 +108,9 @@ std::map<std::string, TenantQuota> TenantRegistry::Quotas() const {
   return quotas_;
 }
 
-absl::Status TenantRegistry::CheckQuota(absl::string_view tenant,
-                                        uint64_t objects, uint64_t bytes,
-                                        uint64_t new_objects,
-                                        uint64_t new_bytes) {
+void TenantRegistry::CountQuotaRefusal(absl::string_view tenant) {
   MutexLock l(&mu_);
-  auto it = quotas_.find(std::string(tenant));
-  if (it == quotas_.end()) return absl::OkStatus();
-  const TenantQuota& q = it->second;
-  std::string why;
-  if (q.max_objects != 0 && objects + new_objects > q.max_objects) {
-    why = absl::StrCat(objects, " objects + ", new_objects, " new > quota ",
-                       q.max_objects);
-  } else if (q.max_bytes != 0 && bytes + new_bytes > q.max_bytes) {
-    why = absl::StrCat(bytes, " bytes + ", new_bytes, " new > quota ",
-                       q.max_bytes);
-  }
-  if (why.empty()) return absl::OkStatus();
   ++refusals_[std::string(tenant)];
-  return absl::ResourceExhaustedError(
-      absl::StrCat("tenant '", tenant, "' is over its quota: ", why));
 }
 
 uint64_t TenantRegistry::QuotaRefusals(absl::string_view tenant) const {

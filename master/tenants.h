@@ -43,12 +43,9 @@ class TenantRegistry {
   TenantQuota Quota(absl::string_view tenant) const;
   std::map<std::string, TenantQuota> Quotas() const;
 
-  // OkStatus if `tenant`, holding `objects` / `bytes`, may add
-  // `new_objects` / `new_bytes`; else ResourceExhausted naming the limit
-  // (and counts a refusal).
-  absl::Status CheckQuota(absl::string_view tenant, uint64_t objects,
-                          uint64_t bytes, uint64_t new_objects,
-                          uint64_t new_bytes);
+  // Counts a PutStart of `tenant` refused for its quota (MasterService
+  // enforces quotas: MasterService::PutStart).
+  void CountQuotaRefusal(absl::string_view tenant);
   uint64_t QuotaRefusals(absl::string_view tenant) const;
 
   // Pending puts: NotePut after a successful PutStart (entries past

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,6 +54,24 @@ absl::Status ErrnoStatus(int err, absl::string_view what) {
     default:
       return absl::InternalError(msg);
   }
+}
+
+// Whether the block device under `fd` (the device itself, or the one the
+// file's filesystem is on) is bio-based: no blk-mq hardware queues, so it
+// typically moves the bytes while the I/O is submitted (zram, brd, pmem;
+// also dm and md, which pass I/Os on). False when unknown (no sysfs entry:
+// tmpfs, overlay and other devices without a block device).
+bool BioBasedDevice(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return false;
+  const dev_t dev = S_ISBLK(st.st_mode) ? st.st_rdev : st.st_dev;
+  const std::string dir =
+      absl::StrCat("/sys/dev/block/", major(dev), ":", minor(dev));
+  struct stat d;
+  if (stat(dir.c_str(), &d) != 0) return false;
+  // A partition's queues are its disk's (the parent directory).
+  return stat((dir + "/mq").c_str(), &d) != 0 &&
+         stat((dir + "/../mq").c_str(), &d) != 0;
 }
 
 // One Read or Write, owned by the engine from submission to completion.
@@ -275,8 +294,11 @@ class UringBlockIo final : public BlockIoBase {
 
   static absl::StatusOr<std::unique_ptr<UringBlockIo>> Create(
       int fd, uint64_t size, bool direct, const BlockIoOptions& options) {
+    using Submit = BlockIoOptions::Submit;
+    const bool async = options.submit == Submit::kAsync ||
+                       (options.submit == Submit::kAuto && BioBasedDevice(fd));
     auto io = std::unique_ptr<UringBlockIo>(
-        new UringBlockIo(fd, size, direct, options.queue_depth));
+        new UringBlockIo(fd, size, direct, options.queue_depth, async));
     int rc = io_uring_queue_init(options.queue_depth, &io->ring_, 0);
     if (rc < 0) {
       io->owns_fd_ = false;  // Open keeps fd for the fallback
@@ -304,6 +326,7 @@ class UringBlockIo final : public BlockIoBase {
   }
 
   std::string_view engine() const override { return "io_uring"; }
+  bool async_submit() const override { return async_; }
 
  protected:
   void Submit(Request* r) override {
@@ -322,8 +345,8 @@ class UringBlockIo final : public BlockIoBase {
   }
 
  private:
-  UringBlockIo(int fd, uint64_t size, bool direct, int depth)
-      : BlockIoBase(fd, size, direct), depth_(depth) {}
+  UringBlockIo(int fd, uint64_t size, bool direct, int depth, bool async)
+      : BlockIoBase(fd, size, direct), depth_(depth), async_(async) {}
 
   // Queues one SQE for `r` (a NOP for a preset outcome).
   void PrepLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -339,6 +362,7 @@ class UringBlockIo final : public BlockIoBase {
       } else {
         io_uring_prep_read(sqe, r->fd, r->buf, n, r->offset);
       }
+      if (async_) sqe->flags |= IOSQE_ASYNC;
     }
     io_uring_sqe_set_data(sqe, r);
   }
@@ -433,6 +457,7 @@ class UringBlockIo final : public BlockIoBase {
 
   // Constant after construction.
   const int depth_;
+  const bool async_;
   io_uring ring_;  // SQ side under mu_; CQ side on the reaper thread only
   bool ring_ready_ = false;
 
@@ -481,6 +506,7 @@ class PacedBlockIo final : public BlockIo {
   absl::Status Sync() override { return inner_->Sync(); }
   uint64_t size() const override { return inner_->size(); }
   std::string_view engine() const override { return inner_->engine(); }
+  bool async_submit() const override { return inner_->async_submit(); }
 
  private:
   static constexpr absl::Duration kBurst = absl::Milliseconds(1);

@@ -57,6 +57,20 @@ struct BlockIoOptions {
   // Default: 0, 0.
   uint64_t max_read_bytes_per_s = 0;
   uint64_t max_write_bytes_per_s = 0;
+  // How the io_uring engine hands I/Os to the kernel.
+  //   kInline: from the calling thread, io_uring's fast path for devices
+  //     whose submission only queues the I/O (NVMe, virtio, SCSI: blk-mq).
+  //   kAsync: through the kernel's io-wq workers (IOSQE_ASYNC), for devices
+  //     that move the bytes inside submission (zram, brd, pmem and other
+  //     bio-based memory devices). Inline, their copy would run on the
+  //     submitting thread (a data-plane worker, the completion thread)
+  //     under the engine's lock, one I/O at a time: the queue depth would
+  //     buy nothing (docs/hybrid_device.md).
+  //   kAuto: kAsync when the file's block device has no blk-mq hardware
+  //     queues (no mq/ in its sysfs directory), else kInline.
+  // Default: kAuto.
+  enum class Submit { kAuto, kInline, kAsync };
+  Submit submit = Submit::kAuto;
 
   absl::Status Validate() const;
 };
@@ -87,6 +101,9 @@ class BlockIo {
   virtual uint64_t size() const = 0;
   // "io_uring" or "threadpool".
   virtual std::string_view engine() const = 0;
+  // Whether I/Os are submitted through the kernel's workers
+  // (BlockIoOptions::Submit::kAsync, chosen or detected).
+  virtual bool async_submit() const { return false; }
 
   // Blocking conveniences over Read/Write.
   absl::Status ReadSync(uint64_t offset, void* buf, size_t len);

@@ -67,9 +67,11 @@ class Latch {
 // Opens `path` with O_DIRECT, or without it when the test filesystem refuses
 // O_DIRECT (noted with WARN). Returns nullptr (and WARNs) when the engine is
 // unavailable here.
-std::unique_ptr<BlockIo> OpenFor(Engine engine, const std::string& path,
-                                 uint64_t size = kSize, int depth = 64) {
+std::unique_ptr<BlockIo> OpenFor(
+    Engine engine, const std::string& path, uint64_t size = kSize,
+    int depth = 64, BlockIoOptions::Submit submit = BlockIoOptions::Submit::kAuto) {
   BlockIoOptions o;
+  o.submit = submit;
   o.path = path;
   o.size_bytes = size;
   o.engine = engine;
@@ -203,17 +205,18 @@ void ChainFromCallbacks(BlockIo& io) {
   for (const absl::Status& s : reads.Wait()) REQUIRE(s.ok());
 }
 
-void EngineSuite(Engine engine, const std::string& tag) {
+void EngineSuite(Engine engine, const std::string& tag,
+                 BlockIoOptions::Submit submit = BlockIoOptions::Submit::kAuto) {
   SECTION("round trip at queue depth") {
     std::string path = TmpPath(tag + "_rt");
-    auto io = OpenFor(engine, path);
+    auto io = OpenFor(engine, path, kSize, 64, submit);
     if (io == nullptr) return;
     REQUIRE(FileSize(path) == kSize);
     RoundTrip(*io, path);
   }
   SECTION("bad requests fail through the callback") {
     std::string path = TmpPath(tag + "_bad");
-    auto io = OpenFor(engine, path);
+    auto io = OpenFor(engine, path, kSize, 64, submit);
     if (io == nullptr) return;
     // OpenFor falls back to direct=false only when O_DIRECT is refused.
     int probe = open(path.c_str(), O_RDWR | O_DIRECT);
@@ -222,7 +225,7 @@ void EngineSuite(Engine engine, const std::string& tag) {
     BadRequests(*io, direct);
   }
   SECTION("callbacks may issue I/O at queue depth 1") {
-    auto io = OpenFor(engine, TmpPath(tag + "_chain"), kSize, /*depth=*/1);
+    auto io = OpenFor(engine, TmpPath(tag + "_chain"), kSize, /*depth=*/1, submit);
     if (io == nullptr) return;
     ChainFromCallbacks(*io);
   }
@@ -232,7 +235,7 @@ void EngineSuite(Engine engine, const std::string& tag) {
     auto buf = AllocateAligned(kBlock);
     std::memset(buf.get(), 1, kBlock);
     {
-      auto io = OpenFor(engine, TmpPath(tag + "_dtor"), kSize, 16);
+      auto io = OpenFor(engine, TmpPath(tag + "_dtor"), kSize, 16, submit);
       if (io == nullptr) return;
       for (int i = 0; i < kN; ++i) {
         io->Write(uint64_t(i % kBlocks) * kBlock, buf.get(), kBlock,
@@ -257,6 +260,22 @@ TEST_CASE("io_uring engine", "[block_io]") {
   REQUIRE(io->engine() == "io_uring");
   io.reset();
   EngineSuite(Engine::kIoUring, "uring");
+}
+
+TEST_CASE("io_uring engine, submission through the kernel's workers",
+          "[block_io]") {
+  // kAsync: what kAuto picks for bio-based devices (zram, brd, pmem),
+  // which move the bytes while an I/O is submitted.
+  using Submit = BlockIoOptions::Submit;
+  auto io = OpenFor(Engine::kIoUring, TmpPath("uring_async_probe"), kSize, 64,
+                    Submit::kAsync);
+  if (io == nullptr) return;
+  REQUIRE(io->async_submit());
+  io = OpenFor(Engine::kIoUring, TmpPath("uring_inline_probe"), kSize, 64,
+               Submit::kInline);
+  REQUIRE_FALSE(io->async_submit());
+  io.reset();
+  EngineSuite(Engine::kIoUring, "uring_async", Submit::kAsync);
 }
 
 TEST_CASE("auto engine picks one that works", "[block_io]") {

@@ -158,6 +158,9 @@ constexpr int kAcceptBurst = 64;
 // Requests a worker serves back to back on one connection before giving
 // it back to the loop (others waiting go first).
 constexpr int kMaxRequestsInARow = 16;
+// Longest a request whose capabilities fail waits for a registration in
+// flight (CapabilityVerifier::WaitForIdentityChange).
+constexpr absl::Duration kIdentityChangeWait = absl::Seconds(2);
 // Longest sleep of the loop (it then looks at its timers again).
 constexpr absl::Duration kMaxLoopWait = absl::Seconds(1);
 
@@ -706,9 +709,8 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
     case wire::FrameType::kAcquireRequest:
     case wire::FrameType::kWriteBeginRequest:
     case wire::FrameType::kWriteCommitRequest:
-      break;
     case wire::FrameType::kRdmaConnectRequest:
-      return HandleRdmaConnect(fd, *h, deadline, cs);
+      break;
     default:
       protocol_errors_.fetch_add(1, std::memory_order_relaxed);
       SendError(fd, h->request_id,
@@ -766,14 +768,38 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
       return false;
     }
     if (!skip_capability_checks_for_test_.load(std::memory_order_relaxed)) {
-      const uint8_t rights = h->type == wire::FrameType::kWriteRequest ||
-                                     h->type == wire::FrameType::kWriteBeginRequest
-                                 ? wire::kCapWrite
-                                 : wire::kCapRead;
-      const CapabilityVerifier::Snapshot id = options_.capabilities->Current();
+      uint8_t rights = h->type == wire::FrameType::kWriteRequest ||
+                               h->type == wire::FrameType::kWriteBeginRequest
+                           ? wire::kCapWrite
+                           : wire::kCapRead;
+      CapabilityVerifier::Snapshot id = options_.capabilities->Current();
       const int64_t now_ms = absl::ToUnixMillis(absl::Now());
-      for (wire::OpDesc& op : ops) {
-        absl::Status c = id.Check(op, rights, now_ms);
+      auto check = [&](wire::OpDesc& op) {
+        // A queue pair may be granted by a read or a write capability.
+        if (h->type == wire::FrameType::kRdmaConnectRequest) {
+          rights = op.cap.rights == wire::kCapWrite ? wire::kCapWrite
+                                                    : wire::kCapRead;
+        }
+        return id.Check(op, rights, now_ms);
+      };
+      std::vector<bool> failed(ops.size());
+      bool denied = false;
+      for (size_t i = 0; i < ops.size(); ++i) {
+        failed[i] = !check(ops[i]).ok();
+        denied = denied || failed[i];
+      }
+      // A registration in flight: the master may already grant under the
+      // identity it sets. Wait for it (bounded) and check the refused ops
+      // once more.
+      if (denied &&
+          options_.capabilities->WaitForIdentityChange(
+              id, std::min(deadline, absl::Now() + kIdentityChangeWait))) {
+        id = options_.capabilities->Current();
+      }
+      for (size_t i = 0; denied && i < ops.size(); ++i) {
+        if (!failed[i]) continue;
+        wire::OpDesc& op = ops[i];
+        absl::Status c = check(op);
         if (c.ok()) continue;
         op.status = WireStatus(c);
         denied_ops_.fetch_add(1, std::memory_order_relaxed);
@@ -781,6 +807,9 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
         VLOG(1) << "data server: op refused: " << c;
       }
     }
+  }
+  if (h->type == wire::FrameType::kRdmaConnectRequest) {
+    return HandleRdmaConnect(fd, *h, ops[0], deadline, cs);
   }
   if (h->type == wire::FrameType::kWriteRequest) {
     return HandleWrite(fd, *h, ops, deadline, cs);
@@ -1069,12 +1098,23 @@ bool DataServer::HandleWriteCommit(int fd, const wire::FrameHeader& h,
 }
 
 bool DataServer::HandleRdmaConnect(int fd, const wire::FrameHeader& h,
+                                   const wire::OpDesc& grant,
                                    absl::Time deadline, ConnState* cs) {
   // DecodeHeader bounded the payload by kMaxConnectBytes.
   std::string info(h.payload_bytes, '\0');
   absl::Status s = RecvAll(fd, info.data(), info.size(), deadline);
   if (!s.ok()) {
     protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  if (grant.status != 0) {
+    // Nobody gets a queue pair (and with it one-sided access to the
+    // registered memory) without a capability the master issued for an
+    // object on this node.
+    SendError(fd, h.request_id,
+              absl::PermissionDeniedError(
+                  "data plane: RDMA connect refused: its grant carries no "
+                  "valid capability for an object on this node"));
     return false;
   }
   if (options_.rdma == nullptr) {

@@ -262,8 +262,10 @@ class DataServer {
   bool HandleWriteCommit(int fd, const wire::FrameHeader& h,
                          std::vector<wire::OpDesc>& ops, absl::Time deadline,
                          ConnState* cs);
+  // `grant`: the request's one op, its status set by the capability check.
   bool HandleRdmaConnect(int fd, const wire::FrameHeader& h,
-                         absl::Time deadline, ConnState* cs);
+                         const wire::OpDesc& grant, absl::Time deadline,
+                         ConnState* cs);
   // Ends a connection's holds and begun writes.
   void EndConnState(ConnState* cs);
   // `session` 0: no session.

@@ -52,7 +52,9 @@ struct Fixture {
     extents = std::move(*t);
     o.device = device.get();
     o.extents = extents.get();
-    o.capabilities = TestCapabilities::Get().verifier();
+    if (o.capabilities == nullptr) {
+      o.capabilities = TestCapabilities::Get().verifier();
+    }
     auto s = DataServer::Create(o);
     REQUIRE(s.ok());
     server = std::move(*s);
@@ -297,6 +299,80 @@ TEST_CASE("DataServer serves only ops its capabilities authorize") {
   CHECK(Code(r.ops[1]) == absl::StatusCode::kOk);
   CHECK(r.payload == a + b);
   CHECK(f.server->Stats().denied_ops == 5);
+}
+
+TEST_CASE("DataServer: ops arriving during a registration wait for its identity") {
+  // The master lists a node a moment before the node has applied the
+  // registration's answer; a client's capabilities under it must not be
+  // refused in that moment.
+  CapabilityVerifier v(absl::Seconds(30));
+  DataServerOptions o;
+  o.capabilities = &v;
+  Fixture f(Fixture::MakeDram(), o);
+  Socket s = f.Connect();
+  v.BeginIdentityChange();
+  Thread registration("registration", [&] {
+    absl::SleepFor(absl::Milliseconds(100));  // the answer on its way
+    v.SetIdentity(TestCapabilities::kNodeId, TestCapabilities::kIncarnation,
+                  TestCapabilities::Key());
+  });
+  std::string a(4096, 'a');
+  Reply w = Write(s.fd(), {Op(0, a.size(), 3)}, {a});
+  CHECK(Code(w.ops[0]) == absl::StatusCode::kOk);
+  registration.Join();
+  Reply r = Read(s.fd(), {Op(0, a.size(), 3)});
+  CHECK(Code(r.ops[0]) == absl::StatusCode::kOk);
+  CHECK(r.payload == a);
+  CHECK(f.server->Stats().denied_ops == 0);
+  // With no registration in flight a forged capability is refused at once.
+  OpDesc forged = Op(0, a.size(), 3);
+  TestCapabilities::Get().SignOp(&forged, wire::kCapRead);
+  forged.cap.tag[0] ^= 1;
+  const absl::Time t0 = absl::Now();
+  r = Read(s.fd(), {forged});
+  CHECK(Code(r.ops[0]) == absl::StatusCode::kPermissionDenied);
+  CHECK(absl::Now() - t0 < absl::Seconds(1));
+}
+
+TEST_CASE("DataServer: an RDMA queue pair needs a granted object") {
+  // This server has no RDMA plane: a valid grant gets as far as that
+  // (Unimplemented); a missing, forged, expired or wrong-rights grant is
+  // refused before (PermissionDenied), and every refusal closes.
+  Fixture f;
+  const TestCapabilities& caps = TestCapabilities::Get();
+  const std::string qp_info(64, 'q');
+  auto connect = [&](std::vector<OpDesc> ops) {
+    Socket s = f.Connect();
+    SendFrame(s.fd(), FrameType::kRdmaConnectRequest, 3, ops, qp_info,
+              qp_info.size());
+    auto r = ReadReply(s.fd());
+    REQUIRE(r.ok());
+    REQUIRE(r->h.type == FrameType::kError);
+    CHECK(PeerClosed(s.fd()));
+    INFO(std::string(r->payload.begin(), r->payload.end()));
+    return wire::FromWireCode(r->h.status);
+  };
+  OpDesc good = Op(0, 4096, 3);  // signed by SendFrame: a read grant
+  CHECK(connect({good}) == absl::StatusCode::kUnimplemented);
+  OpDesc write_grant = good;
+  caps.SignOp(&write_grant, wire::kCapWrite);
+  CHECK(connect({write_grant}) == absl::StatusCode::kUnimplemented);
+  OpDesc forged = good;
+  caps.SignOp(&forged, wire::kCapRead);
+  forged.cap.tag[3] ^= 0x40;
+  CHECK(connect({forged}) == absl::StatusCode::kPermissionDenied);
+  OpDesc expired = good;
+  expired.cap = caps.Sign(kRegion, 0, 4096, 3, wire::kCapRead,
+                          -absl::Seconds(31));
+  CHECK(connect({expired}) == absl::StatusCode::kPermissionDenied);
+  OpDesc other_object = good;
+  caps.SignOp(&other_object, wire::kCapRead);
+  other_object.addr = 8192;
+  CHECK(connect({other_object}) == absl::StatusCode::kPermissionDenied);
+  // The old, unauthenticated form (no op) is malformed.
+  CHECK(connect({}) == absl::StatusCode::kInvalidArgument);
+  CHECK(f.server->Stats().denied_ops == 3);
+  Ping(f);
 }
 
 TEST_CASE("DataServer: a failed write over a live object leaves it readable") {

@@ -63,6 +63,11 @@ DEFINE_string(staging_bytes, "256M", "Hybrid devices: DRAM staging window.");
 DEFINE_string(write_buffer_bytes, "64M", "Hybrid devices: DRAM write buffer.");
 DEFINE_string(io_engine, "auto", "Hybrid devices: auto, io_uring or threadpool.");
 DEFINE_int32(io_queue_depth, 64, "Hybrid devices: I/Os in flight.");
+DEFINE_string(io_submit, "auto",
+              "Hybrid devices: how io_uring submits: inline (NVMe, virtio), "
+              "async (through the kernel's workers, for devices that move the "
+              "bytes inside submission: zram, brd, pmem) or auto (async for "
+              "such bio-based devices).");
 DEFINE_bool(io_direct, true,
             "Hybrid devices: O_DIRECT on the capacity file (off only for tmpfs).");
 DEFINE_string(io_max_read_bytes_per_s, "0",
@@ -215,6 +220,17 @@ int main(int argc, char** argv) {
     }
     options.io_engine = FLAGS_io_engine;
     options.io_queue_depth = FLAGS_io_queue_depth;
+    if (FLAGS_io_submit == "auto") {
+      options.io_submit = hymcache::storage::BlockIoOptions::Submit::kAuto;
+    } else if (FLAGS_io_submit == "inline") {
+      options.io_submit = hymcache::storage::BlockIoOptions::Submit::kInline;
+    } else if (FLAGS_io_submit == "async") {
+      options.io_submit = hymcache::storage::BlockIoOptions::Submit::kAsync;
+    } else {
+      std::cerr << "hymcache-storage: bad --io_submit '" << FLAGS_io_submit
+                << "' (want auto, inline or async)\n";
+      return 2;
+    }
     options.io_direct = FLAGS_io_direct;
     options.verify_on_open = FLAGS_verify_on_open;
     options.verify_reads = FLAGS_verify_reads;

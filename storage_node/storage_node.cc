@@ -466,6 +466,7 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
   tier.metadata_dir = o.capacity_metadata_dir;
   tier.allow_overcommit = o.allow_capacity_overcommit;
   tier.io.queue_depth = o.io_queue_depth;
+  tier.io.submit = o.io_submit;
   tier.io.direct = o.io_direct;
   tier.io.max_read_bytes_per_s = o.io_max_read_bytes_per_s;
   tier.io.max_write_bytes_per_s = o.io_max_write_bytes_per_s;
@@ -488,7 +489,9 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
     h.shareable = shareable;
     LOG(INFO) << "hybrid device: capacity file " << o.capacity_path << " ("
               << (t->adopted() ? "adopted" : "formatted") << ", "
-              << t->io()->engine() << "), staging window " << o.staging_bytes
+              << t->io()->engine()
+              << (t->io()->async_submit() ? ", async submission" : "")
+              << "), staging window " << o.staging_bytes
               << " bytes, write buffer " << o.write_buffer_bytes << " bytes";
     ASSIGN_OR_RETURN(auto d, storage::HybridDevice::Create(h, std::move(t)));
     return std::unique_ptr<storage::MemoryDevice>(std::move(d));
@@ -873,19 +876,24 @@ absl::Status StorageNode::Register() {
   }
   *req.mutable_auth() = Auth("register", 0);
   v1::RegisterNodeResponse resp;
-  RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
+  // The master lists this node as soon as it has answered, and clients may
+  // come with its capabilities before the answer is applied here: data-
+  // plane requests whose capabilities fail meanwhile wait for it.
+  capabilities_->BeginIdentityChange();
+  absl::Status called = CallMaster([&](grpc::ClientContext* ctx) {
     return master_->stub->RegisterNode(ctx, req, &resp);
-  }));
-  if (resp.node_id() == 0) {
-    return absl::InternalError("master assigned node id 0");
+  });
+  if (called.ok() && resp.node_id() == 0) {
+    called = absl::InternalError("master assigned node id 0");
   }
-  if (resp.node_key().size() != kNodeKeyBytes) {
-    return absl::InternalError(absl::StrCat(
+  if (called.ok() && resp.node_key().size() != kNodeKeyBytes) {
+    called = absl::InternalError(absl::StrCat(
         "master sent a node key of ", resp.node_key().size(), " bytes"));
   }
-  // Capabilities the master signs for this registration verify from now on
-  // (the key file is written last: clients may already be writing).
-  capabilities_->SetIdentity(resp.node_id(), incarnation_, resp.node_key());
+  if (!called.ok()) {
+    capabilities_->AbandonIdentityChange();
+    return called;
+  }
   absl::Duration interval =
       resp.heartbeat_interval_ms() == 0
           ? kDefaultHeartbeat
@@ -893,7 +901,11 @@ absl::Status StorageNode::Register() {
                      absl::Milliseconds(10));
   // The ceiling first: a write with an old master's (higher) generation
   // that is still on its way must not land after the table is cleared.
+  // Then the identity: capabilities the master signs for this registration
+  // verify from now on, and the requests waiting for it go on (the key
+  // file is written last: clients may already be writing).
   ApplyGenerationCeiling(resp.generation_ceiling());
+  capabilities_->SetIdentity(resp.node_id(), incarnation_, resp.node_key());
   if (!resp.objects_retained()) {
     // The master knows none of the objects we held when we asked (say its
     // metadata was wiped): drop them, or their generations would refuse its

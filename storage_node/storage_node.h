@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "storage_node/block_io.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/capability.h"
@@ -123,6 +124,11 @@ struct StorageNodeOptions {
   // depth. Default: "auto", 64
   std::string io_engine = "auto";
   int io_queue_depth = 64;
+  // Hybrid devices: how io_uring submits (BlockIoOptions::Submit: auto
+  // detects devices that move the bytes inside submission, such as zram).
+  // Default: kAuto
+  storage::BlockIoOptions::Submit io_submit =
+      storage::BlockIoOptions::Submit::kAuto;
   // Hybrid devices: open the capacity file with O_DIRECT. Turn off only on
   // filesystems without it (tmpfs). Default: true
   bool io_direct = true;

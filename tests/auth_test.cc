@@ -547,7 +547,7 @@ std::string Load(Client& c, const std::string& key, size_t size) {
 }
 
 TEST_CASE("Tenants: A neither reads, overwrites, removes nor learns of B's "
-          "blocks; quotas refuse puts beyond them") {
+          "blocks; quotas evict inside the tenant, then refuse") {
   const std::string a_token = *NewToken(), b_token = *NewToken();
   const std::string admin_a = *NewToken(), d_token = *NewToken();
   Cluster c = StartCluster(
@@ -638,7 +638,18 @@ TEST_CASE("Tenants: A neither reads, overwrites, removes nor learns of B's "
   REQUIRE(hymctl::Run(ho, {"tenant", "set-quota", "tenant-b", "2", "0"}, q1,
                       e1) == 0);
   CHECK(Store(*b, "k3", xb));
-  CHECK_FALSE(Store(*b, "k4", xb));  // a third object
+  // A third object: one of tenant-b's own older objects makes room (never
+  // another tenant's).
+  CHECK(Store(*b, "k4", xb));
+  CHECK(Load(*b, "k4", xb.size()) == xb);
+  CHECK((Load(*b, "k1", xb.size()) == xb) + (Load(*b, "k3", xb.size()) == xb) == 1);
+  CHECK(Load(*dflt, "k1", xd.size()) == xd);
+  // Three new objects exceed the quota by themselves: refused.
+  {
+    std::vector<ConstBuffer> three(3, ConstBuffer{xb.data(), xb.size()});
+    auto put = b->Put({"k5", "k6", "k7"}, three);
+    CHECK_FALSE((put.ok() && put->stored > 0));
+  }
   CHECK(Store(*a, "k4", xa));        // tenant-a has no quota
   hymctl::Options hj = ho;
   hj.json = true;

@@ -27,7 +27,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/net.h"
 #include "common/rdma.h"
+#include "common/wire.h"
 #include "common/thread.h"
 #include "proto/storage.grpc.pb.h"
 #include "tests/daemon.h"
@@ -261,6 +263,45 @@ TEST_CASE("a node without shared memory is reached over TCP by auto") {
   CHECK(l->stop_reason.code() == absl::StatusCode::kUnavailable);
 }
 
+// Asks the node at `data_address` for a queue pair with a grant whose
+// capability is forged; returns the status of its answer.
+absl::StatusCode ForgedRdmaConnect(const std::string& data_address) {
+  auto dev = rdma::Device::Open({});
+  REQUIRE(dev.ok());
+  auto qp = rdma::QueuePair::Create(dev->get(), {});
+  REQUIRE(qp.ok());
+  const std::string info = (*qp)->local_info().Encode();
+  wire::OpDesc grant;
+  grant.region_id = 0;
+  grant.addr = 0;
+  grant.length = 4096;
+  grant.generation = 1;
+  grant.cap.rights = wire::kCapRead;
+  grant.cap.expires_unix_ms = absl::ToUnixMillis(absl::Now() + absl::Minutes(5));
+  std::memset(grant.cap.tag, 0x5A, sizeof(grant.cap.tag));
+  wire::FrameHeader h;
+  h.type = wire::FrameType::kRdmaConnectRequest;
+  h.op_count = 1;
+  h.request_id = 1;
+  h.payload_bytes = info.size();
+  std::string frame(wire::kHeaderBytes + wire::kOpBytes + wire::kCapBytes, '\0');
+  auto* p = reinterpret_cast<uint8_t*>(frame.data());
+  wire::EncodeHeader(h, p);
+  wire::EncodeOp(grant, p + wire::kHeaderBytes);
+  wire::EncodeCapability(grant.cap, p + wire::kHeaderBytes + wire::kOpBytes);
+  frame += info;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto s = ConnectTcp(data_address, deadline);
+  REQUIRE(s.ok());
+  REQUIRE(SendAll(s->fd(), frame.data(), frame.size(), deadline).ok());
+  uint8_t hb[wire::kHeaderBytes];
+  REQUIRE(RecvAll(s->fd(), hb, sizeof(hb), deadline).ok());
+  auto r = wire::DecodeHeader(hb);
+  REQUIRE(r.ok());
+  CHECK(r->type == wire::FrameType::kError);
+  return wire::FromWireCode(r->status);
+}
+
 TEST_CASE("RDMA: one-sided reads and writes, or reported unavailable") {
   const bool have = rdma::Available().ok();
   if (!have) {
@@ -305,6 +346,11 @@ TEST_CASE("RDMA: one-sided reads and writes, or reported unavailable") {
     auto st = NodeStats(c.node);
     CHECK(st["rdma_enabled"] == 1);
     CHECK(st["rdma_connections"] >= 1);
+    // No queue pair without a capability the master issued for an object
+    // on this node.
+    CHECK(ForgedRdmaConnect(c.node.data_address) ==
+          absl::StatusCode::kPermissionDenied);
+    CHECK(NodeStats(c.node)["rdma_connections"] == st["rdma_connections"]);
     CHECK(st["direct_write_ops"] == 23);
     CHECK(st["direct_acquired_ops"] == 46);
     // The same round trip over TCP against the same RDMA-enabled node.

@@ -126,6 +126,8 @@ DEFINE_uint64(read_bps, 0,
               "slower, e.g. 2000000000; 0: none");
 DEFINE_uint64(write_bps, 0, "as --read_bps, for writes");
 DEFINE_string(engine, "auto", "BlockIo engine: auto|uring|threadpool");
+DEFINE_string(io_submit, "auto",
+              "io_uring submission: auto|inline|async (BlockIoOptions::Submit)");
 DEFINE_double(raw_gib, 2, "span of the raw sequential read in GiB");
 DEFINE_int32(raw_passes, 2, "timed passes over the raw span");
 DEFINE_uint64(raw_streams, 1, "sequential streams of the raw read");
@@ -254,6 +256,9 @@ BlockIoOptions IoOptions(const Config& cfg, const std::string& path,
   o.direct = true;
   o.max_read_bytes_per_s = FLAGS_read_bps;
   o.max_write_bytes_per_s = FLAGS_write_bps;
+  o.submit = FLAGS_io_submit == "inline"  ? BlockIoOptions::Submit::kInline
+             : FLAGS_io_submit == "async" ? BlockIoOptions::Submit::kAsync
+                                          : BlockIoOptions::Submit::kAuto;
   return o;
 }
 
@@ -462,7 +467,7 @@ absl::StatusOr<RawResult> RunRaw(const Config& cfg, double span_gib,
   }
   RawResult r;
   r.gbps = static_cast<double>(bytes) / secs / 1e9;
-  r.engine = std::string(io->engine());
+  r.engine = std::string(io->engine()) + (io->async_submit() ? "+async" : "");
   io.reset();
   RemoveFiles(path);
   return r;
