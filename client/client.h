@@ -255,15 +255,16 @@ class Client {
 
   // Store, then wait for it: the deadline of `call` (default: now +
   // default_deadline) bounds the store, and the result is the handle's
-  // (StoreHandle::Wait). Blocks before a failure are still committed. A put
-  // counts against max_pending_stores like any Store, and "no node has
-  // room" refuses every key (PutResult::refused) rather than failing the
+  // (StoreHandle::Wait). Blocks before a failure are still committed. "No
+  // node has room" refuses every key (PutResult::refused) rather than failing the
   // call. Errors (whole call): InvalidArgument (sizes differ, an empty
   // buffer or key list), Unavailable or DeadlineExceeded from the master
-  // before anything was stored, ResourceExhausted (max_pending_stores).
-  absl::StatusOr<PutResult> Put(absl::Span<const std::string> keys,
-                                absl::Span<const ConstBuffer> buffers,
-                                const CallOptions& call = {});
+  // before anything was stored.
+  // (The client runs it on the calling thread; the default implementation,
+  // for other Clients, is Store(...)->Wait().)
+  virtual absl::StatusOr<PutResult> Put(absl::Span<const std::string> keys,
+                                        absl::Span<const ConstBuffer> buffers,
+                                        const CallOptions& call = {});
 
   // Removes keys; per key whether it was stored. The blocks after a removed
   // one in its chain (on the same node) go too: nothing could reach them.

@@ -60,6 +60,10 @@ class ClientImpl : public Client {
   std::shared_ptr<StoreHandle> Store(absl::Span<const std::string> keys,
                                      absl::Span<const ConstBuffer> buffers,
                                      const StoreOptions& options) override;
+  // Store and wait, on the calling thread (no hand-off to "hym-store").
+  absl::StatusOr<PutResult> Put(absl::Span<const std::string> keys,
+                                absl::Span<const ConstBuffer> buffers,
+                                const CallOptions& call) override;
   absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string> keys,
                                            const CallOptions& call) override;
   absl::StatusOr<ClusterStatus> GetClusterStatus(
@@ -103,6 +107,12 @@ class ClientImpl : public Client {
   // store.cc
   static absl::Status CheckPut(absl::Span<const std::string> keys,
                                absl::Span<const ConstBuffer> buffers);
+  // The body of a Store of checked arguments: PutAll, with "no node has
+  // room" reported as every key refused.
+  absl::StatusOr<PutResult> StoreNow(absl::Span<const std::string> keys,
+                                     absl::Span<const ConstBuffer> buffers,
+                                     const std::string& parent_key,
+                                     absl::Time deadline);
   absl::StatusOr<PutResult> PutAll(absl::Span<const std::string> keys,
                                    absl::Span<const ConstBuffer> buffers,
                                    const std::string& parent_key,

@@ -58,16 +58,7 @@ std::shared_ptr<StoreHandle> ClientImpl::Store(
                keys = std::vector<std::string>(keys.begin(), keys.end()),
                bufs = std::vector<ConstBuffer>(buffers.begin(), buffers.end()),
                parent = options.parent_key, deadline]() {
-    absl::StatusOr<PutResult> r = PutAll(keys, bufs, parent, deadline);
-    if (!r.ok() && r.status().code() == absl::StatusCode::kResourceExhausted) {
-      // No node had room: every key is refused (skipped), not an error.
-      PutResult refused;
-      refused.outcomes.assign(keys.size(), PutOutcome::kFailed);
-      refused.errors.assign(keys.size(), r.status());
-      refused.failed = refused.refused = keys.size();
-      r = std::move(refused);
-    }
-    handle->Complete(std::move(r));
+    handle->Complete(StoreNow(keys, bufs, parent, deadline));
   };
   if (!store_executor_->TrySubmit(std::move(task))) {
     handle->Complete(absl::ResourceExhaustedError(
@@ -75,6 +66,28 @@ std::shared_ptr<StoreHandle> ClientImpl::Store(
                      " stores already pending; skipped")));
   }
   return handle;
+}
+
+absl::StatusOr<PutResult> ClientImpl::Put(absl::Span<const std::string> keys,
+                                          absl::Span<const ConstBuffer> buffers,
+                                          const CallOptions& call) {
+  RETURN_IF_ERROR(CheckPut(keys, buffers));
+  return StoreNow(keys, buffers, /*parent_key=*/"", Deadline(call.deadline));
+}
+
+absl::StatusOr<PutResult> ClientImpl::StoreNow(
+    absl::Span<const std::string> keys, absl::Span<const ConstBuffer> buffers,
+    const std::string& parent_key, absl::Time deadline) {
+  absl::StatusOr<PutResult> r = PutAll(keys, buffers, parent_key, deadline);
+  if (!r.ok() && r.status().code() == absl::StatusCode::kResourceExhausted) {
+    // No node had room: every key is refused (skipped), not an error.
+    PutResult refused;
+    refused.outcomes.assign(keys.size(), PutOutcome::kFailed);
+    refused.errors.assign(keys.size(), r.status());
+    refused.failed = refused.refused = keys.size();
+    r = std::move(refused);
+  }
+  return r;
 }
 
 absl::Status ClientImpl::CheckPut(absl::Span<const std::string> keys,
