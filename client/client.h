@@ -3,17 +3,20 @@
 //
 // Blocks are named by keys (see block_key.h for prefix-chained keys). The
 // master maps each key to a Location on a storage node; the bytes move over
-// the data plane (TCP today) straight between the node and the caller's
-// buffers.
+// the data plane (TCP, same-host shared memory or RDMA: ClientOptions::
+// transport) straight between the node and the caller's buffers.
 //
 //   auto client = hymcache::Client::Create({.master_address = "host:50051"});
-//   client->Put(keys, buffers);            // new blocks of a request
-//   auto got = client->Get(keys, buffers); // the leading run of hits
-//   // blocks [got->loaded, keys.size()) are recomputed by the engine
+//   auto got = client->Load(keys, buffers);  // the leading run of hits
+//   // blocks [got->loaded, keys.size()) are recomputed by the engine, then
+//   client->Store(new_keys, new_buffers);    // stored in the background
 //
-// Every call takes a deadline (default 10 s). When it passes, the call
-// returns what it finished and the caller recomputes the rest; it never
-// writes into the caller's buffers after returning.
+// One read path (Load; Get is Load without prefetch hints) and one write
+// path (Store; Put is Store and wait). Every call takes an absolute
+// deadline (absl::Time; absl::InfinitePast() means now + the client's
+// default). When it passes, the call returns what it finished and the
+// caller recomputes the rest; nothing writes into the caller's buffers
+// after a read returns.
 //
 // Thread safety: a Client is safe for concurrent use without external
 // synchronization.
@@ -28,6 +31,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/options.h"
 
@@ -62,6 +67,13 @@ struct ObjectLocation {
   ObjectCapability capability;
 };
 
+// Per-call options of the calls that take no more than a deadline.
+struct CallOptions {
+  // Absolute deadline. Default: absl::InfinitePast() = now + the client's
+  // default_deadline (10 s).
+  absl::Time deadline = absl::InfinitePast();
+};
+
 struct LookupResult {
   // Per key, in order: whether it is stored (on a live node).
   std::vector<bool> found;
@@ -94,19 +106,6 @@ struct PutResult {
   uint32_t node_id = 0;
 };
 
-struct GetResult {
-  // Blocks [0, loaded) are in the caller's buffers, complete.
-  size_t loaded = 0;
-  // Byte length of each loaded block.
-  std::vector<uint64_t> lengths;
-  // Leading keys the master reported stored (>= loaded).
-  size_t hit_prefix = 0;
-  // Why loading stopped before the end of the key list: NotFound (a miss or
-  // the object vanished), DeadlineExceeded, Unavailable (node unreachable),
-  // OutOfRange (a buffer was too small). OK when everything was loaded.
-  absl::Status stop_reason;
-};
-
 // A request's read path (Client::Load).
 struct LoadOptions {
   // Absolute deadline. Default: absl::InfinitePast() = now + the client's
@@ -127,8 +126,9 @@ struct LoadResult {
   // Leading keys the master reported stored (>= loaded). Keys past the
   // first lookup round trip that were not looked up count as not stored.
   size_t hit_prefix = 0;
-  // Why loading stopped before the end of the key list (as
-  // GetResult::stop_reason). OK when everything was loaded.
+  // Why loading stopped before the end of the key list: NotFound (a miss or
+  // the object vanished), DeadlineExceeded, Unavailable (node unreachable),
+  // OutOfRange (a buffer was too small). OK when everything was loaded.
   absl::Status stop_reason;
   // Bytes loaded (sum of lengths).
   uint64_t bytes = 0;
@@ -136,6 +136,10 @@ struct LoadResult {
 
 // Placement hints and limits of an opportunistic Store.
 struct StoreOptions {
+  // Absolute deadline of the whole store. A store never blocks the caller;
+  // this bounds how long its buffers are in use. Default:
+  // absl::InfinitePast() = now + the client's default_store_deadline (2 s).
+  absl::Time deadline = absl::InfinitePast();
   // Key of the block preceding keys[0] in the request's chain (the last
   // block of the prefix the engine loaded). The master places the new
   // blocks on that block's node when it has room, keeping the chain on one
@@ -143,9 +147,6 @@ struct StoreOptions {
   // keys are in chain order: eviction prefers the later ones (a chain that
   // loses its tail still serves a shorter prefix).
   std::string parent_key;
-  // Bound on the whole store, from the call. A store never blocks the
-  // caller; this bounds how long its buffers are in use. Default: 2 s.
-  absl::Duration timeout = absl::Seconds(2);
 };
 
 // Completion of an asynchronous Store. Thread-safe.
@@ -207,32 +208,9 @@ class Client {
   virtual absl::StatusOr<LookupResult> BatchLookup(
       absl::Span<const std::string> keys, const CallOptions& call = {}) = 0;
 
-  // Stores `buffers[i]` under `keys[i]`. The keys are one chain (keys[i+1]
-  // extends keys[i], as for Get): a block after one that could not be
-  // stored is not kept, and removing a block removes the blocks after it.
-  // All new blocks of one call go to one
-  // storage node when the call fits one master RPC (max_keys_per_rpc keys);
-  // longer calls ask for the first chunk's node for every later chunk, which
-  // the master honours while that node has room. Keys already stored are
-  // skipped. Per-key failures (a node
-  // refusing a write, the deadline) are reported in the result, and the keys
-  // written before them are still committed. Errors (whole call):
-  // InvalidArgument (sizes differ, empty buffer, bad key), ResourceExhausted
-  // (no node has room), Unavailable.
-  virtual absl::StatusOr<PutResult> Put(absl::Span<const std::string> keys,
-                                        absl::Span<const ConstBuffer> buffers,
-                                        const CallOptions& call = {}) = 0;
-
-  // Loads the leading run of stored keys into `buffers` (buffers[i] must hold
-  // the object of keys[i]). Returns how far it got; see GetResult. Errors
-  // (whole call): InvalidArgument (sizes differ), Unavailable or
-  // DeadlineExceeded from the master before anything was loaded.
-  virtual absl::StatusOr<GetResult> Get(absl::Span<const std::string> keys,
-                                        absl::Span<const MutableBuffer> buffers,
-                                        const CallOptions& call = {}) = 0;
-
-  // A request's read path. Looks `keys` up (pipelined: the first round trip
-  // carries lookup_batch_keys keys and reads start as soon as it returns),
+  // A request's read path. Looks `keys` up (pipelined: with prefetch, the
+  // first round trip carries lookup_batch_keys keys and reads start as soon
+  // as it returns),
   // tells each node holding hits the ordered list of its blocks so that it
   // stages them ahead (LoadOptions::prefetch), then reads the blocks in
   // order into `buffers`, each released on its node as soon as it has been
@@ -251,11 +229,42 @@ class Client {
   // returns at once; a write a node refuses (no room, write buffer full) is
   // skipped and reported in the result, never retried. `buffers` must stay
   // valid and unchanged until the handle is Done(). Keys are copied.
-  // Never fails: errors are reported through the handle.
+  // The keys are one chain (keys[i+1] extends keys[i]): a block after one
+  // that could not be stored is not kept, and removing a block removes the
+  // blocks after it. All new blocks of one call go to one storage node when
+  // the call fits one master RPC (max_keys_per_rpc keys); longer calls ask
+  // for the first chunk's node for every later chunk, which the master
+  // honours while that node has room. Keys already stored, or being stored
+  // by another writer, are skipped. Per-key failures (a node refusing a
+  // write, the deadline) are reported in the result, and the keys written
+  // before them are still committed. Never fails: errors are reported
+  // through the handle (whole call: InvalidArgument for sizes that differ,
+  // an empty buffer or key list; Unavailable; ResourceExhausted when
+  // max_pending_stores are pending).
   virtual std::shared_ptr<StoreHandle> Store(
       absl::Span<const std::string> keys,
       absl::Span<const ConstBuffer> buffers,
       const StoreOptions& options = {}) = 0;
+
+  // Load without prefetch hints (plain reads; each lookup round trip carries
+  // max_keys_per_rpc keys), with the deadline of `call` (default: now +
+  // default_deadline). See Load for the result and errors.
+  absl::StatusOr<LoadResult> Get(absl::Span<const std::string> keys,
+                                 absl::Span<const MutableBuffer> buffers,
+                                 const CallOptions& call = {});
+
+  // Store, then wait for it: the deadline of `call` (default: now +
+  // default_deadline) bounds the store, and the result is the handle's
+  // (StoreHandle::Wait). Blocks before a failure are still committed. "No
+  // node has room" refuses every key (PutResult::refused) rather than failing the
+  // call. Errors (whole call): InvalidArgument (sizes differ, an empty
+  // buffer or key list), Unavailable or DeadlineExceeded from the master
+  // before anything was stored.
+  // (The client runs it on the calling thread; the default implementation,
+  // for other Clients, is Store(...)->Wait().)
+  virtual absl::StatusOr<PutResult> Put(absl::Span<const std::string> keys,
+                                        absl::Span<const ConstBuffer> buffers,
+                                        const CallOptions& call = {});
 
   // Removes keys; per key whether it was stored. The blocks after a removed
   // one in its chain (on the same node) go too: nothing could reach them.
@@ -276,6 +285,12 @@ class Client {
   virtual absl::Status RegisterMemory(void* data, size_t size) = 0;
   // Errors: NotFound if `data` does not start a registration.
   virtual absl::Status UnregisterMemory(void* data) = 0;
+
+ protected:
+  // The deadline of a Put given none: now + ClientOptions::default_deadline.
+  virtual absl::Time DefaultCallDeadline() const {
+    return absl::Now() + absl::Seconds(10);
+  }
 };
 
 }  // namespace hymcache

@@ -42,10 +42,13 @@ struct ClientOptions {
   std::string tls_key_file;
   std::string tls_server_name;
 
-  // Deadline of a call that is given none. When it passes, the call returns
-  // what it has finished (Get: the blocks loaded so far) and the engine
-  // recomputes the rest. Default: 10 s.
+  // Deadline of a call that is given none (now + this). When it passes, the
+  // call returns what it has finished (Load: the blocks loaded so far) and
+  // the engine recomputes the rest. Default: 10 s.
   absl::Duration default_deadline = absl::Seconds(10);
+  // Deadline of a Store that is given none (now + this): how long its
+  // buffers stay in use at most. Default: 2 s.
+  absl::Duration default_store_deadline = absl::Seconds(2);
 
   // Data-plane transport. Default: kTcp.
   TransportKind transport = TransportKind::kTcp;
@@ -60,9 +63,11 @@ struct ClientOptions {
   // limit (1024 by default). Default: 1024.
   uint32_t max_keys_per_rpc = 1024;
 
-  // Keys per lookup round trip of Load: the first round trip carries this
-  // many so that reads start early; later ones are issued concurrently
-  // (lookup_pipeline_depth in flight). 1..max_keys_per_rpc. Default: 32.
+  // Keys per lookup round trip of Load with prefetch hints: the first round
+  // trip carries this many so that staging and reads start early; later
+  // ones are issued concurrently (lookup_pipeline_depth in flight). A Load
+  // without hints (Get) looks up max_keys_per_rpc keys per round trip.
+  // 1..max_keys_per_rpc. Default: 32.
   uint32_t lookup_batch_keys = 32;
   // Lookup round trips of one Load in flight at once. 1..64. Default: 4.
   int lookup_pipeline_depth = 4;
@@ -76,13 +81,6 @@ struct ClientOptions {
   int max_pending_stores = 64;
   // Checks every field; InvalidArgument names the bad one.
   absl::Status Validate() const;
-};
-
-// Per-call options.
-struct CallOptions {
-  // Absolute deadline. Default: absl::InfinitePast() = now + the client's
-  // default_deadline.
-  absl::Time deadline = absl::InfinitePast();
 };
 
 }  // namespace hymcache

@@ -6,6 +6,8 @@
 //   - in syscalls and memmoves made by those libraries (epoll fds, absl's
 //     deadlock graph): interceptor calls from uninstrumented modules are
 //     ignored;
+//   - thread leaks of gRPC's internal threads, which it may leave unjoined
+//     at exit (seen with the callback API's nexting threads);
 //   - in grpcpp's inline templates and in proto messages that gRPC builds on
 //     one thread and parses, serializes or destroys on another: suppressed
 //     only when the racing access's top frame is gRPC or generated message
@@ -27,6 +29,9 @@ extern "C" const char* __tsan_default_suppressions() {
          "race_top:^hymcache::v1::\n"
          "race_top:^google::protobuf::\n"
          // Demangled templates start with their return type.
-         "race_top:^void google::protobuf::\n";
+         "race_top:^void google::protobuf::\n"
+         // gRPC's own threads (the callback API's "nexting_thread"s) that
+         // it does not join before the process exits.
+         "thread:^grpc_core::Thread::Thread\n";
 }
 #endif

@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/metrics_exporter.h"
+#include "common/grpc_status.h"
 #include "common/net.h"
 #include "common/stats.h"
 #include "common/rdma.h"
@@ -64,12 +65,6 @@ std::string JoinHostPort(const std::string& host, int port) {
     return absl::StrCat("[", host, "]:", port);
   }
   return absl::StrCat(host, ":", port);
-}
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      s.error_message());
 }
 
 void ToProto(const storage::RegionDescriptor& r, v1::RegionInfo* out) {
@@ -840,7 +835,7 @@ absl::Status StorageNode::CallMaster(Fn call, absl::Duration timeout) {
   grpc::Status s = call(&ctx);
   MutexLock l(&mu_);
   rpc_ = nullptr;
-  return FromGrpc(s);
+  return FromGrpcStatus(s);
 }
 
 absl::Status StorageNode::Register() {
@@ -1144,7 +1139,7 @@ void StorageNode::Deregister(uint32_t node_id) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   absl::Status s =
-      FromGrpc(master_->stub->DeregisterNode(&ctx, req, &resp));
+      FromGrpcStatus(master_->stub->DeregisterNode(&ctx, req, &resp));
   if (s.ok()) {
     LOG(INFO) << "deregistered node " << node_id << " from the master";
   } else {

@@ -92,7 +92,7 @@ Blocks MakeBlocks(const std::vector<std::string>& keys,
 }
 
 // Gets every key into fresh buffers and checks the loaded prefix byte for byte.
-GetResult GetAndVerify(Client& c, const Blocks& b, size_t slack = 0) {
+LoadResult GetAndVerify(Client& c, const Blocks& b, size_t slack = 0) {
   std::vector<std::vector<uint8_t>> out;
   std::vector<MutableBuffer> bufs;
   for (const auto& d : b.data) out.emplace_back(d.size() + slack, 0xEE);
@@ -192,7 +192,7 @@ TEST_CASE("put, lookup and get round-trip byte for byte with prefix semantics") 
   for (size_t i = 0; i < 8; ++i) CHECK(look->found[i] == (i < 5));
   CHECK(look->locations[4].length == (16u << 20));
 
-  GetResult got = GetAndVerify(*c.client, all, /*slack=*/3);
+  LoadResult got = GetAndVerify(*c.client, all, /*slack=*/3);
   CHECK(got.loaded == 5);
   CHECK(got.hit_prefix == 5);
   CHECK(got.stop_reason.code() == absl::StatusCode::kNotFound);

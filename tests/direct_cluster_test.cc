@@ -164,7 +164,7 @@ void RoundTrip(Client& client, const std::string& ns, size_t n, size_t len,
     while (true) {
       ConstBuffer in{data[i].data(), data[i].size()};
       StoreOptions so;
-      so.timeout = absl::Seconds(20);
+      so.deadline = absl::Now() + absl::Seconds(20);
       if (i > 0) so.parent_key = keys[i - 1];
       auto r = client.Store({keys[i]}, {in}, so)->Wait();
       INFO(r.status().ToString());
@@ -377,7 +377,7 @@ void KillMidTransfer(TransportKind kind, std::vector<std::string> flags,
     data.push_back(Bytes(i + 1000, kLen));
   }
   for (auto& d : data) in.push_back({d.data(), d.size()});
-  auto put = client->Store(keys, in, {.timeout = absl::Seconds(60)})->Wait();
+  auto put = client->Store(keys, in, {.deadline = absl::Now() + absl::Seconds(60)})->Wait();
   REQUIRE(put.ok());
   REQUIRE(put->stored == kN);
 

@@ -127,7 +127,7 @@ struct Cluster {
     while (true) {
       StoreOptions so;
       so.parent_key = parent;
-      so.timeout = absl::Seconds(10);
+      so.deadline = absl::Now() + absl::Seconds(10);
       auto h = client->Store(keys, in, so);
       auto r = h->Wait();
       REQUIRE(h->Done());

@@ -539,7 +539,7 @@ void CrashTest::Impl::RunTurn(Conversation& c, std::vector<uint8_t>& scratch) {
   }
   StoreOptions so;
   if (loaded > 0) so.parent_key = c.keys[loaded - 1];
-  so.timeout = options_.store_timeout;
+  so.deadline = absl::Now() + options_.store_timeout;
   const absl::Time started = absl::Now();
   const std::vector<uint64_t> kills_at_start = KillCounts();
   std::shared_ptr<StoreHandle> h = client_->Store(keys, in, so);
@@ -867,7 +867,7 @@ CrashTest::Impl::Read CrashTest::Impl::ReadKey(const std::string& key,
     MutableBuffer mb{buf.data(), buf.size()};
     CallOptions call;
     call.deadline = absl::Now() + absl::Seconds(5);
-    absl::StatusOr<GetResult> g = client_->Get(
+    absl::StatusOr<LoadResult> g = client_->Get(
         absl::MakeConstSpan(&key, 1), absl::MakeConstSpan(&mb, 1), call);
     NoteCall("Get", call.deadline, absl::Now());
     {

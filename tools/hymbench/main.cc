@@ -74,7 +74,7 @@ DEFINE_bool(store, true,
             "replay of what the cluster holds).");
 DEFINE_string(namespace, "hymbench", "Key namespace: runs in different namespaces share nothing.");
 DEFINE_int64(load_timeout_ms, 0, "Deadline of each Load (0: the client's default, 10 s).");
-DEFINE_int64(store_timeout_ms, 2000, "StoreOptions.timeout of each Store.");
+DEFINE_int64(store_timeout_ms, 2000, "Each Store's deadline (StoreOptions.deadline), from its start.");
 DEFINE_string(max_store_inflight, "2G",
               "Most request-buffer bytes held by unfinished stores; beyond it "
               "stores are dropped (0: no limit).");

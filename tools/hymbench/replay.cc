@@ -284,7 +284,7 @@ class Replayer {
       store_bytes_in_flight_ += held;
     }
     StoreOptions so;
-    so.timeout = options_.store_timeout;
+    so.deadline = absl::Now() + options_.store_timeout;
     if (loaded > 0) so.parent_key = keys[loaded - 1];
     PendingStore p;
     p.request = i;

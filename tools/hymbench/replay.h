@@ -64,7 +64,7 @@ struct ReplayOptions {
   // Deadline of each Load from its start; zero uses the client's default
   // deadline. Default: zero.
   absl::Duration load_timeout = absl::ZeroDuration();
-  // StoreOptions::timeout. > 0. Default: 2 s.
+  // Each Store's StoreOptions::deadline, from its start. > 0. Default: 2 s.
   absl::Duration store_timeout = absl::Seconds(2);
   // Most bytes of request buffers held by unfinished stores; a request whose
   // store would exceed it (while other stores are in flight) skips its store

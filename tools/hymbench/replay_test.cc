@@ -137,14 +137,6 @@ class FakeClient : public Client {
                                            const CallOptions&) override {
     return absl::UnimplementedError("fake");
   }
-  absl::StatusOr<PutResult> Put(absl::Span<const std::string>, absl::Span<const ConstBuffer>,
-                                const CallOptions&) override {
-    return absl::UnimplementedError("fake");
-  }
-  absl::StatusOr<GetResult> Get(absl::Span<const std::string>, absl::Span<const MutableBuffer>,
-                                const CallOptions&) override {
-    return absl::UnimplementedError("fake");
-  }
   absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string>,
                                            const CallOptions&) override {
     return absl::UnimplementedError("fake");

@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
@@ -19,12 +20,6 @@ namespace hymcache::hymctl {
 namespace {
 
 namespace v1 = ::hymcache::v1;
-
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
-}
 
 bool SameRange(const v1::Location& a, const v1::Location& b) {
   return a.region_id() == b.region_id() && a.addr() == b.addr() &&
@@ -92,7 +87,7 @@ class Fsck {
     v1::ListNodesResponse nodes;
     {
       grpc::ClientContext ctx;
-      RETURN_IF_ERROR(FromGrpc(
+      RETURN_IF_ERROR(FromGrpcStatus(
           master_->ListNodes(Ctx(&ctx), v1::ListNodesRequest(), &nodes),
           "ListNodes"));
     }
@@ -110,7 +105,7 @@ class Fsck {
               Listing{o.key(), o.location(), o.unreachable()};
         }
       }
-      RETURN_IF_ERROR(FromGrpc(reader->Finish(), "ListObjects"));
+      RETURN_IF_ERROR(FromGrpcStatus(reader->Finish(), "ListObjects"));
     }
     for (const v1::NodeInfo& n : nodes.nodes()) {
       auto& mine = listed[n.node_id()];
@@ -173,13 +168,13 @@ class Fsck {
         (*out)[l.generation()] = loc;
       }
     }
-    return FromGrpc(reader->Finish(), "ListExtents");
+    return FromGrpcStatus(reader->Finish(), "ListExtents");
   }
 
   absl::Status CountChecksums(v1::StorageControl::Stub* stub, uint64_t* sum) {
     grpc::ClientContext ctx;
     v1::StorageStatsResponse st;
-    RETURN_IF_ERROR(FromGrpc(
+    RETURN_IF_ERROR(FromGrpcStatus(
         stub->GetStats(Ctx(&ctx), v1::StorageStatsRequest(), &st),
         "GetStats"));
     auto it = st.device_stats().find("checksum_failures");
@@ -236,7 +231,7 @@ class Fsck {
       }
       grpc::ClientContext ctx;
       v1::ReportMissingResponse resp;
-      RETURN_IF_ERROR(FromGrpc(master_->ReportMissing(Ctx(&ctx), req, &resp),
+      RETURN_IF_ERROR(FromGrpcStatus(master_->ReportMissing(Ctx(&ctx), req, &resp),
                                 "ReportMissing"));
       for (bool d : resp.dropped()) report->listings_dropped += d;
     }
@@ -249,7 +244,7 @@ class Fsck {
       grpc::ClientContext ctx;
       v1::RemoveResponse resp;
       RETURN_IF_ERROR(
-          FromGrpc(master_->Remove(Ctx(&ctx), req, &resp), "Remove"));
+          FromGrpcStatus(master_->Remove(Ctx(&ctx), req, &resp), "Remove"));
       for (bool d : resp.removed()) report->listings_dropped += d;
     }
     // Unlisted extents: the node's reconciliation frees them (the master
@@ -258,7 +253,7 @@ class Fsck {
     v1::ListNodesResponse nodes;
     {
       grpc::ClientContext ctx;
-      RETURN_IF_ERROR(FromGrpc(
+      RETURN_IF_ERROR(FromGrpcStatus(
           master_->ListNodes(Ctx(&ctx), v1::ListNodesRequest(), &nodes),
           "ListNodes"));
     }

@@ -1,0 +1,76 @@
+// What client.h and options.h define beside the abstract Client: option
+// checks, and Get and Put on top of Load and Store.
+#include "client/client.h"
+#include "client/options.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/net.h"
+
+namespace hymcache {
+
+absl::Status ClientOptions::Validate() const {
+  if (master_address.empty()) {
+    return absl::InvalidArgumentError("ClientOptions.master_address is required");
+  }
+  if (auto hp = SplitHostPort(master_address); !hp.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.master_address: ", hp.status().message()));
+  }
+  if (tls_cert_file.empty() != tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.tls_cert_file and tls_key_file go together");
+  }
+  if (default_deadline <= absl::ZeroDuration() ||
+      default_store_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.default_deadline and default_store_deadline must be "
+        "positive");
+  }
+  if (max_idle_connections_per_node < 0) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.max_idle_connections_per_node must be >= 0");
+  }
+  if (max_keys_per_rpc == 0 || max_keys_per_rpc > 1024) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.max_keys_per_rpc must be in 1..1024");
+  }
+  if (lookup_batch_keys == 0 || lookup_batch_keys > max_keys_per_rpc) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.lookup_batch_keys must be in 1..max_keys_per_rpc");
+  }
+  if (lookup_pipeline_depth < 1 || lookup_pipeline_depth > 64) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.lookup_pipeline_depth must be in 1..64");
+  }
+  if (read_batch_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.read_batch_bytes must be > 0");
+  }
+  if (store_threads < 1 || max_pending_stores < 1) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.store_threads and max_pending_stores must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadResult> Client::Get(absl::Span<const std::string> keys,
+                                        absl::Span<const MutableBuffer> buffers,
+                                        const CallOptions& call) {
+  LoadOptions load;
+  load.deadline = call.deadline;
+  load.prefetch = false;
+  return Load(keys, buffers, load);
+}
+
+absl::StatusOr<PutResult> Client::Put(absl::Span<const std::string> keys,
+                                      absl::Span<const ConstBuffer> buffers,
+                                      const CallOptions& call) {
+  StoreOptions store;
+  // The deadline of a call, not of an opportunistic store.
+  store.deadline = call.deadline == absl::InfinitePast()
+                       ? DefaultCallDeadline()
+                       : call.deadline;
+  return Store(keys, buffers, store)->Wait();
+}
+
+}  // namespace hymcache

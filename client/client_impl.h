@@ -1,0 +1,141 @@
+// ClientImpl: the Client behind Client::Create, built from its seams.
+//
+// It is handed a MasterClient (the control plane) and a Transport (the data
+// plane) and owns the logic between them, split by concern:
+//   client_impl.cc  construction, peers, lookups, removal, cluster status;
+//   load.cc         the read path (Load: pipelined lookups, prefetch hints,
+//                   batched reads, aborted-suffix retry, read repair);
+//   store.cc        the write path (Store: PutStart, writes, PutCommit);
+// Client::Create (client.cc) hands it the gRPC MasterClient
+// (grpc_master_client.h) and the Transport the options select
+// (transport_select.h).
+// Tests build one with fakes (client/testing/) through NewClientImpl.
+//
+// Internal to the client library (not a public header of //client).
+//
+// Thread safety: safe for concurrent use without external synchronization.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
+#include "client/client.h"
+#include "client/master_client.h"
+#include "client/transport.h"
+#include "common/clock.h"
+#include "common/executor.h"
+#include "common/mutex.h"
+
+namespace hymcache {
+
+// Builds a client on the given seams (shared so that a test can inspect its
+// fakes after the client is gone). `options` must be valid (Validate); its
+// master_address, TLS and transport fields are not used. `clock` (not owned,
+// outlives the client) gives the time deadlines are computed and checked
+// against. Errors: InvalidArgument (options), ResourceExhausted (threads).
+absl::StatusOr<std::unique_ptr<Client>> NewClientImpl(
+    const ClientOptions& options, std::shared_ptr<MasterClient> master,
+    std::shared_ptr<Transport> transport, Clock* clock = Clock::Real());
+
+// The data-plane reference to `location`, with its capability.
+RemoteRef ToRemoteRef(const ObjectLocation& location);
+
+class ClientImpl : public Client {
+ public:
+  ClientImpl(const ClientOptions& options, std::shared_ptr<MasterClient> master,
+             std::shared_ptr<Transport> transport, Clock* clock,
+             std::unique_ptr<Executor> store_executor,
+             std::unique_ptr<Executor> bg_executor);
+  ~ClientImpl() override;
+
+  absl::StatusOr<LookupResult> BatchLookup(absl::Span<const std::string> keys,
+                                           const CallOptions& call) override;
+  absl::StatusOr<LoadResult> Load(absl::Span<const std::string> keys,
+                                  absl::Span<const MutableBuffer> buffers,
+                                  const LoadOptions& options) override;
+  std::shared_ptr<StoreHandle> Store(absl::Span<const std::string> keys,
+                                     absl::Span<const ConstBuffer> buffers,
+                                     const StoreOptions& options) override;
+  // Store and wait, on the calling thread (no hand-off to "hym-store").
+  absl::StatusOr<PutResult> Put(absl::Span<const std::string> keys,
+                                absl::Span<const ConstBuffer> buffers,
+                                const CallOptions& call) override;
+  absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string> keys,
+                                           const CallOptions& call) override;
+  absl::StatusOr<ClusterStatus> GetClusterStatus(
+      const CallOptions& call) override;
+  absl::Status RegisterMemory(void* data, size_t size) override;
+  absl::Status UnregisterMemory(void* data) override;
+
+ protected:
+  absl::Time DefaultCallDeadline() const override {
+    return clock_->Now() + options_.default_deadline;
+  }
+
+ private:
+  static constexpr absl::Duration kReleaseTimeout = absl::Seconds(1);
+
+  // client_impl.cc
+  // `requested`, or now + default_deadline for absl::InfinitePast().
+  absl::Time Deadline(absl::Time requested,
+                      absl::Duration default_deadline) const;
+  absl::Time Deadline(absl::Time requested) const {
+    return Deadline(requested, options_.default_deadline);
+  }
+  static absl::Status CheckKeys(absl::Span<const std::string> keys);
+  void Remember(const PeerInfo& peer);
+  absl::StatusOr<PeerInfo> Peer(uint32_t node_id);
+  // Looks keys up in RPCs of max_keys_per_rpc. An RPC failure after the
+  // first returns what was found so far.
+  absl::Status Lookup(absl::Span<const std::string> keys, absl::Time deadline,
+                      LookupResult* out);
+
+  // load.cc
+  uint64_t NewSessionId();
+  void Hint(uint64_t session, const std::vector<ObjectLocation>& locs,
+            size_t from, size_t to, absl::Time deadline,
+            std::vector<uint32_t>* nodes);
+  void ReportRefused(absl::Span<const std::string> keys,
+                     const std::vector<ObjectLocation>& locs, size_t first,
+                     const std::vector<absl::Status>& st);
+  void ReleaseInBackground(uint64_t session, std::vector<uint32_t> nodes);
+
+  // store.cc
+  static absl::Status CheckPut(absl::Span<const std::string> keys,
+                               absl::Span<const ConstBuffer> buffers);
+  // The body of a Store of checked arguments: PutAll, with "no node has
+  // room" reported as every key refused.
+  absl::StatusOr<PutResult> StoreNow(absl::Span<const std::string> keys,
+                                     absl::Span<const ConstBuffer> buffers,
+                                     const std::string& parent_key,
+                                     absl::Time deadline);
+  absl::StatusOr<PutResult> PutAll(absl::Span<const std::string> keys,
+                                   absl::Span<const ConstBuffer> buffers,
+                                   const std::string& parent_key,
+                                   absl::Time deadline);
+  absl::Status PutChunk(absl::Span<const std::string> keys,
+                        absl::Span<const ConstBuffer> buffers, size_t offset,
+                        const std::string& parent_key, absl::Time deadline,
+                        uint32_t* node, PutResult* out);
+
+  // Constant after construction.
+  const ClientOptions options_;
+  const std::shared_ptr<MasterClient> master_;
+  const std::shared_ptr<Transport> transport_;
+  Clock* const clock_;
+  // Run Stores ("hym-store") and background work: releases of cancelled
+  // prefetches, read-repair reports ("hym-bg"). Reset first on destruction.
+  std::unique_ptr<Executor> store_executor_;
+  std::unique_ptr<Executor> bg_executor_;
+
+  // Protected by mu_.
+  Mutex mu_;
+  absl::flat_hash_map<uint32_t, PeerInfo> peers_ ABSL_GUARDED_BY(mu_);
+  absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hymcache

@@ -1,0 +1,484 @@
+// Unit tests of the client's read path (Load) and write path (Store) on
+// fakes of its seams: no daemons, no sockets, no sleeps (an injected clock
+// that the fake transport advances per op).
+#include "client/client_impl.h"
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/testing/fake_master_client.h"
+#include "client/testing/fake_transport.h"
+
+namespace hymcache {
+namespace {
+
+constexpr size_t kLen = 1000;
+constexpr uint8_t kUntouched = 0xEE;
+
+ClientOptions TestOptions() {
+  ClientOptions o;
+  o.master_address = "fake-master:1";
+  o.lookup_batch_keys = 4;
+  o.read_batch_bytes = 4 * kLen;
+  return o;
+}
+
+// A client on a fake master with nodes 1 and 2 and a fake transport that
+// advances `clock` by `op_time` per op.
+struct Rig {
+  explicit Rig(ClientOptions o = TestOptions(),
+               absl::Duration op_time = absl::ZeroDuration()) {
+    REQUIRE(o.Validate().ok());
+    master = std::make_shared<FakeMasterClient>();
+    transport = std::make_shared<FakeTransport>(&clock, op_time);
+    master->AddNode({1, "node-1:1", {}});
+    master->AddNode({2, "node-2:1", {}});
+    auto c = NewClientImpl(o, master, transport, &clock);
+    REQUIRE(c.ok());
+    client = std::move(*c);
+  }
+
+  FakeClock clock;
+  std::shared_ptr<FakeMasterClient> master;
+  std::shared_ptr<FakeTransport> transport;
+  std::unique_ptr<Client> client;
+};
+
+struct Blocks {
+  Blocks(size_t n, size_t first = 0) {
+    for (size_t i = first; i < first + n; ++i) {
+      keys.push_back(absl::StrCat("k", i));
+      data.emplace_back(kLen);
+      for (size_t j = 0; j < kLen; ++j) {
+        data.back()[j] = static_cast<uint8_t>(i * 31 + j * 7 + 1);
+      }
+    }
+  }
+  std::vector<ConstBuffer> in() const {
+    std::vector<ConstBuffer> b;
+    for (const auto& d : data) b.push_back({d.data(), d.size()});
+    return b;
+  }
+  std::vector<std::string> keys;
+  std::vector<std::vector<uint8_t>> data;
+};
+
+PutResult StoreAll(Rig& rig, const Blocks& b, StoreOptions so = {}) {
+  so.deadline = rig.clock.Now() + absl::Hours(1);
+  auto r = rig.client->Store(b.keys, b.in(), so)->Wait();
+  REQUIRE(r.ok());
+  REQUIRE(r->stored == b.keys.size());
+  return *r;
+}
+
+// Destination buffers, filled with kUntouched.
+struct Out {
+  explicit Out(size_t n, size_t len = kLen) : bytes(n, std::vector<uint8_t>(len, kUntouched)) {
+    for (auto& b : bytes) bufs.push_back({b.data(), b.size()});
+  }
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<MutableBuffer> bufs;
+};
+
+// Blocks [0, loaded) hold the stored bytes; blocks from `untouched` on
+// (default: loaded) were not written. (Blocks in between were in a read
+// batch after the one that failed: the transport may have filled them.)
+void CheckLoaded(const Blocks& b, const Out& out, size_t loaded,
+                 size_t untouched = SIZE_MAX) {
+  if (untouched == SIZE_MAX) untouched = loaded;
+  for (size_t i = 0; i < b.keys.size(); ++i) {
+    INFO("block " << i);
+    if (i < loaded) {
+      REQUIRE(std::memcmp(out.bytes[i].data(), b.data[i].data(), kLen) == 0);
+    } else if (i >= untouched) {
+      REQUIRE(out.bytes[i] == std::vector<uint8_t>(out.bytes[i].size(), kUntouched));
+    }
+  }
+}
+
+TEST_CASE("Load reads every stored block byte for byte, in batches of read_batch_bytes") {
+  Rig rig;
+  Blocks b(10);
+  StoreAll(rig, b);
+  Out out(10);
+  auto r = rig.client->Load(b.keys, out.bufs);
+  REQUIRE(r.ok());
+  CHECK(r->stop_reason.ok());
+  CHECK(r->loaded == 10);
+  CHECK(r->hit_prefix == 10);
+  CHECK(r->bytes == 10 * kLen);
+  CHECK(r->lengths == std::vector<uint64_t>(10, kLen));
+  CheckLoaded(b, out, 10);
+  CHECK(rig.transport->session_reads() == std::vector<size_t>{4, 4, 2});
+  CHECK(rig.master->stream_chunk_keys() == std::vector<size_t>{4});
+  CHECK(rig.transport->reads().empty());
+  CHECK(rig.transport->prefetched() == 10);
+  // Everything announced was read: nothing to release.
+  rig.client.reset();
+  CHECK(rig.transport->released_sessions().empty());
+}
+
+TEST_CASE("Load stops at a miss in the middle of a lookup chunk") {
+  Rig rig;
+  Blocks b(10);
+  Blocks head(5), tail(4, 6);  // k5 is never stored
+  StoreAll(rig, head);
+  StoreAll(rig, tail);
+  Out out(10);
+  auto r = rig.client->Load(b.keys, out.bufs);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 5);
+  CHECK(r->hit_prefix == 5);
+  CHECK(r->bytes == 5 * kLen);
+  CHECK(r->stop_reason.code() == absl::StatusCode::kNotFound);
+  CheckLoaded(b, out, 5);
+  // Chunks [k0..k3] and [k4..k7]; the third is never asked for.
+  CHECK(rig.master->lookup_chunks_taken() == 2);
+  CHECK(rig.master->streams_cancelled_early() == 1);
+  CHECK(rig.transport->prefetched() == 5);
+}
+
+TEST_CASE("Load reads an aborted suffix again") {
+  ClientOptions o = TestOptions();
+  o.read_batch_bytes = 8 * kLen;
+  Rig rig(o);
+  Blocks b(8);
+  StoreAll(rig, b);
+  rig.transport->AbortNextSessionReadAfter(3);
+  Out out(8);
+  auto r = rig.client->Load(b.keys, out.bufs);
+  REQUIRE(r.ok());
+  CHECK(r->stop_reason.ok());
+  CHECK(r->loaded == 8);
+  CHECK(r->bytes == 8 * kLen);
+  CheckLoaded(b, out, 8);
+  // Three served, five aborted and asked for again.
+  CHECK(rig.transport->session_reads() == std::vector<size_t>{8, 5});
+}
+
+TEST_CASE("Load returns the blocks read before a deadline in the middle of a batch") {
+  ClientOptions o = TestOptions();
+  o.read_batch_bytes = 6 * kLen;
+  Rig rig(o, /*op_time=*/absl::Seconds(1));
+  Blocks b(6);
+  StoreAll(rig, b);
+  Out out(6);
+  // Ops start at +0 s, +1 s, +2 s; the fourth, at +3 s, is past it.
+  LoadOptions lo;
+  lo.deadline = rig.clock.Now() + absl::Milliseconds(2500);
+  auto r = rig.client->Load(b.keys, out.bufs, lo);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 3);
+  CHECK(r->bytes == 3 * kLen);
+  CHECK(r->hit_prefix == 6);
+  CHECK(r->stop_reason.code() == absl::StatusCode::kDeadlineExceeded);
+  CheckLoaded(b, out, 3);
+  CHECK(rig.transport->session_reads() == std::vector<size_t>{6});
+  // The three announced and not read are released on their node.
+  rig.client.reset();
+  CHECK(rig.transport->released_sessions().size() == 1);
+}
+
+TEST_CASE("Load stops at a node that died between the lookup and the read") {
+  ClientOptions o = TestOptions();
+  o.read_batch_bytes = 8 * kLen;
+  Rig rig(o);
+  Blocks b(8), on1(4), on2(4, 4);
+  StoreAll(rig, on1);
+  rig.master->SetDefaultNode(2);
+  StoreAll(rig, on2);
+  REQUIRE(rig.master->Find("k3")->node_id == 1);
+  REQUIRE(rig.master->Find("k4")->node_id == 2);
+  rig.transport->KillNode(2);
+  Out out(8);
+  auto r = rig.client->Load(b.keys, out.bufs);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 4);
+  CHECK(r->bytes == 4 * kLen);
+  CHECK(r->hit_prefix == 8);
+  CHECK(r->stop_reason.code() == absl::StatusCode::kUnavailable);
+  CheckLoaded(b, out, 4);
+  // A node that is down is not a node that lost the objects: no read
+  // repair. Both nodes are told to drop the session.
+  rig.client.reset();
+  CHECK(rig.master->reported_missing().empty());
+  CHECK(rig.master->Find("k4").has_value());
+  CHECK(rig.transport->released_sessions().size() == 2);
+}
+
+TEST_CASE("Load reports an object its node no longer holds, and stops before it") {
+  Rig rig;
+  Blocks b(6);
+  StoreAll(rig, b);
+  const ObjectLocation lost = *rig.master->Find("k2");
+  rig.transport->Forget(lost.node_id, lost.addr);
+  Out out(6);
+  LoadOptions lo;
+  lo.prefetch = false;
+  auto r = rig.client->Load(b.keys, out.bufs, lo);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 2);
+  CHECK(r->bytes == 2 * kLen);
+  CHECK(r->stop_reason.code() == absl::StatusCode::kNotFound);
+  CheckLoaded(b, out, 2, /*untouched=*/4);  // one batch of 4 blocks
+  CHECK(rig.transport->reads() == std::vector<size_t>{4});
+  CHECK(rig.transport->session_reads().empty());
+  CHECK(rig.transport->prefetched() == 0);
+  rig.client.reset();  // runs the background report
+  auto reported = rig.master->reported_missing();
+  REQUIRE(reported.size() == 1);
+  CHECK(reported[0].first == "k2");
+  CHECK(reported[0].second.addr == lost.addr);
+  CHECK(reported[0].second.generation == lost.generation);
+  CHECK_FALSE(rig.master->Find("k2").has_value());
+  CHECK(rig.master->Find("k3").has_value());
+}
+
+TEST_CASE("Load reads what it has while later lookups are in flight") {
+  ClientOptions o = TestOptions();
+  o.lookup_batch_keys = 2;
+  o.read_batch_bytes = kLen;
+  Rig rig(o);
+  Blocks b(6);
+  StoreAll(rig, b);
+  rig.master->SetLaterChunksLate(true);
+  Out out(6);
+  auto r = rig.client->Load(b.keys, out.bufs);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 6);
+  CHECK(r->bytes == 6 * kLen);
+  CheckLoaded(b, out, 6);
+  CHECK(rig.transport->session_reads() == std::vector<size_t>(6, 1));
+  CHECK(rig.master->lookup_chunks_taken() == 3);
+}
+
+TEST_CASE("Load: a lookup that fails after the first chunk returns what was loaded") {
+  Rig rig;
+  Blocks b(10);
+  StoreAll(rig, b);
+  SECTION("second chunk") {
+    rig.master->FailLookupChunk(1, absl::UnavailableError("master down"));
+    Out out(10);
+    auto r = rig.client->Load(b.keys, out.bufs);
+    REQUIRE(r.ok());
+    CHECK(r->loaded == 4);
+    CHECK(r->bytes == 4 * kLen);
+    CHECK(r->hit_prefix == 4);
+    CHECK(r->stop_reason.code() == absl::StatusCode::kUnavailable);
+    CheckLoaded(b, out, 4);
+  }
+  SECTION("first chunk: the call fails") {
+    rig.master->FailLookupChunk(0, absl::UnavailableError("master down"));
+    Out out(10);
+    auto r = rig.client->Load(b.keys, out.bufs);
+    CHECK(r.status().code() == absl::StatusCode::kUnavailable);
+    CheckLoaded(b, out, 0);
+  }
+}
+
+TEST_CASE("Load stops before a buffer too small for its block") {
+  Rig rig;
+  Blocks b(5);
+  StoreAll(rig, b);
+  Out out(5);
+  out.bufs[3].size = kLen - 1;
+  auto r = rig.client->Load(b.keys, out.bufs);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 3);
+  CHECK(r->stop_reason.code() == absl::StatusCode::kOutOfRange);
+  CheckLoaded(b, out, 3);
+}
+
+TEST_CASE("Get is Load without prefetch hints; Put is Store and wait") {
+  Rig rig;
+  Blocks b(6);
+  auto put = rig.client->Put(b.keys, b.in());
+  REQUIRE(put.ok());
+  CHECK(put->stored == 6);
+  CHECK(rig.transport->writes() == std::vector<size_t>{6});
+  Out out(6);
+  auto got = rig.client->Get(b.keys, out.bufs);
+  REQUIRE(got.ok());
+  CHECK(got->loaded == 6);
+  CHECK(got->bytes == 6 * kLen);
+  CheckLoaded(b, out, 6);
+  CHECK(rig.transport->reads() == std::vector<size_t>{4, 2});
+  CHECK(rig.transport->session_reads().empty());
+  CHECK(rig.transport->prefetched() == 0);
+  // Without hints, lookups of max_keys_per_rpc keys (no staging to start).
+  CHECK(rig.master->stream_chunk_keys() == std::vector<size_t>{1024});
+}
+
+TEST_CASE("A Put given no deadline has the call default, a Store the store default") {
+  ClientOptions o = TestOptions();
+  o.default_deadline = absl::Seconds(10);
+  o.default_store_deadline = absl::Milliseconds(1500);
+  Rig rig(o, /*op_time=*/absl::Seconds(1));
+  Blocks b(3), c(3, 3);
+  auto put = rig.client->Put(b.keys, b.in());  // writes take 3 s < 10 s
+  REQUIRE(put.ok());
+  CHECK(put->stored == 3);
+  auto store = rig.client->Store(c.keys, c.in(), {})->Wait();  // 3 s > 1.5 s
+  REQUIRE(store.ok());
+  CHECK(store->stored == 0);
+  CHECK(store->failed == 3);
+  CHECK(store->errors[2].code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("Store writes and commits new blocks and skips stored or in-progress ones") {
+  Rig rig;
+  Blocks first(5);
+  StoreAll(rig, first);
+  CHECK(rig.transport->writes() == std::vector<size_t>{5});
+  REQUIRE(rig.master->commits().size() == 1);
+  CHECK(rig.master->commits()[0].failed_indexes.empty());
+
+  Blocks more(8);  // k0..k4 stored, k5 in progress elsewhere, k6 and k7 new
+  rig.master->MarkInProgress("k5");
+  auto r = rig.client->Store(more.keys, more.in(), {})->Wait();
+  REQUIRE(r.ok());
+  CHECK(r->stored == 2);
+  CHECK(r->skipped == 6);
+  CHECK(r->failed == 0);
+  CHECK(r->outcomes[0] == PutOutcome::kAlreadyStored);
+  CHECK(r->outcomes[5] == PutOutcome::kInProgress);
+  CHECK(r->outcomes[6] == PutOutcome::kStored);
+  CHECK(r->node_id == 1);
+  CHECK(rig.transport->writes() == std::vector<size_t>{5, 2});
+  CHECK(rig.master->Find("k7").has_value());
+  CHECK_FALSE(rig.master->Find("k5").has_value());
+}
+
+TEST_CASE("Store: no node has room, every block is refused and nothing is written") {
+  Rig rig;
+  rig.master->FailPutStart(absl::ResourceExhaustedError("no node has room"));
+  Blocks b(4);
+  auto r = rig.client->Store(b.keys, b.in(), {})->Wait();
+  REQUIRE(r.ok());
+  CHECK(r->stored == 0);
+  CHECK(r->failed == 4);
+  CHECK(r->refused == 4);
+  for (const absl::Status& e : r->errors) {
+    CHECK(e.code() == absl::StatusCode::kResourceExhausted);
+  }
+  CHECK(rig.transport->writes().empty());
+}
+
+TEST_CASE("Store: a whole-call failure of the first PutStart is the handle's error") {
+  Rig rig;
+  rig.master->FailPutStart(absl::UnavailableError("master down"));
+  Blocks b(3);
+  auto r = rig.client->Store(b.keys, b.in(), {})->Wait();
+  CHECK(r.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(rig.transport->writes().empty());
+}
+
+TEST_CASE("Store: a node refusing one write commits the others") {
+  Rig rig;
+  Blocks b(5);
+  rig.transport->FailNextWriteOp(2, absl::ResourceExhaustedError("write buffer full"));
+  auto r = rig.client->Store(b.keys, b.in(), {})->Wait();
+  REQUIRE(r.ok());
+  CHECK(r->stored == 4);
+  CHECK(r->failed == 1);
+  CHECK(r->refused == 1);
+  CHECK(r->outcomes[2] == PutOutcome::kFailed);
+  CHECK(r->errors[2].code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(rig.master->commits().size() == 1);
+  CHECK(rig.master->commits()[0].failed_indexes == std::vector<uint32_t>{2});
+  CHECK_FALSE(rig.master->Find("k2").has_value());
+  // The chain is readable up to the hole.
+  Out out(5);
+  auto got = rig.client->Load(b.keys, out.bufs);
+  REQUIRE(got.ok());
+  CHECK(got->loaded == 2);
+  CHECK(got->hit_prefix == 2);
+  CheckLoaded(b, out, 2);
+}
+
+TEST_CASE("Store: a call over several PutStarts keeps the chunks committed before a failure") {
+  ClientOptions o = TestOptions();
+  o.max_keys_per_rpc = 4;
+  Rig rig(o);
+  rig.master->SetDefaultNode(2);
+  rig.master->FailPutStart(absl::UnavailableError("master down"), /*from_call=*/1);
+  Blocks b(10);
+  auto r = rig.client->Store(b.keys, b.in(), {})->Wait();
+  REQUIRE(r.ok());
+  CHECK(r->stored == 4);
+  CHECK(r->failed == 6);
+  CHECK(r->refused == 0);
+  for (size_t i = 4; i < 10; ++i) {
+    CHECK(r->errors[i].code() == absl::StatusCode::kUnavailable);
+  }
+  CHECK(rig.master->Find("k3").has_value());
+  CHECK_FALSE(rig.master->Find("k4").has_value());
+  // The second chunk named the first one's last key and node.
+  auto starts = rig.master->put_starts();
+  REQUIRE(starts.size() == 2);
+  CHECK(starts[1].parent_key == "k3");
+  CHECK(starts[1].preferred_node_id == 2);
+  CHECK(starts[1].keys == std::vector<std::string>{"k4", "k5", "k6", "k7"});
+}
+
+TEST_CASE("Store: a deadline in the middle of the writes aborts the put") {
+  Rig rig(TestOptions(), /*op_time=*/absl::Seconds(1));
+  Blocks b(3);
+  StoreOptions so;
+  so.deadline = rig.clock.Now() + absl::Milliseconds(1500);  // 2 writes fit
+  auto r = rig.client->Store(b.keys, b.in(), so)->Wait();
+  REQUIRE(r.ok());
+  CHECK(r->stored == 0);
+  CHECK(r->failed == 3);
+  for (const absl::Status& e : r->errors) {
+    CHECK(e.code() == absl::StatusCode::kDeadlineExceeded);
+  }
+  CHECK(rig.master->commits().empty());
+  CHECK(rig.master->aborts().size() == 1);
+  CHECK_FALSE(rig.master->Find("k0").has_value());
+}
+
+TEST_CASE("Store: a failed commit stores nothing") {
+  Rig rig;
+  rig.master->FailPutCommit(absl::UnavailableError("master down"));
+  Blocks b(3);
+  auto r = rig.client->Store(b.keys, b.in(), {})->Wait();
+  REQUIRE(r.ok());
+  CHECK(r->stored == 0);
+  CHECK(r->failed == 3);
+  for (const absl::Status& e : r->errors) {
+    CHECK(e.code() == absl::StatusCode::kUnavailable);
+  }
+}
+
+TEST_CASE("Store: beyond max_pending_stores a store is skipped at once") {
+  ClientOptions o = TestOptions();
+  o.store_threads = 1;
+  o.max_pending_stores = 2;
+  Rig rig(o);
+  rig.master->BlockPutStart();
+  Blocks b1(2), b2(2, 2), b3(2, 4);
+  auto h1 = rig.client->Store(b1.keys, b1.in(), {});
+  auto h2 = rig.client->Store(b2.keys, b2.in(), {});
+  auto h3 = rig.client->Store(b3.keys, b3.in(), {});
+  REQUIRE(h3->Done());
+  CHECK(h3->Wait().status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK_FALSE(h2->Done());
+  rig.master->UnblockPutStart();
+  auto r1 = h1->Wait();
+  auto r2 = h2->Wait();
+  REQUIRE(r1.ok());
+  REQUIRE(r2.ok());
+  CHECK(r1->stored == 2);
+  CHECK(r2->stored == 2);
+  CHECK(rig.master->put_starts().size() == 2);
+  CHECK_FALSE(rig.master->Find("k4").has_value());
+}
+
+}  // namespace
+}  // namespace hymcache

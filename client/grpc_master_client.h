@@ -1,0 +1,30 @@
+// The gRPC MasterClient: proto conversion, the pipelined lookups of a Load,
+// and background PutAborts on the master's MasterService.
+//
+// Internal to the client library.
+//
+// Thread safety: safe for concurrent use. The destructor waits for the
+// asynchronous calls still in flight (each bounded by its deadline).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "client/master_client.h"
+
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
+namespace hymcache {
+
+struct GrpcMasterClientOptions {
+  // Lookup round trips of one stream in flight at once (ClientOptions).
+  int lookup_pipeline_depth = 4;
+};
+
+std::unique_ptr<MasterClient> NewGrpcMasterClient(
+    std::shared_ptr<grpc::Channel> channel,
+    const GrpcMasterClientOptions& options);
+
+}  // namespace hymcache

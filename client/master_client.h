@@ -1,0 +1,136 @@
+// MasterClient: the client library's view of the master, in absl types.
+//
+// ClientImpl (client_impl.h) talks to the master only through this
+// interface: the gRPC implementation (grpc_master_client.h) owns the proto
+// conversion and the pipelined lookups of a Load; FakeMasterClient
+// (client/testing/fake_master_client.h) keeps an in-memory index so that
+// Load and Store are unit-tested without daemons (the way leveldb injects
+// Env).
+//
+// Internal to the client library (not a public header of //client).
+//
+// Thread safety: implementations are safe for concurrent use.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/client.h"
+#include "client/transport.h"
+
+namespace hymcache {
+
+// The answer to lookups of consecutive keys.
+struct LookupBatch {
+  // Per key, in order: whether it is stored (on a live node), and where.
+  // locations[i] is meaningful where found[i].
+  std::vector<bool> found;
+  std::vector<ObjectLocation> locations;
+  // How to reach the nodes the found locations name.
+  std::vector<PeerInfo> nodes;
+};
+
+// The lookups of one read: consecutive chunks of its keys, several in
+// flight, answers taken in order. Destroying the stream cancels the calls
+// still in flight. Used by one thread at a time.
+class LookupStream {
+ public:
+  virtual ~LookupStream() = default;
+  // Whether answers remain to be taken (false after CancelRest).
+  virtual bool has_next() const = 0;
+  // The next chunk's answer (one entry per key of the chunk, following the
+  // previous chunk's keys); nullptr when `block` is false and it has not
+  // arrived. The pointer is valid until the next call. Errors: the RPC's
+  // status, DeadlineExceeded, Internal for a malformed answer.
+  virtual absl::StatusOr<const LookupBatch*> Next(bool block) = 0;
+  // No more answers are wanted: cancels the calls in flight.
+  virtual void CancelRest() = 0;
+};
+
+struct PutStartArgs {
+  // Keys and byte lengths of the objects (same count, 1..max_keys_per_rpc).
+  std::vector<std::string> keys;
+  std::vector<uint64_t> lengths;
+  // Place on this node if it is alive and has room (0: the master chooses).
+  uint32_t preferred_node_id = 0;
+  // Key of the block before keys[0] in its chain ("": keys[0] heads it).
+  std::string parent_key;
+};
+
+enum class PutSlotState {
+  kAllocated,   // write the bytes to `location`, then commit
+  kExists,      // already stored: nothing to write
+  kInProgress,  // another put of the key is in progress: nothing to write
+};
+
+struct PutSlot {
+  PutSlotState state = PutSlotState::kAllocated;
+  // kAllocated: where to write, with the capability to write it.
+  ObjectLocation location;
+};
+
+struct PutStartReply {
+  // Handle for PutCommit / PutAbort; 0 when nothing was allocated.
+  uint64_t put_id = 0;
+  // One per key, in order (the caller checks the count).
+  std::vector<PutSlot> slots;
+  // The node every allocated slot is on.
+  PeerInfo node;
+};
+
+class MasterClient {
+ public:
+  virtual ~MasterClient() = default;
+
+  // One lookup of `keys` (at most max_keys_per_rpc). `for_read`: the caller
+  // is about to read the leading hits (the master marks them used and
+  // holds them for its read lease). Errors: the RPC's status, Internal for
+  // a malformed answer.
+  virtual absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> keys,
+                                             bool for_read,
+                                             absl::Time deadline) = 0;
+
+  // Starts the pipelined for-read lookups of a Load: chunks of
+  // `chunk_keys` (at most max_keys_per_rpc), lookup_pipeline_depth in
+  // flight. `keys` must outlive the stream.
+  virtual std::unique_ptr<LookupStream> StartLookups(
+      absl::Span<const std::string> keys, size_t chunk_keys,
+      absl::Time deadline) = 0;
+
+  // Allocates space for new objects. Errors: the RPC's status
+  // (ResourceExhausted: no node has room).
+  virtual absl::StatusOr<PutStartReply> PutStart(const PutStartArgs& args,
+                                                 absl::Time deadline) = 0;
+  // Makes a put's written slots visible; `failed_indexes` (into the
+  // PutStart keys) are freed instead.
+  virtual absl::Status PutCommit(uint64_t put_id,
+                                 absl::Span<const uint32_t> failed_indexes,
+                                 absl::Time deadline) = 0;
+  // Frees a put's allocation without waiting for the answer (bounded by a
+  // short timeout of its own; the master frees a put nobody commits when it
+  // expires). No-op for put_id 0. The destructor waits for aborts in flight.
+  virtual void PutAbortInBackground(uint64_t put_id) = 0;
+
+  // Read repair: a node refused reads of keys[i] at locations[i] (it does
+  // not hold them); the master drops the listings that still name those
+  // exact locations.
+  virtual absl::Status ReportMissing(absl::Span<const std::string> keys,
+                                     absl::Span<const ObjectLocation> locations,
+                                     absl::Time deadline) = 0;
+
+  // Removes `keys` (at most max_keys_per_rpc); per key whether it was
+  // stored.
+  virtual absl::StatusOr<std::vector<bool>> Remove(
+      absl::Span<const std::string> keys, absl::Time deadline) = 0;
+
+  virtual absl::StatusOr<ClusterStatus> GetClusterStatus(
+      absl::Time deadline) = 0;
+};
+
+}  // namespace hymcache

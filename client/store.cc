@@ -1,0 +1,236 @@
+// The write path of ClientImpl: Store (Client::Put is Store and wait):
+// PutStart, writes to the node, PutCommit.
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/client_impl.h"
+#include "common/status_macros.h"
+
+namespace hymcache {
+namespace {
+
+// Completion of one asynchronous Store.
+class StoreHandleImpl : public StoreHandle {
+ public:
+  bool Done() const override {
+    MutexLock l(&mu_);
+    return result_.has_value();
+  }
+
+  absl::StatusOr<PutResult> Wait(absl::Time deadline) override {
+    MutexLock l(&mu_);
+    while (!result_.has_value()) {
+      if (cv_.WaitWithDeadline(&mu_, deadline) && !result_.has_value()) {
+        return absl::DeadlineExceededError("Store: still running");
+      }
+    }
+    return *result_;
+  }
+
+  void Complete(absl::StatusOr<PutResult> r) {
+    MutexLock l(&mu_);
+    result_ = std::move(r);
+    cv_.SignalAll();
+  }
+
+ private:
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::optional<absl::StatusOr<PutResult>> result_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+std::shared_ptr<StoreHandle> ClientImpl::Store(
+    absl::Span<const std::string> keys, absl::Span<const ConstBuffer> buffers,
+    const StoreOptions& options) {
+  auto handle = std::make_shared<StoreHandleImpl>();
+  absl::Status bad = CheckPut(keys, buffers);
+  if (!bad.ok()) {
+    handle->Complete(bad);
+    return handle;
+  }
+  const absl::Time deadline =
+      Deadline(options.deadline, options_.default_store_deadline);
+  auto task = [this, handle,
+               keys = std::vector<std::string>(keys.begin(), keys.end()),
+               bufs = std::vector<ConstBuffer>(buffers.begin(), buffers.end()),
+               parent = options.parent_key, deadline]() {
+    handle->Complete(StoreNow(keys, bufs, parent, deadline));
+  };
+  if (!store_executor_->TrySubmit(std::move(task))) {
+    handle->Complete(absl::ResourceExhaustedError(
+        absl::StrCat("Store: ", options_.max_pending_stores,
+                     " stores already pending; skipped")));
+  }
+  return handle;
+}
+
+absl::StatusOr<PutResult> ClientImpl::Put(absl::Span<const std::string> keys,
+                                          absl::Span<const ConstBuffer> buffers,
+                                          const CallOptions& call) {
+  RETURN_IF_ERROR(CheckPut(keys, buffers));
+  return StoreNow(keys, buffers, /*parent_key=*/"", Deadline(call.deadline));
+}
+
+absl::StatusOr<PutResult> ClientImpl::StoreNow(
+    absl::Span<const std::string> keys, absl::Span<const ConstBuffer> buffers,
+    const std::string& parent_key, absl::Time deadline) {
+  absl::StatusOr<PutResult> r = PutAll(keys, buffers, parent_key, deadline);
+  if (!r.ok() && r.status().code() == absl::StatusCode::kResourceExhausted) {
+    // No node had room: every key is refused (skipped), not an error.
+    PutResult refused;
+    refused.outcomes.assign(keys.size(), PutOutcome::kFailed);
+    refused.errors.assign(keys.size(), r.status());
+    refused.failed = refused.refused = keys.size();
+    r = std::move(refused);
+  }
+  return r;
+}
+
+absl::Status ClientImpl::CheckPut(absl::Span<const std::string> keys,
+                                  absl::Span<const ConstBuffer> buffers) {
+  RETURN_IF_ERROR(CheckKeys(keys));
+  if (keys.size() != buffers.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Put: ", keys.size(), " keys but ", buffers.size(), " buffers"));
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (buffers[i].size == 0 || buffers[i].data == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Put: buffer ", i, " is empty"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Put of checked arguments, in chunks of max_keys_per_rpc; the first chunk
+// is placed with `parent_key`'s node, later ones on the first's. Each chunk
+// names the block before it as its parent, so the master knows the whole
+// call as one chain.
+absl::StatusOr<PutResult> ClientImpl::PutAll(
+    absl::Span<const std::string> keys, absl::Span<const ConstBuffer> buffers,
+    const std::string& parent_key, absl::Time deadline) {
+  PutResult out;
+  out.outcomes.assign(keys.size(), PutOutcome::kFailed);
+  out.errors.assign(keys.size(), absl::OkStatus());
+  uint32_t node = 0;
+  for (size_t begin = 0; begin < keys.size();
+       begin += options_.max_keys_per_rpc) {
+    size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
+    absl::Status st =
+        PutChunk(keys.subspan(begin, n), buffers.subspan(begin, n), begin,
+                 begin == 0 ? parent_key : keys[begin - 1], deadline, &node,
+                 &out);
+    if (!st.ok()) {
+      if (begin == 0) return st;  // nothing happened yet: the call failed
+      for (size_t i = begin; i < keys.size(); ++i) out.errors[i] = st;
+      break;
+    }
+  }
+  out.node_id = node;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    switch (out.outcomes[i]) {
+      case PutOutcome::kStored:
+        ++out.stored;
+        break;
+      case PutOutcome::kAlreadyStored:
+      case PutOutcome::kInProgress:
+        ++out.skipped;
+        break;
+      case PutOutcome::kFailed:
+        ++out.failed;
+        if (out.errors[i].ok()) out.errors[i] = absl::UnknownError("not stored");
+        if (out.errors[i].code() == absl::StatusCode::kResourceExhausted) {
+          ++out.refused;
+        }
+        break;
+    }
+  }
+  return out;
+}
+
+// One PutStart / writes / PutCommit round for keys [offset, offset+n).
+absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
+                                  absl::Span<const ConstBuffer> buffers,
+                                  size_t offset, const std::string& parent_key,
+                                  absl::Time deadline, uint32_t* node,
+                                  PutResult* out) {
+  PutStartArgs args;
+  args.keys.assign(keys.begin(), keys.end());
+  args.lengths.reserve(buffers.size());
+  for (const ConstBuffer& b : buffers) args.lengths.push_back(b.size);
+  args.preferred_node_id = *node;
+  args.parent_key = parent_key;
+  ASSIGN_OR_RETURN(PutStartReply start, master_->PutStart(args, deadline));
+  if (start.slots.size() != keys.size()) {
+    master_->PutAbortInBackground(start.put_id);
+    return absl::InternalError("PutStart: master returned a short answer");
+  }
+  std::vector<WriteOp> ops;
+  std::vector<uint32_t> op_index;  // op -> key index in this chunk
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const PutSlot& slot = start.slots[i];
+    switch (slot.state) {
+      case PutSlotState::kExists:
+        out->outcomes[offset + i] = PutOutcome::kAlreadyStored;
+        break;
+      case PutSlotState::kInProgress:
+        out->outcomes[offset + i] = PutOutcome::kInProgress;
+        break;
+      case PutSlotState::kAllocated:
+        if (slot.location.length != buffers[i].size) {
+          master_->PutAbortInBackground(start.put_id);
+          return absl::InternalError("PutStart: allocation of the wrong size");
+        }
+        ops.push_back(WriteOp{ToRemoteRef(slot.location), buffers[i].data});
+        op_index.push_back(static_cast<uint32_t>(i));
+        break;
+    }
+  }
+  if (ops.empty()) return absl::OkStatus();
+  Remember(start.node);
+  *node = start.node.node_id;
+
+  std::vector<absl::Status> st = transport_->Write(start.node, ops, deadline);
+  std::vector<uint32_t> failed;
+  size_t good = 0;
+  for (size_t k = 0; k < ops.size(); ++k) {
+    if (st[k].ok()) {
+      ++good;
+    } else {
+      failed.push_back(op_index[k]);
+      out->errors[offset + op_index[k]] = st[k];
+    }
+  }
+  if (clock_->Now() >= deadline) {
+    // No time left to commit: free the space in the background and report
+    // the written blocks as not stored.
+    master_->PutAbortInBackground(start.put_id);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      if (st[k].ok()) {
+        out->errors[offset + op_index[k]] =
+            absl::DeadlineExceededError("Put: deadline passed before commit");
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (good == 0) {
+    master_->PutAbortInBackground(start.put_id);
+    return absl::OkStatus();
+  }
+  absl::Status cs = master_->PutCommit(start.put_id, failed, deadline);
+  for (size_t k = 0; k < ops.size(); ++k) {
+    if (!st[k].ok()) continue;
+    if (cs.ok()) {
+      out->outcomes[offset + op_index[k]] = PutOutcome::kStored;
+    } else {
+      out->errors[offset + op_index[k]] = cs;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace hymcache
