@@ -17,6 +17,7 @@
 #include <system_error>
 
 #include "absl/time/time.h"
+#include "common/build_info.h"
 #include "common/cli.h"
 #include "common/systemd.h"
 #include "master/master_server.h"
@@ -134,6 +135,8 @@ int main(int argc, char** argv) {
   options.tls.ca_file = FLAGS_tls_ca;
   options.tls.require_client_cert = FLAGS_tls_require_client_cert;
   options.metrics_listen = FLAGS_metrics_listen;
+  options.build_version = hymcache::BuildInfo().version;
+  options.build_commit = hymcache::BuildInfo().git_commit;
   absl::Status valid = options.Validate();
   if (!valid.ok()) {
     LOG(ERROR) << valid;

@@ -751,6 +751,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   std::unique_ptr<MasterServer> server(new MasterServer);
   server->auth_ = std::move(auth);
   server->tenants_ = std::move(tenants).value();
+  server->build_version_ = options.build_version;
+  server->build_commit_ = options.build_commit;
   server->service_ = std::move(service).value();
   server->handler_ =
       std::make_unique<master::MasterRpcHandler>(
@@ -843,6 +845,12 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
 MasterServer::~MasterServer() { Shutdown(); }
 
 void MasterServer::VisitStats(StatsVisitor* v) const {
+  if (!build_version_.empty()) {
+    const StatLabel build[] = {{"version", build_version_},
+                               {"commit", build_commit_}};
+    v->Gauge("build_info", "1, labelled with the build's version and commit",
+             1, build);
+  }
   handler_->VisitStats(v);
   const v1::GetStatsResponse st = service_->GetStats();
   v->Gauge("objects", "Committed objects listed", st.object_count());

@@ -119,6 +119,10 @@ struct MasterOptions {
   // metrics_address()). "" serves none. A non-loopback host needs what
   // listen_address needs (identities or `insecure`). Default: "".
   std::string metrics_listen;
+  // The build, exported as build_info{version, commit} = 1 (hymcache-master
+  // passes its BuildInfo()). Default: "" (no build_info series).
+  std::string build_version;
+  std::string build_commit;
 
   // InvalidArgument naming the first bad field.
   absl::Status Validate() const;
@@ -185,6 +189,9 @@ class MasterServer {
   Thread reaper_;
   // Serves /metrics; destroyed first by Shutdown (scrapes read service_).
   std::unique_ptr<MetricsExporter> metrics_;
+  // MasterOptions::build_version / build_commit.
+  std::string build_version_;
+  std::string build_commit_;
 
   Mutex mu_;
   CondVar cv_;

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "common/bytes.h"
+#include "common/build_info.h"
 #include "common/cli.h"
 #include "common/systemd.h"
 #include "common/net.h"
@@ -330,6 +331,8 @@ int main(int argc, char** argv) {
   options.auth_tokens_file = FLAGS_auth_tokens_file;
   options.insecure = FLAGS_insecure;
   options.metrics_listen = FLAGS_metrics_listen;
+  options.build_version = hymcache::BuildInfo().version;
+  options.build_commit = hymcache::BuildInfo().git_commit;
   options.tls.cert_file = FLAGS_tls_cert;
   options.tls.key_file = FLAGS_tls_key;
   options.tls.ca_file = FLAGS_tls_ca;

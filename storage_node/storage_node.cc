@@ -250,6 +250,12 @@ class StorageNode::ControlService final
 
 void StorageNode::VisitStats(StatsVisitor* v,
                              const std::string& device_prefix) const {
+  if (!options_.build_version.empty()) {
+    const StatLabel build[] = {{"version", options_.build_version},
+                               {"commit", options_.build_commit}};
+    v->Gauge("build_info", "1, labelled with the build's version and commit",
+             1, build);
+  }
   data_server_->VisitStats(v);
   PrefixedStatsVisitor device(v, device_prefix);
   device_->VisitStats(&device);

@@ -250,6 +250,10 @@ struct StorageNodeOptions {
   // metrics_address()). "" serves none. A non-loopback host needs what
   // listen_host needs (identities or `insecure`). Default: "".
   std::string metrics_listen;
+  // The build, exported as build_info{version, commit} = 1
+  // (hymcache-storage passes its BuildInfo()). Default: "" (none).
+  std::string build_version;
+  std::string build_commit;
   // Shutdown() returns within about rpc_timeout (deregistration) +
   // drain_timeout (data-plane requests) + 1 s (control server) +
   // shutdown_flush_timeout (hybrid write buffer) + one synced RocksDB write:

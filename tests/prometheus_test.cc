@@ -270,6 +270,8 @@ Cluster StartCluster(const std::string& dir) {
   MasterOptions mo;
   mo.db_path = dir + "/master";
   mo.metrics_listen = "127.0.0.1:0";
+  mo.build_version = "9.9.9-test";
+  mo.build_commit = "abc123";
   mo.heartbeat_interval = absl::Milliseconds(200);
   auto master = MasterServer::Create(mo);
   REQUIRE(master.ok());
@@ -289,6 +291,8 @@ Cluster StartCluster(const std::string& dir) {
   so.shared_huge_pages = false;
   so.rdma = "off";
   so.metrics_listen = "127.0.0.1:0";
+  so.build_version = "9.9.9-test";
+  so.build_commit = "abc123";
   auto node = StorageNode::Create(so);
   REQUIRE(node.ok());
   c.node = std::move(*node);
@@ -438,6 +442,10 @@ TEST_CASE("the alert rules pass promtool and every metric name the rules and "
     auto r = HttpGet(addr, "/metrics");
     REQUIRE(r.ok());
     REQUIRE(r->status == 200);
+    // The build, as a labelled constant.
+    CHECK(absl::StrContains(r->body, "build_info{"));
+    CHECK(absl::StrContains(r->body, "version=\"9.9.9-test\""));
+    CHECK(absl::StrContains(r->body, "commit=\"abc123\""));
     for (absl::string_view line : absl::StrSplit(r->body, '\n')) {
       if (line.empty() || line[0] == '#') continue;
       exported.insert(
