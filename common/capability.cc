@@ -143,10 +143,17 @@ void CapabilityVerifier::AbandonIdentityChange() {
 bool CapabilityVerifier::WaitForIdentityChange(const Snapshot& seen,
                                                absl::Time deadline) const {
   MutexLock l(&mu_);
+  ++waiters_;
   while (changing_ > 0 && id_ == seen.id_) {
     if (changed_.WaitWithDeadline(&mu_, deadline)) break;
   }
+  --waiters_;
   return id_ != seen.id_;
+}
+
+int CapabilityVerifier::identity_waiters() const {
+  MutexLock l(&mu_);
+  return waiters_;
 }
 
 bool CapabilityVerifier::HasIdentity() const {

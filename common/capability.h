@@ -126,6 +126,8 @@ class CapabilityVerifier {
   // before the failed check), i.e. whether checking again may succeed.
   bool WaitForIdentityChange(const Snapshot& seen,
                              absl::Time deadline) const;
+  // Threads in WaitForIdentityChange now (for tests).
+  int identity_waiters() const;
 
  private:
   const absl::Duration skew_;
@@ -134,6 +136,7 @@ class CapabilityVerifier {
   std::shared_ptr<const Snapshot::Identity> id_ ABSL_GUARDED_BY(mu_);
   // Registrations in flight (BeginIdentityChange not yet ended).
   int changing_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable int waiters_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace hymcache

@@ -328,15 +328,18 @@ TEST_CASE("DataServer: ops arriving during a registration wait for its identity"
   Fixture f(Fixture::MakeDram(), o);
   Socket s = f.Connect();
   v.BeginIdentityChange();
-  Thread registration("registration", [&] {
-    absl::SleepFor(absl::Milliseconds(100));  // the answer on its way
-    v.SetIdentity(TestCapabilities::kNodeId, TestCapabilities::kIncarnation,
-                  TestCapabilities::Key());
-  });
   std::string a(4096, 'a');
-  Reply w = Write(s.fd(), {Op(0, a.size(), 3)}, {a});
-  CHECK(Code(w.ops[0]) == absl::StatusCode::kOk);
-  registration.Join();
+  SendFrame(s.fd(), FrameType::kWriteRequest, 7, {Op(0, a.size(), 3)}, a,
+            a.size());
+  // The server holds the write while the registration is in flight...
+  REQUIRE(Eventually([&] { return v.identity_waiters() == 1; }));
+  // ...and serves it once the answer is applied.
+  v.SetIdentity(TestCapabilities::kNodeId, TestCapabilities::kIncarnation,
+                TestCapabilities::Key());
+  auto w = ReadReply(s.fd());
+  REQUIRE(w.ok());
+  REQUIRE(w->ops.size() == 1);
+  CHECK(Code(w->ops[0]) == absl::StatusCode::kOk);
   Reply r = Read(s.fd(), {Op(0, a.size(), 3)});
   CHECK(Code(r.ops[0]) == absl::StatusCode::kOk);
   CHECK(r.payload == a);
