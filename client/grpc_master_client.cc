@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/base/internal/endian.h"
@@ -151,16 +152,16 @@ class GrpcMasterClient : public MasterClient {
       pb::PutAbortRequest req;
       pb::PutAbortResponse resp;
     };
-    auto* call = new Call;
+    auto call = std::make_shared<Call>();
     call->req.set_put_id(put_id);
     call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + kAbortTimeout));
-    AsyncStarted();
-    TsanRelease(call);
-    stub_->async()->PutAbort(&call->ctx, &call->req, &call->resp,
-                             [this, call](grpc::Status) {
-                               TsanAcquire(call);
-                               delete call;
-                               AsyncDone();
+    // The call's state dies with the callback, after gRPC let go of it.
+    auto pin = std::make_shared<AsyncPin>(this, call);
+    TsanRelease(call.get());
+    Call* c = call.get();
+    stub_->async()->PutAbort(&c->ctx, &c->req, &c->resp,
+                             [pin = std::move(pin)](grpc::Status) {
+                               TsanAcquire(pin->state.get());
                              });
   }
 
@@ -234,20 +235,35 @@ class GrpcMasterClient : public MasterClient {
  private:
   friend class GrpcLookupStream;
 
-  void AsyncStarted() {
-    MutexLock l(&mu_);
-    ++async_in_flight_;
-  }
-  void AsyncDone() {
-    MutexLock l(&mu_);
-    --async_in_flight_;
-  }
+  // Held by an async call's callback functor: keeps the call's state (its
+  // ClientContext) alive while gRPC uses it, and counts the call as done
+  // only when gRPC destroys the functor. gRPC destroys it after its last use
+  // of the call, so the destructor below never waits less than gRPC needs
+  // (counting inside the callback let this object, its stub and the channel
+  // go while gRPC was still finishing the call).
+  struct AsyncPin {
+    AsyncPin(GrpcMasterClient* client, std::shared_ptr<void> state)
+        : client(client), state(std::move(state)) {
+      MutexLock l(&client->mu_);
+      ++client->async_in_flight_;
+    }
+    ~AsyncPin() {
+      state.reset();  // first the call's state, then the count
+      MutexLock l(&client->mu_);
+      --client->async_in_flight_;
+    }
+    AsyncPin(const AsyncPin&) = delete;
+    AsyncPin& operator=(const AsyncPin&) = delete;
+
+    GrpcMasterClient* const client;
+    std::shared_ptr<void> state;
+  };
 
   const GrpcMasterClientOptions options_;
   const std::unique_ptr<pb::MasterService::Stub> stub_;
 
   Mutex mu_;
-  // Async calls (aborts, lookups) whose callbacks have not run.
+  // Async calls (aborts, lookups) whose callback functors gRPC still holds.
   int async_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -334,20 +350,17 @@ class GrpcLookupStream : public LookupStream {
       c->ctx.set_deadline(absl::ToChronoTime(deadline_));
       state_->calls[launched_] = std::move(call);
       ++launched_;
-      client_->AsyncStarted();
+      auto pin = std::make_shared<GrpcMasterClient::AsyncPin>(client_, state_);
       // The callback runs on a gRPC thread: publish the call's state to it.
       TsanRelease(c);
       client_->stub_->async()->BatchLookup(
           &c->ctx, &c->req, &c->resp,
-          [state = state_, c, client = client_](grpc::Status s) {
+          [state = state_.get(), c, pin = std::move(pin)](grpc::Status s) {
             TsanAcquire(c);
-            {
-              MutexLock l(&state->mu);
-              c->status = std::move(s);
-              c->done = true;
-              state->cv.SignalAll();
-            }
-            client->AsyncDone();
+            MutexLock l(&state->mu);
+            c->status = std::move(s);
+            c->done = true;
+            state->cv.SignalAll();
           });
     }
   }
