@@ -5,7 +5,9 @@
 #   tools/setup.sh          build and run (tools/quickstart.sh)
 #   tools/setup.sh --test   also the servers the tests start (tools/test.sh):
 #                           Prometheus (prometheus_test) and systemd's tools
-#                           (systemd-analyze verify of the units). A
+#                           (systemd-analyze verify of the units; the
+#                           package boot test: dpkg-dev, mmdebstrap and
+#                           systemd-nspawn). A
 #                           prometheus.service this installs is stopped and
 #                           disabled again: the tests run their own.
 set -euo pipefail
@@ -19,7 +21,7 @@ PACKAGES=(
   libnuma-dev libibverbs-dev librdmacm-dev liburing-dev
   prometheus-cpp-dev libsystemd-dev
 )
-TEST_PACKAGES=(prometheus systemd)
+TEST_PACKAGES=(prometheus systemd systemd-container mmdebstrap dpkg-dev)
 if [ "${1:-}" = "--test" ]; then
   PACKAGES+=("${TEST_PACKAGES[@]}")
 fi
