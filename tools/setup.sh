@@ -6,8 +6,9 @@
 #   tools/setup.sh --test   also the servers the tests start (tools/test.sh):
 #                           Prometheus (prometheus_test) and systemd's tools
 #                           (systemd-analyze verify of the units; the
-#                           package boot test: dpkg-dev, mmdebstrap and
-#                           systemd-nspawn). A
+#                           package and image tests: dpkg-dev,
+#                           mmdebstrap, systemd-nspawn, umoci, runc,
+#                           buildah). A
 #                           prometheus.service this installs is stopped and
 #                           disabled again: the tests run their own.
 set -euo pipefail
@@ -21,7 +22,8 @@ PACKAGES=(
   libnuma-dev libibverbs-dev librdmacm-dev liburing-dev
   prometheus-cpp-dev libsystemd-dev
 )
-TEST_PACKAGES=(prometheus systemd systemd-container mmdebstrap dpkg-dev)
+TEST_PACKAGES=(prometheus systemd systemd-container mmdebstrap dpkg-dev
+               umoci runc buildah)
 if [ "${1:-}" = "--test" ]; then
   PACKAGES+=("${TEST_PACKAGES[@]}")
 fi
