@@ -1,7 +1,7 @@
 // The C API (hymcache.h) over the C++ SDK (client/client.h,
 // client/block_key.h): argument checks and conversions only; every call
 // forwards to one SDK call. No C++ exception crosses the C boundary.
-#include "client/c/hymcache.h"
+#include "hymcache/hymcache.h"
 
 #include <algorithm>
 #include <cstring>
