@@ -197,6 +197,10 @@ TEST_CASE("code names and version") {
         "DEADLINE_EXCEEDED");
   CHECK(std::string(hymcache_code_name(static_cast<hymcache_code>(99))) ==
         "UNKNOWN_CODE");
+  CHECK(std::string(hymcache_code_name(HYMCACHE_UNAUTHENTICATED)) ==
+        "UNAUTHENTICATED");
+  CHECK(std::string(hymcache_code_name(static_cast<hymcache_code>(-1))) ==
+        "UNKNOWN_CODE");
   CHECK(std::string(hymcache_version()).size() > 0);
 }
 

@@ -157,6 +157,7 @@ absl::StatusOr<ClientOptions> ToClientOptions(
     case HYMCACHE_TRANSPORT_AUTO:
       c.transport = TransportKind::kAuto;
       break;
+    case HYMCACHE_TRANSPORT_INT32_:
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "options->transport: unknown value ", static_cast<int>(o.transport)));
@@ -195,43 +196,29 @@ extern "C" {
 const char* hymcache_last_error(void) { return hymcache::LastError().c_str(); }
 
 const char* hymcache_code_name(hymcache_code code) {
-  switch (code) {
-    case HYMCACHE_OK:
-      return "OK";
-    case HYMCACHE_CANCELLED:
-      return "CANCELLED";
-    case HYMCACHE_UNKNOWN:
-      return "UNKNOWN";
-    case HYMCACHE_INVALID_ARGUMENT:
-      return "INVALID_ARGUMENT";
-    case HYMCACHE_DEADLINE_EXCEEDED:
-      return "DEADLINE_EXCEEDED";
-    case HYMCACHE_NOT_FOUND:
-      return "NOT_FOUND";
-    case HYMCACHE_ALREADY_EXISTS:
-      return "ALREADY_EXISTS";
-    case HYMCACHE_PERMISSION_DENIED:
-      return "PERMISSION_DENIED";
-    case HYMCACHE_RESOURCE_EXHAUSTED:
-      return "RESOURCE_EXHAUSTED";
-    case HYMCACHE_FAILED_PRECONDITION:
-      return "FAILED_PRECONDITION";
-    case HYMCACHE_ABORTED:
-      return "ABORTED";
-    case HYMCACHE_OUT_OF_RANGE:
-      return "OUT_OF_RANGE";
-    case HYMCACHE_UNIMPLEMENTED:
-      return "UNIMPLEMENTED";
-    case HYMCACHE_INTERNAL:
-      return "INTERNAL";
-    case HYMCACHE_UNAVAILABLE:
-      return "UNAVAILABLE";
-    case HYMCACHE_DATA_LOSS:
-      return "DATA_LOSS";
-    case HYMCACHE_UNAUTHENTICATED:
-      return "UNAUTHENTICATED";
-  }
-  return "UNKNOWN_CODE";
+  // Indexed by code (absl::StatusCode's numbers).
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) ==
+                HYMCACHE_UNAUTHENTICATED + 1);
+  const int i = static_cast<int>(code);
+  if (i < 0 || i > HYMCACHE_UNAUTHENTICATED) return "UNKNOWN_CODE";
+  return kNames[i];
 }
 
 const char* hymcache_version(void) {

@@ -80,7 +80,10 @@ typedef enum hymcache_code {
   HYMCACHE_INTERNAL = 13,
   HYMCACHE_UNAVAILABLE = 14,
   HYMCACHE_DATA_LOSS = 15,
-  HYMCACHE_UNAUTHENTICATED = 16
+  HYMCACHE_UNAUTHENTICATED = 16,
+  /* Not a code: keeps the enum 32 bits wide, so that any int a caller
+   * passes is a valid value of it (C and C++ agree on its size). */
+  HYMCACHE_CODE_INT32_ = 0x7FFFFFFF
 } hymcache_code;
 
 /* The message of the last call on this thread that failed (or of the reason
@@ -111,7 +114,8 @@ typedef enum hymcache_transport {
    * HYMCACHE_UNAVAILABLE on a host without an RDMA device. */
   HYMCACHE_TRANSPORT_RDMA = 2,
   /* Per node: shared memory on this host, else RDMA, else TCP. */
-  HYMCACHE_TRANSPORT_AUTO = 3
+  HYMCACHE_TRANSPORT_AUTO = 3,
+  HYMCACHE_TRANSPORT_INT32_ = 0x7FFFFFFF /* not a transport (32-bit enum) */
 } hymcache_transport;
 
 /* Options of hymcache_client_create. Zero (or NULL) in any field but the
@@ -252,7 +256,8 @@ typedef enum hymcache_store_outcome {
   HYMCACHE_STORE_STORED = 0,         /* written and committed by this store */
   HYMCACHE_STORE_ALREADY_STORED = 1, /* already stored: nothing written */
   HYMCACHE_STORE_IN_PROGRESS = 2,    /* another writer is storing it */
-  HYMCACHE_STORE_FAILED = 3          /* not stored (refused, timeout, ...) */
+  HYMCACHE_STORE_FAILED = 3,         /* not stored (refused, timeout, ...) */
+  HYMCACHE_STORE_OUTCOME_INT32_ = 0x7FFFFFFF /* not an outcome */
 } hymcache_store_outcome;
 
 typedef struct hymcache_store_result {
