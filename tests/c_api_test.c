@@ -21,34 +21,35 @@
 
 static int failures = 0;
 
-#define EXPECT(cond)                                                     \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      fprintf(stderr, "%s:%d: EXPECT(%s) failed (last error: '%s')\n",   \
-              __FILE__, __LINE__, #cond, hymcache_last_error());         \
-      failures++;                                                        \
-    }                                                                    \
+#define EXPECT(cond)                                                   \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      fprintf(stderr, "%s:%d: EXPECT(%s) failed (last error: '%s')\n", \
+              __FILE__, __LINE__, #cond, hymcache_last_error());       \
+      failures++;                                                      \
+    }                                                                  \
   } while (0)
 
-#define EXPECT_CODE(call, want)                                              \
-  do {                                                                       \
-    hymcache_code got_ = (call);                                             \
-    if (got_ != (want)) {                                                    \
-      fprintf(stderr, "%s:%d: %s\n  returned %s, want %s (last error: '%s')\n", \
-              __FILE__, __LINE__, #call, hymcache_code_name(got_),           \
-              hymcache_code_name(want), hymcache_last_error());              \
-      failures++;                                                            \
-    }                                                                        \
+#define EXPECT_CODE(call, want)                                         \
+  do {                                                                  \
+    hymcache_code got_ = (call);                                        \
+    if (got_ != (want)) {                                               \
+      fprintf(stderr,                                                   \
+              "%s:%d: %s\n  returned %s, want %s (last error: '%s')\n", \
+              __FILE__, __LINE__, #call, hymcache_code_name(got_),      \
+              hymcache_code_name(want), hymcache_last_error());         \
+      failures++;                                                       \
+    }                                                                   \
   } while (0)
 
-#define REQUIRE_OK(call)                                                   \
-  do {                                                                     \
-    hymcache_code got_ = (call);                                           \
-    if (got_ != HYMCACHE_OK) {                                             \
+#define REQUIRE_OK(call)                                                    \
+  do {                                                                      \
+    hymcache_code got_ = (call);                                            \
+    if (got_ != HYMCACHE_OK) {                                              \
       fprintf(stderr, "%s:%d: %s\n  returned %s: %s\n", __FILE__, __LINE__, \
-              #call, hymcache_code_name(got_), hymcache_last_error());     \
-      exit(1);                                                             \
-    }                                                                      \
+              #call, hymcache_code_name(got_), hymcache_last_error());      \
+      exit(1);                                                              \
+    }                                                                       \
   } while (0)
 
 enum { kBlocks = 8, kBlockTokens = 16, kMaxBlock = 80 * 1024 };
@@ -100,8 +101,7 @@ static int BlackHole(int* port) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(a);
   if (fd < 0 || bind(fd, (struct sockaddr*)&a, sizeof(a)) != 0 ||
-      listen(fd, 16) != 0 ||
-      getsockname(fd, (struct sockaddr*)&a, &len) != 0) {
+      listen(fd, 16) != 0 || getsockname(fd, (struct sockaddr*)&a, &len) != 0) {
     perror("BlackHole");
     exit(1);
   }
@@ -135,9 +135,9 @@ static void MakeBlocks(const char* model, Blocks* b) {
   REQUIRE_OK(hymcache_block_keys(kb, tokens, kBlocks * kBlockTokens, NULL,
                                  &b->key_bytes[0][0], kBlocks, &n));
   EXPECT(n == kBlocks);
-  REQUIRE_OK(hymcache_block_keys(kb, tokens + kBlocks * kBlockTokens,
-                                 2 * kBlockTokens + 3, b->key_bytes[kBlocks - 1],
-                                 &b->key_bytes[kBlocks][0], 2, &n));
+  REQUIRE_OK(hymcache_block_keys(
+      kb, tokens + kBlocks * kBlockTokens, 2 * kBlockTokens + 3,
+      b->key_bytes[kBlocks - 1], &b->key_bytes[kBlocks][0], 2, &n));
   EXPECT(n == 2);
   hymcache_key_builder_destroy(kb);
   for (int i = 0; i < kBlocks + 2; ++i) {
@@ -232,7 +232,8 @@ static void RoundTrip(const char* master, hymcache_transport t,
   REQUIRE_OK(hymcache_store_wait(s, HYMCACHE_TIMEOUT_DEFAULT, &sr, outcomes));
   EXPECT(sr.stored == kBlocks && sr.failed == 0 && sr.skipped == 0);
   EXPECT(sr.node_id != 0);
-  for (int i = 0; i < kBlocks; ++i) EXPECT(outcomes[i] == HYMCACHE_STORE_STORED);
+  for (int i = 0; i < kBlocks; ++i)
+    EXPECT(outcomes[i] == HYMCACHE_STORE_STORED);
   int done = 0;
   REQUIRE_OK(hymcache_store_poll(s, &done));
   EXPECT(done == 1);
@@ -247,8 +248,8 @@ static void RoundTrip(const char* master, hymcache_transport t,
   for (int i = 0; i < kBlocks; ++i) EXPECT(found[i] == 1);
 
   EXPECT(LoadAndVerify(c, &b, kBlocks, 0, HYMCACHE_OK) == kBlocks);
-  EXPECT(LoadAndVerify(c, &b, kBlocks, HYMCACHE_LOAD_NO_PREFETCH, HYMCACHE_OK) ==
-         kBlocks);
+  EXPECT(LoadAndVerify(c, &b, kBlocks, HYMCACHE_LOAD_NO_PREFETCH,
+                       HYMCACHE_OK) == kBlocks);
   /* One key past the stored ones: the leading run, then NOT_FOUND. */
   EXPECT(LoadAndVerify(c, &b, kBlocks + 1, 0, HYMCACHE_NOT_FOUND) == kBlocks);
 
@@ -278,20 +279,18 @@ static void RoundTrip(const char* master, hymcache_transport t,
   hymcache_store_free(s);
 
   /* The next turn's blocks, after their parent (the last loaded block). */
-  uint32_t first_node = sr.node_id;
   REQUIRE_OK(hymcache_store(c, b.keys + kBlocks, b.in + kBlocks, 2,
                             &b.keys[kBlocks - 1], HYMCACHE_TIMEOUT_DEFAULT,
                             &s));
   REQUIRE_OK(hymcache_store_wait(s, HYMCACHE_TIMEOUT_DEFAULT, &sr, NULL));
   EXPECT(sr.stored == 2);
-  (void)first_node;
   hymcache_store_free(s);
   EXPECT(LoadAndVerify(c, &b, kBlocks + 2, 0, HYMCACHE_OK) == kBlocks + 2);
 
   /* Remove block 5: the chain's reusable prefix is 5 blocks. */
   uint8_t removed[1] = {0};
-  REQUIRE_OK(hymcache_remove(c, &b.keys[5], 1, HYMCACHE_TIMEOUT_DEFAULT,
-                             removed));
+  REQUIRE_OK(
+      hymcache_remove(c, &b.keys[5], 1, HYMCACHE_TIMEOUT_DEFAULT, removed));
   EXPECT(removed[0] == 1);
   REQUIRE_OK(hymcache_lookup(c, b.keys, kBlocks + 2, HYMCACHE_TIMEOUT_DEFAULT,
                              found, &hit));
@@ -404,15 +403,15 @@ static void DeadMaster(void) {
   MakeBlocks("dead", &b);
   double t0 = NowSeconds();
   size_t hit = 0;
-  EXPECT_CODE(hymcache_lookup(c, b.keys, kBlocks, HYMCACHE_TIMEOUT_DEFAULT,
-                              NULL, &hit),
-              HYMCACHE_UNAVAILABLE);
+  EXPECT_CODE(
+      hymcache_lookup(c, b.keys, kBlocks, HYMCACHE_TIMEOUT_DEFAULT, NULL, &hit),
+      HYMCACHE_UNAVAILABLE);
   EXPECT(strlen(hymcache_last_error()) > 0);
   hymcache_buffer out[1] = {{malloc(b.size[0]), b.size[0]}};
   hymcache_load_result r;
-  EXPECT_CODE(hymcache_load(c, b.keys, out, 1, HYMCACHE_TIMEOUT_DEFAULT, 0,
-                            NULL, &r),
-              HYMCACHE_UNAVAILABLE);
+  EXPECT_CODE(
+      hymcache_load(c, b.keys, out, 1, HYMCACHE_TIMEOUT_DEFAULT, 0, NULL, &r),
+      HYMCACHE_UNAVAILABLE);
   hymcache_store_handle* s = NULL;
   REQUIRE_OK(hymcache_store(c, b.keys, b.in, 2, NULL, 3000, &s));
   EXPECT_CODE(hymcache_store_wait(s, HYMCACHE_TIMEOUT_DEFAULT, NULL, NULL),
@@ -448,9 +447,9 @@ static void Deadlines(const char* master) {
   /* The client's default timeout applies to calls given none. */
   hymcache_client* c = NewClient(addr, HYMCACHE_TRANSPORT_TCP, 300);
   double t0 = NowSeconds();
-  EXPECT_CODE(hymcache_lookup(c, b.keys, kBlocks, HYMCACHE_TIMEOUT_DEFAULT,
-                              NULL, &hit),
-              HYMCACHE_DEADLINE_EXCEEDED);
+  EXPECT_CODE(
+      hymcache_lookup(c, b.keys, kBlocks, HYMCACHE_TIMEOUT_DEFAULT, NULL, &hit),
+      HYMCACHE_DEADLINE_EXCEEDED);
   double took = NowSeconds() - t0;
   EXPECT(took >= 0.25 && took < 5);
   hymcache_buffer out[1] = {{malloc(b.size[0]), b.size[0]}};

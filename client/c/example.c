@@ -12,14 +12,14 @@
 #include <string.h>
 #include <time.h>
 
-#define CHECK(call)                                                  \
-  do {                                                               \
-    hymcache_code code_ = (call);                                    \
-    if (code_ != HYMCACHE_OK) {                                      \
+#define CHECK(call)                                                     \
+  do {                                                                  \
+    hymcache_code code_ = (call);                                       \
+    if (code_ != HYMCACHE_OK) {                                         \
       fprintf(stderr, "%s: %s: %s\n", #call, hymcache_code_name(code_), \
-              hymcache_last_error());                                \
-      exit(1);                                                       \
-    }                                                                \
+              hymcache_last_error());                                   \
+      exit(1);                                                          \
+    }                                                                   \
   } while (0)
 
 enum { kBlocks = 4, kBlockTokens = 16, kBlockBytes = 64 * 1024 };
