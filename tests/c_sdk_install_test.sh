@@ -36,7 +36,9 @@ echo "sanitizer flags: ${san[*]:-none}"
 gcc -std=c11 -Wall -Wextra -Werror -pedantic "${san[@]}" \
   -o "$TEST_TMPDIR/example" client/c/example.c $flags \
   -Wl,-rpath,"$prefix/lib"
-ldd "$TEST_TMPDIR/example" | grep -q "$prefix/lib/libhymcache.so.1" ||
+# (ldd's output captured first: grep -q stopping early would SIGPIPE it.)
+libs=$(ldd "$TEST_TMPDIR/example")
+grep -qF "$prefix/lib/libhymcache.so.1" <<<"$libs" ||
   { echo "FAIL: example does not load the installed library" >&2; exit 1; }
 
 out=$(tests/with_cluster.sh "$TEST_TMPDIR/example")
