@@ -166,6 +166,11 @@ TEST_CASE("client options checks") {
   o.default_timeout_ms = -5;
   CHECK(hymcache_client_create(&o, &c) == HYMCACHE_INVALID_ARGUMENT);
   o.default_timeout_ms = 0;
+  o.tls_ca_file = "/nonexistent/ca.pem";
+  CHECK(hymcache_client_create(&o, &c) == HYMCACHE_NOT_FOUND);
+  CHECK(std::string(hymcache_last_error()).find("/nonexistent/ca.pem") !=
+        std::string::npos);
+  o.tls_ca_file = nullptr;
 
   // A caller built against a newer header: unknown trailing fields must be
   // zero; an older, shorter struct takes defaults for what it lacks.
