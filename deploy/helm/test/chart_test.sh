@@ -16,7 +16,9 @@
 #  4. checks that the schema refuses a number for a byte size and a fraction
 #     for a port, and that the chart refuses (fail) a byte-size number and a
 #     grace period shorter than a hybrid node's shutdown bound when the
-#     schema is not applied.
+#     schema is not applied;
+#  5. runs the rendered master and storage pods as local processes
+#     (run_rendered.py) and probes them as the kubelet would.
 set -euo pipefail
 src="$TEST_SRCDIR/hymcache"
 helm="$src/deploy/helm"
@@ -224,4 +226,26 @@ template_refuses float_bytes_template \
   --skip_schema_validation -f "$v/bad_float_bytes.yaml"
 template_refuses grace "must exceed the node's shutdown bound (28000 ms)" \
   -f "$v/bad_grace.yaml"
+
+# 5. Would it run? The rendered master and storage pods as local processes
+# (run_rendered.py: their command and args with env and volumes applied,
+# the chart's Secret as the identities, loopback instead of the pod
+# network), with the probes made as the kubelet makes them, then SIGTERM
+# within the grace period. Sizes small enough for a CI machine.
+run() {  # NAME [render args...]
+  local name=$1; shift
+  mkdir -p "$tmp/run-$name"
+  "$render" --chart="$chart" --release=hym --namespace=kv "$@" >"$tmp/run-$name.yaml"
+  python3 "$helm/test/run_rendered.py" --manifests="$tmp/run-$name.yaml" \
+    --bin="hymcache-master=$src/master/hymcache-master" \
+    --bin="hymcache-storage=$src/storage_node/hymcache-storage" \
+    --probe="$src/deploy/helm/grpc_probe" --workdir="$tmp/run-$name" ||
+    { echo "run $name failed; daemon logs:" >&2; tail -n 20 "$tmp/run-$name"/*.log >&2; exit 1; }
+  echo "run $name: started, ready, stopped"
+}
+run dram_metrics -f "$v/metrics.yaml" --set storage.dramBytes=64M
+run hybrid -f "$v/hybrid.yaml" --set storage.hybrid.capacityBytes=256M \
+  --set storage.hybrid.stagingBytes=32M --set storage.hybrid.writeBufferBytes=16M \
+  --set storage.hybrid.ioDirect=false
+run insecure -f "$v/insecure.yaml" --set storage.dramBytes=64M
 echo "chart_test: all scenarios pass"
