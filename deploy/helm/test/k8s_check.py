@@ -237,7 +237,8 @@ class Checker:
                 self.error(path, "%s where a list goes" % _jsontype(value))
                 return
             for i, item in enumerate(value):
-                if owner in ENUMS and item not in ENUMS[owner]:
+                if owner in ENUMS and isinstance(item, str) and \
+                        item not in ENUMS[owner]:
                     self.error("%s[%d]" % (path, i), "%r is not one of %s" %
                                (item, sorted(ENUMS[owner])))
                     continue
@@ -304,25 +305,34 @@ class Checker:
             self.error(path, "%s: %s" % (type_name, e))
 
 
+def _m(x):
+    """x if it is a map, else an empty one (the type check reports it)."""
+    return x if isinstance(x, dict) else {}
+
+
+def _l(x):
+    """The maps in x if it is a list, else none."""
+    return [i for i in x if isinstance(i, dict)] if isinstance(x, list) else []
+
+
 def _pod_specs(doc):
     """(path, pod template) of a workload."""
-    spec = doc.get("spec") or {}
     if doc.get("kind") in ("DaemonSet", "StatefulSet", "Deployment"):
-        return [("spec.template", spec.get("template") or {})]
+        return [("spec.template", _m(_m(doc.get("spec")).get("template")))]
     return []
 
 
 def _semantic(doc, c):
     """Checks the API server (or the kubelet) makes beyond the types."""
-    meta = doc.get("metadata") or {}
+    meta = _m(doc.get("metadata"))
     name = meta.get("name")
     if not isinstance(name, str) or not DNS_SUBDOMAIN_RE.match(name) or \
             len(name) > 253:
         c.error("metadata.name", "missing or not a DNS subdomain: %r" % (name,))
     docs_meta = [("metadata", meta)] + [
-        (p + ".metadata", (t.get("metadata") or {})) for p, t in _pod_specs(doc)]
+        (p + ".metadata", _m(t.get("metadata"))) for p, t in _pod_specs(doc)]
     for where, m in docs_meta:
-        for k, v in (m.get("labels") or {}).items():
+        for k, v in _m(m.get("labels")).items():
             if not isinstance(k, str):
                 continue
             prefix, _, nm = k.rpartition("/")
@@ -333,23 +343,22 @@ def _semantic(doc, c):
                                        not LABEL_VALUE_RE.match(v)):
                 c.error("%s.labels.%s" % (where, k), "bad label value %r" % v)
     for p, tmpl in _pod_specs(doc):
-        sel = ((doc.get("spec") or {}).get("selector") or {}).get(
-            "matchLabels") or {}
-        labels = (tmpl.get("metadata") or {}).get("labels") or {}
+        sel = _m(_m(_m(doc.get("spec")).get("selector")).get("matchLabels"))
+        labels = _m(_m(tmpl.get("metadata")).get("labels"))
         for k, v in sel.items():
             if labels.get(k) != v:
                 c.error("spec.selector", "selector %s=%s does not match the "
                         "template's labels" % (k, v))
-        pod = tmpl.get("spec") or {}
-        for i, ctr in enumerate(pod.get("containers") or []):
+        pod = _m(tmpl.get("spec"))
+        for i, ctr in enumerate(_l(pod.get("containers"))):
             where = "%s.spec.containers[%d]" % (p, i)
-            named = {pt.get("name") for pt in ctr.get("ports") or []
-                     if isinstance(pt, dict)}
-            for pt in ctr.get("ports") or []:
-                if isinstance(pt, dict) and pt.get("name") is not None and \
+            ports = _l(ctr.get("ports"))
+            named = {pt.get("name") for pt in ports}
+            for pt in ports:
+                if pt.get("name") is not None and \
                         not PORT_NAME_RE.match(str(pt["name"])):
                     c.error(where + ".ports", "bad port name %r" % pt["name"])
-                if pod.get("hostNetwork") and isinstance(pt, dict) and \
+                if pod.get("hostNetwork") and \
                         pt.get("hostPort") not in (None, pt.get("containerPort")):
                     c.error(where + ".ports",
                             "with hostNetwork hostPort must equal containerPort")
@@ -363,7 +372,7 @@ def _semantic(doc, c):
                     c.error("%s.%s" % (where, probe),
                             "needs exactly one handler, has %s" % handlers)
                 for h in handlers:
-                    port = (pr.get(h) or {}).get("port")
+                    port = _m(pr.get(h)).get("port")
                     if isinstance(port, str) and port not in named:
                         c.error("%s.%s.%s.port" % (where, probe, h),
                                 "named port %r not declared by the container"
@@ -379,26 +388,26 @@ def _service_ports(docs, report):
     for svc in docs:
         if svc.get("kind") != "Service":
             continue
-        spec = svc.get("spec") or {}
-        sel = spec.get("selector") or {}
-        where = "Service/%s" % (svc.get("metadata") or {}).get("name")
+        spec = _m(svc.get("spec"))
+        sel = _m(spec.get("selector"))
+        where = "Service/%s" % _m(svc.get("metadata")).get("name")
         if not sel:
             continue
         names = set()
         matched = False
         for w in workloads:
             for _, tmpl in _pod_specs(w):
-                labels = (tmpl.get("metadata") or {}).get("labels") or {}
+                labels = _m(_m(tmpl.get("metadata")).get("labels"))
                 if all(labels.get(k) == v for k, v in sel.items()):
                     matched = True
-                    for ctr in (tmpl.get("spec") or {}).get("containers") or []:
-                        for pt in ctr.get("ports") or []:
+                    for ctr in _l(_m(tmpl.get("spec")).get("containers")):
+                        for pt in _l(ctr.get("ports")):
                             names.add(pt.get("name"))
         if not matched:
             report("%s: spec.selector: selects no workload rendered with it"
                    % where)
             continue
-        for pt in spec.get("ports") or []:
+        for pt in _l(spec.get("ports")):
             tp = pt.get("targetPort")
             if isinstance(tp, str) and tp not in names:
                 report("%s: spec.ports: targetPort %r is no port of the "
@@ -416,7 +425,7 @@ def check_documents(docs, source="<input>"):
             continue
         key = (doc.get("apiVersion"), doc.get("kind"))
         where = "%s %s/%s" % (source, doc.get("kind"),
-                              (doc.get("metadata") or {}).get("name"))
+                              _m(doc.get("metadata")).get("name"))
         c = Checker(where)
         if key not in KINDS:
             c.error("", "unknown apiVersion/kind %s %s" % key)

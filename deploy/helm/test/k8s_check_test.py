@@ -181,6 +181,15 @@ class K8sCheckTest(unittest.TestCase):
             d[1]["spec"]["template"]["spec"]["dnsPolicy"] = "ClusterFirstWithHostNetwork"
         self.assertRejects(m, "dnsPolicy", "is not one of")
 
+    def test_enum_list_and_malformed_documents(self):
+        def m(d):
+            d[1]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = {}
+        self.assertRejects(m, "volumeMounts", "map where a list goes")
+
+        def meta(d):
+            svc(d)["metadata"] = ["db"]
+        self.assertRejects(meta, "list where a V1ObjectMeta object goes")
+
     def test_selector_must_match_template(self):
         def m(d):
             ds(d)["spec"]["selector"]["matchLabels"]["app"] = "other"
