@@ -5,10 +5,12 @@
 #   tools/setup.sh          build and run (tools/quickstart.sh)
 #   tools/setup.sh --test   also the servers the tests start (tools/test.sh):
 #                           Prometheus (prometheus_test) and systemd's tools
-#                           (systemd-analyze verify of the units), and what
-#                           the Helm chart test renders and checks with (Go,
-#                           sprig, gojsonschema, python3-kubernetes' API
-#                           models, python3-jsonschema). A
+#                           (systemd-analyze verify of the units; the
+#                           package boot test: dpkg-dev, mmdebstrap and
+#                           systemd-nspawn), and what the Helm chart test
+#                           renders and checks with (Go, sprig,
+#                           gojsonschema, python3-kubernetes' API models,
+#                           python3-jsonschema). A
 #                           prometheus.service this installs is stopped and
 #                           disabled again: the tests run their own.
 set -euo pipefail
@@ -22,7 +24,7 @@ PACKAGES=(
   libnuma-dev libibverbs-dev librdmacm-dev liburing-dev
   prometheus-cpp-dev libsystemd-dev
 )
-TEST_PACKAGES=(prometheus systemd
+TEST_PACKAGES=(prometheus systemd systemd-container mmdebstrap dpkg-dev
   golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
   golang-github-xeipuuv-gojsonschema-dev
   python3-kubernetes python3-jsonschema python3-yaml)

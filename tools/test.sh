@@ -3,7 +3,9 @@
 # under each configuration in HYMCACHE_TEST_CONFIGS (default: "default asan
 # tsan"), then a short run of every libFuzzer target (tools/fuzz.sh;
 # HYMCACHE_FUZZ=0 skips it), then the RDMA and CXL tests inside a QEMU guest
-# (tests/vmtest; HYMCACHE_VMTEST=0 skips them), and prints a closing line
+# (tests/vmtest; HYMCACHE_VMTEST=0 skips them), then the Debian package
+# booted under systemd (tests/systemd; HYMCACHE_SYSTEMD_TEST=0 skips it),
+# and prints a closing line
 # "N passed, N failed" counted from Bazel's per-test results, the fuzz
 # targets and the guest runs. Exits non-zero if any test failed or did not
 # build.
@@ -64,6 +66,20 @@ if [ "${HYMCACHE_VMTEST:-1}" = "1" ]; then
   passed=$((passed + ${p:-0}))
   failed=$((failed + ${f:-1}))
   rm -f "$log"
+fi
+
+# The Debian package under a real systemd (tests/systemd/boot_test.sh:
+# tools/package.sh --fast from the build above, a bookworm root, systemd as
+# PID 1 in systemd-nspawn; about a minute). HYMCACHE_SYSTEMD_TEST=0 skips
+# it; a machine that cannot boot a container at all reports SKIPPED.
+if [ "${HYMCACHE_SYSTEMD_TEST:-1}" = "1" ]; then
+  echo "=== systemd: the .deb booted under systemd in a container"
+  bash tests/systemd/boot_test.sh 2>&1 | tail -n 80
+  case "${PIPESTATUS[0]}" in
+    0) passed=$((passed + 1)) ;;
+    3) ;;  # skipped: said why
+    *) failed=$((failed + 1)); status=1 ;;
+  esac
 fi
 
 echo "$passed passed, $failed failed"
