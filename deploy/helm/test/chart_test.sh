@@ -145,6 +145,7 @@ check default -- \
   --expect='^ +grpc:\n +port: 50051$' --expect='^ +grpc:\n +port: 50062$' \
   --expect='--master=hym-master\.kv\.svc:50051$' \
   --expect='--auth_tokens_file=' --expect='--rdma=off$' \
+  --expect='- "/usr/bin/hymcache-master"$' --expect='- "/usr/bin/hymcache-storage"$' \
   --expect_not='--insecure' --expect_not='IPC_LOCK' \
   --expect_not='ServiceMonitor' --expect_not='--metrics_listen' \
   --expect_not='hostPath'
