@@ -8,7 +8,10 @@
 #                           (systemd-analyze verify of the units; the
 #                           package and image tests: dpkg-dev,
 #                           mmdebstrap, systemd-nspawn, umoci, runc,
-#                           buildah). A
+#                           buildah), and what the Helm chart test
+#                           renders and checks with (Go, sprig,
+#                           gojsonschema, python3-kubernetes' API models,
+#                           python3-jsonschema). A
 #                           prometheus.service this installs is stopped and
 #                           disabled again: the tests run their own.
 set -euo pipefail
@@ -23,7 +26,10 @@ PACKAGES=(
   prometheus-cpp-dev libsystemd-dev
 )
 TEST_PACKAGES=(prometheus systemd systemd-container mmdebstrap dpkg-dev
-               umoci runc buildah)
+  umoci runc buildah
+  golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
+  golang-github-xeipuuv-gojsonschema-dev
+  python3-kubernetes python3-jsonschema python3-yaml)
 if [ "${1:-}" = "--test" ]; then
   PACKAGES+=("${TEST_PACKAGES[@]}")
 fi
