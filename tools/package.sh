@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the Debian package `hymcache` from the tree with dpkg-deb from a
-# staged tree (docs/deployment.md):
+# Builds the Debian packages from the tree with dpkg-deb from staged trees
+# (docs/deployment.md): `libhymcache1` (the C SDK, libhymcache.so.1),
+# `libhymcache-dev` (its header, libhymcache.so and hymcache.pc for
+# pkg-config, the C quick start) and `hymcache`:
 #   /usr/bin/{hymcache-master,hymcache-storage,hymctl,hymcache-demo}
 #   /usr/lib/systemd/system/{hymcache-master,hymcache-storage@}.service
 #   /usr/lib/sysusers.d/hymcache.conf, /usr/lib/tmpfiles.d/hymcache.conf
@@ -13,12 +15,13 @@
 #
 #   tools/package.sh [--out=DIR] [--fast] [--lintian]
 #
-# --out: where the .deb goes (default: dist/). --fast: the default (fastbuild)
+# --out: where the .debs go (default: dist/). --fast: the default (fastbuild)
 # Bazel configuration the test suite already built, instead of -c opt (for
 # tests; not for release). --lintian: run lintian on the result (its
 # findings are printed; the ones we accept are overridden in
 # deploy/debian/lintian-overrides with a reason each).
-# Prints the path of the .deb on its last line.
+# Prints the path of the hymcache .deb on its last line (the others are
+# beside it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,8 +45,10 @@ done
 
 VERSION=$(cat VERSION)
 ARCH=$(dpkg --print-architecture)
+MULTIARCH=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 targets=(//master:hymcache-master //storage_node:hymcache-storage
-         //tools/hymctl:hymctl //tools/demo:hymcache-demo)
+         //tools/hymctl:hymctl //tools/demo:hymcache-demo
+         //client/c:libhymcache.so.1)
 bazel build "${MODE[@]}" "${targets[@]}" >&2
 BIN=$(bazel info "${MODE[@]}" bazel-bin 2>/dev/null)
 
@@ -91,10 +96,52 @@ sed -e "s/@VERSION@/$VERSION/" -e "s/@ARCH@/$ARCH/" \
 install -m 0644 deploy/debian/conffiles "$root/DEBIAN/conffiles"
 install -m 0755 deploy/debian/postinst deploy/debian/postrm "$root/DEBIAN/"
 
+# libhymcache1: the shared library, with a shlibs file for the packages
+# that link it.
+lib="$stage/libhymcache1"
+libdir="usr/lib/$MULTIARCH"
+install -d "$lib/DEBIAN" "$lib/$libdir" "$lib/usr/share/doc/libhymcache1"
+install -m 0644 "$BIN/client/c/libhymcache.so.1" "$lib/$libdir/"
+strip --strip-unneeded "$lib/$libdir/libhymcache.so.1"
+install -m 0644 deploy/debian/copyright "$lib/usr/share/doc/libhymcache1/"
+gzip -9n -c deploy/debian/changelog \
+  > "$lib/usr/share/doc/libhymcache1/changelog.gz"
+lib_depends=$(cd "$shlib" && dpkg-shlibdeps -O --warnings=0 \
+                "$lib/$libdir/libhymcache.so.1" | sed -n 's/^shlibs:Depends=//p')
+echo "libhymcache 1 libhymcache1 (>= $VERSION)" > "$lib/DEBIAN/shlibs"
+echo "activate-noawait ldconfig" > "$lib/DEBIAN/triggers"
+# dev: the link-time name, the header, pkg-config, the example.
+dev="$stage/libhymcache-dev"
+install -d "$dev/DEBIAN" "$dev/$libdir/pkgconfig" "$dev/usr/include/hymcache" \
+  "$dev/usr/share/doc/libhymcache-dev/examples"
+ln -s libhymcache.so.1 "$dev/$libdir/libhymcache.so"
+install -m 0644 client/c/hymcache.h "$dev/usr/include/hymcache/"
+sed -e "s|@PREFIX@|/usr|g" -e "s|@VERSION@|$VERSION|g" \
+    -e "s|^libdir=.*|libdir=\${prefix}/lib/$MULTIARCH|" \
+    client/c/hymcache.pc.in > "$dev/$libdir/pkgconfig/hymcache.pc"
+install -m 0644 client/c/example.c "$dev/usr/share/doc/libhymcache-dev/examples/"
+install -m 0644 docs/c_api.md deploy/debian/copyright \
+  "$dev/usr/share/doc/libhymcache-dev/"
+gzip -9n -c deploy/debian/changelog \
+  > "$dev/usr/share/doc/libhymcache-dev/changelog.gz"
+for pkg in libhymcache1 libhymcache-dev; do
+  d="$stage/$pkg"
+  install -d "$d/usr/share/lintian/overrides"
+  grep -v '^hymcache: no-manual-page' deploy/debian/lintian-overrides |
+    sed "s/^hymcache:/$pkg:/" > "$d/usr/share/lintian/overrides/$pkg"
+  sed -e "s/@VERSION@/$VERSION/g" -e "s/@ARCH@/$ARCH/" \
+      -e "s/@DEPENDS@/$lib_depends/" \
+      -e "s/@INSTALLED_SIZE@/$(du -sk --exclude=DEBIAN "$d" | cut -f1)/" \
+      "deploy/debian/$pkg.control.in" > "$d/DEBIAN/control"
+done
+
 mkdir -p "$OUT"
-deb="$OUT/hymcache_${VERSION}_${ARCH}.deb"
-dpkg-deb --root-owner-group -Zxz --build "$root" "$deb" >&2
+debs=()
+for pkg in libhymcache1 libhymcache-dev hymcache; do
+  debs+=("$OUT/${pkg}_${VERSION}_${ARCH}.deb")
+  dpkg-deb --root-owner-group -Zxz --build "$stage/$pkg" "${debs[-1]}" >&2
+done
 if [ $LINTIAN -eq 1 ]; then
-  lintian --tag-display-limit 0 "$deb" >&2 || true
+  lintian --tag-display-limit 0 "${debs[@]}" >&2 || true
 fi
-echo "$deb"
+echo "${debs[-1]}"

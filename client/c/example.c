@@ -2,7 +2,10 @@
  * them up and load them back into the engine's buffers.
  *
  *   cc -std=c11 example.c $(pkg-config --cflags --libs hymcache) -o example
- *   ./example MASTER_HOST:PORT
+ *   ./example MASTER_HOST:PORT [TOKEN_FILE]
+ *
+ * TOKEN_FILE: a file holding the bearer token of an engine identity, for a
+ * master that authenticates its callers (docs/security.md).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -25,9 +28,19 @@
 enum { kBlocks = 4, kBlockTokens = 16, kBlockBytes = 64 * 1024 };
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: %s MASTER_HOST:PORT\n", argv[0]);
+  if (argc != 2 && argc != 3) {
+    fprintf(stderr, "usage: %s MASTER_HOST:PORT [TOKEN_FILE]\n", argv[0]);
     return 2;
+  }
+  char token[512] = "";
+  if (argc == 3) {
+    FILE* f = fopen(argv[2], "r");
+    if (f == NULL || fgets(token, sizeof(token), f) == NULL) {
+      fprintf(stderr, "cannot read a token from %s\n", argv[2]);
+      return 2;
+    }
+    fclose(f);
+    token[strcspn(token, "\r\n")] = '\0';
   }
 
   /* A client of the cluster whose master is argv[1]. */
@@ -37,6 +50,7 @@ int main(int argc, char** argv) {
   options.master_addresses = masters;
   options.num_master_addresses = 1;
   options.transport = HYMCACHE_TRANSPORT_AUTO;
+  if (token[0] != '\0') options.auth_token = token;
   hymcache_client* client;
   CHECK(hymcache_client_create(&options, &client));
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Debian package under a real systemd: builds a Debian bookworm root
-# with mmdebstrap (systemd as init, plus the hymcache .deb, whose Depends:
-# apt resolves from Debian's archive), boots it with systemd-nspawn -b
+# with mmdebstrap (systemd as init, plus the hymcache, libhymcache1 and
+# libhymcache-dev .debs, whose Depends: apt resolves from Debian's archive), boots it with systemd-nspawn -b
 # (systemd is PID 1 in the container; private network: loopback only), and
 # inside it, as an operator would:
 #   - makes the identities (make-identities.sh from the package);
@@ -9,6 +9,8 @@
 #     (two DRAM instances on distinct ports), which must become active
 #     (Type=notify: READY=1) and show two live nodes in `hymctl status`;
 #   - runs the demo workload against them (every loaded byte verified);
+#   - builds the C quick start with gcc and `pkg-config hymcache` from
+#     libhymcache-dev and runs it against them;
 #   - reloads the master (SIGHUP), checks a mistyped instance flag file
 #     fails with exit 2 and is not restarted (RestartPreventExitStatus=2);
 #   - stops everything: each unit's Result must be success and its main
@@ -16,7 +18,8 @@
 #
 #   tests/systemd/boot_test.sh [--deb=PATH]
 #
-# Without --deb it builds one with tools/package.sh --fast. Needs root,
+# Without --deb it builds them with tools/package.sh --fast (--deb names
+# the hymcache .deb; the SDK's are taken from beside it). Needs root,
 # systemd-container, mmdebstrap and Debian's archive (tools/setup.sh
 # --test). Prints "SYSTEMD BOOT PASS" or "SYSTEMD BOOT FAIL: why" (exit 1);
 # "SYSTEMD BOOT SKIPPED: why" (exit 3) when this machine cannot boot a
@@ -51,11 +54,26 @@ result="$work/result"
 mkdir -p "$result"
 
 echo "boot_test: building a bookworm root with systemd and $(basename "$DEB")"
-deb_name=$(basename "$DEB")
-if ! mmdebstrap --variant=minbase --include=systemd,systemd-sysv,dbus,procps \
-       --customize-hook="copy-in $DEB /tmp" \
-       --customize-hook="chroot \"\$1\" apt-get install --yes /tmp/$deb_name" \
-       --customize-hook="rm -f \"\$1/tmp/$deb_name\"" \
+# The SDK packages built beside it.
+version=$(dpkg-deb -f "$DEB" Version)
+arch=$(dpkg-deb -f "$DEB" Architecture)
+debs=("$DEB")
+for pkg in libhymcache1 libhymcache-dev; do
+  f="$(dirname "$DEB")/${pkg}_${version}_${arch}.deb"
+  [ -f "$f" ] || fail "no $f beside $DEB (tools/package.sh builds it)"
+  debs+=("$f")
+done
+copy_in=()
+in_tmp=()
+for f in "${debs[@]}"; do
+  copy_in+=(--customize-hook="copy-in $f /tmp")
+  in_tmp+=("/tmp/$(basename "$f")")
+done
+if ! mmdebstrap --variant=minbase \
+       --include=systemd,systemd-sysv,dbus,procps,gcc,libc6-dev,pkg-config \
+       "${copy_in[@]}" \
+       --customize-hook="chroot \"\$1\" apt-get install --yes ${in_tmp[*]}" \
+       --customize-hook="rm -f \"\$1\"/tmp/*.deb" \
        bookworm "$root" > "$work/mmdebstrap.log" 2>&1; then
   grep -v '^I: \|^Get:' "$work/mmdebstrap.log" | tail -n 30
   fail "mmdebstrap could not build the root (or apt could not satisfy the package's Depends)"
@@ -137,6 +155,13 @@ done
 hymctl "${admin[@]}" status
 hymcache-demo --master=$master --token_file=/etc/hymcache/engine.token \
   --conversations=2 --turns=3 || fail "the demo workload failed"
+
+# The C SDK from libhymcache-dev, as an engine developer builds with it.
+gcc -std=c11 -Wall -Wextra -Werror \
+  /usr/share/doc/libhymcache-dev/examples/example.c \
+  $(pkg-config --cflags --libs hymcache) -o /tmp/example ||
+  fail "the C quick start does not build with pkg-config hymcache"
+/tmp/example $master /etc/hymcache/engine.token || fail "the C quick start failed"
 
 systemctl reload hymcache-master || fail "reload"
 sleep 1
