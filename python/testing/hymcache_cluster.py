@@ -13,51 +13,12 @@ directory (under TEST_TMPDIR).
 import os
 import select
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 
 import hymcache
-
-
-def runfile(rel):
-    """Path of `rel` (e.g. "master/hymcache-master") in the runfiles."""
-    for var in ("TEST_SRCDIR", "RUNFILES_DIR", "PYTHON_RUNFILES"):
-        root = os.environ.get(var)
-        if root:
-            path = os.path.join(root, os.environ.get("TEST_WORKSPACE",
-                                                      "hymcache"), rel)
-            if os.path.exists(path):
-                return path
-    here = os.path.abspath(sys.argv[0]) + ".runfiles"
-    return os.path.join(here, "hymcache", rel)
-
-
-def reexec_with_sanitizer_runtime():
-    """Re-executes the interpreter with the ASan/TSan runtime preloaded when
-    the extension was built with --config=asan/tsan (an instrumented shared
-    object cannot be loaded into an uninstrumented python3 otherwise)."""
-    if os.environ.get("HYMCACHE_SANITIZER_PRELOADED"):
-        return
-    import importlib.util
-    spec = importlib.util.find_spec("hymcache")
-    so = os.path.join(os.path.dirname(spec.origin), "_hymcache.so")
-    ldd = subprocess.run(["ldd", so], capture_output=True, text=True).stdout
-    runtime = None
-    for line in ldd.splitlines():
-        name = line.strip().split(" ")[0]
-        if name.startswith(("libasan.so", "libtsan.so")):
-            runtime = line.split("=>")[1].split("(")[0].strip()
-    if runtime is None:
-        return
-    env = dict(os.environ)
-    env["HYMCACHE_SANITIZER_PRELOADED"] = "1"
-    env["LD_PRELOAD"] = runtime
-    # The interpreter's own allocations at exit are not the extension's leaks.
-    env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+from runfiles import runfile  # noqa: F401 (tests use it from here)
 
 
 class Daemon:

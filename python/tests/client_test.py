@@ -5,7 +5,6 @@ errors a caller can make, deadlines, a node dying mid-load, and the store
 future."""
 
 import gc
-import os
 import signal
 import subprocess
 import sys
@@ -15,8 +14,12 @@ import time
 import numpy as np
 import pytest
 
-import hymcache
-from hymcache_cluster import Cluster, runfile, store_until_stored
+import sanitizer_runtime
+
+sanitizer_runtime.reexec_if_needed()  # before hymcache loads the extension
+
+import hymcache  # noqa: E402
+from hymcache_cluster import Cluster, runfile, store_until_stored  # noqa: E402
 
 BLOCK = 4096
 
@@ -360,7 +363,5 @@ def test_register_buffer(client, request):
 
 
 if __name__ == "__main__":
-    import hymcache_cluster
-    hymcache_cluster.reexec_with_sanitizer_runtime()
     sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"] +
                          sys.argv[1:]))
