@@ -290,6 +290,23 @@ std::vector<HeldBuffer> HoldAll(const py::sequence& buffers, size_t keys,
   return held;
 }
 
+// The SDK's view of held buffers (MutableBuffer or ConstBuffer).
+template <typename Buffer>
+std::vector<Buffer> Views(const std::vector<HeldBuffer>& held) {
+  std::vector<Buffer> out;
+  out.reserve(held.size());
+  for (const HeldBuffer& h : held) out.push_back({h.data(), h.size()});
+  return out;
+}
+
+// Runs the SDK call `f` with the GIL released: it may block on the network,
+// and other Python threads run meanwhile. `f` touches no Python object.
+template <typename F>
+auto WithoutGil(F&& f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
 // Token ids from a sequence of ints or a contiguous int32/int64 array.
 std::vector<int32_t> TokensFrom(py::handle obj) {
   if (PyObject_CheckBuffer(obj.ptr())) {
@@ -340,15 +357,6 @@ std::vector<int32_t> TokensFrom(py::handle obj) {
     out.push_back(static_cast<int32_t>(v));
   }
   return out;
-}
-
-TransportKind TransportFrom(const std::string& name) {
-  if (name == "tcp") return TransportKind::kTcp;
-  if (name == "shm") return TransportKind::kShm;
-  if (name == "rdma") return TransportKind::kRdma;
-  if (name == "auto") return TransportKind::kAuto;
-  ThrowInvalid(absl::StrCat("transport must be tcp, shm, rdma or auto, not '",
-                            name, "'"));
 }
 
 // Python views of the SDK's results.
@@ -421,11 +429,8 @@ class StoreFuture {
       }
       deadline = absl::Now() + absl::Seconds(*timeout);
     }
-    absl::StatusOr<PutResult> r;
-    {
-      py::gil_scoped_release release;
-      r = handle_->Wait(deadline);
-    }
+    absl::StatusOr<PutResult> r =
+        WithoutGil([&] { return handle_->Wait(deadline); });
     if (!handle_->Done()) {
       Throw(absl::DeadlineExceededError(
           "store not finished within the timeout (it goes on)"));
@@ -463,7 +468,7 @@ class PyClient {
           "got ", list.size()));
     }
     o.master_address = list[0];
-    o.transport = TransportFrom(transport);
+    o.transport = Unwrap(ParseTransportKind(transport));
     if (!std::isfinite(deadline) || !std::isfinite(store_deadline)) {
       ThrowInvalid("deadline and store_deadline must be finite seconds");
     }
@@ -476,12 +481,7 @@ class PyClient {
     o.tls_server_name = tls_server_name;
     o.store_threads = store_threads;
     o.max_pending_stores = max_pending_stores;
-    absl::StatusOr<std::unique_ptr<Client>> c;
-    {
-      py::gil_scoped_release release;
-      c = Client::Create(o);
-    }
-    client_ = Unwrap(std::move(c));
+    client_ = Unwrap(WithoutGil([&] { return Client::Create(o); }));
   }
 
   ~PyClient() { Close(); }
@@ -509,18 +509,12 @@ class PyClient {
                     bool prefetch) {
     Client& c = Live();
     std::vector<HeldBuffer> held = HoldAll(buffers, keys.size(), true);
-    std::vector<MutableBuffer> bufs;
-    bufs.reserve(held.size());
-    for (const HeldBuffer& h : held) bufs.push_back({h.data(), h.size()});
+    const std::vector<MutableBuffer> bufs = Views<MutableBuffer>(held);
     LoadOptions options;
     options.deadline = DeadlineFrom(deadline);
     options.prefetch = prefetch;
-    absl::StatusOr<LoadResult> r;
-    {
-      py::gil_scoped_release release;
-      r = c.Load(keys, bufs, options);
-    }
-    LoadResult got = Unwrap(std::move(r));
+    LoadResult got =
+        Unwrap(WithoutGil([&] { return c.Load(keys, bufs, options); }));
     PyLoadResult out;
     out.loaded = got.loaded;
     out.lengths = std::move(got.lengths);
@@ -536,17 +530,12 @@ class PyClient {
                                      std::optional<double> deadline) {
     Client& c = Live();
     std::vector<HeldBuffer> held = HoldAll(buffers, keys.size(), false);
-    std::vector<ConstBuffer> bufs;
-    bufs.reserve(held.size());
-    for (const HeldBuffer& h : held) bufs.push_back({h.data(), h.size()});
+    const std::vector<ConstBuffer> bufs = Views<ConstBuffer>(held);
     StoreOptions options;
     options.deadline = DeadlineFrom(deadline);
     if (parent_key.has_value()) options.parent_key = *parent_key;
-    std::shared_ptr<StoreHandle> handle;
-    {
-      py::gil_scoped_release release;
-      handle = c.Store(keys, bufs, options);
-    }
+    std::shared_ptr<StoreHandle> handle =
+        WithoutGil([&] { return c.Store(keys, bufs, options); });
     auto future = std::make_shared<StoreFuture>(std::move(handle),
                                                 std::move(held));
     // Forget the futures that are done (their buffers are released).
@@ -564,12 +553,8 @@ class PyClient {
     Client& c = Live();
     CallOptions call;
     call.deadline = DeadlineFrom(deadline);
-    absl::StatusOr<LookupResult> r;
-    {
-      py::gil_scoped_release release;
-      r = c.BatchLookup(keys, call);
-    }
-    LookupResult got = Unwrap(std::move(r));
+    LookupResult got =
+        Unwrap(WithoutGil([&] { return c.BatchLookup(keys, call); }));
     py::list found, lengths, nodes;
     for (size_t i = 0; i < got.found.size(); ++i) {
       found.append(py::bool_(got.found[i]));
@@ -589,24 +574,15 @@ class PyClient {
     Client& c = Live();
     CallOptions call;
     call.deadline = DeadlineFrom(deadline);
-    absl::StatusOr<std::vector<bool>> r;
-    {
-      py::gil_scoped_release release;
-      r = c.Remove(keys, call);
-    }
-    return Unwrap(std::move(r));
+    return Unwrap(WithoutGil([&] { return c.Remove(keys, call); }));
   }
 
   py::dict Stats(std::optional<double> deadline) {
     Client& c = Live();
     CallOptions call;
     call.deadline = DeadlineFrom(deadline);
-    absl::StatusOr<ClusterStatus> r;
-    {
-      py::gil_scoped_release release;
-      r = c.GetClusterStatus(call);
-    }
-    ClusterStatus st = Unwrap(std::move(r));
+    ClusterStatus st =
+        Unwrap(WithoutGil([&] { return c.GetClusterStatus(call); }));
     py::list nodes;
     for (const NodeStatus& n : st.nodes) {
       py::dict d;
@@ -642,11 +618,7 @@ class PyClient {
     HeldBuffer held = HeldBuffer::Acquire(obj, /*writable=*/false, 0);
     void* data = held.data();
     const size_t size = held.size();
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = c.RegisterMemory(data, size);
-    }
+    absl::Status s = WithoutGil([&] { return c.RegisterMemory(data, size); });
     if (!s.ok()) Throw(s);
     registered_.emplace(data, std::move(held));
   }
@@ -658,11 +630,7 @@ class PyClient {
     if (it == registered_.end()) {
       Throw(absl::NotFoundError("buffer is not registered with this client"));
     }
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = c.UnregisterMemory(data);
-    }
+    absl::Status s = WithoutGil([&] { return c.UnregisterMemory(data); });
     registered_.erase(it);
     if (!s.ok()) Throw(s);
   }

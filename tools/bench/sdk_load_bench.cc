@@ -57,17 +57,9 @@ int Run() {
   }
   ClientOptions options;
   options.master_address = FLAGS_master;
-  if (FLAGS_transport == "tcp") {
-    options.transport = TransportKind::kTcp;
-  } else if (FLAGS_transport == "shm") {
-    options.transport = TransportKind::kShm;
-  } else if (FLAGS_transport == "rdma") {
-    options.transport = TransportKind::kRdma;
-  } else if (FLAGS_transport == "auto") {
-    options.transport = TransportKind::kAuto;
-  } else {
-    return Fail("--transport: tcp, shm, rdma or auto");
-  }
+  auto transport = ParseTransportKind(FLAGS_transport);
+  if (!transport.ok()) return Fail(transport.status().ToString());
+  options.transport = *transport;
   auto client = Client::Create(options);
   if (!client.ok()) return Fail(client.status().ToString());
 
