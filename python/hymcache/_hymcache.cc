@@ -447,6 +447,27 @@ class StoreFuture {
   std::vector<HeldBuffer> buffers_;  // GIL
 };
 
+// A call's reference to the SDK client (GIL held). The last reference
+// destroys the client with the GIL released: its destructor waits for the
+// client's background work.
+class ClientRef {
+ public:
+  explicit ClientRef(std::shared_ptr<Client> client)
+      : client_(std::move(client)) {}
+  ClientRef(const ClientRef&) = delete;
+  ClientRef& operator=(const ClientRef&) = delete;
+  ~ClientRef() {
+    if (client_.use_count() == 1) {
+      py::gil_scoped_release release;
+      client_.reset();
+    }
+  }
+  Client& operator*() const { return *client_; }
+
+ private:
+  std::shared_ptr<Client> client_;
+};
+
 // hymcache.Client.
 class PyClient {
  public:
@@ -487,27 +508,31 @@ class PyClient {
   ~PyClient() { Close(); }
 
   // GIL held. Waits for the stores in flight (each bounded by its
-  // deadline), then destroys the SDK client and lets go of every buffer.
+  // deadline), unregisters the buffers, then drops the SDK client (destroyed
+  // here, or by the last call still using it on another thread) and lets go
+  // of every buffer.
   void Close() {
     if (client_ == nullptr) return;
-    std::unique_ptr<Client> client = std::move(client_);
+    std::shared_ptr<Client> client = std::move(client_);
     std::vector<std::shared_ptr<StoreFuture>> stores = std::move(stores_);
+    std::map<void*, HeldBuffer> registered = std::move(registered_);
+    registered_.clear();
     {
       py::gil_scoped_release release;
       for (auto& s : stores) s->WaitDone();
-      for (auto& [data, held] : registered_) {
+      for (auto& [data, held] : registered) {
         client->UnregisterMemory(data).IgnoreError();
       }
       client.reset();
     }
     for (auto& s : stores) s->Done();
-    registered_.clear();
   }
 
   PyLoadResult Load(const std::vector<std::string>& keys,
                     const py::sequence& buffers, std::optional<double> deadline,
                     bool prefetch) {
-    Client& c = Live();
+    const ClientRef live = Live();
+    Client& c = *live;
     std::vector<HeldBuffer> held = HoldAll(buffers, keys.size(), true);
     const std::vector<MutableBuffer> bufs = Views<MutableBuffer>(held);
     LoadOptions options;
@@ -528,7 +553,8 @@ class PyClient {
                                      const py::sequence& buffers,
                                      std::optional<std::string> parent_key,
                                      std::optional<double> deadline) {
-    Client& c = Live();
+    const ClientRef live = Live();
+    Client& c = *live;
     std::vector<HeldBuffer> held = HoldAll(buffers, keys.size(), false);
     const std::vector<ConstBuffer> bufs = Views<ConstBuffer>(held);
     StoreOptions options;
@@ -550,7 +576,8 @@ class PyClient {
 
   py::dict Lookup(const std::vector<std::string>& keys,
                   std::optional<double> deadline) {
-    Client& c = Live();
+    const ClientRef live = Live();
+    Client& c = *live;
     CallOptions call;
     call.deadline = DeadlineFrom(deadline);
     LookupResult got =
@@ -571,14 +598,16 @@ class PyClient {
 
   std::vector<bool> Remove(const std::vector<std::string>& keys,
                            std::optional<double> deadline) {
-    Client& c = Live();
+    const ClientRef live = Live();
+    Client& c = *live;
     CallOptions call;
     call.deadline = DeadlineFrom(deadline);
     return Unwrap(WithoutGil([&] { return c.Remove(keys, call); }));
   }
 
   py::dict Stats(std::optional<double> deadline) {
-    Client& c = Live();
+    const ClientRef live = Live();
+    Client& c = *live;
     CallOptions call;
     call.deadline = DeadlineFrom(deadline);
     ClusterStatus st =
@@ -614,7 +643,8 @@ class PyClient {
   }
 
   void RegisterBuffer(py::handle obj) {
-    Client& c = Live();
+    const ClientRef live = Live();
+    Client& c = *live;
     HeldBuffer held = HeldBuffer::Acquire(obj, /*writable=*/false, 0);
     void* data = held.data();
     const size_t size = held.size();
@@ -624,7 +654,8 @@ class PyClient {
   }
 
   void UnregisterBuffer(py::handle obj) {
-    Client& c = Live();
+    const ClientRef live = Live();
+    Client& c = *live;
     void* data = HeldBuffer::Acquire(obj, /*writable=*/false, 0).data();
     auto it = registered_.find(data);
     if (it == registered_.end()) {
@@ -642,14 +673,17 @@ class PyClient {
   }
 
  private:
-  Client& Live() {
+  // The SDK client for one call. A call holds it until it returns, so a
+  // close() on another thread while the call waits without the GIL cannot
+  // destroy it under the call (the last holder destroys it).
+  ClientRef Live() {
     if (client_ == nullptr) {
       Throw(absl::FailedPreconditionError("the client is closed"));
     }
-    return *client_;
+    return ClientRef(client_);
   }
 
-  std::unique_ptr<Client> client_;  // null once closed
+  std::shared_ptr<Client> client_;  // GIL; null once closed
   // GIL: stores whose buffers may still be in use; registered buffers.
   std::vector<std::shared_ptr<StoreFuture>> stores_;
   std::map<void*, HeldBuffer> registered_;

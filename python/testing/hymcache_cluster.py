@@ -13,6 +13,7 @@ directory (under TEST_TMPDIR).
 import os
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -53,6 +54,22 @@ class Daemon:
     def signal(self, sig):
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
+
+    def pause(self, timeout=10.0):
+        """SIGSTOPs the daemon and waits until it is stopped (a signal is
+        delivered asynchronously: a busy machine lets it run on a moment)."""
+        self.signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            if state in ("T", "t"):
+                return
+            time.sleep(0.001)
+        raise RuntimeError(f"pid {self.proc.pid} did not stop")
+
+    def resume(self):
+        self.signal(signal.SIGCONT)
 
     def kill(self):
         if self.proc.poll() is None:

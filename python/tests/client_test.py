@@ -5,7 +5,7 @@ errors a caller can make, deadlines, a node dying mid-load, and the store
 future."""
 
 import gc
-import signal
+import os
 import subprocess
 import sys
 import threading
@@ -249,7 +249,7 @@ def test_deadline_returns_a_partial_load_with_the_gil_released(request):
         time.sleep(0.1)
         per_100ms = spins[0] - before
         node = cluster.nodes["node-0"]
-        node.signal(signal.SIGSTOP)
+        node.pause()
         try:
             before = spins[0]
             start = time.monotonic()
@@ -257,7 +257,7 @@ def test_deadline_returns_a_partial_load_with_the_gil_released(request):
             took = time.monotonic() - start
             during = spins[0] - before
         finally:
-            node.signal(signal.SIGCONT)
+            node.resume()
             stop.set()
             t.join()
         assert got.loaded == 0
@@ -268,6 +268,57 @@ def test_deadline_returns_a_partial_load_with_the_gil_released(request):
         assert during > per_100ms, (during, per_100ms)
         # The node is back: the same load completes.
         assert c.load(keys, [bytearray(BLOCK) for _ in keys]).loaded == 2
+
+
+def test_close_while_another_thread_loads(request):
+    with Cluster(nodes=1) as cluster:
+        c = hymcache.Client(cluster.address, transport="tcp")
+        keys = chain(request.node.name, 2)
+        store_until_stored(c, keys, [pattern(i) for i in range(2)])
+        node = cluster.nodes["node-0"]
+        node.pause()
+        results = []
+        started = threading.Event()
+
+        def load():
+            started.set()
+            results.append(c.load(keys, [bytearray(BLOCK) for _ in keys],
+                                  deadline=1.5))
+
+        loading = threading.Thread(target=load)
+        try:
+            loading.start()
+            started.wait()
+            time.sleep(0.2)  # the load is waiting on the stopped node
+            c.close()        # does not pull the client from under it
+            assert loading.is_alive()  # and does not wait for the load
+            loading.join()
+        finally:
+            node.resume()
+        assert results[0].loaded == 0
+        assert isinstance(results[0].stop_reason, hymcache.DeadlineExceeded)
+        with pytest.raises(hymcache.FailedPrecondition):
+            c.lookup(keys)
+
+
+def test_a_client_left_open_at_exit_finishes_its_store(request):
+    """The interpreter exits with a client that was never closed and a
+    store in flight: no crash, and the store completes."""
+    with Cluster(nodes=1) as cluster:
+        keys = chain(request.node.name, 1)
+        with hymcache.Client(cluster.address) as c:
+            store_until_stored(c, chain("warm", 1), [pattern(0)])
+        script = (
+            "import hymcache\n"
+            f"c = hymcache.Client({cluster.address!r})\n"
+            f"f = c.store([{keys[0]!r}], [bytearray({BLOCK})])\n")
+        run = subprocess.run([sys.executable, "-c", script],
+                             capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ,
+                                      PYTHONPATH=os.pathsep.join(sys.path)))
+        assert run.returncode == 0, run.stderr
+        with hymcache.Client(cluster.address) as c:
+            assert c.lookup(keys)["found"] == [True]
 
 
 def test_a_node_dying_mid_load_gives_the_prefix_not_an_exception(request):
@@ -330,7 +381,7 @@ def test_store_holds_its_buffers_until_done(request):
         store_until_stored(c, chain("warm", 1), [pattern(0)])
         keys = chain(request.node.name, 2)
         node = cluster.nodes["node-0"]
-        node.signal(signal.SIGSTOP)
+        node.pause()
         try:
             src = [bytearray(pattern(i).tobytes()) for i in range(2)]
             held = src[0]
@@ -343,7 +394,7 @@ def test_store_holds_its_buffers_until_done(request):
             del src, held
             gc.collect()
         finally:
-            node.signal(signal.SIGCONT)
+            node.resume()
         assert f.result(timeout=10).stored == 2
         assert c.pending_stores() == 0
         out = [bytearray(BLOCK) for _ in keys]
