@@ -4,17 +4,40 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "common/build_info.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 
+// gflags reports a bad command line (an unknown flag, a bad value, a
+// missing --flagfile) by calling this hook with status 1 (libgflags defines
+// and exports it; its public header does not declare it).
+namespace GFLAGS_NAMESPACE {
+extern void (*gflags_exitfunc)(int);
+}  // namespace GFLAGS_NAMESPACE
+
 namespace hymcache {
 namespace {
+
+// Exit status 2 for a bad command line: what init systems treat as a
+// configuration error not to restart on (RestartPreventExitStatus=2 in
+// deploy/systemd) and what the daemons return for invalid options.
+[[noreturn]] void ExitBadCommandLine(int) {
+  // Not exit(): gflags calls this holding its registry lock, which static
+  // destructors would take again.
+  std::fflush(nullptr);
+  std::_Exit(2);
+}
 
 // gflags reports the file as the compiler saw it: with Bazel a workspace-
 // relative path such as "master/main.cc", elsewhere maybe absolute.
@@ -53,6 +76,64 @@ void AppendFlag(const gflags::CommandLineFlagInfo& f, std::string* out) {
 bool BoolFlag(const char* name) {
   std::string v;
   return gflags::GetCommandLineOption(name, &v) && v == "true";
+}
+
+bool FlagDefined(absl::string_view name) {
+  gflags::CommandLineFlagInfo info;
+  if (gflags::GetCommandLineFlagInfo(std::string(name).c_str(), &info)) {
+    return true;
+  }
+  // --nofoo: boolean foo set to false.
+  return absl::StartsWith(name, "no") &&
+         gflags::GetCommandLineFlagInfo(std::string(name.substr(2)).c_str(),
+                                        &info) &&
+         info.type == "bool";
+}
+
+// gflags ignores flags it does not define when they come from a --flagfile
+// (so that programs can share one); a daemon's configuration file with a
+// typo must fail instead. Checks each --flagfile of argv (and the flag
+// files those name) for flags this program does not define. gflags itself
+// reports unreadable files and bad values.
+void CheckFlagFiles(const std::string& program, int argc, char** argv) {
+  std::vector<std::pair<std::string, int>> files;  // path, depth
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (a == "--") break;
+    a = absl::StripPrefix(absl::StripPrefix(a, "-"), "-");
+    if (absl::ConsumePrefix(&a, "flagfile=")) {
+      files.emplace_back(std::string(a), 0);
+    } else if (a == "flagfile" && i + 1 < argc) {
+      files.emplace_back(argv[++i], 0);
+    }
+  }
+  while (!files.empty()) {
+    auto [path, depth] = files.back();
+    files.pop_back();
+    std::ifstream in(path);
+    if (!in) continue;  // gflags says why
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      absl::string_view l = absl::StripAsciiWhitespace(line);
+      // Comments, blank lines, and gflags' program-name filters.
+      if (!absl::StartsWith(l, "-")) continue;
+      l = absl::StripPrefix(absl::StripPrefix(l, "-"), "-");
+      const absl::string_view name = l.substr(0, l.find('='));
+      if (name == "flagfile") {
+        if (depth < 8 && name.size() < l.size()) {
+          files.emplace_back(std::string(l.substr(name.size() + 1)),
+                             depth + 1);
+        }
+        continue;
+      }
+      if (!FlagDefined(name)) {
+        std::fprintf(stderr, "%s: %s:%d: unknown flag --%s\n",
+                     program.c_str(), path.c_str(), n,
+                     std::string(name).c_str());
+        std::exit(2);
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -100,7 +181,12 @@ void ParseCommandLine(const CommandLineOptions& options, int* argc,
   }
   gflags::SetUsageMessage(options.usage);
   gflags::SetVersionString(BuildInfo().version);
+  CheckFlagFiles(options.program, *argc, *argv);
+  // Only errors exit from here (help flags are handled below).
+  void (*const previous_exit)(int) = GFLAGS_NAMESPACE::gflags_exitfunc;
+  GFLAGS_NAMESPACE::gflags_exitfunc = &ExitBadCommandLine;
   gflags::ParseCommandLineNonHelpFlags(argc, argv, /*remove_flags=*/true);
+  GFLAGS_NAMESPACE::gflags_exitfunc = previous_exit;
   if (BoolFlag("help")) {
     std::fputs(FlagsHelp(options).c_str(), stdout);
     std::exit(0);

@@ -100,9 +100,26 @@ TEST_CASE("--version prints version, commit and build time") {
 }
 
 TEST_CASE("a bad flag exits 2 with gflags' message") {
-  RunResult r = MustRun(kBinaries[0], {"--no_such_flag=1"});
-  CHECK(Exited(r, 1));  // gflags' own exit code for an unknown flag
-  CHECK(absl::StrContains(r.output, "no_such_flag"));
+  const std::string flagfile = TempDir("flags") + "/bad.conf";
+  {
+    std::ofstream f(flagfile);
+    f << "# a comment\n--no_such_flag_in_file=1\n";
+  }
+  for (const char* binary : kBinaries) {
+    INFO(binary);
+    RunResult r = MustRun(binary, {"--no_such_flag=1"});
+    CHECK(Exited(r, 2));
+    CHECK(absl::StrContains(r.output, "no_such_flag"));
+    // Not a number, a missing --flagfile, a bad flag inside one.
+    r = MustRun(binary, {"--v=abc"});
+    CHECK(Exited(r, 2));
+    CHECK(absl::StrContains(r.output, "abc"));
+    r = MustRun(binary, {"--flagfile=/nonexistent/hymcache.conf"});
+    CHECK(Exited(r, 2));
+    r = MustRun(binary, {"--flagfile=" + flagfile});
+    CHECK(Exited(r, 2));
+    CHECK(absl::StrContains(r.output, "no_such_flag_in_file"));
+  }
 }
 
 TEST_CASE("--log_dir writes glog files there; a missing one is refused") {

@@ -5,7 +5,13 @@
 #   tools/setup.sh          build and run (tools/quickstart.sh)
 #   tools/setup.sh --test   also the servers the tests start (tools/test.sh):
 #                           Prometheus (prometheus_test) and systemd's tools
-#                           (systemd-analyze verify of the units). A
+#                           (systemd-analyze verify of the units; the
+#                           package and image tests: dpkg-dev,
+#                           mmdebstrap, systemd-nspawn, umoci, runc,
+#                           buildah), and what the Helm chart test
+#                           renders and checks with (Go, sprig,
+#                           gojsonschema, python3-kubernetes' API models,
+#                           python3-jsonschema). A
 #                           prometheus.service this installs is stopped and
 #                           disabled again: the tests run their own.
 set -euo pipefail
@@ -20,7 +26,11 @@ PACKAGES=(
   prometheus-cpp-dev libsystemd-dev
   python3-dev pybind11-dev python3-numpy python3-pytest
 )
-TEST_PACKAGES=(prometheus systemd)
+TEST_PACKAGES=(prometheus systemd systemd-container mmdebstrap dpkg-dev
+  umoci runc buildah
+  golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
+  golang-github-xeipuuv-gojsonschema-dev
+  python3-kubernetes python3-jsonschema python3-yaml)
 if [ "${1:-}" = "--test" ]; then
   PACKAGES+=("${TEST_PACKAGES[@]}")
 fi

@@ -3,7 +3,9 @@
 # under each configuration in HYMCACHE_TEST_CONFIGS (default: "default asan
 # tsan"), then a short run of every libFuzzer target (tools/fuzz.sh;
 # HYMCACHE_FUZZ=0 skips it), then the RDMA and CXL tests inside a QEMU guest
-# (tests/vmtest; HYMCACHE_VMTEST=0 skips them), and prints a closing line
+# (tests/vmtest; HYMCACHE_VMTEST=0 skips them), then the Debian package
+# booted under systemd and the OCI image run with runc (tests/systemd,
+# tests/image; HYMCACHE_PACKAGE_TESTS=0 skips them), and prints a closing line
 # "N passed, N failed" counted from Bazel's per-test results, the fuzz
 # targets and the guest runs. Exits non-zero if any test failed or did not
 # build.
@@ -64,6 +66,32 @@ if [ "${HYMCACHE_VMTEST:-1}" = "1" ]; then
   passed=$((passed + ${p:-0}))
   failed=$((failed + ${f:-1}))
   rm -f "$log"
+fi
+
+# The Debian package under a real systemd (tests/systemd/boot_test.sh: a
+# bookworm root booted with systemd-nspawn, systemd as PID 1; about a
+# minute) and the OCI image built from it, run with runc, and the
+# Dockerfile built with buildah (tests/image/image_test.sh; about 1.5
+# minutes). Both use one .deb from tools/package.sh --fast (the build
+# above). HYMCACHE_PACKAGE_TESTS=0 skips them; a machine that cannot start
+# containers at all reports SKIPPED.
+if [ "${HYMCACHE_PACKAGE_TESTS:-1}" = "1" ]; then
+  echo "=== packaging: the .deb under systemd, the OCI image under runc"
+  debdir=$(mktemp -d)
+  if deb=$(bash tools/package.sh --fast --out="$debdir" | tail -n 1); then
+    for t in tests/systemd/boot_test.sh tests/image/image_test.sh; do
+      bash "$t" --deb="$deb" 2>&1 | tail -n 80
+      case "${PIPESTATUS[0]}" in
+        0) passed=$((passed + 1)) ;;
+        3) ;;  # skipped: said why
+        *) failed=$((failed + 1)); status=1 ;;
+      esac
+    done
+  else
+    echo "tools/package.sh failed"
+    failed=$((failed + 2)); status=1
+  fi
+  rm -rf "$debdir"
 fi
 
 echo "$passed passed, $failed failed"

@@ -8,10 +8,10 @@
 #   deploy/systemd/make-identities.sh [ENGINE_TENANT]
 #
 # More identities: `hymctl token new ROLE TENANT NAME FILE >> identities`,
-# then `systemctl reload hymcache-master hymcache-storage`.
+# then `systemctl reload hymcache-master 'hymcache-storage@*'`.
 set -euo pipefail
 dir=${HYMCACHE_ETC:-/etc/hymcache}
-hymctl=${HYMCTL:-/usr/local/bin/hymctl}
+hymctl=${HYMCTL:-/usr/bin/hymctl}
 tenant=${1:--}
 install -d -m 0750 "$dir"
 if [ -e "$dir/identities" ]; then

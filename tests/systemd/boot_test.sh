@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# The Debian package under a real systemd: builds a Debian bookworm root
+# with mmdebstrap (systemd as init, plus the hymcache .deb, whose Depends:
+# apt resolves from Debian's archive), boots it with systemd-nspawn -b
+# (systemd is PID 1 in the container; private network: loopback only), and
+# inside it, as an operator would:
+#   - makes the identities (make-identities.sh from the package);
+#   - systemctl enable --now hymcache-master, hymcache-storage@a and @b
+#     (two DRAM instances on distinct ports), which must become active
+#     (Type=notify: READY=1) and show two live nodes in `hymctl status`;
+#   - runs the demo workload against them (every loaded byte verified);
+#   - reloads the master (SIGHUP), checks a mistyped instance flag file
+#     fails with exit 2 and is not restarted (RestartPreventExitStatus=2);
+#   - stops everything: each unit's Result must be success and its main
+#     process must have exited 0.
+#
+#   tests/systemd/boot_test.sh [--deb=PATH]
+#
+# Without --deb it builds one with tools/package.sh --fast. Needs root,
+# systemd-container, mmdebstrap and Debian's archive (tools/setup.sh
+# --test). Prints "SYSTEMD BOOT PASS" or "SYSTEMD BOOT FAIL: why" (exit 1);
+# "SYSTEMD BOOT SKIPPED: why" (exit 3) when this machine cannot boot a
+# container at all (no privileges for namespaces), which a trivial boot
+# shows before the real one. Takes about a minute.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+DEB=""
+for a in "$@"; do
+  case "$a" in
+    --deb=*) DEB=${a#--deb=} ;;
+    *) echo "boot_test: unknown argument $a" >&2; exit 2 ;;
+  esac
+done
+fail() { echo "SYSTEMD BOOT FAIL: $*"; exit 1; }
+for tool in mmdebstrap systemd-nspawn; do
+  command -v "$tool" >/dev/null || fail "$tool missing (tools/setup.sh --test)"
+done
+[ "$(id -u)" = 0 ] || fail "needs root (mmdebstrap and systemd-nspawn)"
+if [ -z "$DEB" ]; then
+  DEB=$(bash tools/package.sh --fast --out="${TMPDIR:-/tmp}/hymcache-deb" | tail -n 1) ||
+    fail "tools/package.sh failed"
+fi
+DEB=$(readlink -f "$DEB")
+[ -f "$DEB" ] || fail "no package at $DEB"
+
+work=$(mktemp -d /var/tmp/hymcache-systemd.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+root="$work/root"
+result="$work/result"
+mkdir -p "$result"
+
+echo "boot_test: building a bookworm root with systemd and $(basename "$DEB")"
+deb_name=$(basename "$DEB")
+if ! mmdebstrap --variant=minbase --include=systemd,systemd-sysv,dbus,procps \
+       --customize-hook="copy-in $DEB /tmp" \
+       --customize-hook="chroot \"\$1\" apt-get install --yes /tmp/$deb_name" \
+       --customize-hook="rm -f \"\$1/tmp/$deb_name\"" \
+       bookworm "$root" > "$work/mmdebstrap.log" 2>&1; then
+  grep -v '^I: \|^Get:' "$work/mmdebstrap.log" | tail -n 30
+  fail "mmdebstrap could not build the root (or apt could not satisfy the package's Depends)"
+fi
+
+boot() {  # boot ROOT; the container's /result is $result
+  timeout 300 systemd-nspawn --quiet --register=no --keep-unit \
+    --private-network --directory="$root" --bind="$result":/result \
+    --boot > "$work/console.log" 2>&1
+}
+unit_dir="$root/etc/systemd/system"
+install -d "$unit_dir/multi-user.target.wants"
+
+# A trivial boot first: can this machine run systemd in a container at all?
+cat > "$unit_dir/probe.service" <<'EOF'
+[Unit]
+Description=boot probe
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c 'echo booted > /result/probe; systemctl poweroff'
+[Install]
+WantedBy=multi-user.target
+EOF
+ln -s ../probe.service "$unit_dir/multi-user.target.wants/probe.service"
+boot
+if [ ! -f "$result/probe" ]; then
+  tail -n 20 "$work/console.log"
+  echo "SYSTEMD BOOT SKIPPED: systemd-nspawn cannot boot a container here"
+  exit 3
+fi
+rm -f "$unit_dir/multi-user.target.wants/probe.service" "$unit_dir/probe.service"
+
+# Two DRAM instances from the shipped example, on loopback ports.
+conf="$root/etc/hymcache"
+for i in a b; do
+  case $i in a) data=50061 control=50062 metrics=9452 ;;
+             b) data=50071 control=50072 metrics=9453 ;; esac
+  sed -e 's|^--master=.*|--master=127.0.0.1:50051|' \
+      -e 's|^--dram_bytes=.*|--dram_bytes=64M|' \
+      -e 's|^--numa_node=.*|--numa_node=-1|' \
+      -e "s|^--data_port=.*|--data_port=$data|" \
+      -e "s|^--control_port=.*|--control_port=$control|" \
+      -e "s|^--metrics_listen=.*|--metrics_listen=127.0.0.1:$metrics|" \
+      "$conf/storage-dram0.conf" > "$conf/storage-$i.conf"
+done
+cp "$conf/storage-a.conf" "$conf/storage-bad.conf"
+echo "--dram_bytse=64M" >> "$conf/storage-bad.conf"  # the typo
+
+install -m 0755 /dev/stdin "$root/usr/local/sbin/hymcache-boot-test" <<'EOF'
+#!/bin/bash
+# Runs inside the container under systemd (hymcache-boot-test.service).
+exec > /result/log 2>&1
+set -x
+done_with() {
+  echo "$1" > /result/status
+  journalctl --no-pager -o short-monotonic -u 'hymcache-*' > /result/journal
+  systemctl poweroff
+  exit 0
+}
+fail() { echo "FAIL: $*"; done_with "FAIL: $*"; }
+master=127.0.0.1:50051
+admin=(--master=$master --token_file=/etc/hymcache/admin.token)
+
+/usr/share/hymcache/make-identities.sh || fail "make-identities.sh"
+getent passwd hymcache || fail "the package did not create the hymcache user"
+systemctl enable --now hymcache-master || fail "hymcache-master did not start"
+systemctl enable --now hymcache-storage@a hymcache-storage@b ||
+  fail "the storage instances did not start"
+for u in hymcache-master hymcache-storage@a hymcache-storage@b; do
+  [ "$(systemctl is-active $u)" = active ] || fail "$u is not active"
+done
+alive=0
+for t in $(seq 1 60); do
+  alive=$(hymctl "${admin[@]}" --json status | grep -c '"alive": true')
+  [ "$alive" -eq 2 ] && break
+  sleep 0.5
+done
+[ "$alive" -eq 2 ] || fail "hymctl status shows $alive live nodes, not 2"
+hymctl "${admin[@]}" status
+hymcache-demo --master=$master --token_file=/etc/hymcache/engine.token \
+  --conversations=2 --turns=3 || fail "the demo workload failed"
+
+systemctl reload hymcache-master || fail "reload"
+sleep 1
+[ "$(systemctl is-active hymcache-master)" = active ] || fail "master died on reload"
+
+systemctl start hymcache-storage@bad && fail "a mistyped flag file started"
+sleep 4  # two RestartSec periods: a restart would have happened
+[ "$(systemctl show -P NRestarts hymcache-storage@bad)" = 0 ] ||
+  fail "the mistyped instance was restarted"
+[ "$(systemctl show -P ExecMainStatus hymcache-storage@bad)" = 2 ] ||
+  fail "the mistyped instance exited $(systemctl show -P ExecMainStatus hymcache-storage@bad), not 2"
+
+systemctl stop hymcache-storage@a hymcache-storage@b hymcache-master
+for u in hymcache-master hymcache-storage@a hymcache-storage@b; do
+  r=$(systemctl show -P Result $u)
+  s=$(systemctl show -P ExecMainStatus $u)
+  [ "$r" = success ] && [ "$s" = 0 ] || fail "$u stopped with Result=$r status=$s"
+done
+systemd-analyze security hymcache-master hymcache-storage@a | tail -n 5
+done_with PASS
+EOF
+cat > "$unit_dir/hymcache-boot-test.service" <<'EOF'
+[Unit]
+Description=HyMCache package test under systemd
+After=multi-user.target
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/hymcache-boot-test
+[Install]
+WantedBy=multi-user.target
+EOF
+ln -s ../hymcache-boot-test.service \
+  "$unit_dir/multi-user.target.wants/hymcache-boot-test.service"
+
+echo "boot_test: booting systemd in the container"
+boot
+status=$(cat "$result/status" 2>/dev/null || echo "no result (boot or test hung)")
+if [ "$status" != PASS ]; then
+  echo "--- test log"; tail -n 40 "$result/log" 2>/dev/null
+  echo "--- journal of the hymcache units"; tail -n 60 "$result/journal" 2>/dev/null
+  echo "--- console"; tail -n 20 "$work/console.log"
+  fail "$status"
+fi
+grep -E "Overall exposure|alive|verified" "$result/log" | head -n 10
+echo "SYSTEMD BOOT PASS"
