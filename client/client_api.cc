@@ -8,6 +8,15 @@
 
 namespace hymcache {
 
+absl::StatusOr<TransportKind> ParseTransportKind(const std::string& name) {
+  if (name == "tcp") return TransportKind::kTcp;
+  if (name == "shm") return TransportKind::kShm;
+  if (name == "rdma") return TransportKind::kRdma;
+  if (name == "auto") return TransportKind::kAuto;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "transport must be tcp, shm, rdma or auto, not '", name, "'"));
+}
+
 absl::Status ClientOptions::Validate() const {
   if (master_address.empty()) {
     return absl::InvalidArgumentError("ClientOptions.master_address is required");

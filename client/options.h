@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace hymcache {
@@ -24,6 +25,10 @@ enum class TransportKind {
   // both sides have it, else TCP.
   kAuto,
 };
+
+// The kind named "tcp", "shm", "rdma" or "auto" (flags, the Python package).
+// Errors: InvalidArgument for any other name.
+absl::StatusOr<TransportKind> ParseTransportKind(const std::string& name);
 
 struct ClientOptions {
   // gRPC address of the master, "host:port". Required.
