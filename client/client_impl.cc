@@ -126,6 +126,11 @@ absl::Status ClientImpl::Lookup(absl::Span<const std::string> keys,
   out->found.assign(keys.size(), false);
   out->locations.assign(keys.size(), ObjectLocation{});
   out->hit_prefix = 0;
+  // As Load and Store do: a call whose deadline has passed does not start
+  // (gRPC may still complete a call whose deadline passes in flight).
+  if (deadline <= clock_->Now()) {
+    return absl::DeadlineExceededError("BatchLookup: the deadline has passed");
+  }
   bool prefix_open = true;
   for (size_t begin = 0; begin < keys.size();
        begin += options_.max_keys_per_rpc) {

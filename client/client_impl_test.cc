@@ -314,6 +314,21 @@ TEST_CASE("Get is Load without prefetch hints; Put is Store and wait") {
   CHECK(rig.master->stream_chunk_keys() == std::vector<size_t>{1024});
 }
 
+TEST_CASE("BatchLookup past its deadline fails without asking the master") {
+  Rig rig;
+  Blocks b(3);
+  StoreAll(rig, b);
+  CallOptions now;
+  now.deadline = rig.clock.Now();  // a zero timeout
+  auto late = rig.client->BatchLookup(b.keys, now);
+  CHECK(late.status().code() == absl::StatusCode::kDeadlineExceeded);
+  // The same lookup with time left finds all three.
+  now.deadline = rig.clock.Now() + absl::Seconds(1);
+  auto look = rig.client->BatchLookup(b.keys, now);
+  REQUIRE(look.ok());
+  CHECK(look->hit_prefix == 3);
+}
+
 TEST_CASE("A Put given no deadline has the call default, a Store the store default") {
   ClientOptions o = TestOptions();
   o.default_deadline = absl::Seconds(10);
