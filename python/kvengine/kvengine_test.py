@@ -197,21 +197,23 @@ def test_recompute_only_never_touches_the_cluster(cluster):
 
 def test_ttft_with_hymcache_beats_recompute_when_prefill_is_slow(client,
                                                                 request):
-    reqs = conversations(2, 4)
-    rate = 2000.0  # tokens/s: turn 3 recomputes ~200 tokens, ~0.1 s
+    reqs = conversations(3, 4)
+    rate = 1000.0  # tokens/s: turn 3 recomputes 137 tokens, 137 ms
     results = cli.run_modes(reqs, small_pool(), ["recompute", "hymcache"],
                             client=client, key_builder=key_builder(
                                 request.node.name),
                             prefill_tokens_per_s=rate, wait_stores=True)
     hym, rec = results["hymcache"], results["recompute"]
     late = [i for i, q in enumerate(reqs) if q.turn >= 2]
-    assert all(hym[i]["loaded_blocks"] >= 4 for i in late)
+    assert all(hym[i]["loaded_blocks"] >= 5 for i in late)
     for r, q in zip(rec, reqs):  # recompute TTFT is at least the model's
         assert r["ttft_ms"] >= 1e3 * q.input_length / rate * 0.99
-    # The model saves >= 4 blocks = 64 tokens = 32 ms per late request;
-    # lookup + load of a few KiB must cost less than that (wide margin).
-    saved = sum(rec[i]["ttft_ms"] - hym[i]["ttft_ms"] for i in late)
-    assert saved > 0.5 * len(late) * 4 * T / rate * 1e3, (
+    # The model saves >= 5 blocks = 80 tokens = 80 ms per late request;
+    # lookup + load of a few KiB must cost less than half of that. The
+    # median request, so that one stall of a busy (or sanitized) machine
+    # does not decide.
+    saved = sorted(rec[i]["ttft_ms"] - hym[i]["ttft_ms"] for i in late)
+    assert saved[len(saved) // 2] > 0.5 * 5 * T / rate * 1e3, (
         [(rec[i]["ttft_ms"], hym[i]["ttft_ms"]) for i in late])
 
 
@@ -233,6 +235,7 @@ def test_a_dead_node_mid_run_falls_back_to_recompute(request):
                                 prefill_tokens_per_s=1e6, load_deadline=2.0,
                                 verify=True)
     recs = results["hymcache"]
+    assert all(r["load_stop"] is None for r in recs[:kill_at])
     assert any(r["loaded_blocks"] for r in recs[:kill_at])
     for q, r in zip(reqs[kill_at:], recs[kill_at:]):
         assert r["loaded_blocks"] == 0
