@@ -78,7 +78,8 @@ named tokens:
                                      # or failed the lookup (e.g.
                                      # "UNAVAILABLE", "NOT_FOUND")
       "lookup_ms": float, "load_ms": float,
-      "computed_tokens": int,        # input_tokens - loaded_blocks*block_tokens
+      "computed_tokens": int,        # input_tokens -
+                                     # loaded_blocks * block_tokens
       "compute_ms": float,           # real time of the fill
       "modelled_prefill_ms": float,  # computed_tokens / prefill rate
       "prefill_ms": float,           # max(compute, modelled) + sleep slack

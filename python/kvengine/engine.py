@@ -40,8 +40,6 @@ import numpy as np
 
 import hymcache
 
-from .pool import KvPool, PoolExhausted  # noqa: F401 (re-exported)
-
 _A = np.uint32(0x9E3779B1)
 _B = np.uint32(0x85EBCA77)
 _C = np.uint32(0x27D4EB2F)
@@ -151,82 +149,87 @@ class Engine:
         n_blocks = math.ceil(n / T)
         n_full = n // T
         blocks = self._allocate(n_blocks)
-        rec = {"mode": self.mode, "blocks": n_blocks, "full_blocks": n_full,
-               "hit_blocks": 0, "loaded_blocks": 0, "load_stop": None,
-               "lookup_ms": 0.0, "load_ms": 0.0, "store": None,
-               "corrupt_blocks": 0}
-        start = self._clock()
-        keys = []
-        loaded = 0
-        if self.client is not None:
-            keys = self.key_builder.keys(tokens)
-            usable = (n - 1) // T
-            hit = 0
-            if usable:
-                t0 = self._clock()
-                try:
-                    hit = self.client.lookup(
-                        keys[:usable], deadline=self.load_deadline
-                    )["hit_prefix"]
-                except hymcache.Error as e:  # the master is away: a miss
-                    rec["load_stop"] = e.code
-                t1 = self._clock()
-                rec["lookup_ms"] = (t1 - t0) * 1e3
-                if hit:
+        try:
+            rec = {"mode": self.mode, "blocks": n_blocks,
+                   "full_blocks": n_full, "hit_blocks": 0,
+                   "loaded_blocks": 0, "load_stop": None, "lookup_ms": 0.0,
+                   "load_ms": 0.0, "store": None, "corrupt_blocks": 0}
+            start = self._clock()
+            keys = []
+            loaded = 0
+            if self.client is not None:
+                keys = self.key_builder.keys(tokens)
+                usable = (n - 1) // T
+                hit = 0
+                if usable:
+                    t0 = self._clock()
                     try:
-                        got = self.client.load(
-                            keys[:hit], [pool.page(b) for b in blocks[:hit]],
-                            deadline=self.load_deadline)
-                        loaded = got.loaded
-                        if got.stop_reason is not None:
-                            rec["load_stop"] = got.stop_reason.code
-                    except hymcache.Error as e:  # before anything landed
+                        hit = self.client.lookup(
+                            keys[:usable], deadline=self.load_deadline
+                        )["hit_prefix"]
+                    except hymcache.Error as e:  # the master is away: a miss
                         rec["load_stop"] = e.code
-                    rec["load_ms"] = (self._clock() - t1) * 1e3
-            rec["hit_blocks"] = hit
-            rec["loaded_blocks"] = loaded
+                    t1 = self._clock()
+                    rec["lookup_ms"] = (t1 - t0) * 1e3
+                    if hit:
+                        try:
+                            got = self.client.load(
+                                keys[:hit],
+                                [pool.page(b) for b in blocks[:hit]],
+                                deadline=self.load_deadline)
+                            loaded = got.loaded
+                            if got.stop_reason is not None:
+                                rec["load_stop"] = got.stop_reason.code
+                        except hymcache.Error as e:  # before anything landed
+                            rec["load_stop"] = e.code
+                        rec["load_ms"] = (self._clock() - t1) * 1e3
+                rec["hit_blocks"] = hit
+                rec["loaded_blocks"] = loaded
 
-        # Prefill of tokens [loaded * T, n).
-        computed = n - loaded * T
-        t_prefill = self._clock()
-        seeds = block_seeds(tokens, T)
-        for i in range(loaded, n_blocks):
-            fill_block(pool.page(blocks[i]), tokens[i * T:(i + 1) * T],
-                       seeds[i])
-        modelled = computed / self.prefill_tokens_per_s
-        spent = self._clock() - t_prefill
-        if spent < modelled:
-            self._sleep(modelled - spent)
-        end = self._clock()
-        rec["computed_tokens"] = computed
-        rec["compute_ms"] = spent * 1e3
-        rec["modelled_prefill_ms"] = modelled * 1e3
-        rec["prefill_ms"] = (end - t_prefill) * 1e3
-        rec["prefill_overrun"] = spent > modelled
-        rec["ttft_ms"] = (end - start) * 1e3
+            # Prefill of tokens [loaded * T, n).
+            computed = n - loaded * T
+            t_prefill = self._clock()
+            seeds = block_seeds(tokens, T)
+            for i in range(loaded, n_blocks):
+                fill_block(pool.page(blocks[i]), tokens[i * T:(i + 1) * T],
+                           seeds[i])
+            modelled = computed / self.prefill_tokens_per_s
+            spent = self._clock() - t_prefill
+            if spent < modelled:
+                self._sleep(modelled - spent)
+            end = self._clock()
+            rec["computed_tokens"] = computed
+            rec["compute_ms"] = spent * 1e3
+            rec["modelled_prefill_ms"] = modelled * 1e3
+            rec["prefill_ms"] = (end - t_prefill) * 1e3
+            rec["prefill_overrun"] = spent > modelled
+            rec["ttft_ms"] = (end - start) * 1e3
 
-        if self.verify:
-            for i in range(loaded):
-                want = expected_block(pool.block_shape,
-                                      tokens[i * T:(i + 1) * T], seeds[i])
-                if not np.array_equal(pool.page(blocks[i]), want):
-                    rec["corrupt_blocks"] += 1
+            if self.verify:
+                for i in range(loaded):
+                    want = expected_block(pool.block_shape,
+                                          tokens[i * T:(i + 1) * T], seeds[i])
+                    if not np.array_equal(pool.page(blocks[i]), want):
+                        rec["corrupt_blocks"] += 1
 
-        held = []
-        if self.client is not None and n_full > loaded:
-            held = blocks[loaded:n_full]
-            rec["store"] = {"blocks": len(held), "stored": 0, "skipped": 0,
-                            "failed": 0, "refused": 0, "error": None,
-                            "done": False}
-            try:
-                f = self.client.store(
-                    keys[loaded:n_full], [pool.page(b) for b in held],
-                    parent_key=keys[loaded - 1] if loaded else None)
-                self._pending.append((f, held, rec["store"]))
-            except hymcache.Error as e:
-                rec["store"].update(error=e.code, failed=len(held),
-                                    done=True)
-                held = []
+            held = []
+            if self.client is not None and n_full > loaded:
+                held = blocks[loaded:n_full]
+                rec["store"] = {"blocks": len(held), "stored": 0, "skipped": 0,
+                                "failed": 0, "refused": 0, "error": None,
+                                "done": False}
+                try:
+                    f = self.client.store(
+                        keys[loaded:n_full], [pool.page(b) for b in held],
+                        parent_key=keys[loaded - 1] if loaded else None)
+                    self._pending.append((f, held, rec["store"]))
+                except hymcache.Error as e:
+                    rec["store"].update(error=e.code, failed=len(held),
+                                        done=True)
+                    held = []
+        except BaseException:  # no page leaks out of a failed request
+            pool.free(blocks)
+            raise
         kept = set(held)
         pool.free([b for b in blocks if b not in kept])
         return rec

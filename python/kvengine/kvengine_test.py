@@ -122,6 +122,54 @@ def test_block_contents_depend_on_prefix_tokens_and_layer():
     assert np.array_equal(page, partial)
 
 
+class FakeClock:
+    """A clock that moves only by `step` per reading and by the sleeps."""
+
+    def __init__(self, step=0.0):
+        self.now, self.step, self.sleeps = 100.0, step, []
+
+    def __call__(self):
+        self.now += self.step
+        return self.now
+
+    def sleep(self, s):
+        self.sleeps.append(s)
+        self.now += s
+
+
+def test_prefill_sleeps_for_the_rest_of_the_modelled_time():
+    req = workload.Request(conversation=0, turn=0,
+                           tokens=np.arange(1, 51, dtype=np.int32))
+    clock = FakeClock()
+    with Engine(small_pool(), prefill_tokens_per_s=1000.0, clock=clock,
+                sleep=clock.sleep) as engine:
+        rec = engine.serve(req)
+    assert clock.sleeps == [pytest.approx(0.05)]  # 50 tokens at 1000/s
+    assert rec["ttft_ms"] == pytest.approx(50.0)
+    assert rec["modelled_prefill_ms"] == pytest.approx(50.0)
+    assert not rec["prefill_overrun"] and rec["computed_tokens"] == 50
+    # A fill slower than the model: no sleep, the real time counts.
+    clock = FakeClock(step=1.0)
+    with Engine(small_pool(), prefill_tokens_per_s=1000.0, clock=clock,
+                sleep=clock.sleep) as engine:
+        rec = engine.serve(req)
+    assert clock.sleeps == [] and rec["prefill_overrun"]
+    assert rec["ttft_ms"] > rec["modelled_prefill_ms"]
+
+
+def test_a_failed_request_returns_its_pages(client):
+    pool = small_pool(blocks=8)
+    bad = workload.Request(conversation=0, turn=0,
+                           tokens=np.full(3 * T, 2**40, dtype=np.int64))
+    with Engine(pool, client, key_builder("bad")) as engine:
+        with pytest.raises(hymcache.InvalidArgument, match="int32"):
+            engine.serve(bad)  # the key builder refuses the token ids
+        assert pool.num_free == 8
+        with pytest.raises(PoolExhausted):
+            engine.serve(workload.Request(0, 0, np.ones(9 * T, np.int32)))
+        assert pool.num_free == 8
+
+
 # Serving with HyMCache ----------------------------------------------------
 
 def test_later_turns_load_their_prefix_byte_for_byte(client, request):
@@ -190,7 +238,8 @@ def test_recompute_only_never_touches_the_cluster(cluster):
     assert set(results) == {"recompute"}
     for q, r in zip(reqs, results["recompute"]):
         assert r["mode"] == "recompute"
-        assert (r["hit_blocks"], r["loaded_blocks"], r["store"]) == (0, 0, None)
+        assert r["hit_blocks"] == r["loaded_blocks"] == 0
+        assert r["store"] is None
         assert r["computed_tokens"] == q.input_length
     assert pool.num_free == pool.num_blocks
 

@@ -81,7 +81,7 @@ def synthetic(conversations=4, turns=4, system_prompt_tokens=256,
             requests.append(Request(
                 conversation=c, turn=t, tokens=prompt,
                 output_length=output_tokens,
-                timestamp_ms=t * turn_gap_ms + c * turn_gap_ms / conversations))
+                timestamp_ms=(t + c / conversations) * turn_gap_ms))
             history[c] = np.concatenate(
                 [prompt, draw(output_tokens, c, t, 2)])
     return requests
