@@ -24,7 +24,7 @@ PACKAGES=(
   clang-14 libclang-rt-14-dev lld-14
   libnuma-dev libibverbs-dev librdmacm-dev liburing-dev
   prometheus-cpp-dev libsystemd-dev
-  python3-dev pybind11-dev python3-numpy python3-pytest
+  python3-dev pybind11-dev python3-numpy python3-pytest python3-matplotlib
 )
 TEST_PACKAGES=(prometheus systemd systemd-container mmdebstrap dpkg-dev
   umoci runc buildah
