@@ -286,10 +286,13 @@ def test_cli_mooncake_trace_turns_and_bench_json(capsys):
     out = os.path.join(d, "o.json")
     assert cli.main(["--trace=" + path, "--model=llama-3.1-8b",
                      "--systems=hymcache,recompute", "--bench_json=" + bench,
+                     "--hw=worker_nic_bps=3e9",
                      "--json=" + out]) == 0
     doc = json.load(open(out))
     assert doc["hardware"]["hym_ssd_read_bps"] == 2e9
     assert doc["hardware"]["lru_miss_bps"] == 0.5e9
+    # Staged reads as a share of the network rate set after them (--hw).
+    assert doc["hardware"]["hym_read_efficiency"] == pytest.approx(0.5)
     rows = doc["systems"]["hymcache"]
     assert [(r["turn"], r["requests"]) for r in rows] == [(1, 2), (2, 2), (3, 2)]
     # Turn 3 re-reads 4 of its 6 trace blocks (= 16 of 24 model blocks).

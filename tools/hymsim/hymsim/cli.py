@@ -48,11 +48,14 @@ def _parser():
 def apply_bench_json(hw, path):
     """Takes this machine's bandwidths from a benchmark's JSON: device_bench
     (raw_gbps -> capacity-tier refill; modes.lru.read_gbps -> LRU miss
-    rate; modes.staging.read_gbps -> delivered staged reads) or hymbench
-    (overall.load_gbps -> per-request network rate). Returns what was set."""
+    rate; modes.staging.read_gbps -> delivered staged reads, returned so the
+    caller turns it into hym_read_efficiency once the network rate is
+    final) or hymbench (overall.load_gbps -> per-request network rate).
+    Returns (what was set, staged reads in bytes/s or None)."""
     with open(path) as f:
         j = json.load(f)
     used = []
+    staged = None
     if "raw_gbps" in j and "modes" in j:
         hw.hym_ssd_read_bps = j["raw_gbps"] * 1e9
         used.append("hym_ssd_read_bps=raw_gbps")
@@ -61,16 +64,15 @@ def apply_bench_json(hw, path):
             hw.lru_miss_bps = modes["lru"]["read_gbps"] * 1e9
             used.append("lru_miss_bps=modes.lru.read_gbps")
         if "staging" in modes:
-            hw.hym_read_efficiency = min(
-                1.0, modes["staging"]["read_gbps"] * 1e9 / hw.worker_nic_bps)
-            used.append("hym_read_efficiency=staging/worker_nic")
+            staged = modes["staging"]["read_gbps"] * 1e9
+            used.append("hym_read_efficiency=modes.staging.read_gbps/worker_nic_bps")
     elif "overall" in j and "load_gbps" in j["overall"]:
         bps = j["overall"]["load_gbps"] * 1e9
         hw.worker_nic_bps = hw.storage_nic_bps = bps
         used.append("worker_nic_bps=storage_nic_bps=overall.load_gbps")
     else:
         raise ValueError("%s: neither device_bench nor hymbench JSON" % path)
-    return used
+    return used, staged
 
 
 def load_requests(args, block_tokens):
@@ -165,15 +167,20 @@ def main(argv=None):
     model = presets.MODELS[args.model]
     hw = presets.paper_hardware()
     notes = []
+    staged = None
     try:
         for path in args.bench_json:
-            notes += ["%s: %s" % (path, u) for u in apply_bench_json(hw, path)]
+            used, s = apply_bench_json(hw, path)
+            staged = s if s is not None else staged
+            notes += ["%s: %s" % (path, u) for u in used]
         for kv in args.hw:
             k, _, v = kv.partition("=")
             if k not in presets.HARDWARE_FIELDS or not v:
                 raise ValueError("--hw: unknown field or empty value: %r" % kv)
             setattr(hw, k, type(getattr(hw, k))(float(v)) if k != "name" else v)
             notes.append("--hw %s" % kv)
+        if staged is not None:
+            hw.hym_read_efficiency = min(1.0, staged / hw.worker_nic_bps)
         if notes:
             hw.name = "custom"
         requests, concurrency = load_requests(args, args.block_tokens)

@@ -14,8 +14,8 @@ first (KV-aware routing: the worker's own GPU / local caches count):
   finish = start + load + prefill - overlap * min(load, prefill)
   TTFT = finish - arrival (queueing included)
 Stores: every full block computed goes into w's GPU cache and, through the
-tier's admission (a write buffer draining at the write rate), into the
-external tier.
+tier's admission (a write buffer draining at the write rate, block by block
+in chain order up to the first refusal), into the external tier.
 """
 
 import dataclasses
@@ -270,15 +270,19 @@ def simulate(requests, system, model, hw, block_tokens=128, concurrency=None):
             k = tier.index(w)
             new = ids[h:full]
             buf = tier.buffers[w if len(tier.buffers) > 1 else 0]
-            if buf.offer(finish, len(new) * block_bytes):
-                for b in new:
-                    tier.caches[k].insert(b)
+            # Block by block in chain order; the first refusal ends the
+            # store (a block after a gap could never be a prefix hit).
+            # Block i reaches the buffer once the blocks before it crossed
+            # the link.
+            for n, b in enumerate(new):
+                if not buf.offer(finish + n * block_bytes / system.tier.lane_bps,
+                                 block_bytes):
+                    break
+                tier.caches[k].insert(b)
                 if tier.device is not None:
-                    for b in new:
-                        tier.device.insert(b)
-                stored = len(new)
-            else:
-                refused = len(new)
+                    tier.device.insert(b)
+                stored += 1
+            refused = len(new) - stored
         results[i] = Result(turn=r.turn, ttft_s=finish - arrival,
                             queue_s=start - arrival, load_s=load,
                             prefill_s=pre, blocks=full, gpu_hit=g,
