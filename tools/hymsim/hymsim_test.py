@@ -239,6 +239,7 @@ def test_cli_json_schema_and_measured(capsys):
     assert cli.main(args) == 0
     text = capsys.readouterr().out
     assert "predicted vs measured" in text
+    assert "tokens/s for a 4k-token prompt" in text
     doc = json.load(open(out))
     assert set(doc) >= {"model", "hardware", "block_tokens", "requests", "systems", "measured"}
     rows = doc["systems"]["hymcache"]

@@ -203,6 +203,9 @@ def main(argv=None):
     print("model %s: %d KiB KV/token, %d MiB per %d-token block; hardware %s; "
           "%d requests" % (model.name, kvb >> 10, (kvb * args.block_tokens) >> 20,
                            args.block_tokens, hw.name, len(requests)))
+    rate = 4096 / (model.prefill_flops(0, 4096) / (hw.gpu_peak_flops * hw.gpu_mfu))
+    print("prefill: %.0f TFLOP/s x %.2f MFU = %.0f tokens/s for a 4k-token prompt "
+          "(%d workers)" % (hw.gpu_peak_flops / 1e12, hw.gpu_mfu, rate, hw.prefill_workers))
     for n in notes:
         print("  " + n)
     turns = sorted({r["turn"] for rows in results.values() for r in rows})
