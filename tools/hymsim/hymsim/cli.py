@@ -1,0 +1,273 @@
+"""hymsim's command line: run the model, compare with the paper's Table 1
+and with measured TTFT, write JSON and plots."""
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+from . import presets
+from . import sim
+from . import trace
+
+
+def _parser():
+    p = argparse.ArgumentParser(
+        prog="hymsim",
+        description="Trace-driven TTFT-per-turn model of six KV-cache systems.")
+    p.add_argument("--model", default="qwen2.5-32b", choices=sorted(presets.MODELS))
+    p.add_argument("--block_tokens", type=int, default=128)
+    p.add_argument("--trace", help="Mooncake JSONL trace (timestamp in ms); "
+                   "turns inferred from prefix chains unless it carries them")
+    p.add_argument("--trace_block_tokens", type=int, default=512,
+                   help="tokens per hash_id in --trace (Mooncake: 512)")
+    p.add_argument("--time_scale", type=float, default=1.0,
+                   help="--trace: divide inter-arrival times by this")
+    p.add_argument("--workload", default="paper", choices=["paper", "custom"],
+                   help="built-in generator: the Table 1 workload, or the flags below")
+    for f in dataclasses.fields(trace.MultiTurnOptions):
+        p.add_argument("--" + f.name, type=type(f.default), default=None,
+                       help="generator (--workload=custom): default %s" % f.default)
+    p.add_argument("--systems", default="all",
+                   help="comma list of %s; 'all' = six + variants" %
+                   ",".join(sim.SYSTEMS + sim.VARIANTS))
+    p.add_argument("--bench_json", action="append", default=[],
+                   help="device_bench or hymbench JSON: this machine's bandwidths")
+    p.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a Hardware field, e.g. worker_nic_bps=3e9")
+    p.add_argument("--calibrate", action="store_true",
+                   help="print the model next to the paper's Table 1")
+    p.add_argument("--measured", help="JSON list of {turn, ttft_ms_mean, ttft_ms_p50}")
+    p.add_argument("--json", help="write the per-turn results here")
+    p.add_argument("--plot", help="write PNGs into this directory")
+    p.add_argument("--write_trace", help="write the generated workload as JSONL and exit")
+    return p
+
+
+def apply_bench_json(hw, path):
+    """Takes this machine's bandwidths from a benchmark's JSON: device_bench
+    (raw_gbps -> capacity-tier refill; modes.lru.read_gbps -> LRU miss
+    rate; modes.staging.read_gbps -> delivered staged reads, returned so the
+    caller turns it into hym_read_efficiency once the network rate is
+    final) or hymbench (overall.load_gbps -> per-request network rate).
+    Returns (what was set, staged reads in bytes/s or None)."""
+    with open(path) as f:
+        j = json.load(f)
+    used = []
+    staged = None
+    if "raw_gbps" in j and "modes" in j:
+        hw.hym_ssd_read_bps = j["raw_gbps"] * 1e9
+        used.append("hym_ssd_read_bps=raw_gbps")
+        modes = j["modes"]
+        if "lru" in modes:
+            hw.lru_miss_bps = modes["lru"]["read_gbps"] * 1e9
+            used.append("lru_miss_bps=modes.lru.read_gbps")
+        if "staging" in modes:
+            staged = modes["staging"]["read_gbps"] * 1e9
+            used.append("hym_read_efficiency=modes.staging.read_gbps/worker_nic_bps")
+    elif "overall" in j and "load_gbps" in j["overall"]:
+        bps = j["overall"]["load_gbps"] * 1e9
+        hw.worker_nic_bps = hw.storage_nic_bps = bps
+        used.append("worker_nic_bps=storage_nic_bps=overall.load_gbps")
+    else:
+        raise ValueError("%s: neither device_bench nor hymbench JSON" % path)
+    return used, staged
+
+
+def load_requests(args, block_tokens):
+    if args.trace:
+        reqs = trace.load_mooncake(args.trace)
+        # Re-express ids at the model's block size: one trace id covers
+        # trace_block_tokens tokens = r model blocks.
+        r = max(1, args.trace_block_tokens // block_tokens)
+        if any(q.turn < 0 for q in reqs):
+            trace.infer_turns(reqs, args.trace_block_tokens)
+        t0 = reqs[0].timestamp if reqs else 0.0
+        for q in reqs:
+            q.timestamp = t0 + (q.timestamp - t0) / args.time_scale
+            q.hash_ids = [h * r + k for h in q.hash_ids for k in range(r)]
+        return reqs, None
+    o = presets.paper_workload() if args.workload == "paper" else trace.MultiTurnOptions()
+    for f in dataclasses.fields(trace.MultiTurnOptions):
+        v = getattr(args, f.name)
+        if v is not None:
+            setattr(o, f.name, v)
+    return trace.generate_multiturn(o, block_tokens), o.concurrency
+
+
+def run(requests, systems, model, hw, block_tokens, concurrency):
+    out = {}
+    for name in systems:
+        system = sim.make_system(name, hw, model.kv_bytes_per_token() * block_tokens)
+        out[name] = sim.per_turn(sim.simulate(requests, system, model, hw,
+                                              block_tokens, concurrency))
+    return out
+
+
+def calibration_rows(results):
+    """Per system and turn: paper seconds, model seconds, relative error."""
+    rows = []
+    for name, paper in presets.PAPER_TABLE1.items():
+        model = {r["turn"]: r["ttft_ms_mean"] / 1000 for r in results.get(name, [])}
+        for t, p in enumerate(paper, 1):
+            if t in model:
+                rows.append({"system": name, "turn": t, "paper_s": p,
+                             "model_s": model[t], "rel_error": model[t] / p - 1})
+    return rows
+
+
+def ordering(results, turn, names):
+    """`names` sorted by the model's mean TTFT at `turn`."""
+    ttft = {n: next(r["ttft_ms_mean"] for r in results[n] if r["turn"] == turn)
+            for n in names}
+    return sorted(names, key=ttft.__getitem__)
+
+
+def paper_ordering(turn):
+    return sorted(presets.PAPER_TABLE1,
+                  key=lambda n: presets.PAPER_TABLE1[n][turn - 1])
+
+
+def crossover_turn(results, a="hymcache", b="mooncake_dram"):
+    """First turn from which `a` stays faster than `b` (None: never)."""
+    ta = {r["turn"]: r["ttft_ms_mean"] for r in results[a]}
+    tb = {r["turn"]: r["ttft_ms_mean"] for r in results[b]}
+    turns = sorted(set(ta) & set(tb))
+    for i, t in enumerate(turns):
+        if all(ta[u] < tb[u] for u in turns[i:]):
+            return t
+    return None
+
+
+def compare_measured(results, path, system):
+    """Predicted (system's model) vs measured per turn. Returns rows, or
+    None when the file is missing."""
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        measured = json.load(f)
+    pred = {r["turn"]: r for r in results[system]}
+    rows = []
+    for m in measured:
+        p = pred.get(int(m["turn"]))
+        if p is None:
+            continue
+        rows.append({"turn": int(m["turn"]),
+                     "measured_ms_mean": float(m["ttft_ms_mean"]),
+                     "measured_ms_p50": float(m.get("ttft_ms_p50", m["ttft_ms_mean"])),
+                     "model_ms_mean": p["ttft_ms_mean"],
+                     "model_ms_p50": p["ttft_ms_p50"],
+                     "rel_error": p["ttft_ms_mean"] / float(m["ttft_ms_mean"]) - 1})
+    return rows
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    model = presets.MODELS[args.model]
+    hw = presets.paper_hardware()
+    notes = []
+    staged = None
+    try:
+        for path in args.bench_json:
+            used, s = apply_bench_json(hw, path)
+            staged = s if s is not None else staged
+            notes += ["%s: %s" % (path, u) for u in used]
+        for kv in args.hw:
+            k, _, v = kv.partition("=")
+            if k not in presets.HARDWARE_FIELDS or not v:
+                raise ValueError("--hw: unknown field or empty value: %r" % kv)
+            setattr(hw, k, type(getattr(hw, k))(float(v)) if k != "name" else v)
+            notes.append("--hw %s" % kv)
+        if staged is not None:
+            hw.hym_read_efficiency = min(1.0, staged / hw.worker_nic_bps)
+        if notes:
+            hw.name = "custom"
+        requests, concurrency = load_requests(args, args.block_tokens)
+    except (OSError, ValueError, KeyError, trace.TraceError) as e:
+        print("hymsim: %s" % e, file=sys.stderr)
+        return 2
+    if args.write_trace:
+        with open(args.write_trace, "w") as f:
+            trace.write_jsonl(requests, f)
+        return 0
+    systems = (sim.SYSTEMS + sim.VARIANTS if args.systems == "all"
+               else args.systems.split(","))
+    for s in systems:
+        if s not in sim.LABELS:
+            print("hymsim: unknown system %r" % s, file=sys.stderr)
+            return 2
+    results = run(requests, systems, model, hw, args.block_tokens, concurrency)
+
+    kvb = model.kv_bytes_per_token()
+    print("model %s: %d KiB KV/token, %d MiB per %d-token block; hardware %s; "
+          "%d requests" % (model.name, kvb >> 10, (kvb * args.block_tokens) >> 20,
+                           args.block_tokens, hw.name, len(requests)))
+    rate = 4096 / (model.prefill_flops(0, 4096) / (hw.gpu_peak_flops * hw.gpu_mfu))
+    print("prefill: %.0f TFLOP/s x %.2f MFU = %.0f tokens/s for a 4k-token prompt "
+          "(%d workers)" % (hw.gpu_peak_flops / 1e12, hw.gpu_mfu, rate, hw.prefill_workers))
+    for n in notes:
+        print("  " + n)
+    turns = sorted({r["turn"] for rows in results.values() for r in rows})
+    print("\nTTFT mean, s (hit ratio) per turn")
+    print("%-24s" % "system" + "".join("%14d" % t for t in turns))
+    for name, rows in results.items():
+        by = {r["turn"]: r for r in rows}
+        print("%-24s" % name + "".join(
+            "%8.2f (%3.0f%%)" % (by[t]["ttft_ms_mean"] / 1000, 100 * by[t]["hit_ratio"])
+            if t in by else "%14s" % "-" for t in turns))
+    doc = {"model": model.name, "hardware": dataclasses.asdict(hw),
+           "block_tokens": args.block_tokens, "requests": len(requests),
+           "systems": results}
+    if all(s in results for s in presets.PAPER_TABLE1):
+        x = crossover_turn(results)
+        print("\nHyMCache overtakes 1 TB Mooncake from turn %s (paper: %d)"
+              % (x, presets.PAPER_CROSSOVER_TURN))
+        doc["crossover_turn"] = x
+    if "hymcache" in results and "hymcache_noprefetch" in results:
+        on = {r["turn"]: r for r in results["hymcache"]}
+        gains = []
+        for r in results["hymcache_noprefetch"]:
+            o = on.get(r["turn"])
+            if o and o["load_ms_mean"] > 0:
+                gains.append((r["turn"], r["load_ms_mean"] / o["load_ms_mean"] - 1,
+                              1 - o["ttft_ms_mean"] / r["ttft_ms_mean"]))
+        if gains:
+            t, g, c = gains[-1]
+            print("prefetch at turn %d: load time -> bandwidth +%.0f%% (paper "
+                  "microbenchmark +%.0f%%), TTFT -%.0f%% (paper end to end -%.0f%%)"
+                  % (t, 100 * g, 100 * presets.PAPER_PREFETCH_MICRO_GAIN, 100 * c,
+                     100 * presets.PAPER_PREFETCH_E2E_CUT))
+    if args.calibrate:
+        rows = calibration_rows(results)
+        doc["calibration"] = rows
+        print("\nTable 1: paper s / model s / relative error")
+        print("%-18s" % "system" + "".join("%22d" % t for t in range(1, 8)))
+        for name in presets.PAPER_TABLE1:
+            cells = [r for r in rows if r["system"] == name]
+            print("%-18s" % name + "".join(
+                "%6.2f /%6.2f /%+5.0f%%" % (r["paper_s"], r["model_s"], 100 * r["rel_error"])
+                for r in cells))
+        print("\nper-turn order, fastest first (model | paper):")
+        for t in range(1, 8):
+            if t in turns:
+                print("  turn %d: %s | %s" % (t, " < ".join(ordering(results, t, list(presets.PAPER_TABLE1))),
+                                               " < ".join(paper_ordering(t))))
+    if args.measured is not None:
+        cmp_rows = compare_measured(results, args.measured, "hymcache")
+        if cmp_rows is None:
+            print("\nmeasured: %s is missing; no comparison" % args.measured)
+        else:
+            doc["measured"] = cmp_rows
+            print("\nhymcache predicted vs measured (ms, mean): turn model measured error")
+            for r in cmp_rows:
+                print("  %d %10.1f %10.1f %+6.0f%%" % (r["turn"], r["model_ms_mean"],
+                                                     r["measured_ms_mean"], 100 * r["rel_error"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    if args.plot:
+        from . import plots
+        for path in plots.write_all(results, args.plot):
+            print("wrote %s" % path)
+    return 0
