@@ -184,28 +184,18 @@ class FakeClient : public Client {
     MutexLock l(&mu_);
     return regions_.erase(data) == 1 ? absl::OkStatus() : absl::NotFoundError("not registered");
   }
-  // RegisterMemory calls, regions still registered, buffers passed to Load
-  // or Store outside every registered region, distinct Load buffer
-  // addresses, and Store calls.
-  size_t registrations() {
+  // What the client saw, for the pool checks.
+  struct Counts {
+    size_t registrations = 0;     // RegisterMemory calls
+    size_t registered_now = 0;    // regions still registered
+    size_t outside_regions = 0;   // Load / Store buffers outside every region
+    size_t buffer_addresses = 0;  // distinct Load buffer addresses
+    int store_calls = 0;
+  };
+  Counts counts() {
     MutexLock l(&mu_);
-    return registrations_;
-  }
-  size_t registered_now() {
-    MutexLock l(&mu_);
-    return regions_.size();
-  }
-  size_t outside_regions() {
-    MutexLock l(&mu_);
-    return outside_regions_;
-  }
-  size_t buffer_addresses() {
-    MutexLock l(&mu_);
-    return buffer_addresses_.size();
-  }
-  int store_calls() {
-    MutexLock l(&mu_);
-    return store_calls_;
+    return {registrations_, regions_.size(), outside_regions_, buffer_addresses_.size(),
+            store_calls_};
   }
   bool alive_ = true;
 
@@ -556,15 +546,15 @@ TEST_CASE("each worker reads into one registered pool, allocated once") {
   CHECK(res->pool_bytes == 2 * largest * o.block_bytes);
   CHECK(res->pools_registered == 2);
   CHECK(res->pool_registration_error.ok());
-  CHECK(client.registrations() == 2);
-  CHECK(client.registered_now() == 0);
-  CHECK(client.outside_regions() == 0);
+  CHECK(client.counts().registrations == 2);
+  CHECK(client.counts().registered_now == 0);
+  CHECK(client.counts().outside_regions == 0);
   // Blocks come from a fixed set of slots: no more distinct addresses than
   // the pools hold, however many requests ran.
-  CHECK(client.buffer_addresses() <= 2 * 2 * largest);
+  CHECK(client.counts().buffer_addresses <= 2 * 2 * largest);
   size_t blocks = 0;
   for (const Request& r : reqs) blocks += r.hash_ids.size();
-  CHECK(client.buffer_addresses() < blocks);
+  CHECK(client.counts().buffer_addresses < blocks);
   for (const RequestRecord& r : res->records) CHECK(r.corrupt_blocks == 0);
 
   // Without registration nothing is registered and the run is the same.
@@ -573,7 +563,7 @@ TEST_CASE("each worker reads into one registered pool, allocated once") {
   auto unregistered = Replay(&plain, reqs, o);
   REQUIRE(unregistered.ok());
   CHECK(unregistered->pools_registered == 0);
-  CHECK(plain.registrations() == 0);
+  CHECK(plain.counts().registrations == 0);
 }
 
 TEST_CASE("a pool smaller than a request is reported, not truncated") {
@@ -632,7 +622,7 @@ TEST_CASE("a full client store queue is retried, or lost to admission") {
     auto res = Replay(&client, reqs, o);
     REQUIRE(res.ok());
     CHECK(res->store_queue_retries == 3);
-    CHECK(client.store_calls() == static_cast<int>(reqs.size()) + 3);
+    CHECK(client.counts().store_calls == static_cast<int>(reqs.size()) + 3);
     for (const RequestRecord& r : res->records) CHECK(r.loaded == r.ceiling_hits);
     CheckLossesAddUp(*res);
   }

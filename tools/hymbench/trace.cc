@@ -268,9 +268,12 @@ absl::StatusOr<std::vector<Request>> GenerateSynthetic(const SyntheticOptions& o
 
 void InferTurns(std::vector<Request>* requests, int64_t block_tokens) {
   std::vector<Request>& reqs = *requests;
+  // Saturating: a trace may carry ids up to INT64_MAX.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  auto next = [](int64_t v) { return v < kMax ? v + 1 : kMax; };
   int64_t next_conversation = 0;
   for (const Request& r : reqs) {
-    next_conversation = std::max(next_conversation, r.conversation + 1);
+    next_conversation = std::max(next_conversation, next(r.conversation));
   }
   // Earlier requests by (full(p), id of p's last full block), in trace
   // order: r can continue p only if r's block at index full(p) - 1 has that
@@ -316,9 +319,10 @@ void InferTurns(std::vector<Request>* requests, int64_t block_tokens) {
       if (parent.has_value()) {
         continued[*parent] = true;
         r.conversation = reqs[*parent].conversation;
-        r.turn = reqs[*parent].turn + 1;
+        r.turn = next(reqs[*parent].turn);
       } else {
-        r.conversation = next_conversation++;
+        r.conversation = next_conversation;
+        next_conversation = next(next_conversation);
         r.turn = 0;
       }
     }
