@@ -586,7 +586,7 @@ TEST_CASE("a pool smaller than a request is reported, not truncated") {
   // A pool of exactly the largest request: stores hold slots, so the worker
   // waits for them, and every request still runs in full.
   FakeClient::Options fo;
-  fo.store_delay = absl::Milliseconds(5);
+  fo.store_delay = absl::Milliseconds(50);  // outlasts a request: the stores hold slots
   FakeClient slow(fo);
   o.pool_bytes = 7 * o.block_bytes;
   res = Replay(&slow, reqs, o);
