@@ -2,6 +2,7 @@
 // and replays it against real hymcache-master / hymcache-storage daemons on
 // loopback.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -91,16 +92,16 @@ size_t CeilingHits(const std::string& trace, size_t* blocks) {
   return hits;
 }
 
-// A master and one storage node with ample room.
+// A master and one storage node (with ample room by default).
 struct Cluster {
   std::string dir = TempDir("hymbench");
   MasterProcess master;
   StorageProcess node;
-  Cluster() {
+  explicit Cluster(const std::string& dram_bytes = "268435456") {
     auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0");
     REQUIRE(m.ok());
     master = std::move(*m);
-    auto s = StorageProcess::Start(master.address, "bench-node", {"--dram_bytes=268435456"});
+    auto s = StorageProcess::Start(master.address, "bench-node", {"--dram_bytes=" + dram_bytes});
     REQUIRE(s.ok());
     node = std::move(*s);
     ClientOptions o;
@@ -215,6 +216,115 @@ TEST_CASE("concurrent synthetic replay stores everything it computes") {
   CHECK(k["overall"]["loaded"] == k["overall"]["blocks"]);
   CHECK(k["overall"]["stored"] == 0);
   CHECK(k["overall"]["corrupt_blocks"] == 0);
+}
+
+// Lost blocks (ceiling hits not loaded) of a report's "overall" or group:
+// the reasons add up to the total, which is ceiling_hits - loaded.
+size_t LostBlocks(const nlohmann::json& g) {
+  size_t sum = 0;
+  for (const auto& [reason, n] : g["lost"].items()) sum += n.get<size_t>();
+  CHECK(sum == g["lost_blocks"].get<size_t>());
+  CHECK(g["lost_blocks"] == g["ceiling_hits"].get<size_t>() - g["loaded"].get<size_t>());
+  return sum;
+}
+
+TEST_CASE("a Mooncake-format trace gets a per-turn ladder from its prefix chains") {
+  Cluster c;
+  const std::string with_turns = c.dir + "/turns.jsonl", plain = c.dir + "/mooncake.jsonl";
+  REQUIRE(Hymbench(c.dir, With({"gen", "--out=" + with_turns}, kWorkload)).exit_code == 0);
+  REQUIRE(Hymbench(c.dir, With({"gen", "--turn_fields=false", "--out=" + plain}, kWorkload))
+              .exit_code == 0);
+  const std::string text = ReadFile(plain);
+  REQUIRE(text.find("turn") == std::string::npos);
+  REQUIRE(text.find("conversation") == std::string::npos);
+  std::vector<nlohmann::json> want;
+  std::istringstream in(ReadFile(with_turns));
+  for (std::string line; std::getline(in, line);) want.push_back(nlohmann::json::parse(line));
+
+  const std::string json = c.dir + "/mooncake.json";
+  Run replay = Hymbench(c.dir, {"replay", "--master=" + c.master.address, "--trace=" + plain,
+                                "--concurrency=1", "--wait_stores", "--verify",
+                                "--block_bytes=64K", "--json=" + json, "--progress_s=0"});
+  INFO(replay.out << replay.err);
+  REQUIRE(replay.exit_code == 0);
+  CHECK(replay.out.find("turn 3") != std::string::npos);
+  CHECK(replay.out.find("lost blocks (ceiling hits not loaded): none") != std::string::npos);
+  CHECK(replay.out.find("KV pool") != std::string::npos);
+  auto j = nlohmann::json::parse(ReadFile(json));
+  CHECK(j["group_by"] == "turn");
+  REQUIRE(j["groups"].size() == 4);
+  REQUIRE(j["requests"].size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    CHECK(j["requests"][i]["turn"] == want[i]["turn"]);
+    CHECK(j["requests"][i]["conversation"] == want[i]["conversation"]);
+  }
+  // The ladder: every turn reaches its ceiling, later turns reuse more.
+  for (size_t t = 0; t < 4; ++t) {
+    const auto& g = j["groups"][t];
+    CHECK(g["label"] == "turn " + std::to_string(t));
+    CHECK(g["requests"] == 3);
+    CHECK(g["loaded"] == g["ceiling_hits"]);
+    CHECK(LostBlocks(g) == 0);
+    if (t > 0) {
+      CHECK(g["load_gbps"].get<double>() > 0);
+      CHECK(g["prefix_hit_ratio"].get<double>() >
+            j["groups"][t - 1]["prefix_hit_ratio"].get<double>());
+    }
+  }
+  CHECK(j["config"]["pool_bytes"] != "0");
+  CHECK(j["config"]["pools_registered"] == "1 of 1");
+
+  // Without inference the rows are windows of trace time.
+  Run windows = Hymbench(c.dir, {"replay", "--master=" + c.master.address, "--trace=" + plain,
+                                 "--infer_turns=false", "--store=false", "--block_bytes=64K",
+                                 "--json=" + c.dir + "/windows.json", "--progress_s=0"});
+  REQUIRE(windows.exit_code == 0);
+  CHECK(nlohmann::json::parse(ReadFile(c.dir + "/windows.json"))["group_by"] == "window");
+}
+
+TEST_CASE("lost blocks are attributed: no room on a small node, a paused node") {
+  SECTION("a node with room for a few blocks: admission or eviction") {
+    Cluster c("1048576");  // 16 blocks of 64 KiB
+    const std::string json = c.dir + "/small.json";
+    Run replay = Hymbench(c.dir, With({"replay", "--master=" + c.master.address, "--synthetic",
+                                       "--concurrency=1", "--wait_stores", "--verify",
+                                       "--block_bytes=64K", "--json=" + json, "--progress_s=0"},
+                                      kWorkload));
+    INFO(replay.out << replay.err);
+    REQUIRE(replay.exit_code == 0);
+    CHECK(replay.out.find("lost blocks by reason") != std::string::npos);
+    const auto all = nlohmann::json::parse(ReadFile(json))["overall"];
+    INFO(all.dump());
+    REQUIRE(LostBlocks(all) > 0);
+    // Refused for lack of room, or stored and then evicted to make room.
+    CHECK(all["lost"]["refused_no_room"].get<size_t>() +
+              all["lost"]["refused_write_buffer"].get<size_t>() +
+              all["lost"]["not_found"].get<size_t>() ==
+          all["lost_blocks"]);
+  }
+  SECTION("a paused node: every hit is lost to the deadline or a node error") {
+    Cluster c;
+    const std::vector<std::string> replay = {
+        "replay", "--master=" + c.master.address, "--trace=" + c.dir + "/t.jsonl",
+        "--concurrency=1", "--block_bytes=64K", "--progress_s=0"};
+    REQUIRE(Hymbench(c.dir, With({"gen", "--turn_fields=false", "--out=" + c.dir + "/t.jsonl",
+                                  "--max_requests=6"},
+                                 kWorkload))
+                .exit_code == 0);
+    REQUIRE(Hymbench(c.dir, With(replay, {"--wait_stores"})).exit_code == 0);
+    REQUIRE(kill(c.node.daemon.pid(), SIGSTOP) == 0);
+    Run paused = Hymbench(c.dir, With(replay, {"--store=false", "--load_timeout_ms=300",
+                                               "--json=" + c.dir + "/paused.json"}));
+    REQUIRE(kill(c.node.daemon.pid(), SIGCONT) == 0);
+    INFO(paused.out << paused.err);
+    const auto all = nlohmann::json::parse(ReadFile(c.dir + "/paused.json"))["overall"];
+    INFO(all.dump());
+    CHECK(all["loaded"] == 0);
+    REQUIRE(LostBlocks(all) == all["ceiling_hits"]);
+    CHECK(all["lost_blocks"].get<size_t>() > 0);
+    CHECK(all["lost"]["deadline"].get<size_t>() + all["lost"]["node_error"].get<size_t>() ==
+          all["lost_blocks"]);
+  }
 }
 
 TEST_CASE("hymbench fails clearly on bad input") {

@@ -52,6 +52,18 @@ DEFINE_int64(user_tokens, 1024, "Synthetic: new user tokens per turn.");
 DEFINE_int64(output_tokens, 256, "Synthetic: model output tokens per turn.");
 DEFINE_double(turn_gap_ms, 1000, "Synthetic: trace time between turns of a conversation.");
 DEFINE_string(out, "-", "gen: output file ('-': stdout).");
+DEFINE_bool(turn_fields, true,
+            "gen: write the \"conversation\" and \"turn\" fields (false: the plain "
+            "Mooncake format, whose turns replay infers).");
+DEFINE_bool(infer_turns, true,
+            "Requests without a \"turn\" field (Mooncake traces) get a conversation and "
+            "turn inferred from their hash_ids prefix chains, so that the report has a "
+            "per-turn ladder. The rule: with full(p) = the full blocks of p "
+            "(floor(input_length / block_tokens)), a request r continues an earlier "
+            "request p when r's first full(p) hash_ids are p's and r's prompt is longer; "
+            "its parent is the p with the most full blocks (the earliest one not yet "
+            "continued, else the latest), and r is the parent's next turn; with no "
+            "parent r starts a conversation at turn 0 (docs/performance.md).");
 
 // Replay.
 DEFINE_string(master, "127.0.0.1:50051", "Master gRPC address host:port.");
@@ -82,11 +94,21 @@ DEFINE_int32(store_threads, 2, "ClientOptions.store_threads.");
 DEFINE_string(transport, "tcp",
               "ClientOptions.transport: tcp, shm (same host), rdma or auto.");
 DEFINE_int32(max_pending_stores, 64, "ClientOptions.max_pending_stores.");
+DEFINE_int64(store_queue_wait_ms, 1000,
+             "A store the client refuses because max_pending_stores are pending is "
+             "retried every ms for up to this long (reaping finished stores) before "
+             "its blocks count as refused_store_queue; 0: give up at once.");
+DEFINE_string(pool_bytes, "0",
+              "Each worker's KV pool (preallocated, pre-faulted, registered once); "
+              "0: twice the largest request. A request larger than the pool is an error.");
+DEFINE_bool(register_pool, true, "Register each worker's KV pool with Client::RegisterMemory.");
 DEFINE_bool(check_cluster, true, "Fail fast unless the master answers and has a live node.");
 DEFINE_double(progress_s, 1, "Progress line on stderr every N seconds (0: none).");
 
 // Report.
-DEFINE_string(group_by, "auto", "Report rows: auto (turn if known, else window), turn, window.");
+DEFINE_string(group_by, "auto",
+              "Report rows: auto (turn if every request has one, given or inferred; else "
+              "window), turn, window.");
 DEFINE_double(window_s, 60, "Window of trace time per report row (seconds).");
 DEFINE_string(csv, "", "Write the report as CSV to this path.");
 DEFINE_string(json, "", "Write the report (and per-request records) as JSON to this path.");
@@ -101,8 +123,11 @@ constexpr char kUsage[] =
     "[--window_s=60]\n"
     "  hymbench replay --master=HOST:PORT --synthetic --conversations=N --turns=T ...\n"
     "  hymbench gen --conversations=N --turns=T [--system_prompt_tokens] "
-    "[--user_tokens] [--output_tokens] [--turn_gap_ms] > trace.jsonl\n"
-    "  hymbench ceiling --trace=PATH | --synthetic ...";
+    "[--user_tokens] [--output_tokens] [--turn_gap_ms] [--turn_fields=false] > trace.jsonl\n"
+    "  hymbench ceiling --trace=PATH | --synthetic ...\n"
+    "Reports are per turn: a trace's \"turn\" fields, or for a Mooncake trace turns "
+    "inferred from its prefix chains (see --infer_turns); --group_by=window for "
+    "windows of trace time.";
 
 int UsageError(const std::string& message) {
   std::cerr << "hymbench: " << message << "\nusage: " << kUsage << "\n";
@@ -141,7 +166,11 @@ absl::StatusOr<std::vector<Request>> LoadWorkload() {
   o.max_requests = FLAGS_max_requests;
   o.block_tokens = FLAGS_block_tokens;
   o.check_block_count = FLAGS_check_block_count;
-  return LoadTrace(FLAGS_trace, o);
+  auto requests = LoadTrace(FLAGS_trace, o);
+  if (requests.ok() && FLAGS_infer_turns && FLAGS_block_tokens >= 1) {
+    InferTurns(&*requests, FLAGS_block_tokens);
+  }
+  return requests;
 }
 
 // The workload of `replay` and `ceiling`: --trace or --synthetic. Returns
@@ -164,6 +193,9 @@ int RunGen() {
   if (!requests.ok()) return UsageError(std::string(requests.status().message()));
   if (FLAGS_max_requests > 0 && requests->size() > FLAGS_max_requests) {
     requests->resize(FLAGS_max_requests);
+  }
+  if (!FLAGS_turn_fields) {
+    for (Request& r : *requests) r.conversation = r.turn = -1;
   }
   if (FLAGS_out == "-") {
     WriteTrace(*requests, std::cout);
@@ -220,6 +252,11 @@ int RunReplay() {
   if (!ParseBytes(FLAGS_max_store_inflight, &ro.max_store_bytes_in_flight)) {
     return UsageError(absl::StrCat("bad --max_store_inflight '", FLAGS_max_store_inflight, "'"));
   }
+  ro.store_queue_wait = absl::Milliseconds(FLAGS_store_queue_wait_ms);
+  if (!ParseBytes(FLAGS_pool_bytes, &ro.pool_bytes)) {
+    return UsageError(absl::StrCat("bad --pool_bytes '", FLAGS_pool_bytes, "'"));
+  }
+  ro.register_pool = FLAGS_register_pool;
   ro.progress_interval = absl::Seconds(FLAGS_progress_s);
   if (auto s = ro.Validate(); !s.ok()) return UsageError(std::string(s.message()));
 
@@ -311,6 +348,16 @@ int RunReplay() {
       {"verify", ro.verify ? "true" : "false"},
       {"wait_stores", ro.wait_stores ? "true" : "false"},
       {"namespace", ro.key_namespace},
+      {"pool_bytes", absl::StrCat(result->pool_bytes)},
+      {"pools_registered", absl::StrCat(result->pools_registered, " of ",
+                                        result->pools_allocated)},
+      {"max_pending_stores", absl::StrCat(FLAGS_max_pending_stores)},
+      {"store_queue_wait_ms", absl::StrCat(FLAGS_store_queue_wait_ms)},
+      {"store_queue_retries", absl::StrCat(result->store_queue_retries)},
+      {"store_queue_wait_seconds", absl::StrFormat("%.3f", result->store_queue_wait_seconds)},
+      {"turn_source", FLAGS_synthetic ? "synthetic"
+                : FLAGS_infer_turns ? "from the trace, else inferred from prefix chains"
+                                    : "from the trace"},
   };
   if (FLAGS_synthetic) {
     report->config.push_back({"conversations", absl::StrCat(FLAGS_conversations)});
@@ -321,6 +368,11 @@ int RunReplay() {
     report->config.push_back({"output_tokens", absl::StrCat(FLAGS_output_tokens)});
   }
   WriteTable(*report, std::cout);
+  std::cout << absl::StrFormat(
+      "KV pool %d bytes per worker (%d of %d registered); %d store retries on a full "
+      "client queue (%.3f s waited)\n",
+      result->pool_bytes, result->pools_registered, result->pools_allocated,
+      result->store_queue_retries, result->store_queue_wait_seconds);
   std::cout.flush();
   if (csv.is_open()) {
     WriteCsv(*report, csv);

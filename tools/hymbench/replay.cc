@@ -1,13 +1,19 @@
 #include "tools/hymbench/replay.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <memory>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -23,57 +29,106 @@ namespace {
 // waiting for it at the end of the run.
 constexpr absl::Duration kStoreGrace = absl::Seconds(30);
 
-// Largest per-worker buffer allocated before the run (larger requests get
-// theirs when they come).
-constexpr uint64_t kMaxPreallocatedBytes = uint64_t{4} << 30;
+// How often a store refused for a full client queue is retried.
+constexpr absl::Duration kStoreRetryInterval = absl::Milliseconds(1);
 
-// One worker's request buffers, reused from request to request as a
-// serving engine reuses its preallocated KV pool: a buffer is faulted in
-// once, when first allocated (outside the timed Load), and comes back when
-// the request's store (if any) has finished. Fresh buffers per request put
-// page faults inside the timed Load: writing 50 MiB of fresh memory took
-// ~270 ms, of reused memory 2-8 ms.
-struct PooledBuffer {
-  std::shared_ptr<uint8_t[]> data;
-  uint64_t capacity = 0;
-};
-class BufferPool {
+// One worker's KV pool: `slots` blocks of block_bytes in one anonymous
+// mapping, every page touched at creation (outside the timed region), as a
+// serving engine preallocates its KV cache. Slots are handed out per block
+// and come back when no Load or Store uses them. Not thread-safe: one
+// worker owns it.
+class KvPool {
  public:
-  // A buffer of at least `bytes`, faulted in.
-  PooledBuffer Take(uint64_t bytes) {
-    auto best = free_.end();
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->capacity >= bytes &&
-          (best == free_.end() || it->capacity < best->capacity)) {
-        best = it;
-      }
+  // ResourceExhausted if the mapping fails.
+  static absl::StatusOr<std::unique_ptr<KvPool>> Create(uint64_t slots,
+                                                        uint64_t block_bytes) {
+    const uint64_t bytes = slots * block_bytes;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot map a KV pool of ", bytes, " bytes: ", std::strerror(errno)));
     }
-    if (best != free_.end()) {
-      PooledBuffer b = std::move(*best);
-      free_.erase(best);
-      return b;
-    }
-    PooledBuffer b;
-    b.data.reset(new uint8_t[bytes]);
-    b.capacity = bytes;
-    std::memset(b.data.get(), 0, bytes);  // fault it in now, untimed
-    return b;
+    std::memset(p, 0, bytes);  // fault every page in now, untimed
+    auto pool = std::unique_ptr<KvPool>(new KvPool(static_cast<uint8_t*>(p), bytes, block_bytes));
+    pool->free_.reserve(slots);
+    for (uint64_t i = slots; i-- > 0;) pool->free_.push_back(static_cast<uint32_t>(i));
+    return pool;
   }
-  void Give(PooledBuffer b) {
-    if (b.data != nullptr) free_.push_back(std::move(b));
+  ~KvPool() {
+    if (!leak_) munmap(base_, bytes_);
   }
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+
+  uint8_t* base() const { return base_; }
+  uint64_t bytes() const { return bytes_; }
+  size_t free_slots() const { return free_.size(); }
+  uint8_t* slot(uint32_t i) const { return base_ + uint64_t{i} * block_bytes_; }
+  // REQUIRES: free_slots() >= n.
+  std::vector<uint32_t> Take(size_t n) {
+    std::vector<uint32_t> out(free_.end() - n, free_.end());
+    free_.resize(free_.size() - n);
+    return out;
+  }
+  void Give(absl::Span<const uint32_t> slots) {
+    free_.insert(free_.end(), slots.begin(), slots.end());
+  }
+  // Keeps the mapping at destruction (a store that never finished may
+  // still read it).
+  void LeakForever() { leak_ = true; }
 
  private:
-  std::vector<PooledBuffer> free_;
+  KvPool(uint8_t* base, uint64_t bytes, uint64_t block_bytes)
+      : base_(base), bytes_(bytes), block_bytes_(block_bytes) {}
+  uint8_t* const base_;
+  const uint64_t bytes_;
+  const uint64_t block_bytes_;
+  std::vector<uint32_t> free_;
+  bool leak_ = false;
 };
 
 // A Store in flight, owned by the worker that issued it.
 struct PendingStore {
   size_t request = 0;
   std::shared_ptr<StoreHandle> handle;
-  // The request's buffers: the stored blocks point into them.
-  PooledBuffer buffers;
+  // The hash ids of the stored blocks, in the order of the keys.
+  std::vector<uint64_t> ids;
+  // The pool slots the stored blocks point into.
+  std::vector<uint32_t> slots;
   uint64_t bytes = 0;
+};
+
+// The loss reason of a failed block or call.
+LossReason ReasonOf(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kResourceExhausted:
+      if (absl::StrContains(s.message(), "stores already pending")) {
+        return LossReason::kRefusedStoreQueue;
+      }
+      if (absl::StrContains(s.message(), "write buffer")) return LossReason::kRefusedWriteBuffer;
+      return LossReason::kRefusedNoRoom;
+    case absl::StatusCode::kDeadlineExceeded:
+      return LossReason::kDeadline;
+    case absl::StatusCode::kNotFound:
+      return LossReason::kNotFound;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kOk:
+      return LossReason::kOther;
+    default:
+      return LossReason::kNodeError;
+  }
+}
+
+bool StoreQueueFull(const absl::StatusOr<PutResult>& r) {
+  return !r.ok() && ReasonOf(r.status()) == LossReason::kRefusedStoreQueue;
+}
+
+// What had become of a block when a request came: not yet handed to a
+// store (absent), its store running, stored, or lost to a reason.
+struct BlockFate {
+  enum State : uint8_t { kPending, kStored, kLost } state = kPending;
+  LossReason reason = LossReason::kOther;
 };
 
 class Replayer {
@@ -86,7 +141,9 @@ class Replayer {
         progress_(progress),
         codec_(options.key_namespace, options.block_bytes) {}
 
-  ReplayResult Run() {
+  // REQUIRES: `pools` holds one pool per worker, each holding the largest
+  // request.
+  ReplayResult Run(std::vector<std::unique_ptr<KvPool>> pools) {
     const std::vector<size_t> ceiling = CeilingHits(requests_);
     result_.records.resize(requests_.size());
     for (size_t i = 0; i < requests_.size(); ++i) {
@@ -106,16 +163,22 @@ class Replayer {
         first_timestamp_ms_ = std::min(first_timestamp_ms_, q.timestamp_ms);
       }
     }
-
-    // Each worker's KV pool: one buffer of the largest request, faulted in
-    // before the clock starts (an engine preallocates its pool once).
-    uint64_t largest = 0;
-    for (const Request& q : requests_) {
-      largest = std::max<uint64_t>(largest, q.hash_ids.size() * options_.block_bytes);
-    }
-    std::vector<BufferPool> pools(options_.concurrency);
-    if (largest <= kMaxPreallocatedBytes) {
-      for (BufferPool& p : pools) p.Give(p.Take(largest));
+    result_.pool_bytes = pools.empty() ? 0 : pools[0]->bytes();
+    result_.pools_allocated = pools.size();
+    // Registered once, as an engine registers its KV pool at start-up.
+    std::vector<bool> registered(pools.size(), false);
+    if (options_.register_pool) {
+      for (size_t w = 0; w < pools.size(); ++w) {
+        absl::Status s = client_->RegisterMemory(pools[w]->base(), pools[w]->bytes());
+        registered[w] = s.ok();
+        if (s.ok()) {
+          ++result_.pools_registered;
+        } else if (result_.pool_registration_error.ok()) {
+          LOG(WARNING) << "hymbench: cannot register the KV pool (" << s
+                       << "); transfers go through the transport's bounce buffers";
+          result_.pool_registration_error = s;
+        }
+      }
     }
 
     start_ = absl::Now();
@@ -123,11 +186,14 @@ class Replayer {
     if (progress_ != nullptr && options_.progress_interval > absl::ZeroDuration()) {
       progress_thread = Thread("hymbench-prog", [this] { ProgressLoop(); });
     }
+    // One byte per worker (each written by its own thread).
+    std::vector<uint8_t> leaked(pools.size(), 0);
     {
       std::vector<Thread> workers;
       for (int w = 0; w < options_.concurrency; ++w) {
-        workers.emplace_back(absl::StrCat("hymbench-w", w),
-                             [this, pool = &pools[w]] { Worker(pool); });
+        workers.emplace_back(absl::StrCat("hymbench-w", w), [this, w, &pools, &leaked] {
+          leaked[w] = !Worker(pools[w].get());
+        });
       }
     }  // joins the workers
     {
@@ -137,6 +203,13 @@ class Replayer {
     }
     progress_thread.Join();
     result_.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    for (size_t w = 0; w < pools.size(); ++w) {
+      if (leaked[w]) {
+        pools[w]->LeakForever();  // a store may still read it: keep it mapped
+      } else if (registered[w]) {
+        client_->UnregisterMemory(pools[w]->base()).IgnoreError();  // freed next
+      }
+    }
     MutexLock l(&mu_);
     result_.load_calls = load_calls_;
     result_.load_errors = load_errors_;
@@ -144,13 +217,17 @@ class Replayer {
     result_.first_store_error = first_store_error_;
     result_.corrupt_blocks = corrupt_blocks_;
     result_.first_corruption = first_corruption_;
+    result_.store_queue_retries = store_queue_retries_;
+    result_.store_queue_wait_seconds = store_queue_wait_seconds_;
+    result_.pool_waits = pool_waits_;
     return std::move(result_);
   }
 
  private:
-  void Worker(BufferPool* pool_ptr) {
+  // Runs requests until there are none left, then waits for its stores.
+  // Returns false if a store never finished (its pool must stay mapped).
+  bool Worker(KvPool* pool) {
     std::deque<PendingStore> pending;
-    BufferPool& pool = *pool_ptr;
     while (true) {
       size_t i;
       {
@@ -158,37 +235,47 @@ class Replayer {
         if (next_ >= requests_.size()) break;
         i = next_++;
       }
-      WaitForArrival(i, &pending, &pool);
-      RunRequest(i, &pending, &pool);
-      Reap(&pending, &pool);
+      WaitForArrival(i, &pending, pool);
+      RunRequest(i, &pending, pool);
+      Reap(&pending, pool);
     }
-    for (PendingStore& p : pending) {
-      p.handle->Wait(absl::Now() + options_.store_timeout + kStoreGrace)
-          .status()
-          .IgnoreError();  // the outcome is read in FinishStore
-      if (!p.handle->Done()) {
-        // Never free buffers a store may still read: leak them instead.
-        LOG(WARNING) << "hymbench: the store of request " << p.request
-                     << " did not finish; leaking its buffers";
-        new std::shared_ptr<uint8_t[]>(std::move(p.buffers.data));
-        RequestRecord& rec = result_.records[p.request];
-        rec.store_error = "store did not finish";
-        rec.store_failed = rec.store_keys;
-        MutexLock l(&mu_);
-        store_failed_ += rec.store_failed;
-        if (first_store_error_.ok()) {
-          first_store_error_ = absl::DeadlineExceededError(rec.store_error);
-        }
-        continue;
-      }
-      FinishStore(p, &pool);
+    bool all_finished = true;
+    while (!pending.empty()) {
+      all_finished = WaitOldest(&pending, pool) && all_finished;
     }
+    return all_finished;
+  }
+
+  // Waits for the oldest pending store (its deadline plus a grace period)
+  // and finishes it. A store that never finishes is recorded as failed and
+  // its slots are never reused; returns false then.
+  bool WaitOldest(std::deque<PendingStore>* pending, KvPool* pool) {
+    PendingStore p = std::move(pending->front());
+    pending->pop_front();
+    p.handle->Wait(absl::Now() + options_.store_timeout + kStoreGrace)
+        .status()
+        .IgnoreError();  // the outcome is read in FinishStore
+    if (p.handle->Done()) {
+      FinishStore(p, pool);
+      return true;
+    }
+    LOG(WARNING) << "hymbench: the store of request " << p.request
+                 << " did not finish; its pool slots are not reused";
+    RequestRecord& rec = result_.records[p.request];
+    rec.store_error = "store did not finish";
+    rec.store_failed = rec.store_keys;
+    MutexLock l(&mu_);
+    for (uint64_t id : p.ids) SetFate(id, LossReason::kDeadline);
+    store_failed_ += rec.store_failed;
+    if (first_store_error_.ok()) {
+      first_store_error_ = absl::DeadlineExceededError(rec.store_error);
+    }
+    return false;
   }
 
   // Sleeps until request i's scheduled arrival (time_scale > 0), reaping
   // finished stores meanwhile.
-  void WaitForArrival(size_t i, std::deque<PendingStore>* pending,
-                      BufferPool* pool) {
+  void WaitForArrival(size_t i, std::deque<PendingStore>* pending, KvPool* pool) {
     if (options_.time_scale <= 0) return;
     const absl::Time due =
         start_ + absl::Milliseconds((requests_[i].timestamp_ms - first_timestamp_ms_) /
@@ -201,8 +288,7 @@ class Replayer {
         std::max(0.0, absl::ToDoubleMilliseconds(absl::Now() - due));
   }
 
-  void RunRequest(size_t i, std::deque<PendingStore>* pending,
-                  BufferPool* pool) {
+  void RunRequest(size_t i, std::deque<PendingStore>* pending, KvPool* pool) {
     const Request& q = requests_[i];
     RequestRecord& rec = result_.records[i];
     const size_t n = q.hash_ids.size();
@@ -214,17 +300,43 @@ class Replayer {
     std::vector<std::string> keys;
     keys.reserve(n);
     for (uint64_t id : q.hash_ids) keys.push_back(codec_.Key(id));
-    // Load fills the hits, Fill the rest. Back to the pool when no store
-    // holds it.
-    PooledBuffer buffers = pool->Take(n * bb);
-    auto block = [&](size_t b) { return buffers.data.get() + b * bb; };
-    struct GiveBack {
-      BufferPool* pool;
-      PooledBuffer* b;
-      ~GiveBack() { pool->Give(std::move(*b)); }
-    } give_back{pool, &buffers};
+
+    // Slots for every block: the worker's own stores may hold some.
+    if (pool->free_slots() < n) {
+      MutexLock l(&mu_);
+      ++pool_waits_;
+    }
+    while (pool->free_slots() < n && !pending->empty()) WaitOldest(pending, pool);
+    if (pool->free_slots() < n) {
+      // Only stores that never finished hold the pool's slots now.
+      rec.load_error = absl::StrCat("KV pool exhausted: ", pool->free_slots(), " of ",
+                                    pool->bytes() / bb, " slots free, ", n,
+                                    " needed (the rest held by unfinished stores)");
+      MutexLock l(&mu_);
+      ++load_calls_;
+      ++load_errors_;
+      if (first_load_error_.ok()) first_load_error_ = absl::ResourceExhaustedError(rec.load_error);
+      rec.lost[static_cast<int>(LossReason::kOther)] += rec.ceiling_hits;
+      AddProgressLocked(rec);
+      return;
+    }
+    // Load fills the hits, Fill the rest; slots go back unless a store holds
+    // them.
+    std::vector<uint32_t> slots = pool->Take(n);
+    auto block = [&](size_t b) { return pool->slot(slots[b]); };
     std::vector<MutableBuffer> out(n);
     for (size_t b = 0; b < n; ++b) out[b] = {block(b), bb};
+
+    // What had become of each block an infinite cache would hold, as the
+    // request starts: names the reason of a miss.
+    std::vector<std::optional<BlockFate>> fates(std::min(rec.ceiling_hits, n));
+    {
+      MutexLock l(&mu_);
+      for (size_t b = 0; b < fates.size(); ++b) {
+        auto it = fates_.find(q.hash_ids[b]);
+        if (it != fates_.end()) fates[b] = it->second;
+      }
+    }
 
     // 1. The read path.
     LoadOptions lo;
@@ -249,6 +361,7 @@ class Replayer {
       }
       if (options_.verify) Verify(i, keys, *got, block);
     }
+    CountLosses(got, fates, &rec);
     {
       MutexLock l(&mu_);
       ++load_calls_;
@@ -256,46 +369,61 @@ class Replayer {
         ++load_errors_;
         if (first_load_error_.ok()) first_load_error_ = got.status();
       }
+      AddProgressLocked(rec);
     }
-    AddProgress(rec);
 
     // 2. "Compute" the blocks that were not loaded and store them.
-    if (!options_.store) return;
     std::vector<std::string> store_keys;
     std::vector<ConstBuffer> store_buffers;
+    std::vector<uint64_t> store_ids;
+    std::vector<uint32_t> held, free_now(slots.begin(), slots.begin() + loaded);
     absl::flat_hash_set<absl::string_view> seen;  // a malformed trace may repeat ids
     for (size_t b = loaded; b < n; ++b) {
-      if (!seen.insert(keys[b]).second) continue;
+      if (!options_.store || !seen.insert(keys[b]).second) {
+        free_now.push_back(slots[b]);
+        continue;
+      }
       BlockCodec::Fill(keys[b], block(b), bb);
       store_keys.push_back(keys[b]);
       store_buffers.push_back({block(b), bb});
+      store_ids.push_back(q.hash_ids[b]);
+      held.push_back(slots[b]);
     }
+    pool->Give(free_now);
     rec.store_keys = store_keys.size();
     if (store_keys.empty()) return;
-    const uint64_t held = n * bb;
+    const uint64_t held_bytes = held.size() * bb;
     {
       MutexLock l(&mu_);
       if (options_.max_store_bytes_in_flight > 0 && store_bytes_in_flight_ > 0 &&
-          store_bytes_in_flight_ + held > options_.max_store_bytes_in_flight) {
+          store_bytes_in_flight_ + held_bytes > options_.max_store_bytes_in_flight) {
         rec.store_dropped = store_keys.size();
         dropped_ += store_keys.size();
+        for (uint64_t id : store_ids) SetFate(id, LossReason::kDropped);
+        pool->Give(held);
         return;
       }
-      store_bytes_in_flight_ += held;
+      store_bytes_in_flight_ += held_bytes;
+      for (uint64_t id : store_ids) {
+        auto [it, inserted] = fates_.try_emplace(id);
+        if (!inserted && it->second.state != BlockFate::kStored) it->second = BlockFate{};
+      }
     }
     StoreOptions so;
-    so.deadline = absl::Now() + options_.store_timeout;
     if (loaded > 0) so.parent_key = keys[loaded - 1];
     PendingStore p;
     p.request = i;
-    p.handle = client_->Store(store_keys, store_buffers, so);
-    p.buffers = std::move(buffers);
-    p.bytes = held;
+    p.handle = IssueStore(store_keys, store_buffers, &so, pending, pool);
+    p.ids = std::move(store_ids);
+    p.slots = std::move(held);
+    p.bytes = held_bytes;
     if (p.handle == nullptr) {  // the API promises a handle; do not crash
       rec.store_error = "Store returned no handle";
       rec.store_failed = store_keys.size();
+      pool->Give(p.slots);
       MutexLock l(&mu_);
-      store_bytes_in_flight_ -= held;
+      for (uint64_t id : p.ids) SetFate(id, LossReason::kOther);
+      store_bytes_in_flight_ -= held_bytes;
       if (first_store_error_.ok()) first_store_error_ = absl::InternalError(rec.store_error);
       return;
     }
@@ -305,6 +433,70 @@ class Replayer {
           .IgnoreError();  // the outcome is read in FinishStore
     }
     pending->push_back(std::move(p));
+  }
+
+  // Client::Store; while the client refuses it for a full store queue,
+  // retries every kStoreRetryInterval for up to store_queue_wait, reaping
+  // this worker's finished stores meanwhile. Returns the last handle.
+  std::shared_ptr<StoreHandle> IssueStore(const std::vector<std::string>& keys,
+                                          const std::vector<ConstBuffer>& buffers,
+                                          StoreOptions* so, std::deque<PendingStore>* pending,
+                                          KvPool* pool) {
+    const absl::Time start = absl::Now();
+    const absl::Time give_up = start + options_.store_queue_wait;
+    size_t retries = 0;
+    std::shared_ptr<StoreHandle> h;
+    while (true) {
+      so->deadline = absl::Now() + options_.store_timeout;
+      h = client_->Store(keys, buffers, *so);
+      // A full queue completes the handle at once.
+      if (h == nullptr || !h->Done() || !StoreQueueFull(h->Wait()) || absl::Now() >= give_up) {
+        break;
+      }
+      ++retries;
+      Reap(pending, pool);
+      absl::SleepFor(kStoreRetryInterval);
+    }
+    if (retries > 0) {
+      MutexLock l(&mu_);
+      store_queue_retries_ += retries;
+      store_queue_wait_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
+    }
+    return h;
+  }
+
+  // Attributes the request's ceiling hits that were not loaded (see
+  // LossReason in report.h).
+  void CountLosses(const absl::StatusOr<LoadResult>& got,
+                   const std::vector<std::optional<BlockFate>>& fates, RequestRecord* rec) {
+    auto add = [&](LossReason why, size_t blocks) {
+      rec->lost[static_cast<int>(why)] += blocks;
+    };
+    const size_t ceiling = fates.size();
+    if (!got.ok()) {
+      add(ReasonOf(got.status()), ceiling);
+      return;
+    }
+    // [loaded, hit_prefix): the master had them; the read stopped.
+    const size_t listed = std::min(rec->hit_prefix, ceiling);
+    if (rec->loaded < listed) {
+      add(got->stop_reason.ok() ? LossReason::kOther : ReasonOf(got->stop_reason),
+          listed - rec->loaded);
+    }
+    // [hit_prefix, ceiling): the first of them broke the prefix.
+    if (rec->hit_prefix < ceiling) {
+      const std::optional<BlockFate>& f = fates[rec->hit_prefix];
+      LossReason why = LossReason::kInFlight;
+      if (f.has_value() && f->state == BlockFate::kStored) why = LossReason::kNotFound;
+      if (f.has_value() && f->state == BlockFate::kLost) why = f->reason;
+      add(why, ceiling - rec->hit_prefix);
+    }
+  }
+
+  // Records a block's failure unless it is stored (by another store).
+  void SetFate(uint64_t id, LossReason why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    BlockFate& f = fates_[id];
+    if (f.state != BlockFate::kStored) f = BlockFate{BlockFate::kLost, why};
   }
 
   // Checks loaded blocks [0, got.loaded) of request i.
@@ -333,8 +525,8 @@ class Replayer {
     }
   }
 
-  // Records the stores that have finished and frees their buffers.
-  void Reap(std::deque<PendingStore>* pending, BufferPool* pool) {
+  // Records the stores that have finished and frees their slots.
+  void Reap(std::deque<PendingStore>* pending, KvPool* pool) {
     for (auto it = pending->begin(); it != pending->end();) {
       if (it->handle->Done()) {
         FinishStore(*it, pool);
@@ -346,10 +538,12 @@ class Replayer {
   }
 
   // REQUIRES: p.handle->Done().
-  void FinishStore(PendingStore& p, BufferPool* pool) {
+  void FinishStore(PendingStore& p, KvPool* pool) {
     RequestRecord& rec = result_.records[p.request];
     absl::StatusOr<PutResult> r = p.handle->Wait();
     absl::Status error = r.status();
+    // Per block: stored, left to another writer, or lost to a reason.
+    std::vector<std::optional<BlockFate>> fates(p.ids.size());
     if (!r.ok()) {
       // A full client store queue refuses the write like a full node does.
       if (absl::IsResourceExhausted(r.status())) {
@@ -357,6 +551,7 @@ class Replayer {
       } else {
         rec.store_failed = rec.store_keys;
       }
+      for (auto& f : fates) f = BlockFate{BlockFate::kLost, ReasonOf(r.status())};
     } else {
       rec.stored = r->stored;
       rec.skipped = r->skipped;
@@ -369,10 +564,39 @@ class Replayer {
           break;
         }
       }
+      // A block after one that could not be stored is not kept: an
+      // unspecific failure there inherits the chain's first reason.
+      std::optional<LossReason> chain;
+      for (size_t k = 0; k < fates.size() && k < r->outcomes.size(); ++k) {
+        switch (r->outcomes[k]) {
+          case PutOutcome::kStored:
+          case PutOutcome::kAlreadyStored:
+            fates[k] = BlockFate{BlockFate::kStored};
+            break;
+          case PutOutcome::kInProgress:
+            break;  // another writer's store decides
+          case PutOutcome::kFailed: {
+            const absl::Status& e = k < r->errors.size() ? r->errors[k] : absl::OkStatus();
+            LossReason why = ReasonOf(e);
+            if (chain.has_value() && (e.ok() || absl::IsUnknown(e))) why = *chain;
+            if (!chain.has_value()) chain = why;
+            fates[k] = BlockFate{BlockFate::kLost, why};
+            break;
+          }
+        }
+      }
     }
     if (!error.ok()) rec.store_error = error.ToString();
-    pool->Give(std::move(p.buffers));
+    pool->Give(p.slots);
     MutexLock l(&mu_);
+    for (size_t k = 0; k < fates.size(); ++k) {
+      if (!fates[k].has_value()) continue;
+      if (fates[k]->state == BlockFate::kStored) {
+        fates_[p.ids[k]] = *fates[k];
+      } else {
+        SetFate(p.ids[k], fates[k]->reason);
+      }
+    }
     store_bytes_in_flight_ -= p.bytes;
     stored_ += rec.stored;
     refused_ += rec.refused;
@@ -382,6 +606,9 @@ class Replayer {
 
   void AddProgress(const RequestRecord& rec) {
     MutexLock l(&mu_);
+    AddProgressLocked(rec);
+  }
+  void AddProgressLocked(const RequestRecord& rec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++done_;
     blocks_ += rec.blocks;
     ceiling_hits_ += rec.ceiling_hits;
@@ -446,6 +673,12 @@ class Replayer {
   absl::Status first_store_error_ ABSL_GUARDED_BY(mu_);
   size_t corrupt_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   std::string first_corruption_ ABSL_GUARDED_BY(mu_);
+  size_t store_queue_retries_ ABSL_GUARDED_BY(mu_) = 0;
+  double store_queue_wait_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t pool_waits_ ABSL_GUARDED_BY(mu_) = 0;
+  // By hash id: what became of each block handed to a store (absent: never
+  // handed to one yet).
+  absl::flat_hash_map<uint64_t, BlockFate> fates_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -461,6 +694,10 @@ absl::Status ReplayOptions::Validate() const {
   }
   if (load_timeout < absl::ZeroDuration()) return bad("load_timeout must be >= 0");
   if (store_timeout <= absl::ZeroDuration()) return bad("store_timeout must be > 0");
+  if (store_queue_wait < absl::ZeroDuration()) return bad("store_queue_wait must be >= 0");
+  if (pool_bytes != 0 && pool_bytes < block_bytes) {
+    return bad("pool_bytes must hold at least one block (or be 0: twice the largest request)");
+  }
   return absl::OkStatus();
 }
 
@@ -469,15 +706,37 @@ absl::StatusOr<ReplayResult> Replay(Client* client, absl::Span<const Request> re
                                     std::ostream* progress) {
   if (auto s = options.Validate(); !s.ok()) return s;
   if (client == nullptr) return absl::InvalidArgumentError("Replay: no client");
-  // A request's buffers are one allocation: refuse sizes that overflow.
-  for (const Request& q : requests) {
-    if (!q.hash_ids.empty() &&
-        options.block_bytes > UINT64_MAX / q.hash_ids.size()) {
-      return absl::InvalidArgumentError("block_bytes x blocks overflows");
+  // Each worker's pool holds the largest request (twice by default).
+  size_t largest = 0, largest_at = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i].hash_ids.size() > largest) {
+      largest = requests[i].hash_ids.size();
+      largest_at = i;
     }
   }
+  const uint64_t bb = options.block_bytes;
+  uint64_t slots = options.pool_bytes / bb;
+  if (options.pool_bytes == 0) slots = std::max<uint64_t>(2 * largest, 1);
+  if (largest > slots) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "request %d has %d blocks of %d bytes but the KV pool holds %d blocks "
+        "(pool_bytes %d): raise the pool size",
+        largest_at, largest, bb, slots, options.pool_bytes));
+  }
+  if (slots > UINT32_MAX || bb > UINT64_MAX / slots ||
+      slots * bb > UINT64_MAX / static_cast<uint64_t>(options.concurrency)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV pools of ", slots, " blocks of ", bb, " bytes for ", options.concurrency,
+        " workers overflow"));
+  }
+  std::vector<std::unique_ptr<KvPool>> pools;
+  for (int w = 0; w < options.concurrency; ++w) {
+    absl::StatusOr<std::unique_ptr<KvPool>> pool = KvPool::Create(slots, bb);
+    if (!pool.ok()) return pool.status();
+    pools.push_back(std::move(*pool));
+  }
   Replayer replayer(client, requests, options, progress);
-  return replayer.Run();
+  return replayer.Run(std::move(pools));
 }
 
 absl::Status CheckCluster(Client* client, absl::Duration timeout) {

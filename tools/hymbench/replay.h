@@ -1,6 +1,14 @@
 // The hymbench replay driver: plays a request trace against a live HyMCache
 // cluster through hymcache::Client, the way a serving engine would.
 //
+// Each worker reads into and stores from one KV pool of block-sized slots,
+// allocated, faulted in (every page touched) and registered with
+// Client::RegisterMemory once, before the clock starts, as a serving engine
+// preallocates its KV cache: no allocation or page fault lands inside a
+// timed Load. A request takes a slot per block; the slots of blocks it
+// stores stay taken until the store is Done(), the others go back after the
+// Load.
+//
 // For each request (hash_ids = its blocks, keys from BlockCodec):
 //   1. Load(keys, buffers, {prefetch}): the leading run of cached blocks.
 //      Records hits (hit_prefix), loaded blocks and bytes, load latency; with
@@ -71,6 +79,23 @@ struct ReplayOptions {
   // and counts its blocks as dropped, as an engine short of staging memory
   // would. 0: no limit. Default: 2 GiB.
   uint64_t max_store_bytes_in_flight = uint64_t{2} << 30;
+  // Bytes of each worker's KV pool (rounded down to whole blocks); 0: twice
+  // the largest request, so that a request's stores can run while the next
+  // request loads. A request with more blocks than the pool holds is
+  // reported (Replay fails with InvalidArgument naming it), never truncated.
+  // Default: 0.
+  uint64_t pool_bytes = 0;
+  // Register each worker's pool with Client::RegisterMemory (direct
+  // transfers into it with RDMA). A refusal is reported in the result and
+  // the run goes on unregistered. Default: true.
+  bool register_pool = true;
+  // How long a store the client refuses because its store queue is full
+  // ("N stores already pending") is retried (every millisecond, reaping the
+  // worker's own finished stores meanwhile) before it is given up and its
+  // blocks counted as refused_store_queue; zero: give up at once. Waiting
+  // delays the worker's next request, as backpressure in an engine would.
+  // >= 0. Default: 1 s.
+  absl::Duration store_queue_wait = absl::Seconds(1);
   // Interval of the progress lines; zero prints none. Default: 1 s.
   absl::Duration progress_interval = absl::Seconds(1);
 
@@ -93,11 +118,26 @@ struct ReplayResult {
   // Blocks that failed verification, and a description of the first.
   size_t corrupt_blocks = 0;
   std::string first_corruption;
+  // Bytes of each worker's KV pool, and the pools allocated (one per
+  // worker, before the run: requests never allocate).
+  uint64_t pool_bytes = 0;
+  size_t pools_allocated = 0;
+  // Pools registered with Client::RegisterMemory, and the first refusal.
+  size_t pools_registered = 0;
+  absl::Status pool_registration_error;
+  // Stores retried because the client's store queue was full, and the
+  // total time the workers spent retrying.
+  size_t store_queue_retries = 0;
+  double store_queue_wait_seconds = 0;
+  // Times a worker waited for its own stores to free pool slots.
+  size_t pool_waits = 0;
 };
 
 // Replays `requests`. `progress` (may be null) receives a progress line every
-// progress_interval and a last one, marked "(done)", at the end. Errors: InvalidArgument (bad options). Failures of
-// individual calls are recorded, not returned.
+// progress_interval and a last one, marked "(done)", at the end. Errors:
+// InvalidArgument (bad options, a request larger than the pool),
+// ResourceExhausted (the pools cannot be allocated). Failures of individual
+// calls are recorded, not returned.
 // REQUIRES: client != nullptr.
 absl::StatusOr<ReplayResult> Replay(Client* client, absl::Span<const Request> requests,
                                     const ReplayOptions& options,

@@ -1,6 +1,7 @@
 #include "tools/hymbench/replay.h"
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -9,6 +10,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "common/mutex.h"
 #include "common/thread.h"
@@ -54,6 +57,15 @@ class FakeClient : public Client {
     absl::Duration store_delay = absl::ZeroDuration();
     // Every Load fails with this status (when not OK).
     absl::Status load_error;
+    // When not OK: a Load stops after load_stop_after blocks with this
+    // stop_reason (hit_prefix is still what is stored).
+    absl::Status load_stop;
+    size_t load_stop_after = 0;
+    // The first refuse_queue Store calls are refused as the client refuses
+    // them when its store queue is full.
+    int refuse_queue = 0;
+    // The error of a block refused for lack of room.
+    absl::Status full = absl::ResourceExhaustedError("no node has room");
   };
   explicit FakeClient(Options o) : options_(std::move(o)) {
     if (options_.store_delay > absl::ZeroDuration()) {
@@ -78,9 +90,17 @@ class FakeClient : public Client {
     MutexLock l(&mu_);
     ++loads_;
     prefetch_seen_ = options.prefetch;
+    for (const MutableBuffer& b : buffers) {
+      if (!InRegionLocked(b.data, b.size)) ++outside_regions_;
+      buffer_addresses_.insert(b.data);
+    }
     LoadResult r;
     while (r.hit_prefix < keys.size() && blocks_.contains(keys[r.hit_prefix])) ++r.hit_prefix;
     for (; r.loaded < r.hit_prefix; ++r.loaded) {
+      if (!options_.load_stop.ok() && r.loaded == options_.load_stop_after) {
+        r.stop_reason = options_.load_stop;
+        break;
+      }
       const std::string& b = blocks_[keys[r.loaded]];
       if (b.size() > buffers[r.loaded].size) {
         r.stop_reason = absl::OutOfRangeError("buffer too small");
@@ -104,6 +124,13 @@ class FakeClient : public Client {
             std::vector<ConstBuffer>(buffers.begin(), buffers.end()),
             absl::Now() + options_.store_delay};
     MutexLock l(&mu_);
+    for (const ConstBuffer& b : buffers) {
+      if (!InRegionLocked(b.data, b.size)) ++outside_regions_;
+    }
+    if (store_calls_++ < options_.refuse_queue) {
+      h->Complete(absl::ResourceExhaustedError("Store: 64 stores already pending; skipped"));
+      return h;
+    }
     parents_.push_back({keys.empty() ? "" : keys[0], options.parent_key});
     if (options_.store_delay > absl::ZeroDuration()) {
       jobs_.push_back(std::move(job));
@@ -147,8 +174,29 @@ class FakeClient : public Client {
     s.nodes[0].alive = alive_;
     return s;
   }
-  absl::Status RegisterMemory(void*, size_t) override { return absl::OkStatus(); }
-  absl::Status UnregisterMemory(void*) override { return absl::OkStatus(); }
+  absl::Status RegisterMemory(void* data, size_t size) override {
+    MutexLock l(&mu_);
+    regions_[data] = size;
+    ++registrations_;
+    return absl::OkStatus();
+  }
+  absl::Status UnregisterMemory(void* data) override {
+    MutexLock l(&mu_);
+    return regions_.erase(data) == 1 ? absl::OkStatus() : absl::NotFoundError("not registered");
+  }
+  // What the client saw, for the pool checks.
+  struct Counts {
+    size_t registrations = 0;     // RegisterMemory calls
+    size_t registered_now = 0;    // regions still registered
+    size_t outside_regions = 0;   // Load / Store buffers outside every region
+    size_t buffer_addresses = 0;  // distinct Load buffer addresses
+    int store_calls = 0;
+  };
+  Counts counts() {
+    MutexLock l(&mu_);
+    return {registrations_, regions_.size(), outside_regions_, buffer_addresses_.size(),
+            store_calls_};
+  }
   bool alive_ = true;
 
  private:
@@ -159,6 +207,15 @@ class FakeClient : public Client {
     absl::Time due;
   };
 
+  bool InRegionLocked(const void* p, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const auto* a = static_cast<const uint8_t*>(p);
+    for (const auto& [base, len] : regions_) {
+      const auto* b = static_cast<const uint8_t*>(base);
+      if (a >= b && a + size <= b + len) return true;
+    }
+    return false;
+  }
+
   void Execute(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     PutResult r;
     for (size_t i = 0; i < job.keys.size(); ++i) {
@@ -168,7 +225,7 @@ class FakeClient : public Client {
         ++r.skipped;
       } else if (blocks_.size() >= options_.capacity_blocks) {
         r.outcomes.push_back(PutOutcome::kFailed);
-        r.errors.push_back(absl::ResourceExhaustedError("full"));
+        r.errors.push_back(options_.full);
         ++r.failed;
         ++r.refused;
       } else {
@@ -213,6 +270,11 @@ class FakeClient : public Client {
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, std::string>> parents_ ABSL_GUARDED_BY(mu_);
   size_t loads_ ABSL_GUARDED_BY(mu_) = 0;
+  int store_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<void*, size_t> regions_ ABSL_GUARDED_BY(mu_);
+  size_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t outside_regions_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_set<void*> buffer_addresses_ ABSL_GUARDED_BY(mu_);
   bool prefetch_seen_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   Thread thread_;
@@ -244,6 +306,21 @@ size_t UniqueBlocks(const std::vector<Request>& reqs) {
     for (uint64_t id : r.hash_ids) ids[id] = 1;
   }
   return ids.size();
+}
+
+size_t Lost(const ReplayResult& res, LossReason why) {
+  size_t n = 0;
+  for (const RequestRecord& r : res.records) n += r.lost[static_cast<int>(why)];
+  return n;
+}
+
+// Every ceiling hit that was not loaded has exactly one reason.
+void CheckLossesAddUp(const ReplayResult& res) {
+  for (const RequestRecord& r : res.records) {
+    size_t lost = 0;
+    for (size_t v : r.lost) lost += v;
+    CHECK(lost == (r.ceiling_hits > r.loaded ? r.ceiling_hits - r.loaded : 0));
+  }
 }
 
 TEST_CASE("sequential replay with waited stores reaches the ceiling exactly") {
@@ -349,9 +426,13 @@ TEST_CASE("verify catches a corrupted block") {
   CHECK(res->corrupt_blocks == 0);
 }
 
-TEST_CASE("refused writes are counted and lower the hit ratio") {
+TEST_CASE("refused writes are counted, lower the hit ratio, and are lost to admission") {
   FakeClient::Options fo;
   fo.capacity_blocks = 5;
+  SECTION("no room") {}
+  SECTION("write buffer") {
+    fo.full = absl::ResourceExhaustedError("hybrid device: write buffer full (1 of 1 bytes)");
+  }
   FakeClient client(fo);
   std::vector<Request> reqs = Workload();
   ReplayOptions o = Small();
@@ -369,6 +450,11 @@ TEST_CASE("refused writes are counted and lower the hit ratio") {
   CHECK(stored == 5);
   CHECK(refused > 0);
   CHECK(loaded < ceiling);
+  // Every hit the refusals cost is lost to the refusal's kind of admission.
+  CheckLossesAddUp(*res);
+  const bool write_buffer = absl::StrContains(fo.full.message(), "write buffer");
+  CHECK(Lost(*res, write_buffer ? LossReason::kRefusedWriteBuffer : LossReason::kRefusedNoRoom) ==
+        ceiling - loaded);
 }
 
 TEST_CASE("failed loads are recorded and the blocks still stored") {
@@ -450,6 +536,123 @@ TEST_CASE("CheckCluster wants a live node") {
   CHECK(CheckCluster(&client).ok());
   client.alive_ = false;
   CHECK(CheckCluster(&client).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("each worker reads into one registered pool, allocated once") {
+  FakeClient::Options fo;
+  fo.store_delay = absl::Milliseconds(1);
+  FakeClient client(fo);
+  std::vector<Request> reqs = Workload(6, 5);
+  size_t largest = 0;
+  for (const Request& r : reqs) largest = std::max(largest, r.hash_ids.size());
+  ReplayOptions o = Small();
+  o.concurrency = 2;
+  auto res = Replay(&client, reqs, o);
+  REQUIRE(res.ok());
+  // One pool per worker, registered once each, unregistered at the end;
+  // every Load and Store buffer lies inside one of them.
+  CHECK(res->pools_allocated == 2);
+  CHECK(res->pool_bytes == 2 * largest * o.block_bytes);
+  CHECK(res->pools_registered == 2);
+  CHECK(res->pool_registration_error.ok());
+  CHECK(client.counts().registrations == 2);
+  CHECK(client.counts().registered_now == 0);
+  CHECK(client.counts().outside_regions == 0);
+  // Blocks come from a fixed set of slots: no more distinct addresses than
+  // the pools hold, however many requests ran.
+  CHECK(client.counts().buffer_addresses <= 2 * 2 * largest);
+  size_t blocks = 0;
+  for (const Request& r : reqs) blocks += r.hash_ids.size();
+  CHECK(client.counts().buffer_addresses < blocks);
+  for (const RequestRecord& r : res->records) CHECK(r.corrupt_blocks == 0);
+
+  // Without registration nothing is registered and the run is the same.
+  FakeClient plain({});
+  o.register_pool = false;
+  auto unregistered = Replay(&plain, reqs, o);
+  REQUIRE(unregistered.ok());
+  CHECK(unregistered->pools_registered == 0);
+  CHECK(plain.counts().registrations == 0);
+}
+
+TEST_CASE("a pool smaller than a request is reported, not truncated") {
+  FakeClient client({});
+  std::vector<Request> reqs = Workload(1, 3);  // 3, 5 and 7 blocks
+  ReplayOptions o = Small();
+  o.pool_bytes = 4 * o.block_bytes;
+  auto res = Replay(&client, reqs, o);
+  CHECK(res.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(res.status().message().find("request 2 has 7 blocks") != std::string::npos);
+  // A pool of exactly the largest request: stores hold slots, so the worker
+  // waits for them, and every request still runs in full.
+  FakeClient::Options fo;
+  fo.store_delay = absl::Milliseconds(50);  // outlasts a request: the stores hold slots
+  FakeClient slow(fo);
+  o.pool_bytes = 7 * o.block_bytes;
+  res = Replay(&slow, reqs, o);
+  REQUIRE(res.ok());
+  CHECK(res->pool_waits > 0);
+  for (const RequestRecord& r : res->records) {
+    CHECK(r.load_error.empty());
+    CHECK(r.stored + r.skipped == r.store_keys);
+  }
+}
+
+TEST_CASE("a full client store queue is retried, or lost to admission") {
+  FakeClient::Options fo;
+  fo.refuse_queue = 3;
+  std::vector<Request> reqs = Workload();
+  ReplayOptions o = Small();
+  o.wait_stores = true;
+  SECTION("retried within store_queue_wait: the ceiling is reached") {
+    FakeClient client(fo);
+    auto res = Replay(&client, reqs, o);
+    REQUIRE(res.ok());
+    CHECK(res->store_queue_retries == 3);
+    CHECK(client.counts().store_calls == static_cast<int>(reqs.size()) + 3);
+    for (const RequestRecord& r : res->records) CHECK(r.loaded == r.ceiling_hits);
+    CheckLossesAddUp(*res);
+  }
+  SECTION("no wait: refused, and the hits it costs are counted") {
+    FakeClient client(fo);
+    o.store_queue_wait = absl::ZeroDuration();
+    auto res = Replay(&client, reqs, o);
+    REQUIRE(res.ok());
+    CHECK(res->store_queue_retries == 0);
+    CHECK(res->records[0].refused == res->records[0].store_keys);
+    CheckLossesAddUp(*res);
+    size_t lost = 0;
+    for (const RequestRecord& r : res->records) lost += r.ceiling_hits - r.loaded;
+    CHECK(lost > 0);
+    CHECK(Lost(*res, LossReason::kRefusedStoreQueue) == lost);
+  }
+}
+
+TEST_CASE("a Load that stops short loses the rest to its stop reason") {
+  FakeClient::Options fo;
+  fo.load_stop_after = 1;
+  std::vector<Request> reqs = Workload();
+  ReplayOptions o = Small();
+  o.wait_stores = true;
+  for (auto [status, why] :
+       {std::pair{absl::UnavailableError("node down"), LossReason::kNodeError},
+        std::pair{absl::DeadlineExceededError("late"), LossReason::kDeadline}}) {
+    fo.load_stop = status;
+    FakeClient client(fo);
+    // Populate, then replay: every block is stored, and every ceiling hit
+    // past the first block of a request is lost to the stop reason.
+    REQUIRE(Replay(&client, reqs, o).ok());
+    auto res = Replay(&client, reqs, o);
+    REQUIRE(res.ok());
+    CheckLossesAddUp(*res);
+    size_t want = 0;
+    for (const RequestRecord& r : res->records) {
+      CHECK(r.loaded == std::min<size_t>(1, r.blocks));
+      want += r.ceiling_hits - std::min(r.ceiling_hits, r.loaded);
+    }
+    CHECK(want > 0);
+    CHECK(Lost(*res, why) == want);
+  }
 }
 
 }  // namespace

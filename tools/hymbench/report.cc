@@ -38,6 +38,7 @@ class GroupBuilder {
     g.store_failed += r.store_failed;
     g.store_dropped += r.store_dropped;
     if (!r.store_error.empty()) ++g.store_errors;
+    for (int k = 0; k < kLossReasons; ++k) g.lost[k] += r.lost[k];
   }
 
   GroupStats Finish(std::string label, double key) {
@@ -52,6 +53,21 @@ class GroupBuilder {
   GroupStats stats_;
   std::vector<double> latencies_ms_;
 };
+
+size_t Sum(const LossCounts& c) {
+  size_t n = 0;
+  for (size_t v : c) n += v;
+  return n;
+}
+
+// {"in_flight": n, ...}: every reason, or only the non-zero ones.
+ojson LossJson(const LossCounts& c, bool all) {
+  ojson j = ojson::object();
+  for (int k = 0; k < kLossReasons; ++k) {
+    if (all || c[k] > 0) j[LossReasonName(static_cast<LossReason>(k))] = c[k];
+  }
+  return j;
+}
 
 ojson GroupJson(const GroupStats& g) {
   ojson j;
@@ -79,6 +95,8 @@ ojson GroupJson(const GroupStats& g) {
   j["load_errors"] = g.load_errors;
   j["short_loads"] = g.short_loads;
   j["corrupt_blocks"] = g.corrupt_blocks;
+  j["lost_blocks"] = Sum(g.lost);
+  j["lost"] = LossJson(g.lost, /*all=*/true);
   return j;
 }
 
@@ -105,6 +123,7 @@ ojson RecordJson(const RequestRecord& r) {
   if (!r.load_error.empty()) j["load_error"] = r.load_error;
   if (!r.load_stop.empty()) j["load_stop"] = r.load_stop;
   if (!r.store_error.empty()) j["store_error"] = r.store_error;
+  if (Sum(r.lost) > 0) j["lost"] = LossJson(r.lost, /*all=*/false);
   return j;
 }
 
@@ -116,6 +135,30 @@ std::string TableRow(const GroupStats& g) {
 }
 
 }  // namespace
+
+const char* LossReasonName(LossReason reason) {
+  switch (reason) {
+    case LossReason::kInFlight:
+      return "in_flight";
+    case LossReason::kRefusedNoRoom:
+      return "refused_no_room";
+    case LossReason::kRefusedWriteBuffer:
+      return "refused_write_buffer";
+    case LossReason::kRefusedStoreQueue:
+      return "refused_store_queue";
+    case LossReason::kDropped:
+      return "dropped";
+    case LossReason::kDeadline:
+      return "deadline";
+    case LossReason::kNodeError:
+      return "node_error";
+    case LossReason::kNotFound:
+      return "not_found";
+    case LossReason::kOther:
+      return "other";
+  }
+  return "other";
+}
 
 double Percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0;
@@ -203,22 +246,50 @@ void WriteTable(const Report& report, std::ostream& out) {
     out << absl::StrFormat("load errors %d, short loads %d, corrupt blocks %d\n",
                            o.load_errors, o.short_loads, o.corrupt_blocks);
   }
+  // Why ceiling hits were lost: one column per reason that occurred.
+  if (Sum(o.lost) == 0) {
+    out << "lost blocks (ceiling hits not loaded): none\n";
+    return;
+  }
+  std::vector<int> reasons;
+  for (int k = 0; k < kLossReasons; ++k) {
+    if (o.lost[k] > 0) reasons.push_back(k);
+  }
+  std::string header = absl::StrFormat("lost blocks by reason\n%-12s %8s", report.group_by, "lost");
+  for (int k : reasons) {
+    absl::StrAppend(&header, absl::StrFormat(" %20s", LossReasonName(static_cast<LossReason>(k))));
+  }
+  out << header << "\n";
+  auto row = [&](const GroupStats& g) {
+    std::string line = absl::StrFormat("%-12s %8d", g.label, Sum(g.lost));
+    for (int k : reasons) absl::StrAppend(&line, absl::StrFormat(" %20d", g.lost[k]));
+    out << line << "\n";
+  };
+  for (const GroupStats& g : report.groups) row(g);
+  row(o);
 }
 
 void WriteCsv(const Report& report, std::ostream& out) {
   out << "group_by,label,key,requests,blocks,ceiling_hits,hit_prefix,loaded,"
          "prefix_hit_ratio,ceiling_hit_ratio,loaded_bytes,load_seconds,load_gbps,"
          "p50_load_ms,p99_load_ms,stored,skipped,refused,store_failed,"
-         "store_dropped,store_errors,load_errors,short_loads,corrupt_blocks\n";
+         "store_dropped,store_errors,load_errors,short_loads,corrupt_blocks,"
+         "lost_blocks";
+  for (int k = 0; k < kLossReasons; ++k) {
+    out << ",lost_" << LossReasonName(static_cast<LossReason>(k));
+  }
+  out << "\n";
   auto row = [&](const GroupStats& g) {
     out << absl::StrFormat(
         "%s,%s,%g,%d,%d,%d,%d,%d,%.6f,%.6f,%d,%.6f,%.6f,%.4f,%.4f,%d,%d,%d,%d,%d,%d,"
-        "%d,%d,%d\n",
+        "%d,%d,%d,%d",
         report.group_by, g.label, g.key, g.requests, g.blocks, g.ceiling_hits,
         g.hit_prefix, g.loaded, g.hit_ratio(), g.ceiling_ratio(), g.loaded_bytes,
         g.load_seconds, g.load_gbps(), g.p50_load_ms, g.p99_load_ms, g.stored,
         g.skipped, g.refused, g.store_failed, g.store_dropped, g.store_errors,
-        g.load_errors, g.short_loads, g.corrupt_blocks);
+        g.load_errors, g.short_loads, g.corrupt_blocks, Sum(g.lost));
+    for (size_t v : g.lost) out << "," << v;
+    out << "\n";
   };
   for (const GroupStats& g : report.groups) row(g);
   row(report.overall);

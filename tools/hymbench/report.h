@@ -16,10 +16,12 @@
 //                        write buffer or store queue full) and lost to other
 //                        errors; dropped = blocks hymbench did not hand to
 //                        Store because its in-flight store budget was full.
+//   lost by reason     = ceiling hits that were not loaded, by LossReason.
 //
 // Thread safety: free functions on values; no shared state.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <ostream>
@@ -31,6 +33,44 @@
 #include "absl/types/span.h"
 
 namespace hymcache::hymbench {
+
+// Why a block the infinite cache would have served (a ceiling hit) was not
+// loaded. For a request, the blocks in [hit_prefix, ceiling_hits) are lost
+// to what had become of the first of them (block hit_prefix) when the
+// request's Load started, and the blocks in [loaded, hit_prefix) to why the
+// Load stopped (LoadResult::stop_reason; a whole-call Load error loses
+// every ceiling hit to its code).
+enum class LossReason {
+  // Its store had not finished (or not started: the request that computes
+  // it was still running) when the request came.
+  kInFlight,
+  // Refused by admission (ResourceExhausted): the master found no node
+  // with room (or a quota / caller limit), ...
+  kRefusedNoRoom,
+  // ... the node's write buffer was full, ...
+  kRefusedWriteBuffer,
+  // ... or the client's store queue was full ("N stores already pending").
+  kRefusedStoreQueue,
+  // hymbench did not hand it to Store: its in-flight store budget
+  // (max_store_bytes_in_flight) or its wait for a store slot ran out.
+  kDropped,
+  // The store's or the Load's deadline passed.
+  kDeadline,
+  // A node or the master failed the store or the read (Unavailable and
+  // other errors).
+  kNodeError,
+  // It was stored but the lookup or the read no longer found it (evicted,
+  // or the object vanished).
+  kNotFound,
+  // Anything else (e.g. a buffer too small).
+  kOther,
+};
+inline constexpr int kLossReasons = 9;
+// "in_flight", "refused_no_room", "refused_write_buffer",
+// "refused_store_queue", "dropped", "deadline", "node_error", "not_found",
+// "other": the names in the outputs.
+const char* LossReasonName(LossReason reason);
+using LossCounts = std::array<size_t, kLossReasons>;
 
 // What happened to one request.
 struct RequestRecord {
@@ -77,6 +117,10 @@ struct RequestRecord {
   // Whole-call error of the Store, or else its first per-block failure that
   // was not a refusal; "" if none.
   std::string store_error;
+
+  // Ceiling hits not loaded (ceiling_hits - loaded when positive), by
+  // reason (see LossReason).
+  LossCounts lost{};
 };
 
 // One row of the report.
@@ -107,6 +151,8 @@ struct GroupStats {
   // Requests that loaded fewer blocks than the master reported stored.
   size_t short_loads = 0;
   size_t corrupt_blocks = 0;
+  // Summed RequestRecord::lost.
+  LossCounts lost{};
 
   double hit_ratio() const { return Ratio(loaded, blocks); }
   double ceiling_ratio() const { return Ratio(ceiling_hits, blocks); }

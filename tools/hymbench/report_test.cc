@@ -197,5 +197,51 @@ TEST_CASE("table, CSV and JSON outputs") {
   CHECK_FALSE(nlohmann::json::parse(no_records.str()).contains("requests"));
 }
 
+TEST_CASE("lost blocks by reason in every output") {
+  std::vector<RequestRecord> recs = {Rec(0, 0, 4, 0, 0, 1.0), Rec(1, 10, 6, 4, 1, 2.0),
+                                     Rec(1, 20, 6, 5, 2, 2.0)};
+  recs[1].lost[static_cast<int>(LossReason::kRefusedWriteBuffer)] = 3;
+  recs[2].lost[static_cast<int>(LossReason::kRefusedWriteBuffer)] = 1;
+  recs[2].lost[static_cast<int>(LossReason::kDeadline)] = 2;
+  auto rep = BuildReport(recs);
+  REQUIRE(rep.ok());
+  const GroupStats& all = rep->overall;
+  CHECK(all.lost[static_cast<int>(LossReason::kRefusedWriteBuffer)] == 4);
+  CHECK(all.lost[static_cast<int>(LossReason::kDeadline)] == 2);
+  CHECK(all.lost[static_cast<int>(LossReason::kNodeError)] == 0);
+
+  std::ostringstream table;
+  WriteTable(*rep, table);
+  INFO(table.str());
+  CHECK(table.str().find("lost blocks by reason") != std::string::npos);
+  CHECK(table.str().find("refused_write_buffer") != std::string::npos);
+  CHECK(table.str().find("deadline") != std::string::npos);
+  CHECK(table.str().find("node_error") == std::string::npos);  // only reasons that occurred
+
+  std::ostringstream js;
+  WriteJson(*rep, recs, js);
+  auto j = nlohmann::json::parse(js.str());
+  CHECK(j["overall"]["lost_blocks"] == 6);
+  CHECK(j["overall"]["lost"]["refused_write_buffer"] == 4);
+  CHECK(j["overall"]["lost"]["deadline"] == 2);
+  CHECK(j["overall"]["lost"]["node_error"] == 0);
+  CHECK(j["overall"]["lost"].size() == kLossReasons);
+  CHECK(j["groups"][1]["lost"]["deadline"] == 2);
+  CHECK_FALSE(j["requests"][0].contains("lost"));
+  CHECK(j["requests"][2]["lost"] == nlohmann::json{{"refused_write_buffer", 1}, {"deadline", 2}});
+
+  std::ostringstream csv;
+  WriteCsv(*rep, csv);
+  CHECK(csv.str().find(",lost_blocks,lost_in_flight,lost_refused_no_room,") != std::string::npos);
+  CHECK(csv.str().find(",6,0,0,4,0,0,2,0,0,0\n") != std::string::npos);  // the "all" row
+
+  // Nothing lost: the table says so.
+  auto clean = BuildReport({Rec(0, 0, 4, 0, 0, 1.0)});
+  REQUIRE(clean.ok());
+  std::ostringstream t2;
+  WriteTable(*clean, t2);
+  CHECK(t2.str().find("lost blocks (ceiling hits not loaded): none") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace hymcache::hymbench

@@ -1,11 +1,14 @@
 #include "tools/hymbench/trace.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -261,6 +264,72 @@ absl::StatusOr<std::vector<Request>> GenerateSynthetic(const SyntheticOptions& o
     }
   }
   return out;
+}
+
+void InferTurns(std::vector<Request>* requests, int64_t block_tokens) {
+  std::vector<Request>& reqs = *requests;
+  // Saturating: a trace may carry ids up to INT64_MAX.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  auto next = [](int64_t v) { return v < kMax ? v + 1 : kMax; };
+  int64_t next_conversation = 0;
+  for (const Request& r : reqs) {
+    next_conversation = std::max(next_conversation, next(r.conversation));
+  }
+  // Earlier requests by (full(p), id of p's last full block), in trace
+  // order: r can continue p only if r's block at index full(p) - 1 has that
+  // id. `first_open` skips the leading candidates already continued.
+  struct Candidates {
+    std::vector<size_t> requests;
+    size_t first_open = 0;
+  };
+  absl::flat_hash_map<std::pair<size_t, uint64_t>, Candidates> by_tail;
+  std::vector<bool> continued(reqs.size(), false);
+  auto full_blocks = [&](const Request& p) {
+    const int64_t full = std::max<int64_t>(p.input_length, 0) / block_tokens;
+    return std::min<size_t>(p.hash_ids.size(), static_cast<size_t>(full));
+  };
+  auto continues = [&](size_t p_index, const Request& r, size_t full) {
+    const Request& p = reqs[p_index];
+    return p.input_length < r.input_length &&
+           std::equal(p.hash_ids.begin(), p.hash_ids.begin() + full, r.hash_ids.begin());
+  };
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Request& r = reqs[i];
+    if (r.turn < 0) {
+      // The longest chain first: scanning j down from the end, the first
+      // index with a valid candidate has the largest full(p).
+      std::optional<size_t> parent;
+      for (size_t j = r.hash_ids.size(); j-- > 0 && !parent.has_value();) {
+        auto it = by_tail.find({j + 1, r.hash_ids[j]});
+        if (it == by_tail.end()) continue;
+        Candidates& c = it->second;
+        while (c.first_open < c.requests.size() && continued[c.requests[c.first_open]]) {
+          ++c.first_open;
+        }
+        for (size_t k = c.first_open; k < c.requests.size(); ++k) {
+          if (!continued[c.requests[k]] && continues(c.requests[k], r, j + 1)) {
+            parent = c.requests[k];
+            break;
+          }
+        }
+        for (size_t k = c.requests.size(); k-- > 0 && !parent.has_value();) {
+          if (continues(c.requests[k], r, j + 1)) parent = c.requests[k];
+        }
+      }
+      if (parent.has_value()) {
+        continued[*parent] = true;
+        r.conversation = reqs[*parent].conversation;
+        r.turn = next(reqs[*parent].turn);
+      } else {
+        r.conversation = next_conversation;
+        next_conversation = next(next_conversation);
+        r.turn = 0;
+      }
+    }
+    if (const size_t full = full_blocks(r); full >= 1) {
+      by_tail[{full, r.hash_ids[full - 1]}].requests.push_back(i);
+    }
+  }
 }
 
 std::vector<size_t> CeilingHits(absl::Span<const Request> requests) {

@@ -136,6 +136,33 @@ absl::StatusOr<std::vector<Request>> GenerateSynthetic(
 // every block of every request once it is served).
 std::vector<size_t> CeilingHits(absl::Span<const Request> requests);
 
+// Infers conversations and turns from prefix chains, for traces without
+// "turn" fields (the Mooncake format). Requests are taken in trace order;
+// for each request r without a turn:
+//   full(p) = min(|p.hash_ids|, floor(p.input_length / block_tokens)), the
+//             blocks of p that are full (a trailing partial block gets a new
+//             id once it grows, so a next turn cannot share it);
+//   r continues an earlier request p iff full(p) >= 1, r's first full(p)
+//   hash_ids are p's first full(p) hash_ids, and r.input_length >
+//   p.input_length (a next turn adds at least the previous answer; an
+//   identical prompt is a repeat, not a turn).
+//   r's parent is the p it continues with the most full blocks (the
+//   longest chain r extends); among those, the earliest one no request has
+//   continued yet, or the latest one if all have been (hashes cannot tell
+//   apart conversations whose only full blocks are a shared system prompt;
+//   conversations usually take turns in order of arrival). r is then the
+//   parent's conversation, turn parent.turn + 1. With no parent r starts a
+//   new conversation at turn 0.
+// Two requests may continue the same parent (a conversation that branches,
+// or a retry): both get its turn + 1. A first turn shorter than one block
+// has no full block, so nothing continues it. Requests that already have a
+// turn keep their conversation and turn (and may be parents). New
+// conversations are numbered after the largest existing one, in order of
+// first appearance.
+// REQUIRES: block_tokens >= 1.
+void InferTurns(std::vector<Request>* requests,
+                int64_t block_tokens = kDefaultBlockTokens);
+
 struct CeilingSummary {
   size_t requests = 0;
   size_t blocks = 0;

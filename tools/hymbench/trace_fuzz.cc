@@ -4,6 +4,7 @@
 // lengths, block counts matching input_length when checked), that writing
 // the trace and parsing it again gives the same requests, and that the
 // infinite-cache ceiling never counts more hits than blocks.
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -71,5 +72,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const CeilingSummary c = ComputeCeiling(*trace);
   FUZZ_CHECK(c.hits <= c.blocks && c.requests == trace->size());
+  // Inferred turns: every request gets one; a turn > 0 continues an earlier
+  // request of its conversation at the turn before.
+  std::vector<Request> turned = *trace;
+  InferTurns(&turned, o.block_tokens);
+  for (size_t i = 0; i < turned.size(); ++i) {
+    const Request& r = turned[i];
+    FUZZ_CHECK(r.turn >= 0);
+    if ((*trace)[i].turn >= 0) {
+      FUZZ_CHECK(r.turn == (*trace)[i].turn && r.conversation == (*trace)[i].conversation);
+      continue;
+    }
+    bool parent = r.turn == 0 && r.conversation >= 0;
+    for (size_t k = 0; k < i && !parent; ++k) {
+      parent = turned[k].conversation == r.conversation &&
+               (turned[k].turn == r.turn - 1 ||
+                (r.turn == std::numeric_limits<int64_t>::max() && turned[k].turn == r.turn)) &&
+               turned[k].input_length < r.input_length;
+    }
+    FUZZ_CHECK(parent) << "request " << i << " has turn " << r.turn << " and no parent";
+  }
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hymcache::hymbench {
@@ -305,6 +306,108 @@ TEST_CASE("ceiling of the synthetic workload: every earlier full block") {
       want = static_cast<size_t>((r.input_length - 1000) / 512);  // previous input's full blocks
     }
     CHECK(hits[i] == want);
+  }
+}
+
+// A request of `tokens` tokens (512 per block) with these hash_ids.
+Request Chain(std::vector<uint64_t> ids, int64_t tokens) {
+  Request r;
+  r.input_length = tokens;
+  r.hash_ids = std::move(ids);
+  return r;
+}
+
+std::vector<std::pair<int64_t, int64_t>> Turns(const std::vector<Request>& reqs) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const Request& r : reqs) out.push_back({r.conversation, r.turn});
+  return out;
+}
+
+TEST_CASE("turn inference on hand-made chains") {
+  using P = std::vector<std::pair<int64_t, int64_t>>;
+  SECTION("a next turn extends the full blocks; the partial last block may change") {
+    std::vector<Request> reqs = {
+        Chain({1, 2, 3}, 1300),          // 2 full blocks + a partial (3)
+        Chain({1, 2, 4, 5}, 1800),       // keeps 1 2, its partial 3 grew into 4
+        Chain({1, 2, 4, 5, 6, 7}, 3000),  // extends all of the previous one
+    };
+    InferTurns(&reqs);
+    CHECK(Turns(reqs) == P{{0, 0}, {0, 1}, {0, 2}});
+  }
+  SECTION("sharing only a system prompt is a new conversation") {
+    std::vector<Request> reqs = {
+        Chain({1, 2, 3, 4}, 2048),  // system prompt 1 2, user 3 4 (all full)
+        Chain({1, 2, 5, 6}, 2048),  // same system prompt, other user text
+        Chain({1, 2, 3, 4, 7}, 2300),
+        Chain({1, 2, 5, 6, 8}, 2300),
+    };
+    InferTurns(&reqs);
+    CHECK(Turns(reqs) == P{{0, 0}, {1, 0}, {0, 1}, {1, 1}});
+  }
+  SECTION("a missing full block breaks the chain") {
+    std::vector<Request> reqs = {Chain({1, 2, 3}, 1536), Chain({1, 2, 9, 10}, 2048)};
+    InferTurns(&reqs);
+    CHECK(Turns(reqs) == P{{0, 0}, {1, 0}});
+  }
+  SECTION("the longest chain wins, then the latest request") {
+    std::vector<Request> reqs = {
+        Chain({1, 2}, 1024),           // conversation 0
+        Chain({1, 2, 3, 4}, 2048),     // its turn 1
+        Chain({1, 2, 5}, 1536),        // turn 1 of conversation 0 (branch)
+        Chain({1, 2, 3, 4, 6}, 2600),  // extends request 1 (4 blocks) over 0 (2)
+        Chain({1, 2, 5, 7}, 2048),     // extends request 2
+    };
+    InferTurns(&reqs);
+    CHECK(Turns(reqs) == P{{0, 0}, {0, 1}, {0, 1}, {0, 2}, {0, 2}});
+    // Two requests with the same chain: the latest is the parent.
+    std::vector<Request> tie = {Chain({1, 2}, 1024), Chain({3, 4}, 1024),
+                                Chain({1, 2, 5}, 1100), Chain({1, 2, 5}, 1200),
+                                Chain({1, 2, 5, 6}, 2048)};
+    InferTurns(&tie);
+    // 2 continues 0; 3 continues 2 (same chain, longer prompt); 4: parents
+    // 0 (2 full blocks) vs 2 and 3 (2 full blocks each): the latest, 3.
+    CHECK(Turns(tie) == P{{0, 0}, {1, 0}, {0, 1}, {0, 2}, {0, 3}});
+  }
+  SECTION("a repeat of the same prompt is not a next turn; tiny first turns have no chain") {
+    std::vector<Request> reqs = {Chain({1, 2}, 1024), Chain({1, 2}, 1024),
+                                 Chain({7}, 100), Chain({8, 9}, 700)};
+    InferTurns(&reqs);
+    CHECK(Turns(reqs) == P{{0, 0}, {1, 0}, {2, 0}, {3, 0}});
+  }
+  SECTION("known turns are kept and numbering continues after them") {
+    std::vector<Request> reqs = {Chain({1, 2}, 1024), Chain({1, 2, 3}, 1500),
+                                 Chain({5, 6}, 1024)};
+    reqs[0].conversation = 4;
+    reqs[0].turn = 2;
+    InferTurns(&reqs);
+    CHECK(Turns(reqs) == P{{4, 2}, {4, 3}, {5, 0}});
+  }
+  SECTION("empty requests start conversations of their own") {
+    std::vector<Request> reqs = {Chain({}, 0), Chain({1}, 512), Chain({1, 2}, 1024)};
+    InferTurns(&reqs);
+    CHECK(Turns(reqs) == P{{0, 0}, {1, 0}, {1, 1}});
+  }
+}
+
+TEST_CASE("turn inference recovers the synthetic workload's turns") {
+  for (bool shared : {true, false}) {
+    // (Each first turn holds at least one full block of its own.)
+    for (int64_t system : {0, 1024, 4000}) {
+      SyntheticOptions o;
+      o.conversations = 5;
+      o.turns = 6;
+      o.shared_system_prompt = shared;
+      o.system_prompt_tokens = system;
+      o.user_tokens = 600;
+      o.output_tokens = 150;
+      auto want = GenerateSynthetic(o);
+      REQUIRE(want.ok());
+      std::vector<Request> got = *want;
+      for (Request& r : got) r.conversation = r.turn = -1;
+      InferTurns(&got);
+      INFO("shared " << shared << " system " << system);
+      CHECK(Turns(got) == Turns(*want));
+    }
   }
 }
 
