@@ -377,7 +377,7 @@ def test_engine_json_parsed_as_measured():
 def test_engine_params_from_the_run():
     p = engine_run.engine_params(_engine_doc())
     assert (p.block_tokens, p.block_bytes, p.prefill_tokens_per_s) == (4, 1 << 20, 1000.0)
-    assert p.lookup_s == pytest.approx(0.5e-3)
+    assert p.lookup_s == pytest.approx(0.5e-3)  # every lookup took 0.5 ms
     # load_ms = 1 + blocks: 1 ms latency, 1 MiB per ms.
     assert p.load_latency_s == pytest.approx(1e-3)
     assert p.load_bps == pytest.approx((1 << 20) / 1e-3)
