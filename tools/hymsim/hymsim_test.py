@@ -418,6 +418,10 @@ def test_cli_engine_json_vs_measured(capsys):
     m = doc["measured"]["recompute"]
     assert [r["turn"] for r in m] == [1, 2, 3]
     assert m[0]["rel_error"] == pytest.approx(14.0 / 21.0 - 1)
+    png = os.path.join(_tmp(), "p")
+    assert cli.main(["--engine_json=" + path, "--measured=" + path, "--plot=" + png]) == 0
+    with open(os.path.join(png, "engine_ttft_per_turn.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     # --hw overrides the run's load rate.
     assert cli.main(["--engine_json=" + path, "--hw=worker_nic_bps=1e6",
                      "--json=" + out]) == 0

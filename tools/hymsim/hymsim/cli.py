@@ -248,6 +248,9 @@ def main_engine(args, hw, overridden, notes):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+    if args.plot:
+        from . import plots
+        print("wrote %s" % plots.write_engine(results, measured, args.plot))
     return 0
 
 
