@@ -11,6 +11,7 @@ import pytest
 
 from hymsim import cache
 from hymsim import cli
+from hymsim import engine_run
 from hymsim import presets
 from hymsim import sim
 from hymsim import trace
@@ -316,6 +317,134 @@ def test_plots_written():
     for name in ("ttft_per_turn.png", "hit_ratio_per_turn.png"):
         with open(os.path.join(d, name), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# --- kv_engine runs (schema hymcache.kv_engine/1) ---------------------------
+
+def _engine_doc(conversations=2, turns=3, T=4, sys_tokens=8, user=6, out=2):
+    """A small hand-made kv_engine document: synthetic workload, requests
+    round-robin by turn, HyMCache loads at 1 ms + 1 ms per block."""
+    bb = 1 << 20
+    reqs, rows = [], []
+    for t in range(turns):
+        for c in range(conversations):
+            n = sys_tokens + user + t * (out + user)
+            hit = 0 if t == 0 else (n - user - out) // T
+            served = {"mode": "hymcache", "blocks": -(-n // T), "full_blocks": n // T,
+                      "hit_blocks": hit, "loaded_blocks": hit, "load_stop": None,
+                      "lookup_ms": 0.5, "load_ms": 1.0 + hit if hit else 0.0,
+                      "ttft_ms": 10.0}
+            reqs.append({"index": len(reqs), "conversation": c, "turn": t,
+                         "timestamp_ms": 0.0, "input_tokens": n, "output_tokens": out,
+                         "blocks": -(-n // T), "full_blocks": n // T,
+                         "hymcache": served, "recompute": dict(served, mode="recompute")})
+        rows.append({"turn": t, "requests": conversations, "blocks_mean": 1.0,
+                     "hymcache": {"p50_ms": 10.0 + t, "mean_ms": 11.0 + t, "max_ms": 20.0},
+                     "recompute": {"p50_ms": 20.0 + t, "mean_ms": 21.0 + t, "max_ms": 30.0},
+                     "hit_blocks_mean": 1.0 * t, "hit_blocks_total": t,
+                     "speedup_mean": 1.0, "speedup_p50": 1.0})
+    config = {"model_name": "m", "num_layers": 1, "kv_heads": 1, "head_dim": 1,
+              "block_tokens": T, "element_bytes": 2, "block_bytes": bb,
+              "pool_blocks": 64, "prefill_tokens_per_s": 1000.0,
+              "load_deadline_s": 5.0, "transport": "auto", "wait_stores": False,
+              "salt": "x", "modes": ["recompute", "hymcache"],
+              "workload": {"kind": "synthetic", "conversations": conversations,
+                           "turns": turns, "system_prompt_tokens": sys_tokens,
+                           "user_tokens": user, "output_tokens": out,
+                           "shared_system_prompt": True, "seed": 0}}
+    return {"schema": "hymcache.kv_engine/1", "config": config, "turns": rows,
+            "all": rows[0], "requests": reqs}
+
+
+def _write(doc):
+    path = os.path.join(_tmp(), "kv.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return path
+
+
+def test_engine_json_parsed_as_measured():
+    path = _write(_engine_doc())
+    m = cli.read_measured(path)
+    assert set(m) == {"hymcache", "recompute"}
+    # kv_engine's 0-based turns become hymsim's 1-based ones.
+    assert [r["turn"] for r in m["hymcache"]] == [1, 2, 3]
+    assert m["hymcache"][2]["ttft_ms_mean"] == 13.0
+    assert m["recompute"][0]["ttft_ms_p50"] == 20.0
+    assert m["hymcache"][1]["hit_blocks_mean"] == 1.0
+
+
+def test_engine_params_from_the_run():
+    p = engine_run.engine_params(_engine_doc())
+    assert (p.block_tokens, p.block_bytes, p.prefill_tokens_per_s) == (4, 1 << 20, 1000.0)
+    assert p.lookup_s == pytest.approx(0.5e-3)  # every lookup took 0.5 ms
+    # load_ms = 1 + blocks: 1 ms latency, 1 MiB per ms.
+    assert p.load_latency_s == pytest.approx(1e-3)
+    assert p.load_bps == pytest.approx((1 << 20) / 1e-3)
+
+
+def test_engine_model_shape():
+    doc = _engine_doc(conversations=3, turns=4)
+    p = engine_run.engine_params(doc)
+    rows = engine_run.per_turn(engine_run.simulate(doc, p, "hymcache"))
+    rec = engine_run.per_turn(engine_run.simulate(doc, p, "recompute"))
+    assert [r["turn"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["requests"] == 3 for r in rows)
+    hits = [r["hit_blocks_mean"] for r in rows]
+    assert hits == sorted(hits) and hits[-1] > hits[1] > 0
+    # Turn 1: only the shared system prompt (2 blocks), and only once the
+    # first conversation's store is visible: not to the request right after.
+    assert hits[0] == pytest.approx(2 * 1 / 3)
+    # Turn 2 of conversation c re-reads its turn 1's full blocks: 14 // 4.
+    assert hits[1] == 3
+    assert all(r["hit_blocks_mean"] == 0 for r in rec)
+    # Recompute only: every token at 1000 tokens/s.
+    assert rec[0]["ttft_ms_mean"] == pytest.approx(14.0)
+    for h, r in zip(rows[1:], rec[1:]):
+        assert h["ttft_ms_mean"] < r["ttft_ms_mean"]
+    # Turn 2: lookup 0.5 + load 1 + 3 + prefill of 22 - 12 tokens.
+    assert rows[1]["ttft_ms_mean"] == pytest.approx(0.5 + 4 + 10)
+
+
+def test_cli_engine_json_vs_measured(capsys):
+    path = _write(_engine_doc())
+    out = os.path.join(_tmp(), "o.json")
+    assert cli.main(["--engine_json=" + path, "--measured=" + path,
+                     "--json=" + out]) == 0
+    text = capsys.readouterr().out
+    assert "hymcache predicted vs measured" in text
+    assert "recompute predicted vs measured" in text
+    doc = json.load(open(out))
+    m = doc["measured"]["recompute"]
+    assert [r["turn"] for r in m] == [1, 2, 3]
+    assert m[0]["rel_error"] == pytest.approx(14.0 / 21.0 - 1)
+    png = os.path.join(_tmp(), "p")
+    assert cli.main(["--engine_json=" + path, "--measured=" + path, "--plot=" + png]) == 0
+    with open(os.path.join(png, "engine_ttft_per_turn.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # --hw overrides the run's load rate.
+    assert cli.main(["--engine_json=" + path, "--hw=worker_nic_bps=1e6",
+                     "--json=" + out]) == 0
+    assert json.load(open(out))["params"]["load_bps"] == 1e6
+
+
+def test_cli_engine_json_bad_files(capsys):
+    d = _tmp()
+    bad = os.path.join(d, "bad.json")
+    with open(bad, "w") as f:
+        f.write("{not json")
+    assert cli.main(["--engine_json=" + bad]) == 2
+    assert "not JSON" in capsys.readouterr().err
+    wrong = _write({"schema": "something/1"})
+    assert cli.main(["--engine_json=" + wrong]) == 2
+    assert "not a hymcache.kv_engine/1 document" in capsys.readouterr().err
+    doc = _engine_doc()
+    del doc["config"]["block_bytes"]
+    assert cli.main(["--engine_json=" + _write(doc)]) == 2
+    assert "block_bytes" in capsys.readouterr().err
+    assert cli.main(["--workload=custom", "--conversations=1", "--systems=hymcache",
+                     "--measured=" + wrong]) == 2
+    assert cli.main(["--engine_json=" + os.path.join(d, "none.json")]) == 2
 
 
 if __name__ == "__main__":

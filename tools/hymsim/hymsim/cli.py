@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from . import engine_run
 from . import presets
 from . import sim
 from . import trace
@@ -38,7 +39,12 @@ def _parser():
                    help="override a Hardware field, e.g. worker_nic_bps=3e9")
     p.add_argument("--calibrate", action="store_true",
                    help="print the model next to the paper's Table 1")
-    p.add_argument("--measured", help="JSON list of {turn, ttft_ms_mean, ttft_ms_p50}")
+    p.add_argument("--measured", help="measured TTFT per turn: a kv_engine JSON "
+                   "(schema hymcache.kv_engine/1) or a JSON list of "
+                   "{turn, ttft_ms_mean, ttft_ms_p50}")
+    p.add_argument("--engine_json", help="model the kv_engine run described by "
+                   "this kv_engine JSON (one engine, back to back, one DRAM "
+                   "node) instead of the paper's systems")
     p.add_argument("--json", help="write the per-turn results here")
     p.add_argument("--plot", help="write PNGs into this directory")
     p.add_argument("--write_trace", help="write the generated workload as JSONL and exit")
@@ -140,26 +146,112 @@ def crossover_turn(results, a="hymcache", b="mooncake_dram"):
     return None
 
 
-def compare_measured(results, path, system):
-    """Predicted (system's model) vs measured per turn. Returns rows, or
-    None when the file is missing."""
+def read_measured(path):
+    """{mode: [{turn, ttft_ms_mean, ttft_ms_p50, ...}]} from a kv_engine JSON
+    (both modes, 1-based turns) or a JSON list of {turn, ttft_ms_mean,
+    ttft_ms_p50} (HyMCache). None when the file is missing; ValueError when
+    it is neither."""
     if not path or not os.path.exists(path):
         return None
     with open(path) as f:
-        measured = json.load(f)
+        try:
+            measured = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError("%s: not JSON: %s" % (path, e)) from None
+    if engine_run.is_engine_doc(measured):
+        return engine_run.measured_rows(engine_run.load(path))
+    if not isinstance(measured, list):
+        raise ValueError("%s: neither a kv_engine JSON nor a list of "
+                         "{turn, ttft_ms_mean}" % path)
+    try:
+        return {"hymcache": [{"turn": int(m["turn"]),
+                              "ttft_ms_mean": float(m["ttft_ms_mean"]),
+                              "ttft_ms_p50": float(m.get("ttft_ms_p50", m["ttft_ms_mean"]))}
+                             for m in measured]}
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError("%s: bad row: %r" % (path, e)) from None
+
+
+def compare_measured(results, measured, system):
+    """Predicted (system's model) vs measured rows per turn."""
     pred = {r["turn"]: r for r in results[system]}
     rows = []
     for m in measured:
-        p = pred.get(int(m["turn"]))
+        p = pred.get(m["turn"])
         if p is None:
             continue
-        rows.append({"turn": int(m["turn"]),
-                     "measured_ms_mean": float(m["ttft_ms_mean"]),
-                     "measured_ms_p50": float(m.get("ttft_ms_p50", m["ttft_ms_mean"])),
-                     "model_ms_mean": p["ttft_ms_mean"],
-                     "model_ms_p50": p["ttft_ms_p50"],
-                     "rel_error": p["ttft_ms_mean"] / float(m["ttft_ms_mean"]) - 1})
+        row = {"turn": m["turn"],
+               "measured_ms_mean": m["ttft_ms_mean"],
+               "measured_ms_p50": m["ttft_ms_p50"],
+               "model_ms_mean": p["ttft_ms_mean"],
+               "model_ms_p50": p["ttft_ms_p50"],
+               "rel_error": p["ttft_ms_mean"] / m["ttft_ms_mean"] - 1,
+               "rel_error_p50": p["ttft_ms_p50"] / m["ttft_ms_p50"] - 1}
+        if "hit_blocks_mean" in m and "hit_blocks_mean" in p:
+            row["measured_hit_blocks_mean"] = m["hit_blocks_mean"]
+            row["model_hit_blocks_mean"] = p["hit_blocks_mean"]
+        rows.append(row)
     return rows
+
+
+def print_measured(cmp_rows, system):
+    hits = cmp_rows and "model_hit_blocks_mean" in cmp_rows[0]
+    print("\n%s predicted vs measured (ms): turn  model mean  measured mean  "
+          "error | model p50  measured p50  error%s"
+          % (system, " | hit blocks model measured" if hits else ""))
+    for r in cmp_rows:
+        line = "  %2d %10.1f %10.1f %+6.0f%% | %8.1f %8.1f %+6.0f%%" % (
+            r["turn"], r["model_ms_mean"], r["measured_ms_mean"], 100 * r["rel_error"],
+            r["model_ms_p50"], r["measured_ms_p50"], 100 * r["rel_error_p50"])
+        if hits:
+            line += " | %6.1f %6.1f" % (r["model_hit_blocks_mean"],
+                                        r["measured_hit_blocks_mean"])
+        print(line)
+
+
+def main_engine(args, hw, overridden, notes):
+    """--engine_json: the model of one kv_engine run vs its measurement."""
+    doc = engine_run.load(args.engine_json)
+    params = engine_run.engine_params(doc)
+    if "worker_nic_bps" in overridden:
+        params.load_bps = params.store_bps = hw.worker_nic_bps
+        params.load_latency_s = 0.0
+        params.sources.append("load_bps = store_bps = %.2f GB/s (worker_nic_bps, "
+                              "overrides the run's)" % (hw.worker_nic_bps / 1e9))
+    if "lookup_s" in overridden:
+        params.lookup_s = hw.lookup_s
+        params.sources.append("lookup_s = %.2f ms (overrides the run's)" % (1e3 * hw.lookup_s))
+    modes = [m for m in ("recompute", "hymcache")
+             if m in doc["config"].get("modes", ["recompute", "hymcache"])]
+    results = {m: engine_run.per_turn(engine_run.simulate(doc, params, m)) for m in modes}
+    print("kv_engine run %s: %d requests, %d KiB blocks of %d tokens, prefill %.0f "
+          "tokens/s (kv_engine turn t = hymsim turn t+1)"
+          % (args.engine_json, len(doc["requests"]), params.block_bytes >> 10,
+             params.block_tokens, params.prefill_tokens_per_s))
+    for n in notes + params.sources:
+        print("  " + n)
+    out = {"engine_json": args.engine_json, "params": dataclasses.asdict(params),
+           "systems": results}
+    measured = read_measured(args.measured) if args.measured else None
+    if args.measured and measured is None:
+        print("\nmeasured: %s is missing; no comparison" % args.measured)
+    for mode in modes:
+        if measured and mode in measured:
+            rows = compare_measured(results, measured[mode], mode)
+            out.setdefault("measured", {})[mode] = rows
+            print_measured(rows, mode)
+        elif not measured:
+            print("\n%s: turn model mean / p50 (ms), hit blocks" % mode)
+            for r in results[mode]:
+                print("  %2d %10.1f %10.1f %6.1f" % (r["turn"], r["ttft_ms_mean"],
+                                                   r["ttft_ms_p50"], r["hit_blocks_mean"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if args.plot:
+        from . import plots
+        print("wrote %s" % plots.write_engine(results, measured, args.plot))
+    return 0
 
 
 def main(argv=None):
@@ -168,22 +260,28 @@ def main(argv=None):
     hw = presets.paper_hardware()
     notes = []
     staged = None
+    overridden = set()
     try:
         for path in args.bench_json:
             used, s = apply_bench_json(hw, path)
             staged = s if s is not None else staged
             notes += ["%s: %s" % (path, u) for u in used]
+            overridden.update(f for f in presets.HARDWARE_FIELDS if any(f in u for u in used))
         for kv in args.hw:
             k, _, v = kv.partition("=")
             if k not in presets.HARDWARE_FIELDS or not v:
                 raise ValueError("--hw: unknown field or empty value: %r" % kv)
             setattr(hw, k, type(getattr(hw, k))(float(v)) if k != "name" else v)
             notes.append("--hw %s" % kv)
+            overridden.add(k)
+        if args.engine_json:
+            return main_engine(args, hw, overridden, notes)
         if staged is not None:
             hw.hym_read_efficiency = min(1.0, staged / hw.worker_nic_bps)
         if notes:
             hw.name = "custom"
         requests, concurrency = load_requests(args, args.block_tokens)
+        measured = read_measured(args.measured) if args.measured else None
     except (OSError, ValueError, KeyError, trace.TraceError) as e:
         print("hymsim: %s" % e, file=sys.stderr)
         return 2
@@ -254,15 +352,12 @@ def main(argv=None):
                 print("  turn %d: %s | %s" % (t, " < ".join(ordering(results, t, list(presets.PAPER_TABLE1))),
                                                " < ".join(paper_ordering(t))))
     if args.measured is not None:
-        cmp_rows = compare_measured(results, args.measured, "hymcache")
-        if cmp_rows is None:
+        if measured is None:
             print("\nmeasured: %s is missing; no comparison" % args.measured)
-        else:
+        elif "hymcache" in results and "hymcache" in measured:
+            cmp_rows = compare_measured(results, measured["hymcache"], "hymcache")
             doc["measured"] = cmp_rows
-            print("\nhymcache predicted vs measured (ms, mean): turn model measured error")
-            for r in cmp_rows:
-                print("  %d %10.1f %10.1f %+6.0f%%" % (r["turn"], r["model_ms_mean"],
-                                                     r["measured_ms_mean"], 100 * r["rel_error"]))
+            print_measured(cmp_rows, "hymcache")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

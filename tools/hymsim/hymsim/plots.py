@@ -47,6 +47,27 @@ def write_all(results, out_dir):
     return paths
 
 
+def write_engine(results, measured, out_dir):
+    """--engine_json: TTFT per turn of each mode, model (solid) and
+    measured (dashed, when given). Returns the PNG's path."""
+    os.makedirs(out_dir, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=80)
+    for mode, rows in results.items():
+        ax.plot([r["turn"] for r in rows], [r["ttft_ms_mean"] for r in rows],
+                marker="o", label="%s, model" % mode)
+        m = (measured or {}).get(mode)
+        if m:
+            ax.plot([r["turn"] for r in m], [r["ttft_ms_mean"] for r in m],
+                    marker="x", linestyle="--", color=ax.lines[-1].get_color(),
+                    label="%s, measured" % mode)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("mean TTFT (ms)")
+    ax.set_title("kv_engine run: model vs measured")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _save(fig, out_dir, "engine_ttft_per_turn.png")
+
+
 def _save(fig, out_dir, name):
     path = os.path.join(out_dir, name)
     fig.tight_layout()
