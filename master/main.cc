@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/build_info.h"
 #include "common/cli.h"
@@ -77,6 +78,11 @@ DEFINE_bool(tls_require_client_cert, false,
             "refuse TLS clients without a certificate signed by --tls_ca");
 
 int main(int argc, char** argv) {
+  // As hymcache-storage does: Debian's Abseil is built with the mutex
+  // deadlock detector on, a global lock-order graph updated on every
+  // absl::Mutex acquisition, gRPC's included (every lookup takes several).
+  // A debugging aid; the tests keep it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   hymcache::ParseCommandLine(
       {.program = "hymcache-master",
        .usage = "HyMCache master: metadata, placement, liveness.\n"

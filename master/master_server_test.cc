@@ -166,6 +166,27 @@ TEST_CASE("MasterServer serves the master API over gRPC") {
     REQUIRE(stub->BatchLookup(&ctx, l, &resp).ok());
     CHECK(resp.hit_prefix_length() == 1023);
     CHECK(resp.nodes_size() == 1);
+    // Every key's result, in order, at the place its put was given.
+    REQUIRE(resp.results_size() == 1024);
+    for (int i = 0; i < 1023; ++i) {
+      INFO(i);
+      REQUIRE(resp.results(i).found());
+      CHECK(resp.results(i).location().length() == 4096);
+      CHECK(resp.results(i).location().addr() ==
+            started.slots(i).location().addr());
+    }
+    CHECK_FALSE(resp.results(1023).found());
+  }
+  {
+    // A refused lookup (one key too many) answers nothing but its error.
+    grpc::ClientContext ctx;
+    v1::BatchLookupRequest l;
+    for (const auto& k : put.keys()) l.add_keys(k);
+    l.add_keys("one more");
+    v1::BatchLookupResponse resp;
+    grpc::Status s = stub->BatchLookup(&ctx, l, &resp);
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(resp.results_size() == 0);
   }
   {
     // The lookup counters, by name (the master's Prometheus series).
@@ -173,6 +194,7 @@ TEST_CASE("MasterServer serves the master API over gRPC") {
     v1::GetStatsResponse st;
     REQUIRE(stub->GetStats(&ctx, v1::GetStatsRequest(), &st).ok());
     CHECK(st.stats().at("lookups") == 1);
+    CHECK(st.stats().at("lookup_errors") == 1);
     CHECK(st.stats().at("lookup_keys") == 1024);
     CHECK(st.stats().at("lookup_hits") == 1023);
     CHECK(st.stats().at("lookup_prefix_hits") == 1023);

@@ -4,7 +4,8 @@
 //   bazel run -c opt //tools/bench:lookup_bench
 //   bazel run -c opt //tools/bench:lookup_bench -- --objects=1000000 --seconds=3
 //
-// Starts an in-process master (RocksDB in a temp dir, 127.0.0.1:0),
+// Starts a master (RocksDB in a temp dir, 127.0.0.1:0) in a child process
+// (--master_in_process: in this one, beside the client threads),
 // registers a fake storage node through the stub (one large region; no
 // storage daemon: nothing is read or written, the master only keeps
 // metadata), commits `objects` objects of `key_bytes`-byte random keys
@@ -31,6 +32,7 @@
 // HyMCache's calls/s to Redis's. The same comparison with Redis's own tool:
 //   redis-benchmark -p PORT -c 8 -n 200000 -P 1 MGET k1 ... k32
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -57,6 +59,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/security.h"
@@ -85,6 +88,12 @@ DEFINE_bool(redis, false,
             "also time Redis MGET of the same keys (redis-server started "
             "here on a free loopback port) and print the ratios");
 DEFINE_string(redis_server, "redis-server", "the redis-server binary");
+DEFINE_bool(deadlock_detection, false,
+            "leave Abseil's mutex deadlock detector on (Debian's default; "
+            "the daemons turn it off)");
+DEFINE_bool(master_in_process, false,
+            "run the master in this process beside the client threads "
+            "(default: a child process, as Redis and as a real master are)");
 DEFINE_string(tls_dir, "",
               "serve and dial over TLS with the certificates of "
               "tests/make_test_certs.sh DIR (server.pem/key, ca.pem)");
@@ -93,6 +102,9 @@ namespace hymcache {
 namespace {
 
 namespace v1 = ::hymcache::v1;
+
+// Untimed calls per client thread before each measurement.
+constexpr int kWarmupCalls = 20;
 
 std::vector<int> ParseList(const std::string& s) {
   std::vector<int> out;
@@ -174,7 +186,42 @@ struct Row {
   double p99_us = 0;
   double keys_per_s = 0;
   bool caps = true;  // capabilities signed
+  // CPU time of the server process (master or redis-server) per call,
+  // warm-up calls included; 0 when not known (--master_in_process).
+  double server_cpu_us = 0;
 };
+
+// User + system CPU seconds of process `pid` so far; 0 if unreadable.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  // Fields after the command name, which ends with the last ')'.
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::vector<std::string> f =
+      absl::StrSplit(stat.substr(paren + 2), ' ', absl::SkipEmpty());
+  uint64_t utime = 0, stime = 0;  // fields 14 and 15 of proc(5)
+  if (f.size() < 13 || !absl::SimpleAtoi(f[11], &utime) ||
+      !absl::SimpleAtoi(f[12], &stime)) {
+    return 0;
+  }
+  return static_cast<double>(utime + stime) /
+         static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Runs `measure` and sets the row's server_cpu_us from `pid`'s CPU time
+// (`warmup` calls per thread beside the timed ones).
+template <typename F>
+Row WithServerCpu(pid_t pid, int warmup, F measure) {
+  const double before = pid > 0 ? CpuSeconds(pid) : 0;
+  Row row = measure();
+  const uint64_t calls = row.calls + static_cast<uint64_t>(warmup) * row.threads;
+  if (pid > 0 && calls > 0) {
+    row.server_cpu_us = (CpuSeconds(pid) - before) * 1e6 / calls;
+  }
+  return row;
+}
 
 // Calls, p50 / p99 and keys/s of `row` from the threads' call latencies.
 void Summarize(const std::vector<std::vector<double>>& lat, double secs,
@@ -209,7 +256,9 @@ Row Measure(const std::string& address, const std::vector<std::string>& keys,
     grpc::Status s = stub->BatchLookup(&ctx, req, &resp);
     double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
     if (!s.ok()) {
-      errors.fetch_add(1, std::memory_order_relaxed);
+      if (errors.fetch_add(1, std::memory_order_relaxed) == 0) {
+        std::fprintf(stderr, "BatchLookup: %s\n", s.error_message().c_str());
+      }
     } else if (resp.hit_prefix_length() != static_cast<uint32_t>(batch)) {
       misses.fetch_add(batch - resp.hit_prefix_length(),
                        std::memory_order_relaxed);
@@ -219,7 +268,7 @@ Row Measure(const std::string& address, const std::vector<std::string>& keys,
   // Warm-up: connect every channel and fault in the paths.
   for (int t = 0; t < threads; ++t) {
     std::mt19937_64 rng(t);
-    for (int i = 0; i < 20; ++i) one_call(stubs[t].get(), rng);
+    for (int i = 0; i < kWarmupCalls; ++i) one_call(stubs[t].get(), rng);
   }
   const absl::Duration duration = absl::Seconds(FLAGS_seconds);
   const absl::Time start = absl::Now();
@@ -425,7 +474,7 @@ Row MeasureRedis(int port, const std::vector<std::string>& keys, int batch,
   };
   for (int t = 0; t < threads; ++t) {
     std::mt19937_64 rng(t);
-    for (int i = 0; i < 20; ++i) one_call(conns[t].get(), rng);
+    for (int i = 0; i < kWarmupCalls; ++i) one_call(conns[t].get(), rng);
   }
   const absl::Time start = absl::Now();
   {
@@ -468,6 +517,81 @@ bool LoadRedis(int port, const std::vector<std::string>& keys) {
   return true;
 }
 
+// The master under test: in this process (--master_in_process) or in a
+// child forked before this process starts gRPC, which serves until Stop()
+// (or this process's exit) closes the pipe it waits on.
+class MasterProcess {
+ public:
+  ~MasterProcess() { Stop(); }
+  bool Start(const MasterOptions& options) {
+    if (FLAGS_master_in_process) {
+      auto m = MasterServer::Create(options);
+      if (!m.ok()) {
+        std::fprintf(stderr, "master: %s\n", m.status().ToString().c_str());
+        return false;
+      }
+      server_ = std::move(m).value();
+      address_ = server_->address();
+      return true;
+    }
+    int to_parent[2], to_child[2];
+    if (pipe2(to_parent, O_CLOEXEC) != 0 || pipe2(to_child, O_CLOEXEC) != 0) {
+      return false;
+    }
+    std::fflush(stdout);
+    pid_ = fork();
+    if (pid_ < 0) return false;
+    if (pid_ == 0) {
+      close(to_parent[0]);
+      close(to_child[1]);
+      auto m = MasterServer::Create(options);
+      const std::string line =
+          m.ok() ? (*m)->address() + "\n"
+                 : "error " + m.status().ToString() + "\n";
+      if (write(to_parent[1], line.data(), line.size()) < 0) _exit(1);
+      close(to_parent[1]);
+      char c;
+      while (read(to_child[0], &c, 1) > 0) {
+      }
+      if (m.ok()) (*m)->Shutdown();
+      _exit(0);
+    }
+    close(to_parent[1]);
+    close(to_child[0]);
+    stop_fd_ = to_child[1];
+    std::string line;
+    char c;
+    while (read(to_parent[0], &c, 1) == 1 && c != '\n') line += c;
+    close(to_parent[0]);
+    if (line.empty() || line.rfind("error ", 0) == 0) {
+      std::fprintf(stderr, "master: %s\n",
+                   line.empty() ? "child exited" : line.c_str());
+      return false;
+    }
+    address_ = line;
+    return true;
+  }
+  void Stop() {
+    if (server_) server_->Shutdown();
+    if (stop_fd_ >= 0) {
+      close(stop_fd_);
+      stop_fd_ = -1;
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  const std::string& address() const { return address_; }
+  // The child's pid; -1 when the master runs in this process.
+  pid_t pid() const { return pid_; }
+  // Null when the master runs in a child.
+  MasterServer* in_process() { return server_.get(); }
+
+ private:
+  std::unique_ptr<MasterServer> server_;
+  pid_t pid_ = -1;
+  int stop_fd_ = -1;  // the child serves until this closes
+  std::string address_;
+};
+
 int Main() {
   const std::vector<int> batches = ParseList(FLAGS_batch_sizes);
   const std::vector<int> thread_counts = ParseList(FLAGS_threads);
@@ -484,6 +608,10 @@ int Main() {
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   if (FLAGS_objects < static_cast<uint64_t>(max_batch) || max_batch > 1024) {
     std::fprintf(stderr, "--objects must be >= the largest batch (<= 1024)\n");
+    return 2;
+  }
+  if (FLAGS_compare_capabilities && !FLAGS_master_in_process) {
+    std::fprintf(stderr, "--compare_capabilities needs --master_in_process\n");
     return 2;
   }
 
@@ -519,12 +647,9 @@ int Main() {
         << "\n";
     g_security.token = engine;
   }
-  auto master = MasterServer::Create(mo);
-  if (!master.ok()) {
-    std::fprintf(stderr, "master: %s\n", master.status().ToString().c_str());
-    return 1;
-  }
-  const std::string address = (*master)->address();
+  MasterProcess master;
+  if (!master.Start(mo)) return 1;
+  const std::string address = master.address();
   int next_channel = 0;
   auto admin = Dial(address, next_channel++, admin_security);
   auto node = Dial(address, next_channel++, node_security);
@@ -578,8 +703,8 @@ int Main() {
                 FLAGS_redis_server.c_str(), redis.port);
   }
   std::printf("| batch | threads | mode | calls | µs/call p50 | µs/call p99 | "
-              "µs/key (p50) | keys/s | calls/s |\n");
-  std::printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
+              "µs/key (p50) | keys/s | calls/s | server CPU µs/call |\n");
+  std::printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
   std::fflush(stdout);
   uint64_t misses = 0, errors = 0;
   for (int batch : batches) {
@@ -596,16 +721,23 @@ int Main() {
       Row redis_best{batch, threads, false};
       for (int trial = 0; trial < std::max(1, FLAGS_trials); ++trial) {
         for (Row& r : best) {
-          (*master)->ServiceForTest()->SetSkipCapabilitiesForTest(!r.caps);
-          Row t = Measure(address, keys, batch, threads, r.for_read,
-                          &next_channel);
+          if (master.in_process() != nullptr) {
+            master.in_process()->ServiceForTest()->SetSkipCapabilitiesForTest(
+                !r.caps);
+          }
+          Row t = WithServerCpu(master.pid(), kWarmupCalls, [&] {
+            return Measure(address, keys, batch, threads, r.for_read,
+                           &next_channel);
+          });
           t.caps = r.caps;
           misses += t.misses;
           errors += t.errors;
           if (t.keys_per_s > r.keys_per_s) r = t;
         }
         if (FLAGS_redis) {
-          Row t = MeasureRedis(redis.port, keys, batch, threads);
+          Row t = WithServerCpu(redis.pid, kWarmupCalls, [&] {
+            return MeasureRedis(redis.port, keys, batch, threads);
+          });
           misses += t.misses;
           errors += t.errors;
           if (t.keys_per_s > redis_best.keys_per_s) redis_best = t;
@@ -621,17 +753,20 @@ int Main() {
                                                        calls_per_s(redis_best)),
                           "x Redis)");
         }
-        std::printf("| %d | %d | %s | %lu | %.1f | %.1f | %.2f | %.0f | %.0f |\n",
-                    r.batch, r.threads, mode.c_str(),
-                    static_cast<unsigned long>(r.calls), r.p50_us, r.p99_us,
-                    r.p50_us / r.batch, r.keys_per_s, calls_per_s(r));
+        std::printf(
+            "| %d | %d | %s | %lu | %.1f | %.1f | %.2f | %.0f | %.0f | %.1f |\n",
+            r.batch, r.threads, mode.c_str(),
+            static_cast<unsigned long>(r.calls), r.p50_us, r.p99_us,
+            r.p50_us / r.batch, r.keys_per_s, calls_per_s(r), r.server_cpu_us);
       }
       if (FLAGS_redis) {
         const Row& r = redis_best;
-        std::printf("| %d | %d | Redis MGET | %lu | %.1f | %.1f | %.2f | %.0f | %.0f |\n",
-                    r.batch, r.threads, static_cast<unsigned long>(r.calls),
-                    r.p50_us, r.p99_us, r.p50_us / r.batch, r.keys_per_s,
-                    calls_per_s(r));
+        std::printf(
+            "| %d | %d | Redis MGET | %lu | %.1f | %.1f | %.2f | %.0f | %.0f | "
+            "%.1f |\n",
+            r.batch, r.threads, static_cast<unsigned long>(r.calls), r.p50_us,
+            r.p99_us, r.p50_us / r.batch, r.keys_per_s, calls_per_s(r),
+            r.server_cpu_us);
       }
       std::fflush(stdout);
     }
@@ -641,7 +776,7 @@ int Main() {
                 static_cast<unsigned long>(misses),
                 static_cast<unsigned long>(errors));
   }
-  (*master)->Shutdown();
+  master.Stop();
   if (temp_db) {
     std::error_code ec;
     std::filesystem::remove_all(db, ec);
@@ -658,5 +793,10 @@ int Main() {
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  // As the daemons do (master/main.cc): Debian's Abseil checks lock order
+  // on every absl::Mutex acquisition (gRPC's too), a debugging aid.
+  if (!FLAGS_deadlock_detection) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   return hymcache::Main();
 }
