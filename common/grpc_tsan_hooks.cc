@@ -12,6 +12,10 @@
 //     one thread and parses, serializes or destroys on another: suppressed
 //     only when the racing access's top frame is gRPC or generated message
 //     code, so our own code (handlers, services, clients) is still checked.
+// The same holds for Debian's civetweb (prometheus-cpp's HTTP server),
+// whose worker threads call the non-reentrant gmtime(): its static buffer is
+// libc's, and only the interceptor, called from the uninstrumented library,
+// sees the race.
 // TSan reads both hooks from the executable at start-up, so this library is
 // alwayslink and must be linked statically into each binary and test that
 // uses gRPC (cc_test needs linkstatic = True).
