@@ -133,7 +133,7 @@ constexpr char kUsage[] =
     "hymbench replay --master=HOST:PORT --trace=PATH [--max_requests=N] "
     "[--block_bytes=256K] [--concurrency=1] [--time_scale=max] [--prefetch] "
     "[--verify] [--wait_stores] [--namespace=NS] [--csv=PATH] [--json=PATH] "
-    "[--window_s=60]\n"
+    "[--window_s=60] [--plot=DIR]\n"
     "  hymbench replay --master=HOST:PORT --synthetic --conversations=N --turns=T ...\n"
     "  hymbench gen --conversations=N --turns=T [--system_prompt_tokens] "
     "[--user_tokens] [--output_tokens] [--turn_gap_ms] [--turn_fields=false] > trace.jsonl\n"
