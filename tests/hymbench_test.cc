@@ -327,6 +327,60 @@ TEST_CASE("lost blocks are attributed: no room on a small node, a paused node") 
   }
 }
 
+// The first bytes of a PNG file, with its header chunk.
+bool IsPng(const std::string& path) {
+  const std::string head = ReadFile(path).substr(0, 16);
+  return head.size() == 16 && head.substr(0, 8) == "\x89PNG\r\n\x1a\n" &&
+         head.substr(12, 4) == "IHDR";
+}
+
+TEST_CASE("replay --plot and plot: PNGs per turn, prefetch on vs off") {
+  Cluster c;
+  const std::vector<std::string> replay = With(
+      {"replay", "--master=" + c.master.address, "--synthetic", "--wait_stores",
+       "--block_bytes=32K", "--progress_s=0"},
+      kWorkload);
+  // Without --json, the report goes to DIR/hymbench.json.
+  const std::string on_dir = c.dir + "/on";
+  Run on = Hymbench(c.dir, With(replay, {"--namespace=on", "--prefetch=true",
+                                         "--plot=" + on_dir}));
+  INFO(on.out << on.err);
+  REQUIRE(on.exit_code == 0);
+  auto j = nlohmann::json::parse(ReadFile(on_dir + "/hymbench.json"));
+  CHECK(j["config"]["prefetch"] == "true");
+  CHECK(j["groups"].size() == 4);
+  CHECK(IsPng(on_dir + "/hymbench_hit_ratio.png"));
+  CHECK(IsPng(on_dir + "/hymbench_load_gbps.png"));
+
+  const std::string off_json = c.dir + "/off.json";
+  Run off = Hymbench(c.dir, With(replay, {"--namespace=off", "--prefetch=false",
+                                          "--json=" + off_json, "--plot=" + c.dir + "/off"}));
+  INFO(off.out << off.err);
+  REQUIRE(off.exit_code == 0);
+  CHECK(IsPng(c.dir + "/off/hymbench_load_gbps.png"));
+
+  // Both runs in one pair of plots.
+  const std::string both = c.dir + "/both";
+  Run plot = Hymbench(c.dir, {"plot", "--json=" + on_dir + "/hymbench.json," + off_json,
+                              "--plot=" + both});
+  INFO(plot.err);
+  REQUIRE(plot.exit_code == 0);
+  CHECK(IsPng(both + "/hymbench_hit_ratio.png"));
+  CHECK(IsPng(both + "/hymbench_load_gbps.png"));
+
+  // A file that is not a replay report: exit 2, the file and what is wrong.
+  const std::string ceiling = c.dir + "/ceiling.json";
+  std::ofstream(ceiling) << "{\"requests\": 3, \"blocks\": 9, \"hits\": 2}\n";
+  Run bad = Hymbench(c.dir, {"plot", "--json=" + ceiling, "--plot=" + c.dir + "/bad"});
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err.find(ceiling + ": \"groups\" missing") != std::string::npos);
+  CHECK(Hymbench(c.dir, {"plot", "--json=" + off_json}).exit_code == 2);
+  Run no_python = Hymbench(c.dir, {"plot", "--json=" + off_json, "--plot=" + both,
+                                   "--python=" + c.dir + "/no-python"});
+  CHECK(no_python.exit_code == 1);
+  CHECK(no_python.err.find("cannot run") != std::string::npos);
+}
+
 TEST_CASE("hymbench fails clearly on bad input") {
   struct {
     std::string dir = TempDir("hymbench-bad");

@@ -13,7 +13,8 @@
 #
 # Usage: tools/bench/hymbench_floors.sh TRACE.jsonl [floor...]
 #   floors: 1 2 3 (default: all). Results under $OUT (default
-#   /tmp/hymbench-floors): JSON/CSV per run and summary.txt.
+#   /tmp/hymbench-floors): JSON/CSV per run, summary.txt, and floor 1's
+#   per-turn PNGs (prefetch on vs off, round 1) under plots/.
 # Knobs (environment): BLOCK (256K), REQS1 (1000: requests for floor 1),
 #   CONCURRENCY1 (1: replay workers of floor 1: one request at a time shows
 #   the request-level pipeline; with several workers the plain reads of
@@ -83,6 +84,8 @@ for f in $FLOORS; do
     note "$(python3 -c "on=[${on[0]},${on[1]}]; off=[${off[0]},${off[1]}]; \
 print('prefetch on/off load bandwidth: %.2fx (on %.2f GB/s, off %.2f GB/s; floor 1.3x)' \
 % (sum(on)/sum(off), sum(on)/2, sum(off)/2))")"
+    "$BIN/hymbench" plot --json="$OUT/f1-on-1.json,$OUT/f1-off-1.json" \
+      --plot="$OUT/plots" 2>"$OUT/plots.log" && note "plots of round 1 in $OUT/plots"
     stop_all
     rm -f "$CAPDIR/f1.cap"
     ;;

@@ -7,6 +7,7 @@
 //   hymbench replay --master=HOST:PORT --synthetic --conversations=N --turns=T
 //   hymbench gen --conversations=N --turns=T ... > trace.jsonl
 //   hymbench ceiling --trace=PATH | --synthetic ...
+//   hymbench plot --json=ON.json[,OFF.json] --plot=DIR
 //
 // Flags become TraceOptions / SyntheticOptions / ReplayOptions /
 // ReportOptions here; all logic lives in the libraries of this package.
@@ -14,6 +15,7 @@
 // failed, a verification error, unwritable output), 2 bad usage.
 #include <cctype>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -26,11 +28,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
+#include "tools/hymbench/plot.h"
 #include "tools/hymbench/replay.h"
 #include "tools/hymbench/report.h"
 #include "tools/hymbench/trace.h"
@@ -111,7 +115,16 @@ DEFINE_string(group_by, "auto",
               "window), turn, window.");
 DEFINE_double(window_s, 60, "Window of trace time per report row (seconds).");
 DEFINE_string(csv, "", "Write the report as CSV to this path.");
-DEFINE_string(json, "", "Write the report (and per-request records) as JSON to this path.");
+DEFINE_string(json, "",
+              "Write the report (and per-request records) as JSON to this path. plot: the "
+              "reports to plot, comma-separated.");
+DEFINE_string(plot, "",
+              "Write PNG plots of hit ratio and load bandwidth per turn to this directory "
+              "(replay: of this run, via --json or DIR/hymbench.json; plot: of --json's "
+              "reports, one line each, e.g. prefetch on vs off). Runs the plot script "
+              "built into hymbench (tools/hymbench/plot.py) with --python.");
+DEFINE_string(python, "/usr/bin/python3",
+              "Python 3 with matplotlib for --plot (Debian: python3-matplotlib).");
 
 namespace hymcache::hymbench {
 namespace {
@@ -120,14 +133,17 @@ constexpr char kUsage[] =
     "hymbench replay --master=HOST:PORT --trace=PATH [--max_requests=N] "
     "[--block_bytes=256K] [--concurrency=1] [--time_scale=max] [--prefetch] "
     "[--verify] [--wait_stores] [--namespace=NS] [--csv=PATH] [--json=PATH] "
-    "[--window_s=60]\n"
+    "[--window_s=60] [--plot=DIR]\n"
     "  hymbench replay --master=HOST:PORT --synthetic --conversations=N --turns=T ...\n"
     "  hymbench gen --conversations=N --turns=T [--system_prompt_tokens] "
     "[--user_tokens] [--output_tokens] [--turn_gap_ms] [--turn_fields=false] > trace.jsonl\n"
     "  hymbench ceiling --trace=PATH | --synthetic ...\n"
+    "  hymbench plot --json=ON.json[,OFF.json,...] --plot=DIR\n"
     "Reports are per turn: a trace's \"turn\" fields, or for a Mooncake trace turns "
     "inferred from its prefix chains (see --infer_turns); --group_by=window for "
-    "windows of trace time.";
+    "windows of trace time. --plot=DIR writes hymbench_hit_ratio.png and "
+    "hymbench_load_gbps.png per turn (replay: this run; plot: one line per report, "
+    "labelled prefetch on/off from its config; docs/performance.md).";
 
 int UsageError(const std::string& message) {
   std::cerr << "hymbench: " << message << "\nusage: " << kUsage << "\n";
@@ -228,6 +244,19 @@ int RunCeiling() {
   return 0;
 }
 
+int RunPlot() {
+  if (FLAGS_plot.empty()) return UsageError("plot: give --plot=DIR");
+  PlotOptions po;
+  po.python = FLAGS_python;
+  po.out_dir = FLAGS_plot;
+  po.reports = absl::StrSplit(FLAGS_json, ',', absl::SkipEmpty());
+  if (po.reports.empty()) return UsageError("plot: give --json=REPORT.json[,REPORT2.json]");
+  absl::Status s = WritePlots(po);
+  if (s.ok()) return 0;
+  return s.code() == absl::StatusCode::kInvalidArgument ? UsageError(std::string(s.message()))
+                                                        : Fail(std::string(s.message()));
+}
+
 int RunReplay() {
   // Options first: a usage error should not wait for a trace or a cluster.
   ReplayOptions ro;
@@ -308,13 +337,21 @@ int RunReplay() {
 
   // Open the outputs before the run so that a typo does not waste it.
   std::ofstream csv, json;
+  // --plot plots the JSON report: --json's, else DIR/hymbench.json.
+  std::string json_path = FLAGS_json;
+  if (!FLAGS_plot.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(FLAGS_plot, ec);
+    if (ec) return Fail(absl::StrCat("cannot create --plot=", FLAGS_plot, ": ", ec.message()));
+    if (json_path.empty()) json_path = FLAGS_plot + "/hymbench.json";
+  }
   if (!FLAGS_csv.empty()) {
     csv.open(FLAGS_csv);
     if (!csv.is_open()) return Fail(absl::StrCat("cannot open --csv=", FLAGS_csv));
   }
-  if (!FLAGS_json.empty()) {
-    json.open(FLAGS_json);
-    if (!json.is_open()) return Fail(absl::StrCat("cannot open --json=", FLAGS_json));
+  if (!json_path.empty()) {
+    json.open(json_path);
+    if (!json.is_open()) return Fail(absl::StrCat("cannot open ", json_path));
   }
 
   auto client = Client::Create(co);
@@ -382,7 +419,15 @@ int RunReplay() {
   if (json.is_open()) {
     WriteJson(*report, result->records, json);
     json.close();
-    if (!json.good()) return Fail(absl::StrCat("cannot write --json=", FLAGS_json));
+    if (!json.good()) return Fail(absl::StrCat("cannot write ", json_path));
+  }
+  absl::Status plotted;
+  if (!FLAGS_plot.empty()) {
+    PlotOptions po;
+    po.python = FLAGS_python;
+    po.out_dir = FLAGS_plot;
+    po.reports = {json_path};
+    plotted = WritePlots(po);
   }
 
   int rc = 0;
@@ -399,6 +444,7 @@ int RunReplay() {
     rc = Fail(absl::StrCat("verification failed: ", result->corrupt_blocks,
                            " corrupt blocks; first: ", result->first_corruption));
   }
+  if (!plotted.ok()) rc = Fail(std::string(plotted.message()));
   return rc;
 }
 
@@ -417,5 +463,6 @@ int main(int argc, char** argv) {
   if (command == "replay") return hymcache::hymbench::RunReplay();
   if (command == "gen") return hymcache::hymbench::RunGen();
   if (command == "ceiling") return hymcache::hymbench::RunCeiling();
+  if (command == "plot") return hymcache::hymbench::RunPlot();
   return hymcache::hymbench::UsageError(absl::StrCat("unknown command '", command, "'"));
 }
