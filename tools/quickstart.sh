@@ -38,11 +38,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Waits for a daemon's ready line in its stdout file and prints it.
+# Waits for a daemon's ready line (the first line matching PATTERN) in its
+# stdout file and prints it.
 ready_line() {
-  local file=$1 pid=$2
+  local file=$1 pid=$2 pattern=$3
   for _ in $(seq 1 300); do
-    if [ -s "$file" ]; then head -n 1 "$file"; return 0; fi
+    if grep -q -m 1 -- "$pattern" "$file" 2>/dev/null; then
+      grep -m 1 -- "$pattern" "$file"
+      return 0
+    fi
     kill -0 "$pid" 2>/dev/null || { echo "quickstart: daemon exited; see $DATA/logs" >&2; return 1; }
     sleep 0.1
   done
@@ -53,7 +57,7 @@ ready_line() {
 "$BIN/master/hymcache-master" --listen=127.0.0.1:0 --db_path="$DATA/master" \
   --metrics_listen=127.0.0.1:0 --log_dir="$DATA/logs" >"$DATA/master.out" 2>"$DATA/logs/master.stderr" &
 pids+=($!); echo $! >"$DATA/master.pid"
-line=$(ready_line "$DATA/master.out" "${pids[0]}")
+line=$(ready_line "$DATA/master.out" "${pids[0]}" '^hymcache-master listening on ')
 MASTER=${line##* }
 echo "quickstart: $line"
 
@@ -62,7 +66,8 @@ echo "quickstart: $line"
   "${DEVICE_FLAGS[@]}" --log_dir="$DATA/logs" \
   >"$DATA/storage.out" 2>"$DATA/logs/storage.stderr" &
 pids+=($!); echo $! >"$DATA/storage.pid"
-echo "quickstart: $(ready_line "$DATA/storage.out" "${pids[1]}")"
+line=$(ready_line "$DATA/storage.out" "${pids[1]}" '^hymcache-storage data=')
+echo "quickstart: $line"
 
 for _ in $(seq 1 100); do
   "$BIN/tools/hymctl/hymctl" --master="$MASTER" --json status 2>/dev/null | grep -q '"alive": true' && break
