@@ -163,12 +163,29 @@ gcc -std=c11 -Wall -Wextra -Werror \
   fail "the C quick start does not build with pkg-config hymcache"
 /tmp/example $master /etc/hymcache/engine.token || fail "the C quick start failed"
 
+# The master says it reloaded (sd_notify STATUS=) and is still the same
+# process.
+pid=$(systemctl show -P MainPID hymcache-master)
 systemctl reload hymcache-master || fail "reload"
-sleep 1
-[ "$(systemctl is-active hymcache-master)" = active ] || fail "master died on reload"
+for _ in $(seq 1 100); do
+  systemctl show -P StatusText hymcache-master | grep -q "identities reloaded" && break
+  sleep 0.1
+done
+systemctl show -P StatusText hymcache-master | grep -q "identities reloaded" ||
+  fail "the master did not report the reload: $(systemctl show -P StatusText hymcache-master)"
+[ "$(systemctl is-active hymcache-master)" = active ] &&
+  [ "$(systemctl show -P MainPID hymcache-master)" = "$pid" ] ||
+  fail "the master died on reload"
 
+# A restartable exit would leave the unit in activating/auto-restart; exit 2
+# (RestartPreventExitStatus=2) leaves it failed for good.
 systemctl start hymcache-storage@bad && fail "a mistyped flag file started"
-sleep 4  # two RestartSec periods: a restart would have happened
+for _ in $(seq 1 100); do
+  [ "$(systemctl show -P ActiveState hymcache-storage@bad)" = failed ] && break
+  sleep 0.1
+done
+[ "$(systemctl show -P ActiveState hymcache-storage@bad)" = failed ] ||
+  fail "the mistyped instance is $(systemctl show -P ActiveState,SubState hymcache-storage@bad), not failed"
 [ "$(systemctl show -P NRestarts hymcache-storage@bad)" = 0 ] ||
   fail "the mistyped instance was restarted"
 [ "$(systemctl show -P ExecMainStatus hymcache-storage@bad)" = 2 ] ||
