@@ -85,10 +85,8 @@ class GrpcMasterClient : public MasterClient {
     for (const std::string& k : keys) req.add_keys(k);
     req.set_for_read(for_read);
     pb::BatchLookupResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    RETURN_IF_ERROR(
-        FromGrpcStatus(stub_->BatchLookup(&ctx, req, &resp), "BatchLookup"));
+    RETURN_IF_ERROR(Unary(&pb::MasterService::Stub::BatchLookup, req, &resp,
+                          deadline, "BatchLookup"));
     LookupBatch out;
     RETURN_IF_ERROR(FromProto(resp, keys.size(), &out));
     return out;
@@ -108,10 +106,8 @@ class GrpcMasterClient : public MasterClient {
     req.set_preferred_node_id(args.preferred_node_id);
     if (!args.parent_key.empty()) req.set_parent_key(args.parent_key);
     pb::PutStartResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    RETURN_IF_ERROR(
-        FromGrpcStatus(stub_->PutStart(&ctx, req, &resp), "PutStart"));
+    RETURN_IF_ERROR(Unary(&pb::MasterService::Stub::PutStart, req, &resp,
+                          deadline, "PutStart"));
     PutStartReply out;
     out.put_id = resp.put_id();
     out.slots.resize(resp.slots_size());
@@ -139,10 +135,9 @@ class GrpcMasterClient : public MasterClient {
     pb::PutCommitRequest req;
     req.set_put_id(put_id);
     for (uint32_t i : failed_indexes) req.add_failed_indexes(i);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
     pb::PutCommitResponse resp;
-    return FromGrpcStatus(stub_->PutCommit(&ctx, req, &resp), "PutCommit");
+    return Unary(&pb::MasterService::Stub::PutCommit, req, &resp, deadline,
+                 "PutCommit");
   }
 
   void PutAbortInBackground(uint64_t put_id) override {
@@ -180,10 +175,8 @@ class GrpcMasterClient : public MasterClient {
       loc->set_generation(l.generation);
     }
     pb::ReportMissingResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    return FromGrpcStatus(stub_->ReportMissing(&ctx, req, &resp),
-                          "ReportMissing");
+    return Unary(&pb::MasterService::Stub::ReportMissing, req, &resp,
+                 deadline, "ReportMissing");
   }
 
   absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string> keys,
@@ -191,19 +184,16 @@ class GrpcMasterClient : public MasterClient {
     pb::RemoveRequest req;
     for (const std::string& k : keys) req.add_keys(k);
     pb::RemoveResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    RETURN_IF_ERROR(FromGrpcStatus(stub_->Remove(&ctx, req, &resp), "Remove"));
+    RETURN_IF_ERROR(Unary(&pb::MasterService::Stub::Remove, req, &resp,
+                          deadline, "Remove"));
     return std::vector<bool>(resp.removed().begin(), resp.removed().end());
   }
 
   absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time deadline) override {
     pb::GetStatsRequest req;
     pb::GetStatsResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    RETURN_IF_ERROR(
-        FromGrpcStatus(stub_->GetStats(&ctx, req, &resp), "GetStats"));
+    RETURN_IF_ERROR(Unary(&pb::MasterService::Stub::GetStats, req, &resp,
+                          deadline, "GetStats"));
     ClusterStatus out;
     out.object_count = resp.object_count();
     out.object_bytes = resp.object_bytes();
@@ -234,6 +224,17 @@ class GrpcMasterClient : public MasterClient {
 
  private:
   friend class GrpcLookupStream;
+
+  // One unary call of `method` with `deadline`; `what` names it in errors.
+  template <typename Request, typename Response>
+  absl::Status Unary(grpc::Status (pb::MasterService::Stub::*method)(
+                         grpc::ClientContext*, const Request&, Response*),
+                     const Request& req, Response* resp, absl::Time deadline,
+                     const char* what) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    return FromGrpcStatus((stub_.get()->*method)(&ctx, req, resp), what);
+  }
 
   // Held by an async call's callback functor: keeps the call's state (its
   // ClientContext) alive while gRPC uses it, and counts the call as done
