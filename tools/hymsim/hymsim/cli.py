@@ -25,11 +25,16 @@ def _parser():
                    help="tokens per hash_id in --trace (Mooncake: 512)")
     p.add_argument("--time_scale", type=float, default=1.0,
                    help="--trace: divide inter-arrival times by this")
-    p.add_argument("--workload", default="paper", choices=["paper", "custom"],
-                   help="built-in generator: the Table 1 workload, or the flags below")
+    p.add_argument("--workload", default="paper", choices=["paper", "lmsys", "custom"],
+                   help="built-in generator: the Table 1 workload, the single-node "
+                   "LMSYS run (LMSYS-Chat-1M's per-turn size, 32 in flight), or "
+                   "the flags below")
     for f in dataclasses.fields(trace.MultiTurnOptions):
         p.add_argument("--" + f.name, type=type(f.default), default=None,
                        help="generator (--workload=custom): default %s" % f.default)
+    p.add_argument("--inflight", type=int, default=None,
+                   help="cap on requests sent and not yet answered (a "
+                   "benchmark client's concurrency); default: none")
     p.add_argument("--systems", default="all",
                    help="comma list of %s; 'all' = six + variants" %
                    ",".join(sim.SYSTEMS + sim.VARIANTS))
@@ -94,7 +99,8 @@ def load_requests(args, block_tokens):
             q.timestamp = t0 + (q.timestamp - t0) / args.time_scale
             q.hash_ids = [h * r + k for h in q.hash_ids for k in range(r)]
         return reqs, None
-    o = presets.paper_workload() if args.workload == "paper" else trace.MultiTurnOptions()
+    o = {"paper": presets.paper_workload,
+         "lmsys": presets.lmsys_workload}.get(args.workload, trace.MultiTurnOptions)()
     for f in dataclasses.fields(trace.MultiTurnOptions):
         v = getattr(args, f.name)
         if v is not None:
@@ -102,13 +108,19 @@ def load_requests(args, block_tokens):
     return trace.generate_multiturn(o, block_tokens), o.concurrency
 
 
-def run(requests, systems, model, hw, block_tokens, concurrency):
+def run(requests, systems, model, hw, block_tokens, concurrency, inflight=None):
     out = {}
     for name in systems:
         system = sim.make_system(name, hw, model.kv_bytes_per_token() * block_tokens)
         out[name] = sim.per_turn(sim.simulate(requests, system, model, hw,
-                                              block_tokens, concurrency))
+                                              block_tokens, concurrency, inflight))
     return out
+
+
+def overall_mean_s(rows):
+    """Mean TTFT in seconds over every request of per-turn `rows`."""
+    n = sum(r["requests"] for r in rows)
+    return sum(r["ttft_ms_mean"] * r["requests"] for r in rows) / n / 1000 if n else 0.0
 
 
 def calibration_rows(results):
@@ -295,7 +307,13 @@ def main(argv=None):
         if s not in sim.LABELS:
             print("hymsim: unknown system %r" % s, file=sys.stderr)
             return 2
-    results = run(requests, systems, model, hw, args.block_tokens, concurrency)
+    if args.inflight is None and args.workload == "lmsys" and not args.trace:
+        args.inflight = presets.LMSYS_INFLIGHT
+    if args.inflight is not None and args.inflight < 1:
+        print("hymsim: --inflight must be >= 1", file=sys.stderr)
+        return 2
+    results = run(requests, systems, model, hw, args.block_tokens, concurrency,
+                  args.inflight)
 
     kvb = model.kv_bytes_per_token()
     print("model %s: %d KiB KV/token, %d MiB per %d-token block; hardware %s; "
@@ -314,9 +332,22 @@ def main(argv=None):
         print("%-24s" % name + "".join(
             "%8.2f (%3.0f%%)" % (by[t]["ttft_ms_mean"] / 1000, 100 * by[t]["hit_ratio"])
             if t in by else "%14s" % "-" for t in turns))
+    overall = {name: overall_mean_s(rows) for name, rows in results.items()}
+    print("%-24s" % "all turns (mean TTFT)" + "".join(
+        " %s %.2f s" % (n, v) for n, v in overall.items()))
     doc = {"model": model.name, "hardware": dataclasses.asdict(hw),
            "block_tokens": args.block_tokens, "requests": len(requests),
-           "systems": results}
+           "systems": results, "overall_ttft_s": overall}
+    if overall.get("lmcache_local") and overall.get("hymcache"):
+        gain = overall["lmcache_local"] / overall["hymcache"]
+        doc["gain_over_lmcache"] = gain
+        ref = ("" if args.trace or args.workload == "custom" else
+               " (paper, single node: %.1fx)" % presets.PAPER_SINGLE_NODE_GAIN
+               if args.workload == "lmsys" else
+               " (paper: %.1fx single node, %.2fx PD-disaggregated)"
+               % (presets.PAPER_SINGLE_NODE_GAIN, presets.PAPER_PD_GAIN))
+        print("local LMCache / HyMCache, mean TTFT over all requests: %.2fx%s"
+              % (gain, ref))
     if all(s in results for s in presets.PAPER_TABLE1):
         x = crossover_turn(results)
         print("\nHyMCache overtakes 1 TB Mooncake from turn %s (paper: %d)"
@@ -363,6 +394,7 @@ def main(argv=None):
             json.dump(doc, f, indent=1)
     if args.plot:
         from . import plots
-        for path in plots.write_all(results, args.plot):
+        table1 = args.workload == "paper" and not args.trace
+        for path in plots.write_all(results, args.plot, paper_table1=table1):
             print("wrote %s" % path)
     return 0

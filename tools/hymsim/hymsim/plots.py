@@ -11,7 +11,10 @@ from . import presets  # noqa: E402
 from . import sim  # noqa: E402
 
 
-def write_all(results, out_dir):
+def write_all(results, out_dir, paper_table1=True):
+    """TTFT per turn of the six systems (with the paper's Table 1 dotted
+    when `paper_table1`: only the Table 1 workload is comparable) and hit
+    ratio per turn, hybrid vs DRAM-only. Returns the PNGs' paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     six = [s for s in sim.SYSTEMS if s in results]
@@ -21,16 +24,18 @@ def write_all(results, out_dir):
             rows = results[s]
             ax.plot([r["turn"] for r in rows], [r["ttft_ms_mean"] / 1000 for r in rows],
                     marker="o", label=sim.LABELS[s])
-            if s in presets.PAPER_TABLE1:
+            if paper_table1 and s in presets.PAPER_TABLE1:
                 p = presets.PAPER_TABLE1[s]
                 ax.plot(range(1, len(p) + 1), p, linestyle=":", color=ax.lines[-1].get_color())
         ax.set_xlabel("turn")
         ax.set_ylabel("mean TTFT (s)")
-        ax.set_title("TTFT per turn: model (solid), paper Table 1 (dotted)")
+        ax.set_title("TTFT per turn: model (solid), paper Table 1 (dotted)"
+                     if paper_table1 else "TTFT per turn (model)")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
         paths.append(_save(fig, out_dir, "ttft_per_turn.png"))
-    pair = [s for s in ("hymcache", "hymcache_dram_only", "mooncake_dram") if s in results]
+    pair = [s for s in ("hymcache", "hymcache_dram_only", "mooncake_dram",
+                        "lmcache_local", "gpu_prefix") if s in results]
     if pair:
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=80)
         for s in pair:
@@ -40,7 +45,7 @@ def write_all(results, out_dir):
         ax.set_xlabel("turn")
         ax.set_ylabel("prefix hit ratio (blocks)")
         ax.set_ylim(0, 1)
-        ax.set_title("Hit ratio per turn: hybrid vs DRAM-only")
+        ax.set_title("Hit ratio per turn: hybrid vs DRAM tiers")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
         paths.append(_save(fig, out_dir, "hit_ratio_per_turn.png"))

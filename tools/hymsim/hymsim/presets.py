@@ -70,11 +70,29 @@ class Hardware:
     nvmeof_bps: float = 6.5 * GB
     nvmeof_bytes: float = 2e12
     # assumption: writes through XFS at its read rate. The paper reports
-    # frequent fetch time-outs on this path but no rate, so the model has no
-    # mechanism for them (docs/paper.md: NVMe-oF is the cell we miss).
+    # frequent fetch time-outs on this path but no rate; the model's
+    # mechanisms for them (Mooncake's lease, reads sharing the device with
+    # persistence writes, the connector deadline) are below and in sim.py
+    # (docs/paper.md: NVMe-oF).
     nvmeof_write_bps: float = 6.5 * GB
     # assumption: a file open + XFS extent lookup per object.
     nvmeof_latency_s: float = 1e-3
+    # Mooncake Store's persistence: "each file corresponds to one kvcache
+    # object" (doc/en/mooncake-store.md, "Data Access Mechanism"). No
+    # published per-file cost on XFS over NVMe-oF: 0 unless set (--hw).
+    nvmeof_per_object_s: float = 0.0
+    # Mooncake Store docs: "for each Put ... a synchronous memory pool write
+    # and an asynchronous DFS persistence operation"; the persisted files
+    # live on the XFS volume the Gets read from, so writes and reads share
+    # the device's 6.5 GB/s.
+    nvmeof_writes_share_reads: bool = True
+    # Mooncake Store docs ("Lease"): a lease is granted when GetReplicaList
+    # succeeds; "if the lease expires before a Get operation finishes
+    # reading the data, the operation will be considered failed, and no
+    # data will be returned". Default TTL 5 s (master flag
+    # default_kv_lease_ttl, DEFAULT_DEFAULT_KV_LEASE_TTL = 5000 ms; later
+    # mainline raised it to 10 s). 0 disables.
+    mooncake_lease_s: float = 5.0
     # paper: Local LMCache, 64 GB of local DRAM per worker. spec: A100 on
     # PCIe Gen4 x16 (32 GB/s); assumption: 20 GB/s achieved host-to-device.
     lmcache_bytes_per_worker: float = 64 * GB
@@ -103,6 +121,12 @@ class Hardware:
     load_deadline_s: float = 10.0
     # assumption: remote lookups (one batched metadata RPC) cost 1 ms.
     lookup_s: float = 1e-3
+    # False: a request's external load starts when a prefill worker takes
+    # it, and the worker waits for it (one load per worker in flight). True:
+    # the load starts at arrival (vLLM v1's asynchronous KV-connector loads:
+    # the request waits for remote KVs while the worker computes others),
+    # so every waiting request's load queues on the tier at once.
+    async_load: bool = False
 
 
 def paper_hardware():
@@ -127,6 +151,30 @@ PAPER_TABLE1 = {
 PAPER_PREFETCH_MICRO_GAIN = 0.37   # prefetch on vs off, microbenchmark
 PAPER_PREFETCH_E2E_CUT = 0.14      # end-to-end time, LMSYS turn 6
 PAPER_CROSSOVER_TURN = 4           # HyMCache overtakes 1 TB Mooncake
+PAPER_SINGLE_NODE_GAIN = 3.0       # over local LMCache, single node
+PAPER_PD_GAIN = 1.45               # over local LMCache, PD-disaggregated
+
+
+def lmsys_workload():
+    """The paper's single-node run (Llama-3.1-8B, LMSYS multi-turn, 512
+    conversations, concurrency 32, turns to 10) with LMSYS-Chat-1M's
+    published per-turn size: 260.37 tokens per turn (prompt + response,
+    tiktoken; Magpie, arXiv 2406.08464, Table 4: 1M conversations, 2.01
+    turns each, 496M tokens). MAX_TOKENS = 1, so each turn's new tokens are
+    the previous response and the new prompt: 260 new tokens per turn, one
+    output token. The paper's turn sizes are not published; its 10-turn
+    conversations are a selection (the dataset averages 2.01 turns), and
+    the per-turn mean of the whole dataset is the published number we have.
+    Order: all 512 conversations open, 32 requests in flight (the benchmark
+    client's concurrency), so turns interleave across conversations."""
+    from . import trace
+    return trace.MultiTurnOptions(
+        conversations=512, turns=10, user_tokens=260, output_tokens=1,
+        shared_prefixes=0, shared_tokens=0, think_s=0.0, think_jitter=0.0,
+        concurrency=512, start_spread_s=0.0, seed=1)
+
+
+LMSYS_INFLIGHT = 32
 
 
 def paper_workload():

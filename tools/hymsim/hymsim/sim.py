@@ -9,7 +9,9 @@ first (KV-aware routing: the worker's own GPU / local caches count):
   load = lookup + the tier's time for blocks [g, h) on the earliest-free
          lane (FIFO; a lane is a share of the tier's aggregate bandwidth);
          if it would end after s + deadline, the connector gives up at the
-         deadline and recomputes from g
+         deadline and recomputes from g; on Mooncake, if it ends more than
+         the lease after the lookup, it fails at its end and recomputes
+         (async_load: the load is timed from arrival, not from s)
   prefill = FLOPs(cached = h blocks, new = the rest) / (peak * MFU)
   finish = start + load + prefill - overlap * min(load, prefill)
   TTFT = finish - arrival (queueing included)
@@ -18,6 +20,7 @@ tier's admission (a write buffer draining at the write rate, block by block
 in chain order up to the first refusal), into the external tier.
 """
 
+import collections
 import dataclasses
 import heapq
 import math
@@ -49,6 +52,15 @@ class Tier:
     refill_bps: float = 0.0
     prefetch_depth: int = 0
     miss_bps: float = 0.0
+    # Mooncake Store's read lease (seconds, None: none): granted when the
+    # lookup (GetReplicaList) returns; a Get whose transfer ends after it
+    # fails after the transfer (LEASE_EXPIRED) and the connector recomputes.
+    lease_s: object = None
+    # Stores occupy the read lanes (one device serves both: Mooncake's
+    # persistence writes every Put to the same file system it reads from).
+    writes_share_lanes: bool = False
+    # Fixed cost per block read (one file per object: open + extent lookup).
+    per_block_latency_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -93,14 +105,16 @@ def make_system(name, hw, block_bytes):
             "remote_dram", blocks(hw.mooncake_dram_bytes), "shared",
             remote_lanes, remote_lane_bps, 0.0,
             hw.mooncake_transfer_buffer_bytes, hw.storage_nic_bps,
-            write_buffer_scope="worker"))
+            write_buffer_scope="worker", lease_s=hw.mooncake_lease_s or None))
     if name == "mooncake_nvmeof":
         lanes = max(1, int(round(hw.nvmeof_bps / hw.worker_nic_bps)))
         return System(name, LABELS[name], True, Tier(
             "nvmeof", blocks(hw.nvmeof_bytes), "shared", lanes,
             min(hw.worker_nic_bps, hw.nvmeof_bps / lanes), hw.nvmeof_latency_s,
             hw.mooncake_transfer_buffer_bytes, hw.nvmeof_write_bps,
-            write_buffer_scope="worker"))
+            write_buffer_scope="worker", lease_s=hw.mooncake_lease_s or None,
+            writes_share_lanes=bool(hw.nvmeof_writes_share_reads),
+            per_block_latency_s=hw.nvmeof_per_object_s))
     if name.startswith("hymcache"):
         window = hw.hym_device_dram_bytes - hw.hym_write_buffer_bytes
         depth = max(1, int(min(hw.hym_prefetch_bytes_per_request, window / remote_lanes)
@@ -139,6 +153,7 @@ class Result:
     fallback: bool
     stored: int
     refused: int
+    lease_expired: bool = False
 
 
 class _TierState:
@@ -155,6 +170,22 @@ class _TierState:
         self.lanes = [[0.0] * tier.lanes for _ in range(n)]
         self.device = (cache.LruCache(tier.device_dram_blocks)
                        if tier.device == "lru_device" else None)
+        self._writes = [[] for _ in range(n)]  # heaps of (release, bytes)
+
+    def queue_write(self, k, release, nbytes):
+        heapq.heappush(self._writes[k], (release, nbytes))
+
+    def release_writes(self, k, until):
+        """Books the writes released by `until` on the read lanes, in
+        release order, each on the earliest-free lane at the per-lane share
+        of the tier's write rate."""
+        lanes = self.lanes[k]
+        heap = self._writes[k]
+        while heap and heap[0][0] <= until:
+            release, nbytes = heapq.heappop(heap)
+            lane = min(range(len(lanes)), key=lanes.__getitem__)
+            lanes[lane] = (max(release, lanes[lane]) +
+                           nbytes * len(lanes) / self.tier.write_bps)
 
     def index(self, w):
         return w if self.tier.scope == "worker" else 0
@@ -165,7 +196,7 @@ class _TierState:
         n = len(ids)
         read_s = block_bytes / t.lane_bps
         if t.device == "dram":
-            return t.latency_s + n * read_s
+            return t.latency_s + n * (read_s + t.per_block_latency_s)
         if t.device == "staging":
             secs, _ = cache.staged_load_time(
                 n, t.prefetch_depth if t.prefetch else 0,
@@ -181,11 +212,16 @@ class _TierState:
         return secs
 
 
-def simulate(requests, system, model, hw, block_tokens=128, concurrency=None):
+def simulate(requests, system, model, hw, block_tokens=128, concurrency=None,
+             inflight=None):
     """Replays `requests` through `system`. Requests with parent >= 0 are
     closed-loop (arrive think_s after the parent's first token); sessions
     (conversations of such requests) are admitted `concurrency` at a time in
-    order (None: all). Returns a list of Result in request order."""
+    order (None: all). `inflight` (None: no limit) caps the requests sent and
+    not yet answered, as a benchmark client's concurrency does: a request
+    that arrives at the cap waits (FIFO) and is sent, and its TTFT timed,
+    when an earlier one's first token is out. Returns a list of Result in
+    request order."""
     block_bytes = model.kv_bytes_per_token() * block_tokens
     workers = hw.prefill_workers
     flops = hw.gpu_peak_flops * hw.gpu_mfu
@@ -216,8 +252,21 @@ def simulate(requests, system, model, hw, block_tokens=128, concurrency=None):
     def prefill_s(cached_tokens, new_tokens):
         return model.prefill_flops(cached_tokens, new_tokens) / flops
 
+    outstanding = 0
+    ready = collections.deque()
     while heap:
         arrival, _, i = heapq.heappop(heap)
+        if i < 0:  # a first token under the in-flight cap
+            outstanding -= 1
+            if not ready:
+                continue
+            i = ready.popleft()
+        elif inflight is not None and outstanding >= inflight:
+            ready.append(i)
+            continue
+        heap_done = inflight is not None
+        if heap_done:
+            outstanding += 1
         r = requests[i]
         ids = r.hash_ids
         full = min(len(ids), r.input_length // block_tokens)
@@ -239,27 +288,41 @@ def simulate(requests, system, model, hw, block_tokens=128, concurrency=None):
         g = gpu[w].prefix_hit(ids[:full]) if system.gpu_cache else 0
         h = g
         load = 0.0
-        fallback = False
+        fallback = expired = False
+        # Where the load is timed from: the worker taking the request, or
+        # (async_load) its arrival, the load running while the worker
+        # computes other requests.
+        t0 = arrival if hw.async_load else start
         if tier is not None:
             k = tier.index(w)
             h = g + tier.caches[k].prefix_hit(ids[:full], g)
             load = hw.lookup_s
             if h > g:
+                tier.release_writes(k, t0 + load)
                 lanes = tier.lanes[k]
                 lane = min(range(len(lanes)), key=lanes.__getitem__)
-                begin = max(start + load, lanes[lane])
+                begin = max(t0 + load, lanes[lane])
                 end = begin + tier.transfer_s(ids[g:h], block_bytes)
-                if end - start > hw.load_deadline_s:
+                lease = system.tier.lease_s
+                if end - t0 > hw.load_deadline_s:
                     fallback = True
                     load = hw.load_deadline_s
-                    lanes[lane] = start + hw.load_deadline_s
+                    lanes[lane] = t0 + hw.load_deadline_s
+                    h = g
+                elif lease is not None and end - (t0 + hw.lookup_s) > lease:
+                    # The transfer ran to its end, then the lease check
+                    # failed it: the link time is spent, nothing loaded.
+                    fallback = expired = True
+                    lanes[lane] = end
+                    load = end - t0
                     h = g
                 else:
                     lanes[lane] = end
-                    load = end - start
+                    load = end - t0
         cached_tokens = h * block_tokens
         pre = prefill_s(cached_tokens, max(1, r.input_length - cached_tokens))
-        finish = start + load + pre - system.overlap * min(load, pre)
+        finish = (max(start, t0 + load) + pre -
+                  system.overlap * min(load, pre))
         free[w] = finish
         # Stores: the computed full blocks.
         if system.gpu_cache:
@@ -283,11 +346,18 @@ def simulate(requests, system, model, hw, block_tokens=128, concurrency=None):
                     tier.device.insert(b)
                 stored += 1
             refused = len(new) - stored
+            if stored and system.tier.writes_share_lanes:
+                # The admitted blocks' writes take the device once released
+                # (at `finish`); a read requested before then goes first.
+                tier.queue_write(k, finish, stored * block_bytes)
         results[i] = Result(turn=r.turn, ttft_s=finish - arrival,
                             queue_s=start - arrival, load_s=load,
                             prefill_s=pre, blocks=full, gpu_hit=g,
                             tier_hit=h - g, fallback=fallback,
-                            stored=stored, refused=refused)
+                            stored=stored, refused=refused, lease_expired=expired)
+        if heap_done:
+            heapq.heappush(heap, (finish, seq, -1))
+            seq += 1
         nxt = children.get(i)
         if nxt is not None:
             heapq.heappush(heap, (finish + requests[nxt].think_s, seq, nxt))
@@ -330,6 +400,7 @@ def per_turn(results, max_turn=None):
                           if blocks else 0.0),
             "tier_hit_ratio": sum(x.tier_hit for x in rs) / blocks if blocks else 0.0,
             "fallbacks": sum(x.fallback for x in rs),
+            "lease_expired": sum(x.lease_expired for x in rs),
             "refused_blocks": sum(x.refused for x in rs),
         })
     return rows
