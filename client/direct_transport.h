@@ -97,7 +97,7 @@ std::unique_ptr<Transport> NewDirectTransport(
 
 // Same-host shared memory: maps the node's memfd-backed areas read-only
 // (descriptors passed over the node's Unix socket after a credentials
-// check, storage_node/shm_export.h) and copies out with memcpy; writes go
+// check, storage_node/dataplane/shm_export.h) and copies out with memcpy; writes go
 // over TCP.
 std::unique_ptr<DirectMover> NewShmMover();
 

@@ -7,7 +7,7 @@ namespace hymcache {
 
 // Same-host shared memory: a client on the same host connects to the
 // node's abstract Unix socket, which checks its credentials and passes it
-// read-only descriptors of the areas (storage_node/shm_export.h).
+// read-only descriptors of the areas (storage_node/dataplane/shm_export.h).
 inline constexpr char kShmHostParam[] = "shm.host";          // LocalHostIdentity()
 inline constexpr char kShmSocketParam[] = "shm.socket";      // abstract name
 inline constexpr char kShmInstanceParam[] = "shm.instance";  // per node start

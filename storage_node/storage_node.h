@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "storage_node/block_io.h"
+#include "storage_node/device/block_io.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/capability.h"

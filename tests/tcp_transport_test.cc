@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/wire.h"
-#include "storage_node/data_server.h"
-#include "storage_node/dram_device.h"
-#include "storage_node/extent_table.h"
+#include "storage_node/dataplane/data_server.h"
+#include "storage_node/device/dram_device.h"
+#include "storage_node/dataplane/extent_table.h"
 #include "tests/signing_transport.h"
 
 namespace hymcache {

@@ -106,12 +106,12 @@
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "common/thread.h"
-#include "storage_node/block_io.h"
-#include "storage_node/capacity_tier.h"
-#include "storage_node/host_memory.h"
-#include "storage_node/hybrid_device.h"
-#include "storage_node/lru_device.h"
-#include "storage_node/memory_device.h"
+#include "storage_node/device/block_io.h"
+#include "storage_node/device/capacity_tier.h"
+#include "storage_node/device/host_memory.h"
+#include "storage_node/device/hybrid_device.h"
+#include "storage_node/device/lru_device.h"
+#include "storage_node/device/memory_device.h"
 
 DEFINE_int32(conversations, 4, "concurrent conversations (reader threads)");
 DEFINE_uint64(block_mib, 1, "block (object) size in MiB");

@@ -32,10 +32,10 @@
 #include "common/net.h"
 #include "common/thread.h"
 #include "common/transport_params.h"
-#include "storage_node/data_server.h"
-#include "storage_node/dram_device.h"
-#include "storage_node/extent_table.h"
-#include "storage_node/local_data_plane.h"
+#include "storage_node/dataplane/data_server.h"
+#include "storage_node/device/dram_device.h"
+#include "storage_node/dataplane/extent_table.h"
+#include "storage_node/dataplane/local_data_plane.h"
 
 DEFINE_uint64(block_kib, 0, "block size in KiB (0: the matrix)");
 DEFINE_int32(batch, 0, "blocks per request (0: the matrix)");

@@ -1,0 +1,222 @@
+// KvManager: the storage node's request-level prefetcher. It turns the
+// ordered block lists that clients announce for their requests ("sessions",
+// see the read-path session frames of common/wire.h) into staging of those
+// blocks from the device's capacity tier into its DRAM window, just ahead of
+// the reads, and coordinates that across concurrent requests.
+//
+//   * Each session has an ordered queue of objects. Objects are issued to the
+//     device (MemoryDevice::PrefetchObject) in queue order while the
+//     session's staged-ahead bytes (issued, not yet read or released) stay
+//     within its quota: window_bytes (default 128 MiB: 8 blocks of 16 MiB,
+//     4 of 32 MiB), or, when staging_capacity is set, at most an equal share
+//     of it: min(window_bytes, staging_capacity / active sessions). A session
+//     always gets at least one object issued, so every session progresses.
+//   * A read of a queued object (AcquireRead) waits for its staging (issuing
+//     it at once if it was still queued) and FinishRead releases it and
+//     issues the next objects of the session.
+//   * Release drops objects unread (all of them: the load was cancelled).
+//     A session with no activity for session_timeout is released the same
+//     way by the "kv-reaper" thread, so a request that stops reading does
+//     not hold staging space.
+//   * Each staged object holds an ExtentTable read pin from issue to release,
+//     so its space cannot be rewritten under it (a writer waits, then fails).
+//     An object that is no longer readable when it is issued (evicted,
+//     overwritten) is dropped from the queue; its read then gets NotFound.
+//   * A hint for an object already in the session costs nothing; the same
+//     object hinted by several sessions, or still in the write buffer, is
+//     staged once by the device (shared copies, no I/O for the buffer).
+//
+// Thread safety: safe for concurrent use. StagedRead objects must be passed
+// to FinishRead (or destroyed) before the manager is destroyed.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/clock.h"
+#include "common/mutex.h"
+#include "common/stats.h"
+#include "common/thread.h"
+#include "storage_node/dataplane/extent_table.h"
+#include "storage_node/device/memory_device.h"
+
+namespace hymcache::storage {
+
+struct KvManagerOptions {
+  // Staged bytes a session may have ahead of its reads.
+  // Default: 128 MiB.
+  uint64_t window_bytes = uint64_t{128} << 20;
+  // The device's staging window, shared fairly among active sessions. 0: no
+  // bound beyond window_bytes (DRAM devices: staging costs nothing).
+  // Default: 0.
+  uint64_t staging_capacity = 0;
+  // A session with no prefetch, read or release for this long is released.
+  // Default: 5 s.
+  absl::Duration session_timeout = absl::Seconds(5);
+  // Sessions at once; hints for new sessions beyond this are refused
+  // (ResourceExhausted). Default: 4096.
+  int max_sessions = 4096;
+  // Objects queued in one session; hints beyond are refused.
+  // Default: 65536.
+  int max_objects_per_session = 65536;
+  // How often the reaper looks for idle sessions. Default: 250 ms.
+  absl::Duration reap_interval = absl::Milliseconds(250);
+  // Not owned; required; must outlive the manager.
+  MemoryDevice* device = nullptr;
+  ExtentTable* extents = nullptr;
+  // Source of time for session timeouts. Not owned. Default: Clock::Real().
+  Clock* clock = nullptr;
+
+  absl::Status Validate() const;
+};
+
+// The KV manager's stats, declared once (common/stats.h); exported with the
+// prefix "prefetch_".
+#define HYM_KV_MANAGER_STATS(COUNTER, GAUGE, DGAUGE)                        \
+  GAUGE(sessions, "Active prefetch sessions")                               \
+  GAUGE(queued_objects, "Hinted objects not yet issued to the device")      \
+  GAUGE(staging_objects, "Objects issued to the device, not yet read")      \
+  GAUGE(staged_ahead_bytes, "Bytes of staging_objects")                     \
+  COUNTER(hints, "Objects accepted into sessions")                          \
+  COUNTER(duplicate_hints, "Hints of objects already in the session")       \
+  COUNTER(refused_hints, "Hints over max_sessions or the per-session limit") \
+  COUNTER(staged_reads, "Reads served through a session")                   \
+  COUNTER(ready_reads, "Session reads whose object was staged in time (hits)") \
+  COUNTER(waited_reads, "Session reads that waited for their object's staging") \
+  COUNTER(dropped_stale, "Objects not readable any more when issued")       \
+  COUNTER(released_unread, "Objects dropped by Release or the reaper unread") \
+  COUNTER(expired_sessions, "Sessions released by the reaper")
+HYM_DECLARE_STATS_STRUCT(KvManagerStats, HYM_KV_MANAGER_STATS);
+
+class KvManager {
+ private:
+  struct Entry;
+  struct Session;
+
+ public:
+  // An object being read through its session. Move-only; pass it to
+  // FinishRead once its bytes are sent (destroying it does the same).
+  class StagedRead {
+   public:
+    StagedRead() = default;
+    StagedRead(StagedRead&& o) noexcept { *this = std::move(o); }
+    StagedRead& operator=(StagedRead&& o) noexcept;
+    ~StagedRead();
+    StagedRead(const StagedRead&) = delete;
+    StagedRead& operator=(const StagedRead&) = delete;
+
+    bool valid() const { return manager_ != nullptr; }
+    const uint8_t* data() const { return data_; }
+    uint64_t length() const { return length_; }
+
+   private:
+    friend class KvManager;
+    KvManager* manager_ = nullptr;
+    uint64_t session_ = 0;
+    Entry* entry_ = nullptr;
+    const uint8_t* data_ = nullptr;
+    uint64_t length_ = 0;
+  };
+
+  // Starts the reaper. Errors: InvalidArgument for bad options,
+  // ResourceExhausted if the thread cannot start.
+  static absl::StatusOr<std::unique_ptr<KvManager>> Create(
+      const KvManagerOptions& options);
+  // Releases every session.
+  ~KvManager();
+  KvManager(const KvManager&) = delete;
+  KvManager& operator=(const KvManager&) = delete;
+
+  // Appends `objects` (in read order) to `session`'s queue, creating it, and
+  // issues what its quota allows. Per object: OK (queued or staging),
+  // NotFound (issued at once and not readable on this node), InvalidArgument
+  // / OutOfRange (bad range), ResourceExhausted (session limits).
+  std::vector<absl::Status> Prefetch(uint64_t session,
+                                     absl::Span<const ExtentKey> objects);
+
+  // Waits (up to `deadline`) until `key`, prefetched by `session`, is staged
+  // and returns its bytes. NotFound if the session did not prefetch it (or
+  // it was dropped): the caller reads it the ordinary way.
+  // DeadlineExceeded / the device's error if staging did not finish; the
+  // object is then released.
+  absl::StatusOr<StagedRead> AcquireRead(uint64_t session, const ExtentKey& key,
+                                         absl::Time deadline);
+
+  // As AcquireRead, but never waits: Unavailable ("not staged yet") if the
+  // object is still being staged, which leaves it queued in the session.
+  // A reader holding staged objects must not wait for more (sessions
+  // holding part of the window while waiting for the rest could starve
+  // each other); it sends what it holds and asks again.
+  absl::StatusOr<StagedRead> AcquireReadIfStaged(uint64_t session,
+                                                 const ExtentKey& key);
+
+  // Releases a read object and stages the session's next objects.
+  void FinishRead(StagedRead read);
+
+  // Drops `objects` of `session` unread; an empty list drops all of them and
+  // ends the session. Objects being read are released when their read
+  // finishes. Per object: OK or NotFound (not in the session).
+  std::vector<absl::Status> Release(uint64_t session,
+                                    absl::Span<const ExtentKey> objects);
+
+  // Releases sessions idle for session_timeout; returns how many. The
+  // reaper calls it every reap_interval; tests with a FakeClock call it.
+  int ReapExpired();
+
+  KvManagerStats Stats() const;
+  // Reports Stats() and the time session reads waited for staging
+  // ("wait_seconds"), unprefixed.
+  void VisitStats(StatsVisitor* v) const;
+
+ private:
+  struct KeyHash {
+    size_t operator()(const ExtentKey& k) const;
+  };
+  struct KeyEq {
+    bool operator()(const ExtentKey& a, const ExtentKey& b) const {
+      return a.region_id == b.region_id && a.addr == b.addr &&
+             a.length == b.length && a.generation == b.generation;
+    }
+  };
+
+  explicit KvManager(const KvManagerOptions& options);
+
+  void ReapLoop();
+  uint64_t QuotaLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Issues queued objects of `s` within its quota.
+  void PumpLocked(Session* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PumpAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pins and starts staging `e`; false (and `*why`) if it is not readable.
+  bool IssueLocked(Session* s, Entry* e, absl::Status* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees `e` (device handle, pin) and removes it from `s`.
+  void DropLocked(Session* s, Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops every entry not being read; ends the session when none is left.
+  void ReleaseAllLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseIfEmptyLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Finish(uint64_t session, Entry* e);
+  absl::StatusOr<StagedRead> Acquire(uint64_t session, const ExtentKey& key,
+                                     absl::Time deadline, bool wait);
+
+  // Constant after construction.
+  const KvManagerOptions options_;
+  Clock* const clock_;
+  // Time session reads waited for their object's staging (waited_reads).
+  LatencyHistogram wait_latency_;
+  Thread reaper_;
+
+  mutable Mutex mu_;
+  CondVar stop_cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> sessions_
+      ABSL_GUARDED_BY(mu_);
+  KvManagerStats counters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hymcache::storage
