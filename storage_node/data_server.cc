@@ -881,8 +881,11 @@ bool DataServer::HandleSession(int fd, const wire::FrameHeader& h,
       continue;
     }
     const ExtentKey k = KeyOf(ops[i]);
-    if (!prefetch && cs->reads.count(k) != 0) {
-      held.push_back(k);
+    if (!prefetch && cs->reads.count(k) != 0 &&
+        std::find_if(held.begin(), held.end(), [&](const ExtentKey& h) {
+          return !KeyLess()(h, k) && !KeyLess()(k, h);
+        }) == held.end()) {
+      held.push_back(k);  // a repeated op goes on: NotFound, as before
       continue;
     }
     keys.push_back(k);
