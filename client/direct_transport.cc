@@ -273,7 +273,8 @@ class DirectTransport : public Transport {
       st[i] = OpStatus(got, "read");
       if (!st[i].ok()) continue;
       segs.push_back(DirectSegment{false, refs[i].area, refs[i].offset,
-                                   ops[i].dst, descs[i].length});
+                                   ops[i].dst, descs[i].length,
+                                   refs[i].rkey});
       seg_op.push_back(i);
       held.push_back(descs[i]);
     }
@@ -329,7 +330,7 @@ class DirectTransport : public Transport {
       if (!st[i].ok()) continue;
       segs.push_back(DirectSegment{true, refs[i].area, refs[i].offset,
                                    const_cast<void*>(ops[i].src),
-                                   descs[i].length});
+                                   descs[i].length, refs[i].rkey});
       seg_op.push_back(i);
       begun.push_back(descs[i]);
     }

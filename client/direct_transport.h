@@ -45,6 +45,9 @@ struct DirectSegment {
   // Caller memory, `length` bytes.
   void* local = nullptr;
   uint64_t length = 0;
+  // RDMA: the key the node granted for exactly this object (AreaRef::rkey);
+  // 0: the area's published key.
+  uint32_t rkey = 0;
 };
 
 // One peer's one-sided data path, set up on a control connection.

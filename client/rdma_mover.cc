@@ -187,6 +187,14 @@ class RdmaChannel : public DirectChannel {
             " outside the node's registered memory"));
         continue;
       }
+      // The key the node granted for this object; else (nodes that grant
+      // none) the area's.
+      const uint32_t rkey = s.rkey != 0 ? s.rkey : a->second.rkey;
+      if (rkey == 0) {
+        out[i] = absl::UnavailableError(absl::StrCat(
+            "rdma: the storage node granted no key for area ", s.area));
+        continue;
+      }
       std::optional<Registry::Entry> reg = registry_->Find(s.local, s.length);
       if (reg.has_value()) pinned.push_back(reg->mr);
       for (uint64_t off = 0; off < s.length;) {
@@ -195,7 +203,7 @@ class RdmaChannel : public DirectChannel {
         op.kind = s.write ? rdma::OneSidedOp::Kind::kWrite
                           : rdma::OneSidedOp::Kind::kRead;
         op.remote_addr = a->second.addr + s.offset + off;
-        op.rkey = a->second.rkey;
+        op.rkey = rkey;
         op.length = static_cast<uint32_t>(len);
         if (reg.has_value()) {
           if (ops.size() >= kMaxOpsPerRound) flush();

@@ -1,7 +1,9 @@
 // The RDMA DirectMover: one RC queue pair per channel, connected to the
 // node's over the channel's TCP connection (kRdmaConnectRequest), one-sided
-// READ/WRITE between registered caller buffers and the node's registered
-// areas (published as "rdma.*" transport parameters). Internal to //client.
+// READ/WRITE between registered caller buffers and the node's memory, each
+// object through the key the node granted for it (wire::AreaRef::rkey; the
+// areas are published as "rdma.*" transport parameters). Internal to
+// //client.
 #pragma once
 
 #include <memory>

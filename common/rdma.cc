@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace hymcache::rdma {
 namespace {
@@ -184,6 +185,11 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(
   d->max_sge_ = dattr.max_sge;
   d->max_qp_rd_atom_ = dattr.max_qp_rd_atom;
   d->max_qp_init_rd_atom_ = dattr.max_qp_init_rd_atom;
+  d->max_mw_ = dattr.max_mw;
+  d->supports_windows_ =
+      dattr.max_mw > 0 &&
+      (dattr.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A |
+                                 IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
 
   ibv_port_attr pattr;
   std::memset(&pattr, 0, sizeof(pattr));
@@ -395,7 +401,101 @@ void Device::RemoveQueuePair(QueuePair* qp) {
 }
 
 absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::Register(
-    void* addr, size_t len, bool remote_write) {
+    void* addr, size_t len, bool remote_write, ProtectionDomain* pd) {
+  int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+  if (remote_write) access |= IBV_ACCESS_REMOTE_WRITE;
+  return RegisterWithAccess(addr, len, access,
+                            pd != nullptr ? pd->pd_ : pd_);
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::RegisterWriteOnly(
+    void* addr, size_t len, ProtectionDomain* pd) {
+  // Remote write needs local write.
+  return RegisterWithAccess(addr, len,
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+                            pd != nullptr ? pd->pd_ : pd_);
+}
+
+absl::StatusOr<std::unique_ptr<ProtectionDomain>>
+Device::AllocateProtectionDomain() {
+  ibv_pd* pd = ibv_alloc_pd(ctx_);
+  if (pd == nullptr) {
+    return VerbsError(CodeForErrno(errno),
+                      absl::StrCat("ibv_alloc_pd(", name_, ")"), 0);
+  }
+  return std::unique_ptr<ProtectionDomain>(new ProtectionDomain(pd));
+}
+
+ProtectionDomain::~ProtectionDomain() {
+  if (int r = ibv_dealloc_pd(pd_); r != 0) {
+    LOG(ERROR) << "ibv_dealloc_pd: " << ErrnoText(r > 0 ? r : errno)
+               << " (memory regions or queue pairs still alive?)";
+  }
+}
+
+absl::StatusOr<bool> Device::ProbeWindowBounds() {
+  constexpr size_t kHalf = 4096;
+  if (!supports_windows_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rdma device ", name_, " has no type-2 memory windows"));
+  }
+  std::vector<uint8_t> mem(2 * kHalf, 0x5a), dst(kHalf, 0);
+  ASSIGN_OR_RETURN(std::unique_ptr<MemoryRegion> mr,
+                   RegisterForWindows(mem.data(), mem.size()));
+  ASSIGN_OR_RETURN(std::unique_ptr<MemoryRegion> dst_mr,
+                   Register(dst.data(), dst.size(), /*remote_write=*/false));
+  ASSIGN_OR_RETURN(std::unique_ptr<MemoryWindow> w, AllocateWindow());
+  QueuePairOptions o;
+  o.max_outstanding = 4;
+  o.drain_timeout = absl::Seconds(2);
+  ASSIGN_OR_RETURN(std::unique_ptr<QueuePair> a, QueuePair::Create(this, o));
+  ASSIGN_OR_RETURN(std::unique_ptr<QueuePair> b, QueuePair::Create(this, o));
+  RETURN_IF_ERROR(a->Connect(b->local_info()));
+  RETURN_IF_ERROR(b->Connect(a->local_info()));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  RETURN_IF_ERROR(b->ExecuteWindowOps({{WindowOp::Kind::kBind, w.get(),
+                                        mr.get(), mem.data(), kHalf, false}},
+                                      deadline)[0]);
+  auto read = [&](size_t offset) {
+    OneSidedOp op{OneSidedOp::Kind::kRead, dst.data(), dst_mr->lkey(),
+                  reinterpret_cast<uint64_t>(mem.data() + offset), w->rkey(),
+                  static_cast<uint32_t>(kHalf)};
+    return a->Execute({op}, deadline)[0];
+  };
+  if (absl::Status in = read(0); !in.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "rdma device ", name_,
+        ": a read inside a memory window was refused: ", in.message()));
+  }
+  const absl::Status outside = read(kHalf);
+  // Nothing is in flight after Execute. The window goes first: a window
+  // still bound holds its queue pair on some devices (rxe's destroy then
+  // waits for it).
+  w.reset();
+  a.reset();
+  b.reset();
+  if (outside.ok()) return false;
+  if (absl::IsPermissionDenied(outside)) return true;
+  return absl::Status(outside.code(),
+                      absl::StrCat("rdma device ", name_,
+                                   ": probing memory-window bounds: ",
+                                   outside.message()));
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::RegisterForWindows(
+    void* addr, size_t len) {
+  if (!supports_windows_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rdma device ", name_, " has no type-2 memory windows (max_mw ",
+        max_mw_, ")"));
+  }
+  // Local write: a window granting remote write needs it on its region.
+  return RegisterWithAccess(addr, len,
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, pd_);
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::RegisterWithAccess(
+    void* addr, size_t len, int access, ibv_pd* pd) {
   if (addr == nullptr || len == 0) {
     return absl::InvalidArgumentError(
         "rdma register: null address or zero length");
@@ -405,9 +505,7 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::Register(
         absl::StrCat("rdma register: ", len, " bytes exceed max_mr_size ",
                      max_mr_size_, " of ", name_));
   }
-  int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
-  if (remote_write) access |= IBV_ACCESS_REMOTE_WRITE;
-  ibv_mr* mr = ibv_reg_mr(pd_, addr, len, access);
+  ibv_mr* mr = ibv_reg_mr(pd, addr, len, access);
   if (mr == nullptr) {
     int err = errno;
     return absl::Status(
@@ -417,6 +515,22 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::Register(
             err == ENOMEM ? " (locked-memory limit? see ulimit -l)" : ""));
   }
   return std::unique_ptr<MemoryRegion>(new MemoryRegion(mr, addr, len));
+}
+
+absl::StatusOr<std::unique_ptr<MemoryWindow>> Device::AllocateWindow() {
+  if (!supports_windows_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rdma device ", name_, " has no type-2 memory windows (max_mw ",
+        max_mw_, ")"));
+  }
+  ibv_mw* mw = ibv_alloc_mw(pd_, IBV_MW_TYPE_2);
+  if (mw == nullptr) {
+    int err = errno;
+    return absl::Status(CodeForErrno(err),
+                        absl::StrCat("ibv_alloc_mw(", name_, ", type 2): ",
+                                     ErrnoText(err)));
+  }
+  return std::unique_ptr<MemoryWindow>(new MemoryWindow(mw));
 }
 
 // ---------------------------------------------------------- memory regions
@@ -429,6 +543,16 @@ MemoryRegion::~MemoryRegion() {
 
 uint32_t MemoryRegion::lkey() const { return mr_->lkey; }
 uint32_t MemoryRegion::rkey() const { return mr_->rkey; }
+
+// ---------------------------------------------------------- memory windows
+
+MemoryWindow::~MemoryWindow() {
+  if (int r = ibv_dealloc_mw(mw_); r != 0) {
+    LOG(ERROR) << "ibv_dealloc_mw: " << ErrnoText(r > 0 ? r : errno);
+  }
+}
+
+uint32_t MemoryWindow::rkey() const { return mw_->rkey; }
 
 // ------------------------------------------------------------------ QpInfo
 
@@ -523,7 +647,7 @@ absl::StatusOr<std::unique_ptr<QueuePair>> QueuePair::Create(
   init.cap.max_recv_wr = 1;
   init.cap.max_send_sge = o.max_sge;
   init.cap.max_recv_sge = 1;
-  q->qp_ = ibv_create_qp(device->pd_, &init);
+  q->qp_ = ibv_create_qp(o.pd != nullptr ? o.pd->pd_ : device->pd_, &init);
   if (q->qp_ == nullptr) {
     return VerbsError(CodeForErrno(errno), "ibv_create_qp", 0);
   }
@@ -735,16 +859,9 @@ std::vector<absl::Status> QueuePair::Execute(absl::Span<const OneSidedOp> ops,
   const size_t n = ops.size();
   std::vector<absl::Status> out(n);
   if (n == 0) return out;
-  {
-    MutexLock l(&mu_);
-    if (state_ != State::kConnected) {
-      absl::Status st = absl::FailedPreconditionError(
-          state_ == State::kInit
-              ? std::string("rdma queue pair not connected")
-              : absl::StrCat("rdma queue pair broken: ", broken_reason_));
-      std::fill(out.begin(), out.end(), st);
-      return out;
-    }
+  if (absl::Status st = CheckConnected(); !st.ok()) {
+    std::fill(out.begin(), out.end(), st);
+    return out;
   }
   // Validate everything before posting anything.
   size_t bad_op = n;
@@ -774,6 +891,154 @@ std::vector<absl::Status> QueuePair::Execute(absl::Span<const OneSidedOp> ops,
     return out;
   }
 
+  return Run(
+      n,
+      [&](size_t i, ibv_send_wr* wr, ibv_sge* sg) {
+        const OneSidedOp& op = ops[i];
+        sg->addr = reinterpret_cast<uintptr_t>(op.local);
+        sg->length = op.length;
+        sg->lkey = op.lkey;
+        wr->sg_list = sg;
+        wr->num_sge = 1;
+        wr->opcode = op.kind == OneSidedOp::Kind::kRead ? IBV_WR_RDMA_READ
+                                                        : IBV_WR_RDMA_WRITE;
+        wr->wr.rdma.remote_addr = op.remote_addr;
+        wr->wr.rdma.rkey = op.rkey;
+      },
+      [&](size_t i, int wc_status, uint32_t vendor_err) {
+        return WcStatusToStatus(wc_status, vendor_err, ops[i]);
+      },
+      deadline);
+}
+
+std::vector<absl::Status> QueuePair::ExecuteWindowOps(
+    absl::Span<const WindowOp> ops, absl::Time deadline) {
+  MutexLock el(&exec_mu_);
+  const size_t n = ops.size();
+  std::vector<absl::Status> out(n);
+  if (n == 0) return out;
+  if (absl::Status st = CheckConnected(); !st.ok()) {
+    std::fill(out.begin(), out.end(), st);
+    return out;
+  }
+  // Validate everything before posting anything.
+  size_t bad_op = n;
+  for (size_t i = 0; i < n; ++i) {
+    const WindowOp& op = ops[i];
+    const char* why = nullptr;
+    if (op.window == nullptr || !op.window->usable()) {
+      why = "no window, or a window that is no longer usable";
+    } else if (op.kind == WindowOp::Kind::kInvalidate) {
+      if (!op.window->bound()) why = "the window is not bound";
+    } else if (op.window->bound()) {
+      why = "the window is already bound";
+    } else if (op.region == nullptr || op.length == 0 ||
+               reinterpret_cast<uintptr_t>(op.addr) <
+                   reinterpret_cast<uintptr_t>(op.region->addr()) ||
+               reinterpret_cast<uintptr_t>(op.addr) -
+                       reinterpret_cast<uintptr_t>(op.region->addr()) >
+                   op.region->length() ||
+               op.length > op.region->length() -
+                               (reinterpret_cast<uintptr_t>(op.addr) -
+                                reinterpret_cast<uintptr_t>(
+                                    op.region->addr()))) {
+      why = "the range is empty or not inside the region";
+    }
+    if (why != nullptr) {
+      out[i] = absl::InvalidArgumentError(
+          absl::StrCat("rdma window op ", i, ": ", why));
+      if (bad_op == n) bad_op = i;
+    }
+  }
+  if (bad_op != n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (out[i].ok()) {
+        out[i] = absl::InvalidArgumentError(absl::StrCat(
+            "not posted: op ", bad_op, " of the batch is invalid"));
+      }
+    }
+    return out;
+  }
+  if (absl::Now() >= deadline) {
+    std::fill(
+        out.begin(), out.end(),
+        absl::DeadlineExceededError("rdma: deadline passed before posting"));
+    return out;
+  }
+  // The key each bind gives its window (the current one's low 8 bits
+  // incremented), applied when the bind completes.
+  std::vector<uint32_t> new_rkey(n);
+  for (size_t i = 0; i < n; ++i) {
+    new_rkey[i] = ibv_inc_rkey(ops[i].window->mw_->rkey);
+  }
+  out = Run(
+      n,
+      [&](size_t i, ibv_send_wr* wr, ibv_sge*) {
+        const WindowOp& op = ops[i];
+        wr->num_sge = 0;
+        if (op.kind == WindowOp::Kind::kInvalidate) {
+          wr->opcode = IBV_WR_LOCAL_INV;
+          wr->invalidate_rkey = op.window->mw_->rkey;
+          return;
+        }
+        wr->opcode = IBV_WR_BIND_MW;
+        wr->bind_mw.mw = op.window->mw_;
+        wr->bind_mw.rkey = new_rkey[i];
+        wr->bind_mw.bind_info.mr = op.region->mr_;
+        wr->bind_mw.bind_info.addr = reinterpret_cast<uintptr_t>(op.addr);
+        wr->bind_mw.bind_info.length = op.length;
+        wr->bind_mw.bind_info.mw_access_flags =
+            op.remote_write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
+      },
+      [&](size_t i, int wc_status, uint32_t vendor_err) {
+        const WindowOp& op = ops[i];
+        std::string msg = absl::StrCat(
+            "rdma ",
+            op.kind == WindowOp::Kind::kBind ? "memory window bind"
+                                             : "memory window invalidation",
+            " (rkey 0x", absl::Hex(op.window->mw_->rkey), "): ",
+            ibv_wc_status_str(static_cast<ibv_wc_status>(wc_status)),
+            " (vendor_err 0x", absl::Hex(vendor_err), ")");
+        switch (static_cast<ibv_wc_status>(wc_status)) {
+          case IBV_WC_MW_BIND_ERR:
+          case IBV_WC_LOC_PROT_ERR:
+          case IBV_WC_LOC_ACCESS_ERR:
+            return absl::PermissionDeniedError(msg);
+          default:
+            return absl::UnavailableError(msg);
+        }
+      },
+      deadline);
+  for (size_t i = 0; i < n; ++i) {
+    MemoryWindow* w = ops[i].window;
+    if (!out[i].ok()) {
+      w->usable_ = false;
+    } else if (ops[i].kind == WindowOp::Kind::kBind) {
+      // The provider does not track a type-2 window's key; the next bind
+      // and invalidation name it by the key of this one.
+      w->mw_->rkey = new_rkey[i];
+      w->bound_ = true;
+    } else {
+      w->bound_ = false;
+    }
+  }
+  return out;
+}
+
+absl::Status QueuePair::CheckConnected() const {
+  MutexLock l(&mu_);
+  if (state_ == State::kConnected) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      state_ == State::kInit
+          ? std::string("rdma queue pair not connected")
+          : absl::StrCat("rdma queue pair broken: ", broken_reason_));
+}
+
+std::vector<absl::Status> QueuePair::Run(
+    size_t n, absl::FunctionRef<void(size_t, ibv_send_wr*, ibv_sge*)> fill,
+    absl::FunctionRef<absl::Status(size_t, int, uint32_t)> error,
+    absl::Time deadline) {
+  std::vector<absl::Status> out(n);
   const uint64_t max_out = options_.max_outstanding;
   const size_t chunk_cap = std::min<size_t>(n, max_out);
   std::vector<ibv_send_wr> wrs(chunk_cap);
@@ -826,25 +1091,16 @@ std::vector<absl::Status> QueuePair::Execute(absl::Span<const OneSidedOp> ops,
     }
     const size_t cnt = std::min(room, n - posted);
     for (size_t j = 0; j < cnt; ++j) {
-      const OneSidedOp& op = ops[posted + j];
       const uint64_t seq = base + posted + j;
-      ibv_sge& sg = sges[j];
-      sg.addr = reinterpret_cast<uintptr_t>(op.local);
-      sg.length = op.length;
-      sg.lkey = op.lkey;
       ibv_send_wr& wr = wrs[j];
       std::memset(&wr, 0, sizeof(wr));
+      std::memset(&sges[j], 0, sizeof(sges[j]));
+      fill(posted + j, &wr, &sges[j]);
       wr.wr_id = seq;
       wr.next = j + 1 < cnt ? &wrs[j + 1] : nullptr;
-      wr.sg_list = &sg;
-      wr.num_sge = 1;
-      wr.opcode = op.kind == OneSidedOp::Kind::kRead ? IBV_WR_RDMA_READ
-                                                     : IBV_WR_RDMA_WRITE;
       if (j + 1 == cnt || seq % signal_interval_ == 0) {
         wr.send_flags = IBV_SEND_SIGNALED;
       }
-      wr.wr.rdma.remote_addr = op.remote_addr;
-      wr.wr.rdma.rkey = op.rkey;
     }
     {
       MutexLock l(&mu_);
@@ -876,7 +1132,7 @@ std::vector<absl::Status> QueuePair::Execute(absl::Span<const OneSidedOp> ops,
       continue;  // OK
     }
     if (i < posted && error_seq_ == seq && !(flush_only && timed_out)) {
-      out[i] = WcStatusToStatus(error_wc_status_, error_vendor_err_, ops[i]);
+      out[i] = error(i, error_wc_status_, error_vendor_err_);
     } else if (timed_out) {
       out[i] = absl::DeadlineExceededError(
           absl::StrCat("rdma op ", i, " not completed by the deadline"));

@@ -16,6 +16,19 @@
 //   RETURN_IF_ERROR(qp->Connect(peer_info));
 //   std::vector<absl::Status> st = qp->Execute(ops, absl::Now() + timeout);
 //
+// Memory windows (type 2): a range registered with RegisterForWindows has no
+// remote access of its own; a MemoryWindow bound over part of it on one
+// queue pair (ExecuteWindowOps, kBind) gives that queue pair's peer READ or
+// WRITE access to exactly that part under the window's own rkey, until the
+// window is invalidated (kInvalidate) or destroyed:
+//
+//   ASSIGN_OR_RETURN(auto mr, dev->RegisterForWindows(buf, len));
+//   ASSIGN_OR_RETURN(auto mw, dev->AllocateWindow());
+//   qp->ExecuteWindowOps({{WindowOp::Kind::kBind, mw.get(), mr.get(), p, n,
+//                          /*remote_write=*/false}}, deadline);
+//   ... send mw->rkey() to the peer; it READs [p, p + n) ...
+//   qp->ExecuteWindowOps({{WindowOp::Kind::kInvalidate, mw.get()}}, deadline);
+//
 // Threading: each Device runs one named thread, "rdma-poll", that sleeps on
 // the device's completion channel and its asynchronous-event fd. Every
 // QueuePair has its own completion queue bound to that channel; the poller
@@ -41,6 +54,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -52,9 +66,12 @@
 struct ibv_context;
 struct ibv_pd;
 struct ibv_mr;
+struct ibv_mw;
 struct ibv_cq;
 struct ibv_qp;
 struct ibv_comp_channel;
+struct ibv_send_wr;
+struct ibv_sge;
 
 namespace hymcache::rdma {
 
@@ -79,6 +96,8 @@ struct DeviceOptions {
 };
 
 class MemoryRegion;
+class MemoryWindow;
+class ProtectionDomain;
 class QueuePair;
 
 // An opened RDMA device: verbs context, one protection domain, and the
@@ -101,14 +120,41 @@ class Device {
   Device& operator=(const Device&) = delete;
 
   // Registers [addr, addr + len) for local access and for remote RDMA READ,
-  // and, if `remote_write`, remote RDMA WRITE. The memory is pinned until the
+  // and, if `remote_write`, remote RDMA WRITE, in the device's protection
+  // domain or in `pd` (then only queue pairs of `pd` can use it). The memory is pinned until the
   // MemoryRegion is destroyed; the caller keeps ownership of it and must keep
   // it mapped that long.
   // Errors: InvalidArgument (null addr, len 0 or above max_mr_size());
   // ResourceExhausted / Internal when the kernel refuses (ENOMEM: locked
   // memory limit, see `ulimit -l`), with errno text.
-  absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* addr, size_t len,
-                                                         bool remote_write);
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(
+      void* addr, size_t len, bool remote_write,
+      ProtectionDomain* pd = nullptr);
+  // As Register, but a peer may only WRITE the range (no remote READ).
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterWriteOnly(
+      void* addr, size_t len, ProtectionDomain* pd = nullptr);
+  // Registers [addr, addr + len) for local access and for binding memory
+  // windows only: its own rkey gives a peer no access at all; windows bound
+  // over parts of it do (QueuePair::ExecuteWindowOps).
+  // Errors: FailedPrecondition when !supports_windows(); else as Register.
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterForWindows(void* addr,
+                                                                   size_t len);
+  // Allocates an unbound type-2 memory window.
+  // Errors: FailedPrecondition when !supports_windows(); ResourceExhausted /
+  // Internal when the device refuses (more than max_mw() windows), with
+  // errno text.
+  absl::StatusOr<std::unique_ptr<MemoryWindow>> AllocateWindow();
+  // Whether a window confines its peer to the window's range, as the IB
+  // specification requires, or only to its region: binds a read window over
+  // the first 4 KiB of an 8 KiB scratch region on a loopback queue pair and
+  // reads the second 4 KiB through it. Soft-RoCE (rxe, Linux 6.1) checks a
+  // window's key, queue pair, access and validity but only its region's
+  // range: false there. Takes a few milliseconds.
+  // Errors: FailedPrecondition when !supports_windows(); the verbs errors
+  // of setting up the loopback pair, or a read inside the window refused.
+  absl::StatusOr<bool> ProbeWindowBounds();
+  // A protection domain of its own (see ProtectionDomain).
+  absl::StatusOr<std::unique_ptr<ProtectionDomain>> AllocateProtectionDomain();
 
   // Device name, e.g. "rxe0".
   const std::string& name() const { return name_; }
@@ -121,10 +167,17 @@ class Device {
   int gid_index() const { return gid_index_; }
   // Active path MTU of the port in bytes (256..4096).
   uint32_t active_mtu() const { return active_mtu_; }
+  // Memory windows the device allows at once (0: none).
+  int max_mw() const { return max_mw_; }
+  // Whether the device has type-2 memory windows (max_mw() > 0 and the
+  // MEM_WINDOW_TYPE_2A or _2B capability).
+  bool supports_windows() const { return supports_windows_; }
 
  private:
   friend class QueuePair;
   Device() = default;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterWithAccess(
+      void* addr, size_t len, int access, ibv_pd* pd);
   void PollLoop();
   void HandleCqEvents();
   void HandleAsyncEvents();
@@ -146,6 +199,8 @@ class Device {
   int max_sge_ = 0;
   int max_qp_rd_atom_ = 0;
   int max_qp_init_rd_atom_ = 0;
+  int max_mw_ = 0;
+  bool supports_windows_ = false;
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* channel_ = nullptr;
@@ -157,6 +212,24 @@ class Device {
   // by the poller.
   Mutex mu_;
   std::set<QueuePair*> qps_ ABSL_GUARDED_BY(mu_);
+};
+
+// A protection domain besides the device's own: memory registered in it is
+// reachable only through queue pairs created in it (QueuePairOptions::pd),
+// e.g. one per client connection. Deallocated on destruction.
+// REQUIRES: destroyed after every MemoryRegion and QueuePair created in it,
+// and before its Device.
+class ProtectionDomain {
+ public:
+  ~ProtectionDomain();
+  ProtectionDomain(const ProtectionDomain&) = delete;
+  ProtectionDomain& operator=(const ProtectionDomain&) = delete;
+
+ private:
+  friend class Device;
+  friend class QueuePair;
+  explicit ProtectionDomain(ibv_pd* pd) : pd_(pd) {}
+  ibv_pd* const pd_;
 };
 
 // A registered memory range. Deregisters on destruction.
@@ -179,9 +252,42 @@ class MemoryRegion {
   MemoryRegion(ibv_mr* mr, void* addr, size_t length)
       : mr_(mr), addr_(addr), length_(length) {}
 
+  friend class QueuePair;
   ibv_mr* const mr_;
   void* const addr_;
   const size_t length_;
+};
+
+// A type-2 memory window: while bound (QueuePair::ExecuteWindowOps) it gives
+// the peer of the queue pair it was bound on access to one range of a
+// region registered with RegisterForWindows, under rkey(). Each bind gives
+// it a new rkey (the key's low 8 bits change), so a key of an earlier
+// binding does not work on a later one. Deallocated on destruction, which
+// also invalidates it.
+// REQUIRES: destroyed before its Device.
+// Thread safety: not safe for concurrent use; used by one owner at a time.
+class MemoryWindow {
+ public:
+  ~MemoryWindow();
+  MemoryWindow(const MemoryWindow&) = delete;
+  MemoryWindow& operator=(const MemoryWindow&) = delete;
+
+  // The key of the current (or, when unbound, of the last) binding.
+  uint32_t rkey() const;
+  // True between a successful kBind and the next kInvalidate.
+  bool bound() const { return bound_; }
+  // False after a bind or invalidation of this window failed: its state on
+  // the device is then unknown, and the owner destroys it.
+  bool usable() const { return usable_; }
+
+ private:
+  friend class Device;
+  friend class QueuePair;
+  explicit MemoryWindow(ibv_mw* mw) : mw_(mw) {}
+
+  ibv_mw* const mw_;
+  bool bound_ = false;
+  bool usable_ = true;
 };
 
 // What a peer needs to connect its queue pair to ours. Exchanged out of band.
@@ -218,7 +324,26 @@ struct OneSidedOp {
   uint32_t length = 0;
 };
 
+// A memory-window operation on a queue pair (QueuePair::ExecuteWindowOps).
+// kBind binds `window` (unbound, usable) over [addr, addr + length) of
+// `region` (registered with RegisterForWindows; the range inside it; length
+// >= 1), giving the queue pair's peer RDMA READ access, or with
+// `remote_write` RDMA WRITE access (and no READ). kInvalidate ends the
+// binding of `window` (bound): its rkey no longer works, on completion.
+struct WindowOp {
+  enum class Kind { kBind, kInvalidate };
+  Kind kind = Kind::kBind;
+  MemoryWindow* window = nullptr;
+  const MemoryRegion* region = nullptr;
+  const void* addr = nullptr;
+  uint64_t length = 0;
+  bool remote_write = false;
+};
+
 struct QueuePairOptions {
+  // Protection domain of the queue pair; nullptr: the device's. Not owned;
+  // must outlive the queue pair. Default: nullptr.
+  ProtectionDomain* pd = nullptr;
   // Most work requests in flight at once; Execute posts more as earlier ones
   // complete. Clamped to the device's limit. Default: 128.
   int max_outstanding = 128;
@@ -295,6 +420,16 @@ class QueuePair {
   std::vector<absl::Status> Execute(absl::Span<const OneSidedOp> ops,
                                     absl::Time deadline);
 
+  // Posts memory-window binds and invalidations (work requests on this
+  // queue pair's send queue) and waits for them as Execute does, with the
+  // same per-op statuses (a malformed op: InvalidArgument, nothing posted;
+  // a bind the device refuses: PermissionDenied, and the queue pair is
+  // broken). On OK a bound window has its new rkey and bound() is true; an
+  // invalidated one is unbound. A window whose op did not complete OK is
+  // no longer usable(): destroy it (that invalidates it).
+  std::vector<absl::Status> ExecuteWindowOps(absl::Span<const WindowOp> ops,
+                                             absl::Time deadline);
+
   // True after a successful Connect until the queue pair breaks (an Execute
   // failure, or a fatal asynchronous event from the device).
   bool healthy() const;
@@ -311,6 +446,16 @@ class QueuePair {
   // completion; destroys the QP if that takes longer than drain_timeout.
   void BreakAndDrain(absl::string_view why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Posts `n` work requests built by `fill` (chained, at most
+  // max_outstanding in flight) and waits; the status of a failed one comes
+  // from `error`. The body of Execute and ExecuteWindowOps.
+  // REQUIRES: connected; the ops validated.
+  std::vector<absl::Status> Run(
+      size_t n, absl::FunctionRef<void(size_t, ibv_send_wr*, ibv_sge*)> fill,
+      absl::FunctionRef<absl::Status(size_t, int, uint32_t)> error,
+      absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
+  // FailedPrecondition unless connected.
+  absl::Status CheckConnected() const ABSL_LOCKS_EXCLUDED(mu_);
   // Unregisters from the device and destroys the QP and CQ. Idempotent.
   void Destroy() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -161,13 +161,14 @@ uint64_t DecodeSession(const uint8_t in[kSessionBytes]) { return Load64(in); }
 
 void EncodeAreaRef(const AreaRef& r, uint8_t out[kAreaRefBytes]) {
   Store32(out, r.area);
-  Store32(out + 4, 0);
+  Store32(out + 4, r.rkey);
   Store64(out + 8, r.offset);
 }
 
 AreaRef DecodeAreaRef(const uint8_t in[kAreaRefBytes]) {
   AreaRef r;
   r.area = Load32(in);
+  r.rkey = Load32(in + 4);
   r.offset = Load64(in + 8);
   return r;
 }

@@ -67,9 +67,17 @@
 //                     queue when the session hinted it) and holds it for this
 //                     connection until it is released.
 //   kAcquireResponse  the ops with a status each; payload = one AreaRef (16
-//                     bytes: u32 area, u32 0, u64 offset) per op, zero for
+//                     bytes: u32 area, u32 rkey, u64 offset) per op, zero for
 //                     failed ops. As for session reads, a suffix may be
 //                     ABORTED (not staged yet; the first op never is).
+//                     rkey: on a connection with an RDMA queue pair, the key
+//                     that reaches exactly this object, READ only, from this
+//                     queue pair (a memory window bound for it, or a
+//                     registration of its range; on a node that trusts its
+//                     clients, the area's key); valid until the object's
+//                     release or the connection's end. 0 without a queue
+//                     pair (shared memory). Nodes before this field sent 0
+//                     (clients then use the area's published key).
 //   kReleaseRequest   (above) with the acquired ops: ends their holds; per op
 //                     OK when the hold lasted until now (the bytes read were
 //                     the object's), NotFound otherwise.
@@ -78,7 +86,8 @@
 //                     connection; refused at once with ResourceExhausted when
 //                     a hybrid write buffer is full).
 //   kWriteBeginResponse the ops with a status each; payload = one AreaRef per
-//                     op.
+//                     op; its rkey (RDMA) reaches exactly the reserved
+//                     destination, WRITE only, until its commit or abort.
 //   kWriteCommitRequest ops = begun writes; an op's status field is 0 to
 //                     commit it, non-zero to abort it. Payload empty.
 //   kWriteCommitResponse the ops with a status each; payload empty.
@@ -147,6 +156,8 @@ enum class FrameType : uint8_t {
 inline constexpr size_t kAreaRefBytes = 16;
 struct AreaRef {
   uint32_t area = 0;
+  // RDMA key of exactly this object's range (see kAcquireResponse); 0: none.
+  uint32_t rkey = 0;
   uint64_t offset = 0;
 };
 void EncodeAreaRef(const AreaRef& r, uint8_t out[kAreaRefBytes]);

@@ -134,10 +134,12 @@ TEST_CASE("hostile headers are rejected before anything is allocated") {
     CHECK(DecodeHeader(Header(h).data()).ok());
     CHECK_FALSE(CarriesCapabilities(h.type));
     uint8_t b[kAreaRefBytes];
-    EncodeAreaRef({7, 0x1122334455ull}, b);
+    EncodeAreaRef({7, 0xA1B2C3D4u, 0x1122334455ull}, b);
     AreaRef r = DecodeAreaRef(b);
     CHECK(r.area == 7);
+    CHECK(r.rkey == 0xA1B2C3D4u);
     CHECK(r.offset == 0x1122334455ull);
+    CHECK(b[4] == 0xD4);  // the rkey's bytes sit where version 2 had zeros
   }
   SECTION("session ids round-trip") {
     uint8_t b[kSessionBytes];

@@ -120,6 +120,12 @@ DEFINE_int32(capability_skew_ms, 30000,
 DEFINE_string(rdma, "auto",
               "RDMA data plane: off, auto (if a device exists) or on.");
 DEFINE_string(rdma_device, "", "RDMA device name (default: the first).");
+DEFINE_bool(rdma_trusted_clients, false,
+            "On an RDMA device without memory windows that confine a client "
+            "to one object (e.g. Soft-RoCE), publish whole-area keys instead "
+            "of registering each object per connection: faster, but any "
+            "client with a queue pair can read and overwrite all of this "
+            "node's exposed memory. Trusted clients only.");
 DEFINE_string(max_region_bytes, "0",
               "DRAM device: most bytes per region / RDMA registration (0: "
               "the RDMA device's limit, or one region).");
@@ -200,9 +206,9 @@ int main(int argc, char** argv) {
              {"prefetch_window_bytes", "prefetch_session_timeout_ms"}},
             {"Data planes",
              {"shm", "shm_allowed_uids", "shm_allowed_gids", "rdma",
-              "rdma_device", "max_connections", "max_connections_per_peer",
-              "data_worker_threads", "max_requests_per_peer",
-              "data_send_buffer_bytes", "io_timeout_ms", "idle_timeout_ms",
+              "rdma_device", "rdma_trusted_clients", "max_connections",
+              "max_connections_per_peer", "data_worker_threads",
+              "max_requests_per_peer", "data_send_buffer_bytes", "io_timeout_ms", "idle_timeout_ms",
               "drain_timeout_ms"}},
             {"Security (docs/security.md)",
              {"auth_tokens_file", "insecure", "token_file", "node_key_file",
@@ -315,6 +321,7 @@ int main(int argc, char** argv) {
   options.shared_huge_pages = FLAGS_shared_huge_pages;
   options.rdma = FLAGS_rdma;
   options.rdma_device = FLAGS_rdma_device;
+  options.rdma_trusted_clients = FLAGS_rdma_trusted_clients;
   if (!hymcache::ParseBytes(FLAGS_max_region_bytes, &options.max_region_bytes)) {
     std::cerr << "hymcache-storage: bad --max_region_bytes\n";
     return 2;

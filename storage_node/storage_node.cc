@@ -596,8 +596,9 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
                               &node->lru_tier_));
   if (rdma_device != nullptr) {
     absl::StatusOr<std::unique_ptr<storage::RdmaPlane>> plane =
-        storage::RdmaPlane::Create(std::move(rdma_device),
-                                   node->device_->Areas());
+        storage::RdmaPlane::Create(
+            std::move(rdma_device), node->device_->Areas(),
+            storage::RdmaPlaneOptions{options.rdma_trusted_clients});
     if (plane.ok()) {
       node->rdma_ = std::move(*plane);
       for (auto& [k, v] : node->rdma_->TransportParams()) {

@@ -196,6 +196,14 @@ struct StorageNodeOptions {
   std::string rdma = "auto";
   // RDMA device name ("" = the first). Default: ""
   std::string rdma_device;
+  // On an RDMA device without type-2 memory windows that confine their
+  // peer to their range (Soft-RoCE's do not): false registers each object
+  // a client acquires or writes, for that client's queue pair alone; true
+  // publishes whole-area keys instead (faster, but every client with a queue
+  // pair can read and overwrite all of the node's exposed memory: trusted
+  // clients only). Devices with such windows always grant per object
+  // (storage_node/rdma_plane.h). Default: false
+  bool rdma_trusted_clients = false;
   // DRAM device: most bytes per region (and so per RDMA registration); 0 =
   // the device's registration limit when RDMA is on, else one region.
   // Default: 0
@@ -332,6 +340,9 @@ class StorageNode {
   // measuring what checking them costs). Never set outside tests and
   // benchmarks.
   void SetSkipCapabilityChecksForTest(bool skip);
+  // The RDMA data plane, or nullptr (tests and benchmarks: its
+  // SetAccessForTest).
+  storage::RdmaPlane* rdma_plane_for_test() { return rdma_.get(); }
 
  private:
   struct MasterClient;

@@ -89,7 +89,11 @@ struct DataServer::ConnState {
   std::map<ExtentKey, WriteHold, KeyLess> writes;
   // Session for acquires that name none (0 until first needed).
   uint64_t own_session = 0;
-  std::shared_ptr<void> rdma_qp;
+  // The RDMA queue pair, and the key of each hold's grant on it (every
+  // hold of `reads` and `writes` has one while `rdma` is set).
+  std::unique_ptr<RdmaConnection> rdma;
+  std::map<ExtentKey, uint32_t, KeyLess> read_keys;
+  std::map<ExtentKey, uint32_t, KeyLess> write_keys;
 };
 
 namespace {
@@ -124,6 +128,22 @@ absl::Status CheckNotHeld(const Writes& writes, const Reads& reads,
         "on this connection (commit or release it first)");
   }
   return absl::OkStatus();
+}
+
+// Ends the RDMA grants of `held` (keys of `grants`; `rdma` may be null: no
+// queue pair, no grants) and forgets them.
+void RevokeHolds(RdmaConnection* rdma,
+                 std::map<ExtentKey, uint32_t, KeyLess>* grants,
+                 absl::Span<const ExtentKey> held, absl::Time deadline) {
+  if (rdma == nullptr || held.empty()) return;
+  std::vector<uint32_t> keys;
+  for (const ExtentKey& k : held) {
+    auto it = grants->find(k);
+    if (it == grants->end()) continue;
+    keys.push_back(it->second);
+    grants->erase(it);
+  }
+  rdma->Revoke(keys, deadline);
 }
 
 }  // namespace
@@ -854,22 +874,27 @@ bool DataServer::HandleSession(int fd, const wire::FrameHeader& h,
   // are dropped from the session's prefetch queue.
   std::vector<ExtentKey> keys;
   std::vector<size_t> index;
+  std::vector<ExtentKey> held;
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i].status != 0) {  // refused (capability)
       st[i] = absl::Status(wire::FromWireCode(ops[i].status), "refused");
       continue;
     }
     const ExtentKey k = KeyOf(ops[i]);
-    if (!prefetch) {
-      auto it = cs->reads.find(k);
-      if (it != cs->reads.end()) {
-        cs->reads.erase(it);  // releases the object
-        continue;
-      }
+    if (!prefetch && cs->reads.count(k) != 0 &&
+        std::find_if(held.begin(), held.end(), [&](const ExtentKey& h) {
+          return !KeyLess()(h, k) && !KeyLess()(k, h);
+        }) == held.end()) {
+      held.push_back(k);  // a repeated op goes on: NotFound, as before
+      continue;
     }
     keys.push_back(k);
     index.push_back(i);
   }
+  // The peer's access to the held objects ends before the holds do (then
+  // their space may be reused).
+  RevokeHolds(cs->rdma.get(), &cs->read_keys, held, deadline);
+  for (const ExtentKey& k : held) cs->reads.erase(k);  // releases the object
   if (!keys.empty() || (!prefetch && ops.empty())) {
     std::vector<absl::Status> r;
     if (options_.kv == nullptr) {
@@ -936,6 +961,10 @@ bool DataServer::HandleAcquire(int fd, const wire::FrameHeader& h,
       session = cs->own_session;
     }
     bool holding = false;
+    // RDMA: the objects newly held, whose ranges this queue pair's peer is
+    // granted once the loop is done (one batch of window binds).
+    std::vector<RdmaConnection::Range> grant;
+    std::vector<size_t> granted;
     for (size_t i = 0; i < ops.size(); ++i) {
       wire::OpDesc& op = ops[i];
       if (op.status != 0) continue;  // refused (capability)
@@ -944,7 +973,11 @@ bool DataServer::HandleAcquire(int fd, const wire::FrameHeader& h,
       if (held != cs->reads.end()) {
         // Acquired again on this connection: the same hold.
         auto loc = LocateInAreas(areas_, held->second.data(), op.length);
-        refs[i] = {loc->first, loc->second};
+        refs[i].area = loc->first;
+        refs[i].offset = loc->second;
+        if (auto k = cs->read_keys.find(key); k != cs->read_keys.end()) {
+          refs[i].rkey = k->second;
+        }
         holding = true;
         continue;
       }
@@ -982,13 +1015,35 @@ bool DataServer::HandleAcquire(int fd, const wire::FrameHeader& h,
         Add(counters_.rejected_ops, 1);
         continue;  // `r` releases
       }
-      refs[i] = {loc->first, loc->second};
+      refs[i].area = loc->first;
+      refs[i].offset = loc->second;
+      if (cs->rdma != nullptr) {
+        grant.push_back({r->data(), op.length, /*write=*/false});
+        granted.push_back(i);
+      }
       cs->reads.emplace(key, std::move(*r));
       holding = true;
       Add(counters_.direct_acquired_ops, 1);
-      Add(cs->rdma_qp != nullptr ? counters_.rdma_bytes_read
+      Add(cs->rdma != nullptr ? counters_.rdma_bytes_read
                                  : counters_.shm_bytes_read,
           op.length);
+    }
+    if (!grant.empty()) {
+      std::vector<absl::StatusOr<uint32_t>> keys =
+          cs->rdma->Grant(grant, deadline);
+      for (size_t k = 0; k < granted.size(); ++k) {
+        wire::OpDesc& op = ops[granted[k]];
+        if (keys[k].ok()) {
+          refs[granted[k]].rkey = *keys[k];
+          cs->read_keys[KeyOf(op)] = *keys[k];
+          continue;
+        }
+        // Not reachable: not held either.
+        op.status = WireStatus(keys[k].status());
+        refs[granted[k]] = {};
+        cs->reads.erase(KeyOf(op));
+        Add(counters_.rejected_ops, 1);
+      }
     }
   }
   absl::Status s = SendWithAreaRefs(fd, wire::FrameType::kAcquireResponse,
@@ -1005,6 +1060,8 @@ bool DataServer::HandleWriteBegin(int fd, const wire::FrameHeader& h,
                                   absl::Time deadline, ConnState* cs) {
   MemoryDevice* device = options_.device;
   std::vector<wire::AreaRef> refs(ops.size());
+  std::vector<RdmaConnection::Range> grant;
+  std::vector<size_t> granted;
   for (size_t i = 0; i < ops.size(); ++i) {
     wire::OpDesc& op = ops[i];
     if (op.status != 0) continue;  // refused (capability)
@@ -1029,7 +1086,8 @@ bool DataServer::HandleWriteBegin(int fd, const wire::FrameHeader& h,
         auto loc = LocateInAreas(areas_, v->data, op.length);
         if (loc.ok()) {
           view = *v;
-          refs[i] = {loc->first, loc->second};
+          refs[i].area = loc->first;
+          refs[i].offset = loc->second;
         } else {
           device->AbortWrite(*v);
           st = absl::UnimplementedError(
@@ -1046,7 +1104,32 @@ bool DataServer::HandleWriteBegin(int fd, const wire::FrameHeader& h,
       Add(counters_.rejected_ops, 1);
       continue;  // `ticket` aborts
     }
+    if (cs->rdma != nullptr) {
+      grant.push_back({view.data, op.length, /*write=*/true});
+      granted.push_back(i);
+    }
     cs->writes.emplace(key, ConnState::WriteHold{std::move(*ticket), view});
+  }
+  if (!grant.empty()) {
+    // Each reserved destination is opened, for writing only, to this queue
+    // pair's peer; one that cannot be is aborted.
+    std::vector<absl::StatusOr<uint32_t>> keys =
+        cs->rdma->Grant(grant, deadline);
+    for (size_t k = 0; k < granted.size(); ++k) {
+      wire::OpDesc& op = ops[granted[k]];
+      if (keys[k].ok()) {
+        refs[granted[k]].rkey = *keys[k];
+        cs->write_keys[KeyOf(op)] = *keys[k];
+        continue;
+      }
+      auto it = cs->writes.find(KeyOf(op));
+      device->AbortWrite(it->second.view);
+      it->second.ticket.Abort();
+      cs->writes.erase(it);
+      op.status = WireStatus(keys[k].status());
+      refs[granted[k]] = {};
+      Add(counters_.rejected_ops, 1);
+    }
   }
   absl::Status s = SendWithAreaRefs(fd, wire::FrameType::kWriteBeginResponse,
                                     h.request_id, ops, refs, deadline);
@@ -1061,6 +1144,13 @@ bool DataServer::HandleWriteCommit(int fd, const wire::FrameHeader& h,
                                    std::vector<wire::OpDesc>& ops,
                                    absl::Time deadline, ConnState* cs) {
   MemoryDevice* device = options_.device;
+  {
+    // The peer's write access ends before the bytes are committed (or the
+    // space given back): nothing changes a committed object.
+    std::vector<ExtentKey> held;
+    for (const wire::OpDesc& op : ops) held.push_back(KeyOf(op));
+    RevokeHolds(cs->rdma.get(), &cs->write_keys, held, deadline);
+  }
   for (wire::OpDesc& op : ops) {
     const bool commit = op.status == 0;
     auto it = cs->writes.find(KeyOf(op));
@@ -1089,7 +1179,7 @@ bool DataServer::HandleWriteCommit(int fd, const wire::FrameHeader& h,
       Add(counters_.direct_write_ops, 1);
       Add(counters_.write_ops, 1);
       Add(counters_.bytes_written, op.length);
-      Add(cs->rdma_qp != nullptr ? counters_.rdma_bytes_written
+      Add(cs->rdma != nullptr ? counters_.rdma_bytes_written
                                  : counters_.shm_bytes_written,
           op.length);
     } else if (commit) {
@@ -1131,7 +1221,7 @@ bool DataServer::HandleRdmaConnect(int fd, const wire::FrameHeader& h,
               absl::UnimplementedError("storage node: RDMA is not enabled"));
     return false;
   }
-  if (cs->rdma_qp != nullptr) {
+  if (cs->rdma != nullptr) {
     SendError(fd, h.request_id,
               absl::FailedPreconditionError(
                   "data plane: this connection already has a queue pair"));
@@ -1142,7 +1232,7 @@ bool DataServer::HandleRdmaConnect(int fd, const wire::FrameHeader& h,
     SendError(fd, h.request_id, accepted.status());
     return false;
   }
-  cs->rdma_qp = std::move(accepted->first);
+  cs->rdma = std::move(accepted->first);
   const std::string& mine = accepted->second;
   Add(counters_.rdma_connections, 1);
   wire::FrameHeader r;
@@ -1162,6 +1252,11 @@ bool DataServer::HandleRdmaConnect(int fd, const wire::FrameHeader& h,
 }
 
 void DataServer::EndConnState(ConnState* cs) {
+  // The queue pair's grants end (and the queue pair with them) before the
+  // holds do.
+  cs->rdma.reset();
+  cs->read_keys.clear();
+  cs->write_keys.clear();
   for (auto& [key, hold] : cs->writes) {
     options_.device->AbortWrite(hold.view);
     hold.ticket.Abort();
@@ -1171,7 +1266,6 @@ void DataServer::EndConnState(ConnState* cs) {
   if (cs->own_session != 0 && options_.kv != nullptr) {
     options_.kv->Release(cs->own_session, {});
   }
-  cs->rdma_qp.reset();
 }
 
 bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,

@@ -52,6 +52,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/capability.h"
 #include "common/mutex.h"
 #include "common/net.h"
@@ -64,17 +65,46 @@
 
 namespace hymcache::storage {
 
+// One client's RDMA queue pair as the data server sees it: what the peer
+// may reach of the node's memory. The node's memory has no remote access of
+// its own (except on a node that trusts its clients with whole areas,
+// RdmaPlane); each granted acquire or write reservation opens exactly its
+// object's range to this queue pair's peer, and its release, commit, abort
+// or the connection's end closes it again before the range can be reused.
+class RdmaConnection {
+ public:
+  struct Range {
+    const void* data = nullptr;
+    uint64_t length = 0;
+    // RDMA WRITE access (a write reservation); else READ (an acquire).
+    bool write = false;
+  };
+  // Ends every grant still open (Revoke), then the queue pair.
+  virtual ~RdmaConnection() = default;
+  // Opens each range to the peer (READ, or WRITE if `write`, nothing else)
+  // and returns the key the peer addresses it with (RDMA rkey), or why not
+  // (ResourceExhausted: out of windows or registrations; the queue pair's
+  // errors). A range must lie inside one exposed memory area.
+  virtual std::vector<absl::StatusOr<uint32_t>> Grant(
+      absl::Span<const Range> ranges, absl::Time deadline) = 0;
+  // Closes the grants of `keys` (each returned by Grant and not revoked
+  // since). When Revoke returns, the peer can no longer reach their memory
+  // (a grant that cannot be closed in order is destroyed, which closes it
+  // too). Never fails.
+  virtual void Revoke(absl::Span<const uint32_t> keys, absl::Time deadline) = 0;
+};
+
 // Accepts RDMA connections for the data server (kRdmaConnectRequest): makes
 // a queue pair connected to the client's and returns it, with the local
 // queue-pair description to send back. Implemented by the storage node over
-// the verbs layer; the data server knows nothing of verbs.
+// the verbs layer (RdmaPlane); the data server knows nothing of verbs.
 class RdmaAcceptor {
  public:
   virtual ~RdmaAcceptor() = default;
-  // The first member keeps the queue pair alive; it is dropped when the TCP
-  // connection that asked for it closes.
-  virtual absl::StatusOr<std::pair<std::shared_ptr<void>, std::string>> Accept(
-      std::string_view client_info) = 0;
+  // The connection lives as long as the TCP connection that asked for it.
+  virtual absl::StatusOr<
+      std::pair<std::unique_ptr<RdmaConnection>, std::string>>
+  Accept(std::string_view client_info) = 0;
 };
 
 struct DataServerOptions {

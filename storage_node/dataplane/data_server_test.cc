@@ -11,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/mutex.h"
 #include "common/net.h"
 #include "common/test_capabilities.h"
 #include "common/thread.h"
@@ -1116,6 +1117,254 @@ TEST_CASE("a write over this connection's own holds is refused at once") {
   auto committed = ReadReply(s.fd());
   REQUIRE(committed.ok());
   CHECK(committed->ops[0].status == 0);
+}
+
+}  // namespace
+}  // namespace hymcache::storage
+
+namespace hymcache::storage {
+namespace {
+
+// RDMA without hardware: a fake queue pair that records what the server
+// grants and revokes, and checks at each revocation that the hold it
+// protects has not ended yet (the range cannot have been reused).
+struct GrantLog {
+  Mutex mu;
+  struct Grant {
+    uintptr_t data;
+    uint64_t length;
+    bool write;
+  };
+  std::map<uint32_t, Grant> open ABSL_GUARDED_BY(mu);
+  std::vector<uint32_t> revoked ABSL_GUARDED_BY(mu);
+  // Per revocation: the objects still held (KvManager staging_objects)
+  // and the device's writes committed at that moment.
+  std::vector<std::pair<uint64_t, uint64_t>> at_revoke ABSL_GUARDED_BY(mu);
+  bool connection_closed ABSL_GUARDED_BY(mu) = false;
+  uint64_t reads_at_close ABSL_GUARDED_BY(mu) = 0;
+  uint32_t next_key ABSL_GUARDED_BY(mu) = 0x100;
+  bool fail_next_grant ABSL_GUARDED_BY(mu) = false;
+  int bad_revokes ABSL_GUARDED_BY(mu) = 0;
+  MemoryDevice* device = nullptr;
+  KvManager* kv = nullptr;
+};
+
+class FakeRdmaConnection : public RdmaConnection {
+ public:
+  explicit FakeRdmaConnection(GrantLog* log) : log_(log) {}
+  ~FakeRdmaConnection() override {
+    std::vector<uint32_t> keys;
+    {
+      MutexLock l(&log_->mu);
+      for (const auto& [k, g] : log_->open) keys.push_back(k);
+    }
+    Revoke(keys, absl::Now());
+    MutexLock l(&log_->mu);
+    log_->connection_closed = true;
+    log_->reads_at_close = log_->kv->Stats().staging_objects;
+  }
+  std::vector<absl::StatusOr<uint32_t>> Grant(absl::Span<const Range> ranges,
+                                              absl::Time) override {
+    std::vector<absl::StatusOr<uint32_t>> out;
+    MutexLock l(&log_->mu);
+    for (const Range& r : ranges) {
+      if (log_->fail_next_grant) {
+        log_->fail_next_grant = false;
+        out.push_back(absl::ResourceExhaustedError("out of windows"));
+        continue;
+      }
+      const uint32_t k = log_->next_key++;
+      log_->open[k] = {reinterpret_cast<uintptr_t>(r.data), r.length, r.write};
+      out.push_back(k);
+    }
+    return out;
+  }
+  void Revoke(absl::Span<const uint32_t> keys, absl::Time) override {
+    MutexLock l(&log_->mu);
+    const MemoryDeviceStats st = log_->device->Stats();
+    const uint64_t held = log_->kv->Stats().staging_objects;
+    for (uint32_t k : keys) {
+      // Granted, not revoked before (no Catch macros off the test thread).
+      if (log_->open.erase(k) != 1) log_->bad_revokes++;
+      log_->revoked.push_back(k);
+      log_->at_revoke.push_back({held, st.writes});
+    }
+  }
+
+ private:
+  GrantLog* const log_;
+};
+
+class FakeRdmaAcceptor : public RdmaAcceptor {
+ public:
+  explicit FakeRdmaAcceptor(GrantLog* log) : log_(log) {}
+  absl::StatusOr<std::pair<std::unique_ptr<RdmaConnection>, std::string>>
+  Accept(std::string_view client_info) override {
+    if (client_info != "client-qp") {
+      return absl::InvalidArgumentError("bad queue-pair description");
+    }
+    return std::make_pair(
+        std::unique_ptr<RdmaConnection>(new FakeRdmaConnection(log_)),
+        std::string("node-qp"));
+  }
+
+ private:
+  GrantLog* const log_;
+};
+
+std::vector<wire::AreaRef> Refs(const Reply& r) {
+  std::vector<wire::AreaRef> out;
+  for (size_t i = 0; i * wire::kAreaRefBytes < r.payload.size(); ++i) {
+    out.push_back(wire::DecodeAreaRef(reinterpret_cast<const uint8_t*>(
+        r.payload.data() + i * wire::kAreaRefBytes)));
+  }
+  return out;
+}
+
+TEST_CASE("RDMA: each acquire and write reservation grants exactly its "
+          "object, revoked before its hold ends") {
+  GrantLog log;
+  FakeRdmaAcceptor acceptor(&log);
+  auto dev = Fixture::MakeDram();
+  log.device = dev.get();
+  auto device = std::move(dev);
+  ExtentTableOptions to;
+  to.regions = device->Regions();
+  auto extents = std::move(*ExtentTable::Create(to));
+  KvManagerOptions ko;
+  ko.device = device.get();
+  ko.extents = extents.get();
+  auto kv = std::move(*KvManager::Create(ko));
+  log.kv = kv.get();
+  DataServerOptions o;
+  o.device = device.get();
+  o.extents = extents.get();
+  o.kv = kv.get();
+  o.rdma = &acceptor;
+  o.capabilities = TestCapabilities::Get().verifier();
+  auto server = std::move(*DataServer::Create(o));
+  const MemoryArea area = device->Areas()[0];
+  auto at = [&](const wire::AreaRef& r) {
+    return reinterpret_cast<uintptr_t>(area.base) + r.offset;
+  };
+
+  auto sock =
+      ConnectTcp("127.0.0.1:" + std::to_string(server->port()), Soon());
+  REQUIRE(sock.ok());
+  const int fd = sock->fd();
+  Reply w = Write(fd, {Op(0, 5000, 1), Op(8192, 3000, 2)},
+                  {std::string(5000, 'a'), std::string(3000, 'b')});
+  REQUIRE(Code(w.ops[0]) == absl::StatusCode::kOk);
+  REQUIRE(Code(w.ops[1]) == absl::StatusCode::kOk);
+  SendFrame(fd, FrameType::kRdmaConnectRequest, 2, {Op(0, 5000, 1)},
+            "client-qp", 9);
+  auto conn = ReadReply(fd);
+  REQUIRE(conn.ok());
+  REQUIRE(conn->h.type == FrameType::kRdmaConnectResponse);
+  CHECK(conn->payload == "node-qp");
+
+  // Acquire both: one read grant each, over exactly the object, its key in
+  // the AreaRef.
+  Reply acq = SessionFrame(fd, FrameType::kAcquireRequest, 0,
+                           {Op(0, 5000, 1), Op(8192, 3000, 2)});
+  REQUIRE(Code(acq.ops[0]) == absl::StatusCode::kOk);
+  REQUIRE(Code(acq.ops[1]) == absl::StatusCode::kOk);
+  std::vector<wire::AreaRef> refs = Refs(acq);
+  REQUIRE(refs.size() == 2);
+  {
+    MutexLock l(&log.mu);
+    REQUIRE(log.open.size() == 2);
+    for (int i = 0; i < 2; ++i) {
+      REQUIRE(log.open.count(refs[i].rkey) == 1);
+      const GrantLog::Grant& g = log.open[refs[i].rkey];
+      CHECK(g.data == at(refs[i]));
+      CHECK(g.length == acq.ops[i].length);
+      CHECK_FALSE(g.write);
+    }
+  }
+  // Acquired again on the connection: the same hold, the same key.
+  Reply again = SessionFrame(fd, FrameType::kAcquireRequest, 0, {Op(0, 5000, 1)});
+  REQUIRE(Code(again.ops[0]) == absl::StatusCode::kOk);
+  CHECK(Refs(again)[0].rkey == refs[0].rkey);
+  {
+    MutexLock l(&log.mu);
+    CHECK(log.open.size() == 2);
+  }
+
+  // Release the first: its grant is revoked while it is still held.
+  Reply rel = SessionFrame(fd, FrameType::kReleaseRequest, 0, {Op(0, 5000, 1)});
+  CHECK(Code(rel.ops[0]) == absl::StatusCode::kOk);
+  {
+    MutexLock l(&log.mu);
+    REQUIRE(log.revoked.size() == 1);
+    CHECK(log.revoked[0] == refs[0].rkey);
+    CHECK(log.at_revoke[0].first == 2);  // both objects still acquired
+  }
+  CHECK(kv->Stats().staging_objects == 1);
+
+  // A grant that fails: the object is not held either.
+  {
+    MutexLock l(&log.mu);
+    log.fail_next_grant = true;
+  }
+  Reply failed = SessionFrame(fd, FrameType::kAcquireRequest, 0, {Op(0, 5000, 1)});
+  CHECK(Code(failed.ops[0]) == absl::StatusCode::kResourceExhausted);
+  CHECK(Refs(failed)[0].rkey == 0);
+  CHECK(kv->Stats().staging_objects == 1);
+
+  // A write reservation: a write-only grant of exactly the destination,
+  // revoked before the commit.
+  SendFrame(fd, FrameType::kWriteBeginRequest, 20, {Op(65536, 4096, 3)}, "", 0);
+  auto begun = ReadReply(fd);
+  REQUIRE(begun.ok());
+  REQUIRE(Code(begun->ops[0]) == absl::StatusCode::kOk);
+  const wire::AreaRef wref = Refs(*begun)[0];
+  const uint64_t writes_before = device->Stats().writes;
+  {
+    MutexLock l(&log.mu);
+    REQUIRE(log.open.count(wref.rkey) == 1);
+    CHECK(log.open[wref.rkey].write);
+    CHECK(log.open[wref.rkey].data == at(wref));
+    CHECK(log.open[wref.rkey].length == 4096);
+  }
+  SendFrame(fd, FrameType::kWriteCommitRequest, 21, {Op(65536, 4096, 3)}, "", 0);
+  auto committed = ReadReply(fd);
+  REQUIRE(committed.ok());
+  CHECK(Code(committed->ops[0]) == absl::StatusCode::kOk);
+  CHECK(device->Stats().writes == writes_before + 1);
+  {
+    MutexLock l(&log.mu);
+    REQUIRE(log.revoked.size() == 2);
+    CHECK(log.revoked[1] == wref.rkey);
+    CHECK(log.at_revoke[1].second == writes_before);  // not committed yet
+  }
+
+  // A failed write grant aborts the reservation.
+  {
+    MutexLock l(&log.mu);
+    log.fail_next_grant = true;
+  }
+  SendFrame(fd, FrameType::kWriteBeginRequest, 22, {Op(131072, 4096, 4)}, "", 0);
+  auto refused = ReadReply(fd);
+  REQUIRE(refused.ok());
+  CHECK(Code(refused->ops[0]) == absl::StatusCode::kResourceExhausted);
+  SendFrame(fd, FrameType::kWriteCommitRequest, 23, {Op(131072, 4096, 4)}, "", 0);
+  auto none = ReadReply(fd);
+  REQUIRE(none.ok());
+  CHECK(Code(none->ops[0]) == absl::StatusCode::kNotFound);
+
+  // Closing the connection: the remaining grant ends before the hold does.
+  sock->Close();
+  CHECK(Eventually([&] {
+    MutexLock l(&log.mu);
+    return log.connection_closed;
+  }));
+  CHECK(Eventually([&] { return kv->Stats().staging_objects == 0; }));
+  MutexLock l(&log.mu);
+  CHECK(log.open.empty());
+  CHECK(log.reads_at_close == 1);
+  CHECK(log.revoked.size() == 3);
+  CHECK(log.bad_revokes == 0);
 }
 
 }  // namespace

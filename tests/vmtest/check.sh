@@ -2,6 +2,9 @@
 # Builds the RDMA and CXL tests, boots the QEMU guest for each (tests/vmtest)
 # and prints a pass/fail summary; exits non-zero if any failed.
 #   rdma      common/rdma_loopback_test: the verbs layer on Soft-RoCE
+#             (memory windows included)
+#   rdma      storage_node/dataplane/rdma_plane_test: what a client's queue pair can
+#             reach of a node's memory (one object per grant) in each mode
 #   rdma+cxl  tests/direct_cluster_test: master + storage nodes + clients over
 #             RDMA (DRAM and hybrid devices, killed node), TCP, and shared
 #             memory with the DRAM node on the CXL NUMA node
@@ -11,7 +14,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 if ! bash tests/vmtest/setup.sh ||
-   ! bazel build -c opt //common:rdma_loopback_test //tests:direct_cluster_test; then
+   ! bazel build -c opt //common:rdma_loopback_test //storage_node/dataplane:rdma_plane_test \
+       //tests:direct_cluster_test; then
   echo "vmtest: setup or build failed"
   echo "vmtest: 0 passed, 1 failed"
   exit 1
@@ -19,7 +23,8 @@ fi
 bb=$(bazel info -c opt bazel-bin 2>/dev/null)
 passed=0
 failed=0
-for t in "rdma common/rdma_loopback_test" "rdma+cxl tests/direct_cluster_test"; do
+for t in "rdma common/rdma_loopback_test" "rdma storage_node/dataplane/rdma_plane_test" \
+         "rdma+cxl tests/direct_cluster_test"; do
   mode=${t%% *}
   bin=${t#* }
   rc=1

@@ -9,6 +9,7 @@
 //
 //   bazel run -c opt //tools/bench:get_bench -- --block_mib=16 --blocks=16 --rounds=8
 //   bazel run -c opt //tools/bench:get_bench -- --transport=shm
+//   (in tests/vmtest) get_bench --transport=rdma --compare_rdma_access
 //   bazel run -c opt //tools/bench:get_bench -- --busy_core --processes=separate
 //
 // Starts a master and a storage node (DRAM device) on 127.0.0.1, stores
@@ -60,6 +61,7 @@
 #include "common/net.h"
 #include "common/thread.h"
 #include "master/master_server.h"
+#include "storage_node/dataplane/rdma_plane.h"
 #include "storage_node/storage_node.h"
 #include "tests/daemon.h"
 
@@ -92,6 +94,12 @@ DEFINE_bool(compare_capability_checks, false,
             "--processes=one: also time every trial's GETs with the node's "
             "capability checks turned off (a bench-only switch), side by "
             "side");
+
+DEFINE_bool(compare_rdma_access, false,
+            "--transport=rdma --processes=one: also time every trial's GETs "
+            "with each of the node's RDMA access modes (memory windows per "
+            "object, registrations per object, whole-area keys), each with a "
+            "fresh client, side by side");
 
 namespace hymcache {
 namespace {
@@ -517,6 +525,48 @@ int Main() {
     fflush(stdout);
     best_get = std::max(best_get, get.gbps);
     best_raw = std::max(best_raw, raw.gbps);
+  }
+  if (FLAGS_compare_rdma_access && cluster.node != nullptr &&
+      cluster.node->rdma_plane_for_test() != nullptr) {
+    // Per mode, a fresh client (a queue pair keeps the mode it was accepted
+    // with); the modes in a rotating order per trial.
+    storage::RdmaPlane* plane = cluster.node->rdma_plane_for_test();
+    const storage::RdmaAccess original = plane->access();
+    const storage::RdmaAccess modes[] = {storage::RdmaAccess::kWindows,
+                                         storage::RdmaAccess::kRegistrations,
+                                         storage::RdmaAccess::kWholeArea};
+    double best[3] = {0, 0, 0};
+    for (int trial = 0; trial < FLAGS_trials; ++trial) {
+      double gbps[3] = {0, 0, 0};
+      for (int k = 0; k < 3; ++k) {
+        const int m = (trial + k) % 3;
+        if (!plane->SetAccessForTest(modes[m]).ok()) continue;
+        auto c = Client::Create(co);
+        if (!c.ok()) continue;
+        (*c)->Get(keys, out).IgnoreError();  // connects
+        absl::Time t0 = absl::Now();
+        size_t loaded = 0;
+        for (int r = 0; r < FLAGS_rounds; ++r) {
+          auto g = (*c)->Get(keys, out);
+          if (g.ok()) loaded += g->loaded;
+        }
+        gbps[m] = MakeRate(static_cast<double>(block) * loaded,
+                           absl::Now() - t0, 0)
+                      .gbps;
+        ok = ok && loaded == static_cast<size_t>(FLAGS_rounds) * keys.size();
+        for (int i = 0; i < FLAGS_blocks && ok; ++i) ok = dst[i] == data[i];
+        best[m] = std::max(best[m], gbps[m]);
+      }
+      printf("trial %d: RDMA GET, windows %6.3f GB/s, registrations %6.3f "
+             "GB/s, whole-area keys %6.3f GB/s (%.3fx, %.3fx of whole-area)\n",
+             trial, gbps[0], gbps[1], gbps[2], gbps[0] / gbps[2],
+             gbps[1] / gbps[2]);
+      fflush(stdout);
+    }
+    printf("best: RDMA GET, windows %6.3f GB/s, registrations %6.3f GB/s, "
+           "whole-area keys %6.3f GB/s (%.3fx, %.3fx)\n",
+           best[0], best[1], best[2], best[0] / best[2], best[1] / best[2]);
+    plane->SetAccessForTest(original).IgnoreError();
   }
   busy.reset();
   if (best_unchecked > 0) {
