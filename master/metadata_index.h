@@ -74,6 +74,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -105,7 +106,13 @@ class MetadataIndex {
   static constexpr size_t kMaxKeyBytes = 65535;
   static constexpr uint64_t kMaxLength = (uint64_t{1} << 48) - 1;
 
-  MetadataIndex();
+  // Number of distinct (node, region, length) triples stored packed; the
+  // entries of any further triple take more memory (a side table).
+  static constexpr uint32_t kMaxShapes = (uint32_t{1} << 21) - 1;
+
+  MetadataIndex() : MetadataIndex(kMaxShapes) {}
+  // With at most `max_shapes` (<= kMaxShapes) packed shapes: for tests.
+  explicit MetadataIndex(uint32_t max_shapes);
   ~MetadataIndex();
   MetadataIndex(const MetadataIndex&) = delete;
   MetadataIndex& operator=(const MetadataIndex&) = delete;
@@ -280,8 +287,8 @@ class MetadataIndex {
   // recent first, and children before their parent on ties. O(n log n).
   std::vector<std::pair<std::string, IndexEntry>> FinishLoad();
 
-  size_t size() const { return set_.size(); }
-  bool empty() const { return set_.empty(); }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
 
   // Objects and bytes of the entries whose key is in a tenant's key space
   // (master/tenant.h), kept up to date by every insert, replace and erase.
@@ -327,71 +334,64 @@ class MetadataIndex {
  private:
   struct Record;
   struct LoadState;
-  // Hash and equality of record numbers by the key they hold, and of keys
-  // (heterogeneous lookup without building a record).
-  struct Hash {
-    using is_transparent = void;
-    const MetadataIndex* index;
-    size_t operator()(uint32_t i) const { return HashKey(index->KeyOf(i)); }
-    size_t operator()(absl::string_view k) const { return HashKey(k); }
-  };
-  struct Eq {
-    using is_transparent = void;
-    const MetadataIndex* index;
-    bool operator()(uint32_t a, uint32_t b) const {
-      return a == b || index->KeyOf(a) == index->KeyOf(b);
-    }
-    bool operator()(uint32_t a, absl::string_view b) const {
-      return index->KeyOf(a) == b;
-    }
-    bool operator()(absl::string_view a, uint32_t b) const {
-      return a == index->KeyOf(b);
-    }
-  };
-  using Set = absl::flat_hash_set<uint32_t, Hash, Eq>;
+  class Table;
 
   static constexpr size_t kChunkShift = 12;  // 4096 records (256 KiB) per chunk
   static constexpr size_t kChunkSize = size_t{1} << kChunkShift;
   static constexpr uint32_t kNil = 0xffffffffu;  // no record (list end)
-  static constexpr uint32_t kUsedBit = 0x80000000u;  // in Links::children
-  // In Links::children: the parent link crosses nodes.
-  static constexpr uint32_t kCrossBit = 0x40000000u;
-  static constexpr uint32_t kMaxChildren = kCrossBit - 1;
+  static constexpr uint32_t kMaxChildren = (uint32_t{1} << 30) - 1;
 
-  // Recency and chain links of one record number; parallel to the records.
-  struct Links {
-    uint32_t prev;       // less recent neighbour, or kNil
-    uint32_t next;       // more recent neighbour, or kNil
-    uint32_t read_tick;  // last Touch, 0 if none since Upsert
-    uint32_t parent;     // linked parent (kCrossBit: on another node), or kNil
-    // Low 30 bits: linked children on the same node. kUsedBit: queued for
-    // CollectUsed. kCrossBit: `parent` is on another node.
-    uint32_t children;
-
-    uint32_t child_count() const { return children & kMaxChildren; }
-    bool cross() const { return (children & kCrossBit) != 0; }
-    // A same-node parent, or kNil.
-    uint32_t local_parent() const { return cross() ? kNil : parent; }
-  };
   // One node's recency list.
   struct List {
     uint32_t least = kNil;  // least recently used end
     uint32_t most = kNil;   // most recently used end
   };
+  // What records share, interned: node, region and length (a KV block's
+  // length takes few values per node and region).
+  struct Shape {
+    uint32_t node_id;
+    uint32_t region_id;
+    uint64_t length;
+    uint32_t refs;  // records using it; 0: free
+  };
 
   static size_t HashKey(absl::string_view key);
   absl::string_view KeyOf(uint32_t i) const;
   Record& record(uint32_t i) const;
-  Links& links(uint32_t i) const;
-  // A record number for a new entry. Errors: ResourceExhausted when every
-  // record number is in use.
+  // The live record holding `key`, or kNil.
+  uint32_t Lookup(absl::string_view key) const;
+  // Adds live record i (its key is not in the table yet) to the table.
+  void TableInsert(uint32_t i);
+  // Takes live record i out of the table.
+  void TableErase(uint32_t i);
+  // Rebuilds the table for at least `n` entries from the live records.
+  void RebuildTable(size_t n);
+  // Node, location and child count of record i.
+  uint32_t NodeOf(uint32_t i) const;
+  IndexEntry EntryOf(uint32_t i) const;
+  uint32_t ChildCount(uint32_t i) const;
+  void AddChild(uint32_t i);
+  void RemoveChild(uint32_t i);
+  // The same-node parent of record i, or kNil.
+  uint32_t LocalParent(uint32_t i) const;
+  // Stores `entry` in record i (packed, or in wide_ if a field does not
+  // fit), releasing what it held.
+  void SetLocation(uint32_t i, const IndexEntry& entry);
+  // Drops record i's location (its shape reference or wide_ entry).
+  void ReleaseLocation(uint32_t i);
+  uint32_t AcquireShape(const IndexEntry& entry);
+  void ReleaseShape(uint32_t shape);
+  // A record number for a new entry, with room for it in the table.
+  // Errors: ResourceExhausted when every record number is in use.
   absl::StatusOr<uint32_t> NewRecord();
   // Stores `key` and `entry` in the fresh record i.
   void FillRecord(uint32_t i, absl::string_view key, const IndexEntry& entry);
-  // Releases record i's key and puts it on the free list.
+  // Releases record i's key and location and puts it on the free list.
   void FreeRecord(uint32_t i);
-  // Takes live record i out of the set, its list and its parent; frees it,
-  // or makes it a ghost if it has children.
+  // Releases record i's key (out-of-line buffer) and tenant count.
+  void DropKey(uint32_t i);
+  // Takes live record i out of its list and its parent (not the table);
+  // frees it, or makes it a ghost if it has children.
   void RemoveRecord(uint32_t i);
   // Links live record i under `parent` (cross-linked when on another node),
   // or makes it a root.
@@ -423,14 +423,32 @@ class MetadataIndex {
   // Touch of live record i.
   void TouchRecord(uint32_t i, uint32_t read_tick);
   bool IsGhost(uint32_t i) const;
+  // Whether record i holds a findable entry (not free, not a ghost).
+  bool IsLive(uint32_t i) const;
 
-  std::vector<std::unique_ptr<Record[]>> chunks_;
-  std::vector<std::unique_ptr<Links[]>> link_chunks_;  // parallel to chunks_
+  struct ChunkDeleter {
+    void operator()(Record* chunk) const;
+  };
+  std::vector<std::unique_ptr<Record, ChunkDeleter>> chunks_;
+  std::unique_ptr<Table> table_;
   absl::flat_hash_map<uint32_t, List> lists_;           // by node id
   uint32_t records_used_ = 0;       // high-water mark of record numbers
   std::vector<uint32_t> free_records_;
   size_t out_of_line_key_bytes_ = 0;
   size_t ghost_count_ = 0;
+  // Interned shapes (index = Record shape field), the free ones, and the
+  // lookup by (node, region, length).
+  std::vector<Shape> shapes_;
+  std::vector<uint32_t> free_shapes_;
+  absl::flat_hash_map<std::tuple<uint32_t, uint32_t, uint64_t>, uint32_t>
+      shape_ids_;
+  uint32_t max_shapes_;
+  // Locations that do not pack (addr or generation >= 2^48, or no free
+  // shape), by record number.
+  absl::flat_hash_map<uint32_t, IndexEntry> wide_;
+  // Child counts of records with more same-node children than the record's
+  // field holds.
+  absl::flat_hash_map<uint32_t, uint32_t> many_children_;
   // See UsageOf(): the default tenant apart (no hashing on its path).
   TenantUsage default_usage_;
   absl::flat_hash_map<std::string, TenantUsage> tenant_usage_;
@@ -446,7 +464,7 @@ class MetadataIndex {
   std::vector<uint32_t> used_;
   size_t used_head_ = 0;
   std::unique_ptr<LoadState> load_;  // between LoadEntry and FinishLoad
-  Set set_;
+  size_t size_ = 0;  // live entries (findable keys)
 };
 
 }  // namespace master
