@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <list>
 #include <map>
@@ -843,6 +844,141 @@ TEST_CASE("MetadataIndex counts objects and bytes per tenant") {
   CHECK(all.size() == 2);
   CHECK(all.count("blue") == 1);
   CHECK(all.count("default") == 1);
+}
+
+TEST_CASE("MetadataIndex keeps locations that do not pack, and frees shapes") {
+  // At most 3 packed (node, region, length) shapes: the 4th and later are
+  // stored apart, as are addresses and generations of 48 bits or more.
+  MetadataIndex index(3);
+  std::map<std::string, IndexEntry> model;
+  auto put = [&](const std::string& key, IndexEntry e,
+                 const std::string& parent = "") {
+    REQUIRE(index.Upsert(key, e, parent).ok());
+    model[key] = e;
+  };
+  IndexEntry wide_addr = OnNode(1, 1);
+  wide_addr.addr = (uint64_t{1} << 48) + 64;
+  IndexEntry wide_gen = OnNode(1, 2);
+  wide_gen.generation = ~uint64_t{0};
+  IndexEntry edge = OnNode(1, 3);
+  edge.addr = (uint64_t{1} << 48) - 1;
+  edge.generation = (uint64_t{1} << 48) - 1;
+  put("a", wide_addr);
+  put("g", wide_gen, "a");
+  put("e", edge, "g");
+  for (int n = 0; n < 8; ++n) {
+    IndexEntry e = OnNode(static_cast<uint32_t>(n % 3 + 1), 0);
+    e.region_id = static_cast<uint32_t>(n);  // 8 shapes: 5 of them wide
+    e.length = 4096 + n;
+    put("s" + std::to_string(n), e, n > 0 ? "s" + std::to_string(n - 1) : "");
+  }
+  for (const auto& [k, e] : model) CHECK(*index.Find(k) == e);
+  CHECK(index.Chain("e")->parent == "g");
+  CHECK(index.Chain("g")->parent == "a");
+  CHECK_FALSE(index.Chain("g")->cross);
+  // Moving a wide entry to a packed location and back; erasing frees the
+  // shapes for others.
+  put("a", OnNode(1, 5));
+  put("a", wide_addr);
+  for (int n = 0; n < 8; ++n) {
+    const std::string k = "s" + std::to_string(n);
+    if (n % 2 == 0) {
+      REQUIRE(index.Erase(k).has_value());
+      model.erase(k);
+    }
+  }
+  for (int n = 8; n < 12; ++n) {
+    IndexEntry e = OnNode(2, 0);
+    e.length = 100 + n;
+    put("t" + std::to_string(n), e);
+  }
+  for (const auto& [k, e] : model) CHECK(*index.Find(k) == e);
+  CHECK(index.size() == model.size());
+  // Order and recency work the same for wide entries.
+  index.Touch("a", 9);
+  CHECK(Order(index, 1).back() == "a");
+  CHECK(*index.ReadTick("a") == 9);
+  // Erasing s0, s2, ... left ghosts: their orphans go.
+  for (auto& [o, e] : index.Orphans()) {
+    REQUIRE(index.Erase(o).has_value());
+    model.erase(o);
+  }
+  // A snapshot round trip keeps them.
+  std::string stream;
+  REQUIRE(index.Save([&](absl::string_view piece) {
+                 stream.append(piece.data(), piece.size());
+                 return absl::OkStatus();
+               }).ok());
+  MetadataIndex restored(2);
+  REQUIRE(restored.Restore(stream).ok());
+  for (const auto& [k, e] : model) CHECK(*restored.Find(k) == e);
+  CHECK(restored.Chain("e")->parent == "g");
+}
+
+TEST_CASE("MetadataIndex counts many children per block") {
+  MetadataIndex index;
+  REQUIRE(index.Upsert("p", OnNode(1, 1)).ok());
+  for (int n = 0; n < 20; ++n) {
+    REQUIRE(index.Upsert("c" + std::to_string(n), OnNode(1, 1), "p").ok());
+    CHECK(index.Chain("p")->children == static_cast<uint32_t>(n + 1));
+  }
+  // Not a leaf until its last child goes.
+  for (int n = 0; n < 20; ++n) {
+    const Keys picked = Pick(index, 1, static_cast<size_t>(20 - n));
+    CHECK(std::find(picked.begin(), picked.end(), "p") == picked.end());
+    CHECK(Pick(index, 1, 100).back() == "p");
+    REQUIRE(index.Erase("c" + std::to_string(n)).has_value());
+    CHECK(index.Chain("p")->children == static_cast<uint32_t>(19 - n));
+  }
+  CHECK(Pick(index, 1, 100) == Keys{"p"});
+  // A parent with many children erased: a ghost until they all go.
+  for (int n = 0; n < 10; ++n) {
+    REQUIRE(index.Upsert("d" + std::to_string(n), OnNode(1, 1), "p").ok());
+  }
+  REQUIRE(index.Erase("p").has_value());
+  CHECK(index.ghost_count() == 1);
+  CHECK(index.Orphans().size() == 10);
+  for (auto& [o, e] : index.Orphans()) REQUIRE(index.Erase(o).has_value());
+  CHECK(index.ghost_count() == 0);
+  CHECK(index.empty());
+}
+
+TEST_CASE("MetadataIndex hash table stays whole through growth and churn") {
+  MetadataIndex index;
+  std::set<uint64_t> live;
+  std::mt19937_64 rng(99);
+  auto key = [](uint64_t n) {
+    std::string k(32, '\0');
+    for (int w = 0; w < 4; ++w) {
+      const uint64_t v = n * 0x9e3779b97f4a7c15ull + uint64_t(w);
+      std::memcpy(&k[w * 8], &v, 8);
+    }
+    return k;
+  };
+  for (int round = 0; round < 4; ++round) {
+    // Grow to 20,000, then erase most (deleted slots pile up), repeat.
+    while (live.size() < 20000) {
+      const uint64_t n = rng() % 1000000;
+      REQUIRE(index.Upsert(key(n), OnNode(1, n)).ok());
+      live.insert(n);
+    }
+    for (auto it = live.begin(); it != live.end();) {
+      if (rng() % 8 != 0) {
+        REQUIRE(index.Erase(key(*it)).has_value());
+        it = live.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    REQUIRE(index.size() == live.size());
+    for (uint64_t n : live) REQUIRE(index.Find(key(n)).has_value());
+    for (int k = 0; k < 1000; ++k) {
+      const uint64_t n = rng() % 1000000;
+      CHECK(index.Find(key(n)).has_value() == (live.count(n) == 1));
+    }
+  }
+  index.Reserve(100000);
+  for (uint64_t n : live) REQUIRE(index.Find(key(n)).has_value());
 }
 
 }  // namespace
