@@ -335,15 +335,15 @@ uint32_t MetadataIndex::NodeOf(uint32_t i) const {
   return shapes_[s].node_id;
 }
 
-IndexEntry MetadataIndex::EntryOf(uint32_t i) const {
+ObjectLocation MetadataIndex::EntryOf(uint32_t i) const {
   const Record& r = record(i);
   const uint32_t s = r.shape();
   if (s == Record::kWideShape) {
     auto it = wide_.find(i);
-    return it == wide_.end() ? IndexEntry() : it->second;
+    return it == wide_.end() ? ObjectLocation() : it->second;
   }
   const Shape& shape = shapes_[s];
-  IndexEntry e;
+  ObjectLocation e;
   e.node_id = shape.node_id;
   e.region_id = shape.region_id;
   e.addr = r.addr();
@@ -392,7 +392,7 @@ uint32_t MetadataIndex::LocalParent(uint32_t i) const {
   return r.cross() ? kNil : r.parent;
 }
 
-uint32_t MetadataIndex::AcquireShape(const IndexEntry& e) {
+uint32_t MetadataIndex::AcquireShape(const ObjectLocation& e) {
   auto [it, fresh] =
       shape_ids_.try_emplace(std::make_tuple(e.node_id, e.region_id, e.length),
                              Record::kWideShape);
@@ -424,7 +424,7 @@ void MetadataIndex::ReleaseShape(uint32_t s) {
   free_shapes_.push_back(s);
 }
 
-void MetadataIndex::SetLocation(uint32_t i, const IndexEntry& e) {
+void MetadataIndex::SetLocation(uint32_t i, const ObjectLocation& e) {
   ReleaseLocation(i);
   Record& r = record(i);
   constexpr uint64_t kPacked = uint64_t{1} << 48;
@@ -474,7 +474,7 @@ absl::StatusOr<uint32_t> MetadataIndex::NewRecord() {
 }
 
 void MetadataIndex::FillRecord(uint32_t i, absl::string_view key,
-                               const IndexEntry& entry) {
+                               const ObjectLocation& entry) {
   Record& r = record(i);
   r.Reset();
   CountTenant(key, +1, static_cast<int64_t>(entry.length));
@@ -712,7 +712,7 @@ void MetadataIndex::Unlink(uint32_t i, List& list) {
 
 namespace {
 
-absl::Status ValidateKeyAndEntry(absl::string_view key, const IndexEntry& entry,
+absl::Status ValidateKeyAndEntry(absl::string_view key, const ObjectLocation& entry,
                                  absl::string_view parent) {
   if (key.empty() || key.size() > MetadataIndex::kMaxKeyBytes) {
     return absl::InvalidArgumentError(
@@ -732,8 +732,8 @@ absl::Status ValidateKeyAndEntry(absl::string_view key, const IndexEntry& entry,
 
 }  // namespace
 
-absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
-    absl::string_view key, const IndexEntry& entry, absl::string_view parent) {
+absl::StatusOr<std::optional<ObjectLocation>> MetadataIndex::Upsert(
+    absl::string_view key, const ObjectLocation& entry, absl::string_view parent) {
   absl::Status valid = ValidateKeyAndEntry(key, entry, parent);
   if (!valid.ok()) return valid;
   // The parent, if present (on the same node: with room for another child).
@@ -753,7 +753,7 @@ absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
     }
   };
 
-  std::optional<IndexEntry> old;
+  std::optional<ObjectLocation> old;
   if (existing != kNil) {
     const uint32_t i = existing;
     old = EntryOf(i);
@@ -819,16 +819,16 @@ bool MetadataIndex::Adopt(absl::string_view child, absl::string_view parent) {
   return true;
 }
 
-std::optional<IndexEntry> MetadataIndex::Find(absl::string_view key) const {
+std::optional<ObjectLocation> MetadataIndex::Find(absl::string_view key) const {
   const uint32_t i = Lookup(key);
   if (i == kNil) return std::nullopt;
   return EntryOf(i);
 }
 
-std::optional<IndexEntry> MetadataIndex::Erase(absl::string_view key) {
+std::optional<ObjectLocation> MetadataIndex::Erase(absl::string_view key) {
   const uint32_t i = Lookup(key);
   if (i == kNil) return std::nullopt;
-  IndexEntry e = EntryOf(i);
+  ObjectLocation e = EntryOf(i);
   TableErase(i);
   RemoveRecord(i);
   return e;
@@ -913,7 +913,7 @@ std::optional<MetadataIndex::ChainLinks> MetadataIndex::Chain(
 
 void MetadataIndex::ForEachLeastRecent(
     uint32_t node_id,
-    const std::function<bool(absl::string_view, const IndexEntry&, uint32_t)>&
+    const std::function<bool(absl::string_view, const ObjectLocation&, uint32_t)>&
         fn) const {
   auto it = lists_.find(node_id);
   if (it == lists_.end()) return;
@@ -926,9 +926,9 @@ void MetadataIndex::ForEachLeastRecent(
 
 MetadataIndex::WalkEnd MetadataIndex::PickEvictions(
     uint32_t node_id, size_t max_scan,
-    const std::function<Verdict(absl::string_view, const IndexEntry&,
+    const std::function<Verdict(absl::string_view, const ObjectLocation&,
                                 uint32_t)>& judge,
-    const std::function<bool(absl::string_view, const IndexEntry&)>& take)
+    const std::function<bool(absl::string_view, const ObjectLocation&)>& take)
     const {
   auto it = lists_.find(node_id);
   if (it == lists_.end()) return WalkEnd::kListEnd;
@@ -965,9 +965,9 @@ MetadataIndex::WalkEnd MetadataIndex::PickEvictions(
   return WalkEnd::kListEnd;
 }
 
-std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::Orphans()
+std::vector<std::pair<std::string, ObjectLocation>> MetadataIndex::Orphans()
     const {
-  std::vector<std::pair<std::string, IndexEntry>> out;
+  std::vector<std::pair<std::string, ObjectLocation>> out;
   if (ghost_count_ == 0) return out;
   // Per record: 0 unknown, 1 reachable, 2 orphan.
   std::vector<uint8_t> state(records_used_, 0);
@@ -1053,13 +1053,13 @@ void MetadataIndex::RebaseReadTicks(uint32_t shift) {
   }
 }
 
-std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::EraseIf(
-    const std::function<bool(absl::string_view, const IndexEntry&)>& pred) {
+std::vector<std::pair<std::string, ObjectLocation>> MetadataIndex::EraseIf(
+    const std::function<bool(absl::string_view, const ObjectLocation&)>& pred) {
   std::vector<uint32_t> doomed;
   for (uint32_t i = 0; i < records_used_; ++i) {
     if (IsLive(i) && pred(KeyOf(i), EntryOf(i))) doomed.push_back(i);
   }
-  std::vector<std::pair<std::string, IndexEntry>> out;
+  std::vector<std::pair<std::string, ObjectLocation>> out;
   out.reserve(doomed.size());
   for (uint32_t i : doomed) {
     out.emplace_back(std::string(KeyOf(i)), EntryOf(i));
@@ -1070,7 +1070,7 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::EraseIf(
 }
 
 void MetadataIndex::ForEach(
-    const std::function<void(absl::string_view, const IndexEntry&)>& fn)
+    const std::function<void(absl::string_view, const ObjectLocation&)>& fn)
     const {
   for (uint32_t i = 0; i < records_used_; ++i) {
     if (IsLive(i)) fn(KeyOf(i), EntryOf(i));
@@ -1079,7 +1079,7 @@ void MetadataIndex::ForEach(
 
 uint32_t MetadataIndex::ForEachFrom(
     uint32_t begin, size_t max,
-    const std::function<bool(absl::string_view, const IndexEntry&)>& fn)
+    const std::function<bool(absl::string_view, const ObjectLocation&)>& fn)
     const {
   size_t visited = 0;
   uint32_t i = begin;
@@ -1092,7 +1092,7 @@ uint32_t MetadataIndex::ForEachFrom(
 }
 
 absl::Status MetadataIndex::LoadEntry(absl::string_view key,
-                                      const IndexEntry& entry,
+                                      const ObjectLocation& entry,
                                       absl::string_view parent,
                                       uint64_t last_use) {
   absl::Status valid = ValidateKeyAndEntry(key, entry, parent);
@@ -1121,8 +1121,8 @@ absl::Status MetadataIndex::LoadEntry(absl::string_view key,
   return absl::OkStatus();
 }
 
-std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::FinishLoad() {
-  std::vector<std::pair<std::string, IndexEntry>> dropped;
+std::vector<std::pair<std::string, ObjectLocation>> MetadataIndex::FinishLoad() {
+  std::vector<std::pair<std::string, ObjectLocation>> dropped;
   if (load_ == nullptr) return dropped;
   LoadState& ls = *load_;
   ls.last_use.resize(records_used_, 0);
@@ -1233,7 +1233,7 @@ size_t MetadataIndex::MemoryBytes() const {
   size_t shapes = shapes_.capacity() * sizeof(Shape) +
                   free_shapes_.capacity() * sizeof(uint32_t) +
                   shape_ids_.capacity() * (16 + sizeof(uint32_t) + 1);
-  size_t wide = wide_.capacity() * (8 + sizeof(IndexEntry) + 1);
+  size_t wide = wide_.capacity() * (8 + sizeof(ObjectLocation) + 1);
   size_t many = many_children_.capacity() * (2 * sizeof(uint32_t) + 1);
   size_t free_list = free_records_.capacity() * sizeof(uint32_t);
   size_t used = used_.capacity() * sizeof(uint32_t);
@@ -1292,7 +1292,7 @@ absl::Status MetadataIndex::Save(
       absl::little_endian::Store16(p, static_cast<uint16_t>(key.size()));
       std::memcpy(p + 2, key.data(), key.size());
       p += 2 + key.size();
-      const IndexEntry e = EntryOf(i);
+      const ObjectLocation e = EntryOf(i);
       absl::little_endian::Store32(p, e.node_id);
       absl::little_endian::Store32(p + 4, e.region_id);
       absl::little_endian::Store64(p + 8, e.addr);
@@ -1340,7 +1340,7 @@ absl::Status MetadataIndex::Restore(absl::string_view data) {
     }
     const absl::string_view key(p + 2, key_len);
     p += 2 + key_len;
-    IndexEntry e;
+    ObjectLocation e;
     e.node_id = absl::little_endian::Load32(p);
     e.region_id = absl::little_endian::Load32(p + 4);
     e.addr = absl::little_endian::Load64(p + 8);

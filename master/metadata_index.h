@@ -1,21 +1,30 @@
 // MetadataIndex: the master's in-memory map from object key to where the
 // object lives, with each node's recency order and the objects' chain
-// structure. Sized for tens of millions of entries, so it is compact:
+// structure. Sized for 100 million entries, so it is compact:
 //
-//   - every entry is one 64-byte record (one cache line) holding the key and
-//     the location; keys of up to 32 bytes (the client's SHA-256 prefix keys
-//     are exactly 32) are stored inline, longer ones in a separate heap
-//     buffer;
+//   - every entry is one 64-byte, line-aligned record holding the key, the
+//     recency links (prev/next record numbers), the chain parent, the read
+//     tick, the flags and the packed location; keys of up to 32 bytes (the
+//     client's SHA-256 prefix keys are exactly 32) are stored inline, longer
+//     ones in a separate heap buffer; a lookup reads one record line, a
+//     touch writes it and its list neighbours';
+//   - the location packs into 16 bytes: (node, region, length) is a shared,
+//     reference-counted "shape" named by 21 bits (KV blocks take few
+//     lengths), addr and generation 48 bits each; an entry whose values do
+//     not fit (more than kMaxShapes shapes, addr or generation >= 2^48) keeps
+//     its location in a side table instead: nothing is refused;
+//   - same-node child counts of up to 6 live in the record, larger ones in a
+//     side table (only shared prefixes have them);
 //   - records live in fixed-size chunks (no large reallocations while
 //     growing) and freed records are reused;
-//   - the hash table (absl::flat_hash_set) holds only 4-byte record numbers;
-//   - per record number, a parallel array (chunked like the records) of
-//     20-byte links: recency prev/next, read tick, parent record number and
-//     child count. Insert, touch, unlink, link to a parent are O(1). Per node
-//     only the two list ends are kept (a small map).
+//   - the hash table holds 4-byte record numbers with a 1-byte hash tag
+//     each, in groups of 8 (tags beside their slots: one line per probe),
+//     at up to 7/8 load, growing by 1.25x (5.7-7.1 bytes per entry);
+//   - per node only the two list ends are kept (a small map).
 //
-// At 1e6 32-byte keys this is ~95 heap bytes per entry, against ~150-190
-// for absl::flat_hash_map<std::string, Entry> (run metadata_index_benchmark).
+// At 10 M 32-byte keys this is ~71 heap bytes per entry, against ~157 for
+// absl::flat_hash_map<std::string, ObjectLocation> (run
+// metadata_index_benchmark).
 //
 // Chains: a KV-cache object is a block of a prefix chain; a block is
 // reachable (a reader's Load gets to it) only through every block before it.
@@ -83,23 +92,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "master/object_location.h"
 
 namespace hymcache {
 namespace master {
-
-// Where one committed object lives (the same fields as v1::Location).
-struct IndexEntry {
-  uint32_t node_id = 0;
-  uint32_t region_id = 0;
-  uint64_t addr = 0;
-  uint64_t length = 0;
-  uint64_t generation = 0;
-
-  bool operator==(const IndexEntry& o) const {
-    return node_id == o.node_id && region_id == o.region_id &&
-           addr == o.addr && length == o.length && generation == o.generation;
-  }
-};
 
 class MetadataIndex {
  public:
@@ -131,8 +127,8 @@ class MetadataIndex {
   // Errors: InvalidArgument if the key is empty or too long, entry.length >
   // kMaxLength or parent == key; ResourceExhausted at 2^32 - 1 records
   // (nothing changes either way).
-  absl::StatusOr<std::optional<IndexEntry>> Upsert(
-      absl::string_view key, const IndexEntry& entry,
+  absl::StatusOr<std::optional<ObjectLocation>> Upsert(
+      absl::string_view key, const ObjectLocation& entry,
       absl::string_view parent = absl::string_view());
 
   // Links `child` under `parent` after the fact: for a block committed
@@ -146,12 +142,12 @@ class MetadataIndex {
   bool Adopt(absl::string_view child, absl::string_view parent);
 
   // The entry of `key`, if present.
-  std::optional<IndexEntry> Find(absl::string_view key) const;
+  std::optional<ObjectLocation> Find(absl::string_view key) const;
 
   // Removes `key`: unlinks it from its recency list and its parent; if it
   // has children they become orphans (see the file comment). Returns its
   // entry if it was present.
-  std::optional<IndexEntry> Erase(absl::string_view key);
+  std::optional<ObjectLocation> Erase(absl::string_view key);
 
   // Marks `key` used: a root becomes the most recent entry of its node's
   // list, a linked entry moves just below its parent (a block is never more
@@ -189,7 +185,7 @@ class MetadataIndex {
   // until it returns false or the list ends. `fn` must not modify the index.
   void ForEachLeastRecent(
       uint32_t node_id,
-      const std::function<bool(absl::string_view key, const IndexEntry& entry,
+      const std::function<bool(absl::string_view key, const ObjectLocation& entry,
                                uint32_t read_tick)>& fn) const;
 
   // What the owner's policy says about one eviction candidate.
@@ -215,10 +211,10 @@ class MetadataIndex {
   WalkEnd PickEvictions(
       uint32_t node_id, size_t max_scan,
       const std::function<Verdict(absl::string_view key,
-                                  const IndexEntry& entry,
+                                  const ObjectLocation& entry,
                                   uint32_t read_tick)>& judge,
       const std::function<bool(absl::string_view key,
-                               const IndexEntry& entry)>& take) const;
+                               const ObjectLocation& entry)>& take) const;
 
   // Number of erased entries whose children are still present (ghosts).
   // While it is nonzero, Orphans() has something to return.
@@ -229,7 +225,7 @@ class MetadataIndex {
   // orphans' chains continue (cross links): O(their entries);
   // returns {} at once when there are no ghosts. Erasing the returned keys
   // (in any order) frees every ghost.
-  std::vector<std::pair<std::string, IndexEntry>> Orphans() const;
+  std::vector<std::pair<std::string, ObjectLocation>> Orphans() const;
 
   // With `on`, Touch queues each entry it touches (once until collected)
   // for CollectUsed. Off by default; turning it off drops the queue.
@@ -248,13 +244,13 @@ class MetadataIndex {
 
   // Removes every entry for which `pred` returns true and returns the
   // removed (key, entry) pairs. Their children that stay become orphans.
-  std::vector<std::pair<std::string, IndexEntry>> EraseIf(
-      const std::function<bool(absl::string_view, const IndexEntry&)>& pred);
+  std::vector<std::pair<std::string, ObjectLocation>> EraseIf(
+      const std::function<bool(absl::string_view, const ObjectLocation&)>& pred);
 
   // Calls `fn` for every entry (unspecified order). `fn` must not modify the
   // index.
   void ForEach(
-      const std::function<void(absl::string_view, const IndexEntry&)>& fn)
+      const std::function<void(absl::string_view, const ObjectLocation&)>& fn)
       const;
 
   // Calls `fn` for up to `max` entries in record-number order, starting at
@@ -265,7 +261,7 @@ class MetadataIndex {
   // `fn` must not modify the index.
   uint32_t ForEachFrom(
       uint32_t begin, size_t max,
-      const std::function<bool(absl::string_view, const IndexEntry&)>& fn)
+      const std::function<bool(absl::string_view, const ObjectLocation&)>& fn)
       const;
   // One past the highest record number in use.
   uint32_t records_end() const { return records_used_; }
@@ -277,7 +273,7 @@ class MetadataIndex {
   // REQUIRES: the index was empty before the first LoadEntry, and only
   // LoadEntry and const methods are called until FinishLoad.
   // Errors: as Upsert, and AlreadyExists for a key loaded twice.
-  absl::Status LoadEntry(absl::string_view key, const IndexEntry& entry,
+  absl::Status LoadEntry(absl::string_view key, const ObjectLocation& entry,
                          absl::string_view parent, uint64_t last_use);
   // Links every loaded entry to its parent when the parent is present (a
   // cross link when on another node), and erases the entries whose parent
@@ -285,7 +281,7 @@ class MetadataIndex {
   // Then builds each node's recency list: by the last use of the entry's
   // subtree (a chain is as recent as its most recently used block), least
   // recent first, and children before their parent on ties. O(n log n).
-  std::vector<std::pair<std::string, IndexEntry>> FinishLoad();
+  std::vector<std::pair<std::string, ObjectLocation>> FinishLoad();
 
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
@@ -368,7 +364,7 @@ class MetadataIndex {
   void RebuildTable(size_t n);
   // Node, location and child count of record i.
   uint32_t NodeOf(uint32_t i) const;
-  IndexEntry EntryOf(uint32_t i) const;
+  ObjectLocation EntryOf(uint32_t i) const;
   uint32_t ChildCount(uint32_t i) const;
   void AddChild(uint32_t i);
   void RemoveChild(uint32_t i);
@@ -376,16 +372,16 @@ class MetadataIndex {
   uint32_t LocalParent(uint32_t i) const;
   // Stores `entry` in record i (packed, or in wide_ if a field does not
   // fit), releasing what it held.
-  void SetLocation(uint32_t i, const IndexEntry& entry);
+  void SetLocation(uint32_t i, const ObjectLocation& entry);
   // Drops record i's location (its shape reference or wide_ entry).
   void ReleaseLocation(uint32_t i);
-  uint32_t AcquireShape(const IndexEntry& entry);
+  uint32_t AcquireShape(const ObjectLocation& entry);
   void ReleaseShape(uint32_t shape);
   // A record number for a new entry, with room for it in the table.
   // Errors: ResourceExhausted when every record number is in use.
   absl::StatusOr<uint32_t> NewRecord();
   // Stores `key` and `entry` in the fresh record i.
-  void FillRecord(uint32_t i, absl::string_view key, const IndexEntry& entry);
+  void FillRecord(uint32_t i, absl::string_view key, const ObjectLocation& entry);
   // Releases record i's key and location and puts it on the free list.
   void FreeRecord(uint32_t i);
   // Releases record i's key (out-of-line buffer) and tenant count.
@@ -445,7 +441,7 @@ class MetadataIndex {
   uint32_t max_shapes_;
   // Locations that do not pack (addr or generation >= 2^48, or no free
   // shape), by record number.
-  absl::flat_hash_map<uint32_t, IndexEntry> wide_;
+  absl::flat_hash_map<uint32_t, ObjectLocation> wide_;
   // Child counts of records with more same-node children than the record's
   // field holds.
   absl::flat_hash_map<uint32_t, uint32_t> many_children_;

@@ -20,7 +20,7 @@
 //   prefix16_us       TouchPrefix of one whole 16-block chain
 //   upsert_erase_ns   one Upsert of a new key and its Erase
 // With --naive, also the heap bytes per entry of a plain
-// absl::flat_hash_map<std::string, IndexEntry> (for comparison).
+// absl::flat_hash_map<std::string, ObjectLocation> (for comparison).
 //
 // Part 2, the master's locking path (--mix_threads, default 8; 0 skips it):
 // a MasterService over a RocksDB store in a temporary directory, one node
@@ -99,8 +99,8 @@ std::string Key(uint64_t i, size_t size) {
 constexpr uint64_t kChain = 16;
 
 // Entry i is block i % kChain of chain i / kChain; a chain is on one node.
-IndexEntry EntryFor(uint64_t i) {
-  IndexEntry e;
+ObjectLocation EntryFor(uint64_t i) {
+  ObjectLocation e;
   e.node_id = static_cast<uint32_t>(i / kChain % 16 + 1);
   e.region_id = static_cast<uint32_t>(i % 2);
   e.addr = i * 65536;
@@ -248,7 +248,7 @@ void IndexPart(size_t key_size) {
 
   if (g_flags.naive) {
     const size_t nb = HeapInUse();
-    auto naive = std::make_unique<absl::flat_hash_map<std::string, IndexEntry>>();
+    auto naive = std::make_unique<absl::flat_hash_map<std::string, ObjectLocation>>();
     for (uint64_t i = 0; i < n; ++i) naive->emplace(Key(i, key_size), EntryFor(i));
     std::printf("key_bytes=%zu naive_flat_hash_map_string_bytes_per_entry=%.1f\n",
                 key_size, double(HeapInUse() - nb) / double(n));
