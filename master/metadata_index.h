@@ -18,8 +18,9 @@
 //   - records live in fixed-size chunks (no large reallocations while
 //     growing) and freed records are reused;
 //   - the hash table holds 4-byte record numbers with a 1-byte hash tag
-//     each, in groups of 8 (tags beside their slots: one line per probe),
-//     at up to 7/8 load, growing by 1.25x (5.7-7.1 bytes per entry);
+//     each, in groups of 7 with an overflow count (tags beside their slots;
+//     a lookup, hit or miss, usually reads one group), at up to 7/8 load,
+//     growing by 1.25x (5.9-7.3 bytes per entry);
 //   - per node only the two list ends are kept (a small map).
 //
 // At 10 M 32-byte keys this is ~71 heap bytes per entry, against ~157 for
