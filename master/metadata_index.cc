@@ -871,22 +871,27 @@ size_t MetadataIndex::TouchPrefix(const std::vector<absl::string_view>& keys,
 }
 
 void MetadataIndex::TouchRecord(uint32_t i, uint32_t read_tick) {
-  const uint32_t node_id = NodeOf(i);
   Record& l = record(i);
-  auto list = lists_.find(node_id);
-  if (list == lists_.end()) {
-    LinkMostRecent(i, node_id);  // not linked (cannot happen)
-  } else if (!l.cross() && l.parent != kNil && record(l.parent).has_key()) {
-    // The parent is on the same list and stays there. (An orphan's parent
-    // may be a ghost, on no list: the orphan is touched as a root.)
-    if (l.next != l.parent) {
+  // A linked entry goes just below its parent when the parent is on the
+  // same list. (An orphan's parent may be a ghost, on no list: the orphan
+  // is touched as a root.) A parent that is the entry's more recent
+  // neighbour is on the list, so the common case reads no other record.
+  const bool below_parent =
+      !l.cross() && l.parent != kNil &&
+      (l.next == l.parent || record(l.parent).has_key());
+  if (!below_parent || l.next != l.parent) {
+    const uint32_t node_id = NodeOf(i);
+    auto list = lists_.find(node_id);
+    if (list == lists_.end()) {
+      LinkMostRecent(i, node_id);  // not linked (cannot happen)
+    } else if (below_parent) {
       Unlink(i, list->second);
       LinkBelow(i, l.parent, list->second);
+    } else if (list->second.most != i) {
+      // Not the most recent, so the list keeps at least one other record.
+      Unlink(i, list->second);
+      LinkMostRecent(i, list->second);
     }
-  } else if (list->second.most != i) {
-    // Not the most recent, so the list keeps at least one other record.
-    Unlink(i, list->second);
-    LinkMostRecent(i, list->second);
   }
   l.read_tick = read_tick;
   if (track_used_ && !l.used()) {
