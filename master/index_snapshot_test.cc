@@ -22,14 +22,14 @@ std::string TestPath(const std::string& name) {
   return std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
 }
 
-IndexEntry At(uint32_t node, uint64_t n) {
-  return IndexEntry{node, static_cast<uint32_t>(n % 3), n * 4096, n + 1,
+ObjectLocation At(uint32_t node, uint64_t n) {
+  return ObjectLocation{node, static_cast<uint32_t>(n % 3), n * 4096, n + 1,
                     n + 100};
 }
 
 std::vector<std::string> Order(const MetadataIndex& index, uint32_t node) {
   std::vector<std::string> out;
-  index.ForEachLeastRecent(node, [&](absl::string_view k, const IndexEntry&,
+  index.ForEachLeastRecent(node, [&](absl::string_view k, const ObjectLocation&,
                                      uint32_t) {
     out.emplace_back(k);
     return true;
@@ -40,7 +40,7 @@ std::vector<std::string> Order(const MetadataIndex& index, uint32_t node) {
 // Everything observable: entries, per-node order, chain links, usage.
 std::string Describe(const MetadataIndex& index, uint32_t nodes) {
   std::map<std::string, std::string> entries;
-  index.ForEach([&](absl::string_view k, const IndexEntry& e) {
+  index.ForEach([&](absl::string_view k, const ObjectLocation& e) {
     auto c = index.Chain(k);
     std::ostringstream o;
     o << e.node_id << "/" << e.region_id << "/" << e.addr << "/" << e.length
@@ -99,16 +99,16 @@ TEST_CASE("An index snapshot restores entries, chains and recency order") {
   CHECK(Describe(back, 3) == Describe(index, 3));
   // It works as an index afterwards: evictions walk the same chains.
   std::vector<std::string> a, b;
-  auto judge = [](absl::string_view, const IndexEntry&, uint32_t) {
+  auto judge = [](absl::string_view, const ObjectLocation&, uint32_t) {
     return MetadataIndex::Verdict::kEvict;
   };
   index.PickEvictions(2, 1 << 20, judge,
-                      [&](absl::string_view k, const IndexEntry&) {
+                      [&](absl::string_view k, const ObjectLocation&) {
                         a.emplace_back(k);
                         return true;
                       });
   back.PickEvictions(2, 1 << 20, judge,
-                     [&](absl::string_view k, const IndexEntry&) {
+                     [&](absl::string_view k, const ObjectLocation&) {
                        b.emplace_back(k);
                        return true;
                      });

@@ -49,6 +49,15 @@ constexpr size_t kReconcileScanChunk = 65536;
 // Read ticks stay below this (LeaseTick moves the epoch forward).
 constexpr int64_t kMaxLeaseTick = int64_t{1} << 31;
 
+// The one conversion of a location to its wire form.
+void ToProto(const ObjectLocation& e, v1::Location* loc) {
+  loc->set_node_id(e.node_id);
+  loc->set_region_id(e.region_id);
+  loc->set_addr(e.addr);
+  loc->set_length(e.length);
+  loc->set_generation(e.generation);
+}
+
 uint64_t RoundUp(uint64_t len, uint32_t alignment) {
   return (len + alignment - 1) & ~uint64_t{alignment - 1};
 }
@@ -431,9 +440,7 @@ bool MasterService::LoadSnapshotLocked(std::vector<std::string>* doomed) {
         switch (c.kind) {
           case MetadataStore::ObjectChange::Kind::kPut: {
             const ObjectRecord& r = *c.record;
-            IndexEntry e{r.node_id, r.region_id, r.addr, r.length,
-                         r.generation};
-            auto up = index_.Upsert(c.key, e, r.parent_key);
+            auto up = index_.Upsert(c.key, r, r.parent_key);
             if (!up.ok()) {
               bad = up.status();
               return;
@@ -487,7 +494,7 @@ bool MasterService::LoadSnapshotLocked(std::vector<std::string>* doomed) {
     gone.clear();
     uint64_t last_id = ~uint64_t{0};
     RegionLoad* last = nullptr;
-    index_.ForEach([&](absl::string_view key, const IndexEntry& e)
+    index_.ForEach([&](absl::string_view key, const ObjectLocation& e)
                        ABSL_NO_THREAD_SAFETY_ANALYSIS {
       const uint64_t id = (uint64_t{e.node_id} << 32) | e.region_id;
       if (id != last_id) {
@@ -586,10 +593,9 @@ absl::StatusOr<bool> MasterService::LoadObjectsLocked(
                !rs.ok()) {
       why = std::string(rs.message());
     } else {
-      IndexEntry e{r.node_id, r.region_id, r.addr, r.length, r.generation};
-      absl::Status up = index_.LoadEntry(key, e, r.parent_key, r.last_use_ms);
+      absl::Status up = index_.LoadEntry(key, r, r.parent_key, r.last_use_ms);
       if (up.ok()) {
-        CountObject(e, +1);
+        CountObject(r, +1);
         if (!careful) {
           ranges[reg->second.allocator.get()].emplace_back(r.addr, r.length);
         }
@@ -744,7 +750,7 @@ bool MasterService::IsLeased(uint32_t read_tick, uint32_t now_tick) const {
   return std::abs(age) < absl::ToInt64Milliseconds(options_.read_lease);
 }
 
-void MasterService::CountObject(const IndexEntry& e, int delta) {
+void MasterService::CountObject(const ObjectLocation& e, int delta) {
   auto n = nodes_.find(e.node_id);
   if (n == nodes_.end()) return;
   n->second.object_count += delta;
@@ -829,7 +835,7 @@ void MasterService::UnpinParent(const PendingPut& put) {
   }
 }
 
-std::vector<std::pair<std::string, IndexEntry>>
+std::vector<std::pair<std::string, ObjectLocation>>
 MasterService::SweepOrphansLocked() {
   if (index_.ghost_count() == 0) return {};
   auto orphans = index_.Orphans();
@@ -957,7 +963,7 @@ void MasterService::CountCallerPending(const PendingPut& put, int delta) {
 absl::StatusOr<uint64_t> MasterService::ForgetNodeLocked(uint32_t node_id) {
   Node& node = nodes_.at(node_id);
   std::vector<std::string> doomed;
-  index_.ForEach([&](absl::string_view key, const IndexEntry& e) {
+  index_.ForEach([&](absl::string_view key, const ObjectLocation& e) {
     if (e.node_id == node_id) doomed.emplace_back(key);
   });
   MetadataMutation m;
@@ -1050,11 +1056,7 @@ absl::StatusOr<v1::InspectKeyResponse> MasterService::InspectKey(
   if (!e) return response;
   response.set_found(true);
   v1::Location* loc = response.mutable_location();
-  loc->set_node_id(e->node_id);
-  loc->set_region_id(e->region_id);
-  loc->set_addr(e->addr);
-  loc->set_length(e->length);
-  loc->set_generation(e->generation);
+  ToProto(*e, loc);
   auto n = nodes_.find(e->node_id);
   if (n != nodes_.end()) FillNodeInfo(n->second, now, response.mutable_node());
   const std::optional<uint32_t> tick = index_.ReadTick(request.key());
@@ -1090,7 +1092,7 @@ absl::StatusOr<MasterService::Rebuild> MasterService::PlanRebuild(
     region.allocator = std::move(alloc).value();
   }
   if (!scan_index) return plan;
-  index_.ForEach([&](absl::string_view key, const IndexEntry& e) {
+  index_.ForEach([&](absl::string_view key, const ObjectLocation& e) {
     if (e.node_id != node_id) return;
     if (std::find(purge_regions.begin(), purge_regions.end(), e.region_id) !=
         purge_regions.end()) {
@@ -1361,7 +1363,7 @@ absl::StatusOr<v1::DeregisterNodeResponse> MasterService::DeregisterNode(
   }
   // Objects in memory that dies with the node's process.
   std::vector<std::string> doomed;
-  index_.ForEach([&](absl::string_view key, const IndexEntry& e)
+  index_.ForEach([&](absl::string_view key, const ObjectLocation& e)
                      ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (e.node_id != node.info.node_id()) return;
     auto r = node.regions.find(e.region_id);
@@ -1477,7 +1479,7 @@ absl::StatusOr<bool> MasterService::EvictAndAllocate(
   size_t round_size = 1;  // objects in the next round after the first
   while (true) {
     const bool first = evicted == 0;
-    std::vector<std::pair<std::string, IndexEntry>> victims;
+    std::vector<std::pair<std::string, ObjectLocation>> victims;
     uint64_t reclaim = 0;
     const size_t budget = options_.max_evictions_per_put - evicted;
     const size_t scan_budget = options_.max_eviction_scan - scanned;
@@ -1485,7 +1487,7 @@ absl::StatusOr<bool> MasterService::EvictAndAllocate(
     if (budget > 0 && scan_budget > 0) {
       end = index_.PickEvictions(
           node_id, scan_budget,
-          [&](absl::string_view key, const IndexEntry& e, uint32_t read_tick)
+          [&](absl::string_view key, const ObjectLocation& e, uint32_t read_tick)
               ABSL_NO_THREAD_SAFETY_ANALYSIS {
                 ++scanned;
                 if (keep.contains(key) || pending_parents_.contains(key)) {
@@ -1499,7 +1501,7 @@ absl::StatusOr<bool> MasterService::EvictAndAllocate(
                 }
                 return MetadataIndex::Verdict::kEvict;
               },
-          [&](absl::string_view key, const IndexEntry& e)
+          [&](absl::string_view key, const ObjectLocation& e)
               ABSL_NO_THREAD_SAFETY_ANALYSIS {
                 victims.emplace_back(std::string(key), e);
                 reclaim += RoundUp(
@@ -1581,7 +1583,7 @@ absl::Status MasterService::MakeRoomInTenant(
   // Plan: the tenant's least recently used objects, node by node, until
   // the excess is covered; evict only if it is.
   const uint32_t now_tick = LeaseTick(now);
-  std::map<uint32_t, std::vector<std::pair<std::string, IndexEntry>>> victims;
+  std::map<uint32_t, std::vector<std::pair<std::string, ObjectLocation>>> victims;
   uint64_t got_objects = 0;
   uint64_t got_bytes = 0;
   size_t chosen = 0;
@@ -1594,7 +1596,7 @@ absl::Status MasterService::MakeRoomInTenant(
     if (covered() || chosen >= options_.max_evictions_per_put) break;
     index_.PickEvictions(
         node_id, options_.max_eviction_scan,
-        [&](absl::string_view key, const IndexEntry& e, uint32_t read_tick)
+        [&](absl::string_view key, const ObjectLocation& e, uint32_t read_tick)
             ABSL_NO_THREAD_SAFETY_ANALYSIS {
               if (TenantOfKey(key) != tenant || keep.contains(key) ||
                   pending_parents_.contains(key) ||
@@ -1604,7 +1606,7 @@ absl::Status MasterService::MakeRoomInTenant(
               }
               return MetadataIndex::Verdict::kEvict;
             },
-        [&](absl::string_view key, const IndexEntry& e)
+        [&](absl::string_view key, const ObjectLocation& e)
             ABSL_NO_THREAD_SAFETY_ANALYSIS {
               victims[node_id].emplace_back(std::string(key), e);
               ++got_objects;
@@ -1634,7 +1636,7 @@ absl::Status MasterService::MakeRoomInTenant(
 
 absl::Status MasterService::EvictObjects(
     uint32_t node_id,
-    const std::vector<std::pair<std::string, IndexEntry>>& victims) {
+    const std::vector<std::pair<std::string, ObjectLocation>>& victims) {
   MetadataMutation m;
   m.delete_objects.reserve(victims.size());
   for (const auto& [key, e] : victims) m.delete_objects.push_back(key);
@@ -1767,11 +1769,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
         slot->set_state(v1::SLOT_EXISTS);
         keep.insert(key);
         v1::Location* loc = slot->mutable_location();
-        loc->set_node_id(e->node_id);
-        loc->set_region_id(e->region_id);
-        loc->set_addr(e->addr);
-        loc->set_length(e->length);
-        loc->set_generation(e->generation);
+        ToProto(*e, loc);
         continue;
       }
       // Committed on a dead node: a miss for readers, so it may be written
@@ -1887,11 +1885,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
                      request.lengths(i),
                      *gen};
     v1::Location* loc = response.mutable_slots(i)->mutable_location();
-    loc->set_node_id(node_id);
-    loc->set_region_id(slot.region_id);
-    loc->set_addr(slot.addr);
-    loc->set_length(slot.length);
-    loc->set_generation(slot.generation);
+    ToProto(slot.location(node_id), loc);
     Grant(*chosen, *loc, wire::kCapWrite, put.expiry,
           response.mutable_slots(i)->mutable_capability());
     put.slots.push_back(std::move(slot));
@@ -1959,8 +1953,7 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
   }
   MetadataMutation m;
   for (const PendingSlot* slot : to_commit) {
-    ObjectRecord record{put.node_id, slot->region_id, slot->addr,
-                        slot->length, slot->generation};
+    ObjectRecord record{slot->location(put.node_id)};
     record.last_use_ms = static_cast<uint64_t>(absl::ToUnixMillis(now));
     record.parent_key = slot->parent;
     m.put_objects.emplace_back(slot->key, std::move(record));
@@ -1988,8 +1981,7 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
       continue;
     }
     ++next;
-    IndexEntry e{put.node_id, slot.region_id, slot.addr, slot.length,
-                 slot.generation};
+    const ObjectLocation e = slot.location(put.node_id);
     auto old = index_.Upsert(slot.key, e, slot.parent);
     if (!old.ok()) {
       // Keys and lengths were validated at PutStart.
@@ -1999,7 +1991,7 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
     }
     if (old->has_value()) {
       // Replaced an entry on a dead node.
-      const IndexEntry& o = **old;
+      const ObjectLocation& o = **old;
       FreeSpace(o.node_id, o.region_id, o.addr);
       CountObject(o, -1);
     }
@@ -2130,11 +2122,7 @@ uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
     }
     result->set_found(true);
     v1::Location* loc = result->mutable_location();
-    loc->set_node_id(e->node_id);
-    loc->set_region_id(e->region_id);
-    loc->set_addr(e->addr);
-    loc->set_length(e->length);
-    loc->set_generation(e->generation);
+    ToProto(*e, loc);
     Grant(*node, *loc, wire::kCapRead, cap_expiry,
           result->mutable_capability());
     if (prefix) ++hit_prefix;
@@ -2288,7 +2276,7 @@ absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
   // in between. A listing committed after BeginReconcile is not judged (the
   // node may have listed its extents before the write landed); one that
   // changes between the chunks is checked again in phase 2.
-  std::vector<std::pair<std::string, IndexEntry>> candidates;
+  std::vector<std::pair<std::string, ObjectLocation>> candidates;
   uint64_t listed = 0, matched = 0, skipped = 0;
   for (uint32_t cursor = 0;;) {
     ReaderMutexLock l(&mu_);
@@ -2296,7 +2284,7 @@ absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
     const Node& node = nodes_.at(id);
     cursor = index_.ForEachFrom(
         cursor, kReconcileScanChunk,
-        [&](absl::string_view key, const IndexEntry& e)
+        [&](absl::string_view key, const ObjectLocation& e)
             ABSL_NO_THREAD_SAFETY_ANALYSIS {
               if (e.node_id != id) return true;
               ++listed;
@@ -2353,11 +2341,8 @@ absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
     if (static_cast<uint32_t>(response.unlisted_size()) <
         options_.max_unlisted_per_reconcile) {
       v1::Location* loc = response.add_unlisted();
-      loc->set_node_id(id);
-      loc->set_region_id(h.region_id);
-      loc->set_addr(h.addr);
-      loc->set_length(h.length);
-      loc->set_generation(generation);
+      ToProto(ObjectLocation{id, h.region_id, h.addr, h.length, generation},
+              loc);
     }
   }
 
@@ -2382,11 +2367,7 @@ absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
       if (static_cast<uint32_t>(response.unlisted_size()) <
           options_.max_unlisted_per_reconcile) {
         v1::Location* loc = response.add_unlisted();
-        loc->set_node_id(id);
-        loc->set_region_id(e.region_id);
-        loc->set_addr(e.addr);
-        loc->set_length(e.length);
-        loc->set_generation(e.generation);
+        ToProto(e, loc);  // e.node_id == id
       }
     }
   }
@@ -2474,7 +2455,7 @@ bool MasterService::ListObjects(uint32_t node_id, uint64_t* cursor,
   size_t added = 0;
   const uint32_t next = index_.ForEachFrom(
       static_cast<uint32_t>(begin), budget,
-      [&](absl::string_view key, const IndexEntry& e) {
+      [&](absl::string_view key, const ObjectLocation& e) {
         if (node_id != 0 && e.node_id != node_id) return true;
         if (added == max) return false;
         v1::ListedObject* o = out->add_objects();
@@ -2484,11 +2465,7 @@ bool MasterService::ListObjects(uint32_t node_id, uint64_t* cursor,
           o->set_unreachable(chain->orphan);
         }
         v1::Location* loc = o->mutable_location();
-        loc->set_node_id(e.node_id);
-        loc->set_region_id(e.region_id);
-        loc->set_addr(e.addr);
-        loc->set_length(e.length);
-        loc->set_generation(e.generation);
+        ToProto(e, loc);
         ++added;
         return true;
       });

@@ -580,6 +580,9 @@ class MasterService {
     uint64_t addr;
     uint64_t length;
     uint64_t generation;
+    ObjectLocation location(uint32_t node_id) const {
+      return ObjectLocation{node_id, region_id, addr, length, generation};
+    }
   };
   struct PendingPut {
     std::string caller;  // PutStart's caller key
@@ -672,7 +675,7 @@ class MasterService {
   // from the index and allocators. Errors: store errors (nothing changes).
   absl::Status EvictObjects(
       uint32_t node_id,
-      const std::vector<std::pair<std::string, IndexEntry>>& victims)
+      const std::vector<std::pair<std::string, ObjectLocation>>& victims)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillNodeInfo(const Node& node, absl::Time now,
                     hymcache::v1::NodeInfo* out) const
@@ -694,7 +697,7 @@ class MasterService {
   void FreeSpace(uint32_t node_id, uint32_t region_id, uint64_t addr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Accounts a committed object added to / removed from the index.
-  void CountObject(const IndexEntry& e, int delta)
+  void CountObject(const ObjectLocation& e, int delta)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a pending put, freeing its space if `free_space`.
   void ReleasePut(uint64_t put_id, bool free_space)
@@ -739,7 +742,7 @@ class MasterService {
   // Removes the index's orphans (objects whose chain lost a block before
   // them) from the store in one batch, then from the index and allocators;
   // returns them. A store failure leaves them for the next call (WARNING).
-  std::vector<std::pair<std::string, IndexEntry>> SweepOrphansLocked()
+  std::vector<std::pair<std::string, ObjectLocation>> SweepOrphansLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes up to `max` queued reads (object, read time) to the store in one
   // batch; returns how many (0 on a store failure: those reads are lost).

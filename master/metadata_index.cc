@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <new>
+#include <tuple>
 
 #include "absl/base/internal/endian.h"
 #include "absl/hash/hash.h"
@@ -19,48 +21,246 @@ size_t MallocSize(size_t n) { return (n + 8 + 15) & ~size_t{15}; }
 
 }  // namespace
 
-// One entry, exactly one cache line. Keys of up to kInlineKey bytes live in
-// `key`; a longer key lives in a heap buffer whose pointer is stored in the
-// first bytes of `key`. A free record has key length 0.
-struct MetadataIndex::Record {
+// One entry, exactly one cache line (chunks are line-aligned): the key, the
+// recency and chain links, the read tick and the packed location, so a
+// lookup reads one line and a touch writes it and its neighbours' lines.
+//
+// Keys of up to kInlineKey bytes live in `key`; a longer key lives in a heap
+// buffer (a u16 length, then the bytes) whose pointer is stored in the first
+// bytes of `key`. A free record and a ghost have key length 0.
+//
+// The location: node, region and length are a shared Shape (`shape`
+// indexes MetadataIndex::shapes_); addr and generation take 48 bits each.
+// An entry whose values do not fit has shape kWideShape and its location
+// in MetadataIndex::wide_.
+struct alignas(64) MetadataIndex::Record {
   static constexpr size_t kInlineKey = 32;
-  static constexpr int kLengthBits = 48;
+  static constexpr uint32_t kOutOfLine = kInlineKey + 1;  // key length field
+  static constexpr uint32_t kWideShape = (uint32_t{1} << 21) - 1;
+  static constexpr uint32_t kManyKids = 7;  // count in many_children_
 
-  uint64_t addr;
-  uint64_t generation;
-  // Low 48 bits: object length; high 16 bits: key length.
-  uint64_t length_and_key_len;
-  uint32_t node_id;
-  uint32_t region_id;
+  // `bits`: key length field (6 bits: 0, 1..kInlineKey or kOutOfLine),
+  // queued for CollectUsed (1), parent on another node (1), same-node
+  // children (3 bits, kManyKids: more), shape (21).
+  static constexpr uint32_t kKeyLenMask = 0x3f;
+  static constexpr uint32_t kUsedBit = 1u << 6;
+  static constexpr uint32_t kCrossBit = 1u << 7;
+  static constexpr int kKidsShift = 8;
+  static constexpr uint32_t kKidsMask = 7u << kKidsShift;
+  static constexpr int kShapeShift = 11;
+
   char key[kInlineKey];
+  uint32_t prev;       // less recent neighbour, or kNil
+  uint32_t next;       // more recent neighbour, or kNil
+  uint32_t parent;     // linked parent (see cross()), or kNil
+  uint32_t read_tick;  // last Touch, 0 if none since Upsert
+  uint32_t bits;
+  uint32_t addr_lo;
+  uint32_t generation_lo;
+  uint16_t addr_hi;
+  uint16_t generation_hi;
 
-  size_t key_len() const { return length_and_key_len >> kLengthBits; }
-  uint64_t length() const {
-    return length_and_key_len & ((uint64_t{1} << kLengthBits) - 1);
+  uint32_t key_field() const { return bits & kKeyLenMask; }
+  bool has_key() const { return key_field() != 0; }
+  bool out_of_line() const { return key_field() == kOutOfLine; }
+  void set_key_field(uint32_t f) { bits = (bits & ~kKeyLenMask) | f; }
+  bool used() const { return (bits & kUsedBit) != 0; }
+  void set_used(bool on) { bits = on ? bits | kUsedBit : bits & ~kUsedBit; }
+  bool cross() const { return (bits & kCrossBit) != 0; }
+  void set_cross(bool on) { bits = on ? bits | kCrossBit : bits & ~kCrossBit; }
+  uint32_t kids() const { return (bits & kKidsMask) >> kKidsShift; }
+  void set_kids(uint32_t k) {
+    bits = (bits & ~kKidsMask) | (k << kKidsShift);
   }
-  const char* key_data() const {
-    if (key_len() <= kInlineKey) return key;
+  uint32_t shape() const { return bits >> kShapeShift; }
+  void set_shape(uint32_t s) {
+    bits = (bits & ((1u << kShapeShift) - 1)) | (s << kShapeShift);
+  }
+  uint64_t addr() const { return uint64_t{addr_hi} << 32 | addr_lo; }
+  uint64_t generation() const {
+    return uint64_t{generation_hi} << 32 | generation_lo;
+  }
+  void set_addr_generation(uint64_t addr, uint64_t generation) {
+    addr_lo = static_cast<uint32_t>(addr);
+    addr_hi = static_cast<uint16_t>(addr >> 32);
+    generation_lo = static_cast<uint32_t>(generation);
+    generation_hi = static_cast<uint16_t>(generation >> 32);
+  }
+  // An out-of-line key's buffer.
+  const char* buffer() const {
     const char* p;
     std::memcpy(&p, key, sizeof(p));
     return p;
   }
-  void SetEntry(const IndexEntry& e, size_t klen) {
-    addr = e.addr;
-    generation = e.generation;
-    length_and_key_len = (uint64_t{klen} << kLengthBits) | e.length;
-    node_id = e.node_id;
-    region_id = e.region_id;
+  absl::string_view key_view() const {
+    const uint32_t f = key_field();
+    if (f != kOutOfLine) return absl::string_view(key, f);
+    const char* p = buffer();
+    return absl::string_view(p + 2, absl::little_endian::Load16(p));
   }
-  IndexEntry entry() const {
-    IndexEntry e;
-    e.node_id = node_id;
-    e.region_id = region_id;
-    e.addr = addr;
-    e.length = length();
-    e.generation = generation;
-    return e;
+  // No key, no links, no location (wide, without a wide_ entry): a free
+  // record.
+  void Reset() {
+    std::memset(key, 0, sizeof(key));
+    prev = next = parent = kNil;
+    read_tick = 0;
+    bits = kWideShape << kShapeShift;  // holds no location
+    set_addr_generation(0, 0);
   }
 };
+
+// The hash table: record numbers in open addressing with linear probing over
+// groups of 7 slots. A group is 36 bytes: the 7 record numbers, then 8
+// control bytes, one per slot (a 7-bit tag of the key's hash, or empty) and
+// the group's overflow count: how many entries whose probe started at or
+// before it went past it because it was full (F14's scheme). A lookup reads
+// its home group and stops there unless that group has overflowed, so a
+// miss usually costs one group, and erasing needs no tombstones. 5.14 bytes
+// per slot at up to 7/8 load; it grows by 1.25x (not 2x: between 5.9 and
+// 7.3 bytes per entry), rebuilt from the records in record order. The table
+// does not know keys: callers pass hashes and compare keys themselves.
+class MetadataIndex::Table {
+ public:
+  static constexpr uint32_t kNone = 0xffffffffu;
+
+  // Empty, sized for `n` entries.
+  explicit Table(size_t n) {
+    const size_t slots = n + n / 7 + 1;  // n at 7/8 load
+    num_groups_ = std::max<size_t>(1, (slots + kGroup - 1) / kGroup);
+    groups_.reset(new Group[num_groups_]);
+    for (size_t g = 0; g < num_groups_; ++g) {
+      for (uint32_t& slot : groups_[g].slot) slot = kNone;
+      SetCtrl(groups_[g], kAllEmpty);
+    }
+    max_size_ = num_groups_ * kGroup * 7 / 8;
+  }
+
+  // The record among those whose tag matches `hash` for which `eq` holds,
+  // or kNone.
+  template <typename Eq>
+  uint32_t Find(size_t hash, const Eq& eq) const {
+    const uint64_t pattern = kLsbs * Tag(hash);
+    size_t g = Home(hash);
+    for (size_t probed = 0; probed < num_groups_; ++probed) {
+      const Group& group = groups_[g];
+      const uint64_t ctrl = Ctrl(group);
+      for (uint64_t m = Match(ctrl, pattern); m != 0; m &= m - 1) {
+        const uint32_t r = group.slot[Lowest(m)];
+        if (eq(r)) return r;
+      }
+      if (Overflow(ctrl) == 0) return kNone;
+      g = Next(g);
+    }
+    return kNone;
+  }
+
+  bool HasRoom() const { return size_ < max_size_; }
+  // Whether `n` entries fit without a rebuild.
+  bool HasRoomFor(size_t n) const { return n <= max_size_; }
+
+  // Adds record `r` (absent). REQUIRES: HasRoom().
+  void Insert(size_t hash, uint32_t r) {
+    for (size_t g = Home(hash);; g = Next(g)) {
+      Group& group = groups_[g];
+      const uint64_t ctrl = Ctrl(group);
+      const uint64_t free = ctrl & kSlotMsbs;  // empty slots
+      if (free == 0) {
+        // Full: one more entry probes past it.
+        if (Overflow(ctrl) < 0xff) SetCtrl(group, ctrl + kOverflowOne);
+        continue;
+      }
+      const int k = Lowest(free);
+      SetCtrl(group, WithByte(ctrl, k, Tag(hash)));
+      group.slot[k] = r;
+      ++size_;
+      return;
+    }
+  }
+
+  // Removes record `r` (present, with this hash).
+  void Erase(size_t hash, uint32_t r) {
+    const uint64_t pattern = kLsbs * Tag(hash);
+    const size_t home = Home(hash);
+    size_t g = home;
+    for (size_t probed = 0; probed < num_groups_; ++probed) {
+      Group& group = groups_[g];
+      const uint64_t ctrl = Ctrl(group);
+      for (uint64_t m = Match(ctrl, pattern); m != 0; m &= m - 1) {
+        const int k = Lowest(m);
+        if (group.slot[k] != r) continue;
+        SetCtrl(group, WithByte(ctrl, k, kEmpty));
+        group.slot[k] = kNone;
+        --size_;
+        // The groups it went past count one fewer (saturated counts stay).
+        for (size_t x = home; x != g; x = Next(x)) {
+          const uint64_t c = Ctrl(groups_[x]);
+          if (Overflow(c) < 0xff) SetCtrl(groups_[x], c - kOverflowOne);
+        }
+        return;
+      }
+      if (Overflow(ctrl) == 0) return;  // absent (cannot happen)
+      g = Next(g);
+    }
+  }
+
+  size_t size() const { return size_; }
+  // Entries a rebuild should make room for: the live ones and a quarter
+  // more.
+  size_t GrowTarget() const { return size_ + size_ / 4 + kGroup; }
+  size_t MemoryBytes() const { return num_groups_ * sizeof(Group); }
+
+ private:
+  static constexpr int kGroup = 7;
+  static constexpr uint8_t kEmpty = 0x80;
+  static constexpr uint64_t kLsbs = 0x0001010101010101ull;  // slot bytes
+  static constexpr uint64_t kSlotMsbs = 0x0080808080808080ull;
+  static constexpr uint64_t kAllEmpty = kLsbs * kEmpty;  // overflow 0
+  static constexpr uint64_t kOverflowOne = uint64_t{1} << 56;
+  struct Group {
+    uint32_t slot[kGroup];
+    // Bytes 0-6: slot k's tag (< 0x80) or kEmpty; byte 7: overflow count
+    // (saturating at 255). Read and written as one little-endian u64.
+    unsigned char ctrl[8];
+  };
+  static_assert(sizeof(Group) == 36, "a group is 36 bytes");
+
+  static uint64_t Ctrl(const Group& g) {
+    uint64_t c;
+    std::memcpy(&c, g.ctrl, 8);
+    return absl::little_endian::ToHost64(c);
+  }
+  static void SetCtrl(Group& g, uint64_t c) {
+    c = absl::little_endian::FromHost64(c);
+    std::memcpy(g.ctrl, &c, 8);
+  }
+  static uint64_t Overflow(uint64_t ctrl) { return ctrl >> 56; }
+  static uint8_t Tag(size_t hash) { return hash & 0x7f; }
+  size_t Home(size_t hash) const {
+    return static_cast<size_t>(
+        (static_cast<unsigned __int128>(hash >> 7) << 7) * num_groups_ >> 64);
+  }
+  size_t Next(size_t g) const { return g + 1 == num_groups_ ? 0 : g + 1; }
+  // Slot bytes equal to the pattern's (a few false positives above a true
+  // match, never on an empty slot: callers compare the record).
+  static uint64_t Match(uint64_t ctrl, uint64_t pattern) {
+    const uint64_t x = (ctrl ^ pattern) | ~(kLsbs * 0xff);  // no overflow byte
+    return (x - kLsbs) & ~x & kSlotMsbs;
+  }
+  static int Lowest(uint64_t mask) { return __builtin_ctzll(mask) >> 3; }
+  static uint64_t WithByte(uint64_t ctrl, int k, uint8_t b) {
+    return (ctrl & ~(uint64_t{0xff} << (8 * k))) | (uint64_t{b} << (8 * k));
+  }
+
+  std::unique_ptr<Group[]> groups_;
+  size_t num_groups_ = 0;
+  size_t size_ = 0;
+  size_t max_size_ = 0;
+};
+
+void MetadataIndex::ChunkDeleter::operator()(Record* chunk) const {
+  ::operator delete[](chunk, std::align_val_t(alignof(Record)));
+}
+
 // State kept between LoadEntry and FinishLoad.
 struct MetadataIndex::LoadState {
   // Persisted last use, by record number.
@@ -75,17 +275,18 @@ struct MetadataIndex::LoadState {
   std::string parent_keys;
 };
 
-MetadataIndex::MetadataIndex() : set_(0, Hash{this}, Eq{this}) {
+MetadataIndex::MetadataIndex(uint32_t max_shapes)
+    : table_(std::make_unique<Table>(0)),
+      max_shapes_(std::min(max_shapes, kMaxShapes)) {
   static_assert(sizeof(Record) == 64, "Record must be one cache line");
-  static_assert(sizeof(Links) == 20, "Links must stay small");
+  static_assert(Record::kWideShape == kMaxShapes, "shape field width");
 }
 
 MetadataIndex::~MetadataIndex() {
   // Release out-of-line keys; record chunks go with chunks_. Ghosts have
   // released theirs already.
-  for (uint32_t i : set_) {
-    Record& r = record(i);
-    if (r.key_len() > Record::kInlineKey) delete[] r.key_data();
+  for (uint32_t i = 0; i < records_used_; ++i) {
+    if (record(i).out_of_line()) delete[] record(i).buffer();
   }
 }
 
@@ -94,27 +295,179 @@ size_t MetadataIndex::HashKey(absl::string_view key) {
 }
 
 MetadataIndex::Record& MetadataIndex::record(uint32_t i) const {
-  return chunks_[i >> kChunkShift][i & (kChunkSize - 1)];
-}
-
-MetadataIndex::Links& MetadataIndex::links(uint32_t i) const {
-  return link_chunks_[i >> kChunkShift][i & (kChunkSize - 1)];
+  return chunks_[i >> kChunkShift].get()[i & (kChunkSize - 1)];
 }
 
 absl::string_view MetadataIndex::KeyOf(uint32_t i) const {
-  const Record& r = record(i);
-  return absl::string_view(r.key_data(), r.key_len());
+  return record(i).key_view();
 }
 
+uint32_t MetadataIndex::Lookup(absl::string_view key) const {
+  const uint32_t r = table_->Find(HashKey(key), [&](uint32_t i) {
+    const Record& rec = record(i);
+    if (key.size() <= Record::kInlineKey) {
+      return rec.key_field() == key.size() &&
+             std::memcmp(rec.key, key.data(), key.size()) == 0;
+    }
+    return rec.out_of_line() && rec.key_view() == key;
+  });
+  return r == Table::kNone ? kNil : r;
+}
+
+void MetadataIndex::TableInsert(uint32_t i) {
+  table_->Insert(HashKey(KeyOf(i)), i);
+  ++size_;
+}
+
+void MetadataIndex::TableErase(uint32_t i) {
+  table_->Erase(HashKey(KeyOf(i)), i);
+  --size_;
+}
+
+void MetadataIndex::RebuildTable(size_t n) {
+  table_.reset();  // the old one goes first: no peak of both
+  table_ = std::make_unique<Table>(n);
+  for (uint32_t i = 0; i < records_used_; ++i) {
+    if (record(i).has_key()) table_->Insert(HashKey(KeyOf(i)), i);
+  }
+}
+
+bool MetadataIndex::IsLive(uint32_t i) const { return record(i).has_key(); }
+
 bool MetadataIndex::IsGhost(uint32_t i) const {
-  return record(i).key_len() == 0 && HasChildren(i);
+  return !record(i).has_key() && HasChildren(i);
+}
+
+uint32_t MetadataIndex::NodeOf(uint32_t i) const {
+  const uint32_t s = record(i).shape();
+  if (s == Record::kWideShape) {
+    auto it = wide_.find(i);
+    return it == wide_.end() ? 0 : it->second.node_id;
+  }
+  return shapes_[s].node_id;
+}
+
+ObjectLocation MetadataIndex::EntryOf(uint32_t i) const {
+  const Record& r = record(i);
+  const uint32_t s = r.shape();
+  if (s == Record::kWideShape) {
+    auto it = wide_.find(i);
+    return it == wide_.end() ? ObjectLocation() : it->second;
+  }
+  const Shape& shape = shapes_[s];
+  ObjectLocation e;
+  e.node_id = shape.node_id;
+  e.region_id = shape.region_id;
+  e.addr = r.addr();
+  e.length = shape.length;
+  e.generation = r.generation();
+  return e;
+}
+
+uint32_t MetadataIndex::ChildCount(uint32_t i) const {
+  const uint32_t k = record(i).kids();
+  if (k < Record::kManyKids) return k;
+  auto it = many_children_.find(i);
+  return it == many_children_.end() ? 0 : it->second;
+}
+
+void MetadataIndex::AddChild(uint32_t i) {
+  Record& r = record(i);
+  const uint32_t k = r.kids();
+  if (k + 1 < Record::kManyKids) {
+    r.set_kids(k + 1);
+  } else if (k + 1 == Record::kManyKids) {
+    r.set_kids(Record::kManyKids);
+    many_children_[i] = k + 1;
+  } else {
+    ++many_children_[i];
+  }
+}
+
+void MetadataIndex::RemoveChild(uint32_t i) {
+  Record& r = record(i);
+  const uint32_t k = r.kids();
+  if (k < Record::kManyKids) {
+    if (k > 0) r.set_kids(k - 1);
+    return;
+  }
+  auto it = many_children_.find(i);
+  if (it == many_children_.end()) return;  // cannot happen
+  if (--it->second < Record::kManyKids) {
+    r.set_kids(it->second);
+    many_children_.erase(it);
+  }
+}
+
+uint32_t MetadataIndex::LocalParent(uint32_t i) const {
+  const Record& r = record(i);
+  return r.cross() ? kNil : r.parent;
+}
+
+uint32_t MetadataIndex::AcquireShape(const ObjectLocation& e) {
+  auto [it, fresh] =
+      shape_ids_.try_emplace(std::make_tuple(e.node_id, e.region_id, e.length),
+                             Record::kWideShape);
+  if (!fresh) {
+    ++shapes_[it->second].refs;
+    return it->second;
+  }
+  uint32_t s;
+  if (!free_shapes_.empty()) {
+    s = free_shapes_.back();
+    free_shapes_.pop_back();
+  } else if (shapes_.size() < max_shapes_) {
+    s = static_cast<uint32_t>(shapes_.size());
+    shapes_.emplace_back();
+  } else {
+    shape_ids_.erase(it);
+    return Record::kWideShape;
+  }
+  shapes_[s] = Shape{e.node_id, e.region_id, e.length, 1};
+  it->second = s;
+  return s;
+}
+
+void MetadataIndex::ReleaseShape(uint32_t s) {
+  Shape& shape = shapes_[s];
+  if (--shape.refs > 0) return;
+  shape_ids_.erase(std::make_tuple(shape.node_id, shape.region_id,
+                                   shape.length));
+  free_shapes_.push_back(s);
+}
+
+void MetadataIndex::SetLocation(uint32_t i, const ObjectLocation& e) {
+  ReleaseLocation(i);
+  Record& r = record(i);
+  constexpr uint64_t kPacked = uint64_t{1} << 48;
+  uint32_t s = Record::kWideShape;
+  if (e.addr < kPacked && e.generation < kPacked) s = AcquireShape(e);
+  r.set_shape(s);
+  if (s == Record::kWideShape) {
+    wide_[i] = e;
+    r.set_addr_generation(0, 0);
+  } else {
+    r.set_addr_generation(e.addr, e.generation);
+  }
+}
+
+void MetadataIndex::ReleaseLocation(uint32_t i) {
+  Record& r = record(i);
+  const uint32_t s = r.shape();
+  if (s == Record::kWideShape) {
+    wide_.erase(i);  // none for a free record
+  } else {
+    ReleaseShape(s);
+  }
+  r.set_shape(Record::kWideShape);
 }
 
 bool MetadataIndex::HasChildren(uint32_t i) const {
-  return links(i).child_count() > 0 || cross_children_.contains(i);
+  return record(i).kids() > 0 || cross_children_.contains(i);
 }
 
 absl::StatusOr<uint32_t> MetadataIndex::NewRecord() {
+  if (!table_->HasRoom()) RebuildTable(table_->GrowTarget());
   if (!free_records_.empty()) {
     uint32_t i = free_records_.back();
     free_records_.pop_back();
@@ -124,26 +477,31 @@ absl::StatusOr<uint32_t> MetadataIndex::NewRecord() {
     return absl::ResourceExhaustedError("index is full (2^32 - 1 records)");
   }
   if ((records_used_ >> kChunkShift) >= chunks_.size()) {
-    chunks_.push_back(std::make_unique<Record[]>(kChunkSize));
-    link_chunks_.push_back(std::make_unique<Links[]>(kChunkSize));
+    auto* chunk = static_cast<Record*>(::operator new[](
+        kChunkSize * sizeof(Record), std::align_val_t(alignof(Record))));
+    for (size_t k = 0; k < kChunkSize; ++k) chunk[k].Reset();
+    chunks_.emplace_back(chunk);
   }
   return records_used_++;
 }
 
 void MetadataIndex::FillRecord(uint32_t i, absl::string_view key,
-                               const IndexEntry& entry) {
+                               const ObjectLocation& entry) {
   Record& r = record(i);
-  r.SetEntry(entry, key.size());
+  r.Reset();
   CountTenant(key, +1, static_cast<int64_t>(entry.length));
   if (key.size() <= Record::kInlineKey) {
     std::memcpy(r.key, key.data(), key.size());
+    r.set_key_field(static_cast<uint32_t>(key.size()));
   } else {
-    char* p = new char[key.size()];
-    std::memcpy(p, key.data(), key.size());
+    char* p = new char[2 + key.size()];
+    absl::little_endian::Store16(p, static_cast<uint16_t>(key.size()));
+    std::memcpy(p + 2, key.data(), key.size());
     std::memcpy(r.key, &p, sizeof(p));
-    out_of_line_key_bytes_ += MallocSize(key.size());
+    r.set_key_field(Record::kOutOfLine);
+    out_of_line_key_bytes_ += MallocSize(2 + key.size());
   }
-  links(i) = Links{kNil, kNil, 0, kNil, 0};
+  SetLocation(i, entry);
 }
 
 void MetadataIndex::CountTenant(absl::string_view key, int objects,
@@ -179,40 +537,39 @@ MetadataIndex::AllTenantUsage() const {
   return out;
 }
 
-void MetadataIndex::FreeRecord(uint32_t i) {
+void MetadataIndex::DropKey(uint32_t i) {
   Record& r = record(i);
-  if (r.key_len() > 0) {
-    CountTenant(KeyOf(i), -1, -static_cast<int64_t>(r.entry().length));
+  if (!r.has_key()) return;
+  CountTenant(KeyOf(i), -1, -static_cast<int64_t>(EntryOf(i).length));
+  if (r.out_of_line()) {
+    out_of_line_key_bytes_ -= MallocSize(2 + KeyOf(i).size());
+    delete[] r.buffer();
   }
-  if (r.key_len() > Record::kInlineKey) {
-    out_of_line_key_bytes_ -= MallocSize(r.key_len());
-    delete[] r.key_data();
-  }
-  std::memset(&r, 0, sizeof(r));
-  links(i) = Links{kNil, kNil, 0, kNil, 0};
+  std::memset(r.key, 0, sizeof(r.key));
+  r.set_key_field(0);
+}
+
+void MetadataIndex::FreeRecord(uint32_t i) {
+  DropKey(i);
+  ReleaseLocation(i);
+  record(i).Reset();
   free_records_.push_back(i);
 }
 
 void MetadataIndex::RemoveRecord(uint32_t i) {
-  Record& r = record(i);
-  const uint32_t node_id = r.node_id;
+  const uint32_t node_id = NodeOf(i);
   Unlink(i, node_id);
   DetachFromParent(i);
-  Links& l = links(i);
   if (!HasChildren(i)) {
     FreeRecord(i);
     return;
   }
-  // A ghost: keyless, unfindable, unlisted; freed with its last child.
-  CountTenant(KeyOf(i), -1, -static_cast<int64_t>(r.entry().length));
-  if (r.key_len() > Record::kInlineKey) {
-    out_of_line_key_bytes_ -= MallocSize(r.key_len());
-    delete[] r.key_data();
-  }
-  std::memset(r.key, 0, sizeof(r.key));
-  r.length_and_key_len = 0;
-  l.read_tick = 0;
-  l.children &= ~kUsedBit;  // no longer queued for CollectUsed
+  // A ghost: keyless, unfindable, unlisted, keeping its location (its
+  // node); freed with its last child.
+  DropKey(i);
+  Record& r = record(i);
+  r.read_tick = 0;
+  r.set_used(false);  // no longer queued for CollectUsed
   ++ghost_count_;
   ++ghosts_by_node_[node_id];
   // Its orphans on other nodes are found through those nodes' lists.
@@ -228,20 +585,19 @@ void MetadataIndex::DropGhostNode(uint32_t node_id) {
 }
 
 bool MetadataIndex::CanLink(uint32_t parent, uint32_t node_id) const {
-  return record(parent).node_id != node_id ||
-         links(parent).child_count() < kMaxChildren;
+  return NodeOf(parent) != node_id || ChildCount(parent) < kMaxChildren;
 }
 
 void MetadataIndex::SetParent(uint32_t i, uint32_t parent) {
-  Links& l = links(i);
+  Record& l = record(i);
   l.parent = parent;
-  l.children &= ~kCrossBit;
+  l.set_cross(false);
   if (parent == kNil) return;
-  const uint32_t node_id = record(i).node_id;
-  if (record(parent).node_id == node_id) {
-    ++links(parent).children;
+  const uint32_t node_id = NodeOf(i);
+  if (NodeOf(parent) == node_id) {
+    AddChild(parent);
   } else {
-    l.children |= kCrossBit;
+    l.set_cross(true);
     AddCrossChild(parent, node_id);
   }
 }
@@ -266,7 +622,7 @@ void MetadataIndex::RemoveCrossChild(uint32_t parent, uint32_t node_id) {
     if (--nodes[k].second == 0) {
       nodes.erase(nodes.begin() + static_cast<ptrdiff_t>(k));
       // A ghost's last orphan on that node is gone.
-      if (record(parent).key_len() == 0) DropGhostNode(node_id);
+      if (!record(parent).has_key()) DropGhostNode(node_id);
     }
     break;
   }
@@ -274,27 +630,27 @@ void MetadataIndex::RemoveCrossChild(uint32_t parent, uint32_t node_id) {
 }
 
 void MetadataIndex::DetachFromParent(uint32_t i) {
-  Links& l = links(i);
+  Record& l = record(i);
   const uint32_t p = l.parent;
   if (p == kNil) return;
   l.parent = kNil;
   if (l.cross()) {
-    l.children &= ~kCrossBit;
-    RemoveCrossChild(p, record(i).node_id);
+    l.set_cross(false);
+    RemoveCrossChild(p, NodeOf(i));
   } else {
-    --links(p).children;  // the count is > 0: the flag bits are untouched
+    RemoveChild(p);
   }
-  if (record(p).key_len() == 0 && !HasChildren(p)) {
+  if (!record(p).has_key() && !HasChildren(p)) {
     // A ghost's last child: the ghost goes.
     --ghost_count_;
-    DropGhostNode(record(p).node_id);
+    DropGhostNode(NodeOf(p));
     FreeRecord(p);
   }
 }
 
 std::vector<uint32_t> MetadataIndex::DetachChildren(uint32_t i) {
   std::vector<uint32_t> nodes;
-  if (links(i).child_count() > 0) nodes.push_back(record(i).node_id);
+  if (ChildCount(i) > 0) nodes.push_back(NodeOf(i));
   auto cross = cross_children_.find(i);
   if (cross != cross_children_.end()) {
     for (const auto& [node, count] : cross->second) nodes.push_back(node);
@@ -304,8 +660,8 @@ std::vector<uint32_t> MetadataIndex::DetachChildren(uint32_t i) {
     auto list = lists_.find(node);
     if (list == lists_.end()) continue;
     for (uint32_t j = list->second.least; j != kNil && HasChildren(i);) {
-      const uint32_t next = links(j).next;
-      if (links(j).parent == i) {
+      const uint32_t next = record(j).next;
+      if (record(j).parent == i) {
         DetachFromParent(j);
         out.push_back(j);
       }
@@ -320,11 +676,11 @@ void MetadataIndex::LinkMostRecent(uint32_t i, uint32_t node_id) {
 }
 
 void MetadataIndex::LinkMostRecent(uint32_t i, List& list) {
-  Links& l = links(i);
+  Record& l = record(i);
   l.prev = list.most;
   l.next = kNil;
   if (list.most != kNil) {
-    links(list.most).next = i;
+    record(list.most).next = i;
   } else {
     list.least = i;
   }
@@ -332,12 +688,12 @@ void MetadataIndex::LinkMostRecent(uint32_t i, List& list) {
 }
 
 void MetadataIndex::LinkBelow(uint32_t i, uint32_t above, List& list) {
-  Links& l = links(i);
-  Links& a = links(above);
+  Record& l = record(i);
+  Record& a = record(above);
   l.next = above;
   l.prev = a.prev;
   if (a.prev != kNil) {
-    links(a.prev).next = i;
+    record(a.prev).next = i;
   } else {
     list.least = i;
   }
@@ -352,14 +708,14 @@ void MetadataIndex::Unlink(uint32_t i, uint32_t node_id) {
 }
 
 void MetadataIndex::Unlink(uint32_t i, List& list) {
-  Links& l = links(i);
+  Record& l = record(i);
   if (l.prev != kNil) {
-    links(l.prev).next = l.next;
+    record(l.prev).next = l.next;
   } else {
     list.least = l.next;
   }
   if (l.next != kNil) {
-    links(l.next).prev = l.prev;
+    record(l.next).prev = l.prev;
   } else {
     list.most = l.prev;
   }
@@ -368,7 +724,7 @@ void MetadataIndex::Unlink(uint32_t i, List& list) {
 
 namespace {
 
-absl::Status ValidateKeyAndEntry(absl::string_view key, const IndexEntry& entry,
+absl::Status ValidateKeyAndEntry(absl::string_view key, const ObjectLocation& entry,
                                  absl::string_view parent) {
   if (key.empty() || key.size() > MetadataIndex::kMaxKeyBytes) {
     return absl::InvalidArgumentError(
@@ -388,32 +744,31 @@ absl::Status ValidateKeyAndEntry(absl::string_view key, const IndexEntry& entry,
 
 }  // namespace
 
-absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
-    absl::string_view key, const IndexEntry& entry, absl::string_view parent) {
+absl::StatusOr<std::optional<ObjectLocation>> MetadataIndex::Upsert(
+    absl::string_view key, const ObjectLocation& entry, absl::string_view parent) {
   absl::Status valid = ValidateKeyAndEntry(key, entry, parent);
   if (!valid.ok()) return valid;
   // The parent, if present (on the same node: with room for another child).
   uint32_t p = kNil;
   if (!parent.empty()) {
-    auto pit = set_.find(parent);
-    if (pit != set_.end() && CanLink(*pit, entry.node_id)) p = *pit;
+    const uint32_t found = Lookup(parent);
+    if (found != kNil && CanLink(found, entry.node_id)) p = found;
   }
-  auto it = set_.find(key);
+  const uint32_t existing = Lookup(key);
   auto place = [&](uint32_t i) {
     List& list = lists_[entry.node_id];
     SetParent(i, p);
-    if (links(i).local_parent() != kNil) {
+    if (LocalParent(i) != kNil) {
       LinkBelow(i, p, list);
     } else {
       LinkMostRecent(i, list);
     }
   };
 
-  std::optional<IndexEntry> old;
-  if (it != set_.end()) {
-    const uint32_t i = *it;
-    Record& r = record(i);
-    old = r.entry();
+  std::optional<ObjectLocation> old;
+  if (existing != kNil) {
+    const uint32_t i = existing;
+    old = EntryOf(i);
     // The key stays listed (at its new location), so the blocks after it
     // are still reachable through it: they stay, linked to it again (same
     // node or cross links as its new node says), so that losing it later
@@ -422,7 +777,7 @@ absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
     std::vector<uint32_t> kids;
     if (HasChildren(i)) {
       // A parent below the key would close a cycle: the key becomes a root.
-      for (uint32_t a = p; a != kNil; a = links(a).parent) {
+      for (uint32_t a = p; a != kNil; a = record(a).parent) {
         if (a == i) {
           p = kNil;
           break;
@@ -433,17 +788,17 @@ absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
     // Reuse the record: a fresh entry in place of the old one.
     Unlink(i, old->node_id);
     DetachFromParent(i);
-    r.SetEntry(entry, r.key_len());
+    SetLocation(i, entry);
     CountTenant(key, 0,
                 static_cast<int64_t>(entry.length) -
                     static_cast<int64_t>(old->length));
-    links(i).read_tick = 0;
+    record(i).read_tick = 0;
     place(i);
     for (uint32_t j : kids) {
-      const uint32_t node_id = record(j).node_id;
+      const uint32_t node_id = NodeOf(j);
       if (!CanLink(i, node_id)) continue;  // stays a root
       SetParent(j, i);
-      if (links(j).cross()) continue;
+      if (record(j).cross()) continue;
       List& list = lists_[node_id];
       Unlink(j, list);
       LinkBelow(j, i, list);
@@ -454,50 +809,47 @@ absl::StatusOr<std::optional<IndexEntry>> MetadataIndex::Upsert(
   if (!fresh.ok()) return fresh.status();
   const uint32_t i = *fresh;
   FillRecord(i, key, entry);
-  set_.insert(i);
+  TableInsert(i);
   place(i);
   return old;
 }
 
 bool MetadataIndex::Adopt(absl::string_view child, absl::string_view parent) {
-  auto c = set_.find(child);
-  auto p = set_.find(parent);
-  if (c == set_.end() || p == set_.end() || *c == *p) return false;
-  const uint32_t ci = *c;
-  const uint32_t pi = *p;
-  const uint32_t node_id = record(ci).node_id;
-  if (links(ci).parent != kNil || !CanLink(pi, node_id)) return false;
-  for (uint32_t a = pi; a != kNil; a = links(a).parent) {
+  const uint32_t ci = Lookup(child);
+  const uint32_t pi = Lookup(parent);
+  if (ci == kNil || pi == kNil || ci == pi) return false;
+  const uint32_t node_id = NodeOf(ci);
+  if (record(ci).parent != kNil || !CanLink(pi, node_id)) return false;
+  for (uint32_t a = pi; a != kNil; a = record(a).parent) {
     if (a == ci) return false;  // parent is below child: a cycle
   }
   SetParent(ci, pi);
-  if (links(ci).cross()) return true;  // stays a root of its node's list
+  if (record(ci).cross()) return true;  // stays a root of its node's list
   List& list = lists_[node_id];
   Unlink(ci, list);
   LinkBelow(ci, pi, list);
   return true;
 }
 
-std::optional<IndexEntry> MetadataIndex::Find(absl::string_view key) const {
-  auto it = set_.find(key);
-  if (it == set_.end()) return std::nullopt;
-  return record(*it).entry();
+std::optional<ObjectLocation> MetadataIndex::Find(absl::string_view key) const {
+  const uint32_t i = Lookup(key);
+  if (i == kNil) return std::nullopt;
+  return EntryOf(i);
 }
 
-std::optional<IndexEntry> MetadataIndex::Erase(absl::string_view key) {
-  auto it = set_.find(key);
-  if (it == set_.end()) return std::nullopt;
-  const uint32_t i = *it;
-  IndexEntry e = record(i).entry();
-  set_.erase(it);
+std::optional<ObjectLocation> MetadataIndex::Erase(absl::string_view key) {
+  const uint32_t i = Lookup(key);
+  if (i == kNil) return std::nullopt;
+  ObjectLocation e = EntryOf(i);
+  TableErase(i);
   RemoveRecord(i);
   return e;
 }
 
 bool MetadataIndex::Touch(absl::string_view key, uint32_t read_tick) {
-  auto it = set_.find(key);
-  if (it == set_.end()) return false;
-  TouchRecord(*it, read_tick);
+  const uint32_t i = Lookup(key);
+  if (i == kNil) return false;
+  TouchRecord(i, read_tick);
   return true;
 }
 
@@ -506,63 +858,68 @@ size_t MetadataIndex::TouchPrefix(const std::vector<absl::string_view>& keys,
   std::vector<uint32_t> found;
   found.reserve(keys.size());
   for (absl::string_view key : keys) {
-    auto it = set_.find(key);
-    if (it != set_.end()) found.push_back(*it);
+    const uint32_t i = Lookup(key);
+    if (i != kNil) found.push_back(i);
   }
   for (auto i = found.rbegin(); i != found.rend(); ++i) {
-    if (links(*i).local_parent() == kNil) TouchRecord(*i, read_tick);
+    if (LocalParent(*i) == kNil) TouchRecord(*i, read_tick);
   }
   for (uint32_t i : found) {
-    if (links(i).local_parent() != kNil) TouchRecord(i, read_tick);
+    if (LocalParent(i) != kNil) TouchRecord(i, read_tick);
   }
   return found.size();
 }
 
 void MetadataIndex::TouchRecord(uint32_t i, uint32_t read_tick) {
-  const uint32_t node_id = record(i).node_id;
-  Links& l = links(i);
-  auto list = lists_.find(node_id);
-  if (list == lists_.end()) {
-    LinkMostRecent(i, node_id);  // not linked (cannot happen)
-  } else if (l.local_parent() != kNil && record(l.parent).key_len() != 0) {
-    // The parent is on the same list and stays there. (An orphan's parent
-    // may be a ghost, on no list: the orphan is touched as a root.)
-    if (l.next != l.parent) {
+  Record& l = record(i);
+  // A linked entry goes just below its parent when the parent is on the
+  // same list. (An orphan's parent may be a ghost, on no list: the orphan
+  // is touched as a root.) A parent that is the entry's more recent
+  // neighbour is on the list, so the common case reads no other record.
+  const bool below_parent =
+      !l.cross() && l.parent != kNil &&
+      (l.next == l.parent || record(l.parent).has_key());
+  if (!below_parent || l.next != l.parent) {
+    const uint32_t node_id = NodeOf(i);
+    auto list = lists_.find(node_id);
+    if (list == lists_.end()) {
+      LinkMostRecent(i, node_id);  // not linked (cannot happen)
+    } else if (below_parent) {
       Unlink(i, list->second);
       LinkBelow(i, l.parent, list->second);
+    } else if (list->second.most != i) {
+      // Not the most recent, so the list keeps at least one other record.
+      Unlink(i, list->second);
+      LinkMostRecent(i, list->second);
     }
-  } else if (list->second.most != i) {
-    // Not the most recent, so the list keeps at least one other record.
-    Unlink(i, list->second);
-    LinkMostRecent(i, list->second);
   }
   l.read_tick = read_tick;
-  if (track_used_ && (l.children & kUsedBit) == 0) {
-    l.children |= kUsedBit;
+  if (track_used_ && !l.used()) {
+    l.set_used(true);
     used_.push_back(i);
   }
 }
 
 std::optional<uint32_t> MetadataIndex::ReadTick(absl::string_view key) const {
-  auto it = set_.find(key);
-  if (it == set_.end()) return std::nullopt;
-  return links(*it).read_tick;
+  const uint32_t i = Lookup(key);
+  if (i == kNil) return std::nullopt;
+  return record(i).read_tick;
 }
 
 std::optional<MetadataIndex::ChainLinks> MetadataIndex::Chain(
     absl::string_view key) const {
-  auto it = set_.find(key);
-  if (it == set_.end()) return std::nullopt;
+  const uint32_t i = Lookup(key);
+  if (i == kNil) return std::nullopt;
   ChainLinks out;
-  const Links& l = links(*it);
-  out.children = l.child_count();
+  const Record& l = record(i);
+  out.children = ChildCount(i);
   out.cross = l.cross();
-  auto cross = cross_children_.find(*it);
+  auto cross = cross_children_.find(i);
   if (cross != cross_children_.end()) {
     for (const auto& [node, count] : cross->second) out.cross_children += count;
   }
   if (l.parent != kNil) out.parent = std::string(KeyOf(l.parent));
-  for (uint32_t a = l.parent; a != kNil; a = links(a).parent) {
+  for (uint32_t a = l.parent; a != kNil; a = record(a).parent) {
     if (IsGhost(a)) {
       out.orphan = true;
       break;
@@ -573,22 +930,22 @@ std::optional<MetadataIndex::ChainLinks> MetadataIndex::Chain(
 
 void MetadataIndex::ForEachLeastRecent(
     uint32_t node_id,
-    const std::function<bool(absl::string_view, const IndexEntry&, uint32_t)>&
+    const std::function<bool(absl::string_view, const ObjectLocation&, uint32_t)>&
         fn) const {
   auto it = lists_.find(node_id);
   if (it == lists_.end()) return;
   for (uint32_t i = it->second.least; i != kNil;) {
-    const uint32_t next = links(i).next;
-    if (!fn(KeyOf(i), record(i).entry(), links(i).read_tick)) return;
+    const uint32_t next = record(i).next;
+    if (!fn(KeyOf(i), EntryOf(i), record(i).read_tick)) return;
     i = next;
   }
 }
 
 MetadataIndex::WalkEnd MetadataIndex::PickEvictions(
     uint32_t node_id, size_t max_scan,
-    const std::function<Verdict(absl::string_view, const IndexEntry&,
+    const std::function<Verdict(absl::string_view, const ObjectLocation&,
                                 uint32_t)>& judge,
-    const std::function<bool(absl::string_view, const IndexEntry&)>& take)
+    const std::function<bool(absl::string_view, const ObjectLocation&)>& take)
     const {
   auto it = lists_.find(node_id);
   if (it == lists_.end()) return WalkEnd::kListEnd;
@@ -597,13 +954,13 @@ MetadataIndex::WalkEnd MetadataIndex::PickEvictions(
   absl::flat_hash_map<uint32_t, uint32_t> chosen_children;
   absl::flat_hash_set<uint32_t> deferred;
   size_t scanned = 0;
-  for (uint32_t i = it->second.least; i != kNil; i = links(i).next) {
+  for (uint32_t i = it->second.least; i != kNil; i = record(i).next) {
     if (scanned == max_scan) return WalkEnd::kScanLimit;
     ++scanned;
-    const Verdict v = judge(KeyOf(i), record(i).entry(), links(i).read_tick);
+    const Verdict v = judge(KeyOf(i), EntryOf(i), record(i).read_tick);
     if (v == Verdict::kStop) return WalkEnd::kStopped;
     if (v == Verdict::kKeep) continue;
-    const uint32_t children = links(i).child_count();
+    const uint32_t children = ChildCount(i);
     if (children > 0) {
       auto c = chosen_children.find(i);
       if (c == chosen_children.end() || c->second < children) {
@@ -613,21 +970,21 @@ MetadataIndex::WalkEnd MetadataIndex::PickEvictions(
     }
     // Choose i, then every deferred ancestor it was the last child of.
     for (uint32_t x = i;;) {
-      if (!take(KeyOf(x), record(x).entry())) return WalkEnd::kEnough;
+      if (!take(KeyOf(x), EntryOf(x))) return WalkEnd::kEnough;
       // A cross-linked parent is on another node's list: not this walk's.
-      const uint32_t p = links(x).local_parent();
+      const uint32_t p = LocalParent(x);
       if (p == kNil) break;
       const uint32_t n = ++chosen_children[p];
-      if (n < links(p).child_count() || deferred.erase(p) == 0) break;
+      if (n < ChildCount(p) || deferred.erase(p) == 0) break;
       x = p;
     }
   }
   return WalkEnd::kListEnd;
 }
 
-std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::Orphans()
+std::vector<std::pair<std::string, ObjectLocation>> MetadataIndex::Orphans()
     const {
-  std::vector<std::pair<std::string, IndexEntry>> out;
+  std::vector<std::pair<std::string, ObjectLocation>> out;
   if (ghost_count_ == 0) return out;
   // Per record: 0 unknown, 1 reachable, 2 orphan.
   std::vector<uint8_t> state(records_used_, 0);
@@ -643,7 +1000,7 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::Orphans()
   for (size_t n = 0; n < nodes.size(); ++n) {
     auto list = lists_.find(nodes[n]);
     if (list == lists_.end()) continue;
-    for (uint32_t i = list->second.least; i != kNil; i = links(i).next) {
+    for (uint32_t i = list->second.least; i != kNil; i = record(i).next) {
       path.clear();
       uint32_t a = i;
       uint8_t verdict = 1;
@@ -657,11 +1014,11 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::Orphans()
           break;
         }
         path.push_back(a);
-        a = links(a).parent;
+        a = record(a).parent;
       }
       for (uint32_t x : path) state[x] = verdict;
       if (verdict != 2) continue;
-      out.emplace_back(std::string(KeyOf(i)), record(i).entry());
+      out.emplace_back(std::string(KeyOf(i)), EntryOf(i));
       auto cross = cross_children_.find(i);
       if (cross == cross_children_.end()) continue;
       for (const auto& [node, count] : cross->second) {
@@ -676,7 +1033,7 @@ void MetadataIndex::TrackUsed(bool on) {
   if (!on) {
     for (size_t k = used_head_; k < used_.size(); ++k) {
       const uint32_t i = used_[k];
-      if (i < records_used_) links(i).children &= ~kUsedBit;
+      if (i < records_used_) record(i).set_used(false);
     }
     used_.clear();
     used_.shrink_to_fit();
@@ -690,9 +1047,9 @@ std::vector<std::pair<std::string, uint32_t>> MetadataIndex::CollectUsed(
   std::vector<std::pair<std::string, uint32_t>> out;
   while (out.size() < max && used_head_ < used_.size()) {
     const uint32_t i = used_[used_head_++];
-    Links& l = links(i);
-    if ((l.children & kUsedBit) == 0 || record(i).key_len() == 0) continue;
-    l.children &= ~kUsedBit;
+    Record& l = record(i);
+    if (!l.used() || !l.has_key()) continue;
+    l.set_used(false);
     out.emplace_back(std::string(KeyOf(i)), l.read_tick);
   }
   if (used_head_ == used_.size()) {
@@ -707,81 +1064,82 @@ std::vector<std::pair<std::string, uint32_t>> MetadataIndex::CollectUsed(
 }
 
 void MetadataIndex::RebaseReadTicks(uint32_t shift) {
-  for (uint32_t i : set_) {
-    uint32_t& t = links(i).read_tick;
+  for (uint32_t i = 0; i < records_used_; ++i) {
+    uint32_t& t = record(i).read_tick;
     t = t > shift ? t - shift : 0;
   }
 }
 
-std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::EraseIf(
-    const std::function<bool(absl::string_view, const IndexEntry&)>& pred) {
+std::vector<std::pair<std::string, ObjectLocation>> MetadataIndex::EraseIf(
+    const std::function<bool(absl::string_view, const ObjectLocation&)>& pred) {
   std::vector<uint32_t> doomed;
-  for (uint32_t i : set_) {
-    if (pred(KeyOf(i), record(i).entry())) doomed.push_back(i);
+  for (uint32_t i = 0; i < records_used_; ++i) {
+    if (IsLive(i) && pred(KeyOf(i), EntryOf(i))) doomed.push_back(i);
   }
-  std::vector<std::pair<std::string, IndexEntry>> out;
+  std::vector<std::pair<std::string, ObjectLocation>> out;
   out.reserve(doomed.size());
   for (uint32_t i : doomed) {
-    out.emplace_back(std::string(KeyOf(i)), record(i).entry());
-    set_.erase(i);  // hashes record i, which is still intact
+    out.emplace_back(std::string(KeyOf(i)), EntryOf(i));
+    TableErase(i);  // hashes record i, which is still intact
     RemoveRecord(i);
   }
   return out;
 }
 
 void MetadataIndex::ForEach(
-    const std::function<void(absl::string_view, const IndexEntry&)>& fn)
+    const std::function<void(absl::string_view, const ObjectLocation&)>& fn)
     const {
-  for (uint32_t i : set_) fn(KeyOf(i), record(i).entry());
+  for (uint32_t i = 0; i < records_used_; ++i) {
+    if (IsLive(i)) fn(KeyOf(i), EntryOf(i));
+  }
 }
 
 uint32_t MetadataIndex::ForEachFrom(
     uint32_t begin, size_t max,
-    const std::function<bool(absl::string_view, const IndexEntry&)>& fn)
+    const std::function<bool(absl::string_view, const ObjectLocation&)>& fn)
     const {
   size_t visited = 0;
   uint32_t i = begin;
   for (; i < records_used_ && visited < max; ++i) {
-    const Record& r = record(i);
-    if (r.key_len() == 0) continue;  // free (FreeRecord zeroes it) or a ghost
-    if (!fn(KeyOf(i), r.entry())) return i;
+    if (!IsLive(i)) continue;  // free or a ghost
+    if (!fn(KeyOf(i), EntryOf(i))) return i;
     ++visited;
   }
   return i;
 }
 
 absl::Status MetadataIndex::LoadEntry(absl::string_view key,
-                                      const IndexEntry& entry,
+                                      const ObjectLocation& entry,
                                       absl::string_view parent,
                                       uint64_t last_use) {
   absl::Status valid = ValidateKeyAndEntry(key, entry, parent);
   if (!valid.ok()) return valid;
+  if (Lookup(key) != kNil) {
+    return absl::AlreadyExistsError("index key loaded twice");
+  }
   absl::StatusOr<uint32_t> fresh = NewRecord();
   if (!fresh.ok()) return fresh.status();
   const uint32_t i = *fresh;
   FillRecord(i, key, entry);
-  if (!set_.insert(i).second) {  // one probe, no separate find
-    FreeRecord(i);
-    return absl::AlreadyExistsError("index key loaded twice");
-  }
+  TableInsert(i);
   if (load_ == nullptr) load_ = std::make_unique<LoadState>();
   LoadState& ls = *load_;
   if (ls.last_use.size() <= i) ls.last_use.resize(size_t{i} + 1, 0);
   ls.last_use[i] = last_use;
   if (parent.empty()) return absl::OkStatus();
-  auto p = set_.find(parent);
-  if (p == set_.end()) {
+  const uint32_t p = Lookup(parent);
+  if (p == kNil) {
     ls.pending.push_back({i, static_cast<uint32_t>(parent.size()),
                           ls.parent_keys.size()});
     ls.parent_keys.append(parent.data(), parent.size());
-  } else if (CanLink(*p, entry.node_id)) {
-    SetParent(i, *p);
+  } else if (CanLink(p, entry.node_id)) {
+    SetParent(i, p);
   }
   return absl::OkStatus();
 }
 
-std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::FinishLoad() {
-  std::vector<std::pair<std::string, IndexEntry>> dropped;
+std::vector<std::pair<std::string, ObjectLocation>> MetadataIndex::FinishLoad() {
+  std::vector<std::pair<std::string, ObjectLocation>> dropped;
   if (load_ == nullptr) return dropped;
   LoadState& ls = *load_;
   ls.last_use.resize(records_used_, 0);
@@ -792,11 +1150,11 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::FinishLoad() {
   for (const LoadState::Pending& pending : ls.pending) {
     absl::string_view parent(ls.parent_keys.data() + pending.offset,
                              pending.length);
-    auto p = set_.find(parent);
-    if (p == set_.end()) {
+    const uint32_t p = Lookup(parent);
+    if (p == kNil) {
       flags[pending.record] |= kMissingParent;
-    } else if (CanLink(*p, record(pending.record).node_id)) {
-      SetParent(pending.record, *p);
+    } else if (CanLink(p, NodeOf(pending.record))) {
+      SetParent(pending.record, p);
     }
   }
   ls.pending = {};
@@ -804,9 +1162,9 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::FinishLoad() {
 
   // Live records in load order (record numbers are handed out in order).
   std::vector<uint32_t> loaded;
-  loaded.reserve(set_.size());
+  loaded.reserve(size_);
   for (uint32_t i = 0; i < records_used_; ++i) {
-    if (record(i).key_len() != 0) loaded.push_back(i);
+    if (IsLive(i)) loaded.push_back(i);
   }
 
   // Depth and brokenness (the chain above reaches a missing parent) of every
@@ -818,7 +1176,7 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::FinishLoad() {
     uint32_t a = i;
     while (a != kNil && (flags[a] & kKnown) == 0) {
       path.push_back(a);
-      a = links(a).parent;
+      a = record(a).parent;
     }
     bool broken = a != kNil && (flags[a] & kBroken) != 0;
     uint32_t d = a == kNil ? 0 : depth[a] + 1;
@@ -837,8 +1195,8 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::FinishLoad() {
       kept.push_back(i);
       continue;
     }
-    dropped.emplace_back(std::string(KeyOf(i)), record(i).entry());
-    set_.erase(i);
+    dropped.emplace_back(std::string(KeyOf(i)), EntryOf(i));
+    TableErase(i);
     RemoveRecord(i);  // on no list yet
   }
   loaded = {};
@@ -857,7 +1215,7 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::FinishLoad() {
   depth = {};
   std::vector<uint64_t>& last_use = ls.last_use;
   for (uint32_t i : order) {
-    const uint32_t p = links(i).parent;
+    const uint32_t p = record(i).parent;
     if (p != kNil) last_use[p] = std::max(last_use[p], last_use[i]);
   }
   // Least recent first; among equals deeper first (children below their
@@ -879,21 +1237,21 @@ std::vector<std::pair<std::string, IndexEntry>> MetadataIndex::FinishLoad() {
                                     : a.position < b.position;
   });
   for (const Item& item : items) {
-    LinkMostRecent(item.record, record(item.record).node_id);
+    LinkMostRecent(item.record, NodeOf(item.record));
   }
   return dropped;
 }
 
 size_t MetadataIndex::MemoryBytes() const {
-  // Swiss table: one control byte plus one slot per bucket, plus a group of
-  // cloned control bytes.
-  size_t table = set_.capacity() * (sizeof(uint32_t) + 1) + 16;
   size_t records = chunks_.size() * kChunkSize * sizeof(Record) +
                    chunks_.capacity() * sizeof(chunks_[0]);
-  size_t links = link_chunks_.size() * kChunkSize * sizeof(Links) +
-                 link_chunks_.capacity() * sizeof(link_chunks_[0]);
-  // flat_hash_map slot (node id + List) plus its control byte.
+  // flat_hash_map slot plus its control byte.
   size_t lists = lists_.capacity() * (sizeof(uint32_t) + sizeof(List) + 1);
+  size_t shapes = shapes_.capacity() * sizeof(Shape) +
+                  free_shapes_.capacity() * sizeof(uint32_t) +
+                  shape_ids_.capacity() * (16 + sizeof(uint32_t) + 1);
+  size_t wide = wide_.capacity() * (8 + sizeof(ObjectLocation) + 1);
+  size_t many = many_children_.capacity() * (2 * sizeof(uint32_t) + 1);
   size_t free_list = free_records_.capacity() * sizeof(uint32_t);
   size_t used = used_.capacity() * sizeof(uint32_t);
   size_t cross = cross_children_.capacity() *
@@ -901,11 +1259,13 @@ size_t MetadataIndex::MemoryBytes() const {
   for (const auto& [parent, nodes] : cross_children_) {
     cross += nodes.capacity() * sizeof(nodes[0]);
   }
-  return table + records + links + lists + free_list + used + cross +
-         out_of_line_key_bytes_;
+  return table_->MemoryBytes() + records + lists + shapes + wide + many +
+         free_list + used + cross + out_of_line_key_bytes_;
 }
 
-void MetadataIndex::Reserve(size_t n) { set_.reserve(n); }
+void MetadataIndex::Reserve(size_t n) {
+  if (n > size_ && !table_->HasRoomFor(n)) RebuildTable(n);
+}
 
 // Snapshot stream: u64 entry count, then per entry (little-endian)
 //   u16 key length, the key, u32 node id, u32 region id, u64 addr,
@@ -931,7 +1291,7 @@ absl::Status MetadataIndex::Save(
   std::vector<uint32_t> position(records_used_, kNil);
   uint32_t next = 0;
   for (const auto& [node_id, list] : lists_) {
-    for (uint32_t i = list.least; i != kNil; i = links(i).next) {
+    for (uint32_t i = list.least; i != kNil; i = record(i).next) {
       position[i] = next++;
     }
   }
@@ -940,21 +1300,21 @@ absl::Status MetadataIndex::Save(
   out.resize(8);
   absl::little_endian::Store64(out.data(), next);
   for (const auto& [node_id, list] : lists_) {
-    for (uint32_t i = list.least; i != kNil; i = links(i).next) {
-      const Record& r = record(i);
+    for (uint32_t i = list.least; i != kNil; i = record(i).next) {
       const absl::string_view key = KeyOf(i);
-      const uint32_t parent = links(i).parent;
+      const uint32_t parent = record(i).parent;
       const size_t at = out.size();
       out.resize(at + kSnapshotFixed + key.size());
       char* p = out.data() + at;
       absl::little_endian::Store16(p, static_cast<uint16_t>(key.size()));
       std::memcpy(p + 2, key.data(), key.size());
       p += 2 + key.size();
-      absl::little_endian::Store32(p, r.node_id);
-      absl::little_endian::Store32(p + 4, r.region_id);
-      absl::little_endian::Store64(p + 8, r.addr);
-      absl::little_endian::Store64(p + 16, r.length());
-      absl::little_endian::Store64(p + 24, r.generation);
+      const ObjectLocation e = EntryOf(i);
+      absl::little_endian::Store32(p, e.node_id);
+      absl::little_endian::Store32(p + 4, e.region_id);
+      absl::little_endian::Store64(p + 8, e.addr);
+      absl::little_endian::Store64(p + 16, e.length);
+      absl::little_endian::Store64(p + 24, e.generation);
       absl::little_endian::Store32(p + 32,
                                    parent == kNil ? kNil : position[parent]);
       if (out.size() >= kSnapshotPiece) {
@@ -980,7 +1340,7 @@ absl::Status MetadataIndex::Restore(absl::string_view data) {
     return fail(absl::StrCat("claims ", count, " entries in ", data.size(),
                              " bytes"));
   }
-  set_.reserve(count);
+  Reserve(count);
   std::vector<uint32_t> parents(count);
   const char* p = data.data() + 8;
   const char* const end = data.data() + data.size();
@@ -997,7 +1357,7 @@ absl::Status MetadataIndex::Restore(absl::string_view data) {
     }
     const absl::string_view key(p + 2, key_len);
     p += 2 + key_len;
-    IndexEntry e;
+    ObjectLocation e;
     e.node_id = absl::little_endian::Load32(p);
     e.region_id = absl::little_endian::Load32(p + 4);
     e.addr = absl::little_endian::Load64(p + 8);
@@ -1009,8 +1369,9 @@ absl::Status MetadataIndex::Restore(absl::string_view data) {
     // A fresh index hands out record numbers 0, 1, ...: record k is entry k.
     absl::StatusOr<uint32_t> fresh = NewRecord();
     if (!fresh.ok()) return fail(fresh.status().message());
+    if (Lookup(key) != kNil) return fail("a key twice");
     FillRecord(*fresh, key, e);
-    if (!set_.insert(*fresh).second) return fail("a key twice");
+    TableInsert(*fresh);
     if (e.node_id != node_id || list == nullptr) {
       node_id = e.node_id;
       list = &lists_[node_id];
@@ -1022,7 +1383,7 @@ absl::Status MetadataIndex::Restore(absl::string_view data) {
     const uint32_t parent = parents[i];
     if (parent == kNil) continue;
     if (parent >= count || parent == i) return fail("bad parent position");
-    if (CanLink(parent, record(i).node_id)) SetParent(i, parent);
+    if (CanLink(parent, NodeOf(i))) SetParent(i, parent);
   }
   // Save wrote parents that were linked, so no cycle unless corrupt; a
   // cycle would make chain walks loop, so check: each entry's chain must
@@ -1035,7 +1396,7 @@ absl::Status MetadataIndex::Restore(absl::string_view data) {
     while (a != kNil && state[a] == 0) {
       state[a] = 1;
       path.push_back(a);
-      a = links(a).parent;
+      a = record(a).parent;
     }
     if (a != kNil && state[a] == 1) return fail("a chain loops");
     for (uint32_t x : path) state[x] = 2;
@@ -1044,18 +1405,22 @@ absl::Status MetadataIndex::Restore(absl::string_view data) {
 }
 
 void MetadataIndex::Clear() {
-  for (uint32_t i : set_) {
-    Record& r = record(i);
-    if (r.key_len() > Record::kInlineKey) delete[] r.key_data();
+  for (uint32_t i = 0; i < records_used_; ++i) {
+    if (record(i).out_of_line()) delete[] record(i).buffer();
   }
-  set_.clear();
+  table_ = std::make_unique<Table>(0);
+  size_ = 0;
   chunks_.clear();
-  link_chunks_.clear();
   lists_.clear();
   records_used_ = 0;
   free_records_.clear();
   out_of_line_key_bytes_ = 0;
   ghost_count_ = 0;
+  shapes_.clear();
+  free_shapes_.clear();
+  shape_ids_.clear();
+  wide_.clear();
+  many_children_.clear();
   default_usage_ = TenantUsage();
   tenant_usage_.clear();
   ghosts_by_node_.clear();

@@ -1,21 +1,31 @@
 // MetadataIndex: the master's in-memory map from object key to where the
 // object lives, with each node's recency order and the objects' chain
-// structure. Sized for tens of millions of entries, so it is compact:
+// structure. Sized for 100 million entries, so it is compact:
 //
-//   - every entry is one 64-byte record (one cache line) holding the key and
-//     the location; keys of up to 32 bytes (the client's SHA-256 prefix keys
-//     are exactly 32) are stored inline, longer ones in a separate heap
-//     buffer;
+//   - every entry is one 64-byte, line-aligned record holding the key, the
+//     recency links (prev/next record numbers), the chain parent, the read
+//     tick, the flags and the packed location; keys of up to 32 bytes (the
+//     client's SHA-256 prefix keys are exactly 32) are stored inline, longer
+//     ones in a separate heap buffer; a lookup reads one record line, a
+//     touch writes it and its list neighbours';
+//   - the location packs into 16 bytes: (node, region, length) is a shared,
+//     reference-counted "shape" named by 21 bits (KV blocks take few
+//     lengths), addr and generation 48 bits each; an entry whose values do
+//     not fit (more than kMaxShapes shapes, addr or generation >= 2^48) keeps
+//     its location in a side table instead: nothing is refused;
+//   - same-node child counts of up to 6 live in the record, larger ones in a
+//     side table (only shared prefixes have them);
 //   - records live in fixed-size chunks (no large reallocations while
 //     growing) and freed records are reused;
-//   - the hash table (absl::flat_hash_set) holds only 4-byte record numbers;
-//   - per record number, a parallel array (chunked like the records) of
-//     20-byte links: recency prev/next, read tick, parent record number and
-//     child count. Insert, touch, unlink, link to a parent are O(1). Per node
-//     only the two list ends are kept (a small map).
+//   - the hash table holds 4-byte record numbers with a 1-byte hash tag
+//     each, in groups of 7 with an overflow count (tags beside their slots;
+//     a lookup, hit or miss, usually reads one group), at up to 7/8 load,
+//     growing by 1.25x (5.9-7.3 bytes per entry);
+//   - per node only the two list ends are kept (a small map).
 //
-// At 1e6 32-byte keys this is ~95 heap bytes per entry, against ~150-190
-// for absl::flat_hash_map<std::string, Entry> (run metadata_index_benchmark).
+// At 10 M 32-byte keys this is ~71 heap bytes per entry, against ~157 for
+// absl::flat_hash_map<std::string, ObjectLocation> (run
+// metadata_index_benchmark).
 //
 // Chains: a KV-cache object is a block of a prefix chain; a block is
 // reachable (a reader's Load gets to it) only through every block before it.
@@ -74,6 +84,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -82,30 +93,23 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "master/object_location.h"
 
 namespace hymcache {
 namespace master {
-
-// Where one committed object lives (the same fields as v1::Location).
-struct IndexEntry {
-  uint32_t node_id = 0;
-  uint32_t region_id = 0;
-  uint64_t addr = 0;
-  uint64_t length = 0;
-  uint64_t generation = 0;
-
-  bool operator==(const IndexEntry& o) const {
-    return node_id == o.node_id && region_id == o.region_id &&
-           addr == o.addr && length == o.length && generation == o.generation;
-  }
-};
 
 class MetadataIndex {
  public:
   static constexpr size_t kMaxKeyBytes = 65535;
   static constexpr uint64_t kMaxLength = (uint64_t{1} << 48) - 1;
 
-  MetadataIndex();
+  // Number of distinct (node, region, length) triples stored packed; the
+  // entries of any further triple take more memory (a side table).
+  static constexpr uint32_t kMaxShapes = (uint32_t{1} << 21) - 1;
+
+  MetadataIndex() : MetadataIndex(kMaxShapes) {}
+  // With at most `max_shapes` (<= kMaxShapes) packed shapes: for tests.
+  explicit MetadataIndex(uint32_t max_shapes);
   ~MetadataIndex();
   MetadataIndex(const MetadataIndex&) = delete;
   MetadataIndex& operator=(const MetadataIndex&) = delete;
@@ -124,8 +128,8 @@ class MetadataIndex {
   // Errors: InvalidArgument if the key is empty or too long, entry.length >
   // kMaxLength or parent == key; ResourceExhausted at 2^32 - 1 records
   // (nothing changes either way).
-  absl::StatusOr<std::optional<IndexEntry>> Upsert(
-      absl::string_view key, const IndexEntry& entry,
+  absl::StatusOr<std::optional<ObjectLocation>> Upsert(
+      absl::string_view key, const ObjectLocation& entry,
       absl::string_view parent = absl::string_view());
 
   // Links `child` under `parent` after the fact: for a block committed
@@ -139,12 +143,12 @@ class MetadataIndex {
   bool Adopt(absl::string_view child, absl::string_view parent);
 
   // The entry of `key`, if present.
-  std::optional<IndexEntry> Find(absl::string_view key) const;
+  std::optional<ObjectLocation> Find(absl::string_view key) const;
 
   // Removes `key`: unlinks it from its recency list and its parent; if it
   // has children they become orphans (see the file comment). Returns its
   // entry if it was present.
-  std::optional<IndexEntry> Erase(absl::string_view key);
+  std::optional<ObjectLocation> Erase(absl::string_view key);
 
   // Marks `key` used: a root becomes the most recent entry of its node's
   // list, a linked entry moves just below its parent (a block is never more
@@ -182,7 +186,7 @@ class MetadataIndex {
   // until it returns false or the list ends. `fn` must not modify the index.
   void ForEachLeastRecent(
       uint32_t node_id,
-      const std::function<bool(absl::string_view key, const IndexEntry& entry,
+      const std::function<bool(absl::string_view key, const ObjectLocation& entry,
                                uint32_t read_tick)>& fn) const;
 
   // What the owner's policy says about one eviction candidate.
@@ -208,10 +212,10 @@ class MetadataIndex {
   WalkEnd PickEvictions(
       uint32_t node_id, size_t max_scan,
       const std::function<Verdict(absl::string_view key,
-                                  const IndexEntry& entry,
+                                  const ObjectLocation& entry,
                                   uint32_t read_tick)>& judge,
       const std::function<bool(absl::string_view key,
-                               const IndexEntry& entry)>& take) const;
+                               const ObjectLocation& entry)>& take) const;
 
   // Number of erased entries whose children are still present (ghosts).
   // While it is nonzero, Orphans() has something to return.
@@ -222,7 +226,7 @@ class MetadataIndex {
   // orphans' chains continue (cross links): O(their entries);
   // returns {} at once when there are no ghosts. Erasing the returned keys
   // (in any order) frees every ghost.
-  std::vector<std::pair<std::string, IndexEntry>> Orphans() const;
+  std::vector<std::pair<std::string, ObjectLocation>> Orphans() const;
 
   // With `on`, Touch queues each entry it touches (once until collected)
   // for CollectUsed. Off by default; turning it off drops the queue.
@@ -241,13 +245,13 @@ class MetadataIndex {
 
   // Removes every entry for which `pred` returns true and returns the
   // removed (key, entry) pairs. Their children that stay become orphans.
-  std::vector<std::pair<std::string, IndexEntry>> EraseIf(
-      const std::function<bool(absl::string_view, const IndexEntry&)>& pred);
+  std::vector<std::pair<std::string, ObjectLocation>> EraseIf(
+      const std::function<bool(absl::string_view, const ObjectLocation&)>& pred);
 
   // Calls `fn` for every entry (unspecified order). `fn` must not modify the
   // index.
   void ForEach(
-      const std::function<void(absl::string_view, const IndexEntry&)>& fn)
+      const std::function<void(absl::string_view, const ObjectLocation&)>& fn)
       const;
 
   // Calls `fn` for up to `max` entries in record-number order, starting at
@@ -258,7 +262,7 @@ class MetadataIndex {
   // `fn` must not modify the index.
   uint32_t ForEachFrom(
       uint32_t begin, size_t max,
-      const std::function<bool(absl::string_view, const IndexEntry&)>& fn)
+      const std::function<bool(absl::string_view, const ObjectLocation&)>& fn)
       const;
   // One past the highest record number in use.
   uint32_t records_end() const { return records_used_; }
@@ -270,7 +274,7 @@ class MetadataIndex {
   // REQUIRES: the index was empty before the first LoadEntry, and only
   // LoadEntry and const methods are called until FinishLoad.
   // Errors: as Upsert, and AlreadyExists for a key loaded twice.
-  absl::Status LoadEntry(absl::string_view key, const IndexEntry& entry,
+  absl::Status LoadEntry(absl::string_view key, const ObjectLocation& entry,
                          absl::string_view parent, uint64_t last_use);
   // Links every loaded entry to its parent when the parent is present (a
   // cross link when on another node), and erases the entries whose parent
@@ -278,10 +282,10 @@ class MetadataIndex {
   // Then builds each node's recency list: by the last use of the entry's
   // subtree (a chain is as recent as its most recently used block), least
   // recent first, and children before their parent on ties. O(n log n).
-  std::vector<std::pair<std::string, IndexEntry>> FinishLoad();
+  std::vector<std::pair<std::string, ObjectLocation>> FinishLoad();
 
-  size_t size() const { return set_.size(); }
-  bool empty() const { return set_.empty(); }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
 
   // Objects and bytes of the entries whose key is in a tenant's key space
   // (master/tenant.h), kept up to date by every insert, replace and erase.
@@ -327,71 +331,64 @@ class MetadataIndex {
  private:
   struct Record;
   struct LoadState;
-  // Hash and equality of record numbers by the key they hold, and of keys
-  // (heterogeneous lookup without building a record).
-  struct Hash {
-    using is_transparent = void;
-    const MetadataIndex* index;
-    size_t operator()(uint32_t i) const { return HashKey(index->KeyOf(i)); }
-    size_t operator()(absl::string_view k) const { return HashKey(k); }
-  };
-  struct Eq {
-    using is_transparent = void;
-    const MetadataIndex* index;
-    bool operator()(uint32_t a, uint32_t b) const {
-      return a == b || index->KeyOf(a) == index->KeyOf(b);
-    }
-    bool operator()(uint32_t a, absl::string_view b) const {
-      return index->KeyOf(a) == b;
-    }
-    bool operator()(absl::string_view a, uint32_t b) const {
-      return a == index->KeyOf(b);
-    }
-  };
-  using Set = absl::flat_hash_set<uint32_t, Hash, Eq>;
+  class Table;
 
   static constexpr size_t kChunkShift = 12;  // 4096 records (256 KiB) per chunk
   static constexpr size_t kChunkSize = size_t{1} << kChunkShift;
   static constexpr uint32_t kNil = 0xffffffffu;  // no record (list end)
-  static constexpr uint32_t kUsedBit = 0x80000000u;  // in Links::children
-  // In Links::children: the parent link crosses nodes.
-  static constexpr uint32_t kCrossBit = 0x40000000u;
-  static constexpr uint32_t kMaxChildren = kCrossBit - 1;
+  static constexpr uint32_t kMaxChildren = (uint32_t{1} << 30) - 1;
 
-  // Recency and chain links of one record number; parallel to the records.
-  struct Links {
-    uint32_t prev;       // less recent neighbour, or kNil
-    uint32_t next;       // more recent neighbour, or kNil
-    uint32_t read_tick;  // last Touch, 0 if none since Upsert
-    uint32_t parent;     // linked parent (kCrossBit: on another node), or kNil
-    // Low 30 bits: linked children on the same node. kUsedBit: queued for
-    // CollectUsed. kCrossBit: `parent` is on another node.
-    uint32_t children;
-
-    uint32_t child_count() const { return children & kMaxChildren; }
-    bool cross() const { return (children & kCrossBit) != 0; }
-    // A same-node parent, or kNil.
-    uint32_t local_parent() const { return cross() ? kNil : parent; }
-  };
   // One node's recency list.
   struct List {
     uint32_t least = kNil;  // least recently used end
     uint32_t most = kNil;   // most recently used end
   };
+  // What records share, interned: node, region and length (a KV block's
+  // length takes few values per node and region).
+  struct Shape {
+    uint32_t node_id;
+    uint32_t region_id;
+    uint64_t length;
+    uint32_t refs;  // records using it; 0: free
+  };
 
   static size_t HashKey(absl::string_view key);
   absl::string_view KeyOf(uint32_t i) const;
   Record& record(uint32_t i) const;
-  Links& links(uint32_t i) const;
-  // A record number for a new entry. Errors: ResourceExhausted when every
-  // record number is in use.
+  // The live record holding `key`, or kNil.
+  uint32_t Lookup(absl::string_view key) const;
+  // Adds live record i (its key is not in the table yet) to the table.
+  void TableInsert(uint32_t i);
+  // Takes live record i out of the table.
+  void TableErase(uint32_t i);
+  // Rebuilds the table for at least `n` entries from the live records.
+  void RebuildTable(size_t n);
+  // Node, location and child count of record i.
+  uint32_t NodeOf(uint32_t i) const;
+  ObjectLocation EntryOf(uint32_t i) const;
+  uint32_t ChildCount(uint32_t i) const;
+  void AddChild(uint32_t i);
+  void RemoveChild(uint32_t i);
+  // The same-node parent of record i, or kNil.
+  uint32_t LocalParent(uint32_t i) const;
+  // Stores `entry` in record i (packed, or in wide_ if a field does not
+  // fit), releasing what it held.
+  void SetLocation(uint32_t i, const ObjectLocation& entry);
+  // Drops record i's location (its shape reference or wide_ entry).
+  void ReleaseLocation(uint32_t i);
+  uint32_t AcquireShape(const ObjectLocation& entry);
+  void ReleaseShape(uint32_t shape);
+  // A record number for a new entry, with room for it in the table.
+  // Errors: ResourceExhausted when every record number is in use.
   absl::StatusOr<uint32_t> NewRecord();
   // Stores `key` and `entry` in the fresh record i.
-  void FillRecord(uint32_t i, absl::string_view key, const IndexEntry& entry);
-  // Releases record i's key and puts it on the free list.
+  void FillRecord(uint32_t i, absl::string_view key, const ObjectLocation& entry);
+  // Releases record i's key and location and puts it on the free list.
   void FreeRecord(uint32_t i);
-  // Takes live record i out of the set, its list and its parent; frees it,
-  // or makes it a ghost if it has children.
+  // Releases record i's key (out-of-line buffer) and tenant count.
+  void DropKey(uint32_t i);
+  // Takes live record i out of its list and its parent (not the table);
+  // frees it, or makes it a ghost if it has children.
   void RemoveRecord(uint32_t i);
   // Links live record i under `parent` (cross-linked when on another node),
   // or makes it a root.
@@ -423,14 +420,32 @@ class MetadataIndex {
   // Touch of live record i.
   void TouchRecord(uint32_t i, uint32_t read_tick);
   bool IsGhost(uint32_t i) const;
+  // Whether record i holds a findable entry (not free, not a ghost).
+  bool IsLive(uint32_t i) const;
 
-  std::vector<std::unique_ptr<Record[]>> chunks_;
-  std::vector<std::unique_ptr<Links[]>> link_chunks_;  // parallel to chunks_
+  struct ChunkDeleter {
+    void operator()(Record* chunk) const;
+  };
+  std::vector<std::unique_ptr<Record, ChunkDeleter>> chunks_;
+  std::unique_ptr<Table> table_;
   absl::flat_hash_map<uint32_t, List> lists_;           // by node id
   uint32_t records_used_ = 0;       // high-water mark of record numbers
   std::vector<uint32_t> free_records_;
   size_t out_of_line_key_bytes_ = 0;
   size_t ghost_count_ = 0;
+  // Interned shapes (index = Record shape field), the free ones, and the
+  // lookup by (node, region, length).
+  std::vector<Shape> shapes_;
+  std::vector<uint32_t> free_shapes_;
+  absl::flat_hash_map<std::tuple<uint32_t, uint32_t, uint64_t>, uint32_t>
+      shape_ids_;
+  uint32_t max_shapes_;
+  // Locations that do not pack (addr or generation >= 2^48, or no free
+  // shape), by record number.
+  absl::flat_hash_map<uint32_t, ObjectLocation> wide_;
+  // Child counts of records with more same-node children than the record's
+  // field holds.
+  absl::flat_hash_map<uint32_t, uint32_t> many_children_;
   // See UsageOf(): the default tenant apart (no hashing on its path).
   TenantUsage default_usage_;
   absl::flat_hash_map<std::string, TenantUsage> tenant_usage_;
@@ -446,7 +461,7 @@ class MetadataIndex {
   std::vector<uint32_t> used_;
   size_t used_head_ = 0;
   std::unique_ptr<LoadState> load_;  // between LoadEntry and FinishLoad
-  Set set_;
+  size_t size_ = 0;  // live entries (findable keys)
 };
 
 }  // namespace master

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <list>
 #include <map>
@@ -15,8 +16,8 @@ namespace hymcache {
 namespace master {
 namespace {
 
-IndexEntry E(uint64_t n) {
-  IndexEntry e;
+ObjectLocation E(uint64_t n) {
+  ObjectLocation e;
   e.node_id = static_cast<uint32_t>(n % 7 + 1);
   e.region_id = static_cast<uint32_t>(n % 3);
   e.addr = n * 4096;
@@ -67,8 +68,8 @@ TEST_CASE("MetadataIndex keeps inline, boundary and long binary keys") {
   CHECK_FALSE(index.Find(std::string(33, 'x')).has_value());
   CHECK_FALSE(index.Find(k32.substr(0, 31)).has_value());
 
-  std::map<std::string, IndexEntry> seen;
-  index.ForEach([&](absl::string_view k, const IndexEntry& e) {
+  std::map<std::string, ObjectLocation> seen;
+  index.ForEach([&](absl::string_view k, const ObjectLocation& e) {
     seen.emplace(std::string(k), e);
   });
   CHECK(seen.size() == 4);
@@ -83,7 +84,7 @@ TEST_CASE("MetadataIndex rejects what it cannot store") {
   CHECK(index.Upsert(std::string(MetadataIndex::kMaxKeyBytes + 1, 'k'), E(1))
             .status()
             .code() == absl::StatusCode::kInvalidArgument);
-  IndexEntry big = E(1);
+  ObjectLocation big = E(1);
   big.length = MetadataIndex::kMaxLength + 1;
   CHECK(index.Upsert("k", big).status().code() ==
         absl::StatusCode::kInvalidArgument);
@@ -100,21 +101,21 @@ TEST_CASE("MetadataIndex EraseIf removes matching entries") {
     REQUIRE(index.Upsert(key, E(i)).ok());
   }
   auto removed = index.EraseIf(
-      [](absl::string_view, const IndexEntry& e) { return e.node_id == 3; });
+      [](absl::string_view, const ObjectLocation& e) { return e.node_id == 3; });
   CHECK(removed.size() > 100);
   CHECK(index.size() == 1000 - removed.size());
   for (auto& [k, e] : removed) {
     CHECK(e.node_id == 3);
     CHECK_FALSE(index.Find(k).has_value());
   }
-  index.ForEach([](absl::string_view, const IndexEntry& e) {
+  index.ForEach([](absl::string_view, const ObjectLocation& e) {
     CHECK(e.node_id != 3);
   });
 }
 
 TEST_CASE("MetadataIndex matches a std::map under random operations") {
   MetadataIndex index;
-  std::map<std::string, IndexEntry> model;
+  std::map<std::string, ObjectLocation> model;
   std::mt19937_64 rng(7);
   for (int i = 0; i < 50000; ++i) {
     std::string key = "k" + std::to_string(rng() % 3000);
@@ -122,7 +123,7 @@ TEST_CASE("MetadataIndex matches a std::map under random operations") {
     switch (rng() % 3) {
       case 0:
       case 1: {
-        IndexEntry e = E(rng() % 100000);
+        ObjectLocation e = E(rng() % 100000);
         auto r = index.Upsert(key, e);
         REQUIRE(r.ok());
         CHECK(r->has_value() == (model.count(key) == 1));
@@ -145,8 +146,8 @@ TEST_CASE("MetadataIndex matches a std::map under random operations") {
   CHECK(index.MemoryBytes() > 0);
 }
 
-IndexEntry OnNode(uint32_t node, uint64_t n) {
-  IndexEntry e = E(n);
+ObjectLocation OnNode(uint32_t node, uint64_t n) {
+  ObjectLocation e = E(n);
   e.node_id = node;
   return e;
 }
@@ -155,7 +156,7 @@ IndexEntry OnNode(uint32_t node, uint64_t n) {
 std::vector<std::string> Order(const MetadataIndex& index, uint32_t node) {
   std::vector<std::string> out;
   index.ForEachLeastRecent(
-      node, [&](absl::string_view k, const IndexEntry& e, uint32_t) {
+      node, [&](absl::string_view k, const ObjectLocation& e, uint32_t) {
         CHECK(e.node_id == node);
         out.emplace_back(k);
         return true;
@@ -214,7 +215,7 @@ TEST_CASE("MetadataIndex keeps an exact LRU list per node") {
 
   // The walk stops when fn returns false.
   int calls = 0;
-  index.ForEachLeastRecent(2, [&](absl::string_view k, const IndexEntry&,
+  index.ForEachLeastRecent(2, [&](absl::string_view k, const ObjectLocation&,
                                   uint32_t) {
     ++calls;
     CHECK(k == "x");
@@ -294,7 +295,7 @@ TEST_CASE("MetadataIndex recency lists match a model under random operations") {
       case 5: {
         if (i % 50 != 0) break;
         const uint32_t node = static_cast<uint32_t>(rng() % 4 + 1);
-        auto removed = index.EraseIf([&](absl::string_view k, const IndexEntry& e) {
+        auto removed = index.EraseIf([&](absl::string_view k, const ObjectLocation& e) {
           return e.node_id == node && k.size() > 40;
         });
         for (auto& [k, e] : removed) {
@@ -326,10 +327,10 @@ Keys Pick(const MetadataIndex& index, uint32_t node, size_t want,
   Keys out;
   WalkEnd e = index.PickEvictions(
       node, max_scan,
-      [&](absl::string_view k, const IndexEntry&, uint32_t) {
+      [&](absl::string_view k, const ObjectLocation&, uint32_t) {
         return judge ? judge(k) : Verdict::kEvict;
       },
-      [&](absl::string_view k, const IndexEntry&) {
+      [&](absl::string_view k, const ObjectLocation&) {
         out.emplace_back(k);
         return out.size() < want;
       });
@@ -795,7 +796,7 @@ TEST_CASE("MetadataIndex chains stay consistent under random operations") {
   }
   // Child counts match the parent links.
   std::map<std::string, uint32_t> children, cross_children;
-  index.ForEach([&](absl::string_view k, const IndexEntry& e) {
+  index.ForEach([&](absl::string_view k, const ObjectLocation& e) {
     const auto c = index.Chain(k);
     if (c->parent.empty()) return;
     const bool same = index.Find(c->parent)->node_id == e.node_id;
@@ -803,7 +804,7 @@ TEST_CASE("MetadataIndex chains stay consistent under random operations") {
     ++(same ? children : cross_children)[c->parent];
   });
   CHECK(saw_cross);
-  index.ForEach([&](absl::string_view k, const IndexEntry&) {
+  index.ForEach([&](absl::string_view k, const ObjectLocation&) {
     CHECK(index.Chain(k)->children == children[std::string(k)]);
     CHECK(index.Chain(k)->cross_children == cross_children[std::string(k)]);
   });
@@ -843,6 +844,141 @@ TEST_CASE("MetadataIndex counts objects and bytes per tenant") {
   CHECK(all.size() == 2);
   CHECK(all.count("blue") == 1);
   CHECK(all.count("default") == 1);
+}
+
+TEST_CASE("MetadataIndex keeps locations that do not pack, and frees shapes") {
+  // At most 3 packed (node, region, length) shapes: the 4th and later are
+  // stored apart, as are addresses and generations of 48 bits or more.
+  MetadataIndex index(3);
+  std::map<std::string, ObjectLocation> model;
+  auto put = [&](const std::string& key, ObjectLocation e,
+                 const std::string& parent = "") {
+    REQUIRE(index.Upsert(key, e, parent).ok());
+    model[key] = e;
+  };
+  ObjectLocation wide_addr = OnNode(1, 1);
+  wide_addr.addr = (uint64_t{1} << 48) + 64;
+  ObjectLocation wide_gen = OnNode(1, 2);
+  wide_gen.generation = ~uint64_t{0};
+  ObjectLocation edge = OnNode(1, 3);
+  edge.addr = (uint64_t{1} << 48) - 1;
+  edge.generation = (uint64_t{1} << 48) - 1;
+  put("a", wide_addr);
+  put("g", wide_gen, "a");
+  put("e", edge, "g");
+  for (int n = 0; n < 8; ++n) {
+    ObjectLocation e = OnNode(static_cast<uint32_t>(n % 3 + 1), 0);
+    e.region_id = static_cast<uint32_t>(n);  // 8 shapes: 5 of them wide
+    e.length = 4096 + n;
+    put("s" + std::to_string(n), e, n > 0 ? "s" + std::to_string(n - 1) : "");
+  }
+  for (const auto& [k, e] : model) CHECK(*index.Find(k) == e);
+  CHECK(index.Chain("e")->parent == "g");
+  CHECK(index.Chain("g")->parent == "a");
+  CHECK_FALSE(index.Chain("g")->cross);
+  // Moving a wide entry to a packed location and back; erasing frees the
+  // shapes for others.
+  put("a", OnNode(1, 5));
+  put("a", wide_addr);
+  for (int n = 0; n < 8; ++n) {
+    const std::string k = "s" + std::to_string(n);
+    if (n % 2 == 0) {
+      REQUIRE(index.Erase(k).has_value());
+      model.erase(k);
+    }
+  }
+  for (int n = 8; n < 12; ++n) {
+    ObjectLocation e = OnNode(2, 0);
+    e.length = 100 + n;
+    put("t" + std::to_string(n), e);
+  }
+  for (const auto& [k, e] : model) CHECK(*index.Find(k) == e);
+  CHECK(index.size() == model.size());
+  // Order and recency work the same for wide entries.
+  index.Touch("a", 9);
+  CHECK(Order(index, 1).back() == "a");
+  CHECK(*index.ReadTick("a") == 9);
+  // Erasing s0, s2, ... left ghosts: their orphans go.
+  for (auto& [o, e] : index.Orphans()) {
+    REQUIRE(index.Erase(o).has_value());
+    model.erase(o);
+  }
+  // A snapshot round trip keeps them.
+  std::string stream;
+  REQUIRE(index.Save([&](absl::string_view piece) {
+                 stream.append(piece.data(), piece.size());
+                 return absl::OkStatus();
+               }).ok());
+  MetadataIndex restored(2);
+  REQUIRE(restored.Restore(stream).ok());
+  for (const auto& [k, e] : model) CHECK(*restored.Find(k) == e);
+  CHECK(restored.Chain("e")->parent == "g");
+}
+
+TEST_CASE("MetadataIndex counts many children per block") {
+  MetadataIndex index;
+  REQUIRE(index.Upsert("p", OnNode(1, 1)).ok());
+  for (int n = 0; n < 20; ++n) {
+    REQUIRE(index.Upsert("c" + std::to_string(n), OnNode(1, 1), "p").ok());
+    CHECK(index.Chain("p")->children == static_cast<uint32_t>(n + 1));
+  }
+  // Not a leaf until its last child goes.
+  for (int n = 0; n < 20; ++n) {
+    const Keys picked = Pick(index, 1, static_cast<size_t>(20 - n));
+    CHECK(std::find(picked.begin(), picked.end(), "p") == picked.end());
+    CHECK(Pick(index, 1, 100).back() == "p");
+    REQUIRE(index.Erase("c" + std::to_string(n)).has_value());
+    CHECK(index.Chain("p")->children == static_cast<uint32_t>(19 - n));
+  }
+  CHECK(Pick(index, 1, 100) == Keys{"p"});
+  // A parent with many children erased: a ghost until they all go.
+  for (int n = 0; n < 10; ++n) {
+    REQUIRE(index.Upsert("d" + std::to_string(n), OnNode(1, 1), "p").ok());
+  }
+  REQUIRE(index.Erase("p").has_value());
+  CHECK(index.ghost_count() == 1);
+  CHECK(index.Orphans().size() == 10);
+  for (auto& [o, e] : index.Orphans()) REQUIRE(index.Erase(o).has_value());
+  CHECK(index.ghost_count() == 0);
+  CHECK(index.empty());
+}
+
+TEST_CASE("MetadataIndex hash table stays whole through growth and churn") {
+  MetadataIndex index;
+  std::set<uint64_t> live;
+  std::mt19937_64 rng(99);
+  auto key = [](uint64_t n) {
+    std::string k(32, '\0');
+    for (int w = 0; w < 4; ++w) {
+      const uint64_t v = n * 0x9e3779b97f4a7c15ull + uint64_t(w);
+      std::memcpy(&k[w * 8], &v, 8);
+    }
+    return k;
+  };
+  for (int round = 0; round < 4; ++round) {
+    // Grow to 20,000, then erase most (deleted slots pile up), repeat.
+    while (live.size() < 20000) {
+      const uint64_t n = rng() % 1000000;
+      REQUIRE(index.Upsert(key(n), OnNode(1, n)).ok());
+      live.insert(n);
+    }
+    for (auto it = live.begin(); it != live.end();) {
+      if (rng() % 8 != 0) {
+        REQUIRE(index.Erase(key(*it)).has_value());
+        it = live.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    REQUIRE(index.size() == live.size());
+    for (uint64_t n : live) REQUIRE(index.Find(key(n)).has_value());
+    for (int k = 0; k < 1000; ++k) {
+      const uint64_t n = rng() % 1000000;
+      CHECK(index.Find(key(n)).has_value() == (live.count(n) == 1));
+    }
+  }
+  index.Reserve(100000);
+  for (uint64_t n : live) REQUIRE(index.Find(key(n)).has_value());
 }
 
 }  // namespace

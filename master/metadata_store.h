@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/mutex.h"
+#include "master/object_location.h"
 #include "proto/common.pb.h"
 
 namespace rocksdb {
@@ -40,14 +41,8 @@ class WriteBatch;
 namespace hymcache {
 namespace master {
 
-// One committed object: where it lives (mirrors v1::Location), its chain
-// parent and its last use.
-struct ObjectRecord {
-  uint32_t node_id = 0;
-  uint32_t region_id = 0;
-  uint64_t addr = 0;
-  uint64_t length = 0;
-  uint64_t generation = 0;
+// One committed object: where it lives, its chain parent and its last use.
+struct ObjectRecord : ObjectLocation {
   // Unix milliseconds of the last use known to the store: the commit time,
   // or a later use written with MetadataMutation::object_uses (ForEachObject
   // reports the later of the two). 0: unknown (records written before the
@@ -59,9 +54,7 @@ struct ObjectRecord {
   std::string parent_key;
 
   bool operator==(const ObjectRecord& o) const {
-    return node_id == o.node_id && region_id == o.region_id &&
-           addr == o.addr && length == o.length &&
-           generation == o.generation && last_use_ms == o.last_use_ms &&
+    return ObjectLocation::operator==(o) && last_use_ms == o.last_use_ms &&
            parent_key == o.parent_key;
   }
 };
