@@ -58,7 +58,7 @@ Fixture* Make() {
   CHECK(dir != nullptr);
   MasterOptions mo;
   mo.db_path = std::string(dir) + "/master";
-  mo.max_pending_share_per_caller = 1.0;
+  mo.service.max_pending_share_per_caller = 1.0;
   auto master = MasterServer::Create(mo);
   CHECK(master.ok()) << master.status();
   f->master = std::move(*master);

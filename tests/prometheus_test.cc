@@ -272,7 +272,7 @@ Cluster StartCluster(const std::string& dir) {
   mo.metrics_listen = "127.0.0.1:0";
   mo.build_version = "9.9.9-test";
   mo.build_commit = "abc123";
-  mo.heartbeat_interval = absl::Milliseconds(200);
+  mo.service.heartbeat_interval = absl::Milliseconds(200);
   auto master = MasterServer::Create(mo);
   REQUIRE(master.ok());
   c.master = std::move(*master);

@@ -315,7 +315,7 @@ absl::Status StartInProcess(uint64_t dram_bytes, const std::string& db,
   MasterOptions mo;
   mo.db_path = db;
   // One trusted caller stores nearly the whole node in one put.
-  mo.max_pending_share_per_caller = 1.0;
+  mo.service.max_pending_share_per_caller = 1.0;
   auto master = MasterServer::Create(mo);
   if (!master.ok()) return master.status();
   c->master = std::move(*master);

@@ -100,8 +100,8 @@ int Main() {
   std::filesystem::create_directories(FLAGS_dir);
   MasterOptions mo;
   mo.db_path = FLAGS_dir + "/master";
-  mo.heartbeat_interval = absl::Milliseconds(100);
-  mo.reconcile_interval = absl::ZeroDuration();  // rounds on request only
+  mo.service.heartbeat_interval = absl::Milliseconds(100);
+  mo.service.reconcile_interval = absl::ZeroDuration();  // rounds on request only
   auto master = MasterServer::Create(mo);
   if (!master.ok()) {
     LOG(ERROR) << master.status();
