@@ -65,8 +65,8 @@ Fixture* Make() {
   StorageNodeOptions so;
   so.master_address = f->master->address();
   so.node_name = kNodeName;
-  so.dram_bytes = 8 << 20;
-  so.rdma = "off";
+  so.dram()->capacity_bytes = 8 << 20;
+  so.rdma = RdmaMode::kOff;
   auto node = StorageNode::Create(so);
   CHECK(node.ok()) << node.status();
   f->node = std::move(*node);

@@ -322,8 +322,8 @@ absl::Status StartInProcess(uint64_t dram_bytes, const std::string& db,
   c->master_address = c->master->address();
   StorageNodeOptions so;
   so.master_address = c->master_address;
-  so.dram_bytes = dram_bytes;
-  so.data_send_buffer_bytes = FLAGS_send_buffer_bytes;
+  so.dram()->capacity_bytes = dram_bytes;
+  so.data.send_buffer_bytes = FLAGS_send_buffer_bytes;
   auto node = StorageNode::Create(so);
   if (!node.ok()) return node.status();
   c->node = std::move(*node);
