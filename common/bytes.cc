@@ -2,9 +2,11 @@
 
 #include <cctype>
 #include <string>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 
 namespace hymcache {
 
@@ -36,6 +38,18 @@ bool ParseBytes(absl::string_view s, uint64_t* out) {
   if (shift > 0 && n > (UINT64_MAX >> shift)) return false;
   *out = n << shift;
   return true;
+}
+
+std::string FormatBytes(uint64_t n) {
+  if (n == 0) return "0";
+  static constexpr std::pair<int, char> kUnits[] = {
+      {40, 'T'}, {30, 'G'}, {20, 'M'}, {10, 'K'}};
+  for (const auto& [shift, unit] : kUnits) {
+    if (n % (uint64_t{1} << shift) == 0) {
+      return absl::StrCat(n >> shift, std::string(1, unit));
+    }
+  }
+  return absl::StrCat(n);
 }
 
 }  // namespace hymcache

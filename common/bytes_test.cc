@@ -31,5 +31,21 @@ TEST_CASE("malformed byte counts are refused") {
   CHECK(v == 7);
 }
 
+TEST_CASE("byte counts are formatted in the largest exact unit") {
+  CHECK(FormatBytes(0) == "0");
+  CHECK(FormatBytes(4095) == "4095");
+  CHECK(FormatBytes(1536) == "1536");
+  CHECK(FormatBytes(uint64_t{1536} << 10) == "1536K");
+  CHECK(FormatBytes(uint64_t{256} << 20) == "256M");
+  CHECK(FormatBytes(uint64_t{1} << 30) == "1G");
+  CHECK(FormatBytes(uint64_t{3} << 40) == "3T");
+  for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{12345} << 10,
+                     uint64_t{64} << 30, UINT64_MAX}) {
+    uint64_t back = 1;
+    REQUIRE(ParseBytes(FormatBytes(n), &back));
+    CHECK(back == n);
+  }
+}
+
 }  // namespace
 }  // namespace hymcache

@@ -23,58 +23,84 @@
 #include "common/systemd.h"
 #include "master/master_server.h"
 
+namespace {
+
+// Every default below comes from here (MasterOptions and, inside it,
+// MasterServiceOptions), except where the daemon's differs from the
+// library's (the listen address and the store's directory).
+const hymcache::MasterOptions& Defaults() {
+  static const hymcache::MasterOptions* const d = new hymcache::MasterOptions;
+  return *d;
+}
+const hymcache::master::MasterServiceOptions& ServiceDefaults() {
+  return Defaults().service;
+}
+int64_t Ms(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
+
+}  // namespace
+
 DEFINE_string(listen, "127.0.0.1:50051",
               "gRPC host:port to serve on (port 0 picks a free port)");
 DEFINE_string(db_path, "./hymcache-data/master",
               "RocksDB directory of the master's metadata (created if needed)");
-DEFINE_int64(node_timeout_ms, 10000,
+DEFINE_int64(node_timeout_ms, Ms(ServiceDefaults().node_timeout),
              "a storage node silent this long is dead");
-DEFINE_int64(put_timeout_ms, 30000,
+DEFINE_int64(put_timeout_ms, Ms(ServiceDefaults().put_timeout),
              "pending puts not committed within this are freed");
-DEFINE_int64(heartbeat_interval_ms, 1000,
+DEFINE_int64(heartbeat_interval_ms, Ms(ServiceDefaults().heartbeat_interval),
              "heartbeat period told to storage nodes");
-DEFINE_int64(read_lease_ms, 5000,
+DEFINE_int64(read_lease_ms, Ms(ServiceDefaults().read_lease),
              "an object returned to a reader is not evicted for this long "
              "(0: reads do not protect objects from eviction)");
-DEFINE_int64(capability_lifetime_ms, 300000,
+DEFINE_int64(capability_lifetime_ms, Ms(ServiceDefaults().capability_lifetime),
              "lifetime of the read capability handed out with each lookup "
              "hit (storage nodes accept it for their --capability_skew_ms "
              "longer); must exceed a client's call deadline plus the read "
              "lease");
-DEFINE_uint32(max_evictions_per_put, 4096,
+DEFINE_uint32(max_evictions_per_put, ServiceDefaults().max_evictions_per_put,
               "most objects one put may evict from a full node (0: never "
               "evict; a full node refuses puts)");
-DEFINE_int64(reconcile_interval_ms, 60000,
+DEFINE_uint32(max_eviction_scan, ServiceDefaults().max_eviction_scan,
+              "most objects one put's eviction walk looks at, victims and "
+              "objects passed over (leased, pinned, with children) together");
+DEFINE_uint32(recency_batch, ServiceDefaults().recency_batch,
+              "most object reads the reaper writes to the store per round, "
+              "so that a restart keeps the eviction order (0: reads are not "
+              "persisted; a restart orders objects by commit time)");
+DEFINE_int64(reconcile_interval_ms, Ms(ServiceDefaults().reconcile_interval),
              "period of each storage node's background reconciliation of its "
              "extents with the master's listings (0: only at registration)");
-DEFINE_uint32(max_nodes, 1024,
+DEFINE_uint32(max_nodes, ServiceDefaults().max_nodes,
               "most node records kept (alive or dead); forget dead ones with "
               "`hymctl node forget NAME`");
-DEFINE_int64(forget_dead_nodes_after_s, 7 * 24 * 3600,
+DEFINE_int64(forget_dead_nodes_after_s,
+             absl::ToInt64Seconds(ServiceDefaults().forget_dead_nodes_after),
              "forget a node record (and its objects) unseen this long (s; "
              "0: never)");
-DEFINE_double(max_pending_share_per_caller, 0.25,
+DEFINE_double(max_pending_share_per_caller,
+              ServiceDefaults().max_pending_share_per_caller,
               "most bytes of one caller's pending puts on a node, as a share "
               "of the node's capacity");
-DEFINE_uint64(max_pending_slots_per_caller, 65536,
+DEFINE_uint64(max_pending_slots_per_caller,
+              ServiceDefaults().max_pending_slots_per_caller,
               "most objects in one caller's pending puts");
-DEFINE_bool(sync_writes, false,
+DEFINE_bool(sync_writes, Defaults().sync_writes,
             "fsync the metadata WAL on every write (survives power loss)");
-DEFINE_string(auth_tokens_file, "",
+DEFINE_string(auth_tokens_file, Defaults().auth_tokens_file.c_str(),
               "identities file or directory (docs/security.md); re-read on "
               "SIGHUP. Empty: no authentication, loopback only");
-DEFINE_bool(insecure, false,
+DEFINE_bool(insecure, Defaults().insecure,
             "without --auth_tokens_file, listen on a non-loopback address "
             "anyway (every caller is an admin)");
-DEFINE_string(tls_cert, "", "PEM server certificate chain (enables TLS)");
-DEFINE_string(tls_key, "", "PEM private key of --tls_cert");
-DEFINE_string(tls_ca, "",
+DEFINE_string(tls_cert, Defaults().tls.cert_file.c_str(), "PEM server certificate chain (enables TLS)");
+DEFINE_string(tls_key, Defaults().tls.key_file.c_str(), "PEM private key of --tls_cert");
+DEFINE_string(tls_ca, Defaults().tls.ca_file.c_str(),
               "PEM CA certificates that verify client certificates");
-DEFINE_string(metrics_listen, "",
+DEFINE_string(metrics_listen, Defaults().metrics_listen.c_str(),
               "HOST:PORT serving Prometheus metrics on /metrics (port 0 "
               "picks a free port; empty: none). Non-loopback only with "
               "--auth_tokens_file or --insecure");
-DEFINE_bool(tls_require_client_cert, false,
+DEFINE_bool(tls_require_client_cert, Defaults().tls.require_client_cert,
             "refuse TLS clients without a certificate signed by --tls_ca");
 
 int main(int argc, char** argv) {
@@ -91,8 +117,9 @@ int main(int argc, char** argv) {
            {{"Serving", {"listen", "db_path", "sync_writes"}},
             {"Nodes and placement",
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
-              "read_lease_ms", "max_evictions_per_put",
-              "reconcile_interval_ms", "capability_lifetime_ms"}},
+              "read_lease_ms", "max_evictions_per_put", "max_eviction_scan",
+              "recency_batch", "reconcile_interval_ms",
+              "capability_lifetime_ms"}},
             {"Limits",
              {"max_nodes", "forget_dead_nodes_after_s",
               "max_pending_share_per_caller", "max_pending_slots_per_caller"}},
@@ -118,22 +145,24 @@ int main(int argc, char** argv) {
   hymcache::MasterOptions options;
   options.listen_address = FLAGS_listen;
   options.db_path = FLAGS_db_path;
-  options.node_timeout = absl::Milliseconds(FLAGS_node_timeout_ms);
-  options.put_timeout = absl::Milliseconds(FLAGS_put_timeout_ms);
-  options.heartbeat_interval = absl::Milliseconds(FLAGS_heartbeat_interval_ms);
-  options.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
-  options.capability_lifetime =
-      absl::Milliseconds(FLAGS_capability_lifetime_ms);
-  options.max_evictions_per_put = FLAGS_max_evictions_per_put;
-  options.sync_writes = FLAGS_sync_writes;
-  options.max_nodes = FLAGS_max_nodes;
-  options.forget_dead_nodes_after =
+  hymcache::master::MasterServiceOptions& so = options.service;
+  so.node_timeout = absl::Milliseconds(FLAGS_node_timeout_ms);
+  so.put_timeout = absl::Milliseconds(FLAGS_put_timeout_ms);
+  so.heartbeat_interval = absl::Milliseconds(FLAGS_heartbeat_interval_ms);
+  so.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
+  so.capability_lifetime = absl::Milliseconds(FLAGS_capability_lifetime_ms);
+  so.max_evictions_per_put = FLAGS_max_evictions_per_put;
+  so.max_eviction_scan = FLAGS_max_eviction_scan;
+  so.recency_batch = FLAGS_recency_batch;
+  so.max_nodes = FLAGS_max_nodes;
+  so.forget_dead_nodes_after =
       FLAGS_forget_dead_nodes_after_s == 0
           ? absl::InfiniteDuration()
           : absl::Seconds(FLAGS_forget_dead_nodes_after_s);
-  options.max_pending_share_per_caller = FLAGS_max_pending_share_per_caller;
-  options.max_pending_slots_per_caller = FLAGS_max_pending_slots_per_caller;
-  options.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
+  so.max_pending_share_per_caller = FLAGS_max_pending_share_per_caller;
+  so.max_pending_slots_per_caller = FLAGS_max_pending_slots_per_caller;
+  so.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
+  options.sync_writes = FLAGS_sync_writes;
   options.auth_tokens_file = FLAGS_auth_tokens_file;
   options.insecure = FLAGS_insecure;
   options.tls.cert_file = FLAGS_tls_cert;

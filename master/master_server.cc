@@ -669,23 +669,12 @@ absl::Status MasterOptions::Validate() const {
                                           !auth_tokens_file.empty(), insecure);
     if (!protected_mode.ok()) return protected_mode;
   }
-  master::MasterServiceOptions so;
-  so.node_timeout = node_timeout;
-  so.heartbeat_interval = heartbeat_interval;
-  so.put_timeout = put_timeout;
-  so.max_batch_keys = max_batch_keys;
-  so.max_key_bytes = max_key_bytes;
-  so.max_object_bytes = max_object_bytes;
-  so.read_lease = read_lease;
-  so.capability_lifetime = capability_lifetime;
-  so.max_evictions_per_put = max_evictions_per_put;
-  so.reconcile_interval = reconcile_interval;
-  so.max_nodes = max_nodes;
-  so.forget_dead_nodes_after = forget_dead_nodes_after;
-  so.max_pending_share_per_caller = max_pending_share_per_caller;
-  so.max_pending_slots_per_caller = max_pending_slots_per_caller;
-  so.snapshot_interval = index_snapshot_interval;
-  absl::Status s = so.Validate();
+  if (!service.snapshot_path.empty()) {
+    return absl::InvalidArgumentError(
+        "master: service.snapshot_path is derived from db_path (see "
+        "index_snapshots); leave it empty");
+  }
+  absl::Status s = service.Validate();
   if (!s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("master: ", s.message()));
   }
@@ -702,35 +691,18 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   store_options.sync_writes = options.sync_writes;
   if (options.index_snapshots) {
     store_options.keep_wal_seconds = static_cast<uint64_t>(absl::ToInt64Seconds(
-        std::max(2 * options.index_snapshot_interval, absl::Hours(1))));
+        std::max(2 * options.service.snapshot_interval, absl::Hours(1))));
   }
   auto store = master::RocksDbMetadataStore::Create(store_options);
   if (!store.ok()) return store.status();
 
-  master::MasterServiceOptions so;
-  so.node_timeout = options.node_timeout;
-  so.heartbeat_interval = options.heartbeat_interval;
-  so.put_timeout = options.put_timeout;
-  so.max_batch_keys = options.max_batch_keys;
+  master::MasterServiceOptions so = options.service;
   // Keys of tenants other than the default carry a prefix (tenant.h); the
   // handler checks the length the caller sent against max_key_bytes.
   so.max_key_bytes = static_cast<uint32_t>(std::min<uint64_t>(
       master::MetadataIndex::kMaxKeyBytes,
-      uint64_t{options.max_key_bytes} + master::kMaxTenantPrefixBytes));
-  so.max_object_bytes = options.max_object_bytes;
-  so.read_lease = options.read_lease;
-  so.capability_lifetime = options.capability_lifetime;
-  so.max_evictions_per_put = options.max_evictions_per_put;
-  so.reconcile_interval = options.reconcile_interval;
-  so.max_nodes = options.max_nodes;
-  so.forget_dead_nodes_after = options.forget_dead_nodes_after;
-  so.max_pending_share_per_caller = options.max_pending_share_per_caller;
-  so.max_pending_slots_per_caller = options.max_pending_slots_per_caller;
-  so.clock = options.clock;
-  if (options.index_snapshots) {
-    so.snapshot_path = options.db_path + ".snapshot";
-    so.snapshot_interval = options.index_snapshot_interval;
-  }
+      uint64_t{options.service.max_key_bytes} + master::kMaxTenantPrefixBytes));
+  if (options.index_snapshots) so.snapshot_path = options.db_path + ".snapshot";
   auto service = master::MasterService::Create(so, std::move(store).value());
   if (!service.ok()) return service.status();
 
@@ -757,14 +729,16 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   server->handler_ =
       std::make_unique<master::MasterRpcHandler>(
           server->service_.get(), server->auth_.get(), server->tenants_.get(),
-          options.max_key_bytes,
-          options.clock != nullptr ? options.clock : Clock::Real());
+          options.service.max_key_bytes,
+          options.service.clock != nullptr ? options.service.clock
+                                           : Clock::Real());
 
   const int max_message = static_cast<int>(std::min<uint64_t>(
       INT32_MAX,
       std::max<uint64_t>(
           master::kMinMaxMessageBytes,
-          uint64_t{options.max_batch_keys} * (options.max_key_bytes + 16) +
+          uint64_t{options.service.max_batch_keys} *
+                  (options.service.max_key_bytes + 16) +
               (1 << 20))));
   // grpc.health.v1 (NOT_SERVING until Create returns, and again from
   // Shutdown on) and server reflection on the same port. Both are
@@ -816,7 +790,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
               << "/metrics";
   }
   const absl::Duration interval = std::clamp(
-      options.put_timeout / 4, absl::Milliseconds(10), absl::Seconds(1));
+      options.service.put_timeout / 4, absl::Milliseconds(10),
+      absl::Seconds(1));
   server->reaper_ =
       Thread("master-reaper", [raw, interval] { raw->ReaperLoop(interval); });
   LOG(INFO) << "master serving on " << server->address_ << " (db "

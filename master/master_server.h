@@ -28,6 +28,7 @@
 #include "common/mutex.h"
 #include "common/security.h"
 #include "common/thread.h"
+#include "master/master_service.h"
 
 namespace grpc {
 class Server;
@@ -39,7 +40,6 @@ class MetricsExporter;
 class StatsVisitor;
 
 namespace master {
-class MasterService;
 class MasterRpcHandler;
 class TenantRegistry;
 }  // namespace master
@@ -51,53 +51,29 @@ struct MasterOptions {
   // Directory of the RocksDB metadata store; its parent must exist. Only one
   // master may use it at a time. Required. Default: "".
   std::string db_path;
-  // A storage node silent for this long is dead: its objects miss and it
-  // gets no placements. Default: 10 s.
-  absl::Duration node_timeout = absl::Seconds(10);
-  // Heartbeat period told to nodes at registration; below node_timeout.
-  // Default: 1 s.
-  absl::Duration heartbeat_interval = absl::Seconds(1);
-  // Pending puts not committed within this are freed. Default: 30 s.
-  absl::Duration put_timeout = absl::Seconds(30);
-  // Most keys in one PutStart / BatchLookup / Remove. Default: 1024.
-  uint32_t max_batch_keys = 1024;
-  // Longest key in bytes. Default: 256.
-  uint32_t max_key_bytes = 256;
-  // Largest object in bytes. Default: 1 GiB.
-  uint64_t max_object_bytes = uint64_t{1} << 30;
-  // An object returned by a read (for_read BatchLookup) is not evicted for
-  // this long afterwards. 0 disables the protection. 0..24 h. Default: 5 s.
-  absl::Duration read_lease = absl::Seconds(5);
-  // Lifetime of a read capability (see MasterServiceOptions). 1 s..1 h.
-  // Default: 5 min.
-  absl::Duration capability_lifetime = absl::Minutes(5);
-  // Most objects one PutStart may evict from a full node to make room; 0
-  // disables eviction (a full node refuses puts). Default: 4096.
-  uint32_t max_evictions_per_put = 4096;
-  // Period of each storage node's background reconciliation with the
-  // master (anti-entropy; registration always reconciles). 0: none.
-  // 0..24 h. Default: 60 s.
-  absl::Duration reconcile_interval = absl::Seconds(60);
-  // Resource limits (see MasterServiceOptions): node records kept; when a
-  // dead node's record is forgotten; a caller's pending puts (share of a
-  // node's capacity, slots). The caller of a PutStart is its peer address
-  // (see MasterRpcHandler's CallerKey). Defaults: 1024, 7 days, 0.25, 65536.
-  uint32_t max_nodes = 1024;
-  absl::Duration forget_dead_nodes_after = absl::Hours(7 * 24);
-  double max_pending_share_per_caller = 0.25;
-  uint64_t max_pending_slots_per_caller = 65536;
+  // The metadata service behind the RPCs (master/master_service.h):
+  // liveness, put expiry, request limits, read leases, capabilities,
+  // eviction, reconciliation, node and caller limits, the clock (also the
+  // RPC layer's), the snapshot period. Its defaults are the master's. Two
+  // fields read differently here:
+  //   service.max_key_bytes is the longest key a caller may send; the
+  //     service gets room beyond it for a tenant's prefix (tenant.h).
+  //   service.snapshot_path is the server's to set (db_path + ".snapshot"
+  //     with index_snapshots); Validate refuses one set here.
+  // The caller of a PutStart (max_pending_*_per_caller) is its peer address
+  // (see MasterRpcHandler's CallerKey).
+  master::MasterServiceOptions service;
   // fsync the metadata WAL on every write. Without it commits survive a
   // process crash (kill -9) but the last ones may be lost on power loss,
   // which a cache tolerates. Default: false.
   bool sync_writes = false;
   // Index snapshots (see MasterServiceOptions::snapshot_path) at
   // db_path + ".snapshot": written at shutdown and every
-  // index_snapshot_interval (0: only at shutdown), loaded at start-up with
+  // service.snapshot_interval (0: only at shutdown), loaded at start-up with
   // the store's changes since replayed from its write-ahead log, which is
   // kept for the purpose (twice the interval, at least an hour, at most
-  // 1 GiB). Defaults: true, 10 min.
+  // 1 GiB). Default: true.
   bool index_snapshots = true;
-  absl::Duration index_snapshot_interval = absl::Minutes(10);
   // Identities file (or directory) of the callers (common/security.h:
   // "role tenant name sha256:HEX | cert:NAME" lines). "" turns
   // authentication off: every caller is an admin, and only a loopback
@@ -111,9 +87,6 @@ struct MasterOptions {
   // TLS for the gRPC service (server certificate; client certificates
   // verified against tls.ca_file). Default: plaintext.
   TlsOptions tls;
-  // Source of time for liveness and put expiry; not owned, must outlive the
-  // server. Default: nullptr, meaning Clock::Real().
-  Clock* clock = nullptr;
   // HOST:PORT serving Prometheus metrics (GET /metrics, series
   // hymcache_master_*; docs/operations.md); port 0 picks a free port (see
   // metrics_address()). "" serves none. A non-loopback host needs what
@@ -124,7 +97,7 @@ struct MasterOptions {
   std::string build_version;
   std::string build_commit;
 
-  // InvalidArgument naming the first bad field.
+  // InvalidArgument naming the first bad field (the service's included).
   absl::Status Validate() const;
 };
 

@@ -59,15 +59,15 @@ TEST_CASE("MasterOptions validation") {
   o.listen_address = "nonsense";
   CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
   o.listen_address = "127.0.0.1:0";
-  o.put_timeout = absl::ZeroDuration();
+  o.service.put_timeout = absl::ZeroDuration();
   CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
   CHECK(MasterServer::Create(o).status().code() ==
         absl::StatusCode::kInvalidArgument);
-  o.put_timeout = absl::Seconds(30);
+  o.service.put_timeout = absl::Seconds(30);
   CHECK(o.Validate().ok());
-  o.read_lease = -absl::Seconds(1);  // passed on to MasterServiceOptions
+  o.service.read_lease = -absl::Seconds(1);  // the service's Validate()
   CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
-  o.read_lease = absl::Seconds(5);
+  o.service.read_lease = absl::Seconds(5);
   // The metrics endpoint follows protected mode.
   o.metrics_listen = "0.0.0.0:9451";
   CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
@@ -282,8 +282,8 @@ TEST_CASE("MasterServer's reaper frees expired puts") {
   FakeClock clock;
   MasterOptions o;
   o.db_path = TestDir("reaper");
-  o.clock = &clock;
-  o.put_timeout = absl::Milliseconds(40);  // reaper runs every 10 ms
+  o.service.clock = &clock;
+  o.service.put_timeout = absl::Milliseconds(40);  // reaper runs every 10 ms
   auto server = MasterServer::Create(o);
   REQUIRE(server.ok());
   auto stub = Dial((*server)->address());

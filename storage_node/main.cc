@@ -11,11 +11,15 @@
 #include <cerrno>
 #include <cstring>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cstdint>
+#include <deque>
 #include <iostream>
+#include <iterator>
 #include <string>
+#include <variant>
 
 #include "common/bytes.h"
 #include "common/build_info.h"
@@ -33,71 +37,119 @@
 #include "glog/logging.h"
 #include "storage_node/storage_node.h"
 
+namespace {
+
+using hymcache::StorageNodeOptions;
+
+// Every default below comes from the options structs (the node's, and its
+// parts' inside it), except where the daemon's differs from the library's
+// (the master's address and the two ports).
+const StorageNodeOptions& Defaults() {
+  static const StorageNodeOptions* const d = new StorageNodeOptions;
+  return *d;
+}
+const hymcache::storage::DramDeviceOptions& DramDefaults() {
+  return *Defaults().dram();
+}
+const StorageNodeOptions::HybridDevice& HybridDefaults() {
+  static const auto* const d = new StorageNodeOptions::HybridDevice;
+  return *d;
+}
+const StorageNodeOptions::LruDevice& LruDefaults() {
+  static const auto* const d = new StorageNodeOptions::LruDevice;
+  return *d;
+}
+int32_t Ms(absl::Duration d) {
+  return static_cast<int32_t>(absl::ToInt64Milliseconds(d));
+}
+// A byte count as a flag default ("1G").
+const char* Bytes(uint64_t n) {
+  static auto* const kept = new std::deque<std::string>;  // outlives flags
+  return kept->emplace_back(hymcache::FormatBytes(n)).c_str();
+}
+
+// --device's values: the alternatives of StorageNodeOptions::Device, in
+// order.
+constexpr const char* kDeviceNames[] = {"dram", "hybrid", "hybrid-lru"};
+static_assert(std::size(kDeviceNames) ==
+              std::variant_size_v<StorageNodeOptions::Device>);
+
+}  // namespace
+
 DEFINE_string(master, "127.0.0.1:50051", "Master gRPC address (host:port).");
-DEFINE_string(name, "",
+DEFINE_string(name, Defaults().node_name.c_str(),
               "Stable node name reported to the master (default: "
               "advertise_host:data_port).");
-DEFINE_string(listen_host, "127.0.0.1",
+DEFINE_string(listen_host, Defaults().listen_host.c_str(),
               "Address the data plane and control service bind to.");
 DEFINE_int32(data_port, 50061, "Data-plane TCP port (0: pick a free port).");
 DEFINE_int32(control_port, 50062, "Control gRPC port (0: pick a free port).");
-DEFINE_string(advertise_host, "",
+DEFINE_string(advertise_host, Defaults().advertise_host.c_str(),
               "Host clients and the master use to reach this node (default: "
               "listen_host).");
-DEFINE_string(dram_bytes, "1G",
+DEFINE_string(dram_bytes, Bytes(DramDefaults().capacity_bytes),
               "DRAM device capacity: bytes, or with a K/M/G/T suffix "
               "(binary units), e.g. 256M.");
-DEFINE_int32(numa_node, -1, "NUMA node for the device's DRAM (-1: local).");
-DEFINE_string(device, "dram",
+DEFINE_int32(numa_node, DramDefaults().numa_node,
+             "NUMA node for the device's DRAM (-1: local).");
+DEFINE_string(device, kDeviceNames[Defaults().device.index()],
               "Memory device: dram, hybrid (DRAM staging window + write "
               "buffer over a capacity file), or hybrid-lru (the same budget "
               "as a transparent LRU cache; a baseline).");
-DEFINE_string(capacity_path, "",
+DEFINE_string(capacity_path, HybridDefaults().tier.path.c_str(),
               "Hybrid devices: capacity file or block device.");
 DEFINE_string(capacity_bytes, "",
               "Hybrid devices: addressable capacity, e.g. 64G.");
-DEFINE_string(capacity_metadata_dir, "",
+DEFINE_string(capacity_metadata_dir, HybridDefaults().tier.metadata_dir.c_str(),
               "Hybrid device: durable object record (default: "
               "capacity_path + .meta).");
-DEFINE_bool(allow_overcommit, false,
+DEFINE_bool(allow_overcommit, Defaults().allow_memory_overcommit,
             "Start even if the device's DRAM (--dram_bytes; hybrid devices: "
             "--staging_bytes + --write_buffer_bytes) exceeds the memory of "
             "--numa_node (or of the host), or the (sparse) capacity file is "
             "larger than the free space of its filesystem (warn instead of "
             "refusing; stores are refused once the filesystem is full).");
-DEFINE_string(staging_bytes, "256M", "Hybrid devices: DRAM staging window.");
-DEFINE_string(write_buffer_bytes, "64M", "Hybrid devices: DRAM write buffer.");
-DEFINE_string(io_engine, "auto", "Hybrid devices: auto, io_uring or threadpool.");
-DEFINE_int32(io_queue_depth, 64, "Hybrid devices: I/Os in flight.");
-DEFINE_string(io_submit, "auto",
+DEFINE_string(staging_bytes, Bytes(HybridDefaults().device.staging_bytes),
+              "Hybrid devices: DRAM staging window.");
+DEFINE_string(write_buffer_bytes,
+              Bytes(HybridDefaults().device.write_buffer_bytes),
+              "Hybrid devices: DRAM write buffer.");
+DEFINE_string(io_engine, hymcache::IoEngineName(HybridDefaults().tier.io.engine),
+              "Hybrid devices: auto, io_uring or threadpool.");
+DEFINE_int32(io_queue_depth, HybridDefaults().tier.io.queue_depth,
+             "Hybrid devices: I/Os in flight.");
+DEFINE_string(io_submit, hymcache::IoSubmitName(HybridDefaults().tier.io.submit),
               "Hybrid devices: how io_uring submits: inline (NVMe, virtio), "
               "async (through the kernel's workers, for devices that move the "
               "bytes inside submission: zram, brd, pmem) or auto (async for "
               "such bio-based devices).");
-DEFINE_bool(io_direct, true,
+DEFINE_bool(io_direct, HybridDefaults().tier.io.direct,
             "Hybrid devices: O_DIRECT on the capacity file (off only for tmpfs).");
-DEFINE_string(io_max_read_bytes_per_s, "0",
+DEFINE_string(io_max_read_bytes_per_s,
+              Bytes(HybridDefaults().tier.io.max_read_bytes_per_s),
               "Hybrid devices: pace capacity-file reads to this many bytes/s "
               "(e.g. 2G; 0: unpaced)");
-DEFINE_string(io_max_write_bytes_per_s, "0",
+DEFINE_string(io_max_write_bytes_per_s,
+              Bytes(HybridDefaults().tier.io.max_write_bytes_per_s),
               "Hybrid devices: pace capacity-file writes to this many bytes/s "
               "(0: unpaced)");
-DEFINE_bool(verify_on_open, true,
+DEFINE_bool(verify_on_open, HybridDefaults().device.verify_on_open,
             "Hybrid devices: verify every stored object's CRC32C when the "
             "capacity file is re-adopted (~0.4 s per GiB; corrupt objects "
             "are dropped)");
-DEFINE_bool(verify_reads, false,
+DEFINE_bool(verify_reads, HybridDefaults().device.verify_reads,
             "Hybrid devices: verify the CRC32C of every capacity-file read");
-DEFINE_string(prefetch_window_bytes, "128M",
+DEFINE_string(prefetch_window_bytes, Bytes(Defaults().prefetch.window_bytes),
               "Request-level prefetch: staged bytes a request may have ahead "
               "of its reads.");
-DEFINE_int32(prefetch_session_timeout_ms, 5000,
+DEFINE_int32(prefetch_session_timeout_ms,
+             Ms(Defaults().prefetch.session_timeout),
              "A request that stops reading this long loses its staged "
              "objects (ms).");
-DEFINE_bool(shm, true,
+DEFINE_bool(shm, Defaults().expose_shm,
             "Let clients on this host map the device memory (shared-memory "
             "data plane).");
-DEFINE_bool(shared_huge_pages, true,
+DEFINE_bool(shared_huge_pages, Defaults().shared_huge_pages,
             "Set /sys/kernel/mm/transparent_hugepage/shmem_enabled to "
             "'advise' when it is 'never' and the device memory is shared "
             "(shm or RDMA), so it gets huge pages (fast device I/O); false: "
@@ -109,74 +161,184 @@ DEFINE_string(shm_allowed_uids, "",
 DEFINE_string(shm_allowed_gids, "",
               "Comma-separated groups (numeric gids): their members may map "
               "the device memory too.");
-DEFINE_string(node_key_file, "",
+DEFINE_string(node_key_file, Defaults().node_key_path.c_str(),
               "Where the node keeps the key the master issues at its first "
               "registration (mode 0600), so that a restart proves it (and "
               "keeps a hybrid device's objects). Default: capacity_path + "
               ".node_key for --device=hybrid, memory only otherwise.");
-DEFINE_int32(capability_skew_ms, 30000,
+DEFINE_int32(capability_skew_ms, Ms(Defaults().capability_skew),
              "Accept a data-plane capability this long past its expiry "
              "(clock skew between master and node).");
-DEFINE_string(rdma, "auto",
+DEFINE_string(rdma, hymcache::RdmaModeName(Defaults().rdma),
               "RDMA data plane: off, auto (if a device exists) or on.");
-DEFINE_string(rdma_device, "", "RDMA device name (default: the first).");
-DEFINE_bool(rdma_trusted_clients, false,
+DEFINE_string(rdma_device, Defaults().rdma_device.c_str(),
+              "RDMA device name (default: the first).");
+DEFINE_bool(rdma_trusted_clients, Defaults().rdma_trusted_clients,
             "On an RDMA device without memory windows that confine a client "
             "to one object (e.g. Soft-RoCE), publish whole-area keys instead "
             "of registering each object per connection: faster, but any "
             "client with a queue pair can read and overwrite all of this "
             "node's exposed memory. Trusted clients only.");
-DEFINE_string(max_region_bytes, "0",
+DEFINE_string(max_region_bytes, Bytes(DramDefaults().max_region_bytes),
               "DRAM device: most bytes per region / RDMA registration (0: "
               "the RDMA device's limit, or one region).");
-DEFINE_uint32(alignment, 4096, "Allocation alignment (power of two).");
-DEFINE_int32(max_connections, 8192,
+DEFINE_uint32(alignment, DramDefaults().alignment,
+              "Allocation alignment (power of two).");
+DEFINE_int32(max_connections, Defaults().data.max_connections,
              "Most data-plane connections open at once (idle ones hold no "
              "thread).");
-DEFINE_int32(max_connections_per_peer, 1024,
+DEFINE_int32(max_connections_per_peer, Defaults().data.max_connections_per_peer,
              "Most data-plane connections open at once from one peer "
              "address.");
-DEFINE_int32(data_worker_threads, 256,
+DEFINE_int32(data_worker_threads, Defaults().data.worker_threads,
              "Most data-plane worker threads (requests served at once).");
-DEFINE_int32(max_requests_per_peer, 128,
+DEFINE_int32(max_requests_per_peer, Defaults().data.max_requests_per_peer,
              "Most data-plane requests of one peer address served at once.");
-DEFINE_int32(data_send_buffer_bytes, hymcache::kDataSendBufferBytes,
+DEFINE_int32(data_send_buffer_bytes, Defaults().data.send_buffer_bytes,
              "Send buffer of each data-plane connection in bytes (0: the "
              "kernel's autotuning, up to net.ipv4.tcp_wmem's maximum).");
-DEFINE_int32(io_timeout_ms, 30000, "Bound on one data-plane request (ms).");
-DEFINE_int32(idle_timeout_ms, 60000,
+DEFINE_int32(io_timeout_ms, Ms(Defaults().data.io_timeout),
+             "Bound on one data-plane request (ms).");
+DEFINE_int32(idle_timeout_ms, Ms(Defaults().data.idle_timeout),
              "Close a data-plane connection idle this long (ms).");
-DEFINE_int32(shutdown_flush_timeout_ms, 15000,
+DEFINE_int32(shutdown_flush_timeout_ms,
+             Ms(HybridDefaults().device.shutdown_flush_timeout),
              "Hybrid devices: at shutdown, flush the write buffer for at most "
              "this long, then abandon what is left (ms)");
-DEFINE_int32(drain_timeout_ms, 10000,
+DEFINE_int32(drain_timeout_ms, Ms(Defaults().drain_timeout),
              "Graceful shutdown waits this long for requests in progress (ms).");
-DEFINE_string(auth_tokens_file, "",
+DEFINE_string(auth_tokens_file, Defaults().auth_tokens_file.c_str(),
               "identities file or directory of the control service's callers "
               "(admins; docs/security.md); re-read on SIGHUP. Empty: no "
               "authentication, loopback only");
-DEFINE_string(metrics_listen, "",
+DEFINE_string(metrics_listen, Defaults().metrics_listen.c_str(),
               "HOST:PORT serving Prometheus metrics on /metrics (port 0 "
               "picks a free port; empty: none). Non-loopback only with "
               "--auth_tokens_file or --insecure");
-DEFINE_bool(insecure, false,
+DEFINE_bool(insecure, Defaults().insecure,
             "without --auth_tokens_file, listen on a non-loopback host anyway");
 DEFINE_string(token_file, "",
               "file holding this node's bearer token (role node) for the "
               "master");
-DEFINE_string(tls_cert, "",
+DEFINE_string(tls_cert, Defaults().tls.cert_file.c_str(),
               "PEM certificate chain: the control service's server "
               "certificate and the client certificate towards the master");
-DEFINE_string(tls_key, "", "PEM private key of --tls_cert");
-DEFINE_string(tls_ca, "",
+DEFINE_string(tls_key, Defaults().tls.key_file.c_str(),
+              "PEM private key of --tls_cert");
+DEFINE_string(tls_ca, Defaults().tls.ca_file.c_str(),
               "PEM CA certificates: verify the master and client "
               "certificates (enables TLS towards the master)");
-DEFINE_bool(tls_require_client_cert, false,
+DEFINE_bool(tls_require_client_cert, Defaults().tls.require_client_cert,
             "control service: refuse TLS clients without a certificate "
             "signed by --tls_ca");
-DEFINE_string(tls_server_name, "",
+DEFINE_string(tls_server_name, Defaults().tls.server_name.c_str(),
               "name the master's certificate must carry (default: the host "
               "of --master)");
+
+namespace {
+
+// A hybrid device's or the LRU baseline's capacity file from the flags;
+// false after printing what is wrong.
+bool TierFromFlags(hymcache::storage::CapacityTierOptions* tier) {
+  tier->path = FLAGS_capacity_path;
+  tier->metadata_dir = FLAGS_capacity_metadata_dir;
+  tier->allow_overcommit = FLAGS_allow_overcommit;
+  if (!hymcache::ParseBytes(FLAGS_capacity_bytes, &tier->capacity_bytes)) {
+    std::cerr << "hymcache-storage: bad --capacity_bytes, --staging_bytes or "
+                 "--write_buffer_bytes (want e.g. 64G, 256M)\n";
+    return false;
+  }
+  tier->io.queue_depth = FLAGS_io_queue_depth;
+  tier->io.direct = FLAGS_io_direct;
+  auto engine = hymcache::ParseIoEngine(FLAGS_io_engine);
+  auto submit = hymcache::ParseIoSubmit(FLAGS_io_submit);
+  for (const absl::Status& parsed : {engine.status(), submit.status()}) {
+    if (!parsed.ok()) {
+      std::cerr << "hymcache-storage: bad --" << parsed.message() << "\n";
+      return false;
+    }
+  }
+  tier->io.engine = *engine;
+  tier->io.submit = *submit;
+  if (!hymcache::ParseBytes(FLAGS_io_max_read_bytes_per_s,
+                            &tier->io.max_read_bytes_per_s) ||
+      !hymcache::ParseBytes(FLAGS_io_max_write_bytes_per_s,
+                            &tier->io.max_write_bytes_per_s)) {
+    std::cerr << "hymcache-storage: bad --io_max_read_bytes_per_s or "
+                 "--io_max_write_bytes_per_s (want e.g. 2G, 0)\n";
+    return false;
+  }
+  return true;
+}
+
+// --device and the flags of the device it names; false after printing
+// what is wrong.
+bool DeviceFromFlags(StorageNodeOptions::Device* device) {
+  const auto* name = std::find_if(
+      std::begin(kDeviceNames), std::end(kDeviceNames),
+      [](const char* n) { return FLAGS_device == n; });
+  if (name == std::end(kDeviceNames)) {
+    std::cerr << "hymcache-storage: bad --device '" << FLAGS_device
+              << "' (want dram, hybrid or hybrid-lru)\n";
+    return false;
+  }
+  if (name == &kDeviceNames[0]) {
+    hymcache::storage::DramDeviceOptions dram;
+    if (!hymcache::ParseBytes(FLAGS_dram_bytes, &dram.capacity_bytes)) {
+      std::cerr << "hymcache-storage: bad --dram_bytes '" << FLAGS_dram_bytes
+                << "' (want e.g. 1073741824, 256M, 1G)\n";
+      return false;
+    }
+    if (!hymcache::ParseBytes(FLAGS_max_region_bytes,
+                              &dram.max_region_bytes)) {
+      std::cerr << "hymcache-storage: bad --max_region_bytes\n";
+      return false;
+    }
+    dram.numa_node = FLAGS_numa_node;
+    dram.alignment = FLAGS_alignment;
+    *device = dram;
+    return true;
+  }
+  if (FLAGS_alignment < 4096) {
+    std::cerr << "hymcache-storage: a hybrid device needs --alignment >= "
+                 "4096\n";
+    return false;
+  }
+  uint64_t staging = 0;
+  uint64_t write_buffer = 0;
+  hymcache::storage::CapacityTierOptions tier;
+  if (!hymcache::ParseBytes(FLAGS_staging_bytes, &staging) ||
+      !hymcache::ParseBytes(FLAGS_write_buffer_bytes, &write_buffer)) {
+    std::cerr << "hymcache-storage: bad --capacity_bytes, --staging_bytes or "
+                 "--write_buffer_bytes (want e.g. 64G, 256M)\n";
+    return false;
+  }
+  if (!TierFromFlags(&tier)) return false;
+  if (name == &kDeviceNames[1]) {
+    StorageNodeOptions::HybridDevice hybrid;
+    hybrid.tier = tier;
+    hybrid.device.staging_bytes = staging;
+    hybrid.device.write_buffer_bytes = write_buffer;
+    hybrid.device.numa_node = FLAGS_numa_node;
+    hybrid.device.io_queue_depth = FLAGS_io_queue_depth;
+    hybrid.device.verify_on_open = FLAGS_verify_on_open;
+    hybrid.device.verify_reads = FLAGS_verify_reads;
+    hybrid.device.shutdown_flush_timeout =
+        absl::Milliseconds(FLAGS_shutdown_flush_timeout_ms);
+    *device = hybrid;
+    return true;
+  }
+  StorageNodeOptions::LruDevice lru;
+  lru.tier = tier;
+  // The hybrid device's DRAM budget, as one cache.
+  lru.device.cache_bytes = staging + write_buffer;
+  lru.device.max_concurrent_fills = FLAGS_io_queue_depth;
+  lru.device.alignment = FLAGS_alignment;
+  *device = lru;
+  return true;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // Debian's Abseil is built with the mutex deadlock detector on: a global
@@ -206,9 +368,9 @@ int main(int argc, char** argv) {
              {"prefetch_window_bytes", "prefetch_session_timeout_ms"}},
             {"Data planes",
              {"shm", "shm_allowed_uids", "shm_allowed_gids", "rdma",
-              "rdma_device", "rdma_trusted_clients", "max_connections",
-              "max_connections_per_peer", "data_worker_threads",
-              "max_requests_per_peer", "data_send_buffer_bytes", "io_timeout_ms", "idle_timeout_ms",
+              "rdma_device", "max_connections", "max_connections_per_peer",
+              "data_worker_threads", "max_requests_per_peer",
+              "data_send_buffer_bytes", "io_timeout_ms", "idle_timeout_ms",
               "drain_timeout_ms"}},
             {"Security (docs/security.md)",
              {"auth_tokens_file", "insecure", "token_file", "node_key_file",
@@ -235,74 +397,33 @@ int main(int argc, char** argv) {
   options.master_address = FLAGS_master;
   options.node_name = FLAGS_name;
   options.listen_host = FLAGS_listen_host;
-  options.data_port = FLAGS_data_port;
   options.control_port = FLAGS_control_port;
   options.advertise_host = FLAGS_advertise_host;
-  if (!hymcache::ParseBytes(FLAGS_dram_bytes, &options.dram_bytes)) {
-    std::cerr << "hymcache-storage: bad --dram_bytes '" << FLAGS_dram_bytes
-              << "' (want e.g. 1073741824, 256M, 1G)\n";
-    return 2;
-  }
-  options.numa_node = FLAGS_numa_node;
+  if (!DeviceFromFlags(&options.device)) return 2;
   options.allow_memory_overcommit = FLAGS_allow_overcommit;
-  if (FLAGS_device == "dram") {
-    options.device = hymcache::StorageNodeOptions::Device::kDram;
-  } else if (FLAGS_device == "hybrid") {
-    options.device = hymcache::StorageNodeOptions::Device::kHybrid;
-  } else if (FLAGS_device == "hybrid-lru") {
-    options.device = hymcache::StorageNodeOptions::Device::kHybridLru;
-  } else {
-    std::cerr << "hymcache-storage: bad --device '" << FLAGS_device
-              << "' (want dram, hybrid or hybrid-lru)\n";
-    return 2;
-  }
-  if (FLAGS_device != "dram") {
-    options.capacity_path = FLAGS_capacity_path;
-    options.capacity_metadata_dir = FLAGS_capacity_metadata_dir;
-    options.allow_capacity_overcommit = FLAGS_allow_overcommit;
-    if (!hymcache::ParseBytes(FLAGS_capacity_bytes, &options.capacity_bytes) ||
-        !hymcache::ParseBytes(FLAGS_staging_bytes, &options.staging_bytes) ||
-        !hymcache::ParseBytes(FLAGS_write_buffer_bytes, &options.write_buffer_bytes)) {
-      std::cerr << "hymcache-storage: bad --capacity_bytes, --staging_bytes or "
-                   "--write_buffer_bytes (want e.g. 64G, 256M)\n";
-      return 2;
-    }
-    options.io_engine = FLAGS_io_engine;
-    options.io_queue_depth = FLAGS_io_queue_depth;
-    if (FLAGS_io_submit == "auto") {
-      options.io_submit = hymcache::storage::BlockIoOptions::Submit::kAuto;
-    } else if (FLAGS_io_submit == "inline") {
-      options.io_submit = hymcache::storage::BlockIoOptions::Submit::kInline;
-    } else if (FLAGS_io_submit == "async") {
-      options.io_submit = hymcache::storage::BlockIoOptions::Submit::kAsync;
-    } else {
-      std::cerr << "hymcache-storage: bad --io_submit '" << FLAGS_io_submit
-                << "' (want auto, inline or async)\n";
-      return 2;
-    }
-    options.io_direct = FLAGS_io_direct;
-    options.verify_on_open = FLAGS_verify_on_open;
-    options.verify_reads = FLAGS_verify_reads;
-    if (!hymcache::ParseBytes(FLAGS_io_max_read_bytes_per_s,
-                              &options.io_max_read_bytes_per_s) ||
-        !hymcache::ParseBytes(FLAGS_io_max_write_bytes_per_s,
-                              &options.io_max_write_bytes_per_s)) {
-      std::cerr << "hymcache-storage: bad --io_max_read_bytes_per_s or "
-                   "--io_max_write_bytes_per_s (want e.g. 2G, 0)\n";
-      return 2;
-    }
-  }
+  options.shared_huge_pages = FLAGS_shared_huge_pages;
+
+  hymcache::storage::DataServerOptions& data = options.data;
+  data.port = FLAGS_data_port;
+  data.max_connections = FLAGS_max_connections;
+  data.max_connections_per_peer = FLAGS_max_connections_per_peer;
+  data.worker_threads = FLAGS_data_worker_threads;
+  data.max_requests_per_peer = FLAGS_max_requests_per_peer;
+  data.send_buffer_bytes = FLAGS_data_send_buffer_bytes;
+  data.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);
+  data.idle_timeout = absl::Milliseconds(FLAGS_idle_timeout_ms);
+
   if (!hymcache::ParseBytes(FLAGS_prefetch_window_bytes,
-                  &options.prefetch_window_bytes) ||
-      options.prefetch_window_bytes == 0) {
+                            &options.prefetch.window_bytes) ||
+      options.prefetch.window_bytes == 0) {
     std::cerr << "hymcache-storage: bad --prefetch_window_bytes (want e.g. "
                  "128M)\n";
     return 2;
   }
-  options.prefetch_session_timeout =
+  options.prefetch.session_timeout =
       absl::Milliseconds(FLAGS_prefetch_session_timeout_ms);
+
   options.expose_shm = FLAGS_shm;
-  options.node_key_path = FLAGS_node_key_file;
   for (auto [flag, out] :
        {std::pair{&FLAGS_shm_allowed_uids, &options.shm_allowed_uids},
         std::pair{&FLAGS_shm_allowed_gids, &options.shm_allowed_gids}}) {
@@ -317,23 +438,16 @@ int main(int argc, char** argv) {
       out->push_back(v);
     }
   }
-  options.capability_skew = absl::Milliseconds(FLAGS_capability_skew_ms);
-  options.shared_huge_pages = FLAGS_shared_huge_pages;
-  options.rdma = FLAGS_rdma;
-  options.rdma_device = FLAGS_rdma_device;
-  options.rdma_trusted_clients = FLAGS_rdma_trusted_clients;
-  if (!hymcache::ParseBytes(FLAGS_max_region_bytes, &options.max_region_bytes)) {
-    std::cerr << "hymcache-storage: bad --max_region_bytes\n";
+  absl::StatusOr<hymcache::RdmaMode> rdma = hymcache::ParseRdmaMode(FLAGS_rdma);
+  if (!rdma.ok()) {
+    std::cerr << "hymcache-storage: bad --" << rdma.status().message() << "\n";
     return 2;
   }
-  options.alignment = FLAGS_alignment;
-  options.max_connections = FLAGS_max_connections;
-  options.max_connections_per_peer = FLAGS_max_connections_per_peer;
-  options.data_worker_threads = FLAGS_data_worker_threads;
-  options.max_requests_per_peer = FLAGS_max_requests_per_peer;
-  options.data_send_buffer_bytes = FLAGS_data_send_buffer_bytes;
-  options.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);
-  options.idle_timeout = absl::Milliseconds(FLAGS_idle_timeout_ms);
+  options.rdma = *rdma;
+  options.rdma_device = FLAGS_rdma_device;
+  options.rdma_trusted_clients = FLAGS_rdma_trusted_clients;
+  options.node_key_path = FLAGS_node_key_file;
+  options.capability_skew = absl::Milliseconds(FLAGS_capability_skew_ms);
   options.drain_timeout = absl::Milliseconds(FLAGS_drain_timeout_ms);
   options.auth_tokens_file = FLAGS_auth_tokens_file;
   options.insecure = FLAGS_insecure;
@@ -354,8 +468,6 @@ int main(int argc, char** argv) {
     }
     options.master_token = *token;
   }
-  options.shutdown_flush_timeout =
-      absl::Milliseconds(FLAGS_shutdown_flush_timeout_ms);
   absl::Status valid = options.Validate();
   if (!valid.ok()) {
     std::cerr << "hymcache-storage: " << valid.message() << "\n";

@@ -58,15 +58,15 @@ Fixture* Make() {
   CHECK(dir != nullptr);
   MasterOptions mo;
   mo.db_path = std::string(dir) + "/master";
-  mo.max_pending_share_per_caller = 1.0;
+  mo.service.max_pending_share_per_caller = 1.0;
   auto master = MasterServer::Create(mo);
   CHECK(master.ok()) << master.status();
   f->master = std::move(*master);
   StorageNodeOptions so;
   so.master_address = f->master->address();
   so.node_name = kNodeName;
-  so.dram_bytes = 8 << 20;
-  so.rdma = "off";
+  so.dram()->capacity_bytes = 8 << 20;
+  so.rdma = RdmaMode::kOff;
   auto node = StorageNode::Create(so);
   CHECK(node.ok()) << node.status();
   f->node = std::move(*node);

@@ -275,6 +275,78 @@ void StorageNode::VisitStats(StatsVisitor* v,
              static_cast<double>(reconcile_freed_));
 }
 
+namespace {
+
+template <typename Enum, size_t N>
+absl::StatusOr<Enum> ParseName(std::string_view what, std::string_view name,
+                               const std::pair<Enum, const char*> (&names)[N]) {
+  std::string choices;
+  for (size_t i = 0; i < N; ++i) {
+    if (name == names[i].second) return names[i].first;
+    absl::StrAppend(&choices, i == 0 ? "" : i + 1 == N ? " or " : ", ",
+                    names[i].second);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(what), " '", std::string(name), "' (want ",
+                   choices, ")"));
+}
+
+template <typename Enum, size_t N>
+const char* NameOf(Enum value, const std::pair<Enum, const char*> (&names)[N]) {
+  for (const auto& [v, name] : names) {
+    if (v == value) return name;
+  }
+  return "?";
+}
+
+constexpr std::pair<RdmaMode, const char*> kRdmaModes[] = {
+    {RdmaMode::kOff, "off"}, {RdmaMode::kAuto, "auto"}, {RdmaMode::kOn, "on"}};
+using Engine = storage::BlockIoOptions::Engine;
+constexpr std::pair<Engine, const char*> kIoEngines[] = {
+    {Engine::kAuto, "auto"},
+    {Engine::kIoUring, "io_uring"},
+    {Engine::kThreadPool, "threadpool"}};
+using Submit = storage::BlockIoOptions::Submit;
+constexpr std::pair<Submit, const char*> kIoSubmits[] = {
+    {Submit::kAuto, "auto"},
+    {Submit::kInline, "inline"},
+    {Submit::kAsync, "async"}};
+
+absl::Status Invalid(const absl::Status& s) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("storage node: ", s.message()));
+}
+
+// A hybrid or LRU device's capacity file.
+absl::Status ValidateTier(const storage::CapacityTierOptions& tier) {
+  if (tier.path.empty() || tier.capacity_bytes == 0 ||
+      tier.capacity_bytes % 4096 != 0) {
+    return absl::InvalidArgumentError(
+        "storage node: a hybrid device needs capacity_path and "
+        "capacity_bytes (a positive multiple of 4096)");
+  }
+  storage::BlockIoOptions io = tier.io;  // Open fills in the file
+  io.path = tier.path;
+  io.size_bytes = tier.capacity_bytes + storage::CapacityTier::kHeaderBytes;
+  absl::Status s = io.Validate();
+  return s.ok() ? s : Invalid(s);
+}
+
+}  // namespace
+
+const char* RdmaModeName(RdmaMode mode) { return NameOf(mode, kRdmaModes); }
+absl::StatusOr<RdmaMode> ParseRdmaMode(std::string_view name) {
+  return ParseName("rdma", name, kRdmaModes);
+}
+const char* IoEngineName(Engine engine) { return NameOf(engine, kIoEngines); }
+absl::StatusOr<Engine> ParseIoEngine(std::string_view name) {
+  return ParseName("io_engine", name, kIoEngines);
+}
+const char* IoSubmitName(Submit submit) { return NameOf(submit, kIoSubmits); }
+absl::StatusOr<Submit> ParseIoSubmit(std::string_view name) {
+  return ParseName("io_submit", name, kIoSubmits);
+}
+
 absl::Status StorageNodeOptions::Validate() const {
   if (capability_skew < absl::ZeroDuration() ||
       capability_skew > absl::Hours(1)) {
@@ -293,10 +365,7 @@ absl::Status StorageNodeOptions::Validate() const {
     return absl::InvalidArgumentError("storage node: listen_host is empty");
   }
   s = tls.Validate();
-  if (!s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("storage node: ", s.message()));
-  }
+  if (!s.ok()) return Invalid(s);
   s = CheckProtectedMode("storage node", listen_host,
                          !auth_tokens_file.empty(), insecure);
   if (!s.ok()) return s;
@@ -305,80 +374,78 @@ absl::Status StorageNodeOptions::Validate() const {
                              !auth_tokens_file.empty(), insecure);
     if (!s.ok()) return s;
   }
-  if (data_port < 0 || data_port > 65535 || control_port < 0 ||
+  if (data.port < 0 || data.port > 65535 || control_port < 0 ||
       control_port > 65535) {
     return absl::InvalidArgumentError("storage node: ports must be in 0..65535");
   }
-  if (data_port != 0 && data_port == control_port) {
+  if (data.port != 0 && data.port == control_port) {
     return absl::InvalidArgumentError(
         "storage node: data_port and control_port must differ");
   }
-  if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "storage node: alignment ", alignment, " is not a power of two"));
-  }
-  if (device == Device::kHybrid || device == Device::kHybridLru) {
-    if (capacity_path.empty() || capacity_bytes == 0 ||
-        capacity_bytes % 4096 != 0) {
+  if (const storage::DramDeviceOptions* d = dram()) {
+    if (d->alignment != 0 && (d->alignment & (d->alignment - 1)) == 0 &&
+        d->capacity_bytes < d->alignment) {
       return absl::InvalidArgumentError(
-          "storage node: a hybrid device needs capacity_path and "
-          "capacity_bytes (a positive multiple of 4096)");
+          absl::StrCat("storage node: dram_bytes ", d->capacity_bytes,
+                       " is below the alignment"));
     }
-    if (device == Device::kHybrid && node_name.empty()) {
+    s = d->Validate();
+  } else if (const HybridDevice* h = hybrid()) {
+    s = ValidateTier(h->tier);
+    if (!s.ok()) return s;
+    if (node_name.empty()) {
       return absl::InvalidArgumentError(
           "storage node: a hybrid device needs a stable node_name (its "
           "capacity file records which node owns it)");
     }
-    if (alignment < 4096) {
+    s = h->device.Validate();
+  } else {
+    const LruDevice& l = *lru();
+    s = ValidateTier(l.tier);
+    if (!s.ok()) return s;
+    if (l.device.alignment < 4096) {
       return absl::InvalidArgumentError(
           "storage node: a hybrid device needs alignment >= 4096");
     }
-    if (io_engine != "auto" && io_engine != "io_uring" &&
-        io_engine != "threadpool") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "storage node: io_engine '", io_engine,
-          "' (want auto, io_uring or threadpool)"));
-    }
-    if (staging_bytes == 0 || write_buffer_bytes == 0 || io_queue_depth < 1) {
-      return absl::InvalidArgumentError(
-          "storage node: staging_bytes, write_buffer_bytes and "
-          "io_queue_depth must be positive");
-    }
-  } else if (dram_bytes < alignment) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "storage node: dram_bytes ", dram_bytes, " is below the alignment"));
+    storage::LruCacheDeviceOptions dev = l.device;  // the node sets these
+    dev.capacity_bytes = l.tier.capacity_bytes;
+    dev.data_offset = storage::CapacityTier::kHeaderBytes;
+    s = dev.Validate();
   }
-  if (numa_node < -1) {
-    return absl::InvalidArgumentError("storage node: numa_node must be >= -1");
-  }
-  if (data_send_buffer_bytes < 0) {
+  if (!s.ok()) return Invalid(s);
+  // The data server's and the KV manager's own settings (their Validate
+  // also wants the parts the node builds at Create).
+  if (data.send_buffer_bytes < 0) {
     return absl::InvalidArgumentError(
         "storage node: data_send_buffer_bytes must be >= 0");
   }
-  if (max_connections < 1 || max_connections_per_peer < 1 ||
-      data_worker_threads < 1 || max_requests_per_peer < 1) {
+  if (data.max_connections < 1 || data.max_connections_per_peer < 1 ||
+      data.worker_threads < 1 || data.max_requests_per_peer < 1) {
     return absl::InvalidArgumentError(
         "storage node: max_connections, max_connections_per_peer, "
         "data_worker_threads and max_requests_per_peer must be >= 1");
   }
-  if (io_timeout <= absl::ZeroDuration() ||
-      idle_timeout <= absl::ZeroDuration() ||
+  if (data.io_timeout <= absl::ZeroDuration() ||
+      data.idle_timeout <= absl::ZeroDuration() ||
       drain_timeout < absl::ZeroDuration() ||
-      shutdown_flush_timeout < absl::ZeroDuration() ||
       rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "storage node: io_timeout, idle_timeout and rpc_timeout must be > 0, "
-        "drain_timeout and shutdown_flush_timeout >= 0");
+        "drain_timeout >= 0");
   }
-  if (rdma != "off" && rdma != "auto" && rdma != "on") {
+  if (prefetch.window_bytes == 0 ||
+      prefetch.session_timeout <= absl::ZeroDuration() ||
+      prefetch.reap_interval <= absl::ZeroDuration() ||
+      prefetch.max_sessions < 1 || prefetch.max_objects_per_session < 1) {
+    return absl::InvalidArgumentError(
+        "storage node: prefetch window_bytes, session_timeout, "
+        "reap_interval, max_sessions and max_objects_per_session must be "
+        "> 0");
+  }
+  if (rdma != RdmaMode::kOff && rdma != RdmaMode::kAuto &&
+      rdma != RdmaMode::kOn) {
     return absl::InvalidArgumentError(
         "storage node: rdma must be off, auto or on");
-  }
-  if (prefetch_window_bytes == 0 ||
-      prefetch_session_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "storage node: prefetch_window_bytes and prefetch_session_timeout "
-        "must be > 0");
   }
   return absl::OkStatus();
 }
@@ -391,14 +458,21 @@ namespace {
 absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
     const StorageNodeOptions& o, uint64_t max_region_bytes,
     uint64_t* incarnation, std::unique_ptr<storage::CapacityTier>* tier_out) {
-  using Device = StorageNodeOptions::Device;
-  const bool shareable = o.expose_shm || o.rdma != "off";
+  const bool shareable = o.expose_shm || o.rdma != RdmaMode::kOff;
+  const storage::DramDeviceOptions* dram = o.dram();
+  const StorageNodeOptions::HybridDevice* hybrid = o.hybrid();
+  const StorageNodeOptions::LruDevice* lru = o.lru();
   RETURN_IF_ERROR(storage::CheckMemoryFits(
-      o.device == Device::kDram ? o.dram_bytes
-                                : o.staging_bytes + o.write_buffer_bytes,
-      o.numa_node, o.allow_memory_overcommit,
-      o.device == Device::kDram ? "--dram_bytes"
-                                : "--staging_bytes + --write_buffer_bytes"));
+      dram != nullptr     ? dram->capacity_bytes
+      : hybrid != nullptr ? hybrid->device.staging_bytes +
+                                hybrid->device.write_buffer_bytes
+                          : lru->device.cache_bytes,
+      dram != nullptr     ? dram->numa_node
+      : hybrid != nullptr ? hybrid->device.numa_node
+                          : -1,
+      o.allow_memory_overcommit,
+      dram != nullptr ? "--dram_bytes"
+                      : "--staging_bytes + --write_buffer_bytes"));
   if (shareable && o.shared_huge_pages) {
     absl::Status hp = storage::EnableSharedHugePages();
     if (!hp.ok()) {
@@ -407,61 +481,36 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
                    << hp;
     }
   }
-  if (o.device == Device::kDram) {
-    storage::DramDeviceOptions dev;
+  if (dram != nullptr) {
+    storage::DramDeviceOptions dev = *dram;
     dev.region_id = 0;
-    dev.capacity_bytes = o.dram_bytes;
     dev.max_region_bytes = max_region_bytes;
     dev.shareable = shareable;
-    dev.numa_node = o.numa_node;
-    dev.alignment = o.alignment;
     ASSIGN_OR_RETURN(auto d, storage::DramDevice::Create(dev));
     return std::unique_ptr<storage::MemoryDevice>(std::move(d));
   }
-  storage::CapacityTierOptions tier;
-  tier.path = o.capacity_path;
-  tier.capacity_bytes = o.capacity_bytes;
-  tier.node_name = o.device == Device::kHybrid ? o.node_name : "lru-baseline";
-  tier.metadata_dir = o.capacity_metadata_dir;
-  tier.allow_overcommit = o.allow_capacity_overcommit;
-  tier.io.queue_depth = o.io_queue_depth;
-  tier.io.submit = o.io_submit;
-  tier.io.direct = o.io_direct;
-  tier.io.max_read_bytes_per_s = o.io_max_read_bytes_per_s;
-  tier.io.max_write_bytes_per_s = o.io_max_write_bytes_per_s;
-  tier.io.engine = o.io_engine == "io_uring" ? storage::BlockIoOptions::Engine::kIoUring
-                   : o.io_engine == "threadpool"
-                       ? storage::BlockIoOptions::Engine::kThreadPool
-                       : storage::BlockIoOptions::Engine::kAuto;
+  storage::CapacityTierOptions tier =
+      hybrid != nullptr ? hybrid->tier : lru->tier;
+  tier.node_name = hybrid != nullptr ? o.node_name : "lru-baseline";
   ASSIGN_OR_RETURN(std::unique_ptr<storage::CapacityTier> t,
                    storage::CapacityTier::Open(tier));
-  if (o.device == Device::kHybrid) {
+  if (hybrid != nullptr) {
     *incarnation = t->incarnation();
-    storage::HybridDeviceOptions h;
-    h.staging_bytes = o.staging_bytes;
-    h.write_buffer_bytes = o.write_buffer_bytes;
-    h.numa_node = o.numa_node;
-    h.io_queue_depth = o.io_queue_depth;
-    h.shutdown_flush_timeout = o.shutdown_flush_timeout;
-    h.verify_on_open = o.verify_on_open;
-    h.verify_reads = o.verify_reads;
+    storage::HybridDeviceOptions h = hybrid->device;
     h.shareable = shareable;
-    LOG(INFO) << "hybrid device: capacity file " << o.capacity_path << " ("
+    LOG(INFO) << "hybrid device: capacity file " << tier.path << " ("
               << (t->adopted() ? "adopted" : "formatted") << ", "
               << t->io()->engine()
               << (t->io()->async_submit() ? ", async submission" : "")
-              << "), staging window " << o.staging_bytes
-              << " bytes, write buffer " << o.write_buffer_bytes << " bytes";
+              << "), staging window " << h.staging_bytes
+              << " bytes, write buffer " << h.write_buffer_bytes << " bytes";
     ASSIGN_OR_RETURN(auto d, storage::HybridDevice::Create(h, std::move(t)));
     return std::unique_ptr<storage::MemoryDevice>(std::move(d));
   }
-  storage::LruCacheDeviceOptions l;
-  l.capacity_bytes = o.capacity_bytes;
+  storage::LruCacheDeviceOptions l = lru->device;
+  l.capacity_bytes = tier.capacity_bytes;
   l.data_offset = storage::CapacityTier::kHeaderBytes;
-  l.cache_bytes = o.staging_bytes + o.write_buffer_bytes;
-  l.max_concurrent_fills = o.io_queue_depth;
-  l.alignment = o.alignment;
-  LOG(INFO) << "LRU baseline device: capacity file " << o.capacity_path
+  LOG(INFO) << "LRU baseline device: capacity file " << tier.path
             << ", cache " << l.cache_bytes << " bytes";
   ASSIGN_OR_RETURN(auto d, storage::LruCacheDevice::Create(l, t->io()));
   *tier_out = std::move(t);
@@ -557,9 +606,8 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
     node->incarnation_ = absl::Uniform<uint64_t>(gen);
   } while (node->incarnation_ == 0);
   node->node_key_path_ = options.node_key_path;
-  if (node->node_key_path_.empty() &&
-      options.device == StorageNodeOptions::Device::kHybrid) {
-    node->node_key_path_ = options.capacity_path + ".node_key";
+  if (node->node_key_path_.empty() && options.hybrid() != nullptr) {
+    node->node_key_path_ = options.hybrid()->tier.path + ".node_key";
   }
   if (!node->node_key_path_.empty()) {
     absl::StatusOr<std::string> key = ReadNodeKey(node->node_key_path_);
@@ -574,20 +622,21 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   // RDMA first: its registration limit decides how the DRAM device is
   // split into regions (no object may straddle two registrations).
   std::unique_ptr<rdma::Device> rdma_device;
-  if (options.rdma != "off") {
+  if (options.rdma != RdmaMode::kOff) {
     rdma::DeviceOptions ro;
     ro.device_name = options.rdma_device;
     absl::StatusOr<std::unique_ptr<rdma::Device>> d = rdma::Device::Open(ro);
     if (d.ok()) {
       rdma_device = std::move(*d);
-    } else if (options.rdma == "on") {
+    } else if (options.rdma == RdmaMode::kOn) {
       return d.status();
     } else {
       LOG(INFO) << "storage node: no RDMA data plane (" << d.status().message()
                 << "); serving TCP and shared memory";
     }
   }
-  uint64_t max_region = options.max_region_bytes;
+  uint64_t max_region =
+      options.dram() != nullptr ? options.dram()->max_region_bytes : 0;
   if (max_region == 0 && rdma_device != nullptr) {
     max_region = rdma_device->max_mr_size();
   }
@@ -604,7 +653,7 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
       for (auto& [k, v] : node->rdma_->TransportParams()) {
         node->transport_params_[k] = v;
       }
-    } else if (options.rdma == "on") {
+    } else if (options.rdma == RdmaMode::kOn) {
       return plane.status();
     } else {
       LOG(WARNING) << "storage node: RDMA data plane disabled: "
@@ -641,14 +690,12 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   // registration sets the real ceiling.
   node->extents_->SetGenerationCeiling(0);
 
-  storage::KvManagerOptions kv;
-  kv.window_bytes = options.prefetch_window_bytes;
-  kv.session_timeout = options.prefetch_session_timeout;
+  storage::KvManagerOptions kv = options.prefetch;
   // The hybrid device's window is shared between requests; the LRU
   // baseline and DRAM stage nothing (their "prefetch" costs no space).
-  if (options.device == StorageNodeOptions::Device::kHybrid) {
-    kv.staging_capacity = options.staging_bytes;
-  }
+  kv.staging_capacity = options.hybrid() != nullptr
+                            ? options.hybrid()->device.staging_bytes
+                            : 0;
   kv.device = node->device_.get();
   kv.extents = node->extents_.get();
   ASSIGN_OR_RETURN(node->kv_, storage::KvManager::Create(kv));
@@ -673,18 +720,10 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
     }
   }
 
-  storage::DataServerOptions ds;
+  storage::DataServerOptions ds = options.data;
   ds.kv = node->kv_.get();
   ds.rdma = node->rdma_.get();
   ds.host = options.listen_host;
-  ds.port = options.data_port;
-  ds.max_connections = options.max_connections;
-  ds.max_connections_per_peer = options.max_connections_per_peer;
-  ds.worker_threads = options.data_worker_threads;
-  ds.max_requests_per_peer = options.max_requests_per_peer;
-  ds.send_buffer_bytes = options.data_send_buffer_bytes;
-  ds.io_timeout = options.io_timeout;
-  ds.idle_timeout = options.idle_timeout;
   ds.device = node->device_.get();
   ds.extents = node->extents_.get();
   node->capabilities_ =
@@ -757,10 +796,15 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
                                  {options.tls, options.master_token}, args));
   node->master_->stub = v1::MasterService::NewStub(node->master_->channel);
 
+  uint64_t region_bytes = 0;
+  for (const storage::RegionDescriptor& r : node->device_->Regions()) {
+    region_bytes += r.capacity_bytes;
+  }
   LOG(INFO) << "storage node '" << node->name_ << "' incarnation "
             << node->incarnation_ << ": data " << node->data_address_
             << ", control " << node->control_address_ << ", "
-            << options.dram_bytes << " bytes of DRAM; master "
+            << region_bytes << " bytes in " << node->device_->Regions().size()
+            << " regions; master "
             << options.master_address;
   StorageNode* n = node.get();
   try {

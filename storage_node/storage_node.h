@@ -23,10 +23,10 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "storage_node/device/block_io.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/capability.h"
@@ -34,6 +34,13 @@
 #include "common/net.h"
 #include "common/security.h"
 #include "common/thread.h"
+#include "storage_node/dataplane/data_server.h"
+#include "storage_node/dataplane/kv_manager.h"
+#include "storage_node/device/block_io.h"
+#include "storage_node/device/capacity_tier.h"
+#include "storage_node/device/dram_device.h"
+#include "storage_node/device/hybrid_device.h"
+#include "storage_node/device/lru_device.h"
 
 namespace grpc {
 class ClientContext;
@@ -50,115 +57,119 @@ class MetricsExporter;
 class StatsVisitor;
 
 namespace storage {
-class DataServer;
-class ExtentTable;
-class KvManager;
 class RdmaPlane;
 class ShmExport;
-class CapacityTier;
-class MemoryDevice;
 }  // namespace storage
 
+// How the node uses RDMA (StorageNodeOptions::rdma).
+enum class RdmaMode {
+  kOff,   // TCP and shared memory only
+  kAuto,  // an RDMA device if there is one, else TCP and shared memory only
+  kOn,    // Create fails without an RDMA device
+};
+// "off", "auto", "on": the daemon's --rdma. Parse: InvalidArgument naming
+// the choices.
+const char* RdmaModeName(RdmaMode mode);
+absl::StatusOr<RdmaMode> ParseRdmaMode(std::string_view name);
+// "auto", "io_uring", "threadpool": --io_engine.
+const char* IoEngineName(storage::BlockIoOptions::Engine engine);
+absl::StatusOr<storage::BlockIoOptions::Engine> ParseIoEngine(
+    std::string_view name);
+// "auto", "inline", "async": --io_submit.
+const char* IoSubmitName(storage::BlockIoOptions::Submit submit);
+absl::StatusOr<storage::BlockIoOptions::Submit> ParseIoSubmit(
+    std::string_view name);
+
+// The node's options are its parts' options (storage_node/device,
+// storage_node/dataplane) plus its own: each default is stated once, in the
+// part's struct (the daemon's flags take theirs from here). Fields a part's
+// struct has but the node sets itself are marked "set by the node": values
+// given there are ignored.
 struct StorageNodeOptions {
   // The master's gRPC address, host:port. Required.
   std::string master_address;
   // Stable name of the node, reported to the master.
-  // Default: "" = advertise_host:data_port
+  // Default: "" = advertise_host:data.port
   std::string node_name;
   // Address the data plane and the control service bind to.
   // Default: "127.0.0.1"
   std::string listen_host = "127.0.0.1";
-  // Data-plane TCP port; 0 picks a free port (see StorageNode::data_port()).
-  // Default: 0
-  int data_port = 0;
   // Control (gRPC) port; 0 picks a free port.
   // Default: 0
   int control_port = 0;
   // Host that clients and the master use to reach this node.
   // Default: "" = listen_host
   std::string advertise_host;
-  // Capacity of the DRAM device in bytes.
-  // Default: 1 GiB
-  uint64_t dram_bytes = uint64_t{1} << 30;
-  // NUMA node for the DRAM device; -1: the local node. An invalid node falls
-  // back to unplaced memory with a warning.
-  // Default: -1
-  int numa_node = -1;
-  // Allocation alignment of the region (a power of two), told to the master.
-  // Hybrid devices need at least 4096 (O_DIRECT).
-  // Default: 4096
-  uint32_t alignment = 4096;
 
-  // The memory device behind the node.
-  enum class Device {
-    // dram_bytes of DRAM on numa_node (contents start afresh every start).
-    kDram,
-    // Software CXL hybrid memory: a capacity file (capacity_bytes, the
-    // addressable space) behind a DRAM staging window (staging_bytes) and a
-    // write buffer (write_buffer_bytes). Persistent: a restarted node on the
-    // same file serves its flushed objects again. Requires node_name.
-    kHybrid,
-    // The same capacity file and DRAM budget managed as a transparent
-    // write-back LRU cache (a baseline for comparison; not persistent).
-    kHybridLru,
+  // The memory device behind the node, one of:
+  //   DramDeviceOptions: DRAM on numa_node (contents start afresh every
+  //     start). max_region_bytes 0 means the RDMA device's registration
+  //     limit when RDMA is on (else one region). Default: 1 GiB.
+  //   HybridDevice: software CXL hybrid memory, a capacity file (tier) behind
+  //     a DRAM staging window and write buffer (device). Persistent: a
+  //     restarted node on the same file serves its flushed objects again.
+  //     Requires node_name.
+  //   LruDevice: the same capacity file and DRAM managed as a transparent
+  //     write-back LRU cache (a baseline for comparison; not persistent).
+  // Set by the node: region ids, shareable (expose_shm or RDMA),
+  // tier.node_name, tier.io.path and size_bytes, and the LRU device's
+  // capacity_bytes and data_offset (from its tier).
+  struct HybridDevice {
+    // capacity_path = tier.path, capacity_bytes (a positive multiple of
+    // 4096), metadata_dir (Default: "" = path + ".meta"),
+    // allow_overcommit (start even if the sparse capacity file is larger
+    // than the free space of its filesystem, with a warning; without it
+    // Create fails with ResourceExhausted), and the I/O engine (tier.io).
+    storage::CapacityTierOptions tier;
+    // HybridDeviceOptions' defaults, except shutdown_flush_timeout: 15 s
+    // (see ShutdownBound). At shutdown, objects still buffered then are
+    // abandoned (lost like in a crash: the master drops their listings
+    // when the node reconciles after its restart).
+    storage::HybridDeviceOptions device = DefaultDevice();
+
+    static storage::HybridDeviceOptions DefaultDevice() {
+      storage::HybridDeviceOptions d;
+      d.shutdown_flush_timeout = absl::Seconds(15);
+      return d;
+    }
   };
-  // Default: kDram
-  Device device = Device::kDram;
-  // Hybrid devices: capacity file or block device. Required for them.
-  std::string capacity_path;
-  // Hybrid devices: addressable bytes in the capacity file (multiple of
-  // 4096). Required for them.
-  uint64_t capacity_bytes = 0;
-  // kHybrid: where the durable record of flushed objects lives.
-  // Default: "" = capacity_path + ".meta"
-  std::string capacity_metadata_dir;
-  // Hybrid devices: start even if the capacity file (a sparse regular file)
-  // is larger than the free space of its filesystem, with a warning; without
-  // it Create fails with ResourceExhausted. Once such a filesystem is full,
-  // flushes fail and stores are refused when the write buffer fills.
-  // Default: false
-  bool allow_capacity_overcommit = false;
-  // Start even if the device's DRAM (dram_bytes for kDram; staging_bytes +
-  // write_buffer_bytes for the hybrid devices) exceeds the physical memory
-  // of numa_node (or of the host for -1), with a warning; without it Create
-  // fails with ResourceExhausted.
+  struct LruDevice {
+    storage::CapacityTierOptions tier;
+    storage::LruCacheDeviceOptions device;
+  };
+  using Device =
+      std::variant<storage::DramDeviceOptions, HybridDevice, LruDevice>;
+  // Default: DramDeviceOptions()
+  Device device;
+  // Start even if the device's DRAM (a DRAM device's capacity_bytes; a
+  // hybrid device's staging_bytes + write_buffer_bytes; the LRU device's
+  // cache_bytes) exceeds the physical memory of its NUMA node (or of the
+  // host for -1), with a warning; without it Create fails with
+  // ResourceExhausted.
   // Default: false
   bool allow_memory_overcommit = false;
-  // Hybrid devices: DRAM staging window. Default: 256 MiB
-  uint64_t staging_bytes = uint64_t{256} << 20;
-  // Hybrid devices: DRAM write buffer (kHybridLru adds it to its cache).
-  // Default: 64 MiB
-  uint64_t write_buffer_bytes = uint64_t{64} << 20;
-  // Hybrid devices: I/O engine ("auto", "io_uring", "threadpool") and queue
-  // depth. Default: "auto", 64
-  std::string io_engine = "auto";
-  int io_queue_depth = 64;
-  // Hybrid devices: how io_uring submits (BlockIoOptions::Submit: auto
-  // detects devices that move the bytes inside submission, such as zram).
-  // Default: kAuto
-  storage::BlockIoOptions::Submit io_submit =
-      storage::BlockIoOptions::Submit::kAuto;
-  // Hybrid devices: open the capacity file with O_DIRECT. Turn off only on
-  // filesystems without it (tmpfs). Default: true
-  bool io_direct = true;
-  // Hybrid devices: pace the capacity file's reads / writes to at most this
-  // many bytes per second (emulates a slower device; tests use a slow
-  // writer to keep objects in the write buffer). 0: unpaced. Default: 0
-  uint64_t io_max_read_bytes_per_s = 0;
-  uint64_t io_max_write_bytes_per_s = 0;
-  // Hybrid devices: at start, verify every re-adopted object's CRC32C
-  // against the capacity file (about 0.4 s per GiB stored; a torn or
-  // corrupt object is dropped, never served). Default: true
-  bool verify_on_open = true;
-  // Hybrid devices: verify the CRC32C of every read from the capacity file
-  // (a mismatch fails that object with DataLoss). Default: false
-  bool verify_reads = false;
-  // Request-level prefetch (KvManager): staged bytes a request may have
-  // ahead of its reads. Default: 128 MiB
-  uint64_t prefetch_window_bytes = uint64_t{128} << 20;
-  // A request that stops reading for this long loses its staged objects.
-  // Default: 5 s
-  absl::Duration prefetch_session_timeout = absl::Seconds(5);
+  // When the device's memory is shareable (shm or RDMA) and shared memory
+  // cannot get huge pages (Debian's default
+  // /sys/kernel/mm/transparent_hugepage/shmem_enabled is "never"), set that
+  // knob to "advise" if permitted (it then gives huge pages only to shared
+  // memory that asks, as the device's does), else warn. With 4 KiB pages a
+  // hybrid device's staging window lost a third of a virtio disk's
+  // bandwidth and three quarters of a fast device's (docs/hybrid_device.md).
+  // Default: true
+  bool shared_huge_pages = true;
+
+  // The TCP data plane: port (0 picks a free port, see
+  // StorageNode::data_port()), connection and request limits, send buffer,
+  // io_timeout, idle_timeout. Set by the node: host (listen_host), device,
+  // extents, kv, rdma, capabilities.
+  storage::DataServerOptions data;
+  // Request-level prefetch: window_bytes (staged bytes a request may have
+  // ahead of its reads), session_timeout (a request that stops reading for
+  // this long loses its staged objects), session limits, clock. Set by the
+  // node: staging_capacity (a hybrid device's staging window; the others
+  // stage nothing), device, extents.
+  storage::KvManagerOptions prefetch;
+
   // Let clients on this host map the device memory (the shared-memory data
   // plane): publishes the device's memfd-backed areas to the master.
   // Default: true
@@ -169,31 +180,8 @@ struct StorageNodeOptions {
   // memory. Default: none.
   std::vector<uid_t> shm_allowed_uids;
   std::vector<gid_t> shm_allowed_gids;
-  // Where the node keeps the key the master issues at its first
-  // registration (mode 0600), so that a restarted process proves it: with
-  // the same incarnation (a hybrid device's re-adopted objects) it keeps
-  // its objects, and it need not wait for the old process to time out.
-  // Without the key a restarted node is refused while the master still
-  // takes the old process for alive, then registers as a new node (its
-  // objects purged). Default: "" = capacity_path + ".node_key" for kHybrid,
-  // kept in memory only otherwise.
-  std::string node_key_path;
-  // A data-plane capability is accepted this long past its expiry by this
-  // host's clock (clock skew between master and node). Default: 30 s
-  absl::Duration capability_skew = absl::Seconds(30);
-  // When the device's memory is shareable (shm or RDMA) and shared memory
-  // cannot get huge pages (Debian's default
-  // /sys/kernel/mm/transparent_hugepage/shmem_enabled is "never"), set that
-  // knob to "advise" if permitted (it then gives huge pages only to shared
-  // memory that asks, as the device's does), else warn. With 4 KiB pages a
-  // hybrid device's staging window lost a third of a virtio disk's
-  // bandwidth and three quarters of a fast device's (docs/hybrid_device.md).
-  // Default: true
-  bool shared_huge_pages = true;
-  // RDMA data plane: "off"; "auto" (use an RDMA device if there is one, else
-  // serve TCP and shared memory only); "on" (Create fails without one).
-  // Default: "auto"
-  std::string rdma = "auto";
+  // RDMA data plane. Default: kAuto
+  RdmaMode rdma = RdmaMode::kAuto;
   // RDMA device name ("" = the first). Default: ""
   std::string rdma_device;
   // On an RDMA device without type-2 memory windows that confine their
@@ -202,42 +190,27 @@ struct StorageNodeOptions {
   // publishes whole-area keys instead (faster, but every client with a queue
   // pair can read and overwrite all of the node's exposed memory: trusted
   // clients only). Devices with such windows always grant per object
-  // (storage_node/rdma_plane.h). Default: false
+  // (storage_node/dataplane/rdma_plane.h). Default: false
   bool rdma_trusted_clients = false;
-  // DRAM device: most bytes per region (and so per RDMA registration); 0 =
-  // the device's registration limit when RDMA is on, else one region.
-  // Default: 0
-  uint64_t max_region_bytes = 0;
-  // Data-plane limits (see DataServerOptions): connections open at once, in
-  // all and per peer address; worker threads; requests of one peer served
-  // at once. An idle connection holds no thread.
-  // Defaults: 8192, 1024, 256, 128
-  int max_connections = 8192;
-  int max_connections_per_peer = 1024;
-  int data_worker_threads = 256;
-  int max_requests_per_peer = 128;
-  // Send buffer of each data-plane connection (see
-  // DataServerOptions::send_buffer_bytes); 0: the kernel's autotuning.
-  // Default: kDataSendBufferBytes (512 KiB)
-  int data_send_buffer_bytes = kDataSendBufferBytes;
-  // Bound on receiving and answering one data-plane request.
-  // Default: 30 s
-  absl::Duration io_timeout = absl::Seconds(30);
-  // A data-plane connection idle (waiting for its next request) longer than
-  // this is closed. absl::InfiniteDuration(): never.
-  // Default: 60 s
-  absl::Duration idle_timeout = absl::Seconds(60);
+
+  // Where the node keeps the key the master issues at its first
+  // registration (mode 0600), so that a restarted process proves it: with
+  // the same incarnation (a hybrid device's re-adopted objects) it keeps
+  // its objects, and it need not wait for the old process to time out.
+  // Without the key a restarted node is refused while the master still
+  // takes the old process for alive, then registers as a new node (its
+  // objects purged). Default: "" = the capacity file's path + ".node_key"
+  // for a HybridDevice, kept in memory only otherwise.
+  std::string node_key_path;
+  // A data-plane capability is accepted this long past its expiry by this
+  // host's clock (clock skew between master and node). Default: 30 s
+  absl::Duration capability_skew = absl::Seconds(30);
   // Graceful shutdown waits this long for data-plane requests in progress.
   // Default: 10 s
   absl::Duration drain_timeout = absl::Seconds(10);
   // Deadline of each RPC to the master (register, heartbeat, deregister).
   // Default: 2 s
   absl::Duration rpc_timeout = absl::Seconds(2);
-  // Hybrid devices: at shutdown, how long the write buffer may keep
-  // flushing to the capacity file; objects still buffered then are
-  // abandoned (lost like in a crash: the master drops their listings when
-  // the node reconciles after its restart). Default: 15 s
-  absl::Duration shutdown_flush_timeout = absl::Seconds(15);
   // Identities file (or directory) of the callers of the control service
   // (admins; common/security.h). "" turns authentication off, and then
   // only a loopback listen_host is allowed unless `insecure`. Default: "".
@@ -262,17 +235,34 @@ struct StorageNodeOptions {
   // (hymcache-storage passes its BuildInfo()). Default: "" (none).
   std::string build_version;
   std::string build_commit;
+
+  // The device's alternatives; null when it is another one.
+  const storage::DramDeviceOptions* dram() const {
+    return std::get_if<storage::DramDeviceOptions>(&device);
+  }
+  storage::DramDeviceOptions* dram() {
+    return std::get_if<storage::DramDeviceOptions>(&device);
+  }
+  const HybridDevice* hybrid() const { return std::get_if<HybridDevice>(&device); }
+  HybridDevice* hybrid() { return std::get_if<HybridDevice>(&device); }
+  const LruDevice* lru() const { return std::get_if<LruDevice>(&device); }
+  LruDevice* lru() { return std::get_if<LruDevice>(&device); }
+
   // Shutdown() returns within about rpc_timeout (deregistration) +
-  // drain_timeout (data-plane requests) + 1 s (control server) +
-  // shutdown_flush_timeout (hybrid write buffer) + one synced RocksDB write:
-  // 28 s with the defaults. Service managers must allow more (the systemd
-  // unit's TimeoutStopSec and the Helm chart's terminationGracePeriodSeconds
-  // are 45 s).
+  // drain_timeout (data-plane requests) + 1 s (control server) + a hybrid
+  // device's shutdown_flush_timeout (its write buffer) + one synced RocksDB
+  // write: 28 s with a hybrid device's defaults. Service managers must allow
+  // more (the systemd unit's TimeoutStopSec and the Helm chart's
+  // terminationGracePeriodSeconds are 45 s).
   absl::Duration ShutdownBound() const {
     return rpc_timeout + drain_timeout + absl::Seconds(1) +
-           shutdown_flush_timeout;
+           (hybrid() != nullptr ? hybrid()->device.shutdown_flush_timeout
+                                : absl::ZeroDuration());
   }
 
+  // InvalidArgument naming the first bad field; composes the parts'
+  // Validate() (with the fields the node sets filled in where a part
+  // checks them at Create).
   absl::Status Validate() const;
 };
 

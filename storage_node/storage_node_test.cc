@@ -47,7 +47,7 @@ int UnusedPort() {
 StorageNodeOptions Options() {
   StorageNodeOptions o;
   o.master_address = "127.0.0.1:" + std::to_string(UnusedPort());
-  o.dram_bytes = 16 << 20;
+  o.dram()->capacity_bytes = 16 << 20;
   o.rpc_timeout = absl::Milliseconds(300);
   return o;
 }
@@ -153,11 +153,11 @@ TEST_CASE("StorageNode: Create fails on bad options or taken ports") {
   CHECK(StorageNode::Create(o).status().code() ==
         absl::StatusCode::kInvalidArgument);
   o = Options();
-  o.alignment = 1000;
+  o.dram()->alignment = 1000;
   CHECK(StorageNode::Create(o).status().code() ==
         absl::StatusCode::kInvalidArgument);
   o = Options();
-  o.dram_bytes = 0;
+  o.dram()->capacity_bytes = 0;
   CHECK(StorageNode::Create(o).status().code() ==
         absl::StatusCode::kInvalidArgument);
 
@@ -165,7 +165,7 @@ TEST_CASE("StorageNode: Create fails on bad options or taken ports") {
   REQUIRE(taken.ok());
   int port = *LocalPort(taken->fd());
   o = Options();
-  o.data_port = port;
+  o.data.port = port;
   CHECK_FALSE(StorageNode::Create(o).ok());
   o = Options();
   o.control_port = port;
@@ -178,6 +178,83 @@ TEST_CASE("StorageNode: Create fails on bad options or taken ports") {
   o.metrics_listen = "no-port";
   CHECK(StorageNode::Create(o).status().code() ==
         absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("StorageNodeOptions: Validate composes its parts' Validate") {
+  StorageNodeOptions o = Options();
+  REQUIRE(o.Validate().ok());
+  // The device's own checks.
+  o.dram()->numa_node = -2;
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  o = Options();
+  StorageNodeOptions::HybridDevice hybrid;
+  hybrid.tier.path = "/tmp/validate.cap";
+  hybrid.tier.capacity_bytes = 64 << 20;
+  o.device = hybrid;
+  CHECK(absl::IsInvalidArgument(o.Validate()));  // no node_name
+  o.node_name = "validate-node";
+  CHECK(o.Validate().ok());
+  o.hybrid()->device.flush_high_watermark = 2;
+  absl::Status s = o.Validate();
+  CHECK(absl::IsInvalidArgument(s));
+  CHECK(s.message().find("flush_high_watermark") != absl::string_view::npos);
+  o.hybrid()->device.flush_high_watermark = 0.5;
+  o.hybrid()->tier.io.queue_depth = 0;  // the tier's I/O engine
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  o.hybrid()->tier.io.queue_depth = 64;
+  o.hybrid()->tier.capacity_bytes = 4095;
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  // The LRU baseline: its capacity comes from the tier.
+  o = Options();
+  StorageNodeOptions::LruDevice lru;
+  lru.tier.path = "/tmp/validate.cap";
+  lru.tier.capacity_bytes = 64 << 20;
+  lru.device.cache_bytes = 8 << 20;
+  o.device = lru;
+  CHECK(o.Validate().ok());
+  o.lru()->device.cache_bytes = 4096;  // less than one line
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  // The data plane's and the prefetcher's settings.
+  o = Options();
+  o.data.max_requests_per_peer = 0;
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  o = Options();
+  o.prefetch.max_sessions = 0;
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  o = Options();
+  o.rdma = static_cast<RdmaMode>(7);
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+}
+
+TEST_CASE("StorageNodeOptions: ShutdownBound counts a hybrid device's flush") {
+  StorageNodeOptions o;
+  CHECK(o.ShutdownBound() == absl::Seconds(13));
+  o.device = StorageNodeOptions::HybridDevice();
+  CHECK(o.ShutdownBound() == absl::Seconds(28));
+}
+
+TEST_CASE("StorageNodeOptions: the enums' names parse back; bad names say "
+          "which are good") {
+  for (RdmaMode m : {RdmaMode::kOff, RdmaMode::kAuto, RdmaMode::kOn}) {
+    CHECK(*ParseRdmaMode(RdmaModeName(m)) == m);
+  }
+  using Engine = storage::BlockIoOptions::Engine;
+  for (Engine e : {Engine::kAuto, Engine::kIoUring, Engine::kThreadPool}) {
+    CHECK(*ParseIoEngine(IoEngineName(e)) == e);
+  }
+  using Submit = storage::BlockIoOptions::Submit;
+  for (Submit m : {Submit::kAuto, Submit::kInline, Submit::kAsync}) {
+    CHECK(*ParseIoSubmit(IoSubmitName(m)) == m);
+  }
+  CHECK(std::string(RdmaModeName(RdmaMode::kAuto)) == "auto");
+  CHECK(std::string(IoEngineName(Engine::kIoUring)) == "io_uring");
+  absl::StatusOr<RdmaMode> bad = ParseRdmaMode("maybe");
+  CHECK(absl::IsInvalidArgument(bad.status()));
+  CHECK(bad.status().message() == "rdma 'maybe' (want off, auto or on)");
+  CHECK(ParseIoEngine("aio").status().message() ==
+        "io_engine 'aio' (want auto, io_uring or threadpool)");
+  CHECK(ParseIoSubmit("").status().message() ==
+        "io_submit '' (want auto, inline or async)");
 }
 
 TEST_CASE("StorageNode: metrics_listen follows protected mode") {
@@ -206,30 +283,34 @@ TEST_CASE("StorageNode: a capacity file larger than the free space is "
   const uint64_t free_bytes =
       static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   StorageNodeOptions o = Options();
-  o.device = StorageNodeOptions::Device::kHybrid;
+  StorageNodeOptions::HybridDevice hybrid;
+  hybrid.tier.path = dir + "/overcommit.cap";
+  hybrid.tier.capacity_bytes =
+      (free_bytes + (uint64_t{1} << 40)) / 4096 * 4096;
+  hybrid.tier.io.direct = false;  // whatever TEST_TMPDIR is
+  hybrid.device.staging_bytes = 4 << 20;
+  hybrid.device.write_buffer_bytes = 4 << 20;
+  o.device = hybrid;
   o.node_name = "overcommit-node";
-  o.capacity_path = dir + "/overcommit.cap";
-  o.capacity_bytes = (free_bytes + (uint64_t{1} << 40)) / 4096 * 4096;
-  o.staging_bytes = 4 << 20;
-  o.write_buffer_bytes = 4 << 20;
-  o.io_direct = false;  // whatever TEST_TMPDIR is
   o.expose_shm = false;
   o.shared_huge_pages = false;
-  o.rdma = "off";
+  o.rdma = RdmaMode::kOff;
+  const StorageNodeOptions::HybridDevice& h = *o.hybrid();
   auto refused = StorageNode::Create(o);
   REQUIRE(refused.status().code() == absl::StatusCode::kResourceExhausted);
   INFO(refused.status().ToString());
   CHECK(refused.status().message().find("free") != absl::string_view::npos);
-  CHECK(refused.status().message().find(std::to_string(o.capacity_bytes)) !=
+  CHECK(refused.status().message().find(
+            std::to_string(h.tier.capacity_bytes)) !=
         absl::string_view::npos);
 
-  o.allow_capacity_overcommit = true;
+  o.hybrid()->tier.allow_overcommit = true;
   auto node = StorageNode::Create(o);
   INFO(node.status().ToString());
   REQUIRE(node.ok());
   struct stat st;
-  REQUIRE(stat(o.capacity_path.c_str(), &st) == 0);
-  CHECK(static_cast<uint64_t>(st.st_size) > o.capacity_bytes);
+  REQUIRE(stat(h.tier.path.c_str(), &st) == 0);
+  CHECK(static_cast<uint64_t>(st.st_size) > h.tier.capacity_bytes);
   // Sparse: a few MiB at most are allocated.
   CHECK(static_cast<uint64_t>(st.st_blocks) * 512 < (uint64_t{16} << 20));
   (*node)->Shutdown();
@@ -391,7 +472,7 @@ TEST_CASE("StorageNode registers, heartbeats, re-registers and deregisters") {
   CHECK(reg.data_address() == n.data_address());
   CHECK(reg.control_address() == n.control_address());
   REQUIRE(reg.regions_size() == 1);
-  CHECK(reg.regions(0).capacity_bytes() == o.dram_bytes);
+  CHECK(reg.regions(0).capacity_bytes() == o.dram()->capacity_bytes);
   CHECK(reg.regions(0).device_kind() == "dram");
   CHECK_FALSE(reg.regions(0).persistent());
 

@@ -196,8 +196,8 @@ Cluster StartCluster(const TlsOptions& master_tls = {},
   StorageNodeOptions so;
   so.master_address = c.master->address();
   so.node_name = "auth-node";
-  so.dram_bytes = 16 << 20;
-  so.rdma = "off";
+  so.dram()->capacity_bytes = 16 << 20;
+  so.rdma = RdmaMode::kOff;
   so.auth_tokens_file = c.identities;
   if (node_uses_token) so.master_token = c.tokens.node;
   so.tls = node_tls;

@@ -122,6 +122,67 @@ TEST_CASE("a bad flag exits 2 with gflags' message") {
   }
 }
 
+TEST_CASE("flag defaults come from the options structs; a bad choice "
+          "exits 2 naming the good ones") {
+  // The defaults as the libraries state them (StorageNodeOptions and its
+  // parts, MasterOptions and its MasterServiceOptions).
+  RunResult storage = MustRun(kBinaries[1], {"--help"});
+  for (const char* line :
+       {"--dram_bytes (string, default: \"1G\")",
+        "--staging_bytes (string, default: \"256M\")",
+        "--write_buffer_bytes (string, default: \"64M\")",
+        "--prefetch_window_bytes (string, default: \"128M\")",
+        "--io_engine (string, default: \"auto\")",
+        "--rdma (string, default: \"auto\")",
+        "--device (string, default: \"dram\")",
+        "--shutdown_flush_timeout_ms (int32, default: 15000)",
+        "--max_connections (int32, default: 8192)"}) {
+    CHECK(absl::StrContains(storage.output, line));
+  }
+  RunResult master = MustRun(kBinaries[0], {"--help"});
+  for (const char* line : {"--node_timeout_ms (int64, default: 10000)",
+                           "--forget_dead_nodes_after_s (int64, default: "
+                           "604800)",
+                           "--max_eviction_scan (uint32, default: 16384)",
+                           "--recency_batch (uint32, default: 16384)"}) {
+    CHECK(absl::StrContains(master.output, line));
+  }
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+  };
+  const std::vector<std::string> hybrid = {
+      "--device=hybrid", "--name=n", "--capacity_path=/nonexistent/cap",
+      "--capacity_bytes=64M"};
+  auto with = [&hybrid](std::string flag) {
+    std::vector<std::string> args = hybrid;
+    args.push_back(std::move(flag));
+    return args;
+  };
+  for (const Case& c :
+       {Case{{"--rdma=maybe"}, "bad --rdma 'maybe' (want off, auto or on)"},
+        Case{{"--device=nvme"},
+             "bad --device 'nvme' (want dram, hybrid or hybrid-lru)"},
+        Case{with("--io_engine=aio"),
+             "bad --io_engine 'aio' (want auto, io_uring or threadpool)"},
+        Case{with("--io_submit=zz"),
+             "bad --io_submit 'zz' (want auto, inline or async)"}}) {
+    std::vector<std::string> args = {"--master=127.0.0.1:1", "--data_port=0",
+                                     "--control_port=0"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    RunResult r = MustRun(kBinaries[1], args);
+    INFO(r.output);
+    CHECK(Exited(r, 2));
+    CHECK(absl::StrContains(r.output, c.message));
+  }
+  // The master's new flags reach its options: Validate refuses a bad value.
+  RunResult scan = MustRun(kBinaries[0], {"--db_path=" + TempDir("scan"),
+                                          "--listen=127.0.0.1:0",
+                                          "--max_eviction_scan=0"});
+  CHECK(Exited(scan, 2));
+  CHECK(absl::StrContains(scan.output, "max_eviction_scan"));
+}
+
 TEST_CASE("--log_dir writes glog files there; a missing one is refused") {
   const std::string dir = TempDir("logs");
   const std::string db = TempDir("db");

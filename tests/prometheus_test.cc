@@ -272,7 +272,7 @@ Cluster StartCluster(const std::string& dir) {
   mo.metrics_listen = "127.0.0.1:0";
   mo.build_version = "9.9.9-test";
   mo.build_commit = "abc123";
-  mo.heartbeat_interval = absl::Milliseconds(200);
+  mo.service.heartbeat_interval = absl::Milliseconds(200);
   auto master = MasterServer::Create(mo);
   REQUIRE(master.ok());
   c.master = std::move(*master);
@@ -281,15 +281,16 @@ Cluster StartCluster(const std::string& dir) {
   StorageNodeOptions so;
   so.master_address = c.master->address();
   so.node_name = "prom-node";
-  so.device = StorageNodeOptions::Device::kHybrid;
-  so.capacity_path = dir + "/capacity.dat";
-  so.capacity_bytes = 64 << 20;
-  so.staging_bytes = 4 << 20;
-  so.write_buffer_bytes = 4 << 20;
-  so.io_direct = false;  // whatever TEST_TMPDIR is
+  StorageNodeOptions::HybridDevice hybrid;
+  hybrid.tier.path = dir + "/capacity.dat";
+  hybrid.tier.capacity_bytes = 64 << 20;
+  hybrid.tier.io.direct = false;  // whatever TEST_TMPDIR is
+  hybrid.device.staging_bytes = 4 << 20;
+  hybrid.device.write_buffer_bytes = 4 << 20;
+  so.device = hybrid;
   so.expose_shm = false;
   so.shared_huge_pages = false;
-  so.rdma = "off";
+  so.rdma = RdmaMode::kOff;
   so.metrics_listen = "127.0.0.1:0";
   so.build_version = "9.9.9-test";
   so.build_commit = "abc123";

@@ -323,15 +323,15 @@ absl::Status StartInProcess(uint64_t dram_bytes, const std::string& db,
   MasterOptions mo;
   mo.db_path = db;
   // One trusted caller stores nearly the whole node in one put.
-  mo.max_pending_share_per_caller = 1.0;
+  mo.service.max_pending_share_per_caller = 1.0;
   auto master = MasterServer::Create(mo);
   if (!master.ok()) return master.status();
   c->master = std::move(*master);
   c->master_address = c->master->address();
   StorageNodeOptions so;
   so.master_address = c->master_address;
-  so.dram_bytes = dram_bytes;
-  so.data_send_buffer_bytes = FLAGS_send_buffer_bytes;
+  so.dram()->capacity_bytes = dram_bytes;
+  so.data.send_buffer_bytes = FLAGS_send_buffer_bytes;
   auto node = StorageNode::Create(so);
   if (!node.ok()) return node.status();
   c->node = std::move(*node);

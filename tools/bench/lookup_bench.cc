@@ -622,7 +622,7 @@ int Main() {
   MasterOptions mo;
   mo.db_path = db;
   // No heartbeats in this benchmark: keep the fake node alive throughout.
-  mo.node_timeout = absl::Hours(1);
+  mo.service.node_timeout = absl::Hours(1);
   hymcache::ChannelSecurity node_security, admin_security;
   if (!FLAGS_tls_dir.empty()) {
     mo.tls.cert_file = FLAGS_tls_dir + "/server.pem";

@@ -100,8 +100,8 @@ int Main() {
   std::filesystem::create_directories(FLAGS_dir);
   MasterOptions mo;
   mo.db_path = FLAGS_dir + "/master";
-  mo.heartbeat_interval = absl::Milliseconds(100);
-  mo.reconcile_interval = absl::ZeroDuration();  // rounds on request only
+  mo.service.heartbeat_interval = absl::Milliseconds(100);
+  mo.service.reconcile_interval = absl::ZeroDuration();  // rounds on request only
   auto master = MasterServer::Create(mo);
   if (!master.ok()) {
     LOG(ERROR) << master.status();
@@ -112,8 +112,8 @@ int Main() {
 
   StorageNodeOptions so;
   so.master_address = address;
-  so.alignment = 64;
-  so.dram_bytes = std::max<uint64_t>(
+  so.dram()->alignment = 64;
+  so.dram()->capacity_bytes = std::max<uint64_t>(
       uint64_t{64} << 20,
       FLAGS_objects * ((FLAGS_object_bytes + 63) / 64 * 64) * 5 / 4);
   so.rpc_timeout = absl::Seconds(30);
