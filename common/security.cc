@@ -32,6 +32,9 @@ namespace {
 constexpr absl::string_view kSha256Prefix = "sha256:";
 constexpr absl::string_view kCertPrefix = "cert:";
 constexpr absl::string_view kBearer = "Bearer ";
+constexpr absl::string_view kNodesPrefix = "nodes=";
+// As the master's cap on a registered node name.
+constexpr size_t kMaxNodeNameBytes = 128;
 // Identities files are small; refuse anything absurd.
 constexpr uintmax_t kMaxFileBytes = 16 << 20;
 
@@ -113,9 +116,30 @@ absl::StatusOr<std::string> NewToken() {
 }
 
 std::string IdentityLine(Role role, absl::string_view tenant,
-                         absl::string_view name, absl::string_view token) {
-  return absl::StrCat(RoleName(role), " ", tenant.empty() ? "-" : tenant, " ",
-                      name, " ", kSha256Prefix, TokenHash(token));
+                         absl::string_view name, absl::string_view token,
+                         const std::vector<std::string>& node_names) {
+  std::string line =
+      absl::StrCat(RoleName(role), " ", tenant.empty() ? "-" : tenant, " ",
+                   name, " ", kSha256Prefix, TokenHash(token));
+  if (!node_names.empty()) {
+    absl::StrAppend(&line, " ", kNodesPrefix, absl::StrJoin(node_names, ","));
+  }
+  return line;
+}
+
+absl::Status CheckNodeName(const Identity& id, absl::string_view node_name,
+                           absl::string_view method) {
+  if (id.role != Role::kNode || id.node_names.empty()) {
+    return absl::OkStatus();
+  }
+  for (const std::string& n : id.node_names) {
+    if (n == node_name) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      method, ": identity '", id.name, "' may act as node",
+      id.node_names.size() == 1 ? " '" : "s '",
+      absl::StrJoin(id.node_names, "', '"), "' only, not as node '",
+      node_name, "' (nodes= in the identities file)"));
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
@@ -155,9 +179,10 @@ absl::Status Authenticator::ParseInto(absl::string_view text,
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(
           absl::StrCat(source, ":", line_no, ": ", why,
-                       " (expected: role tenant name sha256:HEX | cert:NAME)"));
+                       " (expected: role tenant name sha256:HEX | cert:NAME "
+                       "[nodes=NAME,...])"));
     };
-    if (f.size() != 4) return bad("4 fields required");
+    if (f.size() != 4 && f.size() != 5) return bad("4 or 5 fields required");
     auto role = ParseRole(f[0]);
     if (!role.ok()) return bad(role.status().message());
     Identity id;
@@ -166,6 +191,24 @@ absl::Status Authenticator::ParseInto(absl::string_view text,
     id.name = std::string(f[2]);
     if (id.tenant.size() > 64 || id.name.size() > 128) {
       return bad("tenant (64) or name (128) too long");
+    }
+    if (f.size() == 5) {
+      absl::string_view nodes = f[4];
+      if (!absl::ConsumePrefix(&nodes, kNodesPrefix)) {
+        return bad("the fifth field must be nodes=NAME[,NAME...]");
+      }
+      if (id.role != Role::kNode) return bad("nodes= is for role node only");
+      for (absl::string_view n : absl::StrSplit(nodes, ',')) {
+        if (n.empty() || n.size() > kMaxNodeNameBytes) {
+          return bad("nodes= takes node names of 1..128 bytes, comma-separated");
+        }
+        id.node_names.emplace_back(n);
+      }
+    } else if (id.role == Role::kNode) {
+      table->warnings.push_back(absl::StrCat(
+          source, ":", line_no, ": node identity '", id.name,
+          "' is not bound to node names: it may register as any node (add "
+          "nodes=NAME[,NAME...], see docs/security.md)"));
     }
     absl::string_view cred = f[3];
     if (absl::ConsumePrefix(&cred, kSha256Prefix)) {
@@ -253,6 +296,10 @@ absl::Status Authenticator::Reload() {
 
 size_t Authenticator::size() const {
   return std::atomic_load(&table_)->size();
+}
+
+std::vector<std::string> Authenticator::Warnings() const {
+  return std::atomic_load(&table_)->warnings;
 }
 
 absl::StatusOr<Identity> Authenticator::CheckCredentials(

@@ -677,6 +677,15 @@ void MasterService::Grant(const Node& node, const v1::Location& loc,
   out->set_tag_hi(absl::little_endian::Load64(cap.tag + 8));
 }
 
+absl::StatusOr<std::string> MasterService::NodeName(uint32_t node_id) const {
+  ReaderMutexLock l(&mu_);
+  auto n = nodes_.find(node_id);
+  if (n == nodes_.end()) {
+    return absl::NotFoundError(absl::StrCat("node ", node_id, " is unknown"));
+  }
+  return n->second.info.name();
+}
+
 absl::Status MasterService::CheckNodeAuth(uint32_t node_id,
                                           uint64_t incarnation,
                                           std::string_view purpose,

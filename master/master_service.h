@@ -460,6 +460,10 @@ class MasterService {
   absl::StatusOr<hymcache::v1::RemoveResponse> Remove(
       const hymcache::v1::RemoveRequest& request);
 
+  // The name node `node_id` registered under. Errors: NotFound (unknown
+  // node).
+  absl::StatusOr<std::string> NodeName(uint32_t node_id) const;
+
   // Whether `auth` proves the key of node `node_id` for the call `purpose`
   // ("reconcile" for BeginReconcile and ReconcileNode). Errors: NotFound
   // (unknown node); PermissionDenied.

@@ -322,6 +322,25 @@ TEST_CASE("hymctl token new writes a token its identities line admits") {
   CHECK(hymctl::Run(ho, {"token", "new", "admin", "-", "x", dir + "/t"}, out2,
                     err2) == 1);
   CHECK(*ReadTokenFile(dir + "/t") == *token);
+  // --nodes binds a node token to its node names.
+  hymctl::Options bound = ho;
+  bound.token_nodes = "gpu1-dram0,gpu1-dram1";
+  std::ostringstream out3, err3;
+  REQUIRE(hymctl::Run(bound, {"token", "new", "node", "-", "gpu1",
+                              dir + "/n"},
+                      out3, err3) == 0);
+  CHECK(absl::StrContains(out3.str(), " nodes=gpu1-dram0,gpu1-dram1\n"));
+  auto node_auth = Authenticator::FromTextForTest(out3.str());
+  REQUIRE(node_auth.ok());
+  auto node_id = (*node_auth)->CheckCredentials(
+      "Bearer " + *ReadTokenFile(dir + "/n"), {}, Role::kNode, "M");
+  REQUIRE(node_id.ok());
+  CHECK(node_id->node_names ==
+        std::vector<std::string>{"gpu1-dram0", "gpu1-dram1"});
+  // Only for node tokens.
+  std::ostringstream out4, err4;
+  CHECK(hymctl::Run(bound, {"token", "new", "engine", "-", "e", dir + "/e"},
+                    out4, err4) == 2);
 }
 
 TEST_CASE("Protected mode: no identities, loopback only unless insecure") {
@@ -509,6 +528,125 @@ TEST_CASE("The daemons re-read their identities on SIGHUP") {
   // (A file that does not parse keeps the old identities: security_test.)
   CHECK(master->daemon.Stop(SIGTERM).ok());
   CHECK(node->daemon.Stop(SIGTERM).ok());
+}
+
+TEST_CASE("A node token bound to names acts only as those nodes") {
+  // node-0 (unbound), bound-a for auth-node, bound-b for node-b.
+  const std::string tok_a = *NewToken();
+  const std::string tok_b = *NewToken();
+  Cluster c;
+  const std::string dir = TempDir("bound");
+  c.identities = dir + "/identities";
+  c.tokens = WriteIdentities(
+      c.identities,
+      IdentityLine(Role::kNode, "", "bound-a", tok_a, {"auth-node"}) + "\n" +
+          IdentityLine(Role::kNode, "", "bound-b", tok_b,
+                       {"node-b", "node-c"}) +
+          "\n");
+  MasterOptions mo;
+  mo.db_path = dir + "/master";
+  mo.auth_tokens_file = c.identities;
+  auto master = MasterServer::Create(mo);
+  REQUIRE(master.ok());
+  c.master = std::move(*master);
+
+  StorageNodeOptions so;
+  so.master_address = c.master->address();
+  so.node_name = "auth-node";
+  so.dram_bytes = 16 << 20;
+  so.rdma = "off";
+  so.master_token = tok_a;
+  auto node = StorageNode::Create(so);
+  REQUIRE(node.ok());
+  REQUIRE((*node)->WaitRegistered(absl::Now() + absl::Seconds(20)));
+  const uint32_t node_id = (*node)->node_id();
+
+  auto stub = v1::MasterService::NewStub(
+      Dial(c.master->address(), {{}, tok_b}));
+  auto denied = [&](const grpc::Status& s, const std::string& method) {
+    INFO(method << ": " << s.error_code() << " " << s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+    CHECK(absl::StrContains(s.error_message(), method + ": identity 'bound-b'"));
+    CHECK(absl::StrContains(s.error_message(), "not as node 'auth-node'"));
+  };
+  {  // Registering as auth-node with tok_b.
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::RegisterNodeRequest req;
+    req.set_name("auth-node");
+    v1::RegisterNodeResponse resp;
+    denied(stub->RegisterNode(&ctx, req, &resp), "RegisterNode");
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::HeartbeatRequest req;
+    req.set_node_id(node_id);
+    v1::HeartbeatResponse resp;
+    denied(stub->Heartbeat(&ctx, req, &resp), "Heartbeat");
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::DeregisterNodeRequest req;
+    req.set_node_id(node_id);
+    v1::DeregisterNodeResponse resp;
+    denied(stub->DeregisterNode(&ctx, req, &resp), "DeregisterNode");
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::BeginReconcileRequest req;
+    req.set_node_id(node_id);
+    v1::BeginReconcileResponse resp;
+    denied(stub->BeginReconcile(&ctx, req, &resp), "BeginReconcile");
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::ReconcileNodeResponse resp;
+    auto w = stub->ReconcileNode(&ctx, &resp);
+    v1::ReconcileNodeRequest req;
+    req.set_node_id(node_id);
+    req.set_last(true);
+    w->Write(req);
+    w->WritesDone();
+    denied(w->Finish(), "ReconcileNode");
+  }
+  // The refused calls changed nothing: auth-node is still alive.
+  {
+    auto admin = v1::MasterService::NewStub(
+        Dial(c.master->address(), {{}, c.tokens.admin}));
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::ListNodesResponse resp;
+    REQUIRE(admin->ListNodes(&ctx, v1::ListNodesRequest(), &resp).ok());
+    REQUIRE(resp.nodes_size() == 1);
+    CHECK(resp.nodes(0).name() == "auth-node");
+    CHECK(resp.nodes(0).alive());
+  }
+  // tok_b registers under its own names: a real node-b.
+  so.node_name = "node-b";
+  so.master_token = tok_b;
+  auto node_b = StorageNode::Create(so);
+  REQUIRE(node_b.ok());
+  CHECK((*node_b)->WaitRegistered(absl::Now() + absl::Seconds(20)));
+  // The unbound node-0 token may still register under any name (today's
+  // behaviour; the master warns at load): its request passes the name check
+  // and is judged by the service (here: no regions, INVALID_ARGUMENT).
+  {
+    auto free = v1::MasterService::NewStub(
+        Dial(c.master->address(), {{}, c.tokens.node}));
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::RegisterNodeRequest req;
+    req.set_name("auth-node");
+    v1::RegisterNodeResponse resp;
+    CHECK(free->RegisterNode(&ctx, req, &resp).error_code() ==
+          grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  (*node_b)->Shutdown();
+  (*node)->Shutdown();
 }
 
 TEST_CASE("The master binary refuses a wildcard address without identities") {
