@@ -199,9 +199,52 @@ struct TlsOptions {
 };
 
 // Server credentials: insecure when !tls.ServerEnabled(). Errors: the files'
-// read errors.
+// read errors. The files are read once; ReloadableServerTls re-reads them.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const TlsOptions& tls);
+
+// A gRPC server's credentials whose certificate, key and CA files are
+// re-read by Reload() (SIGHUP). gRPC asks for the current material at each
+// new TLS handshake (its SSL certificate-config fetcher), so connections
+// made after a successful Reload use the new files; open connections keep
+// what they were made with.
+//
+// Thread safety: safe for concurrent use without external synchronization.
+// REQUIRES: it outlives every server built with credentials().
+class ReloadableServerTls {
+ public:
+  // Reads and checks the files (as Reload). Insecure credentials, and a
+  // Reload that does nothing, when !tls.ServerEnabled(). Errors:
+  // InvalidArgument (options, or files that do not parse), NotFound /
+  // PermissionDenied (files).
+  static absl::StatusOr<std::unique_ptr<ReloadableServerTls>> Create(
+      const TlsOptions& tls);
+  ~ReloadableServerTls();
+
+  // For ServerBuilder::AddListeningPort; every port added with them follows
+  // Reload.
+  std::shared_ptr<grpc::ServerCredentials> credentials() const {
+    return credentials_;
+  }
+
+  // Re-reads cert_file, key_file and ca_file. A file that cannot be read,
+  // does not parse as PEM, or a key that does not match the certificate
+  // leaves the material in force unchanged (InvalidArgument / NotFound /
+  // PermissionDenied naming the file). OkStatus without TLS.
+  absl::Status Reload();
+  // Successful Reload calls that changed something, since Create.
+  uint64_t reloads() const;
+
+  // What each listening port hands gRPC (internal).
+  struct State;
+
+ private:
+  ReloadableServerTls() = default;
+
+  // Constant after Create.
+  std::shared_ptr<State> state_;  // null without TLS
+  std::shared_ptr<grpc::ServerCredentials> credentials_;
+};
 
 // What a gRPC client presents.
 struct ChannelSecurity {

@@ -101,9 +101,9 @@ TEST_CASE("Bad identities lines are refused with file and line") {
 
 TEST_CASE("nodes= binds a node identity to node names") {
   const std::string text =
-      "node - bound sha256:" + TokenHash("tok-bound") + " nodes=node-a,node-b\n" +
-      "node - free sha256:" + TokenHash("tok-free") + "\n" +
-      "node - by-cert cert:node-c.example nodes=node-c\n" +
+      "node - bound sha256:" + TokenHash("tok-bound") +
+      " nodes=node-a,node-b\n" + "node - free sha256:" + TokenHash("tok-free") +
+      "\n" + "node - by-cert cert:node-c.example nodes=node-c\n" +
       "admin - a sha256:" + TokenHash("tok-admin") + "\n";
   auto auth = Authenticator::FromTextForTest(text);
   REQUIRE(auth.ok());
@@ -120,26 +120,27 @@ TEST_CASE("nodes= binds a node identity to node names") {
         "only, not as node 'node-x' (nodes= in the identities file)");
   CHECK(absl::IsPermissionDenied(CheckNodeName(*bound, "node-a2", "M")));
   CHECK(absl::IsPermissionDenied(CheckNodeName(*bound, "", "M")));
-  auto cert = (*auth)->CheckCredentials("", {"node-c.example"}, Role::kNode,
-                                        "M");
+  auto cert =
+      (*auth)->CheckCredentials("", {"node-c.example"}, Role::kNode, "M");
   REQUIRE(cert.ok());
   CHECK(CheckNodeName(*cert, "node-c", "M").ok());
   CHECK(absl::StrContains(CheckNodeName(*cert, "node-a", "M").message(),
                           "may act as node 'node-c' only"));
   // Unbound: any name, and a warning naming the line.
-  auto free = (*auth)->CheckCredentials("Bearer tok-free", {}, Role::kNode,
-                                        "M");
+  auto free =
+      (*auth)->CheckCredentials("Bearer tok-free", {}, Role::kNode, "M");
   REQUIRE(free.ok());
   CHECK(free->node_names.empty());
   CHECK(CheckNodeName(*free, "anything", "M").ok());
   const std::vector<std::string> warnings = (*auth)->Warnings();
   REQUIRE(warnings.size() == 1);
-  CHECK(absl::StartsWith(warnings[0], "<text>:2: node identity 'free' is "
-                                      "not bound to node names"));
+  CHECK(absl::StartsWith(warnings[0],
+                         "<text>:2: node identity 'free' is "
+                         "not bound to node names"));
   // Other roles never act as nodes through the master's node methods; the
   // check itself does not concern them.
-  auto admin = (*auth)->CheckCredentials("Bearer tok-admin", {}, Role::kAdmin,
-                                         "M");
+  auto admin =
+      (*auth)->CheckCredentials("Bearer tok-admin", {}, Role::kAdmin, "M");
   REQUIRE(admin.ok());
   CHECK(CheckNodeName(*admin, "node-a", "M").ok());
   // The identities line hymctl prints parses back to the binding.

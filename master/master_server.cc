@@ -58,9 +58,8 @@ std::string CallerKey(const grpc::CallbackServerContext* ctx) {
 // A node identity bound to names (nodes= in the identities file) acts
 // only as those nodes. An id the master does not know passes: the service
 // answers it (NOT_FOUND, or a heartbeat's reregister).
-absl::Status CheckNodeIdentity(const MasterService& service,
-                               const Identity& id, uint32_t node_id,
-                               const char* method) {
+absl::Status CheckNodeIdentity(const MasterService& service, const Identity& id,
+                               uint32_t node_id, const char* method) {
   if (id.node_names.empty()) return absl::OkStatus();
   absl::StatusOr<std::string> name = service.NodeName(node_id);
   if (!name.ok()) return absl::OkStatus();
@@ -448,9 +447,8 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
           return;
         }
         if (r_ == nullptr) {
-          absl::Status auth = CheckNodeIdentity(*service_, caller_,
-                                                req_.node_id(),
-                                                "ReconcileNode");
+          absl::Status auth = CheckNodeIdentity(
+              *service_, caller_, req_.node_id(), "ReconcileNode");
           if (auth.ok()) {
             auth = service_->CheckNodeAuth(req_.node_id(), req_.incarnation(),
                                            "reconcile", req_.auth());
@@ -779,8 +777,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     if (!a.ok()) return a.status();
     auth = std::move(a).value();
   }
-  auto creds = MakeServerCredentials(options.tls);
-  if (!creds.ok()) return creds.status();
+  auto tls = ReloadableServerTls::Create(options.tls);
+  if (!tls.ok()) return tls.status();
 
   auto tenants = master::TenantRegistry::Create(
       options.tenant_quotas_file.empty() ? options.db_path + ".quotas"
@@ -789,6 +787,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
 
   std::unique_ptr<MasterServer> server(new MasterServer);
   server->auth_ = std::move(auth);
+  server->tls_ = std::move(tls).value();
   server->tenants_ = std::move(tenants).value();
   server->build_version_ = options.build_version;
   server->build_commit_ = options.build_commit;
@@ -812,7 +811,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address, *creds, &port);
+  builder.AddListeningPort(options.listen_address, server->tls_->credentials(),
+                           &port);
   // Without this, gRPC sets SO_REUSEPORT and a second master would bind the
   // same port silently.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -935,6 +935,20 @@ absl::Status MasterServer::ReloadIdentities() {
   } else {
     LOG(ERROR) << "master: identities not reloaded (the old ones stay): "
                << s;
+  }
+  return s;
+}
+
+absl::Status MasterServer::ReloadCertificates() {
+  absl::Status s = tls_->Reload();
+  if (!s.ok()) {
+    LOG(ERROR) << "master: TLS certificates not reloaded (the old ones "
+                  "stay): "
+               << s;
+  } else if (tls_->reloads() != 0) {
+    LOG(INFO) << "master: TLS certificates in force for new connections: "
+                 "reload "
+              << tls_->reloads();
   }
   return s;
 }

@@ -1,19 +1,18 @@
 #include "tools/hymctl/hymctl.h"
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <algorithm>
-#include <map>
 #include <iomanip>
 #include <iterator>
-#include <sstream>
-
-#include <grpcpp/grpcpp.h>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -236,8 +235,9 @@ class Cli {
       for (const std::string& n : nodes) {
         if (n.empty() || n.size() > 128 ||
             n.find_first_of(" \t\n#") != std::string::npos) {
-          return Usage("--nodes takes node names of 1..128 bytes without "
-                       "spaces or '#', comma-separated");
+          return Usage(
+              "--nodes takes node names of 1..128 bytes without "
+              "spaces or '#', comma-separated");
         }
       }
     }
