@@ -576,11 +576,15 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       rows[t].set_max_bytes(q.max_bytes);
     }
     if (!req->tenant().empty()) rows[req->tenant()];  // even if empty
+    const auto evictions = service_->QuotaEvictionsByTenant();
     v1::ListTenantsResponse out;
     for (auto& [t, info] : rows) {
       if (!req->tenant().empty() && t != req->tenant()) continue;
       info.set_tenant(t);
       info.set_quota_refusals(tenants_->QuotaRefusals(t));
+      if (auto e = evictions.find(t); e != evictions.end()) {
+        info.set_quota_evictions(e->second);
+      }
       *out.add_tenants() = std::move(info);
     }
     return Reply(ctx, absl::StatusOr<v1::ListTenantsResponse>(std::move(out)),
@@ -921,6 +925,18 @@ void MasterServer::VisitStats(StatsVisitor* v) const {
     v->Gauge("tenant_objects", "Committed objects of the tenant", u.objects, l);
     v->Gauge("tenant_bytes", "Bytes of the tenant's committed objects",
              u.bytes, l);
+  }
+  for (const auto& [tenant, n] : service_->QuotaEvictionsByTenant()) {
+    const StatLabel t{"tenant", tenant};
+    v->Counter("tenant_quota_evicted_objects",
+               "Objects of the tenant evicted to keep it within its quota",
+               n, absl::Span<const StatLabel>(&t, 1));
+  }
+  for (const auto& [tenant, n] : tenants_->AllQuotaRefusals()) {
+    const StatLabel t{"tenant", tenant};
+    v->Counter("tenant_quota_refused_puts",
+               "PutStarts of the tenant refused for its quota", n,
+               absl::Span<const StatLabel>(&t, 1));
   }
 }
 

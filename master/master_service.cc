@@ -1634,6 +1634,7 @@ absl::Status MasterService::MakeRoomInTenant(
     absl::Status evicted = EvictObjects(node_id, list);
     if (!evicted.ok()) return evicted;
     counters_.tenant_evicted_objects += list.size();
+    quota_evictions_by_tenant_[tenant] += list.size();
   }
   LOG_EVERY_N(INFO, 100) << "master: evicted " << got_objects << " objects ("
                          << got_bytes << " bytes) of tenant '" << tenant
@@ -2513,6 +2514,12 @@ v1::ListNodesResponse MasterService::ListNodes() const {
     FillNodeInfo(node, now, response.add_nodes());
   }
   return response;
+}
+
+absl::flat_hash_map<std::string, uint64_t>
+MasterService::QuotaEvictionsByTenant() const {
+  ReaderMutexLock l(&mu_);
+  return quota_evictions_by_tenant_;
 }
 
 MetadataIndex::TenantUsage MasterService::UsageOfTenant(

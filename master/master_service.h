@@ -514,6 +514,10 @@ class MasterService {
   MetadataIndex::TenantUsage UsageOfTenant(absl::string_view tenant) const;
   absl::flat_hash_map<std::string, MetadataIndex::TenantUsage>
   AllTenantUsage() const;
+  // Objects each tenant lost to its own quota (PutStart's eviction inside
+  // the tenant) since the service was created; tenants without any are
+  // absent.
+  absl::flat_hash_map<std::string, uint64_t> QuotaEvictionsByTenant() const;
 
   // Periodic upkeep, called by MasterServer: frees pending puts whose
   // expiry has passed, writes up to recency_batch objects' last reads to
@@ -771,6 +775,8 @@ class MasterService {
   uint64_t object_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, PendingPut> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, CallerPending> pending_by_caller_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> quota_evictions_by_tenant_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, TenantPending> pending_by_tenant_
       ABSL_GUARDED_BY(mu_);

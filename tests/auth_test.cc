@@ -953,6 +953,7 @@ TEST_CASE("Tenants: A neither reads, overwrites, removes nor learns of B's "
   CHECK(absl::StrContains(lj.str(), "\"objects\": 2"));
   CHECK(absl::StrContains(lj.str(), "\"max_objects\": 2"));
   CHECK(absl::StrContains(lj.str(), "\"quota_refusals\": 1"));
+  CHECK(absl::StrContains(lj.str(), "\"quota_evictions\": 1"));
   std::ostringstream lt, lte;
   REQUIRE(hymctl::Run(ho, {"tenant", "list"}, lt, lte) == 0);
   CHECK(absl::StrContains(lt.str(), "tenant-a"));

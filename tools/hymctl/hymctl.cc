@@ -327,7 +327,8 @@ class Cli {
                            {"bytes", t.bytes()},
                            {"max_objects", t.max_objects()},
                            {"max_bytes", t.max_bytes()},
-                           {"quota_refusals", t.quota_refusals()}});
+                           {"quota_refusals", t.quota_refusals()},
+                           {"quota_evictions", t.quota_evictions()}});
       }
       out_ << json{{"tenants", all}}.dump(2) << "\n";
       return 0;
@@ -338,12 +339,13 @@ class Cli {
     };
     std::vector<std::vector<std::string>> rows = {
         {"TENANT", "OBJECTS", "BYTES", "MAX OBJECTS", "MAX BYTES",
-         "REFUSED PUTS"}};
+         "REFUSED PUTS", "EVICTED"}};
     for (const auto& t : resp.tenants()) {
       rows.push_back({t.tenant(), absl::StrCat(t.objects()), Human(t.bytes()),
                       limit(t.max_objects(), false),
                       limit(t.max_bytes(), true),
-                      absl::StrCat(t.quota_refusals())});
+                      absl::StrCat(t.quota_refusals()),
+                      absl::StrCat(t.quota_evictions())});
     }
     Table(out_, rows);
     return 0;
