@@ -178,6 +178,17 @@ struct Cluster {
   std::unique_ptr<StorageNode> node;
 };
 
+// A small DRAM node of `master` named `name`, without RDMA.
+StorageNodeOptions NodeOptions(const std::string& master,
+                               const std::string& name) {
+  StorageNodeOptions so;
+  so.master_address = master;
+  so.node_name = name;
+  so.dram_bytes = 16 << 20;
+  so.rdma = "off";
+  return so;
+}
+
 Cluster StartCluster(const TlsOptions& master_tls = {},
                      const TlsOptions& node_tls = {},
                      const std::string& extra_identities = "",
@@ -193,11 +204,7 @@ Cluster StartCluster(const TlsOptions& master_tls = {},
   auto master = MasterServer::Create(mo);
   REQUIRE(master.ok());
   c.master = std::move(*master);
-  StorageNodeOptions so;
-  so.master_address = c.master->address();
-  so.node_name = "auth-node";
-  so.dram_bytes = 16 << 20;
-  so.rdma = "off";
+  StorageNodeOptions so = NodeOptions(c.master->address(), "auth-node");
   so.auth_tokens_file = c.identities;
   if (node_uses_token) so.master_token = c.tokens.node;
   so.tls = node_tls;
@@ -496,11 +503,7 @@ TEST_CASE(
   REQUIRE(master.ok());
   const std::string a = (*master)->address();
   // A storage node's control port with the same files.
-  StorageNodeOptions so;
-  so.master_address = a;
-  so.node_name = "reload-node";
-  so.dram_bytes = 16 << 20;
-  so.rdma = "off";
+  StorageNodeOptions so = NodeOptions(a, "reload-node");
   so.auth_tokens_file = identities;
   so.master_token = t.node;
   so.tls = tls;
@@ -667,11 +670,7 @@ TEST_CASE("A node token bound to names acts only as those nodes") {
   REQUIRE(master.ok());
   c.master = std::move(*master);
 
-  StorageNodeOptions so;
-  so.master_address = c.master->address();
-  so.node_name = "auth-node";
-  so.dram_bytes = 16 << 20;
-  so.rdma = "off";
+  StorageNodeOptions so = NodeOptions(c.master->address(), "auth-node");
   so.master_token = tok_a;
   auto node = StorageNode::Create(so);
   REQUIRE(node.ok());
