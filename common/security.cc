@@ -1,14 +1,20 @@
 #include "common/security.h"
 
 #include <arpa/inet.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/support/client_interceptor.h>
+#include <openssl/bio.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
+#include <openssl/x509.h>
 
 #include <algorithm>
 #include <atomic>
@@ -23,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/mutex.h"
 #include "common/net.h"
 
 namespace hymcache {
@@ -32,6 +39,9 @@ namespace {
 constexpr absl::string_view kSha256Prefix = "sha256:";
 constexpr absl::string_view kCertPrefix = "cert:";
 constexpr absl::string_view kBearer = "Bearer ";
+constexpr absl::string_view kNodesPrefix = "nodes=";
+// As the master's cap on a registered node name.
+constexpr size_t kMaxNodeNameBytes = 128;
 // Identities files are small; refuse anything absurd.
 constexpr uintmax_t kMaxFileBytes = 16 << 20;
 
@@ -113,9 +123,30 @@ absl::StatusOr<std::string> NewToken() {
 }
 
 std::string IdentityLine(Role role, absl::string_view tenant,
-                         absl::string_view name, absl::string_view token) {
-  return absl::StrCat(RoleName(role), " ", tenant.empty() ? "-" : tenant, " ",
-                      name, " ", kSha256Prefix, TokenHash(token));
+                         absl::string_view name, absl::string_view token,
+                         const std::vector<std::string>& node_names) {
+  std::string line =
+      absl::StrCat(RoleName(role), " ", tenant.empty() ? "-" : tenant, " ",
+                   name, " ", kSha256Prefix, TokenHash(token));
+  if (!node_names.empty()) {
+    absl::StrAppend(&line, " ", kNodesPrefix, absl::StrJoin(node_names, ","));
+  }
+  return line;
+}
+
+absl::Status CheckNodeName(const Identity& id, absl::string_view node_name,
+                           absl::string_view method) {
+  if (id.role != Role::kNode || id.node_names.empty()) {
+    return absl::OkStatus();
+  }
+  for (const std::string& n : id.node_names) {
+    if (n == node_name) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      method, ": identity '", id.name, "' may act as node",
+      id.node_names.size() == 1 ? " '" : "s '",
+      absl::StrJoin(id.node_names, "', '"), "' only, not as node '", node_name,
+      "' (nodes= in the identities file)"));
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
@@ -155,9 +186,10 @@ absl::Status Authenticator::ParseInto(absl::string_view text,
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(
           absl::StrCat(source, ":", line_no, ": ", why,
-                       " (expected: role tenant name sha256:HEX | cert:NAME)"));
+                       " (expected: role tenant name sha256:HEX | cert:NAME "
+                       "[nodes=NAME,...])"));
     };
-    if (f.size() != 4) return bad("4 fields required");
+    if (f.size() != 4 && f.size() != 5) return bad("4 or 5 fields required");
     auto role = ParseRole(f[0]);
     if (!role.ok()) return bad(role.status().message());
     Identity id;
@@ -166,6 +198,25 @@ absl::Status Authenticator::ParseInto(absl::string_view text,
     id.name = std::string(f[2]);
     if (id.tenant.size() > 64 || id.name.size() > 128) {
       return bad("tenant (64) or name (128) too long");
+    }
+    if (f.size() == 5) {
+      absl::string_view nodes = f[4];
+      if (!absl::ConsumePrefix(&nodes, kNodesPrefix)) {
+        return bad("the fifth field must be nodes=NAME[,NAME...]");
+      }
+      if (id.role != Role::kNode) return bad("nodes= is for role node only");
+      for (absl::string_view n : absl::StrSplit(nodes, ',')) {
+        if (n.empty() || n.size() > kMaxNodeNameBytes) {
+          return bad(
+              "nodes= takes node names of 1..128 bytes, comma-separated");
+        }
+        id.node_names.emplace_back(n);
+      }
+    } else if (id.role == Role::kNode) {
+      table->warnings.push_back(absl::StrCat(
+          source, ":", line_no, ": node identity '", id.name,
+          "' is not bound to node names: it may register as any node (add "
+          "nodes=NAME[,NAME...], see docs/security.md)"));
     }
     absl::string_view cred = f[3];
     if (absl::ConsumePrefix(&cred, kSha256Prefix)) {
@@ -253,6 +304,10 @@ absl::Status Authenticator::Reload() {
 
 size_t Authenticator::size() const {
   return std::atomic_load(&table_)->size();
+}
+
+std::vector<std::string> Authenticator::Warnings() const {
+  return std::atomic_load(&table_)->warnings;
 }
 
 absl::StatusOr<Identity> Authenticator::CheckCredentials(
@@ -372,6 +427,218 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   o.pem_root_certs = ca;
   o.pem_key_cert_pairs.push_back({*key, *cert});
   return grpc::SslServerCredentials(o);
+}
+
+// ---------------------------------------------------------------------------
+// ReloadableServerTls
+
+namespace {
+
+struct TlsMaterial {
+  std::string cert;
+  std::string key;
+  std::string ca;  // "" without ca_file
+};
+
+// Every certificate in `pem` (at least one). InvalidArgument naming `path`.
+absl::Status CheckCertificates(const std::string& pem, const std::string& path,
+                               X509** first) {
+  BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+  if (bio == nullptr) return absl::ResourceExhaustedError("BIO_new_mem_buf");
+  int n = 0;
+  while (X509* x = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr)) {
+    if (n++ == 0 && first != nullptr) {
+      *first = x;
+    } else {
+      X509_free(x);
+    }
+  }
+  BIO_free(bio);
+  if (n == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": no PEM certificate in it"));
+  }
+  return absl::OkStatus();
+}
+
+// Reads the files and checks that they parse and that the key is the
+// certificate's.
+absl::StatusOr<TlsMaterial> ReadTlsMaterial(const TlsOptions& tls) {
+  TlsMaterial m;
+  auto cert = ReadSmallFile(tls.cert_file);
+  if (!cert.ok()) return cert.status();
+  auto key = ReadSmallFile(tls.key_file);
+  if (!key.ok()) return key.status();
+  m.cert = std::move(cert).value();
+  m.key = std::move(key).value();
+  if (!tls.ca_file.empty()) {
+    auto ca = ReadSmallFile(tls.ca_file);
+    if (!ca.ok()) return ca.status();
+    m.ca = std::move(ca).value();
+    absl::Status s = CheckCertificates(m.ca, tls.ca_file, nullptr);
+    if (!s.ok()) return s;
+  }
+  X509* leaf = nullptr;
+  absl::Status s = CheckCertificates(m.cert, tls.cert_file, &leaf);
+  if (!s.ok()) return s;
+  BIO* bio = BIO_new_mem_buf(m.key.data(), static_cast<int>(m.key.size()));
+  EVP_PKEY* pkey =
+      bio == nullptr ? nullptr
+                     : PEM_read_bio_PrivateKey(bio, nullptr, nullptr, nullptr);
+  if (bio != nullptr) BIO_free(bio);
+  if (pkey == nullptr) {
+    s = absl::InvalidArgumentError(
+        absl::StrCat(tls.key_file, ": no PEM private key in it"));
+  } else if (X509_check_private_key(leaf, pkey) != 1) {
+    s = absl::InvalidArgumentError(
+        absl::StrCat(tls.key_file, ": not the private key of ", tls.cert_file));
+  }
+  EVP_PKEY_free(pkey);
+  X509_free(leaf);
+  if (!s.ok()) return s;
+  return m;
+}
+
+}  // namespace
+
+struct ReloadableServerTls::State {
+  // One per listening port: gRPC makes one security connector per port, and
+  // each must be told of a new version once.
+  struct Port {
+    State* state;
+    uint64_t version_handed = 0;  // guarded by state->mu
+  };
+
+  TlsOptions options;
+  mutable Mutex mu;
+  TlsMaterial material ABSL_GUARDED_BY(mu);
+  uint64_t version ABSL_GUARDED_BY(mu) = 1;
+  std::vector<std::unique_ptr<Port>> ports ABSL_GUARDED_BY(mu);
+
+  // grpc_ssl_server_certificate_config_callback: gRPC calls it at each new
+  // handshake on the port (under the port's connector lock) and owns the
+  // config it returns.
+  static grpc_ssl_certificate_config_reload_status Fetch(
+      void* user_data, grpc_ssl_server_certificate_config** config) {
+    Port* port = static_cast<Port*>(user_data);
+    State* st = port->state;
+    MutexLock l(&st->mu);
+    if (port->version_handed == st->version) {
+      return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
+    }
+    grpc_ssl_pem_key_cert_pair pair{st->material.key.c_str(),
+                                    st->material.cert.c_str()};
+    // gRPC requires root certificates in a fetched config even when it
+    // requests no client certificate (it then never uses them): without a
+    // CA, the server's own chain stands in.
+    const std::string& roots =
+        st->material.ca.empty() ? st->material.cert : st->material.ca;
+    *config =
+        grpc_ssl_server_certificate_config_create(roots.c_str(), &pair, 1);
+    if (*config == nullptr) return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_FAIL;
+    port->version_handed = st->version;
+    return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
+  }
+};
+
+namespace {
+
+// grpc::ServerCredentials over the C core's SSL credentials with a
+// certificate-config fetcher (the C++ API offers only static SSL material,
+// or a file watcher that polls and drops bad files).
+class ReloadingServerCredentials final : public grpc::ServerCredentials {
+ public:
+  explicit ReloadingServerCredentials(
+      std::shared_ptr<ReloadableServerTls::State> state)
+      : state_(std::move(state)) {}
+
+  void SetAuthMetadataProcessor(
+      const std::shared_ptr<grpc::AuthMetadataProcessor>& /*processor*/)
+      override {
+    // Unused: callers are checked by Authenticator in the handlers.
+  }
+
+ private:
+  int AddPortToServer(const std::string& addr, grpc_server* server) override {
+    ReloadableServerTls::State::Port* port;
+    {
+      MutexLock l(&state_->mu);
+      state_->ports.push_back(
+          std::make_unique<ReloadableServerTls::State::Port>(
+              ReloadableServerTls::State::Port{state_.get()}));
+      port = state_->ports.back().get();
+    }
+    const TlsOptions& tls = state_->options;
+    grpc_ssl_client_certificate_request_type request =
+        GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+    if (!tls.ca_file.empty()) {
+      request = tls.require_client_cert
+                    ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                    : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    grpc_ssl_server_credentials_options* options =
+        grpc_ssl_server_credentials_create_options_using_config_fetcher(
+            request, &ReloadableServerTls::State::Fetch, port);
+    // Takes ownership of `options`.
+    grpc_server_credentials* creds =
+        grpc_ssl_server_credentials_create_with_options(options);
+    if (creds == nullptr) return 0;
+    const int bound = grpc_server_add_http2_port(server, addr.c_str(), creds);
+    grpc_server_credentials_release(creds);  // the port holds its own ref
+    return bound;
+  }
+
+  const std::shared_ptr<ReloadableServerTls::State> state_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReloadableServerTls>>
+ReloadableServerTls::Create(const TlsOptions& tls) {
+  absl::Status valid = tls.Validate();
+  if (!valid.ok()) return valid;
+  std::unique_ptr<ReloadableServerTls> t(new ReloadableServerTls);
+  if (!tls.ServerEnabled()) {
+    if (tls.require_client_cert) {
+      return absl::InvalidArgumentError(
+          "tls: require_client_cert without a server certificate");
+    }
+    t->credentials_ = grpc::InsecureServerCredentials();
+    return t;
+  }
+  auto material = ReadTlsMaterial(tls);
+  if (!material.ok()) return material.status();
+  t->state_ = std::make_shared<State>();
+  t->state_->options = tls;
+  {
+    MutexLock l(&t->state_->mu);
+    t->state_->material = std::move(material).value();
+  }
+  t->credentials_ = std::make_shared<ReloadingServerCredentials>(t->state_);
+  return t;
+}
+
+ReloadableServerTls::~ReloadableServerTls() = default;
+
+absl::Status ReloadableServerTls::Reload() {
+  if (state_ == nullptr) return absl::OkStatus();
+  auto material = ReadTlsMaterial(state_->options);
+  if (!material.ok()) return material.status();
+  MutexLock l(&state_->mu);
+  if (material->cert == state_->material.cert &&
+      material->key == state_->material.key &&
+      material->ca == state_->material.ca) {
+    return absl::OkStatus();
+  }
+  state_->material = std::move(material).value();
+  ++state_->version;
+  return absl::OkStatus();
+}
+
+uint64_t ReloadableServerTls::reloads() const {
+  if (state_ == nullptr) return 0;
+  MutexLock l(&state_->mu);
+  return state_->version - 1;
 }
 
 namespace {

@@ -8,8 +8,12 @@
 //   # role  tenant  name     credential
 //   engine  acme    vllm-0   sha256:<64 hex digits of SHA-256(token)>
 //   admin   -       alice    sha256:<...>
-//   node    -       node-a   cert:node-a.example
+//   node    -       node-a   cert:node-a.example  nodes=node-a
 //
+// A node identity's optional fifth field `nodes=NAME[,NAME...]` names the
+// storage-node names it may register, heartbeat and reconcile as
+// (CheckNodeName); without it the identity may act as any node (the
+// behaviour before names were bound; Warnings() says so).
 // `cert:NAME` admits a client certificate, verified against the server's
 // --tls_ca, whose subject CN or one of its subject alternative names is NAME.
 // A path that is a directory reads every regular file in it not starting
@@ -75,7 +79,17 @@ struct Identity {
   std::string tenant;
   // For logs and error messages.
   std::string name;
+  // Role kNode: the node names this identity may act as (`nodes=` in the
+  // file). Empty: any name (an unbound node identity).
+  std::vector<std::string> node_names;
 };
+
+// OK if `id` may act as the storage node `node_name`: any identity that is
+// not of role node (authentication off: the anonymous admin), a node
+// identity without bound names, or one whose names include `node_name`.
+// PermissionDenied naming `method`, the identity and the node otherwise.
+absl::Status CheckNodeName(const Identity& id, absl::string_view node_name,
+                           absl::string_view method);
 inline constexpr absl::string_view kDefaultTenant = "default";
 
 // SHA-256 of `token`, lowercase hex (64 characters).
@@ -83,9 +97,11 @@ std::string TokenHash(absl::string_view token);
 // A fresh random token: "hym_" followed by 64 hex digits (256 bits from
 // OpenSSL's RAND_bytes). Internal if the random source fails.
 absl::StatusOr<std::string> NewToken();
-// The identities-file line for a token: "role tenant name sha256:HASH".
+// The identities-file line for a token: "role tenant name sha256:HASH",
+// followed by " nodes=A,B" when `node_names` is not empty (role node).
 std::string IdentityLine(Role role, absl::string_view tenant,
-                         absl::string_view name, absl::string_view token);
+                         absl::string_view name, absl::string_view token,
+                         const std::vector<std::string>& node_names = {});
 // The token in `path` (surrounding whitespace removed). NotFound /
 // PermissionDenied from the file system; InvalidArgument if empty.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
@@ -109,6 +125,10 @@ class Authenticator {
   absl::Status Reload();
   // Number of entries loaded.
   size_t size() const;
+  // What the loaded table allows that an operator should know about, one
+  // message per entry ("FILE:LINE: node identity 'x' is not bound to node
+  // names ..."). The daemons log them at start and after each reload.
+  std::vector<std::string> Warnings() const;
 
   // The caller of `ctx`, if it is allowed to call `method`:
   //   Unauthenticated: no credential, or one not in the table;
@@ -130,6 +150,7 @@ class Authenticator {
   struct Table {
     absl::flat_hash_map<std::string, Identity> by_token_hash;
     absl::flat_hash_map<std::string, Identity> by_cert_name;
+    std::vector<std::string> warnings;
     size_t size() const { return by_token_hash.size() + by_cert_name.size(); }
   };
   static absl::Status ParseInto(absl::string_view text,
@@ -178,9 +199,52 @@ struct TlsOptions {
 };
 
 // Server credentials: insecure when !tls.ServerEnabled(). Errors: the files'
-// read errors.
+// read errors. The files are read once; ReloadableServerTls re-reads them.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const TlsOptions& tls);
+
+// A gRPC server's credentials whose certificate, key and CA files are
+// re-read by Reload() (SIGHUP). gRPC asks for the current material at each
+// new TLS handshake (its SSL certificate-config fetcher), so connections
+// made after a successful Reload use the new files; open connections keep
+// what they were made with.
+//
+// Thread safety: safe for concurrent use without external synchronization.
+// REQUIRES: it outlives every server built with credentials().
+class ReloadableServerTls {
+ public:
+  // Reads and checks the files (as Reload). Insecure credentials, and a
+  // Reload that does nothing, when !tls.ServerEnabled(). Errors:
+  // InvalidArgument (options, or files that do not parse), NotFound /
+  // PermissionDenied (files).
+  static absl::StatusOr<std::unique_ptr<ReloadableServerTls>> Create(
+      const TlsOptions& tls);
+  ~ReloadableServerTls();
+
+  // For ServerBuilder::AddListeningPort; every port added with them follows
+  // Reload.
+  std::shared_ptr<grpc::ServerCredentials> credentials() const {
+    return credentials_;
+  }
+
+  // Re-reads cert_file, key_file and ca_file. A file that cannot be read,
+  // does not parse as PEM, or a key that does not match the certificate
+  // leaves the material in force unchanged (InvalidArgument / NotFound /
+  // PermissionDenied naming the file). OkStatus without TLS.
+  absl::Status Reload();
+  // Successful Reload calls that changed something, since Create.
+  uint64_t reloads() const;
+
+  // What each listening port hands gRPC (internal).
+  struct State;
+
+ private:
+  ReloadableServerTls() = default;
+
+  // Constant after Create.
+  std::shared_ptr<State> state_;  // null without TLS
+  std::shared_ptr<grpc::ServerCredentials> credentials_;
+};
 
 // What a gRPC client presents.
 struct ChannelSecurity {

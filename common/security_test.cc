@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "catch2/catch.hpp"
@@ -96,6 +97,75 @@ TEST_CASE("Bad identities lines are refused with file and line") {
       Authenticator::FromTextForTest("engine - a sha256:" + h +
                                      "\nadmin - b sha256:" + h + "\n")
           .status()));
+}
+
+TEST_CASE("nodes= binds a node identity to node names") {
+  const std::string text =
+      "node - bound sha256:" + TokenHash("tok-bound") +
+      " nodes=node-a,node-b\n" + "node - free sha256:" + TokenHash("tok-free") +
+      "\n" + "node - by-cert cert:node-c.example nodes=node-c\n" +
+      "admin - a sha256:" + TokenHash("tok-admin") + "\n";
+  auto auth = Authenticator::FromTextForTest(text);
+  REQUIRE(auth.ok());
+  auto bound = (*auth)->CheckCredentials("Bearer tok-bound", {}, Role::kNode,
+                                         "RegisterNode");
+  REQUIRE(bound.ok());
+  CHECK(bound->node_names == std::vector<std::string>{"node-a", "node-b"});
+  CHECK(CheckNodeName(*bound, "node-a", "RegisterNode").ok());
+  CHECK(CheckNodeName(*bound, "node-b", "Heartbeat").ok());
+  absl::Status s = CheckNodeName(*bound, "node-x", "Heartbeat");
+  CHECK(absl::IsPermissionDenied(s));
+  CHECK(s.message() ==
+        "Heartbeat: identity 'bound' may act as nodes 'node-a', 'node-b' "
+        "only, not as node 'node-x' (nodes= in the identities file)");
+  CHECK(absl::IsPermissionDenied(CheckNodeName(*bound, "node-a2", "M")));
+  CHECK(absl::IsPermissionDenied(CheckNodeName(*bound, "", "M")));
+  auto cert =
+      (*auth)->CheckCredentials("", {"node-c.example"}, Role::kNode, "M");
+  REQUIRE(cert.ok());
+  CHECK(CheckNodeName(*cert, "node-c", "M").ok());
+  CHECK(absl::StrContains(CheckNodeName(*cert, "node-a", "M").message(),
+                          "may act as node 'node-c' only"));
+  // Unbound: any name, and a warning naming the line.
+  auto free =
+      (*auth)->CheckCredentials("Bearer tok-free", {}, Role::kNode, "M");
+  REQUIRE(free.ok());
+  CHECK(free->node_names.empty());
+  CHECK(CheckNodeName(*free, "anything", "M").ok());
+  const std::vector<std::string> warnings = (*auth)->Warnings();
+  REQUIRE(warnings.size() == 1);
+  CHECK(absl::StartsWith(warnings[0],
+                         "<text>:2: node identity 'free' is "
+                         "not bound to node names"));
+  // Other roles never act as nodes through the master's node methods; the
+  // check itself does not concern them.
+  auto admin =
+      (*auth)->CheckCredentials("Bearer tok-admin", {}, Role::kAdmin, "M");
+  REQUIRE(admin.ok());
+  CHECK(CheckNodeName(*admin, "node-a", "M").ok());
+  // The identities line hymctl prints parses back to the binding.
+  const std::string line =
+      IdentityLine(Role::kNode, "", "n", "tok-n", {"host1-dram0"});
+  CHECK(absl::EndsWith(line, " nodes=host1-dram0"));
+  auto again = Authenticator::FromTextForTest(line);
+  REQUIRE(again.ok());
+  CHECK((*again)->Warnings().empty());
+  auto n = (*again)->CheckCredentials("Bearer tok-n", {}, Role::kNode, "M");
+  REQUIRE(n.ok());
+  CHECK(n->node_names == std::vector<std::string>{"host1-dram0"});
+  // Bad bindings are refused with file and line.
+  const std::string h = TokenHash("t");
+  for (const std::string& bad :
+       {"node - n sha256:" + h + " nodes=\n",
+        "node - n sha256:" + h + " nodes=a,,b\n",
+        "node - n sha256:" + h + " names=a\n",
+        "engine - n sha256:" + h + " nodes=a\n",
+        "node - n sha256:" + h + " nodes=" + std::string(129, 'x') + "\n",
+        "node - n sha256:" + h + " nodes=a extra\n"}) {
+    auto a = Authenticator::FromTextForTest("\n" + bad);
+    CHECK(absl::IsInvalidArgument(a.status()));
+    CHECK(absl::StrContains(a.status().message(), "<text>:2"));
+  }
 }
 
 TEST_CASE("Reload replaces the table; a bad file keeps the old one") {

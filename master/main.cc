@@ -216,10 +216,13 @@ int main(int argc, char** argv) {
     if (sigwait(&stop_signals, &sig) != 0) continue;
     if (sig != SIGHUP) break;
     absl::Status reloaded = (*server)->ReloadIdentities();  // logged too
-    notifier->Status(reloaded.ok()
-                         ? "serving on " + (*server)->address() +
-                               "; identities reloaded"
-                         : "identities not reloaded: " + reloaded.ToString());
+    absl::Status certs = (*server)->ReloadCertificates();   // logged too
+    if (reloaded.ok()) reloaded = certs;
+    notifier->Status(
+        reloaded.ok()
+            ? "serving on " + (*server)->address() + "; identities reloaded"
+            : "reload failed (the old identities and certificates stay): " +
+                  reloaded.ToString());
   }
   LOG(INFO) << "signal " << sig << ": shutting down";
   notifier->Stopping("shutting down");

@@ -55,6 +55,17 @@ std::string CallerKey(const grpc::CallbackServerContext* ctx) {
   return peer;
 }
 
+// A node identity bound to names (nodes= in the identities file) acts
+// only as those nodes. An id the master does not know passes: the service
+// answers it (NOT_FOUND, or a heartbeat's reregister).
+absl::Status CheckNodeIdentity(const MasterService& service, const Identity& id,
+                               uint32_t node_id, const char* method) {
+  if (id.node_names.empty()) return absl::OkStatus();
+  absl::StatusOr<std::string> name = service.NodeName(node_id);
+  if (!name.ok()) return absl::OkStatus();
+  return CheckNodeName(id, *name, method);
+}
+
 // Large enough for max_batch_keys keys of max_key_bytes each plus framing.
 constexpr int kMinMaxMessageBytes = 16 << 20;
 
@@ -205,6 +216,10 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       v1::RegisterNodeResponse* resp) override {
     auto id = Admit(ctx, kNode, "RegisterNode");
     if (!id.ok()) return Refuse(ctx, id.status());
+    if (absl::Status s = CheckNodeName(*id, req->name(), "RegisterNode");
+        !s.ok()) {
+      return Refuse(ctx, s);
+    }
     return Reply(ctx, service_->RegisterNode(*req), resp);
   }
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
@@ -212,6 +227,11 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                                       v1::HeartbeatResponse* resp) override {
     auto id = Admit(ctx, kNode, "Heartbeat");
     if (!id.ok()) return Refuse(ctx, id.status());
+    if (absl::Status s =
+            CheckNodeIdentity(*service_, *id, req->node_id(), "Heartbeat");
+        !s.ok()) {
+      return Refuse(ctx, s);
+    }
     return Reply(ctx, service_->Heartbeat(*req), resp);
   }
   grpc::ServerUnaryReactor* DeregisterNode(
@@ -219,6 +239,11 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       v1::DeregisterNodeResponse* resp) override {
     auto id = Admit(ctx, kNode, "DeregisterNode");
     if (!id.ok()) return Refuse(ctx, id.status());
+    if (absl::Status s =
+            CheckNodeIdentity(*service_, *id, req->node_id(), "DeregisterNode");
+        !s.ok()) {
+      return Refuse(ctx, s);
+    }
     return Reply(ctx, service_->DeregisterNode(*req), resp);
   }
   grpc::ServerUnaryReactor* ForgetNode(grpc::CallbackServerContext* ctx,
@@ -327,6 +352,11 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       v1::BeginReconcileResponse* resp) override {
     auto id = Admit(ctx, kNode, "BeginReconcile");
     if (!id.ok()) return Refuse(ctx, id.status());
+    if (absl::Status s =
+            CheckNodeIdentity(*service_, *id, req->node_id(), "BeginReconcile");
+        !s.ok()) {
+      return Refuse(ctx, s);
+    }
     absl::Status auth = service_->CheckNodeAuth(
         req->node_id(), req->incarnation(), "reconcile", req->auth());
     absl::StatusOr<uint64_t> epoch =
@@ -363,7 +393,8 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
   grpc::ServerReadReactor<v1::ReconcileNodeRequest>* ReconcileNode(
       grpc::CallbackServerContext* ctx,
       v1::ReconcileNodeResponse* resp) override {
-    if (auto id = Admit(ctx, kNode, "ReconcileNode"); !id.ok()) {
+    auto id = Admit(ctx, kNode, "ReconcileNode");
+    if (!id.ok()) {
       return new Refused<grpc::ServerReadReactor<v1::ReconcileNodeRequest>>(
           id.status());
     }
@@ -373,8 +404,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     // and every StartRead/StartWrite/Finish is preceded by TsanRelease(this).
     class Reader final : public grpc::ServerReadReactor<v1::ReconcileNodeRequest> {
      public:
-      Reader(MasterService* service, v1::ReconcileNodeResponse* resp)
-          : service_(service), resp_(resp) {
+      Reader(MasterService* service, Identity caller,
+             v1::ReconcileNodeResponse* resp)
+          : service_(service), caller_(std::move(caller)), resp_(resp) {
         TsanRelease(this);
         StartRead(&req_);
       }
@@ -415,8 +447,12 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
           return;
         }
         if (r_ == nullptr) {
-          absl::Status auth = service_->CheckNodeAuth(
-              req_.node_id(), req_.incarnation(), "reconcile", req_.auth());
+          absl::Status auth = CheckNodeIdentity(
+              *service_, caller_, req_.node_id(), "ReconcileNode");
+          if (auth.ok()) {
+            auth = service_->CheckNodeAuth(req_.node_id(), req_.incarnation(),
+                                           "reconcile", req_.auth());
+          }
           auto r = auth.ok() ? service_->OpenReconcile(req_.node_id(),
                                                        req_.incarnation(),
                                                        req_.epoch())
@@ -447,12 +483,13 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       }
 
       MasterService* const service_;
+      const Identity caller_;
       v1::ReconcileNodeResponse* const resp_;
       v1::ReconcileNodeRequest req_;
       std::unique_ptr<Reconciliation> r_;
       bool last_ = false;  // the node's final message has arrived
     };
-    return new Reader(service_, resp);
+    return new Reader(service_, *std::move(id), resp);
   }
 
   // Pages of the master's listings until the index has been walked.
@@ -539,11 +576,15 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
       rows[t].set_max_bytes(q.max_bytes);
     }
     if (!req->tenant().empty()) rows[req->tenant()];  // even if empty
+    const auto evictions = service_->QuotaEvictionsByTenant();
     v1::ListTenantsResponse out;
     for (auto& [t, info] : rows) {
       if (!req->tenant().empty() && t != req->tenant()) continue;
       info.set_tenant(t);
       info.set_quota_refusals(tenants_->QuotaRefusals(t));
+      if (auto e = evictions.find(t); e != evictions.end()) {
+        info.set_quota_evictions(e->second);
+      }
       *out.add_tenants() = std::move(info);
     }
     return Reply(ctx, absl::StatusOr<v1::ListTenantsResponse>(std::move(out)),
@@ -712,8 +753,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     if (!a.ok()) return a.status();
     auth = std::move(a).value();
   }
-  auto creds = MakeServerCredentials(options.tls);
-  if (!creds.ok()) return creds.status();
+  auto tls = ReloadableServerTls::Create(options.tls);
+  if (!tls.ok()) return tls.status();
 
   auto tenants = master::TenantRegistry::Create(
       options.tenant_quotas_file.empty() ? options.db_path + ".quotas"
@@ -722,6 +763,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
 
   std::unique_ptr<MasterServer> server(new MasterServer);
   server->auth_ = std::move(auth);
+  server->tls_ = std::move(tls).value();
   server->tenants_ = std::move(tenants).value();
   server->build_version_ = options.build_version;
   server->build_commit_ = options.build_commit;
@@ -747,7 +789,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address, *creds, &port);
+  builder.AddListeningPort(options.listen_address, server->tls_->credentials(),
+                           &port);
   // Without this, gRPC sets SO_REUSEPORT and a second master would bind the
   // same port silently.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -804,6 +847,9 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   if (server->auth_ != nullptr) {
     LOG(INFO) << "master: " << server->auth_->size() << " identities from "
               << options.auth_tokens_file;
+    for (const std::string& w : server->auth_->Warnings()) {
+      LOG(WARNING) << "master: " << w;
+    }
   } else if (!IsLoopbackHost(SplitHostPort(options.listen_address)->first)) {
     LOG(WARNING) << "master: no identities and --insecure: anyone who can "
                     "reach "
@@ -855,6 +901,18 @@ void MasterServer::VisitStats(StatsVisitor* v) const {
     v->Gauge("tenant_bytes", "Bytes of the tenant's committed objects",
              u.bytes, l);
   }
+  for (const auto& [tenant, n] : service_->QuotaEvictionsByTenant()) {
+    const StatLabel t{"tenant", tenant};
+    v->Counter("tenant_quota_evicted_objects",
+               "Objects of the tenant evicted to keep it within its quota",
+               n, absl::Span<const StatLabel>(&t, 1));
+  }
+  for (const auto& [tenant, n] : tenants_->AllQuotaRefusals()) {
+    const StatLabel t{"tenant", tenant};
+    v->Counter("tenant_quota_refused_puts",
+               "PutStarts of the tenant refused for its quota", n,
+               absl::Span<const StatLabel>(&t, 1));
+  }
 }
 
 absl::Status MasterServer::ReloadIdentities() {
@@ -862,9 +920,26 @@ absl::Status MasterServer::ReloadIdentities() {
   absl::Status s = auth_->Reload();
   if (s.ok()) {
     LOG(INFO) << "master: reloaded " << auth_->size() << " identities";
+    for (const std::string& w : auth_->Warnings()) {
+      LOG(WARNING) << "master: " << w;
+    }
   } else {
     LOG(ERROR) << "master: identities not reloaded (the old ones stay): "
                << s;
+  }
+  return s;
+}
+
+absl::Status MasterServer::ReloadCertificates() {
+  absl::Status s = tls_->Reload();
+  if (!s.ok()) {
+    LOG(ERROR) << "master: TLS certificates not reloaded (the old ones "
+                  "stay): "
+               << s;
+  } else if (tls_->reloads() != 0) {
+    LOG(INFO) << "master: TLS certificates in force for new connections: "
+                 "reload "
+              << tls_->reloads();
   }
   return s;
 }

@@ -124,6 +124,11 @@ class MasterServer {
   // Re-reads the identities file (SIGHUP). On error the old identities stay.
   // OkStatus when authentication is off.
   absl::Status ReloadIdentities();
+  // Re-reads the TLS certificate, key and CA files (SIGHUP): connections
+  // made from now on use them, open ones keep theirs. A file that does not
+  // read or parse, or a key that does not match, keeps the old ones (the
+  // error is returned and logged). OkStatus without TLS.
+  absl::Status ReloadCertificates();
 
   // Stops serving (in-flight calls get up to 1 s to finish), joins the
   // reaper and closes the store. Idempotent; later calls return at once.
@@ -155,6 +160,7 @@ class MasterServer {
   std::string address_;
   std::string metrics_address_;
   std::unique_ptr<Authenticator> auth_;  // null: authentication off
+  std::unique_ptr<ReloadableServerTls> tls_;  // outlives server_
   std::unique_ptr<master::TenantRegistry> tenants_;
   std::unique_ptr<master::MasterService> service_;
   std::unique_ptr<master::MasterRpcHandler> handler_;

@@ -683,6 +683,15 @@ void MasterService::Grant(const Node& node, const v1::Location& loc,
   out->set_tag_hi(absl::little_endian::Load64(cap.tag + 8));
 }
 
+absl::StatusOr<std::string> MasterService::NodeName(uint32_t node_id) const {
+  ReaderMutexLock l(&mu_);
+  auto n = nodes_.find(node_id);
+  if (n == nodes_.end()) {
+    return absl::NotFoundError(absl::StrCat("node ", node_id, " is unknown"));
+  }
+  return n->second.info.name();
+}
+
 absl::Status MasterService::CheckNodeAuth(uint32_t node_id,
                                           uint64_t incarnation,
                                           std::string_view purpose,
@@ -1627,6 +1636,7 @@ absl::Status MasterService::MakeRoomInTenant(
     absl::Status evicted = EvictObjects(node_id, list);
     if (!evicted.ok()) return evicted;
     counters_.tenant_evicted_objects += list.size();
+    quota_evictions_by_tenant_[tenant] += list.size();
   }
   LOG_EVERY_N(INFO, 100) << "master: evicted " << got_objects << " objects ("
                          << got_bytes << " bytes) of tenant '" << tenant
@@ -2481,6 +2491,12 @@ v1::ListNodesResponse MasterService::ListNodes() const {
     FillNodeInfo(node, now, response.add_nodes());
   }
   return response;
+}
+
+absl::flat_hash_map<std::string, uint64_t>
+MasterService::QuotaEvictionsByTenant() const {
+  ReaderMutexLock l(&mu_);
+  return quota_evictions_by_tenant_;
 }
 
 MetadataIndex::TenantUsage MasterService::UsageOfTenant(

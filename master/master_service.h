@@ -460,6 +460,10 @@ class MasterService {
   absl::StatusOr<hymcache::v1::RemoveResponse> Remove(
       const hymcache::v1::RemoveRequest& request);
 
+  // The name node `node_id` registered under. Errors: NotFound (unknown
+  // node).
+  absl::StatusOr<std::string> NodeName(uint32_t node_id) const;
+
   // Whether `auth` proves the key of node `node_id` for the call `purpose`
   // ("reconcile" for BeginReconcile and ReconcileNode). Errors: NotFound
   // (unknown node); PermissionDenied.
@@ -510,6 +514,10 @@ class MasterService {
   MetadataIndex::TenantUsage UsageOfTenant(absl::string_view tenant) const;
   absl::flat_hash_map<std::string, MetadataIndex::TenantUsage>
   AllTenantUsage() const;
+  // Objects each tenant lost to its own quota (PutStart's eviction inside
+  // the tenant) since the service was created; tenants without any are
+  // absent.
+  absl::flat_hash_map<std::string, uint64_t> QuotaEvictionsByTenant() const;
 
   // Periodic upkeep, called by MasterServer: frees pending puts whose
   // expiry has passed, writes up to recency_batch objects' last reads to
@@ -770,6 +778,8 @@ class MasterService {
   uint64_t object_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, PendingPut> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, CallerPending> pending_by_caller_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> quota_evictions_by_tenant_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, TenantPending> pending_by_tenant_
       ABSL_GUARDED_BY(mu_);

@@ -1326,6 +1326,8 @@ TEST_CASE("A tenant over its quota evicts its own least recently used objects fi
   auto p1 = put({A("a5"), A("a6")}, three);  // evicts two (a3, a4 or a1)
   REQUIRE(p1.ok());
   CHECK(h.svc->counters().tenant_evicted_objects == 3);
+  CHECK(h.svc->QuotaEvictionsByTenant() ==
+        absl::flat_hash_map<std::string, uint64_t>{{"alpha", 3}});
   over = false;
   auto refused = put({A("a7"), A("a8")}, three, &over);
   CHECK(refused.status().code() == StatusCode::kResourceExhausted);
@@ -1362,6 +1364,8 @@ TEST_CASE("A tenant over its quota evicts its own least recently used objects fi
   h.Commit(ok->put_id());
   CHECK(h.Found({B("b1"), B("b2"), B("b3"), B("b4")}) == "0011");
   CHECK(h.svc->UsageOfTenant("beta").bytes == 2 * kObj);
+  CHECK(h.svc->QuotaEvictionsByTenant() ==
+        absl::flat_hash_map<std::string, uint64_t>{{"alpha", 3}, {"beta", 2}});
   // Other tenants never lost anything to alpha's or beta's quota.
   CHECK(h.svc->UsageOfTenant("alpha").objects == 3);
 }

@@ -119,6 +119,12 @@ uint64_t TenantRegistry::QuotaRefusals(absl::string_view tenant) const {
   return it == refusals_.end() ? 0 : it->second;
 }
 
+absl::flat_hash_map<std::string, uint64_t> TenantRegistry::AllQuotaRefusals()
+    const {
+  MutexLock l(&mu_);
+  return refusals_;
+}
+
 void TenantRegistry::NotePut(uint64_t put_id, absl::string_view tenant,
                              absl::Time expiry, absl::Time now) {
   MutexLock l(&mu_);

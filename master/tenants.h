@@ -47,6 +47,8 @@ class TenantRegistry {
   // enforces quotas: MasterService::PutStart).
   void CountQuotaRefusal(absl::string_view tenant);
   uint64_t QuotaRefusals(absl::string_view tenant) const;
+  // Every tenant's count (tenants without refusals are absent).
+  absl::flat_hash_map<std::string, uint64_t> AllQuotaRefusals() const;
 
   // Pending puts: NotePut after a successful PutStart (entries past
   // `expiry` by a minute are swept as others are added); OwnsPut before a

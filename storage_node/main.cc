@@ -519,9 +519,13 @@ int main(int argc, char** argv) {
     if (sigwait(&stop_signals, &sig) != 0) continue;
     if (sig != SIGHUP) break;
     absl::Status reloaded = (*node)->ReloadIdentities();  // logged too
-    notifier->Status(reloaded.ok()
-                         ? serving_status + "; identities reloaded"
-                         : "identities not reloaded: " + reloaded.ToString());
+    absl::Status certs = (*node)->ReloadCertificates();   // logged too
+    if (reloaded.ok()) reloaded = certs;
+    notifier->Status(
+        reloaded.ok()
+            ? serving_status + "; identities reloaded"
+            : "reload failed (the old identities and certificates stay): " +
+                  reloaded.ToString());
   }
   LOG(INFO) << "received signal " << sig << "; shutting down";
   notifier->Stopping("shutting down: deregistering, draining");

@@ -759,9 +759,9 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   const std::string control_listen =
       JoinHostPort(options.listen_host, options.control_port);
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
-                   MakeServerCredentials(options.tls));
-  builder.AddListeningPort(control_listen, creds, &node->control_port_);
+  ASSIGN_OR_RETURN(node->tls_, ReloadableServerTls::Create(options.tls));
+  builder.AddListeningPort(control_listen, node->tls_->credentials(),
+                           &node->control_port_);
   builder.RegisterService(node->control_service_.get());
   node->control_server_ = builder.BuildAndStart();
   if (node->control_server_ == nullptr || node->control_port_ == 0) {
@@ -830,6 +830,21 @@ absl::Status StorageNode::ReloadIdentities() {
     LOG(ERROR) << "storage node: identities not reloaded (the old ones "
                   "stay): "
                << s;
+  }
+  return s;
+}
+
+absl::Status StorageNode::ReloadCertificates() {
+  if (tls_ == nullptr) return absl::OkStatus();
+  absl::Status s = tls_->Reload();
+  if (!s.ok()) {
+    LOG(ERROR) << "storage node: TLS certificates not reloaded (the old "
+                  "ones stay): "
+               << s;
+  } else if (tls_->reloads() != 0) {
+    LOG(INFO) << "storage node: TLS certificates in force for new control "
+                 "connections: reload "
+              << tls_->reloads();
   }
   return s;
 }

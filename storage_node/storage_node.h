@@ -325,6 +325,12 @@ class StorageNode {
   // Re-reads the identities file (SIGHUP); on error the old identities
   // stay. OkStatus when authentication is off.
   absl::Status ReloadIdentities();
+  // Re-reads the control service's TLS certificate, key and CA files
+  // (SIGHUP) for new connections; a file that does not read or parse keeps
+  // the old ones (returned and logged). The node's own channel to the
+  // master keeps the client certificate it started with. OkStatus without
+  // TLS.
+  absl::Status ReloadCertificates();
 
   // While set, the data plane does not check capabilities (benchmarks
   // measuring what checking them costs). Never set outside tests and
@@ -385,6 +391,7 @@ class StorageNode {
   std::unique_ptr<CapabilityVerifier> capabilities_;  // before data_server_
   std::unique_ptr<storage::DataServer> data_server_;
   std::unique_ptr<Authenticator> auth_;  // null: authentication off
+  std::unique_ptr<ReloadableServerTls> tls_;  // outlives control_server_
   std::unique_ptr<ControlService> control_service_;
   std::unique_ptr<grpc::Server> control_server_;  // after control_service_
   std::unique_ptr<MasterClient> master_;

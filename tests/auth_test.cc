@@ -178,6 +178,17 @@ struct Cluster {
   std::unique_ptr<StorageNode> node;
 };
 
+// A small DRAM node of `master` named `name`, without RDMA.
+StorageNodeOptions NodeOptions(const std::string& master,
+                               const std::string& name) {
+  StorageNodeOptions so;
+  so.master_address = master;
+  so.node_name = name;
+  so.dram()->capacity_bytes = 16 << 20;
+  so.rdma = RdmaMode::kOff;
+  return so;
+}
+
 Cluster StartCluster(const TlsOptions& master_tls = {},
                      const TlsOptions& node_tls = {},
                      const std::string& extra_identities = "",
@@ -193,11 +204,7 @@ Cluster StartCluster(const TlsOptions& master_tls = {},
   auto master = MasterServer::Create(mo);
   REQUIRE(master.ok());
   c.master = std::move(*master);
-  StorageNodeOptions so;
-  so.master_address = c.master->address();
-  so.node_name = "auth-node";
-  so.dram()->capacity_bytes = 16 << 20;
-  so.rdma = RdmaMode::kOff;
+  StorageNodeOptions so = NodeOptions(c.master->address(), "auth-node");
   so.auth_tokens_file = c.identities;
   if (node_uses_token) so.master_token = c.tokens.node;
   so.tls = node_tls;
@@ -322,6 +329,25 @@ TEST_CASE("hymctl token new writes a token its identities line admits") {
   CHECK(hymctl::Run(ho, {"token", "new", "admin", "-", "x", dir + "/t"}, out2,
                     err2) == 1);
   CHECK(*ReadTokenFile(dir + "/t") == *token);
+  // --nodes binds a node token to its node names.
+  hymctl::Options bound = ho;
+  bound.token_nodes = "gpu1-dram0,gpu1-dram1";
+  std::ostringstream out3, err3;
+  REQUIRE(hymctl::Run(bound, {"token", "new", "node", "-", "gpu1", dir + "/n"},
+                      out3, err3) == 0);
+  CHECK(absl::StrContains(out3.str(), " nodes=gpu1-dram0,gpu1-dram1\n"));
+  auto node_auth = Authenticator::FromTextForTest(out3.str());
+  REQUIRE(node_auth.ok());
+  auto node_id = (*node_auth)
+                     ->CheckCredentials("Bearer " + *ReadTokenFile(dir + "/n"),
+                                        {}, Role::kNode, "M");
+  REQUIRE(node_id.ok());
+  CHECK(node_id->node_names ==
+        std::vector<std::string>{"gpu1-dram0", "gpu1-dram1"});
+  // Only for node tokens.
+  std::ostringstream out4, err4;
+  CHECK(hymctl::Run(bound, {"token", "new", "engine", "-", "e", dir + "/e"},
+                    out4, err4) == 2);
 }
 
 TEST_CASE("Protected mode: no identities, loopback only unless insecure") {
@@ -442,6 +468,119 @@ TEST_CASE("Mutual TLS: certificates identify callers; none is refused") {
   CHECK(ListNodes(a, {ClientTls("ca", "node"), c.tokens.admin}).ok());
 }
 
+// Copies Certs()/from to dir/to through a rename (as an operator rotating
+// certificates should: a reader never sees half a file).
+void Install(const std::string& dir, const std::string& from,
+             const std::string& to) {
+  std::ifstream in(Certs() + "/" + from, std::ios::binary);
+  REQUIRE(in.good());
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  std::ofstream(dir + "/" + to + ".tmp", std::ios::trunc) << bytes.str();
+  REQUIRE(std::rename((dir + "/" + to + ".tmp").c_str(),
+                      (dir + "/" + to).c_str()) == 0);
+}
+
+TEST_CASE(
+    "TLS certificates reload for new connections; a file that does "
+    "not parse keeps the old ones") {
+  const std::string dir = TempDir("cert-reload");
+  Install(dir, "server.pem", "cert.pem");
+  Install(dir, "server.key", "key.pem");
+  Install(dir, "ca.pem", "ca.pem");
+  TlsOptions tls;
+  tls.cert_file = dir + "/cert.pem";
+  tls.key_file = dir + "/key.pem";
+  tls.ca_file = dir + "/ca.pem";
+  const std::string identities = dir + "/identities";
+  const Tokens t =
+      WriteIdentities(identities, "admin - admin-cert cert:hym-admin\n");
+  MasterOptions mo;
+  mo.db_path = dir + "/master";
+  mo.auth_tokens_file = identities;
+  mo.tls = tls;
+  auto master = MasterServer::Create(mo);
+  REQUIRE(master.ok());
+  const std::string a = (*master)->address();
+  // A storage node's control port with the same files.
+  StorageNodeOptions so = NodeOptions(a, "reload-node");
+  so.auth_tokens_file = identities;
+  so.master_token = t.node;
+  so.tls = tls;
+  auto node = StorageNode::Create(so);
+  REQUIRE(node.ok());
+  REQUIRE((*node)->WaitRegistered(absl::Now() + absl::Seconds(20)));
+  auto node_stats = [&](const TlsOptions& client) {
+    auto stub = v1::StorageControl::NewStub(
+        Dial((*node)->control_address(), {client, t.admin}));
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::StorageStatsResponse resp;
+    return stub->GetStats(&ctx, v1::StorageStatsRequest(), &resp);
+  };
+
+  CHECK(ListNodes(a, {ClientTls("ca"), t.admin}).ok());
+  CHECK(node_stats(ClientTls("ca")).ok());
+  CHECK(ListNodes(a, {ClientTls("other-ca"), t.admin}).error_code() ==
+        grpc::StatusCode::UNAVAILABLE);
+  // A connection made before the rotation.
+  auto before = v1::MasterService::NewStub(Dial(a, {ClientTls("ca"), t.admin}));
+  auto list_on = [](v1::MasterService::Stub* stub) {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::ListNodesResponse resp;
+    return stub->ListNodes(&ctx, v1::ListNodesRequest(), &resp);
+  };
+  REQUIRE(list_on(before.get()).ok());
+
+  // Rotate to a certificate from another CA: nothing changes until reload.
+  Install(dir, "other.pem", "cert.pem");
+  Install(dir, "other.key", "key.pem");
+  CHECK(ListNodes(a, {ClientTls("ca"), t.admin}).ok());
+  REQUIRE((*master)->ReloadCertificates().ok());
+  REQUIRE((*node)->ReloadCertificates().ok());
+  CHECK(ListNodes(a, {ClientTls("other-ca"), t.admin}).ok());
+  CHECK(ListNodes(a, {ClientTls("ca"), t.admin}).error_code() ==
+        grpc::StatusCode::UNAVAILABLE);
+  CHECK(node_stats(ClientTls("other-ca")).ok());
+  CHECK(node_stats(ClientTls("ca")).error_code() ==
+        grpc::StatusCode::UNAVAILABLE);
+  // The open connection keeps its session.
+  CHECK(list_on(before.get()).ok());
+
+  // A key that is not the certificate's, then a certificate that does not
+  // parse, then a missing file: refused, the rotated material stays.
+  Install(dir, "server.key", "key.pem");
+  absl::Status mismatch = (*master)->ReloadCertificates();
+  CHECK(absl::IsInvalidArgument(mismatch));
+  CHECK(absl::StrContains(mismatch.message(), "not the private key"));
+  CHECK(absl::IsInvalidArgument((*node)->ReloadCertificates()));
+  Install(dir, "other.key", "key.pem");
+  std::ofstream(tls.cert_file, std::ios::trunc)
+      << "-----BEGIN CERTIFICATE-----\ngarbage\n";
+  absl::Status garbage = (*master)->ReloadCertificates();
+  CHECK(absl::IsInvalidArgument(garbage));
+  CHECK(absl::StrContains(garbage.message(), tls.cert_file));
+  std::remove(tls.cert_file.c_str());
+  CHECK(absl::IsNotFound((*master)->ReloadCertificates()));
+  CHECK(ListNodes(a, {ClientTls("other-ca"), t.admin}).ok());
+  CHECK(node_stats(ClientTls("other-ca")).ok());
+
+  // The CA that verifies client certificates reloads too: with ca.pem the
+  // admin's certificate (signed by ca) is an identity; with other-ca.pem
+  // it fails the handshake, and one signed by other-ca passes it (and is
+  // not in the identities file: UNAUTHENTICATED).
+  Install(dir, "other.pem", "cert.pem");
+  CHECK(ListNodes(a, {ClientTls("other-ca", "admin"), ""}).ok());
+  Install(dir, "other-ca.pem", "ca.pem");
+  REQUIRE((*master)->ReloadCertificates().ok());
+  CHECK(ListNodes(a, {ClientTls("other-ca", "admin"), ""}).error_code() ==
+        grpc::StatusCode::UNAVAILABLE);
+  CHECK(ListNodes(a, {ClientTls("other-ca", "other"), ""}).error_code() ==
+        grpc::StatusCode::UNAUTHENTICATED);
+  (*node)->Shutdown();
+}
+
 }  // namespace
 }  // namespace hymcache
 
@@ -509,6 +648,158 @@ TEST_CASE("The daemons re-read their identities on SIGHUP") {
   // (A file that does not parse keeps the old identities: security_test.)
   CHECK(master->daemon.Stop(SIGTERM).ok());
   CHECK(node->daemon.Stop(SIGTERM).ok());
+}
+
+TEST_CASE("A node token bound to names acts only as those nodes") {
+  // node-0 (unbound), bound-a for auth-node, bound-b for node-b.
+  const std::string tok_a = *NewToken();
+  const std::string tok_b = *NewToken();
+  Cluster c;
+  const std::string dir = TempDir("bound");
+  c.identities = dir + "/identities";
+  c.tokens = WriteIdentities(
+      c.identities,
+      IdentityLine(Role::kNode, "", "bound-a", tok_a, {"auth-node"}) + "\n" +
+          IdentityLine(Role::kNode, "", "bound-b", tok_b,
+                       {"node-b", "node-c"}) +
+          "\n");
+  MasterOptions mo;
+  mo.db_path = dir + "/master";
+  mo.auth_tokens_file = c.identities;
+  auto master = MasterServer::Create(mo);
+  REQUIRE(master.ok());
+  c.master = std::move(*master);
+
+  StorageNodeOptions so = NodeOptions(c.master->address(), "auth-node");
+  so.master_token = tok_a;
+  auto node = StorageNode::Create(so);
+  REQUIRE(node.ok());
+  REQUIRE((*node)->WaitRegistered(absl::Now() + absl::Seconds(20)));
+  const uint32_t node_id = (*node)->node_id();
+
+  auto stub =
+      v1::MasterService::NewStub(Dial(c.master->address(), {{}, tok_b}));
+  auto denied = [&](const grpc::Status& s, const std::string& method) {
+    INFO(method << ": " << s.error_code() << " " << s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+    CHECK(
+        absl::StrContains(s.error_message(), method + ": identity 'bound-b'"));
+    CHECK(absl::StrContains(s.error_message(), "not as node 'auth-node'"));
+  };
+  {  // Registering as auth-node with tok_b.
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::RegisterNodeRequest req;
+    req.set_name("auth-node");
+    v1::RegisterNodeResponse resp;
+    denied(stub->RegisterNode(&ctx, req, &resp), "RegisterNode");
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::HeartbeatRequest req;
+    req.set_node_id(node_id);
+    v1::HeartbeatResponse resp;
+    denied(stub->Heartbeat(&ctx, req, &resp), "Heartbeat");
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::DeregisterNodeRequest req;
+    req.set_node_id(node_id);
+    v1::DeregisterNodeResponse resp;
+    denied(stub->DeregisterNode(&ctx, req, &resp), "DeregisterNode");
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::BeginReconcileRequest req;
+    req.set_node_id(node_id);
+    v1::BeginReconcileResponse resp;
+    denied(stub->BeginReconcile(&ctx, req, &resp), "BeginReconcile");
+  }
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::ReconcileNodeResponse resp;
+    auto w = stub->ReconcileNode(&ctx, &resp);
+    v1::ReconcileNodeRequest req;
+    req.set_node_id(node_id);
+    req.set_last(true);
+    w->Write(req);
+    w->WritesDone();
+    denied(w->Finish(), "ReconcileNode");
+  }
+  // The refused calls changed nothing: auth-node is still alive.
+  {
+    auto admin = v1::MasterService::NewStub(
+        Dial(c.master->address(), {{}, c.tokens.admin}));
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::ListNodesResponse resp;
+    REQUIRE(admin->ListNodes(&ctx, v1::ListNodesRequest(), &resp).ok());
+    REQUIRE(resp.nodes_size() == 1);
+    CHECK(resp.nodes(0).name() == "auth-node");
+    CHECK(resp.nodes(0).alive());
+  }
+  // tok_b registers under its own names: a real node-b.
+  so.node_name = "node-b";
+  so.master_token = tok_b;
+  auto node_b = StorageNode::Create(so);
+  REQUIRE(node_b.ok());
+  CHECK((*node_b)->WaitRegistered(absl::Now() + absl::Seconds(20)));
+  // The unbound node-0 token may still register under any name (today's
+  // behaviour; the master warns at load): its request passes the name check
+  // and is judged by the service (here: no regions, INVALID_ARGUMENT).
+  {
+    auto free = v1::MasterService::NewStub(
+        Dial(c.master->address(), {{}, c.tokens.node}));
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    v1::RegisterNodeRequest req;
+    req.set_name("auth-node");
+    v1::RegisterNodeResponse resp;
+    CHECK(free->RegisterNode(&ctx, req, &resp).error_code() ==
+          grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  (*node_b)->Shutdown();
+  (*node)->Shutdown();
+}
+
+TEST_CASE("The master binary re-reads its TLS certificates on SIGHUP") {
+  const std::string dir = TempDir("cert-sighup");
+  Install(dir, "server.pem", "cert.pem");
+  Install(dir, "server.key", "key.pem");
+  const std::string identities = dir + "/identities";
+  const Tokens t = WriteIdentities(identities);
+  auto master = testing::MasterProcess::Start(
+      dir + "/master", "127.0.0.1:0",
+      {"--auth_tokens_file=" + identities, "--tls_cert=" + dir + "/cert.pem",
+       "--tls_key=" + dir + "/key.pem"});
+  REQUIRE(master.ok());
+  CHECK(ListNodes(master->address, {ClientTls("ca"), t.admin}).ok());
+  Install(dir, "other.pem", "cert.pem");
+  Install(dir, "other.key", "key.pem");
+  REQUIRE(kill(master->daemon.pid(), SIGHUP) == 0);
+  CHECK(Eventually([&] {
+    return ListNodes(master->address, {ClientTls("other-ca"), t.admin}).ok();
+  }));
+  CHECK(ListNodes(master->address, {ClientTls("ca"), t.admin}).error_code() ==
+        grpc::StatusCode::UNAVAILABLE);
+  // A certificate file that does not parse: the daemon keeps serving with
+  // the rotated one. (A SIGHUP re-reads the identities, then the
+  // certificates: a token added with it shows that the reload ran.)
+  std::ofstream(dir + "/cert.pem", std::ios::trunc) << "not a certificate\n";
+  const std::string new_admin = *NewToken();
+  std::ofstream(identities, std::ios::app)
+      << IdentityLine(Role::kAdmin, "", "admin-2", new_admin) << "\n";
+  REQUIRE(kill(master->daemon.pid(), SIGHUP) == 0);
+  CHECK(Eventually([&] {
+    return ListNodes(master->address, {ClientTls("other-ca"), new_admin}).ok();
+  }));
+  CHECK(master->daemon.Alive());
+  CHECK(ListNodes(master->address, {ClientTls("other-ca"), t.admin}).ok());
+  CHECK(master->daemon.Stop(SIGTERM).ok());
 }
 
 TEST_CASE("The master binary refuses a wildcard address without identities") {
@@ -661,6 +952,7 @@ TEST_CASE("Tenants: A neither reads, overwrites, removes nor learns of B's "
   CHECK(absl::StrContains(lj.str(), "\"objects\": 2"));
   CHECK(absl::StrContains(lj.str(), "\"max_objects\": 2"));
   CHECK(absl::StrContains(lj.str(), "\"quota_refusals\": 1"));
+  CHECK(absl::StrContains(lj.str(), "\"quota_evictions\": 1"));
   std::ostringstream lt, lte;
   REQUIRE(hymctl::Run(ho, {"tenant", "list"}, lt, lte) == 0);
   CHECK(absl::StrContains(lt.str(), "tenant-a"));

@@ -1,25 +1,25 @@
 #include "tools/hymctl/hymctl.h"
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <algorithm>
-#include <map>
 #include <iomanip>
 #include <iterator>
-#include <sstream>
-
-#include <grpcpp/grpcpp.h>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/block_key.h"
@@ -224,15 +224,31 @@ class Cli {
         "no node named '", arg, "' (or with that id); see hymctl status"));
   }
 
-  // token new ROLE TENANT NAME TOKEN_FILE: the token goes to a file only
-  // its owner reads, never to the terminal; stdout gets the line for the
-  // daemons' identities file.
+  // token new ROLE TENANT NAME TOKEN_FILE [--nodes=A,B]: the token goes to
+  // a file only its owner reads, never to the terminal; stdout gets the
+  // line for the daemons' identities file. --nodes binds a node identity to
+  // the node names it may register as.
   int Token(const std::vector<std::string>& args) {
+    std::vector<std::string> nodes;
+    if (!o_.token_nodes.empty()) {
+      nodes = absl::StrSplit(o_.token_nodes, ',');
+      for (const std::string& n : nodes) {
+        if (n.empty() || n.size() > 128 ||
+            n.find_first_of(" \t\n#") != std::string::npos) {
+          return Usage(
+              "--nodes takes node names of 1..128 bytes without "
+              "spaces or '#', comma-separated");
+        }
+      }
+    }
     if (args.size() != 5 || args[0] != "new") {
-      return Usage("token new ROLE TENANT NAME TOKEN_FILE");
+      return Usage("token new ROLE TENANT NAME TOKEN_FILE [--nodes=A,B]");
     }
     auto role = ParseRole(args[1]);
     if (!role.ok()) return Usage(std::string(role.status().message()));
+    if (!nodes.empty() && *role != Role::kNode) {
+      return Usage("--nodes is for role node only");
+    }
     for (const std::string& f : {args[2], args[3]}) {
       if (f.empty() || f.find_first_of(" \t\n#") != std::string::npos) {
         return Usage("TENANT and NAME are single words without '#'");
@@ -253,7 +269,8 @@ class Cli {
       ::unlink(args[4].c_str());
       return Fail(absl::InternalError(absl::StrCat(args[4], ": write failed")));
     }
-    out_ << IdentityLine(*role, args[2] == "-" ? "" : args[2], args[3], *token)
+    out_ << IdentityLine(*role, args[2] == "-" ? "" : args[2], args[3], *token,
+                         nodes)
          << "\n";
     return 0;
   }
@@ -310,7 +327,8 @@ class Cli {
                            {"bytes", t.bytes()},
                            {"max_objects", t.max_objects()},
                            {"max_bytes", t.max_bytes()},
-                           {"quota_refusals", t.quota_refusals()}});
+                           {"quota_refusals", t.quota_refusals()},
+                           {"quota_evictions", t.quota_evictions()}});
       }
       out_ << json{{"tenants", all}}.dump(2) << "\n";
       return 0;
@@ -321,12 +339,13 @@ class Cli {
     };
     std::vector<std::vector<std::string>> rows = {
         {"TENANT", "OBJECTS", "BYTES", "MAX OBJECTS", "MAX BYTES",
-         "REFUSED PUTS"}};
+         "REFUSED PUTS", "EVICTED"}};
     for (const auto& t : resp.tenants()) {
       rows.push_back({t.tenant(), absl::StrCat(t.objects()), Human(t.bytes()),
                       limit(t.max_objects(), false),
                       limit(t.max_bytes(), true),
-                      absl::StrCat(t.quota_refusals())});
+                      absl::StrCat(t.quota_refusals()),
+                      absl::StrCat(t.quota_evictions())});
     }
     Table(out_, rows);
     return 0;
@@ -1058,10 +1077,12 @@ Tenants and tokens:
   tenant usage TENANT
   tenant set-quota TENANT MAX_OBJECTS MAX_BYTES
                       0 = unlimited; refused PutStarts beyond it
-  token new ROLE TENANT NAME TOKEN_FILE
+  token new ROLE TENANT NAME TOKEN_FILE [--nodes=A,B]
                       write a fresh token to TOKEN_FILE (a new file, mode
                       0600) and print its identities line (ROLE: engine,
-                      admin or node; TENANT: - for the default)
+                      admin or node; TENANT: - for the default;
+                      --nodes: the node names a node token may
+                      register as)
   help                this text
 
 NODE is a node's name or id. KEY is text, or hex with --hex. The master is

@@ -35,6 +35,9 @@ struct Options {
   // drain: wait until the node holds no objects (at most timeout_seconds).
   // Default: false.
   bool wait = false;
+  // token new: the node names a node token may register as, comma-separated
+  // ("": any name). Default: "".
+  std::string token_nodes;
   // top: seconds between refreshes (> 0), and refreshes before exiting (0:
   // until interrupted). Default: 2, 0.
   double interval_seconds = 2;

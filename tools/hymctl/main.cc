@@ -29,6 +29,9 @@ DEFINE_string(tls_server_name, "",
 DEFINE_string(o, "", "status: 'wide' for every address and exact sizes");
 DEFINE_bool(wait, false, "drain: wait until the node holds no objects");
 DEFINE_double(interval, 2, "top: seconds between refreshes");
+DEFINE_string(nodes, "",
+              "token new: node names (comma-separated) a node token may "
+              "register as");
 DEFINE_int32(iterations, 0, "top: refreshes before exiting (0: until interrupted)");
 
 int main(int argc, char** argv) {
@@ -40,7 +43,8 @@ int main(int argc, char** argv) {
                     "tls_key", "tls_server_name"}},
                   {"Output", {"json", "hex", "o"}},
                   {"fsck", {"repair", "settle"}},
-                  {"drain and top", {"wait", "interval", "iterations"}}},
+                  {"drain and top", {"wait", "interval", "iterations"}},
+                  {"token new", {"nodes"}}},
        .main_file = __FILE__},
       &argc, &argv);
   hymcache::hymctl::Options o;
@@ -61,6 +65,7 @@ int main(int argc, char** argv) {
   }
   o.wide = FLAGS_o == "wide";
   o.wait = FLAGS_wait;
+  o.token_nodes = FLAGS_nodes;
   o.interval_seconds = FLAGS_interval;
   o.iterations = FLAGS_iterations;
   o.clear_screen = ::isatty(STDOUT_FILENO) == 1;

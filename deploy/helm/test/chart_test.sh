@@ -148,7 +148,12 @@ check default -- \
   --expect='- "/usr/bin/hymcache-master"$' --expect='- "/usr/bin/hymcache-storage"$' \
   --expect_not='--insecure' --expect_not='IPC_LOCK' \
   --expect_not='ServiceMonitor' --expect_not='--metrics_listen' \
-  --expect_not='hostPath'
+  --expect='--node_key_file=/var/lib/hymcache/hym-storage\.node\.key$' \
+  --expect='- name: node-key\n +mountPath: /var/lib/hymcache$' \
+  --expect='hostPath:\n +path: "/var/lib/hymcache"\n +type: DirectoryOrCreate'
+check dram_key_in_memory --set storage.dramKeyHostPath= -- \
+  --expect='--dram_bytes=16G$' --expect_not='hostPath' \
+  --expect_not='node_key_file' --expect_not='node-key'
 check hybrid -f "$v/hybrid.yaml" -- \
   --expect='--device=hybrid$' --expect='--capacity_path=/var/lib/hymcache/capacity$' \
   --expect='--capacity_bytes=1T$' --expect='--staging_bytes=8G$' \
@@ -156,7 +161,8 @@ check hybrid -f "$v/hybrid.yaml" -- \
   --expect='--shutdown_flush_timeout_ms=15000$' \
   --expect='hostPath:\n +path: "/mnt/nvme0/hymcache"\n +type: DirectoryOrCreate' \
   --expect='mountPath: /var/lib/hymcache$' --expect='memory: 12Gi' \
-  --expect_not='--dram_bytes'
+  --expect_not='--dram_bytes' --expect_not='node_key_file' \
+  --expect_not='node-key'
 check rdma -f "$v/rdma.yaml" -- \
   --expect='--rdma=on$' --expect='--rdma_device=mlx5_0$' \
   --expect='add: \["IPC_LOCK"\]' --expect='rdma/hca_shared_devices_a: 1$' \
@@ -222,6 +228,9 @@ schema_refuses fraction \
 schema_refuses bad_size "storage.hybrid.capacityBytes: Does not match pattern" \
   "storage/hybrid/capacityBytes: '1.5T' does not match" \
   --set storage.hybrid.capacityBytes=1.5T
+schema_refuses relative_key_path "storage.dramKeyHostPath: Does not match pattern" \
+  "storage/dramKeyHostPath: 'keys' does not match" \
+  --set storage.dramKeyHostPath=keys
 template_refuses float_bytes_template \
   'storage.dramBytes must be a quoted string such as "16G", not 1.7179869184e+10' \
   --skip_schema_validation -f "$v/bad_float_bytes.yaml"
@@ -245,6 +254,11 @@ run() {  # NAME [render args...]
   echo "run $name: started, ready, stopped"
 }
 run dram_metrics -f "$v/metrics.yaml" --set storage.dramBytes=64M
+# The DRAM node wrote the key the master issued into its hostPath volume.
+key="$tmp/run-dram_metrics/hym-storage/node-key/hym-storage.node.key"
+[ -s "$key" ] && [ "$(stat -c %a "$key")" = 600 ] ||
+  { echo "run dram_metrics: no node key (mode 0600) at $key" >&2; exit 1; }
+echo "run dram_metrics: node key kept in its hostPath volume"
 run hybrid -f "$v/hybrid.yaml" --set storage.hybrid.capacityBytes=256M \
   --set storage.hybrid.stagingBytes=32M --set storage.hybrid.writeBufferBytes=16M \
   --set storage.hybrid.ioDirect=false
