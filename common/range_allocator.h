@@ -9,10 +9,10 @@
 // length is rounded up to the alignment. Allocate picks the smallest free
 // extent that fits (best fit, lowest offset on ties), Free coalesces with both
 // neighbours, so freed space is reused and fragmentation stays bounded.
-// Whether an allocation fits depends only on the largest free extent, so
-// callers that queue requests in FIFO order (the hybrid device's window)
-// admit the same requests under any fit policy; best fit finds its extent in
-// O(log n) where first fit scans the free list.
+// Whether one allocation fits depends only on the largest free extent, not
+// on the fit policy (which extents remain afterwards does: best fit keeps
+// large extents whole); best fit finds its extent in O(log n) where first
+// fit scans the free list.
 // Reserve marks an exact range as allocated; the master uses it to rebuild the
 // allocator from persisted objects after a restart.
 //

@@ -238,9 +238,8 @@ TEST_CASE("RangeAllocator TryAllocate agrees with CanFit and Allocate") {
   CHECK_FALSE(a->CanFit(4096));
   CHECK_FALSE(a->TryAllocate(4096).has_value());
   CHECK(a->used_bytes() == 64 * 4096);
-  // Free every other one: 8 holes of 16 KiB, none of 32 KiB. Whether a
-  // request fits depends only on the largest hole (a FIFO of requests is
-  // admitted the same under any fit policy).
+  // Free every other one: 8 holes of 16 KiB, none of 20 KiB: whether a
+  // request fits depends only on the largest hole, not on the free total.
   for (size_t i = 0; i < offs.size(); i += 2) REQUIRE(a->Free(offs[i]).ok());
   CHECK(a->largest_free() == 4 * 4096);
   CHECK_FALSE(a->CanFit(5 * 4096));
