@@ -46,51 +46,6 @@ absl::StatusOr<std::unique_ptr<HostMemory>> AllocateArea(
 
 // ---------------------------------------------------------------- internals
 
-// First-fit allocator of [0, size) at page granularity. Not thread-safe.
-class HybridDevice::RangeAllocator {
- public:
-  explicit RangeAllocator(uint64_t size) : size_(size) {
-    if (size > 0) free_[0] = size;
-  }
-  // `len` is a multiple of kPage.
-  std::optional<uint64_t> Allocate(uint64_t len) {
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->second < len) continue;
-      const uint64_t off = it->first;
-      const uint64_t rest = it->second - len;
-      free_.erase(it);
-      if (rest > 0) free_[off + len] = rest;
-      used_ += len;
-      return off;
-    }
-    return std::nullopt;
-  }
-  void Free(uint64_t off, uint64_t len) {
-    used_ -= len;
-    auto next = free_.lower_bound(off);
-    if (next != free_.begin()) {
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == off) {
-        off = prev->first;
-        len += prev->second;
-        free_.erase(prev);
-      }
-    }
-    if (next != free_.end() && off + len == next->first) {
-      len += next->second;
-      free_.erase(next);
-    }
-    free_[off] = len;
-  }
-  uint64_t used() const { return used_; }
-  uint64_t size() const { return size_; }
-
- private:
-  const uint64_t size_;
-  uint64_t used_ = 0;
-  std::map<uint64_t, uint64_t> free_;  // offset -> length, coalesced
-};
-
 // An object staged (or being staged, or waiting for window space).
 struct HybridDevice::Staged {
   // kLoaded: the bytes are in but their checksum is not checked yet
@@ -284,8 +239,13 @@ absl::StatusOr<std::unique_ptr<HybridDevice>> HybridDevice::Create(
   } else {
     check.unchecked_objects = durable.size();
   }
+  auto window_alloc = RangeAllocator::Create({window_bytes, kPage});
+  if (!window_alloc.ok()) return window_alloc.status();
+  auto buffer_alloc = RangeAllocator::Create({buffer_bytes, kPage});
+  if (!buffer_alloc.ok()) return buffer_alloc.status();
   std::unique_ptr<HybridDevice> dev(new HybridDevice(
-      options, std::move(tier), durable, check, std::move(*window),
+      options, std::move(tier), std::move(*window_alloc),
+      std::move(*buffer_alloc), durable, check, std::move(*window),
       window_bytes, std::move(*buffer), buffer_bytes));
   HybridDevice* d = dev.get();
   try {
@@ -325,6 +285,8 @@ std::vector<RecoveredExtent> ToRecovered(
 
 HybridDevice::HybridDevice(const HybridDeviceOptions& options,
                            std::unique_ptr<CapacityTier> tier,
+                           std::unique_ptr<RangeAllocator> window_alloc,
+                           std::unique_ptr<RangeAllocator> buffer_alloc,
                            const std::vector<DurableExtent>& durable,
                            const OpenCheck& open_check,
                            std::unique_ptr<HostMemory> window_memory,
@@ -337,14 +299,16 @@ HybridDevice::HybridDevice(const HybridDeviceOptions& options,
       capacity_(tier_->capacity_bytes()),
       recovered_(ToRecovered(durable)),
       flush_policy_(PolicyOptions(options)),
+      io_policy_(options.io_queue_depth),
+      clock_(options.clock != nullptr ? options.clock : Clock::Real()),
       window_memory_(std::move(window_memory)),
       buffer_memory_(std::move(buffer_memory)),
       window_(window_memory_->data()),
       window_bytes_(window_bytes),
       buffer_(buffer_memory_->data()),
       buffer_bytes_(buffer_bytes),
-      window_alloc_(std::make_unique<RangeAllocator>(window_bytes)),
-      buffer_alloc_(std::make_unique<RangeAllocator>(buffer_bytes)),
+      window_alloc_(std::move(window_alloc)),
+      buffer_alloc_(std::move(buffer_alloc)),
       backoff_(options.flush_retry_initial) {
   stats_.staging_capacity_bytes = window_bytes;
   stats_.staging_pages = PageBackingName(window_memory_->page_backing());
@@ -480,7 +444,7 @@ int HybridDevice::FlushDepthLocked() const {
   // the read pressure), not FlushStateLocked's walk of the queue.
   FlushPolicyState st;
   st.buffer_bytes = buffer_bytes_;
-  st.buffer_used = buffer_alloc_->used();
+  st.buffer_used = buffer_alloc_->used_bytes();
   st.reads_busy = ForegroundBusyLocked();
   return flush_policy_.WriteSlots(st);
 }
@@ -498,7 +462,7 @@ void HybridDevice::NoteDepthLocked() {
 FlushPolicyState HybridDevice::FlushStateLocked(absl::Time now) const {
   FlushPolicyState st;
   st.buffer_bytes = buffer_bytes_;
-  st.buffer_used = buffer_alloc_->used();
+  st.buffer_used = buffer_alloc_->used_bytes();
   st.reads_busy = ForegroundBusyLocked();
   st.forced = stopping_ || force_flush_ > 0;
   // Enough of the queue to know whether a batch's worth is unflushed, and
@@ -518,17 +482,15 @@ FlushPolicyState HybridDevice::FlushStateLocked(absl::Time now) const {
 
 void HybridDevice::TakeIssuableLocked(std::vector<IoReq>* out) {
   NoteDepthLocked();
-  const int depth = options_.io_queue_depth;
-  const int wlimit = FlushDepthLocked();
-  // Foreground reads first, but while flush writes are waiting they leave
-  // `wlimit` slots for them: otherwise a steady read load (always more
-  // refills queued than the queue holds) starves the flusher, the write
-  // buffer stays full and every new write is refused.
-  const int reserved =
-      write_q_.empty() ? 0
-                       : std::max(0, std::min(wlimit, depth - 1) - writes_in_flight_);
-  while (!read_q_.empty() &&
-         reads_in_flight_ + writes_in_flight_ < depth - reserved) {
+  IoQueueState q;
+  q.reads_queued = static_cast<int>(std::min<size_t>(read_q_.size(), 1 << 30));
+  q.writes_queued =
+      static_cast<int>(std::min<size_t>(write_q_.size(), 1 << 30));
+  q.reads_in_flight = reads_in_flight_;
+  q.writes_in_flight = writes_in_flight_;
+  q.write_slots = FlushDepthLocked();
+  const IoIssue n = io_policy_.Next(q);
+  for (int i = 0; i < n.reads; ++i) {
     IoReq r = read_q_.front();
     read_q_.pop_front();
     if (r.kind == IoReq::Kind::kRefill) {
@@ -540,11 +502,21 @@ void HybridDevice::TakeIssuableLocked(std::vector<IoReq>* out) {
     ++reads_in_flight_;
     out->push_back(r);
   }
-  while (!write_q_.empty() && writes_in_flight_ < wlimit &&
-         reads_in_flight_ + writes_in_flight_ < depth) {
+  for (int i = 0; i < n.writes; ++i) {
     out->push_back(write_q_.front());
     write_q_.pop_front();
     ++writes_in_flight_;
+  }
+}
+
+void HybridDevice::FreeSpaceLocked(RangeAllocator* alloc, uint64_t off) {
+  const absl::Status st = alloc->Free(off);
+  if (!st.ok()) {
+    // A broken invariant (a slot freed twice): the space stays lost, the
+    // device goes on.
+    LOG(ERROR) << "hybrid device: freeing "
+               << (alloc == window_alloc_.get() ? "window" : "buffer")
+               << " space at " << off << ": " << st;
   }
 }
 
@@ -666,7 +638,7 @@ void HybridDevice::MaybeFreeStagedLocked(Staged* s) {
   if (s->chunks_in_flight > 0) return;
   bool freed_space = false;
   if (s->has_slot && (s->owners() == 0 || s->state == Staged::State::kFailed)) {
-    window_alloc_->Free(s->slot_off, s->span_len);
+    FreeSpaceLocked(window_alloc_.get(), s->slot_off);
     s->has_slot = false;
     freed_space = true;
   }
@@ -689,7 +661,7 @@ void HybridDevice::PumpWindowLocked() {
   if (stopping_) return;
   while (!window_fifo_.empty()) {
     Staged* s = window_fifo_.front();
-    std::optional<uint64_t> off = window_alloc_->Allocate(s->span_len);
+    std::optional<uint64_t> off = window_alloc_->TryAllocate(s->span_len);
     if (!off) break;  // strict FIFO: later ones wait behind the head
     window_fifo_.pop_front();
     s->has_slot = true;
@@ -1151,7 +1123,7 @@ void HybridDevice::MaybeFreeEntryLocked(Entry* e) {
   if (e->writing || e->live || e->queued || e->in_flight || e->pins > 0) {
     return;
   }
-  buffer_alloc_->Free(e->buf_off, e->buf_len);
+  FreeSpaceLocked(buffer_alloc_.get(), e->buf_off);
   entries_.erase(e->id);  // deletes e
 }
 
@@ -1271,7 +1243,7 @@ absl::StatusOr<WriteView> HybridDevice::BeginWrite(uint32_t region,
   const uint64_t buf_len = RoundUp(len);
   MutexLock l(&mu_);
   std::optional<uint64_t> off;
-  if (buf_len <= buffer_bytes_ && !stopping_) off = buffer_alloc_->Allocate(buf_len);
+  if (buf_len <= buffer_bytes_ && !stopping_) off = buffer_alloc_->TryAllocate(buf_len);
   if (!off) {
     ++stats_.write_buffer_refusals;
     ++stats_.device.refused_writes;
@@ -1279,7 +1251,7 @@ absl::StatusOr<WriteView> HybridDevice::BeginWrite(uint32_t region,
     // not drain.
     const bool failing = !last_flush_error_.ok();
     return absl::ResourceExhaustedError(absl::StrCat(
-        "write buffer full (", buffer_alloc_->used(), " of ", buffer_bytes_,
+        "write buffer full (", buffer_alloc_->used_bytes(), " of ", buffer_bytes_,
         " bytes in use; object of ", len, " bytes)",
         failing ? absl::StrCat("; flushes to the capacity tier are failing: ",
                                last_flush_error_.message())
@@ -1350,7 +1322,7 @@ absl::Status HybridDevice::CommitWrite(const WriteView& view) {
   live_[e->addr] = e;
   e->queued = true;
   e->seq = next_seq_++;
-  e->commit_time = absl::Now();
+  e->commit_time = clock_->Now();
   flush_queue_[e->seq] = e;
   cv_.SignalAll();
   return absl::OkStatus();
@@ -1485,8 +1457,10 @@ absl::Status HybridDevice::ForgetQueuedLocked(bool all) {
 void HybridDevice::FlusherLoop() {
   MutexLock l(&mu_);
   while (true) {
-    const absl::Time now = absl::Now();
-    const bool past_deadline = stopping_ && now >= stop_deadline_;
+    // A SettleFlusherForTest request made before this pass's clock read.
+    const uint64_t settle_seen = settle_requested_;
+    const absl::Time now = clock_->Now();
+    const bool past_deadline = stopping_ && absl::Now() >= stop_deadline_;
     if (stopping_ && pipeline_.empty() &&
         ((flush_queue_.empty() && record_pending_.empty() &&
           forget_corrupt_.empty()) ||
@@ -1553,18 +1527,27 @@ void HybridDevice::FlusherLoop() {
     if ((!record_pending_.empty() || !forget_corrupt_.empty()) && retrying) {
       wake = std::min(wake, retry_after_);
     }
-    if (stopping_) wake = std::min(wake, stop_deadline_);
-    cv_.WaitWithDeadline(&mu_, wake);
+    // `wake` is on clock_; the shutdown deadline and the wait are real time.
+    absl::Time real_wake = absl::InfiniteFuture();
+    if (wake != absl::InfiniteFuture()) {
+      real_wake = absl::Now() + (wake - clock_->Now());
+    }
+    if (stopping_) real_wake = std::min(real_wake, stop_deadline_);
+    if (settled_ != settle_seen) {
+      settled_ = settle_seen;
+      cv_.SignalAll();
+    }
+    cv_.WaitWithDeadline(&mu_, real_wake);
   }
 }
 
 bool HybridDevice::PressureLocked() const {
-  return static_cast<double>(buffer_alloc_->used()) >=
+  return static_cast<double>(buffer_alloc_->used_bytes()) >=
          options_.flush_high_watermark * static_cast<double>(buffer_bytes_);
 }
 
 void HybridDevice::BackOffLocked() {
-  retry_after_ = absl::Now() + backoff_;
+  retry_after_ = clock_->Now() + backoff_;
   backoff_ = std::min(backoff_ * 2, options_.flush_retry_max);
 }
 
@@ -1700,7 +1683,7 @@ void HybridDevice::RetireBatchLocked(FlushBatch* fb) {
         PendingRecord r;
         r.extent = DurableExtent{e->addr, e->len, e->tag, e->has_crc, e->crc};
         r.seq = e->seq;
-        r.since = absl::Now();
+        r.since = clock_->Now();
         AddPendingRecordLocked(r);
       }
       if (e->live) {
@@ -1748,6 +1731,16 @@ bool HybridDevice::WaitFlushedForTest(absl::Time deadline, bool force) {
   return durable();
 }
 
+bool HybridDevice::SettleFlusherForTest(absl::Time deadline) {
+  MutexLock l(&mu_);
+  const uint64_t want = ++settle_requested_;
+  cv_.SignalAll();
+  while (settled_ < want) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) return settled_ >= want;
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------- stats
 
 HybridDeviceStats HybridDevice::HybridStats() const {
@@ -1755,7 +1748,7 @@ HybridDeviceStats HybridDevice::HybridStats() const {
   HybridDeviceStats s = stats_;
   const absl::Time now = absl::Now();
   s.device.capacity_bytes = capacity_;
-  s.staged_bytes = window_alloc_->used();
+  s.staged_bytes = window_alloc_->used_bytes();
   s.staged_objects = staged_.size();
   s.prefetch_queue_length = window_fifo_.size();
   s.bounce_bytes = bounce_bytes_;
@@ -1772,12 +1765,12 @@ HybridDeviceStats HybridDevice::HybridStats() const {
     busy_s += dt;
   }
   s.read_queue_depth_avg = busy_s > 0 ? integral / busy_s : 0;
-  s.buffered_bytes = buffer_alloc_->used();
+  s.buffered_bytes = buffer_alloc_->used_bytes();
   s.unflushed_objects = flush_queue_.size();
   s.record_pending_objects = record_pending_.size() + recording_.size();
   s.flush_lag = flush_queue_.empty()
                     ? absl::ZeroDuration()
-                    : now - flush_queue_.begin()->second->commit_time;
+                    : clock_->Now() - flush_queue_.begin()->second->commit_time;
   return s;
 }
 

@@ -5,7 +5,8 @@
 //
 //   * The staging window (`staging_bytes`): NOT a cache of the footprint, but
 //     a bounded window the caller fills ahead of its reads.
-//     PrefetchObject reserves window space (first-fit, 4 KiB granularity) and
+//     PrefetchObject reserves window space (best fit, 4 KiB granularity: the shared
+//     RangeAllocator, common/range_allocator.h) and
 //     reads the object from the tier in io_chunk_bytes chunks issued
 //     concurrently. When the window is full, prefetches queue in FIFO order
 //     (back-pressure) and start as PrefetchRelease frees space. Prefetches of
@@ -124,6 +125,13 @@
 // unless !shareable, exposed by Areas() for RDMA registration and same-host
 // mapping (bounce buffers are plain heap memory).
 //
+// Parts: the pure policies, unit-tested without threads, are FlushPolicy
+// (flush_policy.h: when a batch starts, how many writes it keeps in
+// flight) and IoPolicy (io_policy.h: how many of the queued reads and
+// writes are issued now); the window's and the buffer's space comes from
+// RangeAllocator (common/range_allocator.h). HybridDevice holds the state
+// and the threads and evaluates the policies under its lock.
+//
 // Concurrency: one mutex guards the window, buffer and I/O queues; it is
 // never held while waiting for I/O or while calling into the tier. I/O
 // completions run on the BlockIo's completion thread and only update state,
@@ -144,12 +152,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/mutex.h"
+#include "common/range_allocator.h"
 #include "common/stats.h"
 #include "common/thread.h"
 #include "storage_node/device/capacity_tier.h"
 #include "storage_node/device/flush_policy.h"
 #include "storage_node/device/host_memory.h"
+#include "storage_node/device/io_policy.h"
 #include "storage_node/device/memory_device.h"
 
 namespace hymcache::storage {
@@ -239,6 +250,14 @@ struct HybridDeviceOptions {
   // the reading thread (~15 GB/s per core with SSE4.2).
   // Default: false
   bool verify_reads = false;
+  // The time the flush policy reads: commit ages (flush_max_delay, flush_lag),
+  // record_max_delay and the retry backoff. Waits for I/O, callers'
+  // deadlines, read_timeout, shutdown_flush_timeout and the measured
+  // durations in the stats stay in real time. Not owned; outlives the
+  // device. Tests pass a FakeClock and call SettleFlusherForTest after
+  // advancing it.
+  // Default: nullptr (Clock::Real())
+  Clock* clock = nullptr;
 
   absl::Status Validate() const;
 };
@@ -393,6 +412,14 @@ class HybridDevice final : public MemoryDevice {
   // which ignores read pressure (as shutdown does).
   bool WaitFlushedForTest(absl::Time deadline, bool force = false);
 
+  // Wakes the flusher and waits until it has made one whole pass of its
+  // decisions begun after this call (reading options.clock then: a
+  // FakeClock advanced before the call is seen) and is waiting again, so
+  // that whatever it decided (a batch, a Forget, a Record) has been issued.
+  // Tests call it before asserting that something did NOT happen. False if
+  // `deadline` (real time) passes first.
+  bool SettleFlusherForTest(absl::Time deadline);
+
   CapacityTier* tier() const { return tier_.get(); }
 
  private:
@@ -410,7 +437,6 @@ class HybridDevice final : public MemoryDevice {
     // must not be put back if that Record fails.
     bool dropped = false;
   };
-  class RangeAllocator;
   // verify_reads: the checksum of an object whose bytes are on the tier.
   struct TierSum {
     uint64_t len = 0;
@@ -451,6 +477,8 @@ class HybridDevice final : public MemoryDevice {
 
   HybridDevice(const HybridDeviceOptions& options,
                std::unique_ptr<CapacityTier> tier,
+               std::unique_ptr<RangeAllocator> window_alloc,
+               std::unique_ptr<RangeAllocator> buffer_alloc,
                const std::vector<DurableExtent>& durable,
                const OpenCheck& open_check,
                std::unique_ptr<HostMemory> window_memory,
@@ -504,6 +532,10 @@ class HybridDevice final : public MemoryDevice {
   // Flush writes allowed in flight now (see the flush policy above).
   int FlushDepthLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TakeIssuableLocked(std::vector<IoReq>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns window or buffer space (`alloc` is window_alloc_ or
+  // buffer_alloc_); a failure (a broken invariant) is logged.
+  void FreeSpaceLocked(RangeAllocator* alloc, uint64_t off)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ForegroundBusyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool FlushDueLocked(absl::Time now, absl::Time* wake) const
@@ -563,6 +595,8 @@ class HybridDevice final : public MemoryDevice {
   const uint64_t capacity_;
   const std::vector<RecoveredExtent> recovered_;
   const FlushPolicy flush_policy_;
+  const IoPolicy io_policy_;
+  Clock* const clock_;
   // The DRAM of the staging window and the write buffer (page-rounded;
   // window_bytes_ and buffer_bytes_ of them are used).
   const std::unique_ptr<HostMemory> window_memory_;
@@ -572,6 +606,16 @@ class HybridDevice final : public MemoryDevice {
   uint8_t* const buffer_;
   const uint64_t buffer_bytes_;
 
+  // One mutex for the window, the buffer, the I/O queues and the flush
+  // pipeline, on purpose: the decisions couple them (which I/O to issue
+  // reads both queues, the in-flight counts and the buffer's fill; one
+  // completion retires a batch, frees buffer space, records, and issues
+  // the next refills; a write supersedes buffered objects, invalidates
+  // staged copies and drops pending records atomically), so split locks
+  // would be taken together on every hot path, with an ordering to keep.
+  // Every critical section is short: the lock is never held across I/O, a
+  // tier call or a CRC pass (CheckStagedLocked and CommitWrite release it),
+  // and on the device bench the device is I/O bound, not lock bound.
   mutable Mutex mu_;
   CondVar cv_;  // any state change a waiter may care about
 
@@ -624,6 +668,10 @@ class HybridDevice final : public MemoryDevice {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time stop_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   int force_flush_ ABSL_GUARDED_BY(mu_) = 0;
+  // SettleFlusherForTest: requests made, and the last request the flusher
+  // saw at the start of a pass that then reached its wait.
+  uint64_t settle_requested_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t settled_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Duration backoff_ ABSL_GUARDED_BY(mu_);
   // The last failed flush write or Forget, until a batch is written again

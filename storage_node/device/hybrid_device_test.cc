@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/crc32c.h"
 #include "common/thread.h"
 #include "storage_node/device/fake_block_io.h"
@@ -410,10 +411,12 @@ TEST_CASE("A full window queues prefetches FIFO until space is released") {
   PrefetchHandle d = Prefetch(rig.dev.get(), 3072 * kKiB, 16 * kKiB);
   REQUIRE(rig.dev->PrefetchWait(a, Soon()).ok());
   REQUIRE(rig.dev->PrefetchWait(b, Soon()).ok());
+  // Neither C nor D holds window space (so neither has I/O): only A's and
+  // B's 96 KiB are reserved, both are queued.
   CHECK(rig.dev->HybridStats().prefetch_queue_length == 2);
-  CHECK(rig.dev->PrefetchWait(c, absl::Now() + absl::Milliseconds(20))
-            .status()
-            .code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(rig.dev->HybridStats().staged_bytes == 96 * kKiB);
+  CHECK(rig.dev->PrefetchWait(c, absl::Now()).status().code() ==
+        absl::StatusCode::kDeadlineExceeded);
   CHECK(rig.dev->PrefetchWait(d, absl::Now()).status().code() ==
         absl::StatusCode::kDeadlineExceeded);
 
@@ -474,10 +477,11 @@ TEST_CASE("Cancelling queued and in-flight prefetches never reuses a busy slot")
   CHECK(s.prefetch_cancelled == 2);
   CHECK(s.staged_bytes == 64 * kKiB);
   CHECK(s.prefetch_queue_length == 1);  // C still waits for A's I/O
-  CHECK(rig.dev->PrefetchWait(c, absl::Now() + absl::Milliseconds(20))
-            .status()
-            .code() == absl::StatusCode::kDeadlineExceeded);
-  CHECK(rig.io->ReadsForTest() == 4);  // nothing issued for B or C
+  // The I/O is paused, so nothing completes behind the test's back: no
+  // read was issued for B or C, and C is not ready.
+  CHECK(rig.io->ReadsForTest() == 4);
+  CHECK(rig.dev->PrefetchWait(c, absl::Now()).status().code() ==
+        absl::StatusCode::kDeadlineExceeded);
 
   rig.io->ResumeForTest();
   auto pc = rig.dev->PrefetchWait(c, Soon());
@@ -615,16 +619,22 @@ TEST_CASE("Flushes go in commit order, merged, then recorded with the tags") {
 }
 
 TEST_CASE("Under reads, a flush waits for a whole batch; its writes grow with the fill") {
-  Rig rig;  // 128 KiB buffer (watermark 96 KiB), 64 KiB batches, QD 8
+  FakeClock clock;
+  HybridDeviceOptions o = SmallOptions();
+  o.clock = &clock;
+  Rig rig(o);  // 128 KiB buffer (watermark 96 KiB), 64 KiB batches, QD 8
   rig.FillDisk(1024 * kKiB, 16 * kKiB, 9);
   rig.io->PauseForTest();
   PrefetchHandle hold = Prefetch(rig.dev.get(), 1024 * kKiB, 16 * kKiB);
   REQUIRE(rig.io->WaitPendingForTest(1, absl::Seconds(10)));
   rig.Put(0, 32 * kKiB, 1, 10);
-  absl::SleepFor(absl::Milliseconds(100));
-  // Less than a batch waits and a read is in flight: no flush yet.
+  clock.Advance(absl::Milliseconds(100));
+  // The flusher has looked since: less than a batch waits and a read is in
+  // flight, so no flush yet.
+  REQUIRE(rig.dev->SettleFlusherForTest(Soon()));
   CHECK(rig.io->WritesForTest() == 0);
-  CHECK(rig.dev->HybridStats().flush_lag >= absl::Milliseconds(100));
+  CHECK(rig.dev->HybridStats().flush_ios == 0);
+  CHECK(rig.dev->HybridStats().flush_lag == absl::Milliseconds(100));
 
   // A whole batch (64 KiB) waits: it starts at once, with ceil(8 x 50%) =
   // 4 write slots: all 4 chunks of 16 KiB in flight beside the read.
@@ -647,6 +657,37 @@ TEST_CASE("Under reads, a flush waits for a whole batch; its writes grow with th
   CHECK(rig.ReadMatches(0, 32 * kKiB, 10));
   CHECK(rig.ReadMatches(128 * kKiB, 32 * kKiB, 10));
   CHECK(rig.dev->HybridStats().buffered_bytes == 0);
+}
+
+TEST_CASE("Under reads, a commit is flushed once it is flush_max_delay old, not before") {
+  FakeClock clock;
+  HybridDeviceOptions o = SmallOptions();
+  o.clock = &clock;
+  o.flush_max_delay = absl::Seconds(1);
+  Rig rig(o);
+  rig.FillDisk(1024 * kKiB, 16 * kKiB, 13);
+  rig.io->PauseForTest();
+  PrefetchHandle hold = Prefetch(rig.dev.get(), 1024 * kKiB, 16 * kKiB);
+  REQUIRE(rig.io->WaitPendingForTest(1, absl::Seconds(10)));
+  rig.Put(0, 16 * kKiB, 1, 14);
+  clock.Advance(absl::Milliseconds(999));
+  REQUIRE(rig.dev->SettleFlusherForTest(Soon()));
+  CHECK(rig.io->WritesForTest() == 0);
+  CHECK(rig.dev->HybridStats().flush_ios == 0);
+  CHECK(rig.tier->ForgetCallsForTest().empty());
+  clock.Advance(absl::Milliseconds(1));
+  REQUIRE(rig.dev->SettleFlusherForTest(Soon()));
+  // Due now: forgotten over, then written (one 16 KiB write beside the
+  // paused read).
+  CHECK(rig.tier->ForgetCallsForTest().size() == 1);
+  CHECK(rig.io->WritesForTest() == 1);
+  CHECK(rig.io->PendingForTest() == 2);
+  rig.io->ResumeForTest();
+  REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
+  REQUIRE(rig.dev->PrefetchWait(hold, Soon()).ok());
+  rig.dev->PrefetchRelease(hold);
+  CHECK(rig.ReadMatches(0, 16 * kKiB, 14));
+  CHECK(rig.tier->RecordedForTest().size() == 1);
 }
 
 TEST_CASE("Flush errors keep objects readable and are retried") {
@@ -861,7 +902,11 @@ TEST_CASE("A pinned buffered copy keeps its space until released") {
 }
 
 TEST_CASE("Overwriting an object whose record is pending leaves no stale record") {
-  Rig rig;
+  // The retry backoff after a failed Record runs on this clock.
+  FakeClock clock;
+  HybridDeviceOptions o = SmallOptions();
+  o.clock = &clock;
+  Rig rig(o);
   int old_records_expected = 0;
   SECTION("the pending record is dropped") {
     rig.tier->SetRecordsFailForTest(true);
@@ -879,8 +924,14 @@ TEST_CASE("Overwriting an object whose record is pending leaves no stale record"
     CHECK(s.records_dropped == 1);
     CHECK(s.record_pending_objects == 0);
     rig.tier->SetRecordsFailForTest(false);
+    // Past the backoff: the flusher forgets over the new object and issues
+    // its write, and would Record anything still pending (a wrong Record)
+    // before it waits again.
+    clock.Advance(absl::Seconds(1));
+    REQUIRE(rig.dev->SettleFlusherForTest(Soon()));
     REQUIRE(rig.io->WaitPendingForTest(1, absl::Seconds(10)));
-    absl::SleepFor(absl::Milliseconds(50));  // room for a wrong Record
+    CHECK(static_cast<uint64_t>(rig.tier->RecordCallsForTest()) ==
+          rig.dev->HybridStats().record_errors);
     rig.tier->PauseRecordsForTest();
     CHECK(DurableMatchesDisk(rig));
     rig.io->ResumeForTest();
@@ -914,6 +965,7 @@ TEST_CASE("Overwriting an object whose record is pending leaves no stale record"
     rig.tier->SetRecordsFailForTest(false);
     rig.tier->ResumeRecordsForTest();
   }
+  clock.Advance(absl::Seconds(1));  // past any retry backoff
   REQUIRE(rig.dev->WaitFlushedForTest(Soon()));
   auto ext = rig.tier->ExtentsNowForTest();
   REQUIRE(ext.size() == 1);

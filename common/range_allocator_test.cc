@@ -1,32 +1,32 @@
-#include "master/allocator.h"
+#include "common/range_allocator.h"
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <vector>
 
 namespace hymcache {
-namespace master {
 namespace {
 
-std::unique_ptr<RegionAllocator> Make(uint64_t capacity, uint32_t alignment) {
-  auto a = RegionAllocator::Create({capacity, alignment});
+std::unique_ptr<RangeAllocator> Make(uint64_t capacity, uint32_t alignment) {
+  auto a = RangeAllocator::Create({capacity, alignment});
   REQUIRE(a.ok());
   return std::move(a).value();
 }
 
-TEST_CASE("RegionAllocator rejects bad options") {
-  CHECK(RegionAllocator::Create({0, 64}).status().code() ==
+TEST_CASE("RangeAllocator rejects bad options") {
+  CHECK(RangeAllocator::Create({0, 64}).status().code() ==
         absl::StatusCode::kInvalidArgument);
-  CHECK(RegionAllocator::Create({4096, 0}).status().code() ==
+  CHECK(RangeAllocator::Create({4096, 0}).status().code() ==
         absl::StatusCode::kInvalidArgument);
-  CHECK(RegionAllocator::Create({4096, 48}).status().code() ==
+  CHECK(RangeAllocator::Create({4096, 48}).status().code() ==
         absl::StatusCode::kInvalidArgument);
-  CHECK(RegionAllocator::Create({32, 64}).status().code() ==
+  CHECK(RangeAllocator::Create({32, 64}).status().code() ==
         absl::StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("RegionAllocator aligns and rounds allocations") {
+TEST_CASE("RangeAllocator aligns and rounds allocations") {
   auto a = Make(4096, 64);
   auto x = a->Allocate(1);
   auto y = a->Allocate(65);
@@ -43,7 +43,7 @@ TEST_CASE("RegionAllocator aligns and rounds allocations") {
   CHECK(a->Allocate(0).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("RegionAllocator ignores an unaligned capacity tail") {
+TEST_CASE("RangeAllocator ignores an unaligned capacity tail") {
   auto a = Make(1000, 256);
   CHECK(a->usable_capacity() == 768);
   CHECK(a->free_bytes() == 768);
@@ -52,7 +52,7 @@ TEST_CASE("RegionAllocator ignores an unaligned capacity tail") {
         absl::StatusCode::kResourceExhausted);
 }
 
-TEST_CASE("RegionAllocator exhausts and reuses freed space") {
+TEST_CASE("RangeAllocator exhausts and reuses freed space") {
   auto a = Make(1024, 256);
   std::vector<uint64_t> offs;
   for (int i = 0; i < 4; ++i) {
@@ -73,7 +73,7 @@ TEST_CASE("RegionAllocator exhausts and reuses freed space") {
   CHECK(*again == offs[2]);
 }
 
-TEST_CASE("RegionAllocator best fit and coalescing under fragmentation") {
+TEST_CASE("RangeAllocator best fit and coalescing under fragmentation") {
   auto a = Make(16 * 64, 64);
   std::vector<uint64_t> offs;
   for (int i = 0; i < 16; ++i) {
@@ -119,7 +119,7 @@ TEST_CASE("RegionAllocator best fit and coalescing under fragmentation") {
   CHECK(a->allocation_count() == 0);
 }
 
-TEST_CASE("RegionAllocator rejects bad frees without changing state") {
+TEST_CASE("RangeAllocator rejects bad frees without changing state") {
   auto a = Make(4096, 64);
   auto x = a->Allocate(100);
   REQUIRE(x.ok());
@@ -134,7 +134,7 @@ TEST_CASE("RegionAllocator rejects bad frees without changing state") {
   CHECK(a->free_extent_count() == 1);
 }
 
-TEST_CASE("RegionAllocator rebuilds from Reserve") {
+TEST_CASE("RangeAllocator rebuilds from Reserve") {
   auto a = Make(4096, 64);
   REQUIRE(a->Reserve(128, 100).ok());  // [128, 256)
   REQUIRE(a->Reserve(1024, 64).ok());  // [1024, 1088)
@@ -162,7 +162,7 @@ TEST_CASE("RegionAllocator rebuilds from Reserve") {
   CHECK(*y == 0);
 }
 
-TEST_CASE("RegionAllocator ReserveAll matches Reserve one range at a time") {
+TEST_CASE("RangeAllocator ReserveAll matches Reserve one range at a time") {
   std::mt19937_64 rng(7);
   auto one = Make(1 << 20, 512);
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
@@ -202,7 +202,7 @@ TEST_CASE("RegionAllocator ReserveAll matches Reserve one range at a time") {
   CHECK(all->free_extent_count() == one->free_extent_count());
 }
 
-TEST_CASE("RegionAllocator ReserveAll refuses bad input unchanged") {
+TEST_CASE("RangeAllocator ReserveAll refuses bad input unchanged") {
   auto a = Make(4096, 64);
   using R = std::vector<std::pair<uint64_t, uint64_t>>;
   CHECK(a->ReserveAll(R{{0, 64}, {64, 65}, {128, 64}}).code() ==
@@ -224,7 +224,43 @@ TEST_CASE("RegionAllocator ReserveAll refuses bad input unchanged") {
   CHECK(a->allocation_count() == 2);
 }
 
-TEST_CASE("RegionAllocator survives a random workload") {
+TEST_CASE("RangeAllocator TryAllocate agrees with CanFit and Allocate") {
+  auto a = Make(64 * 4096, 4096);  // the hybrid device's window: 4 KiB pages
+  CHECK_FALSE(a->TryAllocate(0).has_value());
+  CHECK_FALSE(a->TryAllocate(64 * 4096 + 1).has_value());
+  std::vector<uint64_t> offs;
+  for (int i = 0; i < 16; ++i) {
+    std::optional<uint64_t> o = a->TryAllocate(4 * 4096);
+    REQUIRE(o.has_value());
+    offs.push_back(*o);
+  }
+  // Full: nothing fits and nothing changes.
+  CHECK_FALSE(a->CanFit(4096));
+  CHECK_FALSE(a->TryAllocate(4096).has_value());
+  CHECK(a->used_bytes() == 64 * 4096);
+  // Free every other one: 8 holes of 16 KiB, none of 20 KiB: whether a
+  // request fits depends only on the largest hole, not on the free total.
+  for (size_t i = 0; i < offs.size(); i += 2) REQUIRE(a->Free(offs[i]).ok());
+  CHECK(a->largest_free() == 4 * 4096);
+  CHECK_FALSE(a->CanFit(5 * 4096));
+  CHECK_FALSE(a->TryAllocate(5 * 4096).has_value());
+  CHECK(a->used_bytes() == 32 * 4096);
+  // A partial page rounds up to a whole one and lands in a hole.
+  std::optional<uint64_t> small = a->TryAllocate(100);
+  REQUIRE(small.has_value());
+  CHECK(*small % 4096 == 0);
+  CHECK(a->used_bytes() == 33 * 4096);
+  REQUIRE(a->Free(*small).ok());
+  CHECK(a->Free(*small).code() == absl::StatusCode::kNotFound);
+  // Freeing a neighbour coalesces: 48 KiB fits again.
+  REQUIRE(a->Free(offs[1]).ok());
+  CHECK(a->largest_free() == 12 * 4096);
+  std::optional<uint64_t> big = a->TryAllocate(12 * 4096);
+  REQUIRE(big.has_value());
+  CHECK(*big == offs[0]);
+}
+
+TEST_CASE("RangeAllocator survives a random workload") {
   auto a = Make(1 << 20, 512);
   std::mt19937_64 rng(42);
   std::vector<std::pair<uint64_t, uint64_t>> live;
@@ -232,7 +268,14 @@ TEST_CASE("RegionAllocator survives a random workload") {
   for (int i = 0; i < 20000; ++i) {
     if (live.empty() || rng() % 3 != 0) {
       uint64_t len = 1 + rng() % 20000;
-      auto o = a->Allocate(len);
+      const bool fits = a->CanFit(len);
+      absl::StatusOr<uint64_t> o = absl::ResourceExhaustedError("");
+      if (i % 2 == 0) {
+        o = a->Allocate(len);
+      } else if (std::optional<uint64_t> t = a->TryAllocate(len)) {
+        o = *t;
+      }
+      REQUIRE(o.ok() == fits);
       if (!o.ok()) {
         REQUIRE(o.status().code() == absl::StatusCode::kResourceExhausted);
         continue;
@@ -259,5 +302,4 @@ TEST_CASE("RegionAllocator survives a random workload") {
 }
 
 }  // namespace
-}  // namespace master
 }  // namespace hymcache

@@ -1,4 +1,4 @@
-#include "master/allocator.h"
+#include "common/range_allocator.h"
 
 #include <algorithm>
 #include <iterator>
@@ -6,9 +6,8 @@
 #include "absl/strings/str_cat.h"
 
 namespace hymcache {
-namespace master {
 
-absl::Status RegionAllocatorOptions::Validate() const {
+absl::Status RangeAllocatorOptions::Validate() const {
   if (capacity == 0) {
     return absl::InvalidArgumentError("region capacity must be > 0");
   }
@@ -24,14 +23,14 @@ absl::Status RegionAllocatorOptions::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<RegionAllocator>> RegionAllocator::Create(
-    const RegionAllocatorOptions& options) {
+absl::StatusOr<std::unique_ptr<RangeAllocator>> RangeAllocator::Create(
+    const RangeAllocatorOptions& options) {
   absl::Status s = options.Validate();
   if (!s.ok()) return s;
-  return std::unique_ptr<RegionAllocator>(new RegionAllocator(options));
+  return std::unique_ptr<RangeAllocator>(new RangeAllocator(options));
 }
 
-RegionAllocator::RegionAllocator(const RegionAllocatorOptions& options)
+RangeAllocator::RangeAllocator(const RangeAllocatorOptions& options)
     : capacity_(options.capacity),
       alignment_(options.alignment),
       usable_capacity_(options.capacity &
@@ -39,40 +38,47 @@ RegionAllocator::RegionAllocator(const RegionAllocatorOptions& options)
   AddFree(0, usable_capacity_);
 }
 
-void RegionAllocator::AddFree(uint64_t offset, uint64_t len) {
+void RangeAllocator::AddFree(uint64_t offset, uint64_t len) {
   free_by_offset_.emplace(offset, len);
   free_by_size_.emplace(len, offset);
 }
 
-void RegionAllocator::RemoveFree(std::map<uint64_t, uint64_t>::iterator it) {
+void RangeAllocator::RemoveFree(std::map<uint64_t, uint64_t>::iterator it) {
   free_by_size_.erase({it->second, it->first});
   free_by_offset_.erase(it);
 }
 
-bool RegionAllocator::CanFit(uint64_t len) const {
+bool RangeAllocator::CanFit(uint64_t len) const {
   if (len == 0 || len > usable_capacity_) return false;
   return largest_free() >= RoundUp(len);
 }
 
-uint64_t RegionAllocator::largest_free() const {
+uint64_t RangeAllocator::largest_free() const {
   if (free_by_size_.empty()) return 0;
   return free_by_size_.rbegin()->first;
 }
 
-absl::StatusOr<uint64_t> RegionAllocator::Allocate(uint64_t len) {
+absl::StatusOr<uint64_t> RangeAllocator::Allocate(uint64_t len) {
   if (len == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes");
   if (len > usable_capacity_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "allocation of ", len, " bytes exceeds region size ", usable_capacity_));
   }
+  std::optional<uint64_t> offset = TryAllocate(len);
+  if (!offset.has_value()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no free extent of ", RoundUp(len), " bytes (free ",
+                     free_bytes(), ", largest extent ", largest_free(), ")"));
+  }
+  return *offset;
+}
+
+std::optional<uint64_t> RangeAllocator::TryAllocate(uint64_t len) {
+  if (len == 0 || len > usable_capacity_) return std::nullopt;
   const uint64_t need = RoundUp(len);
   // Best fit: the smallest extent of length >= need, lowest offset on ties.
   auto fit = free_by_size_.lower_bound({need, 0});
-  if (fit == free_by_size_.end()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("no free extent of ", need, " bytes (free ", free_bytes(),
-                     ", largest extent ", largest_free(), ")"));
-  }
+  if (fit == free_by_size_.end()) return std::nullopt;
   const uint64_t ext_len = fit->first;
   const uint64_t offset = fit->second;
   RemoveFree(free_by_offset_.find(offset));
@@ -82,7 +88,7 @@ absl::StatusOr<uint64_t> RegionAllocator::Allocate(uint64_t len) {
   return offset;
 }
 
-absl::Status RegionAllocator::Free(uint64_t offset) {
+absl::Status RangeAllocator::Free(uint64_t offset) {
   if (offset >= usable_capacity_ || (offset & (alignment_ - 1)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "free of offset ", offset, " outside the region or misaligned"));
@@ -117,7 +123,7 @@ absl::Status RegionAllocator::Free(uint64_t offset) {
   return absl::OkStatus();
 }
 
-absl::Status RegionAllocator::Reserve(uint64_t offset, uint64_t len) {
+absl::Status RangeAllocator::Reserve(uint64_t offset, uint64_t len) {
   if (len == 0) return absl::InvalidArgumentError("cannot reserve 0 bytes");
   if ((offset & (alignment_ - 1)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -158,7 +164,7 @@ absl::Status RegionAllocator::Reserve(uint64_t offset, uint64_t len) {
   return absl::OkStatus();
 }
 
-absl::Status RegionAllocator::ReserveAll(
+absl::Status RangeAllocator::ReserveAll(
     std::vector<std::pair<uint64_t, uint64_t>> ranges) {
   if (!allocated_.empty()) {
     return absl::FailedPreconditionError(
@@ -210,5 +216,4 @@ absl::Status RegionAllocator::ReserveAll(
   return absl::OkStatus();
 }
 
-}  // namespace master
 }  // namespace hymcache
