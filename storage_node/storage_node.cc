@@ -12,7 +12,6 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
-#include <exception>
 #include <utility>
 #include <vector>
 
@@ -762,12 +761,8 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
             << options.dram_bytes << " bytes of DRAM; master "
             << options.master_address;
   StorageNode* n = node.get();
-  try {
-    node->heartbeat_ = Thread("sn-heartbeat", [n] { n->HeartbeatLoop(); });
-  } catch (const std::exception& e) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "storage node: cannot start the heartbeat thread: ", e.what()));
-  }
+  ASSIGN_OR_RETURN(node->heartbeat_,
+                   Thread::Start("sn-heartbeat", [n] { n->HeartbeatLoop(); }));
   return node;
 }
 
