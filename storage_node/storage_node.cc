@@ -104,8 +104,7 @@ class StorageNode::ControlService final
   static grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx,
                                           const absl::Status& s) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    reactor->Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                                 std::string(s.message())));
+    reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
 
@@ -174,8 +173,7 @@ class StorageNode::ControlService final
        public:
         explicit Refused(const absl::Status& s) {
           TsanRelease(this);
-          Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                              std::string(s.message())));
+          Finish(ToGrpcStatus(s));
         }
         void OnDone() override {
           TsanAcquire(this);
