@@ -1,6 +1,5 @@
 #include "common/executor.h"
 
-#include <exception>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,13 +14,13 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
   }
   std::unique_ptr<Executor> ex(new Executor(options));
   Executor* p = ex.get();
-  try {
-    for (int i = 0; i < options.threads; ++i) {
-      ex->threads_.emplace_back(options.name, [p] { p->Work(); });
+  for (int i = 0; i < options.threads; ++i) {
+    absl::StatusOr<Thread> t = Thread::Start(options.name, [p] { p->Work(); });
+    if (!t.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "executor ", options.name, ": ", t.status().message()));
     }
-  } catch (const std::exception& e) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "executor ", options.name, ": cannot start a thread: ", e.what()));
+    ex->threads_.push_back(std::move(*t));
   }
   return ex;
 }

@@ -1,8 +1,11 @@
-// The one conversion of a gRPC status into the project's error currency
-// (STYLE.md: grpc::Status appears only in RPC adapter layers).
+// The one conversion between a gRPC status and the project's error currency,
+// both ways (STYLE.md: grpc::Status appears only in RPC adapter layers).
+// absl and gRPC use the same canonical code numbers.
 #pragma once
 
 #include <grpcpp/support/status.h>
+
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -20,6 +23,13 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s,
   }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                       absl::StrCat(what, ": ", s.error_message()));
+}
+
+// The same code and message, for a server's reply.
+inline grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
 }
 
 }  // namespace hymcache

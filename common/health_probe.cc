@@ -5,7 +5,7 @@
 #include <memory>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "proto/grpc_health_v1.grpc.pb.h"
 
 namespace hymcache {
@@ -21,10 +21,7 @@ absl::StatusOr<bool> CheckHealth(std::shared_ptr<grpc::ChannelInterface> channel
   req.set_service(service);
   HealthCheckResponse resp;
   grpc::Status s = stub.Check(&ctx, req, &resp);
-  if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("health check: ", s.error_message()));
-  }
+  if (!s.ok()) return FromGrpcStatus(s, "health check");
   return resp.status() == HealthCheckResponse::SERVING;
 }
 

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <exception>
 #include <random>
 #include <utility>
 
@@ -275,12 +274,10 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(
   SetNonBlocking(d->channel_->fd);
   SetNonBlocking(d->ctx_->async_fd);
   Device* p = d.get();
-  try {
-    d->poller_ = Thread("rdma-poll", [p] { p->PollLoop(); });
-  } catch (const std::exception& e) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("rdma: cannot start the poller thread: ", e.what()));
-  }
+  absl::StatusOr<Thread> thread =
+      Thread::Start("rdma-poll", [p] { p->PollLoop(); });
+  if (!thread.ok()) return thread.status();
+  d->poller_ = std::move(*thread);
   return d;
 }
 

@@ -9,12 +9,16 @@
 #include <string>
 #include <thread>
 
+#include "absl/status/statusor.h"
+
 namespace hymcache {
 
 class Thread {
  public:
   Thread() = default;
   // Starts `fn` on a new thread named `name` (truncated to 15 characters).
+  // Throws std::system_error when the OS refuses a thread: tests and tools
+  // only; libraries and daemons use Start().
   Thread(std::string name, std::function<void()> fn);
   ~Thread() { Join(); }
   Thread(Thread&&) = default;
@@ -23,6 +27,12 @@ class Thread {
     t_ = std::move(other.t_);
     return *this;
   }
+
+  // Starts `fn` on a new thread named `name` (truncated to 15 characters).
+  // ResourceExhausted, naming the thread and the reason, when it cannot
+  // start (the process's thread or pid limit, no memory for a stack).
+  static absl::StatusOr<Thread> Start(std::string name,
+                                      std::function<void()> fn);
 
   // Waits for the thread to finish. Idempotent.
   void Join() {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/capability.h"
-#include "common/clock.h"
+#include "common/fake_clock.h"
 #include "master/fake_metadata_store.h"
 #include "master/master_service.h"
 

@@ -11,7 +11,7 @@
 #include "absl/strings/match.h"
 #include "common/capability.h"
 
-#include "common/clock.h"
+#include "common/fake_clock.h"
 #include "common/thread.h"
 #include "master/master_service.h"
 #include "proto/master.grpc.pb.h"

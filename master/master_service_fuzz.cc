@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/clock.h"
+#include "common/fake_clock.h"
 #include "fuzz/fuzz_input.h"
 #include "glog/logging.h"
 #include "master/fake_metadata_store.h"

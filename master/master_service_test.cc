@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/capability.h"
-#include "common/clock.h"
+#include "common/fake_clock.h"
 #include "common/test_log_capture.h"
 #include "common/thread.h"
 #include "master/fake_metadata_store.h"

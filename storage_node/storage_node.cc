@@ -12,7 +12,6 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
-#include <exception>
 #include <utility>
 #include <vector>
 
@@ -105,8 +104,7 @@ class StorageNode::ControlService final
   static grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx,
                                           const absl::Status& s) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    reactor->Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                                 std::string(s.message())));
+    reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
 
@@ -175,8 +173,7 @@ class StorageNode::ControlService final
        public:
         explicit Refused(const absl::Status& s) {
           TsanRelease(this);
-          Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                              std::string(s.message())));
+          Finish(ToGrpcStatus(s));
         }
         void OnDone() override {
           TsanAcquire(this);
@@ -807,12 +804,8 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
             << " regions; master "
             << options.master_address;
   StorageNode* n = node.get();
-  try {
-    node->heartbeat_ = Thread("sn-heartbeat", [n] { n->HeartbeatLoop(); });
-  } catch (const std::exception& e) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "storage node: cannot start the heartbeat thread: ", e.what()));
-  }
+  ASSIGN_OR_RETURN(node->heartbeat_,
+                   Thread::Start("sn-heartbeat", [n] { n->HeartbeatLoop(); }));
   return node;
 }
 

@@ -1,17 +1,22 @@
-// StorageNode: one HyMCache storage node. It owns a memory device (DRAM), the
+// StorageNode: one HyMCache storage node. It owns a memory device (DRAM,
+// hybrid DRAM+SSD or an LRU cache over SSD: storage_node/device/), the
 // extent table that checks every access against the master's allocations,
-// the TCP data plane (common/wire.h) through which clients read and write
-// object bytes, and a gRPC StorageControl service (stats). A background
-// thread ("sn-heartbeat") registers the node with the master and keeps it
-// alive with heartbeats; it re-registers when the master asks (or after the
-// master was unreachable) and keeps retrying while the master is down.
+// the data plane (storage_node/dataplane/: the TCP protocol of common/wire.h,
+// plus same-host shared memory and RDMA for direct transfers) through which
+// clients read and write object bytes, and a gRPC StorageControl service
+// (stats). A background thread ("sn-heartbeat") registers the node with the
+// master and keeps it alive with heartbeats; it re-registers when the master
+// asks (or after the master was unreachable) and keeps retrying while the
+// master is down.
 //
 // Every start is a new incarnation: DRAM contents start afresh, so the node
 // announces a random 64-bit incarnation and the master drops whatever an
-// earlier incarnation held. Conversely, when a registration answer says the
-// master no longer knows the node's objects (e.g. it lost its metadata), the
-// node drops its extents. Every registration and heartbeat answer may carry
-// a generation ceiling; writes claiming a higher generation are refused.
+// earlier incarnation held (a hybrid device keeps the incarnation recorded
+// in its capacity file, and with it its durable objects: node_key_path).
+// Conversely, when a registration answer says the master no longer knows the
+// node's objects (e.g. it lost its metadata), the node drops its extents.
+// Every registration and heartbeat answer may carry a generation ceiling;
+// writes claiming a higher generation are refused.
 //
 // Thread safety: safe for concurrent use without external synchronization.
 #pragma once

@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 #include "client/client.h"
+#include "common/eventually.h"
 #include "common/security.h"
 #include "master/master_server.h"
 #include "proto/master.grpc.pb.h"
@@ -587,15 +588,7 @@ TEST_CASE(
 namespace hymcache {
 namespace {
 
-// Polls `ok` until it holds or 20 s pass.
-bool Eventually(const std::function<bool()>& ok) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline) {
-    if (ok()) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return ok();
-}
+using testing::Eventually;
 
 TEST_CASE("The daemons re-read their identities on SIGHUP") {
   const std::string dir = TempDir("sighup");

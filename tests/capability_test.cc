@@ -20,6 +20,7 @@
 #include "client/transport.h"
 #include "common/wire.h"
 #include "proto/master.grpc.pb.h"
+#include "tests/cluster.h"
 #include "tests/daemon.h"
 
 namespace hymcache {
@@ -60,10 +61,9 @@ struct Cluster {
     client = std::move(*c);
     stub = pb::MasterService::NewStub(grpc::CreateChannel(
         master.address, grpc::InsecureChannelCredentials()));
-    absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (Alive().size() < 2 && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(50));
-    }
+    absl::Status alive = testing::WaitForLiveNodes(*client, 2);
+    INFO(alive.ToString());
+    REQUIRE(alive.ok());
     REQUIRE(Alive().size() == 2);
   }
   std::vector<pb::NodeInfo> Alive() {

@@ -21,6 +21,7 @@
 #include "common/wire.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
+#include "tests/cluster.h"
 #include "tests/daemon.h"
 
 namespace hymcache {
@@ -57,18 +58,9 @@ std::unique_ptr<Client> NewClient(const std::string& master) {
 
 // Waits until the master reports `alive` live nodes.
 void WaitForNodes(Client& c, size_t alive) {
-  absl::Time deadline = absl::Now() + absl::Seconds(30);
-  size_t seen = 0;
-  while (absl::Now() < deadline) {
-    auto st = c.GetClusterStatus();
-    if (st.ok()) {
-      seen = 0;
-      for (const auto& n : st->nodes) seen += n.alive ? 1 : 0;
-      if (seen == alive) return;
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  FAIL("cluster never reached " << alive << " live nodes (saw " << seen << ")");
+  absl::Status s = testing::WaitForLiveNodes(c, alive);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
 }
 
 struct Blocks {

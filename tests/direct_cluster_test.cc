@@ -32,6 +32,7 @@
 #include "common/wire.h"
 #include "common/thread.h"
 #include "proto/storage.grpc.pb.h"
+#include "tests/cluster.h"
 #include "tests/daemon.h"
 
 namespace hymcache {
@@ -125,11 +126,9 @@ struct Cluster {
     auto c = Client::Create(o);
     INFO(c.status().ToString());
     REQUIRE(c.ok());
-    for (int i = 0; i < 600; ++i) {
-      auto st = (*c)->GetClusterStatus();
-      if (st.ok() && st->nodes.size() == 1 && st->nodes[0].alive) break;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
+    absl::Status alive = testing::WaitForLiveNodes(**c, 1, {node.data_address});
+    INFO(alive.ToString());
+    REQUIRE(alive.ok());
     return std::move(*c);
   }
 };

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/tcp_transport.h"
+#include "common/eventually.h"
 #include "common/fd_passing.h"
 #include "common/net.h"
 #include "common/transport_params.h"
@@ -33,17 +34,9 @@ namespace {
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
 
-// Waits (bounded) until `pred` holds: a read's release reaches the node
-// with the connection's next exchange or shortly after the read returns.
-template <typename Pred>
-bool Eventually(Pred pred) {
-  absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return pred();
-}
+// A read's release reaches the node with the connection's next exchange or
+// shortly after the read returns: the checks wait for it (Eventually).
+using testing::Eventually;
 
 struct Server {
   std::unique_ptr<storage::FakeBlockIo> io;  // hybrid only; outlives plane

@@ -18,6 +18,7 @@
 #include "client/client.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/storage.grpc.pb.h"
+#include "tests/cluster.h"
 #include "tests/daemon.h"
 #include "tools/hymctl/fsck.h"
 
@@ -68,17 +69,11 @@ struct HybridCluster {
     node = std::move(*s);
   }
   void WaitAlive() {
-    for (int i = 0; i < 600; ++i) {
-      auto st = client->GetClusterStatus();
-      // Alive as the current process (a killed one stays "alive" on the
-      // master until its heartbeats time out).
-      if (st.ok() && st->nodes.size() == 1 && st->nodes[0].alive &&
-          st->nodes[0].data_address == node.data_address) {
-        return;
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    FAIL("hybrid node never became alive");
+    // Alive as the current process (a killed one stays "alive" on the
+    // master until its heartbeats time out).
+    absl::Status s = testing::WaitForLiveNodes(*client, 1, {node.data_address});
+    INFO(s.ToString());
+    REQUIRE(s.ok());
   }
   // Stores blocks [0, n) one request of 2 at a time, retrying refused writes
   // (the write buffer is small) until everything is stored.

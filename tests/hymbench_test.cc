@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "tests/cluster.h"
 #include "tests/daemon.h"
 
 namespace hymcache {
@@ -93,28 +94,15 @@ size_t CeilingHits(const std::string& trace, size_t* blocks) {
 }
 
 // A master and one storage node (with ample room by default).
-struct Cluster {
-  std::string dir = TempDir("hymbench");
-  MasterProcess master;
-  StorageProcess node;
-  explicit Cluster(const std::string& dram_bytes = "268435456") {
-    auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0");
-    REQUIRE(m.ok());
-    master = std::move(*m);
-    auto s = StorageProcess::Start(master.address, "bench-node", {"--dram_bytes=" + dram_bytes});
-    REQUIRE(s.ok());
-    node = std::move(*s);
-    ClientOptions o;
-    o.master_address = master.address;
-    auto client = Client::Create(o);
-    REQUIRE(client.ok());
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < deadline) {
-      auto st = (*client)->GetClusterStatus();
-      if (st.ok() && st->nodes.size() == 1 && st->nodes[0].alive) return;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    FAIL("the storage node never registered");
+struct Cluster : testing::TestCluster {
+  explicit Cluster(const std::string& dram_bytes = "268435456")
+      : TestCluster("hymbench") {
+    REQUIRE(StartMaster().ok());
+    REQUIRE(AddNode("bench-node", {"--dram_bytes=" + dram_bytes}).ok());
+    REQUIRE(Connect().ok());
+    absl::Status alive = WaitAlive();
+    INFO(alive.ToString());
+    REQUIRE(alive.ok());
   }
 };
 
@@ -312,10 +300,10 @@ TEST_CASE("lost blocks are attributed: no room on a small node, a paused node") 
                                  kWorkload))
                 .exit_code == 0);
     REQUIRE(Hymbench(c.dir, With(replay, {"--wait_stores"})).exit_code == 0);
-    REQUIRE(kill(c.node.daemon.pid(), SIGSTOP) == 0);
+    REQUIRE(kill(c.nodes[0].daemon.pid(), SIGSTOP) == 0);
     Run paused = Hymbench(c.dir, With(replay, {"--store=false", "--load_timeout_ms=300",
                                                "--json=" + c.dir + "/paused.json"}));
-    REQUIRE(kill(c.node.daemon.pid(), SIGCONT) == 0);
+    REQUIRE(kill(c.nodes[0].daemon.pid(), SIGCONT) == 0);
     INFO(paused.out << paused.err);
     const auto all = nlohmann::json::parse(ReadFile(c.dir + "/paused.json"))["overall"];
     INFO(all.dump());

@@ -18,6 +18,7 @@
 #include "client/client.h"
 #include "common/thread.h"
 #include "proto/storage.grpc.pb.h"
+#include "tests/cluster.h"
 #include "tests/daemon.h"
 
 namespace hymcache {
@@ -46,17 +47,11 @@ std::vector<std::string> Keys(const std::string& ns, size_t from, size_t to) {
   return k;
 }
 
-struct Cluster {
-  std::string dir = TempDir("load");
-  MasterProcess master;
-  std::vector<StorageProcess> nodes;
-  std::unique_ptr<Client> client;
-
+struct Cluster : testing::TestCluster {
   explicit Cluster(int n, std::vector<std::string> node_flags = {},
-                   ClientOptions co = {}) {
-    auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0");
-    REQUIRE(m.ok());
-    master = std::move(*m);
+                   ClientOptions co = {})
+      : TestCluster("load") {
+    REQUIRE(StartMaster().ok());
     for (int i = 0; i < n; ++i) {
       std::vector<std::string> flags = {
           "--device=hybrid",
@@ -65,24 +60,14 @@ struct Cluster {
           "--write_buffer_bytes=32M", "--io_queue_depth=16",
           "--prefetch_window_bytes=4M"};
       flags.insert(flags.end(), node_flags.begin(), node_flags.end());
-      auto s = StorageProcess::Start(master.address, absl::StrCat("node", i),
-                                     flags);
-      INFO(s.status().ToString());
+      absl::Status s = AddNode(absl::StrCat("node", i), flags);
+      INFO(s.ToString());
       REQUIRE(s.ok());
-      nodes.push_back(std::move(*s));
     }
-    co.master_address = master.address;
-    client = std::move(*Client::Create(co));
-    for (int i = 0; i < 600; ++i) {
-      auto st = client->GetClusterStatus();
-      int alive = 0;
-      if (st.ok()) {
-        for (const auto& node : st->nodes) alive += node.alive ? 1 : 0;
-      }
-      if (alive == n) return;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    FAIL("storage nodes never became alive");
+    REQUIRE(Connect(co).ok());
+    absl::Status alive = WaitAlive();
+    INFO(alive.ToString());
+    REQUIRE(alive.ok());
   }
 
   std::map<std::string, double> NodeStats(int i) {

@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "client/block_key.h"
 #include "client/client.h"
+#include "common/eventually.h"
 #include "common/net.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
@@ -34,6 +35,7 @@
 namespace hymcache {
 namespace {
 
+using testing::Eventually;
 using testing::MasterProcess;
 using testing::StorageProcess;
 using testing::TempDir;
@@ -127,16 +129,6 @@ constexpr uint64_t kMasterGrowthKiB = 150 * 1024;
 #else
 constexpr uint64_t kMasterGrowthKiB = 150 * 1024;
 #endif
-
-template <typename Pred>
-bool Eventually(Pred pred, absl::Duration limit = absl::Seconds(20)) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (absl::Now() < deadline) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return pred();
-}
 
 TEST_CASE("Hostile callers do not deny service to a legitimate one") {
   RaiseDescriptorLimit();

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "client/transport.h"
-#include "common/clock.h"
+#include "common/fake_clock.h"
 #include "common/mutex.h"
 
 namespace hymcache {

@@ -14,8 +14,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
-#include <exception>
-#include <system_error>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -291,12 +289,7 @@ absl::StatusOr<std::unique_ptr<DataServer>> DataServer::Create(
   std::unique_ptr<DataServer> server(new DataServer(
       options, std::move(listen), port, epoll_fd, stop_fd, wake_fd));
   DataServer* s = server.get();
-  try {
-    server->loop_ = Thread("dp-poll", [s] { s->Loop(); });
-  } catch (const std::exception& e) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "data server: cannot start the event loop thread: ", e.what()));
-  }
+  ASSIGN_OR_RETURN(server->loop_, Thread::Start("dp-poll", [s] { s->Loop(); }));
   struct rlimit nofile;
   if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
       nofile.rlim_cur != RLIM_INFINITY &&
@@ -588,18 +581,17 @@ bool DataServer::MaybeStartWorkerLocked() {
       workers_.size() >= static_cast<size_t>(options_.worker_threads)) {
     return !workers_.empty();
   }
-  try {
-    if (fail_thread_starts_for_test_.load(std::memory_order_relaxed)) {
-      throw std::system_error(EAGAIN, std::generic_category(),
-                              "thread start refused for test");
-    }
-    workers_.emplace_back("dp-work", [this] { Work(); });
-  } catch (const std::exception& e) {
-    // std::system_error at the thread or pid limit, std::bad_alloc: the
-    // workers there are serve the queue.
+  absl::StatusOr<Thread> t =
+      fail_thread_starts_for_test_.load(std::memory_order_relaxed)
+          ? absl::ResourceExhaustedError("thread start refused for test")
+          : Thread::Start("dp-work", [this] { Work(); });
+  if (t.ok()) {
+    workers_.push_back(std::move(*t));
+  } else {
+    // At the thread or pid limit: the workers there are serve the queue.
     Add(counters_.thread_start_failures, 1);
     LOG_EVERY_N(WARNING, 100) << "data server: cannot start a worker ("
-                              << workers_.size() << " running): " << e.what();
+                              << workers_.size() << " running): " << t.status();
   }
   return !workers_.empty();
 }

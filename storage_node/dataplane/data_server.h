@@ -226,7 +226,7 @@ class DataServer {
   void VisitStats(StatsVisitor* v) const;
 
   // While `fail` is set, starting a worker thread fails as it does at the
-  // process's thread limit (std::system_error).
+  // process's thread limit (Thread::Start is ResourceExhausted).
   void SetFailThreadStartsForTest(bool fail) {
     fail_thread_starts_for_test_.store(fail, std::memory_order_relaxed);
   }

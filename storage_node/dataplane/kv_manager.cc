@@ -1,7 +1,6 @@
 #include "storage_node/dataplane/kv_manager.h"
 
 #include <algorithm>
-#include <exception>
 #include <utility>
 #include <vector>
 
@@ -76,12 +75,10 @@ absl::StatusOr<std::unique_ptr<KvManager>> KvManager::Create(
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   std::unique_ptr<KvManager> m(new KvManager(options));
   KvManager* p = m.get();
-  try {
-    m->reaper_ = Thread("kv-reaper", [p] { p->ReapLoop(); });
-  } catch (const std::exception& e) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("kv manager: cannot start the reaper: ", e.what()));
-  }
+  absl::StatusOr<Thread> thread =
+      Thread::Start("kv-reaper", [p] { p->ReapLoop(); });
+  if (!thread.ok()) return thread.status();
+  m->reaper_ = std::move(*thread);
   return m;
 }
 

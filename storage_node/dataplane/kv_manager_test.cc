@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "common/clock.h"
+#include "common/fake_clock.h"
 #include "storage_node/dataplane/extent_table.h"
 #include "storage_node/device/fake_memory_device.h"
 

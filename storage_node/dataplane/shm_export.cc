@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <exception>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -52,12 +51,10 @@ absl::StatusOr<std::unique_ptr<ShmExport>> ShmExport::Create(
     return absl::InternalError(absl::StrCat("shm export: eventfd: ", strerror(errno)));
   }
   ShmExport* p = e.get();
-  try {
-    e->thread_ = Thread("shm-export", [p] { p->Loop(); });
-  } catch (const std::exception& ex) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("shm export: cannot start its thread: ", ex.what()));
-  }
+  absl::StatusOr<Thread> thread =
+      Thread::Start("shm-export", [p] { p->Loop(); });
+  if (!thread.ok()) return thread.status();
+  e->thread_ = std::move(*thread);
   LOG(INFO) << "shm export: " << e->fds_.size()
             << " memory areas for same-host clients on @" << e->name_;
   return e;

@@ -248,12 +248,10 @@ absl::StatusOr<std::unique_ptr<HybridDevice>> HybridDevice::Create(
       std::move(*buffer_alloc), durable, check, std::move(*window),
       window_bytes, std::move(*buffer), buffer_bytes));
   HybridDevice* d = dev.get();
-  try {
-    dev->flusher_ = Thread("hyb-flusher", [d] { d->FlusherLoop(); });
-  } catch (const std::exception& e) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "hybrid device: cannot start the flusher thread: ", e.what()));
-  }
+  absl::StatusOr<Thread> thread =
+      Thread::Start("hyb-flusher", [d] { d->FlusherLoop(); });
+  if (!thread.ok()) return thread.status();
+  dev->flusher_ = std::move(*thread);
   LOG(INFO) << "hybrid device: " << cap << " bytes on the tier, staging window "
             << window_bytes << " bytes, write buffer " << buffer_bytes
             << " bytes, " << d->recovered_.size() << " durable objects";

@@ -2,9 +2,10 @@
 // object bytes. The node's data plane moves bytes between sockets and the
 // pointers a device hands out, so a device never copies on the fast path.
 //
-// Implementations: DramDevice (one NUMA-local DRAM region) and, next, a hybrid
-// DRAM+SSD device (a bounded DRAM staging window over an O_DIRECT capacity
-// file, with a write buffer). The API is shaped for the hybrid device:
+// Implementations: DramDevice (NUMA-local DRAM regions), HybridDevice (a
+// bounded DRAM staging window over an O_DIRECT capacity file, with a write
+// buffer) and LruCacheDevice (the LRU-cache baseline over the same tier);
+// FakeMemoryDevice for tests. The API is shaped for the hybrid device:
 //   * reads hand out a pointer that stays valid only until ReleaseRead (a
 //     staging-window slot or bounce buffer that the device may recycle after);
 //   * writes go through BeginWrite, which may refuse at once (e.g.

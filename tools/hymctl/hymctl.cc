@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "client/block_key.h"
 #include "client/client.h"
+#include "common/grpc_status.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 #include "tools/hymctl/fsck.h"
@@ -202,7 +203,7 @@ class Cli {
     SetDeadline(&ctx);
     hymcache::v1::GetStatsResponse resp;
     grpc::Status s = stub->GetStats(&ctx, hymcache::v1::GetStatsRequest(), &resp);
-    if (!s.ok()) return GrpcToStatus(s);
+    if (!s.ok()) return FromGrpcStatus(s);
     return resp;
   }
 
@@ -304,7 +305,7 @@ class Cli {
       req.set_max_bytes(bytes);
       hymcache::v1::SetTenantQuotaResponse resp;
       grpc::Status s = stub->SetTenantQuota(&ctx, req, &resp);
-      if (!s.ok()) return Fail(GrpcToStatus(s));
+      if (!s.ok()) return Fail(FromGrpcStatus(s));
       if (o_.json) {
         out_ << json{{"tenant", args[1]}, {"max_objects", objects},
                      {"max_bytes", bytes}}.dump() << "\n";
@@ -318,7 +319,7 @@ class Cli {
     if (usage) req.set_tenant(args[1]);
     hymcache::v1::ListTenantsResponse resp;
     grpc::Status s = stub->ListTenants(&ctx, req, &resp);
-    if (!s.ok()) return Fail(GrpcToStatus(s));
+    if (!s.ok()) return Fail(FromGrpcStatus(s));
     if (o_.json) {
       json all = json::array();
       for (const auto& t : resp.tenants()) {
@@ -349,11 +350,6 @@ class Cli {
     }
     Table(out_, rows);
     return 0;
-  }
-
-  static absl::Status GrpcToStatus(const grpc::Status& s) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        s.error_message());
   }
 
   int Fail(const absl::Status& s) {
@@ -509,7 +505,7 @@ class Cli {
     req.set_name(node->name());
     hymcache::v1::ForgetNodeResponse resp;
     grpc::Status s = stub->ForgetNode(&ctx, req, &resp);
-    if (!s.ok()) return Fail(GrpcToStatus(s));
+    if (!s.ok()) return Fail(FromGrpcStatus(s));
     if (o_.json) {
       out_ << json{{"node_id", resp.node_id()},
                    {"name", node->name()},
@@ -540,7 +536,7 @@ class Cli {
       grpc::ClientContext ctx;
       SetDeadline(&ctx);
       grpc::Status s = stub->SetNodeDraining(&ctx, req, &resp);
-      if (!s.ok()) return Fail(GrpcToStatus(s));
+      if (!s.ok()) return Fail(FromGrpcStatus(s));
     }
     uint64_t objects = resp.object_count();
     bool forgotten = false;
@@ -597,7 +593,7 @@ class Cli {
     req.set_key(key);
     hymcache::v1::InspectKeyResponse r;
     grpc::Status s = stub->InspectKey(&ctx, req, &r);
-    if (!s.ok()) return Fail(GrpcToStatus(s));
+    if (!s.ok()) return Fail(FromGrpcStatus(s));
     const int64_t now_ms = absl::ToUnixMillis(absl::Now());
     const auto& l = r.location();
     const auto& n = r.node();
