@@ -17,6 +17,7 @@
 
 #include "absl/time/clock.h"
 #include "common/clock.h"
+#include "common/fake_clock.h"
 #include "common/crc32c.h"
 #include "common/thread.h"
 #include "storage_node/device/fake_block_io.h"
