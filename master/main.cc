@@ -25,6 +25,9 @@
 
 DEFINE_string(listen, "127.0.0.1:50051",
               "gRPC host:port to serve on (port 0 picks a free port)");
+DEFINE_uint32(rpc_threads, hymcache::MasterOptions().rpc_threads,
+              "threads serving the gRPC API, each polling its own completion "
+              "queue (1..64; docs/performance.md)");
 DEFINE_string(db_path, "./hymcache-data/master",
               "RocksDB directory of the master's metadata (created if needed)");
 DEFINE_int64(node_timeout_ms, 10000,
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
 
   hymcache::MasterOptions options;
   options.listen_address = FLAGS_listen;
+  options.rpc_threads = FLAGS_rpc_threads;
   options.db_path = FLAGS_db_path;
   options.node_timeout = absl::Milliseconds(FLAGS_node_timeout_ms);
   options.put_timeout = absl::Milliseconds(FLAGS_put_timeout_ms);
