@@ -148,20 +148,6 @@ class MasterRpcHandler final {
     return absl::StrCat("id:", id.tenant, "/", id.name);
   }
 
-  // A streaming call refused before it reads or writes anything.
-  template <typename Reactor>
-  class Refused final : public Reactor {
-   public:
-    explicit Refused(const absl::Status& s) {
-      TsanRelease(this);
-      this->Finish(ToGrpc(s));
-    }
-    void OnDone() {
-      TsanAcquire(this);
-      delete this;
-    }
-  };
-
   // With identities, only the tenant that started a put may commit or
   // abort it (put ids are small integers anyone could guess).
   absl::Status OwnPut(const Identity& id, uint64_t put_id,
