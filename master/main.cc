@@ -41,6 +41,9 @@ int64_t Ms(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
 DEFINE_string(listen, "127.0.0.1:50051",
               "gRPC host:port to serve on (port 0 picks a free port)");
+DEFINE_uint32(rpc_threads, hymcache::MasterOptions().rpc_threads,
+              "threads serving the gRPC API, each polling its own completion "
+              "queue (1..64; docs/performance.md)");
 DEFINE_string(db_path, "./hymcache-data/master",
               "RocksDB directory of the master's metadata (created if needed)");
 DEFINE_int64(node_timeout_ms, Ms(ServiceDefaults().node_timeout),
@@ -144,6 +147,7 @@ int main(int argc, char** argv) {
 
   hymcache::MasterOptions options;
   options.listen_address = FLAGS_listen;
+  options.rpc_threads = FLAGS_rpc_threads;
   options.db_path = FLAGS_db_path;
   hymcache::master::MasterServiceOptions& so = options.service;
   so.node_timeout = absl::Milliseconds(FLAGS_node_timeout_ms);

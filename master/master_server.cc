@@ -1,9 +1,9 @@
 #include "master/master_server.h"
 
 #include <glog/logging.h>
+#include <grpcpp/ext/health_check_service_server_builder_option.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +15,8 @@
 #include "common/metrics_exporter.h"
 #include "common/net.h"
 #include "common/stats.h"
+#include "master/cq_server.h"
+#include "master/health_service.h"
 #include "master/master_service.h"
 #include "master/metadata_store.h"
 #include "master/tenant.h"
@@ -29,14 +31,6 @@ namespace v1 = ::hymcache::v1;
 
 namespace {
 
-// The address unary handlers TsanRelease as they finish and Shutdown
-// TsanAcquires once gRPC has waited for them (gRPC, uninstrumented, hides
-// that hand-off from TSan).
-void* HandlersDone() {
-  static char tag;
-  return &tag;
-}
-
 // absl and gRPC use the same canonical code numbers.
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -47,7 +41,7 @@ grpc::Status ToGrpc(const absl::Status& s) {
 // Who a caller is, for the per-caller limits (pending puts): its peer
 // address without the port ("ipv4:10.0.0.7", "ipv6:[::1]"). One small
 // function, so that an authenticated identity can replace it.
-std::string CallerKey(const grpc::CallbackServerContext* ctx) {
+std::string CallerKey(const grpc::ServerContext* ctx) {
   std::string peer = ctx->peer();
   const size_t colon = peer.rfind(':');
   const size_t first = peer.find(':');
@@ -71,9 +65,9 @@ constexpr int kMinMaxMessageBytes = 16 << 20;
 
 }  // namespace
 
-// The gRPC adapter: every method runs MasterService inline on the callback
-// thread (the work is in-memory plus at most one RocksDB batch write) and
-// finishes the default reactor.
+// The gRPC adapter: every method runs MasterService inline on the poller
+// thread that received the call (master/cq_server.h; the work is in-memory
+// plus at most one RocksDB batch write) and returns the call's status.
 //
 // Every method first checks the caller's identity (Admit): engines (and
 // admins, for hymctl put/get) read and write blocks; admins list and
@@ -87,7 +81,7 @@ constexpr int kMinMaxMessageBytes = 16 << 20;
   COUNTER(lookup_errors, "BatchLookup calls refused or failed")
 HYM_DECLARE_STATS(MasterRpcStats, MasterRpcCounters, HYM_MASTER_RPC_STATS);
 
-class MasterRpcHandler final : public v1::MasterService::CallbackService {
+class MasterRpcHandler final {
  public:
   MasterRpcHandler(MasterService* service, const Authenticator* auth,
                    TenantRegistry* tenants, uint32_t max_key_bytes,
@@ -145,7 +139,7 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
 
   // The caller, if it may call `method`; AnonymousAdmin() when
   // authentication is off.
-  absl::StatusOr<Identity> Admit(grpc::CallbackServerContext* ctx,
+  absl::StatusOr<Identity> Admit(grpc::ServerContext* ctx,
                                  Roles allowed, const char* method) const {
     if (auth_ == nullptr) return AnonymousAdmin();
     absl::StatusOr<Identity> id = auth_->Check(*ctx, allowed, method);
@@ -159,25 +153,11 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
 
   // Whose pending puts a PutStart counts against (the per-caller limits):
   // the identity when identities are configured, else the peer's address.
-  std::string CallerKeyOf(const grpc::CallbackServerContext* ctx,
+  std::string CallerKeyOf(const grpc::ServerContext* ctx,
                           const Identity& id) const {
     if (auth_ == nullptr) return CallerKey(ctx);
     return absl::StrCat("id:", id.tenant, "/", id.name);
   }
-
-  // A streaming call refused before it reads or writes anything.
-  template <typename Reactor>
-  class Refused final : public Reactor {
-   public:
-    explicit Refused(const absl::Status& s) {
-      TsanRelease(this);
-      this->Finish(ToGrpc(s));
-    }
-    void OnDone() override {
-      TsanAcquire(this);
-      delete this;
-    }
-  };
 
   // With identities, only the tenant that started a put may commit or
   // abort it (put ids are small integers anyone could guess).
@@ -191,29 +171,23 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                                             "'"));
   }
 
-  static grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx,
-                                          const absl::Status& s) {
-    TsanRelease(HandlersDone());
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    reactor->Finish(ToGrpc(s));
-    return reactor;
+  static grpc::Status Refuse(grpc::ServerContext* /*ctx*/,
+                             const absl::Status& s) {
+    return ToGrpc(s);
   }
 
 
   template <typename Response>
-  static grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
-                                         absl::StatusOr<Response> result,
-                                         Response* response) {
-    TsanRelease(HandlersDone());
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  static grpc::Status Reply(grpc::ServerContext* /*ctx*/,
+                            absl::StatusOr<Response> result,
+                            Response* response) {
     if (result.ok()) *response = std::move(*result);
-    reactor->Finish(ToGrpc(result.status()));
-    return reactor;
+    return ToGrpc(result.status());
   }
 
-  grpc::ServerUnaryReactor* RegisterNode(
-      grpc::CallbackServerContext* ctx, const v1::RegisterNodeRequest* req,
-      v1::RegisterNodeResponse* resp) override {
+  grpc::Status RegisterNode(
+      grpc::ServerContext* ctx, const v1::RegisterNodeRequest* req,
+      v1::RegisterNodeResponse* resp) {
     auto id = Admit(ctx, kNode, "RegisterNode");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s = CheckNodeName(*id, req->name(), "RegisterNode");
@@ -222,9 +196,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     }
     return Reply(ctx, service_->RegisterNode(*req), resp);
   }
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+  grpc::Status Heartbeat(grpc::ServerContext* ctx,
                                       const v1::HeartbeatRequest* req,
-                                      v1::HeartbeatResponse* resp) override {
+                                      v1::HeartbeatResponse* resp) {
     auto id = Admit(ctx, kNode, "Heartbeat");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s =
@@ -234,9 +208,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     }
     return Reply(ctx, service_->Heartbeat(*req), resp);
   }
-  grpc::ServerUnaryReactor* DeregisterNode(
-      grpc::CallbackServerContext* ctx, const v1::DeregisterNodeRequest* req,
-      v1::DeregisterNodeResponse* resp) override {
+  grpc::Status DeregisterNode(
+      grpc::ServerContext* ctx, const v1::DeregisterNodeRequest* req,
+      v1::DeregisterNodeResponse* resp) {
     auto id = Admit(ctx, kNode, "DeregisterNode");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s =
@@ -246,16 +220,16 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     }
     return Reply(ctx, service_->DeregisterNode(*req), resp);
   }
-  grpc::ServerUnaryReactor* ForgetNode(grpc::CallbackServerContext* ctx,
+  grpc::Status ForgetNode(grpc::ServerContext* ctx,
                                        const v1::ForgetNodeRequest* req,
-                                       v1::ForgetNodeResponse* resp) override {
+                                       v1::ForgetNodeResponse* resp) {
     auto id = Admit(ctx, kAdmin, "ForgetNode");
     if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->ForgetNode(*req), resp);
   }
-  grpc::ServerUnaryReactor* PutStart(grpc::CallbackServerContext* ctx,
+  grpc::Status PutStart(grpc::ServerContext* ctx,
                                      const v1::PutStartRequest* req,
-                                     v1::PutStartResponse* resp) override {
+                                     v1::PutStartResponse* resp) {
     auto id = Admit(ctx, kEngine, "PutStart");
     if (!id.ok()) return Refuse(ctx, id.status());
     absl::Status s = CheckKeys(*id, req->keys(), "PutStart");
@@ -286,9 +260,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     }
     return Reply(ctx, std::move(out), resp);
   }
-  grpc::ServerUnaryReactor* PutCommit(grpc::CallbackServerContext* ctx,
+  grpc::Status PutCommit(grpc::ServerContext* ctx,
                                       const v1::PutCommitRequest* req,
-                                      v1::PutCommitResponse* resp) override {
+                                      v1::PutCommitResponse* resp) {
     auto id = Admit(ctx, kEngine, "PutCommit");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s = OwnPut(*id, req->put_id(), "PutCommit"); !s.ok()) {
@@ -298,9 +272,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     if (out.ok()) tenants_->ForgetPut(req->put_id());
     return Reply(ctx, std::move(out), resp);
   }
-  grpc::ServerUnaryReactor* PutAbort(grpc::CallbackServerContext* ctx,
+  grpc::Status PutAbort(grpc::ServerContext* ctx,
                                      const v1::PutAbortRequest* req,
-                                     v1::PutAbortResponse* resp) override {
+                                     v1::PutAbortResponse* resp) {
     auto id = Admit(ctx, kEngine, "PutAbort");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s = OwnPut(*id, req->put_id(), "PutAbort"); !s.ok()) {
@@ -310,9 +284,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     if (out.ok()) tenants_->ForgetPut(req->put_id());
     return Reply(ctx, std::move(out), resp);
   }
-  grpc::ServerUnaryReactor* BatchLookup(
-      grpc::CallbackServerContext* ctx, const v1::BatchLookupRequest* req,
-      v1::BatchLookupResponse* resp) override {
+  grpc::Status BatchLookup(
+      grpc::ServerContext* ctx, const v1::BatchLookupRequest* req,
+      v1::BatchLookupResponse* resp) {
     auto id = Admit(ctx, kEngine, "BatchLookup");
     if (!id.ok()) {
       Add(rpc_stats_.lookup_errors);
@@ -334,9 +308,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     CountLookup(r, absl::Now() - start);
     return Reply(ctx, std::move(r), resp);
   }
-  grpc::ServerUnaryReactor* Remove(grpc::CallbackServerContext* ctx,
+  grpc::Status Remove(grpc::ServerContext* ctx,
                                    const v1::RemoveRequest* req,
-                                   v1::RemoveResponse* resp) override {
+                                   v1::RemoveResponse* resp) {
     auto id = Admit(ctx, kAdmin, "Remove");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s = CheckKeys(*id, req->keys(), "Remove"); !s.ok()) {
@@ -347,9 +321,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     QualifyAll(*id, qualified.mutable_keys());
     return Reply(ctx, service_->Remove(qualified), resp);
   }
-  grpc::ServerUnaryReactor* BeginReconcile(
-      grpc::CallbackServerContext* ctx, const v1::BeginReconcileRequest* req,
-      v1::BeginReconcileResponse* resp) override {
+  grpc::Status BeginReconcile(
+      grpc::ServerContext* ctx, const v1::BeginReconcileRequest* req,
+      v1::BeginReconcileResponse* resp) {
     auto id = Admit(ctx, kNode, "BeginReconcile");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s =
@@ -373,9 +347,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                  resp);
   }
 
-  grpc::ServerUnaryReactor* ReportMissing(
-      grpc::CallbackServerContext* ctx, const v1::ReportMissingRequest* req,
-      v1::ReportMissingResponse* resp) override {
+  grpc::Status ReportMissing(
+      grpc::ServerContext* ctx, const v1::ReportMissingRequest* req,
+      v1::ReportMissingResponse* resp) {
     auto id = Admit(ctx, kEngine, "ReportMissing");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s = CheckKeys(*id, req->keys(), "ReportMissing");
@@ -388,181 +362,18 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     return Reply(ctx, service_->ReportMissing(qualified), resp);
   }
 
-  // Reads the node's extents chunk by chunk; compares at the end of the
-  // stream (see MasterService::FinishReconcile).
-  grpc::ServerReadReactor<v1::ReconcileNodeRequest>* ReconcileNode(
-      grpc::CallbackServerContext* ctx,
-      v1::ReconcileNodeResponse* resp) override {
-    auto id = Admit(ctx, kNode, "ReconcileNode");
-    if (!id.ok()) {
-      return new Refused<grpc::ServerReadReactor<v1::ReconcileNodeRequest>>(
-          id.status());
-    }
-    // gRPC never runs two callbacks of one reactor at once but hands them
-    // between its threads through synchronization TSan cannot see (Debian's
-    // gRPC is not instrumented): each callback starts with TsanAcquire(this)
-    // and every StartRead/StartWrite/Finish is preceded by TsanRelease(this).
-    class Reader final : public grpc::ServerReadReactor<v1::ReconcileNodeRequest> {
-     public:
-      Reader(MasterService* service, Identity caller,
-             v1::ReconcileNodeResponse* resp)
-          : service_(service), caller_(std::move(caller)), resp_(resp) {
-        TsanRelease(this);
-        StartRead(&req_);
-      }
-      void OnReadDone(bool ok) override {
-        TsanAcquire(this);
-        OnRead(ok);
-      }
-      void OnDone() override {
-        TsanAcquire(this);
-        delete this;
-      }
-
-     private:
-      void OnRead(bool ok) {
-        if (!ok) {  // the node finished its stream (or went away)
-          if (r_ == nullptr) {
-            TsanRelease(this);
-            Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                "ReconcileNode: empty stream"));
-            return;
-          }
-          if (!last_) {
-            // Cancelled, past its deadline, broken, or a message that did
-            // not parse: gRPC reports all of these as the end of the stream.
-            // The extents so far are not all the node holds.
-            r_.reset();
-            TsanRelease(this);
-            Finish(grpc::Status(grpc::StatusCode::ABORTED,
-                                "ReconcileNode: the stream ended before its "
-                                "last message; nothing was judged"));
-            return;
-          }
-          absl::StatusOr<v1::ReconcileNodeResponse> out =
-              service_->FinishReconcile(std::move(r_));
-          if (out.ok()) *resp_ = std::move(*out);
-          TsanRelease(this);
-          Finish(ToGrpc(out.status()));
-          return;
-        }
-        if (r_ == nullptr) {
-          absl::Status auth = CheckNodeIdentity(
-              *service_, caller_, req_.node_id(), "ReconcileNode");
-          if (auth.ok()) {
-            auth = service_->CheckNodeAuth(req_.node_id(), req_.incarnation(),
-                                           "reconcile", req_.auth());
-          }
-          auto r = auth.ok() ? service_->OpenReconcile(req_.node_id(),
-                                                       req_.incarnation(),
-                                                       req_.epoch())
-                             : decltype(service_->OpenReconcile(0, 0, 0))(auth);
-          if (!r.ok()) {
-            TsanRelease(this);
-            Finish(ToGrpc(r.status()));
-            return;
-          }
-          r_ = std::move(*r);
-        }
-        if (last_) {
-          TsanRelease(this);
-          Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              "ReconcileNode: a message after the last one"));
-          return;
-        }
-        absl::Status s = r_->Add(req_.extents());
-        if (!s.ok()) {
-          TsanRelease(this);
-          Finish(ToGrpc(s));
-          return;
-        }
-        last_ = req_.last();
-        req_.Clear();
-        TsanRelease(this);
-        StartRead(&req_);
-      }
-
-      MasterService* const service_;
-      const Identity caller_;
-      v1::ReconcileNodeResponse* const resp_;
-      v1::ReconcileNodeRequest req_;
-      std::unique_ptr<Reconciliation> r_;
-      bool last_ = false;  // the node's final message has arrived
-    };
-    return new Reader(service_, *std::move(id), resp);
-  }
-
-  // Pages of the master's listings until the index has been walked.
-  grpc::ServerWriteReactor<v1::ListObjectsResponse>* ListObjects(
-      grpc::CallbackServerContext* ctx,
-      const v1::ListObjectsRequest* req) override {
-    if (auto id = Admit(ctx, kAdmin, "ListObjects"); !id.ok()) {
-      return new Refused<grpc::ServerWriteReactor<v1::ListObjectsResponse>>(
-          id.status());
-    }
-    class Writer final
-        : public grpc::ServerWriteReactor<v1::ListObjectsResponse> {
-     public:
-      Writer(MasterService* service, const v1::ListObjectsRequest& req)
-          : service_(service),
-            node_id_(req.node_id()),
-            page_(req.page_size() == 0
-                      ? 4096
-                      : std::min<uint32_t>(req.page_size(), 65536)) {
-        Next();
-      }
-      void OnWriteDone(bool ok) override {
-        TsanAcquire(this);
-        if (ok) {
-          Next();
-        } else {
-          TsanRelease(this);
-          Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                              "ListObjects: stream broken"));
-        }
-      }
-      void OnDone() override {
-        TsanAcquire(this);
-        delete this;
-      }
-
-     private:
-      void Next() {
-        resp_.Clear();
-        while (more_ && resp_.objects_size() == 0) {
-          more_ = service_->ListObjects(node_id_, &cursor_, page_, &resp_);
-        }
-        if (resp_.objects_size() == 0) {
-          TsanRelease(this);
-          Finish(grpc::Status::OK);
-          return;
-        }
-        TsanRelease(this);
-        StartWrite(&resp_);
-      }
-
-      MasterService* const service_;
-      const uint32_t node_id_;
-      const uint32_t page_;
-      uint64_t cursor_ = 0;
-      bool more_ = true;
-      v1::ListObjectsResponse resp_;
-    };
-    return new Writer(service_, *req);
-  }
-
-  grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* ctx,
+  grpc::Status ListNodes(grpc::ServerContext* ctx,
                                       const v1::ListNodesRequest* /*req*/,
-                                      v1::ListNodesResponse* resp) override {
+                                      v1::ListNodesResponse* resp) {
     auto id = Admit(ctx, kAdmin, "ListNodes");
     if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, absl::StatusOr<v1::ListNodesResponse>(
                           service_->ListNodes()),
                  resp);
   }
-  grpc::ServerUnaryReactor* ListTenants(grpc::CallbackServerContext* ctx,
+  grpc::Status ListTenants(grpc::ServerContext* ctx,
                                         const v1::ListTenantsRequest* req,
-                                        v1::ListTenantsResponse* resp) override {
+                                        v1::ListTenantsResponse* resp) {
     auto id = Admit(ctx, kAdmin, "ListTenants");
     if (!id.ok()) return Refuse(ctx, id.status());
     auto usage = service_->AllTenantUsage();
@@ -590,9 +401,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     return Reply(ctx, absl::StatusOr<v1::ListTenantsResponse>(std::move(out)),
                  resp);
   }
-  grpc::ServerUnaryReactor* SetTenantQuota(
-      grpc::CallbackServerContext* ctx, const v1::SetTenantQuotaRequest* req,
-      v1::SetTenantQuotaResponse* resp) override {
+  grpc::Status SetTenantQuota(
+      grpc::ServerContext* ctx, const v1::SetTenantQuotaRequest* req,
+      v1::SetTenantQuotaResponse* resp) {
     auto id = Admit(ctx, kAdmin, "SetTenantQuota");
     if (!id.ok()) return Refuse(ctx, id.status());
     absl::Status s = tenants_->SetQuota(
@@ -608,9 +419,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
                         : absl::StatusOr<v1::SetTenantQuotaResponse>(s),
                  resp);
   }
-  grpc::ServerUnaryReactor* SetNodeDraining(
-      grpc::CallbackServerContext* ctx, const v1::SetNodeDrainingRequest* req,
-      v1::SetNodeDrainingResponse* resp) override {
+  grpc::Status SetNodeDraining(
+      grpc::ServerContext* ctx, const v1::SetNodeDrainingRequest* req,
+      v1::SetNodeDrainingResponse* resp) {
     auto id = Admit(ctx, kAdmin, "SetNodeDraining");
     if (!id.ok()) return Refuse(ctx, id.status());
     auto out = service_->SetNodeDraining(*req);
@@ -621,9 +432,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     }
     return Reply(ctx, std::move(out), resp);
   }
-  grpc::ServerUnaryReactor* InspectKey(grpc::CallbackServerContext* ctx,
+  grpc::Status InspectKey(grpc::ServerContext* ctx,
                                        const v1::InspectKeyRequest* req,
-                                       v1::InspectKeyResponse* resp) override {
+                                       v1::InspectKeyResponse* resp) {
     auto id = Admit(ctx, kAdmin, "InspectKey");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s = CheckKey(*id, req->key(), "InspectKey"); !s.ok()) {
@@ -634,9 +445,9 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     Qualify(*id, qualified.mutable_key());
     return Reply(ctx, service_->InspectKey(qualified), resp);
   }
-  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
+  grpc::Status GetStats(grpc::ServerContext* ctx,
                                      const v1::GetStatsRequest* /*req*/,
-                                     v1::GetStatsResponse* resp) override {
+                                     v1::GetStatsResponse* resp) {
     auto id = Admit(ctx, kAdmin, "GetStats");
     if (!id.ok()) return Refuse(ctx, id.status());
     v1::GetStatsResponse r = service_->GetStats();
@@ -649,6 +460,14 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
     return Reply(ctx, absl::StatusOr<v1::GetStatsResponse>(std::move(r)),
                  resp);
   }
+
+  // Requests every method's first call on `poller`'s queue (the streaming
+  // ones included; see ReconcileCall and ListObjectsCall). Call on the
+  // poller's thread. REQUIRES: this outlives the poller's drain.
+  void StartOn(CqPoller* poller);
+
+  MasterService* service() const { return service_; }
+  v1::MasterService::AsyncService* async_service() { return &async_; }
 
   // The RPC layer's stats and the lookup latency histogram.
   void VisitStats(StatsVisitor* v) const {
@@ -683,7 +502,287 @@ class MasterRpcHandler final : public v1::MasterService::CallbackService {
   Clock* const clock_;
   MasterRpcCounters rpc_stats_;
   LatencyHistogram lookup_latency_;
+  // Calls of each unary method a poller keeps requested: calls gRPC has
+  // received beyond these wait unmatched, and a shutdown cancels those
+  // (the matched ones run to the end). About 1 KiB each.
+  static constexpr int kRequestsPerMethod = 8;
+
+  v1::MasterService::AsyncService async_;
+  // The UnaryMethods StartOn made (one per method and poller).
+  Mutex methods_mu_;
+  std::vector<std::shared_ptr<const void>> methods_
+      ABSL_GUARDED_BY(methods_mu_);
+
+  // Serves the unary method `request` / `handle` on `poller`.
+  template <typename Req, typename Resp>
+  void ServeUnary(
+      CqPoller* poller,
+      typename UnaryMethod<v1::MasterService::AsyncService, Req,
+                           Resp>::RequestFn request,
+      grpc::Status (MasterRpcHandler::*handle)(grpc::ServerContext*,
+                                               const Req*, Resp*)) {
+    using Method = UnaryMethod<v1::MasterService::AsyncService, Req, Resp>;
+    auto method = std::make_shared<Method>(Method{
+        &async_, request,
+        [this, handle](grpc::ServerContext* ctx, const Req& req, Resp* resp) {
+          return (this->*handle)(ctx, &req, resp);
+        },
+        poller});
+    {
+      MutexLock l(&methods_mu_);
+      methods_.push_back(method);
+    }
+    for (int i = 0; i < kRequestsPerMethod; ++i) {
+      UnaryCall<v1::MasterService::AsyncService, Req, Resp>::Request(
+          method.get());
+    }
+  }
 };
+
+// One ReconcileNode stream (client streaming) on a poller: reads the
+// node's extents chunk by chunk; compares at the end of the stream (see
+// MasterService::FinishReconcile).
+class ReconcileCall final : public CqTag {
+ public:
+  static void Request(MasterRpcHandler* handler, CqPoller* poller) {
+    auto* call = new ReconcileCall(handler, poller);
+    if (!poller->IfOpen([call, handler, poller] {
+          handler->async_service()->RequestReconcileNode(
+              &call->ctx_, &call->reader_, poller->cq(), poller->cq(), call);
+        })) {
+      delete call;
+    }
+  }
+
+  void Proceed(bool ok) override {
+    switch (state_) {
+      case State::kRequested: {
+        if (!ok) {  // shutting down: the call never started
+          delete this;
+          return;
+        }
+        Request(handler_, poller_);
+        auto id = handler_->Admit(&ctx_, MasterRpcHandler::kNode,
+                                  "ReconcileNode");
+        if (!id.ok()) {
+          Finish(ToGrpc(id.status()));
+          return;
+        }
+        caller_ = *std::move(id);
+        StartRead();
+        return;
+      }
+      case State::kReading:
+        OnRead(ok);
+        return;
+      case State::kFinishing:
+        delete this;
+        return;
+    }
+  }
+
+ private:
+  enum class State { kRequested, kReading, kFinishing };
+
+  ReconcileCall(MasterRpcHandler* handler, CqPoller* poller)
+      : handler_(handler), poller_(poller), reader_(&ctx_) {}
+  ~ReconcileCall() = default;
+
+  void StartRead() {
+    state_ = State::kReading;
+    reader_.Read(&req_, this);
+  }
+  void Finish(const grpc::Status& s) {
+    r_.reset();
+    state_ = State::kFinishing;
+    if (s.ok()) {
+      reader_.Finish(resp_, s, this);
+    } else {
+      reader_.FinishWithError(s, this);
+    }
+  }
+
+  void OnRead(bool ok) {
+    MasterService* const service = handler_->service();
+    if (!ok) {  // the node finished its stream (or went away)
+      if (r_ == nullptr) {
+        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "ReconcileNode: empty stream"));
+        return;
+      }
+      if (!last_) {
+        // Cancelled, past its deadline, broken, or a message that did
+        // not parse: gRPC reports all of these as the end of the stream.
+        // The extents so far are not all the node holds.
+        Finish(grpc::Status(grpc::StatusCode::ABORTED,
+                            "ReconcileNode: the stream ended before its "
+                            "last message; nothing was judged"));
+        return;
+      }
+      absl::StatusOr<v1::ReconcileNodeResponse> out =
+          service->FinishReconcile(std::move(r_));
+      if (out.ok()) resp_ = std::move(*out);
+      Finish(ToGrpc(out.status()));
+      return;
+    }
+    if (r_ == nullptr) {
+      absl::Status auth =
+          CheckNodeIdentity(*service, caller_, req_.node_id(), "ReconcileNode");
+      if (auth.ok()) {
+        auth = service->CheckNodeAuth(req_.node_id(), req_.incarnation(),
+                                      "reconcile", req_.auth());
+      }
+      auto r = auth.ok() ? service->OpenReconcile(req_.node_id(),
+                                                  req_.incarnation(),
+                                                  req_.epoch())
+                         : decltype(service->OpenReconcile(0, 0, 0))(auth);
+      if (!r.ok()) {
+        Finish(ToGrpc(r.status()));
+        return;
+      }
+      r_ = std::move(*r);
+    }
+    if (last_) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "ReconcileNode: a message after the last one"));
+      return;
+    }
+    absl::Status s = r_->Add(req_.extents());
+    if (!s.ok()) {
+      Finish(ToGrpc(s));
+      return;
+    }
+    last_ = req_.last();
+    req_.Clear();
+    StartRead();
+  }
+
+  MasterRpcHandler* const handler_;
+  CqPoller* const poller_;
+  grpc::ServerContext ctx_;
+  Identity caller_;  // set once admitted
+  v1::ReconcileNodeRequest req_;
+  v1::ReconcileNodeResponse resp_;
+  grpc::ServerAsyncReader<v1::ReconcileNodeResponse, v1::ReconcileNodeRequest>
+      reader_;
+  State state_ = State::kRequested;
+  std::unique_ptr<Reconciliation> r_;
+  bool last_ = false;  // the node's final message has arrived
+};
+
+// One ListObjects stream (server streaming) on a poller: pages of the
+// master's listings until the index has been walked.
+class ListObjectsCall final : public CqTag {
+ public:
+  static void Request(MasterRpcHandler* handler, CqPoller* poller) {
+    auto* call = new ListObjectsCall(handler, poller);
+    if (!poller->IfOpen([call, handler, poller] {
+          handler->async_service()->RequestListObjects(
+              &call->ctx_, &call->req_, &call->writer_, poller->cq(),
+              poller->cq(), call);
+        })) {
+      delete call;
+    }
+  }
+
+  void Proceed(bool ok) override {
+    switch (state_) {
+      case State::kRequested: {
+        if (!ok) {
+          delete this;
+          return;
+        }
+        Request(handler_, poller_);
+        auto id = handler_->Admit(&ctx_, MasterRpcHandler::kAdmin,
+                                  "ListObjects");
+        if (!id.ok()) {
+          Finish(ToGrpc(id.status()));
+          return;
+        }
+        page_ = req_.page_size() == 0
+                    ? 4096
+                    : std::min<uint32_t>(req_.page_size(), 65536);
+        Next();
+        return;
+      }
+      case State::kWriting:
+        if (ok) {
+          Next();
+        } else {
+          Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                              "ListObjects: stream broken"));
+        }
+        return;
+      case State::kFinishing:
+        delete this;
+        return;
+    }
+  }
+
+ private:
+  enum class State { kRequested, kWriting, kFinishing };
+
+  ListObjectsCall(MasterRpcHandler* handler, CqPoller* poller)
+      : handler_(handler), poller_(poller), writer_(&ctx_) {}
+  ~ListObjectsCall() = default;
+
+  void Next() {
+    resp_.Clear();
+    while (more_ && resp_.objects_size() == 0) {
+      more_ = handler_->service()->ListObjects(req_.node_id(), &cursor_,
+                                               page_, &resp_);
+    }
+    if (resp_.objects_size() == 0) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    state_ = State::kWriting;
+    writer_.Write(resp_, this);
+  }
+  void Finish(const grpc::Status& s) {
+    state_ = State::kFinishing;
+    writer_.Finish(s, this);
+  }
+
+  MasterRpcHandler* const handler_;
+  CqPoller* const poller_;
+  grpc::ServerContext ctx_;
+  v1::ListObjectsRequest req_;
+  v1::ListObjectsResponse resp_;
+  grpc::ServerAsyncWriter<v1::ListObjectsResponse> writer_;
+  State state_ = State::kRequested;
+  uint32_t page_ = 0;
+  uint64_t cursor_ = 0;
+  bool more_ = true;
+};
+
+void MasterRpcHandler::StartOn(CqPoller* poller) {
+  using S = v1::MasterService::AsyncService;
+  ServeUnary(poller, &S::RequestRegisterNode, &MasterRpcHandler::RegisterNode);
+  ServeUnary(poller, &S::RequestHeartbeat, &MasterRpcHandler::Heartbeat);
+  ServeUnary(poller, &S::RequestDeregisterNode,
+             &MasterRpcHandler::DeregisterNode);
+  ServeUnary(poller, &S::RequestForgetNode, &MasterRpcHandler::ForgetNode);
+  ServeUnary(poller, &S::RequestPutStart, &MasterRpcHandler::PutStart);
+  ServeUnary(poller, &S::RequestPutCommit, &MasterRpcHandler::PutCommit);
+  ServeUnary(poller, &S::RequestPutAbort, &MasterRpcHandler::PutAbort);
+  ServeUnary(poller, &S::RequestBatchLookup, &MasterRpcHandler::BatchLookup);
+  ServeUnary(poller, &S::RequestRemove, &MasterRpcHandler::Remove);
+  ServeUnary(poller, &S::RequestListNodes, &MasterRpcHandler::ListNodes);
+  ServeUnary(poller, &S::RequestGetStats, &MasterRpcHandler::GetStats);
+  ServeUnary(poller, &S::RequestBeginReconcile,
+             &MasterRpcHandler::BeginReconcile);
+  ServeUnary(poller, &S::RequestReportMissing,
+             &MasterRpcHandler::ReportMissing);
+  ServeUnary(poller, &S::RequestListTenants, &MasterRpcHandler::ListTenants);
+  ServeUnary(poller, &S::RequestSetTenantQuota,
+             &MasterRpcHandler::SetTenantQuota);
+  ServeUnary(poller, &S::RequestSetNodeDraining,
+             &MasterRpcHandler::SetNodeDraining);
+  ServeUnary(poller, &S::RequestInspectKey, &MasterRpcHandler::InspectKey);
+  ReconcileCall::Request(this, poller);
+  ListObjectsCall::Request(this, poller);
+}
 
 }  // namespace master
 
@@ -695,6 +794,10 @@ absl::Status MasterOptions::Validate() const {
   if (!hp.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("master: listen_address: ", hp.status().message()));
+  }
+  if (rpc_threads < 1 || rpc_threads > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("master: rpc_threads must be 1..64, not ", rpc_threads));
   }
   absl::Status tls_ok = tls.Validate();
   if (!tls_ok.ok()) {
@@ -783,10 +886,15 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
                   (options.service.max_key_bytes + 16) +
               (1 << 20))));
   // grpc.health.v1 (NOT_SERVING until Create returns, and again from
-  // Shutdown on) and server reflection on the same port. Both are
-  // process-wide switches that take effect for servers built afterwards.
-  grpc::EnableDefaultHealthCheckService(true);
+  // Shutdown on) and server reflection on the same port. Health is our own
+  // completion-queue service (gRPC's default one is a callback service);
+  // reflection is a sync service, which gRPC serves from non-polling
+  // queues beside ours. The reflection switch is process-wide and takes
+  // effect for servers built afterwards.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  server->health_ = std::make_unique<master::HealthService>();
+  server->health_->SetServingStatus(
+      ::hymcache::v1::MasterService::service_full_name(), false);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen_address, server->tls_->credentials(),
@@ -795,20 +903,34 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   // same port silently.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(max_message);
-  builder.RegisterService(server->handler_.get());
+  // No default (callback) health service: ours is registered instead.
+  builder.SetOption(
+      std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
+  builder.RegisterService(server->handler_->async_service());
+  builder.RegisterService(server->health_->service());
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> cqs;
+  for (uint32_t i = 0; i < options.rpc_threads; ++i) {
+    cqs.push_back(builder.AddCompletionQueue());
+  }
   server->server_ = builder.BuildAndStart();
+  for (auto& cq : cqs) {
+    server->pollers_.push_back(
+        std::make_unique<master::CqPoller>(std::move(cq)));
+  }
   if (server->server_ == nullptr || port == 0) {
-    if (server->server_) server->server_->Shutdown();
+    server->Shutdown();
     return absl::UnavailableError(absl::StrCat(
         "master: cannot listen on ", options.listen_address));
   }
   server->port_ = port;
-  grpc::HealthCheckServiceInterface* health =
-      server->server_->GetHealthCheckService();
-  if (health != nullptr) {
-    health->SetServingStatus(::hymcache::v1::MasterService::service_full_name(),
-                             false);
-    health->SetServingStatus(false);  // "" and the service
+  for (size_t i = 0; i < server->pollers_.size(); ++i) {
+    master::CqPoller* poller = server->pollers_[i].get();
+    master::MasterRpcHandler* handler = server->handler_.get();
+    master::HealthService* health = server->health_.get();
+    poller->Start(absl::StrCat("master-rpc-", i), [poller, handler, health] {
+      handler->StartOn(poller);
+      health->StartOn(poller);
+    });
   }
   std::string host = SplitHostPort(options.listen_address)->first;
   if (host == "0.0.0.0" || host == "::" || host == "*") host = "127.0.0.1";
@@ -824,7 +946,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     mo.collect = [raw](StatsVisitor* v) { raw->VisitStats(v); };
     auto metrics = MetricsExporter::Create(mo);
     if (!metrics.ok()) {
-      server->server_->Shutdown();
+      server->Shutdown();
       return metrics.status();
     }
     server->metrics_ = std::move(metrics).value();
@@ -859,7 +981,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
                  "serving loopback only; every local caller is an admin";
   }
   // Loaded and serving: health probes say so from now on.
-  if (health != nullptr) health->SetServingStatus(true);
+  server->health_->SetAllServing(true);
   return server;
 }
 
@@ -966,24 +1088,32 @@ void MasterServer::Shutdown() {
     cv_.SignalAll();
   }
   metrics_.reset();  // no scrape runs past this point
+  // NOT_SERVING first (Watch callers hear it, then their streams end), and
+  // for good: later status changes are ignored.
+  if (health_) health_->Shutdown();
   if (server_) {
-    // NOT_SERVING first (Watch callers hear it), and for good: later
-    // status changes are ignored.
-    if (auto* health = server_->GetHealthCheckService()) health->Shutdown();
+    // In-flight calls get a second to finish, then are cancelled; the
+    // pollers keep running them meanwhile.
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(1));
-    // Every unary handler has finished (gRPC waited for them, out of
-    // TSan's sight): what they did happens before the teardown below.
-    TsanAcquire(master::HandlersDone());
   }
+  // Each poller drains its queue (every call's last event deletes it) and
+  // its thread ends: what the handlers did happens before the teardown.
+  for (auto& p : pollers_) p->ShutdownAndJoin();
   reaper_.Join();
   server_.reset();
+  pollers_.clear();
   handler_.reset();
+  health_.reset();
   service_.reset();  // closes RocksDB
   LOG(INFO) << "master on " << address_ << " stopped";
   MutexLock l(&mu_);
   stopped_ = true;
   cv_.SignalAll();
+}
+
+size_t MasterServer::HealthWatchersForTest() const {
+  return health_->WatchersForTest();
 }
 
 absl::Status MasterServer::CheckAlive(absl::Duration timeout) {

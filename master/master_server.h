@@ -1,7 +1,9 @@
 // MasterServer: the HyMCache master daemon in a library. It opens the
 // RocksDB metadata store, rebuilds the in-memory state (MasterService),
-// serves hymcache.v1.MasterService over gRPC (callback API) and runs the
-// "master-reaper" thread that frees expired pending puts.
+// serves hymcache.v1.MasterService and grpc.health.v1 over gRPC on the
+// completion-queue API (rpc_threads "master-rpc-N" threads, each polling its
+// own queue and running the calls it receives inline; master/cq_server.h)
+// and runs the "master-reaper" thread that frees expired pending puts.
 //
 // main.cc is a thin wrapper around it; integration tests and tools run it
 // in-process:
@@ -14,7 +16,7 @@
 //   master->Shutdown();                         // or let it go out of scope
 //
 // Thread safety: safe for concurrent use without external synchronization,
-// except that Shutdown must not be called from a gRPC callback thread.
+// except that Shutdown must not be called from an RPC thread.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,8 @@
 #include "common/thread.h"
 #include "master/master_service.h"
 
+#include <vector>
+
 namespace grpc {
 class Server;
 }  // namespace grpc
@@ -40,6 +44,8 @@ class MetricsExporter;
 class StatsVisitor;
 
 namespace master {
+class CqPoller;
+class HealthService;
 class MasterRpcHandler;
 class TenantRegistry;
 }  // namespace master
@@ -48,6 +54,14 @@ struct MasterOptions {
   // gRPC host:port to listen on; port 0 picks a free port (see port()).
   // Default: "127.0.0.1:0".
   std::string listen_address = "127.0.0.1:0";
+  // Threads serving the gRPC API ("master-rpc-N"), each polling its own
+  // completion queue and running the calls it receives inline. One thread
+  // has no hand-off between threads at all (gRPC 1.51's poller is shared:
+  // with two or more, each event wakes another thread to poll next; see
+  // docs/performance.md for BatchLookup at 1 and 2); a call that waits for
+  // the disk (a PutCommit with sync_writes, a large ListObjects page)
+  // holds up the others on its thread. 1..64. Default: 1.
+  uint32_t rpc_threads = 1;
   // Directory of the RocksDB metadata store; its parent must exist. Only one
   // master may use it at a time. Required. Default: "".
   std::string db_path;
@@ -145,6 +159,9 @@ class MasterServer {
   // concurrently with or after Shutdown().
   absl::Status CheckAlive(absl::Duration timeout);
 
+  // Open grpc.health.v1 Watch streams (tests). REQUIRES: before Shutdown.
+  size_t HealthWatchersForTest() const;
+
   // The service behind the RPCs, for in-process tests. Null after Shutdown.
   master::MasterService* ServiceForTest() { return service_.get(); }
 
@@ -164,7 +181,10 @@ class MasterServer {
   std::unique_ptr<master::TenantRegistry> tenants_;
   std::unique_ptr<master::MasterService> service_;
   std::unique_ptr<master::MasterRpcHandler> handler_;
+  std::unique_ptr<master::HealthService> health_;
   std::unique_ptr<grpc::Server> server_;
+  // One per rpc_threads; drained after server_ shuts down.
+  std::vector<std::unique_ptr<master::CqPoller>> pollers_;
   Thread reaper_;
   // Serves /metrics; destroyed first by Shutdown (scrapes read service_).
   std::unique_ptr<MetricsExporter> metrics_;

@@ -94,6 +94,8 @@ DEFINE_bool(deadlock_detection, false,
 DEFINE_bool(master_in_process, false,
             "run the master in this process beside the client threads "
             "(default: a child process, as Redis and as a real master are)");
+DEFINE_uint32(master_rpc_threads, hymcache::MasterOptions().rpc_threads,
+              "the master's rpc_threads (completion-queue pollers)");
 DEFINE_string(tls_dir, "",
               "serve and dial over TLS with the certificates of "
               "tests/make_test_certs.sh DIR (server.pem/key, ca.pem)");
@@ -623,6 +625,7 @@ int Main() {
   mo.db_path = db;
   // No heartbeats in this benchmark: keep the fake node alive throughout.
   mo.service.node_timeout = absl::Hours(1);
+  mo.rpc_threads = FLAGS_master_rpc_threads;
   hymcache::ChannelSecurity node_security, admin_security;
   if (!FLAGS_tls_dir.empty()) {
     mo.tls.cert_file = FLAGS_tls_dir + "/server.pem";
