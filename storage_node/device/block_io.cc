@@ -472,14 +472,16 @@ class UringBlockIo final : public BlockIoBase {
 
 // Caps the bandwidth of another BlockIo: transfers whose BandwidthPacer
 // start time has come go straight to it; the others wait, in start-time
-// order, for the "blkio-pace" thread.
+// order, for the "blkio-pace" thread. With a minimum read latency, a read
+// that completes early waits on the same thread until its time.
 class PacedBlockIo final : public BlockIo {
  public:
   PacedBlockIo(std::unique_ptr<BlockIo> inner, uint64_t read_bps,
-               uint64_t write_bps)
+               uint64_t write_bps, absl::Duration min_read_latency)
       : inner_(std::move(inner)),
         read_bps_(read_bps),
         write_bps_(write_bps),
+        min_read_latency_(min_read_latency),
         read_pacer_(read_bps, kBurst),
         write_pacer_(write_bps, kBurst) {
     thread_ = Thread("blkio-pace", [this] { Loop(); });
@@ -490,11 +492,19 @@ class PacedBlockIo final : public BlockIo {
       stopping_ = true;
       cv_.SignalAll();
     }
-    thread_.Join();  // issues what waits first
-    // inner_ (declared first) is destroyed last: it waits for in-flight I/O.
+    thread_.Join();  // issues what waits first and delivers what is late
+    // Waits for in-flight I/O, whose completions (stopping_) are delivered
+    // at once, while this object's members still exist.
+    inner_.reset();
   }
 
   void Read(uint64_t offset, void* buf, size_t len, Callback done) override {
+    if (min_read_latency_ > absl::ZeroDuration()) {
+      const absl::Time due = absl::Now() + min_read_latency_;
+      done = [this, due, done = std::move(done)](absl::Status st) mutable {
+        Deliver(due, std::move(done), std::move(st));
+      };
+    }
     Pace(Op{false, offset, static_cast<uint8_t*>(buf), len, std::move(done)});
   }
   void Write(uint64_t offset, const void* buf, size_t len,
@@ -517,6 +527,25 @@ class PacedBlockIo final : public BlockIo {
     size_t len;
     Callback done;
   };
+
+  struct Completion {
+    Callback done;
+    absl::Status status;
+  };
+
+  // A read's completion: now when its time has come (or the I/O is being
+  // torn down), else queued for the pace thread.
+  void Deliver(absl::Time due, Callback done, absl::Status st) {
+    {
+      MutexLock l(&mu_);
+      if (!stopping_ && absl::Now() < due) {
+        late_.emplace(due, Completion{std::move(done), std::move(st)});
+        cv_.SignalAll();
+        return;
+      }
+    }
+    done(std::move(st));
+  }
 
   void Pace(Op op) {
     {
@@ -547,32 +576,47 @@ class PacedBlockIo final : public BlockIo {
   void Loop() {
     MutexLock l(&mu_);
     while (true) {
-      if (waiting_.empty()) {
+      if (waiting_.empty() && late_.empty()) {
         if (stopping_) return;
         cv_.Wait(&mu_);
         continue;
       }
-      auto it = waiting_.begin();
-      if (!stopping_ && it->first > absl::Now()) {
-        cv_.WaitWithDeadline(&mu_, it->first);
+      const absl::Time now = absl::Now();
+      if (!late_.empty() && (stopping_ || late_.begin()->first <= now)) {
+        Completion c = std::move(late_.begin()->second);
+        late_.erase(late_.begin());
+        mu_.Unlock();
+        c.done(std::move(c.status));
+        mu_.Lock();
         continue;
       }
-      Op op = std::move(it->second);
-      waiting_.erase(it);
-      mu_.Unlock();
-      Issue(std::move(op));
-      mu_.Lock();
+      if (!waiting_.empty() &&
+          (stopping_ || waiting_.begin()->first <= now)) {
+        Op op = std::move(waiting_.begin()->second);
+        waiting_.erase(waiting_.begin());
+        mu_.Unlock();
+        Issue(std::move(op));
+        mu_.Lock();
+        continue;
+      }
+      absl::Time next = absl::InfiniteFuture();
+      if (!waiting_.empty()) next = std::min(next, waiting_.begin()->first);
+      if (!late_.empty()) next = std::min(next, late_.begin()->first);
+      cv_.WaitWithDeadline(&mu_, next);
     }
   }
 
-  const std::unique_ptr<BlockIo> inner_;
+  std::unique_ptr<BlockIo> inner_;  // reset first in the destructor
   const uint64_t read_bps_;
   const uint64_t write_bps_;
+  const absl::Duration min_read_latency_;
   Mutex mu_;
-  CondVar cv_;  // a new waiting transfer, or stopping
+  CondVar cv_;  // a new waiting transfer or early completion, or stopping
   BandwidthPacer read_pacer_ ABSL_GUARDED_BY(mu_);
   BandwidthPacer write_pacer_ ABSL_GUARDED_BY(mu_);
   std::multimap<absl::Time, Op> waiting_ ABSL_GUARDED_BY(mu_);
+  // Reads that completed before their minimum latency, by due time.
+  std::multimap<absl::Time, Completion> late_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   Thread thread_;  // last: starts after the members above exist
 };
@@ -629,6 +673,13 @@ absl::Status BlockIoOptions::Validate() const {
         "block io: queue_depth ", queue_depth, " not in [1, ", kMaxQueueDepth,
         "]"));
   }
+  if (min_read_latency < absl::ZeroDuration() ||
+      min_read_latency > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block io: min_read_latency ",
+                     absl::FormatDuration(min_read_latency),
+                     " not in [0, 1s]"));
+  }
   if (engine != Engine::kIoUring && threads <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("block io: threads ", threads, " must be positive"));
@@ -654,14 +705,16 @@ absl::Time BandwidthPacer::Schedule(absl::Time now, uint64_t len) {
 absl::StatusOr<std::unique_ptr<BlockIo>> BlockIo::Open(
     const BlockIoOptions& options) {
   RETURN_IF_ERROR(options.Validate());
-  if (options.max_read_bytes_per_s > 0 || options.max_write_bytes_per_s > 0) {
+  if (options.max_read_bytes_per_s > 0 || options.max_write_bytes_per_s > 0 ||
+      options.min_read_latency > absl::ZeroDuration()) {
     BlockIoOptions unpaced = options;
     unpaced.max_read_bytes_per_s = 0;
     unpaced.max_write_bytes_per_s = 0;
+    unpaced.min_read_latency = absl::ZeroDuration();
     ASSIGN_OR_RETURN(std::unique_ptr<BlockIo> inner, Open(unpaced));
     return std::unique_ptr<BlockIo>(std::make_unique<PacedBlockIo>(
         std::move(inner), options.max_read_bytes_per_s,
-        options.max_write_bytes_per_s));
+        options.max_write_bytes_per_s, options.min_read_latency));
   }
   int flags = O_RDWR | O_CREAT | O_CLOEXEC;
   if (options.direct) flags |= O_DIRECT;

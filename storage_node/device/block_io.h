@@ -57,6 +57,14 @@ struct BlockIoOptions {
   // Default: 0, 0.
   uint64_t max_read_bytes_per_s = 0;
   uint64_t max_write_bytes_per_s = 0;
+  // Reads complete no sooner than this after they were asked for; a read
+  // the device finished earlier is handed to its callback at that time by
+  // the "blkio-pace" thread (0: as the device does). For measuring a device
+  // with a higher access latency than the one at hand, e.g. a memory-backed
+  // block device (zram: ~0 latency, its copy on the CPU) standing in for an
+  // NVMe drive (~80-100 us per read): device_bench --read_latency_us.
+  // Default: 0.
+  absl::Duration min_read_latency = absl::ZeroDuration();
   // How the io_uring engine hands I/Os to the kernel.
   //   kInline: from the calling thread, io_uring's fast path for devices
   //     whose submission only queues the I/O (NVMe, virtio, SCSI: blk-mq).

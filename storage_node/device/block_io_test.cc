@@ -338,6 +338,12 @@ TEST_CASE("invalid options are refused", "[block_io]") {
   o.threads = 0;
   CHECK(BlockIo::Open(o).status().code() == absl::StatusCode::kInvalidArgument);
   o = good;
+  o.min_read_latency = absl::Microseconds(-1);
+  CHECK(BlockIo::Open(o).status().code() == absl::StatusCode::kInvalidArgument);
+  o = good;
+  o.min_read_latency = absl::Seconds(2);
+  CHECK(BlockIo::Open(o).status().code() == absl::StatusCode::kInvalidArgument);
+  o = good;
   o.path = TmpPath("no/such/dir/file");
   CHECK(BlockIo::Open(o).status().code() == absl::StatusCode::kNotFound);
 }
@@ -406,6 +412,55 @@ TEST_CASE("a bandwidth cap paces transfers and keeps them correct",
              tail.Callback(i));
   }
   io.reset();
+  for (const absl::Status& st : tail.Wait()) CHECK(st.ok());
+}
+
+TEST_CASE("a minimum read latency delays completions, not their bytes",
+          "[block_io]") {
+  BlockIoOptions o;
+  o.path = TmpPath("latency");
+  o.size_bytes = kSize;
+  o.engine = Engine::kAuto;
+  o.direct = false;
+  constexpr absl::Duration kLatency = absl::Milliseconds(30);
+  o.min_read_latency = kLatency;
+  auto io_or = BlockIo::Open(o);
+  REQUIRE(io_or.ok());
+  std::unique_ptr<BlockIo> io = std::move(*io_or);
+  RoundTrip(*io, o.path);  // writes and reads back every block
+  // Every read completes no sooner than kLatency after it was asked for (a
+  // lower bound: it holds however slow the machine is), in any order.
+  constexpr int kN = 16;
+  auto buf = AllocateAligned(kBlock * kN);
+  Mutex mu;
+  std::vector<absl::Duration> took(kN);
+  Latch latch(kN);
+  for (int i = 0; i < kN; ++i) {
+    const absl::Time asked = absl::Now();
+    BlockIo::Callback done = latch.Callback(i);
+    io->Read(uint64_t{kBlock} * i, buf.get() + kBlock * i, kBlock,
+             [&, i, asked, done](absl::Status st) {
+               {
+                 MutexLock l(&mu);
+                 took[i] = absl::Now() - asked;
+               }
+               done(std::move(st));
+             });
+  }
+  for (const absl::Status& st : latch.Wait()) CHECK(st.ok());
+  {
+    MutexLock l(&mu);
+    for (absl::Duration d : took) CHECK(d >= kLatency);
+  }
+  // Destruction with reads waiting for their time delivers them all before
+  // it returns.
+  Latch tail(kN);
+  for (int i = 0; i < kN; ++i) {
+    io->Read(uint64_t{kBlock} * i, buf.get() + kBlock * i, kBlock,
+             tail.Callback(i));
+  }
+  io.reset();
+  CHECK(tail.done() == kN);
   for (const absl::Status& st : tail.Wait()) CHECK(st.ok());
 }
 

@@ -130,6 +130,12 @@ DEFINE_uint64(read_bps, 0,
               "raw included) with BlockIo's pacer: the same device made "
               "slower, e.g. 2000000000; 0: none");
 DEFINE_uint64(write_bps, 0, "as --read_bps, for writes");
+DEFINE_uint64(read_latency_us, 0,
+              "every capacity-file read (all modes, raw included) completes "
+              "no sooner than this many microseconds after it was asked for "
+              "(BlockIoOptions::min_read_latency): a memory-backed device "
+              "such as zram given an NVMe drive's access latency, e.g. 90; "
+              "0: as the device does");
 DEFINE_string(engine, "auto", "BlockIo engine: auto|uring|threadpool");
 DEFINE_string(io_submit, "auto",
               "io_uring submission: auto|inline|async (BlockIoOptions::Submit)");
@@ -261,6 +267,7 @@ BlockIoOptions IoOptions(const Config& cfg, const std::string& path,
   o.direct = true;
   o.max_read_bytes_per_s = FLAGS_read_bps;
   o.max_write_bytes_per_s = FLAGS_write_bps;
+  o.min_read_latency = absl::Microseconds(FLAGS_read_latency_us);
   o.submit = FLAGS_io_submit == "inline"  ? BlockIoOptions::Submit::kInline
              : FLAGS_io_submit == "async" ? BlockIoOptions::Submit::kAsync
                                           : BlockIoOptions::Submit::kAuto;
@@ -1176,6 +1183,12 @@ int Main() {
                  "%.2f GB/s write (0: unpaced)\n",
                  FLAGS_read_bps / 1e9, FLAGS_write_bps / 1e9);
   }
+  if (FLAGS_read_latency_us > 0) {
+    std::fprintf(stderr,
+                 "device_bench: capacity-file reads complete no sooner than "
+                 "%llu us after they are asked for\n",
+                 static_cast<unsigned long long>(FLAGS_read_latency_us));
+  }
 
   const absl::Time start = absl::Now();
   RawResult raw;
@@ -1371,7 +1384,8 @@ int Main() {
         << ", \"lru_line_bytes\": " << (FLAGS_lru_line_kib << 10)
         << ", \"lru_small_line_bytes\": " << (FLAGS_lru_small_line_kib << 10)
         << ", \"consume\": \"" << JsonEscape(FLAGS_consume)
-        << "\", \"read_bps_cap\": " << FLAGS_read_bps
+        << "\", \"read_latency_us\": " << FLAGS_read_latency_us
+        << ", \"read_bps_cap\": " << FLAGS_read_bps
         << ", \"write_bps_cap\": " << FLAGS_write_bps << "},\n";
     out << "  \"raw_gbps\": " << raw.gbps << ",\n  \"raw_writer_gbps\": "
         << raw_writer.gbps << ",\n  \"raw_writer_mbps\": "
