@@ -22,6 +22,8 @@ uint32_t WireStatus(const absl::Status& s) {
   return wire::ToWireCode(s.code());
 }
 
+using KeyLess = ExtentKeyLess;
+
 // Whether `key` overlaps an entry of `held` (keyed by ExtentKey in KeyLess
 // order). Walks back from the first entry past the key's end; entries are at
 // most wire::kMaxObjectBytes long, so the walk stops that far before it.
