@@ -3,8 +3,10 @@
 #include "storage_node/dataplane/frame_handler.h"
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -432,6 +434,154 @@ TEST_CASE("FrameHandler: a connection's holds end with the connection") {
   CHECK(Code(w[1]) == absl::StatusCode::kOk);
   CHECK(f.Read(&f.other, {Op(0, 4, 2), Op(8192, 4, 2)}).payload ==
         "nextfree");
+}
+
+// An RDMA queue pair's grants, as a log: what is open (key -> range), and
+// per revocation how many objects the KV manager still held and how many
+// writes the device had committed.
+class FakeRdma : public RdmaConnection {
+ public:
+  struct Log {
+    std::map<uint32_t, Range> open;
+    std::vector<uint32_t> revoked;
+    std::vector<std::pair<uint64_t, uint64_t>> at_revoke;
+    bool closed = false;
+    bool fail_next_grant = false;
+  };
+  FakeRdma(Log* log, const Fixture* f) : log_(log), f_(f) {}
+  ~FakeRdma() override {
+    std::vector<uint32_t> keys;
+    for (const auto& [k, r] : log_->open) keys.push_back(k);
+    Revoke(keys, absl::Now());
+    log_->closed = true;
+  }
+  std::vector<absl::StatusOr<uint32_t>> Grant(absl::Span<const Range> ranges,
+                                              absl::Time) override {
+    std::vector<absl::StatusOr<uint32_t>> out;
+    for (const Range& r : ranges) {
+      if (log_->fail_next_grant) {
+        log_->fail_next_grant = false;
+        out.push_back(absl::ResourceExhaustedError("out of windows"));
+        continue;
+      }
+      log_->open[next_key_] = r;
+      out.push_back(next_key_++);
+    }
+    return out;
+  }
+  void Revoke(absl::Span<const uint32_t> keys, absl::Time) override {
+    for (uint32_t k : keys) {
+      REQUIRE(log_->open.erase(k) == 1);  // granted, not revoked before
+      log_->revoked.push_back(k);
+      log_->at_revoke.push_back({f_->kv->Stats().staging_objects,
+                                 f_->device->Stats().writes});
+    }
+  }
+
+ private:
+  Log* const log_;
+  const Fixture* const f_;
+  uint32_t next_key_ = 0x100;
+};
+
+std::vector<wire::AreaRef> Refs(const Decoded& d) {
+  std::vector<wire::AreaRef> out;
+  for (size_t at = 0; at < d.payload.size(); at += wire::kAreaRefBytes) {
+    out.push_back(wire::DecodeAreaRef(
+        reinterpret_cast<const uint8_t*>(d.payload.data()) + at));
+  }
+  return out;
+}
+
+TEST_CASE("FrameHandler: RDMA grants end before the holds they open") {
+  Fixture f;
+  REQUIRE(Code(f.Write(&f.other, {Op(0, 4, 1), Op(8192, 4, 1)},
+                       {"aaaa", "bbbb"})[0]) == absl::StatusCode::kOk);
+  FakeRdma::Log log;
+  f.cs.rdma = std::make_unique<FakeRdma>(&log, &f);
+  const uintptr_t base =
+      reinterpret_cast<uintptr_t>(f.device->Areas()[0].base);
+
+  // Each object acquired is granted for reading, exactly its range; its
+  // key is in its AreaRef.
+  Decoded a = Decode(f.handler->Handle(
+      &f.cs, Req(FrameType::kAcquireRequest, {Op(0, 4, 1), Op(8192, 4, 1)}),
+      Soon()));
+  REQUIRE(Code(a.ops[0]) == absl::StatusCode::kOk);
+  REQUIRE(Code(a.ops[1]) == absl::StatusCode::kOk);
+  std::vector<wire::AreaRef> refs = Refs(a);
+  REQUIRE(refs.size() == 2);
+  REQUIRE(log.open.size() == 2);
+  for (const wire::AreaRef& r : refs) {
+    REQUIRE(log.open.count(r.rkey) == 1);
+    CHECK(reinterpret_cast<uintptr_t>(log.open[r.rkey].data) ==
+          base + r.offset);
+    CHECK(log.open[r.rkey].length == 4);
+    CHECK_FALSE(log.open[r.rkey].write);
+  }
+  CHECK(f.counters.Load().rdma_bytes_read == 8);
+
+  // A release naming the first object twice revokes and releases it once,
+  // while it is still held; the repeat is NotFound.
+  Decoded rel = Decode(f.handler->Handle(
+      &f.cs, Req(FrameType::kReleaseRequest, {Op(0, 4, 1), Op(0, 4, 1)}),
+      Soon()));
+  CHECK(Code(rel.ops[0]) == absl::StatusCode::kOk);
+  CHECK(Code(rel.ops[1]) == absl::StatusCode::kNotFound);
+  REQUIRE(log.revoked == std::vector<uint32_t>{refs[0].rkey});
+  CHECK(log.at_revoke[0].first == 2);
+  CHECK(f.cs.reads.size() == 1);
+  CHECK(f.cs.read_keys.size() == 1);
+
+  // An object whose grant fails is not held.
+  log.fail_next_grant = true;
+  Decoded failed = Decode(f.handler->Handle(
+      &f.cs, Req(FrameType::kAcquireRequest, {Op(0, 4, 1)}), Soon()));
+  CHECK(Code(failed.ops[0]) == absl::StatusCode::kResourceExhausted);
+  CHECK(Refs(failed)[0].rkey == 0);
+  CHECK(f.cs.reads.size() == 1);
+
+  // A write reservation is granted for writing only, and revoked before
+  // its commit.
+  Decoded b = Decode(f.handler->Handle(
+      &f.cs, Req(FrameType::kWriteBeginRequest, {Op(16384, 4, 1)}), Soon()));
+  REQUIRE(Code(b.ops[0]) == absl::StatusCode::kOk);
+  const uint32_t wkey = Refs(b)[0].rkey;
+  REQUIRE(log.open.count(wkey) == 1);
+  CHECK(log.open[wkey].write);
+  const uint64_t writes = f.device->Stats().writes;
+  Decoded c = Decode(f.handler->Handle(
+      &f.cs, Req(FrameType::kWriteCommitRequest, {Op(16384, 4, 1)}), Soon()));
+  CHECK(Code(c.ops[0]) == absl::StatusCode::kOk);
+  REQUIRE(log.revoked.size() == 2);
+  CHECK(log.revoked[1] == wkey);
+  CHECK(log.at_revoke[1].second == writes);
+  CHECK(f.device->Stats().writes == writes + 1);
+  CHECK(f.counters.Load().rdma_bytes_written == 4);
+
+  // A reservation whose grant fails is aborted.
+  log.fail_next_grant = true;
+  Decoded refused = Decode(f.handler->Handle(
+      &f.cs, Req(FrameType::kWriteBeginRequest, {Op(24576, 4, 1)}), Soon()));
+  CHECK(Code(refused.ops[0]) == absl::StatusCode::kResourceExhausted);
+  CHECK(f.cs.writes.empty());
+
+  // The connection ends: the grants still open (the second object's, a
+  // reservation's) end with the queue pair, before the holds do.
+  Decoded d = Decode(f.handler->Handle(
+      &f.cs, Req(FrameType::kWriteBeginRequest, {Op(32768, 4, 1)}), Soon()));
+  REQUIRE(Code(d.ops[0]) == absl::StatusCode::kOk);
+  REQUIRE(log.open.size() == 2);
+  f.handler->EndConnection(&f.cs);
+  CHECK(log.closed);
+  CHECK(log.open.empty());
+  REQUIRE(log.at_revoke.size() == 4);
+  CHECK(log.at_revoke[2].first == 1);
+  CHECK(log.at_revoke[3].first == 1);
+  CHECK(f.cs.rdma == nullptr);
+  CHECK(f.cs.reads.empty());
+  CHECK(f.cs.writes.empty());
+  CHECK(f.kv->Stats().staging_objects == 0);
 }
 
 TEST_CASE("FrameHandler decodes and refuses malformed frames") {
