@@ -41,110 +41,8 @@ void DrainFd(int fd) {
   } while (n < 0 && errno == EINTR);
 }
 
-// Header + op table of a response, in one buffer.
-std::vector<uint8_t> EncodeResponse(wire::FrameType type, uint64_t request_id,
-                                    uint64_t payload_bytes,
-                                    const std::vector<wire::OpDesc>& ops) {
-  std::vector<uint8_t> buf(wire::kHeaderBytes + ops.size() * wire::kOpBytes);
-  wire::FrameHeader h;
-  h.type = type;
-  h.op_count = static_cast<uint16_t>(ops.size());
-  h.request_id = request_id;
-  h.payload_bytes = payload_bytes;
-  wire::EncodeHeader(h, buf.data());
-  for (size_t i = 0; i < ops.size(); ++i) {
-    wire::EncodeOp(ops[i], buf.data() + wire::kHeaderBytes + i * wire::kOpBytes);
-  }
-  return buf;
-}
-
-storage::ExtentKey KeyOf(const wire::OpDesc& op) {
-  return ExtentKey{op.region_id, op.addr, op.length, op.generation};
-}
-
-uint32_t WireStatus(const absl::Status& s) {
-  return wire::ToWireCode(s.code());
-}
-
-struct KeyLess {
-  bool operator()(const ExtentKey& a, const ExtentKey& b) const {
-    return std::tie(a.region_id, a.addr, a.length, a.generation) <
-           std::tie(b.region_id, b.addr, b.length, b.generation);
-  }
-};
-
 }  // namespace
 
-// A connection's direct-access state: objects held for one-sided reads,
-// destinations reserved for one-sided writes, the RDMA queue pair. Lives as
-// long as the connection; used by whoever owns the connection.
-struct DataServer::ConnState {
-  struct WriteHold {
-    ExtentTable::WriteTicket ticket;
-    WriteView view;
-  };
-  std::map<ExtentKey, KvManager::StagedRead, KeyLess> reads;
-  std::map<ExtentKey, WriteHold, KeyLess> writes;
-  // Session for acquires that name none (0 until first needed).
-  uint64_t own_session = 0;
-  // The RDMA queue pair, and the key of each hold's grant on it (every
-  // hold of `reads` and `writes` has one while `rdma` is set).
-  std::unique_ptr<RdmaConnection> rdma;
-  std::map<ExtentKey, uint32_t, KeyLess> read_keys;
-  std::map<ExtentKey, uint32_t, KeyLess> write_keys;
-};
-
-namespace {
-
-// Whether `key` overlaps an entry of `held` (keyed by ExtentKey in KeyLess
-// order). Walks back from the first entry past the key's end; entries are at
-// most wire::kMaxObjectBytes long, so the walk stops that far before it.
-template <typename Map>
-bool OverlapsHeld(const Map& held, const ExtentKey& key) {
-  const uint64_t end = key.addr + key.length;  // ValidateOps: no overflow
-  auto it = held.lower_bound(ExtentKey{key.region_id, end, 0, 0});
-  while (it != held.begin()) {
-    --it;
-    const ExtentKey& k = it->first;
-    if (k.region_id != key.region_id) break;
-    if (k.addr + k.length > key.addr) return true;  // k.addr < end
-    if (k.addr + wire::kMaxObjectBytes <= key.addr) break;
-  }
-  return false;
-}
-
-// A write over what this connection itself holds (a write it began, an
-// object it acquired) would wait for the connection's own hold to end, which
-// cannot happen while the connection's one thread waits (it waited the
-// extent table's drain timeout per op, far past io_timeout): refused at once.
-template <typename Writes, typename Reads>
-absl::Status CheckNotHeld(const Writes& writes, const Reads& reads,
-                          const ExtentKey& key) {
-  if (OverlapsHeld(writes, key) || OverlapsHeld(reads, key)) {
-    return absl::FailedPreconditionError(
-        "data plane: the write overlaps a write begun or an object acquired "
-        "on this connection (commit or release it first)");
-  }
-  return absl::OkStatus();
-}
-
-// Ends the RDMA grants of `held` (keys of `grants`; `rdma` may be null: no
-// queue pair, no grants) and forgets them.
-void RevokeHolds(RdmaConnection* rdma,
-                 std::map<ExtentKey, uint32_t, KeyLess>* grants,
-                 absl::Span<const ExtentKey> held, absl::Time deadline) {
-  if (rdma == nullptr || held.empty()) return;
-  std::vector<uint32_t> keys;
-  for (const ExtentKey& k : held) {
-    auto it = grants->find(k);
-    if (it == grants->end()) continue;
-    keys.push_back(it->second);
-    grants->erase(it);
-  }
-  rdma->Revoke(keys, deadline);
-}
-
-}  // namespace
 
 // A connection. While `idle` it is owned by the loop (in the epoll set,
 // waiting for its next header); otherwise by the worker serving it or the
@@ -176,9 +74,6 @@ constexpr int kAcceptBurst = 64;
 // Requests a worker serves back to back on one connection before giving
 // it back to the loop (others waiting go first).
 constexpr int kMaxRequestsInARow = 16;
-// Longest a request whose capabilities fail waits for a registration in
-// flight (CapabilityVerifier::WaitForIdentityChange).
-constexpr absl::Duration kIdentityChangeWait = absl::Seconds(2);
 // Longest sleep of the loop (it then looks at its timers again).
 constexpr absl::Duration kMaxLoopWait = absl::Seconds(1);
 
@@ -305,12 +200,22 @@ absl::StatusOr<std::unique_ptr<DataServer>> DataServer::Create(
 DataServer::DataServer(const DataServerOptions& options, Socket listen,
                        int port, int epoll_fd, int stop_fd, int wake_fd)
     : options_(options),
-      areas_(options.device->Areas()),
       port_(port),
       epoll_fd_(epoll_fd),
       stop_fd_(stop_fd),
       wake_fd_(wake_fd),
       listen_(std::move(listen)) {
+  FrameHandlerOptions h;
+  h.device = options.device;
+  h.extents = options.extents;
+  h.kv = options.kv;
+  h.capabilities = options.capabilities;
+  h.counters = &counters_;
+  absl::StatusOr<std::unique_ptr<FrameHandler>> handler =
+      FrameHandler::Create(h);
+  // Its options are a subset of ours, which Create validated.
+  CHECK(handler.ok()) << handler.status();
+  handler_ = std::move(*handler);
   MutexLock l(&mu_);
   next_conn_id_ = kFirstConnId;
 }
@@ -449,6 +354,7 @@ void DataServer::Accept() {
         c->id = next_conn_id_++;
         c->sock = std::move(sock);
         c->peer = peer;
+        c->state.peer = peer;
         if (EpollAdd(epoll_fd_, fd, c->id, EPOLLIN | EPOLLONESHOT)) {
           ++peers_[peer].conns;
           conns_.emplace(c->id, std::move(owned));
@@ -676,7 +582,7 @@ void DataServer::FinishRequestLocked(Conn* c) {
 void DataServer::CloseConn(Conn* c) {
   // Before the peer learns the connection is gone (a client must not touch
   // held memory after closing it anyway).
-  EndConnState(&c->state);
+  handler_->EndConnection(&c->state);
   ::shutdown(c->sock.fd(), SHUT_RDWR);
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->sock.fd(), nullptr);
   std::unique_ptr<Conn> owned;
@@ -701,491 +607,109 @@ void DataServer::CloseConn(Conn* c) {
 
 bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
                                ConnState* cs) {
-  absl::StatusOr<wire::FrameHeader> h = wire::DecodeHeader(hdr);
-  if (!h.ok()) {
-    Add(counters_.protocol_errors, 1);
-    VLOG(1) << "data server: bad header: " << h.status();
-    SendError(fd, 0, h.status());
+  Request req;
+  const wire::FrameHeader& h = req.header;
+  absl::Status s = handler_->ParseHeader(hdr, &req.header);
+  if (!s.ok()) {
+    VLOG(1) << "data server: bad header: " << s;
+    SendError(fd, h.request_id, s);
     return false;
   }
-  switch (h->type) {
-    case wire::FrameType::kPing: {
-      std::vector<uint8_t> buf =
-          EncodeResponse(wire::FrameType::kPong, h->request_id, 0, {});
-      return SendAll(fd, buf.data(), buf.size(), deadline).ok();
-    }
-    case wire::FrameType::kReadRequest:
-    case wire::FrameType::kWriteRequest:
-    case wire::FrameType::kPrefetchRequest:
-    case wire::FrameType::kReleaseRequest:
-    case wire::FrameType::kAcquireRequest:
-    case wire::FrameType::kWriteBeginRequest:
-    case wire::FrameType::kWriteCommitRequest:
-    case wire::FrameType::kRdmaConnectRequest:
-      break;
-    default:
-      Add(counters_.protocol_errors, 1);
-      SendError(fd, h->request_id,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "data plane: a storage node does not accept frame type ",
-                    static_cast<int>(h->type))));
-      return false;
+  if (h.type == wire::FrameType::kPing) {
+    return SendResponse(fd, handler_->Handle(cs, std::move(req), deadline),
+                        deadline);
   }
-
   // DecodeHeader bounded op_count by kMaxOps.
-  std::vector<uint8_t> table(size_t{h->op_count} * wire::kOpBytes);
-  absl::Status s = RecvAll(fd, table.data(), table.size(), deadline);
+  std::vector<uint8_t> table(FrameHandler::OpTableBytes(h));
+  s = RecvAll(fd, table.data(), table.size(), deadline);
   if (!s.ok()) {
     Add(counters_.protocol_errors, 1);
-    SendError(fd, h->request_id,
+    SendError(fd, h.request_id,
               absl::Status(s.code(),
                            absl::StrCat("truncated op table: ", s.message())));
     return false;
   }
-  std::vector<wire::OpDesc> ops(h->op_count);
-  for (size_t i = 0; i < ops.size(); ++i) {
-    ops[i] = wire::DecodeOp(table.data() + i * wire::kOpBytes);
-  }
-  s = wire::ValidateOps(*h, ops);
+  s = handler_->ParseOps(table, &req);
   if (!s.ok()) {
-    Add(counters_.protocol_errors, 1);
-    SendError(fd, h->request_id, s);
+    SendError(fd, h.request_id, s);
     return false;
   }
-  if (h->type == wire::FrameType::kWriteCommitRequest) {
-    // The status field says commit (0) or abort.
-    return HandleWriteCommit(fd, *h, ops, deadline, cs);
-  }
-  for (wire::OpDesc& op : ops) op.status = 0;
-  if (wire::CarriesCapabilities(h->type)) {
-    // The capability table; an op it does not authorize is answered
-    // PermissionDenied and otherwise skipped by the handlers below (its
-    // status is set before they run).
-    table.resize(size_t{h->op_count} * wire::kCapBytes);
+  if (wire::CarriesCapabilities(h.type)) {
+    table.resize(size_t{h.op_count} * wire::kCapBytes);
     s = RecvAll(fd, table.data(), table.size(), deadline);
-    for (size_t i = 0; s.ok() && i < ops.size(); ++i) {
-      absl::StatusOr<wire::Capability> c =
-          wire::DecodeCapability(table.data() + i * wire::kCapBytes);
-      if (c.ok()) {
-        ops[i].cap = *c;
-      } else {
-        s = c.status();
-      }
-    }
     if (!s.ok()) {
       Add(counters_.protocol_errors, 1);
-      SendError(fd, h->request_id,
+      SendError(fd, h.request_id,
                 absl::Status(s.code(), absl::StrCat("bad capability table: ",
                                                     s.message())));
       return false;
     }
-    if (!skip_capability_checks_for_test_.load(std::memory_order_relaxed)) {
-      uint8_t rights = h->type == wire::FrameType::kWriteRequest ||
-                               h->type == wire::FrameType::kWriteBeginRequest
-                           ? wire::kCapWrite
-                           : wire::kCapRead;
-      CapabilityVerifier::Snapshot id = options_.capabilities->Current();
-      const int64_t now_ms = absl::ToUnixMillis(absl::Now());
-      auto check = [&](wire::OpDesc& op) {
-        // A queue pair may be granted by a read or a write capability.
-        if (h->type == wire::FrameType::kRdmaConnectRequest) {
-          rights = op.cap.rights == wire::kCapWrite ? wire::kCapWrite
-                                                    : wire::kCapRead;
-        }
-        return id.Check(op, rights, now_ms);
-      };
-      std::vector<bool> failed(ops.size());
-      bool denied = false;
-      for (size_t i = 0; i < ops.size(); ++i) {
-        failed[i] = !check(ops[i]).ok();
-        denied = denied || failed[i];
-      }
-      // A registration in flight: the master may already grant under the
-      // identity it sets. Wait for it (bounded) and check the refused ops
-      // once more.
-      if (denied &&
-          options_.capabilities->WaitForIdentityChange(
-              id, std::min(deadline, absl::Now() + kIdentityChangeWait))) {
-        id = options_.capabilities->Current();
-      }
-      for (size_t i = 0; denied && i < ops.size(); ++i) {
-        if (!failed[i]) continue;
-        wire::OpDesc& op = ops[i];
-        absl::Status c = check(op);
-        if (c.ok()) continue;
-        op.status = WireStatus(c);
-        Add(counters_.denied_ops, 1);
-        Add(counters_.rejected_ops, 1);
-        VLOG(1) << "data server: op refused: " << c;
-      }
-    }
-  }
-  if (h->type == wire::FrameType::kRdmaConnectRequest) {
-    return HandleRdmaConnect(fd, *h, ops[0], deadline, cs);
-  }
-  if (h->type == wire::FrameType::kWriteRequest) {
-    return HandleWrite(fd, *h, ops, deadline, cs);
-  }
-  if (h->type == wire::FrameType::kWriteBeginRequest) {
-    return HandleWriteBegin(fd, *h, ops, deadline, cs);
-  }
-  // Reads, prefetches and releases: the payload, if any, is a session id
-  // (DecodeHeader checked its size).
-  uint64_t session = 0;
-  if (h->payload_bytes == wire::kSessionBytes) {
-    uint8_t b[wire::kSessionBytes];
-    s = RecvAll(fd, b, sizeof(b), deadline);
+    s = handler_->ParseCapabilities(table, &req);
     if (!s.ok()) {
-      Add(counters_.protocol_errors, 1);
-      SendError(fd, h->request_id,
-                absl::Status(s.code(), absl::StrCat("truncated session id: ",
-                                                    s.message())));
+      SendError(fd, h.request_id, s);
       return false;
     }
-    session = wire::DecodeSession(b);
   }
-  if (h->type == wire::FrameType::kReadRequest) {
-    const absl::Time start = absl::Now();
-    const bool ok = HandleRead(fd, *h, ops, session, deadline);
-    read_latency_.Observe(absl::Now() - start);
-    return ok;
+  switch (h.type) {
+    case wire::FrameType::kRdmaConnectRequest:
+      // An op its capability does not authorize gets its status set.
+      handler_->Authorize(&req, deadline);
+      return HandleRdmaConnect(fd, h, req.ops[0], deadline, cs);
+    case wire::FrameType::kWriteRequest: {
+      const uint64_t id = h.request_id;
+      return HandleWrite(fd, id,
+                         handler_->StartWrite(cs, std::move(req), deadline),
+                         deadline);
+    }
+    case wire::FrameType::kReadRequest:
+    case wire::FrameType::kPrefetchRequest:
+    case wire::FrameType::kReleaseRequest:
+    case wire::FrameType::kAcquireRequest:
+      // The payload, if any, is a session id (DecodeHeader checked its
+      // size).
+      if (h.payload_bytes == wire::kSessionBytes) {
+        uint8_t b[wire::kSessionBytes];
+        s = RecvAll(fd, b, sizeof(b), deadline);
+        if (!s.ok()) {
+          Add(counters_.protocol_errors, 1);
+          SendError(fd, h.request_id,
+                    absl::Status(s.code(), absl::StrCat("truncated session id: ",
+                                                        s.message())));
+          return false;
+        }
+        req.session = wire::DecodeSession(b);
+      }
+      break;
+    default:
+      break;
   }
-  if (h->type == wire::FrameType::kAcquireRequest) {
-    return HandleAcquire(fd, *h, ops, session, deadline, cs);
-  }
-  return HandleSession(fd, *h, ops, session, deadline, cs);
+  const bool read = h.type == wire::FrameType::kReadRequest;
+  const absl::Time start = absl::Now();
+  const bool ok =
+      SendResponse(fd, handler_->Handle(cs, std::move(req), deadline), deadline);
+  if (read) read_latency_.Observe(absl::Now() - start);
+  return ok;
 }
 
-bool DataServer::HandleSession(int fd, const wire::FrameHeader& h,
-                               std::vector<wire::OpDesc>& ops,
-                               uint64_t session, absl::Time deadline,
-                               ConnState* cs) {
-  const bool prefetch = h.type == wire::FrameType::kPrefetchRequest;
-  std::vector<absl::Status> st(ops.size());
-  // A release ends this connection's holds first (direct reads); the rest
-  // are dropped from the session's prefetch queue.
-  std::vector<ExtentKey> keys;
-  std::vector<size_t> index;
-  std::vector<ExtentKey> held;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].status != 0) {  // refused (capability)
-      st[i] = absl::Status(wire::FromWireCode(ops[i].status), "refused");
-      continue;
-    }
-    const ExtentKey k = KeyOf(ops[i]);
-    if (!prefetch && cs->reads.count(k) != 0 &&
-        std::find_if(held.begin(), held.end(), [&](const ExtentKey& h) {
-          return !KeyLess()(h, k) && !KeyLess()(k, h);
-        }) == held.end()) {
-      held.push_back(k);  // a repeated op goes on: NotFound, as before
-      continue;
-    }
-    keys.push_back(k);
-    index.push_back(i);
+bool DataServer::SendResponse(int fd, Response response, absl::Time deadline) {
+  // A copy of the gather list (SendAllV advances it), not of the bytes.
+  std::vector<iovec> iov = response.iov();
+  if (response.closes_connection()) {
+    // Best effort: the connection is closed next either way.
+    SendAllV(fd, iov.data(), static_cast<int>(iov.size()),
+             std::min(deadline, absl::Now() + absl::Seconds(1)))
+        .IgnoreError();
+    return false;
   }
-  // The peer's access to the held objects ends before the holds do (then
-  // their space may be reused).
-  RevokeHolds(cs->rdma.get(), &cs->read_keys, held, deadline);
-  for (const ExtentKey& k : held) cs->reads.erase(k);  // releases the object
-  if (!keys.empty() || (!prefetch && ops.empty())) {
-    std::vector<absl::Status> r;
-    if (options_.kv == nullptr) {
-      r.assign(keys.size(), absl::UnimplementedError(
-                                "storage node: no prefetch manager"));
-    } else if (prefetch) {
-      r = options_.kv->Prefetch(session, keys);
-    } else {
-      r = options_.kv->Release(session, keys);
-    }
-    for (size_t k = 0; k < keys.size(); ++k) st[index[k]] = r[k];
-  }
-  for (size_t i = 0; i < ops.size(); ++i) ops[i].status = WireStatus(st[i]);
-  std::vector<uint8_t> buf = EncodeResponse(
-      prefetch ? wire::FrameType::kPrefetchResponse
-               : wire::FrameType::kReleaseResponse,
-      h.request_id, 0, ops);
-  absl::Status s = SendAll(fd, buf.data(), buf.size(), deadline);
+  absl::Status s =
+      SendAllV(fd, iov.data(), static_cast<int>(iov.size()), deadline);
   if (!s.ok()) {
     Add(counters_.protocol_errors, 1);
+    VLOG(1) << "data server: sending a response failed: " << s;
     return false;
   }
   return true;
-}
-
-namespace {
-
-// Sends a response frame whose payload is one AreaRef per op.
-absl::Status SendWithAreaRefs(int fd, wire::FrameType type, uint64_t id,
-                              const std::vector<wire::OpDesc>& ops,
-                              const std::vector<wire::AreaRef>& refs,
-                              absl::Time deadline) {
-  std::vector<uint8_t> buf =
-      EncodeResponse(type, id, ops.size() * wire::kAreaRefBytes, ops);
-  const size_t head = buf.size();
-  buf.resize(head + ops.size() * wire::kAreaRefBytes);
-  for (size_t i = 0; i < ops.size(); ++i) {
-    wire::EncodeAreaRef(refs[i], buf.data() + head + i * wire::kAreaRefBytes);
-  }
-  return SendAll(fd, buf.data(), buf.size(), deadline);
-}
-
-}  // namespace
-
-bool DataServer::HandleAcquire(int fd, const wire::FrameHeader& h,
-                               std::vector<wire::OpDesc>& ops,
-                               uint64_t session, absl::Time deadline,
-                               ConnState* cs) {
-  std::vector<wire::AreaRef> refs(ops.size());
-  if (options_.kv == nullptr || areas_.empty()) {
-    for (auto& op : ops) {
-      if (op.status != 0) continue;
-      op.status = WireStatus(absl::UnimplementedError(
-          "storage node: no direct access to this device's memory"));
-    }
-  } else {
-    if (session == 0) {
-      if (cs->own_session == 0) {
-        // Distinct from clients' random ids in practice; only this
-        // connection uses it.
-        cs->own_session = (uint64_t{1} << 63) |
-                          next_conn_session_.fetch_add(1, std::memory_order_relaxed);
-      }
-      session = cs->own_session;
-    }
-    bool holding = false;
-    // RDMA: the objects newly held, whose ranges this queue pair's peer is
-    // granted once the loop is done (one batch of window binds).
-    std::vector<RdmaConnection::Range> grant;
-    std::vector<size_t> granted;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      wire::OpDesc& op = ops[i];
-      if (op.status != 0) continue;  // refused (capability)
-      const ExtentKey key = KeyOf(op);
-      auto held = cs->reads.find(key);
-      if (held != cs->reads.end()) {
-        // Acquired again on this connection: the same hold.
-        auto loc = LocateInAreas(areas_, held->second.data(), op.length);
-        refs[i].area = loc->first;
-        refs[i].offset = loc->second;
-        if (auto k = cs->read_keys.find(key); k != cs->read_keys.end()) {
-          refs[i].rkey = k->second;
-        }
-        holding = true;
-        continue;
-      }
-      // Staged through the session: queued now unless the load hinted it
-      // (a repeated hint costs nothing). Only a request holding nothing may
-      // wait, as for session reads.
-      absl::Status hint = options_.kv->Prefetch(session, {key})[0];
-      if (!hint.ok()) {
-        op.status = WireStatus(hint);
-        if (hint.code() == absl::StatusCode::kNotFound) {
-          Add(counters_.stale_reads, 1);
-        } else {
-          Add(counters_.rejected_ops, 1);
-        }
-        continue;
-      }
-      absl::StatusOr<KvManager::StagedRead> r =
-          holding ? options_.kv->AcquireReadIfStaged(session, key)
-                  : options_.kv->AcquireRead(session, key, deadline);
-      if (holding && r.status().code() == absl::StatusCode::kUnavailable) {
-        for (size_t k = i; k < ops.size(); ++k) {
-          ops[k].status = WireStatus(absl::AbortedError("not staged yet"));
-        }
-        break;
-      }
-      if (!r.ok()) {
-        op.status = WireStatus(r.status());
-        Add(counters_.rejected_ops, 1);
-        continue;
-      }
-      auto loc = LocateInAreas(areas_, r->data(), op.length);
-      if (!loc.ok()) {
-        op.status = WireStatus(absl::InternalError(
-            "storage node: staged copy outside the exposed memory"));
-        Add(counters_.rejected_ops, 1);
-        continue;  // `r` releases
-      }
-      refs[i].area = loc->first;
-      refs[i].offset = loc->second;
-      if (cs->rdma != nullptr) {
-        grant.push_back({r->data(), op.length, /*write=*/false});
-        granted.push_back(i);
-      }
-      cs->reads.emplace(key, std::move(*r));
-      holding = true;
-      Add(counters_.direct_acquired_ops, 1);
-      Add(cs->rdma != nullptr ? counters_.rdma_bytes_read
-                                 : counters_.shm_bytes_read,
-          op.length);
-    }
-    if (!grant.empty()) {
-      std::vector<absl::StatusOr<uint32_t>> keys =
-          cs->rdma->Grant(grant, deadline);
-      for (size_t k = 0; k < granted.size(); ++k) {
-        wire::OpDesc& op = ops[granted[k]];
-        if (keys[k].ok()) {
-          refs[granted[k]].rkey = *keys[k];
-          cs->read_keys[KeyOf(op)] = *keys[k];
-          continue;
-        }
-        // Not reachable: not held either.
-        op.status = WireStatus(keys[k].status());
-        refs[granted[k]] = {};
-        cs->reads.erase(KeyOf(op));
-        Add(counters_.rejected_ops, 1);
-      }
-    }
-  }
-  absl::Status s = SendWithAreaRefs(fd, wire::FrameType::kAcquireResponse,
-                                    h.request_id, ops, refs, deadline);
-  if (!s.ok()) {
-    Add(counters_.protocol_errors, 1);
-    return false;
-  }
-  return true;
-}
-
-bool DataServer::HandleWriteBegin(int fd, const wire::FrameHeader& h,
-                                  std::vector<wire::OpDesc>& ops,
-                                  absl::Time deadline, ConnState* cs) {
-  MemoryDevice* device = options_.device;
-  std::vector<wire::AreaRef> refs(ops.size());
-  std::vector<RdmaConnection::Range> grant;
-  std::vector<size_t> granted;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    wire::OpDesc& op = ops[i];
-    if (op.status != 0) continue;  // refused (capability)
-    const ExtentKey key = KeyOf(op);
-    absl::Status st;
-    if (areas_.empty()) {
-      st = absl::UnimplementedError(
-          "storage node: no direct access to this device's memory");
-    } else if (cs->writes.count(key) != 0) {
-      st = absl::AlreadyExistsError("write already begun on this connection");
-    } else {
-      st = CheckNotHeld(cs->writes, cs->reads, key);
-    }
-    absl::StatusOr<ExtentTable::WriteTicket> ticket =
-        st.ok() ? options_.extents->BeginWrite(key, deadline)
-                : absl::StatusOr<ExtentTable::WriteTicket>(st);
-    WriteView view;
-    if (ticket.ok()) {
-      absl::StatusOr<WriteView> v =
-          device->BeginWrite(op.region_id, op.addr, op.length, op.generation);
-      if (v.ok()) {
-        auto loc = LocateInAreas(areas_, v->data, op.length);
-        if (loc.ok()) {
-          view = *v;
-          refs[i].area = loc->first;
-          refs[i].offset = loc->second;
-        } else {
-          device->AbortWrite(*v);
-          st = absl::UnimplementedError(
-              "storage node: write destination outside the exposed memory");
-        }
-      } else {
-        st = v.status();
-      }
-    } else {
-      st = ticket.status();
-    }
-    if (!st.ok()) {
-      op.status = WireStatus(st);
-      Add(counters_.rejected_ops, 1);
-      continue;  // `ticket` aborts
-    }
-    if (cs->rdma != nullptr) {
-      grant.push_back({view.data, op.length, /*write=*/true});
-      granted.push_back(i);
-    }
-    cs->writes.emplace(key, ConnState::WriteHold{std::move(*ticket), view});
-  }
-  if (!grant.empty()) {
-    // Each reserved destination is opened, for writing only, to this queue
-    // pair's peer; one that cannot be is aborted.
-    std::vector<absl::StatusOr<uint32_t>> keys =
-        cs->rdma->Grant(grant, deadline);
-    for (size_t k = 0; k < granted.size(); ++k) {
-      wire::OpDesc& op = ops[granted[k]];
-      if (keys[k].ok()) {
-        refs[granted[k]].rkey = *keys[k];
-        cs->write_keys[KeyOf(op)] = *keys[k];
-        continue;
-      }
-      auto it = cs->writes.find(KeyOf(op));
-      device->AbortWrite(it->second.view);
-      it->second.ticket.Abort();
-      cs->writes.erase(it);
-      op.status = WireStatus(keys[k].status());
-      refs[granted[k]] = {};
-      Add(counters_.rejected_ops, 1);
-    }
-  }
-  absl::Status s = SendWithAreaRefs(fd, wire::FrameType::kWriteBeginResponse,
-                                    h.request_id, ops, refs, deadline);
-  if (!s.ok()) {
-    Add(counters_.protocol_errors, 1);
-    return false;
-  }
-  return true;
-}
-
-bool DataServer::HandleWriteCommit(int fd, const wire::FrameHeader& h,
-                                   std::vector<wire::OpDesc>& ops,
-                                   absl::Time deadline, ConnState* cs) {
-  MemoryDevice* device = options_.device;
-  {
-    // The peer's write access ends before the bytes are committed (or the
-    // space given back): nothing changes a committed object.
-    std::vector<ExtentKey> held;
-    for (const wire::OpDesc& op : ops) held.push_back(KeyOf(op));
-    RevokeHolds(cs->rdma.get(), &cs->write_keys, held, deadline);
-  }
-  for (wire::OpDesc& op : ops) {
-    const bool commit = op.status == 0;
-    auto it = cs->writes.find(KeyOf(op));
-    if (it == cs->writes.end()) {
-      op.status = WireStatus(
-          absl::NotFoundError("no write begun for this allocation"));
-      continue;
-    }
-    ConnState::WriteHold hold = std::move(it->second);
-    cs->writes.erase(it);
-    absl::Status st;
-    if (!commit) {
-      device->AbortWrite(hold.view);
-      hold.ticket.Abort();
-      st = absl::CancelledError("write aborted by the client");
-    } else {
-      st = device->CommitWrite(hold.view);
-      if (st.ok()) {
-        st = hold.ticket.Commit();
-      } else {
-        hold.ticket.Abort();
-      }
-    }
-    op.status = WireStatus(st);
-    if (st.ok()) {
-      Add(counters_.direct_write_ops, 1);
-      Add(counters_.write_ops, 1);
-      Add(counters_.bytes_written, op.length);
-      Add(cs->rdma != nullptr ? counters_.rdma_bytes_written
-                                 : counters_.shm_bytes_written,
-          op.length);
-    } else if (commit) {
-      Add(counters_.rejected_ops, 1);
-    }
-  }
-  std::vector<uint8_t> buf = EncodeResponse(
-      wire::FrameType::kWriteCommitResponse, h.request_id, 0, ops);
-  absl::Status s = SendAll(fd, buf.data(), buf.size(), deadline);
-  if (!s.ok()) {
-    Add(counters_.protocol_errors, 1);
-    return false;
-  }
-  return true;
+  // `response` ends its holds (a read's objects) once sent.
 }
 
 bool DataServer::HandleRdmaConnect(int fd, const wire::FrameHeader& h,
@@ -1243,208 +767,25 @@ bool DataServer::HandleRdmaConnect(int fd, const wire::FrameHeader& h,
   return true;
 }
 
-void DataServer::EndConnState(ConnState* cs) {
-  // The queue pair's grants end (and the queue pair with them) before the
-  // holds do.
-  cs->rdma.reset();
-  cs->read_keys.clear();
-  cs->write_keys.clear();
-  for (auto& [key, hold] : cs->writes) {
-    options_.device->AbortWrite(hold.view);
-    hold.ticket.Abort();
-  }
-  cs->writes.clear();
-  cs->reads.clear();  // releases the held objects
-  if (cs->own_session != 0 && options_.kv != nullptr) {
-    options_.kv->Release(cs->own_session, {});
-  }
-}
-
-bool DataServer::HandleRead(int fd, const wire::FrameHeader& h,
-                            std::vector<wire::OpDesc>& ops, uint64_t session,
-                            absl::Time deadline) {
-  MemoryDevice* device = options_.device;
-  std::vector<ExtentTable::ReadPin> pins(ops.size());
-  std::vector<ReadView> views(ops.size());
-  std::vector<KvManager::StagedRead> staged(ops.size());
-  uint64_t payload = 0;
-  uint64_t ok_ops = 0;
-  uint64_t staged_ops = 0;
-  bool holding = false;  // a staged object of this request is held
-  for (size_t i = 0; i < ops.size(); ++i) {
-    wire::OpDesc& op = ops[i];
-    if (op.status != 0) continue;  // refused (capability)
-    if (session != 0 && options_.kv != nullptr) {
-      // Prefetched by the session: its staged copy. Only a request holding
-      // no staged object waits for one; otherwise the rest of the request
-      // is answered ABORTED (asked again), so that requests holding part of
-      // the window never wait for each other. Anything not prefetched (not
-      // hinted, dropped as stale) is read the ordinary way below.
-      absl::StatusOr<KvManager::StagedRead> r =
-          holding ? options_.kv->AcquireReadIfStaged(session, KeyOf(op))
-                  : options_.kv->AcquireRead(session, KeyOf(op), deadline);
-      if (holding && r.status().code() == absl::StatusCode::kUnavailable) {
-        for (size_t k = i; k < ops.size(); ++k) {
-          ops[k].status = WireStatus(absl::AbortedError("not staged yet"));
-        }
-        break;
-      }
-      if (r.ok()) {
-        holding = true;
-        staged[i] = std::move(*r);
-        payload += op.length;
-        ++ok_ops;
-        ++staged_ops;
-        continue;
-      }
-      if (r.status().code() != absl::StatusCode::kNotFound) {
-        op.status = WireStatus(r.status());
-        Add(counters_.rejected_ops, 1);
-        if (r.status().code() == absl::StatusCode::kDataLoss) {
-          options_.extents->Drop(KeyOf(op));  // as below
-        }
-        continue;
-      }
-    }
-    absl::StatusOr<ExtentTable::ReadPin> pin =
-        options_.extents->PinRead(KeyOf(op));
-    if (!pin.ok()) {
-      op.status = WireStatus(pin.status());
-      if (pin.status().code() == absl::StatusCode::kNotFound) {
-        Add(counters_.stale_reads, 1);
-      } else {
-        Add(counters_.rejected_ops, 1);
-      }
-      continue;
-    }
-    absl::StatusOr<ReadView> view =
-        device->AcquireRead(op.region_id, op.addr, op.length);
-    if (!view.ok()) {
-      op.status = WireStatus(view.status());
-      Add(counters_.rejected_ops, 1);
-      // The object's bytes are gone for good (a checksum mismatch): forget
-      // it, so the master's next reconciliation drops its listing (the
-      // reader reports it at once).
-      if (view.status().code() == absl::StatusCode::kDataLoss) {
-        options_.extents->Drop(KeyOf(op));
-      }
-      continue;  // `pin` releases
-    }
-    pins[i] = std::move(*pin);
-    views[i] = *view;
-    payload += op.length;
-    ++ok_ops;
-  }
-
-  std::vector<uint8_t> head =
-      EncodeResponse(wire::FrameType::kReadResponse, h.request_id, payload, ops);
-  std::vector<iovec> iov;
-  iov.reserve(ops.size() + 1);
-  iov.push_back({head.data(), head.size()});
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (staged[i].valid()) {
-      iov.push_back({const_cast<uint8_t*>(staged[i].data()),
-                     static_cast<size_t>(staged[i].length())});
-      continue;
-    }
-    if (views[i].data == nullptr) continue;
-    iov.push_back({const_cast<uint8_t*>(views[i].data),
-                   static_cast<size_t>(views[i].length)});
-  }
-  // Counted before sending so that a client that has its answer sees them.
-  Add(counters_.read_ops, ok_ops);
-  Add(counters_.staged_read_ops, staged_ops);
-  Add(counters_.bytes_read, payload);
-  absl::Status s =
-      SendAllV(fd, iov.data(), static_cast<int>(iov.size()), deadline);
-  // Device views end before the extent pins that protect them.
-  for (ReadView& v : views) {
-    if (v.data != nullptr) device->ReleaseRead(v);
-  }
-  pins.clear();
-  // Read: released on the node, and the sessions stage their next objects.
-  staged.clear();
-  if (!s.ok()) {
-    Add(counters_.protocol_errors, 1);
-    VLOG(1) << "data server: sending a read response failed: " << s;
-    return false;
-  }
-  return true;
-}
-
-bool DataServer::HandleWrite(int fd, const wire::FrameHeader& h,
-                             std::vector<wire::OpDesc>& ops,
-                             absl::Time deadline, ConnState* cs) {
-  MemoryDevice* device = options_.device;
-  for (wire::OpDesc& op : ops) {
-    absl::Status held = op.status != 0
-                            ? absl::Status(wire::FromWireCode(op.status),
-                                           "refused (capability)")
-                            : CheckNotHeld(cs->writes, cs->reads, KeyOf(op));
-    absl::StatusOr<ExtentTable::WriteTicket> ticket =
-        held.ok() ? options_.extents->BeginWrite(KeyOf(op), deadline)
-                  : absl::StatusOr<ExtentTable::WriteTicket>(held);
-    absl::Status st = ticket.status();
-    WriteView view;
-    if (st.ok()) {
-      absl::StatusOr<WriteView> v =
-          device->BeginWrite(op.region_id, op.addr, op.length, op.generation);
-      if (v.ok()) {
-        view = *v;
-      } else {
-        st = v.status();
-        ticket->Abort();
-      }
-    }
-    if (!st.ok()) {
-      // Rejected: skip its bytes to stay in step with the stream.
-      if (op.status == 0) {
-        op.status = WireStatus(st);
-        Add(counters_.rejected_ops, 1);
-      }
-      absl::Status d = Discard(fd, op.length, deadline);
-      if (!d.ok()) {
-        Add(counters_.protocol_errors, 1);
-        SendError(fd, h.request_id,
-                  absl::Status(d.code(), absl::StrCat("truncated write payload: ",
-                                                      d.message())));
-        return false;
-      }
-      continue;
-    }
-    absl::Status r = RecvAll(fd, view.data, op.length, deadline);
+bool DataServer::HandleWrite(int fd, uint64_t request_id, WriteStream w,
+                             absl::Time deadline) {
+  for (size_t i = 0; i < w.op_count(); ++i) {
+    uint8_t* dest = w.Begin(i);
+    // Refused: skip its bytes to stay in step with the stream.
+    absl::Status r = dest == nullptr
+                         ? Discard(fd, w.length(i), deadline)
+                         : RecvAll(fd, dest, w.length(i), deadline);
     if (!r.ok()) {
-      device->AbortWrite(view);
-      ticket->Abort();
+      w.Abort();
       Add(counters_.protocol_errors, 1);
-      SendError(fd, h.request_id,
+      SendError(fd, request_id,
                 absl::Status(r.code(), absl::StrCat("truncated write payload: ",
                                                     r.message())));
       return false;
     }
-    st = device->CommitWrite(view);
-    if (st.ok()) {
-      st = ticket->Commit();
-    } else {
-      ticket->Abort();
-    }
-    if (st.ok()) {
-      Add(counters_.write_ops, 1);
-      Add(counters_.bytes_written, op.length);
-      Add(counters_.tcp_bytes_written, op.length);
-    } else {
-      op.status = WireStatus(st);
-      Add(counters_.rejected_ops, 1);
-    }
+    if (dest != nullptr) w.Commit(i);
   }
-  std::vector<uint8_t> buf =
-      EncodeResponse(wire::FrameType::kWriteResponse, h.request_id, 0, ops);
-  absl::Status s = SendAll(fd, buf.data(), buf.size(), deadline);
-  if (!s.ok()) {
-    Add(counters_.protocol_errors, 1);
-    return false;
-  }
-  return true;
+  return SendResponse(fd, w.Finish(), deadline);
 }
 
 void DataServer::SendError(int fd, uint64_t request_id,

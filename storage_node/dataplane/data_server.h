@@ -11,6 +11,10 @@
 // request (op table, payload, response) and gives the connection back to
 // the loop. A connection carries one request at a time.
 //
+// The server reads and writes the sockets; what each frame does is a
+// FrameHandler's (frame_handler.h: request in, response frame out, no socket
+// or thread), except kRdmaConnectRequest (HandleRdmaConnect, here).
+//
 // Limits, so that no peer can deny service to another (a peer is the
 // client's IP address, see PeerKeyOf): at most max_connections open and
 // max_connections_per_peer from one peer (beyond either, a new connection is
@@ -52,7 +56,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "absl/types/span.h"
 #include "common/capability.h"
 #include "common/mutex.h"
 #include "common/net.h"
@@ -60,39 +63,11 @@
 #include "common/thread.h"
 #include "common/wire.h"
 #include "storage_node/dataplane/extent_table.h"
+#include "storage_node/dataplane/frame_handler.h"
 #include "storage_node/dataplane/kv_manager.h"
 #include "storage_node/device/memory_device.h"
 
 namespace hymcache::storage {
-
-// One client's RDMA queue pair as the data server sees it: what the peer
-// may reach of the node's memory. The node's memory has no remote access of
-// its own (except on a node that trusts its clients with whole areas,
-// RdmaPlane); each granted acquire or write reservation opens exactly its
-// object's range to this queue pair's peer, and its release, commit, abort
-// or the connection's end closes it again before the range can be reused.
-class RdmaConnection {
- public:
-  struct Range {
-    const void* data = nullptr;
-    uint64_t length = 0;
-    // RDMA WRITE access (a write reservation); else READ (an acquire).
-    bool write = false;
-  };
-  // Ends every grant still open (Revoke), then the queue pair.
-  virtual ~RdmaConnection() = default;
-  // Opens each range to the peer (READ, or WRITE if `write`, nothing else)
-  // and returns the key the peer addresses it with (RDMA rkey), or why not
-  // (ResourceExhausted: out of windows or registrations; the queue pair's
-  // errors). A range must lie inside one exposed memory area.
-  virtual std::vector<absl::StatusOr<uint32_t>> Grant(
-      absl::Span<const Range> ranges, absl::Time deadline) = 0;
-  // Closes the grants of `keys` (each returned by Grant and not revoked
-  // since). When Revoke returns, the peer can no longer reach their memory
-  // (a grant that cannot be closed in order is destroyed, which closes it
-  // too). Never fails.
-  virtual void Revoke(absl::Span<const uint32_t> keys, absl::Time deadline) = 0;
-};
 
 // Accepts RDMA connections for the data server (kRdmaConnectRequest): makes
 // a queue pair connected to the client's and returns it, with the local
@@ -167,37 +142,8 @@ struct DataServerOptions {
   absl::Status Validate() const;
 };
 
-// Every stat of the data server, declared once (common/stats.h): the live
-// counters (DataServerCounters), the snapshot (DataServerStats) and the
-// exported names (`hymctl stats`, Prometheus hymcache_storage_*).
-#define HYM_DATA_SERVER_STATS(COUNTER, GAUGE, DGAUGE)                        \
-  COUNTER(bytes_read, "Object bytes sent to readers over TCP")               \
-  COUNTER(bytes_written, "Object bytes committed by writers (every plane)")  \
-  COUNTER(read_ops, "Read ops answered OK over TCP")                         \
-  COUNTER(write_ops, "Write ops committed (every plane)")                    \
-  COUNTER(staged_read_ops, "Read ops served from a prefetched (staged) copy") \
-  COUNTER(direct_acquired_ops, "Direct reads: objects held for a peer")     \
-  COUNTER(direct_write_ops, "Direct writes committed")                       \
-  COUNTER(shm_bytes_read, "Object bytes held for shared-memory readers")     \
-  COUNTER(rdma_bytes_read, "Object bytes held for RDMA readers")             \
-  COUNTER(tcp_bytes_written, "Object bytes committed over TCP")              \
-  COUNTER(shm_bytes_written, "Object bytes committed through shared memory") \
-  COUNTER(rdma_bytes_written, "Object bytes committed through RDMA")         \
-  COUNTER(rdma_connections, "RDMA queue pairs accepted")                     \
-  COUNTER(stale_reads, "Read ops answered NotFound")                         \
-  COUNTER(rejected_ops, "Write ops not stored and reads failed other than NotFound") \
-  COUNTER(accepted_connections, "Data connections accepted")                 \
-  COUNTER(refused_connections, "Connections refused over a limit or for want of a worker") \
-  COUNTER(peer_refused_connections, "Connections refused over max_connections_per_peer") \
-  COUNTER(thread_start_failures, "Worker threads that could not be started") \
-  COUNTER(deferred_requests, "Requests that waited for max_requests_per_peer") \
-  COUNTER(idle_closed_connections, "Connections closed after idle_timeout")  \
-  COUNTER(protocol_errors, "Malformed frames and broken requests")           \
-  COUNTER(denied_ops, "Ops refused for their capability (also rejected)")    \
-  GAUGE(open_connections, "Data connections open now")                       \
-  GAUGE(worker_threads, "Data-plane worker threads started")                 \
-  GAUGE(requests_in_progress, "Requests served or waiting for a worker")
-HYM_DECLARE_STATS(DataServerStats, DataServerCounters, HYM_DATA_SERVER_STATS);
+// The data server's stats (DataServerStats, DataServerCounters) are declared
+// in frame_handler.h.
 
 class DataServer {
  public:
@@ -234,7 +180,7 @@ class DataServer {
   // them costs: tools/bench/get_bench). Never set outside tests and
   // benchmarks.
   void SetSkipCapabilityChecksForTest(bool skip) {
-    skip_capability_checks_for_test_.store(skip, std::memory_order_relaxed);
+    handler_->SetSkipCapabilityChecksForTest(skip);
   }
 
   // The peer key of an address (limits are per key): its IP address as
@@ -243,8 +189,6 @@ class DataServer {
   static std::string PeerKeyOf(const struct sockaddr_storage& addr);
 
  private:
-  // What a connection holds for direct access (defined in the .cc).
-  struct ConnState;
   struct Conn;
   // Per peer key: its connections and requests.
   struct Peer {
@@ -286,40 +230,25 @@ class DataServer {
   void ClearTimerLocked(Conn* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Arm(Conn* c);
 
-  // Serves one request whose header is in `hdr`; false: close the connection.
+  // Serves one request whose header is in `hdr` (reading the rest of it,
+  // sending the response); false: close the connection. The frames
+  // themselves are handled by handler_.
   bool HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
                      ConnState* cs);
-  bool HandleAcquire(int fd, const wire::FrameHeader& h,
-                     std::vector<wire::OpDesc>& ops, uint64_t session,
-                     absl::Time deadline, ConnState* cs);
-  bool HandleWriteBegin(int fd, const wire::FrameHeader& h,
-                        std::vector<wire::OpDesc>& ops, absl::Time deadline,
-                        ConnState* cs);
-  bool HandleWriteCommit(int fd, const wire::FrameHeader& h,
-                         std::vector<wire::OpDesc>& ops, absl::Time deadline,
-                         ConnState* cs);
+  // Receives a kWriteRequest's payload into `w`, then sends its response.
+  bool HandleWrite(int fd, uint64_t request_id, WriteStream w,
+                   absl::Time deadline);
   // `grant`: the request's one op, its status set by the capability check.
   bool HandleRdmaConnect(int fd, const wire::FrameHeader& h,
                          const wire::OpDesc& grant, absl::Time deadline,
                          ConnState* cs);
-  // Ends a connection's holds and begun writes.
-  void EndConnState(ConnState* cs);
-  // `session` 0: no session.
-  bool HandleRead(int fd, const wire::FrameHeader& h,
-                  std::vector<wire::OpDesc>& ops, uint64_t session,
-                  absl::Time deadline);
-  // kPrefetchRequest and kReleaseRequest.
-  bool HandleSession(int fd, const wire::FrameHeader& h,
-                     std::vector<wire::OpDesc>& ops, uint64_t session,
-                     absl::Time deadline, ConnState* cs);
-  bool HandleWrite(int fd, const wire::FrameHeader& h,
-                   std::vector<wire::OpDesc>& ops, absl::Time deadline,
-                   ConnState* cs);
+  // Sends `response`; false: close the connection (a kError, or the send
+  // failed).
+  bool SendResponse(int fd, Response response, absl::Time deadline);
   void SendError(int fd, uint64_t request_id, const absl::Status& status);
 
   // Constant after construction.
   const DataServerOptions options_;
-  const std::vector<MemoryArea> areas_;  // options_.device->Areas()
   const int port_;
   const int epoll_fd_;
   const int stop_fd_;  // eventfd: readable once shutdown starts
@@ -328,11 +257,11 @@ class DataServer {
   Thread loop_;
 
   DataServerCounters counters_;
+  // Serves the frames; counts in counters_.
+  std::unique_ptr<FrameHandler> handler_;
   // Read-op service time, frame header to reply sent (TCP reads).
   LatencyHistogram read_latency_;
-  std::atomic<uint64_t> next_conn_session_{1};
   std::atomic<bool> fail_thread_starts_for_test_{false};
-  std::atomic<bool> skip_capability_checks_for_test_{false};
 
   mutable Mutex mu_;
   CondVar work_cv_;  // a connection was queued for a worker; stopping
