@@ -1135,6 +1135,11 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   if (request.incarnation() == 0) {
     return absl::InvalidArgumentError("incarnation must be nonzero");
   }
+  if (request.registration_nonce().size() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "registration_nonce of ", request.registration_nonce().size(),
+        " bytes (want at most 64)"));
+  }
   s = ValidateTransportParams(request.transport_params());
   if (!s.ok()) return s;
   if (request.regions().empty() || request.regions_size() > kMaxRegions) {
@@ -1204,6 +1209,8 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
     ++next_node_id_;
     Node& node = nodes_[id];
     node.mac.emplace(*key);
+    node.key_confirmed = false;
+    node.registration_nonce = request.registration_nonce();
     response.set_node_key(*key);
     node.info = std::move(info);
     node.last_seen = now;
@@ -1227,7 +1234,19 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   const bool proven = ProofValid(node, "register", 0, request.incarnation(),
                                  request.auth(), now);
   bool takeover = false;
-  if (!proven && node.mac) {
+  // The same registration again: its answer (the key) never reached the
+  // node. Answer it the same way; nothing the node held is lost.
+  const bool repeat =
+      !proven && node.mac && !node.key_confirmed && node.registered &&
+      !node.deregistered && node.info.incarnation() == request.incarnation() &&
+      !request.registration_nonce().empty() &&
+      request.registration_nonce() == node.registration_nonce;
+  if (repeat) {
+    LOG(INFO) << "node " << id << " '" << request.name()
+              << "' registers again before proving its key: answering as "
+                 "before (its last answer was lost)";
+  }
+  if (!proven && !repeat && node.mac) {
     if (MayComeBack(node, now)) {
       return absl::PermissionDeniedError(absl::StrCat(
           "node '", request.name(), "' is registered and alive: registering "
@@ -1255,6 +1274,8 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
     if (!s.ok()) return s;
     node.info = std::move(info);
     node.mac.emplace(key);
+    node.key_confirmed = proven;
+    node.registration_nonce = request.registration_nonce();
     for (const auto& r : node.info.regions()) {
       auto region = node.regions.find(r.region_id());
       if (region != node.regions.end()) region->second.info = r;
@@ -1302,6 +1323,8 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   }
   node.info = std::move(info);
   node.mac.emplace(key);
+  node.key_confirmed = proven;
+  node.registration_nonce = request.registration_nonce();
   node.regions = std::move(plan->regions);
   node.object_count = plan->kept;
   node.last_seen = now;
@@ -1340,6 +1363,7 @@ absl::StatusOr<v1::HeartbeatResponse> MasterService::Heartbeat(
                      ": no valid proof of its node key"));
   }
   n->second.last_seen = now;
+  n->second.key_confirmed = true;
   if (n->second.reported_dead) {
     LOG(INFO) << "node " << request.node_id() << " '"
               << n->second.info.name() << "' heartbeats again: alive";

@@ -561,6 +561,15 @@ class MasterService {
     hymcache::v1::NodeInfo info;
     // Keyed with info.node_key(); empty for a record without one.
     std::optional<HmacSha256> mac;
+    // The node has proven it holds info.node_key() (a proof in a heartbeat
+    // or registration) since this process gave it out. While not, the
+    // answer that carried the key may have been lost (the node's deadline
+    // passed first), so a registration again with the same name,
+    // incarnation and non-empty registration_nonce and no proof is answered
+    // as the first was, with the same key. True for records loaded from
+    // the store.
+    bool key_confirmed = true;
+    std::string registration_nonce;  // of the registration that gave the key
     absl::Time last_seen;
     bool deregistered = false;
     // Registered with this master process (false for nodes loaded from the

@@ -2373,6 +2373,48 @@ TEST_CASE("Lookups and puts carry capabilities for exactly their location") {
   (void)a;
 }
 
+TEST_CASE("A registration whose answer was lost is answered again, with the same key, to the same process only") {
+  Harness h("lost-answer");
+  v1::RegisterNodeRequest req = NodeReq("a", 5, {{0, 1 << 20}});
+  req.set_registration_nonce(std::string(32, 'n'));
+  auto first = h.svc->RegisterNode(req);  // its answer never arrives
+  REQUIRE(first.ok());
+  const std::string key = first->node_key();
+  h.Put({"k1"});  // placed there meanwhile, with capabilities under `key`
+  REQUIRE(h.Found({"k1"}) == "1");
+
+  // Another process with the published name and incarnation: a missing or
+  // different nonce is refused, as any registration without a proof.
+  v1::RegisterNodeRequest other = NodeReq("a", 5, {{0, 1 << 20}}, 6666);
+  CHECK(h.svc->RegisterNode(other).status().code() ==
+        StatusCode::kPermissionDenied);
+  other.set_registration_nonce(std::string(32, 'x'));
+  CHECK(h.svc->RegisterNode(other).status().code() ==
+        StatusCode::kPermissionDenied);
+  v1::RegisterNodeRequest long_nonce = req;
+  long_nonce.set_registration_nonce(std::string(65, 'n'));
+  CHECK(h.svc->RegisterNode(long_nonce).status().code() ==
+        StatusCode::kInvalidArgument);
+
+  // The same process retries: the same node, the same key, nothing lost.
+  auto again = h.svc->RegisterNode(req);
+  INFO(again.status().ToString());
+  REQUIRE(again.ok());
+  CHECK(again->node_id() == first->node_id());
+  CHECK(again->node_key() == key);
+  CHECK(again->objects_retained());
+  CHECK(h.Listed(first->node_id()).size() == 1);  // kept, not purged
+
+  // Once the node has proven the key (a heartbeat), a registration without
+  // a proof is refused even with the nonce: the node has the key.
+  KeyByName()["a"] = key;
+  NameById()[first->node_id()] = "a";
+  h.Heartbeat(first->node_id(), 5);
+  CHECK(h.svc->RegisterNode(req).status().code() ==
+        StatusCode::kPermissionDenied);
+  CHECK(h.Listed(first->node_id()).size() == 1);
+}
+
 TEST_CASE("Only the holder of a node's key keeps, leaves or takes its name") {
   Harness h("impostor");
   const uint32_t a = h.Register("a", 5, {{0, 1 << 20}});

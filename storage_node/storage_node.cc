@@ -602,6 +602,9 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   do {
     node->incarnation_ = absl::Uniform<uint64_t>(gen);
   } while (node->incarnation_ == 0);
+  // Secret random bytes (as a node key is) naming this process's
+  // registrations: a retry after a lost answer gets the same key back.
+  ASSIGN_OR_RETURN(node->registration_nonce_, NewNodeKey());
   node->node_key_path_ = options.node_key_path;
   if (node->node_key_path_.empty() && options.hybrid() != nullptr) {
     node->node_key_path_ = options.hybrid()->tier.path + ".node_key";
@@ -913,11 +916,14 @@ absl::Status StorageNode::Register() {
     (*req.mutable_transport_params())[k] = v;
   }
   *req.mutable_auth() = Auth("register", 0);
+  req.set_registration_nonce(registration_nonce_);
   v1::RegisterNodeResponse resp;
   // The master lists this node as soon as it has answered, and clients may
   // come with its capabilities before the answer is applied here: data-
   // plane requests whose capabilities fail meanwhile wait for it.
-  capabilities_->BeginIdentityChange();
+  if (!identity_change_carried_) capabilities_->BeginIdentityChange();
+  const bool carried = identity_change_carried_;
+  identity_change_carried_ = false;
   absl::Status called = CallMaster([&](grpc::ClientContext* ctx) {
     return master_->stub->RegisterNode(ctx, req, &resp);
   });
@@ -929,7 +935,13 @@ absl::Status StorageNode::Register() {
         "master sent a node key of ", resp.node_key().size(), " bytes"));
   }
   if (!called.ok()) {
-    capabilities_->AbandonIdentityChange();
+    if (called.code() == absl::StatusCode::kDeadlineExceeded && !carried) {
+      // The master may have answered after our deadline: keep requests
+      // signed with that answer's key waiting for the next attempt.
+      identity_change_carried_ = true;
+    } else {
+      capabilities_->AbandonIdentityChange();
+    }
     return called;
   }
   absl::Duration interval =
@@ -1238,6 +1250,10 @@ void StorageNode::Shutdown() {
     if (rpc_ != nullptr) rpc_->TryCancel();
   }
   heartbeat_.Join();
+  if (identity_change_carried_) {  // the heartbeat thread has ended
+    capabilities_->AbandonIdentityChange();
+    identity_change_carried_ = false;
+  }
   {
     MutexLock l(&mu_);
     node_id = node_id_;

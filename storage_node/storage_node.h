@@ -406,6 +406,8 @@ class StorageNode {
   std::string control_address_;
   std::string metrics_address_;
   std::string name_;
+  // Sent with every registration (RegisterNodeRequest.registration_nonce).
+  std::string registration_nonce_;
   uint64_t incarnation_ = 0;
   // options_.node_key_path resolved ("": none).
   std::string node_key_path_;
@@ -422,6 +424,13 @@ class StorageNode {
   // read from node_key_path_).
   std::string node_key_ ABSL_GUARDED_BY(mu_);
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  // Register() timed out and left its identity change open: the master may
+  // have registered this node and be signing capabilities with a key whose
+  // answer was lost. Data-plane requests that fail their capability check
+  // keep waiting for the next attempt (which gets the same key back: the
+  // master re-answers an unconfirmed registration) instead of being
+  // refused. Carried over one attempt at most. Heartbeat thread only.
+  bool identity_change_carried_ = false;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   // The master asked for a reconciliation (registration or heartbeat), or
   // the last one returned only part of the unlisted extents.
