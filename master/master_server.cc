@@ -9,6 +9,7 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
@@ -21,6 +22,7 @@
 #include "master/metadata_store.h"
 #include "master/tenant.h"
 #include "master/tenants.h"
+#include "common/grpc_status.h"
 #include "common/health_probe.h"
 #include "proto/master.grpc.pb.h"
 
@@ -78,7 +80,11 @@ constexpr int kMinMaxMessageBytes = 16 << 20;
   COUNTER(lookup_keys, "Keys of the BatchLookup calls answered OK")          \
   COUNTER(lookup_hits, "Keys found by BatchLookup")                          \
   COUNTER(lookup_prefix_hits, "Keys in the leading run of hits (what a Load reads)") \
-  COUNTER(lookup_errors, "BatchLookup calls refused or failed")
+  COUNTER(lookup_errors, "BatchLookup calls refused or failed")            \
+  COUNTER(lookup_streams_opened, "LookupStream streams admitted")           \
+  COUNTER(lookup_streams_refused,                                           \
+          "LookupStream streams refused (caller, limit, shutdown)")         \
+  GAUGE(lookup_streams_open, "LookupStream streams open now")
 HYM_DECLARE_STATS(MasterRpcStats, MasterRpcCounters, HYM_MASTER_RPC_STATS);
 
 class MasterRpcHandler final {
@@ -292,21 +298,64 @@ class MasterRpcHandler final {
       Add(rpc_stats_.lookup_errors);
       return Refuse(ctx, id.status());
     }
-    if (absl::Status s = CheckKeys(*id, req->keys(), "BatchLookup"); !s.ok()) {
+    return ToGrpcStatus(LookupAs(*id, *req, resp, "BatchLookup"));
+  }
+  // One BatchLookup by `id`: the unary call's and each LookupStream
+  // message's work, counted the same. `method` names it in errors.
+  absl::Status LookupAs(const Identity& id, const v1::BatchLookupRequest& req,
+                        v1::BatchLookupResponse* resp, const char* method) {
+    if (absl::Status s = CheckKeys(id, req.keys(), method); !s.ok()) {
       Add(rpc_stats_.lookup_errors);
-      return Refuse(ctx, s);
+      return s;
     }
     const absl::Time start = absl::Now();
     absl::StatusOr<v1::BatchLookupResponse> r;
-    if (!Rewrites(*id)) {
-      r = service_->BatchLookup(*req);
+    if (!Rewrites(id)) {
+      r = service_->BatchLookup(req);
     } else {
-      v1::BatchLookupRequest qualified = *req;
-      QualifyAll(*id, qualified.mutable_keys());
+      v1::BatchLookupRequest qualified = req;
+      QualifyAll(id, qualified.mutable_keys());
       r = service_->BatchLookup(qualified);
     }
     CountLookup(r, absl::Now() - start);
-    return Reply(ctx, std::move(r), resp);
+    if (!r.ok()) return r.status();
+    *resp = std::move(*r);
+    return absl::OkStatus();
+  }
+
+  // LookupStream bookkeeping (LookupStreamCall). Admits a new stream:
+  // Unavailable once CancelLookupStreams ran, ResourceExhausted beyond
+  // kMaxLookupStreams open.
+  absl::Status OpenLookupStream(grpc::ServerContext* ctx) {
+    MutexLock l(&streams_mu_);
+    absl::Status s;
+    if (streams_cancelled_) {
+      s = absl::UnavailableError("LookupStream: the master is shutting down");
+    } else if (open_streams_.size() >= kMaxLookupStreams) {
+      s = absl::ResourceExhaustedError(
+          absl::StrCat("LookupStream: ", kMaxLookupStreams,
+                       " streams open (the master's limit); use BatchLookup"));
+    } else {
+      open_streams_.insert(ctx);
+      Add(rpc_stats_.lookup_streams_opened);
+      return s;
+    }
+    Add(rpc_stats_.lookup_streams_refused);
+    return s;
+  }
+  // The stream OpenLookupStream admitted is over (before its ctx goes).
+  void CloseLookupStream(grpc::ServerContext* ctx) {
+    MutexLock l(&streams_mu_);
+    open_streams_.erase(ctx);
+  }
+  // Ends every open stream (CANCELLED) and refuses new ones: an open
+  // stream would otherwise hold the server's graceful shutdown to its
+  // deadline. The streams' pollers finish them. Call before the server's
+  // Shutdown.
+  void CancelLookupStreams() {
+    MutexLock l(&streams_mu_);
+    streams_cancelled_ = true;
+    for (grpc::ServerContext* ctx : open_streams_) ctx->TryCancel();
   }
   grpc::Status Remove(grpc::ServerContext* ctx,
                                    const v1::RemoveRequest* req,
@@ -471,7 +520,12 @@ class MasterRpcHandler final {
 
   // The RPC layer's stats and the lookup latency histogram.
   void VisitStats(StatsVisitor* v) const {
-    rpc_stats_.Load().Visit(v);
+    MasterRpcStats st = rpc_stats_.Load();
+    {
+      MutexLock l(&streams_mu_);
+      st.lookup_streams_open = open_streams_.size();
+    }
+    st.Visit(v);
     v->Histogram("lookup_seconds",
                  "BatchLookup calls answered OK: time in the service",
                  lookup_latency_.Snapshot());
@@ -502,6 +556,13 @@ class MasterRpcHandler final {
   Clock* const clock_;
   MasterRpcCounters rpc_stats_;
   LatencyHistogram lookup_latency_;
+  // Open LookupStreams beyond this are refused: each holds a call object
+  // (a few KiB) on its poller for as long as the caller keeps it.
+  static constexpr size_t kMaxLookupStreams = 4096;
+  mutable Mutex streams_mu_;
+  bool streams_cancelled_ ABSL_GUARDED_BY(streams_mu_) = false;
+  absl::flat_hash_set<grpc::ServerContext*> open_streams_
+      ABSL_GUARDED_BY(streams_mu_);
   // Calls of each unary method a poller keeps requested: calls gRPC has
   // received beyond these wait unmatched, and a shutdown cancels those
   // (the matched ones run to the end). About 1 KiB each.
@@ -670,6 +731,112 @@ class ReconcileCall final : public CqTag {
   bool last_ = false;  // the node's final message has arrived
 };
 
+// One LookupStream (bidirectional) on a poller: each request message is
+// answered as BatchLookup answers it (MasterRpcHandler::LookupAs), inline
+// on the poller's thread, one message at a time: read, look up, write,
+// read again. The first refusal or failure finishes the stream with its
+// status; the caller's end of the stream (or a cancel) finishes it OK.
+class LookupStreamCall final : public CqTag {
+ public:
+  static void Request(MasterRpcHandler* handler, CqPoller* poller) {
+    auto* call = new LookupStreamCall(handler, poller);
+    if (!poller->IfOpen([call, handler, poller] {
+          handler->async_service()->RequestLookupStream(
+              &call->ctx_, &call->stream_, poller->cq(), poller->cq(), call);
+        })) {
+      delete call;
+    }
+  }
+
+  void Proceed(bool ok) override {
+    switch (state_) {
+      case State::kRequested: {
+        if (!ok) {  // shutting down: the call never started
+          delete this;
+          return;
+        }
+        Request(handler_, poller_);
+        auto id = handler_->Admit(&ctx_, MasterRpcHandler::kEngine,
+                                  "LookupStream");
+        if (!id.ok()) {
+          Finish(ToGrpcStatus(id.status()));
+          return;
+        }
+        absl::Status open = handler_->OpenLookupStream(&ctx_);
+        if (!open.ok()) {
+          Finish(ToGrpcStatus(open));
+          return;
+        }
+        open_ = true;
+        StartRead();
+        return;
+      }
+      case State::kReading:
+        if (!ok) {  // the caller closed its end, went away, or cancelled
+          Finish(grpc::Status::OK);
+          return;
+        }
+        OnRequest();
+        return;
+      case State::kWriting:
+        if (!ok) {
+          Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                              "LookupStream: stream broken"));
+          return;
+        }
+        StartRead();
+        return;
+      case State::kFinishing:
+        if (open_) handler_->CloseLookupStream(&ctx_);
+        delete this;
+        return;
+    }
+  }
+
+ private:
+  enum class State { kRequested, kReading, kWriting, kFinishing };
+
+  LookupStreamCall(MasterRpcHandler* handler, CqPoller* poller)
+      : handler_(handler), poller_(poller), stream_(&ctx_) {}
+  ~LookupStreamCall() = default;
+
+  void StartRead() {
+    state_ = State::kReading;
+    req_.Clear();
+    stream_.Read(&req_, this);
+  }
+  void OnRequest() {
+    // Every message is checked as a unary call is: a token revoked (the
+    // identities reloaded) since the stream opened stops working.
+    auto id = handler_->Admit(&ctx_, MasterRpcHandler::kEngine,
+                              "LookupStream");
+    absl::Status s = id.status();
+    resp_.Clear();
+    if (s.ok()) s = handler_->LookupAs(*id, req_, &resp_, "LookupStream");
+    if (!s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    state_ = State::kWriting;
+    stream_.Write(resp_, this);
+  }
+  void Finish(const grpc::Status& s) {
+    state_ = State::kFinishing;
+    stream_.Finish(s, this);
+  }
+
+  MasterRpcHandler* const handler_;
+  CqPoller* const poller_;
+  grpc::ServerContext ctx_;
+  v1::BatchLookupRequest req_;
+  v1::BatchLookupResponse resp_;
+  grpc::ServerAsyncReaderWriter<v1::BatchLookupResponse,
+                                v1::BatchLookupRequest>
+      stream_;
+  State state_ = State::kRequested;
+  bool open_ = false;  // OpenLookupStream admitted it
+};
+
 // One ListObjects stream (server streaming) on a poller: pages of the
 // master's listings until the index has been walked.
 class ListObjectsCall final : public CqTag {
@@ -782,6 +949,9 @@ void MasterRpcHandler::StartOn(CqPoller* poller) {
   ServeUnary(poller, &S::RequestInspectKey, &MasterRpcHandler::InspectKey);
   ReconcileCall::Request(this, poller);
   ListObjectsCall::Request(this, poller);
+  for (int i = 0; i < kRequestsPerMethod; ++i) {
+    LookupStreamCall::Request(this, poller);
+  }
 }
 
 }  // namespace master
@@ -1091,6 +1261,8 @@ void MasterServer::Shutdown() {
   // NOT_SERVING first (Watch callers hear it, then their streams end), and
   // for good: later status changes are ignored.
   if (health_) health_->Shutdown();
+  // Open LookupStreams end now (they would hold Shutdown to its deadline).
+  if (handler_) handler_->CancelLookupStreams();
   if (server_) {
     // In-flight calls get a second to finish, then are cancelled; the
     // pollers keep running them meanwhile.
