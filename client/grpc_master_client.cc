@@ -3,8 +3,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
@@ -62,13 +64,143 @@ absl::Status FromProto(const pb::BatchLookupResponse& resp, size_t n,
   return absl::OkStatus();
 }
 
+// How long closing the idle LookupStreams may take (the master answers a
+// half-close at once; a master that does not is cancelled after this).
+constexpr absl::Duration kStreamCloseTimeout = absl::Seconds(1);
+// After the master refused a new stream for its limit (max_lookup_streams),
+// lookups that find no idle stream go unary for this long.
+constexpr absl::Duration kStreamRefusedBackoff = absl::Seconds(1);
+
+// One open LookupStream, used by one caller at a time and driven by that
+// caller through the stream's own completion queue: no gRPC callback
+// thread and no hand-off between threads on a message's way. Every
+// operation waits for its events before it returns, so no event is pending
+// between calls; a stream whose events did not all come by the caller's
+// deadline is cancelled and is dead for good (a late answer can never be
+// taken as another call's).
+class PooledLookupStream {
+ public:
+  enum class Result { kOk, kDeadline, kBroken };
+
+  PooledLookupStream() = default;
+  PooledLookupStream(const PooledLookupStream&) = delete;
+  PooledLookupStream& operator=(const PooledLookupStream&) = delete;
+
+  ~PooledLookupStream() {
+    if (rw_ != nullptr && !finished_) {
+      ctx_.TryCancel();
+      Finish(absl::InfiniteFuture());  // completes at once once cancelled
+    }
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+
+  // Opens the stream; false if that did not complete by `deadline` (the
+  // stream is then dead: Finish tells why).
+  bool Start(pb::MasterService::Stub* stub, absl::Time deadline) {
+    rw_ = stub->PrepareAsyncLookupStream(&ctx_, &cq_);
+    rw_->StartCall(this);
+    ++pending_;
+    return Await(deadline) == Result::kOk;
+  }
+
+  // One lookup: writes `req`, reads its answer into `resp`. kDeadline: no
+  // answer by `deadline`; kBroken: the stream ended (Finish tells why).
+  // Either way the stream is dead.
+  Result Call(const pb::BatchLookupRequest& req, pb::BatchLookupResponse* resp,
+              absl::Time deadline) {
+    if (dead_) return Result::kBroken;
+    rw_->Write(req, this);
+    rw_->Read(resp, this);
+    pending_ += 2;
+    return Await(deadline);
+  }
+
+  // The status the stream ended with (REQUIRES: dead). Waits for it until
+  // `deadline` (at once for a broken stream); CANCELLED after that.
+  grpc::Status Finish(absl::Time deadline) {
+    if (!finished_) {
+      finished_ = true;
+      rw_->Finish(&status_, this);
+      ++pending_;
+      if (Await(deadline) == Result::kDeadline) {
+        return grpc::Status(grpc::StatusCode::CANCELLED,
+                            "LookupStream: cancelled");
+      }
+    }
+    return status_;
+  }
+
+  // Closing without making each caller wait for its own: BeginClose
+  // half-closes a live stream; EndClose waits for the master's answer
+  // until `deadline`, then cancels.
+  void BeginClose() {
+    if (rw_ == nullptr || dead_ || finished_) return;
+    rw_->WritesDone(this);
+    rw_->Finish(&status_, this);
+    finished_ = true;
+    pending_ += 2;
+  }
+  void EndClose(absl::Time deadline) { Await(deadline); }
+
+ private:
+  // Takes the pending events; kDeadline (cancelling the stream and
+  // draining them) if they did not all come by `deadline`, kBroken if one
+  // failed.
+  Result Await(absl::Time deadline) {
+    const auto until = absl::ToChronoTime(deadline);
+    bool all_ok = true;
+    while (pending_ > 0) {
+      void* tag;
+      bool ok = false;
+      if (cq_.AsyncNext(&tag, &ok, until) !=
+          grpc::CompletionQueue::GOT_EVENT) {
+        dead_ = true;
+        ctx_.TryCancel();  // every pending event now comes, with !ok
+        while (pending_ > 0 && cq_.Next(&tag, &ok)) --pending_;
+        return Result::kDeadline;
+      }
+      --pending_;
+      all_ok = all_ok && ok;
+    }
+    if (!all_ok) dead_ = true;
+    return all_ok ? Result::kOk : Result::kBroken;
+  }
+
+  grpc::CompletionQueue cq_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<pb::BatchLookupRequest,
+                                                pb::BatchLookupResponse>>
+      rw_;
+  int pending_ = 0;        // events asked for and not yet taken
+  bool dead_ = false;      // broken or cancelled: no more calls
+  bool finished_ = false;  // Finish asked for
+  grpc::Status status_;
+};
+
 class GrpcMasterClient : public MasterClient {
  public:
   GrpcMasterClient(std::shared_ptr<grpc::Channel> channel,
                    const GrpcMasterClientOptions& options)
-      : options_(options), stub_(pb::MasterService::NewStub(channel)) {}
+      : options_(options),
+        stub_(pb::MasterService::NewStub(channel)),
+        streams_off_(options.idle_lookup_streams <= 0) {}
 
   ~GrpcMasterClient() override {
+    // The idle streams end cleanly (half-close, the master's OK), all at
+    // once; no caller holds one now.
+    std::vector<std::unique_ptr<PooledLookupStream>> idle;
+    {
+      MutexLock l(&mu_);
+      idle.swap(idle_streams_);
+    }
+    for (auto& s : idle) s->BeginClose();
+    const absl::Time close_by = absl::Now() + kStreamCloseTimeout;
+    for (auto& s : idle) s->EndClose(close_by);
+    idle.clear();
     // Background aborts and cancelled lookups reference this object: wait
     // for them (each is bounded by its deadline).
     MutexLock l(&mu_);
@@ -85,8 +217,12 @@ class GrpcMasterClient : public MasterClient {
     for (const std::string& k : keys) req.add_keys(k);
     req.set_for_read(for_read);
     pb::BatchLookupResponse resp;
-    RETURN_IF_ERROR(Unary(&pb::MasterService::Stub::BatchLookup, req, &resp,
-                          deadline, "BatchLookup"));
+    absl::Status answered;
+    if (!StreamLookup(req, &resp, deadline, &answered)) {
+      answered = Unary(&pb::MasterService::Stub::BatchLookup, req, &resp,
+                       deadline, "BatchLookup");
+    }
+    RETURN_IF_ERROR(answered);
     LookupBatch out;
     RETURN_IF_ERROR(FromProto(resp, keys.size(), &out));
     return out;
@@ -225,6 +361,85 @@ class GrpcMasterClient : public MasterClient {
  private:
   friend class GrpcLookupStream;
 
+  // `req` over a pooled LookupStream: true with its status in `*status`
+  // when the stream answered it (or its deadline passed, or the master
+  // refused the message); false when the caller should make it a unary
+  // BatchLookup instead: streams off, a master without LookupStream (streams
+  // are then off for good), or a stream that broke without an answer (one
+  // left over from a master that has restarted or shut down, or refused at
+  // the master's stream limit), for which the unary call gives the
+  // authoritative answer.
+  bool StreamLookup(const pb::BatchLookupRequest& req,
+                    pb::BatchLookupResponse* resp, absl::Time deadline,
+                    absl::Status* status) {
+    if (streams_off_.load(std::memory_order_relaxed)) return false;
+    std::unique_ptr<PooledLookupStream> stream;
+    {
+      MutexLock l(&mu_);
+      if (!idle_streams_.empty()) {
+        stream = std::move(idle_streams_.back());
+        idle_streams_.pop_back();
+      } else if (absl::Now() < no_new_streams_until_) {
+        return false;
+      }
+    }
+    PooledLookupStream::Result r = PooledLookupStream::Result::kBroken;
+    if (stream == nullptr) {
+      stream = std::make_unique<PooledLookupStream>();
+      if (stream->Start(stub_.get(), deadline)) {
+        r = stream->Call(req, resp, deadline);
+      }
+    } else {
+      r = stream->Call(req, resp, deadline);
+    }
+    switch (r) {
+      case PooledLookupStream::Result::kOk:
+        *status = absl::OkStatus();
+        ReturnStream(std::move(stream));
+        return true;
+      case PooledLookupStream::Result::kDeadline:
+        *status = absl::DeadlineExceededError("BatchLookup: Deadline Exceeded");
+        return true;
+      case PooledLookupStream::Result::kBroken:
+        break;
+    }
+    const grpc::Status why = stream->Finish(deadline);
+    switch (why.error_code()) {
+      case grpc::StatusCode::UNIMPLEMENTED:
+        streams_off_.store(true, std::memory_order_relaxed);
+        return false;
+      case grpc::StatusCode::RESOURCE_EXHAUSTED: {
+        MutexLock l(&mu_);
+        no_new_streams_until_ = absl::Now() + kStreamRefusedBackoff;
+        return false;
+      }
+      case grpc::StatusCode::OK:  // ended without answering: not a refusal
+      case grpc::StatusCode::UNAVAILABLE:
+      case grpc::StatusCode::CANCELLED:
+      case grpc::StatusCode::UNKNOWN:
+      case grpc::StatusCode::INTERNAL:
+        return false;
+      default:  // the master's answer to this lookup (as BatchLookup's)
+        *status = FromGrpcStatus(why, "BatchLookup");
+        return true;
+    }
+  }
+
+  // A stream that answered goes back to the pool, or is closed when
+  // idle_lookup_streams are idle already.
+  void ReturnStream(std::unique_ptr<PooledLookupStream> stream) {
+    {
+      MutexLock l(&mu_);
+      if (idle_streams_.size() <
+          static_cast<size_t>(options_.idle_lookup_streams)) {
+        idle_streams_.push_back(std::move(stream));
+        return;
+      }
+    }
+    stream->BeginClose();
+    stream->EndClose(absl::Now() + kStreamCloseTimeout);
+  }
+
   // One unary call of `method` with `deadline`; `what` names it in errors.
   template <typename Request, typename Response>
   absl::Status Unary(grpc::Status (pb::MasterService::Stub::*method)(
@@ -263,9 +478,18 @@ class GrpcMasterClient : public MasterClient {
   const GrpcMasterClientOptions options_;
   const std::unique_ptr<pb::MasterService::Stub> stub_;
 
+  // Lookups go as unary BatchLookups (idle_lookup_streams 0, or the master
+  // answered LookupStream with UNIMPLEMENTED).
+  std::atomic<bool> streams_off_;
+
   Mutex mu_;
   // Async calls (aborts, lookups) whose callback functors gRPC still holds.
   int async_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Open LookupStreams no caller holds, the most recently used last.
+  std::vector<std::unique_ptr<PooledLookupStream>> idle_streams_
+      ABSL_GUARDED_BY(mu_);
+  // The master refused a new stream for its limit: none is opened before.
+  absl::Time no_new_streams_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 // The BatchLookup round trips of one Load: chunks of `chunk` keys, up to

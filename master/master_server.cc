@@ -91,11 +91,12 @@ class MasterRpcHandler final {
  public:
   MasterRpcHandler(MasterService* service, const Authenticator* auth,
                    TenantRegistry* tenants, uint32_t max_key_bytes,
-                   Clock* clock)
+                   uint32_t max_lookup_streams, Clock* clock)
       : service_(service),
         auth_(auth),
         tenants_(tenants),
         max_key_bytes_(max_key_bytes),
+        max_lookup_streams_(max_lookup_streams),
         clock_(clock) {}
 
   // Tenants (master/tenant.h): the keys a caller sends name its own
@@ -293,17 +294,20 @@ class MasterRpcHandler final {
   grpc::Status BatchLookup(
       grpc::ServerContext* ctx, const v1::BatchLookupRequest* req,
       v1::BatchLookupResponse* resp) {
-    auto id = Admit(ctx, kEngine, "BatchLookup");
-    if (!id.ok()) {
-      Add(rpc_stats_.lookup_errors);
-      return Refuse(ctx, id.status());
-    }
-    return ToGrpcStatus(LookupAs(*id, *req, resp, "BatchLookup"));
+    return ToGrpcStatus(Lookup(ctx, *req, resp, "BatchLookup"));
   }
-  // One BatchLookup by `id`: the unary call's and each LookupStream
-  // message's work, counted the same. `method` names it in errors.
-  absl::Status LookupAs(const Identity& id, const v1::BatchLookupRequest& req,
-                        v1::BatchLookupResponse* resp, const char* method) {
+  // One BatchLookup by the caller of `ctx`: the unary call's and each
+  // LookupStream message's work, checked and counted the same. `method`
+  // names it in errors.
+  absl::Status Lookup(grpc::ServerContext* ctx,
+                      const v1::BatchLookupRequest& req,
+                      v1::BatchLookupResponse* resp, const char* method) {
+    auto caller = Admit(ctx, kEngine, method);
+    if (!caller.ok()) {
+      Add(rpc_stats_.lookup_errors);
+      return caller.status();
+    }
+    const Identity& id = *caller;
     if (absl::Status s = CheckKeys(id, req.keys(), method); !s.ok()) {
       Add(rpc_stats_.lookup_errors);
       return s;
@@ -324,17 +328,19 @@ class MasterRpcHandler final {
   }
 
   // LookupStream bookkeeping (LookupStreamCall). Admits a new stream:
-  // Unavailable once CancelLookupStreams ran, ResourceExhausted beyond
-  // kMaxLookupStreams open.
+  // Admit's refusals, Unavailable once CancelLookupStreams ran,
+  // ResourceExhausted beyond max_lookup_streams open.
   absl::Status OpenLookupStream(grpc::ServerContext* ctx) {
+    absl::Status s = Admit(ctx, kEngine, "LookupStream").status();
     MutexLock l(&streams_mu_);
-    absl::Status s;
-    if (streams_cancelled_) {
+    if (!s.ok()) {
+      // counted below
+    } else if (streams_cancelled_) {
       s = absl::UnavailableError("LookupStream: the master is shutting down");
-    } else if (open_streams_.size() >= kMaxLookupStreams) {
-      s = absl::ResourceExhaustedError(
-          absl::StrCat("LookupStream: ", kMaxLookupStreams,
-                       " streams open (the master's limit); use BatchLookup"));
+    } else if (open_streams_.size() >= max_lookup_streams_) {
+      s = absl::ResourceExhaustedError(absl::StrCat(
+          "LookupStream: ", max_lookup_streams_,
+          " streams open (the master's max_lookup_streams); use BatchLookup"));
     } else {
       open_streams_.insert(ctx);
       Add(rpc_stats_.lookup_streams_opened);
@@ -553,12 +559,10 @@ class MasterRpcHandler final {
   const Authenticator* const auth_;  // null: authentication off
   TenantRegistry* const tenants_;
   const uint32_t max_key_bytes_;  // as the caller sends them
+  const size_t max_lookup_streams_;
   Clock* const clock_;
   MasterRpcCounters rpc_stats_;
   LatencyHistogram lookup_latency_;
-  // Open LookupStreams beyond this are refused: each holds a call object
-  // (a few KiB) on its poller for as long as the caller keeps it.
-  static constexpr size_t kMaxLookupStreams = 4096;
   mutable Mutex streams_mu_;
   bool streams_cancelled_ ABSL_GUARDED_BY(streams_mu_) = false;
   absl::flat_hash_set<grpc::ServerContext*> open_streams_
@@ -756,12 +760,6 @@ class LookupStreamCall final : public CqTag {
           return;
         }
         Request(handler_, poller_);
-        auto id = handler_->Admit(&ctx_, MasterRpcHandler::kEngine,
-                                  "LookupStream");
-        if (!id.ok()) {
-          Finish(ToGrpcStatus(id.status()));
-          return;
-        }
         absl::Status open = handler_->OpenLookupStream(&ctx_);
         if (!open.ok()) {
           Finish(ToGrpcStatus(open));
@@ -806,13 +804,11 @@ class LookupStreamCall final : public CqTag {
     stream_.Read(&req_, this);
   }
   void OnRequest() {
-    // Every message is checked as a unary call is: a token revoked (the
-    // identities reloaded) since the stream opened stops working.
-    auto id = handler_->Admit(&ctx_, MasterRpcHandler::kEngine,
-                              "LookupStream");
-    absl::Status s = id.status();
+    // Every message is checked, answered and counted as a BatchLookup
+    // call is (and refused in its words): a token revoked (the identities
+    // reloaded) since the stream opened stops working.
     resp_.Clear();
-    if (s.ok()) s = handler_->LookupAs(*id, req_, &resp_, "LookupStream");
+    absl::Status s = handler_->Lookup(&ctx_, req_, &resp_, "BatchLookup");
     if (!s.ok()) {
       Finish(ToGrpcStatus(s));
       return;
@@ -969,6 +965,11 @@ absl::Status MasterOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("master: rpc_threads must be 1..64, not ", rpc_threads));
   }
+  if (max_lookup_streams < 1 || max_lookup_streams > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "master: max_lookup_streams must be 1..1000000, not ",
+        max_lookup_streams));
+  }
   absl::Status tls_ok = tls.Validate();
   if (!tls_ok.ok()) {
     return absl::InvalidArgumentError(
@@ -1044,7 +1045,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   server->handler_ =
       std::make_unique<master::MasterRpcHandler>(
           server->service_.get(), server->auth_.get(), server->tenants_.get(),
-          options.service.max_key_bytes,
+          options.service.max_key_bytes, options.max_lookup_streams,
           options.service.clock != nullptr ? options.service.clock
                                            : Clock::Real());
 
