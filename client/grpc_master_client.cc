@@ -73,11 +73,10 @@ constexpr absl::Duration kStreamRefusedBackoff = absl::Seconds(1);
 
 // One open LookupStream, used by one caller at a time and driven by that
 // caller through the stream's own completion queue: no gRPC callback
-// thread and no hand-off between threads on a message's way. Every
-// operation waits for its events before it returns, so no event is pending
-// between calls; a stream whose events did not all come by the caller's
-// deadline is cancelled and is dead for good (a late answer can never be
-// taken as another call's).
+// thread and no hand-off between threads on a message's way. A stream
+// goes back to its pool only with no event pending; one that missed its
+// caller's deadline or broke is cancelled and dead for good (a late answer
+// can never be taken as another call's).
 class PooledLookupStream {
  public:
   enum class Result { kOk, kDeadline, kBroken };
@@ -88,8 +87,10 @@ class PooledLookupStream {
 
   ~PooledLookupStream() {
     if (rw_ != nullptr && !finished_) {
-      ctx_.TryCancel();
+      Kill();
       Finish(absl::InfiniteFuture());  // completes at once once cancelled
+    } else if (pending_ > 0) {
+      Kill();
     }
     cq_.Shutdown();
     void* tag;
@@ -104,7 +105,7 @@ class PooledLookupStream {
     rw_ = stub->PrepareAsyncLookupStream(&ctx_, &cq_);
     rw_->StartCall(this);
     ++pending_;
-    return Await(deadline) == Result::kOk;
+    return Settle(deadline) == Result::kOk;
   }
 
   // One lookup: writes `req`, reads its answer into `resp`. kDeadline: no
@@ -113,20 +114,69 @@ class PooledLookupStream {
   Result Call(const pb::BatchLookupRequest& req, pb::BatchLookupResponse* resp,
               absl::Time deadline) {
     if (dead_) return Result::kBroken;
-    rw_->Write(req, this);
-    rw_->Read(resp, this);
-    pending_ += 2;
-    return Await(deadline);
+    StartWrite(req, this);
+    StartRead(resp, this);
+    return Settle(deadline);
   }
 
-  // The status the stream ended with (REQUIRES: dead). Waits for it until
-  // `deadline` (at once for a broken stream); CANCELLED after that.
+  // The pipelined use (StreamedLookups): at most one write and one read
+  // outstanding, each completing as an event with its `tag` (Poll).
+  // `req` and `resp` must live until then.
+  void StartWrite(const pb::BatchLookupRequest& req, void* tag) {
+    rw_->Write(req, tag);
+    ++pending_;
+  }
+  void StartRead(pb::BatchLookupResponse* resp, void* tag) {
+    rw_->Read(resp, tag);
+    ++pending_;
+  }
+  // The next event by `until`: false on timeout (nothing taken).
+  bool Poll(absl::Time until, void** tag, bool* ok) {
+    if (cq_.AsyncNext(tag, ok, absl::ToChronoTime(until)) !=
+        grpc::CompletionQueue::GOT_EVENT) {
+      return false;
+    }
+    --pending_;
+    if (!*ok) dead_ = true;
+    return true;
+  }
+  // Cancels the stream and takes every pending event: dead from now on.
+  void Kill() {
+    dead_ = true;
+    ctx_.TryCancel();  // every pending event now comes, with !ok
+    void* tag;
+    bool ok;
+    while (pending_ > 0 && cq_.Next(&tag, &ok)) --pending_;
+  }
+  // May go back to the pool: alive, nothing pending.
+  bool reusable() const { return !dead_ && pending_ == 0; }
+  bool dead() const { return dead_; }
+
+  // Takes the pending events; kDeadline (cancelling the stream) if they
+  // did not all come by `deadline`, kBroken if one failed.
+  Result Settle(absl::Time deadline) {
+    bool all_ok = true;
+    while (pending_ > 0) {
+      void* tag;
+      bool ok = false;
+      if (!Poll(deadline, &tag, &ok)) {
+        Kill();
+        return Result::kDeadline;
+      }
+      all_ok = all_ok && ok;
+    }
+    return all_ok ? Result::kOk : Result::kBroken;
+  }
+
+  // The status the stream ended with (REQUIRES: dead, nothing pending).
+  // Waits for it until `deadline` (at once for a broken stream); CANCELLED
+  // after that.
   grpc::Status Finish(absl::Time deadline) {
     if (!finished_) {
       finished_ = true;
       rw_->Finish(&status_, this);
       ++pending_;
-      if (Await(deadline) == Result::kDeadline) {
+      if (Settle(deadline) == Result::kDeadline) {
         return grpc::Status(grpc::StatusCode::CANCELLED,
                             "LookupStream: cancelled");
       }
@@ -138,38 +188,15 @@ class PooledLookupStream {
   // half-closes a live stream; EndClose waits for the master's answer
   // until `deadline`, then cancels.
   void BeginClose() {
-    if (rw_ == nullptr || dead_ || finished_) return;
+    if (rw_ == nullptr || !reusable() || finished_) return;
     rw_->WritesDone(this);
     rw_->Finish(&status_, this);
     finished_ = true;
     pending_ += 2;
   }
-  void EndClose(absl::Time deadline) { Await(deadline); }
+  void EndClose(absl::Time deadline) { Settle(deadline); }
 
  private:
-  // Takes the pending events; kDeadline (cancelling the stream and
-  // draining them) if they did not all come by `deadline`, kBroken if one
-  // failed.
-  Result Await(absl::Time deadline) {
-    const auto until = absl::ToChronoTime(deadline);
-    bool all_ok = true;
-    while (pending_ > 0) {
-      void* tag;
-      bool ok = false;
-      if (cq_.AsyncNext(&tag, &ok, until) !=
-          grpc::CompletionQueue::GOT_EVENT) {
-        dead_ = true;
-        ctx_.TryCancel();  // every pending event now comes, with !ok
-        while (pending_ > 0 && cq_.Next(&tag, &ok)) --pending_;
-        return Result::kDeadline;
-      }
-      --pending_;
-      all_ok = all_ok && ok;
-    }
-    if (!all_ok) dead_ = true;
-    return all_ok ? Result::kOk : Result::kBroken;
-  }
-
   grpc::CompletionQueue cq_;
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientAsyncReaderWriter<pb::BatchLookupRequest,
@@ -360,6 +387,7 @@ class GrpcMasterClient : public MasterClient {
 
  private:
   friend class GrpcLookupStream;
+  friend class StreamedLookups;
 
   // `req` over a pooled LookupStream: true with its status in `*status`
   // when the stream answered it (or its deadline passed, or the master
@@ -372,27 +400,9 @@ class GrpcMasterClient : public MasterClient {
   bool StreamLookup(const pb::BatchLookupRequest& req,
                     pb::BatchLookupResponse* resp, absl::Time deadline,
                     absl::Status* status) {
-    if (streams_off_.load(std::memory_order_relaxed)) return false;
-    std::unique_ptr<PooledLookupStream> stream;
-    {
-      MutexLock l(&mu_);
-      if (!idle_streams_.empty()) {
-        stream = std::move(idle_streams_.back());
-        idle_streams_.pop_back();
-      } else if (absl::Now() < no_new_streams_until_) {
-        return false;
-      }
-    }
-    PooledLookupStream::Result r = PooledLookupStream::Result::kBroken;
-    if (stream == nullptr) {
-      stream = std::make_unique<PooledLookupStream>();
-      if (stream->Start(stub_.get(), deadline)) {
-        r = stream->Call(req, resp, deadline);
-      }
-    } else {
-      r = stream->Call(req, resp, deadline);
-    }
-    switch (r) {
+    std::unique_ptr<PooledLookupStream> stream = TakeStream(deadline);
+    if (stream == nullptr) return false;
+    switch (stream->Call(req, resp, deadline)) {
       case PooledLookupStream::Result::kOk:
         *status = absl::OkStatus();
         ReturnStream(std::move(stream));
@@ -404,6 +414,38 @@ class GrpcMasterClient : public MasterClient {
         break;
     }
     const grpc::Status why = stream->Finish(deadline);
+    if (!IsAnswer(why)) return false;
+    *status = FromGrpcStatus(why, "BatchLookup");
+    return true;
+  }
+
+  // An idle stream, or a new one (dead if it did not start: its Finish
+  // tells why); null when lookups go unary (streams off, or the master
+  // refused a stream for its limit a moment ago and none is idle).
+  std::unique_ptr<PooledLookupStream> TakeStream(absl::Time deadline) {
+    if (streams_off_.load(std::memory_order_relaxed)) return nullptr;
+    {
+      MutexLock l(&mu_);
+      if (!idle_streams_.empty()) {
+        std::unique_ptr<PooledLookupStream> s = std::move(idle_streams_.back());
+        idle_streams_.pop_back();
+        return s;
+      }
+      if (absl::Now() < no_new_streams_until_) return nullptr;
+    }
+    auto s = std::make_unique<PooledLookupStream>();
+    s->Start(stub_.get(), deadline);
+    return s;
+  }
+
+  // Whether `why`, the status a stream ended with before it answered a
+  // lookup, is the master's answer to that lookup (as BatchLookup would
+  // have answered it: a refusal). False: the stream failed, not the
+  // lookup; ask with a unary BatchLookup, which answers with authority: a
+  // master without LookupStream (UNIMPLEMENTED: streams are off from now
+  // on), one at its stream limit (RESOURCE_EXHAUSTED: no new stream for a
+  // while), a stream left over from a master that restarted or shut down.
+  bool IsAnswer(const grpc::Status& why) {
     switch (why.error_code()) {
       case grpc::StatusCode::UNIMPLEMENTED:
         streams_off_.store(true, std::memory_order_relaxed);
@@ -419,14 +461,13 @@ class GrpcMasterClient : public MasterClient {
       case grpc::StatusCode::UNKNOWN:
       case grpc::StatusCode::INTERNAL:
         return false;
-      default:  // the master's answer to this lookup (as BatchLookup's)
-        *status = FromGrpcStatus(why, "BatchLookup");
+      default:
         return true;
     }
   }
 
   // A stream that answered goes back to the pool, or is closed when
-  // idle_lookup_streams are idle already.
+  // idle_lookup_streams are idle already. REQUIRES: stream->reusable().
   void ReturnStream(std::unique_ptr<PooledLookupStream> stream) {
     {
       MutexLock l(&mu_);
@@ -602,10 +643,159 @@ class GrpcLookupStream : public LookupStream {
   LookupBatch batch_;    // the answer Next returned last
 };
 
+// The lookups of one Load over one pooled LookupStream: the chunks'
+// requests written lookup_pipeline_depth ahead of the answer taken, the
+// answers read in order, all driven by the Load's thread in Next (the
+// stream's own queue). If the stream breaks without the master refusing a
+// lookup (a stream left over from a restarted master, an older master),
+// the remaining chunks go as unary calls (GrpcLookupStream). The stream
+// goes back to the pool when every answer has been taken; CancelRest with
+// answers outstanding cancels it.
+class StreamedLookups : public LookupStream {
+ public:
+  StreamedLookups(GrpcMasterClient* client,
+                  std::unique_ptr<PooledLookupStream> stream,
+                  absl::Span<const std::string> keys, size_t chunk,
+                  absl::Time deadline)
+      : client_(client),
+        stream_(std::move(stream)),
+        keys_(keys),
+        deadline_(deadline),
+        chunk_(chunk),
+        nchunks_((keys.size() + chunk_ - 1) / chunk_),
+        resps_(nchunks_) {
+    Pump();
+  }
+  ~StreamedLookups() override { CancelRest(); }
+
+  bool has_next() const override {
+    if (fallback_ != nullptr) return fallback_->has_next();
+    return !stopped_ && next_ < nchunks_;
+  }
+
+  absl::StatusOr<const LookupBatch*> Next(bool block) override {
+    if (fallback_ != nullptr) return fallback_->Next(block);
+    while (answered_ <= next_) {
+      if (stream_->dead()) return Broken(block);
+      void* tag;
+      bool ok = false;
+      if (!stream_->Poll(block ? deadline_ : absl::UnixEpoch(), &tag, &ok)) {
+        if (!block) return nullptr;  // not arrived yet
+        stopped_ = true;
+        stream_->Kill();
+        stream_.reset();
+        return absl::DeadlineExceededError(
+            "Load: lookup did not answer before the deadline");
+      }
+      if (tag == &write_tag_) {
+        writing_ = false;
+      } else {
+        reading_ = false;
+        if (ok) ++answered_;
+      }
+      if (ok) Pump();
+    }
+    const size_t k = next_++;
+    Pump();
+    if (next_ == nchunks_) {
+      // Every answer taken: only a write's event may be pending (its
+      // answer came first). The stream goes back to the pool.
+      if (stream_->Settle(deadline_) == PooledLookupStream::Result::kOk) {
+        client_->ReturnStream(std::move(stream_));
+      } else {
+        stream_.reset();
+      }
+    }
+    batch_ = LookupBatch();
+    absl::Status s = FromProto(resps_[k], ChunkSize(k), &batch_);
+    resps_[k].Clear();
+    RETURN_IF_ERROR(s);
+    return &batch_;
+  }
+
+  void CancelRest() override {
+    stopped_ = true;
+    if (fallback_ != nullptr) fallback_->CancelRest();
+    if (stream_ == nullptr) return;
+    if (stream_->reusable()) {
+      client_->ReturnStream(std::move(stream_));
+    } else {
+      stream_->Kill();
+      stream_.reset();
+    }
+  }
+
+ private:
+  size_t ChunkSize(size_t k) const {
+    return std::min(chunk_, keys_.size() - k * chunk_);
+  }
+
+  // The stream ended before chunk next_'s answer. The master's refusal of
+  // a lookup is the answer; otherwise the rest goes as unary calls.
+  absl::StatusOr<const LookupBatch*> Broken(bool block) {
+    stream_->Settle(deadline_);  // the other event, if any, comes at once
+    const grpc::Status why = stream_->Finish(deadline_);
+    stream_.reset();
+    if (client_->IsAnswer(why)) {
+      stopped_ = true;
+      return FromGrpcStatus(why, "BatchLookup");
+    }
+    fallback_ = std::make_unique<GrpcLookupStream>(
+        client_, keys_.subspan(next_ * chunk_), chunk_, deadline_);
+    return fallback_->Next(block);
+  }
+
+  // Starts the next write (one at a time, up to the pipeline depth ahead
+  // of the answer taken) and the next read (one at a time).
+  void Pump() {
+    if (stopped_ || stream_ == nullptr || stream_->dead()) return;
+    const size_t depth =
+        static_cast<size_t>(client_->options_.lookup_pipeline_depth);
+    if (!writing_ && written_ < nchunks_ && written_ < next_ + depth) {
+      req_.Clear();
+      const size_t begin = written_ * chunk_;
+      for (size_t i = begin; i < begin + ChunkSize(written_); ++i) {
+        req_.add_keys(keys_[i]);
+      }
+      req_.set_for_read(true);
+      stream_->StartWrite(req_, &write_tag_);
+      writing_ = true;
+      ++written_;
+    }
+    if (!reading_ && answered_ < written_) {
+      stream_->StartRead(&resps_[answered_], &read_tag_);
+      reading_ = true;
+    }
+  }
+
+  GrpcMasterClient* const client_;
+  std::unique_ptr<PooledLookupStream> stream_;
+  const absl::Span<const std::string> keys_;
+  const absl::Time deadline_;
+  const size_t chunk_;
+  const size_t nchunks_;
+  std::vector<pb::BatchLookupResponse> resps_;  // per chunk, as read
+  pb::BatchLookupRequest req_;                  // the write in flight
+  char write_tag_ = 0, read_tag_ = 0;           // their events' tags
+  bool writing_ = false, reading_ = false;      // a write / read in flight
+  size_t written_ = 0;   // chunks whose request was written (or is being)
+  size_t answered_ = 0;  // chunks whose answer was read
+  size_t next_ = 0;      // next chunk to take
+  bool stopped_ = false;
+  std::unique_ptr<GrpcLookupStream> fallback_;  // the rest, unary
+  LookupBatch batch_;  // the answer Next returned last
+};
+
 std::unique_ptr<LookupStream> GrpcMasterClient::StartLookups(
     absl::Span<const std::string> keys, size_t chunk_keys,
     absl::Time deadline) {
-  return std::make_unique<GrpcLookupStream>(this, keys, chunk_keys, deadline);
+  std::unique_ptr<PooledLookupStream> stream = TakeStream(deadline);
+  if (stream == nullptr) {
+    return std::make_unique<GrpcLookupStream>(this, keys, chunk_keys,
+                                              deadline);
+  }
+  return std::make_unique<StreamedLookups>(this, std::move(stream), keys,
+                                           chunk_keys, deadline);
 }
 
 }  // namespace

@@ -156,6 +156,22 @@ void CheckFound(const LookupBatch& b, const std::vector<std::string>& keys) {
   }
 }
 
+// Every answer of `lookups`, chunk after chunk, as one batch.
+absl::StatusOr<LookupBatch> TakeAll(LookupStream* lookups) {
+  LookupBatch all;
+  while (lookups->has_next()) {
+    absl::StatusOr<const LookupBatch*> b = lookups->Next(true);
+    if (!b.ok()) return b.status();
+    all.found.insert(all.found.end(), (*b)->found.begin(), (*b)->found.end());
+    all.locations.insert(all.locations.end(), (*b)->locations.begin(),
+                         (*b)->locations.end());
+    for (const PeerInfo& n : (*b)->nodes) {
+      if (all.nodes.empty()) all.nodes.push_back(n);  // one node here
+    }
+  }
+  return all;
+}
+
 std::unique_ptr<MasterServer> StartMaster(const MasterOptions& o) {
   auto m = MasterServer::Create(o);
   INFO(m.status().ToString());
@@ -208,6 +224,47 @@ TEST_CASE("Lookups over streams answer as unary BatchLookups do") {
   CHECK(Stat(address, "lookup_errors") == 2);
   streamed.reset();  // closes its idle stream cleanly
   CheckStatBecomes(address, "lookup_streams_open", 0);
+}
+
+TEST_CASE("A Load's pipelined lookups over a stream answer as unary ones") {
+  MasterOptions o;
+  o.db_path = TestDir("pipelined");
+  auto master = StartMaster(o);
+  const std::string address = master->address();
+  Populate(address);
+  auto streamed = NewClient(address, 4);
+  auto unary = NewClient(address, 0);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 20; ++i) keys.push_back(Hit(i));
+  keys.push_back(Miss(0));
+  keys.push_back(Hit(20));
+
+  for (size_t chunk : {1, 3, 7, 22}) {
+    INFO("chunk " << chunk);
+    auto s = TakeAll(streamed->StartLookups(keys, chunk, Soon()).get());
+    auto u = TakeAll(unary->StartLookups(keys, chunk, Soon()).get());
+    REQUIRE(s.ok());
+    REQUIRE(u.ok());
+    CheckFound(*s, keys);
+    CheckSame(*s, *u);
+  }
+  // One stream did all four, back in the pool after each.
+  CHECK(Stat(address, "lookup_streams_opened") == 1);
+  CHECK(Stat(address, "lookups") == 2 * (22 + 8 + 4 + 1));
+
+  // Cancelled with answers outstanding: that stream is dropped.
+  {
+    auto lookups = streamed->StartLookups(keys, 2, Soon());
+    auto first = lookups->Next(true);
+    REQUIRE(first.ok());
+    CHECK((*first)->found == std::vector<bool>{true, true});
+    lookups->CancelRest();
+    CHECK_FALSE(lookups->has_next());
+  }
+  auto after = streamed->Lookup(Mixed(0, 6), false, Soon());
+  REQUIRE(after.ok());
+  CheckFound(*after, Mixed(0, 6));
+  CHECK(Stat(address, "lookup_streams_opened") == 2);
 }
 
 TEST_CASE("A stream is checked as BatchLookup is: refused, and revoked") {
@@ -347,6 +404,20 @@ TEST_CASE("A lookup past its deadline drops its stream; no late answer is "
   }
   // The lookup really reached the master; its stream was dropped.
   CHECK(Stat(master->address(), "lookup_streams_opened") == 2);
+
+  // The same for a Load's pipelined lookups.
+  relay.Pause();
+  {
+    auto lookups = client->StartLookups(hits, 1, absl::Now() +
+                                                     absl::Milliseconds(200));
+    auto first = lookups->Next(true);
+    CHECK(first.status().code() == absl::StatusCode::kDeadlineExceeded);
+  }
+  relay.Resume();
+  auto r = TakeAll(client->StartLookups(misses, 1, Soon()).get());
+  REQUIRE(r.ok());
+  CheckFound(*r, misses);
+  CHECK(Stat(master->address(), "lookup_streams_opened") == 3);
 }
 
 TEST_CASE("Open streams do not hold up the master's shutdown; lookups "
@@ -494,12 +565,17 @@ TEST_CASE("A master without LookupStream gets unary BatchLookups") {
   REQUIRE(server != nullptr);
 
   auto client = NewClient(absl::StrCat("127.0.0.1:", port), 4);
+  // A Load's lookups: the stream fails, the chunks go unary.
+  auto all = TakeAll(client->StartLookups(Mixed(0, 6), 2, Soon()).get());
+  REQUIRE(all.ok());
+  CheckFound(*all, Mixed(0, 6));
+  CHECK(old.calls() == 3);
   for (int i = 0; i < 5; ++i) {
     auto r = client->Lookup(Mixed(i, 6), i % 2 == 0, Soon());
     REQUIRE(r.ok());
     CheckFound(*r, Mixed(i, 6));
   }
-  CHECK(old.calls() == 5);  // the first one too, after UNIMPLEMENTED
+  CHECK(old.calls() == 3 + 5);
   CHECK(Stat(master->address(), "lookup_streams_opened") == 0);
   client.reset();
   server->Shutdown();
