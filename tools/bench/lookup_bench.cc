@@ -22,6 +22,13 @@
 // must report all its keys as hits; misses are counted and make the exit
 // status 1.
 //
+// --transports: how the lookups travel, side by side in the same run:
+// "unary" (a BatchLookup call each), "stream" (request/response messages
+// over one LookupStream per client thread, opened before the timing,
+// blocking Write then Read), "stream_async" (the same stream driven by the
+// thread's own CompletionQueue with the write and the read in flight
+// together: what the client SDK does). Default: unary.
+//
 // --redis: the side-by-side baseline. Starts redis-server (Debian's
 // redis-server package; --redis_server names the binary) on a free loopback
 // port without persistence, stores the same keys with a 40-byte value each
