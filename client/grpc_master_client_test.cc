@@ -179,12 +179,19 @@ std::unique_ptr<MasterServer> StartMaster(const MasterOptions& o) {
   return std::move(m).value();
 }
 
-TEST_CASE("Lookups over streams answer as unary BatchLookups do") {
-  MasterOptions o;
-  o.db_path = TestDir("same");
+// A master with options `o` (its index under `name`) holding
+// Hit(0..kStored-1).
+std::unique_ptr<MasterServer> StartPopulated(const std::string& name,
+                                             MasterOptions o = {}) {
+  o.db_path = TestDir(name);
   auto master = StartMaster(o);
+  Populate(master->address());
+  return master;
+}
+
+TEST_CASE("Lookups over streams answer as unary BatchLookups do") {
+  auto master = StartPopulated("same");
   const std::string address = master->address();
-  Populate(address);
   auto streamed = NewClient(address, 4);
   auto unary = NewClient(address, 0);
 
@@ -227,11 +234,8 @@ TEST_CASE("Lookups over streams answer as unary BatchLookups do") {
 }
 
 TEST_CASE("A Load's pipelined lookups over a stream answer as unary ones") {
-  MasterOptions o;
-  o.db_path = TestDir("pipelined");
-  auto master = StartMaster(o);
+  auto master = StartPopulated("pipelined");
   const std::string address = master->address();
-  Populate(address);
   auto streamed = NewClient(address, 4);
   auto unary = NewClient(address, 0);
   std::vector<std::string> keys;
@@ -380,10 +384,7 @@ class PausableRelay {
 
 TEST_CASE("A lookup past its deadline drops its stream; no late answer is "
           "taken for another lookup") {
-  MasterOptions o;
-  o.db_path = TestDir("deadline");
-  auto master = StartMaster(o);
-  Populate(master->address());
+  auto master = StartPopulated("deadline");
   PausableRelay relay(master->address());
   auto client = NewClient(relay.address(), 4);
   const std::vector<std::string> hits = {Hit(0), Hit(1), Hit(2)};
@@ -476,10 +477,8 @@ TEST_CASE("Open streams do not hold up the master's shutdown; lookups "
 
 TEST_CASE("Many concurrent callers each get their own answers") {
   MasterOptions o;
-  o.db_path = TestDir("concurrent");
   o.rpc_threads = 2;
-  auto master = StartMaster(o);
-  Populate(master->address());
+  auto master = StartPopulated("concurrent", o);
   // A pool smaller than the callers: streams are opened and closed too.
   auto client = NewClient(master->address(), 2);
   std::atomic<int> wrong{0}, failed{0};
@@ -513,11 +512,9 @@ TEST_CASE("Many concurrent callers each get their own answers") {
 
 TEST_CASE("Beyond the master's stream limit, lookups go unary") {
   MasterOptions o;
-  o.db_path = TestDir("limit");
   o.max_lookup_streams = 1;
-  auto master = StartMaster(o);
+  auto master = StartPopulated("limit", o);
   const std::string address = master->address();
-  Populate(address);
   auto first = NewClient(address, 4);
   REQUIRE(first->Lookup(Mixed(0, 6), false, Soon()).ok());  // holds it
   auto second = NewClient(address, 4);
@@ -553,10 +550,7 @@ class OldMaster final : public pb::MasterService::Service {
 };
 
 TEST_CASE("A master without LookupStream gets unary BatchLookups") {
-  MasterOptions o;
-  o.db_path = TestDir("old");
-  auto master = StartMaster(o);
-  Populate(master->address());
+  auto master = StartPopulated("old");
   OldMaster old(master->address());
   grpc::ServerBuilder builder;
   int port = 0;
