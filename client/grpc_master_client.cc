@@ -675,6 +675,9 @@ class StreamedLookups : public LookupStream {
 
   absl::StatusOr<const LookupBatch*> Next(bool block) override {
     if (fallback_ != nullptr) return fallback_->Next(block);
+    if (stream_ == nullptr || !has_next()) {
+      return absl::FailedPreconditionError("Load: no lookup answers left");
+    }
     while (answered_ <= next_) {
       if (stream_->dead()) return Broken(block);
       void* tag;
