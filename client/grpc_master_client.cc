@@ -3,8 +3,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
@@ -62,13 +64,170 @@ absl::Status FromProto(const pb::BatchLookupResponse& resp, size_t n,
   return absl::OkStatus();
 }
 
+// How long closing the idle LookupStreams may take (the master answers a
+// half-close at once; a master that does not is cancelled after this).
+constexpr absl::Duration kStreamCloseTimeout = absl::Seconds(1);
+// After the master refused a new stream for its limit (max_lookup_streams),
+// lookups that find no idle stream go unary for this long.
+constexpr absl::Duration kStreamRefusedBackoff = absl::Seconds(1);
+
+// One open LookupStream, used by one caller at a time and driven by that
+// caller through the stream's own completion queue: no gRPC callback
+// thread and no hand-off between threads on a message's way. A stream
+// goes back to its pool only with no event pending; one that missed its
+// caller's deadline or broke is cancelled and dead for good (a late answer
+// can never be taken as another call's).
+class PooledLookupStream {
+ public:
+  enum class Result { kOk, kDeadline, kBroken };
+
+  PooledLookupStream() = default;
+  PooledLookupStream(const PooledLookupStream&) = delete;
+  PooledLookupStream& operator=(const PooledLookupStream&) = delete;
+
+  ~PooledLookupStream() {
+    if (rw_ != nullptr && !finished_) {
+      Kill();
+      Finish(absl::InfiniteFuture());  // completes at once once cancelled
+    } else if (pending_ > 0) {
+      Kill();
+    }
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+
+  // Opens the stream; false if that did not complete by `deadline` (the
+  // stream is then dead: Finish tells why).
+  bool Start(pb::MasterService::Stub* stub, absl::Time deadline) {
+    rw_ = stub->PrepareAsyncLookupStream(&ctx_, &cq_);
+    rw_->StartCall(this);
+    ++pending_;
+    return Settle(deadline) == Result::kOk;
+  }
+
+  // One lookup: writes `req`, reads its answer into `resp`. kDeadline: no
+  // answer by `deadline`; kBroken: the stream ended (Finish tells why).
+  // Either way the stream is dead.
+  Result Call(const pb::BatchLookupRequest& req, pb::BatchLookupResponse* resp,
+              absl::Time deadline) {
+    if (dead_) return Result::kBroken;
+    StartWrite(req, this);
+    StartRead(resp, this);
+    return Settle(deadline);
+  }
+
+  // The pipelined use (StreamedLookups): at most one write and one read
+  // outstanding, each completing as an event with its `tag` (Poll).
+  // `req` and `resp` must live until then.
+  void StartWrite(const pb::BatchLookupRequest& req, void* tag) {
+    rw_->Write(req, tag);
+    ++pending_;
+  }
+  void StartRead(pb::BatchLookupResponse* resp, void* tag) {
+    rw_->Read(resp, tag);
+    ++pending_;
+  }
+  // The next event by `until`: false on timeout (nothing taken).
+  bool Poll(absl::Time until, void** tag, bool* ok) {
+    if (cq_.AsyncNext(tag, ok, absl::ToChronoTime(until)) !=
+        grpc::CompletionQueue::GOT_EVENT) {
+      return false;
+    }
+    --pending_;
+    if (!*ok) dead_ = true;
+    return true;
+  }
+  // Cancels the stream and takes every pending event: dead from now on.
+  void Kill() {
+    dead_ = true;
+    ctx_.TryCancel();  // every pending event now comes, with !ok
+    void* tag;
+    bool ok;
+    while (pending_ > 0 && cq_.Next(&tag, &ok)) --pending_;
+  }
+  // May go back to the pool: alive, nothing pending.
+  bool reusable() const { return !dead_ && pending_ == 0; }
+  bool dead() const { return dead_; }
+
+  // Takes the pending events; kDeadline (cancelling the stream) if they
+  // did not all come by `deadline`, kBroken if one failed.
+  Result Settle(absl::Time deadline) {
+    bool all_ok = true;
+    while (pending_ > 0) {
+      void* tag;
+      bool ok = false;
+      if (!Poll(deadline, &tag, &ok)) {
+        Kill();
+        return Result::kDeadline;
+      }
+      all_ok = all_ok && ok;
+    }
+    return all_ok ? Result::kOk : Result::kBroken;
+  }
+
+  // The status the stream ended with (REQUIRES: dead, nothing pending).
+  // Waits for it until `deadline` (at once for a broken stream); CANCELLED
+  // after that.
+  grpc::Status Finish(absl::Time deadline) {
+    if (!finished_) {
+      finished_ = true;
+      rw_->Finish(&status_, this);
+      ++pending_;
+      if (Settle(deadline) == Result::kDeadline) {
+        return grpc::Status(grpc::StatusCode::CANCELLED,
+                            "LookupStream: cancelled");
+      }
+    }
+    return status_;
+  }
+
+  // Closing without making each caller wait for its own: BeginClose
+  // half-closes a live stream; EndClose waits for the master's answer
+  // until `deadline`, then cancels.
+  void BeginClose() {
+    if (rw_ == nullptr || !reusable() || finished_) return;
+    rw_->WritesDone(this);
+    rw_->Finish(&status_, this);
+    finished_ = true;
+    pending_ += 2;
+  }
+  void EndClose(absl::Time deadline) { Settle(deadline); }
+
+ private:
+  grpc::CompletionQueue cq_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<pb::BatchLookupRequest,
+                                                pb::BatchLookupResponse>>
+      rw_;
+  int pending_ = 0;        // events asked for and not yet taken
+  bool dead_ = false;      // broken or cancelled: no more calls
+  bool finished_ = false;  // Finish asked for
+  grpc::Status status_;
+};
+
 class GrpcMasterClient : public MasterClient {
  public:
   GrpcMasterClient(std::shared_ptr<grpc::Channel> channel,
                    const GrpcMasterClientOptions& options)
-      : options_(options), stub_(pb::MasterService::NewStub(channel)) {}
+      : options_(options),
+        stub_(pb::MasterService::NewStub(channel)),
+        streams_off_(options.idle_lookup_streams <= 0) {}
 
   ~GrpcMasterClient() override {
+    // The idle streams end cleanly (half-close, the master's OK), all at
+    // once; no caller holds one now.
+    std::vector<std::unique_ptr<PooledLookupStream>> idle;
+    {
+      MutexLock l(&mu_);
+      idle.swap(idle_streams_);
+    }
+    for (auto& s : idle) s->BeginClose();
+    const absl::Time close_by = absl::Now() + kStreamCloseTimeout;
+    for (auto& s : idle) s->EndClose(close_by);
+    idle.clear();
     // Background aborts and cancelled lookups reference this object: wait
     // for them (each is bounded by its deadline).
     MutexLock l(&mu_);
@@ -85,8 +244,12 @@ class GrpcMasterClient : public MasterClient {
     for (const std::string& k : keys) req.add_keys(k);
     req.set_for_read(for_read);
     pb::BatchLookupResponse resp;
-    RETURN_IF_ERROR(Unary(&pb::MasterService::Stub::BatchLookup, req, &resp,
-                          deadline, "BatchLookup"));
+    absl::Status answered;
+    if (!StreamLookup(req, &resp, deadline, &answered)) {
+      answered = Unary(&pb::MasterService::Stub::BatchLookup, req, &resp,
+                       deadline, "BatchLookup");
+    }
+    RETURN_IF_ERROR(answered);
     LookupBatch out;
     RETURN_IF_ERROR(FromProto(resp, keys.size(), &out));
     return out;
@@ -224,6 +387,99 @@ class GrpcMasterClient : public MasterClient {
 
  private:
   friend class GrpcLookupStream;
+  friend class StreamedLookups;
+
+  // `req` over a pooled LookupStream: true with its status in `*status`
+  // when the stream answered it (or its deadline passed, or the master
+  // refused the message); false when the caller should make it a unary
+  // BatchLookup instead: streams off, a master without LookupStream (streams
+  // are then off for good), or a stream that broke without an answer (one
+  // left over from a master that has restarted or shut down, or refused at
+  // the master's stream limit), for which the unary call gives the
+  // authoritative answer.
+  bool StreamLookup(const pb::BatchLookupRequest& req,
+                    pb::BatchLookupResponse* resp, absl::Time deadline,
+                    absl::Status* status) {
+    std::unique_ptr<PooledLookupStream> stream = TakeStream(deadline);
+    if (stream == nullptr) return false;
+    switch (stream->Call(req, resp, deadline)) {
+      case PooledLookupStream::Result::kOk:
+        *status = absl::OkStatus();
+        ReturnStream(std::move(stream));
+        return true;
+      case PooledLookupStream::Result::kDeadline:
+        *status = absl::DeadlineExceededError("BatchLookup: Deadline Exceeded");
+        return true;
+      case PooledLookupStream::Result::kBroken:
+        break;
+    }
+    const grpc::Status why = stream->Finish(deadline);
+    if (!IsAnswer(why)) return false;
+    *status = FromGrpcStatus(why, "BatchLookup");
+    return true;
+  }
+
+  // An idle stream, or a new one (dead if it did not start: its Finish
+  // tells why); null when lookups go unary (streams off, or the master
+  // refused a stream for its limit a moment ago and none is idle).
+  std::unique_ptr<PooledLookupStream> TakeStream(absl::Time deadline) {
+    if (streams_off_.load(std::memory_order_relaxed)) return nullptr;
+    {
+      MutexLock l(&mu_);
+      if (!idle_streams_.empty()) {
+        std::unique_ptr<PooledLookupStream> s = std::move(idle_streams_.back());
+        idle_streams_.pop_back();
+        return s;
+      }
+      if (absl::Now() < no_new_streams_until_) return nullptr;
+    }
+    auto s = std::make_unique<PooledLookupStream>();
+    s->Start(stub_.get(), deadline);
+    return s;
+  }
+
+  // Whether `why`, the status a stream ended with before it answered a
+  // lookup, is the master's answer to that lookup (as BatchLookup would
+  // have answered it: a refusal). False: the stream failed, not the
+  // lookup; ask with a unary BatchLookup, which answers with authority: a
+  // master without LookupStream (UNIMPLEMENTED: streams are off from now
+  // on), one at its stream limit (RESOURCE_EXHAUSTED: no new stream for a
+  // while), a stream left over from a master that restarted or shut down.
+  bool IsAnswer(const grpc::Status& why) {
+    switch (why.error_code()) {
+      case grpc::StatusCode::UNIMPLEMENTED:
+        streams_off_.store(true, std::memory_order_relaxed);
+        return false;
+      case grpc::StatusCode::RESOURCE_EXHAUSTED: {
+        MutexLock l(&mu_);
+        no_new_streams_until_ = absl::Now() + kStreamRefusedBackoff;
+        return false;
+      }
+      case grpc::StatusCode::OK:  // ended without answering: not a refusal
+      case grpc::StatusCode::UNAVAILABLE:
+      case grpc::StatusCode::CANCELLED:
+      case grpc::StatusCode::UNKNOWN:
+      case grpc::StatusCode::INTERNAL:
+        return false;
+      default:
+        return true;
+    }
+  }
+
+  // A stream that answered goes back to the pool, or is closed when
+  // idle_lookup_streams are idle already. REQUIRES: stream->reusable().
+  void ReturnStream(std::unique_ptr<PooledLookupStream> stream) {
+    {
+      MutexLock l(&mu_);
+      if (idle_streams_.size() <
+          static_cast<size_t>(options_.idle_lookup_streams)) {
+        idle_streams_.push_back(std::move(stream));
+        return;
+      }
+    }
+    stream->BeginClose();
+    stream->EndClose(absl::Now() + kStreamCloseTimeout);
+  }
 
   // One unary call of `method` with `deadline`; `what` names it in errors.
   template <typename Request, typename Response>
@@ -263,9 +519,18 @@ class GrpcMasterClient : public MasterClient {
   const GrpcMasterClientOptions options_;
   const std::unique_ptr<pb::MasterService::Stub> stub_;
 
+  // Lookups go as unary BatchLookups (idle_lookup_streams 0, or the master
+  // answered LookupStream with UNIMPLEMENTED).
+  std::atomic<bool> streams_off_;
+
   Mutex mu_;
   // Async calls (aborts, lookups) whose callback functors gRPC still holds.
   int async_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Open LookupStreams no caller holds, the most recently used last.
+  std::vector<std::unique_ptr<PooledLookupStream>> idle_streams_
+      ABSL_GUARDED_BY(mu_);
+  // The master refused a new stream for its limit: none is opened before.
+  absl::Time no_new_streams_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 // The BatchLookup round trips of one Load: chunks of `chunk` keys, up to
@@ -378,10 +643,162 @@ class GrpcLookupStream : public LookupStream {
   LookupBatch batch_;    // the answer Next returned last
 };
 
+// The lookups of one Load over one pooled LookupStream: the chunks'
+// requests written lookup_pipeline_depth ahead of the answer taken, the
+// answers read in order, all driven by the Load's thread in Next (the
+// stream's own queue). If the stream breaks without the master refusing a
+// lookup (a stream left over from a restarted master, an older master),
+// the remaining chunks go as unary calls (GrpcLookupStream). The stream
+// goes back to the pool when every answer has been taken; CancelRest with
+// answers outstanding cancels it.
+class StreamedLookups : public LookupStream {
+ public:
+  StreamedLookups(GrpcMasterClient* client,
+                  std::unique_ptr<PooledLookupStream> stream,
+                  absl::Span<const std::string> keys, size_t chunk,
+                  absl::Time deadline)
+      : client_(client),
+        stream_(std::move(stream)),
+        keys_(keys),
+        deadline_(deadline),
+        chunk_(chunk),
+        nchunks_((keys.size() + chunk_ - 1) / chunk_),
+        resps_(nchunks_) {
+    Pump();
+  }
+  ~StreamedLookups() override { CancelRest(); }
+
+  bool has_next() const override {
+    if (fallback_ != nullptr) return fallback_->has_next();
+    return !stopped_ && next_ < nchunks_;
+  }
+
+  absl::StatusOr<const LookupBatch*> Next(bool block) override {
+    if (fallback_ != nullptr) return fallback_->Next(block);
+    if (stream_ == nullptr || !has_next()) {
+      return absl::FailedPreconditionError("Load: no lookup answers left");
+    }
+    while (answered_ <= next_) {
+      if (stream_->dead()) return Broken(block);
+      void* tag;
+      bool ok = false;
+      if (!stream_->Poll(block ? deadline_ : absl::UnixEpoch(), &tag, &ok)) {
+        if (!block) return nullptr;  // not arrived yet
+        stopped_ = true;
+        stream_->Kill();
+        stream_.reset();
+        return absl::DeadlineExceededError(
+            "Load: lookup did not answer before the deadline");
+      }
+      if (tag == &write_tag_) {
+        writing_ = false;
+      } else {
+        reading_ = false;
+        if (ok) ++answered_;
+      }
+      if (ok) Pump();
+    }
+    const size_t k = next_++;
+    Pump();
+    if (next_ == nchunks_) {
+      // Every answer taken: only a write's event may be pending (its
+      // answer came first). The stream goes back to the pool.
+      if (stream_->Settle(deadline_) == PooledLookupStream::Result::kOk) {
+        client_->ReturnStream(std::move(stream_));
+      } else {
+        stream_.reset();
+      }
+    }
+    batch_ = LookupBatch();
+    absl::Status s = FromProto(resps_[k], ChunkSize(k), &batch_);
+    resps_[k].Clear();
+    RETURN_IF_ERROR(s);
+    return &batch_;
+  }
+
+  void CancelRest() override {
+    stopped_ = true;
+    if (fallback_ != nullptr) fallback_->CancelRest();
+    if (stream_ == nullptr) return;
+    if (stream_->reusable()) {
+      client_->ReturnStream(std::move(stream_));
+    } else {
+      stream_->Kill();
+      stream_.reset();
+    }
+  }
+
+ private:
+  size_t ChunkSize(size_t k) const {
+    return std::min(chunk_, keys_.size() - k * chunk_);
+  }
+
+  // The stream ended before chunk next_'s answer. The master's refusal of
+  // a lookup is the answer; otherwise the rest goes as unary calls.
+  absl::StatusOr<const LookupBatch*> Broken(bool block) {
+    stream_->Settle(deadline_);  // the other event, if any, comes at once
+    const grpc::Status why = stream_->Finish(deadline_);
+    stream_.reset();
+    if (client_->IsAnswer(why)) {
+      stopped_ = true;
+      return FromGrpcStatus(why, "BatchLookup");
+    }
+    fallback_ = std::make_unique<GrpcLookupStream>(
+        client_, keys_.subspan(next_ * chunk_), chunk_, deadline_);
+    return fallback_->Next(block);
+  }
+
+  // Starts the next write (one at a time, up to the pipeline depth ahead
+  // of the answer taken) and the next read (one at a time).
+  void Pump() {
+    if (stopped_ || stream_ == nullptr || stream_->dead()) return;
+    const size_t depth =
+        static_cast<size_t>(client_->options_.lookup_pipeline_depth);
+    if (!writing_ && written_ < nchunks_ && written_ < next_ + depth) {
+      req_.Clear();
+      const size_t begin = written_ * chunk_;
+      for (size_t i = begin; i < begin + ChunkSize(written_); ++i) {
+        req_.add_keys(keys_[i]);
+      }
+      req_.set_for_read(true);
+      stream_->StartWrite(req_, &write_tag_);
+      writing_ = true;
+      ++written_;
+    }
+    if (!reading_ && answered_ < written_) {
+      stream_->StartRead(&resps_[answered_], &read_tag_);
+      reading_ = true;
+    }
+  }
+
+  GrpcMasterClient* const client_;
+  std::unique_ptr<PooledLookupStream> stream_;
+  const absl::Span<const std::string> keys_;
+  const absl::Time deadline_;
+  const size_t chunk_;
+  const size_t nchunks_;
+  std::vector<pb::BatchLookupResponse> resps_;  // per chunk, as read
+  pb::BatchLookupRequest req_;                  // the write in flight
+  char write_tag_ = 0, read_tag_ = 0;           // their events' tags
+  bool writing_ = false, reading_ = false;      // a write / read in flight
+  size_t written_ = 0;   // chunks whose request was written (or is being)
+  size_t answered_ = 0;  // chunks whose answer was read
+  size_t next_ = 0;      // next chunk to take
+  bool stopped_ = false;
+  std::unique_ptr<GrpcLookupStream> fallback_;  // the rest, unary
+  LookupBatch batch_;  // the answer Next returned last
+};
+
 std::unique_ptr<LookupStream> GrpcMasterClient::StartLookups(
     absl::Span<const std::string> keys, size_t chunk_keys,
     absl::Time deadline) {
-  return std::make_unique<GrpcLookupStream>(this, keys, chunk_keys, deadline);
+  std::unique_ptr<PooledLookupStream> stream = TakeStream(deadline);
+  if (stream == nullptr) {
+    return std::make_unique<GrpcLookupStream>(this, keys, chunk_keys,
+                                              deadline);
+  }
+  return std::make_unique<StreamedLookups>(this, std::move(stream), keys,
+                                           chunk_keys, deadline);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// The gRPC MasterClient: proto conversion, the pipelined lookups of a Load,
-// and background PutAborts on the master's MasterService.
+// The gRPC MasterClient: proto conversion, lookups over a pool of open
+// LookupStreams, the pipelined lookups of a Load, and background PutAborts
+// on the master's MasterService.
 //
 // Internal to the client library.
 //
@@ -21,6 +22,12 @@ namespace hymcache {
 struct GrpcMasterClientOptions {
   // Lookup round trips of one stream in flight at once (ClientOptions).
   int lookup_pipeline_depth = 4;
+  // Lookup travels as a message over an open LookupStream (far cheaper per
+  // call than a unary BatchLookup, docs/performance.md), each caller taking
+  // an idle stream or opening one; at most this many idle streams are kept
+  // open between calls. 0: every Lookup is a unary BatchLookup. A master
+  // without LookupStream (UNIMPLEMENTED) gets unary calls from then on.
+  int idle_lookup_streams = 16;
 };
 
 std::unique_ptr<MasterClient> NewGrpcMasterClient(

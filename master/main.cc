@@ -44,6 +44,9 @@ DEFINE_string(listen, "127.0.0.1:50051",
 DEFINE_uint32(rpc_threads, hymcache::MasterOptions().rpc_threads,
               "threads serving the gRPC API, each polling its own completion "
               "queue (1..64; docs/performance.md)");
+DEFINE_uint32(max_lookup_streams, hymcache::MasterOptions().max_lookup_streams,
+              "LookupStreams (BatchLookup over an open stream) open at once; "
+              "callers beyond them use unary BatchLookups");
 DEFINE_string(db_path, "./hymcache-data/master",
               "RocksDB directory of the master's metadata (created if needed)");
 DEFINE_int64(node_timeout_ms, Ms(ServiceDefaults().node_timeout),
@@ -148,6 +151,7 @@ int main(int argc, char** argv) {
   hymcache::MasterOptions options;
   options.listen_address = FLAGS_listen;
   options.rpc_threads = FLAGS_rpc_threads;
+  options.max_lookup_streams = FLAGS_max_lookup_streams;
   options.db_path = FLAGS_db_path;
   hymcache::master::MasterServiceOptions& so = options.service;
   so.node_timeout = absl::Milliseconds(FLAGS_node_timeout_ms);

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
@@ -21,6 +22,7 @@
 #include "master/metadata_store.h"
 #include "master/tenant.h"
 #include "master/tenants.h"
+#include "common/grpc_status.h"
 #include "common/health_probe.h"
 #include "proto/master.grpc.pb.h"
 
@@ -78,18 +80,23 @@ constexpr int kMinMaxMessageBytes = 16 << 20;
   COUNTER(lookup_keys, "Keys of the BatchLookup calls answered OK")          \
   COUNTER(lookup_hits, "Keys found by BatchLookup")                          \
   COUNTER(lookup_prefix_hits, "Keys in the leading run of hits (what a Load reads)") \
-  COUNTER(lookup_errors, "BatchLookup calls refused or failed")
+  COUNTER(lookup_errors, "BatchLookup calls refused or failed")            \
+  COUNTER(lookup_streams_opened, "LookupStream streams admitted")           \
+  COUNTER(lookup_streams_refused,                                           \
+          "LookupStream streams refused (caller, limit, shutdown)")         \
+  GAUGE(lookup_streams_open, "LookupStream streams open now")
 HYM_DECLARE_STATS(MasterRpcStats, MasterRpcCounters, HYM_MASTER_RPC_STATS);
 
 class MasterRpcHandler final {
  public:
   MasterRpcHandler(MasterService* service, const Authenticator* auth,
                    TenantRegistry* tenants, uint32_t max_key_bytes,
-                   Clock* clock)
+                   uint32_t max_lookup_streams, Clock* clock)
       : service_(service),
         auth_(auth),
         tenants_(tenants),
         max_key_bytes_(max_key_bytes),
+        max_lookup_streams_(max_lookup_streams),
         clock_(clock) {}
 
   // Tenants (master/tenant.h): the keys a caller sends name its own
@@ -287,26 +294,74 @@ class MasterRpcHandler final {
   grpc::Status BatchLookup(
       grpc::ServerContext* ctx, const v1::BatchLookupRequest* req,
       v1::BatchLookupResponse* resp) {
-    auto id = Admit(ctx, kEngine, "BatchLookup");
-    if (!id.ok()) {
+    return ToGrpcStatus(Lookup(ctx, *req, resp, "BatchLookup"));
+  }
+  // One BatchLookup by the caller of `ctx`: the unary call's and each
+  // LookupStream message's work, checked and counted the same. `method`
+  // names it in errors.
+  absl::Status Lookup(grpc::ServerContext* ctx,
+                      const v1::BatchLookupRequest& req,
+                      v1::BatchLookupResponse* resp, const char* method) {
+    auto caller = Admit(ctx, kEngine, method);
+    if (!caller.ok()) {
       Add(rpc_stats_.lookup_errors);
-      return Refuse(ctx, id.status());
+      return caller.status();
     }
-    if (absl::Status s = CheckKeys(*id, req->keys(), "BatchLookup"); !s.ok()) {
+    const Identity& id = *caller;
+    if (absl::Status s = CheckKeys(id, req.keys(), method); !s.ok()) {
       Add(rpc_stats_.lookup_errors);
-      return Refuse(ctx, s);
+      return s;
     }
     const absl::Time start = absl::Now();
     absl::StatusOr<v1::BatchLookupResponse> r;
-    if (!Rewrites(*id)) {
-      r = service_->BatchLookup(*req);
+    if (!Rewrites(id)) {
+      r = service_->BatchLookup(req);
     } else {
-      v1::BatchLookupRequest qualified = *req;
-      QualifyAll(*id, qualified.mutable_keys());
+      v1::BatchLookupRequest qualified = req;
+      QualifyAll(id, qualified.mutable_keys());
       r = service_->BatchLookup(qualified);
     }
     CountLookup(r, absl::Now() - start);
-    return Reply(ctx, std::move(r), resp);
+    if (!r.ok()) return r.status();
+    *resp = std::move(*r);
+    return absl::OkStatus();
+  }
+
+  // LookupStream bookkeeping (LookupStreamCall). Admits a new stream:
+  // Admit's refusals, Unavailable once CancelLookupStreams ran,
+  // ResourceExhausted beyond max_lookup_streams open.
+  absl::Status OpenLookupStream(grpc::ServerContext* ctx) {
+    absl::Status s = Admit(ctx, kEngine, "LookupStream").status();
+    MutexLock l(&streams_mu_);
+    if (!s.ok()) {
+      // counted below
+    } else if (streams_cancelled_) {
+      s = absl::UnavailableError("LookupStream: the master is shutting down");
+    } else if (open_streams_.size() >= max_lookup_streams_) {
+      s = absl::ResourceExhaustedError(absl::StrCat(
+          "LookupStream: ", max_lookup_streams_,
+          " streams open (the master's max_lookup_streams); use BatchLookup"));
+    } else {
+      open_streams_.insert(ctx);
+      Add(rpc_stats_.lookup_streams_opened);
+      return s;
+    }
+    Add(rpc_stats_.lookup_streams_refused);
+    return s;
+  }
+  // The stream OpenLookupStream admitted is over (before its ctx goes).
+  void CloseLookupStream(grpc::ServerContext* ctx) {
+    MutexLock l(&streams_mu_);
+    open_streams_.erase(ctx);
+  }
+  // Ends every open stream (CANCELLED) and refuses new ones: an open
+  // stream would otherwise hold the server's graceful shutdown to its
+  // deadline. The streams' pollers finish them. Call before the server's
+  // Shutdown.
+  void CancelLookupStreams() {
+    MutexLock l(&streams_mu_);
+    streams_cancelled_ = true;
+    for (grpc::ServerContext* ctx : open_streams_) ctx->TryCancel();
   }
   grpc::Status Remove(grpc::ServerContext* ctx,
                                    const v1::RemoveRequest* req,
@@ -471,7 +526,12 @@ class MasterRpcHandler final {
 
   // The RPC layer's stats and the lookup latency histogram.
   void VisitStats(StatsVisitor* v) const {
-    rpc_stats_.Load().Visit(v);
+    MasterRpcStats st = rpc_stats_.Load();
+    {
+      MutexLock l(&streams_mu_);
+      st.lookup_streams_open = open_streams_.size();
+    }
+    st.Visit(v);
     v->Histogram("lookup_seconds",
                  "BatchLookup calls answered OK: time in the service",
                  lookup_latency_.Snapshot());
@@ -499,9 +559,14 @@ class MasterRpcHandler final {
   const Authenticator* const auth_;  // null: authentication off
   TenantRegistry* const tenants_;
   const uint32_t max_key_bytes_;  // as the caller sends them
+  const size_t max_lookup_streams_;
   Clock* const clock_;
   MasterRpcCounters rpc_stats_;
   LatencyHistogram lookup_latency_;
+  mutable Mutex streams_mu_;
+  bool streams_cancelled_ ABSL_GUARDED_BY(streams_mu_) = false;
+  absl::flat_hash_set<grpc::ServerContext*> open_streams_
+      ABSL_GUARDED_BY(streams_mu_);
   // Calls of each unary method a poller keeps requested: calls gRPC has
   // received beyond these wait unmatched, and a shutdown cancels those
   // (the matched ones run to the end). About 1 KiB each.
@@ -670,6 +735,104 @@ class ReconcileCall final : public CqTag {
   bool last_ = false;  // the node's final message has arrived
 };
 
+// One LookupStream (bidirectional) on a poller: each request message is
+// answered as BatchLookup answers it (MasterRpcHandler::LookupAs), inline
+// on the poller's thread, one message at a time: read, look up, write,
+// read again. The first refusal or failure finishes the stream with its
+// status; the caller's end of the stream (or a cancel) finishes it OK.
+class LookupStreamCall final : public CqTag {
+ public:
+  static void Request(MasterRpcHandler* handler, CqPoller* poller) {
+    auto* call = new LookupStreamCall(handler, poller);
+    if (!poller->IfOpen([call, handler, poller] {
+          handler->async_service()->RequestLookupStream(
+              &call->ctx_, &call->stream_, poller->cq(), poller->cq(), call);
+        })) {
+      delete call;
+    }
+  }
+
+  void Proceed(bool ok) override {
+    switch (state_) {
+      case State::kRequested: {
+        if (!ok) {  // shutting down: the call never started
+          delete this;
+          return;
+        }
+        Request(handler_, poller_);
+        absl::Status open = handler_->OpenLookupStream(&ctx_);
+        if (!open.ok()) {
+          Finish(ToGrpcStatus(open));
+          return;
+        }
+        open_ = true;
+        StartRead();
+        return;
+      }
+      case State::kReading:
+        if (!ok) {  // the caller closed its end, went away, or cancelled
+          Finish(grpc::Status::OK);
+          return;
+        }
+        OnRequest();
+        return;
+      case State::kWriting:
+        if (!ok) {
+          Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                              "LookupStream: stream broken"));
+          return;
+        }
+        StartRead();
+        return;
+      case State::kFinishing:
+        if (open_) handler_->CloseLookupStream(&ctx_);
+        delete this;
+        return;
+    }
+  }
+
+ private:
+  enum class State { kRequested, kReading, kWriting, kFinishing };
+
+  LookupStreamCall(MasterRpcHandler* handler, CqPoller* poller)
+      : handler_(handler), poller_(poller), stream_(&ctx_) {}
+  ~LookupStreamCall() = default;
+
+  void StartRead() {
+    state_ = State::kReading;
+    req_.Clear();
+    stream_.Read(&req_, this);
+  }
+  void OnRequest() {
+    // Every message is checked, answered and counted as a BatchLookup
+    // call is (and refused in its words): a token revoked (the identities
+    // reloaded) since the stream opened stops working.
+    resp_.Clear();
+    absl::Status s = handler_->Lookup(&ctx_, req_, &resp_, "BatchLookup");
+    if (!s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    state_ = State::kWriting;
+    stream_.Write(resp_, this);
+  }
+  void Finish(const grpc::Status& s) {
+    state_ = State::kFinishing;
+    stream_.Finish(s, this);
+  }
+
+  MasterRpcHandler* const handler_;
+  CqPoller* const poller_;
+  grpc::ServerContext ctx_;
+  v1::BatchLookupRequest req_;
+  v1::BatchLookupResponse resp_;
+  grpc::ServerAsyncReaderWriter<v1::BatchLookupResponse,
+                                v1::BatchLookupRequest>
+      stream_;
+  State state_ = State::kRequested;
+  bool open_ = false;  // OpenLookupStream admitted it
+};
+
 // One ListObjects stream (server streaming) on a poller: pages of the
 // master's listings until the index has been walked.
 class ListObjectsCall final : public CqTag {
@@ -782,6 +945,9 @@ void MasterRpcHandler::StartOn(CqPoller* poller) {
   ServeUnary(poller, &S::RequestInspectKey, &MasterRpcHandler::InspectKey);
   ReconcileCall::Request(this, poller);
   ListObjectsCall::Request(this, poller);
+  for (int i = 0; i < kRequestsPerMethod; ++i) {
+    LookupStreamCall::Request(this, poller);
+  }
 }
 
 }  // namespace master
@@ -798,6 +964,11 @@ absl::Status MasterOptions::Validate() const {
   if (rpc_threads < 1 || rpc_threads > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("master: rpc_threads must be 1..64, not ", rpc_threads));
+  }
+  if (max_lookup_streams < 1 || max_lookup_streams > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "master: max_lookup_streams must be 1..1000000, not ",
+        max_lookup_streams));
   }
   absl::Status tls_ok = tls.Validate();
   if (!tls_ok.ok()) {
@@ -874,7 +1045,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   server->handler_ =
       std::make_unique<master::MasterRpcHandler>(
           server->service_.get(), server->auth_.get(), server->tenants_.get(),
-          options.service.max_key_bytes,
+          options.service.max_key_bytes, options.max_lookup_streams,
           options.service.clock != nullptr ? options.service.clock
                                            : Clock::Real());
 
@@ -1091,6 +1262,8 @@ void MasterServer::Shutdown() {
   // NOT_SERVING first (Watch callers hear it, then their streams end), and
   // for good: later status changes are ignored.
   if (health_) health_->Shutdown();
+  // Open LookupStreams end now (they would hold Shutdown to its deadline).
+  if (handler_) handler_->CancelLookupStreams();
   if (server_) {
     // In-flight calls get a second to finish, then are cancelled; the
     // pollers keep running them meanwhile.

@@ -62,6 +62,11 @@ struct MasterOptions {
   // the disk (a PutCommit with sync_writes, a large ListObjects page)
   // holds up the others on its thread. 1..64. Default: 1.
   uint32_t rpc_threads = 1;
+  // LookupStreams (BatchLookup over an open stream) open at once; a stream
+  // beyond them is refused (RESOURCE_EXHAUSTED) and its caller uses unary
+  // BatchLookups. Each holds a call (a few KiB) for as long as its caller
+  // keeps it open. 1..1000000. Default: 4096.
+  uint32_t max_lookup_streams = 4096;
   // Directory of the RocksDB metadata store; its parent must exist. Only one
   // master may use it at a time. Required. Default: "".
   std::string db_path;

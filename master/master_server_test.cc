@@ -89,6 +89,10 @@ TEST_CASE("MasterOptions validation") {
   CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
   o.rpc_threads = 64;
   CHECK(o.Validate().ok());
+  o.max_lookup_streams = 0;
+  CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
+  o.max_lookup_streams = 1;
+  CHECK(o.Validate().ok());
 }
 
 // Shutdown while lookups run from several threads, a health Watch is open

@@ -22,6 +22,13 @@
 // must report all its keys as hits; misses are counted and make the exit
 // status 1.
 //
+// --transports: how the lookups travel, side by side in the same run:
+// "unary" (a BatchLookup call each), "stream" (request/response messages
+// over one LookupStream per client thread, opened before the timing,
+// blocking Write then Read), "stream_async" (the same stream driven by the
+// thread's own CompletionQueue with the write and the read in flight
+// together: what the client SDK does). Default: unary.
+//
 // --redis: the side-by-side baseline. Starts redis-server (Debian's
 // redis-server package; --redis_server names the binary) on a free loopback
 // port without persistence, stores the same keys with a 40-byte value each
@@ -73,6 +80,12 @@ DEFINE_uint32(key_bytes, 32, "bytes per key (random binary)");
 DEFINE_string(batch_sizes, "1,8,32,128,1024", "keys per BatchLookup call");
 DEFINE_string(threads, "1,4", "client thread counts");
 DEFINE_string(modes, "plain,for_read", "plain and/or for_read lookups");
+DEFINE_string(transports, "unary",
+              "how the lookups travel, any of: unary (a BatchLookup call "
+              "each), stream (request/response messages over one open "
+              "LookupStream per client thread, blocking Write then Read), "
+              "stream_async (the same stream driven by the thread's own "
+              "CompletionQueue, Write and Read in flight together)");
 DEFINE_double(seconds, 1.0, "timed seconds per trial");
 DEFINE_bool(compare_capabilities, false,
             "also time every row with the master's capability signing "
@@ -177,10 +190,114 @@ bool Commit(v1::MasterService::Stub* stub,
   return true;
 }
 
+// How a lookup travels (--transports).
+enum class Transport { kUnary, kStream, kStreamAsync };
+
+const char* TransportName(Transport t) {
+  switch (t) {
+    case Transport::kUnary:
+      return "unary";
+    case Transport::kStream:
+      return "stream";
+    case Transport::kStreamAsync:
+      return "stream_async";
+  }
+  return "?";
+}
+
+// One client thread's way to the master: a BatchLookup per call, or
+// messages over one open LookupStream.
+class Caller {
+ public:
+  Caller(v1::MasterService::Stub* stub, Transport transport)
+      : stub_(stub), transport_(transport) {
+    if (transport_ == Transport::kStream) {
+      sync_ = stub_->LookupStream(&stream_ctx_);
+    } else if (transport_ == Transport::kStreamAsync) {
+      async_ = stub_->PrepareAsyncLookupStream(&stream_ctx_, &cq_);
+      async_->StartCall(&cq_);
+      broken_ = !Await(1);
+    }
+  }
+  ~Caller() {
+    if (sync_ != nullptr) {
+      sync_->WritesDone();
+      sync_->Finish().ok();
+    }
+    if (async_ != nullptr) {
+      if (!broken_) {
+        async_->WritesDone(&cq_);
+        broken_ = !Await(1);
+      }
+      grpc::Status s;
+      async_->Finish(&s, &cq_);
+      Await(1);
+      cq_.Shutdown();
+      void* tag;
+      bool ok;
+      while (cq_.Next(&tag, &ok)) {
+      }
+    }
+  }
+
+  grpc::Status Call(const v1::BatchLookupRequest& req,
+                    v1::BatchLookupResponse* resp) {
+    switch (transport_) {
+      case Transport::kUnary: {
+        grpc::ClientContext ctx;
+        return stub_->BatchLookup(&ctx, req, resp);
+      }
+      case Transport::kStream:
+        if (!sync_->Write(req) || !sync_->Read(resp)) return Broken();
+        return grpc::Status::OK;
+      case Transport::kStreamAsync:
+        if (broken_) return Broken();
+        async_->Write(req, &cq_);
+        async_->Read(resp, &cq_);
+        if (!Await(2)) {
+          broken_ = true;
+          return Broken();
+        }
+        return grpc::Status::OK;
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  // Waits for `n` events on the thread's queue; whether all were ok.
+  bool Await(int n) {
+    bool all = true;
+    for (int i = 0; i < n; ++i) {
+      void* tag;
+      bool ok = false;
+      if (!cq_.Next(&tag, &ok)) return false;
+      all = all && ok;
+    }
+    return all;
+  }
+  grpc::Status Broken() {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "LookupStream: the stream ended");
+  }
+
+  v1::MasterService::Stub* const stub_;
+  const Transport transport_;
+  grpc::ClientContext stream_ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::BatchLookupRequest,
+                                           v1::BatchLookupResponse>>
+      sync_;
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::BatchLookupRequest,
+                                                v1::BatchLookupResponse>>
+      async_;
+  bool broken_ = false;
+};
+
 struct Row {
   int batch;
   int threads;
   bool for_read;
+  Transport transport = Transport::kUnary;
   uint64_t calls = 0;
   uint64_t misses = 0;
   uint64_t errors = 0;
@@ -240,22 +357,26 @@ void Summarize(const std::vector<std::vector<double>>& lat, double secs,
 }
 
 Row Measure(const std::string& address, const std::vector<std::string>& keys,
-            int batch, int threads, bool for_read, int* next_channel) {
-  Row row{batch, threads, for_read};
+            int batch, int threads, bool for_read, Transport transport,
+            int* next_channel) {
+  Row row{batch, threads, for_read, transport};
   row.caps = true;
   std::vector<std::unique_ptr<v1::MasterService::Stub>> stubs;
-  for (int t = 0; t < threads; ++t) stubs.push_back(Dial(address, (*next_channel)++));
+  std::vector<std::unique_ptr<Caller>> callers;
+  for (int t = 0; t < threads; ++t) {
+    stubs.push_back(Dial(address, (*next_channel)++));
+    callers.push_back(std::make_unique<Caller>(stubs.back().get(), transport));
+  }
   std::vector<std::vector<double>> lat(threads);
   std::atomic<uint64_t> misses{0}, errors{0};
-  auto one_call = [&](v1::MasterService::Stub* stub, std::mt19937_64& rng) {
+  auto one_call = [&](Caller* caller, std::mt19937_64& rng) {
     v1::BatchLookupRequest req;
     req.set_for_read(for_read);
     const size_t start = rng() % (keys.size() - batch + 1);
     for (int i = 0; i < batch; ++i) req.add_keys(keys[start + i]);
     v1::BatchLookupResponse resp;
-    grpc::ClientContext ctx;
     absl::Time t0 = absl::Now();
-    grpc::Status s = stub->BatchLookup(&ctx, req, &resp);
+    grpc::Status s = caller->Call(req, &resp);
     double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
     if (!s.ok()) {
       if (errors.fetch_add(1, std::memory_order_relaxed) == 0) {
@@ -270,7 +391,7 @@ Row Measure(const std::string& address, const std::vector<std::string>& keys,
   // Warm-up: connect every channel and fault in the paths.
   for (int t = 0; t < threads; ++t) {
     std::mt19937_64 rng(t);
-    for (int i = 0; i < kWarmupCalls; ++i) one_call(stubs[t].get(), rng);
+    for (int i = 0; i < kWarmupCalls; ++i) one_call(callers[t].get(), rng);
   }
   const absl::Duration duration = absl::Seconds(FLAGS_seconds);
   const absl::Time start = absl::Now();
@@ -280,7 +401,9 @@ Row Measure(const std::string& address, const std::vector<std::string>& keys,
       workers.emplace_back("lookup-bench", [&, t] {
         std::mt19937_64 rng(1000 + t);
         const absl::Time end = start + duration;
-        while (absl::Now() < end) lat[t].push_back(one_call(stubs[t].get(), rng));
+        while (absl::Now() < end) {
+          lat[t].push_back(one_call(callers[t].get(), rng));
+        }
       });
     }
   }
@@ -602,6 +725,18 @@ int Main() {
     if (m == "plain") modes.push_back(false);
     if (m == "for_read") modes.push_back(true);
   }
+  std::vector<Transport> transports;
+  for (absl::string_view t :
+       absl::StrSplit(FLAGS_transports, ',', absl::SkipEmpty())) {
+    for (Transport x : {Transport::kUnary, Transport::kStream,
+                        Transport::kStreamAsync}) {
+      if (t == TransportName(x)) transports.push_back(x);
+    }
+  }
+  if (transports.empty()) {
+    std::fprintf(stderr, "bad --transports\n");
+    return 2;
+  }
   if (batches.empty() || thread_counts.empty() || modes.empty() ||
       FLAGS_key_bytes == 0 || FLAGS_key_bytes > 256) {
     std::fprintf(stderr, "bad --batch_sizes, --threads, --modes or --key_bytes\n");
@@ -715,10 +850,12 @@ int Main() {
       // The modes' trials alternate, so both see the same background load.
       std::vector<Row> best;
       for (bool for_read : modes) {
-        best.push_back(Row{batch, threads, for_read});
-        if (FLAGS_compare_capabilities) {
-          best.push_back(Row{batch, threads, for_read});
-          best.back().caps = false;
+        for (Transport transport : transports) {
+          best.push_back(Row{batch, threads, for_read, transport});
+          if (FLAGS_compare_capabilities) {
+            best.push_back(Row{batch, threads, for_read, transport});
+            best.back().caps = false;
+          }
         }
       }
       Row redis_best{batch, threads, false};
@@ -730,7 +867,7 @@ int Main() {
           }
           Row t = WithServerCpu(master.pid(), kWarmupCalls, [&] {
             return Measure(address, keys, batch, threads, r.for_read,
-                           &next_channel);
+                           r.transport, &next_channel);
           });
           t.caps = r.caps;
           misses += t.misses;
@@ -748,8 +885,12 @@ int Main() {
       }
       auto calls_per_s = [](const Row& r) { return r.keys_per_s / r.batch; };
       for (const Row& r : best) {
-        std::string mode = absl::StrCat(r.for_read ? "for_read" : "plain",
-                                        r.caps ? "" : " (no caps)");
+        std::string mode = absl::StrCat(
+            r.for_read ? "for_read" : "plain",
+            r.transport == Transport::kUnary
+                ? ""
+                : absl::StrCat(" ", TransportName(r.transport)),
+            r.caps ? "" : " (no caps)");
         if (FLAGS_redis) {
           absl::StrAppend(&mode, " (", absl::StrFormat(
                                            "%.2f", calls_per_s(r) /
