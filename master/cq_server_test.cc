@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "catch2/catch.hpp"
+#include "common/eventually.h"
 #include "common/health_probe.h"
 #include "common/mutex.h"
 #include "common/thread.h"
@@ -24,6 +25,7 @@
 namespace hymcache::master {
 namespace {
 
+using ::hymcache::testing::Eventually;
 using grpc::health::v1::Health;
 using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
@@ -80,17 +82,6 @@ grpc::Status Check(Health::Stub* stub, const std::string& service,
   HealthCheckRequest req;
   req.set_service(service);
   return stub->Check(&ctx, req, resp);
-}
-
-// Waits (up to 10 s) for `pred`.
-template <typename Pred>
-bool Eventually(Pred pred) {
-  const absl::Time end = absl::Now() + absl::Seconds(10);
-  while (!pred()) {
-    if (absl::Now() > end) return false;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return true;
 }
 
 TEST_CASE("health Check: the status of a known service, NOT_FOUND else") {

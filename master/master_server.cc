@@ -33,13 +33,6 @@ namespace v1 = ::hymcache::v1;
 
 namespace {
 
-// absl and gRPC use the same canonical code numbers.
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                      std::string(s.message()));
-}
-
 // Who a caller is, for the per-caller limits (pending puts): its peer
 // address without the port ("ipv4:10.0.0.7", "ipv6:[::1]"). One small
 // function, so that an authenticated identity can replace it.
@@ -180,7 +173,7 @@ class MasterRpcHandler final {
 
   static grpc::Status Refuse(grpc::ServerContext* /*ctx*/,
                              const absl::Status& s) {
-    return ToGrpc(s);
+    return ToGrpcStatus(s);
   }
 
 
@@ -189,7 +182,7 @@ class MasterRpcHandler final {
                             absl::StatusOr<Response> result,
                             Response* response) {
     if (result.ok()) *response = std::move(*result);
-    return ToGrpc(result.status());
+    return ToGrpcStatus(result.status());
   }
 
   grpc::Status RegisterNode(
@@ -630,7 +623,7 @@ class ReconcileCall final : public CqTag {
         auto id = handler_->Admit(&ctx_, MasterRpcHandler::kNode,
                                   "ReconcileNode");
         if (!id.ok()) {
-          Finish(ToGrpc(id.status()));
+          Finish(ToGrpcStatus(id.status()));
           return;
         }
         caller_ = *std::move(id);
@@ -687,7 +680,7 @@ class ReconcileCall final : public CqTag {
       absl::StatusOr<v1::ReconcileNodeResponse> out =
           service->FinishReconcile(std::move(r_));
       if (out.ok()) resp_ = std::move(*out);
-      Finish(ToGrpc(out.status()));
+      Finish(ToGrpcStatus(out.status()));
       return;
     }
     if (r_ == nullptr) {
@@ -702,7 +695,7 @@ class ReconcileCall final : public CqTag {
                                                   req_.epoch())
                          : decltype(service->OpenReconcile(0, 0, 0))(auth);
       if (!r.ok()) {
-        Finish(ToGrpc(r.status()));
+        Finish(ToGrpcStatus(r.status()));
         return;
       }
       r_ = std::move(*r);
@@ -714,7 +707,7 @@ class ReconcileCall final : public CqTag {
     }
     absl::Status s = r_->Add(req_.extents());
     if (!s.ok()) {
-      Finish(ToGrpc(s));
+      Finish(ToGrpcStatus(s));
       return;
     }
     last_ = req_.last();
@@ -859,7 +852,7 @@ class ListObjectsCall final : public CqTag {
         auto id = handler_->Admit(&ctx_, MasterRpcHandler::kAdmin,
                                   "ListObjects");
         if (!id.ok()) {
-          Finish(ToGrpc(id.status()));
+          Finish(ToGrpcStatus(id.status()));
           return;
         }
         page_ = req_.page_size() == 0

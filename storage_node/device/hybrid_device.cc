@@ -1360,30 +1360,20 @@ bool HybridDevice::FlushDueLocked(absl::Time now, absl::Time* wake) const {
 }
 
 std::vector<HybridDevice::Entry*> HybridDevice::PickBatchLocked() const {
+  // The rules are FlushBatchChooser's (flush_batch.h).
+  std::vector<FlushExtent> writing;
+  for (const auto& fb : pipeline_) {
+    for (const Entry* o : fb->entries) {
+      writing.push_back(FlushExtent{o->addr, o->buf_len});
+    }
+  }
+  FlushBatchChooser chooser(options_.flush_batch_bytes, std::move(writing));
   std::vector<Entry*> batch;
-  uint64_t bytes = 0;
   for (const auto& [seq, e] : flush_queue_) {
-    // In flight: in an earlier batch. Not forgotten: waits for its Forget;
-    // later objects may go first, as queued objects never overlap (a commit
-    // supersedes every older queued object it overlaps).
-    if (e->in_flight || !e->forgotten) continue;
-    if (!batch.empty() && bytes + e->buf_len > options_.flush_batch_bytes) {
-      break;
-    }
-    // Two writes of the same tier bytes may complete in either order: an
-    // object waits until an overlapping one in flight has landed. Later
-    // objects wait too, so that objects are written in commit order.
-    bool overlaps = false;
-    for (const auto& fb : pipeline_) {
-      for (const Entry* o : fb->entries) {
-        if (o->addr < e->addr + e->buf_len && e->addr < o->addr + o->buf_len) {
-          overlaps = true;
-        }
-      }
-    }
-    if (overlaps) break;
-    bytes += e->buf_len;
-    batch.push_back(e);
+    const FlushBatchChooser::Verdict v = chooser.Offer(
+        FlushCandidate{e->addr, e->buf_len, e->in_flight, e->forgotten});
+    if (v == FlushBatchChooser::Verdict::kStop) break;
+    if (v == FlushBatchChooser::Verdict::kTake) batch.push_back(e);
   }
   return batch;
 }
@@ -1626,28 +1616,19 @@ void HybridDevice::RecordPendingLocked() {
 void HybridDevice::IssueBatchLocked(FlushBatch* fb) {
   fb->issued = absl::Now();
   // Entry addr/len/buf fields are constant after BeginWrite. Objects
-  // contiguous both in the tier and in the buffer are written as one run.
-  struct Run {
-    uint64_t addr;
-    uint8_t* buf;
-    uint64_t len;
-  };
-  std::vector<Run> runs;
-  for (Entry* e : fb->entries) {
-    uint8_t* buf = buffer_ + e->buf_off;
-    if (!runs.empty() && runs.back().addr + runs.back().len == e->addr &&
-        runs.back().buf + runs.back().len == buf) {
-      runs.back().len += e->buf_len;
-    } else {
-      runs.push_back(Run{e->addr, buf, e->buf_len});
-    }
+  // contiguous both in the tier and in the buffer are written as one run
+  // (FlushRuns, flush_batch.h).
+  std::vector<FlushRun> objects;
+  objects.reserve(fb->entries.size());
+  for (const Entry* e : fb->entries) {
+    objects.push_back(FlushRun{e->addr, e->buf_off, e->buf_len});
   }
-  for (const Run& r : runs) {
+  for (const FlushRun& r : FlushRuns(objects)) {
     IoReq proto;
     proto.kind = IoReq::Kind::kFlush;
     proto.owner = fb;
     proto.file_off = CapacityTier::kHeaderBytes + r.addr;
-    proto.buf = r.buf;
+    proto.buf = buffer_ + r.buf_off;
     const size_t before = write_q_.size();
     QueueChunksLocked(proto, r.len, &write_q_);
     fb->outstanding += static_cast<int>(write_q_.size() - before);

@@ -127,8 +127,9 @@
 //
 // Parts: the pure policies, unit-tested without threads, are FlushPolicy
 // (flush_policy.h: when a batch starts, how many writes it keeps in
-// flight) and IoPolicy (io_policy.h: how many of the queued reads and
-// writes are issued now); the window's and the buffer's space comes from
+// flight), FlushBatchChooser (flush_batch.h: which objects form the batch,
+// merged into which writes) and IoPolicy (io_policy.h: how many of the
+// queued reads and writes are issued now); the window's and the buffer's space comes from
 // RangeAllocator (common/range_allocator.h). HybridDevice holds the state
 // and the threads and evaluates the policies under its lock.
 //
@@ -158,6 +159,7 @@
 #include "common/stats.h"
 #include "common/thread.h"
 #include "storage_node/device/capacity_tier.h"
+#include "storage_node/device/flush_batch.h"
 #include "storage_node/device/flush_policy.h"
 #include "storage_node/device/host_memory.h"
 #include "storage_node/device/io_policy.h"
@@ -558,7 +560,7 @@ class HybridDevice final : public MemoryDevice {
   // calls and I/O submission).
   // The next batch: queued objects forgotten and not in flight, in commit
   // order, up to flush_batch_bytes, stopping before one that overlaps a
-  // batch in flight.
+  // batch in flight (FlushBatchChooser decides).
   std::vector<Entry*> PickBatchLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a queued object is not forgotten yet.
