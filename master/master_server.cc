@@ -597,62 +597,95 @@ class MasterRpcHandler final {
   }
 };
 
-// One ReconcileNode stream (client streaming) on a poller: reads the
-// node's extents chunk by chunk; compares at the end of the stream (see
-// MasterService::FinishReconcile).
-class ReconcileCall final : public CqTag {
+// What the streaming calls below share: one object per call, which asks
+// its poller for the next call of its method as soon as it is matched, and
+// is deleted when its Finish completes. Derived provides, privately (with
+// StreamCall<Derived> a friend):
+//   Derived(MasterRpcHandler*, CqPoller*);
+//   void RequestOn(v1::MasterService::AsyncService*,
+//                  grpc::ServerCompletionQueue*);  // asks for one call
+//   void Start();          // the call has arrived
+//   void Step(bool ok);    // each later event, until Finishing()
+//   void Finished() {}     // optional: just before deletion
+template <typename Derived>
+class StreamCall : public CqTag {
  public:
   static void Request(MasterRpcHandler* handler, CqPoller* poller) {
-    auto* call = new ReconcileCall(handler, poller);
+    auto* call = new Derived(handler, poller);
     if (!poller->IfOpen([call, handler, poller] {
-          handler->async_service()->RequestReconcileNode(
-              &call->ctx_, &call->reader_, poller->cq(), poller->cq(), call);
+          call->RequestOn(handler->async_service(), poller->cq());
         })) {
       delete call;
     }
   }
 
-  void Proceed(bool ok) override {
-    switch (state_) {
-      case State::kRequested: {
-        if (!ok) {  // shutting down: the call never started
-          delete this;
-          return;
-        }
-        Request(handler_, poller_);
-        auto id = handler_->Admit(&ctx_, MasterRpcHandler::kNode,
-                                  "ReconcileNode");
-        if (!id.ok()) {
-          Finish(ToGrpcStatus(id.status()));
-          return;
-        }
-        caller_ = *std::move(id);
-        StartRead();
+  void Proceed(bool ok) final {
+    Derived* const self = static_cast<Derived*>(this);
+    if (!started_) {
+      if (!ok) {  // shutting down: the call never started
+        delete self;
         return;
       }
-      case State::kReading:
-        OnRead(ok);
-        return;
-      case State::kFinishing:
-        delete this;
-        return;
+      started_ = true;
+      Request(handler_, poller_);
+      self->Start();
+      return;
     }
+    if (finishing_) {
+      self->Finished();
+      delete self;
+      return;
+    }
+    self->Step(ok);
   }
+
+ protected:
+  StreamCall(MasterRpcHandler* handler, CqPoller* poller)
+      : handler_(handler), poller_(poller) {}
+  ~StreamCall() = default;
+  // The next event is the end of the stream's Finish: call just before it.
+  void Finishing() { finishing_ = true; }
+  void Finished() {}
+
+  MasterRpcHandler* const handler_;
+  CqPoller* const poller_;
+  grpc::ServerContext ctx_;
 
  private:
-  enum class State { kRequested, kReading, kFinishing };
+  bool started_ = false;
+  bool finishing_ = false;
+};
+
+// One ReconcileNode stream (client streaming) on a poller: reads the
+// node's extents chunk by chunk; compares at the end of the stream (see
+// MasterService::FinishReconcile).
+class ReconcileCall final : public StreamCall<ReconcileCall> {
+ private:
+  friend class StreamCall<ReconcileCall>;
 
   ReconcileCall(MasterRpcHandler* handler, CqPoller* poller)
-      : handler_(handler), poller_(poller), reader_(&ctx_) {}
+      : StreamCall(handler, poller), reader_(&ctx_) {}
   ~ReconcileCall() = default;
 
-  void StartRead() {
-    state_ = State::kReading;
-    reader_.Read(&req_, this);
+  void RequestOn(v1::MasterService::AsyncService* service,
+                 grpc::ServerCompletionQueue* cq) {
+    service->RequestReconcileNode(&ctx_, &reader_, cq, cq, this);
   }
+  void Start() {
+    auto id = handler_->Admit(&ctx_, MasterRpcHandler::kNode, "ReconcileNode");
+    if (!id.ok()) {
+      Finish(ToGrpcStatus(id.status()));
+      return;
+    }
+    caller_ = *std::move(id);
+    StartRead();
+  }
+  void Step(bool ok) { OnRead(ok); }
+
+  void StartRead() { reader_.Read(&req_, this); }
   void Finish(const grpc::Status& s) {
     r_.reset();
-    state_ = State::kFinishing;
+    Finishing();
     if (s.ok()) {
       reader_.Finish(resp_, s, this);
     } else {
@@ -715,15 +748,11 @@ class ReconcileCall final : public CqTag {
     StartRead();
   }
 
-  MasterRpcHandler* const handler_;
-  CqPoller* const poller_;
-  grpc::ServerContext ctx_;
   Identity caller_;  // set once admitted
   v1::ReconcileNodeRequest req_;
   v1::ReconcileNodeResponse resp_;
   grpc::ServerAsyncReader<v1::ReconcileNodeResponse, v1::ReconcileNodeRequest>
       reader_;
-  State state_ = State::kRequested;
   std::unique_ptr<Reconciliation> r_;
   bool last_ = false;  // the node's final message has arrived
 };
@@ -733,66 +762,49 @@ class ReconcileCall final : public CqTag {
 // on the poller's thread, one message at a time: read, look up, write,
 // read again. The first refusal or failure finishes the stream with its
 // status; the caller's end of the stream (or a cancel) finishes it OK.
-class LookupStreamCall final : public CqTag {
- public:
-  static void Request(MasterRpcHandler* handler, CqPoller* poller) {
-    auto* call = new LookupStreamCall(handler, poller);
-    if (!poller->IfOpen([call, handler, poller] {
-          handler->async_service()->RequestLookupStream(
-              &call->ctx_, &call->stream_, poller->cq(), poller->cq(), call);
-        })) {
-      delete call;
-    }
-  }
-
-  void Proceed(bool ok) override {
-    switch (state_) {
-      case State::kRequested: {
-        if (!ok) {  // shutting down: the call never started
-          delete this;
-          return;
-        }
-        Request(handler_, poller_);
-        absl::Status open = handler_->OpenLookupStream(&ctx_);
-        if (!open.ok()) {
-          Finish(ToGrpcStatus(open));
-          return;
-        }
-        open_ = true;
-        StartRead();
-        return;
-      }
-      case State::kReading:
-        if (!ok) {  // the caller closed its end, went away, or cancelled
-          Finish(grpc::Status::OK);
-          return;
-        }
-        OnRequest();
-        return;
-      case State::kWriting:
-        if (!ok) {
-          Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                              "LookupStream: stream broken"));
-          return;
-        }
-        StartRead();
-        return;
-      case State::kFinishing:
-        if (open_) handler_->CloseLookupStream(&ctx_);
-        delete this;
-        return;
-    }
-  }
-
+class LookupStreamCall final : public StreamCall<LookupStreamCall> {
  private:
-  enum class State { kRequested, kReading, kWriting, kFinishing };
+  friend class StreamCall<LookupStreamCall>;
 
   LookupStreamCall(MasterRpcHandler* handler, CqPoller* poller)
-      : handler_(handler), poller_(poller), stream_(&ctx_) {}
+      : StreamCall(handler, poller), stream_(&ctx_) {}
   ~LookupStreamCall() = default;
 
+  void RequestOn(v1::MasterService::AsyncService* service,
+                 grpc::ServerCompletionQueue* cq) {
+    service->RequestLookupStream(&ctx_, &stream_, cq, cq, this);
+  }
+  void Start() {
+    absl::Status open = handler_->OpenLookupStream(&ctx_);
+    if (!open.ok()) {
+      Finish(ToGrpcStatus(open));
+      return;
+    }
+    open_ = true;
+    StartRead();
+  }
+  void Step(bool ok) {
+    if (!writing_) {
+      if (!ok) {  // the caller closed its end, went away, or cancelled
+        Finish(grpc::Status::OK);
+        return;
+      }
+      OnRequest();
+      return;
+    }
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                          "LookupStream: stream broken"));
+      return;
+    }
+    StartRead();
+  }
+  void Finished() {
+    if (open_) handler_->CloseLookupStream(&ctx_);
+  }
+
   void StartRead() {
-    state_ = State::kReading;
+    writing_ = false;
     req_.Clear();
     stream_.Read(&req_, this);
   }
@@ -806,81 +818,56 @@ class LookupStreamCall final : public CqTag {
       Finish(ToGrpcStatus(s));
       return;
     }
-    state_ = State::kWriting;
+    writing_ = true;
     stream_.Write(resp_, this);
   }
   void Finish(const grpc::Status& s) {
-    state_ = State::kFinishing;
+    Finishing();
     stream_.Finish(s, this);
   }
 
-  MasterRpcHandler* const handler_;
-  CqPoller* const poller_;
-  grpc::ServerContext ctx_;
   v1::BatchLookupRequest req_;
   v1::BatchLookupResponse resp_;
   grpc::ServerAsyncReaderWriter<v1::BatchLookupResponse,
                                 v1::BatchLookupRequest>
       stream_;
-  State state_ = State::kRequested;
-  bool open_ = false;  // OpenLookupStream admitted it
+  bool writing_ = false;  // the event awaited is a Write's (else a Read's)
+  bool open_ = false;     // OpenLookupStream admitted it
 };
 
 // One ListObjects stream (server streaming) on a poller: pages of the
 // master's listings until the index has been walked.
-class ListObjectsCall final : public CqTag {
- public:
-  static void Request(MasterRpcHandler* handler, CqPoller* poller) {
-    auto* call = new ListObjectsCall(handler, poller);
-    if (!poller->IfOpen([call, handler, poller] {
-          handler->async_service()->RequestListObjects(
-              &call->ctx_, &call->req_, &call->writer_, poller->cq(),
-              poller->cq(), call);
-        })) {
-      delete call;
-    }
-  }
-
-  void Proceed(bool ok) override {
-    switch (state_) {
-      case State::kRequested: {
-        if (!ok) {
-          delete this;
-          return;
-        }
-        Request(handler_, poller_);
-        auto id = handler_->Admit(&ctx_, MasterRpcHandler::kAdmin,
-                                  "ListObjects");
-        if (!id.ok()) {
-          Finish(ToGrpcStatus(id.status()));
-          return;
-        }
-        page_ = req_.page_size() == 0
-                    ? 4096
-                    : std::min<uint32_t>(req_.page_size(), 65536);
-        Next();
-        return;
-      }
-      case State::kWriting:
-        if (ok) {
-          Next();
-        } else {
-          Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                              "ListObjects: stream broken"));
-        }
-        return;
-      case State::kFinishing:
-        delete this;
-        return;
-    }
-  }
-
+class ListObjectsCall final : public StreamCall<ListObjectsCall> {
  private:
-  enum class State { kRequested, kWriting, kFinishing };
+  friend class StreamCall<ListObjectsCall>;
 
   ListObjectsCall(MasterRpcHandler* handler, CqPoller* poller)
-      : handler_(handler), poller_(poller), writer_(&ctx_) {}
+      : StreamCall(handler, poller), writer_(&ctx_) {}
   ~ListObjectsCall() = default;
+
+  void RequestOn(v1::MasterService::AsyncService* service,
+                 grpc::ServerCompletionQueue* cq) {
+    service->RequestListObjects(&ctx_, &req_, &writer_, cq, cq, this);
+  }
+  void Start() {
+    auto id = handler_->Admit(&ctx_, MasterRpcHandler::kAdmin, "ListObjects");
+    if (!id.ok()) {
+      Finish(ToGrpcStatus(id.status()));
+      return;
+    }
+    page_ = req_.page_size() == 0
+                ? 4096
+                : std::min<uint32_t>(req_.page_size(), 65536);
+    Next();
+  }
+  void Step(bool ok) {  // a page's Write completed
+    if (ok) {
+      Next();
+    } else {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                          "ListObjects: stream broken"));
+    }
+  }
 
   void Next() {
     resp_.Clear();
@@ -892,21 +879,16 @@ class ListObjectsCall final : public CqTag {
       Finish(grpc::Status::OK);
       return;
     }
-    state_ = State::kWriting;
     writer_.Write(resp_, this);
   }
   void Finish(const grpc::Status& s) {
-    state_ = State::kFinishing;
+    Finishing();
     writer_.Finish(s, this);
   }
 
-  MasterRpcHandler* const handler_;
-  CqPoller* const poller_;
-  grpc::ServerContext ctx_;
   v1::ListObjectsRequest req_;
   v1::ListObjectsResponse resp_;
   grpc::ServerAsyncWriter<v1::ListObjectsResponse> writer_;
-  State state_ = State::kRequested;
   uint32_t page_ = 0;
   uint64_t cursor_ = 0;
   bool more_ = true;
