@@ -1,0 +1,47 @@
+#include "common/grpc_polling.h"
+
+#include <grpc/grpc.h>
+#include <stdlib.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/mutex.h"
+
+namespace hymcache {
+namespace {
+
+Mutex g_mu;
+// The strategy SetGrpcPollStrategy last set ("" for none).
+std::string g_set ABSL_GUARDED_BY(g_mu);
+
+}  // namespace
+
+absl::Status ValidateGrpcPollStrategy(absl::string_view strategy) {
+  if (strategy == "epoll1" || strategy == "poll") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("gRPC poll strategy \"", strategy,
+                   "\": expected \"epoll1\" or \"poll\""));
+}
+
+absl::Status SetGrpcPollStrategy(absl::string_view strategy) {
+  if (absl::Status s = ValidateGrpcPollStrategy(strategy); !s.ok()) return s;
+  MutexLock l(&g_mu);
+  if (grpc_is_initialized()) {
+    if (g_set == strategy) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gRPC already runs in this process, with the poll strategy it "
+        "started with; \"",
+        strategy,
+        "\" takes effect only before the process's first gRPC "
+        "channel, server or completion queue"));
+  }
+  const std::string value(strategy);
+  if (setenv("GRPC_POLL_STRATEGY", value.c_str(), 1) != 0) {
+    return absl::InternalError("setenv(GRPC_POLL_STRATEGY) failed");
+  }
+  g_set = value;
+  return absl::OkStatus();
+}
+
+}  // namespace hymcache

@@ -1,0 +1,34 @@
+// How gRPC waits for I/O in this process: its poll strategy.
+//
+// gRPC fixes the strategy when it starts in a process (its first channel,
+// server or completion queue), from the GRPC_POLL_STRATEGY environment
+// variable; on Linux its default is "epoll1". Measured with
+// tools/bench/lookup_bench (docs/performance.md), the strategy decides how
+// cheap a lookup is when several threads of one process call the master:
+//   - "epoll1": one thread of the process polls every connection and hands
+//     each completion to the thread waiting for it (a futex wake and a
+//     context switch per call once several threads wait);
+//   - "poll": each thread waiting on a completion queue polls the
+//     connections of its own calls and completes them itself. With a
+//     connection per calling thread (ClientOptions::master_connections) no
+//     completion changes threads.
+#pragma once
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace hymcache {
+
+// OK for "epoll1" and "poll", the strategies set here; InvalidArgument
+// otherwise.
+absl::Status ValidateGrpcPollStrategy(absl::string_view strategy);
+
+// Makes gRPC use `strategy` in this process when it starts. Call it before
+// any gRPC object exists and before other threads read the environment (it
+// sets GRPC_POLL_STRATEGY, which gRPC reads then).
+// Errors: InvalidArgument for a name ValidateGrpcPollStrategy refuses;
+// FailedPrecondition when gRPC already runs in this process, unless this
+// function set the same strategy before it started.
+absl::Status SetGrpcPollStrategy(absl::string_view strategy);
+
+}  // namespace hymcache
