@@ -7,13 +7,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "common/mutex.h"
+#include "common/grpc_status.h"
+#include "common/health_probe.h"
 #include "common/metrics_exporter.h"
+#include "common/mutex.h"
 #include "common/net.h"
 #include "common/stats.h"
 #include "master/cq_server.h"
@@ -22,8 +26,6 @@
 #include "master/metadata_store.h"
 #include "master/tenant.h"
 #include "master/tenants.h"
-#include "common/grpc_status.h"
-#include "common/health_probe.h"
 #include "proto/master.grpc.pb.h"
 
 namespace hymcache {
@@ -306,18 +308,16 @@ class MasterRpcHandler final {
       return s;
     }
     const absl::Time start = absl::Now();
-    absl::StatusOr<v1::BatchLookupResponse> r;
+    absl::Status s;
     if (!Rewrites(id)) {
-      r = service_->BatchLookup(req);
+      s = service_->BatchLookupInto(req, resp);
     } else {
       v1::BatchLookupRequest qualified = req;
       QualifyAll(id, qualified.mutable_keys());
-      r = service_->BatchLookup(qualified);
+      s = service_->BatchLookupInto(qualified, resp);
     }
-    CountLookup(r, absl::Now() - start);
-    if (!r.ok()) return r.status();
-    *resp = std::move(*r);
-    return absl::OkStatus();
+    CountLookup(s, *resp, absl::Now() - start);
+    return s;
   }
 
   // LookupStream bookkeeping (LookupStreamCall). Admits a new stream:
@@ -533,18 +533,18 @@ class MasterRpcHandler final {
  private:
   // Relaxed atomic adds and a lock-free histogram: nothing here serializes
   // lookups.
-  void CountLookup(const absl::StatusOr<v1::BatchLookupResponse>& r,
+  void CountLookup(const absl::Status& s, const v1::BatchLookupResponse& r,
                    absl::Duration took) {
-    if (!r.ok()) {
+    if (!s.ok()) {
       Add(rpc_stats_.lookup_errors);
       return;
     }
     uint64_t hits = 0;
-    for (const v1::LookupResult& x : r->results()) hits += x.found() ? 1 : 0;
+    for (const v1::LookupResult& x : r.results()) hits += x.found() ? 1 : 0;
     Add(rpc_stats_.lookups);
-    Add(rpc_stats_.lookup_keys, static_cast<uint64_t>(r->results_size()));
+    Add(rpc_stats_.lookup_keys, static_cast<uint64_t>(r.results_size()));
     Add(rpc_stats_.lookup_hits, hits);
-    Add(rpc_stats_.lookup_prefix_hits, r->hit_prefix_length());
+    Add(rpc_stats_.lookup_prefix_hits, r.hit_prefix_length());
     lookup_latency_.Observe(took);
   }
 
@@ -812,22 +812,42 @@ class LookupStreamCall final : public StreamCall<LookupStreamCall> {
     // Every message is checked, answered and counted as a BatchLookup
     // call is (and refused in its words): a token revoked (the identities
     // reloaded) since the stream opened stops working.
-    resp_.Clear();
-    absl::Status s = handler_->Lookup(&ctx_, req_, &resp_, "BatchLookup");
+    // The answer lives on the stream's arena until the next one: Write
+    // serializes it before it returns, and no malloc or free per result.
+    if (!arena_.has_value()) {  // on the first message: idle streams need none
+      arena_block_ = std::make_unique<char[]>(kArenaBlock);
+      google::protobuf::ArenaOptions o;
+      o.initial_block = arena_block_.get();
+      o.initial_block_size = kArenaBlock;
+      o.start_block_size = kArenaBlock;
+      o.max_block_size = 4 * kArenaBlock;
+      arena_.emplace(o);
+    } else {
+      arena_->Reset();  // keeps the first block
+    }
+    auto* resp =
+        google::protobuf::Arena::CreateMessage<v1::BatchLookupResponse>(
+            &*arena_);
+    absl::Status s = handler_->Lookup(&ctx_, req_, resp, "BatchLookup");
     if (!s.ok()) {
       Finish(ToGrpcStatus(s));
       return;
     }
     writing_ = true;
-    stream_.Write(resp_, this);
+    stream_.Write(*resp, this);
   }
   void Finish(const grpc::Status& s) {
     Finishing();
     stream_.Finish(s, this);
   }
 
+  // The answers' arena. Its first block holds a 32-key answer; a larger one
+  // takes more blocks from the heap, freed at the next Reset.
+  static constexpr size_t kArenaBlock = 8 << 10;
+
   v1::BatchLookupRequest req_;
-  v1::BatchLookupResponse resp_;
+  std::unique_ptr<char[]> arena_block_;
+  std::optional<google::protobuf::Arena> arena_;  // after arena_block_
   grpc::ServerAsyncReaderWriter<v1::BatchLookupResponse,
                                 v1::BatchLookupRequest>
       stream_;

@@ -2113,25 +2113,32 @@ size_t MasterService::ReapExpired() {
 
 absl::StatusOr<v1::BatchLookupResponse> MasterService::BatchLookup(
     const v1::BatchLookupRequest& request) {
+  v1::BatchLookupResponse response;
+  absl::Status s = BatchLookupInto(request, &response);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::Status MasterService::BatchLookupInto(
+    const v1::BatchLookupRequest& request, v1::BatchLookupResponse* response) {
   absl::Status s = ValidateKeys(request.keys());
   if (!s.ok()) return s;
-  v1::BatchLookupResponse response;
-  response.mutable_results()->Reserve(request.keys_size());
+  response->mutable_results()->Reserve(request.keys_size());
   if (!request.for_read()) {
     ReaderMutexLock l(&mu_);
-    LookupLocked(request, clock_->Now(), &response);
-    return response;
+    LookupLocked(request, clock_->Now(), response);
+    return absl::OkStatus();
   }
   MutexLock l(&mu_);
   const absl::Time now = clock_->Now();
-  const uint32_t hits = LookupLocked(request, now, &response);
+  const uint32_t hits = LookupLocked(request, now, response);
   // The chain head ends up most recent, each block just below the one
   // before it (MetadataIndex::TouchPrefix).
   const uint32_t tick = LeaseTick(now);
   std::vector<absl::string_view> hit_keys(request.keys().begin(),
                                           request.keys().begin() + hits);
   index_.TouchPrefix(hit_keys, tick);
-  return response;
+  return absl::OkStatus();
 }
 
 uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,

@@ -449,6 +449,11 @@ class MasterService {
   // it nothing changes. Errors: InvalidArgument (key count or sizes).
   absl::StatusOr<hymcache::v1::BatchLookupResponse> BatchLookup(
       const hymcache::v1::BatchLookupRequest& request);
+  // The same answer written into `*response`, which must be empty (on an
+  // arena or not: the RPC path reuses one per stream). On an error it is
+  // left empty.
+  absl::Status BatchLookupInto(const hymcache::v1::BatchLookupRequest& request,
+                               hymcache::v1::BatchLookupResponse* response);
 
   // Removes committed keys and frees their space; per key whether it
   // existed. Then removes their descendants on any node (blocks whose
