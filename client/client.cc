@@ -4,11 +4,13 @@
 
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/client_impl.h"
 #include "client/grpc_master_client.h"
 #include "client/transport_select.h"
+#include "common/grpc_polling.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 
@@ -33,15 +35,33 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   security.tls.cert_file = options.tls_cert_file;
   security.tls.key_file = options.tls_key_file;
   security.tls.server_name = options.tls_server_name;
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
-                   CreateChannel(options.master_address, security, args));
+  if (!options.grpc_poll_strategy.empty()) {
+    // Before the first channel: gRPC may start with it.
+    if (absl::Status s = SetGrpcPollStrategy(options.grpc_poll_strategy);
+        !s.ok()) {
+      return absl::Status(
+          s.code(),
+          absl::StrCat("ClientOptions.grpc_poll_strategy: ", s.message()));
+    }
+  }
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < options.master_connections; ++i) {
+    // Distinct arguments: gRPC would otherwise share one connection.
+    grpc::ChannelArguments channel_args = args;
+    if (options.master_connections > 1) {
+      channel_args.SetInt("hymcache.master_connection", i);
+    }
+    ASSIGN_OR_RETURN(
+        std::shared_ptr<grpc::Channel> channel,
+        CreateChannel(options.master_address, security, channel_args));
+    channels.push_back(std::move(channel));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
                    NewTransportFor(options));
   return NewClientImpl(
       options,
       NewGrpcMasterClient(
-          std::move(channel),
-          {.lookup_pipeline_depth = options.lookup_pipeline_depth}),
+          channels, {.lookup_pipeline_depth = options.lookup_pipeline_depth}),
       std::move(transport));
 }
 

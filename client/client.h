@@ -197,7 +197,9 @@ struct ClusterStatus {
 class Client {
  public:
   // Connects lazily: Create succeeds while the master is down; calls then
-  // fail with Unavailable until it is up. InvalidArgument on bad options.
+  // fail with Unavailable until it is up. InvalidArgument on bad options;
+  // FailedPrecondition when options.grpc_poll_strategy cannot take effect
+  // (gRPC already runs in this process).
   static absl::StatusOr<std::unique_ptr<Client>> Create(
       const ClientOptions& options);
 

@@ -1,9 +1,9 @@
 // What client.h and options.h define beside the abstract Client: option
 // checks, and Get and Put on top of Load and Store.
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/options.h"
-
-#include "absl/strings/str_cat.h"
+#include "common/grpc_polling.h"
 #include "common/net.h"
 
 namespace hymcache {
@@ -50,6 +50,17 @@ absl::Status ClientOptions::Validate() const {
   if (lookup_pipeline_depth < 1 || lookup_pipeline_depth > 64) {
     return absl::InvalidArgumentError(
         "ClientOptions.lookup_pipeline_depth must be in 1..64");
+  }
+  if (master_connections < 1 || master_connections > 64) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.master_connections must be in 1..64");
+  }
+  if (!grpc_poll_strategy.empty()) {
+    if (absl::Status s = ValidateGrpcPollStrategy(grpc_poll_strategy);
+        !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ClientOptions.grpc_poll_strategy: ", s.message()));
+    }
   }
   if (read_batch_bytes == 0) {
     return absl::InvalidArgumentError(

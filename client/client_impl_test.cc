@@ -101,6 +101,29 @@ void CheckLoaded(const Blocks& b, const Out& out, size_t loaded,
   }
 }
 
+TEST_CASE("Options: master connections and the gRPC poll strategy") {
+  ClientOptions o = TestOptions();
+  for (int n : {1, 8, 64}) {
+    o.master_connections = n;
+    CHECK(o.Validate().ok());
+  }
+  for (int n : {0, -1, 65}) {
+    o.master_connections = n;
+    CHECK(absl::IsInvalidArgument(o.Validate()));
+  }
+  o.master_connections = 4;
+  for (const char* s : {"", "poll", "epoll1"}) {
+    o.grpc_poll_strategy = s;
+    CHECK(o.Validate().ok());
+  }
+  for (const char* s : {"epollex", "POLL", "none"}) {
+    o.grpc_poll_strategy = s;
+    const absl::Status st = o.Validate();
+    CHECK(absl::IsInvalidArgument(st));
+    CHECK(st.message().find("grpc_poll_strategy") != absl::string_view::npos);
+  }
+}
+
 TEST_CASE("Load reads every stored block byte for byte, in batches of read_batch_bytes") {
   Rig rig;
   Blocks b(10);

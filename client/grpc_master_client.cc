@@ -81,7 +81,8 @@ class PooledLookupStream {
  public:
   enum class Result { kOk, kDeadline, kBroken };
 
-  PooledLookupStream() = default;
+  // `connection`: the index of the master connection it runs on.
+  explicit PooledLookupStream(size_t connection) : connection_(connection) {}
   PooledLookupStream(const PooledLookupStream&) = delete;
   PooledLookupStream& operator=(const PooledLookupStream&) = delete;
 
@@ -98,6 +99,8 @@ class PooledLookupStream {
     while (cq_.Next(&tag, &ok)) {
     }
   }
+
+  size_t connection() const { return connection_; }
 
   // Opens the stream; false if that did not complete by `deadline` (the
   // stream is then dead: Finish tells why).
@@ -197,6 +200,7 @@ class PooledLookupStream {
   void EndClose(absl::Time deadline) { Settle(deadline); }
 
  private:
+  const size_t connection_;
   grpc::CompletionQueue cq_;
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientAsyncReaderWriter<pb::BatchLookupRequest,
@@ -210,11 +214,14 @@ class PooledLookupStream {
 
 class GrpcMasterClient : public MasterClient {
  public:
-  GrpcMasterClient(std::shared_ptr<grpc::Channel> channel,
+  // REQUIRES: !channels.empty().
+  GrpcMasterClient(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
                    const GrpcMasterClientOptions& options)
       : options_(options),
-        stub_(pb::MasterService::NewStub(channel)),
-        streams_off_(options.idle_lookup_streams <= 0) {}
+        stub_(pb::MasterService::NewStub(channels[0])),
+        lookup_stubs_(NewStubs(channels)),
+        streams_off_(options.idle_lookup_streams <= 0),
+        idle_streams_(channels.size()) {}
 
   ~GrpcMasterClient() override {
     // The idle streams end cleanly (half-close, the master's OK), all at
@@ -222,7 +229,11 @@ class GrpcMasterClient : public MasterClient {
     std::vector<std::unique_ptr<PooledLookupStream>> idle;
     {
       MutexLock l(&mu_);
-      idle.swap(idle_streams_);
+      for (auto& pool : idle_streams_) {
+        for (auto& s : pool) idle.push_back(std::move(s));
+        pool.clear();
+      }
+      idle_count_ = 0;
     }
     for (auto& s : idle) s->BeginClose();
     const absl::Time close_by = absl::Now() + kStreamCloseTimeout;
@@ -240,18 +251,28 @@ class GrpcMasterClient : public MasterClient {
   absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> keys,
                                      bool for_read,
                                      absl::Time deadline) override {
-    pb::BatchLookupRequest req;
-    for (const std::string& k : keys) req.add_keys(k);
-    req.set_for_read(for_read);
-    pb::BatchLookupResponse resp;
+    // Request and answer on an arena whose first block is on this stack:
+    // a 32-key lookup's messages take no malloc or free.
+    alignas(8) char block[8 << 10];
+    google::protobuf::ArenaOptions arena_options;
+    arena_options.initial_block = block;
+    arena_options.initial_block_size = sizeof(block);
+    google::protobuf::Arena arena(arena_options);
+    auto* req =
+        google::protobuf::Arena::CreateMessage<pb::BatchLookupRequest>(&arena);
+    auto* resp =
+        google::protobuf::Arena::CreateMessage<pb::BatchLookupResponse>(&arena);
+    req->mutable_keys()->Reserve(static_cast<int>(keys.size()));
+    for (const std::string& k : keys) req->add_keys(k);
+    req->set_for_read(for_read);
     absl::Status answered;
-    if (!StreamLookup(req, &resp, deadline, &answered)) {
-      answered = Unary(&pb::MasterService::Stub::BatchLookup, req, &resp,
+    if (!StreamLookup(*req, resp, deadline, &answered)) {
+      answered = Unary(&pb::MasterService::Stub::BatchLookup, *req, resp,
                        deadline, "BatchLookup");
     }
     RETURN_IF_ERROR(answered);
     LookupBatch out;
-    RETURN_IF_ERROR(FromProto(resp, keys.size(), &out));
+    RETURN_IF_ERROR(FromProto(*resp, keys.size(), &out));
     return out;
   }
 
@@ -422,20 +443,47 @@ class GrpcMasterClient : public MasterClient {
   // An idle stream, or a new one (dead if it did not start: its Finish
   // tells why); null when lookups go unary (streams off, or the master
   // refused a stream for its limit a moment ago and none is idle).
+  // The stream comes from the calling thread's connection
+  // (ConnectionOfThisThread).
   std::unique_ptr<PooledLookupStream> TakeStream(absl::Time deadline) {
     if (streams_off_.load(std::memory_order_relaxed)) return nullptr;
+    const size_t connection = ConnectionOfThisThread();
     {
       MutexLock l(&mu_);
-      if (!idle_streams_.empty()) {
-        std::unique_ptr<PooledLookupStream> s = std::move(idle_streams_.back());
-        idle_streams_.pop_back();
+      auto& pool = idle_streams_[connection];
+      if (!pool.empty()) {
+        std::unique_ptr<PooledLookupStream> s = std::move(pool.back());
+        pool.pop_back();
+        --idle_count_;
         return s;
       }
       if (absl::Now() < no_new_streams_until_) return nullptr;
     }
-    auto s = std::make_unique<PooledLookupStream>();
-    s->Start(stub_.get(), deadline);
+    auto s = std::make_unique<PooledLookupStream>(connection);
+    s->Start(lookup_stubs_[connection].get(), deadline);
     return s;
+  }
+
+  // The master connection whose streams this thread uses: the threads that
+  // call this client are spread over the connections in the order they
+  // first call (thread i of the process: connection i mod the count), so
+  // that up to master_connections concurrent callers each have one of
+  // their own (docs/performance.md: with gRPC's "poll" strategy a caller
+  // then completes its own calls; common/grpc_polling.h).
+  size_t ConnectionOfThisThread() const {
+    if (lookup_stubs_.size() == 1) return 0;
+    static std::atomic<uint32_t> next_thread{0};
+    thread_local const uint32_t thread_index =
+        next_thread.fetch_add(1, std::memory_order_relaxed);
+    return thread_index % lookup_stubs_.size();
+  }
+
+  static std::vector<std::unique_ptr<pb::MasterService::Stub>> NewStubs(
+      const std::vector<std::shared_ptr<grpc::Channel>>& channels) {
+    std::vector<std::unique_ptr<pb::MasterService::Stub>> stubs;
+    for (const auto& c : channels)
+      stubs.push_back(pb::MasterService::NewStub(c));
+    return stubs;
   }
 
   // Whether `why`, the status a stream ended with before it answered a
@@ -471,9 +519,9 @@ class GrpcMasterClient : public MasterClient {
   void ReturnStream(std::unique_ptr<PooledLookupStream> stream) {
     {
       MutexLock l(&mu_);
-      if (idle_streams_.size() <
-          static_cast<size_t>(options_.idle_lookup_streams)) {
-        idle_streams_.push_back(std::move(stream));
+      if (idle_count_ < static_cast<size_t>(options_.idle_lookup_streams)) {
+        idle_streams_[stream->connection()].push_back(std::move(stream));
+        ++idle_count_;
         return;
       }
     }
@@ -517,7 +565,10 @@ class GrpcMasterClient : public MasterClient {
   };
 
   const GrpcMasterClientOptions options_;
+  // Unary and callback calls: the first connection.
   const std::unique_ptr<pb::MasterService::Stub> stub_;
+  // LookupStreams: one stub per connection (GrpcMasterClientOptions).
+  const std::vector<std::unique_ptr<pb::MasterService::Stub>> lookup_stubs_;
 
   // Lookups go as unary BatchLookups (idle_lookup_streams 0, or the master
   // answered LookupStream with UNIMPLEMENTED).
@@ -526,9 +577,11 @@ class GrpcMasterClient : public MasterClient {
   Mutex mu_;
   // Async calls (aborts, lookups) whose callback functors gRPC still holds.
   int async_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  // Open LookupStreams no caller holds, the most recently used last.
-  std::vector<std::unique_ptr<PooledLookupStream>> idle_streams_
+  // Open LookupStreams no caller holds, per connection, the most recently
+  // used last; idle_count_ of them in all.
+  std::vector<std::vector<std::unique_ptr<PooledLookupStream>>> idle_streams_
       ABSL_GUARDED_BY(mu_);
+  size_t idle_count_ ABSL_GUARDED_BY(mu_) = 0;
   // The master refused a new stream for its limit: none is opened before.
   absl::Time no_new_streams_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
@@ -806,7 +859,15 @@ std::unique_ptr<LookupStream> GrpcMasterClient::StartLookups(
 std::unique_ptr<MasterClient> NewGrpcMasterClient(
     std::shared_ptr<grpc::Channel> channel,
     const GrpcMasterClientOptions& options) {
-  return std::make_unique<GrpcMasterClient>(std::move(channel), options);
+  return std::make_unique<GrpcMasterClient>(
+      std::vector<std::shared_ptr<grpc::Channel>>{std::move(channel)}, options);
+}
+
+std::unique_ptr<MasterClient> NewGrpcMasterClient(
+    const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+    const GrpcMasterClientOptions& options) {
+  if (channels.empty()) return nullptr;
+  return std::make_unique<GrpcMasterClient>(channels, options);
 }
 
 }  // namespace hymcache

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "client/master_client.h"
 
@@ -32,6 +33,15 @@ struct GrpcMasterClientOptions {
 
 std::unique_ptr<MasterClient> NewGrpcMasterClient(
     std::shared_ptr<grpc::Channel> channel,
+    const GrpcMasterClientOptions& options);
+
+// Over several connections to the same master (channels made with distinct
+// arguments, so that gRPC does not share one connection between them):
+// each calling thread's LookupStreams run on one of them, thread i of the
+// process on channels[i mod size]; every other call goes on channels[0].
+// Null if `channels` is empty.
+std::unique_ptr<MasterClient> NewGrpcMasterClient(
+    const std::vector<std::shared_ptr<grpc::Channel>>& channels,
     const GrpcMasterClientOptions& options);
 
 }  // namespace hymcache

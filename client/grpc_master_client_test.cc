@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -508,6 +510,82 @@ TEST_CASE("Many concurrent callers each get their own answers") {
   CHECK(failed == 0);
   CHECK(Stat(master->address(), "lookups") == 8 * 60);
   CheckStatBecomes(master->address(), "lookup_streams_open", 2);
+}
+
+// This process's established TCP connections to loopback port `port`, by
+// local port (/proc/net/tcp and tcp6: gRPC dials 127.0.0.1 from an IPv6
+// socket).
+std::set<int> ConnectionsTo(int port) {
+  std::set<int> local_ports;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string slot, local, remote, state;
+      f >> slot >> local >> remote >> state;
+      const size_t lc = local.rfind(':'), rc = remote.rfind(':');
+      if (lc == std::string::npos || rc == std::string::npos) continue;
+      if (state == "01" &&  // ESTABLISHED
+          std::stoi(remote.substr(rc + 1), nullptr, 16) == port) {
+        local_ports.insert(std::stoi(local.substr(lc + 1), nullptr, 16));
+      }
+    }
+  }
+  return local_ports;
+}
+
+TEST_CASE("Over several connections each calling thread keeps to one") {
+  auto master = StartPopulated("connections");
+  const std::string& address = master->address();
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  const std::set<int> before = ConnectionsTo(port);
+  constexpr int kConnections = 4;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < kConnections; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("test.connection", i);  // distinct: no shared connection
+    auto channel = CreateChannel(address, ChannelSecurity(), args);
+    REQUIRE(channel.ok());
+    channels.push_back(*channel);
+  }
+  auto client = NewGrpcMasterClient(channels, GrpcMasterClientOptions());
+  REQUIRE(client != nullptr);
+  CHECK(NewGrpcMasterClient(std::vector<std::shared_ptr<grpc::Channel>>(),
+                            GrpcMasterClientOptions()) == nullptr);
+  std::atomic<int> wrong{0}, failed{0};
+  {
+    // As many threads as connections, calling at once: each thread's
+    // lookups take the same stream again, on a connection of its own.
+    std::vector<Thread> callers;
+    for (int t = 0; t < kConnections; ++t) {
+      callers.emplace_back("caller", [&, t] {
+        for (int i = 0; i < 40; ++i) {
+          const std::vector<std::string> keys = Mixed(t * 5 + i, 2 + t);
+          auto r = client->Lookup(keys, i % 2 == 1, Soon());
+          if (!r.ok()) {
+            failed++;
+            continue;
+          }
+          bool same = r->found.size() == keys.size();
+          for (size_t k = 0; same && k < keys.size(); ++k) {
+            same = r->found[k] == (keys[k].rfind("hit-", 0) == 0);
+          }
+          if (!same) wrong++;
+        }
+      });
+    }
+  }
+  CHECK(wrong == 0);
+  CHECK(failed == 0);
+  std::set<int> added;
+  for (int p : ConnectionsTo(port)) {
+    if (before.count(p) == 0) added.insert(p);
+  }
+  CHECK(added.size() == kConnections);
+  CHECK(Stat(address, "lookup_streams_opened") == kConnections);
+  CHECK(Stat(address, "lookups") == kConnections * 40);
 }
 
 TEST_CASE("Beyond the master's stream limit, lookups go unary") {

@@ -76,6 +76,20 @@ struct ClientOptions {
   uint32_t lookup_batch_keys = 32;
   // Lookup round trips of one Load in flight at once. 1..64. Default: 4.
   int lookup_pipeline_depth = 4;
+  // TCP connections to the master. Lookups of the process's calling
+  // threads are spread over them (thread i on connection i mod this), so
+  // that with grpc_poll_strategy "poll" up to this many threads calling at
+  // once each complete their own lookups, with no hand-off between threads
+  // (docs/performance.md). 1..64. Default: 1.
+  int master_connections = 1;
+  // gRPC's poll strategy for this process (common/grpc_polling.h): "" leaves
+  // gRPC's choice (epoll1 on Linux, or the GRPC_POLL_STRATEGY environment
+  // variable); "poll" is the cheaper per lookup when several threads call
+  // at once, each on a connection of its own (master_connections). It takes
+  // effect only if this process has not started gRPC yet: Client::Create
+  // fails with FailedPrecondition otherwise (unless an earlier Client set
+  // the same strategy). "", "epoll1" or "poll". Default: "".
+  std::string grpc_poll_strategy;
   // Most bytes read from a node in one data-plane request of Load (a block
   // larger than this is read alone). Default: 4 MiB.
   uint64_t read_batch_bytes = 4 << 20;

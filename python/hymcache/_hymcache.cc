@@ -475,7 +475,8 @@ class PyClient {
            double store_deadline, const std::string& auth_token,
            const std::string& tls_ca_file, const std::string& tls_cert_file,
            const std::string& tls_key_file, const std::string& tls_server_name,
-           int store_threads, int max_pending_stores) {
+           int store_threads, int max_pending_stores, int master_connections,
+           const std::string& grpc_poll_strategy) {
     ClientOptions o;
     std::vector<std::string> list;
     if (py::isinstance<py::str>(masters)) {
@@ -502,6 +503,8 @@ class PyClient {
     o.tls_server_name = tls_server_name;
     o.store_threads = store_threads;
     o.max_pending_stores = max_pending_stores;
+    o.master_connections = master_connections;
+    o.grpc_poll_strategy = grpc_poll_strategy;
     client_ = Unwrap(WithoutGil([&] { return Client::Create(o); }));
   }
 
@@ -844,6 +847,10 @@ transport: "auto" (shared memory for nodes on this host, else RDMA when
 deadline: seconds a call may take when given none; past it, load returns
   the blocks it finished.
 store_deadline: seconds a store may keep using its buffers at most.
+master_connections, grpc_poll_strategy: for a process whose threads look
+  up at once (ClientOptions in client/options.h): connections to the master,
+  and "poll" to let each thread complete its own lookups; the strategy must
+  be set before anything in the process starts gRPC.
 
 Connects lazily: calls raise Unavailable while the master is down. Safe to
 use from several threads; every call that waits releases the GIL. close()
@@ -851,13 +858,16 @@ use from several threads; every call that waits releases the GIL. close()
 )doc")
       .def(py::init<py::object, const std::string&, double, double,
                     const std::string&, const std::string&, const std::string&,
-                    const std::string&, const std::string&, int, int>(),
+                    const std::string&, const std::string&, int, int, int,
+                    const std::string&>(),
            py::arg("masters"), py::kw_only(), py::arg("transport") = "auto",
            py::arg("deadline") = 10.0, py::arg("store_deadline") = 2.0,
            py::arg("auth_token") = "", py::arg("tls_ca_file") = "",
            py::arg("tls_cert_file") = "", py::arg("tls_key_file") = "",
            py::arg("tls_server_name") = "", py::arg("store_threads") = 2,
-           py::arg("max_pending_stores") = 64)
+           py::arg("max_pending_stores") = 64,
+           py::arg("master_connections") = 1,
+           py::arg("grpc_poll_strategy") = "")
       .def("load", &PyClient::Load, py::arg("keys"), py::arg("buffers"),
            py::kw_only(), py::arg("deadline") = py::none(),
            py::arg("prefetch") = true,

@@ -230,6 +230,40 @@ def test_options_and_closed_clients(cluster):
         down.load([b"k"], [bytearray(1)])
 
 
+def test_lookups_from_threads_over_several_master_connections(cluster,
+                                                              request):
+    with pytest.raises(hymcache.InvalidArgument, match="master_connections"):
+        hymcache.Client(cluster.address, master_connections=0)
+    with pytest.raises(hymcache.InvalidArgument, match="grpc_poll_strategy"):
+        hymcache.Client(cluster.address, grpc_poll_strategy="epollex")
+    with hymcache.Client(cluster.address, transport="tcp") as c:
+        keys, data = stored_chain(c, request.node.name)
+    # A fresh interpreter, where nothing started gRPC yet: the poll strategy
+    # applies, and threads look up over connections of their own.
+    script = (
+        "import threading, hymcache\n"
+        f"keys = {keys!r}\n"
+        f"c = hymcache.Client({cluster.address!r}, master_connections=4,\n"
+        "                     grpc_poll_strategy='poll')\n"
+        "bad = []\n"
+        "def run():\n"
+        "    for _ in range(50):\n"
+        "        if c.lookup(keys)['found'] != [True] * len(keys):\n"
+        "            bad.append(1)\n"
+        "threads = [threading.Thread(target=run) for _ in range(4)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "c.close()\n"
+        "assert not bad, bad\n"
+        "print('ok')\n")
+    run = subprocess.run([sys.executable, "-c", script],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ,
+                                  PYTHONPATH=os.pathsep.join(sys.path)))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"
+
+
 def test_deadline_returns_a_partial_load_with_the_gil_released(request):
     with Cluster(nodes=1) as cluster, \
             hymcache.Client(cluster.address, transport="tcp") as c:
