@@ -40,10 +40,12 @@
 //   redis-benchmark -p PORT -c 8 -n 200000 -P 1 MGET k1 ... k32
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gflags/gflags.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,12 +57,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gflags/gflags.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -69,6 +70,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/grpc_master_client.h"
+#include "client/master_client.h"
+#include "common/grpc_polling.h"
 #include "common/security.h"
 #include "common/thread.h"
 #include "master/master_server.h"
@@ -109,6 +113,27 @@ DEFINE_bool(master_in_process, false,
             "(default: a child process, as Redis and as a real master are)");
 DEFINE_uint32(master_rpc_threads, hymcache::MasterOptions().rpc_threads,
               "the master's rpc_threads (completion-queue pollers)");
+DEFINE_string(client_poll_strategy, "",
+              "gRPC's poll strategy in the client process(es) "
+              "(common/grpc_polling.h: \"poll\" or \"epoll1\"; \"\": gRPC's "
+              "default); the master's process keeps gRPC's default");
+DEFINE_string(master_poll_strategy, "",
+              "gRPC's poll strategy in the master's process (hymcache-master "
+              "--grpc_poll_strategy; not with --master_in_process)");
+DEFINE_bool(client_processes, false,
+            "run each client (HyMCache's and Redis's) in a process of its "
+            "own, as separate engines are, instead of a thread of this one "
+            "(gRPC's default poller hands completions between the threads "
+            "of one process)");
+// Set by this program when it runs itself as one client of
+// --client_processes; not for the command line.
+DEFINE_string(worker, "", "internal: run as one client process (hym|redis)");
+DEFINE_string(worker_target, "",
+              "internal: the master's address or Redis's port");
+DEFINE_int32(worker_batch, 32, "internal: keys per call");
+DEFINE_bool(worker_for_read, false, "internal: for_read lookups");
+DEFINE_string(worker_transport, "unary", "internal: the transport");
+DEFINE_int32(worker_seed, 0, "internal: the client's random seed");
 DEFINE_string(tls_dir, "",
               "serve and dial over TLS with the certificates of "
               "tests/make_test_certs.sh DIR (server.pem/key, ca.pem)");
@@ -191,7 +216,10 @@ bool Commit(v1::MasterService::Stub* stub,
 }
 
 // How a lookup travels (--transports).
-enum class Transport { kUnary, kStream, kStreamAsync };
+enum class Transport { kUnary, kStream, kStreamAsync, kSdk };
+
+constexpr Transport kTransports[] = {Transport::kUnary, Transport::kStream,
+                                     Transport::kStreamAsync, Transport::kSdk};
 
 const char* TransportName(Transport t) {
   switch (t) {
@@ -201,16 +229,48 @@ const char* TransportName(Transport t) {
       return "stream";
     case Transport::kStreamAsync:
       return "stream_async";
+    case Transport::kSdk:
+      return "sdk";
   }
   return "?";
+}
+
+// The client SDK's view of the master (what Client::Create makes) over
+// `connections` connections of its own.
+std::unique_ptr<MasterClient> NewSdkClient(const std::string &address,
+                                           int connections, int *next_channel) {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < connections; ++i) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    args.SetInt("hymcache.bench_channel", (*next_channel)++);
+    auto channel = hymcache::CreateChannel(address, g_security, args);
+    if (!channel.ok()) {
+      std::fprintf(stderr, "dial: %s\n", channel.status().ToString().c_str());
+      std::exit(1);
+    }
+    channels.push_back(*channel);
+  }
+  return NewGrpcMasterClient(channels, GrpcMasterClientOptions());
+}
+
+// --client_poll_strategy, in a client process before its first channel.
+bool ApplyClientPollStrategy() {
+  if (FLAGS_client_poll_strategy.empty()) return true;
+  absl::Status s = SetGrpcPollStrategy(FLAGS_client_poll_strategy);
+  if (!s.ok())
+    std::fprintf(stderr, "--client_poll_strategy: %s\n", s.ToString().c_str());
+  return s.ok();
 }
 
 // One client thread's way to the master: a BatchLookup per call, or
 // messages over one open LookupStream.
 class Caller {
  public:
-  Caller(v1::MasterService::Stub* stub, Transport transport)
-      : stub_(stub), transport_(transport) {
+  // `sdk`: the client SDK's MasterClient, for Transport::kSdk.
+  Caller(v1::MasterService::Stub *stub, Transport transport,
+         MasterClient *sdk = nullptr)
+      : stub_(stub), transport_(transport), sdk_(sdk) {
     if (transport_ == Transport::kStream) {
       sync_ = stub_->LookupStream(&stream_ctx_);
     } else if (transport_ == Transport::kStreamAsync) {
@@ -259,9 +319,13 @@ class Caller {
           return Broken();
         }
         return grpc::Status::OK;
+      case Transport::kSdk:
+        return grpc::Status(grpc::StatusCode::INTERNAL, "use CallSdk");
     }
     return grpc::Status::OK;
   }
+
+  MasterClient *sdk() const { return sdk_; }
 
  private:
   // Waits for `n` events on the thread's queue; whether all were ok.
@@ -282,6 +346,7 @@ class Caller {
 
   v1::MasterService::Stub* const stub_;
   const Transport transport_;
+  MasterClient *const sdk_;
   grpc::ClientContext stream_ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::BatchLookupRequest,
                                            v1::BatchLookupResponse>>
@@ -356,60 +421,233 @@ void Summarize(const std::vector<std::vector<double>>& lat, double secs,
   row->keys_per_s = static_cast<double>(row->calls) * row->batch / secs;
 }
 
-Row Measure(const std::string& address, const std::vector<std::string>& keys,
-            int batch, int threads, bool for_read, Transport transport,
-            int* next_channel) {
-  Row row{batch, threads, for_read, transport};
-  row.caps = true;
-  std::vector<std::unique_ptr<v1::MasterService::Stub>> stubs;
-  std::vector<std::unique_ptr<Caller>> callers;
-  for (int t = 0; t < threads; ++t) {
-    stubs.push_back(Dial(address, (*next_channel)++));
-    callers.push_back(std::make_unique<Caller>(stubs.back().get(), transport));
-  }
-  std::vector<std::vector<double>> lat(threads);
-  std::atomic<uint64_t> misses{0}, errors{0};
-  auto one_call = [&](Caller* caller, std::mt19937_64& rng) {
-    v1::BatchLookupRequest req;
-    req.set_for_read(for_read);
+// What a client's calls counted beside their latencies.
+struct Tally {
+  std::atomic<uint64_t> misses{0};
+  std::atomic<uint64_t> errors{0};
+};
+
+// One BatchLookup of `batch` consecutive stored keys from a random start;
+// its microseconds. Misses and failures go to `tally`.
+double TimedLookup(Caller *caller, const std::vector<std::string> &keys,
+                   int batch, bool for_read, std::mt19937_64 &rng,
+                   Tally *tally) {
+  if (caller->sdk() != nullptr) {
     const size_t start = rng() % (keys.size() - batch + 1);
-    for (int i = 0; i < batch; ++i) req.add_keys(keys[start + i]);
-    v1::BatchLookupResponse resp;
     absl::Time t0 = absl::Now();
-    grpc::Status s = caller->Call(req, &resp);
+    absl::StatusOr<LookupBatch> r =
+        caller->sdk()->Lookup(absl::MakeConstSpan(keys).subspan(start, batch),
+                              for_read, absl::Now() + absl::Seconds(10));
     double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
-    if (!s.ok()) {
-      if (errors.fetch_add(1, std::memory_order_relaxed) == 0) {
-        std::fprintf(stderr, "BatchLookup: %s\n", s.error_message().c_str());
+    if (!r.ok()) {
+      if (tally->errors.fetch_add(1, std::memory_order_relaxed) == 0) {
+        std::fprintf(stderr, "Lookup: %s\n", r.status().ToString().c_str());
       }
-    } else if (resp.hit_prefix_length() != static_cast<uint32_t>(batch)) {
-      misses.fetch_add(batch - resp.hit_prefix_length(),
-                       std::memory_order_relaxed);
+    } else {
+      const uint64_t found = std::count(r->found.begin(), r->found.end(), true);
+      tally->misses.fetch_add(batch - found, std::memory_order_relaxed);
     }
     return us;
-  };
-  // Warm-up: connect every channel and fault in the paths.
-  for (int t = 0; t < threads; ++t) {
-    std::mt19937_64 rng(t);
-    for (int i = 0; i < kWarmupCalls; ++i) one_call(callers[t].get(), rng);
   }
-  const absl::Duration duration = absl::Seconds(FLAGS_seconds);
+  v1::BatchLookupRequest req;
+  req.set_for_read(for_read);
+  const size_t start = rng() % (keys.size() - batch + 1);
+  for (int i = 0; i < batch; ++i) req.add_keys(keys[start + i]);
+  v1::BatchLookupResponse resp;
+  absl::Time t0 = absl::Now();
+  grpc::Status s = caller->Call(req, &resp);
+  double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+  if (!s.ok()) {
+    if (tally->errors.fetch_add(1, std::memory_order_relaxed) == 0) {
+      std::fprintf(stderr, "BatchLookup: %s\n", s.error_message().c_str());
+    }
+  } else if (resp.hit_prefix_length() != static_cast<uint32_t>(batch)) {
+    tally->misses.fetch_add(batch - resp.hit_prefix_length(),
+                            std::memory_order_relaxed);
+  }
+  return us;
+}
+
+// Runs `call(t)` (client t's next timed call, returning its microseconds)
+// on `threads` threads named `name` for --seconds; fills the row's calls,
+// percentiles and rate.
+template <typename F>
+void RunThreads(int threads, const char *name, F call, Row *row) {
+  std::vector<std::vector<double>> lat(threads);
   const absl::Time start = absl::Now();
   {
     std::vector<Thread> workers;
     for (int t = 0; t < threads; ++t) {
-      workers.emplace_back("lookup-bench", [&, t] {
-        std::mt19937_64 rng(1000 + t);
-        const absl::Time end = start + duration;
-        while (absl::Now() < end) {
-          lat[t].push_back(one_call(callers[t].get(), rng));
-        }
+      workers.emplace_back(name, [&, t] {
+        const absl::Time end = start + absl::Seconds(FLAGS_seconds);
+        while (absl::Now() < end) lat[t].push_back(call(t));
       });
     }
   }
-  Summarize(lat, absl::ToDoubleSeconds(absl::Now() - start), &row);
-  row.misses = misses.load();
-  row.errors = errors.load();
+  Summarize(lat, absl::ToDoubleSeconds(absl::Now() - start), row);
+}
+
+// What a client process (--worker) reports after its timed calls, followed
+// by `calls` doubles: each call's microseconds.
+struct WorkerReport {
+  uint64_t calls;
+  uint64_t misses;
+  uint64_t errors;
+  double seconds;  // its timed span
+};
+
+bool ReadAll(int fd, void *buf, size_t n) {
+  char *p = static_cast<char *>(buf);
+  while (n > 0) {
+    ssize_t r = read(fd, p, n);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool WriteAll(int fd, const void *buf, size_t n) {
+  const char *p = static_cast<const char *>(buf);
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// --client_processes: `threads` clients, each this program run again with
+// --worker=`kind` and `worker_flags`, connected and warmed up before all
+// start their timed calls together. Fills the row; false if a client could
+// not start or report.
+bool RunProcesses(int threads, const std::string &kind,
+                  const std::vector<std::string> &worker_flags, Row *row,
+                  Tally *tally) {
+  struct Child {
+    pid_t pid = -1;
+    int go = -1;      // its stdin
+    int report = -1;  // its stdout
+  };
+  std::vector<Child> children(threads);
+  bool ok = true;
+  for (int t = 0; t < threads && ok; ++t) {
+    int go[2], report[2];
+    if (pipe2(go, O_CLOEXEC) != 0) return false;
+    if (pipe2(report, O_CLOEXEC) != 0) {
+      close(go[0]);
+      close(go[1]);
+      return false;
+    }
+    std::vector<std::string> args = {
+        "lookup_bench",
+        "--worker=" + kind,
+        absl::StrCat("--worker_seed=", 1000 + t),
+        absl::StrCat("--objects=", FLAGS_objects),
+        absl::StrCat("--key_bytes=", FLAGS_key_bytes),
+        absl::StrCat("--seconds=", FLAGS_seconds),
+        absl::StrCat("--deadlock_detection=", FLAGS_deadlock_detection),
+        "--client_poll_strategy=" + FLAGS_client_poll_strategy};
+    args.insert(args.end(), worker_flags.begin(), worker_flags.end());
+    std::vector<char *> argv;
+    for (std::string &a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, go[0], STDIN_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, report[1], STDOUT_FILENO);
+    std::fflush(stdout);
+    ok = posix_spawn(&children[t].pid, "/proc/self/exe", &actions, nullptr,
+                     argv.data(), environ) == 0;
+    posix_spawn_file_actions_destroy(&actions);
+    close(go[0]);
+    close(report[1]);
+    children[t].go = go[1];
+    children[t].report = report[0];
+    if (!ok) children[t].pid = -1;
+  }
+  // Each writes 'R' once connected and warmed up; then all go at once.
+  for (Child &c : children) {
+    char r = 0;
+    ok = ok && c.pid > 0 && ReadAll(c.report, &r, 1) && r == 'R';
+  }
+  for (Child &c : children) ok = ok && WriteAll(c.go, "G", 1);
+  std::vector<std::vector<double>> lat(threads);
+  double seconds = 0;
+  for (int t = 0; t < threads && ok; ++t) {
+    WorkerReport rep{};
+    ok = ReadAll(children[t].report, &rep, sizeof(rep)) &&
+         rep.calls < (uint64_t{1} << 32);
+    if (!ok) break;
+    lat[t].resize(rep.calls);
+    ok = ReadAll(children[t].report, lat[t].data(), rep.calls * sizeof(double));
+    tally->misses += rep.misses;
+    tally->errors += rep.errors;
+    seconds = std::max(seconds, rep.seconds);
+  }
+  for (Child &c : children) {
+    if (c.go >= 0) close(c.go);  // a child still waiting for 'G' ends
+    if (c.report >= 0) close(c.report);
+    int status = 0;
+    if (c.pid > 0) {
+      ok = waitpid(c.pid, &status, 0) == c.pid && ok && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0;
+    }
+  }
+  if (ok) Summarize(lat, seconds, row);
+  return ok;
+}
+
+Row Measure(const std::string &address, const std::vector<std::string> &keys,
+            int batch, int threads, bool for_read, Transport transport,
+            int *next_channel) {
+  Row row{batch, threads, for_read, transport};
+  row.caps = true;
+  Tally tally;
+  if (FLAGS_client_processes) {
+    if (!RunProcesses(
+            threads, "hym",
+            {"--worker_target=" + address,
+             absl::StrCat("--worker_batch=", batch),
+             absl::StrCat("--worker_for_read=", for_read),
+             absl::StrCat("--worker_transport=", TransportName(transport))},
+            &row, &tally)) {
+      std::fprintf(stderr, "lookup clients: a client process failed\n");
+      ++tally.errors;
+    }
+  } else {
+    std::vector<std::unique_ptr<v1::MasterService::Stub>> stubs;
+    std::vector<std::unique_ptr<Caller>> callers;
+    // kSdk: one SDK MasterClient for all threads, as in one engine process,
+    // with a connection per thread (ClientOptions::master_connections).
+    std::unique_ptr<MasterClient> sdk;
+    if (transport == Transport::kSdk)
+      sdk = NewSdkClient(address, threads, next_channel);
+    for (int t = 0; t < threads; ++t) {
+      stubs.push_back(Dial(address, (*next_channel)++));
+      callers.push_back(
+          std::make_unique<Caller>(stubs.back().get(), transport, sdk.get()));
+    }
+    // Warm-up: connect every channel and fault in the paths.
+    for (int t = 0; t < threads; ++t) {
+      std::mt19937_64 rng(t);
+      for (int i = 0; i < kWarmupCalls; ++i) {
+        TimedLookup(callers[t].get(), keys, batch, for_read, rng, &tally);
+      }
+    }
+    std::vector<std::mt19937_64> rngs;
+    for (int t = 0; t < threads; ++t) rngs.emplace_back(1000 + t);
+    RunThreads(
+        threads, "lookup-bench",
+        [&](int t) {
+          return TimedLookup(callers[t].get(), keys, batch, for_read, rngs[t],
+                             &tally);
+        },
+        &row);
+  }
+  row.misses = tally.misses.load();
+  row.errors = tally.errors.load();
   return row;
 }
 
@@ -572,52 +810,123 @@ struct RedisServer {
   }
 };
 
+// One MGET of `batch` consecutive stored keys from a random start; its
+// microseconds. Misses and failures go to `tally`.
+double TimedMget(Resp *c, const std::vector<std::string> &keys, int batch,
+                 std::mt19937_64 &rng, Tally *tally) {
+  const size_t start = rng() % (keys.size() - batch + 1);
+  std::vector<absl::string_view> args = {"MGET"};
+  for (int i = 0; i < batch; ++i) args.push_back(keys[start + i]);
+  absl::Time t0 = absl::Now();
+  c->Add(args);
+  int64_t found = c->Flush() ? c->Read() : -1;
+  double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+  if (found < 0) {
+    tally->errors.fetch_add(1, std::memory_order_relaxed);
+  } else if (found != batch) {
+    tally->misses.fetch_add(batch - found, std::memory_order_relaxed);
+  }
+  return us;
+}
+
 Row MeasureRedis(int port, const std::vector<std::string>& keys, int batch,
                  int threads) {
   Row row{batch, threads, false};
-  std::vector<std::unique_ptr<Resp>> conns;
-  for (int t = 0; t < threads; ++t) {
-    conns.push_back(std::make_unique<Resp>());
-    if (!conns.back()->Connect(port)) std::exit(1);
-  }
-  std::vector<std::vector<double>> lat(threads);
-  std::atomic<uint64_t> misses{0}, errors{0};
-  auto one_call = [&](Resp* c, std::mt19937_64& rng) {
-    const size_t start = rng() % (keys.size() - batch + 1);
-    std::vector<absl::string_view> args = {"MGET"};
-    for (int i = 0; i < batch; ++i) args.push_back(keys[start + i]);
-    absl::Time t0 = absl::Now();
-    c->Add(args);
-    int64_t found = c->Flush() ? c->Read() : -1;
-    double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
-    if (found < 0) {
-      errors.fetch_add(1, std::memory_order_relaxed);
-    } else if (found != batch) {
-      misses.fetch_add(batch - found, std::memory_order_relaxed);
+  Tally tally;
+  if (FLAGS_client_processes) {
+    if (!RunProcesses(threads, "redis",
+                      {absl::StrCat("--worker_target=", port),
+                       absl::StrCat("--worker_batch=", batch)},
+                      &row, &tally)) {
+      std::fprintf(stderr, "redis clients: a client process failed\n");
+      ++tally.errors;
     }
-    return us;
-  };
-  for (int t = 0; t < threads; ++t) {
-    std::mt19937_64 rng(t);
-    for (int i = 0; i < kWarmupCalls; ++i) one_call(conns[t].get(), rng);
-  }
-  const absl::Time start = absl::Now();
-  {
-    std::vector<Thread> workers;
+  } else {
+    std::vector<std::unique_ptr<Resp>> conns;
     for (int t = 0; t < threads; ++t) {
-      workers.emplace_back("redis-bench", [&, t] {
-        std::mt19937_64 rng(1000 + t);
-        const absl::Time end = start + absl::Seconds(FLAGS_seconds);
-        while (absl::Now() < end) {
-          lat[t].push_back(one_call(conns[t].get(), rng));
-        }
-      });
+      conns.push_back(std::make_unique<Resp>());
+      if (!conns.back()->Connect(port)) std::exit(1);
     }
+    for (int t = 0; t < threads; ++t) {
+      std::mt19937_64 rng(t);
+      for (int i = 0; i < kWarmupCalls; ++i) {
+        TimedMget(conns[t].get(), keys, batch, rng, &tally);
+      }
+    }
+    std::vector<std::mt19937_64> rngs;
+    for (int t = 0; t < threads; ++t) rngs.emplace_back(1000 + t);
+    RunThreads(
+        threads, "redis-bench",
+        [&](int t) {
+          return TimedMget(conns[t].get(), keys, batch, rngs[t], &tally);
+        },
+        &row);
   }
-  Summarize(lat, absl::ToDoubleSeconds(absl::Now() - start), &row);
-  row.misses = misses.load();
-  row.errors = errors.load();
+  row.misses = tally.misses.load();
+  row.errors = tally.errors.load();
   return row;
+}
+
+// --worker: one client process of --client_processes. Connects, warms up,
+// writes 'R' to stdout, waits for a byte on stdin, times its calls for
+// --seconds and writes a WorkerReport with their latencies.
+int WorkerMain() {
+  const std::vector<std::string> keys =
+      MakeKeys(FLAGS_objects, FLAGS_key_bytes);
+  const int batch = FLAGS_worker_batch;
+  if (batch <= 0 || static_cast<uint64_t>(batch) > keys.size()) return 2;
+  Tally tally;
+  std::mt19937_64 rng(FLAGS_worker_seed);
+  std::unique_ptr<MasterClient> sdk;
+  std::unique_ptr<v1::MasterService::Stub> stub;
+  std::unique_ptr<Caller> caller;
+  Resp resp;
+  std::function<double()> call;
+  if (FLAGS_worker == "hym") {
+    Transport transport = Transport::kUnary;
+    bool known = false;
+    for (Transport x : kTransports) {
+      if (FLAGS_worker_transport == TransportName(x)) {
+        transport = x;
+        known = true;
+      }
+    }
+    if (!known || !ApplyClientPollStrategy()) return 2;
+    int next_channel = 1;
+    if (transport == Transport::kSdk) {
+      sdk = NewSdkClient(FLAGS_worker_target, 1, &next_channel);
+    }
+    stub = Dial(FLAGS_worker_target, 0);
+    caller = std::make_unique<Caller>(stub.get(), transport, sdk.get());
+    call = [&] {
+      return TimedLookup(caller.get(), keys, batch, FLAGS_worker_for_read, rng,
+                         &tally);
+    };
+  } else if (FLAGS_worker == "redis") {
+    int port = 0;
+    if (!absl::SimpleAtoi(FLAGS_worker_target, &port) || !resp.Connect(port)) {
+      return 1;
+    }
+    call = [&] { return TimedMget(&resp, keys, batch, rng, &tally); };
+  } else {
+    return 2;
+  }
+  for (int i = 0; i < kWarmupCalls; ++i) call();
+  char go = 0;
+  if (!WriteAll(STDOUT_FILENO, "R", 1) || !ReadAll(STDIN_FILENO, &go, 1)) {
+    return 1;
+  }
+  std::vector<double> lat;
+  const absl::Time start = absl::Now();
+  const absl::Time end = start + absl::Seconds(FLAGS_seconds);
+  while (absl::Now() < end) lat.push_back(call());
+  const WorkerReport rep{lat.size(), tally.misses.load(), tally.errors.load(),
+                         absl::ToDoubleSeconds(absl::Now() - start)};
+  return WriteAll(STDOUT_FILENO, &rep, sizeof(rep)) &&
+                 WriteAll(STDOUT_FILENO, lat.data(),
+                          lat.size() * sizeof(double))
+             ? 0
+             : 1;
 }
 
 // Stores every key with a 40-byte value, 1000 keys per MSET, pipelined.
@@ -669,7 +978,12 @@ class MasterProcess {
     if (pid_ == 0) {
       close(to_parent[0]);
       close(to_child[1]);
-      auto m = MasterServer::Create(options);
+      absl::StatusOr<std::unique_ptr<MasterServer>> m =
+          absl::InvalidArgumentError("--master_poll_strategy");
+      if (FLAGS_master_poll_strategy.empty() ||
+          SetGrpcPollStrategy(FLAGS_master_poll_strategy).ok()) {
+        m = MasterServer::Create(options);
+      }
       const std::string line =
           m.ok() ? (*m)->address() + "\n"
                  : "error " + m.status().ToString() + "\n";
@@ -728,8 +1042,7 @@ int Main() {
   std::vector<Transport> transports;
   for (absl::string_view t :
        absl::StrSplit(FLAGS_transports, ',', absl::SkipEmpty())) {
-    for (Transport x : {Transport::kUnary, Transport::kStream,
-                        Transport::kStreamAsync}) {
+    for (Transport x : kTransports) {
       if (t == TransportName(x)) transports.push_back(x);
     }
   }
@@ -745,6 +1058,11 @@ int Main() {
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   if (FLAGS_objects < static_cast<uint64_t>(max_batch) || max_batch > 1024) {
     std::fprintf(stderr, "--objects must be >= the largest batch (<= 1024)\n");
+    return 2;
+  }
+  if (FLAGS_client_processes && (FLAGS_auth || !FLAGS_tls_dir.empty())) {
+    std::fprintf(stderr,
+                 "--client_processes runs without --auth and --tls_dir\n");
     return 2;
   }
   if (FLAGS_compare_capabilities && !FLAGS_master_in_process) {
@@ -787,6 +1105,8 @@ int Main() {
   }
   MasterProcess master;
   if (!master.Start(mo)) return 1;
+  // After the master's process forked off: it keeps gRPC's default.
+  if (!ApplyClientPollStrategy()) return 2;
   const std::string address = master.address();
   int next_channel = 0;
   auto admin = Dial(address, next_channel++, admin_security);
@@ -942,5 +1262,6 @@ int main(int argc, char** argv) {
   if (!FLAGS_deadlock_detection) {
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   }
+  if (!FLAGS_worker.empty()) return hymcache::WorkerMain();
   return hymcache::Main();
 }
