@@ -1,0 +1,57 @@
+#include "common/grpc_polling.h"
+
+#include <grpc/grpc.h>
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+
+// gRPC's own name of the strategy it runs with (libgrpc exports it; no
+// public header declares it).
+const char *grpc_get_poll_strategy_name();
+
+namespace hymcache {
+namespace {
+
+// The cases run in this order in one process, where gRPC has not started
+// before the second.
+TEST_CASE("an unknown strategy is refused and nothing is set") {
+  REQUIRE(grpc_is_initialized() == 0);
+  CHECK(SetGrpcPollStrategy("epollex").code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(SetGrpcPollStrategy("").code() == absl::StatusCode::kInvalidArgument);
+  CHECK(ValidateGrpcPollStrategy("poll").ok());
+  CHECK(ValidateGrpcPollStrategy("epoll1").ok());
+}
+
+TEST_CASE("the strategy set before gRPC starts is the one it runs with") {
+  REQUIRE(grpc_is_initialized() == 0);
+  REQUIRE(SetGrpcPollStrategy("poll").ok());
+
+  int port = 0;
+  grpc::CallbackGenericService unimplemented;  // answers UNIMPLEMENTED
+  grpc::ServerBuilder builder;
+  builder.RegisterCallbackGenericService(&unimplemented);
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  REQUIRE(server != nullptr);
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                     grpc::InsecureChannelCredentials());
+  CHECK(channel->WaitForConnected(std::chrono::system_clock::now() +
+                                  std::chrono::seconds(10)));
+  CHECK(std::string(grpc_get_poll_strategy_name()) == "poll");
+
+  // Running now: the same strategy again is fine, another is refused.
+  CHECK(SetGrpcPollStrategy("poll").ok());
+  CHECK(SetGrpcPollStrategy("epoll1").code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(grpc_get_poll_strategy_name()) == "poll");
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace hymcache
