@@ -5,6 +5,7 @@ errors a caller can make, deadlines, a node dying mid-load, and the store
 future."""
 
 import gc
+import hashlib
 import os
 import subprocess
 import sys
@@ -253,15 +254,22 @@ def test_lookups_from_threads_over_several_master_connections(cluster,
         "threads = [threading.Thread(target=run) for _ in range(4)]\n"
         "[t.start() for t in threads]\n"
         "[t.join() for t in threads]\n"
-        "c.close()\n"
         "assert not bad, bad\n"
-        "print('ok')\n")
-    run = subprocess.run([sys.executable, "-c", script],
+        # Loads and stores run on this gRPC too.
+        f"bufs = [bytearray({len(data[0])}) for _ in keys]\n"
+        "r = c.load(keys, bufs)\n"
+        "assert r.loaded == len(keys), r\n"
+        "new = [keys[-1] + b'-poll']\n"
+        "assert c.store(new, [bufs[0]]).result().stored == 1\n"
+        "assert c.lookup(new)['found'] == [True]\n"
+        "c.close()\n"
+        "print(hashlib.sha256(b''.join(bufs)).hexdigest())\n")
+    run = subprocess.run([sys.executable, "-c", "import hashlib\n" + script],
                          capture_output=True, text=True, timeout=60,
                          env=dict(os.environ,
                                   PYTHONPATH=os.pathsep.join(sys.path)))
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "ok"
+    assert run.stdout.strip() == hashlib.sha256(b"".join(data)).hexdigest()
 
 
 def test_deadline_returns_a_partial_load_with_the_gil_released(request):
