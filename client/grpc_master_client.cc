@@ -251,28 +251,19 @@ class GrpcMasterClient : public MasterClient {
   absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> keys,
                                      bool for_read,
                                      absl::Time deadline) override {
-    // Request and answer on an arena whose first block is on this stack:
-    // a 32-key lookup's messages take no malloc or free.
-    alignas(8) char block[8 << 10];
-    google::protobuf::ArenaOptions arena_options;
-    arena_options.initial_block = block;
-    arena_options.initial_block_size = sizeof(block);
-    google::protobuf::Arena arena(arena_options);
-    auto* req =
-        google::protobuf::Arena::CreateMessage<pb::BatchLookupRequest>(&arena);
-    auto* resp =
-        google::protobuf::Arena::CreateMessage<pb::BatchLookupResponse>(&arena);
-    req->mutable_keys()->Reserve(static_cast<int>(keys.size()));
-    for (const std::string& k : keys) req->add_keys(k);
-    req->set_for_read(for_read);
+    pb::BatchLookupRequest req;
+    req.mutable_keys()->Reserve(static_cast<int>(keys.size()));
+    for (const std::string& k : keys) req.add_keys(k);
+    req.set_for_read(for_read);
+    pb::BatchLookupResponse resp;
     absl::Status answered;
-    if (!StreamLookup(*req, resp, deadline, &answered)) {
-      answered = Unary(&pb::MasterService::Stub::BatchLookup, *req, resp,
+    if (!StreamLookup(req, &resp, deadline, &answered)) {
+      answered = Unary(&pb::MasterService::Stub::BatchLookup, req, &resp,
                        deadline, "BatchLookup");
     }
     RETURN_IF_ERROR(answered);
     LookupBatch out;
-    RETURN_IF_ERROR(FromProto(*resp, keys.size(), &out));
+    RETURN_IF_ERROR(FromProto(resp, keys.size(), &out));
     return out;
   }
 

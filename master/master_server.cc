@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
-#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -812,42 +811,25 @@ class LookupStreamCall final : public StreamCall<LookupStreamCall> {
     // Every message is checked, answered and counted as a BatchLookup
     // call is (and refused in its words): a token revoked (the identities
     // reloaded) since the stream opened stops working.
-    // The answer lives on the stream's arena until the next one: Write
-    // serializes it before it returns, and no malloc or free per result.
-    if (!arena_.has_value()) {  // on the first message: idle streams need none
-      arena_block_ = std::make_unique<char[]>(kArenaBlock);
-      google::protobuf::ArenaOptions o;
-      o.initial_block = arena_block_.get();
-      o.initial_block_size = kArenaBlock;
-      o.start_block_size = kArenaBlock;
-      o.max_block_size = 4 * kArenaBlock;
-      arena_.emplace(o);
-    } else {
-      arena_->Reset();  // keeps the first block
-    }
-    auto* resp =
-        google::protobuf::Arena::CreateMessage<v1::BatchLookupResponse>(
-            &*arena_);
-    absl::Status s = handler_->Lookup(&ctx_, req_, resp, "BatchLookup");
+    // Filled in place: the results cleared from the previous answer are
+    // reused. (Not an arena: protobuf 3.21's arena destructor of a map
+    // field, NodeInfo's transport_params, crashes on Reset.)
+    resp_.Clear();
+    absl::Status s = handler_->Lookup(&ctx_, req_, &resp_, "BatchLookup");
     if (!s.ok()) {
       Finish(ToGrpcStatus(s));
       return;
     }
     writing_ = true;
-    stream_.Write(*resp, this);
+    stream_.Write(resp_, this);
   }
   void Finish(const grpc::Status& s) {
     Finishing();
     stream_.Finish(s, this);
   }
 
-  // The answers' arena. Its first block holds a 32-key answer; a larger one
-  // takes more blocks from the heap, freed at the next Reset.
-  static constexpr size_t kArenaBlock = 8 << 10;
-
   v1::BatchLookupRequest req_;
-  std::unique_ptr<char[]> arena_block_;
-  std::optional<google::protobuf::Arena> arena_;  // after arena_block_
+  v1::BatchLookupResponse resp_;
   grpc::ServerAsyncReaderWriter<v1::BatchLookupResponse,
                                 v1::BatchLookupRequest>
       stream_;
