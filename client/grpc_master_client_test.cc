@@ -477,20 +477,21 @@ TEST_CASE("Open streams do not hold up the master's shutdown; lookups "
   CHECK(Stat(address, "lookup_errors") == 0);
 }
 
-TEST_CASE("Many concurrent callers each get their own answers") {
-  MasterOptions o;
-  o.rpc_threads = 2;
-  auto master = StartPopulated("concurrent", o);
-  // A pool smaller than the callers: streams are opened and closed too.
-  auto client = NewClient(master->address(), 2);
+struct CallerTally {
+  int wrong = 0;   // answers that were not the caller's own
+  int failed = 0;  // lookups that failed
+};
+
+// `threads` threads each do `calls` lookups through `client` at once, for
+// and not for read in turn. Each thread's keys have their own pattern (how
+// many, where the misses fall), which tells its answers from the others'.
+CallerTally LookupFromThreads(MasterClient* client, int threads, int calls) {
   std::atomic<int> wrong{0}, failed{0};
   {
     std::vector<Thread> callers;
-    for (int t = 0; t < 8; ++t) {
+    for (int t = 0; t < threads; ++t) {
       callers.emplace_back("caller", [&, t] {
-        for (int i = 0; i < 60; ++i) {
-          // Each caller's own pattern: how many keys and where the misses
-          // fall tell its answers from the others'.
+        for (int i = 0; i < calls; ++i) {
           const std::vector<std::string> keys = Mixed(t * 7 + i, 1 + t);
           auto r = client->Lookup(keys, i % 2 == 0, Soon());
           if (!r.ok()) {
@@ -506,8 +507,18 @@ TEST_CASE("Many concurrent callers each get their own answers") {
       });
     }
   }
-  CHECK(wrong == 0);
-  CHECK(failed == 0);
+  return {wrong.load(), failed.load()};
+}
+
+TEST_CASE("Many concurrent callers each get their own answers") {
+  MasterOptions o;
+  o.rpc_threads = 2;
+  auto master = StartPopulated("concurrent", o);
+  // A pool smaller than the callers: streams are opened and closed too.
+  auto client = NewClient(master->address(), 2);
+  const CallerTally tally = LookupFromThreads(client.get(), 8, 60);
+  CHECK(tally.wrong == 0);
+  CHECK(tally.failed == 0);
   CHECK(Stat(master->address(), "lookups") == 8 * 60);
   CheckStatBecomes(master->address(), "lookup_streams_open", 2);
 }
@@ -554,31 +565,11 @@ TEST_CASE("Over several connections each calling thread keeps to one") {
   REQUIRE(client != nullptr);
   CHECK(NewGrpcMasterClient(std::vector<std::shared_ptr<grpc::Channel>>(),
                             GrpcMasterClientOptions()) == nullptr);
-  std::atomic<int> wrong{0}, failed{0};
-  {
-    // As many threads as connections, calling at once: each thread's
-    // lookups take the same stream again, on a connection of its own.
-    std::vector<Thread> callers;
-    for (int t = 0; t < kConnections; ++t) {
-      callers.emplace_back("caller", [&, t] {
-        for (int i = 0; i < 40; ++i) {
-          const std::vector<std::string> keys = Mixed(t * 5 + i, 2 + t);
-          auto r = client->Lookup(keys, i % 2 == 1, Soon());
-          if (!r.ok()) {
-            failed++;
-            continue;
-          }
-          bool same = r->found.size() == keys.size();
-          for (size_t k = 0; same && k < keys.size(); ++k) {
-            same = r->found[k] == (keys[k].rfind("hit-", 0) == 0);
-          }
-          if (!same) wrong++;
-        }
-      });
-    }
-  }
-  CHECK(wrong == 0);
-  CHECK(failed == 0);
+  // As many threads as connections, calling at once: each thread's
+  // lookups take the same stream again, on a connection of its own.
+  const CallerTally tally = LookupFromThreads(client.get(), kConnections, 40);
+  CHECK(tally.wrong == 0);
+  CHECK(tally.failed == 0);
   std::set<int> added;
   for (int p : ConnectionsTo(port)) {
     if (before.count(p) == 0) added.insert(p);
