@@ -171,6 +171,19 @@ TEST_CASE("client options checks") {
   CHECK(std::string(hymcache_last_error()).find("/nonexistent/ca.pem") !=
         std::string::npos);
   o.tls_ca_file = nullptr;
+  o.master_connections = -1;
+  CHECK(hymcache_client_create(&o, &c) == HYMCACHE_INVALID_ARGUMENT);
+  CHECK(std::string(hymcache_last_error()).find("master_connections") !=
+        std::string::npos);
+  o.master_connections = 4;
+  o.grpc_poll_strategy = "epollex";
+  CHECK(hymcache_client_create(&o, &c) == HYMCACHE_INVALID_ARGUMENT);
+  CHECK(std::string(hymcache_last_error()).find("grpc_poll_strategy") !=
+        std::string::npos);
+  o.grpc_poll_strategy = "";
+  REQUIRE(hymcache_client_create(&o, &c) == HYMCACHE_OK);
+  hymcache_client_destroy(c);
+  o.master_connections = 0;
 
   // A caller built against a newer header: unknown trailing fields must be
   // zero; an older, shorter struct takes defaults for what it lacks.

@@ -181,6 +181,10 @@ absl::StatusOr<ClientOptions> ToClientOptions(
   if (o.rdma_device != nullptr) c.rdma_device = o.rdma_device;
   if (o.store_threads != 0) c.store_threads = o.store_threads;
   if (o.max_pending_stores != 0) c.max_pending_stores = o.max_pending_stores;
+  if (o.master_connections != 0) c.master_connections = o.master_connections;
+  if (o.grpc_poll_strategy != nullptr) {
+    c.grpc_poll_strategy = o.grpc_poll_strategy;
+  }
   return c;
 }
 

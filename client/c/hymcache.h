@@ -150,6 +150,16 @@ typedef struct hymcache_client_options {
   /* Stores queued or running at once; a store beyond this completes at once
    * with HYMCACHE_RESOURCE_EXHAUSTED. Default: 64. */
   int32_t max_pending_stores;
+  /* Connections to the master, 1..64: the process's lookup threads are
+   * spread over them (thread i on connection i mod this), so that with
+   * grpc_poll_strategy "poll" each of up to this many threads looking up at
+   * once completes its own lookups (docs/performance.md). Default: 1. */
+  int32_t master_connections;
+  /* gRPC's poll strategy for this process, "epoll1" or "poll", set before
+   * gRPC starts in it; hymcache_client_create fails with
+   * HYMCACHE_FAILED_PRECONDITION if gRPC already runs with another.
+   * Default (NULL or ""): gRPC's choice. */
+  const char* grpc_poll_strategy;
 } hymcache_client_options;
 
 /* Zeroes *options (every field its default) and sets struct_size. */
@@ -162,8 +172,9 @@ typedef struct hymcache_client hymcache_client;
  * down; calls then fail with HYMCACHE_UNAVAILABLE until it is up.
  * Errors: INVALID_ARGUMENT (bad options: the message names the field),
  * UNIMPLEMENTED (more than one master address; unknown option fields),
- * UNAVAILABLE (RDMA requested without a device), and the read error of a
- * TLS file that cannot be read. */
+ * UNAVAILABLE (RDMA requested without a device), FAILED_PRECONDITION
+ * (grpc_poll_strategy cannot take effect), and the read error of a TLS
+ * file that cannot be read. */
 hymcache_code hymcache_client_create(const hymcache_client_options* options,
                                      hymcache_client** client);
 
