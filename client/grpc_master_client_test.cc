@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/eventually.h"
 #include "common/mutex.h"
 #include "common/net.h"
 #include "common/security.h"
@@ -108,12 +109,13 @@ double Stat(const std::string& address, const std::string& name,
 // master notes a stream's end just after the caller has seen it.
 void CheckStatBecomes(const std::string& address, const std::string& name,
                       double want, const std::string& token = "") {
-  const absl::Time give_up = absl::Now() + absl::Seconds(5);
-  double v = Stat(address, name, token);
-  while (v != want && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(10));
-    v = Stat(address, name, token);
-  }
+  double v = 0;
+  testing::Eventually(
+      [&] {
+        v = Stat(address, name, token);
+        return v == want;
+      },
+      absl::Seconds(5));
   INFO(name);
   CHECK(v == want);
 }
@@ -329,15 +331,24 @@ class PausableRelay {
     accept_ = Thread("relay-accept", [this] { Accept(); });
   }
   ~PausableRelay() {
-    stop_ = true;
+    {
+      MutexLock l(&pause_mu_);  // wakes a pump waiting out a pause
+      stop_ = true;
+    }
     shutdown(listen_.fd(), SHUT_RDWR);
     accept_.Join();
     MutexLock l(&mu_);
     pumps_.clear();  // joins them (each sees stop_ within its poll period)
   }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-  void Pause() { paused_ = true; }
-  void Resume() { paused_ = false; }
+  void Pause() {
+    MutexLock l(&pause_mu_);
+    paused_ = true;
+  }
+  void Resume() {
+    MutexLock l(&pause_mu_);
+    paused_ = false;
+  }
 
  private:
   void Accept() {
@@ -363,9 +374,13 @@ class PausableRelay {
       pollfd p{from, POLLIN, 0};
       if (poll(&p, 1, 20) <= 0) continue;
       // Checked once bytes are there: none is read after Pause() returns.
-      if (pausable && paused_) {
-        absl::SleepFor(absl::Milliseconds(5));
-        continue;
+      if (pausable) {
+        MutexLock l(&pause_mu_);
+        auto go = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pause_mu_) {
+          return !paused_ || stop_;
+        };
+        pause_mu_.Await(absl::Condition(&go));
+        if (stop_) return;
       }
       ssize_t n = read(from, buf, sizeof(buf));
       if (n <= 0 || !SendAll(to, buf, n, absl::Now() + absl::Seconds(5)).ok()) {
@@ -378,7 +393,9 @@ class PausableRelay {
   const std::string target_;
   Socket listen_;
   int port_ = 0;
-  std::atomic<bool> stop_{false}, paused_{false};
+  std::atomic<bool> stop_{false};
+  Mutex pause_mu_;
+  bool paused_ ABSL_GUARDED_BY(pause_mu_) = false;
   Thread accept_;
   Mutex mu_;
   std::vector<Thread> pumps_ ABSL_GUARDED_BY(mu_);
@@ -460,11 +477,9 @@ TEST_CASE("Open streams do not hold up the master's shutdown; lookups "
   // the answers are those of unary lookups now.
   auto unary = NewClient(address, 0);
   // The channel reconnects after its backoff (about a second).
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (!client->Lookup(Mixed(0, 6), false, Soon()).ok() &&
-         absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  testing::Eventually(
+      [&] { return client->Lookup(Mixed(0, 6), false, Soon()).ok(); },
+      absl::Seconds(10));
   for (int i = 0; i < 12; ++i) {  // more than the streams the pool held
     auto r = client->Lookup(Mixed(i, 6), true, Soon());
     INFO(r.status().ToString());

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
 #include "catch2/catch.hpp"
 
 namespace hymcache {
@@ -52,12 +53,12 @@ TEST_CASE("Thread::Start is ResourceExhausted when the OS refuses a thread") {
     if (setrlimit(RLIMIT_AS, &as) != 0) _exit(10);
     // glibc reuses the stacks of joined threads: start blocked threads until
     // the cached ones are used up and a new stack is needed.
-    std::atomic<bool> release{false};
+    absl::Notification release;
     std::vector<Thread> running;
     absl::Status refused;
     for (int i = 0; i < 64 && refused.ok(); ++i) {
       absl::StatusOr<Thread> t = Thread::Start("refused", [&] {
-        while (!release) usleep(1000);
+        release.WaitForNotification();
       });
       if (t.ok()) {
         running.push_back(std::move(*t));
@@ -65,7 +66,7 @@ TEST_CASE("Thread::Start is ResourceExhausted when the OS refuses a thread") {
         refused = t.status();
       }
     }
-    release = true;
+    release.Notify();
     for (Thread& t : running) t.Join();
     if (refused.ok()) _exit(11);
     const bool named = refused.message().find("cannot start thread refused") !=
