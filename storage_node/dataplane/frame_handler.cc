@@ -72,6 +72,34 @@ void RevokeHolds(RdmaConnection* rdma,
   rdma->Revoke(keys, deadline);
 }
 
+// Asks `rdma` for `ranges`, one per op ops[which[k]]: a granted op's key
+// goes into its AreaRef and into `grants`; an op that cannot be granted gets
+// the error as its status and an empty AreaRef. Returns the indexes of
+// those ops, whose holds the caller lets go of.
+std::vector<size_t> GrantHolds(RdmaConnection* rdma,
+                               const std::vector<RdmaConnection::Range>& ranges,
+                               const std::vector<size_t>& which,
+                               absl::Time deadline,
+                               std::vector<wire::OpDesc>& ops,
+                               std::vector<wire::AreaRef>& refs,
+                               std::map<ExtentKey, uint32_t, KeyLess>* grants) {
+  std::vector<size_t> refused;
+  if (ranges.empty()) return refused;
+  std::vector<absl::StatusOr<uint32_t>> keys = rdma->Grant(ranges, deadline);
+  for (size_t k = 0; k < which.size(); ++k) {
+    wire::OpDesc& op = ops[which[k]];
+    if (keys[k].ok()) {
+      refs[which[k]].rkey = *keys[k];
+      (*grants)[KeyOf(op)] = *keys[k];
+      continue;
+    }
+    op.status = WireStatus(keys[k].status());
+    refs[which[k]] = {};
+    refused.push_back(which[k]);
+  }
+  return refused;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- Response
@@ -570,22 +598,11 @@ Response FrameHandler::HandleAcquire(const wire::FrameHeader& h,
                               : counters_.shm_bytes_read,
           op.length);
     }
-    if (!grant.empty()) {
-      std::vector<absl::StatusOr<uint32_t>> keys =
-          cs->rdma->Grant(grant, deadline);
-      for (size_t k = 0; k < granted.size(); ++k) {
-        wire::OpDesc& op = ops[granted[k]];
-        if (keys[k].ok()) {
-          refs[granted[k]].rkey = *keys[k];
-          cs->read_keys[KeyOf(op)] = *keys[k];
-          continue;
-        }
-        // Not reachable: not held either.
-        op.status = WireStatus(keys[k].status());
-        refs[granted[k]] = {};
-        cs->reads.erase(KeyOf(op));
-        Add(counters_.rejected_ops, 1);
-      }
+    // Not reachable: not held either.
+    for (size_t i : GrantHolds(cs->rdma.get(), grant, granted, deadline, ops,
+                               refs, &cs->read_keys)) {
+      cs->reads.erase(KeyOf(ops[i]));
+      Add(counters_.rejected_ops, 1);
     }
   }
   return AreaRefResponse(wire::FrameType::kAcquireResponse, h.request_id,
@@ -647,26 +664,15 @@ Response FrameHandler::HandleWriteBegin(const wire::FrameHeader& h,
     }
     cs->writes.emplace(key, ConnState::WriteHold{std::move(*ticket), view});
   }
-  if (!grant.empty()) {
-    // Each reserved destination is opened, for writing only, to this queue
-    // pair's peer; one that cannot be is aborted.
-    std::vector<absl::StatusOr<uint32_t>> keys =
-        cs->rdma->Grant(grant, deadline);
-    for (size_t k = 0; k < granted.size(); ++k) {
-      wire::OpDesc& op = ops[granted[k]];
-      if (keys[k].ok()) {
-        refs[granted[k]].rkey = *keys[k];
-        cs->write_keys[KeyOf(op)] = *keys[k];
-        continue;
-      }
-      auto it = cs->writes.find(KeyOf(op));
-      device->AbortWrite(it->second.view);
-      it->second.ticket.Abort();
-      cs->writes.erase(it);
-      op.status = WireStatus(keys[k].status());
-      refs[granted[k]] = {};
-      Add(counters_.rejected_ops, 1);
-    }
+  // Each reserved destination is opened, for writing only, to this queue
+  // pair's peer; one that cannot be is aborted.
+  for (size_t i : GrantHolds(cs->rdma.get(), grant, granted, deadline, ops,
+                             refs, &cs->write_keys)) {
+    auto it = cs->writes.find(KeyOf(ops[i]));
+    device->AbortWrite(it->second.view);
+    it->second.ticket.Abort();
+    cs->writes.erase(it);
+    Add(counters_.rejected_ops, 1);
   }
   return AreaRefResponse(wire::FrameType::kWriteBeginResponse, h.request_id,
                          std::move(ops), refs);
