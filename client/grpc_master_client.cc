@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "common/grpc_status.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
+#include "common/wire.h"
 #include "proto/master.grpc.pb.h"
 
 namespace hymcache {
@@ -44,19 +46,65 @@ PeerInfo FromProto(const pb::NodeInfo& n) {
   return p;
 }
 
-// The answer to `n` keys; Internal when it does not have one result each.
+ObjectLocation FromRecord(const wire::LookupRecord& r) {
+  ObjectLocation o;
+  o.node_id = r.node_id;
+  o.region_id = r.region_id;
+  o.addr = r.addr;
+  o.length = r.length;
+  o.generation = r.generation;
+  o.capability.expires_unix_ms = r.cap.expires_unix_ms;
+  o.capability.rights = r.cap.rights;
+  std::memcpy(o.capability.tag.data(), r.cap.tag, wire::kCapTagBytes);
+  return o;
+}
+
+// A lookup request for `keys` into `req` (cleared first: a reused request
+// keeps its key strings' memory). Asks for the packed answer.
+void FillLookupRequest(absl::Span<const std::string> keys, bool for_read,
+                       pb::BatchLookupRequest* req) {
+  req->Clear();
+  req->mutable_keys()->Reserve(static_cast<int>(keys.size()));
+  for (const std::string& k : keys) req->add_keys(k);
+  req->set_for_read(for_read);
+  req->set_packed(true);
+}
+
+// The answer to `n` keys, packed or not (a master that predates packed
+// answers sends results), into `out` (its vectors reused); Internal when
+// it does not have one result each, or a packed record is malformed.
 absl::Status FromProto(const pb::BatchLookupResponse& resp, size_t n,
                        LookupBatch* out) {
-  if (static_cast<size_t>(resp.results_size()) != n) {
-    return absl::InternalError("BatchLookup: master returned a short answer");
-  }
-  out->found.resize(n);
+  out->found.assign(n, false);
   out->locations.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const pb::LookupResult& r = resp.results(static_cast<int>(i));
-    out->found[i] = r.found();
-    if (r.found()) out->locations[i] = FromProto(r.location(), r.capability());
+  if (!resp.packed_results().empty()) {
+    const std::string& p = resp.packed_results();
+    if (resp.results_size() != 0 || p.size() != n * wire::kLookupRecordBytes) {
+      return absl::InternalError("BatchLookup: master returned a short answer");
+    }
+    const auto* in = reinterpret_cast<const uint8_t*>(p.data());
+    for (size_t i = 0; i < n; ++i) {
+      absl::StatusOr<wire::LookupRecord> r =
+          wire::DecodeLookupRecord(in + i * wire::kLookupRecordBytes);
+      if (!r.ok()) {
+        return absl::InternalError(absl::StrCat(
+            "BatchLookup: malformed answer: ", r.status().message()));
+      }
+      out->found[i] = r->node_id != 0;
+      out->locations[i] = out->found[i] ? FromRecord(*r) : ObjectLocation();
+    }
+  } else {
+    if (static_cast<size_t>(resp.results_size()) != n) {
+      return absl::InternalError("BatchLookup: master returned a short answer");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const pb::LookupResult& r = resp.results(static_cast<int>(i));
+      out->found[i] = r.found();
+      out->locations[i] = r.found() ? FromProto(r.location(), r.capability())
+                                    : ObjectLocation();
+    }
   }
+  out->nodes.clear();
   out->nodes.reserve(resp.nodes_size());
   for (const pb::NodeInfo& node : resp.nodes()) {
     out->nodes.push_back(FromProto(node));
@@ -199,6 +247,12 @@ class PooledLookupStream {
   }
   void EndClose(absl::Time deadline) { Settle(deadline); }
 
+  // The lookup and answer of the stream's current caller (Call), kept
+  // with the stream so that their memory (key strings, the answer's
+  // buffers) is reused call after call.
+  pb::BatchLookupRequest& request() { return request_; }
+  pb::BatchLookupResponse& response() { return response_; }
+
  private:
   const size_t connection_;
   grpc::CompletionQueue cq_;
@@ -210,6 +264,8 @@ class PooledLookupStream {
   bool dead_ = false;      // broken or cancelled: no more calls
   bool finished_ = false;  // Finish asked for
   grpc::Status status_;
+  pb::BatchLookupRequest request_;
+  pb::BatchLookupResponse response_;
 };
 
 class GrpcMasterClient : public MasterClient {
@@ -251,19 +307,28 @@ class GrpcMasterClient : public MasterClient {
   absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> keys,
                                      bool for_read,
                                      absl::Time deadline) override {
-    pb::BatchLookupRequest req;
-    req.mutable_keys()->Reserve(static_cast<int>(keys.size()));
-    for (const std::string& k : keys) req.add_keys(k);
-    req.set_for_read(for_read);
-    pb::BatchLookupResponse resp;
+    // Over a pooled stream, in its own request and answer; unary in
+    // these when there is none (or it broke without an answer).
+    std::unique_ptr<PooledLookupStream> stream = TakeStream(deadline);
+    pb::BatchLookupRequest unary_req;
+    pb::BatchLookupResponse unary_resp;
+    pb::BatchLookupRequest* req =
+        stream != nullptr ? &stream->request() : &unary_req;
+    pb::BatchLookupResponse* resp =
+        stream != nullptr ? &stream->response() : &unary_resp;
+    FillLookupRequest(keys, for_read, req);
     absl::Status answered;
-    if (!StreamLookup(req, &resp, deadline, &answered)) {
-      answered = Unary(&pb::MasterService::Stub::BatchLookup, req, &resp,
+    if (stream == nullptr ||
+        !StreamLookup(stream.get(), *req, resp, deadline, &answered)) {
+      answered = Unary(&pb::MasterService::Stub::BatchLookup, *req, resp,
                        deadline, "BatchLookup");
     }
     RETURN_IF_ERROR(answered);
     LookupBatch out;
-    RETURN_IF_ERROR(FromProto(resp, keys.size(), &out));
+    RETURN_IF_ERROR(FromProto(*resp, keys.size(), &out));
+    // Answered over it and read: the stream may serve the next caller.
+    if (stream != nullptr && stream->reusable())
+      ReturnStream(std::move(stream));
     return out;
   }
 
@@ -401,23 +466,22 @@ class GrpcMasterClient : public MasterClient {
   friend class GrpcLookupStream;
   friend class StreamedLookups;
 
-  // `req` over a pooled LookupStream: true with its status in `*status`
-  // when the stream answered it (or its deadline passed, or the master
-  // refused the message); false when the caller should make it a unary
-  // BatchLookup instead: streams off, a master without LookupStream (streams
-  // are then off for good), or a stream that broke without an answer (one
-  // left over from a master that has restarted or shut down, or refused at
-  // the master's stream limit), for which the unary call gives the
-  // authoritative answer.
-  bool StreamLookup(const pb::BatchLookupRequest& req,
+  // `req` over `stream` (from TakeStream): true with its status in
+  // `*status` when the stream answered it (or its deadline passed, or the
+  // master refused the message); false when the caller should make it a
+  // unary BatchLookup instead: a master without LookupStream (streams are
+  // then off for good), or a stream that broke without an answer (one left
+  // over from a master that has restarted or shut down, or refused at the
+  // master's stream limit), for which the unary call gives the
+  // authoritative answer. The caller keeps the stream: ReturnStream once
+  // it has read `*resp` if it is reusable (answered), else drops it.
+  bool StreamLookup(PooledLookupStream* stream,
+                    const pb::BatchLookupRequest& req,
                     pb::BatchLookupResponse* resp, absl::Time deadline,
                     absl::Status* status) {
-    std::unique_ptr<PooledLookupStream> stream = TakeStream(deadline);
-    if (stream == nullptr) return false;
     switch (stream->Call(req, resp, deadline)) {
       case PooledLookupStream::Result::kOk:
         *status = absl::OkStatus();
-        ReturnStream(std::move(stream));
         return true;
       case PooledLookupStream::Result::kDeadline:
         *status = absl::DeadlineExceededError("BatchLookup: Deadline Exceeded");
@@ -614,7 +678,6 @@ class GrpcLookupStream : public LookupStream {
     ++next_;
     Launch();
     RETURN_IF_ERROR(FromGrpcStatus(c->status, "BatchLookup"));
-    batch_ = LookupBatch();
     RETURN_IF_ERROR(FromProto(c->resp, n, &batch_));
     return &batch_;
   }
@@ -653,10 +716,8 @@ class GrpcLookupStream : public LookupStream {
       auto call = std::make_unique<Call>();
       Call* c = call.get();
       const size_t begin = launched_ * chunk_;
-      for (size_t i = begin; i < begin + ChunkSize(launched_); ++i) {
-        c->req.add_keys(keys_[i]);
-      }
-      c->req.set_for_read(true);
+      FillLookupRequest(keys_.subspan(begin, ChunkSize(launched_)),
+                        /*for_read=*/true, &c->req);
       c->ctx.set_deadline(absl::ToChronoTime(deadline_));
       state_->calls[launched_] = std::move(call);
       ++launched_;
@@ -753,7 +814,6 @@ class StreamedLookups : public LookupStream {
         stream_.reset();
       }
     }
-    batch_ = LookupBatch();
     absl::Status s = FromProto(resps_[k], ChunkSize(k), &batch_);
     resps_[k].Clear();
     RETURN_IF_ERROR(s);
@@ -799,12 +859,8 @@ class StreamedLookups : public LookupStream {
     const size_t depth =
         static_cast<size_t>(client_->options_.lookup_pipeline_depth);
     if (!writing_ && written_ < nchunks_ && written_ < next_ + depth) {
-      req_.Clear();
-      const size_t begin = written_ * chunk_;
-      for (size_t i = begin; i < begin + ChunkSize(written_); ++i) {
-        req_.add_keys(keys_[i]);
-      }
-      req_.set_for_read(true);
+      FillLookupRequest(keys_.subspan(written_ * chunk_, ChunkSize(written_)),
+                        /*for_read=*/true, &req_);
       stream_->StartWrite(req_, &write_tag_);
       writing_ = true;
       ++written_;

@@ -27,6 +27,7 @@
 #include "common/net.h"
 #include "common/security.h"
 #include "common/thread.h"
+#include "common/wire.h"
 #include "master/master_server.h"
 #include "proto/master.grpc.pb.h"
 
@@ -614,51 +615,103 @@ TEST_CASE("Beyond the master's stream limit, lookups go unary") {
 }
 
 // A master from before LookupStream: BatchLookup (passed on to a real
-// master) and nothing else; gRPC answers LookupStream UNIMPLEMENTED.
+// master) and nothing else; gRPC answers LookupStream UNIMPLEMENTED. It
+// also predates packed answers: it ignores the request's `packed` and
+// answers with results. Or, `mangle`d, it answers packed, wrongly.
 class OldMaster final : public pb::MasterService::Service {
  public:
-  explicit OldMaster(const std::string& real)
-      : real_(pb::MasterService::NewStub(Channel(real))) {}
+  enum class Mangle { kNone, kExtra, kBadRecord };
+  explicit OldMaster(const std::string& real, Mangle mangle = Mangle::kNone)
+      : real_(pb::MasterService::NewStub(Channel(real))), mangle_(mangle) {}
   grpc::Status BatchLookup(grpc::ServerContext*,
                            const pb::BatchLookupRequest* req,
                            pb::BatchLookupResponse* resp) override {
     calls_++;
+    if (req->packed()) packed_asks_++;
+    pb::BatchLookupRequest forwarded = *req;
+    forwarded.set_packed(mangle_ != Mangle::kNone);
     grpc::ClientContext ctx;
-    return real_->BatchLookup(&ctx, *req, resp);
+    grpc::Status s = real_->BatchLookup(&ctx, forwarded, resp);
+    std::string* packed = resp->mutable_packed_results();
+    if (mangle_ == Mangle::kExtra) {  // a well-formed record too many
+      packed->append(wire::kLookupRecordBytes, '\0');
+    }
+    if (mangle_ == Mangle::kBadRecord && !packed->empty()) {
+      (*packed)[packed->size() - 1 - wire::kCapTagBytes] = 1;  // reserved
+    }
+    return s;
   }
   int calls() const { return calls_.load(); }
+  int packed_asks() const { return packed_asks_.load(); }
 
  private:
   std::unique_ptr<pb::MasterService::Stub> real_;
+  const Mangle mangle_;
   std::atomic<int> calls_{0};
+  std::atomic<int> packed_asks_{0};
 };
 
-TEST_CASE("A master without LookupStream gets unary BatchLookups") {
-  auto master = StartPopulated("old");
-  OldMaster old(master->address());
+// `service` served on a loopback port of its own; its address.
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service,
+                                    std::string* address) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
                            &port);
-  builder.RegisterService(&old);
+  builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   REQUIRE(server != nullptr);
+  *address = absl::StrCat("127.0.0.1:", port);
+  return server;
+}
 
-  auto client = NewClient(absl::StrCat("127.0.0.1:", port), 4);
+TEST_CASE("A master without LookupStream gets unary BatchLookups") {
+  auto master = StartPopulated("old");
+  OldMaster old(master->address());
+  std::string old_address;
+  std::unique_ptr<grpc::Server> server = Serve(&old, &old_address);
+
+  auto client = NewClient(old_address, 4);
+  auto direct = NewClient(master->address(), 4);
   // A Load's lookups: the stream fails, the chunks go unary.
   auto all = TakeAll(client->StartLookups(Mixed(0, 6), 2, Soon()).get());
   REQUIRE(all.ok());
   CheckFound(*all, Mixed(0, 6));
   CHECK(old.calls() == 3);
   for (int i = 0; i < 5; ++i) {
+    // Answered with results (not packed): the same answer as the packed
+    // one the master gives this client's version.
     auto r = client->Lookup(Mixed(i, 6), i % 2 == 0, Soon());
     REQUIRE(r.ok());
     CheckFound(*r, Mixed(i, 6));
+    auto d = direct->Lookup(Mixed(i, 6), i % 2 == 0, Soon());
+    REQUIRE(d.ok());
+    CheckSame(*r, *d);
   }
   CHECK(old.calls() == 3 + 5);
-  CHECK(Stat(master->address(), "lookup_streams_opened") == 0);
+  CHECK(old.packed_asks() == 3 + 5);  // asked for, and done without
+  CHECK(Stat(master->address(), "lookup_streams_opened") == 1);  // direct's
   client.reset();
   server->Shutdown();
+}
+
+TEST_CASE("A malformed packed answer is an error, never another key's") {
+  auto master = StartPopulated("mangled");
+  for (auto mangle :
+       {OldMaster::Mangle::kExtra, OldMaster::Mangle::kBadRecord}) {
+    OldMaster bad(master->address(), mangle);
+    std::string address;
+    std::unique_ptr<grpc::Server> server = Serve(&bad, &address);
+    auto client = NewClient(address, 4);
+    auto r = client->Lookup(Mixed(0, 6), false, Soon());
+    INFO(r.status().ToString());
+    CHECK(r.status().code() == absl::StatusCode::kInternal);
+    auto all = TakeAll(client->StartLookups(Mixed(0, 6), 3, Soon()).get());
+    CHECK(all.status().code() == absl::StatusCode::kInternal);
+    CHECK(bad.calls() >= 2);  // the second, a Load's first chunk
+    client.reset();
+    server->Shutdown();
+  }
 }
 
 }  // namespace

@@ -208,6 +208,42 @@ absl::StatusOr<Capability> DecodeCapability(const uint8_t in[kCapBytes]) {
   return c;
 }
 
+void EncodeLookupRecord(const LookupRecord& r,
+                        uint8_t out[kLookupRecordBytes]) {
+  Store32(out + 0, r.node_id);
+  Store32(out + 4, r.region_id);
+  Store64(out + 8, r.addr);
+  Store64(out + 16, r.length);
+  Store64(out + 24, r.generation);
+  EncodeCapability(r.cap, out + 32);
+}
+
+absl::StatusOr<LookupRecord> DecodeLookupRecord(
+    const uint8_t in[kLookupRecordBytes]) {
+  LookupRecord r;
+  r.node_id = Load32(in + 0);
+  if (r.node_id == 0) {
+    for (size_t i = 4; i < kLookupRecordBytes; ++i) {
+      if (in[i] != 0) {
+        return absl::InvalidArgumentError(
+            "lookup record: a not-found record with bytes set");
+      }
+    }
+    return r;
+  }
+  r.region_id = Load32(in + 4);
+  r.addr = Load64(in + 8);
+  r.length = Load64(in + 16);
+  r.generation = Load64(in + 24);
+  absl::StatusOr<Capability> cap = DecodeCapability(in + 32);
+  if (!cap.ok()) {
+    return absl::InvalidArgumentError(
+        "lookup record: reserved capability bytes set");
+  }
+  r.cap = *cap;
+  return r;
+}
+
 void EncodeOp(const OpDesc& op, uint8_t out[kOpBytes]) {
   Store32(out + 0, op.region_id);
   Store32(out + 4, op.status);

@@ -189,6 +189,32 @@ void EncodeCapability(const Capability& c, uint8_t out[kCapBytes]);
 // Errors: InvalidArgument (reserved bytes set).
 absl::StatusOr<Capability> DecodeCapability(const uint8_t in[kCapBytes]);
 
+// Packed lookup answers (master -> client; not a frame: the bytes of
+// BatchLookupResponse.packed_results in proto/master.proto, asked for with
+// BatchLookupRequest.packed). One record per key, in request order, 64
+// bytes, little-endian:
+//    0  u32 node_id        0: the key was not found (the record is all 0)
+//    4  u32 region_id
+//    8  u64 addr
+//   16  u64 length
+//   24  u64 generation
+//   32  capability         kCapBytes, as a capability table entry
+// Fixed width, so neither side allocates per key.
+inline constexpr size_t kLookupRecordBytes = 64;
+struct LookupRecord {
+  uint32_t node_id = 0;  // 0: not found
+  uint32_t region_id = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint64_t generation = 0;
+  Capability cap;
+};
+void EncodeLookupRecord(const LookupRecord& r, uint8_t out[kLookupRecordBytes]);
+// Errors: InvalidArgument (a not-found record with other bytes set,
+// reserved capability bytes set).
+absl::StatusOr<LookupRecord> DecodeLookupRecord(
+    const uint8_t in[kLookupRecordBytes]);
+
 struct FrameHeader {
   FrameType type = FrameType::kPing;
   uint16_t op_count = 0;

@@ -8,6 +8,8 @@
 // 1..kMaxObjectBytes, an address that does not overflow and, for writes and
 // read responses, that the payload is exactly the sum of the lengths. Ops,
 // area references and session ids must survive an encode/decode round trip.
+// The input's first 64 bytes are also read as a packed lookup record: one
+// DecodeLookupRecord accepts must re-encode to exactly those bytes.
 #include <cstring>
 #include <vector>
 
@@ -102,6 +104,18 @@ void CheckOps(const FrameHeader& h, const std::vector<OpDesc>& ops) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace hymcache::wire;  // NOLINT
+  if (size >= kLookupRecordBytes) {
+    absl::StatusOr<LookupRecord> r = DecodeLookupRecord(data);
+    if (r.ok()) {
+      uint8_t again[kLookupRecordBytes];
+      EncodeLookupRecord(*r, again);
+      FUZZ_CHECK(std::memcmp(data, again, kLookupRecordBytes) == 0)
+          << "lookup record does not re-encode to its bytes";
+    } else {
+      FUZZ_CHECK(r.status().code() == absl::StatusCode::kInvalidArgument)
+          << r.status();
+    }
+  }
   size_t pos = 0;
   while (size - pos >= kHeaderBytes) {
     const uint8_t* in = data + pos;

@@ -205,5 +205,44 @@ TEST_CASE("status codes survive the wire; unknown ones become kUnknown") {
   CHECK(FromWireCode(12345) == absl::StatusCode::kUnknown);
 }
 
+TEST_CASE("lookup records round-trip; a malformed one is refused") {
+  LookupRecord r;
+  r.node_id = 7;
+  r.region_id = 2;
+  r.addr = 1ull << 40;
+  r.length = 4096;
+  r.generation = 991;
+  r.cap.expires_unix_ms = 1'800'000'000'123;
+  r.cap.rights = kCapRead;
+  for (size_t i = 0; i < kCapTagBytes; ++i) r.cap.tag[i] = uint8_t(i + 1);
+  uint8_t b[kLookupRecordBytes];
+  EncodeLookupRecord(r, b);
+  auto d = DecodeLookupRecord(b);
+  REQUIRE(d.ok());
+  CHECK(d->node_id == 7);
+  CHECK(d->region_id == 2);
+  CHECK(d->addr == (1ull << 40));
+  CHECK(d->length == 4096);
+  CHECK(d->generation == 991);
+  CHECK(d->cap.expires_unix_ms == r.cap.expires_unix_ms);
+  CHECK(d->cap.rights == kCapRead);
+  CHECK(std::memcmp(d->cap.tag, r.cap.tag, kCapTagBytes) == 0);
+
+  // Reserved capability bytes.
+  b[32 + 12] = 1;
+  CHECK(DecodeLookupRecord(b).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  // Not found: all zero, and nothing else set.
+  EncodeLookupRecord(LookupRecord(), b);
+  for (uint8_t x : b) CHECK(x == 0);
+  d = DecodeLookupRecord(b);
+  REQUIRE(d.ok());
+  CHECK(d->node_id == 0);
+  b[20] = 1;  // a length on a not-found record
+  CHECK(DecodeLookupRecord(b).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace hymcache::wire

@@ -10,6 +10,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/base/internal/endian.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@
 #include "common/mutex.h"
 #include "common/net.h"
 #include "common/stats.h"
+#include "common/wire.h"
 #include "master/cq_server.h"
 #include "master/health_service.h"
 #include "master/master_service.h"
@@ -538,10 +540,20 @@ class MasterRpcHandler final {
       Add(rpc_stats_.lookup_errors);
       return;
     }
+    uint64_t keys = 0;
     uint64_t hits = 0;
-    for (const v1::LookupResult& x : r.results()) hits += x.found() ? 1 : 0;
+    if (!r.packed_results().empty()) {
+      const std::string& p = r.packed_results();
+      keys = p.size() / wire::kLookupRecordBytes;
+      for (size_t off = 0; off < p.size(); off += wire::kLookupRecordBytes) {
+        hits += absl::little_endian::Load32(p.data() + off) != 0 ? 1 : 0;
+      }
+    } else {
+      keys = static_cast<uint64_t>(r.results_size());
+      for (const v1::LookupResult& x : r.results()) hits += x.found() ? 1 : 0;
+    }
     Add(rpc_stats_.lookups);
-    Add(rpc_stats_.lookup_keys, static_cast<uint64_t>(r.results_size()));
+    Add(rpc_stats_.lookup_keys, keys);
     Add(rpc_stats_.lookup_hits, hits);
     Add(rpc_stats_.lookup_prefix_hits, r.hit_prefix_length());
     lookup_latency_.Observe(took);

@@ -665,22 +665,31 @@ bool MasterService::ProofValid(const Node& node, std::string_view purpose,
 void MasterService::Grant(const Node& node, const v1::Location& loc,
                           uint8_t rights, absl::Time expiry,
                           v1::Capability* out) const {
-  if (!node.mac) return;  // never for a registered node
-  if (skip_capabilities_for_test_.load(std::memory_order_relaxed)) return;
   CapabilityScope scope;
   scope.node_id = loc.node_id();
-  scope.incarnation = node.info.incarnation();
   scope.region_id = loc.region_id();
   scope.addr = loc.addr();
   scope.length = loc.length();
   scope.generation = loc.generation();
   scope.rights = rights;
   scope.expires_unix_ms = absl::ToUnixMillis(expiry);
-  const wire::Capability cap = SignCapability(*node.mac, scope);
+  wire::Capability cap;
+  if (!Sign(node, scope, &cap)) return;
   out->set_expires_unix_ms(cap.expires_unix_ms);
   out->set_rights(rights);
   out->set_tag_lo(absl::little_endian::Load64(cap.tag));
   out->set_tag_hi(absl::little_endian::Load64(cap.tag + 8));
+}
+
+bool MasterService::Sign(const Node& node, CapabilityScope scope,
+                         wire::Capability* out) const {
+  if (!node.mac) return false;  // never for a registered node
+  if (skip_capabilities_for_test_.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  scope.incarnation = node.info.incarnation();
+  *out = SignCapability(*node.mac, scope);
+  return true;
 }
 
 absl::StatusOr<std::string> MasterService::NodeName(uint32_t node_id) const {
@@ -730,6 +739,15 @@ void MasterService::FillNodeInfo(const Node& node, absl::Time now,
   out->set_object_count(node.object_count);
   out->set_used_bytes(used);
   out->set_capacity_bytes(capacity);
+}
+
+void MasterService::FillPeerInfo(const Node& node, v1::NodeInfo* out) const {
+  out->set_node_id(node.info.node_id());
+  out->set_name(node.info.name());
+  out->set_incarnation(node.info.incarnation());
+  out->set_data_address(node.info.data_address());
+  *out->mutable_transport_params() = node.info.transport_params();
+  out->set_alive(true);
 }
 
 uint32_t MasterService::LeaseTick(absl::Time now) {
@@ -2149,9 +2167,17 @@ uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
   bool prefix = true;
   uint32_t hit_prefix = 0;
   const absl::Time cap_expiry = now + options_.capability_lifetime;
-  for (const std::string& key : request.keys()) {
-    v1::LookupResult* result = response.add_results();
-    auto e = index_.Find(key);
+  const int64_t cap_expiry_ms = absl::ToUnixMillis(cap_expiry);
+  const bool packed = request.packed();
+  uint8_t* records = nullptr;
+  if (packed) {
+    std::string* bytes = response.mutable_packed_results();
+    bytes->assign(request.keys_size() * wire::kLookupRecordBytes, '\0');
+    records = reinterpret_cast<uint8_t*>(bytes->data());
+  }
+  for (int i = 0; i < request.keys_size(); ++i) {
+    v1::LookupResult* result = packed ? nullptr : response.add_results();
+    auto e = index_.Find(request.keys(i));
     const Node* node = nullptr;
     if (e) {
       auto n = nodes_.find(e->node_id);
@@ -2159,13 +2185,32 @@ uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
     }
     if (node == nullptr) {
       prefix = false;
-      continue;
+      continue;  // not found: a zero record, an empty result
     }
-    result->set_found(true);
-    v1::Location* loc = result->mutable_location();
-    ToProto(*e, loc);
-    Grant(*node, *loc, wire::kCapRead, cap_expiry,
-          result->mutable_capability());
+    if (packed) {
+      wire::LookupRecord r;
+      r.node_id = e->node_id;
+      r.region_id = e->region_id;
+      r.addr = e->addr;
+      r.length = e->length;
+      r.generation = e->generation;
+      CapabilityScope scope;
+      scope.node_id = r.node_id;
+      scope.region_id = r.region_id;
+      scope.addr = r.addr;
+      scope.length = r.length;
+      scope.generation = r.generation;
+      scope.rights = wire::kCapRead;
+      scope.expires_unix_ms = cap_expiry_ms;
+      Sign(*node, scope, &r.cap);
+      wire::EncodeLookupRecord(r, records + i * wire::kLookupRecordBytes);
+    } else {
+      result->set_found(true);
+      v1::Location* loc = result->mutable_location();
+      ToProto(*e, loc);
+      Grant(*node, *loc, wire::kCapRead, cap_expiry,
+            result->mutable_capability());
+    }
     if (prefix) ++hit_prefix;
     if (std::find(referenced.begin(), referenced.end(), node) ==
         referenced.end()) {
@@ -2174,7 +2219,7 @@ uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
   }
   response.set_hit_prefix_length(hit_prefix);
   for (const Node* node : referenced) {
-    FillNodeInfo(*node, now, response.add_nodes());
+    FillPeerInfo(*node, response.add_nodes());
   }
   return hit_prefix;
 }

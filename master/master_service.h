@@ -137,11 +137,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
-#include <optional>
-#include <string_view>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -153,6 +153,7 @@
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "common/stats.h"
+#include "common/wire.h"
 #include "master/allocator.h"
 #include "master/metadata_index.h"
 #include "master/metadata_store.h"
@@ -668,6 +669,11 @@ class MasterService {
   void Grant(const Node& node, const hymcache::v1::Location& loc,
              uint8_t rights, absl::Time expiry,
              hymcache::v1::Capability* out) const;
+  // The capability for `scope` on `node` (its incarnation filled in here),
+  // in the data plane's form: false (nothing signed) for a node without a
+  // key, where Grant leaves its answer empty.
+  bool Sign(const Node& node, CapabilityScope scope,
+            wire::Capability* out) const;
   // Alive, or only briefly unavailable with its objects: not deregistered
   // and seen within node_timeout (registration pending after a master
   // restart counts from the load; a reconciliation in progress). PutStart
@@ -701,6 +707,10 @@ class MasterService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillNodeInfo(const Node& node, absl::Time now,
                     hymcache::v1::NodeInfo* out) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // What a reader needs of a node a lookup answer references (see
+  // BatchLookupResponse.nodes): a small part of FillNodeInfo's.
+  void FillPeerInfo(const Node& node, hymcache::v1::NodeInfo* out) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Builds allocators for `regions` and reserves the node's objects in them.
   // Objects in `purge_regions` or that do not fit are listed as doomed.

@@ -28,6 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fake_clock.h"
+#include "common/wire.h"
 #include "fuzz/fuzz_input.h"
 #include "glog/logging.h"
 #include "master/fake_metadata_store.h"
@@ -354,9 +355,11 @@ class Driver {
     if (!Raw(&r)) {
       for (int n = in_.Range(0, 8); n > 0; --n) r.add_keys(Key());
       r.set_for_read(in_.Bool());
+      r.set_packed(in_.Bool());
     }
     auto resp = service_->BatchLookup(r);
     if (!resp.ok()) return;
+    if (r.packed()) Unpack(&*resp, r.keys_size());
     FUZZ_CHECK(resp->results_size() == r.keys_size());
     FUZZ_CHECK(resp->hit_prefix_length() <= uint32_t(r.keys_size()));
     Listings();
@@ -372,6 +375,29 @@ class Driver {
                  res.location().SerializeAsString())
           << "lookup " << res.location().ShortDebugString() << " vs listed "
           << it->second.ShortDebugString();
+    }
+  }
+
+  // A packed answer (BatchLookupRequest.packed) as the results it packs:
+  // exactly one well-formed record per key, and no results beside them.
+  static void Unpack(v1::BatchLookupResponse* resp, int keys) {
+    FUZZ_CHECK(resp->results_size() == 0) << "results beside packed ones";
+    const std::string p = resp->packed_results();
+    FUZZ_CHECK(p.size() == size_t(keys) * wire::kLookupRecordBytes)
+        << p.size() << " packed bytes for " << keys << " keys";
+    for (size_t off = 0; off < p.size(); off += wire::kLookupRecordBytes) {
+      auto rec = wire::DecodeLookupRecord(
+          reinterpret_cast<const uint8_t*>(p.data()) + off);
+      FUZZ_CHECK(rec.ok()) << rec.status();
+      v1::LookupResult* res = resp->add_results();
+      if (rec->node_id == 0) continue;
+      res->set_found(true);
+      v1::Location* loc = res->mutable_location();
+      loc->set_node_id(rec->node_id);
+      loc->set_region_id(rec->region_id);
+      loc->set_addr(rec->addr);
+      loc->set_length(rec->length);
+      loc->set_generation(rec->generation);
     }
   }
 

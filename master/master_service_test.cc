@@ -1,8 +1,8 @@
 #include "master/master_service.h"
 
 #include <catch2/catch.hpp>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -11,10 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/internal/endian.h"
 #include "common/capability.h"
 #include "common/fake_clock.h"
 #include "common/test_log_capture.h"
 #include "common/thread.h"
+#include "common/wire.h"
 #include "master/fake_metadata_store.h"
 #include "master/metadata_store.h"
 #include "master/tenant.h"
@@ -247,11 +249,56 @@ struct Harness {
     Commit(r.put_id());
     return r.node().node_id();
   }
+  // A plain lookup. Asked packed too (it changes nothing), the answer must
+  // be the same, record by record, capabilities included.
   v1::BatchLookupResponse Lookup(std::vector<std::string> keys) {
     auto r = svc->BatchLookup(LookupReq(keys));
     INFO(r.status().ToString());
     REQUIRE(r.ok());
+    v1::BatchLookupRequest packed_req = LookupReq(keys);
+    packed_req.set_packed(true);
+    auto p = svc->BatchLookup(packed_req);
+    REQUIRE(p.ok());
+    CheckPackedSame(*r, *p);
     return *r;
+  }
+  static void CheckPackedSame(const v1::BatchLookupResponse& r,
+                              const v1::BatchLookupResponse& p) {
+    CHECK(p.results_size() == 0);
+    CHECK(p.hit_prefix_length() == r.hit_prefix_length());
+    REQUIRE(p.packed_results().size() ==
+            r.results_size() * wire::kLookupRecordBytes);
+    for (int i = 0; i < r.results_size(); ++i) {
+      auto rec = wire::DecodeLookupRecord(
+          reinterpret_cast<const uint8_t*>(p.packed_results().data()) +
+          i * wire::kLookupRecordBytes);
+      REQUIRE(rec.ok());
+      const v1::LookupResult& want = r.results(i);
+      INFO("key " << i);
+      CHECK((rec->node_id != 0) == want.found());
+      if (!want.found()) continue;
+      CHECK(rec->node_id == want.location().node_id());
+      CHECK(rec->region_id == want.location().region_id());
+      CHECK(rec->addr == want.location().addr());
+      CHECK(rec->length == want.location().length());
+      CHECK(rec->generation == want.location().generation());
+      CHECK(rec->cap.expires_unix_ms == want.capability().expires_unix_ms());
+      CHECK(rec->cap.rights == want.capability().rights());
+      CHECK(absl::little_endian::Load64(rec->cap.tag) ==
+            want.capability().tag_lo());
+      CHECK(absl::little_endian::Load64(rec->cap.tag + 8) ==
+            want.capability().tag_hi());
+    }
+    REQUIRE(p.nodes_size() == r.nodes_size());
+    for (int i = 0; i < r.nodes_size(); ++i) {
+      CHECK(p.nodes(i).node_id() == r.nodes(i).node_id());
+      CHECK(p.nodes(i).data_address() == r.nodes(i).data_address());
+      const auto& want = r.nodes(i).transport_params();
+      CHECK(p.nodes(i).transport_params_size() == want.size());
+      for (const auto& [k, v] : p.nodes(i).transport_params()) {
+        CHECK((want.count(k) == 1 && want.at(k) == v));
+      }
+    }
   }
   // A lookup before a read: touches and leases the hit prefix.
   v1::BatchLookupResponse Read(std::vector<std::string> keys) {

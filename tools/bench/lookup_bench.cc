@@ -90,6 +90,9 @@ DEFINE_string(transports, "unary",
               "LookupStream per client thread, blocking Write then Read), "
               "stream_async (the same stream driven by the thread's own "
               "CompletionQueue, Write and Read in flight together)");
+DEFINE_bool(packed, true,
+            "unary and stream transports ask for packed answers "
+            "(BatchLookupRequest.packed; the SDK always does)");
 DEFINE_double(seconds, 1.0, "timed seconds per trial");
 DEFINE_bool(compare_capabilities, false,
             "also time every row with the master's capability signing "
@@ -451,6 +454,7 @@ double TimedLookup(Caller *caller, const std::vector<std::string> &keys,
   }
   v1::BatchLookupRequest req;
   req.set_for_read(for_read);
+  req.set_packed(FLAGS_packed);
   const size_t start = rng() % (keys.size() - batch + 1);
   for (int i = 0; i < batch; ++i) req.add_keys(keys[start + i]);
   v1::BatchLookupResponse resp;
@@ -547,6 +551,7 @@ bool RunProcesses(int threads, const std::string &kind,
         absl::StrCat("--objects=", FLAGS_objects),
         absl::StrCat("--key_bytes=", FLAGS_key_bytes),
         absl::StrCat("--seconds=", FLAGS_seconds),
+        absl::StrCat("--packed=", FLAGS_packed),
         absl::StrCat("--deadlock_detection=", FLAGS_deadlock_detection),
         "--client_poll_strategy=" + FLAGS_client_poll_strategy};
     args.insert(args.end(), worker_flags.begin(), worker_flags.end());
