@@ -71,7 +71,42 @@ HmacSha256::HmacSha256(std::string_view key) {
   OPENSSL_cleanse(pad, sizeof(pad));
 }
 
+namespace {
+
+// The 32-byte digest of a SHA-256 state after its last block.
+void StoreDigest(const SHA256_CTX& c, uint8_t out[SHA256_DIGEST_LENGTH]) {
+  for (int i = 0; i < 8; ++i) absl::big_endian::Store32(out + 4 * i, c.h[i]);
+}
+
+// `len` (<= kOneBlockMessage) bytes after one keyed block, padded to the
+// last block as SHA-256 pads: 0x80, zeros, the bit length (big-endian).
+constexpr size_t kOneBlockMessage = SHA256_CBLOCK - 9;
+void LastBlock(const void* data, size_t len, uint8_t block[SHA256_CBLOCK]) {
+  std::memset(block, 0, SHA256_CBLOCK);
+  std::memcpy(block, data, len);
+  block[len] = 0x80;
+  absl::big_endian::Store64(block + SHA256_CBLOCK - 8,
+                            uint64_t{SHA256_CBLOCK + len} * 8);
+}
+
+}  // namespace
+
 void HmacSha256::Mac(const void* data, size_t len, uint8_t out[32]) const {
+  if (len <= kOneBlockMessage) {
+    // One compression each for the inner and the outer hash, without
+    // SHA256_Update/Final's buffering (a capability's message fits).
+    uint8_t block[SHA256_CBLOCK];
+    LastBlock(data, len, block);
+    SHA256_CTX c = state_->inner;
+    SHA256_Transform(&c, block);
+    uint8_t ih[SHA256_DIGEST_LENGTH];
+    StoreDigest(c, ih);
+    LastBlock(ih, sizeof(ih), block);
+    c = state_->outer;
+    SHA256_Transform(&c, block);
+    StoreDigest(c, out);
+    return;
+  }
   SHA256_CTX c = state_->inner;
   uint8_t ih[SHA256_DIGEST_LENGTH];
   SHA256_Update(&c, data, len);

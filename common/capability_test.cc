@@ -33,6 +33,17 @@ TEST_CASE("HmacSha256 matches RFC 4231 and OpenSSL's HMAC") {
        reinterpret_cast<const uint8_t*>(msg.data()), msg.size(), ref, &len);
   REQUIRE(len == 32);
   CHECK(std::memcmp(out, ref, 32) == 0);
+  // Every message length around the one-block fast path (<= 55 bytes) and
+  // past it, against OpenSSL's one-shot HMAC.
+  std::string long_msg;
+  for (int i = 0; i < 200; ++i) long_msg.push_back(static_cast<char>(i * 7));
+  for (size_t n = 0; n <= long_msg.size(); ++n) {
+    INFO("length " << n);
+    h2.Mac(long_msg.data(), n, out);
+    HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+         reinterpret_cast<const uint8_t*>(long_msg.data()), n, ref, &len);
+    CHECK(std::memcmp(out, ref, 32) == 0);
+  }
 }
 
 TEST_CASE("NewNodeKey is random") {

@@ -2149,19 +2149,19 @@ absl::Status MasterService::BatchLookupInto(
   }
   MutexLock l(&mu_);
   const absl::Time now = clock_->Now();
-  const uint32_t hits = LookupLocked(request, now, response);
+  std::vector<uint32_t> hit_records;
+  LookupLocked(request, now, response, &hit_records);
   // The chain head ends up most recent, each block just below the one
   // before it (MetadataIndex::TouchPrefix).
   const uint32_t tick = LeaseTick(now);
-  std::vector<absl::string_view> hit_keys(request.keys().begin(),
-                                          request.keys().begin() + hits);
-  index_.TouchPrefix(hit_keys, tick);
+  index_.TouchRecords(hit_records, tick);
   return absl::OkStatus();
 }
 
 uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
                                      absl::Time now,
-                                     v1::BatchLookupResponse* out) const {
+                                     v1::BatchLookupResponse* out,
+                                     std::vector<uint32_t>* hit_records) const {
   v1::BatchLookupResponse& response = *out;
   std::vector<const Node*> referenced;
   bool prefix = true;
@@ -2175,9 +2175,11 @@ uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
     bytes->assign(request.keys_size() * wire::kLookupRecordBytes, '\0');
     records = reinterpret_cast<uint8_t*>(bytes->data());
   }
+  if (hit_records != nullptr) hit_records->reserve(request.keys_size());
   for (int i = 0; i < request.keys_size(); ++i) {
     v1::LookupResult* result = packed ? nullptr : response.add_results();
-    auto e = index_.Find(request.keys(i));
+    uint32_t record;
+    auto e = index_.Find(request.keys(i), &record);
     const Node* node = nullptr;
     if (e) {
       auto n = nodes_.find(e->node_id);
@@ -2211,7 +2213,10 @@ uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
       Grant(*node, *loc, wire::kCapRead, cap_expiry,
             result->mutable_capability());
     }
-    if (prefix) ++hit_prefix;
+    if (prefix) {
+      ++hit_prefix;
+      if (hit_records != nullptr) hit_records->push_back(record);
+    }
     if (std::find(referenced.begin(), referenced.end(), node) ==
         referenced.end()) {
       referenced.push_back(node);

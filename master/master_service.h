@@ -680,9 +680,12 @@ class MasterService {
   // reports such a node's keys as existing rather than storing them again.
   bool MayComeBack(const Node& node, absl::Time now) const;
   // Fills `response` for `request`'s keys; returns the hit prefix length.
+  // `hit_records` (if given) gets the index records of the hit prefix (for
+  // MetadataIndex::TouchRecords under the same lock).
   uint32_t LookupLocked(const hymcache::v1::BatchLookupRequest& request,
                         absl::Time now,
-                        hymcache::v1::BatchLookupResponse* response) const
+                        hymcache::v1::BatchLookupResponse* response,
+                        std::vector<uint32_t>* hit_records = nullptr) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The read tick of `now` for the index: milliseconds since lease_epoch_
   // plus one (0 means "never read"). Kept below 2^31 by moving the epoch

@@ -843,7 +843,14 @@ bool MetadataIndex::Adopt(absl::string_view child, absl::string_view parent) {
 }
 
 std::optional<ObjectLocation> MetadataIndex::Find(absl::string_view key) const {
+  uint32_t i;
+  return Find(key, &i);
+}
+
+std::optional<ObjectLocation> MetadataIndex::Find(absl::string_view key,
+                                                  uint32_t* record) const {
   const uint32_t i = Lookup(key);
+  *record = i;
   if (i == kNil) return std::nullopt;
   return EntryOf(i);
 }
@@ -872,13 +879,18 @@ size_t MetadataIndex::TouchPrefix(const std::vector<absl::string_view>& keys,
     const uint32_t i = Lookup(key);
     if (i != kNil) found.push_back(i);
   }
-  for (auto i = found.rbegin(); i != found.rend(); ++i) {
+  TouchRecords(found, read_tick);
+  return found.size();
+}
+
+void MetadataIndex::TouchRecords(absl::Span<const uint32_t> records,
+                                 uint32_t read_tick) {
+  for (auto i = records.rbegin(); i != records.rend(); ++i) {
     if (LocalParent(*i) == kNil) TouchRecord(*i, read_tick);
   }
-  for (uint32_t i : found) {
+  for (uint32_t i : records) {
     if (LocalParent(i) != kNil) TouchRecord(i, read_tick);
   }
-  return found.size();
 }
 
 void MetadataIndex::TouchRecord(uint32_t i, uint32_t read_tick) {

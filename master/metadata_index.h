@@ -93,6 +93,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "master/object_location.h"
 
 namespace hymcache {
@@ -144,6 +145,10 @@ class MetadataIndex {
 
   // The entry of `key`, if present.
   std::optional<ObjectLocation> Find(absl::string_view key) const;
+  // The same, with the record that holds it in `*record` (for TouchRecords;
+  // valid until the index next changes).
+  std::optional<ObjectLocation> Find(absl::string_view key,
+                                     uint32_t* record) const;
 
   // Removes `key`: unlinks it from its recency list and its parent; if it
   // has children they become orphans (see the file comment). Returns its
@@ -167,6 +172,9 @@ class MetadataIndex {
   // are skipped; returns how many were present.
   size_t TouchPrefix(const std::vector<absl::string_view>& keys,
                      uint32_t read_tick);
+  // TouchPrefix of keys already found: their records, from Find, with no
+  // change to the index since.
+  void TouchRecords(absl::Span<const uint32_t> records, uint32_t read_tick);
 
   // The read tick of `key` (0 if never touched since its Upsert), if present.
   std::optional<uint32_t> ReadTick(absl::string_view key) const;
