@@ -31,4 +31,11 @@ absl::Status ValidateGrpcPollStrategy(absl::string_view strategy);
 // function set the same strategy before it started.
 absl::Status SetGrpcPollStrategy(absl::string_view strategy);
 
+// SetGrpcPollStrategy's default form: sets `strategy` (which
+// ValidateGrpcPollStrategy accepts) unless something chose already, i.e.
+// gRPC runs in this process or its environment names a strategy
+// (GRPC_POLL_STRATEGY, the operator's choice, or an earlier call's).
+// Returns whether it set it.
+bool PreferGrpcPollStrategy(absl::string_view strategy);
+
 }  // namespace hymcache

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -25,6 +26,16 @@ TEST_CASE("an unknown strategy is refused and nothing is set") {
   CHECK(SetGrpcPollStrategy("").code() == absl::StatusCode::kInvalidArgument);
   CHECK(ValidateGrpcPollStrategy("poll").ok());
   CHECK(ValidateGrpcPollStrategy("epoll1").ok());
+}
+
+TEST_CASE("a preferred strategy is set only where nothing chose one") {
+  REQUIRE(grpc_is_initialized() == 0);
+  REQUIRE(getenv("GRPC_POLL_STRATEGY") == nullptr);
+  CHECK(PreferGrpcPollStrategy("poll"));
+  CHECK(std::string(getenv("GRPC_POLL_STRATEGY")) == "poll");
+  // Named in the environment now: another preference changes nothing.
+  CHECK_FALSE(PreferGrpcPollStrategy("epoll1"));
+  CHECK(std::string(getenv("GRPC_POLL_STRATEGY")) == "poll");
 }
 
 TEST_CASE("the strategy set before gRPC starts is the one it runs with") {
@@ -49,6 +60,9 @@ TEST_CASE("the strategy set before gRPC starts is the one it runs with") {
   CHECK(SetGrpcPollStrategy("poll").ok());
   CHECK(SetGrpcPollStrategy("epoll1").code() ==
         absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(grpc_get_poll_strategy_name()) == "poll");
+  // Nor does a preference once gRPC runs.
+  CHECK_FALSE(PreferGrpcPollStrategy("epoll1"));
   CHECK(std::string(grpc_get_poll_strategy_name()) == "poll");
   server->Shutdown();
 }
