@@ -307,6 +307,12 @@ class GrpcMasterClient : public MasterClient {
   absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> keys,
                                      bool for_read,
                                      absl::Time deadline) override {
+    // Already late: nothing is sent (as gRPC does for a unary call; with
+    // the "poll" strategy, a stream's events may still be taken after the
+    // deadline).
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("BatchLookup: Deadline Exceeded");
+    }
     // Over a pooled stream, in its own request and answer; unary in
     // these when there is none (or it broke without an answer).
     std::unique_ptr<PooledLookupStream> stream = TakeStream(deadline);
@@ -892,7 +898,10 @@ class StreamedLookups : public LookupStream {
 std::unique_ptr<LookupStream> GrpcMasterClient::StartLookups(
     absl::Span<const std::string> keys, size_t chunk_keys,
     absl::Time deadline) {
-  std::unique_ptr<PooledLookupStream> stream = TakeStream(deadline);
+  // Already late: unary calls, which gRPC fails at once (DeadlineExceeded)
+  // without sending them.
+  std::unique_ptr<PooledLookupStream> stream =
+      absl::Now() < deadline ? TakeStream(deadline) : nullptr;
   if (stream == nullptr) {
     return std::make_unique<GrpcLookupStream>(this, keys, chunk_keys,
                                               deadline);

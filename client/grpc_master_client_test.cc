@@ -441,6 +441,26 @@ TEST_CASE("A lookup past its deadline drops its stream; no late answer is "
   CHECK(Stat(master->address(), "lookup_streams_opened") == 3);
 }
 
+TEST_CASE("A lookup whose deadline has passed is not sent") {
+  auto master = StartPopulated("already-late");
+  const std::string address = master->address();
+  auto client = NewClient(address, 4);
+  REQUIRE(client->Lookup({Hit(0)}, false, Soon()).ok());  // a stream is idle
+  const double before = Stat(address, "lookups");
+  const absl::Time past = absl::Now() - absl::Seconds(1);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(client->Lookup({Hit(0), Hit(1)}, true, past).status().code() ==
+          absl::StatusCode::kDeadlineExceeded);
+    auto lookups = client->StartLookups({Hit(0), Hit(1)}, 1, past);
+    CHECK(lookups->Next(true).status().code() ==
+          absl::StatusCode::kDeadlineExceeded);
+  }
+  CHECK(Stat(address, "lookups") == before);
+  // The idle stream was not spent on them.
+  REQUIRE(client->Lookup({Hit(0)}, false, Soon()).ok());
+  CHECK(Stat(address, "lookup_streams_opened") == 1);
+}
+
 TEST_CASE("Open streams do not hold up the master's shutdown; lookups "
           "follow a restarted master") {
   MasterOptions o;
