@@ -35,9 +35,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   security.tls.cert_file = options.tls_cert_file;
   security.tls.key_file = options.tls_key_file;
   security.tls.server_name = options.tls_server_name;
-  if (options.grpc_poll_strategy == "auto") {
-    PreferGrpcPollStrategy("poll");  // before the first channel
-  } else if (!options.grpc_poll_strategy.empty()) {
+  if (!options.grpc_poll_strategy.empty()) {
     // Before the first channel: gRPC may start with it.
     if (absl::Status s = SetGrpcPollStrategy(options.grpc_poll_strategy);
         !s.ok()) {
@@ -58,6 +56,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
         CreateChannel(options.master_address, security, channel_args));
     channels.push_back(std::move(channel));
   }
+  // gRPC runs now, with its strategy: the processes this one starts
+  // choose their own.
+  RestoreGrpcPollStrategyEnvironment();
   ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
                    NewTransportFor(options));
   return NewClientImpl(

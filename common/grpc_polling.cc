@@ -44,16 +44,11 @@ absl::Status SetGrpcPollStrategy(absl::string_view strategy) {
   return absl::OkStatus();
 }
 
-bool PreferGrpcPollStrategy(absl::string_view strategy) {
-  {
-    MutexLock l(&g_mu);
-    // gRPC's own setting, read here only to leave it alone: whoever set it
-    // (the operator, an earlier call) chose.
-    if (grpc_is_initialized() || getenv("GRPC_POLL_STRATEGY") != nullptr) {
-      return false;
-    }
-  }
-  return SetGrpcPollStrategy(strategy).ok();
+void RestoreGrpcPollStrategyEnvironment() {
+  MutexLock l(&g_mu);
+  if (g_set.empty() || !grpc_is_initialized()) return;
+  const char* now = getenv("GRPC_POLL_STRATEGY");
+  if (now != nullptr && g_set == now) unsetenv("GRPC_POLL_STRATEGY");
 }
 
 }  // namespace hymcache

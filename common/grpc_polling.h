@@ -31,11 +31,10 @@ absl::Status ValidateGrpcPollStrategy(absl::string_view strategy);
 // function set the same strategy before it started.
 absl::Status SetGrpcPollStrategy(absl::string_view strategy);
 
-// SetGrpcPollStrategy's default form: sets `strategy` (which
-// ValidateGrpcPollStrategy accepts) unless something chose already, i.e.
-// gRPC runs in this process or its environment names a strategy
-// (GRPC_POLL_STRATEGY, the operator's choice, or an earlier call's).
-// Returns whether it set it.
-bool PreferGrpcPollStrategy(absl::string_view strategy);
+// Once gRPC runs (it read the strategy when it started): takes back the
+// GRPC_POLL_STRATEGY that SetGrpcPollStrategy put in the environment, so
+// that processes this one starts (daemons, workers) choose their own. No-op
+// if gRPC does not run yet or the variable was not set here.
+void RestoreGrpcPollStrategyEnvironment();
 
 }  // namespace hymcache

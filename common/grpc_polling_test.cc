@@ -28,16 +28,6 @@ TEST_CASE("an unknown strategy is refused and nothing is set") {
   CHECK(ValidateGrpcPollStrategy("epoll1").ok());
 }
 
-TEST_CASE("a preferred strategy is set only where nothing chose one") {
-  REQUIRE(grpc_is_initialized() == 0);
-  REQUIRE(getenv("GRPC_POLL_STRATEGY") == nullptr);
-  CHECK(PreferGrpcPollStrategy("poll"));
-  CHECK(std::string(getenv("GRPC_POLL_STRATEGY")) == "poll");
-  // Named in the environment now: another preference changes nothing.
-  CHECK_FALSE(PreferGrpcPollStrategy("epoll1"));
-  CHECK(std::string(getenv("GRPC_POLL_STRATEGY")) == "poll");
-}
-
 TEST_CASE("the strategy set before gRPC starts is the one it runs with") {
   REQUIRE(grpc_is_initialized() == 0);
   REQUIRE(SetGrpcPollStrategy("poll").ok());
@@ -61,9 +51,13 @@ TEST_CASE("the strategy set before gRPC starts is the one it runs with") {
   CHECK(SetGrpcPollStrategy("epoll1").code() ==
         absl::StatusCode::kFailedPrecondition);
   CHECK(std::string(grpc_get_poll_strategy_name()) == "poll");
-  // Nor does a preference once gRPC runs.
-  CHECK_FALSE(PreferGrpcPollStrategy("epoll1"));
+  // Taken back from the environment (child processes choose their own);
+  // gRPC keeps it.
+  REQUIRE(getenv("GRPC_POLL_STRATEGY") != nullptr);
+  RestoreGrpcPollStrategyEnvironment();
+  CHECK(getenv("GRPC_POLL_STRATEGY") == nullptr);
   CHECK(std::string(grpc_get_poll_strategy_name()) == "poll");
+  CHECK(SetGrpcPollStrategy("poll").ok());
   server->Shutdown();
 }
 

@@ -116,11 +116,10 @@ DEFINE_bool(master_in_process, false,
             "(default: a child process, as Redis and as a real master are)");
 DEFINE_uint32(master_rpc_threads, hymcache::MasterOptions().rpc_threads,
               "the master's rpc_threads (completion-queue pollers)");
-DEFINE_string(client_poll_strategy, "auto",
+DEFINE_string(client_poll_strategy, "",
               "gRPC's poll strategy in the client process(es) "
               "(common/grpc_polling.h: \"poll\" or \"epoll1\"; \"\": gRPC's "
-              "default; \"auto\": the SDK's default, ClientOptions); the "
-              "master's process keeps gRPC's default");
+              "default); the master's process keeps gRPC's default");
 DEFINE_string(master_poll_strategy, "",
               "gRPC's poll strategy in the master's process (hymcache-master "
               "--grpc_poll_strategy; not with --master_in_process)");
@@ -142,8 +141,8 @@ DEFINE_string(tls_dir, "",
               "serve and dial over TLS with the certificates of "
               "tests/make_test_certs.sh DIR (server.pem/key, ca.pem)");
 
-// gRPC's own name of the strategy it runs with (libgrpc exports it; no
-// public header declares it).
+// gRPC's own name of the strategy it runs with (libgrpc exports it, as a
+// C++ function; no public header declares it).
 const char *grpc_get_poll_strategy_name();
 
 namespace hymcache {
@@ -265,10 +264,6 @@ std::unique_ptr<MasterClient> NewSdkClient(const std::string &address,
 // --client_poll_strategy, in a client process before its first channel.
 bool ApplyClientPollStrategy() {
   if (FLAGS_client_poll_strategy.empty()) return true;
-  if (FLAGS_client_poll_strategy == "auto") {
-    PreferGrpcPollStrategy("poll");  // as Client::Create does by default
-    return true;
-  }
   absl::Status s = SetGrpcPollStrategy(FLAGS_client_poll_strategy);
   if (!s.ok())
     std::fprintf(stderr, "--client_poll_strategy: %s\n", s.ToString().c_str());
