@@ -90,11 +90,11 @@ struct ClientOptions {
   // fails with FailedPrecondition otherwise (unless an earlier Client set
   // the same strategy). "", "epoll1" or "poll". Default: "".
   // The variable is taken back from the environment once gRPC runs, so
-  // processes this one starts do not inherit it. Caution: under "poll" a
-  // connection the master closed (a restart) comes back only while some
-  // thread polls it, and failing calls do not wait: in tools/crashtest
-  // (5 master kills in 75 s) about 5,000 loads failed UNAVAILABLE, against
-  // about 600 with epoll1 (docs/performance.md).
+  // processes this one starts do not inherit it. Caution: under "poll" the
+  // connections to a master that restarted come back more slowly: in
+  // tools/crashtest (5 master kills in 75 s; --client_poll_strategy=poll
+  // --master_connections=4) about 5,200 loads failed UNAVAILABLE (the
+  // engine recomputes), against about 570 with epoll1 (docs/performance.md).
   std::string grpc_poll_strategy;
   // Most bytes read from a node in one data-plane request of Load (a block
   // larger than this is read alone). Default: 4 MiB.

@@ -1228,6 +1228,8 @@ absl::StatusOr<CrashTestReport> CrashTest::Impl::Run(std::ostream& log) {
   co.master_address = cluster_->master_address();
   co.default_deadline = options_.load_deadline;
   co.store_threads = options_.conversations;
+  co.grpc_poll_strategy = options_.client_poll_strategy;
+  co.master_connections = options_.master_connections;
   if (!options_.token_file.empty()) {
     ASSIGN_OR_RETURN(co.auth_token, ReadTokenFile(options_.token_file));
   }

@@ -85,6 +85,9 @@ struct CrashTestOptions {
   absl::Duration think_time = absl::Milliseconds(20);
   // Deadline of each Load, and timeout of each Store. Default: 2 s each.
   absl::Duration load_deadline = absl::Seconds(2);
+  // The workload client's ClientOptions of the same names.
+  std::string client_poll_strategy;
+  int master_connections = 1;
   absl::Duration store_timeout = absl::Seconds(2);
   // A call returning later than this past its deadline fails the run.
   // Default: 1 s.

@@ -46,6 +46,11 @@ DEFINE_string(min_block_bytes, "16K",
 DEFINE_string(max_block_bytes, "64K", "largest block");
 DEFINE_int32(think_ms, 20, "pause between a conversation's turns");
 DEFINE_int32(load_deadline_ms, 2000, "deadline of each Load");
+DEFINE_string(client_poll_strategy, "",
+              "the workload client's gRPC poll strategy "
+              "(ClientOptions::grpc_poll_strategy)");
+DEFINE_int32(master_connections, 1,
+             "the workload client's ClientOptions::master_connections");
 DEFINE_int32(store_timeout_ms, 2000, "timeout of each Store");
 DEFINE_int32(max_overrun_ms, 1000,
              "fail when a call returns later than this past its deadline");
@@ -208,6 +213,8 @@ int main(int argc, char** argv) {
   o.system_prompt_blocks = FLAGS_system_prompt_blocks;
   o.think_time = absl::Milliseconds(FLAGS_think_ms);
   o.load_deadline = absl::Milliseconds(FLAGS_load_deadline_ms);
+  o.client_poll_strategy = FLAGS_client_poll_strategy;
+  o.master_connections = FLAGS_master_connections;
   o.store_timeout = absl::Milliseconds(FLAGS_store_timeout_ms);
   o.max_overrun = absl::Milliseconds(FLAGS_max_overrun_ms);
 #ifdef HYMCACHE_TSAN
