@@ -2190,20 +2190,16 @@ uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
       continue;  // not found: a zero record, an empty result
     }
     if (packed) {
-      wire::LookupRecord r;
-      r.node_id = e->node_id;
-      r.region_id = e->region_id;
-      r.addr = e->addr;
-      r.length = e->length;
-      r.generation = e->generation;
       CapabilityScope scope;
-      scope.node_id = r.node_id;
-      scope.region_id = r.region_id;
-      scope.addr = r.addr;
-      scope.length = r.length;
-      scope.generation = r.generation;
+      scope.node_id = e->node_id;
+      scope.region_id = e->region_id;
+      scope.addr = e->addr;
+      scope.length = e->length;
+      scope.generation = e->generation;
       scope.rights = wire::kCapRead;
       scope.expires_unix_ms = cap_expiry_ms;
+      wire::LookupRecord r{scope.node_id, scope.region_id, scope.addr,
+                           scope.length, scope.generation};
       Sign(*node, scope, &r.cap);
       wire::EncodeLookupRecord(r, records + i * wire::kLookupRecordBytes);
     } else {
