@@ -148,10 +148,16 @@ class UnaryCall final : public CqTag {
     Request(method_);  // keep one request of the method outstanding
     finishing_ = true;
     const grpc::Status s = method_->handle(&ctx_, req_, &resp_);
-    if (s.ok()) {
-      writer_.Finish(resp_, s, this);
-    } else {
-      writer_.FinishWithError(s, this);
+    // The queue may have been shut down meanwhile (the server stopping):
+    // then nothing may be queued on it, and no event will come.
+    if (!method_->poller->IfOpen([this, &s] {
+          if (s.ok()) {
+            writer_.Finish(resp_, s, this);
+          } else {
+            writer_.FinishWithError(s, this);
+          }
+        })) {
+      delete this;
     }
   }
 

@@ -657,6 +657,17 @@ class StreamCall : public CqTag {
   // The next event is the end of the stream's Finish: call just before it.
   void Finishing() { finishing_ = true; }
   void Finished() {}
+  // Starts an op of the call (`op` queues it; its event comes to this
+  // object) unless the poller's queue has been shut down (the server
+  // stopping): nothing may be queued then, and no event would come, so the
+  // call ends here. Call it last: the object may be gone after it.
+  template <typename F>
+  void StartOp(F&& op) {
+    if (poller_->IfOpen(std::forward<F>(op))) return;
+    Derived* const self = static_cast<Derived*>(this);
+    self->Finished();
+    delete self;
+  }
 
   MasterRpcHandler* const handler_;
   CqPoller* const poller_;
@@ -693,15 +704,19 @@ class ReconcileCall final : public StreamCall<ReconcileCall> {
   }
   void Step(bool ok) { OnRead(ok); }
 
-  void StartRead() { reader_.Read(&req_, this); }
+  void StartRead() {
+    StartOp([this] { reader_.Read(&req_, this); });
+  }
   void Finish(const grpc::Status& s) {
     r_.reset();
     Finishing();
-    if (s.ok()) {
-      reader_.Finish(resp_, s, this);
-    } else {
-      reader_.FinishWithError(s, this);
-    }
+    StartOp([this, &s] {
+      if (s.ok()) {
+        reader_.Finish(resp_, s, this);
+      } else {
+        reader_.FinishWithError(s, this);
+      }
+    });
   }
 
   void OnRead(bool ok) {
@@ -817,7 +832,7 @@ class LookupStreamCall final : public StreamCall<LookupStreamCall> {
   void StartRead() {
     writing_ = false;
     req_.Clear();
-    stream_.Read(&req_, this);
+    StartOp([this] { stream_.Read(&req_, this); });
   }
   void OnRequest() {
     // Every message is checked, answered and counted as a BatchLookup
@@ -833,11 +848,11 @@ class LookupStreamCall final : public StreamCall<LookupStreamCall> {
       return;
     }
     writing_ = true;
-    stream_.Write(resp_, this);
+    StartOp([this] { stream_.Write(resp_, this); });
   }
   void Finish(const grpc::Status& s) {
     Finishing();
-    stream_.Finish(s, this);
+    StartOp([this, &s] { stream_.Finish(s, this); });
   }
 
   v1::BatchLookupRequest req_;
@@ -893,11 +908,11 @@ class ListObjectsCall final : public StreamCall<ListObjectsCall> {
       Finish(grpc::Status::OK);
       return;
     }
-    writer_.Write(resp_, this);
+    StartOp([this] { writer_.Write(resp_, this); });
   }
   void Finish(const grpc::Status& s) {
     Finishing();
-    writer_.Finish(s, this);
+    StartOp([this, &s] { writer_.Finish(s, this); });
   }
 
   v1::ListObjectsRequest req_;
