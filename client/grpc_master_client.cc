@@ -11,6 +11,7 @@
 
 #include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_reconnect.h"
 #include "common/grpc_status.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
@@ -277,7 +278,8 @@ class GrpcMasterClient : public MasterClient {
         stub_(pb::MasterService::NewStub(channels[0])),
         lookup_stubs_(NewStubs(channels)),
         streams_off_(options.idle_lookup_streams <= 0),
-        idle_streams_(channels.size()) {}
+        idle_streams_(channels.size()),
+        reconnector_(channels) {}
 
   ~GrpcMasterClient() override {
     // The idle streams end cleanly (half-close, the master's OK), all at
@@ -598,7 +600,19 @@ class GrpcMasterClient : public MasterClient {
                      const char* what) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
-    return FromGrpcStatus((stub_.get()->*method)(&ctx, req, resp), what);
+    const grpc::Status s = (stub_.get()->*method)(&ctx, req, resp);
+    NoteStatus(s);
+    return FromGrpcStatus(s, what);
+  }
+
+  // A call ended with `s`: UNAVAILABLE (no connection to the master) keeps
+  // the connections connecting until they are back (ChannelReconnector:
+  // under gRPC's "poll" strategy nothing else would until its backup
+  // poller's next passes, seconds later).
+  void NoteStatus(const grpc::Status& s) {
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      reconnector_.KickAll();
+    }
   }
 
   // Held by an async call's callback functor: keeps the call's state (its
@@ -645,6 +659,8 @@ class GrpcMasterClient : public MasterClient {
   size_t idle_count_ ABSL_GUARDED_BY(mu_) = 0;
   // The master refused a new stream for its limit: none is opened before.
   absl::Time no_new_streams_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+
+  ChannelReconnector reconnector_;
 };
 
 // The BatchLookup round trips of one Load: chunks of `chunk` keys, up to
@@ -683,6 +699,7 @@ class GrpcLookupStream : public LookupStream {
     const size_t n = ChunkSize(next_);
     ++next_;
     Launch();
+    client_->NoteStatus(c->status);
     RETURN_IF_ERROR(FromGrpcStatus(c->status, "BatchLookup"));
     RETURN_IF_ERROR(FromProto(c->resp, n, &batch_));
     return &batch_;

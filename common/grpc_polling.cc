@@ -8,6 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
 
+// gRPC's own name of the strategy it runs with (libgrpc exports it; no
+// public header declares it).
+const char* grpc_get_poll_strategy_name();
+
 namespace hymcache {
 namespace {
 
@@ -49,6 +53,12 @@ void RestoreGrpcPollStrategyEnvironment() {
   if (g_set.empty() || !grpc_is_initialized()) return;
   const char* now = getenv("GRPC_POLL_STRATEGY");
   if (now != nullptr && g_set == now) unsetenv("GRPC_POLL_STRATEGY");
+}
+
+std::string GrpcPollStrategyInUse() {
+  if (!grpc_is_initialized()) return "";
+  const char* name = grpc_get_poll_strategy_name();
+  return name != nullptr ? name : "";
 }
 
 }  // namespace hymcache

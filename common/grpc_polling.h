@@ -14,6 +14,8 @@
 //     completion changes threads.
 #pragma once
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
@@ -36,5 +38,9 @@ absl::Status SetGrpcPollStrategy(absl::string_view strategy);
 // that processes this one starts (daemons, workers) choose their own. No-op
 // if gRPC does not run yet or the variable was not set here.
 void RestoreGrpcPollStrategyEnvironment();
+
+// The strategy gRPC runs with in this process ("epoll1", "poll", ...); ""
+// while gRPC does not run.
+std::string GrpcPollStrategyInUse();
 
 }  // namespace hymcache

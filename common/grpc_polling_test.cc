@@ -10,10 +10,6 @@
 #include <memory>
 #include <string>
 
-// gRPC's own name of the strategy it runs with (libgrpc exports it; no
-// public header declares it).
-const char *grpc_get_poll_strategy_name();
-
 namespace hymcache {
 namespace {
 
@@ -30,6 +26,7 @@ TEST_CASE("an unknown strategy is refused and nothing is set") {
 
 TEST_CASE("the strategy set before gRPC starts is the one it runs with") {
   REQUIRE(grpc_is_initialized() == 0);
+  CHECK(GrpcPollStrategyInUse() == "");
   REQUIRE(SetGrpcPollStrategy("poll").ok());
 
   int port = 0;
@@ -44,19 +41,19 @@ TEST_CASE("the strategy set before gRPC starts is the one it runs with") {
                                      grpc::InsecureChannelCredentials());
   CHECK(channel->WaitForConnected(std::chrono::system_clock::now() +
                                   std::chrono::seconds(10)));
-  CHECK(std::string(grpc_get_poll_strategy_name()) == "poll");
+  CHECK(GrpcPollStrategyInUse() == "poll");
 
   // Running now: the same strategy again is fine, another is refused.
   CHECK(SetGrpcPollStrategy("poll").ok());
   CHECK(SetGrpcPollStrategy("epoll1").code() ==
         absl::StatusCode::kFailedPrecondition);
-  CHECK(std::string(grpc_get_poll_strategy_name()) == "poll");
+  CHECK(GrpcPollStrategyInUse() == "poll");
   // Taken back from the environment (child processes choose their own);
   // gRPC keeps it.
   REQUIRE(getenv("GRPC_POLL_STRATEGY") != nullptr);
   RestoreGrpcPollStrategyEnvironment();
   CHECK(getenv("GRPC_POLL_STRATEGY") == nullptr);
-  CHECK(std::string(grpc_get_poll_strategy_name()) == "poll");
+  CHECK(GrpcPollStrategyInUse() == "poll");
   CHECK(SetGrpcPollStrategy("poll").ok());
   server->Shutdown();
 }

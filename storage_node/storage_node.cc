@@ -2,40 +2,39 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <unistd.h>
-
-#include <cstdio>
-#include <cstring>
-
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <utility>
 #include <vector>
 
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/metrics_exporter.h"
+#include "common/grpc_reconnect.h"
 #include "common/grpc_status.h"
-#include "common/net.h"
-#include "common/stats.h"
-#include "common/rdma.h"
-#include "common/transport_params.h"
-#include "common/status_macros.h"
-#include "glog/logging.h"
 #include "common/health_probe.h"
+#include "common/metrics_exporter.h"
+#include "common/net.h"
+#include "common/rdma.h"
+#include "common/stats.h"
+#include "common/status_macros.h"
+#include "common/transport_params.h"
+#include "glog/logging.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
-#include "storage_node/device/capacity_tier.h"
 #include "storage_node/dataplane/data_server.h"
+#include "storage_node/dataplane/extent_table.h"
 #include "storage_node/dataplane/kv_manager.h"
 #include "storage_node/dataplane/rdma_plane.h"
 #include "storage_node/dataplane/shm_export.h"
+#include "storage_node/device/capacity_tier.h"
 #include "storage_node/device/dram_device.h"
-#include "storage_node/dataplane/extent_table.h"
 #include "storage_node/device/host_memory.h"
 #include "storage_node/device/hybrid_device.h"
 #include "storage_node/device/lru_device.h"
@@ -80,6 +79,10 @@ void ToProto(const storage::RegionDescriptor& r, v1::RegionInfo* out) {
 struct StorageNode::MasterClient {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::MasterService::Stub> stub;
+  // Keeps the channel connecting after a call found no master (under gRPC's
+  // "poll" strategy nothing else would, but its backup poller seconds
+  // later, and the master would take this node for dead).
+  std::unique_ptr<ChannelReconnector> reconnector;
 };
 
 // The gRPC StorageControl service. Handlers never block.
@@ -795,6 +798,8 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
                    CreateChannel(options.master_address,
                                  {options.tls, options.master_token}, args));
   node->master_->stub = v1::MasterService::NewStub(node->master_->channel);
+  node->master_->reconnector = std::make_unique<ChannelReconnector>(
+      std::vector<std::shared_ptr<grpc::Channel>>{node->master_->channel});
 
   uint64_t region_bytes = 0;
   for (const storage::RegionDescriptor& r : node->device_->Regions()) {
@@ -895,6 +900,9 @@ absl::Status StorageNode::CallMaster(Fn call, absl::Duration timeout) {
     rpc_ = &ctx;
   }
   grpc::Status s = call(&ctx);
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    master_->reconnector->Kick(0);
+  }
   MutexLock l(&mu_);
   rpc_ = nullptr;
   return FromGrpcStatus(s);

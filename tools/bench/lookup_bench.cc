@@ -141,10 +141,6 @@ DEFINE_string(tls_dir, "",
               "serve and dial over TLS with the certificates of "
               "tests/make_test_certs.sh DIR (server.pem/key, ca.pem)");
 
-// gRPC's own name of the strategy it runs with (libgrpc exports it, as a
-// C++ function; no public header declares it).
-const char *grpc_get_poll_strategy_name();
-
 namespace hymcache {
 namespace {
 
@@ -1159,7 +1155,7 @@ int Main() {
       static_cast<unsigned long>(stats.index_bytes_per_entry()), FLAGS_trials,
       FLAGS_seconds, FLAGS_auth ? "bearer tokens checked" : "no authentication",
       FLAGS_tls_dir.empty() ? "plaintext" : "TLS",
-      grpc_get_poll_strategy_name());
+      GrpcPollStrategyInUse().c_str());
   RedisServer redis;
   if (FLAGS_redis) {
     if (!redis.Start() || !LoadRedis(redis.port, keys)) {
