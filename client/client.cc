@@ -35,7 +35,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   security.tls.cert_file = options.tls_cert_file;
   security.tls.key_file = options.tls_key_file;
   security.tls.server_name = options.tls_server_name;
-  if (!options.grpc_poll_strategy.empty()) {
+  if (options.grpc_poll_strategy == "auto") {
+    PreferGrpcPollStrategy("poll");  // before the first channel
+  } else if (!options.grpc_poll_strategy.empty()) {
     // Before the first channel: gRPC may start with it.
     if (absl::Status s = SetGrpcPollStrategy(options.grpc_poll_strategy);
         !s.ok()) {

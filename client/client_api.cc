@@ -55,7 +55,7 @@ absl::Status ClientOptions::Validate() const {
     return absl::InvalidArgumentError(
         "ClientOptions.master_connections must be in 1..64");
   }
-  if (!grpc_poll_strategy.empty()) {
+  if (!grpc_poll_strategy.empty() && grpc_poll_strategy != "auto") {
     if (absl::Status s = ValidateGrpcPollStrategy(grpc_poll_strategy);
         !s.ok()) {
       return absl::InvalidArgumentError(

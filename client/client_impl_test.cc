@@ -112,7 +112,8 @@ TEST_CASE("Options: master connections and the gRPC poll strategy") {
     CHECK(absl::IsInvalidArgument(o.Validate()));
   }
   o.master_connections = 4;
-  for (const char* s : {"", "poll", "epoll1"}) {
+  CHECK(ClientOptions().grpc_poll_strategy == "auto");
+  for (const char* s : {"", "auto", "poll", "epoll1"}) {
     o.grpc_poll_strategy = s;
     CHECK(o.Validate().ok());
   }

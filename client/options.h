@@ -78,24 +78,30 @@ struct ClientOptions {
   int lookup_pipeline_depth = 4;
   // TCP connections to the master. Lookups of the process's calling
   // threads are spread over them (thread i on connection i mod this), so
-  // that with grpc_poll_strategy "poll" up to this many threads calling at
-  // once each complete their own lookups, with no hand-off between threads
-  // (docs/performance.md). 1..64. Default: 1.
-  int master_connections = 1;
-  // gRPC's poll strategy for this process (common/grpc_polling.h): "" leaves
-  // gRPC's choice (epoll1 on Linux, or the GRPC_POLL_STRATEGY environment
-  // variable); "poll" is the cheaper per lookup when several threads call
-  // at once, each on a connection of its own (master_connections). It takes
-  // effect only if this process has not started gRPC yet: Client::Create
-  // fails with FailedPrecondition otherwise (unless an earlier Client set
-  // the same strategy). "", "epoll1" or "poll". Default: "".
-  // The variable is taken back from the environment once gRPC runs, so
-  // processes this one starts do not inherit it. Caution: under "poll" the
-  // connections to a master that restarted come back more slowly: in
-  // tools/crashtest (5 master kills in 75 s; --client_poll_strategy=poll
-  // --master_connections=4) about 5,200 loads failed UNAVAILABLE (the
-  // engine recomputes), against about 570 with epoll1 (docs/performance.md).
-  std::string grpc_poll_strategy;
+  // that with the "poll" strategy (grpc_poll_strategy) up to this many
+  // threads calling at once each complete their own lookups, with no
+  // hand-off between threads (docs/performance.md). They connect when
+  // first used: a process whose lookups come from one thread opens one.
+  // 1..64. Default: 8.
+  int master_connections = 8;
+  // gRPC's poll strategy for this process (common/grpc_polling.h):
+  //   "auto"   "poll" unless gRPC already runs in this process or the
+  //            GRPC_POLL_STRATEGY environment variable names a strategy
+  //            (then that one stays): the cheaper per lookup when several
+  //            threads call at once, each on a connection of its own
+  //            (master_connections), and as cheap from one thread;
+  //   ""       gRPC's choice (epoll1 on Linux, or GRPC_POLL_STRATEGY);
+  //   "poll", "epoll1"  that one. It takes effect only if this process has
+  //            not started gRPC yet: Client::Create fails with
+  //            FailedPrecondition otherwise (unless an earlier Client set
+  //            the same strategy).
+  // Default: "auto". The variable is taken back from the environment once
+  // gRPC runs, so processes this one starts do not inherit it. Under "poll"
+  // a channel's connection attempts advance only while a thread polls it;
+  // after a call finds no master, the client keeps its connections
+  // connecting itself (common/grpc_reconnect.h), so they come back from a
+  // restarted master as fast as with epoll1 (docs/performance.md).
+  std::string grpc_poll_strategy = "auto";
   // Most bytes read from a node in one data-plane request of Load (a block
   // larger than this is read alone). Default: 4 MiB.
   uint64_t read_batch_bytes = 4 << 20;

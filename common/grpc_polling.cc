@@ -61,4 +61,16 @@ std::string GrpcPollStrategyInUse() {
   return name != nullptr ? name : "";
 }
 
+bool PreferGrpcPollStrategy(absl::string_view strategy) {
+  {
+    MutexLock l(&g_mu);
+    // gRPC's own setting, read here only to leave it alone: whoever set it
+    // (the operator, an earlier call) chose.
+    if (grpc_is_initialized() || getenv("GRPC_POLL_STRATEGY") != nullptr) {
+      return false;
+    }
+  }
+  return SetGrpcPollStrategy(strategy).ok();
+}
+
 }  // namespace hymcache

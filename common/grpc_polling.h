@@ -43,4 +43,11 @@ void RestoreGrpcPollStrategyEnvironment();
 // while gRPC does not run.
 std::string GrpcPollStrategyInUse();
 
+// SetGrpcPollStrategy's default form: sets `strategy` (which
+// ValidateGrpcPollStrategy accepts) unless something chose already, i.e.
+// gRPC runs in this process or its environment names a strategy
+// (GRPC_POLL_STRATEGY, the operator's choice, or an earlier call's).
+// Returns whether it set it.
+bool PreferGrpcPollStrategy(absl::string_view strategy);
+
 }  // namespace hymcache

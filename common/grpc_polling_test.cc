@@ -24,6 +24,16 @@ TEST_CASE("an unknown strategy is refused and nothing is set") {
   CHECK(ValidateGrpcPollStrategy("epoll1").ok());
 }
 
+TEST_CASE("a preferred strategy is set only where nothing chose one") {
+  REQUIRE(grpc_is_initialized() == 0);
+  REQUIRE(getenv("GRPC_POLL_STRATEGY") == nullptr);
+  CHECK(PreferGrpcPollStrategy("poll"));
+  CHECK(std::string(getenv("GRPC_POLL_STRATEGY")) == "poll");
+  // Named in the environment now: another preference changes nothing.
+  CHECK_FALSE(PreferGrpcPollStrategy("epoll1"));
+  CHECK(std::string(getenv("GRPC_POLL_STRATEGY")) == "poll");
+}
+
 TEST_CASE("the strategy set before gRPC starts is the one it runs with") {
   REQUIRE(grpc_is_initialized() == 0);
   CHECK(GrpcPollStrategyInUse() == "");
@@ -55,6 +65,9 @@ TEST_CASE("the strategy set before gRPC starts is the one it runs with") {
   CHECK(getenv("GRPC_POLL_STRATEGY") == nullptr);
   CHECK(GrpcPollStrategyInUse() == "poll");
   CHECK(SetGrpcPollStrategy("poll").ok());
+  // Nor does a preference once gRPC runs.
+  CHECK_FALSE(PreferGrpcPollStrategy("epoll1"));
+  CHECK(GrpcPollStrategyInUse() == "poll");
   server->Shutdown();
 }
 

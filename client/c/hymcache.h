@@ -150,15 +150,17 @@ typedef struct hymcache_client_options {
   /* Stores queued or running at once; a store beyond this completes at once
    * with HYMCACHE_RESOURCE_EXHAUSTED. Default: 64. */
   int32_t max_pending_stores;
-  /* Connections to the master, 1..64: the process's lookup threads are
-   * spread over them (thread i on connection i mod this), so that with
-   * grpc_poll_strategy "poll" each of up to this many threads looking up at
-   * once completes its own lookups (docs/performance.md). Default: 1. */
+  /* Connections to the master, 1..64, each opened when first used: the
+   * process's lookup threads are spread over them (thread i on connection
+   * i mod this), so that with the "poll" strategy each of up to this many
+   * threads looking up at once completes its own lookups
+   * (docs/performance.md). Default: 8. */
   int32_t master_connections;
-  /* gRPC's poll strategy for this process, "epoll1" or "poll", set before
-   * gRPC starts in it; hymcache_client_create fails with
-   * HYMCACHE_FAILED_PRECONDITION if gRPC already runs with another.
-   * Default (NULL or ""): gRPC's choice. */
+  /* gRPC's poll strategy for this process: "auto" ("poll" unless gRPC
+   * already runs in the process or GRPC_POLL_STRATEGY names one), "" (gRPC's
+   * choice), "epoll1" or "poll" (set before gRPC starts in the process;
+   * hymcache_client_create fails with HYMCACHE_FAILED_PRECONDITION if gRPC
+   * already runs with another). Default (NULL): "auto". */
   const char* grpc_poll_strategy;
 } hymcache_client_options;
 

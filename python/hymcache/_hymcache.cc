@@ -848,9 +848,12 @@ deadline: seconds a call may take when given none; past it, load returns
   the blocks it finished.
 store_deadline: seconds a store may keep using its buffers at most.
 master_connections, grpc_poll_strategy: for a process whose threads look
-  up at once (ClientOptions in client/options.h): connections to the master,
-  and "poll" to let each thread complete its own lookups; the strategy must
-  be set before anything in the process starts gRPC.
+  up at once (ClientOptions in client/options.h): connections to the master
+  (opened when first used; default 8), and gRPC's poll strategy ("auto", the
+  default: "poll", which lets each thread complete its own lookups, unless
+  gRPC already runs in the process or GRPC_POLL_STRATEGY names one; "" for
+  gRPC's choice; "poll" or "epoll1", which must be set before anything in
+  the process starts gRPC).
 
 Connects lazily: calls raise Unavailable while the master is down. Safe to
 use from several threads; every call that waits releases the GIL. close()
@@ -866,12 +869,13 @@ use from several threads; every call that waits releases the GIL. close()
            py::arg("tls_cert_file") = "", py::arg("tls_key_file") = "",
            py::arg("tls_server_name") = "", py::arg("store_threads") = 2,
            py::arg("max_pending_stores") = 64,
-           py::arg("master_connections") = 1,
-           py::arg("grpc_poll_strategy") = "")
-      .def("load", &PyClient::Load, py::arg("keys"), py::arg("buffers"),
-           py::kw_only(), py::arg("deadline") = py::none(),
-           py::arg("prefetch") = true,
-           R"doc(Loads the leading run of stored `keys` into `buffers`, in place.
+           py::arg("master_connections") = 8,
+           py::arg("grpc_poll_strategy") = "auto")
+      .def(
+          "load", &PyClient::Load, py::arg("keys"), py::arg("buffers"),
+          py::kw_only(), py::arg("deadline") = py::none(),
+          py::arg("prefetch") = true,
+          R"doc(Loads the leading run of stored `keys` into `buffers`, in place.
 
 buffers: one writable, contiguous buffer per key (numpy arrays or views of
   a pool, bytearray, memoryview; DLPack CPU tensors), at least as large as

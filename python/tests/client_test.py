@@ -240,45 +240,56 @@ def test_lookups_from_threads_over_several_master_connections(cluster,
     with hymcache.Client(cluster.address, transport="tcp") as c:
         keys, data = stored_chain(c, request.node.name)
     # A fresh interpreter, where nothing started gRPC yet: the poll strategy
-    # applies, and threads look up over connections of their own.
-    script = (
-        "import threading, hymcache\n"
-        f"keys = {keys!r}\n"
-        f"c = hymcache.Client({cluster.address!r}, master_connections=4,\n"
-        "                     grpc_poll_strategy='poll')\n"
-        "bad = []\n"
-        "def run():\n"
-        "    for _ in range(50):\n"
-        "        if c.lookup(keys)['found'] != [True] * len(keys):\n"
-        "            bad.append(1)\n"
-        "threads = [threading.Thread(target=run) for _ in range(4)]\n"
-        "[t.start() for t in threads]\n"
-        "[t.join() for t in threads]\n"
-        "assert not bad, bad\n"
-        # Loads and stores run on this gRPC too.
-        f"bufs = [bytearray({len(data[0])}) for _ in keys]\n"
-        "r = c.load(keys, bufs)\n"
-        "assert r.loaded == len(keys), r\n"
-        "new = [keys[-1] + b'-poll']\n"
-        "assert c.store(new, [bufs[0]]).result().stored == 1\n"
-        "assert c.lookup(new)['found'] == [True]\n"
-        "c.close()\n"
-        # gRPC runs with it; processes this one starts choose their own.
-        "libc = ctypes.CDLL(None)\n"
-        "libc.getenv.restype = ctypes.c_char_p\n"
-        "assert libc.getenv(b'GRPC_POLL_STRATEGY') is None\n"
-        "grpc = ctypes.CDLL('libgrpc.so.29')\n"
-        "name = grpc._Z27grpc_get_poll_strategy_namev\n"
-        "name.restype = ctypes.c_char_p\n"
-        "assert name() == b'poll', name()\n"
-        "print(hashlib.sha256(b''.join(bufs)).hexdigest())\n")
-    run = subprocess.run([sys.executable, "-c",
-                          "import ctypes, hashlib\n" + script],
-                         capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ,
-                                  PYTHONPATH=os.pathsep.join(sys.path)))
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == hashlib.sha256(b"".join(data)).hexdigest()
+    # applies (asked for, or by default), and threads look up over
+    # connections of their own. An operator's GRPC_POLL_STRATEGY stays.
+    for kwargs, env_strategy, want in [
+            ("master_connections=4, grpc_poll_strategy='poll'", None, "poll"),
+            ("", None, "poll"),
+            ("", "epoll1", "epoll1")]:
+        script = (
+            "import ctypes, hashlib, threading, hymcache\n"
+            f"keys = {keys!r}\n"
+            f"c = hymcache.Client({cluster.address!r}, {kwargs})\n"
+            "bad = []\n"
+            "def run():\n"
+            "    for _ in range(50):\n"
+            "        if c.lookup(keys)['found'] != [True] * len(keys):\n"
+            "            bad.append(1)\n"
+            "threads = [threading.Thread(target=run) for _ in range(4)]\n"
+            "[t.start() for t in threads]\n"
+            "[t.join() for t in threads]\n"
+            "assert not bad, bad\n"
+            # Loads and stores run on this gRPC too.
+            f"bufs = [bytearray({len(data[0])}) for _ in keys]\n"
+            "r = c.load(keys, bufs)\n"
+            "assert r.loaded == len(keys), r\n"
+            f"new = [keys[-1] + b'-{want}-' + {kwargs!r}.encode()]\n"
+            "assert c.store(new, [bufs[0]]).result().stored == 1\n"
+            "assert c.lookup(new)['found'] == [True]\n"
+            "c.close()\n"
+            # The strategy gRPC runs with, by its own word (a C++ symbol:
+            # grpc_get_poll_strategy_name()).
+            "grpc = ctypes.CDLL('libgrpc.so.29')\n"
+            "name = grpc._Z27grpc_get_poll_strategy_namev\n"
+            "name.restype = ctypes.c_char_p\n"
+            "print(name().decode())\n"
+            # Taken back from the environment once gRPC runs (processes
+            # this one starts choose their own); an operator's stays.
+            "libc = ctypes.CDLL(None)\n"
+            "libc.getenv.restype = ctypes.c_char_p\n"
+            "print((libc.getenv(b'GRPC_POLL_STRATEGY') or b'-').decode())\n"
+            "print(hashlib.sha256(b''.join(bufs)).hexdigest())\n")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        env.pop("GRPC_POLL_STRATEGY", None)
+        if env_strategy:
+            env["GRPC_POLL_STRATEGY"] = env_strategy
+        run = subprocess.run([sys.executable, "-c", script],
+                             capture_output=True, text=True, timeout=60,
+                             env=env)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split() == [
+            want, env_strategy or "-",
+            hashlib.sha256(b"".join(data)).hexdigest()], (kwargs, env_strategy)
 
 
 def test_deadline_returns_a_partial_load_with_the_gil_released(request):

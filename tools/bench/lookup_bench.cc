@@ -116,10 +116,11 @@ DEFINE_bool(master_in_process, false,
             "(default: a child process, as Redis and as a real master are)");
 DEFINE_uint32(master_rpc_threads, hymcache::MasterOptions().rpc_threads,
               "the master's rpc_threads (completion-queue pollers)");
-DEFINE_string(client_poll_strategy, "",
+DEFINE_string(client_poll_strategy, "auto",
               "gRPC's poll strategy in the client process(es) "
               "(common/grpc_polling.h: \"poll\" or \"epoll1\"; \"\": gRPC's "
-              "default); the master's process keeps gRPC's default");
+              "default; \"auto\": the SDK's default, ClientOptions); the "
+              "master's process keeps gRPC's default");
 DEFINE_string(master_poll_strategy, "",
               "gRPC's poll strategy in the master's process (hymcache-master "
               "--grpc_poll_strategy; not with --master_in_process)");
@@ -260,6 +261,10 @@ std::unique_ptr<MasterClient> NewSdkClient(const std::string &address,
 // --client_poll_strategy, in a client process before its first channel.
 bool ApplyClientPollStrategy() {
   if (FLAGS_client_poll_strategy.empty()) return true;
+  if (FLAGS_client_poll_strategy == "auto") {
+    PreferGrpcPollStrategy("poll");  // as Client::Create does by default
+    return true;
+  }
   absl::Status s = SetGrpcPollStrategy(FLAGS_client_poll_strategy);
   if (!s.ok())
     std::fprintf(stderr, "--client_poll_strategy: %s\n", s.ToString().c_str());

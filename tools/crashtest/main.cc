@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "client/options.h"
 #include "common/bytes.h"
 #include "tools/crashtest/crashtest.h"
 
@@ -46,11 +47,13 @@ DEFINE_string(min_block_bytes, "16K",
 DEFINE_string(max_block_bytes, "64K", "largest block");
 DEFINE_int32(think_ms, 20, "pause between a conversation's turns");
 DEFINE_int32(load_deadline_ms, 2000, "deadline of each Load");
-DEFINE_string(client_poll_strategy, "",
+DEFINE_string(client_poll_strategy,
+              hymcache::ClientOptions().grpc_poll_strategy,
               "the workload client's gRPC poll strategy "
-              "(ClientOptions::grpc_poll_strategy)");
-DEFINE_int32(master_connections, 1,
-             "the workload client's ClientOptions::master_connections");
+              "(ClientOptions::grpc_poll_strategy; default: the SDK's)");
+DEFINE_int32(master_connections, hymcache::ClientOptions().master_connections,
+             "the workload client's ClientOptions::master_connections "
+             "(default: the SDK's)");
 DEFINE_int32(store_timeout_ms, 2000, "timeout of each Store");
 DEFINE_int32(max_overrun_ms, 1000,
              "fail when a call returns later than this past its deadline");
