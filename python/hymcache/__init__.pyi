@@ -77,8 +77,8 @@ class Client:
         tls_server_name: str = "",
         store_threads: int = 2,
         max_pending_stores: int = 64,
-        master_connections: int = 1,
-        grpc_poll_strategy: str = "",
+        master_connections: int = 8,
+        grpc_poll_strategy: str = "auto",
     ) -> None: ...
     def __enter__(self) -> "Client": ...
     def __exit__(self, *exc: Any) -> bool: ...

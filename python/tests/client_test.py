@@ -478,3 +478,37 @@ def test_register_buffer(client, request):
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"] +
                          sys.argv[1:]))
+
+
+def test_type_stub_defaults_match_the_extension():
+    """Every default __init__.pyi declares for Client's methods is the one
+    the extension takes (pybind11's signature line names each), so an
+    editor's hints cannot drift from the code."""
+    import ast
+    stub = os.path.join(os.path.dirname(hymcache.__file__), "__init__.pyi")
+    with open(stub) as f:
+        tree = ast.parse(f.read())
+    client = next(n for n in tree.body
+                  if isinstance(n, ast.ClassDef) and n.name == "Client")
+    checked = 0
+    for fn in client.body:
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        doc = getattr(hymcache.Client, fn.name).__doc__ or ""
+        signature = doc.split("\n")[0] if "->" in doc else doc
+        args = fn.args
+        pairs = list(zip(args.args[len(args.args) - len(args.defaults):],
+                         args.defaults))
+        pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults)
+                  if d is not None]
+        for arg, default in pairs:
+            value = ast.literal_eval(default)
+            want = f"{arg.arg}: "
+            assert want in signature, (fn.name, arg.arg, signature)
+            declared = signature.split(want, 1)[1].split(",")[0]
+            declared = declared.split(")")[0] if declared.count(")") > \
+                declared.count("(") else declared
+            assert declared.endswith(f"= {value!r}"), (fn.name, arg.arg,
+                                                       declared, value)
+            checked += 1
+    assert checked >= 15, checked
