@@ -301,5 +301,58 @@ TEST_CASE("RangeAllocator survives a random workload") {
   CHECK(a->largest_free() == (1 << 20));
 }
 
+TEST_CASE("RangeAllocator ReserveAll of many ranges matches Reserve") {
+  // Enough ranges for ReserveAll's radix sort (offsets of 3 digits of 16
+  // bits) and for a table on huge pages (HugePageAllocator::kMinBytes).
+  std::mt19937_64 rng(11);
+  constexpr uint64_t kUnit = 4096;
+  constexpr uint64_t kCapacity = uint64_t{1} << 42;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  uint64_t at = 0;
+  while (ranges.size() < 300000) {
+    at += kUnit * (rng() % 3);  // gaps of 0, 1 or 2 units
+    const uint64_t units = 1 + rng() % 4;
+    ranges.emplace_back(at, units * kUnit - rng() % kUnit);
+    at += units * kUnit + (ranges.size() % 50000 == 0 ? (kCapacity >> 3) : 0);
+  }
+  REQUIRE(at < kCapacity);
+  std::shuffle(ranges.begin(), ranges.end(), rng);
+  auto one = Make(kCapacity, kUnit);
+  for (auto [o, l] : ranges) REQUIRE(one->Reserve(o, l).ok());
+  auto all = Make(kCapacity, kUnit);
+  REQUIRE(all->ReserveAll(ranges).ok());
+  CHECK(all->used_bytes() == one->used_bytes());
+  CHECK(all->allocation_count() == one->allocation_count());
+  CHECK(all->free_extent_count() == one->free_extent_count());
+  CHECK(all->largest_free() == one->largest_free());
+  for (int i = 0; i < 1000; ++i) {
+    const uint64_t len = 1 + rng() % (8 * kUnit);
+    auto x = one->Allocate(len);
+    auto y = all->Allocate(len);
+    REQUIRE(x.ok() == y.ok());
+    if (x.ok()) REQUIRE(*x == *y);
+  }
+  for (size_t i = 0; i < ranges.size(); i += 7) {
+    REQUIRE(one->Free(ranges[i].first).ok());
+    REQUIRE(all->Free(ranges[i].first).ok());
+  }
+  CHECK(all->used_bytes() == one->used_bytes());
+  CHECK(all->free_extent_count() == one->free_extent_count());
+
+  // A range inside another (unaligned: refused as such), or one at the
+  // same offset (overlapping), whatever the order.
+  auto overlap = ranges;
+  overlap.emplace_back(overlap[12345].first + kUnit / 2, 1);
+  std::shuffle(overlap.begin(), overlap.end(), rng);
+  auto bad = Make(kCapacity, kUnit);
+  CHECK(bad->ReserveAll(overlap).code() == absl::StatusCode::kInvalidArgument);
+  auto twice = ranges;
+  twice.emplace_back(ranges[777].first, kUnit);  // aligned, same offset
+  std::shuffle(twice.begin(), twice.end(), rng);
+  auto dup = Make(kCapacity, kUnit);
+  CHECK(dup->ReserveAll(twice).code() == absl::StatusCode::kAlreadyExists);
+  CHECK(dup->allocation_count() == 0);
+}
+
 }  // namespace
 }  // namespace hymcache

@@ -11,6 +11,7 @@
 
 #include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
+#include "common/thread.h"
 
 namespace hymcache {
 namespace master {
@@ -49,7 +50,8 @@ class Mapping {
   }
   absl::Status Map(int fd, size_t size, const std::string& path) {
     if (size == 0) return absl::OkStatus();
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* p =
+        ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) return ErrnoError(errno, "map", path);
     data_ = static_cast<char*>(p);
     size_ = size;
@@ -167,8 +169,9 @@ absl::Status CommitIndexSnapshot(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> ReadIndexSnapshot(const std::string& path,
-                                           MetadataIndex* index) {
+absl::StatusOr<uint64_t> ReadIndexSnapshot(
+    const std::string& path, MetadataIndex* index,
+    const std::function<void(absl::string_view stream)>& alongside) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "open", path);
   struct stat st;
@@ -197,11 +200,25 @@ absl::StatusOr<uint64_t> ReadIndexSnapshot(const std::string& path,
                                 size));
   }
   const absl::string_view body = file.substr(0, kHeader + stream);
-  if (IndexSnapshotChecksum(body) !=
-      absl::little_endian::Load64(file.data() + kHeader + stream)) {
-    return corrupt("checksum mismatch");
+  const uint64_t want =
+      absl::little_endian::Load64(file.data() + kHeader + stream);
+  // The checksum, then `alongside`, run on a second thread while this one
+  // restores the index; the index is only kept if the checksum matched.
+  bool checked = false;
+  auto check = [&] {
+    checked = IndexSnapshotChecksum(body) == want;
+    if (checked && alongside) alongside(body.substr(kHeader));
+  };
+  absl::StatusOr<Thread> helper = Thread::Start("snapshot-check", check);
+  if (!helper.ok()) {
+    check();  // no second thread: one after the other
   }
   s = index->Restore(body.substr(kHeader));
+  if (helper.ok()) helper->Join();
+  if (!checked) {
+    index->Clear();
+    return corrupt("checksum mismatch");
+  }
   if (!s.ok()) return s;
   return sequence;
 }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -37,11 +38,16 @@ absl::StatusOr<uint64_t> WriteIndexSnapshotTemp(const std::string& path,
 absl::Status CommitIndexSnapshot(const std::string& path);
 
 // Reads the snapshot at `path` into `index` and returns its store sequence.
+// `alongside`, if given, runs on a second thread ("snapshot-check") while
+// the index is restored, with the snapshot's entry stream
+// (MetadataIndex::ForEachSnapshotLocation reads it), once the file's
+// checksum matched; not at all otherwise. It returns before this does.
 // REQUIRES: `index` is empty. Errors: NotFound if there is no file;
 // DataLoss if it is not a whole snapshot (the index is left empty); other
 // file system errors.
-absl::StatusOr<uint64_t> ReadIndexSnapshot(const std::string& path,
-                                           MetadataIndex* index);
+absl::StatusOr<uint64_t> ReadIndexSnapshot(
+    const std::string& path, MetadataIndex* index,
+    const std::function<void(absl::string_view stream)>& alongside = {});
 
 // Deletes the snapshot at `path` (none is not an error).
 absl::Status RemoveIndexSnapshot(const std::string& path);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/base/internal/endian.h"
+#include "absl/strings/str_cat.h"
 #include "common/capability.h"
 #include "common/fake_clock.h"
 #include "common/test_log_capture.h"
@@ -2661,12 +2662,40 @@ TEST_CASE("A restart from an index snapshot plus the store's newer changes keeps
   h.Put({"after"}, kObj, a);
   CHECK(h.UsedBytes(a) == used_a + kSlot);
 
-  // A clean restart loads the shutdown's snapshot with nothing to replay;
-  // a damaged one is passed over for a scan.
+  // A clean restart loads the shutdown's snapshot with nothing to replay
+  // (its allocators built from the snapshot beside the index); a damaged
+  // one is passed over for a scan. Both account space and place the next
+  // objects alike.
+  auto space = [](MasterService* svc) {
+    std::vector<std::string> out;
+    const v1::GetStatsResponse st = svc->GetStats();
+    out.push_back(absl::StrCat(st.object_count(), " ", st.object_bytes()));
+    const v1::ListNodesResponse nodes = svc->ListNodes();
+    for (const auto& n : nodes.nodes()) {
+      out.push_back(absl::StrCat(n.node_id(), ": ", n.used_bytes(), " ",
+                                 n.object_count()));
+      for (const auto& r : n.regions()) {
+        out.push_back(absl::StrCat(" ", r.region_id(), ": ", r.used_bytes()));
+      }
+    }
+    return out;
+  };
+  auto place = [&](const std::string& key) {
+    h.Rejoin("a", 1, {{0, 1 << 20}, {1, 1 << 20}});
+    h.Rejoin("b", 1, {{0, 1 << 20}}, 7100);
+    auto r = h.Start({key}, {kObj}, a);
+    REQUIRE(r.slots_size() == 1);
+    return absl::StrCat(r.slots(0).location().node_id(), "/",
+                        r.slots(0).location().region_id(), "/",
+                        r.slots(0).location().addr());
+  };
+  const std::vector<std::string> space_before = space(h.svc.get());
   h.Restart();
   CHECK(h.svc->load_path() == MasterService::LoadPath::kSnapshot);
   const std::vector<std::string> now = Everything(h.svc.get());
   CHECK(now.size() == before.size() + 1);
+  CHECK(space(h.svc.get()) == space_before);
+  const std::string placed = place("probe");
   h.svc.reset();
   {
     std::fstream f(snap, std::ios::in | std::ios::out | std::ios::binary);
@@ -2676,6 +2705,8 @@ TEST_CASE("A restart from an index snapshot plus the store's newer changes keeps
   h.Open();
   CHECK(h.svc->load_path() == MasterService::LoadPath::kScan);
   CHECK(Everything(h.svc.get()) == now);
+  CHECK(space(h.svc.get()) == space_before);
+  CHECK(place("probe") == placed);
 }
 
 }  // namespace
