@@ -24,7 +24,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -35,7 +34,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/huge_page_allocator.h"
 
 namespace hymcache {
 
@@ -120,12 +118,8 @@ class RangeAllocator {
   // Free extents, disjoint and never adjacent (always coalesced).
   std::map<uint64_t, uint64_t> free_by_offset_;   // offset -> length
   std::set<std::pair<uint64_t, uint64_t>> free_by_size_;  // (length, offset)
-  // Allocations: offset -> rounded length (millions on a large region:
-  // on huge pages).
-  absl::flat_hash_map<uint64_t, uint64_t, absl::Hash<uint64_t>,
-                      std::equal_to<uint64_t>,
-                      HugePageAllocator<std::pair<const uint64_t, uint64_t>>>
-      allocated_;
+  // Allocations: offset -> rounded length.
+  absl::flat_hash_map<uint64_t, uint64_t> allocated_;
   uint64_t used_bytes_ = 0;
 };
 

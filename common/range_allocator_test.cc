@@ -303,7 +303,7 @@ TEST_CASE("RangeAllocator survives a random workload") {
 
 TEST_CASE("RangeAllocator ReserveAll of many ranges matches Reserve") {
   // Enough ranges for ReserveAll's radix sort (offsets of 3 digits of 16
-  // bits) and for a table on huge pages (HugePageAllocator::kMinBytes).
+  // bits) over a wide region.
   std::mt19937_64 rng(11);
   constexpr uint64_t kUnit = 4096;
   constexpr uint64_t kCapacity = uint64_t{1} << 42;

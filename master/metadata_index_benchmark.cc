@@ -50,7 +50,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "common/huge_page_allocator.h"
 #include "master/master_service.h"
 #include "master/metadata_index.h"
 #include "master/metadata_store.h"
@@ -75,10 +74,7 @@ Flags g_flags;
 
 size_t HeapInUse() {
   struct mallinfo2 mi = mallinfo2();
-  // Arena chunks in use + malloc's mmapped chunks + what the index mapped
-  // itself (its hash table, on huge pages).
-  return mi.uordblks + mi.hblkhd +
-         hymcache::huge_page_mapped_bytes.load(std::memory_order_relaxed);
+  return mi.uordblks + mi.hblkhd;  // arena chunks in use + mmapped chunks
 }
 
 uint64_t SplitMix(uint64_t x) {
