@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/testing/fake_master_client.h"
 #include "client/testing/fake_transport.h"
+#include "common/status_reason.h"
 
 namespace hymcache {
 namespace {
@@ -404,6 +405,7 @@ TEST_CASE("Store: no node has room, every block is refused and nothing is writte
   CHECK(r->refused == 4);
   for (const absl::Status& e : r->errors) {
     CHECK(e.code() == absl::StatusCode::kResourceExhausted);
+    CHECK(ReasonOf(e) == StatusReason::kNoRoom);
   }
   CHECK(rig.transport->writes().empty());
 }
@@ -428,6 +430,7 @@ TEST_CASE("Store: a node refusing one write commits the others") {
   CHECK(r->refused == 1);
   CHECK(r->outcomes[2] == PutOutcome::kFailed);
   CHECK(r->errors[2].code() == absl::StatusCode::kResourceExhausted);
+  CHECK(ReasonOf(r->errors[2]) == StatusReason::kNodeRefusedWrite);
   REQUIRE(rig.master->commits().size() == 1);
   CHECK(rig.master->commits()[0].failed_indexes == std::vector<uint32_t>{2});
   CHECK_FALSE(rig.master->Find("k2").has_value());
@@ -507,6 +510,7 @@ TEST_CASE("Store: beyond max_pending_stores a store is skipped at once") {
   auto h3 = rig.client->Store(b3.keys, b3.in(), {});
   REQUIRE(h3->Done());
   CHECK(h3->Wait().status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(ReasonOf(h3->Wait().status()) == StatusReason::kStoreQueueFull);
   CHECK_FALSE(h2->Done());
   rig.master->UnblockPutStart();
   auto r1 = h1->Wait();

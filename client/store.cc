@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client_impl.h"
 #include "common/status_macros.h"
+#include "common/status_reason.h"
 
 namespace hymcache {
 namespace {
@@ -61,9 +62,11 @@ std::shared_ptr<StoreHandle> ClientImpl::Store(
     handle->Complete(StoreNow(keys, bufs, parent, deadline));
   };
   if (!store_executor_->TrySubmit(std::move(task))) {
-    handle->Complete(absl::ResourceExhaustedError(
-        absl::StrCat("Store: ", options_.max_pending_stores,
-                     " stores already pending; skipped")));
+    handle->Complete(WithReason(
+        absl::ResourceExhaustedError(
+            absl::StrCat("Store: ", options_.max_pending_stores,
+                         " stores already pending; skipped")),
+        StatusReason::kStoreQueueFull));
   }
   return handle;
 }
@@ -83,7 +86,10 @@ absl::StatusOr<PutResult> ClientImpl::StoreNow(
     // No node had room: every key is refused (skipped), not an error.
     PutResult refused;
     refused.outcomes.assign(keys.size(), PutOutcome::kFailed);
-    refused.errors.assign(keys.size(), r.status());
+    refused.errors.assign(keys.size(),
+                          ReasonOf(r.status()) == StatusReason::kNone
+                              ? WithReason(r.status(), StatusReason::kNoRoom)
+                              : r.status());
     refused.failed = refused.refused = keys.size();
     r = std::move(refused);
   }
@@ -202,7 +208,13 @@ absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
       ++good;
     } else {
       failed.push_back(op_index[k]);
-      out->errors[offset + op_index[k]] = st[k];
+      // A node answers a write it has no room for (its write buffer or
+      // device is full) ResourceExhausted; the wire carries the code only.
+      out->errors[offset + op_index[k]] =
+          st[k].code() == absl::StatusCode::kResourceExhausted &&
+                  ReasonOf(st[k]) == StatusReason::kNone
+              ? WithReason(st[k], StatusReason::kNodeRefusedWrite)
+              : st[k];
     }
   }
   if (clock_->Now() >= deadline) {

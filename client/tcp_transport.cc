@@ -11,6 +11,7 @@
 #include "common/mutex.h"
 #include "common/net.h"
 #include "common/status_macros.h"
+#include "common/status_reason.h"
 #include "common/wire.h"
 
 namespace hymcache {
@@ -179,8 +180,7 @@ class TcpTransport : public Transport {
       }
       // Ops not completed before the failure carry it.
       for (auto& s : statuses) {
-        if (s.code() == absl::StatusCode::kAborted &&
-            s.message() == kPending) {
+        if (ReasonOf(s) == StatusReason::kNotAttempted) {
           s = st;
         }
       }
@@ -189,7 +189,12 @@ class TcpTransport : public Transport {
     return absl::InternalError("unreachable");
   }
 
-  static constexpr const char* kPending = "pending";
+  // What every op of an exchange holds until its answer arrives; ops still
+  // holding it when the exchange fails take the exchange's error.
+  static absl::Status NotAttempted() {
+    return WithReason(absl::AbortedError("not attempted"),
+                      StatusReason::kNotAttempted);
+  }
 
   // A prefetch or release exchange. Returns OK when the connection is still
   // in sync (reusable).
@@ -200,7 +205,7 @@ class TcpTransport : public Transport {
     std::vector<OpDesc> descs;
     descs.reserve(refs.size());
     for (const RemoteRef& r : refs) descs.push_back(ToOp(r));
-    for (auto& st : statuses) st = absl::AbortedError(kPending);
+    for (auto& st : statuses) st = NotAttempted();
     uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
     uint8_t sid[wire::kSessionBytes];
     wire::EncodeSession(session, sid);
@@ -230,7 +235,7 @@ class TcpTransport : public Transport {
     std::vector<OpDesc> descs;
     descs.reserve(ops.size());
     for (const ReadOp& op : ops) descs.push_back(ToOp(op.src));
-    for (auto& st : statuses) st = absl::AbortedError(kPending);
+    for (auto& st : statuses) st = NotAttempted();
     uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
     uint8_t sid[wire::kSessionBytes];
     wire::EncodeSession(session, sid);
@@ -276,7 +281,7 @@ class TcpTransport : public Transport {
       iov.push_back({const_cast<void*>(op.src), op.dst.length});
       payload += op.dst.length;
     }
-    for (auto& st : statuses) st = absl::AbortedError(kPending);
+    for (auto& st : statuses) st = NotAttempted();
     uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
     RETURN_IF_ERROR(SendRequest(s, FrameType::kWriteRequest, descs,
                                        payload, iov, id, deadline));

@@ -4,7 +4,11 @@ Every error the C++ SDK returns reaches Python as the class of its code,
 all under `hymcache.Error`. Argument errors (`InvalidArgument`,
 `OutOfRange`) are also `ValueError`s, `DeadlineExceeded` is also a
 `TimeoutError` and `Unavailable` a `ConnectionError`, so generic handlers
-work too. `err.code` is the canonical code's name (e.g. "NOT_FOUND").
+work too. `err.code` is the canonical code's name (e.g. "NOT_FOUND");
+`err.reason` is the machine-readable reason that refines it, or "none"
+(common/status_reason.h: "store_queue_full", "no_room",
+"node_refused_write", "not_attempted"). Match on code and reason, never on
+the message, which is for people.
 
 load() never raises for a miss, a dead node, a buffer too small or its
 deadline: those end the loaded prefix and appear as `LoadResult.stop_reason`
@@ -17,9 +21,10 @@ class Error(Exception):
 
     code = "UNKNOWN"
 
-    def __init__(self, message=""):
+    def __init__(self, message="", reason="none"):
         super().__init__(message)
         self.message = message
+        self.reason = reason
 
 
 class Cancelled(Error):
@@ -127,6 +132,6 @@ _BY_CODE = {
 }
 
 
-def _from_status(code, message):
+def _from_status(code, message, reason="none"):
     """The exception for a non-OK absl status (called by the extension)."""
-    return _BY_CODE.get(code, Unknown)(message)
+    return _BY_CODE.get(code, Unknown)(message, reason)

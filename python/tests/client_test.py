@@ -512,3 +512,11 @@ def test_type_stub_defaults_match_the_extension():
                                                        declared, value)
             checked += 1
     assert checked >= 15, checked
+
+
+def test_errors_carry_the_machine_readable_reason():
+    e = hymcache.errors._from_status(8, "queue full", "store_queue_full")
+    assert isinstance(e, hymcache.ResourceExhausted)
+    assert e.reason == "store_queue_full"
+    assert e.message == "queue full"
+    assert hymcache.errors._from_status(5, "gone").reason == "none"

@@ -13,11 +13,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/mutex.h"
+#include "common/status_reason.h"
 #include "common/thread.h"
 #include "glog/logging.h"
 #include "tools/hymbench/block_data.h"
@@ -99,14 +99,17 @@ struct PendingStore {
 };
 
 // The loss reason of a failed block or call.
-LossReason ReasonOf(const absl::Status& s) {
+LossReason LossReasonOf(const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kResourceExhausted:
-      if (absl::StrContains(s.message(), "stores already pending")) {
-        return LossReason::kRefusedStoreQueue;
+      switch (hymcache::ReasonOf(s)) {
+        case StatusReason::kStoreQueueFull:
+          return LossReason::kRefusedStoreQueue;
+        case StatusReason::kNodeRefusedWrite:
+          return LossReason::kRefusedWriteBuffer;
+        default:
+          return LossReason::kRefusedNoRoom;
       }
-      if (absl::StrContains(s.message(), "write buffer")) return LossReason::kRefusedWriteBuffer;
-      return LossReason::kRefusedNoRoom;
     case absl::StatusCode::kDeadlineExceeded:
       return LossReason::kDeadline;
     case absl::StatusCode::kNotFound:
@@ -121,7 +124,7 @@ LossReason ReasonOf(const absl::Status& s) {
 }
 
 bool StoreQueueFull(const absl::StatusOr<PutResult>& r) {
-  return !r.ok() && ReasonOf(r.status()) == LossReason::kRefusedStoreQueue;
+  return !r.ok() && LossReasonOf(r.status()) == LossReason::kRefusedStoreQueue;
 }
 
 // What had become of a block when a request came: not yet handed to a
@@ -474,13 +477,13 @@ class Replayer {
     };
     const size_t ceiling = fates.size();
     if (!got.ok()) {
-      add(ReasonOf(got.status()), ceiling);
+      add(LossReasonOf(got.status()), ceiling);
       return;
     }
     // [loaded, hit_prefix): the master had them; the read stopped.
     const size_t listed = std::min(rec->hit_prefix, ceiling);
     if (rec->loaded < listed) {
-      add(got->stop_reason.ok() ? LossReason::kOther : ReasonOf(got->stop_reason),
+      add(got->stop_reason.ok() ? LossReason::kOther : LossReasonOf(got->stop_reason),
           listed - rec->loaded);
     }
     // [hit_prefix, ceiling): the first of them broke the prefix.
@@ -551,7 +554,7 @@ class Replayer {
       } else {
         rec.store_failed = rec.store_keys;
       }
-      for (auto& f : fates) f = BlockFate{BlockFate::kLost, ReasonOf(r.status())};
+      for (auto& f : fates) f = BlockFate{BlockFate::kLost, LossReasonOf(r.status())};
     } else {
       rec.stored = r->stored;
       rec.skipped = r->skipped;
@@ -577,7 +580,7 @@ class Replayer {
             break;  // another writer's store decides
           case PutOutcome::kFailed: {
             const absl::Status& e = k < r->errors.size() ? r->errors[k] : absl::OkStatus();
-            LossReason why = ReasonOf(e);
+            LossReason why = LossReasonOf(e);
             if (chain.has_value() && (e.ok() || absl::IsUnknown(e))) why = *chain;
             if (!chain.has_value()) chain = why;
             fates[k] = BlockFate{BlockFate::kLost, why};

@@ -11,9 +11,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "common/mutex.h"
+#include "common/status_reason.h"
 #include "common/thread.h"
 #include "tools/hymbench/block_data.h"
 #include "tools/hymbench/trace.h"
@@ -128,7 +128,10 @@ class FakeClient : public Client {
       if (!InRegionLocked(b.data, b.size)) ++outside_regions_;
     }
     if (store_calls_++ < options_.refuse_queue) {
-      h->Complete(absl::ResourceExhaustedError("Store: 64 stores already pending; skipped"));
+      // As the SDK does (client/store.cc): the reason, not the message,
+      // says the queue was full.
+      h->Complete(WithReason(absl::ResourceExhaustedError("queue full"),
+                             StatusReason::kStoreQueueFull));
       return h;
     }
     parents_.push_back({keys.empty() ? "" : keys[0], options.parent_key});
@@ -431,7 +434,8 @@ TEST_CASE("refused writes are counted, lower the hit ratio, and are lost to admi
   fo.capacity_blocks = 5;
   SECTION("no room") {}
   SECTION("write buffer") {
-    fo.full = absl::ResourceExhaustedError("hybrid device: write buffer full (1 of 1 bytes)");
+    fo.full = WithReason(absl::ResourceExhaustedError("storage node refused write"),
+                         StatusReason::kNodeRefusedWrite);
   }
   FakeClient client(fo);
   std::vector<Request> reqs = Workload();
@@ -452,7 +456,7 @@ TEST_CASE("refused writes are counted, lower the hit ratio, and are lost to admi
   CHECK(loaded < ceiling);
   // Every hit the refusals cost is lost to the refusal's kind of admission.
   CheckLossesAddUp(*res);
-  const bool write_buffer = absl::StrContains(fo.full.message(), "write buffer");
+  const bool write_buffer = ReasonOf(fo.full) == StatusReason::kNodeRefusedWrite;
   CHECK(Lost(*res, write_buffer ? LossReason::kRefusedWriteBuffer : LossReason::kRefusedNoRoom) ==
         ceiling - loaded);
 }

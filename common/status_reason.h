@@ -1,0 +1,67 @@
+// Machine-readable reasons on absl::Status: the one way code decides what a
+// failure means beyond its canonical code. A status's message is for people
+// and may change; its reason is for programs and is stable.
+//
+// Like RocksDB's Status::SubCode, a reason refines a code: a
+// ResourceExhausted Store may have been refused because the client's store
+// queue was full, because no node had room, or because the node refused the
+// bytes (its write buffer was full), and a caller counting refusals needs to
+// tell these apart. The reason rides in the status as an absl payload, so it
+// survives copies and RETURN_IF_ERROR and costs nothing on the OK path.
+//
+//   absl::Status s = WithReason(absl::ResourceExhaustedError("..."),
+//                               StatusReason::kStoreQueueFull);
+//   if (ReasonOf(s) == StatusReason::kStoreQueueFull) ...
+//
+// Reasons are attached where the failure is known, in this process (the
+// data-plane wire carries a per-op code, not a reason: the client attaches
+// the reason when it knows which side refused). Declared once, in
+// HYMCACHE_STATUS_REASONS below; ReasonName gives each a stable snake_case
+// name for logs, JSON and metrics labels.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace hymcache {
+
+// X(Name, "name", "what it means"); values are stable (they are never
+// reused), kNone is 0.
+#define HYMCACHE_STATUS_REASONS(X)                                            \
+  X(kStoreQueueFull, "store_queue_full",                                      \
+    "the client's queue of asynchronous stores was full; the store was "      \
+    "skipped")                                                                \
+  X(kNoRoom, "no_room",                                                       \
+    "the master found no node with room for the blocks (after eviction)")    \
+  X(kNodeRefusedWrite, "node_refused_write",                                  \
+    "the storage node refused the bytes (its write buffer or device was "    \
+    "full)")                                                                  \
+  X(kNotAttempted, "not_attempted",                                           \
+    "the operation was never carried out: the exchange it belonged to "      \
+    "failed first")
+
+enum class StatusReason : uint32_t {
+  kNone = 0,
+#define HYMCACHE_STATUS_REASON_ENUM(name, str, doc) name,
+  HYMCACHE_STATUS_REASONS(HYMCACHE_STATUS_REASON_ENUM)
+#undef HYMCACHE_STATUS_REASON_ENUM
+};
+
+// The payload's type URL.
+inline constexpr absl::string_view kStatusReasonUrl =
+    "type.hymcache.dev/hymcache.StatusReason";
+
+// `s` with `reason` attached (replacing any earlier one). An OK status is
+// returned unchanged: OK has no reason.
+absl::Status WithReason(absl::Status s, StatusReason reason);
+
+// The reason attached to `s`, kNone when there is none (or an unknown value,
+// from a newer peer).
+StatusReason ReasonOf(const absl::Status& s);
+
+// The stable name ("store_queue_full"; "none" for kNone).
+absl::string_view ReasonName(StatusReason reason);
+
+}  // namespace hymcache
