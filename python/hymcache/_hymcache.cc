@@ -38,6 +38,7 @@
 #include "client/block_key.h"
 #include "client/client.h"
 #include "client/options.h"
+#include "common/status_reason.h"
 
 namespace py = pybind11;
 
@@ -76,7 +77,8 @@ T Unwrap(absl::StatusOr<T> v) {
 py::object ErrorObject(const absl::Status& status) {
   return py::module_::import("hymcache.errors")
       .attr("_from_status")(static_cast<int>(status.code()),
-                            std::string(status.message()));
+                            std::string(status.message()),
+                            std::string(ReasonName(ReasonOf(status))));
 }
 
 // An absolute deadline from seconds-from-now; None = the client's default.
@@ -763,6 +765,7 @@ class PyKeyBuilder {
 PYBIND11_MODULE(_hymcache, m) {
   using namespace hymcache;          // NOLINT: the bindings name many types
   using namespace hymcache::python;  // NOLINT
+  const ClientOptions kSdkDefaults;
   m.doc() =
       "Native core of the hymcache package (pybind11 over the C++ SDK). "
       "Import `hymcache`, not this module.";
@@ -863,14 +866,22 @@ use from several threads; every call that waits releases the GIL. close()
                     const std::string&, const std::string&, const std::string&,
                     const std::string&, const std::string&, int, int, int,
                     const std::string&>(),
+           // The SDK's defaults (client/options.h), not copies; only the
+           // transport differs: Python picks the best plane ("auto").
            py::arg("masters"), py::kw_only(), py::arg("transport") = "auto",
-           py::arg("deadline") = 10.0, py::arg("store_deadline") = 2.0,
-           py::arg("auth_token") = "", py::arg("tls_ca_file") = "",
-           py::arg("tls_cert_file") = "", py::arg("tls_key_file") = "",
-           py::arg("tls_server_name") = "", py::arg("store_threads") = 2,
-           py::arg("max_pending_stores") = 64,
-           py::arg("master_connections") = 8,
-           py::arg("grpc_poll_strategy") = "auto")
+           py::arg("deadline") =
+               absl::ToDoubleSeconds(kSdkDefaults.default_deadline),
+           py::arg("store_deadline") =
+               absl::ToDoubleSeconds(kSdkDefaults.default_store_deadline),
+           py::arg("auth_token") = kSdkDefaults.auth_token,
+           py::arg("tls_ca_file") = kSdkDefaults.tls_ca_file,
+           py::arg("tls_cert_file") = kSdkDefaults.tls_cert_file,
+           py::arg("tls_key_file") = kSdkDefaults.tls_key_file,
+           py::arg("tls_server_name") = kSdkDefaults.tls_server_name,
+           py::arg("store_threads") = kSdkDefaults.store_threads,
+           py::arg("max_pending_stores") = kSdkDefaults.max_pending_stores,
+           py::arg("master_connections") = kSdkDefaults.master_connections,
+           py::arg("grpc_poll_strategy") = kSdkDefaults.grpc_poll_strategy)
       .def(
           "load", &PyClient::Load, py::arg("keys"), py::arg("buffers"),
           py::kw_only(), py::arg("deadline") = py::none(),
