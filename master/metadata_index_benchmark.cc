@@ -288,7 +288,9 @@ bool PutChain(MasterService* svc, uint64_t first) {
   return svc->PutCommit(commit).ok();
 }
 
-void MixPart() {
+// False (and why, on stderr) if the mix measured nothing: no operations
+// ran, or every put was refused.
+bool MixPart() {
   const std::string dir = "/tmp/hym-index-bench-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
@@ -405,6 +407,18 @@ void MixPart() {
   std::fflush(stdout);
   svc.reset();
   std::filesystem::remove_all(dir);
+  const size_t ops = all.lookup.size() + all.put.size() + all.remove.size();
+  if (ops == 0) {
+    std::fprintf(stderr, "mix: no operation completed in %.3f s\n",
+                 g_flags.mix_seconds);
+    return false;
+  }
+  if (!all.put.empty() && all.put_refused == all.put.size()) {
+    std::fprintf(stderr, "mix: every one of %zu puts was refused\n",
+                 all.put.size());
+    return false;
+  }
+  return true;
 }
 
 bool ParseFlag(const char* arg) {
@@ -417,14 +431,14 @@ bool ParseFlag(const char* arg) {
   absl::string_view v;
   if (value("--entries=", &v)) return absl::SimpleAtoi(v, &g_flags.entries);
   if (value("--mix_threads=", &v)) {
-    return absl::SimpleAtoi(v, &g_flags.mix_threads);
+    return absl::SimpleAtoi(v, &g_flags.mix_threads) && g_flags.mix_threads >= 0;
   }
   if (value("--mix_objects=", &v)) {
     return absl::SimpleAtoi(v, &g_flags.mix_objects) &&
            g_flags.mix_objects >= kMixChain;
   }
   if (value("--mix_seconds=", &v)) {
-    return absl::SimpleAtod(v, &g_flags.mix_seconds);
+    return absl::SimpleAtod(v, &g_flags.mix_seconds) && g_flags.mix_seconds > 0;
   }
   if (value("--key_sizes=", &v)) {
     g_flags.key_sizes.clear();
@@ -459,9 +473,13 @@ int main(int argc, char** argv) {
     }
   }
   using hymcache::master::g_flags;
+  if (g_flags.entries == 0 && g_flags.mix_threads <= 0) {
+    std::fprintf(stderr, "--entries=0 and --mix_threads=0: nothing to measure\n");
+    return 2;
+  }
   if (g_flags.entries > 0) {
     for (size_t size : g_flags.key_sizes) hymcache::master::IndexPart(size);
   }
-  if (g_flags.mix_threads > 0) hymcache::master::MixPart();
+  if (g_flags.mix_threads > 0 && !hymcache::master::MixPart()) return 1;
   return 0;
 }

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs the HyMCache test suite: installs dependencies, then runs every test
 # under each configuration in HYMCACHE_TEST_CONFIGS (default: "default asan
-# tsan"), then a short run of every libFuzzer target (tools/fuzz.sh;
-# HYMCACHE_FUZZ=0 skips it), then the RDMA and CXL tests inside a QEMU guest
+# tsan"; the default configuration also runs //tools/bench:measurements_smoke,
+# a short run of every command in README.md's Measurements section, which is
+# tagged manual so that the sanitizer configurations skip it), then a short
+# run of every libFuzzer target (tools/fuzz.sh; HYMCACHE_FUZZ=0 skips it),
+# then the RDMA and CXL tests inside a QEMU guest
 # (tests/vmtest; HYMCACHE_VMTEST=0 skips them), then the Debian package
 # booted under systemd and the OCI image run with runc (tests/systemd,
 # tests/image; HYMCACHE_PACKAGE_TESTS=0 skips them), and prints a closing line
@@ -20,10 +23,15 @@ failed=0
 status=0
 for cfg in $CONFIGS; do
   flags=(--config=ci)
-  [ "$cfg" != "default" ] && flags+=(--config="$cfg")
-  echo "=== bazel test ${flags[*]} //..."
+  targets=(//...)
+  if [ "$cfg" = "default" ]; then
+    targets+=(//tools/bench:measurements_smoke)
+  else
+    flags+=(--config="$cfg")
+  fi
+  echo "=== bazel test ${flags[*]} ${targets[*]}"
   log=$(mktemp)
-  bazel test "${flags[@]}" //... 2>&1 | tee "$log"
+  bazel test "${flags[@]}" "${targets[@]}" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   p=$(grep -cE '^//[^ ]+ +PASSED' "$log")
   f=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE|FAILED TO BUILD)' "$log")

@@ -7,7 +7,8 @@
 
 See the package doc (python/kvengine/__init__.py) for the model and the
 JSON schema. Exit status: 0 success, 1 a run failure (no cluster, an
-unreadable trace, a loaded block that differs from its fill), 2 bad flags.
+unreadable trace, a loaded block that differs from its fill, a hymcache mode
+that stored and loaded nothing), 2 bad flags.
 """
 
 import argparse
@@ -201,4 +202,23 @@ def main(argv=None):
         print(f"kv_engine: {corrupt} loaded blocks differ from their fill",
               file=sys.stderr)
         return 1
+    if "hymcache" in modes and not cache_used(doc):
+        # Every lookup, load and store failed: the hymcache column is
+        # recomputation under another name, not a measurement.
+        print("kv_engine: HyMCache stored and loaded nothing (every store "
+              "and load failed)", file=sys.stderr)
+        return 1
     return 0
+
+
+def cache_used(doc):
+    """True if the hymcache mode stored or loaded at least one block."""
+    for e in doc["requests"]:
+        rec = e["hymcache"]
+        if not rec:
+            continue
+        store = rec.get("store") or {}
+        if (rec["loaded_blocks"] or store.get("stored", 0)
+                or store.get("skipped", 0)):
+            return True
+    return False

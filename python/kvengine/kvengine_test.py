@@ -454,6 +454,26 @@ def test_cli_flags_are_checked(capsys):
     assert "kv_engine:" in capsys.readouterr().err
 
 
+def test_a_hymcache_run_that_stored_and_loaded_nothing_is_a_failure():
+    def doc(*records):
+        return {"requests": [{"hymcache": r} for r in records]}
+
+    def served(loaded=0, stored=0, skipped=0, store=True):
+        return {"loaded_blocks": loaded,
+                "store": {"blocks": 2, "stored": stored, "skipped": skipped,
+                          "failed": 2 - stored - skipped, "refused": 0,
+                          "error": None, "done": True} if store else None}
+
+    # Every store failed and nothing was loaded: recomputation, not a run.
+    assert not cli.cache_used(doc(served(), served()))
+    assert not cli.cache_used(doc(served(store=False), {**served(),
+                                                         "store": None}))
+    assert not cli.cache_used({"requests": [{"hymcache": None}]})
+    assert cli.cache_used(doc(served(), served(stored=1)))
+    assert cli.cache_used(doc(served(skipped=2)))
+    assert cli.cache_used(doc(served(loaded=1, store=False)))
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"] +
                          sys.argv[1:]))

@@ -42,6 +42,10 @@ double Mean(const std::vector<double>& v) {
 }
 
 int Run() {
+  if (FLAGS_blocks < 1 || FLAGS_block_kib < 1 || FLAGS_calls < 1) {
+    fprintf(stderr, "--blocks, --block_kib and --calls must be at least 1\n");
+    return 2;
+  }
   std::string dir = testing::TempDir("c_api_bench");
   auto master = testing::MasterProcess::Start(dir + "/master", "127.0.0.1:0");
   if (!master.ok()) {

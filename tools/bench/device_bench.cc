@@ -1163,6 +1163,18 @@ int Main() {
   auto want_mode = [&](const std::string& m) {
     return std::find(modes.begin(), modes.end(), m) != modes.end();
   };
+  // A misspelt mode would otherwise measure nothing and say nothing.
+  for (const std::string& m : modes) {
+    static const char* const kModes[] = {"raw",       "raw_writer", "staging",
+                                         "staging_writer", "lru",
+                                         "lru_writer", "lru_small"};
+    if (std::find_if(std::begin(kModes), std::end(kModes), [&](const char* k) {
+          return m == k;
+        }) == std::end(kModes)) {
+      std::fprintf(stderr, "unknown mode '%s' in --modes\n", m.c_str());
+      return 2;
+    }
+  }
 
   std::fprintf(stderr,
                "device_bench: %d conversations, block %llu MiB, window %llu "
@@ -1426,6 +1438,21 @@ int Main() {
         << ", \"writer_cost_met\": " << (floor_writer ? "true" : "false")
         << "}\n}\n";
     std::fprintf(stderr, "wrote %s\n", FLAGS_json.c_str());
+  }
+  // Blocks that read back wrong or reads that failed make the rates
+  // meaningless: the run failed (the table above says where: BAD / ERR).
+  uint64_t bad = 0, errors = 0;
+  for (const ModeResult& r : results) {
+    bad += r.bad_blocks;
+    errors += r.read_errors;
+  }
+  if (bad > 0 || errors > 0) {
+    std::fprintf(stderr,
+                 "device_bench: %llu blocks read back wrong, %llu reads "
+                 "failed\n",
+                 static_cast<unsigned long long>(bad),
+                 static_cast<unsigned long long>(errors));
+    return 1;
   }
   return 0;
 }

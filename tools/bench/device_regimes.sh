@@ -19,6 +19,9 @@
 #                        credit, so short read phases exceed the rate)
 #   --out                JSON and logs (default /tmp/device-regimes)
 #
+# HYMCACHE_BENCH_BIN=DIR (environment) runs DIR/device_bench instead of
+# building it with bazel -c opt (the measurements smoke test).
+#
 # Takes about a minute on a 2-core machine.
 set -euo pipefail
 
@@ -43,9 +46,15 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$OUT" "$DIR"
 cd "$ROOT"
-bazel build -c opt //tools/bench:device_bench >/dev/null
-BIN="$OUT/device_bench"
-cp -f bazel-bin/tools/bench/device_bench "$BIN"
+if [ -n "${HYMCACHE_BENCH_BIN:-}" ]; then
+  # Binaries built already (tools/bench/measurements_smoke.sh, a Bazel test,
+  # cannot run bazel): a folder holding device_bench.
+  BIN="$HYMCACHE_BENCH_BIN/device_bench"
+else
+  bazel build -c opt //tools/bench:device_bench >/dev/null
+  BIN="$OUT/device_bench"
+  cp -f bazel-bin/tools/bench/device_bench "$BIN"
+fi
 PREFIX="$DIR/hymcache-device-regimes-$$"
 
 echo "== fast: $DIR as it is" >&2
@@ -91,6 +100,8 @@ print("|---|---|" + "---|" * len(modes) + "---|---|---|")
 for name, r in runs:
     m = r["modes"]
     raw = r["raw_gbps"]
+    if not m and not raw:
+        sys.exit("device_regimes: the %s run measured nothing" % name)
     cells = []
     for k in modes:
         cells.append("%.2f" % m[k]["read_gbps"] if k in m else "-")

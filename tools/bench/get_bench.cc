@@ -410,6 +410,11 @@ int Main() {
             FLAGS_processes.c_str());
     return 2;
   }
+  if (FLAGS_blocks < 1 || FLAGS_rounds < 1 || FLAGS_trials < 1 || block == 0) {
+    fprintf(stderr, "--blocks, --rounds, --trials and the block size must be "
+            "at least 1\n");
+    return 2;
+  }
   const bool separate = FLAGS_processes == "separate";
   const bool vs_memcpy = kind == TransportKind::kShm || kind == TransportKind::kAuto;
   const char* baseline = vs_memcpy ? "memcpy" : "raw loopback socket";
@@ -540,9 +545,19 @@ int Main() {
       double gbps[3] = {0, 0, 0};
       for (int k = 0; k < 3; ++k) {
         const int m = (trial + k) % 3;
-        if (!plane->SetAccessForTest(modes[m]).ok()) continue;
+        // A mode that cannot be measured fails the run (its rate would
+        // read 0, not "missing").
+        if (absl::Status s = plane->SetAccessForTest(modes[m]); !s.ok()) {
+          fprintf(stderr, "RDMA access mode %d: %s\n", m, s.ToString().c_str());
+          ok = false;
+          continue;
+        }
         auto c = Client::Create(co);
-        if (!c.ok()) continue;
+        if (!c.ok()) {
+          fprintf(stderr, "client: %s\n", c.status().ToString().c_str());
+          ok = false;
+          continue;
+        }
         (*c)->Get(keys, out).IgnoreError();  // connects
         absl::Time t0 = absl::Now();
         size_t loaded = 0;

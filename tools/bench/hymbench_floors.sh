@@ -21,7 +21,11 @@
 #   different requests also overlap each other), TIME_SCALE (20: trace time
 #   compression for floors 2 and 3), CONCURRENCY (4: workers of floors 2 and
 #   3), DRAM (512M: floor 3's DRAM), CAPDIR (capacity files; default $OUT,
-#   must be a real filesystem for O_DIRECT).
+#   must be a real filesystem for O_DIRECT), HYMCACHE_BENCH_BIN (a folder
+#   holding hymcache-master, hymcache-storage and hymbench, run instead of
+#   building them with bazel -c opt: the measurements smoke test).
+# Exits 1 if a replay stored and loaded nothing (a run that measured
+# nothing), besides hymbench's own failures.
 set -euo pipefail
 
 TRACE=${1:?usage: $0 TRACE.jsonl [1 2 3]}
@@ -39,23 +43,33 @@ CAPDIR=${CAPDIR:-$OUT}
 
 mkdir -p "$OUT" "$CAPDIR"
 cd "$ROOT"
-bazel build -c opt //master:hymcache-master //storage_node:hymcache-storage \
-  //tools/hymbench:hymbench >/dev/null
-# Copies: bazel-bin follows the last build configuration.
-BIN="$OUT/bin"
-mkdir -p "$BIN"
-cp -f bazel-bin/master/hymcache-master bazel-bin/storage_node/hymcache-storage \
-  bazel-bin/tools/hymbench/hymbench "$BIN/"
+if [ -n "${HYMCACHE_BENCH_BIN:-}" ]; then
+  BIN=$HYMCACHE_BENCH_BIN
+else
+  bazel build -c opt //master:hymcache-master //storage_node:hymcache-storage \
+    //tools/hymbench:hymbench >/dev/null
+  # Copies: bazel-bin follows the last build configuration.
+  BIN="$OUT/bin"
+  mkdir -p "$BIN"
+  cp -f bazel-bin/master/hymcache-master bazel-bin/storage_node/hymcache-storage \
+    bazel-bin/tools/hymbench/hymbench "$BIN/"
+fi
 
 # shellcheck source=tools/bench/cluster_lib.sh
 source "$ROOT/tools/bench/cluster_lib.sh"
 
-# replay NAME [flags]: runs hymbench, keeps its JSON and table.
+# replay NAME [flags]: runs hymbench, keeps its JSON and table; fails if
+# the replay stored and loaded nothing.
 replay() {
   local name=$1; shift
   "$BIN/hymbench" replay --master="$MASTER" --trace="$TRACE" \
     --block_bytes="$BLOCK" --progress_s=5 --json="$OUT/$name.json" \
     --csv="$OUT/$name.csv" "$@" >"$OUT/$name.txt" 2>"$OUT/$name.progress"
+  python3 -c "
+import json, sys
+o = json.load(open('$OUT/$name.json'))['overall']
+if not o['stored'] and not o['loaded']:
+    sys.exit('$name: the replay stored and loaded nothing (see $OUT/$name.progress)')"
 }
 
 SUMMARY="$OUT/summary.txt"

@@ -1176,7 +1176,7 @@ int Main() {
               "µs/key (p50) | keys/s | calls/s | server CPU µs/call |\n");
   std::printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
   std::fflush(stdout);
-  uint64_t misses = 0, errors = 0;
+  uint64_t misses = 0, errors = 0, empty_rows = 0;
   for (int batch : batches) {
     for (int threads : thread_counts) {
       // The modes' trials alternate, so both see the same background load.
@@ -1217,6 +1217,7 @@ int Main() {
       }
       auto calls_per_s = [](const Row& r) { return r.keys_per_s / r.batch; };
       for (const Row& r : best) {
+        if (r.calls == 0) ++empty_rows;
         std::string mode = absl::StrCat(
             r.for_read ? "for_read" : "plain",
             r.transport == Transport::kUnary
@@ -1237,6 +1238,7 @@ int Main() {
       }
       if (FLAGS_redis) {
         const Row& r = redis_best;
+        if (r.calls == 0) ++empty_rows;
         std::printf(
             "| %d | %d | Redis MGET | %lu | %.1f | %.1f | %.2f | %.0f | %.0f | "
             "%.1f |\n",
@@ -1252,6 +1254,10 @@ int Main() {
                 static_cast<unsigned long>(misses),
                 static_cast<unsigned long>(errors));
   }
+  if (empty_rows > 0) {
+    std::printf("\nERROR: %lu rows measured no calls\n",
+                static_cast<unsigned long>(empty_rows));
+  }
   master.Stop();
   if (temp_db) {
     std::error_code ec;
@@ -1261,7 +1267,7 @@ int Main() {
     std::error_code ec;
     std::filesystem::remove(mo.auth_tokens_file, ec);
   }
-  return misses || errors ? 1 : 0;
+  return misses || errors || empty_rows ? 1 : 0;
 }
 
 }  // namespace

@@ -16,8 +16,13 @@
 #
 # Knobs (environment): BLOCK (1M), WINDOW (128M: --staging_bytes),
 # CONVERSATIONS (8), TURNS (8), USER_TOKENS (8192 per turn: 16 blocks of 512
-# tokens), CONCURRENCY (4 replay workers), ROUNDS (2 alternating rounds).
+# tokens), CONCURRENCY (4 replay workers), ROUNDS (2 alternating rounds),
+# RAW_GIB (2: the span device_bench reads for the raw device's limit).
 # Footprint with the defaults: ~1.1 GB (8.5x the window). Takes a few minutes.
+# HYMCACHE_BENCH_BIN=DIR runs the binaries in DIR (hymcache-master,
+# hymcache-storage, hymbench, device_bench, get_bench) instead of building
+# them with bazel -c opt (the measurements smoke test). Exits 1 if a replay
+# loaded nothing or the populate stored nothing.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -37,17 +42,22 @@ TURNS=${TURNS:-8}
 USER_TOKENS=${USER_TOKENS:-8192}
 CONCURRENCY=${CONCURRENCY:-4}
 ROUNDS=${ROUNDS:-2}
+RAW_GIB=${RAW_GIB:-2}
 
 mkdir -p "$OUT" "$DIR"
 cd "$ROOT"
-bazel build -c opt //master:hymcache-master //storage_node:hymcache-storage \
-  //tools/hymbench:hymbench //tools/bench:device_bench //tools/bench:get_bench \
-  >/dev/null
-BIN="$OUT/bin"
-mkdir -p "$BIN"
-cp -f bazel-bin/master/hymcache-master bazel-bin/storage_node/hymcache-storage \
-  bazel-bin/tools/hymbench/hymbench bazel-bin/tools/bench/device_bench \
-  bazel-bin/tools/bench/get_bench "$BIN/"
+if [ -n "${HYMCACHE_BENCH_BIN:-}" ]; then
+  BIN=$HYMCACHE_BENCH_BIN  # built already (the measurements smoke test)
+else
+  bazel build -c opt //master:hymcache-master //storage_node:hymcache-storage \
+    //tools/hymbench:hymbench //tools/bench:device_bench //tools/bench:get_bench \
+    >/dev/null
+  BIN="$OUT/bin"
+  mkdir -p "$BIN"
+  cp -f bazel-bin/master/hymcache-master bazel-bin/storage_node/hymcache-storage \
+    bazel-bin/tools/hymbench/hymbench bazel-bin/tools/bench/device_bench \
+    bazel-bin/tools/bench/get_bench "$BIN/"
+fi
 # shellcheck source=tools/bench/cluster_lib.sh
 source "$ROOT/tools/bench/cluster_lib.sh"
 
@@ -63,9 +73,15 @@ replay() {
   "$BIN/hymbench" replay --master="$MASTER" "${SYNTH[@]}" --progress_s=0 \
     --json="$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>"$OUT/$name.log"
 }
-# Aggregate load GB/s of a replay: loaded bytes / its wall time.
+# Aggregate load GB/s of a replay: loaded bytes / its wall time. Fails (and
+# with it the script) if the replay loaded nothing.
 agg() {
-  python3 -c "import json; r=json.load(open('$1')); print('%.3f' % (r['overall']['loaded_bytes']/r['wall_seconds']/1e9))"
+  python3 -c "
+import json, sys
+r = json.load(open('$1'))
+if not r['overall']['loaded_bytes'] or not r['wall_seconds']:
+    sys.exit('$1: the replay loaded nothing')
+print('%.3f' % (r['overall']['loaded_bytes']/r['wall_seconds']/1e9))"
 }
 
 echo "== cluster: one hybrid node, window $WINDOW, blocks $BLOCK" >&2
@@ -75,6 +91,10 @@ start_node "$OUT" node --device=hybrid --capacity_path="$CAP" \
 replay populate --wait_stores --concurrency=1
 footprint=$(python3 -c "import json; r=json.load(open('$OUT/populate.json')); print(r['overall']['stored']*$block_bytes)")
 echo "populated $footprint bytes" >&2
+if [ "$footprint" -eq 0 ]; then
+  echo "the populate replay stored nothing" >&2
+  exit 1
+fi
 
 declare -A sum
 for t in tcp shm; do sum[$t]=0; done
@@ -92,7 +112,7 @@ rm -rf "$CAP" "$CAP.meta"
 
 echo "== limits" >&2
 "$BIN/device_bench" --modes=raw --capacity_file="$DIR/hymcache-node-staging-raw-$$" \
-  --block_mib=$((block_bytes >> 20 > 0 ? block_bytes >> 20 : 1)) \
+  --block_mib=$((block_bytes >> 20 > 0 ? block_bytes >> 20 : 1)) --raw_gib="$RAW_GIB" \
   --json="$OUT/raw.json" >"$OUT/raw.txt" 2>"$OUT/raw.log"
 raw=$(python3 -c "import json; print(json.load(open('$OUT/raw.json'))['raw_gbps'])")
 plane() {  # plane TRANSPORT: the baseline's best GB/s in get_bench's output

@@ -80,6 +80,8 @@ def main():
     p.add_argument("--floor", type=float, default=0.0,
                    help="exit 1 if python/c++ throughput of big is below")
     args = p.parse_args()
+    if args.trials < 1 or args.iterations < 1:
+        p.error("--trials and --iterations must be at least 1")
 
     with Cluster(nodes=1, dram_bytes=768 << 20) as cluster, \
             hymcache.Client(cluster.address, transport=args.transport) as c:

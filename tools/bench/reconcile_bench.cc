@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
@@ -62,6 +63,8 @@ class LookupProbe {
     return d;
   }
   uint64_t calls() const { return calls_; }
+  // Calls that returned an error (their time still counts above).
+  uint64_t failed() const { return failed_; }
 
  private:
   void Loop() {
@@ -73,7 +76,7 @@ class LookupProbe {
       const absl::Time t = absl::Now();
       CallOptions o;
       o.deadline = absl::Now() + absl::Seconds(30);
-      client_->BatchLookup(keys, o).IgnoreError();
+      if (!client_->BatchLookup(keys, o).ok()) ++failed_;
       const int64_t ns = absl::ToInt64Nanoseconds(absl::Now() - t);
       int64_t prev = max_ns_.load();
       while (ns > prev && !max_ns_.compare_exchange_weak(prev, ns)) {
@@ -85,17 +88,28 @@ class LookupProbe {
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> max_ns_{0};
   std::atomic<uint64_t> calls_{0};
+  std::atomic<uint64_t> failed_{0};
   Thread thread_;
 };
 
-v1::StorageStatsResponse NodeStats(v1::StorageControl::Stub* stub) {
+// The node's stats; an error if its control service does not answer.
+absl::StatusOr<v1::StorageStatsResponse> NodeStats(
+    v1::StorageControl::Stub* stub) {
   grpc::ClientContext ctx;
   v1::StorageStatsResponse st;
-  stub->GetStats(&ctx, v1::StorageStatsRequest(), &st);
+  grpc::Status s = stub->GetStats(&ctx, v1::StorageStatsRequest(), &st);
+  if (!s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("storage GetStats: ", s.error_message()));
+  }
   return st;
 }
 
 int Main() {
+  if (FLAGS_objects == 0 || FLAGS_batch == 0) {
+    LOG(ERROR) << "--objects and --batch must be at least 1";
+    return 2;
+  }
   std::filesystem::remove_all(FLAGS_dir);
   std::filesystem::create_directories(FLAGS_dir);
   MasterOptions mo;
@@ -159,27 +173,49 @@ int Main() {
   const absl::Duration quiet_max = probe.Reset();
 
   // 1. One anti-entropy round.
-  uint64_t before = NodeStats(control.get()).reconciliations();
+  absl::StatusOr<v1::StorageStatsResponse> st = NodeStats(control.get());
+  if (!st.ok()) {
+    LOG(ERROR) << st.status();
+    return 1;
+  }
+  uint64_t before = st->reconciliations();
   {
     grpc::ClientContext ctx;
     v1::RequestReconcileResponse asked;
-    control->RequestReconcile(&ctx, v1::RequestReconcileRequest(), &asked);
+    grpc::Status s = control->RequestReconcile(
+        &ctx, v1::RequestReconcileRequest(), &asked);
+    if (!s.ok()) {
+      LOG(ERROR) << "RequestReconcile: " << s.error_message();
+      return 1;
+    }
   }
   const absl::Time t1 = absl::Now();
-  v1::StorageStatsResponse st;
   do {
     absl::SleepFor(absl::Milliseconds(5));
     st = NodeStats(control.get());
-  } while (st.reconciliations() <= before &&
+    if (!st.ok()) {
+      LOG(ERROR) << st.status();
+      return 1;
+    }
+  } while (st->reconciliations() <= before &&
            absl::Now() - t1 < absl::Minutes(5));
   const absl::Duration round = absl::Now() - t1;
   const absl::Duration round_max = probe.Reset();
+  if (st->reconciliations() <= before) {
+    LOG(ERROR) << "the anti-entropy round did not complete in 5 minutes";
+    return 1;
+  }
+  if (probe.calls() == probe.failed()) {
+    LOG(ERROR) << "every one of " << probe.calls()
+               << " probe BatchLookups failed (or none ran)";
+    return 1;
+  }
   std::printf(
       "anti-entropy round: %.2f s from request to completion (includes up "
       "to one 100 ms heartbeat wait); node: %s\n"
       "  slowest 64-key BatchLookup: %.1f ms during the round, %.1f ms "
       "before it\n",
-      absl::ToDoubleSeconds(round), st.last_reconcile().c_str(),
+      absl::ToDoubleSeconds(round), st->last_reconcile().c_str(),
       absl::ToDoubleMilliseconds(round_max),
       absl::ToDoubleMilliseconds(quiet_max));
 
@@ -187,7 +223,6 @@ int Main() {
   probe.Stop();
   (*master)->Shutdown();
   master->reset();
-  before = NodeStats(control.get()).reconciliations();
   const absl::Time t2 = absl::Now();
   auto again = MasterServer::Create(mo);
   if (!again.ok()) {
@@ -206,11 +241,15 @@ int Main() {
   }
   const absl::Duration served = absl::Now() - t2;
   st = NodeStats(control.get());
+  if (!st.ok()) {
+    LOG(ERROR) << st.status();
+    return 1;
+  }
   std::printf(
       "master restart: loaded in %.2f s, node's objects served again after "
       "%.2f s (re-register + reconcile); node: %s\n",
       absl::ToDoubleSeconds(load), absl::ToDoubleSeconds(served),
-      st.last_reconcile().c_str());
+      st->last_reconcile().c_str());
   (*node)->Shutdown();
   (*again)->Shutdown();
   return 0;

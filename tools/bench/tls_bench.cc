@@ -178,6 +178,9 @@ double Tls(std::vector<char>& src, std::vector<char>& dst, bool* ktls_used) {
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_trials < 1 || FLAGS_blocks < 1 || FLAGS_block_bytes == 0) {
+    Die("--trials, --blocks and --block_bytes must be at least 1");
+  }
   std::vector<char> src(FLAGS_block_bytes), dst(FLAGS_block_bytes);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 131);
   std::vector<double> plain, tls;

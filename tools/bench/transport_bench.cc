@@ -13,6 +13,12 @@
 //
 // Without --block_kib/--batch it runs the matrix 16 MiB and 256 KiB blocks x
 // batches of 1 and 32.
+//
+// There is no master: the bench signs each op's capability itself with
+// TestCapabilities, whose key the in-process data server verifies (as a
+// master signs them at PutStart and lookup). It exits 1 if any
+// configuration measured nothing (a write or read refused, data that does
+// not match), so a data plane that rots fails its smoke test.
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -30,6 +36,7 @@
 #include "client/direct_transport.h"
 #include "client/tcp_transport.h"
 #include "common/net.h"
+#include "common/test_capabilities.h"
 #include "common/thread.h"
 #include "common/transport_params.h"
 #include "storage_node/dataplane/data_server.h"
@@ -74,7 +81,9 @@ struct Node {
   PeerInfo peer;
 };
 
-void RunOne(size_t block, int batch) {
+// Prints one row; false (and why, on stderr) if the data plane refused an
+// op or returned other bytes than were written.
+bool RunOne(size_t block, int batch) {
   Node node(block * batch + (1 << 20));
   auto tcp = NewTcpTransport({});
   auto shm = NewDirectTransport(NewShmMover(), {});
@@ -86,14 +95,36 @@ void RunOne(size_t block, int batch) {
   for (int i = 0; i < batch; ++i) {
     memset(src[i].data(), 'a' + i % 26, block);
     RemoteRef ref{0, i * stride, block, static_cast<uint64_t>(i + 1)};
-    w.push_back({ref, src[i].data()});
-    r.push_back({ref, dst[i].data()});
+    // What the master would hand out: a write capability at PutStart, a
+    // read capability at lookup. Signed once, outside the timed loops (a
+    // client never signs). Valid for a day: longer than any run.
+    const TestCapabilities& caps = TestCapabilities::Get();
+    RemoteRef wref = ref;
+    wref.cap = caps.Sign(ref.region_id, ref.addr, ref.length, ref.generation,
+                         wire::kCapWrite, absl::Hours(24));
+    RemoteRef rref = ref;
+    rref.cap = caps.Sign(ref.region_id, ref.addr, ref.length, ref.generation,
+                         wire::kCapRead, absl::Hours(24));
+    w.push_back({wref, src[i].data()});
+    r.push_back({rref, dst[i].data()});
   }
   const absl::Time far = absl::InfiniteFuture();
   for (const absl::Status& s : tcp->Write(node.peer, w, far)) {
     if (!s.ok()) {
-      fprintf(stderr, "write: %s\n", s.ToString().c_str());
-      return;
+      fprintf(stderr, "%zu KiB x %d: write: %s\n", block >> 10, batch,
+              s.ToString().c_str());
+      return false;
+    }
+  }
+  // One untimed read on each transport first, so a refused read is
+  // reported as such rather than as a rate.
+  for (Transport* t : {tcp.get(), shm.get()}) {
+    for (const absl::Status& s : t->Read(node.peer, r, far)) {
+      if (!s.ok()) {
+        fprintf(stderr, "%zu KiB x %d: %s read: %s\n", block >> 10, batch,
+                std::string(t->name()).c_str(), s.ToString().c_str());
+        return false;
+      }
     }
   }
   // Raw socket: a server answering each 1-byte request with the next block,
@@ -140,6 +171,11 @@ void RunOne(size_t block, int batch) {
          best[3], best[3] / best[2], ok ? "" : "  DATA MISMATCH");
   raw->Close();
   raw_server.Join();
+  if (!ok) {
+    fprintf(stderr, "%zu KiB x %d: a timed read failed or returned other "
+            "bytes\n", block >> 10, batch);
+  }
+  return ok;
 }
 
 }  // namespace
@@ -147,14 +183,24 @@ void RunOne(size_t block, int batch) {
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_trials < 1 || FLAGS_seconds <= 0 || FLAGS_batch < 0) {
+    fprintf(stderr, "--trials must be at least 1, --seconds above 0\n");
+    return 2;
+  }
   printf("GB/s, best of %d alternating trials of %.1f s each\n", FLAGS_trials,
          FLAGS_seconds);
   std::vector<size_t> blocks = {size_t{16} << 20, size_t{256} << 10};
   std::vector<int> batches = {1, 32};
   if (FLAGS_block_kib > 0) blocks = {FLAGS_block_kib << 10};
   if (FLAGS_batch > 0) batches = {FLAGS_batch};
+  int failed = 0;
   for (size_t b : blocks) {
-    for (int n : batches) hymcache::RunOne(b, n);
+    for (int n : batches) failed += hymcache::RunOne(b, n) ? 0 : 1;
+  }
+  if (failed > 0) {
+    fprintf(stderr, "transport_bench: %d of %zu configurations failed\n",
+            failed, blocks.size() * batches.size());
+    return 1;
   }
   return 0;
 }
