@@ -4,7 +4,8 @@
 #
 #   tools/setup.sh          build and run (tools/quickstart.sh)
 #   tools/setup.sh --test   also the servers the tests start (tools/test.sh):
-#                           Prometheus (prometheus_test) and systemd's tools
+#                           Prometheus (prometheus_test), Redis (the
+#                           lookup_bench --redis smoke) and systemd's tools
 #                           (systemd-analyze verify of the units; the
 #                           package and image tests: dpkg-dev,
 #                           mmdebstrap, systemd-nspawn, umoci, runc,
@@ -12,7 +13,8 @@
 #                           renders and checks with (Go, sprig,
 #                           gojsonschema, python3-kubernetes' API models,
 #                           python3-jsonschema). A
-#                           prometheus.service this installs is stopped and
+#                           prometheus.service or redis-server.service this
+#                           installs is stopped and
 #                           disabled again: the tests run their own.
 set -euo pipefail
 
@@ -26,7 +28,7 @@ PACKAGES=(
   prometheus-cpp-dev libsystemd-dev
   python3-dev pybind11-dev python3-numpy python3-pytest python3-matplotlib
 )
-TEST_PACKAGES=(prometheus systemd systemd-container mmdebstrap dpkg-dev
+TEST_PACKAGES=(prometheus redis-server systemd systemd-container mmdebstrap dpkg-dev
   umoci runc buildah
   golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
   golang-github-xeipuuv-gojsonschema-dev
@@ -53,8 +55,9 @@ echo "setup: installing ${missing[*]}"
 $SUDO apt-get update -q
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 for p in "${missing[@]}"; do
-  if [ "$p" = prometheus ] && [ -d /run/systemd/system ]; then
-    $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  if { [ "$p" = prometheus ] || [ "$p" = redis-server ]; } &&
+     [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now "$p.service" >/dev/null 2>&1 || true
   fi
 done
 echo "setup: done"
