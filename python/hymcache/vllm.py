@@ -240,6 +240,7 @@ class HyMCacheConnector(KVConnectorBase_V1):
             self._invalid: Set[int] = set()
             self._pending: List[Tuple[Any, torch.Tensor]] = []  # (future, staging)
             self._mu = threading.Lock()
+            self._failures: Dict[str, int] = {}
             self.loaded_blocks = 0
             self.failed_blocks = 0
             self.stored_blocks = 0
@@ -475,7 +476,7 @@ class HyMCacheConnector(KVConnectorBase_V1):
                         loaded = i
                         break
             except hymcache.Error as e:
-                logger.warning("HyMCache load of %s failed: %s", spec.req_id, e)
+                self._warn("load", "HyMCache load failed (recomputed): %s", e)
             if loaded:
                 self._scatter(rows, spec.block_ids[:loaded])
             if loaded < n:
@@ -513,11 +514,19 @@ class HyMCacheConnector(KVConnectorBase_V1):
                     keys, [arr[i] for i in range(len(keys))], parent_key=parent
                 )
             except hymcache.Error as e:
-                logger.warning("HyMCache store of %s failed: %s", spec.req_id, e)
+                self._warn("store", "HyMCache store failed (a miss later): %s", e)
                 continue
             with self._mu:
                 self._pending.append((fut, rows))
             self.stored_blocks += len(keys)
+
+    def _warn(self, kind: str, fmt: str, err: Exception) -> None:
+        """Logs the first failure of a kind, then every 1000th: a dead node
+        or master must not log once per request."""
+        n = self._failures.get(kind, 0) + 1
+        self._failures[kind] = n
+        if n == 1 or n % 1000 == 0:
+            logger.warning(fmt + " (%d so far)", err, n)
 
     def set_tp_rank_for_test(self, tp_rank: int) -> None:
         """Names blocks as TP rank `tp_rank` would (a worker-side test hook)."""

@@ -13,8 +13,11 @@ each configuration, one engine process per configuration:
   hymcache  the same plus hymcache.vllm.HyMCacheConnector
   offload   the same plus vLLM's own CPU offloading (OffloadingConnector
             through kv_offloading_size), with HyMCache's DRAM budget
-  kill      (long form) hymcache under a fresh salt, one storage node
-            SIGKILLed before turn 3: the affected turns recompute
+  kill      (long form) hymcache under a fresh salt, the storage node
+            holding the run's chains SIGKILLed before turn 4: the affected
+            turns recompute
+  nomaster  (long form) the connector pointed at an address where no
+            master listens: vLLM serves by recomputation, logged once
 
 Each turn sends the whole history (earlier prompts and the model's answers)
 plus new user tokens; greedy; TTFT is the time from add_request to the
@@ -119,6 +122,14 @@ def total_tokens(p):
 
 # ---------------------------------------------------------------- child
 
+def dead_address():
+    """A loopback address nothing listens on (bound, then closed)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return "127.0.0.1:%d" % s.getsockname()[1]
+
+
 def run_config(a):
     """One engine, one configuration; writes per-request results as JSON."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -134,8 +145,9 @@ def run_config(a):
         max_num_batched_tokens=a.max_model_len, seed=0, enforce_eager=True,
         gpu_memory_utilization=a.mem_util,
     )
-    if a.config in ("hymcache", "kill"):
-        extra = {"master": a.master, "transport": "tcp",
+    if a.config in ("hymcache", "kill", "nomaster"):
+        master = a.master if a.config != "nomaster" else dead_address()
+        extra = {"master": master, "transport": "tcp",
                  "salt": a.salt, "load_deadline": 5.0}
         ekw["kv_transfer_config"] = {
             "kv_connector": "HyMCacheConnector",
@@ -321,7 +333,7 @@ def main():
     form = "short" if a.short else "long"
     configs = (a.configs.split(",") if a.configs else
                (["none", "hymcache"] if a.short else
-                ["none", "hymcache", "offload", "kill"]))
+                ["none", "hymcache", "offload", "kill", "nomaster"]))
     work = a.work or tempfile.mkdtemp(prefix="vllm-e2e-")
     os.makedirs(work, exist_ok=True)
     model = os.path.join(work, "model")
@@ -329,7 +341,8 @@ def main():
     wl_path = os.path.join(work, "workload.json")
     json.dump(make_workload(p), open(wl_path, "w"))
     last_len = p["first"] + (p["turns"] - 1) * (p["user"] + p["out_tokens"])
-    max_len = (last_len + p["out_tokens"] + p["block"]) // p["block"] * p["block"] + p["block"]
+    bs = p["block"]
+    max_len = (last_len + p["out_tokens"] + bs) // bs * bs + bs
     all_tokens = total_tokens(p)
     # vLLM's pool: at most 25% of the conversations' KV, and at least one
     # request (the longest history).
@@ -344,6 +357,8 @@ def main():
           f"= {all_tokens * kvb / 2**20:.1f} MiB; vLLM pool {pool} blocks "
           f"({pool * p['block'] * 100 / all_tokens:.0f}%)", flush=True)
 
+    # A SIGTERM (CI's timeout) still stops the daemons (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     addr, daemons = start_cluster(a.bin, work, node_bytes)
     results = {}
     failures = []
@@ -381,9 +396,17 @@ def main():
                       f"{took:.0f} s); log tail:\n{text[-1500:]}", flush=True)
                 failures.append(cfg)
                 continue
+            unreachable = 0
             for line in open(log):
                 if line.startswith("vllm_e2e:"):
                     print(line.rstrip(), flush=True)
+                unreachable += "HyMCache master unreachable" in line
+            if cfg == "nomaster":
+                print(f"vllm_e2e: master unreachable run: the connector "
+                      f"logged it {unreachable} time(s) over "
+                      f"{len(json.load(open(out)))} requests", flush=True)
+                if unreachable != 1:
+                    failures.append(cfg)
             results[cfg] = json.load(open(out))
             print(f"vllm_e2e: configuration {cfg} ran in {took:.0f} s",
                   flush=True)
