@@ -17,7 +17,8 @@ worker-side instance of this class:
   master how long a run of them is stored (`lookup`), and tells vLLM how many
   tokens beyond its own prefix cache can be loaded. It then hands the workers,
   step by step, which blocks to load into which of vLLM's pages and which
-  newly computed full blocks of the prompt to save.
+  newly computed full blocks to save (the prompt's, then the answer's as
+  decoding fills them).
 - Worker side: loads the hit blocks into vLLM's paged KV cache before the
   forward pass (synchronously: the load of one request is one `load` call
   with prefetch, a few milliseconds against a prefill of seconds), and after
@@ -179,7 +180,7 @@ def _namespace(
 
 
 class HyMCacheConnector(KVConnectorBase_V1):
-    """vLLM KV connector storing full prompt blocks in HyMCache.
+    """vLLM KV connector keeping requests' full KV blocks in HyMCache.
 
     vLLM calls the scheduler-side methods from its scheduler thread and the
     worker-side methods from the model runner's thread; neither side is
