@@ -8,10 +8,11 @@
 # then the RDMA and CXL tests inside a QEMU guest
 # (tests/vmtest; HYMCACHE_VMTEST=0 skips them), then the Debian package
 # booted under systemd and the OCI image run with runc (tests/systemd,
-# tests/image; HYMCACHE_PACKAGE_TESTS=0 skips them), and prints a closing line
-# "N passed, N failed" counted from Bazel's per-test results, the fuzz
-# targets and the guest runs. Exits non-zero if any test failed or did not
-# build.
+# tests/image; HYMCACHE_PACKAGE_TESTS=0 skips them), then vLLM with the
+# HyMCache connector (tools/engines/ci.sh; HYMCACHE_ENGINE_TESTS=0 skips it),
+# and prints a closing line "N passed, N failed" counted from Bazel's per-test
+# results, the fuzz targets, the guest runs and the engine step. Exits
+# non-zero if any test failed or did not build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -100,6 +101,29 @@ if [ "${HYMCACHE_PACKAGE_TESTS:-1}" = "1" ]; then
     failed=$((failed + 2)); status=1
   fi
   rm -rf "$debdir"
+fi
+
+# The serving engines (tools/engines/ci.sh): the vLLM connector's tests
+# against vLLM's installed classes, then the short end-to-end run with vLLM's
+# CPU build (a tiny model, 2 conversations x 3 turns, with and without the
+# connector; about 3 minutes, pip installs from pip's cache included). The
+# venv lives outside the repository (~/.cache/hymcache/engines-venv). It runs
+# once, under no sanitizer config. A machine where vLLM cannot be installed
+# says so in one line and the count stays as it is. HYMCACHE_ENGINE_TESTS=0
+# skips it.
+if [ "${HYMCACHE_ENGINE_TESTS:-1}" = "1" ]; then
+  echo "=== engines: vLLM with the HyMCache connector"
+  log=$(mktemp)
+  bash tools/engines/ci.sh 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 3 ]; then
+    [ "$rc" -eq 0 ] || status=1
+    p=$(sed -n 's/^engines: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$log")
+    f=$(sed -n 's/^engines: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$log")
+    passed=$((passed + ${p:-0}))
+    failed=$((failed + ${f:-1}))
+  fi
+  rm -f "$log"
 fi
 
 echo "$passed passed, $failed failed"

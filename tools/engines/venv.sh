@@ -69,6 +69,10 @@ PYEOF
   "$PY" -c 'import torch, vllm; print("engines/venv: torch", torch.__version__, "vllm", vllm.__version__)' >&2
   touch "$STAMP"
 fi
+# The connector's tests (python/tests/vllm_connector_test.py) run on pytest.
+if ! "$PY" -c 'import pytest' 2>/dev/null; then
+  "${PIP[@]}" install pytest >&2
+fi
 if [ "$INSTALL_HYMCACHE" = 1 ]; then
   bash tools/install_python.sh --python="$PY" >&2
 fi
