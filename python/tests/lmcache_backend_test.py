@@ -10,6 +10,7 @@ Run by tools/engines/backends_test.sh under the lmcache venv
 
 import asyncio
 import threading
+import time
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from hymcache_cluster import Cluster
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.metadata import LMCacheMetadata
+from lmcache.v1.storage_backend import CreateStorageBackends
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
@@ -50,9 +52,9 @@ def engine_metadata(model="tiny-llama", worker_id=0):
 
 
 class Engine:
-    """LMCache's local CPU backend and a RemoteBackend for plugin
-    "hymcache", on an event loop thread, as LMCache's storage manager
-    builds them."""
+    """LMCache's storage backends as its storage manager builds them from
+    the config (CreateStorageBackends): the local CPU backend and a
+    RemoteBackend for plugin "hymcache", on an event loop thread."""
 
     def __init__(self, master, model="tiny-llama", worker_id=0, **extra):
         self.config = engine_config(master, **extra)
@@ -61,12 +63,13 @@ class Engine:
         self.thread = threading.Thread(target=self.loop.run_forever,
                                        daemon=True)
         self.thread.start()
-        self.cpu = LocalCPUBackend(self.config, self.metadata,
-                                   dst_device="cpu")
-        self.remote = RemoteBackend(self.config, self.metadata, self.loop,
-                                    self.cpu, dst_device="cpu",
-                                    plugin_name="hymcache")
-        self.remote.init_connection()
+        # LMCache's own construction of its storage backends from config.
+        self.backends = CreateStorageBackends(self.config, self.metadata,
+                                              self.loop, dst_device="cpu")
+        self.cpu = self.backends["LocalCPUBackend"]
+        self.remote = self.backends["RemoteBackend-hymcache"]
+        assert isinstance(self.cpu, LocalCPUBackend)
+        assert isinstance(self.remote, RemoteBackend)
         assert self.remote.connection is not None
 
     @property
@@ -83,7 +86,8 @@ class Engine:
         return obj
 
     def close(self):
-        self.remote.close()
+        for b in self.backends.values():
+            b.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 
@@ -208,3 +212,85 @@ def test_an_unreachable_master_is_a_miss_not_an_exception():
             assert e.connector.errors >= 3
         finally:
             e.close()
+
+
+# LMCacheEngine end to end ----------------------------------------------
+
+
+def cpu_kv_connector(kv):
+    """LMCache's MockGPUConnector (its standalone mode's) moving real bytes
+    between `kv`, a CPU stand-in for the engine's paged KV cache shaped
+    [2, layers, tokens, heads * dim] like a KV_2LTD chunk, and LMCache's
+    MemoryObjs. The GPU is the one piece this machine lacks."""
+    from lmcache.v1.gpu_connector.mock_gpu_connector import MockGPUConnector
+
+    class CpuKV(MockGPUConnector):
+        def from_gpu(self, memory_obj, start, end, **kwargs):
+            memory_obj.tensor.copy_(kv[:, :, start:end])
+
+        def to_gpu(self, memory_obj, start, end, **kwargs):
+            kv[:, :, start:end].copy_(memory_obj.tensor)
+
+        def batched_from_gpu(self, memory_objs, starts, ends, **kwargs):
+            for o, s, e in zip(memory_objs, starts, ends):
+                self.from_gpu(o, s, e)
+
+        def batched_to_gpu(self, memory_objs, starts, ends, **kwargs):
+            for o, s, e in zip(memory_objs, starts, ends):
+                self.to_gpu(o, s, e)
+
+    return CpuKV(kv_shape=(LAYERS, 2, CHUNK, HEADS, DIM))
+
+
+def lmcache_engine(instance_id, master, kv):
+    from lmcache.utils import mock_up_broadcast_fn, mock_up_broadcast_object_fn
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    config = engine_config(master)
+    config.lmcache_instance_id = instance_id
+    metadata = LMCacheMetadata(
+        model_name="tiny-llama", world_size=1, local_world_size=1,
+        worker_id=0, local_worker_id=0, kv_dtype=DTYPE,
+        kv_shape=(LAYERS, 2, CHUNK, HEADS, DIM), chunk_size=CHUNK)
+    engine = LMCacheEngineBuilder.get_or_create(
+        instance_id, config, metadata, cpu_kv_connector(kv),
+        mock_up_broadcast_fn, mock_up_broadcast_object_fn)
+    engine.post_init()
+    return engine
+
+
+def test_an_lmcache_engine_retrieves_what_another_stored_in_hymcache(
+        cluster):
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    n = 5 * CHUNK + 3  # five full chunks and a partial one
+    tokens = torch.arange(1000, 1000 + n)
+    g = torch.Generator().manual_seed(60)
+    src = torch.randn(2, LAYERS, n, HEADS * DIM, generator=g).to(DTYPE)
+    writer = lmcache_engine("hymcache-writer", cluster.address, src.clone())
+    dst = torch.zeros_like(src)
+    reader = lmcache_engine("hymcache-reader", cluster.address, dst)
+    try:
+        writer.store(tokens)
+        # The remote puts are asynchronous: wait until the reader's lookup
+        # (its local CPU cache is empty: HyMCache answers) sees them.
+        deadline = time.monotonic() + 30
+        while reader.lookup(tokens) < 5 * CHUNK:
+            assert time.monotonic() < deadline, reader.lookup(tokens)
+            time.sleep(0.05)
+        got = reader.retrieve(tokens)
+        hit = int(got.sum())
+        assert hit >= 5 * CHUNK
+        assert torch.equal(dst[:, :, :hit], src[:, :, :hit])
+        # Another conversation sharing the first three chunks.
+        other = torch.cat([tokens[:3 * CHUNK], torch.arange(5000, 5000 + 40)])
+        assert reader.lookup(other) == 3 * CHUNK
+        # Nothing is shared inside the process: an engine on an empty
+        # cluster finds none of it.
+        with Cluster(nodes=1) as empty:
+            third = lmcache_engine("hymcache-third", empty.address,
+                                   torch.zeros_like(src))
+            assert third.lookup(tokens) == 0
+    finally:
+        for name in ("hymcache-writer", "hymcache-reader", "hymcache-third"):
+            LMCacheEngineBuilder.destroy(name)

@@ -46,7 +46,7 @@ case "$ENGINE" in
     PKG=sglang; VERSION=${HYMCACHE_SGLANG_VERSION:-0.5.23}
     TORCH=${HYMCACHE_SGLANG_TORCH:-2.14.1}
     # CUDA/ROCm kernels, multimodal and speculative-decoding extras.
-    SKIP='torch|torchaudio|torchcodec|flashinfer.*|flash-attn.*|sgl-.*|sglang-kernel|humming-kernels|quack-kernels|tilelang|nvidia-.*|nvshmem4py.*|cuda-python|apache-tvm-ffi|deepseek-recipe|tml-renderers|av|decord2|timm|torch_memory_saver|checkpoint-engine|kernels|smg-grpc-servicer|modelscope|py-spy|soundfile'
+    SKIP='torch|torchaudio|torchcodec|flashinfer.*|flash-attn.*|sgl-.*|sglang-kernel|humming-kernels|quack-kernels|tilelang|nvidia-.*|nvshmem4py.*|cuda-python|apache-tvm-ffi|deepseek-recipe|tml-renderers|av|decord2|timm|torch_memory_saver|checkpoint-engine|kernels|smg-grpc-servicer|modelscope|py-spy'
     IMPORTS='import torch, sglang; from sglang.srt.mem_cache.hicache_storage import HiCacheStorage'
     ;;
   lmcache)
