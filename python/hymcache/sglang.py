@@ -73,6 +73,7 @@ class _HiCacheBackend:
         extra = dict(storage_config.extra_config or {})
         self.storage_config = storage_config
         self.mem_pool_host = None
+        self._pieces = None
         self._deadline = float(extra.get("deadline", _DEFAULT_DEADLINE))
         self._store_deadline = float(
             extra.get("store_deadline", _DEFAULT_STORE_DEADLINE))
@@ -132,6 +133,7 @@ class _HiCacheBackend:
 
     def register_mem_pool_host(self, mem_pool_host):
         self.mem_pool_host = mem_pool_host
+        self._pieces = None
         self._prefix = self._namespace_prefix(mem_pool_host)
         for name in ("kv_buffer", "k_buffer", "v_buffer"):
             t = getattr(mem_pool_host, name, None)
@@ -181,13 +183,14 @@ class _HiCacheBackend:
         """Keys per page: 0 for the copying path's one "flat" key."""
         if self.mem_pool_host is None or self._flat:
             return 0
-        import torch
-        page = int(self.mem_pool_host.page_size)
-        ptrs, _ = self.mem_pool_host.get_page_buffer_meta(
-            torch.arange(page, dtype=torch.int64))
-        if ptrs and isinstance(ptrs[0], (list, tuple)):
-            return len(ptrs[0])
-        return len(ptrs)
+        if self._pieces is None:  # the same for every page of a pool
+            import torch
+            page = int(self.mem_pool_host.page_size)
+            ptrs, _ = self.mem_pool_host.get_page_buffer_meta(
+                torch.arange(page, dtype=torch.int64))
+            multi = ptrs and isinstance(ptrs[0], (list, tuple))
+            self._pieces = len(ptrs[0]) if multi else len(ptrs)
+        return self._pieces
 
     @property
     def _flat(self):
