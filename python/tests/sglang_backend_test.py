@@ -14,11 +14,12 @@ import torch
 from hymcache_cluster import Cluster
 
 from sglang.srt.mem_cache.device_pool_info import (KVBufferLayout, KVBuffers,
-                                                   MHABufferInfo)
+                                                   MHABufferInfo, MLABufferInfo)
 from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage,
                                                   HiCacheStorageConfig,
                                                   HiCacheStorageExtraInfo)
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 import hymcache.sglang
@@ -44,6 +45,25 @@ def make_host_pool(layout, dtype=torch.bfloat16):
         info, host_to_device_ratio=2.0, host_size=0, page_size=PAGE,
         layout=layout, pin_memory=False, device="cpu",
         device_capacity_tokens=TOKENS, start_layer=0, end_layer=LAYERS)
+
+
+def make_mla_host_pool(dtype=torch.bfloat16):
+    """A real SGLang MLA host pool (one latent row per token and layer)."""
+    width = 48
+    bufs = tuple(torch.zeros(TOKENS + PAGE, 1, width, dtype=dtype)
+                 for _ in range(LAYERS))
+    info = MLABufferInfo(
+        buffers=bufs,
+        data_ptrs=torch.tensor([b.data_ptr() for b in bufs],
+                               dtype=torch.uint64),
+        layer_indices=tuple(range(LAYERS)), device_layer_num=LAYERS,
+        page_size=PAGE, kv_lora_rank=32, qk_rope_head_dim=16,
+        kv_cache_dim=width, dtype=dtype, device=torch.device("cpu"))
+    return MLATokenToKVPoolHost(
+        info, host_to_device_ratio=2.0, host_size=0, page_size=PAGE,
+        layout="page_first", pin_memory=False, device="cpu",
+        device_capacity_tokens=TOKENS, start_layer=0, end_layer=LAYERS,
+        target_layer_num=LAYERS)
 
 
 def storage_config(master, *, tp_rank=0, model="tiny-llama", v1=True,
@@ -198,6 +218,25 @@ def test_another_rank_model_or_dtype_never_sees_the_pages(cluster):
                         salt="tenant-b").batch_exists(keys) == 0
     fp16 = make_host_pool("page_first", dtype=torch.float16)
     assert make_backend(cluster.address, fp16).batch_exists(keys) == 0
+
+
+def test_mla_pages_are_written_by_one_rank_and_read_by_every_rank(cluster):
+    writer_pool, reader_pool = make_mla_host_pool(), make_mla_host_pool()
+    writer = make_backend(cluster.address, writer_pool, mla=True, tp_rank=0)
+    reader = make_backend(cluster.address, reader_pool, mla=True, tp_rank=1)
+    keys = page_keys("mla", 3)
+    src = fill_pages(writer_pool, 0, 3, seed=9)
+    want = page_bytes(writer_pool, src)
+    # Rank 1 is not MLA's storage writer: it reports success, stores nothing.
+    assert reader.batch_set_v1(keys, src) == [True] * 3
+    assert reader.batch_exists(keys) == 0
+    assert writer.batch_set_v1(keys, src) == [True] * 3
+    assert reader.batch_exists(keys) == 3
+    dst = torch.arange(4 * PAGE, 7 * PAGE, dtype=torch.int64)
+    assert reader.batch_get_v1(keys, dst) == [True] * 3
+    got = page_bytes(reader_pool, dst)
+    for p in range(3):
+        assert torch.equal(got[p], want[p]), f"page {p}"
 
 
 def test_a_dead_node_is_a_miss_not_an_exception():
