@@ -11,8 +11,8 @@
 # the interpreter must be the same major.minor version (Debian 12: 3.11); a
 # venv made from Debian's python3 qualifies (`python3 -m venv
 # --system-site-packages` also sees Debian's python3-numpy). Installs
-# DIR/hymcache/{__init__.py, errors.py, vllm.py, __init__.pyi, py.typed,
-# _hymcache.so} (vllm.py imports vLLM only when `hymcache.vllm` is imported) and checks that `import hymcache` works there.
+# DIR/hymcache/{*.py (the engine adapters too), __init__.pyi, py.typed,
+# _hymcache.so} and checks that `import hymcache` works there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,8 +40,9 @@ fi
 
 bazel build -c opt //python/hymcache 2>&1 | tail -n 1
 mkdir -p "$TARGET/hymcache"
-install -m 0644 python/hymcache/__init__.py python/hymcache/errors.py \
-  python/hymcache/vllm.py \
+# Every module of the package: the engine adapters (sglang.py, lmcache.py,
+# ...) import their engine lazily, so they install everywhere.
+install -m 0644 python/hymcache/*.py \
   python/hymcache/__init__.pyi python/hymcache/py.typed "$TARGET/hymcache/"
 install -m 0755 bazel-bin/python/hymcache/_hymcache.so "$TARGET/hymcache/"
 ( cd / && PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c \
