@@ -9,7 +9,9 @@
 # (tests/vmtest; HYMCACHE_VMTEST=0 skips them), then the Debian package
 # booted under systemd and the OCI image run with runc (tests/systemd,
 # tests/image; HYMCACHE_PACKAGE_TESTS=0 skips them), then vLLM with the
-# HyMCache connector (tools/engines/ci.sh; HYMCACHE_ENGINE_TESTS=0 skips it),
+# HyMCache connector (tools/engines/ci.sh) and the SGLang and LMCache
+# backends (tools/engines/backends_test.sh; HYMCACHE_ENGINE_TESTS=0 skips
+# both),
 # and prints a closing line "N passed, N failed" counted from Bazel's per-test
 # results, the fuzz targets, the guest runs and the engine step. Exits
 # non-zero if any test failed or did not build.
@@ -106,7 +108,7 @@ fi
 # The serving engines (tools/engines/ci.sh): the vLLM connector's tests
 # against vLLM's installed classes, then the short end-to-end run with vLLM's
 # CPU build (a tiny model, 2 conversations x 3 turns, with and without the
-# connector; about 3 minutes, pip installs from pip's cache included). The
+# connector; about 3 minutes, installs from the wheelhouse included). The
 # venv lives outside the repository (~/.cache/hymcache/engines-venv). It runs
 # once, under no sanitizer config. A machine where vLLM cannot be installed
 # says so in one line and the count stays as it is. HYMCACHE_ENGINE_TESTS=0
@@ -123,6 +125,17 @@ if [ "${HYMCACHE_ENGINE_TESTS:-1}" = "1" ]; then
     passed=$((passed + ${p:-0}))
     failed=$((failed + ${f:-1}))
   fi
+  # The SGLang HiCache and LMCache backends against those engines' own
+  # classes (tools/engines/backends_test.sh --ci: each engine in its own
+  # venv; about 2 minutes once the venvs exist, an engine that cannot be
+  # installed is said in one line).
+  echo "=== engines: SGLang and LMCache backends"
+  bash tools/engines/backends_test.sh --ci 2>&1 | tee "$log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  p=$(sed -n 's/^backends: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$log")
+  f=$(sed -n 's/^backends: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$log")
+  passed=$((passed + ${p:-0}))
+  failed=$((failed + ${f:-1}))
   rm -f "$log"
 fi
 

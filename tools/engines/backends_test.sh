@@ -13,7 +13,11 @@
 #       ("backends_test: ENGINE: NOT INSTALLED: <why>") and does not fail
 #       the run; a test that fails still does
 #
-# The venvs are created on first use (pip's cache makes later runs quick).
+# Its last line is "backends: N passed, N failed" (pytest's counts). A venv
+# that is not ready within $HYMCACHE_ENGINE_INSTALL_TIMEOUT seconds (900) is
+# reported as not installed.
+#
+# The venvs are created on first use (the wheelhouse of tools/engines/pip_lib.sh makes later ones quick).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -43,20 +47,36 @@ ln -s "$BIN/master/hymcache-master" "$TMP/runfiles/hymcache/master/"
 ln -s "$BIN/storage_node/hymcache-storage" "$TMP/runfiles/hymcache/storage_node/"
 
 status=0
+passed=0
+failed=0
+# Creating a venv downloads gigabytes on a fresh machine (the wheelhouse
+# makes later ones quick): bounded, so that CI stays within its budget.
+INSTALL_TIMEOUT=${HYMCACHE_ENGINE_INSTALL_TIMEOUT:-900}
 for engine in "${ENGINES[@]}"; do
   start=$(date +%s)
-  if ! PY=$(bash tools/engines/peers_venv.sh "$engine" 2>"$TMP/$engine-install.log" | tail -n 1) \
+  if ! PY=$(timeout "$INSTALL_TIMEOUT" bash tools/engines/peers_venv.sh "$engine" \
+              2>"$TMP/$engine-install.log" | tail -n 1) \
       || [ ! -x "$PY" ]; then
     why=$(grep -v '^\s*$' "$TMP/$engine-install.log" | tail -n 1)
+    [ $(( $(date +%s) - start )) -ge "$INSTALL_TIMEOUT" ] &&
+      why="not installed within ${INSTALL_TIMEOUT}s (HYMCACHE_ENGINE_INSTALL_TIMEOUT)"
     echo "backends_test: $engine: NOT INSTALLED: ${why:-see peers_venv.sh}"
-    [ "$CI" = 1 ] || status=1
+    [ "$CI" = 1 ] || { status=1; failed=$((failed + 1)); }
     continue
   fi
   log "$engine: venv ready in $(( $(date +%s) - start ))s ($PY)"
   ( cd "$TMP" && RUNFILES_DIR="$TMP/runfiles" TEST_TMPDIR="$TMP" \
       PYTHONPATH="$ROOT/python/testing" HF_HUB_OFFLINE=1 \
       timeout 600 "$PY" -m pytest -q -p no:cacheprovider \
-      "$ROOT/python/tests/${engine}_backend_test.py" ) || status=1
+      "$ROOT/python/tests/${engine}_backend_test.py" ) 2>&1 | tee "$TMP/$engine-test.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  p=$(grep -oE '[0-9]+ passed' "$TMP/$engine-test.log" | tail -n 1 | cut -d' ' -f1)
+  f=$(grep -oE '[0-9]+ (failed|error)' "$TMP/$engine-test.log" | awk '{s += $1} END {print s + 0}')
+  passed=$((passed + ${p:-0}))
+  failed=$((failed + f))
+  # A run that reported nothing (a crash before pytest's summary) fails.
+  if [ -z "$p" ] && [ "$f" -eq 0 ]; then failed=$((failed + 1)); status=1; fi
   log "$engine: done in $(( $(date +%s) - start ))s"
 done
+echo "backends: $passed passed, $failed failed"
 exit $status

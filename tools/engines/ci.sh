@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI's engine step (tools/test.sh runs it; not under asan/tsan): installs or
-# reuses the engines' venv from pip's cache (PyPI for what is missing), runs
+# reuses the engines' venv (wheels from our wheelhouse, tools/engines/pip_lib.sh;
+# PyPI for what is missing), runs
 # the connector's tests against vLLM's installed classes and real daemons
 # (python/tests/vllm_connector_test.py), then the short form of the end to
 # end run with the real engine (tools/engines/vllm_e2e.sh --short). Its last

@@ -2,7 +2,8 @@
 # Creates (or reuses) the virtual environments of the peer engines whose
 # storage backends hymcache implements (python/hymcache/sglang.py,
 # python/hymcache/lmcache.py): one venv per engine, outside the repository,
-# because each pins its own torch. pip's cache is reused between runs, and
+# because each pins its own torch. Wheels are kept between runs
+# (tools/engines/pip_lib.sh), and
 # the hymcache package is installed into each (tools/install_python.sh).
 # Prints the venv's python on its last line.
 #
@@ -24,6 +25,8 @@
 # runs on the CPU as well) at the version the engine pins.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=tools/engines/pip_lib.sh
+. tools/engines/pip_lib.sh
 
 ENGINE=""
 INSTALL_HYMCACHE=1
@@ -74,10 +77,10 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check -q)
 if [ ! -f "$STAMP" ]; then
-  log "installing torch==$TORCH and $PKG==$VERSION (pip's cache is reused)"
+  log "installing torch==$TORCH and $PKG==$VERSION (wheels kept in $HYMCACHE_WHEELHOUSE)"
   "${PIP[@]}" install --upgrade pip wheel >&2
-  "${PIP[@]}" install "torch==$TORCH" >&2
-  "${PIP[@]}" install --no-deps "$PKG==$VERSION" >&2
+  pip_cached "$PY" "torch==$TORCH" >&2
+  pip_cached "$PY" --no-deps "$PKG==$VERSION" >&2
   reqs=$(mktemp)
   "$PY" - "$PKG" "$SKIP" "$reqs" <<'PYEOF'
 import importlib.metadata as md, re, sys
@@ -87,7 +90,7 @@ out = [r for r in md.requires(pkg) or []
        if not skip.match(r) and "extra ==" not in r]
 open(out_path, "w").write("\n".join(out) + "\n")
 PYEOF
-  "${PIP[@]}" install -r "$reqs" "torch==$TORCH" pytest >&2
+  pip_cached "$PY" -r "$reqs" "torch==$TORCH" pytest >&2
   rm -f "$reqs"
   "$PY" -c "$IMPORTS; print('peers_venv: torch', torch.__version__, '$PKG', '$VERSION')" >&2
   touch "$STAMP"

