@@ -1,3 +1,40 @@
+// Eviction (making room on a full node): each node's committed objects are
+// on an exact LRU list in the index, ordered so that a block is never more
+// recent than its parent (a reader gets to a block only through its parent,
+// so the parent's use is what counts). PutCommit puts a chain head at the
+// most recent end and a continuation just below its parent: the new blocks
+// share the recency of the chain they extend, whose blocks the Load before
+// the Store has just touched. A for_read BatchLookup moves the heads among
+// its hits to the most recent end (last key first) and each linked hit
+// just below its parent, so a chain read head first, in one call or in a
+// pipelined Load's several, ends up head most recent, tail least. Eviction
+// removes only chain leaves, never a block with a child on the same node
+// (a child on another node is removed with it, as an orphan):
+// the walk from the least recent end takes a leaf, counting the children
+// it took before as gone, and passes over a block that still has one
+// (MetadataIndex::PickEvictions). With the order above the least recent
+// blocks are leaves, the walk meets a chain's tail first and its head
+// after the rest of the chain, so a chain shrinks from its tail and never
+// loses its head while a tail survives. It passes over blocks only when
+// something more recent below them must stay (a leased, pinned or kept
+// tail). Why leaves rather than "a block with its whole subtree": an LRU
+// head may carry thousands of descendants (a shared system prompt) that
+// readers reach through it, more recent by construction; the subtree
+// would evict recently used blocks and unbounded work in one PutStart.
+// Leaves first keeps LRU order meaningful and the work bounded: at most
+// max_evictions_per_put victims and max_eviction_scan objects looked at
+// per PutStart, across its rounds.
+// An object read (for_read lookup) within `read_lease` is never evicted:
+// the walk stops at the first leased object (objects after it were mostly
+// used even more recently). A commit does not grant a lease, so freshly
+// written objects stay evictable. Pending puts' space is never evicted (it
+// is not in the index), nor the keys that the PutStart itself reports as
+// existing, nor its parent_key, nor any pending put's parent. Evictions are
+// written to the store first (one batch), then applied to the index and
+// allocators; the space is reused under a new, higher generation, so a
+// reader holding an evicted location gets NotFound from the node, never
+// other bytes.
+
 #include "master/master_service.h"
 
 #include <glog/logging.h>

@@ -1,3 +1,14 @@
+// Removing a block that has descendants: Remove of a middle block would
+// strand the blocks after it, so Remove cascades: the requested keys go,
+// then every block, on any node, whose chain passed through one of them
+// (the "orphans"; counted in orphans_removed, not reported per key). The
+// same sweep follows listings dropped by reconciliation (whose response
+// then returns the orphans' extents as unlisted, so the node frees them in
+// that round) and by read repair, node purges and re-registrations that
+// drop objects, and runs in ReapExpired for any other path (a sweep costs
+// a walk of the affected node's objects, and happens only when a removal
+// left orphans).
+
 #include "master/master_service.h"
 
 #include <glog/logging.h>

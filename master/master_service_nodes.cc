@@ -1,3 +1,13 @@
+// Liveness: a node is alive while it has registered with this master
+// process, completed the reconciliation that registration asked for (if
+// any), its last heartbeat (or registration) is within `node_timeout`, and
+// it has not deregistered. After a restart no persisted node is alive until
+// it registers again (its heartbeats are answered with reregister). Objects
+// on nodes that are not alive are misses for BatchLookup and such nodes get
+// no placements; PutStart writes their keys again elsewhere only once the
+// node is dead (unseen for node_timeout, or deregistered): a node that is
+// merely re-registering or reconciling keeps them (SLOT_EXISTS).
+
 #include "master/master_service.h"
 
 #include <glog/logging.h>

@@ -1,3 +1,27 @@
+// Placement: PutStart puts all new slots of a request on one node. The
+// preferred node is preferred_node_id if set, else the node holding
+// parent_key (the block before keys[0] in its chain) if it is alive, so a
+// chain stays on one node. Order: the preferred node if it has room; else
+// the next alive node with room (round robin); else evict on the preferred
+// node (without one: the next alive node in round-robin order).
+//
+// Chains: PutStart's parent_key is the block before keys[0] and keys[i+1]
+// extends keys[i]. A block is reachable (an engine's Load, which uses the
+// leading run of hits, gets to it) only through every block before it. At
+// PutCommit each block is linked in the index to its parent (MetadataIndex:
+// a 4-byte parent record number and a child count per entry), and the
+// parent key is persisted with the object. A chain continued on another
+// node (its parent's node was full or down) is cross-linked: eviction and
+// recency on that node treat the block as a chain head, but losing its
+// parent orphans it like any other descendant. Nothing unreachable is stored: PutStart refuses
+// (FailedPrecondition) a parent_key that is neither committed nor being
+// put, and PutCommit frees, instead of committing, a block whose parent is
+// not committed by then (its write failed, or the parent was removed). A
+// block whose parent is still in another pending put (two puts of one
+// chain racing) is committed unlinked and linked when that parent commits
+// (MetadataIndex::Adopt), or removed if its put ends without it. A put's
+// parent is pinned (not evicted) until the put ends.
+
 #include "master/master_service.h"
 
 #include <glog/logging.h>

@@ -1,3 +1,23 @@
+// Reconciliation (the storage nodes are the truth about which bytes exist;
+// the master's listings converge to them): a registration that keeps a
+// node's listings (same incarnation: a restart of a persistent node, a
+// master restart, a partition) asks the node to reconcile, and its objects
+// are misses until it has. The node streams every readable extent it holds
+// (BeginReconcile, Reconciliation::Add per chunk, FinishReconcile). Finish
+// compares a chunk of the index at a time under the shared lock (a
+// 1,000,000-object node does not stall lookups for the whole comparison),
+// then applies the result under the exclusive lock: a listing the node does
+// not hold exactly (region, addr, length, generation) is removed and its
+// space freed, unless it changed meanwhile or was committed after
+// BeginReconcile (the node's listing may have been taken before the write
+// landed); a held extent the master neither
+// lists nor has a pending put for is returned as unlisted for the node to
+// free. No grace period is needed for the latter: every generation comes
+// from this master's store, so an extent that is neither listed nor pending
+// can never be committed (a PutCommit of an unknown put fails). Nodes also
+// reconcile every `reconcile_interval` (anti-entropy), and a reader that a
+// node refused reports the listing (ReportMissing), which drops it at once.
+
 #include "master/master_service.h"
 
 #include <glog/logging.h>

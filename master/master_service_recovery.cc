@@ -1,3 +1,15 @@
+// Recency across restarts: the commit time is stored with each object, and
+// reads are written lazily: the index queues each object touched by a
+// for_read lookup (once until written) and ReapExpired writes up to
+// recency_batch of them per call (the read time, in a small record apart
+// from the object), off the lookup path; the destructor writes the rest.
+// At start-up each node's list is rebuilt from those times (a chain counts
+// as recent as its most recent block; children below their parents), so a
+// restart keeps the LRU order up to the last batch written; a kill -9
+// loses at most the reads of the last moments. Leases are not durable:
+// after a restart nothing is leased. Objects persisted by an older master
+// (no time, no parent) load as the least recent, unlinked.
+
 #include "master/master_service.h"
 
 #include <glog/logging.h>
