@@ -552,6 +552,25 @@ class MasterService {
     uint64_t purged = 0;              // of doomed, purged by incarnation
     uint64_t kept = 0;
   };
+  // A PutStart's keys sorted out under the lock (ClassifyPutKeysLocked).
+  struct PutPlan {
+    uint32_t preferred = 0;         // the node to try first; 0: none
+    std::vector<int> to_allocate;   // indexes of the keys that need space
+    std::vector<uint64_t> lengths;  // their lengths, in that order
+    uint64_t total_bytes = 0;       // their sum
+    // Never evicted by this PutStart: its parent_key and the keys it
+    // reports as existing (the caller relies on their locations).
+    absl::flat_hash_set<absl::string_view> keep;
+  };
+  // Where a PutStart's space is (ChooseNodeLocked).
+  struct NodeChoice {
+    Node* chosen = nullptr;  // has room: `placed` is allocated on it
+    Node* target = nullptr;  // where to evict when no node has room
+    std::vector<std::pair<uint32_t, uint64_t>> placed;  // region, addr
+    std::string over_limit;  // why the caller may not put on some node
+    size_t alive = 0;        // alive nodes looked at, not draining
+    size_t draining = 0;     // alive, but drained by an operator
+  };
 
   MasterService(const MasterServiceOptions& options,
                 std::unique_ptr<MetadataStore> store);
@@ -642,6 +661,35 @@ class MasterService {
       const std::vector<uint32_t>& purge_regions,
       bool scan_index = true) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // PutStart's checks of the request alone, before the lock: key count
+  // and sizes, lengths, parent_key, duplicates. Errors: InvalidArgument.
+  absl::Status ValidatePutStart(
+      const hymcache::v1::PutStartRequest& request) const;
+  // Resolves the preferred node (parent_key's node when none is given and
+  // it is placeable) and classifies each key, adding its slot to
+  // *response: SLOT_IN_PROGRESS, SLOT_EXISTS (with its location), or
+  // SLOT_ALLOCATED (in the plan; no space yet). Errors: NotFound (unknown
+  // preferred node); FailedPrecondition (parent_key neither committed nor
+  // pending).
+  absl::StatusOr<PutPlan> ClassifyPutKeysLocked(
+      const hymcache::v1::PutStartRequest& request, absl::Time now,
+      hymcache::v1::PutStartResponse* response) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Allocates the plan on the preferred node if it is placeable and has
+  // room, else on the next alive node with room in round-robin order,
+  // skipping nodes where `caller`'s pending puts leave no room for it; if
+  // none has room, names the node to evict on (see Placement).
+  NodeChoice ChooseNodeLocked(const PutPlan& plan, absl::string_view caller,
+                              absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // choice->chosen if it has the space; else evicts on choice->target and
+  // allocates there (into choice->placed). Errors: ResourceExhausted (no
+  // alive node; the caller over its limits on every node; eviction cannot
+  // make room); store errors.
+  absl::StatusOr<Node*> EvictAndPlaceLocked(const PutPlan& plan,
+                                            NodeChoice* choice,
+                                            absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Allocates every length on `node` (one region per slot), or nothing.
   bool TryAllocateOnNode(Node& node, const std::vector<uint64_t>& lengths,
                          std::vector<std::pair<uint32_t, uint64_t>>* out)

@@ -204,9 +204,8 @@ bool MasterService::TryAllocateOnNode(
   return true;
 }
 
-absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
-    const v1::PutStartRequest& request, absl::string_view caller,
-    const TenantLimit& quota, bool* over_quota) {
+absl::Status MasterService::ValidatePutStart(
+    const v1::PutStartRequest& request) const {
   absl::Status s = ValidateKeys(request.keys());
   if (!s.ok()) return s;
   if (request.lengths_size() != request.keys_size()) {
@@ -227,35 +226,35 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
         absl::StrCat("parent_key has ", request.parent_key().size(),
                      " bytes (want 0..", options_.max_key_bytes, ")"));
   }
-  {
-    absl::flat_hash_set<absl::string_view> seen;
-    for (int i = 0; i < request.keys_size(); ++i) {
-      if (!seen.insert(request.keys(i)).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("key ", i, " '", PrintableKey(request.keys(i)),
-                         "' appears more than once"));
-      }
-    }
-    if (seen.contains(request.parent_key())) {
+  absl::flat_hash_set<absl::string_view> seen;
+  for (int i = 0; i < request.keys_size(); ++i) {
+    if (!seen.insert(request.keys(i)).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("parent_key '", PrintableKey(request.parent_key()),
-                       "' is one of the keys"));
+          absl::StrCat("key ", i, " '", PrintableKey(request.keys(i)),
+                       "' appears more than once"));
     }
   }
+  if (seen.contains(request.parent_key())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parent_key '", PrintableKey(request.parent_key()),
+                     "' is one of the keys"));
+  }
+  return absl::OkStatus();
+}
 
-  v1::PutStartResponse response;
-  MutexLock l(&mu_);
-  const absl::Time now = clock_->Now();
-  uint32_t preferred = request.preferred_node_id();
-  if (preferred != 0 && nodes_.count(preferred) == 0) {
+absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
+    const v1::PutStartRequest& request, absl::Time now,
+    v1::PutStartResponse* response) const {
+  PutPlan plan;
+  plan.preferred = request.preferred_node_id();
+  if (plan.preferred != 0 && nodes_.count(plan.preferred) == 0) {
     return absl::NotFoundError(
-        absl::StrCat("preferred node ", preferred, " is unknown"));
+        absl::StrCat("preferred node ", plan.preferred, " is unknown"));
   }
   // Keys this call must not evict: its parent and the keys it reports as
   // existing (the caller relies on their locations).
-  absl::flat_hash_set<absl::string_view> keep;
   if (!request.parent_key().empty()) {
-    keep.insert(request.parent_key());
+    plan.keep.insert(request.parent_key());
     auto e = index_.Find(request.parent_key());
     if (!e && !pending_keys_.contains(request.parent_key())) {
       // No reader could reach blocks after a missing one (see Chains).
@@ -264,20 +263,17 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
                        "' is not stored: the blocks after it would be "
                        "unreachable"));
     }
-    if (e && preferred == 0) {
+    if (e && plan.preferred == 0) {
       auto n = nodes_.find(e->node_id);
       if (n != nodes_.end() && IsPlaceable(n->second, now)) {
-        preferred = e->node_id;
+        plan.preferred = e->node_id;
       }
     }
   }
 
   // Classify the keys.
-  std::vector<int> to_allocate;
-  std::vector<uint64_t> lengths;
-  uint64_t total_bytes = 0;
   for (int i = 0; i < request.keys_size(); ++i) {
-    v1::PutSlot* slot = response.add_slots();
+    v1::PutSlot* slot = response->add_slots();
     const std::string& key = request.keys(i);
     if (pending_keys_.contains(key)) {
       slot->set_state(v1::SLOT_IN_PROGRESS);
@@ -291,7 +287,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
       // would be dropped with it.
       if (n != nodes_.end() && MayComeBack(n->second, now)) {
         slot->set_state(v1::SLOT_EXISTS);
-        keep.insert(key);
+        plan.keep.insert(key);
         v1::Location* loc = slot->mutable_location();
         ToProto(*e, loc);
         continue;
@@ -300,107 +296,130 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
       // again; the commit replaces the old entry.
     }
     slot->set_state(v1::SLOT_ALLOCATED);
-    to_allocate.push_back(i);
-    lengths.push_back(request.lengths(i));
-    total_bytes += request.lengths(i);
+    plan.to_allocate.push_back(i);
+    plan.lengths.push_back(request.lengths(i));
+    plan.total_bytes += request.lengths(i);
   }
-  if (to_allocate.empty()) return response;
+  return plan;
+}
 
-  const std::string tenant(TenantOfKey(request.keys(0)));
-  if (quota.limited()) {
-    const uint64_t refused = counters_.puts_over_tenant_quota;
-    absl::Status room = MakeRoomInTenant(tenant, quota, to_allocate.size(),
-                                         total_bytes, keep, now);
-    if (over_quota != nullptr) {
-      *over_quota = counters_.puts_over_tenant_quota != refused;
-    }
-    if (!room.ok()) return room;
-  }
-
-  // Choose one node for the whole request, among those where the caller's
-  // pending puts leave room for it (checked before anything is evicted).
-  std::vector<std::pair<uint32_t, uint64_t>> placed;
-  Node* chosen = nullptr;
-  Node* target = nullptr;  // where to evict if no node has room
-  std::string over_limit;  // why the caller may not put on some node
+MasterService::NodeChoice MasterService::ChooseNodeLocked(
+    const PutPlan& plan, absl::string_view caller, absl::Time now) {
+  // One node for the whole request, among those where the caller's pending
+  // puts leave room for it (checked before anything is evicted).
+  NodeChoice c;
   auto caller_may_put = [&](const Node& n) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return CallerMayPut(caller, n, to_allocate.size(), total_bytes,
-                        &over_limit);
+    return CallerMayPut(caller, n, plan.to_allocate.size(), plan.total_bytes,
+                        &c.over_limit);
   };
-  if (preferred != 0) {
-    Node& p = nodes_.at(preferred);
+  if (plan.preferred != 0) {
+    Node& p = nodes_.at(plan.preferred);
     if (IsPlaceable(p, now) && caller_may_put(p)) {
-      target = &p;
-      if (TryAllocateOnNode(p, lengths, &placed)) chosen = &p;
+      c.target = &p;
+      if (TryAllocateOnNode(p, plan.lengths, &c.placed)) c.chosen = &p;
     }
   }
-  size_t alive = 0;
-  size_t draining = 0;  // alive, but drained by an operator
-  if (chosen == nullptr && !nodes_.empty()) {
+  if (c.chosen == nullptr && !nodes_.empty()) {
     auto start = nodes_.upper_bound(last_placed_node_);
     auto it = start;
     for (size_t tried = 0; tried < nodes_.size(); ++tried, ++it) {
       if (it == nodes_.end()) it = nodes_.begin();
       if (!IsAlive(it->second, now)) continue;
       if (it->second.info.draining()) {
-        ++draining;
+        ++c.draining;
         continue;
       }
-      ++alive;
+      ++c.alive;
       if (!caller_may_put(it->second)) continue;
-      if (target == nullptr) target = &it->second;
-      if (it->first == preferred) continue;  // already tried
-      if (TryAllocateOnNode(it->second, lengths, &placed)) {
-        chosen = &it->second;
+      if (c.target == nullptr) c.target = &it->second;
+      if (it->first == plan.preferred) continue;  // already tried
+      if (TryAllocateOnNode(it->second, plan.lengths, &c.placed)) {
+        c.chosen = &it->second;
         break;
       }
     }
   }
-  if (chosen == nullptr) {
-    if (alive == 0) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "no alive storage node to place ", to_allocate.size(),
-          " objects (", nodes_.size(), " nodes known",
-          draining > 0 ? absl::StrCat(", ", draining, " alive but draining")
-                       : "",
-          ")"));
-    }
-    if (target == nullptr) {
-      ++counters_.puts_over_caller_limit;
-      LOG_EVERY_N(WARNING, 1000)
-          << "PutStart refused: " << over_limit;
-      return absl::ResourceExhaustedError(over_limit);
-    }
-    std::string why;
-    absl::StatusOr<bool> fit =
-        EvictAndAllocate(*target, lengths, keep, now, &placed, &why);
-    if (!fit.ok()) return fit.status();
-    if (!*fit) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "no alive storage node has room for ", to_allocate.size(),
-          " objects totalling ", total_bytes, " bytes; eviction on node ",
-          target->info.node_id(), ": ", why));
-    }
-    chosen = target;
+  return c;
+}
+
+absl::StatusOr<MasterService::Node*> MasterService::EvictAndPlaceLocked(
+    const PutPlan& plan, NodeChoice* choice, absl::Time now) {
+  if (choice->chosen != nullptr) return choice->chosen;
+  if (choice->alive == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no alive storage node to place ", plan.to_allocate.size(),
+        " objects (", nodes_.size(), " nodes known",
+        choice->draining > 0
+            ? absl::StrCat(", ", choice->draining, " alive but draining")
+            : "",
+        ")"));
   }
-  const uint32_t node_id = chosen->info.node_id();
+  if (choice->target == nullptr) {
+    ++counters_.puts_over_caller_limit;
+    LOG_EVERY_N(WARNING, 1000) << "PutStart refused: " << choice->over_limit;
+    return absl::ResourceExhaustedError(choice->over_limit);
+  }
+  std::string why;
+  absl::StatusOr<bool> fit = EvictAndAllocate(*choice->target, plan.lengths,
+                                              plan.keep, now, &choice->placed,
+                                              &why);
+  if (!fit.ok()) return fit.status();
+  if (!*fit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no alive storage node has room for ", plan.to_allocate.size(),
+        " objects totalling ", plan.total_bytes, " bytes; eviction on node ",
+        choice->target->info.node_id(), ": ", why));
+  }
+  return choice->target;
+}
+
+absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
+    const v1::PutStartRequest& request, absl::string_view caller,
+    const TenantLimit& quota, bool* over_quota) {
+  absl::Status s = ValidatePutStart(request);
+  if (!s.ok()) return s;
+
+  v1::PutStartResponse response;
+  MutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  absl::StatusOr<PutPlan> plan = ClassifyPutKeysLocked(request, now, &response);
+  if (!plan.ok()) return plan.status();
+  if (plan->to_allocate.empty()) return response;
+
+  const std::string tenant(TenantOfKey(request.keys(0)));
+  if (quota.limited()) {
+    const uint64_t refused = counters_.puts_over_tenant_quota;
+    absl::Status room =
+        MakeRoomInTenant(tenant, quota, plan->to_allocate.size(),
+                         plan->total_bytes, plan->keep, now);
+    if (over_quota != nullptr) {
+      *over_quota = counters_.puts_over_tenant_quota != refused;
+    }
+    if (!room.ok()) return room;
+  }
+
+  NodeChoice choice = ChooseNodeLocked(*plan, caller, now);
+  absl::StatusOr<Node*> chosen = EvictAndPlaceLocked(*plan, &choice, now);
+  if (!chosen.ok()) return chosen.status();
+  const std::vector<std::pair<uint32_t, uint64_t>>& placed = choice.placed;
+  const uint32_t node_id = (*chosen)->info.node_id();
 
   PendingPut put;
   put.caller = std::string(caller);
   put.tenant = tenant;
-  put.bytes = total_bytes;
+  put.bytes = plan->total_bytes;
   put.node_id = node_id;
   put.key_count = static_cast<uint32_t>(request.keys_size());
   put.parent_key = request.parent_key();
   put.expiry = now + options_.put_timeout;
-  put.slots.reserve(to_allocate.size());
-  for (size_t j = 0; j < to_allocate.size(); ++j) {
+  put.slots.reserve(plan->to_allocate.size());
+  for (size_t j = 0; j < plan->to_allocate.size(); ++j) {
     auto gen = store_->NextGeneration();
     if (!gen.ok()) {
       for (const auto& [rid, addr] : placed) FreeSpace(node_id, rid, addr);
       return gen.status();
     }
-    const int i = to_allocate[j];
+    const int i = plan->to_allocate[j];
     PendingSlot slot{static_cast<uint32_t>(i),
                      request.keys(i),
                      i == 0 ? request.parent_key() : request.keys(i - 1),
@@ -410,7 +429,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
                      *gen};
     v1::Location* loc = response.mutable_slots(i)->mutable_location();
     ToProto(slot.location(node_id), loc);
-    Grant(*chosen, *loc, wire::kCapWrite, put.expiry,
+    Grant(**chosen, *loc, wire::kCapWrite, put.expiry,
           response.mutable_slots(i)->mutable_capability());
     put.slots.push_back(std::move(slot));
   }
@@ -423,7 +442,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   pending_.emplace(put_id, std::move(put));
   last_placed_node_ = node_id;
   response.set_put_id(put_id);
-  FillNodeInfo(*chosen, now, response.mutable_node());
+  FillNodeInfo(**chosen, now, response.mutable_node());
   return response;
 }
 
