@@ -552,6 +552,12 @@ class MasterService {
     uint64_t purged = 0;              // of doomed, purged by incarnation
     uint64_t kept = 0;
   };
+  // Who registers under a known name (DecideTakeoverLocked).
+  struct NodeIdentity {
+    bool proven = false;    // proved the name's key
+    bool takeover = false;  // a new node under the name: nothing it held
+    std::string key;        // the node key to answer with
+  };
   // A PutStart's keys sorted out under the lock (ClassifyPutKeysLocked).
   struct PutPlan {
     uint32_t preferred = 0;         // the node to try first; 0: none
@@ -652,6 +658,35 @@ class MasterService {
   // BatchLookupResponse.nodes): a small part of FillNodeInfo's.
   void FillPeerInfo(const Node& node, hymcache::v1::NodeInfo* out) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // RegisterNode of a name not known yet: a new id, key and allocators.
+  // Errors: ResourceExhausted (max_nodes records kept, ids exhausted);
+  // Internal (no random key); store errors.
+  absl::Status RegisterNewNodeLocked(
+      const hymcache::v1::RegisterNodeRequest& request,
+      hymcache::v1::NodeInfo info, absl::Time now,
+      hymcache::v1::RegisterNodeResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a registration under the known name of `node` (id `id`) keeps
+  // its identity (a proof of its key, a repeat of a registration whose
+  // answer was lost, a record without a key) or takes it over (no proof,
+  // and the node is dead), and the key to answer with. Errors:
+  // PermissionDenied (no proof while the node may still be alive);
+  // Internal (no random key).
+  absl::StatusOr<NodeIdentity> DecideTakeoverLocked(
+      uint32_t id, const Node& node,
+      const hymcache::v1::RegisterNodeRequest& request, absl::Time now) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Re-registration of `node` with a new incarnation or new regions:
+  // purges the objects of a new incarnation, rebuilds the allocators for
+  // the new layout (dropping objects that no longer fit), cancels its
+  // pending puts. Errors: store errors (nothing changes).
+  absl::Status RebuildRegionsLocked(
+      uint32_t id, Node& node,
+      const hymcache::v1::RegisterNodeRequest& request,
+      hymcache::v1::NodeInfo info, const NodeIdentity& who,
+      bool new_incarnation, absl::Time now,
+      hymcache::v1::RegisterNodeResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds allocators for `regions` and reserves the node's objects in them.
   // Objects in `purge_regions` or that do not fit are listed as doomed.
   absl::StatusOr<Rebuild> PlanRebuild(

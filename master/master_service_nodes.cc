@@ -104,6 +104,54 @@ bool SameLayout(const google::protobuf::RepeatedPtrField<v1::RegionInfo>& a,
   return true;
 }
 
+// RegisterNode's checks of the request alone (see RegisterNode's errors).
+absl::Status ValidateRegistration(const v1::RegisterNodeRequest& request) {
+  if (request.name().empty() || request.name().size() > kMaxNodeNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node name of ", request.name().size(),
+                     " bytes (want 1..", kMaxNodeNameBytes, ")"));
+  }
+  absl::Status s = ValidateAddress(request.data_address(), "data_address");
+  if (!s.ok()) return s;
+  s = ValidateAddress(request.control_address(), "control_address");
+  if (!s.ok()) return s;
+  if (request.incarnation() == 0) {
+    return absl::InvalidArgumentError("incarnation must be nonzero");
+  }
+  if (request.registration_nonce().size() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "registration_nonce of ", request.registration_nonce().size(),
+        " bytes (want at most 64)"));
+  }
+  s = ValidateTransportParams(request.transport_params());
+  if (!s.ok()) return s;
+  if (request.regions().empty() || request.regions_size() > kMaxRegions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(request.regions_size(), " regions (want 1..", kMaxRegions,
+                     ")"));
+  }
+  absl::flat_hash_set<uint32_t> region_ids;
+  for (const auto& r : request.regions()) {
+    if (!region_ids.insert(r.region_id()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("region id ", r.region_id(), " appears twice"));
+    }
+    const uint32_t a = r.alignment();
+    if (a == 0 || (a & (a - 1)) != 0 || a > kMaxAlignment) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("region ", r.region_id(), ": alignment ", a,
+                       " is not a power of two <= 1 GiB"));
+    }
+    if (r.capacity_bytes() == 0 || r.capacity_bytes() < a) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("region ", r.region_id(), ": capacity ",
+                       r.capacity_bytes(), " must be > 0 and >= alignment ",
+                       a));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool MasterService::MayComeBack(const Node& node, absl::Time now) const {
@@ -337,49 +385,8 @@ absl::StatusOr<MasterService::Rebuild> MasterService::PlanRebuild(
 
 absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
     const v1::RegisterNodeRequest& request) {
-  if (request.name().empty() || request.name().size() > kMaxNodeNameBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("node name of ", request.name().size(),
-                     " bytes (want 1..", kMaxNodeNameBytes, ")"));
-  }
-  absl::Status s = ValidateAddress(request.data_address(), "data_address");
+  absl::Status s = ValidateRegistration(request);
   if (!s.ok()) return s;
-  s = ValidateAddress(request.control_address(), "control_address");
-  if (!s.ok()) return s;
-  if (request.incarnation() == 0) {
-    return absl::InvalidArgumentError("incarnation must be nonzero");
-  }
-  if (request.registration_nonce().size() > 64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "registration_nonce of ", request.registration_nonce().size(),
-        " bytes (want at most 64)"));
-  }
-  s = ValidateTransportParams(request.transport_params());
-  if (!s.ok()) return s;
-  if (request.regions().empty() || request.regions_size() > kMaxRegions) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(request.regions_size(), " regions (want 1..", kMaxRegions,
-                     ")"));
-  }
-  absl::flat_hash_set<uint32_t> region_ids;
-  for (const auto& r : request.regions()) {
-    if (!region_ids.insert(r.region_id()).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("region id ", r.region_id(), " appears twice"));
-    }
-    const uint32_t a = r.alignment();
-    if (a == 0 || (a & (a - 1)) != 0 || a > kMaxAlignment) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("region ", r.region_id(), ": alignment ", a,
-                       " is not a power of two <= 1 GiB"));
-    }
-    if (r.capacity_bytes() == 0 || r.capacity_bytes() < a) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("region ", r.region_id(), ": capacity ",
-                       r.capacity_bytes(), " must be > 0 and >= alignment ",
-                       a));
-    }
-  }
 
   v1::NodeInfo info;
   info.set_name(request.name());
@@ -403,38 +410,8 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   const absl::Time now = clock_->Now();
   auto known = node_by_name_.find(request.name());
   if (known == node_by_name_.end()) {
-    if (next_node_id_ == 0) {
-      return absl::ResourceExhaustedError("node ids exhausted");
-    }
-    if (nodes_.size() >= options_.max_nodes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the master keeps at most ", options_.max_nodes,
-          " node records; remove dead ones with `hymctl node forget NAME`"));
-    }
-    const uint32_t id = next_node_id_;
-    info.set_node_id(id);
-    auto plan = PlanRebuild(id, info.regions(), {}, /*scan_index=*/false);
-    if (!plan.ok()) return plan.status();
-    auto key = NewNodeKey();
-    if (!key.ok()) return key.status();
-    info.set_node_key(*key);
-    s = store_->PutNode(info);
+    s = RegisterNewNodeLocked(request, std::move(info), now, &response);
     if (!s.ok()) return s;
-    ++next_node_id_;
-    Node& node = nodes_[id];
-    node.mac.emplace(*key);
-    node.key_confirmed = false;
-    node.registration_nonce = request.registration_nonce();
-    response.set_node_key(*key);
-    node.info = std::move(info);
-    node.last_seen = now;
-    node.registered = true;
-    node.regions = std::move(plan->regions);
-    node_by_name_[request.name()] = id;
-    response.set_node_id(id);
-    LOG(INFO) << "registered node " << id << " '" << request.name()
-              << "' incarnation " << request.incarnation() << " at "
-              << request.data_address();
     return response;
   }
 
@@ -444,42 +421,12 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   // An operator's drain outlives the node's restarts (hymctl undrain ends
   // it).
   info.set_draining(node.info.draining());
-  // Only the holder of the name's key keeps or takes over its identity.
-  const bool proven = ProofValid(node, "register", 0, request.incarnation(),
-                                 request.auth(), now);
-  bool takeover = false;
-  // The same registration again: its answer (the key) never reached the
-  // node. Answer it the same way; nothing the node held is lost.
-  const bool repeat =
-      !proven && node.mac && !node.key_confirmed && node.registered &&
-      !node.deregistered && node.info.incarnation() == request.incarnation() &&
-      !request.registration_nonce().empty() &&
-      request.registration_nonce() == node.registration_nonce;
-  if (repeat) {
-    LOG(INFO) << "node " << id << " '" << request.name()
-              << "' registers again before proving its key: answering as "
-                 "before (its last answer was lost)";
-  }
-  if (!proven && !repeat && node.mac) {
-    if (MayComeBack(node, now)) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "node '", request.name(), "' is registered and alive: registering "
-          "it again needs a proof of its node key (or wait until it has "
-          "missed heartbeats for ",
-          absl::FormatDuration(options_.node_timeout), ")"));
-    }
-    takeover = true;  // a new node under the old name: nothing it held
-  }
-  std::string key = node.info.node_key();
-  if (takeover || key.empty()) {  // key.empty(): trusted on first use
-    auto k = NewNodeKey();
-    if (!k.ok()) return k.status();
-    key = *std::move(k);
-  }
-  info.set_node_key(key);
-  response.set_node_key(key);
+  absl::StatusOr<NodeIdentity> who = DecideTakeoverLocked(id, node, request, now);
+  if (!who.ok()) return who.status();
+  info.set_node_key(who->key);
+  response.set_node_key(who->key);
   const bool new_incarnation =
-      takeover || node.info.incarnation() != request.incarnation();
+      who->takeover || node.info.incarnation() != request.incarnation();
   const bool new_layout = !SameLayout(node.info.regions(), request.regions());
   if (!new_incarnation && !new_layout) {
     // Same memory, same layout: a node coming back after a timeout or a
@@ -487,8 +434,8 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
     s = store_->PutNode(info);
     if (!s.ok()) return s;
     node.info = std::move(info);
-    node.mac.emplace(key);
-    node.key_confirmed = proven;
+    node.mac.emplace(who->key);
+    node.key_confirmed = who->proven;
     node.registration_nonce = request.registration_nonce();
     for (const auto& r : node.info.regions()) {
       auto region = node.regions.find(r.region_id());
@@ -507,7 +454,94 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
                       : "");
     return response;
   }
+  s = RebuildRegionsLocked(id, node, request, std::move(info), *who,
+                           new_incarnation, now, &response);
+  if (!s.ok()) return s;
+  return response;
+}
 
+absl::Status MasterService::RegisterNewNodeLocked(
+    const v1::RegisterNodeRequest& request, v1::NodeInfo info, absl::Time now,
+    v1::RegisterNodeResponse* response) {
+  if (next_node_id_ == 0) {
+    return absl::ResourceExhaustedError("node ids exhausted");
+  }
+  if (nodes_.size() >= options_.max_nodes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the master keeps at most ", options_.max_nodes,
+        " node records; remove dead ones with `hymctl node forget NAME`"));
+  }
+  const uint32_t id = next_node_id_;
+  info.set_node_id(id);
+  auto plan = PlanRebuild(id, info.regions(), {}, /*scan_index=*/false);
+  if (!plan.ok()) return plan.status();
+  auto key = NewNodeKey();
+  if (!key.ok()) return key.status();
+  info.set_node_key(*key);
+  absl::Status s = store_->PutNode(info);
+  if (!s.ok()) return s;
+  ++next_node_id_;
+  Node& node = nodes_[id];
+  node.mac.emplace(*key);
+  node.key_confirmed = false;
+  node.registration_nonce = request.registration_nonce();
+  response->set_node_key(*key);
+  node.info = std::move(info);
+  node.last_seen = now;
+  node.registered = true;
+  node.regions = std::move(plan->regions);
+  node_by_name_[request.name()] = id;
+  response->set_node_id(id);
+  LOG(INFO) << "registered node " << id << " '" << request.name()
+            << "' incarnation " << request.incarnation() << " at "
+            << request.data_address();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MasterService::NodeIdentity>
+MasterService::DecideTakeoverLocked(uint32_t id, const Node& node,
+                                    const v1::RegisterNodeRequest& request,
+                                    absl::Time now) const {
+  NodeIdentity who;
+  // Only the holder of the name's key keeps or takes over its identity.
+  who.proven = ProofValid(node, "register", 0, request.incarnation(),
+                          request.auth(), now);
+  // The same registration again: its answer (the key) never reached the
+  // node. Answer it the same way; nothing the node held is lost.
+  const bool repeat =
+      !who.proven && node.mac && !node.key_confirmed && node.registered &&
+      !node.deregistered && node.info.incarnation() == request.incarnation() &&
+      !request.registration_nonce().empty() &&
+      request.registration_nonce() == node.registration_nonce;
+  if (repeat) {
+    LOG(INFO) << "node " << id << " '" << request.name()
+              << "' registers again before proving its key: answering as "
+                 "before (its last answer was lost)";
+  }
+  if (!who.proven && !repeat && node.mac) {
+    if (MayComeBack(node, now)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "node '", request.name(), "' is registered and alive: registering "
+          "it again needs a proof of its node key (or wait until it has "
+          "missed heartbeats for ",
+          absl::FormatDuration(options_.node_timeout), ")"));
+    }
+    who.takeover = true;  // a new node under the old name: nothing it held
+  }
+  who.key = node.info.node_key();
+  if (who.takeover || who.key.empty()) {  // empty: trusted on first use
+    auto k = NewNodeKey();
+    if (!k.ok()) return k.status();
+    who.key = *std::move(k);
+  }
+  return who;
+}
+
+absl::Status MasterService::RebuildRegionsLocked(
+    uint32_t id, Node& node, const v1::RegisterNodeRequest& request,
+    v1::NodeInfo info, const NodeIdentity& who, bool new_incarnation,
+    absl::Time now, v1::RegisterNodeResponse* response) {
+  const bool new_layout = !SameLayout(node.info.regions(), request.regions());
   std::vector<uint32_t> purge_regions;
   if (new_incarnation) {
     // A new incarnation means the node's memory started afresh (DRAM after a
@@ -519,7 +553,7 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   MetadataMutation m;
   m.delete_objects = plan->doomed;
   m.put_nodes.push_back(info);
-  s = store_->Apply(m);
+  absl::Status s = store_->Apply(m);
   if (!s.ok()) return s;
 
   // The old allocators are replaced: pending puts' space goes with them.
@@ -536,8 +570,8 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
                  << " objects that no longer fit its new regions";
   }
   node.info = std::move(info);
-  node.mac.emplace(key);
-  node.key_confirmed = proven;
+  node.mac.emplace(who.key);
+  node.key_confirmed = who.proven;
   node.registration_nonce = request.registration_nonce();
   node.regions = std::move(plan->regions);
   node.object_count = plan->kept;
@@ -545,16 +579,16 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   node.deregistered = false;
   MarkRegistered(node, /*retained=*/!new_incarnation);
   SweepOrphansLocked();  // chains that lost a dropped object
-  response.set_node_id(id);
-  response.set_objects_retained(!new_incarnation);
-  response.set_reconcile(node.needs_reconcile);
+  response->set_node_id(id);
+  response->set_objects_retained(!new_incarnation);
+  response->set_reconcile(node.needs_reconcile);
   LOG(INFO) << "node " << id << " '" << request.name() << "' re-registered"
-            << (takeover ? " by a new node (no proof of the old one's key)"
+            << (who.takeover ? " by a new node (no proof of the old one's key)"
                 : new_incarnation ? " with a new incarnation"
                                   : "")
             << (new_layout ? " with new regions" : "") << "; purged "
             << plan->purged << " objects, kept " << plan->kept;
-  return response;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::HeartbeatResponse> MasterService::Heartbeat(
