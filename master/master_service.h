@@ -582,6 +582,9 @@ class MasterService {
                 std::unique_ptr<MetadataStore> store);
 
   absl::Status Load();
+  // Loads index_ from options_.snapshot_path and the store's changes since
+  // it, and builds the allocators (master_service_recovery.cc).
+  class SnapshotLoader;
   // Loads index_ from options_.snapshot_path plus the store's changes since
   // it, then the allocators, adding the keys of the objects it drops to
   // *doomed. Returns false (index_ and the allocators empty again) when it

@@ -15,7 +15,9 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -187,15 +189,25 @@ void MasterService::ResetObjectsLocked() {
   }
 }
 
-bool MasterService::LoadSnapshotLocked(std::vector<std::string>* doomed) {
-  if (options_.snapshot_path.empty()) return false;
-  const absl::Time t_start = absl::Now();
-  // Each known region's allocator, built from the snapshot's locations on
-  // its reader's second thread while this one restores the index (at 10 M
-  // objects they took a third of the restart after it). Used when the index
-  // ends up holding exactly the snapshot's entries (no change since, no
-  // orphan, every region known, no empty object); otherwise they are built
-  // from the index below.
+// Loads the index from options_.snapshot_path plus the store's changes
+// since it, then the allocators (LoadSnapshotLocked). It owns the work of
+// the snapshot reader's second thread: while this thread restores the
+// index, that one builds each known region's allocator from the
+// snapshot's locations (at 10 M objects they took a third of the restart
+// after it). Those are used when the index ends up holding exactly the
+// snapshot's entries (no change since, no orphan, every region known, no
+// empty object); otherwise the allocators are built from the index.
+// REQUIRES: the service's mu_ held exclusively for the loader's life. One
+// Load per loader.
+class MasterService::SnapshotLoader {
+ public:
+  explicit SnapshotLoader(MasterService* service) : service_(service) {}
+
+  // As LoadSnapshotLocked.
+  bool Load(std::vector<std::string>* doomed);
+
+ private:
+  // One region's allocator built from the snapshot (BuildAllocators).
   struct Prebuilt {
     RegionAllocatorOptions options;
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
@@ -203,80 +215,155 @@ bool MasterService::LoadSnapshotLocked(std::vector<std::string>* doomed) {
     size_t count = 0;
     std::unique_ptr<RegionAllocator> allocator;
   };
-  absl::flat_hash_map<uint64_t, Prebuilt> prebuilt;  // node << 32 | region
-  for (const auto& [node_id, node] : nodes_) {
+  // One region's objects in the loaded index (CollectRegions).
+  struct RegionLoad {
+    Node* node = nullptr;
+    Region* region = nullptr;  // nullptr: unknown node or region
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    uint64_t bytes = 0;
+  };
+
+  // An entry in prebuilt_ for each known region.
+  void PlanPrebuilt() ABSL_EXCLUSIVE_LOCKS_REQUIRED(service_->mu_);
+  // Fills prebuilt_ from the snapshot's entry stream; runs on the
+  // snapshot reader's second thread and touches nothing else.
+  void BuildAllocators(absl::string_view stream);
+  // Reads the snapshot into the index (empty before): false if there is
+  // none or it is damaged.
+  bool Read() ABSL_EXCLUSIVE_LOCKS_REQUIRED(service_->mu_);
+  // Applies the store's changes since the snapshot as the running master
+  // applied them: puts (new or replacing, linked to their parent if
+  // present), deletes (their descendants become orphans), later uses.
+  // False (the index and allocators reset) if the store cannot.
+  bool ReplayChanges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(service_->mu_);
+  // Installs the prebuilt allocators if they describe the index exactly;
+  // false if they do not.
+  bool UsePrebuilt(bool orphans) ABSL_EXCLUSIVE_LOCKS_REQUIRED(service_->mu_);
+  // Per region: its objects' ranges, count and bytes, in one pass over
+  // the index (entries come grouped by node, so the last region is
+  // cached); objects of an unknown region, or empty, into gone_.
+  void CollectRegions() ABSL_EXCLUSIVE_LOCKS_REQUIRED(service_->mu_);
+  // Drops `orphans` and the objects CollectRegions could not place (with
+  // their descendants), then reserves every region's objects at once;
+  // false (everything reset) if a region refuses.
+  bool ReserveFromIndex(
+      const std::vector<std::pair<std::string, ObjectLocation>>& orphans,
+      std::vector<std::string>* doomed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(service_->mu_);
+
+  MasterService* const service_;
+  // By node << 32 | region. Written by the reader's thread, read here
+  // after it returned (as is prebuilt_ok_).
+  absl::flat_hash_map<uint64_t, Prebuilt> prebuilt_;
+  bool prebuilt_ok_ = true;
+  uint64_t seq_ = 0;               // the snapshot's store sequence
+  size_t snapshot_entries_ = 0;    // objects in the snapshot
+  uint64_t changes_ = 0;           // replayed
+  absl::flat_hash_map<uint64_t, RegionLoad> regions_;
+  std::vector<std::string> gone_;
+  absl::Time t_start_, t_read_, t_replayed_;
+};
+
+bool MasterService::SnapshotLoader::Load(std::vector<std::string>* doomed) {
+  service_->mu_.AssertHeld();
+  t_start_ = absl::Now();
+  PlanPrebuilt();
+  if (!Read()) return false;
+  if (!ReplayChanges()) return false;
+  // Blocks whose chain lost a block go (a crash between a removal and the
+  // removal of its orphans leaves them in the store).
+  const std::vector<std::pair<std::string, ObjectLocation>> orphans =
+      service_->index_.Orphans();
+  if (UsePrebuilt(!orphans.empty())) {
+    LOG(INFO) << "index snapshot at sequence " << seq_ << ": "
+              << snapshot_entries_ << " objects, no change since; read and "
+              << "allocators built in " << (t_read_ - t_start_) << ", "
+              << (absl::Now() - t_start_) << " in all";
+    return true;
+  }
+  return ReserveFromIndex(orphans, doomed);
+}
+
+void MasterService::SnapshotLoader::PlanPrebuilt() {
+  for (const auto& [node_id, node] : service_->nodes_) {
     for (const auto& [region_id, region] : node.regions) {
-      prebuilt[(uint64_t{node_id} << 32) | region_id].options = {
+      prebuilt_[(uint64_t{node_id} << 32) | region_id].options = {
           region.allocator->capacity(), region.allocator->alignment()};
     }
   }
-  // Written by the reader's thread, read here after it returned.
-  bool prebuilt_ok = true;
-  auto build = [&prebuilt, &prebuilt_ok](absl::string_view stream) {
-    uint64_t last_id = ~uint64_t{0};
-    Prebuilt* last = nullptr;
-    absl::Status s = MetadataIndex::ForEachSnapshotLocation(
-        stream, [&](const ObjectLocation& e) {
-          if (!prebuilt_ok) return;
-          const uint64_t id = (uint64_t{e.node_id} << 32) | e.region_id;
-          if (id != last_id) {
-            auto it = prebuilt.find(id);
-            if (it == prebuilt.end()) {
-              prebuilt_ok = false;  // an unknown region: dropped below
-              return;
-            }
-            last_id = id;
-            last = &it->second;
-          }
-          if (e.length == 0) {
-            prebuilt_ok = false;
+}
+
+void MasterService::SnapshotLoader::BuildAllocators(
+    absl::string_view stream) {
+  uint64_t last_id = ~uint64_t{0};
+  Prebuilt* last = nullptr;
+  absl::Status s = MetadataIndex::ForEachSnapshotLocation(
+      stream, [&](const ObjectLocation& e) {
+        if (!prebuilt_ok_) return;
+        const uint64_t id = (uint64_t{e.node_id} << 32) | e.region_id;
+        if (id != last_id) {
+          auto it = prebuilt_.find(id);
+          if (it == prebuilt_.end()) {
+            prebuilt_ok_ = false;  // an unknown region: dropped below
             return;
           }
-          last->ranges.emplace_back(e.addr, e.length);
-          last->bytes += e.length;
-        });
-    if (!s.ok()) prebuilt_ok = false;
-    for (auto& [id, pb] : prebuilt) {
-      if (!prebuilt_ok) return;
-      pb.count = pb.ranges.size();
-      if (pb.count == 0) continue;
-      absl::StatusOr<std::unique_ptr<RegionAllocator>> a =
-          RegionAllocator::Create(pb.options);
-      if (!a.ok() || !(*a)->ReserveAll(std::move(pb.ranges)).ok()) {
-        prebuilt_ok = false;
-        return;
-      }
-      pb.allocator = std::move(a).value();
+          last_id = id;
+          last = &it->second;
+        }
+        if (e.length == 0) {
+          prebuilt_ok_ = false;
+          return;
+        }
+        last->ranges.emplace_back(e.addr, e.length);
+        last->bytes += e.length;
+      });
+  if (!s.ok()) prebuilt_ok_ = false;
+  for (auto& [id, pb] : prebuilt_) {
+    if (!prebuilt_ok_) return;
+    pb.count = pb.ranges.size();
+    if (pb.count == 0) continue;
+    absl::StatusOr<std::unique_ptr<RegionAllocator>> a =
+        RegionAllocator::Create(pb.options);
+    if (!a.ok() || !(*a)->ReserveAll(std::move(pb.ranges)).ok()) {
+      prebuilt_ok_ = false;
+      return;
     }
-  };
-  absl::StatusOr<uint64_t> seq =
-      ReadIndexSnapshot(options_.snapshot_path, &index_, build);
-  const absl::Time t_read = absl::Now();
+    pb.allocator = std::move(a).value();
+  }
+}
+
+bool MasterService::SnapshotLoader::Read() {
+  absl::StatusOr<uint64_t> seq = ReadIndexSnapshot(
+      service_->options_.snapshot_path, &service_->index_,
+      [this](absl::string_view stream) { BuildAllocators(stream); });
+  t_read_ = absl::Now();
   if (!seq.ok()) {
     if (!absl::IsNotFound(seq.status())) {
       LOG(WARNING) << "index snapshot not used: " << seq.status();
     }
     return false;
   }
-  const size_t snapshot_entries = index_.size();
-  // The changes since the snapshot, applied as the running master applied
-  // them: puts (new or replacing, linked to their parent if present),
-  // deletes (their descendants become orphans, removed below), later uses.
-  const bool track = options_.recency_batch > 0;
-  index_.TrackUsed(false);
+  seq_ = *seq;
+  snapshot_entries_ = service_->index_.size();
+  return true;
+}
+
+bool MasterService::SnapshotLoader::ReplayChanges() {
+  MetadataIndex& index = service_->index_;
+  const bool track = service_->options_.recency_batch > 0;
+  index.TrackUsed(false);
   std::vector<std::pair<std::string, std::string>> linked;  // key, parent
   std::vector<std::pair<uint64_t, std::string>> uses;       // ms, key
   absl::Status bad;
-  uint64_t changes = 0;
-  absl::Status s = store_->ForEachObjectChangeSince(
-      *seq, [&](const MetadataStore::ObjectChange& c)
+  absl::Status s = service_->store_->ForEachObjectChangeSince(
+      seq_, [&](const MetadataStore::ObjectChange& c)
                 ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        ++changes;
+        ++changes_;
         if (!bad.ok()) return;
         switch (c.kind) {
           case MetadataStore::ObjectChange::Kind::kPut: {
             const ObjectRecord& r = *c.record;
-            auto up = index_.Upsert(c.key, r, r.parent_key);
+            auto up = index.Upsert(c.key, r, r.parent_key);
             if (!up.ok()) {
               bad = up.status();
               return;
@@ -287,7 +374,7 @@ bool MasterService::LoadSnapshotLocked(std::vector<std::string>* doomed) {
             break;
           }
           case MetadataStore::ObjectChange::Kind::kDelete:
-            index_.Erase(c.key);
+            index.Erase(c.key);
             break;
           case MetadataStore::ObjectChange::Kind::kUse:
             uses.emplace_back(c.use_ms, std::string(c.key));
@@ -296,129 +383,120 @@ bool MasterService::LoadSnapshotLocked(std::vector<std::string>* doomed) {
       });
   if (s.ok()) s = bad;
   if (!s.ok()) {
-    LOG(WARNING) << "index snapshot at sequence " << *seq
+    LOG(WARNING) << "index snapshot at sequence " << seq_
                  << " not used (scanning the store instead): " << s;
-    ResetObjectsLocked();
-    index_.TrackUsed(track);
+    service_->ResetObjectsLocked();
+    index.TrackUsed(track);
     return false;
   }
   // A block committed before the block before it (racing puts of one
   // chain) is linked once both are in.
   for (const auto& [key, parent] : linked) {
-    auto chain = index_.Chain(key);
-    if (chain && chain->parent.empty() && index_.Find(parent)) {
-      index_.Adopt(key, parent);
+    auto chain = index.Chain(key);
+    if (chain && chain->parent.empty() && index.Find(parent)) {
+      index.Adopt(key, parent);
     }
   }
   std::stable_sort(uses.begin(), uses.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& [ms, key] : uses) index_.Touch(key, 0);
-  index_.TrackUsed(track);
-  const absl::Time t_replayed = absl::Now();
+  for (const auto& [ms, key] : uses) index.Touch(key, 0);
+  index.TrackUsed(track);
+  t_replayed_ = absl::Now();
+  return true;
+}
 
-  // Per region: its objects' ranges, count and bytes, in one pass over the
-  // index (entries come grouped by node, so the last region is cached).
-  struct RegionLoad {
-    Node* node = nullptr;
-    Region* region = nullptr;  // nullptr: unknown node or region
-    std::vector<std::pair<uint64_t, uint64_t>> ranges;
-    uint64_t bytes = 0;
-  };
-  absl::flat_hash_map<uint64_t, RegionLoad> regions;
-  std::vector<std::string> gone;
-  auto collect = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    regions.clear();
-    gone.clear();
-    uint64_t last_id = ~uint64_t{0};
-    RegionLoad* last = nullptr;
-    index_.ForEach([&](absl::string_view key, const ObjectLocation& e)
-                       ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      const uint64_t id = (uint64_t{e.node_id} << 32) | e.region_id;
-      if (id != last_id) {
-        auto [it, fresh] = regions.try_emplace(id);
-        if (fresh) {
-          auto n = nodes_.find(e.node_id);
-          if (n != nodes_.end()) {
-            auto r = n->second.regions.find(e.region_id);
-            if (r != n->second.regions.end()) {
-              it->second.node = &n->second;
-              it->second.region = &r->second;
-            }
+bool MasterService::SnapshotLoader::UsePrebuilt(bool orphans) {
+  if (prebuilt_ok_ && changes_ == 0 && !orphans) {
+    size_t count = 0;
+    for (const auto& [id, pb] : prebuilt_) count += pb.count;
+    prebuilt_ok_ = count == service_->index_.size();
+  } else {
+    prebuilt_ok_ = false;
+  }
+  if (!prebuilt_ok_) return false;
+  // The index is the snapshot: its allocators are ready.
+  for (auto& [id, pb] : prebuilt_) {
+    if (pb.count == 0) continue;
+    Node& node = service_->nodes_.at(static_cast<uint32_t>(id >> 32));
+    Region& region = node.regions.at(static_cast<uint32_t>(id));
+    region.allocator = std::move(pb.allocator);
+    node.object_count += pb.count;
+    region.object_count += pb.count;
+    service_->object_bytes_ += pb.bytes;
+  }
+  return true;
+}
+
+void MasterService::SnapshotLoader::CollectRegions() {
+  regions_.clear();
+  gone_.clear();
+  uint64_t last_id = ~uint64_t{0};
+  RegionLoad* last = nullptr;
+  service_->index_.ForEach([&](absl::string_view key, const ObjectLocation& e)
+                               ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const uint64_t id = (uint64_t{e.node_id} << 32) | e.region_id;
+    if (id != last_id) {
+      auto [it, fresh] = regions_.try_emplace(id);
+      if (fresh) {
+        auto n = service_->nodes_.find(e.node_id);
+        if (n != service_->nodes_.end()) {
+          auto r = n->second.regions.find(e.region_id);
+          if (r != n->second.regions.end()) {
+            it->second.node = &n->second;
+            it->second.region = &r->second;
           }
         }
-        last_id = id;
-        last = &it->second;
       }
-      if (last->region == nullptr || e.length == 0) {
-        gone.emplace_back(key);
-        return;
-      }
-      last->ranges.emplace_back(e.addr, e.length);
-      last->bytes += e.length;
-    });
-  };
-  // Blocks whose chain lost a block go (a crash between a removal and the
-  // removal of its orphans leaves them in the store).
-  std::vector<std::string> dropped;
-  const std::vector<std::pair<std::string, ObjectLocation>> orphans =
-      index_.Orphans();
-  if (prebuilt_ok && changes == 0 && orphans.empty()) {
-    size_t count = 0;
-    for (const auto& [id, pb] : prebuilt) count += pb.count;
-    prebuilt_ok = count == index_.size();
-  } else {
-    prebuilt_ok = false;
-  }
-  if (prebuilt_ok) {
-    // The index is the snapshot: its allocators are ready.
-    for (auto& [id, pb] : prebuilt) {
-      if (pb.count == 0) continue;
-      Node& node = nodes_.at(static_cast<uint32_t>(id >> 32));
-      Region& region = node.regions.at(static_cast<uint32_t>(id));
-      region.allocator = std::move(pb.allocator);
-      node.object_count += pb.count;
-      region.object_count += pb.count;
-      object_bytes_ += pb.bytes;
+      last_id = id;
+      last = &it->second;
     }
-    LOG(INFO) << "index snapshot at sequence " << *seq << ": "
-              << snapshot_entries << " objects, no change since; read and "
-              << "allocators built in " << (t_read - t_start) << ", "
-              << (absl::Now() - t_start) << " in all";
-    return true;
-  }
+    if (last->region == nullptr || e.length == 0) {
+      gone_.emplace_back(key);
+      return;
+    }
+    last->ranges.emplace_back(e.addr, e.length);
+    last->bytes += e.length;
+  });
+}
+
+bool MasterService::SnapshotLoader::ReserveFromIndex(
+    const std::vector<std::pair<std::string, ObjectLocation>>& orphans,
+    std::vector<std::string>* doomed) {
+  MetadataIndex& index = service_->index_;
+  std::vector<std::string> dropped;
   for (const auto& [key, e] : orphans) {
-    index_.Erase(key);
+    index.Erase(key);
     dropped.push_back(key);
   }
-  collect();
+  CollectRegions();
   const absl::Time t_collected = absl::Now();
-  if (!gone.empty()) {
+  if (!gone_.empty()) {
     // Rare (a node record lost): they go with their descendants, and the
     // pass again without them.
-    for (const std::string& key : gone) index_.Erase(key);
-    dropped.insert(dropped.end(), gone.begin(), gone.end());
-    for (const auto& [key, e] : index_.Orphans()) {
-      index_.Erase(key);
+    for (const std::string& key : gone_) index.Erase(key);
+    dropped.insert(dropped.end(), gone_.begin(), gone_.end());
+    for (const auto& [key, e] : index.Orphans()) {
+      index.Erase(key);
       dropped.push_back(key);
     }
-    collect();
+    CollectRegions();
   }
-  gone = std::move(dropped);
-  for (auto& [id, load] : regions) {
+  gone_ = std::move(dropped);
+  for (auto& [id, load] : regions_) {
     if (load.region == nullptr) continue;
     const size_t n = load.ranges.size();
     absl::Status rs = load.region->allocator->ReserveAll(std::move(load.ranges));
     if (!rs.ok()) {
-      LOG(WARNING) << "index snapshot at sequence " << *seq
+      LOG(WARNING) << "index snapshot at sequence " << seq_
                    << " not used (scanning the store instead): " << rs;
-      ResetObjectsLocked();
+      service_->ResetObjectsLocked();
       return false;
     }
     load.node->object_count += n;
     load.region->object_count += n;
-    object_bytes_ += load.bytes;
+    service_->object_bytes_ += load.bytes;
   }
-  for (std::string& key : gone) {
+  for (std::string& key : gone_) {
     if (doomed->size() < kMaxDropWarnings) {
       LOG(WARNING) << "dropping persisted object '" << PrintableKey(key)
                    << "': its node or region is unknown, or its chain lost "
@@ -426,12 +504,19 @@ bool MasterService::LoadSnapshotLocked(std::vector<std::string>* doomed) {
     }
     doomed->push_back(std::move(key));
   }
-  LOG(INFO) << "index snapshot at sequence " << *seq << ": " << snapshot_entries
-            << " objects, then " << changes << " changes replayed; read in "
-            << (t_read - t_start) << ", changes in " << (t_replayed - t_read)
-            << ", ranges in " << (t_collected - t_replayed)
-            << ", allocators in " << (absl::Now() - t_collected);
+  LOG(INFO) << "index snapshot at sequence " << seq_ << ": "
+            << snapshot_entries_ << " objects, then " << changes_
+            << " changes replayed; read in " << (t_read_ - t_start_)
+            << ", changes in " << (t_replayed_ - t_read_) << ", ranges in "
+            << (t_collected - t_replayed_) << ", allocators in "
+            << (absl::Now() - t_collected);
   return true;
+}
+
+bool MasterService::LoadSnapshotLocked(std::vector<std::string>* doomed) {
+  if (options_.snapshot_path.empty()) return false;
+  SnapshotLoader loader(this);
+  return loader.Load(doomed);
 }
 
 absl::StatusOr<bool> MasterService::LoadObjectsLocked(
