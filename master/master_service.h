@@ -558,6 +558,14 @@ class MasterService {
     bool takeover = false;  // a new node under the name: nothing it held
     std::string key;        // the node key to answer with
   };
+  // Phase 1 of FinishReconcile (CompareListings).
+  struct ReconcileScan {
+    // Listings the node does not hold exactly, judged again in phase 2.
+    std::vector<std::pair<std::string, ObjectLocation>> candidates;
+    uint64_t listed = 0;   // the node's listings looked at
+    uint64_t matched = 0;  // held exactly (removed from the held extents)
+    uint64_t skipped = 0;  // committed since the reconciliation began
+  };
   // A PutStart's keys sorted out under the lock (ClassifyPutKeysLocked).
   struct PutPlan {
     uint32_t preferred = 0;         // the node to try first; 0: none
@@ -772,6 +780,20 @@ class MasterService {
   // (`retained`: the master kept its listings).
   void MarkRegistered(Node& node, bool retained)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether reconciliation `r` was superseded (see FinishReconcile).
+  bool ReconcileSupersededLocked(const Reconciliation& r) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // FinishReconcile's phase 1: compares the node's listings with the
+  // extents in `r`, a chunk of the index per hold of the shared lock;
+  // matched extents leave r's held set. Errors: Aborted (superseded).
+  absl::Status CompareListings(Reconciliation* r, ReconcileScan* scan)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds to *response the extents still held in `r` that are neither
+  // listed nor pending on `node` (up to max_unlisted_per_reconcile) and
+  // returns how many there are.
+  uint64_t AddUnlistedLocked(const Reconciliation& r, const Node& node,
+                             hymcache::v1::ReconcileNodeResponse* response)
+      const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Releases a put's pin on its parent (see Chains, master_service_put.cc).
   void UnpinParent(const PendingPut& put) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `key` was committed (link the blocks waiting for it) or its put ended

@@ -41,6 +41,14 @@ constexpr int kMaxReconcileChunk = 65536;
 // Index records compared per shared-lock hold during a reconciliation.
 constexpr size_t kReconcileScanChunk = 65536;
 
+// A reconciliation that lost the race with a newer one, a re-registration
+// or a deregistration.
+absl::Status Superseded(uint32_t node_id) {
+  return absl::AbortedError(absl::StrCat(
+      "reconciliation of node ", node_id,
+      " was superseded (the node re-registered, left, or began another)"));
+}
+
 }  // namespace
 
 absl::Status Reconciliation::Add(
@@ -125,74 +133,51 @@ absl::StatusOr<uint64_t> MasterService::StartReconcile(uint32_t node_id,
   return ++node.reconcile_epoch;
 }
 
-absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
-    std::unique_ptr<Reconciliation> r) {
-  const uint32_t id = r->node_id_;
-  auto superseded = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    auto n = nodes_.find(id);
-    return n == nodes_.end() || n->second.deregistered ||
-           n->second.info.incarnation() != r->incarnation_ ||
-           n->second.reconcile_epoch != r->epoch_;
-  };
-  auto aborted = [&] {
-    return absl::AbortedError(absl::StrCat(
-        "reconciliation of node ", id,
-        " was superseded (the node re-registered, left, or began another)"));
-  };
+bool MasterService::ReconcileSupersededLocked(const Reconciliation& r) const {
+  auto n = nodes_.find(r.node_id_);
+  return n == nodes_.end() || n->second.deregistered ||
+         n->second.info.incarnation() != r.incarnation_ ||
+         n->second.reconcile_epoch != r.epoch_;
+}
 
-  // Phase 1: compare the listings with what the node holds, a chunk of the
-  // index at a time under the shared lock, so lookups and commits proceed
-  // in between. A listing committed after BeginReconcile is not judged (the
-  // node may have listed its extents before the write landed); one that
-  // changes between the chunks is checked again in phase 2.
-  std::vector<std::pair<std::string, ObjectLocation>> candidates;
-  uint64_t listed = 0, matched = 0, skipped = 0;
+absl::Status MasterService::CompareListings(Reconciliation* r,
+                                            ReconcileScan* scan) {
+  const uint32_t id = r->node_id_;
   for (uint32_t cursor = 0;;) {
     ReaderMutexLock l(&mu_);
-    if (superseded()) return aborted();
+    if (ReconcileSupersededLocked(*r)) return Superseded(id);
     const Node& node = nodes_.at(id);
     cursor = index_.ForEachFrom(
         cursor, kReconcileScanChunk,
         [&](absl::string_view key, const ObjectLocation& e)
             ABSL_NO_THREAD_SAFETY_ANALYSIS {
               if (e.node_id != id) return true;
-              ++listed;
+              ++scan->listed;
               auto h = r->held_.find(e.generation);
               if (h != r->held_.end() && h->second.region_id == e.region_id &&
                   h->second.addr == e.addr && h->second.length == e.length) {
-                ++matched;
+                ++scan->matched;
                 r->held_.erase(h);
               } else if (node.committed_since_reconcile.contains(
                              e.generation)) {
-                ++skipped;
+                ++scan->skipped;
               } else {
                 // Not held, or held with another range: the listing is
                 // wrong (a mismatched extent stays in held_ and is freed
                 // as unlisted).
-                candidates.emplace_back(std::string(key), e);
+                scan->candidates.emplace_back(std::string(key), e);
               }
               return true;
             });
     if (cursor >= index_.records_end()) break;
   }
+  return absl::OkStatus();
+}
 
-  // Phase 2, under the exclusive lock: drop the candidates that still name
-  // the same object, and find the held extents neither listed nor pending.
-  MutexLock l(&mu_);
-  if (superseded()) return aborted();
-  Node& node = nodes_.at(id);
-  v1::ReconcileNodeResponse response;
-  response.set_held(r->held_.size() + matched);
-  std::vector<std::string> doomed;
-  for (const auto& [key, e] : candidates) {
-    auto now = index_.Find(key);
-    if (now && *now == e &&
-        !node.committed_since_reconcile.contains(e.generation)) {
-      doomed.push_back(key);
-    }
-  }
-
-  // Held extents neither listed nor pending.
+uint64_t MasterService::AddUnlistedLocked(
+    const Reconciliation& r, const Node& node,
+    v1::ReconcileNodeResponse* response) const {
+  const uint32_t id = r.node_id_;
   absl::flat_hash_set<uint64_t> pending_generations;
   for (const auto& [put_id, put] : pending_) {
     if (put.node_id != id) continue;
@@ -201,19 +186,54 @@ absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
     }
   }
   uint64_t unlisted = 0;
-  for (const auto& [generation, h] : r->held_) {
+  for (const auto& [generation, h] : r.held_) {
     if (pending_generations.contains(generation) ||
         node.committed_since_reconcile.contains(generation)) {
       continue;
     }
     ++unlisted;
-    if (static_cast<uint32_t>(response.unlisted_size()) <
+    if (static_cast<uint32_t>(response->unlisted_size()) <
         options_.max_unlisted_per_reconcile) {
-      v1::Location* loc = response.add_unlisted();
+      v1::Location* loc = response->add_unlisted();
       ToProto(ObjectLocation{id, h.region_id, h.addr, h.length, generation},
               loc);
     }
   }
+  return unlisted;
+}
+
+absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
+    std::unique_ptr<Reconciliation> r) {
+  const uint32_t id = r->node_id_;
+  // Phase 1: compare the listings with what the node holds, a chunk of the
+  // index at a time under the shared lock, so lookups and commits proceed
+  // in between. A listing committed after BeginReconcile is not judged (the
+  // node may have listed its extents before the write landed); one that
+  // changes between the chunks is checked again in phase 2.
+  ReconcileScan scan;
+  absl::Status compared = CompareListings(r.get(), &scan);
+  if (!compared.ok()) return compared;
+  const uint64_t listed = scan.listed, matched = scan.matched,
+                 skipped = scan.skipped;
+
+  // Phase 2, under the exclusive lock: drop the candidates that still name
+  // the same object, and find the held extents neither listed nor pending.
+  MutexLock l(&mu_);
+  if (ReconcileSupersededLocked(*r)) return Superseded(id);
+  Node& node = nodes_.at(id);
+  v1::ReconcileNodeResponse response;
+  response.set_held(r->held_.size() + matched);
+  std::vector<std::string> doomed;
+  for (const auto& [key, e] : scan.candidates) {
+    auto now = index_.Find(key);
+    if (now && *now == e &&
+        !node.committed_since_reconcile.contains(e.generation)) {
+      doomed.push_back(key);
+    }
+  }
+
+  // Held extents neither listed nor pending.
+  uint64_t unlisted = AddUnlistedLocked(*r, node, &response);
 
   if (!doomed.empty()) {
     absl::Status s = store_->DeleteObjects(doomed);
