@@ -13,119 +13,35 @@
 // At start-up the index and allocators are rebuilt from the store; pending
 // puts are not durable and are forgotten by a restart.
 //
-// Liveness: a node is alive while it has registered with this master
-// process, completed the reconciliation that registration asked for (if
-// any), its last heartbeat (or registration) is within `node_timeout`, and
-// it has not deregistered. After a restart no persisted node is alive until
-// it registers again (its heartbeats are answered with reregister). Objects
-// on nodes that are not alive are misses for BatchLookup and such nodes get
-// no placements; PutStart writes their keys again elsewhere only once the
-// node is dead (unseen for node_timeout, or deregistered): a node that is
-// merely re-registering or reconciling keeps them (SLOT_EXISTS).
-//
-// Reconciliation (the storage nodes are the truth about which bytes exist;
-// the master's listings converge to them): a registration that keeps a
-// node's listings (same incarnation: a restart of a persistent node, a
-// master restart, a partition) asks the node to reconcile, and its objects
-// are misses until it has. The node streams every readable extent it holds
-// (BeginReconcile, Reconciliation::Add per chunk, FinishReconcile). Finish
-// compares a chunk of the index at a time under the shared lock (a
-// 1,000,000-object node does not stall lookups for the whole comparison),
-// then applies the result under the exclusive lock: a listing the node does
-// not hold exactly (region, addr, length, generation) is removed and its
-// space freed, unless it changed meanwhile or was committed after
-// BeginReconcile (the node's listing may have been taken before the write
-// landed); a held extent the master neither
-// lists nor has a pending put for is returned as unlisted for the node to
-// free. No grace period is needed for the latter: every generation comes
-// from this master's store, so an extent that is neither listed nor pending
-// can never be committed (a PutCommit of an unknown put fails). Nodes also
-// reconcile every `reconcile_interval` (anti-entropy), and a reader that a
-// node refused reports the listing (ReportMissing), which drops it at once.
-//
-// Placement: PutStart puts all new slots of a request on one node. The
-// preferred node is preferred_node_id if set, else the node holding
-// parent_key (the block before keys[0] in its chain) if it is alive, so a
-// chain stays on one node. Order: the preferred node if it has room; else
-// the next alive node with room (round robin); else evict on the preferred
-// node (without one: the next alive node in round-robin order).
-//
-// Chains: PutStart's parent_key is the block before keys[0] and keys[i+1]
-// extends keys[i]. A block is reachable (an engine's Load, which uses the
-// leading run of hits, gets to it) only through every block before it. At
-// PutCommit each block is linked in the index to its parent (MetadataIndex:
-// a 4-byte parent record number and a child count per entry), and the
-// parent key is persisted with the object. A chain continued on another
-// node (its parent's node was full or down) is cross-linked: eviction and
-// recency on that node treat the block as a chain head, but losing its
-// parent orphans it like any other descendant. Nothing unreachable is stored: PutStart refuses
-// (FailedPrecondition) a parent_key that is neither committed nor being
-// put, and PutCommit frees, instead of committing, a block whose parent is
-// not committed by then (its write failed, or the parent was removed). A
-// block whose parent is still in another pending put (two puts of one
-// chain racing) is committed unlinked and linked when that parent commits
-// (MetadataIndex::Adopt), or removed if its put ends without it. A put's
-// parent is pinned (not evicted) until the put ends.
-//
-// Eviction (making room on a full node): each node's committed objects are
-// on an exact LRU list in the index, ordered so that a block is never more
-// recent than its parent (a reader gets to a block only through its parent,
-// so the parent's use is what counts). PutCommit puts a chain head at the
-// most recent end and a continuation just below its parent: the new blocks
-// share the recency of the chain they extend, whose blocks the Load before
-// the Store has just touched. A for_read BatchLookup moves the heads among
-// its hits to the most recent end (last key first) and each linked hit
-// just below its parent, so a chain read head first, in one call or in a
-// pipelined Load's several, ends up head most recent, tail least. Eviction
-// removes only chain leaves, never a block with a child on the same node
-// (a child on another node is removed with it, as an orphan):
-// the walk from the least recent end takes a leaf, counting the children
-// it took before as gone, and passes over a block that still has one
-// (MetadataIndex::PickEvictions). With the order above the least recent
-// blocks are leaves, the walk meets a chain's tail first and its head
-// after the rest of the chain, so a chain shrinks from its tail and never
-// loses its head while a tail survives. It passes over blocks only when
-// something more recent below them must stay (a leased, pinned or kept
-// tail). Why leaves rather than "a block with its whole subtree": an LRU
-// head may carry thousands of descendants (a shared system prompt) that
-// readers reach through it, more recent by construction; the subtree
-// would evict recently used blocks and unbounded work in one PutStart.
-// Leaves first keeps LRU order meaningful and the work bounded: at most
-// max_evictions_per_put victims and max_eviction_scan objects looked at
-// per PutStart, across its rounds.
-// An object read (for_read lookup) within `read_lease` is never evicted:
-// the walk stops at the first leased object (objects after it were mostly
-// used even more recently). A commit does not grant a lease, so freshly
-// written objects stay evictable. Pending puts' space is never evicted (it
-// is not in the index), nor the keys that the PutStart itself reports as
-// existing, nor its parent_key, nor any pending put's parent. Evictions are
-// written to the store first (one batch), then applied to the index and
-// allocators; the space is reused under a new, higher generation, so a
-// reader holding an evicted location gets NotFound from the node, never
-// other bytes.
-//
-// Removing a block that has descendants: Remove of a middle block would
-// strand the blocks after it, so Remove cascades: the requested keys go,
-// then every block, on any node, whose chain passed through one of them
-// (the "orphans"; counted in orphans_removed, not reported per key). The
-// same sweep follows listings dropped by reconciliation (whose response
-// then returns the orphans' extents as unlisted, so the node frees them in
-// that round) and by read repair, node purges and re-registrations that
-// drop objects, and runs in ReapExpired for any other path (a sweep costs
-// a walk of the affected node's objects, and happens only when a removal
-// left orphans).
-//
-// Recency across restarts: the commit time is stored with each object, and
-// reads are written lazily: the index queues each object touched by a
-// for_read lookup (once until written) and ReapExpired writes up to
-// recency_batch of them per call (the read time, in a small record apart
-// from the object), off the lookup path; the destructor writes the rest.
-// At start-up each node's list is rebuilt from those times (a chain counts
-// as recent as its most recent block; children below their parents), so a
-// restart keeps the LRU order up to the last batch written; a kill -9
-// loses at most the reads of the last moments. Leases are not durable:
-// after a restart nothing is leased. Objects persisted by an older master
-// (no time, no parent) load as the least recent, unlinked.
+// Where each part lives (each file opens with the design of its part):
+//   master_service.cc            options, Create, periodic upkeep
+//                                (ReapExpired), stats.
+//   master_service_nodes.cc      Liveness: registration (validation,
+//                                takeover of a name, region rebuild),
+//                                heartbeats, node keys and capabilities,
+//                                drain and forget. A node is alive while
+//                                registered with this process, reconciled,
+//                                and heard from within node_timeout.
+//   master_service_put.cc        Placement and Chains: PutStart puts a
+//                                request's new slots on one node (the
+//                                preferred or parent's node, else round
+//                                robin, else evict), PutCommit links each
+//                                block to the one before it; nothing
+//                                unreachable is stored.
+//   master_service_eviction.cc   Eviction: an exact LRU list per node;
+//                                only chain leaves go, never a block read
+//                                within read_lease; tenants over their quota
+//                                lose their own objects first.
+//   master_service_lookup.cc     BatchLookup (recency and leases), listing,
+//                                and Remove, which cascades to the blocks
+//                                after a removed one (orphans).
+//   master_service_reconcile.cc  Reconciliation: the storage nodes are the
+//                                truth about which bytes exist; listings
+//                                converge to them (and read repair).
+//   master_service_recovery.cc   Start-up (store scan, or index snapshot
+//                                plus the changes since) and Recency across
+//                                restarts.
+//   master_service_internal.h    helpers shared by these files.
 //
 // Thread safety: safe for concurrent use without external synchronization.
 // One mutex guards all state (plain lookups share it as readers; for_read
@@ -201,8 +117,8 @@ struct MasterServiceOptions {
   // rounds. Must be > 0. Default: 16384.
   uint32_t max_eviction_scan = 16384;
   // Most objects whose last read ReapExpired writes to the store per call
-  // (see Recency across restarts). 0: reads are not persisted (a restart
-  // orders objects by commit time). Default: 16384.
+  // (see Recency across restarts, master_service_recovery.cc). 0: reads are
+  // not persisted (a restart orders objects by commit time). Default: 16384.
   uint32_t recency_batch = 16384;
   // Most node records kept (alive or dead). RegisterNode of a new name
   // beyond it is refused (ResourceExhausted); ForgetNode, or
@@ -316,8 +232,9 @@ class Reconciliation {
 class MasterService {
  public:
   // Loads `store` (nodes, then objects), rebuilds the allocators and the
-  // index (chains and recency order, see above). Objects whose node or
-  // region is gone, or whose range does not fit the region, are dropped
+  // index (chains and recency order, see master_service_recovery.cc).
+  // Objects whose node or region is gone, or whose range does not fit the
+  // region, are dropped
   // with a WARNING and deleted from the store, and so are objects whose
   // chain lost a block before them (orphans_removed).
   // Errors: InvalidArgument for bad options or a null store; the store's
@@ -328,7 +245,8 @@ class MasterService {
 
   MasterService(const MasterService&) = delete;
   MasterService& operator=(const MasterService&) = delete;
-  // Writes the reads not yet persisted (see Recency across restarts).
+  // Writes the reads not yet persisted (see Recency across restarts,
+  // master_service_recovery.cc).
   ~MasterService();
 
   // Registers a node (or re-registers a known name; its id is stable).
@@ -392,7 +310,7 @@ class MasterService {
 
   // Allocates space for every key that is neither committed (on an alive
   // node: SLOT_EXISTS) nor in another pending put (SLOT_IN_PROGRESS). All
-  // allocated slots go to one node (see Placement above): the preferred
+  // allocated slots go to one node (see Placement, master_service_put.cc): the preferred
   // node (preferred_node_id, else parent_key's node) if it is alive and has
   // room, else the next alive node (round robin) with room for all, else
   // the preferred (or next alive) node after evicting least recently used
@@ -477,7 +395,7 @@ class MasterService {
                              std::string_view purpose,
                              const hymcache::v1::NodeAuth& auth) const;
 
-  // Starts a reconciliation of `node_id` (see Reconciliation above): the
+  // Starts a reconciliation of `node_id` (see master_service_reconcile.cc): the
   // caller Adds the node's extents, then calls FinishReconcile. A newer
   // BeginReconcile or a re-registration of the node supersedes it.
   // Errors: NotFound (unknown node); FailedPrecondition (another
@@ -492,7 +410,7 @@ class MasterService {
                                           uint64_t incarnation);
   absl::StatusOr<std::unique_ptr<Reconciliation>> OpenReconcile(
       uint32_t node_id, uint64_t incarnation, uint64_t epoch);
-  // Compares and converges (see the class comment). Errors: Aborted (the
+  // Compares and converges (see master_service_reconcile.cc). Errors: Aborted (the
   // reconciliation was superseded, or the node re-registered or
   // deregistered meanwhile: nothing changed); store errors (nothing
   // changed; the node stays unreconciled).
@@ -634,11 +552,47 @@ class MasterService {
     uint64_t purged = 0;              // of doomed, purged by incarnation
     uint64_t kept = 0;
   };
+  // Who registers under a known name (DecideTakeoverLocked).
+  struct NodeIdentity {
+    bool proven = false;    // proved the name's key
+    bool takeover = false;  // a new node under the name: nothing it held
+    std::string key;        // the node key to answer with
+  };
+  // Phase 1 of FinishReconcile (CompareListings).
+  struct ReconcileScan {
+    // Listings the node does not hold exactly, judged again in phase 2.
+    std::vector<std::pair<std::string, ObjectLocation>> candidates;
+    uint64_t listed = 0;   // the node's listings looked at
+    uint64_t matched = 0;  // held exactly (removed from the held extents)
+    uint64_t skipped = 0;  // committed since the reconciliation began
+  };
+  // A PutStart's keys sorted out under the lock (ClassifyPutKeysLocked).
+  struct PutPlan {
+    uint32_t preferred = 0;         // the node to try first; 0: none
+    std::vector<int> to_allocate;   // indexes of the keys that need space
+    std::vector<uint64_t> lengths;  // their lengths, in that order
+    uint64_t total_bytes = 0;       // their sum
+    // Never evicted by this PutStart: its parent_key and the keys it
+    // reports as existing (the caller relies on their locations).
+    absl::flat_hash_set<absl::string_view> keep;
+  };
+  // Where a PutStart's space is (ChooseNodeLocked).
+  struct NodeChoice {
+    Node* chosen = nullptr;  // has room: `placed` is allocated on it
+    Node* target = nullptr;  // where to evict when no node has room
+    std::vector<std::pair<uint32_t, uint64_t>> placed;  // region, addr
+    std::string over_limit;  // why the caller may not put on some node
+    size_t alive = 0;        // alive nodes looked at, not draining
+    size_t draining = 0;     // alive, but drained by an operator
+  };
 
   MasterService(const MasterServiceOptions& options,
                 std::unique_ptr<MetadataStore> store);
 
   absl::Status Load();
+  // Loads index_ from options_.snapshot_path and the store's changes since
+  // it, and builds the allocators (master_service_recovery.cc).
+  class SnapshotLoader;
   // Loads index_ from options_.snapshot_path plus the store's changes since
   // it, then the allocators, adding the keys of the objects it drops to
   // *doomed. Returns false (index_ and the allocators empty again) when it
@@ -715,6 +669,35 @@ class MasterService {
   // BatchLookupResponse.nodes): a small part of FillNodeInfo's.
   void FillPeerInfo(const Node& node, hymcache::v1::NodeInfo* out) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // RegisterNode of a name not known yet: a new id, key and allocators.
+  // Errors: ResourceExhausted (max_nodes records kept, ids exhausted);
+  // Internal (no random key); store errors.
+  absl::Status RegisterNewNodeLocked(
+      const hymcache::v1::RegisterNodeRequest& request,
+      hymcache::v1::NodeInfo info, absl::Time now,
+      hymcache::v1::RegisterNodeResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a registration under the known name of `node` (id `id`) keeps
+  // its identity (a proof of its key, a repeat of a registration whose
+  // answer was lost, a record without a key) or takes it over (no proof,
+  // and the node is dead), and the key to answer with. Errors:
+  // PermissionDenied (no proof while the node may still be alive);
+  // Internal (no random key).
+  absl::StatusOr<NodeIdentity> DecideTakeoverLocked(
+      uint32_t id, const Node& node,
+      const hymcache::v1::RegisterNodeRequest& request, absl::Time now) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Re-registration of `node` with a new incarnation or new regions:
+  // purges the objects of a new incarnation, rebuilds the allocators for
+  // the new layout (dropping objects that no longer fit), cancels its
+  // pending puts. Errors: store errors (nothing changes).
+  absl::Status RebuildRegionsLocked(
+      uint32_t id, Node& node,
+      const hymcache::v1::RegisterNodeRequest& request,
+      hymcache::v1::NodeInfo info, const NodeIdentity& who,
+      bool new_incarnation, absl::Time now,
+      hymcache::v1::RegisterNodeResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds allocators for `regions` and reserves the node's objects in them.
   // Objects in `purge_regions` or that do not fit are listed as doomed.
   absl::StatusOr<Rebuild> PlanRebuild(
@@ -724,6 +707,35 @@ class MasterService {
       const std::vector<uint32_t>& purge_regions,
       bool scan_index = true) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // PutStart's checks of the request alone, before the lock: key count
+  // and sizes, lengths, parent_key, duplicates. Errors: InvalidArgument.
+  absl::Status ValidatePutStart(
+      const hymcache::v1::PutStartRequest& request) const;
+  // Resolves the preferred node (parent_key's node when none is given and
+  // it is placeable) and classifies each key, adding its slot to
+  // *response: SLOT_IN_PROGRESS, SLOT_EXISTS (with its location), or
+  // SLOT_ALLOCATED (in the plan; no space yet). Errors: NotFound (unknown
+  // preferred node); FailedPrecondition (parent_key neither committed nor
+  // pending).
+  absl::StatusOr<PutPlan> ClassifyPutKeysLocked(
+      const hymcache::v1::PutStartRequest& request, absl::Time now,
+      hymcache::v1::PutStartResponse* response) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Allocates the plan on the preferred node if it is placeable and has
+  // room, else on the next alive node with room in round-robin order,
+  // skipping nodes where `caller`'s pending puts leave no room for it; if
+  // none has room, names the node to evict on (see Placement).
+  NodeChoice ChooseNodeLocked(const PutPlan& plan, absl::string_view caller,
+                              absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // choice->chosen if it has the space; else evicts on choice->target and
+  // allocates there (into choice->placed). Errors: ResourceExhausted (no
+  // alive node; the caller over its limits on every node; eviction cannot
+  // make room); store errors.
+  absl::StatusOr<Node*> EvictAndPlaceLocked(const PutPlan& plan,
+                                            NodeChoice* choice,
+                                            absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Allocates every length on `node` (one region per slot), or nothing.
   bool TryAllocateOnNode(Node& node, const std::vector<uint64_t>& lengths,
                          std::vector<std::pair<uint32_t, uint64_t>>* out)
@@ -768,7 +780,21 @@ class MasterService {
   // (`retained`: the master kept its listings).
   void MarkRegistered(Node& node, bool retained)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Releases a put's pin on its parent (see Chains).
+  // Whether reconciliation `r` was superseded (see FinishReconcile).
+  bool ReconcileSupersededLocked(const Reconciliation& r) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // FinishReconcile's phase 1: compares the node's listings with the
+  // extents in `r`, a chunk of the index per hold of the shared lock;
+  // matched extents leave r's held set. Errors: Aborted (superseded).
+  absl::Status CompareListings(Reconciliation* r, ReconcileScan* scan)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds to *response the extents still held in `r` that are neither
+  // listed nor pending on `node` (up to max_unlisted_per_reconcile) and
+  // returns how many there are.
+  uint64_t AddUnlistedLocked(const Reconciliation& r, const Node& node,
+                             hymcache::v1::ReconcileNodeResponse* response)
+      const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Releases a put's pin on its parent (see Chains, master_service_put.cc).
   void UnpinParent(const PendingPut& put) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `key` was committed (link the blocks waiting for it) or its put ended
   // without committing it (remove them: unreachable).

@@ -1,5 +1,5 @@
 // reconcile_bench: how long a storage node holding N objects takes to
-// reconcile with the master (master/master_service.h, "Reconciliation"),
+// reconcile with the master (master/master_service_reconcile.cc),
 // and what that costs concurrent lookups.
 //
 //   bazel run -c opt //tools/bench:reconcile_bench -- --objects=1000000

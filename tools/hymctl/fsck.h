@@ -1,7 +1,7 @@
 // fsck: compares the master's listings with every storage node's extents.
 //
 // The storage nodes are the truth about which bytes exist (see
-// master/master_service.h, "Reconciliation"); fsck reports where the
+// master/master_service_reconcile.cc); fsck reports where the
 // master's index disagrees with them:
 //   * listed but missing: the master lists a key at a location its node
 //     does not hold (a reader would be refused);

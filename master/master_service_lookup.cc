@@ -1,0 +1,247 @@
+// Removing a block that has descendants: Remove of a middle block would
+// strand the blocks after it, so Remove cascades: the requested keys go,
+// then every block, on any node, whose chain passed through one of them
+// (the "orphans"; counted in orphans_removed, not reported per key). The
+// same sweep follows listings dropped by reconciliation (whose response
+// then returns the orphans' extents as unlisted, so the node frees them in
+// that round) and by read repair, node purges and re-registrations that
+// drop objects, and runs in ReapExpired for any other path (a sweep costs
+// a walk of the affected node's objects, and happens only when a removal
+// left orphans).
+
+#include "master/master_service.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "master/master_service_internal.h"
+#include "master/tenant.h"
+
+namespace hymcache {
+namespace master {
+namespace {
+
+namespace v1 = ::hymcache::v1;
+
+using internal::ToProto;
+
+}  // namespace
+
+std::vector<std::pair<std::string, ObjectLocation>>
+MasterService::SweepOrphansLocked() {
+  if (index_.ghost_count() == 0) return {};
+  auto orphans = index_.Orphans();
+  if (orphans.empty()) return {};
+  MetadataMutation m;
+  m.delete_objects.reserve(orphans.size());
+  for (const auto& [key, e] : orphans) m.delete_objects.push_back(key);
+  absl::Status s = store_->Apply(m);
+  if (!s.ok()) {
+    LOG(WARNING) << "cannot remove " << orphans.size()
+                 << " objects whose chain lost a block (retried later): " << s;
+    return {};
+  }
+  for (const auto& [key, entry] : orphans) {
+    auto e = index_.Erase(key);
+    if (!e) continue;
+    FreeSpace(e->node_id, e->region_id, e->addr);
+    CountObject(*e, -1);
+  }
+  counters_.orphans_removed += orphans.size();
+  VLOG(1) << "removed " << orphans.size()
+          << " objects whose chain lost a block before them";
+  return orphans;
+}
+
+absl::StatusOr<v1::InspectKeyResponse> MasterService::InspectKey(
+    const v1::InspectKeyRequest& request) const {
+  if (request.key().empty() || request.key().size() > options_.max_key_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key of ", request.key().size(), " bytes (want 1..",
+                     options_.max_key_bytes, ")"));
+  }
+  v1::InspectKeyResponse response;
+  response.set_tenant(std::string(TenantOfKey(request.key())));
+  ReaderMutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  response.set_put_in_progress(pending_keys_.contains(request.key()));
+  auto e = index_.Find(request.key());
+  if (!e) return response;
+  response.set_found(true);
+  v1::Location* loc = response.mutable_location();
+  ToProto(*e, loc);
+  auto n = nodes_.find(e->node_id);
+  if (n != nodes_.end()) FillNodeInfo(n->second, now, response.mutable_node());
+  const std::optional<uint32_t> tick = index_.ReadTick(request.key());
+  if (tick && *tick > 0) {
+    // As in PersistRecencyLocked: tick t was read at lease_epoch_ + t - 1 ms.
+    const absl::Time read = lease_epoch_ + absl::Milliseconds(int64_t{*tick} - 1);
+    response.set_last_read_unix_ms(absl::ToUnixMillis(read));
+    if (read + options_.read_lease > now) {
+      response.set_lease_expires_unix_ms(
+          absl::ToUnixMillis(read + options_.read_lease));
+    }
+  }
+  if (auto chain = index_.Chain(request.key())) {
+    response.set_parent_key(chain->parent);
+    response.set_parent_on_other_node(chain->cross);
+    response.set_children(chain->children);
+    response.set_cross_children(chain->cross_children);
+    response.set_unreachable(chain->orphan);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::BatchLookupResponse> MasterService::BatchLookup(
+    const v1::BatchLookupRequest& request) {
+  v1::BatchLookupResponse response;
+  absl::Status s = BatchLookupInto(request, &response);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::Status MasterService::BatchLookupInto(
+    const v1::BatchLookupRequest& request, v1::BatchLookupResponse* response) {
+  absl::Status s = ValidateKeys(request.keys());
+  if (!s.ok()) return s;
+  response->mutable_results()->Reserve(request.keys_size());
+  if (!request.for_read()) {
+    ReaderMutexLock l(&mu_);
+    LookupLocked(request, clock_->Now(), response);
+    return absl::OkStatus();
+  }
+  MutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  std::vector<uint32_t> hit_records;
+  LookupLocked(request, now, response, &hit_records);
+  // The chain head ends up most recent, each block just below the one
+  // before it (MetadataIndex::TouchPrefix).
+  const uint32_t tick = LeaseTick(now);
+  index_.TouchRecords(hit_records, tick);
+  return absl::OkStatus();
+}
+
+uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
+                                     absl::Time now,
+                                     v1::BatchLookupResponse* out,
+                                     std::vector<uint32_t>* hit_records) const {
+  v1::BatchLookupResponse& response = *out;
+  std::vector<const Node*> referenced;
+  bool prefix = true;
+  uint32_t hit_prefix = 0;
+  const absl::Time cap_expiry = now + options_.capability_lifetime;
+  const int64_t cap_expiry_ms = absl::ToUnixMillis(cap_expiry);
+  const bool packed = request.packed();
+  uint8_t* records = nullptr;
+  if (packed) {
+    std::string* bytes = response.mutable_packed_results();
+    bytes->assign(request.keys_size() * wire::kLookupRecordBytes, '\0');
+    records = reinterpret_cast<uint8_t*>(bytes->data());
+  }
+  if (hit_records != nullptr) hit_records->reserve(request.keys_size());
+  for (int i = 0; i < request.keys_size(); ++i) {
+    v1::LookupResult* result = packed ? nullptr : response.add_results();
+    uint32_t record;
+    auto e = index_.Find(request.keys(i), &record);
+    const Node* node = nullptr;
+    if (e) {
+      auto n = nodes_.find(e->node_id);
+      if (n != nodes_.end() && IsAlive(n->second, now)) node = &n->second;
+    }
+    if (node == nullptr) {
+      prefix = false;
+      continue;  // not found: a zero record, an empty result
+    }
+    if (packed) {
+      CapabilityScope scope;
+      scope.node_id = e->node_id;
+      scope.region_id = e->region_id;
+      scope.addr = e->addr;
+      scope.length = e->length;
+      scope.generation = e->generation;
+      scope.rights = wire::kCapRead;
+      scope.expires_unix_ms = cap_expiry_ms;
+      wire::LookupRecord r{scope.node_id, scope.region_id, scope.addr,
+                           scope.length, scope.generation};
+      Sign(*node, scope, &r.cap);
+      wire::EncodeLookupRecord(r, records + i * wire::kLookupRecordBytes);
+    } else {
+      result->set_found(true);
+      v1::Location* loc = result->mutable_location();
+      ToProto(*e, loc);
+      Grant(*node, *loc, wire::kCapRead, cap_expiry,
+            result->mutable_capability());
+    }
+    if (prefix) {
+      ++hit_prefix;
+      if (hit_records != nullptr) hit_records->push_back(record);
+    }
+    if (std::find(referenced.begin(), referenced.end(), node) ==
+        referenced.end()) {
+      referenced.push_back(node);
+    }
+  }
+  response.set_hit_prefix_length(hit_prefix);
+  for (const Node* node : referenced) {
+    FillPeerInfo(*node, response.add_nodes());
+  }
+  return hit_prefix;
+}
+
+absl::StatusOr<v1::RemoveResponse> MasterService::Remove(
+    const v1::RemoveRequest& request) {
+  absl::Status s = ValidateKeys(request.keys());
+  if (!s.ok()) return s;
+  MutexLock l(&mu_);
+  MetadataMutation m;
+  for (const std::string& key : request.keys()) {
+    if (index_.Find(key)) m.delete_objects.push_back(key);
+  }
+  s = store_->Apply(m);
+  if (!s.ok()) return s;
+  v1::RemoveResponse response;
+  for (const std::string& key : request.keys()) {
+    auto e = index_.Erase(key);
+    response.add_removed(e.has_value());
+    if (!e) continue;
+    FreeSpace(e->node_id, e->region_id, e->addr);
+    CountObject(*e, -1);
+  }
+  SweepOrphansLocked();  // the removed blocks' descendants
+  return response;
+}
+
+bool MasterService::ListObjects(uint32_t node_id, uint64_t* cursor,
+                                size_t max,
+                                v1::ListObjectsResponse* out) const {
+  ReaderMutexLock l(&mu_);
+  const uint64_t begin = std::min<uint64_t>(*cursor, index_.records_end());
+  // Visit at most a few pages' worth of records per call when filtering by
+  // node, so one call never walks the whole index under the lock.
+  const size_t budget = node_id == 0 ? max : max * 16;
+  size_t added = 0;
+  const uint32_t next = index_.ForEachFrom(
+      static_cast<uint32_t>(begin), budget,
+      [&](absl::string_view key, const ObjectLocation& e) {
+        if (node_id != 0 && e.node_id != node_id) return true;
+        if (added == max) return false;
+        v1::ListedObject* o = out->add_objects();
+        o->set_key(std::string(key));
+        if (auto chain = index_.Chain(key)) {
+          o->set_parent_key(std::move(chain->parent));
+          o->set_unreachable(chain->orphan);
+        }
+        v1::Location* loc = o->mutable_location();
+        ToProto(e, loc);
+        ++added;
+        return true;
+      });
+  *cursor = next;
+  return next < index_.records_end();
+}
+
+}  // namespace master
+}  // namespace hymcache

@@ -1,0 +1,578 @@
+// Placement: PutStart puts all new slots of a request on one node. The
+// preferred node is preferred_node_id if set, else the node holding
+// parent_key (the block before keys[0] in its chain) if it is alive, so a
+// chain stays on one node. Order: the preferred node if it has room; else
+// the next alive node with room (round robin); else evict on the preferred
+// node (without one: the next alive node in round-robin order).
+//
+// Chains: PutStart's parent_key is the block before keys[0] and keys[i+1]
+// extends keys[i]. A block is reachable (an engine's Load, which uses the
+// leading run of hits, gets to it) only through every block before it. At
+// PutCommit each block is linked in the index to its parent (MetadataIndex:
+// a 4-byte parent record number and a child count per entry), and the
+// parent key is persisted with the object. A chain continued on another
+// node (its parent's node was full or down) is cross-linked: eviction and
+// recency on that node treat the block as a chain head, but losing its
+// parent orphans it like any other descendant. Nothing unreachable is stored: PutStart refuses
+// (FailedPrecondition) a parent_key that is neither committed nor being
+// put, and PutCommit frees, instead of committing, a block whose parent is
+// not committed by then (its write failed, or the parent was removed). A
+// block whose parent is still in another pending put (two puts of one
+// chain racing) is committed unlinked and linked when that parent commits
+// (MetadataIndex::Adopt), or removed if its put ends without it. A put's
+// parent is pinned (not evicted) until the put ends.
+
+#include "master/master_service.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "master/master_service_internal.h"
+#include "master/tenant.h"
+
+namespace hymcache {
+namespace master {
+namespace {
+
+namespace v1 = ::hymcache::v1;
+
+using internal::PrintableKey;
+using internal::ToProto;
+
+}  // namespace
+
+void MasterService::ReleasePut(uint64_t put_id, bool free_space) {
+  auto it = pending_.find(put_id);
+  if (it == pending_.end()) return;
+  PendingPut put = std::move(it->second);
+  pending_.erase(it);
+  CountCallerPending(put, -1);
+  for (const PendingSlot& slot : put.slots) {
+    if (free_space) FreeSpace(put.node_id, slot.region_id, slot.addr);
+    pending_keys_.erase(slot.key);
+    SettleWaitingChildrenLocked(slot.key, /*committed=*/false);
+  }
+  UnpinParent(put);
+}
+
+void MasterService::SettleWaitingChildrenLocked(const std::string& key,
+                                                bool committed) {
+  auto w = waiting_children_.find(key);
+  if (w == waiting_children_.end()) return;
+  std::vector<std::string> children = std::move(w->second);
+  waiting_children_.erase(w);
+  if (committed) {
+    // A child on another node stays unlinked: a chain continued there.
+    for (const std::string& child : children) index_.Adopt(child, key);
+    return;
+  }
+  MetadataMutation m;
+  for (std::string& child : children) {
+    if (index_.Find(child)) m.delete_objects.push_back(std::move(child));
+  }
+  absl::Status s = store_->Apply(m);
+  if (!s.ok()) {
+    LOG(WARNING) << "cannot remove " << m.delete_objects.size()
+                 << " blocks whose parent was never committed: " << s;
+    return;
+  }
+  for (const std::string& child : m.delete_objects) {
+    auto e = index_.Erase(child);
+    if (!e) continue;
+    FreeSpace(e->node_id, e->region_id, e->addr);
+    CountObject(*e, -1);
+  }
+  counters_.orphans_removed += m.delete_objects.size();
+  SweepOrphansLocked();  // blocks linked below them
+}
+
+void MasterService::UnpinParent(const PendingPut& put) {
+  if (put.parent_key.empty()) return;
+  auto pin = pending_parents_.find(put.parent_key);
+  if (pin != pending_parents_.end() && --pin->second == 0) {
+    pending_parents_.erase(pin);
+  }
+}
+
+void MasterService::CancelPutsOfNode(uint32_t node_id, bool free_space) {
+  std::vector<uint64_t> doomed;
+  for (const auto& [id, put] : pending_) {
+    if (put.node_id == node_id) doomed.push_back(id);
+  }
+  for (uint64_t id : doomed) ReleasePut(id, free_space);
+  counters_.puts_cancelled += doomed.size();
+}
+
+bool MasterService::CallerMayPut(absl::string_view caller, const Node& node,
+                                 uint64_t slots, uint64_t bytes,
+                                 std::string* why) const {
+  uint64_t capacity = 0;
+  for (const auto& [rid, region] : node.regions) {
+    capacity += region.info.capacity_bytes();
+  }
+  const uint64_t byte_limit = static_cast<uint64_t>(
+      static_cast<double>(capacity) * options_.max_pending_share_per_caller);
+  uint64_t pending_slots = 0;
+  uint64_t pending_bytes = 0;
+  auto it = pending_by_caller_.find(caller);
+  if (it != pending_by_caller_.end()) {
+    pending_slots = it->second.slots;
+    auto b = it->second.bytes_by_node.find(node.info.node_id());
+    if (b != it->second.bytes_by_node.end()) pending_bytes = b->second;
+  }
+  const std::string who =
+      caller.empty() ? std::string("this caller")
+                     : absl::StrCat("caller ", absl::CHexEscape(caller));
+  if (pending_slots + slots > options_.max_pending_slots_per_caller) {
+    *why = absl::StrCat(
+        who, " has ", pending_slots, " objects in pending puts (limit ",
+        options_.max_pending_slots_per_caller,
+        "); commit or abort them before starting more");
+    return false;
+  }
+  if (options_.max_pending_share_per_caller < 1 &&
+      pending_bytes + bytes > byte_limit) {
+    *why = absl::StrCat(
+        who, " has ", pending_bytes, " bytes in pending puts on node ",
+        node.info.node_id(), "; ", bytes, " more would exceed its limit of ",
+        byte_limit, " bytes (", options_.max_pending_share_per_caller * 100,
+        "% of the node's capacity); commit or abort them before starting "
+        "more");
+    return false;
+  }
+  return true;
+}
+
+void MasterService::CountCallerPending(const PendingPut& put, int delta) {
+  CallerPending& c = pending_by_caller_[put.caller];
+  TenantPending& t = pending_by_tenant_[put.tenant];
+  const uint64_t slots = put.slots.size();
+  if (delta > 0) {
+    c.slots += slots;
+    c.bytes_by_node[put.node_id] += put.bytes;
+    t.objects += slots;
+    t.bytes += put.bytes;
+    return;
+  }
+  t.objects -= std::min(t.objects, slots);
+  t.bytes -= std::min(t.bytes, put.bytes);
+  if (t.objects == 0 && t.bytes == 0) pending_by_tenant_.erase(put.tenant);
+  c.slots -= std::min(c.slots, slots);
+  auto b = c.bytes_by_node.find(put.node_id);
+  if (b != c.bytes_by_node.end()) {
+    b->second -= std::min(b->second, put.bytes);
+    if (b->second == 0) c.bytes_by_node.erase(b);
+  }
+  if (c.slots == 0 && c.bytes_by_node.empty()) {
+    pending_by_caller_.erase(put.caller);
+  }
+}
+
+bool MasterService::TryAllocateOnNode(
+    Node& node, const std::vector<uint64_t>& lengths,
+    std::vector<std::pair<uint32_t, uint64_t>>* out) {
+  out->clear();
+  for (uint64_t len : lengths) {
+    // The region with the most free space that can hold the slot.
+    Region* best = nullptr;
+    uint32_t best_id = 0;
+    for (auto& [rid, region] : node.regions) {
+      if (!region.allocator->CanFit(len)) continue;
+      if (best == nullptr ||
+          region.allocator->free_bytes() > best->allocator->free_bytes()) {
+        best = &region;
+        best_id = rid;
+      }
+    }
+    absl::StatusOr<uint64_t> addr =
+        best ? best->allocator->Allocate(len)
+             : absl::StatusOr<uint64_t>(absl::ResourceExhaustedError(""));
+    if (!addr.ok()) {
+      for (const auto& [rid, a] : *out) {
+        node.regions.at(rid).allocator->Free(a).IgnoreError();
+      }
+      out->clear();
+      return false;
+    }
+    out->emplace_back(best_id, *addr);
+  }
+  return true;
+}
+
+absl::Status MasterService::ValidatePutStart(
+    const v1::PutStartRequest& request) const {
+  absl::Status s = ValidateKeys(request.keys());
+  if (!s.ok()) return s;
+  if (request.lengths_size() != request.keys_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(request.keys_size(), " keys but ",
+                     request.lengths_size(), " lengths"));
+  }
+  for (int i = 0; i < request.lengths_size(); ++i) {
+    uint64_t len = request.lengths(i);
+    if (len == 0 || len > options_.max_object_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("length ", i, " is ", len, " (want 1..",
+                       options_.max_object_bytes, ")"));
+    }
+  }
+  if (request.parent_key().size() > options_.max_key_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parent_key has ", request.parent_key().size(),
+                     " bytes (want 0..", options_.max_key_bytes, ")"));
+  }
+  absl::flat_hash_set<absl::string_view> seen;
+  for (int i = 0; i < request.keys_size(); ++i) {
+    if (!seen.insert(request.keys(i)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key ", i, " '", PrintableKey(request.keys(i)),
+                       "' appears more than once"));
+    }
+  }
+  if (seen.contains(request.parent_key())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parent_key '", PrintableKey(request.parent_key()),
+                     "' is one of the keys"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
+    const v1::PutStartRequest& request, absl::Time now,
+    v1::PutStartResponse* response) const {
+  PutPlan plan;
+  plan.preferred = request.preferred_node_id();
+  if (plan.preferred != 0 && nodes_.count(plan.preferred) == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("preferred node ", plan.preferred, " is unknown"));
+  }
+  // Keys this call must not evict: its parent and the keys it reports as
+  // existing (the caller relies on their locations).
+  if (!request.parent_key().empty()) {
+    plan.keep.insert(request.parent_key());
+    auto e = index_.Find(request.parent_key());
+    if (!e && !pending_keys_.contains(request.parent_key())) {
+      // No reader could reach blocks after a missing one (see Chains).
+      return absl::FailedPreconditionError(
+          absl::StrCat("parent_key '", PrintableKey(request.parent_key()),
+                       "' is not stored: the blocks after it would be "
+                       "unreachable"));
+    }
+    if (e && plan.preferred == 0) {
+      auto n = nodes_.find(e->node_id);
+      if (n != nodes_.end() && IsPlaceable(n->second, now)) {
+        plan.preferred = e->node_id;
+      }
+    }
+  }
+
+  // Classify the keys.
+  for (int i = 0; i < request.keys_size(); ++i) {
+    v1::PutSlot* slot = response->add_slots();
+    const std::string& key = request.keys(i);
+    if (pending_keys_.contains(key)) {
+      slot->set_state(v1::SLOT_IN_PROGRESS);
+      continue;
+    }
+    if (auto e = index_.Find(key)) {
+      auto n = nodes_.find(e->node_id);
+      // A node that is only briefly unavailable (re-registering after a
+      // master restart, or reconciling) keeps its keys: storing one
+      // elsewhere would replace it, and the blocks after it on that node
+      // would be dropped with it.
+      if (n != nodes_.end() && MayComeBack(n->second, now)) {
+        slot->set_state(v1::SLOT_EXISTS);
+        plan.keep.insert(key);
+        v1::Location* loc = slot->mutable_location();
+        ToProto(*e, loc);
+        continue;
+      }
+      // Committed on a dead node: a miss for readers, so it may be written
+      // again; the commit replaces the old entry.
+    }
+    slot->set_state(v1::SLOT_ALLOCATED);
+    plan.to_allocate.push_back(i);
+    plan.lengths.push_back(request.lengths(i));
+    plan.total_bytes += request.lengths(i);
+  }
+  return plan;
+}
+
+MasterService::NodeChoice MasterService::ChooseNodeLocked(
+    const PutPlan& plan, absl::string_view caller, absl::Time now) {
+  // One node for the whole request, among those where the caller's pending
+  // puts leave room for it (checked before anything is evicted).
+  NodeChoice c;
+  auto caller_may_put = [&](const Node& n) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return CallerMayPut(caller, n, plan.to_allocate.size(), plan.total_bytes,
+                        &c.over_limit);
+  };
+  if (plan.preferred != 0) {
+    Node& p = nodes_.at(plan.preferred);
+    if (IsPlaceable(p, now) && caller_may_put(p)) {
+      c.target = &p;
+      if (TryAllocateOnNode(p, plan.lengths, &c.placed)) c.chosen = &p;
+    }
+  }
+  if (c.chosen == nullptr && !nodes_.empty()) {
+    auto start = nodes_.upper_bound(last_placed_node_);
+    auto it = start;
+    for (size_t tried = 0; tried < nodes_.size(); ++tried, ++it) {
+      if (it == nodes_.end()) it = nodes_.begin();
+      if (!IsAlive(it->second, now)) continue;
+      if (it->second.info.draining()) {
+        ++c.draining;
+        continue;
+      }
+      ++c.alive;
+      if (!caller_may_put(it->second)) continue;
+      if (c.target == nullptr) c.target = &it->second;
+      if (it->first == plan.preferred) continue;  // already tried
+      if (TryAllocateOnNode(it->second, plan.lengths, &c.placed)) {
+        c.chosen = &it->second;
+        break;
+      }
+    }
+  }
+  return c;
+}
+
+absl::StatusOr<MasterService::Node*> MasterService::EvictAndPlaceLocked(
+    const PutPlan& plan, NodeChoice* choice, absl::Time now) {
+  if (choice->chosen != nullptr) return choice->chosen;
+  if (choice->alive == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no alive storage node to place ", plan.to_allocate.size(),
+        " objects (", nodes_.size(), " nodes known",
+        choice->draining > 0
+            ? absl::StrCat(", ", choice->draining, " alive but draining")
+            : "",
+        ")"));
+  }
+  if (choice->target == nullptr) {
+    ++counters_.puts_over_caller_limit;
+    LOG_EVERY_N(WARNING, 1000) << "PutStart refused: " << choice->over_limit;
+    return absl::ResourceExhaustedError(choice->over_limit);
+  }
+  std::string why;
+  absl::StatusOr<bool> fit = EvictAndAllocate(*choice->target, plan.lengths,
+                                              plan.keep, now, &choice->placed,
+                                              &why);
+  if (!fit.ok()) return fit.status();
+  if (!*fit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no alive storage node has room for ", plan.to_allocate.size(),
+        " objects totalling ", plan.total_bytes, " bytes; eviction on node ",
+        choice->target->info.node_id(), ": ", why));
+  }
+  return choice->target;
+}
+
+absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
+    const v1::PutStartRequest& request, absl::string_view caller,
+    const TenantLimit& quota, bool* over_quota) {
+  absl::Status s = ValidatePutStart(request);
+  if (!s.ok()) return s;
+
+  v1::PutStartResponse response;
+  MutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  absl::StatusOr<PutPlan> plan = ClassifyPutKeysLocked(request, now, &response);
+  if (!plan.ok()) return plan.status();
+  if (plan->to_allocate.empty()) return response;
+
+  const std::string tenant(TenantOfKey(request.keys(0)));
+  if (quota.limited()) {
+    const uint64_t refused = counters_.puts_over_tenant_quota;
+    absl::Status room =
+        MakeRoomInTenant(tenant, quota, plan->to_allocate.size(),
+                         plan->total_bytes, plan->keep, now);
+    if (over_quota != nullptr) {
+      *over_quota = counters_.puts_over_tenant_quota != refused;
+    }
+    if (!room.ok()) return room;
+  }
+
+  NodeChoice choice = ChooseNodeLocked(*plan, caller, now);
+  absl::StatusOr<Node*> chosen = EvictAndPlaceLocked(*plan, &choice, now);
+  if (!chosen.ok()) return chosen.status();
+  const std::vector<std::pair<uint32_t, uint64_t>>& placed = choice.placed;
+  const uint32_t node_id = (*chosen)->info.node_id();
+
+  PendingPut put;
+  put.caller = std::string(caller);
+  put.tenant = tenant;
+  put.bytes = plan->total_bytes;
+  put.node_id = node_id;
+  put.key_count = static_cast<uint32_t>(request.keys_size());
+  put.parent_key = request.parent_key();
+  put.expiry = now + options_.put_timeout;
+  put.slots.reserve(plan->to_allocate.size());
+  for (size_t j = 0; j < plan->to_allocate.size(); ++j) {
+    auto gen = store_->NextGeneration();
+    if (!gen.ok()) {
+      for (const auto& [rid, addr] : placed) FreeSpace(node_id, rid, addr);
+      return gen.status();
+    }
+    const int i = plan->to_allocate[j];
+    PendingSlot slot{static_cast<uint32_t>(i),
+                     request.keys(i),
+                     i == 0 ? request.parent_key() : request.keys(i - 1),
+                     placed[j].first,
+                     placed[j].second,
+                     request.lengths(i),
+                     *gen};
+    v1::Location* loc = response.mutable_slots(i)->mutable_location();
+    ToProto(slot.location(node_id), loc);
+    Grant(**chosen, *loc, wire::kCapWrite, put.expiry,
+          response.mutable_slots(i)->mutable_capability());
+    put.slots.push_back(std::move(slot));
+  }
+  const uint64_t put_id = next_put_id_++;
+  if (next_put_id_ == 0) next_put_id_ = 1;
+  for (const PendingSlot& slot : put.slots) pending_keys_[slot.key] = put_id;
+  if (!put.parent_key.empty()) ++pending_parents_[put.parent_key];
+  response.set_expires_unix_ms(absl::ToUnixMillis(put.expiry));
+  CountCallerPending(put, +1);
+  pending_.emplace(put_id, std::move(put));
+  last_placed_node_ = node_id;
+  response.set_put_id(put_id);
+  FillNodeInfo(**chosen, now, response.mutable_node());
+  return response;
+}
+
+absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
+    const v1::PutCommitRequest& request) {
+  MutexLock l(&mu_);
+  auto it = pending_.find(request.put_id());
+  if (it == pending_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("put ", request.put_id(), " expired or unknown"));
+  }
+  if (clock_->Now() > it->second.expiry) {
+    ReleasePut(request.put_id(), /*free_space=*/true);
+    ++counters_.puts_expired;
+    return absl::NotFoundError(
+        absl::StrCat("put ", request.put_id(), " expired or unknown"));
+  }
+  PendingPut& put = it->second;
+  absl::flat_hash_set<uint32_t> failed;
+  for (uint32_t idx : request.failed_indexes()) {
+    if (idx >= put.key_count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("failed index ", idx, " out of range (put has ",
+                       put.key_count, " keys)"));
+    }
+    failed.insert(idx);
+  }
+
+  // The slots to commit, in chain order: a slot whose parent is neither
+  // committed nor committed by this put would be unreachable.
+  const absl::Time now = clock_->Now();
+  std::vector<const PendingSlot*> to_commit;
+  std::vector<const PendingSlot*> waiting;  // parent in another pending put
+  uint32_t unreachable = 0;
+  {
+    absl::flat_hash_set<absl::string_view> committing;
+    for (const PendingSlot& slot : put.slots) {
+      if (failed.contains(slot.index)) continue;
+      if (!slot.parent.empty() && !committing.contains(slot.parent) &&
+          !index_.Find(slot.parent)) {
+        auto other = pending_keys_.find(slot.parent);
+        if (other == pending_keys_.end() || other->second == request.put_id()) {
+          ++unreachable;
+          continue;
+        }
+        waiting.push_back(&slot);
+      }
+      committing.insert(slot.key);
+      to_commit.push_back(&slot);
+    }
+  }
+  MetadataMutation m;
+  for (const PendingSlot* slot : to_commit) {
+    ObjectRecord record{slot->location(put.node_id)};
+    record.last_use_ms = static_cast<uint64_t>(absl::ToUnixMillis(now));
+    record.parent_key = slot->parent;
+    m.put_objects.emplace_back(slot->key, std::move(record));
+  }
+  absl::Status s = store_->Apply(m);
+  if (!s.ok()) return s;  // nothing changed; the put stays pending
+
+  // A reconciliation of the node that began before this commit may have
+  // listed the node's extents before these writes landed: it must not
+  // judge them.
+  if (auto n = nodes_.find(put.node_id);
+      n != nodes_.end() && n->second.reconciling) {
+    for (const PendingSlot* slot : to_commit) {
+      n->second.committed_since_reconcile.insert(slot->generation);
+    }
+  }
+  // In chain order: each block links to its parent (committed before it)
+  // and goes just below it in recency, so the tail is the least recent.
+  uint32_t committed = 0;
+  size_t next = 0;
+  for (const PendingSlot& slot : put.slots) {
+    pending_keys_.erase(slot.key);
+    if (next == to_commit.size() || to_commit[next] != &slot) {
+      FreeSpace(put.node_id, slot.region_id, slot.addr);
+      continue;
+    }
+    ++next;
+    const ObjectLocation e = slot.location(put.node_id);
+    auto old = index_.Upsert(slot.key, e, slot.parent);
+    if (!old.ok()) {
+      // Keys and lengths were validated at PutStart.
+      LOG(DFATAL) << "index rejected committed key: " << old.status();
+      FreeSpace(put.node_id, slot.region_id, slot.addr);
+      continue;
+    }
+    if (old->has_value()) {
+      // Replaced an entry on a dead node.
+      const ObjectLocation& o = **old;
+      FreeSpace(o.node_id, o.region_id, o.addr);
+      CountObject(o, -1);
+    }
+    CountObject(e, +1);
+    ++committed;
+  }
+  counters_.commits_unreachable += unreachable;
+  for (const PendingSlot* slot : waiting) {
+    waiting_children_[slot->parent].push_back(slot->key);
+  }
+  // Blocks of other puts waiting for these; the put's keys that were not
+  // committed leave theirs unreachable.
+  next = 0;
+  for (const PendingSlot& slot : put.slots) {
+    const bool ok = next < to_commit.size() && to_commit[next] == &slot;
+    if (ok) ++next;
+    SettleWaitingChildrenLocked(slot.key, ok);
+  }
+  // A replaced entry's children (on the dead node) lost their chain:
+  // ReapExpired removes them.
+  UnpinParent(put);
+  CountCallerPending(put, -1);
+  pending_.erase(it);
+  v1::PutCommitResponse response;
+  response.set_committed(committed);
+  return response;
+}
+
+absl::StatusOr<v1::PutAbortResponse> MasterService::PutAbort(
+    const v1::PutAbortRequest& request) {
+  MutexLock l(&mu_);
+  if (!pending_.contains(request.put_id())) {
+    return absl::NotFoundError(
+        absl::StrCat("put ", request.put_id(), " expired or unknown"));
+  }
+  ReleasePut(request.put_id(), /*free_space=*/true);
+  return v1::PutAbortResponse();
+}
+
+}  // namespace master
+}  // namespace hymcache

@@ -1,0 +1,345 @@
+// MasterService tests: PutStart / PutCommit / PutAbort, placement and chains
+// (master_service_put.cc).
+// The shared Harness is in master_service_test_fixture.h.
+
+#include <catch2/catch.hpp>
+
+#include "master/master_service_test_fixture.h"
+
+namespace hymcache {
+namespace master {
+namespace service_test {
+namespace {
+
+TEST_CASE("PutStart spreads calls across nodes and keeps each call on one") {
+  Harness h("spread");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}, {1, 1 << 20}});
+  uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  std::vector<uint32_t> chosen;
+  for (int call = 0; call < 6; ++call) {
+    std::vector<std::string> keys;
+    for (int i = 0; i < 8; ++i) {
+      keys.push_back("c" + std::to_string(call) + "-" + std::to_string(i));
+    }
+    auto r = h.Start(keys, std::vector<uint64_t>(8, 1000));
+    REQUIRE(r.put_id() != 0);
+    REQUIRE(r.slots_size() == 8);
+    std::set<std::pair<uint32_t, uint64_t>> addrs;
+    std::set<uint64_t> generations;
+    for (const auto& slot : r.slots()) {
+      CHECK(slot.state() == v1::SLOT_ALLOCATED);
+      CHECK(slot.location().node_id() == r.node().node_id());
+      CHECK(slot.location().length() == 1000);
+      CHECK(slot.location().addr() % 64 == 0);
+      addrs.insert({slot.location().region_id(), slot.location().addr()});
+      generations.insert(slot.location().generation());
+    }
+    CHECK(addrs.size() == 8);
+    CHECK(generations.size() == 8);
+    CHECK(r.node().data_address().size() > 0);
+    CHECK(r.node().alive());
+    CHECK(r.expires_unix_ms() ==
+          absl::ToUnixMillis(h.clock.Now() + absl::Seconds(30)));
+    chosen.push_back(r.node().node_id());
+    h.Commit(r.put_id());
+  }
+  CHECK(chosen == std::vector<uint32_t>{a, b, a, b, a, b});
+
+  // Node a has two regions: its slots used both.
+  auto nodes = h.svc->ListNodes();
+  const auto& na = nodes.nodes(0);
+  REQUIRE(na.node_id() == a);
+  CHECK(na.regions(0).used_bytes() > 0);
+  CHECK(na.regions(1).used_bytes() > 0);
+  CHECK(na.object_count() == 24u);
+  CHECK(na.used_bytes() == 24u * 1024);
+  CHECK(na.capacity_bytes() == 2 << 20);
+
+  // The preferred node wins when alive and roomy.
+  for (int i = 0; i < 3; ++i) {
+    CHECK(h.Put({"pref" + std::to_string(i)}, 100, b) == b);
+  }
+  // Unknown preferred node.
+  CHECK(h.svc->PutStart(PutReq({"z"}, {1}, 77)).status().code() ==
+        StatusCode::kNotFound);
+}
+
+TEST_CASE("PutStart falls back when the preferred node is full") {
+  Harness h("fallback");
+  uint32_t small = h.Register("small", 1, {{0, 4096}});
+  uint32_t big = h.Register("big", 1, {{0, 1 << 20}}, 7100);
+  // Needs 3 x 2048: does not fit the small node in one call.
+  auto r = h.Start({"x", "y", "z"}, {2000, 2000, 2000}, small);
+  CHECK(r.node().node_id() == big);
+  // Fits the small node: goes there.
+  auto r2 = h.Start({"p", "q"}, {2000, 2000}, small);
+  CHECK(r2.node().node_id() == small);
+  // Now nothing fits the small node, and a 2 MiB request fits nowhere.
+  auto none = h.svc->PutStart(PutReq({"huge"}, {2 << 20}));
+  CHECK(none.status().code() == StatusCode::kResourceExhausted);
+  CHECK(none.status().message().find("room") != std::string::npos);
+  CHECK(h.UsedBytes(small) == 4096);
+  CHECK(h.UsedBytes(big) == 3 * 2048);
+}
+
+TEST_CASE("PutStart reports existing and in-progress keys") {
+  Harness h("states");
+  h.Register("a", 1, {{0, 1 << 20}});
+  h.Put({"done"});
+  auto first = h.Start({"busy"}, {10});
+  auto r = h.Start({"done", "busy", "new"}, {10, 10, 10});
+  CHECK(r.slots(0).state() == v1::SLOT_EXISTS);
+  CHECK(r.slots(0).location().length() == 100);
+  CHECK(r.slots(1).state() == v1::SLOT_IN_PROGRESS);
+  CHECK(r.slots(2).state() == v1::SLOT_ALLOCATED);
+  CHECK(r.put_id() != 0);
+  CHECK(r.put_id() != first.put_id());
+
+  auto nothing = h.Start({"done", "busy"}, {10, 10});
+  CHECK(nothing.put_id() == 0);
+  CHECK(nothing.slots(0).state() == v1::SLOT_EXISTS);
+  CHECK(nothing.slots(1).state() == v1::SLOT_IN_PROGRESS);
+  CHECK_FALSE(nothing.has_node());
+}
+
+TEST_CASE("Objects become visible only at commit; failures are freed") {
+  Harness h("commit");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  auto r = h.Start({"k0", "k1", "k2", "k3"}, {100, 200, 300, 400});
+  CHECK(h.Lookup({"k0", "k1"}).results(0).found() == false);
+  CHECK(h.UsedBytes(a) == 128 + 256 + 320 + 448);
+
+  // Out-of-range index: rejected, nothing changes.
+  v1::PutCommitRequest bad;
+  bad.set_put_id(r.put_id());
+  bad.add_failed_indexes(1);
+  bad.add_failed_indexes(4);
+  CHECK(h.svc->PutCommit(bad).status().code() == StatusCode::kInvalidArgument);
+  CHECK(h.UsedBytes(a) == 128 + 256 + 320 + 448);
+  CHECK(h.svc->GetStats().pending_puts() == 1);
+
+  // k1 and k3 failed. k2 extends k1: no reader could reach it, so it is
+  // freed too.
+  CHECK(h.Commit(r.put_id(), {1, 3, 3}) == 1);
+  auto l = h.Lookup({"k0", "k1", "k2", "k3"});
+  CHECK(l.results(0).found());
+  CHECK_FALSE(l.results(1).found());
+  CHECK_FALSE(l.results(2).found());
+  CHECK_FALSE(l.results(3).found());
+  CHECK(l.results(0).location().length() == 100);
+  CHECK(l.results(0).location().generation() ==
+        r.slots(0).location().generation());
+  CHECK(h.UsedBytes(a) == 128);
+  CHECK(h.svc->counters().commits_unreachable == 1);
+
+  // Committing twice: the put is gone.
+  v1::PutCommitRequest again;
+  again.set_put_id(r.put_id());
+  auto st = h.svc->PutCommit(again).status();
+  CHECK(st.code() == StatusCode::kNotFound);
+  CHECK(st.message().find("expired or unknown") != std::string::npos);
+  again.set_put_id(12345);
+  CHECK(h.svc->PutCommit(again).status().code() == StatusCode::kNotFound);
+
+  // Failed keys may be put again.
+  auto retry = h.Start({"k1", "k3"}, {10, 10});
+  CHECK(retry.slots(0).state() == v1::SLOT_ALLOCATED);
+  CHECK(retry.slots(1).state() == v1::SLOT_ALLOCATED);
+
+  // Abort frees.
+  v1::PutAbortRequest abort;
+  abort.set_put_id(retry.put_id());
+  REQUIRE(h.svc->PutAbort(abort).ok());
+  CHECK(h.svc->PutAbort(abort).status().code() == StatusCode::kNotFound);
+  CHECK(h.UsedBytes(a) == 128);
+  CHECK(h.svc->GetStats().pending_puts() == 0);
+}
+
+TEST_CASE("A node's commit still succeeds if it died meanwhile") {
+  Harness h("diedmeanwhile");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  auto r = h.Start({"k"}, {10});
+  h.clock.Advance(absl::Seconds(11));
+  CHECK(h.Commit(r.put_id()) == 1);
+  CHECK_FALSE(h.Lookup({"k"}).results(0).found());
+  h.Heartbeat(a, 1);
+  CHECK(h.Lookup({"k"}).results(0).found());
+}
+
+TEST_CASE("Expired puts are reaped and cannot be committed") {
+  Harness h("reap");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  auto r1 = h.Start({"a1", "a2"}, {100, 100});
+  h.clock.Advance(absl::Seconds(20));
+  h.Heartbeat(a, 1);
+  auto r2 = h.Start({"b1"}, {100});
+  CHECK(h.svc->ReapExpired() == 0);
+  h.clock.Advance(absl::Seconds(11));  // r1 expired, r2 not
+  h.Heartbeat(a, 1);
+  CHECK(h.svc->ReapExpired() == 1);
+  CHECK(h.svc->GetStats().pending_puts() == 1);
+  CHECK(h.UsedBytes(a) == 128);
+  v1::PutCommitRequest c;
+  c.set_put_id(r1.put_id());
+  CHECK(h.svc->PutCommit(c).status().code() == StatusCode::kNotFound);
+  // The keys are free for a new put.
+  auto r3 = h.Start({"a1"}, {100});
+  CHECK(r3.slots(0).state() == v1::SLOT_ALLOCATED);
+
+  // Commit after expiry but before the reaper ran: NOT_FOUND and freed.
+  h.clock.Advance(absl::Seconds(31));
+  c.set_put_id(r2.put_id());
+  CHECK(h.svc->PutCommit(c).status().code() == StatusCode::kNotFound);
+  CHECK(h.svc->ReapExpired() == 1);  // r3
+  CHECK(h.UsedBytes(a) == 0);
+  CHECK(h.svc->counters().puts_expired == 3);
+}
+
+TEST_CASE("PutStart places a chain's continuation on its parent's node") {
+  Harness h("parent_place");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  const uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  CHECK(h.Put({"p0"}, kObj, b) == b);
+  // Round robin alone would alternate a, b, a, ...
+  std::string parent = "p0";
+  for (int i = 1; i <= 4; ++i) {
+    std::string k1 = "p" + std::to_string(i) + "a";
+    std::string k2 = "p" + std::to_string(i) + "b";
+    CHECK(h.PutChild({k1, k2}, kObj, parent) == b);
+    parent = k2;
+  }
+  // An explicit preferred node wins over the parent.
+  CHECK(h.StartChild({"q"}, kObj, parent, a)->node().node_id() == a);
+  // An unknown parent: the blocks after it could never be reached.
+  auto orphan = h.StartChild({"r0"}, kObj, "nowhere");
+  CHECK(orphan.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(h.svc->GetStats().pending_puts() == 1);  // only q's
+  // A parent on a dead node is no hint.
+  h.clock.Advance(absl::Seconds(11));
+  h.Heartbeat(a, 1);
+  CHECK(h.PutChild({"s"}, kObj, parent) == a);
+  // A parent key longer than any key is refused.
+  CHECK(h.StartChild({"t"}, kObj, std::string(257, 'k')).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("A full parent node falls back to a node with room before evicting") {
+  Harness h("parent_full");
+  const uint32_t a = h.Register("a", 1, {{0, 2 * kSlot}});
+  const uint32_t b = h.Register("b", 1, {{0, 2 * kSlot}}, 7100);
+  h.Put({"p", "x"}, kObj, a);  // a is full
+  // The continuation of p goes to b, which has room: nothing is evicted.
+  CHECK(h.PutChild({"c1"}, kObj, "p") == b);
+  CHECK(h.svc->counters().evicted_objects == 0);
+  CHECK(h.Found({"p", "x"}) == "11");
+  h.Put({"y"}, kObj, b);  // b full too
+  // Now eviction happens on the parent's node, not on b. The p-x commit
+  // left x (its tail) least recent: x goes.
+  CHECK(h.PutChild({"c2"}, kObj, "p") == a);
+  CHECK(h.Found({"p", "x", "c1", "y", "c2"}) == "10111");
+  // Order on a: p c2. p is least recent but is this put's parent: kept.
+  CHECK(h.PutChild({"c3"}, kObj, "p") == a);
+  CHECK(h.Found({"p", "c2", "c3"}) == "101");
+  CHECK(h.svc->counters().evicted_objects == 2);
+  CHECK(h.Found({"c1", "y"}) == "11");  // b untouched
+}
+
+TEST_CASE("A pending put's parent stays; blocks after a vanished parent are not committed") {
+  Harness h("pending_parent",
+            [](MasterServiceOptions& o) { o.read_lease = absl::ZeroDuration(); });
+  h.Register("a", 1, {{0, 4 * kSlot}});
+  h.Put({"p"}, kObj);
+  h.Put({"q"}, kObj);
+  h.Put({"r"}, kObj);
+  auto child = h.StartChild({"p1"}, kObj, "p");  // node now full
+  REQUIRE(child.ok());
+  // p is the least recent, but a pending put continues it: q goes.
+  h.Put({"s"}, kObj);
+  CHECK(h.Found({"p", "q", "r", "s"}) == "1011");
+  CHECK(h.Commit(child->put_id()) == 1);
+  CHECK(h.Found({"p", "p1"}) == "11");
+
+  // A parent removed before the commit: its continuation is freed instead.
+  auto orphan = h.StartChild({"r1", "r2"}, kObj, "r");
+  REQUIRE(orphan.ok());
+  v1::RemoveRequest rm;
+  rm.add_keys("r");
+  REQUIRE(h.svc->Remove(rm).ok());
+  CHECK(h.Commit(orphan->put_id()) == 0);
+  CHECK(h.Found({"r", "r1", "r2"}) == "000");
+  CHECK(h.svc->counters().commits_unreachable == 2);
+  // Nor may a put continue a parent that is not stored.
+  CHECK(h.StartChild({"r3"}, kObj, "r").status().code() ==
+        StatusCode::kFailedPrecondition);
+  CHECK(h.svc->GetStats().pending_puts() == 0);
+}
+
+TEST_CASE("Two puts of one chain racing: later blocks wait for the earlier ones") {
+  Harness h("evict_race",
+            [](MasterServiceOptions& o) { o.read_lease = absl::ZeroDuration(); });
+  h.Register("a", 1, {{0, 8 * kSlot}});
+  // Two requests with the same prefix store at once: the second finds the
+  // prefix in progress and puts only its own continuation.
+  auto x = h.Start({"s0", "s1", "s2"}, {kObj, kObj, kObj});
+  auto y = h.Start({"s0", "s1", "s2", "y3", "y4"},
+                   {kObj, kObj, kObj, kObj, kObj});
+  REQUIRE(y.slots(2).state() == v1::SLOT_IN_PROGRESS);
+  REQUIRE(y.slots(3).state() == v1::SLOT_ALLOCATED);
+  CHECK(h.Commit(y.put_id()) == 2);  // before the prefix: kept, unlinked
+  CHECK(h.Commit(x.put_id()) == 3);  // now y3 is linked below s2
+  const std::vector<std::string> chain = {"s0", "s1", "s2", "y3", "y4"};
+  CHECK(h.Found(chain) == "11111");
+  for (int i = 0; i < 8; ++i) {
+    h.Put({"n" + std::to_string(i)}, kObj);
+    INFO("after put " << i << ": " << h.Found(chain));
+    CHECK(NoStrandedTail(h.Found(chain)));
+  }
+  CHECK(h.Found(chain) == "00000");
+
+  // If the earlier put ends without the prefix, the waiting blocks go.
+  auto x2 = h.Start({"t0", "t1"}, {kObj, kObj});
+  auto y2 = h.Start({"t0", "t1", "z2", "z3"}, {kObj, kObj, kObj, kObj});
+  CHECK(h.Commit(y2.put_id()) == 2);
+  CHECK(h.Found({"z2", "z3"}) == "11");
+  const uint64_t before = h.svc->counters().orphans_removed;
+  CHECK(h.Commit(x2.put_id(), {1}) == 1);  // t1's write failed
+  CHECK(h.Found({"t0", "t1", "z2", "z3"}) == "1000");
+  CHECK(h.svc->counters().orphans_removed == before + 2);
+  auto x3 = h.Start({"u0"}, {kObj});
+  auto y3 = h.Start({"u0", "w1"}, {kObj, kObj});
+  CHECK(h.Commit(y3.put_id()) == 1);
+  v1::PutAbortRequest abort;
+  abort.set_put_id(x3.put_id());
+  REQUIRE(h.svc->PutAbort(abort).ok());
+  CHECK(h.Found({"u0", "w1"}) == "00");
+}
+
+TEST_CASE("A key on a node re-registering after a master restart is not stored again, so its chain survives") {
+  Harness h("rejoin_keeps_chain");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  h.Put({"head", "mid", "tail"}, 100, a);
+  h.Restart();
+  // The node has not registered with the new process: misses, but a
+  // client that re-stores the head must not replace it (which would drop
+  // the blocks after it on the node).
+  CHECK(h.Found({"head"}) == "0");
+  auto again = h.Start({"head"}, {100});
+  CHECK(again.slots(0).state() == v1::SLOT_EXISTS);
+  CHECK(h.Rejoin("a", 1, {{0, 1 << 20}}) == a);
+  CHECK(h.Found({"head", "mid", "tail"}) == "111");
+  // Once the node is dead for good, its keys may be stored elsewhere.
+  const uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  h.clock.Advance(absl::Seconds(11));
+  v1::HeartbeatRequest hb;
+  hb.set_node_id(b);
+  hb.set_incarnation(1);
+  REQUIRE_FALSE(Hb(h.svc.get(), hb)->reregister());
+  auto moved = h.Start({"head"}, {100});
+  CHECK(moved.slots(0).state() == v1::SLOT_ALLOCATED);
+  CHECK(moved.node().node_id() == b);
+}
+
+}  // namespace
+}  // namespace service_test
+}  // namespace master
+}  // namespace hymcache
