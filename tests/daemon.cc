@@ -122,6 +122,28 @@ absl::StatusOr<Daemon> Daemon::Start(const std::string& binary,
   return d;
 }
 
+absl::StatusOr<Daemon> Daemon::Spawn(const std::string& binary,
+                                     const std::vector<std::string>& args,
+                                     const std::string& log_path) {
+  const int log =
+      open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log < 0) return absl::InternalError(absl::StrCat("open ", log_path));
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(log);
+    return absl::InternalError("fork");
+  }
+  if (pid == 0) {
+    dup2(log, 1);
+    dup2(log, 2);
+    Exec(binary, args, {});
+  }
+  close(log);
+  Daemon d;
+  d.pid_ = pid;
+  return d;
+}
+
 absl::StatusOr<int> Daemon::Stop(int sig, absl::Duration timeout) {
   if (pid_ <= 0) return absl::FailedPreconditionError("not running");
   kill(pid_, sig);

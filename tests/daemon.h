@@ -35,6 +35,13 @@ class Daemon {
                                       absl::Duration timeout = absl::Seconds(30),
                                       const std::vector<std::string>& env = {});
 
+  // Starts `binary` with `args`, its stdout and stderr appended to
+  // `log_path`, and returns at once: for servers that print no ready line
+  // (etcd); the caller checks readiness its own way.
+  static absl::StatusOr<Daemon> Spawn(const std::string& binary,
+                                      const std::vector<std::string>& args,
+                                      const std::string& log_path);
+
   const std::string& ready_line() const { return ready_line_; }
   pid_t pid() const { return pid_; }
   bool running() const { return pid_ > 0; }

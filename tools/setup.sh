@@ -12,9 +12,13 @@
 #                           buildah), and what the Helm chart test
 #                           renders and checks with (Go, sprig,
 #                           gojsonschema, python3-kubernetes' API models,
-#                           python3-jsonschema). A
-#                           prometheus.service or redis-server.service this
-#                           installs is stopped and
+#                           python3-jsonschema), and etcd (etcd-server,
+#                           etcd-client: the HA tests start real etcd
+#                           clusters; masters only talk to an etcd
+#                           cluster over gRPC, so running HyMCache needs
+#                           neither package on its own hosts). A
+#                           prometheus.service, redis-server.service or
+#                           etcd.service this installs is stopped and
 #                           disabled again: the tests run their own.
 set -euo pipefail
 
@@ -32,7 +36,8 @@ TEST_PACKAGES=(prometheus redis-server systemd systemd-container mmdebstrap dpkg
   umoci runc buildah
   golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
   golang-github-xeipuuv-gojsonschema-dev
-  python3-kubernetes python3-jsonschema python3-yaml)
+  python3-kubernetes python3-jsonschema python3-yaml
+  etcd-server etcd-client)
 if [ "${1:-}" = "--test" ]; then
   PACKAGES+=("${TEST_PACKAGES[@]}")
 fi
@@ -58,6 +63,9 @@ for p in "${missing[@]}"; do
   if { [ "$p" = prometheus ] || [ "$p" = redis-server ]; } &&
      [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now "$p.service" >/dev/null 2>&1 || true
+  fi
+  if [ "$p" = etcd-server ] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now etcd.service >/dev/null 2>&1 || true
   fi
 done
 echo "setup: done"

@@ -1,0 +1,443 @@
+#include "common/leader_election.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "glog/logging.h"
+
+namespace hymcache {
+
+namespace {
+
+// The share of the granted TTL a leader trusts (see the header comment).
+constexpr double kTrustedShareOfTtl = 0.8;
+
+LeaderInfo InfoOf(const mvccpb::KeyValue& kv) {
+  LeaderInfo info;
+  info.candidate = kv.value();
+  info.epoch = kv.create_revision();
+  info.lease = kv.lease();
+  return info;
+}
+
+}  // namespace
+
+absl::Status LeaderElectionOptions::Validate() const {
+  if (etcd == nullptr) return absl::InvalidArgumentError("election: no etcd");
+  if (key.empty()) return absl::InvalidArgumentError("election: empty key");
+  if (candidate.empty()) {
+    return absl::InvalidArgumentError("election: empty candidate");
+  }
+  if (lease_ttl < absl::Seconds(1) ||
+      absl::Ceil(lease_ttl, absl::Seconds(1)) != lease_ttl) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "election: lease_ttl must be whole seconds, at least 1 s (is ",
+        absl::FormatDuration(lease_ttl), ")"));
+  }
+  if (retry_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("election: retry_interval must be > 0");
+  }
+  if (thread_name.empty()) {
+    return absl::InvalidArgumentError("election: empty thread_name");
+  }
+  return absl::OkStatus();
+}
+
+etcdserverpb::Compare LeaderElection::FenceCompare(const std::string& key,
+                                                   int64_t epoch) {
+  etcdserverpb::Compare c;
+  c.set_key(key);
+  c.set_target(etcdserverpb::Compare::CREATE);
+  c.set_result(etcdserverpb::Compare::EQUAL);
+  c.set_create_revision(epoch);
+  return c;
+}
+
+LeaderElection::LeaderElection(const LeaderElectionOptions& options)
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : Clock::Real()) {}
+
+absl::StatusOr<std::unique_ptr<LeaderElection>> LeaderElection::Create(
+    const LeaderElectionOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  auto e = std::unique_ptr<LeaderElection>(new LeaderElection(options));
+  LeaderElection* self = e.get();
+  EtcdWatchOptions w;
+  w.key = options.key;
+  w.thread_name = options.thread_name + "-w";
+  auto watcher = options.etcd->Watch(
+      w, [self](absl::StatusOr<EtcdWatchBatch> b) { self->OnWatch(std::move(b)); });
+  if (!watcher.ok()) return watcher.status();
+  e->watcher_ = std::move(*watcher);
+  auto thread = Thread::Start(options.thread_name, [self] { self->Run(); });
+  if (!thread.ok()) return thread.status();
+  e->thread_ = std::move(*thread);
+  return e;
+}
+
+LeaderElection::~LeaderElection() {
+  Resign();
+  watcher_.reset();
+}
+
+void LeaderElection::Resign() {
+  {
+    MutexLock l(&mu_);
+    stopping_ = true;
+    cv_.SignalAll();
+  }
+  thread_.Join();
+}
+
+void LeaderElection::FreezeForTest() {
+  MutexLock l(&mu_);
+  frozen_ = true;
+  cv_.SignalAll();
+}
+
+bool LeaderElection::IsLeader() const {
+  MutexLock l(&mu_);
+  return leader_ && clock_->Now() < valid_until_;
+}
+
+std::optional<int64_t> LeaderElection::LeaderEpoch() const {
+  MutexLock l(&mu_);
+  if (leader_ && clock_->Now() < valid_until_) return epoch_;
+  return std::nullopt;
+}
+
+std::optional<LeaderInfo> LeaderElection::ObservedLeader() const {
+  MutexLock l(&mu_);
+  return observed_;
+}
+
+LeaderElectionStats LeaderElection::stats() const {
+  MutexLock l(&mu_);
+  return stats_;
+}
+
+absl::Time LeaderElection::RealDeadline(absl::Time t) const {
+  // Waits are cut to retry_interval so that a clock moved by a test is
+  // noticed promptly.
+  return absl::Now() +
+         std::clamp(t - clock_->Now(), absl::ZeroDuration(),
+                    options_.retry_interval);
+}
+
+void LeaderElection::Run() {
+  while (true) {
+    {
+      MutexLock l(&mu_);
+      if (stopping_) break;
+      if (frozen_) {
+        cv_.Wait(&mu_);
+        continue;
+      }
+    }
+    absl::Status s = Campaign();
+    bool leader;
+    {
+      MutexLock l(&mu_);
+      leader = leader_;
+    }
+    if (leader) {
+      Lead();
+    } else if (s.ok()) {
+      StandBy();
+    } else {
+      VLOG(1) << "election " << options_.key << ": " << s;
+      MutexLock l(&mu_);
+      if (!stopping_) {
+        cv_.WaitWithDeadline(&mu_, absl::Now() + options_.retry_interval);
+      }
+    }
+  }
+  StepDown(absl::CancelledError("resigned"));
+}
+
+absl::Status LeaderElection::Campaign() {
+  {
+    MutexLock l(&mu_);
+    ++stats_.campaigns;
+  }
+  EtcdClient* etcd = options_.etcd;
+  const absl::Time sent = clock_->Now();
+  auto grant = etcd->LeaseGrant(options_.lease_ttl);
+  if (!grant.ok()) return grant.status();
+  const int64_t lease = grant->id();
+  const absl::Duration ttl = absl::Seconds(grant->ttl());
+
+  etcdserverpb::TxnRequest txn;
+  *txn.add_compare() = FenceCompare(options_.key, 0);  // absent
+  auto* put = txn.add_success()->mutable_request_put();
+  put->set_key(options_.key);
+  put->set_value(options_.candidate);
+  put->set_lease(lease);
+  txn.add_failure()->mutable_request_range()->set_key(options_.key);
+  auto r = etcd->Txn(txn);
+  const absl::Time revoke_by =
+      absl::Now() + std::min(etcd->options().call_timeout, options_.lease_ttl);
+  if (!r.ok()) {
+    // Whether or not it applied, the lease ends the attempt.
+    etcd->LeaseRevoke(lease, revoke_by).IgnoreError();
+    return r.status();
+  }
+  int64_t epoch = 0;
+  if (r->succeeded()) {
+    epoch = r->header().revision();
+  } else {
+    std::optional<LeaderInfo> holder;
+    if (r->responses_size() > 0 &&
+        r->responses(0).response_range().kvs_size() > 0) {
+      holder = InfoOf(r->responses(0).response_range().kvs(0));
+    }
+    if (holder && holder->lease == lease) {
+      // An earlier attempt of this Txn (retried on another endpoint)
+      // applied: this candidate won.
+      epoch = holder->epoch;
+    } else {
+      etcd->LeaseRevoke(lease, revoke_by).IgnoreError();
+      MutexLock l(&mu_);
+      observed_ = holder;
+      return absl::OkStatus();
+    }
+  }
+  {
+    MutexLock l(&mu_);
+    leader_ = true;
+    epoch_ = epoch;
+    lease_ = lease;
+    valid_until_ = sent + ttl * kTrustedShareOfTtl;
+    renew_at_ = sent + ttl / 3;
+    key_changed_ = false;
+    observed_ = LeaderInfo{options_.candidate, epoch, lease};
+    ++stats_.terms_won;
+  }
+  LOG(INFO) << "election " << options_.key << ": " << options_.candidate
+            << " leads at epoch " << epoch << " (lease " << lease << ", TTL "
+            << absl::FormatDuration(ttl) << ")";
+  if (options_.on_elected) options_.on_elected(epoch);
+  return absl::OkStatus();
+}
+
+void LeaderElection::Lead() {
+  EtcdClient* etcd = options_.etcd;
+  absl::Time renew_at;
+  int64_t lease, epoch;
+  {
+    MutexLock l(&mu_);
+    lease = lease_;
+    epoch = epoch_;
+    renew_at = renew_at_;
+  }
+  while (true) {
+    absl::Time valid_until;
+    {
+      MutexLock l(&mu_);
+      while (!stopping_ && !key_changed_ && clock_->Now() < valid_until_ &&
+             (frozen_ || clock_->Now() < renew_at)) {
+        cv_.WaitWithDeadline(
+            &mu_, RealDeadline(frozen_ ? valid_until_
+                                       : std::min(renew_at, valid_until_)));
+      }
+      if (stopping_) return;  // Run steps down
+      valid_until = valid_until_;
+    }
+    bool key_changed;
+    {
+      MutexLock l(&mu_);
+      key_changed = key_changed_;
+    }
+    if (key_changed) {
+      StepDown(absl::AbortedError("the leader key was deleted or replaced"));
+      return;
+    }
+    if (clock_->Now() >= valid_until) {
+      StepDown(absl::DeadlineExceededError(
+          "the lease was not renewed within its TTL"));
+      return;
+    }
+    const absl::Time sent = clock_->Now();
+    const absl::Time call_deadline = absl::Now() + (valid_until - sent);
+    auto r = etcd->LeaseKeepAliveOnce(lease, call_deadline);
+    if (r.ok()) {
+      // The key must still be the one this term created (someone may have
+      // deleted it, and the watch may be stuck on a frozen member).
+      auto kv = etcd->Get(options_.key, call_deadline);
+      if (kv.ok() && (!kv->has_value() || (*kv)->create_revision() != epoch)) {
+        StepDown(absl::AbortedError("the leader key was deleted or replaced"));
+        return;
+      }
+      MutexLock l(&mu_);
+      ++stats_.renewals;
+      valid_until_ = std::max(
+          valid_until_, sent + absl::Seconds(r->ttl()) * kTrustedShareOfTtl);
+      renew_at = sent + absl::Seconds(r->ttl()) / 3;
+    } else if (r.status().code() == absl::StatusCode::kNotFound) {
+      StepDown(r.status());
+      return;
+    } else {
+      MutexLock l(&mu_);
+      ++stats_.renewal_failures;
+      renew_at = clock_->Now() + options_.retry_interval;
+      VLOG(1) << "election " << options_.key << ": renewal failed: "
+              << r.status();
+    }
+  }
+}
+
+void LeaderElection::StandBy() {
+  while (true) {
+    const absl::Time recheck_at =
+        absl::Now() + std::max(options_.lease_ttl / 2, options_.retry_interval);
+    {
+      MutexLock l(&mu_);
+      // The watch clears observed_ when it sees the key deleted.
+      while (!stopping_ && !frozen_ && observed_ && absl::Now() < recheck_at) {
+        cv_.WaitWithDeadline(&mu_, recheck_at);
+      }
+      if (stopping_ || frozen_ || !observed_) return;
+    }
+    // No word from the watch for a while (it may be stuck on a frozen
+    // member): read the key.
+    auto kv = options_.etcd->Get(options_.key);
+    if (!kv.ok()) continue;
+    MutexLock l(&mu_);
+    if (!kv->has_value()) {
+      observed_.reset();
+      return;
+    }
+    observed_ = InfoOf(**kv);
+  }
+}
+
+void LeaderElection::StepDown(const absl::Status& why) {
+  int64_t epoch, lease;
+  bool frozen;
+  {
+    MutexLock l(&mu_);
+    if (!leader_) return;
+    leader_ = false;
+    epoch = epoch_;
+    lease = lease_;
+    lease_ = 0;
+    frozen = frozen_;
+    if (observed_ && observed_->epoch == epoch) observed_.reset();
+    ++stats_.terms_lost;
+  }
+  LOG(WARNING) << "election " << options_.key << ": " << options_.candidate
+               << " stops leading at epoch " << epoch << ": " << why;
+  if (options_.on_lost) options_.on_lost(epoch, why);
+  if (!frozen) {
+    // So that a standby need not wait for the TTL.
+    options_.etcd
+        ->LeaseRevoke(lease, absl::Now() + std::min(
+                                               options_.etcd->options().call_timeout,
+                                               options_.lease_ttl))
+        .IgnoreError();
+  }
+}
+
+void LeaderElection::OnWatch(absl::StatusOr<EtcdWatchBatch> batch) {
+  MutexLock l(&mu_);
+  if (!batch.ok()) {
+    // Compacted: events were missed. The leader re-reads the key at its
+    // next renewal; a standby at its next recheck.
+    cv_.SignalAll();
+    return;
+  }
+  for (const mvccpb::Event& ev : batch->events) {
+    const bool newer_than_term = ev.kv().mod_revision() > epoch_;
+    if (ev.type() == mvccpb::Event::DELETE) {
+      if (!leader_ || newer_than_term) {
+        observed_.reset();
+        key_changed_ = true;
+      }
+    } else {
+      if (leader_ && !newer_than_term) continue;  // this term's own creation
+      if (leader_ && ev.kv().create_revision() == epoch_) continue;
+      observed_ = InfoOf(ev.kv());
+      key_changed_ = true;
+    }
+  }
+  cv_.SignalAll();
+}
+
+// ---------------------------------------------------------------- observers
+
+absl::StatusOr<std::optional<LeaderInfo>> ReadLeader(EtcdClient* etcd,
+                                                     const std::string& key,
+                                                     absl::Time deadline) {
+  auto kv = etcd->Get(key, deadline);
+  if (!kv.ok()) return kv.status();
+  if (!kv->has_value()) return std::optional<LeaderInfo>();
+  return std::optional<LeaderInfo>(InfoOf(**kv));
+}
+
+absl::StatusOr<std::unique_ptr<LeaderObserver>> LeaderObserver::Create(
+    EtcdClient* etcd, const std::string& key, Callback on_change) {
+  if (key.empty()) return absl::InvalidArgumentError("observer: empty key");
+  auto o = std::unique_ptr<LeaderObserver>(
+      new LeaderObserver(etcd, key, std::move(on_change)));
+  etcdserverpb::RangeRequest req;
+  req.set_key(key);
+  auto r = etcd->Range(req);
+  if (!r.ok()) return r.status();
+  std::optional<LeaderInfo> leader;
+  if (r->kvs_size() > 0) leader = InfoOf(r->kvs(0));
+  o->Update(leader);
+  if (o->on_change_) o->on_change_(leader);
+  EtcdWatchOptions w;
+  w.key = key;
+  w.start_revision = r->header().revision() + 1;
+  w.thread_name = "hym-leader-obs";
+  LeaderObserver* self = o.get();
+  auto watcher = etcd->Watch(w, [self](absl::StatusOr<EtcdWatchBatch> b) {
+    self->OnWatch(std::move(b));
+  });
+  if (!watcher.ok()) return watcher.status();
+  o->watcher_ = std::move(*watcher);
+  return o;
+}
+
+LeaderObserver::~LeaderObserver() { watcher_.reset(); }
+
+std::optional<LeaderInfo> LeaderObserver::current() const {
+  MutexLock l(&mu_);
+  return current_;
+}
+
+int64_t LeaderObserver::highest_epoch() const {
+  MutexLock l(&mu_);
+  return highest_epoch_;
+}
+
+void LeaderObserver::Update(const std::optional<LeaderInfo>& leader) {
+  MutexLock l(&mu_);
+  current_ = leader;
+  if (leader) highest_epoch_ = std::max(highest_epoch_, leader->epoch);
+}
+
+void LeaderObserver::OnWatch(absl::StatusOr<EtcdWatchBatch> batch) {
+  if (!batch.ok()) {
+    // Events were compacted away: read the key afresh.
+    auto leader = ReadLeader(etcd_, key_);
+    if (!leader.ok()) {
+      LOG(WARNING) << "leader observer " << key_ << ": " << leader.status();
+      return;
+    }
+    Update(*leader);
+    if (on_change_) on_change_(*leader);
+    return;
+  }
+  for (const mvccpb::Event& ev : batch->events) {
+    std::optional<LeaderInfo> leader;
+    if (ev.type() == mvccpb::Event::PUT) leader = InfoOf(ev.kv());
+    Update(leader);
+    if (on_change_) on_change_(leader);
+  }
+}
+
+}  // namespace hymcache

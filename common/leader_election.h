@@ -1,0 +1,233 @@
+// LeaderElection: one candidate (a master) campaigning to lead through etcd;
+// LeaderObserver and ReadLeader: who leads, and at which epoch, for anyone
+// else (standbys, clients, storage nodes, hymctl). docs/ha.md explains the
+// design and what is not built yet.
+//
+// Campaign. The candidate grants itself a lease of lease_ttl and runs one
+// Txn: "if `key` does not exist (create_revision == 0), put `key` =
+// candidate under the lease; else read `key`". The Txn that creates the key
+// wins. The winner keeps its lease alive (a renewal every lease_ttl / 3 on
+// the election thread) and steps down at once, calling on_lost, when
+//   - a renewal answers that the lease is gone (expired, revoked);
+//   - the key is deleted or recreated (watched; also re-read each renewal);
+//   - no renewal succeeded for a lease's worth of time: IsLeader() turns
+//     false at the local deadline even if the election thread is stuck.
+// The local deadline is the time the last successful renewal was *sent*
+// plus 80% of the granted TTL: etcd starts its TTL later (when it receives
+// the renewal), so the leader always stops before etcd can expire the lease
+// and let someone else win, as long as the two clocks run at nearly the
+// same rate (20% of the TTL is the margin for rate error and for callers
+// acting on a just-checked IsLeader()). Standbys watch the key and campaign
+// again as soon as it is deleted (plus a re-read every half TTL, in case
+// the watch is stuck on a frozen etcd member). Resign() (and the
+// destructor) steps down and revokes the lease, so a standby takes over at
+// once instead of after the TTL.
+//
+// Epoch. A leader's epoch is the create_revision of the leader key it
+// created: the etcd revision of the winning Txn. etcd's revision is a
+// cluster-wide counter that only grows (it survives member restarts,
+// leader changes and snapshot restores, and compaction keeps
+// create_revision), and every election creates the key anew in a later
+// revision, so every new leader's epoch is larger than every earlier
+// leader's. Nothing else is needed: a separate counter key bumped in the
+// same Txn would give the same guarantee with one more key to keep
+// consistent. (Only wiping etcd entirely restarts revisions; see
+// docs/ha.md.) The epoch fences:
+//   - in etcd, a leader's writes carry FenceCompare(epoch) and apply only
+//     while its key is still the one it created;
+//   - elsewhere, nodes and clients remember the highest epoch seen and
+//     refuse a master with a smaller one, and whatever a master issues
+//     (allocation ids, generations, capabilities) carries its epoch so that
+//     nothing from an old leader collides with the new one's (docs/ha.md:
+//     wired into the master in a later change).
+//
+// Thread safety: LeaderElection and LeaderObserver are safe for concurrent
+// use without external synchronization. Callbacks run on the election's (or
+// observer's) own thread, one at a time; they must not destroy the object
+// that calls them, and should return quickly (the election does not renew
+// its lease while a callback runs).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/etcd_client.h"
+#include "common/mutex.h"
+#include "common/thread.h"
+
+namespace hymcache {
+
+// Who leads: the leader key's value and its epoch.
+struct LeaderInfo {
+  // The value the leader campaigned with (its address).
+  std::string candidate;
+  // The leader key's create_revision (see the file comment).
+  int64_t epoch = 0;
+  // The leader's etcd lease.
+  int64_t lease = 0;
+
+  bool operator==(const LeaderInfo& o) const {
+    return candidate == o.candidate && epoch == o.epoch && lease == o.lease;
+  }
+};
+
+struct LeaderElectionOptions {
+  // The etcd cluster. Required; not owned; must outlive the election.
+  EtcdClient* etcd = nullptr;
+  // The leader key, e.g. "/hymcache/<cluster>/master/leader". Required.
+  std::string key;
+  // This candidate's identity, stored as the key's value while it leads
+  // (how others reach it, e.g. its gRPC address). Required.
+  std::string candidate;
+  // The lease's TTL, whole seconds (etcd's unit), at least 1 s; etcd may
+  // grant more (its minimum is 1.5 election timeouts). How long the cluster
+  // is leaderless when a leader dies without resigning. Default: 5 s.
+  absl::Duration lease_ttl = absl::Seconds(5);
+  // Pause after a failed etcd call before the next try (campaign, renewal).
+  // Default: 100 ms.
+  absl::Duration retry_interval = absl::Milliseconds(100);
+  // Time for the lease's local deadline. Default (nullptr): Clock::Real().
+  Clock* clock = nullptr;
+  // Called once per term when this candidate becomes leader, with its epoch.
+  std::function<void(int64_t epoch)> on_elected;
+  // Called once per term when it stops leading (IsLeader() is already false):
+  // the epoch, and why (CANCELLED for Resign).
+  std::function<void(int64_t epoch, const absl::Status& why)> on_lost;
+  // The election thread's name. Default: "hym-election".
+  std::string thread_name = "hym-election";
+
+  // InvalidArgument naming the field that is wrong.
+  absl::Status Validate() const;
+};
+
+// Counters since Create (tests, metrics).
+struct LeaderElectionStats {
+  uint64_t terms_won = 0;
+  uint64_t terms_lost = 0;
+  uint64_t renewals = 0;
+  uint64_t renewal_failures = 0;
+  uint64_t campaigns = 0;
+};
+
+class LeaderElection {
+ public:
+  // Validates, starts the election thread and campaigns at once.
+  // Errors: InvalidArgument (Validate), ResourceExhausted (no thread).
+  static absl::StatusOr<std::unique_ptr<LeaderElection>> Create(
+      const LeaderElectionOptions& options);
+  // Resign().
+  ~LeaderElection();
+  LeaderElection(const LeaderElection&) = delete;
+  LeaderElection& operator=(const LeaderElection&) = delete;
+
+  // Stops campaigning; a leader steps down (on_lost with CANCELLED) and
+  // revokes its lease so that a standby takes over at once. Waits for the
+  // election thread (at most about one etcd call_timeout when etcd does not
+  // answer). Idempotent.
+  void Resign();
+
+  // Whether this candidate leads now: it won, has not stepped down, and the
+  // lease's local deadline has not passed on the clock.
+  bool IsLeader() const;
+  // This candidate's epoch while IsLeader(), else nullopt.
+  std::optional<int64_t> LeaderEpoch() const;
+  // The leader as this candidate last saw it (itself while leading);
+  // nullopt while none is known.
+  std::optional<LeaderInfo> ObservedLeader() const;
+  LeaderElectionStats stats() const;
+
+  // A Txn compare that holds only while the leader key is the one created
+  // at `epoch`: put it in every Txn a leader makes so that a deposed
+  // leader's late writes fail.
+  static etcdserverpb::Compare FenceCompare(const std::string& key,
+                                            int64_t epoch);
+
+  // Stops every etcd call of this candidate (renewals, campaigns), as if
+  // its process were frozen or cut off from etcd; the local deadline still
+  // ends its leadership. Not undone.
+  void FreezeForTest();
+
+ private:
+  explicit LeaderElection(const LeaderElectionOptions& options);
+  void Run();
+  // One campaign: grant a lease, run the Txn. Leader (and its term's
+  // state) on success; standby when someone else leads.
+  absl::Status Campaign();
+  // While leading: renew, check the key, step down when it must.
+  void Lead();
+  // While standing by: wait until the key is vacant (or a re-read is due).
+  void StandBy();
+  // Ends the term: IsLeader() false, on_lost(why), lease revoked.
+  void StepDown(const absl::Status& why);
+  void OnWatch(absl::StatusOr<EtcdWatchBatch> batch);
+  // Real time at which `clock_` will read `t` (for waits).
+  absl::Time RealDeadline(absl::Time t) const;
+
+  const LeaderElectionOptions options_;
+  Clock* const clock_;
+  std::unique_ptr<EtcdWatcher> watcher_;
+  Thread thread_;
+
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool frozen_ ABSL_GUARDED_BY(mu_) = false;
+  bool leader_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
+  // The lease's local deadline on clock_ (see the file comment).
+  absl::Time valid_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // When the term's first renewal is due (set by Campaign).
+  absl::Time renew_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // The watch saw the key deleted / changed since the flag was cleared.
+  bool key_changed_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<LeaderInfo> observed_ ABSL_GUARDED_BY(mu_);
+  LeaderElectionStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+// The current leader (a linearizable read), or nullopt when none.
+absl::StatusOr<std::optional<LeaderInfo>> ReadLeader(
+    EtcdClient* etcd, const std::string& key,
+    absl::Time deadline = EtcdClient::kDefaultDeadline);
+
+// Follows the leader key: reads it, then watches it; calls on_change with
+// each new leader (nullopt: none) in the order etcd applied them.
+class LeaderObserver {
+ public:
+  using Callback = std::function<void(const std::optional<LeaderInfo>&)>;
+  // Reads the key (calls `on_change` once with the answer before
+  // returning), then watches it. Errors: as ReadLeader; InvalidArgument for
+  // an empty key.
+  static absl::StatusOr<std::unique_ptr<LeaderObserver>> Create(
+      EtcdClient* etcd, const std::string& key, Callback on_change);
+  ~LeaderObserver();
+
+  std::optional<LeaderInfo> current() const;
+  // The highest epoch seen so far (0: none): what a node or client fences
+  // with.
+  int64_t highest_epoch() const;
+
+ private:
+  LeaderObserver(EtcdClient* etcd, std::string key, Callback on_change)
+      : etcd_(etcd), key_(std::move(key)), on_change_(std::move(on_change)) {}
+  void Update(const std::optional<LeaderInfo>& leader);
+  void OnWatch(absl::StatusOr<EtcdWatchBatch> batch);
+
+  EtcdClient* const etcd_;
+  const std::string key_;
+  const Callback on_change_;
+  std::unique_ptr<EtcdWatcher> watcher_;
+
+  mutable Mutex mu_;
+  std::optional<LeaderInfo> current_ ABSL_GUARDED_BY(mu_);
+  int64_t highest_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace hymcache

@@ -1,0 +1,174 @@
+#include "tests/etcd_cluster.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/etcd_client.h"
+#include "common/net.h"
+
+namespace hymcache::testing {
+
+namespace {
+
+// A port nothing listens on now (bound, read back and released: etcd needs
+// its peer ports before any member starts, so port 0 will not do).
+absl::StatusOr<int> FreePort() {
+  auto s = ListenTcp("127.0.0.1", 0);
+  if (!s.ok()) return s.status();
+  return LocalPort(s->fd());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(
+    const EtcdClusterOptions& options) {
+  if (access(kEtcd, X_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kEtcd, " is missing: install Debian's etcd-server package "
+               "(tools/setup.sh --test does). These tests need the real "
+               "server and fail without it."));
+  }
+  if (options.members < 1) {
+    return absl::InvalidArgumentError("etcd cluster: members < 1");
+  }
+  auto c = std::unique_ptr<EtcdCluster>(new EtcdCluster(options));
+  const std::string dir = TempDir("etcd");
+  std::vector<std::string> peers;
+  for (int i = 0; i < options.members; ++i) {
+    Member m;
+    m.name = absl::StrCat("m", i);
+    auto client_port = FreePort();
+    if (!client_port.ok()) return client_port.status();
+    auto peer_port = FreePort();
+    if (!peer_port.ok()) return peer_port.status();
+    m.client = absl::StrCat("127.0.0.1:", *client_port);
+    m.peer = absl::StrCat("127.0.0.1:", *peer_port);
+    m.data_dir = absl::StrCat(dir, "/", m.name);
+    m.log = absl::StrCat(dir, "/", m.name, ".log");
+    peers.push_back(absl::StrCat(m.name, "=http://", m.peer));
+    c->members_.push_back(std::move(m));
+  }
+  c->initial_cluster_ = absl::StrJoin(peers, ",");
+  for (int i = 0; i < options.members; ++i) {
+    if (absl::Status s = c->Launch(i, true); !s.ok()) return s;
+  }
+  for (int i = 0; i < options.members; ++i) {
+    if (absl::Status s = c->WaitServing(i); !s.ok()) return s;
+  }
+  return c;
+}
+
+EtcdCluster::~EtcdCluster() {
+  for (Member& m : members_) {
+    if (m.daemon.running() && m.frozen) kill(m.daemon.pid(), SIGCONT);
+    // Daemon's destructor SIGKILLs and reaps.
+  }
+}
+
+std::vector<std::string> EtcdCluster::endpoints() const {
+  std::vector<std::string> out;
+  for (const Member& m : members_) out.push_back(m.client);
+  return out;
+}
+
+absl::Status EtcdCluster::Launch(int i, bool new_cluster) {
+  Member& m = members_[i];
+  std::vector<std::string> args = {
+      "--name", m.name,
+      "--data-dir", m.data_dir,
+      "--listen-client-urls", absl::StrCat("http://", m.client),
+      "--advertise-client-urls", absl::StrCat("http://", m.client),
+      "--listen-peer-urls", absl::StrCat("http://", m.peer),
+      "--initial-advertise-peer-urls", absl::StrCat("http://", m.peer),
+      "--initial-cluster", initial_cluster_,
+      "--initial-cluster-state", new_cluster ? "new" : "existing",
+      "--initial-cluster-token", absl::StrCat("hym-test-", getpid()),
+      "--heartbeat-interval",
+      absl::StrCat(absl::ToInt64Milliseconds(options_.heartbeat)),
+      "--election-timeout",
+      absl::StrCat(absl::ToInt64Milliseconds(options_.election_timeout)),
+      "--logger", "zap",
+      "--log-level", "warn",
+  };
+  auto d = Daemon::Spawn(kEtcd, args, m.log);
+  if (!d.ok()) return d.status();
+  m.daemon = std::move(*d);
+  m.frozen = false;
+  return absl::OkStatus();
+}
+
+absl::Status EtcdCluster::WaitServing(int i) {
+  EtcdClientOptions o;
+  o.endpoints = {members_[i].client};
+  o.attempt_timeout = absl::Seconds(1);
+  o.retry_pause = absl::Milliseconds(20);
+  auto client = EtcdClient::Create(o);
+  if (!client.ok()) return client.status();
+  const absl::Time deadline = absl::Now() + options_.ready_timeout;
+  absl::Status last;
+  while (absl::Now() < deadline) {
+    if (!members_[i].daemon.Alive()) {
+      return absl::UnavailableError(absl::StrCat(
+          "etcd member ", i, " exited; its log:\n", LogTail(i)));
+    }
+    etcdserverpb::RangeRequest r;
+    r.set_key("health");
+    auto resp = (*client)->Range(r, absl::Now() + absl::Seconds(2));
+    if (resp.ok()) return absl::OkStatus();
+    last = resp.status();
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "etcd member ", i, " did not serve: ", last.ToString(), "; its log:\n",
+      LogTail(i)));
+}
+
+absl::Status EtcdCluster::Kill(int i) {
+  Member& m = members_[i];
+  if (!m.daemon.running()) return absl::FailedPreconditionError("not running");
+  if (m.frozen) kill(m.daemon.pid(), SIGCONT);
+  m.frozen = false;
+  auto s = m.daemon.Stop(SIGKILL);
+  return s.ok() ? absl::OkStatus() : s.status();
+}
+
+absl::Status EtcdCluster::Restart(int i, bool wait) {
+  if (members_[i].daemon.running()) {
+    return absl::FailedPreconditionError("still running");
+  }
+  // The member's data directory holds its membership: the initial-cluster
+  // flags are ignored.
+  if (absl::Status s = Launch(i, false); !s.ok()) return s;
+  return wait ? WaitServing(i) : absl::OkStatus();
+}
+
+absl::Status EtcdCluster::Freeze(int i) {
+  Member& m = members_[i];
+  if (!m.daemon.running()) return absl::FailedPreconditionError("not running");
+  if (kill(m.daemon.pid(), SIGSTOP) != 0) return absl::InternalError("SIGSTOP");
+  m.frozen = true;
+  return absl::OkStatus();
+}
+
+absl::Status EtcdCluster::Thaw(int i) {
+  Member& m = members_[i];
+  if (!m.daemon.running()) return absl::FailedPreconditionError("not running");
+  if (kill(m.daemon.pid(), SIGCONT) != 0) return absl::InternalError("SIGCONT");
+  m.frozen = false;
+  return absl::OkStatus();
+}
+
+std::string EtcdCluster::LogTail(int i) const {
+  std::ifstream in(members_[i].log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string all = ss.str();
+  return all.size() > 4000 ? all.substr(all.size() - 4000) : all;
+}
+
+}  // namespace hymcache::testing

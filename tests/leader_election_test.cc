@@ -1,0 +1,430 @@
+// LeaderElection and LeaderObserver (common/leader_election.h) against real
+// etcd clusters (tests/etcd_cluster.h): one leader among candidates,
+// takeover with a larger epoch when the leader resigns, dies or loses its
+// lease, no change when one of three etcd members dies, step-down within
+// the lease when the leader is cut off from etcd, and a new election by
+// itself once etcd has a quorum again. etcd is a test dependency
+// (tools/setup.sh --test): without it these tests FAIL, they do not skip.
+//
+// Every candidate has its own EtcdClient, as separate masters would.
+// Timings: leases of 2 s (4 s where etcd itself fails over), so every
+// takeover below is bounded by a few seconds.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/eventually.h"
+#include "common/etcd_client.h"
+#include "common/fake_clock.h"
+#include "common/leader_election.h"
+#include "common/mutex.h"
+#include "tests/etcd_cluster.h"
+
+namespace hymcache {
+namespace {
+
+using ::hymcache::testing::EtcdCluster;
+using ::hymcache::testing::EtcdClusterOptions;
+using ::hymcache::testing::Eventually;
+
+const bool kNoDeadlockDetector = [] {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return true;
+}();
+
+constexpr char kKey[] = "/hymcache/test/master/leader";
+constexpr absl::Duration kTtl = absl::Seconds(2);
+
+// What the candidates' callbacks reported, in the order they ran.
+struct Event {
+  std::string who;
+  bool elected;  // else lost
+  int64_t epoch;
+  absl::Status why;
+  absl::Time at;
+};
+
+class Journal {
+ public:
+  void Add(Event e) {
+    MutexLock l(&mu_);
+    events_.push_back(std::move(e));
+  }
+  std::vector<Event> events() const {
+    MutexLock l(&mu_);
+    return events_;
+  }
+  // The last event of `who`, if any.
+  std::optional<Event> Last(const std::string& who) const {
+    MutexLock l(&mu_);
+    for (auto it = events_.rbegin(); it != events_.rend(); ++it) {
+      if (it->who == who) return *it;
+    }
+    return std::nullopt;
+  }
+  // Checks that terms never overlap: every election comes after the end of
+  // the term before it (whoever held it), and epochs grow.
+  void CheckTermsDoNotOverlap() const {
+    MutexLock l(&mu_);
+    std::optional<std::string> holder;
+    int64_t last_epoch = 0;
+    for (const Event& e : events_) {
+      INFO(e.who << (e.elected ? " elected at " : " lost at ") << e.epoch);
+      if (e.elected) {
+        CHECK_FALSE(holder.has_value());
+        CHECK(e.epoch > last_epoch);
+        holder = e.who;
+        last_epoch = e.epoch;
+      } else {
+        CHECK(holder == e.who);
+        CHECK(e.epoch == last_epoch);
+        holder.reset();
+      }
+    }
+  }
+
+ private:
+  mutable Mutex mu_;
+  std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
+};
+
+std::unique_ptr<EtcdCluster> StartCluster(int members) {
+  EtcdClusterOptions o;
+  o.members = members;
+  auto c = EtcdCluster::Start(o);
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  return std::move(*c);
+}
+
+// A master-to-be: its own etcd client and its election.
+struct Candidate {
+  std::string name;
+  std::unique_ptr<EtcdClient> etcd;
+  std::unique_ptr<LeaderElection> election;
+};
+
+std::unique_ptr<Candidate> Campaign(const EtcdCluster& cluster,
+                                    const std::string& name, Journal* journal,
+                                    Clock* clock = nullptr,
+                                    absl::Duration ttl = kTtl) {
+  auto c = std::make_unique<Candidate>();
+  c->name = name;
+  EtcdClientOptions eo;
+  eo.endpoints = cluster.endpoints();
+  eo.attempt_timeout = absl::Milliseconds(500);
+  auto etcd = EtcdClient::Create(eo);
+  REQUIRE(etcd.ok());
+  c->etcd = std::move(*etcd);
+  LeaderElectionOptions o;
+  o.etcd = c->etcd.get();
+  o.key = kKey;
+  o.candidate = name;
+  o.lease_ttl = ttl;
+  o.clock = clock;
+  o.thread_name = "elect-" + name;
+  o.on_elected = [journal, name](int64_t epoch) {
+    journal->Add({name, true, epoch, absl::OkStatus(), absl::Now()});
+  };
+  o.on_lost = [journal, name](int64_t epoch, const absl::Status& why) {
+    journal->Add({name, false, epoch, why, absl::Now()});
+  };
+  auto e = LeaderElection::Create(o);
+  INFO(e.status().ToString());
+  REQUIRE(e.ok());
+  c->election = std::move(*e);
+  return c;
+}
+
+// Waits until exactly one of `cs` leads; returns it.
+Candidate* WaitForLeader(const std::vector<Candidate*>& cs,
+                         absl::Duration timeout = absl::Seconds(20)) {
+  Candidate* leader = nullptr;
+  const bool ok = Eventually(
+      [&] {
+        leader = nullptr;
+        int n = 0;
+        for (Candidate* c : cs) {
+          if (c->election->IsLeader()) {
+            leader = c;
+            ++n;
+          }
+        }
+        return n == 1;
+      },
+      timeout);
+  REQUIRE(ok);
+  return leader;
+}
+
+TEST_CASE("Election options without etcd, key, candidate or a whole-second TTL are refused") {
+  auto cluster_less = EtcdClient::Create({.endpoints = {"127.0.0.1:1"}});
+  REQUIRE(cluster_less.ok());
+  LeaderElectionOptions o;
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  o.etcd = cluster_less->get();
+  o.key = kKey;
+  o.candidate = "a";
+  CHECK(o.Validate().ok());
+  o.lease_ttl = absl::Milliseconds(1500);
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  o.lease_ttl = absl::Milliseconds(500);
+  CHECK(absl::IsInvalidArgument(LeaderElection::Create(o).status()));
+}
+
+TEST_CASE("Of two candidates exactly one leads and the other stands by, seeing it") {
+  auto cluster = StartCluster(3);
+  Journal journal;
+  auto a = Campaign(*cluster, "a", &journal);
+  auto b = Campaign(*cluster, "b", &journal);
+  Candidate* leader = WaitForLeader({a.get(), b.get()});
+  Candidate* standby = leader == a.get() ? b.get() : a.get();
+  const int64_t epoch = *leader->election->LeaderEpoch();
+  CHECK(epoch > 0);
+  REQUIRE(Eventually([&] {
+    auto seen = standby->election->ObservedLeader();
+    return seen.has_value() && seen->candidate == leader->name;
+  }));
+  CHECK(standby->election->ObservedLeader()->epoch == epoch);
+  CHECK_FALSE(standby->election->IsLeader());
+  CHECK_FALSE(standby->election->LeaderEpoch().has_value());
+
+  // Anyone can read it, and observers follow it.
+  auto read = ReadLeader(a->etcd.get(), kKey);
+  REQUIRE(read.ok());
+  REQUIRE(read->has_value());
+  CHECK((*read)->candidate == leader->name);
+  CHECK((*read)->epoch == epoch);
+  auto observer = LeaderObserver::Create(a->etcd.get(), kKey, nullptr);
+  REQUIRE(observer.ok());
+  CHECK((*observer)->current() == *read);
+  CHECK((*observer)->highest_epoch() == epoch);
+
+  // A write fenced with the leader's epoch applies; one fenced with an
+  // older epoch does not.
+  etcdserverpb::TxnRequest txn;
+  *txn.add_compare() = LeaderElection::FenceCompare(kKey, epoch);
+  auto* put = txn.add_success()->mutable_request_put();
+  put->set_key("/hymcache/test/config");
+  put->set_value("by leader");
+  auto fenced = leader->etcd->Txn(txn);
+  REQUIRE(fenced.ok());
+  CHECK(fenced->succeeded());
+  *txn.mutable_compare(0) = LeaderElection::FenceCompare(kKey, epoch - 1);
+  auto stale = leader->etcd->Txn(txn);
+  REQUIRE(stale.ok());
+  CHECK_FALSE(stale->succeeded());
+  journal.CheckTermsDoNotOverlap();
+}
+
+TEST_CASE("When the leader resigns the standby takes over at once, with a larger epoch") {
+  auto cluster = StartCluster(3);
+  Journal journal;
+  auto a = Campaign(*cluster, "a", &journal);
+  auto b = Campaign(*cluster, "b", &journal);
+  Candidate* leader = WaitForLeader({a.get(), b.get()});
+  const std::string first = leader->name;
+  auto standby = leader == a.get() ? std::move(b) : std::move(a);
+  auto gone = leader == a.get() ? std::move(a) : std::move(b);
+  const int64_t epoch = *gone->election->LeaderEpoch();
+
+  std::vector<std::optional<LeaderInfo>> changes;
+  Mutex changes_mu;
+  auto observer = LeaderObserver::Create(
+      standby->etcd.get(), kKey, [&](const std::optional<LeaderInfo>& l) {
+        MutexLock lock(&changes_mu);
+        changes.push_back(l);
+      });
+  REQUIRE(observer.ok());
+
+  const absl::Time resigned = absl::Now();
+  gone->election->Resign();
+  CHECK_FALSE(gone->election->IsLeader());
+  auto lost = journal.Last(first);
+  REQUIRE(lost.has_value());
+  CHECK_FALSE(lost->elected);
+  CHECK(absl::IsCancelled(lost->why));
+
+  REQUIRE(Eventually([&] { return standby->election->IsLeader(); }));
+  // The lease was revoked: no wait for its TTL.
+  CHECK(absl::Now() - resigned < kTtl);
+  CHECK(*standby->election->LeaderEpoch() > epoch);
+  REQUIRE(Eventually([&] { return (*observer)->highest_epoch() > epoch; }));
+  {
+    MutexLock lock(&changes_mu);
+    // The first leader, none, the second leader.
+    REQUIRE(changes.size() == 3);
+    CHECK(changes[0]->candidate == first);
+    CHECK_FALSE(changes[1].has_value());
+    CHECK(changes[2]->candidate == standby->name);
+    CHECK(changes[2]->epoch == *standby->election->LeaderEpoch());
+  }
+  journal.CheckTermsDoNotOverlap();
+}
+
+TEST_CASE("When the leader stops renewing, it stops leading before the standby takes over within the TTL") {
+  // The leader's process frozen or cut off from etcd: no renewals, no
+  // revocation.
+  auto cluster = StartCluster(3);
+  Journal journal;
+  auto a = Campaign(*cluster, "a", &journal);
+  auto b = Campaign(*cluster, "b", &journal);
+  Candidate* leader = WaitForLeader({a.get(), b.get()});
+  Candidate* standby = leader == a.get() ? b.get() : a.get();
+  const int64_t epoch = *leader->election->LeaderEpoch();
+
+  const absl::Time frozen = absl::Now();
+  leader->election->FreezeForTest();
+  REQUIRE(Eventually([&] { return standby->election->IsLeader(); }));
+  const absl::Duration takeover = absl::Now() - frozen;
+  // etcd expires the lease at most a TTL after the last renewal (plus its
+  // expiry scan, every 500 ms); the standby's watch sees it at once.
+  CHECK(takeover < kTtl + absl::Seconds(2));
+  CHECK(*standby->election->LeaderEpoch() > epoch);
+  CHECK_FALSE(leader->election->IsLeader());
+
+  // The old leader's term ended (by its own deadline) before the new one
+  // began.
+  const auto events = journal.events();
+  REQUIRE(events.size() == 3);
+  CHECK(events[1].who == leader->name);
+  CHECK(absl::IsDeadlineExceeded(events[1].why));
+  CHECK(events[1].at - frozen <= kTtl);
+  CHECK(events[2].who == standby->name);
+  CHECK(events[1].at <= events[2].at);
+  journal.CheckTermsDoNotOverlap();
+}
+
+TEST_CASE("A leader's term ends at its lease's local deadline on the injected clock") {
+  auto cluster = StartCluster(1);
+  Journal journal;
+  FakeClock clock;
+  auto a = Campaign(*cluster, "a", &journal, &clock);
+  REQUIRE(Eventually([&] { return a->election->IsLeader(); }));
+  a->election->FreezeForTest();
+  // Frozen: no renewal moves the deadline any more. The fake clock decides.
+  clock.Advance(kTtl * 0.8 - absl::Milliseconds(1));
+  CHECK(a->election->IsLeader());
+  clock.Advance(absl::Milliseconds(1));
+  CHECK_FALSE(a->election->IsLeader());
+  CHECK_FALSE(a->election->LeaderEpoch().has_value());
+  // And the election thread notices too.
+  REQUIRE(Eventually([&] { return journal.events().size() == 2; }));
+  CHECK(absl::IsDeadlineExceeded(journal.events()[1].why));
+}
+
+TEST_CASE("Revoking the leader's lease makes it step down and the standby take over") {
+  auto cluster = StartCluster(3);
+  Journal journal;
+  auto a = Campaign(*cluster, "a", &journal);
+  auto b = Campaign(*cluster, "b", &journal);
+  Candidate* leader = WaitForLeader({a.get(), b.get()});
+  Candidate* standby = leader == a.get() ? b.get() : a.get();
+  auto info = leader->election->ObservedLeader();
+  REQUIRE(info.has_value());
+
+  auto admin = EtcdClient::Create({.endpoints = cluster->endpoints()});
+  REQUIRE(admin.ok());
+  REQUIRE((*admin)->LeaseRevoke(info->lease).ok());
+  REQUIRE(Eventually([&] { return standby->election->IsLeader(); }));
+  CHECK(*standby->election->LeaderEpoch() > info->epoch);
+  REQUIRE(Eventually([&] {
+    auto last = journal.Last(leader->name);
+    return last.has_value() && !last->elected;
+  }));
+  CHECK_FALSE(leader->election->IsLeader());
+  journal.CheckTermsDoNotOverlap();
+}
+
+TEST_CASE("Killing one of three etcd members changes nothing for the leader and the standby") {
+  auto cluster = StartCluster(3);
+  Journal journal;
+  // If member 0 led the etcd cluster, renewals fail until the others elect
+  // a new raft leader (an election timeout or two) and the candidates'
+  // clients give up on member 0 (an attempt timeout): a TTL of 4 s leaves
+  // 3.2 - 1.3 s of slack after the last renewal before the leader would
+  // stop trusting its lease.
+  const absl::Duration ttl = absl::Seconds(4);
+  auto a = Campaign(*cluster, "a", &journal, nullptr, ttl);
+  auto b = Campaign(*cluster, "b", &journal, nullptr, ttl);
+  Candidate* leader = WaitForLeader({a.get(), b.get()});
+  Candidate* standby = leader == a.get() ? b.get() : a.get();
+  const int64_t epoch = *leader->election->LeaderEpoch();
+  // Both talk to member 0 first.
+  REQUIRE(leader->etcd->preferred_endpoint() == 0);
+  const uint64_t renewals = leader->election->stats().renewals;
+
+  REQUIRE(cluster->Kill(0).ok());
+  // Renewals go on through the other members for two TTLs (a renewal every
+  // TTL / 3)...
+  const bool renewed = Eventually(
+      [&] { return leader->election->stats().renewals >= renewals + 6; });
+  const LeaderElectionStats stats = leader->election->stats();
+  INFO("renewals " << stats.renewals << " failures " << stats.renewal_failures
+                   << " terms lost " << stats.terms_lost);
+  REQUIRE(renewed);
+  // ...and nobody's term changed.
+  CHECK(leader->election->LeaderEpoch() == epoch);
+  CHECK_FALSE(standby->election->IsLeader());
+  CHECK(stats.terms_lost == 0);
+  CHECK(standby->election->stats().terms_won == 0);
+  CHECK(journal.events().size() == 1);
+  CHECK(leader->etcd->preferred_endpoint() != 0);
+}
+
+TEST_CASE("A leader cut off from all of etcd steps down within its lease; the election resumes when etcd is back") {
+  auto cluster = StartCluster(3);
+  Journal journal;
+  auto a = Campaign(*cluster, "a", &journal);
+  auto b = Campaign(*cluster, "b", &journal);
+  Candidate* leader = WaitForLeader({a.get(), b.get()});
+  const int64_t epoch = *leader->election->LeaderEpoch();
+
+  const absl::Time cut = absl::Now();
+  for (int i = 0; i < 3; ++i) REQUIRE(cluster->Freeze(i).ok());
+  REQUIRE(Eventually([&] {
+    auto last = journal.Last(leader->name);
+    return last.has_value() && !last->elected;
+  }));
+  // Within the lease: 80% of the TTL after the last renewal was sent.
+  CHECK(journal.Last(leader->name)->at - cut <= kTtl);
+  CHECK(absl::IsDeadlineExceeded(journal.Last(leader->name)->why));
+  CHECK_FALSE(a->election->IsLeader());
+  CHECK_FALSE(b->election->IsLeader());
+
+  for (int i = 0; i < 3; ++i) REQUIRE(cluster->Thaw(i).ok());
+  Candidate* next = WaitForLeader({a.get(), b.get()}, absl::Seconds(30));
+  CHECK(*next->election->LeaderEpoch() > epoch);
+  journal.CheckTermsDoNotOverlap();
+}
+
+TEST_CASE("When etcd loses its quorum the leader steps down, and a leader is elected again once quorum is back") {
+  auto cluster = StartCluster(3);
+  Journal journal;
+  auto a = Campaign(*cluster, "a", &journal);
+  auto b = Campaign(*cluster, "b", &journal);
+  Candidate* leader = WaitForLeader({a.get(), b.get()});
+  const int64_t epoch = *leader->election->LeaderEpoch();
+
+  REQUIRE(cluster->Kill(1).ok());
+  REQUIRE(cluster->Kill(2).ok());
+  REQUIRE(Eventually([&] {
+    auto last = journal.Last(leader->name);
+    return last.has_value() && !last->elected;
+  }));
+  CHECK_FALSE(a->election->IsLeader());
+  CHECK_FALSE(b->election->IsLeader());
+
+  REQUIRE(cluster->Restart(1, /*wait=*/false).ok());
+  REQUIRE(cluster->Restart(2, /*wait=*/false).ok());
+  Candidate* next = WaitForLeader({a.get(), b.get()}, absl::Seconds(30));
+  CHECK(*next->election->LeaderEpoch() > epoch);
+  journal.CheckTermsDoNotOverlap();
+}
+
+}  // namespace
+}  // namespace hymcache
