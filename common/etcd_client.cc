@@ -369,13 +369,18 @@ bool EtcdWatcher::RunStream(size_t index) {
     create->set_key(options_.key);
     create->set_range_end(options_.range_end);
     create->set_start_revision(next_revision_);
+    VLOG(1) << "etcd watch of " << options_.key << ": from revision "
+            << next_revision_;
   }
   bool accepted = false;
   // Connect first, for at most an attempt: a stream waiting for a member
   // that is down would never move on.
   auto& channel = client_->endpoints_[index].channel;
+  VLOG(1) << "etcd watch of " << options_.key << ": stream on "
+          << client_->options().endpoints[index];
   if (!channel->WaitForConnected(absl::ToChronoTime(
           absl::Now() + client_->options().attempt_timeout))) {
+    VLOG(1) << "etcd watch of " << options_.key << ": cannot connect";
     MutexLock l(&mu_);
     context_ = nullptr;
     return false;
@@ -394,6 +399,11 @@ bool EtcdWatcher::RunStream(size_t index) {
         MutexLock l(&mu_);
         last_heard_ = absl::Now();
       }
+      VLOG(2) << "etcd watch of " << options_.key << ": id "
+              << response.watch_id() << " created " << response.created()
+              << " canceled " << response.canceled() << " events "
+              << response.events_size() << " revision "
+              << response.header().revision();
       if (response.created()) {
         MutexLock l(&mu_);
         accepted = true;
@@ -436,8 +446,9 @@ bool EtcdWatcher::RunStream(size_t index) {
     context.TryCancel();
     context_ = nullptr;
   }
+  VLOG(1) << "etcd watch of " << options_.key << ": finishing";
   grpc::Status st = stream->Finish();
-  if (!st.ok() && st.error_code() != grpc::StatusCode::CANCELLED) {
+  if (!st.ok()) {
     VLOG(1) << "etcd watch stream on " << client_->options().endpoints[index]
             << " ended: " << st.error_message();
   }

@@ -144,6 +144,12 @@ void LeaderElection::Run() {
     }
     if (leader) {
       Lead();
+      // A term that ended without Resign: leave the next campaign to the
+      // standbys (they saw the key go) for a retry interval.
+      MutexLock l(&mu_);
+      if (!stopping_) {
+        cv_.WaitWithDeadline(&mu_, absl::Now() + options_.retry_interval);
+      }
     } else if (s.ok()) {
       StandBy();
     } else {

@@ -237,8 +237,17 @@ TEST_CASE("A watcher sees every change in order, also across the death of its me
   del.set_key("w/1");
   REQUIRE(etcd->DeleteRange(del).ok());
   CHECK(etcd->failovers() >= 1);
-  REQUIRE(Eventually([&] { return seen.Get().size() >= 4; }));
-  CHECK(seen.Get() == std::vector<std::string>{"PUT w/1=a", "PUT w/2=b",
+  // A put retried during etcd's own failover may be applied twice (the
+  // client's contract): compare without repeats.
+  auto distinct = [&] {
+    std::vector<std::string> out;
+    for (const std::string& e : seen.Get()) {
+      if (out.empty() || out.back() != e) out.push_back(e);
+    }
+    return out;
+  };
+  REQUIRE(Eventually([&] { return distinct().size() >= 4; }));
+  CHECK(distinct() == std::vector<std::string>{"PUT w/1=a", "PUT w/2=b",
                                                "PUT w/3=c", "DELETE w/1"});
   MutexLock l(&seen.mu);
   CHECK(seen.errors == 0);
@@ -287,8 +296,13 @@ TEST_CASE("Calls and watches skip a frozen member") {
   CHECK((*etcd)->preferred_endpoint() != 0);
   // The watch stream, still connected to the frozen member, goes silent;
   // its prober gives up on it and the watch resumes elsewhere.
-  REQUIRE(Eventually([&] { return seen.Get().size() == 2; }));
-  CHECK(seen.Get() == std::vector<std::string>{"PUT f=1", "PUT f=2"});
+  // (The put may have been applied twice: when member 0 led the etcd
+  // cluster, an attempt that timed out during the new raft election still
+  // commits after it, as the client's contract says.)
+  REQUIRE(Eventually([&] { return seen.Get().size() >= 2; }));
+  const std::vector<std::string> events = seen.Get();
+  CHECK(events[0] == "PUT f=1");
+  for (size_t i = 1; i < events.size(); ++i) CHECK(events[i] == "PUT f=2");
   REQUIRE(cluster->Thaw(0).ok());
 }
 
