@@ -149,9 +149,10 @@ class LeaderElection {
   static etcdserverpb::Compare FenceCompare(const std::string& key,
                                             int64_t epoch);
 
-  // Stops every etcd call of this candidate (renewals, campaigns), as if
+  // Stops this candidate's renewals, campaigns and lease revocation, as if
   // its process were frozen or cut off from etcd; the local deadline still
-  // ends its leadership. Not undone.
+  // ends its leadership. (Its watch keeps running: that can only end a
+  // term sooner.) Not undone.
   void FreezeForTest();
 
  private:
