@@ -17,7 +17,11 @@
 // the renewal), so the leader always stops before etcd can expire the lease
 // and let someone else win, as long as the two clocks run at nearly the
 // same rate (20% of the TTL is the margin for rate error and for callers
-// acting on a just-checked IsLeader()). Standbys watch the key and campaign
+// acting on a just-checked IsLeader()). That covers every lease that
+// expires; a lease revoked or a key deleted by someone else ends the term
+// in etcd at once and the leader hears of it a watch event later (a new
+// leader may be elected in between): the epoch fences that window.
+// Standbys watch the key and campaign
 // again as soon as it is deleted (plus a re-read every half TTL, in case
 // the watch is stuck on a frozen etcd member). Resign() (and the
 // destructor) steps down and revokes the lease, so a standby takes over at
