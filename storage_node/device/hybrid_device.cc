@@ -216,8 +216,9 @@ HybridDevice::HybridDevice(const HybridDeviceOptions& options,
       window_bytes_(window_bytes),
       buffer_(buffer_memory_->data()),
       buffer_bytes_(buffer_bytes),
-      window_alloc_(std::move(window_alloc)),
+      staging_(std::move(window_alloc)),
       buffer_alloc_(std::move(buffer_alloc)),
+      checksums_(options.verify_reads),
       backoff_(options.flush_retry_initial) {
   stats_.staging_capacity_bytes = window_bytes;
   stats_.staging_pages = PageBackingName(window_memory_->page_backing());
@@ -231,7 +232,7 @@ HybridDevice::HybridDevice(const HybridDeviceOptions& options,
   if (options_.verify_reads) {
     MutexLock l(&mu_);
     for (const DurableExtent& e : durable) {
-      if (e.checksummed) tier_sums_[e.addr] = TierSum{e.length, e.crc32c, false};
+      if (e.checksummed) checksums_.Adopt(e.addr, e.length, e.crc32c);
     }
   }
 }
@@ -255,8 +256,7 @@ HybridDevice::~HybridDevice() {
                       "are absent after a restart)";
     }
     // Queued prefetches never started: nothing to wait for.
-    for (Staged* s : window_fifo_) s->state = Staged::State::kFailed;
-    window_fifo_.clear();
+    staging_.FailQueued();
     // Every I/O issued or queued completes; its buffers must outlive it.
     while (reads_in_flight_ > 0 || writes_in_flight_ > 0 || !read_q_.empty() ||
            !write_q_.empty()) {
@@ -330,9 +330,9 @@ HybridDeviceStats HybridDevice::HybridStats() const {
   HybridDeviceStats s = stats_;
   const absl::Time now = absl::Now();
   s.device.capacity_bytes = capacity_;
-  s.staged_bytes = window_alloc_->used_bytes();
-  s.staged_objects = staged_.size();
-  s.prefetch_queue_length = window_fifo_.size();
+  s.staged_bytes = staging_.used_bytes();
+  s.staged_objects = staging_.objects();
+  s.prefetch_queue_length = staging_.queued();
   s.bounce_bytes = bounce_bytes_;
   absl::Duration busy = refill_busy_;
   if (refill_ios_ > 0) busy += now - refill_busy_since_;

@@ -119,7 +119,7 @@ void HybridDevice::FlusherLoop() {
     const bool past_deadline = stopping_ && absl::Now() >= stop_deadline_;
     if (stopping_ && pipeline_.empty() &&
         ((flush_queue_.empty() && record_pending_.empty() &&
-          forget_corrupt_.empty()) ||
+          !checksums_.forget_queued()) ||
          past_deadline)) {
       break;
     }
@@ -157,7 +157,7 @@ void HybridDevice::FlusherLoop() {
     }
     // Corrupt objects' records go first: they are few, and until forgotten
     // a restart without verify_on_open would adopt them again.
-    if (!forget_corrupt_.empty() && !retrying && !past_deadline) {
+    if (checksums_.forget_queued() && !retrying && !past_deadline) {
       ForgetCorruptLocked();
       continue;
     }
@@ -180,7 +180,7 @@ void HybridDevice::FlusherLoop() {
     }
     // 3. Nothing to do until a write completes, a commit arrives, reads go
     // idle, a retry or the shutdown deadline is due.
-    if ((!record_pending_.empty() || !forget_corrupt_.empty()) && retrying) {
+    if ((!record_pending_.empty() || checksums_.forget_queued()) && retrying) {
       wake = std::min(wake, retry_after_);
     }
     // `wake` is on clock_; the shutdown deadline and the wait are real time.
@@ -222,29 +222,24 @@ void HybridDevice::StartBatchLocked(std::vector<Entry*> batch) {
 }
 
 void HybridDevice::ForgetCorruptLocked() {
-  forgetting_corrupt_ = std::move(forget_corrupt_);
-  forget_corrupt_.clear();
-  std::vector<TierRange> ranges;
-  for (const CorruptForget& f : forgetting_corrupt_) ranges.push_back(f.range);
+  const std::vector<TierRange> ranges = checksums_.StartForget();
   mu_.Unlock();
   const absl::Status status = tier_->ForgetRanges(ranges);
   mu_.Lock();
   last_was_forget_ = true;
+  // On failure the forgets are queued again, except those a write over
+  // their range cancelled meanwhile.
+  const TierChecksums::ForgetCounts forgot =
+      checksums_.FinishForget(status.ok());
   if (status.ok()) {
-    for (const CorruptForget& f : forgetting_corrupt_) {
-      ++(f.discarded ? stats_.discarded_records_forgotten
-                     : stats_.corrupt_records_forgotten);
-    }
+    stats_.discarded_records_forgotten += forgot.discarded;
+    stats_.corrupt_records_forgotten += forgot.corrupt;
   } else {
     LOG(WARNING) << "hybrid device: forgetting the records of "
                  << ranges.size() << " corrupt objects failed (will retry in "
                  << absl::FormatDuration(backoff_) << "): " << status;
-    for (const CorruptForget& f : forgetting_corrupt_) {
-      if (!f.dropped) forget_corrupt_.push_back(f);
-    }
     BackOffLocked();
   }
-  forgetting_corrupt_.clear();
   cv_.SignalAll();
 }
 
@@ -324,8 +319,7 @@ void HybridDevice::RetireBatchLocked(FlushBatch* fb) {
         stats_.flushed_bytes += e->len;
         ++stats_.flushed_objects;
         if (options_.verify_reads && e->has_crc) {
-          EraseSumsLocked(e->addr, e->buf_len);
-          tier_sums_[e->addr] = TierSum{e->len, e->crc, false};
+          checksums_.Set(e->addr, e->len, e->buf_len, e->crc);
         }
         PendingRecord r;
         r.extent = DurableExtent{e->addr, e->len, e->tag, e->has_crc, e->crc};

@@ -1,8 +1,9 @@
 // Private to the hybrid device (in the srcs of //storage_node/device:
-// hybrid_device, not its hdrs): the records HybridDevice keeps for staged
-// objects, buffered objects, staging misses, flush batches and queued I/O,
-// shared by its implementation files (hybrid_device*.cc). Every field is
-// guarded by HybridDevice::mu_ (the CondVars wait on it).
+// hybrid_device, not its hdrs): the records HybridDevice keeps for
+// buffered objects, staging misses, flush batches and queued I/O, shared by
+// its implementation files (hybrid_device*.cc); staged objects are
+// StagingWindow's (staging_window.h). Every field is guarded by
+// HybridDevice::mu_ (the CondVars wait on it).
 #pragma once
 
 #include <cstddef>
@@ -26,34 +27,6 @@ inline uint64_t RoundDown(uint64_t v) { return v / kPage * kPage; }
 }  // namespace hybrid_internal
 
 // ---------------------------------------------------------------- internals
-
-// An object staged (or being staged, or waiting for window space).
-struct HybridDevice::Staged {
-  // kLoaded: the bytes are in but their checksum is not checked yet
-  // (verify_reads); kChecking: a consumer is checking it.
-  enum class State { kQueued, kLoading, kLoaded, kChecking, kReady, kFailed };
-  uint64_t addr = 0;
-  uint64_t len = 0;
-  uint64_t span_start = 0;  // addr rounded down to a page
-  uint64_t span_len = 0;    // whole pages covering the object
-  State state = State::kQueued;
-  int refs = 0;  // prefetch handles
-  int pins = 0;  // reads
-  bool keyed = false;     // findable in staged_by_key_
-  bool has_slot = false;  // holds window space
-  uint64_t slot_off = 0;
-  int chunks_pending = 0;    // in read_q_, not issued
-  int chunks_in_flight = 0;  // issued, not completed
-  int waiters = 0;           // threads waiting for it to be ready
-  bool check = false;        // verify_reads and its checksum is known
-  uint32_t crc = 0;          // the expected CRC32C
-  bool corrupt = false;      // failed: checksum mismatch (else: I/O error)
-  absl::Status error;
-  // Signalled when state becomes kReady or kFailed: only the threads
-  // waiting for this object wake up, not every reader on every I/O.
-  CondVar cv;
-  int owners() const { return refs + pins + waiters; }
-};
 
 // An object in the write buffer.
 struct HybridDevice::Entry {

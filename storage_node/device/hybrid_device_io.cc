@@ -107,14 +107,13 @@ void HybridDevice::TakeIssuableLocked(std::vector<IoReq>* out) {
   }
 }
 
-void HybridDevice::FreeSpaceLocked(RangeAllocator* alloc, uint64_t off) {
-  const absl::Status st = alloc->Free(off);
+void HybridDevice::FreeBufferSpaceLocked(uint64_t off) {
+  const absl::Status st = buffer_alloc_->Free(off);
   if (!st.ok()) {
     // A broken invariant (a slot freed twice): the space stays lost, the
     // device goes on.
-    LOG(ERROR) << "hybrid device: freeing "
-               << (alloc == window_alloc_.get() ? "window" : "buffer")
-               << " space at " << off << ": " << st;
+    LOG(ERROR) << "hybrid device: freeing buffer space at " << off << ": "
+               << st;
   }
 }
 
@@ -171,7 +170,7 @@ void HybridDevice::OnIoDone(const IoReq& req, absl::Status status) {
             ++stats_.prefetch_errors;
             LOG(WARNING) << "hybrid device: staging [" << s->addr << ", +"
                          << s->len << ") failed: " << s->error;
-            UnkeyStagedLocked(s);
+            staging_.Unkey(s);
           }
           if (s->waiters > 0) s->cv.SignalAll();
         }

@@ -17,13 +17,6 @@ using hybrid_internal::RoundUp;
 
 // ---------------------------------------------------------------- window
 
-void HybridDevice::UnkeyStagedLocked(Staged* s) {
-  if (!s->keyed) return;
-  auto it = staged_by_key_.find({s->addr, s->len});
-  if (it != staged_by_key_.end() && it->second == s) staged_by_key_.erase(it);
-  s->keyed = false;
-}
-
 void HybridDevice::MaybeFreeStagedLocked(Staged* s) {
   if (s->owners() == 0 && s->chunks_pending > 0) {
     read_q_.erase(std::remove_if(read_q_.begin(), read_q_.end(),
@@ -31,39 +24,13 @@ void HybridDevice::MaybeFreeStagedLocked(Staged* s) {
                   read_q_.end());
     s->chunks_pending = 0;
   }
-  // The slot is never handed on while a read still writes into it.
-  if (s->chunks_in_flight > 0) return;
-  bool freed_space = false;
-  if (s->has_slot && (s->owners() == 0 || s->state == Staged::State::kFailed)) {
-    FreeSpaceLocked(window_alloc_.get(), s->slot_off);
-    s->has_slot = false;
-    freed_space = true;
-  }
-  if (s->owners() == 0) {
-    UnkeyStagedLocked(s);
-    if (s->state == Staged::State::kQueued) {
-      auto it = std::find(window_fifo_.begin(), window_fifo_.end(), s);
-      if (it != window_fifo_.end()) {
-        // The head may be what blocked the rest.
-        freed_space = freed_space || it == window_fifo_.begin();
-        window_fifo_.erase(it);
-      }
-    }
-    staged_.erase(s);  // deletes s
-  }
-  if (freed_space) PumpWindowLocked();
+  if (staging_.Release(s)) PumpWindowLocked();  // may have deleted s
 }
 
 void HybridDevice::PumpWindowLocked() {
   if (stopping_) return;
-  while (!window_fifo_.empty()) {
-    Staged* s = window_fifo_.front();
-    std::optional<uint64_t> off = window_alloc_->TryAllocate(s->span_len);
-    if (!off) break;  // strict FIFO: later ones wait behind the head
-    window_fifo_.pop_front();
-    s->has_slot = true;
-    s->slot_off = *off;
-    s->state = Staged::State::kLoading;
+  // Strict FIFO: AdmitNext stops at a head that does not fit.
+  while (Staged* s = staging_.AdmitNext()) {
     IoReq proto;
     proto.kind = IoReq::Kind::kRefill;
     proto.owner = s;
@@ -72,21 +39,6 @@ void HybridDevice::PumpWindowLocked() {
     const size_t before = read_q_.size();
     QueueChunksLocked(proto, s->span_len, &read_q_);
     s->chunks_pending = static_cast<int>(read_q_.size() - before);
-  }
-}
-
-void HybridDevice::InvalidateStagedLocked(uint64_t addr, uint64_t len) {
-  if (staged_by_key_.empty()) return;
-  const uint64_t from = addr > max_staged_span_ ? addr - max_staged_span_ : 0;
-  const uint64_t end = addr + len;
-  for (auto it = staged_by_key_.lower_bound({from, 0});
-       it != staged_by_key_.end() && it->first.first < end;) {
-    Staged* s = it->second;
-    ++it;
-    if (s->span_start < end && addr < s->span_start + s->span_len) {
-      // Handles and reads holding it keep their (old) bytes.
-      UnkeyStagedLocked(s);
-    }
   }
 }
 
@@ -118,35 +70,25 @@ absl::StatusOr<PrefetchHandle> HybridDevice::PrefetchObject(uint32_t region,
       ++e->pins;
       rec.entry = e;
       ++stats_.prefetch_from_buffer;
-    } else if (auto it = staged_by_key_.find({addr, len});
-               it != staged_by_key_.end()) {
-      ++it->second->refs;
-      rec.staged = it->second;
+    } else if (Staged* shared = staging_.Find(addr, len)) {
+      ++shared->refs;
+      rec.staged = shared;
       ++stats_.prefetch_shared;
     } else {
-      const TierSum* sum = FindSumLocked(addr, len);
+      const TierChecksum* sum = checksums_.Find(addr, len);
       if (sum != nullptr && sum->corrupt) {
         ++stats_.corrupt_refusals;
         return absl::DataLossError(absl::StrCat(
             "hybrid device: the object at ", addr, " (", len,
             " bytes) failed its checksum on the capacity tier"));
       }
-      auto owned = std::make_unique<Staged>();
-      Staged* s = owned.get();
-      s->addr = addr;
-      s->len = len;
-      s->span_start = span_start;
-      s->span_len = span_len;
+      // Queued at the window's FIFO tail, findable by (addr, len).
+      Staged* s = staging_.Add(addr, len, span_start, span_len);
       s->refs = 1;
-      s->keyed = true;
       if (sum != nullptr) {
         s->check = true;
         s->crc = sum->crc;
       }
-      staged_[s] = std::move(owned);
-      staged_by_key_[{addr, len}] = s;
-      max_staged_span_ = std::max(max_staged_span_, span_len);
-      window_fifo_.push_back(s);
       rec.staged = s;
       PumpWindowLocked();
       TakeIssuableLocked(&next);

@@ -19,42 +19,13 @@ using hybrid_internal::RoundUp;
 
 // ---------------------------------------------------------------- checksums
 
-HybridDevice::TierSum* HybridDevice::FindSumLocked(uint64_t addr, uint64_t len) {
-  if (!options_.verify_reads) return nullptr;
-  auto it = tier_sums_.find(addr);
-  if (it == tier_sums_.end() || it->second.len != len) return nullptr;
-  return &it->second;
-}
-
-void HybridDevice::EraseSumsLocked(uint64_t addr, uint64_t len) {
-  const uint64_t end = addr + len;
-  auto it = tier_sums_.lower_bound(addr);
-  if (it != tier_sums_.begin()) {
-    auto prev = std::prev(it);
-    if (prev->first + prev->second.len > addr) it = prev;
-  }
-  while (it != tier_sums_.end() && it->first < end) it = tier_sums_.erase(it);
-  auto overlaps = [addr, end](const CorruptForget& f) {
-    return f.range.addr < end && addr < f.range.addr + f.range.length;
-  };
-  forget_corrupt_.erase(
-      std::remove_if(forget_corrupt_.begin(), forget_corrupt_.end(), overlaps),
-      forget_corrupt_.end());
-  for (CorruptForget& f : forgetting_corrupt_) {
-    if (overlaps(f)) f.dropped = true;
-  }
-}
-
 void HybridDevice::MarkCorruptLocked(uint64_t addr, uint64_t len, uint32_t crc) {
-  TierSum* sum = FindSumLocked(addr, len);
-  // Replaced by a write since the read began: that object is not this one.
-  if (sum == nullptr || sum->crc != crc || sum->corrupt) return;
-  sum->corrupt = true;
+  // Not if a write replaced it since the read began: that object is not
+  // this one.
+  if (!checksums_.MarkCorrupt(addr, len, crc)) return;
   // Never recorded from now on; one in the running Record is forgotten
-  // below, after that Record returns (the flusher makes every tier call).
+  // after that Record returns (the flusher makes every tier call).
   DropPendingRecordsLocked(addr, len);
-  forget_corrupt_.push_back(
-      CorruptForget{TierRange{addr, len, false, 0}, false, false});
   cv_.SignalAll();  // the flusher
 }
 
@@ -83,7 +54,7 @@ void HybridDevice::CheckStagedLocked(Staged* s) {
                  << "match its checksum (recorded " << std::hex << s->crc
                  << ", read " << got << std::dec
                  << "); refused until it is overwritten";
-    UnkeyStagedLocked(s);
+    staging_.Unkey(s);
     MarkCorruptLocked(s->addr, s->len, s->crc);
   }
   s->cv.SignalAll();
@@ -130,9 +101,8 @@ absl::StatusOr<ReadView> HybridDevice::AcquireRead(uint32_t region,
     admit(buffer_ + e->buf_off + (addr - e->addr), rec);
     return v;
   }
-  if (auto it = staged_by_key_.find({addr, len}); it != staged_by_key_.end() &&
-      it->second->state != Staged::State::kQueued) {
-    Staged* s = it->second;
+  if (Staged* s = staging_.Find(addr, len);
+      s != nullptr && s->state != Staged::State::kQueued) {
     ++s->pins;  // keeps `s` alive, also while it is checked
     const absl::Time deadline = absl::Now() + options_.read_timeout;
     while (true) {
@@ -169,7 +139,7 @@ absl::StatusOr<ReadView> HybridDevice::AcquireRead(uint32_t region,
   }
 
   // Staging miss. Known to be corrupt: refused without I/O.
-  const TierSum* sum = FindSumLocked(addr, len);
+  const TierChecksum* sum = checksums_.Find(addr, len);
   if (sum != nullptr && sum->corrupt) {
     ++stats_.corrupt_refusals;
     return absl::DataLossError(absl::StrCat(

@@ -23,7 +23,7 @@ void HybridDevice::MaybeFreeEntryLocked(Entry* e) {
   if (e->writing || e->live || e->queued || e->in_flight || e->pins > 0) {
     return;
   }
-  FreeSpaceLocked(buffer_alloc_.get(), e->buf_off);
+  FreeBufferSpaceLocked(e->buf_off);
   entries_.erase(e->id);  // deletes e
 }
 
@@ -56,11 +56,10 @@ void HybridDevice::Discard(uint32_t region, uint64_t addr, uint64_t len,
     if (x.addr != addr || x.length != len || x.tag != tag) return;
   }
   SupersedeLocked(addr, span);
-  InvalidateStagedLocked(addr, span);
+  staging_.Invalidate(addr, span);
   // The checksum (verify_reads) stays: exact forgets leave a newer object
   // recorded there, and only a committed write replaces it.
-  forget_corrupt_.push_back(
-      CorruptForget{TierRange{addr, len, /*exact=*/true, tag}, true, false});
+  checksums_.QueueDiscard(TierRange{addr, len, /*exact=*/true, tag});
   ++stats_.discarded_objects;
   cv_.SignalAll();
 }
@@ -159,7 +158,7 @@ absl::StatusOr<WriteView> HybridDevice::BeginWrite(uint32_t region,
   }
   // The caller has drained readers of the old objects in this range.
   SupersedeLocked(addr, buf_len);
-  InvalidateStagedLocked(addr, buf_len);
+  staging_.Invalidate(addr, buf_len);
   auto owned = std::make_unique<Entry>();
   Entry* e = owned.get();
   e->id = next_id_++;
@@ -214,10 +213,10 @@ absl::Status HybridDevice::CommitWrite(const WriteView& view) {
   stats_.device.write_bytes += e->len;
   // A prefetch may have staged the old bytes since BeginWrite.
   SupersedeLocked(e->addr, e->buf_len);
-  InvalidateStagedLocked(e->addr, e->buf_len);
+  staging_.Invalidate(e->addr, e->buf_len);
   // The old objects' bytes on the tier are being replaced (not at
   // BeginWrite: an aborted write leaves them, corrupt ones still refused).
-  EraseSumsLocked(e->addr, e->buf_len);
+  checksums_.Erase(e->addr, e->buf_len);
   e->live = true;
   live_[e->addr] = e;
   e->queued = true;
