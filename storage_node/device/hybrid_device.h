@@ -492,6 +492,19 @@ class HybridDevice final : public MemoryDevice {
   // --- all below: REQUIRES mu_ held, unless noted.
   Entry* FindBufferedLocked(uint64_t addr, uint64_t len)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AcquireRead's parts. Hands `v` out: its data, a new cookie, the stats.
+  void AdmitReadLocked(ReadView* v, const uint8_t* data, const ReadRec& rec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A read of a staged object not queued any more: waits (up to
+  // read_timeout, releasing mu_) for it to be staged and checked. True:
+  // served from the window; false: failed or too slow (read the tier);
+  // DataLoss: its checksum failed.
+  absl::StatusOr<bool> ReadStagedLocked(Staged* s, ReadView* v)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A staging miss: reads `v`'s object from the tier into a bounce buffer
+  // (mu_ released around the I/O submission, the wait and the CRC).
+  absl::StatusOr<ReadView> ReadMissLocked(ReadView v)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks buffered objects overlapping the range superseded and drops
   // pending records overlapping it.
   void SupersedeLocked(uint64_t addr, uint64_t len)

@@ -81,63 +81,77 @@ absl::StatusOr<ReadView> HybridDevice::AcquireRead(uint32_t region,
   v.region_id = region;
   v.addr = addr;
   v.length = len;
-  const uint64_t span_start = RoundDown(addr);
-  const uint64_t span_len = RoundUp(addr + len) - span_start;
 
   MutexLock l(&mu_);
-  auto admit = [&](const uint8_t* data, ReadRec rec) {
-    v.data = data;
-    v.cookie = next_id_++;
-    reads_out_[v.cookie] = rec;
-    ++stats_.device.reads;
-    stats_.device.read_bytes += len;
-    ++stats_.device.outstanding_reads;
-  };
   if (Entry* e = FindBufferedLocked(addr, len)) {
     ++e->pins;
     ++stats_.buffer_hits;
     ReadRec rec{ReadKind::kBuffer};
     rec.entry = e;
-    admit(buffer_ + e->buf_off + (addr - e->addr), rec);
+    AdmitReadLocked(&v, buffer_ + e->buf_off + (addr - e->addr), rec);
     return v;
   }
   if (Staged* s = staging_.Find(addr, len);
       s != nullptr && s->state != Staged::State::kQueued) {
-    ++s->pins;  // keeps `s` alive, also while it is checked
-    const absl::Time deadline = absl::Now() + options_.read_timeout;
-    while (true) {
-      if (s->state == Staged::State::kLoaded) {
-        CheckStagedLocked(s);
-        continue;
-      }
-      if (s->state != Staged::State::kLoading &&
-          s->state != Staged::State::kChecking) {
-        break;
-      }
-      // Counted as a waiter: the completion signals s->cv only when one
-      // waits (a pin alone went unwoken until read_timeout).
-      ++s->waiters;
-      ++stats_.read_waiters;
-      const bool timed_out = s->cv.WaitWithDeadline(&mu_, deadline);
-      --stats_.read_waiters;
-      --s->waiters;
-      if (timed_out) break;
-    }
-    if (s->state == Staged::State::kReady) {
-      ++stats_.staging_hits;
-      ReadRec rec{ReadKind::kWindow};
-      rec.staged = s;
-      admit(window_ + s->slot_off + (addr - s->span_start), rec);
-      return v;
-    }
-    const bool corrupt = s->state == Staged::State::kFailed && s->corrupt;
-    absl::Status error = s->error;
-    --s->pins;
-    MaybeFreeStagedLocked(s);
-    if (corrupt) return error;
+    absl::StatusOr<bool> served = ReadStagedLocked(s, &v);
+    if (!served.ok()) return served.status();
+    if (*served) return v;
     // Failed or too slow: read it directly below.
   }
+  return ReadMissLocked(v);
+}
 
+void HybridDevice::AdmitReadLocked(ReadView* v, const uint8_t* data,
+                                   const ReadRec& rec) {
+  v->data = data;
+  v->cookie = next_id_++;
+  reads_out_[v->cookie] = rec;
+  ++stats_.device.reads;
+  stats_.device.read_bytes += v->length;
+  ++stats_.device.outstanding_reads;
+}
+
+absl::StatusOr<bool> HybridDevice::ReadStagedLocked(Staged* s, ReadView* v) {
+  ++s->pins;  // keeps `s` alive, also while it is checked
+  const absl::Time deadline = absl::Now() + options_.read_timeout;
+  while (true) {
+    if (s->state == Staged::State::kLoaded) {
+      CheckStagedLocked(s);
+      continue;
+    }
+    if (s->state != Staged::State::kLoading &&
+        s->state != Staged::State::kChecking) {
+      break;
+    }
+    // Counted as a waiter: the completion signals s->cv only when one
+    // waits (a pin alone went unwoken until read_timeout).
+    ++s->waiters;
+    ++stats_.read_waiters;
+    const bool timed_out = s->cv.WaitWithDeadline(&mu_, deadline);
+    --stats_.read_waiters;
+    --s->waiters;
+    if (timed_out) break;
+  }
+  if (s->state == Staged::State::kReady) {
+    ++stats_.staging_hits;
+    ReadRec rec{ReadKind::kWindow};
+    rec.staged = s;
+    AdmitReadLocked(v, window_ + s->slot_off + (v->addr - s->span_start), rec);
+    return true;
+  }
+  const bool corrupt = s->state == Staged::State::kFailed && s->corrupt;
+  absl::Status error = s->error;
+  --s->pins;
+  MaybeFreeStagedLocked(s);
+  if (corrupt) return error;
+  return false;
+}
+
+absl::StatusOr<ReadView> HybridDevice::ReadMissLocked(ReadView v) {
+  const uint64_t addr = v.addr;
+  const uint64_t len = v.length;
+  const uint64_t span_start = RoundDown(addr);
+  const uint64_t span_len = RoundUp(addr + len) - span_start;
   // Staging miss. Known to be corrupt: refused without I/O.
   const TierChecksum* sum = checksums_.Find(addr, len);
   if (sum != nullptr && sum->corrupt) {
@@ -225,7 +239,7 @@ absl::StatusOr<ReadView> HybridDevice::AcquireRead(uint32_t region,
   }
   ReadRec rec{ReadKind::kBounce};
   rec.miss = m;
-  admit(buf + (addr - span_start), rec);
+  AdmitReadLocked(&v, buf + (addr - span_start), rec);
   return v;
 }
 
