@@ -338,6 +338,104 @@ bool DeviceFromFlags(StorageNodeOptions::Device* device) {
   return true;
 }
 
+// Every data-plane connection holds a descriptor: allow as many as the
+// hard limit does (the soft limit is often 1024).
+void RaiseDescriptorLimit() {
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
+      nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+      LOG(WARNING) << "cannot raise the descriptor limit: " << strerror(errno);
+    }
+  }
+}
+
+// Translates the flags into `options` and validates them; false (said on
+// stderr) when a flag or the options are bad.
+bool OptionsFromFlags(hymcache::StorageNodeOptions* options) {
+  options->master_address = FLAGS_master;
+  options->node_name = FLAGS_name;
+  options->listen_host = FLAGS_listen_host;
+  options->control_port = FLAGS_control_port;
+  options->advertise_host = FLAGS_advertise_host;
+  if (!DeviceFromFlags(&options->device)) return false;
+  options->allow_memory_overcommit = FLAGS_allow_overcommit;
+  options->shared_huge_pages = FLAGS_shared_huge_pages;
+
+  hymcache::storage::DataServerOptions& data = options->data;
+  data.port = FLAGS_data_port;
+  data.max_connections = FLAGS_max_connections;
+  data.max_connections_per_peer = FLAGS_max_connections_per_peer;
+  data.worker_threads = FLAGS_data_worker_threads;
+  data.max_requests_per_peer = FLAGS_max_requests_per_peer;
+  data.send_buffer_bytes = FLAGS_data_send_buffer_bytes;
+  data.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);
+  data.idle_timeout = absl::Milliseconds(FLAGS_idle_timeout_ms);
+
+  if (!hymcache::ParseBytes(FLAGS_prefetch_window_bytes,
+                            &options->prefetch.window_bytes) ||
+      options->prefetch.window_bytes == 0) {
+    std::cerr << "hymcache-storage: bad --prefetch_window_bytes (want e.g. "
+                 "128M)\n";
+    return false;
+  }
+  options->prefetch.session_timeout =
+      absl::Milliseconds(FLAGS_prefetch_session_timeout_ms);
+
+  options->expose_shm = FLAGS_shm;
+  for (auto [flag, out] :
+       {std::pair{&FLAGS_shm_allowed_uids, &options->shm_allowed_uids},
+        std::pair{&FLAGS_shm_allowed_gids, &options->shm_allowed_gids}}) {
+    for (absl::string_view id :
+         absl::StrSplit(*flag, ',', absl::SkipWhitespace())) {
+      uint32_t v = 0;
+      if (!absl::SimpleAtoi(id, &v)) {
+        std::cerr << "hymcache-storage: bad id '" << id
+                  << "' in --shm_allowed_uids/--shm_allowed_gids (numeric)\n";
+        return false;
+      }
+      out->push_back(v);
+    }
+  }
+  absl::StatusOr<hymcache::RdmaMode> rdma = hymcache::ParseRdmaMode(FLAGS_rdma);
+  if (!rdma.ok()) {
+    std::cerr << "hymcache-storage: bad --" << rdma.status().message() << "\n";
+    return false;
+  }
+  options->rdma = *rdma;
+  options->rdma_device = FLAGS_rdma_device;
+  options->rdma_trusted_clients = FLAGS_rdma_trusted_clients;
+  options->node_key_path = FLAGS_node_key_file;
+  options->capability_skew = absl::Milliseconds(FLAGS_capability_skew_ms);
+  options->drain_timeout = absl::Milliseconds(FLAGS_drain_timeout_ms);
+  options->auth_tokens_file = FLAGS_auth_tokens_file;
+  options->insecure = FLAGS_insecure;
+  options->metrics_listen = FLAGS_metrics_listen;
+  options->build_version = hymcache::BuildInfo().version;
+  options->build_commit = hymcache::BuildInfo().git_commit;
+  options->tls.cert_file = FLAGS_tls_cert;
+  options->tls.key_file = FLAGS_tls_key;
+  options->tls.ca_file = FLAGS_tls_ca;
+  options->tls.require_client_cert = FLAGS_tls_require_client_cert;
+  options->tls.server_name = FLAGS_tls_server_name;
+  if (!FLAGS_token_file.empty()) {
+    auto token = hymcache::ReadTokenFile(FLAGS_token_file);
+    if (!token.ok()) {
+      std::cerr << "hymcache-storage: --token_file: " << token.status().message()
+                << "\n";
+      return false;
+    }
+    options->master_token = *token;
+  }
+  absl::Status valid = options->Validate();
+  if (!valid.ok()) {
+    std::cerr << "hymcache-storage: " << valid.message() << "\n";
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -382,97 +480,10 @@ int main(int argc, char** argv) {
        .daemon_logging = true},
       &argc, &argv);
   google::InitGoogleLogging(argv[0]);
-  // Every data-plane connection holds a descriptor: allow as many as the
-  // hard limit does (the soft limit is often 1024).
-  struct rlimit nofile;
-  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
-      nofile.rlim_cur < nofile.rlim_max) {
-    nofile.rlim_cur = nofile.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
-      LOG(WARNING) << "cannot raise the descriptor limit: " << strerror(errno);
-    }
-  }
+  RaiseDescriptorLimit();
 
   hymcache::StorageNodeOptions options;
-  options.master_address = FLAGS_master;
-  options.node_name = FLAGS_name;
-  options.listen_host = FLAGS_listen_host;
-  options.control_port = FLAGS_control_port;
-  options.advertise_host = FLAGS_advertise_host;
-  if (!DeviceFromFlags(&options.device)) return 2;
-  options.allow_memory_overcommit = FLAGS_allow_overcommit;
-  options.shared_huge_pages = FLAGS_shared_huge_pages;
-
-  hymcache::storage::DataServerOptions& data = options.data;
-  data.port = FLAGS_data_port;
-  data.max_connections = FLAGS_max_connections;
-  data.max_connections_per_peer = FLAGS_max_connections_per_peer;
-  data.worker_threads = FLAGS_data_worker_threads;
-  data.max_requests_per_peer = FLAGS_max_requests_per_peer;
-  data.send_buffer_bytes = FLAGS_data_send_buffer_bytes;
-  data.io_timeout = absl::Milliseconds(FLAGS_io_timeout_ms);
-  data.idle_timeout = absl::Milliseconds(FLAGS_idle_timeout_ms);
-
-  if (!hymcache::ParseBytes(FLAGS_prefetch_window_bytes,
-                            &options.prefetch.window_bytes) ||
-      options.prefetch.window_bytes == 0) {
-    std::cerr << "hymcache-storage: bad --prefetch_window_bytes (want e.g. "
-                 "128M)\n";
-    return 2;
-  }
-  options.prefetch.session_timeout =
-      absl::Milliseconds(FLAGS_prefetch_session_timeout_ms);
-
-  options.expose_shm = FLAGS_shm;
-  for (auto [flag, out] :
-       {std::pair{&FLAGS_shm_allowed_uids, &options.shm_allowed_uids},
-        std::pair{&FLAGS_shm_allowed_gids, &options.shm_allowed_gids}}) {
-    for (absl::string_view id :
-         absl::StrSplit(*flag, ',', absl::SkipWhitespace())) {
-      uint32_t v = 0;
-      if (!absl::SimpleAtoi(id, &v)) {
-        std::cerr << "hymcache-storage: bad id '" << id
-                  << "' in --shm_allowed_uids/--shm_allowed_gids (numeric)\n";
-        return 2;
-      }
-      out->push_back(v);
-    }
-  }
-  absl::StatusOr<hymcache::RdmaMode> rdma = hymcache::ParseRdmaMode(FLAGS_rdma);
-  if (!rdma.ok()) {
-    std::cerr << "hymcache-storage: bad --" << rdma.status().message() << "\n";
-    return 2;
-  }
-  options.rdma = *rdma;
-  options.rdma_device = FLAGS_rdma_device;
-  options.rdma_trusted_clients = FLAGS_rdma_trusted_clients;
-  options.node_key_path = FLAGS_node_key_file;
-  options.capability_skew = absl::Milliseconds(FLAGS_capability_skew_ms);
-  options.drain_timeout = absl::Milliseconds(FLAGS_drain_timeout_ms);
-  options.auth_tokens_file = FLAGS_auth_tokens_file;
-  options.insecure = FLAGS_insecure;
-  options.metrics_listen = FLAGS_metrics_listen;
-  options.build_version = hymcache::BuildInfo().version;
-  options.build_commit = hymcache::BuildInfo().git_commit;
-  options.tls.cert_file = FLAGS_tls_cert;
-  options.tls.key_file = FLAGS_tls_key;
-  options.tls.ca_file = FLAGS_tls_ca;
-  options.tls.require_client_cert = FLAGS_tls_require_client_cert;
-  options.tls.server_name = FLAGS_tls_server_name;
-  if (!FLAGS_token_file.empty()) {
-    auto token = hymcache::ReadTokenFile(FLAGS_token_file);
-    if (!token.ok()) {
-      std::cerr << "hymcache-storage: --token_file: " << token.status().message()
-                << "\n";
-      return 2;
-    }
-    options.master_token = *token;
-  }
-  absl::Status valid = options.Validate();
-  if (!valid.ok()) {
-    std::cerr << "hymcache-storage: " << valid.message() << "\n";
-    return 2;
-  }
+  if (!OptionsFromFlags(&options)) return 2;
 
   // Block the shutdown signals before any thread starts, so that every
   // thread inherits the mask and only sigwait below receives them.

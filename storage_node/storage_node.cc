@@ -76,7 +76,8 @@ void ToProto(const storage::RegionDescriptor& r, v1::RegionInfo* out) {
 
 }  // namespace
 
-struct StorageNode::MasterClient {
+// The node's connection to the master (its gRPC channel and stub).
+struct StorageNode::MasterLink {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::MasterService::Stub> stub;
   // Keeps the channel connecting after a call found no master (under gRPC's
@@ -277,181 +278,6 @@ void StorageNode::VisitStats(StatsVisitor* v,
 
 namespace {
 
-template <typename Enum, size_t N>
-absl::StatusOr<Enum> ParseName(std::string_view what, std::string_view name,
-                               const std::pair<Enum, const char*> (&names)[N]) {
-  std::string choices;
-  for (size_t i = 0; i < N; ++i) {
-    if (name == names[i].second) return names[i].first;
-    absl::StrAppend(&choices, i == 0 ? "" : i + 1 == N ? " or " : ", ",
-                    names[i].second);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat(std::string(what), " '", std::string(name), "' (want ",
-                   choices, ")"));
-}
-
-template <typename Enum, size_t N>
-const char* NameOf(Enum value, const std::pair<Enum, const char*> (&names)[N]) {
-  for (const auto& [v, name] : names) {
-    if (v == value) return name;
-  }
-  return "?";
-}
-
-constexpr std::pair<RdmaMode, const char*> kRdmaModes[] = {
-    {RdmaMode::kOff, "off"}, {RdmaMode::kAuto, "auto"}, {RdmaMode::kOn, "on"}};
-using Engine = storage::BlockIoOptions::Engine;
-constexpr std::pair<Engine, const char*> kIoEngines[] = {
-    {Engine::kAuto, "auto"},
-    {Engine::kIoUring, "io_uring"},
-    {Engine::kThreadPool, "threadpool"}};
-using Submit = storage::BlockIoOptions::Submit;
-constexpr std::pair<Submit, const char*> kIoSubmits[] = {
-    {Submit::kAuto, "auto"},
-    {Submit::kInline, "inline"},
-    {Submit::kAsync, "async"}};
-
-absl::Status Invalid(const absl::Status& s) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("storage node: ", s.message()));
-}
-
-// A hybrid or LRU device's capacity file.
-absl::Status ValidateTier(const storage::CapacityTierOptions& tier) {
-  if (tier.path.empty() || tier.capacity_bytes == 0 ||
-      tier.capacity_bytes % 4096 != 0) {
-    return absl::InvalidArgumentError(
-        "storage node: a hybrid device needs capacity_path and "
-        "capacity_bytes (a positive multiple of 4096)");
-  }
-  storage::BlockIoOptions io = tier.io;  // Open fills in the file
-  io.path = tier.path;
-  io.size_bytes = tier.capacity_bytes + storage::CapacityTier::kHeaderBytes;
-  absl::Status s = io.Validate();
-  return s.ok() ? s : Invalid(s);
-}
-
-}  // namespace
-
-const char* RdmaModeName(RdmaMode mode) { return NameOf(mode, kRdmaModes); }
-absl::StatusOr<RdmaMode> ParseRdmaMode(std::string_view name) {
-  return ParseName("rdma", name, kRdmaModes);
-}
-const char* IoEngineName(Engine engine) { return NameOf(engine, kIoEngines); }
-absl::StatusOr<Engine> ParseIoEngine(std::string_view name) {
-  return ParseName("io_engine", name, kIoEngines);
-}
-const char* IoSubmitName(Submit submit) { return NameOf(submit, kIoSubmits); }
-absl::StatusOr<Submit> ParseIoSubmit(std::string_view name) {
-  return ParseName("io_submit", name, kIoSubmits);
-}
-
-absl::Status StorageNodeOptions::Validate() const {
-  if (capability_skew < absl::ZeroDuration() ||
-      capability_skew > absl::Hours(1)) {
-    return absl::InvalidArgumentError(
-        "storage node: capability_skew must be 0..1h");
-  }
-  if (master_address.empty()) {
-    return absl::InvalidArgumentError("storage node: master_address is required");
-  }
-  absl::Status s = SplitHostPort(master_address).status();
-  if (!s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("storage node: master_address: ", s.message()));
-  }
-  if (listen_host.empty()) {
-    return absl::InvalidArgumentError("storage node: listen_host is empty");
-  }
-  s = tls.Validate();
-  if (!s.ok()) return Invalid(s);
-  s = CheckProtectedMode("storage node", listen_host,
-                         !auth_tokens_file.empty(), insecure);
-  if (!s.ok()) return s;
-  if (!metrics_listen.empty()) {
-    s = CheckProtectedListen("storage node: metrics_listen", metrics_listen,
-                             !auth_tokens_file.empty(), insecure);
-    if (!s.ok()) return s;
-  }
-  if (data.port < 0 || data.port > 65535 || control_port < 0 ||
-      control_port > 65535) {
-    return absl::InvalidArgumentError("storage node: ports must be in 0..65535");
-  }
-  if (data.port != 0 && data.port == control_port) {
-    return absl::InvalidArgumentError(
-        "storage node: data_port and control_port must differ");
-  }
-  if (const storage::DramDeviceOptions* d = dram()) {
-    if (d->alignment != 0 && (d->alignment & (d->alignment - 1)) == 0 &&
-        d->capacity_bytes < d->alignment) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("storage node: dram_bytes ", d->capacity_bytes,
-                       " is below the alignment"));
-    }
-    s = d->Validate();
-  } else if (const HybridDevice* h = hybrid()) {
-    s = ValidateTier(h->tier);
-    if (!s.ok()) return s;
-    if (node_name.empty()) {
-      return absl::InvalidArgumentError(
-          "storage node: a hybrid device needs a stable node_name (its "
-          "capacity file records which node owns it)");
-    }
-    s = h->device.Validate();
-  } else {
-    const LruDevice& l = *lru();
-    s = ValidateTier(l.tier);
-    if (!s.ok()) return s;
-    if (l.device.alignment < 4096) {
-      return absl::InvalidArgumentError(
-          "storage node: a hybrid device needs alignment >= 4096");
-    }
-    storage::LruCacheDeviceOptions dev = l.device;  // the node sets these
-    dev.capacity_bytes = l.tier.capacity_bytes;
-    dev.data_offset = storage::CapacityTier::kHeaderBytes;
-    s = dev.Validate();
-  }
-  if (!s.ok()) return Invalid(s);
-  // The data server's and the KV manager's own settings (their Validate
-  // also wants the parts the node builds at Create).
-  if (data.send_buffer_bytes < 0) {
-    return absl::InvalidArgumentError(
-        "storage node: data_send_buffer_bytes must be >= 0");
-  }
-  if (data.max_connections < 1 || data.max_connections_per_peer < 1 ||
-      data.worker_threads < 1 || data.max_requests_per_peer < 1) {
-    return absl::InvalidArgumentError(
-        "storage node: max_connections, max_connections_per_peer, "
-        "data_worker_threads and max_requests_per_peer must be >= 1");
-  }
-  if (data.io_timeout <= absl::ZeroDuration() ||
-      data.idle_timeout <= absl::ZeroDuration() ||
-      drain_timeout < absl::ZeroDuration() ||
-      rpc_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "storage node: io_timeout, idle_timeout and rpc_timeout must be > 0, "
-        "drain_timeout >= 0");
-  }
-  if (prefetch.window_bytes == 0 ||
-      prefetch.session_timeout <= absl::ZeroDuration() ||
-      prefetch.reap_interval <= absl::ZeroDuration() ||
-      prefetch.max_sessions < 1 || prefetch.max_objects_per_session < 1) {
-    return absl::InvalidArgumentError(
-        "storage node: prefetch window_bytes, session_timeout, "
-        "reap_interval, max_sessions and max_objects_per_session must be "
-        "> 0");
-  }
-  if (rdma != RdmaMode::kOff && rdma != RdmaMode::kAuto &&
-      rdma != RdmaMode::kOn) {
-    return absl::InvalidArgumentError(
-        "storage node: rdma must be off, auto or on");
-  }
-  return absl::OkStatus();
-}
-
-namespace {
-
 // Builds the configured memory device. A persistent device replaces
 // `*incarnation` with the one recorded in its capacity file. The LRU
 // baseline does not own its capacity tier: `*tier_out` keeps it alive.
@@ -600,38 +426,67 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   const std::string advertise =
       options.advertise_host.empty() ? options.listen_host
                                      : options.advertise_host;
+  RETURN_IF_ERROR(node->InitIdentity());
+  RETURN_IF_ERROR(node->OpenDevice());
+  RETURN_IF_ERROR(node->OpenExtentTable());
+  RETURN_IF_ERROR(node->StartDataPlane(advertise));
+  RETURN_IF_ERROR(node->LoadIdentities());
+  RETURN_IF_ERROR(node->StartControlService(advertise));
+  RETURN_IF_ERROR(node->StartMetrics());
+  RETURN_IF_ERROR(node->ConnectMaster());
 
+  uint64_t region_bytes = 0;
+  for (const storage::RegionDescriptor& r : node->device_->Regions()) {
+    region_bytes += r.capacity_bytes;
+  }
+  LOG(INFO) << "storage node '" << node->name_ << "' incarnation "
+            << node->incarnation_ << ": data " << node->data_address_
+            << ", control " << node->control_address_ << ", "
+            << region_bytes << " bytes in " << node->device_->Regions().size()
+            << " regions; master "
+            << options.master_address;
+  StorageNode* n = node.get();
+  ASSIGN_OR_RETURN(node->heartbeat_,
+                   Thread::Start("sn-heartbeat", [n] { n->HeartbeatLoop(); }));
+  return node;
+}
+
+absl::Status StorageNode::InitIdentity() {
   absl::BitGen gen;
   do {
-    node->incarnation_ = absl::Uniform<uint64_t>(gen);
-  } while (node->incarnation_ == 0);
+    incarnation_ = absl::Uniform<uint64_t>(gen);
+  } while (incarnation_ == 0);
   // Secret random bytes (as a node key is) naming this process's
   // registrations: a retry after a lost answer gets the same key back.
-  ASSIGN_OR_RETURN(node->registration_nonce_, NewNodeKey());
-  node->node_key_path_ = options.node_key_path;
-  if (node->node_key_path_.empty() && options.hybrid() != nullptr) {
-    node->node_key_path_ = options.hybrid()->tier.path + ".node_key";
+  ASSIGN_OR_RETURN(registration_nonce_, NewNodeKey());
+  node_key_path_ = options_.node_key_path;
+  if (node_key_path_.empty() && options_.hybrid() != nullptr) {
+    node_key_path_ = options_.hybrid()->tier.path + ".node_key";
   }
-  if (!node->node_key_path_.empty()) {
-    absl::StatusOr<std::string> key = ReadNodeKey(node->node_key_path_);
+  if (!node_key_path_.empty()) {
+    absl::StatusOr<std::string> key = ReadNodeKey(node_key_path_);
     if (key.ok()) {
-      MutexLock l(&node->mu_);
-      node->node_key_ = *std::move(key);
+      MutexLock l(&mu_);
+      node_key_ = *std::move(key);
     } else if (key.status().code() != absl::StatusCode::kNotFound) {
       LOG(WARNING) << "storage node: ignoring node key file "
-                   << node->node_key_path_ << ": " << key.status();
+                   << node_key_path_ << ": " << key.status();
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status StorageNode::OpenDevice() {
   // RDMA first: its registration limit decides how the DRAM device is
   // split into regions (no object may straddle two registrations).
   std::unique_ptr<rdma::Device> rdma_device;
-  if (options.rdma != RdmaMode::kOff) {
+  if (options_.rdma != RdmaMode::kOff) {
     rdma::DeviceOptions ro;
-    ro.device_name = options.rdma_device;
+    ro.device_name = options_.rdma_device;
     absl::StatusOr<std::unique_ptr<rdma::Device>> d = rdma::Device::Open(ro);
     if (d.ok()) {
       rdma_device = std::move(*d);
-    } else if (options.rdma == RdmaMode::kOn) {
+    } else if (options_.rdma == RdmaMode::kOn) {
       return d.status();
     } else {
       LOG(INFO) << "storage node: no RDMA data plane (" << d.status().message()
@@ -639,41 +494,43 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
     }
   }
   uint64_t max_region =
-      options.dram() != nullptr ? options.dram()->max_region_bytes : 0;
+      options_.dram() != nullptr ? options_.dram()->max_region_bytes : 0;
   if (max_region == 0 && rdma_device != nullptr) {
     max_region = rdma_device->max_mr_size();
   }
-  ASSIGN_OR_RETURN(node->device_,
-                   MakeDevice(options, max_region, &node->incarnation_,
-                              &node->lru_tier_));
+  ASSIGN_OR_RETURN(device_,
+                   MakeDevice(options_, max_region, &incarnation_, &lru_tier_));
   if (rdma_device != nullptr) {
     absl::StatusOr<std::unique_ptr<storage::RdmaPlane>> plane =
         storage::RdmaPlane::Create(
-            std::move(rdma_device), node->device_->Areas(),
-            storage::RdmaPlaneOptions{options.rdma_trusted_clients});
+            std::move(rdma_device), device_->Areas(),
+            storage::RdmaPlaneOptions{options_.rdma_trusted_clients});
     if (plane.ok()) {
-      node->rdma_ = std::move(*plane);
-      for (auto& [k, v] : node->rdma_->TransportParams()) {
-        node->transport_params_[k] = v;
+      rdma_ = std::move(*plane);
+      for (auto& [k, v] : rdma_->TransportParams()) {
+        transport_params_[k] = v;
       }
-    } else if (options.rdma == RdmaMode::kOn) {
+    } else if (options_.rdma == RdmaMode::kOn) {
       return plane.status();
     } else {
       LOG(WARNING) << "storage node: RDMA data plane disabled: "
                    << plane.status();
     }
   }
+  return absl::OkStatus();
+}
 
+absl::Status StorageNode::OpenExtentTable() {
   storage::ExtentTableOptions ext;
-  ext.regions = node->device_->Regions();
+  ext.regions = device_->Regions();
   ext.drain_timeout = kExtentDrainTimeout;
-  ASSIGN_OR_RETURN(node->extents_, storage::ExtentTable::Create(ext));
+  ASSIGN_OR_RETURN(extents_, storage::ExtentTable::Create(ext));
   // A persistent device still holds the objects it flushed before a
   // restart: they are readable again (the master keeps them while this
   // incarnation is the one it knows; otherwise registration clears them).
   size_t adopted = 0;
-  for (const storage::RecoveredExtent& e : node->device_->RecoveredExtents()) {
-    auto ticket = node->extents_->BeginWrite(
+  for (const storage::RecoveredExtent& e : device_->RecoveredExtents()) {
+    auto ticket = extents_->BeginWrite(
         storage::ExtentKey{e.region_id, e.addr, e.length, e.generation});
     if (ticket.ok() && ticket->Commit().ok()) {
       ++adopted;
@@ -691,31 +548,34 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   // that still takes the previous process (or incarnation) for alive would
   // place puts here that this process's registration then purges. The
   // registration sets the real ceiling.
-  node->extents_->SetGenerationCeiling(0);
+  extents_->SetGenerationCeiling(0);
+  return absl::OkStatus();
+}
 
-  storage::KvManagerOptions kv = options.prefetch;
+absl::Status StorageNode::StartDataPlane(const std::string& advertise) {
+  storage::KvManagerOptions kv = options_.prefetch;
   // The hybrid device's window is shared between requests; the LRU
   // baseline and DRAM stage nothing (their "prefetch" costs no space).
-  kv.staging_capacity = options.hybrid() != nullptr
-                            ? options.hybrid()->device.staging_bytes
+  kv.staging_capacity = options_.hybrid() != nullptr
+                            ? options_.hybrid()->device.staging_bytes
                             : 0;
-  kv.device = node->device_.get();
-  kv.extents = node->extents_.get();
-  ASSIGN_OR_RETURN(node->kv_, storage::KvManager::Create(kv));
+  kv.device = device_.get();
+  kv.extents = extents_.get();
+  ASSIGN_OR_RETURN(kv_, storage::KvManager::Create(kv));
 
-  if (options.expose_shm) {
+  if (options_.expose_shm) {
     // Same-host clients get read-only descriptors of the memfds over a Unix
     // socket that checks who they are.
     storage::ShmExportOptions so;
-    so.areas = node->device_->Areas();
-    so.allowed_uids = options.shm_allowed_uids;
-    so.allowed_gids = options.shm_allowed_gids;
+    so.areas = device_->Areas();
+    so.allowed_uids = options_.shm_allowed_uids;
+    so.allowed_gids = options_.shm_allowed_gids;
     absl::StatusOr<std::unique_ptr<storage::ShmExport>> ex =
         storage::ShmExport::Create(so);
     if (ex.ok()) {
-      node->shm_export_ = std::move(*ex);
-      for (auto& [k, v] : node->shm_export_->TransportParams()) {
-        node->transport_params_[k] = v;
+      shm_export_ = std::move(*ex);
+      for (auto& [k, v] : shm_export_->TransportParams()) {
+        transport_params_[k] = v;
       }
     } else {
       LOG(INFO) << "storage node: no shared-memory data plane ("
@@ -723,35 +583,40 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
     }
   }
 
-  storage::DataServerOptions ds = options.data;
-  ds.kv = node->kv_.get();
-  ds.rdma = node->rdma_.get();
-  ds.host = options.listen_host;
-  ds.device = node->device_.get();
-  ds.extents = node->extents_.get();
-  node->capabilities_ =
-      std::make_unique<CapabilityVerifier>(options.capability_skew);
-  ds.capabilities = node->capabilities_.get();
-  ASSIGN_OR_RETURN(node->data_server_, storage::DataServer::Create(ds));
-  node->data_port_ = node->data_server_->port();
+  storage::DataServerOptions ds = options_.data;
+  ds.kv = kv_.get();
+  ds.rdma = rdma_.get();
+  ds.host = options_.listen_host;
+  ds.device = device_.get();
+  ds.extents = extents_.get();
+  capabilities_ = std::make_unique<CapabilityVerifier>(options_.capability_skew);
+  ds.capabilities = capabilities_.get();
+  ASSIGN_OR_RETURN(data_server_, storage::DataServer::Create(ds));
+  data_port_ = data_server_->port();
 
-  node->data_address_ = JoinHostPort(advertise, node->data_port_);
-  node->name_ =
-      options.node_name.empty() ? node->data_address_ : options.node_name;
-  if (!options.auth_tokens_file.empty()) {
-    ASSIGN_OR_RETURN(node->auth_,
-                     Authenticator::Create(options.auth_tokens_file));
-    LOG(INFO) << "storage node: " << node->auth_->size()
-              << " identities from " << options.auth_tokens_file;
-  } else if (IsLoopbackHost(options.listen_host)) {
+  data_address_ = JoinHostPort(advertise, data_port_);
+  name_ = options_.node_name.empty() ? data_address_ : options_.node_name;
+  return absl::OkStatus();
+}
+
+absl::Status StorageNode::LoadIdentities() {
+  if (!options_.auth_tokens_file.empty()) {
+    ASSIGN_OR_RETURN(auth_, Authenticator::Create(options_.auth_tokens_file));
+    LOG(INFO) << "storage node: " << auth_->size() << " identities from "
+              << options_.auth_tokens_file;
+  } else if (IsLoopbackHost(options_.listen_host)) {
     LOG(INFO) << "storage node: protected mode (no identities configured): "
                  "listening on loopback only";
   } else {
     LOG(WARNING) << "storage node: no identities and --insecure: anyone who "
                     "can reach "
-                 << options.listen_host << " may call the control service";
+                 << options_.listen_host << " may call the control service";
   }
-  node->control_service_ = std::make_unique<ControlService>(node.get());
+  return absl::OkStatus();
+}
+
+absl::Status StorageNode::StartControlService(const std::string& advertise) {
+  control_service_ = std::make_unique<ControlService>(this);
   // grpc.health.v1 (see Ready()) and server reflection on the control port;
   // process-wide switches for servers built from here on.
   grpc::EnableDefaultHealthCheckService(true);
@@ -761,31 +626,37 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   // another server already holds.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   const std::string control_listen =
-      JoinHostPort(options.listen_host, options.control_port);
-  ASSIGN_OR_RETURN(node->tls_, ReloadableServerTls::Create(options.tls));
-  builder.AddListeningPort(control_listen, node->tls_->credentials(),
-                           &node->control_port_);
-  builder.RegisterService(node->control_service_.get());
-  node->control_server_ = builder.BuildAndStart();
-  if (node->control_server_ == nullptr || node->control_port_ == 0) {
+      JoinHostPort(options_.listen_host, options_.control_port);
+  ASSIGN_OR_RETURN(tls_, ReloadableServerTls::Create(options_.tls));
+  builder.AddListeningPort(control_listen, tls_->credentials(),
+                           &control_port_);
+  builder.RegisterService(control_service_.get());
+  control_server_ = builder.BuildAndStart();
+  if (control_server_ == nullptr || control_port_ == 0) {
     return absl::UnavailableError(absl::StrCat(
         "storage node: cannot serve the control service on ", control_listen));
   }
 
-  if (auto* health = node->control_server_->GetHealthCheckService()) {
+  if (auto* health = control_server_->GetHealthCheckService()) {
     health->SetServingStatus(v1::StorageControl::service_full_name(), false);
     health->SetServingStatus(false);  // until registered and reconciled
   }
-  node->control_address_ = JoinHostPort(advertise, node->control_port_);
-  if (!options.metrics_listen.empty()) {
-    MetricsExporterOptions mo;
-    mo.listen_address = options.metrics_listen;
-    mo.prefix = "hymcache_storage_";
-    StorageNode* self = node.get();
-    mo.collect = [self](StatsVisitor* v) { self->VisitStats(v, "device_"); };
-    ASSIGN_OR_RETURN(node->metrics_, MetricsExporter::Create(mo));
-    node->metrics_address_ = node->metrics_->address();
-  }
+  control_address_ = JoinHostPort(advertise, control_port_);
+  return absl::OkStatus();
+}
+
+absl::Status StorageNode::StartMetrics() {
+  if (options_.metrics_listen.empty()) return absl::OkStatus();
+  MetricsExporterOptions mo;
+  mo.listen_address = options_.metrics_listen;
+  mo.prefix = "hymcache_storage_";
+  mo.collect = [this](StatsVisitor* v) { VisitStats(v, "device_"); };
+  ASSIGN_OR_RETURN(metrics_, MetricsExporter::Create(mo));
+  metrics_address_ = metrics_->address();
+  return absl::OkStatus();
+}
+
+absl::Status StorageNode::ConnectMaster() {
   grpc::ChannelArguments args;
   // Notice a restarted master quickly instead of after gRPC's default
   // reconnect backoff (up to two minutes).
@@ -793,28 +664,14 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   // connect timeout, and 100 ms fails connects on a loaded machine.)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  node->master_ = std::make_unique<MasterClient>();
-  ASSIGN_OR_RETURN(node->master_->channel,
-                   CreateChannel(options.master_address,
-                                 {options.tls, options.master_token}, args));
-  node->master_->stub = v1::MasterService::NewStub(node->master_->channel);
-  node->master_->reconnector = std::make_unique<ChannelReconnector>(
-      std::vector<std::shared_ptr<grpc::Channel>>{node->master_->channel});
-
-  uint64_t region_bytes = 0;
-  for (const storage::RegionDescriptor& r : node->device_->Regions()) {
-    region_bytes += r.capacity_bytes;
-  }
-  LOG(INFO) << "storage node '" << node->name_ << "' incarnation "
-            << node->incarnation_ << ": data " << node->data_address_
-            << ", control " << node->control_address_ << ", "
-            << region_bytes << " bytes in " << node->device_->Regions().size()
-            << " regions; master "
-            << options.master_address;
-  StorageNode* n = node.get();
-  ASSIGN_OR_RETURN(node->heartbeat_,
-                   Thread::Start("sn-heartbeat", [n] { n->HeartbeatLoop(); }));
-  return node;
+  master_ = std::make_unique<MasterLink>();
+  ASSIGN_OR_RETURN(master_->channel,
+                   CreateChannel(options_.master_address,
+                                 {options_.tls, options_.master_token}, args));
+  master_->stub = v1::MasterService::NewStub(master_->channel);
+  master_->reconnector = std::make_unique<ChannelReconnector>(
+      std::vector<std::shared_ptr<grpc::Channel>>{master_->channel});
+  return absl::OkStatus();
 }
 
 StorageNode::StorageNode(const StorageNodeOptions& options)

@@ -346,10 +346,30 @@ class StorageNode {
   storage::RdmaPlane* rdma_plane_for_test() { return rdma_.get(); }
 
  private:
-  struct MasterClient;
+  // The channel and stub to the master (not client/master_client.h's
+  // MasterClient: the node speaks the master's node-facing RPCs).
+  struct MasterLink;
   class ControlService;
 
   explicit StorageNode(const StorageNodeOptions& options);
+  // Create's steps, in order; each fills in its members from options_.
+  // The incarnation, the registration nonce and the node key (if kept).
+  absl::Status InitIdentity();
+  // The RDMA NIC (if any), the memory device and the RDMA data plane.
+  absl::Status OpenDevice();
+  // The extent table, with the objects a persistent device recovered.
+  absl::Status OpenExtentTable();
+  // The KV manager, the shm export (if any) and the data server; sets the
+  // data address and the node's name.
+  absl::Status StartDataPlane(const std::string& advertise);
+  // The identities file (if any) the control service checks.
+  absl::Status LoadIdentities();
+  // The gRPC control service (TLS, health, reflection).
+  absl::Status StartControlService(const std::string& advertise);
+  // /metrics, if metrics_listen is set.
+  absl::Status StartMetrics();
+  // The channel to the master.
+  absl::Status ConnectMaster();
   // Every stat of the node: the data server's, the device's (under
   // `device_prefix`), the KV manager's (under "prefetch_") and the node's
   // own. GetStats uses no device prefix, the Prometheus series "device_".
@@ -399,7 +419,7 @@ class StorageNode {
   std::unique_ptr<ReloadableServerTls> tls_;  // outlives control_server_
   std::unique_ptr<ControlService> control_service_;
   std::unique_ptr<grpc::Server> control_server_;  // after control_service_
-  std::unique_ptr<MasterClient> master_;
+  std::unique_ptr<MasterLink> master_;
   int data_port_ = 0;
   int control_port_ = 0;
   std::string data_address_;

@@ -1221,37 +1221,41 @@ std::vector<wire::AreaRef> Refs(const Reply& r) {
   return out;
 }
 
-TEST_CASE("RDMA: each acquire and write reservation grants exactly its "
-          "object, revoked before its hold ends") {
-  GrantLog log;
-  FakeRdmaAcceptor acceptor(&log);
-  auto dev = Fixture::MakeDram();
-  log.device = dev.get();
-  auto device = std::move(dev);
-  ExtentTableOptions to;
-  to.regions = device->Regions();
-  auto extents = std::move(*ExtentTable::Create(to));
-  KvManagerOptions ko;
-  ko.device = device.get();
-  ko.extents = extents.get();
-  auto kv = std::move(*KvManager::Create(ko));
-  log.kv = kv.get();
-  DataServerOptions o;
-  o.device = device.get();
-  o.extents = extents.get();
-  o.kv = kv.get();
-  o.rdma = &acceptor;
-  o.capabilities = TestCapabilities::Get().verifier();
-  auto server = std::move(*DataServer::Create(o));
-  const MemoryArea area = device->Areas()[0];
-  auto at = [&](const wire::AreaRef& r) {
-    return reinterpret_cast<uintptr_t>(area.base) + r.offset;
-  };
+// A DRAM device, its extent table and KV manager, and a data server whose
+// RDMA grants go to a FakeRdmaAcceptor that records them in `log`.
+struct RdmaRig {
+  RdmaRig() {
+    auto dev = Fixture::MakeDram();
+    log.device = dev.get();
+    device = std::move(dev);
+    ExtentTableOptions to;
+    to.regions = device->Regions();
+    extents = std::move(*ExtentTable::Create(to));
+    KvManagerOptions ko;
+    ko.device = device.get();
+    ko.extents = extents.get();
+    kv = std::move(*KvManager::Create(ko));
+    log.kv = kv.get();
+    DataServerOptions o;
+    o.device = device.get();
+    o.extents = extents.get();
+    o.kv = kv.get();
+    o.rdma = &acceptor;
+    o.capabilities = TestCapabilities::Get().verifier();
+    server = std::move(*DataServer::Create(o));
+  }
 
-  auto sock =
-      ConnectTcp("127.0.0.1:" + std::to_string(server->port()), Soon());
-  REQUIRE(sock.ok());
-  const int fd = sock->fd();
+  GrantLog log;
+  FakeRdmaAcceptor acceptor{&log};
+  std::unique_ptr<MemoryDevice> device;
+  std::unique_ptr<ExtentTable> extents;
+  std::unique_ptr<KvManager> kv;
+  std::unique_ptr<DataServer> server;  // last: stopped first
+};
+
+// Writes the two objects the RDMA test acquires ((0, 5000) and (8192,
+// 3000)), then connects the connection's RDMA plane.
+void WriteTwoAndConnectRdma(int fd) {
   Reply w = Write(fd, {Op(0, 5000, 1), Op(8192, 3000, 2)},
                   {std::string(5000, 'a'), std::string(3000, 'b')});
   REQUIRE(Code(w.ops[0]) == absl::StatusCode::kOk);
@@ -1262,6 +1266,24 @@ TEST_CASE("RDMA: each acquire and write reservation grants exactly its "
   REQUIRE(conn.ok());
   REQUIRE(conn->h.type == FrameType::kRdmaConnectResponse);
   CHECK(conn->payload == "node-qp");
+}
+
+TEST_CASE("RDMA: each acquire and write reservation grants exactly its "
+          "object, revoked before its hold ends") {
+  RdmaRig rig;
+  GrantLog& log = rig.log;
+  MemoryDevice* const device = rig.device.get();
+  KvManager* const kv = rig.kv.get();
+  const MemoryArea area = device->Areas()[0];
+  auto at = [&](const wire::AreaRef& r) {
+    return reinterpret_cast<uintptr_t>(area.base) + r.offset;
+  };
+
+  auto sock =
+      ConnectTcp("127.0.0.1:" + std::to_string(rig.server->port()), Soon());
+  REQUIRE(sock.ok());
+  const int fd = sock->fd();
+  WriteTwoAndConnectRdma(fd);
 
   // Acquire both: one read grant each, over exactly the object, its key in
   // the AreaRef.

@@ -218,6 +218,83 @@ absl::StatusOr<ExtentTable::ReadPin> ExtentTable::PinRead(const ExtentKey& key) 
   return ReadPin(this, e);
 }
 
+absl::Status ExtentTable::WaitToWriteLocked(const ExtentKey& key,
+                                            Region* region, uint64_t seq,
+                                            absl::Time deadline,
+                                            std::list<Waiting>::iterator* me_io,
+                                            LiveIterators* overlapping_out) {
+  std::list<Waiting>::iterator& me = *me_io;
+  LiveIterators& overlapping = *overlapping_out;
+  while (true) {
+    if (key.generation > generation_ceiling_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "generation ", key.generation,
+          " was not issued by the master (ceiling ", generation_ceiling_,
+          ")"));
+    }
+    if (me != waiting_.end() && me->cleared) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the master forgot this node's objects while the write waited (",
+          Describe(key), ")"));
+    }
+    for (auto w = waiting_.begin(); w != waiting_.end(); ++w) {
+      if (w == me || !Overlaps(w->key, key) ||
+          w->key.generation < key.generation) {
+        continue;
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stale allocation: space was reused (", Describe(key),
+          " was overtaken by a newer write)"));
+    }
+    overlapping = OverlappingLive(region, key.addr, key.length);
+    bool busy = false;
+    for (const auto& it : overlapping) {
+      const ExtentKey& o = it->second->key;
+      busy = busy || it->second->pins > 0;
+      if (o.generation < key.generation) continue;
+      if (o.generation == key.generation && o.addr == key.addr &&
+          o.length == key.length) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "allocation already written or being written (", Describe(key),
+            ")"));
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stale allocation: space was reused (", Describe(key),
+          " overlaps generation ", o.generation, ")"));
+    }
+    if (RetiredBlocks(key)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stale allocation: space was reused (", Describe(key), ")"));
+    }
+    for (const auto& r : retired_) {
+      busy = busy || (Overlaps(r->key, key) && (r->pins > 0 || r->writing));
+    }
+    if (!busy) return absl::OkStatus();
+    if (me == waiting_.end()) {
+      me = waiting_.insert(waiting_.end(), Waiting{key, seq});
+      cv_.SignalAll();  // an older waiting write gives way
+      continue;
+    }
+    if (cv_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+      // Timed out: unless the last look finds nothing blocking, give up.
+      bool still = false;
+      for (const auto& it : OverlappingLive(region, key.addr, key.length)) {
+        still = still || it->second->pins > 0;
+      }
+      for (const auto& r : retired_) {
+        still =
+            still || (Overlaps(r->key, key) && (r->pins > 0 || r->writing));
+      }
+      if (still) {
+        return absl::UnavailableError(absl::StrCat(
+            "readers of the reused space did not finish within ",
+            absl::FormatDuration(drain_timeout_), " (", Describe(key),
+            "); the objects there are still readable"));
+      }
+    }
+  }
+}
+
 absl::StatusOr<ExtentTable::WriteTicket> ExtentTable::BeginWrite(
     const ExtentKey& key, absl::Time until) {
   MutexLock l(&mu_);
@@ -229,81 +306,11 @@ absl::StatusOr<ExtentTable::WriteTicket> ExtentTable::BeginWrite(
   // readable object as it was. New readers may still pin them meanwhile.
   const absl::Time deadline = std::min(absl::Now() + drain_timeout_, until);
   const uint64_t seq = next_seq_++;
-  std::vector<std::map<uint64_t, std::unique_ptr<Extent>>::iterator>
-      overlapping;
+  LiveIterators overlapping;
   auto me = waiting_.end();
   // OK once nothing blocks the write (then `overlapping` is current).
-  auto wait = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    while (true) {
-      if (key.generation > generation_ceiling_) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "generation ", key.generation,
-            " was not issued by the master (ceiling ", generation_ceiling_,
-            ")"));
-      }
-      if (me != waiting_.end() && me->cleared) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the master forgot this node's objects while the write waited (",
-            Describe(key), ")"));
-      }
-      for (auto w = waiting_.begin(); w != waiting_.end(); ++w) {
-        if (w == me || !Overlaps(w->key, key) ||
-            w->key.generation < key.generation) {
-          continue;
-        }
-        return absl::FailedPreconditionError(absl::StrCat(
-            "stale allocation: space was reused (", Describe(key),
-            " was overtaken by a newer write)"));
-      }
-      overlapping = OverlappingLive(region, key.addr, key.length);
-      bool busy = false;
-      for (const auto& it : overlapping) {
-        const ExtentKey& o = it->second->key;
-        busy = busy || it->second->pins > 0;
-        if (o.generation < key.generation) continue;
-        if (o.generation == key.generation && o.addr == key.addr &&
-            o.length == key.length) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "allocation already written or being written (", Describe(key),
-              ")"));
-        }
-        return absl::FailedPreconditionError(absl::StrCat(
-            "stale allocation: space was reused (", Describe(key),
-            " overlaps generation ", o.generation, ")"));
-      }
-      if (RetiredBlocks(key)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "stale allocation: space was reused (", Describe(key), ")"));
-      }
-      for (const auto& r : retired_) {
-        busy = busy || (Overlaps(r->key, key) && (r->pins > 0 || r->writing));
-      }
-      if (!busy) return absl::OkStatus();
-      if (me == waiting_.end()) {
-        me = waiting_.insert(waiting_.end(), Waiting{key, seq});
-        cv_.SignalAll();  // an older waiting write gives way
-        continue;
-      }
-      if (cv_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
-        // Timed out: unless the last look finds nothing blocking, give up.
-        bool still = false;
-        for (const auto& it : OverlappingLive(region, key.addr, key.length)) {
-          still = still || it->second->pins > 0;
-        }
-        for (const auto& r : retired_) {
-          still =
-              still || (Overlaps(r->key, key) && (r->pins > 0 || r->writing));
-        }
-        if (still) {
-          return absl::UnavailableError(absl::StrCat(
-              "readers of the reused space did not finish within ",
-              absl::FormatDuration(drain_timeout_), " (", Describe(key),
-              "); the objects there are still readable"));
-        }
-      }
-    }
-  };
-  absl::Status waited = wait();
+  absl::Status waited =
+      WaitToWriteLocked(key, region, seq, deadline, &me, &overlapping);
   if (me != waiting_.end()) {
     waiting_.erase(me);
     cv_.SignalAll();  // a lower waiting write may proceed or fail now

@@ -212,6 +212,16 @@ class ExtentTable {
     std::map<uint64_t, std::unique_ptr<Extent>> live;
   };
 
+  // Writes waiting in BeginWrite for the readers of the space they reuse
+  // (not yet in the live map); a waiting write gives way to a newer one.
+  struct Waiting {
+    ExtentKey key;
+    uint64_t seq;
+    bool cleared = false;  // by ClearStale: the write fails
+  };
+  using LiveIterators =
+      std::vector<std::map<uint64_t, std::unique_ptr<Extent>>::iterator>;
+
   explicit ExtentTable(const ExtentTableOptions& options);
 
   absl::StatusOr<Region*> FindRegion(const ExtentKey& key)
@@ -229,6 +239,16 @@ class ExtentTable {
   void Retire(Region* region, Extent* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees a retired extent once nothing refers to it.
   void MaybeFreeRetired(Extent* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BeginWrite's wait until nothing blocks a write of `key`: not a newer
+  // write waiting or live over its space, nor readers of the extents it
+  // replaces or of retired ones there. Enters waiting_ (`*me`) when it first
+  // has to wait, up to `deadline`. OK when nothing blocks it (then
+  // `*overlapping` is current); else why the write fails.
+  absl::Status WaitToWriteLocked(const ExtentKey& key, Region* region,
+                                 uint64_t seq, absl::Time deadline,
+                                 std::list<Waiting>::iterator* me,
+                                 LiveIterators* overlapping)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void Unpin(Extent* e);
   absl::Status Commit(Extent* e);
@@ -245,12 +265,7 @@ class ExtentTable {
   // Invalidated extents that still have pins or an in-progress write.
   std::vector<std::unique_ptr<Extent>> retired_ ABSL_GUARDED_BY(mu_);
   // Writes waiting in BeginWrite for the readers of the space they reuse
-  // (not yet in the live map); a waiting write gives way to a newer one.
-  struct Waiting {
-    ExtentKey key;
-    uint64_t seq;
-    bool cleared = false;  // by ClearStale: the write fails
-  };
+  // (Waiting, above).
   std::list<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
   uint64_t readable_count_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t readable_bytes_ ABSL_GUARDED_BY(mu_) = 0;

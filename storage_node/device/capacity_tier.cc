@@ -767,6 +767,57 @@ struct VerifySlot {
   absl::Status status;
 };
 
+// Sorts the extents (`all`, in address order; read_error, corrupt and crc
+// per checksummed one, in that order) into the report's good, unreadable
+// and corrupt ones, logging the first 20 dropped; returns the dropped
+// ones' ranges, to forget.
+std::vector<TierRange> ClassifyExtents(
+    const std::vector<DurableExtent>& all,
+    const std::vector<absl::Status>& read_error,
+    const std::vector<bool>& corrupt, const std::vector<uint32_t>& crc,
+    ExtentVerifyReport* report) {
+  std::vector<TierRange> drop;
+  size_t ci = 0;
+  int logged = 0;
+  constexpr int kMaxLogged = 20;
+  for (const DurableExtent& e : all) {
+    if (!e.checksummed) {
+      report->good.push_back(e);
+      ++report->unchecked_objects;
+      continue;
+    }
+    const size_t k = ci++;
+    if (!read_error[k].ok()) {
+      report->unreadable.push_back(e);
+      if (logged++ < kMaxLogged) {
+        LOG(WARNING) << "capacity tier: dropping the object at " << e.addr
+                     << " (" << e.length << " bytes, tag " << e.tag
+                     << "): its bytes cannot be read: " << read_error[k];
+      }
+    } else if (corrupt[k]) {
+      report->corrupt.push_back(e);
+      if (logged++ < kMaxLogged) {
+        LOG(WARNING) << "capacity tier: dropping the object at " << e.addr
+                     << " (" << e.length << " bytes, tag " << e.tag
+                     << "): checksum mismatch (recorded " << std::hex
+                     << e.crc32c << ", read " << crc[k] << std::dec
+                     << "): torn by a crash or corrupted at rest";
+      }
+    } else {
+      report->good.push_back(e);
+      ++report->verified_objects;
+      report->verified_bytes += e.length;
+      continue;
+    }
+    drop.push_back(TierRange{e.addr, e.length});
+  }
+  if (logged > kMaxLogged) {
+    LOG(WARNING) << "capacity tier: ... and " << logged - kMaxLogged
+                 << " more objects dropped";
+  }
+  return drop;
+}
+
 }  // namespace
 
 absl::StatusOr<ExtentVerifyReport> CapacityTier::VerifyExtents(
@@ -868,45 +919,8 @@ absl::StatusOr<ExtentVerifyReport> CapacityTier::VerifyExtents(
   }
 
   // Classify, in address order.
-  std::vector<TierRange> drop;
-  size_t ci = 0;
-  int logged = 0;
-  constexpr int kMaxLogged = 20;
-  for (const DurableExtent& e : all) {
-    if (!e.checksummed) {
-      report.good.push_back(e);
-      ++report.unchecked_objects;
-      continue;
-    }
-    const size_t k = ci++;
-    if (!read_error[k].ok()) {
-      report.unreadable.push_back(e);
-      if (logged++ < kMaxLogged) {
-        LOG(WARNING) << "capacity tier: dropping the object at " << e.addr
-                     << " (" << e.length << " bytes, tag " << e.tag
-                     << "): its bytes cannot be read: " << read_error[k];
-      }
-    } else if (corrupt[k]) {
-      report.corrupt.push_back(e);
-      if (logged++ < kMaxLogged) {
-        LOG(WARNING) << "capacity tier: dropping the object at " << e.addr
-                     << " (" << e.length << " bytes, tag " << e.tag
-                     << "): checksum mismatch (recorded " << std::hex
-                     << e.crc32c << ", read " << crc[k] << std::dec
-                     << "): torn by a crash or corrupted at rest";
-      }
-    } else {
-      report.good.push_back(e);
-      ++report.verified_objects;
-      report.verified_bytes += e.length;
-      continue;
-    }
-    drop.push_back(TierRange{e.addr, e.length});
-  }
-  if (logged > kMaxLogged) {
-    LOG(WARNING) << "capacity tier: ... and " << logged - kMaxLogged
-                 << " more objects dropped";
-  }
+  const std::vector<TierRange> drop =
+      ClassifyExtents(all, read_error, corrupt, crc, &report);
   if (!drop.empty()) {
     report.forget_status = ForgetRanges(drop);
     if (!report.forget_status.ok()) {

@@ -184,6 +184,75 @@ absl::Status HostMemoryOptions::Validate() const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The memfd of a shareable block: 2 MiB hugetlb pages when asked for huge
+// pages, the shmem knob forbids transparent ones and the pool has room for
+// the whole block (then `*size` grows to whole huge pages and `*backing`
+// is kHugetlb), else ordinary shared pages; sealed against resizing. `*fd`
+// stays -1 where memfds are not allowed (private memory instead).
+absl::Status CreateMemfd(const HostMemoryOptions& options,
+                         const std::string& name, uint64_t* size_io, int* fd_out,
+                         PageBacking* backing_out) {
+  uint64_t& size = *size_io;
+  int& fd = *fd_out;
+  PageBacking& backing = *backing_out;
+  // Growing a file past RLIMIT_FSIZE raises SIGXFSZ, which kills the
+  // process: refuse instead.
+  struct rlimit fsize;
+  if (getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY &&
+      size > fsize.rlim_cur) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "host memory ", name, ": ", size,
+        " bytes exceed the file size limit (RLIMIT_FSIZE ", fsize.rlim_cur,
+        ")"));
+  }
+  // Huge pages for shared memory: transparent ones where the shmem knob
+  // allows them, else reserved 2 MiB pages from the hugetlb pool if it
+  // has room for the whole block, else 4 KiB pages.
+  if (options.huge_pages && !ShmemThpAllowed()) {
+    const uint64_t huge_size = (size + kHugePage - 1) / kHugePage * kHugePage;
+    if (FreeHugetlbBytes() >= huge_size) {
+      fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING |
+                                          MFD_HUGETLB | MFD_HUGE_2MB);
+      if (fd >= 0 && ftruncate(fd, static_cast<off_t>(huge_size)) == 0) {
+        size = huge_size;
+        backing = PageBacking::kHugetlb;
+      } else if (fd >= 0) {
+        close(fd);
+        fd = -1;
+      }
+    }
+  }
+  if (fd < 0) fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    int e = errno;
+    if (e != ENOSYS && e != EPERM && e != EACCES) {
+      return ErrnoStatus(e, absl::StrCat("host memory ", name,
+                                         ": memfd_create"));
+    }
+    LOG(WARNING) << "host memory " << name << ": memfd_create failed ("
+                 << strerror(e)
+                 << "); using private memory that peers cannot map";
+  } else if (backing != PageBacking::kHugetlb &&
+             ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    int e = errno;
+    close(fd);
+    return ErrnoStatus(
+        e, absl::StrCat("host memory ", name, ": ftruncate to ", size));
+  }
+  if (fd >= 0 && fcntl(fd, F_ADD_SEALS,
+                       F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    LOG(WARNING) << "host memory " << name
+                 << ": cannot seal the memfd against resizing ("
+                 << strerror(errno)
+                 << "); a peer that truncates it would crash this process";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<HostMemory>> HostMemory::Allocate(
     const HostMemoryOptions& options) {
   absl::Status valid = options.Validate();
@@ -196,57 +265,8 @@ absl::StatusOr<std::unique_ptr<HostMemory>> HostMemory::Allocate(
   int fd = -1;
   PageBacking backing = PageBacking::kSmall;
   if (options.shareable) {
-    // Growing a file past RLIMIT_FSIZE raises SIGXFSZ, which kills the
-    // process: refuse instead.
-    struct rlimit fsize;
-    if (getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY &&
-        size > fsize.rlim_cur) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "host memory ", name, ": ", size,
-          " bytes exceed the file size limit (RLIMIT_FSIZE ", fsize.rlim_cur,
-          ")"));
-    }
-    // Huge pages for shared memory: transparent ones where the shmem knob
-    // allows them, else reserved 2 MiB pages from the hugetlb pool if it
-    // has room for the whole block, else 4 KiB pages.
-    if (options.huge_pages && !ShmemThpAllowed()) {
-      const uint64_t huge_size = (size + kHugePage - 1) / kHugePage * kHugePage;
-      if (FreeHugetlbBytes() >= huge_size) {
-        fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING |
-                                            MFD_HUGETLB | MFD_HUGE_2MB);
-        if (fd >= 0 && ftruncate(fd, static_cast<off_t>(huge_size)) == 0) {
-          size = huge_size;
-          backing = PageBacking::kHugetlb;
-        } else if (fd >= 0) {
-          close(fd);
-          fd = -1;
-        }
-      }
-    }
-    if (fd < 0) fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0) {
-      int e = errno;
-      if (e != ENOSYS && e != EPERM && e != EACCES) {
-        return ErrnoStatus(e, absl::StrCat("host memory ", name,
-                                           ": memfd_create"));
-      }
-      LOG(WARNING) << "host memory " << name << ": memfd_create failed ("
-                   << strerror(e)
-                   << "); using private memory that peers cannot map";
-    } else if (backing != PageBacking::kHugetlb &&
-               ftruncate(fd, static_cast<off_t>(size)) != 0) {
-      int e = errno;
-      close(fd);
-      return ErrnoStatus(
-          e, absl::StrCat("host memory ", name, ": ftruncate to ", size));
-    }
-    if (fd >= 0 && fcntl(fd, F_ADD_SEALS,
-                         F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-      LOG(WARNING) << "host memory " << name
-                   << ": cannot seal the memfd against resizing ("
-                   << strerror(errno)
-                   << "); a peer that truncates it would crash this process";
-    }
+    absl::Status s = CreateMemfd(options, name, &size, &fd, &backing);
+    if (!s.ok()) return s;
   }
 
   // Hugetlb pages are reserved at mmap (no MAP_NORESERVE): a pool that runs

@@ -129,9 +129,22 @@
 // (flush_policy.h: when a batch starts, how many writes it keeps in
 // flight), FlushBatchChooser (flush_batch.h: which objects form the batch,
 // merged into which writes) and IoPolicy (io_policy.h: how many of the
-// queued reads and writes are issued now); the window's and the buffer's space comes from
-// RangeAllocator (common/range_allocator.h). HybridDevice holds the state
-// and the threads and evaluates the policies under its lock.
+// queued reads and writes are issued now). Two pieces of its state are
+// classes unit-tested without I/O: StagingWindow (staging_window.h: the
+// staged objects, their sharing, the window's space and FIFO) and
+// TierChecksums (tier_checksums.h: the checksums of the objects on the
+// tier and the records to forget); neither locks, the device calls them
+// under its mutex. The buffer's space comes from RangeAllocator
+// (common/range_allocator.h). HybridDevice holds the state and the threads
+// and evaluates the policies under its lock.
+//
+// Code: hybrid_device.cc (options, Create, destruction, stats),
+// hybrid_device_io.cc (the I/O engine: queues, issue, completions),
+// hybrid_device_prefetch.cc (prefetches into the staging window),
+// hybrid_device_read.cc (AcquireRead, ReleaseRead, checksum checks),
+// hybrid_device_write.cc (BeginWrite, CommitWrite, AbortWrite, Discard),
+// hybrid_device_flush.cc (the flusher), hybrid_device_internal.h (the
+// private structs they share).
 //
 // Concurrency: one mutex guards the window, buffer and I/O queues; it is
 // never held while waiting for I/O or while calling into the tier. I/O
@@ -164,6 +177,8 @@
 #include "storage_node/device/host_memory.h"
 #include "storage_node/device/io_policy.h"
 #include "storage_node/device/memory_device.h"
+#include "storage_node/device/staging_window.h"
+#include "storage_node/device/tier_checksums.h"
 
 namespace hymcache::storage {
 
@@ -425,7 +440,7 @@ class HybridDevice final : public MemoryDevice {
   CapacityTier* tier() const { return tier_.get(); }
 
  private:
-  struct Staged;
+  using Staged = StagedObject;
   struct Entry;
   struct MissRead;
   struct FlushBatch;
@@ -437,21 +452,6 @@ class HybridDevice final : public MemoryDevice {
     absl::Time since;  // when its bytes landed
     // A write over its range began while it was in the running Record: it
     // must not be put back if that Record fails.
-    bool dropped = false;
-  };
-  // verify_reads: the checksum of an object whose bytes are on the tier.
-  struct TierSum {
-    uint64_t len = 0;
-    uint32_t crc = 0;
-    bool corrupt = false;  // a read found a mismatch: refused
-  };
-  // A corrupt (or discarded) object's range whose record the flusher is to
-  // forget.
-  struct CorruptForget {
-    TierRange range;
-    bool discarded = false;  // Discard, not a checksum failure
-    // A write committed over the range meanwhile (its own Forget comes
-    // later): must not be put back if this Forget fails.
     bool dropped = false;
   };
   // What verify_on_open found, for the stats.
@@ -492,6 +492,19 @@ class HybridDevice final : public MemoryDevice {
   // --- all below: REQUIRES mu_ held, unless noted.
   Entry* FindBufferedLocked(uint64_t addr, uint64_t len)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AcquireRead's parts. Hands `v` out: its data, a new cookie, the stats.
+  void AdmitReadLocked(ReadView* v, const uint8_t* data, const ReadRec& rec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A read of a staged object not queued any more: waits (up to
+  // read_timeout, releasing mu_) for it to be staged and checked. True:
+  // served from the window; false: failed or too slow (read the tier);
+  // DataLoss: its checksum failed.
+  absl::StatusOr<bool> ReadStagedLocked(Staged* s, ReadView* v)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A staging miss: reads `v`'s object from the tier into a bounce buffer
+  // (mu_ released around the I/O submission, the wait and the CRC).
+  absl::StatusOr<ReadView> ReadMissLocked(ReadView v)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks buffered objects overlapping the range superseded and drops
   // pending records overlapping it.
   void SupersedeLocked(uint64_t addr, uint64_t len)
@@ -503,19 +516,9 @@ class HybridDevice final : public MemoryDevice {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddPendingRecordLocked(PendingRecord r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void InvalidateStagedLocked(uint64_t addr, uint64_t len)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // verify_reads: the checksum of exactly the object (addr, len) on the
-  // tier, or null (unknown: served unchecked).
-  TierSum* FindSumLocked(uint64_t addr, uint64_t len)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A write committed over the range: the old objects' checksums and
-  // pending corrupt-record forgets there are void.
-  void EraseSumsLocked(uint64_t addr, uint64_t len)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A read of (addr, len) did not match `crc`: refuse the object from now
-  // on and have the flusher forget its record (unless a write replaced it
-  // meanwhile).
+  // on, drop its pending record and have the flusher forget its record
+  // (unless a write replaced it meanwhile: TierChecksums::MarkCorrupt).
   void MarkCorruptLocked(uint64_t addr, uint64_t len, uint32_t crc)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks a staged object whose bytes are in (state kLoaded), releasing
@@ -524,8 +527,9 @@ class HybridDevice final : public MemoryDevice {
   void CheckStagedLocked(Staged* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeFreeEntryLocked(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeFreeStagedLocked(Staged* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UnkeyStagedLocked(Staged* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts queued prefetches that fit in the window now.
+  // Drops the queued refill chunks of `s` if nothing owns it, has the
+  // window free what it can (StagingWindow::Release) and starts what fits
+  // then. May delete `s`.
   void PumpWindowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void QueueChunksLocked(IoReq proto, uint64_t span, std::deque<IoReq>* q)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -535,10 +539,8 @@ class HybridDevice final : public MemoryDevice {
   int FlushDepthLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TakeIssuableLocked(std::vector<IoReq>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Returns window or buffer space (`alloc` is window_alloc_ or
-  // buffer_alloc_); a failure (a broken invariant) is logged.
-  void FreeSpaceLocked(RangeAllocator* alloc, uint64_t off)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns write buffer space; a failure (a broken invariant) is logged.
+  void FreeBufferSpaceLocked(uint64_t off) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ForegroundBusyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool FlushDueLocked(absl::Time now, absl::Time* wake) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -617,19 +619,17 @@ class HybridDevice final : public MemoryDevice {
   // would be taken together on every hot path, with an ordering to keep.
   // Every critical section is short: the lock is never held across I/O, a
   // tier call or a CRC pass (CheckStagedLocked and CommitWrite release it),
-  // and on the device bench the device is I/O bound, not lock bound.
+  // and on the device bench the device is I/O bound, not lock bound. So
+  // staging_ and checksums_ do not lock either: every call into them is
+  // made with mu_ held.
   mutable Mutex mu_;
   CondVar cv_;  // any state change a waiter may care about
 
   // Protected by mu_.
-  std::unique_ptr<RangeAllocator> window_alloc_ ABSL_GUARDED_BY(mu_);
+  // The window's space, its staged objects (keyed, unkeyed with owners,
+  // or waiting for I/O or for space) and its FIFO.
+  StagingWindow staging_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<RangeAllocator> buffer_alloc_ ABSL_GUARDED_BY(mu_);
-  // Staged copies findable by (addr, len).
-  std::map<std::pair<uint64_t, uint64_t>, Staged*> staged_by_key_
-      ABSL_GUARDED_BY(mu_);
-  // Every Staged alive (keyed, unkeyed with owners, or waiting for I/O).
-  std::map<Staged*, std::unique_ptr<Staged>> staged_ ABSL_GUARDED_BY(mu_);
-  std::deque<Staged*> window_fifo_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, HandleRec> handles_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, ReadRec> reads_out_ ABSL_GUARDED_BY(mu_);
   // Every Entry alive, by id (= WriteView cookie).
@@ -646,13 +646,10 @@ class HybridDevice final : public MemoryDevice {
   std::vector<PendingRecord> recording_ ABSL_GUARDED_BY(mu_);
   // The flusher's last tier call was a Forget (vs a Record).
   bool last_was_forget_ ABSL_GUARDED_BY(mu_) = false;
-  // verify_reads only: checksums of the objects on the tier (recorded or
-  // pending), by addr; never overlapping.
-  std::map<uint64_t, TierSum> tier_sums_ ABSL_GUARDED_BY(mu_);
-  // Corrupt and discarded objects' records to forget, and those being
-  // forgotten now.
-  std::vector<CorruptForget> forget_corrupt_ ABSL_GUARDED_BY(mu_);
-  std::vector<CorruptForget> forgetting_corrupt_ ABSL_GUARDED_BY(mu_);
+  // verify_reads: checksums of the objects on the tier (recorded or
+  // pending); and the corrupt and discarded objects' records to forget,
+  // and those being forgotten now.
+  TierChecksums checksums_ ABSL_GUARDED_BY(mu_);
   std::deque<IoReq> read_q_ ABSL_GUARDED_BY(mu_);
   std::deque<IoReq> write_q_ ABSL_GUARDED_BY(mu_);
   int reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
@@ -666,7 +663,6 @@ class HybridDevice final : public MemoryDevice {
   uint64_t bounce_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t max_staged_span_ ABSL_GUARDED_BY(mu_) = 0;  // high-water mark
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time stop_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   int force_flush_ ABSL_GUARDED_BY(mu_) = 0;

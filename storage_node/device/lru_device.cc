@@ -252,123 +252,194 @@ absl::Status LruCacheDevice::Access(uint64_t addr, uint64_t len, uint8_t* buf,
   return absl::OkStatus();
 }
 
-absl::Status LruCacheDevice::AccessLines(uint64_t first, uint64_t last,
-                                         uint64_t addr, uint64_t len,
-                                         uint8_t* buf, bool write) {
-  const size_t n = static_cast<size_t>(last - first + 1);
-  std::vector<int> slot_of(n, -1);
-  std::vector<bool> fill(n, false);     // we fill it
-  std::vector<bool> claimed(n, false);  // we put it in the table (a miss)
+// What one AccessLines call holds: the lines of [first, last] it pinned
+// (slot_of), those it put in the table (claimed: misses) and fills, and
+// the dirty victims it writes back first.
+struct LruCacheDevice::LineBatch {
+  uint64_t first = 0;
+  uint64_t last = 0;
+  uint64_t addr = 0;
+  uint64_t len = 0;
+  uint8_t* buf = nullptr;
+  bool write = false;
+  size_t n = 0;
+  std::vector<int> slot_of;
+  std::vector<bool> fill;     // we fill it
+  std::vector<bool> claimed;  // we put it in the table (a miss)
   struct WriteBack {
     int slot;
     uint64_t line;
   };
   std::vector<WriteBack> writebacks;
+};
 
-  // Bytes of the access inside line `line`: [lo, hi) relative to the line.
-  auto span_of = [&](uint64_t line, uint64_t* lo, uint64_t* hi) {
-    const uint64_t start = line * line_bytes_;
-    *lo = std::max(addr, start) - start;
-    *hi = std::min(addr + len, start + LineLength(line)) - start;
-  };
+void LruCacheDevice::SpanOf(const LineBatch& b, uint64_t line, uint64_t* lo,
+                            uint64_t* hi) const {
+  const uint64_t start = line * line_bytes_;
+  *lo = std::max(b.addr, start) - start;
+  *hi = std::min(b.addr + b.len, start + LineLength(line)) - start;
+}
 
+absl::Status LruCacheDevice::AccessLines(uint64_t first, uint64_t last,
+                                         uint64_t addr, uint64_t len,
+                                         uint8_t* buf, bool write) {
+  LineBatch b;
+  b.first = first;
+  b.last = last;
+  b.addr = addr;
+  b.len = len;
+  b.buf = buf;
+  b.write = write;
+  b.n = static_cast<size_t>(last - first + 1);
+  b.slot_of.assign(b.n, -1);
+  b.fill.assign(b.n, false);
+  b.claimed.assign(b.n, false);
   {
     MutexLock l(&mu_);
-    // Wait (holding no pins) until every line of the batch is either in the
-    // table or claimable: not being written back, with enough victims.
-    for (;;) {
-      int need = 0;
-      bool busy = false;
-      for (uint64_t line = first; line <= last; ++line) {
-        if (table_.contains(line)) continue;
-        if (writing_back_.contains(line)) {
-          busy = true;
-          break;
-        }
-        ++need;
-      }
-      if (!busy && CanClaim(first, last, need)) break;
-      cv_.Wait(&mu_);
-    }
-    // A line lost in a failed write-back reads as DataLoss until a write
-    // replaces it whole. Checked before anything is pinned or claimed.
-    for (uint64_t line = first; line <= last; ++line) {
-      if (table_.contains(line) || !lost_.contains(line)) continue;
-      uint64_t lo, hi;
-      span_of(line, &lo, &hi);
-      if (!write || lo != 0 || hi != LineLength(line)) {
-        return absl::DataLossError(absl::StrCat(
-            "lru device: line ", line, " was lost in a failed write-back"));
-      }
-    }
-    // Pin the hits first so that claiming the misses cannot evict them.
-    for (size_t i = 0; i < n; ++i) {
-      auto it = table_.find(first + i);
-      if (it == table_.end()) continue;
-      Slot& s = slots_[it->second];
-      ++s.pins;
-      lru_.splice(lru_.begin(), lru_, s.lru);
-      slot_of[i] = it->second;
-      ++cache_stats_.hits;
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (slot_of[i] >= 0) continue;
-      const uint64_t line = first + i;
-      uint64_t lo, hi;
-      span_of(line, &lo, &hi);
-      const bool whole = write && lo == 0 && hi == LineLength(line);
-      bool dirty = false;
-      uint64_t old_line = 0;
-      const int slot = TakeVictim(&dirty, &old_line);
-      CHECK_GE(slot, 0) << "lru device: no victim after CanClaim";
-      if (dirty) writebacks.push_back({slot, old_line});
-      Slot& s = slots_[slot];
-      s.line = line;
-      // A line a write covers whole needs no fill. It is readable at once:
-      // nobody else may touch its bytes until the write commits (the caller
-      // guarantees no overlap), and marking it valid means no access ever
-      // waits on a line whose owner may itself be waiting.
-      s.state = whole ? LineState::kValid : LineState::kFilling;
-      s.dirty = false;
-      s.pins = 1;
-      lru_.push_front(slot);
-      s.lru = lru_.begin();
-      table_[line] = slot;
-      slot_of[i] = slot;
-      claimed[i] = true;
-      fill[i] = !whole;
-      ++cache_stats_.misses;
+    absl::Status claimed = PinLinesLocked(&b);
+    if (!claimed.ok()) return claimed;
+  }
+  WriteBackVictims(b);
+  absl::Status filled = FillLines(&b);
+  if (!filled.ok()) return filled;
+
+  // Every line is pinned and readable (or ours alone): move the bytes.
+  for (size_t i = 0; i < b.n; ++i) {
+    const uint64_t line = first + i;
+    uint64_t lo, hi;
+    SpanOf(b, line, &lo, &hi);
+    uint8_t* mem = SlotData(b.slot_of[i]) + lo;
+    uint8_t* p = buf + (line * line_bytes_ + lo - addr);
+    if (write) {
+      std::memcpy(mem, p, hi - lo);
+    } else {
+      std::memcpy(p, mem, hi - lo);
     }
   }
 
+  MutexLock l(&mu_);
+  for (size_t i = 0; i < b.n; ++i) {
+    Slot& s = slots_[b.slot_of[i]];
+    if (write) {
+      s.dirty = true;
+      if (b.claimed[i] && !b.fill[i]) lost_.erase(first + i);
+    }
+    Unpin(b.slot_of[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LruCacheDevice::PinLinesLocked(LineBatch* b) {
+  const uint64_t first = b->first;
+  const uint64_t last = b->last;
+  const bool write = b->write;
+  const size_t n = b->n;
+  std::vector<int>& slot_of = b->slot_of;
+  // Wait (holding no pins) until every line of the batch is either in the
+  // table or claimable: not being written back, with enough victims.
+  for (;;) {
+    int need = 0;
+    bool busy = false;
+    for (uint64_t line = first; line <= last; ++line) {
+      if (table_.contains(line)) continue;
+      if (writing_back_.contains(line)) {
+        busy = true;
+        break;
+      }
+      ++need;
+    }
+    if (!busy && CanClaim(first, last, need)) break;
+    cv_.Wait(&mu_);
+  }
+  // A line lost in a failed write-back reads as DataLoss until a write
+  // replaces it whole. Checked before anything is pinned or claimed.
+  for (uint64_t line = first; line <= last; ++line) {
+    if (table_.contains(line) || !lost_.contains(line)) continue;
+    uint64_t lo, hi;
+    SpanOf(*b, line, &lo, &hi);
+    if (!write || lo != 0 || hi != LineLength(line)) {
+      return absl::DataLossError(absl::StrCat(
+          "lru device: line ", line, " was lost in a failed write-back"));
+    }
+  }
+  // Pin the hits first so that claiming the misses cannot evict them.
+  for (size_t i = 0; i < n; ++i) {
+    auto it = table_.find(first + i);
+    if (it == table_.end()) continue;
+    Slot& s = slots_[it->second];
+    ++s.pins;
+    lru_.splice(lru_.begin(), lru_, s.lru);
+    slot_of[i] = it->second;
+    ++cache_stats_.hits;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (slot_of[i] >= 0) continue;
+    const uint64_t line = first + i;
+    uint64_t lo, hi;
+    SpanOf(*b, line, &lo, &hi);
+    const bool whole = write && lo == 0 && hi == LineLength(line);
+    bool dirty = false;
+    uint64_t old_line = 0;
+    const int slot = TakeVictim(&dirty, &old_line);
+    CHECK_GE(slot, 0) << "lru device: no victim after CanClaim";
+    if (dirty) b->writebacks.push_back({slot, old_line});
+    Slot& s = slots_[slot];
+    s.line = line;
+    // A line a write covers whole needs no fill. It is readable at once:
+    // nobody else may touch its bytes until the write commits (the caller
+    // guarantees no overlap), and marking it valid means no access ever
+    // waits on a line whose owner may itself be waiting.
+    s.state = whole ? LineState::kValid : LineState::kFilling;
+    s.dirty = false;
+    s.pins = 1;
+    lru_.push_front(slot);
+    s.lru = lru_.begin();
+    table_[line] = slot;
+    slot_of[i] = slot;
+    b->claimed[i] = true;
+    b->fill[i] = !whole;
+    ++cache_stats_.misses;
+  }
+  return absl::OkStatus();
+}
+
+void LruCacheDevice::WriteBackVictims(const LineBatch& b) {
   // Dirty victims go back to the tier before their slots are refilled: the
   // foreground pays for them.
-  absl::Status status;
-  if (!writebacks.empty()) {
-    auto wb_batch = IoBatch::New();
-    for (const WriteBack& wb : writebacks) {
-      io_->Write(options_.data_offset + wb.line * line_bytes_,
-                 SlotData(wb.slot), LineLength(wb.line), wb_batch->Add());
-    }
-    absl::Status s = wb_batch->Wait();
-    MutexLock l(&mu_);
-    for (const WriteBack& wb : writebacks) {
-      writing_back_.erase(wb.line);
-      if (s.ok()) {
-        ++cache_stats_.dirty_writebacks;
-        cache_stats_.tier_write_bytes += LineLength(wb.line);
-      } else {
-        ++cache_stats_.io_errors;
-        lost_.insert(wb.line);
-      }
-    }
-    if (!s.ok()) {
-      LOG(ERROR) << "lru device: write-back of " << writebacks.size()
-                 << " lines failed, their data is lost: " << s;
-    }
-    cv_.SignalAll();
+  const std::vector<LineBatch::WriteBack>& writebacks = b.writebacks;
+  if (writebacks.empty()) return;
+  auto wb_batch = IoBatch::New();
+  for (const LineBatch::WriteBack& wb : writebacks) {
+    io_->Write(options_.data_offset + wb.line * line_bytes_,
+               SlotData(wb.slot), LineLength(wb.line), wb_batch->Add());
   }
+  absl::Status s = wb_batch->Wait();
+  MutexLock l(&mu_);
+  for (const LineBatch::WriteBack& wb : writebacks) {
+    writing_back_.erase(wb.line);
+    if (s.ok()) {
+      ++cache_stats_.dirty_writebacks;
+      cache_stats_.tier_write_bytes += LineLength(wb.line);
+    } else {
+      ++cache_stats_.io_errors;
+      lost_.insert(wb.line);
+    }
+  }
+  if (!s.ok()) {
+    LOG(ERROR) << "lru device: write-back of " << writebacks.size()
+               << " lines failed, their data is lost: " << s;
+  }
+  cv_.SignalAll();
+}
 
+absl::Status LruCacheDevice::FillLines(LineBatch* b) {
+  const uint64_t first = b->first;
+  const uint64_t last = b->last;
+  const size_t n = b->n;
+  const std::vector<int>& slot_of = b->slot_of;
+  const std::vector<bool>& fill = b->fill;
+  const std::vector<bool>& claimed = b->claimed;
+  absl::Status status;
   // Fill the misses, all at once.
   size_t fills = 0;
   auto fill_batch = IoBatch::New();
@@ -381,74 +452,48 @@ absl::Status LruCacheDevice::AccessLines(uint64_t first, uint64_t last,
   }
   if (fills > 0) status = fill_batch->Wait();
 
-  {
-    MutexLock l(&mu_);
-    if (fills > 0) {
-      if (status.ok()) {
-        cache_stats_.fills += fills;
-        for (size_t i = 0; i < n; ++i) {
-          if (!fill[i]) continue;
-          cache_stats_.tier_read_bytes += LineLength(first + i);
-          slots_[slot_of[i]].state = LineState::kValid;
-        }
-      } else {
-        cache_stats_.io_errors += fills;
-        LOG(WARNING) << "lru device: fill of lines [" << first << ", " << last
-                     << "] failed: " << status;
-        status = absl::UnavailableError(
-            absl::StrCat("lru device: tier read failed: ", status.message()));
-      }
-      cv_.SignalAll();
-    }
-    // On failure every line we claimed leaves the table.
-    auto fail_claimed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      for (size_t i = 0; i < n; ++i) {
-        if (!claimed[i]) continue;
-        Slot& s = slots_[slot_of[i]];
-        s.state = LineState::kFailed;
-        table_.erase(first + i);
-        lru_.erase(s.lru);
-      }
-      for (size_t i = 0; i < n; ++i) Unpin(slot_of[i]);
-      return status;
-    };
-    if (!status.ok()) return fail_claimed();
-    // Hits another access is still filling: wait for them.
-    for (size_t i = 0; i < n; ++i) {
-      if (claimed[i]) continue;
-      Slot* s = &slots_[slot_of[i]];
-      while (s->state == LineState::kFilling) cv_.Wait(&mu_);
-      if (s->state == LineState::kFailed) {
-        status = absl::UnavailableError(absl::StrCat(
-            "lru device: fill of line ", first + i, " failed"));
-      }
-    }
-    if (!status.ok()) return fail_claimed();
-  }
-
-  // Every line is pinned and readable (or ours alone): move the bytes.
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t line = first + i;
-    uint64_t lo, hi;
-    span_of(line, &lo, &hi);
-    uint8_t* mem = SlotData(slot_of[i]) + lo;
-    uint8_t* b = buf + (line * line_bytes_ + lo - addr);
-    if (write) {
-      std::memcpy(mem, b, hi - lo);
-    } else {
-      std::memcpy(b, mem, hi - lo);
-    }
-  }
-
   MutexLock l(&mu_);
-  for (size_t i = 0; i < n; ++i) {
-    Slot& s = slots_[slot_of[i]];
-    if (write) {
-      s.dirty = true;
-      if (claimed[i] && !fill[i]) lost_.erase(first + i);
+  if (fills > 0) {
+    if (status.ok()) {
+      cache_stats_.fills += fills;
+      for (size_t i = 0; i < n; ++i) {
+        if (!fill[i]) continue;
+        cache_stats_.tier_read_bytes += LineLength(first + i);
+        slots_[slot_of[i]].state = LineState::kValid;
+      }
+    } else {
+      cache_stats_.io_errors += fills;
+      LOG(WARNING) << "lru device: fill of lines [" << first << ", " << last
+                   << "] failed: " << status;
+      status = absl::UnavailableError(
+          absl::StrCat("lru device: tier read failed: ", status.message()));
     }
-    Unpin(slot_of[i]);
+    cv_.SignalAll();
   }
+  // On failure every line we claimed leaves the table.
+  auto fail_claimed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (size_t i = 0; i < n; ++i) {
+      if (!claimed[i]) continue;
+      Slot& s = slots_[slot_of[i]];
+      s.state = LineState::kFailed;
+      table_.erase(first + i);
+      lru_.erase(s.lru);
+    }
+    for (size_t i = 0; i < n; ++i) Unpin(slot_of[i]);
+    return status;
+  };
+  if (!status.ok()) return fail_claimed();
+  // Hits another access is still filling: wait for them.
+  for (size_t i = 0; i < n; ++i) {
+    if (claimed[i]) continue;
+    Slot* s = &slots_[slot_of[i]];
+    while (s->state == LineState::kFilling) cv_.Wait(&mu_);
+    if (s->state == LineState::kFailed) {
+      status = absl::UnavailableError(absl::StrCat(
+          "lru device: fill of line ", first + i, " failed"));
+    }
+  }
+  if (!status.ok()) return fail_claimed();
   return absl::OkStatus();
 }
 

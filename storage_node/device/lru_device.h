@@ -193,7 +193,22 @@ class LruCacheDevice final : public MemoryDevice {
   absl::Status Access(uint64_t addr, uint64_t len, uint8_t* buf, bool write);
   // One batch of at most max_concurrent_fills lines: [first, last].
   absl::Status AccessLines(uint64_t first, uint64_t last, uint64_t addr,
-                           uint64_t len, uint8_t* buf, bool write);
+                           uint64_t len, uint8_t* buf, bool write)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // AccessLines' steps, over the batch's state (lru_device.cc).
+  struct LineBatch;
+  // Bytes of the access inside line `line`: [lo, hi) relative to the line.
+  void SpanOf(const LineBatch& b, uint64_t line, uint64_t* lo,
+              uint64_t* hi) const;
+  // Waits until every line is in the table or claimable, refuses lines
+  // lost in a failed write-back (DataLoss, nothing pinned), then pins the
+  // hits and claims the misses (victims to write back noted).
+  absl::Status PinLinesLocked(LineBatch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the dirty victims back before their slots are refilled.
+  void WriteBackVictims(const LineBatch& b) ABSL_LOCKS_EXCLUDED(mu_);
+  // Fills the misses, then waits for hits another access is filling; on
+  // failure the claimed lines leave the table and every pin is dropped.
+  absl::Status FillLines(LineBatch* b) ABSL_LOCKS_EXCLUDED(mu_);
   // Bytes of line `line` that exist in the region (the last may be short,
   // rounded up to kAlignment; the region is a multiple of it).
   uint64_t LineLength(uint64_t line) const;
