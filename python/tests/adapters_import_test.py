@@ -8,9 +8,13 @@ import sys
 
 import pytest
 
-import hymcache
-import hymcache.lmcache
-import hymcache.sglang
+import sanitizer_runtime
+
+sanitizer_runtime.reexec_if_needed()  # before hymcache loads the extension
+
+import hymcache  # noqa: E402
+import hymcache.lmcache  # noqa: E402
+import hymcache.sglang  # noqa: E402
 
 ADAPTERS = [(hymcache.sglang, "HyMCacheStorage", "sglang"),
             (hymcache.lmcache, "HyMCacheConnector", "lmcache")]
