@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client_impl.h"
+#include "client/device_memory_select.h"
 #include "client/grpc_master_client.h"
 #include "client/transport_select.h"
 #include "common/grpc_polling.h"
@@ -67,7 +68,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
       options,
       NewGrpcMasterClient(
           channels, {.lookup_pipeline_depth = options.lookup_pipeline_depth}),
-      std::move(transport));
+      std::move(transport), Clock::Real(),
+      std::shared_ptr<DeviceMemory>(NewDeviceMemory()));
 }
 
 }  // namespace hymcache

@@ -48,6 +48,23 @@ struct MutableBuffer {
   size_t size = 0;
 };
 
+// Which memory a call's buffers are in. Host memory is read and written in
+// place; CUDA device memory goes through the client's pinned bounce pool
+// (ClientOptions::device): a load copies the loaded blocks host->device, a
+// store copies device->host before writing (see docs/data_planes.md, "GPU
+// memory"). A client built without CUDA support refuses device buffers
+// with FailedPrecondition; it never reads a device pointer as host memory.
+enum class MemoryKind {
+  kHost,
+  kCudaDevice,
+};
+
+struct MemorySpace {
+  MemoryKind kind = MemoryKind::kHost;
+  // CUDA device ordinal of the buffers (kCudaDevice only). Default: 0.
+  int device = 0;
+};
+
 // The master's permission to read (lookup) or write (put) one location
 // until it expires (see proto/common.proto Capability). Opaque to callers:
 // the storage node checks it on the data plane.
@@ -116,6 +133,13 @@ struct LoadOptions {
   // them from SSD into DRAM ahead of the reads. false: plain reads (each
   // read of an unstaged block waits for the SSD). Default: true.
   bool prefetch = true;
+  // Which memory every buffer of the call is in. Default: host memory.
+  // Device buffers: the keys are loaded in groups that fit one bounce chunk
+  // (ClientOptions::device.bounce_chunk_bytes), each group's device copy
+  // overlapping the next group's reads; a block whose copy fails counts as
+  // not loaded (stop_reason carries the CUDA error). Errors (whole call):
+  // FailedPrecondition (built without CUDA).
+  MemorySpace memory;
 };
 
 struct LoadResult {
@@ -147,6 +171,12 @@ struct StoreOptions {
   // keys are in chain order: eviction prefers the later ones (a chain that
   // loses its tail still serves a shorter prefix).
   std::string parent_key;
+  // Which memory every buffer of the call is in. Default: host memory.
+  // Device buffers are copied device->host into bounce chunks, one group of
+  // keys at a time, before they are written; a failed copy fails its keys
+  // and the rest of the chain. Errors (whole call, through the handle):
+  // FailedPrecondition (built without CUDA).
+  MemorySpace memory;
 };
 
 // Completion of an asynchronous Store. Thread-safe.

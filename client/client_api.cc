@@ -70,6 +70,11 @@ absl::Status ClientOptions::Validate() const {
     return absl::InvalidArgumentError(
         "ClientOptions.store_threads and max_pending_stores must be >= 1");
   }
+  if (device.bounce_chunk_bytes == 0 || device.bounce_chunks < 1) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.device.bounce_chunk_bytes and bounce_chunks must be "
+        "positive");
+  }
   return absl::OkStatus();
 }
 

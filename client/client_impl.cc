@@ -11,7 +11,8 @@ namespace hymcache {
 
 absl::StatusOr<std::unique_ptr<Client>> NewClientImpl(
     const ClientOptions& options, std::shared_ptr<MasterClient> master,
-    std::shared_ptr<Transport> transport, Clock* clock) {
+    std::shared_ptr<Transport> transport, Clock* clock,
+    std::shared_ptr<DeviceMemory> device) {
   ASSIGN_OR_RETURN(
       std::unique_ptr<Executor> stores,
       Executor::Create(
@@ -23,7 +24,10 @@ absl::StatusOr<std::unique_ptr<Client>> NewClientImpl(
       Executor::Create({.name = "hym-bg", .threads = 1, .max_tasks = 4096}));
   return std::unique_ptr<Client>(
       new ClientImpl(options, std::move(master), std::move(transport), clock,
-                     std::move(stores), std::move(bg)));
+                     std::move(stores), std::move(bg),
+                     device != nullptr ? std::move(device)
+                                       : std::shared_ptr<DeviceMemory>(
+                                             NewNoDeviceMemory())));
 }
 
 RemoteRef ToRemoteRef(const ObjectLocation& l) {
@@ -39,10 +43,12 @@ ClientImpl::ClientImpl(const ClientOptions& options,
                        std::shared_ptr<MasterClient> master,
                        std::shared_ptr<Transport> transport, Clock* clock,
                        std::unique_ptr<Executor> store_executor,
-                       std::unique_ptr<Executor> bg_executor)
+                       std::unique_ptr<Executor> bg_executor,
+                       std::shared_ptr<DeviceMemory> device)
     : options_(options),
       master_(std::move(master)),
       transport_(std::move(transport)),
+      device_(std::move(device)),
       clock_(clock),
       store_executor_(std::move(store_executor)),
       bg_executor_(std::move(bg_executor)) {}

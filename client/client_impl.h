@@ -6,10 +6,14 @@
 //   load.cc         the read path (Load: pipelined lookups, prefetch hints,
 //                   batched reads, aborted-suffix retry, read repair);
 //   store.cc        the write path (Store: PutStart, writes, PutCommit);
+//   device_io.cc    device-memory Loads and Stores through the pinned
+//                   bounce pool (bounce_pool.h) and the DeviceMemory seam;
 // Client::Create (client.cc) hands it the gRPC MasterClient
 // (grpc_master_client.h) and the Transport the options select
 // (transport_select.h).
 // Tests build one with fakes (client/testing/) through NewClientImpl.
+// A third seam, DeviceMemory (device_memory.h), copies between CUDA device
+// buffers and the pinned pool.
 //
 // Internal to the client library (not a public header of //client).
 //
@@ -23,7 +27,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
+#include "client/bounce_pool.h"
 #include "client/client.h"
+#include "client/device_memory.h"
 #include "client/master_client.h"
 #include "client/transport.h"
 #include "common/clock.h"
@@ -36,10 +42,13 @@ namespace hymcache {
 // fakes after the client is gone). `options` must be valid (Validate); its
 // master_address, TLS and transport fields are not used. `clock` (not owned,
 // outlives the client) gives the time deadlines are computed and checked
-// against. Errors: InvalidArgument (options), ResourceExhausted (threads).
+// against. `device` copies device-memory buffers (null: none; device calls
+// fail with FailedPrecondition "built without CUDA").
+// Errors: InvalidArgument (options), ResourceExhausted (threads).
 absl::StatusOr<std::unique_ptr<Client>> NewClientImpl(
     const ClientOptions& options, std::shared_ptr<MasterClient> master,
-    std::shared_ptr<Transport> transport, Clock* clock = Clock::Real());
+    std::shared_ptr<Transport> transport, Clock* clock = Clock::Real(),
+    std::shared_ptr<DeviceMemory> device = nullptr);
 
 // The data-plane reference to `location`, with its capability.
 RemoteRef ToRemoteRef(const ObjectLocation& location);
@@ -49,7 +58,8 @@ class ClientImpl : public Client {
   ClientImpl(const ClientOptions& options, std::shared_ptr<MasterClient> master,
              std::shared_ptr<Transport> transport, Clock* clock,
              std::unique_ptr<Executor> store_executor,
-             std::unique_ptr<Executor> bg_executor);
+             std::unique_ptr<Executor> bg_executor,
+             std::shared_ptr<DeviceMemory> device);
   ~ClientImpl() override;
 
   absl::StatusOr<LookupResult> BatchLookup(absl::Span<const std::string> keys,
@@ -122,10 +132,24 @@ class ClientImpl : public Client {
                         const std::string& parent_key, absl::Time deadline,
                         uint32_t* node, PutResult* out);
 
+  // device_io.cc
+  // The bounce pool, created (pinned, registered) on first use.
+  absl::StatusOr<BouncePool*> Pool();
+  // Load and StoreNow for buffers in device memory. REQUIRES: arguments
+  // checked (Load, CheckPut).
+  absl::StatusOr<LoadResult> LoadToDevice(
+      absl::Span<const std::string> keys,
+      absl::Span<const MutableBuffer> buffers, const LoadOptions& options);
+  absl::StatusOr<PutResult> StoreFromDevice(
+      absl::Span<const std::string> keys,
+      absl::Span<const ConstBuffer> buffers, const MemorySpace& memory,
+      const std::string& parent_key, absl::Time deadline);
+
   // Constant after construction.
   const ClientOptions options_;
   const std::shared_ptr<MasterClient> master_;
   const std::shared_ptr<Transport> transport_;
+  const std::shared_ptr<DeviceMemory> device_;
   Clock* const clock_;
   // Run Stores ("hym-store") and background work: releases of cancelled
   // prefetches, read-repair reports ("hym-bg"). Reset first on destruction.
@@ -136,6 +160,11 @@ class ClientImpl : public Client {
   Mutex mu_;
   absl::flat_hash_map<uint32_t, PeerInfo> peers_ ABSL_GUARDED_BY(mu_);
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
+
+  // Protected by device_mu_ (never held with mu_). Destroyed before
+  // transport_ and device_, which it uses.
+  Mutex device_mu_;
+  std::unique_ptr<BouncePool> pool_ ABSL_GUARDED_BY(device_mu_);
 };
 
 }  // namespace hymcache

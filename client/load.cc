@@ -16,6 +16,9 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
     return absl::InvalidArgumentError(absl::StrCat(
         "Load: ", keys.size(), " keys but ", buffers.size(), " buffers"));
   }
+  if (options.memory.kind != MemoryKind::kHost) {
+    return LoadToDevice(keys, buffers, options);
+  }
   const absl::Time deadline = Deadline(options.deadline);
   const uint64_t session = options.prefetch ? NewSessionId() : 0;
   // With hints, a small first lookup lets the nodes start staging and the

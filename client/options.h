@@ -30,6 +30,22 @@ enum class TransportKind {
 // Errors: InvalidArgument for any other name.
 absl::StatusOr<TransportKind> ParseTransportKind(const std::string& name);
 
+// The pinned host bounce pool that device-memory Loads and Stores
+// (MemoryKind::kCudaDevice) go through. It is allocated (cudaHostAlloc) and
+// registered with the transport on the first device call, then kept: a
+// client that only moves host memory pins nothing.
+struct DeviceOptions {
+  // Bytes of one chunk: a Load or Store moves the keys that fit one chunk
+  // per step, and a block larger than a chunk is not loaded (OutOfRange) or
+  // stored (fails). Default: 16 MiB.
+  uint64_t bounce_chunk_bytes = 16 << 20;
+  // Chunks in the pool: its size is chunks x chunk bytes, and at most this
+  // many groups are in flight over all calls at once (a Load holds up to
+  // two: one being read while the other is copied to the device); a call
+  // that finds none free waits, up to its deadline. >= 1. Default: 4.
+  int bounce_chunks = 4;
+};
+
 struct ClientOptions {
   // gRPC address of the master, "host:port". Required.
   std::string master_address;
@@ -110,6 +126,8 @@ struct ClientOptions {
   // Stores queued or running at once; a Store beyond this fails at once
   // with ResourceExhausted (skipped, never blocking). Default: 64.
   int max_pending_stores = 64;
+  // Device-memory buffers (LoadOptions::memory, StoreOptions::memory).
+  DeviceOptions device;
   // Checks every field; InvalidArgument names the bad one.
   absl::Status Validate() const;
 };

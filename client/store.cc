@@ -58,8 +58,12 @@ std::shared_ptr<StoreHandle> ClientImpl::Store(
   auto task = [this, handle,
                keys = std::vector<std::string>(keys.begin(), keys.end()),
                bufs = std::vector<ConstBuffer>(buffers.begin(), buffers.end()),
-               parent = options.parent_key, deadline]() {
-    handle->Complete(StoreNow(keys, bufs, parent, deadline));
+               parent = options.parent_key, memory = options.memory,
+               deadline]() {
+    handle->Complete(memory.kind == MemoryKind::kHost
+                         ? StoreNow(keys, bufs, parent, deadline)
+                         : StoreFromDevice(keys, bufs, memory, parent,
+                                           deadline));
   };
   if (!store_executor_->TrySubmit(std::move(task))) {
     handle->Complete(WithReason(

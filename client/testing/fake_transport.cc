@@ -194,4 +194,32 @@ std::vector<absl::Status> FakeTransport::Write(const PeerInfo& peer,
   return out;
 }
 
+std::map<const void*, size_t> FakeTransport::registered() const {
+  MutexLock l(&mu_);
+  return registered_;
+}
+
+size_t FakeTransport::registrations() const {
+  MutexLock l(&mu_);
+  return registrations_;
+}
+
+absl::Status FakeTransport::RegisterMemory(void* data, size_t size) {
+  MutexLock l(&mu_);
+  if (data == nullptr || size == 0 || registered_.count(data) != 0) {
+    return absl::InvalidArgumentError("fake: bad registration");
+  }
+  registered_[data] = size;
+  ++registrations_;
+  return absl::OkStatus();
+}
+
+absl::Status FakeTransport::UnregisterMemory(void* data) {
+  MutexLock l(&mu_);
+  if (registered_.erase(data) != 1) {
+    return absl::NotFoundError("fake: not registered");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace hymcache

@@ -50,10 +50,16 @@ class FakeTransport : public Transport {
   std::vector<size_t> writes() const;
   // Refs announced by Prefetch, and sessions released.
   size_t prefetched() const;
+  // Memory registered (RegisterMemory) and not unregistered: start -> size;
+  // and how many registrations there were.
+  std::map<const void*, size_t> registered() const;
+  size_t registrations() const;
   std::vector<uint64_t> released_sessions() const;
 
   // Transport.
   std::string_view name() const override { return "fake"; }
+  absl::Status RegisterMemory(void* data, size_t size) override;
+  absl::Status UnregisterMemory(void* data) override;
   std::vector<absl::Status> Read(const PeerInfo& peer,
                                  absl::Span<const ReadOp> ops,
                                  absl::Time deadline) override;
@@ -97,6 +103,8 @@ class FakeTransport : public Transport {
   std::vector<size_t> session_reads_ ABSL_GUARDED_BY(mu_);
   std::vector<size_t> writes_ ABSL_GUARDED_BY(mu_);
   size_t prefetched_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<const void*, size_t> registered_ ABSL_GUARDED_BY(mu_);
+  size_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint64_t> released_ ABSL_GUARDED_BY(mu_);
 };
 
