@@ -84,11 +84,12 @@ absl::Status MasterOptions::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
-    const MasterOptions& options) {
-  absl::Status s = options.Validate();
-  if (!s.ok()) return s;
+namespace {
 
+// Create's first step: the RocksDB store and the service over it (the
+// index loaded from the store or the last snapshot).
+absl::StatusOr<std::unique_ptr<master::MasterService>> OpenService(
+    const MasterOptions& options) {
   master::RocksDbMetadataStoreOptions store_options;
   store_options.path = options.db_path;
   store_options.sync_writes = options.sync_writes;
@@ -106,25 +107,37 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
       master::MetadataIndex::kMaxKeyBytes,
       uint64_t{options.service.max_key_bytes} + master::kMaxTenantPrefixBytes));
   if (options.index_snapshots) so.snapshot_path = options.db_path + ".snapshot";
-  auto service = master::MasterService::Create(so, std::move(store).value());
-  if (!service.ok()) return service.status();
+  return master::MasterService::Create(so, std::move(store).value());
+}
 
-  std::unique_ptr<Authenticator> auth;
-  if (!options.auth_tokens_file.empty()) {
-    auto a = Authenticator::Create(options.auth_tokens_file);
-    if (!a.ok()) return a.status();
-    auth = std::move(a).value();
+// The callers' identities; null when authentication is off.
+absl::StatusOr<std::unique_ptr<Authenticator>> OpenAuthenticator(
+    const MasterOptions& options) {
+  if (options.auth_tokens_file.empty()) {
+    return std::unique_ptr<Authenticator>();
   }
+  return Authenticator::Create(options.auth_tokens_file);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
+    const MasterOptions& options) {
+  absl::Status s = options.Validate();
+  if (!s.ok()) return s;
+  auto service = OpenService(options);
+  if (!service.ok()) return service.status();
+  auto auth = OpenAuthenticator(options);
+  if (!auth.ok()) return auth.status();
   auto tls = ReloadableServerTls::Create(options.tls);
   if (!tls.ok()) return tls.status();
-
   auto tenants = master::TenantRegistry::Create(
       options.tenant_quotas_file.empty() ? options.db_path + ".quotas"
                                          : options.tenant_quotas_file);
   if (!tenants.ok()) return tenants.status();
 
   std::unique_ptr<MasterServer> server(new MasterServer);
-  server->auth_ = std::move(auth);
+  server->auth_ = std::move(auth).value();
   server->tls_ = std::move(tls).value();
   server->tenants_ = std::move(tenants).value();
   server->build_version_ = options.build_version;
@@ -136,7 +149,23 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
           options.service.max_key_bytes, options.max_lookup_streams,
           options.service.clock != nullptr ? options.service.clock
                                            : Clock::Real());
+  s = server->StartRpc(options);
+  if (!s.ok()) return s;
+  s = server->StartMetrics(options);
+  if (!s.ok()) return s;
+  MasterServer* raw = server.get();
+  const absl::Duration interval = std::clamp(
+      options.service.put_timeout / 4, absl::Milliseconds(10),
+      absl::Seconds(1));
+  server->reaper_ =
+      Thread("master-reaper", [raw, interval] { raw->ReaperLoop(interval); });
+  server->LogServing(options);
+  // Loaded and serving: health probes say so from now on.
+  server->health_->SetAllServing(true);
+  return server;
+}
 
+absl::Status MasterServer::StartRpc(const MasterOptions& options) {
   const int max_message = static_cast<int>(std::min<uint64_t>(
       INT32_MAX,
       std::max<uint64_t>(
@@ -151,13 +180,12 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   // queues beside ours. The reflection switch is process-wide and takes
   // effect for servers built afterwards.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  server->health_ = std::make_unique<master::HealthService>();
-  server->health_->SetServingStatus(
+  health_ = std::make_unique<master::HealthService>();
+  health_->SetServingStatus(
       ::hymcache::v1::MasterService::service_full_name(), false);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address, server->tls_->credentials(),
-                           &port);
+  builder.AddListeningPort(options.listen_address, tls_->credentials(), &port);
   // Without this, gRPC sets SO_REUSEPORT and a second master would bind the
   // same port silently.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -165,27 +193,26 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   // No default (callback) health service: ours is registered instead.
   builder.SetOption(
       std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
-  builder.RegisterService(server->handler_->async_service());
-  builder.RegisterService(server->health_->service());
+  builder.RegisterService(handler_->async_service());
+  builder.RegisterService(health_->service());
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> cqs;
   for (uint32_t i = 0; i < options.rpc_threads; ++i) {
     cqs.push_back(builder.AddCompletionQueue());
   }
-  server->server_ = builder.BuildAndStart();
+  server_ = builder.BuildAndStart();
   for (auto& cq : cqs) {
-    server->pollers_.push_back(
-        std::make_unique<master::CqPoller>(std::move(cq)));
+    pollers_.push_back(std::make_unique<master::CqPoller>(std::move(cq)));
   }
-  if (server->server_ == nullptr || port == 0) {
-    server->Shutdown();
+  if (server_ == nullptr || port == 0) {
+    Shutdown();
     return absl::UnavailableError(absl::StrCat(
         "master: cannot listen on ", options.listen_address));
   }
-  server->port_ = port;
-  for (size_t i = 0; i < server->pollers_.size(); ++i) {
-    master::CqPoller* poller = server->pollers_[i].get();
-    master::MasterRpcHandler* handler = server->handler_.get();
-    master::HealthService* health = server->health_.get();
+  port_ = port;
+  for (size_t i = 0; i < pollers_.size(); ++i) {
+    master::CqPoller* poller = pollers_[i].get();
+    master::MasterRpcHandler* handler = handler_.get();
+    master::HealthService* health = health_.get();
     poller->Start(absl::StrCat("master-rpc-", i), [poller, handler, health] {
       handler->StartOn(poller);
       health->StartOn(poller);
@@ -193,42 +220,41 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   }
   std::string host = SplitHostPort(options.listen_address)->first;
   if (host == "0.0.0.0" || host == "::" || host == "*") host = "127.0.0.1";
-  server->address_ = host.find(':') != std::string::npos
-                         ? absl::StrCat("[", host, "]:", port)
-                         : absl::StrCat(host, ":", port);
+  address_ = host.find(':') != std::string::npos
+                 ? absl::StrCat("[", host, "]:", port)
+                 : absl::StrCat(host, ":", port);
+  return absl::OkStatus();
+}
 
-  MasterServer* raw = server.get();
-  if (!options.metrics_listen.empty()) {
-    MetricsExporterOptions mo;
-    mo.listen_address = options.metrics_listen;
-    mo.prefix = "hymcache_master_";
-    mo.collect = [raw](StatsVisitor* v) { raw->VisitStats(v); };
-    auto metrics = MetricsExporter::Create(mo);
-    if (!metrics.ok()) {
-      server->Shutdown();
-      return metrics.status();
-    }
-    server->metrics_ = std::move(metrics).value();
-    server->metrics_address_ = server->metrics_->address();
-    LOG(INFO) << "master: metrics on http://" << server->metrics_address_
-              << "/metrics";
+absl::Status MasterServer::StartMetrics(const MasterOptions& options) {
+  if (options.metrics_listen.empty()) return absl::OkStatus();
+  MetricsExporterOptions mo;
+  mo.listen_address = options.metrics_listen;
+  mo.prefix = "hymcache_master_";
+  mo.collect = [this](StatsVisitor* v) { VisitStats(v); };
+  auto metrics = MetricsExporter::Create(mo);
+  if (!metrics.ok()) {
+    Shutdown();
+    return metrics.status();
   }
-  const absl::Duration interval = std::clamp(
-      options.service.put_timeout / 4, absl::Milliseconds(10),
-      absl::Seconds(1));
-  server->reaper_ =
-      Thread("master-reaper", [raw, interval] { raw->ReaperLoop(interval); });
-  LOG(INFO) << "master serving on " << server->address_ << " (db "
+  metrics_ = std::move(metrics).value();
+  metrics_address_ = metrics_->address();
+  LOG(INFO) << "master: metrics on http://" << metrics_address_ << "/metrics";
+  return absl::OkStatus();
+}
+
+void MasterServer::LogServing(const MasterOptions& options) const {
+  LOG(INFO) << "master serving on " << address_ << " (db "
             << options.db_path << ", "
             << (options.tls.ServerEnabled()
                     ? (options.tls.require_client_cert ? "mutual TLS"
                                                        : "TLS")
                     : "plaintext")
             << ")";
-  if (server->auth_ != nullptr) {
-    LOG(INFO) << "master: " << server->auth_->size() << " identities from "
+  if (auth_ != nullptr) {
+    LOG(INFO) << "master: " << auth_->size() << " identities from "
               << options.auth_tokens_file;
-    for (const std::string& w : server->auth_->Warnings()) {
+    for (const std::string& w : auth_->Warnings()) {
       LOG(WARNING) << "master: " << w;
     }
   } else if (!IsLoopbackHost(SplitHostPort(options.listen_address)->first)) {
@@ -239,9 +265,6 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     LOG(INFO) << "master: protected mode (no identities configured): "
                  "serving loopback only; every local caller is an admin";
   }
-  // Loaded and serving: health probes say so from now on.
-  server->health_->SetAllServing(true);
-  return server;
 }
 
 MasterServer::~MasterServer() { Shutdown(); }
