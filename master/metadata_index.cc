@@ -27,7 +27,7 @@ void MetadataIndex::ChunkDeleter::operator()(Record* chunk) const {
 }
 
 MetadataIndex::MetadataIndex(uint32_t max_shapes)
-    : table_(std::make_unique<Table>(0)),
+    : table_(std::make_unique<RecordTable>(0)),
       max_shapes_(std::min(max_shapes, kMaxShapes)) {
   static_assert(sizeof(Record) == 64, "Record must be one cache line");
   static_assert(Record::kWideShape == kMaxShapes, "shape field width");
@@ -73,7 +73,7 @@ uint32_t MetadataIndex::Lookup(absl::string_view key) const {
     return rec.out_of_line() &&
            rec.key_view() == absl::string_view(data, size);
   });
-  return r == Table::kNone ? kNil : r;
+  return r == RecordTable::kNone ? kNil : r;
 }
 
 void MetadataIndex::TableInsert(uint32_t i) {
@@ -88,7 +88,7 @@ void MetadataIndex::TableErase(uint32_t i) {
 
 void MetadataIndex::RebuildTable(size_t n) {
   table_.reset();  // the old one goes first: no peak of both
-  table_ = std::make_unique<Table>(n);
+  table_ = std::make_unique<RecordTable>(n);
   for (uint32_t i = 0; i < records_used_; ++i) {
     if (record(i).has_key()) table_->Insert(HashKey(KeyOf(i)), i);
   }
@@ -507,7 +507,7 @@ void MetadataIndex::Clear() {
   for (uint32_t i = 0; i < records_used_; ++i) {
     if (record(i).out_of_line()) delete[] record(i).buffer();
   }
-  table_ = std::make_unique<Table>(0);
+  table_ = std::make_unique<RecordTable>(0);
   size_ = 0;
   chunks_.clear();
   lists_.clear();
