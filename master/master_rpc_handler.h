@@ -1,10 +1,10 @@
 // MasterRpcHandler: the gRPC adapter's unary methods, one per RPC of
 // v1.MasterService, and the stats of the RPC layer. Private to the
 // //master:master_server target: master_server.cc owns it,
-// master_rpc_streams.cc serves its streaming methods.
+// master_rpc_streams.cc serves its streaming methods, master_rpc_handler.cc
+// holds the methods that log.
 #pragma once
 
-#include <glog/logging.h>
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -135,17 +135,8 @@ class MasterRpcHandler final {
 
   // The caller, if it may call `method`; AnonymousAdmin() when
   // authentication is off.
-  absl::StatusOr<Identity> Admit(grpc::ServerContext* ctx,
-                                 Roles allowed, const char* method) const {
-    if (auth_ == nullptr) return AnonymousAdmin();
-    absl::StatusOr<Identity> id = auth_->Check(*ctx, allowed, method);
-    if (!id.ok()) {
-      LOG_EVERY_N(WARNING, 100)
-          << "master: refused a call from " << ctx->peer() << ": "
-          << id.status() << " (every 100th refusal logged)";
-    }
-    return id;
-  }
+  absl::StatusOr<Identity> Admit(grpc::ServerContext* ctx, Roles allowed,
+                                 const char* method) const;
 
   // Whose pending puts a PutStart counts against (the per-caller limits):
   // the identity when identities are configured, else the peer's address.
@@ -443,37 +434,12 @@ class MasterRpcHandler final {
     return Reply(ctx, absl::StatusOr<v1::ListTenantsResponse>(std::move(out)),
                  resp);
   }
-  grpc::Status SetTenantQuota(
-      grpc::ServerContext* ctx, const v1::SetTenantQuotaRequest* req,
-      v1::SetTenantQuotaResponse* resp) {
-    auto id = Admit(ctx, kAdmin, "SetTenantQuota");
-    if (!id.ok()) return Refuse(ctx, id.status());
-    absl::Status s = tenants_->SetQuota(
-        req->tenant(), TenantQuota{req->max_objects(), req->max_bytes()});
-    if (s.ok()) {
-      LOG(INFO) << "master: tenant '" << req->tenant() << "' quota set to "
-                << req->max_objects() << " objects, " << req->max_bytes()
-                << " bytes by '" << id->name << "'";
-    }
-    return Reply(ctx,
-                 s.ok() ? absl::StatusOr<v1::SetTenantQuotaResponse>(
-                              v1::SetTenantQuotaResponse())
-                        : absl::StatusOr<v1::SetTenantQuotaResponse>(s),
-                 resp);
-  }
-  grpc::Status SetNodeDraining(
-      grpc::ServerContext* ctx, const v1::SetNodeDrainingRequest* req,
-      v1::SetNodeDrainingResponse* resp) {
-    auto id = Admit(ctx, kAdmin, "SetNodeDraining");
-    if (!id.ok()) return Refuse(ctx, id.status());
-    auto out = service_->SetNodeDraining(*req);
-    if (out.ok() && out->changed()) {
-      LOG(INFO) << "master: node '" << absl::CHexEscape(req->name()) << "' "
-                << (req->draining() ? "drained" : "undrained") << " by '"
-                << id->name << "'";
-    }
-    return Reply(ctx, std::move(out), resp);
-  }
+  grpc::Status SetTenantQuota(grpc::ServerContext* ctx,
+                              const v1::SetTenantQuotaRequest* req,
+                              v1::SetTenantQuotaResponse* resp);
+  grpc::Status SetNodeDraining(grpc::ServerContext* ctx,
+                               const v1::SetNodeDrainingRequest* req,
+                               v1::SetNodeDrainingResponse* resp);
   grpc::Status InspectKey(grpc::ServerContext* ctx,
                                        const v1::InspectKeyRequest* req,
                                        v1::InspectKeyResponse* resp) {
