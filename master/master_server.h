@@ -172,6 +172,14 @@ class MasterServer {
 
  private:
   MasterServer() = default;
+  // Create's steps after the service is open, in order. StartRpc builds the
+  // gRPC server (health and reflection on the same port) and starts the
+  // pollers; StartMetrics the /metrics exporter, if configured. Each shuts
+  // the server down on failure.
+  absl::Status StartRpc(const MasterOptions& options);
+  absl::Status StartMetrics(const MasterOptions& options);
+  // The serving banner and the security warnings.
+  void LogServing(const MasterOptions& options) const;
   void ReaperLoop(absl::Duration interval);
   // Every master stat (the Prometheus series, unprefixed): the RPC layer's,
   // the service's counters and gauges, per node and per tenant.

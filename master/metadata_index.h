@@ -99,6 +99,8 @@
 namespace hymcache {
 namespace master {
 
+class RecordTable;
+
 class MetadataIndex {
  public:
   static constexpr size_t kMaxKeyBytes = 65535;
@@ -346,7 +348,6 @@ class MetadataIndex {
  private:
   struct Record;
   struct LoadState;
-  class Table;
 
   static constexpr size_t kChunkShift = 12;  // 4096 records (256 KiB) per chunk
   static constexpr size_t kChunkSize = size_t{1} << kChunkShift;
@@ -442,7 +443,7 @@ class MetadataIndex {
     void operator()(Record* chunk) const;
   };
   std::vector<std::unique_ptr<Record, ChunkDeleter>> chunks_;
-  std::unique_ptr<Table> table_;
+  std::unique_ptr<RecordTable> table_;  // record_table.h
   absl::flat_hash_map<uint32_t, List> lists_;           // by node id
   uint32_t records_used_ = 0;       // high-water mark of record numbers
   std::vector<uint32_t> free_records_;

@@ -288,12 +288,11 @@ bool PutChain(MasterService* svc, uint64_t first) {
   return svc->PutCommit(commit).ok();
 }
 
-// False (and why, on stderr) if the mix measured nothing: no operations
-// ran, or every put was refused.
-bool MixPart() {
-  const std::string dir = "/tmp/hym-index-bench-" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+// A service over a fresh store in `dir` with one node ("bench") whose one
+// region holds mix_objects objects, filled with chains; *filled: the key
+// numbers used.
+std::unique_ptr<MasterService> OpenMixService(const std::string& dir,
+                                              uint64_t* filled) {
   MasterServiceOptions o;
   o.node_timeout = absl::Hours(1);  // no heartbeats in the benchmark
   o.max_batch_keys = 4096;
@@ -316,76 +315,96 @@ bool MixPart() {
   region->set_capacity_bytes(g_flags.mix_objects * kObjectBytes);
   region->set_alignment(4096);
   if (!svc->RegisterNode(reg).ok()) std::abort();
-  const uint64_t filled = g_flags.mix_objects / kMixChain * kMixChain;
-  for (uint64_t first = 0; first < filled; first += kMixChain) {
+  *filled = g_flags.mix_objects / kMixChain * kMixChain;
+  for (uint64_t first = 0; first < *filled; first += kMixChain) {
     if (!PutChain(svc.get(), first)) std::abort();
   }
-  // Key numbers handed to new puts; lookups and removes pick among the
-  // most recent `mix_objects` of them (some evicted meanwhile: misses).
+  return svc;
+}
+
+// What one mix thread measured (latencies in µs).
+struct MixSamples {
+  std::vector<double> lookup, put, remove;
+  uint64_t lookup_hits = 0, lookup_keys = 0, put_refused = 0;
+
+  void Add(const MixSamples& s) {
+    lookup.insert(lookup.end(), s.lookup.begin(), s.lookup.end());
+    put.insert(put.end(), s.put.begin(), s.put.end());
+    remove.insert(remove.end(), s.remove.begin(), s.remove.end());
+    lookup_hits += s.lookup_hits;
+    lookup_keys += s.lookup_keys;
+    put_refused += s.put_refused;
+  }
+};
+
+// One mix thread until `stop`: 80% lookups of 32 keys, 15% chain puts, 5%
+// chain removes. Key numbers come from `next_key`; lookups and removes pick
+// among the most recent mix_objects of them (some evicted meanwhile:
+// misses).
+void MixThread(MasterService* svc, uint64_t seed,
+               std::atomic<uint64_t>* next_key, const std::atomic<bool>* stop,
+               MixSamples* s) {
+  std::mt19937_64 rng(seed);
+  while (!stop->load(std::memory_order_relaxed)) {
+    const uint64_t top = next_key->load(std::memory_order_relaxed);
+    const uint64_t span = std::min<uint64_t>(top, g_flags.mix_objects);
+    const unsigned dice = rng() % 100;
+    if (dice < 80) {
+      v1::BatchLookupRequest look;
+      look.set_for_read(true);
+      for (int k = 0; k < 32; ++k) {
+        look.add_keys(Key(top - 1 - rng() % span, 32));
+      }
+      const auto start = Clock::now();
+      auto r = svc->BatchLookup(look);
+      s->lookup.push_back(Micros(Clock::now() - start));
+      if (!r.ok()) std::abort();
+      for (const auto& res : r->results()) s->lookup_hits += res.found();
+      s->lookup_keys += 32;
+    } else if (dice < 95) {
+      const uint64_t first = next_key->fetch_add(kMixChain);
+      const auto start = Clock::now();
+      const bool ok = PutChain(svc, first);
+      s->put.push_back(Micros(Clock::now() - start));
+      s->put_refused += !ok;
+    } else {
+      // One whole chain, tail first (a chain's middle would leave
+      // orphans for the master to sweep: a walk of the node's list).
+      v1::RemoveRequest remove;
+      const uint64_t first = (top - 1 - rng() % span) / kMixChain * kMixChain;
+      for (uint64_t k = kMixChain; k > 0; --k) {
+        remove.add_keys(Key(first + k - 1, 32));
+      }
+      const auto start = Clock::now();
+      auto r = svc->Remove(remove);
+      s->remove.push_back(Micros(Clock::now() - start));
+      if (!r.ok()) std::abort();
+    }
+  }
+}
+
+// False (and why, on stderr) if the mix measured nothing: no operations
+// ran, or every put was refused.
+bool MixPart() {
+  const std::string dir = "/tmp/hym-index-bench-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  uint64_t filled = 0;
+  std::unique_ptr<MasterService> svc = OpenMixService(dir, &filled);
   std::atomic<uint64_t> next_key{filled};
   std::atomic<bool> stop{false};
-  struct Samples {
-    std::vector<double> lookup, put, remove;
-    uint64_t lookup_hits = 0, lookup_keys = 0, put_refused = 0;
-  };
-  std::vector<Samples> samples(g_flags.mix_threads);
+  std::vector<MixSamples> samples(g_flags.mix_threads);
   std::vector<std::thread> threads;
   for (int t = 0; t < g_flags.mix_threads; ++t) {
-    threads.emplace_back([&, t] {
-      std::mt19937_64 rng(100 + t);
-      Samples& s = samples[t];
-      while (!stop.load(std::memory_order_relaxed)) {
-        const uint64_t top = next_key.load(std::memory_order_relaxed);
-        const uint64_t span = std::min<uint64_t>(top, g_flags.mix_objects);
-        const unsigned dice = rng() % 100;
-        if (dice < 80) {
-          v1::BatchLookupRequest look;
-          look.set_for_read(true);
-          for (int k = 0; k < 32; ++k) {
-            look.add_keys(Key(top - 1 - rng() % span, 32));
-          }
-          const auto start = Clock::now();
-          auto r = svc->BatchLookup(look);
-          s.lookup.push_back(Micros(Clock::now() - start));
-          if (!r.ok()) std::abort();
-          for (const auto& res : r->results()) s.lookup_hits += res.found();
-          s.lookup_keys += 32;
-        } else if (dice < 95) {
-          const uint64_t first = next_key.fetch_add(kMixChain);
-          const auto start = Clock::now();
-          const bool ok = PutChain(svc.get(), first);
-          s.put.push_back(Micros(Clock::now() - start));
-          s.put_refused += !ok;
-        } else {
-          // One whole chain, tail first (a chain's middle would leave
-          // orphans for the master to sweep: a walk of the node's list).
-          v1::RemoveRequest remove;
-          const uint64_t first =
-              (top - 1 - rng() % span) / kMixChain * kMixChain;
-          for (uint64_t k = kMixChain; k > 0; --k) {
-            remove.add_keys(Key(first + k - 1, 32));
-          }
-          const auto start = Clock::now();
-          auto r = svc->Remove(remove);
-          s.remove.push_back(Micros(Clock::now() - start));
-          if (!r.ok()) std::abort();
-        }
-      }
-    });
+    threads.emplace_back(MixThread, svc.get(), uint64_t{100} + t, &next_key,
+                         &stop, &samples[t]);
   }
   std::this_thread::sleep_for(
       std::chrono::duration<double>(g_flags.mix_seconds));
   stop = true;
   for (auto& th : threads) th.join();
-  Samples all;
-  for (Samples& s : samples) {
-    all.lookup.insert(all.lookup.end(), s.lookup.begin(), s.lookup.end());
-    all.put.insert(all.put.end(), s.put.begin(), s.put.end());
-    all.remove.insert(all.remove.end(), s.remove.begin(), s.remove.end());
-    all.lookup_hits += s.lookup_hits;
-    all.lookup_keys += s.lookup_keys;
-    all.put_refused += s.put_refused;
-  }
+  MixSamples all;
+  for (const MixSamples& s : samples) all.Add(s);
   const v1::GetStatsResponse stats = svc->GetStats();
   auto line = [&](const char* what, std::vector<double>& v) {
     const size_t count = v.size();

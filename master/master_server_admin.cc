@@ -1,0 +1,100 @@
+// MasterServer's operations while it serves: its metrics (VisitStats),
+// the SIGHUP reloads of identities and TLS certificates, health hooks.
+#include "master/master_server.h"
+
+#include <glog/logging.h>
+
+#include "common/stats.h"
+#include "master/health_service.h"
+#include "master/master_rpc_handler.h"
+#include "master/master_service.h"
+#include "master/tenants.h"
+
+namespace hymcache {
+
+namespace v1 = ::hymcache::v1;
+
+void MasterServer::VisitStats(StatsVisitor* v) const {
+  if (!build_version_.empty()) {
+    const StatLabel build[] = {{"version", build_version_},
+                               {"commit", build_commit_}};
+    v->Gauge("build_info", "1, labelled with the build's version and commit",
+             1, build);
+  }
+  handler_->VisitStats(v);
+  const v1::GetStatsResponse st = service_->GetStats();
+  v->Gauge("objects", "Committed objects listed", st.object_count());
+  v->Gauge("object_bytes", "Bytes of committed objects", st.object_bytes());
+  v->Gauge("puts_in_flight", "Pending puts (started, not committed)",
+           st.pending_puts());
+  v->Gauge("nodes_alive", "Storage nodes alive", st.nodes_alive());
+  v->Gauge("nodes_dead", "Storage node records not alive", st.nodes_dead());
+  v->Gauge("index_bytes_per_entry", "Heap bytes of the index per entry",
+           st.index_bytes_per_entry());
+  for (const v1::NodeInfo& n : st.nodes()) {
+    const StatLabel node{"node", n.name()};
+    const absl::Span<const StatLabel> l(&node, 1);
+    v->Gauge("node_up", "1 if the node is alive (heartbeating, reconciled)",
+             n.alive() ? 1 : 0, l);
+    v->Gauge("node_capacity_bytes", "Bytes the node offers",
+             n.capacity_bytes(), l);
+    v->Gauge("node_used_bytes", "Bytes allocated on the node",
+             n.used_bytes(), l);
+    v->Gauge("node_objects", "Objects listed on the node", n.object_count(), l);
+  }
+  service_->counters().Visit(v);
+  for (const auto& [tenant, u] : service_->AllTenantUsage()) {
+    const StatLabel t{"tenant", tenant};
+    const absl::Span<const StatLabel> l(&t, 1);
+    v->Gauge("tenant_objects", "Committed objects of the tenant", u.objects, l);
+    v->Gauge("tenant_bytes", "Bytes of the tenant's committed objects",
+             u.bytes, l);
+  }
+  for (const auto& [tenant, n] : service_->QuotaEvictionsByTenant()) {
+    const StatLabel t{"tenant", tenant};
+    v->Counter("tenant_quota_evicted_objects",
+               "Objects of the tenant evicted to keep it within its quota",
+               n, absl::Span<const StatLabel>(&t, 1));
+  }
+  for (const auto& [tenant, n] : tenants_->AllQuotaRefusals()) {
+    const StatLabel t{"tenant", tenant};
+    v->Counter("tenant_quota_refused_puts",
+               "PutStarts of the tenant refused for its quota", n,
+               absl::Span<const StatLabel>(&t, 1));
+  }
+}
+
+absl::Status MasterServer::ReloadIdentities() {
+  if (auth_ == nullptr) return absl::OkStatus();
+  absl::Status s = auth_->Reload();
+  if (s.ok()) {
+    LOG(INFO) << "master: reloaded " << auth_->size() << " identities";
+    for (const std::string& w : auth_->Warnings()) {
+      LOG(WARNING) << "master: " << w;
+    }
+  } else {
+    LOG(ERROR) << "master: identities not reloaded (the old ones stay): "
+               << s;
+  }
+  return s;
+}
+
+absl::Status MasterServer::ReloadCertificates() {
+  absl::Status s = tls_->Reload();
+  if (!s.ok()) {
+    LOG(ERROR) << "master: TLS certificates not reloaded (the old ones "
+                  "stay): "
+               << s;
+  } else if (tls_->reloads() != 0) {
+    LOG(INFO) << "master: TLS certificates in force for new connections: "
+                 "reload "
+              << tls_->reloads();
+  }
+  return s;
+}
+
+size_t MasterServer::HealthWatchersForTest() const {
+  return health_->WatchersForTest();
+}
+
+}  // namespace hymcache

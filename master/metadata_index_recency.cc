@@ -1,0 +1,273 @@
+// MetadataIndex: the per-node recency lists (chains kept below their
+// parents), touches and read ticks, the eviction walk (PickEvictions),
+// orphans of ghosts, and the CollectUsed queue.
+#include "master/metadata_index.h"
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+
+#include "master/metadata_index_internal.h"
+
+namespace hymcache {
+namespace master {
+
+void MetadataIndex::LinkMostRecent(uint32_t i, uint32_t node_id) {
+  LinkMostRecent(i, lists_[node_id]);
+}
+
+void MetadataIndex::LinkMostRecent(uint32_t i, List& list) {
+  Record& l = record(i);
+  l.prev = list.most;
+  l.next = kNil;
+  if (list.most != kNil) {
+    record(list.most).next = i;
+  } else {
+    list.least = i;
+  }
+  list.most = i;
+}
+
+void MetadataIndex::LinkBelow(uint32_t i, uint32_t above, List& list) {
+  Record& l = record(i);
+  Record& a = record(above);
+  l.next = above;
+  l.prev = a.prev;
+  if (a.prev != kNil) {
+    record(a.prev).next = i;
+  } else {
+    list.least = i;
+  }
+  a.prev = i;
+}
+
+void MetadataIndex::Unlink(uint32_t i, uint32_t node_id) {
+  auto it = lists_.find(node_id);
+  if (it == lists_.end()) return;  // not linked (cannot happen)
+  Unlink(i, it->second);
+  if (it->second.least == kNil) lists_.erase(it);
+}
+
+void MetadataIndex::Unlink(uint32_t i, List& list) {
+  Record& l = record(i);
+  if (l.prev != kNil) {
+    record(l.prev).next = l.next;
+  } else {
+    list.least = l.next;
+  }
+  if (l.next != kNil) {
+    record(l.next).prev = l.prev;
+  } else {
+    list.most = l.prev;
+  }
+  l.prev = l.next = kNil;
+}
+
+bool MetadataIndex::Touch(absl::string_view key, uint32_t read_tick) {
+  const uint32_t i = Lookup(key);
+  if (i == kNil) return false;
+  TouchRecord(i, read_tick);
+  return true;
+}
+
+size_t MetadataIndex::TouchPrefix(const std::vector<absl::string_view>& keys,
+                                  uint32_t read_tick) {
+  std::vector<uint32_t> found;
+  found.reserve(keys.size());
+  for (absl::string_view key : keys) {
+    const uint32_t i = Lookup(key);
+    if (i != kNil) found.push_back(i);
+  }
+  TouchRecords(found, read_tick);
+  return found.size();
+}
+
+void MetadataIndex::TouchRecords(absl::Span<const uint32_t> records,
+                                 uint32_t read_tick) {
+  for (auto i = records.rbegin(); i != records.rend(); ++i) {
+    if (LocalParent(*i) == kNil) TouchRecord(*i, read_tick);
+  }
+  for (uint32_t i : records) {
+    if (LocalParent(i) != kNil) TouchRecord(i, read_tick);
+  }
+}
+
+void MetadataIndex::TouchRecord(uint32_t i, uint32_t read_tick) {
+  Record& l = record(i);
+  // A linked entry goes just below its parent when the parent is on the
+  // same list. (An orphan's parent may be a ghost, on no list: the orphan
+  // is touched as a root.) A parent that is the entry's more recent
+  // neighbour is on the list, so the common case reads no other record.
+  const bool below_parent =
+      !l.cross() && l.parent != kNil &&
+      (l.next == l.parent || record(l.parent).has_key());
+  if (!below_parent || l.next != l.parent) {
+    const uint32_t node_id = NodeOf(i);
+    auto list = lists_.find(node_id);
+    if (list == lists_.end()) {
+      LinkMostRecent(i, node_id);  // not linked (cannot happen)
+    } else if (below_parent) {
+      Unlink(i, list->second);
+      LinkBelow(i, l.parent, list->second);
+    } else if (list->second.most != i) {
+      // Not the most recent, so the list keeps at least one other record.
+      Unlink(i, list->second);
+      LinkMostRecent(i, list->second);
+    }
+  }
+  l.read_tick = read_tick;
+  if (track_used_ && !l.used()) {
+    l.set_used(true);
+    used_.push_back(i);
+  }
+}
+
+std::optional<uint32_t> MetadataIndex::ReadTick(absl::string_view key) const {
+  const uint32_t i = Lookup(key);
+  if (i == kNil) return std::nullopt;
+  return record(i).read_tick;
+}
+
+void MetadataIndex::ForEachLeastRecent(
+    uint32_t node_id,
+    const std::function<bool(absl::string_view, const ObjectLocation&, uint32_t)>&
+        fn) const {
+  auto it = lists_.find(node_id);
+  if (it == lists_.end()) return;
+  for (uint32_t i = it->second.least; i != kNil;) {
+    const uint32_t next = record(i).next;
+    if (!fn(KeyOf(i), EntryOf(i), record(i).read_tick)) return;
+    i = next;
+  }
+}
+
+MetadataIndex::WalkEnd MetadataIndex::PickEvictions(
+    uint32_t node_id, size_t max_scan,
+    const std::function<Verdict(absl::string_view, const ObjectLocation&,
+                                uint32_t)>& judge,
+    const std::function<bool(absl::string_view, const ObjectLocation&)>& take)
+    const {
+  auto it = lists_.find(node_id);
+  if (it == lists_.end()) return WalkEnd::kListEnd;
+  // Children chosen so far, per parent; entries passed over because they
+  // still had children (only after an Adopt are children more recent).
+  absl::flat_hash_map<uint32_t, uint32_t> chosen_children;
+  absl::flat_hash_set<uint32_t> deferred;
+  size_t scanned = 0;
+  for (uint32_t i = it->second.least; i != kNil; i = record(i).next) {
+    if (scanned == max_scan) return WalkEnd::kScanLimit;
+    ++scanned;
+    const Verdict v = judge(KeyOf(i), EntryOf(i), record(i).read_tick);
+    if (v == Verdict::kStop) return WalkEnd::kStopped;
+    if (v == Verdict::kKeep) continue;
+    const uint32_t children = ChildCount(i);
+    if (children > 0) {
+      auto c = chosen_children.find(i);
+      if (c == chosen_children.end() || c->second < children) {
+        deferred.insert(i);
+        continue;
+      }
+    }
+    // Choose i, then every deferred ancestor it was the last child of.
+    for (uint32_t x = i;;) {
+      if (!take(KeyOf(x), EntryOf(x))) return WalkEnd::kEnough;
+      // A cross-linked parent is on another node's list: not this walk's.
+      const uint32_t p = LocalParent(x);
+      if (p == kNil) break;
+      const uint32_t n = ++chosen_children[p];
+      if (n < ChildCount(p) || deferred.erase(p) == 0) break;
+      x = p;
+    }
+  }
+  return WalkEnd::kListEnd;
+}
+
+std::vector<std::pair<std::string, ObjectLocation>> MetadataIndex::Orphans()
+    const {
+  std::vector<std::pair<std::string, ObjectLocation>> out;
+  if (ghost_count_ == 0) return out;
+  // Per record: 0 unknown, 1 reachable, 2 orphan.
+  std::vector<uint8_t> state(records_used_, 0);
+  std::vector<uint32_t> path;
+  // The lists to walk: the ghosts' nodes, then the nodes of orphans'
+  // cross-linked children (their descendants there are orphans too).
+  std::vector<uint32_t> nodes;
+  absl::flat_hash_set<uint32_t> queued;
+  for (const auto& [node_id, count] : ghosts_by_node_) {
+    nodes.push_back(node_id);
+    queued.insert(node_id);
+  }
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    auto list = lists_.find(nodes[n]);
+    if (list == lists_.end()) continue;
+    for (uint32_t i = list->second.least; i != kNil; i = record(i).next) {
+      path.clear();
+      uint32_t a = i;
+      uint8_t verdict = 1;
+      while (a != kNil) {
+        if (state[a] != 0) {
+          verdict = state[a];
+          break;
+        }
+        if (IsGhost(a)) {
+          verdict = 2;
+          break;
+        }
+        path.push_back(a);
+        a = record(a).parent;
+      }
+      for (uint32_t x : path) state[x] = verdict;
+      if (verdict != 2) continue;
+      out.emplace_back(std::string(KeyOf(i)), EntryOf(i));
+      auto cross = cross_children_.find(i);
+      if (cross == cross_children_.end()) continue;
+      for (const auto& [node, count] : cross->second) {
+        if (queued.insert(node).second) nodes.push_back(node);
+      }
+    }
+  }
+  return out;
+}
+
+void MetadataIndex::TrackUsed(bool on) {
+  if (!on) {
+    for (size_t k = used_head_; k < used_.size(); ++k) {
+      const uint32_t i = used_[k];
+      if (i < records_used_) record(i).set_used(false);
+    }
+    used_.clear();
+    used_.shrink_to_fit();
+    used_head_ = 0;
+  }
+  track_used_ = on;
+}
+
+std::vector<std::pair<std::string, uint32_t>> MetadataIndex::CollectUsed(
+    size_t max) {
+  std::vector<std::pair<std::string, uint32_t>> out;
+  while (out.size() < max && used_head_ < used_.size()) {
+    const uint32_t i = used_[used_head_++];
+    Record& l = record(i);
+    if (!l.used() || !l.has_key()) continue;
+    l.set_used(false);
+    out.emplace_back(std::string(KeyOf(i)), l.read_tick);
+  }
+  if (used_head_ == used_.size()) {
+    used_.clear();
+    if (used_.capacity() > (size_t{1} << 16)) used_.shrink_to_fit();
+    used_head_ = 0;
+  } else if (used_head_ > (size_t{1} << 12) && used_head_ > used_.size() / 2) {
+    used_.erase(used_.begin(), used_.begin() + used_head_);
+    used_head_ = 0;
+  }
+  return out;
+}
+
+void MetadataIndex::RebaseReadTicks(uint32_t shift) {
+  for (uint32_t i = 0; i < records_used_; ++i) {
+    uint32_t& t = record(i).read_tick;
+    t = t > shift ? t - shift : 0;
+  }
+}
+
+}  // namespace master
+}  // namespace hymcache
