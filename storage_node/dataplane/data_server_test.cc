@@ -838,7 +838,11 @@ TEST_CASE("DataServer: idle connections hold no thread") {
   REQUIRE(Eventually([&] { return f.server->Stats().open_connections == 300; }));
   REQUIRE(Eventually(
       [&] { return f.server->Stats().requests_in_progress == 0; }));
-  CHECK(f.server->Stats().worker_threads <= 4);  // one request at a time
+  // One request at a time: a handful of workers, never one per connection
+  // served (30) or open (300). A worker that has sent its answer but not yet
+  // gone back to waiting is not idle, so the next ping may start another:
+  // under TSan on a busy machine 5 were seen, hence the slack.
+  CHECK(f.server->Stats().worker_threads <= 8);
   Ping(f);
 }
 
