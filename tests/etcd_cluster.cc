@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -39,6 +40,7 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(
   }
   auto c = std::unique_ptr<EtcdCluster>(new EtcdCluster(options));
   const std::string dir = TempDir("etcd");
+  c->dir_ = dir;
   std::vector<std::string> peers;
   for (int i = 0; i < options.members; ++i) {
     Member m;
@@ -69,6 +71,10 @@ EtcdCluster::~EtcdCluster() {
     if (m.daemon.running() && m.frozen) kill(m.daemon.pid(), SIGCONT);
     // Daemon's destructor SIGKILLs and reaps.
   }
+  members_.clear();
+  // Each member preallocates hundreds of MB: leave nothing behind.
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
 }
 
 std::vector<std::string> EtcdCluster::endpoints() const {

@@ -80,6 +80,7 @@ class EtcdCluster {
   const EtcdClusterOptions options_;
   std::string initial_cluster_;
   std::vector<Member> members_;
+  std::string dir_;  // removed with the cluster
 };
 
 }  // namespace hymcache::testing

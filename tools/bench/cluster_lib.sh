@@ -9,9 +9,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# wait_line FILE PATTERN: prints the first line of FILE matching PATTERN.
+# wait_line FILE PATTERN: prints the first line of FILE matching PATTERN,
+# waiting up to 3 minutes (a hybrid node sharing 2 cores with a test suite
+# took over a minute to start).
 wait_line() {
-  for _ in $(seq 600); do
+  for _ in $(seq 1800); do
     if grep -m1 "$2" "$1" 2>/dev/null; then return 0; fi
     sleep 0.1
   done
