@@ -12,8 +12,6 @@
 
 namespace hymcache {
 
-namespace v1 = ::hymcache::v1;
-
 void MasterServer::VisitStats(StatsVisitor* v) const {
   if (!build_version_.empty()) {
     const StatLabel build[] = {{"version", build_version_},

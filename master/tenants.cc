@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Create(
       return absl::InvalidArgumentError(absl::StrCat(
           quota_path, ":", n, ": expected 'tenant max_objects max_bytes'"));
     }
+    MutexLock l(&r->mu_);  // Not yet shared; taken for the analysis.
     r->quotas_[std::string(f[0])] = q;
   }
   return r;

@@ -55,10 +55,6 @@ const StorageNodeOptions::HybridDevice& HybridDefaults() {
   static const auto* const d = new StorageNodeOptions::HybridDevice;
   return *d;
 }
-const StorageNodeOptions::LruDevice& LruDefaults() {
-  static const auto* const d = new StorageNodeOptions::LruDevice;
-  return *d;
-}
 int32_t Ms(absl::Duration d) {
   return static_cast<int32_t>(absl::ToInt64Milliseconds(d));
 }
