@@ -78,6 +78,7 @@
 #include "master/master_server.h"
 #include "master/master_service.h"
 #include "proto/master.grpc.pb.h"
+#include "tools/bench/lookup_bench.h"
 
 DEFINE_uint64(objects, 100000, "objects committed before the lookups");
 DEFINE_uint32(key_bytes, 32, "bytes per key (random binary)");
@@ -142,13 +143,10 @@ DEFINE_string(tls_dir, "",
               "serve and dial over TLS with the certificates of "
               "tests/make_test_certs.sh DIR (server.pem/key, ca.pem)");
 
-namespace hymcache {
+namespace hymcache::lookup_bench {
 namespace {
 
 namespace v1 = ::hymcache::v1;
-
-// Untimed calls per client thread before each measurement.
-constexpr int kWarmupCalls = 20;
 
 std::vector<int> ParseList(const std::string& s) {
   std::vector<int> out;
@@ -217,26 +215,6 @@ bool Commit(v1::MasterService::Stub* stub,
     }
   }
   return true;
-}
-
-// How a lookup travels (--transports).
-enum class Transport { kUnary, kStream, kStreamAsync, kSdk };
-
-constexpr Transport kTransports[] = {Transport::kUnary, Transport::kStream,
-                                     Transport::kStreamAsync, Transport::kSdk};
-
-const char* TransportName(Transport t) {
-  switch (t) {
-    case Transport::kUnary:
-      return "unary";
-    case Transport::kStream:
-      return "stream";
-    case Transport::kStreamAsync:
-      return "stream_async";
-    case Transport::kSdk:
-      return "sdk";
-  }
-  return "?";
 }
 
 // The client SDK's view of the master (what Client::Create makes) over
@@ -366,23 +344,6 @@ class Caller {
   bool broken_ = false;
 };
 
-struct Row {
-  int batch;
-  int threads;
-  bool for_read;
-  Transport transport = Transport::kUnary;
-  uint64_t calls = 0;
-  uint64_t misses = 0;
-  uint64_t errors = 0;
-  double p50_us = 0;
-  double p99_us = 0;
-  double keys_per_s = 0;
-  bool caps = true;  // capabilities signed
-  // CPU time of the server process (master or redis-server) per call,
-  // warm-up calls included; 0 when not known (--master_in_process).
-  double server_cpu_us = 0;
-};
-
 // User + system CPU seconds of process `pid` so far; 0 if unreadable.
 double CpuSeconds(pid_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
@@ -414,26 +375,6 @@ Row WithServerCpu(pid_t pid, int warmup, F measure) {
   }
   return row;
 }
-
-// Calls, p50 / p99 and keys/s of `row` from the threads' call latencies.
-void Summarize(const std::vector<std::vector<double>>& lat, double secs,
-               Row* row) {
-  std::vector<double> all;
-  for (const auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-  std::sort(all.begin(), all.end());
-  row->calls = all.size();
-  if (!all.empty()) {
-    row->p50_us = all[all.size() / 2];
-    row->p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
-  }
-  row->keys_per_s = static_cast<double>(row->calls) * row->batch / secs;
-}
-
-// What a client's calls counted beside their latencies.
-struct Tally {
-  std::atomic<uint64_t> misses{0};
-  std::atomic<uint64_t> errors{0};
-};
 
 // One BatchLookup of `batch` consecutive stored keys from a random start;
 // its microseconds. Misses and failures go to `tally`.
@@ -475,138 +416,6 @@ double TimedLookup(Caller *caller, const std::vector<std::string> &keys,
                             std::memory_order_relaxed);
   }
   return us;
-}
-
-// Runs `call(t)` (client t's next timed call, returning its microseconds)
-// on `threads` threads named `name` for --seconds; fills the row's calls,
-// percentiles and rate.
-template <typename F>
-void RunThreads(int threads, const char *name, F call, Row *row) {
-  std::vector<std::vector<double>> lat(threads);
-  const absl::Time start = absl::Now();
-  {
-    std::vector<Thread> workers;
-    for (int t = 0; t < threads; ++t) {
-      workers.emplace_back(name, [&, t] {
-        const absl::Time end = start + absl::Seconds(FLAGS_seconds);
-        while (absl::Now() < end) lat[t].push_back(call(t));
-      });
-    }
-  }
-  Summarize(lat, absl::ToDoubleSeconds(absl::Now() - start), row);
-}
-
-// What a client process (--worker) reports after its timed calls, followed
-// by `calls` doubles: each call's microseconds.
-struct WorkerReport {
-  uint64_t calls;
-  uint64_t misses;
-  uint64_t errors;
-  double seconds;  // its timed span
-};
-
-bool ReadAll(int fd, void *buf, size_t n) {
-  char *p = static_cast<char *>(buf);
-  while (n > 0) {
-    ssize_t r = read(fd, p, n);
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-bool WriteAll(int fd, const void *buf, size_t n) {
-  const char *p = static_cast<const char *>(buf);
-  while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-// --client_processes: `threads` clients, each this program run again with
-// --worker=`kind` and `worker_flags`, connected and warmed up before all
-// start their timed calls together. Fills the row; false if a client could
-// not start or report.
-bool RunProcesses(int threads, const std::string &kind,
-                  const std::vector<std::string> &worker_flags, Row *row,
-                  Tally *tally) {
-  struct Child {
-    pid_t pid = -1;
-    int go = -1;      // its stdin
-    int report = -1;  // its stdout
-  };
-  std::vector<Child> children(threads);
-  bool ok = true;
-  for (int t = 0; t < threads && ok; ++t) {
-    int go[2], report[2];
-    if (pipe2(go, O_CLOEXEC) != 0) return false;
-    if (pipe2(report, O_CLOEXEC) != 0) {
-      close(go[0]);
-      close(go[1]);
-      return false;
-    }
-    std::vector<std::string> args = {
-        "lookup_bench",
-        "--worker=" + kind,
-        absl::StrCat("--worker_seed=", 1000 + t),
-        absl::StrCat("--objects=", FLAGS_objects),
-        absl::StrCat("--key_bytes=", FLAGS_key_bytes),
-        absl::StrCat("--seconds=", FLAGS_seconds),
-        absl::StrCat("--packed=", FLAGS_packed),
-        absl::StrCat("--deadlock_detection=", FLAGS_deadlock_detection),
-        "--client_poll_strategy=" + FLAGS_client_poll_strategy};
-    args.insert(args.end(), worker_flags.begin(), worker_flags.end());
-    std::vector<char *> argv;
-    for (std::string &a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, go[0], STDIN_FILENO);
-    posix_spawn_file_actions_adddup2(&actions, report[1], STDOUT_FILENO);
-    std::fflush(stdout);
-    ok = posix_spawn(&children[t].pid, "/proc/self/exe", &actions, nullptr,
-                     argv.data(), environ) == 0;
-    posix_spawn_file_actions_destroy(&actions);
-    close(go[0]);
-    close(report[1]);
-    children[t].go = go[1];
-    children[t].report = report[0];
-    if (!ok) children[t].pid = -1;
-  }
-  // Each writes 'R' once connected and warmed up; then all go at once.
-  for (Child &c : children) {
-    char r = 0;
-    ok = ok && c.pid > 0 && ReadAll(c.report, &r, 1) && r == 'R';
-  }
-  for (Child &c : children) ok = ok && WriteAll(c.go, "G", 1);
-  std::vector<std::vector<double>> lat(threads);
-  double seconds = 0;
-  for (int t = 0; t < threads && ok; ++t) {
-    WorkerReport rep{};
-    ok = ReadAll(children[t].report, &rep, sizeof(rep)) &&
-         rep.calls < (uint64_t{1} << 32);
-    if (!ok) break;
-    lat[t].resize(rep.calls);
-    ok = ReadAll(children[t].report, lat[t].data(), rep.calls * sizeof(double));
-    tally->misses += rep.misses;
-    tally->errors += rep.errors;
-    seconds = std::max(seconds, rep.seconds);
-  }
-  for (Child &c : children) {
-    if (c.go >= 0) close(c.go);  // a child still waiting for 'G' ends
-    if (c.report >= 0) close(c.report);
-    int status = 0;
-    if (c.pid > 0) {
-      ok = waitpid(c.pid, &status, 0) == c.pid && ok && WIFEXITED(status) &&
-           WEXITSTATUS(status) == 0;
-    }
-  }
-  if (ok) Summarize(lat, seconds, row);
-  return ok;
 }
 
 Row Measure(const std::string &address, const std::vector<std::string> &keys,
@@ -653,222 +462,6 @@ Row Measure(const std::string &address, const std::vector<std::string> &keys,
         [&](int t) {
           return TimedLookup(callers[t].get(), keys, batch, for_read, rngs[t],
                              &tally);
-        },
-        &row);
-  }
-  row.misses = tally.misses.load();
-  row.errors = tally.errors.load();
-  return row;
-}
-
-// ------------------------------------------------------------ Redis baseline
-
-// A loopback port free right now (bind port 0, read it, close).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-// One blocking RESP connection: sends commands, reads replies.
-class Resp {
- public:
-  ~Resp() {
-    if (fd_ >= 0) close(fd_);
-  }
-  bool Connect(int port) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-      close(fd_);
-      fd_ = -1;
-      return false;
-    }
-    int one = 1;
-    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return true;
-  }
-  // Appends a command of `args` to the send buffer.
-  void Add(const std::vector<absl::string_view>& args) {
-    absl::StrAppend(&out_, "*", args.size(), "\r\n");
-    for (absl::string_view a : args) {
-      absl::StrAppend(&out_, "$", a.size(), "\r\n");
-      out_.append(a.data(), a.size());
-      out_ += "\r\n";
-    }
-  }
-  bool Flush() {
-    size_t off = 0;
-    while (off < out_.size()) {
-      ssize_t n = write(fd_, out_.data() + off, out_.size() - off);
-      if (n <= 0) return false;
-      off += static_cast<size_t>(n);
-    }
-    out_.clear();
-    return true;
-  }
-  // Reads one reply; returns the number of non-nil bulk strings in it
-  // (an array's elements, or 1 for a status / bulk string), -1 on error.
-  int64_t Read() {
-    std::string line;
-    if (!Line(&line) || line.empty()) return -1;
-    int64_t n = 0;
-    switch (line[0]) {
-      case '+':
-      case ':':
-        return 1;
-      case '$':
-        return Bulk(line) ? 1 : 0;
-      case '*': {
-        if (!absl::SimpleAtoi(line.substr(1), &n)) return -1;
-        int64_t found = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          if (!Line(&line) || line.empty() || line[0] != '$') return -1;
-          found += Bulk(line) ? 1 : 0;
-        }
-        return found;
-      }
-      default:
-        return -1;
-    }
-  }
-
- private:
-  bool Fill() {
-    if (pos_ > 0) {
-      in_.erase(0, pos_);
-      pos_ = 0;
-    }
-    char buf[1 << 16];
-    ssize_t n = read(fd_, buf, sizeof(buf));
-    if (n <= 0) return false;
-    in_.append(buf, static_cast<size_t>(n));
-    return true;
-  }
-  bool Line(std::string* line) {
-    for (;;) {
-      size_t eol = in_.find("\r\n", pos_);
-      if (eol != std::string::npos) {
-        line->assign(in_, pos_, eol - pos_);
-        pos_ = eol + 2;
-        return true;
-      }
-      if (!Fill()) return false;
-    }
-  }
-  // After a "$len" line: skips the payload; false for nil ($-1).
-  bool Bulk(const std::string& header) {
-    int64_t len = 0;
-    if (!absl::SimpleAtoi(header.substr(1), &len) || len < 0) return false;
-    while (in_.size() - pos_ < static_cast<size_t>(len) + 2) {
-      if (!Fill()) return false;
-    }
-    pos_ += static_cast<size_t>(len) + 2;
-    return true;
-  }
-
-  int fd_ = -1;
-  std::string out_;
-  std::string in_;
-  size_t pos_ = 0;
-};
-
-// redis-server as a child process, stopped (SIGTERM, waited for) at the end.
-struct RedisServer {
-  pid_t pid = -1;
-  int port = -1;
-  ~RedisServer() {
-    if (pid > 0) {
-      kill(pid, SIGTERM);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-  bool Start() {
-    port = FreePort();
-    if (port <= 0) return false;
-    const std::string port_s = std::to_string(port);
-    pid = fork();
-    if (pid == 0) {
-      execlp(FLAGS_redis_server.c_str(), FLAGS_redis_server.c_str(), "--port",
-             port_s.c_str(), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--loglevel",
-             "warning", "--protected-mode", "no", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    if (pid < 0) return false;
-    for (int i = 0; i < 200; ++i) {  // up to 10 s for it to listen
-      Resp probe;
-      if (probe.Connect(port)) {
-        probe.Add({"PING"});
-        if (probe.Flush() && probe.Read() == 1) return true;
-      }
-      usleep(50 * 1000);
-    }
-    return false;
-  }
-};
-
-// One MGET of `batch` consecutive stored keys from a random start; its
-// microseconds. Misses and failures go to `tally`.
-double TimedMget(Resp *c, const std::vector<std::string> &keys, int batch,
-                 std::mt19937_64 &rng, Tally *tally) {
-  const size_t start = rng() % (keys.size() - batch + 1);
-  std::vector<absl::string_view> args = {"MGET"};
-  for (int i = 0; i < batch; ++i) args.push_back(keys[start + i]);
-  absl::Time t0 = absl::Now();
-  c->Add(args);
-  int64_t found = c->Flush() ? c->Read() : -1;
-  double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
-  if (found < 0) {
-    tally->errors.fetch_add(1, std::memory_order_relaxed);
-  } else if (found != batch) {
-    tally->misses.fetch_add(batch - found, std::memory_order_relaxed);
-  }
-  return us;
-}
-
-Row MeasureRedis(int port, const std::vector<std::string>& keys, int batch,
-                 int threads) {
-  Row row{batch, threads, false};
-  Tally tally;
-  if (FLAGS_client_processes) {
-    if (!RunProcesses(threads, "redis",
-                      {absl::StrCat("--worker_target=", port),
-                       absl::StrCat("--worker_batch=", batch)},
-                      &row, &tally)) {
-      std::fprintf(stderr, "redis clients: a client process failed\n");
-      ++tally.errors;
-    }
-  } else {
-    std::vector<std::unique_ptr<Resp>> conns;
-    for (int t = 0; t < threads; ++t) {
-      conns.push_back(std::make_unique<Resp>());
-      if (!conns.back()->Connect(port)) std::exit(1);
-    }
-    for (int t = 0; t < threads; ++t) {
-      std::mt19937_64 rng(t);
-      for (int i = 0; i < kWarmupCalls; ++i) {
-        TimedMget(conns[t].get(), keys, batch, rng, &tally);
-      }
-    }
-    std::vector<std::mt19937_64> rngs;
-    for (int t = 0; t < threads; ++t) rngs.emplace_back(1000 + t);
-    RunThreads(
-        threads, "redis-bench",
-        [&](int t) {
-          return TimedMget(conns[t].get(), keys, batch, rngs[t], &tally);
         },
         &row);
   }
@@ -937,28 +530,6 @@ int WorkerMain() {
                           lat.size() * sizeof(double))
              ? 0
              : 1;
-}
-
-// Stores every key with a 40-byte value, 1000 keys per MSET, pipelined.
-bool LoadRedis(int port, const std::vector<std::string>& keys) {
-  Resp c;
-  if (!c.Connect(port)) return false;
-  const std::string value(40, 'v');
-  size_t sent = 0;
-  for (size_t start = 0; start < keys.size(); start += 1000) {
-    std::vector<absl::string_view> args = {"MSET"};
-    for (size_t i = start; i < std::min(keys.size(), start + 1000); ++i) {
-      args.push_back(keys[i]);
-      args.push_back(value);
-    }
-    c.Add(args);
-    ++sent;
-  }
-  if (!c.Flush()) return false;
-  for (size_t i = 0; i < sent; ++i) {
-    if (c.Read() != 1) return false;
-  }
-  return true;
 }
 
 // The master under test: in this process (--master_in_process) or in a
@@ -1271,7 +842,22 @@ int Main() {
 }
 
 }  // namespace
-}  // namespace hymcache
+
+// Calls, p50 / p99 and keys/s of `row` from the threads' call latencies.
+void Summarize(const std::vector<std::vector<double>>& lat, double secs,
+               Row* row) {
+  std::vector<double> all;
+  for (const auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+  std::sort(all.begin(), all.end());
+  row->calls = all.size();
+  if (!all.empty()) {
+    row->p50_us = all[all.size() / 2];
+    row->p99_us = all[std::min(all.size() - 1, all.size() * 99 / 100)];
+  }
+  row->keys_per_s = static_cast<double>(row->calls) * row->batch / secs;
+}
+
+}  // namespace hymcache::lookup_bench
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
@@ -1280,6 +866,6 @@ int main(int argc, char** argv) {
   if (!FLAGS_deadlock_detection) {
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   }
-  if (!FLAGS_worker.empty()) return hymcache::WorkerMain();
-  return hymcache::Main();
+  if (!FLAGS_worker.empty()) return hymcache::lookup_bench::WorkerMain();
+  return hymcache::lookup_bench::Main();
 }
