@@ -3,17 +3,12 @@
 #include <algorithm>
 #include <cstring>
 
+#include "tools/common/block_stream.h"
+
 namespace hymcache::crashtest {
 namespace {
 
 constexpr char kMagic[8] = {'H', 'Y', 'M', 'C', 'R', 'T', '0', '1'};
-
-uint64_t SplitMix(uint64_t* state) {
-  uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 void PutLe(uint64_t v, size_t bytes, uint8_t* out) {
   for (size_t i = 0; i < bytes; ++i)
@@ -26,30 +21,10 @@ uint64_t GetLe(const uint8_t* in, size_t bytes) {
   return v;
 }
 
-// Byte `i` of the block of `key`, for i >= kBlockHeaderBytes + key size, is
-// byte (i % 8) of word (i / 8) of the stream: writing and checking walk the
-// stream a word at a time.
-void FillStream(uint64_t seed, uint64_t from, uint64_t len, uint8_t* block) {
-  uint64_t state = seed;
-  for (uint64_t w = 0; w * 8 < len; ++w) {
-    uint64_t word = SplitMix(&state);
-    for (uint64_t b = 0; b < 8; ++b) {
-      const uint64_t i = w * 8 + b;
-      if (i >= from && i < len)
-        block[i] = static_cast<uint8_t>(word >> (8 * b));
-    }
-  }
-}
-
 }  // namespace
 
 uint64_t KeyHash(std::string_view key) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : key) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return SplitMix(&h);
+  return tools::KeyHash(absl::string_view(key.data(), key.size()));
 }
 
 uint64_t BlockLength(std::string_view key, uint64_t min_bytes,
@@ -64,7 +39,7 @@ void FillBlock(std::string_view key, uint64_t len, uint8_t* out) {
   PutLe(len, 8, out + 8);
   PutLe(key.size(), 2, out + 16);
   std::memcpy(out + kBlockHeaderBytes, key.data(), key.size());
-  FillStream(KeyHash(key), header, len, out);
+  tools::FillStream(KeyHash(key), header, len, out);
 }
 
 BlockCheck CheckBlock(std::string_view key, uint64_t expected_len,

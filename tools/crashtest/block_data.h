@@ -7,7 +7,8 @@
 //   [8, 16)   L, little-endian u64
 //   [16, 18)  key length, little-endian u16
 //   [18, 18 + key length)  the key itself
-//   rest      a pseudo-random stream seeded by a hash of the key
+//   rest      the key's stream (tools/common/block_stream.h, shared with
+//             hymbench) at the same offsets
 // A block returned for the wrong key therefore names the key it belongs to
 // (CheckBlock reports it), and a torn or shifted block fails the comparison.
 //
@@ -23,7 +24,8 @@ namespace hymcache::crashtest {
 
 inline constexpr size_t kBlockHeaderBytes = 18;
 
-// A 64-bit hash of `key` (FNV-1a, then a SplitMix64 finalizer).
+// A 64-bit hash of `key` (tools::KeyHash: FNV-1a, then a SplitMix64
+// finalizer).
 uint64_t KeyHash(std::string_view key);
 
 // The length of `key`'s block: derived from the key's hash, uniform in

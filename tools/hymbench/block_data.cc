@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/base/internal/endian.h"
+#include "tools/common/block_stream.h"
 
 namespace hymcache::hymbench {
 namespace {
@@ -18,23 +19,6 @@ void AppendField(std::string* out, const void* data, size_t len) {
   absl::little_endian::Store64(n, len);
   out->append(n, sizeof(n));
   out->append(static_cast<const char*>(data), len);
-}
-
-// SplitMix64: word `i` of the stream seeded by `seed`. Position-addressable,
-// so Fill and FirstMismatch need no state.
-inline uint64_t Word(uint64_t seed, uint64_t i) {
-  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-uint64_t Seed(absl::string_view key) {
-  char b[8] = {};
-  std::memcpy(b, key.data(), std::min<size_t>(sizeof(b), key.size()));
-  uint64_t seed = absl::little_endian::Load64(b);
-  // Short keys (only in tests) still differ by length.
-  return seed ^ (static_cast<uint64_t>(key.size()) << 56);
 }
 
 }  // namespace
@@ -60,33 +44,13 @@ std::string BlockCodec::Key(uint64_t hash_id) const {
 }
 
 void BlockCodec::Fill(absl::string_view key, void* data, size_t size) {
-  const uint64_t seed = Seed(key);
-  auto* p = static_cast<unsigned char*>(data);
-  size_t i = 0;
-  for (; i + 8 <= size; i += 8) {
-    absl::little_endian::Store64(p + i, Word(seed, i / 8));
-  }
-  if (i < size) {
-    char tail[8];
-    absl::little_endian::Store64(tail, Word(seed, i / 8));
-    std::memcpy(p + i, tail, size - i);
-  }
+  tools::FillStream(tools::KeyHash(key), 0, size, static_cast<uint8_t*>(data));
 }
 
-size_t BlockCodec::FirstMismatch(absl::string_view key, const void* data, size_t size) {
-  const uint64_t seed = Seed(key);
-  const auto* p = static_cast<const unsigned char*>(data);
-  char want[8];
-  for (size_t i = 0; i < size; i += 8) {
-    absl::little_endian::Store64(want, Word(seed, i / 8));
-    const size_t n = std::min<size_t>(8, size - i);
-    if (std::memcmp(p + i, want, n) != 0) {
-      for (size_t k = 0; k < n; ++k) {
-        if (p[i + k] != static_cast<unsigned char>(want[k])) return i + k;
-      }
-    }
-  }
-  return size;
+size_t BlockCodec::FirstMismatch(absl::string_view key, const void* data,
+                                 size_t size) {
+  return tools::FirstStreamMismatch(tools::KeyHash(key), 0, size,
+                                    static_cast<const uint8_t*>(data));
 }
 
 }  // namespace hymcache::hymbench

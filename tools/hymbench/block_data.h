@@ -7,9 +7,9 @@
 // block size is part of the key so that a run with another --block_bytes
 // never loads blocks of the wrong size.
 //
-// A block's bytes are a pseudo-random stream seeded from its key, so any
-// block can be regenerated to check a load byte for byte, and blocks of
-// different namespaces never look alike.
+// A block's bytes are its key's stream (tools/common/block_stream.h, shared
+// with the crash test), so any block can be regenerated to check a load byte
+// for byte, and blocks of different namespaces never look alike.
 //
 // Thread safety: BlockCodec is immutable after construction and safe for
 // concurrent use.
