@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/limits.h"
 #include "common/mutex.h"
 #include "common/net.h"
 
@@ -40,8 +41,6 @@ constexpr absl::string_view kSha256Prefix = "sha256:";
 constexpr absl::string_view kCertPrefix = "cert:";
 constexpr absl::string_view kBearer = "Bearer ";
 constexpr absl::string_view kNodesPrefix = "nodes=";
-// As the master's cap on a registered node name.
-constexpr size_t kMaxNodeNameBytes = 128;
 // Identities files are small; refuse anything absurd.
 constexpr uintmax_t kMaxFileBytes = 16 << 20;
 
@@ -207,8 +206,9 @@ absl::Status Authenticator::ParseInto(absl::string_view text,
       if (id.role != Role::kNode) return bad("nodes= is for role node only");
       for (absl::string_view n : absl::StrSplit(nodes, ',')) {
         if (n.empty() || n.size() > kMaxNodeNameBytes) {
-          return bad(
-              "nodes= takes node names of 1..128 bytes, comma-separated");
+          return bad(absl::StrCat("nodes= takes node names of 1..",
+                                  kMaxNodeNameBytes,
+                                  " bytes, comma-separated"));
         }
         id.node_names.emplace_back(n);
       }

@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/net.h"
 #include "master/master_service_internal.h"
 
@@ -33,7 +34,6 @@ using internal::DurableRegion;
 using internal::PrintableKey;
 using internal::ToProto;
 
-constexpr size_t kMaxNodeNameBytes = 128;
 // Registration size caps (documented in proto/master.proto).
 constexpr size_t kMaxAddressBytes = 256;
 constexpr int kMaxTransportParams = 32;

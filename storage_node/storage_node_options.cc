@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/net.h"
 #include "common/security.h"
 #include "storage_node/device/block_io.h"
@@ -103,6 +104,12 @@ absl::Status StorageNodeOptions::Validate() const {
   }
   if (listen_host.empty()) {
     return absl::InvalidArgumentError("storage node: listen_host is empty");
+  }
+  // The master refuses a longer name at registration; say so at start-up.
+  if (node_name.size() > kMaxNodeNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("storage node: node_name has ", node_name.size(),
+                     " bytes (at most ", kMaxNodeNameBytes, ")"));
   }
   s = tls.Validate();
   if (!s.ok()) return Invalid(s);

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/limits.h"
 #include "common/net.h"
 #include "common/test_capabilities.h"
 #include "common/wire.h"
@@ -224,6 +225,14 @@ TEST_CASE("StorageNodeOptions: Validate composes its parts' Validate") {
   o = Options();
   o.rdma = static_cast<RdmaMode>(7);
   CHECK(absl::IsInvalidArgument(o.Validate()));
+  // A name the master would refuse at registration (common/limits.h).
+  o = Options();
+  o.node_name = std::string(kMaxNodeNameBytes, 'n');
+  CHECK(o.Validate().ok());
+  o.node_name.push_back('n');
+  s = o.Validate();
+  CHECK(absl::IsInvalidArgument(s));
+  CHECK(s.message().find("node_name") != absl::string_view::npos);
 }
 
 TEST_CASE("StorageNodeOptions: ShutdownBound counts a hybrid device's flush") {

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/crc32c.h"
+#include "common/limits.h"
 #include "common/mutex.h"
 #include "common/rocksdb_util.h"
 #include "common/status_macros.h"
@@ -49,10 +50,11 @@ constexpr size_t kIncarnationOff = 24;
 constexpr size_t kCreatedOff = 32;
 constexpr size_t kNameLenOff = 40;
 constexpr size_t kNameOff = 41;
-constexpr size_t kMaxNodeName = 255;
 constexpr size_t kChecksumOff = kHeaderMeaningful - 4;
 
-static_assert(kNameOff + kMaxNodeName <= kChecksumOff);
+// The name's length is one byte, its field 255 bytes.
+static_assert(kMaxNodeNameBytes <= 255);
+static_assert(kNameOff + 255 <= kChecksumOff);
 static_assert(kHeaderMeaningful % BlockIo::kAlignment == 0);
 static_assert(CapacityTier::kHeaderBytes % BlockIo::kAlignment == 0);
 
@@ -516,9 +518,10 @@ absl::Status Validate(const CapacityTierOptions& o) {
   if (o.capacity_bytes > (uint64_t{1} << 62)) {
     return absl::InvalidArgumentError("capacity tier: capacity_bytes too large");
   }
-  if (o.node_name.empty() || o.node_name.size() > kMaxNodeName) {
+  if (o.node_name.empty() || o.node_name.size() > kMaxNodeNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "capacity tier: node_name must have 1 to ", kMaxNodeName, " bytes"));
+        "capacity tier: node_name must have 1 to ", kMaxNodeNameBytes,
+        " bytes"));
   }
   return absl::OkStatus();
 }

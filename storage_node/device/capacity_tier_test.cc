@@ -18,6 +18,7 @@
 #include <rocksdb/db.h>
 
 #include "common/crc32c.h"
+#include "common/limits.h"
 #include "storage_node/device/fake_block_io.h"
 #include "storage_node/device/faulty_block_io.h"
 
@@ -526,7 +527,8 @@ TEST_CASE("invalid options", "[capacity_tier]") {
   CHECK(CapacityTier::Open(o).status().code() ==
         absl::StatusCode::kInvalidArgument);
   o = Options("invalid");
-  o.node_name = std::string(256, 'x');
+  // One byte past the name cap the master enforces (common/limits.h).
+  o.node_name = std::string(kMaxNodeNameBytes + 1, 'x');
   CHECK(CapacityTier::Open(o).status().code() ==
         absl::StatusCode::kInvalidArgument);
   o = Options("invalid");

@@ -1,0 +1,17 @@
+// Limits that more than one component enforces, each stated once here.
+//
+// A name the master registers must also fit every place that stores or
+// checks it (the identities file's nodes= lists, a capacity file's header),
+// so those places take the limit from here instead of repeating a number.
+#pragma once
+
+#include <cstddef>
+
+namespace hymcache {
+
+// Bytes in a storage node's name: what RegisterNode accepts (documented in
+// proto/master.proto), what an identity's nodes= list may name, what a
+// capacity file records and what StorageNodeOptions::Validate allows.
+inline constexpr size_t kMaxNodeNameBytes = 128;
+
+}  // namespace hymcache
