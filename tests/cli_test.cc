@@ -86,6 +86,29 @@ TEST_CASE("--help lists the program's flags, grouped, not librocksdb's") {
   CHECK(master.output.find("--log_dir (") != std::string::npos);
 }
 
+TEST_CASE("the tools' --help lists their own flags, not librocksdb's") {
+  struct Case {
+    const char* binary;
+    std::vector<std::string> own;  // flags its main file defines
+  };
+  for (const Case& c :
+       {Case{"tools/bench/device_bench", {"conversations", "window_mib"}},
+        Case{"tools/bench/lookup_bench", {"objects", "batch_sizes"}},
+        Case{"tools/crashtest/crashtest", {"kills", "seed"}},
+        Case{"tools/hymbench/hymbench", {"trace"}}}) {
+    INFO(c.binary);
+    RunResult r = MustRun(c.binary, {"--help"});
+    CHECK(Exited(r, 0));
+    for (const std::string& f : c.own) {
+      CHECK(r.output.find("\n  --" + f + " (") != std::string::npos);
+    }
+    // device_bench and lookup_bench link librocksdb (through the devices'
+    // capacity tier and the master): its analyzer's flags stay out of --help.
+    CHECK(r.output.find("analyze_get") == std::string::npos);
+    CHECK(r.output.size() < 16000);
+  }
+}
+
 TEST_CASE("--version prints version, commit and build time") {
   for (const char* binary : kBinaries) {
     INFO(binary);

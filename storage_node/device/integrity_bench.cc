@@ -30,6 +30,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/cli.h"
 #include "common/crc32c.h"
 #include "common/thread.h"
 #include "gflags/gflags.h"
@@ -246,6 +247,11 @@ int Run() {
 }  // namespace hymcache::storage
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine({.program = "integrity_bench",
+                              .usage = "integrity_bench: what the hybrid "
+                                       "device's object checksums cost, on a "
+                                       "real capacity file",
+                              .main_file = __FILE__},
+                             &argc, &argv);
   return hymcache::storage::Run();
 }

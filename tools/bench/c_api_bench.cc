@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "client/block_key.h"
 #include "client/client.h"
+#include "common/cli.h"
 #include "hymcache/hymcache.h"
 #include "tests/daemon.h"
 
@@ -178,6 +179,11 @@ int Run() {
 }  // namespace hymcache
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine(
+      {.program = "c_api_bench",
+       .usage = "c_api_bench: the C API's hymcache_load against the C++ SDK's "
+                "Client::Load, per call, against real daemons",
+       .main_file = __FILE__},
+      &argc, &argv);
   return hymcache::Run();
 }

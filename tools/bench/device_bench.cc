@@ -104,6 +104,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/cli.h"
 #include "common/mutex.h"
 #include "common/thread.h"
 #include "storage_node/device/block_io.h"
@@ -563,8 +564,10 @@ int Main() {
 }  // namespace hymcache::device_bench
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "device_bench: staging-window hybrid device vs LRU cache vs raw tier");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine({.program = "device_bench",
+                              .usage = "device_bench: staging-window hybrid "
+                                       "device vs LRU cache vs raw tier",
+                              .main_file = __FILE__},
+                             &argc, &argv);
   return hymcache::device_bench::Main();
 }

@@ -58,6 +58,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/cli.h"
 #include "common/net.h"
 #include "common/thread.h"
 #include "master/master_server.h"
@@ -628,7 +629,12 @@ int ChildMain() {
 }  // namespace hymcache
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine(
+      {.program = "get_bench",
+       .usage = "get_bench: GET throughput of HyMCache on one host against the "
+                "limit of its data plane",
+       .main_file = __FILE__},
+      &argc, &argv);
   if (!FLAGS_child_role.empty()) return hymcache::ChildMain();
   hymcache::g_argv0 = argv[0];
   return hymcache::Main();

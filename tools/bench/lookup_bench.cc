@@ -72,6 +72,7 @@
 #include "absl/time/time.h"
 #include "client/grpc_master_client.h"
 #include "client/master_client.h"
+#include "common/cli.h"
 #include "common/grpc_polling.h"
 #include "common/security.h"
 #include "common/thread.h"
@@ -860,7 +861,12 @@ void Summarize(const std::vector<std::vector<double>>& lat, double secs,
 }  // namespace hymcache::lookup_bench
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine(
+      {.program = "lookup_bench",
+       .usage = "lookup_bench: per-key BatchLookup latency and throughput of "
+                "the master through real gRPC on loopback",
+       .main_file = __FILE__},
+      &argc, &argv);
   // As the daemons do (master/main.cc): Debian's Abseil checks lock order
   // on every absl::Mutex acquisition (gRPC's too), a debugging aid.
   if (!FLAGS_deadlock_detection) {

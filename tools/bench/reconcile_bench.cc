@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/cli.h"
 #include "common/thread.h"
 #include "master/master_server.h"
 #include "proto/storage.grpc.pb.h"
@@ -259,7 +260,13 @@ int Main() {
 }  // namespace hymcache
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine(
+      {.program = "reconcile_bench",
+       .usage = "reconcile_bench: how long a storage node holding N objects "
+                "takes to reconcile with the master, and what that costs "
+                "concurrent lookups",
+       .main_file = __FILE__},
+      &argc, &argv);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 1;
   google::InitGoogleLogging(argv[0]);

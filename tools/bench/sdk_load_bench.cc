@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "client/block_key.h"
 #include "client/client.h"
+#include "common/cli.h"
 
 DEFINE_string(master, "", "master address HOST:PORT (required)");
 DEFINE_string(transport, "auto", "tcp, shm, rdma or auto");
@@ -116,6 +117,11 @@ int Run() {
 }  // namespace hymcache
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine(
+      {.program = "sdk_load_bench",
+       .usage = "sdk_load_bench: the C++ side of python_load_bench.py: Loads "
+                "of blocks the Python package stored",
+       .main_file = __FILE__},
+      &argc, &argv);
   return hymcache::Run();
 }

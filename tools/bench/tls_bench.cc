@@ -29,6 +29,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/cli.h"
 #include "common/thread.h"
 
 DEFINE_uint64(block_bytes, 16 << 20, "bytes per block (one GET's object)");
@@ -177,7 +178,11 @@ double Tls(std::vector<char>& src, std::vector<char>& dst, bool* ktls_used) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine(
+      {.program = "tls_bench",
+       .usage = "tls_bench: what TLS would cost the TCP data plane",
+       .main_file = __FILE__},
+      &argc, &argv);
   if (FLAGS_trials < 1 || FLAGS_blocks < 1 || FLAGS_block_bytes == 0) {
     Die("--trials, --blocks and --block_bytes must be at least 1");
   }

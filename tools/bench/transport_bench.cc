@@ -35,14 +35,15 @@
 #include "absl/time/clock.h"
 #include "client/direct_transport.h"
 #include "client/tcp_transport.h"
+#include "common/cli.h"
 #include "common/net.h"
 #include "common/test_capabilities.h"
 #include "common/thread.h"
 #include "common/transport_params.h"
 #include "storage_node/dataplane/data_server.h"
-#include "storage_node/device/dram_device.h"
 #include "storage_node/dataplane/extent_table.h"
 #include "storage_node/dataplane/local_data_plane.h"
+#include "storage_node/device/dram_device.h"
 
 DEFINE_uint64(block_kib, 0, "block size in KiB (0: the matrix)");
 DEFINE_int32(batch, 0, "blocks per request (0: the matrix)");
@@ -182,7 +183,11 @@ bool RunOne(size_t block, int batch) {
 }  // namespace hymcache
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine({.program = "transport_bench",
+                              .usage = "transport_bench: the data planes alone "
+                                       "against the limit of what they move",
+                              .main_file = __FILE__},
+                             &argc, &argv);
   if (FLAGS_trials < 1 || FLAGS_seconds <= 0 || FLAGS_batch < 0) {
     fprintf(stderr, "--trials must be at least 1, --seconds above 0\n");
     return 2;

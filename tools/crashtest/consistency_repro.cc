@@ -45,6 +45,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/cli.h"
 #include "common/mutex.h"
 #include "common/net.h"
 #include "common/thread.h"
@@ -339,7 +340,12 @@ int OrphanedSubtree(ClusterOptions o) {
 }  // namespace hymcache::crashtest
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine(
+      {.program = "consistency_repro",
+       .usage = "consistency_repro: deterministic reproductions of consistency "
+                "defects the crash test found",
+       .main_file = __FILE__},
+      &argc, &argv);
   signal(SIGPIPE, SIG_IGN);
   using hymcache::crashtest::Runfile;
   hymcache::crashtest::ClusterOptions o;

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "client/options.h"
 #include "common/bytes.h"
+#include "common/cli.h"
 #include "tools/crashtest/crashtest.h"
 
 DEFINE_uint64(seed, 1, "seed of the kill schedule and the workload");
@@ -149,10 +150,13 @@ bool Bytes(const std::string& flag, const std::string& value, uint64_t* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "crashtest [--kills=20] [--seed=1] ...: SIGKILL and restart HyMCache "
-      "daemons under a workload; check bytes, deadlines and recovery");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine(
+      {.program = "crashtest",
+       .usage = "crashtest [--kills=20] [--seed=1] ...: SIGKILL and restart "
+                "HyMCache daemons under a workload; check bytes, deadlines "
+                "and recovery",
+       .main_file = __FILE__},
+      &argc, &argv);
   signal(SIGPIPE, SIG_IGN);
 
   hymcache::crashtest::CrashTestOptions o;

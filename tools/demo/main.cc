@@ -3,6 +3,7 @@
 
 #include <gflags/gflags.h>
 
+#include "common/cli.h"
 #include "common/security.h"
 #include "tools/demo/demo.h"
 
@@ -16,7 +17,11 @@ DEFINE_uint64(block_bytes, 1 << 20, "bytes per KV block");
 DEFINE_int32(tokens_per_turn, 1024, "new user tokens per turn");
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine({.program = "hymcache-demo",
+                              .usage = "hymcache-demo: a small multi-turn "
+                                       "workload against a running cluster",
+                              .main_file = __FILE__},
+                             &argc, &argv);
   hymcache::demo::DemoOptions o;
   o.master_address = FLAGS_master;
   o.tls_ca_file = FLAGS_tls_ca;

@@ -22,8 +22,6 @@
 #include <string>
 #include <vector>
 
-#include "common/bytes.h"
-#include "common/security.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -32,6 +30,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "common/bytes.h"
+#include "common/cli.h"
+#include "common/security.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "tools/hymbench/plot.h"
@@ -452,11 +453,13 @@ int RunReplay() {
 }  // namespace hymcache::hymbench
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(hymcache::hymbench::kUsage);
   // Debian's Abseil has the mutex deadlock detector on; too costly here.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   FLAGS_logtostderr = true;
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  hymcache::ParseCommandLine({.program = "hymbench",
+                              .usage = hymcache::hymbench::kUsage,
+                              .main_file = __FILE__},
+                             &argc, &argv);
   google::InitGoogleLogging(argv[0]);
   if (argc != 2) return hymcache::hymbench::UsageError("expected one command");
   const std::string command = argv[1];
