@@ -19,7 +19,8 @@
 #                           neither package on its own hosts). A
 #                           prometheus.service, redis-server.service or
 #                           etcd.service this installs is stopped and
-#                           disabled again: the tests run their own.
+#                           disabled again: the tests run their own; and
+#                           clang-format-14 (tools/format_check.sh).
 set -euo pipefail
 
 PACKAGES=(
@@ -37,7 +38,8 @@ TEST_PACKAGES=(prometheus redis-server systemd systemd-container mmdebstrap dpkg
   golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
   golang-github-xeipuuv-gojsonschema-dev
   python3-kubernetes python3-jsonschema python3-yaml
-  etcd-server etcd-client)
+  etcd-server etcd-client
+  clang-format-14)
 if [ "${1:-}" = "--test" ]; then
   PACKAGES+=("${TEST_PACKAGES[@]}")
 fi

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Runs the HyMCache test suite: installs dependencies, then runs every test
-# under each configuration in HYMCACHE_TEST_CONFIGS (default: "default asan
+# Runs the HyMCache test suite: installs dependencies, checks the formatting
+# of the C and C++ lines the change touched (tools/format_check.sh: since
+# the merge-base with origin/main or main; HYMCACHE_FORMAT=0 skips it), then
+# runs every test under each configuration in HYMCACHE_TEST_CONFIGS (default: "default asan
 # tsan"; the default configuration also runs //tools/bench:measurements_smoke,
 # a short run of every command in README.md's Measurements section, which is
 # tagged manual so that the sanitizer configurations skip it), then a short
@@ -24,6 +26,17 @@ CONFIGS=${HYMCACHE_TEST_CONFIGS:-"default asan tsan"}
 passed=0
 failed=0
 status=0
+# Fast, so first: the lines the change adds or edits follow .clang-format
+# (the rest of the tree is not asked to). Counted as one check.
+if [ "${HYMCACHE_FORMAT:-1}" = "1" ]; then
+  echo "=== format: the changed lines against .clang-format"
+  if bash tools/format_check.sh; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    status=1
+  fi
+fi
 for cfg in $CONFIGS; do
   flags=(--config=ci)
   targets=(//...)
