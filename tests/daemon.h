@@ -1,16 +1,19 @@
 // Test harness: runs the real hymcache-master / hymcache-storage binaries as
 // child processes on loopback with port 0, reading the bound ports back from
-// the one line each daemon prints when it is serving.
+// the one line each daemon prints when it is serving. The processes are
+// tests/child_process.h's (Run and RunResult come from there too).
 #pragma once
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "tests/child_process.h"
 
 namespace hymcache::testing {
 
@@ -20,12 +23,12 @@ std::string RunfilePath(const std::string& workspace_relative);
 // A fresh directory under TEST_TMPDIR.
 std::string TempDir(const std::string& name);
 
+// A movable ChildProcess with the tests' defaults: stderr stays the
+// test's, and the child outlives the thread that started it.
 class Daemon {
  public:
   Daemon() = default;
-  ~Daemon();  // SIGKILLs a still-running child
-  Daemon(Daemon&& o) noexcept;
-  Daemon& operator=(Daemon&& o) noexcept;
+  // The ChildProcess SIGKILLs a still-running child.
 
   // Starts `binary` with `args` and waits (up to `timeout`) for its first
   // stdout line, returned by ready_line(). `env` ("NAME=VALUE") is added to
@@ -42,34 +45,22 @@ class Daemon {
                                       const std::vector<std::string>& args,
                                       const std::string& log_path);
 
-  const std::string& ready_line() const { return ready_line_; }
-  pid_t pid() const { return pid_; }
-  bool running() const { return pid_ > 0; }
+  const std::string& ready_line() const;
+  pid_t pid() const { return child_ ? child_->pid() : -1; }
+  bool running() const { return pid() > 0; }
 
   // Sends `sig` and waits for exit; returns the exit status (waitpid form).
   absl::StatusOr<int> Stop(int sig, absl::Duration timeout = absl::Seconds(30));
   // Whether the child is still alive (reaps it if it exited).
-  bool Alive();
+  bool Alive() { return child_ && child_->Alive(); }
 
  private:
-  // SIGKILLs a running child and closes its pipe.
-  void Reset();
+  static absl::StatusOr<Daemon> Launch(const std::string& binary,
+                                       const std::vector<std::string>& args,
+                                       const ChildOptions& options);
 
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
-  std::string ready_line_;
+  std::unique_ptr<ChildProcess> child_;
 };
-
-// A finished run of a binary: its exit status (waitpid form) and what it
-// wrote to stdout and stderr (interleaved).
-struct RunResult {
-  int status = 0;
-  std::string output;
-};
-// Runs `binary` with `args` to completion (SIGKILL after `timeout`).
-absl::StatusOr<RunResult> Run(const std::string& binary,
-                              const std::vector<std::string>& args,
-                              absl::Duration timeout = absl::Seconds(30));
 
 // Value of "key=VALUE" in a ready line, or "" if absent.
 std::string Field(const std::string& line, const std::string& key);

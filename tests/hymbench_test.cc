@@ -25,6 +25,7 @@ namespace hymcache {
 namespace {
 
 using testing::MasterProcess;
+using testing::RunCommand;
 using testing::RunfilePath;
 using testing::StorageProcess;
 using testing::TempDir;
@@ -48,24 +49,11 @@ Run Hymbench(const std::string& dir, const std::vector<std::string>& args) {
   static int n = 0;
   const std::string out_path = absl::StrCat(dir, "/stdout-", n);
   const std::string err_path = absl::StrCat(dir, "/stderr-", n++);
-  const std::string binary = RunfilePath("tools/hymbench/hymbench");
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (out < 0 || err < 0) _exit(126);
-    dup2(out, 1);
-    dup2(err, 2);
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(binary.c_str()));
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
+  absl::StatusOr<int> st =
+      RunCommand(RunfilePath("tools/hymbench/hymbench"), args, out_path,
+                 err_path, absl::Minutes(5));
+  REQUIRE(st.ok());
+  const int status = *st;
   Run r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   r.out = ReadFile(out_path);

@@ -10,7 +10,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,12 +35,15 @@
 #include "storage_node/storage_node.h"
 #include "tests/daemon.h"
 
-extern char** environ;
 
 namespace hymcache {
 namespace {
 
+using ::hymcache::testing::ChildOptions;
+using ::hymcache::testing::ChildProcess;
+using ::hymcache::testing::Run;
 using ::hymcache::testing::RunfilePath;
+using ::hymcache::testing::RunResult;
 using ::hymcache::testing::TempDir;
 using json = nlohmann::json;
 
@@ -113,24 +115,6 @@ std::string UrlEncode(const std::string& s) {
   return out;
 }
 
-// Starts argv[0] (a path) with stdout and stderr appended to `log`; its pid,
-// or -1.
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc =
-      posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  return rc == 0 ? pid : -1;
-}
-
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -138,14 +122,16 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// Runs a program to completion; its exit status and combined output.
-std::pair<int, std::string> Run(const std::vector<std::string>& argv,
-                                const std::string& log) {
-  const pid_t pid = Spawn(argv, log);
-  if (pid < 0) return {-1, "posix_spawn failed"};
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFile(log)};
+// Runs a program to completion (tests/child_process.h); its exit status
+// and combined output, which `log` keeps for a failure's message.
+std::pair<int, std::string> RunLogged(const std::vector<std::string>& argv,
+                                      const std::string& log) {
+  absl::StatusOr<RunResult> r =
+      Run(argv[0], std::vector<std::string>(argv.begin() + 1, argv.end()),
+          absl::Seconds(60));
+  if (!r.ok()) return {-1, r.status().ToString()};
+  std::ofstream(log) << r->output;
+  return {WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1, r->output};
 }
 
 // A port nothing listens on (bound, then closed: Prometheus cannot pick
@@ -181,21 +167,21 @@ class PrometheusServer {
   void Start() {
     for (int attempt = 0; attempt < 3; ++attempt) {
       address_ = absl::StrCat("127.0.0.1:", UnusedPort());
-      std::vector<std::string> argv = {
-          kPrometheus,
-          "--config.file=" + dir_ + "/prometheus.yml",
-          "--storage.tsdb.path=" + dir_ + "/tsdb",
-          "--web.listen-address=" + address_,
-          "--log.level=info"};
-      pid_ = Spawn(argv, log_);
-      REQUIRE(pid_ > 0);
+      ChildOptions o;
+      o.log_path = log_;
+      o.wait_for_ready_line = false;
+      REQUIRE(process_
+                  .Start(kPrometheus,
+                         {"--config.file=" + dir_ + "/prometheus.yml",
+                          "--storage.tsdb.path=" + dir_ + "/tsdb",
+                          "--web.listen-address=" + address_,
+                          "--log.level=info"},
+                         o)
+                  .ok());
       const absl::Time deadline = absl::Now() + absl::Seconds(20);
       while (absl::Now() < deadline) {
-        int status = 0;
-        if (waitpid(pid_, &status, WNOHANG) == pid_) {
-          pid_ = -1;  // exited (e.g. the port was taken meanwhile): retry
-          break;
-        }
+        // Exited (e.g. the port was taken meanwhile): retry.
+        if (!process_.Alive()) break;
         auto r = HttpGet(address_, "/-/ready");
         if (r.ok() && r->status == 200) return;
         absl::SleepFor(absl::Milliseconds(50));
@@ -205,20 +191,12 @@ class PrometheusServer {
     FAIL("prometheus did not become ready; its log:\n" << Log());
   }
 
+  // SIGTERM, then SIGKILL after 10 s.
   void Stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    int status = 0;
-    while (waitpid(pid_, &status, WNOHANG) == 0) {
-      if (absl::Now() > deadline) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
+    if (!process_.Alive()) return;
+    if (!process_.Signal(SIGTERM, absl::Seconds(10)).ok()) {
+      process_.Signal(SIGKILL, absl::Seconds(10)).status().IgnoreError();
     }
-    pid_ = -1;
   }
 
   // The result vector of an instant query (/api/v1/query).
@@ -251,7 +229,7 @@ class PrometheusServer {
   const std::string dir_;
   std::string log_;
   std::string address_;
-  pid_t pid_ = -1;
+  ChildProcess process_;
 };
 
 double Value(const json& series) {
@@ -426,11 +404,12 @@ TEST_CASE("the alert rules pass promtool and every metric name the rules and "
   const std::string dashboard =
       RunfilePath("deploy/monitoring/grafana-dashboard.json");
 
-  auto [rc, out] = Run({kPromtool, "check", "rules", alerts}, dir + "/check.log");
+  auto [rc, out] =
+      RunLogged({kPromtool, "check", "rules", alerts}, dir + "/check.log");
   INFO(out);
   CHECK(rc == 0);
   std::tie(rc, out) =
-      Run({kPromtool, "test", "rules", alerts_test}, dir + "/test.log");
+      RunLogged({kPromtool, "test", "rules", alerts_test}, dir + "/test.log");
   INFO(out);
   CHECK(rc == 0);
 

@@ -154,7 +154,12 @@ absl::Status Cluster::StartDaemon(Daemon& d, bool first) {
       ++failed_starts_;
       absl::SleepFor(options_.restart_retry_delay);
     }
-    s = d.process.Start(d.binary, d.args, d.log_path, options_.start_timeout);
+    testing::ChildOptions o;
+    o.log_path = d.log_path;
+    o.ready_timeout = options_.start_timeout;
+    // A crash test that dies leaves no daemon behind.
+    o.die_with_starting_thread = true;
+    s = d.process.Start(d.binary, d.args, o);
     // Only an early exit (e.g. a port in TIME_WAIT's hands) is worth a
     // retry; a daemon that hangs will hang again.
     if (s.ok() || s.code() != absl::StatusCode::kUnavailable) break;
@@ -211,7 +216,7 @@ bool Cluster::Alive(size_t i, std::string* exit) {
   const bool was_running = d.process.pid() > 0;
   if (d.process.Alive()) return true;
   if (was_running && exit != nullptr) {
-    *exit = DescribeWaitStatus(d.process.exit_status());
+    *exit = testing::DescribeWaitStatus(d.process.exit_status());
   }
   return false;
 }

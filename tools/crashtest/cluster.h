@@ -23,7 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "tools/crashtest/child_process.h"
+#include "tests/child_process.h"
 
 namespace hymcache::crashtest {
 
@@ -123,7 +123,7 @@ class Cluster {
     std::string log_path;
     uint64_t capacity = 0;
     bool keeps_objects = false;
-    ChildProcess process;
+    testing::ChildProcess process;
   };
 
   explicit Cluster(const ClusterOptions& options) : options_(options) {}
