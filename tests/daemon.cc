@@ -78,6 +78,23 @@ std::string Field(const std::string& line, const std::string& key) {
   return "";
 }
 
+absl::StatusOr<std::string> ParseMasterReadyLine(const std::string& line) {
+  constexpr absl::string_view kPrefix = "hymcache-master listening on ";
+  if (!absl::StartsWith(line, kPrefix)) {
+    return absl::InternalError("unexpected master line: " + line);
+  }
+  return line.substr(kPrefix.size());
+}
+
+absl::StatusOr<StorageReadyLine> ParseStorageReadyLine(
+    const std::string& line) {
+  StorageReadyLine r{Field(line, "data"), Field(line, "control")};
+  if (r.data_address.empty() || r.control_address.empty()) {
+    return absl::InternalError("unexpected storage line: " + line);
+  }
+  return r;
+}
+
 absl::StatusOr<MasterProcess> MasterProcess::Start(
     const std::string& db_path, const std::string& listen,
     std::vector<std::string> extra) {
@@ -86,12 +103,10 @@ absl::StatusOr<MasterProcess> MasterProcess::Start(
   args.insert(args.end(), extra.begin(), extra.end());
   auto d = Daemon::Start(RunfilePath("master/hymcache-master"), args);
   if (!d.ok()) return d.status();
+  absl::StatusOr<std::string> address = ParseMasterReadyLine(d->ready_line());
+  if (!address.ok()) return address.status();
   MasterProcess m;
-  const std::string prefix = "hymcache-master listening on ";
-  if (!absl::StartsWith(d->ready_line(), prefix)) {
-    return absl::InternalError("unexpected master line: " + d->ready_line());
-  }
-  m.address = d->ready_line().substr(prefix.size());
+  m.address = *address;
   m.daemon = std::move(*d);
   return m;
 }
@@ -105,12 +120,11 @@ absl::StatusOr<StorageProcess> StorageProcess::Start(
   args.insert(args.end(), extra.begin(), extra.end());
   auto d = Daemon::Start(RunfilePath("storage_node/hymcache-storage"), args);
   if (!d.ok()) return d.status();
+  absl::StatusOr<StorageReadyLine> line = ParseStorageReadyLine(d->ready_line());
+  if (!line.ok()) return line.status();
   StorageProcess s;
-  s.data_address = Field(d->ready_line(), "data");
-  s.control_address = Field(d->ready_line(), "control");
-  if (s.data_address.empty() || s.control_address.empty()) {
-    return absl::InternalError("unexpected storage line: " + d->ready_line());
-  }
+  s.data_address = line->data_address;
+  s.control_address = line->control_address;
   s.daemon = std::move(*d);
   return s;
 }

@@ -65,6 +65,18 @@ class Daemon {
 // Value of "key=VALUE" in a ready line, or "" if absent.
 std::string Field(const std::string& line, const std::string& key);
 
+// What the daemons print once they serve, as this harness and the crash
+// test's cluster (tools/crashtest/cluster.h) both read it.
+// The master's: "hymcache-master listening on HOST:PORT"; returns HOST:PORT.
+absl::StatusOr<std::string> ParseMasterReadyLine(const std::string& line);
+// A storage node's: "hymcache-storage data=H:P control=H:P ...".
+struct StorageReadyLine {
+  std::string data_address;
+  std::string control_address;
+};
+absl::StatusOr<StorageReadyLine> ParseStorageReadyLine(
+    const std::string& line);
+
 // A master binary: parses "hymcache-master listening on HOST:PORT".
 struct MasterProcess {
   Daemon daemon;

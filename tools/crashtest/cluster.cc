@@ -14,11 +14,10 @@
 #include "absl/time/clock.h"
 #include "common/net.h"
 #include "common/status_macros.h"
+#include "tests/daemon.h"
 
 namespace hymcache::crashtest {
 namespace {
-
-constexpr char kMasterPrefix[] = "hymcache-master listening on ";
 
 absl::Status MakeDir(const std::string& dir) {
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -26,16 +25,6 @@ absl::Status MakeDir(const std::string& dir) {
         absl::StrCat("mkdir ", dir, ": ", strerror(errno)));
   }
   return absl::OkStatus();
-}
-
-// "key=VALUE" among the words of `line`, or "".
-std::string Field(const std::string& line, const std::string& key) {
-  for (absl::string_view word : absl::StrSplit(line, ' ')) {
-    if (absl::StartsWith(word, key + "=")) {
-      return std::string(word.substr(key.size() + 1));
-    }
-  }
-  return "";
 }
 
 // Replaces the value of "--flag=..." in `args`.
@@ -169,17 +158,14 @@ absl::Status Cluster::StartDaemon(Daemon& d, bool first) {
   if (d.name != "master" && !options_.node_same_ports) return absl::OkStatus();
   const std::string& line = d.process.ready_line();
   if (d.name == "master") {
-    if (!absl::StartsWith(line, kMasterPrefix)) {
-      return absl::InternalError("unexpected master line: " + line);
-    }
-    master_address_ = line.substr(strlen(kMasterPrefix));
+    ASSIGN_OR_RETURN(master_address_, testing::ParseMasterReadyLine(line));
     SetFlag(d.args, "--listen", master_address_);
     return absl::OkStatus();
   }
-  const std::string data = Field(line, "data");
-  const std::string control = Field(line, "control");
-  absl::StatusOr<std::string> data_port = PortOf(data);
-  absl::StatusOr<std::string> control_port = PortOf(control);
+  ASSIGN_OR_RETURN(testing::StorageReadyLine addresses,
+                   testing::ParseStorageReadyLine(line));
+  absl::StatusOr<std::string> data_port = PortOf(addresses.data_address);
+  absl::StatusOr<std::string> control_port = PortOf(addresses.control_address);
   if (!data_port.ok() || !control_port.ok()) {
     return absl::InternalError("unexpected storage line: " + line);
   }
