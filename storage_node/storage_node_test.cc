@@ -16,11 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/limits.h"
+#include "common/mutex.h"
 #include "common/net.h"
 #include "common/test_capabilities.h"
-#include "common/wire.h"
-#include "common/mutex.h"
 #include "common/thread.h"
+#include "common/wire.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 

@@ -32,7 +32,8 @@ absl::StatusOr<pid_t> Launch(const std::string& binary,
                              int err_fd, bool die_with_thread) {
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(binary.c_str()));
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   std::vector<char*> envp;
   for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
@@ -147,10 +148,10 @@ absl::Status ChildProcess::Start(const std::string& binary,
       int status = 0;
       waitpid(pid_, &status, 0);
       Reap(status);
-      return absl::DeadlineExceededError(absl::StrCat(
-          binary, " printed no ready line within ",
-          absl::FormatDuration(options.ready_timeout), " (got '", line, "')",
-          see_log));
+      return absl::DeadlineExceededError(
+          absl::StrCat(binary, " printed no ready line within ",
+                       absl::FormatDuration(options.ready_timeout), " (got '",
+                       line, "')", see_log));
     }
     pollfd p{stdout_fd_, POLLIN, 0};
     const int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));

@@ -44,8 +44,8 @@ bool ExitsWithin10s(F alive) {
 
 TEST_CASE("Start returns the child's first stdout line and Signal reaps it") {
   ChildProcess p;
-  REQUIRE(p.Start(kSh, {"-c", "echo listening on 1.2.3.4:5; exec sleep 60"})
-              .ok());
+  REQUIRE(
+      p.Start(kSh, {"-c", "echo listening on 1.2.3.4:5; exec sleep 60"}).ok());
   CHECK(p.ready_line() == "listening on 1.2.3.4:5");
   CHECK(p.pid() > 0);
   CHECK(p.Alive());
@@ -56,8 +56,8 @@ TEST_CASE("Start returns the child's first stdout line and Signal reaps it") {
   CHECK(DescribeWaitStatus(*st).find("signal 15") == 0);
   CHECK(p.pid() == -1);
   CHECK_FALSE(p.Alive());
-  CHECK(absl::IsFailedPrecondition(p.Signal(SIGTERM, absl::Seconds(1))
-                                       .status()));
+  CHECK(
+      absl::IsFailedPrecondition(p.Signal(SIGTERM, absl::Seconds(1)).status()));
   // Started again, as the crash test restarts a daemon.
   REQUIRE(p.Start(kSh, {"-c", "echo again; exec sleep 60"}).ok());
   CHECK(p.ready_line() == "again");
@@ -82,8 +82,9 @@ TEST_CASE("a child with no ready line in time is killed") {
   CHECK(WIFSIGNALED(p.exit_status()));
 }
 
-TEST_CASE("env is added, stderr and (without a ready line) stdout go to "
-          "the log, appended across starts") {
+TEST_CASE(
+    "env is added, stderr and (without a ready line) stdout go to "
+    "the log, appended across starts") {
   const std::string log = Tmp("child-log");
   unlink(log.c_str());
   ChildOptions o;
@@ -99,13 +100,16 @@ TEST_CASE("env is added, stderr and (without a ready line) stdout go to "
   CHECK(ReadFile(log) == "err1\nout2\nerr2\n");
 }
 
-TEST_CASE("a child started with die_with_starting_thread dies with that "
-          "thread") {
+TEST_CASE(
+    "a child started with die_with_starting_thread dies with that "
+    "thread") {
   ChildProcess p;
   ChildOptions o;
   o.die_with_starting_thread = true;
   absl::Status started;
-  std::thread t([&] { started = p.Start(kSh, {"-c", "echo up; exec sleep 60"}, o); });
+  std::thread t([&] {
+    started = p.Start(kSh, {"-c", "echo up; exec sleep 60"}, o);
+  });
   t.join();
   REQUIRE(started.ok());
   CHECK(ExitsWithin10s([&] { return p.Alive(); }));
@@ -130,17 +134,16 @@ TEST_CASE("RunCommand writes stdout to a file and appends stderr") {
   unlink(err.c_str());
   for (int i = 0; i < 2; ++i) {
     absl::StatusOr<int> st = RunCommand(
-        kSh, {"-c", absl::StrCat("echo o", i, "; echo e", i, " >&2")}, out,
-        err, absl::Seconds(10));
+        kSh, {"-c", absl::StrCat("echo o", i, "; echo e", i, " >&2")}, out, err,
+        absl::Seconds(10));
     REQUIRE(st.ok());
     CHECK(WEXITSTATUS(*st) == 0);
   }
   CHECK(ReadFile(out) == "o1\n");
   CHECK(ReadFile(err) == "e0\ne1\n");
-  CHECK(absl::IsDeadlineExceeded(
-      RunCommand(kSh, {"-c", "exec sleep 60"}, out, err,
-                 absl::Milliseconds(200))
-          .status()));
+  CHECK(absl::IsDeadlineExceeded(RunCommand(kSh, {"-c", "exec sleep 60"}, out,
+                                            err, absl::Milliseconds(200))
+                                     .status()));
 }
 
 }  // namespace

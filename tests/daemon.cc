@@ -120,7 +120,8 @@ absl::StatusOr<StorageProcess> StorageProcess::Start(
   args.insert(args.end(), extra.begin(), extra.end());
   auto d = Daemon::Start(RunfilePath("storage_node/hymcache-storage"), args);
   if (!d.ok()) return d.status();
-  absl::StatusOr<StorageReadyLine> line = ParseStorageReadyLine(d->ready_line());
+  absl::StatusOr<StorageReadyLine> line =
+      ParseStorageReadyLine(d->ready_line());
   if (!line.ok()) return line.status();
   StorageProcess s;
   s.data_address = line->data_address;

@@ -74,8 +74,7 @@ struct StorageReadyLine {
   std::string data_address;
   std::string control_address;
 };
-absl::StatusOr<StorageReadyLine> ParseStorageReadyLine(
-    const std::string& line);
+absl::StatusOr<StorageReadyLine> ParseStorageReadyLine(const std::string& line);
 
 // A master binary: parses "hymcache-master listening on HOST:PORT".
 struct MasterProcess {

@@ -35,7 +35,6 @@
 #include "storage_node/storage_node.h"
 #include "tests/daemon.h"
 
-
 namespace hymcache {
 namespace {
 
@@ -170,14 +169,14 @@ class PrometheusServer {
       ChildOptions o;
       o.log_path = log_;
       o.wait_for_ready_line = false;
-      REQUIRE(process_
-                  .Start(kPrometheus,
-                         {"--config.file=" + dir_ + "/prometheus.yml",
-                          "--storage.tsdb.path=" + dir_ + "/tsdb",
-                          "--web.listen-address=" + address_,
-                          "--log.level=info"},
-                         o)
-                  .ok());
+      REQUIRE(
+          process_
+              .Start(kPrometheus,
+                     {"--config.file=" + dir_ + "/prometheus.yml",
+                      "--storage.tsdb.path=" + dir_ + "/tsdb",
+                      "--web.listen-address=" + address_, "--log.level=info"},
+                     o)
+              .ok());
       const absl::Time deadline = absl::Now() + absl::Seconds(20);
       while (absl::Now() < deadline) {
         // Exited (e.g. the port was taken meanwhile): retry.

@@ -519,9 +519,9 @@ absl::Status Validate(const CapacityTierOptions& o) {
     return absl::InvalidArgumentError("capacity tier: capacity_bytes too large");
   }
   if (o.node_name.empty() || o.node_name.size() > kMaxNodeNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "capacity tier: node_name must have 1 to ", kMaxNodeNameBytes,
-        " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("capacity tier: node_name must have 1 to ",
+                     kMaxNodeNameBytes, " bytes"));
   }
   return absl::OkStatus();
 }

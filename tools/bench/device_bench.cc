@@ -115,7 +115,6 @@
 #include "storage_node/device/memory_device.h"
 #include "tools/bench/device_bench.h"
 
-
 DEFINE_int32(conversations, 4, "concurrent conversations (reader threads)");
 DEFINE_uint64(block_mib, 1, "block (object) size in MiB");
 DEFINE_uint64(window_mib, 128, "staging window in MiB");

@@ -6,8 +6,8 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/statfs.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -75,11 +75,11 @@ struct Config {
   uint64_t window = 128 * kMiB;
   uint64_t write_buffer = 32 * kMiB;
   int turns = 8;
-  uint64_t blocks_per_conv = 0;    // at the last turn
-  uint64_t append_blocks = 0;      // per conversation per turn
-  uint64_t footprint = 0;          // bytes read at the last turn
-  uint64_t writer_blocks = 0;      // writer area (cycled)
-  uint64_t capacity = 0;           // data area of every device file
+  uint64_t blocks_per_conv = 0;  // at the last turn
+  uint64_t append_blocks = 0;    // per conversation per turn
+  uint64_t footprint = 0;        // bytes read at the last turn
+  uint64_t writer_blocks = 0;    // writer area (cycled)
+  uint64_t capacity = 0;         // data area of every device file
   int queue_depth = 64;
   BlockIoOptions::Engine engine = BlockIoOptions::Engine::kAuto;
   int prefetch_depth = 0;
@@ -213,9 +213,9 @@ struct TurnResult {
 struct ModeResult {
   std::string name;
   std::vector<TurnResult> turns;
-  double read_gbps = 0;       // all turns: bytes / read time
-  double hit_ratio = 0;       // all turns
-  uint64_t bad_blocks = 0;    // blocks that read back wrong
+  double read_gbps = 0;     // all turns: bytes / read time
+  double hit_ratio = 0;     // all turns
+  uint64_t bad_blocks = 0;  // blocks that read back wrong
   uint64_t read_errors = 0;
   uint64_t append_refusals = 0;  // appends refused (retried)
   bool writer = false;

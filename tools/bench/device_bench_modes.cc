@@ -6,7 +6,6 @@ namespace {
 
 // ------------------------------------------------------------ devices
 
-
 // The device under test plus how the harness reads from it.
 class Target {
  public:
@@ -15,8 +14,8 @@ class Target {
   // Reads the conversation's first `n` blocks starting at `base` in order,
   // copying each into `dst`. Accumulates hits/lookups and errors.
   virtual void ReadPrefix(uint64_t base, uint64_t n, uint8_t* dst,
-                          uint64_t* hits, uint64_t* lookups,
-                          uint64_t* bad, uint64_t* errors) = 0;
+                          uint64_t* hits, uint64_t* lookups, uint64_t* bad,
+                          uint64_t* errors) = 0;
   // Device-level hit counters for the per-turn ratio (LRU) or 0/0 when the
   // harness counts itself (staging).
   virtual void DeviceHits(uint64_t* hits, uint64_t* lookups) const {
@@ -45,8 +44,7 @@ class StagingTarget : public Target {
   MemoryDevice* device() override { return dev_.get(); }
 
   void ReadPrefix(uint64_t base, uint64_t n, uint8_t* dst, uint64_t* hits,
-                  uint64_t* lookups, uint64_t* bad,
-                  uint64_t* errors) override {
+                  uint64_t* lookups, uint64_t* bad, uint64_t* errors) override {
     std::deque<storage::PrefetchHandle> pipe;
     uint64_t next = 0;
     for (uint64_t i = 0; i < n; ++i) {
@@ -127,9 +125,8 @@ class StagingTarget : public Target {
         s.staging_pages, s.device.prefetches, s.prefetch_shared,
         s.prefetch_from_buffer, s.staging_misses, s.refill_bytes / 1e9,
         s.refill_bandwidth_bytes_per_s / 1e9, s.read_queue_depth_avg,
-        s.flushed_bytes / 1e9,
-        s.flush_batches, s.recorded_objects, s.record_batches,
-        s.record_errors, s.write_buffer_refusals);
+        s.flushed_bytes / 1e9, s.flush_batches, s.recorded_objects,
+        s.record_batches, s.record_errors, s.write_buffer_refusals);
   }
 
  private:
@@ -250,7 +247,9 @@ absl::Status WriteBlock(MemoryDevice* dev, uint64_t addr, uint64_t len,
 class Writer {
  public:
   Writer(MemoryDevice* dev, const Config& cfg, double bytes_per_s)
-      : dev_(dev), cfg_(cfg), interval_(absl::Seconds(cfg.block / bytes_per_s)) {
+      : dev_(dev),
+        cfg_(cfg),
+        interval_(absl::Seconds(cfg.block / bytes_per_s)) {
     thread_ = Thread("bench-writer", [this] { Loop(); });
   }
   ~Writer() { Stop(); }
@@ -315,8 +314,7 @@ class Writer {
         if (stop_) return;
       }
       next += interval_;
-      const uint64_t addr =
-          (area + k % cfg_.writer_blocks) * cfg_.block;
+      const uint64_t addr = (area + k % cfg_.writer_blocks) * cfg_.block;
       auto w = dev_->BeginWrite(0, addr, cfg_.block, k + 1);
       if (!w.ok()) {
         MutexLock l(&mu_);
@@ -362,8 +360,7 @@ absl::StatusOr<ModeResult> RunMode(const Config& cfg, const std::string& name,
                                    double writer_bytes_per_s) {
   const std::string path = cfg.prefix + "." + name;
   RemoveFiles(path);
-  auto target_or =
-      lru ? MakeLru(cfg, path, lru_line) : MakeStaging(cfg, path);
+  auto target_or = lru ? MakeLru(cfg, path, lru_line) : MakeStaging(cfg, path);
   if (!target_or.ok()) return target_or.status();
   std::unique_ptr<Target> target = std::move(*target_or);
   MemoryDevice* dev = target->device();
@@ -428,8 +425,8 @@ absl::StatusOr<ModeResult> RunMode(const Config& cfg, const std::string& name,
             // Append the next blocks of the conversation (new KV).
             for (uint64_t b = t * cfg.append_blocks;
                  b < (t + 1) * cfg.append_blocks; ++b) {
-              absl::Status ws = WriteBlock(dev, base + b * cfg.block,
-                                           cfg.block, t + 1, &per[i].refusals);
+              absl::Status ws = WriteBlock(dev, base + b * cfg.block, cfg.block,
+                                           t + 1, &per[i].refusals);
               if (!ws.ok()) failed = true;
             }
           }

@@ -10,8 +10,7 @@ namespace hymcache::device_bench {
 // the host's cores, such as zram, writes take CPU from reads; on an NVMe
 // drive they share only its bandwidth).
 absl::StatusOr<RawResult> RunRaw(const Config& cfg, double span_gib,
-                                 uint64_t streams,
-                                 double writer_bytes_per_s) {
+                                 uint64_t streams, double writer_bytes_per_s) {
   const std::string path = cfg.prefix + ".raw";
   RemoveFiles(path);
   const uint64_t span =
@@ -93,7 +92,8 @@ absl::StatusOr<RawResult> RunRaw(const Config& cfg, double span_gib,
     chain->total = total;
     // The writer's (at most 4) writes get ring slots of their own: reads
     // re-issued from completions would otherwise take every free slot.
-    const int read_depth = writer_bytes_per_s > 0 ? std::max(1, depth - 4) : depth;
+    const int read_depth =
+        writer_bytes_per_s > 0 ? std::max(1, depth - 4) : depth;
     const int n = static_cast<int>(std::min<uint64_t>(read_depth, total));
     {
       MutexLock l(&chain->mu);

@@ -63,8 +63,9 @@ inline constexpr int kWarmupCalls = 20;
 // How a lookup travels (--transports).
 enum class Transport { kUnary, kStream, kStreamAsync, kSdk };
 
-inline constexpr Transport kTransports[] = {Transport::kUnary, Transport::kStream,
-                                     Transport::kStreamAsync, Transport::kSdk};
+inline constexpr Transport kTransports[] = {
+    Transport::kUnary, Transport::kStream, Transport::kStreamAsync,
+    Transport::kSdk};
 
 inline const char* TransportName(Transport t) {
   switch (t) {
@@ -111,7 +112,7 @@ struct Tally {
 // on `threads` threads named `name` for --seconds; fills the row's calls,
 // percentiles and rate.
 template <typename F>
-void RunThreads(int threads, const char *name, F call, Row *row) {
+void RunThreads(int threads, const char* name, F call, Row* row) {
   std::vector<std::vector<double>> lat(threads);
   const absl::Time start = absl::Now();
   {
@@ -136,16 +137,16 @@ struct WorkerReport {
 };
 
 // Reads or writes exactly `n` bytes; false on EOF or an error.
-bool ReadAll(int fd, void *buf, size_t n);
-bool WriteAll(int fd, const void *buf, size_t n);
+bool ReadAll(int fd, void* buf, size_t n);
+bool WriteAll(int fd, const void* buf, size_t n);
 
 // --client_processes: `threads` clients, each this program run again with
 // --worker=`kind` and `worker_flags`, connected and warmed up before all
 // start their timed calls together. Fills the row; false if a client could
 // not start or report.
-bool RunProcesses(int threads, const std::string &kind,
-                  const std::vector<std::string> &worker_flags, Row *row,
-                  Tally *tally);
+bool RunProcesses(int threads, const std::string& kind,
+                  const std::vector<std::string>& worker_flags, Row* row,
+                  Tally* tally);
 
 // ------------------------------------------------------------ Redis baseline
 
@@ -276,8 +277,8 @@ struct RedisServer {
     if (pid == 0) {
       execlp(FLAGS_redis_server.c_str(), FLAGS_redis_server.c_str(), "--port",
              port_s.c_str(), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--loglevel",
-             "warning", "--protected-mode", "no", static_cast<char*>(nullptr));
+             "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",
+             "--protected-mode", "no", static_cast<char*>(nullptr));
       _exit(127);
     }
     if (pid < 0) return false;
@@ -295,8 +296,8 @@ struct RedisServer {
 
 // One MGET of `batch` consecutive stored keys from a random start; its
 // microseconds. Misses and failures go to `tally`.
-double TimedMget(Resp *c, const std::vector<std::string> &keys, int batch,
-                 std::mt19937_64 &rng, Tally *tally);
+double TimedMget(Resp* c, const std::vector<std::string>& keys, int batch,
+                 std::mt19937_64& rng, Tally* tally);
 
 // MGET rows for `batch` and `threads`, as Measure's for the master.
 Row MeasureRedis(int port, const std::vector<std::string>& keys, int batch,

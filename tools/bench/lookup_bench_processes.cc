@@ -2,8 +2,8 @@
 
 namespace hymcache::lookup_bench {
 
-bool ReadAll(int fd, void *buf, size_t n) {
-  char *p = static_cast<char *>(buf);
+bool ReadAll(int fd, void* buf, size_t n) {
+  char* p = static_cast<char*>(buf);
   while (n > 0) {
     ssize_t r = read(fd, p, n);
     if (r <= 0) return false;
@@ -13,8 +13,8 @@ bool ReadAll(int fd, void *buf, size_t n) {
   return true;
 }
 
-bool WriteAll(int fd, const void *buf, size_t n) {
-  const char *p = static_cast<const char *>(buf);
+bool WriteAll(int fd, const void* buf, size_t n) {
+  const char* p = static_cast<const char*>(buf);
   while (n > 0) {
     ssize_t w = write(fd, p, n);
     if (w <= 0) return false;
@@ -28,9 +28,9 @@ bool WriteAll(int fd, const void *buf, size_t n) {
 // --worker=`kind` and `worker_flags`, connected and warmed up before all
 // start their timed calls together. Fills the row; false if a client could
 // not start or report.
-bool RunProcesses(int threads, const std::string &kind,
-                  const std::vector<std::string> &worker_flags, Row *row,
-                  Tally *tally) {
+bool RunProcesses(int threads, const std::string& kind,
+                  const std::vector<std::string>& worker_flags, Row* row,
+                  Tally* tally) {
   struct Child {
     pid_t pid = -1;
     int go = -1;      // its stdin
@@ -57,8 +57,8 @@ bool RunProcesses(int threads, const std::string &kind,
         absl::StrCat("--deadlock_detection=", FLAGS_deadlock_detection),
         "--client_poll_strategy=" + FLAGS_client_poll_strategy};
     args.insert(args.end(), worker_flags.begin(), worker_flags.end());
-    std::vector<char *> argv;
-    for (std::string &a : args) argv.push_back(a.data());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
@@ -75,11 +75,11 @@ bool RunProcesses(int threads, const std::string &kind,
     if (!ok) children[t].pid = -1;
   }
   // Each writes 'R' once connected and warmed up; then all go at once.
-  for (Child &c : children) {
+  for (Child& c : children) {
     char r = 0;
     ok = ok && c.pid > 0 && ReadAll(c.report, &r, 1) && r == 'R';
   }
-  for (Child &c : children) ok = ok && WriteAll(c.go, "G", 1);
+  for (Child& c : children) ok = ok && WriteAll(c.go, "G", 1);
   std::vector<std::vector<double>> lat(threads);
   double seconds = 0;
   for (int t = 0; t < threads && ok; ++t) {
@@ -93,7 +93,7 @@ bool RunProcesses(int threads, const std::string &kind,
     tally->errors += rep.errors;
     seconds = std::max(seconds, rep.seconds);
   }
-  for (Child &c : children) {
+  for (Child& c : children) {
     if (c.go >= 0) close(c.go);  // a child still waiting for 'G' ends
     if (c.report >= 0) close(c.report);
     int status = 0;

@@ -20,8 +20,8 @@ int FreePort() {
 
 // One MGET of `batch` consecutive stored keys from a random start; its
 // microseconds. Misses and failures go to `tally`.
-double TimedMget(Resp *c, const std::vector<std::string> &keys, int batch,
-                 std::mt19937_64 &rng, Tally *tally) {
+double TimedMget(Resp* c, const std::vector<std::string>& keys, int batch,
+                 std::mt19937_64& rng, Tally* tally) {
   const size_t start = rng() % (keys.size() - batch + 1);
   std::vector<absl::string_view> args = {"MGET"};
   for (int i = 0; i < batch; ++i) args.push_back(keys[start + i]);

@@ -26,7 +26,8 @@ TEST_CASE("the stream is little-endian words of SplitMix64") {
 TEST_CASE("any range of the stream is the same bytes as the whole") {
   const std::vector<uint8_t> whole = Stream(7, 100);
   for (uint64_t from : {0, 1, 7, 8, 13}) {
-    for (uint64_t to : {from, from + 1, uint64_t{64}, uint64_t{99}, uint64_t{100}}) {
+    for (uint64_t to :
+         {from, from + 1, uint64_t{64}, uint64_t{99}, uint64_t{100}}) {
       if (to < from) continue;
       std::vector<uint8_t> part(100, 0xAA);
       FillStream(7, from, to, part.data());
@@ -40,7 +41,8 @@ TEST_CASE("any range of the stream is the same bytes as the whole") {
 
 TEST_CASE("the first differing byte is found, at either end of a range") {
   std::vector<uint8_t> b = Stream(9, 4099);
-  for (uint64_t at : {uint64_t{0}, uint64_t{5}, uint64_t{2048}, uint64_t{4098}}) {
+  for (uint64_t at :
+       {uint64_t{0}, uint64_t{5}, uint64_t{2048}, uint64_t{4098}}) {
     std::vector<uint8_t> bad = b;
     bad[at] ^= 0x40;
     CHECK(FirstStreamMismatch(9, 0, bad.size(), bad.data()) == at);

@@ -242,16 +242,17 @@ void CrashTest::Impl::StopDaemons() {
     const absl::Time t0 = absl::Now();
     absl::StatusOr<int> st = cluster_->Terminate(k, options_.stop_timeout);
     const bool clean = st.ok() && WIFEXITED(*st) && WEXITSTATUS(*st) == 0;
-    Log(absl::StrCat("SIGTERM ", cluster_->name(k), ": ",
-                     st.ok() ? testing::DescribeWaitStatus(*st) : st.status().ToString(),
-                     " after ", absl::FormatDuration(absl::Now() - t0)));
+    Log(absl::StrCat(
+        "SIGTERM ", cluster_->name(k), ": ",
+        st.ok() ? testing::DescribeWaitStatus(*st) : st.status().ToString(),
+        " after ", absl::FormatDuration(absl::Now() - t0)));
     if (!clean) {
       MutexLock l(&mu_);
       ++report_.unclean_stops;
       report_.failures.push_back(absl::StrCat(
           cluster_->name(k), " did not stop cleanly on SIGTERM (",
-          st.ok() ? testing::DescribeWaitStatus(*st) : st.status().ToString(), "), see ",
-          cluster_->log_path(k)));
+          st.ok() ? testing::DescribeWaitStatus(*st) : st.status().ToString(),
+          "), see ", cluster_->log_path(k)));
     }
   }
 }

@@ -53,8 +53,8 @@ void CrashTest::Impl::RunFsck(bool repair) {
   if (repair) args.push_back("--repair");
   args.push_back("fsck");
   const absl::Time t0 = absl::Now();
-  absl::StatusOr<int> st = testing::RunCommand(options_.hymctl_binary, args, out_path,
-                                      err_path, absl::Seconds(300));
+  absl::StatusOr<int> st = testing::RunCommand(
+      options_.hymctl_binary, args, out_path, err_path, absl::Seconds(300));
   std::string verdict;
   bool consistent = false;
   int64_t repaired = -1;
@@ -66,7 +66,8 @@ void CrashTest::Impl::RunFsck(bool repair) {
     nlohmann::json j =
         nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object() || !j.contains("consistent")) {
-      verdict = absl::StrCat(testing::DescribeWaitStatus(*st), ", no JSON verdict");
+      verdict =
+          absl::StrCat(testing::DescribeWaitStatus(*st), ", no JSON verdict");
     } else {
       consistent = j["consistent"].get<bool>();
       if (j.contains("findings") && j["findings"].is_array()) {
