@@ -470,9 +470,12 @@ int Main() {
                 100 * device_write_cost, 100 * writer_cost);
   }
   if (lr && st) {
-    std::printf("Staging vs %u KiB-line LRU: %.2fx (floor on a fast device: "
-                "1.5x; at a bandwidth-bound device both can reach raw)\n",
-                FLAGS_lru_line_kib, st->read_gbps / lr->read_gbps);
+    std::printf(
+        "Staging vs %llu KiB-line LRU: %.2fx (floor on a fast "
+        "device: 1.5x; at a bandwidth-bound device both can reach "
+        "raw)\n",
+        static_cast<unsigned long long>(FLAGS_lru_line_kib),
+        st->read_gbps / lr->read_gbps);
     std::printf("LRU vs staging: %.2fx (LRU hit ratio %.3f)%s\n",
                 lr->read_gbps / st->read_gbps, lr->hit_ratio,
                 lw ? absl::StrFormat("; LRU+writer %.2f GB/s", lw->read_gbps)
