@@ -8,18 +8,17 @@
 // or SIGINT and exits 0; SIGHUP re-reads --auth_tokens_file.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
-#include <pthread.h>
-#include <signal.h>
-
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <string>
 #include <system_error>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/build_info.h"
 #include "common/cli.h"
+#include "common/daemon.h"
 #include "common/systemd.h"
 #include "master/master_server.h"
 
@@ -109,6 +108,51 @@ DEFINE_string(metrics_listen, Defaults().metrics_listen.c_str(),
 DEFINE_bool(tls_require_client_cert, Defaults().tls.require_client_cert,
             "refuse TLS clients without a certificate signed by --tls_ca");
 
+namespace {
+
+// The flags as MasterOptions, validated; false after logging what is wrong.
+bool OptionsFromFlags(hymcache::MasterOptions* options) {
+  options->listen_address = FLAGS_listen;
+  options->rpc_threads = FLAGS_rpc_threads;
+  options->max_lookup_streams = FLAGS_max_lookup_streams;
+  options->db_path = FLAGS_db_path;
+  hymcache::master::MasterServiceOptions& so = options->service;
+  so.node_timeout = absl::Milliseconds(FLAGS_node_timeout_ms);
+  so.put_timeout = absl::Milliseconds(FLAGS_put_timeout_ms);
+  so.heartbeat_interval = absl::Milliseconds(FLAGS_heartbeat_interval_ms);
+  so.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
+  so.capability_lifetime = absl::Milliseconds(FLAGS_capability_lifetime_ms);
+  so.max_evictions_per_put = FLAGS_max_evictions_per_put;
+  so.max_eviction_scan = FLAGS_max_eviction_scan;
+  so.recency_batch = FLAGS_recency_batch;
+  so.max_nodes = FLAGS_max_nodes;
+  so.forget_dead_nodes_after =
+      FLAGS_forget_dead_nodes_after_s == 0
+          ? absl::InfiniteDuration()
+          : absl::Seconds(FLAGS_forget_dead_nodes_after_s);
+  so.max_pending_share_per_caller = FLAGS_max_pending_share_per_caller;
+  so.max_pending_slots_per_caller = FLAGS_max_pending_slots_per_caller;
+  so.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
+  options->sync_writes = FLAGS_sync_writes;
+  options->auth_tokens_file = FLAGS_auth_tokens_file;
+  options->insecure = FLAGS_insecure;
+  options->tls.cert_file = FLAGS_tls_cert;
+  options->tls.key_file = FLAGS_tls_key;
+  options->tls.ca_file = FLAGS_tls_ca;
+  options->tls.require_client_cert = FLAGS_tls_require_client_cert;
+  options->metrics_listen = FLAGS_metrics_listen;
+  options->build_version = hymcache::BuildInfo().version;
+  options->build_commit = hymcache::BuildInfo().git_commit;
+  absl::Status valid = options->Validate();
+  if (!valid.ok()) {
+    LOG(ERROR) << valid;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // As hymcache-storage does: Debian's Abseil is built with the mutex
   // deadlock detector on, a global lock-order graph updated on every
@@ -139,52 +183,11 @@ int main(int argc, char** argv) {
       &argc, &argv);
   google::InitGoogleLogging(argv[0]);
 
-  // Block the stop signals in every thread (threads inherit the mask), then
-  // wait for them synchronously below: no work in a signal handler.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-
+  // Stop and reload signals are taken by WaitForStop below, and blocked in
+  // every thread (threads inherit the mask): no work in a signal handler.
+  hymcache::DaemonSignals signals;
   hymcache::MasterOptions options;
-  options.listen_address = FLAGS_listen;
-  options.rpc_threads = FLAGS_rpc_threads;
-  options.max_lookup_streams = FLAGS_max_lookup_streams;
-  options.db_path = FLAGS_db_path;
-  hymcache::master::MasterServiceOptions& so = options.service;
-  so.node_timeout = absl::Milliseconds(FLAGS_node_timeout_ms);
-  so.put_timeout = absl::Milliseconds(FLAGS_put_timeout_ms);
-  so.heartbeat_interval = absl::Milliseconds(FLAGS_heartbeat_interval_ms);
-  so.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
-  so.capability_lifetime = absl::Milliseconds(FLAGS_capability_lifetime_ms);
-  so.max_evictions_per_put = FLAGS_max_evictions_per_put;
-  so.max_eviction_scan = FLAGS_max_eviction_scan;
-  so.recency_batch = FLAGS_recency_batch;
-  so.max_nodes = FLAGS_max_nodes;
-  so.forget_dead_nodes_after =
-      FLAGS_forget_dead_nodes_after_s == 0
-          ? absl::InfiniteDuration()
-          : absl::Seconds(FLAGS_forget_dead_nodes_after_s);
-  so.max_pending_share_per_caller = FLAGS_max_pending_share_per_caller;
-  so.max_pending_slots_per_caller = FLAGS_max_pending_slots_per_caller;
-  so.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
-  options.sync_writes = FLAGS_sync_writes;
-  options.auth_tokens_file = FLAGS_auth_tokens_file;
-  options.insecure = FLAGS_insecure;
-  options.tls.cert_file = FLAGS_tls_cert;
-  options.tls.key_file = FLAGS_tls_key;
-  options.tls.ca_file = FLAGS_tls_ca;
-  options.tls.require_client_cert = FLAGS_tls_require_client_cert;
-  options.metrics_listen = FLAGS_metrics_listen;
-  options.build_version = hymcache::BuildInfo().version;
-  options.build_commit = hymcache::BuildInfo().git_commit;
-  absl::Status valid = options.Validate();
-  if (!valid.ok()) {
-    LOG(ERROR) << valid;
-    return 2;
-  }
+  if (!OptionsFromFlags(&options)) return 2;
 
   // Under systemd (Type=notify): READY=1 once serving, STOPPING=1 at the
   // end, watchdog pings while the gRPC server answers (unconditional while
@@ -217,21 +220,11 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
   serving = server->get();
-  notifier->Ready("serving on " + (*server)->address());
+  const std::string serving_status = "serving on " + (*server)->address();
+  notifier->Ready(serving_status);
 
-  int sig = 0;
-  while (true) {
-    if (sigwait(&stop_signals, &sig) != 0) continue;
-    if (sig != SIGHUP) break;
-    absl::Status reloaded = (*server)->ReloadIdentities();  // logged too
-    absl::Status certs = (*server)->ReloadCertificates();   // logged too
-    if (reloaded.ok()) reloaded = certs;
-    notifier->Status(
-        reloaded.ok()
-            ? "serving on " + (*server)->address() + "; identities reloaded"
-            : "reload failed (the old identities and certificates stay): " +
-                  reloaded.ToString());
-  }
+  const int sig = signals.WaitForStop(notifier.get(), serving_status,
+                                      [&] { return (*server)->Reload(); });
   LOG(INFO) << "signal " << sig << ": shutting down";
   notifier->Stopping("shutting down");
   serving = nullptr;

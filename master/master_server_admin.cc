@@ -1,8 +1,6 @@
-// MasterServer's operations while it serves: its metrics (VisitStats),
-// the SIGHUP reloads of identities and TLS certificates, health hooks.
+// MasterServer's operations while it serves: its metrics (VisitStats) and
+// health hooks. (The SIGHUP reloads are ServerSecurity's, common/daemon.h.)
 #include "master/master_server.h"
-
-#include <glog/logging.h>
 
 #include "common/stats.h"
 #include "master/health_service.h"
@@ -13,12 +11,7 @@
 namespace hymcache {
 
 void MasterServer::VisitStats(StatsVisitor* v) const {
-  if (!build_version_.empty()) {
-    const StatLabel build[] = {{"version", build_version_},
-                               {"commit", build_commit_}};
-    v->Gauge("build_info", "1, labelled with the build's version and commit",
-             1, build);
-  }
+  VisitBuildInfo(daemon_, v);
   handler_->VisitStats(v);
   const v1::GetStatsResponse st = service_->GetStats();
   v->Gauge("objects", "Committed objects listed", st.object_count());
@@ -60,35 +53,6 @@ void MasterServer::VisitStats(StatsVisitor* v) const {
                "PutStarts of the tenant refused for its quota", n,
                absl::Span<const StatLabel>(&t, 1));
   }
-}
-
-absl::Status MasterServer::ReloadIdentities() {
-  if (auth_ == nullptr) return absl::OkStatus();
-  absl::Status s = auth_->Reload();
-  if (s.ok()) {
-    LOG(INFO) << "master: reloaded " << auth_->size() << " identities";
-    for (const std::string& w : auth_->Warnings()) {
-      LOG(WARNING) << "master: " << w;
-    }
-  } else {
-    LOG(ERROR) << "master: identities not reloaded (the old ones stay): "
-               << s;
-  }
-  return s;
-}
-
-absl::Status MasterServer::ReloadCertificates() {
-  absl::Status s = tls_->Reload();
-  if (!s.ok()) {
-    LOG(ERROR) << "master: TLS certificates not reloaded (the old ones "
-                  "stay): "
-               << s;
-  } else if (tls_->reloads() != 0) {
-    LOG(INFO) << "master: TLS certificates in force for new connections: "
-                 "reload "
-              << tls_->reloads();
-  }
-  return s;
 }
 
 size_t MasterServer::HealthWatchersForTest() const {

@@ -4,8 +4,6 @@
 // Once serving it prints exactly one line to stdout:
 //   hymcache-storage data=HOST:PORT control=HOST:PORT
 // SIGTERM or SIGINT shuts it down gracefully (exit 0).
-#include <pthread.h>
-#include <signal.h>
 #include <sys/resource.h>
 
 #include <cerrno>
@@ -24,6 +22,7 @@
 #include "common/bytes.h"
 #include "common/build_info.h"
 #include "common/cli.h"
+#include "common/daemon.h"
 #include "common/systemd.h"
 #include "common/net.h"
 #include "common/security.h"
@@ -481,15 +480,9 @@ int main(int argc, char** argv) {
   hymcache::StorageNodeOptions options;
   if (!OptionsFromFlags(&options)) return 2;
 
-  // Block the shutdown signals before any thread starts, so that every
-  // thread inherits the mask and only sigwait below receives them.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  // Stop and reload signals are taken by WaitForStop below, and blocked in
+  // every thread (threads inherit the mask): no work in a signal handler.
+  hymcache::DaemonSignals signals;
 
   // Under systemd (Type=notify): READY=1 once the ports serve (registration
   // with the master follows in the background; the control port's gRPC
@@ -521,19 +514,8 @@ int main(int argc, char** argv) {
       " control=" + (*node)->control_address() + "; master " + FLAGS_master;
   notifier->Ready(serving_status);
 
-  int sig = 0;
-  while (true) {
-    if (sigwait(&stop_signals, &sig) != 0) continue;
-    if (sig != SIGHUP) break;
-    absl::Status reloaded = (*node)->ReloadIdentities();  // logged too
-    absl::Status certs = (*node)->ReloadCertificates();   // logged too
-    if (reloaded.ok()) reloaded = certs;
-    notifier->Status(
-        reloaded.ok()
-            ? serving_status + "; identities reloaded"
-            : "reload failed (the old identities and certificates stay): " +
-                  reloaded.ToString());
-  }
+  const int sig = signals.WaitForStop(notifier.get(), serving_status,
+                                      [&] { return (*node)->Reload(); });
   LOG(INFO) << "received signal " << sig << "; shutting down";
   notifier->Stopping("shutting down: deregistering, draining");
   serving = nullptr;
