@@ -2,6 +2,7 @@
 // health hooks. (The SIGHUP reloads are ServerSecurity's, common/daemon.h.)
 #include "master/master_server.h"
 
+#include "common/cluster_stats.h"
 #include "common/stats.h"
 #include "master/health_service.h"
 #include "master/master_rpc_handler.h"
@@ -14,14 +15,14 @@ void MasterServer::VisitStats(StatsVisitor* v) const {
   VisitBuildInfo(daemon_, v);
   handler_->VisitStats(v);
   const v1::GetStatsResponse st = service_->GetStats();
-  v->Gauge("objects", "Committed objects listed", st.object_count());
-  v->Gauge("object_bytes", "Bytes of committed objects", st.object_bytes());
-  v->Gauge("puts_in_flight", "Pending puts (started, not committed)",
-           st.pending_puts());
-  v->Gauge("nodes_alive", "Storage nodes alive", st.nodes_alive());
-  v->Gauge("nodes_dead", "Storage node records not alive", st.nodes_dead());
-  v->Gauge("index_bytes_per_entry", "Heap bytes of the index per entry",
-           st.index_bytes_per_entry());
+  // The cluster gauges (common/cluster_stats.h); its counters are the
+  // service's, visited below.
+#define HYM_VISIT_GAUGE_(field, metric, help) \
+  v->Gauge(#metric, help, static_cast<double>(st.field()));
+#define HYM_COUNTER_VISITED_BELOW_(field)
+  HYM_CLUSTER_STATS(HYM_VISIT_GAUGE_, HYM_COUNTER_VISITED_BELOW_)
+#undef HYM_VISIT_GAUGE_
+#undef HYM_COUNTER_VISITED_BELOW_
   for (const v1::NodeInfo& n : st.nodes()) {
     const StatLabel node{"node", n.name()};
     const absl::Span<const StatLabel> l(&node, 1);
