@@ -16,9 +16,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/build_info.h"
 #include "common/cli.h"
 #include "common/daemon.h"
+#include "common/daemon_flags.h"
 #include "common/systemd.h"
 #include "master/master_server.h"
 
@@ -91,23 +91,6 @@ DEFINE_uint64(max_pending_slots_per_caller,
               "most objects in one caller's pending puts");
 DEFINE_bool(sync_writes, Defaults().sync_writes,
             "fsync the metadata WAL on every write (survives power loss)");
-DEFINE_string(auth_tokens_file, Defaults().auth_tokens_file.c_str(),
-              "identities file or directory (docs/security.md); re-read on "
-              "SIGHUP. Empty: no authentication, loopback only");
-DEFINE_bool(insecure, Defaults().insecure,
-            "without --auth_tokens_file, listen on a non-loopback address "
-            "anyway (every caller is an admin)");
-DEFINE_string(tls_cert, Defaults().tls.cert_file.c_str(), "PEM server certificate chain (enables TLS)");
-DEFINE_string(tls_key, Defaults().tls.key_file.c_str(), "PEM private key of --tls_cert");
-DEFINE_string(tls_ca, Defaults().tls.ca_file.c_str(),
-              "PEM CA certificates that verify client certificates");
-DEFINE_string(metrics_listen, Defaults().metrics_listen.c_str(),
-              "HOST:PORT serving Prometheus metrics on /metrics (port 0 "
-              "picks a free port; empty: none). Non-loopback only with "
-              "--auth_tokens_file or --insecure");
-DEFINE_bool(tls_require_client_cert, Defaults().tls.require_client_cert,
-            "refuse TLS clients without a certificate signed by --tls_ca");
-
 namespace {
 
 // The flags as MasterOptions, validated; false after logging what is wrong.
@@ -134,15 +117,7 @@ bool OptionsFromFlags(hymcache::MasterOptions* options) {
   so.max_pending_slots_per_caller = FLAGS_max_pending_slots_per_caller;
   so.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
   options->sync_writes = FLAGS_sync_writes;
-  options->auth_tokens_file = FLAGS_auth_tokens_file;
-  options->insecure = FLAGS_insecure;
-  options->tls.cert_file = FLAGS_tls_cert;
-  options->tls.key_file = FLAGS_tls_key;
-  options->tls.ca_file = FLAGS_tls_ca;
-  options->tls.require_client_cert = FLAGS_tls_require_client_cert;
-  options->metrics_listen = FLAGS_metrics_listen;
-  options->build_version = hymcache::BuildInfo().version;
-  options->build_commit = hymcache::BuildInfo().git_commit;
+  hymcache::DaemonOptionsFromFlags(options);  // security, metrics, build
   absl::Status valid = options->Validate();
   if (!valid.ok()) {
     LOG(ERROR) << valid;
@@ -164,7 +139,8 @@ int main(int argc, char** argv) {
        .usage = "HyMCache master: metadata, placement, liveness.\n"
                 "  hymcache-master --listen=HOST:PORT --db_path=DIR [flags]",
        .groups =
-           {{"Serving", {"listen", "db_path", "sync_writes"}},
+           {{"Serving",
+             {"listen", "db_path", "sync_writes", "metrics_listen"}},
             {"Nodes and placement",
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
               "read_lease_ms", "max_evictions_per_put", "max_eviction_scan",

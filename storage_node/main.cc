@@ -3,7 +3,8 @@
 //
 // Once serving it prints exactly one line to stdout:
 //   hymcache-storage data=HOST:PORT control=HOST:PORT
-// SIGTERM or SIGINT shuts it down gracefully (exit 0).
+// SIGTERM or SIGINT shuts it down gracefully (exit 0); SIGHUP re-reads
+// --auth_tokens_file and the TLS files.
 #include <sys/resource.h>
 
 #include <cerrno>
@@ -20,9 +21,9 @@
 #include <variant>
 
 #include "common/bytes.h"
-#include "common/build_info.h"
 #include "common/cli.h"
 #include "common/daemon.h"
+#include "common/daemon_flags.h"
 #include "common/systemd.h"
 #include "common/net.h"
 #include "common/security.h"
@@ -202,30 +203,9 @@ DEFINE_int32(shutdown_flush_timeout_ms,
              "this long, then abandon what is left (ms)");
 DEFINE_int32(drain_timeout_ms, Ms(Defaults().drain_timeout),
              "Graceful shutdown waits this long for requests in progress (ms).");
-DEFINE_string(auth_tokens_file, Defaults().auth_tokens_file.c_str(),
-              "identities file or directory of the control service's callers "
-              "(admins; docs/security.md); re-read on SIGHUP. Empty: no "
-              "authentication, loopback only");
-DEFINE_string(metrics_listen, Defaults().metrics_listen.c_str(),
-              "HOST:PORT serving Prometheus metrics on /metrics (port 0 "
-              "picks a free port; empty: none). Non-loopback only with "
-              "--auth_tokens_file or --insecure");
-DEFINE_bool(insecure, Defaults().insecure,
-            "without --auth_tokens_file, listen on a non-loopback host anyway");
 DEFINE_string(token_file, "",
               "file holding this node's bearer token (role node) for the "
               "master");
-DEFINE_string(tls_cert, Defaults().tls.cert_file.c_str(),
-              "PEM certificate chain: the control service's server "
-              "certificate and the client certificate towards the master");
-DEFINE_string(tls_key, Defaults().tls.key_file.c_str(),
-              "PEM private key of --tls_cert");
-DEFINE_string(tls_ca, Defaults().tls.ca_file.c_str(),
-              "PEM CA certificates: verify the master and client "
-              "certificates (enables TLS towards the master)");
-DEFINE_bool(tls_require_client_cert, Defaults().tls.require_client_cert,
-            "control service: refuse TLS clients without a certificate "
-            "signed by --tls_ca");
 DEFINE_string(tls_server_name, Defaults().tls.server_name.c_str(),
               "name the master's certificate must carry (default: the host "
               "of --master)");
@@ -404,15 +384,7 @@ bool OptionsFromFlags(hymcache::StorageNodeOptions* options) {
   options->node_key_path = FLAGS_node_key_file;
   options->capability_skew = absl::Milliseconds(FLAGS_capability_skew_ms);
   options->drain_timeout = absl::Milliseconds(FLAGS_drain_timeout_ms);
-  options->auth_tokens_file = FLAGS_auth_tokens_file;
-  options->insecure = FLAGS_insecure;
-  options->metrics_listen = FLAGS_metrics_listen;
-  options->build_version = hymcache::BuildInfo().version;
-  options->build_commit = hymcache::BuildInfo().git_commit;
-  options->tls.cert_file = FLAGS_tls_cert;
-  options->tls.key_file = FLAGS_tls_key;
-  options->tls.ca_file = FLAGS_tls_ca;
-  options->tls.require_client_cert = FLAGS_tls_require_client_cert;
+  hymcache::DaemonOptionsFromFlags(options);  // security, metrics, build
   options->tls.server_name = FLAGS_tls_server_name;
   if (!FLAGS_token_file.empty()) {
     auto token = hymcache::ReadTokenFile(FLAGS_token_file);
@@ -447,7 +419,7 @@ int main(int argc, char** argv) {
        .groups =
            {{"Master and addresses",
              {"master", "name", "listen_host", "advertise_host", "data_port",
-              "control_port"}},
+              "control_port", "metrics_listen"}},
             {"Memory device",
              {"device", "dram_bytes", "numa_node", "allow_overcommit",
               "alignment", "max_region_bytes", "shared_huge_pages"}},
