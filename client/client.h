@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/options.h"
+#include "common/cluster_stats.h"
 
 namespace hymcache {
 
@@ -208,20 +209,17 @@ struct NodeStatus {
   std::string device_kind;
 };
 
+// The master's cluster-wide numbers (common/cluster_stats.h): object_count,
+// object_bytes, pending_puts, nodes_alive, nodes_dead,
+// index_bytes_per_entry, and since the master started: evicted_objects and
+// evicted_bytes (evictions to make room), reconciliations with the nodes,
+// the listings they removed (reconcile_dropped_listings: the node did not
+// hold them) and the unlisted extents they handed back
+// (reconcile_unlisted_extents), and listings dropped by read repair
+// (read_repairs).
 struct ClusterStatus {
   std::vector<NodeStatus> nodes;
-  uint64_t object_count = 0;
-  uint64_t object_bytes = 0;
-  uint64_t pending_puts = 0;
-  uint64_t index_bytes_per_entry = 0;
-  // Objects the master evicted to make room, since it started.
-  uint64_t evicted_objects = 0;
-  uint64_t evicted_bytes = 0;
-  // Since the master started: node reconciliations, listings they removed
-  // (the node did not hold them), and listings dropped by read repair.
-  uint64_t reconciliations = 0;
-  uint64_t reconcile_dropped_listings = 0;
-  uint64_t read_repairs = 0;
+  HYM_CLUSTER_STAT_MEMBERS
 };
 
 class Client {

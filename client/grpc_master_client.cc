@@ -11,6 +11,7 @@
 
 #include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
+#include "common/cluster_stats.h"
 #include "common/grpc_reconnect.h"
 #include "common/grpc_status.h"
 #include "common/mutex.h"
@@ -443,15 +444,11 @@ class GrpcMasterClient : public MasterClient {
     RETURN_IF_ERROR(Unary(&pb::MasterService::Stub::GetStats, req, &resp,
                           deadline, "GetStats"));
     ClusterStatus out;
-    out.object_count = resp.object_count();
-    out.object_bytes = resp.object_bytes();
-    out.pending_puts = resp.pending_puts();
-    out.index_bytes_per_entry = resp.index_bytes_per_entry();
-    out.evicted_objects = resp.evicted_objects();
-    out.evicted_bytes = resp.evicted_bytes();
-    out.reconciliations = resp.reconciliations();
-    out.reconcile_dropped_listings = resp.reconcile_dropped_listings();
-    out.read_repairs = resp.read_repairs();
+#define HYM_COPY_GAUGE_(field, metric, help) out.field = resp.field();
+#define HYM_COPY_COUNTER_(field) out.field = resp.field();
+    HYM_CLUSTER_STATS(HYM_COPY_GAUGE_, HYM_COPY_COUNTER_)
+#undef HYM_COPY_GAUGE_
+#undef HYM_COPY_COUNTER_
     for (const pb::NodeInfo& n : resp.nodes()) {
       NodeStatus s;
       s.node_id = n.node_id();

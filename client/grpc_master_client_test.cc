@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/cluster_stats.h"
 #include "common/eventually.h"
 #include "common/mutex.h"
 #include "common/net.h"
@@ -711,6 +712,50 @@ TEST_CASE("A master without LookupStream gets unary BatchLookups") {
   CHECK(old.calls() == 3 + 5);
   CHECK(old.packed_asks() == 3 + 5);  // asked for, and done without
   CHECK(Stat(master->address(), "lookup_streams_opened") == 1);  // direct's
+  client.reset();
+  server->Shutdown();
+}
+
+// Answers GetStats with a distinct value in every cluster stat.
+class StatsMaster final : public pb::MasterService::Service {
+ public:
+  grpc::Status GetStats(grpc::ServerContext*, const pb::GetStatsRequest*,
+                        pb::GetStatsResponse* resp) override {
+    uint64_t v = 100;
+#define HYM_SET_GAUGE_(field, metric, help) resp->set_##field(++v);
+#define HYM_SET_COUNTER_(field) resp->set_##field(++v);
+    HYM_CLUSTER_STATS(HYM_SET_GAUGE_, HYM_SET_COUNTER_)
+#undef HYM_SET_GAUGE_
+#undef HYM_SET_COUNTER_
+    pb::NodeInfo* n = resp->add_nodes();
+    n->set_name("n1");
+    n->set_alive(true);
+    return grpc::Status::OK;
+  }
+};
+
+TEST_CASE("GetClusterStatus carries every cluster stat the master sends") {
+  StatsMaster fake;
+  std::string address;
+  std::unique_ptr<grpc::Server> server = Serve(&fake, &address);
+  auto client = NewClient(address, 0);
+  auto st = client->GetClusterStatus(Soon());
+  REQUIRE(st.ok());
+  REQUIRE(st->nodes.size() == 1);
+  CHECK(st->nodes[0].name == "n1");
+  // In the list's order, each its own value: none dropped or crossed.
+  CHECK(st->object_count == 101);
+  CHECK(st->nodes_alive == 104);
+  CHECK(st->evicted_objects == 107);
+  CHECK(st->reconcile_unlisted_extents == 111);
+  CHECK(st->read_repairs == 112);
+  uint64_t want = 100;
+#define HYM_CHECK_GAUGE_(field, metric, help) \
+  CHECK(st->field == ++want);
+#define HYM_CHECK_COUNTER_(field) CHECK(st->field == ++want);
+  HYM_CLUSTER_STATS(HYM_CHECK_GAUGE_, HYM_CHECK_COUNTER_)
+#undef HYM_CHECK_GAUGE_
+#undef HYM_CHECK_COUNTER_
   client.reset();
   server->Shutdown();
 }

@@ -8,18 +8,17 @@
 // or SIGINT and exits 0; SIGHUP re-reads --auth_tokens_file.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
-#include <pthread.h>
-#include <signal.h>
-
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <string>
 #include <system_error>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/build_info.h"
 #include "common/cli.h"
+#include "common/daemon.h"
+#include "common/daemon_flags.h"
 #include "common/systemd.h"
 #include "master/master_server.h"
 
@@ -92,22 +91,42 @@ DEFINE_uint64(max_pending_slots_per_caller,
               "most objects in one caller's pending puts");
 DEFINE_bool(sync_writes, Defaults().sync_writes,
             "fsync the metadata WAL on every write (survives power loss)");
-DEFINE_string(auth_tokens_file, Defaults().auth_tokens_file.c_str(),
-              "identities file or directory (docs/security.md); re-read on "
-              "SIGHUP. Empty: no authentication, loopback only");
-DEFINE_bool(insecure, Defaults().insecure,
-            "without --auth_tokens_file, listen on a non-loopback address "
-            "anyway (every caller is an admin)");
-DEFINE_string(tls_cert, Defaults().tls.cert_file.c_str(), "PEM server certificate chain (enables TLS)");
-DEFINE_string(tls_key, Defaults().tls.key_file.c_str(), "PEM private key of --tls_cert");
-DEFINE_string(tls_ca, Defaults().tls.ca_file.c_str(),
-              "PEM CA certificates that verify client certificates");
-DEFINE_string(metrics_listen, Defaults().metrics_listen.c_str(),
-              "HOST:PORT serving Prometheus metrics on /metrics (port 0 "
-              "picks a free port; empty: none). Non-loopback only with "
-              "--auth_tokens_file or --insecure");
-DEFINE_bool(tls_require_client_cert, Defaults().tls.require_client_cert,
-            "refuse TLS clients without a certificate signed by --tls_ca");
+namespace {
+
+// The flags as MasterOptions, validated; false after logging what is wrong.
+bool OptionsFromFlags(hymcache::MasterOptions* options) {
+  options->listen_address = FLAGS_listen;
+  options->rpc_threads = FLAGS_rpc_threads;
+  options->max_lookup_streams = FLAGS_max_lookup_streams;
+  options->db_path = FLAGS_db_path;
+  hymcache::master::MasterServiceOptions& so = options->service;
+  so.node_timeout = absl::Milliseconds(FLAGS_node_timeout_ms);
+  so.put_timeout = absl::Milliseconds(FLAGS_put_timeout_ms);
+  so.heartbeat_interval = absl::Milliseconds(FLAGS_heartbeat_interval_ms);
+  so.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
+  so.capability_lifetime = absl::Milliseconds(FLAGS_capability_lifetime_ms);
+  so.max_evictions_per_put = FLAGS_max_evictions_per_put;
+  so.max_eviction_scan = FLAGS_max_eviction_scan;
+  so.recency_batch = FLAGS_recency_batch;
+  so.max_nodes = FLAGS_max_nodes;
+  so.forget_dead_nodes_after =
+      FLAGS_forget_dead_nodes_after_s == 0
+          ? absl::InfiniteDuration()
+          : absl::Seconds(FLAGS_forget_dead_nodes_after_s);
+  so.max_pending_share_per_caller = FLAGS_max_pending_share_per_caller;
+  so.max_pending_slots_per_caller = FLAGS_max_pending_slots_per_caller;
+  so.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
+  options->sync_writes = FLAGS_sync_writes;
+  hymcache::DaemonOptionsFromFlags(options);  // security, metrics, build
+  absl::Status valid = options->Validate();
+  if (!valid.ok()) {
+    LOG(ERROR) << valid;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // As hymcache-storage does: Debian's Abseil is built with the mutex
@@ -120,7 +139,8 @@ int main(int argc, char** argv) {
        .usage = "HyMCache master: metadata, placement, liveness.\n"
                 "  hymcache-master --listen=HOST:PORT --db_path=DIR [flags]",
        .groups =
-           {{"Serving", {"listen", "db_path", "sync_writes"}},
+           {{"Serving",
+             {"listen", "db_path", "sync_writes", "metrics_listen"}},
             {"Nodes and placement",
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
               "read_lease_ms", "max_evictions_per_put", "max_eviction_scan",
@@ -139,52 +159,11 @@ int main(int argc, char** argv) {
       &argc, &argv);
   google::InitGoogleLogging(argv[0]);
 
-  // Block the stop signals in every thread (threads inherit the mask), then
-  // wait for them synchronously below: no work in a signal handler.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-
+  // Stop and reload signals are taken by WaitForStop below, and blocked in
+  // every thread (threads inherit the mask): no work in a signal handler.
+  hymcache::DaemonSignals signals;
   hymcache::MasterOptions options;
-  options.listen_address = FLAGS_listen;
-  options.rpc_threads = FLAGS_rpc_threads;
-  options.max_lookup_streams = FLAGS_max_lookup_streams;
-  options.db_path = FLAGS_db_path;
-  hymcache::master::MasterServiceOptions& so = options.service;
-  so.node_timeout = absl::Milliseconds(FLAGS_node_timeout_ms);
-  so.put_timeout = absl::Milliseconds(FLAGS_put_timeout_ms);
-  so.heartbeat_interval = absl::Milliseconds(FLAGS_heartbeat_interval_ms);
-  so.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
-  so.capability_lifetime = absl::Milliseconds(FLAGS_capability_lifetime_ms);
-  so.max_evictions_per_put = FLAGS_max_evictions_per_put;
-  so.max_eviction_scan = FLAGS_max_eviction_scan;
-  so.recency_batch = FLAGS_recency_batch;
-  so.max_nodes = FLAGS_max_nodes;
-  so.forget_dead_nodes_after =
-      FLAGS_forget_dead_nodes_after_s == 0
-          ? absl::InfiniteDuration()
-          : absl::Seconds(FLAGS_forget_dead_nodes_after_s);
-  so.max_pending_share_per_caller = FLAGS_max_pending_share_per_caller;
-  so.max_pending_slots_per_caller = FLAGS_max_pending_slots_per_caller;
-  so.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
-  options.sync_writes = FLAGS_sync_writes;
-  options.auth_tokens_file = FLAGS_auth_tokens_file;
-  options.insecure = FLAGS_insecure;
-  options.tls.cert_file = FLAGS_tls_cert;
-  options.tls.key_file = FLAGS_tls_key;
-  options.tls.ca_file = FLAGS_tls_ca;
-  options.tls.require_client_cert = FLAGS_tls_require_client_cert;
-  options.metrics_listen = FLAGS_metrics_listen;
-  options.build_version = hymcache::BuildInfo().version;
-  options.build_commit = hymcache::BuildInfo().git_commit;
-  absl::Status valid = options.Validate();
-  if (!valid.ok()) {
-    LOG(ERROR) << valid;
-    return 2;
-  }
+  if (!OptionsFromFlags(&options)) return 2;
 
   // Under systemd (Type=notify): READY=1 once serving, STOPPING=1 at the
   // end, watchdog pings while the gRPC server answers (unconditional while
@@ -217,21 +196,11 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
   serving = server->get();
-  notifier->Ready("serving on " + (*server)->address());
+  const std::string serving_status = "serving on " + (*server)->address();
+  notifier->Ready(serving_status);
 
-  int sig = 0;
-  while (true) {
-    if (sigwait(&stop_signals, &sig) != 0) continue;
-    if (sig != SIGHUP) break;
-    absl::Status reloaded = (*server)->ReloadIdentities();  // logged too
-    absl::Status certs = (*server)->ReloadCertificates();   // logged too
-    if (reloaded.ok()) reloaded = certs;
-    notifier->Status(
-        reloaded.ok()
-            ? "serving on " + (*server)->address() + "; identities reloaded"
-            : "reload failed (the old identities and certificates stay): " +
-                  reloaded.ToString());
-  }
+  const int sig = signals.WaitForStop(notifier.get(), serving_status,
+                                      [&] { return (*server)->Reload(); });
   LOG(INFO) << "signal " << sig << ": shutting down";
   notifier->Stopping("shutting down");
   serving = nullptr;

@@ -58,20 +58,8 @@ absl::Status MasterOptions::Validate() const {
         "master: max_lookup_streams must be 1..1000000, not ",
         max_lookup_streams));
   }
-  absl::Status tls_ok = tls.Validate();
-  if (!tls_ok.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("master: ", tls_ok.message()));
-  }
-  absl::Status protected_mode = CheckProtectedMode(
-      "master", hp->first, !auth_tokens_file.empty(), insecure);
-  if (!protected_mode.ok()) return protected_mode;
-  if (!metrics_listen.empty()) {
-    protected_mode = CheckProtectedListen("master: metrics_listen",
-                                          metrics_listen,
-                                          !auth_tokens_file.empty(), insecure);
-    if (!protected_mode.ok()) return protected_mode;
-  }
+  absl::Status daemon = DaemonOptions::Validate("master", hp->first);
+  if (!daemon.ok()) return daemon;
   if (!service.snapshot_path.empty()) {
     return absl::InvalidArgumentError(
         "master: service.snapshot_path is derived from db_path (see "
@@ -110,15 +98,6 @@ absl::StatusOr<std::unique_ptr<master::MasterService>> OpenService(
   return master::MasterService::Create(so, std::move(store).value());
 }
 
-// The callers' identities; null when authentication is off.
-absl::StatusOr<std::unique_ptr<Authenticator>> OpenAuthenticator(
-    const MasterOptions& options) {
-  if (options.auth_tokens_file.empty()) {
-    return std::unique_ptr<Authenticator>();
-  }
-  return Authenticator::Create(options.auth_tokens_file);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
@@ -127,25 +106,23 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   if (!s.ok()) return s;
   auto service = OpenService(options);
   if (!service.ok()) return service.status();
-  auto auth = OpenAuthenticator(options);
-  if (!auth.ok()) return auth.status();
-  auto tls = ReloadableServerTls::Create(options.tls);
-  if (!tls.ok()) return tls.status();
+  auto security = ServerSecurity::Create(
+      options, "master", SplitHostPort(options.listen_address)->first);
+  if (!security.ok()) return security.status();
   auto tenants = master::TenantRegistry::Create(
       options.tenant_quotas_file.empty() ? options.db_path + ".quotas"
                                          : options.tenant_quotas_file);
   if (!tenants.ok()) return tenants.status();
 
   std::unique_ptr<MasterServer> server(new MasterServer);
-  server->auth_ = std::move(auth).value();
-  server->tls_ = std::move(tls).value();
+  server->security_ = std::move(security).value();
   server->tenants_ = std::move(tenants).value();
-  server->build_version_ = options.build_version;
-  server->build_commit_ = options.build_commit;
+  server->daemon_ = options;
   server->service_ = std::move(service).value();
   server->handler_ =
       std::make_unique<master::MasterRpcHandler>(
-          server->service_.get(), server->auth_.get(), server->tenants_.get(),
+          server->service_.get(), server->security_->authenticator(),
+          server->tenants_.get(),
           options.service.max_key_bytes, options.max_lookup_streams,
           options.service.clock != nullptr ? options.service.clock
                                            : Clock::Real());
@@ -185,7 +162,8 @@ absl::Status MasterServer::StartRpc(const MasterOptions& options) {
       ::hymcache::v1::MasterService::service_full_name(), false);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address, tls_->credentials(), &port);
+  builder.AddListeningPort(options.listen_address, security_->credentials(),
+                           &port);
   // Without this, gRPC sets SO_REUSEPORT and a second master would bind the
   // same port silently.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -251,20 +229,7 @@ void MasterServer::LogServing(const MasterOptions& options) const {
                                                        : "TLS")
                     : "plaintext")
             << ")";
-  if (auth_ != nullptr) {
-    LOG(INFO) << "master: " << auth_->size() << " identities from "
-              << options.auth_tokens_file;
-    for (const std::string& w : auth_->Warnings()) {
-      LOG(WARNING) << "master: " << w;
-    }
-  } else if (!IsLoopbackHost(SplitHostPort(options.listen_address)->first)) {
-    LOG(WARNING) << "master: no identities and --insecure: anyone who can "
-                    "reach "
-                 << options.listen_address << " may call every method";
-  } else {
-    LOG(INFO) << "master: protected mode (no identities configured): "
-                 "serving loopback only; every local caller is an admin";
-  }
+  // ServerSecurity logged the identities, or protected mode.
 }
 
 MasterServer::~MasterServer() { Shutdown(); }

@@ -28,7 +28,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/mutex.h"
-#include "common/security.h"
+#include "common/daemon.h"
 #include "common/thread.h"
 #include "master/master_service.h"
 
@@ -50,7 +50,11 @@ class MasterRpcHandler;
 class TenantRegistry;
 }  // namespace master
 
-struct MasterOptions {
+// The security and observability options (DaemonOptions, common/daemon.h):
+// auth_tokens_file (the callers' identities; without it only a loopback
+// listen_address unless insecure), tls (the gRPC service's), metrics_listen
+// (series hymcache_master_*), build_version / build_commit.
+struct MasterOptions : DaemonOptions {
   // gRPC host:port to listen on; port 0 picks a free port (see port()).
   // Default: "127.0.0.1:0".
   std::string listen_address = "127.0.0.1:0";
@@ -93,28 +97,9 @@ struct MasterOptions {
   // kept for the purpose (twice the interval, at least an hour, at most
   // 1 GiB). Default: true.
   bool index_snapshots = true;
-  // Identities file (or directory) of the callers (common/security.h:
-  // "role tenant name sha256:HEX | cert:NAME" lines). "" turns
-  // authentication off: every caller is an admin, and only a loopback
-  // listen_address is allowed unless `insecure`. Default: "".
-  std::string auth_tokens_file;
-  // Listen on a non-loopback address without identities. Default: false.
-  bool insecure = false;
   // Per-tenant quotas (hymctl tenant set-quota), one "tenant max_objects
   // max_bytes" line each. Default: "" = db_path + ".quotas".
   std::string tenant_quotas_file;
-  // TLS for the gRPC service (server certificate; client certificates
-  // verified against tls.ca_file). Default: plaintext.
-  TlsOptions tls;
-  // HOST:PORT serving Prometheus metrics (GET /metrics, series
-  // hymcache_master_*; docs/operations.md); port 0 picks a free port (see
-  // metrics_address()). "" serves none. A non-loopback host needs what
-  // listen_address needs (identities or `insecure`). Default: "".
-  std::string metrics_listen;
-  // The build, exported as build_info{version, commit} = 1 (hymcache-master
-  // passes its BuildInfo()). Default: "" (no build_info series).
-  std::string build_version;
-  std::string build_commit;
 
   // InvalidArgument naming the first bad field (the service's included).
   absl::Status Validate() const;
@@ -140,14 +125,12 @@ class MasterServer {
   // "host:port" of the Prometheus endpoint; "" without metrics_listen.
   const std::string& metrics_address() const { return metrics_address_; }
 
-  // Re-reads the identities file (SIGHUP). On error the old identities stay.
-  // OkStatus when authentication is off.
-  absl::Status ReloadIdentities();
-  // Re-reads the TLS certificate, key and CA files (SIGHUP): connections
-  // made from now on use them, open ones keep theirs. A file that does not
-  // read or parse, or a key that does not match, keeps the old ones (the
-  // error is returned and logged). OkStatus without TLS.
-  absl::Status ReloadCertificates();
+  // Re-reads the identities file and the TLS files (SIGHUP) for
+  // connections made from now on; on error the old ones stay (logged; see
+  // ServerSecurity, common/daemon.h). OkStatus with neither.
+  absl::Status ReloadIdentities() { return security_->ReloadIdentities(); }
+  absl::Status ReloadCertificates() { return security_->ReloadCertificates(); }
+  absl::Status Reload() { return security_->Reload(); }
 
   // Stops serving (in-flight calls get up to 1 s to finish), joins the
   // reaper and closes the store. Idempotent; later calls return at once.
@@ -189,8 +172,8 @@ class MasterServer {
   int port_ = 0;
   std::string address_;
   std::string metrics_address_;
-  std::unique_ptr<Authenticator> auth_;  // null: authentication off
-  std::unique_ptr<ReloadableServerTls> tls_;  // outlives server_
+  // Identities and TLS credentials; outlives server_.
+  std::unique_ptr<ServerSecurity> security_;
   std::unique_ptr<master::TenantRegistry> tenants_;
   std::unique_ptr<master::MasterService> service_;
   std::unique_ptr<master::MasterRpcHandler> handler_;
@@ -201,9 +184,8 @@ class MasterServer {
   Thread reaper_;
   // Serves /metrics; destroyed first by Shutdown (scrapes read service_).
   std::unique_ptr<MetricsExporter> metrics_;
-  // MasterOptions::build_version / build_commit.
-  std::string build_version_;
-  std::string build_commit_;
+  // What MasterOptions says of the daemon (build_info).
+  DaemonOptions daemon_;
 
   Mutex mu_;
   CondVar cv_;

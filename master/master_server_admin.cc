@@ -1,9 +1,8 @@
-// MasterServer's operations while it serves: its metrics (VisitStats),
-// the SIGHUP reloads of identities and TLS certificates, health hooks.
+// MasterServer's operations while it serves: its metrics (VisitStats) and
+// health hooks. (The SIGHUP reloads are ServerSecurity's, common/daemon.h.)
 #include "master/master_server.h"
 
-#include <glog/logging.h>
-
+#include "common/cluster_stats.h"
 #include "common/stats.h"
 #include "master/health_service.h"
 #include "master/master_rpc_handler.h"
@@ -13,22 +12,17 @@
 namespace hymcache {
 
 void MasterServer::VisitStats(StatsVisitor* v) const {
-  if (!build_version_.empty()) {
-    const StatLabel build[] = {{"version", build_version_},
-                               {"commit", build_commit_}};
-    v->Gauge("build_info", "1, labelled with the build's version and commit",
-             1, build);
-  }
+  VisitBuildInfo(daemon_, v);
   handler_->VisitStats(v);
   const v1::GetStatsResponse st = service_->GetStats();
-  v->Gauge("objects", "Committed objects listed", st.object_count());
-  v->Gauge("object_bytes", "Bytes of committed objects", st.object_bytes());
-  v->Gauge("puts_in_flight", "Pending puts (started, not committed)",
-           st.pending_puts());
-  v->Gauge("nodes_alive", "Storage nodes alive", st.nodes_alive());
-  v->Gauge("nodes_dead", "Storage node records not alive", st.nodes_dead());
-  v->Gauge("index_bytes_per_entry", "Heap bytes of the index per entry",
-           st.index_bytes_per_entry());
+  // The cluster gauges (common/cluster_stats.h); its counters are the
+  // service's, visited below.
+#define HYM_VISIT_GAUGE_(field, metric, help) \
+  v->Gauge(#metric, help, static_cast<double>(st.field()));
+#define HYM_COUNTER_VISITED_BELOW_(field)
+  HYM_CLUSTER_STATS(HYM_VISIT_GAUGE_, HYM_COUNTER_VISITED_BELOW_)
+#undef HYM_VISIT_GAUGE_
+#undef HYM_COUNTER_VISITED_BELOW_
   for (const v1::NodeInfo& n : st.nodes()) {
     const StatLabel node{"node", n.name()};
     const absl::Span<const StatLabel> l(&node, 1);
@@ -60,35 +54,6 @@ void MasterServer::VisitStats(StatsVisitor* v) const {
                "PutStarts of the tenant refused for its quota", n,
                absl::Span<const StatLabel>(&t, 1));
   }
-}
-
-absl::Status MasterServer::ReloadIdentities() {
-  if (auth_ == nullptr) return absl::OkStatus();
-  absl::Status s = auth_->Reload();
-  if (s.ok()) {
-    LOG(INFO) << "master: reloaded " << auth_->size() << " identities";
-    for (const std::string& w : auth_->Warnings()) {
-      LOG(WARNING) << "master: " << w;
-    }
-  } else {
-    LOG(ERROR) << "master: identities not reloaded (the old ones stay): "
-               << s;
-  }
-  return s;
-}
-
-absl::Status MasterServer::ReloadCertificates() {
-  absl::Status s = tls_->Reload();
-  if (!s.ok()) {
-    LOG(ERROR) << "master: TLS certificates not reloaded (the old ones "
-                  "stay): "
-               << s;
-  } else if (tls_->reloads() != 0) {
-    LOG(INFO) << "master: TLS certificates in force for new connections: "
-                 "reload "
-              << tls_->reloads();
-  }
-  return s;
 }
 
 size_t MasterServer::HealthWatchersForTest() const {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster_stats.h"
 #include "master/master_service_internal.h"
 
 namespace hymcache {
@@ -277,16 +278,15 @@ v1::GetStatsResponse MasterService::GetStats() const {
   }
   response.set_nodes_alive(alive);
   response.set_nodes_dead(nodes_.size() - alive);
-  response.set_evicted_objects(counters_.evicted_objects);
-  response.set_evicted_bytes(counters_.evicted_bytes);
-  response.set_reconciliations(counters_.reconciliations);
-  response.set_reconcile_dropped_listings(
-      counters_.reconcile_dropped_listings);
-  response.set_reconcile_unlisted_extents(
-      counters_.reconcile_unlisted_extents);
-  response.set_read_repairs(counters_.read_repairs);
   response.set_index_bytes_per_entry(
       index_.empty() ? 0 : index_.MemoryBytes() / index_.size());
+  // The gauges above are computed one by one; the counters of the list
+  // (common/cluster_stats.h) are copied by name.
+#define HYM_GAUGE_SET_ABOVE_(field, metric, help)
+#define HYM_COPY_COUNTER_(field) response.set_##field(counters_.field);
+  HYM_CLUSTER_STATS(HYM_GAUGE_SET_ABOVE_, HYM_COPY_COUNTER_)
+#undef HYM_GAUGE_SET_ABOVE_
+#undef HYM_COPY_COUNTER_
   return response;
 }
 

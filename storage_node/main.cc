@@ -3,9 +3,8 @@
 //
 // Once serving it prints exactly one line to stdout:
 //   hymcache-storage data=HOST:PORT control=HOST:PORT
-// SIGTERM or SIGINT shuts it down gracefully (exit 0).
-#include <pthread.h>
-#include <signal.h>
+// SIGTERM or SIGINT shuts it down gracefully (exit 0); SIGHUP re-reads
+// --auth_tokens_file and the TLS files.
 #include <sys/resource.h>
 
 #include <cerrno>
@@ -22,8 +21,9 @@
 #include <variant>
 
 #include "common/bytes.h"
-#include "common/build_info.h"
 #include "common/cli.h"
+#include "common/daemon.h"
+#include "common/daemon_flags.h"
 #include "common/systemd.h"
 #include "common/net.h"
 #include "common/security.h"
@@ -203,30 +203,9 @@ DEFINE_int32(shutdown_flush_timeout_ms,
              "this long, then abandon what is left (ms)");
 DEFINE_int32(drain_timeout_ms, Ms(Defaults().drain_timeout),
              "Graceful shutdown waits this long for requests in progress (ms).");
-DEFINE_string(auth_tokens_file, Defaults().auth_tokens_file.c_str(),
-              "identities file or directory of the control service's callers "
-              "(admins; docs/security.md); re-read on SIGHUP. Empty: no "
-              "authentication, loopback only");
-DEFINE_string(metrics_listen, Defaults().metrics_listen.c_str(),
-              "HOST:PORT serving Prometheus metrics on /metrics (port 0 "
-              "picks a free port; empty: none). Non-loopback only with "
-              "--auth_tokens_file or --insecure");
-DEFINE_bool(insecure, Defaults().insecure,
-            "without --auth_tokens_file, listen on a non-loopback host anyway");
 DEFINE_string(token_file, "",
               "file holding this node's bearer token (role node) for the "
               "master");
-DEFINE_string(tls_cert, Defaults().tls.cert_file.c_str(),
-              "PEM certificate chain: the control service's server "
-              "certificate and the client certificate towards the master");
-DEFINE_string(tls_key, Defaults().tls.key_file.c_str(),
-              "PEM private key of --tls_cert");
-DEFINE_string(tls_ca, Defaults().tls.ca_file.c_str(),
-              "PEM CA certificates: verify the master and client "
-              "certificates (enables TLS towards the master)");
-DEFINE_bool(tls_require_client_cert, Defaults().tls.require_client_cert,
-            "control service: refuse TLS clients without a certificate "
-            "signed by --tls_ca");
 DEFINE_string(tls_server_name, Defaults().tls.server_name.c_str(),
               "name the master's certificate must carry (default: the host "
               "of --master)");
@@ -405,15 +384,7 @@ bool OptionsFromFlags(hymcache::StorageNodeOptions* options) {
   options->node_key_path = FLAGS_node_key_file;
   options->capability_skew = absl::Milliseconds(FLAGS_capability_skew_ms);
   options->drain_timeout = absl::Milliseconds(FLAGS_drain_timeout_ms);
-  options->auth_tokens_file = FLAGS_auth_tokens_file;
-  options->insecure = FLAGS_insecure;
-  options->metrics_listen = FLAGS_metrics_listen;
-  options->build_version = hymcache::BuildInfo().version;
-  options->build_commit = hymcache::BuildInfo().git_commit;
-  options->tls.cert_file = FLAGS_tls_cert;
-  options->tls.key_file = FLAGS_tls_key;
-  options->tls.ca_file = FLAGS_tls_ca;
-  options->tls.require_client_cert = FLAGS_tls_require_client_cert;
+  hymcache::DaemonOptionsFromFlags(options);  // security, metrics, build
   options->tls.server_name = FLAGS_tls_server_name;
   if (!FLAGS_token_file.empty()) {
     auto token = hymcache::ReadTokenFile(FLAGS_token_file);
@@ -448,7 +419,7 @@ int main(int argc, char** argv) {
        .groups =
            {{"Master and addresses",
              {"master", "name", "listen_host", "advertise_host", "data_port",
-              "control_port"}},
+              "control_port", "metrics_listen"}},
             {"Memory device",
              {"device", "dram_bytes", "numa_node", "allow_overcommit",
               "alignment", "max_region_bytes", "shared_huge_pages"}},
@@ -481,15 +452,9 @@ int main(int argc, char** argv) {
   hymcache::StorageNodeOptions options;
   if (!OptionsFromFlags(&options)) return 2;
 
-  // Block the shutdown signals before any thread starts, so that every
-  // thread inherits the mask and only sigwait below receives them.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  // Stop and reload signals are taken by WaitForStop below, and blocked in
+  // every thread (threads inherit the mask): no work in a signal handler.
+  hymcache::DaemonSignals signals;
 
   // Under systemd (Type=notify): READY=1 once the ports serve (registration
   // with the master follows in the background; the control port's gRPC
@@ -521,19 +486,8 @@ int main(int argc, char** argv) {
       " control=" + (*node)->control_address() + "; master " + FLAGS_master;
   notifier->Ready(serving_status);
 
-  int sig = 0;
-  while (true) {
-    if (sigwait(&stop_signals, &sig) != 0) continue;
-    if (sig != SIGHUP) break;
-    absl::Status reloaded = (*node)->ReloadIdentities();  // logged too
-    absl::Status certs = (*node)->ReloadCertificates();   // logged too
-    if (reloaded.ok()) reloaded = certs;
-    notifier->Status(
-        reloaded.ok()
-            ? serving_status + "; identities reloaded"
-            : "reload failed (the old identities and certificates stay): " +
-                  reloaded.ToString());
-  }
+  const int sig = signals.WaitForStop(notifier.get(), serving_status,
+                                      [&] { return (*node)->Reload(); });
   LOG(INFO) << "received signal " << sig << "; shutting down";
   notifier->Stopping("shutting down: deregistering, draining");
   serving = nullptr;

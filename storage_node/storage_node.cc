@@ -96,8 +96,9 @@ class StorageNode::ControlService final
   // Only admins (hymctl) call the control service.
   absl::Status Admit(grpc::CallbackServerContext* ctx,
                      const char* method) const {
-    if (node_->auth_ == nullptr) return absl::OkStatus();
-    absl::Status s = node_->auth_->Check(*ctx, Role::kAdmin, method).status();
+    const Authenticator* auth = node_->security_->authenticator();
+    if (auth == nullptr) return absl::OkStatus();
+    absl::Status s = auth->Check(*ctx, Role::kAdmin, method).status();
     if (!s.ok()) {
       LOG_EVERY_N(WARNING, 100)
           << "storage node: refused a call from " << ctx->peer() << ": " << s
@@ -251,12 +252,7 @@ class StorageNode::ControlService final
 
 void StorageNode::VisitStats(StatsVisitor* v,
                              const std::string& device_prefix) const {
-  if (!options_.build_version.empty()) {
-    const StatLabel build[] = {{"version", options_.build_version},
-                               {"commit", options_.build_commit}};
-    v->Gauge("build_info", "1, labelled with the build's version and commit",
-             1, build);
-  }
+  VisitBuildInfo(options_, v);
   data_server_->VisitStats(v);
   PrefixedStatsVisitor device(v, device_prefix);
   device_->VisitStats(&device);
@@ -430,7 +426,7 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   RETURN_IF_ERROR(node->OpenDevice());
   RETURN_IF_ERROR(node->OpenExtentTable());
   RETURN_IF_ERROR(node->StartDataPlane(advertise));
-  RETURN_IF_ERROR(node->LoadIdentities());
+  RETURN_IF_ERROR(node->LoadSecurity());
   RETURN_IF_ERROR(node->StartControlService(advertise));
   RETURN_IF_ERROR(node->StartMetrics());
   RETURN_IF_ERROR(node->ConnectMaster());
@@ -599,19 +595,9 @@ absl::Status StorageNode::StartDataPlane(const std::string& advertise) {
   return absl::OkStatus();
 }
 
-absl::Status StorageNode::LoadIdentities() {
-  if (!options_.auth_tokens_file.empty()) {
-    ASSIGN_OR_RETURN(auth_, Authenticator::Create(options_.auth_tokens_file));
-    LOG(INFO) << "storage node: " << auth_->size() << " identities from "
-              << options_.auth_tokens_file;
-  } else if (IsLoopbackHost(options_.listen_host)) {
-    LOG(INFO) << "storage node: protected mode (no identities configured): "
-                 "listening on loopback only";
-  } else {
-    LOG(WARNING) << "storage node: no identities and --insecure: anyone who "
-                    "can reach "
-                 << options_.listen_host << " may call the control service";
-  }
+absl::Status StorageNode::LoadSecurity() {
+  ASSIGN_OR_RETURN(security_, ServerSecurity::Create(options_, "storage node",
+                                                     options_.listen_host));
   return absl::OkStatus();
 }
 
@@ -627,8 +613,7 @@ absl::Status StorageNode::StartControlService(const std::string& advertise) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   const std::string control_listen =
       JoinHostPort(options_.listen_host, options_.control_port);
-  ASSIGN_OR_RETURN(tls_, ReloadableServerTls::Create(options_.tls));
-  builder.AddListeningPort(control_listen, tls_->credentials(),
+  builder.AddListeningPort(control_listen, security_->credentials(),
                            &control_port_);
   builder.RegisterService(control_service_.get());
   control_server_ = builder.BuildAndStart();
@@ -678,34 +663,6 @@ StorageNode::StorageNode(const StorageNodeOptions& options)
     : options_(options) {}
 
 StorageNode::~StorageNode() { Shutdown(); }
-
-absl::Status StorageNode::ReloadIdentities() {
-  if (auth_ == nullptr) return absl::OkStatus();
-  absl::Status s = auth_->Reload();
-  if (s.ok()) {
-    LOG(INFO) << "storage node: reloaded " << auth_->size() << " identities";
-  } else {
-    LOG(ERROR) << "storage node: identities not reloaded (the old ones "
-                  "stay): "
-               << s;
-  }
-  return s;
-}
-
-absl::Status StorageNode::ReloadCertificates() {
-  if (tls_ == nullptr) return absl::OkStatus();
-  absl::Status s = tls_->Reload();
-  if (!s.ok()) {
-    LOG(ERROR) << "storage node: TLS certificates not reloaded (the old "
-                  "ones stay): "
-               << s;
-  } else if (tls_->reloads() != 0) {
-    LOG(INFO) << "storage node: TLS certificates in force for new control "
-                 "connections: reload "
-              << tls_->reloads();
-  }
-  return s;
-}
 
 void StorageNode::SetSkipCapabilityChecksForTest(bool skip) {
   data_server_->SetSkipCapabilityChecksForTest(skip);

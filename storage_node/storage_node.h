@@ -37,6 +37,7 @@
 #include "common/capability.h"
 #include "common/mutex.h"
 #include "common/net.h"
+#include "common/daemon.h"
 #include "common/security.h"
 #include "common/thread.h"
 #include "storage_node/dataplane/data_server.h"
@@ -89,8 +90,16 @@ absl::StatusOr<storage::BlockIoOptions::Submit> ParseIoSubmit(
 // storage_node/dataplane) plus its own: each default is stated once, in the
 // part's struct (the daemon's flags take theirs from here). Fields a part's
 // struct has but the node sets itself are marked "set by the node": values
-// given there are ignored.
-struct StorageNodeOptions {
+// given there are ignored. The security and observability options are
+// DaemonOptions (common/daemon.h), shared with the master:
+//   auth_tokens_file: identities of the control service's callers (admins);
+//     without it only a loopback listen_host unless `insecure`;
+//   tls: the control service's server certificate (cert_file/key_file/
+//     ca_file/require_client_cert) and the connection to the master
+//     (ca_file verifies the master; cert_file/key_file are presented as the
+//     client certificate; server_name overrides the master's expected name);
+//   metrics_listen: series hymcache_storage_*; build_version/build_commit.
+struct StorageNodeOptions : DaemonOptions {
   // The master's gRPC address, host:port. Required.
   std::string master_address;
   // Stable name of the node, reported to the master.
@@ -216,30 +225,9 @@ struct StorageNodeOptions {
   // Deadline of each RPC to the master (register, heartbeat, deregister).
   // Default: 2 s
   absl::Duration rpc_timeout = absl::Seconds(2);
-  // Identities file (or directory) of the callers of the control service
-  // (admins; common/security.h). "" turns authentication off, and then
-  // only a loopback listen_host is allowed unless `insecure`. Default: "".
-  std::string auth_tokens_file;
-  // Listen on a non-loopback host without identities. Default: false.
-  bool insecure = false;
-  // TLS of the control service (cert_file/key_file/ca_file/
-  // require_client_cert) and of the connection to the master (ca_file
-  // verifies the master; cert_file/key_file are presented as the client
-  // certificate; server_name overrides the master's expected name).
-  // Default: plaintext.
-  TlsOptions tls;
   // Bearer token (role node) sent to the master; "" sends none.
   // Default: "".
   std::string master_token;
-  // HOST:PORT serving Prometheus metrics (GET /metrics, series
-  // hymcache_storage_*; docs/operations.md); port 0 picks a free port (see
-  // metrics_address()). "" serves none. A non-loopback host needs what
-  // listen_host needs (identities or `insecure`). Default: "".
-  std::string metrics_listen;
-  // The build, exported as build_info{version, commit} = 1
-  // (hymcache-storage passes its BuildInfo()). Default: "" (none).
-  std::string build_version;
-  std::string build_commit;
 
   // The device's alternatives; null when it is another one.
   const storage::DramDeviceOptions* dram() const {
@@ -327,15 +315,13 @@ class StorageNode {
   // `timeout` (the systemd watchdog's test; common/health_probe.h).
   // REQUIRES: not concurrently with or after Shutdown().
   absl::Status CheckAlive(absl::Duration timeout);
-  // Re-reads the identities file (SIGHUP); on error the old identities
-  // stay. OkStatus when authentication is off.
-  absl::Status ReloadIdentities();
-  // Re-reads the control service's TLS certificate, key and CA files
-  // (SIGHUP) for new connections; a file that does not read or parse keeps
-  // the old ones (returned and logged). The node's own channel to the
-  // master keeps the client certificate it started with. OkStatus without
-  // TLS.
-  absl::Status ReloadCertificates();
+  // Re-reads the identities file and the control service's TLS files
+  // (SIGHUP) for new connections; on error the old ones stay (logged; see
+  // ServerSecurity, common/daemon.h). The node's own channel to the master
+  // keeps the client certificate it started with. OkStatus with neither.
+  absl::Status ReloadIdentities() { return security_->ReloadIdentities(); }
+  absl::Status ReloadCertificates() { return security_->ReloadCertificates(); }
+  absl::Status Reload() { return security_->Reload(); }
 
   // While set, the data plane does not check capabilities (benchmarks
   // measuring what checking them costs). Never set outside tests and
@@ -362,8 +348,8 @@ class StorageNode {
   // The KV manager, the shm export (if any) and the data server; sets the
   // data address and the node's name.
   absl::Status StartDataPlane(const std::string& advertise);
-  // The identities file (if any) the control service checks.
-  absl::Status LoadIdentities();
+  // The identities file (if any) the control service checks, and its TLS.
+  absl::Status LoadSecurity();
   // The gRPC control service (TLS, health, reflection).
   absl::Status StartControlService(const std::string& advertise);
   // /metrics, if metrics_listen is set.
@@ -415,8 +401,8 @@ class StorageNode {
   // Set at every registration; checks every data-plane op.
   std::unique_ptr<CapabilityVerifier> capabilities_;  // before data_server_
   std::unique_ptr<storage::DataServer> data_server_;
-  std::unique_ptr<Authenticator> auth_;  // null: authentication off
-  std::unique_ptr<ReloadableServerTls> tls_;  // outlives control_server_
+  // Identities and TLS credentials; outlives control_server_.
+  std::unique_ptr<ServerSecurity> security_;
   std::unique_ptr<ControlService> control_service_;
   std::unique_ptr<grpc::Server> control_server_;  // after control_service_
   std::unique_ptr<MasterLink> master_;

@@ -111,16 +111,8 @@ absl::Status StorageNodeOptions::Validate() const {
         absl::StrCat("storage node: node_name has ", node_name.size(),
                      " bytes (at most ", kMaxNodeNameBytes, ")"));
   }
-  s = tls.Validate();
-  if (!s.ok()) return Invalid(s);
-  s = CheckProtectedMode("storage node", listen_host,
-                         !auth_tokens_file.empty(), insecure);
+  s = DaemonOptions::Validate("storage node", listen_host);
   if (!s.ok()) return s;
-  if (!metrics_listen.empty()) {
-    s = CheckProtectedListen("storage node: metrics_listen", metrics_listen,
-                             !auth_tokens_file.empty(), insecure);
-    if (!s.ok()) return s;
-  }
   if (data.port < 0 || data.port > 65535 || control_port < 0 ||
       control_port > 65535) {
     return absl::InvalidArgumentError("storage node: ports must be in 0..65535");

@@ -313,6 +313,10 @@ static void RoundTrip(const char* master, hymcache_transport t,
   EXPECT(st.alive_nodes >= 1 && st.nodes >= st.alive_nodes);
   EXPECT(st.object_count >= 5);
   EXPECT(st.capacity_bytes > 0 && st.used_bytes > 0);
+  /* The fields appended later are filled too. */
+  EXPECT(st.nodes_alive == st.alive_nodes);
+  EXPECT(st.nodes_alive + st.nodes_dead == st.nodes);
+  EXPECT(st.index_bytes_per_entry > 0);
 
   hymcache_client_destroy(c);
   FreeBlocks(&b);

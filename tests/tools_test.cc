@@ -99,6 +99,10 @@ TEST_CASE("hymctl status, put, get, lookup, rm") {
   REQUIRE(Ctl(c.master.address, {"status"}, &out, true) == 0);
   j = nlohmann::json::parse(out);
   CHECK(j["objects"] == 1);
+  // Every cluster stat under its name (common/cluster_stats.h).
+  CHECK(j["object_count"] == 1);
+  CHECK(j["nodes_alive"] == 1);
+  CHECK(j["reconcile_unlisted_extents"] == 0);
   CHECK(j["nodes"][0]["used_bytes"].get<uint64_t>() >= payload.size());
 
   REQUIRE(Ctl(c.master.address, {"rm", "greeting"}, &out) == 0);

@@ -21,6 +21,7 @@
 #include "client/client.h"
 #include "client/options.h"
 #include "common/build_info.h"
+#include "common/cluster_stats.h"
 #include "common/status_macros.h"
 
 struct hymcache_client {
@@ -455,10 +456,13 @@ hymcache_code hymcache_cluster_stats_get(hymcache_client* client,
       out.capacity_bytes += node.capacity_bytes;
       out.used_bytes += node.used_bytes;
     }
-    out.object_count = st.object_count;
-    out.object_bytes = st.object_bytes;
-    out.evicted_objects = st.evicted_objects;
-    out.evicted_bytes = st.evicted_bytes;
+    // Every cluster stat by name (common/cluster_stats.h): a stat added
+    // there without a field here does not compile.
+#define HYM_C_GAUGE_(field, metric, help) out.field = st.field;
+#define HYM_C_COUNTER_(field) out.field = st.field;
+    HYM_CLUSTER_STATS(HYM_C_GAUGE_, HYM_C_COUNTER_)
+#undef HYM_C_GAUGE_
+#undef HYM_C_COUNTER_
     std::memcpy(stats, &out, std::min(n, sizeof(out)));
     return absl::OkStatus();
   });

@@ -339,6 +339,21 @@ typedef struct hymcache_cluster_stats {
   /* Objects the master evicted to make room, since it started. */
   uint64_t evicted_objects;
   uint64_t evicted_bytes;
+  /* Fields added later are appended below (a caller's struct_size says
+   * which it has). The master's other cluster stats, by their names in
+   * GetStats: puts started and not committed; its node records alive and
+   * not (alive_nodes and nodes above count the same records); heap bytes of
+   * its index per entry; and since it started: node reconciliations, the
+   * listings they removed, the unlisted extents they handed back to nodes,
+   * and listings dropped by read repair. */
+  uint64_t pending_puts;
+  uint64_t nodes_alive;
+  uint64_t nodes_dead;
+  uint64_t index_bytes_per_entry;
+  uint64_t reconciliations;
+  uint64_t reconcile_dropped_listings;
+  uint64_t reconcile_unlisted_extents;
+  uint64_t read_repairs;
 } hymcache_cluster_stats;
 
 /* The cluster's nodes and objects, from the master. `stats->struct_size`

@@ -38,6 +38,7 @@
 #include "client/block_key.h"
 #include "client/client.h"
 #include "client/options.h"
+#include "common/cluster_stats.h"
 #include "common/status_reason.h"
 
 namespace py = pybind11;
@@ -635,15 +636,12 @@ class PyClient {
     }
     py::dict out;
     out["nodes"] = nodes;
-    out["object_count"] = st.object_count;
-    out["object_bytes"] = st.object_bytes;
-    out["pending_puts"] = st.pending_puts;
-    out["index_bytes_per_entry"] = st.index_bytes_per_entry;
-    out["evicted_objects"] = st.evicted_objects;
-    out["evicted_bytes"] = st.evicted_bytes;
-    out["reconciliations"] = st.reconciliations;
-    out["reconcile_dropped_listings"] = st.reconcile_dropped_listings;
-    out["read_repairs"] = st.read_repairs;
+    // Every cluster stat under its name (common/cluster_stats.h).
+#define HYM_PY_GAUGE_(field, metric, help) out[#field] = st.field;
+#define HYM_PY_COUNTER_(field) out[#field] = st.field;
+    HYM_CLUSTER_STATS(HYM_PY_GAUGE_, HYM_PY_COUNTER_)
+#undef HYM_PY_GAUGE_
+#undef HYM_PY_COUNTER_
     return out;
   }
 

@@ -435,6 +435,10 @@ def test_store_lookup_remove_stats(client, request):
     stats = client.stats()
     assert stats["nodes"] and all(n["alive"] for n in stats["nodes"])
     assert stats["object_count"] >= 1
+    # Every cluster stat of common/cluster_stats.h, the ones added last too.
+    assert stats["nodes_alive"] == sum(n["alive"] for n in stats["nodes"])
+    assert "reconcile_unlisted_extents" in stats
+    assert stats["index_bytes_per_entry"] > 0
 
 
 def test_store_holds_its_buffers_until_done(request):

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "client/block_key.h"
 #include "client/client.h"
+#include "common/cluster_stats.h"
 #include "common/grpc_status.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
@@ -414,18 +415,15 @@ class Cli {
                          {"objects", n.object_count()},
                          {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms()}});
       }
-      out_ << json{{"nodes", nodes},
-                   {"objects", st->object_count()},
-                   {"object_bytes", st->object_bytes()},
-                   {"pending_puts", st->pending_puts()},
-                   {"evicted_objects", st->evicted_objects()},
-                   {"evicted_bytes", st->evicted_bytes()},
-                   {"reconciliations", st->reconciliations()},
-                   {"reconcile_dropped_listings", st->reconcile_dropped_listings()},
-                   {"read_repairs", st->read_repairs()},
-                   {"index_bytes_per_entry", st->index_bytes_per_entry()}}
-                  .dump(2)
-           << "\n";
+      // Every cluster stat under its name (common/cluster_stats.h), and
+      // "objects", the name object_count had here first.
+      json j{{"nodes", nodes}, {"objects", st->object_count()}};
+#define HYM_JSON_GAUGE_(field, metric, help) j[#field] = st->field();
+#define HYM_JSON_COUNTER_(field) j[#field] = st->field();
+      HYM_CLUSTER_STATS(HYM_JSON_GAUGE_, HYM_JSON_COUNTER_)
+#undef HYM_JSON_GAUGE_
+#undef HYM_JSON_COUNTER_
+      out_ << j.dump(2) << "\n";
       return 0;
     }
     auto seen = [&](const hymcache::v1::NodeInfo& n) -> std::string {

@@ -1,0 +1,56 @@
+#include "common/daemon_flags.h"
+
+#include <gflags/gflags.h>
+
+#include "common/build_info.h"
+
+namespace {
+
+// The defaults of every flag below.
+const hymcache::DaemonOptions& Defaults() {
+  static const hymcache::DaemonOptions* const d = new hymcache::DaemonOptions;
+  return *d;
+}
+
+}  // namespace
+
+DEFINE_string(auth_tokens_file, Defaults().auth_tokens_file.c_str(),
+              "identities file or directory of the daemon's gRPC callers "
+              "(docs/security.md; a storage node's are its control service's "
+              "admins); re-read on SIGHUP. Empty: no authentication, "
+              "loopback only");
+DEFINE_bool(insecure, Defaults().insecure,
+            "without --auth_tokens_file, listen on a non-loopback address "
+            "anyway (every caller is an admin)");
+DEFINE_string(tls_cert, Defaults().tls.cert_file.c_str(),
+              "PEM server certificate chain (enables TLS; a storage node "
+              "also presents it to the master as its client certificate); "
+              "re-read on SIGHUP");
+DEFINE_string(tls_key, Defaults().tls.key_file.c_str(),
+              "PEM private key of --tls_cert");
+DEFINE_string(tls_ca, Defaults().tls.ca_file.c_str(),
+              "PEM CA certificates that verify client certificates (a "
+              "storage node's also verify the master, and enable TLS "
+              "towards it)");
+DEFINE_bool(tls_require_client_cert, Defaults().tls.require_client_cert,
+            "refuse TLS clients without a certificate signed by --tls_ca");
+DEFINE_string(metrics_listen, Defaults().metrics_listen.c_str(),
+              "HOST:PORT serving Prometheus metrics on /metrics (port 0 "
+              "picks a free port; empty: none). Non-loopback only with "
+              "--auth_tokens_file or --insecure");
+
+namespace hymcache {
+
+void DaemonOptionsFromFlags(DaemonOptions* options) {
+  options->auth_tokens_file = FLAGS_auth_tokens_file;
+  options->insecure = FLAGS_insecure;
+  options->tls.cert_file = FLAGS_tls_cert;
+  options->tls.key_file = FLAGS_tls_key;
+  options->tls.ca_file = FLAGS_tls_ca;
+  options->tls.require_client_cert = FLAGS_tls_require_client_cert;
+  options->metrics_listen = FLAGS_metrics_listen;
+  options->build_version = BuildInfo().version;
+  options->build_commit = BuildInfo().git_commit;
+}
+
+}  // namespace hymcache
