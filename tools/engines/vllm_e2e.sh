@@ -5,7 +5,11 @@
 # Llama model (random weights from a fixed seed, no hub access), starts a
 # master with one hybrid and one DRAM storage node, and replays a multi-turn
 # chat through vLLM with the HyMCache connector, without any connector, and
-# with vLLM's own CPU offloading, side by side. Its last line:
+# with vLLM's own CPU offloading, side by side; the long form also runs the
+# peers' connectors (vLLM's MooncakeStoreConnector on a Mooncake master,
+# LMCache's LMCacheConnectorV1; tools/engines/vllm_peers.sh installs them)
+# and a pair of runs on prompts nothing has seen, with and without the
+# connector (its cost on a turn with no hits). Its last line:
 #   vllm_e2e: conversations=N turns=T identical_outputs=yes|no ...
 #
 #   tools/engines/vllm_e2e.sh           the long form: 8 conversations x 6
@@ -13,6 +17,9 @@
 #                                       plus a run with a storage node killed
 #   tools/engines/vllm_e2e.sh --short   CI's form: a tiny model, 2 x 3 turns,
 #                                       vLLM with and without the connector
+#                                       (and the no-hit pair), no peers
+#   --configs=a,b,...  only these (none hymcache nohit offload mooncake
+#                      lmcache kill nomaster)
 #   --work=DIR keeps the model, logs and per-request results in DIR.
 # Exits non-zero when outputs differ from recomputation or nothing was
 # measured.
@@ -26,4 +33,14 @@ BIN=$(bazel info -c opt bazel-bin 2>/dev/null)
 # No hub, no telemetry; the engine core in this process (one worker).
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
   DO_NOT_TRACK=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
-exec "$PY" tools/engines/vllm_e2e.py --bin="$BIN" "$@"
+PEERS=()
+case " $* " in
+  *" --short "*) ;;
+  *) if DIR=$(bash tools/engines/vllm_peers.sh | tail -n 1); then
+       PEERS=(--peers="$DIR")
+     else
+       echo "vllm_e2e: the peers' connectors could not be installed" \
+         "(tools/engines/vllm_peers.sh); their configurations say so" >&2
+     fi ;;
+esac
+exec "$PY" tools/engines/vllm_e2e.py --bin="$BIN" "${PEERS[@]}" "$@"
