@@ -188,6 +188,7 @@ class ReplicationSource::Stream {
     {
       MutexLock l(&source_->mu_);
       follower_->copying = copy;
+      if (copy) ++source_->counters_.full_copies;
     }
     RETURN_IF_FALSE(Send(start));
     uint64_t next = first.from_sequence() + 1;
@@ -228,10 +229,6 @@ class ReplicationSource::Stream {
     end.set_kind(v1::FollowResponse::COPY_END);
     end.set_sequence(at);
     RETURN_IF_FALSE(Send(end));
-    {
-      MutexLock l(&source_->mu_);
-      ++source_->counters_.full_copies;
-    }
     LOG(INFO) << "replication: full copy at sequence " << at << " sent to "
               << follower_->name << " (" << follower_->peer << ")";
     return at;

@@ -108,7 +108,7 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
     uint64_t latest_sequence = 0;
     // Over the source's life.
     uint64_t streams_started = 0;
-    uint64_t full_copies = 0;
+    uint64_t full_copies = 0;  // started
     uint64_t batches_sent = 0;
     uint64_t copy_records_sent = 0;
     uint64_t streams_refused = 0;  // credentials

@@ -173,6 +173,8 @@ TEST_CASE("A follower catches up from empty with a full copy, then follows "
   CHECK(fs.applied_sequence == leader.Latest());
   CHECK(fs.leader_db_id == leader.source->db_id());
 
+  // The acknowledgement reaches the leader after the follower applied.
+  REQUIRE(leader.source->WaitReplicated(leader.Latest(), Soon()).ok());
   ReplicationSource::Stats ss = leader.source->GetStats();
   CHECK(ss.full_copies == 1);
   REQUIRE(ss.followers.size() == 1);
