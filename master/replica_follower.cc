@@ -61,6 +61,51 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
   return FromRocksDb(s, "replica follower", what);
 }
 
+// The write batches of a BATCH message as one. A batch's representation
+// (RocksDB's write-log record: sequence u64, count u32, then the records)
+// is stable across RocksDB versions; the records of several batches
+// concatenate under one header with their summed count (what RocksDB's
+// internal WriteBatchInternal::Append does).
+constexpr size_t kBatchHeader = 12;
+absl::StatusOr<rocksdb::WriteBatch> Concatenate(const v1::FollowResponse& m) {
+  if (m.batches_size() == 1) {
+    rocksdb::WriteBatch b(m.batches(0));
+    if (b.Count() != m.count() || m.count() == 0) {
+      return absl::DataLossError(absl::StrCat(
+          "batch at sequence ", m.sequence(), " holds ", b.Count(),
+          " records, announced ", m.count()));
+    }
+    return b;
+  }
+  size_t size = kBatchHeader;
+  for (const std::string& rep : m.batches()) {
+    if (rep.size() < kBatchHeader) {
+      return absl::DataLossError(absl::StrCat(
+          "a batch of ", rep.size(), " bytes at sequence ", m.sequence()));
+    }
+    size += rep.size() - kBatchHeader;
+  }
+  std::string all;
+  all.reserve(size);
+  all.append(kBatchHeader, '\0');
+  uint64_t count = 0;
+  for (const std::string& rep : m.batches()) {
+    count += absl::little_endian::Load32(rep.data() + 8);
+    all.append(rep, kBatchHeader, std::string::npos);
+  }
+  if (count != m.count() || count == 0 || count > UINT32_MAX) {
+    return absl::DataLossError(absl::StrCat(
+        "batches at sequence ", m.sequence(), " hold ", count,
+        " records, announced ", m.count()));
+  }
+  absl::little_endian::Store32(all.data() + 8, static_cast<uint32_t>(count));
+  rocksdb::WriteBatch b(std::move(all));
+  if (b.Count() != count) {
+    return absl::DataLossError("concatenated batches do not add up");
+  }
+  return b;
+}
+
 }  // namespace
 
 absl::Status ReplicaFollowerOptions::Validate() const {
@@ -282,14 +327,14 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& leader,
     stream->Write(a);  // a broken stream shows at the next Read
   };
   // The state after each apply, for WaitApplied and the lag reports.
-  auto publish = [&](bool batch) {
+  auto publish = [&](int batches) {
     {
       MutexLock l(&mu_);
       stats_.applied_sequence = applied;
       stats_.leader_db_id = copying ? "" : db_id;
       stats_.copying = copying;
       stats_.streaming = !copying;
-      if (batch) ++stats_.batches_applied;
+      stats_.batches_applied += batches;
     }
     changed_.SignalAll();
   };
@@ -302,7 +347,7 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& leader,
           if (m.db_id() != db_id) {
             local = absl::InternalError("leader resumed another database");
           }
-          publish(false);
+          publish(0);
           break;
         }
         // Everything goes, in one write with the position "copying".
@@ -318,7 +363,7 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& leader,
         }
         local = FromRocks(it->status(), "scan before a copy");
         if (local.ok()) local = ApplyWithPosition(&b, "", 0, true);
-        publish(false);
+        publish(0);
         LOG(INFO) << "replica follower: full copy from " << leader;
         break;
       }
@@ -346,7 +391,7 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& leader,
           MutexLock l(&mu_);
           ++stats_.full_copies;
         }
-        publish(false);
+        publish(0);
         *progressed = true;
         LOG(INFO) << "replica follower: full copy done at leader sequence "
                   << applied;
@@ -359,17 +404,15 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& leader,
               "batch at sequence ", m.sequence(), " after ", applied));
           break;
         }
-        rocksdb::WriteBatch b(m.batch());
-        if (b.Count() != m.count() || m.count() == 0) {
-          local = absl::DataLossError(absl::StrCat(
-              "batch at sequence ", m.sequence(), " holds ", b.Count(),
-              " records, announced ", m.count()));
+        absl::StatusOr<rocksdb::WriteBatch> b = Concatenate(m);
+        if (!b.ok()) {
+          local = b.status();
           break;
         }
-        local = ApplyWithPosition(&b, db_id, applied + m.count(), false);
+        local = ApplyWithPosition(&*b, db_id, applied + m.count(), false);
         if (!local.ok()) break;
         applied += m.count();
-        publish(true);
+        publish(m.batches_size());
         *progressed = true;
         ack();
         break;

@@ -107,7 +107,7 @@ class ReplicaFollower {
     std::string leader_db_id;
     // The leader's latest sequence as last heard, minus applied_sequence.
     uint64_t lag_sequences = 0;
-    uint64_t batches_applied = 0;
+    uint64_t batches_applied = 0;  // the leader's write batches
     uint64_t full_copies = 0;  // completed
     uint64_t connects = 0;     // streams opened
     std::string last_error;

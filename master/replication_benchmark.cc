@@ -6,7 +6,7 @@
 // A MasterService over a RocksDB store (as the daemon runs it: no fsync per
 // write, the log kept for followers) takes PutStart + PutCommit of --keys
 // 64 KiB blocks per put from --threads threads for --seconds, in three
-// modes, side by side, --reps times in turn:
+// modes, side by side, --reps times (each rep starts with the next mode):
 //   off:   no replication;
 //   async: a ReplicaFollower (in this process, over loopback gRPC) follows
 //          the leader; commits do not wait for it. A sampler reads the
@@ -247,7 +247,8 @@ int Main(int argc, char** argv) {
   double total_puts[3] = {0, 0, 0};
   double total_seconds[3] = {0, 0, 0};
   for (int rep = 0; rep < flags.reps; ++rep) {
-    for (int mi = 0; mi < 3; ++mi) {
+    for (int k = 0; k < 3; ++k) {
+      const int mi = (k + rep) % 3;  // each mode first in turn
       Result r = RunOnce(flags, modes[mi], rep);
       total_puts[mi] += r.puts;
       total_seconds[mi] += r.seconds;

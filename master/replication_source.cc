@@ -48,7 +48,8 @@ absl::Status ReplicationSourceOptions::Validate() const {
   if (store == nullptr) {
     return absl::InvalidArgumentError("replication source: store is required");
   }
-  if (copy_chunk_records == 0 || copy_chunk_bytes == 0) {
+  if (copy_chunk_records == 0 || copy_chunk_bytes == 0 ||
+      log_message_bytes == 0) {
     return absl::InvalidArgumentError(
         "replication source: copy chunks must be > 0");
   }
@@ -75,8 +76,13 @@ absl::StatusOr<std::unique_ptr<ReplicationSource>> ReplicationSource::Create(
                     "(keep_wal_seconds 0): a follower that falls behind by "
                     "more than the live log takes a full copy";
   }
-  return std::unique_ptr<ReplicationSource>(
+  std::unique_ptr<ReplicationSource> source(
       new ReplicationSource(options, std::move(id)));
+  absl::StatusOr<Thread> t = Thread::Start(
+      "repl-deadline", [p = source.get()] { p->ExpireWaiters(); });
+  if (!t.ok()) return t.status();
+  source->deadline_thread_ = std::move(t).value();
+  return source;
 }
 
 ReplicationSource::ReplicationSource(const ReplicationSourceOptions& options,
@@ -107,9 +113,7 @@ absl::Status ReplicationSource::WaitReplicated(uint64_t seq,
     if (shutdown_) {
       return absl::UnavailableError("replication source shut down");
     }
-    for (const auto& [id, f] : followers_) {
-      if (!f->copying && f->acked >= seq) return absl::OkStatus();
-    }
+    if (HeldLocked() >= seq) return absl::OkStatus();
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "no standby holds sequence ", seq, " (", followers_.size(),
@@ -119,12 +123,117 @@ absl::Status ReplicationSource::WaitReplicated(uint64_t seq,
   }
 }
 
+uint64_t ReplicationSource::HeldLocked() const {
+  uint64_t held = 0;
+  for (const auto& [id, f] : followers_) {
+    if (!f->copying) held = std::max(held, f->acked);
+  }
+  return held;
+}
+
+std::vector<std::function<void(absl::Status)>>
+ReplicationSource::TakeSatisfiedLocked(uint64_t held) {
+  std::vector<std::function<void(absl::Status)>> out;
+  auto end = waiters_by_seq_.upper_bound(held);
+  for (auto it = waiters_by_seq_.begin(); it != end;) {
+    auto w = waiters_.find(it->second);
+    auto range = waiters_by_deadline_.equal_range(w->second.deadline);
+    for (auto d = range.first; d != range.second; ++d) {
+      if (d->second == it->second) {
+        waiters_by_deadline_.erase(d);
+        break;
+      }
+    }
+    out.push_back(std::move(w->second.done));
+    waiters_.erase(w);
+    it = waiters_by_seq_.erase(it);
+  }
+  return out;
+}
+
+void ReplicationSource::OnReplicated(uint64_t seq, absl::Time deadline,
+                                     std::function<void(absl::Status)> done) {
+  NotifyWrite();
+  absl::Status now;
+  {
+    MutexLock l(&mu_);
+    if (shutdown_) {
+      now = absl::UnavailableError("replication source shut down");
+    } else if (HeldLocked() >= seq) {
+      now = absl::OkStatus();
+    } else {
+      const uint64_t id = next_waiter_++;
+      const bool earliest = waiters_by_deadline_.empty() ||
+                            deadline < waiters_by_deadline_.begin()->first;
+      waiters_by_seq_.emplace(seq, id);
+      waiters_by_deadline_.emplace(deadline, id);
+      waiters_.emplace(id, Waiter{seq, deadline, std::move(done)});
+      if (earliest) deadlines_changed_.Signal();
+      return;
+    }
+  }
+  done(now);
+}
+
+void ReplicationSource::ExpireWaiters() {
+  for (;;) {
+    std::vector<std::pair<uint64_t, std::function<void(absl::Status)>>> fired;
+    {
+      MutexLock l(&mu_);
+      for (;;) {
+        if (shutdown_) return;  // Shutdown answers the rest
+        const absl::Time now = absl::Now();
+        if (!waiters_by_deadline_.empty() &&
+            waiters_by_deadline_.begin()->first <= now) {
+          break;
+        }
+        deadlines_changed_.WaitWithDeadline(
+            &mu_, waiters_by_deadline_.empty()
+                      ? absl::InfiniteFuture()
+                      : waiters_by_deadline_.begin()->first);
+      }
+      const absl::Time now = absl::Now();
+      while (!waiters_by_deadline_.empty() &&
+             waiters_by_deadline_.begin()->first <= now) {
+        const uint64_t id = waiters_by_deadline_.begin()->second;
+        waiters_by_deadline_.erase(waiters_by_deadline_.begin());
+        auto w = waiters_.find(id);
+        auto range = waiters_by_seq_.equal_range(w->second.seq);
+        for (auto it = range.first; it != range.second; ++it) {
+          if (it->second == id) {
+            waiters_by_seq_.erase(it);
+            break;
+          }
+        }
+        fired.emplace_back(w->second.seq, std::move(w->second.done));
+        waiters_.erase(w);
+      }
+    }
+    for (auto& [seq, done] : fired) {
+      done(absl::DeadlineExceededError(
+          absl::StrCat("no standby holds sequence ", seq)));
+    }
+  }
+}
+
 void ReplicationSource::Shutdown() {
-  MutexLock l(&mu_);
-  shutdown_ = true;
-  for (const auto& [id, ctx] : contexts_) ctx->TryCancel();
-  changed_.SignalAll();
-  while (!followers_.empty()) changed_.Wait(&mu_);
+  std::vector<std::function<void(absl::Status)>> waiting;
+  {
+    MutexLock l(&mu_);
+    shutdown_ = true;
+    for (const auto& [id, ctx] : contexts_) ctx->TryCancel();
+    changed_.SignalAll();
+    deadlines_changed_.SignalAll();
+    while (!followers_.empty()) changed_.Wait(&mu_);
+    for (auto& [id, w] : waiters_) waiting.push_back(std::move(w.done));
+    waiters_.clear();
+    waiters_by_seq_.clear();
+    waiters_by_deadline_.clear();
+  }
+  for (auto& done : waiting) {
+    done(absl::UnavailableError("replication source shut down"));
+  }
+  deadline_thread_.Join();
 }
 
 ReplicationSource::Stats ReplicationSource::GetStats() const {
@@ -301,6 +410,28 @@ class ReplicationSource::Stream {
       }
       if (!fresh) it->Next();
       const uint64_t before = next;
+      v1::FollowResponse m;
+      size_t bytes = 0;
+      int batches = 0;
+      auto send = [&]() -> bool {
+        if (batches == 0) return true;
+        m.set_kind(v1::FollowResponse::BATCH);
+        m.set_sequence(next - m.count());
+        if (!Send(m)) return false;
+        {
+          MutexLock l(&source_->mu_);
+          source_->counters_.batches_sent += batches;
+          ++source_->counters_.messages_sent;
+          if (follower_->in_flight.size() < kMaxInFlight) {
+            follower_->in_flight.emplace_back(next - 1, source_->clock_->Now());
+          }
+        }
+        m.Clear();
+        bytes = 0;
+        batches = 0;
+        last_sent = absl::Now();
+        return true;
+      };
       while (it->Valid()) {
         rocksdb::BatchResult b = it->GetBatch();
         const uint32_t count = b.writeBatchPtr->Count();
@@ -309,26 +440,21 @@ class ReplicationSource::Stream {
           continue;
         }
         if (b.sequence != next) {
+          RETURN_IF_FALSE(send());
           return absl::OutOfRangeError(absl::StrCat(
               "the log skips from sequence ", next, " to ", b.sequence));
         }
-        v1::FollowResponse m;
-        m.set_kind(v1::FollowResponse::BATCH);
-        m.set_sequence(b.sequence);
-        m.set_count(count);
-        m.set_batch(b.writeBatchPtr->Data());
-        RETURN_IF_FALSE(Send(m));
+        m.add_batches(b.writeBatchPtr->Data());
+        m.set_count(m.count() + count);
+        bytes += b.writeBatchPtr->GetDataSize();
+        ++batches;
         next += count;
-        last_sent = absl::Now();
-        {
-          MutexLock l(&source_->mu_);
-          ++source_->counters_.batches_sent;
-          if (follower_->in_flight.size() < kMaxInFlight) {
-            follower_->in_flight.emplace_back(next - 1, source_->clock_->Now());
-          }
+        if (bytes >= source_->options_.log_message_bytes) {
+          RETURN_IF_FALSE(send());
         }
         it->Next();
       }
+      RETURN_IF_FALSE(send());
       const bool was_fresh = fresh;
       fresh = false;
       if (!it->status().ok()) {
@@ -391,6 +517,7 @@ grpc::Status ReplicationSource::Follow(
   absl::StatusOr<Thread> acks = Thread::Start("repl-acks", [&] {
     v1::FollowRequest ack;
     while (stream->Read(&ack)) {
+      std::vector<std::function<void(absl::Status)>> satisfied;
       {
         MutexLock l(&mu_);
         f.copying = false;
@@ -398,8 +525,10 @@ grpc::Status ReplicationSource::Follow(
         while (!f.in_flight.empty() && f.in_flight.front().first <= f.acked) {
           f.in_flight.pop_front();
         }
+        satisfied = TakeSatisfiedLocked(HeldLocked());
       }
       changed_.SignalAll();
+      for (auto& done : satisfied) done(absl::OkStatus());
     }
   });
   absl::Status s;

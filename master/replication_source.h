@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -33,6 +34,7 @@
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "common/security.h"
+#include "common/thread.h"
 #include "master/metadata_store.h"
 #include "proto/replication.grpc.pb.h"
 
@@ -55,6 +57,10 @@ struct ReplicationSourceOptions {
   size_t copy_chunk_records = 4096;
   // Bytes of keys and values per full-copy message. Default: 1 MiB.
   size_t copy_chunk_bytes = size_t{1} << 20;
+  // Most bytes of write batches per log message: the batches already
+  // written when a stream wakes go out together (one message, one write
+  // and one acknowledgement on the follower). Default: 1 MiB.
+  size_t log_message_bytes = size_t{1} << 20;
   // How often an idle stream looks for new writes it was not told about
   // (NotifyWrite wakes it at once) and sends a heartbeat. This bounds the
   // replication delay of writes no one notifies. Default: 5 ms.
@@ -86,6 +92,15 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
   // follower connected; Unavailable once shut down.
   absl::Status WaitReplicated(uint64_t seq, absl::Time deadline);
 
+  // The same without blocking, for a completion-queue or callback server:
+  // `done` runs once, with OK when a follower holds `seq`, DeadlineExceeded
+  // at `deadline`, or Unavailable at Shutdown. It runs on the caller's
+  // thread when a follower already holds `seq` (or after Shutdown), else on
+  // the thread of the acknowledgement ("repl-acks") or of the deadline
+  // ("repl-deadline"): keep it short and non-blocking.
+  void OnReplicated(uint64_t seq, absl::Time deadline,
+                    std::function<void(absl::Status)> done);
+
   // Ends every stream (CANCELLED to the followers) and refuses new ones;
   // WaitReplicated returns Unavailable. Idempotent; blocks until the
   // handlers have left.
@@ -109,7 +124,8 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
     // Over the source's life.
     uint64_t streams_started = 0;
     uint64_t full_copies = 0;  // started
-    uint64_t batches_sent = 0;
+    uint64_t batches_sent = 0;   // the leader's write batches
+    uint64_t messages_sent = 0;  // log messages (several batches each)
     uint64_t copy_records_sent = 0;
     uint64_t streams_refused = 0;  // credentials
     std::vector<FollowerStats> followers;
@@ -138,14 +154,35 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
   bool WaitForWrites(grpc::ServerContext* ctx, uint64_t next,
                      absl::Time until);
   uint64_t Latest() const;
+  // The highest sequence some follower past its copy has acknowledged.
+  uint64_t HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the OnReplicated waiters up to `held` and returns their
+  // callbacks.
+  std::vector<std::function<void(absl::Status)>> TakeSatisfiedLocked(
+      uint64_t held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The "repl-deadline" thread: expires OnReplicated waiters.
+  void ExpireWaiters();
 
   // Constant after construction.
   const ReplicationSourceOptions options_;
   Clock* const clock_;
   const std::string db_id_;
 
+  Thread deadline_thread_;  // started by Create, joined by Shutdown
+
   mutable Mutex mu_;
   CondVar changed_;  // writes notified, acks, shutdown
+  CondVar deadlines_changed_;  // an earlier OnReplicated deadline, shutdown
+  struct Waiter {
+    uint64_t seq;
+    absl::Time deadline;
+    std::function<void(absl::Status)> done;
+  };
+  uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // by id
+  std::multimap<uint64_t, uint64_t> waiters_by_seq_ ABSL_GUARDED_BY(mu_);
+  std::multimap<absl::Time, uint64_t> waiters_by_deadline_
+      ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t notified_ ABSL_GUARDED_BY(mu_) = 0;  // NotifyWrite calls
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/eventually.h"
 #include "common/security.h"
 #include "master/master_service_test_fixture.h"
@@ -206,7 +207,11 @@ TEST_CASE("A restarted follower resumes from its position without a full "
   WaitApplied(f.get(), leader.Latest());
   CHECK(f->GetStats().full_copies == 0);
   CHECK(f->GetStats().batches_applied >= 20);
-  CHECK(leader.source->GetStats().full_copies == 1);
+  const ReplicationSource::Stats ss = leader.source->GetStats();
+  CHECK(ss.full_copies == 1);
+  // What was written while it was down went out together (one message,
+  // applied in one write).
+  CHECK(ss.messages_sent < ss.batches_sent);
   REQUIRE(f->Stop().ok());
   CHECK(DumpDir(dir) == DumpStore(leader.store));
 }
@@ -301,6 +306,58 @@ TEST_CASE("WaitReplicated returns once a follower holds the sequence, and "
   leader.source->Shutdown();
   CHECK(leader.source->WaitReplicated(leader.Latest(), Soon()).code() ==
         absl::StatusCode::kUnavailable);
+}
+
+// OnReplicated's answer, once it comes.
+struct Answer {
+  void Set(absl::Status s) {
+    status = std::move(s);
+    done.Notify();
+  }
+  absl::Status Get() {
+    REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return status;
+  }
+  absl::Notification done;
+  absl::Status status;
+};
+
+TEST_CASE("OnReplicated answers once a follower holds the sequence, at its "
+          "deadline without one, and at Shutdown") {
+  Leader leader("on_replicated");
+  WriteSome(leader.store, "one", 5);
+  {
+    Answer late;
+    leader.source->OnReplicated(leader.Latest(),
+                                absl::Now() + absl::Milliseconds(50),
+                                [&](absl::Status s) { late.Set(s); });
+    CHECK(late.Get().code() == absl::StatusCode::kDeadlineExceeded);
+  }
+
+  auto f = Follow(TestDir("on_replicated_standby"), leader.address);
+  // Waits past every write below, with a deadline later than theirs.
+  Answer never;
+  leader.source->OnReplicated(leader.Latest() + 1000000,
+                              Soon() + absl::Hours(1),
+                              [&](absl::Status s) { never.Set(s); });
+  for (int i = 0; i < 10; ++i) {
+    REQUIRE(leader.store->PutObjects({{absl::StrCat("o", i), ObjectRecord{}}})
+                .ok());
+    const uint64_t seq = leader.Latest();
+    Answer held;
+    leader.source->OnReplicated(seq, Soon(),
+                                [&](absl::Status s) { held.Set(s); });
+    absl::Status s = held.Get();
+    INFO(s.ToString());
+    REQUIRE(s.ok());
+    CHECK(f->GetStats().applied_sequence >= seq);
+  }
+  CHECK_FALSE(never.done.HasBeenNotified());
+  leader.source->Shutdown();
+  CHECK(never.Get().code() == absl::StatusCode::kUnavailable);
+  Answer after;
+  leader.source->OnReplicated(1, Soon(), [&](absl::Status s) { after.Set(s); });
+  CHECK(after.Get().code() == absl::StatusCode::kUnavailable);
 }
 
 TEST_CASE("Only an admin of the cluster may follow the leader") {
