@@ -495,12 +495,7 @@ grpc::Status ReplicationSource::Follow(
       return ToGrpcStatus(id.status());
     }
   }
-  v1::FollowRequest first;
-  if (!stream->Read(&first)) {
-    return grpc::Status(grpc::StatusCode::CANCELLED, "no first message");
-  }
   Follower f;
-  f.name = first.follower();
   f.peer = ctx->peer();
   uint64_t id = 0;
   {
@@ -510,9 +505,26 @@ grpc::Status ReplicationSource::Follow(
                           "replication source shut down");
     }
     id = next_id_++;
-    followers_[id] = &f;
+    followers_[id] = &f;  // copying: counts for nothing yet
     contexts_[id] = ctx;
     ++counters_.streams_started;
+  }
+  auto leave = [&] {
+    {
+      MutexLock l(&mu_);
+      followers_.erase(id);
+      contexts_.erase(id);
+    }
+    changed_.SignalAll();
+  };
+  v1::FollowRequest first;
+  if (!stream->Read(&first)) {
+    leave();
+    return grpc::Status(grpc::StatusCode::CANCELLED, "no first message");
+  }
+  {
+    MutexLock l(&mu_);
+    f.name = first.follower();
   }
   absl::StatusOr<Thread> acks = Thread::Start("repl-acks", [&] {
     v1::FollowRequest ack;
@@ -541,12 +553,7 @@ grpc::Status ReplicationSource::Follow(
   } else {
     s = acks.status();
   }
-  {
-    MutexLock l(&mu_);
-    followers_.erase(id);
-    contexts_.erase(id);
-  }
-  changed_.SignalAll();
+  leave();
   if (!absl::IsCancelled(s)) {
     LOG(WARNING) << "replication: stream to " << f.name << " ended: " << s;
   }

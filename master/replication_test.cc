@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "common/eventually.h"
+#include "common/mutex.h"
 #include "common/security.h"
 #include "master/master_service_test_fixture.h"
 #include "master/metadata_store.h"
@@ -308,18 +308,30 @@ TEST_CASE("WaitReplicated returns once a follower holds the sequence, and "
         absl::StatusCode::kUnavailable);
 }
 
-// OnReplicated's answer, once it comes.
+// OnReplicated's answer, once it comes (hymcache::Mutex: tsan sees its
+// ordering, not that of Debian's uninstrumented absl::Notification).
 struct Answer {
   void Set(absl::Status s) {
+    MutexLock l(&mu);
     status = std::move(s);
-    done.Notify();
+    done = true;
+  }
+  bool Done() {
+    MutexLock l(&mu);
+    return done;
   }
   absl::Status Get() {
-    REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    MutexLock l(&mu);
+    const absl::Time deadline = Soon();
+    while (!done && absl::Now() < deadline) {
+      mu.AwaitWithDeadline(absl::Condition(&done), deadline);
+    }
+    REQUIRE(done);
     return status;
   }
-  absl::Notification done;
-  absl::Status status;
+  Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
 };
 
 TEST_CASE("OnReplicated answers once a follower holds the sequence, at its "
@@ -352,7 +364,7 @@ TEST_CASE("OnReplicated answers once a follower holds the sequence, at its "
     REQUIRE(s.ok());
     CHECK(f->GetStats().applied_sequence >= seq);
   }
-  CHECK_FALSE(never.done.HasBeenNotified());
+  CHECK_FALSE(never.Done());
   leader.source->Shutdown();
   CHECK(never.Get().code() == absl::StatusCode::kUnavailable);
   Answer after;
