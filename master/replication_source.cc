@@ -458,6 +458,19 @@ class ReplicationSource::Stream {
       const bool was_fresh = fresh;
       fresh = false;
       if (!it->status().ok()) {
+        if (was_fresh && next == before) {
+          // A new iterator that cannot read: the log is damaged or gone,
+          // or (TryAgain) it moved to a new file meanwhile: try again in a
+          // moment.
+          if (it->status().IsTryAgain()) {
+            absl::SleepFor(source_->options_.poll_interval);
+            it.reset();
+            continue;
+          }
+          return absl::OutOfRangeError(
+              absl::StrCat("reading the log at sequence ", next, ": ",
+                           it->status().ToString()));
+        }
         // TryAgain: the log moved to a new file; read on from a new
         // iterator.
         VLOG(1) << "replication: reopening the log at " << next << ": "
