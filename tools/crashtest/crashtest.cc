@@ -182,19 +182,22 @@ bool CrashTest::Impl::VerifyLoaded(const char* what,
   return wrong.empty();
 }
 
+absl::StatusOr<ClusterStatus> CrashTest::Impl::PollClusterStatus() {
+  CallOptions call;
+  call.deadline = absl::Now() + absl::Seconds(2);
+  absl::StatusOr<ClusterStatus> st = client_->GetClusterStatus(call);
+  NoteCall("GetClusterStatus", call.deadline, absl::Now());
+  MutexLock l(&mu_);
+  ++report_.other_calls;
+  return st;
+}
+
 absl::Status CrashTest::Impl::WaitNodesAlive(absl::Time after,
                                              absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::string last;
   while (true) {
-    CallOptions call;
-    call.deadline = absl::Now() + absl::Seconds(2);
-    absl::StatusOr<ClusterStatus> st = client_->GetClusterStatus(call);
-    NoteCall("GetClusterStatus", call.deadline, absl::Now());
-    {
-      MutexLock l(&mu_);
-      ++report_.other_calls;
-    }
+    absl::StatusOr<ClusterStatus> st = PollClusterStatus();
     if (st.ok()) {
       size_t ready = 0;
       for (const NodeStatus& n : st->nodes) {

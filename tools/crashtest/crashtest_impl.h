@@ -131,6 +131,8 @@ class CrashTest::Impl {
   // Sleeps `d`; returns early (false) when the workload stops.
   bool SleepUnlessStopping(absl::Duration d);
 
+  // One GetClusterStatus with a 2 s deadline, counted as a call.
+  absl::StatusOr<ClusterStatus> PollClusterStatus();
   // Polls the master's stats (evictions).
   void MonitorLoop();
 
