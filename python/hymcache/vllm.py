@@ -63,6 +63,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
+import numpy as np
 import torch
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -235,6 +236,8 @@ class HyMCacheConnector(KVConnectorBase_V1):
             self._keys = hymcache.KeyBuilder(tp_rank=tp_rank, **ns)
             self._tp_rank = tp_rank
             self._layers: List[Tuple[torch.Tensor, int]] = []  # (tensor, block dim)
+            # numpy views of host layers ([] when not all are; None: unknown)
+            self._np_layers: Optional[List[np.ndarray]] = None
             self._row_elems: List[int] = []
             self._row_bytes = 0
             self._dtype: Optional[torch.dtype] = None
@@ -418,6 +421,7 @@ class HyMCacheConnector(KVConnectorBase_V1):
             row_elems.append(t.numel() // num_blocks)
             self._dtype = t.dtype
         self._layers = layers
+        self._np_layers = None
         self._row_elems = row_elems
         elem = torch.empty((), dtype=self._dtype).element_size()
         self._row_bytes = sum(row_elems) * elem
@@ -428,10 +432,42 @@ class HyMCacheConnector(KVConnectorBase_V1):
             self._row_bytes,
         )
 
+    def _host_views(self) -> Optional[List[np.ndarray]]:
+        """Each layer's KV cache as a [num_blocks, bytes per block] numpy
+        view of the same memory, when every layer is a contiguous host
+        tensor with the block axis first (vLLM's CPU backend); else None.
+
+        Why numpy there: torch's index_select / copy_ / index_copy_ run on
+        the OpenMP pool that vLLM's CPU worker binds to its cores, and
+        between forward passes they were slow: gathering a 2,190-token
+        prompt's 68 blocks (8.7 MiB, 4 layers) took 45 ms inside vLLM on
+        the development VM, numpy's single-threaded copies 3 ms. On the
+        turn with no hits that gather is on the TTFT path (wait_for_save
+        runs before vLLM returns the first token)."""
+        if self._np_layers is None:
+            views: List[np.ndarray] = []
+            for t, bdim in self._layers:
+                if t.device.type != "cpu" or bdim != 0 or not t.is_contiguous():
+                    self._np_layers = []
+                    break
+                views.append(t.view(torch.uint8).numpy().reshape(t.shape[0], -1))
+            else:
+                self._np_layers = views
+        return self._np_layers or None
+
     def _gather(self, block_ids: List[int]) -> torch.Tensor:
         """Rows [n, row_bytes] (uint8) holding the blocks of every layer."""
         n = len(block_ids)
         rows = torch.empty((n, self._row_bytes), dtype=torch.uint8)
+        views = self._host_views()
+        if views is not None:
+            out = rows.numpy()
+            idx = np.asarray(block_ids, dtype=np.int64)
+            off = 0
+            for v in views:
+                out[:, off : off + v.shape[1]] = v[idx]
+                off += v.shape[1]
+            return rows
         typed = rows.view(self._dtype)
         idx = torch.tensor(block_ids, dtype=torch.long)
         off = 0
@@ -444,6 +480,15 @@ class HyMCacheConnector(KVConnectorBase_V1):
 
     def _scatter(self, rows: torch.Tensor, block_ids: List[int]) -> None:
         n = len(block_ids)
+        views = self._host_views()
+        if views is not None:
+            src = rows[:n].numpy()
+            idx = np.asarray(block_ids, dtype=np.int64)
+            off = 0
+            for v in views:
+                v[idx] = src[:, off : off + v.shape[1]]
+                off += v.shape[1]
+            return
         typed = rows[:n].view(self._dtype)
         idx = torch.tensor(block_ids, dtype=torch.long)
         off = 0

@@ -139,6 +139,28 @@ def test_the_connector_is_a_kv_connector_base_v1_subclass():
     assert issubclass(HyMCacheConnector, KVConnectorBase_V1)
 
 
+def test_the_host_copies_move_the_same_bytes_as_torch(cluster):
+    # On the CPU layout the connector gathers and scatters blocks with numpy
+    # (vLLM's OpenMP pool made torch's copies slow); the torch path serves
+    # other layouts. Both must move the same bytes.
+    _, worker, kv = make_pair(cluster.address, dtype=torch.bfloat16, seed=3)
+    ids = [5, 1, 9, 2]
+    assert worker._host_views() is not None
+    fast = worker._gather(ids)
+    worker._np_layers = []  # the torch path from here on
+    assert torch.equal(worker._gather(ids), fast)
+    before = {n: t.clone() for n, t in kv.items()}
+    worker._scatter(fast, [7, 3, 0, 4])
+    torch_written = {n: t.clone() for n, t in kv.items()}
+    for n, t in kv.items():
+        t.copy_(before[n])
+    worker._np_layers = None  # back to the host views
+    worker._scatter(fast, [7, 3, 0, 4])
+    for n, t in kv.items():
+        assert torch.equal(t, torch_written[n])
+        assert torch.equal(t[[7, 3, 0, 4]], before[n][ids])
+
+
 def test_a_second_engine_loads_the_saved_blocks_byte_for_byte(cluster):
     prompt = tokens_of(1, 4 * BS + 5)
     s1, w1, kv1 = make_pair(cluster.address, seed=1)

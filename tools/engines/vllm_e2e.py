@@ -11,8 +11,16 @@ each configuration, one engine process per configuration:
   none      no connector, prefix caching on, a KV pool holding at most 25%
             of the conversations' KV
   hymcache  the same plus hymcache.vllm.HyMCacheConnector
+  nohit     the connector's cost on turns with no hits: two engines in one
+            process (none, hymcache under a salt of its own), requests on
+            fresh prompts alternating none/hymcache/hymcache/none
   offload   the same plus vLLM's own CPU offloading (OffloadingConnector
-            through kv_offloading_size), with HyMCache's DRAM budget
+            through kv_offloading_size), with the peers' budget
+  mooncake  (long form) vLLM's MooncakeStoreConnector on a Mooncake master
+            (mooncake-transfer-engine-non-cuda, TCP), the same budget
+  lmcache   (long form) LMCache's LMCacheConnectorV1, its local CPU backend
+            holding the same budget (LMCache 0.5.6 has no CPU path: said in
+            one line)
   kill      (long form) hymcache under a fresh salt, the storage node
             holding the run's chains SIGKILLed before turn 4: the affected
             turns recompute
