@@ -294,6 +294,109 @@ absl::Status ReplicaFollower::ApplyWithPosition(rocksdb::WriteBatch* batch,
   return absl::OkStatus();
 }
 
+// What one stream has applied so far.
+struct ReplicaFollower::StreamState {
+  std::string db_id;     // the leader database's identity
+  uint64_t applied = 0;  // the last leader sequence applied
+  bool copying = false;  // in a full copy
+};
+
+void ReplicaFollower::Publish(const StreamState& st, uint64_t batches) {
+  {
+    MutexLock l(&mu_);
+    stats_.applied_sequence = st.applied;
+    stats_.leader_db_id = st.copying ? "" : st.db_id;
+    stats_.copying = st.copying;
+    stats_.streaming = !st.copying;
+    stats_.batches_applied += batches;
+    if (batches > 0) stats_.lag_sequences = 0;
+  }
+  changed_.SignalAll();
+}
+
+absl::Status ReplicaFollower::BeginCopy(const std::string& db_id,
+                                        StreamState* st) {
+  // Everything goes, in one write with the position "copying".
+  st->db_id = db_id;
+  st->copying = true;
+  st->applied = 0;
+  rocksdb::WriteBatch b;
+  b.DeleteRange(rocksdb::Slice(""), rocksdb::Slice("\xff", 1));
+  std::unique_ptr<rocksdb::Iterator> it(
+      db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(rocksdb::Slice("\xff", 1)); it->Valid(); it->Next()) {
+    b.Delete(it->key());
+  }
+  absl::Status s = FromRocks(it->status(), "scan before a copy");
+  if (s.ok()) s = ApplyWithPosition(&b, "", 0, true);
+  Publish(*st, 0);
+  LOG(INFO) << "replica follower: taking a full copy of the leader's store";
+  return s;
+}
+
+absl::Status ReplicaFollower::Handle(const v1::FollowResponse& m,
+                                     StreamState* st, bool* ack) {
+  *ack = false;
+  switch (m.kind()) {
+    case v1::FollowResponse::START:
+      if (m.copy()) return BeginCopy(m.db_id(), st);
+      if (m.db_id() != st->db_id) {
+        return absl::InternalError("leader resumed another database");
+      }
+      Publish(*st, 0);
+      return absl::OkStatus();
+    case v1::FollowResponse::COPY_CHUNK: {
+      if (!st->copying || m.keys_size() != m.values_size()) {
+        return absl::InternalError("unexpected copy chunk");
+      }
+      rocksdb::WriteBatch b;
+      for (int i = 0; i < m.keys_size(); ++i) b.Put(m.keys(i), m.values(i));
+      return FromRocks(db_->Write(rocksdb::WriteOptions(), &b), "copy");
+    }
+    case v1::FollowResponse::COPY_END: {
+      if (!st->copying) return absl::InternalError("unexpected end of copy");
+      rocksdb::WriteBatch b;
+      absl::Status s = ApplyWithPosition(&b, st->db_id, m.sequence(), false);
+      if (!s.ok()) return s;
+      st->copying = false;
+      st->applied = m.sequence();
+      {
+        MutexLock l(&mu_);
+        ++stats_.full_copies;
+      }
+      Publish(*st, 0);
+      LOG(INFO) << "replica follower: full copy done at leader sequence "
+                << st->applied;
+      *ack = true;
+      return absl::OkStatus();
+    }
+    case v1::FollowResponse::BATCH: {
+      if (st->copying || m.sequence() != st->applied + 1) {
+        return absl::InternalError(absl::StrCat(
+            "batch at sequence ", m.sequence(), " after ", st->applied));
+      }
+      absl::StatusOr<rocksdb::WriteBatch> b = Concatenate(m);
+      if (!b.ok()) return b.status();
+      absl::Status s =
+          ApplyWithPosition(&*b, st->db_id, st->applied + m.count(), false);
+      if (!s.ok()) return s;
+      st->applied += m.count();
+      Publish(*st, m.batches_size());
+      *ack = true;
+      return absl::OkStatus();
+    }
+    case v1::FollowResponse::HEARTBEAT: {
+      MutexLock l(&mu_);
+      stats_.lag_sequences =
+          m.sequence() > st->applied ? m.sequence() - st->applied : 0;
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InternalError(
+          absl::StrCat("unknown message kind ", m.kind()));
+  }
+}
+
 absl::Status ReplicaFollower::FollowOnce(const std::string& leader,
                                          bool* progressed) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
@@ -302,10 +405,7 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& leader,
   std::unique_ptr<v1::Replication::Stub> stub =
       v1::Replication::NewStub(*channel);
   grpc::ClientContext ctx;
-  v1::FollowRequest first;
-  first.set_follower(options_.name);
-  uint64_t applied = 0;
-  std::string db_id;
+  StreamState st;
   {
     MutexLock l(&mu_);
     if (stopping_ || leader_ != leader) {
@@ -313,123 +413,25 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& leader,
     }
     ctx_ = &ctx;
     ++stats_.connects;
-    applied = stats_.applied_sequence;
-    db_id = stats_.leader_db_id;
+    st.applied = stats_.applied_sequence;
+    st.db_id = stats_.leader_db_id;
   }
-  first.set_leader_db_id(db_id);
-  first.set_from_sequence(applied);
+  v1::FollowRequest first;
+  first.set_follower(options_.name);
+  first.set_leader_db_id(st.db_id);
+  first.set_from_sequence(st.applied);
   auto stream = stub->Follow(&ctx);
   absl::Status local;  // a failure on this side
-  bool copying = false;
-  auto ack = [&] {
-    v1::FollowRequest a;
-    a.set_applied_sequence(applied);
-    stream->Write(a);  // a broken stream shows at the next Read
-  };
-  // The state after each apply, for WaitApplied and the lag reports.
-  auto publish = [&](int batches) {
-    {
-      MutexLock l(&mu_);
-      stats_.applied_sequence = applied;
-      stats_.leader_db_id = copying ? "" : db_id;
-      stats_.copying = copying;
-      stats_.streaming = !copying;
-      stats_.batches_applied += batches;
-    }
-    changed_.SignalAll();
-  };
   v1::FollowResponse m;
-  bool started = stream->Write(first);
-  while (started && local.ok() && stream->Read(&m)) {
-    switch (m.kind()) {
-      case v1::FollowResponse::START: {
-        if (!m.copy()) {
-          if (m.db_id() != db_id) {
-            local = absl::InternalError("leader resumed another database");
-          }
-          publish(0);
-          break;
-        }
-        // Everything goes, in one write with the position "copying".
-        db_id = m.db_id();
-        copying = true;
-        applied = 0;
-        rocksdb::WriteBatch b;
-        b.DeleteRange(rocksdb::Slice(""), rocksdb::Slice("\xff", 1));
-        std::unique_ptr<rocksdb::Iterator> it(
-            db_->NewIterator(rocksdb::ReadOptions()));
-        for (it->Seek(rocksdb::Slice("\xff", 1)); it->Valid(); it->Next()) {
-          b.Delete(it->key());
-        }
-        local = FromRocks(it->status(), "scan before a copy");
-        if (local.ok()) local = ApplyWithPosition(&b, "", 0, true);
-        publish(0);
-        LOG(INFO) << "replica follower: full copy from " << leader;
-        break;
-      }
-      case v1::FollowResponse::COPY_CHUNK: {
-        if (!copying || m.keys_size() != m.values_size()) {
-          local = absl::InternalError("unexpected copy chunk");
-          break;
-        }
-        rocksdb::WriteBatch b;
-        for (int i = 0; i < m.keys_size(); ++i) b.Put(m.keys(i), m.values(i));
-        local = FromRocks(db_->Write(rocksdb::WriteOptions(), &b), "copy");
-        break;
-      }
-      case v1::FollowResponse::COPY_END: {
-        if (!copying) {
-          local = absl::InternalError("unexpected end of copy");
-          break;
-        }
-        rocksdb::WriteBatch b;
-        local = ApplyWithPosition(&b, db_id, m.sequence(), false);
-        if (!local.ok()) break;
-        copying = false;
-        applied = m.sequence();
-        {
-          MutexLock l(&mu_);
-          ++stats_.full_copies;
-        }
-        publish(0);
-        *progressed = true;
-        LOG(INFO) << "replica follower: full copy done at leader sequence "
-                  << applied;
-        ack();
-        break;
-      }
-      case v1::FollowResponse::BATCH: {
-        if (copying || m.sequence() != applied + 1) {
-          local = absl::InternalError(absl::StrCat(
-              "batch at sequence ", m.sequence(), " after ", applied));
-          break;
-        }
-        absl::StatusOr<rocksdb::WriteBatch> b = Concatenate(m);
-        if (!b.ok()) {
-          local = b.status();
-          break;
-        }
-        local = ApplyWithPosition(&*b, db_id, applied + m.count(), false);
-        if (!local.ok()) break;
-        applied += m.count();
-        publish(m.batches_size());
-        *progressed = true;
-        ack();
-        break;
-      }
-      case v1::FollowResponse::HEARTBEAT: {
-        MutexLock l(&mu_);
-        stats_.lag_sequences =
-            m.sequence() > applied ? m.sequence() - applied : 0;
-        break;
-      }
-      default:
-        local = absl::InternalError(
-            absl::StrCat("unknown message kind ", m.kind()));
-    }
-    if (m.kind() == v1::FollowResponse::BATCH && local.ok()) {
-      MutexLock l(&mu_);
-      stats_.lag_sequences = 0;
+  bool open = stream->Write(first);
+  while (open && local.ok() && stream->Read(&m)) {
+    bool ack = false;
+    local = Handle(m, &st, &ack);
+    if (ack) {
+      *progressed = true;
+      v1::FollowRequest a;
+      a.set_applied_sequence(st.applied);
+      open = stream->Write(a);  // a broken stream also shows at Read
     }
   }
   if (!local.ok()) ctx.TryCancel();

@@ -40,6 +40,9 @@
 namespace grpc {
 class ClientContext;
 }
+namespace hymcache::v1 {
+class FollowResponse;
+}
 namespace rocksdb {
 class DB;
 class WriteBatch;
@@ -125,6 +128,14 @@ class ReplicaFollower {
   // One stream to `leader`, until it fails or is cancelled. Whether it
   // applied anything (resets the backoff).
   absl::Status FollowOnce(const std::string& leader, bool* progressed);
+  struct StreamState;
+  // Applies one message of the leader's; *ack: acknowledge st->applied.
+  absl::Status Handle(const hymcache::v1::FollowResponse& m, StreamState* st,
+                      bool* ack);
+  // START with a copy: empties the directory, position "copying".
+  absl::Status BeginCopy(const std::string& db_id, StreamState* st);
+  // Publishes the stream's state to GetStats / WaitApplied.
+  void Publish(const StreamState& st, uint64_t batches);
   // Writes `batch` plus the position (db_id, leader_seq) in one write;
   // `copying` marks a full copy in progress.
   absl::Status ApplyWithPosition(rocksdb::WriteBatch* batch, const std::string& db_id,
