@@ -21,6 +21,8 @@
 #include "common/build_info.h"
 #include "common/cli.h"
 #include "common/systemd.h"
+#include "absl/strings/str_split.h"
+#include "master/main_ha.h"
 #include "master/master_server.h"
 
 namespace {
@@ -108,6 +110,20 @@ DEFINE_string(metrics_listen, Defaults().metrics_listen.c_str(),
               "--auth_tokens_file or --insecure");
 DEFINE_bool(tls_require_client_cert, Defaults().tls.require_client_cert,
             "refuse TLS clients without a certificate signed by --tls_ca");
+DEFINE_string(etcd, "",
+              "etcd client endpoints, HOST:PORT[,HOST:PORT...]: the master "
+              "campaigns for leadership and serves only while elected, "
+              "standing by (NOT_LEADER, health NOT_SERVING) otherwise; exits "
+              "3 when its term ends (docs/ha.md). Empty: a single master");
+DEFINE_string(cluster, "default",
+              "with --etcd: the cluster's name (etcd keys under "
+              "/hymcache/NAME/)");
+DEFINE_string(advertise_address, "",
+              "with --etcd: the address clients and nodes reach this master "
+              "at, published while it leads (default: the listen address)");
+DEFINE_int32(lease_ttl_s, 5,
+             "with --etcd: the leadership lease, whole seconds: how long the "
+             "cluster is without a leader after a leader dies");
 
 int main(int argc, char** argv) {
   // As hymcache-storage does: Debian's Abseil is built with the mutex
@@ -121,6 +137,8 @@ int main(int argc, char** argv) {
                 "  hymcache-master --listen=HOST:PORT --db_path=DIR [flags]",
        .groups =
            {{"Serving", {"listen", "db_path", "sync_writes"}},
+            {"High availability (docs/ha.md)",
+             {"etcd", "cluster", "advertise_address", "lease_ttl_s"}},
             {"Nodes and placement",
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
               "read_lease_ms", "max_evictions_per_put", "max_eviction_scan",
@@ -184,6 +202,22 @@ int main(int argc, char** argv) {
   if (!valid.ok()) {
     LOG(ERROR) << valid;
     return 2;
+  }
+
+  if (!FLAGS_etcd.empty()) {
+    hymcache::HaMasterOptions ha;
+    ha.etcd_endpoints = absl::StrSplit(FLAGS_etcd, ',', absl::SkipEmpty());
+    ha.cluster = FLAGS_cluster;
+    ha.advertise_address = FLAGS_advertise_address;
+    ha.lease_ttl = absl::Seconds(FLAGS_lease_ttl_s);
+    ha.master = options;
+    if (absl::Status v = ha.Validate(); !v.ok()) {
+      LOG(ERROR) << v;
+      return 2;
+    }
+    std::error_code dir_ec;
+    std::filesystem::create_directories(FLAGS_db_path, dir_ec);
+    return hymcache::RunHaMaster(ha, stop_signals);
   }
 
   // Under systemd (Type=notify): READY=1 once serving, STOPPING=1 at the

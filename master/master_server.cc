@@ -93,6 +93,8 @@ absl::StatusOr<std::unique_ptr<master::MasterService>> OpenService(
   master::RocksDbMetadataStoreOptions store_options;
   store_options.path = options.db_path;
   store_options.sync_writes = options.sync_writes;
+  store_options.generation_floor = options.generation_floor;
+  store_options.generation_end = options.generation_end;
   if (options.index_snapshots) {
     store_options.keep_wal_seconds = static_cast<uint64_t>(absl::ToInt64Seconds(
         std::max(2 * options.service.snapshot_interval, absl::Hours(1))));
@@ -148,7 +150,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
           server->service_.get(), server->auth_.get(), server->tenants_.get(),
           options.service.max_key_bytes, options.max_lookup_streams,
           options.service.clock != nullptr ? options.service.clock
-                                           : Clock::Real());
+                                           : Clock::Real(),
+          options.gate);
   s = server->StartRpc(options);
   if (!s.ok()) return s;
   s = server->StartMetrics(options);

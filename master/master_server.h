@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -111,6 +112,18 @@ struct MasterOptions {
   // metrics_address()). "" serves none. A non-loopback host needs what
   // listen_address needs (identities or `insecure`). Default: "".
   std::string metrics_listen;
+  // High availability (master/master_ha.h, docs/ha.md). A gate asked
+  // before every RPC of hymcache.v1.MasterService (reads and writes, unary
+  // and streams, after the caller's identity is checked): a call it refuses
+  // gets its status (a leader that lost its lease refuses with kNotLeader,
+  // so nothing is written after the term ended). It runs on RPC threads
+  // and must be fast and non-blocking. Default: none (every call passes).
+  std::function<absl::Status()> gate;
+  // The range of generations this master hands out
+  // (RocksDbMetadataStoreOptions::generation_floor / generation_end): an
+  // elected master's term's range. Default: 0, 0 (no bound).
+  uint64_t generation_floor = 0;
+  uint64_t generation_end = 0;
   // The build, exported as build_info{version, commit} = 1 (hymcache-master
   // passes its BuildInfo()). Default: "" (no build_info series).
   std::string build_version;
