@@ -91,7 +91,9 @@ absl::StatusOr<storage::BlockIoOptions::Submit> ParseIoSubmit(
 // struct has but the node sets itself are marked "set by the node": values
 // given there are ignored.
 struct StorageNodeOptions {
-  // The master's gRPC address, host:port. Required.
+  // The master's gRPC address, host:port; or several masters of which one
+  // leads, comma-separated (docs/ha.md): the node follows the leader.
+  // Required.
   std::string master_address;
   // Stable name of the node, reported to the master.
   // Default: "" = advertise_host:data.port

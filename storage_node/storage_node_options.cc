@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/net.h"
 #include "common/security.h"
 #include "storage_node/device/block_io.h"
@@ -96,15 +97,18 @@ absl::Status StorageNodeOptions::Validate() const {
   if (master_address.empty()) {
     return absl::InvalidArgumentError("storage node: master_address is required");
   }
-  absl::Status s = SplitHostPort(master_address).status();
-  if (!s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("storage node: master_address: ", s.message()));
+  for (absl::string_view address :
+       absl::StrSplit(master_address, ',', absl::SkipEmpty())) {
+    absl::Status s = SplitHostPort(std::string(address)).status();
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("storage node: master_address: ", s.message()));
+    }
   }
   if (listen_host.empty()) {
     return absl::InvalidArgumentError("storage node: listen_host is empty");
   }
-  s = tls.Validate();
+  absl::Status s = tls.Validate();
   if (!s.ok()) return Invalid(s);
   s = CheckProtectedMode("storage node", listen_host,
                          !auth_tokens_file.empty(), insecure);
