@@ -11,6 +11,7 @@
 #include <iomanip>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -25,6 +26,7 @@
 #include "client/block_key.h"
 #include "client/client.h"
 #include "common/grpc_status.h"
+#include "common/status_reason.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 #include "tools/hymctl/fsck.h"
@@ -121,6 +123,40 @@ std::string DeviceKind(const hymcache::v1::NodeInfo& n) {
   return n.regions_size() > 0 ? n.regions(0).device_kind() : "";
 }
 
+// Of several masters (--master=A,B,C; docs/ha.md), the one that leads: each
+// is asked in turn (GetStats); a standby's NOT_LEADER names the leader,
+// which is asked next. Rounds until `deadline`; the last error then.
+absl::StatusOr<std::string> FindLeader(const std::string& masters,
+                                       const ChannelSecurity& security,
+                                       absl::Time deadline) {
+  const std::vector<std::string> list =
+      absl::StrSplit(masters, ',', absl::SkipEmpty());
+  absl::Status last = absl::InvalidArgumentError("--master: no address");
+  while (true) {
+    std::vector<std::string> ask = list;
+    for (size_t i = 0; i < ask.size() && i < 2 * list.size(); ++i) {
+      auto channel = CreateChannel(ask[i], security);
+      if (!channel.ok()) return channel.status();
+      auto stub = hymcache::v1::MasterService::NewStub(*channel);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(
+          std::min(deadline, absl::Now() + absl::Seconds(2))));
+      hymcache::v1::GetStatsResponse resp;
+      last = FromGrpcStatus(
+          stub->GetStats(&ctx, hymcache::v1::GetStatsRequest(), &resp),
+          ask[i]);
+      if (last.ok()) return ask[i];
+      if (std::optional<LeaderHint> hint = LeaderHintOf(last);
+          hint.has_value() && !hint->address.empty()) {
+        ask.insert(ask.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                   hint->address);
+      }
+    }
+    if (absl::Now() + absl::Milliseconds(100) >= deadline) return last;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
 class Cli {
  public:
   Cli(const Options& o, std::ostream& out, std::ostream& err)
@@ -133,6 +169,14 @@ class Cli {
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       out_ << HelpText();
       return 0;
+    }
+    if (o_.master_address.find(',') != std::string::npos) {
+      // Every command talks to the leader.
+      auto leader = FindLeader(
+          o_.master_address, o_.security,
+          absl::Now() + absl::Seconds(o_.timeout_seconds));
+      if (!leader.ok()) return Fail(leader.status());
+      o_.master_address = *leader;
     }
     if (cmd == "version") {
       return rest.empty() ? Version() : Usage("version takes no operands");
@@ -1032,7 +1076,7 @@ class Cli {
     return inconsistent ? 1 : 0;
   }
 
-  const Options o_;
+  Options o_;  // master_address: the leader of several (Run)
   std::ostream& out_;
   std::ostream& err_;
   std::unique_ptr<Client> client_;

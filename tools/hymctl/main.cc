@@ -13,7 +13,9 @@
 #include "tools/hymctl/hymctl.h"
 
 DEFINE_string(master, "127.0.0.1:50051",
-              "master gRPC address host:port (default: $HYMCACHE_MASTER if set)");
+              "master gRPC address host:port, or several masters "
+              "(A,B,C; commands go to the one that leads, docs/ha.md) "
+              "(default: $HYMCACHE_MASTER if set)");
 DEFINE_bool(json, false, "print JSON instead of tables");
 DEFINE_bool(hex, false, "keys on the command line are hex");
 DEFINE_double(timeout, 10,
