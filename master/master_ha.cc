@@ -142,10 +142,6 @@ std::string DialAddress(const std::string& listen, int port) {
 
 }  // namespace
 
-std::string MasterLeaderKey(const std::string& cluster) {
-  return absl::StrCat("/hymcache/", cluster, "/master/leader");
-}
-
 absl::Status HaMasterOptions::Validate() const {
   if (etcd_endpoints.empty()) {
     return absl::InvalidArgumentError("master HA: etcd_endpoints is required");
@@ -295,6 +291,7 @@ absl::Status HaMaster::Serve(int64_t epoch) {
   mo.gate = [this] { return Gate(); };
   mo.generation_floor = static_cast<uint64_t>(epoch) << kEpochShift;
   mo.generation_end = static_cast<uint64_t>(epoch + 1) << kEpochShift;
+  mo.service.epoch = epoch;
   const absl::Time give_up = absl::Now() + options_.open_retry;
   absl::Duration pause = absl::Milliseconds(20);
   while (true) {

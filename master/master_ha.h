@@ -83,9 +83,6 @@ struct HaMasterOptions {
   absl::Status Validate() const;
 };
 
-// The leader key of `cluster`.
-std::string MasterLeaderKey(const std::string& cluster);
-
 class HaMaster {
  public:
   // Binds the listen address (standby) and starts campaigning. Errors:

@@ -832,6 +832,7 @@ absl::Status StorageNode::Register() {
   absl::Status called = CallMaster([&](grpc::ClientContext* ctx) {
     return master_->stub()->RegisterNode(ctx, req, &resp);
   });
+  if (called.ok()) called = CheckMasterEpoch(resp.master_epoch());
   if (called.ok() && resp.node_id() == 0) {
     called = absl::InternalError("master assigned node id 0");
   }
@@ -896,6 +897,26 @@ absl::Status StorageNode::Register() {
   return absl::OkStatus();
 }
 
+absl::Status StorageNode::CheckMasterEpoch(int64_t epoch) {
+  if (epoch == 0) return absl::OkStatus();
+  absl::Status stale;
+  {
+    MutexLock l(&mu_);
+    if (epoch >= highest_master_epoch_) {
+      highest_master_epoch_ = epoch;
+      return absl::OkStatus();
+    }
+    stale = NotLeaderError(
+        absl::StrCat("master ", master_->address(), " answered for epoch ",
+                     epoch, ", below epoch ", highest_master_epoch_,
+                     " already seen: a deposed leader"),
+        {});
+  }
+  LOG(WARNING) << stale;
+  master_->Refused(stale);
+  return stale;
+}
+
 absl::StatusOr<bool> StorageNode::Heartbeat(uint32_t node_id) {
   v1::HeartbeatRequest req;
   req.set_node_id(node_id);
@@ -905,6 +926,7 @@ absl::StatusOr<bool> StorageNode::Heartbeat(uint32_t node_id) {
   RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
     return master_->stub()->Heartbeat(ctx, req, &resp);
   }));
+  RETURN_IF_ERROR(CheckMasterEpoch(resp.master_epoch()));
   ApplyGenerationCeiling(resp.generation_ceiling());
   if (resp.reconcile()) {
     MutexLock l(&mu_);

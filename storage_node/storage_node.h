@@ -380,6 +380,11 @@ class StorageNode {
   void HeartbeatLoop();
   bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Register();
+  // An answer from a master of epoch `epoch` (master_epoch): Unavailable
+  // (not_leader) when it is below the highest seen, a deposed leader's
+  // (docs/ha.md), and the node moves on to another master. 0 (a master
+  // without an election) always passes.
+  absl::Status CheckMasterEpoch(int64_t epoch);
   // Returns whether the master asked for a new registration.
   absl::StatusOr<bool> Heartbeat(uint32_t node_id);
   void Deregister(uint32_t node_id);
@@ -442,6 +447,8 @@ class StorageNode {
 
   mutable Mutex mu_;
   uint32_t node_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // The highest master_epoch seen (CheckMasterEpoch).
+  int64_t highest_master_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // The key the master issued ("" before the first registration, unless
   // read from node_key_path_).
   std::string node_key_ ABSL_GUARDED_BY(mu_);

@@ -235,6 +235,29 @@ TEST_CASE("A standby refuses with the leader's address and takes over from a kil
   RequireStandby(rig.masters[standby].address, first);
   // The leader answers, and its health says SERVING.
   REQUIRE(CallGetStats(rig.masters[leader].address).ok());
+  // hymctl given the standby first follows it to the leader.
+  auto status = testing::Run(
+      RunfilePath("tools/hymctl/hymctl"),
+      {"--master=" + rig.masters[standby].address + "," +
+           rig.masters[leader].address,
+       "status"});
+  REQUIRE(status.ok());
+  INFO(status->output);
+  CHECK(status->status == 0);
+  CHECK(absl::StrContains(
+      status->output, absl::StrCat("master ", rig.masters[leader].address,
+                                   " leads, epoch ", first.epoch)));
+  // hymctl --etcd asks etcd who leads.
+  auto via_etcd = testing::Run(
+      RunfilePath("tools/hymctl/hymctl"),
+      {"--etcd=" + absl::StrJoin(rig.etcd->endpoints(), ","),
+       absl::StrCat("--cluster=", kCluster), "status"});
+  REQUIRE(via_etcd.ok());
+  INFO(via_etcd->output);
+  CHECK(via_etcd->status == 0);
+  CHECK(absl::StrContains(via_etcd->output,
+                          absl::StrCat("master ", rig.masters[leader].address,
+                                       " leads, epoch ", first.epoch)));
 
   auto node = StorageProcess::Start(rig.MasterList(), "n1");
   INFO(node.status().ToString());

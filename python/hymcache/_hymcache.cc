@@ -849,7 +849,8 @@ PYBIND11_MODULE(_hymcache, m) {
 
 Client(masters, transport="auto", deadline=10.0, store_deadline=2.0, ...)
 
-masters: the master's "host:port" (a string or a one-element list).
+masters: the master's "host:port", or several masters of which one leads
+  (a list, or one string "A,B,C"; docs/ha.md): calls follow the leader.
 transport: "auto" (shared memory for nodes on this host, else RDMA when
   both sides have it, else TCP), "tcp", "shm" or "rdma".
 deadline: seconds a call may take when given none; past it, load returns

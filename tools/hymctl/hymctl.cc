@@ -25,7 +25,9 @@
 #include "absl/time/time.h"
 #include "client/block_key.h"
 #include "client/client.h"
+#include "common/etcd_client.h"
 #include "common/grpc_status.h"
+#include "common/leader_election.h"
 #include "common/status_reason.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
@@ -157,6 +159,24 @@ absl::StatusOr<std::string> FindLeader(const std::string& masters,
   }
 }
 
+// The master the leader key of `cluster` names in etcd.
+absl::StatusOr<std::string> LeaderFromEtcd(
+    const std::vector<std::string>& endpoints, const std::string& cluster,
+    absl::Time deadline) {
+  EtcdClientOptions eo;
+  eo.endpoints = endpoints;
+  auto etcd = EtcdClient::Create(eo);
+  if (!etcd.ok()) return etcd.status();
+  auto leader = ReadLeader(etcd->get(), MasterLeaderKey(cluster), deadline);
+  if (!leader.ok()) return leader.status();
+  if (!leader->has_value()) {
+    return absl::UnavailableError(absl::StrCat(
+        "no master leads cluster '", cluster, "' (etcd key ",
+        MasterLeaderKey(cluster), " is absent)"));
+  }
+  return (*leader)->candidate;
+}
+
 class Cli {
  public:
   Cli(const Options& o, std::ostream& out, std::ostream& err)
@@ -170,7 +190,13 @@ class Cli {
       out_ << HelpText();
       return 0;
     }
-    if (o_.master_address.find(',') != std::string::npos) {
+    if (!o_.etcd_endpoints.empty()) {
+      auto leader = LeaderFromEtcd(
+          o_.etcd_endpoints, o_.cluster,
+          absl::Now() + absl::Seconds(o_.timeout_seconds));
+      if (!leader.ok()) return Fail(leader.status());
+      o_.master_address = *leader;
+    } else if (o_.master_address.find(',') != std::string::npos) {
       // Every command talks to the leader.
       auto leader = FindLeader(
           o_.master_address, o_.security,
@@ -467,7 +493,9 @@ class Cli {
                    {"reconciliations", st->reconciliations()},
                    {"reconcile_dropped_listings", st->reconcile_dropped_listings()},
                    {"read_repairs", st->read_repairs()},
-                   {"index_bytes_per_entry", st->index_bytes_per_entry()}}
+                   {"index_bytes_per_entry", st->index_bytes_per_entry()},
+                   {"master", o_.master_address},
+                   {"master_epoch", st->master_epoch()}}
                   .dump(2)
            << "\n";
       return 0;
@@ -533,6 +561,10 @@ class Cli {
          << st->reconcile_dropped_listings()
          << " listings dropped); read repairs: " << st->read_repairs()
          << "\n";
+    if (st->master_epoch() != 0) {
+      out_ << "master " << o_.master_address << " leads, epoch "
+           << st->master_epoch() << "\n";
+    }
     return 0;
   }
 
