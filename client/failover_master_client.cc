@@ -25,6 +25,10 @@ absl::Status FailoverMasterClientOptions::Validate() const {
     return absl::InvalidArgumentError(
         "failover master client: round_pause must be >= 0");
   }
+  if (attempt_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "failover master client: attempt_timeout must be > 0");
+  }
   return absl::OkStatus();
 }
 
@@ -98,11 +102,15 @@ bool FailoverMasterClient::Advance(size_t index, const absl::Status& failed) {
 }
 
 template <typename R, typename F>
-R FailoverMasterClient::WithFailover(absl::Time deadline, F&& call) {
+R FailoverMasterClient::WithFailover(absl::Time deadline, bool per_attempt,
+                                     F&& call) {
   while (true) {
     size_t index = 0;
     MasterClient* master = Current(&index);
-    R result = call(master);
+    const absl::Time attempt_deadline =
+        per_attempt ? std::min(deadline, absl::Now() + options_.attempt_timeout)
+                    : deadline;
+    R result = call(master, attempt_deadline);
     absl::Status s;
     if constexpr (std::is_same_v<R, absl::Status>) {
       s = result;
@@ -114,7 +122,12 @@ R FailoverMasterClient::WithFailover(absl::Time deadline, F&& call) {
       refusals_ = 0;
       return result;
     }
-    if (!ShouldTryAnotherMaster(s) || absl::Now() >= deadline) return result;
+    const bool silent = per_attempt &&
+                        s.code() == absl::StatusCode::kDeadlineExceeded &&
+                        attempt_deadline < deadline;
+    if ((!ShouldTryAnotherMaster(s) && !silent) || absl::Now() >= deadline) {
+      return result;
+    }
     if (Advance(index, s)) {
       // Every master refused once: nobody leads yet (an election is on).
       const absl::Time resume =
@@ -143,8 +156,8 @@ uint64_t FailoverMasterClient::failovers() const {
 absl::StatusOr<LookupBatch> FailoverMasterClient::Lookup(
     absl::Span<const std::string> keys, bool for_read, absl::Time deadline) {
   return WithFailover<absl::StatusOr<LookupBatch>>(
-      deadline, [&](MasterClient* m) {
-        return m->Lookup(keys, for_read, deadline);
+      deadline, true, [&](MasterClient* m, absl::Time d) {
+        return m->Lookup(keys, for_read, d);
       });
 }
 
@@ -214,15 +227,17 @@ std::unique_ptr<LookupStream> FailoverMasterClient::StartLookups(
 absl::StatusOr<PutStartReply> FailoverMasterClient::PutStart(
     const PutStartArgs& args, absl::Time deadline) {
   return WithFailover<absl::StatusOr<PutStartReply>>(
-      deadline, [&](MasterClient* m) { return m->PutStart(args, deadline); });
+      deadline, true,
+      [&](MasterClient* m, absl::Time d) { return m->PutStart(args, d); });
 }
 
 absl::Status FailoverMasterClient::PutCommit(
     uint64_t put_id, absl::Span<const uint32_t> failed_indexes,
     absl::Time deadline) {
-  return WithFailover<absl::Status>(deadline, [&](MasterClient* m) {
-    return m->PutCommit(put_id, failed_indexes, deadline);
-  });
+  return WithFailover<absl::Status>(
+      deadline, false, [&](MasterClient* m, absl::Time d) {
+        return m->PutCommit(put_id, failed_indexes, d);
+      });
 }
 
 void FailoverMasterClient::PutAbortInBackground(uint64_t put_id) {
@@ -233,21 +248,24 @@ void FailoverMasterClient::PutAbortInBackground(uint64_t put_id) {
 absl::Status FailoverMasterClient::ReportMissing(
     absl::Span<const std::string> keys,
     absl::Span<const ObjectLocation> locations, absl::Time deadline) {
-  return WithFailover<absl::Status>(deadline, [&](MasterClient* m) {
-    return m->ReportMissing(keys, locations, deadline);
-  });
+  return WithFailover<absl::Status>(
+      deadline, true, [&](MasterClient* m, absl::Time d) {
+        return m->ReportMissing(keys, locations, d);
+      });
 }
 
 absl::StatusOr<std::vector<bool>> FailoverMasterClient::Remove(
     absl::Span<const std::string> keys, absl::Time deadline) {
   return WithFailover<absl::StatusOr<std::vector<bool>>>(
-      deadline, [&](MasterClient* m) { return m->Remove(keys, deadline); });
+      deadline, true,
+      [&](MasterClient* m, absl::Time d) { return m->Remove(keys, d); });
 }
 
 absl::StatusOr<ClusterStatus> FailoverMasterClient::GetClusterStatus(
     absl::Time deadline) {
   return WithFailover<absl::StatusOr<ClusterStatus>>(
-      deadline, [&](MasterClient* m) { return m->GetClusterStatus(deadline); });
+      deadline, true,
+      [&](MasterClient* m, absl::Time d) { return m->GetClusterStatus(d); });
 }
 
 }  // namespace hymcache

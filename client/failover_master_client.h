@@ -6,6 +6,9 @@
 // master of the list, round after round. Answers from a master that point
 // to a leader of an epoch below the highest seen are not followed.
 //
+// A master that does not answer within attempt_timeout is passed over the
+// same way (except for PutCommit).
+//
 // A lookup stream (StartLookups) runs on the current master; when one of
 // its chunks is refused so, that chunk and the rest are looked up one by
 // one through Lookup (with the same failover).
@@ -47,6 +50,11 @@ struct FailoverMasterClientOptions {
   // Pause after every master refused once, before the next round.
   // Default: 50 ms.
   absl::Duration round_pause = absl::Milliseconds(50);
+  // How long one master gets to answer a call before the next is tried
+  // (a master frozen or cut off answers nothing; a leader answers in
+  // milliseconds). Not for PutCommit, which only the master that started
+  // the put can answer, nor for the calls of a lookup stream. Default: 1 s.
+  absl::Duration attempt_timeout = absl::Seconds(1);
 
   // InvalidArgument for no address or no `connect`.
   absl::Status Validate() const;
@@ -108,10 +116,11 @@ class FailoverMasterClient final : public MasterClient {
   int IndexOf(const std::string& address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Runs `call` on the current master, then on others while it is refused
-  // and the deadline allows.
+  // Runs `call(master, attempt_deadline)` on the current master, then on
+  // others while it is refused (or, with `per_attempt`, does not answer
+  // by its attempt deadline) and `deadline` allows.
   template <typename R, typename F>
-  R WithFailover(absl::Time deadline, F&& call);
+  R WithFailover(absl::Time deadline, bool per_attempt, F&& call);
 
   const FailoverMasterClientOptions options_;
 

@@ -246,6 +246,74 @@ TEST_CASE("A lookup stream whose master refuses goes on chunk by chunk") {
   CHECK(c->current_address() == "c:1");
 }
 
+// A master that answers nothing: every call waits for its deadline.
+class SilentMaster final : public MasterClient {
+ public:
+  absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string>, bool,
+                                     absl::Time d) override {
+    return Wait(d);
+  }
+  std::unique_ptr<LookupStream> StartLookups(absl::Span<const std::string>,
+                                             size_t, absl::Time) override {
+    return nullptr;
+  }
+  absl::StatusOr<PutStartReply> PutStart(const PutStartArgs&,
+                                         absl::Time d) override {
+    return Wait(d);
+  }
+  absl::Status PutCommit(uint64_t, absl::Span<const uint32_t>,
+                         absl::Time d) override {
+    return Wait(d);
+  }
+  void PutAbortInBackground(uint64_t) override {}
+  absl::Status ReportMissing(absl::Span<const std::string>,
+                             absl::Span<const ObjectLocation>,
+                             absl::Time d) override {
+    return Wait(d);
+  }
+  absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string>,
+                                           absl::Time d) override {
+    return Wait(d);
+  }
+  absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time d) override {
+    return Wait(d);
+  }
+
+ private:
+  // What a gRPC call to a frozen server does.
+  static absl::Status Wait(absl::Time deadline) {
+    absl::SleepFor(deadline - absl::Now());
+    return absl::DeadlineExceededError("Deadline Exceeded");
+  }
+};
+
+TEST_CASE("A master that answers nothing is passed over after the attempt timeout") {
+  Rig rig;
+  SilentMaster frozen;
+  rig.masters["f:1"] = &frozen;
+  FailoverMasterClientOptions o;
+  o.addresses = {"f:1", "c:1"};
+  o.attempt_timeout = absl::Milliseconds(50);
+  o.connect = [&rig](const std::string& address)
+      -> absl::StatusOr<std::unique_ptr<MasterClient>> {
+    return std::unique_ptr<MasterClient>(new Forward(rig.masters[address]));
+  };
+  auto c = FailoverMasterClient::Create(std::move(o));
+  REQUIRE(c.ok());
+  const absl::Time start = absl::Now();
+  auto put = (*c)->PutStart({{"k"}, {10}, 0, ""}, start + absl::Seconds(30));
+  REQUIRE(put.ok());
+  CHECK(absl::Now() - start < absl::Seconds(10));
+  CHECK((*c)->current_address() == "c:1");
+  // A PutCommit is not moved on by silence: only its master can answer.
+  rig.at_c.set(&frozen);
+  const absl::Time commit_deadline = absl::Now() + absl::Milliseconds(200);
+  CHECK((*c)->PutCommit(put->put_id, {}, commit_deadline).code() ==
+        absl::StatusCode::kDeadlineExceeded);
+  CHECK(absl::Now() >= commit_deadline);
+  CHECK((*c)->current_address() == "c:1");
+}
+
 TEST_CASE("Options without an address or a connect function are refused") {
   CHECK(FailoverMasterClient::Create({}).status().code() ==
         absl::StatusCode::kInvalidArgument);
