@@ -124,6 +124,12 @@ struct MasterOptions {
   // elected master's term's range. Default: 0, 0 (no bound).
   uint64_t generation_floor = 0;
   uint64_t generation_end = 0;
+  // Bind listen_address with SO_REUSEPORT, beside a server that holds it
+  // already: an elected HaMaster starts serving while its standby server
+  // still listens, then closes that, so that clients never find the port
+  // closed. Otherwise a second server on the port is refused. Default:
+  // false.
+  bool reuse_port = false;
   // The build, exported as build_info{version, commit} = 1 (hymcache-master
   // passes its BuildInfo()). Default: "" (no build_info series).
   std::string build_version;
