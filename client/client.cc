@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client_impl.h"
 #include "client/device_memory_select.h"
+#include "client/failover_master_client.h"
 #include "client/grpc_master_client.h"
 #include "client/transport_select.h"
 #include "common/grpc_polling.h"
@@ -47,17 +48,32 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
           absl::StrCat("ClientOptions.grpc_poll_strategy: ", s.message()));
     }
   }
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  for (int i = 0; i < options.master_connections; ++i) {
-    // Distinct arguments: gRPC would otherwise share one connection.
-    grpc::ChannelArguments channel_args = args;
-    if (options.master_connections > 1) {
-      channel_args.SetInt("hymcache.master_connection", i);
+  // One MasterClient per master address, each over master_connections
+  // channels.
+  auto connect = [options, security, args](const std::string& address)
+      -> absl::StatusOr<std::unique_ptr<MasterClient>> {
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
+    for (int i = 0; i < options.master_connections; ++i) {
+      // Distinct arguments: gRPC would otherwise share one connection.
+      grpc::ChannelArguments channel_args = args;
+      if (options.master_connections > 1) {
+        channel_args.SetInt("hymcache.master_connection", i);
+      }
+      ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                       CreateChannel(address, security, channel_args));
+      channels.push_back(std::move(channel));
     }
-    ASSIGN_OR_RETURN(
-        std::shared_ptr<grpc::Channel> channel,
-        CreateChannel(options.master_address, security, channel_args));
-    channels.push_back(std::move(channel));
+    return NewGrpcMasterClient(
+        channels, {.lookup_pipeline_depth = options.lookup_pipeline_depth});
+  };
+  const std::vector<std::string> masters = options.MasterAddresses();
+  std::unique_ptr<MasterClient> master;
+  if (masters.size() == 1) {
+    ASSIGN_OR_RETURN(master, connect(masters[0]));
+  } else {
+    // Several masters, one leading (docs/ha.md).
+    ASSIGN_OR_RETURN(master, FailoverMasterClient::Create(
+                                 {.addresses = masters, .connect = connect}));
   }
   // gRPC runs now, with its strategy: the processes this one starts
   // choose their own.
@@ -65,10 +81,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport,
                    NewTransportFor(options));
   return NewClientImpl(
-      options,
-      NewGrpcMasterClient(
-          channels, {.lookup_pipeline_depth = options.lookup_pipeline_depth}),
-      std::move(transport), Clock::Real(),
+      options, std::move(master), std::move(transport), Clock::Real(),
       std::shared_ptr<DeviceMemory>(NewDeviceMemory()));
 }
 

@@ -1,6 +1,7 @@
 // What client.h and options.h define beside the abstract Client: option
 // checks, and Get and Put on top of Load and Store.
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/options.h"
 #include "common/grpc_polling.h"
@@ -17,13 +18,19 @@ absl::StatusOr<TransportKind> ParseTransportKind(const std::string& name) {
       "transport must be tcp, shm, rdma or auto, not '", name, "'"));
 }
 
+std::vector<std::string> ClientOptions::MasterAddresses() const {
+  return absl::StrSplit(master_address, ',', absl::SkipEmpty());
+}
+
 absl::Status ClientOptions::Validate() const {
-  if (master_address.empty()) {
+  if (MasterAddresses().empty()) {
     return absl::InvalidArgumentError("ClientOptions.master_address is required");
   }
-  if (auto hp = SplitHostPort(master_address); !hp.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ClientOptions.master_address: ", hp.status().message()));
+  for (const std::string& a : MasterAddresses()) {
+    if (auto hp = SplitHostPort(a); !hp.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ClientOptions.master_address: ", hp.status().message()));
+    }
   }
   if (tls_cert_file.empty() != tls_key_file.empty()) {
     return absl::InvalidArgumentError(

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -47,7 +48,11 @@ struct DeviceOptions {
 };
 
 struct ClientOptions {
-  // gRPC address of the master, "host:port". Required.
+  // gRPC address of the master, "host:port"; or several masters of which
+  // one leads (docs/ha.md), comma-separated ("a:50051,b:50051,c:50051"):
+  // each call goes to the leader, and a call a standby refuses (or one no
+  // master answers) is sent again to the leader within its deadline.
+  // Required.
   std::string master_address;
 
   // Bearer token presented to the master (role engine, or admin for
@@ -130,6 +135,8 @@ struct ClientOptions {
   DeviceOptions device;
   // Checks every field; InvalidArgument names the bad one.
   absl::Status Validate() const;
+  // master_address split at commas (empty entries dropped).
+  std::vector<std::string> MasterAddresses() const;
 };
 
 }  // namespace hymcache

@@ -159,6 +159,10 @@ class DaemonSignals {
   // SIGHUPs handled by WaitForStop so far.
   uint64_t reloads() const { return reloads_; }
 
+  // The signals blocked (SIGTERM, SIGINT, SIGHUP), for a caller that waits
+  // for them itself (master/main_ha.cc polls them between election checks).
+  const sigset_t& signals() const { return signals_; }
+
  private:
   sigset_t signals_;
   uint64_t reloads_ = 0;

@@ -197,6 +197,12 @@ class LeaderElection {
   LeaderElectionStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
+// The leader key of a HyMCache cluster's masters:
+// "/hymcache/<cluster>/master/leader" (docs/ha.md).
+inline std::string MasterLeaderKey(const std::string& cluster) {
+  return "/hymcache/" + cluster + "/master/leader";
+}
+
 // The current leader (a linearizable read), or nullopt when none.
 absl::StatusOr<std::optional<LeaderInfo>> ReadLeader(
     EtcdClient* etcd, const std::string& key,

@@ -4,6 +4,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 
 namespace hymcache {
 namespace {
@@ -49,6 +50,29 @@ absl::string_view ReasonName(StatusReason reason) {
 #undef HYMCACHE_STATUS_REASON_NAME
   }
   return "unknown";
+}
+
+absl::Status NotLeaderError(absl::string_view message, const LeaderHint& hint) {
+  absl::Status s =
+      WithReason(absl::UnavailableError(message), StatusReason::kNotLeader);
+  s.SetPayload(kLeaderHintUrl,
+               absl::Cord(absl::StrCat(hint.epoch, " ", hint.address)));
+  return s;
+}
+
+std::optional<LeaderHint> LeaderHintOf(const absl::Status& s) {
+  if (s.ok()) return std::nullopt;
+  absl::optional<absl::Cord> p = s.GetPayload(kLeaderHintUrl);
+  if (!p) return std::nullopt;
+  const std::string v(*p);
+  const size_t space = v.find(' ');
+  if (space == std::string::npos) return std::nullopt;
+  LeaderHint hint;
+  if (!absl::SimpleAtoi(v.substr(0, space), &hint.epoch) || hint.epoch < 0) {
+    return std::nullopt;
+  }
+  hint.address = v.substr(space + 1);
+  return hint;
 }
 
 }  // namespace hymcache

@@ -21,6 +21,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -40,7 +42,10 @@ namespace hymcache {
     "full)")                                                                  \
   X(kNotAttempted, "not_attempted",                                           \
     "the operation was never carried out: the exchange it belonged to "      \
-    "failed first")
+    "failed first")                                                           \
+  X(kNotLeader, "not_leader",                                                 \
+    "the master called does not lead (it stands by, or was deposed): call "  \
+    "the leader; LeaderHintOf gives it when the master knew it")
 
 enum class StatusReason : uint32_t {
   kNone = 0,
@@ -63,5 +68,24 @@ StatusReason ReasonOf(const absl::Status& s);
 
 // The stable name ("store_queue_full"; "none" for kNone).
 absl::string_view ReasonName(StatusReason reason);
+
+// Where a kNotLeader status points (docs/ha.md): the leader the refusing
+// master knows of, and its epoch. It rides in a second payload, "EPOCH
+// ADDRESS" in decimal and text, so that it crosses gRPC with the reason
+// (common/grpc_status.h).
+struct LeaderHint {
+  // The leader's client address ("host:port"); "" when none is known.
+  std::string address;
+  // The leader's epoch (common/leader_election.h); 0 when none is known.
+  int64_t epoch = 0;
+};
+inline constexpr absl::string_view kLeaderHintUrl =
+    "type.hymcache.dev/hymcache.LeaderHint";
+
+// Unavailable(message) with reason kNotLeader and `hint` attached.
+absl::Status NotLeaderError(absl::string_view message, const LeaderHint& hint);
+// The hint a kNotLeader status carries; nullopt when it carries none (or a
+// malformed one).
+std::optional<LeaderHint> LeaderHintOf(const absl::Status& s);
 
 }  // namespace hymcache

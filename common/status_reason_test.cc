@@ -5,6 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "catch2/catch.hpp"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 
 namespace hymcache {
@@ -74,6 +75,44 @@ TEST_CASE("Every reason has a distinct snake_case name") {
   for (const std::string& n : names) {
     for (char c : n) CHECK(((c >= 'a' && c <= 'z') || c == '_'));
   }
+}
+
+TEST_CASE("A not-leader status names the leader and its epoch") {
+  absl::Status s = NotLeaderError("standing by", {"10.0.0.2:50051", 42});
+  CHECK(s.code() == absl::StatusCode::kUnavailable);
+  CHECK(ReasonOf(s) == StatusReason::kNotLeader);
+  std::optional<LeaderHint> hint = LeaderHintOf(s);
+  REQUIRE(hint.has_value());
+  CHECK(hint->address == "10.0.0.2:50051");
+  CHECK(hint->epoch == 42);
+  std::optional<LeaderHint> none = LeaderHintOf(NotLeaderError("no leader", {}));
+  REQUIRE(none.has_value());
+  CHECK(none->address.empty());
+  CHECK(none->epoch == 0);
+  CHECK_FALSE(LeaderHintOf(absl::UnavailableError("x")).has_value());
+  absl::Status bad = absl::UnavailableError("x");
+  bad.SetPayload(kLeaderHintUrl, absl::Cord("nope"));
+  CHECK_FALSE(LeaderHintOf(bad).has_value());
+}
+
+TEST_CASE("The reason and the leader hint cross gRPC with the status") {
+  absl::Status sent = NotLeaderError("standing by", {"[::1]:7", 9});
+  sent.SetPayload("type.example.com/other", absl::Cord("not ours"));
+  grpc::Status wire = ToGrpcStatus(sent);
+  CHECK(wire.error_code() == grpc::StatusCode::UNAVAILABLE);
+  absl::Status got = FromGrpcStatus(wire, "PutStart");
+  CHECK(got.code() == absl::StatusCode::kUnavailable);
+  CHECK(got.message() == "PutStart: standing by");
+  CHECK(ReasonOf(got) == StatusReason::kNotLeader);
+  REQUIRE(LeaderHintOf(got).has_value());
+  CHECK(LeaderHintOf(got)->address == "[::1]:7");
+  CHECK(LeaderHintOf(got)->epoch == 9);
+  CHECK_FALSE(got.GetPayload("type.example.com/other").has_value());
+  // A status without payloads sends no details; foreign details are ignored.
+  CHECK(ToGrpcStatus(absl::NotFoundError("x")).error_details().empty());
+  absl::Status foreign = FromGrpcStatus(
+      grpc::Status(grpc::StatusCode::UNAVAILABLE, "m", "\x08\x0e"));
+  CHECK(ReasonOf(foreign) == StatusReason::kNone);
 }
 
 }  // namespace

@@ -14,12 +14,14 @@
 #include <string>
 #include <system_error>
 
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/cli.h"
 #include "common/daemon.h"
 #include "common/daemon_flags.h"
 #include "common/systemd.h"
+#include "master/main_ha.h"
 #include "master/master_server.h"
 
 namespace {
@@ -91,6 +93,21 @@ DEFINE_uint64(max_pending_slots_per_caller,
               "most objects in one caller's pending puts");
 DEFINE_bool(sync_writes, Defaults().sync_writes,
             "fsync the metadata WAL on every write (survives power loss)");
+DEFINE_string(etcd, "",
+              "etcd client endpoints, HOST:PORT[,HOST:PORT...]: the master "
+              "campaigns for leadership and serves only while elected, "
+              "standing by (NOT_LEADER, health NOT_SERVING) otherwise; exits "
+              "3 when its term ends (docs/ha.md). Empty: a single master");
+DEFINE_string(cluster, "default",
+              "with --etcd: the cluster's name (etcd keys under "
+              "/hymcache/NAME/)");
+DEFINE_string(advertise_address, "",
+              "with --etcd: the address clients and nodes reach this master "
+              "at, published while it leads (default: the listen address)");
+DEFINE_int32(lease_ttl_s, 5,
+             "with --etcd: the leadership lease, whole seconds: how long the "
+             "cluster is without a leader after a leader dies");
+
 namespace {
 
 // The flags as MasterOptions, validated; false after logging what is wrong.
@@ -141,6 +158,8 @@ int main(int argc, char** argv) {
        .groups =
            {{"Serving",
              {"listen", "db_path", "sync_writes", "metrics_listen"}},
+            {"High availability (docs/ha.md)",
+             {"etcd", "cluster", "advertise_address", "lease_ttl_s"}},
             {"Nodes and placement",
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
               "read_lease_ms", "max_evictions_per_put", "max_eviction_scan",
@@ -164,6 +183,22 @@ int main(int argc, char** argv) {
   hymcache::DaemonSignals signals;
   hymcache::MasterOptions options;
   if (!OptionsFromFlags(&options)) return 2;
+
+  if (!FLAGS_etcd.empty()) {
+    hymcache::HaMasterOptions ha;
+    ha.etcd_endpoints = absl::StrSplit(FLAGS_etcd, ',', absl::SkipEmpty());
+    ha.cluster = FLAGS_cluster;
+    ha.advertise_address = FLAGS_advertise_address;
+    ha.lease_ttl = absl::Seconds(FLAGS_lease_ttl_s);
+    ha.master = options;
+    if (absl::Status v = ha.Validate(); !v.ok()) {
+      LOG(ERROR) << v;
+      return 2;
+    }
+    std::error_code dir_ec;
+    std::filesystem::create_directories(FLAGS_db_path, dir_ec);
+    return hymcache::RunHaMaster(ha, signals.signals());
+  }
 
   // Under systemd (Type=notify): READY=1 once serving, STOPPING=1 at the
   // end, watchdog pings while the gRPC server answers (unconditional while

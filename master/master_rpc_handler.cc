@@ -12,12 +12,19 @@ namespace master {
 absl::StatusOr<Identity> MasterRpcHandler::Admit(grpc::ServerContext* ctx,
                                                 Roles allowed,
                                                 const char* method) const {
-  if (auth_ == nullptr) return AnonymousAdmin();
-  absl::StatusOr<Identity> id = auth_->Check(*ctx, allowed, method);
-  if (!id.ok()) {
-    LOG_EVERY_N(WARNING, 100)
-        << "master: refused a call from " << ctx->peer() << ": "
-        << id.status() << " (every 100th refusal logged)";
+  absl::StatusOr<Identity> id = AnonymousAdmin();
+  if (auth_ != nullptr) {
+    id = auth_->Check(*ctx, allowed, method);
+    if (!id.ok()) {
+      LOG_EVERY_N(WARNING, 100)
+          << "master: refused a call from " << ctx->peer() << ": "
+          << id.status() << " (every 100th refusal logged)";
+      return id;
+    }
+  }
+  if (gate_) {
+    absl::Status open = gate_();
+    if (!open.ok()) return open;
   }
   return id;
 }

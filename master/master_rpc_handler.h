@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -80,13 +81,15 @@ class MasterRpcHandler final {
  public:
   MasterRpcHandler(MasterService* service, const Authenticator* auth,
                    TenantRegistry* tenants, uint32_t max_key_bytes,
-                   uint32_t max_lookup_streams, Clock* clock)
+                   uint32_t max_lookup_streams, Clock* clock,
+                   std::function<absl::Status()> gate = nullptr)
       : service_(service),
         auth_(auth),
         tenants_(tenants),
         max_key_bytes_(max_key_bytes),
         max_lookup_streams_(max_lookup_streams),
-        clock_(clock) {}
+        clock_(clock),
+        gate_(std::move(gate)) {}
 
   // Tenants (master/tenant.h): the keys a caller sends name its own
   // tenant's key space. InvalidArgument for a key longer than the
@@ -133,8 +136,8 @@ class MasterRpcHandler final {
   static constexpr Roles kAdmin = Role::kAdmin;
   static constexpr Roles kNode = Role::kNode;
 
-  // The caller, if it may call `method`; AnonymousAdmin() when
-  // authentication is off.
+  // The caller, if it may call `method` and the gate (MasterOptions::gate)
+  // lets calls through; AnonymousAdmin() when authentication is off.
   absl::StatusOr<Identity> Admit(grpc::ServerContext* ctx, Roles allowed,
                                  const char* method) const;
 
@@ -524,6 +527,8 @@ class MasterRpcHandler final {
   const uint32_t max_key_bytes_;  // as the caller sends them
   const size_t max_lookup_streams_;
   Clock* const clock_;
+  // MasterOptions::gate; null: none.
+  const std::function<absl::Status()> gate_;
   MasterRpcCounters rpc_stats_;
   LatencyHistogram lookup_latency_;
   mutable Mutex streams_mu_;

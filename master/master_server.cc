@@ -81,6 +81,8 @@ absl::StatusOr<std::unique_ptr<master::MasterService>> OpenService(
   master::RocksDbMetadataStoreOptions store_options;
   store_options.path = options.db_path;
   store_options.sync_writes = options.sync_writes;
+  store_options.generation_floor = options.generation_floor;
+  store_options.generation_end = options.generation_end;
   if (options.index_snapshots) {
     store_options.keep_wal_seconds = static_cast<uint64_t>(absl::ToInt64Seconds(
         std::max(2 * options.service.snapshot_interval, absl::Hours(1))));
@@ -125,7 +127,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
           server->tenants_.get(),
           options.service.max_key_bytes, options.max_lookup_streams,
           options.service.clock != nullptr ? options.service.clock
-                                           : Clock::Real());
+                                           : Clock::Real(),
+          options.gate);
   s = server->StartRpc(options);
   if (!s.ok()) return s;
   s = server->StartMetrics(options);
@@ -166,7 +169,8 @@ absl::Status MasterServer::StartRpc(const MasterOptions& options) {
                            &port);
   // Without this, gRPC sets SO_REUSEPORT and a second master would bind the
   // same port silently.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT,
+                             options.reuse_port ? 1 : 0);
   builder.SetMaxReceiveMessageSize(max_message);
   // No default (callback) health service: ours is registered instead.
   builder.SetOption(

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -100,6 +101,24 @@ struct MasterOptions : DaemonOptions {
   // Per-tenant quotas (hymctl tenant set-quota), one "tenant max_objects
   // max_bytes" line each. Default: "" = db_path + ".quotas".
   std::string tenant_quotas_file;
+  // High availability (master/master_ha.h, docs/ha.md). A gate asked
+  // before every RPC of hymcache.v1.MasterService (reads and writes, unary
+  // and streams, after the caller's identity is checked): a call it refuses
+  // gets its status (a leader that lost its lease refuses with kNotLeader,
+  // so nothing is written after the term ended). It runs on RPC threads
+  // and must be fast and non-blocking. Default: none (every call passes).
+  std::function<absl::Status()> gate;
+  // The range of generations this master hands out
+  // (RocksDbMetadataStoreOptions::generation_floor / generation_end): an
+  // elected master's term's range. Default: 0, 0 (no bound).
+  uint64_t generation_floor = 0;
+  uint64_t generation_end = 0;
+  // Bind listen_address with SO_REUSEPORT, beside a server that holds it
+  // already: an elected HaMaster starts serving while its standby server
+  // still listens, then closes that, so that clients never find the port
+  // closed. Otherwise a second server on the port is refused. Default:
+  // false.
+  bool reuse_port = false;
 
   // InvalidArgument naming the first bad field (the service's included).
   absl::Status Validate() const;

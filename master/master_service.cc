@@ -265,6 +265,7 @@ MasterService::AllTenantUsage() const {
 
 v1::GetStatsResponse MasterService::GetStats() const {
   v1::GetStatsResponse response;
+  response.set_master_epoch(options_.epoch);
   ReaderMutexLock l(&mu_);
   const absl::Time now = clock_->Now();
   response.set_object_count(index_.size());

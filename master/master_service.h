@@ -164,6 +164,11 @@ struct MasterServiceOptions {
   // Period of the snapshots written by MaybeSnapshot (besides the one at
   // shutdown). 0: only at shutdown. Default: 10 min.
   absl::Duration snapshot_interval = absl::Minutes(10);
+  // The epoch of this master's term when elected through etcd
+  // (master/master_ha.h), sent in RegisterNode, Heartbeat and GetStats
+  // answers (master_epoch) so that nodes refuse a master of an older term.
+  // 0: no election. Default: 0.
+  int64_t epoch = 0;
 
   absl::Status Validate() const;
 };

@@ -399,6 +399,7 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   info.set_alive(true);
 
   v1::RegisterNodeResponse response;
+  response.set_master_epoch(options_.epoch);
   response.set_heartbeat_interval_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(options_.heartbeat_interval)));
   response.set_generation_ceiling(store_->GenerationCeiling());
@@ -594,6 +595,7 @@ absl::Status MasterService::RebuildRegionsLocked(
 absl::StatusOr<v1::HeartbeatResponse> MasterService::Heartbeat(
     const v1::HeartbeatRequest& request) {
   v1::HeartbeatResponse response;
+  response.set_master_epoch(options_.epoch);
   MutexLock l(&mu_);
   auto n = nodes_.find(request.node_id());
   // A node this process has not seen register (a master restart) registers

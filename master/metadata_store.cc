@@ -190,6 +190,10 @@ absl::Status RocksDbMetadataStoreOptions::Validate() const {
     return absl::InvalidArgumentError(
         "metadata store: generation_block must be > 0");
   }
+  if (generation_end != 0 && generation_end <= generation_floor) {
+    return absl::InvalidArgumentError(
+        "metadata store: generation_end must exceed generation_floor");
+  }
   return absl::OkStatus();
 }
 
@@ -238,6 +242,7 @@ RocksDbMetadataStore::Create(const RocksDbMetadataStoreOptions& options) {
   } else if (!gs.IsNotFound()) {
     return FromRocks(gs, "read generation");
   }
+  start = std::max(start, options.generation_floor);
   {
     MutexLock l(&store->gen_mu_);
     store->next_generation_ = start;
@@ -260,9 +265,15 @@ RocksDbMetadataStore::~RocksDbMetadataStore() {
 }
 
 absl::Status RocksDbMetadataStore::ReserveGenerationBlock() {
+  const uint64_t end =
+      options_.generation_end == 0 ? UINT64_MAX : options_.generation_end;
   uint64_t new_limit = generation_limit_ + options_.generation_block;
-  if (new_limit < generation_limit_) {
-    return absl::ResourceExhaustedError("metadata store: generations exhausted");
+  if (new_limit < generation_limit_) new_limit = UINT64_MAX;
+  new_limit = std::min(new_limit, end);
+  if (new_limit <= generation_limit_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "metadata store: generations exhausted (the range ends at ", end,
+        ")"));
   }
   // The limit must be durable before any generation of the block is used,
   // even when ordinary writes are not synced: a lost limit could repeat

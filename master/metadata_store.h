@@ -165,6 +165,15 @@ struct RocksDbMetadataStoreOptions {
   // persisted before any generation of it is handed out, so a restart starts
   // after the block and never repeats one. Must be > 0. Default: 1 << 20.
   uint64_t generation_block = uint64_t{1} << 20;
+  // Generations handed out lie in [generation_floor, generation_end): the
+  // first one is the larger of the persisted resume point and the floor,
+  // and NextGeneration is ResourceExhausted once the end is reached. A
+  // master elected through etcd sets [epoch << 32, (epoch + 1) << 32), so
+  // that nothing a leader of an earlier term issued (whatever store it
+  // used) can equal a generation of this term (docs/ha.md).
+  // generation_end 0: no end. Default: 0, 0.
+  uint64_t generation_floor = 0;
+  uint64_t generation_end = 0;
   // Keep write-ahead log files this long after RocksDB is done with them
   // (and at most keep_wal_mb of them), so that ForEachObjectChangeSince
   // can read the changes since the owner's last snapshot. 0: do not keep

@@ -350,6 +350,39 @@ TEST_CASE("RocksDbMetadataStore never repeats a generation across restarts") {
   CHECK(last > 0);
 }
 
+TEST_CASE("RocksDbMetadataStore hands out generations of its term's range only") {
+  const std::string dir = TestDir("generation_range");
+  RocksDbMetadataStoreOptions o;
+  o.path = dir;
+  o.generation_block = 4;
+  // Term 5: [5 << 32, 6 << 32); an empty store starts at the floor.
+  o.generation_floor = uint64_t{5} << 32;
+  o.generation_end = (uint64_t{5} << 32) + 6;
+  {
+    auto store = RocksDbMetadataStore::Create(o);
+    REQUIRE(store.ok());
+    for (uint64_t i = 0; i < 6; ++i) {
+      auto g = (*store)->NextGeneration();
+      REQUIRE(g.ok());
+      CHECK(*g == o.generation_floor + i);
+    }
+    auto past = (*store)->NextGeneration();
+    CHECK(past.status().code() == absl::StatusCode::kResourceExhausted);
+  }
+  // A later term on the same store starts at its own floor, above it all.
+  o.generation_floor = uint64_t{9} << 32;
+  o.generation_end = uint64_t{10} << 32;
+  auto store = RocksDbMetadataStore::Create(o);
+  REQUIRE(store.ok());
+  auto g = (*store)->NextGeneration();
+  REQUIRE(g.ok());
+  CHECK(*g == uint64_t{9} << 32);
+  // An end at or below the floor is refused.
+  o.generation_end = o.generation_floor;
+  CHECK(RocksDbMetadataStore::Create(o).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("RocksDbMetadataStore refuses a second open of the same directory") {
   const std::string dir = TestDir("locked");
   auto first = Open(dir);

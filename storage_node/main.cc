@@ -72,7 +72,9 @@ static_assert(std::size(kDeviceNames) ==
 
 }  // namespace
 
-DEFINE_string(master, "127.0.0.1:50051", "Master gRPC address (host:port).");
+DEFINE_string(master, "127.0.0.1:50051",
+              "Master gRPC address (host:port), or several masters of which "
+              "one leads, comma-separated (docs/ha.md)");
 DEFINE_string(name, Defaults().node_name.c_str(),
               "Stable node name reported to the master (default: "
               "advertise_host:data_port).");

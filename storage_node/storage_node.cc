@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <optional>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/grpc_reconnect.h"
 #include "common/grpc_status.h"
 #include "common/health_probe.h"
@@ -24,6 +27,7 @@
 #include "common/rdma.h"
 #include "common/stats.h"
 #include "common/status_macros.h"
+#include "common/status_reason.h"
 #include "common/transport_params.h"
 #include "glog/logging.h"
 #include "proto/master.grpc.pb.h"
@@ -50,6 +54,7 @@ constexpr absl::Duration kExtentDrainTimeout = absl::Seconds(5);
 // Registration retry backoff while the master is unreachable.
 constexpr absl::Duration kMinRetry = absl::Milliseconds(100);
 constexpr absl::Duration kMaxRetry = absl::Seconds(2);
+constexpr absl::Duration kMaxRetryAmongMasters = absl::Milliseconds(250);
 // Used when the master does not say how often to heartbeat.
 constexpr absl::Duration kDefaultHeartbeat = absl::Seconds(1);
 // Deadline of one reconciliation stream (a node may hold millions of
@@ -76,14 +81,40 @@ void ToProto(const storage::RegionDescriptor& r, v1::RegionInfo* out) {
 
 }  // namespace
 
-// The node's connection to the master (its gRPC channel and stub).
+// The node's connections to the masters (a channel and stub each), and the
+// one calls go to. With several masters (docs/ha.md) a call refused with
+// UNAVAILABLE moves the node on: to the leader the refusal names
+// (LeaderHintOf) when it is one of the list, else to the next master; the
+// heartbeat loop then registers there.
 struct StorageNode::MasterLink {
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::MasterService::Stub> stub;
-  // Keeps the channel connecting after a call found no master (under gRPC's
-  // "poll" strategy nothing else would, but its backup poller seconds
-  // later, and the master would take this node for dead).
+  struct Peer {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::MasterService::Stub> stub;
+  };
+  std::vector<Peer> peers;  // constant after ConnectMaster
+  std::atomic<size_t> current{0};
+  // Keeps the channels connecting after a call found no master (under
+  // gRPC's "poll" strategy nothing else would, but its backup poller
+  // seconds later, and the master would take this node for dead).
   std::unique_ptr<ChannelReconnector> reconnector;
+
+  v1::MasterService::Stub* stub() { return peers[current.load()].stub.get(); }
+  const std::string& address() { return peers[current.load()].address; }
+  // The current master refused a call with `s` (UNAVAILABLE).
+  void Refused(const absl::Status& s) {
+    if (peers.size() < 2) return;
+    const size_t at = current.load();
+    if (std::optional<LeaderHint> hint = LeaderHintOf(s)) {
+      for (size_t i = 0; i < peers.size(); ++i) {
+        if (i != at && peers[i].address == hint->address) {
+          current = i;
+          return;
+        }
+      }
+    }
+    current = (at + 1) % peers.size();
+  }
 };
 
 // The gRPC StorageControl service. Handlers never block.
@@ -650,12 +681,19 @@ absl::Status StorageNode::ConnectMaster() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   master_ = std::make_unique<MasterLink>();
-  ASSIGN_OR_RETURN(master_->channel,
-                   CreateChannel(options_.master_address,
-                                 {options_.tls, options_.master_token}, args));
-  master_->stub = v1::MasterService::NewStub(master_->channel);
-  master_->reconnector = std::make_unique<ChannelReconnector>(
-      std::vector<std::shared_ptr<grpc::Channel>>{master_->channel});
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (absl::string_view address :
+       absl::StrSplit(options_.master_address, ',', absl::SkipEmpty())) {
+    MasterLink::Peer peer;
+    peer.address = std::string(address);
+    ASSIGN_OR_RETURN(peer.channel,
+                     CreateChannel(peer.address,
+                                   {options_.tls, options_.master_token}, args));
+    peer.stub = v1::MasterService::NewStub(peer.channel);
+    channels.push_back(peer.channel);
+    master_->peers.push_back(std::move(peer));
+  }
+  master_->reconnector = std::make_unique<ChannelReconnector>(channels);
   return absl::OkStatus();
 }
 
@@ -714,12 +752,14 @@ absl::Status StorageNode::CallMaster(Fn call, absl::Duration timeout) {
     rpc_ = &ctx;
   }
   grpc::Status s = call(&ctx);
+  absl::Status out = FromGrpcStatus(s);
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    master_->reconnector->Kick(0);
+    master_->reconnector->Kick(master_->current.load());
+    master_->Refused(out);
   }
   MutexLock l(&mu_);
   rpc_ = nullptr;
-  return FromGrpcStatus(s);
+  return out;
 }
 
 absl::Status StorageNode::Register() {
@@ -747,8 +787,9 @@ absl::Status StorageNode::Register() {
   const bool carried = identity_change_carried_;
   identity_change_carried_ = false;
   absl::Status called = CallMaster([&](grpc::ClientContext* ctx) {
-    return master_->stub->RegisterNode(ctx, req, &resp);
+    return master_->stub()->RegisterNode(ctx, req, &resp);
   });
+  if (called.ok()) called = CheckMasterEpoch(resp.master_epoch());
   if (called.ok() && resp.node_id() == 0) {
     called = absl::InternalError("master assigned node id 0");
   }
@@ -813,6 +854,26 @@ absl::Status StorageNode::Register() {
   return absl::OkStatus();
 }
 
+absl::Status StorageNode::CheckMasterEpoch(int64_t epoch) {
+  if (epoch == 0) return absl::OkStatus();
+  absl::Status stale;
+  {
+    MutexLock l(&mu_);
+    if (epoch >= highest_master_epoch_) {
+      highest_master_epoch_ = epoch;
+      return absl::OkStatus();
+    }
+    stale = NotLeaderError(
+        absl::StrCat("master ", master_->address(), " answered for epoch ",
+                     epoch, ", below epoch ", highest_master_epoch_,
+                     " already seen: a deposed leader"),
+        {});
+  }
+  LOG(WARNING) << stale;
+  master_->Refused(stale);
+  return stale;
+}
+
 absl::StatusOr<bool> StorageNode::Heartbeat(uint32_t node_id) {
   v1::HeartbeatRequest req;
   req.set_node_id(node_id);
@@ -820,8 +881,9 @@ absl::StatusOr<bool> StorageNode::Heartbeat(uint32_t node_id) {
   *req.mutable_auth() = Auth("heartbeat", node_id);
   v1::HeartbeatResponse resp;
   RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
-    return master_->stub->Heartbeat(ctx, req, &resp);
+    return master_->stub()->Heartbeat(ctx, req, &resp);
   }));
+  RETURN_IF_ERROR(CheckMasterEpoch(resp.master_epoch()));
   ApplyGenerationCeiling(resp.generation_ceiling());
   if (resp.reconcile()) {
     MutexLock l(&mu_);
@@ -865,12 +927,12 @@ absl::Status StorageNode::Reconcile(uint32_t node_id) {
   *begin.mutable_auth() = Auth("reconcile", node_id);
   v1::BeginReconcileResponse begun;
   RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
-    return master_->stub->BeginReconcile(ctx, begin, &begun);
+    return master_->stub()->BeginReconcile(ctx, begin, &begun);
   }));
   RETURN_IF_ERROR(CallMaster(
       [&](grpc::ClientContext* ctx) {
         std::unique_ptr<grpc::ClientWriter<v1::ReconcileNodeRequest>> w =
-            master_->stub->ReconcileNode(ctx, &resp);
+            master_->stub()->ReconcileNode(ctx, &resp);
         v1::ReconcileNodeRequest req;
         req.set_node_id(node_id);
         req.set_incarnation(incarnation_);
@@ -995,7 +1057,11 @@ void StorageNode::HeartbeatLoop() {
         outage = true;
       }
       if (!SleepUnlessStopping(retry)) return;
-      retry = std::min(retry * 2, kMaxRetry);
+      // With several masters the next attempt goes to another one (the
+      // leader, after a failover): keep the pause short.
+      retry = std::min(retry * 2, master_->peers.size() > 1
+                                      ? kMaxRetryAmongMasters
+                                      : kMaxRetry);
       continue;
     }
     if (!SleepUnlessStopping(interval)) return;
@@ -1032,7 +1098,7 @@ void StorageNode::Deregister(uint32_t node_id) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   absl::Status s =
-      FromGrpcStatus(master_->stub->DeregisterNode(&ctx, req, &resp));
+      FromGrpcStatus(master_->stub()->DeregisterNode(&ctx, req, &resp));
   if (s.ok()) {
     LOG(INFO) << "deregistered node " << node_id << " from the master";
   } else {

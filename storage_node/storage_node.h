@@ -100,7 +100,9 @@ absl::StatusOr<storage::BlockIoOptions::Submit> ParseIoSubmit(
 //     client certificate; server_name overrides the master's expected name);
 //   metrics_listen: series hymcache_storage_*; build_version/build_commit.
 struct StorageNodeOptions : DaemonOptions {
-  // The master's gRPC address, host:port. Required.
+  // The master's gRPC address, host:port; or several masters of which one
+  // leads, comma-separated (docs/ha.md): the node follows the leader.
+  // Required.
   std::string master_address;
   // Stable name of the node, reported to the master.
   // Default: "" = advertise_host:data.port
@@ -364,6 +366,11 @@ class StorageNode {
   void HeartbeatLoop();
   bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Register();
+  // An answer from a master of epoch `epoch` (master_epoch): Unavailable
+  // (not_leader) when it is below the highest seen, a deposed leader's
+  // (docs/ha.md), and the node moves on to another master. 0 (a master
+  // without an election) always passes.
+  absl::Status CheckMasterEpoch(int64_t epoch);
   // Returns whether the master asked for a new registration.
   absl::StatusOr<bool> Heartbeat(uint32_t node_id);
   void Deregister(uint32_t node_id);
@@ -426,6 +433,8 @@ class StorageNode {
 
   mutable Mutex mu_;
   uint32_t node_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // The highest master_epoch seen (CheckMasterEpoch).
+  int64_t highest_master_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // The key the master issued ("" before the first registration, unless
   // read from node_key_path_).
   std::string node_key_ ABSL_GUARDED_BY(mu_);

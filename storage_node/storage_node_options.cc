@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/limits.h"
+#include "absl/strings/str_split.h"
 #include "common/net.h"
 #include "common/security.h"
 #include "storage_node/device/block_io.h"
@@ -97,10 +98,13 @@ absl::Status StorageNodeOptions::Validate() const {
   if (master_address.empty()) {
     return absl::InvalidArgumentError("storage node: master_address is required");
   }
-  absl::Status s = SplitHostPort(master_address).status();
-  if (!s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("storage node: master_address: ", s.message()));
+  for (absl::string_view address :
+       absl::StrSplit(master_address, ',', absl::SkipEmpty())) {
+    absl::Status s = SplitHostPort(std::string(address)).status();
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("storage node: master_address: ", s.message()));
+    }
   }
   if (listen_host.empty()) {
     return absl::InvalidArgumentError("storage node: listen_host is empty");
@@ -111,7 +115,7 @@ absl::Status StorageNodeOptions::Validate() const {
         absl::StrCat("storage node: node_name has ", node_name.size(),
                      " bytes (at most ", kMaxNodeNameBytes, ")"));
   }
-  s = DaemonOptions::Validate("storage node", listen_host);
+  absl::Status s = DaemonOptions::Validate("storage node", listen_host);
   if (!s.ok()) return s;
   if (data.port < 0 || data.port > 65535 || control_port < 0 ||
       control_port > 65535) {

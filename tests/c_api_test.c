@@ -432,6 +432,40 @@ static void DeadMaster(void) {
   FreeBlocks(&b);
 }
 
+/* Several masters (docs/ha.md): the first one listed is down, calls go on
+ * to the next; an empty address in the list is refused. */
+static void SeveralMasters(const char* master) {
+  fprintf(stderr, "-- several masters\n");
+  char dead[64];
+  snprintf(dead, sizeof(dead), "127.0.0.1:%d", ClosedPort());
+  hymcache_client_options o;
+  hymcache_client_options_init(&o);
+  const char* masters[2] = {dead, master};
+  o.master_addresses = masters;
+  o.num_master_addresses = 2;
+  o.default_timeout_ms = 5000;
+  hymcache_client* c = NULL;
+  REQUIRE_OK(hymcache_client_create(&o, &c));
+  WaitForNode(c);
+  Blocks b;
+  MakeBlocks("several-masters", &b);
+  hymcache_store_handle* s = NULL;
+  REQUIRE_OK(hymcache_store(c, b.keys, b.in, 2, NULL, 5000, &s));
+  REQUIRE_OK(hymcache_store_wait(s, HYMCACHE_TIMEOUT_DEFAULT, NULL, NULL));
+  hymcache_store_free(s);
+  size_t hit = 0;
+  REQUIRE_OK(hymcache_lookup(c, b.keys, 2, HYMCACHE_TIMEOUT_DEFAULT, NULL, &hit));
+  EXPECT(hit == 2);
+  hymcache_client_destroy(c);
+  FreeBlocks(&b);
+
+  const char* bad[2] = {master, ""};
+  o.master_addresses = bad;
+  c = NULL;
+  EXPECT_CODE(hymcache_client_create(&o, &c), HYMCACHE_INVALID_ARGUMENT);
+  EXPECT(c == NULL);
+}
+
 /* Deadlines: an expired timeout against the live master, and a master that
  * never answers. */
 static void Deadlines(const char* master) {
@@ -563,6 +597,7 @@ int main(int argc, char** argv) {
   RoundTrip(master, HYMCACHE_TRANSPORT_SHM, "shm-model");
   BadArguments(master);
   DeadMaster();
+  SeveralMasters(master);
   Deadlines(master);
   Concurrent(master);
   if (failures > 0) {

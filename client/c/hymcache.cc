@@ -137,14 +137,21 @@ absl::StatusOr<ClientOptions> ToClientOptions(
     return absl::InvalidArgumentError(
         "options->master_addresses: one address is required");
   }
-  if (o.num_master_addresses > 1) {
-    return absl::UnimplementedError(
-        absl::StrCat("options->master_addresses: ", o.num_master_addresses,
-                     " given; a cluster has one master today"));
-  }
-  if (o.master_addresses[0] == nullptr) return Null("master_addresses[0]");
+  // Several masters (one leads; docs/ha.md) travel as ClientOptions'
+  // comma-separated list.
   ClientOptions c;
-  c.master_address = o.master_addresses[0];
+  for (size_t i = 0; i < o.num_master_addresses; ++i) {
+    const char* a = o.master_addresses[i];
+    if (a == nullptr) {
+      return Null(absl::StrCat("master_addresses[", i, "]").c_str());
+    }
+    if (*a == '\0' || std::strchr(a, ',') != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options->master_addresses[", i, "]: '", a,
+          "' is not one host:port"));
+    }
+    absl::StrAppend(&c.master_address, i == 0 ? "" : ",", a);
+  }
   switch (o.transport) {
     case HYMCACHE_TRANSPORT_TCP:
       c.transport = TransportKind::kTcp;

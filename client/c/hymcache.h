@@ -123,8 +123,10 @@ typedef enum hymcache_transport {
 typedef struct hymcache_client_options {
   /* sizeof(hymcache_client_options); set by hymcache_client_options_init. */
   size_t struct_size;
-  /* The master's gRPC address(es), "host:port". Required. A cluster has one
-   * master today: more than one address is HYMCACHE_UNIMPLEMENTED. */
+  /* The masters' gRPC addresses, "host:port" each. Required: at least one.
+   * With several (one leads, the others stand by: docs/ha.md) every call
+   * goes to the leader, and a call a standby refuses, or that no master
+   * answers, is sent again to the leader within its timeout. */
   const char* const* master_addresses;
   size_t num_master_addresses;
   /* Data plane. Default: HYMCACHE_TRANSPORT_TCP. */
@@ -173,7 +175,7 @@ typedef struct hymcache_client hymcache_client;
  * hymcache_client_destroy). Connects lazily: succeeds while the master is
  * down; calls then fail with HYMCACHE_UNAVAILABLE until it is up.
  * Errors: INVALID_ARGUMENT (bad options: the message names the field),
- * UNIMPLEMENTED (more than one master address; unknown option fields),
+ * UNIMPLEMENTED (unknown option fields),
  * UNAVAILABLE (RDMA requested without a device), FAILED_PRECONDITION
  * (grpc_poll_strategy cannot take effect), and the read error of a TLS
  * file that cannot be read. */

@@ -33,6 +33,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/block_key.h"
@@ -483,16 +485,19 @@ class PyClient {
     ClientOptions o;
     std::vector<std::string> list;
     if (py::isinstance<py::str>(masters)) {
-      list.push_back(masters.cast<std::string>());
+      // "A" or "A,B,C".
+      list = absl::StrSplit(masters.cast<std::string>(), ',');
     } else {
       list = masters.cast<std::vector<std::string>>();
     }
-    if (list.size() != 1) {
-      ThrowInvalid(absl::StrCat(
-          "masters: one master address expected (a cluster has one master), ",
-          "got ", list.size()));
+    // Several masters: one leads, calls follow it (docs/ha.md).
+    if (list.empty()) ThrowInvalid("masters: at least one address expected");
+    for (const std::string& a : list) {
+      if (a.empty() || a.find(',') != std::string::npos) {
+        ThrowInvalid(absl::StrCat("masters: '", a, "' is not one host:port"));
+      }
     }
-    o.master_address = list[0];
+    o.master_address = absl::StrJoin(list, ",");
     o.transport = Unwrap(ParseTransportKind(transport));
     if (!std::isfinite(deadline) || !std::isfinite(store_deadline)) {
       ThrowInvalid("deadline and store_deadline must be finite seconds");
@@ -842,7 +847,8 @@ PYBIND11_MODULE(_hymcache, m) {
 
 Client(masters, transport="auto", deadline=10.0, store_deadline=2.0, ...)
 
-masters: the master's "host:port" (a string or a one-element list).
+masters: the master's "host:port", or several masters of which one leads
+  (a list, or one string "A,B,C"; docs/ha.md): calls follow the leader.
 transport: "auto" (shared memory for nodes on this host, else RDMA when
   both sides have it, else TCP), "tcp", "shm" or "rdma".
 deadline: seconds a call may take when given none; past it, load returns

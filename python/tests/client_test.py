@@ -216,8 +216,17 @@ def test_a_miss_ends_the_loaded_prefix(client, request):
 
 
 def test_options_and_closed_clients(cluster):
-    with pytest.raises(hymcache.InvalidArgument, match="one master"):
-        hymcache.Client(["127.0.0.1:1", "127.0.0.1:2"])
+    with pytest.raises(hymcache.InvalidArgument, match="at least one"):
+        hymcache.Client([])
+    with pytest.raises(hymcache.InvalidArgument, match="not one host:port"):
+        hymcache.Client(["127.0.0.1:1,127.0.0.1:2"])
+    # Several masters, the first one down: calls go on to the next.
+    several = hymcache.Client(["127.0.0.1:1", cluster.address], deadline=5.0)
+    assert several.stats()["nodes"]
+    several.close()
+    several = hymcache.Client("127.0.0.1:1," + cluster.address, deadline=5.0)
+    assert several.stats()["nodes"]
+    several.close()
     with pytest.raises(hymcache.InvalidArgument, match="transport"):
         hymcache.Client(cluster.address, transport="carrier-pigeon")
     with pytest.raises(hymcache.InvalidArgument):

@@ -11,6 +11,7 @@
 #include <iomanip>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -25,7 +26,10 @@
 #include "client/block_key.h"
 #include "client/client.h"
 #include "common/cluster_stats.h"
+#include "common/etcd_client.h"
 #include "common/grpc_status.h"
+#include "common/leader_election.h"
+#include "common/status_reason.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 #include "tools/hymctl/fsck.h"
@@ -122,6 +126,58 @@ std::string DeviceKind(const hymcache::v1::NodeInfo& n) {
   return n.regions_size() > 0 ? n.regions(0).device_kind() : "";
 }
 
+// Of several masters (--master=A,B,C; docs/ha.md), the one that leads: each
+// is asked in turn (GetStats); a standby's NOT_LEADER names the leader,
+// which is asked next. Rounds until `deadline`; the last error then.
+absl::StatusOr<std::string> FindLeader(const std::string& masters,
+                                       const ChannelSecurity& security,
+                                       absl::Time deadline) {
+  const std::vector<std::string> list =
+      absl::StrSplit(masters, ',', absl::SkipEmpty());
+  absl::Status last = absl::InvalidArgumentError("--master: no address");
+  while (true) {
+    std::vector<std::string> ask = list;
+    for (size_t i = 0; i < ask.size() && i < 2 * list.size(); ++i) {
+      auto channel = CreateChannel(ask[i], security);
+      if (!channel.ok()) return channel.status();
+      auto stub = hymcache::v1::MasterService::NewStub(*channel);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(
+          std::min(deadline, absl::Now() + absl::Seconds(2))));
+      hymcache::v1::GetStatsResponse resp;
+      last = FromGrpcStatus(
+          stub->GetStats(&ctx, hymcache::v1::GetStatsRequest(), &resp),
+          ask[i]);
+      if (last.ok()) return ask[i];
+      if (std::optional<LeaderHint> hint = LeaderHintOf(last);
+          hint.has_value() && !hint->address.empty()) {
+        ask.insert(ask.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                   hint->address);
+      }
+    }
+    if (absl::Now() + absl::Milliseconds(100) >= deadline) return last;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+// The master the leader key of `cluster` names in etcd.
+absl::StatusOr<std::string> LeaderFromEtcd(
+    const std::vector<std::string>& endpoints, const std::string& cluster,
+    absl::Time deadline) {
+  EtcdClientOptions eo;
+  eo.endpoints = endpoints;
+  auto etcd = EtcdClient::Create(eo);
+  if (!etcd.ok()) return etcd.status();
+  auto leader = ReadLeader(etcd->get(), MasterLeaderKey(cluster), deadline);
+  if (!leader.ok()) return leader.status();
+  if (!leader->has_value()) {
+    return absl::UnavailableError(absl::StrCat(
+        "no master leads cluster '", cluster, "' (etcd key ",
+        MasterLeaderKey(cluster), " is absent)"));
+  }
+  return (*leader)->candidate;
+}
+
 class Cli {
  public:
   Cli(const Options& o, std::ostream& out, std::ostream& err)
@@ -134,6 +190,20 @@ class Cli {
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       out_ << HelpText();
       return 0;
+    }
+    if (!o_.etcd_endpoints.empty()) {
+      auto leader = LeaderFromEtcd(
+          o_.etcd_endpoints, o_.cluster,
+          absl::Now() + absl::Seconds(o_.timeout_seconds));
+      if (!leader.ok()) return Fail(leader.status());
+      o_.master_address = *leader;
+    } else if (o_.master_address.find(',') != std::string::npos) {
+      // Every command talks to the leader.
+      auto leader = FindLeader(
+          o_.master_address, o_.security,
+          absl::Now() + absl::Seconds(o_.timeout_seconds));
+      if (!leader.ok()) return Fail(leader.status());
+      o_.master_address = *leader;
     }
     if (cmd == "version") {
       return rest.empty() ? Version() : Usage("version takes no operands");
@@ -424,6 +494,20 @@ class Cli {
 #undef HYM_JSON_GAUGE_
 #undef HYM_JSON_COUNTER_
       out_ << j.dump(2) << "\n";
+      out_ << json{{"nodes", nodes},
+                   {"objects", st->object_count()},
+                   {"object_bytes", st->object_bytes()},
+                   {"pending_puts", st->pending_puts()},
+                   {"evicted_objects", st->evicted_objects()},
+                   {"evicted_bytes", st->evicted_bytes()},
+                   {"reconciliations", st->reconciliations()},
+                   {"reconcile_dropped_listings", st->reconcile_dropped_listings()},
+                   {"read_repairs", st->read_repairs()},
+                   {"index_bytes_per_entry", st->index_bytes_per_entry()},
+                   {"master", o_.master_address},
+                   {"master_epoch", st->master_epoch()}}
+                  .dump(2)
+           << "\n";
       return 0;
     }
     auto seen = [&](const hymcache::v1::NodeInfo& n) -> std::string {
@@ -487,6 +571,10 @@ class Cli {
          << st->reconcile_dropped_listings()
          << " listings dropped); read repairs: " << st->read_repairs()
          << "\n";
+    if (st->master_epoch() != 0) {
+      out_ << "master " << o_.master_address << " leads, epoch "
+           << st->master_epoch() << "\n";
+    }
     return 0;
   }
 
@@ -1030,7 +1118,7 @@ class Cli {
     return inconsistent ? 1 : 0;
   }
 
-  const Options o_;
+  Options o_;  // master_address: the leader of several (Run)
   std::ostream& out_;
   std::ostream& err_;
   std::unique_ptr<Client> client_;

@@ -18,8 +18,14 @@
 namespace hymcache::hymctl {
 
 struct Options {
-  // Master gRPC address. Default: 127.0.0.1:50051.
+  // Master gRPC address, or several (A,B,C: commands go to the one that
+  // leads, docs/ha.md). Default: 127.0.0.1:50051.
   std::string master_address = "127.0.0.1:50051";
+  // etcd endpoints: the master is the leader the cluster's leader key
+  // names (replaces master_address). Default: none.
+  std::vector<std::string> etcd_endpoints;
+  // The cluster's name (etcd keys /hymcache/<cluster>/). Default: "default".
+  std::string cluster = "default";
   // Print JSON instead of tables. Default: false.
   bool json = false;
   // Keys on the command line are hex. Default: false.

@@ -8,12 +8,19 @@
 
 #include <gflags/gflags.h>
 
+#include "absl/strings/str_split.h"
 #include "common/build_info.h"
 #include "common/cli.h"
 #include "tools/hymctl/hymctl.h"
 
 DEFINE_string(master, "127.0.0.1:50051",
-              "master gRPC address host:port (default: $HYMCACHE_MASTER if set)");
+              "master gRPC address host:port, or several masters "
+              "(A,B,C; commands go to the one that leads, docs/ha.md) "
+              "(default: $HYMCACHE_MASTER if set)");
+DEFINE_string(etcd, "",
+              "etcd endpoints HOST:PORT[,...]: talk to the master that leads "
+              "--cluster (instead of --master; docs/ha.md)");
+DEFINE_string(cluster, "default", "with --etcd: the cluster's name");
 DEFINE_bool(json, false, "print JSON instead of tables");
 DEFINE_bool(hex, false, "keys on the command line are hex");
 DEFINE_double(timeout, 10,
@@ -39,7 +46,7 @@ int main(int argc, char** argv) {
       {.program = "hymctl",
        .usage = hymcache::hymctl::HelpText(),
        .groups = {{"Connection",
-                   {"master", "timeout", "token_file", "tls_ca", "tls_cert",
+                   {"master", "etcd", "cluster", "timeout", "token_file", "tls_ca", "tls_cert",
                     "tls_key", "tls_server_name"}},
                   {"Output", {"json", "hex", "o"}},
                   {"fsck", {"repair", "settle"}},
@@ -49,6 +56,8 @@ int main(int argc, char** argv) {
       &argc, &argv);
   hymcache::hymctl::Options o;
   o.master_address = FLAGS_master;
+  o.etcd_endpoints = absl::StrSplit(FLAGS_etcd, ',', absl::SkipEmpty());
+  o.cluster = FLAGS_cluster;
   {
     const hymcache::BuildStamp& b = hymcache::BuildInfo();
     o.version = b.version + " (commit " + b.git_commit + ")";

@@ -1,0 +1,271 @@
+#include "client/failover_master_client.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_reason.h"
+
+namespace hymcache {
+
+absl::Status FailoverMasterClientOptions::Validate() const {
+  if (addresses.empty()) {
+    return absl::InvalidArgumentError("failover master client: no address");
+  }
+  for (const std::string& a : addresses) {
+    if (a.empty()) {
+      return absl::InvalidArgumentError(
+          "failover master client: an empty address");
+    }
+  }
+  if (!connect) {
+    return absl::InvalidArgumentError("failover master client: no connect");
+  }
+  if (round_pause < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "failover master client: round_pause must be >= 0");
+  }
+  if (attempt_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "failover master client: attempt_timeout must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+bool ShouldTryAnotherMaster(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable;
+}
+
+absl::StatusOr<std::unique_ptr<FailoverMasterClient>>
+FailoverMasterClient::Create(FailoverMasterClientOptions options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  std::unique_ptr<FailoverMasterClient> c(
+      new FailoverMasterClient(std::move(options)));
+  MutexLock l(&c->mu_);
+  for (const std::string& a : c->options_.addresses) {
+    if (c->IndexOf(a) < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("failover master client: cannot connect ", a));
+    }
+  }
+  return c;
+}
+
+int FailoverMasterClient::IndexOf(const std::string& address) {
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    if (masters_[i]->address == address) return static_cast<int>(i);
+  }
+  auto client = options_.connect(address);
+  if (!client.ok() || *client == nullptr) return -1;
+  auto m = std::make_unique<Master>();
+  m->address = address;
+  m->client = std::move(client).value();
+  masters_.push_back(std::move(m));
+  return static_cast<int>(masters_.size() - 1);
+}
+
+MasterClient* FailoverMasterClient::Current(size_t* index) {
+  MutexLock l(&mu_);
+  *index = current_;
+  return masters_[current_]->client.get();
+}
+
+bool FailoverMasterClient::Advance(size_t index, const absl::Status& failed) {
+  MutexLock l(&mu_);
+  ++failovers_;
+  if (index != current_) {
+    // Another call moved on already: follow it, a round has not passed.
+    return false;
+  }
+  int next = -1;
+  if (std::optional<LeaderHint> hint = LeaderHintOf(failed);
+      hint.has_value() && !hint->address.empty() &&
+      hint->epoch >= highest_epoch_ &&
+      hint->address != masters_[index]->address) {
+    highest_epoch_ = hint->epoch;
+    next = IndexOf(hint->address);
+  }
+  if (next < 0 && options_.leader) {
+    const std::string leader = options_.leader();
+    if (!leader.empty() && leader != masters_[index]->address) {
+      next = IndexOf(leader);
+    }
+  }
+  if (next < 0) next = static_cast<int>((index + 1) % masters_.size());
+  current_ = static_cast<size_t>(next);
+  ++refusals_;
+  if (refusals_ >= masters_.size()) {
+    refusals_ = 0;
+    return true;
+  }
+  return false;
+}
+
+template <typename R, typename F>
+R FailoverMasterClient::WithFailover(absl::Time deadline, bool per_attempt,
+                                     F&& call) {
+  while (true) {
+    size_t index = 0;
+    MasterClient* master = Current(&index);
+    const absl::Time attempt_deadline =
+        per_attempt ? std::min(deadline, absl::Now() + options_.attempt_timeout)
+                    : deadline;
+    R result = call(master, attempt_deadline);
+    absl::Status s;
+    if constexpr (std::is_same_v<R, absl::Status>) {
+      s = result;
+    } else {
+      s = result.status();
+    }
+    if (s.ok()) {
+      MutexLock l(&mu_);
+      refusals_ = 0;
+      return result;
+    }
+    const bool silent = per_attempt &&
+                        s.code() == absl::StatusCode::kDeadlineExceeded &&
+                        attempt_deadline < deadline;
+    if ((!ShouldTryAnotherMaster(s) && !silent) || absl::Now() >= deadline) {
+      return result;
+    }
+    if (Advance(index, s)) {
+      // Every master refused once: nobody leads yet (an election is on).
+      const absl::Time resume =
+          std::min(deadline, absl::Now() + options_.round_pause);
+      absl::SleepFor(resume - absl::Now());
+      if (absl::Now() >= deadline) return result;
+    }
+  }
+}
+
+std::string FailoverMasterClient::current_address() const {
+  MutexLock l(&mu_);
+  return masters_[current_]->address;
+}
+
+int64_t FailoverMasterClient::highest_epoch() const {
+  MutexLock l(&mu_);
+  return highest_epoch_;
+}
+
+uint64_t FailoverMasterClient::failovers() const {
+  MutexLock l(&mu_);
+  return failovers_;
+}
+
+absl::StatusOr<LookupBatch> FailoverMasterClient::Lookup(
+    absl::Span<const std::string> keys, bool for_read, absl::Time deadline) {
+  return WithFailover<absl::StatusOr<LookupBatch>>(
+      deadline, true, [&](MasterClient* m, absl::Time d) {
+        return m->Lookup(keys, for_read, d);
+      });
+}
+
+// The current master's stream while it answers; chunk by chunk through
+// Lookup (with failover) once it refused.
+class FailoverMasterClient::Stream final : public LookupStream {
+ public:
+  Stream(FailoverMasterClient* parent, absl::Span<const std::string> keys,
+         size_t chunk_keys, absl::Time deadline,
+         std::unique_ptr<LookupStream> inner)
+      : parent_(parent),
+        keys_(keys),
+        chunk_keys_(std::max<size_t>(1, chunk_keys)),
+        deadline_(deadline),
+        inner_(std::move(inner)) {}
+
+  bool has_next() const override {
+    return !cancelled_ && next_ * chunk_keys_ < keys_.size();
+  }
+
+  absl::StatusOr<const LookupBatch*> Next(bool block) override {
+    if (inner_ != nullptr) {
+      absl::StatusOr<const LookupBatch*> r = inner_->Next(block);
+      if (r.ok()) {
+        if (*r != nullptr) ++next_;
+        return r;
+      }
+      if (!ShouldTryAnotherMaster(r.status())) return r;
+      inner_->CancelRest();
+      inner_.reset();
+    }
+    absl::StatusOr<LookupBatch> b = parent_->Lookup(
+        keys_.subspan(next_ * chunk_keys_, chunk_keys_), /*for_read=*/true,
+        deadline_);
+    if (!b.ok()) return b.status();
+    batch_ = std::move(b).value();
+    ++next_;
+    return &batch_;
+  }
+
+  void CancelRest() override {
+    cancelled_ = true;
+    if (inner_ != nullptr) inner_->CancelRest();
+  }
+
+ private:
+  FailoverMasterClient* const parent_;
+  const absl::Span<const std::string> keys_;
+  const size_t chunk_keys_;
+  const absl::Time deadline_;
+  std::unique_ptr<LookupStream> inner_;
+  size_t next_ = 0;  // chunks taken
+  bool cancelled_ = false;
+  LookupBatch batch_;
+};
+
+std::unique_ptr<LookupStream> FailoverMasterClient::StartLookups(
+    absl::Span<const std::string> keys, size_t chunk_keys,
+    absl::Time deadline) {
+  size_t index = 0;
+  MasterClient* master = Current(&index);
+  return std::make_unique<Stream>(
+      this, keys, chunk_keys, deadline,
+      master->StartLookups(keys, chunk_keys, deadline));
+}
+
+absl::StatusOr<PutStartReply> FailoverMasterClient::PutStart(
+    const PutStartArgs& args, absl::Time deadline) {
+  return WithFailover<absl::StatusOr<PutStartReply>>(
+      deadline, true,
+      [&](MasterClient* m, absl::Time d) { return m->PutStart(args, d); });
+}
+
+absl::Status FailoverMasterClient::PutCommit(
+    uint64_t put_id, absl::Span<const uint32_t> failed_indexes,
+    absl::Time deadline) {
+  return WithFailover<absl::Status>(
+      deadline, false, [&](MasterClient* m, absl::Time d) {
+        return m->PutCommit(put_id, failed_indexes, d);
+      });
+}
+
+void FailoverMasterClient::PutAbortInBackground(uint64_t put_id) {
+  size_t index = 0;
+  Current(&index)->PutAbortInBackground(put_id);
+}
+
+absl::Status FailoverMasterClient::ReportMissing(
+    absl::Span<const std::string> keys,
+    absl::Span<const ObjectLocation> locations, absl::Time deadline) {
+  return WithFailover<absl::Status>(
+      deadline, true, [&](MasterClient* m, absl::Time d) {
+        return m->ReportMissing(keys, locations, d);
+      });
+}
+
+absl::StatusOr<std::vector<bool>> FailoverMasterClient::Remove(
+    absl::Span<const std::string> keys, absl::Time deadline) {
+  return WithFailover<absl::StatusOr<std::vector<bool>>>(
+      deadline, true,
+      [&](MasterClient* m, absl::Time d) { return m->Remove(keys, d); });
+}
+
+absl::StatusOr<ClusterStatus> FailoverMasterClient::GetClusterStatus(
+    absl::Time deadline) {
+  return WithFailover<absl::StatusOr<ClusterStatus>>(
+      deadline, true,
+      [&](MasterClient* m, absl::Time d) { return m->GetClusterStatus(d); });
+}
+
+}  // namespace hymcache

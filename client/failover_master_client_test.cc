@@ -1,0 +1,327 @@
+// FailoverMasterClient over fakes: masters that refuse (standbys, dead
+// masters) and a FakeMasterClient that leads.
+#include "client/failover_master_client.h"
+
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/testing/fake_master_client.h"
+#include "common/mutex.h"
+#include "common/status_reason.h"
+
+namespace hymcache {
+namespace {
+
+// A master whose every call fails with `status()`; counts the calls.
+class RefusingMaster final : public MasterClient {
+ public:
+  explicit RefusingMaster(absl::Status s) : status_(std::move(s)) {}
+  void set_status(absl::Status s) {
+    MutexLock l(&mu_);
+    status_ = std::move(s);
+  }
+  int calls() const {
+    MutexLock l(&mu_);
+    return calls_;
+  }
+
+  absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string>, bool,
+                                     absl::Time) override {
+    return Refuse();
+  }
+  std::unique_ptr<LookupStream> StartLookups(absl::Span<const std::string>,
+                                             size_t, absl::Time) override {
+    return std::make_unique<RefusedStream>(Refuse());
+  }
+  absl::StatusOr<PutStartReply> PutStart(const PutStartArgs&,
+                                         absl::Time) override {
+    return Refuse();
+  }
+  absl::Status PutCommit(uint64_t, absl::Span<const uint32_t>,
+                         absl::Time) override {
+    return Refuse();
+  }
+  void PutAbortInBackground(uint64_t) override {}
+  absl::Status ReportMissing(absl::Span<const std::string>,
+                             absl::Span<const ObjectLocation>,
+                             absl::Time) override {
+    return Refuse();
+  }
+  absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string>,
+                                           absl::Time) override {
+    return Refuse();
+  }
+  absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time) override {
+    return Refuse();
+  }
+
+ private:
+  class RefusedStream final : public LookupStream {
+   public:
+    explicit RefusedStream(absl::Status s) : s_(std::move(s)) {}
+    bool has_next() const override { return true; }
+    absl::StatusOr<const LookupBatch*> Next(bool) override { return s_; }
+    void CancelRest() override {}
+
+   private:
+    absl::Status s_;
+  };
+  absl::Status Refuse() {
+    MutexLock l(&mu_);
+    ++calls_;
+    return status_;
+  }
+  mutable Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Forwards to a shared master (the fakes outlive the failover client's
+// copies of them).
+class Forward final : public MasterClient {
+ public:
+  explicit Forward(MasterClient* m) : m_(m) {}
+  // Calls from now on go to `m`.
+  void set(MasterClient* m) { m_ = m; }
+  absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> k, bool r,
+                                     absl::Time d) override {
+    return m_.load()->Lookup(k, r, d);
+  }
+  std::unique_ptr<LookupStream> StartLookups(absl::Span<const std::string> k,
+                                             size_t c, absl::Time d) override {
+    return m_.load()->StartLookups(k, c, d);
+  }
+  absl::StatusOr<PutStartReply> PutStart(const PutStartArgs& a,
+                                         absl::Time d) override {
+    return m_.load()->PutStart(a, d);
+  }
+  absl::Status PutCommit(uint64_t p, absl::Span<const uint32_t> f,
+                         absl::Time d) override {
+    return m_.load()->PutCommit(p, f, d);
+  }
+  void PutAbortInBackground(uint64_t p) override {
+    m_.load()->PutAbortInBackground(p);
+  }
+  absl::Status ReportMissing(absl::Span<const std::string> k,
+                             absl::Span<const ObjectLocation> l,
+                             absl::Time d) override {
+    return m_.load()->ReportMissing(k, l, d);
+  }
+  absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string> k,
+                                           absl::Time d) override {
+    return m_.load()->Remove(k, d);
+  }
+  absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time d) override {
+    return m_.load()->GetClusterStatus(d);
+  }
+
+ private:
+  std::atomic<MasterClient*> m_;
+};
+
+struct Rig {
+  Rig() {
+    leader.AddNode({1, "node-1:1", {}});
+    masters["a:1"] = &standby_a;
+    masters["b:1"] = &dead_b;
+    masters["c:1"] = &at_c;
+  }
+  std::unique_ptr<FailoverMasterClient> Make(
+      std::vector<std::string> addresses) {
+    FailoverMasterClientOptions o;
+    o.addresses = std::move(addresses);
+    o.round_pause = absl::Milliseconds(1);
+    o.connect = [this](const std::string& address)
+        -> absl::StatusOr<std::unique_ptr<MasterClient>> {
+      connected.push_back(address);
+      auto it = masters.find(address);
+      if (it == masters.end()) return absl::NotFoundError(address);
+      return std::unique_ptr<MasterClient>(new Forward(it->second));
+    };
+    auto c = FailoverMasterClient::Create(std::move(o));
+    REQUIRE(c.ok());
+    return std::move(c).value();
+  }
+
+  RefusingMaster standby_a{NotLeaderError("standing by", {"c:1", 7})};
+  RefusingMaster dead_b{absl::UnavailableError("connection refused")};
+  FakeMasterClient leader;
+  Forward at_c{&leader};  // the master at c:1
+  std::map<std::string, MasterClient*> masters;
+  std::vector<std::string> connected;
+};
+
+const absl::Time kLater = absl::InfiniteFuture();
+
+TEST_CASE("A call refused by a standby goes to the leader it names") {
+  Rig rig;
+  // The leader is not even in the list: the hint brings it in.
+  auto c = rig.Make({"a:1"});
+  PutStartArgs args{{"k1"}, {100}, 0, ""};
+  auto put = c->PutStart(args, kLater);
+  REQUIRE(put.ok());
+  REQUIRE(c->PutCommit(put->put_id, {}, kLater).ok());
+  CHECK(c->current_address() == "c:1");
+  CHECK(c->highest_epoch() == 7);
+  CHECK(rig.standby_a.calls() == 1);
+  // Later calls go straight to the leader.
+  auto found = c->Lookup({"k1"}, false, kLater);
+  REQUIRE(found.ok());
+  CHECK(found->found == std::vector<bool>{true});
+  CHECK(rig.standby_a.calls() == 1);
+}
+
+TEST_CASE("A master that does not answer is passed over for the next one") {
+  Rig rig;
+  auto c = rig.Make({"b:1", "c:1"});
+  auto status = c->GetClusterStatus(kLater);
+  REQUIRE(status.ok());
+  CHECK(c->current_address() == "c:1");
+  CHECK(rig.dead_b.calls() == 1);
+  CHECK(c->failovers() == 1);
+}
+
+TEST_CASE("An error that is not UNAVAILABLE is the caller's, with no failover") {
+  Rig rig;
+  rig.standby_a.set_status(absl::PermissionDeniedError("no"));
+  auto c = rig.Make({"a:1", "c:1"});
+  auto r = c->Remove({"k"}, kLater);
+  CHECK(r.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(c->current_address() == "a:1");
+  CHECK(c->failovers() == 0);
+}
+
+TEST_CASE("With no leader anywhere the call fails at its deadline") {
+  Rig rig;
+  rig.standby_a.set_status(NotLeaderError("no leader", {}));
+  auto c = rig.Make({"a:1", "b:1"});
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(100);
+  auto r = c->Lookup({"k"}, false, deadline);
+  CHECK(r.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::Now() >= deadline);
+  // Both were tried, round after round.
+  CHECK(rig.standby_a.calls() >= 2);
+  CHECK(rig.dead_b.calls() >= 2);
+}
+
+TEST_CASE("A refusal naming a leader of an older epoch is not followed") {
+  Rig rig;
+  auto c = rig.Make({"a:1", "c:1"});
+  REQUIRE(c->Lookup({"k"}, false, kLater).ok());  // epoch 7 learned via a:1
+  CHECK(c->highest_epoch() == 7);
+  // The master at c now refuses, naming a stale leader (b, epoch 3): the
+  // client goes round the list instead, and never to b.
+  RefusingMaster stale(NotLeaderError("deposed", {"b:1", 3}));
+  rig.at_c.set(&stale);
+  auto r = c->Lookup({"k"}, false, absl::Now() + absl::Milliseconds(50));
+  CHECK(r.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(stale.calls() >= 1);
+  CHECK(std::count(rig.connected.begin(), rig.connected.end(), "b:1") == 0);
+  CHECK(rig.dead_b.calls() == 0);
+  CHECK(c->highest_epoch() == 7);
+}
+
+TEST_CASE("A lookup stream whose master refuses goes on chunk by chunk") {
+  Rig rig;
+  PutStartArgs args{{"k1", "k2", "k3"}, {1, 1, 1}, 0, ""};
+  REQUIRE(rig.leader.PutCommit(rig.leader.PutStart(args, kLater)->put_id, {},
+                               kLater)
+              .ok());
+  auto c = rig.Make({"a:1"});
+  const std::vector<std::string> keys = {"k1", "k2", "k3"};
+  auto stream = c->StartLookups(keys, 2, kLater);
+  std::vector<bool> found;
+  while (stream->has_next()) {
+    auto b = stream->Next(true);
+    REQUIRE(b.ok());
+    REQUIRE(*b != nullptr);
+    found.insert(found.end(), (*b)->found.begin(), (*b)->found.end());
+  }
+  CHECK(found == std::vector<bool>{true, true, true});
+  CHECK(c->current_address() == "c:1");
+}
+
+// A master that answers nothing: every call waits for its deadline.
+class SilentMaster final : public MasterClient {
+ public:
+  absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string>, bool,
+                                     absl::Time d) override {
+    return Wait(d);
+  }
+  std::unique_ptr<LookupStream> StartLookups(absl::Span<const std::string>,
+                                             size_t, absl::Time) override {
+    return nullptr;
+  }
+  absl::StatusOr<PutStartReply> PutStart(const PutStartArgs&,
+                                         absl::Time d) override {
+    return Wait(d);
+  }
+  absl::Status PutCommit(uint64_t, absl::Span<const uint32_t>,
+                         absl::Time d) override {
+    return Wait(d);
+  }
+  void PutAbortInBackground(uint64_t) override {}
+  absl::Status ReportMissing(absl::Span<const std::string>,
+                             absl::Span<const ObjectLocation>,
+                             absl::Time d) override {
+    return Wait(d);
+  }
+  absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string>,
+                                           absl::Time d) override {
+    return Wait(d);
+  }
+  absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time d) override {
+    return Wait(d);
+  }
+
+ private:
+  // What a gRPC call to a frozen server does.
+  static absl::Status Wait(absl::Time deadline) {
+    absl::SleepFor(deadline - absl::Now());
+    return absl::DeadlineExceededError("Deadline Exceeded");
+  }
+};
+
+TEST_CASE("A master that answers nothing is passed over after the attempt timeout") {
+  Rig rig;
+  SilentMaster frozen;
+  rig.masters["f:1"] = &frozen;
+  FailoverMasterClientOptions o;
+  o.addresses = {"f:1", "c:1"};
+  o.attempt_timeout = absl::Milliseconds(50);
+  o.connect = [&rig](const std::string& address)
+      -> absl::StatusOr<std::unique_ptr<MasterClient>> {
+    return std::unique_ptr<MasterClient>(new Forward(rig.masters[address]));
+  };
+  auto c = FailoverMasterClient::Create(std::move(o));
+  REQUIRE(c.ok());
+  const absl::Time start = absl::Now();
+  auto put = (*c)->PutStart({{"k"}, {10}, 0, ""}, start + absl::Seconds(30));
+  REQUIRE(put.ok());
+  CHECK(absl::Now() - start < absl::Seconds(10));
+  CHECK((*c)->current_address() == "c:1");
+  // A PutCommit is not moved on by silence: only its master can answer.
+  rig.at_c.set(&frozen);
+  const absl::Time commit_deadline = absl::Now() + absl::Milliseconds(200);
+  CHECK((*c)->PutCommit(put->put_id, {}, commit_deadline).code() ==
+        absl::StatusCode::kDeadlineExceeded);
+  CHECK(absl::Now() >= commit_deadline);
+  CHECK((*c)->current_address() == "c:1");
+}
+
+TEST_CASE("Options without an address or a connect function are refused") {
+  CHECK(FailoverMasterClient::Create({}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  FailoverMasterClientOptions o;
+  o.addresses = {"a:1"};
+  CHECK(FailoverMasterClient::Create(o).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace hymcache

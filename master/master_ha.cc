@@ -1,0 +1,400 @@
+#include "master/master_ha.h"
+
+#include <glog/logging.h>
+#include <grpcpp/ext/health_check_service_server_builder_option.h>
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/etcd_client.h"
+#include "common/grpc_status.h"
+#include "common/leader_election.h"
+#include "common/net.h"
+#include "common/security.h"
+#include "common/status_reason.h"
+#include "master/cq_server.h"
+#include "master/health_service.h"
+#include "proto/master.grpc.pb.h"
+
+namespace hymcache {
+namespace master {
+
+// What a master that does not lead serves on its port: every call that is
+// not grpc.health.v1 (so every MasterService method, whatever the caller's
+// version) finishes at once with `refusal()`, and health says NOT_SERVING.
+// No identity check: the answer holds nothing but the leader's address,
+// which the leader key publishes anyway.
+class StandbyServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<StandbyServer>> Create(
+      const MasterOptions& options, std::function<absl::Status()> refusal) {
+    std::unique_ptr<StandbyServer> s(new StandbyServer(std::move(refusal)));
+    auto tls = ReloadableServerTls::Create(options.tls);
+    if (!tls.ok()) return tls.status();
+    s->tls_ = std::move(tls).value();
+    s->health_.SetServingStatus(v1::MasterService::service_full_name(), false);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(options.listen_address, s->tls_->credentials(),
+                             &port);
+    // The elected master binds the port beside it before it closes
+    // (HaMaster::Serve). Two HaMasters configured on one host:port would
+    // both bind it: give each master its own port.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 1);
+    builder.SetOption(
+        std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
+    builder.RegisterService(s->health_.service());
+    builder.RegisterAsyncGenericService(&s->generic_);
+    auto cq = builder.AddCompletionQueue();
+    s->server_ = builder.BuildAndStart();
+    s->poller_ = std::make_unique<CqPoller>(std::move(cq));
+    if (s->server_ == nullptr || port == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("master: cannot listen on ", options.listen_address));
+    }
+    s->port_ = port;
+    StandbyServer* raw = s.get();
+    s->poller_->Start("master-standby", [raw] {
+      raw->health_.StartOn(raw->poller_.get());
+      RefuseCall::Request(raw);
+    });
+    return s;
+  }
+
+  ~StandbyServer() {
+    health_.Shutdown();
+    server_->Shutdown(std::chrono::system_clock::now());
+    poller_->ShutdownAndJoin();
+  }
+
+  int port() const { return port_; }
+
+ private:
+  // One call: requested, then finished with the refusal.
+  class RefuseCall final : public CqTag {
+   public:
+    static void Request(StandbyServer* server) {
+      auto* call = new RefuseCall(server);
+      if (!server->poller_->IfOpen([call, server] {
+            grpc::ServerCompletionQueue* cq = server->poller_->cq();
+            server->generic_.RequestCall(&call->ctx_, &call->stream_, cq, cq,
+                                         call);
+          })) {
+        delete call;
+      }
+    }
+    void Proceed(bool ok) override {
+      if (finishing_ || !ok) {
+        delete this;
+        return;
+      }
+      Request(server_);
+      finishing_ = true;
+      stream_.Finish(ToGrpcStatus(server_->refusal_()), this);
+    }
+
+   private:
+    explicit RefuseCall(StandbyServer* server)
+        : server_(server), stream_(&ctx_) {}
+    StandbyServer* const server_;
+    grpc::GenericServerContext ctx_;
+    grpc::GenericServerAsyncReaderWriter stream_;
+    bool finishing_ = false;
+  };
+
+  explicit StandbyServer(std::function<absl::Status()> refusal)
+      : refusal_(std::move(refusal)) {}
+
+  const std::function<absl::Status()> refusal_;
+  std::unique_ptr<ReloadableServerTls> tls_;
+  HealthService health_;
+  grpc::AsyncGenericService generic_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<CqPoller> poller_;
+  int port_ = 0;
+};
+
+}  // namespace master
+
+namespace {
+
+constexpr int kEpochShift = 32;
+
+std::string JoinHostPort(const std::string& host, int port) {
+  return host.find(':') != std::string::npos
+             ? absl::StrCat("[", host, "]:", port)
+             : absl::StrCat(host, ":", port);
+}
+
+// `listen`'s host (as configured: a wildcard listens everywhere) with
+// `port`.
+std::string WithPort(const std::string& listen, int port) {
+  return JoinHostPort(SplitHostPort(listen)->first, port);
+}
+
+// What a client dials for `listen` bound at `port` (as
+// MasterServer::address()).
+std::string DialAddress(const std::string& listen, int port) {
+  std::string host = SplitHostPort(listen)->first;
+  if (host == "0.0.0.0" || host == "::" || host == "*") host = "127.0.0.1";
+  return JoinHostPort(host, port);
+}
+
+}  // namespace
+
+absl::Status HaMasterOptions::Validate() const {
+  if (etcd_endpoints.empty()) {
+    return absl::InvalidArgumentError("master HA: etcd_endpoints is required");
+  }
+  if (cluster.empty() || cluster.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        "master HA: cluster must be a non-empty name without '/'");
+  }
+  if (!advertise_address.empty() && !SplitHostPort(advertise_address).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "master HA: advertise_address '", advertise_address,
+        "' is not host:port"));
+  }
+  if (lease_ttl < absl::Seconds(1) ||
+      absl::Ceil(lease_ttl, absl::Seconds(1)) != lease_ttl) {
+    return absl::InvalidArgumentError(
+        "master HA: lease_ttl must be whole seconds, at least 1 s");
+  }
+  if (open_retry < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("master HA: open_retry must be >= 0");
+  }
+  return master.Validate();
+}
+
+HaMaster::HaMaster(const HaMasterOptions& options) : options_(options) {}
+
+HaMaster::~HaMaster() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<HaMaster>> HaMaster::Create(
+    const HaMasterOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  std::unique_ptr<HaMaster> ha(new HaMaster(options));
+  EtcdClientOptions eo;
+  eo.endpoints = options.etcd_endpoints;
+  auto etcd = EtcdClient::Create(eo);
+  if (!etcd.ok()) return etcd.status();
+  ha->etcd_ = std::move(etcd).value();
+
+  HaMaster* raw = ha.get();
+  auto standby = master::StandbyServer::Create(
+      options.master, [raw] { return raw->NotLeader(); });
+  if (!standby.ok()) return standby.status();
+  ha->port_ = (*standby)->port();
+  ha->address_ = DialAddress(options.master.listen_address, ha->port_);
+  ha->advertise_ = options.advertise_address.empty()
+                       ? ha->address_
+                       : options.advertise_address;
+  {
+    MutexLock l(&ha->mu_);
+    ha->standby_ = std::move(standby).value();
+  }
+
+  LeaderElectionOptions lo;
+  lo.etcd = ha->etcd_.get();
+  lo.key = MasterLeaderKey(options.cluster);
+  lo.candidate = ha->advertise_;
+  lo.lease_ttl = options.lease_ttl;
+  lo.thread_name = "master-election";
+  lo.on_elected = [raw](int64_t epoch) {
+    LOG(INFO) << "master HA: elected leader of cluster '"
+              << raw->options_.cluster << "' with epoch " << epoch;
+    MutexLock l(&raw->mu_);
+    raw->elected_epoch_ = epoch;
+    raw->cv_.SignalAll();
+  };
+  lo.on_lost = [raw](int64_t epoch, const absl::Status& why) {
+    LOG(WARNING) << "master HA: lost the leadership of epoch " << epoch << ": "
+                 << why;
+    MutexLock l(&raw->mu_);
+    raw->lost_ = true;
+    raw->cv_.SignalAll();
+  };
+  auto election = LeaderElection::Create(lo);
+  if (!election.ok()) return election.status();
+  ha->election_ = std::move(election).value();
+  ha->election_ptr_.store(ha->election_.get(), std::memory_order_release);
+  ha->thread_ = Thread("master-ha", [raw] { raw->Loop(); });
+  LOG(INFO) << "master HA: standing by on " << ha->address_
+            << ", campaigning as " << ha->advertise_ << " under "
+            << lo.key;
+  return ha;
+}
+
+absl::Status HaMaster::NotLeader() const {
+  // election_ is set after the standby starts answering.
+  LeaderHint hint;
+  if (LeaderElection* e = election_ptr_.load(std::memory_order_acquire)) {
+    if (std::optional<LeaderInfo> l = e->ObservedLeader();
+        l.has_value() && l->candidate != advertise_) {
+      hint.address = l->candidate;
+      hint.epoch = l->epoch;
+    }
+  }
+  return NotLeaderError(
+      hint.address.empty()
+          ? absl::StrCat("master ", advertise_,
+                         " does not lead and knows no leader")
+          : absl::StrCat("master ", advertise_, " does not lead; the leader is ",
+                         hint.address, " (epoch ", hint.epoch, ")"),
+      hint);
+}
+
+absl::Status HaMaster::Gate() const {
+  LeaderElection* e = election_ptr_.load(std::memory_order_acquire);
+  if (e != nullptr && e->IsLeader()) return absl::OkStatus();
+  return NotLeader();
+}
+
+void HaMaster::Loop() {
+  int64_t epoch = 0;
+  {
+    MutexLock l(&mu_);
+    while (!stopping_ && elected_epoch_ == 0) cv_.Wait(&mu_);
+    if (stopping_) return;
+    epoch = elected_epoch_;
+  }
+  absl::Status served = Serve(epoch);
+  std::unique_ptr<MasterServer> server;
+  {
+    MutexLock l(&mu_);
+    if (served.ok()) {
+      while (!stopping_ && !lost_) cv_.Wait(&mu_);
+      served = stopping_ ? absl::CancelledError("shutting down")
+                         : absl::UnavailableError(absl::StrCat(
+                               "lost the leadership of epoch ", epoch));
+    }
+    server = std::move(server_);
+    serving_epoch_ = 0;
+  }
+  if (server != nullptr) server->Shutdown();
+  MutexLock l(&mu_);
+  finished_ = true;
+  finish_reason_ = served;
+  cv_.SignalAll();
+}
+
+absl::Status HaMaster::Serve(int64_t epoch) {
+  // The port is the standby's: the server binds it beside the standby
+  // (SO_REUSEPORT), and the standby closes once the server serves, so that
+  // a client never finds the port closed (a refused connection costs it
+  // gRPC's reconnect backoff). Meanwhile a connection may still land on
+  // the standby, which refuses (not_leader) and is retried.
+  MasterOptions mo = options_.master;
+  mo.reuse_port = true;
+  mo.listen_address = WithPort(options_.master.listen_address, port_);
+  mo.gate = [this] { return Gate(); };
+  mo.generation_floor = static_cast<uint64_t>(epoch) << kEpochShift;
+  mo.generation_end = static_cast<uint64_t>(epoch + 1) << kEpochShift;
+  mo.service.epoch = epoch;
+  const absl::Time give_up = absl::Now() + options_.open_retry;
+  absl::Duration pause = absl::Milliseconds(20);
+  while (true) {
+    if (!election_->IsLeader()) {
+      return absl::UnavailableError(
+          absl::StrCat("lost the leadership of epoch ", epoch,
+                       " before serving"));
+    }
+    auto server = MasterServer::Create(mo);
+    if (server.ok()) {
+      LOG(INFO) << "master HA: serving as leader, epoch " << epoch
+                << ", generations from " << mo.generation_floor;
+      std::unique_ptr<master::StandbyServer> standby;
+      {
+        MutexLock l(&mu_);
+        server_ = std::move(server).value();
+        serving_epoch_ = epoch;
+        standby = std::move(standby_);
+        cv_.SignalAll();
+      }
+      standby.reset();
+      return absl::OkStatus();
+    }
+    if (absl::Now() + pause > give_up) {
+      return absl::Status(
+          server.status().code(),
+          absl::StrCat("elected with epoch ", epoch,
+                       " but cannot serve: ", server.status().message()));
+    }
+    LOG_EVERY_N(WARNING, 10) << "master HA: cannot serve yet ("
+                             << server.status() << "); retrying";
+    {
+      MutexLock l(&mu_);
+      if (stopping_ || lost_) {
+        return absl::CancelledError("stopped before serving");
+      }
+      cv_.WaitWithDeadline(&mu_, absl::Now() + pause);
+    }
+    pause = std::min(pause * 2, absl::Milliseconds(200));
+  }
+}
+
+std::optional<int64_t> HaMaster::ServingEpoch() const {
+  MutexLock l(&mu_);
+  if (serving_epoch_ == 0) return std::nullopt;
+  return serving_epoch_;
+}
+
+bool HaMaster::finished() const {
+  MutexLock l(&mu_);
+  return finished_;
+}
+
+absl::Status HaMaster::finish_reason() const {
+  MutexLock l(&mu_);
+  return finish_reason_;
+}
+
+bool HaMaster::WaitFinished(absl::Time deadline) const {
+  MutexLock l(&mu_);
+  while (!finished_) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  return finished_;
+}
+
+absl::Status HaMaster::Reload() {
+  MutexLock l(&mu_);
+  if (server_ == nullptr) return absl::OkStatus();
+  absl::Status ids = server_->ReloadIdentities();
+  absl::Status certs = server_->ReloadCertificates();
+  return ids.ok() ? certs : ids;
+}
+
+absl::Status HaMaster::CheckAlive(absl::Duration timeout) {
+  MutexLock l(&mu_);
+  if (server_ == nullptr) return absl::OkStatus();
+  return server_->CheckAlive(timeout);
+}
+
+void HaMaster::Shutdown() {
+  {
+    MutexLock l(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    cv_.SignalAll();
+  }
+  // Resign first: a standby takes over while this one stops serving (its
+  // gate already refuses).
+  if (election_ != nullptr) election_->Resign();
+  thread_.Join();
+  std::unique_ptr<master::StandbyServer> standby;
+  {
+    MutexLock l(&mu_);
+    standby = std::move(standby_);
+    finished_ = true;
+    if (finish_reason_.ok()) {
+      finish_reason_ = absl::CancelledError("shutting down");
+    }
+    cv_.SignalAll();
+  }
+}
+
+}  // namespace hymcache

@@ -1,0 +1,163 @@
+// HaMaster: a master that leads only while etcd elects it (docs/ha.md).
+// hymcache-master runs one when given --etcd; without it a plain
+// MasterServer serves, as before.
+//
+// Life of an HaMaster:
+//   1. Standing by. It binds its listen address at once and answers every
+//      hymcache.v1.MasterService call with UNAVAILABLE, reason kNotLeader
+//      and the leader it knows (common/status_reason.h: LeaderHintOf), and
+//      grpc.health.v1 with NOT_SERVING. It does not open its store. It
+//      campaigns (LeaderElection) with its client address under the key
+//      /hymcache/<cluster>/master/leader.
+//   2. Elected. It opens its store and serves on the same port
+//      (MasterServer::Create: the ordinary start-up and recovery, binding
+//      with SO_REUSEPORT beside the standby server), then closes the
+//      standby server: the port is never closed. Every call passes a gate
+//      that refuses (kNotLeader) as
+//      soon as LeaderElection::IsLeader() turns false, which happens at the
+//      lease's local deadline even if the election thread is stuck: a
+//      deposed leader writes nothing after its term. The generations it
+//      hands out lie in [epoch << 32, (epoch + 1) << 32), above anything
+//      an earlier term could have issued, whichever store that term used.
+//   3. Deposed (lease lost, key deleted, etcd unreachable for the lease's
+//      time). It stops serving and finished() turns true with the reason;
+//      hymcache-master then exits with status 3 and its supervisor
+//      (systemd Restart=on-failure, Kubernetes) starts it again as a
+//      standby. A fresh process is the simplest way back to standby: no
+//      state of the old term survives it.
+//
+// With the store opened only once elected, two masters on one host may
+// share a db_path: RocksDB's LOCK file keeps them from opening it at once,
+// and a new leader retries its open (open_retry) while a deposed one (or a
+// killed one, whose lock the kernel releases) lets go. Otherwise each
+// master has its own store and a new leader starts from what its own store
+// holds (docs/ha.md).
+//
+// Thread safety: safe for concurrent use without external synchronization.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "common/thread.h"
+#include "master/master_server.h"
+
+namespace hymcache {
+
+class EtcdClient;
+class LeaderElection;
+
+namespace master {
+class StandbyServer;
+}  // namespace master
+
+struct HaMasterOptions {
+  // The etcd cluster's client endpoints (host:port). Required.
+  std::vector<std::string> etcd_endpoints;
+  // The cluster's name: its keys live under /hymcache/<cluster>/.
+  // Default: "default".
+  std::string cluster = "default";
+  // The address clients, nodes and other masters reach this master at,
+  // published in the leader key. "" : the bound listen address
+  // (MasterServer::address()). Default: "".
+  std::string advertise_address;
+  // The election's lease (LeaderElectionOptions::lease_ttl): how long the
+  // cluster is without a leader after a leader dies without resigning.
+  // Whole seconds, >= 1 s. Default: 5 s.
+  absl::Duration lease_ttl = absl::Seconds(5);
+  // How long an elected master keeps retrying to open its store (another
+  // process may still hold its lock) before it gives up its term.
+  // Default: 10 s.
+  absl::Duration open_retry = absl::Seconds(10);
+  // The server this master runs while it leads. Its gate and generation
+  // range are set here (any given are replaced); its listen_address is
+  // where the standby listens too.
+  MasterOptions master;
+
+  // InvalidArgument naming the first bad field.
+  absl::Status Validate() const;
+};
+
+class HaMaster {
+ public:
+  // Binds the listen address (standby) and starts campaigning. Errors:
+  // InvalidArgument (Validate); Unavailable if the address cannot be bound
+  // or etcd cannot be reached.
+  static absl::StatusOr<std::unique_ptr<HaMaster>> Create(
+      const HaMasterOptions& options);
+  // Shutdown().
+  ~HaMaster();
+  HaMaster(const HaMaster&) = delete;
+  HaMaster& operator=(const HaMaster&) = delete;
+
+  // "host:port" that clients dial (as MasterServer::address()).
+  const std::string& address() const { return address_; }
+  // The address in the leader key while this master leads.
+  const std::string& advertise_address() const { return advertise_; }
+
+  // The epoch while this master leads and serves; nullopt otherwise.
+  std::optional<int64_t> ServingEpoch() const;
+  // Whether this master is done (deposed, or could not serve when
+  // elected): the process should exit. finish_reason() says why.
+  bool finished() const;
+  absl::Status finish_reason() const;
+  // Blocks until finished() or `deadline`; returns finished().
+  bool WaitFinished(absl::Time deadline) const;
+
+  // Re-reads identities and certificates (SIGHUP) while serving; OkStatus
+  // otherwise (a standby reads them when elected).
+  absl::Status Reload();
+  // Whether the serving server answers (systemd watchdog); OkStatus while
+  // standing by.
+  absl::Status CheckAlive(absl::Duration timeout);
+
+  // Stops campaigning (a leader resigns: a standby takes over at once),
+  // stops serving. Idempotent.
+  void Shutdown();
+
+ private:
+  explicit HaMaster(const HaMasterOptions& options);
+  // The "master-ha" thread: waits for election, then serves until the term
+  // ends or Shutdown.
+  void Loop();
+  // Opens the store and serves for `epoch`; retries while still leading.
+  absl::Status Serve(int64_t epoch);
+  // The gate of the serving server: OK while this candidate leads.
+  absl::Status Gate() const;
+  // What a standby (or a deposed leader) answers: kNotLeader with the
+  // leader this candidate knows.
+  absl::Status NotLeader() const;
+
+  // Constant after Create.
+  const HaMasterOptions options_;
+  int port_ = 0;           // the bound port
+  std::string address_;
+  std::string advertise_;
+  std::unique_ptr<EtcdClient> etcd_;
+  std::unique_ptr<LeaderElection> election_;
+  // election_.get() once it exists (the standby answers before).
+  std::atomic<LeaderElection*> election_ptr_{nullptr};
+  Thread thread_;
+
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  std::unique_ptr<master::StandbyServer> standby_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<MasterServer> server_ ABSL_GUARDED_BY(mu_);
+  // The term won (on_elected) and not yet served; 0: none.
+  int64_t elected_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t serving_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // on_lost ran (the term ended).
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status finish_reason_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hymcache
