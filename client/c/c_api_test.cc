@@ -146,10 +146,18 @@ TEST_CASE("client options checks") {
   CHECK(std::string(hymcache_last_error()).find("master_addresses") !=
         std::string::npos);
 
+  // Several masters, of which one leads (docs/ha.md): connects lazily.
   const char* two[] = {"127.0.0.1:1", "127.0.0.1:2"};
   o.master_addresses = two;
   o.num_master_addresses = 2;
-  CHECK(hymcache_client_create(&o, &c) == HYMCACHE_UNIMPLEMENTED);
+  REQUIRE(hymcache_client_create(&o, &c) == HYMCACHE_OK);
+  REQUIRE(c != nullptr);
+  hymcache_client_destroy(c);
+  c = nullptr;
+  const char* one_bad[] = {"127.0.0.1:1", "no-port"};
+  o.master_addresses = one_bad;
+  CHECK(hymcache_client_create(&o, &c) == HYMCACHE_INVALID_ARGUMENT);
+  CHECK(c == nullptr);
 
   const char* bad[] = {"no-port"};
   o.master_addresses = bad;

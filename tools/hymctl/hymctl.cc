@@ -493,21 +493,9 @@ class Cli {
       HYM_CLUSTER_STATS(HYM_JSON_GAUGE_, HYM_JSON_COUNTER_)
 #undef HYM_JSON_GAUGE_
 #undef HYM_JSON_COUNTER_
+      j["master"] = o_.master_address;
+      j["master_epoch"] = st->master_epoch();
       out_ << j.dump(2) << "\n";
-      out_ << json{{"nodes", nodes},
-                   {"objects", st->object_count()},
-                   {"object_bytes", st->object_bytes()},
-                   {"pending_puts", st->pending_puts()},
-                   {"evicted_objects", st->evicted_objects()},
-                   {"evicted_bytes", st->evicted_bytes()},
-                   {"reconciliations", st->reconciliations()},
-                   {"reconcile_dropped_listings", st->reconcile_dropped_listings()},
-                   {"read_repairs", st->read_repairs()},
-                   {"index_bytes_per_entry", st->index_bytes_per_entry()},
-                   {"master", o_.master_address},
-                   {"master_epoch", st->master_epoch()}}
-                  .dump(2)
-           << "\n";
       return 0;
     }
     auto seen = [&](const hymcache::v1::NodeInfo& n) -> std::string {
