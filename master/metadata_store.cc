@@ -29,6 +29,8 @@ namespace {
 //   "n" + node name   -> serialized v1::NodeInfo (registration fields)
 //   "m:generation"    -> little-endian u64: generations below it may have
 //                        been handed out.
+//   "m:replica"       -> a standby's replication position
+//                        (kReplicaPositionKey, master/replica_follower.cc).
 constexpr char kObjectPrefix = 'o';
 constexpr char kUsePrefix = 'u';
 constexpr char kNodePrefix = 'n';
@@ -195,11 +197,8 @@ absl::Status RocksDbMetadataStoreOptions::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<RocksDbMetadataStore>>
-RocksDbMetadataStore::Create(const RocksDbMetadataStoreOptions& options) {
-  absl::Status valid = options.Validate();
-  if (!valid.ok()) return valid;
-
+rocksdb::Options MetadataStoreDbOptions(
+    const RocksDbMetadataStoreOptions& options) {
   // Small values, point reads never happen after start-up: keep RocksDB lean,
   // and able to open and close on a full disk (common/rocksdb_util.h). After
   // a disk-full error RocksDB resumes by itself once a memtable's worth of
@@ -210,6 +209,14 @@ RocksDbMetadataStore::Create(const RocksDbMetadataStoreOptions& options) {
     db_options.WAL_ttl_seconds = options.keep_wal_seconds;
     db_options.WAL_size_limit_MB = options.keep_wal_mb;
   }
+  return db_options;
+}
+
+absl::StatusOr<std::unique_ptr<RocksDbMetadataStore>>
+RocksDbMetadataStore::Create(const RocksDbMetadataStoreOptions& options) {
+  absl::Status valid = options.Validate();
+  if (!valid.ok()) return valid;
+  const rocksdb::Options db_options = MetadataStoreDbOptions(options);
   // Created here, as RocksDB logs an error for a missing directory even
   // with create_if_missing; a real problem is DB::Open's to report.
   mkdir(options.path.c_str(), 0755);

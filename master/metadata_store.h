@@ -35,6 +35,7 @@
 
 namespace rocksdb {
 class DB;
+struct Options;
 class WriteBatch;
 }
 
@@ -186,6 +187,17 @@ struct RocksDbMetadataStoreOptions {
   absl::Status Validate() const;
 };
 
+// The RocksDB options RocksDbMetadataStore opens `options.path` with. A
+// standby's ReplicaFollower (master/replica_follower.h) opens its copy of
+// the leader's store with them, so that the master's restart path finds the
+// directory exactly as its own.
+rocksdb::Options MetadataStoreDbOptions(
+    const RocksDbMetadataStoreOptions& options);
+
+// A key of the store reserved for a standby's replication position
+// (ReplicaFollower); the store itself never reads or writes it.
+inline constexpr char kReplicaPositionKey[] = "m:replica";
+
 class RocksDbMetadataStore : public MetadataStore {
  public:
   // Opens (or creates) the database and reserves the first block of
@@ -207,6 +219,11 @@ class RocksDbMetadataStore : public MetadataStore {
   absl::Status ForEachObjectChangeSince(
       uint64_t after,
       const std::function<void(const ObjectChange&)>& fn) override;
+
+  // The database, for the replication source (master/replication_source.h):
+  // snapshots, iterators and its write log, read only. Writes go through
+  // Apply.
+  rocksdb::DB* db() const { return db_.get(); }
 
  private:
   RocksDbMetadataStore(const RocksDbMetadataStoreOptions& options,

@@ -1,0 +1,577 @@
+// The leader's side of standby replication. Each follower's stream runs on
+// its gRPC handler thread: a full copy from a RocksDB snapshot when needed,
+// then the write log from the snapshot's sequence (or the follower's) on,
+// read with one TransactionLogIterator that tails the current log file
+// (RocksDB's iterator reads records appended after it reached the end; a
+// new log file makes it answer TryAgain, and a new iterator is opened from
+// the next sequence). A second thread per stream reads the follower's
+// acknowledgements.
+#include "master/replication_source.h"
+
+#include <glog/logging.h>
+#include <rocksdb/db.h>
+#include <rocksdb/transaction_log.h>
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/rocksdb_util.h"
+#include "common/thread.h"
+
+namespace hymcache {
+namespace master {
+
+namespace v1 = ::hymcache::v1;
+
+namespace {
+
+// Most sent-but-unacknowledged batches remembered per follower for its lag
+// time (beyond, the oldest ones, which set the lag, are kept).
+constexpr size_t kMaxInFlight = 65536;
+
+}  // namespace
+
+// One follower's stream. Protected by the source's mu_.
+struct ReplicationSource::Follower {
+  std::string name;
+  std::string peer;
+  uint64_t acked = 0;
+  bool copying = true;
+  // Batches sent and not yet acknowledged: last sequence, when sent.
+  std::deque<std::pair<uint64_t, absl::Time>> in_flight;
+};
+
+absl::Status ReplicationSourceOptions::Validate() const {
+  if (store == nullptr) {
+    return absl::InvalidArgumentError("replication source: store is required");
+  }
+  if (copy_chunk_records == 0 || copy_chunk_bytes == 0 ||
+      log_message_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "replication source: copy chunks must be > 0");
+  }
+  if (poll_interval <= absl::ZeroDuration() ||
+      heartbeat_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "replication source: poll and heartbeat intervals must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ReplicationSource>> ReplicationSource::Create(
+    const ReplicationSourceOptions& options) {
+  absl::Status valid = options.Validate();
+  if (!valid.ok()) return valid;
+  std::string id;
+  rocksdb::Status rs = options.store->db()->GetDbIdentity(id);
+  if (!rs.ok() || id.empty()) {
+    return absl::InternalError(absl::StrCat(
+        "replication source: the store has no identity: ", rs.ToString()));
+  }
+  if (options.store->db()->GetOptions().WAL_ttl_seconds == 0) {
+    LOG(WARNING) << "replication source: the store keeps no write log "
+                    "(keep_wal_seconds 0): a follower that falls behind by "
+                    "more than the live log takes a full copy";
+  }
+  std::unique_ptr<ReplicationSource> source(
+      new ReplicationSource(options, std::move(id)));
+  absl::StatusOr<Thread> t = Thread::Start(
+      "repl-deadline", [p = source.get()] { p->ExpireWaiters(); });
+  if (!t.ok()) return t.status();
+  source->deadline_thread_ = std::move(t).value();
+  return source;
+}
+
+ReplicationSource::ReplicationSource(const ReplicationSourceOptions& options,
+                                     std::string db_id)
+    : options_(options),
+      clock_(options.clock ? options.clock : Clock::Real()),
+      db_id_(std::move(db_id)) {}
+
+ReplicationSource::~ReplicationSource() { Shutdown(); }
+
+uint64_t ReplicationSource::Latest() const {
+  return options_.store->db()->GetLatestSequenceNumber();
+}
+
+void ReplicationSource::NotifyWrite() {
+  {
+    MutexLock l(&mu_);
+    ++notified_;
+  }
+  changed_.SignalAll();
+}
+
+absl::Status ReplicationSource::WaitReplicated(uint64_t seq,
+                                               absl::Time deadline) {
+  NotifyWrite();
+  MutexLock l(&mu_);
+  for (;;) {
+    if (shutdown_) {
+      return absl::UnavailableError("replication source shut down");
+    }
+    if (HeldLocked() >= seq) return absl::OkStatus();
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no standby holds sequence ", seq, " (", followers_.size(),
+          " following)"));
+    }
+    changed_.WaitWithDeadline(&mu_, deadline);
+  }
+}
+
+uint64_t ReplicationSource::HeldLocked() const {
+  uint64_t held = 0;
+  for (const auto& [id, f] : followers_) {
+    if (!f->copying) held = std::max(held, f->acked);
+  }
+  return held;
+}
+
+std::vector<std::function<void(absl::Status)>>
+ReplicationSource::TakeSatisfiedLocked(uint64_t held) {
+  std::vector<std::function<void(absl::Status)>> out;
+  auto end = waiters_by_seq_.upper_bound(held);
+  for (auto it = waiters_by_seq_.begin(); it != end;) {
+    auto w = waiters_.find(it->second);
+    auto range = waiters_by_deadline_.equal_range(w->second.deadline);
+    for (auto d = range.first; d != range.second; ++d) {
+      if (d->second == it->second) {
+        waiters_by_deadline_.erase(d);
+        break;
+      }
+    }
+    out.push_back(std::move(w->second.done));
+    waiters_.erase(w);
+    it = waiters_by_seq_.erase(it);
+  }
+  return out;
+}
+
+void ReplicationSource::OnReplicated(uint64_t seq, absl::Time deadline,
+                                     std::function<void(absl::Status)> done) {
+  NotifyWrite();
+  absl::Status now;
+  {
+    MutexLock l(&mu_);
+    if (shutdown_) {
+      now = absl::UnavailableError("replication source shut down");
+    } else if (HeldLocked() >= seq) {
+      now = absl::OkStatus();
+    } else {
+      const uint64_t id = next_waiter_++;
+      const bool earliest = waiters_by_deadline_.empty() ||
+                            deadline < waiters_by_deadline_.begin()->first;
+      waiters_by_seq_.emplace(seq, id);
+      waiters_by_deadline_.emplace(deadline, id);
+      waiters_.emplace(id, Waiter{seq, deadline, std::move(done)});
+      if (earliest) deadlines_changed_.Signal();
+      return;
+    }
+  }
+  done(now);
+}
+
+void ReplicationSource::ExpireWaiters() {
+  for (;;) {
+    std::vector<std::pair<uint64_t, std::function<void(absl::Status)>>> fired;
+    {
+      MutexLock l(&mu_);
+      for (;;) {
+        if (shutdown_) return;  // Shutdown answers the rest
+        const absl::Time now = absl::Now();
+        if (!waiters_by_deadline_.empty() &&
+            waiters_by_deadline_.begin()->first <= now) {
+          break;
+        }
+        deadlines_changed_.WaitWithDeadline(
+            &mu_, waiters_by_deadline_.empty()
+                      ? absl::InfiniteFuture()
+                      : waiters_by_deadline_.begin()->first);
+      }
+      const absl::Time now = absl::Now();
+      while (!waiters_by_deadline_.empty() &&
+             waiters_by_deadline_.begin()->first <= now) {
+        const uint64_t id = waiters_by_deadline_.begin()->second;
+        waiters_by_deadline_.erase(waiters_by_deadline_.begin());
+        auto w = waiters_.find(id);
+        auto range = waiters_by_seq_.equal_range(w->second.seq);
+        for (auto it = range.first; it != range.second; ++it) {
+          if (it->second == id) {
+            waiters_by_seq_.erase(it);
+            break;
+          }
+        }
+        fired.emplace_back(w->second.seq, std::move(w->second.done));
+        waiters_.erase(w);
+      }
+    }
+    for (auto& [seq, done] : fired) {
+      done(absl::DeadlineExceededError(
+          absl::StrCat("no standby holds sequence ", seq)));
+    }
+  }
+}
+
+void ReplicationSource::Shutdown() {
+  std::vector<std::function<void(absl::Status)>> waiting;
+  {
+    MutexLock l(&mu_);
+    shutdown_ = true;
+    for (const auto& [id, ctx] : contexts_) ctx->TryCancel();
+    changed_.SignalAll();
+    deadlines_changed_.SignalAll();
+    while (!followers_.empty()) changed_.Wait(&mu_);
+    for (auto& [id, w] : waiters_) waiting.push_back(std::move(w.done));
+    waiters_.clear();
+    waiters_by_seq_.clear();
+    waiters_by_deadline_.clear();
+  }
+  for (auto& done : waiting) {
+    done(absl::UnavailableError("replication source shut down"));
+  }
+  deadline_thread_.Join();
+}
+
+ReplicationSource::Stats ReplicationSource::GetStats() const {
+  const uint64_t latest = Latest();
+  const absl::Time now = clock_->Now();
+  MutexLock l(&mu_);
+  Stats s = counters_;
+  s.latest_sequence = latest;
+  for (const auto& [id, f] : followers_) {
+    FollowerStats fs;
+    fs.name = f->name;
+    fs.peer = f->peer;
+    fs.acked_sequence = f->acked;
+    fs.copying = f->copying;
+    fs.lag_sequences = latest > f->acked ? latest - f->acked : 0;
+    if (!f->in_flight.empty()) fs.lag_time = now - f->in_flight.front().second;
+    s.followers.push_back(std::move(fs));
+  }
+  return s;
+}
+
+bool ReplicationSource::WaitForWrites(grpc::ServerContext* ctx, uint64_t next,
+                                      absl::Time until) {
+  MutexLock l(&mu_);
+  for (;;) {
+    if (shutdown_ || ctx->IsCancelled()) return false;
+    if (Latest() >= next) return true;
+    const absl::Time now = absl::Now();
+    if (now >= until) return true;
+    changed_.WaitWithDeadline(&mu_,
+                              std::min(until, now + options_.poll_interval));
+  }
+}
+
+// A write to the follower failed: it is gone (or the stream was cancelled).
+#define RETURN_IF_FALSE(x)                                            \
+  if (!(x)) {                                                         \
+    return absl::CancelledError("the follower's stream is closed"); \
+  }
+
+// One follower's stream on the handler's thread.
+class ReplicationSource::Stream {
+ public:
+  Stream(ReplicationSource* source, grpc::ServerContext* ctx,
+         grpc::ServerReaderWriter<v1::FollowResponse, v1::FollowRequest>*
+             stream,
+         Follower* follower)
+      : source_(source),
+        ctx_(ctx),
+        stream_(stream),
+        follower_(follower),
+        db_(source->options_.store->db()) {}
+
+  absl::Status Serve(const v1::FollowRequest& first) {
+    const bool copy = !(first.leader_db_id() == source_->db_id_ &&
+                        LogStartsAt(first.from_sequence() + 1));
+    v1::FollowResponse start;
+    start.set_kind(v1::FollowResponse::START);
+    start.set_db_id(source_->db_id_);
+    start.set_copy(copy);
+    {
+      MutexLock l(&source_->mu_);
+      follower_->copying = copy;
+      if (copy) ++source_->counters_.full_copies;
+    }
+    RETURN_IF_FALSE(Send(start));
+    uint64_t next = first.from_sequence() + 1;
+    if (copy) {
+      absl::StatusOr<uint64_t> at = Copy();
+      if (!at.ok()) return at.status();
+      next = *at + 1;
+    }
+    return StreamLog(next);
+  }
+
+ private:
+  bool Send(v1::FollowResponse& m) {
+    m.set_leader_time_us(absl::ToUnixMicros(source_->clock_->Now()));
+    return stream_->Write(m);
+  }
+
+  // Whether the log holds a batch starting exactly at `seq` (or `seq` is
+  // the next sequence to be written).
+  bool LogStartsAt(uint64_t seq) {
+    if (seq <= 1) return false;
+    const uint64_t latest = db_->GetLatestSequenceNumber();
+    if (seq > latest + 1) return false;  // the follower is ahead: another past
+    if (seq == latest + 1) return true;
+    std::unique_ptr<rocksdb::TransactionLogIterator> it;
+    if (!db_->GetUpdatesSince(seq, &it).ok() || !it->Valid()) return false;
+    return it->GetBatch().sequence == seq;
+  }
+
+  // Streams a consistent copy of the database; returns its sequence.
+  absl::StatusOr<uint64_t> Copy() {
+    const rocksdb::Snapshot* snap = db_->GetSnapshot();
+    const uint64_t at = snap->GetSequenceNumber();
+    absl::Status s = CopyAt(snap);
+    db_->ReleaseSnapshot(snap);
+    if (!s.ok()) return s;
+    v1::FollowResponse end;
+    end.set_kind(v1::FollowResponse::COPY_END);
+    end.set_sequence(at);
+    RETURN_IF_FALSE(Send(end));
+    LOG(INFO) << "replication: full copy at sequence " << at << " sent to "
+              << follower_->name << " (" << follower_->peer << ")";
+    return at;
+  }
+
+  absl::Status CopyAt(const rocksdb::Snapshot* snap) {
+    rocksdb::ReadOptions ro;
+    ro.snapshot = snap;
+    ro.fill_cache = false;
+    ro.readahead_size = size_t{2} << 20;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+    v1::FollowResponse chunk;
+    size_t bytes = 0;
+    uint64_t records = 0;
+    auto flush = [&]() -> bool {
+      chunk.set_kind(v1::FollowResponse::COPY_CHUNK);
+      const bool ok = Send(chunk);
+      chunk.Clear();
+      bytes = 0;
+      return ok;
+    };
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      if (it->key() == rocksdb::Slice(kReplicaPositionKey)) continue;
+      chunk.add_keys(it->key().data(), it->key().size());
+      chunk.add_values(it->value().data(), it->value().size());
+      bytes += it->key().size() + it->value().size();
+      ++records;
+      if (static_cast<size_t>(chunk.keys_size()) >=
+              source_->options_.copy_chunk_records ||
+          bytes >= source_->options_.copy_chunk_bytes) {
+        RETURN_IF_FALSE(flush());
+      }
+    }
+    absl::Status s = FromRocksDb(it->status(), "replication source", "copy");
+    if (!s.ok()) return s;
+    if (chunk.keys_size() > 0) RETURN_IF_FALSE(flush());
+    MutexLock l(&source_->mu_);
+    source_->counters_.copy_records_sent += records;
+    return absl::OkStatus();
+  }
+
+  // Sends the log from `next` on, until the stream ends.
+  absl::Status StreamLog(uint64_t next) {
+    std::unique_ptr<rocksdb::TransactionLogIterator> it;
+    bool fresh = false;
+    absl::Time last_sent = absl::Now();
+    for (;;) {
+      if (next > db_->GetLatestSequenceNumber()) {
+        if (!source_->WaitForWrites(
+                ctx_, next,
+                last_sent + source_->options_.heartbeat_interval)) {
+          return absl::CancelledError("stream ended");
+        }
+        if (next > db_->GetLatestSequenceNumber()) {
+          v1::FollowResponse hb;
+          hb.set_kind(v1::FollowResponse::HEARTBEAT);
+          hb.set_sequence(db_->GetLatestSequenceNumber());
+          RETURN_IF_FALSE(Send(hb));
+          last_sent = absl::Now();
+          continue;
+        }
+      }
+      if (it == nullptr) {
+        rocksdb::Status rs = db_->GetUpdatesSince(next, &it);
+        if (!rs.ok()) {
+          return absl::OutOfRangeError(absl::StrCat(
+              "the log from sequence ", next, " is gone: ", rs.ToString()));
+        }
+        fresh = true;
+      }
+      if (!fresh) it->Next();
+      const uint64_t before = next;
+      v1::FollowResponse m;
+      size_t bytes = 0;
+      int batches = 0;
+      auto send = [&]() -> bool {
+        if (batches == 0) return true;
+        m.set_kind(v1::FollowResponse::BATCH);
+        m.set_sequence(next - m.count());
+        if (!Send(m)) return false;
+        {
+          MutexLock l(&source_->mu_);
+          source_->counters_.batches_sent += batches;
+          ++source_->counters_.messages_sent;
+          if (follower_->in_flight.size() < kMaxInFlight) {
+            follower_->in_flight.emplace_back(next - 1, source_->clock_->Now());
+          }
+        }
+        m.Clear();
+        bytes = 0;
+        batches = 0;
+        last_sent = absl::Now();
+        return true;
+      };
+      while (it->Valid()) {
+        rocksdb::BatchResult b = it->GetBatch();
+        const uint32_t count = b.writeBatchPtr->Count();
+        if (b.sequence + count <= next) {  // sent already
+          it->Next();
+          continue;
+        }
+        if (b.sequence != next) {
+          RETURN_IF_FALSE(send());
+          return absl::OutOfRangeError(absl::StrCat(
+              "the log skips from sequence ", next, " to ", b.sequence));
+        }
+        m.add_batches(b.writeBatchPtr->Data());
+        m.set_count(m.count() + count);
+        bytes += b.writeBatchPtr->GetDataSize();
+        ++batches;
+        next += count;
+        if (bytes >= source_->options_.log_message_bytes) {
+          RETURN_IF_FALSE(send());
+        }
+        it->Next();
+      }
+      RETURN_IF_FALSE(send());
+      const bool was_fresh = fresh;
+      fresh = false;
+      if (!it->status().ok()) {
+        if (was_fresh && next == before) {
+          // A new iterator that cannot read: the log is damaged or gone,
+          // or (TryAgain) it moved to a new file meanwhile: try again in a
+          // moment.
+          if (it->status().IsTryAgain()) {
+            absl::SleepFor(source_->options_.poll_interval);
+            it.reset();
+            continue;
+          }
+          return absl::OutOfRangeError(
+              absl::StrCat("reading the log at sequence ", next, ": ",
+                           it->status().ToString()));
+        }
+        // TryAgain: the log moved to a new file; read on from a new
+        // iterator.
+        VLOG(1) << "replication: reopening the log at " << next << ": "
+                << it->status().ToString();
+        it.reset();
+        continue;
+      }
+      if (next == before && next <= db_->GetLatestSequenceNumber()) {
+        // Published but not readable yet: a new iterator, after a pause
+        // if a new one did not help either.
+        if (was_fresh) absl::SleepFor(source_->options_.poll_interval);
+        it.reset();
+      }
+    }
+  }
+#undef RETURN_IF_FALSE
+
+  ReplicationSource* const source_;
+  grpc::ServerContext* const ctx_;
+  grpc::ServerReaderWriter<v1::FollowResponse, v1::FollowRequest>* const
+      stream_;
+  Follower* const follower_;
+  rocksdb::DB* const db_;
+};
+
+grpc::Status ReplicationSource::Follow(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::FollowResponse, v1::FollowRequest>* stream) {
+  if (options_.authenticator != nullptr) {
+    absl::StatusOr<Identity> id =
+        options_.authenticator->Check(*ctx, Role::kAdmin, "Replication.Follow");
+    if (!id.ok()) {
+      MutexLock l(&mu_);
+      ++counters_.streams_refused;
+      return ToGrpcStatus(id.status());
+    }
+  }
+  Follower f;
+  f.peer = ctx->peer();
+  uint64_t id = 0;
+  {
+    MutexLock l(&mu_);
+    if (shutdown_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "replication source shut down");
+    }
+    id = next_id_++;
+    followers_[id] = &f;  // copying: counts for nothing yet
+    contexts_[id] = ctx;
+    ++counters_.streams_started;
+  }
+  auto leave = [&] {
+    {
+      MutexLock l(&mu_);
+      followers_.erase(id);
+      contexts_.erase(id);
+    }
+    changed_.SignalAll();
+  };
+  v1::FollowRequest first;
+  if (!stream->Read(&first)) {
+    leave();
+    return grpc::Status(grpc::StatusCode::CANCELLED, "no first message");
+  }
+  {
+    MutexLock l(&mu_);
+    f.name = first.follower();
+  }
+  absl::StatusOr<Thread> acks = Thread::Start("repl-acks", [&] {
+    v1::FollowRequest ack;
+    while (stream->Read(&ack)) {
+      std::vector<std::function<void(absl::Status)>> satisfied;
+      {
+        MutexLock l(&mu_);
+        f.copying = false;
+        f.acked = std::max(f.acked, ack.applied_sequence());
+        while (!f.in_flight.empty() && f.in_flight.front().first <= f.acked) {
+          f.in_flight.pop_front();
+        }
+        satisfied = TakeSatisfiedLocked(HeldLocked());
+      }
+      changed_.SignalAll();
+      for (auto& done : satisfied) done(absl::OkStatus());
+    }
+  });
+  absl::Status s;
+  if (acks.ok()) {
+    LOG(INFO) << "replication: " << f.name << " (" << f.peer
+              << ") follows from sequence " << first.from_sequence();
+    s = Stream(this, ctx, stream, &f).Serve(first);
+    ctx->TryCancel();  // ends the acknowledgements' Read
+    acks->Join();
+  } else {
+    s = acks.status();
+  }
+  leave();
+  if (!absl::IsCancelled(s)) {
+    LOG(WARNING) << "replication: stream to " << f.name << " ended: " << s;
+  }
+  return ToGrpcStatus(s);
+}
+
+}  // namespace master
+}  // namespace hymcache

@@ -1,0 +1,195 @@
+// ReplicationSource: the leader's side of standby replication (docs/ha.md,
+// "Standby replication"). A gRPC service (proto/replication.proto) that
+// streams the leader's metadata store to standby masters: each committed
+// RocksDB write batch with its leader sequence number, preceded by a
+// consistent full copy when the follower is new, belongs to another
+// database, or is further behind than the leader's kept write log. Each
+// follower acknowledges the last sequence it holds; WaitReplicated lets the
+// leader acknowledge a commit only once a standby holds it (synchronous
+// replication), and GetStats reports each follower's lag.
+//
+// The service is synchronous gRPC (one handler thread per follower, plus a
+// named thread reading its acknowledgements), so it may be registered on
+// the master's completion-queue server (master/cq_server.h: sync methods
+// are fine there) or on a server of its own.
+//
+// Thread safety: safe for concurrent use without external synchronization.
+// REQUIRES: the store outlives the source; Shutdown() (or destruction)
+// before the grpc::Server serving it is shut down, so streams end at once.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/mutex.h"
+#include "common/security.h"
+#include "common/thread.h"
+#include "master/metadata_store.h"
+#include "proto/replication.grpc.pb.h"
+
+namespace hymcache {
+namespace master {
+
+struct ReplicationSourceOptions {
+  // The leader's store. Its write log is what followers replay: give it
+  // keep_wal_seconds > 0 (e.g. 3600) so a follower that reconnects after
+  // a pause resumes from the log instead of taking a full copy. Required;
+  // not owned.
+  RocksDbMetadataStore* store = nullptr;
+  // Checks each follower's credentials: followers must be admins of the
+  // cluster (the identity the masters use for one another). nullptr:
+  // authentication off, as for the master's other services. Not owned.
+  // Default: nullptr.
+  const Authenticator* authenticator = nullptr;
+  // Records per full-copy message (also bounded by copy_chunk_bytes).
+  // Default: 4096.
+  size_t copy_chunk_records = 4096;
+  // Bytes of keys and values per full-copy message. Default: 1 MiB.
+  size_t copy_chunk_bytes = size_t{1} << 20;
+  // Most bytes of write batches per log message: the batches already
+  // written when a stream wakes go out together (one message, one write
+  // and one acknowledgement on the follower). Default: 1 MiB.
+  size_t log_message_bytes = size_t{1} << 20;
+  // How often an idle stream looks for new writes it was not told about
+  // (NotifyWrite wakes it at once) and sends a heartbeat. This bounds the
+  // replication delay of writes no one notifies. Default: 5 ms.
+  absl::Duration poll_interval = absl::Milliseconds(5);
+  // An idle stream sends a HEARTBEAT this often. Default: 1 s.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Lag times. nullptr: Clock::Real(). Not owned. Default: nullptr.
+  Clock* clock = nullptr;
+
+  absl::Status Validate() const;
+};
+
+class ReplicationSource final : public hymcache::v1::Replication::Service {
+ public:
+  // Errors: InvalidArgument for bad options; Internal if the store's
+  // database has no identity.
+  static absl::StatusOr<std::unique_ptr<ReplicationSource>> Create(
+      const ReplicationSourceOptions& options);
+  ~ReplicationSource() override;
+
+  // A write was committed: idle streams send it now instead of at their
+  // next poll. Cheap; safe from any thread.
+  void NotifyWrite();
+
+  // Waits until some follower has acknowledged holding every change up to
+  // leader sequence `seq` (e.g. the store's LatestSequence() after a
+  // commit's write), then returns OK. Wakes the streams first (NotifyWrite).
+  // DeadlineExceeded at `deadline` (real time) if none has, e.g. with no
+  // follower connected; Unavailable once shut down.
+  absl::Status WaitReplicated(uint64_t seq, absl::Time deadline);
+
+  // The same without blocking, for a completion-queue or callback server:
+  // `done` runs once, with OK when a follower holds `seq`, DeadlineExceeded
+  // at `deadline`, or Unavailable at Shutdown. It runs on the caller's
+  // thread when a follower already holds `seq` (or after Shutdown), else on
+  // the thread of the acknowledgement ("repl-acks") or of the deadline
+  // ("repl-deadline"): keep it short and non-blocking.
+  void OnReplicated(uint64_t seq, absl::Time deadline,
+                    std::function<void(absl::Status)> done);
+
+  // Ends every stream (CANCELLED to the followers) and refuses new ones;
+  // WaitReplicated returns Unavailable. Idempotent; blocks until the
+  // handlers have left.
+  void Shutdown();
+
+  struct FollowerStats {
+    std::string name;
+    std::string peer;
+    // The last leader sequence the follower acknowledged.
+    uint64_t acked_sequence = 0;
+    // The leader's latest sequence minus acked_sequence.
+    uint64_t lag_sequences = 0;
+    // How long the oldest change not yet acknowledged has been sent
+    // (zero when caught up).
+    absl::Duration lag_time;
+    // Still in its full copy (acked_sequence means nothing yet).
+    bool copying = false;
+  };
+  struct Stats {
+    uint64_t latest_sequence = 0;
+    // Over the source's life.
+    uint64_t streams_started = 0;
+    uint64_t full_copies = 0;  // started
+    uint64_t batches_sent = 0;   // the leader's write batches
+    uint64_t messages_sent = 0;  // log messages (several batches each)
+    uint64_t copy_records_sent = 0;
+    uint64_t streams_refused = 0;  // credentials
+    std::vector<FollowerStats> followers;
+  };
+  Stats GetStats() const;
+
+  // The identity of the leader's database, as followers record it.
+  const std::string& db_id() const { return db_id_; }
+
+  // gRPC entry point (the RPC adapter).
+  grpc::Status Follow(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<hymcache::v1::FollowResponse,
+                               hymcache::v1::FollowRequest>* stream) override;
+
+ private:
+  struct Follower;
+  class Stream;
+  friend class Stream;
+
+  ReplicationSource(const ReplicationSourceOptions& options,
+                    std::string db_id);
+  // Waits until the store's latest sequence reaches `next`, the stream is
+  // cancelled, the source shuts down, or `until`; true unless the stream
+  // should end.
+  bool WaitForWrites(grpc::ServerContext* ctx, uint64_t next,
+                     absl::Time until);
+  uint64_t Latest() const;
+  // The highest sequence some follower past its copy has acknowledged.
+  uint64_t HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the OnReplicated waiters up to `held` and returns their
+  // callbacks.
+  std::vector<std::function<void(absl::Status)>> TakeSatisfiedLocked(
+      uint64_t held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The "repl-deadline" thread: expires OnReplicated waiters.
+  void ExpireWaiters();
+
+  // Constant after construction.
+  const ReplicationSourceOptions options_;
+  Clock* const clock_;
+  const std::string db_id_;
+
+  Thread deadline_thread_;  // started by Create, joined by Shutdown
+
+  mutable Mutex mu_;
+  CondVar changed_;  // writes notified, acks, shutdown
+  CondVar deadlines_changed_;  // an earlier OnReplicated deadline, shutdown
+  struct Waiter {
+    uint64_t seq;
+    absl::Time deadline;
+    std::function<void(absl::Status)> done;
+  };
+  uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // by id
+  std::multimap<uint64_t, uint64_t> waiters_by_seq_ ABSL_GUARDED_BY(mu_);
+  std::multimap<absl::Time, uint64_t> waiters_by_deadline_
+      ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t notified_ ABSL_GUARDED_BY(mu_) = 0;  // NotifyWrite calls
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Follower*> followers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, grpc::ServerContext*> contexts_ ABSL_GUARDED_BY(mu_);
+  Stats counters_ ABSL_GUARDED_BY(mu_);  // followers unused
+};
+
+}  // namespace master
+}  // namespace hymcache
