@@ -14,6 +14,8 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <string>
 #include <system_error>
 
 #include "absl/synchronization/mutex.h"
@@ -125,6 +127,21 @@ DEFINE_int32(lease_ttl_s, 5,
              "with --etcd: the leadership lease, whole seconds: how long the "
              "cluster is without a leader after a leader dies");
 
+DEFINE_string(replication, "",
+              "standby replication (docs/ha.md): off, async (standbys follow "
+              "the leader's store; a leader crash loses the standby's lag) or "
+              "sync (a PutCommit is answered once a standby holds it, or "
+              "after --replication_sync_timeout_ms). Empty: async with "
+              "--etcd, off without");
+DEFINE_int64(replication_sync_timeout_ms, 500,
+             "with --replication=sync: the longest a commit waits for a "
+             "standby before it is answered anyway (counted in "
+             "hymcache_master_replication_sync_timeouts_total)");
+DEFINE_string(replication_token_file, "",
+              "with --etcd: a file holding the admin token a standby presents "
+              "to the leader to follow it (needed when the masters have "
+              "--auth_tokens_file)");
+
 int main(int argc, char** argv) {
   // As hymcache-storage does: Debian's Abseil is built with the mutex
   // deadlock detector on, a global lock-order graph updated on every
@@ -138,7 +155,9 @@ int main(int argc, char** argv) {
        .groups =
            {{"Serving", {"listen", "db_path", "sync_writes"}},
             {"High availability (docs/ha.md)",
-             {"etcd", "cluster", "advertise_address", "lease_ttl_s"}},
+             {"etcd", "cluster", "advertise_address", "lease_ttl_s",
+              "replication", "replication_sync_timeout_ms",
+              "replication_token_file"}},
             {"Nodes and placement",
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
               "read_lease_ms", "max_evictions_per_put", "max_eviction_scan",
@@ -196,6 +215,18 @@ int main(int argc, char** argv) {
   options.tls.ca_file = FLAGS_tls_ca;
   options.tls.require_client_cert = FLAGS_tls_require_client_cert;
   options.metrics_listen = FLAGS_metrics_listen;
+  {
+    auto mode = hymcache::master::ParseReplicationMode(
+        FLAGS_replication.empty() ? (FLAGS_etcd.empty() ? "off" : "async")
+                                  : FLAGS_replication);
+    if (!mode.ok()) {
+      LOG(ERROR) << "--replication: " << mode.status();
+      return 2;
+    }
+    options.replication = *mode;
+  }
+  options.replication_sync_timeout =
+      absl::Milliseconds(FLAGS_replication_sync_timeout_ms);
   options.build_version = hymcache::BuildInfo().version;
   options.build_commit = hymcache::BuildInfo().git_commit;
   absl::Status valid = options.Validate();
@@ -211,6 +242,16 @@ int main(int argc, char** argv) {
     ha.advertise_address = FLAGS_advertise_address;
     ha.lease_ttl = absl::Seconds(FLAGS_lease_ttl_s);
     ha.master = options;
+    if (!FLAGS_replication_token_file.empty()) {
+      std::ifstream in(FLAGS_replication_token_file);
+      std::string token;
+      if (!std::getline(in, token)) {
+        LOG(ERROR) << "cannot read --replication_token_file "
+                   << FLAGS_replication_token_file;
+        return 2;
+      }
+      ha.replication_security.token = token;
+    }
     if (absl::Status v = ha.Validate(); !v.ok()) {
       LOG(ERROR) << v;
       return 2;
