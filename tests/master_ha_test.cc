@@ -411,17 +411,24 @@ TEST_CASE("A leader whose term ends stops serving and exits, and the standby lea
   CHECK(LoadIntact(**client, b) == 2);
 }
 
-TEST_CASE("A standby on its own store follows the leader and, once the leader is killed, serves every object committed before the kill") {
-  Rig rig("master_ha_replicated");
-  // Separate directories: the standby's follower copies the leader's store
-  // into its own (--replication=async, the default with --etcd).
-  rig.StartMaster(rig.dir + "/m0");
+// Two masters on separate --db_path directories, replicating in `mode`
+// (async or sync); see the two tests below.
+void ReplicatedTakeover(const std::string& name, const std::string& mode) {
+  Rig rig(name);
+  const std::vector<std::string> flags = {"--replication=" + mode};
+  rig.StartMaster(rig.dir + "/m0", flags);
   LeaderInfo first;
   const size_t leader = rig.WaitForServingLeader(&first);
   REQUIRE(leader == 0);
-  rig.StartMaster(rig.dir + "/m1");
+  rig.StartMaster(rig.dir + "/m1", flags);
   const size_t standby = 1;
   RequireStandby(rig.masters[standby].address, first);
+  // The standby follows (past its full copy) before the puts: a sync
+  // commit then waits for it rather than for the timeout.
+  REQUIRE(Eventually([&] {
+    auto st = StatsOf(rig.masters[leader].address);
+    return st.ok() && (*st)["replication_followers"] >= 1;
+  }));
 
   auto node = StorageProcess::Start(rig.MasterList(), "n1");
   INFO(node.status().ToString());
@@ -438,28 +445,38 @@ TEST_CASE("A standby on its own store follows the leader and, once the leader is
   REQUIRE(put->stored == before.keys.size());
   REQUIRE(LoadIntact(**client, before) == before.keys.size());
 
-  // The leader reports the standby past its full copy and holding every
-  // write (lag 0 sequences): the commits above are in the standby's store.
-  std::map<std::string, double> stats;
-  const bool replicated = Eventually(
-      [&] {
-        auto st = StatsOf(rig.masters[leader].address);
-        if (!st.ok()) return false;
-        stats = *st;
-        return stats["replication_followers"] >= 1 &&
-               stats["replication_lag_sequences"] == 0 &&
-               stats["replication_latest_sequence"] > 0;
-      },
-      absl::Seconds(30));
-  INFO("followers " << stats["replication_followers"] << ", lag "
-                    << stats["replication_lag_sequences"] << ", latest "
-                    << stats["replication_latest_sequence"]);
-  REQUIRE(replicated);
-  const double latest = stats["replication_latest_sequence"];
+  auto leader_stats = StatsOf(rig.masters[leader].address);
+  REQUIRE(leader_stats.ok());
+  double latest = 0;
+  if (mode == "sync") {
+    // Every commit was answered once the standby held it: nothing to wait
+    // for before the kill.
+    CHECK((*leader_stats)["replication_sync_commits"] >= 1);
+    CHECK((*leader_stats)["replication_sync_timeouts"] == 0);
+  } else {
+    // The leader reports the standby holding every write (lag 0): the
+    // commits above are in the standby's store.
+    std::map<std::string, double> stats;
+    const bool replicated = Eventually(
+        [&] {
+          auto st = StatsOf(rig.masters[leader].address);
+          if (!st.ok()) return false;
+          stats = *st;
+          return stats["replication_followers"] >= 1 &&
+                 stats["replication_lag_sequences"] == 0 &&
+                 stats["replication_latest_sequence"] > 0;
+        },
+        absl::Seconds(30));
+    INFO("followers " << stats["replication_followers"] << ", lag "
+                      << stats["replication_lag_sequences"] << ", latest "
+                      << stats["replication_latest_sequence"]);
+    REQUIRE(replicated);
+    latest = stats["replication_latest_sequence"];
+  }
 
   Blocks after("after-", 1, 200);
   KillLeaderAndMeasure(rig.masters[leader], **client, before, after,
-                       "separate stores");
+                       ("separate stores, " + mode).c_str());
   LeaderInfo second;
   REQUIRE(rig.WaitForServingLeader(&second) == standby);
   CHECK(second.epoch > first.epoch);
@@ -470,7 +487,16 @@ TEST_CASE("A standby on its own store follows the leader and, once the leader is
   auto st = StatsOf(rig.masters[standby].address);
   REQUIRE(st.ok());
   CHECK((*st)["replica_applied_sequence_at_election"] >= latest);
+  CHECK((*st)["replica_applied_sequence_at_election"] > 0);
   CHECK((*st)["leader_changes"] >= 2);
+}
+
+TEST_CASE("A standby on its own store follows the leader asynchronously and, once the leader is killed, serves every object it had received") {
+  ReplicatedTakeover("master_ha_async", "async");
+}
+
+TEST_CASE("With synchronous replication every acknowledged object survives a leader killed right after the puts") {
+  ReplicatedTakeover("master_ha_sync", "sync");
 }
 
 }  // namespace
