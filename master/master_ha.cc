@@ -41,7 +41,10 @@ class StandbyServer {
     int port = 0;
     builder.AddListeningPort(options.listen_address, s->tls_->credentials(),
                              &port);
-    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    // The elected master binds the port beside it before it closes
+    // (HaMaster::Serve). Two HaMasters configured on one host:port would
+    // both bind it: give each master its own port.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 1);
     builder.SetOption(
         std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
     builder.RegisterService(s->health_.service());
@@ -361,14 +364,13 @@ void HaMaster::Loop() {
 }
 
 absl::Status HaMaster::Serve(int64_t epoch) {
-  // The port is the standby's: it closes first.
-  std::unique_ptr<master::StandbyServer> standby;
-  {
-    MutexLock l(&mu_);
-    standby = std::move(standby_);
-  }
-  standby.reset();
+  // The port is the standby's: the server binds it beside the standby
+  // (SO_REUSEPORT), and the standby closes once the server serves, so that
+  // a client never finds the port closed (a refused connection costs it
+  // gRPC's reconnect backoff). Meanwhile a connection may still land on
+  // the standby, which refuses (not_leader) and is retried.
   MasterOptions mo = options_.master;
+  mo.reuse_port = true;
   mo.listen_address = WithPort(options_.master.listen_address, port_);
   mo.gate = [this] { return Gate(); };
   mo.generation_floor = static_cast<uint64_t>(epoch) << kEpochShift;
@@ -391,10 +393,15 @@ absl::Status HaMaster::Serve(int64_t epoch) {
     if (server.ok()) {
       LOG(INFO) << "master HA: serving as leader, epoch " << epoch
                 << ", generations from " << mo.generation_floor;
-      MutexLock l(&mu_);
-      server_ = std::move(server).value();
-      serving_epoch_ = epoch;
-      cv_.SignalAll();
+      std::unique_ptr<master::StandbyServer> standby;
+      {
+        MutexLock l(&mu_);
+        server_ = std::move(server).value();
+        serving_epoch_ = epoch;
+        standby = std::move(standby_);
+        cv_.SignalAll();
+      }
+      standby.reset();
       return absl::OkStatus();
     }
     if (absl::Now() + pause > give_up) {

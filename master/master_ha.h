@@ -9,9 +9,11 @@
 //      grpc.health.v1 with NOT_SERVING. It does not open its store. It
 //      campaigns (LeaderElection) with its client address under the key
 //      /hymcache/<cluster>/master/leader.
-//   2. Elected. It stops the standby server, opens its store and serves on
-//      the same port (MasterServer::Create: the ordinary start-up and
-//      recovery). Every call passes a gate that refuses (kNotLeader) as
+//   2. Elected. It opens its store and serves on the same port
+//      (MasterServer::Create: the ordinary start-up and recovery, binding
+//      with SO_REUSEPORT beside the standby server), then closes the
+//      standby server: the port is never closed. Every call passes a gate
+//      that refuses (kNotLeader) as
 //      soon as LeaderElection::IsLeader() turns false, which happens at the
 //      lease's local deadline even if the election thread is stuck: a
 //      deposed leader writes nothing after its term. The generations it

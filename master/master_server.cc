@@ -228,7 +228,8 @@ absl::Status MasterServer::StartRpc(const MasterOptions& options) {
   builder.AddListeningPort(options.listen_address, tls_->credentials(), &port);
   // Without this, gRPC sets SO_REUSEPORT and a second master would bind the
   // same port silently.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT,
+                             options.reuse_port ? 1 : 0);
   builder.SetMaxReceiveMessageSize(max_message);
   // No default (callback) health service: ours is registered instead.
   builder.SetOption(

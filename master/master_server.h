@@ -137,6 +137,12 @@ struct MasterOptions {
   // More stats for /metrics and GetStats (HaMaster adds its leadership's).
   // Called on scrape and GetStats threads. Default: none.
   std::function<void(StatsVisitor*)> extra_stats;
+  // Bind listen_address with SO_REUSEPORT, beside a server that holds it
+  // already: an elected HaMaster starts serving while its standby server
+  // still listens, then closes that, so that clients never find the port
+  // closed. Otherwise a second server on the port is refused. Default:
+  // false.
+  bool reuse_port = false;
   // The build, exported as build_info{version, commit} = 1 (hymcache-master
   // passes its BuildInfo()). Default: "" (no build_info series).
   std::string build_version;
