@@ -115,10 +115,18 @@ struct UnaryMethod {
   using HandleFn =
       std::function<grpc::Status(grpc::ServerContext*, const Req&, Resp*)>;
 
+  // Runs after `handle` when set: the call is answered (with what `handle`
+  // returned) when `answer` runs, once, from any thread, so a handler may
+  // hold its answer without blocking the poller (a synchronous commit waits
+  // for a standby: master/master_replication.h). Null: answered at once.
+  using HoldFn = std::function<void(const grpc::Status& handled,
+                                    std::function<void()> answer)>;
+
   Service* service;
   RequestFn request;
   HandleFn handle;
   CqPoller* poller;
+  HoldFn hold = nullptr;
 };
 
 // One call of a UnaryMethod, from its request to its finish.
@@ -147,17 +155,11 @@ class UnaryCall final : public CqTag {
     }
     Request(method_);  // keep one request of the method outstanding
     finishing_ = true;
-    const grpc::Status s = method_->handle(&ctx_, req_, &resp_);
-    // The queue may have been shut down meanwhile (the server stopping):
-    // then nothing may be queued on it, and no event will come.
-    if (!method_->poller->IfOpen([this, &s] {
-          if (s.ok()) {
-            writer_.Finish(resp_, s, this);
-          } else {
-            writer_.FinishWithError(s, this);
-          }
-        })) {
-      delete this;
+    status_ = method_->handle(&ctx_, req_, &resp_);
+    if (method_->hold) {
+      method_->hold(status_, [this] { Answer(); });
+    } else {
+      Answer();
     }
   }
 
@@ -166,11 +168,28 @@ class UnaryCall final : public CqTag {
       : method_(method), writer_(&ctx_) {}
   ~UnaryCall() = default;
 
+  // Sends status_ (and resp_); on the poller's thread, or on whichever
+  // thread a hold's `answer` runs.
+  void Answer() {
+    // The queue may have been shut down meanwhile (the server stopping):
+    // then nothing may be queued on it, and no event will come.
+    if (!method_->poller->IfOpen([this] {
+          if (status_.ok()) {
+            writer_.Finish(resp_, status_, this);
+          } else {
+            writer_.FinishWithError(status_, this);
+          }
+        })) {
+      delete this;
+    }
+  }
+
   const Method* const method_;
   grpc::ServerContext ctx_;
   Req req_;
   Resp resp_;
   grpc::ServerAsyncResponseWriter<Resp> writer_;
+  grpc::Status status_;  // what handle returned
   bool finishing_ = false;
 };
 

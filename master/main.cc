@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <system_error>
 
@@ -108,6 +109,21 @@ DEFINE_int32(lease_ttl_s, 5,
              "with --etcd: the leadership lease, whole seconds: how long the "
              "cluster is without a leader after a leader dies");
 
+DEFINE_string(replication, "",
+              "standby replication (docs/ha.md): off, async (standbys follow "
+              "the leader's store; a leader crash loses the standby's lag) or "
+              "sync (a PutCommit is answered once a standby holds it, or "
+              "after --replication_sync_timeout_ms). Empty: async with "
+              "--etcd, off without");
+DEFINE_int64(replication_sync_timeout_ms, 500,
+             "with --replication=sync: the longest a commit waits for a "
+             "standby before it is answered anyway (counted in "
+             "hymcache_master_replication_sync_timeouts_total)");
+DEFINE_string(replication_token_file, "",
+              "with --etcd: a file holding the admin token a standby presents "
+              "to the leader to follow it (needed when the masters have "
+              "--auth_tokens_file)");
+
 namespace {
 
 // The flags as MasterOptions, validated; false after logging what is wrong.
@@ -134,6 +150,16 @@ bool OptionsFromFlags(hymcache::MasterOptions* options) {
   so.max_pending_slots_per_caller = FLAGS_max_pending_slots_per_caller;
   so.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
   options->sync_writes = FLAGS_sync_writes;
+  auto mode = hymcache::master::ParseReplicationMode(
+      FLAGS_replication.empty() ? (FLAGS_etcd.empty() ? "off" : "async")
+                                : FLAGS_replication);
+  if (!mode.ok()) {
+    LOG(ERROR) << "--replication: " << mode.status();
+    return false;
+  }
+  options->replication = *mode;
+  options->replication_sync_timeout =
+      absl::Milliseconds(FLAGS_replication_sync_timeout_ms);
   hymcache::DaemonOptionsFromFlags(options);  // security, metrics, build
   absl::Status valid = options->Validate();
   if (!valid.ok()) {
@@ -159,7 +185,9 @@ int main(int argc, char** argv) {
            {{"Serving",
              {"listen", "db_path", "sync_writes", "metrics_listen"}},
             {"High availability (docs/ha.md)",
-             {"etcd", "cluster", "advertise_address", "lease_ttl_s"}},
+             {"etcd", "cluster", "advertise_address", "lease_ttl_s",
+              "replication", "replication_sync_timeout_ms",
+              "replication_token_file"}},
             {"Nodes and placement",
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
               "read_lease_ms", "max_evictions_per_put", "max_eviction_scan",
@@ -191,6 +219,16 @@ int main(int argc, char** argv) {
     ha.advertise_address = FLAGS_advertise_address;
     ha.lease_ttl = absl::Seconds(FLAGS_lease_ttl_s);
     ha.master = options;
+    if (!FLAGS_replication_token_file.empty()) {
+      std::ifstream in(FLAGS_replication_token_file);
+      std::string token;
+      if (!std::getline(in, token)) {
+        LOG(ERROR) << "cannot read --replication_token_file "
+                   << FLAGS_replication_token_file;
+        return 2;
+      }
+      ha.replication_security.token = token;
+    }
     if (absl::Status v = ha.Validate(); !v.ok()) {
       LOG(ERROR) << v;
       return 2;

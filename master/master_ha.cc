@@ -17,6 +17,7 @@
 #include "common/status_reason.h"
 #include "master/cq_server.h"
 #include "master/health_service.h"
+#include "master/replica_follower.h"
 #include "proto/master.grpc.pb.h"
 
 namespace hymcache {
@@ -166,6 +167,10 @@ absl::Status HaMasterOptions::Validate() const {
   if (open_retry < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("master HA: open_retry must be >= 0");
   }
+  if (follow_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "master HA: follow_interval must be positive");
+  }
   return master.Validate();
 }
 
@@ -195,6 +200,25 @@ absl::StatusOr<std::unique_ptr<HaMaster>> HaMaster::Create(
   {
     MutexLock l(&ha->mu_);
     ha->standby_ = std::move(standby).value();
+  }
+  if (options.master.replication != master::ReplicationMode::kOff) {
+    // The same directory and options the master opens when elected
+    // (MasterServer's OpenService).
+    master::ReplicaFollowerOptions fo;
+    fo.store.path = options.master.db_path;
+    fo.store.sync_writes = options.master.sync_writes;
+    fo.store.keep_wal_seconds = 3600;
+    fo.security = options.replication_security;
+    fo.name = ha->advertise_;
+    auto follower = master::ReplicaFollower::Create(fo);
+    if (follower.ok()) {
+      ha->follower_ = std::move(follower).value();
+    } else {
+      LOG(WARNING) << "master HA: not following the leader: "
+                   << follower.status()
+                   << " (another master holds the directory?); when elected "
+                      "this master serves what its directory holds then";
+    }
   }
 
   LeaderElectionOptions lo;
@@ -253,14 +277,72 @@ absl::Status HaMaster::Gate() const {
   return NotLeader();
 }
 
+void HaMaster::FollowObservedLeader() {
+  std::optional<LeaderInfo> l = election_->ObservedLeader();
+  if (!l.has_value()) return;
+  if (l->epoch != observed_epoch_) {
+    observed_epoch_ = l->epoch;
+    leader_changes_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (follower_ == nullptr || l->candidate == advertise_ ||
+      l->candidate == followed_) {
+    return;
+  }
+  LOG(INFO) << "master HA: following leader " << l->candidate << " (epoch "
+            << l->epoch << ")";
+  followed_ = l->candidate;
+  follower_->SetLeader(followed_);
+}
+
+void HaMaster::StopFollowing() {
+  if (follower_ == nullptr) return;
+  const master::ReplicaFollower::Stats st = follower_->GetStats();
+  applied_at_election_.store(st.applied_sequence, std::memory_order_relaxed);
+  full_copies_.store(st.full_copies, std::memory_order_relaxed);
+  if (st.copying) {
+    LOG(WARNING) << "master HA: elected while copying the old leader's store: "
+                    "serving the part copied (objects not copied are misses)";
+  }
+  LOG(INFO) << "master HA: stopped following " << followed_
+            << " at leader sequence " << st.applied_sequence << " of database "
+            << st.leader_db_id << " (" << st.batches_applied
+            << " batches applied, " << st.full_copies << " full copies)";
+  absl::Status closed = follower_->Stop();
+  if (!closed.ok()) {
+    LOG(WARNING) << "master HA: closing the follower's store: " << closed;
+  }
+  follower_.reset();
+}
+
+void HaMaster::VisitStats(StatsVisitor* v) const {
+  v->Counter("leader_changes",
+             "Leaders (epochs) this master process has seen, itself included",
+             static_cast<double>(leader_changes_.load(std::memory_order_relaxed)));
+  v->Gauge("replica_applied_sequence_at_election",
+           "The old leader's write sequence this master's standby store held "
+           "when it was elected (0: it did not follow)",
+           static_cast<double>(
+               applied_at_election_.load(std::memory_order_relaxed)));
+  v->Gauge("replica_full_copies_at_election",
+           "Full copies of the leader's store this master took while standing "
+           "by",
+           static_cast<double>(full_copies_.load(std::memory_order_relaxed)));
+}
+
 void HaMaster::Loop() {
   int64_t epoch = 0;
-  {
+  while (true) {
+    FollowObservedLeader();
     MutexLock l(&mu_);
-    while (!stopping_ && elected_epoch_ == 0) cv_.Wait(&mu_);
     if (stopping_) return;
-    epoch = elected_epoch_;
+    if (elected_epoch_ != 0) {
+      epoch = elected_epoch_;
+      break;
+    }
+    cv_.WaitWithDeadline(&mu_, absl::Now() + options_.follow_interval);
   }
+  FollowObservedLeader();  // counts this master's own term
+  StopFollowing();
   absl::Status served = Serve(epoch);
   std::unique_ptr<MasterServer> server;
   {
@@ -294,6 +376,11 @@ absl::Status HaMaster::Serve(int64_t epoch) {
   mo.generation_floor = static_cast<uint64_t>(epoch) << kEpochShift;
   mo.generation_end = static_cast<uint64_t>(epoch + 1) << kEpochShift;
   mo.service.epoch = epoch;
+  mo.extra_stats = [this, extra = options_.master.extra_stats](
+                       StatsVisitor* v) {
+    VisitStats(v);
+    if (extra) extra(v);
+  };
   const absl::Time give_up = absl::Now() + options_.open_retry;
   absl::Duration pause = absl::Milliseconds(20);
   while (true) {
@@ -385,6 +472,11 @@ void HaMaster::Shutdown() {
   // gate already refuses).
   if (election_ != nullptr) election_->Resign();
   thread_.Join();
+  if (follower_ != nullptr) {
+    absl::Status closed = follower_->Stop();
+    if (!closed.ok()) LOG(WARNING) << "master HA: follower: " << closed;
+    follower_.reset();
+  }
   std::unique_ptr<master::StandbyServer> standby;
   {
     MutexLock l(&mu_);

@@ -26,12 +26,20 @@
 //      standby. A fresh process is the simplest way back to standby: no
 //      state of the old term survives it.
 //
+// Standby replication (master.replication async or sync, docs/ha.md): a
+// standing-by master runs a ReplicaFollower on its own db_path, following
+// the leader the election observes (the leader key's address, where the
+// leader serves hymcache.v1.Replication beside MasterService), so its
+// directory holds a prefix of the leader's committed writes. Once elected
+// it stops the follower and opens the directory with the ordinary restart
+// path: it serves everything the old leader had replicated to it.
+//
 // With the store opened only once elected, two masters on one host may
-// share a db_path: RocksDB's LOCK file keeps them from opening it at once,
-// and a new leader retries its open (open_retry) while a deposed one (or a
-// killed one, whose lock the kernel releases) lets go. Otherwise each
-// master has its own store and a new leader starts from what its own store
-// holds (docs/ha.md).
+// instead share a db_path (replication off): RocksDB's LOCK file keeps
+// them from opening it at once, and a new leader retries its open
+// (open_retry) while a deposed one (or a killed one, whose lock the kernel
+// releases) lets go. A standby whose follower cannot open its directory
+// (another master holds it) stands by without following.
 //
 // Thread safety: safe for concurrent use without external synchronization.
 #pragma once
@@ -46,6 +54,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
+#include "common/security.h"
+#include "common/stats.h"
 #include "common/thread.h"
 #include "master/master_server.h"
 
@@ -55,6 +65,7 @@ class EtcdClient;
 class LeaderElection;
 
 namespace master {
+class ReplicaFollower;
 class StandbyServer;
 }  // namespace master
 
@@ -78,8 +89,15 @@ struct HaMasterOptions {
   absl::Duration open_retry = absl::Seconds(10);
   // The server this master runs while it leads. Its gate and generation
   // range are set here (any given are replaced); its listen_address is
-  // where the standby listens too.
+  // where the standby listens too. master.replication also says whether a
+  // standby follows the leader (any mode but kOff).
   MasterOptions master;
+  // What a standby's follower presents to the leader: an admin identity of
+  // the cluster (token, TLS). Default: plaintext, no token.
+  ChannelSecurity replication_security;
+  // How often a standby re-reads which leader the election observes (and
+  // points its follower there). Default: 50 ms.
+  absl::Duration follow_interval = absl::Milliseconds(50);
 
   // InvalidArgument naming the first bad field.
   absl::Status Validate() const;
@@ -134,6 +152,13 @@ class HaMaster {
   // What a standby (or a deposed leader) answers: kNotLeader with the
   // leader this candidate knows.
   absl::Status NotLeader() const;
+  // Points the follower (if any) at the leader the election observes;
+  // counts leader changes. On the master-ha thread.
+  void FollowObservedLeader();
+  // Stops the follower so the store can be opened; on the master-ha thread.
+  void StopFollowing();
+  // The leadership stats (MasterOptions::extra_stats).
+  void VisitStats(StatsVisitor* v) const;
 
   // Constant after Create.
   const HaMasterOptions options_;
@@ -145,6 +170,18 @@ class HaMaster {
   // election_.get() once it exists (the standby answers before).
   std::atomic<LeaderElection*> election_ptr_{nullptr};
   Thread thread_;
+  // The standby's follower (null: replication off, or its directory is
+  // held by another process). Used by the master-ha thread only, and by
+  // Shutdown after joining it.
+  std::unique_ptr<master::ReplicaFollower> follower_;
+  std::string followed_;  // the leader follower_ follows; master-ha thread
+  // The leader epochs this process has seen change (standing by, and its
+  // own election).
+  std::atomic<uint64_t> leader_changes_{0};
+  int64_t observed_epoch_ = 0;  // master-ha thread
+  // What the follower had applied when this master was elected.
+  std::atomic<uint64_t> applied_at_election_{0};
+  std::atomic<uint64_t> full_copies_{0};
 
   mutable Mutex mu_;
   mutable CondVar cv_;

@@ -77,19 +77,33 @@ inline absl::Status CheckNodeIdentity(const MasterService& service,
   GAUGE(lookup_streams_open, "LookupStream streams open now")
 HYM_DECLARE_STATS(MasterRpcStats, MasterRpcCounters, HYM_MASTER_RPC_STATS);
 
+// What the server around the handler adds to its calls (each optional).
+struct MasterRpcHooks {
+  // MasterOptions::gate: asked by Admit before every call.
+  std::function<absl::Status()> gate;
+  // Runs after every PutCommit that succeeded; the commit is answered when
+  // `answer` runs (once, from any thread), e.g. once a standby holds it
+  // (master/master_replication.h). Must not block. Null: answered at once.
+  std::function<void(std::function<void()> answer)> after_commit;
+  // More stats for GetStats's map (and the server's /metrics).
+  std::function<void(StatsVisitor*)> extra_stats;
+};
+
 class MasterRpcHandler final {
  public:
   MasterRpcHandler(MasterService* service, const Authenticator* auth,
                    TenantRegistry* tenants, uint32_t max_key_bytes,
                    uint32_t max_lookup_streams, Clock* clock,
-                   std::function<absl::Status()> gate = nullptr)
+                   MasterRpcHooks hooks = {})
       : service_(service),
         auth_(auth),
         tenants_(tenants),
         max_key_bytes_(max_key_bytes),
         max_lookup_streams_(max_lookup_streams),
         clock_(clock),
-        gate_(std::move(gate)) {}
+        gate_(std::move(hooks.gate)),
+        after_commit_(std::move(hooks.after_commit)),
+        extra_stats_(std::move(hooks.extra_stats)) {}
 
   // Tenants (master/tenant.h): the keys a caller sends name its own
   // tenant's key space. InvalidArgument for a key longer than the
@@ -491,6 +505,7 @@ class MasterRpcHandler final {
     v->Histogram("lookup_seconds",
                  "BatchLookup calls answered OK: time in the service",
                  lookup_latency_.Snapshot());
+    if (extra_stats_) extra_stats_(v);
   }
 
  private:
@@ -527,8 +542,10 @@ class MasterRpcHandler final {
   const uint32_t max_key_bytes_;  // as the caller sends them
   const size_t max_lookup_streams_;
   Clock* const clock_;
-  // MasterOptions::gate; null: none.
+  // MasterRpcHooks; null: none.
   const std::function<absl::Status()> gate_;
+  const std::function<void(std::function<void()>)> after_commit_;
+  const std::function<void(StatsVisitor*)> extra_stats_;
   MasterRpcCounters rpc_stats_;
   LatencyHistogram lookup_latency_;
   mutable Mutex streams_mu_;
@@ -546,21 +563,24 @@ class MasterRpcHandler final {
   std::vector<std::shared_ptr<const void>> methods_
       ABSL_GUARDED_BY(methods_mu_);
 
-  // Serves the unary method `request` / `handle` on `poller`.
+  // Serves the unary method `request` / `handle` on `poller`; `hold` as
+  // UnaryMethod's.
   template <typename Req, typename Resp>
   void ServeUnary(
       CqPoller* poller,
       typename UnaryMethod<v1::MasterService::AsyncService, Req,
                            Resp>::RequestFn request,
       grpc::Status (MasterRpcHandler::*handle)(grpc::ServerContext*,
-                                               const Req*, Resp*)) {
+                                               const Req*, Resp*),
+      typename UnaryMethod<v1::MasterService::AsyncService, Req,
+                           Resp>::HoldFn hold = nullptr) {
     using Method = UnaryMethod<v1::MasterService::AsyncService, Req, Resp>;
     auto method = std::make_shared<Method>(Method{
         &async_, request,
         [this, handle](grpc::ServerContext* ctx, const Req& req, Resp* resp) {
           return (this->*handle)(ctx, &req, resp);
         },
-        poller});
+        poller, std::move(hold)});
     {
       MutexLock l(&methods_mu_);
       methods_.push_back(method);

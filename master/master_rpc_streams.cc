@@ -332,7 +332,22 @@ void MasterRpcHandler::StartOn(CqPoller* poller) {
              &MasterRpcHandler::DeregisterNode);
   ServeUnary(poller, &S::RequestForgetNode, &MasterRpcHandler::ForgetNode);
   ServeUnary(poller, &S::RequestPutStart, &MasterRpcHandler::PutStart);
-  ServeUnary(poller, &S::RequestPutCommit, &MasterRpcHandler::PutCommit);
+  // A commit that succeeded is answered when after_commit says (a
+  // synchronous commit: once a standby holds it).
+  UnaryMethod<S, v1::PutCommitRequest, v1::PutCommitResponse>::HoldFn
+      commit_hold = nullptr;
+  if (after_commit_) {
+    commit_hold = [this](const grpc::Status& handled,
+                         std::function<void()> answer) {
+      if (!handled.ok()) {
+        answer();
+        return;
+      }
+      after_commit_(std::move(answer));
+    };
+  }
+  ServeUnary(poller, &S::RequestPutCommit, &MasterRpcHandler::PutCommit,
+             std::move(commit_hold));
   ServeUnary(poller, &S::RequestPutAbort, &MasterRpcHandler::PutAbort);
   ServeUnary(poller, &S::RequestBatchLookup, &MasterRpcHandler::BatchLookup);
   ServeUnary(poller, &S::RequestRemove, &MasterRpcHandler::Remove);

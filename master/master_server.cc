@@ -60,6 +60,11 @@ absl::Status MasterOptions::Validate() const {
   }
   absl::Status daemon = DaemonOptions::Validate("master", hp->first);
   if (!daemon.ok()) return daemon;
+  if (replication == master::ReplicationMode::kSync &&
+      replication_sync_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "master: replication_sync_timeout must be positive");
+  }
   if (!service.snapshot_path.empty()) {
     return absl::InvalidArgumentError(
         "master: service.snapshot_path is derived from db_path (see "
@@ -76,8 +81,9 @@ namespace {
 
 // Create's first step: the RocksDB store and the service over it (the
 // index loaded from the store or the last snapshot).
+// `store_out`: the store, still owned by the service.
 absl::StatusOr<std::unique_ptr<master::MasterService>> OpenService(
-    const MasterOptions& options) {
+    const MasterOptions& options, master::RocksDbMetadataStore** store_out) {
   master::RocksDbMetadataStoreOptions store_options;
   store_options.path = options.db_path;
   store_options.sync_writes = options.sync_writes;
@@ -87,8 +93,14 @@ absl::StatusOr<std::unique_ptr<master::MasterService>> OpenService(
     store_options.keep_wal_seconds = static_cast<uint64_t>(absl::ToInt64Seconds(
         std::max(2 * options.service.snapshot_interval, absl::Hours(1))));
   }
+  if (options.replication != master::ReplicationMode::kOff) {
+    // A standby that reconnects resumes from the log instead of copying.
+    store_options.keep_wal_seconds =
+        std::max<uint64_t>(store_options.keep_wal_seconds, 3600);
+  }
   auto store = master::RocksDbMetadataStore::Create(store_options);
   if (!store.ok()) return store.status();
+  *store_out = store->get();
 
   master::MasterServiceOptions so = options.service;
   // Keys of tenants other than the default carry a prefix (tenant.h); the
@@ -106,11 +118,23 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     const MasterOptions& options) {
   absl::Status s = options.Validate();
   if (!s.ok()) return s;
-  auto service = OpenService(options);
+  master::RocksDbMetadataStore* store = nullptr;
+  auto service = OpenService(options, &store);
   if (!service.ok()) return service.status();
   auto security = ServerSecurity::Create(
       options, "master", SplitHostPort(options.listen_address)->first);
   if (!security.ok()) return security.status();
+  std::unique_ptr<master::MasterReplication> replication;
+  if (options.replication != master::ReplicationMode::kOff) {
+    master::MasterReplicationOptions ro;
+    ro.mode = options.replication;
+    ro.sync_timeout = options.replication_sync_timeout;
+    ro.store = store;
+    ro.authenticator = (*security)->authenticator();
+    auto r = master::MasterReplication::Create(ro);
+    if (!r.ok()) return r.status();
+    replication = std::move(r).value();
+  }
   auto tenants = master::TenantRegistry::Create(
       options.tenant_quotas_file.empty() ? options.db_path + ".quotas"
                                          : options.tenant_quotas_file);
@@ -121,6 +145,19 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   server->tenants_ = std::move(tenants).value();
   server->daemon_ = options;
   server->service_ = std::move(service).value();
+  server->replication_ = std::move(replication);
+  master::MasterRpcHooks hooks;
+  hooks.gate = options.gate;
+  master::MasterReplication* repl = server->replication_.get();
+  if (repl != nullptr) {
+    hooks.after_commit = [repl](std::function<void()> answer) {
+      repl->AfterCommit(std::move(answer));
+    };
+  }
+  hooks.extra_stats = [repl, extra = options.extra_stats](StatsVisitor* v) {
+    if (repl != nullptr) repl->VisitStats(v);
+    if (extra) extra(v);
+  };
   server->handler_ =
       std::make_unique<master::MasterRpcHandler>(
           server->service_.get(), server->security_->authenticator(),
@@ -128,7 +165,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
           options.service.max_key_bytes, options.max_lookup_streams,
           options.service.clock != nullptr ? options.service.clock
                                            : Clock::Real(),
-          options.gate);
+          std::move(hooks));
   s = server->StartRpc(options);
   if (!s.ok()) return s;
   s = server->StartMetrics(options);
@@ -177,6 +214,8 @@ absl::Status MasterServer::StartRpc(const MasterOptions& options) {
       std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
   builder.RegisterService(handler_->async_service());
   builder.RegisterService(health_->service());
+  // Standby replication: a sync service, served like reflection.
+  if (replication_ != nullptr) builder.RegisterService(replication_->service());
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> cqs;
   for (uint32_t i = 0; i < options.rpc_threads; ++i) {
     cqs.push_back(builder.AddCompletionQueue());
@@ -265,6 +304,9 @@ void MasterServer::Shutdown() {
   if (health_) health_->Shutdown();
   // Open LookupStreams end now (they would hold Shutdown to its deadline).
   if (handler_) handler_->CancelLookupStreams();
+  // Standbys' streams end, held commits are answered (before the server
+  // waits for in-flight calls).
+  if (replication_) replication_->Shutdown();
   if (server_) {
     // In-flight calls get a second to finish, then are cancelled; the
     // pollers keep running them meanwhile.
@@ -279,6 +321,7 @@ void MasterServer::Shutdown() {
   pollers_.clear();
   handler_.reset();
   health_.reset();
+  replication_.reset();
   service_.reset();  // closes RocksDB
   LOG(INFO) << "master on " << address_ << " stopped";
   MutexLock l(&mu_);

@@ -31,6 +31,7 @@
 #include "common/mutex.h"
 #include "common/daemon.h"
 #include "common/thread.h"
+#include "master/master_replication.h"
 #include "master/master_service.h"
 
 #include <vector>
@@ -113,6 +114,18 @@ struct MasterOptions : DaemonOptions {
   // elected master's term's range. Default: 0, 0 (no bound).
   uint64_t generation_floor = 0;
   uint64_t generation_end = 0;
+  // Standby replication (master/master_replication.h, docs/ha.md): kAsync
+  // and kSync serve hymcache.v1.Replication on the same port (standbys
+  // follow the store; followers need an admin identity) and keep the
+  // store's write log at least an hour; kSync also answers each PutCommit
+  // only once a standby holds it or after replication_sync_timeout.
+  // Default: kOff.
+  master::ReplicationMode replication = master::ReplicationMode::kOff;
+  // kSync: the longest a commit waits for a standby. Default: 500 ms.
+  absl::Duration replication_sync_timeout = absl::Milliseconds(500);
+  // More stats for /metrics and GetStats (HaMaster adds its leadership's).
+  // Called on scrape and GetStats threads. Default: none.
+  std::function<void(StatsVisitor*)> extra_stats;
   // Bind listen_address with SO_REUSEPORT, beside a server that holds it
   // already: an elected HaMaster starts serving while its standby server
   // still listens, then closes that, so that clients never find the port
@@ -195,6 +208,9 @@ class MasterServer {
   std::unique_ptr<ServerSecurity> security_;
   std::unique_ptr<master::TenantRegistry> tenants_;
   std::unique_ptr<master::MasterService> service_;
+  // Over service_'s store; null without replication. Shut down before
+  // server_.
+  std::unique_ptr<master::MasterReplication> replication_;
   std::unique_ptr<master::MasterRpcHandler> handler_;
   std::unique_ptr<master::HealthService> health_;
   std::unique_ptr<grpc::Server> server_;

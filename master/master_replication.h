@@ -1,0 +1,115 @@
+// MasterReplication: the leader's side of standby replication as the
+// master daemon runs it (docs/ha.md, "Standby replication"). It owns the
+// ReplicationSource over the master's store (served on the master's own
+// gRPC port, beside MasterService), decides when a PutCommit is answered
+// (asynchronous: at once; synchronous: once a standby holds the commit, or
+// at the sync timeout, whichever comes first), and reports the standbys'
+// lag as master stats (hymcache_master_replication_*).
+//
+// Thread safety: safe for concurrent use without external synchronization.
+// REQUIRES: the store outlives this; Shutdown() before the gRPC server that
+// serves service() shuts down.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/security.h"
+#include "common/stats.h"
+#include "master/metadata_store.h"
+#include "master/replication_source.h"
+
+namespace hymcache {
+namespace master {
+
+// How a leader replicates its store to standby masters.
+enum class ReplicationMode {
+  // No replication service: standbys cannot follow (a new leader starts
+  // from its own store, or shares the old leader's directory).
+  kOff,
+  // Standbys follow; commits are answered without waiting for them. A
+  // leader's crash loses what the standby had not yet applied (the lag,
+  // replication_lag_seconds).
+  kAsync,
+  // A PutCommit is answered once a standby holds it, or at sync_timeout
+  // (counted in replication_sync_timeouts: that commit may be lost with the
+  // leader). Costs each commit a round trip to the standby.
+  kSync,
+};
+
+// "off", "async", "sync".
+absl::StatusOr<ReplicationMode> ParseReplicationMode(absl::string_view s);
+const char* ReplicationModeName(ReplicationMode mode);
+
+// Counters of the synchronous commits.
+#define HYM_MASTER_REPLICATION_STATS(COUNTER, GAUGE, DGAUGE)                  \
+  COUNTER(replication_sync_commits,                                          \
+          "Commits answered once a standby held them (sync replication)")    \
+  COUNTER(replication_sync_timeouts,                                         \
+          "Commits answered at the sync timeout without a standby holding "  \
+          "them (sync replication; lost if the leader dies now)")            \
+  GAUGE(replication_followers,                                               \
+        "Standbys following this leader past their full copy")              \
+  GAUGE(replication_copying, "Standbys in a full copy of the store")       \
+  GAUGE(replication_latest_sequence, "The store's latest write sequence")
+HYM_DECLARE_STATS(MasterReplicationStats, MasterReplicationCounters,
+                  HYM_MASTER_REPLICATION_STATS);
+
+struct MasterReplicationOptions {
+  // kAsync or kSync (kOff needs no MasterReplication). Default: kAsync.
+  ReplicationMode mode = ReplicationMode::kAsync;
+  // kSync: the longest a commit waits for a standby before it is answered
+  // anyway. Default: 500 ms.
+  absl::Duration sync_timeout = absl::Milliseconds(500);
+  // The leader's store (its write log kept: keep_wal_seconds > 0).
+  // Required; not owned.
+  RocksDbMetadataStore* store = nullptr;
+  // Followers must be admins of it; nullptr: authentication off. Not owned.
+  const Authenticator* authenticator = nullptr;
+
+  absl::Status Validate() const;
+};
+
+class MasterReplication {
+ public:
+  // Errors: InvalidArgument (Validate); ReplicationSource::Create's.
+  static absl::StatusOr<std::unique_ptr<MasterReplication>> Create(
+      const MasterReplicationOptions& options);
+  ~MasterReplication();
+
+  // The gRPC service to register on the master's server.
+  grpc::Service* service() { return source_.get(); }
+
+  // After a commit's store write, before its answer (MasterRpcHooks::
+  // after_commit): kAsync wakes the streams and answers at once; kSync
+  // answers when a standby holds the store's latest sequence, or at the
+  // timeout, or at Shutdown. Never blocks.
+  void AfterCommit(std::function<void()> answer);
+
+  // The replication_* stats: the counters above, and per standby (label
+  // "follower") and for the best one (no label) the lag in sequences and
+  // seconds. With no standby past its copy, replication_lag_sequences is
+  // the latest sequence (nothing is replicated) and no _seconds is given.
+  void VisitStats(StatsVisitor* v) const;
+
+  // Ends the standbys' streams and answers held commits. Idempotent.
+  void Shutdown();
+
+  ReplicationSource* source() { return source_.get(); }
+
+ private:
+  MasterReplication(const MasterReplicationOptions& options,
+                    std::unique_ptr<ReplicationSource> source);
+
+  const MasterReplicationOptions options_;
+  const std::unique_ptr<ReplicationSource> source_;
+  MasterReplicationCounters counters_;
+};
+
+}  // namespace master
+}  // namespace hymcache
