@@ -15,6 +15,12 @@ trap cleanup EXIT
 wait_line() {
   for _ in $(seq 1800); do
     if grep -m1 "$2" "$1" 2>/dev/null; then return 0; fi
+    # A daemon that exited will never print it: say why at once.
+    if [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null; then
+      echo "process $3 exited before printing '$2' in $1:" >&2
+      cat "$1" "${1%.stdout}.stderr" "$(dirname "$1")/stderr" 2>/dev/null | tail -5 >&2
+      return 1
+    fi
     sleep 0.1
   done
   echo "timed out waiting for '$2' in $1" >&2
@@ -29,7 +35,7 @@ start_master() {
   "$BIN/hymcache-master" --listen=127.0.0.1:0 --db_path="$dir/db" "$@" \
     >"$dir/stdout" 2>"$dir/stderr" &
   PIDS+=($!)
-  MASTER=$(wait_line "$dir/stdout" "listening on" | awk '{print $NF}')
+  MASTER=$(wait_line "$dir/stdout" "listening on" $! | awk '{print $NF}')
 }
 
 # start_node DIR NAME [flags]
@@ -39,7 +45,7 @@ start_node() {
   "$BIN/hymcache-storage" --master="$MASTER" --name="$name" --data_port=0 \
     --control_port=0 "$@" >"$dir/$name.stdout" 2>"$dir/$name.stderr" &
   PIDS+=($!)
-  wait_line "$dir/$name.stdout" "hymcache-storage data=" >/dev/null
+  wait_line "$dir/$name.stdout" "hymcache-storage data=" $! >/dev/null || exit 1
 }
 
 stop_all() {

@@ -39,6 +39,10 @@ TIME_SCALE=${TIME_SCALE:-20}
 CONCURRENCY=${CONCURRENCY:-4}
 CONCURRENCY1=${CONCURRENCY1:-1}
 DRAM=${DRAM:-512M}
+# Capacity files: floor 1's, and floors 2 and 3's (above the footprint of
+# the Mooncake trace; a generated short trace needs far less).
+CAPACITY1=${CAPACITY1:-16G}
+CAPACITY=${CAPACITY:-24G}
 CAPDIR=${CAPDIR:-$OUT}
 
 mkdir -p "$OUT" "$CAPDIR"
@@ -82,7 +86,7 @@ for f in $FLOORS; do
     note "== floor 1: prefetch on vs off (first $REQS1 requests, $BLOCK blocks, 64M window, $CONCURRENCY1 worker(s))"
     start_master "$OUT/f1/master"
     start_node "$OUT/f1" node --device=hybrid --capacity_path="$CAPDIR/f1.cap" \
-      --capacity_bytes=16G --staging_bytes=64M --write_buffer_bytes=256M
+      --capacity_bytes="$CAPACITY1" --staging_bytes=64M --write_buffer_bytes=256M
     replay f1-populate --max_requests="$REQS1" --wait_stores
     on=() off=()
     for round in 1 2; do
@@ -107,7 +111,7 @@ print('prefetch on/off load bandwidth: %.2fx (on %.2f GB/s, off %.2f GB/s; floor
     note "== floor 2: hit ratio vs ceiling, capacity above the footprint ($BLOCK blocks)"
     start_master "$OUT/f2/master"
     start_node "$OUT/f2" node --device=hybrid --capacity_path="$CAPDIR/f2.cap" \
-      --capacity_bytes=24G --staging_bytes=256M --write_buffer_bytes=512M
+      --capacity_bytes="$CAPACITY" --staging_bytes=256M --write_buffer_bytes=512M
     replay f2 --time_scale="$TIME_SCALE" --concurrency="$CONCURRENCY"
     hr=$(overall "$OUT/f2.json" prefix_hit_ratio)
     ceil=$(overall "$OUT/f2.json" ceiling_hit_ratio)
@@ -129,7 +133,7 @@ m=re.fullmatch(r'(\d+)([KMG]?)','$DRAM'); n=int(m[1])*{'':1,'K':1<<10,'M':1<<20,
 print(n//2)")
     start_master "$OUT/f3/master-hybrid" --read_lease_ms=200
     start_node "$OUT/f3" hybrid --device=hybrid --capacity_path="$CAPDIR/f3.cap" \
-      --capacity_bytes=24G --staging_bytes="$half" --write_buffer_bytes="$half"
+      --capacity_bytes="$CAPACITY" --staging_bytes="$half" --write_buffer_bytes="$half"
     replay f3-hybrid --time_scale="$TIME_SCALE" --concurrency="$CONCURRENCY"
     d=$(overall "$OUT/f3-dram.json" prefix_hit_ratio)
     h=$(overall "$OUT/f3-hybrid.json" prefix_hit_ratio)

@@ -188,7 +188,7 @@ smoke node_staging_bench -p '^\| tcp \| [0-9.]+ \|' -p '^\| shm \| [0-9.]+ \|' -
 smoke hymbench_floors -p '^prefetch on/off load bandwidth: [0-9.]+x' \
   -p '^hit ratio [0-9.]+, ceiling [0-9.]+' -p '^hit ratio: DRAM-only [0-9.]+, hybrid [0-9.]+' -- \
   env HYMCACHE_BENCH_BIN="$BIN" OUT="$T/floors" BLOCK=64K REQS1=9 \
-  TIME_SCALE=max CONCURRENCY=2 DRAM=8M \
+  TIME_SCALE=max CONCURRENCY=2 DRAM=8M CAPACITY1=1G CAPACITY=1G \
   bash "$B/hymbench_floors.sh" "$T/trace.jsonl"
 
 echo "measurements smoke: $passed passed, $failed failed${failures[*]:+ (${failures[*]})}"
