@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# HyMCache side by side with Mooncake Store and Redis on this machine, in one
+# run (tools/bench/peers.py does the work and says what each row measures).
+# Installs or reuses the peers outside the repository: Mooncake from the
+# peers' folder that tools/engines/vllm_peers.sh makes
+# (mooncake-transfer-engine-non-cuda: mooncake_master and mooncake.store),
+# redis-py into ~/.cache/hymcache/bench-peers (wheels from our wheelhouse,
+# tools/engines/pip_lib.sh), Debian's redis-server (tools/setup.sh --test);
+# builds the daemons and the hymcache package (-c opt) into --work.
+#
+#   tools/bench/peers.sh            the full run; its last line is
+#     peers: get16m_vs_mooncake=X.XX put16m_vs_mooncake=X.XX lookup32_vs_mooncake=X.XX get1m_vs_redis=X.XX multiturn_hit_vs_mooncake=X.XX
+#   tools/bench/peers.sh --short    CI's smoke form (about a minute): one
+#                                   size, one client, a tiny replay; its last
+#                                   line is "peers-smoke: hymcache=ok ...".
+#                                   Installs nothing: where a peer is not
+#                                   installed it says so in one line,
+#                                   "peers: SKIPPED: ...", and exits 0.
+#   other arguments go to peers.py (--work=DIR keeps the logs; --help).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=tools/engines/pip_lib.sh
+. tools/engines/pip_lib.sh
+
+SHORT=0
+for arg in "$@"; do
+  [ "$arg" = --short ] && SHORT=1
+done
+WORK=${HYMCACHE_PEERS_WORK:-/tmp/hymcache-peers-$$}
+case " $* " in *" --work="*) WORK=$(printf '%s\n' "$@" | sed -n 's/^--work=//p' | tail -n 1) ;; esac
+BENCH_PEERS=${HYMCACHE_BENCH_PEERS:-$HOME/.cache/hymcache/bench-peers}
+REDISPY=${HYMCACHE_REDISPY_VERSION:-8.1.0}
+# redis-py and what it imports on Python 3.11.2 (Debian 12).
+REDIS_PKGS="redis==$REDISPY async-timeout==5.0.1"
+VENV=${HYMCACHE_ENGINE_VENV:-$HOME/.cache/hymcache/engines-venv}
+
+skip() {
+  echo "peers: SKIPPED: $*"
+  exit 0
+}
+if ! command -v redis-server >/dev/null; then
+  [ "$SHORT" = 1 ] && skip "no redis-server (tools/setup.sh --test installs it)"
+  echo "peers: no redis-server (tools/setup.sh --test installs it)" >&2
+  exit 1
+fi
+if [ "$SHORT" = 1 ]; then
+  bash tools/engines/vllm_peers.sh --check ||
+    skip "Mooncake is not installed (tools/engines/vllm_peers.sh installs it)"
+  [ -f "$BENCH_PEERS/.redis-$REDISPY" ] ||
+    skip "redis-py is not installed (tools/bench/peers.sh without --short installs it)"
+  PEERS=$(bash tools/engines/vllm_peers.sh | tail -n 1)
+else
+  PEERS=$(bash tools/engines/vllm_peers.sh | tail -n 1)
+  if [ ! -f "$BENCH_PEERS/.redis-$REDISPY" ]; then
+    rm -rf "$BENCH_PEERS"
+    mkdir -p "$BENCH_PEERS" "$HYMCACHE_WHEELHOUSE"
+    # shellcheck disable=SC2086
+    "$VENV/bin/python" -m pip --disable-pip-version-check -q download --no-deps \
+      --find-links "$HYMCACHE_WHEELHOUSE" -d "$HYMCACHE_WHEELHOUSE" $REDIS_PKGS >&2
+    # shellcheck disable=SC2086
+    "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
+      --no-index --find-links "$HYMCACHE_WHEELHOUSE" --target "$BENCH_PEERS" \
+      $REDIS_PKGS >&2
+    touch "$BENCH_PEERS/.redis-$REDISPY"
+  fi
+fi
+PY="$VENV/bin/python"
+
+mkdir -p "$WORK"
+bazel build -c opt //master:hymcache-master //storage_node:hymcache-storage \
+  2>&1 | tail -n 1 >&2
+BIN="$WORK/bin"
+mkdir -p "$BIN"
+cp -f "$(bazel info -c opt bazel-bin 2>/dev/null)"/{master/hymcache-master,storage_node/hymcache-storage} "$BIN/"
+bash tools/install_python.sh --python="$PY" --target="$WORK/py" >&2
+VERSION=$(git describe --always --dirty 2>/dev/null || echo unknown)
+
+export PYTHONPATH="$WORK/py:$BENCH_PEERS:$PEERS"
+exec timeout "${HYMCACHE_PEERS_TIMEOUT:-3600}" "$PY" tools/bench/peers.py \
+  --bin="$BIN" --peers="$PEERS" --redis_server="$(command -v redis-server)" \
+  --work="$WORK" --hymcache_version="$VERSION" "$@"
