@@ -12,8 +12,8 @@
 # booted under systemd and the OCI image run with runc (tests/systemd,
 # tests/image; HYMCACHE_PACKAGE_TESTS=0 skips them), then vLLM with the
 # HyMCache connector (tools/engines/ci.sh) and the SGLang and LMCache
-# backends (tools/engines/backends_test.sh; HYMCACHE_ENGINE_TESTS=0 skips
-# both),
+# backends (tools/engines/backends_test.sh) and the peers' smoke form
+# (tools/bench/peers.sh --short; HYMCACHE_ENGINE_TESTS=0 skips all three),
 # and prints a closing line "N passed, N failed" counted from Bazel's per-test
 # results, the fuzz targets, the guest runs and the engine step. Exits
 # non-zero if any test failed or did not build.
@@ -149,6 +149,20 @@ if [ "${HYMCACHE_ENGINE_TESTS:-1}" = "1" ]; then
   f=$(sed -n 's/^backends: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$log")
   passed=$((passed + ${p:-0}))
   failed=$((failed + ${f:-1}))
+  # The peers side by side, smoke form (tools/bench/peers.sh --short: 256 KiB,
+  # one client, half a second per phase, a tiny multi-turn replay; about a
+  # minute): only that HyMCache, Mooncake Store and Redis all answered. A
+  # machine without the peers installed says so in one line ("peers:
+  # SKIPPED: ...") and the count stays as it is.
+  echo "=== peers: HyMCache, Mooncake Store and Redis, smoke form"
+  timeout 120 bash tools/bench/peers.sh --short 2>&1 |
+    grep -v -E '^[IWE][0-9]{4} |^WARNING: Logging before' | tee "$log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 0 ] && grep -q '^peers-smoke: ' "$log"; then
+    passed=$((passed + 1))
+  elif ! grep -q '^peers: SKIPPED: ' "$log"; then
+    failed=$((failed + 1)); status=1
+  fi
   rm -f "$log"
 fi
 

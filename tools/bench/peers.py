@@ -14,7 +14,8 @@ persistence, the same memory budget (--budget, DRAM):
             nothing (global_segment_size=0), so every byte they move crosses
             TCP to the store process, as with HyMCache's node.
   redis     Debian's redis-server, --save "" --appendonly no,
-            maxmemory BUDGET with allkeys-lru; redis-py.
+            maxmemory BUDGET with allkeys-lru; redis-py with hiredis (its C
+            reply parser).
   hybrid    (multi-turn only) HyMCache with a hybrid node: DRAM staging +
             write buffer totalling the same DRAM budget, plus SSD capacity.
 
@@ -509,6 +510,8 @@ def lookups(pools, a, clients):
     out = {}
     n = a.lookup_objects
     for name, pool in pools.items():
+        if name not in SYSTEMS:
+            continue  # the same master lookups as hymcache's
         keys = [f"lk-{i}" for i in range(n)]
         share = [keys[i::clients] for i in range(clients)]
         pool.run("put", [dict(size=a.lookup_value, keys=k) for k in share])
@@ -536,9 +539,9 @@ def versions(a):
     try:
         from importlib import metadata
         sys.path.insert(0, a.peers)
-        for d in metadata.distributions(path=[a.peers]):
+        for d in metadata.distributions():  # PYTHONPATH: the peers, redis-py
             name = d.metadata["Name"]
-            if name.lower().startswith(("mooncake", "lmcache", "redis")):
+            if name.lower().startswith(("mooncake", "lmcache", "redis", "hiredis")):
                 v[name] = d.version
     except Exception as e:  # versions are a note, never a failure
         v["error"] = str(e)
@@ -559,6 +562,8 @@ def main():
     p.add_argument("--work", default="/tmp/hymcache-peers")
     p.add_argument("--short", action="store_true")
     p.add_argument("--transport", default="tcp", help="HyMCache's client transport")
+    p.add_argument("--shm", type=int, default=1,
+                   help="also HyMCache's same-host shared-memory client (a column)")
     p.add_argument("--budget", type=int, default=1 * GIB, help="DRAM of each system (bytes)")
     p.add_argument("--sizes", default="256K,1M,16M")
     p.add_argument("--clients", default="1,8")
@@ -595,6 +600,7 @@ def main():
         a.lookup_objects, a.repeat = 256, ""
         a.conversations, a.turns, a.block_bytes = 2, 3, 64 * KIB
         a.mt_budget, a.mt_capacity = 64 * MIB, 256 * MIB
+        a.shm = 0
     sizes = [int(s[:-1]) * {"K": KIB, "M": MIB}[s[-1]] for s in a.sizes.split(",")]
     clients = [int(c) for c in a.clients.split(",")]
     os.makedirs(a.work, exist_ok=True)
@@ -614,6 +620,9 @@ def main():
             print(f"peers: settings {k}: {s['settings']}", flush=True)
         max_bytes = max(max(sizes), 8 * a.block_bytes, a.lookup_value)
         nmax = max(clients)
+        if a.shm:
+            # The same cluster through the node's shared memory (same host).
+            specs["hymcache_shm"] = dict(specs["hymcache"], transport="shm")
         pools = {k: Pool(s, nmax, max_bytes) for k, s in specs.items()}
         for size in sizes:
             for c in clients:
@@ -691,8 +700,10 @@ def run_multiturn(d, a, capdir):
 def report(a, results, sizes, clients, vers):
     failed = set()
     print()
-    print("| workload | clients | HyMCache | Mooncake | Redis | HyMCache/Mooncake | HyMCache/Redis |")
-    print("|---|---|---|---|---|---|---|")
+    shm = any("hymcache_shm" in s for ss in results["cells"].values() for s in ss)
+    print("| workload | clients | HyMCache | Mooncake | Redis | HyMCache/Mooncake | HyMCache/Redis |"
+          + (" HyMCache shm |" if shm else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if shm else ""))
     ratios = {}
     for (tag, c), samples in results["cells"].items():
         for op in ("put", "get"):
@@ -700,10 +711,12 @@ def report(a, results, sizes, clients, vers):
                 h, m, r = (s[k][op] for k in SYSTEMS)
                 label = f"{op} {tag} GB/s" + (f" (repeat {i})" if i else "")
                 print(f"| {label} | {c} | {h:.2f} | {m:.2f} | {r:.2f} | "
-                      f"{ratio(h, m):.2f} | {ratio(h, r):.2f} |")
+                      f"{ratio(h, m):.2f} | {ratio(h, r):.2f} |" +
+                      (f" {s['hymcache_shm'][op]:.2f} |" if "hymcache_shm" in s else
+                       (" |" if shm else "")))
                 ratios.setdefault((op, tag, "mooncake"), []).append(ratio(h, m))
                 ratios.setdefault((op, tag, "redis"), []).append(ratio(h, r))
-            for k in SYSTEMS:
+            for k in samples[0]:
                 if any(s[k]["bad"] for s in samples):
                     print(f"peers: {k} {op} {tag} x{c}: some gets returned the wrong length")
                     failed.add(k)
@@ -712,7 +725,7 @@ def report(a, results, sizes, clients, vers):
             h, m, r = (s[k]["calls"] for k in SYSTEMS)
             label = "lookup 32 keys, calls/s" + (f" (repeat {i})" if i else "")
             print(f"| {label} | {c} | {h:.0f} | {m:.0f} | {r:.0f} | {ratio(h, m):.2f} | "
-                  f"{ratio(h, r):.2f} |")
+                  f"{ratio(h, r):.2f} |" + (" |" if shm else ""))
             ratios.setdefault(("lookup", "32", "mooncake"), []).append(ratio(h, m))
             for k in SYSTEMS:
                 if s[k]["bad"] or not s[k]["ops"]:
