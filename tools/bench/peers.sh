@@ -48,6 +48,8 @@ if ! command -v redis-server >/dev/null; then
   exit 1
 fi
 if [ "$SHORT" = 1 ]; then
+  [ -x "$VENV/bin/python" ] ||
+    skip "no engines venv at $VENV (tools/engines/venv.sh makes it)"
   bash tools/engines/vllm_peers.sh --check ||
     skip "Mooncake is not installed (tools/engines/vllm_peers.sh installs it)"
   [ -f "$REDIS_STAMP" ] ||
