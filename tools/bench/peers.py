@@ -49,7 +49,7 @@ host only slows a sample), the lower of the 1- and 8-client ratios (the
 floors hold at both), and multiturn the DRAM node's overall hit ratio over
 Mooncake's at the same DRAM budget. The table prints every sample.
 
---short: CI's smoke form: 256 KiB, one client, one second per phase, a tiny
+--short: CI's smoke form: 256 KiB, one client, half a second per phase, a tiny
 replay; it checks that every system answered (every get returned the stored
 length, every lookup found every key) and its last line is
   peers-smoke: hymcache=ok mooncake=ok redis=ok ...

@@ -26,8 +26,14 @@ SHORT=0
 for arg in "$@"; do
   [ "$arg" = --short ] && SHORT=1
 done
-WORK=${HYMCACHE_PEERS_WORK:-/tmp/hymcache-peers-$$}
+# The logs, binaries and package go to --work=DIR (or $HYMCACHE_PEERS_WORK),
+# kept; without either, to a temporary folder removed at the end.
+WORK=${HYMCACHE_PEERS_WORK:-}
 case " $* " in *" --work="*) WORK=$(printf '%s\n' "$@" | sed -n 's/^--work=//p' | tail -n 1) ;; esac
+if [ -z "$WORK" ]; then
+  WORK=$(mktemp -d /tmp/hymcache-peers.XXXXXX)
+  trap 'rm -rf "$WORK"' EXIT
+fi
 BENCH_PEERS=${HYMCACHE_BENCH_PEERS:-$HOME/.cache/hymcache/bench-peers}
 REDISPY=${HYMCACHE_REDISPY_VERSION:-8.1.0}
 HIREDIS=${HYMCACHE_HIREDIS_VERSION:-3.5.0}
@@ -82,6 +88,6 @@ bash tools/install_python.sh --python="$PY" --target="$WORK/py" >&2
 VERSION=$(git describe --always --dirty 2>/dev/null || echo unknown)
 
 export PYTHONPATH="$WORK/py:$BENCH_PEERS:$PEERS"
-exec timeout "${HYMCACHE_PEERS_TIMEOUT:-3600}" "$PY" tools/bench/peers.py \
+timeout "${HYMCACHE_PEERS_TIMEOUT:-3600}" "$PY" tools/bench/peers.py \
   --bin="$BIN" --peers="$PEERS" --redis_server="$(command -v redis-server)" \
   --work="$WORK" --hymcache_version="$VERSION" "$@"
