@@ -24,7 +24,9 @@
 #     grace period shorter than a hybrid node's shutdown bound when the
 #     schema is not applied;
 #  5. runs the rendered master and storage pods as local processes
-#     (run_rendered.py) and probes them as the kubelet would.
+#     (run_rendered.py) and probes them as the kubelet would; the default
+#     (three masters, chart-made etcd) as a three-host install whose
+#     leader's host is then lost.
 set -euo pipefail
 src="$TEST_SRCDIR/hymcache"
 helm="$src/deploy/helm"
@@ -346,6 +348,7 @@ run() {  # NAME [render args...]
   python3 "$helm/test/run_rendered.py" --manifests="$tmp/run-$name.yaml" \
     --bin="hymcache-master=$src/master/hymcache-master" \
     --bin="hymcache-storage=$src/storage_node/hymcache-storage" \
+    --bin="etcd=$(command -v etcd)" \
     --probe="$src/deploy/helm/grpc_probe" --workdir="$tmp/run-$name" ||
     { echo "run $name failed; daemon logs:" >&2; tail -n 20 "$tmp/run-$name"/*.log >&2; exit 1; }
   echo "run $name: started, ready, stopped"
@@ -360,4 +363,8 @@ run hybrid -f "$v/hybrid.yaml" -f "$v/single.yaml" --set storage.hybrid.capacity
   --set storage.hybrid.stagingBytes=32M --set storage.hybrid.writeBufferBytes=16M \
   --set storage.hybrid.ioDirect=false
 run insecure -f "$v/insecure.yaml" -f "$v/single.yaml" --set storage.dramBytes=64M
+# The default install: three etcd members, three masters and a node as
+# processes; the leader's "host" (its master and etcd member) is SIGKILLed
+# and the cluster must serve again (run_rendered.py).
+run ha -f "$v/metrics.yaml" --set storage.dramBytes=64M
 echo "chart_test: all scenarios pass"
