@@ -30,10 +30,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/eventually.h"
 #include "common/net.h"
 #include "master/master_server.h"
 #include "storage_node/storage_node.h"
 #include "tests/daemon.h"
+#include "tests/etcd_cluster.h"
 
 namespace hymcache {
 namespace {
@@ -382,6 +384,52 @@ TEST_CASE("a real Prometheus scrapes the master and a storage node and sees "
   prom.Stop();
 }
 
+// Series names an elected master exports on top of a single master's: two
+// masters with --etcd (a 1-member etcd) and async replication, scraped at
+// the leader once its standby follows past its full copy (the lag series
+// exist only then). A standby serves no metrics.
+std::set<std::string> HaMasterExports(const std::string& dir) {
+  auto etcd = testing::EtcdCluster::Start({.members = 1});
+  REQUIRE(etcd.ok());
+  std::vector<testing::Daemon> masters;
+  std::vector<std::string> metrics;
+  for (int i = 0; i < 2; ++i) {
+    metrics.push_back(absl::StrCat("127.0.0.1:", UnusedPort()));
+    auto d = testing::Daemon::Start(
+        RunfilePath("master/hymcache-master"),
+        {absl::StrCat("--db_path=", dir, "/ha", i), "--listen=127.0.0.1:0",
+         "--logtostderr", "--etcd=" + (*etcd)->endpoint(0),
+         "--cluster=promtest", "--lease_ttl_s=2", "--replication=async",
+         "--metrics_listen=" + metrics.back()});
+    REQUIRE(d.ok());
+    masters.push_back(std::move(*d));
+  }
+  std::string body;
+  const bool followed = testing::Eventually(
+      [&] {
+        for (const std::string& addr : metrics) {
+          auto r = HttpGet(addr, "/metrics");
+          if (r.ok() && r->status == 200 &&
+              absl::StrContains(r->body,
+                                "\nhymcache_master_replication_lag_seconds ")) {
+            body = r->body;
+            return true;
+          }
+        }
+        return false;
+      },
+      absl::Seconds(30));
+  INFO(body);
+  REQUIRE(followed);
+  std::set<std::string> exported;
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    exported.insert(std::string(line.substr(0, line.find_first_of("{ "))));
+  }
+  for (testing::Daemon& m : masters) m.Stop(SIGTERM).IgnoreError();
+  return exported;
+}
+
 // Every `hymcache_*` name in `text`.
 std::set<std::string> MetricNames(const std::string& text) {
   std::set<std::string> out;
@@ -433,6 +481,11 @@ TEST_CASE("the alert rules pass promtool and every metric name the rules and "
   }
   REQUIRE(exported.count("hymcache_master_lookups_total") == 1);
   REQUIRE(exported.count("hymcache_storage_bytes_read_total") == 1);
+  // The HA alerts' series (leadership changes, replication lag).
+  const std::set<std::string> ha = HaMasterExports(dir);
+  REQUIRE(ha.count("hymcache_master_leader_changes_total") == 1);
+  REQUIRE(ha.count("hymcache_master_replication_followers") == 1);
+  exported.insert(ha.begin(), ha.end());
 
   const json dash = json::parse(ReadFile(dashboard));
   CHECK(dash["panels"].size() > 10);

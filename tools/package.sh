@@ -72,6 +72,10 @@ install -m 0644 deploy/systemd/hymcache.tmpfiles \
 install -m 0644 deploy/systemd/master.conf \
   deploy/systemd/storage-dram0.conf "$root/etc/hymcache/"
 install -m 0755 deploy/systemd/make-identities.sh "$root/usr/share/hymcache/"
+# Three masters through etcd (docs/operations.md "A three-host install").
+install -d "$root/usr/share/doc/hymcache/examples"
+install -m 0644 deploy/systemd/master-ha.conf deploy/systemd/etcd.default \
+  "$root/usr/share/doc/hymcache/examples/"
 install -m 0644 README.md docs/*.md "$root/usr/share/doc/hymcache/"
 install -m 0644 deploy/debian/copyright "$root/usr/share/doc/hymcache/"
 gzip -9n -c deploy/debian/changelog \

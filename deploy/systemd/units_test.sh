@@ -7,7 +7,10 @@
 #   (a configuration error);
 # - every --flag in ExecStart and in the shipped flag files is one the
 #   daemon defines, and each daemon reads its flag file (--flagfile) far
-#   enough to reject a bad flag with exit 2.
+#   enough to reject a bad flag with exit 2;
+# - the HA additions (master-ha.conf appended to master.conf) are flags the
+#   master defines and parse as one flag file; etcd.default sets only
+#   variables etcd 3.4 reads (ETCD_<FLAG> for a flag of etcd --help).
 # The same units run under a real systemd in tests/systemd (boot test).
 set -euo pipefail
 src="$TEST_SRCDIR/hymcache"
@@ -91,3 +94,58 @@ for u in master storage; do
   }
   echo "${instance[$u]}: verified, exposure $level, flags: $(echo $flags)"
 done
+
+# Three masters through etcd: master.conf + master-ha.conf as one flag file.
+# Every flag defined; a typo in it exits 2 like any flag file.
+help=$("${bin[master]}" --helpfull 2>&1 || true)
+ha_flags=$(grep -v '^#' "$dir/master-ha.conf" | grep -o -- '--[a-z_]*' | sort -u)
+for f in --etcd --cluster --advertise_address --lease_ttl_s --replication \
+         --replication_token_file; do
+  grep -qx -- "$f" <<<"$ha_flags" || {
+    echo "master-ha.conf does not set $f" >&2; exit 1
+  }
+  grep -q -- "^    -${f#--} (" <<<"$help" || {
+    echo "master-ha.conf passes $f, which the master does not define" >&2; exit 1
+  }
+done
+for f in $(grep '^#--' "$dir/master.conf" "$dir/storage-dram0.conf" |
+           grep -o -- '--[a-z_]*' | sort -u); do
+  grep -q -- "^    -${f#--} (" <<<"$help$("${bin[storage]}" --helpfull 2>&1 || true)" || {
+    echo "master.conf or storage-dram0.conf suggests $f, which no daemon defines" >&2
+    exit 1
+  }
+done
+ha="$TEST_TMPDIR/master-ha-bad.conf"
+{ cat "$dir/master.conf" "$dir/master-ha.conf"; echo "--lease_ttl_z=5"; } > "$ha"
+set +e
+"${bin[master]}" --flagfile="$ha" >/dev/null 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || {
+  echo "master.conf + master-ha.conf with a bad flag exited $rc, not 2" >&2; exit 1
+}
+# etcd.default: each ETCD_X is etcd's --x (etcd --help), and names a
+# three-member initial cluster including this member.
+if command -v etcd >/dev/null; then
+  ehelp=$(etcd --help 2>&1 || true)
+  vars=$(grep -o '^ETCD_[A-Z_]*' "$dir/etcd.default")
+  [ -n "$vars" ]
+  for v in $vars; do
+    flag=$(tr 'A-Z_' 'a-z-' <<<"${v#ETCD_}")
+    grep -q -- "^  --$flag " <<<"$ehelp" || {
+      echo "etcd.default sets $v, but etcd has no --$flag" >&2; exit 1
+    }
+  done
+  name=$(sed -n 's/^ETCD_NAME=//p' "$dir/etcd.default")
+  cluster=$(sed -n 's/^ETCD_INITIAL_CLUSTER=//p' "$dir/etcd.default")
+  [ "$(tr ',' '\n' <<<"$cluster" | grep -c '=http://')" -eq 3 ] &&
+    grep -q "\(^\|,\)$name=" <<<"$cluster" || {
+    echo "etcd.default: ETCD_INITIAL_CLUSTER is not three members with $name" >&2
+    exit 1
+  }
+  echo "etcd.default: $(echo $vars | wc -w) variables, all etcd flags"
+else
+  echo "etcd missing: apt-get install etcd-server (tools/setup.sh --test)" >&2
+  exit 1
+fi
+echo "master-ha.conf: verified"

@@ -14,7 +14,19 @@
 #   - reloads the master (SIGHUP), checks a mistyped instance flag file
 #     fails with exit 2 and is not restarted (RestartPreventExitStatus=2);
 #   - stops everything: each unit's Result must be success and its main
-#     process must have exited 0.
+#     process must have exited 0;
+#   - then the three-host install's masters, two of them on this host:
+#     etcd.service of Debian's etcd-server from the shipped etcd.default,
+#     hymcache-master with master-ha.conf appended to master.conf and a
+#     second master unit (a copy of the packaged one on its own port and
+#     state directory), a storage instance listing both masters; one
+#     master leads; the demo runs; then the leader's unit is SIGKILLed:
+#     the other master must lead with a higher epoch, the node must be
+#     alive again, the demo must run again (every loaded byte verified),
+#     (the killed unit is stopped, not restarted: the host is gone); the
+#     host's master is started again and stands by; SIGKILLed as a
+#     standby, systemd restarts it (Restart=on-failure) and the leader
+#     stays; everything then stops cleanly.
 #
 #   tests/systemd/boot_test.sh [--deb=PATH]
 #
@@ -70,7 +82,7 @@ for f in "${debs[@]}"; do
   in_tmp+=("/tmp/$(basename "$f")")
 done
 if ! mmdebstrap --variant=minbase \
-       --include=systemd,systemd-sysv,dbus,procps,gcc,libc6-dev,pkg-config \
+       --include=systemd,systemd-sysv,dbus,procps,gcc,libc6-dev,pkg-config,etcd-server \
        "${copy_in[@]}" \
        --customize-hook="chroot \"\$1\" apt-get install --yes ${in_tmp[*]}" \
        --customize-hook="rm -f \"\$1\"/tmp/*.deb" \
@@ -198,6 +210,119 @@ for u in hymcache-master hymcache-storage@a hymcache-storage@b; do
   [ "$r" = success ] && [ "$s" = 0 ] || fail "$u stopped with Result=$r status=$s"
 done
 systemd-analyze security hymcache-master hymcache-storage@a | tail -n 5
+
+# --- Masters against etcd, as in docs/operations.md "A three-host install":
+# two of the three masters on this host (their own ports and state
+# directories), etcd from the example with one member (loopback only).
+ex=/usr/share/doc/hymcache/examples
+[ -f $ex/master-ha.conf ] && [ -f $ex/etcd.default ] ||
+  fail "the package has no $ex/master-ha.conf and etcd.default"
+sed -e 's|10\.0\.0\.1|127.0.0.1|g' \
+    -e 's|^ETCD_LISTEN_CLIENT_URLS=.*|ETCD_LISTEN_CLIENT_URLS=http://127.0.0.1:2379|' \
+    -e 's|^ETCD_INITIAL_CLUSTER=.*|ETCD_INITIAL_CLUSTER=hym1=http://127.0.0.1:2380|' \
+    $ex/etcd.default > /etc/default/etcd
+systemctl restart etcd || fail "etcd.service did not start from etcd.default"
+ha_conf() {  # PORT METRICS_PORT: master.conf + master-ha.conf for this host
+  cat /etc/hymcache/master.conf $ex/master-ha.conf |
+    sed -e "s|^--listen=.*|--listen=127.0.0.1:$1|" \
+        -e 's|^--etcd=.*|--etcd=127.0.0.1:2379|' \
+        -e "s|^--advertise_address=.*|--advertise_address=127.0.0.1:$1|" \
+        -e "s|^--metrics_listen=.*|--metrics_listen=127.0.0.1:$2|" \
+        -e 's|^--cluster=.*|--cluster=boot|'
+}
+ha_conf 50052 9454 > /etc/hymcache/master-b.conf
+ha_conf 50051 9451 > /tmp/master-a.conf
+cp /tmp/master-a.conf /etc/hymcache/master.conf
+grep -q '^--etcd=127.0.0.1:2379$' /etc/hymcache/master.conf || fail "ha_conf"
+sed -e 's|--flagfile=/etc/hymcache/master.conf|--flagfile=/etc/hymcache/master-b.conf|' \
+    -e 's|--db_path=%S/hymcache/master$|--db_path=%S/hymcache/master-b|' \
+    /usr/lib/systemd/system/hymcache-master.service \
+    > /etc/systemd/system/hymcache-master-b.service
+grep -q 'master-b$' /etc/systemd/system/hymcache-master-b.service || fail "unit copy"
+sed -e 's|^--master=.*|--master=127.0.0.1:50051,127.0.0.1:50052|' \
+    -e 's|^--data_port=.*|--data_port=50081|' \
+    -e 's|^--control_port=.*|--control_port=50082|' \
+    -e 's|^--metrics_listen=.*|--metrics_listen=127.0.0.1:9455|' \
+    /etc/hymcache/storage-a.conf > /etc/hymcache/storage-c.conf
+systemctl daemon-reload
+both=127.0.0.1:50051,127.0.0.1:50052
+hadmin=(--master=$both --token_file=/etc/hymcache/admin.token)
+leader() {  # "ADDRESS EPOCH" of the master hymctl finds leading, or nothing
+  hymctl "${hadmin[@]}" status 2>/dev/null |
+    sed -n 's/^master \(.*\) leads, epoch \([0-9]*\)$/\1 \2/p'
+}
+alive_nodes() {
+  hymctl "${hadmin[@]}" --json status 2>/dev/null | grep -c '"alive": true'
+}
+systemctl start hymcache-master hymcache-master-b ||
+  fail "the HA masters did not start (READY=1)"
+l=""
+for _ in $(seq 1 150); do l=$(leader); [ -n "$l" ] && break; sleep 0.2; done
+[ -n "$l" ] || fail "no master leads: $(hymctl "${hadmin[@]}" status 2>&1 | tail -n 3)"
+read -r laddr lepoch <<<"$l"
+echo "HA: $laddr leads, epoch $lepoch"
+systemctl start hymcache-storage@c || fail "hymcache-storage@c did not start"
+n=0
+for _ in $(seq 1 150); do n=$(alive_nodes); [ "$n" -eq 1 ] && break; sleep 0.2; done
+[ "$n" -eq 1 ] || fail "HA: $n live nodes, not 1"
+hymcache-demo --master=$both --token_file=/etc/hymcache/engine.token \
+  --conversations=2 --turns=3 || fail "the demo failed against the HA masters"
+case $laddr in
+  *:50051) lunit=hymcache-master ;;
+  *:50052) lunit=hymcache-master-b ;;
+  *) fail "the leader $laddr is neither master" ;;
+esac
+# The leader's host is lost: SIGKILL, no resignation, and nothing restarts
+# it (stop cancels the pending auto-restart; a restarted master could win
+# the election itself, which is not a host loss).
+t0=$(date +%s%N)
+systemctl kill --signal=SIGKILL "$lunit" || fail "systemctl kill $lunit"
+systemctl stop "$lunit"
+l2=""
+for _ in $(seq 1 300); do
+  l2=$(leader)
+  [ -n "$l2" ] && [ "${l2% *}" != "$laddr" ] && break
+  l2=""; sleep 0.1
+done
+[ -n "$l2" ] || fail "HA: no other master leads after $lunit was killed"
+read -r naddr nepoch <<<"$l2"
+t1=$(date +%s%N)
+[ "$nepoch" -gt "$lepoch" ] || fail "HA: the new leader's epoch $nepoch is not above $lepoch"
+for _ in $(seq 1 300); do n=$(alive_nodes); [ "$n" -eq 1 ] && break; sleep 0.1; done
+[ "$n" -eq 1 ] || fail "HA: the node did not come back to the new leader ($n alive)"
+t2=$(date +%s%N)
+echo "HA failover: $naddr leads, epoch $nepoch, $(( (t1 - t0) / 1000000 )) ms after the SIGKILL; node alive at $(( (t2 - t0) / 1000000 )) ms"
+hymcache-demo --master=$both --token_file=/etc/hymcache/engine.token \
+  --conversations=2 --turns=3 || fail "the demo failed after the leader was killed"
+# The host comes back: its master stands by.
+systemctl start "$lunit" || fail "HA: $lunit did not start again"
+systemctl show -P StatusText $lunit | grep -q "standing by" ||
+  fail "HA: the returning $lunit is not standing by: $(systemctl show -P StatusText $lunit)"
+# A standby's process dies: systemd restarts it (Restart=on-failure) and it
+# stands by again; the leader does not change.
+r0=$(systemctl show -P NRestarts $lunit)
+pid0=$(systemctl show -P MainPID $lunit)
+systemctl kill --signal=SIGKILL "$lunit" || fail "systemctl kill $lunit (standby)"
+for _ in $(seq 1 150); do
+  [ "$(systemctl show -P NRestarts $lunit)" -gt "$r0" ] &&
+    [ "$(systemctl is-active $lunit)" = active ] &&
+    [ "$(systemctl show -P MainPID $lunit)" != "$pid0" ] && break
+  sleep 0.2
+done
+[ "$(systemctl show -P NRestarts $lunit)" -gt "$r0" ] &&
+  [ "$(systemctl is-active $lunit)" = active ] ||
+  fail "HA: $lunit was not restarted ($(systemctl show -P ActiveState,SubState,NRestarts $lunit))"
+systemctl show -P StatusText $lunit | grep -q "standing by" ||
+  fail "HA: the restarted $lunit is not standing by: $(systemctl show -P StatusText $lunit)"
+l3=$(leader)
+[ "$l3" = "$l2" ] || fail "HA: the standby's restart changed the leader ($l3, was $l2)"
+echo "HA: $lunit back, SIGKILLed as a standby, restarted by systemd, standing by; $naddr still leads"
+systemctl stop hymcache-storage@c hymcache-master hymcache-master-b
+for u in hymcache-master hymcache-master-b hymcache-storage@c; do
+  r=$(systemctl show -P Result $u)
+  s=$(systemctl show -P ExecMainStatus $u)
+  [ "$r" = success ] && [ "$s" = 0 ] || fail "$u stopped with Result=$r status=$s"
+done
 done_with PASS
 EOF
 cat > "$unit_dir/hymcache-boot-test.service" <<'EOF'
@@ -222,5 +347,5 @@ if [ "$status" != PASS ]; then
   echo "--- console"; tail -n 20 "$work/console.log"
   fail "$status"
 fi
-grep -E "Overall exposure|alive|verified" "$result/log" | head -n 10
+grep -E "Overall exposure|alive|verified|^HA" "$result/log" | head -n 30
 echo "SYSTEMD BOOT PASS"

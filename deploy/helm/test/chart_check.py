@@ -4,7 +4,7 @@
   chart_check.py --schema values.schema.json --values values.json --values_only
   chart_check.py --schema values.schema.json --values values.json
                  --help_file hymcache-master=FILE
-                 --help_file hymcache-storage=FILE
+                 --help_file hymcache-storage=FILE [--help_file etcd=FILE]
                  [--expect REGEX]... [--expect_not REGEX]... manifests.yaml
 
   * the coalesced values (render --values_out) satisfy values.schema.json
@@ -13,12 +13,18 @@
   * no number anywhere in the manifests is in exponent form (1.7e+10: Helm
     printed a float64), in a YAML value or inside a command-line argument;
   * each daemon container's arguments are flags its binary defines (parsed
-    from its --helpfull), with values of the flag's type: integers for
+    from its --helpfull; etcd's from its --help), with values of the flag's
+    type: integers for
     int32/int64/uint32/uint64, true/false for bools, byte sizes in the
     daemons' syntax for *_bytes flags;
   * chart policy: a hostNetwork pod uses dnsPolicy ClusterFirstWithHostNet;
-    every daemon container has a readiness and a liveness probe, and a
-    memory limit;
+    every pod runs as non-root (runAsNonRoot: true and a runAsUser other
+    than 0) with the RuntimeDefault seccomp profile, and only an init
+    container may run as root, with no capability but CHOWN; every daemon
+    container has a startup, a readiness and a liveness probe, and a
+    memory limit; with --require_pdb, every StatefulSet/Deployment with
+    more than one replica and every DaemonSet is covered by a
+    PodDisruptionBudget selecting its pods;
   * --expect / --expect_not: regular expressions the manifests must (not)
     contain, for the scenario at hand.
 """
@@ -40,10 +46,15 @@ BYTES_RE = re.compile(r"^[0-9]+([KkMmGgTt]([Ii]?[Bb])?|[Bb])?$")
 INT_RE = re.compile(r"^-?[0-9]+$")
 FLAG_RE = re.compile(r"^    -([A-Za-z0-9_]+) \(", re.M)
 TYPE_RE = re.compile(r"type: (\w+)")
+# etcd --help: "  --name 'default'" (pflag style, no types).
+ETCD_FLAG_RE = re.compile(r"^  --([a-z0-9-]+)(?: |$)", re.M)
 
 
 def parse_help(text):
-    """{flag: gflags type} from a --helpfull output."""
+    """{flag: gflags type} from a --helpfull output; etcd's --help gives
+    {flag: "etcd"} (its flags' names only)."""
+    if "etcd [flags]" in text:
+        return {m.group(1): "etcd" for m in ETCD_FLAG_RE.finditer(text)}
     flags = {}
     starts = list(FLAG_RE.finditer(text))
     for i, m in enumerate(starts):
@@ -63,6 +74,10 @@ def check_arg(binary, arg, flags, report):
         report("%s: flag --%s is not defined by the binary" % (binary, name))
         return
     t = flags[name]
+    if t == "etcd":
+        if not eq or not value:
+            report("%s: --%s has no value" % (binary, name))
+        return
     if not eq:
         if t != "bool":
             report("%s: --%s (%s) has no value" % (binary, name, t))
@@ -85,6 +100,50 @@ def check_arg(binary, arg, flags, report):
             report("%s: --%s=%s is not a byte size" % (binary, name, value))
 
 
+def check_pod_security(doc, report):
+    if doc.get("kind") not in ("StatefulSet", "DaemonSet", "Deployment"):
+        return
+    where = "%s/%s" % (doc["kind"], doc["metadata"]["name"])
+    pod, ctrs = containers(doc)
+    sc = pod.get("securityContext") or {}
+    if sc.get("runAsNonRoot") is not True:
+        report("%s: pod securityContext without runAsNonRoot: true" % where)
+    if (sc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+        report("%s: pod securityContext without seccompProfile RuntimeDefault"
+               % where)
+    if sc.get("runAsUser", 0) == 0:
+        report("%s: pod securityContext runs as uid 0 (or none: the image's "
+               "user is a name the kubelet cannot check)" % where)
+    for init in (False, True):
+        for c in pod.get("initContainers" if init else "containers") or []:
+            csc = c.get("securityContext") or {}
+            root = csc.get("runAsUser") == 0 or csc.get("runAsNonRoot") is False
+            if not root:
+                continue
+            caps = set((csc.get("capabilities") or {}).get("add") or [])
+            if not init:
+                report("%s: container %s runs as root" % (where, c.get("name")))
+            elif not caps <= {"CHOWN"} or "ALL" not in (
+                    (csc.get("capabilities") or {}).get("drop") or []):
+                report("%s: root init container %s has capabilities %s beyond "
+                       "CHOWN" % (where, c.get("name"), sorted(caps)))
+
+
+def check_disruption_budgets(docs, report):
+    pdbs = [d for d in docs if d.get("kind") == "PodDisruptionBudget"]
+    for doc in docs:
+        if doc.get("kind") not in ("StatefulSet", "DaemonSet", "Deployment"):
+            continue
+        if doc["kind"] != "DaemonSet" and (doc["spec"].get("replicas") or 1) < 2:
+            continue
+        labels = doc["spec"]["template"]["metadata"].get("labels") or {}
+        if not any(all(labels.get(k) == v for k, v in
+                       ((p["spec"].get("selector") or {}).get("matchLabels")
+                        or {}).items()) for p in pdbs):
+            report("%s/%s: no PodDisruptionBudget selects its pods" %
+                   (doc["kind"], doc["metadata"]["name"]))
+
+
 def containers(doc):
     spec = (((doc.get("spec") or {}).get("template") or {}).get("spec")) or {}
     return spec, spec.get("containers") or []
@@ -98,6 +157,8 @@ def main(argv):
                    help="BINARY=FILE holding BINARY --helpfull")
     p.add_argument("--expect", action="append", default=[])
     p.add_argument("--expect_not", action="append", default=[])
+    p.add_argument("--require_pdb", action="store_true",
+                   help="every replicated workload has a PodDisruptionBudget")
     p.add_argument("--values_only", action="store_true",
                    help="only validate the values against the schema")
     p.add_argument("manifests", nargs="?")
@@ -157,12 +218,16 @@ def main(argv):
             daemons += 1
             for arg in argv_[1:]:
                 check_arg(binary, arg, helps[binary], report)
-            for probe in ("readinessProbe", "livenessProbe"):
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 if not c.get(probe):
                     report("%s: %s has no %s" % (where, binary, probe))
             # (Kubernetes defaults the requests to the limits.)
             if "memory" not in ((c.get("resources") or {}).get("limits") or {}):
                 report("%s: %s has no memory limit" % (where, binary))
+    for doc in docs:
+        check_pod_security(doc, report)
+    if a.require_pdb:
+        check_disruption_budgets(docs, report)
     if daemons < 2:
         report("expected a master and a storage container, found %d" % daemons)
 

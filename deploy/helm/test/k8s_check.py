@@ -51,6 +51,7 @@ KINDS = {
     ("apps/v1", "DaemonSet"): "V1DaemonSet",
     ("apps/v1", "Deployment"): "V1Deployment",
     ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "V1NetworkPolicy",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "ServiceMonitor",
 }
 
@@ -98,6 +99,7 @@ HAND_TYPES = {
 INT_OR_STRING = {
     ("V1ServicePort", "target_port"), ("V1HTTPGetAction", "port"),
     ("V1TCPSocketAction", "port"),
+    ("V1NetworkPolicyPort", "port"),
     ("V1PodDisruptionBudgetSpec", "min_available"),
     ("V1PodDisruptionBudgetSpec", "max_unavailable"),
     ("V1RollingUpdateDaemonSet", "max_unavailable"),
@@ -116,6 +118,10 @@ ENUMS = {
     ("V1PodSpec", "restart_policy"): {"Always", "OnFailure", "Never"},
     ("V1Container", "image_pull_policy"): {"Always", "IfNotPresent", "Never"},
     ("V1ContainerPort", "protocol"): {"TCP", "UDP", "SCTP"},
+    ("V1NetworkPolicyPort", "protocol"): {"TCP", "UDP", "SCTP"},
+    ("V1SeccompProfile", "type"): {"RuntimeDefault", "Localhost",
+                                   "Unconfined"},
+    ("V1NetworkPolicySpec", "policy_types"): {"Ingress", "Egress"},
     ("V1ServicePort", "protocol"): {"TCP", "UDP", "SCTP"},
     ("V1ServiceSpec", "type"): {"ClusterIP", "NodePort", "LoadBalancer",
                                 "ExternalName"},

@@ -57,6 +57,16 @@ spec:
   selector: {matchLabels: {app: db}}
   namespaceSelector: {matchNames: [default]}
   endpoints: [{port: metrics, path: /metrics, interval: 30s}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  policyTypes: [Ingress]
+  ingress:
+    - ports: [{port: grpc, protocol: TCP}, {port: 2379}]
+      from: [{namespaceSelector: {matchLabels: {team: kv}}}]
 """
 
 
@@ -82,6 +92,10 @@ def pdb(d):
 
 def smon(d):
     return d[3]
+
+
+def netpol(d):
+    return d[4]
 
 
 class K8sCheckTest(unittest.TestCase):
@@ -227,6 +241,25 @@ class K8sCheckTest(unittest.TestCase):
         def duration(d):
             smon(d)["spec"]["endpoints"][0]["interval"] = 30
         self.assertRejects(duration, "is not a duration")
+
+    def test_network_policy(self):
+        def port(d):
+            netpol(d)["spec"]["ingress"][0]["ports"][1]["port"] = 2379.5
+        self.assertRejects(port, "ports[1].port")
+
+        def policy_type(d):
+            netpol(d)["spec"]["policyTypes"] = ["Ingres"]
+        self.assertRejects(policy_type, "'Ingres' is not one of")
+
+        def unknown(d):
+            netpol(d)["spec"]["ingress"][0]["form"] = []
+        self.assertRejects(unknown, "form")
+
+    def test_seccomp_profile_type(self):
+        def m(d):
+            d[1]["spec"]["template"]["spec"]["securityContext"] = {
+                "runAsNonRoot": True, "seccompProfile": {"type": "Default"}}
+        self.assertRejects(m, "seccompProfile.type", "'Default' is not one of")
 
     def test_every_case_starts_from_an_accepted_manifest(self):
         # The mutations above change one field each; the untouched copy must

@@ -26,6 +26,18 @@ the master through the Secret's node token), a TCP connect for the node's
 liveness probe, GET /metrics on the metrics ports when rendered. Last, SIGTERM
 (storage first) and each must exit 0 within its pod's
 terminationGracePeriodSeconds.
+
+A rendering with several masters (master.replicas > 1) runs as a three-host
+install would: every etcd member of the chart's etcd StatefulSet (each pod's
+$(POD_NAME) its own), every master pod and the storage pod, each pod's
+Service DNS names (NAME-N.NAME.NAMESPACE.svc:PORT) mapped to a loopback
+port of its own. The master probes are then TCP checks of --listen's port;
+one master must lead (grpc health SERVING, its "listening on ... epoch=N"),
+the others stand by; the node registers (readiness SERVING). Then the
+leader's "host" is lost: its master and the etcd member of the same ordinal
+are SIGKILLed. Another master must lead with a higher epoch and count the
+storage node alive (hymcache_master_node_up 1 on its /metrics: the
+rendering needs metrics.enabled), and the node must be SERVING again.
 """
 
 import argparse
@@ -218,10 +230,197 @@ def loopback(args, names):
     return out
 
 
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+SVC_RE = re.compile(r"([a-z0-9.-]+\.svc):([0-9]+)")
+
+
+def map_svc(arg, names):
+    """NAME.svc:PORT -> the loopback address `names` gives it."""
+    def sub(m):
+        key = (m.group(1), int(m.group(2)))
+        if key not in names:
+            raise Failure("%r names %s:%s, which no rendered pod serves" %
+                          (arg, key[0], key[1]))
+        return names[key]
+    return SVC_RE.sub(sub, arg)
+
+
+def wait_tcp(addr, what):
+    host, port = addr.rsplit(":", 1)
+    end = time.monotonic() + DEADLINE_S
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() >= end:
+                raise Failure("%s: nothing accepts on %s" % (what, addr))
+            time.sleep(0.1)
+
+
+def wait_leader(masters, not_epoch_below, deadline_s=DEADLINE_S):
+    """(index, address, epoch) of the master that prints it leads."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        for i, m in enumerate(masters):
+            if m is None:
+                continue
+            try:
+                line = m.lines.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            r = re.search(r"hymcache-master listening on (\S+) epoch=([0-9]+)", line)
+            if r and int(r.group(2)) >= not_epoch_below:
+                return i, r.group(1), int(r.group(2))
+    raise Failure("no master leads within %d s:\n%s" % (deadline_s, "\n".join(
+        m.tail() for m in masters if m is not None)))
+
+
+def metric_value(addr, pattern):
+    try:
+        with urllib.request.urlopen("http://%s/metrics" % addr, timeout=2) as r:
+            body = r.read().decode()
+    except OSError:
+        return None
+    m = re.search(pattern, body, re.M)
+    return m.group(1) if m else None
+
+
+def run_ha(a, docs, bins):
+    master_sts = find(docs, "StatefulSet", "-master")
+    storage_ds = find(docs, "DaemonSet", "-storage")
+    ns_pods = []  # (workload, pod name, ordinal)
+    etcd_sts = [d for d in docs if d.get("kind") == "StatefulSet" and
+                d["metadata"]["name"].endswith("-etcd")]
+    svc_of = master_sts["spec"]["serviceName"]
+    names = {}  # (NAME-N.SVC.NS.svc, port) -> 127.0.0.1:PORT
+    ns = None
+    for sts in etcd_sts + [master_sts]:
+        svc = find(docs, "Service", "-" + sts["metadata"]["name"].rsplit("-", 1)[1])
+        if svc["spec"].get("clusterIP") != "None":
+            raise Failure("%s's Service is not headless" % sts["metadata"]["name"])
+        ctr = sts["spec"]["template"]["spec"]["containers"][0]
+        for i in range(sts["spec"]["replicas"]):
+            pod = "%s-%d" % (sts["metadata"]["name"], i)
+            ns_pods.append((sts, pod, i))
+            for p in ctr.get("ports") or []:
+                args = " ".join(ctr.get("args") or [])
+                r = re.search(r"\.%s\.([a-z0-9-]+)\.svc" % re.escape(sts["spec"]["serviceName"]), args)
+                if r:
+                    ns = r.group(1)
+                host = "%s.%s.%s.svc" % (pod, sts["spec"]["serviceName"], ns)
+                names[(host, p["containerPort"])] = "127.0.0.1:%d" % free_port()
+    daemons = {}
+    try:
+        # etcd members, then masters: each pod with its own name and volumes.
+        etcd, masters, maddrs, metrics = [], [], [], []
+        for sts, pod, i in ns_pods:
+            env = {"metadata.name": pod, "status.hostIP": "127.0.0.1",
+                   "spec.nodeName": "rendered-node-%d" % i}
+            argv, ctr, podspec = prepare(sts, docs, os.path.join(a.workdir, pod), env)
+            host = "%s.%s.%s.svc" % (pod, sts["spec"]["serviceName"], ns)
+            binary = bins[os.path.basename(argv[0])]
+            out = []
+            for x in argv[1:]:
+                k, eq, v = x.partition("=")
+                # What the pod listens on: its own mapped ports.
+                for p in ctr.get("ports") or []:
+                    v = v.replace("0.0.0.0:%d" % p["containerPort"],
+                                  names[(host, p["containerPort"])])
+                if k == "--metrics_listen":
+                    v = "127.0.0.1:%d" % free_port()
+                    metrics.append(v)
+                out.append(k + eq + map_svc(v, names))
+            if sts is master_sts:
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    if probe_port(ctr, probe, "tcpSocket") != port_of(flag(argv, "listen")):
+                        raise Failure("master %s is not a TCP check of --listen's port" % probe)
+                d = Daemon(pod, [binary] + out, a.workdir)
+                d.expect(r"hymcache-master standing by on")
+                masters.append(d)
+                maddrs.append(flag(out, "listen"))
+                if flag(out, "advertise_address") != maddrs[-1]:
+                    raise Failure("%s advertises %s, not its own name" % (pod, flag(argv, "advertise_address")))
+            else:
+                d = Daemon(pod, [binary] + out, a.workdir)
+                etcd.append(d)
+            daemons[pod] = d
+        for d, (sts, pod, i) in zip(etcd, ns_pods):
+            wait_tcp(flag([x for x in d.proc.args], "listen-client-urls").split("//")[1], pod)
+        print("etcd: %d members accept clients" % len(etcd))
+        for m, addr in zip(masters, maddrs):
+            wait_tcp(addr, m.name)
+        li, laddr, epoch = wait_leader(masters, 1)
+        grpc_probe(a.probe, laddr, want_serving_within=DEADLINE_S)
+        print("masters: %s leads (epoch %d, grpc health SERVING); %d stand by, "
+              "TCP probes pass on all" % (masters[li].name, epoch, len(masters) - 1))
+
+        sctr_args = prepare(storage_ds, docs, a.workdir,
+                            {"status.hostIP": "127.0.0.1", "spec.nodeName": "rendered-node-0"})[0]
+        listed = flag(sctr_args, "master").split(",")
+        if sorted(map_svc(x, names) for x in listed) != sorted(maddrs):
+            raise Failure("storage --master=%s does not list every master" % ",".join(listed))
+        s_args = [map_svc(x, names) if x.startswith("--master=") else x for x in
+                  loopback(sctr_args[1:], {"data_port", "control_port", "metrics_listen"})]
+        storage = Daemon("storage", [bins["hymcache-storage"]] + s_args, a.workdir)
+        daemons["storage"] = storage
+        control = storage.expect(r"hymcache-storage data=\S+ control=(\S+)").group(1)
+        grpc_probe(a.probe, control, want_serving_within=DEADLINE_S)
+        print("storage: %s SERVING (registered with the leader)" % control)
+
+        # The leader's host is lost: its master and its etcd member.
+        lost = li
+        t0 = time.monotonic()
+        masters[lost].proc.kill()
+        if lost < len(etcd):
+            etcd[lost].proc.kill()
+        dead = masters[lost]
+        masters[lost] = None
+        ni, naddr, nepoch = wait_leader(masters, epoch + 1, deadline_s=60)
+        t1 = time.monotonic()
+        if naddr == laddr:
+            raise Failure("the killed master leads again")
+        grpc_probe(a.probe, naddr, want_serving_within=DEADLINE_S)
+        up = None
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            up = metric_value(metrics[ni], r"^hymcache_master_node_up\{[^}]*\} ([0-9.]+)$")
+            if up == "1":
+                break
+            time.sleep(0.2)
+        if up != "1":
+            raise Failure("the new leader %s does not count the node alive" % naddr)
+        t2 = time.monotonic()
+        grpc_probe(a.probe, control, want_serving_within=DEADLINE_S)
+        print("host of %s lost (master and etcd member SIGKILLed): %s leads at "
+              "epoch %d after %.1f s; the node is alive there after %.1f s and "
+              "SERVING" % (dead.name, masters[ni].name, nepoch, t1 - t0, t2 - t0))
+        storage.stop(storage_ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
+        grace = master_sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        for m in masters:
+            if m is not None:
+                m.stop(grace)
+        print("storage and masters: SIGTERM, exit 0 within their grace periods")
+    finally:
+        for d in daemons.values():
+            if d.proc.poll() is None:
+                d.proc.kill()
+                d.proc.wait()
+
+
 def run(a):
     with open(a.manifests) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
     bins = dict(b.split("=", 1) for b in a.bin)
+    if find(docs, "StatefulSet", "-master")["spec"]["replicas"] > 1:
+        return run_ha(a, docs, bins)
     env_values = {"status.hostIP": "127.0.0.1", "spec.nodeName": "rendered-node-0"}
     master_sts = find(docs, "StatefulSet", "-master")
     storage_ds = find(docs, "DaemonSet", "-storage")

@@ -50,3 +50,59 @@ validation, e.g. --skip-schema-validation).
 {{- define "hymcache.bool" -}}
 {{- if . }}true{{ else }}false{{ end -}}
 {{- end -}}
+
+{{/* True ("true") when the masters run with an election (master.replicas > 1). */}}
+{{- define "hymcache.ha" -}}
+{{- if gt (.Values.master.replicas | int) 1 }}true{{ end -}}
+{{- end -}}
+
+{{/*
+The masters' addresses as storage nodes and clients are given them
+(--master=A,B,C). With an election: each master pod's stable DNS name
+under the headless Service, which is also the address it advertises as
+leader (--advertise_address), so a NOT_LEADER hint names a listed master.
+Without: the Service.
+*/}}
+{{- define "hymcache.masterAddresses" -}}
+{{- $name := printf "%s-master" (include "hymcache.fullname" .) -}}
+{{- $port := .Values.master.port | int -}}
+{{- if include "hymcache.ha" . -}}
+{{- $out := list -}}
+{{- range $i := until (.Values.master.replicas | int) -}}
+{{- $out = append $out (printf "%s-%d.%s.%s.svc:%d" $name $i $name $.Release.Namespace $port) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- else -}}
+{{- printf "%s.%s.svc:%d" $name .Release.Namespace $port -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The etcd client endpoints the masters campaign on (--etcd). */}}
+{{- define "hymcache.etcdEndpoints" -}}
+{{- if .Values.etcd.deploy -}}
+{{- $name := printf "%s-etcd" (include "hymcache.fullname" .) -}}
+{{- $out := list -}}
+{{- range $i := until (.Values.etcd.replicas | int) -}}
+{{- $out = append $out (printf "%s-%d.%s.%s.svc:%d" $name $i $name $.Release.Namespace ($.Values.etcd.clientPort | int)) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- else -}}
+{{- if not .Values.etcd.endpoints -}}
+{{- fail "master.replicas > 1 needs etcd: etcd.deploy: true, or etcd.endpoints listing an existing cluster's HOST:PORT client endpoints" -}}
+{{- end -}}
+{{- join "," .Values.etcd.endpoints -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A pod's securityContext: the values' podSecurityContext over the chart's
+floor (a non-root user, the runtime's default seccomp profile). The
+values may add to it (runAsUser, fsGroup, ...) but runAsNonRoot and the
+seccomp profile stay: a pod that needs root is not this chart's.
+*/}}
+{{- define "hymcache.podSecurityContext" -}}
+{{- $sc := deepCopy (. | default dict) -}}
+{{- $_ := set $sc "runAsNonRoot" true -}}
+{{- $_ := set $sc "seccompProfile" (dict "type" "RuntimeDefault") -}}
+{{- toYaml $sc -}}
+{{- end -}}
