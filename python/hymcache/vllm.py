@@ -462,11 +462,11 @@ class HyMCacheConnector(KVConnectorBase_V1):
         views = self._host_views()
         if views is not None:
             out = rows.numpy()
-            idx = np.asarray(block_ids, dtype=np.int64)
-            off = 0
-            for v in views:
-                out[:, off : off + v.shape[1]] = v[idx]
-                off += v.shape[1]
+            for i, b, k in _runs(block_ids):
+                off = 0
+                for v in views:
+                    out[i : i + k, off : off + v.shape[1]] = v[b : b + k]
+                    off += v.shape[1]
             return rows
         typed = rows.view(self._dtype)
         idx = torch.tensor(block_ids, dtype=torch.long)
@@ -483,11 +483,11 @@ class HyMCacheConnector(KVConnectorBase_V1):
         views = self._host_views()
         if views is not None:
             src = rows[:n].numpy()
-            idx = np.asarray(block_ids, dtype=np.int64)
-            off = 0
-            for v in views:
-                v[idx] = src[:, off : off + v.shape[1]]
-                off += v.shape[1]
+            for i, b, k in _runs(block_ids):
+                off = 0
+                for v in views:
+                    v[b : b + k] = src[i : i + k, off : off + v.shape[1]]
+                    off += v.shape[1]
             return
         typed = rows[:n].view(self._dtype)
         idx = torch.tensor(block_ids, dtype=torch.long)
@@ -599,6 +599,21 @@ class HyMCacheConnector(KVConnectorBase_V1):
             self._client.close()
         except hymcache.Error as e:
             logger.warning("HyMCache close: %s", e)
+
+
+def _runs(block_ids: List[int]) -> List[Tuple[int, int, int]]:
+    """(position, first block id, count) of each run of consecutive block ids:
+    vLLM mostly hands out consecutive blocks, and one slice copy per run and
+    layer beats numpy's fancy indexing (which gathers into a temporary first:
+    4x slower for a 68-block prompt here)."""
+    out: List[Tuple[int, int, int]] = []
+    for i, b in enumerate(block_ids):
+        if out and out[-1][1] + out[-1][2] == b:
+            pos, first, k = out[-1]
+            out[-1] = (pos, first, k + 1)
+        else:
+            out.append((i, b, 1))
+    return out
 
 
 def _layer_index(name: str) -> Tuple[int, str]:

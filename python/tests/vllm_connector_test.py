@@ -142,23 +142,25 @@ def test_the_connector_is_a_kv_connector_base_v1_subclass():
 def test_the_host_copies_move_the_same_bytes_as_torch(cluster):
     # On the CPU layout the connector gathers and scatters blocks with numpy
     # (vLLM's OpenMP pool made torch's copies slow); the torch path serves
-    # other layouts. Both must move the same bytes.
+    # other layouts. Both must move the same bytes, with runs of consecutive
+    # block ids (copied as one slice per layer) and lone blocks.
     _, worker, kv = make_pair(cluster.address, dtype=torch.bfloat16, seed=3)
-    ids = [5, 1, 9, 2]
+    ids = [5, 6, 7, 1, 9, 10, 2]
+    dest = [7, 3, 4, 0, 11, 12, 13]
     assert worker._host_views() is not None
     fast = worker._gather(ids)
     worker._np_layers = []  # the torch path from here on
     assert torch.equal(worker._gather(ids), fast)
     before = {n: t.clone() for n, t in kv.items()}
-    worker._scatter(fast, [7, 3, 0, 4])
+    worker._scatter(fast, dest)
     torch_written = {n: t.clone() for n, t in kv.items()}
     for n, t in kv.items():
         t.copy_(before[n])
     worker._np_layers = None  # back to the host views
-    worker._scatter(fast, [7, 3, 0, 4])
+    worker._scatter(fast, dest)
     for n, t in kv.items():
         assert torch.equal(t, torch_written[n])
-        assert torch.equal(t[[7, 3, 0, 4]], before[n][ids])
+        assert torch.equal(t[dest], before[n][ids])
 
 
 def test_a_second_engine_loads_the_saved_blocks_byte_for_byte(cluster):

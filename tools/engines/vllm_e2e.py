@@ -14,6 +14,10 @@ each configuration, one engine process per configuration:
   nohit     the connector's cost on turns with no hits: two engines in one
             process (none, hymcache under a salt of its own), requests on
             fresh prompts alternating none/hymcache/hymcache/none
+  versus    (long form) none, hymcache and (with the peers) vLLM's
+            MooncakeStoreConnector as engines of one process, the chat's
+            requests interleaved across them in a rotating order: the
+            comparison that a shared, loaded host does not skew
   offload   the same plus vLLM's own CPU offloading (OffloadingConnector
             through kv_offloading_size), with the peers' budget
   mooncake  (long form) vLLM's MooncakeStoreConnector on a Mooncake master
@@ -158,9 +162,12 @@ def run_config(a):
     )
     if a.config == "nohit":
         return run_nohit(a, p, ekw, workload)
+    if a.config == "versus":
+        return run_versus(a, p, ekw, workload)
     if a.config in ("hymcache", "kill", "nomaster"):
         master = a.master if a.config != "nomaster" else dead_address()
-        ekw["kv_transfer_config"] = hymcache_transfer_config(master, a.salt)
+        ekw["kv_transfer_config"] = hymcache_transfer_config(
+            master, a.salt, a.transport)
     elif a.config == "mooncake":
         # vLLM's own MooncakeStoreConnector; the store's settings come from
         # the file MOONCAKE_CONFIG_PATH names (the driver writes it).
@@ -261,11 +268,15 @@ def first_token(engine, rid, prompt, sp):
     return ttft, final
 
 
-def hymcache_transfer_config(master, salt):
+def hymcache_transfer_config(master, salt, transport="auto"):
+    """The connector's kv_transfer_config. transport "auto": shared memory
+    to the nodes on this host (all of them here), as a deployment with the
+    nodes beside the engine gets by default."""
     return {"kv_connector": "HyMCacheConnector",
             "kv_connector_module_path": "hymcache.vllm",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"master": master, "transport": "tcp",
+            "kv_connector_extra_config": {"master": master,
+                                          "transport": transport,
                                           "salt": salt, "load_deadline": 5.0}}
 
 
@@ -288,7 +299,8 @@ def run_nohit(a, p, ekw, pairs):
     plain = LLMEngine.from_engine_args(EngineArgs(**ekw))
     assert kv_transfer_state._KV_CONNECTOR_AGENT is None
     hym = LLMEngine.from_engine_args(EngineArgs(
-        **ekw, kv_transfer_config=hymcache_transfer_config(a.master, a.salt)))
+        **ekw, kv_transfer_config=hymcache_transfer_config(
+            a.master, a.salt, a.transport)))
     agent = kv_transfer_state._KV_CONNECTOR_AGENT
     assert agent is not None
     sp = SamplingParams(temperature=0.0, max_tokens=p["out_tokens"],
@@ -318,6 +330,66 @@ def run_nohit(a, p, ekw, pairs):
             out = list(final.outputs[0].token_ids)
             row["identical"] &= outs.setdefault(id(prompt), out) == out
         results.append(row)
+    with open(a.out, "w") as f:
+        json.dump(results, f)
+
+
+def run_versus(a, p, ekw, workload):
+    """The chat replayed by several engines in this process, request by
+    request: none (no connector), hymcache (under a salt of its own) and,
+    with --peer-config, vLLM's MooncakeStoreConnector. For each turn and
+    conversation every engine serves its copy of the request, in an order
+    that rotates, so a burst of load from other work on the machine falls
+    on all of them alike (separate engine processes minutes apart measure
+    the machine's load as much as the connectors on a shared host). Each
+    engine keeps its own prefix cache, pool and history. vLLM's worker finds
+    its connector through one process-wide slot, pointed at the stepping
+    engine's connector (or at nothing) before each request."""
+    from vllm import EngineArgs, LLMEngine, SamplingParams
+    from vllm.distributed.kv_transfer import kv_transfer_state
+    configs = {"none": None,
+               "hymcache": hymcache_transfer_config(a.master, a.salt,
+                                                    a.transport)}
+    if a.peer_config:
+        os.environ["MOONCAKE_CONFIG_PATH"] = a.peer_config
+        configs["mooncake"] = {"kv_connector": "MooncakeStoreConnector",
+                               "kv_role": "kv_both",
+                               "kv_connector_extra_config": {}}
+    engines = {}
+    agents = {}
+    for name, ktc in configs.items():
+        kv_transfer_state._KV_CONNECTOR_AGENT = None
+        kw = dict(ekw, kv_transfer_config=ktc) if ktc else ekw
+        engines[name] = LLMEngine.from_engine_args(EngineArgs(**kw))
+        agents[name] = kv_transfer_state._KV_CONNECTOR_AGENT
+        assert (agents[name] is None) == (ktc is None), name
+    sp = SamplingParams(temperature=0.0, max_tokens=p["out_tokens"],
+                        ignore_eos=True, detokenize=False)
+
+    def run(name, rid, prompt, params=sp):
+        kv_transfer_state._KV_CONNECTOR_AGENT = agents[name]
+        return first_token(engines[name], rid, prompt, params)
+
+    warm = [(7 * i) % (p["vocab"] - 3) + 3 for i in range(2 * p["block"] + 1)]
+    for name in engines:
+        run(name, f"warmup-{name}", warm,
+            SamplingParams(temperature=0.0, max_tokens=1, detokenize=False))
+    names = list(engines)
+    hist = {n: [[] for _ in workload] for n in names}
+    results = {n: [] for n in names}
+    k = 0
+    for turn in range(p["turns"]):
+        for c, conv in enumerate(workload):
+            order = names[k % len(names):] + names[:k % len(names)]
+            k += 1
+            for name in order:
+                prompt = hist[name][c] + conv[turn]
+                ttft, final = run(name, f"{name}-c{c}t{turn}", prompt)
+                toks = list(final.outputs[0].token_ids)
+                results[name].append(dict(
+                    conv=c, turn=turn, prompt_len=len(prompt), ttft=ttft,
+                    cached=final.num_cached_tokens or 0, output=toks))
+                hist[name][c] = prompt + toks
     with open(a.out, "w") as f:
         json.dump(results, f)
 
@@ -536,6 +608,9 @@ def main():
     ap.add_argument("--kill-pids", default="")
     ap.add_argument("--peer-config", default="")
     ap.add_argument("--kill-turn", type=int, default=2)
+    ap.add_argument("--transport", default="auto",
+                    help="the connector's data plane: auto (shared memory "
+                    "on this host), tcp, shm")
     ap.add_argument("--bin", default="bazel-bin")
     ap.add_argument("--work", default="")
     ap.add_argument("--short", action="store_true")
@@ -552,8 +627,8 @@ def main():
     form = "short" if a.short else "long"
     configs = (a.configs.split(",") if a.configs else
                (["none", "hymcache", "nohit"] if a.short else
-                ["none", "hymcache", "nohit", "offload", "mooncake",
-                 "lmcache", "kill", "nomaster"]))
+                ["none", "hymcache", "nohit", "versus", "offload",
+                 "mooncake", "lmcache", "kill", "nomaster"]))
     work = a.work or tempfile.mkdtemp(prefix="vllm-e2e-")
     os.makedirs(work, exist_ok=True)
     model = os.path.join(work, "model")
@@ -590,8 +665,10 @@ def main():
     json.dump(nohit_prompts(p, per_length=1 if a.short else 2),
               open(nohit_path, "w"))
     runs = [(cfg, cfg, [f"--workload={nohit_path}", "--salt=nohit"]
-             if cfg == "nohit" else []) for cfg in configs]
+             if cfg == "nohit" else ["--salt=versus"] if cfg == "versus"
+             else []) for cfg in configs]
     nohit = []
+    versus = {}
     try:
         for name, cfg, extra in runs:
             out = os.path.join(work, f"{name}.json")
@@ -600,7 +677,8 @@ def main():
                     f"--workload={wl_path}", f"--params={json.dumps(p)}",
                     f"--out={out}", f"--master={addr}",
                     f"--pool-blocks={pool}", f"--max-model-len={max_len}",
-                    f"--offload-gib={budget / 2**30:.4f}"] + extra
+                    f"--offload-gib={budget / 2**30:.4f}",
+                    f"--transport={a.transport}"] + extra
             if cfg == "kill":
                 pids = {"hybrid-0": daemons[1].proc.pid,
                         "dram-0": daemons[2].proc.pid}
@@ -608,6 +686,18 @@ def main():
                          f"--kill-turn={min(3, p['turns'] - 1)}"]
             env = None
             peer = None
+            if cfg == "versus" and a.peers:
+                # Mooncake beside the others when it starts; without it
+                # versus still compares hymcache with none.
+                try:
+                    peer = Mooncake(a.peers, work, budget)
+                    argv.append(f"--peer-config={peer.config}")
+                    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                        x for x in (a.peers, os.environ.get("PYTHONPATH"))
+                        if x))
+                except RuntimeError as e:
+                    print(f"vllm_e2e: versus runs without Mooncake: {e}",
+                          flush=True)
             if cfg in PEERS:
                 why = None
                 if not a.peers:
@@ -669,6 +759,10 @@ def main():
                     failures.append(cfg)
             if cfg == "nohit":
                 nohit = json.load(open(out))
+            elif cfg == "versus":
+                versus = json.load(open(out))
+                for engine, res in versus.items():
+                    results[f"versus:{engine}"] = res
             else:
                 results[cfg] = json.load(open(out))
             print(f"vllm_e2e: configuration {name} ran in {took:.0f} s",
@@ -687,20 +781,28 @@ def main():
                   f"{r['cached']:.0f}")
     print()
 
-    base = results.get("none")
+    # Outputs are checked against recomputation's: the none run, else
+    # versus' none engine.
+    base = results.get("none") or results.get("versus:none")
     identical = bool(base) and not failures
     if base:
         ref = {(r["conv"], r["turn"]): r["output"] for r in base}
         for cfg, res in results.items():
             diff = [r for r in res if r["output"] != ref.get((r["conv"], r["turn"]))]
             if diff:
-                identical = identical and cfg in PEERS
+                identical = identical and cfg.split(":")[-1] in PEERS
                 print(f"vllm_e2e: {cfg}: {len(diff)} of {len(res)} outputs "
                       f"differ from recomputation's")
             else:
                 print(f"vllm_e2e: {cfg}: all {len(res)} outputs identical to "
                       f"the no-connector run")
     hm = results.get("hymcache")
+    if not (results.get("none") and hm) and results.get("versus:none") and \
+            results.get("versus:hymcache"):
+        # Only the interleaved run: its engines give the ratios.
+        base, hm = results["versus:none"], results["versus:hymcache"]
+        print("vllm_e2e: the ratios below are versus' (none and hymcache "
+              "interleaved in one process)")
     measured = bool(base and hm)
     ratio_last = ratio_2p = hit = float("nan")
     if measured:
@@ -738,10 +840,37 @@ def main():
               f"hit ratio {hit:.2f} >= 0.95 {'ok' if hit >= 0.95 else 'MISSED'}; "
               f"no-hit turn cost {100 * (cost - 1):+.1f}% <= 5% "
               f"{'ok' if cost <= 1.05 else 'MISSED'}")
+    m2p = lambda rows: statistics.mean(r["ttft"] for r in rows
+                                       if r["turn"] >= 1)
+    if "versus:hymcache" in results and "versus:none" in results:
+        vh = results["versus:hymcache"]
+        vt = per_turn(vh, p["turns"])
+        nt = per_turn(results["versus:none"], p["turns"])
+        print(f"vllm_e2e: versus (one process, requests interleaved): "
+              f"hymcache/none last turn {vt[-1]['mean'] / nt[-1]['mean']:.2f}, "
+              f"turns>=2 {m2p(vh) / m2p(results['versus:none']):.2f}"
+              + "".join(f"; hymcache/{e.split(':')[1]} turns>=2 "
+                        f"{m2p(vh) / m2p(results[e]):.2f}"
+                        for e in results if e.startswith("versus:")
+                        and e.split(":")[1] in PEERS))
     vs = {}
     missing = []
     for peer in PEERS:
-        if measured and peer in results:
+        if measured and f"versus:{peer}" in results:
+            # The interleaved run is the figure: both engines in one
+            # process, a request of each back to back (separate processes
+            # minutes apart measured the shared host's load: 1.18 and 0.80
+            # for the same code).
+            r = m2p(results["versus:hymcache"]) / m2p(results[f"versus:{peer}"])
+            vs[peer] = f"{r:.2f}"
+            if peer in results:
+                print(f"vllm_e2e: hymcache/{peer} mean TTFT turns>=2, "
+                      f"separate processes = "
+                      f"{m2p(hm) / m2p(results[peer]):.2f}")
+            print(f"vllm_e2e: hymcache/{peer} mean TTFT turns>=2 "
+                  f"(versus, interleaved) = {r:.2f} (floor <= 0.80: "
+                  f"{'ok' if r <= 0.8 else 'MISSED'})")
+        elif measured and peer in results:
             pm = statistics.mean(r["ttft"] for r in results[peer]
                                  if r["turn"] >= 1)
             hm2 = statistics.mean(r["ttft"] for r in hm if r["turn"] >= 1)

@@ -18,8 +18,10 @@
 #   tools/engines/vllm_e2e.sh --short   CI's form: a tiny model, 2 x 3 turns,
 #                                       vLLM with and without the connector
 #                                       (and the no-hit pair), no peers
-#   --configs=a,b,...  only these (none hymcache nohit offload mooncake
-#                      lmcache kill nomaster)
+#   --configs=a,b,...  only these (none hymcache nohit versus offload
+#                      mooncake lmcache kill nomaster)
+#   --transport=auto|tcp|shm  the connector's data plane (default auto:
+#                      shared memory to the nodes on this host)
 #   --work=DIR keeps the model, logs and per-request results in DIR.
 # Exits non-zero when outputs differ from recomputation or nothing was
 # measured.
