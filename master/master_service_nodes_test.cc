@@ -108,11 +108,13 @@ TEST_CASE(
   REQUIRE(r.ok());
   KeyByName()["a"] = r->node_key();
   NameById()[r->node_id()] = "a";
-  // Listed and alive, but the answer with its key may still be on its way.
-  CHECK(h.svc->ListNodes().nodes(0).alive());
+  // Listed, but not alive yet: the answer with its key may still be on its
+  // way.
+  CHECK_FALSE(h.svc->ListNodes().nodes(0).alive());
   auto refused = h.svc->PutStart(PutReq({"x"}, {1}));
   CHECK(refused.status().code() == StatusCode::kResourceExhausted);
   h.Heartbeat(r->node_id(), 1);  // proves the key
+  CHECK(h.svc->ListNodes().nodes(0).alive());
   CHECK(h.Put({"x"}) == r->node_id());
 
   // A registration that proves the key it already holds (a node coming
