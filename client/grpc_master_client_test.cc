@@ -30,6 +30,7 @@
 #include "common/thread.h"
 #include "common/wire.h"
 #include "master/master_server.h"
+#include "master/proving_heartbeat.h"
 #include "proto/master.grpc.pb.h"
 
 namespace hymcache {
@@ -81,8 +82,16 @@ void Populate(const std::string& address, const std::string& node_token = "",
   region->set_capacity_bytes(uint64_t{1} << 30);
   region->set_alignment(4096);
   pb::RegisterNodeResponse reg_resp;
-  grpc::ClientContext ctx;
-  REQUIRE(node->RegisterNode(&ctx, reg, &reg_resp).ok());
+  {
+    grpc::ClientContext ctx;
+    REQUIRE(node->RegisterNode(&ctx, reg, &reg_resp).ok());
+  }
+  {
+    grpc::ClientContext ctx;  // proves the key: the node is placeable
+    pb::HeartbeatResponse hb;
+    REQUIRE(node->Heartbeat(&ctx, master::ProvingHeartbeat(reg, reg_resp), &hb)
+                .ok());
+  }
 
   auto client = NewClient(address, 0, engine_token);
   PutStartArgs put;

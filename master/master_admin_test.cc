@@ -110,6 +110,13 @@ struct Harness {
       REQUIRE((*rec)->Add(held).ok());
       REQUIRE(svc->FinishReconcile(std::move(*rec)).ok());
     }
+    // The heartbeat a node sends right after registering: it proves the
+    // key, and only then is the node placeable.
+    v1::HeartbeatRequest hb;
+    hb.set_node_id(r->node_id());
+    hb.set_incarnation(1);
+    *hb.mutable_auth() = AuthFor("heartbeat", name, r->node_id());
+    REQUIRE(svc->Heartbeat(hb).ok());
     return r->node_id();
   }
   absl::StatusOr<v1::PutStartResponse> Start(const std::string& key,

@@ -78,10 +78,16 @@ struct Harness {
                                   req.node_id(), req.incarnation());
     return svc->Heartbeat(req);
   }
+  // Reg, then the heartbeat a node sends right after registering (it
+  // proves the key; only then is the node placeable).
   uint32_t Register(const std::string& name, int port = 7000) {
     auto r = Reg(NodeReq(name, port));
     INFO(r.status().ToString());
     REQUIRE(r.ok());
+    v1::HeartbeatRequest hb;
+    hb.set_node_id(r->node_id());
+    hb.set_incarnation(NodeReq(name, port).incarnation());
+    REQUIRE(Hb(hb).ok());
     return r->node_id();
   }
   void Commit(uint64_t put_id) {

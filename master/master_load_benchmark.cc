@@ -35,6 +35,7 @@
 #include "common/clock.h"
 #include "master/master_service.h"
 #include "master/metadata_store.h"
+#include "master/proving_heartbeat.h"
 #include "proto/master.pb.h"
 
 namespace hymcache {
@@ -120,7 +121,9 @@ void Write(const std::string& dir, uint64_t entries, uint64_t chain,
   region->set_capacity_bytes(entries * kObjectBytes);
   region->set_alignment(4096);
   region->set_persistent(true);
-  if (!(*svc)->RegisterNode(reg).ok()) std::abort();
+  auto registered = (*svc)->RegisterNode(reg);
+  if (!registered.ok()) std::abort();
+  if (!(*svc)->Heartbeat(ProvingHeartbeat(reg, *registered)).ok()) std::abort();
   const auto start = std::chrono::steady_clock::now();
   PutChains(svc->get(), 0, entries, chain);
   for (uint64_t first = 0; first < entries; first += 2 * chain) {

@@ -3,6 +3,7 @@
 // synchronous commit held until the standby holds it (or the sync timeout),
 // the replication stats, and the standby's directory opened by a master.
 #include "master/master_replication.h"
+#include "master/proving_heartbeat.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -115,10 +116,18 @@ TEST_CASE("A synchronous commit is answered once a standby holds it, and at the 
   o.replication = ReplicationMode::kSync;
   o.replication_sync_timeout = absl::Milliseconds(300);
   Master leader(o);
+  v1::RegisterNodeResponse reg;
   {
     grpc::ClientContext ctx;
-    v1::RegisterNodeResponse reg;
     REQUIRE(leader.stub->RegisterNode(&ctx, NodeReq("n"), &reg).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::HeartbeatResponse hb;  // proves the key: the node is placeable
+    REQUIRE(
+        leader.stub
+            ->Heartbeat(&ctx, master::ProvingHeartbeat(NodeReq("n"), reg), &hb)
+            .ok());
   }
   // No standby: nothing replicated, the commit waits the timeout, then is
   // answered and counted.

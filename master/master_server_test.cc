@@ -18,6 +18,7 @@
 #include "common/fake_clock.h"
 #include "common/thread.h"
 #include "master/master_service.h"
+#include "master/proving_heartbeat.h"
 #include "proto/grpc_health_v1.grpc.pb.h"
 #include "proto/master.grpc.pb.h"
 
@@ -214,6 +215,13 @@ TEST_CASE("MasterServer serves the master API over gRPC") {
   }
   {
     grpc::ClientContext ctx;
+    v1::HeartbeatResponse hb;  // proves the key: the node is placeable
+    REQUIRE(
+        stub->Heartbeat(&ctx, master::ProvingHeartbeat(NodeReq("n1"), reg), &hb)
+            .ok());
+  }
+  {
+    grpc::ClientContext ctx;
     v1::RegisterNodeRequest bad = NodeReq("");
     v1::RegisterNodeResponse resp;
     grpc::Status s = stub->RegisterNode(&ctx, bad, &resp);
@@ -385,10 +393,19 @@ TEST_CASE("MasterServer's reaper frees expired puts") {
   auto server = MasterServer::Create(o);
   REQUIRE(server.ok());
   auto stub = Dial((*server)->address());
+  v1::RegisterNodeResponse reg;
   {
     grpc::ClientContext ctx;
-    v1::RegisterNodeResponse reg;
     REQUIRE(stub->RegisterNode(&ctx, NodeReq("n"), &reg).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::HeartbeatResponse hb;  // proves the key: the node is placeable
+    REQUIRE(stub->Heartbeat(
+                    &ctx,
+                    master::ProvingHeartbeat(NodeReq("n"), reg, clock.Now()),
+                    &hb)
+                .ok());
   }
   {
     grpc::ClientContext ctx;

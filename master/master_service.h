@@ -496,7 +496,7 @@ class MasterService {
     // passed first), so a registration again with the same name,
     // incarnation and non-empty registration_nonce and no proof is answered
     // as the first was, with the same key. True for records loaded from
-    // the store.
+    // the store. Placement waits for it (IsPlaceable).
     bool key_confirmed = true;
     std::string registration_nonce;  // of the registration that gave the key
     absl::Time last_seen;
@@ -589,6 +589,7 @@ class MasterService {
     std::string over_limit;  // why the caller may not put on some node
     size_t alive = 0;        // alive nodes looked at, not draining
     size_t draining = 0;     // alive, but drained by an operator
+    size_t unproven = 0;     // alive, not yet proven its key (IsPlaceable)
   };
 
   MasterService(const MasterServiceOptions& options,

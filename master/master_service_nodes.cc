@@ -164,7 +164,11 @@ bool MasterService::IsAlive(const Node& node, absl::Time now) const {
 }
 
 bool MasterService::IsPlaceable(const Node& node, absl::Time now) const {
-  return IsAlive(node, now) && !node.info.draining();
+  // A node given a fresh key takes placements once it has proven it holds
+  // it (its first heartbeat, sent right after it registers): until then the
+  // answer carrying the key may still be on its way, and the node would
+  // refuse the writes the key signs.
+  return IsAlive(node, now) && node.key_confirmed && !node.info.draining();
 }
 
 bool MasterService::ProofValid(const Node& node, std::string_view purpose,
@@ -252,7 +256,10 @@ void MasterService::FillNodeInfo(const Node& node, absl::Time now,
     used += region.allocator->used_bytes();
     capacity += region.info.capacity_bytes();
   }
-  out->set_alive(IsAlive(node, now));
+  // A node given a fresh key counts as alive once it has proven it (its
+  // first heartbeat, right after it registers): from then on it takes
+  // placements too, so a caller that waits for alive nodes can put at once.
+  out->set_alive(IsAlive(node, now) && node.key_confirmed);
   out->set_awaiting_reconcile(node.registered && node.needs_reconcile &&
                               !node.deregistered);
   out->set_last_heartbeat_unix_ms(absl::ToUnixMillis(node.last_seen));
@@ -621,6 +628,7 @@ absl::StatusOr<v1::HeartbeatResponse> MasterService::Heartbeat(
   }
   response.set_generation_ceiling(store_->GenerationCeiling());
   response.set_reconcile(n->second.needs_reconcile);
+  response.set_draining(n->second.info.draining());
   return response;
 }
 

@@ -100,6 +100,49 @@ TEST_CASE("Heartbeat tracks liveness and asks unknown nodes to re-register") {
   CHECK(h.svc->ListNodes().nodes(0).alive());
 }
 
+TEST_CASE(
+    "A node given a fresh key takes placements only after its first "
+    "heartbeat") {
+  Harness h("first-heartbeat");
+  auto r = h.svc->RegisterNode(NodeReq("a", 1, {{0, 1 << 20}}));
+  REQUIRE(r.ok());
+  KeyByName()["a"] = r->node_key();
+  NameById()[r->node_id()] = "a";
+  // Listed, but not alive yet: the answer with its key may still be on its
+  // way.
+  CHECK_FALSE(h.svc->ListNodes().nodes(0).alive());
+  auto refused = h.svc->PutStart(PutReq({"x"}, {1}));
+  CHECK(refused.status().code() == StatusCode::kResourceExhausted);
+  h.Heartbeat(r->node_id(), 1);  // proves the key
+  CHECK(h.svc->ListNodes().nodes(0).alive());
+  CHECK(h.Put({"x"}) == r->node_id());
+
+  // A registration that proves the key it already holds (a node coming
+  // back, say to a new leader) is placeable at once.
+  h.CrashAndRestart();
+  auto back = Reg(h.svc.get(), NodeReq("a", 1, {{0, 1 << 20}}));
+  REQUIRE(back.ok());
+  h.ReconcileWith(back->node_id(), 1, h.Listed(back->node_id()));
+  CHECK(h.Put({"y"}) == back->node_id());
+}
+
+TEST_CASE("A heartbeat tells a node whether an operator drained it") {
+  Harness h("drain-heartbeat");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  v1::HeartbeatRequest req;
+  req.set_node_id(a);
+  req.set_incarnation(1);
+  CHECK_FALSE(Hb(h.svc.get(), req)->draining());
+  v1::SetNodeDrainingRequest drain;
+  drain.set_name("a");
+  drain.set_draining(true);
+  REQUIRE(h.svc->SetNodeDraining(drain).ok());
+  CHECK(Hb(h.svc.get(), req)->draining());
+  drain.set_draining(false);
+  REQUIRE(h.svc->SetNodeDraining(drain).ok());
+  CHECK_FALSE(Hb(h.svc.get(), req)->draining());
+}
+
 TEST_CASE("Dead nodes' objects miss and dead nodes get no placements") {
   Harness h("dead");
   uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
@@ -378,8 +421,9 @@ TEST_CASE("A registration whose answer was lost is answered again, with the same
   auto first = h.svc->RegisterNode(req);  // its answer never arrives
   REQUIRE(first.ok());
   const std::string key = first->node_key();
-  h.Put({"k1"});  // placed there meanwhile, with capabilities under `key`
-  REQUIRE(h.Found({"k1"}) == "1");
+  // Nothing is placed there meanwhile: the node has not proven the key.
+  CHECK(h.svc->PutStart(PutReq({"k1"}, {1})).status().code() ==
+        StatusCode::kResourceExhausted);
 
   // Another process with the published name and incarnation: a missing or
   // different nonce is refused, as any registration without a proof.
@@ -401,13 +445,15 @@ TEST_CASE("A registration whose answer was lost is answered again, with the same
   CHECK(again->node_id() == first->node_id());
   CHECK(again->node_key() == key);
   CHECK(again->objects_retained());
-  CHECK(h.Listed(first->node_id()).size() == 1);  // kept, not purged
 
-  // Once the node has proven the key (a heartbeat), a registration without
-  // a proof is refused even with the nonce: the node has the key.
+  // Once the node has proven the key (a heartbeat), it takes placements,
+  // and a registration without a proof is refused even with the nonce: the
+  // node has the key.
   KeyByName()["a"] = key;
   NameById()[first->node_id()] = "a";
   h.Heartbeat(first->node_id(), 5);
+  h.Put({"k1"});
+  REQUIRE(h.Found({"k1"}) == "1");
   CHECK(h.svc->RegisterNode(req).status().code() ==
         StatusCode::kPermissionDenied);
   CHECK(h.Listed(first->node_id()).size() == 1);

@@ -329,6 +329,10 @@ MasterService::NodeChoice MasterService::ChooseNodeLocked(
         ++c.draining;
         continue;
       }
+      if (!IsPlaceable(it->second, now)) {
+        ++c.unproven;
+        continue;
+      }
       ++c.alive;
       if (!caller_may_put(it->second)) continue;
       if (c.target == nullptr) c.target = &it->second;
@@ -351,6 +355,10 @@ absl::StatusOr<MasterService::Node*> MasterService::EvictAndPlaceLocked(
         " objects (", nodes_.size(), " nodes known",
         choice->draining > 0
             ? absl::StrCat(", ", choice->draining, " alive but draining")
+            : "",
+        choice->unproven > 0
+            ? absl::StrCat(", ", choice->unproven,
+                           " registered but not yet heartbeating")
             : "",
         ")"));
   }

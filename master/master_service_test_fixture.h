@@ -101,24 +101,30 @@ inline v1::NodeAuth AuthFor(MasterService* svc, const std::string& purpose,
   return a;
 }
 
-// RegisterNode with a proof of the name's key if one was issued.
-inline absl::StatusOr<v1::RegisterNodeResponse> Reg(
-    MasterService* svc, v1::RegisterNodeRequest req) {
-  *req.mutable_auth() =
-      AuthFor(svc, "register", req.name(), 0, req.incarnation());
-  auto r = svc->RegisterNode(req);
-  if (r.ok()) {
-    KeyByName()[req.name()] = r->node_key();
-    NameById()[r->node_id()] = req.name();
-  }
-  return r;
-}
-
 inline absl::StatusOr<v1::HeartbeatResponse> Hb(MasterService* svc,
                                                 v1::HeartbeatRequest req) {
   *req.mutable_auth() = AuthFor(svc, "heartbeat", NameById()[req.node_id()],
                                 req.node_id(), req.incarnation());
   return svc->Heartbeat(req);
+}
+
+// RegisterNode with a proof of the name's key if one was issued, then the
+// heartbeat a real node sends right after registering (it proves the key
+// the answer carried; only then is the node placeable).
+inline absl::StatusOr<v1::RegisterNodeResponse> Reg(
+    MasterService* svc, v1::RegisterNodeRequest req) {
+  *req.mutable_auth() =
+      AuthFor(svc, "register", req.name(), 0, req.incarnation());
+  auto r = svc->RegisterNode(req);
+  if (!r.ok()) return r;
+  KeyByName()[req.name()] = r->node_key();
+  NameById()[r->node_id()] = req.name();
+  v1::HeartbeatRequest hb;
+  hb.set_node_id(r->node_id());
+  hb.set_incarnation(req.incarnation());
+  auto h = Hb(svc, hb);
+  if (!h.ok()) return h.status();
+  return r;
 }
 
 inline absl::StatusOr<v1::DeregisterNodeResponse> Dereg(

@@ -53,6 +53,7 @@
 #include "master/master_service.h"
 #include "master/metadata_index.h"
 #include "master/metadata_store.h"
+#include "master/proving_heartbeat.h"
 #include "proto/master.pb.h"
 
 namespace hymcache {
@@ -314,7 +315,9 @@ std::unique_ptr<MasterService> OpenMixService(const std::string& dir,
   region->set_region_id(0);
   region->set_capacity_bytes(g_flags.mix_objects * kObjectBytes);
   region->set_alignment(4096);
-  if (!svc->RegisterNode(reg).ok()) std::abort();
+  auto registered = svc->RegisterNode(reg);
+  if (!registered.ok()) std::abort();
+  if (!svc->Heartbeat(ProvingHeartbeat(reg, *registered)).ok()) std::abort();
   *filled = g_flags.mix_objects / kMixChain * kMixChain;
   for (uint64_t first = 0; first < *filled; first += kMixChain) {
     if (!PutChain(svc.get(), first)) std::abort();

@@ -41,6 +41,7 @@
 #include "common/thread.h"
 #include "master/master_service.h"
 #include "master/metadata_store.h"
+#include "master/proving_heartbeat.h"
 #include "master/replica_follower.h"
 #include "master/replication_source.h"
 
@@ -146,7 +147,10 @@ Result RunOnce(const Flags& flags, Mode mode, int rep) {
   region->set_device_kind("dram");
   region->set_numa_node(-1);
   (*reg.mutable_transport_params())["tcp"] = "yes";
-  Die((*svc)->RegisterNode(reg).status(), "register");
+  auto registered = (*svc)->RegisterNode(reg);
+  Die(registered.status(), "register");
+  Die((*svc)->Heartbeat(ProvingHeartbeat(reg, *registered)).status(),
+      "heartbeat");
   if (follower != nullptr) {
     Die(source->WaitReplicated(raw_store->LatestSequence(),
                                absl::Now() + absl::Seconds(30)),

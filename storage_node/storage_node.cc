@@ -720,6 +720,11 @@ bool StorageNode::ready() const {
   return ReadyLocked();
 }
 
+bool StorageNode::draining() const {
+  MutexLock l(&mu_);
+  return draining_;
+}
+
 bool StorageNode::registered() const {
   MutexLock l(&mu_);
   return registered_;
@@ -885,9 +890,10 @@ absl::StatusOr<bool> StorageNode::Heartbeat(uint32_t node_id) {
   }));
   RETURN_IF_ERROR(CheckMasterEpoch(resp.master_epoch()));
   ApplyGenerationCeiling(resp.generation_ceiling());
-  if (resp.reconcile()) {
+  {
     MutexLock l(&mu_);
-    reconcile_due_ = true;
+    if (resp.reconcile()) reconcile_due_ = true;
+    if (!resp.reregister()) draining_ = resp.draining();
   }
   return resp.reregister();
 }
@@ -1011,6 +1017,7 @@ void StorageNode::HeartbeatLoop() {
   absl::Duration retry = kMinRetry;
   bool outage = false;  // a warning was logged for the current outage
   bool published_ready = false;  // what the health service says
+  bool heartbeat_now = false;    // registered just now: no pause first
   while (true) {
     bool registered;
     uint32_t node_id;
@@ -1022,7 +1029,7 @@ void StorageNode::HeartbeatLoop() {
       registered = registered_;
       node_id = node_id_;
       interval = heartbeat_interval_;
-      ready = ReadyLocked();
+      ready = ReadyLocked() && !draining_;
     }
     // Only this thread changes the status (Shutdown ends it for good).
     if (ready != published_ready) {
@@ -1031,8 +1038,10 @@ void StorageNode::HeartbeatLoop() {
       }
       LOG(INFO) << "storage node '" << name_ << "' is "
                 << (ready ? "ready (health: SERVING)"
-                          : "not ready (health: NOT_SERVING) until it is "
-                            "registered with the master and reconciled");
+                    : draining()
+                        ? "drained (health: NOT_SERVING) until undrained"
+                        : "not ready (health: NOT_SERVING) until it is "
+                          "registered with the master and reconciled");
       published_ready = ready;
     }
     if (!registered) {
@@ -1047,6 +1056,9 @@ void StorageNode::HeartbeatLoop() {
         outage = false;
         retry = kMinRetry;
         MaybeReconcile();
+        // Prove the new key at once: the master places nothing on a node
+        // given a fresh key until it has (MasterService::IsPlaceable).
+        heartbeat_now = true;
         continue;
       }
       if (s.code() == absl::StatusCode::kCancelled) return;  // shutting down
@@ -1064,7 +1076,8 @@ void StorageNode::HeartbeatLoop() {
                                       : kMaxRetry);
       continue;
     }
-    if (!SleepUnlessStopping(interval)) return;
+    if (!heartbeat_now && !SleepUnlessStopping(interval)) return;
+    heartbeat_now = false;
     absl::StatusOr<bool> reregister = Heartbeat(node_id);
     if (reregister.ok() && !*reregister) {
       MaybeReconcile();

@@ -299,8 +299,14 @@ class StorageNode {
   // it, updated by the heartbeat thread within a heartbeat interval:
   // NOT_SERVING while starting and while the master does not know the node
   // (say it is unreachable), SERVING when ready, NOT_SERVING from the start
-  // of Shutdown on (before the node deregisters and drains).
+  // of Shutdown on (before the node deregisters and drains). The health
+  // status is also NOT_SERVING while an operator drains the node (draining()),
+  // which does not change ready(): a drained node still starts and serves
+  // reads.
   bool ready() const;
+  // The master's last heartbeat answer said an operator drained this node
+  // (hymctl drain): no new placements come here.
+  bool draining() const;
   // Blocks until registered with the master or `deadline`; false on timeout
   // (or shutdown).
   bool WaitRegistered(absl::Time deadline);
@@ -439,6 +445,8 @@ class StorageNode {
   // read from node_key_path_).
   std::string node_key_ ABSL_GUARDED_BY(mu_);
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  // As the master's last heartbeat answer said (draining()).
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   // Register() timed out and left its identity change open: the master may
   // have registered this node and be signing capabilities with a key whose
   // answer was lost. Data-plane requests that fail their capability check

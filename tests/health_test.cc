@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "catch2/catch.hpp"
 #include "proto/grpc_health_v1.grpc.pb.h"
+#include "proto/master.grpc.pb.h"
 #include "tests/daemon.h"
 #include "tests/grpc_reflection_v1alpha.grpc.pb.h"
 
@@ -121,6 +122,38 @@ TEST_CASE("storage node: NOT_SERVING until registered, SERVING, then "
   // Shutting down: NOT_SERVING before it deregisters and drains.
   REQUIRE(kill(s->daemon.pid(), SIGTERM) == 0);
   CHECK(watch.Next() == HealthCheckResponse::NOT_SERVING);
+  CHECK(ExitedZero(s->daemon.Stop(SIGTERM)));
+  CHECK(ExitedZero(m->daemon.Stop(SIGTERM)));
+}
+
+TEST_CASE(
+    "storage node: NOT_SERVING while an operator drains it, SERVING "
+    "again once undrained") {
+  auto m = MasterProcess::Start(TempDir("master"), "127.0.0.1:0",
+                                {"--heartbeat_interval_ms=100"});
+  REQUIRE(m.ok());
+  auto s = StorageProcess::Start(m->address, "node-d",
+                                 {"--dram_bytes=16M", "--rdma=off"});
+  REQUIRE(s.ok());
+  Watch watch(s->control_address, "");
+  Serving now = watch.Next();
+  if (now != HealthCheckResponse::SERVING) now = watch.Next();
+  REQUIRE(now == HealthCheckResponse::SERVING);
+
+  auto master = v1::MasterService::NewStub(Dial(m->address));
+  auto drain = [&](bool draining) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::SetNodeDrainingRequest req;
+    req.set_name("node-d");
+    req.set_draining(draining);
+    v1::SetNodeDrainingResponse resp;
+    return master->SetNodeDraining(&ctx, req, &resp);
+  };
+  REQUIRE(drain(true).ok());
+  CHECK(watch.Next() == HealthCheckResponse::NOT_SERVING);
+  REQUIRE(drain(false).ok());
+  CHECK(watch.Next() == HealthCheckResponse::SERVING);
   CHECK(ExitedZero(s->daemon.Stop(SIGTERM)));
   CHECK(ExitedZero(m->daemon.Stop(SIGTERM)));
 }

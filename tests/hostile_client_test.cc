@@ -40,6 +40,7 @@
 #include "common/net.h"
 #include "common/transport_params.h"
 #include "common/wire.h"
+#include "master/proving_heartbeat.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 #include "tests/daemon.h"
@@ -1303,6 +1304,13 @@ struct FakeReconcile {
     REQUIRE(c.master_stub->RegisterNode(&ctx, reg, &resp).ok());
     id = resp.node_id();
     key = resp.node_key();
+    {
+      grpc::ClientContext hctx;  // proves the key: the node is placeable
+      pb::HeartbeatResponse hb;
+      REQUIRE(c.master_stub
+                  ->Heartbeat(&hctx, master::ProvingHeartbeat(reg, resp), &hb)
+                  .ok());
+    }
     pb::PutStartRequest ps;
     ps.add_keys(listing);
     ps.add_lengths(4096);

@@ -27,6 +27,7 @@
 #include "client/client.h"
 #include "common/eventually.h"
 #include "common/net.h"
+#include "master/proving_heartbeat.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 #include "tests/daemon.h"
@@ -233,9 +234,10 @@ TEST_CASE("Hostile callers do not deny service to a legitimate one") {
   REQUIRE(st.ok());
   CHECK(st->nodes.size() == 1);
 
-  // 4. A node record that never heartbeats is removed by an admin (not
+  // 4. A node record that stops heartbeating is removed by an admin (not
   // while it may come back: once it is not alive it was unseen for the
-  // node timeout).
+  // node timeout). It heartbeats once, as a node does right after it
+  // registers (until then it is not listed alive).
   {
     pb::RegisterNodeRequest req;
     req.set_name("ghost");
@@ -248,6 +250,10 @@ TEST_CASE("Hostile callers do not deny service to a legitimate one") {
     grpc::ClientContext ctx;
     pb::RegisterNodeResponse resp;
     REQUIRE(hostile->RegisterNode(&ctx, req, &resp).ok());
+    grpc::ClientContext hctx;
+    pb::HeartbeatResponse hb;
+    REQUIRE(hostile->Heartbeat(&hctx, master::ProvingHeartbeat(req, resp), &hb)
+                .ok());
   }
   hymctl::Options ho;
   ho.master_address = v4;

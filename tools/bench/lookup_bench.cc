@@ -78,6 +78,7 @@
 #include "common/thread.h"
 #include "master/master_server.h"
 #include "master/master_service.h"
+#include "master/proving_heartbeat.h"
 #include "proto/master.grpc.pb.h"
 #include "tools/bench/lookup_bench.h"
 
@@ -710,6 +711,18 @@ int Main() {
     grpc::Status s = node->RegisterNode(&ctx, reg, &reg_resp);
     if (!s.ok()) {
       std::fprintf(stderr, "RegisterNode: %s\n", s.error_message().c_str());
+      return 1;
+    }
+  }
+  {
+    // The heartbeat a node sends right after registering: it proves the
+    // key, and only then does the master place puts on the node.
+    grpc::ClientContext ctx;
+    v1::HeartbeatResponse hb;
+    grpc::Status s =
+        node->Heartbeat(&ctx, master::ProvingHeartbeat(reg, reg_resp), &hb);
+    if (!s.ok()) {
+      std::fprintf(stderr, "Heartbeat: %s\n", s.error_message().c_str());
       return 1;
     }
   }
