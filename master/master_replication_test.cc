@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "common/eventually.h"
 #include "master/master_server.h"
+#include "master/master_test_util.h"
 #include "master/replica_follower.h"
 #include "proto/master.grpc.pb.h"
 
@@ -22,29 +23,9 @@ namespace hymcache {
 namespace {
 
 namespace v1 = ::hymcache::v1;
+using master::OneRegionNodeReq;
 using master::ReplicationMode;
-
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::filesystem::path p = std::filesystem::path(tmp ? tmp : "/tmp") /
-                            ("master_replication_" + name);
-  std::filesystem::remove_all(p);
-  std::filesystem::create_directories(p.parent_path());
-  return p.string();
-}
-
-v1::RegisterNodeRequest NodeReq(const std::string& name) {
-  v1::RegisterNodeRequest r;
-  r.set_name(name);
-  r.set_incarnation(1);
-  r.set_data_address("127.0.0.1:7000");
-  r.set_control_address("127.0.0.1:7001");
-  auto* region = r.add_regions();
-  region->set_region_id(0);
-  region->set_capacity_bytes(uint64_t{1} << 30);
-  region->set_alignment(4096);
-  return r;
-}
+using master::TestDir;
 
 struct Master {
   std::unique_ptr<MasterServer> server;
@@ -118,7 +99,7 @@ TEST_CASE("A synchronous commit is answered once a standby holds it, and at the 
   {
     grpc::ClientContext ctx;
     v1::RegisterNodeResponse reg;
-    REQUIRE(leader.stub->RegisterNode(&ctx, NodeReq("n"), &reg).ok());
+    REQUIRE(leader.stub->RegisterNode(&ctx, OneRegionNodeReq("n"), &reg).ok());
   }
   // No standby: nothing replicated, the commit waits the timeout, then is
   // answered and counted.

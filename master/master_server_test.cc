@@ -14,10 +14,10 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "common/capability.h"
-
 #include "common/fake_clock.h"
 #include "common/thread.h"
 #include "master/master_service.h"
+#include "master/master_test_util.h"
 #include "proto/grpc_health_v1.grpc.pb.h"
 #include "proto/master.grpc.pb.h"
 
@@ -25,15 +25,8 @@ namespace hymcache {
 namespace {
 
 namespace v1 = ::hymcache::v1;
-
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::filesystem::path p =
-      std::filesystem::path(tmp ? tmp : "/tmp") / ("master_server_" + name);
-  std::filesystem::remove_all(p);
-  std::filesystem::create_directories(p.parent_path());
-  return p.string();
-}
+using master::OneRegionNodeReq;
+using master::TestDir;
 
 std::unique_ptr<v1::MasterService::Stub> Dial(const std::string& address) {
   grpc::ChannelArguments args;
@@ -41,19 +34,6 @@ std::unique_ptr<v1::MasterService::Stub> Dial(const std::string& address) {
   auto channel = grpc::CreateCustomChannel(
       address, grpc::InsecureChannelCredentials(), args);
   return v1::MasterService::NewStub(channel);
-}
-
-v1::RegisterNodeRequest NodeReq(const std::string& name) {
-  v1::RegisterNodeRequest r;
-  r.set_name(name);
-  r.set_incarnation(1);
-  r.set_data_address("127.0.0.1:7000");
-  r.set_control_address("127.0.0.1:7001");
-  auto* region = r.add_regions();
-  region->set_region_id(0);
-  region->set_capacity_bytes(uint64_t{1} << 30);
-  region->set_alignment(4096);
-  return r;
 }
 
 TEST_CASE("MasterOptions validation") {
@@ -111,7 +91,7 @@ TEST_CASE("MasterServer shuts down with calls in flight") {
   v1::RegisterNodeResponse reg;
   {
     grpc::ClientContext ctx;
-    REQUIRE(stub->RegisterNode(&ctx, NodeReq("n"), &reg).ok());
+    REQUIRE(stub->RegisterNode(&ctx, OneRegionNodeReq("n"), &reg).ok());
   }
 
   // A reconcile stream that never sends its last message.
@@ -208,13 +188,13 @@ TEST_CASE("MasterServer serves the master API over gRPC") {
   v1::RegisterNodeResponse reg;
   {
     grpc::ClientContext ctx;
-    REQUIRE(stub->RegisterNode(&ctx, NodeReq("n1"), &reg).ok());
+    REQUIRE(stub->RegisterNode(&ctx, OneRegionNodeReq("n1"), &reg).ok());
     CHECK(reg.node_id() == 1);
     CHECK(reg.heartbeat_interval_ms() == 1000);
   }
   {
     grpc::ClientContext ctx;
-    v1::RegisterNodeRequest bad = NodeReq("");
+    v1::RegisterNodeRequest bad = OneRegionNodeReq("");
     v1::RegisterNodeResponse resp;
     grpc::Status s = stub->RegisterNode(&ctx, bad, &resp);
     CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
@@ -388,7 +368,7 @@ TEST_CASE("MasterServer's reaper frees expired puts") {
   {
     grpc::ClientContext ctx;
     v1::RegisterNodeResponse reg;
-    REQUIRE(stub->RegisterNode(&ctx, NodeReq("n"), &reg).ok());
+    REQUIRE(stub->RegisterNode(&ctx, OneRegionNodeReq("n"), &reg).ok());
   }
   {
     grpc::ClientContext ctx;

@@ -26,7 +26,6 @@ namespace hymcache {
 namespace master {
 namespace {
 
-using service_test::TestDir;
 using testing::Eventually;
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(30); }

@@ -336,9 +336,10 @@ int main(int argc, char** argv) {
   o.master_binary = FLAGS_master_binary.empty()
                         ? BinaryRunfile(argv[0], "master/hymcache-master")
                         : FLAGS_master_binary;
-  o.storage_binary = FLAGS_storage_binary.empty()
-                         ? BinaryRunfile(argv[0], "storage_node/hymcache-storage")
-                         : FLAGS_storage_binary;
+  o.storage_binary =
+      FLAGS_storage_binary.empty()
+          ? BinaryRunfile(argv[0], "storage_node/hymcache-storage")
+          : FLAGS_storage_binary;
   o.work_dir = FLAGS_work_dir.empty()
                    ? absl::StrCat("/tmp/hymcache-repro-", getpid())
                    : FLAGS_work_dir;

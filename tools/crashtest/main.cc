@@ -143,16 +143,19 @@ int main(int argc, char** argv) {
 
   hymcache::crashtest::CrashTestOptions o;
   hymcache::testing::RestartableClusterOptions& c = o.cluster;
-  c.master_binary = FLAGS_master_binary.empty()
-                        ? hymcache::testing::BinaryRunfile(argv[0], "master/hymcache-master")
-                        : FLAGS_master_binary;
+  c.master_binary =
+      FLAGS_master_binary.empty()
+          ? hymcache::testing::BinaryRunfile(argv[0], "master/hymcache-master")
+          : FLAGS_master_binary;
   c.storage_binary = FLAGS_storage_binary.empty()
-                         ? hymcache::testing::BinaryRunfile(argv[0], "storage_node/hymcache-storage")
+                         ? hymcache::testing::BinaryRunfile(
+                               argv[0], "storage_node/hymcache-storage")
                          : FLAGS_storage_binary;
   o.token_file = FLAGS_token_file;
-  o.hymctl_binary = FLAGS_hymctl_binary.empty()
-                        ? hymcache::testing::BinaryRunfile(argv[0], "tools/hymctl/hymctl")
-                        : FLAGS_hymctl_binary;
+  o.hymctl_binary =
+      FLAGS_hymctl_binary.empty()
+          ? hymcache::testing::BinaryRunfile(argv[0], "tools/hymctl/hymctl")
+          : FLAGS_hymctl_binary;
   if (c.master_binary.empty() || c.storage_binary.empty()) {
     std::cerr << "crashtest: daemon binaries not found in the runfiles; pass "
                  "--master_binary and --storage_binary\n";
