@@ -77,24 +77,7 @@ class FailoverMasterClient final : public MasterClient {
   // Calls sent again to another master since Create.
   uint64_t failovers() const;
 
-  absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> keys,
-                                     bool for_read,
-                                     absl::Time deadline) override;
-  std::unique_ptr<LookupStream> StartLookups(absl::Span<const std::string> keys,
-                                             size_t chunk_keys,
-                                             absl::Time deadline) override;
-  absl::StatusOr<PutStartReply> PutStart(const PutStartArgs& args,
-                                         absl::Time deadline) override;
-  absl::Status PutCommit(uint64_t put_id,
-                         absl::Span<const uint32_t> failed_indexes,
-                         absl::Time deadline) override;
-  void PutAbortInBackground(uint64_t put_id) override;
-  absl::Status ReportMissing(absl::Span<const std::string> keys,
-                             absl::Span<const ObjectLocation> locations,
-                             absl::Time deadline) override;
-  absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string> keys,
-                                           absl::Time deadline) override;
-  absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time deadline) override;
+  HYMCACHE_MASTER_CLIENT_OVERRIDES
 
  private:
   class Stream;

@@ -133,4 +133,31 @@ class MasterClient {
       absl::Time deadline) = 0;
 };
 
+// Every MasterClient method as an implementation declares it, written once
+// here for the classes that implement them all (FailoverMasterClient,
+// FakeMasterClient), so that a method added above is added to each:
+//   class Mine final : public MasterClient {
+//    public:
+//     HYMCACHE_MASTER_CLIENT_OVERRIDES
+//   };
+#define HYMCACHE_MASTER_CLIENT_OVERRIDES                                       \
+  absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> keys,       \
+                                     bool for_read, absl::Time deadline)       \
+      override;                                                                \
+  std::unique_ptr<LookupStream> StartLookups(                                  \
+      absl::Span<const std::string> keys, size_t chunk_keys,                   \
+      absl::Time deadline) override;                                           \
+  absl::StatusOr<PutStartReply> PutStart(const PutStartArgs& args,             \
+                                         absl::Time deadline) override;        \
+  absl::Status PutCommit(uint64_t put_id,                                      \
+                         absl::Span<const uint32_t> failed_indexes,            \
+                         absl::Time deadline) override;                        \
+  void PutAbortInBackground(uint64_t put_id) override;                         \
+  absl::Status ReportMissing(absl::Span<const std::string> keys,               \
+                             absl::Span<const ObjectLocation> locations,       \
+                             absl::Time deadline) override;                    \
+  absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string> keys, \
+                                           absl::Time deadline) override;      \
+  absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time deadline) override;
+
 }  // namespace hymcache

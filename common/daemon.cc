@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 #include <pthread.h>
 
+#include <atomic>
 #include <string>
 #include <utility>
 
@@ -140,6 +141,35 @@ int DaemonSignals::WaitForStop(SystemdNotifier* notifier,
             : "reload failed (the old identities and certificates stay): " +
                   reloaded.ToString());
   }
+}
+
+int ServeUntilStopped(
+    DaemonSignals& signals, const std::string& starting_status,
+    const std::string& stopping_status,
+    const std::function<absl::StatusOr<ServingDaemon>()>& start) {
+  std::atomic<const ServingDaemon*> serving{nullptr};
+  auto notifier =
+      SystemdNotifier::Create({.alive = [&serving](absl::Duration timeout) {
+        const ServingDaemon* d = serving.load();
+        return d == nullptr ? absl::OkStatus() : d->check_alive(timeout);
+      }});
+  notifier->Status(starting_status);
+  absl::StatusOr<ServingDaemon> daemon = start();
+  if (!daemon.ok()) {
+    LOG(ERROR) << "cannot start: " << daemon.status();
+    notifier->Status(daemon.status().ToString());
+    return 1;
+  }
+  serving = &*daemon;
+  notifier->Ready(daemon->status);
+  const int sig =
+      signals.WaitForStop(notifier.get(), daemon->status, daemon->reload);
+  LOG(INFO) << "signal " << sig << ": shutting down";
+  notifier->Stopping(stopping_status);
+  serving = nullptr;
+  notifier.reset();  // joins the watchdog thread before the server goes
+  daemon->shutdown();
+  return 0;
 }
 
 }  // namespace hymcache

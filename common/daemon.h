@@ -14,15 +14,17 @@
 //   DaemonSignals   main()'s signal loop: SIGTERM/SIGINT stop, SIGHUP
 //                   reloads, received synchronously (sigwait) and told to
 //                   systemd (common/systemd.h) as the unit's status line.
+//   ServeUntilStopped  main()'s serving life under systemd: start, READY=1,
+//                   watchdog pings while the server answers, reloads, and
+//                   STOPPING=1 and shutdown on a stop signal.
 //
 //   int main() {
 //     DaemonSignals signals;              // before any thread starts
-//     auto notifier = SystemdNotifier::Create({...});
-//     auto server = Server::Create(options);   // holds a ServerSecurity
-//     notifier->Ready(serving);
-//     int sig = signals.WaitForStop(notifier.get(), serving,
-//                                   [&] { return server->Reload(); });
-//     notifier->Stopping("shutting down"); ...
+//     return ServeUntilStopped(signals, "starting", "shutting down", [&] {
+//       ASSIGN_OR_RETURN(auto server, Server::Create(options));
+//       printf(<the ready line>);
+//       return ServingDaemonOf(std::move(server), "serving on ...");
+//     });
 //   }
 //
 // Thread safety: DaemonOptions is a value. ServerSecurity is safe for
@@ -167,5 +169,44 @@ class DaemonSignals {
   sigset_t signals_;
   uint64_t reloads_ = 0;
 };
+
+// A started server as ServeUntilStopped drives it.
+struct ServingDaemon {
+  // The unit's status line while it serves (and after a reload).
+  std::string status;
+  // Asked before each watchdog ping (the server's CheckAlive).
+  std::function<absl::Status(absl::Duration timeout)> check_alive;
+  // On each SIGHUP (the server's Reload: identities and certificates).
+  std::function<absl::Status()> reload;
+  // On a stop signal, after STOPPING=1 and the watchdog's end.
+  std::function<void()> shutdown;
+};
+
+// A ServingDaemon over `server`, a type with CheckAlive(absl::Duration),
+// Reload() and Shutdown() (MasterServer, StorageNode); it owns the server,
+// which goes when the ServingDaemon does.
+template <typename Server>
+ServingDaemon ServingDaemonOf(std::unique_ptr<Server> server,
+                              std::string status) {
+  std::shared_ptr<Server> s = std::move(server);
+  return ServingDaemon{
+      std::move(status),
+      [s](absl::Duration timeout) { return s->CheckAlive(timeout); },
+      [s] { return s->Reload(); }, [s] { s->Shutdown(); }};
+}
+
+// main()'s serving life, the same for both daemons, under systemd
+// (Type=notify) or not: tells `starting_status`, runs `start` (which
+// creates the server and prints the daemon's ready line), then READY=1
+// with the server's status; pings the watchdog while check_alive passes
+// (always while `start` runs); reloads on SIGHUP (DaemonSignals::
+// WaitForStop); on SIGTERM/SIGINT, STOPPING=1 with `stopping_status`, the
+// watchdog joined, then shutdown. Call it after `signals` exists (the
+// watchdog thread inherits the mask). Returns main()'s exit code: 1 when
+// `start` fails (logged, and told as the unit's status), else 0.
+int ServeUntilStopped(
+    DaemonSignals& signals, const std::string& starting_status,
+    const std::string& stopping_status,
+    const std::function<absl::StatusOr<ServingDaemon>()>& start);
 
 }  // namespace hymcache

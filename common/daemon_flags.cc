@@ -1,7 +1,11 @@
 #include "common/daemon_flags.h"
 
 #include <gflags/gflags.h>
+#include <glog/logging.h>
 
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
 #include "common/build_info.h"
 
 namespace {
@@ -51,6 +55,24 @@ void DaemonOptionsFromFlags(DaemonOptions* options) {
   options->metrics_listen = FLAGS_metrics_listen;
   options->build_version = BuildInfo().version;
   options->build_commit = BuildInfo().git_commit;
+}
+
+void StartDaemonMain(CommandLineOptions options,
+                     const std::vector<std::string>& more_security_flags,
+                     int* argc, char*** argv) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  FlagGroup security{"Security (docs/security.md)",
+                     {"auth_tokens_file", "insecure", "tls_cert", "tls_key",
+                      "tls_ca", "tls_require_client_cert"}};
+  security.flags.insert(security.flags.end(), more_security_flags.begin(),
+                        more_security_flags.end());
+  options.groups.push_back(std::move(security));
+  options.groups.push_back(
+      {"Logging (stderr by default: journald)",
+       {"log_dir", "logtostderr", "v", "vmodule", "minloglevel"}});
+  options.daemon_logging = true;
+  ParseCommandLine(options, argc, argv);
+  google::InitGoogleLogging((*argv)[0]);
 }
 
 }  // namespace hymcache

@@ -9,6 +9,10 @@
 // Thread safety: call from main() before starting threads.
 #pragma once
 
+#include <string>
+#include <vector>
+
+#include "common/cli.h"
 #include "common/daemon.h"
 
 namespace hymcache {
@@ -17,5 +21,17 @@ namespace hymcache {
 // reports from BuildInfo() (common/build_info.h). Leaves the others alone
 // (tls.server_name among them: the storage node's own flag).
 void DaemonOptionsFromFlags(DaemonOptions* options);
+
+// The start of a daemon's main(), the same for both daemons: Abseil's
+// mutex deadlock detector off (Debian builds Abseil with it on: a global
+// lock-order graph updated on every absl::Mutex acquisition, gRPC's
+// included; a debugging aid, too costly for the data path, which the tests
+// keep); the command line parsed (ParseCommandLine, with daemon logging)
+// with `options.groups` followed by the groups every daemon shares,
+// "Security" (the flags above but --metrics_listen, which a daemon places
+// itself, then `more_security_flags`) and "Logging"; then glog started.
+void StartDaemonMain(CommandLineOptions options,
+                     const std::vector<std::string>& more_security_flags,
+                     int* argc, char*** argv);
 
 }  // namespace hymcache

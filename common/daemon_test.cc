@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -175,17 +176,24 @@ struct SavedSignalMask {
   sigset_t mask;
 };
 
-TEST_CASE("DaemonSignals: SIGHUP reloads a new tokens file and tells "
-          "systemd; a bad file keeps the old identities; SIGTERM stops") {
+// What a daemon's main() sets up, in a test: a systemd socket in
+// NOTIFY_SOCKET and the stop and reload signals blocked (the mask restored
+// after). Signals raised in this thread stay pending until WaitForStop
+// takes them: the tests run single-threaded, without races or sleeps.
+struct SignalRig {
+  SignalRig() { REQUIRE(sock.ok()); }
   NotifySocket sock;
-  REQUIRE(sock.ok());
-  NotifyEnv env(sock.name());
+  NotifyEnv env{sock.name()};
   SavedSignalMask saved;
-  // Signals raised in this thread stay pending (blocked) until WaitForStop
-  // takes them: the test runs single-threaded, without races or sleeps.
   DaemonSignals signals;
+};
+
+TEST_CASE(
+    "DaemonSignals: SIGHUP reloads a new tokens file and tells "
+    "systemd; a bad file keeps the old identities; SIGTERM stops") {
+  SignalRig rig;
   auto notifier = SystemdNotifier::Create({});
-  CHECK(sock.Next(absl::Seconds(5)) == "STATUS=starting");
+  CHECK(rig.sock.Next(absl::Seconds(5)) == "STATUS=starting");
 
   const std::string path = TempPath("daemon_signal_tokens");
   Write(path, IdentityLine(Role::kAdmin, "-", "alice", "tok-old") + "\n");
@@ -197,35 +205,98 @@ TEST_CASE("DaemonSignals: SIGHUP reloads a new tokens file and tells "
   // A good file, then SIGTERM raised by the reload itself, once it ran.
   Write(path, IdentityLine(Role::kAdmin, "-", "bob", "tok-new") + "\n");
   REQUIRE(raise(SIGHUP) == 0);
-  int sig = signals.WaitForStop(notifier.get(), "serving on here", [&] {
+  int sig = rig.signals.WaitForStop(notifier.get(), "serving on here", [&] {
     absl::Status s = (*security)->Reload();
     raise(SIGTERM);
     return s;
   });
   CHECK(sig == SIGTERM);
-  CHECK(signals.reloads() == 1);
+  CHECK(rig.signals.reloads() == 1);
   CHECK(Admits(**security, "tok-new"));
   CHECK(!Admits(**security, "tok-old"));
-  CHECK(sock.Next(absl::Seconds(5)) ==
+  CHECK(rig.sock.Next(absl::Seconds(5)) ==
         "STATUS=serving on here; identities reloaded");
 
   // A file that does not parse: the old identities stay; systemd says so.
   Write(path, "engine\n");
   REQUIRE(raise(SIGHUP) == 0);
-  sig = signals.WaitForStop(notifier.get(), "serving on here", [&] {
+  sig = rig.signals.WaitForStop(notifier.get(), "serving on here", [&] {
     absl::Status s = (*security)->Reload();
     raise(SIGINT);
     return s;
   });
   CHECK(sig == SIGINT);
-  CHECK(signals.reloads() == 2);
+  CHECK(rig.signals.reloads() == 2);
   CHECK(Admits(**security, "tok-new"));
-  const std::string status = sock.Next(absl::Seconds(5));
+  const std::string status = rig.sock.Next(absl::Seconds(5));
   CHECK(absl::StartsWith(
       status,
       "STATUS=reload failed (the old identities and certificates stay): "
       "INVALID_ARGUMENT"));
   std::remove(path.c_str());
+}
+
+// What ServeUntilStopped drives, counting the calls it gets in `calls`
+// (which outlives it).
+struct Calls {
+  int reloads = 0;
+  int shutdowns = 0;
+  int destroyed = 0;
+};
+struct CountingServer {
+  explicit CountingServer(Calls* c) : calls(c) {}
+  ~CountingServer() { ++calls->destroyed; }
+  absl::Status CheckAlive(absl::Duration) { return absl::OkStatus(); }
+  absl::Status Reload() {
+    ++calls->reloads;
+    raise(SIGTERM);  // stop once the reload ran (pending until WaitForStop)
+    return absl::OkStatus();
+  }
+  void Shutdown() {
+    CHECK(calls->destroyed == 0);
+    ++calls->shutdowns;
+  }
+  Calls* calls;
+};
+
+TEST_CASE(
+    "ServeUntilStopped: READY=1 with the server's status, SIGHUP "
+    "reloads, SIGTERM says STOPPING=1 and shuts the server down") {
+  SignalRig rig;
+  Calls calls;
+  REQUIRE(raise(SIGHUP) == 0);
+  const int code = ServeUntilStopped(
+      rig.signals, "loading", "shutting down",
+      [&]() -> absl::StatusOr<ServingDaemon> {
+        return ServingDaemonOf(std::make_unique<CountingServer>(&calls),
+                               "serving on here");
+      });
+  CHECK(code == 0);
+  CHECK(rig.signals.reloads() == 1);
+  CHECK(calls.reloads == 1);
+  CHECK(calls.shutdowns == 1);
+  CHECK(calls.destroyed == 1);  // the server goes with the ServingDaemon
+  CHECK(rig.sock.Next(absl::Seconds(5)) == "STATUS=starting");
+  CHECK(rig.sock.Next(absl::Seconds(5)) == "STATUS=loading");
+  CHECK(rig.sock.Next(absl::Seconds(5)) == "READY=1\nSTATUS=serving on here");
+  CHECK(rig.sock.Next(absl::Seconds(5)) ==
+        "STATUS=serving on here; identities reloaded");
+  CHECK(rig.sock.Next(absl::Seconds(5)) == "STOPPING=1\nSTATUS=shutting down");
+}
+
+TEST_CASE(
+    "ServeUntilStopped: a server that cannot start exits 1 and says "
+    "why in the unit's status") {
+  SignalRig rig;
+  const int code =
+      ServeUntilStopped(rig.signals, "loading", "shutting down",
+                        []() -> absl::StatusOr<ServingDaemon> {
+                          return absl::UnavailableError("port taken");
+                        });
+  CHECK(code == 1);
+  CHECK(rig.sock.Next(absl::Seconds(5)) == "STATUS=starting");
+  CHECK(rig.sock.Next(absl::Seconds(5)) == "STATUS=loading");
+  CHECK(rig.sock.Next(absl::Seconds(5)) == "STATUS=UNAVAILABLE: port taken");
 }
 
 }  // namespace

@@ -283,16 +283,6 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
   return a;
 }
 
-absl::StatusOr<std::unique_ptr<Authenticator>>
-Authenticator::FromTextForTest(absl::string_view text) {
-  Table table;
-  absl::Status s = ParseInto(text, "<text>", &table);
-  if (!s.ok()) return s;
-  std::unique_ptr<Authenticator> a(new Authenticator(""));
-  a->table_ = std::make_shared<const Table>(std::move(table));
-  return a;
-}
-
 absl::Status Authenticator::Reload() {
   if (path_.empty()) return absl::OkStatus();
   auto table = Load(path_);

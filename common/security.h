@@ -117,9 +117,6 @@ class Authenticator {
   // the file and line of the first bad entry; NotFound if missing.
   static absl::StatusOr<std::unique_ptr<Authenticator>> Create(
       const std::string& path);
-  // Builds from text in the identities-file format (tests).
-  static absl::StatusOr<std::unique_ptr<Authenticator>> FromTextForTest(
-      absl::string_view text);
 
   // Re-reads the path given to Create. On error the old table stays.
   absl::Status Reload();

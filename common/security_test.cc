@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "catch2/catch.hpp"
+#include "common/test_identities.h"
 
 namespace hymcache {
 namespace {
@@ -38,7 +39,7 @@ TEST_CASE("NewToken is random and its line parses back to the identity") {
   CHECK(*a != *b);
   CHECK(a->size() == 4 + 64);
   const std::string line = IdentityLine(Role::kEngine, "acme", "vllm-0", *a);
-  auto auth = Authenticator::FromTextForTest(line + "\n");
+  auto auth = IdentitiesFromText(line + "\n");
   REQUIRE(auth.ok());
   auto id = (*auth)->CheckCredentials("Bearer " + *a, {}, Role::kEngine,
                                       "PutStart");
@@ -54,7 +55,7 @@ TEST_CASE("CheckCredentials: unauthenticated, wrong role, certificates") {
       "engine acme e1 sha256:" + TokenHash("tok-engine") + "\n" +
       "admin - a1 sha256:" + TokenHash("tok-admin") + "  # trailing\n" +
       "node - n1 cert:node-1.example\n";
-  auto auth = Authenticator::FromTextForTest(text);
+  auto auth = IdentitiesFromText(text);
   REQUIRE(auth.ok());
   CHECK((*auth)->size() == 3);
   auto none = (*auth)->CheckCredentials("", {}, Role::kEngine, "PutStart");
@@ -88,15 +89,16 @@ TEST_CASE("Bad identities lines are refused with file and line") {
        {"engine acme e1\n", "root - x sha256:00\n",
         "engine - x sha256:ABCDEF\n", "engine - x plain-token\n",
         "engine - x cert:\n"}) {
-    auto a = Authenticator::FromTextForTest(std::string("\n") + bad);
+    std::string path;
+    auto a = IdentitiesFromText(std::string("\n") + bad, &path);
     CHECK(absl::IsInvalidArgument(a.status()));
-    CHECK(absl::StrContains(a.status().message(), "<text>:2"));
+    CHECK(absl::StrContains(a.status().message(), path + ":2"));
   }
   const std::string h = TokenHash("t");
-  CHECK(absl::IsInvalidArgument(
-      Authenticator::FromTextForTest("engine - a sha256:" + h +
-                                     "\nadmin - b sha256:" + h + "\n")
-          .status()));
+  CHECK(absl::IsInvalidArgument(IdentitiesFromText("engine - a sha256:" + h +
+                                                   "\nadmin - b sha256:" + h +
+                                                   "\n")
+                                    .status()));
 }
 
 TEST_CASE("nodes= binds a node identity to node names") {
@@ -105,7 +107,8 @@ TEST_CASE("nodes= binds a node identity to node names") {
       " nodes=node-a,node-b\n" + "node - free sha256:" + TokenHash("tok-free") +
       "\n" + "node - by-cert cert:node-c.example nodes=node-c\n" +
       "admin - a sha256:" + TokenHash("tok-admin") + "\n";
-  auto auth = Authenticator::FromTextForTest(text);
+  std::string path;
+  auto auth = IdentitiesFromText(text, &path);
   REQUIRE(auth.ok());
   auto bound = (*auth)->CheckCredentials("Bearer tok-bound", {}, Role::kNode,
                                          "RegisterNode");
@@ -134,9 +137,8 @@ TEST_CASE("nodes= binds a node identity to node names") {
   CHECK(CheckNodeName(*free, "anything", "M").ok());
   const std::vector<std::string> warnings = (*auth)->Warnings();
   REQUIRE(warnings.size() == 1);
-  CHECK(absl::StartsWith(warnings[0],
-                         "<text>:2: node identity 'free' is "
-                         "not bound to node names"));
+  CHECK(absl::StartsWith(warnings[0], path + ":2: node identity 'free' is "
+                                             "not bound to node names"));
   // Other roles never act as nodes through the master's node methods; the
   // check itself does not concern them.
   auto admin =
@@ -147,7 +149,7 @@ TEST_CASE("nodes= binds a node identity to node names") {
   const std::string line =
       IdentityLine(Role::kNode, "", "n", "tok-n", {"host1-dram0"});
   CHECK(absl::EndsWith(line, " nodes=host1-dram0"));
-  auto again = Authenticator::FromTextForTest(line);
+  auto again = IdentitiesFromText(line);
   REQUIRE(again.ok());
   CHECK((*again)->Warnings().empty());
   auto n = (*again)->CheckCredentials("Bearer tok-n", {}, Role::kNode, "M");
@@ -162,9 +164,10 @@ TEST_CASE("nodes= binds a node identity to node names") {
         "engine - n sha256:" + h + " nodes=a\n",
         "node - n sha256:" + h + " nodes=" + std::string(129, 'x') + "\n",
         "node - n sha256:" + h + " nodes=a extra\n"}) {
-    auto a = Authenticator::FromTextForTest("\n" + bad);
+    std::string path;
+    auto a = IdentitiesFromText("\n" + bad, &path);
     CHECK(absl::IsInvalidArgument(a.status()));
-    CHECK(absl::StrContains(a.status().message(), "<text>:2"));
+    CHECK(absl::StrContains(a.status().message(), path + ":2"));
   }
 }
 

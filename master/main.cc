@@ -8,7 +8,6 @@
 // or SIGINT and exits 0; SIGHUP re-reads --auth_tokens_file.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
-#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,12 +15,10 @@
 #include <system_error>
 
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/cli.h"
 #include "common/daemon.h"
 #include "common/daemon_flags.h"
-#include "common/systemd.h"
 #include "master/main_ha.h"
 #include "master/master_server.h"
 
@@ -172,18 +169,12 @@ bool OptionsFromFlags(hymcache::MasterOptions* options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // As hymcache-storage does: Debian's Abseil is built with the mutex
-  // deadlock detector on, a global lock-order graph updated on every
-  // absl::Mutex acquisition, gRPC's included (every lookup takes several).
-  // A debugging aid; the tests keep it.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  hymcache::ParseCommandLine(
+  hymcache::StartDaemonMain(
       {.program = "hymcache-master",
        .usage = "HyMCache master: metadata, placement, liveness.\n"
                 "  hymcache-master --listen=HOST:PORT --db_path=DIR [flags]",
        .groups =
-           {{"Serving",
-             {"listen", "db_path", "sync_writes", "metrics_listen"}},
+           {{"Serving", {"listen", "db_path", "sync_writes", "metrics_listen"}},
             {"High availability (docs/ha.md)",
              {"etcd", "cluster", "advertise_address", "lease_ttl_s",
               "replication", "replication_sync_timeout_ms",
@@ -195,16 +186,9 @@ int main(int argc, char** argv) {
               "capability_lifetime_ms"}},
             {"Limits",
              {"max_nodes", "forget_dead_nodes_after_s",
-              "max_pending_share_per_caller", "max_pending_slots_per_caller"}},
-            {"Security (docs/security.md)",
-             {"auth_tokens_file", "insecure", "tls_cert", "tls_key", "tls_ca",
-              "tls_require_client_cert"}},
-            {"Logging (stderr by default: journald)",
-             {"log_dir", "logtostderr", "v", "vmodule", "minloglevel"}}},
-       .main_file = __FILE__,
-       .daemon_logging = true},
-      &argc, &argv);
-  google::InitGoogleLogging(argv[0]);
+              "max_pending_share_per_caller", "max_pending_slots_per_caller"}}},
+       .main_file = __FILE__},
+      {}, &argc, &argv);
 
   // Stop and reload signals are taken by WaitForStop below, and blocked in
   // every thread (threads inherit the mask): no work in a signal handler.
@@ -240,44 +224,26 @@ int main(int argc, char** argv) {
 
   // Under systemd (Type=notify): READY=1 once serving, STOPPING=1 at the
   // end, watchdog pings while the gRPC server answers (unconditional while
-  // the store loads). After the signal mask: its thread inherits it.
-  std::atomic<hymcache::MasterServer*> serving{nullptr};
-  auto notifier = hymcache::SystemdNotifier::Create(
-      {.alive = [&serving](absl::Duration timeout) {
-        hymcache::MasterServer* s = serving.load();
-        return s == nullptr ? absl::OkStatus() : s->CheckAlive(timeout);
-      }});
-
-  std::error_code ec;
-  std::filesystem::create_directories(FLAGS_db_path, ec);
-  if (ec) {
-    LOG(ERROR) << "cannot create " << FLAGS_db_path << ": " << ec.message();
-    return 1;
-  }
-  notifier->Status("loading " + FLAGS_db_path);
-  auto server = hymcache::MasterServer::Create(options);
-  if (!server.ok()) {
-    LOG(ERROR) << "cannot start: " << server.status();
-    notifier->Status(server.status().ToString());
-    return 1;
-  }
-  std::printf("hymcache-master listening on %s\n",
-              (*server)->address().c_str());
-  if (!(*server)->metrics_address().empty()) {
-    std::printf("hymcache-master metrics on %s\n",
-                (*server)->metrics_address().c_str());
-  }
-  std::fflush(stdout);
-  serving = server->get();
-  const std::string serving_status = "serving on " + (*server)->address();
-  notifier->Ready(serving_status);
-
-  const int sig = signals.WaitForStop(notifier.get(), serving_status,
-                                      [&] { return (*server)->Reload(); });
-  LOG(INFO) << "signal " << sig << ": shutting down";
-  notifier->Stopping("shutting down");
-  serving = nullptr;
-  notifier.reset();  // joins the watchdog thread before the server goes
-  (*server)->Shutdown();
-  return 0;
+  // the store loads).
+  return hymcache::ServeUntilStopped(
+      signals, "loading " + FLAGS_db_path, "shutting down",
+      [&]() -> absl::StatusOr<hymcache::ServingDaemon> {
+        std::error_code ec;
+        std::filesystem::create_directories(FLAGS_db_path, ec);
+        if (ec) {
+          return absl::InternalError("cannot create " + FLAGS_db_path + ": " +
+                                     ec.message());
+        }
+        auto server = hymcache::MasterServer::Create(options);
+        if (!server.ok()) return server.status();
+        std::printf("hymcache-master listening on %s\n",
+                    (*server)->address().c_str());
+        if (!(*server)->metrics_address().empty()) {
+          std::printf("hymcache-master metrics on %s\n",
+                      (*server)->metrics_address().c_str());
+        }
+        std::fflush(stdout);
+        const std::string status = "serving on " + (*server)->address();
+        return hymcache::ServingDaemonOf(std::move(*server), status);
+      });
 }

@@ -12,6 +12,7 @@
 #include "common/fake_clock.h"
 #include "master/fake_metadata_store.h"
 #include "master/master_service.h"
+#include "master/master_test_util.h"
 #include "master/metadata_store.h"
 #include "master/tenant.h"
 
@@ -24,26 +25,9 @@ using absl::StatusCode;
 
 constexpr uint64_t kCapacity = 1 << 20;
 
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::filesystem::path p =
-      std::filesystem::path(tmp ? tmp : "/tmp") / ("master_admin_" + name);
-  std::filesystem::remove_all(p);
-  std::filesystem::create_directories(p.parent_path());
-  return p.string();
-}
-
 v1::RegisterNodeRequest NodeReq(const std::string& name, int port) {
-  v1::RegisterNodeRequest r;
-  r.set_name(name);
-  r.set_incarnation(1);
-  r.set_data_address("127.0.0.1:" + std::to_string(port));
-  r.set_control_address("127.0.0.1:" + std::to_string(port + 1));
-  auto* region = r.add_regions();
-  region->set_region_id(0);
-  region->set_capacity_bytes(kCapacity);
-  region->set_alignment(4096);
-  region->set_device_kind("dram");
+  v1::RegisterNodeRequest r = OneRegionNodeReq(name, port, kCapacity);
+  r.mutable_regions(0)->set_device_kind("dram");
   return r;
 }
 

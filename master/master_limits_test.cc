@@ -10,6 +10,7 @@
 #include "common/fake_clock.h"
 #include "master/fake_metadata_store.h"
 #include "master/master_service.h"
+#include "master/master_test_util.h"
 
 namespace hymcache {
 namespace master {
@@ -21,15 +22,7 @@ using absl::StatusCode;
 constexpr uint64_t kCapacity = 1 << 20;
 
 v1::RegisterNodeRequest NodeReq(const std::string& name, int port = 7000) {
-  v1::RegisterNodeRequest r;
-  r.set_name(name);
-  r.set_incarnation(1);
-  r.set_data_address("127.0.0.1:" + std::to_string(port));
-  r.set_control_address("127.0.0.1:" + std::to_string(port + 1));
-  auto* region = r.add_regions();
-  region->set_region_id(0);
-  region->set_capacity_bytes(kCapacity);
-  region->set_alignment(4096);
+  v1::RegisterNodeRequest r = OneRegionNodeReq(name, port, kCapacity);
   (*r.mutable_transport_params())["shm.host"] = "host/boot";
   return r;
 }

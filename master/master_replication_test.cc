@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "common/eventually.h"
 #include "master/master_server.h"
+#include "master/master_test_util.h"
 #include "master/replica_follower.h"
 #include "proto/master.grpc.pb.h"
 
@@ -23,29 +24,9 @@ namespace hymcache {
 namespace {
 
 namespace v1 = ::hymcache::v1;
+using master::OneRegionNodeReq;
 using master::ReplicationMode;
-
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::filesystem::path p = std::filesystem::path(tmp ? tmp : "/tmp") /
-                            ("master_replication_" + name);
-  std::filesystem::remove_all(p);
-  std::filesystem::create_directories(p.parent_path());
-  return p.string();
-}
-
-v1::RegisterNodeRequest NodeReq(const std::string& name) {
-  v1::RegisterNodeRequest r;
-  r.set_name(name);
-  r.set_incarnation(1);
-  r.set_data_address("127.0.0.1:7000");
-  r.set_control_address("127.0.0.1:7001");
-  auto* region = r.add_regions();
-  region->set_region_id(0);
-  region->set_capacity_bytes(uint64_t{1} << 30);
-  region->set_alignment(4096);
-  return r;
-}
+using master::TestDir;
 
 struct Master {
   std::unique_ptr<MasterServer> server;
@@ -119,14 +100,15 @@ TEST_CASE("A synchronous commit is answered once a standby holds it, and at the 
   v1::RegisterNodeResponse reg;
   {
     grpc::ClientContext ctx;
-    REQUIRE(leader.stub->RegisterNode(&ctx, NodeReq("n"), &reg).ok());
+    REQUIRE(leader.stub->RegisterNode(&ctx, OneRegionNodeReq("n"), &reg).ok());
   }
   {
     grpc::ClientContext ctx;
     v1::HeartbeatResponse hb;  // proves the key: the node is placeable
     REQUIRE(
         leader.stub
-            ->Heartbeat(&ctx, master::ProvingHeartbeat(NodeReq("n"), reg), &hb)
+            ->Heartbeat(
+                &ctx, master::ProvingHeartbeat(OneRegionNodeReq("n"), reg), &hb)
             .ok());
   }
   // No standby: nothing replicated, the commit waits the timeout, then is

@@ -182,7 +182,8 @@ class MasterServer {
   // Open grpc.health.v1 Watch streams (tests). REQUIRES: before Shutdown.
   size_t HealthWatchersForTest() const;
 
-  // The service behind the RPCs, for in-process tests. Null after Shutdown.
+  // The service behind the RPCs, for lookup_bench's in-process master (it
+  // turns capabilities off and on between rows). Null after Shutdown.
   master::MasterService* ServiceForTest() { return service_.get(); }
 
  private:

@@ -25,6 +25,7 @@
 #include "common/thread.h"
 #include "common/wire.h"
 #include "master/fake_metadata_store.h"
+#include "master/master_test_util.h"
 #include "master/metadata_store.h"
 #include "master/tenant.h"
 
@@ -34,15 +35,6 @@ namespace service_test {
 
 namespace v1 = ::hymcache::v1;
 using absl::StatusCode;
-
-inline std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::filesystem::path p =
-      std::filesystem::path(tmp ? tmp : "/tmp") / ("master_service_" + name);
-  std::filesystem::remove_all(p);
-  std::filesystem::create_directories(p.parent_path());
-  return p.string();
-}
 
 struct RegionSpec {
   uint32_t id;

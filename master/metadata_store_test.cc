@@ -1,4 +1,5 @@
 #include "master/metadata_store.h"
+#include "master/master_test_util.h"
 
 #include <fcntl.h>
 #include <rocksdb/db.h>
@@ -21,16 +22,6 @@
 namespace hymcache {
 namespace master {
 namespace {
-
-// A fresh directory under TEST_TMPDIR for each test case.
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::filesystem::path p =
-      std::filesystem::path(tmp ? tmp : "/tmp") / ("metadata_store_" + name);
-  std::filesystem::remove_all(p);
-  std::filesystem::create_directories(p.parent_path());
-  return p.string();
-}
 
 std::unique_ptr<RocksDbMetadataStore> Open(const std::string& path,
                                            uint64_t block = 1 << 20,

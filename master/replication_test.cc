@@ -17,6 +17,7 @@
 #include "common/eventually.h"
 #include "common/mutex.h"
 #include "common/security.h"
+#include "common/test_identities.h"
 #include "master/master_service_test_fixture.h"
 #include "master/metadata_store.h"
 #include "master/replica_follower.h"
@@ -26,7 +27,6 @@ namespace hymcache {
 namespace master {
 namespace {
 
-using service_test::TestDir;
 using testing::Eventually;
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
@@ -377,7 +377,7 @@ TEST_CASE("Only an admin of the cluster may follow the leader") {
   auto engine = NewToken();
   REQUIRE(admin.ok());
   REQUIRE(engine.ok());
-  auto auth = Authenticator::FromTextForTest(
+  auto auth = IdentitiesFromText(
       IdentityLine(Role::kAdmin, "-", "master-b", *admin) + "\n" +
       IdentityLine(Role::kEngine, "acme", "vllm", *engine) + "\n");
   REQUIRE(auth.ok());

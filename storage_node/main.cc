@@ -11,7 +11,6 @@
 #include <cstring>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cstdint>
 #include <deque>
@@ -20,19 +19,17 @@
 #include <string>
 #include <variant>
 
-#include "common/bytes.h"
-#include "common/cli.h"
-#include "common/daemon.h"
-#include "common/daemon_flags.h"
-#include "common/systemd.h"
-#include "common/net.h"
-#include "common/security.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/bytes.h"
+#include "common/cli.h"
+#include "common/daemon.h"
+#include "common/daemon_flags.h"
+#include "common/net.h"
+#include "common/security.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "storage_node/storage_node.h"
@@ -408,47 +405,35 @@ bool OptionsFromFlags(hymcache::StorageNodeOptions* options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Debian's Abseil is built with the mutex deadlock detector on: a global
-  // lock-order graph updated on every absl::Mutex acquisition (gRPC's too).
-  // It is a debugging aid, too costly for the data path.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  hymcache::ParseCommandLine(
+  hymcache::StartDaemonMain(
       {.program = "hymcache-storage",
        .usage = "HyMCache storage node: serves KV blocks from DRAM/CXL "
                 "memory or a hybrid device.\n"
                 "  hymcache-storage --master=HOST:PORT [--dram_bytes=1G] "
                 "[flags]",
-       .groups =
-           {{"Master and addresses",
-             {"master", "name", "listen_host", "advertise_host", "data_port",
-              "control_port", "metrics_listen"}},
-            {"Memory device",
-             {"device", "dram_bytes", "numa_node", "allow_overcommit",
-              "alignment", "max_region_bytes", "shared_huge_pages"}},
-            {"Hybrid device (--device=hybrid, hybrid-lru)",
-             {"capacity_path", "capacity_bytes", "capacity_metadata_dir",
-              "staging_bytes", "write_buffer_bytes", "io_engine",
-              "io_queue_depth", "io_direct", "io_max_read_bytes_per_s",
-              "io_max_write_bytes_per_s", "verify_on_open", "verify_reads",
-              "shutdown_flush_timeout_ms"}},
-            {"Prefetch",
-             {"prefetch_window_bytes", "prefetch_session_timeout_ms"}},
-            {"Data planes",
-             {"shm", "shm_allowed_uids", "shm_allowed_gids", "rdma",
-              "rdma_device", "max_connections", "max_connections_per_peer",
-              "data_worker_threads", "max_requests_per_peer",
-              "data_send_buffer_bytes", "io_timeout_ms", "idle_timeout_ms",
-              "drain_timeout_ms"}},
-            {"Security (docs/security.md)",
-             {"auth_tokens_file", "insecure", "token_file", "node_key_file",
-              "capability_skew_ms", "tls_cert", "tls_key", "tls_ca",
-              "tls_require_client_cert", "tls_server_name"}},
-            {"Logging (stderr by default: journald)",
-             {"log_dir", "logtostderr", "v", "vmodule", "minloglevel"}}},
-       .main_file = __FILE__,
-       .daemon_logging = true},
+       .groups = {{"Master and addresses",
+                   {"master", "name", "listen_host", "advertise_host",
+                    "data_port", "control_port", "metrics_listen"}},
+                  {"Memory device",
+                   {"device", "dram_bytes", "numa_node", "allow_overcommit",
+                    "alignment", "max_region_bytes", "shared_huge_pages"}},
+                  {"Hybrid device (--device=hybrid, hybrid-lru)",
+                   {"capacity_path", "capacity_bytes", "capacity_metadata_dir",
+                    "staging_bytes", "write_buffer_bytes", "io_engine",
+                    "io_queue_depth", "io_direct", "io_max_read_bytes_per_s",
+                    "io_max_write_bytes_per_s", "verify_on_open",
+                    "verify_reads", "shutdown_flush_timeout_ms"}},
+                  {"Prefetch",
+                   {"prefetch_window_bytes", "prefetch_session_timeout_ms"}},
+                  {"Data planes",
+                   {"shm", "shm_allowed_uids", "shm_allowed_gids", "rdma",
+                    "rdma_device", "max_connections",
+                    "max_connections_per_peer", "data_worker_threads",
+                    "max_requests_per_peer", "data_send_buffer_bytes",
+                    "io_timeout_ms", "idle_timeout_ms", "drain_timeout_ms"}}},
+       .main_file = __FILE__},
+      {"token_file", "node_key_file", "capability_skew_ms", "tls_server_name"},
       &argc, &argv);
-  google::InitGoogleLogging(argv[0]);
   RaiseDescriptorLimit();
 
   hymcache::StorageNodeOptions options;
@@ -461,40 +446,22 @@ int main(int argc, char** argv) {
   // Under systemd (Type=notify): READY=1 once the ports serve (registration
   // with the master follows in the background; the control port's gRPC
   // health says when the node is ready), STOPPING=1 at the end, watchdog
-  // pings while the control server answers. After the signal mask: its
-  // thread inherits it.
-  std::atomic<hymcache::StorageNode*> serving{nullptr};
-  auto notifier = hymcache::SystemdNotifier::Create(
-      {.alive = [&serving](absl::Duration timeout) {
-        hymcache::StorageNode* n = serving.load();
-        return n == nullptr ? absl::OkStatus() : n->CheckAlive(timeout);
-      }});
-  notifier->Status("opening the memory device");
-  auto node = hymcache::StorageNode::Create(options);
-  if (!node.ok()) {
-    LOG(ERROR) << "cannot start the storage node: " << node.status();
-    notifier->Status(node.status().ToString());
-    return 1;
-  }
-  std::cout << "hymcache-storage data=" << (*node)->data_address()
-            << " control=" << (*node)->control_address();
-  if (!(*node)->metrics_address().empty()) {
-    std::cout << " metrics=" << (*node)->metrics_address();
-  }
-  std::cout << std::endl;
-  serving = node->get();
-  const std::string serving_status =
-      "serving data=" + (*node)->data_address() +
-      " control=" + (*node)->control_address() + "; master " + FLAGS_master;
-  notifier->Ready(serving_status);
-
-  const int sig = signals.WaitForStop(notifier.get(), serving_status,
-                                      [&] { return (*node)->Reload(); });
-  LOG(INFO) << "received signal " << sig << "; shutting down";
-  notifier->Stopping("shutting down: deregistering, draining");
-  serving = nullptr;
-  notifier.reset();  // joins the watchdog thread before the node goes
-  (*node)->Shutdown();
-  node->reset();
-  return 0;
+  // pings while the control server answers.
+  return hymcache::ServeUntilStopped(
+      signals, "opening the memory device",
+      "shutting down: deregistering, draining",
+      [&]() -> absl::StatusOr<hymcache::ServingDaemon> {
+        auto node = hymcache::StorageNode::Create(options);
+        if (!node.ok()) return node.status();
+        std::cout << "hymcache-storage data=" << (*node)->data_address()
+                  << " control=" << (*node)->control_address();
+        if (!(*node)->metrics_address().empty()) {
+          std::cout << " metrics=" << (*node)->metrics_address();
+        }
+        std::cout << std::endl;
+        const std::string status = "serving data=" + (*node)->data_address() +
+                                   " control=" + (*node)->control_address() +
+                                   "; master " + FLAGS_master;
+        return hymcache::ServingDaemonOf(std::move(*node), status);
+      });
 }

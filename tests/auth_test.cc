@@ -26,6 +26,7 @@
 #include "client/client.h"
 #include "common/eventually.h"
 #include "common/security.h"
+#include "common/test_identities.h"
 #include "master/master_server.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
@@ -319,7 +320,7 @@ TEST_CASE("hymctl token new writes a token its identities line admits") {
                       out, err) == 0);
   auto token = ReadTokenFile(dir + "/t");
   REQUIRE(token.ok());
-  auto auth = Authenticator::FromTextForTest(out.str());
+  auto auth = IdentitiesFromText(out.str());
   REQUIRE(auth.ok());
   auto id = (*auth)->CheckCredentials("Bearer " + *token, {}, Role::kEngine,
                                       "M");
@@ -337,7 +338,7 @@ TEST_CASE("hymctl token new writes a token its identities line admits") {
   REQUIRE(hymctl::Run(bound, {"token", "new", "node", "-", "gpu1", dir + "/n"},
                       out3, err3) == 0);
   CHECK(absl::StrContains(out3.str(), " nodes=gpu1-dram0,gpu1-dram1\n"));
-  auto node_auth = Authenticator::FromTextForTest(out3.str());
+  auto node_auth = IdentitiesFromText(out3.str());
   REQUIRE(node_auth.ok());
   auto node_id = (*node_auth)
                      ->CheckCredentials("Bearer " + *ReadTokenFile(dir + "/n"),

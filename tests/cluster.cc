@@ -1,11 +1,50 @@
 #include "tests/cluster.h"
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <system_error>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/eventually.h"
+#include "common/net.h"
+#include "common/status_macros.h"
 
 namespace hymcache::testing {
+namespace {
+
+absl::Status MakeDir(const std::string& dir) {
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::InternalError(
+        absl::StrCat("mkdir ", dir, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+// Replaces the value of "--flag=..." in `args`.
+void SetFlag(std::vector<std::string>& args, const std::string& flag,
+             const std::string& value) {
+  for (std::string& a : args) {
+    if (absl::StartsWith(a, flag + "=")) a = flag + "=" + value;
+  }
+}
+
+absl::StatusOr<std::string> PortOf(const std::string& host_port) {
+  auto hp = SplitHostPort(host_port);
+  if (!hp.ok()) return hp.status();
+  return absl::StrCat(hp->second);
+}
+
+}  // namespace
 
 absl::Status WaitForLiveNodes(Client& client, size_t alive,
                               const std::vector<std::string>& data_addresses,
@@ -82,6 +121,199 @@ absl::Status TestCluster::WaitAlive(absl::Duration timeout) {
   std::vector<std::string> addresses;
   for (const StorageProcess& n : nodes) addresses.push_back(n.data_address);
   return WaitForLiveNodes(*client, nodes.size(), addresses, timeout);
+}
+
+std::string BinaryRunfile(const char* argv0, const std::string& rel) {
+  std::vector<std::string> roots;
+  for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
+    if (const char* dir = getenv(env))
+      roots.push_back(absl::StrCat(dir, "/hymcache/"));
+  }
+  roots.push_back(absl::StrCat(argv0, ".runfiles/hymcache/"));
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) roots.push_back(self.string() + ".runfiles/hymcache/");
+  for (const std::string& root : roots) {
+    const std::string path = root + rel;
+    if (access(path.c_str(), X_OK) == 0) return path;
+  }
+  return "";
+}
+
+absl::Status RestartableClusterOptions::Validate() const {
+  if (master_binary.empty() || storage_binary.empty()) {
+    return absl::InvalidArgumentError(
+        "RestartableClusterOptions: master_binary and storage_binary are "
+        "required");
+  }
+  if (work_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "RestartableClusterOptions: work_dir is required");
+  }
+  if (nodes.empty()) {
+    return absl::InvalidArgumentError(
+        "RestartableClusterOptions: no storage nodes");
+  }
+  std::set<std::string> names = {"master"};
+  for (const StorageNodeSpec& n : nodes) {
+    if (n.name.empty() || !names.insert(n.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RestartableClusterOptions: node name '", n.name,
+                       "' is empty or repeated"));
+    }
+    if (n.bytes == 0 || (n.device == StorageNodeSpec::Device::kHybrid &&
+                         (n.bytes % 4096 != 0 || n.staging_bytes == 0 ||
+                          n.write_buffer_bytes == 0))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RestartableClusterOptions: node '", n.name,
+          "': bytes must be positive (hybrid: a multiple of 4096, with "
+          "staging and write-buffer bytes)"));
+    }
+  }
+  if (start_attempts < 1) {
+    return absl::InvalidArgumentError(
+        "RestartableClusterOptions: start_attempts < 1");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<RestartableCluster>> RestartableCluster::Create(
+    const RestartableClusterOptions& options) {
+  RETURN_IF_ERROR(options.Validate());
+  RETURN_IF_ERROR(MakeDir(options.work_dir));
+  const std::string log_dir =
+      options.log_dir.empty() ? options.work_dir : options.log_dir;
+  RETURN_IF_ERROR(MakeDir(log_dir));
+  std::unique_ptr<RestartableCluster> c(new RestartableCluster(options));
+
+  auto master = std::make_unique<Daemon>();
+  master->name = "master";
+  master->binary = options.master_binary;
+  master->args = MasterArgs(options.work_dir + "/master", "127.0.0.1:0");
+  master->args.insert(master->args.end(), options.master_args.begin(),
+                      options.master_args.end());
+  master->log_path = log_dir + "/master.log";
+  RETURN_IF_ERROR(c->StartDaemon(*master, /*first=*/true));
+  c->daemons_.push_back(std::move(master));
+
+  for (const StorageNodeSpec& n : options.nodes) {
+    auto d = std::make_unique<Daemon>();
+    d->name = n.name;
+    d->binary = options.storage_binary;
+    d->capacity = n.bytes;
+    d->args = StorageArgs(c->master_address_, n.name);
+    d->args.insert(d->args.end(), {"--listen_host=127.0.0.1", "--rdma=off",
+                                   "--shared_huge_pages=false"});
+    if (n.device == StorageNodeSpec::Device::kDram) {
+      d->args.push_back(absl::StrCat("--dram_bytes=", n.bytes));
+      // As deployed: the node keeps its key, so that a restarted process
+      // proves it and re-registers at once (a hybrid node keeps it beside
+      // its capacity file by default).
+      d->args.push_back("--node_key_file=" + options.work_dir + "/" + n.name +
+                        ".node_key");
+    } else {
+      d->keeps_objects = true;
+      d->args.push_back("--device=hybrid");
+      d->args.push_back("--capacity_path=" + options.work_dir + "/" + n.name +
+                        ".capacity");
+      d->args.push_back(absl::StrCat("--capacity_bytes=", n.bytes));
+      d->args.push_back(absl::StrCat("--staging_bytes=", n.staging_bytes));
+      d->args.push_back(
+          absl::StrCat("--write_buffer_bytes=", n.write_buffer_bytes));
+      d->args.push_back("--io_queue_depth=16");
+    }
+    d->args.insert(d->args.end(), options.storage_args.begin(),
+                   options.storage_args.end());
+    d->log_path = log_dir + "/" + n.name + ".log";
+    RETURN_IF_ERROR(c->StartDaemon(*d, /*first=*/true));
+    c->daemons_.push_back(std::move(d));
+  }
+  return c;
+}
+
+RestartableCluster::~RestartableCluster() = default;
+
+absl::Status RestartableCluster::StartDaemon(Daemon& d, bool first) {
+  absl::Status s;
+  for (int attempt = 0; attempt < options_.start_attempts; ++attempt) {
+    if (attempt > 0) {
+      ++failed_starts_;
+      absl::SleepFor(options_.restart_retry_delay);
+    }
+    ChildOptions o;
+    o.log_path = d.log_path;
+    o.ready_timeout = options_.start_timeout;
+    // A crash test that dies leaves no daemon behind.
+    o.die_with_starting_thread = true;
+    s = d.process.Start(d.binary, d.args, o);
+    // Only an early exit (e.g. a port in TIME_WAIT's hands) is worth a
+    // retry; a daemon that hangs will hang again.
+    if (s.ok() || s.code() != absl::StatusCode::kUnavailable) break;
+  }
+  if (!s.ok()) return s;
+  if (!first) return absl::OkStatus();
+  if (d.name != "master" && !options_.node_same_ports) return absl::OkStatus();
+  const std::string& line = d.process.ready_line();
+  if (d.name == "master") {
+    ASSIGN_OR_RETURN(master_address_, ParseMasterReadyLine(line));
+    SetFlag(d.args, "--listen", master_address_);
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(StorageReadyLine addresses, ParseStorageReadyLine(line));
+  absl::StatusOr<std::string> data_port = PortOf(addresses.data_address);
+  absl::StatusOr<std::string> control_port = PortOf(addresses.control_address);
+  if (!data_port.ok() || !control_port.ok()) {
+    return absl::InternalError("unexpected storage line: " + line);
+  }
+  SetFlag(d.args, "--data_port", *data_port);
+  SetFlag(d.args, "--control_port", *control_port);
+  return absl::OkStatus();
+}
+
+int RestartableCluster::IndexOf(const std::string& name) const {
+  for (size_t i = 0; i < daemons_.size(); ++i) {
+    if (daemons_[i]->name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+absl::Status RestartableCluster::Kill(size_t i) {
+  Daemon& d = *daemons_[i];
+  if (!d.process.Alive()) {
+    return absl::FailedPreconditionError(d.name + " is not running");
+  }
+  return d.process.Signal(SIGKILL, absl::Seconds(30)).status();
+}
+
+absl::Status RestartableCluster::Restart(size_t i) {
+  Daemon& d = *daemons_[i];
+  if (d.process.Alive()) {
+    return absl::FailedPreconditionError(d.name + " is running");
+  }
+  return StartDaemon(d, /*first=*/false);
+}
+
+bool RestartableCluster::Alive(size_t i, std::string* exit) {
+  Daemon& d = *daemons_[i];
+  const bool was_running = d.process.pid() > 0;
+  if (d.process.Alive()) return true;
+  if (was_running && exit != nullptr) {
+    *exit = DescribeWaitStatus(d.process.exit_status());
+  }
+  return false;
+}
+
+absl::StatusOr<int> RestartableCluster::Terminate(size_t i,
+                                                  absl::Duration timeout) {
+  Daemon& d = *daemons_[i];
+  if (!d.process.Alive()) {
+    return absl::FailedPreconditionError(d.name + " is not running");
+  }
+  absl::StatusOr<int> st = d.process.Signal(SIGTERM, timeout);
+  if (!st.ok()) {
+    d.process.Signal(SIGKILL, absl::Seconds(30)).IgnoreError();
+  }
+  return st;
 }
 
 }  // namespace hymcache::testing

@@ -95,11 +95,22 @@ absl::StatusOr<StorageReadyLine> ParseStorageReadyLine(
   return r;
 }
 
+std::vector<std::string> MasterArgs(const std::string& db_path,
+                                    const std::string& listen) {
+  return {"--db_path=" + db_path, "--listen=" + listen};
+}
+
+std::vector<std::string> StorageArgs(const std::string& master,
+                                     const std::string& name) {
+  return {"--master=" + master, "--name=" + name, "--data_port=0",
+          "--control_port=0"};
+}
+
 absl::StatusOr<MasterProcess> MasterProcess::Start(
     const std::string& db_path, const std::string& listen,
     std::vector<std::string> extra) {
-  std::vector<std::string> args = {"--db_path=" + db_path, "--listen=" + listen,
-                                   "--logtostderr"};
+  std::vector<std::string> args = MasterArgs(db_path, listen);
+  args.push_back("--logtostderr");
   args.insert(args.end(), extra.begin(), extra.end());
   auto d = Daemon::Start(RunfilePath("master/hymcache-master"), args);
   if (!d.ok()) return d.status();
@@ -114,9 +125,8 @@ absl::StatusOr<MasterProcess> MasterProcess::Start(
 absl::StatusOr<StorageProcess> StorageProcess::Start(
     const std::string& master, const std::string& name,
     std::vector<std::string> extra) {
-  std::vector<std::string> args = {"--master=" + master, "--name=" + name,
-                                   "--data_port=0", "--control_port=0",
-                                   "--logtostderr"};
+  std::vector<std::string> args = StorageArgs(master, name);
+  args.push_back("--logtostderr");
   args.insert(args.end(), extra.begin(), extra.end());
   auto d = Daemon::Start(RunfilePath("storage_node/hymcache-storage"), args);
   if (!d.ok()) return d.status();

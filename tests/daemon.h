@@ -66,7 +66,7 @@ class Daemon {
 std::string Field(const std::string& line, const std::string& key);
 
 // What the daemons print once they serve, as this harness and the crash
-// test's cluster (tools/crashtest/cluster.h) both read it.
+// test's RestartableCluster (tests/cluster.h) both read it.
 // The master's: "hymcache-master listening on HOST:PORT"; returns HOST:PORT.
 absl::StatusOr<std::string> ParseMasterReadyLine(const std::string& line);
 // A storage node's: "hymcache-storage data=H:P control=H:P ...".
@@ -75,6 +75,14 @@ struct StorageReadyLine {
   std::string control_address;
 };
 absl::StatusOr<StorageReadyLine> ParseStorageReadyLine(const std::string& line);
+
+// The flags every harness starts the daemons with (tests, the crash
+// test's cluster): the master's database and listen address; a storage
+// node's master, name and port-0 data and control ports.
+std::vector<std::string> MasterArgs(const std::string& db_path,
+                                    const std::string& listen);
+std::vector<std::string> StorageArgs(const std::string& master,
+                                     const std::string& name);
 
 // A master binary: parses "hymcache-master listening on HOST:PORT".
 struct MasterProcess {

@@ -242,7 +242,34 @@ struct Rig {
     for (const auto& m : masters) a.push_back(m.address);
     return absl::StrJoin(a, ",");
   }
+
+  // Starts storage node "n1" and `client`, both given every master, and
+  // waits until the masters list the node alive.
+  void StartNodeAndClient() {
+    auto n = StorageProcess::Start(MasterList(), "n1");
+    INFO(n.status().ToString());
+    REQUIRE(n.ok());
+    node = std::move(n).value();
+    ClientOptions co;
+    co.master_address = MasterList();
+    auto c = Client::Create(co);
+    REQUIRE(c.ok());
+    client = std::move(c).value();
+    REQUIRE(testing::WaitForLiveNodes(*client, 1).ok());
+  }
+
+  StorageProcess node;
+  std::unique_ptr<Client> client;
 };
+
+// Puts every block of `b` through `client`: all stored, all loaded back
+// intact.
+void PutIntact(Client& client, const Blocks& b) {
+  auto put = client.Put(b.keys, b.in());
+  REQUIRE(put.ok());
+  REQUIRE(put->stored == b.keys.size());
+  REQUIRE(LoadIntact(client, b) == b.keys.size());
+}
 
 // kill -9 of `leader`, then a lookup of `before`'s keys (all must be
 // found) and a put of `after` through `client`, each attempt with a 1 s
@@ -317,6 +344,24 @@ Takeover KillLeaderAndMeasure(HaMasterProcess& leader, Client& client,
   return Takeover{*first_lookup, *first_put};
 }
 
+// kill -9 of master `leader` (KillLeaderAndMeasure through rig.client, the
+// times printed as `what`); then master `standby` leads with an epoch above
+// `first`'s, and every block of `before` and of `after` (put during the
+// takeover) loads intact, byte for byte. Returns the new leader.
+LeaderInfo KillLeaderAndCheckTakeover(Rig& rig, size_t leader, size_t standby,
+                                      const LeaderInfo& first,
+                                      const Blocks& before, const Blocks& after,
+                                      const std::string& what) {
+  KillLeaderAndMeasure(rig.masters[leader], *rig.client, before, after,
+                       what.c_str());
+  LeaderInfo second;
+  REQUIRE(rig.WaitForServingLeader(&second) == standby);
+  CHECK(second.epoch > first.epoch);
+  CHECK(LoadIntact(*rig.client, before) == before.keys.size());
+  CHECK(LoadIntact(*rig.client, after) == after.keys.size());
+  return second;
+}
+
 TEST_CASE("A standby refuses with the leader's address and takes over from a killed leader with nothing lost") {
   Rig rig("master_ha_takeover");
   const std::string db = rig.dir + "/master";  // shared: see the file comment
@@ -355,32 +400,15 @@ TEST_CASE("A standby refuses with the leader's address and takes over from a kil
                           absl::StrCat("master ", rig.masters[leader].address,
                                        " leads, epoch ", first.epoch)));
 
-  auto node = StorageProcess::Start(rig.MasterList(), "n1");
-  INFO(node.status().ToString());
-  REQUIRE(node.ok());
-  ClientOptions co;
-  co.master_address = rig.MasterList();
-  auto client = Client::Create(co);
-  REQUIRE(client.ok());
-  REQUIRE(testing::WaitForLiveNodes(**client, 1).ok());
-
-  Blocks before("before-", 8, 1);
-  auto put = (*client)->Put(before.keys, before.in());
-  REQUIRE(put.ok());
-  REQUIRE(put->stored == before.keys.size());
-  REQUIRE(LoadIntact(**client, before) == before.keys.size());
+  rig.StartNodeAndClient();
+  const Blocks before("before-", 8, 1);
+  PutIntact(*rig.client, before);
 
   // kill -9 the leader; the standby takes over once the lease expires.
-  Blocks after("after-", 1, 100);
-  KillLeaderAndMeasure(rig.masters[leader], **client, before, after,
-                       "shared store");
-
-  LeaderInfo second;
-  REQUIRE(rig.WaitForServingLeader(&second) == standby);
-  CHECK(second.epoch > first.epoch);
   // Everything committed before the kill is still there, byte for byte.
-  CHECK(LoadIntact(**client, before) == before.keys.size());
-  CHECK(LoadIntact(**client, after) == 1);
+  const LeaderInfo second =
+      KillLeaderAndCheckTakeover(rig, leader, standby, first, before,
+                                 Blocks("after-", 1, 100), "shared store");
 
   // The killed master, restarted, stands by and names the new leader.
   HaMasterProcess old = std::move(rig.masters[leader]);
@@ -409,18 +437,8 @@ TEST_CASE("A leader whose term ends stops serving and exits, and the standby lea
   REQUIRE(rig.WaitForServingLeader(&second) == 1);
   CHECK(second.epoch > first.epoch);
 
-  auto node = StorageProcess::Start(rig.MasterList(), "n1");
-  REQUIRE(node.ok());
-  ClientOptions co;
-  co.master_address = rig.MasterList();
-  auto client = Client::Create(co);
-  REQUIRE(client.ok());
-  REQUIRE(testing::WaitForLiveNodes(**client, 1).ok());
-  Blocks b("k-", 2, 7);
-  auto put = (*client)->Put(b.keys, b.in());
-  REQUIRE(put.ok());
-  CHECK(put->stored == 2);
-  CHECK(LoadIntact(**client, b) == 2);
+  rig.StartNodeAndClient();
+  PutIntact(*rig.client, Blocks("k-", 2, 7));
 }
 
 // Two masters on separate --db_path directories, replicating in `mode`
@@ -442,20 +460,9 @@ void ReplicatedTakeover(const std::string& name, const std::string& mode) {
     return st.ok() && (*st)["replication_followers"] >= 1;
   }));
 
-  auto node = StorageProcess::Start(rig.MasterList(), "n1");
-  INFO(node.status().ToString());
-  REQUIRE(node.ok());
-  ClientOptions co;
-  co.master_address = rig.MasterList();
-  auto client = Client::Create(co);
-  REQUIRE(client.ok());
-  REQUIRE(testing::WaitForLiveNodes(**client, 1).ok());
-
-  Blocks before("before-", 16, 3);
-  auto put = (*client)->Put(before.keys, before.in());
-  REQUIRE(put.ok());
-  REQUIRE(put->stored == before.keys.size());
-  REQUIRE(LoadIntact(**client, before) == before.keys.size());
+  rig.StartNodeAndClient();
+  const Blocks before("before-", 16, 3);
+  PutIntact(*rig.client, before);
 
   auto leader_stats = StatsOf(rig.masters[leader].address);
   REQUIRE(leader_stats.ok());
@@ -486,16 +493,11 @@ void ReplicatedTakeover(const std::string& name, const std::string& mode) {
     latest = stats["replication_latest_sequence"];
   }
 
-  Blocks after("after-", 1, 200);
-  KillLeaderAndMeasure(rig.masters[leader], **client, before, after,
-                       ("separate stores, " + mode).c_str());
-  LeaderInfo second;
-  REQUIRE(rig.WaitForServingLeader(&second) == standby);
-  CHECK(second.epoch > first.epoch);
   // Everything committed before the kill is there, byte for byte, served
   // from the standby's own copy of the store.
-  CHECK(LoadIntact(**client, before) == before.keys.size());
-  CHECK(LoadIntact(**client, after) == 1);
+  KillLeaderAndCheckTakeover(rig, leader, standby, first, before,
+                             Blocks("after-", 1, 200),
+                             "separate stores, " + mode);
   auto st = StatsOf(rig.masters[standby].address);
   REQUIRE(st.ok());
   CHECK((*st)["replica_applied_sequence_at_election"] >= latest);

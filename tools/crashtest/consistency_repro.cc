@@ -49,7 +49,7 @@
 #include "common/mutex.h"
 #include "common/net.h"
 #include "common/thread.h"
-#include "tools/crashtest/cluster.h"
+#include "tests/cluster.h"
 
 DEFINE_string(case, "lost_commit", "lost_commit or orphaned_subtree");
 DEFINE_string(work_dir, "", "daemon data and logs (default: a temp dir)");
@@ -166,22 +166,6 @@ class Proxy {
   std::vector<int> live_ ABSL_GUARDED_BY(mu_);
 };
 
-std::string Runfile(const char* argv0, const std::string& rel) {
-  std::vector<std::string> roots;
-  for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
-    if (const char* dir = getenv(env))
-      roots.push_back(absl::StrCat(dir, "/hymcache/"));
-  }
-  roots.push_back(absl::StrCat(argv0, ".runfiles/hymcache/"));
-  std::error_code ec;
-  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) roots.push_back(self.string() + ".runfiles/hymcache/");
-  for (const std::string& root : roots) {
-    if (access((root + rel).c_str(), X_OK) == 0) return root + rel;
-  }
-  return "";
-}
-
 // Waits until node `name` is alive with a heartbeat after `after`.
 bool WaitAlive(Client& client, const std::string& name, absl::Time after,
                bool alive = true) {
@@ -209,15 +193,15 @@ int Fail(const std::string& why) {
   return 2;
 }
 
-int LostCommit(ClusterOptions o) {
+int LostCommit(testing::RestartableClusterOptions o) {
   Proxy proxy;
   if (absl::Status s = proxy.Open(0); !s.ok()) return Fail(s.ToString());
   o.master_args.push_back("--node_timeout_ms=30000");
-  o.nodes = {{"n", StorageNodeSpec::Device::kDram, 64 << 20}};
+  o.nodes = {{"n", testing::StorageNodeSpec::Device::kDram, 64 << 20}};
   o.storage_args.push_back(absl::StrCat("--master=127.0.0.1:", proxy.port()));
-  auto cluster = Cluster::Create(o);
+  auto cluster = testing::RestartableCluster::Create(o);
   if (!cluster.ok()) return Fail(cluster.status().ToString());
-  Cluster& c = **cluster;
+  testing::RestartableCluster& c = **cluster;
   proxy.set_target(c.master_address());
   auto client = Client::Create({.master_address = c.master_address()});
   if (!client.ok()) return Fail(client.status().ToString());
@@ -269,14 +253,14 @@ int LostCommit(ClusterOptions o) {
   return 0;
 }
 
-int OrphanedSubtree(ClusterOptions o) {
+int OrphanedSubtree(testing::RestartableClusterOptions o) {
   o.master_args.push_back("--node_timeout_ms=2000");
   o.master_args.push_back("--v=1");  // logs the orphan sweep
-  o.nodes = {{"a", StorageNodeSpec::Device::kDram, 64 << 20},
-             {"b", StorageNodeSpec::Device::kDram, 64 << 20}};
-  auto cluster = Cluster::Create(o);
+  o.nodes = {{"a", testing::StorageNodeSpec::Device::kDram, 64 << 20},
+             {"b", testing::StorageNodeSpec::Device::kDram, 64 << 20}};
+  auto cluster = testing::RestartableCluster::Create(o);
   if (!cluster.ok()) return Fail(cluster.status().ToString());
-  Cluster& c = **cluster;
+  testing::RestartableCluster& c = **cluster;
   auto client = Client::Create({.master_address = c.master_address()});
   if (!client.ok()) return Fail(client.status().ToString());
   if (!WaitAlive(**client, "a", absl::InfinitePast()) ||
@@ -347,14 +331,15 @@ int main(int argc, char** argv) {
        .main_file = __FILE__},
       &argc, &argv);
   signal(SIGPIPE, SIG_IGN);
-  using hymcache::crashtest::Runfile;
-  hymcache::crashtest::ClusterOptions o;
+  using hymcache::testing::BinaryRunfile;
+  hymcache::testing::RestartableClusterOptions o;
   o.master_binary = FLAGS_master_binary.empty()
-                        ? Runfile(argv[0], "master/hymcache-master")
+                        ? BinaryRunfile(argv[0], "master/hymcache-master")
                         : FLAGS_master_binary;
-  o.storage_binary = FLAGS_storage_binary.empty()
-                         ? Runfile(argv[0], "storage_node/hymcache-storage")
-                         : FLAGS_storage_binary;
+  o.storage_binary =
+      FLAGS_storage_binary.empty()
+          ? BinaryRunfile(argv[0], "storage_node/hymcache-storage")
+          : FLAGS_storage_binary;
   o.work_dir = FLAGS_work_dir.empty()
                    ? absl::StrCat("/tmp/hymcache-repro-", getpid())
                    : FLAGS_work_dir;

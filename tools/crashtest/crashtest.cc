@@ -265,7 +265,8 @@ absl::StatusOr<CrashTestReport> CrashTest::Impl::Run(std::ostream& log) {
   kill_rng_.seed(options_.seed);
   audit_rng_.seed(options_.seed + 1);
   Log(absl::StrCat("starting the cluster in ", options_.cluster.work_dir));
-  ASSIGN_OR_RETURN(cluster_, Cluster::Create(options_.cluster));
+  ASSIGN_OR_RETURN(cluster_,
+                   testing::RestartableCluster::Create(options_.cluster));
   const size_t n = cluster_->size();
   kill_counts_ = std::make_unique<std::atomic<uint64_t>[]>(n);
   for (size_t i = 0; i < n; ++i) kill_counts_[i] = 0;

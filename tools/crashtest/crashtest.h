@@ -47,13 +47,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "tools/crashtest/cluster.h"
+#include "tests/cluster.h"
 
 namespace hymcache::crashtest {
 
 struct CrashTestOptions {
   // The cluster: binaries, work_dir (required), nodes, extra daemon flags.
-  ClusterOptions cluster;
+  testing::RestartableClusterOptions cluster;
   // hymctl binary for the fsck hook. Required with fsck or fsck_repair.
   std::string hymctl_binary;
   // File holding the bearer token of the workload's client and of hymctl

@@ -23,7 +23,7 @@
 #include "client/block_key.h"
 #include "client/client.h"
 #include "common/mutex.h"
-#include "tools/crashtest/cluster.h"
+#include "tests/cluster.h"
 #include "tools/crashtest/crashtest.h"
 
 namespace hymcache::crashtest {
@@ -180,7 +180,7 @@ class CrashTest::Impl {
 
   // Set up by Run before any thread starts; then written only by the owner
   // thread while no workload thread runs.
-  std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<testing::RestartableCluster> cluster_;
   std::unique_ptr<Client> client_;
   std::ostream* log_ = nullptr;
   // Kills (and crashes) per daemon index; bumped before the signal.

@@ -118,24 +118,6 @@ DEFINE_string(hymctl_binary, "", "hymctl for --fsck (default: from runfiles)");
 
 namespace {
 
-// `rel` (e.g. "master/hymcache-master") among this binary's runfiles.
-std::string Runfile(const char* argv0, const std::string& rel) {
-  std::vector<std::string> roots;
-  for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
-    if (const char* dir = getenv(env))
-      roots.push_back(absl::StrCat(dir, "/hymcache/"));
-  }
-  roots.push_back(absl::StrCat(argv0, ".runfiles/hymcache/"));
-  std::error_code ec;
-  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) roots.push_back(self.string() + ".runfiles/hymcache/");
-  for (const std::string& root : roots) {
-    const std::string path = root + rel;
-    if (access(path.c_str(), X_OK) == 0) return path;
-  }
-  return "";
-}
-
 std::vector<std::string> Words(const std::string& s) {
   return absl::StrSplit(s, ' ', absl::SkipEmpty());
 }
@@ -160,17 +142,20 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   hymcache::crashtest::CrashTestOptions o;
-  hymcache::crashtest::ClusterOptions& c = o.cluster;
-  c.master_binary = FLAGS_master_binary.empty()
-                        ? Runfile(argv[0], "master/hymcache-master")
-                        : FLAGS_master_binary;
+  hymcache::testing::RestartableClusterOptions& c = o.cluster;
+  c.master_binary =
+      FLAGS_master_binary.empty()
+          ? hymcache::testing::BinaryRunfile(argv[0], "master/hymcache-master")
+          : FLAGS_master_binary;
   c.storage_binary = FLAGS_storage_binary.empty()
-                         ? Runfile(argv[0], "storage_node/hymcache-storage")
+                         ? hymcache::testing::BinaryRunfile(
+                               argv[0], "storage_node/hymcache-storage")
                          : FLAGS_storage_binary;
   o.token_file = FLAGS_token_file;
-  o.hymctl_binary = FLAGS_hymctl_binary.empty()
-                        ? Runfile(argv[0], "tools/hymctl/hymctl")
-                        : FLAGS_hymctl_binary;
+  o.hymctl_binary =
+      FLAGS_hymctl_binary.empty()
+          ? hymcache::testing::BinaryRunfile(argv[0], "tools/hymctl/hymctl")
+          : FLAGS_hymctl_binary;
   if (c.master_binary.empty() || c.storage_binary.empty()) {
     std::cerr << "crashtest: daemon binaries not found in the runfiles; pass "
                  "--master_binary and --storage_binary\n";
@@ -194,7 +179,7 @@ int main(int argc, char** argv) {
       !Bytes("max_block_bytes", FLAGS_max_block_bytes, &o.max_block_bytes)) {
     return 2;
   }
-  using Device = hymcache::crashtest::StorageNodeSpec::Device;
+  using Device = hymcache::testing::StorageNodeSpec::Device;
   for (int i = 0; i < FLAGS_dram_nodes; ++i) {
     c.nodes.push_back({absl::StrCat("dram-", i), Device::kDram, dram});
   }
