@@ -11,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/string_view.h"
 #include "common/eventually.h"
 #include "common/mutex.h"
 #include "common/net.h"
@@ -1191,7 +1192,7 @@ class FakeRdmaAcceptor : public RdmaAcceptor {
  public:
   explicit FakeRdmaAcceptor(GrantLog* log) : log_(log) {}
   absl::StatusOr<std::pair<std::unique_ptr<RdmaConnection>, std::string>>
-  Accept(std::string_view client_info) override {
+  Accept(absl::string_view client_info) override {
     if (client_info != "client-qp") {
       return absl::InvalidArgumentError("bad queue-pair description");
     }
