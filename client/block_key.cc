@@ -6,11 +6,12 @@
 
 #include "absl/base/internal/endian.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/string_view.h"
 
 namespace hymcache {
 namespace {
 
-constexpr std::string_view kDomain = "hymcache.block.v1";
+constexpr absl::string_view kDomain = "hymcache.block.v1";
 
 // Incremental SHA-256 over length-prefixed fields.
 class Sha256 {
@@ -28,7 +29,7 @@ class Sha256 {
     EVP_DigestUpdate(ctx_, n, sizeof(n));
     if (len > 0) EVP_DigestUpdate(ctx_, data, len);
   }
-  void Field(std::string_view s) { Field(s.data(), s.size()); }
+  void Field(absl::string_view s) { Field(s.data(), s.size()); }
   void Int(int64_t v) {
     uint8_t b[8];
     absl::little_endian::Store64(b, static_cast<uint64_t>(v));
@@ -50,7 +51,7 @@ class Sha256 {
 BlockKeyBuilder::BlockKeyBuilder(const KeyNamespace& ns, size_t block_tokens)
     : block_tokens_(block_tokens == 0 ? 1 : block_tokens) {
   Sha256 h;
-  h.Field(std::string_view("hymcache.namespace.v1"));
+  h.Field(absl::string_view("hymcache.namespace.v1"));
   h.Field(ns.model);
   h.Field(ns.dtype);
   h.Field(ns.layout);
@@ -61,7 +62,7 @@ BlockKeyBuilder::BlockKeyBuilder(const KeyNamespace& ns, size_t block_tokens)
   ns_digest_ = h.Finish();
 }
 
-std::string BlockKeyBuilder::NextKey(std::string_view parent,
+std::string BlockKeyBuilder::NextKey(absl::string_view parent,
                                      absl::Span<const int32_t> block) const {
   Sha256 h;
   h.Field(kDomain);
@@ -89,7 +90,7 @@ std::vector<std::string> BlockKeyBuilder::Keys(
   return keys;
 }
 
-std::string KeyToHex(std::string_view key) {
+std::string KeyToHex(absl::string_view key) {
   return absl::BytesToHexString(absl::string_view(key.data(), key.size()));
 }
 

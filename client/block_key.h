@@ -18,9 +18,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace hymcache {
@@ -50,7 +50,7 @@ class BlockKeyBuilder {
   std::vector<std::string> Keys(absl::Span<const int32_t> tokens) const;
 
   // The key of `block` following `parent` ("" for the first block).
-  std::string NextKey(std::string_view parent,
+  std::string NextKey(absl::string_view parent,
                       absl::Span<const int32_t> block) const;
 
  private:
@@ -59,6 +59,6 @@ class BlockKeyBuilder {
 };
 
 // Lower-case hex of a key (64 characters for block keys).
-std::string KeyToHex(std::string_view key);
+std::string KeyToHex(absl::string_view key);
 
 }  // namespace hymcache

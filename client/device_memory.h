@@ -28,10 +28,10 @@
 
 #include <cstddef>
 #include <memory>
-#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace hymcache {
 
@@ -58,7 +58,7 @@ class DeviceMemory {
   virtual ~DeviceMemory() = default;
 
   // "cuda", "none", "fake".
-  virtual std::string_view name() const = 0;
+  virtual absl::string_view name() const = 0;
 
   // Page-locked host memory of `size` bytes that devices copy from and to
   // asynchronously. Errors: FailedPrecondition (no device support),

@@ -1,6 +1,7 @@
 // The DeviceMemory of a build without CUDA: it refuses every device call.
 #include <memory>
 
+#include "absl/strings/string_view.h"
 #include "client/device_memory.h"
 
 namespace hymcache {
@@ -14,7 +15,7 @@ absl::Status NoCuda() {
 
 class NoDeviceMemory : public DeviceMemory {
  public:
-  std::string_view name() const override { return "none"; }
+  absl::string_view name() const override { return "none"; }
   absl::StatusOr<void*> AllocatePinned(size_t) override { return NoCuda(); }
   void FreePinned(void*) override {}
   absl::StatusOr<std::unique_ptr<DeviceStream>> NewStream(int) override {

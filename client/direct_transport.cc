@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "client/frame_io.h"
 #include "client/tcp_transport.h"
 #include "common/mutex.h"
@@ -31,7 +32,7 @@ class DirectTransport : public Transport {
         options_(options),
         hints_(NewTcpTransport({.max_idle_per_peer = options.max_idle_per_peer})) {}
 
-  std::string_view name() const override { return mover_->name(); }
+  absl::string_view name() const override { return mover_->name(); }
 
   absl::Status CanReach(const PeerInfo& peer) override {
     return mover_->Usable(peer);
@@ -389,7 +390,7 @@ class FirstReachableTransport : public Transport {
       std::vector<std::unique_ptr<Transport>> candidates)
       : candidates_(std::move(candidates)) {}
 
-  std::string_view name() const override { return "auto"; }
+  absl::string_view name() const override { return "auto"; }
 
   absl::Status CanReach(const PeerInfo& peer) override {
     return Pick(peer).status();

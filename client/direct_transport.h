@@ -21,11 +21,11 @@
 
 #include <cstdint>
 #include <memory>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/transport.h"
@@ -66,7 +66,7 @@ class DirectChannel {
 class DirectMover {
  public:
   virtual ~DirectMover() = default;
-  virtual std::string_view name() const = 0;
+  virtual absl::string_view name() const = 0;
   // Whether channels can write node memory; if not, the transport writes
   // over TCP.
   virtual bool can_write() const { return true; }

@@ -108,8 +108,9 @@ R FailoverMasterClient::WithFailover(absl::Time deadline, bool per_attempt,
     size_t index = 0;
     MasterClient* master = Current(&index);
     const absl::Time attempt_deadline =
-        per_attempt ? std::min(deadline, absl::Now() + options_.attempt_timeout)
-                    : deadline;
+        per_attempt
+            ? std::min(deadline, clock_->Now() + options_.attempt_timeout)
+            : deadline;
     R result = call(master, attempt_deadline);
     absl::Status s;
     if constexpr (std::is_same_v<R, absl::Status>) {
@@ -125,15 +126,13 @@ R FailoverMasterClient::WithFailover(absl::Time deadline, bool per_attempt,
     const bool silent = per_attempt &&
                         s.code() == absl::StatusCode::kDeadlineExceeded &&
                         attempt_deadline < deadline;
-    if ((!ShouldTryAnotherMaster(s) && !silent) || absl::Now() >= deadline) {
+    if ((!ShouldTryAnotherMaster(s) && !silent) || clock_->Now() >= deadline) {
       return result;
     }
     if (Advance(index, s)) {
       // Every master refused once: nobody leads yet (an election is on).
-      const absl::Time resume =
-          std::min(deadline, absl::Now() + options_.round_pause);
-      absl::SleepFor(resume - absl::Now());
-      if (absl::Now() >= deadline) return result;
+      absl::SleepFor(std::min(options_.round_pause, deadline - clock_->Now()));
+      if (clock_->Now() >= deadline) return result;
     }
   }
 }

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/master_client.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 
 namespace hymcache {
@@ -55,6 +56,10 @@ struct FailoverMasterClientOptions {
   // milliseconds). Not for PutCommit, which only the master that started
   // the put can answer, nor for the calls of a lookup stream. Default: 1 s.
   absl::Duration attempt_timeout = absl::Seconds(1);
+  // The time that deadlines and attempt timeouts are measured against (the
+  // pause between rounds is slept in real time). Not owned; must outlive
+  // the client. Default: nullptr (Clock::Real()).
+  Clock* clock = nullptr;
 
   // InvalidArgument for no address or no `connect`.
   absl::Status Validate() const;
@@ -87,7 +92,8 @@ class FailoverMasterClient final : public MasterClient {
   };
 
   explicit FailoverMasterClient(FailoverMasterClientOptions options)
-      : options_(std::move(options)) {}
+      : options_(std::move(options)),
+        clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {}
 
   // The master calls go to now.
   MasterClient* Current(size_t* index);
@@ -106,6 +112,7 @@ class FailoverMasterClient final : public MasterClient {
   R WithFailover(absl::Time deadline, bool per_attempt, F&& call);
 
   const FailoverMasterClientOptions options_;
+  Clock* const clock_;
 
   mutable Mutex mu_;
   // Masters are only ever added (their clients outlive the calls on them).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "client/testing/fake_master_client.h"
+#include "common/fake_clock.h"
 #include "common/mutex.h"
 #include "common/status_reason.h"
 
@@ -246,9 +247,11 @@ TEST_CASE("A lookup stream whose master refuses goes on chunk by chunk") {
   CHECK(c->current_address() == "c:1");
 }
 
-// A master that answers nothing: every call waits for its deadline.
+// A master that answers nothing: every call waits for its deadline, which
+// on `clock` takes no real time (the call moves the clock to the deadline).
 class SilentMaster final : public MasterClient {
  public:
+  explicit SilentMaster(FakeClock* clock) : clock_(clock) {}
   absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string>, bool,
                                      absl::Time d) override {
     return Wait(d);
@@ -281,36 +284,42 @@ class SilentMaster final : public MasterClient {
 
  private:
   // What a gRPC call to a frozen server does.
-  static absl::Status Wait(absl::Time deadline) {
-    absl::SleepFor(deadline - absl::Now());
+  absl::Status Wait(absl::Time deadline) {
+    const absl::Time now = clock_->Now();
+    if (deadline > now) clock_->Advance(deadline - now);
     return absl::DeadlineExceededError("Deadline Exceeded");
   }
+
+  FakeClock* const clock_;
 };
 
 TEST_CASE("A master that answers nothing is passed over after the attempt timeout") {
   Rig rig;
-  SilentMaster frozen;
+  FakeClock clock;
+  SilentMaster frozen(&clock);
   rig.masters["f:1"] = &frozen;
   FailoverMasterClientOptions o;
   o.addresses = {"f:1", "c:1"};
   o.attempt_timeout = absl::Milliseconds(50);
+  o.clock = &clock;
   o.connect = [&rig](const std::string& address)
       -> absl::StatusOr<std::unique_ptr<MasterClient>> {
     return std::unique_ptr<MasterClient>(new Forward(rig.masters[address]));
   };
   auto c = FailoverMasterClient::Create(std::move(o));
   REQUIRE(c.ok());
-  const absl::Time start = absl::Now();
+  const absl::Time start = clock.Now();
   auto put = (*c)->PutStart({{"k"}, {10}, 0, ""}, start + absl::Seconds(30));
   REQUIRE(put.ok());
-  CHECK(absl::Now() - start < absl::Seconds(10));
+  // The silent master had its attempt timeout, no more, before c:1 answered.
+  CHECK(clock.Now() - start == absl::Milliseconds(50));
   CHECK((*c)->current_address() == "c:1");
   // A PutCommit is not moved on by silence: only its master can answer.
   rig.at_c.set(&frozen);
-  const absl::Time commit_deadline = absl::Now() + absl::Milliseconds(200);
+  const absl::Time commit_deadline = clock.Now() + absl::Milliseconds(200);
   CHECK((*c)->PutCommit(put->put_id, {}, commit_deadline).code() ==
         absl::StatusCode::kDeadlineExceeded);
-  CHECK(absl::Now() >= commit_deadline);
+  CHECK(clock.Now() == commit_deadline);
   CHECK((*c)->current_address() == "c:1");
 }
 

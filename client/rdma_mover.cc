@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "client/frame_io.h"
 #include "common/mutex.h"
 #include "common/rdma.h"
@@ -255,7 +256,7 @@ class RdmaMover : public DirectMover {
   explicit RdmaMover(std::unique_ptr<rdma::Device> device)
       : device_(std::move(device)) {}
 
-  std::string_view name() const override { return "rdma"; }
+  absl::string_view name() const override { return "rdma"; }
 
   absl::Status RegisterMemory(void* data, size_t size) override {
     return registry_.Add(device_.get(), data, size);

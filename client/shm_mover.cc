@@ -16,10 +16,11 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "client/direct_transport.h"
 #include "common/fd_passing.h"
 #include "common/mutex.h"
@@ -80,7 +81,7 @@ class ShmChannel : public DirectChannel {
 
 class ShmMover : public DirectMover {
  public:
-  std::string_view name() const override { return "shm"; }
+  absl::string_view name() const override { return "shm"; }
   bool can_write() const override { return false; }
 
   absl::Status Usable(const PeerInfo& peer) override {

@@ -1,5 +1,6 @@
 #include "client/tcp_transport.h"
 
+#include "absl/strings/string_view.h"
 #include "client/frame_io.h"
 
 #include <atomic>
@@ -30,7 +31,7 @@ class TcpTransport : public Transport {
   explicit TcpTransport(const TcpTransportOptions& options)
       : options_(options) {}
 
-  std::string_view name() const override { return "tcp"; }
+  absl::string_view name() const override { return "tcp"; }
 
   std::vector<absl::Status> Read(const PeerInfo& peer,
                                  absl::Span<const ReadOp> ops,

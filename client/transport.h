@@ -15,10 +15,10 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/wire.h"
@@ -62,7 +62,7 @@ class Transport {
  public:
   virtual ~Transport() = default;
 
-  virtual std::string_view name() const = 0;
+  virtual absl::string_view name() const = 0;
 
   // OK if this transport can reach `peer` (shared memory needs the same
   // host, RDMA a device on both sides); else why not. TCP reaches all.

@@ -11,6 +11,7 @@
 
 #include "absl/base/internal/endian.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace hymcache {
 namespace {
@@ -51,7 +52,7 @@ absl::StatusOr<std::string> NewNodeKey() {
   return key;
 }
 
-HmacSha256::HmacSha256(std::string_view key) {
+HmacSha256::HmacSha256(absl::string_view key) {
   uint8_t block[SHA256_CBLOCK] = {};
   if (key.size() > SHA256_CBLOCK) {
     SHA256(reinterpret_cast<const uint8_t*>(key.data()), key.size(), block);
@@ -133,8 +134,8 @@ bool TagsEqual(const uint8_t* a, const uint8_t* b, size_t n) {
   return CRYPTO_memcmp(a, b, n) == 0;
 }
 
-std::string NodeProof(const HmacSha256& key, std::string_view purpose,
-                      std::string_view name, uint32_t node_id,
+std::string NodeProof(const HmacSha256& key, absl::string_view purpose,
+                      absl::string_view name, uint32_t node_id,
                       uint64_t incarnation, int64_t unix_ms) {
   std::string msg = "hymcache-node-proof-v1";
   msg.push_back('\0');
@@ -155,7 +156,7 @@ std::string NodeProof(const HmacSha256& key, std::string_view purpose,
 }
 
 void CapabilityVerifier::SetIdentity(uint32_t node_id, uint64_t incarnation,
-                                     std::string_view key) {
+                                     absl::string_view key) {
   auto id = std::make_shared<const Snapshot::Identity>(
       Snapshot::Identity{node_id, incarnation, HmacSha256(key)});
   MutexLock l(&mu_);

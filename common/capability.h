@@ -20,11 +20,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <string_view>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "common/wire.h"
@@ -43,7 +43,7 @@ absl::StatusOr<std::string> NewNodeKey();
 // compressions plus the message's.
 class HmacSha256 {
  public:
-  explicit HmacSha256(std::string_view key);
+  explicit HmacSha256(absl::string_view key);
   void Mac(const void* data, size_t len, uint8_t out[32]) const;
 
  private:
@@ -73,8 +73,8 @@ bool TagsEqual(const uint8_t* a, const uint8_t* b, size_t n);
 // Proof that the caller holds a node's key, for the master's node RPCs.
 // `purpose` names the RPC ("register", "heartbeat", ...); node_id is 0 for
 // a registration.
-std::string NodeProof(const HmacSha256& key, std::string_view purpose,
-                      std::string_view name, uint32_t node_id,
+std::string NodeProof(const HmacSha256& key, absl::string_view purpose,
+                      absl::string_view name, uint32_t node_id,
                       uint64_t incarnation, int64_t unix_ms);
 
 // The storage node's side: checks each data-plane op against its current
@@ -88,7 +88,7 @@ class CapabilityVerifier {
   // From now on verifies against this identity (a registration). Ends an
   // identity change begun by BeginIdentityChange.
   void SetIdentity(uint32_t node_id, uint64_t incarnation,
-                   std::string_view key);
+                   absl::string_view key);
   // Whether an identity is set.
   bool HasIdentity() const;
 

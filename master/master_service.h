@@ -55,7 +55,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -397,7 +396,7 @@ class MasterService {
   // ("reconcile" for BeginReconcile and ReconcileNode). Errors: NotFound
   // (unknown node); PermissionDenied.
   absl::Status CheckNodeAuth(uint32_t node_id, uint64_t incarnation,
-                             std::string_view purpose,
+                             absl::string_view purpose,
                              const hymcache::v1::NodeAuth& auth) const;
 
   // Starts a reconciliation of `node_id` (see master_service_reconcile.cc): the
@@ -622,9 +621,9 @@ class MasterService {
   // Alive and not draining: may get new placements.
   bool IsPlaceable(const Node& node, absl::Time now) const;
   // Whether `auth` is a valid proof of `node`'s key now.
-  bool ProofValid(const Node& node, std::string_view purpose,
-                  uint32_t node_id, uint64_t incarnation,
-                  const hymcache::v1::NodeAuth& auth, absl::Time now) const;
+  bool ProofValid(const Node& node, absl::string_view purpose, uint32_t node_id,
+                  uint64_t incarnation, const hymcache::v1::NodeAuth& auth,
+                  absl::Time now) const;
   // The read or write capability for a location on `node`.
   void Grant(const Node& node, const hymcache::v1::Location& loc,
              uint8_t rights, absl::Time expiry,

@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/limits.h"
 #include "common/net.h"
 #include "master/master_service_internal.h"
@@ -171,10 +172,9 @@ bool MasterService::IsPlaceable(const Node& node, absl::Time now) const {
   return IsAlive(node, now) && node.key_confirmed && !node.info.draining();
 }
 
-bool MasterService::ProofValid(const Node& node, std::string_view purpose,
+bool MasterService::ProofValid(const Node& node, absl::string_view purpose,
                                uint32_t node_id, uint64_t incarnation,
-                               const v1::NodeAuth& auth,
-                               absl::Time now) const {
+                               const v1::NodeAuth& auth, absl::Time now) const {
   if (!node.mac || auth.proof().size() != kNodeProofBytes) return false;
   const int64_t skew = auth.unix_ms() - absl::ToUnixMillis(now);
   const int64_t window = absl::ToInt64Milliseconds(options_.node_auth_window);
@@ -227,7 +227,7 @@ absl::StatusOr<std::string> MasterService::NodeName(uint32_t node_id) const {
 
 absl::Status MasterService::CheckNodeAuth(uint32_t node_id,
                                           uint64_t incarnation,
-                                          std::string_view purpose,
+                                          absl::string_view purpose,
                                           const v1::NodeAuth& auth) const {
   ReaderMutexLock l(&mu_);
   auto n = nodes_.find(node_id);

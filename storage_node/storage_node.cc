@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/grpc_reconnect.h"
 #include "common/grpc_status.h"
 #include "common/health_probe.h"
@@ -416,7 +417,7 @@ absl::Status WriteNodeKey(const std::string& path, const std::string& key) {
 
 }  // namespace
 
-v1::NodeAuth StorageNode::Auth(std::string_view purpose,
+v1::NodeAuth StorageNode::Auth(absl::string_view purpose,
                                uint32_t node_id) const {
   v1::NodeAuth auth;
   std::string key;

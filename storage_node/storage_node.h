@@ -27,17 +27,17 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/capability.h"
+#include "common/daemon.h"
 #include "common/mutex.h"
 #include "common/net.h"
-#include "common/daemon.h"
 #include "common/security.h"
 #include "common/thread.h"
 #include "storage_node/dataplane/data_server.h"
@@ -76,15 +76,15 @@ enum class RdmaMode {
 // "off", "auto", "on": the daemon's --rdma. Parse: InvalidArgument naming
 // the choices.
 const char* RdmaModeName(RdmaMode mode);
-absl::StatusOr<RdmaMode> ParseRdmaMode(std::string_view name);
+absl::StatusOr<RdmaMode> ParseRdmaMode(absl::string_view name);
 // "auto", "io_uring", "threadpool": --io_engine.
 const char* IoEngineName(storage::BlockIoOptions::Engine engine);
 absl::StatusOr<storage::BlockIoOptions::Engine> ParseIoEngine(
-    std::string_view name);
+    absl::string_view name);
 // "auto", "inline", "async": --io_submit.
 const char* IoSubmitName(storage::BlockIoOptions::Submit submit);
 absl::StatusOr<storage::BlockIoOptions::Submit> ParseIoSubmit(
-    std::string_view name);
+    absl::string_view name);
 
 // The node's options are its parts' options (storage_node/device,
 // storage_node/dataplane) plus its own: each default is stated once, in the
@@ -384,8 +384,8 @@ class StorageNode {
   void ApplyGenerationCeiling(uint64_t ceiling);
   // A proof of the node key for the master call `purpose` (empty before
   // the node has a key).
-  hymcache::v1::NodeAuth Auth(std::string_view purpose, uint32_t node_id)
-      const;
+  hymcache::v1::NodeAuth Auth(absl::string_view purpose,
+                              uint32_t node_id) const;
   // Stores a key the master issued (in node_key_path_, if any).
   void SaveNodeKey(const std::string& key);
   // Sleeps for `d` or until shutdown starts; false on shutdown.

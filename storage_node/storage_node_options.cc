@@ -4,12 +4,12 @@
 
 #include <cstddef>
 #include <string>
-#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/limits.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "common/limits.h"
 #include "common/net.h"
 #include "common/security.h"
 #include "storage_node/device/block_io.h"
@@ -20,7 +20,7 @@ namespace hymcache {
 namespace {
 
 template <typename Enum, size_t N>
-absl::StatusOr<Enum> ParseName(std::string_view what, std::string_view name,
+absl::StatusOr<Enum> ParseName(absl::string_view what, absl::string_view name,
                                const std::pair<Enum, const char*> (&names)[N]) {
   std::string choices;
   for (size_t i = 0; i < N; ++i) {
@@ -77,15 +77,15 @@ absl::Status ValidateTier(const storage::CapacityTierOptions& tier) {
 }  // namespace
 
 const char* RdmaModeName(RdmaMode mode) { return NameOf(mode, kRdmaModes); }
-absl::StatusOr<RdmaMode> ParseRdmaMode(std::string_view name) {
+absl::StatusOr<RdmaMode> ParseRdmaMode(absl::string_view name) {
   return ParseName("rdma", name, kRdmaModes);
 }
 const char* IoEngineName(Engine engine) { return NameOf(engine, kIoEngines); }
-absl::StatusOr<Engine> ParseIoEngine(std::string_view name) {
+absl::StatusOr<Engine> ParseIoEngine(absl::string_view name) {
   return ParseName("io_engine", name, kIoEngines);
 }
 const char* IoSubmitName(Submit submit) { return NameOf(submit, kIoSubmits); }
-absl::StatusOr<Submit> ParseIoSubmit(std::string_view name) {
+absl::StatusOr<Submit> ParseIoSubmit(absl::string_view name) {
   return ParseName("io_submit", name, kIoSubmits);
 }
 

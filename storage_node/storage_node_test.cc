@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/eventually.h"
 #include "common/limits.h"
 #include "common/mutex.h"
 #include "common/net.h"
@@ -26,6 +27,8 @@
 
 namespace hymcache {
 namespace {
+
+using testing::Eventually;
 
 // Debian's Abseil is built with its mutex deadlock detector on. gRPC locks
 // uninstrumented absl::Mutexes, so under TSan the detector's shared graph is
@@ -450,16 +453,6 @@ std::unique_ptr<grpc::Server> StartMaster(FakeMaster* service, int port,
                      grpc::InsecureServerCredentials(), bound);
   b.RegisterService(service);
   return b.BuildAndStart();
-}
-
-template <typename Pred>
-bool Eventually(Pred pred) {
-  absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return pred();
 }
 
 TEST_CASE("StorageNode registers, heartbeats, re-registers and deregisters") {

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/eventually.h"
 
 namespace hymcache::testing {
 namespace {
@@ -31,15 +32,9 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// Polls `alive` until it returns false or 10 s pass; whether it did.
-template <typename F>
-bool ExitsWithin10s(F alive) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    if (!alive()) return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return false;
+// Whether `p` exits (Alive() turns false) within 10 s.
+bool ExitsWithin10s(ChildProcess& p) {
+  return Eventually([&] { return !p.Alive(); }, absl::Seconds(10));
 }
 
 TEST_CASE("Start returns the child's first stdout line and Signal reaps it") {
@@ -93,10 +88,10 @@ TEST_CASE(
   ChildProcess p;
   REQUIRE(p.Start(kSh, {"-c", "echo err1 >&2; echo $HYM_CHILD_TEST"}, o).ok());
   CHECK(p.ready_line() == "bar");
-  CHECK(ExitsWithin10s([&] { return p.Alive(); }));
+  CHECK(ExitsWithin10s(p));
   o.wait_for_ready_line = false;
   REQUIRE(p.Start(kSh, {"-c", "echo out2; echo err2 >&2"}, o).ok());
-  CHECK(ExitsWithin10s([&] { return p.Alive(); }));
+  CHECK(ExitsWithin10s(p));
   CHECK(ReadFile(log) == "err1\nout2\nerr2\n");
 }
 
@@ -112,7 +107,7 @@ TEST_CASE(
   });
   t.join();
   REQUIRE(started.ok());
-  CHECK(ExitsWithin10s([&] { return p.Alive(); }));
+  CHECK(ExitsWithin10s(p));
   CHECK(WIFSIGNALED(p.exit_status()));
   CHECK(WTERMSIG(p.exit_status()) == SIGKILL);
 }

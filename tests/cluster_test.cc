@@ -17,6 +17,7 @@
 #include "client/block_key.h"
 #include "client/client.h"
 #include "client/tcp_transport.h"
+#include "common/eventually.h"
 #include "common/net.h"
 #include "common/wire.h"
 #include "proto/master.grpc.pb.h"
@@ -27,6 +28,7 @@
 namespace hymcache {
 namespace {
 
+using testing::Eventually;
 using testing::MasterProcess;
 using testing::StorageProcess;
 using testing::TempDir;
@@ -121,17 +123,17 @@ struct Cluster {
   static void WaitRegistered(const StorageProcess& n) {
     auto stub = v1::StorageControl::NewStub(grpc::CreateChannel(
         n.control_address, grpc::InsecureChannelCredentials()));
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < deadline) {
-      grpc::ClientContext ctx;
-      v1::StorageStatsResponse stats;
-      if (stub->GetStats(&ctx, v1::StorageStatsRequest(), &stats).ok() &&
-          stats.registered()) {
-        return;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
+    const bool registered = Eventually(
+        [&] {
+          grpc::ClientContext ctx;
+          v1::StorageStatsResponse stats;
+          return stub->GetStats(&ctx, v1::StorageStatsRequest(), &stats).ok() &&
+                 stats.registered();
+        },
+        absl::Seconds(30));
+    if (!registered) {
+      FAIL("node " << n.control_address << " never applied its registration");
     }
-    FAIL("node " << n.control_address << " never applied its registration");
   }
   void AddNode(const std::string& name) {
     auto s = StorageProcess::Start(master.address, name,
@@ -362,16 +364,15 @@ TEST_CASE("a dead storage node's keys turn into misses") {
     if (r.ok()) CHECK(r->loaded == 0);
   }
 
-  absl::Time deadline = absl::Now() + absl::Seconds(15);
   size_t hits = 4;
-  while (absl::Now() < deadline) {
-    auto look = c.client->BatchLookup(keys);
-    REQUIRE(look.ok());
-    hits = look->hit_prefix;
-    if (hits == 0) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  CHECK(hits == 0);
+  CHECK(Eventually(
+      [&] {
+        auto look = c.client->BatchLookup(keys);
+        REQUIRE(look.ok());
+        hits = look->hit_prefix;
+        return hits == 0;
+      },
+      absl::Seconds(15), absl::Milliseconds(100)));
   WaitForNodes(*c.client, 1);
 
   // New writes go to the surviving node.
@@ -456,12 +457,9 @@ TEST_CASE("a listed key its node does not hold is dropped by the first read and 
   CHECK(r->loaded == 0);
   CHECK(r->stop_reason.code() == absl::StatusCode::kNotFound);
   // The report is sent in the background.
-  absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (c.client->BatchLookup({"never-written"})->hit_prefix != 0 &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  CHECK(c.client->BatchLookup({"never-written"})->hit_prefix == 0);
+  CHECK(Eventually(
+      [&] { return c.client->BatchLookup({"never-written"})->hit_prefix == 0; },
+      absl::Seconds(10)));
   Blocks b = MakeBlocks({"never-written"}, {8192}, 77);
   auto put = c.client->Put(b.keys, b.in());
   REQUIRE(put.ok());

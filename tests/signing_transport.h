@@ -5,10 +5,10 @@
 #pragma once
 
 #include <memory>
-#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "client/transport.h"
 #include "common/test_capabilities.h"
 
@@ -19,7 +19,7 @@ class SigningTransport : public Transport {
   explicit SigningTransport(std::unique_ptr<Transport> inner)
       : inner_(std::move(inner)) {}
 
-  std::string_view name() const override { return inner_->name(); }
+  absl::string_view name() const override { return inner_->name(); }
   absl::Status CanReach(const PeerInfo& peer) override {
     return inner_->CanReach(peer);
   }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the HyMCache test suite: installs dependencies, checks the formatting
 # of the C and C++ lines the change touched (tools/format_check.sh: since
-# the merge-base with origin/main or main; HYMCACHE_FORMAT=0 skips it), then
+# the merge-base with origin/main or main; HYMCACHE_FORMAT=0 skips it) and
+# the include graph's layout and README's tables (tools/include_graph.py),
+# then
 # runs every test under each configuration in HYMCACHE_TEST_CONFIGS (default: "default asan
 # tsan"; the default configuration also runs //tools/bench:measurements_smoke,
 # a short run of every command in README.md's Measurements section, which is
@@ -36,6 +38,17 @@ if [ "${HYMCACHE_FORMAT:-1}" = "1" ]; then
     failed=$((failed + 1))
     status=1
   fi
+fi
+# The include graph keeps its layout (no package includes one above it, no
+# include cycles) and README.md names every source file of master/,
+# storage_node/, common/, client/ and tools/ (tools/include_graph.py).
+# Counted as one check.
+echo "=== layout: the include graph and README's tables (tools/include_graph.py)"
+if python3 tools/include_graph.py --check-readme >/dev/null; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  status=1
 fi
 for cfg in $CONFIGS; do
   flags=(--config=ci)

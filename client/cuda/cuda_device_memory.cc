@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace hymcache {
 namespace {
@@ -88,7 +89,7 @@ class CudaStream : public DeviceStream {
 
 class CudaDeviceMemory : public DeviceMemory {
  public:
-  std::string_view name() const override { return "cuda"; }
+  absl::string_view name() const override { return "cuda"; }
 
   absl::StatusOr<void*> AllocatePinned(size_t size) override {
     void* p = nullptr;

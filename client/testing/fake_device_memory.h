@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "client/device_memory.h"
 #include "common/mutex.h"
 
@@ -51,7 +52,7 @@ class FakeDeviceMemory : public DeviceMemory {
   size_t max_unsynchronized() const;
 
   // DeviceMemory.
-  std::string_view name() const override { return "fake"; }
+  absl::string_view name() const override { return "fake"; }
   absl::StatusOr<void*> AllocatePinned(size_t size) override;
   void FreePinned(void* p) override;
   absl::StatusOr<std::unique_ptr<DeviceStream>> NewStream(int device) override;

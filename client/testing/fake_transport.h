@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "client/transport.h"
 #include "common/fake_clock.h"
 #include "common/mutex.h"
@@ -57,7 +58,7 @@ class FakeTransport : public Transport {
   std::vector<uint64_t> released_sessions() const;
 
   // Transport.
-  std::string_view name() const override { return "fake"; }
+  absl::string_view name() const override { return "fake"; }
   absl::Status RegisterMemory(void* data, size_t size) override;
   absl::Status UnregisterMemory(void* data) override;
   std::vector<absl::Status> Read(const PeerInfo& peer,

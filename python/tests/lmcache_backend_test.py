@@ -10,11 +10,11 @@ Run by tools/engines/backends_test.sh under the lmcache venv
 
 import asyncio
 import threading
-import time
 
 import pytest
 import torch
 
+from eventually import eventually
 from hymcache_cluster import Cluster
 
 from lmcache.utils import CacheEngineKey
@@ -274,10 +274,8 @@ def test_an_lmcache_engine_retrieves_what_another_stored_in_hymcache(
         writer.store(tokens)
         # The remote puts are asynchronous: wait until the reader's lookup
         # (its local CPU cache is empty: HyMCache answers) sees them.
-        deadline = time.monotonic() + 30
-        while reader.lookup(tokens) < 5 * CHUNK:
-            assert time.monotonic() < deadline, reader.lookup(tokens)
-            time.sleep(0.05)
+        assert eventually(lambda: reader.lookup(tokens) >= 5 * CHUNK,
+                          timeout=30), reader.lookup(tokens)
         got = reader.retrieve(tokens)
         hit = int(got.sum())
         assert hit >= 5 * CHUNK

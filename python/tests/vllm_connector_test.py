@@ -23,7 +23,9 @@ import hymcache
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "engines"))
+sys.path.insert(0, os.path.join(HERE, "..", "testing"))
 import vllm_e2e  # noqa: E402  (start_cluster)
+from eventually import eventually  # noqa: E402
 
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
@@ -122,12 +124,9 @@ def wait_stored(master, worker, tokens, n_blocks, timeout=30.0):
     """Waits until the worker's store of the first n_blocks landed."""
     keys = worker._keys.keys(tokens[: n_blocks * BS])
     with hymcache.Client([master], transport="tcp") as c:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if c.lookup(keys)["hit_prefix"] == n_blocks:
-                return
-            time.sleep(0.02)
-    raise AssertionError("the connector's store never landed")
+        assert eventually(
+            lambda: c.lookup(keys)["hit_prefix"] == n_blocks,
+            timeout=timeout), "the connector's store never landed"
 
 
 def tokens_of(seed, n):

@@ -44,10 +44,9 @@
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -55,6 +54,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/capability.h"
 #include "common/mutex.h"
@@ -79,7 +79,7 @@ class RdmaAcceptor {
   // The connection lives as long as the TCP connection that asked for it.
   virtual absl::StatusOr<
       std::pair<std::unique_ptr<RdmaConnection>, std::string>>
-  Accept(std::string_view client_info) = 0;
+  Accept(absl::string_view client_info) = 0;
 };
 
 struct DataServerOptions {

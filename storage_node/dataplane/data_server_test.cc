@@ -11,21 +11,24 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/string_view.h"
+#include "common/eventually.h"
 #include "common/mutex.h"
 #include "common/net.h"
 #include "common/test_capabilities.h"
 #include "common/thread.h"
 #include "common/wire.h"
-#include "storage_node/device/dram_device.h"
 #include "storage_node/dataplane/extent_table.h"
+#include "storage_node/dataplane/kv_manager.h"
+#include "storage_node/device/dram_device.h"
 #include "storage_node/device/fake_block_io.h"
 #include "storage_node/device/fake_memory_device.h"
 #include "storage_node/device/hybrid_device.h"
-#include "storage_node/dataplane/kv_manager.h"
 
 namespace hymcache::storage {
 namespace {
 
+using testing::Eventually;
 using wire::FrameType;
 using wire::OpDesc;
 
@@ -192,17 +195,6 @@ Reply Read(int fd, const std::vector<OpDesc>& ops, uint64_t id = 9) {
   REQUIRE(r->ops.size() == ops.size());
   REQUIRE(wire::ValidateOps(r->h, r->ops).ok());
   return *r;
-}
-
-// Waits (bounded) until `pred` holds.
-template <typename Pred>
-bool Eventually(Pred pred) {
-  absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return pred();
 }
 
 absl::StatusCode Code(const OpDesc& op) { return wire::FromWireCode(op.status); }
@@ -601,15 +593,12 @@ TEST_CASE("DataServer refuses connections beyond max_connections") {
   CHECK(f.server->Stats().refused_connections == 1);
   a.Close();
   // Once `a` is gone there is room again.
-  bool served = false;
-  for (int i = 0; i < 200 && !served; ++i) {
+  CHECK(Eventually([&] {
     Socket c = f.Connect();
     SendFrame(c.fd(), FrameType::kPing, 2, {}, "", 0);
     auto p = ReadReply(c.fd());
-    served = p.ok() && p->h.type == FrameType::kPong;
-    if (!served) absl::SleepFor(absl::Milliseconds(10));
-  }
-  CHECK(served);
+    return p.ok() && p->h.type == FrameType::kPong;
+  }));
 }
 
 TEST_CASE("DataServer closes connections idle beyond idle_timeout") {
@@ -1203,7 +1192,7 @@ class FakeRdmaAcceptor : public RdmaAcceptor {
  public:
   explicit FakeRdmaAcceptor(GrantLog* log) : log_(log) {}
   absl::StatusOr<std::pair<std::unique_ptr<RdmaConnection>, std::string>>
-  Accept(std::string_view client_info) override {
+  Accept(absl::string_view client_info) override {
     if (client_info != "client-qp") {
       return absl::InvalidArgumentError("bad queue-pair description");
     }

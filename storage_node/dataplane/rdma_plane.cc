@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "common/transport_params.h"
 #include "glog/logging.h"
@@ -297,7 +298,7 @@ void RdmaPlane::ReturnWindow(std::unique_ptr<rdma::MemoryWindow> w) {
 }
 
 absl::StatusOr<std::pair<std::unique_ptr<RdmaConnection>, std::string>>
-RdmaPlane::Accept(std::string_view client_info) {
+RdmaPlane::Accept(absl::string_view client_info) {
   ASSIGN_OR_RETURN(rdma::QpInfo remote,
                    rdma::QpInfo::Decode(absl::string_view(client_info.data(),
                                                           client_info.size())));

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/mutex.h"
 #include "common/rdma.h"
 #include "storage_node/dataplane/data_server.h"
@@ -77,7 +78,7 @@ class RdmaPlane : public RdmaAcceptor {
   std::map<std::string, std::string> TransportParams() const;
 
   absl::StatusOr<std::pair<std::unique_ptr<RdmaConnection>, std::string>>
-  Accept(std::string_view client_info) override;
+  Accept(absl::string_view client_info) override;
 
   RdmaAccess access() const;
   // Tests and benchmarks: the mode of connections accepted from now on

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
 #include "common/thread.h"
@@ -230,7 +231,7 @@ class ThreadPoolBlockIo final : public BlockIoBase {
     for (Thread& t : workers_) t.Join();
   }
 
-  std::string_view engine() const override { return "threadpool"; }
+  absl::string_view engine() const override { return "threadpool"; }
 
  protected:
   void Submit(Request* r) override {
@@ -325,7 +326,7 @@ class UringBlockIo final : public BlockIoBase {
     }
   }
 
-  std::string_view engine() const override { return "io_uring"; }
+  absl::string_view engine() const override { return "io_uring"; }
   bool async_submit() const override { return async_; }
 
  protected:
@@ -515,7 +516,7 @@ class PacedBlockIo final : public BlockIo {
   }
   absl::Status Sync() override { return inner_->Sync(); }
   uint64_t size() const override { return inner_->size(); }
-  std::string_view engine() const override { return inner_->engine(); }
+  absl::string_view engine() const override { return inner_->engine(); }
   bool async_submit() const override { return inner_->async_submit(); }
 
  private:

@@ -20,10 +20,10 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace hymcache::storage {
@@ -108,7 +108,7 @@ class BlockIo {
 
   virtual uint64_t size() const = 0;
   // "io_uring" or "threadpool".
-  virtual std::string_view engine() const = 0;
+  virtual absl::string_view engine() const = 0;
   // Whether I/Os are submitted through the kernel's workers
   // (BlockIoOptions::Submit::kAsync, chosen or detected).
   virtual bool async_submit() const { return false; }

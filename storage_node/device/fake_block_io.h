@@ -22,12 +22,12 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -70,7 +70,7 @@ class FakeBlockIo final : public BlockIo {
   }
   absl::Status Sync() override { return absl::OkStatus(); }
   uint64_t size() const override { return disk_.size(); }
-  std::string_view engine() const override { return "fake"; }
+  absl::string_view engine() const override { return "fake"; }
 
   // ---- knobs
   // Each completion waits this long first.

@@ -21,11 +21,11 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "common/mutex.h"
 #include "storage_node/device/block_io.h"
 
@@ -81,7 +81,7 @@ class FaultyBlockIo final : public BlockIo {
   }
   absl::Status Sync() override { return inner_->Sync(); }
   uint64_t size() const override { return inner_->size(); }
-  std::string_view engine() const override { return inner_->engine(); }
+  absl::string_view engine() const override { return inner_->engine(); }
 
   // ---- knobs
   void FailReadsForTest(uint64_t offset, uint64_t len,

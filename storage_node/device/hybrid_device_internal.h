@@ -17,14 +17,14 @@
 #include "storage_node/device/hybrid_device.h"
 
 namespace hymcache::storage {
-namespace hybrid_internal {
+namespace internal {
 
 constexpr uint64_t kPage = BlockIo::kAlignment;
 
 inline uint64_t RoundUp(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
 inline uint64_t RoundDown(uint64_t v) { return v / kPage * kPage; }
 
-}  // namespace hybrid_internal
+}  // namespace internal
 
 // ---------------------------------------------------------------- internals
 

@@ -12,8 +12,8 @@
 #include "storage_node/device/hybrid_device_internal.h"
 
 namespace hymcache::storage {
-using hybrid_internal::RoundDown;
-using hybrid_internal::RoundUp;
+using internal::RoundDown;
+using internal::RoundUp;
 
 // ---------------------------------------------------------------- window
 

@@ -13,9 +13,9 @@
 #include "storage_node/device/hybrid_device_internal.h"
 
 namespace hymcache::storage {
-using hybrid_internal::kPage;
-using hybrid_internal::RoundDown;
-using hybrid_internal::RoundUp;
+using internal::kPage;
+using internal::RoundDown;
+using internal::RoundUp;
 
 // ---------------------------------------------------------------- checksums
 

@@ -14,8 +14,8 @@
 #include "storage_node/device/hybrid_device_internal.h"
 
 namespace hymcache::storage {
-using hybrid_internal::kPage;
-using hybrid_internal::RoundUp;
+using internal::kPage;
+using internal::RoundUp;
 
 // ---------------------------------------------------------------- writes
 

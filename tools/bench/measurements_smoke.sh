@@ -16,6 +16,9 @@
 #   bash tests/vmtest/check.sh   tools/test.sh runs it already (a QEMU guest);
 #   bazel run //tools/crashtest  the suite runs its short form (20 kills,
 #                                //tools/crashtest tests);
+#   tools/bench/peers.sh         needs the peers installed outside the
+#                                repository; tools/test.sh's engine block
+#                                runs `peers.sh --short` (or says it skipped);
 # hymbench_floors.sh wants a Mooncake trace; here it replays a small
 # Mooncake-format trace that `hymbench gen` writes (no trace files from
 # outside the repository).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/string_view.h"
 #include "tools/common/block_stream.h"
 
 namespace hymcache::crashtest {
@@ -23,17 +24,17 @@ uint64_t GetLe(const uint8_t* in, size_t bytes) {
 
 }  // namespace
 
-uint64_t KeyHash(std::string_view key) {
+uint64_t KeyHash(absl::string_view key) {
   return tools::KeyHash(absl::string_view(key.data(), key.size()));
 }
 
-uint64_t BlockLength(std::string_view key, uint64_t min_bytes,
+uint64_t BlockLength(absl::string_view key, uint64_t min_bytes,
                      uint64_t max_bytes) {
   const uint64_t span = max_bytes - min_bytes + 1;
   return min_bytes + (KeyHash(key) >> 7) % span;
 }
 
-void FillBlock(std::string_view key, uint64_t len, uint8_t* out) {
+void FillBlock(absl::string_view key, uint64_t len, uint8_t* out) {
   const uint64_t header = kBlockHeaderBytes + key.size();
   std::memcpy(out, kMagic, sizeof(kMagic));
   PutLe(len, 8, out + 8);
@@ -42,7 +43,7 @@ void FillBlock(std::string_view key, uint64_t len, uint8_t* out) {
   tools::FillStream(KeyHash(key), header, len, out);
 }
 
-BlockCheck CheckBlock(std::string_view key, uint64_t expected_len,
+BlockCheck CheckBlock(absl::string_view key, uint64_t expected_len,
                       const uint8_t* data, uint64_t len) {
   BlockCheck out;
   // Regenerated in pieces would be faster; blocks are small (KiB to MiB) and
@@ -61,7 +62,7 @@ BlockCheck CheckBlock(std::string_view key, uint64_t expected_len,
   if (len >= kBlockHeaderBytes && std::memcmp(data, kMagic, 8) == 0) {
     const uint64_t klen = GetLe(data + 16, 2);
     if (kBlockHeaderBytes + klen <= len) {
-      std::string_view other(
+      absl::string_view other(
           reinterpret_cast<const char*>(data) + kBlockHeaderBytes, klen);
       if (other != key) out.other_key = std::string(other);
     }

@@ -18,7 +18,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <string_view>
+
+#include "absl/strings/string_view.h"
 
 namespace hymcache::crashtest {
 
@@ -26,17 +27,17 @@ inline constexpr size_t kBlockHeaderBytes = 18;
 
 // A 64-bit hash of `key` (tools::KeyHash: FNV-1a, then a SplitMix64
 // finalizer).
-uint64_t KeyHash(std::string_view key);
+uint64_t KeyHash(absl::string_view key);
 
 // The length of `key`'s block: derived from the key's hash, uniform in
 // [min_bytes, max_bytes]. REQUIRES: min_bytes <= max_bytes and min_bytes >=
 // kBlockHeaderBytes + key.size().
-uint64_t BlockLength(std::string_view key, uint64_t min_bytes,
+uint64_t BlockLength(absl::string_view key, uint64_t min_bytes,
                      uint64_t max_bytes);
 
 // Writes the block of `key` with `len` bytes into `out`.
 // REQUIRES: len >= kBlockHeaderBytes + key.size().
-void FillBlock(std::string_view key, uint64_t len, uint8_t* out);
+void FillBlock(absl::string_view key, uint64_t len, uint8_t* out);
 
 struct BlockCheck {
   // Bytes of `data` that differ from the block of `key` (0: correct). A
@@ -49,7 +50,7 @@ struct BlockCheck {
 
 // Compares `data` (`len` bytes, as returned for `key`) with the block of
 // `key` of length `expected_len`.
-BlockCheck CheckBlock(std::string_view key, uint64_t expected_len,
+BlockCheck CheckBlock(absl::string_view key, uint64_t expected_len,
                       const uint8_t* data, uint64_t len);
 
 }  // namespace hymcache::crashtest
