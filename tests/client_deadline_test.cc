@@ -18,6 +18,7 @@
 #include "common/thread.h"
 #include "common/wire.h"
 #include "master/master_server.h"
+#include "master/proving_heartbeat.h"
 #include "proto/master.grpc.pb.h"
 #include "tests/daemon.h"
 
@@ -127,6 +128,10 @@ TEST_CASE("Get past its deadline returns the finished blocks and writes nothing 
     r->set_device_kind("dram");
     pb::RegisterNodeResponse resp;
     REQUIRE(stub->RegisterNode(&ctx, req, &resp).ok());
+    grpc::ClientContext hctx;  // proves the key: the node is placeable
+    pb::HeartbeatResponse hb;
+    REQUIRE(
+        stub->Heartbeat(&hctx, master::ProvingHeartbeat(req, resp), &hb).ok());
   }
 
   ClientOptions co;
