@@ -54,7 +54,10 @@ constexpr absl::Duration kExtentDrainTimeout = absl::Seconds(5);
 // Registration retry backoff while the master is unreachable.
 constexpr absl::Duration kMinRetry = absl::Milliseconds(100);
 constexpr absl::Duration kMaxRetry = absl::Seconds(2);
-constexpr absl::Duration kMaxRetryAmongMasters = absl::Milliseconds(250);
+// With several masters a refused attempt is answered at once (a standby
+// refuses, a dead master's port is closed): poll every 100 ms, so that a
+// node re-registers within about 100 ms of a new leader serving.
+constexpr absl::Duration kMaxRetryAmongMasters = absl::Milliseconds(100);
 // Used when the master does not say how often to heartbeat.
 constexpr absl::Duration kDefaultHeartbeat = absl::Seconds(1);
 // Deadline of one reconciliation stream (a node may hold millions of

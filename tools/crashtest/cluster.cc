@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/net.h"
@@ -54,7 +55,13 @@ absl::Status ClusterOptions::Validate() const {
   if (nodes.empty()) {
     return absl::InvalidArgumentError("ClusterOptions: no storage nodes");
   }
-  std::set<std::string> names = {"master"};
+  if (masters < 1) {
+    return absl::InvalidArgumentError("ClusterOptions: masters < 1");
+  }
+  std::set<std::string> names;
+  for (int m = 0; m < masters; ++m) {
+    names.insert(m == 0 ? "master" : absl::StrCat("master", m));
+  }
   for (const StorageNodeSpec& n : nodes) {
     if (n.name.empty() || !names.insert(n.name).second) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -84,16 +91,32 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(
   RETURN_IF_ERROR(MakeDir(log_dir));
   std::unique_ptr<Cluster> c(new Cluster(options));
 
-  auto master = std::make_unique<Daemon>();
-  master->name = "master";
-  master->binary = options.master_binary;
-  master->args = {"--db_path=" + options.work_dir + "/master",
-                  "--listen=127.0.0.1:0"};
-  master->args.insert(master->args.end(), options.master_args.begin(),
-                      options.master_args.end());
-  master->log_path = log_dir + "/master.log";
-  RETURN_IF_ERROR(c->StartDaemon(*master, /*first=*/true));
-  c->daemons_.push_back(std::move(master));
+  c->masters_ = static_cast<size_t>(options.masters);
+  const bool ha = options.masters > 1;
+  std::vector<std::string> etcd_flags;
+  if (ha) {
+    ASSIGN_OR_RETURN(c->etcd_, testing::EtcdCluster::Start({.members = 1}));
+    etcd_flags = {"--etcd=" + absl::StrJoin(c->etcd_->endpoints(), ","),
+                  absl::StrCat("--cluster=", kHaCluster)};
+  }
+  std::vector<std::string> addresses;
+  for (int m = 0; m < options.masters; ++m) {
+    const std::string name = m == 0 ? "master" : absl::StrCat("master", m);
+    auto master = std::make_unique<Daemon>();
+    master->name = name;
+    master->binary = options.master_binary;
+    master->args = {"--db_path=" + options.work_dir + "/" + name,
+                    "--listen=127.0.0.1:0"};
+    master->args.insert(master->args.end(), etcd_flags.begin(),
+                        etcd_flags.end());
+    master->args.insert(master->args.end(), options.master_args.begin(),
+                        options.master_args.end());
+    master->log_path = log_dir + "/" + name + ".log";
+    RETURN_IF_ERROR(c->StartDaemon(*master, /*first=*/true));
+    addresses.push_back(master->address);
+    c->daemons_.push_back(std::move(master));
+  }
+  c->master_address_ = absl::StrJoin(addresses, ",");
 
   for (const StorageNodeSpec& n : options.nodes) {
     auto d = std::make_unique<Daemon>();
@@ -134,7 +157,15 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(
   return c;
 }
 
-Cluster::~Cluster() = default;
+Cluster::~Cluster() {
+  // The daemons first (they die with their owner thread anyway), etcd last.
+  daemons_.clear();
+  etcd_.reset();
+}
+
+std::vector<std::string> Cluster::etcd_endpoints() const {
+  return etcd_ != nullptr ? etcd_->endpoints() : std::vector<std::string>();
+}
 
 absl::Status Cluster::StartDaemon(Daemon& d, bool first) {
   absl::Status s;
@@ -155,11 +186,18 @@ absl::Status Cluster::StartDaemon(Daemon& d, bool first) {
   }
   if (!s.ok()) return s;
   if (!first) return absl::OkStatus();
-  if (d.name != "master" && !options_.node_same_ports) return absl::OkStatus();
+  const bool master = d.binary == options_.master_binary;
+  if (!master && !options_.node_same_ports) return absl::OkStatus();
   const std::string& line = d.process.ready_line();
-  if (d.name == "master") {
-    ASSIGN_OR_RETURN(master_address_, testing::ParseMasterReadyLine(line));
-    SetFlag(d.args, "--listen", master_address_);
+  if (master) {
+    // An HA master stands by first; a plain one serves at once.
+    constexpr absl::string_view kStandby = "hymcache-master standing by on ";
+    if (absl::StartsWith(line, kStandby)) {
+      d.address = line.substr(kStandby.size());
+    } else {
+      ASSIGN_OR_RETURN(d.address, testing::ParseMasterReadyLine(line));
+    }
+    SetFlag(d.args, "--listen", d.address);
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(testing::StorageReadyLine addresses,
