@@ -50,7 +50,8 @@
 #include "tests/daemon.h"
 #include "tests/etcd_cluster.h"
 
-DEFINE_string(modes, "off,async,sync", "modes to compare (off first: the base)");
+DEFINE_string(modes, "off,async,sync",
+              "modes to compare (off first: the base)");
 DEFINE_int32(threads, 4, "client threads (one connection each)");
 DEFINE_double(seconds, 3, "timed seconds per phase");
 DEFINE_int32(reps, 2, "repetitions of every mode");
@@ -68,7 +69,8 @@ using testing::Daemon;
 std::string Runfile(const char* argv0, const std::string& rel) {
   std::vector<std::string> roots;
   for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
-    if (const char* dir = getenv(env)) roots.push_back(absl::StrCat(dir, "/hymcache/"));
+    if (const char* dir = getenv(env))
+      roots.push_back(absl::StrCat(dir, "/hymcache/"));
   }
   roots.push_back(absl::StrCat(argv0, ".runfiles/hymcache/"));
   std::error_code ec;
@@ -151,7 +153,8 @@ absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
     if (i == 0) {
       // The first master leads once it serves.
       auto stub = Dial(addresses[0], 1000);
-      if (!Wait([&] { return !Stats(stub.get()).empty(); }, absl::Seconds(30))) {
+      if (!Wait([&] { return !Stats(stub.get()).empty(); },
+                absl::Seconds(30))) {
         return absl::DeadlineExceededError("the first master never led");
       }
     }
@@ -194,7 +197,8 @@ struct Result {
 };
 
 absl::StatusOr<Result> RunMode(const std::string& binary,
-                               const std::string& mode, const std::string& dir) {
+                               const std::string& mode,
+                               const std::string& dir) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   auto rig = StartRig(binary, mode, dir);
@@ -209,7 +213,8 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   auto phase = [&](const std::function<void(int, v1::MasterService::Stub*,
                                             absl::Time)>& body) {
     std::vector<std::unique_ptr<v1::MasterService::Stub>> stubs;
-    for (int t = 0; t < threads; ++t) stubs.push_back(Dial(rig->leader, 10 + t));
+    for (int t = 0; t < threads; ++t)
+      stubs.push_back(Dial(rig->leader, 10 + t));
     const absl::Time end = absl::Now() + absl::Seconds(FLAGS_seconds);
     std::vector<Thread> ts;
     for (int t = 0; t < threads; ++t) {
@@ -253,8 +258,8 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   for (auto& v : keys) all.insert(all.end(), v.begin(), v.end());
   if (all.size() < static_cast<size_t>(FLAGS_batch)) {
     return absl::InternalError(absl::StrCat(mode, ": only ", all.size(),
-                                            " keys committed (", failures.load(),
-                                            " failed puts)"));
+                                            " keys committed (",
+                                            failures.load(), " failed puts)"));
   }
   std::atomic<uint64_t> lookups{0}, misses{0};
   t0 = absl::Now();
@@ -291,14 +296,15 @@ int Main(const char* argv0) {
                                  ? Runfile(argv0, "master/hymcache-master")
                                  : FLAGS_master_binary;
   if (binary.empty()) {
-    std::fprintf(stderr, "ha_bench: hymcache-master not found; pass --master_binary\n");
+    std::fprintf(stderr,
+                 "ha_bench: hymcache-master not found; pass --master_binary\n");
     return 2;
   }
   const std::vector<std::string> modes =
       absl::StrSplit(FLAGS_modes, ',', absl::SkipEmpty());
-  const std::string dir = FLAGS_dir.empty()
-                              ? absl::StrCat("/tmp/hymcache-ha-bench-", getpid())
-                              : FLAGS_dir;
+  const std::string dir =
+      FLAGS_dir.empty() ? absl::StrCat("/tmp/hymcache-ha-bench-", getpid())
+                        : FLAGS_dir;
   std::map<std::string, Result> best;
   for (int rep = 0; rep < FLAGS_reps; ++rep) {
     for (size_t i = 0; i < modes.size(); ++i) {
@@ -329,12 +335,11 @@ int Main(const char* argv0) {
               FLAGS_reps);
   for (const std::string& m : modes) {
     const Result& r = best[m];
-    std::printf("%-6s puts/s %8.0f (%.2fx)  lookups/s %8.0f (%.2fx)\n",
-                m.c_str(), r.puts_per_s,
-                base.puts_per_s > 0 ? r.puts_per_s / base.puts_per_s : 0,
-                r.lookups_per_s,
-                base.lookups_per_s > 0 ? r.lookups_per_s / base.lookups_per_s
-                                       : 0);
+    std::printf(
+        "%-6s puts/s %8.0f (%.2fx)  lookups/s %8.0f (%.2fx)\n", m.c_str(),
+        r.puts_per_s, base.puts_per_s > 0 ? r.puts_per_s / base.puts_per_s : 0,
+        r.lookups_per_s,
+        base.lookups_per_s > 0 ? r.lookups_per_s / base.lookups_per_s : 0);
   }
   return 0;
 }

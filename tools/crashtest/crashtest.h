@@ -109,10 +109,10 @@ struct CrashTestOptions {
   // Every kill is of the master that leads (etcd's leader key). Before it
   // the test waits, up to standby_wait, until a standby is past its full
   // copy of the leader's store (so that with --replication=sync every
-  // commit acknowledged since is held by a standby); after it, a probe
-  // measures the time from the kill to the first successful BatchLookup
-  // (of probe keys committed before, all found) and the first successful
-  // Put (CrashTestReport::failover_*). A failover slower than
+  // commit acknowledged since is held by a standby) and puts a probe key;
+  // after it, probes measure the time from the kill to the first
+  // successful BatchLookup (finding that key) and the first successful Put
+  // (CrashTestReport::failover_*). A failover slower than
   // max_failover fails the run (zero: no bound). Defaults: 60 s, zero.
   absl::Duration standby_wait = absl::Seconds(60);
   absl::Duration max_failover = absl::ZeroDuration();

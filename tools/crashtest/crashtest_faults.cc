@@ -98,8 +98,16 @@ absl::Status CrashTest::Impl::KillLoop() {
     if (ha) {
       ASSIGN_OR_RETURN(victim, LeaderIndex());
       RETURN_IF_ERROR(WaitForCaughtUpStandby(victim));
-      if (probe_keys_.empty() && !PutProbe(0, {})) {
-        return absl::UnavailableError("master HA: the first probe put failed");
+      // A probe key committed (held by the standby) right before the kill:
+      // the lookups after it must find it. Fresh, so that no eviction (the
+      // nodes fill up under the workload) can have taken it.
+      const absl::Time probe_by = absl::Now() + options_.standby_wait;
+      while (!PutProbe(2 * k, {.deadline = absl::Now() + absl::Seconds(2)})) {
+        if (absl::Now() >= probe_by) {
+          return absl::UnavailableError(absl::StrCat(
+              "master HA: the probe put before kill ", k, " failed"));
+        }
+        RETURN_IF_ERROR(WatchFor(absl::Milliseconds(100)));
       }
     } else {
       victim = std::uniform_int_distribution<size_t>(
@@ -235,10 +243,8 @@ bool CrashTest::Impl::PutProbe(int n, const CallOptions& call) {
 }
 
 absl::Status CrashTest::Impl::MeasureFailover(absl::Time killed, int kill) {
-  // The probe keys committed before the kill (the last few).
-  const std::vector<std::string> before(
-      probe_keys_.end() - std::min<size_t>(probe_keys_.size(), 8),
-      probe_keys_.end());
+  // The probe key committed right before the kill.
+  const std::vector<std::string> before = {probe_keys_.back()};
   // Lookups here, puts on a thread of their own: a put attempt may take
   // its whole deadline, and must not delay the lookups' measurement.
   std::optional<absl::Duration> lookup, put;
@@ -246,7 +252,8 @@ absl::Status CrashTest::Impl::MeasureFailover(absl::Time killed, int kill) {
   const absl::Time give_up = killed + absl::Seconds(60);
   Thread putter("ct-put-probe", [&] {
     while (absl::Now() < give_up) {
-      if (PutProbe(kill, {.deadline = absl::Now() + absl::Seconds(1)})) {
+      if (PutProbe(2 * kill + 1,
+                   {.deadline = absl::Now() + absl::Seconds(1)})) {
         put = absl::Now() - killed;
         return;
       }
