@@ -96,16 +96,22 @@ absl::Status CrashTest::Impl::KillLoop() {
     const bool ha = cluster_->masters() > 1;
     size_t victim = 0;
     if (ha) {
-      ASSIGN_OR_RETURN(victim, LeaderIndex());
-      RETURN_IF_ERROR(WaitForCaughtUpStandby(victim));
-      // A probe key committed (held by the standby) right before the kill:
-      // the lookups after it must find it. Fresh, so that no eviction (the
-      // nodes fill up under the workload) can have taken it.
-      const absl::Time probe_by = absl::Now() + options_.standby_wait;
-      while (!PutProbe(2 * k, {.deadline = absl::Now() + absl::Seconds(2)})) {
-        if (absl::Now() >= probe_by) {
+      // The leader, with a standby past its copy, and a probe key committed
+      // (held by that standby) right before the kill: the lookups after it
+      // must find it. Fresh, so that no eviction (the nodes fill up under
+      // the workload) can have taken it. Again if the leader changed
+      // meanwhile (a term can end under load).
+      const absl::Time give_up = absl::Now() + options_.standby_wait;
+      while (true) {
+        ASSIGN_OR_RETURN(victim, CaughtUpLeader());
+        if (PutProbe(2 * k, {.deadline = absl::Now() + absl::Seconds(2)})) {
+          absl::StatusOr<size_t> now = LeaderIndex();
+          if (now.ok() && *now == victim) break;
+        }
+        if (absl::Now() >= give_up) {
           return absl::UnavailableError(absl::StrCat(
-              "master HA: the probe put before kill ", k, " failed"));
+              "master HA: no probe put before kill ", k, " within ",
+              absl::FormatDuration(options_.standby_wait)));
         }
         RETURN_IF_ERROR(WatchFor(absl::Milliseconds(100)));
       }
@@ -172,9 +178,7 @@ absl::StatusOr<size_t> CrashTest::Impl::LeaderIndex() {
   }
 }
 
-absl::Status CrashTest::Impl::WaitForCaughtUpStandby(size_t leader) {
-  auto stub = v1::MasterService::NewStub(grpc::CreateChannel(
-      cluster_->address(leader), grpc::InsecureChannelCredentials()));
+absl::StatusOr<size_t> CrashTest::Impl::CaughtUpLeader() {
   std::string token;
   if (!options_.token_file.empty()) {
     ASSIGN_OR_RETURN(token, ReadTokenFile(options_.token_file));
@@ -182,6 +186,11 @@ absl::Status CrashTest::Impl::WaitForCaughtUpStandby(size_t leader) {
   const absl::Time deadline = absl::Now() + options_.standby_wait;
   std::string last;
   while (true) {
+    // Who leads may change while the test waits (a term can end under
+    // load): ask etcd each time.
+    ASSIGN_OR_RETURN(const size_t leader, LeaderIndex());
+    auto stub = v1::MasterService::NewStub(grpc::CreateChannel(
+        cluster_->address(leader), grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
     if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
@@ -203,18 +212,17 @@ absl::Status CrashTest::Impl::WaitForCaughtUpStandby(size_t leader) {
           MutexLock l(&mu_);
           report_.sync_timeouts += static_cast<uint64_t>(t);
         }
-        return absl::OkStatus();
+        return leader;
       }
-      last =
-          absl::StrCat("followers ", followers, ", lag ", lag, " of ", latest);
+      last = absl::StrCat(cluster_->name(leader), ": followers ", followers,
+                          ", lag ", lag, " of ", latest);
     } else {
-      last = st.error_message();
+      last = absl::StrCat(cluster_->name(leader), ": ", st.error_message());
     }
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "master HA: no standby of ", cluster_->name(leader),
-          " caught up within ", absl::FormatDuration(options_.standby_wait),
-          ": ", last));
+          "master HA: no leader with a standby past its copy within ",
+          absl::FormatDuration(options_.standby_wait), ": ", last));
     }
     RETURN_IF_ERROR(WatchFor(absl::Milliseconds(100)));
   }

@@ -148,9 +148,10 @@ class CrashTest::Impl {
   absl::Status RestartDaemon(size_t i, const char* why);
   // Master HA (crashtest_faults.cc): the index of the master that leads.
   absl::StatusOr<size_t> LeaderIndex();
-  // Waits until master `leader` serves and a standby is past its copy
-  // (CrashTestOptions::standby_wait); adds its sync timeouts to the report.
-  absl::Status WaitForCaughtUpStandby(size_t leader);
+  // Waits until the master that leads serves with a standby past its copy
+  // (CrashTestOptions::standby_wait); returns its index and adds its sync
+  // timeouts to the report.
+  absl::StatusOr<size_t> CaughtUpLeader();
   // After the kill at `killed`: probes until a lookup and a put succeed.
   absl::Status MeasureFailover(absl::Time killed, int kill);
   // Puts probe key `n` (4 KiB; charged to every node) with `call`; whether
