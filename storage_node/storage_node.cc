@@ -1058,6 +1058,11 @@ void StorageNode::HeartbeatLoop() {
                      << options_.master_address << ": " << s
                      << "; retrying in the background";
         outage = true;
+      } else {
+        // Every 50th failure (about 5 s among several masters): a node
+        // that stays unregistered says why, and that it is still trying.
+        LOG_EVERY_N(WARNING, 50) << "still cannot register with master "
+                                 << master_->address() << ": " << s;
       }
       if (!SleepUnlessStopping(retry)) return;
       // With several masters the next attempt goes to another one (the
