@@ -1052,7 +1052,14 @@ void StorageNode::HeartbeatLoop() {
         MaybeReconcile();
         continue;
       }
-      if (s.code() == absl::StatusCode::kCancelled) return;  // shutting down
+      if (s.code() == absl::StatusCode::kCancelled) {
+        // CallMaster's own CANCELLED means this node is stopping; a master
+        // answers CANCELLED too, when its server shuts down under the call
+        // (a standby handing its port to the elected leader): that one is
+        // retried like any refusal, or the node would never register again.
+        MutexLock l(&mu_);
+        if (stopping_) return;
+      }
       if (!outage) {
         LOG(WARNING) << "cannot register with master "
                      << options_.master_address << ": " << s
