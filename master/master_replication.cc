@@ -73,6 +73,16 @@ void MasterReplication::AfterCommit(std::function<void()> answer) {
     answer();
     return;
   }
+  if (source_->FollowersPastCopy() == 0) {
+    // No standby past its copy: one is unlikely to hold the commit before
+    // the timeout, and the answer would come anyway. Without this, every
+    // commit after a failover would wait the timeout until the old leader
+    // is back as a standby.
+    source_->NotifyWrite();
+    Add(counters_.replication_sync_no_standby);
+    answer();
+    return;
+  }
   // The commit's write is in the store: its sequence is at most the latest.
   const uint64_t seq = options_.store->LatestSequence();
   source_->OnReplicated(

@@ -38,7 +38,11 @@ enum class ReplicationMode {
   kAsync,
   // A PutCommit is answered once a standby holds it, or at sync_timeout
   // (counted in replication_sync_timeouts: that commit may be lost with the
-  // leader). Costs each commit a round trip to the standby.
+  // leader), or at once while no standby follows past its full copy
+  // (counted in replication_sync_no_standby, equally at risk: waiting then
+  // only makes every commit slower, e.g. all through the time a killed
+  // leader takes to come back as a standby). Costs each commit a round
+  // trip to the standby.
   kSync,
 };
 
@@ -47,15 +51,18 @@ absl::StatusOr<ReplicationMode> ParseReplicationMode(absl::string_view s);
 const char* ReplicationModeName(ReplicationMode mode);
 
 // Counters of the synchronous commits.
-#define HYM_MASTER_REPLICATION_STATS(COUNTER, GAUGE, DGAUGE)                  \
-  COUNTER(replication_sync_commits,                                          \
-          "Commits answered once a standby held them (sync replication)")    \
-  COUNTER(replication_sync_timeouts,                                         \
-          "Commits answered at the sync timeout without a standby holding "  \
-          "them (sync replication; lost if the leader dies now)")            \
-  GAUGE(replication_followers,                                               \
+#define HYM_MASTER_REPLICATION_STATS(COUNTER, GAUGE, DGAUGE)                \
+  COUNTER(replication_sync_commits,                                         \
+          "Commits answered once a standby held them (sync replication)")   \
+  COUNTER(replication_sync_timeouts,                                        \
+          "Commits answered at the sync timeout without a standby holding " \
+          "them (sync replication; lost if the leader dies now)")           \
+  COUNTER(replication_sync_no_standby,                                      \
+          "Commits answered at once because no standby was following past " \
+          "its full copy (sync replication; lost if the leader dies now)")  \
+  GAUGE(replication_followers,                                              \
         "Standbys following this leader past their full copy")              \
-  GAUGE(replication_copying, "Standbys in a full copy of the store")       \
+  GAUGE(replication_copying, "Standbys in a full copy of the store")        \
   GAUGE(replication_latest_sequence, "The store's latest write sequence")
 HYM_DECLARE_STATS(MasterReplicationStats, MasterReplicationCounters,
                   HYM_MASTER_REPLICATION_STATS);

@@ -175,6 +175,13 @@ void ReplicationSource::OnReplicated(uint64_t seq, absl::Time deadline,
   done(now);
 }
 
+size_t ReplicationSource::FollowersPastCopy() const {
+  MutexLock l(&mu_);
+  size_t n = 0;
+  for (const auto& [id, f] : followers_) n += f->copying ? 0 : 1;
+  return n;
+}
+
 void ReplicationSource::ExpireWaiters() {
   for (;;) {
     std::vector<std::pair<uint64_t, std::function<void(absl::Status)>>> fired;

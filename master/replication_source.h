@@ -101,6 +101,9 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
   void OnReplicated(uint64_t seq, absl::Time deadline,
                     std::function<void(absl::Status)> done);
 
+  // Followers past their full copy (those whose acknowledgements count).
+  size_t FollowersPastCopy() const;
+
   // Ends every stream (CANCELLED to the followers) and refuses new ones;
   // WaitReplicated returns Unavailable. Idempotent; blocks until the
   // handlers have left.

@@ -55,7 +55,10 @@ constexpr absl::Duration kExtentDrainTimeout = absl::Seconds(5);
 // Registration retry backoff while the master is unreachable.
 constexpr absl::Duration kMinRetry = absl::Milliseconds(100);
 constexpr absl::Duration kMaxRetry = absl::Seconds(2);
-constexpr absl::Duration kMaxRetryAmongMasters = absl::Milliseconds(250);
+// With several masters a refused attempt is answered at once (a standby
+// refuses, a dead master's port is closed): poll every 100 ms, so that a
+// node re-registers within about 100 ms of a new leader serving.
+constexpr absl::Duration kMaxRetryAmongMasters = absl::Milliseconds(100);
 // Used when the master does not say how often to heartbeat.
 constexpr absl::Duration kDefaultHeartbeat = absl::Seconds(1);
 // Deadline of one reconciliation stream (a node may hold millions of
@@ -1062,12 +1065,24 @@ void StorageNode::HeartbeatLoop() {
         heartbeat_now = true;
         continue;
       }
-      if (s.code() == absl::StatusCode::kCancelled) return;  // shutting down
+      if (s.code() == absl::StatusCode::kCancelled) {
+        // CallMaster's own CANCELLED means this node is stopping; a master
+        // answers CANCELLED too, when its server shuts down under the call
+        // (a standby handing its port to the elected leader): that one is
+        // retried like any refusal, or the node would never register again.
+        MutexLock l(&mu_);
+        if (stopping_) return;
+      }
       if (!outage) {
         LOG(WARNING) << "cannot register with master "
                      << options_.master_address << ": " << s
                      << "; retrying in the background";
         outage = true;
+      } else {
+        // Every 50th failure (about 5 s among several masters): a node
+        // that stays unregistered says why, and that it is still trying.
+        LOG_EVERY_N(WARNING, 50) << "still cannot register with master "
+                                 << master_->address() << ": " << s;
       }
       if (!SleepUnlessStopping(retry)) return;
       // With several masters the next attempt goes to another one (the

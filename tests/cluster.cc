@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/eventually.h"
 #include "common/net.h"
@@ -154,7 +155,13 @@ absl::Status RestartableClusterOptions::Validate() const {
     return absl::InvalidArgumentError(
         "RestartableClusterOptions: no storage nodes");
   }
-  std::set<std::string> names = {"master"};
+  if (masters < 1) {
+    return absl::InvalidArgumentError("RestartableClusterOptions: masters < 1");
+  }
+  std::set<std::string> names;
+  for (int m = 0; m < masters; ++m) {
+    names.insert(m == 0 ? "master" : absl::StrCat("master", m));
+  }
   for (const StorageNodeSpec& n : nodes) {
     if (n.name.empty() || !names.insert(n.name).second) {
       return absl::InvalidArgumentError(
@@ -186,15 +193,30 @@ absl::StatusOr<std::unique_ptr<RestartableCluster>> RestartableCluster::Create(
   RETURN_IF_ERROR(MakeDir(log_dir));
   std::unique_ptr<RestartableCluster> c(new RestartableCluster(options));
 
-  auto master = std::make_unique<Daemon>();
-  master->name = "master";
-  master->binary = options.master_binary;
-  master->args = MasterArgs(options.work_dir + "/master", "127.0.0.1:0");
-  master->args.insert(master->args.end(), options.master_args.begin(),
-                      options.master_args.end());
-  master->log_path = log_dir + "/master.log";
-  RETURN_IF_ERROR(c->StartDaemon(*master, /*first=*/true));
-  c->daemons_.push_back(std::move(master));
+  c->masters_ = static_cast<size_t>(options.masters);
+  std::vector<std::string> etcd_flags;
+  if (options.masters > 1) {
+    ASSIGN_OR_RETURN(c->etcd_, EtcdCluster::Start({.members = 1}));
+    etcd_flags = {"--etcd=" + absl::StrJoin(c->etcd_->endpoints(), ","),
+                  absl::StrCat("--cluster=", kHaCluster)};
+  }
+  std::vector<std::string> addresses;
+  for (int m = 0; m < options.masters; ++m) {
+    const std::string name = m == 0 ? "master" : absl::StrCat("master", m);
+    auto master = std::make_unique<Daemon>();
+    master->name = name;
+    master->binary = options.master_binary;
+    master->args = MasterArgs(options.work_dir + "/" + name, "127.0.0.1:0");
+    master->args.insert(master->args.end(), etcd_flags.begin(),
+                        etcd_flags.end());
+    master->args.insert(master->args.end(), options.master_args.begin(),
+                        options.master_args.end());
+    master->log_path = log_dir + "/" + name + ".log";
+    RETURN_IF_ERROR(c->StartDaemon(*master, /*first=*/true));
+    addresses.push_back(master->address);
+    c->daemons_.push_back(std::move(master));
+  }
+  c->master_address_ = absl::StrJoin(addresses, ",");
 
   for (const StorageNodeSpec& n : options.nodes) {
     auto d = std::make_unique<Daemon>();
@@ -231,7 +253,15 @@ absl::StatusOr<std::unique_ptr<RestartableCluster>> RestartableCluster::Create(
   return c;
 }
 
-RestartableCluster::~RestartableCluster() = default;
+RestartableCluster::~RestartableCluster() {
+  // The daemons first (they die with their owner thread anyway), etcd last.
+  daemons_.clear();
+  etcd_.reset();
+}
+
+std::vector<std::string> RestartableCluster::etcd_endpoints() const {
+  return etcd_ != nullptr ? etcd_->endpoints() : std::vector<std::string>();
+}
 
 absl::Status RestartableCluster::StartDaemon(Daemon& d, bool first) {
   absl::Status s;
@@ -252,11 +282,18 @@ absl::Status RestartableCluster::StartDaemon(Daemon& d, bool first) {
   }
   if (!s.ok()) return s;
   if (!first) return absl::OkStatus();
-  if (d.name != "master" && !options_.node_same_ports) return absl::OkStatus();
+  const bool master = d.binary == options_.master_binary;
+  if (!master && !options_.node_same_ports) return absl::OkStatus();
   const std::string& line = d.process.ready_line();
-  if (d.name == "master") {
-    ASSIGN_OR_RETURN(master_address_, ParseMasterReadyLine(line));
-    SetFlag(d.args, "--listen", master_address_);
+  if (master) {
+    // An HA master stands by first; a plain one serves at once.
+    constexpr absl::string_view kStandby = "hymcache-master standing by on ";
+    if (absl::StartsWith(line, kStandby)) {
+      d.address = line.substr(kStandby.size());
+    } else {
+      ASSIGN_OR_RETURN(d.address, ParseMasterReadyLine(line));
+    }
+    SetFlag(d.args, "--listen", d.address);
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(StorageReadyLine addresses, ParseStorageReadyLine(line));

@@ -28,6 +28,7 @@
 #include "client/client.h"
 #include "tests/child_process.h"
 #include "tests/daemon.h"
+#include "tests/etcd_cluster.h"
 
 namespace hymcache::testing {
 
@@ -96,6 +97,9 @@ struct RestartableClusterOptions {
   std::string log_dir;
   // Storage nodes. At least one.
   std::vector<StorageNodeSpec> nodes;
+  // Masters. More than one: master HA through etcd (see RestartableCluster);
+  // pass --lease_ttl_s and --replication in master_args. Default: 1.
+  int masters = 1;
   // Extra flags for every master / storage-node run (e.g. a reconciliation
   // interval). Default: none.
   std::vector<std::string> master_args;
@@ -123,10 +127,16 @@ struct RestartableClusterOptions {
 // master's RocksDB directory, a hybrid node's capacity file, the same node
 // names), as an operator's service manager would restart them.
 //
-// Daemon 0 is the master; daemons 1..n are the storage nodes in the order of
+// Daemons 0..masters-1 are the masters ("master", "master1", ...); the
+// storage nodes follow (from first_node()) in the order of
 // RestartableClusterOptions::nodes. The first start binds port 0; restarts
 // reuse the ports picked then, so clients and the master reach a restarted
 // daemon at the address they know.
+//
+// With masters > 1 (master HA, docs/ha.md) the cluster first starts a
+// 1-member etcd (tests/etcd_cluster.h, never killed) and runs every master
+// with --etcd and --cluster=crashtest on its own --db_path; one leads, the
+// others stand by. Nodes and clients get the list of masters.
 //
 // Thread safety: not thread-safe; one owner thread starts, kills and stops
 // daemons (the children die with that thread: keep it alive until Stop).
@@ -140,11 +150,22 @@ class RestartableCluster {
       const RestartableClusterOptions& options);
   ~RestartableCluster();  // SIGKILLs whatever still runs
 
-  // 1 + number of storage nodes.
+  // Masters + storage nodes.
   size_t size() const { return daemons_.size(); }
+  // Number of masters; daemon index of the first storage node.
+  size_t masters() const { return masters_; }
+  size_t first_node() const { return masters_; }
+  bool is_master(size_t i) const { return i < masters_; }
+  // Master `i`'s address (as its ready line named it).
+  const std::string& address(size_t i) const { return daemons_[i]->address; }
+  // The etcd endpoints (HA: masters() > 1); empty otherwise.
+  std::vector<std::string> etcd_endpoints() const;
+  // The etcd cluster name the masters campaign under (HA).
+  static constexpr char kHaCluster[] = "crashtest";
   // "master" or the node's name.
   const std::string& name(size_t i) const { return daemons_[i]->name; }
   const std::string& log_path(size_t i) const { return daemons_[i]->log_path; }
+  // Every master's address, comma-separated (what clients and nodes get).
   const std::string& master_address() const { return master_address_; }
   // Process id of daemon `i` (-1 when it is not running).
   pid_t pid(size_t i) const { return daemons_[i]->process.pid(); }
@@ -168,6 +189,9 @@ class RestartableCluster {
   // Whether daemon `i` runs; when it exited by itself, reaps it and
   // describes how in `*exit` (if not null).
   bool Alive(size_t i, std::string* exit = nullptr);
+  // The wait status of daemon `i`'s last run once Alive() found it exited
+  // (-1 before).
+  int exit_status(size_t i) const { return daemons_[i]->process.exit_status(); }
   // Failed start attempts so far (each retried).
   int failed_starts() const { return failed_starts_; }
 
@@ -184,6 +208,7 @@ class RestartableCluster {
     std::string log_path;
     uint64_t capacity = 0;
     bool keeps_objects = false;
+    std::string address;  // masters: host:port
     ChildProcess process;
   };
 
@@ -194,6 +219,8 @@ class RestartableCluster {
   absl::Status StartDaemon(Daemon& d, bool first);
 
   const RestartableClusterOptions options_;
+  size_t masters_ = 1;
+  std::unique_ptr<EtcdCluster> etcd_;  // HA only
   std::vector<std::unique_ptr<Daemon>> daemons_;
   std::string master_address_;
   int failed_starts_ = 0;

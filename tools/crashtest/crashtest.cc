@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/leader_election.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "common/thread.h"
@@ -24,6 +26,10 @@ absl::Status CrashTestOptions::Validate() const {
     return absl::InvalidArgumentError("CrashTestOptions: " + what);
   };
   if (conversations < 1) return bad("conversations must be >= 1");
+  if (standby_wait <= absl::ZeroDuration() ||
+      max_failover < absl::ZeroDuration()) {
+    return bad("standby_wait must be > 0, max_failover >= 0");
+  }
   if (max_turns < 1) return bad("max_turns must be >= 1");
   if (max_new_blocks < 1) return bad("max_new_blocks must be >= 1");
   if (system_prompts < 1 || system_prompt_blocks < 0) {
@@ -77,6 +83,37 @@ std::string CrashTestReport::SummaryLine() const {
       " time_s=", absl::ToInt64Seconds(run_time), " result=",
       passed() ? "PASS"
                : absl::StrCat("FAIL(", absl::StrJoin(failures, "; "), ")"));
+}
+
+namespace {
+
+// "p50 X ms, p99 Y ms, max Z ms" of `v` (nearest rank).
+std::string Percentiles(std::vector<absl::Duration> v) {
+  std::sort(v.begin(), v.end());
+  auto at = [&v](double q) {
+    size_t rank = static_cast<size_t>(std::ceil(q * v.size()));
+    return absl::ToInt64Milliseconds(v[std::max<size_t>(rank, 1) - 1]);
+  };
+  return absl::StrCat("p50 ", at(0.5), " ms, p99 ", at(0.99), " ms, max ",
+                      at(1.0), " ms");
+}
+
+}  // namespace
+
+std::string CrashTestReport::FailoverLine() const {
+  if (failover_lookup.empty()) return "";
+  std::string etcd;
+  if (failover_key_gone.size() == failover_lookup.size() &&
+      failover_elected.size() == failover_lookup.size()) {
+    etcd =
+        absl::StrCat("; kill->lease expired ", Percentiles(failover_key_gone),
+                     "; kill->new leader ", Percentiles(failover_elected));
+  }
+  return absl::StrCat(
+      "crashtest: failover: ", failover_lookup.size(),
+      " leader kills; kill->first lookup ", Percentiles(failover_lookup),
+      "; kill->first put ", Percentiles(failover_put), etcd,
+      "; terms_ended=", terms_ended, " sync_timeouts>=", sync_timeouts);
 }
 
 void CrashTest::Impl::Log(const std::string& line) {
@@ -202,7 +239,7 @@ absl::Status CrashTest::Impl::WaitNodesAlive(absl::Time after,
       size_t ready = 0;
       for (const NodeStatus& n : st->nodes) {
         const int i = cluster_->IndexOf(n.name);
-        if (i <= 0) continue;
+        if (i < static_cast<int>(cluster_->first_node())) continue;
         // A heartbeat (or registration) after `after`: the node itself
         // talked to this master, not a listing the master loaded at start.
         if (n.alive && n.last_heartbeat_unix_ms > UnixMs(after)) ++ready;
@@ -214,9 +251,9 @@ absl::Status CrashTest::Impl::WaitNodesAlive(absl::Time after,
           capacity_[i] = usable;
         }
       }
-      if (ready == cluster_->size() - 1) return absl::OkStatus();
-      last = absl::StrCat(ready, " of ", cluster_->size() - 1,
-                          " nodes alive and heard from");
+      const size_t nodes = cluster_->size() - cluster_->first_node();
+      if (ready == nodes) return absl::OkStatus();
+      last = absl::StrCat(ready, " of ", nodes, " nodes alive and heard from");
     } else {
       last = st.status().ToString();
     }
@@ -289,11 +326,28 @@ absl::StatusOr<CrashTestReport> CrashTest::Impl::Run(std::ostream& log) {
     ASSIGN_OR_RETURN(co.auth_token, ReadTokenFile(options_.token_file));
   }
   ASSIGN_OR_RETURN(client_, Client::Create(co));
+  if (cluster_->masters() > 1) {
+    ASSIGN_OR_RETURN(
+        etcd_, EtcdClient::Create({.endpoints = cluster_->etcd_endpoints()}));
+    EtcdWatchOptions w;
+    w.key = MasterLeaderKey(testing::RestartableCluster::kHaCluster);
+    w.thread_name = "ct-leader-watch";
+    ASSIGN_OR_RETURN(leader_watch_,
+                     etcd_->Watch(w, [this](absl::StatusOr<EtcdWatchBatch> b) {
+                       if (!b.ok()) return;
+                       const absl::Time now = absl::Now();
+                       MutexLock l(&mu_);
+                       for (const mvccpb::Event& ev : b->events) {
+                         leader_events_.emplace_back(
+                             now, ev.type() == mvccpb::Event::DELETE);
+                       }
+                     }));
+  }
   RETURN_IF_ERROR(WaitNodesAlive(start_, absl::Seconds(60)));
   Log(absl::StrCat("cluster up: master ", cluster_->master_address(), ", ",
-                   n - 1, " nodes; ", options_.conversations,
-                   " conversations, ", options_.kills, " kills, seed ",
-                   options_.seed));
+                   n - cluster_->first_node(), " nodes; ",
+                   options_.conversations, " conversations, ", options_.kills,
+                   " kills, seed ", options_.seed));
 
   std::vector<Thread> threads;
   for (int i = 0; i < options_.conversations; ++i) {

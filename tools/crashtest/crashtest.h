@@ -105,6 +105,18 @@ struct CrashTestOptions {
   // Default: 1 s.
   absl::Duration max_down_time = absl::Seconds(1);
 
+  // --- Master HA (cluster.masters > 1) ---
+  // Every kill is of the master that leads (etcd's leader key). Before it
+  // the test waits, up to standby_wait, until a standby is past its full
+  // copy of the leader's store (so that with --replication=sync every
+  // commit acknowledged since is held by a standby) and puts a probe key;
+  // after it, probes measure the time from the kill to the first
+  // successful BatchLookup (finding that key) and the first successful Put
+  // (CrashTestReport::failover_*). A failover slower than
+  // max_failover fails the run (zero: no bound). Defaults: 60 s, zero.
+  absl::Duration standby_wait = absl::Seconds(60);
+  absl::Duration max_failover = absl::ZeroDuration();
+
   // Before each kill, check that every block that must still be served (see
   // live-node durability above) is listed, and read this many of them
   // (-1: no audits). Default: 50.
@@ -205,6 +217,21 @@ struct CrashTestReport {
   std::map<std::string, uint64_t> fsck_findings;
   int64_t repaired = -1;
 
+  // Master HA: per leader kill, the time from the kill to the first
+  // successful lookup and put; leader terms that ended with the master
+  // exiting (status 3, restarted as a supervisor would); commits a leader
+  // answered at its sync timeout without a standby holding them (sum of
+  // each leader's count polled before it was killed: a lower bound).
+  std::vector<absl::Duration> failover_lookup;
+  std::vector<absl::Duration> failover_put;
+  // Of the same kills, the time until the dead leader's key was gone (its
+  // lease expired in etcd) and until a new leader's key appeared, as this
+  // process's etcd watch saw them.
+  std::vector<absl::Duration> failover_key_gone;
+  std::vector<absl::Duration> failover_elected;
+  uint64_t terms_ended = 0;
+  uint64_t sync_timeouts = 0;
+
   // Daemons that exited by themselves, failed to start, or did not stop
   // cleanly on SIGTERM at the end (each described in `problems`).
   uint64_t daemon_crashes = 0;
@@ -219,6 +246,9 @@ struct CrashTestReport {
   // One line: kills, operations, blocks verified, wrong bytes, lost on a
   // killed node, stale listings, repaired, and the verdict.
   std::string SummaryLine() const;
+  // Master HA: "failover: N leader kills; lookup p50 .. p99 .. max ..;
+  // put ..." ("" without leader kills).
+  std::string FailoverLine() const;
 };
 
 class CrashTest {

@@ -413,7 +413,7 @@ void CrashTest::Impl::FinalChecks() {
     MutexLock l(&mu_);
     placed = placed_;
   }
-  for (size_t i = 1; i < cluster_->size(); ++i) {
+  for (size_t i = cluster_->first_node(); i < cluster_->size(); ++i) {
     std::vector<std::string> epochs;
     for (const auto& [e, b] : placed[i].by_epoch) {
       epochs.push_back(absl::StrCat(b >> 20, b > capacity_[i] ? "!" : ""));

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "client/block_key.h"
 #include "client/client.h"
+#include "common/etcd_client.h"
 #include "common/mutex.h"
 #include "tests/cluster.h"
 #include "tools/crashtest/crashtest.h"
@@ -53,6 +54,9 @@ class CrashTest::Impl {
                            .layout = "generated",
                            .salt = absl::StrCat("seed=", options.seed)},
               /*block_tokens=*/16) {}
+
+  // The leader watch first: its callback uses mu_, declared after it.
+  ~Impl() { leader_watch_.reset(); }
 
   absl::StatusOr<CrashTestReport> Run(std::ostream& log);
 
@@ -142,6 +146,17 @@ class CrashTest::Impl {
   // exited by itself. Errors: a restart failed.
   absl::Status WatchFor(absl::Duration d);
   absl::Status RestartDaemon(size_t i, const char* why);
+  // Master HA (crashtest_faults.cc): the index of the master that leads.
+  absl::StatusOr<size_t> LeaderIndex();
+  // Waits until the master that leads serves with a standby past its copy
+  // (CrashTestOptions::standby_wait); returns its index and adds its sync
+  // timeouts to the report.
+  absl::StatusOr<size_t> CaughtUpLeader();
+  // After the kill at `killed`: probes until a lookup and a put succeed.
+  absl::Status MeasureFailover(absl::Time killed, int kill);
+  // Puts probe key `n` (4 KiB; charged to every node) with `call`; whether
+  // it is stored (or was by an earlier attempt).
+  bool PutProbe(int n, const CallOptions& call);
 
   // After the workload: recovery, fsck, the final reads.
   absl::Status Recover();
@@ -182,6 +197,11 @@ class CrashTest::Impl {
   // thread while no workload thread runs.
   std::unique_ptr<testing::RestartableCluster> cluster_;
   std::unique_ptr<Client> client_;
+  // Master HA: etcd (who leads) and the probe keys stored so far.
+  std::unique_ptr<EtcdClient> etcd_;
+  std::vector<std::string> probe_keys_;
+  // Watches the leader key: when each change reached this process.
+  std::unique_ptr<EtcdWatcher> leader_watch_;
   std::ostream* log_ = nullptr;
   // Kills (and crashes) per daemon index; bumped before the signal.
   std::unique_ptr<std::atomic<uint64_t>[]> kill_counts_;
@@ -202,6 +222,8 @@ class CrashTest::Impl {
 
   Mutex mu_;
   CrashTestReport report_ ABSL_GUARDED_BY(mu_);
+  // Master HA: (arrival, deleted) of each leader-key change.
+  std::vector<std::pair<absl::Time, bool>> leader_events_ ABSL_GUARDED_BY(mu_);
   Anomalies examples_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, KeyRecord> ledger_ ABSL_GUARDED_BY(mu_);
   // Keys counted in report_.lost_on_live_node.

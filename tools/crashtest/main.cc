@@ -36,6 +36,14 @@ DEFINE_int32(min_kill_gap_ms, 1000,
 DEFINE_int32(max_kill_gap_ms, 4000,
              "most time between a restart and the next kill");
 DEFINE_int32(max_down_ms, 1000, "a killed daemon stays down up to this long");
+DEFINE_int32(masters, 1,
+             "masters; more than one: master HA through a 1-member etcd "
+             "(/usr/bin/etcd), and every kill is of the leader (docs/ha.md)");
+DEFINE_int32(lease_ttl_s, 1, "HA: the masters' --lease_ttl_s");
+DEFINE_string(replication, "sync", "HA: the masters' --replication");
+DEFINE_int32(max_failover_ms, 0,
+             "HA: fail when the first lookup or put after a leader kill "
+             "takes longer (0: no bound)");
 
 DEFINE_int32(conversations, 4, "concurrent conversations (threads)");
 DEFINE_int32(max_turns, 8, "turns per conversation: 1..max_turns");
@@ -194,6 +202,12 @@ int main(int argc, char** argv) {
     c.master_args.push_back(
         absl::StrCat("--reconcile_interval_ms=", FLAGS_reconcile_interval_ms));
   }
+  c.masters = FLAGS_masters;
+  if (c.masters > 1) {
+    c.master_args.push_back(absl::StrCat("--lease_ttl_s=", FLAGS_lease_ttl_s));
+    c.master_args.push_back("--replication=" + FLAGS_replication);
+  }
+  o.max_failover = absl::Milliseconds(FLAGS_max_failover_ms);
   for (std::string& w : Words(FLAGS_master_args)) c.master_args.push_back(w);
   c.storage_args = Words(FLAGS_storage_args);
 
@@ -277,6 +291,7 @@ int main(int argc, char** argv) {
     std::cerr << "crashtest:   " << kind << " x" << count << " (e.g. "
               << r.outcome_examples.at(kind) << ")\n";
   }
+  if (!r.FailoverLine().empty()) std::cout << r.FailoverLine() << std::endl;
   std::cout << r.SummaryLine() << std::endl;
   if (r.passed() && own_work_dir) {
     std::error_code ec;
