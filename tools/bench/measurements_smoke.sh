@@ -14,7 +14,8 @@
 #
 # Not run here, and why:
 #   bash tests/vmtest/check.sh   tools/test.sh runs it already (a QEMU guest);
-#   bazel run //tools/crashtest  the suite runs its short form (20 kills,
+#   bazel run //tools/crashtest  the suite runs its short forms (20 kills;
+#                                3 leader kills with --masters=2; the
 #                                //tools/crashtest tests);
 #   tools/bench/peers.sh         needs the peers installed outside the
 #                                repository; tools/test.sh's engine block
