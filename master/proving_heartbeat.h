@@ -7,10 +7,17 @@
 #ifndef HYMCACHE_MASTER_PROVING_HEARTBEAT_H_
 #define HYMCACHE_MASTER_PROVING_HEARTBEAT_H_
 
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/capability.h"
-#include "proto/master.pb.h"
+#include "proto/master.grpc.pb.h"
 
 namespace hymcache {
 namespace master {
@@ -27,6 +34,49 @@ inline v1::HeartbeatRequest ProvingHeartbeat(
                             registered.name(), answer.node_id(),
                             registered.incarnation(), auth->unix_ms()));
   return hb;
+}
+
+// A node that holds no bytes, for benchmarks of the master alone (its
+// puts are metadata only): one 1 TiB DRAM region at 127.0.0.1:7000/7001.
+inline v1::RegisterNodeRequest MetadataOnlyNodeRequest(
+    const std::string& name) {
+  v1::RegisterNodeRequest reg;
+  reg.set_name(name);
+  reg.set_incarnation(1);
+  reg.set_data_address("127.0.0.1:7000");
+  reg.set_control_address("127.0.0.1:7001");
+  v1::RegionInfo* region = reg.add_regions();
+  region->set_region_id(0);
+  region->set_capacity_bytes(uint64_t{1} << 40);
+  region->set_alignment(4096);
+  region->set_device_kind("dram");
+  return reg;
+}
+
+// Registers `reg` through `stub` and sends the proving heartbeat, as a node
+// does, so that the master places puts on it. The first RPC error, naming
+// the call.
+inline absl::Status RegisterProvenNode(v1::MasterService::Stub* stub,
+                                       const v1::RegisterNodeRequest& reg) {
+  v1::RegisterNodeResponse answer;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    grpc::Status s = stub->RegisterNode(&ctx, reg, &answer);
+    if (!s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("RegisterNode: ", s.error_message()));
+    }
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  v1::HeartbeatResponse hb;
+  grpc::Status s = stub->Heartbeat(&ctx, ProvingHeartbeat(reg, answer), &hb);
+  if (!s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("Heartbeat: ", s.error_message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace master

@@ -46,7 +46,9 @@
 #include "absl/time/time.h"
 #include "common/cli.h"
 #include "common/thread.h"
+#include "master/proving_heartbeat.h"
 #include "proto/master.grpc.pb.h"
+#include "tests/cluster.h"
 #include "tests/daemon.h"
 #include "tests/etcd_cluster.h"
 
@@ -65,22 +67,6 @@ namespace {
 
 namespace v1 = ::hymcache::v1;
 using testing::Daemon;
-
-std::string Runfile(const char* argv0, const std::string& rel) {
-  std::vector<std::string> roots;
-  for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
-    if (const char* dir = getenv(env))
-      roots.push_back(absl::StrCat(dir, "/hymcache/"));
-  }
-  roots.push_back(absl::StrCat(argv0, ".runfiles/hymcache/"));
-  std::error_code ec;
-  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) roots.push_back(self.string() + ".runfiles/hymcache/");
-  for (const std::string& root : roots) {
-    if (access((root + rel).c_str(), X_OK) == 0) return root + rel;
-  }
-  return "";
-}
 
 std::unique_ptr<v1::MasterService::Stub> Dial(const std::string& address,
                                               int channel_id) {
@@ -170,24 +156,10 @@ absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
 }
 
 bool RegisterFakeNode(v1::MasterService::Stub* stub) {
-  v1::RegisterNodeRequest reg;
-  reg.set_name("bench-node");
-  reg.set_incarnation(1);
-  reg.set_data_address("127.0.0.1:7000");
-  reg.set_control_address("127.0.0.1:7001");
-  v1::RegionInfo* region = reg.add_regions();
-  region->set_region_id(0);
-  region->set_capacity_bytes(uint64_t{1} << 40);
-  region->set_alignment(4096);
-  region->set_device_kind("dram");
-  v1::RegisterNodeResponse resp;
-  grpc::ClientContext ctx;
-  grpc::Status s = stub->RegisterNode(&ctx, reg, &resp);
-  if (!s.ok()) {
-    std::fprintf(stderr, "RegisterNode: %s\n", s.error_message().c_str());
-    return false;
-  }
-  return true;
+  absl::Status s = master::RegisterProvenNode(
+      stub, master::MetadataOnlyNodeRequest("bench-node"));
+  if (!s.ok()) std::fprintf(stderr, "%s\n", s.ToString().c_str());
+  return s.ok();
 }
 
 struct Result {
@@ -292,9 +264,10 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
 }
 
 int Main(const char* argv0) {
-  const std::string binary = FLAGS_master_binary.empty()
-                                 ? Runfile(argv0, "master/hymcache-master")
-                                 : FLAGS_master_binary;
+  const std::string binary =
+      FLAGS_master_binary.empty()
+          ? testing::BinaryRunfile(argv0, "master/hymcache-master")
+          : FLAGS_master_binary;
   if (binary.empty()) {
     std::fprintf(stderr,
                  "ha_bench: hymcache-master not found; pass --master_binary\n");

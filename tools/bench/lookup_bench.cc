@@ -695,36 +695,11 @@ int Main() {
   auto admin = Dial(address, next_channel++, admin_security);
   auto node = Dial(address, next_channel++, node_security);
 
-  v1::RegisterNodeRequest reg;
-  reg.set_name("bench-node");
-  reg.set_incarnation(1);
-  reg.set_data_address("127.0.0.1:7000");
-  reg.set_control_address("127.0.0.1:7001");
-  v1::RegionInfo* region = reg.add_regions();
-  region->set_region_id(0);
-  region->set_capacity_bytes(uint64_t{1} << 40);
-  region->set_alignment(4096);
-  region->set_device_kind("dram");
-  v1::RegisterNodeResponse reg_resp;
-  {
-    grpc::ClientContext ctx;
-    grpc::Status s = node->RegisterNode(&ctx, reg, &reg_resp);
-    if (!s.ok()) {
-      std::fprintf(stderr, "RegisterNode: %s\n", s.error_message().c_str());
-      return 1;
-    }
-  }
-  {
-    // The heartbeat a node sends right after registering: it proves the
-    // key, and only then does the master place puts on the node.
-    grpc::ClientContext ctx;
-    v1::HeartbeatResponse hb;
-    grpc::Status s =
-        node->Heartbeat(&ctx, master::ProvingHeartbeat(reg, reg_resp), &hb);
-    if (!s.ok()) {
-      std::fprintf(stderr, "Heartbeat: %s\n", s.error_message().c_str());
-      return 1;
-    }
+  if (absl::Status s = master::RegisterProvenNode(
+          node.get(), master::MetadataOnlyNodeRequest("bench-node"));
+      !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
   }
 
   const std::vector<std::string> keys = MakeKeys(FLAGS_objects, FLAGS_key_bytes);
