@@ -9,13 +9,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <cstring>
+#include <cstddef>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -24,17 +22,24 @@ namespace hymcache::testing {
 class NotifySocket {
  public:
   NotifySocket() {
-    static std::atomic<int> counter{0};
-    abstract_ = absl::StrCat("hymcache-notify-", getpid(), "-",
-                             counter.fetch_add(1));
     fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return;
+    // Autobind: binding only the family makes the kernel choose a name that
+    // is unique in this network namespace. A name built from getpid() is
+    // not: tests in separate PID namespaces (Bazel's linux-sandbox) share
+    // the network namespace and the same small pids.
     sockaddr_un a{};
     a.sun_family = AF_UNIX;
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(sa_family_t)) != 0) {
+      return;
+    }
+    socklen_t len = sizeof(a);
+    if (getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) return;
+    const size_t path = len - offsetof(sockaddr_un, sun_path);
+    if (path < 2 || a.sun_path[0] != '\0') return;
     // Abstract: a leading NUL, then the name (no terminator).
-    std::memcpy(a.sun_path + 1, abstract_.data(), abstract_.size());
-    const socklen_t len = static_cast<socklen_t>(
-        offsetof(sockaddr_un, sun_path) + 1 + abstract_.size());
-    ok_ = fd_ >= 0 && bind(fd_, reinterpret_cast<sockaddr*>(&a), len) == 0;
+    abstract_.assign(a.sun_path + 1, path - 1);
+    ok_ = true;
   }
   ~NotifySocket() {
     if (fd_ >= 0) close(fd_);

@@ -300,7 +300,8 @@ struct Harness {
       CHECK(p.nodes(i).node_id() == r.nodes(i).node_id());
       CHECK(p.nodes(i).data_address() == r.nodes(i).data_address());
       const auto& want = r.nodes(i).transport_params();
-      CHECK(p.nodes(i).transport_params_size() == want.size());
+      CHECK(static_cast<size_t>(p.nodes(i).transport_params_size()) ==
+            want.size());
       for (const auto& [k, v] : p.nodes(i).transport_params()) {
         CHECK((want.count(k) == 1 && want.at(k) == v));
       }

@@ -1,7 +1,7 @@
 // The cost of standby replication on the leader, and the standby's lag.
 //
-//   bazel run -c opt //master:replication_benchmark -- \
-//       [--seconds=3] [--threads=4] [--keys=4] [--reps=2] [--dir=/tmp/hym-repl]
+//   bazel run -c opt //master:replication_benchmark -- [--seconds=3]
+//       [--threads=4] [--keys=4] [--reps=2] [--dir=/tmp/hym-repl]
 //
 // A MasterService over a RocksDB store (as the daemon runs it: no fsync per
 // write, the log kept for followers) takes PutStart + PutCommit of --keys

@@ -4,8 +4,8 @@
 // follows it asynchronously ("async") or acknowledges every commit before
 // the client hears of it ("sync").
 //
-//   bazel run -c opt //tools/bench:ha_bench -- \
-//       [--modes=off,async,sync] [--threads=4] [--seconds=3] [--reps=2]
+//   bazel run -c opt //tools/bench:ha_bench -- [--modes=off,async,sync]
+//       [--threads=4] [--seconds=3] [--reps=2]
 //
 // Each mode starts its daemons afresh (real hymcache-master processes; HA:
 // a 1-member etcd from Debian's etcd-server, two masters with --etcd on
