@@ -3,6 +3,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include <iostream>
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
@@ -73,6 +74,11 @@ void StartDaemonMain(CommandLineOptions options,
   options.daemon_logging = true;
   ParseCommandLine(options, argc, argv);
   google::InitGoogleLogging((*argv)[0]);
+}
+
+int ExitForBadFlags(absl::string_view program, const absl::Status& status) {
+  std::cerr << program << ": " << status.message() << "\n";
+  return 2;
 }
 
 }  // namespace hymcache

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "common/cli.h"
 #include "common/daemon.h"
 
@@ -33,5 +35,10 @@ void DaemonOptionsFromFlags(DaemonOptions* options);
 void StartDaemonMain(CommandLineOptions options,
                      const std::vector<std::string>& more_security_flags,
                      int* argc, char*** argv);
+
+// A daemon's answer to flags it cannot use: "<program>: <message>" on
+// stderr (where daemons log), then the exit status for bad usage, 2, which
+// the systemd units do not restart on.
+int ExitForBadFlags(absl::string_view program, const absl::Status& status);
 
 }  // namespace hymcache

@@ -4,8 +4,8 @@
 //
 // Prints "hymcache-master listening on HOST:PORT" on stdout once serving
 // (with --listen=...:0 the port is the one picked), then
-// "hymcache-master metrics on HOST:PORT" with --metrics_listen; stops cleanly on SIGTERM
-// or SIGINT and exits 0; SIGHUP re-reads --auth_tokens_file.
+// "hymcache-master metrics on HOST:PORT" with --metrics_listen; stops cleanly
+// on SIGTERM or SIGINT and exits 0; SIGHUP re-reads --auth_tokens_file.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <cstdio>
@@ -14,6 +14,8 @@
 #include <string>
 #include <system_error>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/cli.h"
@@ -123,8 +125,9 @@ DEFINE_string(replication_token_file, "",
 
 namespace {
 
-// The flags as MasterOptions, validated; false after logging what is wrong.
-bool OptionsFromFlags(hymcache::MasterOptions* options) {
+// The flags as MasterOptions, validated; INVALID_ARGUMENT naming the bad
+// flag.
+absl::Status OptionsFromFlags(hymcache::MasterOptions* options) {
   options->listen_address = FLAGS_listen;
   options->rpc_threads = FLAGS_rpc_threads;
   options->max_lookup_streams = FLAGS_max_lookup_streams;
@@ -151,19 +154,14 @@ bool OptionsFromFlags(hymcache::MasterOptions* options) {
       FLAGS_replication.empty() ? (FLAGS_etcd.empty() ? "off" : "async")
                                 : FLAGS_replication);
   if (!mode.ok()) {
-    LOG(ERROR) << "--replication: " << mode.status();
-    return false;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--replication: ", mode.status().message()));
   }
   options->replication = *mode;
   options->replication_sync_timeout =
       absl::Milliseconds(FLAGS_replication_sync_timeout_ms);
   hymcache::DaemonOptionsFromFlags(options);  // security, metrics, build
-  absl::Status valid = options->Validate();
-  if (!valid.ok()) {
-    LOG(ERROR) << valid;
-    return false;
-  }
-  return true;
+  return options->Validate();
 }
 
 }  // namespace
@@ -194,7 +192,9 @@ int main(int argc, char** argv) {
   // every thread (threads inherit the mask): no work in a signal handler.
   hymcache::DaemonSignals signals;
   hymcache::MasterOptions options;
-  if (!OptionsFromFlags(&options)) return 2;
+  if (absl::Status s = OptionsFromFlags(&options); !s.ok()) {
+    return hymcache::ExitForBadFlags("hymcache-master", s);
+  }
 
   if (!FLAGS_etcd.empty()) {
     hymcache::HaMasterOptions ha;

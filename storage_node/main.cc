@@ -14,11 +14,11 @@
 #include <cctype>
 #include <cstdint>
 #include <deque>
-#include <iostream>
 #include <iterator>
 #include <string>
 #include <variant>
 
+#include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -109,17 +109,20 @@ DEFINE_string(staging_bytes, Bytes(HybridDefaults().device.staging_bytes),
 DEFINE_string(write_buffer_bytes,
               Bytes(HybridDefaults().device.write_buffer_bytes),
               "Hybrid devices: DRAM write buffer.");
-DEFINE_string(io_engine, hymcache::IoEngineName(HybridDefaults().tier.io.engine),
+DEFINE_string(io_engine,
+              hymcache::IoEngineName(HybridDefaults().tier.io.engine),
               "Hybrid devices: auto, io_uring or threadpool.");
 DEFINE_int32(io_queue_depth, HybridDefaults().tier.io.queue_depth,
              "Hybrid devices: I/Os in flight.");
-DEFINE_string(io_submit, hymcache::IoSubmitName(HybridDefaults().tier.io.submit),
+DEFINE_string(io_submit,
+              hymcache::IoSubmitName(HybridDefaults().tier.io.submit),
               "Hybrid devices: how io_uring submits: inline (NVMe, virtio), "
               "async (through the kernel's workers, for devices that move the "
               "bytes inside submission: zram, brd, pmem) or auto (async for "
               "such bio-based devices).");
-DEFINE_bool(io_direct, HybridDefaults().tier.io.direct,
-            "Hybrid devices: O_DIRECT on the capacity file (off only for tmpfs).");
+DEFINE_bool(
+    io_direct, HybridDefaults().tier.io.direct,
+    "Hybrid devices: O_DIRECT on the capacity file (off only for tmpfs).");
 DEFINE_string(io_max_read_bytes_per_s,
               Bytes(HybridDefaults().tier.io.max_read_bytes_per_s),
               "Hybrid devices: pace capacity-file reads to this many bytes/s "
@@ -200,8 +203,9 @@ DEFINE_int32(shutdown_flush_timeout_ms,
              Ms(HybridDefaults().device.shutdown_flush_timeout),
              "Hybrid devices: at shutdown, flush the write buffer for at most "
              "this long, then abandon what is left (ms)");
-DEFINE_int32(drain_timeout_ms, Ms(Defaults().drain_timeout),
-             "Graceful shutdown waits this long for requests in progress (ms).");
+DEFINE_int32(
+    drain_timeout_ms, Ms(Defaults().drain_timeout),
+    "Graceful shutdown waits this long for requests in progress (ms).");
 DEFINE_string(token_file, "",
               "file holding this node's bearer token (role node) for the "
               "master");
@@ -211,16 +215,18 @@ DEFINE_string(tls_server_name, Defaults().tls.server_name.c_str(),
 
 namespace {
 
+constexpr char kBadTierBytes[] =
+    "bad --capacity_bytes, --staging_bytes or --write_buffer_bytes (want e.g. "
+    "64G, 256M)";
+
 // A hybrid device's or the LRU baseline's capacity file from the flags;
-// false after printing what is wrong.
-bool TierFromFlags(hymcache::storage::CapacityTierOptions* tier) {
+// INVALID_ARGUMENT naming the bad flag.
+absl::Status TierFromFlags(hymcache::storage::CapacityTierOptions* tier) {
   tier->path = FLAGS_capacity_path;
   tier->metadata_dir = FLAGS_capacity_metadata_dir;
   tier->allow_overcommit = FLAGS_allow_overcommit;
   if (!hymcache::ParseBytes(FLAGS_capacity_bytes, &tier->capacity_bytes)) {
-    std::cerr << "hymcache-storage: bad --capacity_bytes, --staging_bytes or "
-                 "--write_buffer_bytes (want e.g. 64G, 256M)\n";
-    return false;
+    return absl::InvalidArgumentError(kBadTierBytes);
   }
   tier->io.queue_depth = FLAGS_io_queue_depth;
   tier->io.direct = FLAGS_io_direct;
@@ -228,8 +234,8 @@ bool TierFromFlags(hymcache::storage::CapacityTierOptions* tier) {
   auto submit = hymcache::ParseIoSubmit(FLAGS_io_submit);
   for (const absl::Status& parsed : {engine.status(), submit.status()}) {
     if (!parsed.ok()) {
-      std::cerr << "hymcache-storage: bad --" << parsed.message() << "\n";
-      return false;
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad --", parsed.message()));
     }
   }
   tier->io.engine = *engine;
@@ -238,56 +244,50 @@ bool TierFromFlags(hymcache::storage::CapacityTierOptions* tier) {
                             &tier->io.max_read_bytes_per_s) ||
       !hymcache::ParseBytes(FLAGS_io_max_write_bytes_per_s,
                             &tier->io.max_write_bytes_per_s)) {
-    std::cerr << "hymcache-storage: bad --io_max_read_bytes_per_s or "
-                 "--io_max_write_bytes_per_s (want e.g. 2G, 0)\n";
-    return false;
+    return absl::InvalidArgumentError(
+        "bad --io_max_read_bytes_per_s or --io_max_write_bytes_per_s (want "
+        "e.g. 2G, 0)");
   }
-  return true;
+  return absl::OkStatus();
 }
 
-// --device and the flags of the device it names; false after printing
-// what is wrong.
-bool DeviceFromFlags(StorageNodeOptions::Device* device) {
-  const auto* name = std::find_if(
-      std::begin(kDeviceNames), std::end(kDeviceNames),
-      [](const char* n) { return FLAGS_device == n; });
+// --device and the flags of the device it names; INVALID_ARGUMENT naming
+// the bad flag.
+absl::Status DeviceFromFlags(StorageNodeOptions::Device* device) {
+  const auto* name =
+      std::find_if(std::begin(kDeviceNames), std::end(kDeviceNames),
+                   [](const char* n) { return FLAGS_device == n; });
   if (name == std::end(kDeviceNames)) {
-    std::cerr << "hymcache-storage: bad --device '" << FLAGS_device
-              << "' (want dram, hybrid or hybrid-lru)\n";
-    return false;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad --device '", FLAGS_device, "' (want dram, hybrid or hybrid-lru)"));
   }
   if (name == &kDeviceNames[0]) {
     hymcache::storage::DramDeviceOptions dram;
     if (!hymcache::ParseBytes(FLAGS_dram_bytes, &dram.capacity_bytes)) {
-      std::cerr << "hymcache-storage: bad --dram_bytes '" << FLAGS_dram_bytes
-                << "' (want e.g. 1073741824, 256M, 1G)\n";
-      return false;
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad --dram_bytes '", FLAGS_dram_bytes,
+                       "' (want e.g. 1073741824, 256M, 1G)"));
     }
-    if (!hymcache::ParseBytes(FLAGS_max_region_bytes,
-                              &dram.max_region_bytes)) {
-      std::cerr << "hymcache-storage: bad --max_region_bytes\n";
-      return false;
+    if (!hymcache::ParseBytes(FLAGS_max_region_bytes, &dram.max_region_bytes)) {
+      return absl::InvalidArgumentError("bad --max_region_bytes");
     }
     dram.numa_node = FLAGS_numa_node;
     dram.alignment = FLAGS_alignment;
     *device = dram;
-    return true;
+    return absl::OkStatus();
   }
   if (FLAGS_alignment < 4096) {
-    std::cerr << "hymcache-storage: a hybrid device needs --alignment >= "
-                 "4096\n";
-    return false;
+    return absl::InvalidArgumentError(
+        "a hybrid device needs --alignment >= 4096");
   }
   uint64_t staging = 0;
   uint64_t write_buffer = 0;
   hymcache::storage::CapacityTierOptions tier;
   if (!hymcache::ParseBytes(FLAGS_staging_bytes, &staging) ||
       !hymcache::ParseBytes(FLAGS_write_buffer_bytes, &write_buffer)) {
-    std::cerr << "hymcache-storage: bad --capacity_bytes, --staging_bytes or "
-                 "--write_buffer_bytes (want e.g. 64G, 256M)\n";
-    return false;
+    return absl::InvalidArgumentError(kBadTierBytes);
   }
-  if (!TierFromFlags(&tier)) return false;
+  if (absl::Status s = TierFromFlags(&tier); !s.ok()) return s;
   if (name == &kDeviceNames[1]) {
     StorageNodeOptions::HybridDevice hybrid;
     hybrid.tier = tier;
@@ -300,7 +300,7 @@ bool DeviceFromFlags(StorageNodeOptions::Device* device) {
     hybrid.device.shutdown_flush_timeout =
         absl::Milliseconds(FLAGS_shutdown_flush_timeout_ms);
     *device = hybrid;
-    return true;
+    return absl::OkStatus();
   }
   StorageNodeOptions::LruDevice lru;
   lru.tier = tier;
@@ -309,7 +309,7 @@ bool DeviceFromFlags(StorageNodeOptions::Device* device) {
   lru.device.max_concurrent_fills = FLAGS_io_queue_depth;
   lru.device.alignment = FLAGS_alignment;
   *device = lru;
-  return true;
+  return absl::OkStatus();
 }
 
 // Every data-plane connection holds a descriptor: allow as many as the
@@ -325,15 +325,15 @@ void RaiseDescriptorLimit() {
   }
 }
 
-// Translates the flags into `options` and validates them; false (said on
-// stderr) when a flag or the options are bad.
-bool OptionsFromFlags(hymcache::StorageNodeOptions* options) {
+// Translates the flags into `options` and validates them; INVALID_ARGUMENT
+// when a flag or the options are bad.
+absl::Status OptionsFromFlags(hymcache::StorageNodeOptions* options) {
   options->master_address = FLAGS_master;
   options->node_name = FLAGS_name;
   options->listen_host = FLAGS_listen_host;
   options->control_port = FLAGS_control_port;
   options->advertise_host = FLAGS_advertise_host;
-  if (!DeviceFromFlags(&options->device)) return false;
+  if (absl::Status s = DeviceFromFlags(&options->device); !s.ok()) return s;
   options->allow_memory_overcommit = FLAGS_allow_overcommit;
   options->shared_huge_pages = FLAGS_shared_huge_pages;
 
@@ -350,9 +350,8 @@ bool OptionsFromFlags(hymcache::StorageNodeOptions* options) {
   if (!hymcache::ParseBytes(FLAGS_prefetch_window_bytes,
                             &options->prefetch.window_bytes) ||
       options->prefetch.window_bytes == 0) {
-    std::cerr << "hymcache-storage: bad --prefetch_window_bytes (want e.g. "
-                 "128M)\n";
-    return false;
+    return absl::InvalidArgumentError(
+        "bad --prefetch_window_bytes (want e.g. 128M)");
   }
   options->prefetch.session_timeout =
       absl::Milliseconds(FLAGS_prefetch_session_timeout_ms);
@@ -365,17 +364,17 @@ bool OptionsFromFlags(hymcache::StorageNodeOptions* options) {
          absl::StrSplit(*flag, ',', absl::SkipWhitespace())) {
       uint32_t v = 0;
       if (!absl::SimpleAtoi(id, &v)) {
-        std::cerr << "hymcache-storage: bad id '" << id
-                  << "' in --shm_allowed_uids/--shm_allowed_gids (numeric)\n";
-        return false;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "bad id '", id,
+            "' in --shm_allowed_uids/--shm_allowed_gids (numeric)"));
       }
       out->push_back(v);
     }
   }
   absl::StatusOr<hymcache::RdmaMode> rdma = hymcache::ParseRdmaMode(FLAGS_rdma);
   if (!rdma.ok()) {
-    std::cerr << "hymcache-storage: bad --" << rdma.status().message() << "\n";
-    return false;
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad --", rdma.status().message()));
   }
   options->rdma = *rdma;
   options->rdma_device = FLAGS_rdma_device;
@@ -388,18 +387,12 @@ bool OptionsFromFlags(hymcache::StorageNodeOptions* options) {
   if (!FLAGS_token_file.empty()) {
     auto token = hymcache::ReadTokenFile(FLAGS_token_file);
     if (!token.ok()) {
-      std::cerr << "hymcache-storage: --token_file: " << token.status().message()
-                << "\n";
-      return false;
+      return absl::InvalidArgumentError(
+          absl::StrCat("--token_file: ", token.status().message()));
     }
     options->master_token = *token;
   }
-  absl::Status valid = options->Validate();
-  if (!valid.ok()) {
-    std::cerr << "hymcache-storage: " << valid.message() << "\n";
-    return false;
-  }
-  return true;
+  return options->Validate();
 }
 
 }  // namespace
@@ -437,7 +430,9 @@ int main(int argc, char** argv) {
   RaiseDescriptorLimit();
 
   hymcache::StorageNodeOptions options;
-  if (!OptionsFromFlags(&options)) return 2;
+  if (absl::Status s = OptionsFromFlags(&options); !s.ok()) {
+    return hymcache::ExitForBadFlags("hymcache-storage", s);
+  }
 
   // Stop and reload signals are taken by WaitForStop below, and blocked in
   // every thread (threads inherit the mask): no work in a signal handler.
