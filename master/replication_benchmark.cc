@@ -94,6 +94,35 @@ void Die(const absl::Status& s, const char* what) {
   std::exit(1);
 }
 
+// One client thread of RunOnce: PutStart + PutCommit of --keys blocks
+// until `stop`, each commit's latency (with sync: until the standby holds
+// it) into `commit_us`.
+void PutUntilStopped(const Flags& flags, Mode mode, int t, MasterService* m,
+                     ReplicationSource* source, RocksDbMetadataStore* raw_store,
+                     const std::atomic<bool>& stop, std::atomic<uint64_t>& puts,
+                     std::vector<int64_t>* commit_us) {
+  for (uint64_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+    v1::PutStartRequest req;
+    for (int k = 0; k < flags.keys; ++k) {
+      req.add_keys(absl::StrCat("t", t, "/", i, "/", k));
+      req.add_lengths(64 * 1024);
+    }
+    auto r = m->PutStart(req);
+    Die(r.status(), "PutStart");
+    v1::PutCommitRequest c;
+    c.set_put_id(r->put_id());
+    const absl::Time t0 = absl::Now();
+    Die(m->PutCommit(c).status(), "PutCommit");
+    if (mode == Mode::kSync) {
+      Die(source->WaitReplicated(raw_store->LatestSequence(),
+                                 absl::Now() + absl::Seconds(10)),
+          "WaitReplicated");
+    }
+    commit_us->push_back(absl::ToInt64Microseconds(absl::Now() - t0));
+    puts.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
 Result RunOnce(const Flags& flags, Mode mode, int rep) {
   const std::string base =
       absl::StrCat(flags.dir, "/", ModeName(mode), "-", rep);
@@ -117,8 +146,7 @@ Result RunOnce(const Flags& flags, Mode mode, int rep) {
     source = std::move(src).value();
     grpc::ServerBuilder b;
     int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                       &port);
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     b.RegisterService(source.get());
     server = b.BuildAndStart();
     ReplicaFollowerOptions fo;
@@ -135,21 +163,12 @@ Result RunOnce(const Flags& flags, Mode mode, int rep) {
   mo.max_pending_share_per_caller = 1.0;
   auto svc = MasterService::Create(mo, std::move(store).value());
   Die(svc.status(), "master");
-  v1::RegisterNodeRequest reg;
-  reg.set_name("bench-node");
-  reg.set_incarnation(1);
-  reg.set_data_address("127.0.0.1:7000");
-  reg.set_control_address("127.0.0.1:7001");
-  auto* region = reg.add_regions();
-  region->set_region_id(0);
-  region->set_capacity_bytes(uint64_t{1} << 40);
-  region->set_alignment(4096);
-  region->set_device_kind("dram");
-  region->set_numa_node(-1);
-  (*reg.mutable_transport_params())["tcp"] = "yes";
+  const v1::RegisterNodeRequest reg = MetadataOnlyNodeRequest("bench-node");
   auto registered = (*svc)->RegisterNode(reg);
   Die(registered.status(), "register");
-  Die((*svc)->Heartbeat(ProvingHeartbeat(reg, *registered)).status(),
+  Die((*svc)
+          ->Heartbeat(ProvingHeartbeat(reg, *registered, clock.Now()))
+          .status(),
       "heartbeat");
   if (follower != nullptr) {
     Die(source->WaitReplicated(raw_store->LatestSequence(),
@@ -179,27 +198,8 @@ Result RunOnce(const Flags& flags, Mode mode, int rep) {
   const absl::Time start = absl::Now();
   for (int t = 0; t < flags.threads; ++t) {
     threads.emplace_back("repl-bench", [&, t] {
-      MasterService* m = svc->get();
-      for (uint64_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
-        v1::PutStartRequest req;
-        for (int k = 0; k < flags.keys; ++k) {
-          req.add_keys(absl::StrCat("t", t, "/", i, "/", k));
-          req.add_lengths(64 * 1024);
-        }
-        auto r = m->PutStart(req);
-        Die(r.status(), "PutStart");
-        v1::PutCommitRequest c;
-        c.set_put_id(r->put_id());
-        const absl::Time t0 = absl::Now();
-        Die(m->PutCommit(c).status(), "PutCommit");
-        if (mode == Mode::kSync) {
-          Die(source->WaitReplicated(raw_store->LatestSequence(),
-                                     absl::Now() + absl::Seconds(10)),
-              "WaitReplicated");
-        }
-        commit_us[t].push_back(absl::ToInt64Microseconds(absl::Now() - t0));
-        puts.fetch_add(1, std::memory_order_relaxed);
-      }
+      PutUntilStopped(flags, mode, t, svc->get(), source.get(), raw_store, stop,
+                      puts, &commit_us[t]);
     });
   }
   absl::SleepFor(absl::Seconds(flags.seconds));
@@ -291,6 +291,4 @@ int Main(int argc, char** argv) {
 }  // namespace master
 }  // namespace hymcache
 
-int main(int argc, char** argv) {
-  return hymcache::master::Main(argc, argv);
-}
+int main(int argc, char** argv) { return hymcache::master::Main(argc, argv); }

@@ -165,6 +165,17 @@ smoke reconcile_bench -p '^anti-entropy round: [0-9.]+ s' \
   -p '^master restart: loaded in [0-9.]+ s' -- \
   "$B/reconcile_bench" --objects=2000 --dir="$T/reconcile"
 
+# bazel run -c opt //master:replication_benchmark (docs/ha.md)
+smoke replication_benchmark -p '^rep=0 mode=async puts_per_s=[1-9]' \
+  -p '^ratio async/off=[0-9.]+ sync/off=[0-9.]+' -- \
+  "$R/master/replication_benchmark" --seconds=0.3 --threads=1 --reps=1 \
+  --dir="$T/replication"
+
+# bazel run -c opt //tools/bench:ha_bench (docs/ha.md; Debian's etcd)
+smoke ha_bench -p '^async +puts/s +[1-9][0-9.]* \([0-9.]+x\) +lookups/s +[1-9]' -- \
+  "$B/ha_bench" --modes=off,async --threads=1 --seconds=0.3 --reps=1 \
+  --dir="$T/ha"
+
 # The scripts build with bazel -c opt unless HYMCACHE_BENCH_BIN names a
 # folder of binaries (a test cannot run bazel): one with links to ours.
 BIN="$T/bin"
