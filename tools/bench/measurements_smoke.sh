@@ -176,6 +176,22 @@ smoke ha_bench -p '^async +puts/s +[1-9][0-9.]* \([0-9.]+x\) +lookups/s +[1-9]' 
   "$B/ha_bench" --modes=off,async --threads=1 --seconds=0.3 --reps=1 \
   --dir="$T/ha"
 
+# Documented outside README.md's Measurements (docs/security.md,
+# docs/hybrid_device.md, docs/performance.md), smoked all the same.
+# bazel run -c opt //tools/bench:tls_bench
+smoke tls_bench -p '^plaintext [0-9.]+ GB/s, TLS [0-9.]+ GB/s' -- \
+  "$B/tls_bench" --blocks=4 --block_bytes=1048576 --trials=1
+# bazel run -c opt //common:crc32c_bench
+smoke crc32c_bench -p '^ +table +256 KiB buffer: +[0-9.]+ GB/s' -- \
+  "$R/common/crc32c_bench"
+# bazel run -c opt //storage_node/device:integrity_bench -- --dir=/tmp --gib=2
+smoke integrity_bench -p '^reads +4 readers: [0-9.]+ GB/s unchecked' -- \
+  "$R/storage_node/device/integrity_bench" --dir="$T" --gib=0.05 --records=2
+# master_load_benchmark --dir=DIR --write --snapshot (docs/performance.md)
+smoke master_load_benchmark -p '^load_seconds=[0-9.]+ .*objects=20000' -- \
+  "$R/master/master_load_benchmark" --dir="$T/load" --entries=20000 \
+  --write --snapshot --reps=1
+
 # The scripts build with bazel -c opt unless HYMCACHE_BENCH_BIN names a
 # folder of binaries (a test cannot run bazel): one with links to ours.
 BIN="$T/bin"
