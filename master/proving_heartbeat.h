@@ -22,17 +22,27 @@
 namespace hymcache {
 namespace master {
 
+// The proof of `node_key` that the node `registered` attaches to a call for
+// `purpose` ("register" with node id 0, "heartbeat", "reconcile").
+inline v1::NodeAuth ProvingAuth(const char* purpose,
+                                const v1::RegisterNodeRequest& registered,
+                                const std::string& node_key, uint32_t node_id,
+                                absl::Time now = absl::Now()) {
+  v1::NodeAuth auth;
+  auth.set_unix_ms(absl::ToUnixMillis(now));
+  auth.set_proof(NodeProof(HmacSha256(node_key), purpose, registered.name(),
+                           node_id, registered.incarnation(), auth.unix_ms()));
+  return auth;
+}
+
 inline v1::HeartbeatRequest ProvingHeartbeat(
     const v1::RegisterNodeRequest& registered,
     const v1::RegisterNodeResponse& answer, absl::Time now = absl::Now()) {
   v1::HeartbeatRequest hb;
   hb.set_node_id(answer.node_id());
   hb.set_incarnation(registered.incarnation());
-  v1::NodeAuth* auth = hb.mutable_auth();
-  auth->set_unix_ms(absl::ToUnixMillis(now));
-  auth->set_proof(NodeProof(HmacSha256(answer.node_key()), "heartbeat",
-                            registered.name(), answer.node_id(),
-                            registered.incarnation(), auth->unix_ms()));
+  *hb.mutable_auth() = ProvingAuth("heartbeat", registered, answer.node_key(),
+                                   answer.node_id(), now);
   return hb;
 }
 

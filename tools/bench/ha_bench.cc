@@ -23,10 +23,21 @@
 // their ratio to off's. In sync mode it also prints the leader's
 // replication_sync_commits and replication_sync_timeouts.
 //
+// --restart_objects=N instead times the recovery from losing every master
+// at once (issue 30: "all masters restarted at once with 1M objects:
+// serving within 2 s"): an async pair commits N objects (puts of 1,000
+// keys), the bench waits until the standby holds them all, SIGKILLs both
+// masters together, restarts both on their stores and polls both with
+// BatchLookups of 32 of the committed keys; it prints the milliseconds from
+// the restart to the first lookup that finds every key (which includes the
+// dead leader's lease running out in etcd: --lease_ttl_s=1), --reps times:
+//   bazel run -c opt //tools/bench:ha_bench -- --restart_objects=1000000
+//
 // Caveat: the standby and etcd share this machine (and its cores) with the
 // leader and the load.
 #include <gflags/gflags.h>
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -61,6 +72,10 @@ DEFINE_int32(put_keys, 4, "keys per put");
 DEFINE_int32(batch, 32, "keys per BatchLookup");
 DEFINE_string(dir, "", "daemon data (default: a new /tmp directory)");
 DEFINE_string(master_binary, "", "hymcache-master (default: from runfiles)");
+DEFINE_uint64(restart_objects, 0,
+              "instead of --modes: commit this many objects on an async pair, "
+              "SIGKILL both masters at once, restart both and time until one "
+              "serves lookups of them");
 
 namespace hymcache {
 namespace {
@@ -89,6 +104,7 @@ std::map<std::string, double> Stats(v1::MasterService::Stub* stub) {
 struct Rig {
   std::unique_ptr<testing::EtcdCluster> etcd;
   std::vector<Daemon> masters;
+  std::vector<std::vector<std::string>> args;  // of each master
   std::string leader;
 };
 
@@ -99,6 +115,15 @@ bool Wait(const std::function<bool()>& done, absl::Duration timeout) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   return true;
+}
+
+// The address in a master's "standing by on HOST:PORT" line.
+absl::StatusOr<std::string> StandbyAddress(const Daemon& d) {
+  const std::string prefix = "hymcache-master standing by on ";
+  if (d.ready_line().rfind(prefix, 0) != 0) {
+    return absl::InternalError("unexpected master line: " + d.ready_line());
+  }
+  return d.ready_line().substr(prefix.size());
 }
 
 absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
@@ -128,13 +153,12 @@ absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
     args.push_back("--cluster=bench");
     args.push_back("--lease_ttl_s=1");
     args.push_back("--replication=" + mode);
+    rig.args.push_back(args);
     auto d = Daemon::Start(binary, args);
     if (!d.ok()) return d.status();
-    const std::string prefix = "hymcache-master standing by on ";
-    if (d->ready_line().rfind(prefix, 0) != 0) {
-      return absl::InternalError("unexpected master line: " + d->ready_line());
-    }
-    addresses.push_back(d->ready_line().substr(prefix.size()));
+    auto address = StandbyAddress(*d);
+    if (!address.ok()) return address.status();
+    addresses.push_back(*address);
     rig.masters.push_back(std::move(*d));
     if (i == 0) {
       // The first master leads once it serves.
@@ -263,6 +287,261 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   return r;
 }
 
+// Commits `objects` keys "r-<put>-<k>" through `address` in puts of 1,000
+// keys from --threads threads; the keys of the first put.
+absl::StatusOr<std::vector<std::string>> CommitMany(
+    const std::string& address, uint64_t objects,
+    std::vector<v1::Location>* extents) {
+  constexpr uint64_t kPerPut = 1000;
+  std::atomic<uint64_t> next{0}, failures{0};
+  std::vector<std::vector<v1::Location>> placed(FLAGS_threads);
+  std::vector<Thread> ts;
+  for (int t = 0; t < FLAGS_threads; ++t) {
+    ts.emplace_back(absl::StrCat("fill-", t), [&, t] {
+      auto stub = Dial(address, 100 + t);
+      for (uint64_t i = next.fetch_add(1); i * kPerPut < objects;
+           i = next.fetch_add(1)) {
+        v1::PutStartRequest req;
+        const uint64_t n = std::min(kPerPut, objects - i * kPerPut);
+        for (uint64_t k = 0; k < n; ++k) {
+          req.add_keys(absl::StrCat("r-", i, "-", k));
+          req.add_lengths(4096);
+        }
+        v1::PutStartResponse resp;
+        grpc::ClientContext ctx;
+        v1::PutCommitResponse done;
+        grpc::ClientContext ctx2;
+        v1::PutCommitRequest commit;
+        if (!stub->PutStart(&ctx, req, &resp).ok() || resp.put_id() == 0 ||
+            (commit.set_put_id(resp.put_id()),
+             !stub->PutCommit(&ctx2, commit, &done).ok()) ||
+            done.committed() != n) {
+          failures.fetch_add(1);
+          continue;
+        }
+        for (const v1::PutSlot& slot : resp.slots()) {
+          placed[t].push_back(slot.location());
+          placed[t].back().clear_node_id();
+        }
+      }
+    });
+  }
+  for (Thread& th : ts) th.Join();
+  for (auto& v : placed) extents->insert(extents->end(), v.begin(), v.end());
+  std::sort(extents->begin(), extents->end(),
+            [](const v1::Location& a, const v1::Location& b) {
+              return std::make_pair(a.region_id(), a.addr()) <
+                     std::make_pair(b.region_id(), b.addr());
+            });
+  if (failures.load() > 0) {
+    return absl::InternalError(
+        absl::StrCat(failures.load(), " puts of the fill failed"));
+  }
+  std::vector<std::string> first;
+  for (int k = 0; k < FLAGS_batch; ++k)
+    first.push_back(absl::StrCat("r-0-", k));
+  return first;
+}
+
+// OK when a BatchLookup of `keys` at `address` finds every one.
+absl::Status FindsAll(v1::MasterService::Stub* stub,
+                      const std::vector<std::string>& keys) {
+  v1::BatchLookupRequest req;
+  for (const std::string& k : keys) req.add_keys(k);
+  v1::BatchLookupResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
+  grpc::Status s = stub->BatchLookup(&ctx, req, &resp);
+  if (!s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("BatchLookup: ", s.error_message()));
+  }
+  int found = 0;
+  for (const auto& e : resp.results()) found += e.found() ? 1 : 0;
+  if (found != static_cast<int>(keys.size())) {
+    return absl::NotFoundError(
+        absl::StrCat("BatchLookup found ", found, " of ", keys.size()));
+  }
+  return absl::OkStatus();
+}
+
+// What the fake node `reg` does when it finds a new master, as a storage
+// node does: a proving heartbeat; registering again when the master asks
+// (with the proof of the key it holds, `answer` then updated); and, when
+// the master asks for it (as after its restart), its reconciliation: its
+// `extents` streamed as a node streams its extent table (a master serves a
+// node's objects only after it).
+absl::Status HeartbeatAndReconcile(v1::MasterService::Stub* stub,
+                                   const v1::RegisterNodeRequest& reg,
+                                   v1::RegisterNodeResponse* answer,
+                                   const std::vector<v1::Location>& extents) {
+  v1::HeartbeatResponse hb;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    grpc::Status s =
+        stub->Heartbeat(&ctx, master::ProvingHeartbeat(reg, *answer), &hb);
+    if (!s.ok()) {
+      return absl::UnavailableError("Heartbeat: " + s.error_message());
+    }
+  }
+  bool reconcile = hb.reconcile();
+  if (hb.reregister()) {
+    v1::RegisterNodeRequest again = reg;
+    *again.mutable_auth() =
+        master::ProvingAuth("register", reg, answer->node_key(), 0);
+    v1::RegisterNodeResponse renewed;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    grpc::Status s = stub->RegisterNode(&ctx, again, &renewed);
+    if (!s.ok()) {
+      return absl::UnavailableError("RegisterNode: " + s.error_message());
+    }
+    *answer = renewed;
+    reconcile = renewed.reconcile();
+    grpc::ClientContext ctx2;
+    ctx2.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    s = stub->Heartbeat(&ctx2, master::ProvingHeartbeat(reg, *answer), &hb);
+    if (!s.ok()) {
+      return absl::UnavailableError("Heartbeat: " + s.error_message());
+    }
+    reconcile = reconcile || hb.reconcile();
+  }
+  if (!reconcile) return absl::OkStatus();
+  const uint32_t id = answer->node_id();
+  v1::BeginReconcileRequest begin;
+  begin.set_node_id(id);
+  begin.set_incarnation(reg.incarnation());
+  *begin.mutable_auth() =
+      master::ProvingAuth("reconcile", reg, answer->node_key(), id);
+  v1::BeginReconcileResponse begun;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = stub->BeginReconcile(&ctx, begin, &begun);
+    if (!s.ok()) {
+      return absl::UnavailableError("BeginReconcile: " + s.error_message());
+    }
+  }
+  grpc::ClientContext ctx;
+  v1::ReconcileNodeResponse resp;
+  std::unique_ptr<grpc::ClientWriter<v1::ReconcileNodeRequest>> w =
+      stub->ReconcileNode(&ctx, &resp);
+  constexpr size_t kChunk = 65536;  // the master's limit per message
+  size_t i = 0;
+  do {
+    v1::ReconcileNodeRequest req;
+    if (i == 0) {
+      req.set_node_id(id);
+      req.set_incarnation(reg.incarnation());
+      req.set_epoch(begun.epoch());
+      *req.mutable_auth() =
+          master::ProvingAuth("reconcile", reg, answer->node_key(), id);
+    }
+    const size_t end = std::min(extents.size(), i + kChunk);
+    for (; i < end; ++i) *req.add_extents() = extents[i];
+    req.set_last(i == extents.size());
+    if (!w->Write(req)) break;  // Finish says why
+  } while (i < extents.size());
+  w->WritesDone();
+  grpc::Status s = w->Finish();
+  if (!s.ok()) {
+    return absl::UnavailableError("ReconcileNode: " + s.error_message());
+  }
+  if (resp.matched() != extents.size()) {
+    return absl::InternalError(absl::StrCat(
+        "reconciliation matched ", resp.matched(), " of ", extents.size(),
+        " extents (", resp.dropped_listings(), " listings dropped)"));
+  }
+  return absl::OkStatus();
+}
+
+// --restart_objects: milliseconds from restarting both killed masters to
+// the first lookup that finds every sampled key.
+absl::StatusOr<double> RunRestartAll(const std::string& binary,
+                                     const std::string& dir, uint64_t objects) {
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto rig = StartRig(binary, "async", dir);
+  if (!rig.ok()) return rig.status();
+  auto admin = Dial(rig->leader, 0);
+  const v1::RegisterNodeRequest reg =
+      master::MetadataOnlyNodeRequest("bench-node");
+  v1::RegisterNodeResponse registered;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = admin->RegisterNode(&ctx, reg, &registered);
+    if (!s.ok())
+      return absl::UnavailableError("RegisterNode: " + s.error_message());
+  }
+  if (absl::Status s = HeartbeatAndReconcile(admin.get(), reg, &registered, {});
+      !s.ok()) {
+    return s;
+  }
+  const absl::Time fill0 = absl::Now();
+  std::vector<v1::Location> extents;
+  auto sample = CommitMany(rig->leader, objects, &extents);
+  if (!sample.ok()) return sample.status();
+  std::printf("restart_all: %llu objects committed in %.1f s\n",
+              static_cast<unsigned long long>(objects),
+              absl::ToDoubleSeconds(absl::Now() - fill0));
+  if (!Wait(
+          [&] {
+            std::map<std::string, double> st = Stats(admin.get());
+            return st.count("replication_lag_sequences") == 1 &&
+                   st["replication_lag_sequences"] == 0;
+          },
+          absl::Seconds(300))) {
+    return absl::DeadlineExceededError("the standby never caught up");
+  }
+  for (Daemon& m : rig->masters) {
+    absl::StatusOr<int> killed = m.Stop(SIGKILL);
+    if (!killed.ok()) return killed.status();
+  }
+  const absl::Time t0 = absl::Now();
+  std::vector<Daemon> restarted;
+  std::vector<std::unique_ptr<v1::MasterService::Stub>> stubs;
+  for (size_t i = 0; i < rig->args.size(); ++i) {
+    auto d = Daemon::Start(binary, rig->args[i]);
+    if (!d.ok()) return d.status();
+    auto address = StandbyAddress(*d);
+    if (!address.ok()) return address.status();
+    stubs.push_back(Dial(*address, 200 + static_cast<int>(i)));
+    restarted.push_back(std::move(*d));
+  }
+  // The fake node heartbeats (with the proof of its key) to whichever
+  // master answers, as a node does after losing its master: a lookup lists
+  // only nodes that proved their key to this master.
+  std::vector<bool> proven(stubs.size(), false);
+  std::vector<std::string> last_error(stubs.size(), "not tried");
+  absl::Time served;
+  if (!Wait(
+          [&] {
+            for (size_t i = 0; i < stubs.size(); ++i) {
+              v1::MasterService::Stub* stub = stubs[i].get();
+              if (!proven[i]) {
+                absl::Status p =
+                    HeartbeatAndReconcile(stub, reg, &registered, extents);
+                proven[i] = p.ok();
+                if (!p.ok()) last_error[i] = p.ToString();
+              }
+              if (!proven[i]) continue;
+              absl::Status found = FindsAll(stub, *sample);
+              if (found.ok()) {
+                served = absl::Now();
+                return true;
+              }
+              last_error[i] = found.ToString();
+            }
+            return false;
+          },
+          absl::Seconds(120))) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no restarted master served the committed keys within 120 s; last: ",
+        absl::StrJoin(last_error, "; ")));
+  }
+  return absl::ToDoubleMilliseconds(served - t0);
+}
+
 int Main(const char* argv0) {
   const std::string binary =
       FLAGS_master_binary.empty()
@@ -278,6 +557,26 @@ int Main(const char* argv0) {
   const std::string dir =
       FLAGS_dir.empty() ? absl::StrCat("/tmp/hymcache-ha-bench-", getpid())
                         : FLAGS_dir;
+  if (FLAGS_restart_objects > 0) {
+    std::vector<double> ms;
+    for (int rep = 0; rep < FLAGS_reps; ++rep) {
+      auto r = RunRestartAll(binary, dir + "/restart", FLAGS_restart_objects);
+      if (!r.ok()) {
+        std::fprintf(stderr, "ha_bench: %s\n", r.status().ToString().c_str());
+        return 1;
+      }
+      std::printf("restart_all: rep=%d serving_after_ms=%.0f\n", rep, *r);
+      std::fflush(stdout);
+      ms.push_back(*r);
+    }
+    std::filesystem::remove_all(dir);
+    std::printf(
+        "restart_all: objects=%llu masters=2 lease_ttl_s=1 "
+        "serving_after_ms max=%.0f\n",
+        static_cast<unsigned long long>(FLAGS_restart_objects),
+        *std::max_element(ms.begin(), ms.end()));
+    return 0;
+  }
   std::map<std::string, Result> best;
   for (int rep = 0; rep < FLAGS_reps; ++rep) {
     for (size_t i = 0; i < modes.size(); ++i) {
