@@ -45,6 +45,12 @@ class Daemon {
                                       const std::vector<std::string>& args,
                                       const std::string& log_path);
 
+  // Starts `binary` with `args` as `options` say (tests/child_process.h:
+  // a log file, a network namespace, ...).
+  static absl::StatusOr<Daemon> Launch(const std::string& binary,
+                                       const std::vector<std::string>& args,
+                                       const ChildOptions& options);
+
   const std::string& ready_line() const;
   pid_t pid() const { return child_ ? child_->pid() : -1; }
   bool running() const { return pid() > 0; }
@@ -55,10 +61,6 @@ class Daemon {
   bool Alive() { return child_ && child_->Alive(); }
 
  private:
-  static absl::StatusOr<Daemon> Launch(const std::string& binary,
-                                       const std::vector<std::string>& args,
-                                       const ChildOptions& options);
-
   std::unique_ptr<ChildProcess> child_;
 };
 
