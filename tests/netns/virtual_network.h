@@ -1,8 +1,7 @@
 // Test harness: several "hosts" on one machine, each a Linux network
 // namespace with its own address, joined through a bridge, so that a test
 // runs etcd, masters, storage nodes and clients on different hosts and cuts
-// and restores the links between them (docs/testing.md, "Many hosts in
-// network namespaces").
+// and restores the links between them (tests/netns/README.md).
 //
 //   namespace <prefix>-sw:  br0 (a bridge), h0 h1 ... (the switch ends)
 //   namespace <prefix>-I:   lo, eth0 = 10.77.0.(I+1)/24 (the other end of hI)
