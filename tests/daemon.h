@@ -59,6 +59,8 @@ class Daemon {
   absl::StatusOr<int> Stop(int sig, absl::Duration timeout = absl::Seconds(30));
   // Whether the child is still alive (reaps it if it exited).
   bool Alive() { return child_ && child_->Alive(); }
+  // Wait status of the child once Alive() or Stop() reaped it (-1 before).
+  int exit_status() const { return child_ ? child_->exit_status() : -1; }
 
  private:
   std::unique_ptr<ChildProcess> child_;

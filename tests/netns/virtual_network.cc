@@ -50,10 +50,10 @@ absl::Status RunOk(const std::string& binary,
   absl::StatusOr<RunResult> r = Run(binary, args, timeout);
   if (!r.ok()) return r.status();
   if (r->status != 0) {
-    return absl::InternalError(absl::StrCat(
-        binary, " ", absl::StrJoin(args, " "), ": ",
-        DescribeWaitStatus(r->status), ": ",
-        absl::StripAsciiWhitespace(r->output)));
+    return absl::InternalError(
+        absl::StrCat(binary, " ", absl::StrJoin(args, " "), ": ",
+                     DescribeWaitStatus(r->status), ": ",
+                     absl::StripAsciiWhitespace(r->output)));
   }
   return absl::OkStatus();
 }
@@ -200,7 +200,8 @@ std::string VirtualNetwork::netns_path(int host) const {
 absl::Status VirtualNetwork::Build() {
   const std::string sw = switch_netns();
   // forward_delay 0: ports forward as soon as they are up (no STP here).
-  for (const std::vector<std::string>& c : std::vector<std::vector<std::string>>{
+  for (const std::vector<std::string>& c :
+       std::vector<std::vector<std::string>>{
            {"-n", sw, "link", "set", "lo", "up"},
            {"-n", sw, "link", "add", "br0", "type", "bridge", "forward_delay",
             "0"},
@@ -243,10 +244,10 @@ absl::Status VirtualNetwork::ShapeLink(int host, const LinkShape& shape) {
   for (const auto& [ns, dev] : ends) {
     std::vector<std::string> args = {"qdisc", "replace", "dev", dev, "root"};
     if (shape.latency > absl::ZeroDuration()) {
-      args.insert(args.end(),
-                  {"netem", "delay",
-                   absl::StrCat(absl::ToInt64Microseconds(shape.latency),
-                                "us")});
+      args.insert(
+          args.end(),
+          {"netem", "delay",
+           absl::StrCat(absl::ToInt64Microseconds(shape.latency), "us")});
       if (shape.rate_bits_per_s > 0) args.insert(args.end(), {"rate", rate});
     } else if (shape.rate_bits_per_s > 0) {
       // A burst of at least one 4 ms tick's worth (and 16 KiB).
@@ -261,9 +262,9 @@ absl::Status VirtualNetwork::ShapeLink(int host, const LinkShape& shape) {
     }
     if (absl::Status s = Tc(ns, args); !s.ok()) {
       if (absl::StrContains(s.message(), "unknown")) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "this kernel lacks the qdisc (sch_netem / sch_tbf): ",
-            s.message()));
+        return absl::FailedPreconditionError(
+            absl::StrCat("this kernel lacks the qdisc (sch_netem / sch_tbf): ",
+                         s.message()));
       }
       return s;
     }
@@ -273,8 +274,8 @@ absl::Status VirtualNetwork::ShapeLink(int host, const LinkShape& shape) {
 
 absl::Status VirtualNetwork::CutLink(int host) {
   if (host < 0 || host >= size()) return absl::OutOfRangeError("no such host");
-  return Ip({"-n", switch_netns(), "link", "set", absl::StrCat("h", host),
-             "down"});
+  return Ip(
+      {"-n", switch_netns(), "link", "set", absl::StrCat("h", host), "down"});
 }
 
 absl::Status VirtualNetwork::RestoreLink(int host) {
@@ -290,10 +291,16 @@ absl::Status VirtualNetwork::SetDrop(int from, int to, bool on) {
     return Tc(netns_name(from),
               {"filter", "del", "dev", "eth0", "egress", "prio", prio});
   }
-  return Tc(netns_name(from),
-            {"filter", "add", "dev", "eth0", "egress", "protocol", "ip",
-             "prio", prio, "u32", "match", "ip", "dst", address(to) + "/32",
-             "action", "mirred", "egress", "redirect", "dev", "cut0"});
+  return Tc(netns_name(from), {"filter", "add",
+                               "dev",    "eth0",
+                               "egress", "protocol",
+                               "ip",     "prio",
+                               prio,     "u32",
+                               "match",  "ip",
+                               "dst",    address(to) + "/32",
+                               "action", "mirred",
+                               "egress", "redirect",
+                               "dev",    "cut0"});
 }
 
 absl::Status VirtualNetwork::CutBetween(int a, int b) {
@@ -324,8 +331,8 @@ absl::StatusOr<std::unique_ptr<ScopedNetns>> VirtualNetwork::EnterHost(
   const int target = open(netns_path(host).c_str(), O_RDONLY | O_CLOEXEC);
   if (target < 0) {
     close(original);
-    return absl::InternalError(absl::StrCat("open ", netns_path(host), ": ",
-                                            strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("open ", netns_path(host), ": ", strerror(errno)));
   }
   const int r = setns(target, CLONE_NEWNET);
   const int err = errno;

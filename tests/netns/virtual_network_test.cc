@@ -68,12 +68,13 @@ bool Connects(VirtualNetwork& net, int from, int to,
               absl::Duration wait = absl::Milliseconds(500)) {
   auto in = net.EnterHost(from);
   REQUIRE(in.ok());
-  return ConnectTcp(absl::StrCat(net.address(to), ":7000"),
-                    absl::Now() + wait)
+  return ConnectTcp(absl::StrCat(net.address(to), ":7000"), absl::Now() + wait)
       .ok();
 }
 
-TEST_CASE("Hosts in namespaces reach each other, and a cut between two of them drops only their packets until restored") {
+TEST_CASE(
+    "Hosts in namespaces reach each other, and a cut between two of them drops "
+    "only their packets until restored") {
   auto net = MakeNetwork({"a", "b", "c"});
   if (net == nullptr) return;
   Listeners listeners(*net);
@@ -102,7 +103,8 @@ TEST_CASE("Hosts in namespaces reach each other, and a cut between two of them d
   CHECK(Connects(*net, 0, 2, absl::Seconds(5)));
 }
 
-TEST_CASE("A link is shaped with tbf, and netem delay where the kernel has it") {
+TEST_CASE(
+    "A link is shaped with tbf, and netem delay where the kernel has it") {
   auto net = MakeNetwork({"a", "b"});
   if (net == nullptr) return;
   REQUIRE(net->ShapeLink(0, {.rate_bits_per_s = 100'000'000}).ok());
@@ -112,8 +114,7 @@ TEST_CASE("A link is shaped with tbf, and netem delay where the kernel has it") 
   INFO(shown->output);
   CHECK(absl::StrContains(shown->output, "tbf"));
   CHECK(absl::StrContains(shown->output, "100Mbit"));
-  absl::Status delayed =
-      net->ShapeLink(1, {.latency = absl::Milliseconds(5)});
+  absl::Status delayed = net->ShapeLink(1, {.latency = absl::Milliseconds(5)});
   if (delayed.code() == absl::StatusCode::kFailedPrecondition) {
     WARN("no netem in this kernel: " << delayed.ToString());
   } else {
@@ -126,17 +127,19 @@ TEST_CASE("A link is shaped with tbf, and netem delay where the kernel has it") 
   CHECK_FALSE(absl::StrContains(shown->output, "tbf"));
 }
 
-TEST_CASE("A child started on a host runs in its namespace, and the network's end kills it and removes every namespace") {
-  std::string host_path, switch_name;
+TEST_CASE(
+    "A child started on a host runs in its namespace, and the network's end "
+    "kills it and removes every namespace") {
+  std::string host_path;
   ChildProcess sleeper;
   {
     auto net = MakeNetwork({"a", "b"});
     if (net == nullptr) return;
     host_path = net->netns_path(1);
     // ip run inside host b sees b's address on its eth0.
-    const std::string out = absl::StrCat(
-        getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp", "/ipaddr-",
-        getpid());
+    const std::string out =
+        absl::StrCat(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp",
+                     "/ipaddr-", getpid());
     ChildProcess ip;
     ChildOptions o;
     o.wait_for_ready_line = false;
@@ -164,7 +167,8 @@ TEST_CASE("A child started on a host runs in its namespace, and the network's en
   CHECK(WTERMSIG(*st) == SIGKILL);
 }
 
-TEST_CASE("Namespaces left by a run whose process died are removed by the next run") {
+TEST_CASE(
+    "Namespaces left by a run whose process died are removed by the next run") {
   // A pid that no longer exists: a child that exited and was reaped.
   const pid_t dead = fork();
   if (dead == 0) _exit(0);
