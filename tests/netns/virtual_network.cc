@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <random>
 #include <set>
 #include <utility>
 
@@ -29,6 +33,8 @@ namespace {
 
 constexpr char kPrefix[] = "hymnet-";
 constexpr char kNetnsDir[] = "/run/netns/";
+// A run holds an flock on kLockDir/<prefix>.lock while it lives.
+constexpr char kLockDir[] = "/run/hymnet/";
 
 // Whether this process has capability `bit` in its effective set
 // (/proc/self/status CapEff).
@@ -117,25 +123,52 @@ ScopedNetns::~ScopedNetns() {
 }
 
 int VirtualNetwork::RemoveStaleRuns(const VirtualNetworkOptions& options) {
-  DIR* dir = opendir(kNetnsDir);
-  if (dir == nullptr) return 0;
-  std::vector<std::string> stale;
-  while (dirent* e = readdir(dir)) {
-    const std::string name = e->d_name;
-    if (!absl::StartsWith(name, kPrefix)) continue;
-    // hymnet-PID-N[-...]
-    std::vector<std::string> parts = absl::StrSplit(name, '-');
-    int pid = 0;
-    if (parts.size() < 3 || !absl::SimpleAtoi(parts[1], &pid) || pid <= 0) {
-      continue;
+  // Runs (prefix "hymnet-PID-RAND-N") with namespaces or lock files.
+  std::map<std::string, std::vector<std::string>> runs;
+  if (DIR* dir = opendir(kNetnsDir)) {
+    while (dirent* e = readdir(dir)) {
+      const std::string name = e->d_name;
+      if (!absl::StartsWith(name, kPrefix)) continue;
+      std::vector<std::string> parts = absl::StrSplit(name, '-');
+      if (parts.size() < 4) continue;
+      runs[absl::StrJoin(parts.begin(), parts.begin() + 4, "-")].push_back(
+          name);
     }
-    if (kill(pid, 0) != 0 && errno == ESRCH) stale.push_back(name);
+    closedir(dir);
   }
-  closedir(dir);
-  // Hosts before their switch (the order does not matter to the kernel).
-  std::sort(stale.begin(), stale.end(), std::greater<>());
-  for (const std::string& name : stale) DeleteNetns(options, name);
-  return static_cast<int>(stale.size());
+  if (DIR* dir = opendir(kLockDir)) {
+    while (dirent* e = readdir(dir)) {
+      const std::string name = e->d_name;
+      if (absl::StartsWith(name, kPrefix) && absl::EndsWith(name, ".lock")) {
+        runs[name.substr(0, name.size() - 5)];  // maybe without namespaces
+      }
+    }
+    closedir(dir);
+  }
+  int removed = 0;
+  for (auto& [run, namespaces] : runs) {
+    const std::string lock = absl::StrCat(kLockDir, run, ".lock");
+    const int fd = open(lock.c_str(), O_RDWR | O_CLOEXEC);
+    bool stale = false;
+    if (fd >= 0) {
+      // The owner holds its lock while it lives, whatever PID namespace
+      // it is in.
+      stale = flock(fd, LOCK_EX | LOCK_NB) == 0;
+      if (stale) unlink(lock.c_str());
+      close(fd);
+    } else {
+      // No lock file (it could not be created): the owner's pid decides.
+      std::vector<std::string> parts = absl::StrSplit(run, '-');
+      int pid = 0;
+      stale = parts.size() >= 2 && absl::SimpleAtoi(parts[1], &pid) &&
+              pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
+    }
+    if (!stale) continue;
+    std::sort(namespaces.begin(), namespaces.end(), std::greater<>());
+    for (const std::string& name : namespaces) DeleteNetns(options, name);
+    removed += static_cast<int>(namespaces.size());
+  }
+  return removed;
 }
 
 absl::StatusOr<std::unique_ptr<VirtualNetwork>> VirtualNetwork::Create(
@@ -155,8 +188,24 @@ absl::StatusOr<std::unique_ptr<VirtualNetwork>> VirtualNetwork::Create(
   }
   RemoveStaleRuns(options);
   static std::atomic<int> runs{0};
-  auto net = std::unique_ptr<VirtualNetwork>(new VirtualNetwork(
-      options, absl::StrCat(kPrefix, getpid(), "-", runs.fetch_add(1))));
+  // The pid names the owner for people; the random part keeps runs in
+  // separate PID namespaces (same small pids) apart.
+  std::random_device rd;
+  const std::string prefix =
+      absl::StrCat(kPrefix, getpid(), "-", absl::Hex(rd(), absl::kZeroPad8),
+                   "-", runs.fetch_add(1));
+  auto net =
+      std::unique_ptr<VirtualNetwork>(new VirtualNetwork(options, prefix));
+  // The lock, taken under a temporary name and then renamed, so that no
+  // other run ever finds it unlocked while this one lives.
+  mkdir(kLockDir, 0755);  // may exist
+  const std::string lock = absl::StrCat(kLockDir, prefix, ".lock");
+  const std::string tmp = lock + ".tmp";
+  net->lock_fd_ = open(tmp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (net->lock_fd_ >= 0 && flock(net->lock_fd_, LOCK_EX) == 0 &&
+      rename(tmp.c_str(), lock.c_str()) == 0) {
+    net->lock_path_ = lock;
+  }  // else: other runs judge this one by its pid
   // The first namespace tells whether namespaces work here at all.
   if (absl::Status s = net->Ip({"netns", "add", net->switch_netns()});
       !s.ok()) {
@@ -172,6 +221,8 @@ VirtualNetwork::~VirtualNetwork() {
   for (auto it = created_.rbegin(); it != created_.rend(); ++it) {
     DeleteNetns(options_, *it);
   }
+  if (!lock_path_.empty()) unlink(lock_path_.c_str());
+  if (lock_fd_ >= 0) close(lock_fd_);
 }
 
 absl::Status VirtualNetwork::Ip(const std::vector<std::string>& args) const {

@@ -6,9 +6,10 @@
 //   namespace <prefix>-sw:  br0 (a bridge), h0 h1 ... (the switch ends)
 //   namespace <prefix>-I:   lo, eth0 = 10.77.0.(I+1)/24 (the other end of hI)
 //
-// <prefix> is "hymnet-PID-N": every namespace of a run carries its owner's
-// pid, so Create first removes what runs of dead processes left (their
-// namespaces, the processes still in them); the subnet is private to the
+// <prefix> is "hymnet-PID-RAND-N", and the run holds an flock on
+// /run/hymnet/<prefix>.lock while it lives, so Create first removes what
+// runs of dead processes left (their namespaces, the processes still in
+// them), even runs from other PID namespaces; the subnet is private to the
 // run's own bridge, so runs side by side do not collide. Deleting the
 // namespaces removes every link, bridge and qdisc in them: the destructor
 // kills whatever still runs in the hosts and deletes them, and a test that
@@ -117,7 +118,9 @@ class VirtualNetwork {
   absl::StatusOr<std::unique_ptr<ScopedNetns>> EnterHost(int host);
 
   // Deletes the namespaces of runs whose owner process is gone (and kills
-  // what still runs in them); the number deleted. Create calls it.
+  // what still runs in them): runs whose lock no one holds, or, without a
+  // lock file, whose pid does not exist. The number of namespaces deleted.
+  // Create calls it.
   static int RemoveStaleRuns(const VirtualNetworkOptions& options);
 
  private:
@@ -136,6 +139,9 @@ class VirtualNetwork {
   const std::string prefix_;
   // Namespaces created so far (deleted by the destructor, last first).
   std::vector<std::string> created_;
+  // This run's lock (see RemoveStaleRuns), held until destruction.
+  int lock_fd_ = -1;
+  std::string lock_path_;
 };
 
 }  // namespace hymcache::testing

@@ -130,12 +130,16 @@ TEST_CASE(
 TEST_CASE(
     "A child started on a host runs in its namespace, and the network's end "
     "kills it and removes every namespace") {
-  std::string host_path;
+  std::string host_path, lock_path;
   ChildProcess sleeper;
   {
     auto net = MakeNetwork({"a", "b"});
     if (net == nullptr) return;
     host_path = net->netns_path(1);
+    // "<prefix>-1": the run's lock is /run/hymnet/<prefix>.lock.
+    const std::string ns = net->netns_name(1);
+    lock_path = "/run/hymnet/" + ns.substr(0, ns.size() - 2) + ".lock";
+    REQUIRE(Exists(lock_path));
     // ip run inside host b sees b's address on its eth0.
     const std::string out =
         absl::StrCat(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp",
@@ -161,6 +165,7 @@ TEST_CASE(
     REQUIRE(Exists(host_path));
   }
   CHECK_FALSE(Exists(host_path));
+  CHECK_FALSE(Exists(lock_path));
   auto st = sleeper.Signal(0, absl::Seconds(10));
   REQUIRE(st.ok());
   CHECK(WIFSIGNALED(*st));
@@ -175,19 +180,31 @@ TEST_CASE(
   REQUIRE(dead > 0);
   int status = 0;
   waitpid(dead, &status, 0);
-  const std::string stale = absl::StrCat("hymnet-", dead, "-0-sw");
-  auto added = Run("/usr/sbin/ip", {"netns", "add", stale});
+  // A dead run without a lock file (judged by its pid), and one whose pid
+  // lives (1, as in another PID namespace) but whose lock no one holds.
+  const std::string by_pid = absl::StrCat("hymnet-", dead, "-00000000-0-sw");
+  const std::string by_lock = "hymnet-1-0000beef-0";
+  auto added = Run("/usr/sbin/ip", {"netns", "add", by_pid});
   if (!added.ok() || added->status != 0) {
     // Same gate as the other tests: no namespaces here.
     auto net = MakeNetwork({"a"});
     REQUIRE(net == nullptr);
     return;
   }
-  REQUIRE(Exists("/run/netns/" + stale));
-  // Ours (this live process) stays.
+  REQUIRE(Run("/usr/sbin/ip", {"netns", "add", by_lock + "-0"}).ok());
+  mkdir("/run/hymnet", 0755);
+  const int fd = open(("/run/hymnet/" + by_lock + ".lock").c_str(),
+                      O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  REQUIRE(fd >= 0);
+  close(fd);
+  REQUIRE(Exists("/run/netns/" + by_pid));
+  REQUIRE(Exists("/run/netns/" + by_lock + "-0"));
+  // Ours (this live process, holding its lock) stays.
   auto net = MakeNetwork({"a"});
   REQUIRE(net != nullptr);
-  CHECK_FALSE(Exists("/run/netns/" + stale));
+  CHECK_FALSE(Exists("/run/netns/" + by_pid));
+  CHECK_FALSE(Exists("/run/netns/" + by_lock + "-0"));
+  CHECK_FALSE(Exists("/run/hymnet/" + by_lock + ".lock"));
   CHECK(Exists(net->netns_path(0)));
   CHECK(VirtualNetwork::RemoveStaleRuns({.hosts = {"x"}}) == 0);
   CHECK(Exists(net->netns_path(0)));
