@@ -205,7 +205,9 @@ absl::StatusOr<std::unique_ptr<VirtualNetwork>> VirtualNetwork::Create(
   if (net->lock_fd_ >= 0 && flock(net->lock_fd_, LOCK_EX) == 0 &&
       rename(tmp.c_str(), lock.c_str()) == 0) {
     net->lock_path_ = lock;
-  }  // else: other runs judge this one by its pid
+  } else {
+    unlink(tmp.c_str());  // other runs judge this one by its pid
+  }
   // The first namespace tells whether namespaces work here at all.
   if (absl::Status s = net->Ip({"netns", "add", net->switch_netns()});
       !s.ok()) {
