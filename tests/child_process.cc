@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -25,11 +26,13 @@ absl::Status Errno(absl::string_view what) {
 // Forks and execs `binary` with `args` and this process's environment plus
 // `env`. In the child, `out_fd` and `err_fd` (when >= 0) become stdout and
 // stderr; with `die_with_thread`, the child gets SIGKILL when the calling
-// thread exits. Returns the child's pid.
+// thread exits; with `netns_fd` >= 0 it joins that network namespace (exit
+// 125 if it cannot). Returns the child's pid.
 absl::StatusOr<pid_t> Launch(const std::string& binary,
                              const std::vector<std::string>& args,
                              const std::vector<std::string>& env, int out_fd,
-                             int err_fd, bool die_with_thread) {
+                             int err_fd, bool die_with_thread,
+                             int netns_fd = -1) {
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(binary.c_str()));
   for (const std::string& a : args)
@@ -50,6 +53,7 @@ absl::StatusOr<pid_t> Launch(const std::string& binary,
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(126);  // the parent died before prctl
     }
+    if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) _exit(125);
     execve(binary.c_str(), argv.data(), envp.data());
     _exit(127);
   }
@@ -118,17 +122,27 @@ absl::Status ChildProcess::Start(const std::string& binary,
                   O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0) return Errno(absl::StrCat("open ", options.log_path));
   }
+  int netns_fd = -1;
+  if (!options.netns_path.empty()) {
+    netns_fd = open(options.netns_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (netns_fd < 0) {
+      if (log_fd >= 0) close(log_fd);
+      return Errno(absl::StrCat("open ", options.netns_path));
+    }
+  }
   int pipefd[2] = {-1, -1};
   if (options.wait_for_ready_line && pipe2(pipefd, O_CLOEXEC) != 0) {
     if (log_fd >= 0) close(log_fd);
+    if (netns_fd >= 0) close(netns_fd);
     return Errno("pipe");
   }
   absl::StatusOr<pid_t> pid =
       Launch(binary, args, options.env,
              options.wait_for_ready_line ? pipefd[1] : log_fd, log_fd,
-             options.die_with_starting_thread);
+             options.die_with_starting_thread, netns_fd);
   if (pipefd[1] >= 0) close(pipefd[1]);
   if (log_fd >= 0) close(log_fd);
+  if (netns_fd >= 0) close(netns_fd);
   if (!pid.ok()) {
     if (pipefd[0] >= 0) close(pipefd[0]);
     return pid.status();

@@ -44,6 +44,11 @@ struct ChildOptions {
   // start and stop such children from one long-lived thread.
   // Default: false.
   bool die_with_starting_thread = false;
+  // The network namespace the child runs in: a namespace file such as
+  // /run/netns/NAME (a host of tests/netns/virtual_network.h). It is opened
+  // before fork; the child joins it (setns) before exec. Default: "" = this
+  // process's namespace.
+  std::string netns_path;
 };
 
 class ChildProcess {
@@ -55,7 +60,8 @@ class ChildProcess {
 
   // Starts `binary` with `args` as `options` say.
   // Errors: FailedPrecondition (a child is running), Internal (pipe, fork,
-  // log file), Unavailable (the child exited before its ready line; the
+  // log file, the netns file; a child that cannot join the namespace exits
+  // 125), Unavailable (the child exited before its ready line; the
   // exit is described), DeadlineExceeded (no line in time; the child is
   // killed).
   absl::Status Start(const std::string& binary,

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/eventually.h"
@@ -139,6 +140,17 @@ TEST_CASE("RunCommand writes stdout to a file and appends stderr") {
   CHECK(absl::IsDeadlineExceeded(RunCommand(kSh, {"-c", "exec sleep 60"}, out,
                                             err, absl::Milliseconds(200))
                                      .status()));
+}
+
+TEST_CASE("A network namespace that does not exist is an error before fork") {
+  // (Joining one needs root: tests/netns/virtual_network_test.)
+  ChildProcess c;
+  ChildOptions o;
+  o.netns_path = "/run/netns/no-such-namespace";
+  const absl::Status s = c.Start(kSh, {"-c", "echo ready"}, o);
+  CHECK(absl::IsInternal(s));
+  CHECK(absl::StrContains(s.message(), "no-such-namespace"));
+  CHECK(c.pid() == -1);
 }
 
 }  // namespace

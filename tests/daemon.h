@@ -45,6 +45,12 @@ class Daemon {
                                       const std::vector<std::string>& args,
                                       const std::string& log_path);
 
+  // Starts `binary` with `args` as `options` say (tests/child_process.h:
+  // a log file, a network namespace, ...).
+  static absl::StatusOr<Daemon> Launch(const std::string& binary,
+                                       const std::vector<std::string>& args,
+                                       const ChildOptions& options);
+
   const std::string& ready_line() const;
   pid_t pid() const { return child_ ? child_->pid() : -1; }
   bool running() const { return pid() > 0; }
@@ -53,12 +59,10 @@ class Daemon {
   absl::StatusOr<int> Stop(int sig, absl::Duration timeout = absl::Seconds(30));
   // Whether the child is still alive (reaps it if it exited).
   bool Alive() { return child_ && child_->Alive(); }
+  // Wait status of the child once Alive() or Stop() reaped it (-1 before).
+  int exit_status() const { return child_ ? child_->exit_status() : -1; }
 
  private:
-  static absl::StatusOr<Daemon> Launch(const std::string& binary,
-                                       const std::vector<std::string>& args,
-                                       const ChildOptions& options);
-
   std::unique_ptr<ChildProcess> child_;
 };
 

@@ -49,8 +49,8 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(
     if (!client_port.ok()) return client_port.status();
     auto peer_port = FreePort();
     if (!peer_port.ok()) return peer_port.status();
-    m.client = absl::StrCat("127.0.0.1:", *client_port);
-    m.peer = absl::StrCat("127.0.0.1:", *peer_port);
+    m.client = absl::StrCat(options.host, ":", *client_port);
+    m.peer = absl::StrCat(options.host, ":", *peer_port);
     m.data_dir = absl::StrCat(dir, "/", m.name);
     m.log = absl::StrCat(dir, "/", m.name, ".log");
     peers.push_back(absl::StrCat(m.name, "=http://", m.peer));
@@ -102,7 +102,11 @@ absl::Status EtcdCluster::Launch(int i, bool new_cluster) {
       "--logger", "zap",
       "--log-level", "warn",
   };
-  auto d = Daemon::Spawn(kEtcd, args, m.log);
+  ChildOptions o;
+  o.log_path = m.log;
+  o.wait_for_ready_line = false;
+  o.netns_path = options_.netns_path;
+  auto d = Daemon::Launch(kEtcd, args, o);
   if (!d.ok()) return d.status();
   m.daemon = std::move(*d);
   m.frozen = false;

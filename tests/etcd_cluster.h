@@ -32,6 +32,14 @@ struct EtcdClusterOptions {
   absl::Duration election_timeout = absl::Milliseconds(500);
   // How long Start and Restart wait for the members to serve. Default: 30 s.
   absl::Duration ready_timeout = absl::Seconds(30);
+  // The address every member listens on (clients and peers), and the
+  // network namespace the members run in (ChildOptions::netns_path), e.g.
+  // a host of tests/netns/virtual_network.h; the calling thread must reach
+  // `host` (Start waits for the members through it). Ports are picked free
+  // on this process's loopback (a fresh namespace has them all free).
+  // Default: "127.0.0.1", "" (this process's namespace).
+  std::string host = "127.0.0.1";
+  std::string netns_path;
 };
 
 class EtcdCluster {
@@ -48,7 +56,7 @@ class EtcdCluster {
   ~EtcdCluster();
 
   int size() const { return static_cast<int>(members_.size()); }
-  // Member i's client endpoint, "127.0.0.1:PORT".
+  // Member i's client endpoint, "HOST:PORT".
   const std::string& endpoint(int i) const { return members_[i].client; }
   // Every member's client endpoint.
   std::vector<std::string> endpoints() const;

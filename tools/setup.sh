@@ -19,8 +19,10 @@
 #                           neither package on its own hosts). A
 #                           prometheus.service, redis-server.service or
 #                           etcd.service this installs is stopped and
-#                           disabled again: the tests run their own; and
-#                           clang-format-14 (tools/format_check.sh).
+#                           disabled again: the tests run their own;
+#                           iproute2 (ip, tc: tests/netns' hosts in
+#                           network namespaces); and clang-format-14
+#                           (tools/format_check.sh).
 set -euo pipefail
 
 PACKAGES=(
@@ -39,6 +41,7 @@ TEST_PACKAGES=(prometheus redis-server systemd systemd-container mmdebstrap dpkg
   golang-github-xeipuuv-gojsonschema-dev
   python3-kubernetes python3-jsonschema python3-yaml
   etcd-server etcd-client
+  iproute2
   clang-format-14)
 if [ "${1:-}" = "--test" ]; then
   PACKAGES+=("${TEST_PACKAGES[@]}")
