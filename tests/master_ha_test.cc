@@ -248,16 +248,21 @@ struct Rig {
   }
 
   // Starts storage node "n1" and `client`, both given every master (or,
-  // with `via_etcd`, the client only etcd's endpoints and the cluster's
-  // name), and waits until the masters list the node alive.
+  // with `via_etcd`, only etcd's endpoints and the cluster's name), and
+  // waits until the masters list the node alive.
   void StartNodeAndClient(bool via_etcd = false) {
-    auto n = StorageProcess::Start(MasterList(), "n1");
+    const std::string endpoints = absl::StrJoin(etcd->endpoints(), ",");
+    auto n = via_etcd
+                 ? StorageProcess::Start("", "n1",
+                                         {"--etcd=" + endpoints,
+                                          absl::StrCat("--cluster=", kCluster)})
+                 : StorageProcess::Start(MasterList(), "n1");
     INFO(n.status().ToString());
     REQUIRE(n.ok());
     node = std::move(n).value();
     ClientOptions co;
     if (via_etcd) {
-      co.etcd_endpoints = absl::StrJoin(etcd->endpoints(), ",");
+      co.etcd_endpoints = endpoints;
       co.cluster = kCluster;
     } else {
       co.master_address = MasterList();
@@ -432,8 +437,8 @@ TEST_CASE("A standby refuses with the leader's address and takes over from a kil
 }
 
 TEST_CASE(
-    "A client given only etcd's endpoints stores and loads through the leader "
-    "and follows it to the standby when it is killed") {
+    "A client and a node given only etcd's endpoints store and load through "
+    "the leader and follow it to the standby when it is killed") {
   Rig rig("master_ha_client_etcd");
   const std::string db = rig.dir + "/master";  // shared, as above
   const std::vector<std::string> shared = {"--replication=off"};
@@ -447,9 +452,10 @@ TEST_CASE(
   const Blocks before("before-", 8, 11);
   PutIntact(*rig.client, before);
 
-  // kill -9 of the leader: the client learns the standby's election from
-  // etcd and its calls go there, each within its 1 s deadline once the
-  // standby serves.
+  // kill -9 of the leader: the client and the node learn the standby's
+  // election from etcd; the node registers there (the objects stored before
+  // the kill load again) and the client's calls go there, each within its
+  // 1 s deadline once the standby serves.
   KillLeaderAndCheckTakeover(rig, 0, 1, first, before, Blocks("after-", 2, 110),
                              "client via etcd");
 
