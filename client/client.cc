@@ -2,7 +2,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -12,11 +16,51 @@
 #include "client/failover_master_client.h"
 #include "client/grpc_master_client.h"
 #include "client/transport_select.h"
+#include "common/etcd_client.h"
 #include "common/grpc_polling.h"
+#include "common/leader_election.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 
 namespace hymcache {
+namespace {
+
+// An etcd client and the observer of the masters' leader key: the leader
+// source of a client given etcd_endpoints. The observer goes first.
+struct EtcdLeader {
+  std::unique_ptr<EtcdClient> etcd;
+  std::unique_ptr<LeaderObserver> observer;
+  ~EtcdLeader() { observer.reset(); }
+};
+
+// Reads who leads options.cluster (once, within default_deadline), then
+// watches it; returns the address of the leader as last seen ("" while none
+// leads), for FailoverMasterClientOptions::leader.
+absl::StatusOr<std::function<std::string()>> FollowLeaderInEtcd(
+    const ClientOptions& options) {
+  auto holder = std::make_shared<EtcdLeader>();
+  EtcdClientOptions eo;
+  eo.endpoints = options.EtcdEndpoints();
+  eo.call_timeout = options.default_deadline;
+  eo.attempt_timeout = std::min(eo.attempt_timeout, options.default_deadline);
+  ASSIGN_OR_RETURN(holder->etcd, EtcdClient::Create(eo));
+  auto observer = LeaderObserver::Create(
+      holder->etcd.get(), MasterLeaderKey(options.cluster), nullptr);
+  if (!observer.ok()) {
+    return absl::Status(
+        observer.status().code(),
+        absl::StrCat("reading the leader of cluster '", options.cluster,
+                     "' from etcd (ClientOptions.etcd_endpoints): ",
+                     observer.status().message()));
+  }
+  holder->observer = std::move(observer).value();
+  return std::function<std::string()>([holder]() -> std::string {
+    std::optional<LeaderInfo> l = holder->observer->current();
+    return l.has_value() ? l->candidate : "";
+  });
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(
     const ClientOptions& options) {
@@ -68,7 +112,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   };
   const std::vector<std::string> masters = options.MasterAddresses();
   std::unique_ptr<MasterClient> master;
-  if (masters.size() == 1) {
+  if (!options.EtcdEndpoints().empty()) {
+    // The leader named in etcd (docs/ha.md), followed by a watch; the list
+    // (if any) is tried first.
+    ASSIGN_OR_RETURN(std::function<std::string()> leader,
+                     FollowLeaderInEtcd(options));
+    ASSIGN_OR_RETURN(
+        master, FailoverMasterClient::Create({.addresses = masters,
+                                              .connect = connect,
+                                              .leader = std::move(leader)}));
+  } else if (masters.size() == 1) {
     ASSIGN_OR_RETURN(master, connect(masters[0]));
   } else {
     // Several masters, one leading (docs/ha.md).

@@ -1,8 +1,10 @@
 // What client.h and options.h define beside the abstract Client: option
 // checks, and Get and Put on top of Load and Store.
+#include "client/client.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "client/client.h"
+#include "absl/strings/strip.h"
 #include "client/options.h"
 #include "common/grpc_polling.h"
 #include "common/net.h"
@@ -22,9 +24,27 @@ std::vector<std::string> ClientOptions::MasterAddresses() const {
   return absl::StrSplit(master_address, ',', absl::SkipEmpty());
 }
 
+std::vector<std::string> ClientOptions::EtcdEndpoints() const {
+  return absl::StrSplit(etcd_endpoints, ',', absl::SkipEmpty());
+}
+
 absl::Status ClientOptions::Validate() const {
-  if (MasterAddresses().empty()) {
-    return absl::InvalidArgumentError("ClientOptions.master_address is required");
+  if (MasterAddresses().empty() && EtcdEndpoints().empty()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.master_address (or etcd_endpoints) is required");
+  }
+  for (const std::string& e : EtcdEndpoints()) {
+    absl::string_view hostport = e;
+    absl::ConsumePrefix(&hostport, "http://");
+    if (auto hp = SplitHostPort(std::string(hostport)); !hp.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ClientOptions.etcd_endpoints: ", hp.status().message()));
+    }
+  }
+  if (!EtcdEndpoints().empty() &&
+      (cluster.empty() || absl::StrContains(cluster, '/'))) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.cluster must be a non-empty name without '/'");
   }
   for (const std::string& a : MasterAddresses()) {
     if (auto hp = SplitHostPort(a); !hp.ok()) {

@@ -9,8 +9,9 @@
 namespace hymcache {
 
 absl::Status FailoverMasterClientOptions::Validate() const {
-  if (addresses.empty()) {
-    return absl::InvalidArgumentError("failover master client: no address");
+  if (addresses.empty() && !leader) {
+    return absl::InvalidArgumentError(
+        "failover master client: no address and no leader source");
   }
   for (const std::string& a : addresses) {
     if (a.empty()) {
@@ -66,6 +67,12 @@ int FailoverMasterClient::IndexOf(const std::string& address) {
 
 MasterClient* FailoverMasterClient::Current(size_t* index) {
   MutexLock l(&mu_);
+  if (masters_.empty()) {
+    // No list: the leader source names the first master.
+    const std::string leader = options_.leader();
+    if (leader.empty() || IndexOf(leader) < 0) return nullptr;
+    current_ = 0;
+  }
   *index = current_;
   return masters_[current_]->client.get();
 }
@@ -107,6 +114,17 @@ R FailoverMasterClient::WithFailover(absl::Time deadline, bool per_attempt,
   while (true) {
     size_t index = 0;
     MasterClient* master = Current(&index);
+    if (master == nullptr) {
+      // No master known yet (the leader source names none: an election is
+      // on, or etcd has not answered): wait for one within the deadline.
+      const absl::Time now = clock_->Now();
+      if (now >= deadline) {
+        return R(absl::UnavailableError(
+            "no master known to lead (the leader source names none)"));
+      }
+      absl::SleepFor(std::min(options_.round_pause, deadline - now));
+      continue;
+    }
     const absl::Time attempt_deadline =
         per_attempt
             ? std::min(deadline, clock_->Now() + options_.attempt_timeout)
@@ -139,6 +157,7 @@ R FailoverMasterClient::WithFailover(absl::Time deadline, bool per_attempt,
 
 std::string FailoverMasterClient::current_address() const {
   MutexLock l(&mu_);
+  if (masters_.empty()) return "";
   return masters_[current_]->address;
 }
 
@@ -218,9 +237,12 @@ std::unique_ptr<LookupStream> FailoverMasterClient::StartLookups(
     absl::Time deadline) {
   size_t index = 0;
   MasterClient* master = Current(&index);
+  // Without a master yet, chunk by chunk through Lookup (which waits for
+  // one).
   return std::make_unique<Stream>(
       this, keys, chunk_keys, deadline,
-      master->StartLookups(keys, chunk_keys, deadline));
+      master == nullptr ? nullptr
+                        : master->StartLookups(keys, chunk_keys, deadline));
 }
 
 absl::StatusOr<PutStartReply> FailoverMasterClient::PutStart(
@@ -241,7 +263,10 @@ absl::Status FailoverMasterClient::PutCommit(
 
 void FailoverMasterClient::PutAbortInBackground(uint64_t put_id) {
   size_t index = 0;
-  Current(&index)->PutAbortInBackground(put_id);
+  // No master: none started the put.
+  if (MasterClient* master = Current(&index); master != nullptr) {
+    master->PutAbortInBackground(put_id);
+  }
 }
 
 absl::Status FailoverMasterClient::ReportMissing(

@@ -37,7 +37,9 @@
 namespace hymcache {
 
 struct FailoverMasterClientOptions {
-  // The masters' addresses, "host:port". Required: at least one.
+  // The masters' addresses, "host:port". Required: at least one, unless
+  // `leader` is given (then the first call goes where it points, waiting
+  // within the call's deadline while it names none).
   std::vector<std::string> addresses;
   // Makes the client of one master (called once per address, also for a
   // leader address learned from a refusal). Required.
@@ -61,7 +63,7 @@ struct FailoverMasterClientOptions {
   // the client. Default: nullptr (Clock::Real()).
   Clock* clock = nullptr;
 
-  // InvalidArgument for no address or no `connect`.
+  // InvalidArgument for neither address nor `leader`, or no `connect`.
   absl::Status Validate() const;
 };
 
@@ -75,7 +77,7 @@ class FailoverMasterClient final : public MasterClient {
       FailoverMasterClientOptions options);
   ~FailoverMasterClient() override = default;
 
-  // The address calls go to now.
+  // The address calls go to now ("" before the first master is known).
   std::string current_address() const;
   // The highest leader epoch a refusal named (0: none).
   int64_t highest_epoch() const;
@@ -95,7 +97,8 @@ class FailoverMasterClient final : public MasterClient {
       : options_(std::move(options)),
         clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {}
 
-  // The master calls go to now.
+  // The master calls go to now; nullptr while none is known (no list, and
+  // the leader source names none).
   MasterClient* Current(size_t* index);
   // `failed` (the master at `index`) refused a call: moves to the leader
   // it names, or the leader the caller's `leader` names, or the next one.

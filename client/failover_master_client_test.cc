@@ -2,9 +2,10 @@
 // masters) and a FakeMasterClient that leads.
 #include "client/failover_master_client.h"
 
-#include <catch2/catch.hpp>
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -133,9 +134,11 @@ struct Rig {
     masters["c:1"] = &at_c;
   }
   std::unique_ptr<FailoverMasterClient> Make(
-      std::vector<std::string> addresses) {
+      std::vector<std::string> addresses,
+      std::function<std::string()> leader_source = nullptr) {
     FailoverMasterClientOptions o;
     o.addresses = std::move(addresses);
+    o.leader = std::move(leader_source);
     o.round_pause = absl::Milliseconds(1);
     o.connect = [this](const std::string& address)
         -> absl::StatusOr<std::unique_ptr<MasterClient>> {
@@ -175,6 +178,71 @@ TEST_CASE("A call refused by a standby goes to the leader it names") {
   REQUIRE(found.ok());
   CHECK(found->found == std::vector<bool>{true});
   CHECK(rig.standby_a.calls() == 1);
+}
+
+// A leader source (an etcd LeaderObserver's stand-in) that gives its
+// answers in turn, the last one from then on; counts the questions.
+class Answers {
+ public:
+  explicit Answers(std::vector<std::string> answers)
+      : answers_(std::move(answers)) {}
+  std::function<std::string()> source() {
+    return [this] {
+      MutexLock l(&mu_);
+      ++asked_;
+      const std::string a = answers_.front();
+      if (answers_.size() > 1) answers_.erase(answers_.begin());
+      return a;
+    };
+  }
+  int asked() const {
+    MutexLock l(&mu_);
+    return asked_;
+  }
+
+ private:
+  mutable Mutex mu_;
+  std::vector<std::string> answers_ ABSL_GUARDED_BY(mu_);
+  int asked_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST_CASE(
+    "With only a leader source a call waits until it names a leader and "
+    "follows it past a dead one") {
+  Rig rig;
+  // No leader yet (an election is on), then the dead master, then the
+  // leader.
+  Answers answers({"", "", "b:1", "c:1"});
+  auto c = rig.Make({}, answers.source());
+  CHECK(c->current_address() == "");
+  auto status = c->GetClusterStatus(kLater);
+  REQUIRE(status.ok());
+  CHECK(c->current_address() == "c:1");
+  CHECK(rig.connected == std::vector<std::string>{"b:1", "c:1"});
+  CHECK(rig.dead_b.calls() == 1);
+  CHECK(answers.asked() == 4);
+  // Later calls go straight to the leader.
+  REQUIRE(c->Lookup({"k"}, false, kLater).ok());
+  CHECK(answers.asked() == 4);
+}
+
+TEST_CASE(
+    "With only a leader source that names no leader a call fails UNAVAILABLE "
+    "at its deadline") {
+  Rig rig;
+  Answers answers({""});
+  auto c = rig.Make({}, answers.source());
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(30);
+  auto r = c->Lookup({"k"}, false, deadline);
+  CHECK(r.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::Now() >= deadline);
+  CHECK(answers.asked() >= 2);
+  // A stream waits the same way (chunk by chunk through Lookup).
+  const std::vector<std::string> keys = {"k"};
+  auto stream = c->StartLookups(keys, 1, absl::Now() + absl::Milliseconds(5));
+  CHECK(stream->Next(true).status().code() == absl::StatusCode::kUnavailable);
+  // Nothing to abort with no master.
+  c->PutAbortInBackground(1);
 }
 
 TEST_CASE("A master that does not answer is passed over for the next one") {

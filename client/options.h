@@ -52,8 +52,19 @@ struct ClientOptions {
   // one leads (docs/ha.md), comma-separated ("a:50051,b:50051,c:50051"):
   // each call goes to the leader, and a call a standby refuses (or one no
   // master answers) is sent again to the leader within its deadline.
-  // Required.
+  // Required unless etcd_endpoints is given.
   std::string master_address;
+  // Instead of (or besides) master_address: the etcd cluster the masters
+  // campaign on, its client endpoints "host:port" comma-separated
+  // ("e1:2379,e2:2379,e3:2379"). The client reads who leads `cluster` from
+  // etcd (the leader key /hymcache/<cluster>/master/leader, docs/ha.md),
+  // watches it, and sends a call that the old leader refuses or does not
+  // answer to the new one within the call's deadline. With master_address
+  // too, those masters are tried first. Default: "" (no etcd).
+  std::string etcd_endpoints;
+  // With etcd_endpoints: the cluster's name, as the masters' --cluster.
+  // Default: "default".
+  std::string cluster = "default";
 
   // Bearer token presented to the master (role engine, or admin for
   // hymctl); "" sends none, as a master without identities expects.
@@ -137,6 +148,8 @@ struct ClientOptions {
   absl::Status Validate() const;
   // master_address split at commas (empty entries dropped).
   std::vector<std::string> MasterAddresses() const;
+  // etcd_endpoints split at commas (empty entries dropped).
+  std::vector<std::string> EtcdEndpoints() const;
 };
 
 }  // namespace hymcache

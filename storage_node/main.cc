@@ -72,6 +72,12 @@ static_assert(std::size(kDeviceNames) ==
 DEFINE_string(master, "127.0.0.1:50051",
               "Master gRPC address (host:port), or several masters of which "
               "one leads, comma-separated (docs/ha.md)");
+DEFINE_string(etcd, "",
+              "etcd endpoints HOST:PORT[,...]: register with the master that "
+              "leads --cluster there and follow it (instead of --master, "
+              "unless --master is given too; docs/ha.md)");
+DEFINE_string(cluster, "default",
+              "with --etcd: the cluster's name, as the masters' --cluster");
 DEFINE_string(name, Defaults().node_name.c_str(),
               "Stable node name reported to the master (default: "
               "advertise_host:data_port).");
@@ -329,6 +335,13 @@ void RaiseDescriptorLimit() {
 // when a flag or the options are bad.
 absl::Status OptionsFromFlags(hymcache::StorageNodeOptions* options) {
   options->master_address = FLAGS_master;
+  options->etcd_endpoints = FLAGS_etcd;
+  options->cluster = FLAGS_cluster;
+  if (!FLAGS_etcd.empty() &&
+      gflags::GetCommandLineFlagInfoOrDie("master").is_default) {
+    // etcd names the masters: no default address beside it.
+    options->master_address.clear();
+  }
   options->node_name = FLAGS_name;
   options->listen_host = FLAGS_listen_host;
   options->control_port = FLAGS_control_port;

@@ -415,10 +415,13 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
   }
   LOG(INFO) << "storage node '" << node->name_ << "' incarnation "
             << node->incarnation_ << ": data " << node->data_address_
-            << ", control " << node->control_address_ << ", "
-            << region_bytes << " bytes in " << node->device_->Regions().size()
-            << " regions; master "
-            << options.master_address;
+            << ", control " << node->control_address_ << ", " << region_bytes
+            << " bytes in " << node->device_->Regions().size()
+            << " regions; master " << options.master_address
+            << (options.etcd_endpoints.empty()
+                    ? ""
+                    : " (the leader of cluster '" + options.cluster +
+                          "' in etcd " + options.etcd_endpoints + ")");
   StorageNode* n = node.get();
   ASSIGN_OR_RETURN(node->heartbeat_,
                    Thread::Start("sn-heartbeat", [n] { n->HeartbeatLoop(); }));

@@ -102,8 +102,17 @@ absl::StatusOr<storage::BlockIoOptions::Submit> ParseIoSubmit(
 struct StorageNodeOptions : DaemonOptions {
   // The master's gRPC address, host:port; or several masters of which one
   // leads, comma-separated (docs/ha.md): the node follows the leader.
-  // Required.
+  // Required unless etcd_endpoints is given.
   std::string master_address;
+  // Instead of (or besides) master_address: the etcd cluster the masters
+  // campaign on, its client endpoints host:port, comma-separated. The node
+  // reads who leads `cluster` (the key /hymcache/<cluster>/master/leader)
+  // at start, watches it, and registers with the master it names after a
+  // refusal or a master that does not answer (docs/ha.md). Default: "".
+  std::string etcd_endpoints;
+  // With etcd_endpoints: the cluster's name, as the masters' --cluster.
+  // Default: "default".
+  std::string cluster = "default";
   // Stable name of the node, reported to the master.
   // Default: "" = advertise_host:data.port
   std::string node_name;

@@ -6,13 +6,15 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "common/grpc_reconnect.h"
+#include "common/mutex.h"
 #include "common/status_reason.h"
 #include "proto/master.grpc.pb.h"
 #include "storage_node/device/memory_device.h"
@@ -36,35 +38,101 @@ inline void ToProto(const storage::RegionDescriptor& r, ::hymcache::v1::RegionIn
 // one calls go to. With several masters (docs/ha.md) a call refused with
 // UNAVAILABLE moves the node on: to the leader the refusal names
 // (LeaderHintOf) when it is one of the list, else to the next master; the
-// heartbeat loop then registers there.
+// heartbeat loop then registers there. With etcd (`leader` set) a master
+// the refusal or etcd names is connected even if not listed, and etcd's
+// leader is preferred to the next of the list.
 struct StorageNode::MasterLink {
   struct Peer {
     std::string address;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<::hymcache::v1::MasterService::Stub> stub;
   };
-  std::vector<Peer> peers;  // constant after ConnectMaster
-  std::atomic<size_t> current{0};
-  // Keeps the channels connecting after a call found no master (under
-  // gRPC's "poll" strategy nothing else would, but its backup poller
-  // seconds later, and the master would take this node for dead).
+  // Connects a master (ConnectMaster's channel arguments and security).
+  std::function<absl::StatusOr<std::unique_ptr<Peer>>(const std::string&)>
+      connect;
+  // The leader's address as etcd names it ("" while none); empty without
+  // etcd.
+  std::function<std::string()> leader;
+  // The etcd client and observer behind `leader` (destroyed after it is
+  // last called: with the link).
+  std::shared_ptr<void> etcd;
+  // Keeps the listed masters' channels connecting after a call found no
+  // master (under gRPC's "poll" strategy nothing else would, but its backup
+  // poller seconds later, and the master would take this node for dead).
+  // Masters learned from etcd or a hint are not in it (Kick ignores them).
   std::unique_ptr<ChannelReconnector> reconnector;
 
-  ::hymcache::v1::MasterService::Stub* stub() { return peers[current.load()].stub.get(); }
-  const std::string& address() { return peers[current.load()].address; }
+  Mutex mu;
+  // Only ever grows (a Peer outlives the calls on it).
+  std::vector<std::unique_ptr<Peer>> peers ABSL_GUARDED_BY(mu);
+  size_t current ABSL_GUARDED_BY(mu) = 0;
+
+  // The master calls go to now; nullptr while none is known (no list, and
+  // etcd names no leader).
+  Peer* Current(size_t* index = nullptr) {
+    MutexLock l(&mu);
+    if (peers.empty()) {
+      const std::string at = leader ? leader() : "";
+      if (at.empty() || IndexOf(at) < 0) return nullptr;
+      current = 0;
+    }
+    if (index != nullptr) *index = current;
+    return peers[current].get();
+  }
+  ::hymcache::v1::MasterService::Stub* stub() {
+    Peer* p = Current();
+    return p == nullptr ? nullptr : p->stub.get();
+  }
+  std::string address() {
+    Peer* p = Current();
+    return p == nullptr ? "(no master known)" : p->address;
+  }
+  // Whether there is another master to move to after a refusal.
+  bool several() {
+    MutexLock l(&mu);
+    return peers.size() > 1 || static_cast<bool>(leader);
+  }
   // The current master refused a call with `s` (UNAVAILABLE).
   void Refused(const absl::Status& s) {
-    if (peers.size() < 2) return;
-    const size_t at = current.load();
-    if (std::optional<LeaderHint> hint = LeaderHintOf(s)) {
-      for (size_t i = 0; i < peers.size(); ++i) {
-        if (i != at && peers[i].address == hint->address) {
-          current = i;
+    MutexLock l(&mu);
+    if (peers.empty() || (peers.size() < 2 && !leader)) return;
+    const size_t at = current;
+    if (std::optional<LeaderHint> hint = LeaderHintOf(s);
+        hint.has_value() && !hint->address.empty() &&
+        hint->address != peers[at]->address) {
+      int i = Find(hint->address);
+      if (i < 0 && leader) i = IndexOf(hint->address);
+      if (i >= 0) {
+        current = static_cast<size_t>(i);
+        return;
+      }
+    }
+    if (leader) {
+      const std::string named = leader();
+      if (!named.empty() && named != peers[at]->address) {
+        if (const int i = IndexOf(named); i >= 0) {
+          current = static_cast<size_t>(i);
           return;
         }
       }
     }
     current = (at + 1) % peers.size();
+  }
+
+ private:
+  int Find(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (size_t i = 0; i < peers.size(); ++i) {
+      if (peers[i]->address == address) return static_cast<int>(i);
+    }
+    return -1;
+  }
+  // Index of `address`, connecting it if new; -1 if it cannot be.
+  int IndexOf(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (const int i = Find(address); i >= 0) return i;
+    auto peer = connect(address);
+    if (!peer.ok()) return -1;
+    peers.push_back(std::move(peer).value());
+    return static_cast<int>(peers.size() - 1);
   }
 };
 

@@ -5,6 +5,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,7 +14,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/etcd_client.h"
 #include "common/grpc_status.h"
+#include "common/leader_election.h"
+#include "common/mutex.h"
+#include "common/security.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "proto/master.grpc.pb.h"
@@ -52,19 +58,59 @@ absl::Status StorageNode::ConnectMaster() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   master_ = std::make_unique<MasterLink>();
+  const ChannelSecurity security{options_.tls, options_.master_token};
+  master_->connect = [security, args](const std::string& address)
+      -> absl::StatusOr<std::unique_ptr<MasterLink::Peer>> {
+    auto peer = std::make_unique<MasterLink::Peer>();
+    peer->address = address;
+    ASSIGN_OR_RETURN(peer->channel, CreateChannel(address, security, args));
+    peer->stub = v1::MasterService::NewStub(peer->channel);
+    return peer;
+  };
   std::vector<std::shared_ptr<grpc::Channel>> channels;
-  for (absl::string_view address :
-       absl::StrSplit(options_.master_address, ',', absl::SkipEmpty())) {
-    MasterLink::Peer peer;
-    peer.address = std::string(address);
-    ASSIGN_OR_RETURN(peer.channel,
-                     CreateChannel(peer.address,
-                                   {options_.tls, options_.master_token}, args));
-    peer.stub = v1::MasterService::NewStub(peer.channel);
-    channels.push_back(peer.channel);
-    master_->peers.push_back(std::move(peer));
+  {
+    MutexLock l(&master_->mu);
+    for (absl::string_view address :
+         absl::StrSplit(options_.master_address, ',', absl::SkipEmpty())) {
+      ASSIGN_OR_RETURN(std::unique_ptr<MasterLink::Peer> peer,
+                       master_->connect(std::string(address)));
+      channels.push_back(peer->channel);
+      master_->peers.push_back(std::move(peer));
+    }
   }
   master_->reconnector = std::make_unique<ChannelReconnector>(channels);
+  if (!options_.etcd_endpoints.empty()) {
+    // The masters' leader as etcd names it, followed by a watch
+    // (docs/ha.md): read once here (a node that cannot reach etcd does not
+    // start), then asked after every refusal.
+    struct EtcdLeader {
+      std::unique_ptr<EtcdClient> etcd;
+      std::unique_ptr<LeaderObserver> observer;
+      ~EtcdLeader() { observer.reset(); }  // before the client it uses
+    };
+    auto holder = std::make_shared<EtcdLeader>();
+    EtcdClientOptions eo;
+    eo.endpoints =
+        absl::StrSplit(options_.etcd_endpoints, ',', absl::SkipEmpty());
+    ASSIGN_OR_RETURN(holder->etcd, EtcdClient::Create(eo));
+    auto observer = LeaderObserver::Create(
+        holder->etcd.get(), MasterLeaderKey(options_.cluster), nullptr);
+    if (!observer.ok()) {
+      return absl::Status(
+          observer.status().code(),
+          absl::StrCat("storage node: reading the leader of cluster '",
+                       options_.cluster, "' from etcd (",
+                       options_.etcd_endpoints,
+                       "): ", observer.status().message()));
+    }
+    holder->observer = std::move(observer).value();
+    EtcdLeader* const source = holder.get();
+    master_->leader = [source]() -> std::string {
+      std::optional<LeaderInfo> l = source->observer->current();
+      return l.has_value() ? l->candidate : "";
+    };
+    master_->etcd = std::move(holder);
+  }
   return absl::OkStatus();
 }
 
@@ -85,11 +131,19 @@ absl::Status StorageNode::CallMaster(Fn call, absl::Duration timeout) {
     if (stopping_) return absl::CancelledError("storage node shutting down");
     rpc_ = &ctx;
   }
-  grpc::Status s = call(&ctx);
-  absl::Status out = FromGrpcStatus(s);
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    master_->reconnector->Kick(master_->current.load());
-    master_->Refused(out);
+  size_t index = 0;
+  absl::Status out;
+  if (master_->Current(&index) == nullptr) {
+    // No list and etcd names no leader yet (an election is on).
+    out = absl::UnavailableError(absl::StrCat(
+        "no master leads cluster '", options_.cluster, "' in etcd yet"));
+  } else {
+    grpc::Status s = call(&ctx);
+    out = FromGrpcStatus(s);
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      master_->reconnector->Kick(index);
+      master_->Refused(out);
+    }
   }
   MutexLock l(&mu_);
   rpc_ = nullptr;
@@ -165,7 +219,7 @@ absl::Status StorageNode::Register() {
                                          : resp.generation_ceiling());
     const uint64_t dropped = before - std::min(before, extents_->Stats().extents);
     if (dropped > 0) {
-      LOG(WARNING) << "master " << options_.master_address
+      LOG(WARNING) << "master " << master_->address()
                    << " does not retain this node's objects; dropped "
                    << dropped << " extents";
     }
@@ -238,7 +292,7 @@ void StorageNode::MaybeReconcile() {
   }
   absl::Status s = Reconcile(node_id);
   if (s.ok()) return;
-  LOG(WARNING) << "reconciliation with master " << options_.master_address
+  LOG(WARNING) << "reconciliation with master " << master_->address()
                << " failed: " << s;
   MutexLock l(&mu_);
   if (s.code() == absl::StatusCode::kFailedPrecondition ||
@@ -378,7 +432,7 @@ void StorageNode::HeartbeatLoop() {
       if (s.ok()) {
         {
           MutexLock l(&mu_);
-          LOG(INFO) << "registered with master " << options_.master_address
+          LOG(INFO) << "registered with master " << master_->address()
                     << " as node " << node_id_ << " (heartbeat every "
                     << absl::FormatDuration(heartbeat_interval_) << ")";
         }
@@ -399,9 +453,8 @@ void StorageNode::HeartbeatLoop() {
         if (stopping_) return;
       }
       if (!outage) {
-        LOG(WARNING) << "cannot register with master "
-                     << options_.master_address << ": " << s
-                     << "; retrying in the background";
+        LOG(WARNING) << "cannot register with master " << master_->address()
+                     << ": " << s << "; retrying in the background";
         outage = true;
       } else {
         // Every 50th failure (about 5 s among several masters): a node
@@ -412,9 +465,8 @@ void StorageNode::HeartbeatLoop() {
       if (!SleepUnlessStopping(retry)) return;
       // With several masters the next attempt goes to another one (the
       // leader, after a failover): keep the pause short.
-      retry = std::min(retry * 2, master_->peers.size() > 1
-                                      ? kMaxRetryAmongMasters
-                                      : kMaxRetry);
+      retry = std::min(retry * 2,
+                       master_->several() ? kMaxRetryAmongMasters : kMaxRetry);
       continue;
     }
     if (!heartbeat_now && !SleepUnlessStopping(interval)) return;
@@ -435,7 +487,7 @@ void StorageNode::HeartbeatLoop() {
     if (reregister.ok()) {
       LOG(INFO) << "master asked node " << node_id << " to register again";
     } else if (!outage) {
-      LOG(WARNING) << "heartbeat to master " << options_.master_address
+      LOG(WARNING) << "heartbeat to master " << master_->address()
                    << " failed: " << reregister.status()
                    << "; will register again once it is reachable";
       outage = true;
@@ -451,8 +503,10 @@ void StorageNode::Deregister(uint32_t node_id) {
   v1::DeregisterNodeResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-  absl::Status s =
-      FromGrpcStatus(master_->stub()->DeregisterNode(&ctx, req, &resp));
+  v1::MasterService::Stub* stub = master_->stub();
+  absl::Status s = stub == nullptr
+                       ? absl::UnavailableError("no master known")
+                       : FromGrpcStatus(stub->DeregisterNode(&ctx, req, &resp));
   if (s.ok()) {
     LOG(INFO) << "deregistered node " << node_id << " from the master";
   } else {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "common/limits.h"
 #include "common/net.h"
 #include "common/security.h"
@@ -95,8 +96,23 @@ absl::Status StorageNodeOptions::Validate() const {
     return absl::InvalidArgumentError(
         "storage node: capability_skew must be 0..1h");
   }
-  if (master_address.empty()) {
-    return absl::InvalidArgumentError("storage node: master_address is required");
+  if (master_address.empty() && etcd_endpoints.empty()) {
+    return absl::InvalidArgumentError(
+        "storage node: master_address (or etcd_endpoints) is required");
+  }
+  for (absl::string_view endpoint :
+       absl::StrSplit(etcd_endpoints, ',', absl::SkipEmpty())) {
+    absl::ConsumePrefix(&endpoint, "http://");
+    if (absl::Status s = SplitHostPort(std::string(endpoint)).status();
+        !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("storage node: etcd_endpoints: ", s.message()));
+    }
+  }
+  if (!etcd_endpoints.empty() &&
+      (cluster.empty() || cluster.find('/') != std::string::npos)) {
+    return absl::InvalidArgumentError(
+        "storage node: cluster must be a non-empty name without '/'");
   }
   for (absl::string_view address :
        absl::StrSplit(master_address, ',', absl::SkipEmpty())) {

@@ -187,6 +187,17 @@ TEST_CASE("StorageNode: Create fails on bad options or taken ports") {
 TEST_CASE("StorageNodeOptions: Validate composes its parts' Validate") {
   StorageNodeOptions o = Options();
   REQUIRE(o.Validate().ok());
+  // A master list, or etcd's endpoints (docs/ha.md), or both.
+  o.master_address = "";
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  o.etcd_endpoints = "127.0.0.1:2379,http://127.0.0.1:2380";
+  CHECK(o.Validate().ok());
+  o.cluster = "a/b";
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  o.cluster = "prod";
+  o.etcd_endpoints = "no-port";
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  o = Options();
   // The device's own checks.
   o.dram()->numa_node = -2;
   CHECK(absl::IsInvalidArgument(o.Validate()));

@@ -38,6 +38,7 @@
 #include "common/health_probe.h"
 #include "common/leader_election.h"
 #include "common/status_reason.h"
+#include "hymcache/hymcache.h"
 #include "proto/master.grpc.pb.h"
 #include "tests/cluster.h"
 #include "tests/daemon.h"
@@ -246,16 +247,28 @@ struct Rig {
     return absl::StrJoin(a, ",");
   }
 
-  // Starts storage node "n1" and `client`, both given every master, and
+  // Starts storage node "n1" and `client`, both given every master (or,
+  // with `via_etcd`, only etcd's endpoints and the cluster's name), and
   // waits until the masters list the node alive.
-  void StartNodeAndClient() {
-    auto n = StorageProcess::Start(MasterList(), "n1");
+  void StartNodeAndClient(bool via_etcd = false) {
+    const std::string endpoints = absl::StrJoin(etcd->endpoints(), ",");
+    auto n = via_etcd
+                 ? StorageProcess::Start("", "n1",
+                                         {"--etcd=" + endpoints,
+                                          absl::StrCat("--cluster=", kCluster)})
+                 : StorageProcess::Start(MasterList(), "n1");
     INFO(n.status().ToString());
     REQUIRE(n.ok());
     node = std::move(n).value();
     ClientOptions co;
-    co.master_address = MasterList();
+    if (via_etcd) {
+      co.etcd_endpoints = endpoints;
+      co.cluster = kCluster;
+    } else {
+      co.master_address = MasterList();
+    }
     auto c = Client::Create(co);
+    INFO(c.status().ToString());
     REQUIRE(c.ok());
     client = std::move(c).value();
     REQUIRE(testing::WaitForLiveNodes(*client, 1).ok());
@@ -421,6 +434,86 @@ TEST_CASE("A standby refuses with the leader's address and takes over from a kil
                              shared);
   REQUIRE(again.ok());
   RequireStandby(again->address, second);
+}
+
+TEST_CASE(
+    "A client and a node given only etcd's endpoints store and load through "
+    "the leader and follow it to the standby when it is killed") {
+  Rig rig("master_ha_client_etcd");
+  const std::string db = rig.dir + "/master";  // shared, as above
+  const std::vector<std::string> shared = {"--replication=off"};
+  rig.StartMaster(db, shared);
+  LeaderInfo first;
+  REQUIRE(rig.WaitForServingLeader(&first) == 0);
+  rig.StartMaster(db, shared);
+  RequireStandby(rig.masters[1].address, first);
+
+  rig.StartNodeAndClient(/*via_etcd=*/true);
+  const Blocks before("before-", 8, 11);
+  PutIntact(*rig.client, before);
+
+  // kill -9 of the leader: the client and the node learn the standby's
+  // election from etcd; the node registers there (the objects stored before
+  // the kill load again) and the client's calls go there, each within its
+  // 1 s deadline once the standby serves.
+  KillLeaderAndCheckTakeover(rig, 0, 1, first, before, Blocks("after-", 2, 110),
+                             "client via etcd");
+
+  // The C API given only etcd's endpoints (libhymcache's options struct)
+  // reaches the new leader: it loads what was stored before the kill, and
+  // stores and loads a block of its own.
+  {
+    const std::string endpoints = absl::StrJoin(rig.etcd->endpoints(), ",");
+    hymcache_client_options o;
+    hymcache_client_options_init(&o);
+    o.etcd_endpoints = endpoints.c_str();
+    o.cluster = kCluster;
+    hymcache_client* c = nullptr;
+    REQUIRE(hymcache_client_create(&o, &c) == HYMCACHE_OK);
+    std::vector<hymcache_key> keys;
+    std::vector<std::vector<uint8_t>> out;
+    std::vector<hymcache_buffer> bufs;
+    for (size_t i = 0; i < before.keys.size(); ++i) {
+      keys.push_back({before.keys[i].data(), before.keys[i].size()});
+      out.emplace_back(before.data[i].size(), 0);
+    }
+    for (auto& b : out) bufs.push_back({b.data(), b.size()});
+    hymcache_load_result r;
+    CHECK(hymcache_load(c, keys.data(), bufs.data(), keys.size(), 10000, 0,
+                        nullptr, &r) == HYMCACHE_OK);
+    CHECK(r.loaded == keys.size());
+    CHECK(out == before.data);
+
+    const std::string key = "c-api-via-etcd";
+    const std::vector<uint8_t> data = Bytes(6000, 77);
+    const hymcache_key k{key.data(), key.size()};
+    const hymcache_const_buffer in{data.data(), data.size()};
+    hymcache_store_handle* store = nullptr;
+    REQUIRE(hymcache_store(c, &k, &in, 1, nullptr, 10000, &store) ==
+            HYMCACHE_OK);
+    hymcache_store_result sr;
+    CHECK(hymcache_store_wait(store, HYMCACHE_TIMEOUT_DEFAULT, &sr, nullptr) ==
+          HYMCACHE_OK);
+    CHECK(sr.stored == 1);
+    hymcache_store_free(store);
+    std::vector<uint8_t> back(data.size(), 0);
+    const hymcache_buffer b{back.data(), back.size()};
+    CHECK(hymcache_load(c, &k, &b, 1, 10000, 0, nullptr, &r) == HYMCACHE_OK);
+    CHECK(r.loaded == 1);
+    CHECK(back == data);
+    hymcache_client_destroy(c);
+  }
+
+  // A client of a cluster whose leader key names nobody waits for one
+  // within its deadline, then fails UNAVAILABLE (not a crash, not a hang).
+  ClientOptions other;
+  other.etcd_endpoints = absl::StrJoin(rig.etcd->endpoints(), ",");
+  other.cluster = "nobody-leads-this";
+  auto c = Client::Create(other);
+  REQUIRE(c.ok());
+  auto l = (*c)->BatchLookup(
+      before.keys, CallOptions{.deadline = absl::Now() + absl::Seconds(1)});
+  CHECK(l.status().code() == absl::StatusCode::kUnavailable);
 }
 
 TEST_CASE("A leader whose term ends stops serving and exits, and the standby leads") {

@@ -133,13 +133,22 @@ absl::StatusOr<ClientOptions> ToClientOptions(
   hymcache_client_options o;
   RETURN_IF_ERROR(ReadVersioned(
       in, offsetof(hymcache_client_options, transport), "options", &o));
-  if (o.num_master_addresses == 0 || o.master_addresses == nullptr) {
+  // etcd_endpoints and cluster lie past what older callers' structs hold:
+  // ReadVersioned left them NULL for those.
+  const bool etcd = o.etcd_endpoints != nullptr && *o.etcd_endpoints != '\0';
+  if (!etcd && (o.num_master_addresses == 0 || o.master_addresses == nullptr)) {
     return absl::InvalidArgumentError(
-        "options->master_addresses: one address is required");
+        "options->master_addresses: one address is required (or "
+        "etcd_endpoints)");
+  }
+  if (o.num_master_addresses > 0 && o.master_addresses == nullptr) {
+    return Null("master_addresses");
   }
   // Several masters (one leads; docs/ha.md) travel as ClientOptions'
   // comma-separated list.
   ClientOptions c;
+  if (etcd) c.etcd_endpoints = o.etcd_endpoints;
+  if (o.cluster != nullptr) c.cluster = o.cluster;
   for (size_t i = 0; i < o.num_master_addresses; ++i) {
     const char* a = o.master_addresses[i];
     if (a == nullptr) {

@@ -123,7 +123,8 @@ typedef enum hymcache_transport {
 typedef struct hymcache_client_options {
   /* sizeof(hymcache_client_options); set by hymcache_client_options_init. */
   size_t struct_size;
-  /* The masters' gRPC addresses, "host:port" each. Required: at least one.
+  /* The masters' gRPC addresses, "host:port" each. Required: at least one,
+   * unless etcd_endpoints is set (then optional: tried first).
    * With several (one leads, the others stand by: docs/ha.md) every call
    * goes to the leader, and a call a standby refuses, or that no master
    * answers, is sent again to the leader within its timeout. */
@@ -164,6 +165,18 @@ typedef struct hymcache_client_options {
    * hymcache_client_create fails with HYMCACHE_FAILED_PRECONDITION if gRPC
    * already runs with another). Default (NULL): "auto". */
   const char* grpc_poll_strategy;
+  /* Instead of (or besides) master_addresses: the etcd cluster the masters
+   * campaign on (docs/ha.md), its client endpoints "host:port"
+   * comma-separated. The client reads who leads `cluster` from etcd when it
+   * is created (failing with HYMCACHE_UNAVAILABLE or
+   * HYMCACHE_DEADLINE_EXCEEDED if etcd does not answer within
+   * default_timeout_ms), then watches it: a call the old leader refuses or
+   * does not answer goes to the new one within its timeout. Default
+   * (NULL): no etcd. */
+  const char* etcd_endpoints;
+  /* With etcd_endpoints: the cluster's name, as the masters' --cluster.
+   * Default (NULL): "default". */
+  const char* cluster;
 } hymcache_client_options;
 
 /* Zeroes *options (every field its default) and sets struct_size. */

@@ -65,7 +65,7 @@ class StoreFuture:
 class Client:
     def __init__(
         self,
-        masters: Union[str, Sequence[str]],
+        masters: Union[str, Sequence[str], None] = None,
         *,
         transport: str = "auto",
         deadline: float = 10.0,
@@ -79,6 +79,8 @@ class Client:
         max_pending_stores: int = 64,
         master_connections: int = 8,
         grpc_poll_strategy: str = "auto",
+        etcd: Union[str, Sequence[str], None] = None,
+        cluster: str = "default",
     ) -> None: ...
     def __enter__(self) -> "Client": ...
     def __exit__(self, *exc: Any) -> bool: ...

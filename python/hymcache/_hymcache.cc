@@ -481,17 +481,34 @@ class PyClient {
            const std::string& tls_ca_file, const std::string& tls_cert_file,
            const std::string& tls_key_file, const std::string& tls_server_name,
            int store_threads, int max_pending_stores, int master_connections,
-           const std::string& grpc_poll_strategy) {
+           const std::string& grpc_poll_strategy, py::object etcd,
+           const std::string& cluster) {
     ClientOptions o;
     std::vector<std::string> list;
     if (py::isinstance<py::str>(masters)) {
       // "A" or "A,B,C".
       list = absl::StrSplit(masters.cast<std::string>(), ',');
-    } else {
+    } else if (!masters.is_none()) {  // None: etcd names the leader
       list = masters.cast<std::vector<std::string>>();
     }
+    std::vector<std::string> etcd_endpoints;
+    if (py::isinstance<py::str>(etcd)) {
+      etcd_endpoints =
+          absl::StrSplit(etcd.cast<std::string>(), ',', absl::SkipEmpty());
+    } else if (!etcd.is_none()) {
+      etcd_endpoints = etcd.cast<std::vector<std::string>>();
+    }
+    for (const std::string& e : etcd_endpoints) {
+      if (e.empty() || e.find(',') != std::string::npos) {
+        ThrowInvalid(absl::StrCat("etcd: '", e, "' is not one host:port"));
+      }
+    }
+    o.etcd_endpoints = absl::StrJoin(etcd_endpoints, ",");
+    o.cluster = cluster;
     // Several masters: one leads, calls follow it (docs/ha.md).
-    if (list.empty()) ThrowInvalid("masters: at least one address expected");
+    if (list.empty() && etcd_endpoints.empty()) {
+      ThrowInvalid("masters: at least one address expected (or etcd=)");
+    }
     for (const std::string& a : list) {
       if (a.empty() || a.find(',') != std::string::npos) {
         ThrowInvalid(absl::StrCat("masters: '", a, "' is not one host:port"));
@@ -846,9 +863,15 @@ PYBIND11_MODULE(_hymcache, m) {
   py::class_<PyClient>(m, "Client", R"doc(A connection to a HyMCache cluster.
 
 Client(masters, transport="auto", deadline=10.0, store_deadline=2.0, ...)
+Client(etcd="E1,E2,E3", cluster="default", ...)
 
 masters: the master's "host:port", or several masters of which one leads
   (a list, or one string "A,B,C"; docs/ha.md): calls follow the leader.
+etcd, cluster: instead of (or besides) masters, the etcd cluster the
+  masters campaign on (its client endpoints, a list or one string "A,B,C")
+  and the masters' --cluster name: the client reads who leads from etcd
+  (once here, within `deadline`), watches it, and sends a call the old
+  leader refuses or does not answer to the new one within its deadline.
 transport: "auto" (shared memory for nodes on this host, else RDMA when
   both sides have it, else TCP), "tcp", "shm" or "rdma".
 deadline: seconds a call may take when given none; past it, load returns
@@ -869,10 +892,11 @@ use from several threads; every call that waits releases the GIL. close()
       .def(py::init<py::object, const std::string&, double, double,
                     const std::string&, const std::string&, const std::string&,
                     const std::string&, const std::string&, int, int, int,
-                    const std::string&>(),
+                    const std::string&, py::object, const std::string&>(),
            // The SDK's defaults (client/options.h), not copies; only the
            // transport differs: Python picks the best plane ("auto").
-           py::arg("masters"), py::kw_only(), py::arg("transport") = "auto",
+           py::arg("masters") = py::none(), py::kw_only(),
+           py::arg("transport") = "auto",
            py::arg("deadline") =
                absl::ToDoubleSeconds(kSdkDefaults.default_deadline),
            py::arg("store_deadline") =
@@ -885,7 +909,9 @@ use from several threads; every call that waits releases the GIL. close()
            py::arg("store_threads") = kSdkDefaults.store_threads,
            py::arg("max_pending_stores") = kSdkDefaults.max_pending_stores,
            py::arg("master_connections") = kSdkDefaults.master_connections,
-           py::arg("grpc_poll_strategy") = kSdkDefaults.grpc_poll_strategy)
+           py::arg("grpc_poll_strategy") = kSdkDefaults.grpc_poll_strategy,
+           py::arg("etcd") = py::none(),
+           py::arg("cluster") = kSdkDefaults.cluster)
       .def(
           "load", &PyClient::Load, py::arg("keys"), py::arg("buffers"),
           py::kw_only(), py::arg("deadline") = py::none(),

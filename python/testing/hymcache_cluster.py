@@ -14,6 +14,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -79,17 +80,83 @@ class Daemon:
         self._log.close()
 
 
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    """A one-member etcd cluster (Debian's etcd-server) on loopback, as
+    tests/etcd_cluster.h starts for the C++ tests; `endpoint` is its client
+    address, host:port."""
+
+    def __init__(self, timeout=30.0):
+        self.dir = tempfile.mkdtemp(prefix="hymcache-etcd-",
+                                    dir=os.environ.get("TEST_TMPDIR"))
+        client, peer = _free_port(), _free_port()
+        self.endpoint = f"127.0.0.1:{client}"
+        self._log = open(os.path.join(self.dir, "etcd.log"), "wb")
+        self.proc = subprocess.Popen(
+            ["/usr/bin/etcd", "--name", "m0",
+             "--data-dir", os.path.join(self.dir, "m0"),
+             "--listen-client-urls", f"http://{self.endpoint}",
+             "--advertise-client-urls", f"http://{self.endpoint}",
+             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-cluster", f"m0=http://127.0.0.1:{peer}",
+             "--heartbeat-interval", "50", "--election-timeout", "500",
+             "--logger", "zap", "--log-level", "warn"],
+            stdout=self._log, stderr=self._log)
+        # Serving once its client port accepts (a master retries its first
+        # campaign until etcd answers).
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                self.close()
+                raise RuntimeError("etcd exited; log in " + self.dir)
+            try:
+                socket.create_connection(("127.0.0.1", client), 1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.close()
+                    raise RuntimeError("etcd did not listen; log in " +
+                                       self.dir)
+                time.sleep(0.02)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
 class Cluster:
-    """A master and `nodes` storage nodes (DRAM devices of `dram_bytes`)."""
+    """A master and `nodes` storage nodes (DRAM devices of `dram_bytes`).
+    With `etcd` (an endpoint), the master campaigns to lead cluster
+    `cluster_name` there (docs/ha.md) and the cluster waits until it leads."""
 
     def __init__(self, nodes=1, dram_bytes=256 << 20, master_flags=(),
-                 node_flags=()):
+                 node_flags=(), etcd=None, cluster_name="default"):
         self.dir = tempfile.mkdtemp(prefix="hymcache-py-",
                                     dir=os.environ.get("TEST_TMPDIR"))
         self.nodes = {}
         self._dram_bytes = dram_bytes
         self._node_flags = list(node_flags)
         prefix = "hymcache-master listening on "
+        if etcd is not None:
+            prefix = "hymcache-master standing by on "
+            master_flags = [f"--etcd={etcd}", f"--cluster={cluster_name}",
+                            "--lease_ttl_s=1", *master_flags]
         self.master = Daemon(
             [runfile("master/hymcache-master"),
              f"--db_path={self.dir}/master", "--listen=127.0.0.1:0",

@@ -20,7 +20,8 @@ import sanitizer_runtime
 sanitizer_runtime.reexec_if_needed()  # before hymcache loads the extension
 
 import hymcache  # noqa: E402
-from hymcache_cluster import Cluster, runfile, store_until_stored  # noqa: E402
+from hymcache_cluster import (Cluster, Etcd, runfile,  # noqa: E402
+                              store_until_stored)
 
 BLOCK = 4096
 
@@ -213,6 +214,32 @@ def test_a_miss_ends_the_loaded_prefix(client, request):
     got = client.load(keys, [bytearray(BLOCK) for _ in keys])
     assert (got.loaded, got.hit_prefix) == (2, 2)
     assert isinstance(got.stop_reason, hymcache.NotFound)
+
+
+def test_a_client_given_only_etcd_reaches_the_leader_it_names(request):
+    with Etcd() as etcd, Cluster(nodes=1, etcd=etcd.endpoint,
+                                 cluster_name="pytest") as cluster:
+        with hymcache.Client(etcd=etcd.endpoint, cluster="pytest",
+                             transport="tcp") as c:
+            keys, data = stored_chain(c, request.node.name)
+            pool = np.zeros((len(keys), BLOCK), np.uint8)
+            assert c.load(keys, list(pool)).loaded == len(keys)
+            assert (pool == np.stack(data)).all()
+            assert [n["name"] for n in c.stats()["nodes"]] == ["node-0"]
+        # A list of endpoints works the same; the master's address too.
+        with hymcache.Client([cluster.address], etcd=[etcd.endpoint],
+                             cluster="pytest", transport="tcp") as c:
+            assert c.lookup(keys)["hit_prefix"] == len(keys)
+        # A cluster nobody leads: calls wait for a leader within their
+        # deadline, then raise Unavailable.
+        with hymcache.Client(etcd=etcd.endpoint, cluster="nobody",
+                             deadline=1.0) as c:
+            with pytest.raises(hymcache.Unavailable):
+                c.lookup(keys)
+    with pytest.raises(hymcache.InvalidArgument, match="at least one"):
+        hymcache.Client()
+    with pytest.raises(hymcache.InvalidArgument, match="not one host:port"):
+        hymcache.Client(etcd=["127.0.0.1:1,127.0.0.1:2"])
 
 
 def test_options_and_closed_clients(cluster):

@@ -1156,7 +1156,9 @@ Tenants and tokens:
   help                this text
 
 NODE is a node's name or id. KEY is text, or hex with --hex. The master is
---master, else $HYMCACHE_MASTER, else 127.0.0.1:50051. --json prints JSON;
+the leader of --cluster (default "default") that etcd names with
+--etcd=E1:2379[,...], else --master (several: A,B,C, the one that leads),
+else $HYMCACHE_MASTER, else 127.0.0.1:50051. --json prints JSON;
 each key in it comes with "<field>_encoding": "text" or "hex".
 Exit status: 0 done, 1 failed (or: drain --wait not empty, inspect not
 found, fsck inconsistent), 2 bad usage.
