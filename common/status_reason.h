@@ -45,7 +45,12 @@ namespace hymcache {
     "failed first")                                                           \
   X(kNotLeader, "not_leader",                                                 \
     "the master called does not lead (it stands by, or was deposed): call "  \
-    "the leader; LeaderHintOf gives it when the master knew it")
+    "the leader; LeaderHintOf gives it when the master knew it")          \
+  X(kReadOnly, "read_only",                                                   \
+    "the master led until it lost etcd (no quorum, or cut off) and now "     \
+    "answers lookups only: writes are refused until an election with a "     \
+    "quorum makes it (or another master) lead again; skip the store or "     \
+    "retry later")
 
 enum class StatusReason : uint32_t {
   kNone = 0,
