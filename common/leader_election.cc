@@ -379,9 +379,8 @@ void LeaderElection::StepDown(const absl::Status& why) {
     // revocation is retried before the next campaign (RevokeEndedLease),
     // so that the cluster elects a leader as soon as etcd answers.
     absl::Status r = options_.etcd->LeaseRevoke(
-        lease,
-        absl::Now() +
-            std::min(options_.etcd->options().call_timeout, options_.lease_ttl));
+        lease, absl::Now() + std::min(options_.etcd->options().call_timeout,
+                                      options_.lease_ttl));
     if (r.code() == absl::StatusCode::kUnavailable ||
         r.code() == absl::StatusCode::kDeadlineExceeded) {
       MutexLock l(&mu_);

@@ -319,9 +319,22 @@ bool HaMaster::AnotherLeaderObserved(int64_t epoch) const {
 
 bool HaMaster::ServeTerm(int64_t* epoch) {
   while (true) {
-    const bool read_only =
-        read_only_epoch_.load(std::memory_order_acquire) == *epoch;
-    if (read_only && AnotherLeaderObserved(*epoch)) {
+    {
+      // Read-write: nothing to do until on_lost (or Shutdown) signals. The
+      // read-only flag is read under mu_, which on_lost holds to set it.
+      MutexLock l(&mu_);
+      while (!stopping_ && !lost_ &&
+             read_only_epoch_.load(std::memory_order_acquire) != *epoch) {
+        cv_.Wait(&mu_);
+      }
+      if (stopping_ || lost_) return false;
+      if (elected_epoch_ > *epoch) {
+        *epoch = elected_epoch_;
+        return true;
+      }
+    }
+    // Read-only: poll the election for another master's term.
+    if (AnotherLeaderObserved(*epoch)) {
       LOG(WARNING) << "master HA: read-only since epoch " << *epoch
                    << ", and another master leads now: deposed";
       MutexLock l(&mu_);
@@ -329,16 +342,8 @@ bool HaMaster::ServeTerm(int64_t* epoch) {
       return false;
     }
     MutexLock l(&mu_);
-    if (stopping_ || lost_) return false;
-    if (read_only && elected_epoch_ > *epoch) {
-      *epoch = elected_epoch_;
-      return true;
-    }
-    if (read_only) {
-      // Polls the election for another master's term.
+    if (!stopping_ && !lost_ && elected_epoch_ <= *epoch) {
       cv_.WaitWithDeadline(&mu_, absl::Now() + options_.follow_interval);
-    } else {
-      cv_.Wait(&mu_);  // on_lost and Shutdown signal
     }
   }
 }
@@ -398,15 +403,15 @@ void HaMaster::VisitStats(StatsVisitor* v) const {
            "an answer from etcd (no quorum, or cut off) and no election has "
            "decided since",
            read_only_epoch_.load(std::memory_order_relaxed) != 0 ? 1 : 0);
-  v->Counter("read_only_periods",
-             "Terms of this master that ended without an answer from etcd "
-             "and turned read-only",
-             static_cast<double>(
-                 read_only_periods_.load(std::memory_order_relaxed)));
-  v->Counter("read_only_write_refusals",
-             "Writes refused (reason read_only) while read-only",
-             static_cast<double>(
-                 read_only_refusals_.load(std::memory_order_relaxed)));
+  v->Counter(
+      "read_only_periods",
+      "Terms of this master that ended without an answer from etcd "
+      "and turned read-only",
+      static_cast<double>(read_only_periods_.load(std::memory_order_relaxed)));
+  v->Counter(
+      "read_only_write_refusals",
+      "Writes refused (reason read_only) while read-only",
+      static_cast<double>(read_only_refusals_.load(std::memory_order_relaxed)));
 }
 
 void HaMaster::Loop() {

@@ -10,9 +10,9 @@ namespace hymcache {
 namespace master {
 
 absl::StatusOr<Identity> MasterRpcHandler::Admit(grpc::ServerContext* ctx,
-                                                Roles allowed,
-                                                const char* method,
-                                                CallAccess access) const {
+                                                 Roles allowed,
+                                                 const char* method,
+                                                 CallAccess access) const {
   absl::StatusOr<Identity> id = AnonymousAdmin();
   if (auth_ != nullptr) {
     id = auth_->Check(*ctx, allowed, method);

@@ -281,7 +281,7 @@ class ListObjectsCall final : public StreamCall<ListObjectsCall> {
   }
   void Start() {
     auto id = handler_->Admit(&ctx_, MasterRpcHandler::kAdmin, "ListObjects",
-                        CallAccess::kRead);
+                              CallAccess::kRead);
     if (!id.ok()) {
       Finish(ToGrpcStatus(id.status()));
       return;

@@ -549,7 +549,9 @@ TEST_CASE("With synchronous replication every acknowledged object survives a lea
 // ------------------------------------------------------------ etcd faults
 // A 3-member etcd cluster under the masters (docs/ha.md, "etcd faults").
 
-TEST_CASE("Killing any one of three etcd members while a client puts and loads changes nothing for the client") {
+TEST_CASE(
+    "Killing any one of three etcd members while a client puts and loads "
+    "changes nothing for the client") {
   Rig rig("master_ha_etcd_member", 3);
   // The production lease (5 s: 4 s trusted). A renewal may wait out etcd's
   // raft election (0.5-1 s with the test cluster's timings) and, on the
@@ -603,7 +605,8 @@ TEST_CASE("Killing any one of three etcd members while a client puts and loads c
   auto st = StatsOf(rig.masters[0].address);
   REQUIRE(st.ok());
   CHECK((*st)["read_only_periods"] == 0);
-  for (const Blocks& b : stored) CHECK(LoadIntact(*rig.client, b) == b.keys.size());
+  for (const Blocks& b : stored)
+    CHECK(LoadIntact(*rig.client, b) == b.keys.size());
   std::printf(
       "master_ha_test: etcd members killed one at a time: %zu puts and loads, "
       "0 errors; slowest put %.0f ms, slowest load %.0f ms\n",
@@ -612,7 +615,9 @@ TEST_CASE("Killing any one of three etcd members while a client puts and loads c
   std::fflush(stdout);
 }
 
-TEST_CASE("With etcd's quorum lost the leader answers lookups and refuses writes, and once the quorum returns puts succeed again with nothing lost") {
+TEST_CASE(
+    "With etcd's quorum lost the leader answers lookups and refuses writes, "
+    "and once the quorum returns puts succeed again with nothing lost") {
   Rig rig("master_ha_etcd_quorum", 3);
   // One store (replication off): whichever master leads after the quorum
   // returns serves every object committed before.
@@ -640,8 +645,7 @@ TEST_CASE("With etcd's quorum lost the leader answers lookups and refuses writes
   while (!read_only_after ||
          absl::Now() < frozen + *read_only_after + absl::Seconds(2)) {
     auto loaded = LoadPathIntact(*rig.client, before, absl::Seconds(5));
-    INFO("load " << loads << " "
-                 << absl::FormatDuration(absl::Now() - frozen)
+    INFO("load " << loads << " " << absl::FormatDuration(absl::Now() - frozen)
                  << " after the freeze: " << loaded.status().ToString());
     REQUIRE(loaded.ok());
     REQUIRE(*loaded == before.keys.size());
@@ -650,7 +654,8 @@ TEST_CASE("With etcd's quorum lost the leader answers lookups and refuses writes
       auto st = StatsOf(leader);
       INFO(st.status().ToString());
       REQUIRE(st.ok());  // GetStats reads: answered read-only too
-      if ((*st)["leader_read_only"] == 1) read_only_after = absl::Now() - frozen;
+      if ((*st)["leader_read_only"] == 1)
+        read_only_after = absl::Now() - frozen;
     }
     REQUIRE(absl::Now() - frozen < absl::Seconds(30));
   }
@@ -705,9 +710,9 @@ TEST_CASE("With etcd's quorum lost the leader answers lookups and refuses writes
       [&] {
         CallOptions call{.deadline = absl::Now() + absl::Seconds(1)};
         auto p = rig.client->Put(during.keys, during.in(), call);
-        last = p.ok() ? absl::StrCat("stored ", p->stored, " skipped ",
-                                     p->skipped)
-                      : p.status().ToString();
+        last = p.ok()
+                   ? absl::StrCat("stored ", p->stored, " skipped ", p->skipped)
+                   : p.status().ToString();
         if (p.ok() && p->stored + p->skipped == during.keys.size()) {
           first_put = absl::Now() - thawed;
           return true;
@@ -734,8 +739,8 @@ TEST_CASE("With etcd's quorum lost the leader answers lookups and refuses writes
       "turned read-only after %.0f ms (lease TTL 1 s), %zu loads of %zu "
       "blocks all intact; quorum back: first successful put after %.0f ms, "
       "master %zu leads at epoch %lld (was %lld)\n",
-      absl::ToDoubleMilliseconds(*read_only_after), loads,
-      before.keys.size(), absl::ToDoubleMilliseconds(*first_put), now_leading,
+      absl::ToDoubleMilliseconds(*read_only_after), loads, before.keys.size(),
+      absl::ToDoubleMilliseconds(*first_put), now_leading,
       static_cast<long long>(second.epoch),
       static_cast<long long>(first.epoch));
   std::fflush(stdout);
