@@ -179,7 +179,9 @@ TEST_CASE("MasterServer serves metrics when asked; a taken metrics port "
         absl::StatusCode::kUnavailable);
 }
 
-TEST_CASE("A gate that refuses writes lets lookups, heartbeats, listings and stats through and refuses every write with its status") {
+TEST_CASE(
+    "A gate that refuses writes lets lookups, heartbeats, listings and stats "
+    "through and refuses every write with its status") {
   // What an HA master does read-only (master/master_ha.h): the gate is told
   // whether each call reads or writes.
   std::atomic<bool> read_only{false};
@@ -216,9 +218,9 @@ TEST_CASE("A gate that refuses writes lets lookups, heartbeats, listings and sta
   {
     grpc::ClientContext ctx;
     v1::HeartbeatResponse hb;
-    CHECK(stub->Heartbeat(
-                  &ctx, master::ProvingHeartbeat(OneRegionNodeReq("n1"), reg),
-                  &hb)
+    CHECK(stub->Heartbeat(&ctx,
+                          master::ProvingHeartbeat(OneRegionNodeReq("n1"), reg),
+                          &hb)
               .ok());
   }
   {
