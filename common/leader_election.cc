@@ -108,6 +108,12 @@ std::optional<int64_t> LeaderElection::LeaderEpoch() const {
   return std::nullopt;
 }
 
+std::optional<int64_t> LeaderElection::UnendedTermEpoch() const {
+  MutexLock l(&mu_);
+  if (leader_) return epoch_;
+  return std::nullopt;
+}
+
 std::optional<LeaderInfo> LeaderElection::ObservedLeader() const {
   MutexLock l(&mu_);
   return observed_;
@@ -136,6 +142,14 @@ void LeaderElection::Run() {
         continue;
       }
     }
+    if (absl::Status r = RevokeEndedLease(); !r.ok()) {
+      VLOG(1) << "election " << options_.key << ": " << r;
+      MutexLock l(&mu_);
+      if (!stopping_) {
+        cv_.WaitWithDeadline(&mu_, absl::Now() + options_.retry_interval);
+      }
+      continue;
+    }
     absl::Status s = Campaign();
     bool leader;
     {
@@ -161,6 +175,28 @@ void LeaderElection::Run() {
     }
   }
   StepDown(absl::CancelledError("resigned"));
+}
+
+absl::Status LeaderElection::RevokeEndedLease() {
+  int64_t lease;
+  {
+    MutexLock l(&mu_);
+    lease = unrevoked_lease_;
+  }
+  if (lease == 0) return absl::OkStatus();
+  absl::Status r = options_.etcd->LeaseRevoke(
+      lease, absl::Now() + std::min(options_.etcd->options().call_timeout,
+                                    options_.lease_ttl));
+  if (r.code() == absl::StatusCode::kUnavailable ||
+      r.code() == absl::StatusCode::kDeadlineExceeded) {
+    return r;  // etcd does not answer yet
+  }
+  // Revoked, or gone already (NotFound): either way the key is free.
+  LOG(INFO) << "election " << options_.key << ": revoked the lease " << lease
+            << " of an ended term: " << r;
+  MutexLock l(&mu_);
+  unrevoked_lease_ = 0;
+  return absl::OkStatus();
 }
 
 absl::Status LeaderElection::Campaign() {
@@ -337,12 +373,19 @@ void LeaderElection::StepDown(const absl::Status& why) {
                << " stops leading at epoch " << epoch << ": " << why;
   if (options_.on_lost) options_.on_lost(epoch, why);
   if (!frozen) {
-    // So that a standby need not wait for the TTL.
-    options_.etcd
-        ->LeaseRevoke(lease, absl::Now() + std::min(
-                                               options_.etcd->options().call_timeout,
-                                               options_.lease_ttl))
-        .IgnoreError();
+    // So that a standby need not wait for the TTL. When etcd does not
+    // answer (no quorum), the key outlives the term, and etcd's new raft
+    // leader extends every lease by a TTL when the quorum returns: the
+    // revocation is retried before the next campaign (RevokeEndedLease),
+    // so that the cluster elects a leader as soon as etcd answers.
+    absl::Status r = options_.etcd->LeaseRevoke(
+        lease, absl::Now() + std::min(options_.etcd->options().call_timeout,
+                                      options_.lease_ttl));
+    if (r.code() == absl::StatusCode::kUnavailable ||
+        r.code() == absl::StatusCode::kDeadlineExceeded) {
+      MutexLock l(&mu_);
+      unrevoked_lease_ = lease;
+    }
   }
 }
 

@@ -21,7 +21,8 @@
 // expires; a lease revoked or a key deleted by someone else ends the term
 // in etcd at once and the leader hears of it a watch event later (a new
 // leader may be elected in between): the epoch fences that window.
-// Standbys watch the key and campaign
+// A revocation etcd did not answer (no quorum) is retried before the
+// next campaign. Standbys watch the key and campaign
 // again as soon as it is deleted (plus a re-read every half TTL, in case
 // the watch is stuck on a frozen etcd member). Resign() (and the
 // destructor) steps down and revokes the lease, so a standby takes over at
@@ -142,6 +143,12 @@ class LeaderElection {
   bool IsLeader() const;
   // This candidate's epoch while IsLeader(), else nullopt.
   std::optional<int64_t> LeaderEpoch() const;
+  // The epoch of the term this candidate won and has not yet stepped down
+  // from (on_lost not called yet), even past the lease's local deadline;
+  // nullopt otherwise. Not a licence to write (IsLeader is): it bridges the
+  // moment between the local deadline and on_lost for a master that goes
+  // on serving reads (master/master_ha.h).
+  std::optional<int64_t> UnendedTermEpoch() const;
   // The leader as this candidate last saw it (itself while leading);
   // nullopt while none is known.
   std::optional<LeaderInfo> ObservedLeader() const;
@@ -165,6 +172,10 @@ class LeaderElection {
   // One campaign: grant a lease, run the Txn. Leader (and its term's
   // state) on success; standby when someone else leads.
   absl::Status Campaign();
+  // Revokes the lease of a term whose revocation etcd did not answer
+  // (StepDown); OK when there is none left to revoke, the error while etcd
+  // still does not answer.
+  absl::Status RevokeEndedLease();
   // While leading: renew, check the key, step down when it must.
   void Lead();
   // While standing by: wait until the key is vacant (or a re-read is due).
@@ -187,6 +198,8 @@ class LeaderElection {
   bool leader_ ABSL_GUARDED_BY(mu_) = false;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
+  // An ended term's lease that StepDown could not revoke (0: none).
+  int64_t unrevoked_lease_ ABSL_GUARDED_BY(mu_) = 0;
   // The lease's local deadline on clock_ (see the file comment).
   absl::Time valid_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // When the term's first renewal is due (set by Campaign).

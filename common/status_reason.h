@@ -31,21 +31,26 @@ namespace hymcache {
 
 // X(Name, "name", "what it means"); values are stable (they are never
 // reused), kNone is 0.
-#define HYMCACHE_STATUS_REASONS(X)                                            \
-  X(kStoreQueueFull, "store_queue_full",                                      \
-    "the client's queue of asynchronous stores was full; the store was "      \
-    "skipped")                                                                \
-  X(kNoRoom, "no_room",                                                       \
-    "the master found no node with room for the blocks (after eviction)")    \
-  X(kNodeRefusedWrite, "node_refused_write",                                  \
-    "the storage node refused the bytes (its write buffer or device was "    \
-    "full)")                                                                  \
-  X(kNotAttempted, "not_attempted",                                           \
-    "the operation was never carried out: the exchange it belonged to "      \
-    "failed first")                                                           \
-  X(kNotLeader, "not_leader",                                                 \
-    "the master called does not lead (it stands by, or was deposed): call "  \
-    "the leader; LeaderHintOf gives it when the master knew it")
+#define HYMCACHE_STATUS_REASONS(X)                                          \
+  X(kStoreQueueFull, "store_queue_full",                                    \
+    "the client's queue of asynchronous stores was full; the store was "    \
+    "skipped")                                                              \
+  X(kNoRoom, "no_room",                                                     \
+    "the master found no node with room for the blocks (after eviction)")   \
+  X(kNodeRefusedWrite, "node_refused_write",                                \
+    "the storage node refused the bytes (its write buffer or device was "   \
+    "full)")                                                                \
+  X(kNotAttempted, "not_attempted",                                         \
+    "the operation was never carried out: the exchange it belonged to "     \
+    "failed first")                                                         \
+  X(kNotLeader, "not_leader",                                               \
+    "the master called does not lead (it stands by, or was deposed): call " \
+    "the leader; LeaderHintOf gives it when the master knew it")            \
+  X(kReadOnly, "read_only",                                                 \
+    "the master led until it lost etcd (no quorum, or cut off) and now "    \
+    "answers lookups only: writes are refused until an election with a "    \
+    "quorum makes it (or another master) lead again; skip the store or "    \
+    "retry later")
 
 enum class StatusReason : uint32_t {
   kNone = 0,

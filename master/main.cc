@@ -107,6 +107,12 @@ DEFINE_string(advertise_address, "",
 DEFINE_int32(lease_ttl_s, 5,
              "with --etcd: the leadership lease, whole seconds: how long the "
              "cluster is without a leader after a leader dies");
+DEFINE_bool(serve_reads_without_etcd,
+            hymcache::HaMasterOptions().serve_reads_without_etcd,
+            "with --etcd: a leader whose lease could not be renewed because "
+            "etcd did not answer (no quorum, or cut off) keeps answering "
+            "lookups, refusing writes (reason read_only), until an election "
+            "decides again (docs/ha.md); false: it exits at once");
 
 DEFINE_string(replication, "",
               "standby replication (docs/ha.md): off, async (standbys follow "
@@ -175,8 +181,8 @@ int main(int argc, char** argv) {
            {{"Serving", {"listen", "db_path", "sync_writes", "metrics_listen"}},
             {"High availability (docs/ha.md)",
              {"etcd", "cluster", "advertise_address", "lease_ttl_s",
-              "replication", "replication_sync_timeout_ms",
-              "replication_token_file"}},
+              "serve_reads_without_etcd", "replication",
+              "replication_sync_timeout_ms", "replication_token_file"}},
             {"Nodes and placement",
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
               "read_lease_ms", "max_evictions_per_put", "max_eviction_scan",
@@ -202,6 +208,7 @@ int main(int argc, char** argv) {
     ha.cluster = FLAGS_cluster;
     ha.advertise_address = FLAGS_advertise_address;
     ha.lease_ttl = absl::Seconds(FLAGS_lease_ttl_s);
+    ha.serve_reads_without_etcd = FLAGS_serve_reads_without_etcd;
     ha.master = options;
     if (!FLAGS_replication_token_file.empty()) {
       std::ifstream in(FLAGS_replication_token_file);

@@ -7,7 +7,10 @@
 // "hymcache-master listening on HOST:PORT epoch=N" when elected and
 // serving. Exits 0 on SIGTERM/SIGINT (resigning: a standby takes over at
 // once), 3 when its term ends (deposed, or elected but unable to serve):
-// the supervisor restarts it as a standby.
+// the supervisor restarts it as a standby. A term that ends because etcd
+// does not answer turns read-only instead (--serve_reads_without_etcd; the
+// supervisor's status line says so) until an election decides: it leads
+// again, or exits 3.
 #include "master/main_ha.h"
 
 #include <glog/logging.h>
@@ -15,6 +18,8 @@
 #include <time.h>
 
 #include <cstdio>
+#include <string>
+#include <utility>
 
 #include "common/systemd.h"
 #include "master/master_ha.h"
@@ -41,17 +46,26 @@ int RunHaMaster(const HaMasterOptions& options, const sigset_t& stop_signals) {
   notifier->Ready("standing by on " + (*ha)->address());
 
   bool announced = false;
+  std::string status;  // the last one sent to the supervisor
   int sig = 0;
   int code = 0;
   while (true) {
-    if (!announced) {
-      if (std::optional<int64_t> epoch = (*ha)->ServingEpoch()) {
+    if (std::optional<int64_t> epoch = (*ha)->ServingEpoch()) {
+      if (!announced) {
         std::printf("hymcache-master listening on %s epoch=%lld\n",
                     (*ha)->address().c_str(), static_cast<long long>(*epoch));
         std::fflush(stdout);
-        notifier->Status("leading (epoch " + std::to_string(*epoch) +
-                         ") on " + (*ha)->address());
         announced = true;
+      }
+      std::string now = (*ha)->read_only()
+                            ? "read-only (the term of epoch " +
+                                  std::to_string(*epoch) +
+                                  " ended without etcd) on " + (*ha)->address()
+                            : "leading (epoch " + std::to_string(*epoch) +
+                                  ") on " + (*ha)->address();
+      if (now != status) {
+        notifier->Status(now);
+        status = std::move(now);
       }
     }
     if ((*ha)->finished()) {

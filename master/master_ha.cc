@@ -235,10 +235,24 @@ absl::StatusOr<std::unique_ptr<HaMaster>> HaMaster::Create(
     raw->cv_.SignalAll();
   };
   lo.on_lost = [raw](int64_t epoch, const absl::Status& why) {
-    LOG(WARNING) << "master HA: lost the leadership of epoch " << epoch << ": "
-                 << why;
     MutexLock l(&raw->mu_);
-    raw->lost_ = true;
+    // Only a term that ran out without an answer from etcd (no quorum, or
+    // cut off) turns read-only: a revoked lease or a replaced key means
+    // another master may lead.
+    if (raw->options_.serve_reads_without_etcd &&
+        why.code() == absl::StatusCode::kDeadlineExceeded &&
+        raw->serving_epoch_ == epoch && !raw->stopping_) {
+      LOG(WARNING) << "master HA: the term of epoch " << epoch
+                   << " ended without an answer from etcd (" << why
+                   << "): serving lookups only, refusing writes, until an "
+                      "election decides again";
+      raw->read_only_epoch_.store(epoch, std::memory_order_release);
+      raw->read_only_periods_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      LOG(WARNING) << "master HA: lost the leadership of epoch " << epoch
+                   << ": " << why;
+      raw->lost_ = true;
+    }
     raw->cv_.SignalAll();
   };
   auto election = LeaderElection::Create(lo);
@@ -271,10 +285,67 @@ absl::Status HaMaster::NotLeader() const {
       hint);
 }
 
-absl::Status HaMaster::Gate() const {
+absl::Status HaMaster::Gate(int64_t epoch, CallAccess access) const {
   LeaderElection* e = election_ptr_.load(std::memory_order_acquire);
-  if (e != nullptr && e->IsLeader()) return absl::OkStatus();
+  // The server of `epoch` writes only within that term: a later term won
+  // while it still runs (read-only, before the handoff) is not its own.
+  if (e != nullptr && e->LeaderEpoch() == epoch) return absl::OkStatus();
+  // Reads also between the lease's local deadline and on_lost (which
+  // decides whether the term turns read-only): nobody else can be elected
+  // before etcd expires the lease, later still.
+  if (access == CallAccess::kRead && options_.serve_reads_without_etcd &&
+      e != nullptr && e->UnendedTermEpoch() == epoch) {
+    return absl::OkStatus();
+  }
+  if (read_only_epoch_.load(std::memory_order_acquire) == epoch) {
+    if (access == CallAccess::kRead) return absl::OkStatus();
+    read_only_refusals_.fetch_add(1, std::memory_order_relaxed);
+    return WithReason(
+        absl::UnavailableError(absl::StrCat(
+            "master ", advertise_, " lost etcd (its term of epoch ", epoch,
+            " ended unrenewed): it answers lookups but refuses writes until "
+            "an election decides again")),
+        StatusReason::kReadOnly);
+  }
   return NotLeader();
+}
+
+bool HaMaster::AnotherLeaderObserved(int64_t epoch) const {
+  // This master's own campaigns show its own address (an old key of its
+  // own, or a term it just won): not another leader.
+  std::optional<LeaderInfo> l = election_->ObservedLeader();
+  return l.has_value() && l->candidate != advertise_ && l->epoch > epoch;
+}
+
+bool HaMaster::ServeTerm(int64_t* epoch) {
+  while (true) {
+    {
+      // Read-write: nothing to do until on_lost (or Shutdown) signals. The
+      // read-only flag is read under mu_, which on_lost holds to set it.
+      MutexLock l(&mu_);
+      while (!stopping_ && !lost_ &&
+             read_only_epoch_.load(std::memory_order_acquire) != *epoch) {
+        cv_.Wait(&mu_);
+      }
+      if (stopping_ || lost_) return false;
+      if (elected_epoch_ > *epoch) {
+        *epoch = elected_epoch_;
+        return true;
+      }
+    }
+    // Read-only: poll the election for another master's term.
+    if (AnotherLeaderObserved(*epoch)) {
+      LOG(WARNING) << "master HA: read-only since epoch " << *epoch
+                   << ", and another master leads now: deposed";
+      MutexLock l(&mu_);
+      lost_ = true;
+      return false;
+    }
+    MutexLock l(&mu_);
+    if (!stopping_ && !lost_ && elected_epoch_ <= *epoch) {
+      cv_.WaitWithDeadline(&mu_, absl::Now() + options_.follow_interval);
+    }
+  }
 }
 
 void HaMaster::FollowObservedLeader() {
@@ -327,6 +398,20 @@ void HaMaster::VisitStats(StatsVisitor* v) const {
            "Full copies of the leader's store this master took while standing "
            "by",
            static_cast<double>(full_copies_.load(std::memory_order_relaxed)));
+  v->Gauge("leader_read_only",
+           "1 while this master serves lookups only: its term ended without "
+           "an answer from etcd (no quorum, or cut off) and no election has "
+           "decided since",
+           read_only_epoch_.load(std::memory_order_relaxed) != 0 ? 1 : 0);
+  v->Counter(
+      "read_only_periods",
+      "Terms of this master that ended without an answer from etcd "
+      "and turned read-only",
+      static_cast<double>(read_only_periods_.load(std::memory_order_relaxed)));
+  v->Counter(
+      "read_only_write_refusals",
+      "Writes refused (reason read_only) while read-only",
+      static_cast<double>(read_only_refusals_.load(std::memory_order_relaxed)));
 }
 
 void HaMaster::Loop() {
@@ -344,23 +429,57 @@ void HaMaster::Loop() {
   FollowObservedLeader();  // counts this master's own term
   StopFollowing();
   absl::Status served = Serve(epoch);
+  while (served.ok()) {
+    const int64_t ended = epoch;
+    if (!ServeTerm(&epoch)) {
+      MutexLock l(&mu_);
+      served = stopping_ ? absl::CancelledError("shutting down")
+                         : absl::UnavailableError(absl::StrCat(
+                               "lost the leadership of epoch ", ended));
+      break;
+    }
+    // Read-only, and elected again: the new term's server takes the port
+    // over (its generations lie in the new epoch's range).
+    leader_changes_.fetch_add(1, std::memory_order_relaxed);
+    LOG(INFO) << "master HA: read-only since epoch " << ended
+              << ", elected again with epoch " << epoch
+              << ": serving read-write again";
+    served = ServeAgain(epoch);
+  }
   std::unique_ptr<MasterServer> server;
   {
     MutexLock l(&mu_);
-    if (served.ok()) {
-      while (!stopping_ && !lost_) cv_.Wait(&mu_);
-      served = stopping_ ? absl::CancelledError("shutting down")
-                         : absl::UnavailableError(absl::StrCat(
-                               "lost the leadership of epoch ", epoch));
-    }
     server = std::move(server_);
     serving_epoch_ = 0;
   }
+  read_only_epoch_.store(0, std::memory_order_release);
   if (server != nullptr) server->Shutdown();
   MutexLock l(&mu_);
   finished_ = true;
   finish_reason_ = served;
   cv_.SignalAll();
+}
+
+absl::Status HaMaster::ServeAgain(int64_t epoch) {
+  // The old term's server holds the store: a standby takes the port (beside
+  // it, SO_REUSEPORT) while the store is closed and opened again, so that
+  // the port never closes; Serve then retires the standby.
+  MasterOptions so = options_.master;
+  so.listen_address = WithPort(options_.master.listen_address, port_);
+  auto standby =
+      master::StandbyServer::Create(so, [this] { return NotLeader(); });
+  if (!standby.ok()) return standby.status();
+  std::unique_ptr<MasterServer> old;
+  {
+    MutexLock l(&mu_);
+    standby_ = std::move(standby).value();
+    old = std::move(server_);
+    serving_epoch_ = 0;
+  }
+  read_only_epoch_.store(0, std::memory_order_release);
+  if (old != nullptr) old->Shutdown();
+  old.reset();
+  return Serve(epoch);
 }
 
 absl::Status HaMaster::Serve(int64_t epoch) {
@@ -372,7 +491,7 @@ absl::Status HaMaster::Serve(int64_t epoch) {
   MasterOptions mo = options_.master;
   mo.reuse_port = true;
   mo.listen_address = WithPort(options_.master.listen_address, port_);
-  mo.gate = [this] { return Gate(); };
+  mo.gate = [this, epoch](CallAccess access) { return Gate(epoch, access); };
   mo.generation_floor = static_cast<uint64_t>(epoch) << kEpochShift;
   mo.generation_end = static_cast<uint64_t>(epoch + 1) << kEpochShift;
   mo.service.epoch = epoch;

@@ -13,18 +13,27 @@
 //      (MasterServer::Create: the ordinary start-up and recovery, binding
 //      with SO_REUSEPORT beside the standby server), then closes the
 //      standby server: the port is never closed. Every call passes a gate
-//      that refuses (kNotLeader) as
-//      soon as LeaderElection::IsLeader() turns false, which happens at the
+//      that refuses writes (kNotLeader, or kReadOnly in 3') as soon as
+//      LeaderElection::IsLeader() turns false, which happens at the
 //      lease's local deadline even if the election thread is stuck: a
 //      deposed leader writes nothing after its term. The generations it
 //      hands out lie in [epoch << 32, (epoch + 1) << 32), above anything
 //      an earlier term could have issued, whichever store that term used.
-//   3. Deposed (lease lost, key deleted, etcd unreachable for the lease's
-//      time). It stops serving and finished() turns true with the reason;
-//      hymcache-master then exits with status 3 and its supervisor
-//      (systemd Restart=on-failure, Kubernetes) starts it again as a
-//      standby. A fresh process is the simplest way back to standby: no
-//      state of the old term survives it.
+//   3. Deposed (lease lost, key deleted). It stops serving and finished()
+//      turns true with the reason; hymcache-master then exits with status
+//      3 and its supervisor (systemd Restart=on-failure, Kubernetes) starts
+//      it again as a standby. A fresh process is the simplest way back to
+//      standby: no state of the old term survives it.
+//   3'. Read-only (serve_reads_without_etcd, the default): a term that
+//      ended only because no renewal reached etcd within the lease (etcd
+//      lost its quorum, or this master is cut off from it) keeps its
+//      server, which answers calls that read (lookups, heartbeats, stats:
+//      CallAccess::kRead) and refuses every write with UNAVAILABLE, reason
+//      kReadOnly. The election keeps campaigning: once etcd answers again
+//      this master either wins a new term (it serves again, read-write,
+//      with the new epoch's generations, through the same handoff as in
+//      2) or sees another master lead and is deposed (3). docs/ha.md
+//      argues why reads under an ended term are safe.
 //
 // Standby replication (master.replication async or sync, docs/ha.md): a
 // standing-by master runs a ReplicaFollower on its own db_path, following
@@ -98,6 +107,11 @@ struct HaMasterOptions {
   // How often a standby re-reads which leader the election observes (and
   // points its follower there). Default: 50 ms.
   absl::Duration follow_interval = absl::Milliseconds(50);
+  // Whether a leader whose term ended because etcd did not answer (no
+  // quorum, or cut off) keeps answering lookups, read-only, until an
+  // election decides again (see 3' above). false: it is deposed at once,
+  // as when its lease is revoked. Default: true.
+  bool serve_reads_without_etcd = true;
 
   // InvalidArgument naming the first bad field.
   absl::Status Validate() const;
@@ -122,6 +136,11 @@ class HaMaster {
 
   // The epoch while this master leads and serves; nullopt otherwise.
   std::optional<int64_t> ServingEpoch() const;
+  // Whether this master serves reads only (its term ended when etcd
+  // stopped answering; see 3' above).
+  bool read_only() const {
+    return read_only_epoch_.load(std::memory_order_acquire) != 0;
+  }
   // Whether this master is done (deposed, or could not serve when
   // elected): the process should exit. finish_reason() says why.
   bool finished() const;
@@ -147,8 +166,18 @@ class HaMaster {
   void Loop();
   // Opens the store and serves for `epoch`; retries while still leading.
   absl::Status Serve(int64_t epoch);
-  // The gate of the serving server: OK while this candidate leads.
-  absl::Status Gate() const;
+  // Read-only and elected again with `epoch`: retires the old term's server
+  // (a standby holds the port meanwhile), then Serve(epoch).
+  absl::Status ServeAgain(int64_t epoch);
+  // The gate of the serving server: OK while this candidate leads; reads
+  // only while read_only().
+  absl::Status Gate(int64_t epoch, CallAccess access) const;
+  // Serves until the term ends (deposed, or Shutdown) or, read-only, this
+  // master is elected again (returns true, `*epoch` the new term's).
+  bool ServeTerm(int64_t* epoch);
+  // Read-only: whether the election observes another master's term (one
+  // this master did not win), which deposes it.
+  bool AnotherLeaderObserved(int64_t epoch) const;
   // What a standby (or a deposed leader) answers: kNotLeader with the
   // leader this candidate knows.
   absl::Status NotLeader() const;
@@ -182,6 +211,11 @@ class HaMaster {
   // What the follower had applied when this master was elected.
   std::atomic<uint64_t> applied_at_election_{0};
   std::atomic<uint64_t> full_copies_{0};
+  // The ended term whose server serves reads only (3' above); 0: none.
+  // Set by on_lost, cleared when elected again or deposed.
+  std::atomic<int64_t> read_only_epoch_{0};
+  std::atomic<uint64_t> read_only_periods_{0};
+  mutable std::atomic<uint64_t> read_only_refusals_{0};
 
   mutable Mutex mu_;
   mutable CondVar cv_;

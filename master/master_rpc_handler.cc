@@ -10,8 +10,9 @@ namespace hymcache {
 namespace master {
 
 absl::StatusOr<Identity> MasterRpcHandler::Admit(grpc::ServerContext* ctx,
-                                                Roles allowed,
-                                                const char* method) const {
+                                                 Roles allowed,
+                                                 const char* method,
+                                                 CallAccess access) const {
   absl::StatusOr<Identity> id = AnonymousAdmin();
   if (auth_ != nullptr) {
     id = auth_->Check(*ctx, allowed, method);
@@ -23,7 +24,7 @@ absl::StatusOr<Identity> MasterRpcHandler::Admit(grpc::ServerContext* ctx,
     }
   }
   if (gate_) {
-    absl::Status open = gate_();
+    absl::Status open = gate_(access);
     if (!open.ok()) return open;
   }
   return id;

@@ -23,6 +23,7 @@
 #include "common/stats.h"
 #include "common/wire.h"
 #include "master/cq_server.h"
+#include "master/master_server.h"
 #include "master/master_service.h"
 #include "master/tenant.h"
 #include "master/tenants.h"
@@ -80,7 +81,7 @@ HYM_DECLARE_STATS(MasterRpcStats, MasterRpcCounters, HYM_MASTER_RPC_STATS);
 // What the server around the handler adds to its calls (each optional).
 struct MasterRpcHooks {
   // MasterOptions::gate: asked by Admit before every call.
-  std::function<absl::Status()> gate;
+  std::function<absl::Status(CallAccess)> gate;
   // Runs after every PutCommit that succeeded; the commit is answered when
   // `answer` runs (once, from any thread), e.g. once a standby holds it
   // (master/master_replication.h). Must not block. Null: answered at once.
@@ -151,9 +152,12 @@ class MasterRpcHandler final {
   static constexpr Roles kNode = Role::kNode;
 
   // The caller, if it may call `method` and the gate (MasterOptions::gate)
-  // lets calls through; AnonymousAdmin() when authentication is off.
+  // lets calls that do `access` through; AnonymousAdmin() when
+  // authentication is off. Only calls that change nothing durable pass
+  // kRead (a master that lost etcd serves them: docs/ha.md).
   absl::StatusOr<Identity> Admit(grpc::ServerContext* ctx, Roles allowed,
-                                 const char* method) const;
+                                 const char* method,
+                                 CallAccess access = CallAccess::kWrite) const;
 
   // Whose pending puts a PutStart counts against (the per-caller limits):
   // the identity when identities are configured, else the peer's address.
@@ -203,7 +207,7 @@ class MasterRpcHandler final {
   grpc::Status Heartbeat(grpc::ServerContext* ctx,
                                       const v1::HeartbeatRequest* req,
                                       v1::HeartbeatResponse* resp) {
-    auto id = Admit(ctx, kNode, "Heartbeat");
+    auto id = Admit(ctx, kNode, "Heartbeat", CallAccess::kRead);
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s =
             CheckNodeIdentity(*service_, *id, req->node_id(), "Heartbeat");
@@ -299,7 +303,7 @@ class MasterRpcHandler final {
   absl::Status Lookup(grpc::ServerContext* ctx,
                       const v1::BatchLookupRequest& req,
                       v1::BatchLookupResponse* resp, const char* method) {
-    auto caller = Admit(ctx, kEngine, method);
+    auto caller = Admit(ctx, kEngine, method, CallAccess::kRead);
     if (!caller.ok()) {
       Add(rpc_stats_.lookup_errors);
       return caller.status();
@@ -326,7 +330,8 @@ class MasterRpcHandler final {
   // Admit's refusals, Unavailable once CancelLookupStreams ran,
   // ResourceExhausted beyond max_lookup_streams open.
   absl::Status OpenLookupStream(grpc::ServerContext* ctx) {
-    absl::Status s = Admit(ctx, kEngine, "LookupStream").status();
+    absl::Status s =
+        Admit(ctx, kEngine, "LookupStream", CallAccess::kRead).status();
     MutexLock l(&streams_mu_);
     if (!s.ok()) {
       // counted below
@@ -415,7 +420,7 @@ class MasterRpcHandler final {
   grpc::Status ListNodes(grpc::ServerContext* ctx,
                                       const v1::ListNodesRequest* /*req*/,
                                       v1::ListNodesResponse* resp) {
-    auto id = Admit(ctx, kAdmin, "ListNodes");
+    auto id = Admit(ctx, kAdmin, "ListNodes", CallAccess::kRead);
     if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, absl::StatusOr<v1::ListNodesResponse>(
                           service_->ListNodes()),
@@ -424,7 +429,7 @@ class MasterRpcHandler final {
   grpc::Status ListTenants(grpc::ServerContext* ctx,
                                         const v1::ListTenantsRequest* req,
                                         v1::ListTenantsResponse* resp) {
-    auto id = Admit(ctx, kAdmin, "ListTenants");
+    auto id = Admit(ctx, kAdmin, "ListTenants", CallAccess::kRead);
     if (!id.ok()) return Refuse(ctx, id.status());
     auto usage = service_->AllTenantUsage();
     std::map<std::string, v1::TenantInfo> rows;
@@ -460,7 +465,7 @@ class MasterRpcHandler final {
   grpc::Status InspectKey(grpc::ServerContext* ctx,
                                        const v1::InspectKeyRequest* req,
                                        v1::InspectKeyResponse* resp) {
-    auto id = Admit(ctx, kAdmin, "InspectKey");
+    auto id = Admit(ctx, kAdmin, "InspectKey", CallAccess::kRead);
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s = CheckKey(*id, req->key(), "InspectKey"); !s.ok()) {
       return Refuse(ctx, s);
@@ -473,7 +478,7 @@ class MasterRpcHandler final {
   grpc::Status GetStats(grpc::ServerContext* ctx,
                                      const v1::GetStatsRequest* /*req*/,
                                      v1::GetStatsResponse* resp) {
-    auto id = Admit(ctx, kAdmin, "GetStats");
+    auto id = Admit(ctx, kAdmin, "GetStats", CallAccess::kRead);
     if (!id.ok()) return Refuse(ctx, id.status());
     v1::GetStatsResponse r = service_->GetStats();
     FlatStatsVisitor flat;
@@ -543,7 +548,7 @@ class MasterRpcHandler final {
   const size_t max_lookup_streams_;
   Clock* const clock_;
   // MasterRpcHooks; null: none.
-  const std::function<absl::Status()> gate_;
+  const std::function<absl::Status(CallAccess)> gate_;
   const std::function<void(std::function<void()>)> after_commit_;
   const std::function<void(StatsVisitor*)> extra_stats_;
   MasterRpcCounters rpc_stats_;

@@ -280,7 +280,8 @@ class ListObjectsCall final : public StreamCall<ListObjectsCall> {
     service->RequestListObjects(&ctx_, &req_, &writer_, cq, cq, this);
   }
   void Start() {
-    auto id = handler_->Admit(&ctx_, MasterRpcHandler::kAdmin, "ListObjects");
+    auto id = handler_->Admit(&ctx_, MasterRpcHandler::kAdmin, "ListObjects",
+                              CallAccess::kRead);
     if (!id.ok()) {
       Finish(ToGrpcStatus(id.status()));
       return;

@@ -52,6 +52,13 @@ class MasterRpcHandler;
 class TenantRegistry;
 }  // namespace master
 
+// What an RPC does, as MasterOptions::gate sees it. kRead answers from the
+// index and memory and changes nothing durable: lookups (their capabilities
+// are read-only), heartbeats, listings, stats. kWrite is every other call
+// (and any call not marked): puts, removals, registrations, reconciliation,
+// administration.
+enum class CallAccess { kRead, kWrite };
+
 // The security and observability options (DaemonOptions, common/daemon.h):
 // auth_tokens_file (the callers' identities; without it only a loopback
 // listen_address unless insecure), tls (the gRPC service's), metrics_listen
@@ -104,11 +111,12 @@ struct MasterOptions : DaemonOptions {
   std::string tenant_quotas_file;
   // High availability (master/master_ha.h, docs/ha.md). A gate asked
   // before every RPC of hymcache.v1.MasterService (reads and writes, unary
-  // and streams, after the caller's identity is checked): a call it refuses
-  // gets its status (a leader that lost its lease refuses with kNotLeader,
-  // so nothing is written after the term ended). It runs on RPC threads
-  // and must be fast and non-blocking. Default: none (every call passes).
-  std::function<absl::Status()> gate;
+  // and streams, after the caller's identity is checked), told whether the
+  // call reads or writes: a call it refuses gets its status (a leader that
+  // lost its lease refuses writes, with kNotLeader or kReadOnly, so nothing
+  // is written after the term ended). It runs on RPC threads and must be
+  // fast and non-blocking. Default: none (every call passes).
+  std::function<absl::Status(CallAccess)> gate;
   // The range of generations this master hands out
   // (RocksDbMetadataStoreOptions::generation_floor / generation_end): an
   // elected master's term's range. Default: 0, 0 (no bound).

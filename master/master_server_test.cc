@@ -16,6 +16,8 @@
 #include "common/capability.h"
 #include "common/eventually.h"
 #include "common/fake_clock.h"
+#include "common/grpc_status.h"
+#include "common/status_reason.h"
 #include "common/thread.h"
 #include "master/master_service.h"
 #include "master/master_test_util.h"
@@ -175,6 +177,114 @@ TEST_CASE("MasterServer serves metrics when asked; a taken metrics port "
   o2.metrics_listen = (*server)->metrics_address();
   CHECK(MasterServer::Create(o2).status().code() ==
         absl::StatusCode::kUnavailable);
+}
+
+TEST_CASE(
+    "A gate that refuses writes lets lookups, heartbeats, listings and stats "
+    "through and refuses every write with its status") {
+  // What an HA master does read-only (master/master_ha.h): the gate is told
+  // whether each call reads or writes.
+  std::atomic<bool> read_only{false};
+  std::atomic<int> reads{0}, writes{0};
+  MasterOptions o;
+  o.db_path = TestDir("gate");
+  o.gate = [&](CallAccess access) {
+    (access == CallAccess::kRead ? reads : writes).fetch_add(1);
+    if (read_only.load() && access == CallAccess::kWrite) {
+      return WithReason(absl::UnavailableError("read-only"),
+                        StatusReason::kReadOnly);
+    }
+    return absl::OkStatus();
+  };
+  auto created = MasterServer::Create(o);
+  REQUIRE(created.ok());
+  std::unique_ptr<MasterServer> server = std::move(created).value();
+  auto stub = Dial(server->address());
+  v1::RegisterNodeResponse reg;
+  {
+    grpc::ClientContext ctx;
+    REQUIRE(stub->RegisterNode(&ctx, OneRegionNodeReq("n1"), &reg).ok());
+  }
+  CHECK(writes.load() == 1);
+  read_only = true;
+
+  auto refused = [](const grpc::Status& g) {
+    absl::Status s = FromGrpcStatus(g);
+    INFO(s.ToString());
+    return s.code() == absl::StatusCode::kUnavailable &&
+           ReasonOf(s) == StatusReason::kReadOnly;
+  };
+  // Reads pass.
+  {
+    grpc::ClientContext ctx;
+    v1::HeartbeatResponse hb;
+    CHECK(stub->Heartbeat(&ctx,
+                          master::ProvingHeartbeat(OneRegionNodeReq("n1"), reg),
+                          &hb)
+              .ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::BatchLookupRequest req;
+    req.add_keys("k");
+    v1::BatchLookupResponse resp;
+    CHECK(stub->BatchLookup(&ctx, req, &resp).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::GetStatsResponse resp;
+    CHECK(stub->GetStats(&ctx, v1::GetStatsRequest(), &resp).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ListNodesResponse resp;
+    CHECK(stub->ListNodes(&ctx, v1::ListNodesRequest(), &resp).ok());
+    CHECK(resp.nodes_size() == 1);
+  }
+  CHECK(reads.load() == 4);
+  // Every write gets the gate's refusal.
+  {
+    grpc::ClientContext ctx;
+    v1::PutStartRequest req;
+    req.add_keys("k");
+    req.add_lengths(4096);
+    v1::PutStartResponse resp;
+    CHECK(refused(stub->PutStart(&ctx, req, &resp)));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PutCommitRequest req;
+    req.set_put_id(1);
+    v1::PutCommitResponse resp;
+    CHECK(refused(stub->PutCommit(&ctx, req, &resp)));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::RemoveRequest req;
+    req.add_keys("k");
+    v1::RemoveResponse resp;
+    CHECK(refused(stub->Remove(&ctx, req, &resp)));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ReportMissingRequest req;
+    v1::ReportMissingResponse resp;
+    CHECK(refused(stub->ReportMissing(&ctx, req, &resp)));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterNodeResponse resp;
+    CHECK(refused(stub->RegisterNode(&ctx, OneRegionNodeReq("n2"), &resp)));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::SetTenantQuotaRequest req;
+    req.set_tenant("t");
+    v1::SetTenantQuotaResponse resp;
+    CHECK(refused(stub->SetTenantQuota(&ctx, req, &resp)));
+  }
+  CHECK(writes.load() == 7);
+  CHECK(reads.load() == 4);
 }
 
 TEST_CASE("MasterServer serves the master API over gRPC") {

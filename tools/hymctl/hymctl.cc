@@ -458,6 +458,13 @@ class Cli {
     return true;
   }
 
+  // Whether the master answered read-only (an HA master whose term ended
+  // without an answer from etcd: docs/ha.md, "etcd faults").
+  static bool MasterReadOnly(const hymcache::v1::GetStatsResponse& st) {
+    auto it = st.stats().find("leader_read_only");
+    return it != st.stats().end() && it->second != 0;
+  }
+
   int Status() {
     absl::Status why;
     auto stub = MasterStub(&why);
@@ -495,6 +502,7 @@ class Cli {
 #undef HYM_JSON_COUNTER_
       j["master"] = o_.master_address;
       j["master_epoch"] = st->master_epoch();
+      j["master_read_only"] = MasterReadOnly(*st);
       out_ << j.dump(2) << "\n";
       return 0;
     }
@@ -559,7 +567,12 @@ class Cli {
          << st->reconcile_dropped_listings()
          << " listings dropped); read repairs: " << st->read_repairs()
          << "\n";
-    if (st->master_epoch() != 0) {
+    if (st->master_epoch() != 0 && MasterReadOnly(*st)) {
+      out_ << "master " << o_.master_address << " is read-only: its term of "
+           << "epoch " << st->master_epoch()
+           << " ended without an answer from etcd (lookups served, writes "
+              "refused)\n";
+    } else if (st->master_epoch() != 0) {
       out_ << "master " << o_.master_address << " leads, epoch "
            << st->master_epoch() << "\n";
     }
