@@ -155,9 +155,9 @@ absl::Status HaMasterOptions::Validate() const {
         "master HA: cluster must be a non-empty name without '/'");
   }
   if (!advertise_address.empty() && !SplitHostPort(advertise_address).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "master HA: advertise_address '", advertise_address,
-        "' is not host:port"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("master HA: advertise_address '", advertise_address,
+                     "' is not host:port"));
   }
   if (lease_ttl < absl::Seconds(1) ||
       absl::Ceil(lease_ttl, absl::Seconds(1)) != lease_ttl) {
@@ -261,8 +261,7 @@ absl::StatusOr<std::unique_ptr<HaMaster>> HaMaster::Create(
   ha->election_ptr_.store(ha->election_.get(), std::memory_order_release);
   ha->thread_ = Thread("master-ha", [raw] { raw->Loop(); });
   LOG(INFO) << "master HA: standing by on " << ha->address_
-            << ", campaigning as " << ha->advertise_ << " under "
-            << lo.key;
+            << ", campaigning as " << ha->advertise_ << " under " << lo.key;
   return ha;
 }
 
@@ -280,8 +279,9 @@ absl::Status HaMaster::NotLeader() const {
       hint.address.empty()
           ? absl::StrCat("master ", advertise_,
                          " does not lead and knows no leader")
-          : absl::StrCat("master ", advertise_, " does not lead; the leader is ",
-                         hint.address, " (epoch ", hint.epoch, ")"),
+          : absl::StrCat("master ", advertise_,
+                         " does not lead; the leader is ", hint.address,
+                         " (epoch ", hint.epoch, ")"),
       hint);
 }
 
@@ -299,7 +299,9 @@ absl::Status HaMaster::Gate(int64_t epoch, CallAccess access) const {
   }
   if (read_only_epoch_.load(std::memory_order_acquire) == epoch) {
     if (access == CallAccess::kRead) return absl::OkStatus();
-    read_only_refusals_.fetch_add(1, std::memory_order_relaxed);
+    if (access == CallAccess::kWrite) {
+      read_only_refusals_.fetch_add(1, std::memory_order_relaxed);
+    }
     return WithReason(
         absl::UnavailableError(absl::StrCat(
             "master ", advertise_, " lost etcd (its term of epoch ", epoch,
@@ -386,9 +388,10 @@ void HaMaster::StopFollowing() {
 }
 
 void HaMaster::VisitStats(StatsVisitor* v) const {
-  v->Counter("leader_changes",
-             "Leaders (epochs) this master process has seen, itself included",
-             static_cast<double>(leader_changes_.load(std::memory_order_relaxed)));
+  v->Counter(
+      "leader_changes",
+      "Leaders (epochs) this master process has seen, itself included",
+      static_cast<double>(leader_changes_.load(std::memory_order_relaxed)));
   v->Gauge("replica_applied_sequence_at_election",
            "The old leader's write sequence this master's standby store held "
            "when it was elected (0: it did not follow)",
@@ -495,8 +498,8 @@ absl::Status HaMaster::Serve(int64_t epoch) {
   mo.generation_floor = static_cast<uint64_t>(epoch) << kEpochShift;
   mo.generation_end = static_cast<uint64_t>(epoch + 1) << kEpochShift;
   mo.service.epoch = epoch;
-  mo.extra_stats = [this, extra = options_.master.extra_stats](
-                       StatsVisitor* v) {
+  mo.extra_stats = [this,
+                    extra = options_.master.extra_stats](StatsVisitor* v) {
     VisitStats(v);
     if (extra) extra(v);
   };
@@ -504,9 +507,8 @@ absl::Status HaMaster::Serve(int64_t epoch) {
   absl::Duration pause = absl::Milliseconds(20);
   while (true) {
     if (!election_->IsLeader()) {
-      return absl::UnavailableError(
-          absl::StrCat("lost the leadership of epoch ", epoch,
-                       " before serving"));
+      return absl::UnavailableError(absl::StrCat(
+          "lost the leadership of epoch ", epoch, " before serving"));
     }
     auto server = MasterServer::Create(mo);
     if (server.ok()) {
@@ -529,8 +531,8 @@ absl::Status HaMaster::Serve(int64_t epoch) {
           absl::StrCat("elected with epoch ", epoch,
                        " but cannot serve: ", server.status().message()));
     }
-    LOG_EVERY_N(WARNING, 10) << "master HA: cannot serve yet ("
-                             << server.status() << "); retrying";
+    LOG_EVERY_N(WARNING, 10)
+        << "master HA: cannot serve yet (" << server.status() << "); retrying";
     {
       MutexLock l(&mu_);
       if (stopping_ || lost_) {

@@ -21,6 +21,7 @@
 #include "common/net.h"
 #include "common/security.h"
 #include "common/stats.h"
+#include "common/status_reason.h"
 #include "common/wire.h"
 #include "master/cq_server.h"
 #include "master/master_server.h"
@@ -33,7 +34,6 @@ namespace hymcache {
 namespace master {
 
 namespace v1 = ::hymcache::v1;
-
 
 // Who a caller is, for the per-caller limits (pending puts): its peer
 // address without the port ("ipv4:10.0.0.7", "ipv6:[::1]"). One small
@@ -66,15 +66,16 @@ inline absl::Status CheckNodeIdentity(const MasterService& service,
 // admins, for hymctl put/get) read and write blocks; admins list and
 // remove; nodes register, heartbeat and reconcile.
 // The RPC layer's stats, declared once (common/stats.h).
-#define HYM_MASTER_RPC_STATS(COUNTER, GAUGE, DGAUGE)                         \
-  COUNTER(lookups, "BatchLookup calls answered OK")                          \
-  COUNTER(lookup_keys, "Keys of the BatchLookup calls answered OK")          \
-  COUNTER(lookup_hits, "Keys found by BatchLookup")                          \
-  COUNTER(lookup_prefix_hits, "Keys in the leading run of hits (what a Load reads)") \
-  COUNTER(lookup_errors, "BatchLookup calls refused or failed")            \
-  COUNTER(lookup_streams_opened, "LookupStream streams admitted")           \
-  COUNTER(lookup_streams_refused,                                           \
-          "LookupStream streams refused (caller, limit, shutdown)")         \
+#define HYM_MASTER_RPC_STATS(COUNTER, GAUGE, DGAUGE)                \
+  COUNTER(lookups, "BatchLookup calls answered OK")                 \
+  COUNTER(lookup_keys, "Keys of the BatchLookup calls answered OK") \
+  COUNTER(lookup_hits, "Keys found by BatchLookup")                 \
+  COUNTER(lookup_prefix_hits,                                       \
+          "Keys in the leading run of hits (what a Load reads)")    \
+  COUNTER(lookup_errors, "BatchLookup calls refused or failed")     \
+  COUNTER(lookup_streams_opened, "LookupStream streams admitted")   \
+  COUNTER(lookup_streams_refused,                                   \
+          "LookupStream streams refused (caller, limit, shutdown)") \
   GAUGE(lookup_streams_open, "LookupStream streams open now")
 HYM_DECLARE_STATS(MasterRpcStats, MasterRpcCounters, HYM_MASTER_RPC_STATS);
 
@@ -110,10 +111,10 @@ class MasterRpcHandler final {
   // tenant's key space. InvalidArgument for a key longer than the
   // configured limit, or one of the default tenant spelling a qualified key
   // (admins may: fsck hands back the keys ListObjects gave it).
-  absl::Status CheckKeys(const Identity& id,
-                         const google::protobuf::RepeatedPtrField<std::string>&
-                             keys,
-                         const char* method) const {
+  absl::Status CheckKeys(
+      const Identity& id,
+      const google::protobuf::RepeatedPtrField<std::string>& keys,
+      const char* method) const {
     for (const std::string& k : keys) {
       absl::Status s = CheckKey(id, k, method);
       if (!s.ok()) return s;
@@ -123,9 +124,9 @@ class MasterRpcHandler final {
   absl::Status CheckKey(const Identity& id, const std::string& k,
                         const char* method) const {
     if (k.size() > max_key_bytes_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          method, ": a key of ", k.size(), " bytes (at most ", max_key_bytes_,
-          ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(method, ": a key of ", k.size(), " bytes (at most ",
+                       max_key_bytes_, ")"));
     }
     if (id.role != Role::kAdmin && id.tenant == kDefaultTenantName &&
         IsQualifiedKey(k)) {
@@ -142,8 +143,9 @@ class MasterRpcHandler final {
     if (id.role == Role::kAdmin && IsQualifiedKey(*key)) return;
     *key = QualifyKey(id.tenant, *key);
   }
-  static void QualifyAll(const Identity& id,
-                         google::protobuf::RepeatedPtrField<std::string>* keys) {
+  static void QualifyAll(
+      const Identity& id,
+      google::protobuf::RepeatedPtrField<std::string>* keys) {
     for (std::string& k : *keys) Qualify(id, &k);
   }
 
@@ -174,16 +176,14 @@ class MasterRpcHandler final {
     if (auth_ == nullptr || tenants_->OwnsPut(put_id, id.tenant)) {
       return absl::OkStatus();
     }
-    return absl::NotFoundError(absl::StrCat(method, ": no pending put ",
-                                            put_id, " of tenant '", id.tenant,
-                                            "'"));
+    return absl::NotFoundError(absl::StrCat(method, ": no pending put ", put_id,
+                                            " of tenant '", id.tenant, "'"));
   }
 
   static grpc::Status Refuse(grpc::ServerContext* /*ctx*/,
                              const absl::Status& s) {
     return ToGrpcStatus(s);
   }
-
 
   template <typename Response>
   static grpc::Status Reply(grpc::ServerContext* /*ctx*/,
@@ -193,9 +193,9 @@ class MasterRpcHandler final {
     return ToGrpcStatus(result.status());
   }
 
-  grpc::Status RegisterNode(
-      grpc::ServerContext* ctx, const v1::RegisterNodeRequest* req,
-      v1::RegisterNodeResponse* resp) {
+  grpc::Status RegisterNode(grpc::ServerContext* ctx,
+                            const v1::RegisterNodeRequest* req,
+                            v1::RegisterNodeResponse* resp) {
     auto id = Admit(ctx, kNode, "RegisterNode");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s = CheckNodeName(*id, req->name(), "RegisterNode");
@@ -205,8 +205,8 @@ class MasterRpcHandler final {
     return Reply(ctx, service_->RegisterNode(*req), resp);
   }
   grpc::Status Heartbeat(grpc::ServerContext* ctx,
-                                      const v1::HeartbeatRequest* req,
-                                      v1::HeartbeatResponse* resp) {
+                         const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) {
     auto id = Admit(ctx, kNode, "Heartbeat", CallAccess::kRead);
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s =
@@ -214,11 +214,17 @@ class MasterRpcHandler final {
         !s.ok()) {
       return Refuse(ctx, s);
     }
-    return Reply(ctx, service_->Heartbeat(*req), resp);
+    grpc::Status answered = Reply(ctx, service_->Heartbeat(*req), resp);
+    // A read-only master says so: the node looks for a leader elsewhere.
+    if (answered.ok() && gate_ &&
+        ReasonOf(gate_(CallAccess::kWriteProbe)) == StatusReason::kReadOnly) {
+      resp->set_read_only(true);
+    }
+    return answered;
   }
-  grpc::Status DeregisterNode(
-      grpc::ServerContext* ctx, const v1::DeregisterNodeRequest* req,
-      v1::DeregisterNodeResponse* resp) {
+  grpc::Status DeregisterNode(grpc::ServerContext* ctx,
+                              const v1::DeregisterNodeRequest* req,
+                              v1::DeregisterNodeResponse* resp) {
     auto id = Admit(ctx, kNode, "DeregisterNode");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s =
@@ -229,15 +235,15 @@ class MasterRpcHandler final {
     return Reply(ctx, service_->DeregisterNode(*req), resp);
   }
   grpc::Status ForgetNode(grpc::ServerContext* ctx,
-                                       const v1::ForgetNodeRequest* req,
-                                       v1::ForgetNodeResponse* resp) {
+                          const v1::ForgetNodeRequest* req,
+                          v1::ForgetNodeResponse* resp) {
     auto id = Admit(ctx, kAdmin, "ForgetNode");
     if (!id.ok()) return Refuse(ctx, id.status());
     return Reply(ctx, service_->ForgetNode(*req), resp);
   }
   grpc::Status PutStart(grpc::ServerContext* ctx,
-                                     const v1::PutStartRequest* req,
-                                     v1::PutStartResponse* resp) {
+                        const v1::PutStartRequest* req,
+                        v1::PutStartResponse* resp) {
     auto id = Admit(ctx, kEngine, "PutStart");
     if (!id.ok()) return Refuse(ctx, id.status());
     absl::Status s = CheckKeys(*id, req->keys(), "PutStart");
@@ -269,8 +275,8 @@ class MasterRpcHandler final {
     return Reply(ctx, std::move(out), resp);
   }
   grpc::Status PutCommit(grpc::ServerContext* ctx,
-                                      const v1::PutCommitRequest* req,
-                                      v1::PutCommitResponse* resp) {
+                         const v1::PutCommitRequest* req,
+                         v1::PutCommitResponse* resp) {
     auto id = Admit(ctx, kEngine, "PutCommit");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s = OwnPut(*id, req->put_id(), "PutCommit"); !s.ok()) {
@@ -281,8 +287,8 @@ class MasterRpcHandler final {
     return Reply(ctx, std::move(out), resp);
   }
   grpc::Status PutAbort(grpc::ServerContext* ctx,
-                                     const v1::PutAbortRequest* req,
-                                     v1::PutAbortResponse* resp) {
+                        const v1::PutAbortRequest* req,
+                        v1::PutAbortResponse* resp) {
     auto id = Admit(ctx, kEngine, "PutAbort");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s = OwnPut(*id, req->put_id(), "PutAbort"); !s.ok()) {
@@ -292,9 +298,9 @@ class MasterRpcHandler final {
     if (out.ok()) tenants_->ForgetPut(req->put_id());
     return Reply(ctx, std::move(out), resp);
   }
-  grpc::Status BatchLookup(
-      grpc::ServerContext* ctx, const v1::BatchLookupRequest* req,
-      v1::BatchLookupResponse* resp) {
+  grpc::Status BatchLookup(grpc::ServerContext* ctx,
+                           const v1::BatchLookupRequest* req,
+                           v1::BatchLookupResponse* resp) {
     return ToGrpcStatus(Lookup(ctx, *req, resp, "BatchLookup"));
   }
   // One BatchLookup by the caller of `ctx`: the unary call's and each
@@ -363,9 +369,8 @@ class MasterRpcHandler final {
     streams_cancelled_ = true;
     for (grpc::ServerContext* ctx : open_streams_) ctx->TryCancel();
   }
-  grpc::Status Remove(grpc::ServerContext* ctx,
-                                   const v1::RemoveRequest* req,
-                                   v1::RemoveResponse* resp) {
+  grpc::Status Remove(grpc::ServerContext* ctx, const v1::RemoveRequest* req,
+                      v1::RemoveResponse* resp) {
     auto id = Admit(ctx, kAdmin, "Remove");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s = CheckKeys(*id, req->keys(), "Remove"); !s.ok()) {
@@ -376,9 +381,9 @@ class MasterRpcHandler final {
     QualifyAll(*id, qualified.mutable_keys());
     return Reply(ctx, service_->Remove(qualified), resp);
   }
-  grpc::Status BeginReconcile(
-      grpc::ServerContext* ctx, const v1::BeginReconcileRequest* req,
-      v1::BeginReconcileResponse* resp) {
+  grpc::Status BeginReconcile(grpc::ServerContext* ctx,
+                              const v1::BeginReconcileRequest* req,
+                              v1::BeginReconcileResponse* resp) {
     auto id = Admit(ctx, kNode, "BeginReconcile");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s =
@@ -392,8 +397,8 @@ class MasterRpcHandler final {
         auth.ok() ? service_->StartReconcile(req->node_id(), req->incarnation())
                   : absl::StatusOr<uint64_t>(auth);
     if (!epoch.ok()) {
-      return Reply(ctx, absl::StatusOr<v1::BeginReconcileResponse>(
-                            epoch.status()),
+      return Reply(ctx,
+                   absl::StatusOr<v1::BeginReconcileResponse>(epoch.status()),
                    resp);
     }
     v1::BeginReconcileResponse r;
@@ -402,9 +407,9 @@ class MasterRpcHandler final {
                  resp);
   }
 
-  grpc::Status ReportMissing(
-      grpc::ServerContext* ctx, const v1::ReportMissingRequest* req,
-      v1::ReportMissingResponse* resp) {
+  grpc::Status ReportMissing(grpc::ServerContext* ctx,
+                             const v1::ReportMissingRequest* req,
+                             v1::ReportMissingResponse* resp) {
     auto id = Admit(ctx, kEngine, "ReportMissing");
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s = CheckKeys(*id, req->keys(), "ReportMissing");
@@ -418,17 +423,17 @@ class MasterRpcHandler final {
   }
 
   grpc::Status ListNodes(grpc::ServerContext* ctx,
-                                      const v1::ListNodesRequest* /*req*/,
-                                      v1::ListNodesResponse* resp) {
+                         const v1::ListNodesRequest* /*req*/,
+                         v1::ListNodesResponse* resp) {
     auto id = Admit(ctx, kAdmin, "ListNodes", CallAccess::kRead);
     if (!id.ok()) return Refuse(ctx, id.status());
-    return Reply(ctx, absl::StatusOr<v1::ListNodesResponse>(
-                          service_->ListNodes()),
+    return Reply(ctx,
+                 absl::StatusOr<v1::ListNodesResponse>(service_->ListNodes()),
                  resp);
   }
   grpc::Status ListTenants(grpc::ServerContext* ctx,
-                                        const v1::ListTenantsRequest* req,
-                                        v1::ListTenantsResponse* resp) {
+                           const v1::ListTenantsRequest* req,
+                           v1::ListTenantsResponse* resp) {
     auto id = Admit(ctx, kAdmin, "ListTenants", CallAccess::kRead);
     if (!id.ok()) return Refuse(ctx, id.status());
     auto usage = service_->AllTenantUsage();
@@ -463,8 +468,8 @@ class MasterRpcHandler final {
                                const v1::SetNodeDrainingRequest* req,
                                v1::SetNodeDrainingResponse* resp);
   grpc::Status InspectKey(grpc::ServerContext* ctx,
-                                       const v1::InspectKeyRequest* req,
-                                       v1::InspectKeyResponse* resp) {
+                          const v1::InspectKeyRequest* req,
+                          v1::InspectKeyResponse* resp) {
     auto id = Admit(ctx, kAdmin, "InspectKey", CallAccess::kRead);
     if (!id.ok()) return Refuse(ctx, id.status());
     if (absl::Status s = CheckKey(*id, req->key(), "InspectKey"); !s.ok()) {
@@ -476,8 +481,8 @@ class MasterRpcHandler final {
     return Reply(ctx, service_->InspectKey(qualified), resp);
   }
   grpc::Status GetStats(grpc::ServerContext* ctx,
-                                     const v1::GetStatsRequest* /*req*/,
-                                     v1::GetStatsResponse* resp) {
+                        const v1::GetStatsRequest* /*req*/,
+                        v1::GetStatsResponse* resp) {
     auto id = Admit(ctx, kAdmin, "GetStats", CallAccess::kRead);
     if (!id.ok()) return Refuse(ctx, id.status());
     v1::GetStatsResponse r = service_->GetStats();
@@ -487,8 +492,7 @@ class MasterRpcHandler final {
     for (const auto& [name, value] : flat.values()) {
       (*r.mutable_stats())[name] = value;
     }
-    return Reply(ctx, absl::StatusOr<v1::GetStatsResponse>(std::move(r)),
-                 resp);
+    return Reply(ctx, absl::StatusOr<v1::GetStatsResponse>(std::move(r)), resp);
   }
 
   // Requests every method's first call on `poller`'s queue (the streaming
@@ -571,14 +575,13 @@ class MasterRpcHandler final {
   // Serves the unary method `request` / `handle` on `poller`; `hold` as
   // UnaryMethod's.
   template <typename Req, typename Resp>
-  void ServeUnary(
-      CqPoller* poller,
-      typename UnaryMethod<v1::MasterService::AsyncService, Req,
-                           Resp>::RequestFn request,
-      grpc::Status (MasterRpcHandler::*handle)(grpc::ServerContext*,
-                                               const Req*, Resp*),
-      typename UnaryMethod<v1::MasterService::AsyncService, Req,
-                           Resp>::HoldFn hold = nullptr) {
+  void ServeUnary(CqPoller* poller,
+                  typename UnaryMethod<v1::MasterService::AsyncService, Req,
+                                       Resp>::RequestFn request,
+                  grpc::Status (MasterRpcHandler::*handle)(grpc::ServerContext*,
+                                                           const Req*, Resp*),
+                  typename UnaryMethod<v1::MasterService::AsyncService, Req,
+                                       Resp>::HoldFn hold = nullptr) {
     using Method = UnaryMethod<v1::MasterService::AsyncService, Req, Resp>;
     auto method = std::make_shared<Method>(Method{
         &async_, request,

@@ -28,8 +28,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "common/mutex.h"
 #include "common/daemon.h"
+#include "common/mutex.h"
 #include "common/thread.h"
 #include "master/master_replication.h"
 #include "master/master_service.h"
@@ -57,7 +57,9 @@ class TenantRegistry;
 // are read-only), heartbeats, listings, stats. kWrite is every other call
 // (and any call not marked): puts, removals, registrations, reconciliation,
 // administration.
-enum class CallAccess { kRead, kWrite };
+// kWriteProbe: whether a write would be admitted now, asked by a read that
+// reports it (a heartbeat's read_only); not a refusal of its own.
+enum class CallAccess { kRead, kWrite, kWriteProbe };
 
 // The security and observability options (DaemonOptions, common/daemon.h):
 // auth_tokens_file (the callers' identities; without it only a loopback

@@ -2,12 +2,12 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <atomic>
-#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -163,8 +163,9 @@ TEST_CASE("MasterServer shuts down with calls in flight") {
   CHECK_FALSE(writer->Finish().ok());
 }
 
-TEST_CASE("MasterServer serves metrics when asked; a taken metrics port "
-          "fails Create") {
+TEST_CASE(
+    "MasterServer serves metrics when asked; a taken metrics port "
+    "fails Create") {
   MasterOptions o;
   o.db_path = TestDir("metrics");
   CHECK((*MasterServer::Create(o))->metrics_address().empty());
@@ -185,12 +186,15 @@ TEST_CASE(
   // What an HA master does read-only (master/master_ha.h): the gate is told
   // whether each call reads or writes.
   std::atomic<bool> read_only{false};
-  std::atomic<int> reads{0}, writes{0};
+  std::atomic<int> reads{0}, writes{0}, probes{0};
   MasterOptions o;
   o.db_path = TestDir("gate");
   o.gate = [&](CallAccess access) {
-    (access == CallAccess::kRead ? reads : writes).fetch_add(1);
-    if (read_only.load() && access == CallAccess::kWrite) {
+    (access == CallAccess::kRead    ? reads
+     : access == CallAccess::kWrite ? writes
+                                    : probes)
+        .fetch_add(1);
+    if (read_only.load() && access != CallAccess::kRead) {
       return WithReason(absl::UnavailableError("read-only"),
                         StatusReason::kReadOnly);
     }
@@ -222,6 +226,9 @@ TEST_CASE(
                           master::ProvingHeartbeat(OneRegionNodeReq("n1"), reg),
                           &hb)
               .ok());
+    // It tells the node, which then looks for a leader elsewhere.
+    CHECK(hb.read_only());
+    CHECK(probes.load() >= 1);
   }
   {
     grpc::ClientContext ctx;

@@ -247,7 +247,9 @@ struct StorageNodeOptions : DaemonOptions {
   storage::DramDeviceOptions* dram() {
     return std::get_if<storage::DramDeviceOptions>(&device);
   }
-  const HybridDevice* hybrid() const { return std::get_if<HybridDevice>(&device); }
+  const HybridDevice* hybrid() const {
+    return std::get_if<HybridDevice>(&device);
+  }
   HybridDevice* hybrid() { return std::get_if<HybridDevice>(&device); }
   const LruDevice* lru() const { return std::get_if<LruDevice>(&device); }
   LruDevice* lru() { return std::get_if<LruDevice>(&device); }
@@ -388,6 +390,8 @@ class StorageNode {
   absl::Status CheckMasterEpoch(int64_t epoch);
   // Returns whether the master asked for a new registration.
   absl::StatusOr<bool> Heartbeat(uint32_t node_id);
+  // What the last heartbeat answer said: the master serves read-only.
+  bool MasterReadOnly() ABSL_LOCKS_EXCLUDED(mu_);
   void Deregister(uint32_t node_id);
   // Applies a ceiling from the master to the extent table; 0 is ignored.
   void ApplyGenerationCeiling(uint64_t ceiling);
@@ -417,7 +421,7 @@ class StorageNode {
   std::unique_ptr<storage::CapacityTier> lru_tier_;
   std::unique_ptr<storage::MemoryDevice> device_;
   std::unique_ptr<storage::ExtentTable> extents_;
-  std::unique_ptr<storage::KvManager> kv_;  // before data_server_
+  std::unique_ptr<storage::KvManager> kv_;    // before data_server_
   std::unique_ptr<storage::RdmaPlane> rdma_;  // before data_server_
   std::unique_ptr<storage::ShmExport> shm_export_;
   // Set at every registration; checks every data-plane op.
@@ -456,6 +460,9 @@ class StorageNode {
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   // As the master's last heartbeat answer said (draining()).
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  // The master's last heartbeat answer said it serves read-only (it lost
+  // etcd): the heartbeat loop looks for a leader among the other masters.
+  bool master_read_only_ ABSL_GUARDED_BY(mu_) = false;
   // Register() timed out and left its identity change open: the master may
   // have registered this node and be signing capabilities with a key whose
   // answer was lost. Data-plane requests that fail their capability check

@@ -10,10 +10,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/grpc_reconnect.h"
+#include "common/health_probe.h"
 #include "common/mutex.h"
 #include "common/status_reason.h"
 #include "proto/master.grpc.pb.h"
@@ -23,7 +25,8 @@
 namespace hymcache {
 namespace storage::internal {
 
-inline void ToProto(const storage::RegionDescriptor& r, ::hymcache::v1::RegionInfo* out) {
+inline void ToProto(const storage::RegionDescriptor& r,
+                    ::hymcache::v1::RegionInfo* out) {
   out->set_region_id(r.region_id);
   out->set_capacity_bytes(r.capacity_bytes);
   out->set_alignment(r.alignment);
@@ -91,6 +94,36 @@ struct StorageNode::MasterLink {
   bool several() {
     MutexLock l(&mu);
     return peers.size() > 1 || static_cast<bool>(leader);
+  }
+  // The current master serves read-only (it lost etcd): moves to another
+  // master whose gRPC health says SERVING (one that leads), etcd's leader
+  // first when etcd names one. Each is asked within `timeout`, without the
+  // lock. True when it moved.
+  bool MoveToServingLeader(absl::Duration timeout) {
+    std::vector<std::pair<size_t, std::shared_ptr<grpc::Channel>>> others;
+    {
+      MutexLock l(&mu);
+      if (peers.empty()) return false;
+      const std::string named = leader ? leader() : "";
+      const int first = named.empty() || named == peers[current]->address
+                            ? -1
+                            : IndexOf(named);
+      if (first >= 0) others.emplace_back(first, peers[first]->channel);
+      for (size_t i = 0; i < peers.size(); ++i) {
+        if (i != current && static_cast<int>(i) != first) {
+          others.emplace_back(i, peers[i]->channel);
+        }
+      }
+    }
+    for (const auto& [i, channel] : others) {
+      absl::StatusOr<bool> serving = CheckHealth(channel, "", timeout);
+      if (serving.ok() && *serving) {
+        MutexLock l(&mu);
+        current = i;
+        return true;
+      }
+    }
+    return false;
   }
   // The current master refused a call with `s` (UNAVAILABLE).
   void Refused(const absl::Status& s) {

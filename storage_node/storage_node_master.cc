@@ -217,7 +217,8 @@ absl::Status StorageNode::Register() {
     extents_->ClearStale(write_mark, resp.generation_ceiling() == 0
                                          ? UINT64_MAX
                                          : resp.generation_ceiling());
-    const uint64_t dropped = before - std::min(before, extents_->Stats().extents);
+    const uint64_t dropped =
+        before - std::min(before, extents_->Stats().extents);
     if (dropped > 0) {
       LOG(WARNING) << "master " << master_->address()
                    << " does not retain this node's objects; dropped "
@@ -225,18 +226,18 @@ absl::Status StorageNode::Register() {
     }
   }
   {
-  MutexLock l(&mu_);
-  if (node_id_ != 0 && node_id_ != resp.node_id()) {
-    LOG(WARNING) << "master changed this node's id from " << node_id_
-                 << " to " << resp.node_id();
-  }
-  node_id_ = resp.node_id();
-  heartbeat_interval_ = interval;
-  registered_ = true;
-  reconcile_due_ = resp.reconcile();
-  reconcile_before_ready_ = resp.reconcile();
-  reconcile_interval_ = absl::Milliseconds(resp.reconcile_interval_ms());
-  next_reconcile_ = absl::Now() + reconcile_interval_;
+    MutexLock l(&mu_);
+    if (node_id_ != 0 && node_id_ != resp.node_id()) {
+      LOG(WARNING) << "master changed this node's id from " << node_id_
+                   << " to " << resp.node_id();
+    }
+    node_id_ = resp.node_id();
+    heartbeat_interval_ = interval;
+    registered_ = true;
+    reconcile_due_ = resp.reconcile();
+    reconcile_before_ready_ = resp.reconcile();
+    reconcile_interval_ = absl::Milliseconds(resp.reconcile_interval_ms());
+    next_reconcile_ = absl::Now() + reconcile_interval_;
   }
   SaveNodeKey(resp.node_key());
   return absl::OkStatus();
@@ -262,6 +263,11 @@ absl::Status StorageNode::CheckMasterEpoch(int64_t epoch) {
   return stale;
 }
 
+bool StorageNode::MasterReadOnly() {
+  MutexLock l(&mu_);
+  return master_read_only_;
+}
+
 absl::StatusOr<bool> StorageNode::Heartbeat(uint32_t node_id) {
   v1::HeartbeatRequest req;
   req.set_node_id(node_id);
@@ -277,6 +283,7 @@ absl::StatusOr<bool> StorageNode::Heartbeat(uint32_t node_id) {
     MutexLock l(&mu_);
     if (resp.reconcile()) reconcile_due_ = true;
     if (!resp.reregister()) draining_ = resp.draining();
+    master_read_only_ = resp.read_only();
   }
   return resp.reregister();
 }
@@ -366,13 +373,13 @@ absl::Status StorageNode::Reconcile(uint32_t node_id) {
       ++freed;
     }
   }
-  const std::string outcome = absl::StrCat(
-      "held ", sent, ", master listed ", resp.listed(), ", matched ",
-      resp.matched(), ", master dropped ", resp.dropped_listings(),
-      " listings, freed ", freed, " of ", resp.unlisted_count(),
-      " unlisted extents, in ",
-      absl::FormatDuration(absl::Trunc(absl::Now() - start,
-                                       absl::Milliseconds(1))));
+  const std::string outcome =
+      absl::StrCat("held ", sent, ", master listed ", resp.listed(),
+                   ", matched ", resp.matched(), ", master dropped ",
+                   resp.dropped_listings(), " listings, freed ", freed, " of ",
+                   resp.unlisted_count(), " unlisted extents, in ",
+                   absl::FormatDuration(absl::Trunc(absl::Now() - start,
+                                                    absl::Milliseconds(1))));
   if (resp.dropped_listings() > 0 || freed > 0) {
     LOG(INFO) << "reconciled with master: " << outcome;
   } else {
@@ -384,8 +391,8 @@ absl::Status StorageNode::Reconcile(uint32_t node_id) {
   reconcile_freed_ += freed;
   last_reconcile_ = outcome;
   // The rest of the unlisted extents come in the next round, at once.
-  reconcile_due_ = resp.unlisted_count() > static_cast<uint64_t>(
-                                               resp.unlisted_size());
+  reconcile_due_ =
+      resp.unlisted_count() > static_cast<uint64_t>(resp.unlisted_size());
   next_reconcile_ = absl::Now() + reconcile_interval_;
   return absl::OkStatus();
 }
@@ -398,7 +405,7 @@ void StorageNode::ApplyGenerationCeiling(uint64_t ceiling) {
 
 void StorageNode::HeartbeatLoop() {
   absl::Duration retry = kMinRetry;
-  bool outage = false;  // a warning was logged for the current outage
+  bool outage = false;           // a warning was logged for the current outage
   bool published_ready = false;  // what the health service says
   bool heartbeat_now = false;    // registered just now: no pause first
   while (true) {
@@ -473,6 +480,19 @@ void StorageNode::HeartbeatLoop() {
     heartbeat_now = false;
     absl::StatusOr<bool> reregister = Heartbeat(node_id);
     if (reregister.ok() && !*reregister) {
+      if (MasterReadOnly() && master_->several()) {
+        const std::string from = master_->address();
+        if (master_->MoveToServingLeader(options_.rpc_timeout)) {
+          // Another master leads (this one lost etcd, and may never learn
+          // of the new term): register there; its epoch fences the old one.
+          LOG(WARNING) << "master " << from << " serves read-only; moving to "
+                       << master_->address() << ", which leads";
+          MutexLock l(&mu_);
+          registered_ = false;
+          master_read_only_ = false;
+          continue;
+        }
+      }
       MaybeReconcile();
       continue;
     }
