@@ -132,7 +132,10 @@ struct LoadOptions {
   absl::Time deadline = absl::InfinitePast();
   // Send each node the ordered list of its blocks first, so that it stages
   // them from SSD into DRAM ahead of the reads. false: plain reads (each
-  // read of an unstaged block waits for the SSD). Default: true.
+  // read of an unstaged block waits for the SSD). A load whose found blocks
+  // one read takes (all looked up, one node, read_batch_bytes) sends no
+  // list even so: there is nothing to stage ahead of that read, and the
+  // list would cost a round trip. Default: true.
   bool prefetch = true;
   // Which memory every buffer of the call is in. Default: host memory.
   // Device buffers: the keys are loaded in groups that fit one bounce chunk

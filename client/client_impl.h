@@ -106,6 +106,9 @@ class ClientImpl : public Client {
 
   // load.cc
   uint64_t NewSessionId();
+  size_t ReadRunEnd(const std::vector<ObjectLocation>& locs,
+                    absl::Span<const MutableBuffer> buffers, size_t i,
+                    size_t end) const;
   void Hint(uint64_t session, const std::vector<ObjectLocation>& locs,
             size_t from, size_t to, absl::Time deadline,
             std::vector<uint32_t>* nodes);

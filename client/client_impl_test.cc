@@ -148,6 +148,84 @@ TEST_CASE("Load reads every stored block byte for byte, in batches of read_batch
   CHECK(rig.transport->released_sessions().empty());
 }
 
+TEST_CASE("Load sends no hint when one read takes every block it found") {
+  Rig rig;
+  Blocks b(3);  // 3 blocks fit one read of read_batch_bytes (4)
+  StoreAll(rig, b);
+  SECTION("all of them stored: one lookup, one plain read") {
+    Out out(3);
+    auto r = rig.client->Load(b.keys, out.bufs);
+    REQUIRE(r.ok());
+    CHECK(r->stop_reason.ok());
+    CHECK(r->loaded == 3);
+    CHECK(r->bytes == 3 * kLen);
+    CheckLoaded(b, out, 3);
+    CHECK(rig.transport->prefetched() == 0);
+    CHECK(rig.transport->reads() == std::vector<size_t>{3});
+    CHECK(rig.transport->session_reads().empty());
+  }
+  SECTION("one key") {
+    Out out(1);
+    auto r = rig.client->Load({b.keys[1]}, {out.bufs[0]});
+    REQUIRE(r.ok());
+    CHECK(r->loaded == 1);
+    CHECK(std::memcmp(out.bytes[0].data(), b.data[1].data(), kLen) == 0);
+    CHECK(rig.transport->prefetched() == 0);
+    CHECK(rig.transport->reads() == std::vector<size_t>{1});
+  }
+  SECTION("a miss after them") {
+    Blocks more(5);  // k3, k4 never stored
+    Out out(5);
+    auto r = rig.client->Load(more.keys, out.bufs);
+    REQUIRE(r.ok());
+    CHECK(r->loaded == 3);
+    CHECK(r->stop_reason.code() == absl::StatusCode::kNotFound);
+    CheckLoaded(more, out, 3);
+    CHECK(rig.transport->prefetched() == 0);
+    CHECK(rig.transport->reads() == std::vector<size_t>{3});
+  }
+  // Nothing was announced, so no session to end.
+  rig.client.reset();
+  CHECK(rig.transport->released_sessions().empty());
+}
+
+TEST_CASE("Load hints every block when they take more than one read") {
+  Rig rig;
+  Blocks b(5);  // 4 + 1 blocks: two reads
+  StoreAll(rig, b);
+  Out out(5);
+  auto r = rig.client->Load(b.keys, out.bufs);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 5);
+  CheckLoaded(b, out, 5);
+  CHECK(rig.transport->prefetched() == 5);
+  CHECK(rig.transport->session_reads() == std::vector<size_t>{4, 1});
+  CHECK(rig.transport->reads().empty());
+}
+
+TEST_CASE(
+    "Load reads hinted blocks in the session and a last unhinted run plainly") {
+  ClientOptions o = TestOptions();
+  o.lookup_batch_keys = 2;
+  Rig rig(o);
+  Blocks b(4);
+  StoreAll(rig, b);
+  // The second lookup chunk arrives only after the first chunk's blocks
+  // are read: they were hinted (more lookups were pending); the last two,
+  // one read with nothing else left, are not.
+  rig.master->SetLaterChunksLate(true);
+  Out out(4);
+  auto r = rig.client->Load(b.keys, out.bufs);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 4);
+  CheckLoaded(b, out, 4);
+  CHECK(rig.transport->prefetched() == 2);
+  CHECK(rig.transport->session_reads() == std::vector<size_t>{2});
+  CHECK(rig.transport->reads() == std::vector<size_t>{2});
+  rig.client.reset();
+  CHECK(rig.transport->released_sessions().empty());
+}
+
 TEST_CASE("Load stops at a miss in the middle of a lookup chunk") {
   Rig rig;
   Blocks b(10);
@@ -172,27 +250,27 @@ TEST_CASE("Load reads an aborted suffix again") {
   ClientOptions o = TestOptions();
   o.read_batch_bytes = 8 * kLen;
   Rig rig(o);
-  Blocks b(8);
+  Blocks b(9);  // two reads: hinted
   StoreAll(rig, b);
   rig.transport->AbortNextSessionReadAfter(3);
-  Out out(8);
+  Out out(9);
   auto r = rig.client->Load(b.keys, out.bufs);
   REQUIRE(r.ok());
   CHECK(r->stop_reason.ok());
-  CHECK(r->loaded == 8);
-  CHECK(r->bytes == 8 * kLen);
-  CheckLoaded(b, out, 8);
-  // Three served, five aborted and asked for again.
-  CHECK(rig.transport->session_reads() == std::vector<size_t>{8, 5});
+  CHECK(r->loaded == 9);
+  CHECK(r->bytes == 9 * kLen);
+  CheckLoaded(b, out, 9);
+  // Three served, five aborted and asked for again with the ninth.
+  CHECK(rig.transport->session_reads() == std::vector<size_t>{8, 6});
 }
 
 TEST_CASE("Load returns the blocks read before a deadline in the middle of a batch") {
   ClientOptions o = TestOptions();
   o.read_batch_bytes = 6 * kLen;
   Rig rig(o, /*op_time=*/absl::Seconds(1));
-  Blocks b(6);
+  Blocks b(7);  // two reads: hinted
   StoreAll(rig, b);
-  Out out(6);
+  Out out(7);
   // Ops start at +0 s, +1 s, +2 s; the fourth, at +3 s, is past it.
   LoadOptions lo;
   lo.deadline = rig.clock.Now() + absl::Milliseconds(2500);
@@ -200,11 +278,11 @@ TEST_CASE("Load returns the blocks read before a deadline in the middle of a bat
   REQUIRE(r.ok());
   CHECK(r->loaded == 3);
   CHECK(r->bytes == 3 * kLen);
-  CHECK(r->hit_prefix == 6);
+  CHECK(r->hit_prefix == 7);
   CHECK(r->stop_reason.code() == absl::StatusCode::kDeadlineExceeded);
   CheckLoaded(b, out, 3);
   CHECK(rig.transport->session_reads() == std::vector<size_t>{6});
-  // The three announced and not read are released on their node.
+  // The four announced and not read are released on their node.
   rig.client.reset();
   CHECK(rig.transport->released_sessions().size() == 1);
 }

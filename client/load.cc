@@ -20,7 +20,7 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
     return LoadToDevice(keys, buffers, options);
   }
   const absl::Time deadline = Deadline(options.deadline);
-  const uint64_t session = options.prefetch ? NewSessionId() : 0;
+  uint64_t session = 0;  // drawn at the first hint
   // With hints, a small first lookup lets the nodes start staging and the
   // reads start early; without, fewer and larger lookups are faster
   // (get_bench, 256 blocks of 64 KiB over shm: +17%), as Get always did.
@@ -36,6 +36,7 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
   bool closed = false;  // the hit prefix ends at `found`
   absl::Status stop;
   std::vector<uint32_t> session_nodes;  // nodes holding hinted objects
+  bool plain_tail = false;  // blocks [hinted, found) are read unhinted
 
   while (true) {
     // Take lookup answers in order: wait only when there is nothing to read
@@ -63,10 +64,20 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
     }
     if (!lookups->has_next()) closed = true;
 
-    // Announce the new hits to their nodes, in read order.
-    if (options.prefetch && hinted < found) {
-      Hint(session, locs, hinted, found, deadline, &session_nodes);
-      hinted = found;
+    // Announce the new hits to their nodes, in read order. Not when the
+    // next read is all there is left to do (every lookup answered, nothing
+    // hinted still unread, the rest fits one read of one node): the node
+    // could stage nothing ahead of that read, and the hint would only add
+    // a round trip before it (a one-block load's three become two).
+    if (options.prefetch && hinted < found && !plain_tail) {
+      if (closed && hinted == out.loaded &&
+          ReadRunEnd(locs, buffers, out.loaded, found) == found) {
+        plain_tail = true;
+      } else {
+        if (session == 0) session = NewSessionId();
+        Hint(session, locs, hinted, found, deadline, &session_nodes);
+        hinted = found;
+      }
     }
 
     if (out.loaded == found) {
@@ -81,14 +92,10 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
                        " bytes, object is ", locs[i].length));
       break;
     }
-    size_t j = i + 1;
-    uint64_t batch = locs[i].length;
-    while (j < found && locs[j].node_id == locs[i].node_id &&
-           batch + locs[j].length <= options_.read_batch_bytes &&
-           buffers[j].data != nullptr && buffers[j].size >= locs[j].length) {
-      batch += locs[j].length;
-      ++j;
-    }
+    // Hinted blocks are read in the session (their staged copies), the
+    // others the ordinary way.
+    const bool in_session = i < hinted;
+    const size_t j = ReadRunEnd(locs, buffers, i, in_session ? hinted : found);
     absl::StatusOr<PeerInfo> peer = Peer(locs[i].node_id);
     if (!peer.ok()) {
       stop = peer.status();
@@ -100,9 +107,8 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
       ops.push_back(ReadOp{ToRemoteRef(locs[k]), buffers[k].data});
     }
     std::vector<absl::Status> st =
-        options.prefetch
-            ? transport_->ReadSession(*peer, session, ops, deadline)
-            : transport_->Read(*peer, ops, deadline);
+        in_session ? transport_->ReadSession(*peer, session, ops, deadline)
+                   : transport_->Read(*peer, ops, deadline);
     ReportRefused(keys, locs, i, st);
     size_t ok = 0;
     while (ok < st.size() && st[ok].ok()) {
@@ -134,6 +140,23 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
     ReleaseInBackground(session, session_nodes);
   }
   return out;
+}
+
+// The end of the run of blocks from `i` (< `end`) that one read takes: on
+// the node of block i, at most read_batch_bytes (block i alone may exceed
+// it), each block's buffer large enough.
+size_t ClientImpl::ReadRunEnd(const std::vector<ObjectLocation>& locs,
+                              absl::Span<const MutableBuffer> buffers, size_t i,
+                              size_t end) const {
+  size_t j = i + 1;
+  uint64_t batch = locs[i].length;
+  while (j < end && locs[j].node_id == locs[i].node_id &&
+         batch + locs[j].length <= options_.read_batch_bytes &&
+         buffers[j].data != nullptr && buffers[j].size >= locs[j].length) {
+    batch += locs[j].length;
+    ++j;
+  }
+  return j;
 }
 
 uint64_t ClientImpl::NewSessionId() {

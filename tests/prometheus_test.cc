@@ -281,6 +281,9 @@ Cluster StartCluster(const std::string& dir) {
 
   ClientOptions co;
   co.master_address = c.master->address();
+  // PutAndLoad's 24 blocks of 64 KiB in two reads: a load that one read
+  // takes sends no prefetch hint, and the staged-read series must move.
+  co.read_batch_bytes = 1 << 20;
   auto client = Client::Create(co);
   REQUIRE(client.ok());
   c.client = std::move(*client);

@@ -925,7 +925,8 @@ buffers: one writable, contiguous buffer per key (numpy arrays or views of
 deadline: seconds from now (None: the client's deadline). When it passes,
   load returns what it finished.
 prefetch: tell the nodes the ordered list of blocks first (they stage them
-  ahead of the reads).
+  ahead of the reads); not sent when one read takes every block found (a
+  one-block load is a lookup and a read).
 Returns a LoadResult (blocks [0, loaded) are complete; stop_reason says why
 it stopped). A miss, a dead node, a buffer too small or the deadline is not
 an exception: it ends the loaded prefix. Raises InvalidArgument (key and
