@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <optional>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -134,7 +134,8 @@ class StorageNode::ControlService final
       grpc::CallbackServerContext* ctx,
       const v1::RequestReconcileRequest* /*req*/,
       v1::RequestReconcileResponse* resp) override {
-    if (absl::Status a = Admit(ctx, "RequestReconcile"); !a.ok()) return Refuse(ctx, a);
+    if (absl::Status a = Admit(ctx, "RequestReconcile"); !a.ok())
+      return Refuse(ctx, a);
     {
       MutexLock l(&node_->mu_);
       node_->reconcile_due_ = true;
@@ -170,9 +171,7 @@ class StorageNode::ControlService final
         : public grpc::ServerWriteReactor<v1::ListExtentsResponse> {
      public:
       Writer(StorageNode* node, uint32_t page)
-          : node_(node),
-            page_(page),
-            node_id_(node->node_id()) {
+          : node_(node), page_(page), node_id_(node->node_id()) {
         Next();
       }
       void OnWriteDone(bool ok) override {
@@ -219,8 +218,9 @@ class StorageNode::ControlService final
       std::vector<storage::ExtentKey> keys_;
       v1::ListExtentsResponse resp_;
     };
-    const uint32_t page =
-        req->page_size() == 0 ? 4096 : std::min<uint32_t>(req->page_size(), 65536);
+    const uint32_t page = req->page_size() == 0
+                              ? 4096
+                              : std::min<uint32_t>(req->page_size(), 65536);
     return new Writer(node_, page);
   }
 
@@ -245,9 +245,10 @@ void StorageNode::VisitStats(StatsVisitor* v,
            registered_ ? 1 : 0);
   v->Counter("reconciliations", "Completed reconciliations with the master",
              static_cast<double>(reconciliations_));
-  v->Counter("reconcile_freed_extents",
-             "Extents freed because the master neither listed nor expected them",
-             static_cast<double>(reconcile_freed_));
+  v->Counter(
+      "reconcile_freed_extents",
+      "Extents freed because the master neither listed nor expected them",
+      static_cast<double>(reconcile_freed_));
 }
 
 namespace {
@@ -263,10 +264,10 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
   const StorageNodeOptions::HybridDevice* hybrid = o.hybrid();
   const StorageNodeOptions::LruDevice* lru = o.lru();
   RETURN_IF_ERROR(storage::CheckMemoryFits(
-      dram != nullptr     ? dram->capacity_bytes
-      : hybrid != nullptr ? hybrid->device.staging_bytes +
-                                hybrid->device.write_buffer_bytes
-                          : lru->device.cache_bytes,
+      dram != nullptr ? dram->capacity_bytes
+      : hybrid != nullptr
+          ? hybrid->device.staging_bytes + hybrid->device.write_buffer_bytes
+          : lru->device.cache_bytes,
       dram != nullptr     ? dram->numa_node
       : hybrid != nullptr ? hybrid->device.numa_node
                           : -1,
@@ -310,8 +311,8 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
   storage::LruCacheDeviceOptions l = lru->device;
   l.capacity_bytes = tier.capacity_bytes;
   l.data_offset = storage::CapacityTier::kHeaderBytes;
-  LOG(INFO) << "LRU baseline device: capacity file " << tier.path
-            << ", cache " << l.cache_bytes << " bytes";
+  LOG(INFO) << "LRU baseline device: capacity file " << tier.path << ", cache "
+            << l.cache_bytes << " bytes";
   ASSIGN_OR_RETURN(auto d, storage::LruCacheDevice::Create(l, t->io()));
   *tier_out = std::move(t);
   return std::unique_ptr<storage::MemoryDevice>(std::move(d));
@@ -333,8 +334,8 @@ absl::StatusOr<std::string> ReadNodeKey(const std::string& path) {
   const size_t n = std::fread(key.data(), 1, key.size(), f);
   std::fclose(f);
   if (n != kNodeKeyBytes) {
-    return absl::DataLossError(absl::StrCat(path, " holds ", n,
-                                            " bytes, not a node key"));
+    return absl::DataLossError(
+        absl::StrCat(path, " holds ", n, " bytes, not a node key"));
   }
   key.resize(kNodeKeyBytes);
   return key;
@@ -348,9 +349,9 @@ absl::Status WriteNodeKey(const std::string& path, const std::string& key) {
     return absl::InternalError(
         absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
   }
-  const bool ok = ::write(fd, key.data(), key.size()) ==
-                      static_cast<ssize_t>(key.size()) &&
-                  ::fsync(fd) == 0;
+  const bool ok =
+      ::write(fd, key.data(), key.size()) == static_cast<ssize_t>(key.size()) &&
+      ::fsync(fd) == 0;
   const int e = errno;
   ::close(fd);
   if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -397,9 +398,9 @@ absl::StatusOr<std::unique_ptr<StorageNode>> StorageNode::Create(
     const StorageNodeOptions& options) {
   RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<StorageNode> node(new StorageNode(options));
-  const std::string advertise =
-      options.advertise_host.empty() ? options.listen_host
-                                     : options.advertise_host;
+  const std::string advertise = options.advertise_host.empty()
+                                    ? options.listen_host
+                                    : options.advertise_host;
   RETURN_IF_ERROR(node->InitIdentity());
   RETURN_IF_ERROR(node->OpenDevice());
   RETURN_IF_ERROR(node->OpenExtentTable());
@@ -446,8 +447,8 @@ absl::Status StorageNode::InitIdentity() {
       MutexLock l(&mu_);
       node_key_ = *std::move(key);
     } else if (key.status().code() != absl::StatusCode::kNotFound) {
-      LOG(WARNING) << "storage node: ignoring node key file "
-                   << node_key_path_ << ": " << key.status();
+      LOG(WARNING) << "storage node: ignoring node key file " << node_key_path_
+                   << ": " << key.status();
     }
   }
   return absl::OkStatus();
@@ -513,8 +514,8 @@ absl::Status StorageNode::OpenExtentTable() {
       ++adopted;
     } else {
       LOG(WARNING) << "storage node: cannot re-adopt extent at " << e.addr
-                   << " (" << e.length << " bytes, generation "
-                   << e.generation << ")";
+                   << " (" << e.length << " bytes, generation " << e.generation
+                   << ")";
     }
   }
   if (adopted > 0) {
@@ -566,7 +567,8 @@ absl::Status StorageNode::StartDataPlane(const std::string& advertise) {
   ds.host = options_.listen_host;
   ds.device = device_.get();
   ds.extents = extents_.get();
-  capabilities_ = std::make_unique<CapabilityVerifier>(options_.capability_skew);
+  capabilities_ =
+      std::make_unique<CapabilityVerifier>(options_.capability_skew);
   ds.capabilities = capabilities_.get();
   ASSIGN_OR_RETURN(data_server_, storage::DataServer::Create(ds));
   data_port_ = data_server_->port();
@@ -658,10 +660,10 @@ bool StorageNode::registered() const {
 bool StorageNode::WaitRegistered(absl::Time deadline) {
   MutexLock l(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return registered_ || stopping_;
+    return (registered_ && heartbeat_since_registration_) || stopping_;
   };
   mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
-  return registered_;
+  return registered_ && heartbeat_since_registration_;
 }
 
 void StorageNode::Shutdown() {
@@ -713,7 +715,8 @@ void StorageNode::Shutdown() {
   // Then stop accepting and let requests in progress finish.
   if (data_server_ != nullptr) data_server_->Shutdown(options_.drain_timeout);
   if (control_server_ != nullptr) {
-    control_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    control_server_->Shutdown(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
     control_server_->Wait();
   }
   MutexLock l(&mu_);

@@ -318,8 +318,9 @@ class StorageNode {
   // The master's last heartbeat answer said an operator drained this node
   // (hymctl drain): no new placements come here.
   bool draining() const;
-  // Blocks until registered with the master or `deadline`; false on timeout
-  // (or shutdown).
+  // Blocks until registered with the master and past the first heartbeat
+  // after it (which proves the node's key: the master places nothing here
+  // before), or `deadline`; false on timeout (or shutdown).
   bool WaitRegistered(absl::Time deadline);
 
   // Graceful: stops heartbeating and deregisters from the master first
@@ -458,6 +459,8 @@ class StorageNode {
   // read from node_key_path_).
   std::string node_key_ ABSL_GUARDED_BY(mu_);
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  // A heartbeat succeeded since the last registration (WaitRegistered).
+  bool heartbeat_since_registration_ ABSL_GUARDED_BY(mu_) = false;
   // As the master's last heartbeat answer said (draining()).
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   // The master's last heartbeat answer said it serves read-only (it lost

@@ -234,6 +234,7 @@ absl::Status StorageNode::Register() {
     node_id_ = resp.node_id();
     heartbeat_interval_ = interval;
     registered_ = true;
+    heartbeat_since_registration_ = false;
     reconcile_due_ = resp.reconcile();
     reconcile_before_ready_ = resp.reconcile();
     reconcile_interval_ = absl::Milliseconds(resp.reconcile_interval_ms());
@@ -284,6 +285,7 @@ absl::StatusOr<bool> StorageNode::Heartbeat(uint32_t node_id) {
     if (resp.reconcile()) reconcile_due_ = true;
     if (!resp.reregister()) draining_ = resp.draining();
     master_read_only_ = resp.read_only();
+    if (!resp.reregister()) heartbeat_since_registration_ = true;
   }
   return resp.reregister();
 }
