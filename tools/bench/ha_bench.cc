@@ -44,12 +44,14 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -189,8 +191,34 @@ bool RegisterFakeNode(v1::MasterService::Stub* stub) {
 struct Result {
   double puts_per_s = 0;
   double lookups_per_s = 0;
+  // CPU time (user + system) of the leader's process per operation: its
+  // own cost, whatever the standby and etcd take from the shared cores.
+  double leader_cpu_us_per_put = 0;
+  double leader_cpu_us_per_lookup = 0;
   std::map<std::string, double> stats;
 };
+
+// User + system CPU seconds `pid` has used (/proc/PID/stat); 0 if unknown.
+double CpuSeconds(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(f, line)) return 0;
+  // Fields after the command (which may hold spaces) start after ")".
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::vector<std::string> fields =
+      absl::StrSplit(line.substr(close + 2), ' ', absl::SkipEmpty());
+  // utime and stime are fields 14 and 15 of the whole line: 12 and 13
+  // after the state (field 3).
+  if (fields.size() < 13) return 0;
+  double ticks = 0;
+  for (int i : {11, 12}) {
+    double v = 0;
+    if (!absl::SimpleAtod(fields[i], &v)) return 0;
+    ticks += v;
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
 
 absl::StatusOr<Result> RunMode(const std::string& binary,
                                const std::string& mode,
@@ -220,6 +248,8 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
     for (Thread& th : ts) th.Join();
   };
   Result r;
+  const pid_t leader_pid = rig->masters[0].pid();
+  double cpu0 = CpuSeconds(leader_pid);
   absl::Time t0 = absl::Now();
   phase([&](int t, v1::MasterService::Stub* stub, absl::Time end) {
     uint64_t n = 0;
@@ -250,6 +280,10 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
     }
   });
   r.puts_per_s = puts.load() / absl::ToDoubleSeconds(absl::Now() - t0);
+  if (puts.load() > 0) {
+    r.leader_cpu_us_per_put = (CpuSeconds(leader_pid) - cpu0) * 1e6 /
+                              static_cast<double>(puts.load());
+  }
   std::vector<std::string> all;
   for (auto& v : keys) all.insert(all.end(), v.begin(), v.end());
   if (all.size() < static_cast<size_t>(FLAGS_batch)) {
@@ -258,6 +292,7 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
                                             failures.load(), " failed puts)"));
   }
   std::atomic<uint64_t> lookups{0}, misses{0};
+  cpu0 = CpuSeconds(leader_pid);
   t0 = absl::Now();
   phase([&](int t, v1::MasterService::Stub* stub, absl::Time end) {
     std::mt19937_64 rng(t);
@@ -278,6 +313,10 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
     }
   });
   r.lookups_per_s = lookups.load() / absl::ToDoubleSeconds(absl::Now() - t0);
+  if (lookups.load() > 0) {
+    r.leader_cpu_us_per_lookup = (CpuSeconds(leader_pid) - cpu0) * 1e6 /
+                                 static_cast<double>(lookups.load());
+  }
   r.stats = Stats(admin.get());
   if (misses.load() > 0 || failures.load() > 0) {
     return absl::InternalError(absl::StrCat(mode, ": ", misses.load(),
@@ -578,6 +617,11 @@ int Main(const char* argv0) {
     return 0;
   }
   std::map<std::string, Result> best;
+  std::map<std::string, std::vector<double>> cpu_put, cpu_lookup;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
   for (int rep = 0; rep < FLAGS_reps; ++rep) {
     for (size_t i = 0; i < modes.size(); ++i) {
       const std::string& mode = modes[(i + rep) % modes.size()];
@@ -586,8 +630,11 @@ int Main(const char* argv0) {
         std::fprintf(stderr, "ha_bench: %s\n", r.status().ToString().c_str());
         return 1;
       }
-      std::printf("rep=%d mode=%s puts_per_s=%.0f lookups_per_s=%.0f", rep,
-                  mode.c_str(), r->puts_per_s, r->lookups_per_s);
+      std::printf(
+          "rep=%d mode=%s puts_per_s=%.0f lookups_per_s=%.0f "
+          "leader_cpu_us_per_put=%.1f leader_cpu_us_per_lookup=%.1f",
+          rep, mode.c_str(), r->puts_per_s, r->lookups_per_s,
+          r->leader_cpu_us_per_put, r->leader_cpu_us_per_lookup);
       if (mode == "sync") {
         std::printf(" sync_commits=%.0f sync_timeouts=%.0f",
                     r->stats["replication_sync_commits"],
@@ -598,6 +645,8 @@ int Main(const char* argv0) {
       Result& b = best[mode];
       b.puts_per_s = std::max(b.puts_per_s, r->puts_per_s);
       b.lookups_per_s = std::max(b.lookups_per_s, r->lookups_per_s);
+      cpu_put[mode].push_back(r->leader_cpu_us_per_put);
+      cpu_lookup[mode].push_back(r->leader_cpu_us_per_lookup);
     }
   }
   std::filesystem::remove_all(dir);
@@ -612,6 +661,19 @@ int Main(const char* argv0) {
         r.puts_per_s, base.puts_per_s > 0 ? r.puts_per_s / base.puts_per_s : 0,
         r.lookups_per_s,
         base.lookups_per_s > 0 ? r.lookups_per_s / base.lookups_per_s : 0);
+  }
+  // The leader's own cost, apart from what the standby and etcd take from
+  // the shared cores: off's CPU per op / this mode's (1.00x: no cost).
+  std::printf("leader CPU per op (median of %d reps; ratio = %s's / mode's)\n",
+              FLAGS_reps, modes[0].c_str());
+  const double base_put = median(cpu_put[modes[0]]);
+  const double base_lookup = median(cpu_lookup[modes[0]]);
+  for (const std::string& m : modes) {
+    const double put = median(cpu_put[m]);
+    const double lookup = median(cpu_lookup[m]);
+    std::printf("%-6s put %7.1f us (%.2fx)  lookup %7.1f us (%.2fx)\n",
+                m.c_str(), put, put > 0 ? base_put / put : 0, lookup,
+                lookup > 0 ? base_lookup / lookup : 0);
   }
   return 0;
 }
