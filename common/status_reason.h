@@ -45,7 +45,12 @@ namespace hymcache {
     "failed first")                                                           \
   X(kNotLeader, "not_leader",                                                 \
     "the master called does not lead (it stands by, or was deposed): call "  \
-    "the leader; LeaderHintOf gives it when the master knew it")
+    "the leader; LeaderHintOf gives it when the master knew it")            \
+  X(kWriteReceiptInvalid, "write_receipt_invalid",                            \
+    "a PutCommit named a written slot without the storage node's write "     \
+    "receipt for it (missing, forged, or another slot's, generation's or "   \
+    "node's): the master committed nothing of that put (docs/ha.md, "        \
+    "node-confirmed commits)")
 
 enum class StatusReason : uint32_t {
   kNone = 0,

@@ -21,6 +21,7 @@
 #include "common/net.h"
 #include "common/security.h"
 #include "common/stats.h"
+#include "common/status_reason.h"
 #include "common/wire.h"
 #include "master/cq_server.h"
 #include "master/master_service.h"
@@ -273,7 +274,11 @@ class MasterRpcHandler final {
       return Refuse(ctx, s);
     }
     absl::StatusOr<v1::PutCommitResponse> out = service_->PutCommit(*req);
-    if (out.ok()) tenants_->ForgetPut(req->put_id());
+    // A commit refused for its receipts ended the put too.
+    if (out.ok() ||
+        ReasonOf(out.status()) == StatusReason::kWriteReceiptInvalid) {
+      tenants_->ForgetPut(req->put_id());
+    }
     return Reply(ctx, std::move(out), resp);
   }
   grpc::Status PutAbort(grpc::ServerContext* ctx,

@@ -411,6 +411,7 @@ TEST_CASE("A failed eviction write evicts nothing") {
   REQUIRE(put.ok());
   v1::PutCommitRequest c;
   c.set_put_id(put->put_id());
+  AddReceipts(*put, &c);
   REQUIRE(s.PutCommit(c).ok());
   store->FailWritesForTest(absl::UnavailableError("disk on fire"));
   CHECK(s.PutStart(PutReq({"k2"}, {kObj})).status().code() ==
@@ -451,6 +452,7 @@ TEST_CASE("Concurrent puts, reads and evictions") {
             stored[t][key + "x"] = {key, r->node().node_id()};
             v1::PutCommitRequest c;
             c.set_put_id(r->put_id());
+            AddReceipts(*r, &c);
             h.svc->PutCommit(c).IgnoreError();
           }
           std::vector<std::string> keys = {key, key + "x"};

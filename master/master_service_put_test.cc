@@ -339,6 +339,93 @@ TEST_CASE("A key on a node re-registering after a master restart is not stored a
   CHECK(moved.node().node_id() == b);
 }
 
+TEST_CASE("A commit lists slots only with their node's write receipts") {
+  Harness h("receipts");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  auto refused = [&](const v1::PutCommitRequest& req) {
+    auto st = h.svc->PutCommit(req).status();
+    INFO(st.ToString());
+    CHECK(st.code() == StatusCode::kPermissionDenied);
+    CHECK(ReasonOf(st) == StatusReason::kWriteReceiptInvalid);
+    // Nothing listed, the put ended, its space free.
+    const v1::BatchLookupResponse l = h.Lookup({"k0", "k1"});
+    for (const auto& res : l.results()) CHECK_FALSE(res.found());
+    CHECK(h.svc->GetStats().pending_puts() == 0);
+    CHECK(h.UsedBytes(a) == 0);
+  };
+  // No receipts at all: a client committing what it never wrote.
+  auto r = h.Start({"k0", "k1"}, {100, 100});
+  v1::PutCommitRequest none;
+  none.set_put_id(r.put_id());
+  refused(none);
+  CHECK(h.svc->counters().commits_refused_receipt == 1);
+  // Unknown after the refusal.
+  CHECK(h.svc->PutCommit(none).status().code() == StatusCode::kNotFound);
+
+  // One slot's receipt given for both.
+  r = h.Start({"k0", "k1"}, {100, 100});
+  v1::PutCommitRequest swapped;
+  swapped.set_put_id(r.put_id());
+  swapped.add_receipts(ReceiptFor(r, 0));
+  swapped.add_receipts(ReceiptFor(r, 0));
+  refused(swapped);
+
+  // A receipt of an earlier allocation of the same key (another
+  // generation), and one signed with another node's key.
+  r = h.Start({"k0"}, {100});
+  const std::string earlier = ReceiptFor(r, 0);
+  REQUIRE(h.svc->PutAbort([&] {
+                  v1::PutAbortRequest ab;
+                  ab.set_put_id(r.put_id());
+                  return ab;
+                }())
+              .ok());
+  auto again = h.Start({"k0"}, {100});
+  REQUIRE(again.slots(0).location().generation() !=
+          r.slots(0).location().generation());
+  v1::PutCommitRequest stale;
+  stale.set_put_id(again.put_id());
+  stale.add_receipts(earlier);
+  refused(stale);
+  h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  r = h.Start({"k0"}, {100}, a);
+  REQUIRE(r.node().node_id() == a);
+  v1::PutCommitRequest other;
+  other.set_put_id(r.put_id());
+  other.add_receipts(WriteReceiptFor(HmacSha256(KeyByName().at("b")),
+                                     r.slots(0).location()));
+  refused(other);
+  CHECK(h.svc->counters().commits_refused_receipt == 4);
+
+  // A failed slot needs none; the written one its own.
+  r = h.Start({"k0", "k1"}, {100, 100}, a);
+  v1::PutCommitRequest good;
+  good.set_put_id(r.put_id());
+  good.add_failed_indexes(1);
+  good.add_receipts(ReceiptFor(r, 0));
+  auto ok = h.svc->PutCommit(good);
+  INFO(ok.status().ToString());
+  REQUIRE(ok.ok());
+  CHECK(ok->committed() == 1);
+  auto l = h.Lookup({"k0", "k1"});
+  CHECK(l.results(0).found());
+  CHECK_FALSE(l.results(1).found());
+}
+
+TEST_CASE("Without require_write_receipts a commit needs no receipts") {
+  Harness h("no_receipts",
+            [](MasterServiceOptions& o) { o.require_write_receipts = false; });
+  h.Register("a", 1, {{0, 1 << 20}});
+  auto r = h.Start({"k0"}, {100});
+  v1::PutCommitRequest c;
+  c.set_put_id(r.put_id());
+  auto ok = h.svc->PutCommit(c);
+  REQUIRE(ok.ok());
+  CHECK(ok->committed() == 1);
+  CHECK(h.Lookup({"k0"}).results(0).found());
+  CHECK(h.svc->counters().commits_refused_receipt == 0);
+}
+
 }  // namespace
 }  // namespace service_test
 }  // namespace master

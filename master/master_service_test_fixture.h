@@ -21,12 +21,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/capability.h"
 #include "common/fake_clock.h"
+#include "common/status_reason.h"
 #include "common/test_log_capture.h"
 #include "common/thread.h"
 #include "common/wire.h"
 #include "master/fake_metadata_store.h"
 #include "master/master_test_util.h"
 #include "master/metadata_store.h"
+#include "master/proving_heartbeat.h"
 #include "master/tenant.h"
 
 namespace hymcache {
@@ -136,6 +138,39 @@ inline v1::PutStartRequest PutReq(std::vector<std::string> keys,
   return r;
 }
 
+// The PutStart answers of these tests by put id (Harness::Start), so that
+// their commits carry the write receipts a real node gives for the bytes it
+// received (these tests' nodes hold no bytes).
+inline std::map<uint64_t, v1::PutStartResponse>& StartsById() {
+  static auto* m = new std::map<uint64_t, v1::PutStartResponse>;
+  return *m;
+}
+
+// The write receipt node `start.node()` gives for slot `i` of `start`.
+inline std::string ReceiptFor(const v1::PutStartResponse& start, int i) {
+  return WriteReceiptFor(
+      HmacSha256(KeyByName().at(NameById().at(start.node().node_id()))),
+      start.slots(i).location());
+}
+
+// Adds to `req` the receipt of every slot `start` allocated, as a client
+// that wrote them all does. Safe to call concurrently (reads only).
+inline void AddReceipts(const v1::PutStartResponse& start,
+                        v1::PutCommitRequest* req) {
+  req->clear_receipts();
+  for (int i = 0; i < start.slots_size(); ++i) {
+    req->add_receipts(start.slots(i).state() == v1::SLOT_ALLOCATED
+                          ? ReceiptFor(start, i)
+                          : "");
+  }
+}
+
+// As above for the put started by Harness::Start.
+inline void AddReceipts(v1::PutCommitRequest* req) {
+  auto s = StartsById().find(req->put_id());
+  if (s != StartsById().end()) AddReceipts(s->second, req);
+}
+
 inline v1::BatchLookupRequest LookupReq(std::vector<std::string> keys) {
   v1::BatchLookupRequest r;
   for (auto& k : keys) r.add_keys(k);
@@ -236,12 +271,14 @@ struct Harness {
     auto r = svc->PutStart(PutReq(keys, lengths, preferred));
     INFO(r.status().ToString());
     REQUIRE(r.ok());
+    StartsById()[r->put_id()] = *r;
     return *r;
   }
   uint32_t Commit(uint64_t put_id, std::vector<uint32_t> failed = {}) {
     v1::PutCommitRequest req;
     req.set_put_id(put_id);
     for (auto f : failed) req.add_failed_indexes(f);
+    AddReceipts(&req);
     auto r = svc->PutCommit(req);
     INFO(r.status().ToString());
     REQUIRE(r.ok());
@@ -331,7 +368,9 @@ struct Harness {
     v1::PutStartRequest req =
         PutReq(keys, std::vector<uint64_t>(keys.size(), len), preferred);
     req.set_parent_key(parent);
-    return svc->PutStart(req);
+    auto r = svc->PutStart(req);
+    if (r.ok()) StartsById()[r->put_id()] = *r;
+    return r;
   }
   // Puts and commits a chain continuation; returns the node used.
   uint32_t PutChild(std::vector<std::string> keys, uint64_t len,

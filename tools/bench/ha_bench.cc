@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -155,11 +156,16 @@ absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
   return rig;
 }
 
-bool RegisterFakeNode(v1::MasterService::Stub* stub) {
-  absl::Status s = master::RegisterProvenNode(
+// The fake node's key (it signs the write receipts of the puts), or
+// nullopt after printing why it could not register.
+std::optional<HmacSha256> RegisterFakeNode(v1::MasterService::Stub* stub) {
+  absl::StatusOr<std::string> key = master::RegisterProvenNode(
       stub, master::MetadataOnlyNodeRequest("bench-node"));
-  if (!s.ok()) std::fprintf(stderr, "%s\n", s.ToString().c_str());
-  return s.ok();
+  if (!key.ok()) {
+    std::fprintf(stderr, "%s\n", key.status().ToString().c_str());
+    return std::nullopt;
+  }
+  return HmacSha256(*key);
 }
 
 struct Result {
@@ -176,9 +182,8 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   auto rig = StartRig(binary, mode, dir);
   if (!rig.ok()) return rig.status();
   auto admin = Dial(rig->leader, 0);
-  if (!RegisterFakeNode(admin.get())) {
-    return absl::InternalError("cannot register the fake node");
-  }
+  const std::optional<HmacSha256> node_key = RegisterFakeNode(admin.get());
+  if (!node_key) return absl::InternalError("cannot register the fake node");
   const int threads = FLAGS_threads;
   std::vector<std::vector<std::string>> keys(threads);
   std::atomic<uint64_t> puts{0}, failures{0};
@@ -214,6 +219,8 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       }
       v1::PutCommitRequest commit;
       commit.set_put_id(resp.put_id());
+      // What the node would have given the client for the bytes.
+      master::AddWriteReceipts(resp, *node_key, &commit);
       v1::PutCommitResponse done;
       grpc::ClientContext ctx2;
       if (!stub->PutCommit(&ctx2, commit, &done).ok() ||
