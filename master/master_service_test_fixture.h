@@ -138,14 +138,6 @@ inline v1::PutStartRequest PutReq(std::vector<std::string> keys,
   return r;
 }
 
-// The PutStart answers of these tests by put id (Harness::Start), so that
-// their commits carry the write receipts a real node gives for the bytes it
-// received (these tests' nodes hold no bytes).
-inline std::map<uint64_t, v1::PutStartResponse>& StartsById() {
-  static auto* m = new std::map<uint64_t, v1::PutStartResponse>;
-  return *m;
-}
-
 // The write receipt node `start.node()` gives for slot `i` of `start`.
 inline std::string ReceiptFor(const v1::PutStartResponse& start, int i) {
   return WriteReceiptFor(
@@ -165,11 +157,6 @@ inline void AddReceipts(const v1::PutStartResponse& start,
   }
 }
 
-// As above for the put started by Harness::Start.
-inline void AddReceipts(v1::PutCommitRequest* req) {
-  auto s = StartsById().find(req->put_id());
-  if (s != StartsById().end()) AddReceipts(s->second, req);
-}
 
 inline v1::BatchLookupRequest LookupReq(std::vector<std::string> keys) {
   v1::BatchLookupRequest r;
@@ -271,14 +258,16 @@ struct Harness {
     auto r = svc->PutStart(PutReq(keys, lengths, preferred));
     INFO(r.status().ToString());
     REQUIRE(r.ok());
-    StartsById()[r->put_id()] = *r;
     return *r;
   }
-  uint32_t Commit(uint64_t put_id, std::vector<uint32_t> failed = {}) {
+  // Commits the put `start` began, with the receipts of every slot it
+  // allocated (as a client that wrote them all), less `failed`.
+  uint32_t Commit(const v1::PutStartResponse& start,
+                  std::vector<uint32_t> failed = {}) {
     v1::PutCommitRequest req;
-    req.set_put_id(put_id);
+    req.set_put_id(start.put_id());
     for (auto f : failed) req.add_failed_indexes(f);
-    AddReceipts(&req);
+    AddReceipts(start, &req);
     auto r = svc->PutCommit(req);
     INFO(r.status().ToString());
     REQUIRE(r.ok());
@@ -289,7 +278,7 @@ struct Harness {
                uint32_t preferred = 0) {
     auto r = Start(keys, std::vector<uint64_t>(keys.size(), len), preferred);
     REQUIRE(r.put_id() != 0);
-    Commit(r.put_id());
+    Commit(r);
     return r.node().node_id();
   }
   // A plain lookup. Asked packed too (it changes nothing), the answer must
@@ -368,9 +357,7 @@ struct Harness {
     v1::PutStartRequest req =
         PutReq(keys, std::vector<uint64_t>(keys.size(), len), preferred);
     req.set_parent_key(parent);
-    auto r = svc->PutStart(req);
-    if (r.ok()) StartsById()[r->put_id()] = *r;
-    return r;
+    return svc->PutStart(req);
   }
   // Puts and commits a chain continuation; returns the node used.
   uint32_t PutChild(std::vector<std::string> keys, uint64_t len,
@@ -379,7 +366,7 @@ struct Harness {
     INFO(r.status().ToString());
     REQUIRE(r.ok());
     REQUIRE(r->put_id() != 0);
-    Commit(r->put_id());
+    Commit(*r);
     return r->node().node_id();
   }
   void Heartbeat(uint32_t id, uint64_t incarnation) {
