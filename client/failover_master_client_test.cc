@@ -44,8 +44,7 @@ class RefusingMaster final : public MasterClient {
     return Refuse();
   }
   absl::Status PutCommit(uint64_t, absl::Span<const uint32_t>,
-                         absl::Span<const wire::Receipt>,
-                         absl::Time) override {
+                         absl::Span<const wire::Receipt>, absl::Time) override {
     return Refuse();
   }
   void PutAbortInBackground(uint64_t) override {}
@@ -232,9 +231,10 @@ TEST_CASE("A refusal naming a leader of an older epoch is not followed") {
 TEST_CASE("A lookup stream whose master refuses goes on chunk by chunk") {
   Rig rig;
   PutStartArgs args{{"k1", "k2", "k3"}, {1, 1, 1}, 0, ""};
-  REQUIRE(rig.leader.PutCommit(rig.leader.PutStart(args, kLater)->put_id, {}, {},
-                               kLater)
-              .ok());
+  REQUIRE(
+      rig.leader
+          .PutCommit(rig.leader.PutStart(args, kLater)->put_id, {}, {}, kLater)
+          .ok());
   auto c = rig.Make({"a:1"});
   const std::vector<std::string> keys = {"k1", "k2", "k3"};
   auto stream = c->StartLookups(keys, 2, kLater);

@@ -109,8 +109,9 @@ void Populate(const std::string& address, const std::string& node_token = "",
     receipts.push_back(SignWriteReceipt(
         node_key, {l.node_id, l.region_id, l.addr, l.length, l.generation}));
   }
-  REQUIRE(client->PutCommit(started->put_id, {}, receipts,
-                            absl::Now() + absl::Seconds(10))
+  REQUIRE(client
+              ->PutCommit(started->put_id, {}, receipts,
+                          absl::Now() + absl::Seconds(10))
               .ok());
 }
 

@@ -154,10 +154,9 @@ class MasterClient {
       absl::Time deadline) override;                                           \
   absl::StatusOr<PutStartReply> PutStart(const PutStartArgs& args,             \
                                          absl::Time deadline) override;        \
-  absl::Status PutCommit(uint64_t put_id,                                      \
-                         absl::Span<const uint32_t> failed_indexes,            \
-                         absl::Span<const wire::Receipt> receipts,             \
-                         absl::Time deadline) override;                        \
+  absl::Status PutCommit(                                                      \
+      uint64_t put_id, absl::Span<const uint32_t> failed_indexes,              \
+      absl::Span<const wire::Receipt> receipts, absl::Time deadline) override; \
   void PutAbortInBackground(uint64_t put_id) override;                         \
   absl::Status ReportMissing(absl::Span<const std::string> keys,               \
                              absl::Span<const ObjectLocation> locations,       \

@@ -197,8 +197,8 @@ absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
           master_->PutAbortInBackground(start.put_id);
           return absl::InternalError("PutStart: allocation of the wrong size");
         }
-        ops.push_back(WriteOp{ToRemoteRef(slot.location), buffers[i].data,
-                              &receipts[i]});
+        ops.push_back(
+            WriteOp{ToRemoteRef(slot.location), buffers[i].data, &receipts[i]});
         op_index.push_back(static_cast<uint32_t>(i));
         break;
     }

@@ -177,7 +177,8 @@ TEST_CASE("A check that fails during a registration waits for its identity") {
   v.AbandonIdentityChange();
 }
 
-TEST_CASE("A write receipt verifies for exactly its node, extent and generation") {
+TEST_CASE(
+    "A write receipt verifies for exactly its node, extent and generation") {
   const std::string key(kNodeKeyBytes, 'k');
   HmacSha256 mac(key);
   CapabilityVerifier v(absl::Seconds(1));
@@ -196,16 +197,26 @@ TEST_CASE("A write receipt verifies for exactly its node, extent and generation"
   for (int f = 0; f < 5; ++f) {
     WriteReceiptScope other = s;
     switch (f) {
-      case 0: other.node_id = 8; break;
-      case 1: other.region_id = 3; break;
-      case 2: other.addr = 8192; break;
-      case 3: other.length = 101; break;
-      case 4: other.generation = 56; break;
+      case 0:
+        other.node_id = 8;
+        break;
+      case 1:
+        other.region_id = 3;
+        break;
+      case 2:
+        other.addr = 8192;
+        break;
+      case 3:
+        other.length = 101;
+        break;
+      case 4:
+        other.generation = 56;
+        break;
     }
     CHECK_FALSE(IsWriteReceipt(mac, other, tag));
   }
-  CHECK_FALSE(IsWriteReceipt(HmacSha256(std::string(kNodeKeyBytes, 'x')), s,
-                             tag));
+  CHECK_FALSE(
+      IsWriteReceipt(HmacSha256(std::string(kNodeKeyBytes, 'x')), s, tag));
   CHECK_FALSE(IsWriteReceipt(mac, s, tag.substr(0, 15)));
   CHECK_FALSE(IsWriteReceipt(mac, s, ""));
   // A node with no identity signs nothing valid.

@@ -31,25 +31,25 @@ namespace hymcache {
 
 // X(Name, "name", "what it means"); values are stable (they are never
 // reused), kNone is 0.
-#define HYMCACHE_STATUS_REASONS(X)                                            \
-  X(kStoreQueueFull, "store_queue_full",                                      \
-    "the client's queue of asynchronous stores was full; the store was "      \
-    "skipped")                                                                \
-  X(kNoRoom, "no_room",                                                       \
-    "the master found no node with room for the blocks (after eviction)")    \
-  X(kNodeRefusedWrite, "node_refused_write",                                  \
-    "the storage node refused the bytes (its write buffer or device was "    \
-    "full)")                                                                  \
-  X(kNotAttempted, "not_attempted",                                           \
-    "the operation was never carried out: the exchange it belonged to "      \
-    "failed first")                                                           \
-  X(kNotLeader, "not_leader",                                                 \
-    "the master called does not lead (it stands by, or was deposed): call "  \
+#define HYMCACHE_STATUS_REASONS(X)                                          \
+  X(kStoreQueueFull, "store_queue_full",                                    \
+    "the client's queue of asynchronous stores was full; the store was "    \
+    "skipped")                                                              \
+  X(kNoRoom, "no_room",                                                     \
+    "the master found no node with room for the blocks (after eviction)")   \
+  X(kNodeRefusedWrite, "node_refused_write",                                \
+    "the storage node refused the bytes (its write buffer or device was "   \
+    "full)")                                                                \
+  X(kNotAttempted, "not_attempted",                                         \
+    "the operation was never carried out: the exchange it belonged to "     \
+    "failed first")                                                         \
+  X(kNotLeader, "not_leader",                                               \
+    "the master called does not lead (it stands by, or was deposed): call " \
     "the leader; LeaderHintOf gives it when the master knew it")            \
-  X(kWriteReceiptInvalid, "write_receipt_invalid",                            \
-    "a PutCommit named a written slot without the storage node's write "     \
-    "receipt for it (missing, forged, or another slot's, generation's or "   \
-    "node's): the master committed nothing of that put (docs/ha.md, "        \
+  X(kWriteReceiptInvalid, "write_receipt_invalid",                          \
+    "a PutCommit named a written slot without the storage node's write "    \
+    "receipt for it (missing, forged, or another slot's, generation's or "  \
+    "node's): the master committed nothing of that put (docs/ha.md, "       \
     "node-confirmed commits)")
 
 enum class StatusReason : uint32_t {

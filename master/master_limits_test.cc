@@ -89,8 +89,7 @@ struct Harness {
     v1::PutCommitRequest c;
     c.set_put_id(start.put_id());
     AddWriteReceipts(start,
-                     HmacSha256(keys.at(names.at(start.node().node_id()))),
-                     &c);
+                     HmacSha256(keys.at(names.at(start.node().node_id()))), &c);
     REQUIRE(svc->PutCommit(c).ok());
   }
   FakeClock clock;

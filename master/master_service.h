@@ -183,26 +183,46 @@ struct MasterServiceOptions {
 // The master service's counters since start, declared once
 // (common/stats.h); kept under the service's lock and exported by the
 // daemon (hymcache_master_*_total).
-#define HYM_MASTER_SERVICE_COUNTERS(COUNTER, GAUGE, DGAUGE)                  \
-  COUNTER(objects_dropped, "Persisted objects dropped at start-up or re-registration: their node or region no longer holds them") \
-  COUNTER(objects_purged, "Objects purged because their node's memory started afresh") \
-  COUNTER(puts_expired, "Pending puts freed by expiry")                      \
-  COUNTER(puts_cancelled, "Pending puts cancelled: their node re-registered or left") \
-  COUNTER(evicted_objects, "Committed objects evicted to make room for new puts") \
-  COUNTER(evicted_bytes, "Bytes (object lengths) of evicted objects")       \
-  COUNTER(reconciliations, "Completed node reconciliations")                \
-  COUNTER(reconcile_dropped_listings, "Listings reconciliations removed: the node did not hold them") \
-  COUNTER(reconcile_unlisted_extents, "Unlisted extents reconciliations returned to nodes") \
-  COUNTER(read_repairs, "Listings dropped because a reader reported the node refused them") \
-  COUNTER(orphans_removed, "Objects removed because a block before them in their chain was removed") \
-  COUNTER(commits_unreachable, "Put slots freed at commit: the block before them was not committed") \
-  COUNTER(commits_refused_receipt, "PutCommits refused: a slot to commit lacked its node's write receipt (missing or forged)") \
-  COUNTER(recency_writes, "Object reads written to the store (recency)")   \
-  COUNTER(recency_write_failures, "Failed writes of read-recency batches")  \
-  COUNTER(puts_over_caller_limit, "PutStarts refused: their caller had too many pending puts") \
-  COUNTER(tenant_evicted_objects, "Objects evicted from a tenant over its quota for its own new put (also in evicted_objects)") \
-  COUNTER(puts_over_tenant_quota, "PutStarts refused: the tenant could not be brought within its quota") \
-  COUNTER(nodes_forgotten, "Node records removed (ForgetNode, or dead too long)")
+#define HYM_MASTER_SERVICE_COUNTERS(COUNTER, GAUGE, DGAUGE)                   \
+  COUNTER(objects_dropped,                                                    \
+          "Persisted objects dropped at start-up or re-registration: their "  \
+          "node or region no longer holds them")                              \
+  COUNTER(objects_purged,                                                     \
+          "Objects purged because their node's memory started afresh")        \
+  COUNTER(puts_expired, "Pending puts freed by expiry")                       \
+  COUNTER(puts_cancelled,                                                     \
+          "Pending puts cancelled: their node re-registered or left")         \
+  COUNTER(evicted_objects,                                                    \
+          "Committed objects evicted to make room for new puts")              \
+  COUNTER(evicted_bytes, "Bytes (object lengths) of evicted objects")         \
+  COUNTER(reconciliations, "Completed node reconciliations")                  \
+  COUNTER(reconcile_dropped_listings,                                         \
+          "Listings reconciliations removed: the node did not hold them")     \
+  COUNTER(reconcile_unlisted_extents,                                         \
+          "Unlisted extents reconciliations returned to nodes")               \
+  COUNTER(read_repairs,                                                       \
+          "Listings dropped because a reader reported the node refused them") \
+  COUNTER(orphans_removed,                                                    \
+          "Objects removed because a block before them in their chain was "   \
+          "removed")                                                          \
+  COUNTER(                                                                    \
+      commits_unreachable,                                                    \
+      "Put slots freed at commit: the block before them was not committed")   \
+  COUNTER(commits_refused_receipt,                                            \
+          "PutCommits refused: a slot to commit lacked its node's write "     \
+          "receipt (missing or forged)")                                      \
+  COUNTER(recency_writes, "Object reads written to the store (recency)")      \
+  COUNTER(recency_write_failures, "Failed writes of read-recency batches")    \
+  COUNTER(puts_over_caller_limit,                                             \
+          "PutStarts refused: their caller had too many pending puts")        \
+  COUNTER(tenant_evicted_objects,                                             \
+          "Objects evicted from a tenant over its quota for its own new put " \
+          "(also in evicted_objects)")                                        \
+  COUNTER(                                                                    \
+      puts_over_tenant_quota,                                                 \
+      "PutStarts refused: the tenant could not be brought within its quota")  \
+  COUNTER(nodes_forgotten,                                                    \
+          "Node records removed (ForgetNode, or dead too long)")
 HYM_DECLARE_STATS_STRUCT(MasterServiceCounters, HYM_MASTER_SERVICE_COUNTERS);
 
 // A tenant's quota as PutStart enforces it (0: unlimited).
@@ -640,10 +660,10 @@ class MasterService {
   // OK if every slot of `put` not in `failed` has its node's write receipt
   // in `request` (see require_write_receipts); else why not, with
   // StatusReason::kWriteReceiptInvalid.
-  absl::Status CheckReceipts(const PendingPut& put,
-                             const absl::flat_hash_set<uint32_t>& failed,
-                             const hymcache::v1::PutCommitRequest& request)
-      const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckReceipts(
+      const PendingPut& put, const absl::flat_hash_set<uint32_t>& failed,
+      const hymcache::v1::PutCommitRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The read or write capability for a location on `node`.
   void Grant(const Node& node, const hymcache::v1::Location& loc,
              uint8_t rights, absl::Time expiry,

@@ -480,13 +480,12 @@ absl::Status MasterService::CheckReceipts(
     if (!given || !IsWriteReceipt(key, scope, request.receipts(slot.index))) {
       return WithReason(
           absl::PermissionDeniedError(absl::StrCat(
-              "PutCommit: key ", PrintableKey(slot.key), " (index ",
-              slot.index, ") has ",
-              given && !request.receipts(slot.index).empty() ? "a wrong"
-                                                             : "no",
-              " write receipt from node ", put.node_id,
-              " (region ", slot.region_id, " addr ", slot.addr,
-              " generation ", slot.generation,
+              "PutCommit: key ", PrintableKey(slot.key), " (index ", slot.index,
+              ") has ",
+              given && !request.receipts(slot.index).empty() ? "a wrong" : "no",
+              " write receipt from node ", put.node_id, " (region ",
+              slot.region_id, " addr ", slot.addr, " generation ",
+              slot.generation,
               "): the node never confirmed those bytes; nothing committed")),
           StatusReason::kWriteReceiptInvalid);
     }

@@ -374,11 +374,12 @@ TEST_CASE("A commit lists slots only with their node's write receipts") {
   // generation), and one signed with another node's key.
   r = h.Start({"k0"}, {100});
   const std::string earlier = ReceiptFor(r, 0);
-  REQUIRE(h.svc->PutAbort([&] {
-                  v1::PutAbortRequest ab;
-                  ab.set_put_id(r.put_id());
-                  return ab;
-                }())
+  REQUIRE(h.svc
+              ->PutAbort([&] {
+                v1::PutAbortRequest ab;
+                ab.set_put_id(r.put_id());
+                return ab;
+              }())
               .ok());
   auto again = h.Start({"k0"}, {100});
   REQUIRE(again.slots(0).location().generation() !=
@@ -392,8 +393,8 @@ TEST_CASE("A commit lists slots only with their node's write receipts") {
   REQUIRE(r.node().node_id() == a);
   v1::PutCommitRequest other;
   other.set_put_id(r.put_id());
-  other.add_receipts(WriteReceiptFor(HmacSha256(KeyByName().at("b")),
-                                     r.slots(0).location()));
+  other.add_receipts(
+      WriteReceiptFor(HmacSha256(KeyByName().at("b")), r.slots(0).location()));
   refused(other);
   CHECK(h.svc->counters().commits_refused_receipt == 4);
 

@@ -157,7 +157,6 @@ inline void AddReceipts(const v1::PutStartResponse& start,
   }
 }
 
-
 inline v1::BatchLookupRequest LookupReq(std::vector<std::string> keys) {
   v1::BatchLookupRequest r;
   for (auto& k : keys) r.add_keys(k);

@@ -66,8 +66,7 @@ inline std::string WriteReceiptFor(const HmacSha256& node_key,
   scope.length = loc.length();
   scope.generation = loc.generation();
   const wire::Receipt r = SignWriteReceipt(node_key, scope);
-  return std::string(reinterpret_cast<const char*>(r.tag),
-                     wire::kReceiptBytes);
+  return std::string(reinterpret_cast<const char*>(r.tag), wire::kReceiptBytes);
 }
 
 // Sets `commit`'s receipts to those the node of `start` (whose key is

@@ -1070,6 +1070,8 @@ std::vector<Case> MasterSemanticCases(Cluster& c) {
                }});
   // Node-confirmed commits (docs/ha.md): a commit of a slot needs the
   // node's receipt for exactly that slot's bytes, else nothing is listed.
+  // The puts go to the real node (the fake node of ReconcileCases, alive
+  // meanwhile, has no data plane).
   auto commit = [&c](const pb::PutStartResponse& start,
                      const std::vector<std::string>& receipts) {
     pb::PutCommitRequest r;
@@ -1100,36 +1102,39 @@ std::vector<Case> MasterSemanticCases(Cluster& c) {
     CHECK(c.master_stub->PutAbort(&ctx, a, &ar).error_code() ==
           grpc::StatusCode::NOT_FOUND);
   };
-  v.push_back({"commit_a_slot_never_written", [=] {
-                 auto [s, start] = put_start({"hostile-phantom"}, {4096});
+  v.push_back({"commit_a_slot_never_written", [=, &c] {
+                 auto [s, start] = put_start({"hostile-phantom"}, {4096}, "",
+                                             c.info.node_id());
                  REQUIRE(s.ok());
                  REQUIRE(start.put_id() != 0);
-                 Outcome o = refused_unlisted(commit(start, {}),
-                                              {"hostile-phantom"});
+                 Outcome o =
+                     refused_unlisted(commit(start, {}), {"hostile-phantom"});
                  gone(start);
                  return o;
                }});
-  v.push_back({"commit_with_forged_or_empty_receipts", [=] {
-                 Outcome o;
-                 for (int variant = 0; variant < 3; ++variant) {
-                   const std::string key = absl::StrCat("hostile-forged-", variant);
-                   auto [s, start] = put_start({key}, {4096});
-                   REQUIRE(s.ok());
-                   REQUIRE(start.put_id() != 0);
-                   const pb::Location& loc = start.slots(0).location();
-                   // Exactly the slot's fields, under a key not the node's.
-                   const std::string forged = master::WriteReceiptFor(
-                       HmacSha256(std::string(kNodeKeyBytes, 'f')), loc);
-                   const std::vector<std::string> receipts[] = {
-                       {forged}, {""}, {std::string(wire::kReceiptBytes, '\0')}};
-                   o |= refused_unlisted(commit(start, receipts[variant]), {key});
-                   gone(start);
-                 }
-                 return o;
-               }});
+  v.push_back(
+      {"commit_with_forged_or_empty_receipts", [=, &c] {
+         Outcome o;
+         for (int variant = 0; variant < 3; ++variant) {
+           const std::string key = absl::StrCat("hostile-forged-", variant);
+           auto [s, start] = put_start({key}, {4096}, "", c.info.node_id());
+           REQUIRE(s.ok());
+           REQUIRE(start.put_id() != 0);
+           const pb::Location& loc = start.slots(0).location();
+           // Exactly the slot's fields, under a key not the node's.
+           const std::string forged = master::WriteReceiptFor(
+               HmacSha256(std::string(kNodeKeyBytes, 'f')), loc);
+           const std::vector<std::string> receipts[] = {
+               {forged}, {""}, {std::string(wire::kReceiptBytes, '\0')}};
+           o |= refused_unlisted(commit(start, receipts[variant]), {key});
+           gone(start);
+         }
+         return o;
+       }});
   v.push_back({"commit_with_another_slots_receipt", [=, &c] {
-                 auto [s, start] = put_start({"hostile-rc-a", "hostile-rc-b"},
-                                             {4096, 4096});
+                 auto [s, start] =
+                     put_start({"hostile-rc-a", "hostile-rc-b"}, {4096, 4096},
+                               "", c.info.node_id());
                  REQUIRE(s.ok());
                  REQUIRE(start.put_id() != 0);
                  // Slot a is written; b is not, and carries a's receipt.
@@ -1140,40 +1145,41 @@ std::vector<Case> MasterSemanticCases(Cluster& c) {
                  gone(start);
                  return o;
                }});
-  v.push_back({"commit_with_an_earlier_generations_receipt", [=, &c] {
-                 const std::string key = "hostile-old-generation";
-                 auto [s1, first] = put_start({key}, {4096});
-                 REQUIRE(s1.ok());
-                 REQUIRE(first.put_id() != 0);
-                 const std::string old =
-                     WriteForReceipt(c.node.data_address, first.slots(0));
-                 {
-                   pb::PutAbortRequest a;
-                   a.set_put_id(first.put_id());
-                   pb::PutAbortResponse ar;
-                   grpc::ClientContext ctx;
-                   REQUIRE(c.master_stub->PutAbort(&ctx, a, &ar).ok());
-                 }
-                 auto [s2, second] = put_start({key}, {4096});
-                 REQUIRE(s2.ok());
-                 REQUIRE(second.put_id() != 0);
-                 REQUIRE(second.slots(0).location().generation() !=
-                         first.slots(0).location().generation());
-                 Outcome o = refused_unlisted(commit(second, {old}), {key});
-                 gone(second);
-                 // The same steps with the node's receipt for the slot
-                 // written: committed and listed.
-                 auto [s3, third] = put_start({key}, {4096});
-                 REQUIRE(s3.ok());
-                 REQUIRE(third.put_id() != 0);
-                 const std::string good =
-                     WriteForReceipt(c.node.data_address, third.slots(0));
-                 grpc::Status ok = commit(third, {good});
-                 INFO(ok.error_message());
-                 CHECK(ok.ok());
-                 CHECK(lookup({key}).second.results(0).found());
-                 return o;
-               }});
+  v.push_back(
+      {"commit_with_an_earlier_generations_receipt", [=, &c] {
+         const std::string key = "hostile-old-generation";
+         auto [s1, first] = put_start({key}, {4096}, "", c.info.node_id());
+         REQUIRE(s1.ok());
+         REQUIRE(first.put_id() != 0);
+         const std::string old =
+             WriteForReceipt(c.node.data_address, first.slots(0));
+         {
+           pb::PutAbortRequest a;
+           a.set_put_id(first.put_id());
+           pb::PutAbortResponse ar;
+           grpc::ClientContext ctx;
+           REQUIRE(c.master_stub->PutAbort(&ctx, a, &ar).ok());
+         }
+         auto [s2, second] = put_start({key}, {4096}, "", c.info.node_id());
+         REQUIRE(s2.ok());
+         REQUIRE(second.put_id() != 0);
+         REQUIRE(second.slots(0).location().generation() !=
+                 first.slots(0).location().generation());
+         Outcome o = refused_unlisted(commit(second, {old}), {key});
+         gone(second);
+         // The same steps with the node's receipt for the slot
+         // written: committed and listed.
+         auto [s3, third] = put_start({key}, {4096}, "", c.info.node_id());
+         REQUIRE(s3.ok());
+         REQUIRE(third.put_id() != 0);
+         const std::string good =
+             WriteForReceipt(c.node.data_address, third.slots(0));
+         grpc::Status ok = commit(third, {good});
+         INFO(ok.error_message());
+         CHECK(ok.ok());
+         CHECK(lookup({key}).second.results(0).found());
+         return o;
+       }});
   v.push_back({"abort_bogus_put_ids", [=] {
                  Outcome o;
                  for (uint64_t id : {uint64_t{0}, ~uint64_t{0}}) {
@@ -1545,44 +1551,45 @@ std::vector<Case> ReconcileCases(Cluster& c, FakeReconcile& f) {
     return l;
   };
   std::vector<Case> v;
-  v.push_back({"commit_with_another_nodes_receipt", [&, expect] {
-                 // A slot on the real node, "confirmed" by a receipt that
-                 // the fake node (whose key this client holds) signs for
-                 // its fields (under the real node's id, then its own):
-                 // not the placed node's.
-                 Outcome o;
-                 for (int variant = 0; variant < 2; ++variant) {
-                   const std::string key = absl::StrCat("hostile-other-node-", variant);
-                   pb::PutStartRequest ps;
-                   ps.add_keys(key);
-                   ps.add_lengths(4096);
-                   ps.set_preferred_node_id(c.info.node_id());
-                   pb::PutStartResponse start;
-                   {
-                     grpc::ClientContext ctx;
-                     REQUIRE(c.master_stub->PutStart(&ctx, ps, &start).ok());
-                   }
-                   REQUIRE(start.put_id() != 0);
-                   REQUIRE(start.node().node_id() == c.info.node_id());
-                   pb::Location loc = start.slots(0).location();
-                   if (variant == 1) loc.set_node_id(f.id);
-                   pb::PutCommitRequest r;
-                   r.set_put_id(start.put_id());
-                   r.add_receipts(master::WriteReceiptFor(HmacSha256(f.key), loc));
-                   pb::PutCommitResponse resp;
-                   grpc::ClientContext ctx;
-                   grpc::Status s = c.master_stub->PutCommit(&ctx, r, &resp);
-                   o |= expect(s, {StatusCode::PERMISSION_DENIED});
-                   CHECK(ReasonOfGrpc(s) == StatusReason::kWriteReceiptInvalid);
-                   pb::BatchLookupRequest lr;
-                   lr.add_keys(key);
-                   pb::BatchLookupResponse lookup;
-                   grpc::ClientContext lctx;
-                   REQUIRE(c.master_stub->BatchLookup(&lctx, lr, &lookup).ok());
-                   CHECK_FALSE(lookup.results(0).found());
-                 }
-                 return o;
-               }});
+  v.push_back(
+      {"commit_with_another_nodes_receipt", [&, expect] {
+         // A slot on the real node, "confirmed" by a receipt that
+         // the fake node (whose key this client holds) signs for
+         // its fields (under the real node's id, then its own):
+         // not the placed node's.
+         Outcome o;
+         for (int variant = 0; variant < 2; ++variant) {
+           const std::string key = absl::StrCat("hostile-other-node-", variant);
+           pb::PutStartRequest ps;
+           ps.add_keys(key);
+           ps.add_lengths(4096);
+           ps.set_preferred_node_id(c.info.node_id());
+           pb::PutStartResponse start;
+           {
+             grpc::ClientContext ctx;
+             REQUIRE(c.master_stub->PutStart(&ctx, ps, &start).ok());
+           }
+           REQUIRE(start.put_id() != 0);
+           REQUIRE(start.node().node_id() == c.info.node_id());
+           pb::Location loc = start.slots(0).location();
+           if (variant == 1) loc.set_node_id(f.id);
+           pb::PutCommitRequest r;
+           r.set_put_id(start.put_id());
+           r.add_receipts(master::WriteReceiptFor(HmacSha256(f.key), loc));
+           pb::PutCommitResponse resp;
+           grpc::ClientContext ctx;
+           grpc::Status s = c.master_stub->PutCommit(&ctx, r, &resp);
+           o |= expect(s, {StatusCode::PERMISSION_DENIED});
+           CHECK(ReasonOfGrpc(s) == StatusReason::kWriteReceiptInvalid);
+           pb::BatchLookupRequest lr;
+           lr.add_keys(key);
+           pb::BatchLookupResponse lookup;
+           grpc::ClientContext lctx;
+           REQUIRE(c.master_stub->BatchLookup(&lctx, lr, &lookup).ok());
+           CHECK_FALSE(lookup.results(0).found());
+         }
+         return o;
+       }});
   v.push_back({"reconcile_empty_stream", [&, expect] {
                  return expect(f.Stream({}), {StatusCode::INVALID_ARGUMENT});
                }});

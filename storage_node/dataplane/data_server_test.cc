@@ -230,10 +230,9 @@ TEST_CASE("DataServer round trip") {
   CHECK(Code(w.ops[0]) == absl::StatusCode::kOk);
   // The node's write receipt for exactly this extent and generation.
   REQUIRE(w.payload.size() == wire::kReceiptBytes);
-  CHECK(TestCapabilities::Get().IsReceipt(Op(8192, data.size(), 3),
-                                          w.payload));
-  CHECK_FALSE(TestCapabilities::Get().IsReceipt(Op(8192, data.size(), 4),
-                                                w.payload));
+  CHECK(TestCapabilities::Get().IsReceipt(Op(8192, data.size(), 3), w.payload));
+  CHECK_FALSE(
+      TestCapabilities::Get().IsReceipt(Op(8192, data.size(), 4), w.payload));
   Reply r = Read(s.fd(), {Op(8192, data.size(), 3)});
   CHECK(Code(r.ops[0]) == absl::StatusCode::kOk);
   CHECK(r.payload == data);

@@ -472,8 +472,8 @@ void WriteStream::Abort() {
 
 Response WriteStream::Finish() {
   Abort();  // none begun (REQUIRES)
-  return handler_->ReceiptResponse(wire::FrameType::kWriteResponse,
-                                   request_id_, std::move(ops_));
+  return handler_->ReceiptResponse(wire::FrameType::kWriteResponse, request_id_,
+                                   std::move(ops_));
 }
 
 // ---------------------------------------------------------------- the ops

@@ -73,8 +73,8 @@ absl::Status Start(Side* side, const std::string& dir,
   side->node = std::move(*node);
   ClientOptions o;
   o.master_address = side->master.address;
-  o.transport = FLAGS_transport == "shm" ? TransportKind::kShm
-                                         : TransportKind::kTcp;
+  o.transport =
+      FLAGS_transport == "shm" ? TransportKind::kShm : TransportKind::kTcp;
   auto client = Client::Create(o);
   if (!client.ok()) return client.status();
   side->client = std::move(*client);
@@ -87,13 +87,15 @@ bool Puts(Side* side, int n, const std::vector<ConstBuffer>& in,
   std::vector<std::string> keys(in.size());
   const absl::Time t0 = absl::Now();
   for (int p = 0; p < n; ++p) {
-    for (std::string& k : keys) k = absl::StrCat("put-bench-", side->next_key++);
+    for (std::string& k : keys)
+      k = absl::StrCat("put-bench-", side->next_key++);
     auto r = side->client->Put(keys, in);
     if (!r.ok() || r->stored != in.size()) {
-      std::fprintf(stderr, "%s: a Put stored %zu of %zu blocks: %s\n",
-                   side->name.c_str(), r.ok() ? r->stored : 0, in.size(),
-                   r.ok() ? (r->errors.empty() ? "" : r->errors[0].ToString().c_str())
-                          : r.status().ToString().c_str());
+      std::fprintf(
+          stderr, "%s: a Put stored %zu of %zu blocks: %s\n",
+          side->name.c_str(), r.ok() ? r->stored : 0, in.size(),
+          r.ok() ? (r->errors.empty() ? "" : r->errors[0].ToString().c_str())
+                 : r.status().ToString().c_str());
       return false;
     }
   }
