@@ -18,6 +18,7 @@ namespace hymcache {
 namespace {
 
 using frame_io::OpStatus;
+using frame_io::RecvReceipts;
 using frame_io::RecvResponse;
 using frame_io::SendRequest;
 using frame_io::ToOp;
@@ -355,6 +356,10 @@ class DirectTransport : public Transport {
     ASSIGN_OR_RETURN(auto com,
                      RecvResponse(c.sock, FrameType::kWriteCommitResponse, cid,
                                   begun.size(), deadline, &started));
+    std::vector<wire::Receipt*> receipts;
+    receipts.reserve(segs.size());
+    for (size_t i : seg_op) receipts.push_back(ops[i].receipt);
+    RETURN_IF_ERROR(RecvReceipts(c.sock, receipts, deadline));
     for (size_t k = 0; k < segs.size(); ++k) {
       st[seg_op[k]] = !moved[k].ok() ? moved[k]
                                      : OpStatus(com.second[k], "write commit");

@@ -254,10 +254,10 @@ absl::StatusOr<PutStartReply> FailoverMasterClient::PutStart(
 
 absl::Status FailoverMasterClient::PutCommit(
     uint64_t put_id, absl::Span<const uint32_t> failed_indexes,
-    absl::Time deadline) {
+    absl::Span<const wire::Receipt> receipts, absl::Time deadline) {
   return WithFailover<absl::Status>(
       deadline, false, [&](MasterClient* m, absl::Time d) {
-        return m->PutCommit(put_id, failed_indexes, d);
+        return m->PutCommit(put_id, failed_indexes, receipts, d);
       });
 }
 

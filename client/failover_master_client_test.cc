@@ -45,7 +45,7 @@ class RefusingMaster final : public MasterClient {
     return Refuse();
   }
   absl::Status PutCommit(uint64_t, absl::Span<const uint32_t>,
-                         absl::Time) override {
+                         absl::Span<const wire::Receipt>, absl::Time) override {
     return Refuse();
   }
   void PutAbortInBackground(uint64_t) override {}
@@ -103,8 +103,9 @@ class Forward final : public MasterClient {
     return m_.load()->PutStart(a, d);
   }
   absl::Status PutCommit(uint64_t p, absl::Span<const uint32_t> f,
+                         absl::Span<const wire::Receipt> r,
                          absl::Time d) override {
-    return m_.load()->PutCommit(p, f, d);
+    return m_.load()->PutCommit(p, f, r, d);
   }
   void PutAbortInBackground(uint64_t p) override {
     m_.load()->PutAbortInBackground(p);
@@ -169,7 +170,7 @@ TEST_CASE("A call refused by a standby goes to the leader it names") {
   PutStartArgs args{{"k1"}, {100}, 0, ""};
   auto put = c->PutStart(args, kLater);
   REQUIRE(put.ok());
-  REQUIRE(c->PutCommit(put->put_id, {}, kLater).ok());
+  REQUIRE(c->PutCommit(put->put_id, {}, {}, kLater).ok());
   CHECK(c->current_address() == "c:1");
   CHECK(c->highest_epoch() == 7);
   CHECK(rig.standby_a.calls() == 1);
@@ -298,9 +299,10 @@ TEST_CASE("A refusal naming a leader of an older epoch is not followed") {
 TEST_CASE("A lookup stream whose master refuses goes on chunk by chunk") {
   Rig rig;
   PutStartArgs args{{"k1", "k2", "k3"}, {1, 1, 1}, 0, ""};
-  REQUIRE(rig.leader.PutCommit(rig.leader.PutStart(args, kLater)->put_id, {},
-                               kLater)
-              .ok());
+  REQUIRE(
+      rig.leader
+          .PutCommit(rig.leader.PutStart(args, kLater)->put_id, {}, {}, kLater)
+          .ok());
   auto c = rig.Make({"a:1"});
   const std::vector<std::string> keys = {"k1", "k2", "k3"};
   auto stream = c->StartLookups(keys, 2, kLater);
@@ -333,6 +335,7 @@ class SilentMaster final : public MasterClient {
     return Wait(d);
   }
   absl::Status PutCommit(uint64_t, absl::Span<const uint32_t>,
+                         absl::Span<const wire::Receipt>,
                          absl::Time d) override {
     return Wait(d);
   }
@@ -385,7 +388,7 @@ TEST_CASE("A master that answers nothing is passed over after the attempt timeou
   // A PutCommit is not moved on by silence: only its master can answer.
   rig.at_c.set(&frozen);
   const absl::Time commit_deadline = clock.Now() + absl::Milliseconds(200);
-  CHECK((*c)->PutCommit(put->put_id, {}, commit_deadline).code() ==
+  CHECK((*c)->PutCommit(put->put_id, {}, {}, commit_deadline).code() ==
         absl::StatusCode::kDeadlineExceeded);
   CHECK(clock.Now() == commit_deadline);
   CHECK((*c)->current_address() == "c:1");

@@ -1,5 +1,6 @@
 #include "client/frame_io.h"
 
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +82,18 @@ RecvResponse(Socket& s, wire::FrameType want, uint64_t id, size_t op_count,
         absl::StrCat("bad response from storage node: ", v.message()));
   }
   return std::make_pair(*h, std::move(ops));
+}
+
+absl::Status RecvReceipts(Socket& s, absl::Span<wire::Receipt* const> dst,
+                          absl::Time deadline) {
+  std::vector<uint8_t> payload(dst.size() * wire::kReceiptBytes);
+  RETURN_IF_ERROR(RecvAll(s.fd(), payload.data(), payload.size(), deadline));
+  for (size_t i = 0; i < dst.size(); ++i) {
+    if (dst[i] == nullptr) continue;
+    std::memcpy(dst[i]->tag, payload.data() + i * wire::kReceiptBytes,
+                wire::kReceiptBytes);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status OpStatus(const wire::OpDesc& op, const char* what) {

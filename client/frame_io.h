@@ -37,6 +37,12 @@ absl::StatusOr<std::pair<wire::FrameHeader, std::vector<wire::OpDesc>>>
 RecvResponse(Socket& s, wire::FrameType want, uint64_t id, size_t op_count,
              absl::Time deadline, bool* response_started);
 
+// Receives the payload of a write response (kWriteResponse,
+// kWriteCommitResponse): one receipt per op, stored where `dst[i]` points
+// (null: dropped). REQUIRES: dst.size() is the response's op count.
+absl::Status RecvReceipts(Socket& s, absl::Span<wire::Receipt* const> dst,
+                          absl::Time deadline);
+
 // The per-op status of a response op as an absl::Status (`what` names the
 // operation in the message).
 absl::Status OpStatus(const wire::OpDesc& op, const char* what);

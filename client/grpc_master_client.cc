@@ -380,10 +380,15 @@ class GrpcMasterClient : public MasterClient {
 
   absl::Status PutCommit(uint64_t put_id,
                          absl::Span<const uint32_t> failed_indexes,
+                         absl::Span<const wire::Receipt> receipts,
                          absl::Time deadline) override {
     pb::PutCommitRequest req;
     req.set_put_id(put_id);
     for (uint32_t i : failed_indexes) req.add_failed_indexes(i);
+    for (const wire::Receipt& r : receipts) {
+      req.add_receipts(reinterpret_cast<const char*>(r.tag),
+                       wire::kReceiptBytes);
+    }
     pb::PutCommitResponse resp;
     return Unary(&pb::MasterService::Stub::PutCommit, req, &resp, deadline,
                  "PutCommit");

@@ -101,8 +101,17 @@ void Populate(const std::string& address, const std::string& node_token = "",
   }
   auto started = client->PutStart(put, absl::Now() + absl::Seconds(10));
   REQUIRE(started.ok());
-  REQUIRE(client->PutCommit(started->put_id, {},
-                            absl::Now() + absl::Seconds(10))
+  // The receipts the node (which holds no bytes here) would have given.
+  const HmacSha256 node_key(reg_resp.node_key());
+  std::vector<wire::Receipt> receipts;
+  for (const PutSlot& slot : started->slots) {
+    const ObjectLocation& l = slot.location;
+    receipts.push_back(SignWriteReceipt(
+        node_key, {l.node_id, l.region_id, l.addr, l.length, l.generation}));
+  }
+  REQUIRE(client
+              ->PutCommit(started->put_id, {}, receipts,
+                          absl::Now() + absl::Seconds(10))
               .ok());
 }
 

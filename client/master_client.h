@@ -108,9 +108,14 @@ class MasterClient {
   virtual absl::StatusOr<PutStartReply> PutStart(const PutStartArgs& args,
                                                  absl::Time deadline) = 0;
   // Makes a put's written slots visible; `failed_indexes` (into the
-  // PutStart keys) are freed instead.
+  // PutStart keys) are freed instead. `receipts`: one per PutStart key, the
+  // node's write receipt of each written slot (Transport::Write; ignored
+  // for the others). Errors: the RPC's status (PermissionDenied with
+  // StatusReason::kWriteReceiptInvalid: a written slot's receipt is missing
+  // or not the node's; nothing was committed).
   virtual absl::Status PutCommit(uint64_t put_id,
                                  absl::Span<const uint32_t> failed_indexes,
+                                 absl::Span<const wire::Receipt> receipts,
                                  absl::Time deadline) = 0;
   // Frees a put's allocation without waiting for the answer (bounded by a
   // short timeout of its own; the master frees a put nobody commits when it
@@ -149,9 +154,9 @@ class MasterClient {
       absl::Time deadline) override;                                           \
   absl::StatusOr<PutStartReply> PutStart(const PutStartArgs& args,             \
                                          absl::Time deadline) override;        \
-  absl::Status PutCommit(uint64_t put_id,                                      \
-                         absl::Span<const uint32_t> failed_indexes,            \
-                         absl::Time deadline) override;                        \
+  absl::Status PutCommit(                                                      \
+      uint64_t put_id, absl::Span<const uint32_t> failed_indexes,              \
+      absl::Span<const wire::Receipt> receipts, absl::Time deadline) override; \
   void PutAbortInBackground(uint64_t put_id) override;                         \
   absl::Status ReportMissing(absl::Span<const std::string> keys,               \
                              absl::Span<const ObjectLocation> locations,       \

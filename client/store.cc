@@ -181,6 +181,8 @@ absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
   }
   std::vector<WriteOp> ops;
   std::vector<uint32_t> op_index;  // op -> key index in this chunk
+  // The nodes' write receipts, by key index, for PutCommit.
+  std::vector<wire::Receipt> receipts(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     const PutSlot& slot = start.slots[i];
     switch (slot.state) {
@@ -195,7 +197,8 @@ absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
           master_->PutAbortInBackground(start.put_id);
           return absl::InternalError("PutStart: allocation of the wrong size");
         }
-        ops.push_back(WriteOp{ToRemoteRef(slot.location), buffers[i].data});
+        ops.push_back(
+            WriteOp{ToRemoteRef(slot.location), buffers[i].data, &receipts[i]});
         op_index.push_back(static_cast<uint32_t>(i));
         break;
     }
@@ -237,7 +240,8 @@ absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
     master_->PutAbortInBackground(start.put_id);
     return absl::OkStatus();
   }
-  absl::Status cs = master_->PutCommit(start.put_id, failed, deadline);
+  absl::Status cs =
+      master_->PutCommit(start.put_id, failed, receipts, deadline);
   for (size_t k = 0; k < ops.size(); ++k) {
     if (!st[k].ok()) continue;
     if (cs.ok()) {

@@ -22,6 +22,7 @@ using wire::FrameHeader;
 using wire::FrameType;
 using wire::OpDesc;
 
+using frame_io::RecvReceipts;
 using frame_io::RecvResponse;
 using frame_io::SendRequest;
 using frame_io::ToOp;
@@ -289,6 +290,10 @@ class TcpTransport : public Transport {
     auto resp = RecvResponse(s, FrameType::kWriteResponse, id, ops.size(),
                              deadline, response_started);
     if (!resp.ok()) return resp.status();
+    std::vector<wire::Receipt*> receipts;
+    receipts.reserve(ops.size());
+    for (const WriteOp& op : ops) receipts.push_back(op.receipt);
+    RETURN_IF_ERROR(RecvReceipts(s, receipts, deadline));
     for (size_t i = 0; i < ops.size(); ++i) {
       uint32_t code = resp->second[i].status;
       statuses[i] =

@@ -56,6 +56,9 @@ struct WriteOp {
   RemoteRef dst;
   // Caller-owned, src.length bytes; not modified.
   const void* src = nullptr;
+  // Caller-owned, optional: where Write puts the node's write receipt for
+  // this op when it succeeds (wire.h, "Write receipts"), for PutCommit.
+  wire::Receipt* receipt = nullptr;
 };
 
 class Transport {
@@ -114,7 +117,8 @@ class Transport {
                                absl::Time deadline) = 0;
 
   // Writes every op to `peer`. Statuses as for Read; an op that failed left
-  // nothing readable at its destination.
+  // nothing readable at its destination. Each OK op's receipt (if it asks
+  // for one) is the node's.
   virtual std::vector<absl::Status> Write(const PeerInfo& peer,
                                           absl::Span<const WriteOp> ops,
                                           absl::Time deadline) = 0;

@@ -36,6 +36,21 @@ void CapMessage(const CapabilityScope& s, uint8_t out[kCapMessageBytes]) {
   out[52] = s.rights;
 }
 
+// 36 bytes (one block, as for capabilities), in its own domain, so that
+// no capability tag is ever a receipt.
+constexpr char kReceiptDomain[4] = {'H', 'W', 'R', '1'};
+constexpr size_t kReceiptMessageBytes = 36;
+
+void ReceiptMessage(const WriteReceiptScope& s,
+                    uint8_t out[kReceiptMessageBytes]) {
+  std::memcpy(out, kReceiptDomain, 4);
+  Store32(out + 4, s.node_id);
+  Store32(out + 8, s.region_id);
+  Store64(out + 12, s.addr);
+  Store64(out + 20, s.length);
+  Store64(out + 28, s.generation);
+}
+
 }  // namespace
 
 struct HmacSha256::State {
@@ -128,6 +143,25 @@ wire::Capability SignCapability(const HmacSha256& key,
   c.rights = scope.rights;
   std::memcpy(c.tag, mac, wire::kCapTagBytes);
   return c;
+}
+
+wire::Receipt SignWriteReceipt(const HmacSha256& key,
+                               const WriteReceiptScope& scope) {
+  uint8_t msg[kReceiptMessageBytes];
+  ReceiptMessage(scope, msg);
+  uint8_t mac[SHA256_DIGEST_LENGTH];
+  key.Mac(msg, sizeof(msg), mac);
+  wire::Receipt r;
+  std::memcpy(r.tag, mac, wire::kReceiptBytes);
+  return r;
+}
+
+bool IsWriteReceipt(const HmacSha256& key, const WriteReceiptScope& scope,
+                    absl::string_view receipt) {
+  if (receipt.size() != wire::kReceiptBytes) return false;
+  const wire::Receipt want = SignWriteReceipt(key, scope);
+  return TagsEqual(want.tag, reinterpret_cast<const uint8_t*>(receipt.data()),
+                   wire::kReceiptBytes);
 }
 
 bool TagsEqual(const uint8_t* a, const uint8_t* b, size_t n) {
@@ -242,6 +276,18 @@ absl::Status CapabilityVerifier::Snapshot::Check(const wire::OpDesc& op,
         " ms ago; look the object up again"));
   }
   return absl::OkStatus();
+}
+
+wire::Receipt CapabilityVerifier::Snapshot::SignReceipt(
+    const wire::OpDesc& op) const {
+  if (id_ == nullptr) return wire::Receipt();
+  WriteReceiptScope s;
+  s.node_id = id_->node_id;
+  s.region_id = op.region_id;
+  s.addr = op.addr;
+  s.length = op.length;
+  s.generation = op.generation;
+  return SignWriteReceipt(id_->mac, s);
 }
 
 }  // namespace hymcache

@@ -67,6 +67,27 @@ struct CapabilityScope {
 wire::Capability SignCapability(const HmacSha256& key,
                                 const CapabilityScope& scope);
 
+// What one write receipt confirms: the node `node_id` holds `length`
+// bytes at (region_id, addr) written under allocation `generation`
+// (wire.h, "Write receipts"). The node signs one for every write it
+// completes; the master checks it at PutCommit against the slot it placed.
+struct WriteReceiptScope {
+  uint32_t node_id = 0;
+  uint32_t region_id = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint64_t generation = 0;
+};
+
+// Signs `scope` with the node's key.
+wire::Receipt SignWriteReceipt(const HmacSha256& key,
+                               const WriteReceiptScope& scope);
+
+// Whether `receipt` (any length; only wire::kReceiptBytes is ever valid) is
+// the node key's receipt for exactly `scope`. Constant time in the tag.
+bool IsWriteReceipt(const HmacSha256& key, const WriteReceiptScope& scope,
+                    absl::string_view receipt);
+
 // Constant-time comparison of `n` bytes.
 bool TagsEqual(const uint8_t* a, const uint8_t* b, size_t n);
 
@@ -101,6 +122,10 @@ class CapabilityVerifier {
     // expired).
     absl::Status Check(const wire::OpDesc& op, uint8_t rights,
                        int64_t now_unix_ms) const;
+    // The write receipt for `op` (written to its extent) under this
+    // identity; all zero without one (no master has registered the node:
+    // every write was refused anyway).
+    wire::Receipt SignReceipt(const wire::OpDesc& op) const;
 
    private:
     friend class CapabilityVerifier;

@@ -177,6 +177,56 @@ TEST_CASE("A check that fails during a registration waits for its identity") {
   v.AbandonIdentityChange();
 }
 
+TEST_CASE(
+    "A write receipt verifies for exactly its node, extent and generation") {
+  const std::string key(kNodeKeyBytes, 'k');
+  HmacSha256 mac(key);
+  CapabilityVerifier v(absl::Seconds(1));
+  v.SetIdentity(7, 3, key);
+  wire::OpDesc op;
+  op.region_id = 2;
+  op.addr = 4096;
+  op.length = 100;
+  op.generation = 55;
+  const wire::Receipt r = v.Current().SignReceipt(op);
+  const std::string tag(reinterpret_cast<const char*>(r.tag),
+                        wire::kReceiptBytes);
+  WriteReceiptScope s{7, 2, 4096, 100, 55};
+  CHECK(IsWriteReceipt(mac, s, tag));
+  // Any other field, key or length of tag: no.
+  for (int f = 0; f < 5; ++f) {
+    WriteReceiptScope other = s;
+    switch (f) {
+      case 0:
+        other.node_id = 8;
+        break;
+      case 1:
+        other.region_id = 3;
+        break;
+      case 2:
+        other.addr = 8192;
+        break;
+      case 3:
+        other.length = 101;
+        break;
+      case 4:
+        other.generation = 56;
+        break;
+    }
+    CHECK_FALSE(IsWriteReceipt(mac, other, tag));
+  }
+  CHECK_FALSE(
+      IsWriteReceipt(HmacSha256(std::string(kNodeKeyBytes, 'x')), s, tag));
+  CHECK_FALSE(IsWriteReceipt(mac, s, tag.substr(0, 15)));
+  CHECK_FALSE(IsWriteReceipt(mac, s, ""));
+  // A node with no identity signs nothing valid.
+  CapabilityVerifier none(absl::Seconds(1));
+  const wire::Receipt z = none.Current().SignReceipt(op);
+  CHECK_FALSE(IsWriteReceipt(
+      mac, s,
+      std::string(reinterpret_cast<const char*>(z.tag), wire::kReceiptBytes)));
+}
+
 TEST_CASE("Capability wire encoding round-trips and checks reserved bytes") {
   wire::Capability c;
   c.expires_unix_ms = 123456789;

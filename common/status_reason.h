@@ -50,7 +50,12 @@ namespace hymcache {
     "the master led until it lost etcd (no quorum, or cut off) and now "    \
     "answers lookups only: writes are refused until an election with a "    \
     "quorum makes it (or another master) lead again; skip the store or "    \
-    "retry later")
+    "retry later")                                                          \
+  X(kWriteReceiptInvalid, "write_receipt_invalid",                          \
+    "a PutCommit named a written slot without the storage node's write "    \
+    "receipt for it (missing, forged, or another slot's, generation's or "  \
+    "node's): the master committed nothing of that put (docs/ha.md, "       \
+    "node-confirmed commits)")
 
 enum class StatusReason : uint32_t {
   kNone = 0,

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/capability.h"
@@ -45,6 +46,12 @@ class TestCapabilities {
     s.rights = rights;
     s.expires_unix_ms = absl::ToUnixMillis(absl::Now() + lifetime);
     return SignCapability(mac_, s);
+  }
+  // Whether `receipt` is this node's write receipt for `op`'s extent.
+  bool IsReceipt(const wire::OpDesc& op, absl::string_view receipt) const {
+    return IsWriteReceipt(
+        mac_, {kNodeId, op.region_id, op.addr, op.length, op.generation},
+        receipt);
   }
   // Sets op->cap for `rights`.
   void SignOp(wire::OpDesc* op, uint8_t rights) const {

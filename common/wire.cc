@@ -99,6 +99,13 @@ absl::StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kHeaderBytes]) {
             "data plane: acquire needs ops and a session id");
       }
       break;
+    case FrameType::kWriteResponse:
+    case FrameType::kWriteCommitResponse:
+      if (h.payload_bytes != uint64_t{h.op_count} * kReceiptBytes) {
+        return absl::InvalidArgumentError(
+            "data plane: write response without one receipt per op");
+      }
+      break;
     case FrameType::kAcquireResponse:
     case FrameType::kWriteBeginResponse:
       if (h.payload_bytes != uint64_t{h.op_count} * kAreaRefBytes) {
@@ -131,8 +138,6 @@ absl::StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kHeaderBytes]) {
       break;
     case FrameType::kPrefetchResponse:
     case FrameType::kReleaseResponse:
-    case FrameType::kWriteCommitResponse:
-    case FrameType::kWriteResponse:
     case FrameType::kPing:
     case FrameType::kPong:
       if (h.payload_bytes != 0) {

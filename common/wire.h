@@ -29,7 +29,11 @@
 //                  of every OK op, in op order (an op's bytes are `length`).
 //   kWriteRequest  ops to write; payload = the bytes of every op in order
 //                  (payload_bytes == sum of lengths).
-//   kWriteResponse the request's ops with a status each; payload empty.
+//   kWriteResponse the request's ops with a status each; payload = one write
+//                  receipt (kReceiptBytes) per op, zero for failed ops: the
+//                  node's signed word that the op's bytes landed, which the
+//                  client carries to the master in PutCommit (see
+//                  "Write receipts" below).
 //   kError         op_count 0; status = code, payload = UTF-8 message
 //                  (<= kMaxErrorBytes). The server closes the connection.
 //   kPing/kPong    op_count 0, payload empty: liveness and version check.
@@ -90,7 +94,9 @@
 //                     destination, WRITE only, until its commit or abort.
 //   kWriteCommitRequest ops = begun writes; an op's status field is 0 to
 //                     commit it, non-zero to abort it. Payload empty.
-//   kWriteCommitResponse the ops with a status each; payload empty.
+//   kWriteCommitResponse the ops with a status each; payload = one write
+//                     receipt per op (zero for failed or aborted ops), as for
+//                     kWriteResponse.
 //   kRdmaConnectRequest op_count 1: the grant, any object the master gave
 //                     the client a read or write capability for on this node
 //                     (capability table as for acquires); payload = the
@@ -104,6 +110,13 @@
 // When a connection closes, its holds are released and its begun writes
 // aborted (nothing becomes readable). A client must not close it while a
 // one-sided transfer may still touch the held memory.
+//
+// Write receipts (node-confirmed commits, docs/ha.md): a write receipt is
+// HMAC-SHA256 under the node's key (common/capability.h, SignWriteReceipt)
+// over (node id, region, addr, length, generation) of one written op,
+// truncated to kReceiptBytes. Only the node and the master hold the key, so
+// a client cannot make one for bytes it never wrote; the generation makes
+// each receipt good for exactly one allocation.
 //
 // Every limit is checked on the 32-byte header before the receiver allocates
 // or reads anything else; a frame that breaks one is answered with kError.
@@ -170,6 +183,12 @@ inline constexpr uint64_t kMaxConnectBytes = 1024;
 inline constexpr uint64_t kSessionBytes = 8;
 void EncodeSession(uint64_t session, uint8_t out[kSessionBytes]);
 uint64_t DecodeSession(const uint8_t in[kSessionBytes]);
+
+// Bytes of one write receipt (kWriteResponse / kWriteCommitResponse).
+inline constexpr size_t kReceiptBytes = 16;
+struct Receipt {
+  uint8_t tag[kReceiptBytes] = {};
+};
 
 // Bytes of one capability table entry.
 inline constexpr size_t kCapBytes = 32;

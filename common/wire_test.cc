@@ -106,6 +106,17 @@ TEST_CASE("hostile headers are rejected before anything is allocated") {
     CHECK(DecodeHeader(Header(h).data()).ok());
     h.payload_bytes += 1;
     CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    // Write responses carry one receipt per op, no more, no less.
+    for (FrameType t :
+         {FrameType::kWriteResponse, FrameType::kWriteCommitResponse}) {
+      h.type = t;
+      h.payload_bytes = h.op_count * kReceiptBytes;
+      CHECK(DecodeHeader(Header(h).data()).ok());
+      h.payload_bytes = 0;
+      CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+      h.payload_bytes = h.op_count * kReceiptBytes + 1;
+      CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+    }
     h.type = FrameType::kWriteBeginRequest;
     h.payload_bytes = 0;
     CHECK(DecodeHeader(Header(h).data()).ok());

@@ -54,6 +54,10 @@ DEFINE_int64(node_timeout_ms, Ms(ServiceDefaults().node_timeout),
              "a storage node silent this long is dead");
 DEFINE_int64(put_timeout_ms, Ms(ServiceDefaults().put_timeout),
              "pending puts not committed within this are freed");
+DEFINE_bool(require_write_receipts, ServiceDefaults().require_write_receipts,
+            "commit a put's slot only with its storage node's write receipt "
+            "(node-confirmed commits, docs/ha.md); false only for "
+            "benchmarks of the master alone and nodes older than receipts");
 DEFINE_int64(heartbeat_interval_ms, Ms(ServiceDefaults().heartbeat_interval),
              "heartbeat period told to storage nodes");
 DEFINE_int64(read_lease_ms, Ms(ServiceDefaults().read_lease),
@@ -141,6 +145,7 @@ absl::Status OptionsFromFlags(hymcache::MasterOptions* options) {
   hymcache::master::MasterServiceOptions& so = options->service;
   so.node_timeout = absl::Milliseconds(FLAGS_node_timeout_ms);
   so.put_timeout = absl::Milliseconds(FLAGS_put_timeout_ms);
+  so.require_write_receipts = FLAGS_require_write_receipts;
   so.heartbeat_interval = absl::Milliseconds(FLAGS_heartbeat_interval_ms);
   so.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
   so.capability_lifetime = absl::Milliseconds(FLAGS_capability_lifetime_ms);
@@ -187,7 +192,7 @@ int main(int argc, char** argv) {
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
               "read_lease_ms", "max_evictions_per_put", "max_eviction_scan",
               "recency_batch", "reconcile_interval_ms",
-              "capability_lifetime_ms"}},
+              "capability_lifetime_ms", "require_write_receipts"}},
             {"Limits",
              {"max_nodes", "forget_dead_nodes_after_s",
               "max_pending_share_per_caller", "max_pending_slots_per_caller"}}},

@@ -14,6 +14,7 @@
 #include "master/master_service.h"
 #include "master/master_test_util.h"
 #include "master/metadata_store.h"
+#include "master/proving_heartbeat.h"
 #include "master/tenant.h"
 
 namespace hymcache {
@@ -80,6 +81,7 @@ struct Harness {
     INFO(r.status().ToString());
     REQUIRE(r.ok());
     keys[name] = r->node_key();
+    key_by_id[r->node_id()] = r->node_key();
     if (r->reconcile()) {
       google::protobuf::RepeatedPtrField<v1::Location> held;
       uint64_t cursor = 0;
@@ -129,6 +131,7 @@ struct Harness {
     REQUIRE(s->put_id() != 0);
     v1::PutCommitRequest c;
     c.set_put_id(s->put_id());
+    AddWriteReceipts(*s, HmacSha256(key_by_id.at(s->node().node_id())), &c);
     REQUIRE(svc->PutCommit(c).ok());
     return s->node().node_id();
   }
@@ -162,6 +165,7 @@ struct Harness {
   FakeClock clock;
   MasterServiceOptions options;
   std::map<std::string, std::string> keys;  // node name -> node key
+  std::map<uint32_t, std::string> key_by_id;  // node id -> key
   std::unique_ptr<MasterService> svc;
 };
 

@@ -11,6 +11,7 @@
 #include "master/fake_metadata_store.h"
 #include "master/master_service.h"
 #include "master/master_test_util.h"
+#include "master/proving_heartbeat.h"
 
 namespace hymcache {
 namespace master {
@@ -83,9 +84,12 @@ struct Harness {
     REQUIRE(Hb(hb).ok());
     return r->node_id();
   }
-  void Commit(uint64_t put_id) {
+  // Commits the put `start` began, with the receipts of its node.
+  void Commit(const v1::PutStartResponse& start) {
     v1::PutCommitRequest c;
-    c.set_put_id(put_id);
+    c.set_put_id(start.put_id());
+    AddWriteReceipts(start,
+                     HmacSha256(keys.at(names.at(start.node().node_id()))), &c);
     REQUIRE(svc->PutCommit(c).ok());
   }
   FakeClock clock;
@@ -167,7 +171,7 @@ TEST_CASE("The master keeps at most max_nodes records; dead ones can go") {
   h.Register("b", 7100);
   auto put = h.svc->PutStart(PutReq("on-a", 4096, a));
   REQUIRE(put.ok());
-  h.Commit(put->put_id());
+  h.Commit(*put);
   auto c = h.svc->RegisterNode(NodeReq("c", 7200));
   CHECK(c.status().code() == StatusCode::kResourceExhausted);
   CHECK(c.status().message().find("hymctl node forget") != std::string::npos);
@@ -249,7 +253,7 @@ TEST_CASE("One caller's pending puts cannot fill a node") {
   auto other = h.svc->PutStart(PutReq("legit", 8192), "ipv4:10.0.0.7");
   REQUIRE(other.ok());
   CHECK(other->node().node_id() == n);
-  h.Commit(other->put_id());
+  h.Commit(*other);
   // Once the flood's puts expire, the flooder may put again.
   h.clock.Advance(o.put_timeout + absl::Seconds(1));
   CHECK(h.svc->ReapExpired() == static_cast<size_t>(started));
@@ -260,7 +264,7 @@ TEST_CASE("One caller's pending puts cannot fill a node") {
   auto again = h.svc->PutStart(PutReq("after", 4096), "ipv4:10.0.0.66");
   REQUIRE(again.ok());
   // Committed and aborted puts give their share back.
-  h.Commit(again->put_id());
+  h.Commit(*again);
   for (int i = 0; i < started; ++i) {
     auto p = h.svc->PutStart(PutReq("more" + std::to_string(i), 4096),
                              "ipv4:10.0.0.66");

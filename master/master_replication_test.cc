@@ -52,6 +52,9 @@ struct Master {
     auto it = st.stats().find(name);
     return it == st.stats().end() ? -1 : it->second;
   }
+  // The registered node's key: it signs the write receipts of Put.
+  std::string node_key;
+
   // PutStart + PutCommit of one key; how long the commit took.
   absl::Duration Put(const std::string& key) {
     v1::PutStartRequest put;
@@ -65,6 +68,7 @@ struct Master {
     grpc::ClientContext ctx;
     v1::PutCommitRequest c;
     c.set_put_id(started.put_id());
+    master::AddWriteReceipts(started, HmacSha256(node_key), &c);
     v1::PutCommitResponse resp;
     const absl::Time start = absl::Now();
     grpc::Status s = stub->PutCommit(&ctx, c, &resp);
@@ -105,6 +109,7 @@ TEST_CASE(
   {
     grpc::ClientContext ctx;
     REQUIRE(leader.stub->RegisterNode(&ctx, OneRegionNodeReq("n"), &reg).ok());
+    leader.node_key = reg.node_key();
   }
   {
     grpc::ClientContext ctx;

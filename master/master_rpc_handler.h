@@ -283,7 +283,11 @@ class MasterRpcHandler final {
       return Refuse(ctx, s);
     }
     absl::StatusOr<v1::PutCommitResponse> out = service_->PutCommit(*req);
-    if (out.ok()) tenants_->ForgetPut(req->put_id());
+    // A commit refused for its receipts ended the put too.
+    if (out.ok() ||
+        ReasonOf(out.status()) == StatusReason::kWriteReceiptInvalid) {
+      tenants_->ForgetPut(req->put_id());
+    }
     return Reply(ctx, std::move(out), resp);
   }
   grpc::Status PutAbort(grpc::ServerContext* ctx,

@@ -351,6 +351,7 @@ TEST_CASE("MasterServer serves the master API over gRPC") {
     v1::PutCommitRequest c;
     c.set_put_id(started.put_id());
     c.add_failed_indexes(1023);
+    master::AddWriteReceipts(started, HmacSha256(reg.node_key()), &c);
     v1::PutCommitResponse resp;
     REQUIRE(stub->PutCommit(&ctx, c, &resp).ok());
     CHECK(resp.committed() == 1023);

@@ -168,6 +168,14 @@ struct MasterServiceOptions {
   // answers (master_epoch) so that nodes refuse a master of an older term.
   // 0: no election. Default: 0.
   int64_t epoch = 0;
+  // Node-confirmed commits (docs/ha.md): PutCommit commits a slot only
+  // with the storage node's write receipt for it (PutCommitRequest.receipts,
+  // signed with the node's key when the bytes landed), so that no client
+  // can list a slot it never wrote. false: receipts are not checked (the
+  // behaviour before receipts; for benchmarks of the master alone whose
+  // nodes hold no bytes, and for clusters with nodes older than receipts).
+  // Default: true.
+  bool require_write_receipts = true;
 
   absl::Status Validate() const;
 };
@@ -175,25 +183,46 @@ struct MasterServiceOptions {
 // The master service's counters since start, declared once
 // (common/stats.h); kept under the service's lock and exported by the
 // daemon (hymcache_master_*_total).
-#define HYM_MASTER_SERVICE_COUNTERS(COUNTER, GAUGE, DGAUGE)                  \
-  COUNTER(objects_dropped, "Persisted objects dropped at start-up or re-registration: their node or region no longer holds them") \
-  COUNTER(objects_purged, "Objects purged because their node's memory started afresh") \
-  COUNTER(puts_expired, "Pending puts freed by expiry")                      \
-  COUNTER(puts_cancelled, "Pending puts cancelled: their node re-registered or left") \
-  COUNTER(evicted_objects, "Committed objects evicted to make room for new puts") \
-  COUNTER(evicted_bytes, "Bytes (object lengths) of evicted objects")       \
-  COUNTER(reconciliations, "Completed node reconciliations")                \
-  COUNTER(reconcile_dropped_listings, "Listings reconciliations removed: the node did not hold them") \
-  COUNTER(reconcile_unlisted_extents, "Unlisted extents reconciliations returned to nodes") \
-  COUNTER(read_repairs, "Listings dropped because a reader reported the node refused them") \
-  COUNTER(orphans_removed, "Objects removed because a block before them in their chain was removed") \
-  COUNTER(commits_unreachable, "Put slots freed at commit: the block before them was not committed") \
-  COUNTER(recency_writes, "Object reads written to the store (recency)")   \
-  COUNTER(recency_write_failures, "Failed writes of read-recency batches")  \
-  COUNTER(puts_over_caller_limit, "PutStarts refused: their caller had too many pending puts") \
-  COUNTER(tenant_evicted_objects, "Objects evicted from a tenant over its quota for its own new put (also in evicted_objects)") \
-  COUNTER(puts_over_tenant_quota, "PutStarts refused: the tenant could not be brought within its quota") \
-  COUNTER(nodes_forgotten, "Node records removed (ForgetNode, or dead too long)")
+#define HYM_MASTER_SERVICE_COUNTERS(COUNTER, GAUGE, DGAUGE)                   \
+  COUNTER(objects_dropped,                                                    \
+          "Persisted objects dropped at start-up or re-registration: their "  \
+          "node or region no longer holds them")                              \
+  COUNTER(objects_purged,                                                     \
+          "Objects purged because their node's memory started afresh")        \
+  COUNTER(puts_expired, "Pending puts freed by expiry")                       \
+  COUNTER(puts_cancelled,                                                     \
+          "Pending puts cancelled: their node re-registered or left")         \
+  COUNTER(evicted_objects,                                                    \
+          "Committed objects evicted to make room for new puts")              \
+  COUNTER(evicted_bytes, "Bytes (object lengths) of evicted objects")         \
+  COUNTER(reconciliations, "Completed node reconciliations")                  \
+  COUNTER(reconcile_dropped_listings,                                         \
+          "Listings reconciliations removed: the node did not hold them")     \
+  COUNTER(reconcile_unlisted_extents,                                         \
+          "Unlisted extents reconciliations returned to nodes")               \
+  COUNTER(read_repairs,                                                       \
+          "Listings dropped because a reader reported the node refused them") \
+  COUNTER(orphans_removed,                                                    \
+          "Objects removed because a block before them in their chain was "   \
+          "removed")                                                          \
+  COUNTER(                                                                    \
+      commits_unreachable,                                                    \
+      "Put slots freed at commit: the block before them was not committed")   \
+  COUNTER(commits_refused_receipt,                                            \
+          "PutCommits refused: a slot to commit lacked its node's write "     \
+          "receipt (missing or forged)")                                      \
+  COUNTER(recency_writes, "Object reads written to the store (recency)")      \
+  COUNTER(recency_write_failures, "Failed writes of read-recency batches")    \
+  COUNTER(puts_over_caller_limit,                                             \
+          "PutStarts refused: their caller had too many pending puts")        \
+  COUNTER(tenant_evicted_objects,                                             \
+          "Objects evicted from a tenant over its quota for its own new put " \
+          "(also in evicted_objects)")                                        \
+  COUNTER(                                                                    \
+      puts_over_tenant_quota,                                                 \
+      "PutStarts refused: the tenant could not be brought within its quota")  \
+  COUNTER(nodes_forgotten,                                                    \
+          "Node records removed (ForgetNode, or dead too long)")
 HYM_DECLARE_STATS_STRUCT(MasterServiceCounters, HYM_MASTER_SERVICE_COUNTERS);
 
 // A tenant's quota as PutStart enforces it (0: unlimited).
@@ -354,8 +383,12 @@ class MasterService {
   // is not committed once the earlier slots are: those are freed too
   // (commits_unreachable), since no reader could reach them. Each committed
   // block is linked to its parent (across nodes too).
+  // With require_write_receipts, each slot to commit needs its node's
+  // write receipt (request.receipts[index]).
   // Errors: NotFound ("put expired or unknown");
   // InvalidArgument for an index >= the put's key count (nothing changes);
+  // PermissionDenied with StatusReason::kWriteReceiptInvalid when a slot to
+  // commit lacks a valid receipt (nothing is committed; the put is freed);
   // store errors (nothing changes, the put stays pending).
   absl::StatusOr<hymcache::v1::PutCommitResponse> PutCommit(
       const hymcache::v1::PutCommitRequest& request);
@@ -624,6 +657,13 @@ class MasterService {
   bool ProofValid(const Node& node, absl::string_view purpose, uint32_t node_id,
                   uint64_t incarnation, const hymcache::v1::NodeAuth& auth,
                   absl::Time now) const;
+  // OK if every slot of `put` not in `failed` has its node's write receipt
+  // in `request` (see require_write_receipts); else why not, with
+  // StatusReason::kWriteReceiptInvalid.
+  absl::Status CheckReceipts(
+      const PendingPut& put, const absl::flat_hash_set<uint32_t>& failed,
+      const hymcache::v1::PutCommitRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The read or write capability for a location on `node`.
   void Grant(const Node& node, const hymcache::v1::Location& loc,
              uint8_t rights, absl::Time expiry,

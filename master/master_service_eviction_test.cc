@@ -143,7 +143,7 @@ TEST_CASE("A tenant over its quota evicts its own least recently used objects fi
     auto r = put(keys, q);
     INFO(r.status().ToString());
     REQUIRE(r.ok());
-    h.Commit(r->put_id());
+    h.Commit(*r);
   };
   // Beta's objects are older than all of alpha's: a global LRU would take
   // them first.
@@ -158,7 +158,7 @@ TEST_CASE("A tenant over its quota evicts its own least recently used objects fi
   auto r = put({A("a4")}, three, &over);
   REQUIRE(r.ok());
   CHECK_FALSE(over);
-  h.Commit(r->put_id());
+  h.Commit(*r);
   CHECK(h.Found({A("a1"), A("a2"), A("a3"), A("a4")}) == "1011");
   CHECK(h.Found({B("b1"), B("b2"), B("b3")}) == "111");
   CHECK(h.svc->counters().tenant_evicted_objects == 1);
@@ -177,7 +177,7 @@ TEST_CASE("A tenant over its quota evicts its own least recently used objects fi
   CHECK(over);
   CHECK(h.svc->counters().puts_over_tenant_quota == 1);
   CHECK(h.svc->counters().tenant_evicted_objects == 3);  // planned: none went
-  h.Commit(p1->put_id());
+  h.Commit(*p1);
   CHECK(h.svc->UsageOfTenant("alpha").objects == 3);
 
   // Leased objects stay: with all three read just now, nothing may go.
@@ -203,7 +203,7 @@ TEST_CASE("A tenant over its quota evicts its own least recently used objects fi
   CHECK(h.Found({B("b1"), B("b2"), B("b3")}) == "111");
   auto ok = put({B("b4")}, bytes);  // beta holds 3: two of its own go
   REQUIRE(ok.ok());
-  h.Commit(ok->put_id());
+  h.Commit(*ok);
   CHECK(h.Found({B("b1"), B("b2"), B("b3"), B("b4")}) == "0011");
   CHECK(h.svc->UsageOfTenant("beta").bytes == 2 * kObj);
   CHECK(h.svc->QuotaEvictionsByTenant() ==
@@ -287,7 +287,7 @@ TEST_CASE("Evicted space is reused under a higher generation") {
   Harness h("evict_generation");
   h.Register("a", 1, {{0, 1 * kSlot}});
   auto r1 = h.Start({"old"}, {kObj});
-  h.Commit(r1.put_id());
+  h.Commit(r1);
   const v1::Location old_loc = r1.slots(0).location();
   auto r2 = h.Start({"new"}, {kObj});
   REQUIRE(r2.slots(0).state() == v1::SLOT_ALLOCATED);
@@ -297,7 +297,7 @@ TEST_CASE("Evicted space is reused under a higher generation") {
   CHECK(new_loc.addr() == old_loc.addr());
   CHECK(new_loc.generation() > old_loc.generation());
   CHECK(h.Found({"old"}) == "0");
-  h.Commit(r2.put_id());
+  h.Commit(r2);
   CHECK(h.Lookup({"new"}).results(0).location().generation() ==
         new_loc.generation());
 }
@@ -318,10 +318,10 @@ TEST_CASE("Pending puts and the call's existing keys are never evicted") {
   auto r = h.Start({"a", "c"}, {kObj, kObj});
   CHECK(r.slots(0).state() == v1::SLOT_EXISTS);
   CHECK(r.slots(1).state() == v1::SLOT_ALLOCATED);
-  h.Commit(r.put_id());
+  h.Commit(r);
   CHECK(h.Found({"a", "b", "c"}) == "101");
   // The pending put commits where it was told to.
-  CHECK(h.Commit(pending.put_id()) == 2);
+  CHECK(h.Commit(pending) == 2);
   auto got = h.Lookup({"p1", "p2"});
   CHECK(got.hit_prefix_length() == 2);
   CHECK(got.results(0).location().SerializeAsString() ==
@@ -341,7 +341,7 @@ TEST_CASE("Eviction with mixed object sizes frees just enough") {
   // 4032 bytes: a and b (adjacent, 4032 together) suffice.
   auto r = h.Start({"e"}, {4000});
   CHECK(r.slots(0).location().addr() == 0);
-  h.Commit(r.put_id());
+  h.Commit(r);
   CHECK(h.Found({"a", "b", "c", "d", "e"}) == "00111");
   CHECK(h.svc->counters().evicted_objects == 2);
   CHECK(h.svc->counters().evicted_bytes == 4000);
@@ -411,6 +411,7 @@ TEST_CASE("A failed eviction write evicts nothing") {
   REQUIRE(put.ok());
   v1::PutCommitRequest c;
   c.set_put_id(put->put_id());
+  AddReceipts(*put, &c);
   REQUIRE(s.PutCommit(c).ok());
   store->FailWritesForTest(absl::UnavailableError("disk on fire"));
   CHECK(s.PutStart(PutReq({"k2"}, {kObj})).status().code() ==
@@ -451,6 +452,7 @@ TEST_CASE("Concurrent puts, reads and evictions") {
             stored[t][key + "x"] = {key, r->node().node_id()};
             v1::PutCommitRequest c;
             c.set_put_id(r->put_id());
+            AddReceipts(*r, &c);
             h.svc->PutCommit(c).IgnoreError();
           }
           std::vector<std::string> keys = {key, key + "x"};
@@ -565,11 +567,11 @@ TEST_CASE("A chain continued on another node loses its tail there with its head"
   auto tail = h.StartChild({"c2", "c3"}, kObj, "c1", b);
   REQUIRE(tail.ok());
   CHECK(tail->node().node_id() == b);
-  h.Commit(tail->put_id());
+  h.Commit(*tail);
   auto back = h.StartChild({"c4"}, kObj, "c3", a);
   REQUIRE(back.ok());
   CHECK(back->node().node_id() == a);
-  h.Commit(back->put_id());
+  h.Commit(*back);
   CHECK(h.Put({"y"}, kObj, b) == b);
   CHECK(h.Found({"c0", "c1", "c2", "c3", "c4", "y"}) == "111111");
   // The restarted master links them again from the persisted parents.

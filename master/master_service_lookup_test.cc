@@ -56,7 +56,7 @@ TEST_CASE("Remove deletes objects durably and frees their space") {
   CHECK_FALSE(r->removed(3));
   CHECK_FALSE(r->removed(4));
   CHECK(h.UsedBytes(a) == 128 + 64);
-  CHECK(h.Commit(pending.put_id()) == 1);
+  CHECK(h.Commit(pending) == 1);
   h.Restart();
   h.Rejoin("a", 1, {{0, 1 << 20}});
   auto l = h.Lookup({"r1", "r2", "r3", "p"});

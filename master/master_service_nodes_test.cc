@@ -170,7 +170,7 @@ TEST_CASE("Dead nodes' objects miss and dead nodes get no placements") {
   auto again = h.Start({"x"}, {50});
   CHECK(again.slots(0).state() == v1::SLOT_ALLOCATED);
   CHECK(again.node().node_id() == b);
-  h.Commit(again.put_id());
+  h.Commit(again);
   CHECK(h.UsedBytes(a) == used_a - 128);
   CHECK(h.Lookup({"x"}).results(0).location().node_id() == b);
 
@@ -305,7 +305,7 @@ TEST_CASE("registration reports retained objects and a generation ceiling") {
   REQUIRE(first.ok());
   CHECK_FALSE(first->objects_retained());  // a new node: nothing is known
   auto put = h.Start({"a", "b"}, {100, 100});
-  h.Commit(put.put_id());
+  h.Commit(put);
   uint64_t max_gen = 0;
   for (const auto& slot : put.slots()) {
     max_gen = std::max(max_gen, slot.location().generation());
@@ -332,7 +332,7 @@ TEST_CASE("registration reports retained objects and a generation ceiling") {
   for (int i = 0; i < 40; ++i) {
     auto p = h.Start({"k" + std::to_string(i)}, {64});
     CHECK(p.slots(0).location().generation() <= Hb(h.svc.get(), hb)->generation_ceiling());
-    h.Commit(p.put_id());
+    h.Commit(p);
   }
 
   // A new incarnation of DRAM memory: nothing retained.
@@ -389,7 +389,7 @@ TEST_CASE("Lookups and puts carry capabilities for exactly their location") {
   CHECK(NodeChecks(key, 3, slot.location(), slot.capability(), wire::kCapRead,
                    h.clock.Now())
             .code() == StatusCode::kPermissionDenied);
-  h.Commit(put.put_id());
+  h.Commit(put);
   const v1::BatchLookupResponse got = h.Lookup({"k1"});
   REQUIRE(got.results(0).found());
   const auto& r = got.results(0);

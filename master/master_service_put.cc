@@ -32,6 +32,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/capability.h"
+#include "common/status_reason.h"
 #include "master/master_service_internal.h"
 #include "master/tenant.h"
 
@@ -454,6 +456,43 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   return response;
 }
 
+absl::Status MasterService::CheckReceipts(
+    const PendingPut& put, const absl::flat_hash_set<uint32_t>& failed,
+    const v1::PutCommitRequest& request) const {
+  auto n = nodes_.find(put.node_id);
+  if (n == nodes_.end() || !n->second.mac) {
+    // PutStart placed on a keyed node; one gone since cancelled its puts.
+    return WithReason(absl::PermissionDeniedError(absl::StrCat(
+                          "PutCommit: node ", put.node_id,
+                          " has no key to check write receipts with")),
+                      StatusReason::kWriteReceiptInvalid);
+  }
+  const HmacSha256& key = *n->second.mac;
+  for (const PendingSlot& slot : put.slots) {
+    if (failed.contains(slot.index)) continue;
+    WriteReceiptScope scope;
+    scope.node_id = put.node_id;
+    scope.region_id = slot.region_id;
+    scope.addr = slot.addr;
+    scope.length = slot.length;
+    scope.generation = slot.generation;
+    const bool given = static_cast<int>(slot.index) < request.receipts_size();
+    if (!given || !IsWriteReceipt(key, scope, request.receipts(slot.index))) {
+      return WithReason(
+          absl::PermissionDeniedError(absl::StrCat(
+              "PutCommit: key ", PrintableKey(slot.key), " (index ", slot.index,
+              ") has ",
+              given && !request.receipts(slot.index).empty() ? "a wrong" : "no",
+              " write receipt from node ", put.node_id, " (region ",
+              slot.region_id, " addr ", slot.addr, " generation ",
+              slot.generation,
+              "): the node never confirmed those bytes; nothing committed")),
+          StatusReason::kWriteReceiptInvalid);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
     const v1::PutCommitRequest& request) {
   MutexLock l(&mu_);
@@ -477,6 +516,17 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
                        put.key_count, " keys)"));
     }
     failed.insert(idx);
+  }
+  if (options_.require_write_receipts) {
+    absl::Status r = CheckReceipts(put, failed, request);
+    if (!r.ok()) {
+      // A client that commits what it did not write (a bug, or hostile):
+      // nothing of the put becomes visible, and its space is freed.
+      ReleasePut(request.put_id(), /*free_space=*/true);
+      ++counters_.commits_refused_receipt;
+      LOG_EVERY_N(WARNING, 100) << "PutCommit refused: " << r;
+      return r;
+    }
   }
 
   // The slots to commit, in chain order: a slot whose parent is neither

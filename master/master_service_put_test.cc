@@ -41,7 +41,7 @@ TEST_CASE("PutStart spreads calls across nodes and keeps each call on one") {
     CHECK(r.expires_unix_ms() ==
           absl::ToUnixMillis(h.clock.Now() + absl::Seconds(30)));
     chosen.push_back(r.node().node_id());
-    h.Commit(r.put_id());
+    h.Commit(r);
   }
   CHECK(chosen == std::vector<uint32_t>{a, b, a, b, a, b});
 
@@ -120,7 +120,7 @@ TEST_CASE("Objects become visible only at commit; failures are freed") {
 
   // k1 and k3 failed. k2 extends k1: no reader could reach it, so it is
   // freed too.
-  CHECK(h.Commit(r.put_id(), {1, 3, 3}) == 1);
+  CHECK(h.Commit(r, {1, 3, 3}) == 1);
   auto l = h.Lookup({"k0", "k1", "k2", "k3"});
   CHECK(l.results(0).found());
   CHECK_FALSE(l.results(1).found());
@@ -160,7 +160,7 @@ TEST_CASE("A node's commit still succeeds if it died meanwhile") {
   uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
   auto r = h.Start({"k"}, {10});
   h.clock.Advance(absl::Seconds(11));
-  CHECK(h.Commit(r.put_id()) == 1);
+  CHECK(h.Commit(r) == 1);
   CHECK_FALSE(h.Lookup({"k"}).results(0).found());
   h.Heartbeat(a, 1);
   CHECK(h.Lookup({"k"}).results(0).found());
@@ -256,7 +256,7 @@ TEST_CASE("A pending put's parent stays; blocks after a vanished parent are not 
   // p is the least recent, but a pending put continues it: q goes.
   h.Put({"s"}, kObj);
   CHECK(h.Found({"p", "q", "r", "s"}) == "1011");
-  CHECK(h.Commit(child->put_id()) == 1);
+  CHECK(h.Commit(*child) == 1);
   CHECK(h.Found({"p", "p1"}) == "11");
 
   // A parent removed before the commit: its continuation is freed instead.
@@ -265,7 +265,7 @@ TEST_CASE("A pending put's parent stays; blocks after a vanished parent are not 
   v1::RemoveRequest rm;
   rm.add_keys("r");
   REQUIRE(h.svc->Remove(rm).ok());
-  CHECK(h.Commit(orphan->put_id()) == 0);
+  CHECK(h.Commit(*orphan) == 0);
   CHECK(h.Found({"r", "r1", "r2"}) == "000");
   CHECK(h.svc->counters().commits_unreachable == 2);
   // Nor may a put continue a parent that is not stored.
@@ -285,8 +285,8 @@ TEST_CASE("Two puts of one chain racing: later blocks wait for the earlier ones"
                    {kObj, kObj, kObj, kObj, kObj});
   REQUIRE(y.slots(2).state() == v1::SLOT_IN_PROGRESS);
   REQUIRE(y.slots(3).state() == v1::SLOT_ALLOCATED);
-  CHECK(h.Commit(y.put_id()) == 2);  // before the prefix: kept, unlinked
-  CHECK(h.Commit(x.put_id()) == 3);  // now y3 is linked below s2
+  CHECK(h.Commit(y) == 2);  // before the prefix: kept, unlinked
+  CHECK(h.Commit(x) == 3);  // now y3 is linked below s2
   const std::vector<std::string> chain = {"s0", "s1", "s2", "y3", "y4"};
   CHECK(h.Found(chain) == "11111");
   for (int i = 0; i < 8; ++i) {
@@ -299,15 +299,15 @@ TEST_CASE("Two puts of one chain racing: later blocks wait for the earlier ones"
   // If the earlier put ends without the prefix, the waiting blocks go.
   auto x2 = h.Start({"t0", "t1"}, {kObj, kObj});
   auto y2 = h.Start({"t0", "t1", "z2", "z3"}, {kObj, kObj, kObj, kObj});
-  CHECK(h.Commit(y2.put_id()) == 2);
+  CHECK(h.Commit(y2) == 2);
   CHECK(h.Found({"z2", "z3"}) == "11");
   const uint64_t before = h.svc->counters().orphans_removed;
-  CHECK(h.Commit(x2.put_id(), {1}) == 1);  // t1's write failed
+  CHECK(h.Commit(x2, {1}) == 1);  // t1's write failed
   CHECK(h.Found({"t0", "t1", "z2", "z3"}) == "1000");
   CHECK(h.svc->counters().orphans_removed == before + 2);
   auto x3 = h.Start({"u0"}, {kObj});
   auto y3 = h.Start({"u0", "w1"}, {kObj, kObj});
-  CHECK(h.Commit(y3.put_id()) == 1);
+  CHECK(h.Commit(y3) == 1);
   v1::PutAbortRequest abort;
   abort.set_put_id(x3.put_id());
   REQUIRE(h.svc->PutAbort(abort).ok());
@@ -337,6 +337,94 @@ TEST_CASE("A key on a node re-registering after a master restart is not stored a
   auto moved = h.Start({"head"}, {100});
   CHECK(moved.slots(0).state() == v1::SLOT_ALLOCATED);
   CHECK(moved.node().node_id() == b);
+}
+
+TEST_CASE("A commit lists slots only with their node's write receipts") {
+  Harness h("receipts");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  auto refused = [&](const v1::PutCommitRequest& req) {
+    auto st = h.svc->PutCommit(req).status();
+    INFO(st.ToString());
+    CHECK(st.code() == StatusCode::kPermissionDenied);
+    CHECK(ReasonOf(st) == StatusReason::kWriteReceiptInvalid);
+    // Nothing listed, the put ended, its space free.
+    const v1::BatchLookupResponse l = h.Lookup({"k0", "k1"});
+    for (const auto& res : l.results()) CHECK_FALSE(res.found());
+    CHECK(h.svc->GetStats().pending_puts() == 0);
+    CHECK(h.UsedBytes(a) == 0);
+  };
+  // No receipts at all: a client committing what it never wrote.
+  auto r = h.Start({"k0", "k1"}, {100, 100});
+  v1::PutCommitRequest none;
+  none.set_put_id(r.put_id());
+  refused(none);
+  CHECK(h.svc->counters().commits_refused_receipt == 1);
+  // Unknown after the refusal.
+  CHECK(h.svc->PutCommit(none).status().code() == StatusCode::kNotFound);
+
+  // One slot's receipt given for both.
+  r = h.Start({"k0", "k1"}, {100, 100});
+  v1::PutCommitRequest swapped;
+  swapped.set_put_id(r.put_id());
+  swapped.add_receipts(ReceiptFor(r, 0));
+  swapped.add_receipts(ReceiptFor(r, 0));
+  refused(swapped);
+
+  // A receipt of an earlier allocation of the same key (another
+  // generation), and one signed with another node's key.
+  r = h.Start({"k0"}, {100});
+  const std::string earlier = ReceiptFor(r, 0);
+  REQUIRE(h.svc
+              ->PutAbort([&] {
+                v1::PutAbortRequest ab;
+                ab.set_put_id(r.put_id());
+                return ab;
+              }())
+              .ok());
+  auto again = h.Start({"k0"}, {100});
+  REQUIRE(again.slots(0).location().generation() !=
+          r.slots(0).location().generation());
+  v1::PutCommitRequest stale;
+  stale.set_put_id(again.put_id());
+  stale.add_receipts(earlier);
+  refused(stale);
+  h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  r = h.Start({"k0"}, {100}, a);
+  REQUIRE(r.node().node_id() == a);
+  v1::PutCommitRequest other;
+  other.set_put_id(r.put_id());
+  other.add_receipts(
+      WriteReceiptFor(HmacSha256(KeyByName().at("b")), r.slots(0).location()));
+  refused(other);
+  CHECK(h.svc->counters().commits_refused_receipt == 4);
+
+  // A failed slot needs none; the written one its own.
+  r = h.Start({"k0", "k1"}, {100, 100}, a);
+  v1::PutCommitRequest good;
+  good.set_put_id(r.put_id());
+  good.add_failed_indexes(1);
+  good.add_receipts(ReceiptFor(r, 0));
+  auto ok = h.svc->PutCommit(good);
+  INFO(ok.status().ToString());
+  REQUIRE(ok.ok());
+  CHECK(ok->committed() == 1);
+  auto l = h.Lookup({"k0", "k1"});
+  CHECK(l.results(0).found());
+  CHECK_FALSE(l.results(1).found());
+}
+
+TEST_CASE("Without require_write_receipts a commit needs no receipts") {
+  Harness h("no_receipts",
+            [](MasterServiceOptions& o) { o.require_write_receipts = false; });
+  h.Register("a", 1, {{0, 1 << 20}});
+  auto r = h.Start({"k0"}, {100});
+  v1::PutCommitRequest c;
+  c.set_put_id(r.put_id());
+  auto ok = h.svc->PutCommit(c);
+  REQUIRE(ok.ok());
+  CHECK(ok->committed() == 1);
+  CHECK(h.Lookup({"k0"}).results(0).found());
+  CHECK(h.svc->counters().commits_refused_receipt == 0);
 }
 
 }  // namespace

@@ -116,7 +116,7 @@ TEST_CASE("Reconciliation does not judge commits made while it ran, nor pending 
   REQUIRE(rec.ok());
   // The node listed its extents before these writes landed.
   auto fresh = h.Start({"fresh"}, {100});
-  h.Commit(fresh.put_id());
+  h.Commit(fresh);
   auto pending = h.Start({"pending"}, {100});
   // The node reports the pending put's extent (written, not committed yet)
   // and not "old".
@@ -131,7 +131,7 @@ TEST_CASE("Reconciliation does not judge commits made while it ran, nor pending 
   CHECK(r->dropped_listings() == 1);  // "old"
   CHECK(r->unlisted_count() == 0);    // the pending extent is not freed
   CHECK(h.Found({"old", "fresh"}) == "01");
-  CHECK(h.Commit(pending.put_id()) == 1);
+  CHECK(h.Commit(pending) == 1);
   CHECK(h.Found({"pending"}) == "1");
 }
 

@@ -49,7 +49,7 @@ TEST_CASE("Restart keeps committed objects and nodes, not pending puts") {
     for (const auto& s : r.slots()) {
       max_generation = std::max(max_generation, s.location().generation());
     }
-    h.Commit(r.put_id());
+    h.Commit(r);
   }
   auto pending = h.Start({"pending1", "pending2"}, {64, 64});
   for (const auto& s : pending.slots()) {
@@ -196,7 +196,7 @@ TEST_CASE("a deregistered node stays dead across a master restart") {
   for (int i = 0; i < 4; ++i) {
     auto p = h.Start({"x" + std::to_string(i)}, {64});
     CHECK(p.node().node_id() == b);
-    h.Commit(p.put_id());
+    h.Commit(p);
   }
   auto nodes = h.svc->ListNodes();
   for (const auto& n : nodes.nodes()) CHECK(n.alive() == (n.node_id() == b));
@@ -325,7 +325,7 @@ TEST_CASE("A restart from an index snapshot plus the store's newer changes keeps
       if (c % 2 == 1) {
         auto r = h.StartChild(chain, kObj, parent, preferred);
         REQUIRE(r.ok());
-        h.Commit(r->put_id());
+        h.Commit(*r);
       } else {
         h.Put(chain, kObj, preferred);
       }

@@ -91,6 +91,7 @@ TEST_CASE("A failed store write changes nothing") {
   store->FailWritesForTest(absl::UnavailableError("disk on fire"));
   v1::PutCommitRequest c;
   c.set_put_id(put->put_id());
+  AddReceipts(*put, &c);
   CHECK(s.PutCommit(c).status().code() == StatusCode::kUnavailable);
   CHECK_FALSE(s.BatchLookup(LookupReq({"k1"}))->results(0).found());
   CHECK(s.GetStats().pending_puts() == 1);
@@ -129,6 +130,7 @@ TEST_CASE("Concurrent puts and lookups") {
           if (!r.ok() || r->put_id() == 0) continue;
           v1::PutCommitRequest c;
           c.set_put_id(r->put_id());
+          AddReceipts(*r, &c);
           h.svc->PutCommit(c).IgnoreError();
           h.svc->BatchLookup(LookupReq({key, key + "x"})).IgnoreError();
           if (i % 10 == 0) h.svc->ReapExpired();

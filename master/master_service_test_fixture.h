@@ -21,12 +21,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/capability.h"
 #include "common/fake_clock.h"
+#include "common/status_reason.h"
 #include "common/test_log_capture.h"
 #include "common/thread.h"
 #include "common/wire.h"
 #include "master/fake_metadata_store.h"
 #include "master/master_test_util.h"
 #include "master/metadata_store.h"
+#include "master/proving_heartbeat.h"
 #include "master/tenant.h"
 
 namespace hymcache {
@@ -136,6 +138,25 @@ inline v1::PutStartRequest PutReq(std::vector<std::string> keys,
   return r;
 }
 
+// The write receipt node `start.node()` gives for slot `i` of `start`.
+inline std::string ReceiptFor(const v1::PutStartResponse& start, int i) {
+  return WriteReceiptFor(
+      HmacSha256(KeyByName().at(NameById().at(start.node().node_id()))),
+      start.slots(i).location());
+}
+
+// Adds to `req` the receipt of every slot `start` allocated, as a client
+// that wrote them all does. Safe to call concurrently (reads only).
+inline void AddReceipts(const v1::PutStartResponse& start,
+                        v1::PutCommitRequest* req) {
+  req->clear_receipts();
+  for (int i = 0; i < start.slots_size(); ++i) {
+    req->add_receipts(start.slots(i).state() == v1::SLOT_ALLOCATED
+                          ? ReceiptFor(start, i)
+                          : "");
+  }
+}
+
 inline v1::BatchLookupRequest LookupReq(std::vector<std::string> keys) {
   v1::BatchLookupRequest r;
   for (auto& k : keys) r.add_keys(k);
@@ -238,10 +259,14 @@ struct Harness {
     REQUIRE(r.ok());
     return *r;
   }
-  uint32_t Commit(uint64_t put_id, std::vector<uint32_t> failed = {}) {
+  // Commits the put `start` began, with the receipts of every slot it
+  // allocated (as a client that wrote them all), less `failed`.
+  uint32_t Commit(const v1::PutStartResponse& start,
+                  std::vector<uint32_t> failed = {}) {
     v1::PutCommitRequest req;
-    req.set_put_id(put_id);
+    req.set_put_id(start.put_id());
     for (auto f : failed) req.add_failed_indexes(f);
+    AddReceipts(start, &req);
     auto r = svc->PutCommit(req);
     INFO(r.status().ToString());
     REQUIRE(r.ok());
@@ -252,7 +277,7 @@ struct Harness {
                uint32_t preferred = 0) {
     auto r = Start(keys, std::vector<uint64_t>(keys.size(), len), preferred);
     REQUIRE(r.put_id() != 0);
-    Commit(r.put_id());
+    Commit(r);
     return r.node().node_id();
   }
   // A plain lookup. Asked packed too (it changes nothing), the answer must
@@ -340,7 +365,7 @@ struct Harness {
     INFO(r.status().ToString());
     REQUIRE(r.ok());
     REQUIRE(r->put_id() != 0);
-    Commit(r->put_id());
+    Commit(*r);
     return r->node().node_id();
   }
   void Heartbeat(uint32_t id, uint64_t incarnation) {

@@ -13,10 +13,12 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/capability.h"
+#include "common/wire.h"
 #include "proto/master.grpc.pb.h"
 
 namespace hymcache {
@@ -63,11 +65,41 @@ inline v1::RegisterNodeRequest MetadataOnlyNodeRequest(
   return reg;
 }
 
+// The write receipt node `node_key` gives for `loc` once its bytes landed
+// (common/wire.h, "Write receipts"), as bytes for PutCommitRequest.
+inline std::string WriteReceiptFor(const HmacSha256& node_key,
+                                   const v1::Location& loc) {
+  WriteReceiptScope scope;
+  scope.node_id = loc.node_id();
+  scope.region_id = loc.region_id();
+  scope.addr = loc.addr();
+  scope.length = loc.length();
+  scope.generation = loc.generation();
+  const wire::Receipt r = SignWriteReceipt(node_key, scope);
+  return std::string(reinterpret_cast<const char*>(r.tag), wire::kReceiptBytes);
+}
+
+// Sets `commit`'s receipts to those the node of `start` (whose key is
+// `node_key`) gives for every slot allocated: what a client that wrote
+// them all carries. For nodes that hold no bytes (metadata-only benchmarks
+// and tests).
+inline void AddWriteReceipts(const v1::PutStartResponse& start,
+                             const HmacSha256& node_key,
+                             v1::PutCommitRequest* commit) {
+  commit->clear_receipts();
+  for (const v1::PutSlot& slot : start.slots()) {
+    commit->add_receipts(slot.state() == v1::SLOT_ALLOCATED
+                             ? WriteReceiptFor(node_key, slot.location())
+                             : std::string());
+  }
+}
+
 // Registers `reg` through `stub` and sends the proving heartbeat, as a node
-// does, so that the master places puts on it. The first RPC error, naming
-// the call.
-inline absl::Status RegisterProvenNode(v1::MasterService::Stub* stub,
-                                       const v1::RegisterNodeRequest& reg) {
+// does, so that the master places puts on it. Returns the node's key (for
+// its write receipts, AddWriteReceipts); the first RPC error, naming the
+// call.
+inline absl::StatusOr<std::string> RegisterProvenNode(
+    v1::MasterService::Stub* stub, const v1::RegisterNodeRequest& reg) {
   v1::RegisterNodeResponse answer;
   {
     grpc::ClientContext ctx;
@@ -86,7 +118,7 @@ inline absl::Status RegisterProvenNode(v1::MasterService::Stub* stub,
     return absl::UnavailableError(
         absl::StrCat("Heartbeat: ", s.error_message()));
   }
-  return absl::OkStatus();
+  return answer.node_key();
 }
 
 }  // namespace master

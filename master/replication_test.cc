@@ -470,6 +470,7 @@ TEST_CASE("A standby's directory, opened by a master, lists exactly what the "
     }
     v1::PutCommitRequest c;
     c.set_put_id(r->put_id());
+    service_test::AddReceipts(*r, &c);
     REQUIRE(m->PutCommit(c).ok());
     // A synchronous leader acknowledges the commit only now.
     REQUIRE(leader.source->WaitReplicated(leader.Latest(), Soon()).ok());

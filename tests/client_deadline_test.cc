@@ -9,11 +9,15 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/capability.h"
+#include "common/mutex.h"
 #include "common/net.h"
 #include "common/thread.h"
 #include "common/wire.h"
@@ -44,6 +48,13 @@ class StallingNode {
     thread_.Join();
   }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  // The identity the master gave this node: it signs write receipts with
+  // its key, as a storage node does.
+  void SetIdentity(uint32_t node_id, const std::string& key) {
+    MutexLock l(&mu_);
+    node_id_ = node_id;
+    key_.emplace(key);
+  }
   int reads_seen() const { return reads_.load(); }
 
  private:
@@ -67,10 +78,24 @@ class StallingNode {
     if (h->type == wire::FrameType::kWriteRequest) {
       if (!Discard(fd, h->payload_bytes, dl).ok()) return false;
       h->type = wire::FrameType::kWriteResponse;
-      h->payload_bytes = 0;
+      h->payload_bytes = h->op_count * wire::kReceiptBytes;
       wire::EncodeHeader(*h, hb);
+      std::string receipts;
+      {
+        MutexLock l(&mu_);
+        for (size_t i = 0; i < h->op_count; ++i) {
+          const wire::OpDesc op =
+              wire::DecodeOp(table.data() + i * wire::kOpBytes);
+          const wire::Receipt r = SignWriteReceipt(
+              *key_,
+              {node_id_, op.region_id, op.addr, op.length, op.generation});
+          receipts.append(reinterpret_cast<const char*>(r.tag),
+                          wire::kReceiptBytes);
+        }
+      }
       return SendAll(fd, hb, sizeof(hb), dl).ok() &&
-             SendAll(fd, table.data(), table.size(), dl).ok();
+             SendAll(fd, table.data(), table.size(), dl).ok() &&
+             SendAll(fd, receipts.data(), receipts.size(), dl).ok();
     }
     ++reads_;
     uint64_t payload = 0;
@@ -97,6 +122,9 @@ class StallingNode {
   }
 
   const int serve_ops_;
+  Mutex mu_;
+  uint32_t node_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<HmacSha256> key_ ABSL_GUARDED_BY(mu_);
   Socket listen_;
   int port_ = 0;
   std::atomic<bool> stop_{false};
@@ -132,6 +160,7 @@ TEST_CASE("Get past its deadline returns the finished blocks and writes nothing 
     pb::HeartbeatResponse hb;
     REQUIRE(
         stub->Heartbeat(&hctx, master::ProvingHeartbeat(req, resp), &hb).ok());
+    node.SetIdentity(resp.node_id(), resp.node_key());
   }
 
   ClientOptions co;

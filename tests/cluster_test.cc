@@ -18,7 +18,9 @@
 #include "client/client.h"
 #include "client/tcp_transport.h"
 #include "common/eventually.h"
+#include "common/grpc_status.h"
 #include "common/net.h"
+#include "common/status_reason.h"
 #include "common/wire.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
@@ -424,11 +426,49 @@ TEST_CASE("calls past their deadline return what they have") {
   CHECK(p.status().code() == absl::StatusCode::kDeadlineExceeded);
 }
 
-// A PutCommit of a slot nobody wrote (a client that crashed mid-put, or a
-// buggy one) lists a key the node cannot serve. The first reader's refusal
-// drops the listing (read repair); the node's next reconciliation would too.
-TEST_CASE("a listed key its node does not hold is dropped by the first read and can be stored again") {
+// Node-confirmed commits (docs/ha.md): a PutCommit of a slot nobody wrote
+// (a buggy or hostile client) carries no write receipt of the node, and the
+// master refuses it: nothing is listed.
+TEST_CASE("a commit of a slot nobody wrote is refused and lists nothing") {
   Cluster c(1);
+  auto stub = pb::MasterService::NewStub(grpc::CreateChannel(
+      c.master.address, grpc::InsecureChannelCredentials()));
+  pb::PutStartRequest start;
+  start.add_keys("never-written");
+  start.add_lengths(8192);
+  pb::PutStartResponse slots;
+  {
+    grpc::ClientContext ctx;
+    REQUIRE(stub->PutStart(&ctx, start, &slots).ok());
+  }
+  REQUIRE(slots.slots(0).state() == pb::SLOT_ALLOCATED);
+  {
+    grpc::ClientContext ctx;
+    pb::PutCommitRequest commit;
+    commit.set_put_id(slots.put_id());
+    pb::PutCommitResponse resp;
+    grpc::Status s = stub->PutCommit(&ctx, commit, &resp);
+    CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+    CHECK(ReasonOf(FromGrpcStatus(s)) == StatusReason::kWriteReceiptInvalid);
+  }
+  CHECK(c.client->BatchLookup({"never-written"})->hit_prefix == 0);
+  // The key is free to be stored (and committed with its receipt).
+  Blocks b = MakeBlocks({"never-written"}, {8192}, 78);
+  auto put = c.client->Put(b.keys, b.in());
+  REQUIRE(put.ok());
+  CHECK(put->stored == 1);
+  CHECK(GetAndVerify(*c.client, b).loaded == 1);
+}
+
+// Without node-confirmed commits (--require_write_receipts=false, e.g.
+// nodes older than receipts), a PutCommit of a slot nobody wrote lists a
+// key the node cannot serve. The first reader's refusal drops the listing
+// (read repair); the node's next reconciliation would too. (Read repair
+// also covers a listing whose node lost its bytes.)
+TEST_CASE(
+    "a listed key its node does not hold is dropped by the first read and can "
+    "be stored again") {
+  Cluster c(1, {"--require_write_receipts=false"});
   auto channel = grpc::CreateChannel(c.master.address,
                                      grpc::InsecureChannelCredentials());
   auto stub = pb::MasterService::NewStub(channel);

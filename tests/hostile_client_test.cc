@@ -37,7 +37,9 @@
 #include "client/client.h"
 #include "common/capability.h"
 #include "common/fd_passing.h"
+#include "common/grpc_status.h"
 #include "common/net.h"
+#include "common/status_reason.h"
 #include "common/transport_params.h"
 #include "common/wire.h"
 #include "master/proving_heartbeat.h"
@@ -667,6 +669,34 @@ absl::StatusOr<Response> ReadFrame(int fd, absl::Duration within = kSlack) {
   return r;
 }
 
+// Writes `slot` (a PutStart slot with its write capability) over the
+// node's TCP data plane at `addr`, as a client does, and returns the write
+// receipt the node answers with.
+std::string WriteForReceipt(const std::string& addr, const pb::PutSlot& slot) {
+  REQUIRE(slot.state() == pb::SLOT_ALLOCATED);
+  wire::OpDesc op;
+  op.region_id = slot.location().region_id();
+  op.addr = slot.location().addr();
+  op.length = slot.location().length();
+  op.generation = slot.location().generation();
+  op.cap = ToWire(slot.capability());
+  Socket s = Dial(addr);
+  Send(s.fd(), EncodeFrame(wire::FrameType::kWriteRequest, {op}, op.length,
+                           std::string(op.length, 'w')));
+  absl::StatusOr<Response> r = ReadFrame(s.fd());
+  REQUIRE(r.ok());
+  REQUIRE(r->h.type == wire::FrameType::kWriteResponse);
+  REQUIRE(r->ops.size() == 1);
+  REQUIRE(r->ops[0].status == 0);
+  REQUIRE(r->payload.size() == wire::kReceiptBytes);
+  return r->payload;
+}
+
+// The reason a master's refusal carries (common/status_reason.h).
+StatusReason ReasonOfGrpc(const grpc::Status& s) {
+  return ReasonOf(FromGrpcStatus(s));
+}
+
 // Sends `bytes` on a fresh connection and classifies the answer: a kError
 // frame (then the server must close), or a response whose ops carry
 // statuses; `expect_error_frame` requires the former.
@@ -1038,6 +1068,118 @@ std::vector<Case> MasterSemanticCases(Cluster& c) {
                  }
                  return o;
                }});
+  // Node-confirmed commits (docs/ha.md): a commit of a slot needs the
+  // node's receipt for exactly that slot's bytes, else nothing is listed.
+  // The puts go to the real node (the fake node of ReconcileCases, alive
+  // meanwhile, has no data plane).
+  auto commit = [&c](const pb::PutStartResponse& start,
+                     const std::vector<std::string>& receipts) {
+    pb::PutCommitRequest r;
+    r.set_put_id(start.put_id());
+    for (const std::string& rc : receipts) r.add_receipts(rc);
+    pb::PutCommitResponse resp;
+    grpc::ClientContext ctx;
+    return c.master_stub->PutCommit(&ctx, r, &resp);
+  };
+  auto refused_unlisted = [=](const grpc::Status& s,
+                              const std::vector<std::string>& keys) {
+    INFO(s.error_message());
+    CHECK(s.error_code() == StatusCode::PERMISSION_DENIED);
+    CHECK(ReasonOfGrpc(s) == StatusReason::kWriteReceiptInvalid);
+    auto [ls, found] = lookup(keys);
+    REQUIRE(ls.ok());
+    for (int i = 0; i < found.results_size(); ++i) {
+      CHECK_FALSE(found.results(i).found());
+    }
+    return FromStatus(s);
+  };
+  auto gone = [&c](const pb::PutStartResponse& start) {
+    // A refused commit ends its put: its space is free again.
+    pb::PutAbortRequest a;
+    a.set_put_id(start.put_id());
+    pb::PutAbortResponse ar;
+    grpc::ClientContext ctx;
+    CHECK(c.master_stub->PutAbort(&ctx, a, &ar).error_code() ==
+          grpc::StatusCode::NOT_FOUND);
+  };
+  v.push_back({"commit_a_slot_never_written", [=, &c] {
+                 auto [s, start] = put_start({"hostile-phantom"}, {4096}, "",
+                                             c.info.node_id());
+                 REQUIRE(s.ok());
+                 REQUIRE(start.put_id() != 0);
+                 Outcome o =
+                     refused_unlisted(commit(start, {}), {"hostile-phantom"});
+                 gone(start);
+                 return o;
+               }});
+  v.push_back(
+      {"commit_with_forged_or_empty_receipts", [=, &c] {
+         Outcome o;
+         for (int variant = 0; variant < 3; ++variant) {
+           const std::string key = absl::StrCat("hostile-forged-", variant);
+           auto [s, start] = put_start({key}, {4096}, "", c.info.node_id());
+           REQUIRE(s.ok());
+           REQUIRE(start.put_id() != 0);
+           const pb::Location& loc = start.slots(0).location();
+           // Exactly the slot's fields, under a key not the node's.
+           const std::string forged = master::WriteReceiptFor(
+               HmacSha256(std::string(kNodeKeyBytes, 'f')), loc);
+           const std::vector<std::string> receipts[] = {
+               {forged}, {""}, {std::string(wire::kReceiptBytes, '\0')}};
+           o |= refused_unlisted(commit(start, receipts[variant]), {key});
+           gone(start);
+         }
+         return o;
+       }});
+  v.push_back({"commit_with_another_slots_receipt", [=, &c] {
+                 auto [s, start] =
+                     put_start({"hostile-rc-a", "hostile-rc-b"}, {4096, 4096},
+                               "", c.info.node_id());
+                 REQUIRE(s.ok());
+                 REQUIRE(start.put_id() != 0);
+                 // Slot a is written; b is not, and carries a's receipt.
+                 const std::string ra =
+                     WriteForReceipt(c.node.data_address, start.slots(0));
+                 Outcome o = refused_unlisted(commit(start, {ra, ra}),
+                                              {"hostile-rc-a", "hostile-rc-b"});
+                 gone(start);
+                 return o;
+               }});
+  v.push_back(
+      {"commit_with_an_earlier_generations_receipt", [=, &c] {
+         const std::string key = "hostile-old-generation";
+         auto [s1, first] = put_start({key}, {4096}, "", c.info.node_id());
+         REQUIRE(s1.ok());
+         REQUIRE(first.put_id() != 0);
+         const std::string old =
+             WriteForReceipt(c.node.data_address, first.slots(0));
+         {
+           pb::PutAbortRequest a;
+           a.set_put_id(first.put_id());
+           pb::PutAbortResponse ar;
+           grpc::ClientContext ctx;
+           REQUIRE(c.master_stub->PutAbort(&ctx, a, &ar).ok());
+         }
+         auto [s2, second] = put_start({key}, {4096}, "", c.info.node_id());
+         REQUIRE(s2.ok());
+         REQUIRE(second.put_id() != 0);
+         REQUIRE(second.slots(0).location().generation() !=
+                 first.slots(0).location().generation());
+         Outcome o = refused_unlisted(commit(second, {old}), {key});
+         gone(second);
+         // The same steps with the node's receipt for the slot
+         // written: committed and listed.
+         auto [s3, third] = put_start({key}, {4096}, "", c.info.node_id());
+         REQUIRE(s3.ok());
+         REQUIRE(third.put_id() != 0);
+         const std::string good =
+             WriteForReceipt(c.node.data_address, third.slots(0));
+         grpc::Status ok = commit(third, {good});
+         INFO(ok.error_message());
+         CHECK(ok.ok());
+         CHECK(lookup({key}).second.results(0).found());
+         return o;
+       }});
   v.push_back({"abort_bogus_put_ids", [=] {
                  Outcome o;
                  for (uint64_t id : {uint64_t{0}, ~uint64_t{0}}) {
@@ -1325,6 +1467,8 @@ struct FakeReconcile {
     loc = psr.slots(0).location();
     pb::PutCommitRequest pc;
     pc.set_put_id(psr.put_id());
+    // This node holds no bytes; it signs the receipt a real one would.
+    master::AddWriteReceipts(psr, HmacSha256(key), &pc);
     pb::PutCommitResponse pcr;
     grpc::ClientContext cctx;
     REQUIRE(c.master_stub->PutCommit(&cctx, pc, &pcr).ok());
@@ -1407,6 +1551,45 @@ std::vector<Case> ReconcileCases(Cluster& c, FakeReconcile& f) {
     return l;
   };
   std::vector<Case> v;
+  v.push_back(
+      {"commit_with_another_nodes_receipt", [&, expect] {
+         // A slot on the real node, "confirmed" by a receipt that
+         // the fake node (whose key this client holds) signs for
+         // its fields (under the real node's id, then its own):
+         // not the placed node's.
+         Outcome o;
+         for (int variant = 0; variant < 2; ++variant) {
+           const std::string key = absl::StrCat("hostile-other-node-", variant);
+           pb::PutStartRequest ps;
+           ps.add_keys(key);
+           ps.add_lengths(4096);
+           ps.set_preferred_node_id(c.info.node_id());
+           pb::PutStartResponse start;
+           {
+             grpc::ClientContext ctx;
+             REQUIRE(c.master_stub->PutStart(&ctx, ps, &start).ok());
+           }
+           REQUIRE(start.put_id() != 0);
+           REQUIRE(start.node().node_id() == c.info.node_id());
+           pb::Location loc = start.slots(0).location();
+           if (variant == 1) loc.set_node_id(f.id);
+           pb::PutCommitRequest r;
+           r.set_put_id(start.put_id());
+           r.add_receipts(master::WriteReceiptFor(HmacSha256(f.key), loc));
+           pb::PutCommitResponse resp;
+           grpc::ClientContext ctx;
+           grpc::Status s = c.master_stub->PutCommit(&ctx, r, &resp);
+           o |= expect(s, {StatusCode::PERMISSION_DENIED});
+           CHECK(ReasonOfGrpc(s) == StatusReason::kWriteReceiptInvalid);
+           pb::BatchLookupRequest lr;
+           lr.add_keys(key);
+           pb::BatchLookupResponse lookup;
+           grpc::ClientContext lctx;
+           REQUIRE(c.master_stub->BatchLookup(&lctx, lr, &lookup).ok());
+           CHECK_FALSE(lookup.results(0).found());
+         }
+         return o;
+       }});
   v.push_back({"reconcile_empty_stream", [&, expect] {
                  return expect(f.Stream({}), {StatusCode::INVALID_ARGUMENT});
                }});

@@ -247,7 +247,7 @@ absl::StatusOr<PutStartReply> FakeMasterClient::PutStart(
 
 absl::Status FakeMasterClient::PutCommit(
     uint64_t put_id, absl::Span<const uint32_t> failed_indexes,
-    absl::Time deadline) {
+    absl::Span<const wire::Receipt> receipts, absl::Time deadline) {
   MutexLock l(&mu_);
   commits_.push_back(
       {put_id, std::vector<uint32_t>(failed_indexes.begin(),

@@ -228,7 +228,11 @@ TEST_CASE("DataServer round trip") {
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7);
   Reply w = Write(s.fd(), {Op(8192, data.size(), 3)}, {data});
   CHECK(Code(w.ops[0]) == absl::StatusCode::kOk);
-  CHECK(w.h.payload_bytes == 0);
+  // The node's write receipt for exactly this extent and generation.
+  REQUIRE(w.payload.size() == wire::kReceiptBytes);
+  CHECK(TestCapabilities::Get().IsReceipt(Op(8192, data.size(), 3), w.payload));
+  CHECK_FALSE(
+      TestCapabilities::Get().IsReceipt(Op(8192, data.size(), 4), w.payload));
   Reply r = Read(s.fd(), {Op(8192, data.size(), 3)});
   CHECK(Code(r.ops[0]) == absl::StatusCode::kOk);
   CHECK(r.payload == data);

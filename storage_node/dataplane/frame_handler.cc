@@ -179,6 +179,26 @@ Response FrameHandler::AreaRefResponse(wire::FrameType type,
   return r;
 }
 
+Response FrameHandler::ReceiptResponse(wire::FrameType type,
+                                       uint64_t request_id,
+                                       std::vector<wire::OpDesc> ops) const {
+  std::vector<uint8_t> payload(ops.size() * wire::kReceiptBytes);
+  const CapabilityVerifier::Snapshot id = options_.capabilities->Current();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].status != 0) continue;
+    const wire::Receipt r = id.SignReceipt(ops[i]);
+    std::memcpy(payload.data() + i * wire::kReceiptBytes, r.tag,
+                wire::kReceiptBytes);
+  }
+  Response r;
+  r.header_.type = type;
+  r.header_.request_id = request_id;
+  r.header_.payload_bytes = payload.size();
+  r.ops_ = std::move(ops);
+  r.Encode(payload);
+  return r;
+}
+
 // ---------------------------------------------------------------- handler
 
 absl::Status FrameHandlerOptions::Validate() const {
@@ -452,8 +472,8 @@ void WriteStream::Abort() {
 
 Response WriteStream::Finish() {
   Abort();  // none begun (REQUIRES)
-  return FrameHandler::OpsResponse(wire::FrameType::kWriteResponse,
-                                   request_id_, std::move(ops_));
+  return handler_->ReceiptResponse(wire::FrameType::kWriteResponse, request_id_,
+                                   std::move(ops_));
 }
 
 // ---------------------------------------------------------------- the ops
@@ -724,8 +744,8 @@ Response FrameHandler::HandleWriteCommit(const wire::FrameHeader& h,
       Add(counters_.rejected_ops, 1);
     }
   }
-  return OpsResponse(wire::FrameType::kWriteCommitResponse, h.request_id,
-                     std::move(ops));
+  return ReceiptResponse(wire::FrameType::kWriteCommitResponse, h.request_id,
+                         std::move(ops));
 }
 
 void FrameHandler::EndConnection(ConnState* cs) {

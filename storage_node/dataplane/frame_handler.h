@@ -218,7 +218,8 @@ class WriteStream {
   void Commit(size_t i);
   // Ends the op begun, if any: nothing of it becomes readable. Idempotent.
   void Abort();
-  // The kWriteResponse, with each op's status. REQUIRES: every op begun
+  // The kWriteResponse, with each op's status and each written op's
+  // receipt. REQUIRES: every op begun
   // and committed or refused.
   Response Finish();
 
@@ -322,6 +323,11 @@ class FrameHandler {
   static Response AreaRefResponse(wire::FrameType type, uint64_t request_id,
                                   std::vector<wire::OpDesc> ops,
                                   const std::vector<wire::AreaRef>& refs);
+  // A write response (kWriteResponse, kWriteCommitResponse) of `ops`: its
+  // payload is one write receipt per op, signed under the node's current
+  // identity for each OK op, zero for the others.
+  Response ReceiptResponse(wire::FrameType type, uint64_t request_id,
+                           std::vector<wire::OpDesc> ops) const;
 
   Response HandleRead(const wire::FrameHeader& h,
                       std::vector<wire::OpDesc>& ops, uint64_t session,

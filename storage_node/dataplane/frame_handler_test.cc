@@ -277,10 +277,12 @@ TEST_CASE("FrameHandler: write begin, commit and abort") {
     }
     return std::make_pair(d.ops, refs);
   };
+  std::string receipts;  // of the last commit
   auto commit = [&](std::vector<OpDesc> ops) {
     Decoded d = Decode(f.handler->Handle(
         &f.cs, Req(FrameType::kWriteCommitRequest, std::move(ops)), Soon()));
     CHECK(d.h.type == FrameType::kWriteCommitResponse);
+    receipts = d.payload;
     return d.ops;
   };
   auto place = [&](const wire::AreaRef& ref, const std::string& bytes) {
@@ -313,6 +315,12 @@ TEST_CASE("FrameHandler: write begin, commit and abort") {
   CHECK(Code(done[0]) == absl::StatusCode::kOk);
   CHECK(Code(done[1]) == absl::StatusCode::kCancelled);
   CHECK(Code(done[2]) == absl::StatusCode::kNotFound);  // never begun
+  // A receipt for the committed write only.
+  REQUIRE(receipts.size() == 3 * wire::kReceiptBytes);
+  const TestCapabilities& caps = TestCapabilities::Get();
+  CHECK(caps.IsReceipt(Op(0, 6, 1), receipts.substr(0, wire::kReceiptBytes)));
+  CHECK(receipts.substr(wire::kReceiptBytes) ==
+        std::string(2 * wire::kReceiptBytes, '\0'));
   CHECK(f.cs.writes.empty());
   Decoded r = f.Read(&f.other, {Op(0, 6, 1), Op(4096, 6, 1)});
   CHECK(Code(r.ops[0]) == absl::StatusCode::kOk);

@@ -47,6 +47,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -181,11 +182,16 @@ absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
   return rig;
 }
 
-bool RegisterFakeNode(v1::MasterService::Stub* stub) {
-  absl::Status s = master::RegisterProvenNode(
+// The fake node's key (it signs the write receipts of the puts), or
+// nullopt after printing why it could not register.
+std::optional<HmacSha256> RegisterFakeNode(v1::MasterService::Stub* stub) {
+  absl::StatusOr<std::string> key = master::RegisterProvenNode(
       stub, master::MetadataOnlyNodeRequest("bench-node"));
-  if (!s.ok()) std::fprintf(stderr, "%s\n", s.ToString().c_str());
-  return s.ok();
+  if (!key.ok()) {
+    std::fprintf(stderr, "%s\n", key.status().ToString().c_str());
+    return std::nullopt;
+  }
+  return HmacSha256(*key);
 }
 
 struct Result {
@@ -228,9 +234,8 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   auto rig = StartRig(binary, mode, dir);
   if (!rig.ok()) return rig.status();
   auto admin = Dial(rig->leader, 0);
-  if (!RegisterFakeNode(admin.get())) {
-    return absl::InternalError("cannot register the fake node");
-  }
+  const std::optional<HmacSha256> node_key = RegisterFakeNode(admin.get());
+  if (!node_key) return absl::InternalError("cannot register the fake node");
   const int threads = FLAGS_threads;
   std::vector<std::vector<std::string>> keys(threads);
   std::atomic<uint64_t> puts{0}, failures{0};
@@ -268,6 +273,8 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       }
       v1::PutCommitRequest commit;
       commit.set_put_id(resp.put_id());
+      // What the node would have given the client for the bytes.
+      master::AddWriteReceipts(resp, *node_key, &commit);
       v1::PutCommitResponse done;
       grpc::ClientContext ctx2;
       if (!stub->PutCommit(&ctx2, commit, &done).ok() ||
@@ -327,9 +334,10 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
 }
 
 // Commits `objects` keys "r-<put>-<k>" through `address` in puts of 1,000
-// keys from --threads threads; the keys of the first put.
+// keys from --threads threads, with the write receipts of the node whose
+// key is `node_key`; the keys of the first put.
 absl::StatusOr<std::vector<std::string>> CommitMany(
-    const std::string& address, uint64_t objects,
+    const std::string& address, uint64_t objects, const HmacSha256& node_key,
     std::vector<v1::Location>* extents) {
   constexpr uint64_t kPerPut = 1000;
   std::atomic<uint64_t> next{0}, failures{0};
@@ -353,6 +361,7 @@ absl::StatusOr<std::vector<std::string>> CommitMany(
         v1::PutCommitRequest commit;
         if (!stub->PutStart(&ctx, req, &resp).ok() || resp.put_id() == 0 ||
             (commit.set_put_id(resp.put_id()),
+             master::AddWriteReceipts(resp, node_key, &commit),
              !stub->PutCommit(&ctx2, commit, &done).ok()) ||
             done.committed() != n) {
           failures.fetch_add(1);
@@ -518,7 +527,8 @@ absl::StatusOr<double> RunRestartAll(const std::string& binary,
   }
   const absl::Time fill0 = absl::Now();
   std::vector<v1::Location> extents;
-  auto sample = CommitMany(rig->leader, objects, &extents);
+  auto sample = CommitMany(rig->leader, objects,
+                           HmacSha256(registered.node_key()), &extents);
   if (!sample.ok()) return sample.status();
   std::printf("restart_all: %llu objects committed in %.1f s\n",
               static_cast<unsigned long long>(objects),

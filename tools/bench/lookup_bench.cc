@@ -190,7 +190,7 @@ std::vector<std::string> MakeKeys(size_t n, size_t bytes) {
   return keys;
 }
 
-bool Commit(v1::MasterService::Stub* stub,
+bool Commit(v1::MasterService::Stub* stub, const HmacSha256& node_key,
             const std::vector<std::string>& keys) {
   constexpr size_t kPerPut = 1024;  // the master's default max_batch_keys
   for (size_t start = 0; start < keys.size(); start += kPerPut) {
@@ -208,6 +208,8 @@ bool Commit(v1::MasterService::Stub* stub,
     }
     v1::PutCommitRequest commit;
     commit.set_put_id(resp.put_id());
+    // The receipts the (metadata-only) node would have given for the bytes.
+    master::AddWriteReceipts(resp, node_key, &commit);
     v1::PutCommitResponse done;
     grpc::ClientContext ctx2;
     s = stub->PutCommit(&ctx2, commit, &done);
@@ -695,16 +697,16 @@ int Main() {
   auto admin = Dial(address, next_channel++, admin_security);
   auto node = Dial(address, next_channel++, node_security);
 
-  if (absl::Status s = master::RegisterProvenNode(
-          node.get(), master::MetadataOnlyNodeRequest("bench-node"));
-      !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+  absl::StatusOr<std::string> node_key = master::RegisterProvenNode(
+      node.get(), master::MetadataOnlyNodeRequest("bench-node"));
+  if (!node_key.ok()) {
+    std::fprintf(stderr, "%s\n", node_key.status().ToString().c_str());
     return 1;
   }
 
   const std::vector<std::string> keys = MakeKeys(FLAGS_objects, FLAGS_key_bytes);
   absl::Time t0 = absl::Now();
-  if (!Commit(admin.get(), keys)) return 1;
+  if (!Commit(admin.get(), HmacSha256(*node_key), keys)) return 1;
   const double commit_s = absl::ToDoubleSeconds(absl::Now() - t0);
   v1::GetStatsResponse stats;
   {
