@@ -343,10 +343,10 @@ class MasterService {
 
   // Allocates space for every key that is neither committed (on an alive
   // node: SLOT_EXISTS) nor in another pending put (SLOT_IN_PROGRESS). All
-  // allocated slots go to one node (see Placement, master_service_put.cc): the preferred
-  // node (preferred_node_id, else parent_key's node) if it is alive and has
-  // room, else the next alive node (round robin) with room for all, else
-  // the preferred (or next alive) node after evicting least recently used
+  // allocated slots go to one node (see Placement, master_service_put.cc): the
+  // preferred node (preferred_node_id, else parent_key's node) if it is alive
+  // and has room, else the next alive node (round robin) with room for all,
+  // else the preferred (or next alive) node after evicting least recently used
   // objects, at most max_evictions_per_put of them.
   // Eviction plans before it acts: if the objects it may evict (chain
   // leaves, up to the first leased one, the caps, or the end of the list)
@@ -447,8 +447,8 @@ class MasterService {
                                           uint64_t incarnation);
   absl::StatusOr<std::unique_ptr<Reconciliation>> OpenReconcile(
       uint32_t node_id, uint64_t incarnation, uint64_t epoch);
-  // Compares and converges (see master_service_reconcile.cc). Errors: Aborted (the
-  // reconciliation was superseded, or the node re-registered or
+  // Compares and converges (see master_service_reconcile.cc). Errors: Aborted
+  // (the reconciliation was superseded, or the node re-registered or
   // deregistered meanwhile: nothing changed); store errors (nothing
   // changed; the node stays unreconciled).
   absl::StatusOr<hymcache::v1::ReconcileNodeResponse> FinishReconcile(
@@ -473,8 +473,8 @@ class MasterService {
   // Objects and bytes stored per tenant (keys qualified as in
   // master/tenant.h); UsageOfTenant of a tenant without objects is zero.
   MetadataIndex::TenantUsage UsageOfTenant(absl::string_view tenant) const;
-  absl::flat_hash_map<std::string, MetadataIndex::TenantUsage>
-  AllTenantUsage() const;
+  absl::flat_hash_map<std::string, MetadataIndex::TenantUsage> AllTenantUsage()
+      const;
   // Objects each tenant lost to its own quota (PutStart's eviction inside
   // the tenant) since the service was created; tenants without any are
   // absent.
@@ -664,6 +664,16 @@ class MasterService {
       const PendingPut& put, const absl::flat_hash_set<uint32_t>& failed,
       const hymcache::v1::PutCommitRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PutCommit's slots of `put` (id `put_id`) to commit, in chain order:
+  // those not in `failed` whose parent is committed, committed by this put
+  // or pending in another put (those also go to `waiting`); the rest are
+  // counted in `unreachable`.
+  void SlotsToCommitLocked(uint64_t put_id, const PendingPut& put,
+                           const absl::flat_hash_set<uint32_t>& failed,
+                           std::vector<const PendingSlot*>* to_commit,
+                           std::vector<const PendingSlot*>* waiting,
+                           uint32_t* unreachable) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The read or write capability for a location on `node`.
   void Grant(const Node& node, const hymcache::v1::Location& loc,
              uint8_t rights, absl::Time expiry,
@@ -737,8 +747,7 @@ class MasterService {
   // the new layout (dropping objects that no longer fit), cancels its
   // pending puts. Errors: store errors (nothing changes).
   absl::Status RebuildRegionsLocked(
-      uint32_t id, Node& node,
-      const hymcache::v1::RegisterNodeRequest& request,
+      uint32_t id, Node& node, const hymcache::v1::RegisterNodeRequest& request,
       hymcache::v1::NodeInfo info, const NodeIdentity& who,
       bool new_incarnation, absl::Time now,
       hymcache::v1::RegisterNodeResponse* response)
@@ -749,8 +758,7 @@ class MasterService {
       uint32_t node_id,
       const google::protobuf::RepeatedPtrField<hymcache::v1::RegionInfo>&
           regions,
-      const std::vector<uint32_t>& purge_regions,
-      bool scan_index = true) const
+      const std::vector<uint32_t>& purge_regions, bool scan_index = true) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // PutStart's checks of the request alone, before the lock: key count
   // and sizes, lengths, parent_key, duplicates. Errors: InvalidArgument.
@@ -778,8 +786,7 @@ class MasterService {
   // alive node; the caller over its limits on every node; eviction cannot
   // make room); store errors.
   absl::StatusOr<Node*> EvictAndPlaceLocked(const PutPlan& plan,
-                                            NodeChoice* choice,
-                                            absl::Time now)
+                                            NodeChoice* choice, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Allocates every length on `node` (one region per slot), or nothing.
   bool TryAllocateOnNode(Node& node, const std::vector<uint64_t>& lengths,
@@ -798,8 +805,8 @@ class MasterService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `caller` may have `slots` more pending slots of `bytes` on
   // `node`; if not, why in *why.
-  bool CallerMayPut(absl::string_view caller, const Node& node,
-                    uint64_t slots, uint64_t bytes, std::string* why) const
+  bool CallerMayPut(absl::string_view caller, const Node& node, uint64_t slots,
+                    uint64_t bytes, std::string* why) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Counts a pending put in / out of its caller's and its tenant's usage.
   void CountCallerPending(const PendingPut& put, int delta)
@@ -812,10 +819,9 @@ class MasterService {
   // PutStart. OK if it fits (possibly after evicting); ResourceExhausted
   // naming the quota if it cannot (nothing evicted); store errors.
   absl::Status MakeRoomInTenant(
-      const std::string& tenant, const TenantLimit& quota,
-      uint64_t new_objects, uint64_t new_bytes,
-      const absl::flat_hash_set<absl::string_view>& keep, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      const std::string& tenant, const TenantLimit& quota, uint64_t new_objects,
+      uint64_t new_bytes, const absl::flat_hash_set<absl::string_view>& keep,
+      absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes node `node_id` with its objects and pending puts (ForgetNode).
   // Returns the objects removed. Errors: store errors (nothing changes).
   absl::StatusOr<uint64_t> ForgetNodeLocked(uint32_t node_id)
@@ -868,8 +874,7 @@ class MasterService {
   // Protected by mu_.
   LoadPath load_path_ ABSL_GUARDED_BY(mu_) = LoadPath::kScan;
   std::map<uint32_t, Node> nodes_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, uint32_t> node_by_name_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint32_t> node_by_name_ ABSL_GUARDED_BY(mu_);
   uint32_t next_node_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint32_t last_placed_node_ ABSL_GUARDED_BY(mu_) = 0;
   MetadataIndex index_ ABSL_GUARDED_BY(mu_);
@@ -881,8 +886,7 @@ class MasterService {
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, TenantPending> pending_by_tenant_
       ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, uint64_t> pending_keys_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> pending_keys_ ABSL_GUARDED_BY(mu_);
   // Parents of pending puts -> number of such puts (never evicted).
   absl::flat_hash_map<std::string, uint32_t> pending_parents_
       ABSL_GUARDED_BY(mu_);

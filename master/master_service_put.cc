@@ -13,12 +13,12 @@
 // parent key is persisted with the object. A chain continued on another
 // node (its parent's node was full or down) is cross-linked: eviction and
 // recency on that node treat the block as a chain head, but losing its
-// parent orphans it like any other descendant. Nothing unreachable is stored: PutStart refuses
-// (FailedPrecondition) a parent_key that is neither committed nor being
-// put, and PutCommit frees, instead of committing, a block whose parent is
-// not committed by then (its write failed, or the parent was removed). A
-// block whose parent is still in another pending put (two puts of one
-// chain racing) is committed unlinked and linked when that parent commits
+// parent orphans it like any other descendant. Nothing unreachable is stored:
+// PutStart refuses (FailedPrecondition) a parent_key that is neither committed
+// nor being put, and PutCommit frees, instead of committing, a block whose
+// parent is not committed by then (its write failed, or the parent was
+// removed). A block whose parent is still in another pending put (two puts of
+// one chain racing) is committed unlinked and linked when that parent commits
 // (MetadataIndex::Adopt), or removed if its put ends without it. A put's
 // parent is pinned (not evicted) until the put ends.
 
@@ -131,10 +131,10 @@ bool MasterService::CallerMayPut(absl::string_view caller, const Node& node,
       caller.empty() ? std::string("this caller")
                      : absl::StrCat("caller ", absl::CHexEscape(caller));
   if (pending_slots + slots > options_.max_pending_slots_per_caller) {
-    *why = absl::StrCat(
-        who, " has ", pending_slots, " objects in pending puts (limit ",
-        options_.max_pending_slots_per_caller,
-        "); commit or abort them before starting more");
+    *why = absl::StrCat(who, " has ", pending_slots,
+                        " objects in pending puts (limit ",
+                        options_.max_pending_slots_per_caller,
+                        "); commit or abort them before starting more");
     return false;
   }
   if (options_.max_pending_share_per_caller < 1 &&
@@ -211,9 +211,8 @@ absl::Status MasterService::ValidatePutStart(
   absl::Status s = ValidateKeys(request.keys());
   if (!s.ok()) return s;
   if (request.lengths_size() != request.keys_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(request.keys_size(), " keys but ",
-                     request.lengths_size(), " lengths"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        request.keys_size(), " keys but ", request.lengths_size(), " lengths"));
   }
   for (int i = 0; i < request.lengths_size(); ++i) {
     uint64_t len = request.lengths(i);
@@ -370,9 +369,8 @@ absl::StatusOr<MasterService::Node*> MasterService::EvictAndPlaceLocked(
     return absl::ResourceExhaustedError(choice->over_limit);
   }
   std::string why;
-  absl::StatusOr<bool> fit = EvictAndAllocate(*choice->target, plan.lengths,
-                                              plan.keep, now, &choice->placed,
-                                              &why);
+  absl::StatusOr<bool> fit = EvictAndAllocate(
+      *choice->target, plan.lengths, plan.keep, now, &choice->placed, &why);
   if (!fit.ok()) return fit.status();
   if (!*fit) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -493,6 +491,28 @@ absl::Status MasterService::CheckReceipts(
   return absl::OkStatus();
 }
 
+void MasterService::SlotsToCommitLocked(
+    uint64_t put_id, const PendingPut& put,
+    const absl::flat_hash_set<uint32_t>& failed,
+    std::vector<const PendingSlot*>* to_commit,
+    std::vector<const PendingSlot*>* waiting, uint32_t* unreachable) const {
+  absl::flat_hash_set<absl::string_view> committing;
+  for (const PendingSlot& slot : put.slots) {
+    if (failed.contains(slot.index)) continue;
+    if (!slot.parent.empty() && !committing.contains(slot.parent) &&
+        !index_.Find(slot.parent)) {
+      auto other = pending_keys_.find(slot.parent);
+      if (other == pending_keys_.end() || other->second == put_id) {
+        ++*unreachable;
+        continue;
+      }
+      waiting->push_back(&slot);
+    }
+    committing.insert(slot.key);
+    to_commit->push_back(&slot);
+  }
+}
+
 absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
     const v1::PutCommitRequest& request) {
   MutexLock l(&mu_);
@@ -511,9 +531,9 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
   absl::flat_hash_set<uint32_t> failed;
   for (uint32_t idx : request.failed_indexes()) {
     if (idx >= put.key_count) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("failed index ", idx, " out of range (put has ",
-                       put.key_count, " keys)"));
+      return absl::InvalidArgumentError(absl::StrCat("failed index ", idx,
+                                                     " out of range (put has ",
+                                                     put.key_count, " keys)"));
     }
     failed.insert(idx);
   }
@@ -535,23 +555,8 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
   std::vector<const PendingSlot*> to_commit;
   std::vector<const PendingSlot*> waiting;  // parent in another pending put
   uint32_t unreachable = 0;
-  {
-    absl::flat_hash_set<absl::string_view> committing;
-    for (const PendingSlot& slot : put.slots) {
-      if (failed.contains(slot.index)) continue;
-      if (!slot.parent.empty() && !committing.contains(slot.parent) &&
-          !index_.Find(slot.parent)) {
-        auto other = pending_keys_.find(slot.parent);
-        if (other == pending_keys_.end() || other->second == request.put_id()) {
-          ++unreachable;
-          continue;
-        }
-        waiting.push_back(&slot);
-      }
-      committing.insert(slot.key);
-      to_commit.push_back(&slot);
-    }
-  }
+  SlotsToCommitLocked(request.put_id(), put, failed, &to_commit, &waiting,
+                      &unreachable);
   MetadataMutation m;
   for (const PendingSlot* slot : to_commit) {
     ObjectRecord record{slot->location(put.node_id)};
