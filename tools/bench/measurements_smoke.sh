@@ -176,6 +176,10 @@ smoke ha_bench -p '^async +puts/s +[1-9][0-9.]* \([0-9.]+x\) +lookups/s +[1-9]' 
   "$B/ha_bench" --modes=off,async --threads=1 --seconds=0.3 --reps=1 \
   --dir="$T/ha"
 
+# bazel run -c opt //tools/bench:put_bench (docs/ha.md, node-confirmed commits)
+smoke put_bench -p '^receipts +[1-9][0-9]* ' -p '^ratio receipts/none: [0-9.]+' -- \
+  "$B/put_bench" --blocks=2 --block_kib=4 --puts=20 --trials=1
+
 # Documented outside README.md's Measurements (docs/security.md,
 # docs/hybrid_device.md, docs/performance.md), smoked all the same.
 # bazel run -c opt //tools/bench:tls_bench
