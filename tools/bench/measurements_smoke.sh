@@ -213,7 +213,7 @@ smoke device_regimes -p '^\| fast \| [0-9.]+ \|' -p '^\| throttled \| [0-9.]+ \|
 # tools/bench/node_staging_bench.sh [--dir=DIR]
 smoke node_staging_bench -p '^\| tcp \| [0-9.]+ \|' -p '^\| shm \| [0-9.]+ \|' -- \
   env HYMCACHE_BENCH_BIN="$BIN" BLOCK=64K WINDOW=1M CONVERSATIONS=2 TURNS=2 \
-  USER_TOKENS=1024 CONCURRENCY=1 ROUNDS=1 RAW_GIB=0.03 \
+  USER_TOKENS=1024 CONCURRENCY=1 ROUNDS=1 RAW_GIB=0.03 CAPACITY=256M \
   bash "$B/node_staging_bench.sh" --dir="$T/staging" --out="$T/staging-out"
 
 # tools/bench/hymbench_floors.sh TRACE.jsonl, on a generated trace.

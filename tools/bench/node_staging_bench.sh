@@ -17,7 +17,9 @@
 # Knobs (environment): BLOCK (1M), WINDOW (128M: --staging_bytes),
 # CONVERSATIONS (8), TURNS (8), USER_TOKENS (8192 per turn: 16 blocks of 512
 # tokens), CONCURRENCY (4 replay workers), ROUNDS (2 alternating rounds),
-# RAW_GIB (2: the span device_bench reads for the raw device's limit).
+# RAW_GIB (2: the span device_bench reads for the raw device's limit),
+# CAPACITY (8G: the node's --capacity_bytes, preallocated in --dir, so the
+# filesystem there needs that much free).
 # Footprint with the defaults: ~1.1 GB (8.5x the window). Takes a few minutes.
 # HYMCACHE_BENCH_BIN=DIR runs the binaries in DIR (hymcache-master,
 # hymcache-storage, hymbench, device_bench, get_bench) instead of building
@@ -43,6 +45,7 @@ USER_TOKENS=${USER_TOKENS:-8192}
 CONCURRENCY=${CONCURRENCY:-4}
 ROUNDS=${ROUNDS:-2}
 RAW_GIB=${RAW_GIB:-2}
+CAPACITY=${CAPACITY:-8G}
 
 mkdir -p "$OUT" "$DIR"
 cd "$ROOT"
@@ -87,7 +90,7 @@ print('%.3f' % (r['overall']['loaded_bytes']/r['wall_seconds']/1e9))"
 echo "== cluster: one hybrid node, window $WINDOW, blocks $BLOCK" >&2
 start_master "$OUT/master"
 start_node "$OUT" node --device=hybrid --capacity_path="$CAP" \
-  --capacity_bytes=8G --staging_bytes="$WINDOW" --write_buffer_bytes=256M
+  --capacity_bytes="$CAPACITY" --staging_bytes="$WINDOW" --write_buffer_bytes=256M
 replay populate --wait_stores --concurrency=1
 footprint=$(python3 -c "import json; r=json.load(open('$OUT/populate.json')); print(r['overall']['stored']*$block_bytes)")
 echo "populated $footprint bytes" >&2
