@@ -25,6 +25,39 @@ cd "$(dirname "$0")/.."
 bash tools/setup.sh --test || exit 1
 
 CONFIGS=${HYMCACHE_TEST_CONFIGS:-"default asan tsan"}
+
+# Bazel's disk cache (.bazelrc: ~/.cache/bazel-disk) is shared by every
+# checkout on the machine and Bazel 4 never trims it: each configuration
+# adds its outputs (several GB under asan and tsan), so a CI machine that
+# runs many clean clones fills its disk, and then builds and tests that
+# write files fail. Before each configuration the oldest entries go until
+# the cache is under HYMCACHE_DISK_CACHE_GB (default 12) and the disk
+# keeps HYMCACHE_DISK_FREE_GB free (default 10), or the cache is empty.
+# Prints the free space, so a CI log shows it.
+DISK_CACHE=$HOME/.cache/bazel-disk
+trim_disk_cache() {
+  local budget=$(( ${HYMCACHE_DISK_CACHE_GB:-12} << 30 ))
+  local want_free=$(( ${HYMCACHE_DISK_FREE_GB:-10} << 30 ))
+  local free
+  free=$(df -B1 --output=avail "$(dirname "$DISK_CACHE")" 2>/dev/null | tail -n 1)
+  if [ -d "$DISK_CACHE" ]; then
+    local size
+    size=$(du -sb "$DISK_CACHE" | cut -f1)
+    if [ "$size" -gt "$budget" ] || [ "${free:-0}" -lt "$want_free" ]; then
+      local removed=0 n=0 t s p
+      # Oldest first: the entries the configurations of earlier runs wrote.
+      while read -r t s p; do
+        if [ "$size" -le "$budget" ] && [ "$((free + removed))" -ge "$want_free" ]; then
+          break
+        fi
+        rm -f "$p" && size=$((size - s)) && removed=$((removed + s)) && n=$((n + 1))
+      done < <(find "$DISK_CACHE" -type f -printf '%T@ %s %p\n' | sort -n)
+      echo "disk cache: removed $n oldest entries ($((removed >> 20)) MiB), $((size >> 20)) MiB left"
+      free=$(df -B1 --output=avail "$(dirname "$DISK_CACHE")" | tail -n 1)
+    fi
+  fi
+  echo "disk: $(( ${free:-0} >> 20 )) MiB free"
+}
 passed=0
 failed=0
 status=0
@@ -59,6 +92,7 @@ for cfg in $CONFIGS; do
     flags+=(--config="$cfg")
   fi
   echo "=== bazel test ${flags[*]} ${targets[*]}"
+  trim_disk_cache
   log=$(mktemp)
   bazel test "${flags[@]}" "${targets[@]}" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
