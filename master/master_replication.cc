@@ -58,6 +58,9 @@ absl::StatusOr<std::unique_ptr<MasterReplication>> MasterReplication::Create(
   ReplicationSourceOptions ro;
   ro.store = options.store;
   ro.authenticator = options.authenticator;
+  if (options.mode == ReplicationMode::kAsync) {
+    ro.batch_delay = options.async_batch_delay;
+  }
   auto source = ReplicationSource::Create(ro);
   if (!source.ok()) return source.status();
   LOG(INFO) << "master: standby replication "

@@ -73,6 +73,11 @@ struct MasterReplicationOptions {
   // kSync: the longest a commit waits for a standby before it is answered
   // anyway. Default: 500 ms.
   absl::Duration sync_timeout = absl::Milliseconds(500);
+  // kAsync: how long a stream gathers writes before it sends them as one
+  // message (ReplicationSourceOptions::batch_delay): adds up to this much
+  // to the lag, and saves the leader a send and an acknowledgement per
+  // write. kSync sends at once. Default: 2 ms.
+  absl::Duration async_batch_delay = absl::Milliseconds(2);
   // The leader's store (its write log kept: keep_wal_seconds > 0).
   // Required; not owned.
   RocksDbMetadataStore* store = nullptr;

@@ -141,6 +141,9 @@ Result RunOnce(const Flags& flags, Mode mode, int rep) {
   if (mode != Mode::kOff) {
     ReplicationSourceOptions o;
     o.store = raw_store;
+    // As the daemon: async streams gather 2 ms of writes per message
+    // (MasterReplicationOptions::async_batch_delay); sync sends at once.
+    if (mode == Mode::kAsync) o.batch_delay = absl::Milliseconds(2);
     auto src = ReplicationSource::Create(o);
     Die(src.status(), "source");
     source = std::move(src).value();

@@ -58,6 +58,10 @@ absl::Status ReplicationSourceOptions::Validate() const {
     return absl::InvalidArgumentError(
         "replication source: poll and heartbeat intervals must be > 0");
   }
+  if (batch_delay < absl::ZeroDuration() || batch_delay > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        "replication source: batch_delay must be within [0, 1 s]");
+  }
   return absl::OkStatus();
 }
 
@@ -109,18 +113,25 @@ absl::Status ReplicationSource::WaitReplicated(uint64_t seq,
                                                absl::Time deadline) {
   NotifyWrite();
   MutexLock l(&mu_);
+  ++sync_waiting_;
+  batch_cut_.SignalAll();
+  absl::Status s;
   for (;;) {
     if (shutdown_) {
-      return absl::UnavailableError("replication source shut down");
+      s = absl::UnavailableError("replication source shut down");
+      break;
     }
-    if (HeldLocked() >= seq) return absl::OkStatus();
+    if (HeldLocked() >= seq) break;
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no standby holds sequence ", seq, " (", followers_.size(),
-          " following)"));
+      s = absl::DeadlineExceededError(absl::StrCat("no standby holds sequence ",
+                                                   seq, " (", followers_.size(),
+                                                   " following)"));
+      break;
     }
     changed_.WaitWithDeadline(&mu_, deadline);
   }
+  --sync_waiting_;
+  return s;
 }
 
 uint64_t ReplicationSource::HeldLocked() const {
@@ -169,6 +180,7 @@ void ReplicationSource::OnReplicated(uint64_t seq, absl::Time deadline,
       waiters_by_deadline_.emplace(deadline, id);
       waiters_.emplace(id, Waiter{seq, deadline, std::move(done)});
       if (earliest) deadlines_changed_.Signal();
+      batch_cut_.SignalAll();
       return;
     }
   }
@@ -231,6 +243,7 @@ void ReplicationSource::Shutdown() {
     for (const auto& [id, ctx] : contexts_) ctx->TryCancel();
     changed_.SignalAll();
     deadlines_changed_.SignalAll();
+    batch_cut_.SignalAll();
     while (!followers_.empty()) changed_.Wait(&mu_);
     for (auto& [id, w] : waiters_) waiting.push_back(std::move(w.done));
     waiters_.clear();
@@ -272,6 +285,16 @@ bool ReplicationSource::WaitForWrites(grpc::ServerContext* ctx, uint64_t next,
     if (now >= until) return true;
     changed_.WaitWithDeadline(&mu_,
                               std::min(until, now + options_.poll_interval));
+  }
+}
+
+void ReplicationSource::WaitToBatch(grpc::ServerContext* ctx) {
+  if (options_.batch_delay <= absl::ZeroDuration()) return;
+  const absl::Time until = absl::Now() + options_.batch_delay;
+  MutexLock l(&mu_);
+  while (!shutdown_ && !ctx->IsCancelled() && waiters_.empty() &&
+         sync_waiting_ == 0) {
+    if (batch_cut_.WaitWithDeadline(&mu_, until)) break;  // timed out
   }
 }
 
@@ -407,6 +430,7 @@ class ReplicationSource::Stream {
           continue;
         }
       }
+      source_->WaitToBatch(ctx_);
       if (it == nullptr) {
         rocksdb::Status rs = db_->GetUpdatesSince(next, &it);
         if (!rs.ok()) {

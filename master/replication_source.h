@@ -67,6 +67,16 @@ struct ReplicationSourceOptions {
   absl::Duration poll_interval = absl::Milliseconds(5);
   // An idle stream sends a HEARTBEAT this often. Default: 1 s.
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  // How long a stream that found new writes waits before it reads the log,
+  // so that the writes of that time go out as one message (one send, one
+  // follower write, one acknowledgement) instead of one each. It adds up
+  // to this much to the replication lag and nothing while a commit waits
+  // for a follower (WaitReplicated, OnReplicated: those are sent at once).
+  // Asynchronous replication sets it (MasterReplication: 2 ms); with one
+  // message per write the stream and acknowledgement threads cost the
+  // leader twice its own work per put (docs/ha.md). Zero: no wait; at
+  // most 1 s. Default: zero.
+  absl::Duration batch_delay = absl::ZeroDuration();
   // Lag times. nullptr: Clock::Real(). Not owned. Default: nullptr.
   Clock* clock = nullptr;
 
@@ -157,6 +167,9 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
   bool WaitForWrites(grpc::ServerContext* ctx, uint64_t next,
                      absl::Time until);
   uint64_t Latest() const;
+  // batch_delay: waits that long, or less if a commit starts waiting for a
+  // follower, the stream is cancelled or the source shuts down.
+  void WaitToBatch(grpc::ServerContext* ctx);
   // The highest sequence some follower past its copy has acknowledged.
   uint64_t HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the OnReplicated waiters up to `held` and returns their
@@ -176,6 +189,9 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
   mutable Mutex mu_;
   CondVar changed_;  // writes notified, acks, shutdown
   CondVar deadlines_changed_;  // an earlier OnReplicated deadline, shutdown
+  // A commit waits for a follower, shutdown: ends WaitToBatch (a
+  // NotifyWrite per write does not).
+  CondVar batch_cut_;
   struct Waiter {
     uint64_t seq;
     absl::Time deadline;
@@ -188,6 +204,7 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
       ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t notified_ ABSL_GUARDED_BY(mu_) = 0;  // NotifyWrite calls
+  int sync_waiting_ ABSL_GUARDED_BY(mu_) = 0;   // in WaitReplicated
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Follower*> followers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, grpc::ServerContext*> contexts_ ABSL_GUARDED_BY(mu_);

@@ -94,7 +94,8 @@ void WriteSome(MetadataStore* store, const std::string& prefix, int n) {
 // A leader's store, its ReplicationSource and a gRPC server on loopback.
 struct Leader {
   explicit Leader(const std::string& name, uint64_t keep_wal_seconds = 3600,
-                  const Authenticator* auth = nullptr)
+                  const Authenticator* auth = nullptr,
+                  absl::Duration batch_delay = absl::ZeroDuration())
       : dir(TestDir(name + "_leader")) {
     RocksDbMetadataStoreOptions so;
     so.path = dir;
@@ -107,6 +108,7 @@ struct Leader {
     ReplicationSourceOptions o;
     o.store = store;
     o.authenticator = auth;
+    o.batch_delay = batch_delay;
     auto src = ReplicationSource::Create(o);
     INFO(src.status().ToString());
     REQUIRE(src.ok());
@@ -188,6 +190,67 @@ TEST_CASE("A follower catches up from empty with a full copy, then follows "
   const auto want = DumpStore(leader.store);
   CHECK(want.size() > 60);
   CHECK(DumpDir(dir) == want);
+}
+
+TEST_CASE(
+    "With a batch delay a stream sends the writes of that time as one "
+    "message, and a commit waiting for a follower cuts the delay") {
+  // A delay far longer than the writes or a round trip take, even under a
+  // sanitizer.
+  Leader leader("batch_delay", 3600, nullptr, absl::Seconds(1));
+  WriteSome(leader.store, "before", 5);
+  auto f = Follow(TestDir("batch_delay_standby"), leader.address);
+  WaitApplied(f.get(), leader.Latest());
+  const ReplicationSource::Stats s0 = leader.source->GetStats();
+
+  // Each write notified, as a leader's commits are, and given up to 20 ms
+  // to reach the follower: without the delay each goes out on its own;
+  // with it none does before the delay ends (30 x 20 ms < 1 s).
+  int applied_at_once = 0;
+  for (int i = 0; i < 30; ++i) {
+    ObjectRecord r;
+    r.node_id = 7;
+    r.length = 100;
+    r.generation = i + 1;
+    REQUIRE(leader.store->PutObjects({{absl::StrCat("after/", i), r}}).ok());
+    leader.source->NotifyWrite();
+    if (f->WaitApplied(leader.Latest(), absl::Now() + absl::Milliseconds(20))
+            .ok()) {
+      ++applied_at_once;
+    }
+  }
+  WaitApplied(f.get(), leader.Latest());
+  CHECK(applied_at_once < 15);
+  const ReplicationSource::Stats s1 = leader.source->GetStats();
+  const uint64_t batches = s1.batches_sent - s0.batches_sent;
+  const uint64_t messages = s1.messages_sent - s0.messages_sent;
+  INFO(batches << " batches in " << messages << " messages");
+  CHECK(batches >= 30);
+  CHECK(messages * 4 < batches);
+
+  // One more write and a commit waiting for it: sent before the delay.
+  WriteSome(leader.store, "last", 1);
+  const absl::Time start = absl::Now();
+  absl::Status held = leader.source->WaitReplicated(
+      leader.Latest(), start + absl::Milliseconds(500));
+  INFO(held.ToString());
+  CHECK(held.ok());
+  REQUIRE(f->Stop().ok());
+}
+
+TEST_CASE("A batch delay outside [0, 1 s] is refused") {
+  RocksDbMetadataStoreOptions so;
+  so.path = TestDir("batch_delay_refused");
+  auto store = RocksDbMetadataStore::Create(so);
+  REQUIRE(store.ok());
+  ReplicationSourceOptions o;
+  o.store = store->get();
+  o.batch_delay = absl::Seconds(2);
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  o.batch_delay = -absl::Milliseconds(1);
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  o.batch_delay = absl::Seconds(1);
+  CHECK(o.Validate().ok());
 }
 
 TEST_CASE("A restarted follower resumes from its position without a full "
