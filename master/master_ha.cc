@@ -67,7 +67,13 @@ class StandbyServer {
 
   ~StandbyServer() {
     health_.Shutdown();
-    server_->Shutdown(std::chrono::system_clock::now());
+    // A call already taken is answered with its refusal (UNAVAILABLE, which
+    // callers retry on the leader) instead of being cancelled: with an
+    // immediate deadline a client polling the standby while it handed the
+    // port over got CANCELLED, which it does not retry. The refusals are
+    // immediate, so the grace ends as soon as they are sent.
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(200));
     poller_->ShutdownAndJoin();
   }
 

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,26 @@ absl::StatusOr<int> FreePort() {
   auto s = ListenTcp("127.0.0.1", 0);
   if (!s.ok()) return s.status();
   return LocalPort(s->fd());
+}
+
+// True once every thread of `pid` is stopped ('T' in /proc/pid/task/*/stat):
+// kill(SIGSTOP) returns before the threads have all stopped, and a request
+// sent right after could still be answered.
+bool AllThreadsStopped(pid_t pid) {
+  std::error_code ec;
+  const std::string dir = absl::StrCat("/proc/", pid, "/task");
+  bool any = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::ifstream in(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size()) continue;
+    const char state = stat[paren + 2];
+    if (state != 'T' && state != 't') return false;
+    any = true;
+  }
+  return !ec && any;
 }
 
 }  // namespace
@@ -162,6 +183,14 @@ absl::Status EtcdCluster::Freeze(int i) {
   if (!m.daemon.running()) return absl::FailedPreconditionError("not running");
   if (kill(m.daemon.pid(), SIGSTOP) != 0) return absl::InternalError("SIGSTOP");
   m.frozen = true;
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (!AllThreadsStopped(m.daemon.pid())) {
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("etcd member ", i, " did not stop within 5 s"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   return absl::OkStatus();
 }
 

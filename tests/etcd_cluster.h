@@ -67,6 +67,8 @@ class EtcdCluster {
   // serves when `wait` (which needs a quorum with it).
   absl::Status Restart(int i, bool wait = true);
   // SIGSTOP / SIGCONT member i: it keeps its sockets but answers nothing.
+  // Freeze returns once every thread of the member has stopped
+  // (DeadlineExceeded after 5 s).
   absl::Status Freeze(int i);
   absl::Status Thaw(int i);
 
