@@ -448,7 +448,8 @@ class ReplicationSource::Stream {
         if (batches == 0) return true;
         m.set_kind(v1::FollowResponse::BATCH);
         m.set_sequence(next - m.count());
-        if (!Send(m)) return false;
+        // Counted (and its lag clock started) before the send: the follower
+        // may apply and acknowledge it before this thread runs again.
         {
           MutexLock l(&source_->mu_);
           source_->counters_.batches_sent += batches;
@@ -457,6 +458,7 @@ class ReplicationSource::Stream {
             follower_->in_flight.emplace_back(next - 1, source_->clock_->Now());
           }
         }
+        if (!Send(m)) return false;
         m.Clear();
         bytes = 0;
         batches = 0;

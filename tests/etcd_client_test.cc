@@ -293,7 +293,10 @@ TEST_CASE("Calls and watches skip a frozen member") {
   // One attempt on the frozen member, then another member answers (etcd
   // may need an election first if member 0 led the cluster).
   CHECK(absl::Now() - start < absl::Seconds(5));
-  CHECK((*etcd)->preferred_endpoint() != 0);
+  // It moved off member 0 at least once. (Which member it prefers now is
+  // not fixed: the watcher, failing over from member 0 and from members
+  // without a raft leader yet, moves the same preference meanwhile.)
+  CHECK((*etcd)->failovers() > 0);
   // The watch stream, still connected to the frozen member, goes silent;
   // its prober gives up on it and the watch resumes elsewhere.
   // (The put may have been applied twice: when member 0 led the etcd
