@@ -130,19 +130,10 @@ absl::Status EtcdClient::Call(const char* what, absl::Time deadline,
       // up its reconnection attempts (measured: a member that came up after
       // the first call was never reached).
       context.set_wait_for_ready(true);
-      const absl::Time attempt_end =
-          std::min(deadline, now + options_.attempt_timeout);
-      context.set_deadline(absl::ToChronoTime(attempt_end));
+      context.set_deadline(absl::ToChronoTime(
+          std::min(deadline, now + options_.attempt_timeout)));
       absl::Status s = attempt(endpoints_[index], &context);
-      // etcd answers UNKNOWN ("context deadline exceeded") when the
-      // attempt's deadline, which gRPC passes on, ran out inside it (a
-      // proposal waiting for a raft leader): that is this attempt timing
-      // out, retried like DEADLINE_EXCEEDED. Told by the clock, not the
-      // text; the server's timer may fire a little before ours.
-      const bool attempt_expired =
-          s.code() == absl::StatusCode::kUnknown &&
-          absl::Now() + absl::Milliseconds(50) >= attempt_end;
-      if (s.ok() || !(Retriable(s) || attempt_expired)) return s;
+      if (s.ok() || !Retriable(s)) return s;
       last = absl::Status(
           s.code(), absl::StrCat("etcd ", what, " (",
                                  options_.endpoints[index], "): ", s.message()));
