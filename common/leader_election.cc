@@ -246,13 +246,39 @@ absl::Status LeaderElection::Campaign() {
       return absl::OkStatus();
     }
   }
+  absl::Time valid_until = sent + ttl * kTrustedShareOfTtl;
+  absl::Time renew_at = sent + ttl / 3;
+  if (clock_->Now() >= renew_at) {
+    // The grant or the Txn took a good part of the TTL: etcd lost its
+    // quorum while they were in flight and answered once it came back. The
+    // lease itself runs from when etcd granted it (and its new raft leader
+    // extends every lease), but the term's local deadline counts from when
+    // the grant was sent and may be past already: renew once before the
+    // term starts, so that it does not start ended (its holder would step
+    // down at once, and a master exits when it loses a term it never
+    // served). If etcd does not renew it, the attempt ends here.
+    const absl::Time resent = clock_->Now();
+    auto k = etcd->LeaseKeepAliveOnce(lease, revoke_by);
+    if (!k.ok()) {
+      etcd->LeaseRevoke(lease, revoke_by).IgnoreError();  // deletes the key
+      return absl::UnavailableError(absl::StrCat(
+          "won epoch ", epoch, " after ",
+          absl::FormatDuration(resent - sent),
+          " but could not renew the lease before its local deadline: ",
+          k.status().ToString()));
+    }
+    valid_until = resent + absl::Seconds(k->ttl()) * kTrustedShareOfTtl;
+    renew_at = resent + absl::Seconds(k->ttl()) / 3;
+    MutexLock l(&mu_);
+    ++stats_.renewals;
+  }
   {
     MutexLock l(&mu_);
     leader_ = true;
     epoch_ = epoch;
     lease_ = lease;
-    valid_until_ = sent + ttl * kTrustedShareOfTtl;
-    renew_at_ = sent + ttl / 3;
+    valid_until_ = valid_until;
+    renew_at_ = renew_at;
     key_changed_ = false;
     observed_ = LeaderInfo{options_.candidate, epoch, lease};
     ++stats_.terms_won;

@@ -317,6 +317,62 @@ TEST_CASE("A leader's term ends at its lease's local deadline on the injected cl
   CHECK(absl::IsDeadlineExceeded(journal.events()[1].why));
 }
 
+TEST_CASE("A campaign that etcd answers only after the lease's local deadline renews before its term starts") {
+  // etcd without a quorum holds the grant; meanwhile more than the TTL
+  // passes on the candidate's clock. When the quorum returns and the
+  // campaign wins, its term must not start already ended (CI saw a master
+  // elected and deposed in the same millisecond, then exit).
+  auto cluster = StartCluster(3);
+  REQUIRE(cluster->Freeze(1).ok());
+  REQUIRE(cluster->Freeze(2).ok());
+  Journal journal;
+  FakeClock clock;
+  auto c = std::make_unique<Candidate>();
+  c->name = "a";
+  EtcdClientOptions eo;
+  eo.endpoints = cluster->endpoints();
+  eo.attempt_timeout = absl::Milliseconds(500);
+  eo.call_timeout = absl::Seconds(60);  // one grant call spans the freeze
+  auto etcd = EtcdClient::Create(eo);
+  REQUIRE(etcd.ok());
+  c->etcd = std::move(*etcd);
+  LeaderElectionOptions o;
+  o.etcd = c->etcd.get();
+  o.key = kKey;
+  o.candidate = c->name;
+  o.lease_ttl = kTtl;
+  o.clock = &clock;
+  o.thread_name = "elect-a";
+  o.on_elected = [&journal](int64_t epoch) {
+    journal.Add({"a", true, epoch, absl::OkStatus(), absl::Now()});
+  };
+  o.on_lost = [&journal](int64_t epoch, const absl::Status& why) {
+    journal.Add({"a", false, epoch, why, absl::Now()});
+  };
+  auto e = LeaderElection::Create(o);
+  REQUIRE(e.ok());
+  c->election = std::move(*e);
+  // The first campaign is in flight (its grant waits on etcd)...
+  REQUIRE(Eventually([&] { return c->election->stats().campaigns == 1; }));
+  clock.Advance(kTtl * 2);  // ...and its lease's local deadline passes.
+  REQUIRE(cluster->Thaw(1).ok());
+  REQUIRE(cluster->Thaw(2).ok());
+  REQUIRE(Eventually([&] { return c->election->IsLeader(); },
+                     absl::Seconds(30)));
+  // One campaign, won, renewed once before leading; never lost.
+  CHECK(c->election->stats().campaigns == 1);
+  CHECK(c->election->stats().renewals == 1);
+  auto events = journal.events();
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].elected);
+  // The term runs from that renewal on the fake clock: 0.8 TTL from now.
+  c->election->FreezeForTest();
+  clock.Advance(kTtl * 0.8 - absl::Milliseconds(1));
+  CHECK(c->election->IsLeader());
+  clock.Advance(absl::Milliseconds(1));
+  CHECK_FALSE(c->election->IsLeader());
+}
+
 TEST_CASE("Revoking the leader's lease ends its term and a new term begins with a larger epoch") {
   auto cluster = StartCluster(3);
   Journal journal;
