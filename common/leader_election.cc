@@ -262,8 +262,7 @@ absl::Status LeaderElection::Campaign() {
     if (!k.ok()) {
       etcd->LeaseRevoke(lease, revoke_by).IgnoreError();  // deletes the key
       return absl::UnavailableError(absl::StrCat(
-          "won epoch ", epoch, " after ",
-          absl::FormatDuration(resent - sent),
+          "won epoch ", epoch, " after ", absl::FormatDuration(resent - sent),
           " but could not renew the lease before its local deadline: ",
           k.status().ToString()));
     }

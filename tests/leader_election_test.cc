@@ -317,7 +317,9 @@ TEST_CASE("A leader's term ends at its lease's local deadline on the injected cl
   CHECK(absl::IsDeadlineExceeded(journal.events()[1].why));
 }
 
-TEST_CASE("A campaign that etcd answers only after the lease's local deadline renews before its term starts") {
+TEST_CASE(
+    "A campaign that etcd answers only after the lease's local deadline renews "
+    "before its term starts") {
   // etcd without a quorum holds the grant; meanwhile more than the TTL
   // passes on the candidate's clock. When the quorum returns and the
   // campaign wins, its term must not start already ended (CI saw a master
@@ -357,8 +359,8 @@ TEST_CASE("A campaign that etcd answers only after the lease's local deadline re
   clock.Advance(kTtl * 2);  // ...and its lease's local deadline passes.
   REQUIRE(cluster->Thaw(1).ok());
   REQUIRE(cluster->Thaw(2).ok());
-  REQUIRE(Eventually([&] { return c->election->IsLeader(); },
-                     absl::Seconds(30)));
+  REQUIRE(
+      Eventually([&] { return c->election->IsLeader(); }, absl::Seconds(30)));
   // One campaign, won, renewed once before leading; never lost.
   CHECK(c->election->stats().campaigns == 1);
   CHECK(c->election->stats().renewals == 1);
