@@ -217,8 +217,9 @@ if [ "${HYMCACHE_ENGINE_TESTS:-1}" = "1" ]; then
   failed=$((failed + ${f:-1}))
   # The peers side by side, smoke form (tools/bench/peers.sh --short: 256 KiB,
   # one client, half a second per phase, a tiny multi-turn replay; about a
-  # minute): only that HyMCache, Mooncake Store and Redis all answered. A
-  # machine without the peers installed says so in one line ("peers:
+  # minute, installing Mooncake and redis-py from the wheelhouse included):
+  # only that HyMCache, Mooncake Store and Redis all answered. A machine
+  # where the peers cannot be installed says so in one line ("peers:
   # SKIPPED: ...") and the count stays as it is.
   echo "=== peers: HyMCache, Mooncake Store and Redis, smoke form"
   timeout 120 bash tools/bench/peers.sh --short 2>&1 |
