@@ -117,6 +117,11 @@ DEFINE_bool(serve_reads_without_etcd,
             "etcd did not answer (no quorum, or cut off) keeps answering "
             "lookups, refusing writes (reason read_only), until an election "
             "decides again (docs/ha.md); false: it exits at once");
+DEFINE_bool(preload_index, hymcache::HaMasterOptions().preload_index,
+            "with --etcd and replication: a standby loads its index while "
+            "it stands by, so that if elected before its follower applies "
+            "anything (all masters restarted at once) it serves without "
+            "loading again; costs the index's memory while standing by");
 
 DEFINE_string(replication, "",
               "standby replication (docs/ha.md): off, async (standbys follow "
@@ -186,7 +191,7 @@ int main(int argc, char** argv) {
            {{"Serving", {"listen", "db_path", "sync_writes", "metrics_listen"}},
             {"High availability (docs/ha.md)",
              {"etcd", "cluster", "advertise_address", "lease_ttl_s",
-              "serve_reads_without_etcd", "replication",
+              "serve_reads_without_etcd", "preload_index", "replication",
               "replication_sync_timeout_ms", "replication_token_file"}},
             {"Nodes and placement",
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
@@ -214,6 +219,7 @@ int main(int argc, char** argv) {
     ha.advertise_address = FLAGS_advertise_address;
     ha.lease_ttl = absl::Seconds(FLAGS_lease_ttl_s);
     ha.serve_reads_without_etcd = FLAGS_serve_reads_without_etcd;
+    ha.preload_index = FLAGS_preload_index;
     ha.master = options;
     if (!FLAGS_replication_token_file.empty()) {
       std::ifstream in(FLAGS_replication_token_file);

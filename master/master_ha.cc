@@ -393,6 +393,40 @@ void HaMaster::StopFollowing() {
   follower_.reset();
 }
 
+uint64_t HaMaster::FollowerProgress() const {
+  if (follower_ == nullptr) return 0;
+  const master::ReplicaFollower::Stats st = follower_->GetStats();
+  if (st.copying) return UINT64_MAX;
+  return st.batches_applied + st.full_copies;
+}
+
+void HaMaster::Preload() {
+  if (follower_ == nullptr || !options_.preload_index) return;
+  preload_progress_ = FollowerProgress();
+  auto loaded = MasterServer::PreloadIndex(options_.master);
+  if (!loaded.ok()) {
+    LOG(INFO) << "master HA: no index preloaded (" << loaded.status()
+              << "); once elected this master loads its store";
+    return;
+  }
+  LOG(INFO) << "master HA: preloaded the index of " << options_.master.db_path
+            << " at sequence " << loaded->sequence << " in "
+            << absl::FormatDuration(loaded->took)
+            << ": served at once if elected before the follower applies "
+               "anything";
+  preloaded_ = std::move(loaded).value();
+  DropStalePreload();
+}
+
+void HaMaster::DropStalePreload() {
+  if (!preloaded_.has_value()) return;
+  const uint64_t now = FollowerProgress();
+  if (now == preload_progress_) return;
+  LOG(INFO) << "master HA: dropped the preloaded index (the follower has "
+               "changed the store since)";
+  preloaded_.reset();
+}
+
 void HaMaster::VisitStats(StatsVisitor* v) const {
   v->Counter(
       "leader_changes",
@@ -407,6 +441,10 @@ void HaMaster::VisitStats(StatsVisitor* v) const {
            "Full copies of the leader's store this master took while standing "
            "by",
            static_cast<double>(full_copies_.load(std::memory_order_relaxed)));
+  v->Gauge("index_preloaded",
+           "1 if this master's serving term took over the index it loaded "
+           "while standing by (preload_index) instead of loading its store",
+           served_preloaded_.load(std::memory_order_relaxed));
   v->Gauge("leader_read_only",
            "1 while this master serves lookups only: its term ended without "
            "an answer from etcd (no quorum, or cut off) and no election has "
@@ -424,9 +462,11 @@ void HaMaster::VisitStats(StatsVisitor* v) const {
 }
 
 void HaMaster::Loop() {
+  Preload();
   int64_t epoch = 0;
   while (true) {
     FollowObservedLeader();
+    DropStalePreload();
     MutexLock l(&mu_);
     if (stopping_) return;
     if (elected_epoch_ != 0) {
@@ -438,6 +478,7 @@ void HaMaster::Loop() {
   FollowObservedLeader();  // counts this master's own term
   StopFollowing();
   absl::Status served = Serve(epoch);
+  preloaded_.reset();  // not taken: stale
   while (served.ok()) {
     const int64_t ended = epoch;
     if (!ServeTerm(&epoch)) {
@@ -504,6 +545,21 @@ absl::Status HaMaster::Serve(int64_t epoch) {
   mo.generation_floor = static_cast<uint64_t>(epoch) << kEpochShift;
   mo.generation_end = static_cast<uint64_t>(epoch + 1) << kEpochShift;
   mo.service.epoch = epoch;
+  mo.take_preloaded =
+      [this](uint64_t sequence) -> std::unique_ptr<master::MasterService> {
+    if (!preloaded_.has_value()) return nullptr;
+    PreloadedIndex p = std::move(*preloaded_);
+    preloaded_.reset();
+    if (p.sequence != sequence) {
+      LOG(INFO) << "master HA: the preloaded index is stale (loaded at "
+                   "sequence "
+                << p.sequence << ", the store is at " << sequence
+                << "): loading the store";
+      return nullptr;
+    }
+    served_preloaded_.store(1, std::memory_order_relaxed);
+    return std::move(p.service);
+  };
   mo.extra_stats = [this,
                     extra = options_.master.extra_stats](StatsVisitor* v) {
     VisitStats(v);

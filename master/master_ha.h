@@ -112,6 +112,14 @@ struct HaMasterOptions {
   // election decides again (see 3' above). false: it is deposed at once,
   // as when its lease is revoked. Default: true.
   bool serve_reads_without_etcd = true;
+  // Whether a standby that follows the leader (replication on) loads its
+  // index from its directory as soon as it starts (read-only, beside its
+  // follower: MasterServer::PreloadIndex), so that if it is elected before
+  // its follower applies anything (all masters restarted at once) it
+  // serves without loading again. The loaded index is dropped as soon as
+  // the follower applies a batch. Costs the index's memory and one load's
+  // CPU at start. Default: true.
+  bool preload_index = true;
 
   // InvalidArgument naming the first bad field.
   absl::Status Validate() const;
@@ -186,6 +194,13 @@ class HaMaster {
   void FollowObservedLeader();
   // Stops the follower so the store can be opened; on the master-ha thread.
   void StopFollowing();
+  // Loads preloaded_ (options_.preload_index); on the master-ha thread.
+  void Preload();
+  // What the follower has changed in the directory so far (batches applied
+  // and copies; max while it copies): preloaded_ is stale once it moves.
+  uint64_t FollowerProgress() const;
+  // Drops preloaded_ if the follower moved since; on the master-ha thread.
+  void DropStalePreload();
   // The leadership stats (MasterOptions::extra_stats).
   void VisitStats(StatsVisitor* v) const;
 
@@ -208,6 +223,13 @@ class HaMaster {
   // own election).
   std::atomic<uint64_t> leader_changes_{0};
   int64_t observed_epoch_ = 0;  // master-ha thread
+  // The index loaded while standing by, and FollowerProgress() before its
+  // load began. master-ha thread only (Serve hands it to MasterServer::
+  // Create there).
+  std::optional<PreloadedIndex> preloaded_;
+  uint64_t preload_progress_ = 0;
+  // The serving term took over preloaded_ (1) or loaded its store (0).
+  std::atomic<int> served_preloaded_{0};
   // What the follower had applied when this master was elected.
   std::atomic<uint64_t> applied_at_election_{0};
   std::atomic<uint64_t> full_copies_{0};

@@ -82,8 +82,7 @@ namespace {
 // Create's first step: the RocksDB store and the service over it (the
 // index loaded from the store or the last snapshot).
 // `store_out`: the store, still owned by the service.
-absl::StatusOr<std::unique_ptr<master::MasterService>> OpenService(
-    const MasterOptions& options, master::RocksDbMetadataStore** store_out) {
+master::RocksDbMetadataStoreOptions StoreOptions(const MasterOptions& options) {
   master::RocksDbMetadataStoreOptions store_options;
   store_options.path = options.db_path;
   store_options.sync_writes = options.sync_writes;
@@ -98,10 +97,10 @@ absl::StatusOr<std::unique_ptr<master::MasterService>> OpenService(
     store_options.keep_wal_seconds =
         std::max<uint64_t>(store_options.keep_wal_seconds, 3600);
   }
-  auto store = master::RocksDbMetadataStore::Create(store_options);
-  if (!store.ok()) return store.status();
-  *store_out = store->get();
+  return store_options;
+}
 
+master::MasterServiceOptions ServiceOptions(const MasterOptions& options) {
   master::MasterServiceOptions so = options.service;
   // Keys of tenants other than the default carry a prefix (tenant.h); the
   // handler checks the length the caller sent against max_key_bytes.
@@ -109,10 +108,50 @@ absl::StatusOr<std::unique_ptr<master::MasterService>> OpenService(
       master::MetadataIndex::kMaxKeyBytes,
       uint64_t{options.service.max_key_bytes} + master::kMaxTenantPrefixBytes));
   if (options.index_snapshots) so.snapshot_path = options.db_path + ".snapshot";
-  return master::MasterService::Create(so, std::move(store).value());
+  return so;
+}
+
+absl::StatusOr<std::unique_ptr<master::MasterService>> OpenService(
+    const MasterOptions& options, master::RocksDbMetadataStore** store_out) {
+  auto store = master::RocksDbMetadataStore::Create(StoreOptions(options));
+  if (!store.ok()) return store.status();
+  *store_out = store->get();
+  if (options.take_preloaded) {
+    // A standby's index, loaded while it stood by: taken over only if it
+    // was loaded at exactly the sequence the store opened at (nothing
+    // changed the nodes or objects since).
+    const uint64_t opened = (*store)->opened_sequence();
+    if (std::unique_ptr<master::MasterService> preloaded =
+            options.take_preloaded(opened)) {
+      return master::MasterService::CreatePreloaded(ServiceOptions(options),
+                                                    std::move(store).value(),
+                                                    std::move(preloaded));
+    }
+  }
+  return master::MasterService::Create(ServiceOptions(options),
+                                       std::move(store).value());
 }
 
 }  // namespace
+
+absl::StatusOr<PreloadedIndex> MasterServer::PreloadIndex(
+    const MasterOptions& options) {
+  absl::Status s = options.Validate();
+  if (!s.ok()) return s;
+  const absl::Time start = absl::Now();
+  master::RocksDbMetadataStoreOptions store_options = StoreOptions(options);
+  store_options.read_only = true;
+  auto store = master::RocksDbMetadataStore::Create(store_options);
+  if (!store.ok()) return store.status();
+  PreloadedIndex preloaded;
+  preloaded.sequence = (*store)->opened_sequence();
+  auto service = master::MasterService::Create(ServiceOptions(options),
+                                               std::move(store).value());
+  if (!service.ok()) return service.status();
+  preloaded.service = std::move(service).value();
+  preloaded.took = absl::Now() - start;
+  return preloaded;
+}
 
 absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     const MasterOptions& options) {

@@ -142,9 +142,26 @@ struct MasterOptions : DaemonOptions {
   // closed. Otherwise a second server on the port is refused. Default:
   // false.
   bool reuse_port = false;
+  // An index loaded ahead (MasterServer::PreloadIndex, by a standby): Create
+  // calls it with the sequence number its store opened at, and takes over
+  // the service it returns instead of loading the store
+  // (MasterService::CreatePreloaded). It returns null unless that service
+  // was loaded at exactly that sequence. Default: none (Create loads).
+  std::function<std::unique_ptr<master::MasterService>(uint64_t sequence)>
+      take_preloaded;
 
   // InvalidArgument naming the first bad field (the service's included).
   absl::Status Validate() const;
+};
+
+// What MasterServer::PreloadIndex loaded.
+struct PreloadedIndex {
+  // The loaded service (over a read-only view of the store: it cannot
+  // write). Its state is for MasterService::CreatePreloaded only.
+  std::unique_ptr<master::MasterService> service;
+  // The database's sequence number it was loaded at.
+  uint64_t sequence = 0;
+  absl::Duration took;
 };
 
 class MasterServer {
@@ -153,6 +170,15 @@ class MasterServer {
   // for bad options; the store's error (e.g. another master holds db_path);
   // Unavailable if the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<MasterServer>> Create(
+      const MasterOptions& options);
+  // Loads the index of options.db_path as Create would, from a read-only
+  // view of the database (it may be open for writing elsewhere in this
+  // process, as a standby's follower holds it), for a later Create to take
+  // over (MasterOptions::take_preloaded) if the database has not changed
+  // since. Errors: the store's (no database there yet: the store's
+  // InvalidArgument or NotFound), or the load's; a load that would have to
+  // write (objects it drops) fails with FailedPrecondition.
+  static absl::StatusOr<PreloadedIndex> PreloadIndex(
       const MasterOptions& options);
   // Calls Shutdown().
   ~MasterServer();

@@ -119,11 +119,53 @@ absl::StatusOr<std::unique_ptr<MasterService>> MasterService::Create(
   return service;
 }
 
+absl::StatusOr<std::unique_ptr<MasterService>> MasterService::CreatePreloaded(
+    const MasterServiceOptions& options, std::unique_ptr<MetadataStore> store,
+    std::unique_ptr<MasterService> preloaded) {
+  absl::Status s = options.Validate();
+  if (!s.ok()) return s;
+  if (store == nullptr) {
+    return absl::InvalidArgumentError("MasterService needs a MetadataStore");
+  }
+  if (preloaded == nullptr) {
+    return absl::InvalidArgumentError(
+        "CreatePreloaded needs a preloaded service");
+  }
+  std::unique_ptr<MasterService> service(
+      new MasterService(options, std::move(store)));
+  {
+    MasterService* from = preloaded.get();
+    MutexLock a(&from->mu_);
+    MutexLock b(&service->mu_);
+    // What Load fills (master_service_recovery.cc), and the time its read
+    // ticks count from.
+    service->load_path_ = from->load_path_;
+    service->nodes_ = std::move(from->nodes_);
+    service->node_by_name_ = std::move(from->node_by_name_);
+    service->next_node_id_ = from->next_node_id_;
+    service->index_ = std::move(from->index_);
+    from->index_ = std::make_unique<MetadataIndex>();
+    service->index_->TrackUsed(options.recency_batch > 0);
+    service->object_bytes_ = from->object_bytes_;
+    service->counters_.objects_dropped = from->counters_.objects_dropped;
+    service->counters_.orphans_removed = from->counters_.orphans_removed;
+    service->lease_epoch_ = from->lease_epoch_;
+    const absl::Time now = service->clock_->Now();
+    for (auto& [id, node] : service->nodes_) node.last_seen = now;
+    LOG(INFO) << "master took over a preloaded index: "
+              << service->nodes_.size() << " nodes and "
+              << service->index_->size() << " objects";
+  }
+  preloaded.reset();
+  return service;
+}
+
 MasterService::MasterService(const MasterServiceOptions& options,
                              std::unique_ptr<MetadataStore> store)
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
-      store_(std::move(store)) {
+      store_(std::move(store)),
+      index_(std::make_unique<MetadataIndex>()) {
   // Put ids are not durable: start at a random point so that a put id from
   // before a restart does not name a put of the new process.
   std::random_device rd;
@@ -131,16 +173,20 @@ MasterService::MasterService(const MasterServiceOptions& options,
   MutexLock l(&mu_);
   next_put_id_ = start;
   lease_epoch_ = clock_->Now();
-  index_.TrackUsed(options_.recency_batch > 0);
+  index_->TrackUsed(options_.recency_batch > 0);
 }
 
 MasterService::~MasterService() {
+  // A read-only view (a standby's preloaded index, taken over or dropped)
+  // writes nothing: a snapshot of it could name a state the store no
+  // longer has, or (taken over) an empty one.
+  if (store_->read_only()) return;
   {
     MutexLock l(&mu_);
     // Everything read since the last batch, in batches of a bounded size.
-    while (index_.used_queued() > 0 &&
-           PersistRecencyLocked(std::max<uint32_t>(options_.recency_batch,
-                                                   1 << 16)) > 0) {
+    while (index_->used_queued() > 0 &&
+           PersistRecencyLocked(
+               std::max<uint32_t>(options_.recency_batch, 1 << 16)) > 0) {
     }
   }
   // The next start-up loads this instead of scanning the store.
@@ -254,13 +300,13 @@ MasterService::QuotaEvictionsByTenant() const {
 MetadataIndex::TenantUsage MasterService::UsageOfTenant(
     absl::string_view tenant) const {
   MutexLock l(&mu_);
-  return index_.UsageOf(tenant);
+  return index_->UsageOf(tenant);
 }
 
 absl::flat_hash_map<std::string, MetadataIndex::TenantUsage>
 MasterService::AllTenantUsage() const {
   MutexLock l(&mu_);
-  return index_.AllTenantUsage();
+  return index_->AllTenantUsage();
 }
 
 v1::GetStatsResponse MasterService::GetStats() const {
@@ -268,7 +314,7 @@ v1::GetStatsResponse MasterService::GetStats() const {
   response.set_master_epoch(options_.epoch);
   ReaderMutexLock l(&mu_);
   const absl::Time now = clock_->Now();
-  response.set_object_count(index_.size());
+  response.set_object_count(index_->size());
   response.set_object_bytes(object_bytes_);
   response.set_pending_puts(pending_.size());
   uint64_t alive = 0;
@@ -280,7 +326,7 @@ v1::GetStatsResponse MasterService::GetStats() const {
   response.set_nodes_alive(alive);
   response.set_nodes_dead(nodes_.size() - alive);
   response.set_index_bytes_per_entry(
-      index_.empty() ? 0 : index_.MemoryBytes() / index_.size());
+      index_->empty() ? 0 : index_->MemoryBytes() / index_->size());
   // The gauges above are computed one by one; the counters of the list
   // (common/cluster_stats.h) are copied by name.
 #define HYM_GAUGE_SET_ABOVE_(field, metric, help)

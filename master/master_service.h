@@ -275,6 +275,17 @@ class MasterService {
   static absl::StatusOr<std::unique_ptr<MasterService>> Create(
       const MasterServiceOptions& options,
       std::unique_ptr<MetadataStore> store);
+  // As above, but instead of loading `store` it takes over what `preloaded`
+  // loaded: its nodes, index, allocators and counts. The caller vouches
+  // that `preloaded` loaded the same nodes and objects as `store` holds (a
+  // standby's index, loaded while it stood by from a read-only view of the
+  // same database at the same sequence: MasterServer::PreloadIndex), and
+  // that nothing uses `preloaded` any more; it is destroyed here. Nodes
+  // loaded count as seen now. Errors: as Create; `preloaded` null is
+  // InvalidArgument.
+  static absl::StatusOr<std::unique_ptr<MasterService>> CreatePreloaded(
+      const MasterServiceOptions& options, std::unique_ptr<MetadataStore> store,
+      std::unique_ptr<MasterService> preloaded);
 
   MasterService(const MasterService&) = delete;
   MasterService& operator=(const MasterService&) = delete;
@@ -877,7 +888,10 @@ class MasterService {
   absl::flat_hash_map<std::string, uint32_t> node_by_name_ ABSL_GUARDED_BY(mu_);
   uint32_t next_node_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint32_t last_placed_node_ ABSL_GUARDED_BY(mu_) = 0;
-  MetadataIndex index_ ABSL_GUARDED_BY(mu_);
+  // Never null; a pointer so that CreatePreloaded can take another
+  // service's over.
+  std::unique_ptr<MetadataIndex> index_ ABSL_GUARDED_BY(mu_)
+      ABSL_PT_GUARDED_BY(mu_);
   uint64_t object_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, PendingPut> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, CallerPending> pending_by_caller_

@@ -74,7 +74,7 @@ uint32_t MasterService::LeaseTick(absl::Time now) {
     // ones drop to 0 or stay expired.
     const int64_t lease_ms = absl::ToInt64Milliseconds(options_.read_lease);
     const int64_t shift = ms - (lease_ms + 2);
-    index_.RebaseReadTicks(static_cast<uint32_t>(
+    index_->RebaseReadTicks(static_cast<uint32_t>(
         std::min<int64_t>(shift, std::numeric_limits<uint32_t>::max())));
     lease_epoch_ += absl::Milliseconds(shift);
     ms -= shift;
@@ -151,22 +151,22 @@ absl::StatusOr<bool> MasterService::EvictAndAllocate(
     const size_t scan_budget = options_.max_eviction_scan - scanned;
     MetadataIndex::WalkEnd end = MetadataIndex::WalkEnd::kEnough;
     if (budget > 0 && scan_budget > 0) {
-      end = index_.PickEvictions(
+      end = index_->PickEvictions(
           node_id, scan_budget,
-          [&](absl::string_view key, const ObjectLocation& e, uint32_t read_tick)
-              ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                ++scanned;
-                if (keep.contains(key) || pending_parents_.contains(key)) {
-                  return MetadataIndex::Verdict::kKeep;
-                }
-                if (IsLeased(read_tick, now_tick)) {
-                  return MetadataIndex::Verdict::kStop;
-                }
-                if (node.regions.count(e.region_id) == 0) {
-                  return MetadataIndex::Verdict::kKeep;  // not in an allocator
-                }
-                return MetadataIndex::Verdict::kEvict;
-              },
+          [&](absl::string_view key, const ObjectLocation& e,
+              uint32_t read_tick) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            ++scanned;
+            if (keep.contains(key) || pending_parents_.contains(key)) {
+              return MetadataIndex::Verdict::kKeep;
+            }
+            if (IsLeased(read_tick, now_tick)) {
+              return MetadataIndex::Verdict::kStop;
+            }
+            if (node.regions.count(e.region_id) == 0) {
+              return MetadataIndex::Verdict::kKeep;  // not in an allocator
+            }
+            return MetadataIndex::Verdict::kEvict;
+          },
           [&](absl::string_view key, const ObjectLocation& e)
               ABSL_NO_THREAD_SAFETY_ANALYSIS {
                 victims.emplace_back(std::string(key), e);
@@ -216,7 +216,7 @@ absl::Status MasterService::MakeRoomInTenant(
     const std::string& tenant, const TenantLimit& quota, uint64_t new_objects,
     uint64_t new_bytes, const absl::flat_hash_set<absl::string_view>& keep,
     absl::Time now) {
-  MetadataIndex::TenantUsage used = index_.UsageOf(tenant);
+  MetadataIndex::TenantUsage used = index_->UsageOf(tenant);
   auto p = pending_by_tenant_.find(tenant);
   const TenantPending pending =
       p == pending_by_tenant_.end() ? TenantPending{} : p->second;
@@ -260,7 +260,7 @@ absl::Status MasterService::MakeRoomInTenant(
     const uint32_t node_id = entry.first;
     const Node& node = entry.second;
     if (covered() || chosen >= options_.max_evictions_per_put) break;
-    index_.PickEvictions(
+    index_->PickEvictions(
         node_id, options_.max_eviction_scan,
         [&](absl::string_view key, const ObjectLocation& e, uint32_t read_tick)
             ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -311,7 +311,7 @@ absl::Status MasterService::EvictObjects(
   if (!s.ok()) return s;
   uint64_t bytes = 0;
   for (const auto& [key, entry] : victims) {
-    auto e = index_.Erase(key);
+    auto e = index_->Erase(key);
     if (!e) continue;
     FreeSpace(e->node_id, e->region_id, e->addr);
     CountObject(*e, -1);

@@ -32,8 +32,8 @@ using internal::ToProto;
 
 std::vector<std::pair<std::string, ObjectLocation>>
 MasterService::SweepOrphansLocked() {
-  if (index_.ghost_count() == 0) return {};
-  auto orphans = index_.Orphans();
+  if (index_->ghost_count() == 0) return {};
+  auto orphans = index_->Orphans();
   if (orphans.empty()) return {};
   MetadataMutation m;
   m.delete_objects.reserve(orphans.size());
@@ -45,7 +45,7 @@ MasterService::SweepOrphansLocked() {
     return {};
   }
   for (const auto& [key, entry] : orphans) {
-    auto e = index_.Erase(key);
+    auto e = index_->Erase(key);
     if (!e) continue;
     FreeSpace(e->node_id, e->region_id, e->addr);
     CountObject(*e, -1);
@@ -68,14 +68,14 @@ absl::StatusOr<v1::InspectKeyResponse> MasterService::InspectKey(
   ReaderMutexLock l(&mu_);
   const absl::Time now = clock_->Now();
   response.set_put_in_progress(pending_keys_.contains(request.key()));
-  auto e = index_.Find(request.key());
+  auto e = index_->Find(request.key());
   if (!e) return response;
   response.set_found(true);
   v1::Location* loc = response.mutable_location();
   ToProto(*e, loc);
   auto n = nodes_.find(e->node_id);
   if (n != nodes_.end()) FillNodeInfo(n->second, now, response.mutable_node());
-  const std::optional<uint32_t> tick = index_.ReadTick(request.key());
+  const std::optional<uint32_t> tick = index_->ReadTick(request.key());
   if (tick && *tick > 0) {
     // As in PersistRecencyLocked: tick t was read at lease_epoch_ + t - 1 ms.
     const absl::Time read = lease_epoch_ + absl::Milliseconds(int64_t{*tick} - 1);
@@ -85,7 +85,7 @@ absl::StatusOr<v1::InspectKeyResponse> MasterService::InspectKey(
           absl::ToUnixMillis(read + options_.read_lease));
     }
   }
-  if (auto chain = index_.Chain(request.key())) {
+  if (auto chain = index_->Chain(request.key())) {
     response.set_parent_key(chain->parent);
     response.set_parent_on_other_node(chain->cross);
     response.set_children(chain->children);
@@ -120,7 +120,7 @@ absl::Status MasterService::BatchLookupInto(
   // The chain head ends up most recent, each block just below the one
   // before it (MetadataIndex::TouchPrefix).
   const uint32_t tick = LeaseTick(now);
-  index_.TouchRecords(hit_records, tick);
+  index_->TouchRecords(hit_records, tick);
   return absl::OkStatus();
 }
 
@@ -145,7 +145,7 @@ uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
   for (int i = 0; i < request.keys_size(); ++i) {
     v1::LookupResult* result = packed ? nullptr : response.add_results();
     uint32_t record;
-    auto e = index_.Find(request.keys(i), &record);
+    auto e = index_->Find(request.keys(i), &record);
     const Node* node = nullptr;
     if (e) {
       auto n = nodes_.find(e->node_id);
@@ -198,13 +198,13 @@ absl::StatusOr<v1::RemoveResponse> MasterService::Remove(
   MutexLock l(&mu_);
   MetadataMutation m;
   for (const std::string& key : request.keys()) {
-    if (index_.Find(key)) m.delete_objects.push_back(key);
+    if (index_->Find(key)) m.delete_objects.push_back(key);
   }
   s = store_->Apply(m);
   if (!s.ok()) return s;
   v1::RemoveResponse response;
   for (const std::string& key : request.keys()) {
-    auto e = index_.Erase(key);
+    auto e = index_->Erase(key);
     response.add_removed(e.has_value());
     if (!e) continue;
     FreeSpace(e->node_id, e->region_id, e->addr);
@@ -218,29 +218,30 @@ bool MasterService::ListObjects(uint32_t node_id, uint64_t* cursor,
                                 size_t max,
                                 v1::ListObjectsResponse* out) const {
   ReaderMutexLock l(&mu_);
-  const uint64_t begin = std::min<uint64_t>(*cursor, index_.records_end());
+  const uint64_t begin = std::min<uint64_t>(*cursor, index_->records_end());
   // Visit at most a few pages' worth of records per call when filtering by
   // node, so one call never walks the whole index under the lock.
   const size_t budget = node_id == 0 ? max : max * 16;
   size_t added = 0;
-  const uint32_t next = index_.ForEachFrom(
-      static_cast<uint32_t>(begin), budget,
-      [&](absl::string_view key, const ObjectLocation& e) {
-        if (node_id != 0 && e.node_id != node_id) return true;
-        if (added == max) return false;
-        v1::ListedObject* o = out->add_objects();
-        o->set_key(std::string(key));
-        if (auto chain = index_.Chain(key)) {
-          o->set_parent_key(std::move(chain->parent));
-          o->set_unreachable(chain->orphan);
-        }
-        v1::Location* loc = o->mutable_location();
-        ToProto(e, loc);
-        ++added;
-        return true;
-      });
+  const uint32_t next =
+      index_->ForEachFrom(static_cast<uint32_t>(begin), budget,
+                          [&](absl::string_view key, const ObjectLocation& e) {
+                            if (node_id != 0 && e.node_id != node_id)
+                              return true;
+                            if (added == max) return false;
+                            v1::ListedObject* o = out->add_objects();
+                            o->set_key(std::string(key));
+                            if (auto chain = index_->Chain(key)) {
+                              o->set_parent_key(std::move(chain->parent));
+                              o->set_unreachable(chain->orphan);
+                            }
+                            v1::Location* loc = o->mutable_location();
+                            ToProto(e, loc);
+                            ++added;
+                            return true;
+                          });
   *cursor = next;
-  return next < index_.records_end();
+  return next < index_->records_end();
 }
 
 }  // namespace master

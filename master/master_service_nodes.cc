@@ -280,7 +280,7 @@ void MasterService::FillPeerInfo(const Node& node, v1::NodeInfo* out) const {
 absl::StatusOr<uint64_t> MasterService::ForgetNodeLocked(uint32_t node_id) {
   Node& node = nodes_.at(node_id);
   std::vector<std::string> doomed;
-  index_.ForEach([&](absl::string_view key, const ObjectLocation& e) {
+  index_->ForEach([&](absl::string_view key, const ObjectLocation& e) {
     if (e.node_id == node_id) doomed.emplace_back(key);
   });
   MetadataMutation m;
@@ -289,7 +289,7 @@ absl::StatusOr<uint64_t> MasterService::ForgetNodeLocked(uint32_t node_id) {
   absl::Status s = store_->Apply(m);
   if (!s.ok()) return s;
   for (const std::string& key : doomed) {
-    auto e = index_.Erase(key);
+    auto e = index_->Erase(key);
     if (e) CountObject(*e, -1);
   }
   // Its allocators go with it.
@@ -370,7 +370,7 @@ absl::StatusOr<MasterService::Rebuild> MasterService::PlanRebuild(
     region.allocator = std::move(alloc).value();
   }
   if (!scan_index) return plan;
-  index_.ForEach([&](absl::string_view key, const ObjectLocation& e) {
+  index_->ForEach([&](absl::string_view key, const ObjectLocation& e) {
     if (e.node_id != node_id) return;
     if (std::find(purge_regions.begin(), purge_regions.end(), e.region_id) !=
         purge_regions.end()) {
@@ -567,7 +567,7 @@ absl::Status MasterService::RebuildRegionsLocked(
   // The old allocators are replaced: pending puts' space goes with them.
   CancelPutsOfNode(id, /*free_space=*/false);
   for (const std::string& key : plan->doomed) {
-    auto e = index_.Erase(key);
+    auto e = index_->Erase(key);
     if (e) CountObject(*e, -1);
   }
   counters_.objects_purged += plan->purged;
@@ -654,8 +654,8 @@ absl::StatusOr<v1::DeregisterNodeResponse> MasterService::DeregisterNode(
   }
   // Objects in memory that dies with the node's process.
   std::vector<std::string> doomed;
-  index_.ForEach([&](absl::string_view key, const ObjectLocation& e)
-                     ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  index_->ForEach([&](absl::string_view key,
+                      const ObjectLocation& e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (e.node_id != node.info.node_id()) return;
     auto r = node.regions.find(e.region_id);
     if (r != node.regions.end() && !r->second.info.persistent()) {
@@ -672,7 +672,7 @@ absl::StatusOr<v1::DeregisterNodeResponse> MasterService::DeregisterNode(
   absl::Status s = store_->Apply(m);
   if (!s.ok()) return s;
   for (const std::string& key : doomed) {
-    auto e = index_.Erase(key);
+    auto e = index_->Erase(key);
     if (!e) continue;
     FreeSpace(e->node_id, e->region_id, e->addr);
     CountObject(*e, -1);

@@ -70,12 +70,12 @@ void MasterService::SettleWaitingChildrenLocked(const std::string& key,
   waiting_children_.erase(w);
   if (committed) {
     // A child on another node stays unlinked: a chain continued there.
-    for (const std::string& child : children) index_.Adopt(child, key);
+    for (const std::string& child : children) index_->Adopt(child, key);
     return;
   }
   MetadataMutation m;
   for (std::string& child : children) {
-    if (index_.Find(child)) m.delete_objects.push_back(std::move(child));
+    if (index_->Find(child)) m.delete_objects.push_back(std::move(child));
   }
   absl::Status s = store_->Apply(m);
   if (!s.ok()) {
@@ -84,7 +84,7 @@ void MasterService::SettleWaitingChildrenLocked(const std::string& key,
     return;
   }
   for (const std::string& child : m.delete_objects) {
-    auto e = index_.Erase(child);
+    auto e = index_->Erase(child);
     if (!e) continue;
     FreeSpace(e->node_id, e->region_id, e->addr);
     CountObject(*e, -1);
@@ -256,7 +256,7 @@ absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
   // existing (the caller relies on their locations).
   if (!request.parent_key().empty()) {
     plan.keep.insert(request.parent_key());
-    auto e = index_.Find(request.parent_key());
+    auto e = index_->Find(request.parent_key());
     if (!e && !pending_keys_.contains(request.parent_key())) {
       // No reader could reach blocks after a missing one (see Chains).
       return absl::FailedPreconditionError(
@@ -280,7 +280,7 @@ absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
       slot->set_state(v1::SLOT_IN_PROGRESS);
       continue;
     }
-    if (auto e = index_.Find(key)) {
+    if (auto e = index_->Find(key)) {
       auto n = nodes_.find(e->node_id);
       // A node that is only briefly unavailable (re-registering after a
       // master restart, or reconciling) keeps its keys: storing one
@@ -500,7 +500,7 @@ void MasterService::SlotsToCommitLocked(
   for (const PendingSlot& slot : put.slots) {
     if (failed.contains(slot.index)) continue;
     if (!slot.parent.empty() && !committing.contains(slot.parent) &&
-        !index_.Find(slot.parent)) {
+        !index_->Find(slot.parent)) {
       auto other = pending_keys_.find(slot.parent);
       if (other == pending_keys_.end() || other->second == put_id) {
         ++*unreachable;
@@ -588,7 +588,7 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
     }
     ++next;
     const ObjectLocation e = slot.location(put.node_id);
-    auto old = index_.Upsert(slot.key, e, slot.parent);
+    auto old = index_->Upsert(slot.key, e, slot.parent);
     if (!old.ok()) {
       // Keys and lengths were validated at PutStart.
       LOG(DFATAL) << "index rejected committed key: " << old.status();

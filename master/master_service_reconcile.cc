@@ -147,7 +147,7 @@ absl::Status MasterService::CompareListings(Reconciliation* r,
     ReaderMutexLock l(&mu_);
     if (ReconcileSupersededLocked(*r)) return Superseded(id);
     const Node& node = nodes_.at(id);
-    cursor = index_.ForEachFrom(
+    cursor = index_->ForEachFrom(
         cursor, kReconcileScanChunk,
         [&](absl::string_view key, const ObjectLocation& e)
             ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -169,7 +169,7 @@ absl::Status MasterService::CompareListings(Reconciliation* r,
               }
               return true;
             });
-    if (cursor >= index_.records_end()) break;
+    if (cursor >= index_->records_end()) break;
   }
   return absl::OkStatus();
 }
@@ -225,7 +225,7 @@ absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
   response.set_held(r->held_.size() + matched);
   std::vector<std::string> doomed;
   for (const auto& [key, e] : scan.candidates) {
-    auto now = index_.Find(key);
+    auto now = index_->Find(key);
     if (now && *now == e &&
         !node.committed_since_reconcile.contains(e.generation)) {
       doomed.push_back(key);
@@ -243,7 +243,7 @@ absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
       return s;
     }
     for (const std::string& key : doomed) {
-      auto e = index_.Erase(key);
+      auto e = index_->Erase(key);
       if (!e) continue;
       FreeSpace(e->node_id, e->region_id, e->addr);
       CountObject(*e, -1);
@@ -297,7 +297,7 @@ absl::StatusOr<v1::ReportMissingResponse> MasterService::ReportMissing(
   std::vector<std::string> doomed;
   for (int i = 0; i < request.keys_size(); ++i) {
     const v1::Location& loc = request.locations(i);
-    auto e = index_.Find(request.keys(i));
+    auto e = index_->Find(request.keys(i));
     if (e && e->node_id == loc.node_id() && e->region_id == loc.region_id() &&
         e->addr == loc.addr() && e->length == loc.length() &&
         e->generation == loc.generation()) {
@@ -313,7 +313,7 @@ absl::StatusOr<v1::ReportMissingResponse> MasterService::ReportMissing(
   uint64_t dropped = 0;
   for (int i = 0; i < request.keys_size(); ++i) {
     if (drop[i]) {
-      auto e = index_.Erase(request.keys(i));
+      auto e = index_->Erase(request.keys(i));
       if (e) {
         FreeSpace(e->node_id, e->region_id, e->addr);
         CountObject(*e, -1);

@@ -42,6 +42,10 @@ absl::Status MasterService::WriteSnapshot() {
   if (options_.snapshot_path.empty()) {
     return absl::FailedPreconditionError("no snapshot_path");
   }
+  if (store_->read_only()) {
+    return absl::FailedPreconditionError(
+        "the store is a read-only view: no snapshot of it");
+  }
   MutexLock w(&snapshot_mu_);
   const absl::Time start = clock_->Now();
   absl::StatusOr<uint64_t> bytes;
@@ -56,8 +60,8 @@ absl::Status MasterService::WriteSnapshot() {
     if (seq == 0) {
       return absl::UnimplementedError("the store keeps no sequence numbers");
     }
-    objects = index_.size();
-    bytes = WriteIndexSnapshotTemp(options_.snapshot_path, seq, index_);
+    objects = index_->size();
+    bytes = WriteIndexSnapshotTemp(options_.snapshot_path, seq, *index_);
   }
   if (!bytes.ok()) return bytes.status();
   absl::Status s = CommitIndexSnapshot(options_.snapshot_path);
@@ -154,7 +158,7 @@ absl::Status MasterService::Load() {
     counters_.objects_dropped += doomed.size();
   }
   // Chains and recency order; objects whose chain lost a block go.
-  const auto orphans = index_.FinishLoad();
+  const auto orphans = index_->FinishLoad();
   for (const auto& [key, e] : orphans) {
     FreeSpace(e.node_id, e.region_id, e.addr);
     CountObject(e, -1);
@@ -170,12 +174,12 @@ absl::Status MasterService::Load() {
     if (!s.ok()) return s;
   }
   LOG(INFO) << "master loaded " << nodes_.size() << " nodes and "
-            << index_.size() << " objects";
+            << index_->size() << " objects";
   return absl::OkStatus();
 }
 
 void MasterService::ResetObjectsLocked() {
-  index_.Clear();
+  index_->Clear();
   object_bytes_ = 0;
   for (auto& [id, node] : nodes_) {
     node.object_count = 0;
@@ -273,7 +277,7 @@ bool MasterService::SnapshotLoader::Load(std::vector<std::string>* doomed) {
   // Blocks whose chain lost a block go (a crash between a removal and the
   // removal of its orphans leaves them in the store).
   const std::vector<std::pair<std::string, ObjectLocation>> orphans =
-      service_->index_.Orphans();
+      service_->index_->Orphans();
   if (UsePrebuilt(!orphans.empty())) {
     LOG(INFO) << "index snapshot at sequence " << seq_ << ": "
               << snapshot_entries_ << " objects, no change since; read and "
@@ -334,7 +338,7 @@ void MasterService::SnapshotLoader::BuildAllocators(
 
 bool MasterService::SnapshotLoader::Read() {
   absl::StatusOr<uint64_t> seq = ReadIndexSnapshot(
-      service_->options_.snapshot_path, &service_->index_,
+      service_->options_.snapshot_path, service_->index_.get(),
       [this](absl::string_view stream) { BuildAllocators(stream); });
   t_read_ = absl::Now();
   if (!seq.ok()) {
@@ -344,12 +348,12 @@ bool MasterService::SnapshotLoader::Read() {
     return false;
   }
   seq_ = *seq;
-  snapshot_entries_ = service_->index_.size();
+  snapshot_entries_ = service_->index_->size();
   return true;
 }
 
 bool MasterService::SnapshotLoader::ReplayChanges() {
-  MetadataIndex& index = service_->index_;
+  MetadataIndex& index = *service_->index_;
   const bool track = service_->options_.recency_batch > 0;
   index.TrackUsed(false);
   std::vector<std::pair<std::string, std::string>> linked;  // key, parent
@@ -409,7 +413,7 @@ bool MasterService::SnapshotLoader::UsePrebuilt(bool orphans) {
   if (prebuilt_ok_ && changes_ == 0 && !orphans) {
     size_t count = 0;
     for (const auto& [id, pb] : prebuilt_) count += pb.count;
-    prebuilt_ok_ = count == service_->index_.size();
+    prebuilt_ok_ = count == service_->index_->size();
   } else {
     prebuilt_ok_ = false;
   }
@@ -432,37 +436,38 @@ void MasterService::SnapshotLoader::CollectRegions() {
   gone_.clear();
   uint64_t last_id = ~uint64_t{0};
   RegionLoad* last = nullptr;
-  service_->index_.ForEach([&](absl::string_view key, const ObjectLocation& e)
-                               ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    const uint64_t id = (uint64_t{e.node_id} << 32) | e.region_id;
-    if (id != last_id) {
-      auto [it, fresh] = regions_.try_emplace(id);
-      if (fresh) {
-        auto n = service_->nodes_.find(e.node_id);
-        if (n != service_->nodes_.end()) {
-          auto r = n->second.regions.find(e.region_id);
-          if (r != n->second.regions.end()) {
-            it->second.node = &n->second;
-            it->second.region = &r->second;
-          }
-        }
-      }
-      last_id = id;
-      last = &it->second;
-    }
-    if (last->region == nullptr || e.length == 0) {
-      gone_.emplace_back(key);
-      return;
-    }
-    last->ranges.emplace_back(e.addr, e.length);
-    last->bytes += e.length;
-  });
+  service_->index_->ForEach(
+      [&](absl::string_view key, const ObjectLocation& e)
+          ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            const uint64_t id = (uint64_t{e.node_id} << 32) | e.region_id;
+            if (id != last_id) {
+              auto [it, fresh] = regions_.try_emplace(id);
+              if (fresh) {
+                auto n = service_->nodes_.find(e.node_id);
+                if (n != service_->nodes_.end()) {
+                  auto r = n->second.regions.find(e.region_id);
+                  if (r != n->second.regions.end()) {
+                    it->second.node = &n->second;
+                    it->second.region = &r->second;
+                  }
+                }
+              }
+              last_id = id;
+              last = &it->second;
+            }
+            if (last->region == nullptr || e.length == 0) {
+              gone_.emplace_back(key);
+              return;
+            }
+            last->ranges.emplace_back(e.addr, e.length);
+            last->bytes += e.length;
+          });
 }
 
 bool MasterService::SnapshotLoader::ReserveFromIndex(
     const std::vector<std::pair<std::string, ObjectLocation>>& orphans,
     std::vector<std::string>* doomed) {
-  MetadataIndex& index = service_->index_;
+  MetadataIndex& index = *service_->index_;
   std::vector<std::string> dropped;
   for (const auto& [key, e] : orphans) {
     index.Erase(key);
@@ -544,7 +549,7 @@ absl::StatusOr<bool> MasterService::LoadObjectsLocked(
                !rs.ok()) {
       why = std::string(rs.message());
     } else {
-      absl::Status up = index_.LoadEntry(key, r, r.parent_key, r.last_use_ms);
+      absl::Status up = index_->LoadEntry(key, r, r.parent_key, r.last_use_ms);
       if (up.ok()) {
         CountObject(r, +1);
         if (!careful) {
@@ -570,7 +575,7 @@ absl::StatusOr<bool> MasterService::LoadObjectsLocked(
 
 size_t MasterService::PersistRecencyLocked(size_t max) {
   if (max == 0) return 0;
-  auto used = index_.CollectUsed(max);
+  auto used = index_->CollectUsed(max);
   if (used.empty()) return 0;
   MetadataMutation m;
   m.object_uses.reserve(used.size());

@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+
 #include "master/master_service_test_fixture.h"
 
 namespace hymcache {
@@ -114,6 +116,101 @@ TEST_CASE("Restart keeps committed objects and nodes, not pending puts") {
   // Nodes that do not heartbeat after the restart die after node_timeout.
   h.clock.Advance(absl::Seconds(11));
   CHECK(h.Lookup(keys).hit_prefix_length() == 0);
+}
+
+TEST_CASE(
+    "A service that takes over an index preloaded read-only beside the "
+    "writer serves exactly what a fresh load of the store would") {
+  Harness h("preload");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  const uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 24; ++i) keys.push_back("key" + std::to_string(i));
+  for (int i = 0; i < 24; i += 4) {
+    h.Commit(h.Start({keys[i], keys[i + 1], keys[i + 2], keys[i + 3]},
+                     {100, 200, 300, 400}, i % 8 == 0 ? a : b));
+  }
+  // A kill -9 with the writer still open: two copies of the directory as
+  // it is on disk, one to preload and take over, one to load afresh.
+  const std::string taken = h.dir + "-taken";
+  const std::string fresh = h.dir + "-fresh";
+  for (const std::string& d : {taken, fresh}) {
+    std::filesystem::remove_all(d);
+    std::filesystem::copy(h.dir, d, std::filesystem::copy_options::recursive);
+  }
+  RocksDbMetadataStoreOptions so;
+  so.path = taken;
+  so.keep_wal_seconds = 3600;
+  so.generation_block = 16;
+  // The writer that the read-only view sits beside (a standby's follower).
+  auto writer = RocksDbMetadataStore::Create(so);
+  REQUIRE(writer.ok());
+  RocksDbMetadataStoreOptions ro = so;
+  ro.read_only = true;
+  auto view = RocksDbMetadataStore::Create(ro);
+  INFO(view.status().ToString());
+  REQUIRE(view.ok());
+  // Read-only: every write refused, generations too, nothing changed.
+  MetadataMutation m;
+  m.delete_objects.push_back("key0");
+  absl::Status refused = (*view)->Apply(m);
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK((*view)->NextGeneration().status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // The view sees the database as the writer left it when it opened
+  // (after the writer's own generation reservation).
+  const uint64_t view_sequence = (*view)->opened_sequence();
+  CHECK(view_sequence == (*writer)->LatestSequence());
+  CHECK(view_sequence > (*writer)->opened_sequence());
+  // With a snapshot path (it loads from one if there is one): a view must
+  // never write one, neither when dropped nor once taken over (it would
+  // name an empty index at the view's sequence).
+  MasterServiceOptions po = h.options;
+  po.snapshot_path = taken + ".snapshot";
+  auto preloaded = MasterService::Create(po, std::move(*view));
+  INFO(preloaded.status().ToString());
+  REQUIRE(preloaded.ok());
+  writer->reset();
+
+  auto store = RocksDbMetadataStore::Create(so);
+  REQUIRE(store.ok());
+  CHECK((*store)->opened_sequence() == view_sequence);
+  auto taken_over = MasterService::CreatePreloaded(h.options, std::move(*store),
+                                                   std::move(*preloaded));
+  INFO(taken_over.status().ToString());
+  REQUIRE(taken_over.ok());
+  CHECK_FALSE(std::filesystem::exists(po.snapshot_path));
+  so.path = fresh;
+  auto fresh_store = RocksDbMetadataStore::Create(so);
+  REQUIRE(fresh_store.ok());
+  auto loaded = MasterService::Create(h.options, std::move(*fresh_store));
+  REQUIRE(loaded.ok());
+
+  // The same objects, nodes and counts.
+  CHECK(Everything(taken_over->get()) == Everything(loaded->get()));
+  CHECK(Everything(taken_over->get()).size() == 24);
+  auto st = (*taken_over)->GetStats();
+  auto want = (*loaded)->GetStats();
+  CHECK(st.object_count() == want.object_count());
+  CHECK(st.object_bytes() == want.object_bytes());
+  CHECK((*taken_over)->ListNodes().SerializeAsString() ==
+        (*loaded)->ListNodes().SerializeAsString());
+
+  // And it works as a loaded one: the nodes come back and reconcile, the
+  // objects are served, new puts land beside the old ones (the
+  // allocators came along: no overlap) with newer generations.
+  h.svc = std::move(*taken_over);
+  h.dir = taken;
+  CHECK(h.Rejoin("a", 1, {{0, 1 << 20}}) == a);
+  CHECK(h.Rejoin("b", 1, {{0, 1 << 20}}, 7100) == b);
+  CHECK(h.Lookup(keys).hit_prefix_length() == 24);
+  const uint64_t used = h.UsedBytes(a) + h.UsedBytes(b);
+  auto more = h.Start({"new0", "new1"}, {500, 500});
+  REQUIRE(more.put_id() != 0);
+  h.Commit(more);
+  CHECK(h.UsedBytes(a) + h.UsedBytes(b) == used + 1024);  // 64-aligned
+  CHECK(h.Lookup({"new0", "new1"}).hit_prefix_length() == 2);
+  CHECK(Everything(h.svc.get()).size() == 26);
 }
 
 TEST_CASE("Restart drops objects that no longer fit their node") {

@@ -217,11 +217,19 @@ RocksDbMetadataStore::Create(const RocksDbMetadataStoreOptions& options) {
   absl::Status valid = options.Validate();
   if (!valid.ok()) return valid;
   const rocksdb::Options db_options = MetadataStoreDbOptions(options);
+  rocksdb::DB* raw = nullptr;
+  if (options.read_only) {
+    absl::Status s =
+        FromRocks(rocksdb::DB::OpenForReadOnly(db_options, options.path, &raw),
+                  absl::StrCat("open ", options.path, " read-only"));
+    if (!s.ok()) return s;
+    return std::unique_ptr<RocksDbMetadataStore>(
+        new RocksDbMetadataStore(options, std::unique_ptr<rocksdb::DB>(raw)));
+  }
   // Created here, as RocksDB logs an error for a missing directory even
   // with create_if_missing; a real problem is DB::Open's to report.
   mkdir(options.path.c_str(), 0755);
   ReleasePreallocatedSpace(options.path);
-  rocksdb::DB* raw = nullptr;
   absl::Status s = FromRocks(rocksdb::DB::Open(db_options, options.path, &raw),
                              absl::StrCat("open ", options.path));
   if (!s.ok()) return s;
@@ -257,7 +265,9 @@ RocksDbMetadataStore::Create(const RocksDbMetadataStoreOptions& options) {
 
 RocksDbMetadataStore::RocksDbMetadataStore(
     const RocksDbMetadataStoreOptions& options, std::unique_ptr<rocksdb::DB> db)
-    : options_(options), db_(std::move(db)) {}
+    : options_(options),
+      db_(std::move(db)),
+      opened_sequence_(db_->GetLatestSequenceNumber()) {}
 
 RocksDbMetadataStore::~RocksDbMetadataStore() {
   rocksdb::Status s = db_->Close();
@@ -330,6 +340,10 @@ absl::Status RocksDbMetadataStore::Apply(const MetadataMutation& mutation) {
 
 absl::Status RocksDbMetadataStore::Write(rocksdb::WriteBatch* batch, bool sync,
                                          absl::string_view what) {
+  if (options_.read_only) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "metadata store ", options_.path, " is open read-only: cannot ", what));
+  }
   if (write_failed_.load(std::memory_order_acquire)) {
     // After a failed write RocksDB refuses writes until resumed (it also
     // resumes by itself once a full disk has room again; meanwhile Resume

@@ -115,6 +115,11 @@ class MetadataStore {
   // All node records.
   virtual absl::StatusOr<std::vector<hymcache::v1::NodeInfo>> LoadNodes() = 0;
 
+  // Whether every write is refused (a read-only view of a store that
+  // something else writes): its owner writes nothing on its own account
+  // either (no index snapshot, no recency).
+  virtual bool read_only() const { return false; }
+
   // Change tracking, for a restart from a snapshot of the owner's state
   // plus the changes written after it. The store's sequence number grows
   // with every write; read while no Apply runs, it names exactly the state
@@ -183,6 +188,12 @@ struct RocksDbMetadataStoreOptions {
   // Most megabytes of kept log files (0: no size limit besides the time).
   // Default: 1024.
   uint64_t keep_wal_mb = 1024;
+  // Open the database read-only (RocksDB's OpenForReadOnly: no lock, so
+  // beside a handle that writes, as a standby's ReplicaFollower's): reads
+  // see the database as it was when opened; every write, generations
+  // included, is FailedPrecondition. A standby preloads its index this way
+  // (MasterServer::PreloadIndex). Default: false.
+  bool read_only = false;
 
   absl::Status Validate() const;
 };
@@ -216,9 +227,16 @@ class RocksDbMetadataStore : public MetadataStore {
       override;
   absl::StatusOr<std::vector<hymcache::v1::NodeInfo>> LoadNodes() override;
   uint64_t LatestSequence() override;
+  bool read_only() const override { return options_.read_only; }
   absl::Status ForEachObjectChangeSince(
       uint64_t after,
       const std::function<void(const ObjectChange&)>& fn) override;
+
+  // The database's latest sequence number when it was opened, before this
+  // store wrote anything (it reserves generations at once): two stores
+  // opened on one directory with the same opened_sequence() hold the same
+  // nodes and objects.
+  uint64_t opened_sequence() const { return opened_sequence_; }
 
   // The database, for the replication source (master/replication_source.h):
   // snapshots, iterators and its write log, read only. Writes go through
@@ -243,6 +261,7 @@ class RocksDbMetadataStore : public MetadataStore {
   // Constant after construction.
   const RocksDbMetadataStoreOptions options_;
   const std::unique_ptr<rocksdb::DB> db_;  // thread-safe itself
+  const uint64_t opened_sequence_;
 
   // The last write failed (RocksDB refuses writes until resumed).
   std::atomic<bool> write_failed_{false};
