@@ -30,7 +30,9 @@
 // masters together, restarts both on their stores and polls both with
 // BatchLookups of 32 of the committed keys; it prints the milliseconds from
 // the restart to the first lookup that finds every key (which includes the
-// dead leader's lease running out in etcd: --lease_ttl_s=1), --reps times:
+// dead leader's lease running out in etcd: --lease_ttl_s=1), --reps times,
+// each rep once with the masters' --preload_index (the default) and once
+// without:
 //   bazel run -c opt //tools/bench:ha_bench -- --restart_objects=1000000
 //
 // Caveat: the standby and etcd share this machine (and its cores) with the
@@ -130,7 +132,8 @@ absl::StatusOr<std::string> StandbyAddress(const Daemon& d) {
 }
 
 absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
-                             const std::string& dir) {
+                             const std::string& dir,
+                             const std::vector<std::string>& ha_flags = {}) {
   Rig rig;
   std::vector<std::string> common = {"--listen=127.0.0.1:0",
                                      "--node_timeout_ms=3600000"};
@@ -156,6 +159,7 @@ absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
     args.push_back("--cluster=bench");
     args.push_back("--lease_ttl_s=1");
     args.push_back("--replication=" + mode);
+    args.insert(args.end(), ha_flags.begin(), ha_flags.end());
     rig.args.push_back(args);
     auto d = Daemon::Start(binary, args);
     if (!d.ok()) return d.status();
@@ -506,10 +510,13 @@ absl::Status HeartbeatAndReconcile(v1::MasterService::Stub* stub,
 // --restart_objects: milliseconds from restarting both killed masters to
 // the first lookup that finds every sampled key.
 absl::StatusOr<double> RunRestartAll(const std::string& binary,
-                                     const std::string& dir, uint64_t objects) {
+                                     const std::string& dir, uint64_t objects,
+                                     bool preload) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  auto rig = StartRig(binary, "async", dir);
+  auto rig =
+      StartRig(binary, "async", dir,
+               {preload ? "--preload_index=true" : "--preload_index=false"});
   if (!rig.ok()) return rig.status();
   auto admin = Dial(rig->leader, 0);
   const v1::RegisterNodeRequest reg =
@@ -607,23 +614,35 @@ int Main(const char* argv0) {
       FLAGS_dir.empty() ? absl::StrCat("/tmp/hymcache-ha-bench-", getpid())
                         : FLAGS_dir;
   if (FLAGS_restart_objects > 0) {
-    std::vector<double> ms;
+    // Side by side: each rep runs the standbys with and without
+    // --preload_index, in alternating order.
+    std::map<bool, std::vector<double>> ms;
     for (int rep = 0; rep < FLAGS_reps; ++rep) {
-      auto r = RunRestartAll(binary, dir + "/restart", FLAGS_restart_objects);
-      if (!r.ok()) {
-        std::fprintf(stderr, "ha_bench: %s\n", r.status().ToString().c_str());
-        return 1;
+      for (int k = 0; k < 2; ++k) {
+        const bool preload = (k + rep) % 2 == 0;
+        auto r = RunRestartAll(binary, dir + "/restart", FLAGS_restart_objects,
+                               preload);
+        if (!r.ok()) {
+          std::fprintf(stderr, "ha_bench: %s\n", r.status().ToString().c_str());
+          return 1;
+        }
+        std::printf(
+            "restart_all: rep=%d preload_index=%d serving_after_ms=%.0f\n", rep,
+            preload, *r);
+        std::fflush(stdout);
+        ms[preload].push_back(*r);
       }
-      std::printf("restart_all: rep=%d serving_after_ms=%.0f\n", rep, *r);
-      std::fflush(stdout);
-      ms.push_back(*r);
     }
     std::filesystem::remove_all(dir);
+    const double with = *std::max_element(ms[true].begin(), ms[true].end());
+    const double without =
+        *std::max_element(ms[false].begin(), ms[false].end());
     std::printf(
         "restart_all: objects=%llu masters=2 lease_ttl_s=1 "
-        "serving_after_ms max=%.0f\n",
-        static_cast<unsigned long long>(FLAGS_restart_objects),
-        *std::max_element(ms.begin(), ms.end()));
+        "serving_after_ms max=%.0f (without preload_index: max=%.0f, "
+        "ratio %.2f)\n",
+        static_cast<unsigned long long>(FLAGS_restart_objects), with, without,
+        with / without);
     return 0;
   }
   std::map<std::string, Result> best;
