@@ -34,7 +34,13 @@ absl::Status FailoverMasterClientOptions::Validate() const {
 }
 
 bool ShouldTryAnotherMaster(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kUnavailable;
+  // CANCELLED too: this client never cancels a call whose answer it
+  // returns (it cancels only streams and calls it has given up on), so a
+  // CANCELLED answer is the server's: a master that closed with the call
+  // taken, as a standby does at its port's hand-over to the elected server
+  // beside it (master/master_ha.cc) or a master shutting down.
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kCancelled;
 }
 
 absl::StatusOr<std::unique_ptr<FailoverMasterClient>>

@@ -67,7 +67,9 @@ struct FailoverMasterClientOptions {
   absl::Status Validate() const;
 };
 
-// Whether `s` (a master's answer) says to try another master: UNAVAILABLE.
+// Whether `s` (a master's answer) says to try another master: UNAVAILABLE,
+// or CANCELLED (the server closed with the call taken: this client never
+// cancels a call whose answer it returns).
 bool ShouldTryAnotherMaster(const absl::Status& s);
 
 class FailoverMasterClient final : public MasterClient {

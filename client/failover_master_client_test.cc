@@ -256,6 +256,19 @@ TEST_CASE("A master that does not answer is passed over for the next one") {
   CHECK(c->failovers() == 1);
 }
 
+TEST_CASE(
+    "A call a master's server cancelled (it closed with the call taken) goes "
+    "to the next master") {
+  Rig rig;
+  rig.standby_a.set_status(absl::CancelledError("server shutting down"));
+  auto c = rig.Make({"a:1", "c:1"});
+  auto status = c->GetClusterStatus(kLater);
+  REQUIRE(status.ok());
+  CHECK(c->current_address() == "c:1");
+  CHECK(rig.standby_a.calls() == 1);
+  CHECK(c->failovers() == 1);
+}
+
 TEST_CASE("An error that is not UNAVAILABLE is the caller's, with no failover") {
   Rig rig;
   rig.standby_a.set_status(absl::PermissionDeniedError("no"));
