@@ -402,6 +402,8 @@ uint64_t HaMaster::FollowerProgress() const {
 
 void HaMaster::Preload() {
   if (follower_ == nullptr || !options_.preload_index) return;
+  preloaded_once_ = true;
+  preloaded_.reset();
   preload_progress_ = FollowerProgress();
   auto loaded = MasterServer::PreloadIndex(options_.master);
   if (!loaded.ok()) {
@@ -416,6 +418,35 @@ void HaMaster::Preload() {
                "anything";
   preloaded_ = std::move(loaded).value();
   DropStalePreload();
+}
+
+void HaMaster::MaybePreloadAgain() {
+  // Down this long before it counts: a stream that reconnects at once (a
+  // leader's restart of the stream, a blip) is not a dead leader.
+  constexpr absl::Duration kStreamDownFor = absl::Milliseconds(100);
+  // Repeated leader deaths (or a leader that keeps dropping the stream)
+  // preload at most this often.
+  constexpr absl::Duration kPreloadInterval = absl::Seconds(5);
+  if (follower_ == nullptr || !options_.preload_index || !preloaded_once_ ||
+      preloaded_.has_value()) {
+    return;
+  }
+  const master::ReplicaFollower::Stats st = follower_->GetStats();
+  const absl::Time now = absl::Now();
+  if (st.streaming || st.copying) {
+    stream_down_since_ = absl::InfinitePast();
+    return;
+  }
+  if (stream_down_since_ == absl::InfinitePast()) stream_down_since_ = now;
+  if (now - stream_down_since_ < kStreamDownFor ||
+      now - last_preload_ < kPreloadInterval ||
+      FollowerProgress() == preload_progress_) {
+    return;  // not long enough, too soon, or nothing new to load
+  }
+  LOG(INFO) << "master HA: the stream from the leader is down ("
+            << st.last_error << "): preloading the index meanwhile";
+  last_preload_ = now;
+  Preload();
 }
 
 void HaMaster::DropStalePreload() {
@@ -467,6 +498,7 @@ void HaMaster::Loop() {
   while (true) {
     FollowObservedLeader();
     DropStalePreload();
+    MaybePreloadAgain();
     MutexLock l(&mu_);
     if (stopping_) return;
     if (elected_epoch_ != 0) {

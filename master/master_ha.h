@@ -118,7 +118,10 @@ struct HaMasterOptions {
   // its follower applies anything (all masters restarted at once) it
   // serves without loading again. The loaded index is dropped as soon as
   // the follower applies a batch. Costs the index's memory and one load's
-  // CPU at start. Default: true.
+  // CPU at start. It loads again when the follower's stream from the
+  // leader breaks (the leader died: the lease runs out before anyone is
+  // elected), so that a failover does not load after the election either.
+  // Default: true.
   bool preload_index = true;
 
   // InvalidArgument naming the first bad field.
@@ -201,6 +204,11 @@ class HaMaster {
   uint64_t FollowerProgress() const;
   // Drops preloaded_ if the follower moved since; on the master-ha thread.
   void DropStalePreload();
+  // Preloads again once the follower's stream has been down a while with
+  // changes since the last preload (the leader died: the lease runs out
+  // before anyone is elected, and the load runs meanwhile); at most once
+  // per kPreloadInterval. On the master-ha thread.
+  void MaybePreloadAgain();
   // The leadership stats (MasterOptions::extra_stats).
   void VisitStats(StatsVisitor* v) const;
 
@@ -228,6 +236,9 @@ class HaMaster {
   // Create there).
   std::optional<PreloadedIndex> preloaded_;
   uint64_t preload_progress_ = 0;
+  bool preloaded_once_ = false;  // Preload ran (whatever it got)
+  absl::Time last_preload_ = absl::InfinitePast();       // MaybePreloadAgain's
+  absl::Time stream_down_since_ = absl::InfinitePast();  // InfinitePast: up
   // The serving term took over preloaded_ (1) or loaded its store (0).
   std::atomic<int> served_preloaded_{0};
   // What the follower had applied when this master was elected.

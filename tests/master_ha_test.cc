@@ -629,6 +629,9 @@ void ReplicatedTakeover(const std::string& name, const std::string& mode) {
   CHECK((*st)["replica_applied_sequence_at_election"] >= latest);
   CHECK((*st)["replica_applied_sequence_at_election"] > 0);
   CHECK((*st)["leader_changes"] >= 2);
+  // The standby loaded its index while the dead leader's lease ran out
+  // (its stream broke at the kill), and served that.
+  CHECK((*st)["index_preloaded"] == 1);
 }
 
 TEST_CASE("A standby on its own store follows the leader asynchronously and, once the leader is killed, serves every object it had received") {

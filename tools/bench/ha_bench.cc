@@ -34,6 +34,8 @@
 // each rep once with the masters' --preload_index (the default) and once
 // without:
 //   bazel run -c opt //tools/bench:ha_bench -- --restart_objects=1000000
+// --failover_objects=N does the same but kills only the leader: the time
+// from the kill until the standby serves every sampled key.
 //
 // Caveat: the standby and etcd share this machine (and its cores) with the
 // leader and the load.
@@ -77,6 +79,9 @@ DEFINE_int32(put_keys, 4, "keys per put");
 DEFINE_int32(batch, 32, "keys per BatchLookup");
 DEFINE_string(dir, "", "daemon data (default: a new /tmp directory)");
 DEFINE_string(master_binary, "", "hymcache-master (default: from runfiles)");
+DEFINE_uint64(failover_objects, 0,
+              "as --restart_objects, but SIGKILL only the leader and time "
+              "until the standby serves the committed keys");
 DEFINE_uint64(restart_objects, 0,
               "instead of --modes: commit this many objects on an async pair, "
               "SIGKILL both masters at once, restart both and time until one "
@@ -110,7 +115,8 @@ struct Rig {
   std::unique_ptr<testing::EtcdCluster> etcd;
   std::vector<Daemon> masters;
   std::vector<std::vector<std::string>> args;  // of each master
-  std::string leader;
+  std::string leader;                          // masters[0]
+  std::string standby;                         // masters[1] (HA modes)
 };
 
 bool Wait(const std::function<bool()>& done, absl::Duration timeout) {
@@ -177,6 +183,7 @@ absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
     }
   }
   rig.leader = addresses[0];
+  rig.standby = addresses[1];
   auto stub = Dial(rig.leader, 1001);
   // The standby past its full copy.
   if (!Wait([&] { return Stats(stub.get())["replication_followers"] >= 1; },
@@ -511,7 +518,7 @@ absl::Status HeartbeatAndReconcile(v1::MasterService::Stub* stub,
 // the first lookup that finds every sampled key.
 absl::StatusOr<double> RunRestartAll(const std::string& binary,
                                      const std::string& dir, uint64_t objects,
-                                     bool preload) {
+                                     bool preload, bool kill_all) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   auto rig =
@@ -537,7 +544,7 @@ absl::StatusOr<double> RunRestartAll(const std::string& binary,
   auto sample = CommitMany(rig->leader, objects,
                            HmacSha256(registered.node_key()), &extents);
   if (!sample.ok()) return sample.status();
-  std::printf("restart_all: %llu objects committed in %.1f s\n",
+  std::printf("ha_bench: %llu objects committed in %.1f s\n",
               static_cast<unsigned long long>(objects),
               absl::ToDoubleSeconds(absl::Now() - fill0));
   if (!Wait(
@@ -549,20 +556,29 @@ absl::StatusOr<double> RunRestartAll(const std::string& binary,
           absl::Seconds(300))) {
     return absl::DeadlineExceededError("the standby never caught up");
   }
-  for (Daemon& m : rig->masters) {
-    absl::StatusOr<int> killed = m.Stop(SIGKILL);
-    if (!killed.ok()) return killed.status();
-  }
-  const absl::Time t0 = absl::Now();
   std::vector<Daemon> restarted;
   std::vector<std::unique_ptr<v1::MasterService::Stub>> stubs;
-  for (size_t i = 0; i < rig->args.size(); ++i) {
-    auto d = Daemon::Start(binary, rig->args[i]);
-    if (!d.ok()) return d.status();
-    auto address = StandbyAddress(*d);
-    if (!address.ok()) return address.status();
-    stubs.push_back(Dial(*address, 200 + static_cast<int>(i)));
-    restarted.push_back(std::move(*d));
+  absl::Time t0;
+  if (!kill_all) {
+    // --failover_objects: the leader only; the standby takes over.
+    stubs.push_back(Dial(rig->standby, 300));
+    absl::StatusOr<int> killed = rig->masters[0].Stop(SIGKILL);
+    if (!killed.ok()) return killed.status();
+    t0 = absl::Now();
+  } else {
+    for (Daemon& m : rig->masters) {
+      absl::StatusOr<int> killed = m.Stop(SIGKILL);
+      if (!killed.ok()) return killed.status();
+    }
+    t0 = absl::Now();
+    for (size_t i = 0; i < rig->args.size(); ++i) {
+      auto d = Daemon::Start(binary, rig->args[i]);
+      if (!d.ok()) return d.status();
+      auto address = StandbyAddress(*d);
+      if (!address.ok()) return address.status();
+      stubs.push_back(Dial(*address, 200 + static_cast<int>(i)));
+      restarted.push_back(std::move(*d));
+    }
   }
   // The fake node heartbeats (with the proof of its key) to whichever
   // master answers, as a node does after losing its master: a lookup lists
@@ -613,22 +629,25 @@ int Main(const char* argv0) {
   const std::string dir =
       FLAGS_dir.empty() ? absl::StrCat("/tmp/hymcache-ha-bench-", getpid())
                         : FLAGS_dir;
-  if (FLAGS_restart_objects > 0) {
+  if (FLAGS_restart_objects > 0 || FLAGS_failover_objects > 0) {
     // Side by side: each rep runs the standbys with and without
     // --preload_index, in alternating order.
+    const bool kill_all = FLAGS_restart_objects > 0;
+    const uint64_t objects =
+        kill_all ? FLAGS_restart_objects : FLAGS_failover_objects;
+    const char* what = kill_all ? "restart_all" : "failover";
     std::map<bool, std::vector<double>> ms;
     for (int rep = 0; rep < FLAGS_reps; ++rep) {
       for (int k = 0; k < 2; ++k) {
         const bool preload = (k + rep) % 2 == 0;
-        auto r = RunRestartAll(binary, dir + "/restart", FLAGS_restart_objects,
-                               preload);
+        auto r =
+            RunRestartAll(binary, dir + "/restart", objects, preload, kill_all);
         if (!r.ok()) {
           std::fprintf(stderr, "ha_bench: %s\n", r.status().ToString().c_str());
           return 1;
         }
-        std::printf(
-            "restart_all: rep=%d preload_index=%d serving_after_ms=%.0f\n", rep,
-            preload, *r);
+        std::printf("%s: rep=%d preload_index=%d serving_after_ms=%.0f\n", what,
+                    rep, preload, *r);
         std::fflush(stdout);
         ms[preload].push_back(*r);
       }
@@ -638,10 +657,10 @@ int Main(const char* argv0) {
     const double without =
         *std::max_element(ms[false].begin(), ms[false].end());
     std::printf(
-        "restart_all: objects=%llu masters=2 lease_ttl_s=1 "
+        "%s: objects=%llu masters=2 lease_ttl_s=1 "
         "serving_after_ms max=%.0f (without preload_index: max=%.0f, "
         "ratio %.2f)\n",
-        static_cast<unsigned long long>(FLAGS_restart_objects), with, without,
+        what, static_cast<unsigned long long>(objects), with, without,
         with / without);
     return 0;
   }
