@@ -176,6 +176,15 @@ smoke ha_bench -p '^async +puts/s +[1-9][0-9.]* \([0-9.]+x\) +lookups/s +[1-9]' 
   "$B/ha_bench" --modes=off,async --threads=1 --seconds=0.3 --reps=1 \
   --dir="$T/ha"
 
+# bazel run -c opt //tools/bench:ha_bench -- --failover_objects=N and
+# --restart_objects=N (docs/ha.md)
+smoke ha_bench_failover -p '^failover: rep=0 preload_index=1 serving_after_ms=[0-9]' \
+  -p '^failover: objects=1000 .*ratio [0-9.]+\)$' -- \
+  "$B/ha_bench" --failover_objects=1000 --reps=1 --dir="$T/ha-failover"
+smoke ha_bench_restart -p '^restart_all: rep=0 preload_index=0 serving_after_ms=[0-9]' \
+  -p '^restart_all: objects=1000 .*ratio [0-9.]+\)$' -- \
+  "$B/ha_bench" --restart_objects=1000 --reps=1 --dir="$T/ha-restart"
+
 # bazel run -c opt //tools/bench:put_bench (docs/ha.md, node-confirmed commits)
 smoke put_bench -p '^receipts +[1-9][0-9]* ' -p '^ratio receipts/none: [0-9.]+' -- \
   "$B/put_bench" --blocks=2 --block_kib=4 --puts=20 --trials=1
