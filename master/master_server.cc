@@ -79,9 +79,8 @@ absl::Status MasterOptions::Validate() const {
 
 namespace {
 
-// Create's first step: the RocksDB store and the service over it (the
-// index loaded from the store or the last snapshot).
-// `store_out`: the store, still owned by the service.
+// The store's options for `options` (PreloadIndex opens the same ones
+// read-only).
 master::RocksDbMetadataStoreOptions StoreOptions(const MasterOptions& options) {
   master::RocksDbMetadataStoreOptions store_options;
   store_options.path = options.db_path;
@@ -100,6 +99,7 @@ master::RocksDbMetadataStoreOptions StoreOptions(const MasterOptions& options) {
   return store_options;
 }
 
+// The service's options for `options`.
 master::MasterServiceOptions ServiceOptions(const MasterOptions& options) {
   master::MasterServiceOptions so = options.service;
   // Keys of tenants other than the default carry a prefix (tenant.h); the
@@ -111,6 +111,10 @@ master::MasterServiceOptions ServiceOptions(const MasterOptions& options) {
   return so;
 }
 
+// Create's first step: the RocksDB store and the service over it (the
+// index loaded from the store or the last snapshot, or taken over from
+// options.take_preloaded). `store_out`: the store, still owned by the
+// service.
 absl::StatusOr<std::unique_ptr<master::MasterService>> OpenService(
     const MasterOptions& options, master::RocksDbMetadataStore** store_out) {
   auto store = master::RocksDbMetadataStore::Create(StoreOptions(options));
