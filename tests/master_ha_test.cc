@@ -269,6 +269,24 @@ struct Rig {
     return index;
   }
 
+  // Waits for a serving leader elected after `before` (a larger epoch);
+  // returns which master it is, its term and its stats.
+  struct NewLeader {
+    size_t index;
+    LeaderInfo info;
+    std::map<std::string, double> stats;
+  };
+  NewLeader WaitForNewLeader(const LeaderInfo& before) {
+    NewLeader l;
+    l.index = WaitForServingLeader(&l.info);
+    CHECK(l.info.epoch > before.epoch);
+    auto st = StatsOf(masters[l.index].address);
+    INFO(st.status().ToString());
+    REQUIRE(st.ok());
+    l.stats = *st;
+    return l;
+  }
+
   std::string MasterList() const {
     std::vector<std::string> a;
     for (const auto& m : masters) a.push_back(m.address);
@@ -674,14 +692,10 @@ TEST_CASE(
   rig.masters.clear();
   rig.StartMaster(rig.dir + "/m0", flags);
   rig.StartMaster(rig.dir + "/m1", flags);
-  LeaderInfo second;
-  const size_t leading = rig.WaitForServingLeader(&second);
-  CHECK(second.epoch > first.epoch);
-  auto st = StatsOf(rig.masters[leading].address);
-  REQUIRE(st.ok());
+  Rig::NewLeader second = rig.WaitForNewLeader(first);
   // No leader wrote between the restart and the election: the index it
   // loaded while standing by was still the store's, and it took it over.
-  CHECK((*st)["index_preloaded"] == 1);
+  CHECK(second.stats["index_preloaded"] == 1);
   size_t loaded = 0;
   REQUIRE(Eventually(
       [&] {
@@ -866,12 +880,8 @@ TEST_CASE(
       absl::Seconds(30), absl::Milliseconds(20));
   INFO(last);
   REQUIRE(recovered);
-  LeaderInfo second;
-  const size_t now_leading = rig.WaitForServingLeader(&second);
-  CHECK(second.epoch > first.epoch);
-  auto st = StatsOf(rig.masters[now_leading].address);
-  REQUIRE(st.ok());
-  CHECK((*st)["leader_read_only"] == 0);
+  Rig::NewLeader second = rig.WaitForNewLeader(first);
+  CHECK(second.stats["leader_read_only"] == 0);
   // Nothing committed is lost.
   auto again = LoadPathIntact(*rig.client, before, absl::Seconds(10));
   INFO(again.status().ToString());
@@ -884,8 +894,8 @@ TEST_CASE(
       "blocks all intact; quorum back: first successful put after %.0f ms, "
       "master %zu leads at epoch %lld (was %lld)\n",
       absl::ToDoubleMilliseconds(*read_only_after), loads, before.keys.size(),
-      absl::ToDoubleMilliseconds(*first_put), now_leading,
-      static_cast<long long>(second.epoch),
+      absl::ToDoubleMilliseconds(*first_put), second.index,
+      static_cast<long long>(second.info.epoch),
       static_cast<long long>(first.epoch));
   std::fflush(stdout);
 }
