@@ -110,7 +110,7 @@ std::optional<int64_t> LeaderElection::LeaderEpoch() const {
 
 std::optional<int64_t> LeaderElection::UnendedTermEpoch() const {
   MutexLock l(&mu_);
-  if (leader_) return epoch_;
+  if (leader_ || ending_) return epoch_;
   return std::nullopt;
 }
 
@@ -387,6 +387,7 @@ void LeaderElection::StepDown(const absl::Status& why) {
     MutexLock l(&mu_);
     if (!leader_) return;
     leader_ = false;
+    ending_ = true;
     epoch = epoch_;
     lease = lease_;
     lease_ = 0;
@@ -397,6 +398,10 @@ void LeaderElection::StepDown(const absl::Status& why) {
   LOG(WARNING) << "election " << options_.key << ": " << options_.candidate
                << " stops leading at epoch " << epoch << ": " << why;
   if (options_.on_lost) options_.on_lost(epoch, why);
+  {
+    MutexLock l(&mu_);
+    ending_ = false;
+  }
   if (!frozen) {
     // So that a standby need not wait for the TTL. When etcd does not
     // answer (no quorum), the key outlives the term, and etcd's new raft

@@ -144,10 +144,11 @@ class LeaderElection {
   // This candidate's epoch while IsLeader(), else nullopt.
   std::optional<int64_t> LeaderEpoch() const;
   // The epoch of the term this candidate won and has not yet stepped down
-  // from (on_lost not called yet), even past the lease's local deadline;
-  // nullopt otherwise. Not a licence to write (IsLeader is): it bridges the
-  // moment between the local deadline and on_lost for a master that goes
-  // on serving reads (master/master_ha.h).
+  // from (on_lost not returned yet: during on_lost too), even past the
+  // lease's local deadline; nullopt otherwise. Not a licence to write
+  // (IsLeader is): it bridges the moment between the local deadline and
+  // the end of on_lost for a master that goes on serving reads
+  // (master/master_ha.h: its on_lost decides whether it does).
   std::optional<int64_t> UnendedTermEpoch() const;
   // The leader as this candidate last saw it (itself while leading);
   // nullopt while none is known.
@@ -196,6 +197,8 @@ class LeaderElection {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool frozen_ ABSL_GUARDED_BY(mu_) = false;
   bool leader_ ABSL_GUARDED_BY(mu_) = false;
+  // StepDown is calling on_lost for epoch_ (UnendedTermEpoch).
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   // An ended term's lease that StepDown could not revoke (0: none).

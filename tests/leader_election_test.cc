@@ -46,6 +46,8 @@ struct Event {
   int64_t epoch;
   absl::Status why;
   absl::Time at;
+  // Lost: the candidate's UnendedTermEpoch() while on_lost ran.
+  std::optional<int64_t> unended;
 };
 
 class Journal {
@@ -108,15 +110,16 @@ struct Candidate {
   std::unique_ptr<LeaderElection> election;
 };
 
-std::unique_ptr<Candidate> Campaign(const EtcdCluster& cluster,
-                                    const std::string& name, Journal* journal,
-                                    Clock* clock = nullptr,
-                                    absl::Duration ttl = kTtl) {
+std::unique_ptr<Candidate> Campaign(
+    const EtcdCluster& cluster, const std::string& name, Journal* journal,
+    Clock* clock = nullptr, absl::Duration ttl = kTtl,
+    absl::Duration call_timeout = EtcdClientOptions().call_timeout) {
   auto c = std::make_unique<Candidate>();
   c->name = name;
   EtcdClientOptions eo;
   eo.endpoints = cluster.endpoints();
   eo.attempt_timeout = absl::Milliseconds(500);
+  eo.call_timeout = call_timeout;
   auto etcd = EtcdClient::Create(eo);
   REQUIRE(etcd.ok());
   c->etcd = std::move(*etcd);
@@ -130,8 +133,10 @@ std::unique_ptr<Candidate> Campaign(const EtcdCluster& cluster,
   o.on_elected = [journal, name](int64_t epoch) {
     journal->Add({name, true, epoch, absl::OkStatus(), absl::Now()});
   };
-  o.on_lost = [journal, name](int64_t epoch, const absl::Status& why) {
-    journal->Add({name, false, epoch, why, absl::Now()});
+  o.on_lost = [journal, name, raw = c.get()](int64_t epoch,
+                                             const absl::Status& why) {
+    journal->Add({name, false, epoch, why, absl::Now(),
+                  raw->election->UnendedTermEpoch()});
   };
   auto e = LeaderElection::Create(o);
   INFO(e.status().ToString());
@@ -315,6 +320,11 @@ TEST_CASE("A leader's term ends at its lease's local deadline on the injected cl
   // And the election thread notices too.
   REQUIRE(Eventually([&] { return journal.events().size() == 2; }));
   CHECK(absl::IsDeadlineExceeded(journal.events()[1].why));
+  // While on_lost runs the term still counts as unended (a master serving
+  // reads past its deadline decides there whether it goes on: a read in
+  // between must not be refused), and once it returned no longer.
+  CHECK(journal.events()[1].unended == journal.events()[0].epoch);
+  CHECK_FALSE(a->election->UnendedTermEpoch().has_value());
 }
 
 TEST_CASE(
@@ -329,31 +339,8 @@ TEST_CASE(
   REQUIRE(cluster->Freeze(2).ok());
   Journal journal;
   FakeClock clock;
-  auto c = std::make_unique<Candidate>();
-  c->name = "a";
-  EtcdClientOptions eo;
-  eo.endpoints = cluster->endpoints();
-  eo.attempt_timeout = absl::Milliseconds(500);
-  eo.call_timeout = absl::Seconds(60);  // one grant call spans the freeze
-  auto etcd = EtcdClient::Create(eo);
-  REQUIRE(etcd.ok());
-  c->etcd = std::move(*etcd);
-  LeaderElectionOptions o;
-  o.etcd = c->etcd.get();
-  o.key = kKey;
-  o.candidate = c->name;
-  o.lease_ttl = kTtl;
-  o.clock = &clock;
-  o.thread_name = "elect-a";
-  o.on_elected = [&journal](int64_t epoch) {
-    journal.Add({"a", true, epoch, absl::OkStatus(), absl::Now()});
-  };
-  o.on_lost = [&journal](int64_t epoch, const absl::Status& why) {
-    journal.Add({"a", false, epoch, why, absl::Now()});
-  };
-  auto e = LeaderElection::Create(o);
-  REQUIRE(e.ok());
-  c->election = std::move(*e);
+  // One grant call spans the freeze.
+  auto c = Campaign(*cluster, "a", &journal, &clock, kTtl, absl::Seconds(60));
   // The first campaign is in flight (its grant waits on etcd)...
   REQUIRE(Eventually([&] { return c->election->stats().campaigns == 1; }));
   clock.Advance(kTtl * 2);  // ...and its lease's local deadline passes.
