@@ -9,6 +9,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -50,6 +51,20 @@ bool AllThreadsStopped(pid_t pid) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(
+    const EtcdClusterOptions& options) {
+  // A port found free can be taken by another test's process before etcd
+  // binds it ("bind: address already in use"; CI runs tests two at a
+  // time): such a start is retried whole, on new ports.
+  for (int attempt = 1;; ++attempt) {
+    auto c = StartOnce(options);
+    if (c.ok() || attempt == 3 ||
+        !absl::StrContains(c.status().message(), "address already in use")) {
+      return c;
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::StartOnce(
     const EtcdClusterOptions& options) {
   if (access(kEtcd, X_OK) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(

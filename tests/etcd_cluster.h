@@ -76,6 +76,9 @@ class EtcdCluster {
   std::string LogTail(int i) const;
 
  private:
+  // One try of Start, on ports picked now.
+  static absl::StatusOr<std::unique_ptr<EtcdCluster>> StartOnce(
+      const EtcdClusterOptions& options);
   struct Member {
     std::string name, client, peer, data_dir, log;
     Daemon daemon;
