@@ -493,9 +493,16 @@ absl::StatusOr<TlsMaterial> ReadTlsMaterial(const TlsOptions& tls) {
 
 struct ReloadableServerTls::State {
   // One per listening port: gRPC makes one security connector per port, and
-  // each must be told of a new version once.
+  // each must be told of a new version once. gRPC's certificate-config
+  // fetcher has no release callback, and a handshake that began before its
+  // server shut down can call Fetch after the server and the
+  // ReloadableServerTls are gone; so every Port, and the State it holds, is
+  // kept until the process exits (PortRegistry: a few hundred bytes per
+  // listening port ever made). ~ReloadableServerTls drops its copy of the
+  // material; a Fetch after that leaves gRPC with the config it last handed
+  // (gRPC's own copy), so the server's certificate no longer reloads.
   struct Port {
-    State* state;
+    std::shared_ptr<State> state;
     uint64_t version_handed = 0;  // guarded by state->mu
   };
 
@@ -503,7 +510,8 @@ struct ReloadableServerTls::State {
   mutable Mutex mu;
   TlsMaterial material ABSL_GUARDED_BY(mu);
   uint64_t version ABSL_GUARDED_BY(mu) = 1;
-  std::vector<std::unique_ptr<Port>> ports ABSL_GUARDED_BY(mu);
+  // Set by ~ReloadableServerTls, with the material cleared.
+  bool closed ABSL_GUARDED_BY(mu) = false;
 
   // grpc_ssl_server_certificate_config_callback: gRPC calls it at each new
   // handshake on the port (under the port's connector lock) and owns the
@@ -511,8 +519,14 @@ struct ReloadableServerTls::State {
   static grpc_ssl_certificate_config_reload_status Fetch(
       void* user_data, grpc_ssl_server_certificate_config** config) {
     Port* port = static_cast<Port*>(user_data);
-    State* st = port->state;
+    State* st = port->state.get();
     MutexLock l(&st->mu);
+    if (st->closed) {
+      // gRPC keeps the config it was last handed.
+      return port->version_handed == 0
+                 ? GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_FAIL
+                 : GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
+    }
     if (port->version_handed == st->version) {
       return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
     }
@@ -529,7 +543,42 @@ struct ReloadableServerTls::State {
     port->version_handed = st->version;
     return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
   }
+
+  // A new Port of `state`, kept until the process exits (see Port).
+  static Port* NewPort(std::shared_ptr<State> state);
 };
+
+namespace {
+
+// Every Port ever handed to gRPC (see ReloadableServerTls::State::Port).
+// Never destroyed: a handshake thread may use a Port during exit.
+class PortRegistry {
+ public:
+  static PortRegistry& Get() {
+    static PortRegistry* const registry = new PortRegistry;
+    return *registry;
+  }
+  ReloadableServerTls::State::Port* Add(
+      std::unique_ptr<ReloadableServerTls::State::Port> port) {
+    MutexLock l(&mu_);
+    ports_.push_back(std::move(port));
+    return ports_.back().get();
+  }
+
+ private:
+  Mutex mu_;
+  std::vector<std::unique_ptr<ReloadableServerTls::State::Port>> ports_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+ReloadableServerTls::State::Port* ReloadableServerTls::State::NewPort(
+    std::shared_ptr<State> state) {
+  auto port = std::make_unique<Port>();
+  port->state = std::move(state);
+  return PortRegistry::Get().Add(std::move(port));
+}
 
 namespace {
 
@@ -550,14 +599,8 @@ class ReloadingServerCredentials final : public grpc::ServerCredentials {
 
  private:
   int AddPortToServer(const std::string& addr, grpc_server* server) override {
-    ReloadableServerTls::State::Port* port;
-    {
-      MutexLock l(&state_->mu);
-      state_->ports.push_back(
-          std::make_unique<ReloadableServerTls::State::Port>(
-              ReloadableServerTls::State::Port{state_.get()}));
-      port = state_->ports.back().get();
-    }
+    ReloadableServerTls::State::Port* port =
+        ReloadableServerTls::State::NewPort(state_);
     const TlsOptions& tls = state_->options;
     grpc_ssl_client_certificate_request_type request =
         GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
@@ -608,7 +651,14 @@ ReloadableServerTls::Create(const TlsOptions& tls) {
   return t;
 }
 
-ReloadableServerTls::~ReloadableServerTls() = default;
+ReloadableServerTls::~ReloadableServerTls() {
+  if (state_ == nullptr) return;
+  // The State outlives this object (its ports are gRPC's until exit): drop
+  // our copy of the key now; gRPC keeps the config it last fetched.
+  MutexLock l(&state_->mu);
+  state_->closed = true;
+  state_->material = TlsMaterial();
+}
 
 absl::Status ReloadableServerTls::Reload() {
   if (state_ == nullptr) return absl::OkStatus();

@@ -207,7 +207,11 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 // what they were made with.
 //
 // Thread safety: safe for concurrent use without external synchronization.
-// REQUIRES: it outlives every server built with credentials().
+// A server built with credentials() may outlive it: from its destruction on,
+// that server's handshakes use the material gRPC last fetched, which no
+// longer reloads (gRPC's fetcher may be called until the process exits, so
+// the little it reaches is kept until then; this object's copy of the key
+// is dropped).
 class ReloadableServerTls {
  public:
   // Reads and checks the files (as Reload). Insecure credentials, and a
