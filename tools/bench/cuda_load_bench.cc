@@ -17,7 +17,8 @@
 //
 // Tagged manual: it needs --config=cuda and a GPU. Prints one table and a
 // last line
-//   cuda_load_bench: device_vs_host=X.XX device_vs_naive=X.XX store_device_vs_host=X.XX identical=yes
+//   cuda_load_bench: device_vs_host=X.XX device_vs_naive=X.XX
+//   store_device_vs_host=X.XX identical=yes
 // Exit status 0, or 1 (and why on stderr) on wrong bytes, a short load or
 // store, or no GPU.
 #include <cuda_runtime_api.h>
@@ -46,7 +47,8 @@ DEFINE_int32(blocks, 64, "blocks per Load or Store call");
 DEFINE_int32(rounds, 8, "timed calls per trial");
 DEFINE_int32(trials, 3, "alternating trials of each measurement (best kept)");
 DEFINE_string(transport, "tcp", "client transport: tcp, shm or auto");
-DEFINE_uint64(bounce_chunk_mib, 16, "ClientOptions::device.bounce_chunk_bytes in MiB");
+DEFINE_uint64(bounce_chunk_mib, 16,
+              "ClientOptions::device.bounce_chunk_bytes in MiB");
 DEFINE_int32(bounce_chunks, 4, "ClientOptions::device.bounce_chunks");
 DEFINE_int32(device, 0, "CUDA device ordinal");
 
@@ -161,7 +163,8 @@ int Run() {
   if (auto s = dev_dst.Allocate(n, len); !s.ok()) return Fail(s.ToString());
   for (size_t i = 0; i < n; ++i) {
     for (size_t j = 0; j < len; ++j) host_src[i][j] = Pattern(i, j);
-    cudaMemcpy(dev_src.ptrs[i], host_src[i].data(), len, cudaMemcpyHostToDevice);
+    cudaMemcpy(dev_src.ptrs[i], host_src[i].data(), len,
+               cudaMemcpyHostToDevice);
     cudaMemset(dev_dst.ptrs[i], 0, len);
   }
   std::vector<std::string> dev_keys, host_keys;
@@ -184,9 +187,9 @@ int Run() {
   so.memory = device_space;
   auto stored = (*client)->Store(dev_keys, dev_in, so)->Wait();
   if (!stored.ok() || stored->stored != n) {
-    return Fail(absl::StrCat("device store: ", stored.ok()
-                                                   ? absl::StrCat(stored->stored, " of ", n)
-                                                   : stored.status().ToString()));
+    return Fail(absl::StrCat(
+        "device store: ", stored.ok() ? absl::StrCat(stored->stored, " of ", n)
+                                      : stored.status().ToString()));
   }
   auto hstored = (*client)->Put(host_keys, host_in);
   if (!hstored.ok() || hstored->stored != n) return Fail("host store failed");
@@ -196,22 +199,24 @@ int Run() {
   lo.memory = device_space;
   auto loaded = (*client)->Load(dev_keys, dev_out, lo);
   if (!loaded.ok() || loaded->loaded != n) {
-    return Fail(absl::StrCat("device load: ", loaded.ok()
-                                                  ? loaded->stop_reason.ToString()
-                                                  : loaded.status().ToString()));
+    return Fail(absl::StrCat("device load: ",
+                             loaded.ok() ? loaded->stop_reason.ToString()
+                                         : loaded.status().ToString()));
   }
   std::vector<uint8_t> check(len);
   for (size_t i = 0; i < n; ++i) {
     cudaMemcpy(check.data(), dev_dst.ptrs[i], len, cudaMemcpyDeviceToHost);
     if (std::memcmp(check.data(), host_src[i].data(), len) != 0) {
-      return Fail(absl::StrCat("block ", i, " differs after a device round trip"));
+      return Fail(
+          absl::StrCat("block ", i, " differs after a device round trip"));
     }
   }
 
   // A host pointer passed as device memory is refused, never read.
   LoadOptions wrong = lo;
-  auto refused = (*client)->Load(std::vector<std::string>{dev_keys[0]},
-                                 std::vector<MutableBuffer>{host_out[0]}, wrong);
+  auto refused =
+      (*client)->Load(std::vector<std::string>{dev_keys[0]},
+                      std::vector<MutableBuffer>{host_out[0]}, wrong);
   if (!refused.ok() || refused->loaded != 0) {
     return Fail("a host buffer passed as device memory was not refused");
   }
@@ -226,38 +231,54 @@ int Run() {
   double device = 0, host = 0, naive = 0, h2d = 0, st_dev = 0, st_host = 0;
   int gen = 0;
   for (int t = 0; t < FLAGS_trials && ok; ++t) {
-    device = std::max(device, Time(call_bytes, [&] {
-      auto r = (*client)->Load(dev_keys, dev_out, lo);
-      return r.ok() && r->loaded == n;
-    }, &ok));
-    host = std::max(host, Time(call_bytes, [&] {
-      auto r = (*client)->Load(dev_keys, host_out);
-      return r.ok() && r->loaded == n;
-    }, &ok));
-    naive = std::max(naive, Time(call_bytes, [&] {
-      auto r = (*client)->Load(dev_keys, host_out);
-      if (!r.ok() || r->loaded != n) return false;
-      for (size_t i = 0; i < n; ++i) {
-        if (cudaMemcpy(dev_dst.ptrs[i], host_dst[i].data(), len,
-                       cudaMemcpyHostToDevice) != cudaSuccess) {
-          return false;
-        }
-      }
-      return true;
-    }, &ok));
-    h2d = std::max(h2d, Time(call_bytes, [&] {
-      for (size_t i = 0; i < n; ++i) {
-        cudaMemcpyAsync(dev_dst.ptrs[i], pinned, len, cudaMemcpyHostToDevice);
-      }
-      return cudaDeviceSynchronize() == cudaSuccess;
-    }, &ok));
+    device = std::max(device, Time(
+                                  call_bytes,
+                                  [&] {
+                                    auto r =
+                                        (*client)->Load(dev_keys, dev_out, lo);
+                                    return r.ok() && r->loaded == n;
+                                  },
+                                  &ok));
+    host = std::max(host, Time(
+                              call_bytes,
+                              [&] {
+                                auto r = (*client)->Load(dev_keys, host_out);
+                                return r.ok() && r->loaded == n;
+                              },
+                              &ok));
+    naive = std::max(
+        naive, Time(
+                   call_bytes,
+                   [&] {
+                     auto r = (*client)->Load(dev_keys, host_out);
+                     if (!r.ok() || r->loaded != n) return false;
+                     for (size_t i = 0; i < n; ++i) {
+                       if (cudaMemcpy(dev_dst.ptrs[i], host_dst[i].data(), len,
+                                      cudaMemcpyHostToDevice) != cudaSuccess) {
+                         return false;
+                       }
+                     }
+                     return true;
+                   },
+                   &ok));
+    h2d = std::max(h2d, Time(
+                            call_bytes,
+                            [&] {
+                              for (size_t i = 0; i < n; ++i) {
+                                cudaMemcpyAsync(dev_dst.ptrs[i], pinned, len,
+                                                cudaMemcpyHostToDevice);
+                              }
+                              return cudaDeviceSynchronize() == cudaSuccess;
+                            },
+                            &ok));
     // Stores of fresh keys (a stored key is skipped, not rewritten); the
     // node has room for two calls' blocks, so each round's keys are removed
     // after it.
     auto store_round = [&](const std::vector<ConstBuffer>& in,
                            const MemorySpace& space) {
       std::vector<std::string> keys;
-      for (size_t i = 0; i < n; ++i) keys.push_back(absl::StrCat("cuda-bench/s", gen, "/", i));
+      for (size_t i = 0; i < n; ++i)
+        keys.push_back(absl::StrCat("cuda-bench/s", gen, "/", i));
       ++gen;
       StoreOptions o;
       o.deadline = absl::Now() + absl::Seconds(60);
@@ -267,27 +288,33 @@ int Run() {
       (*client)->Remove(keys).IgnoreError();
       return good;
     };
-    st_dev = std::max(st_dev, Time(call_bytes, [&] {
-      return store_round(dev_in, device_space);
-    }, &ok));
-    st_host = std::max(st_host, Time(call_bytes, [&] {
-      return store_round(host_in, MemorySpace{});
-    }, &ok));
+    st_dev = std::max(
+        st_dev, Time(
+                    call_bytes,
+                    [&] { return store_round(dev_in, device_space); }, &ok));
+    st_host = std::max(
+        st_host, Time(
+                     call_bytes,
+                     [&] { return store_round(host_in, MemorySpace{}); }, &ok));
   }
   cudaFreeHost(pinned);
   if (!ok) return Fail("a timed call loaded or stored short");
-  std::printf("cuda_load_bench: GPU %s, transport %s, %d x %zu MiB per call, "
-              "pool %d x %zu MiB, best of %d trials x %d calls (GB/s)\n",
-              prop.name, FLAGS_transport.c_str(), FLAGS_blocks,
-              static_cast<size_t>(FLAGS_block_mib), FLAGS_bounce_chunks,
-              static_cast<size_t>(FLAGS_bounce_chunk_mib), FLAGS_trials,
-              FLAGS_rounds);
-  std::printf("  load  device %6.2f | host %6.2f | naive (host load + cudaMemcpy) %6.2f | "
-              "pinned H2D alone %6.2f\n", device, host, naive, h2d);
+  std::printf(
+      "cuda_load_bench: GPU %s, transport %s, %d x %zu MiB per call, "
+      "pool %d x %zu MiB, best of %d trials x %d calls (GB/s)\n",
+      prop.name, FLAGS_transport.c_str(), FLAGS_blocks,
+      static_cast<size_t>(FLAGS_block_mib), FLAGS_bounce_chunks,
+      static_cast<size_t>(FLAGS_bounce_chunk_mib), FLAGS_trials, FLAGS_rounds);
+  std::printf(
+      "  load  device %6.2f | host %6.2f | naive (host load + cudaMemcpy) "
+      "%6.2f | "
+      "pinned H2D alone %6.2f\n",
+      device, host, naive, h2d);
   std::printf("  store device %6.2f | host %6.2f\n", st_dev, st_host);
-  std::printf("cuda_load_bench: device_vs_host=%.2f device_vs_naive=%.2f "
-              "store_device_vs_host=%.2f identical=yes\n",
-              device / host, device / naive, st_dev / st_host);
+  std::printf(
+      "cuda_load_bench: device_vs_host=%.2f device_vs_naive=%.2f "
+      "store_device_vs_host=%.2f identical=yes\n",
+      device / host, device / naive, st_dev / st_host);
   return 0;
 }
 
