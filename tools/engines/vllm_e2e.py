@@ -18,6 +18,13 @@ each configuration, one engine process per configuration:
             MooncakeStoreConnector as engines of one process, the chat's
             requests interleaved across them in a rotating order: the
             comparison that a shared, loaded host does not skew
+  scarce    (long form) versus at a memory budget smaller than the
+            conversations' KV (--scarce-share of it, default 0.4), the
+            situation the paper studies: HyMCache on a cluster of its own
+            with one hybrid node whose DRAM (staging window + write buffer)
+            is the budget, over SSD capacity; Mooncake lending the same
+            budget (its SSD offload does not run in this wheel: see
+            docs/engine_adapters.md)
   offload   the same plus vLLM's own CPU offloading (OffloadingConnector
             through kv_offloading_size), with the peers' budget
   mooncake  (long form) vLLM's MooncakeStoreConnector on a Mooncake master
@@ -434,7 +441,11 @@ class Daemon:
             self.proc.wait()
 
 
-def start_cluster(bin_dir, work, node_bytes):
+def start_cluster(bin_dir, work, node_bytes, dram_budget=0):
+    """A master, a hybrid node (SSD capacity 2 x node_bytes) and a DRAM node
+    of node_bytes; with dram_budget, the hybrid node alone, its staging
+    window and write buffer holding dram_budget bytes of DRAM in all."""
+    os.makedirs(work, exist_ok=True)
     master = Daemon([f"{bin_dir}/master/hymcache-master",
                      f"--db_path={work}/master", "--listen=127.0.0.1:0",
                      "--logtostderr"],
@@ -444,28 +455,36 @@ def start_cluster(bin_dir, work, node_bytes):
     common = [f"--master={addr}", "--data_port=0", "--control_port=0",
               "--logtostderr"]
     mb = max(node_bytes >> 20, 16)
+    staging, write_buffer = max(mb // 2, 16), max(mb // 4, 8)
+    if dram_budget:
+        budget_mb = max(dram_budget >> 20, 24)
+        write_buffer = max(budget_mb // 4, 8)
+        staging = budget_mb - write_buffer
     hybrid = Daemon([store, "--name=hybrid-0", *common, "--device=hybrid",
                      f"--capacity_path={work}/capacity.dat",
                      f"--capacity_bytes={2 * mb}M",
-                     f"--staging_bytes={max(mb // 2, 16)}M",
-                     f"--write_buffer_bytes={max(mb // 4, 8)}M"],
+                     f"--staging_bytes={staging}M",
+                     f"--write_buffer_bytes={write_buffer}M"],
                     f"{work}/hybrid-0.log", "hymcache-storage")
-    dram = Daemon([store, "--name=dram-0", *common,
-                   f"--dram_bytes={node_bytes}"],
-                  f"{work}/dram-0.log", "hymcache-storage")
+    daemons = [master, hybrid]
+    if not dram_budget:
+        daemons.append(Daemon([store, "--name=dram-0", *common,
+                               f"--dram_bytes={node_bytes}"],
+                              f"{work}/dram-0.log", "hymcache-storage"))
     import hymcache
     with hymcache.Client([addr], transport="tcp") as c:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if sum(n["alive"] for n in c.stats()["nodes"]) == 2:
+                if sum(n["alive"] for n in c.stats()["nodes"]) == \
+                        len(daemons) - 1:
                     break
             except hymcache.Error:
                 pass
             time.sleep(0.05)
         else:
             raise RuntimeError("storage nodes did not come up")
-    return addr, [master, hybrid, dram]
+    return addr, daemons
 
 
 def free_port():
@@ -618,6 +637,9 @@ def main():
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--peers", default="",
                     help="the peers' folder (tools/engines/vllm_peers.sh)")
+    ap.add_argument("--scarce-share", type=float, default=0.4,
+                    help="scarce: the memory budget as a share of the "
+                    "conversations' KV")
     a = ap.parse_args()
     if a.run_config:
         a.config = a.run_config
@@ -627,7 +649,7 @@ def main():
     form = "short" if a.short else "long"
     configs = (a.configs.split(",") if a.configs else
                (["none", "hymcache", "nohit"] if a.short else
-                ["none", "hymcache", "nohit", "versus", "offload",
+                ["none", "hymcache", "nohit", "versus", "scarce", "offload",
                  "mooncake", "lmcache", "kill", "nomaster"]))
     work = a.work or tempfile.mkdtemp(prefix="vllm-e2e-")
     os.makedirs(work, exist_ok=True)
@@ -665,10 +687,10 @@ def main():
     json.dump(nohit_prompts(p, per_length=1 if a.short else 2),
               open(nohit_path, "w"))
     runs = [(cfg, cfg, [f"--workload={nohit_path}", "--salt=nohit"]
-             if cfg == "nohit" else ["--salt=versus"] if cfg == "versus"
-             else []) for cfg in configs]
+             if cfg == "nohit" else [f"--salt={cfg}"]
+             if cfg in ("versus", "scarce") else []) for cfg in configs]
+    scarce_budget = int(a.scarce_share * all_tokens * kvb)
     nohit = []
-    versus = {}
     try:
         for name, cfg, extra in runs:
             out = os.path.join(work, f"{name}.json")
@@ -686,11 +708,28 @@ def main():
                          f"--kill-turn={min(3, p['turns'] - 1)}"]
             env = None
             peer = None
-            if cfg == "versus" and a.peers:
+            scarce = []  # the scarce run's own cluster
+            if cfg == "scarce":
+                # HyMCache with a hybrid node holding the budget in DRAM
+                # over SSD; the engines run as versus does.
+                s_addr, scarce = start_cluster(
+                    a.bin, os.path.join(work, "scarce"), node_bytes,
+                    dram_budget=scarce_budget)
+                argv = [x for x in argv if not x.startswith(
+                    ("--master=", "--run-config="))]
+                argv += [f"--master={s_addr}", "--run-config=versus"]
+                print(f"vllm_e2e: scarce: memory budget "
+                      f"{scarce_budget / 2**20:.1f} MiB "
+                      f"({100 * a.scarce_share:.0f}% of the conversations' "
+                      f"KV) for HyMCache's hybrid node (DRAM; SSD capacity "
+                      f"{2 * node_bytes / 2**20:.0f} MiB) and for Mooncake",
+                      flush=True)
+            if cfg in ("versus", "scarce") and a.peers:
                 # Mooncake beside the others when it starts; without it
                 # versus still compares hymcache with none.
                 try:
-                    peer = Mooncake(a.peers, work, budget)
+                    peer = Mooncake(a.peers, work,
+                                    scarce_budget if scarce else budget)
                     argv.append(f"--peer-config={peer.config}")
                     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
                         x for x in (a.peers, os.environ.get("PYTHONPATH"))
@@ -727,6 +766,8 @@ def main():
             finally:
                 if peer:
                     peer.kill()
+                for d in scarce:
+                    d.kill()
             took = time.monotonic() - t0
             if rc != 0 or not os.path.exists(out):
                 text = open(log).read()
@@ -759,10 +800,9 @@ def main():
                     failures.append(cfg)
             if cfg == "nohit":
                 nohit = json.load(open(out))
-            elif cfg == "versus":
-                versus = json.load(open(out))
-                for engine, res in versus.items():
-                    results[f"versus:{engine}"] = res
+            elif cfg in ("versus", "scarce"):
+                for engine, res in json.load(open(out)).items():
+                    results[f"{cfg}:{engine}"] = res
             else:
                 results[cfg] = json.load(open(out))
             print(f"vllm_e2e: configuration {name} ran in {took:.0f} s",
@@ -783,7 +823,8 @@ def main():
 
     # Outputs are checked against recomputation's: the none run, else
     # versus' none engine.
-    base = results.get("none") or results.get("versus:none")
+    base = (results.get("none") or results.get("versus:none") or
+            results.get("scarce:none"))
     identical = bool(base) and not failures
     if base:
         ref = {(r["conv"], r["turn"]): r["output"] for r in base}
@@ -797,12 +838,14 @@ def main():
                 print(f"vllm_e2e: {cfg}: all {len(res)} outputs identical to "
                       f"the no-connector run")
     hm = results.get("hymcache")
-    if not (results.get("none") and hm) and results.get("versus:none") and \
-            results.get("versus:hymcache"):
-        # Only the interleaved run: its engines give the ratios.
-        base, hm = results["versus:none"], results["versus:hymcache"]
-        print("vllm_e2e: the ratios below are versus' (none and hymcache "
-              "interleaved in one process)")
+    for run in ("versus", "scarce"):
+        if not (results.get("none") and hm) and \
+                results.get(f"{run}:none") and results.get(f"{run}:hymcache"):
+            # Only an interleaved run: its engines give the ratios.
+            base, hm = results[f"{run}:none"], results[f"{run}:hymcache"]
+            print(f"vllm_e2e: the ratios below are {run}'s (none and "
+                  f"hymcache interleaved in one process)")
+            break
     measured = bool(base and hm)
     ratio_last = ratio_2p = hit = float("nan")
     if measured:
@@ -853,6 +896,19 @@ def main():
                         f"{m2p(vh) / m2p(results[e]):.2f}"
                         for e in results if e.startswith("versus:")
                         and e.split(":")[1] in PEERS))
+    scarce_vs = "none"
+    if "scarce:hymcache" in results and "scarce:mooncake" in results:
+        sh, sm = results["scarce:hymcache"], results["scarce:mooncake"]
+        hit_of = lambda rows: (sum(r["cached"] for r in rows if r["turn"] >= 1)
+                               / max(1, sum(ceiling(sh, p["block"]).values())))
+        r = m2p(sh) / m2p(sm)
+        scarce_vs = f"{r:.2f}"
+        print(f"vllm_e2e: scarce (memory budget {100 * a.scarce_share:.0f}% "
+              f"of the conversations' KV, interleaved): hymcache/mooncake "
+              f"mean TTFT turns>=2 = {r:.2f} (floor <= 0.80: "
+              f"{'ok' if r <= 0.8 else 'MISSED'}); hit ratio turns>=2 "
+              f"hymcache {hit_of(sh):.2f}, mooncake {hit_of(sm):.2f}, "
+              f"none {hit_of(results['scarce:none']):.2f}")
     vs = {}
     missing = []
     for peer in PEERS:
@@ -891,7 +947,8 @@ def main():
           f"identical_outputs={'yes' if identical else 'no'} "
           f"ttft_ratio_last_turn={ratio_last:.2f} "
           f"ttft_ratio_turns2plus={ratio_2p:.2f} hit_ratio={hit:.2f} "
-          f"vs_mooncake={vs['mooncake']} vs_lmcache={vs['lmcache']}",
+          f"vs_mooncake={vs['mooncake']} vs_lmcache={vs['lmcache']} "
+          f"vs_mooncake_scarce={scarce_vs}",
           flush=True)
     if not a.keep and not a.work:
         shutil.rmtree(work, ignore_errors=True)

@@ -18,8 +18,11 @@
 #   tools/engines/vllm_e2e.sh --short   CI's form: a tiny model, 2 x 3 turns,
 #                                       vLLM with and without the connector
 #                                       (and the no-hit pair), no peers
-#   --configs=a,b,...  only these (none hymcache nohit versus offload
-#                      mooncake lmcache kill nomaster)
+#   --configs=a,b,...  only these (none hymcache nohit versus scarce
+#                      offload mooncake lmcache kill nomaster)
+#   --scarce-share=F   scarce: HyMCache (a hybrid node, DRAM over SSD) and
+#                      Mooncake at a memory budget of F of the
+#                      conversations' KV (default 0.4)
 #   --transport=auto|tcp|shm  the connector's data plane (default auto:
 #                      shared memory to the nodes on this host)
 #   --work=DIR keeps the model, logs and per-request results in DIR.
