@@ -68,6 +68,9 @@ import time
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 SYSTEMS = ("hymcache", "mooncake", "redis")
+# Measured beside them where it runs, with no floor of its own: LMCache's
+# cache server.
+EXTRA = ("lmcache",)
 
 
 def free_port():
@@ -178,6 +181,19 @@ def start_mooncake(d, a, work, name, budget):
                 hlog, stdin=subprocess.PIPE)
     wait_for("mooncake store process", lambda: line_in(hlog, r"^holder ready"), h, hlog)
     return spec
+
+
+def start_lmcache(d, a, work, name):
+    """LMCache's cache server (`python -m lmcache.v1.server HOST PORT cpu`,
+    the `lm://` remote backend that LMCache engines share). It has no
+    memory bound: its store keeps every object (no evictor)."""
+    port = free_port()
+    log = os.path.join(work, f"{name}.log")
+    argv = [sys.executable, "-m", "lmcache.v1.server", "127.0.0.1", str(port), "cpu"]
+    m = d.start(argv, log)
+    wait_for("lmcache server", lambda: port_open(port), m, log, timeout=60)
+    return dict(kind="lmcache", port=port, settings=" ".join(argv[1:]) +
+                " (no memory bound, no eviction)")
 
 
 def start_redis(d, a, work, name, budget):
@@ -325,7 +341,93 @@ class RedisClient:
         self.r.flushall()
 
 
-CLIENTS = dict(hymcache=HymClient, mooncake=MooncakeClient, redis=RedisClient)
+class LMCacheClient:
+    """LMCache's wire protocol (lmcache.v1.protocol: ClientMetaMessage,
+    ServerMetaMessage) on one socket, as LMCache's own LMCServerConnector
+    speaks it, without its asyncio loop and allocator: a GET reads the
+    value straight into the caller's buffer. A PUT has no reply in that
+    protocol, so each put here ends with a HEALTH round trip (the server
+    answers in order): a put is its whole round trip, as in the others.
+    The protocol has no batch existence check (32 EXIST round trips) and
+    no delete."""
+
+    def __init__(self, spec, bufs):
+        import torch
+        from lmcache.utils import CacheEngineKey
+        from lmcache.v1.memory_management import MemoryFormat
+        from lmcache.v1 import protocol
+        self.torch, self.Key, self.proto = torch, CacheEngineKey, protocol
+        self.fmt = MemoryFormat(1)
+        self.sock = socket.create_connection(("127.0.0.1", spec["port"]))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reply_len = protocol.ServerMetaMessage.packlength()
+
+    def _key(self, key):
+        import zlib
+        return self.Key("peers", 1, 0, zlib.crc32(key.encode()) << 32 | len(key),
+                        self.torch.uint8)
+
+    def _send(self, command, key, length=0, shape=(0, 0, 0, 0)):
+        self.sock.sendall(self.proto.ClientMetaMessage(
+            command, self._key(key), length, self.fmt, self.torch.uint8,
+            self.torch.Size(shape)).serialize())
+
+    def _reply(self):
+        buf = bytearray(self.reply_len)
+        view, got = memoryview(buf), 0
+        while got < self.reply_len:
+            n = self.sock.recv_into(view[got:])
+            if n == 0:
+                raise RuntimeError("lmcache server closed the connection")
+            got += n
+        return self.proto.ServerMetaMessage.deserialize(bytes(buf))
+
+    def put(self, key, view):
+        self._send(self.proto.ClientCommand.PUT, key, len(view), (len(view), 0, 0, 0))
+        self.sock.sendall(view)
+        self._send(self.proto.ClientCommand.HEALTH, key)
+        self._reply()
+
+    def get(self, key, view):
+        self._send(self.proto.ClientCommand.GET, key)
+        meta = self._reply()
+        if meta.code != self.proto.ServerReturnCode.SUCCESS:
+            return 0
+        n, got = meta.length, 0
+        if n > len(view):
+            raise RuntimeError(f"lmcache value of {n} bytes for a {len(view)}-byte buffer")
+        while got < n:
+            r = self.sock.recv_into(view[got:n])
+            if r == 0:
+                raise RuntimeError("lmcache server closed the connection")
+            got += r
+        return n
+
+    def put_many(self, keys, views):
+        for k, v in zip(keys, views):
+            self.put(k, v)
+
+    def get_many(self, keys, views):
+        n = 0
+        for k, v in zip(keys, views):
+            if self.get(k, v) != len(v):
+                break
+            n += 1
+        return n
+
+    def exists(self, keys):
+        found = []
+        for k in keys:
+            self._send(self.proto.ClientCommand.EXIST, k)
+            found.append(self._reply().code == self.proto.ServerReturnCode.SUCCESS)
+        return found
+
+    def remove(self, keys):
+        pass  # the protocol has no delete
+
+
+CLIENTS = dict(hymcache=HymClient, mooncake=MooncakeClient, redis=RedisClient,
+               lmcache=LMCacheClient)
 
 
 def worker(spec, max_bytes, conn, seed):
@@ -512,7 +614,7 @@ def lookups(pools, a, clients):
     out = {}
     n = a.lookup_objects
     for name, pool in pools.items():
-        if name not in SYSTEMS:
+        if name not in SYSTEMS + EXTRA:
             continue  # the same master lookups as hymcache's
         keys = [f"lk-{i}" for i in range(n)]
         share = [keys[i::clients] for i in range(clients)]
@@ -618,6 +720,10 @@ def main():
         specs = dict(hymcache=start_hymcache(d, a, a.work, "hym", dram=a.budget),
                      mooncake=start_mooncake(d, a, a.work, "mc", a.budget),
                      redis=start_redis(d, a, a.work, "redis", a.budget))
+        try:
+            specs["lmcache"] = start_lmcache(d, a, a.work, "lmcache")
+        except Exception as e:  # the rest of the run goes on
+            print(f"peers: LMCache not run: {type(e).__name__}: {e}", flush=True)
         for k, s in specs.items():
             print(f"peers: settings {k}: {s['settings']}", flush=True)
         max_bytes = max(max(sizes), 8 * a.block_bytes, a.lookup_value)
@@ -625,7 +731,15 @@ def main():
         if a.shm:
             # The same cluster through the node's shared memory (same host).
             specs["hymcache_shm"] = dict(specs["hymcache"], transport="shm")
-        pools = {k: Pool(s, nmax, max_bytes) for k, s in specs.items()}
+        pools = {}
+        for k, s in specs.items():
+            try:
+                pools[k] = Pool(s, nmax, max_bytes)
+            except RuntimeError as e:
+                if k not in EXTRA:
+                    raise
+                print(f"peers: LMCache not run: its client: {e}", flush=True)
+        results["extra"] = [k for k in EXTRA if k in pools]
         for size in sizes:
             for c in clients:
                 tag = f"{size // KIB}K" if size < MIB else f"{size // MIB}M"
@@ -703,9 +817,18 @@ def report(a, results, sizes, clients, vers):
     failed = set()
     print()
     shm = any("hymcache_shm" in s for ss in results["cells"].values() for s in ss)
+    lmc = "lmcache" in results.get("extra", [])
     print("| workload | clients | HyMCache | Mooncake | Redis | HyMCache/Mooncake | HyMCache/Redis |"
-          + (" HyMCache shm |" if shm else ""))
-    print("|---|---|---|---|---|---|---|" + ("---|" if shm else ""))
+          + (" HyMCache shm |" if shm else "") +
+          (" LMCache server | HyMCache/LMCache |" if lmc else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if shm else "") + ("---|---|" if lmc else ""))
+
+    def lmc_cells(s, h, field):
+        if not lmc:
+            return ""
+        v = s["lmcache"][field]
+        return f" {v:.0f} | {ratio(h, v):.2f} |" if field == "calls" else \
+            f" {v:.2f} | {ratio(h, v):.2f} |"
     ratios = {}
     for (tag, c), samples in results["cells"].items():
         for op in ("put", "get"):
@@ -715,7 +838,7 @@ def report(a, results, sizes, clients, vers):
                 print(f"| {label} | {c} | {h:.2f} | {m:.2f} | {r:.2f} | "
                       f"{ratio(h, m):.2f} | {ratio(h, r):.2f} |" +
                       (f" {s['hymcache_shm'][op]:.2f} |" if "hymcache_shm" in s else
-                       (" |" if shm else "")))
+                       (" |" if shm else "")) + lmc_cells(s, h, op))
             # Each system's best sample (load on the host only slows a
             # sample), then the ratio: one per client count.
             best = {k: max(s[k][op] for s in samples) for k in SYSTEMS}
@@ -731,8 +854,8 @@ def report(a, results, sizes, clients, vers):
             h, m, r = (s[k]["calls"] for k in SYSTEMS)
             label = "lookup 32 keys, calls/s" + (f" (repeat {i})" if i else "")
             print(f"| {label} | {c} | {h:.0f} | {m:.0f} | {r:.0f} | {ratio(h, m):.2f} | "
-                  f"{ratio(h, r):.2f} |" + (" |" if shm else ""))
-            for k in SYSTEMS:
+                  f"{ratio(h, r):.2f} |" + (" |" if shm else "") + lmc_cells(s, h, "calls"))
+            for k in SYSTEMS + tuple(results.get("extra", [])):
                 if s[k]["bad"] or not s[k]["ops"]:
                     print(f"peers: {k} lookup x{c}: {s[k]['bad']} of {s[k]['ops']} calls missed keys")
                     failed.add(k)
@@ -757,6 +880,9 @@ def report(a, results, sizes, clients, vers):
     for n in names:
         hit[n] = sum(r["hits"] for r in mt[n]) / sum(r["blocks"] for r in mt[n])
     print("| overall | " + " | ".join(f"{hit[n]:.3f}" for n in names) + " |")
+    if lmc:
+        print("(LMCache's cache server is not in the replay: it keeps every object, with no "
+              "memory bound and no eviction, so it has no hit ratio at a budget.)")
     if "hybrid" in hit and "mooncake" in hit:
         print(f"peers: hybrid node hit ratio / Mooncake DRAM-only: "
               f"{ratio(hit['hybrid'], hit['mooncake']):.2f}")
@@ -772,7 +898,10 @@ def report(a, results, sizes, clients, vers):
         return f"{min(v):.2f}" if v else "nan"
     if a.short:
         print("peers-smoke: " + " ".join(f"{k}={'FAILED' if k in failed else 'ok'}"
-                                         for k in SYSTEMS + ("hybrid",)))
+                                         for k in SYSTEMS + ("hybrid",)) +
+              "".join(f" {k}={'FAILED' if k in failed else 'ok'}"
+                      if k in results.get("extra", []) else f" {k}=not-run"
+                      for k in EXTRA))
         return 1 if failed else 0
     print(f"peers: get16m_vs_mooncake={worst(('get', '16M', 'mooncake'))} "
           f"put16m_vs_mooncake={worst(('put', '16M', 'mooncake'))} "
