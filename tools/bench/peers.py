@@ -44,8 +44,8 @@ The last line is exactly
          lookup32_vs_mooncake=X.XX get1m_vs_redis=X.XX
          multiturn_hit_vs_mooncake=X.XX        (one line)
 where each *_vs_* is HyMCache's number over the peer's, each system's best of
-its samples of that row (--repeat measures the key rows twice; load on the
-host only slows a sample), the lower of the 1- and 8-client ratios (the
+its samples of that row (--repeat's key rows are measured --samples times,
+3 by default; load on the host only slows a sample), the lower of the 1- and 8-client ratios (the
 floors hold at both), and multiturn the DRAM node's overall hit ratio over
 Mooncake's at the same DRAM budget. The table prints every sample.
 
@@ -677,8 +677,10 @@ def main():
     p.add_argument("--max_objects", type=int, default=256)
     p.add_argument("--lookup_objects", type=int, default=4096)
     p.add_argument("--lookup_value", type=int, default=4096)
+    p.add_argument("--samples", type=int, default=3,
+                   help="samples of each --repeat row (the first included)")
     p.add_argument("--repeat", default="get16m,get1m,lookup32",
-                   help="key rows measured a second time (noise)")
+                   help="key rows measured --samples times (noise)")
     p.add_argument("--mc_local_buffer", type=int, default=16 * MIB)
     # Multi-turn replay.
     p.add_argument("--conversations", type=int, default=24)
@@ -753,16 +755,18 @@ def main():
             print(f"peers: lookup32 x{c}: " + " ".join(
                 f"{k}={v['calls']:.0f}/s" for k, v in results["lookup"][c][0].items()) +
                 f" (load {load_avg()})", flush=True)
-        # The key rows again: a second sample taken later in the same run.
-        for row in filter(None, a.repeat.split(",")):
-            for c in clients:
-                if row == "lookup32":
-                    results["lookup"][c].append(lookups(pools, a, c))
-                else:
-                    tag = row[3:].upper()
-                    size = int(tag[:-1]) * {"K": KIB, "M": MIB}[tag[-1]]
-                    if size in sizes:
-                        results["cells"][(tag, c)].append(put_get(pools, a, size, c, "r2"))
+        # The key rows again: more samples taken later in the same run.
+        for rep in range(2, a.samples + 1):
+            for row in filter(None, a.repeat.split(",")):
+                for c in clients:
+                    if row == "lookup32":
+                        results["lookup"][c].append(lookups(pools, a, c))
+                    else:
+                        tag = row[3:].upper()
+                        size = int(tag[:-1]) * {"K": KIB, "M": MIB}[tag[-1]]
+                        if size in sizes:
+                            results["cells"][(tag, c)].append(
+                                put_get(pools, a, size, c, f"r{rep}"))
         for pool in pools.values():
             pool.close()
         d.stop()
