@@ -123,9 +123,9 @@ absl::Status ReplicationSource::WaitReplicated(uint64_t seq,
     }
     if (HeldLocked() >= seq) break;
     if (absl::Now() >= deadline) {
-      s = absl::DeadlineExceededError(absl::StrCat("no standby holds sequence ",
-                                                   seq, " (", followers_.size(),
-                                                   " following)"));
+      s = absl::DeadlineExceededError(
+          absl::StrCat("the standbys do not all hold sequence ", seq, " (",
+                       followers_.size(), " following)"));
       break;
     }
     changed_.WaitWithDeadline(&mu_, deadline);
@@ -135,9 +135,15 @@ absl::Status ReplicationSource::WaitReplicated(uint64_t seq,
 }
 
 uint64_t ReplicationSource::HeldLocked() const {
+  // The lowest acknowledgement of the followers past their copy: a sequence
+  // is held once every such standby holds it, so whichever of them the
+  // next election picks has every commit acknowledged to a client.
+  bool any = false;
   uint64_t held = 0;
   for (const auto& [id, f] : followers_) {
-    if (!f->copying) held = std::max(held, f->acked);
+    if (f->copying) continue;
+    held = any ? std::min(held, f->acked) : f->acked;
+    any = true;
   }
   return held;
 }
@@ -230,7 +236,7 @@ void ReplicationSource::ExpireWaiters() {
     }
     for (auto& [seq, done] : fired) {
       done(absl::DeadlineExceededError(
-          absl::StrCat("no standby holds sequence ", seq)));
+          absl::StrCat("the standbys do not all hold sequence ", seq)));
     }
   }
 }
@@ -556,12 +562,16 @@ grpc::Status ReplicationSource::Follow(
     ++counters_.streams_started;
   }
   auto leave = [&] {
+    std::vector<std::function<void(absl::Status)>> satisfied;
     {
       MutexLock l(&mu_);
       followers_.erase(id);
       contexts_.erase(id);
+      // The standbys left may all hold what this one had not acknowledged.
+      satisfied = TakeSatisfiedLocked(HeldLocked());
     }
     changed_.SignalAll();
+    for (auto& done : satisfied) done(absl::OkStatus());
   };
   v1::FollowRequest first;
   if (!stream->Read(&first)) {

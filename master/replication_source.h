@@ -5,8 +5,9 @@
 // consistent full copy when the follower is new, belongs to another
 // database, or is further behind than the leader's kept write log. Each
 // follower acknowledges the last sequence it holds; WaitReplicated lets the
-// leader acknowledge a commit only once a standby holds it (synchronous
-// replication), and GetStats reports each follower's lag.
+// leader acknowledge a commit only once every standby past its full copy
+// holds it (synchronous replication: with two standbys, either may win the
+// next election), and GetStats reports each follower's lag.
 //
 // The service is synchronous gRPC (one handler thread per follower, plus a
 // named thread reading its acknowledgements), so it may be registered on
@@ -95,19 +96,22 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
   // next poll. Cheap; safe from any thread.
   void NotifyWrite();
 
-  // Waits until some follower has acknowledged holding every change up to
-  // leader sequence `seq` (e.g. the store's LatestSequence() after a
-  // commit's write), then returns OK. Wakes the streams first (NotifyWrite).
-  // DeadlineExceeded at `deadline` (real time) if none has, e.g. with no
-  // follower connected; Unavailable once shut down.
+  // Waits until every follower past its full copy (and at least one) has
+  // acknowledged holding every change up to leader sequence `seq` (e.g. the
+  // store's LatestSequence() after a commit's write), then returns OK. A
+  // follower that leaves stops counting. Wakes the streams first
+  // (NotifyWrite). DeadlineExceeded at `deadline` (real time) if they have
+  // not, e.g. with no follower connected or one that does not acknowledge;
+  // Unavailable once shut down.
   absl::Status WaitReplicated(uint64_t seq, absl::Time deadline);
 
   // The same without blocking, for a completion-queue or callback server:
-  // `done` runs once, with OK when a follower holds `seq`, DeadlineExceeded
+  // `done` runs once, with OK when the followers hold `seq`, DeadlineExceeded
   // at `deadline`, or Unavailable at Shutdown. It runs on the caller's
-  // thread when a follower already holds `seq` (or after Shutdown), else on
-  // the thread of the acknowledgement ("repl-acks") or of the deadline
-  // ("repl-deadline"): keep it short and non-blocking.
+  // thread when the followers already hold `seq` (or after Shutdown), else
+  // on the thread of the acknowledgement ("repl-acks"), of the stream that
+  // left, or of the deadline ("repl-deadline"): keep it short and
+  // non-blocking.
   void OnReplicated(uint64_t seq, absl::Time deadline,
                     std::function<void(absl::Status)> done);
 
@@ -170,7 +174,8 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
   // batch_delay: waits that long, or less if a commit starts waiting for a
   // follower, the stream is cancelled or the source shuts down.
   void WaitToBatch(grpc::ServerContext* ctx);
-  // The highest sequence some follower past its copy has acknowledged.
+  // The highest sequence every follower past its copy has acknowledged (0
+  // with none).
   uint64_t HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the OnReplicated waiters up to `held` and returns their
   // callbacks.

@@ -397,6 +397,64 @@ struct Answer {
   absl::Status status ABSL_GUARDED_BY(mu);
 };
 
+TEST_CASE("With two standbys a commit is held only once both hold it; a "
+          "standby that leaves stops counting") {
+  Leader leader("two");
+  WriteSome(leader.store, "one", 5);
+  auto f = Follow(TestDir("two_standby"), leader.address);
+  WaitApplied(f.get(), leader.Latest());
+
+  // A second standby that acknowledges only when the test says so: a raw
+  // stream that claims the leader's database up to its latest sequence (no
+  // full copy) and acknowledges that once, so it is past its copy.
+  auto stub = v1::Replication::NewStub(grpc::CreateChannel(
+      leader.address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->Follow(&ctx);
+  v1::FollowRequest first;
+  first.set_follower("silent");
+  first.set_leader_db_id(leader.source->db_id());
+  first.set_from_sequence(leader.Latest());
+  REQUIRE(stream->Write(first));
+  v1::FollowResponse start;
+  REQUIRE(stream->Read(&start));
+  CHECK(start.kind() == v1::FollowResponse::START);
+  auto ack = [&](uint64_t seq) {
+    v1::FollowRequest a;
+    a.set_applied_sequence(seq);
+    REQUIRE(stream->Write(a));
+  };
+  ack(leader.Latest());
+  REQUIRE(Eventually([&] { return leader.source->FollowersPastCopy() == 2; }));
+
+  REQUIRE(leader.store->PutObjects({{"x", ObjectRecord{}}}).ok());
+  const uint64_t seq = leader.Latest();
+  WaitApplied(f.get(), seq);
+  // The real standby holds it; the silent one has not said so.
+  CHECK(leader.source
+            ->WaitReplicated(seq, absl::Now() + absl::Milliseconds(100))
+            .code() == absl::StatusCode::kDeadlineExceeded);
+  Answer later;
+  leader.source->OnReplicated(seq, Soon(),
+                              [&](absl::Status s) { later.Set(s); });
+  CHECK(!later.Done());
+  ack(seq);
+  CHECK(later.Get().ok());
+  CHECK(leader.source->WaitReplicated(seq, Soon()).ok());
+
+  // A commit the silent standby never acknowledges is answered when it
+  // leaves: the standby left holds it.
+  REQUIRE(leader.store->PutObjects({{"y", ObjectRecord{}}}).ok());
+  const uint64_t seq2 = leader.Latest();
+  Answer on_leave;
+  leader.source->OnReplicated(seq2, Soon(),
+                              [&](absl::Status s) { on_leave.Set(s); });
+  WaitApplied(f.get(), seq2);
+  ctx.TryCancel();
+  CHECK(on_leave.Get().ok());
+  REQUIRE(f->Stop().ok());
+}
+
 TEST_CASE("OnReplicated answers once a follower holds the sequence, at its "
           "deadline without one, and at Shutdown") {
   Leader leader("on_replicated");
