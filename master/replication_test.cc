@@ -397,8 +397,9 @@ struct Answer {
   absl::Status status ABSL_GUARDED_BY(mu);
 };
 
-TEST_CASE("With two standbys a commit is held only once both hold it; a "
-          "standby that leaves stops counting") {
+TEST_CASE(
+    "With two standbys a commit is held only once both hold it; a "
+    "standby that leaves stops counting") {
   Leader leader("two");
   WriteSome(leader.store, "one", 5);
   auto f = Follow(TestDir("two_standby"), leader.address);
@@ -407,8 +408,8 @@ TEST_CASE("With two standbys a commit is held only once both hold it; a "
   // A second standby that acknowledges only when the test says so: a raw
   // stream that claims the leader's database up to its latest sequence (no
   // full copy) and acknowledges that once, so it is past its copy.
-  auto stub = v1::Replication::NewStub(grpc::CreateChannel(
-      leader.address, grpc::InsecureChannelCredentials()));
+  auto stub = v1::Replication::NewStub(
+      grpc::CreateChannel(leader.address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   auto stream = stub->Follow(&ctx);
   v1::FollowRequest first;
@@ -431,9 +432,9 @@ TEST_CASE("With two standbys a commit is held only once both hold it; a "
   const uint64_t seq = leader.Latest();
   WaitApplied(f.get(), seq);
   // The real standby holds it; the silent one has not said so.
-  CHECK(leader.source
-            ->WaitReplicated(seq, absl::Now() + absl::Milliseconds(100))
-            .code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(
+      leader.source->WaitReplicated(seq, absl::Now() + absl::Milliseconds(100))
+          .code() == absl::StatusCode::kDeadlineExceeded);
   Answer later;
   leader.source->OnReplicated(seq, Soon(),
                               [&](absl::Status s) { later.Set(s); });
