@@ -441,11 +441,15 @@ class Daemon:
             self.proc.wait()
 
 
-def start_cluster(bin_dir, work, node_bytes, dram_budget=0):
-    """A master, a hybrid node (SSD capacity 2 x node_bytes) and a DRAM node
-    of node_bytes; with dram_budget, the hybrid node alone, its staging
-    window and write buffer holding dram_budget bytes of DRAM in all."""
+def start_cluster(bin_dir, work, node_bytes, dram_budget=0, capacity_dir="",
+                  node_flags=()):
+    """A master, a hybrid node (SSD capacity 2 x node_bytes, its file in
+    capacity_dir, default work; node_flags added to its command line) and a
+    DRAM node of node_bytes; with dram_budget, the hybrid node alone, its
+    staging window and write buffer holding dram_budget bytes of DRAM in
+    all."""
     os.makedirs(work, exist_ok=True)
+    capacity_dir = capacity_dir or work
     master = Daemon([f"{bin_dir}/master/hymcache-master",
                      f"--db_path={work}/master", "--listen=127.0.0.1:0",
                      "--logtostderr"],
@@ -461,10 +465,10 @@ def start_cluster(bin_dir, work, node_bytes, dram_budget=0):
         write_buffer = max(budget_mb // 4, 8)
         staging = budget_mb - write_buffer
     hybrid = Daemon([store, "--name=hybrid-0", *common, "--device=hybrid",
-                     f"--capacity_path={work}/capacity.dat",
+                     f"--capacity_path={capacity_dir}/capacity.dat",
                      f"--capacity_bytes={2 * mb}M",
                      f"--staging_bytes={staging}M",
-                     f"--write_buffer_bytes={write_buffer}M"],
+                     f"--write_buffer_bytes={write_buffer}M", *node_flags],
                     f"{work}/hybrid-0.log", "hymcache-storage")
     daemons = [master, hybrid]
     if not dram_budget:
@@ -640,6 +644,12 @@ def main():
     ap.add_argument("--scarce-share", type=float, default=0.4,
                     help="scarce: the memory budget as a share of the "
                     "conversations' KV")
+    ap.add_argument("--scarce-dir", default="",
+                    help="scarce: where the hybrid node's capacity file goes "
+                    "(the device measured; default: under --work)")
+    ap.add_argument("--scarce-node-flags", default="",
+                    help="scarce: more hymcache-storage flags for the hybrid "
+                    "node, e.g. its pacing (--io_max_read_bytes_per_s=2G)")
     a = ap.parse_args()
     if a.run_config:
         a.config = a.run_config
@@ -714,7 +724,8 @@ def main():
                 # over SSD; the engines run as versus does.
                 s_addr, scarce = start_cluster(
                     a.bin, os.path.join(work, "scarce"), node_bytes,
-                    dram_budget=scarce_budget)
+                    dram_budget=scarce_budget, capacity_dir=a.scarce_dir,
+                    node_flags=a.scarce_node_flags.split())
                 argv = [x for x in argv if not x.startswith(
                     ("--master=", "--run-config="))]
                 argv += [f"--master={s_addr}", "--run-config=versus"]
@@ -722,8 +733,10 @@ def main():
                       f"{scarce_budget / 2**20:.1f} MiB "
                       f"({100 * a.scarce_share:.0f}% of the conversations' "
                       f"KV) for HyMCache's hybrid node (DRAM; SSD capacity "
-                      f"{2 * node_bytes / 2**20:.0f} MiB) and for Mooncake",
-                      flush=True)
+                      f"{2 * node_bytes / 2**20:.0f} MiB"
+                      f"{' in ' + a.scarce_dir if a.scarce_dir else ''}"
+                      f"{' ' + a.scarce_node_flags if a.scarce_node_flags else ''}"
+                      f") and for Mooncake", flush=True)
             if cfg in ("versus", "scarce") and a.peers:
                 # Mooncake beside the others when it starts; without it
                 # versus still compares hymcache with none.

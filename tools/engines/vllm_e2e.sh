@@ -22,7 +22,9 @@
 #                      offload mooncake lmcache kill nomaster)
 #   --scarce-share=F   scarce: HyMCache (a hybrid node, DRAM over SSD) and
 #                      Mooncake at a memory budget of F of the
-#                      conversations' KV (default 0.4)
+#                      conversations' KV (default 0.4); --scarce-dir=DIR
+#                      puts its hybrid node's capacity file on DIR's device,
+#                      --scarce-node-flags="..." adds node flags (pacing)
 #   --transport=auto|tcp|shm  the connector's data plane (default auto:
 #                      shared memory to the nodes on this host)
 #   --work=DIR keeps the model, logs and per-request results in DIR.
