@@ -95,6 +95,26 @@ DEFINE_double(max_pending_share_per_caller,
 DEFINE_uint64(max_pending_slots_per_caller,
               ServiceDefaults().max_pending_slots_per_caller,
               "most objects in one caller's pending puts");
+DEFINE_string(
+    placement,
+    hymcache::master::PlacementPolicyName(ServiceDefaults().placement.policy),
+    "which node takes new puts: load_aware (fill, recent traffic, "
+    "chains kept while within --placement_chain_spill_over) or "
+    "round_robin");
+DEFINE_double(placement_chain_spill_over,
+              ServiceDefaults().placement.chain_spill_over,
+              "a chain continues on another node once its node is filled "
+              "this share beyond the cluster's mean");
+DEFINE_double(placement_load_weight, ServiceDefaults().placement.load_weight,
+              "weight of recent traffic and puts in flight against fill "
+              "(fill units, reached at 4x the mean)");
+DEFINE_double(max_tenant_share_per_node,
+              ServiceDefaults().placement.max_tenant_share_per_node,
+              "most of one named tenant's bytes on one node (best effort; "
+              "1: no limit)");
+DEFINE_uint64(tenant_share_min_bytes,
+              ServiceDefaults().placement.tenant_share_min_bytes,
+              "the tenant share limit applies from this many tenant bytes");
 DEFINE_bool(sync_writes, Defaults().sync_writes,
             "fsync the metadata WAL on every write (survives power loss)");
 DEFINE_string(etcd, "",
@@ -165,6 +185,16 @@ absl::Status OptionsFromFlags(hymcache::MasterOptions* options) {
   so.max_pending_share_per_caller = FLAGS_max_pending_share_per_caller;
   so.max_pending_slots_per_caller = FLAGS_max_pending_slots_per_caller;
   so.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
+  auto policy = hymcache::master::ParsePlacementPolicy(FLAGS_placement);
+  if (!policy.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--placement: ", policy.status().message()));
+  }
+  so.placement.policy = *policy;
+  so.placement.chain_spill_over = FLAGS_placement_chain_spill_over;
+  so.placement.load_weight = FLAGS_placement_load_weight;
+  so.placement.max_tenant_share_per_node = FLAGS_max_tenant_share_per_node;
+  so.placement.tenant_share_min_bytes = FLAGS_tenant_share_min_bytes;
   options->sync_writes = FLAGS_sync_writes;
   auto mode = hymcache::master::ParseReplicationMode(
       FLAGS_replication.empty() ? (FLAGS_etcd.empty() ? "off" : "async")
@@ -197,7 +227,9 @@ int main(int argc, char** argv) {
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
               "read_lease_ms", "max_evictions_per_put", "max_eviction_scan",
               "recency_batch", "reconcile_interval_ms",
-              "capability_lifetime_ms", "require_write_receipts"}},
+              "capability_lifetime_ms", "require_write_receipts", "placement",
+              "placement_chain_spill_over", "placement_load_weight",
+              "max_tenant_share_per_node", "tenant_share_min_bytes"}},
             {"Limits",
              {"max_nodes", "forget_dead_nodes_after_s",
               "max_pending_share_per_caller", "max_pending_slots_per_caller"}}},

@@ -102,7 +102,7 @@ absl::Status MasterServiceOptions::Validate() const {
     return absl::InvalidArgumentError(
         "max_pending_slots_per_caller must be > 0");
   }
-  return absl::OkStatus();
+  return placement.Validate();
 }
 
 absl::StatusOr<std::unique_ptr<MasterService>> MasterService::Create(
@@ -339,7 +339,9 @@ v1::GetStatsResponse MasterService::GetStats() const {
 
 MasterServiceCounters MasterService::counters() const {
   ReaderMutexLock l(&mu_);
-  return counters_;
+  MasterServiceCounters c = counters_;
+  c.placement_imbalance = PlacementImbalanceLocked(clock_->Now());
+  return c;
 }
 
 }  // namespace master

@@ -23,9 +23,10 @@
 //                                registered with this process, reconciled,
 //                                and heard from within node_timeout.
 //   master_service_put.cc        Placement and Chains: PutStart puts a
-//                                request's new slots on one node (the
-//                                preferred or parent's node, else round
-//                                robin, else evict), PutCommit links each
+//                                request's new slots on one node (ranked
+//                                by master/placement.h: the parent's node
+//                                within a margin, else by fill and load;
+//                                else evict), PutCommit links each
 //                                block to the one before it; nothing
 //                                unreachable is stored.
 //   master_service_eviction.cc   Eviction: an exact LRU list per node;
@@ -72,6 +73,7 @@
 #include "master/allocator.h"
 #include "master/metadata_index.h"
 #include "master/metadata_store.h"
+#include "master/placement.h"
 #include "proto/master.pb.h"
 
 namespace hymcache {
@@ -176,6 +178,8 @@ struct MasterServiceOptions {
   // nodes hold no bytes, and for clusters with nodes older than receipts).
   // Default: true.
   bool require_write_receipts = true;
+  // Which node takes a put's new slots (master/placement.h).
+  PlacementOptions placement;
 
   absl::Status Validate() const;
 };
@@ -222,7 +226,15 @@ struct MasterServiceOptions {
       puts_over_tenant_quota,                                                 \
       "PutStarts refused: the tenant could not be brought within its quota")  \
   COUNTER(nodes_forgotten,                                                    \
-          "Node records removed (ForgetNode, or dead too long)")
+          "Node records removed (ForgetNode, or dead too long)")              \
+  COUNTER(placements_spilled,                                                 \
+          "PutStarts whose chain continued on another node: its own was "     \
+          "filled past the spill margin (master/placement.h)")                \
+  COUNTER(placements_over_tenant_share,                                       \
+          "PutStarts placed although every node was over the tenant's "       \
+          "max_tenant_share_per_node")                                        \
+  DGAUGE(placement_imbalance,                                                 \
+         "The largest alive node's used bytes over the alive nodes' mean")
 HYM_DECLARE_STATS_STRUCT(MasterServiceCounters, HYM_MASTER_SERVICE_COUNTERS);
 
 // A tenant's quota as PutStart enforces it (0: unlimited).
@@ -560,6 +572,10 @@ class MasterService {
     uint64_t object_count = 0;
     // ReapExpired logged that it missed its heartbeats (once per outage).
     bool reported_dead = false;
+    // Recent bytes read (for_read lookups) and placed on it, and its
+    // pending puts: the load placement weighs (master/placement.h).
+    DecayingRate traffic;
+    uint32_t puts_in_flight = 0;
   };
   struct PendingSlot {
     uint32_t index;  // into the PutStart keys
@@ -617,6 +633,7 @@ class MasterService {
   // A PutStart's keys sorted out under the lock (ClassifyPutKeysLocked).
   struct PutPlan {
     uint32_t preferred = 0;         // the node to try first; 0: none
+    bool requested = false;         // the caller named it (not a chain's)
     std::vector<int> to_allocate;   // indexes of the keys that need space
     std::vector<uint64_t> lengths;  // their lengths, in that order
     uint64_t total_bytes = 0;       // their sum
@@ -633,6 +650,8 @@ class MasterService {
     size_t alive = 0;        // alive nodes looked at, not draining
     size_t draining = 0;     // alive, but drained by an operator
     size_t unproven = 0;     // alive, not yet proven its key (IsPlaceable)
+    bool chain_spilled = false;         // see PlacementRanking
+    bool tenant_share_ignored = false;  // see PlacementRanking
   };
 
   MasterService(const MasterServiceOptions& options,
@@ -702,11 +721,12 @@ class MasterService {
   // Fills `response` for `request`'s keys; returns the hit prefix length.
   // `hit_records` (if given) gets the index records of the hit prefix (for
   // MetadataIndex::TouchRecords under the same lock).
-  uint32_t LookupLocked(const hymcache::v1::BatchLookupRequest& request,
-                        absl::Time now,
-                        hymcache::v1::BatchLookupResponse* response,
-                        std::vector<uint32_t>* hit_records = nullptr) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  uint32_t LookupLocked(
+      const hymcache::v1::BatchLookupRequest& request, absl::Time now,
+      hymcache::v1::BatchLookupResponse* response,
+      std::vector<uint32_t>* hit_records = nullptr,
+      std::vector<std::pair<uint32_t, uint64_t>>* read_bytes_by_node =
+          nullptr) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The read tick of `now` for the index: milliseconds since lease_epoch_
   // plus one (0 means "never read"). Kept below 2^31 by moving the epoch
   // forward and rebasing the index's ticks, so ticks never wrap.
@@ -785,13 +805,17 @@ class MasterService {
       const hymcache::v1::PutStartRequest& request, absl::Time now,
       hymcache::v1::PutStartResponse* response) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Allocates the plan on the preferred node if it is placeable and has
-  // room, else on the next alive node with room in round-robin order,
-  // skipping nodes where `caller`'s pending puts leave no room for it; if
-  // none has room, names the node to evict on (see Placement).
+  // Allocates the plan on the first node with room in the order
+  // RankNodes gives (master/placement.h: the chain's node while within its
+  // margin, then by fill and load, or round robin), skipping nodes where
+  // `caller`'s pending puts leave no room for it; if none has room, names
+  // the node to evict on: the first of that order the caller may use.
   NodeChoice ChooseNodeLocked(const PutPlan& plan, absl::string_view caller,
-                              absl::Time now)
+                              absl::string_view tenant, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The imbalance of the alive nodes' used bytes (PlacementImbalance).
+  double PlacementImbalanceLocked(absl::Time now) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // choice->chosen if it has the space; else evicts on choice->target and
   // allocates there (into choice->placed). Errors: ResourceExhausted (no
   // alive node; the caller over its limits on every node; eviction cannot

@@ -116,7 +116,16 @@ absl::Status MasterService::BatchLookupInto(
   MutexLock l(&mu_);
   const absl::Time now = clock_->Now();
   std::vector<uint32_t> hit_records;
-  LookupLocked(request, now, response, &hit_records);
+  std::vector<std::pair<uint32_t, uint64_t>> read_bytes;
+  LookupLocked(request, now, response, &hit_records, &read_bytes);
+  // What the caller is about to read, as each node's recent traffic
+  // (placement weighs it, master/placement.h).
+  for (const auto& [node_id, bytes] : read_bytes) {
+    auto n = nodes_.find(node_id);
+    if (n != nodes_.end()) {
+      n->second.traffic.Add(bytes, now, options_.placement.load_half_life);
+    }
+  }
   // The chain head ends up most recent, each block just below the one
   // before it (MetadataIndex::TouchPrefix).
   const uint32_t tick = LeaseTick(now);
@@ -124,10 +133,10 @@ absl::Status MasterService::BatchLookupInto(
   return absl::OkStatus();
 }
 
-uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
-                                     absl::Time now,
-                                     v1::BatchLookupResponse* out,
-                                     std::vector<uint32_t>* hit_records) const {
+uint32_t MasterService::LookupLocked(
+    const v1::BatchLookupRequest& request, absl::Time now,
+    v1::BatchLookupResponse* out, std::vector<uint32_t>* hit_records,
+    std::vector<std::pair<uint32_t, uint64_t>>* read_bytes_by_node) const {
   v1::BatchLookupResponse& response = *out;
   std::vector<const Node*> referenced;
   bool prefix = true;
@@ -178,6 +187,16 @@ uint32_t MasterService::LookupLocked(const v1::BatchLookupRequest& request,
     if (prefix) {
       ++hit_prefix;
       if (hit_records != nullptr) hit_records->push_back(record);
+      if (read_bytes_by_node != nullptr) {
+        auto r =
+            std::find_if(read_bytes_by_node->begin(), read_bytes_by_node->end(),
+                         [&](const auto& p) { return p.first == e->node_id; });
+        if (r == read_bytes_by_node->end()) {
+          read_bytes_by_node->emplace_back(e->node_id, e->length);
+        } else {
+          r->second += e->length;
+        }
+      }
     }
     if (std::find(referenced.begin(), referenced.end(), node) ==
         referenced.end()) {

@@ -1,9 +1,13 @@
 // Placement: PutStart puts all new slots of a request on one node. The
-// preferred node is preferred_node_id if set, else the node holding
-// parent_key (the block before keys[0] in its chain) if it is alive, so a
-// chain stays on one node. Order: the preferred node if it has room; else
-// the next alive node with room (round robin); else evict on the preferred
-// node (without one: the next alive node in round-robin order).
+// preferred node is preferred_node_id if set (tried first while it has
+// room), else the node holding parent_key (the block before keys[0] in its
+// chain) if it is placeable, so a chain stays on one node. ChooseNodeLocked
+// gathers the placeable nodes' fill, recent traffic, puts in flight and
+// the tenant's bytes on each, and RankNodes (master/placement.h) orders
+// them: the chain's node while within the spill margin, then by fill and
+// load (or round robin). The first in that order with room takes the put;
+// with no room anywhere, eviction runs on the preferred node (without one:
+// the first in that order the caller may use).
 //
 // Chains: PutStart's parent_key is the block before keys[0] and keys[i+1]
 // extends keys[i]. A block is reachable (an engine's Load, which uses the
@@ -154,6 +158,10 @@ void MasterService::CountCallerPending(const PendingPut& put, int delta) {
   CallerPending& c = pending_by_caller_[put.caller];
   TenantPending& t = pending_by_tenant_[put.tenant];
   const uint64_t slots = put.slots.size();
+  if (auto n = nodes_.find(put.node_id); n != nodes_.end()) {
+    uint32_t& in_flight = n->second.puts_in_flight;
+    in_flight = delta > 0 ? in_flight + 1 : in_flight - std::min(in_flight, 1u);
+  }
   if (delta > 0) {
     c.slots += slots;
     c.bytes_by_node[put.node_id] += put.bytes;
@@ -248,6 +256,7 @@ absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
     v1::PutStartResponse* response) const {
   PutPlan plan;
   plan.preferred = request.preferred_node_id();
+  plan.requested = plan.preferred != 0;
   if (plan.preferred != 0 && nodes_.count(plan.preferred) == 0) {
     return absl::NotFoundError(
         absl::StrCat("preferred node ", plan.preferred, " is unknown"));
@@ -305,46 +314,78 @@ absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
 }
 
 MasterService::NodeChoice MasterService::ChooseNodeLocked(
-    const PutPlan& plan, absl::string_view caller, absl::Time now) {
+    const PutPlan& plan, absl::string_view caller, absl::string_view tenant,
+    absl::Time now) {
   // One node for the whole request, among those where the caller's pending
-  // puts leave room for it (checked before anything is evicted).
+  // puts leave room for it (checked before anything is evicted), in the
+  // order RankNodes gives (master/placement.h).
   NodeChoice c;
-  auto caller_may_put = [&](const Node& n) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return CallerMayPut(caller, n, plan.to_allocate.size(), plan.total_bytes,
-                        &c.over_limit);
-  };
-  if (plan.preferred != 0) {
-    Node& p = nodes_.at(plan.preferred);
-    if (IsPlaceable(p, now) && caller_may_put(p)) {
-      c.target = &p;
-      if (TryAllocateOnNode(p, plan.lengths, &c.placed)) c.chosen = &p;
+  const PlacementOptions& po = options_.placement;
+  const bool named_tenant = tenant != kDefaultTenantName;
+  std::vector<Node*> nodes;
+  std::vector<PlacementCandidate> candidates;
+  size_t round_robin_start = 0;
+  for (auto& [id, node] : nodes_) {
+    if (!IsAlive(node, now)) continue;
+    if (node.info.draining()) {
+      ++c.draining;
+      continue;
     }
+    if (!IsPlaceable(node, now)) {
+      ++c.unproven;
+      continue;
+    }
+    ++c.alive;
+    PlacementCandidate pc;
+    pc.node_id = id;
+    for (const auto& [rid, region] : node.regions) {
+      pc.capacity_bytes += region.info.capacity_bytes();
+      pc.used_bytes += region.allocator->used_bytes();
+    }
+    pc.traffic = node.traffic.PerSecond(now, po.load_half_life);
+    pc.puts_in_flight = node.puts_in_flight;
+    pc.tenant_bytes = named_tenant ? index_->TenantBytesOnNode(tenant, id) : 0;
+    pc.chain_node = id == plan.preferred && !plan.requested;
+    pc.requested = id == plan.preferred && plan.requested;
+    if (id <= last_placed_node_) round_robin_start = candidates.size() + 1;
+    nodes.push_back(&node);
+    candidates.push_back(pc);
   }
-  if (c.chosen == nullptr && !nodes_.empty()) {
-    auto start = nodes_.upper_bound(last_placed_node_);
-    auto it = start;
-    for (size_t tried = 0; tried < nodes_.size(); ++tried, ++it) {
-      if (it == nodes_.end()) it = nodes_.begin();
-      if (!IsAlive(it->second, now)) continue;
-      if (it->second.info.draining()) {
-        ++c.draining;
-        continue;
-      }
-      if (!IsPlaceable(it->second, now)) {
-        ++c.unproven;
-        continue;
-      }
-      ++c.alive;
-      if (!caller_may_put(it->second)) continue;
-      if (c.target == nullptr) c.target = &it->second;
-      if (it->first == plan.preferred) continue;  // already tried
-      if (TryAllocateOnNode(it->second, plan.lengths, &c.placed)) {
-        c.chosen = &it->second;
-        break;
-      }
+  const PlacementRanking ranking = RankNodes(
+      po, candidates, plan.total_bytes, named_tenant,
+      named_tenant ? index_->UsageOf(tenant).bytes : 0, round_robin_start);
+  c.chain_spilled = ranking.chain_spilled;
+  c.tenant_share_ignored = ranking.tenant_share_ignored;
+  for (size_t i : ranking.order) {
+    Node& node = *nodes[i];
+    if (!CallerMayPut(caller, node, plan.to_allocate.size(), plan.total_bytes,
+                      &c.over_limit)) {
+      continue;
+    }
+    // With no room anywhere, evict on the chain's (or requested) node: a
+    // full cluster gains no balance from splitting the chain.
+    if (c.target == nullptr || node.info.node_id() == plan.preferred) {
+      c.target = &node;
+    }
+    if (TryAllocateOnNode(node, plan.lengths, &c.placed)) {
+      c.chosen = &node;
+      break;
     }
   }
   return c;
+}
+
+double MasterService::PlacementImbalanceLocked(absl::Time now) const {
+  std::vector<uint64_t> used;
+  for (const auto& [id, node] : nodes_) {
+    if (!IsAlive(node, now)) continue;
+    uint64_t u = 0;
+    for (const auto& [rid, region] : node.regions) {
+      u += region.allocator->used_bytes();
+    }
+    used.push_back(u);
+  }
+  return PlacementImbalance(used);
 }
 
 absl::StatusOr<MasterService::Node*> MasterService::EvictAndPlaceLocked(
@@ -406,9 +447,15 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
     if (!room.ok()) return room;
   }
 
-  NodeChoice choice = ChooseNodeLocked(*plan, caller, now);
+  NodeChoice choice = ChooseNodeLocked(*plan, caller, tenant, now);
   absl::StatusOr<Node*> chosen = EvictAndPlaceLocked(*plan, &choice, now);
   if (!chosen.ok()) return chosen.status();
+  (*chosen)->traffic.Add(plan->total_bytes, now,
+                         options_.placement.load_half_life);
+  if (choice.chain_spilled && (*chosen)->info.node_id() != plan->preferred) {
+    ++counters_.placements_spilled;
+  }
+  if (choice.tenant_share_ignored) ++counters_.placements_over_tenant_share;
   const std::vector<std::pair<uint32_t, uint64_t>>& placed = choice.placed;
   const uint32_t node_id = (*chosen)->info.node_id();
 

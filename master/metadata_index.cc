@@ -128,6 +128,7 @@ void MetadataIndex::FillRecord(uint32_t i, absl::string_view key,
   Record& r = record(i);
   r.Reset();
   CountTenant(key, +1, static_cast<int64_t>(entry.length));
+  CountTenantOnNode(key, entry.node_id, static_cast<int64_t>(entry.length));
   if (key.size() <= Record::kInlineKey) {
     std::memcpy(r.key, key.data(), key.size());
     r.set_key_field(static_cast<uint32_t>(key.size()));
@@ -159,6 +160,32 @@ void MetadataIndex::CountTenant(absl::string_view key, int objects,
   if (it->second.objects == 0) tenant_usage_.erase(it);
 }
 
+void MetadataIndex::CountTenantOnNode(absl::string_view key, uint32_t node_id,
+                                      int64_t bytes) {
+  const absl::string_view tenant = TenantOfKey(key);
+  if (tenant == kDefaultTenantName || bytes == 0) return;
+  auto t = tenant_node_bytes_.find(tenant);
+  if (t == tenant_node_bytes_.end()) {
+    if (bytes < 0) return;
+    t = tenant_node_bytes_.emplace(std::string(tenant), 0).first;
+  }
+  uint64_t& b = t->second[node_id];
+  b = bytes >= 0 ? b + static_cast<uint64_t>(bytes)
+                 : b - std::min(b, static_cast<uint64_t>(-bytes));
+  if (b == 0) {
+    t->second.erase(node_id);
+    if (t->second.empty()) tenant_node_bytes_.erase(t);
+  }
+}
+
+uint64_t MetadataIndex::TenantBytesOnNode(absl::string_view tenant,
+                                          uint32_t node_id) const {
+  auto t = tenant_node_bytes_.find(tenant);
+  if (t == tenant_node_bytes_.end()) return 0;
+  auto b = t->second.find(node_id);
+  return b == t->second.end() ? 0 : b->second;
+}
+
 MetadataIndex::TenantUsage MetadataIndex::UsageOf(
     absl::string_view tenant) const {
   if (tenant == kDefaultTenantName) return default_usage_;
@@ -178,7 +205,9 @@ MetadataIndex::AllTenantUsage() const {
 void MetadataIndex::DropKey(uint32_t i) {
   Record& r = record(i);
   if (!r.has_key()) return;
-  CountTenant(KeyOf(i), -1, -static_cast<int64_t>(EntryOf(i).length));
+  const ObjectLocation gone = EntryOf(i);
+  CountTenant(KeyOf(i), -1, -static_cast<int64_t>(gone.length));
+  CountTenantOnNode(KeyOf(i), gone.node_id, -static_cast<int64_t>(gone.length));
   if (r.out_of_line()) {
     out_of_line_key_bytes_ -= MallocSize(2 + KeyOf(i).size());
     delete[] r.buffer();
@@ -357,6 +386,8 @@ absl::StatusOr<std::optional<ObjectLocation>> MetadataIndex::Upsert(
     CountTenant(key, 0,
                 static_cast<int64_t>(entry.length) -
                     static_cast<int64_t>(old->length));
+    CountTenantOnNode(key, old->node_id, -static_cast<int64_t>(old->length));
+    CountTenantOnNode(key, entry.node_id, static_cast<int64_t>(entry.length));
     record(i).read_tick = 0;
     place(i);
     for (uint32_t j : kids) {
@@ -522,6 +553,7 @@ void MetadataIndex::Clear() {
   many_children_.clear();
   default_usage_ = TenantUsage();
   tenant_usage_.clear();
+  tenant_node_bytes_.clear();
   ghosts_by_node_.clear();
   cross_children_.clear();
   used_.clear();

@@ -307,6 +307,10 @@ class MetadataIndex {
   TenantUsage UsageOf(absl::string_view tenant) const;
   // Every tenant with entries.
   absl::flat_hash_map<std::string, TenantUsage> AllTenantUsage() const;
+  // Bytes of a named tenant's entries on node `node_id` (placement's
+  // per-node share, master/placement.h); 0 for the default tenant, which
+  // is not counted per node.
+  uint64_t TenantBytesOnNode(absl::string_view tenant, uint32_t node_id) const;
 
   // Heap bytes held by the index (hash table, record chunks, free list and
   // out-of-line keys); an estimate from capacities, not a malloc census.
@@ -465,7 +469,12 @@ class MetadataIndex {
   // See UsageOf(): the default tenant apart (no hashing on its path).
   TenantUsage default_usage_;
   absl::flat_hash_map<std::string, TenantUsage> tenant_usage_;
+  // Bytes per node of each named tenant (TenantBytesOnNode).
+  absl::flat_hash_map<std::string, absl::flat_hash_map<uint32_t, uint64_t>>
+      tenant_node_bytes_;
   void CountTenant(absl::string_view key, int objects, int64_t bytes);
+  void CountTenantOnNode(absl::string_view key, uint32_t node_id,
+                         int64_t bytes);
   // Per node id: its ghosts, plus the ghosts with cross-linked children on
   // it (the lists Orphans() walks).
   absl::flat_hash_map<uint32_t, size_t> ghosts_by_node_;

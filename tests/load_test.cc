@@ -223,8 +223,9 @@ TEST_CASE(
 TEST_CASE("Store places a chain's new blocks on its prefix's node") {
   Cluster c(2);
   uint32_t head = c.StoreAll("chain", 0, 4, kMiB);
-  // Without a parent the next request would go to the other node (round
-  // robin); with the prefix's last key as parent it joins the chain.
+  // Without a parent the next request would go to the other node (the
+  // emptier one); with the prefix's last key as parent it joins the chain
+  // (16 MiB on a 512 MiB node stays within placement's spill margin).
   for (int turn = 1; turn <= 3; ++turn) {
     uint32_t n = c.StoreAll("chain", turn * 4, turn * 4 + 4, kMiB,
                             absl::StrCat("chain/", turn * 4 - 1));
