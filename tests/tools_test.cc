@@ -105,6 +105,10 @@ TEST_CASE("hymctl status, put, get, lookup, rm") {
   CHECK(j["nodes_alive"] == 1);
   CHECK(j["reconcile_unlisted_extents"] == 0);
   CHECK(j["nodes"][0]["used_bytes"].get<uint64_t>() >= payload.size());
+  // One node holds everything: the largest over the mean is 1.
+  CHECK(j["placement_imbalance"].get<double>() == 1.0);
+  REQUIRE(Ctl(c.master.address, {"status"}, &out) == 0);
+  CHECK(out.find("placement: imbalance 1.00") != std::string::npos);
 
   REQUIRE(Ctl(c.master.address, {"rm", "greeting"}, &out) == 0);
   CHECK(out.find("yes") != std::string::npos);

@@ -501,6 +501,8 @@ class Cli {
 #undef HYM_JSON_GAUGE_
 #undef HYM_JSON_COUNTER_
       j["master"] = o_.master_address;
+      if (st->stats().count("placement_imbalance") != 0)
+        j["placement_imbalance"] = st->stats().at("placement_imbalance");
       j["master_epoch"] = st->master_epoch();
       j["master_read_only"] = MasterReadOnly(*st);
       out_ << j.dump(2) << "\n";
@@ -567,6 +569,13 @@ class Cli {
          << st->reconcile_dropped_listings()
          << " listings dropped); read repairs: " << st->read_repairs()
          << "\n";
+    if (const auto& m = st->stats(); m.count("placement_imbalance") != 0) {
+      out_ << absl::StrFormat(
+          "placement: imbalance %.2f (largest node's used bytes / mean), "
+          "%.0f chain spills\n",
+          m.at("placement_imbalance"),
+          m.count("placements_spilled") ? m.at("placements_spilled") : 0.0);
+    }
     if (st->master_epoch() != 0 && MasterReadOnly(*st)) {
       out_ << "master " << o_.master_address << " is read-only: its term of "
            << "epoch " << st->master_epoch()
