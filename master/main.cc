@@ -115,6 +115,9 @@ DEFINE_double(max_tenant_share_per_node,
 DEFINE_uint64(tenant_share_min_bytes,
               ServiceDefaults().placement.tenant_share_min_bytes,
               "the tenant share limit applies from this many tenant bytes");
+DEFINE_uint64(event_log_capacity, ServiceDefaults().event_log_capacity,
+              "KV events kept for WatchEvents subscribers (hymctl events, "
+              "routers); 0: none");
 DEFINE_bool(sync_writes, Defaults().sync_writes,
             "fsync the metadata WAL on every write (survives power loss)");
 DEFINE_string(etcd, "",
@@ -195,6 +198,7 @@ absl::Status OptionsFromFlags(hymcache::MasterOptions* options) {
   so.placement.load_weight = FLAGS_placement_load_weight;
   so.placement.max_tenant_share_per_node = FLAGS_max_tenant_share_per_node;
   so.placement.tenant_share_min_bytes = FLAGS_tenant_share_min_bytes;
+  so.event_log_capacity = FLAGS_event_log_capacity;
   options->sync_writes = FLAGS_sync_writes;
   auto mode = hymcache::master::ParseReplicationMode(
       FLAGS_replication.empty() ? (FLAGS_etcd.empty() ? "off" : "async")
@@ -229,7 +233,8 @@ int main(int argc, char** argv) {
               "recency_batch", "reconcile_interval_ms",
               "capability_lifetime_ms", "require_write_receipts", "placement",
               "placement_chain_spill_over", "placement_load_weight",
-              "max_tenant_share_per_node", "tenant_share_min_bytes"}},
+              "max_tenant_share_per_node", "tenant_share_min_bytes",
+              "event_log_capacity"}},
             {"Limits",
              {"max_nodes", "forget_dead_nodes_after_s",
               "max_pending_share_per_caller", "max_pending_slots_per_caller"}}},

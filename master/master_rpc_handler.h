@@ -484,6 +484,19 @@ class MasterRpcHandler final {
     Qualify(*id, qualified.mutable_key());
     return Reply(ctx, service_->InspectKey(qualified), resp);
   }
+  grpc::Status PrefixQuery(grpc::ServerContext* ctx,
+                           const v1::PrefixQueryRequest* req,
+                           v1::PrefixQueryResponse* resp) {
+    auto id = Admit(ctx, kEngine, "PrefixQuery", CallAccess::kRead);
+    if (!id.ok()) return Refuse(ctx, id.status());
+    if (absl::Status s = CheckKeys(*id, req->keys(), "PrefixQuery"); !s.ok()) {
+      return Refuse(ctx, s);
+    }
+    if (!Rewrites(*id)) return Reply(ctx, service_->PrefixQuery(*req), resp);
+    v1::PrefixQueryRequest qualified = *req;
+    QualifyAll(*id, qualified.mutable_keys());
+    return Reply(ctx, service_->PrefixQuery(qualified), resp);
+  }
   grpc::Status GetStats(grpc::ServerContext* ctx,
                         const v1::GetStatsRequest* /*req*/,
                         v1::GetStatsResponse* resp) {

@@ -1,8 +1,13 @@
 // The master's streaming RPCs on the completion queues (master/cq_server.h):
-// Reconcile, LookupStream and ListObjects, and MasterRpcHandler::StartOn,
-// which requests every method's first call on a poller.
+// Reconcile, LookupStream, ListObjects and WatchEvents, and
+// MasterRpcHandler::StartOn, which requests every method's first call on a
+// poller.
+#include <grpcpp/alarm.h>
+
 #include <memory>
 #include <utility>
+
+#include "absl/time/clock.h"
 
 #include "master/master_rpc_handler.h"
 
@@ -325,6 +330,84 @@ class ListObjectsCall final : public StreamCall<ListObjectsCall> {
   bool more_ = true;
 };
 
+// One WatchEvents stream (server streaming, admins only) on a poller:
+// writes the master's KV events from the requested position on (see
+// MasterService::WatchEvents), a batch per message; when caught up it
+// looks again every kPoll (a grpc::Alarm on the poller's queue, so no
+// thread waits), and sends an empty message with the latest sequence
+// every kKeepAlive so that a subscriber that went away is noticed.
+class WatchEventsCall final : public StreamCall<WatchEventsCall> {
+ private:
+  friend class StreamCall<WatchEventsCall>;
+  static constexpr absl::Duration kPoll = absl::Milliseconds(20);
+  static constexpr absl::Duration kKeepAlive = absl::Seconds(5);
+
+  WatchEventsCall(MasterRpcHandler* handler, CqPoller* poller)
+      : StreamCall(handler, poller), writer_(&ctx_) {}
+  ~WatchEventsCall() = default;
+
+  void RequestOn(v1::MasterService::AsyncService* service,
+                 grpc::ServerCompletionQueue* cq) {
+    service->RequestWatchEvents(&ctx_, &req_, &writer_, cq, cq, this);
+  }
+  void Start() {
+    auto id = handler_->Admit(&ctx_, MasterRpcHandler::kAdmin, "WatchEvents",
+                              CallAccess::kRead);
+    if (!id.ok()) {
+      Finish(ToGrpcStatus(id.status()));
+      return;
+    }
+    last_write_ = absl::Now();
+    Next();
+  }
+  void Step(bool ok) {
+    if (waiting_) {  // the alarm fired (or was cancelled at shutdown)
+      waiting_ = false;
+      Next();
+      return;
+    }
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                          "WatchEvents: stream broken"));
+      return;
+    }
+    Next();
+  }
+
+  void Next() {
+    resp_ = handler_->service()->WatchEvents(req_);
+    const bool news = resp_.events_size() > 0 || resp_.missed_to() != 0;
+    if (!news && absl::Now() - last_write_ < kKeepAlive) {
+      waiting_ = true;
+      StartOp([this] {
+        alarm_.Set(poller_->cq(), absl::ToChronoTime(absl::Now() + kPoll),
+                   this);
+      });
+      return;
+    }
+    // The next read resumes after what this message carries.
+    req_.set_stream_id(resp_.stream_id());
+    if (resp_.events_size() > 0) {
+      req_.set_after_sequence(resp_.events(resp_.events_size() - 1).sequence());
+    } else if (resp_.missed_to() != 0) {
+      req_.set_after_sequence(resp_.missed_to());
+    }
+    last_write_ = absl::Now();
+    StartOp([this] { writer_.Write(resp_, this); });
+  }
+  void Finish(const grpc::Status& s) {
+    Finishing();
+    StartOp([this, &s] { writer_.Finish(s, this); });
+  }
+
+  v1::WatchEventsRequest req_;
+  v1::WatchEventsResponse resp_;
+  grpc::ServerAsyncWriter<v1::WatchEventsResponse> writer_;
+  grpc::Alarm alarm_;
+  bool waiting_ = false;
+  absl::Time last_write_;
+};
+
 void MasterRpcHandler::StartOn(CqPoller* poller) {
   using S = v1::MasterService::AsyncService;
   ServeUnary(poller, &S::RequestRegisterNode, &MasterRpcHandler::RegisterNode);
@@ -364,8 +447,10 @@ void MasterRpcHandler::StartOn(CqPoller* poller) {
   ServeUnary(poller, &S::RequestSetNodeDraining,
              &MasterRpcHandler::SetNodeDraining);
   ServeUnary(poller, &S::RequestInspectKey, &MasterRpcHandler::InspectKey);
+  ServeUnary(poller, &S::RequestPrefixQuery, &MasterRpcHandler::PrefixQuery);
   ReconcileCall::Request(this, poller);
   ListObjectsCall::Request(this, poller);
+  WatchEventsCall::Request(this, poller);
   for (int i = 0; i < kRequestsPerMethod; ++i) {
     LookupStreamCall::Request(this, poller);
   }

@@ -102,6 +102,9 @@ absl::Status MasterServiceOptions::Validate() const {
     return absl::InvalidArgumentError(
         "max_pending_slots_per_caller must be > 0");
   }
+  if (event_log_capacity > (size_t{1} << 24)) {
+    return absl::InvalidArgumentError("event_log_capacity must be 0..2^24");
+  }
   return placement.Validate();
 }
 
@@ -116,6 +119,8 @@ absl::StatusOr<std::unique_ptr<MasterService>> MasterService::Create(
       new MasterService(options, std::move(store)));
   s = service->Load();
   if (!s.ok()) return s;
+  MutexLock l(&service->mu_);
+  service->ListenToIndexLocked();
   return service;
 }
 
@@ -152,6 +157,7 @@ absl::StatusOr<std::unique_ptr<MasterService>> MasterService::CreatePreloaded(
     service->lease_epoch_ = from->lease_epoch_;
     const absl::Time now = service->clock_->Now();
     for (auto& [id, node] : service->nodes_) node.last_seen = now;
+    service->ListenToIndexLocked();
     LOG(INFO) << "master took over a preloaded index: "
               << service->nodes_.size() << " nodes and "
               << service->index_->size() << " objects";
@@ -165,6 +171,7 @@ MasterService::MasterService(const MasterServiceOptions& options,
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
       store_(std::move(store)),
+      events_(std::make_unique<EventLog>(options.event_log_capacity)),
       index_(std::make_unique<MetadataIndex>()) {
   // Put ids are not durable: start at a random point so that a put id from
   // before a restart does not name a put of the new process.
@@ -271,6 +278,7 @@ size_t MasterService::ReapExpired() {
                    << " objects miss and it gets no placements until it "
                       "returns";
       node.reported_dead = true;
+      EmitNode(v1::KvEvent::NODE_DOWN, id);
     }
   }
   if (options_.forget_dead_nodes_after != absl::InfiniteDuration()) {

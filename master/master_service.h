@@ -71,6 +71,7 @@
 #include "common/stats.h"
 #include "common/wire.h"
 #include "master/allocator.h"
+#include "master/event_log.h"
 #include "master/metadata_index.h"
 #include "master/metadata_store.h"
 #include "master/placement.h"
@@ -180,6 +181,10 @@ struct MasterServiceOptions {
   bool require_write_receipts = true;
   // Which node takes a put's new slots (master/placement.h).
   PlacementOptions placement;
+  // KV events kept for WatchEvents subscribers (master/event_log.h): a
+  // subscriber further behind is told what it missed. 0: none kept.
+  // 0..2^24. Default: 65536 (about 16 MiB with 64-byte keys).
+  size_t event_log_capacity = 65536;
 
   absl::Status Validate() const;
 };
@@ -525,6 +530,16 @@ class MasterService {
   LoadPath load_path() const;
 
   MasterServiceCounters counters() const;
+
+  // KV events after the request's position (EventLog::Read); max_events 0
+  // means 4096, more than 65536 is capped.
+  hymcache::v1::WatchEventsResponse WatchEvents(
+      const hymcache::v1::WatchEventsRequest& request) const;
+  const EventLog& events() const { return *events_; }
+  // The longest cached prefix of a chain, overall and per node (alive
+  // nodes only). Errors: InvalidArgument (no keys, too many, too long).
+  absl::StatusOr<hymcache::v1::PrefixQueryResponse> PrefixQuery(
+      const hymcache::v1::PrefixQueryRequest& request) const;
 
   // While set, lookups and puts carry no capabilities (benchmarks
   // measuring what signing them costs; nodes then refuse every op). Never
@@ -895,10 +910,20 @@ class MasterService {
   // batch; returns how many (0 on a store failure: those reads are lost).
   size_t PersistRecencyLocked(size_t max) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // A KV event for the block `key` committed at `e` after `parent`.
+  void EmitStoredLocked(const std::string& key, const std::string& parent,
+                        const ObjectLocation& e) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A NODE_UP or NODE_DOWN event.
+  void EmitNode(hymcache::v1::KvEvent::Kind kind, uint32_t node_id) const;
+  // Makes index_ report what leaves it as BLOCK_REMOVED events.
+  void ListenToIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Constant after construction.
   const MasterServiceOptions options_;
   Clock* const clock_;
   const std::unique_ptr<MetadataStore> store_;  // thread-safe itself
+  const std::unique_ptr<EventLog> events_;      // thread-safe itself
   std::atomic<bool> skip_capabilities_for_test_{false};
 
   // One snapshot writer at a time. Taken before mu_.

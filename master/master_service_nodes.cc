@@ -620,11 +620,16 @@ absl::StatusOr<v1::HeartbeatResponse> MasterService::Heartbeat(
                      ": no valid proof of its node key"));
   }
   n->second.last_seen = now;
+  const bool first_proof = !n->second.key_confirmed;
   n->second.key_confirmed = true;
   if (n->second.reported_dead) {
     LOG(INFO) << "node " << request.node_id() << " '"
               << n->second.info.name() << "' heartbeats again: alive";
     n->second.reported_dead = false;
+    EmitNode(v1::KvEvent::NODE_UP, request.node_id());
+  } else if (first_proof) {
+    // A node given a fresh key is alive (placeable) from its first proof.
+    EmitNode(v1::KvEvent::NODE_UP, request.node_id());
   }
   response.set_generation_ceiling(store_->GenerationCeiling());
   response.set_reconcile(n->second.needs_reconcile);
@@ -681,6 +686,7 @@ absl::StatusOr<v1::DeregisterNodeResponse> MasterService::DeregisterNode(
   CancelPutsOfNode(node.info.node_id(), /*free_space=*/true);
   SweepOrphansLocked();  // chains that reached into the purged regions
   node.deregistered = true;
+  EmitNode(v1::KvEvent::NODE_DOWN, node.info.node_id());
   LOG(INFO) << "node " << node.info.node_id() << " '" << node.info.name()
             << "' deregistered; purged " << doomed.size() << " objects";
   return v1::DeregisterNodeResponse();
@@ -688,6 +694,8 @@ absl::StatusOr<v1::DeregisterNodeResponse> MasterService::DeregisterNode(
 
 void MasterService::MarkRegistered(Node& node, bool retained) {
   node.registered = true;
+  // A node with a fresh key comes up at its first proof (Heartbeat).
+  if (node.key_confirmed) EmitNode(v1::KvEvent::NODE_UP, node.info.node_id());
   node.reported_dead = false;  // registration logs its own line
   // A reconciliation that began before this registration described the
   // node's previous life: superseded.

@@ -137,8 +137,9 @@ TEST_CASE(
   CHECK(aware.moved * 10 <= aware.continued);
 }
 
-TEST_CASE("One long chain continues on another node once its own is filled "
-          "past the margin, and is whole for a reader") {
+TEST_CASE(
+    "One long chain continues on another node once its own is filled "
+    "past the margin, and is whole for a reader") {
   Harness h("placement_spill");
   h.Register("a", 1, {{1, 64 * kMiB}}, 7000);
   h.Register("b", 1, {{1, 64 * kMiB}}, 7002);
@@ -158,8 +159,9 @@ TEST_CASE("One long chain continues on another node once its own is filled "
   CHECK(h.Lookup(chain).hit_prefix_length() == chain.size());
 }
 
-TEST_CASE("A node whose blocks are being read takes fewer new chains than "
-          "an idle node of the same fill") {
+TEST_CASE(
+    "A node whose blocks are being read takes fewer new chains than "
+    "an idle node of the same fill") {
   Harness h("placement_traffic");
   const uint32_t a = h.Register("a", 1, {{1, 64 * kMiB}}, 7000);
   const uint32_t b = h.Register("b", 1, {{1, 64 * kMiB}}, 7002);
@@ -181,8 +183,9 @@ TEST_CASE("A node whose blocks are being read takes fewer new chains than "
   CHECK(on_a == 0);
 }
 
-TEST_CASE("A named tenant's bytes are spread so that no node holds more "
-          "than its share, while the default tenant's chains stay put") {
+TEST_CASE(
+    "A named tenant's bytes are spread so that no node holds more "
+    "than its share, while the default tenant's chains stay put") {
   Harness h("placement_tenant", [](MasterServiceOptions& o) {
     o.placement.max_tenant_share_per_node = 0.5;
     o.placement.tenant_share_min_bytes = 4 * kMiB;
@@ -213,8 +216,9 @@ TEST_CASE("A named tenant's bytes are spread so that no node holds more "
   CHECK(h.svc->counters().placements_over_tenant_share == 0);
 }
 
-TEST_CASE("Round robin, kept for comparison, places new chains on each node "
-          "in turn and keeps a chain on its node") {
+TEST_CASE(
+    "Round robin, kept for comparison, places new chains on each node "
+    "in turn and keeps a chain on its node") {
   Harness h("placement_rr", [](MasterServiceOptions& o) {
     o.placement.policy = PlacementPolicy::kRoundRobin;
   });

@@ -649,6 +649,7 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
       CountObject(o, -1);
     }
     CountObject(e, +1);
+    EmitStoredLocked(slot.key, slot.parent, e);
     ++committed;
   }
   counters_.commits_unreachable += unreachable;

@@ -206,6 +206,7 @@ void MetadataIndex::DropKey(uint32_t i) {
   Record& r = record(i);
   if (!r.has_key()) return;
   const ObjectLocation gone = EntryOf(i);
+  if (removal_listener_) removal_listener_(KeyOf(i), gone);
   CountTenant(KeyOf(i), -1, -static_cast<int64_t>(gone.length));
   CountTenantOnNode(KeyOf(i), gone.node_id, -static_cast<int64_t>(gone.length));
   if (r.out_of_line()) {
@@ -363,6 +364,7 @@ absl::StatusOr<std::optional<ObjectLocation>> MetadataIndex::Upsert(
   if (existing != kNil) {
     const uint32_t i = existing;
     old = EntryOf(i);
+    if (removal_listener_) removal_listener_(key, *old);
     // The key stays listed (at its new location), so the blocks after it
     // are still reachable through it: they stay, linked to it again (same
     // node or cross links as its new node says), so that losing it later

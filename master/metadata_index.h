@@ -307,6 +307,16 @@ class MetadataIndex {
   TenantUsage UsageOf(absl::string_view tenant) const;
   // Every tenant with entries.
   absl::flat_hash_map<std::string, TenantUsage> AllTenantUsage() const;
+
+  // Called with every key that leaves the index (erased, evicted, orphaned,
+  // or replaced by Upsert: then with its old location) and its location,
+  // before it goes; the master's KV events (master/event_log.h). Runs
+  // inside the index's calls, under the caller's lock. nullptr: none.
+  using RemovalListener =
+      std::function<void(absl::string_view key, const ObjectLocation& at)>;
+  void set_removal_listener(RemovalListener listener) {
+    removal_listener_ = std::move(listener);
+  }
   // Bytes of a named tenant's entries on node `node_id` (placement's
   // per-node share, master/placement.h); 0 for the default tenant, which
   // is not counted per node.
@@ -469,6 +479,7 @@ class MetadataIndex {
   // See UsageOf(): the default tenant apart (no hashing on its path).
   TenantUsage default_usage_;
   absl::flat_hash_map<std::string, TenantUsage> tenant_usage_;
+  RemovalListener removal_listener_;
   // Bytes per node of each named tenant (TenantBytesOnNode).
   absl::flat_hash_map<std::string, absl::flat_hash_map<uint32_t, uint64_t>>
       tenant_node_bytes_;

@@ -17,20 +17,19 @@ absl::StatusOr<PlacementPolicy> ParsePlacementPolicy(absl::string_view name) {
 }
 
 const char* PlacementPolicyName(PlacementPolicy policy) {
-  return policy == PlacementPolicy::kRoundRobin ? "round_robin"
-                                                : "load_aware";
+  return policy == PlacementPolicy::kRoundRobin ? "round_robin" : "load_aware";
 }
 
 absl::Status PlacementOptions::Validate() const {
   if (!(chain_spill_over >= 0 && chain_spill_over <= 10)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "placement: chain_spill_over must be in [0, 10] (is ",
-        chain_spill_over, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement: chain_spill_over must be in [0, 10] (is ",
+                     chain_spill_over, ")"));
   }
   if (!(chain_spill_min_fill >= 0 && chain_spill_min_fill <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "placement: chain_spill_min_fill must be in [0, 1] (is ",
-        chain_spill_min_fill, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement: chain_spill_min_fill must be in [0, 1] (is ",
+                     chain_spill_min_fill, ")"));
   }
   if (!(load_weight >= 0 && load_weight <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -38,9 +37,9 @@ absl::Status PlacementOptions::Validate() const {
   }
   if (load_half_life < absl::Milliseconds(100) ||
       load_half_life > absl::Hours(1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "placement: load_half_life must be in [100ms, 1h] (is ",
-        absl::FormatDuration(load_half_life), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement: load_half_life must be in [100ms, 1h] (is ",
+                     absl::FormatDuration(load_half_life), ")"));
   }
   if (!(max_tenant_share_per_node > 0 && max_tenant_share_per_node <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -67,8 +66,7 @@ void DecayingRate::Add(uint64_t bytes, absl::Time now,
   sum_ += static_cast<double>(bytes);
 }
 
-double DecayingRate::PerSecond(absl::Time now,
-                               absl::Duration half_life) const {
+double DecayingRate::PerSecond(absl::Time now, absl::Duration half_life) const {
   if (at_ == absl::InfinitePast()) return 0;
   // A decayed sum with half-life h integrates a steady rate r to
   // r * h / ln 2.
@@ -110,13 +108,11 @@ PlacementRanking RankNodes(const PlacementOptions& options,
   }
   const double put = static_cast<double>(put_bytes);
   auto fill_after = [&](const PlacementCandidate& c) {
-    return c.capacity_bytes == 0
-               ? 1.0
-               : (static_cast<double>(c.used_bytes) + put) /
-                     static_cast<double>(c.capacity_bytes);
+    return c.capacity_bytes == 0 ? 1.0
+                                 : (static_cast<double>(c.used_bytes) + put) /
+                                       static_cast<double>(c.capacity_bytes);
   };
-  const double mean_fill_after =
-      capacity > 0 ? (used + put) / capacity : 1.0;
+  const double mean_fill_after = capacity > 0 ? (used + put) / capacity : 1.0;
   const double mean_traffic = traffic / static_cast<double>(n);
   const double mean_in_flight = in_flight / static_cast<double>(n);
   // 0 at or below the mean, 1 at 4x the mean and beyond.

@@ -57,30 +57,29 @@ TEST_CASE("A put goes to the emptiest node; equal nodes take turns") {
                                        Node(3, 200)};
   CHECK(Ids(c, RankNodes(o, c, 10, false, 0, 0)) ==
         std::vector<uint32_t>{2, 3, 1});
-  std::vector<PlacementCandidate> equal = {Node(1, 0), Node(2, 0),
-                                           Node(3, 0)};
+  std::vector<PlacementCandidate> equal = {Node(1, 0), Node(2, 0), Node(3, 0)};
   CHECK(Ids(equal, RankNodes(o, equal, 10, false, 0, 1)) ==
         std::vector<uint32_t>{2, 3, 1});
   CHECK(Ids(equal, RankNodes(o, equal, 10, false, 0, 3)) ==
         std::vector<uint32_t>{1, 2, 3});
 }
 
-TEST_CASE("Fill is relative to capacity: a node twice as large takes twice "
-          "the bytes") {
+TEST_CASE(
+    "Fill is relative to capacity: a node twice as large takes twice "
+    "the bytes") {
   PlacementOptions o;
-  std::vector<PlacementCandidate> c = {Node(1, 150, 1000),
-                                       Node(2, 250, 2000)};
+  std::vector<PlacementCandidate> c = {Node(1, 150, 1000), Node(2, 250, 2000)};
   CHECK(Ids(c, RankNodes(o, c, 10, false, 0, 0)).front() == 2);
 }
 
-TEST_CASE("A chain stays on its node within the spill margin and moves to "
-          "the emptiest node beyond it") {
+TEST_CASE(
+    "A chain stays on its node within the spill margin and moves to "
+    "the emptiest node beyond it") {
   PlacementOptions o;
   o.chain_spill_over = 0.1;
   o.chain_spill_min_fill = 0;
   // Mean fill after a 10-byte put: (1050 + 1000 + 950 + 10) / 3000.
-  std::vector<PlacementCandidate> c = {Node(1, 1050, 3000),
-                                       Node(2, 1000, 3000),
+  std::vector<PlacementCandidate> c = {Node(1, 1050, 3000), Node(2, 1000, 3000),
                                        Node(3, 950, 3000)};
   c[0].chain_node = true;
   PlacementRanking kept = RankNodes(o, c, 10, false, 0, 0);
@@ -96,8 +95,9 @@ TEST_CASE("A chain stays on its node within the spill margin and moves to "
         std::vector<uint32_t>{1, 2, 3});
 }
 
-TEST_CASE("Among nodes of equal fill the one with more recent traffic or "
-          "more puts in flight comes last") {
+TEST_CASE(
+    "Among nodes of equal fill the one with more recent traffic or "
+    "more puts in flight comes last") {
   PlacementOptions o;
   std::vector<PlacementCandidate> c = {Node(1, 100), Node(2, 100),
                                        Node(3, 100)};
@@ -117,8 +117,9 @@ TEST_CASE("Among nodes of equal fill the one with more recent traffic or "
   CHECK(Ids(c, RankNodes(o, c, 10, false, 0, 0)).front() == 2);
 }
 
-TEST_CASE("A named tenant's share of one node is limited once it holds "
-          "enough bytes; the default tenant has no share limit") {
+TEST_CASE(
+    "A named tenant's share of one node is limited once it holds "
+    "enough bytes; the default tenant has no share limit") {
   PlacementOptions o;
   o.max_tenant_share_per_node = 0.5;
   o.tenant_share_min_bytes = 1000;
@@ -142,8 +143,9 @@ TEST_CASE("A named tenant's share of one node is limited once it holds "
   CHECK(all.order.size() == 2);
 }
 
-TEST_CASE("A decaying rate follows a steady rate and halves per half-life "
-          "once the traffic stops") {
+TEST_CASE(
+    "A decaying rate follows a steady rate and halves per half-life "
+    "once the traffic stops") {
   DecayingRate r;
   const absl::Duration h = absl::Seconds(10);
   absl::Time t = absl::FromUnixSeconds(1000);

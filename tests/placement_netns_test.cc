@@ -119,12 +119,11 @@ struct Engine {
       if (!r.ok() || r->stored != keys.size()) {
         ++failed;
         if (error.empty()) {
-          error = r.ok() ? absl::StrCat(r->stored, " of ", keys.size(),
-                                        " stored: ",
-                                        r->errors.empty()
-                                            ? ""
-                                            : r->errors.back().ToString())
-                         : r.status().ToString();
+          error =
+              r.ok() ? absl::StrCat(
+                           r->stored, " of ", keys.size(), " stored: ",
+                           r->errors.empty() ? "" : r->errors.back().ToString())
+                     : r.status().ToString();
         }
         // The chain ends here (its next turn would have no parent).
         l = fresh();
@@ -144,17 +143,16 @@ struct Outcome {
   double seconds = 0;
 };
 
-Outcome RunCluster(VirtualNetwork& net, const std::string& policy,
-                   int stores) {
+Outcome RunCluster(VirtualNetwork& net, const std::string& policy, int stores) {
   const std::string dir = TempDir("placement_netns_" + policy);
   ChildOptions on_master;
   on_master.netns_path = net.netns_path(kMasterHost);
-  std::vector<std::string> margs = testing::MasterArgs(
-      dir + "/master", net.address(kMasterHost) + ":0");
+  std::vector<std::string> margs =
+      testing::MasterArgs(dir + "/master", net.address(kMasterHost) + ":0");
   for (const char* f : {"--logtostderr", "--insecure"}) margs.push_back(f);
   margs.push_back("--placement=" + policy);
-  auto m = Daemon::Launch(RunfilePath("master/hymcache-master"), margs,
-                          on_master);
+  auto m =
+      Daemon::Launch(RunfilePath("master/hymcache-master"), margs, on_master);
   INFO(m.status().ToString());
   REQUIRE(m.ok());
   auto master = testing::ParseMasterReadyLine(m->ready_line());
@@ -170,8 +168,8 @@ Outcome RunCluster(VirtualNetwork& net, const std::string& policy,
       args.push_back(f);
     }
     args.push_back("--listen_host=" + net.address(StorageHost(i)));
-    auto d = Daemon::Launch(RunfilePath("storage_node/hymcache-storage"),
-                            args, o);
+    auto d =
+        Daemon::Launch(RunfilePath("storage_node/hymcache-storage"), args, o);
     INFO(d.status().ToString());
     REQUIRE(d.ok());
     nodes.push_back(std::move(d).value());

@@ -37,6 +37,10 @@
 // --failover_objects=N does the same but kills only the leader: the time
 // from the kill until the standby serves every sampled key.
 //
+// --modes=events_off,off compares a plain master that keeps no KV events
+// (--event_log_capacity=0) with one that does (the default): the cost of
+// publishing them.
+//
 // Caveat: the standby and etcd share this machine (and its cores) with the
 // leader and the load.
 #include <gflags/gflags.h>
@@ -143,9 +147,12 @@ absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
   Rig rig;
   std::vector<std::string> common = {"--listen=127.0.0.1:0",
                                      "--node_timeout_ms=3600000"};
-  if (mode == "off") {
+  if (mode == "off" || mode == "events_off") {
     std::vector<std::string> args = common;
     args.push_back("--db_path=" + dir + "/m0");
+    // The KV events' cost (docs/deployment.md): a plain master keeping
+    // none.
+    if (mode == "events_off") args.push_back("--event_log_capacity=0");
     auto d = Daemon::Start(binary, args);
     if (!d.ok()) return d.status();
     auto address = testing::ParseMasterReadyLine(d->ready_line());

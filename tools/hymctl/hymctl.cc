@@ -32,6 +32,7 @@
 #include "common/status_reason.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
+#include "tools/hymctl/events.h"
 #include "tools/hymctl/fsck.h"
 #include "tools/hymctl/top.h"
 
@@ -66,21 +67,6 @@ void Table(std::ostream& out, const std::vector<std::vector<std::string>>& rows)
     }
     out << line << "\n";
   }
-}
-
-std::string Printable(const std::string& key) {
-  for (unsigned char c : key) {
-    if (c < 0x20 || c > 0x7e) return KeyToHex(key);
-  }
-  return key;
-}
-
-// Sets j[field] to `key` as text, or as hex if it has bytes outside
-// printable ASCII, and j[field + "_encoding"] to "text" or "hex".
-void PutKey(json& j, const std::string& field, const std::string& key) {
-  const std::string shown = Printable(key);
-  j[field] = shown;
-  j[field + "_encoding"] = shown == key ? "text" : "hex";
 }
 
 // Bytes in at most 5 characters: 512B, 1.5K, 12K, 123M (binary units).
@@ -221,6 +207,15 @@ class Cli {
       return rest.size() == 1 ? Inspect(rest[0]) : Usage("inspect KEY");
     }
     if (cmd == "top") return rest.empty() ? Top() : Usage("top takes no operands");
+    if (cmd == "events") {
+      if (!rest.empty()) return Usage("events takes no operands");
+      absl::Status why;
+      auto stub = MasterStub(&why);
+      if (stub == nullptr) return Fail(why);
+      EventsOptions eo = o_.events;
+      eo.json = o_.json;
+      return FollowEvents(stub.get(), eo, o_.timeout_seconds, out_, err_);
+    }
     if (cmd == "status") return rest.empty() ? Status() : Usage("status takes no operands");
     ClientOptions co;
     co.master_address = o_.master_address;
@@ -1156,6 +1151,10 @@ On call (admin):
                       (also: node forget NODE)
   inspect KEY         where KEY is, its node's state, last read, lease,
                       chain links, tenant
+  events [--count=N] [--stream=ID --after=SEQ]
+                      follow the KV events (blocks stored and removed,
+                      nodes up and down) from the oldest held, or after
+                      SEQ of stream ID; --count: stop after N
   fsck [--repair] [--settle=S]
                       compare the master's listings with every node's
                       extents (exit 1 if inconsistent)

@@ -1,7 +1,7 @@
 // hymctl: the admin CLI's logic, as a library so tests run it in-process.
 // HelpText() lists the commands (hymctl help, hymctl --help). On-call
 // commands (docs/operations.md): drain / undrain NODE, forget NODE,
-// inspect KEY, top, version.
+// inspect KEY, top, events, version.
 //
 // Keys are taken as text, or as hex with --hex (block keys are binary). In
 // JSON output every key says how it is spelled: "key" beside
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/security.h"
+#include "tools/hymctl/events.h"
 
 namespace hymcache::hymctl {
 
@@ -52,6 +53,8 @@ struct Options {
   bool clear_screen = false;
   // What `hymctl version` reports for hymctl itself. Default: "" (unknown).
   std::string version;
+  // events: where to start and when to stop (its json is `json`'s).
+  EventsOptions events;
 };
 
 // The commands and what they do (hymctl help).

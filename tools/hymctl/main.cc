@@ -40,6 +40,9 @@ DEFINE_string(nodes, "",
               "token new: node names (comma-separated) a node token may "
               "register as");
 DEFINE_int32(iterations, 0, "top: refreshes before exiting (0: until interrupted)");
+DEFINE_int32(count, 0, "events: stop after this many events (0: follow)");
+DEFINE_uint64(stream, 0, "events: the stream id to resume (with --after)");
+DEFINE_uint64(after, 0, "events: resume after this sequence of --stream");
 
 int main(int argc, char** argv) {
   hymcache::ParseCommandLine(
@@ -77,6 +80,9 @@ int main(int argc, char** argv) {
   o.token_nodes = FLAGS_nodes;
   o.interval_seconds = FLAGS_interval;
   o.iterations = FLAGS_iterations;
+  o.events.count = FLAGS_count;
+  o.events.stream_id = FLAGS_stream;
+  o.events.after_sequence = FLAGS_after;
   o.clear_screen = ::isatty(STDOUT_FILENO) == 1;
   o.json = FLAGS_json;
   o.hex_keys = FLAGS_hex;

@@ -1,0 +1,128 @@
+// KV events and prefix queries for routers (docs/deployment.md, "KV
+// events"): what a cache-aware router needs to know which blocks exist
+// where.
+//
+// Events: every block committed (PutCommit) is a BLOCK_STORED event with
+// its parent, node and tier; every key that leaves the index, however it
+// goes (Remove, eviction, a tenant's quota, an orphaned tail, a
+// reconciliation or read repair that drops it, its node purged or
+// forgotten, a new copy replacing one on a dead node), is a BLOCK_REMOVED
+// event, reported by MetadataIndex's removal listener as it goes; nodes
+// registering or heartbeating again are NODE_UP, nodes found dead or
+// deregistering NODE_DOWN. Events are appended under the service's lock,
+// so their order is the order the changes were applied in. The EventLog
+// (master/event_log.h) numbers and buffers them.
+//
+// PrefixQuery: the leading keys of a chain found on alive nodes, and per
+// node the longest prefix it holds alone and how many of those blocks it
+// holds.
+
+#include <algorithm>
+
+#include "master/master_service.h"
+#include "master/tenant.h"
+
+namespace hymcache {
+namespace master {
+
+namespace v1 = ::hymcache::v1;
+
+void MasterService::EmitStoredLocked(const std::string& key,
+                                     const std::string& parent,
+                                     const ObjectLocation& e) const {
+  if (events_->capacity() == 0) return;  // events off: no cost
+  v1::KvEvent event;
+  event.set_kind(v1::KvEvent::BLOCK_STORED);
+  event.set_key(key);
+  event.set_parent_key(parent);
+  event.set_node_id(e.node_id);
+  if (auto n = nodes_.find(e.node_id); n != nodes_.end()) {
+    if (auto r = n->second.regions.find(e.region_id);
+        r != n->second.regions.end()) {
+      event.set_tier(r->second.info.device_kind());
+    }
+  }
+  event.set_tenant(std::string(TenantOfKey(key)));
+  event.set_unix_ms(absl::ToUnixMillis(clock_->Now()));
+  events_->Append(std::move(event));
+}
+
+void MasterService::EmitNode(v1::KvEvent::Kind kind, uint32_t node_id) const {
+  if (events_->capacity() == 0) return;
+  v1::KvEvent event;
+  event.set_kind(kind);
+  event.set_node_id(node_id);
+  event.set_unix_ms(absl::ToUnixMillis(clock_->Now()));
+  events_->Append(std::move(event));
+}
+
+void MasterService::ListenToIndexLocked() {
+  if (events_->capacity() == 0) return;
+  EventLog* log = events_.get();
+  Clock* clock = clock_;
+  index_->set_removal_listener(
+      [log, clock](absl::string_view key, const ObjectLocation& at) {
+        v1::KvEvent event;
+        event.set_kind(v1::KvEvent::BLOCK_REMOVED);
+        event.set_key(std::string(key));
+        event.set_node_id(at.node_id);
+        event.set_tenant(std::string(TenantOfKey(key)));
+        event.set_unix_ms(absl::ToUnixMillis(clock->Now()));
+        log->Append(std::move(event));
+      });
+}
+
+v1::WatchEventsResponse MasterService::WatchEvents(
+    const v1::WatchEventsRequest& request) const {
+  v1::WatchEventsResponse out;
+  const size_t max =
+      request.max_events() == 0
+          ? 4096
+          : std::min<size_t>(request.max_events(), 65536);
+  events_->Read(request.stream_id(), request.after_sequence(), max, &out);
+  return out;
+}
+
+absl::StatusOr<v1::PrefixQueryResponse> MasterService::PrefixQuery(
+    const v1::PrefixQueryRequest& request) const {
+  absl::Status s = ValidateKeys(request.keys());
+  if (!s.ok()) return s;
+  v1::PrefixQueryResponse out;
+  ReaderMutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  // Per node: blocks held and the longest prefix held alone (a node's run
+  // ends at the first key it does not hold).
+  struct PerNode {
+    uint32_t blocks = 0;
+    uint32_t longest = 0;
+    bool run = true;
+  };
+  std::map<uint32_t, PerNode> per_node;
+  uint32_t hit = 0;
+  for (const std::string& key : request.keys()) {
+    auto e = index_->Find(key);
+    if (!e) break;
+    auto n = nodes_.find(e->node_id);
+    if (n == nodes_.end() || !IsAlive(n->second, now)) break;
+    // A node first seen here did not hold the keys before this one.
+    PerNode& p = per_node.try_emplace(e->node_id, PerNode{0, 0, hit == 0})
+                     .first->second;
+    ++p.blocks;
+    for (auto& [id, q] : per_node) {
+      if (id != e->node_id) q.run = false;
+    }
+    if (p.run) p.longest = hit + 1;
+    ++hit;
+  }
+  out.set_hit_prefix_length(hit);
+  for (const auto& [id, p] : per_node) {
+    auto* np = out.add_nodes();
+    np->set_node_id(id);
+    np->set_longest_prefix(p.longest);
+    np->set_blocks(p.blocks);
+  }
+  return out;
+}
+
+}  // namespace master
+}  // namespace hymcache
