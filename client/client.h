@@ -197,6 +197,18 @@ class StoreHandle {
       absl::Time deadline = absl::InfiniteFuture()) = 0;
 };
 
+// A think-time hint (Client::HintNextTurn).
+struct TurnHintOptions {
+  // When the conversation's next turn is expected, from now; zero: unknown
+  // (the nodes stage its blocks as soon as their windows are idle).
+  // Default: zero.
+  absl::Duration expected_in = absl::ZeroDuration();
+  // How long past expected_in the nodes hold the blocks staged before
+  // giving up on the turn. > 0. Default: 60 s (nodes cap expected_in + hold
+  // at their max_hint_hold, 5 min by default).
+  absl::Duration hold = absl::Seconds(60);
+};
+
 struct NodeStatus {
   uint32_t node_id = 0;
   std::string name;
@@ -303,6 +315,25 @@ class Client {
   // one in its chain (on the same node) go too: nothing could reach them.
   virtual absl::StatusOr<std::vector<bool>> Remove(
       absl::Span<const std::string> keys, const CallOptions& call = {}) = 0;
+
+  // Think-time hints (docs/prefetch.md). Advice only: each returns at once
+  // and its work (a for-read lookup of `keys`, then one small frame per
+  // node holding them) runs in the background; it never fails or delays a
+  // Load, Store or Put. A client runs at most max_pending_hints at once.
+  //
+  // HintNextTurn: `keys` is a conversation's chain, in order (the blocks its
+  // next turn will load first), just answered. Nodes stage the stored
+  // prefix of it into DRAM while their windows are idle, so that the next
+  // turn's Load finds it staged, and the lookup keeps the chain recent on
+  // the master (away from eviction).
+  // HintConversationEnded: the conversation will not come back; the nodes
+  // drop its hints (its blocks stay stored).
+  // Errors: InvalidArgument (empty list, empty or oversized key, hold <= 0),
+  // ResourceExhausted (max_pending_hints in flight: the hint is dropped).
+  virtual absl::Status HintNextTurn(absl::Span<const std::string> keys,
+                                    const TurnHintOptions& options = {}) = 0;
+  virtual absl::Status HintConversationEnded(
+      absl::Span<const std::string> keys) = 0;
 
   // Nodes, liveness, capacity and object counts.
   virtual absl::StatusOr<ClusterStatus> GetClusterStatus(

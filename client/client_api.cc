@@ -93,9 +93,10 @@ absl::Status ClientOptions::Validate() const {
     return absl::InvalidArgumentError(
         "ClientOptions.read_batch_bytes must be > 0");
   }
-  if (store_threads < 1 || max_pending_stores < 1) {
+  if (store_threads < 1 || max_pending_stores < 1 || max_pending_hints < 1) {
     return absl::InvalidArgumentError(
-        "ClientOptions.store_threads and max_pending_stores must be >= 1");
+        "ClientOptions.store_threads, max_pending_stores and "
+        "max_pending_hints must be >= 1");
   }
   if (device.bounce_chunk_bytes == 0 || device.bounce_chunks < 1) {
     return absl::InvalidArgumentError(

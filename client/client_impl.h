@@ -80,6 +80,10 @@ class ClientImpl : public Client {
       const CallOptions& call) override;
   absl::Status RegisterMemory(void* data, size_t size) override;
   absl::Status UnregisterMemory(void* data) override;
+  absl::Status HintNextTurn(absl::Span<const std::string> keys,
+                            const TurnHintOptions& options) override;
+  absl::Status HintConversationEnded(
+      absl::Span<const std::string> keys) override;
 
  protected:
   absl::Time DefaultCallDeadline() const override {
@@ -116,6 +120,14 @@ class ClientImpl : public Client {
                      const std::vector<ObjectLocation>& locs, size_t first,
                      const std::vector<absl::Status>& st);
   void ReleaseInBackground(uint64_t session, std::vector<uint32_t> nodes);
+
+  // hints.cc
+  // Queues a think-time hint of `keys` (hold 0: the end of their hints).
+  absl::Status QueueTurnHint(absl::Span<const std::string> keys,
+                             absl::Duration expected_in, absl::Duration hold);
+  // Looks the chain up and sends each node its part of the stored prefix.
+  void SendTurnHint(const std::vector<std::string>& keys,
+                    const wire::HintTimes& times);
 
   // store.cc
   static absl::Status CheckPut(absl::Span<const std::string> keys,
@@ -163,6 +175,8 @@ class ClientImpl : public Client {
   Mutex mu_;
   absl::flat_hash_map<uint32_t, PeerInfo> peers_ ABSL_GUARDED_BY(mu_);
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
+  // Think-time hints queued or running (max_pending_hints).
+  int hints_pending_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Protected by device_mu_ (never held with mu_). Destroyed before
   // transport_ and device_, which it uses.

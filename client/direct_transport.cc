@@ -114,6 +114,13 @@ class DirectTransport : public Transport {
     return hints_->Prefetch(peer, session, refs, deadline);
   }
 
+  std::vector<absl::Status> HintTurn(const PeerInfo& peer,
+                                     absl::Span<const RemoteRef> refs,
+                                     const wire::HintTimes& times,
+                                     absl::Time deadline) override {
+    return hints_->HintTurn(peer, refs, times, deadline);
+  }
+
   absl::Status Release(const PeerInfo& peer, uint64_t session,
                        absl::Span<const RemoteRef> refs,
                        absl::Time deadline) override {
@@ -450,6 +457,14 @@ class FirstReachableTransport : public Transport {
     auto t = Pick(peer);
     if (!t.ok()) return std::vector<absl::Status>(refs.size(), t.status());
     return (*t)->Prefetch(peer, session, refs, deadline);
+  }
+  std::vector<absl::Status> HintTurn(const PeerInfo& peer,
+                                     absl::Span<const RemoteRef> refs,
+                                     const wire::HintTimes& times,
+                                     absl::Time deadline) override {
+    auto t = Pick(peer);
+    if (!t.ok()) return std::vector<absl::Status>(refs.size(), t.status());
+    return (*t)->HintTurn(peer, refs, times, deadline);
   }
   absl::Status Release(const PeerInfo& peer, uint64_t session,
                        absl::Span<const RemoteRef> refs,

@@ -142,6 +142,10 @@ struct ClientOptions {
   // Stores queued or running at once; a Store beyond this fails at once
   // with ResourceExhausted (skipped, never blocking). Default: 64.
   int max_pending_stores = 64;
+  // Think-time hints (Client::HintNextTurn, HintConversationEnded) queued
+  // or running at once; one beyond is dropped (ResourceExhausted).
+  // Default: 64.
+  int max_pending_hints = 64;
   // Device-memory buffers (LoadOptions::memory, StoreOptions::memory).
   DeviceOptions device;
   // Checks every field; InvalidArgument names the bad one.

@@ -98,6 +98,22 @@ class TcpTransport : public Transport {
     return absl::OkStatus();
   }
 
+  std::vector<absl::Status> HintTurn(const PeerInfo& peer,
+                                     absl::Span<const RemoteRef> refs,
+                                     const wire::HintTimes& times,
+                                     absl::Time deadline) override {
+    uint8_t payload[wire::kHintTimesBytes];
+    wire::EncodeHintTimes(times, payload);
+    return InFrames(peer, refs, /*max_frame_bytes=*/0, deadline,
+                    [this, &payload](Socket& s, absl::Span<const RemoteRef> r,
+                                     absl::Span<absl::Status> st, absl::Time d,
+                                     bool* started) {
+                      return ControlFrame(s, FrameType::kHintRequest,
+                                          FrameType::kHintResponse, payload, r,
+                                          st, d, started);
+                    });
+  }
+
   std::vector<absl::Status> Write(const PeerInfo& peer,
                                   absl::Span<const WriteOp> ops,
                                   absl::Time deadline) override {
@@ -204,19 +220,31 @@ class TcpTransport : public Transport {
                             absl::Span<const RemoteRef> refs,
                             absl::Span<absl::Status> statuses,
                             absl::Time deadline, bool* response_started) {
+    uint8_t sid[wire::kSessionBytes];
+    wire::EncodeSession(session, sid);
+    const FrameType want = type == FrameType::kPrefetchRequest
+                               ? FrameType::kPrefetchResponse
+                               : FrameType::kReleaseResponse;
+    return ControlFrame(s, type, want, sid, refs, statuses, deadline,
+                        response_started);
+  }
+
+  // A request of `refs` with a small `payload`, answered by a `want` frame
+  // with a status per ref. Returns OK when the connection is still in sync
+  // (reusable).
+  absl::Status ControlFrame(Socket& s, FrameType type, FrameType want,
+                            absl::Span<uint8_t> payload,
+                            absl::Span<const RemoteRef> refs,
+                            absl::Span<absl::Status> statuses,
+                            absl::Time deadline, bool* response_started) {
     std::vector<OpDesc> descs;
     descs.reserve(refs.size());
     for (const RemoteRef& r : refs) descs.push_back(ToOp(r));
     for (auto& st : statuses) st = NotAttempted();
     uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
-    uint8_t sid[wire::kSessionBytes];
-    wire::EncodeSession(session, sid);
-    std::vector<iovec> payload = {{sid, sizeof(sid)}};
-    RETURN_IF_ERROR(SendRequest(s, type, descs, sizeof(sid), payload, id,
-                                deadline));
-    const FrameType want = type == FrameType::kPrefetchRequest
-                               ? FrameType::kPrefetchResponse
-                               : FrameType::kReleaseResponse;
+    std::vector<iovec> iov = {{payload.data(), payload.size()}};
+    RETURN_IF_ERROR(
+        SendRequest(s, type, descs, payload.size(), iov, id, deadline));
     auto resp = RecvResponse(s, want, id, refs.size(), deadline,
                              response_started);
     if (!resp.ok()) return resp.status();

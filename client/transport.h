@@ -116,6 +116,20 @@ class Transport {
                                absl::Span<const RemoteRef> refs,
                                absl::Time deadline) = 0;
 
+  // Think-time hint (see common/wire.h): `refs` (in read order) are likely
+  // read again `times.expected_in_ms` from now; the node stages them while
+  // idle and holds them `times.hold_ms` longer (0: ends their hints). One
+  // status per ref, as Prefetch. Advice only. The default: Unimplemented
+  // (a transport that does not carry hints).
+  virtual std::vector<absl::Status> HintTurn(const PeerInfo& peer,
+                                             absl::Span<const RemoteRef> refs,
+                                             const wire::HintTimes& times,
+                                             absl::Time deadline) {
+    return std::vector<absl::Status>(
+        refs.size(),
+        absl::UnimplementedError("this transport carries no think-time hints"));
+  }
+
   // Writes every op to `peer`. Statuses as for Read; an op that failed left
   // nothing readable at its destination. Each OK op's receipt (if it asks
   // for one) is the node's.

@@ -17,7 +17,7 @@ using absl::little_endian::Store64;
 
 bool KnownType(uint8_t t) {
   return t >= static_cast<uint8_t>(FrameType::kReadRequest) &&
-         t <= static_cast<uint8_t>(FrameType::kRdmaConnectResponse);
+         t <= static_cast<uint8_t>(FrameType::kHintResponse);
 }
 
 }  // namespace
@@ -93,6 +93,12 @@ absl::StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kHeaderBytes]) {
             "data plane: session request without a session id");
       }
       break;
+    case FrameType::kHintRequest:
+      if (h.op_count == 0 || h.payload_bytes != kHintTimesBytes) {
+        return absl::InvalidArgumentError(
+            "data plane: hint needs ops and its times");
+      }
+      break;
     case FrameType::kAcquireRequest:
       if (h.op_count == 0 || h.payload_bytes != kSessionBytes) {
         return absl::InvalidArgumentError(
@@ -138,6 +144,7 @@ absl::StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kHeaderBytes]) {
       break;
     case FrameType::kPrefetchResponse:
     case FrameType::kReleaseResponse:
+    case FrameType::kHintResponse:
     case FrameType::kPing:
     case FrameType::kPong:
       if (h.payload_bytes != 0) {
@@ -164,6 +171,15 @@ void EncodeSession(uint64_t session, uint8_t out[kSessionBytes]) {
 
 uint64_t DecodeSession(const uint8_t in[kSessionBytes]) { return Load64(in); }
 
+void EncodeHintTimes(const HintTimes& t, uint8_t out[kHintTimesBytes]) {
+  Store32(out, t.expected_in_ms);
+  Store32(out + 4, t.hold_ms);
+}
+
+HintTimes DecodeHintTimes(const uint8_t in[kHintTimesBytes]) {
+  return HintTimes{Load32(in), Load32(in + 4)};
+}
+
 void EncodeAreaRef(const AreaRef& r, uint8_t out[kAreaRefBytes]) {
   Store32(out, r.area);
   Store32(out + 4, r.rkey);
@@ -183,6 +199,7 @@ bool CarriesCapabilities(FrameType type) {
     case FrameType::kReadRequest:
     case FrameType::kWriteRequest:
     case FrameType::kPrefetchRequest:
+    case FrameType::kHintRequest:
     case FrameType::kAcquireRequest:
     case FrameType::kWriteBeginRequest:
     case FrameType::kRdmaConnectRequest:

@@ -61,6 +61,18 @@
 //   kReleaseResponse  the request's ops with a status each (NotFound: not in
 //                     the session); payload empty.
 //
+// Think-time hints (docs/prefetch.md): a conversation's blocks that its next
+// turn will read, sent when its current turn is answered; the node stages
+// them while its window is idle (KvManager::HintTurn). Advice only.
+//   kHintRequest      ops = objects in read order (>= 1, read capabilities);
+//                     payload = HintTimes (kHintTimesBytes): when the turn
+//                     is expected and how long after that to hold the
+//                     objects staged; a hold of 0 ends the objects' hints
+//                     (the conversation ended).
+//   kHintResponse     the request's ops with a status each (OK: accepted;
+//                     ResourceExhausted: the node's hint limit; NotFound: an
+//                     end hint for an object not hinted); payload empty.
+//
 // Direct access (one-sided data planes: RDMA, same-host shared memory). The
 // bytes move between the client's buffers and the node's exposed memory
 // areas (MemoryArea: the DRAM region, the hybrid staging window and write
@@ -162,6 +174,8 @@ enum class FrameType : uint8_t {
   kWriteCommitResponse = 17,
   kRdmaConnectRequest = 18,
   kRdmaConnectResponse = 19,
+  kHintRequest = 20,
+  kHintResponse = 21,
 };
 
 // Where an acquired object or a write destination lies in the node's
@@ -178,6 +192,16 @@ AreaRef DecodeAreaRef(const uint8_t in[kAreaRefBytes]);
 
 // Largest RDMA connect payload.
 inline constexpr uint64_t kMaxConnectBytes = 1024;
+
+// The payload of kHintRequest: u32 expected_in_ms, u32 hold_ms (little
+// endian).
+inline constexpr uint64_t kHintTimesBytes = 8;
+struct HintTimes {
+  uint32_t expected_in_ms = 0;
+  uint32_t hold_ms = 0;
+};
+void EncodeHintTimes(const HintTimes& t, uint8_t out[kHintTimesBytes]);
+HintTimes DecodeHintTimes(const uint8_t in[kHintTimesBytes]);
 
 // Bytes of the session id payload of session-scoped requests.
 inline constexpr uint64_t kSessionBytes = 8;

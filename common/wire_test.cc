@@ -176,6 +176,33 @@ TEST_CASE("hostile headers are rejected before anything is allocated") {
   }
 }
 
+TEST_CASE("a think-time hint carries ops and exactly its times") {
+  FrameHeader h;
+  h.type = FrameType::kHintRequest;
+  h.op_count = 2;
+  h.payload_bytes = kHintTimesBytes;
+  REQUIRE(DecodeHeader(Header(h).data()).ok());
+  CHECK(CarriesCapabilities(FrameType::kHintRequest));
+  h.payload_bytes = kSessionBytes + 1;
+  CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+  h.payload_bytes = kHintTimesBytes;
+  h.op_count = 0;
+  CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+  // The answer: a status per op, no payload.
+  h.type = FrameType::kHintResponse;
+  h.op_count = 2;
+  h.payload_bytes = 0;
+  CHECK(DecodeHeader(Header(h).data()).ok());
+  h.payload_bytes = 8;
+  CHECK_FALSE(DecodeHeader(Header(h).data()).ok());
+
+  uint8_t b[kHintTimesBytes];
+  EncodeHintTimes(HintTimes{1500, 0xfffffffe}, b);
+  const HintTimes t = DecodeHintTimes(b);
+  CHECK(t.expected_in_ms == 1500);
+  CHECK(t.hold_ms == 0xfffffffe);
+}
+
 TEST_CASE("op tables are checked against the header") {
   FrameHeader h;
   h.type = FrameType::kWriteRequest;

@@ -150,6 +150,12 @@ DEFINE_int32(prefetch_session_timeout_ms,
              Ms(Defaults().prefetch.session_timeout),
              "A request that stops reading this long loses its staged "
              "objects (ms).");
+DEFINE_double(prefetch_hint_share, Defaults().prefetch.hint_share,
+              "Think-time hints: the share of the hybrid device's staging "
+              "window they may hold staged (0: ignore hints).");
+DEFINE_int32(prefetch_max_hint_hold_ms, Ms(Defaults().prefetch.max_hint_hold),
+             "Think-time hints: the longest a hint holds its objects, from "
+             "its arrival (ms).");
 DEFINE_bool(shm, Defaults().expose_shm,
             "Let clients on this host map the device memory (shared-memory "
             "data plane).");
@@ -368,6 +374,9 @@ absl::Status OptionsFromFlags(hymcache::StorageNodeOptions* options) {
   }
   options->prefetch.session_timeout =
       absl::Milliseconds(FLAGS_prefetch_session_timeout_ms);
+  options->prefetch.hint_share = FLAGS_prefetch_hint_share;
+  options->prefetch.max_hint_hold =
+      absl::Milliseconds(FLAGS_prefetch_max_hint_hold_ms);
 
   options->expose_shm = FLAGS_shm;
   for (auto [flag, out] :
@@ -430,7 +439,8 @@ int main(int argc, char** argv) {
                     "io_max_write_bytes_per_s", "verify_on_open",
                     "verify_reads", "shutdown_flush_timeout_ms"}},
                   {"Prefetch",
-                   {"prefetch_window_bytes", "prefetch_session_timeout_ms"}},
+                   {"prefetch_window_bytes", "prefetch_session_timeout_ms",
+                    "prefetch_hint_share", "prefetch_max_hint_hold_ms"}},
                   {"Data planes",
                    {"shm", "shm_allowed_uids", "shm_allowed_gids", "rdma",
                     "rdma_device", "max_connections",

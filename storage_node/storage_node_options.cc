@@ -201,6 +201,13 @@ absl::Status StorageNodeOptions::Validate() const {
         "reap_interval, max_sessions and max_objects_per_session must be "
         "> 0");
   }
+  if (!(prefetch.hint_share >= 0 && prefetch.hint_share <= 1) ||
+      prefetch.max_hints < 1 ||
+      prefetch.max_hint_hold <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "storage node: prefetch hint_share must be in [0, 1], max_hints >= 1 "
+        "and max_hint_hold > 0");
+  }
   if (rdma != RdmaMode::kOff && rdma != RdmaMode::kAuto &&
       rdma != RdmaMode::kOn) {
     return absl::InvalidArgumentError(

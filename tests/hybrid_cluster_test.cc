@@ -357,5 +357,90 @@ TEST_CASE("an extent the master stopped listing is freed on the hybrid node for 
   CHECK(c.LoadAndVerify({keys[0], keys[1], keys[2]}) == 3);
 }
 
+// One of the node's stats by name (StorageStatsResponse.device_stats; 0
+// when absent).
+double NodeStat(const std::string& control_address, const std::string& name) {
+  auto stub = v1::StorageControl::NewStub(
+      grpc::CreateChannel(control_address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  v1::StorageStatsResponse stats;
+  REQUIRE(stub->GetStats(&ctx, v1::StorageStatsRequest(), &stats).ok());
+  auto it = stats.device_stats().find(name);
+  return it == stats.device_stats().end() ? 0 : it->second;
+}
+
+// Polls until the node's stat `name` reaches `want` (hints are sent in the
+// client's background); false after 10 s.
+bool AwaitNodeStat(const std::string& control_address, const std::string& name,
+                   double want) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (NodeStat(control_address, name) != want) {
+    if (absl::Now() > give_up) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+TEST_CASE(
+    "a next-turn hint stages the conversation before its turn, which reads the "
+    "staged copies") {
+  HybridCluster c;  // 8 MiB window: hints may hold 4 MiB
+  auto keys = Keys(24);
+  c.StoreAll(keys);  // the first blocks are long out of the 4 MiB write buffer
+  const std::string& ctl = c.node.control_address;
+  const double refills = NodeStat(ctl, "refill_bytes");
+
+  // A conversation of 3 blocks answered: the node stages it while idle, and
+  // the next turn's read (one read: no prefetch list) takes the staged
+  // copies, without reading the capacity tier again.
+  std::vector<std::string> conv(keys.begin(), keys.begin() + 3);
+  REQUIRE(c.client->HintNextTurn(conv).ok());
+  REQUIRE(AwaitNodeStat(ctl, "prefetch_turn_hints_staged", 3));
+  CHECK(NodeStat(ctl, "prefetch_turn_hint_bytes") == 3 * kBlock);
+  CHECK(NodeStat(ctl, "refill_bytes") == refills + 3 * kBlock);
+  CHECK(c.LoadAndVerify(conv) == 3);
+  CHECK(NodeStat(ctl, "prefetch_turn_hint_hits") == 3);
+  CHECK(NodeStat(ctl, "prefetch_turn_hints_held") == 0);
+  CHECK(NodeStat(ctl, "refill_bytes") == refills + 3 * kBlock);
+
+  // A longer conversation: its turn's Load sends a prefetch list, whose
+  // session joins the 4 hinted blocks staged; the other 2 are refilled.
+  std::vector<std::string> longer(keys.begin() + 10, keys.begin() + 16);
+  REQUIRE(c.client->HintNextTurn(longer).ok());
+  REQUIRE(AwaitNodeStat(ctl, "prefetch_turn_hints_staged", 3 + 4));
+  CHECK(NodeStat(ctl, "prefetch_turn_hints_held") == 6);  // 2 wait for room
+  std::vector<std::vector<uint8_t>> out(longer.size(),
+                                        std::vector<uint8_t>(kBlock));
+  std::vector<MutableBuffer> bufs;
+  for (auto& o : out) bufs.push_back({o.data(), o.size()});
+  auto r = c.client->Load(longer, bufs);
+  REQUIRE(r.ok());
+  REQUIRE(r->loaded == longer.size());
+  for (size_t i = 0; i < longer.size(); ++i)
+    CHECK(out[i] == BlockBytes(10 + i));
+  CHECK(NodeStat(ctl, "prefetch_turn_hint_hits") == 3 + 4);
+  CHECK(NodeStat(ctl, "prefetch_turn_hint_late") == 2);
+  CHECK(NodeStat(ctl, "prefetch_turn_hints_held") == 0);
+
+  // A conversation that ended: its hints are dropped at once.
+  std::vector<std::string> ended(keys.begin() + 20, keys.begin() + 22);
+  REQUIRE(c.client->HintNextTurn(ended).ok());
+  REQUIRE(AwaitNodeStat(ctl, "prefetch_turn_hints_held", 2));
+  REQUIRE(c.client->HintConversationEnded(ended).ok());
+  REQUIRE(AwaitNodeStat(ctl, "prefetch_turn_hints_cancelled", 2));
+  CHECK(NodeStat(ctl, "prefetch_turn_hints_held") == 0);
+  CHECK(NodeStat(ctl, "prefetch_turn_hint_bytes") == 0);
+  CHECK(NodeStat(ctl, "prefetch_turn_hints_wasted") == 0);
+
+  // Bad hints are refused by the client, never sent.
+  CHECK(c.client->HintNextTurn({}).code() ==
+        absl::StatusCode::kInvalidArgument);
+  TurnHintOptions no_hold;
+  no_hold.hold = absl::ZeroDuration();
+  CHECK(c.client->HintNextTurn(conv, no_hold).code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace hymcache

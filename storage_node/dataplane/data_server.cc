@@ -680,6 +680,19 @@ bool DataServer::HandleRequest(int fd, const uint8_t* hdr, absl::Time deadline,
         req.session = wire::DecodeSession(b);
       }
       break;
+    case wire::FrameType::kHintRequest: {
+      uint8_t b[wire::kHintTimesBytes];
+      s = RecvAll(fd, b, sizeof(b), deadline);
+      if (!s.ok()) {
+        Add(counters_.protocol_errors, 1);
+        SendError(fd, h.request_id,
+                  absl::Status(s.code(), absl::StrCat("truncated hint times: ",
+                                                      s.message())));
+        return false;
+      }
+      req.hint = wire::DecodeHintTimes(b);
+      break;
+    }
     default:
       break;
   }

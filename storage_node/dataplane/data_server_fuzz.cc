@@ -174,6 +174,7 @@ bool IsResponse(wire::FrameType t) {
     case wire::FrameType::kWriteResponse:
     case wire::FrameType::kPrefetchResponse:
     case wire::FrameType::kReleaseResponse:
+    case wire::FrameType::kHintResponse:
     case wire::FrameType::kAcquireResponse:
     case wire::FrameType::kWriteBeginResponse:
     case wire::FrameType::kWriteCommitResponse:

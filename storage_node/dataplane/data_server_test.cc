@@ -935,7 +935,8 @@ Reply SessionFrame(int fd, FrameType type, uint64_t session,
 
 // A server with a KvManager over `device`.
 struct SessionFixture {
-  explicit SessionFixture(std::unique_ptr<MemoryDevice> dev) {
+  explicit SessionFixture(std::unique_ptr<MemoryDevice> dev,
+                          uint64_t staging_capacity = 0) {
     device = std::move(dev);
     ExtentTableOptions to;
     to.regions = device->Regions();
@@ -943,6 +944,7 @@ struct SessionFixture {
     KvManagerOptions ko;
     ko.device = device.get();
     ko.extents = extents.get();
+    ko.staging_capacity = staging_capacity;
     kv = std::move(*KvManager::Create(ko));
     DataServerOptions o;
     o.device = device.get();
@@ -1008,12 +1010,61 @@ TEST_CASE("DataServer serves prefetch, session reads and release") {
   CHECK(PeerClosed(s.fd()));
 }
 
+Reply HintFrame(int fd, const std::vector<OpDesc>& ops, wire::HintTimes t) {
+  std::string p(wire::kHintTimesBytes, '\0');
+  wire::EncodeHintTimes(t, reinterpret_cast<uint8_t*>(p.data()));
+  SendFrame(fd, FrameType::kHintRequest, 21, ops, p, wire::kHintTimesBytes);
+  auto r = ReadReply(fd);
+  REQUIRE(r.ok());
+  REQUIRE(r->h.type == FrameType::kHintResponse);
+  REQUIRE(r->ops.size() == ops.size());
+  return *r;
+}
+
+TEST_CASE("DataServer passes authorized think-time hints to its KV manager") {
+  SessionFixture f(Fixture::MakeDram(), /*staging_capacity=*/1 << 20);
+  Socket s = f.Connect();
+  Reply w = Write(s.fd(), {Op(0, 3, 1), Op(4096, 5, 2)}, {"abc", "defgh"});
+  for (const OpDesc& op : w.ops) REQUIRE(Code(op) == absl::StatusCode::kOk);
+
+  OpDesc forged = Op(4096, 5, 2);
+  TestCapabilities::Get().SignOp(&forged, wire::kCapRead);
+  forged.cap.tag[0] ^= 1;
+  Reply h = HintFrame(s.fd(), {Op(0, 3, 1), forged}, {0, 5000});
+  CHECK(Code(h.ops[0]) == absl::StatusCode::kOk);
+  CHECK(Code(h.ops[1]) == absl::StatusCode::kPermissionDenied);
+  KvManagerStats st = f.kv->Stats();
+  CHECK(st.turn_hints == 1);
+  CHECK(st.turn_hints_staged == 1);
+
+  // A plain read of the hinted object ends its hint (read staged).
+  Reply r = Read(s.fd(), {Op(0, 3, 1)});
+  CHECK(r.payload == "abc");
+  st = f.kv->Stats();
+  CHECK(st.turn_hint_hits == 1);
+  CHECK(st.turn_hints_held == 0);
+
+  // An end hint (hold 0) of an object not hinted: NotFound.
+  h = HintFrame(s.fd(), {Op(4096, 5, 2)}, {0, 0});
+  CHECK(Code(h.ops[0]) == absl::StatusCode::kNotFound);
+
+  // A hint without its times is malformed: kError, closed.
+  SendFrame(s.fd(), FrameType::kHintRequest, 22, {Op(0, 3, 1)},
+            SessionPayload(1) + "x", wire::kSessionBytes + 1);
+  auto e = ReadReply(s.fd());
+  REQUIRE(e.ok());
+  CHECK(e->h.type == FrameType::kError);
+  CHECK(PeerClosed(s.fd()));
+}
+
 TEST_CASE("DataServer without a prefetch manager answers Unimplemented") {
   Fixture f;
   Socket s = f.Connect();
   Reply w = Write(s.fd(), {Op(0, 3, 1)}, {"abc"});
   Reply p = SessionFrame(s.fd(), FrameType::kPrefetchRequest, 5, {Op(0, 3, 1)});
   CHECK(Code(p.ops[0]) == absl::StatusCode::kUnimplemented);
+  CHECK(Code(HintFrame(s.fd(), {Op(0, 3, 1)}, {0, 1000}).ops[0]) ==
+        absl::StatusCode::kUnimplemented);
   // Session reads are plain reads.
   SendFrame(s.fd(), FrameType::kReadRequest, 12, {Op(0, 3, 1)},
             SessionPayload(5), wire::kSessionBytes);

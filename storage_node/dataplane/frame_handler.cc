@@ -243,6 +243,7 @@ absl::Status FrameHandler::ParseHeader(const uint8_t hdr[wire::kHeaderBytes],
     case wire::FrameType::kWriteRequest:
     case wire::FrameType::kPrefetchRequest:
     case wire::FrameType::kReleaseRequest:
+    case wire::FrameType::kHintRequest:
     case wire::FrameType::kAcquireRequest:
     case wire::FrameType::kWriteBeginRequest:
     case wire::FrameType::kWriteCommitRequest:
@@ -372,6 +373,9 @@ Response FrameHandler::Handle(ConnState* cs, Request request,
     case wire::FrameType::kReleaseRequest:
       Authorize(&request, deadline);
       return HandleSession(h, ops, request.session, deadline, cs);
+    case wire::FrameType::kHintRequest:
+      Authorize(&request, deadline);
+      return HandleHint(h, ops, request.hint);
     case wire::FrameType::kWriteBeginRequest:
       Authorize(&request, deadline);
       return HandleWriteBegin(h, ops, deadline, cs);
@@ -527,6 +531,33 @@ Response FrameHandler::HandleSession(const wire::FrameHeader& h,
   return OpsResponse(prefetch ? wire::FrameType::kPrefetchResponse
                               : wire::FrameType::kReleaseResponse,
                      h.request_id, std::move(ops));
+}
+
+Response FrameHandler::HandleHint(const wire::FrameHeader& h,
+                                  std::vector<wire::OpDesc>& ops,
+                                  const wire::HintTimes& times) {
+  std::vector<ExtentKey> keys;
+  std::vector<size_t> index;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].status != 0) continue;  // refused (capability)
+    keys.push_back(KeyOf(ops[i]));
+    index.push_back(i);
+  }
+  if (!keys.empty()) {
+    std::vector<absl::Status> r;
+    if (options_.kv == nullptr) {
+      r.assign(keys.size(),
+               absl::UnimplementedError("storage node: no prefetch manager"));
+    } else {
+      r = options_.kv->HintTurn(keys, absl::Milliseconds(times.expected_in_ms),
+                                absl::Milliseconds(times.hold_ms));
+    }
+    for (size_t k = 0; k < keys.size(); ++k) {
+      ops[index[k]].status = WireStatus(r[k]);
+    }
+  }
+  return OpsResponse(wire::FrameType::kHintResponse, h.request_id,
+                     std::move(ops));
 }
 
 Response FrameHandler::HandleAcquire(const wire::FrameHeader& h,
@@ -776,6 +807,7 @@ Response FrameHandler::HandleRead(const wire::FrameHeader& h,
   uint64_t ok_ops = 0;
   uint64_t staged_ops = 0;
   bool holding = false;  // a staged object of this request is held
+  std::vector<ExtentKey> plain_reads;  // read without a session
   for (size_t i = 0; i < ops.size(); ++i) {
     wire::OpDesc& op = ops[i];
     if (op.status != 0) continue;  // refused (capability)
@@ -839,7 +871,12 @@ Response FrameHandler::HandleRead(const wire::FrameHeader& h,
     views[i] = *view;
     payload += op.length;
     ++ok_ops;
+    if (options_.kv != nullptr) plain_reads.push_back(KeyOf(op));
   }
+  // A think-time hinted object read without a session (a load small enough
+  // for one read sends no prefetch list) was read from its staged copy:
+  // its hint is done.
+  if (!plain_reads.empty()) options_.kv->EndHintsOfReads(plain_reads);
 
   Response r;
   r.header_.type = wire::FrameType::kReadResponse;

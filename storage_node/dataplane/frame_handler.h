@@ -142,6 +142,8 @@ struct Request {
   std::vector<wire::OpDesc> ops;
   // The session id payload (0: none).
   uint64_t session = 0;
+  // kHintRequest's payload.
+  wire::HintTimes hint;
 };
 
 // A response frame ready to send: iov()[0] is the header, the op table and
@@ -333,6 +335,10 @@ class FrameHandler {
                       std::vector<wire::OpDesc>& ops, uint64_t session,
                       absl::Time deadline);
   // kPrefetchRequest and kReleaseRequest.
+  // kHintRequest: think-time hints to the KV manager.
+  Response HandleHint(const wire::FrameHeader& h,
+                      std::vector<wire::OpDesc>& ops,
+                      const wire::HintTimes& times);
   Response HandleSession(const wire::FrameHeader& h,
                          std::vector<wire::OpDesc>& ops, uint64_t session,
                          absl::Time deadline, ConnState* cs);

@@ -46,6 +46,12 @@ absl::Status KvManagerOptions::Validate() const {
     return absl::InvalidArgumentError(
         "kv manager: max_sessions and max_objects_per_session must be >= 1");
   }
+  if (!(hint_share >= 0 && hint_share <= 1) || max_hints < 1 ||
+      max_hint_hold <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "kv manager: hint_share must be in [0, 1], max_hints >= 1 and "
+        "max_hint_hold > 0");
+  }
   if (device == nullptr || extents == nullptr) {
     return absl::InvalidArgumentError(
         "kv manager: device and extents are required");
@@ -94,6 +100,8 @@ KvManager::~KvManager() {
   }
   reaper_.Join();
   MutexLock l(&mu_);
+  while (!turn_hints_.empty())
+    DropHintLocked(turn_hints_.begin()->second.get());
   std::vector<uint64_t> ids;
   for (const auto& [id, s] : sessions_) ids.push_back(id);
   for (uint64_t id : ids) ReleaseAllLocked(id);
@@ -133,6 +141,8 @@ int KvManager::ReapExpired() {
     ReleaseAllLocked(id);
   }
   counters_.expired_sessions += expired.size();
+  ExpireHintsLocked(now);
+  PumpHintsLocked();
   return static_cast<int>(expired.size());
 }
 
@@ -146,6 +156,7 @@ uint64_t KvManager::QuotaLocked() const {
 }
 
 bool KvManager::IssueLocked(Session* s, Entry* e, absl::Status* why) {
+  MakeRoomForSessionLocked(e->key);
   absl::StatusOr<ExtentTable::ReadPin> pin = options_.extents->PinRead(e->key);
   if (!pin.ok()) {
     *why = pin.status();
@@ -161,6 +172,10 @@ bool KvManager::IssueLocked(Session* s, Entry* e, absl::Status* why) {
   e->handle = *h;
   e->state = Entry::State::kStaging;
   s->issued_bytes += e->key.length;
+  session_issued_bytes_ += e->key.length;
+  --session_queued_;
+  // The session shares the hint's staged copy now; the hint is done.
+  ClaimHintLocked(e->key);
   return true;
 }
 
@@ -189,6 +204,9 @@ void KvManager::DropLocked(Session* s, Entry* e) {
     options_.device->PrefetchRelease(e->handle);
     e->pin.Release();
     s->issued_bytes -= e->key.length;
+    session_issued_bytes_ -= e->key.length;
+  } else {
+    --session_queued_;
   }
   auto it = s->by_key.find(e->key);
   if (it != s->by_key.end()) {
@@ -259,6 +277,7 @@ std::vector<absl::Status> KvManager::Prefetch(
     auto pos = std::prev(s->entries.end());
     pos->key = k;
     s->by_key.emplace(k, pos);
+    ++session_queued_;
     ++counters_.hints;
   }
   // The quota depends on the number of sessions: a new session shrinks the
@@ -273,6 +292,7 @@ std::vector<absl::Status> KvManager::Prefetch(
     }
   }
   EraseIfEmptyLocked(session);
+  PumpHintsLocked();
   return out;
 }
 
@@ -374,6 +394,7 @@ void KvManager::Finish(uint64_t session, Entry* e) {
   DropLocked(s, e);
   PumpLocked(s);
   EraseIfEmptyLocked(session);
+  PumpHintsLocked();
 }
 
 std::vector<absl::Status> KvManager::Release(
@@ -389,6 +410,7 @@ std::vector<absl::Status> KvManager::Release(
   }
   if (objects.empty()) {
     ReleaseAllLocked(session);
+    PumpHintsLocked();
     return out;
   }
   Session* s = it->second.get();
@@ -407,6 +429,7 @@ std::vector<absl::Status> KvManager::Release(
   }
   PumpLocked(s);
   EraseIfEmptyLocked(session);
+  PumpHintsLocked();
   return out;
 }
 
@@ -424,6 +447,8 @@ KvManagerStats KvManager::Stats() const {
     }
     st.staged_ahead_bytes += s->issued_bytes;
   }
+  st.turn_hints_held = turn_hints_.size();
+  st.turn_hint_bytes = hint_bytes_;
   return st;
 }
 

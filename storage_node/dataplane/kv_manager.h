@@ -25,6 +25,15 @@
 //   * A hint for an object already in the session costs nothing; the same
 //     object hinted by several sessions, or still in the write buffer, is
 //     staged once by the device (shared copies, no I/O for the buffer).
+//   * Think-time hints (HintTurn, kv_manager_hints.cc): the blocks a
+//     conversation will read at its next turn, sent when its current turn
+//     is answered. They are staged only while the window is idle (no
+//     session waits for window space), soonest expected first, within
+//     hint_share of the staging window; a session that needs the space
+//     takes it back (the latest expected hint yields first and is staged
+//     again later). A session prefetching a hinted object joins its staged
+//     copy and the hint's hold ends; a hint nobody claims is released when
+//     its hold runs out (counted as wasted).
 //
 // Thread safety: safe for concurrent use. StagedRead objects must be passed
 // to FinishRead (or destroyed) before the manager is destroyed.
@@ -33,6 +42,9 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <set>
+#include <tuple>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -65,8 +77,19 @@ struct KvManagerOptions {
   // Objects queued in one session; hints beyond are refused.
   // Default: 65536.
   int max_objects_per_session = 65536;
-  // How often the reaper looks for idle sessions. Default: 250 ms.
+  // How often the reaper looks for idle sessions and expired think-time
+  // hints. Default: 250 ms.
   absl::Duration reap_interval = absl::Milliseconds(250);
+  // Share of staging_capacity that think-time hints may hold staged, in
+  // [0, 1]; 0 turns them off (hints are then accepted and ignored, as on a
+  // device without a staging window). Default: 0.5.
+  double hint_share = 0.5;
+  // Think-time hinted objects held (queued or staged) at once; more are
+  // refused (ResourceExhausted). Default: 65536.
+  int max_hints = 65536;
+  // Longest a hint holds its object from when it arrives (expected time
+  // plus hold, cut to this). Default: 5 min.
+  absl::Duration max_hint_hold = absl::Minutes(5);
   // Not owned; required; must outlive the manager.
   MemoryDevice* device = nullptr;
   ExtentTable* extents = nullptr;
@@ -78,26 +101,51 @@ struct KvManagerOptions {
 
 // The KV manager's stats, declared once (common/stats.h); exported with the
 // prefix "prefetch_".
-#define HYM_KV_MANAGER_STATS(COUNTER, GAUGE, DGAUGE)                        \
-  GAUGE(sessions, "Active prefetch sessions")                               \
-  GAUGE(queued_objects, "Hinted objects not yet issued to the device")      \
-  GAUGE(staging_objects, "Objects issued to the device, not yet read")      \
-  GAUGE(staged_ahead_bytes, "Bytes of staging_objects")                     \
-  COUNTER(hints, "Objects accepted into sessions")                          \
-  COUNTER(duplicate_hints, "Hints of objects already in the session")       \
-  COUNTER(refused_hints, "Hints over max_sessions or the per-session limit") \
-  COUNTER(staged_reads, "Reads served through a session")                   \
+#define HYM_KV_MANAGER_STATS(COUNTER, GAUGE, DGAUGE)                           \
+  GAUGE(sessions, "Active prefetch sessions")                                  \
+  GAUGE(queued_objects, "Hinted objects not yet issued to the device")         \
+  GAUGE(staging_objects, "Objects issued to the device, not yet read")         \
+  GAUGE(staged_ahead_bytes, "Bytes of staging_objects")                        \
+  COUNTER(hints, "Objects accepted into sessions")                             \
+  COUNTER(duplicate_hints, "Hints of objects already in the session")          \
+  COUNTER(refused_hints, "Hints over max_sessions or the per-session limit")   \
+  COUNTER(staged_reads, "Reads served through a session")                      \
   COUNTER(ready_reads, "Session reads whose object was staged in time (hits)") \
-  COUNTER(waited_reads, "Session reads that waited for their object's staging") \
-  COUNTER(dropped_stale, "Objects not readable any more when issued")       \
-  COUNTER(released_unread, "Objects dropped by Release or the reaper unread") \
-  COUNTER(expired_sessions, "Sessions released by the reaper")
+  COUNTER(waited_reads,                                                        \
+          "Session reads that waited for their object's staging")              \
+  COUNTER(dropped_stale, "Objects not readable any more when issued")          \
+  COUNTER(released_unread, "Objects dropped by Release or the reaper unread")  \
+  COUNTER(expired_sessions, "Sessions released by the reaper")                 \
+  GAUGE(turn_hints_held, "Think-time hinted objects queued or staged")         \
+  GAUGE(turn_hint_bytes, "Bytes staged for think-time hints")                  \
+  COUNTER(turn_hints, "Objects hinted for a conversation's next turn")         \
+  COUNTER(turn_hints_staged, "Think-time hinted objects staged")               \
+  COUNTER(turn_hint_hits,                                                      \
+          "Session prefetches that found their object staged by a hint")       \
+  COUNTER(turn_hint_late,                                                      \
+          "Session prefetches of a hinted object not staged yet")              \
+  COUNTER(turn_hints_wasted, "Hinted objects staged, then expired unused")     \
+  COUNTER(turn_hints_expired, "Hinted objects expired before being staged")    \
+  COUNTER(turn_hints_yielded,                                                  \
+          "Staged hinted objects that gave their space to a session")          \
+  COUNTER(turn_hints_cancelled, "Hinted objects dropped by an end hint")       \
+  COUNTER(turn_hints_refused, "Think-time hints over max_hints")
 HYM_DECLARE_STATS_STRUCT(KvManagerStats, HYM_KV_MANAGER_STATS);
 
 class KvManager {
  private:
   struct Entry;
   struct Session;
+  // A think-time hinted object (kv_manager_hints.cc).
+  struct TurnHint {
+    ExtentKey key;
+    absl::Time due;
+    absl::Time expires;
+    uint64_t seq = 0;  // arrival order: read order among equal due times
+    bool staged = false;
+    ExtentTable::ReadPin pin;  // staged
+    PrefetchHandle handle;     // staged
+  };
 
  public:
   // An object being read through its session. Move-only; pass it to
@@ -165,8 +213,26 @@ class KvManager {
   std::vector<absl::Status> Release(uint64_t session,
                                     absl::Span<const ExtentKey> objects);
 
-  // Releases sessions idle for session_timeout; returns how many. The
-  // reaper calls it every reap_interval; tests with a FakeClock call it.
+  // Think-time hint: `objects` (in read order) are likely read by a request
+  // `expected_in` from now (a conversation's next turn); stage them while
+  // the window is idle and hold them until `expected_in + hold` from now
+  // (at most max_hint_hold). Hinting an object again moves its times. A
+  // `hold` of zero or less ends the hints of `objects` (the conversation
+  // ended). Advice only: per object OK, or ResourceExhausted over
+  // max_hints, or NotFound (an end hint for an object not hinted). An
+  // unreadable object is dropped when it would be staged.
+  std::vector<absl::Status> HintTurn(absl::Span<const ExtentKey> objects,
+                                     absl::Duration expected_in,
+                                     absl::Duration hold);
+
+  // `objects` were just read outside any session (their device reads hold
+  // them now): ends their think-time hints, counted as hits if they were
+  // staged.
+  void EndHintsOfReads(absl::Span<const ExtentKey> objects);
+
+  // Releases sessions idle for session_timeout and think-time hints past
+  // their hold; returns how many sessions. The reaper calls it every
+  // reap_interval; tests with a FakeClock call it.
   int ReapExpired();
 
   KvManagerStats Stats() const;
@@ -199,6 +265,22 @@ class KvManager {
   void DropLocked(Session* s, Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops every entry not being read; ends the session when none is left.
   void ReleaseAllLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Think-time hints (kv_manager_hints.cc). Stages queued hints, soonest
+  // expected first, while no session waits and the hint budget has room.
+  void PumpHintsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before a session issues `key`: unstages hints (latest expected first)
+  // until the window has room for it, unless a hint holds `key` itself.
+  void MakeRoomForSessionLocked(const ExtentKey& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a session issued `key` (sharing a staged copy): ends its hint.
+  void ClaimHintLocked(const ExtentKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unstages `h` (device handle, pin) and queues it again.
+  void UnstageHintLocked(TurnHint* h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unstages or unqueues `h` and forgets it.
+  void DropHintLocked(TurnHint* h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops hints whose hold ran out by `now`.
+  void ExpireHintsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t HintBudget() const;
   void EraseIfEmptyLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(uint64_t session, Entry* e);
   absl::StatusOr<StagedRead> Acquire(uint64_t session, const ExtentKey& key,
@@ -216,6 +298,20 @@ class KvManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> sessions_
       ABSL_GUARDED_BY(mu_);
+  // Session entries not issued yet (requests waiting for the window), and
+  // the bytes sessions have issued: what think-time hints must leave
+  // alone.
+  uint64_t session_queued_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t session_issued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Think-time hints by object; the unstaged ones by (due, arrival), the
+  // staged ones likewise (the latest due yields its space first).
+  absl::flat_hash_map<ExtentKey, std::unique_ptr<TurnHint>, KeyHash, KeyEq>
+      turn_hints_ ABSL_GUARDED_BY(mu_);
+  using HintOrder = std::set<std::tuple<absl::Time, uint64_t, TurnHint*>>;
+  HintOrder hint_queue_ ABSL_GUARDED_BY(mu_);
+  HintOrder hint_staged_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_hint_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t hint_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   KvManagerStats counters_ ABSL_GUARDED_BY(mu_);
 };
 

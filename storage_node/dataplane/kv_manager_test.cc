@@ -274,6 +274,165 @@ TEST_CASE("session limits refuse hints with ResourceExhausted") {
   CHECK(rig.kv->Stats().refused_hints == 2);
 }
 
+// Think-time hints (kv_manager_hints.cc). A window of 8 objects; hints may
+// hold half of it unless a case says otherwise.
+KvManagerOptions HintOptions(double share = 0.5) {
+  KvManagerOptions o;
+  o.window_bytes = 4 * kMiB;
+  o.staging_capacity = 8 * kMiB;
+  o.hint_share = share;
+  return o;
+}
+
+TEST_CASE("think-time hints stage within their share of the window") {
+  Rig rig(12, HintOptions());
+  REQUIRE(AllOk(
+      rig.kv->HintTurn(rig.Keys(0, 10), absl::Seconds(5), absl::Seconds(30))));
+  KvManagerStats st = rig.kv->Stats();
+  CHECK(st.turn_hints == 10);
+  CHECK(st.turn_hints_held == 10);
+  CHECK(st.turn_hints_staged == 4);
+  CHECK(st.turn_hint_bytes == 4 * kMiB);
+  CHECK(rig.dev.OutstandingPrefetchesForTest() == 4);
+}
+
+TEST_CASE("the next turn's request finds its hinted blocks staged") {
+  Rig rig(12, HintOptions());
+  REQUIRE(AllOk(
+      rig.kv->HintTurn(rig.Keys(0, 4), absl::Seconds(5), absl::Seconds(30))));
+  REQUIRE(rig.kv->Stats().turn_hints_staged == 4);
+  const int64_t prefetches = rig.dev.PrefetchesForTest();
+  // The request's session joins the staged copies and the hints end.
+  REQUIRE(AllOk(rig.kv->Prefetch(7, rig.Keys(0, 4))));
+  KvManagerStats st = rig.kv->Stats();
+  CHECK(st.turn_hint_hits == 4);
+  CHECK(st.turn_hint_late == 0);
+  CHECK(st.turn_hints_held == 0);
+  CHECK(st.turn_hint_bytes == 0);
+  CHECK(rig.dev.PrefetchesForTest() == prefetches + 4);  // handles, shared
+  for (int i = 0; i < 4; ++i) rig.Read(7, i);            // the right bytes
+  CHECK(rig.dev.OutstandingPrefetchesForTest() == 0);
+}
+
+TEST_CASE("hints wait while a request waits and give their space back") {
+  Rig rig(20, HintOptions(/*share=*/1.0));
+  // Objects 0-3 expected in 1 s, 4-7 in 10 s: the whole window.
+  REQUIRE(AllOk(
+      rig.kv->HintTurn(rig.Keys(0, 4), absl::Seconds(1), absl::Seconds(30))));
+  REQUIRE(AllOk(
+      rig.kv->HintTurn(rig.Keys(4, 8), absl::Seconds(10), absl::Seconds(30))));
+  REQUIRE(rig.kv->Stats().turn_hint_bytes == 8 * kMiB);
+  // A request of other blocks takes its 4 objects of window from the hints
+  // expected last; its other objects wait in its queue, and no hint is
+  // staged meanwhile.
+  REQUIRE(AllOk(rig.kv->Prefetch(1, rig.Keys(10, 16))));
+  KvManagerStats st = rig.kv->Stats();
+  CHECK(st.turn_hints_yielded == 4);
+  CHECK(st.turn_hint_bytes == 4 * kMiB);
+  CHECK(st.staged_ahead_bytes == 4 * kMiB);
+  CHECK(st.turn_hints_held == 8);
+  // The hints expected soonest are the ones still staged.
+  REQUIRE(AllOk(rig.kv->Prefetch(2, rig.Keys(0, 1))));
+  CHECK(rig.kv->Stats().turn_hint_hits == 1);
+  REQUIRE(AllOk(rig.kv->Release(2, {})));
+  for (int i = 10; i < 16; ++i) {
+    rig.Read(1, i);
+    CHECK(rig.dev.OutstandingPrefetchBytesForTest() <=
+          static_cast<int64_t>(8 * kMiB));
+  }
+  // The window is idle again: the yielded hints are staged once more.
+  st = rig.kv->Stats();
+  CHECK(st.sessions == 0);
+  CHECK(st.turn_hints_held == 7);
+  CHECK(st.turn_hint_bytes == 7 * kMiB);
+  REQUIRE(AllOk(rig.kv->Prefetch(3, rig.Keys(4, 8))));
+  CHECK(rig.kv->Stats().turn_hint_hits == 5);
+  CHECK(rig.kv->Stats().turn_hint_late == 0);
+}
+
+TEST_CASE("queued hints are staged soonest expected first") {
+  Rig rig(12, HintOptions(/*share=*/0.25));  // 2 objects
+  REQUIRE(AllOk(rig.kv->HintTurn(rig.Keys(0, 4), absl::Seconds(30),
+                                 absl::Seconds(30))));  // 0, 1 staged
+  REQUIRE(AllOk(rig.kv->HintTurn(rig.Keys(4, 6), absl::Seconds(1),
+                                 absl::Seconds(30))));  // queued
+  REQUIRE(AllOk(rig.kv->Prefetch(1, rig.Keys(0, 2))));  // claims 0, 1
+  rig.Read(1, 0);
+  rig.Read(1, 1);
+  // 4 and 5 (expected in 1 s) went ahead of 2 and 3 (in 30 s).
+  REQUIRE(AllOk(rig.kv->Prefetch(2, rig.Keys(2, 6))));
+  const KvManagerStats st = rig.kv->Stats();
+  CHECK(st.turn_hint_hits == 4);  // 0, 1, 4, 5
+  CHECK(st.turn_hint_late == 2);  // 2, 3
+}
+
+TEST_CASE("an unclaimed hint is released when its hold runs out") {
+  Rig rig(12, HintOptions());
+  REQUIRE(AllOk(
+      rig.kv->HintTurn(rig.Keys(0, 6), absl::Seconds(1), absl::Seconds(2))));
+  rig.clock.Advance(absl::Seconds(2));
+  rig.kv->ReapExpired();
+  CHECK(rig.kv->Stats().turn_hints_held == 6);  // 3 s not over
+  rig.clock.Advance(absl::Seconds(1));
+  rig.kv->ReapExpired();
+  const KvManagerStats st = rig.kv->Stats();
+  CHECK(st.turn_hints_held == 0);
+  CHECK(st.turn_hints_wasted == 4);   // staged, never read
+  CHECK(st.turn_hints_expired == 2);  // never staged
+  CHECK(st.turn_hint_bytes == 0);
+  CHECK(rig.dev.OutstandingPrefetchesForTest() == 0);
+}
+
+TEST_CASE("hinting again moves the hold and an end hint drops the hints") {
+  Rig rig(12, HintOptions());
+  REQUIRE(AllOk(
+      rig.kv->HintTurn(rig.Keys(0, 2), absl::Seconds(1), absl::Seconds(1))));
+  rig.clock.Advance(absl::Seconds(1));
+  REQUIRE(AllOk(
+      rig.kv->HintTurn(rig.Keys(0, 2), absl::Seconds(1), absl::Seconds(5))));
+  rig.clock.Advance(absl::Seconds(3));
+  rig.kv->ReapExpired();
+  CHECK(rig.kv->Stats().turn_hints_held == 2);
+  std::vector<absl::Status> st = rig.kv->HintTurn(
+      rig.Keys(0, 3), absl::ZeroDuration(), absl::ZeroDuration());
+  CHECK(st[0].ok());
+  CHECK(st[1].ok());
+  CHECK(st[2].code() == absl::StatusCode::kNotFound);
+  CHECK(rig.kv->Stats().turn_hints_cancelled == 2);
+  CHECK(rig.kv->Stats().turn_hints_held == 0);
+  CHECK(rig.dev.OutstandingPrefetchesForTest() == 0);
+}
+
+TEST_CASE("hints beyond max_hints are refused and stale ones never staged") {
+  KvManagerOptions o = HintOptions();
+  o.max_hints = 3;
+  Rig rig(12, o);
+  ExtentKey stale = rig.keys[1];
+  stale.generation = 99;
+  std::vector<absl::Status> st =
+      rig.kv->HintTurn({rig.keys[0], stale, rig.keys[2], rig.keys[3]},
+                       absl::Seconds(1), absl::Seconds(10));
+  CHECK(st[0].ok());
+  CHECK(st[1].ok());  // advice: found out when staged
+  CHECK(st[2].ok());
+  CHECK(st[3].code() == absl::StatusCode::kResourceExhausted);
+  const KvManagerStats s = rig.kv->Stats();
+  CHECK(s.turn_hints_refused == 1);
+  CHECK(s.dropped_stale == 1);
+  CHECK(s.turn_hints_held == 2);
+  CHECK(s.turn_hints_staged == 2);
+}
+
+TEST_CASE("without a staging window hints are accepted and stage nothing") {
+  Rig rig(4);  // staging_capacity 0: a DRAM device
+  REQUIRE(AllOk(
+      rig.kv->HintTurn(rig.Keys(0, 4), absl::Seconds(1), absl::Seconds(10))));
+  const KvManagerStats st = rig.kv->Stats();
+  CHECK(st.turn_hints == 4);
+  CHECK(st.turn_hints_held == 0);
+  CHECK(rig.dev.PrefetchesForTest() == 0);
+}
+
 TEST_CASE("bad options are refused") {
   FakeMemoryDevice dev(kMiB);
   KvManagerOptions o;
@@ -288,6 +447,11 @@ TEST_CASE("bad options are refused") {
   CHECK_FALSE(KvManager::Create(o).ok());
   o.window_bytes = kMiB;
   CHECK(KvManager::Create(o).ok());
+  o.hint_share = 1.5;
+  CHECK_FALSE(KvManager::Create(o).ok());
+  o.hint_share = 0.5;
+  o.max_hints = 0;
+  CHECK_FALSE(KvManager::Create(o).ok());
 }
 
 }  // namespace

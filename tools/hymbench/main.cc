@@ -106,6 +106,12 @@ DEFINE_int64(store_queue_wait_ms, 1000,
 DEFINE_string(pool_bytes, "0",
               "Each worker's KV pool (preallocated, pre-faulted, registered once); "
               "0: twice the largest request. A request larger than the pool is an error.");
+DEFINE_bool(
+    hint_next_turn, false,
+    "After each request (once its store is done), send "
+    "Client::HintNextTurn for its blocks, as an engine does when a turn "
+    "is answered (think-time staging on hybrid nodes).");
+DEFINE_int64(hint_hold_ms, 60000, "TurnHintOptions::hold of those hints.");
 DEFINE_bool(register_pool, true, "Register each worker's KV pool with Client::RegisterMemory.");
 DEFINE_bool(check_cluster, true, "Fail fast unless the master answers and has a live node.");
 DEFINE_double(progress_s, 1, "Progress line on stderr every N seconds (0: none).");
@@ -287,6 +293,8 @@ int RunReplay() {
     return UsageError(absl::StrCat("bad --pool_bytes '", FLAGS_pool_bytes, "'"));
   }
   ro.register_pool = FLAGS_register_pool;
+  ro.hint_next_turn = FLAGS_hint_next_turn;
+  ro.hint_hold = absl::Milliseconds(FLAGS_hint_hold_ms);
   ro.progress_interval = absl::Seconds(FLAGS_progress_s);
   if (auto s = ro.Validate(); !s.ok()) return UsageError(std::string(s.message()));
 
@@ -387,15 +395,20 @@ int RunReplay() {
       {"wait_stores", ro.wait_stores ? "true" : "false"},
       {"namespace", ro.key_namespace},
       {"pool_bytes", absl::StrCat(result->pool_bytes)},
-      {"pools_registered", absl::StrCat(result->pools_registered, " of ",
-                                        result->pools_allocated)},
+      {"pools_registered",
+       absl::StrCat(result->pools_registered, " of ", result->pools_allocated)},
       {"max_pending_stores", absl::StrCat(FLAGS_max_pending_stores)},
       {"store_queue_wait_ms", absl::StrCat(FLAGS_store_queue_wait_ms)},
       {"store_queue_retries", absl::StrCat(result->store_queue_retries)},
-      {"store_queue_wait_seconds", absl::StrFormat("%.3f", result->store_queue_wait_seconds)},
+      {"store_queue_wait_seconds",
+       absl::StrFormat("%.3f", result->store_queue_wait_seconds)},
+      {"hint_next_turn", ro.hint_next_turn ? "true" : "false"},
+      {"hints_sent", absl::StrCat(result->hints_sent)},
+      {"hints_dropped", absl::StrCat(result->hints_dropped)},
       {"turn_source", FLAGS_synthetic ? "synthetic"
-                : FLAGS_infer_turns ? "from the trace, else inferred from prefix chains"
-                                    : "from the trace"},
+                      : FLAGS_infer_turns
+                          ? "from the trace, else inferred from prefix chains"
+                          : "from the trace"},
   };
   if (FLAGS_synthetic) {
     report->config.push_back({"conversations", absl::StrCat(FLAGS_conversations)});

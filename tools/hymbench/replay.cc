@@ -96,6 +96,9 @@ struct PendingStore {
   // The pool slots the stored blocks point into.
   std::vector<uint32_t> slots;
   uint64_t bytes = 0;
+  // The request's keys, for its think-time hint once the store is done
+  // (empty without hint_next_turn).
+  std::vector<std::string> hint_keys;
 };
 
 // The loss reason of a failed block or call.
@@ -223,6 +226,8 @@ class Replayer {
     result_.store_queue_retries = store_queue_retries_;
     result_.store_queue_wait_seconds = store_queue_wait_seconds_;
     result_.pool_waits = pool_waits_;
+    result_.hints_sent = hints_sent_;
+    result_.hints_dropped = hints_dropped_;
     return std::move(result_);
   }
 
@@ -394,8 +399,12 @@ class Replayer {
     }
     pool->Give(free_now);
     rec.store_keys = store_keys.size();
-    if (store_keys.empty()) return;
+    if (store_keys.empty()) {
+      HintNextTurn(keys);
+      return;
+    }
     const uint64_t held_bytes = held.size() * bb;
+    bool drop = false;
     {
       MutexLock l(&mu_);
       if (options_.max_store_bytes_in_flight > 0 && store_bytes_in_flight_ > 0 &&
@@ -404,8 +413,15 @@ class Replayer {
         dropped_ += store_keys.size();
         for (uint64_t id : store_ids) SetFate(id, LossReason::kDropped);
         pool->Give(held);
-        return;
+        drop = true;
       }
+    }
+    if (drop) {
+      HintNextTurn(keys);
+      return;
+    }
+    {
+      MutexLock l(&mu_);
       store_bytes_in_flight_ += held_bytes;
       for (uint64_t id : store_ids) {
         auto [it, inserted] = fates_.try_emplace(id);
@@ -420,6 +436,7 @@ class Replayer {
     p.ids = std::move(store_ids);
     p.slots = std::move(held);
     p.bytes = held_bytes;
+    if (options_.hint_next_turn) p.hint_keys = keys;
     if (p.handle == nullptr) {  // the API promises a handle; do not crash
       rec.store_error = "Store returned no handle";
       rec.store_failed = store_keys.size();
@@ -528,6 +545,16 @@ class Replayer {
     }
   }
 
+  // The think-time hint of a request whose turn is answered.
+  void HintNextTurn(const std::vector<std::string>& keys) {
+    if (!options_.hint_next_turn || keys.empty()) return;
+    TurnHintOptions h;
+    h.hold = options_.hint_hold;
+    const bool sent = client_->HintNextTurn(keys, h).ok();
+    MutexLock l(&mu_);
+    ++(sent ? hints_sent_ : hints_dropped_);
+  }
+
   // Records the stores that have finished and frees their slots.
   void Reap(std::deque<PendingStore>* pending, KvPool* pool) {
     for (auto it = pending->begin(); it != pending->end();) {
@@ -591,6 +618,7 @@ class Replayer {
     }
     if (!error.ok()) rec.store_error = error.ToString();
     pool->Give(p.slots);
+    HintNextTurn(p.hint_keys);
     MutexLock l(&mu_);
     for (size_t k = 0; k < fates.size(); ++k) {
       if (!fates[k].has_value()) continue;
@@ -679,6 +707,8 @@ class Replayer {
   size_t store_queue_retries_ ABSL_GUARDED_BY(mu_) = 0;
   double store_queue_wait_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   size_t pool_waits_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t hints_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t hints_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   // By hash id: what became of each block handed to a store (absent: never
   // handed to one yet).
   absl::flat_hash_map<uint64_t, BlockFate> fates_ ABSL_GUARDED_BY(mu_);
@@ -698,6 +728,7 @@ absl::Status ReplayOptions::Validate() const {
   if (load_timeout < absl::ZeroDuration()) return bad("load_timeout must be >= 0");
   if (store_timeout <= absl::ZeroDuration()) return bad("store_timeout must be > 0");
   if (store_queue_wait < absl::ZeroDuration()) return bad("store_queue_wait must be >= 0");
+  if (hint_hold <= absl::ZeroDuration()) return bad("hint_hold must be > 0");
   if (pool_bytes != 0 && pool_bytes < block_bytes) {
     return bad("pool_bytes must hold at least one block (or be 0: twice the largest request)");
   }

@@ -19,6 +19,10 @@
 //      The request path never waits for a store (unless wait_stores); the
 //      worker polls its stores between requests and keeps each one's buffers
 //      alive until Done(), then records stored / skipped / refused / failed.
+//   3. With hint_next_turn, once the request's store is done (at once when
+//      it stored nothing): Client::HintNextTurn(keys), as an engine does
+//      when a turn is answered, so that the nodes stage the conversation's
+//      blocks during the think time before its next turn.
 //
 // `concurrency` workers take requests in trace order. With time_scale > 0 a
 // request does not start before (timestamp - first timestamp) / time_scale
@@ -96,6 +100,11 @@ struct ReplayOptions {
   // delays the worker's next request, as backpressure in an engine would.
   // >= 0. Default: 1 s.
   absl::Duration store_queue_wait = absl::Seconds(1);
+  // Send a think-time hint for each request's blocks (step 3 above).
+  // Default: false.
+  bool hint_next_turn = false;
+  // TurnHintOptions::hold of those hints. > 0. Default: 60 s.
+  absl::Duration hint_hold = absl::Seconds(60);
   // Interval of the progress lines; zero prints none. Default: 1 s.
   absl::Duration progress_interval = absl::Seconds(1);
 
@@ -131,6 +140,10 @@ struct ReplayResult {
   double store_queue_wait_seconds = 0;
   // Times a worker waited for its own stores to free pool slots.
   size_t pool_waits = 0;
+  // Think-time hints sent (hint_next_turn), and those the client dropped
+  // (its max_pending_hints) or refused.
+  size_t hints_sent = 0;
+  size_t hints_dropped = 0;
 };
 
 // Replays `requests`. `progress` (may be null) receives a progress line every

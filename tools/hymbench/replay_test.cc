@@ -1,10 +1,11 @@
 #include "tools/hymbench/replay.h"
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -187,6 +188,29 @@ class FakeClient : public Client {
     MutexLock l(&mu_);
     return regions_.erase(data) == 1 ? absl::OkStatus() : absl::NotFoundError("not registered");
   }
+  // Think-time hints: the keys of each, and how many of them were stored
+  // when it came.
+  struct HintSeen {
+    std::vector<std::string> keys;
+    size_t stored = 0;
+    absl::Duration hold;
+  };
+  absl::Status HintNextTurn(absl::Span<const std::string> keys,
+                            const TurnHintOptions& options) override {
+    MutexLock l(&mu_);
+    HintSeen h{std::vector<std::string>(keys.begin(), keys.end()), 0,
+               options.hold};
+    for (const std::string& k : keys) h.stored += blocks_.contains(k) ? 1 : 0;
+    hints_.push_back(std::move(h));
+    return absl::OkStatus();
+  }
+  absl::Status HintConversationEnded(absl::Span<const std::string>) override {
+    return absl::UnimplementedError("fake");
+  }
+  std::vector<HintSeen> hints() {
+    MutexLock l(&mu_);
+    return hints_;
+  }
   // What the client saw, for the pool checks.
   struct Counts {
     size_t registrations = 0;     // RegisterMemory calls
@@ -274,6 +298,7 @@ class FakeClient : public Client {
   std::vector<std::pair<std::string, std::string>> parents_ ABSL_GUARDED_BY(mu_);
   size_t loads_ ABSL_GUARDED_BY(mu_) = 0;
   int store_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<HintSeen> hints_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<void*, size_t> regions_ ABSL_GUARDED_BY(mu_);
   size_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
   size_t outside_regions_ ABSL_GUARDED_BY(mu_) = 0;
@@ -381,6 +406,37 @@ TEST_CASE("sequential replay with waited stores reaches the ceiling exactly") {
   auto cold = Replay(&client, reqs, o);
   REQUIRE(cold.ok());
   CHECK(cold->records[0].loaded == 0);
+}
+
+TEST_CASE("with hint_next_turn each request's blocks are hinted once stored") {
+  FakeClient::Options fo;
+  fo.store_delay = absl::Milliseconds(2);  // stores finish after the request
+  FakeClient client(fo);
+  std::vector<Request> reqs = Workload();
+  ReplayOptions o = Small();
+  o.hint_next_turn = true;
+  o.hint_hold = absl::Seconds(7);
+  auto res = Replay(&client, reqs, o);
+  REQUIRE(res.ok());
+  CHECK(res->hints_sent == reqs.size());
+  CHECK(res->hints_dropped == 0);
+  BlockCodec codec(o.key_namespace, o.block_bytes);
+  std::set<std::vector<std::string>> want, got;
+  for (const Request& q : reqs) {
+    std::vector<std::string> keys;
+    for (uint64_t id : q.hash_ids) keys.push_back(codec.Key(id));
+    want.insert(keys);
+  }
+  for (const auto& h : client.hints()) {
+    got.insert(h.keys);
+    CHECK(h.stored == h.keys.size());  // sent after the store was done
+    CHECK(h.hold == absl::Seconds(7));
+  }
+  CHECK(got == want);
+  // Off by default.
+  FakeClient quiet({});
+  REQUIRE(Replay(&quiet, reqs, Small()).ok());
+  CHECK(quiet.hints().empty());
 }
 
 TEST_CASE("concurrent replay with asynchronous stores finishes every store") {

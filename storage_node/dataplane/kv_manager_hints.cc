@@ -1,0 +1,186 @@
+// KvManager's think-time hints: staging a conversation's blocks into the
+// window while its user (or its agent's tool) is still thinking, so that the
+// next turn's request finds them staged instead of refilling them from the
+// capacity tier when it arrives.
+//
+// The rules (docs/prefetch.md, "Think-time hints"):
+//   * A hint never takes window space a request needs. Hints are staged only
+//     while no session has an object waiting to be issued, only into space
+//     sessions leave free, and together at most hint_share of the window.
+//     A session about to issue an object unstages hints, the latest expected
+//     first, until the object fits; those hints go back to the queue and
+//     are staged again when the window is idle.
+//   * Soonest expected first: the queue is ordered by due time.
+//   * A session that prefetches a hinted object shares the hint's staged
+//     copy (the device stages an object once for all its holders), and the
+//     hint ends there: a hit if it was staged by then, late otherwise.
+//   * A hint holds its object at most until its due time plus its hold; the
+//     reaper then releases it (wasted if it had been staged).
+//   * A staged hint holds an extent read pin, like a session's staged
+//     object, so the space is not rewritten under it. The master keeps a
+//     hinted chain recent (the client's hint looks it up for reading), so
+//     eviction rarely picks it meanwhile.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "storage_node/dataplane/kv_manager.h"
+
+namespace hymcache::storage {
+
+uint64_t KvManager::HintBudget() const {
+  return static_cast<uint64_t>(options_.hint_share *
+                               static_cast<double>(options_.staging_capacity));
+}
+
+std::vector<absl::Status> KvManager::HintTurn(
+    absl::Span<const ExtentKey> objects, absl::Duration expected_in,
+    absl::Duration hold) {
+  std::vector<absl::Status> out(objects.size());
+  MutexLock l(&mu_);
+  const absl::Time now = clock_->Now();
+  if (hold <= absl::ZeroDuration()) {
+    for (size_t i = 0; i < objects.size(); ++i) {
+      auto it = turn_hints_.find(objects[i]);
+      if (it == turn_hints_.end()) {
+        out[i] = absl::NotFoundError("kv manager: object not hinted");
+        continue;
+      }
+      ++counters_.turn_hints_cancelled;
+      DropHintLocked(it->second.get());
+    }
+    PumpHintsLocked();
+    return out;
+  }
+  const absl::Duration cap = options_.max_hint_hold;
+  expected_in = std::clamp(expected_in, absl::ZeroDuration(), cap);
+  const absl::Time due = now + expected_in;
+  const absl::Time expires = now + std::min(expected_in + hold, cap);
+  const uint64_t budget = HintBudget();
+  for (size_t i = 0; i < objects.size(); ++i) {
+    const ExtentKey& k = objects[i];
+    ++counters_.turn_hints;
+    // Nothing to stage ahead on a device without a window (DRAM: every read
+    // is as fast as a staged one), or for an object larger than the budget.
+    if (budget == 0 || k.length > budget) continue;
+    auto it = turn_hints_.find(k);
+    if (it != turn_hints_.end()) {
+      TurnHint* h = it->second.get();
+      HintOrder& set = h->staged ? hint_staged_ : hint_queue_;
+      set.erase({h->due, h->seq, h});
+      h->due = due;
+      h->expires = expires;
+      set.insert({h->due, h->seq, h});
+      continue;
+    }
+    if (static_cast<int>(turn_hints_.size()) >= options_.max_hints) {
+      --counters_.turn_hints;
+      ++counters_.turn_hints_refused;
+      out[i] = absl::ResourceExhaustedError(
+          absl::StrCat("storage node: more than ", options_.max_hints,
+                       " objects hinted for next turns"));
+      continue;
+    }
+    auto h = std::make_unique<TurnHint>();
+    h->key = k;
+    h->due = due;
+    h->expires = expires;
+    h->seq = next_hint_seq_++;
+    hint_queue_.insert({due, h->seq, h.get()});
+    turn_hints_.emplace(k, std::move(h));
+  }
+  PumpHintsLocked();
+  return out;
+}
+
+void KvManager::EndHintsOfReads(absl::Span<const ExtentKey> objects) {
+  MutexLock l(&mu_);
+  if (turn_hints_.empty()) return;
+  for (const ExtentKey& k : objects) ClaimHintLocked(k);
+  PumpHintsLocked();
+}
+
+void KvManager::PumpHintsLocked() {
+  // Requests waiting for the window come first.
+  if (session_queued_ > 0) return;
+  const uint64_t budget = HintBudget();
+  while (!hint_queue_.empty()) {
+    TurnHint* h = std::get<2>(*hint_queue_.begin());
+    const uint64_t len = h->key.length;
+    if (hint_bytes_ + len > budget ||
+        session_issued_bytes_ + hint_bytes_ + len > options_.staging_capacity) {
+      return;
+    }
+    hint_queue_.erase(hint_queue_.begin());
+    absl::StatusOr<ExtentTable::ReadPin> pin =
+        options_.extents->PinRead(h->key);
+    absl::StatusOr<PrefetchHandle> handle =
+        pin.ok() ? options_.device->PrefetchObject(h->key.region_id,
+                                                   h->key.addr, len)
+                 : absl::StatusOr<PrefetchHandle>(pin.status());
+    if (!handle.ok()) {
+      // Evicted or rewritten since the hint: nothing to stage.
+      VLOG(1) << "kv manager: dropping a think-time hint: " << handle.status();
+      ++counters_.dropped_stale;
+      turn_hints_.erase(ExtentKey(h->key));
+      continue;
+    }
+    h->pin = std::move(*pin);
+    h->handle = *handle;
+    h->staged = true;
+    hint_bytes_ += len;
+    hint_staged_.insert({h->due, h->seq, h});
+    ++counters_.turn_hints_staged;
+  }
+}
+
+void KvManager::MakeRoomForSessionLocked(const ExtentKey& key) {
+  if (options_.staging_capacity == 0 || hint_staged_.empty()) return;
+  auto own = turn_hints_.find(key);
+  if (own != turn_hints_.end() && own->second->staged) return;  // shared
+  while (!hint_staged_.empty() &&
+         session_issued_bytes_ + hint_bytes_ + key.length >
+             options_.staging_capacity) {
+    ++counters_.turn_hints_yielded;
+    UnstageHintLocked(std::get<2>(*std::prev(hint_staged_.end())));
+  }
+}
+
+void KvManager::ClaimHintLocked(const ExtentKey& key) {
+  auto it = turn_hints_.find(key);
+  if (it == turn_hints_.end()) return;
+  ++(it->second->staged ? counters_.turn_hint_hits : counters_.turn_hint_late);
+  DropHintLocked(it->second.get());
+}
+
+void KvManager::UnstageHintLocked(TurnHint* h) {
+  hint_staged_.erase({h->due, h->seq, h});
+  options_.device->PrefetchRelease(h->handle);
+  h->pin.Release();
+  h->handle = PrefetchHandle();
+  h->staged = false;
+  hint_bytes_ -= h->key.length;
+  hint_queue_.insert({h->due, h->seq, h});
+}
+
+void KvManager::DropHintLocked(TurnHint* h) {
+  if (h->staged) UnstageHintLocked(h);
+  hint_queue_.erase({h->due, h->seq, h});
+  // A copy: erasing destroys `h` and the key it holds.
+  turn_hints_.erase(ExtentKey(h->key));
+}
+
+void KvManager::ExpireHintsLocked(absl::Time now) {
+  std::vector<TurnHint*> expired;
+  for (const auto& [key, h] : turn_hints_) {
+    if (h->expires <= now) expired.push_back(h.get());
+  }
+  for (TurnHint* h : expired) {
+    ++(h->staged ? counters_.turn_hints_wasted : counters_.turn_hints_expired);
+    DropHintLocked(h);
+  }
+}
+
+}  // namespace hymcache::storage
