@@ -117,6 +117,11 @@ class MultiTurnOptions:
     at most `concurrency` sessions are open at once."""
     conversations: int = 64
     turns: int = 7
+    # 0: every conversation has `turns` turns. > 0: each conversation's
+    # turn count T is drawn from P(T = t) ~ t^-turns_zipf on 1..turns
+    # (heavy-tailed like LMSYS-Chat's: most chats are short, and one that
+    # has lasted is likelier to go on).
+    turns_zipf: float = 0.0
     user_tokens: int = 2048
     output_tokens: int = 1
     shared_prefixes: int = 8
@@ -138,6 +143,8 @@ class MultiTurnOptions:
                   "shared_tokens"):
             if getattr(self, f) < 0:
                 raise ValueError("%s must be >= 0" % f)
+        if self.turns_zipf < 0:
+            raise ValueError("turns_zipf must be >= 0")
         if self.user_tokens + self.shared_tokens < 1:
             raise ValueError("turn 1 needs at least one token")
 
@@ -156,6 +163,7 @@ def generate_multiturn(o, block_tokens):
     for _ in range(max(o.shared_prefixes, 1)):
         doc_ids.append([next_id[0] + k for k in range(o.shared_tokens // block_tokens)])
         next_id[0] += len(doc_ids[-1])
+    zipf = [t ** -o.turns_zipf for t in range(1, o.turns + 1)]
     out = []
     for c in range(o.conversations):
         doc = rng.randrange(max(o.shared_prefixes, 1)) if o.shared_prefixes else -1
@@ -166,7 +174,10 @@ def generate_multiturn(o, block_tokens):
         full_ids = list(doc_ids[doc][:shared_full]) if doc >= 0 else []
         tokens = (o.shared_tokens if doc >= 0 else 0)
         start = rng.uniform(0, o.start_spread_s) if o.start_spread_s else 0.0
-        for t in range(1, o.turns + 1):
+        turns = o.turns
+        if o.turns_zipf > 0:
+            turns = rng.choices(range(1, o.turns + 1), weights=zipf)[0]
+        for t in range(1, turns + 1):
             tokens += o.user_tokens
             while len(full_ids) < tokens // block_tokens:
                 full_ids.append(next_id[0])
