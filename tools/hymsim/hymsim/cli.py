@@ -267,6 +267,10 @@ def main_engine(args, hw, overridden, notes):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "eviction":
+        from . import evict_replay
+        return evict_replay.main(argv[1:])
     args = _parser().parse_args(argv)
     model = presets.MODELS[args.model]
     hw = presets.paper_hardware()

@@ -1,0 +1,261 @@
+"""The eviction replay: a request sequence through eviction.BlockStore under
+each policy, and the prefill time each saves (`hymsim eviction`).
+
+Each request, in arrival order, reads its full blocks (min(len(hash_ids),
+input_length // block_tokens)), counts the leading cached ones h, and
+stores the rest. It saves prefill(0 cached, n) - prefill(h cached, n - h
+blocks' tokens) FLOPs (n = input_length), turned into seconds at one
+effective rate: the paper hardware's gpu_peak_flops x gpu_mfu (A100, 312
+TFLOP/s x 0.5). The cost policy's statistics see each arrival (its
+conversation and turn) before the request is served.
+
+Arrival order. A Mooncake trace is open loop: its timestamps. The built-in
+generator is closed loop: turn t+1 arrives think_s after turn t's first
+token, taken here as arrival + its prefill with nothing cached (no
+queueing, and independent of the policy, so every policy sees the same
+sequence); sessions are admitted `concurrency` at a time as sim.simulate
+does.
+
+Capacity: a fraction of the workload's footprint, its distinct full blocks.
+"""
+
+import argparse
+import bisect
+import dataclasses
+import heapq
+import json
+import sys
+
+from . import eviction
+from . import presets
+from . import trace
+
+POLICIES = ["lru", "cost", "oracle"]
+
+
+class OraclePolicy(eviction.CostPolicy):
+    """A reference, not a policy a store can run: the cost score with the
+    future known (a block's prefill seconds over the time to its next read;
+    0 when it is never read again), Belady's rule weighted by cost. It
+    bounds what a return-probability estimate can gain."""
+    name = "oracle"
+
+    def __init__(self, requests, order, model, block_tokens, flop_rate):
+        super().__init__(model, block_tokens,
+                         model.kv_bytes_per_token() * block_tokens, flop_rate)
+        self._reads = {}
+        for t, i in order:
+            for b in full_ids(requests[i], block_tokens):
+                self._reads.setdefault(b, []).append(t)
+
+    def score(self, bid, b):
+        reads = self._reads[bid]
+        k = bisect.bisect_right(reads, self._now)
+        if k == len(reads):
+            return 0.0
+        return self.prefill_s(b.depth) / (reads[k] - self._now + 1e-3)
+
+
+def synthetic_workload():
+    """The eviction study's synthetic chat: the paper's Table 1 workload
+    (presets.paper_workload: 300 open sessions of 3,000 new tokens per turn,
+    64 shared 1,024-token documents, think times 200-3,800 s) with a
+    heavy-tailed number of turns, 1 to 10, P(T = t) ~ 1/t (mean 3.4):
+    without varied lengths every chain comes back the same number of times
+    and a return probability has nothing to learn."""
+    o = presets.paper_workload()
+    o.turns = 10
+    o.turns_zipf = 1.0
+    return o
+
+
+def closed_loop_order(requests, model, flop_rate, concurrency=None):
+    """[(arrival, index)] of generator requests (parent / think_s), as
+    described above."""
+    children = {r.parent: i for i, r in enumerate(requests) if r.parent >= 0}
+    roots = [i for i, r in enumerate(requests) if r.parent < 0]
+    pending = list(reversed(roots[concurrency:])) if concurrency else []
+    heap = [(requests[i].timestamp, n, i)
+            for n, i in enumerate(roots[:concurrency] if concurrency else roots)]
+    heapq.heapify(heap)
+    seq = len(heap)
+    out = []
+    while heap:
+        t, _, i = heapq.heappop(heap)
+        out.append((t, i))
+        r = requests[i]
+        finish = t + model.prefill_flops(0, r.input_length) / flop_rate
+        nxt = children.get(i)
+        if nxt is not None:
+            heapq.heappush(heap, (finish + requests[nxt].think_s, seq, nxt))
+            seq += 1
+        elif pending:
+            j = pending.pop()
+            heapq.heappush(heap, (max(finish, requests[j].timestamp), seq, j))
+            seq += 1
+    return out
+
+
+def full_ids(r, block_tokens):
+    return r.hash_ids[:min(len(r.hash_ids), r.input_length // block_tokens)]
+
+
+def footprint(requests, block_tokens):
+    """Distinct full blocks of the workload."""
+    seen = set()
+    for r in requests:
+        seen.update(full_ids(r, block_tokens))
+    return len(seen)
+
+
+def make_policy(name, model, block_tokens, flop_rate, params=None,
+                requests=None, order=None):
+    if name == "oracle":
+        return OraclePolicy(requests, order, model, block_tokens, flop_rate)
+    if name == "lru":
+        return eviction.LruPolicy()
+    if name == "cost":
+        return eviction.CostPolicy(model, block_tokens,
+                                   model.kv_bytes_per_token() * block_tokens,
+                                   flop_rate, params)
+    raise ValueError("unknown policy %r" % name)
+
+
+def replay(requests, order, policy, capacity, model, block_tokens, flop_rate):
+    """Feeds `order` ([(time, index)]) through a store of `capacity` blocks.
+    Returns {saved_s, hit_ratio, hit_blocks, blocks, evictions, refused}."""
+    store = eviction.BlockStore(capacity, policy)
+    stats = eviction.ReturnStats()
+    saved = 0.0
+    hits = blocks = 0
+    for t, i in order:
+        r = requests[i]
+        stats.observe(t, r.conversation, r.turn)
+        ids = full_ids(r, block_tokens)
+        h = store.serve(ids, t, r.conversation, r.turn, stats)
+        saved += (model.prefill_flops(0, r.input_length) -
+                  model.prefill_flops(h * block_tokens,
+                                      r.input_length - h * block_tokens))
+        hits += h
+        blocks += len(ids)
+    return {"saved_s": saved / flop_rate,
+            "hit_ratio": hits / blocks if blocks else 0.0,
+            "hit_blocks": hits, "blocks": blocks,
+            "evictions": store.evictions, "refused": store.refused}
+
+
+def load_workload(args, model, flop_rate):
+    """(label, requests, order) for --trace or --synthetic."""
+    if args.trace:
+        reqs = trace.load_mooncake(args.trace)
+        if any(q.turn < 0 for q in reqs):
+            trace.infer_turns(reqs, args.trace_block_tokens)
+        r = max(1, args.trace_block_tokens // args.block_tokens)
+        for q in reqs:
+            q.hash_ids = [h * r + k for h in q.hash_ids for k in range(r)]
+        return "trace", reqs, [(q.timestamp, i) for i, q in enumerate(reqs)]
+    o = synthetic_workload()
+    for f in dataclasses.fields(trace.MultiTurnOptions):
+        v = getattr(args, f.name)
+        if v is not None:
+            setattr(o, f.name, v)
+    reqs = trace.generate_multiturn(o, args.block_tokens)
+    return "synthetic", reqs, closed_loop_order(reqs, model, flop_rate,
+                                                o.concurrency)
+
+
+def _parser():
+    p = argparse.ArgumentParser(
+        prog="hymsim eviction",
+        description="Prefill time saved by chain-aware LRU vs cost-aware "
+        "eviction in a store of a fraction of the workload's footprint.")
+    w = p.add_mutually_exclusive_group(required=True)
+    w.add_argument("--trace", help="Mooncake JSONL trace (held out: tune nothing on it)")
+    w.add_argument("--synthetic", action="store_true",
+                   help="the built-in chat (synthetic_workload; generator flags below)")
+    p.add_argument("--model", default="qwen2.5-32b", choices=sorted(presets.MODELS))
+    p.add_argument("--block_tokens", "--block-tokens", type=int, default=128)
+    p.add_argument("--trace_block_tokens", "--trace-block-tokens", type=int,
+                   default=512, help="tokens per hash_id in --trace (Mooncake: 512)")
+    p.add_argument("--capacity_fraction", "--capacity-fraction", default="0.5",
+                   help="comma list of fractions of the footprint")
+    p.add_argument("--policies", default="lru,cost",
+                   help="comma list of %s" % ",".join(POLICIES))
+    p.add_argument("--no_position", action="store_true", help="cost: drop the position term")
+    p.add_argument("--no_turns", action="store_true", help="cost: drop the return probability")
+    p.add_argument("--no_time", action="store_true", help="cost: drop the idle-time term")
+    p.add_argument("--min_wait_s", type=float, default=eviction.CostParams.min_wait_s)
+    for f in dataclasses.fields(trace.MultiTurnOptions):
+        p.add_argument("--" + f.name, type=type(f.default), default=None,
+                       help="--synthetic generator: default as synthetic_workload")
+    p.add_argument("--json", help="write the results here")
+    return p
+
+
+def main(argv):
+    args = _parser().parse_args(argv)
+    model = presets.MODELS[args.model]
+    hw = presets.paper_hardware()
+    flop_rate = hw.gpu_peak_flops * hw.gpu_mfu
+    params = eviction.CostParams(position=not args.no_position,
+                                 turns=not args.no_turns, time=not args.no_time,
+                                 min_wait_s=args.min_wait_s)
+    try:
+        fractions = [float(x) for x in args.capacity_fraction.split(",")]
+        policies = args.policies.split(",")
+        for name in policies:
+            if name not in POLICIES:
+                raise ValueError("unknown policy %r" % name)
+        if any(not 0 <= f for f in fractions):
+            raise ValueError("capacity fractions must be >= 0")
+        label, reqs, order = load_workload(args, model, flop_rate)
+    except (OSError, ValueError, trace.TraceError) as e:
+        print("hymsim eviction: %s" % e, file=sys.stderr)
+        return 2
+    fp = footprint(reqs, args.block_tokens)
+    convs = len({r.conversation for r in reqs})
+    print("%s: %d requests, %d conversations, footprint %d blocks of %d tokens; "
+          "%s, prefill at %.0f TFLOP/s" % (label, len(reqs), convs, fp,
+                                           args.block_tokens, model.name, flop_rate / 1e12))
+    print("%-9s %-8s %10s %9s %8s %10s" % ("capacity", "policy", "saved_s",
+                                            "hit_ratio", "evicted", "vs_lru"))
+    # Every policy's ceiling: a store that holds the whole footprint.
+    ideal = replay(reqs, order, eviction.LruPolicy(), fp, model,
+                   args.block_tokens, flop_rate)
+    print("%-9s %-8s %10.1f %9.3f %8d %10s" % ("1 (all)", "any", ideal["saved_s"],
+                                             ideal["hit_ratio"], 0, "-"))
+    results = []
+    lines = []
+    for frac in fractions:
+        cap = int(frac * fp)
+        row = {}
+        for name in policies:
+            pol = make_policy(name, model, args.block_tokens, flop_rate, params,
+                              reqs, order)
+            row[name] = replay(reqs, order, pol, cap, model, args.block_tokens, flop_rate)
+        for name in policies:
+            x = row[name]
+            rel = x["saved_s"] / row["lru"]["saved_s"] if "lru" in row and row["lru"]["saved_s"] else 0.0
+            print("%-9s %-8s %10.1f %9.3f %8d %10s" % (
+                "%.2f" % frac, name, x["saved_s"], x["hit_ratio"], x["evictions"],
+                "%.2f" % rel if "lru" in row else "-"))
+        results.append({"capacity_fraction": frac, "capacity_blocks": cap,
+                        "policies": row})
+        if "lru" in row and "cost" in row and row["lru"]["saved_s"]:
+            ratio = row["cost"]["saved_s"] / row["lru"]["saved_s"]
+            ceiling = ideal["saved_s"] / row["lru"]["saved_s"]
+            results[-1]["cost_vs_lru_saved"] = ratio
+            results[-1]["ceiling_vs_lru_saved"] = ceiling
+            lines.append("eviction: cost_vs_lru_saved=%.2f (%s, capacity %.2f; "
+                         "any policy <= %.2f)" % (ratio, label, frac, ceiling))
+    for line in lines:
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"workload": label, "requests": len(reqs),
+                       "footprint_blocks": fp, "block_tokens": args.block_tokens,
+                       "model": model.name, "flop_rate": flop_rate,
+                       "cost_params": dataclasses.asdict(params),
+                       "ideal": ideal,
+                       "results": results}, f, indent=1)
+    return 0
