@@ -158,7 +158,9 @@ def test_infer_turns_hand_made_chains():
         R(7, [9, 8, 7, 20], tokens=3 * bt + 1),  # partial last block
         R(8, [9, 8, 7, 21, 22]),           # extends the previous one's 3 full blocks
     ]
-    n = trace.infer_turns(reqs, bt)
+    parents = []
+    n = trace.infer_turns(reqs, bt, parents)
+    assert parents == [-1, -1, 0, 1, 2, 0, -1, 3, 7]
     turns = [r.turn for r in reqs]
     convs = [r.conversation for r in reqs]
     assert turns == [1, 1, 2, 2, 3, 2, 1, 3, 4]
@@ -729,10 +731,22 @@ def test_return_stats_learn_turns_and_gaps():
     t = 0.0
     # 50 conversations: all come back after turn 1 (10 s later), none after 2.
     for c in range(50):
-        st.observe(t, c, 1)
-        st.observe(t + 10.0, c, 2)
+        st.observe(t, (c, 1), 1)
+        st.observe(t + 10.0, (c, 2), 2, parent=(c, 1))
+        if c % 2:  # a branch of turn 1: a reader, not a second return
+            st.observe(t + 20.0, (c, 3), 2, parent=(c, 1))
         t += 100.0
+    assert st.returned[1] == 50 and st.returned[2] == 0
     assert st.p_turn(1) > 0.95 and st.p_turn(2) < 0.05
+    # A return after the horizon moves the request from gone to returned.
+    late = eviction.ReturnStats()
+    late.observe(0.0, "a", 1)
+    late.observe(1.0, "b", 2, parent="a")
+    late.observe(1.0, "c", 1)
+    late.observe(5.0, "d", 1)          # "c" idle 4 s > 1.5 x 1 s: gone
+    assert late.gone[1] == 1
+    late.observe(6.0, "e", 2, parent="c")
+    assert late.gone[1] == 0 and late.returned[1] == 2
     s, r = st.gap_at(0.0)
     assert s > 0.95 and 8.0 < r < 12.0
     s_late, _ = st.gap_at(30.0)

@@ -121,16 +121,33 @@ def make_policy(name, model, block_tokens, flop_rate, params=None,
     raise ValueError("unknown policy %r" % name)
 
 
-def replay(requests, order, policy, capacity, model, block_tokens, flop_rate):
-    """Feeds `order` ([(time, index)]) through a store of `capacity` blocks.
-    Returns {saved_s, hit_ratio, hit_blocks, blocks, evictions, refused}."""
+def parent_indices(requests):
+    """Each request's parent (the earlier request whose chain it extends;
+    -1: none): Request.parent where the generator set it, else the latest
+    earlier request of the same conversation at the turn before."""
+    last = {}
+    out = []
+    for i, r in enumerate(requests):
+        out.append(r.parent if r.parent >= 0 else
+                   last.get((r.conversation, r.turn - 1), -1))
+        last[r.conversation, r.turn] = i
+    return out
+
+
+def replay(requests, order, policy, capacity, model, block_tokens, flop_rate,
+           parents=None):
+    """Feeds `order` ([(time, index)]) through a store of `capacity` blocks;
+    `parents` as parent_indices (its default). Returns {saved_s,
+    hit_ratio, hit_blocks, blocks, evictions, refused}."""
+    if parents is None:
+        parents = parent_indices(requests)
     store = eviction.BlockStore(capacity, policy)
     stats = eviction.ReturnStats()
     saved = 0.0
     hits = blocks = 0
     for t, i in order:
         r = requests[i]
-        stats.observe(t, r.conversation, r.turn)
+        stats.observe(t, i, r.turn, parents[i] if parents[i] >= 0 else None)
         ids = full_ids(r, block_tokens)
         h = store.serve(ids, t, r.conversation, r.turn, stats)
         saved += (model.prefill_flops(0, r.input_length) -
@@ -145,23 +162,27 @@ def replay(requests, order, policy, capacity, model, block_tokens, flop_rate):
 
 
 def load_workload(args, model, flop_rate):
-    """(label, requests, order) for --trace or --synthetic."""
+    """(label, requests, order, parents or None) for --trace or --synthetic."""
     if args.trace:
         reqs = trace.load_mooncake(args.trace)
+        parents = None
         if any(q.turn < 0 for q in reqs):
-            trace.infer_turns(reqs, args.trace_block_tokens)
+            # Branches start conversations: keep who extends whom.
+            parents = []
+            trace.infer_turns(reqs, args.trace_block_tokens, parents)
         r = max(1, args.trace_block_tokens // args.block_tokens)
         for q in reqs:
             q.hash_ids = [h * r + k for h in q.hash_ids for k in range(r)]
-        return "trace", reqs, [(q.timestamp, i) for i, q in enumerate(reqs)]
+        return ("trace", reqs, [(q.timestamp, i) for i, q in enumerate(reqs)],
+                parents)
     o = synthetic_workload()
     for f in dataclasses.fields(trace.MultiTurnOptions):
         v = getattr(args, f.name)
         if v is not None:
             setattr(o, f.name, v)
     reqs = trace.generate_multiturn(o, args.block_tokens)
-    return "synthetic", reqs, closed_loop_order(reqs, model, flop_rate,
-                                                o.concurrency)
+    return ("synthetic", reqs,
+            closed_loop_order(reqs, model, flop_rate, o.concurrency), None)
 
 
 def _parser():
@@ -208,7 +229,7 @@ def main(argv):
                 raise ValueError("unknown policy %r" % name)
         if any(not 0 <= f for f in fractions):
             raise ValueError("capacity fractions must be >= 0")
-        label, reqs, order = load_workload(args, model, flop_rate)
+        label, reqs, order, parents = load_workload(args, model, flop_rate)
     except (OSError, ValueError, trace.TraceError) as e:
         print("hymsim eviction: %s" % e, file=sys.stderr)
         return 2
@@ -221,7 +242,7 @@ def main(argv):
                                             "hit_ratio", "evicted", "vs_lru"))
     # Every policy's ceiling: a store that holds the whole footprint.
     ideal = replay(reqs, order, eviction.LruPolicy(), fp, model,
-                   args.block_tokens, flop_rate)
+                   args.block_tokens, flop_rate, parents)
     print("%-9s %-8s %10.1f %9.3f %8d %10s" % ("1 (all)", "any", ideal["saved_s"],
                                              ideal["hit_ratio"], 0, "-"))
     results = []
@@ -232,7 +253,8 @@ def main(argv):
         for name in policies:
             pol = make_policy(name, model, args.block_tokens, flop_rate, params,
                               reqs, order)
-            row[name] = replay(reqs, order, pol, cap, model, args.block_tokens, flop_rate)
+            row[name] = replay(reqs, order, pol, cap, model, args.block_tokens,
+                               flop_rate, parents)
         for name in policies:
             x = row[name]
             rel = x["saved_s"] / row["lru"]["saved_s"] if "lru" in row and row["lru"]["saved_s"] else 0.0

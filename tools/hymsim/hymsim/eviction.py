@@ -85,10 +85,11 @@ def cost_score(prefill_s, nbytes, p_turn, survival, residual_s, readers, p):
 class ReturnStats:
     """One tenant's return statistics, learned online from arrivals.
 
-    A conversation reaching turn k is "returned" when its turn k+1 arrives
-    (the gap between the two arrivals goes into a histogram of log-spaced
-    bins) and "gone" once it has been idle longer than the horizon (1.5x
-    the largest gap seen; nothing matures before a gap is seen). p_turn(k)
+    A request at turn k is "returned" when a later request first extends its
+    chain (its conversation's turn k+1, or a branch; the gap between the two
+    arrivals goes into a histogram of log-spaced bins) and "gone" once it
+    has been idle longer than the horizon (1.5x the largest gap seen;
+    nothing matures before a gap is seen; a late return moves it back). p_turn(k)
     = (returned + 1) / (returned + gone + 2) over the matured ones only, so
     conversations still thinking do not bias it down. Turns above
     max_turn share the last counter."""
@@ -103,33 +104,41 @@ class ReturnStats:
         self.gone = [0] * (max_turn + 1)
         self.hist = [0] * self.BINS
         self.max_gap = 0.0
-        self._last = {}       # conversation -> (turn, arrival)
-        self._pending = []    # (arrival, conversation, turn), FIFO
+        # request not yet extended -> (turn, arrival, counted gone)
+        self._open = {}
+        self._pending = []    # (arrival, request), FIFO
         self._head = 0
         self._tables = None
 
     def _k(self, turn):
         return min(max(turn, 1), self.max_turn)
 
-    def observe(self, now, conversation, turn):
-        """Request `turn` of `conversation` arrives at `now`."""
-        last = self._last.get(conversation)
-        if last is not None and last[0] == turn - 1:
+    def observe(self, now, request, turn, parent=None):
+        """`request` (any key), at `turn`, arrives at `now`, extending the
+        chain of the earlier request `parent` (None: a first turn). The
+        parent counts as returned on its first extension only; a second
+        one (a branch) is one more reader, not another return."""
+        last = self._open.pop(parent, None) if parent is not None else None
+        if last is not None:
+            if last[2]:  # back after the horizon: it was counted gone
+                self.gone[self._k(last[0])] -= 1
             self.returned[self._k(last[0])] += 1
             gap = max(0.0, now - last[1])
             self.max_gap = max(self.max_gap, gap)
             self.hist[self._bin(gap)] += 1
             self._tables = None
-        self._last[conversation] = (turn, now)
-        self._pending.append((now, conversation, turn))
+        self._open[request] = (turn, now, False)
+        self._pending.append((now, request))
         if self.max_gap > 0:
             horizon = 1.5 * self.max_gap
             while (self._head < len(self._pending) and
                    now - self._pending[self._head][0] > horizon):
-                t0, c, k = self._pending[self._head]
+                t0, key = self._pending[self._head]
                 self._head += 1
-                if self._last.get(c) == (k, t0):
-                    self.gone[self._k(k)] += 1
+                left = self._open.get(key)
+                if left is not None and left[1] == t0 and not left[2]:
+                    self._open[key] = (left[0], t0, True)
+                    self.gone[self._k(left[0])] += 1
             if self._head > 4096:
                 del self._pending[:self._head]
                 self._head = 0

@@ -59,7 +59,7 @@ def load_mooncake(path):
     return out
 
 
-def infer_turns(requests, block_tokens):
+def infer_turns(requests, block_tokens, parents=None):
     """Assigns conversation and turn to requests in timestamp order, from
     their prefix chains.
 
@@ -73,7 +73,8 @@ def infer_turns(requests, block_tokens):
     extending the same chain are two conversations sharing a prefix). A
     request without a parent is turn 1 of a new conversation.
 
-    Returns the number of conversations. Overwrites conversation and turn.
+    Returns the number of conversations. Overwrites conversation and turn;
+    appends each request's parent index (-1: none) to `parents` if given.
     """
     by_last = {}  # last full block id -> [(full, index)]
     has_child = set()
@@ -88,6 +89,8 @@ def infer_turns(requests, block_tokens):
                     break
             if parent >= 0:
                 break
+        if parents is not None:
+            parents.append(parent)
         if parent >= 0:
             a = requests[parent]
             b.turn = a.turn + 1
