@@ -100,12 +100,17 @@ def full_ids(r, block_tokens):
     return r.hash_ids[:min(len(r.hash_ids), r.input_length // block_tokens)]
 
 
-def footprint(requests, block_tokens):
-    """Distinct full blocks of the workload."""
+def footprint(requests, block_tokens, reused=False):
+    """Distinct full blocks of the workload (reused: only those that more
+    than one request reads, the part a cache can turn into hits)."""
     seen = set()
+    again = set()
     for r in requests:
-        seen.update(full_ids(r, block_tokens))
-    return len(seen)
+        ids = full_ids(r, block_tokens)
+        if reused:
+            again.update(b for b in ids if b in seen)
+        seen.update(ids)
+    return len(again if reused else seen)
 
 
 def make_policy(name, model, block_tokens, flop_rate, params=None,
@@ -200,6 +205,9 @@ def _parser():
                    default=512, help="tokens per hash_id in --trace (Mooncake: 512)")
     p.add_argument("--capacity_fraction", "--capacity-fraction", default="0.5",
                    help="comma list of fractions of the footprint")
+    p.add_argument("--footprint", default="all", choices=["all", "reused"],
+                   help="capacity basis: every distinct block, or those read "
+                   "more than once")
     p.add_argument("--policies", default="lru,cost",
                    help="comma list of %s" % ",".join(POLICIES))
     p.add_argument("--no_position", action="store_true", help="cost: drop the position term")
@@ -234,10 +242,13 @@ def main(argv):
         print("hymsim eviction: %s" % e, file=sys.stderr)
         return 2
     fp = footprint(reqs, args.block_tokens)
+    base = footprint(reqs, args.block_tokens, True) if args.footprint == "reused" else fp
     convs = len({r.conversation for r in reqs})
-    print("%s: %d requests, %d conversations, footprint %d blocks of %d tokens; "
-          "%s, prefill at %.0f TFLOP/s" % (label, len(reqs), convs, fp,
-                                           args.block_tokens, model.name, flop_rate / 1e12))
+    print("%s: %d requests, %d conversations, footprint %d blocks of %d tokens "
+          "(%d read more than once; capacity basis: %s); %s, prefill at %.0f "
+          "TFLOP/s" % (label, len(reqs), convs, fp, args.block_tokens,
+                       footprint(reqs, args.block_tokens, True), args.footprint,
+                       model.name, flop_rate / 1e12))
     print("%-9s %-8s %10s %9s %8s %10s" % ("capacity", "policy", "saved_s",
                                             "hit_ratio", "evicted", "vs_lru"))
     # Every policy's ceiling: a store that holds the whole footprint.
@@ -248,7 +259,7 @@ def main(argv):
     results = []
     lines = []
     for frac in fractions:
-        cap = int(frac * fp)
+        cap = int(frac * base)
         row = {}
         for name in policies:
             pol = make_policy(name, model, args.block_tokens, flop_rate, params,
@@ -275,7 +286,9 @@ def main(argv):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"workload": label, "requests": len(reqs),
-                       "footprint_blocks": fp, "block_tokens": args.block_tokens,
+                       "footprint_blocks": fp, "capacity_basis": args.footprint,
+                       "capacity_basis_blocks": base,
+                       "block_tokens": args.block_tokens,
                        "model": model.name, "flop_rate": flop_rate,
                        "cost_params": dataclasses.asdict(params),
                        "ideal": ideal,

@@ -85,14 +85,19 @@ def cost_score(prefill_s, nbytes, p_turn, survival, residual_s, readers, p):
 class ReturnStats:
     """One tenant's return statistics, learned online from arrivals.
 
-    A request at turn k is "returned" when a later request first extends its
-    chain (its conversation's turn k+1, or a branch; the gap between the two
-    arrivals goes into a histogram of log-spaced bins) and "gone" once it
-    has been idle longer than the horizon (1.5x the largest gap seen;
-    nothing matures before a gap is seen; a late return moves it back). p_turn(k)
-    = (returned + 1) / (returned + gone + 2) over the matured ones only, so
-    conversations still thinking do not bias it down. Turns above
-    max_turn share the last counter."""
+    A request at turn k "returns" when a later request first extends its
+    chain (its conversation's turn k+1, or a branch; a further branch is
+    one more reader, not another return). The gap between the two arrivals
+    goes into a histogram of log-spaced bins, whose CDF is F. Requests not
+    yet extended are censored, not failed: a request reached `a` seconds
+    ago has had the chance F(a) to show its return by now, so
+
+        p_turn(k) = (R_k + 1) / (sum over turn-k requests i of F(now - t_i) + 2)
+
+    (R_k returns seen; method of moments, E[R_k] = p_k * sum F, with a
+    Laplace prior; capped at 1). It neither waits for a horizon nor needs
+    the trace to outlast the longest gap. Turns above max_turn share the
+    last counter; `now` is the latest arrival observed."""
 
     BINS = 64
     BASE_S = 1e-3
@@ -101,51 +106,48 @@ class ReturnStats:
     def __init__(self, max_turn=16):
         self.max_turn = max_turn
         self.returned = [0] * (max_turn + 1)
-        self.gone = [0] * (max_turn + 1)
         self.hist = [0] * self.BINS
-        self.max_gap = 0.0
-        # request not yet extended -> (turn, arrival, counted gone)
-        self._open = {}
-        self._pending = []    # (arrival, request), FIFO
-        self._head = 0
+        self._reach = [[] for _ in range(max_turn + 1)]  # arrival times
+        self._open = {}       # request not yet extended -> turn
+        self._reach_time = {}  # request -> arrival
+        self._now = 0.0
         self._tables = None
+        self._exposure = {}   # k -> sum F(now - t_i), for self._now
 
     def _k(self, turn):
         return min(max(turn, 1), self.max_turn)
 
     def observe(self, now, request, turn, parent=None):
-        """`request` (any key), at `turn`, arrives at `now`, extending the
-        chain of the earlier request `parent` (None: a first turn). The
-        parent counts as returned on its first extension only; a second
-        one (a branch) is one more reader, not another return."""
-        last = self._open.pop(parent, None) if parent is not None else None
-        if last is not None:
-            if last[2]:  # back after the horizon: it was counted gone
-                self.gone[self._k(last[0])] -= 1
-            self.returned[self._k(last[0])] += 1
-            gap = max(0.0, now - last[1])
-            self.max_gap = max(self.max_gap, gap)
+        """`request` (any key), at `turn`, arrives at `now` (not before the
+        previous arrival), extending the chain of the earlier request
+        `parent` (None: a first turn)."""
+        k = self._open.pop(parent, None) if parent is not None else None
+        if k is not None:
+            self.returned[k] += 1
+            gap = max(0.0, now - self._reach_time[parent])
             self.hist[self._bin(gap)] += 1
             self._tables = None
-        self._open[request] = (turn, now, False)
-        self._pending.append((now, request))
-        if self.max_gap > 0:
-            horizon = 1.5 * self.max_gap
-            while (self._head < len(self._pending) and
-                   now - self._pending[self._head][0] > horizon):
-                t0, key = self._pending[self._head]
-                self._head += 1
-                left = self._open.get(key)
-                if left is not None and left[1] == t0 and not left[2]:
-                    self._open[key] = (left[0], t0, True)
-                    self.gone[self._k(left[0])] += 1
-            if self._head > 4096:
-                del self._pending[:self._head]
-                self._head = 0
+        self._open[request] = self._k(turn)
+        self._reach_time[request] = now
+        self._reach[self._k(turn)].append(now)
+        self._now = now
+        self._exposure = {}
 
     def p_turn(self, turn):
         k = self._k(turn)
-        return (self.returned[k] + 1.0) / (self.returned[k] + self.gone[k] + 2.0)
+        e = self._exposure.get(k)
+        if e is None:
+            mids, cnt, _ = self._cdf()
+            times = self._reach[k]
+            e = 0.0
+            if cnt[0]:
+                for i in range(self.BINS):
+                    if self.hist[i]:
+                        e += self.hist[i] * bisect.bisect_left(
+                            times, self._now - mids[i])
+                e /= cnt[0]
+            self._exposure[k] = e
+        return min(1.0, (self.returned[k] + 1.0) / (e + 2.0))
 
     def _bin(self, gap):
         if gap <= self.BASE_S:
@@ -155,11 +157,7 @@ class ReturnStats:
     def _mid(self, i):
         return self.BASE_S * self.RATIO ** (i + 0.5)
 
-    def gap_at(self, idle_s):
-        """(survival, residual_s) of the inter-turn gap at `idle_s`: the
-        share of gaps longer than idle_s and their mean excess over it
-        (each gap at its bin's geometric middle; half a pseudo-gap at
-        2 x idle_s keeps both defined past the longest gap seen)."""
+    def _cdf(self):
         if self._tables is None:
             mids = [self._mid(i) for i in range(self.BINS)]
             cnt = [0.0] * (self.BINS + 1)
@@ -168,7 +166,14 @@ class ReturnStats:
                 cnt[i] = cnt[i + 1] + self.hist[i]
                 tot[i] = tot[i + 1] + self.hist[i] * mids[i]
             self._tables = (mids, cnt, tot)
-        mids, cnt, tot = self._tables
+        return self._tables
+
+    def gap_at(self, idle_s):
+        """(survival, residual_s) of the inter-turn gap at `idle_s`: the
+        share of gaps longer than idle_s and their mean excess over it
+        (each gap at its bin's geometric middle; half a pseudo-gap at
+        2 x idle_s keeps both defined past the longest gap seen)."""
+        mids, cnt, tot = self._cdf()
         n = cnt[0]
         if n == 0:
             return 1.0, 0.0
