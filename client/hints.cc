@@ -84,15 +84,16 @@ void ClientImpl::SendTurnHint(const std::vector<std::string>& keys,
        begin += options_.max_keys_per_rpc) {
     const size_t n =
         std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
-    absl::StatusOr<LookupBatch> batch =
-        master_->Lookup(all.subspan(begin, n), /*for_read=*/next_turn, deadline);
+    absl::StatusOr<LookupBatch> batch = master_->Lookup(
+        all.subspan(begin, n), /*for_read=*/next_turn, deadline);
     if (!batch.ok()) break;
     for (const PeerInfo& node : batch->nodes) Remember(node);
     size_t i = 0;
     for (; i < n && batch->found[i]; ++i) {
       const ObjectLocation& loc = batch->locations[i];
-      auto it = std::find_if(per_node.begin(), per_node.end(),
-                             [&](const auto& p) { return p.first == loc.node_id; });
+      auto it =
+          std::find_if(per_node.begin(), per_node.end(),
+                       [&](const auto& p) { return p.first == loc.node_id; });
       if (it == per_node.end()) {
         per_node.emplace_back(loc.node_id, std::vector<RemoteRef>());
         it = std::prev(per_node.end());

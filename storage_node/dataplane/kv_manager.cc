@@ -47,10 +47,11 @@ absl::Status KvManagerOptions::Validate() const {
         "kv manager: max_sessions and max_objects_per_session must be >= 1");
   }
   if (!(hint_share >= 0 && hint_share <= 1) || max_hints < 1 ||
-      max_hint_hold <= absl::ZeroDuration()) {
+      max_hint_hold <= absl::ZeroDuration() || max_hint_refills < 1 ||
+      hint_turn_grace <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "kv manager: hint_share must be in [0, 1], max_hints >= 1 and "
-        "max_hint_hold > 0");
+        "kv manager: hint_share must be in [0, 1], max_hints and "
+        "max_hint_refills >= 1, max_hint_hold and hint_turn_grace > 0");
   }
   if (device == nullptr || extents == nullptr) {
     return absl::InvalidArgumentError(
@@ -85,6 +86,9 @@ absl::StatusOr<std::unique_ptr<KvManager>> KvManager::Create(
       Thread::Start("kv-reaper", [p] { p->ReapLoop(); });
   if (!thread.ok()) return thread.status();
   m->reaper_ = std::move(*thread);
+  thread = Thread::Start("kv-hints", [p] { p->HintLoop(); });
+  if (!thread.ok()) return thread.status();  // the destructor stops the reaper
+  m->hinter_ = std::move(*thread);
   return m;
 }
 
@@ -97,8 +101,10 @@ KvManager::~KvManager() {
     MutexLock l(&mu_);
     stopping_ = true;
     stop_cv_.SignalAll();
+    hint_cv_.SignalAll();
   }
   reaper_.Join();
+  hinter_.Join();
   MutexLock l(&mu_);
   while (!turn_hints_.empty())
     DropHintLocked(turn_hints_.begin()->second.get());
@@ -174,7 +180,7 @@ bool KvManager::IssueLocked(Session* s, Entry* e, absl::Status* why) {
   s->issued_bytes += e->key.length;
   session_issued_bytes_ += e->key.length;
   --session_queued_;
-  // The session shares the hint's staged copy now; the hint is done.
+  // The session shares the hint's staged copy now; the hint is claimed.
   ClaimHintLocked(e->key);
   return true;
 }

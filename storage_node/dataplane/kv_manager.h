@@ -45,8 +45,10 @@
 #include <set>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -90,6 +92,14 @@ struct KvManagerOptions {
   // Longest a hint holds its object from when it arrives (expected time
   // plus hold, cut to this). Default: 5 min.
   absl::Duration max_hint_hold = absl::Minutes(5);
+  // How long after a read claims a think-time hint (its turn has come) the
+  // hint's objects that turn has not read are released (unused): a turn's
+  // load may take several prefetch lists and reads. > 0. Default: 2 s.
+  absl::Duration hint_turn_grace = absl::Seconds(2);
+  // Hinted objects being read from the capacity tier at once: a request
+  // that arrives meanwhile shares the device with at most this many hint
+  // refills. >= 1. Default: 2.
+  int max_hint_refills = 2;
   // Not owned; required; must outlive the manager.
   MemoryDevice* device = nullptr;
   ExtentTable* extents = nullptr;
@@ -129,6 +139,7 @@ struct KvManagerOptions {
   COUNTER(turn_hints_yielded,                                                  \
           "Staged hinted objects that gave their space to a session")          \
   COUNTER(turn_hints_cancelled, "Hinted objects dropped by an end hint")       \
+  COUNTER(turn_hints_unused, "Hinted objects their turn came without reading") \
   COUNTER(turn_hints_refused, "Think-time hints over max_hints")
 HYM_DECLARE_STATS_STRUCT(KvManagerStats, HYM_KV_MANAGER_STATS);
 
@@ -142,7 +153,17 @@ class KvManager {
     absl::Time due;
     absl::Time expires;
     uint64_t seq = 0;  // arrival order: read order among equal due times
+    // The hints (HintTurn calls: batches, oldest first) holding this
+    // object, each with the object's position in it: a shared prefix is
+    // hinted by every conversation that continues it.
+    struct Ref {
+      uint64_t batch;
+      uint32_t pos;
+    };
+    std::vector<Ref> batches;
+    bool claimed = false;  // read at least once while hinted
     bool staged = false;
+    bool ready = false;        // staged and its bytes in the window
     ExtentTable::ReadPin pin;  // staged
     PrefetchHandle handle;     // staged
   };
@@ -216,11 +237,14 @@ class KvManager {
   // Think-time hint: `objects` (in read order) are likely read by a request
   // `expected_in` from now (a conversation's next turn); stage them while
   // the window is idle and hold them until `expected_in + hold` from now
-  // (at most max_hint_hold). Hinting an object again moves its times. A
-  // `hold` of zero or less ends the hints of `objects` (the conversation
-  // ended). Advice only: per object OK, or ResourceExhausted over
-  // max_hints, or NotFound (an end hint for an object not hinted). An
-  // unreadable object is dropped when it would be staged.
+  // (at most max_hint_hold). Hinting an object again (another conversation
+  // continuing a shared prefix, or the same one again) adds a hint: it is
+  // staged by the earliest due time, held to the latest expiry, and ends
+  // when every hint is claimed by a read or ended. A `hold` of zero or less
+  // ends one hint of each of `objects` (the conversation ended). Advice only:
+  // per object OK, or ResourceExhausted over max_hints, or NotFound (an end
+  // hint for an object not hinted). An unreadable object is dropped when it
+  // would be staged.
   std::vector<absl::Status> HintTurn(absl::Span<const ExtentKey> objects,
                                      absl::Duration expected_in,
                                      absl::Duration hold);
@@ -272,15 +296,31 @@ class KvManager {
   // until the window has room for it, unless a hint holds `key` itself.
   void MakeRoomForSessionLocked(const ExtentKey& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After a session issued `key` (sharing a staged copy): ends its hint.
+  // After a session issued `key` (sharing a staged copy), or a plain read
+  // read it: counts the hit (or late), and if `key` is among the last
+  // objects of a hint (batch), that hint's turn has come: it ends
+  // hint_turn_grace later (batch_ends_).
   void ClaimHintLocked(const ExtentKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The turn of `batch` has been read: its objects the turn did not read
+  // are not needed (turn_hints_unused); ends their hints of that batch.
+  void EndBatchLocked(uint64_t batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes `batch` from `h` (and `h`'s key from the batch); drops `h` when
+  // no batch holds it any more.
+  void RemoveBatchLocked(TurnHint* h, uint64_t batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unstages `h` (device handle, pin) and queues it again.
   void UnstageHintLocked(TurnHint* h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unstages or unqueues `h` and forgets it.
   void DropHintLocked(TurnHint* h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops hints whose hold ran out by `now`.
+  // Drops hints whose hold ran out by `now`, and the unread objects of
+  // batches whose turn came hint_turn_grace ago.
   void ExpireHintsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t HintBudget() const;
+  // Marks staged hints whose refill finished (a probe of the device).
+  void ProbeHintsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "kv-hints": while hint refills are in flight, notices their end and
+  // stages the next hints (the refills are paced by max_hint_refills).
+  void HintLoop();
   void EraseIfEmptyLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(uint64_t session, Entry* e);
   absl::StatusOr<StagedRead> Acquire(uint64_t session, const ExtentKey& key,
@@ -292,9 +332,12 @@ class KvManager {
   // Time session reads waited for their object's staging (waited_reads).
   LatencyHistogram wait_latency_;
   Thread reaper_;
+  Thread hinter_;
 
   mutable Mutex mu_;
   CondVar stop_cv_;
+  // Signalled when a hint refill starts (and on stop): wakes "kv-hints".
+  CondVar hint_cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Session>> sessions_
       ABSL_GUARDED_BY(mu_);
@@ -311,7 +354,18 @@ class KvManager {
   HintOrder hint_queue_ ABSL_GUARDED_BY(mu_);
   HintOrder hint_staged_ ABSL_GUARDED_BY(mu_);
   uint64_t next_hint_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // Each HintTurn call's objects still hinted by it, and how many it had.
+  struct HintBatch {
+    absl::flat_hash_set<ExtentKey, KeyHash, KeyEq> left;
+    uint32_t size = 0;
+  };
+  absl::flat_hash_map<uint64_t, HintBatch> hint_batches_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_hint_batch_ ABSL_GUARDED_BY(mu_) = 1;
+  // Batches whose turn came, and when their unread objects go.
+  absl::flat_hash_map<uint64_t, absl::Time> batch_ends_ ABSL_GUARDED_BY(mu_);
   uint64_t hint_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Staged hints not ready yet (refills in flight; max_hint_refills).
+  std::vector<TurnHint*> hints_loading_ ABSL_GUARDED_BY(mu_);
   KvManagerStats counters_ ABSL_GUARDED_BY(mu_);
 };
 

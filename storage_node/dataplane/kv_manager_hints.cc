@@ -12,8 +12,19 @@
 //     are staged again when the window is idle.
 //   * Soonest expected first: the queue is ordered by due time.
 //   * A session that prefetches a hinted object shares the hint's staged
-//     copy (the device stages an object once for all its holders), and the
-//     hint ends there: a hit if it was staged by then, late otherwise.
+//     copy (the device stages an object once for all its holders): a hit if
+//     it was staged by then, late otherwise.
+//   * A read of an object one hint holds ends that hint of the object (the
+//     read holds it now). An object several hints hold (a system prompt
+//     that conversations share) stays staged until the last of those hints
+//     ends.
+//   * A hint (one HintTurn call: a conversation's chain) ends when its turn
+//     has come: a read of one of its last objects (kTailObjects; reading
+//     its first ones tells nothing, as a new conversation reads a shared
+//     system prompt too). hint_turn_grace later (a turn's load may take
+//     several prefetch lists and reads), its objects no read claimed go,
+//     counted unused (a block the engine computes again, a branch not
+//     taken).
 //   * A hint holds its object at most until its due time plus its hold; the
 //     reaper then releases it (wasted if it had been staged).
 //   * A staged hint holds an extent read pin, like a session's staged
@@ -29,6 +40,13 @@
 #include "storage_node/dataplane/kv_manager.h"
 
 namespace hymcache::storage {
+namespace {
+
+// A read of one of a hint's last this many objects means its turn has come
+// (the last one may be a partial block that the next turn computes again).
+constexpr uint32_t kTailObjects = 2;
+
+}  // namespace
 
 uint64_t KvManager::HintBudget() const {
   return static_cast<uint64_t>(options_.hint_share *
@@ -49,7 +67,9 @@ std::vector<absl::Status> KvManager::HintTurn(
         continue;
       }
       ++counters_.turn_hints_cancelled;
-      DropHintLocked(it->second.get());
+      // The latest hint of the object is the ending conversation's.
+      TurnHint* h = it->second.get();
+      RemoveBatchLocked(h, h->batches.back().batch);
     }
     PumpHintsLocked();
     return out;
@@ -59,6 +79,8 @@ std::vector<absl::Status> KvManager::HintTurn(
   const absl::Time due = now + expected_in;
   const absl::Time expires = now + std::min(expected_in + hold, cap);
   const uint64_t budget = HintBudget();
+  const uint64_t batch = next_hint_batch_++;
+  absl::flat_hash_set<ExtentKey, KeyHash, KeyEq> held;
   for (size_t i = 0; i < objects.size(); ++i) {
     const ExtentKey& k = objects[i];
     ++counters_.turn_hints;
@@ -70,9 +92,13 @@ std::vector<absl::Status> KvManager::HintTurn(
       TurnHint* h = it->second.get();
       HintOrder& set = h->staged ? hint_staged_ : hint_queue_;
       set.erase({h->due, h->seq, h});
-      h->due = due;
-      h->expires = expires;
+      // Needed by the earliest of its hinters, held for the latest.
+      h->due = std::min(h->due, due);
+      h->expires = std::max(h->expires, expires);
       set.insert({h->due, h->seq, h});
+      if (held.insert(k).second) {
+        h->batches.push_back({batch, static_cast<uint32_t>(held.size() - 1)});
+      }
       continue;
     }
     if (static_cast<int>(turn_hints_.size()) >= options_.max_hints) {
@@ -88,8 +114,15 @@ std::vector<absl::Status> KvManager::HintTurn(
     h->due = due;
     h->expires = expires;
     h->seq = next_hint_seq_++;
+    held.insert(k);
+    h->batches.push_back({batch, static_cast<uint32_t>(held.size() - 1)});
     hint_queue_.insert({due, h->seq, h.get()});
     turn_hints_.emplace(k, std::move(h));
+  }
+  if (!held.empty()) {
+    HintBatch& b = hint_batches_[batch];
+    b.size = static_cast<uint32_t>(held.size());
+    b.left = std::move(held);
   }
   PumpHintsLocked();
   return out;
@@ -102,11 +135,47 @@ void KvManager::EndHintsOfReads(absl::Span<const ExtentKey> objects) {
   PumpHintsLocked();
 }
 
+void KvManager::HintLoop() {
+  MutexLock l(&mu_);
+  while (!stopping_) {
+    if (hints_loading_.empty()) {
+      hint_cv_.Wait(&mu_);
+      continue;
+    }
+    PumpHintsLocked();
+    // Refills take a fraction of a millisecond to milliseconds: look again
+    // soon (only while some are in flight).
+    if (!hints_loading_.empty()) {
+      hint_cv_.WaitWithDeadline(&mu_, absl::Now() + absl::Milliseconds(1));
+    }
+  }
+}
+
+void KvManager::ProbeHintsLocked() {
+  for (size_t i = 0; i < hints_loading_.size();) {
+    TurnHint* h = hints_loading_[i];
+    absl::StatusOr<const uint8_t*> data =
+        options_.device->PrefetchWait(h->handle, absl::InfinitePast());
+    // A failed refill is not in flight any more either; a request's read
+    // of the object reports the error.
+    if (data.ok() ||
+        data.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      h->ready = true;
+      hints_loading_[i] = hints_loading_.back();
+      hints_loading_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
 void KvManager::PumpHintsLocked() {
+  ProbeHintsLocked();
   // Requests waiting for the window come first.
   if (session_queued_ > 0) return;
   const uint64_t budget = HintBudget();
-  while (!hint_queue_.empty()) {
+  while (!hint_queue_.empty() &&
+         static_cast<int>(hints_loading_.size()) < options_.max_hint_refills) {
     TurnHint* h = std::get<2>(*hint_queue_.begin());
     const uint64_t len = h->key.length;
     if (hint_bytes_ + len > budget ||
@@ -130,10 +199,15 @@ void KvManager::PumpHintsLocked() {
     h->pin = std::move(*pin);
     h->handle = *handle;
     h->staged = true;
+    h->ready = false;
+    hints_loading_.push_back(h);
     hint_bytes_ += len;
     hint_staged_.insert({h->due, h->seq, h});
     ++counters_.turn_hints_staged;
+    // Staged from the write buffer or at once (DRAM): not in flight.
+    ProbeHintsLocked();
   }
+  if (!hints_loading_.empty()) hint_cv_.Signal();
 }
 
 void KvManager::MakeRoomForSessionLocked(const ExtentKey& key) {
@@ -151,12 +225,60 @@ void KvManager::MakeRoomForSessionLocked(const ExtentKey& key) {
 void KvManager::ClaimHintLocked(const ExtentKey& key) {
   auto it = turn_hints_.find(key);
   if (it == turn_hints_.end()) return;
-  ++(it->second->staged ? counters_.turn_hint_hits : counters_.turn_hint_late);
-  DropHintLocked(it->second.get());
+  TurnHint* h = it->second.get();
+  ++(h->staged ? counters_.turn_hint_hits : counters_.turn_hint_late);
+  h->claimed = true;
+  // A read of one of a hint's last kTailObjects objects: that hint's turn
+  // has come (a new conversation reading a shared system prompt reads only
+  // the first objects of other conversations' hints).
+  for (const TurnHint::Ref& ref : h->batches) {
+    auto b = hint_batches_.find(ref.batch);
+    if (b == hint_batches_.end() || ref.pos + kTailObjects < b->second.size) {
+      continue;
+    }
+    batch_ends_.try_emplace(ref.batch,
+                            clock_->Now() + options_.hint_turn_grace);
+  }
+  // Held by one hint only: the read holds the object now; its hint is done.
+  if (h->batches.size() == 1) RemoveBatchLocked(h, h->batches.front().batch);
+}
+
+void KvManager::RemoveBatchLocked(TurnHint* h, uint64_t batch) {
+  auto b = hint_batches_.find(batch);
+  if (b != hint_batches_.end()) {
+    b->second.left.erase(h->key);
+    if (b->second.left.empty()) hint_batches_.erase(b);
+  }
+  h->batches.erase(std::find_if(
+      h->batches.begin(), h->batches.end(),
+      [batch](const TurnHint::Ref& r) { return r.batch == batch; }));
+  if (h->batches.empty()) DropHintLocked(h);
+}
+
+void KvManager::EndBatchLocked(uint64_t batch) {
+  batch_ends_.erase(batch);
+  auto b = hint_batches_.find(batch);
+  if (b == hint_batches_.end()) return;
+  const std::vector<ExtentKey> left(b->second.left.begin(),
+                                    b->second.left.end());
+  for (const ExtentKey& k : left) {
+    auto it = turn_hints_.find(k);
+    if (it == turn_hints_.end()) continue;
+    if (it->second->batches.size() == 1 && !it->second->claimed) {
+      ++counters_.turn_hints_unused;
+    }
+    RemoveBatchLocked(it->second.get(), batch);
+  }
+  hint_batches_.erase(batch);
 }
 
 void KvManager::UnstageHintLocked(TurnHint* h) {
   hint_staged_.erase({h->due, h->seq, h});
+  if (!h->ready) {
+    hints_loading_.erase(
+        std::find(hints_loading_.begin(), hints_loading_.end(), h));
+  }
+  h->ready = false;
   options_.device->PrefetchRelease(h->handle);
   h->pin.Release();
   h->handle = PrefetchHandle();
@@ -166,6 +288,12 @@ void KvManager::UnstageHintLocked(TurnHint* h) {
 }
 
 void KvManager::DropHintLocked(TurnHint* h) {
+  for (const TurnHint::Ref& ref : h->batches) {
+    auto b = hint_batches_.find(ref.batch);
+    if (b == hint_batches_.end()) continue;
+    b->second.left.erase(h->key);
+    if (b->second.left.empty()) hint_batches_.erase(b);
+  }
   if (h->staged) UnstageHintLocked(h);
   hint_queue_.erase({h->due, h->seq, h});
   // A copy: erasing destroys `h` and the key it holds.
@@ -173,6 +301,11 @@ void KvManager::DropHintLocked(TurnHint* h) {
 }
 
 void KvManager::ExpireHintsLocked(absl::Time now) {
+  std::vector<uint64_t> ended;
+  for (const auto& [batch, when] : batch_ends_) {
+    if (when <= now) ended.push_back(batch);
+  }
+  for (uint64_t batch : ended) EndBatchLocked(batch);
   std::vector<TurnHint*> expired;
   for (const auto& [key, h] : turn_hints_) {
     if (h->expires <= now) expired.push_back(h.get());

@@ -350,10 +350,45 @@ TEST_CASE("hints wait while a request waits and give their space back") {
   CHECK(rig.kv->Stats().turn_hint_late == 0);
 }
 
+TEST_CASE("a prefix hinted by several conversations stays staged for each") {
+  Rig rig(12, HintOptions());
+  // Two conversations share objects 0 and 1 (a system prompt).
+  const std::vector<ExtentKey> first = rig.Keys(0, 4);
+  const std::vector<ExtentKey> second = {rig.keys[0], rig.keys[1], rig.keys[4],
+                                         rig.keys[5]};
+  REQUIRE(AllOk(rig.kv->HintTurn(first, absl::Seconds(5), absl::Seconds(30))));
+  REQUIRE(AllOk(rig.kv->HintTurn(second, absl::Seconds(9), absl::Seconds(30))));
+  CHECK(rig.kv->Stats().turn_hints_held == 6);
+  // A new conversation reading the system prompt ends nobody's turn.
+  REQUIRE(AllOk(rig.kv->Prefetch(9, rig.Keys(0, 2))));
+  rig.Read(9, 0);
+  rig.Read(9, 1);
+  rig.clock.Advance(absl::Seconds(2));  // hint_turn_grace
+  rig.kv->ReapExpired();
+  CHECK(rig.kv->Stats().turn_hints_held == 6);
+  // The first's turn: 2 and 3 end with its read, 0 and 1 wait for the
+  // second conversation.
+  REQUIRE(AllOk(rig.kv->Prefetch(1, first)));
+  for (int i = 0; i < 4; ++i) rig.Read(1, i);
+  rig.clock.Advance(absl::Seconds(2));
+  rig.kv->ReapExpired();
+  KvManagerStats st = rig.kv->Stats();
+  CHECK(st.turn_hints_held == 4);
+  CHECK(st.turn_hint_bytes == 4 * kMiB);
+  REQUIRE(AllOk(rig.kv->Prefetch(2, second)));
+  st = rig.kv->Stats();
+  CHECK(st.turn_hint_hits == 2 + 4 + 4);
+  CHECK(st.turn_hint_late == 0);
+  CHECK(st.turn_hints_held == 0);
+  CHECK(st.turn_hints_unused == 0);
+}
+
 TEST_CASE("queued hints are staged soonest expected first") {
   Rig rig(12, HintOptions(/*share=*/0.25));  // 2 objects
-  REQUIRE(AllOk(rig.kv->HintTurn(rig.Keys(0, 4), absl::Seconds(30),
-                                 absl::Seconds(30))));  // 0, 1 staged
+  REQUIRE(AllOk(rig.kv->HintTurn(rig.Keys(0, 2), absl::Seconds(30),
+                                 absl::Seconds(30))));  // staged
+  REQUIRE(AllOk(rig.kv->HintTurn(rig.Keys(2, 4), absl::Seconds(30),
+                                 absl::Seconds(30))));  // queued
   REQUIRE(AllOk(rig.kv->HintTurn(rig.Keys(4, 6), absl::Seconds(1),
                                  absl::Seconds(30))));  // queued
   REQUIRE(AllOk(rig.kv->Prefetch(1, rig.Keys(0, 2))));  // claims 0, 1
@@ -364,6 +399,37 @@ TEST_CASE("queued hints are staged soonest expected first") {
   const KvManagerStats st = rig.kv->Stats();
   CHECK(st.turn_hint_hits == 4);  // 0, 1, 4, 5
   CHECK(st.turn_hint_late == 2);  // 2, 3
+}
+
+TEST_CASE("a turn's read releases the objects of its hint it did not read") {
+  Rig rig(12, HintOptions());
+  REQUIRE(AllOk(
+      rig.kv->HintTurn(rig.Keys(0, 4), absl::Seconds(1), absl::Seconds(60))));
+  // The next turn reads 0-2 (block 3 was a partial block, recomputed).
+  REQUIRE(AllOk(rig.kv->Prefetch(1, rig.Keys(0, 3))));
+  for (int i = 0; i < 3; ++i) rig.Read(1, i);
+  // Block 3 stays for the rest of the turn's load (more prefetch lists and
+  // reads may follow), then goes.
+  rig.clock.Advance(absl::Milliseconds(1999));
+  rig.kv->ReapExpired();
+  CHECK(rig.kv->Stats().turn_hints_held == 1);
+  rig.clock.Advance(absl::Milliseconds(1));
+  rig.kv->ReapExpired();
+  KvManagerStats st = rig.kv->Stats();
+  CHECK(st.turn_hint_hits == 3);
+  CHECK(st.turn_hints_unused == 1);
+  CHECK(st.turn_hints_held == 0);
+  CHECK(rig.dev.OutstandingPrefetchesForTest() == 0);
+  // Plain reads (no session) claim and release the same way.
+  REQUIRE(AllOk(
+      rig.kv->HintTurn(rig.Keys(4, 7), absl::Seconds(1), absl::Seconds(60))));
+  rig.kv->EndHintsOfReads(rig.Keys(4, 6));
+  rig.clock.Advance(absl::Seconds(2));
+  rig.kv->ReapExpired();
+  st = rig.kv->Stats();
+  CHECK(st.turn_hint_hits == 5);
+  CHECK(st.turn_hints_unused == 2);
+  CHECK(st.turn_hints_held == 0);
 }
 
 TEST_CASE("an unclaimed hint is released when its hold runs out") {
@@ -383,7 +449,7 @@ TEST_CASE("an unclaimed hint is released when its hold runs out") {
   CHECK(rig.dev.OutstandingPrefetchesForTest() == 0);
 }
 
-TEST_CASE("hinting again moves the hold and an end hint drops the hints") {
+TEST_CASE("hinting again extends the hold and each hint must end") {
   Rig rig(12, HintOptions());
   REQUIRE(AllOk(
       rig.kv->HintTurn(rig.Keys(0, 2), absl::Seconds(1), absl::Seconds(1))));
@@ -399,6 +465,9 @@ TEST_CASE("hinting again moves the hold and an end hint drops the hints") {
   CHECK(st[1].ok());
   CHECK(st[2].code() == absl::StatusCode::kNotFound);
   CHECK(rig.kv->Stats().turn_hints_cancelled == 2);
+  CHECK(rig.kv->Stats().turn_hints_held == 2);  // hinted twice: one left
+  REQUIRE(AllOk(rig.kv->HintTurn(rig.Keys(0, 2), absl::ZeroDuration(),
+                                 absl::ZeroDuration())));
   CHECK(rig.kv->Stats().turn_hints_held == 0);
   CHECK(rig.dev.OutstandingPrefetchesForTest() == 0);
 }
@@ -421,6 +490,23 @@ TEST_CASE("hints beyond max_hints are refused and stale ones never staged") {
   CHECK(s.dropped_stale == 1);
   CHECK(s.turn_hints_held == 2);
   CHECK(s.turn_hints_staged == 2);
+}
+
+TEST_CASE("hint refills are paced: at most max_hint_refills in flight") {
+  KvManagerOptions o = HintOptions();
+  o.max_hint_refills = 2;
+  Rig rig(12, o);
+  rig.dev.SetNotReadyProbesForTest(1 << 30);  // every refill still running
+  REQUIRE(AllOk(
+      rig.kv->HintTurn(rig.Keys(0, 4), absl::Seconds(1), absl::Seconds(60))));
+  CHECK(rig.kv->Stats().turn_hints_staged == 2);
+  // The refills finish: "kv-hints" notices and stages the other two.
+  rig.dev.SetNotReadyProbesForTest(0);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (rig.kv->Stats().turn_hints_staged < 4 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  CHECK(rig.kv->Stats().turn_hints_staged == 4);
 }
 
 TEST_CASE("without a staging window hints are accepted and stage nothing") {
@@ -451,6 +537,9 @@ TEST_CASE("bad options are refused") {
   CHECK_FALSE(KvManager::Create(o).ok());
   o.hint_share = 0.5;
   o.max_hints = 0;
+  CHECK_FALSE(KvManager::Create(o).ok());
+  o.max_hints = 1;
+  o.max_hint_refills = 0;
   CHECK_FALSE(KvManager::Create(o).ok());
 }
 

@@ -112,6 +112,10 @@ DEFINE_bool(
     "Client::HintNextTurn for its blocks, as an engine does when a turn "
     "is answered (think-time staging on hybrid nodes).");
 DEFINE_int64(hint_hold_ms, 60000, "TurnHintOptions::hold of those hints.");
+DEFINE_string(hint_namespace, "",
+              "Hints name the request's blocks in this namespace instead (a "
+              "run there stored them; this one never reads them): every "
+              "hint wrong, to measure wasted staging.");
 DEFINE_bool(register_pool, true, "Register each worker's KV pool with Client::RegisterMemory.");
 DEFINE_bool(check_cluster, true, "Fail fast unless the master answers and has a live node.");
 DEFINE_double(progress_s, 1, "Progress line on stderr every N seconds (0: none).");
@@ -295,6 +299,7 @@ int RunReplay() {
   ro.register_pool = FLAGS_register_pool;
   ro.hint_next_turn = FLAGS_hint_next_turn;
   ro.hint_hold = absl::Milliseconds(FLAGS_hint_hold_ms);
+  ro.hint_namespace = FLAGS_hint_namespace;
   ro.progress_interval = absl::Seconds(FLAGS_progress_s);
   if (auto s = ro.Validate(); !s.ok()) return UsageError(std::string(s.message()));
 

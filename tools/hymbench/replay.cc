@@ -96,9 +96,8 @@ struct PendingStore {
   // The pool slots the stored blocks point into.
   std::vector<uint32_t> slots;
   uint64_t bytes = 0;
-  // The request's keys, for its think-time hint once the store is done
-  // (empty without hint_next_turn).
-  std::vector<std::string> hint_keys;
+  // Send the request's think-time hint once the store is done.
+  bool hint = false;
 };
 
 // The loss reason of a failed block or call.
@@ -145,7 +144,10 @@ class Replayer {
         requests_(requests),
         options_(options),
         progress_(progress),
-        codec_(options.key_namespace, options.block_bytes) {}
+        codec_(options.key_namespace, options.block_bytes),
+        hint_codec_(options.hint_namespace.empty() ? options.key_namespace
+                                                   : options.hint_namespace,
+                    options.block_bytes) {}
 
   // REQUIRES: `pools` holds one pool per worker, each holding the largest
   // request.
@@ -400,7 +402,7 @@ class Replayer {
     pool->Give(free_now);
     rec.store_keys = store_keys.size();
     if (store_keys.empty()) {
-      HintNextTurn(keys);
+      HintNextTurn(i);
       return;
     }
     const uint64_t held_bytes = held.size() * bb;
@@ -417,7 +419,7 @@ class Replayer {
       }
     }
     if (drop) {
-      HintNextTurn(keys);
+      HintNextTurn(i);
       return;
     }
     {
@@ -436,7 +438,7 @@ class Replayer {
     p.ids = std::move(store_ids);
     p.slots = std::move(held);
     p.bytes = held_bytes;
-    if (options_.hint_next_turn) p.hint_keys = keys;
+    p.hint = options_.hint_next_turn;
     if (p.handle == nullptr) {  // the API promises a handle; do not crash
       rec.store_error = "Store returned no handle";
       rec.store_failed = store_keys.size();
@@ -546,8 +548,11 @@ class Replayer {
   }
 
   // The think-time hint of a request whose turn is answered.
-  void HintNextTurn(const std::vector<std::string>& keys) {
-    if (!options_.hint_next_turn || keys.empty()) return;
+  void HintNextTurn(size_t request) {
+    if (!options_.hint_next_turn || requests_[request].hash_ids.empty()) return;
+    std::vector<std::string> keys;
+    for (uint64_t id : requests_[request].hash_ids)
+      keys.push_back(hint_codec_.Key(id));
     TurnHintOptions h;
     h.hold = options_.hint_hold;
     const bool sent = client_->HintNextTurn(keys, h).ok();
@@ -618,7 +623,7 @@ class Replayer {
     }
     if (!error.ok()) rec.store_error = error.ToString();
     pool->Give(p.slots);
-    HintNextTurn(p.hint_keys);
+    if (p.hint) HintNextTurn(p.request);
     MutexLock l(&mu_);
     for (size_t k = 0; k < fates.size(); ++k) {
       if (!fates[k].has_value()) continue;
@@ -675,6 +680,7 @@ class Replayer {
   const ReplayOptions options_;
   std::ostream* const progress_;
   const BlockCodec codec_;
+  const BlockCodec hint_codec_;
   // Set before the threads start.
   absl::Time start_;
   double first_timestamp_ms_ = 0;

@@ -105,6 +105,11 @@ struct ReplayOptions {
   bool hint_next_turn = false;
   // TurnHintOptions::hold of those hints. > 0. Default: 60 s.
   absl::Duration hint_hold = absl::Seconds(60);
+  // Non-empty: the hints name the request's blocks in this namespace
+  // instead (blocks a run in that namespace stored, never read by this
+  // one): every hint is wrong, to measure what wasted staging costs the
+  // requests. Default: "".
+  std::string hint_namespace;
   // Interval of the progress lines; zero prints none. Default: 1 s.
   absl::Duration progress_interval = absl::Seconds(1);
 

@@ -433,6 +433,22 @@ TEST_CASE("with hint_next_turn each request's blocks are hinted once stored") {
     CHECK(h.hold == absl::Seconds(7));
   }
   CHECK(got == want);
+  // Hints naming another namespace's blocks (every one wrong).
+  FakeClient decoy(fo);
+  o.hint_namespace = "decoy";
+  REQUIRE(Replay(&decoy, reqs, o).ok());
+  BlockCodec decoy_codec("decoy", o.block_bytes);
+  std::set<std::vector<std::string>> decoys;
+  for (const Request& q : reqs) {
+    std::vector<std::string> keys;
+    for (uint64_t id : q.hash_ids) keys.push_back(decoy_codec.Key(id));
+    decoys.insert(keys);
+  }
+  REQUIRE(decoy.hints().size() == reqs.size());
+  for (const auto& h : decoy.hints()) {
+    CHECK(h.stored == 0);  // none of this run's blocks
+    CHECK(decoys.count(h.keys) == 1);
+  }
   // Off by default.
   FakeClient quiet({});
   REQUIRE(Replay(&quiet, reqs, Small()).ok());
