@@ -375,6 +375,18 @@ static void BadArguments(const char* master) {
 
   EXPECT_CODE(hymcache_remove(c, b.keys, 0, 1000, NULL),
               HYMCACHE_INVALID_ARGUMENT);
+
+  /* Think-time hints: advice, accepted at once; bad ones refused. */
+  REQUIRE_OK(hymcache_hint_next_turn(c, b.keys, 5, 3000, 0));
+  REQUIRE_OK(hymcache_hint_conversation_ended(c, b.keys, 5));
+  EXPECT_CODE(hymcache_hint_next_turn(c, b.keys, 0, 0, 0),
+              HYMCACHE_INVALID_ARGUMENT);
+  EXPECT_CODE(hymcache_hint_next_turn(c, b.keys, 5, -1, 0),
+              HYMCACHE_INVALID_ARGUMENT);
+  EXPECT_CODE(hymcache_hint_next_turn(NULL, b.keys, 5, 0, 0),
+              HYMCACHE_INVALID_ARGUMENT);
+  EXPECT_CODE(hymcache_hint_conversation_ended(c, NULL, 1),
+              HYMCACHE_INVALID_ARGUMENT);
   hymcache_cluster_stats st;
   st.struct_size = 4;
   EXPECT_CODE(hymcache_cluster_stats_get(c, 1000, &st),

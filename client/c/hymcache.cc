@@ -432,6 +432,35 @@ hymcache_code hymcache_remove(hymcache_client* client, const hymcache_key* keys,
   });
 }
 
+hymcache_code hymcache_hint_next_turn(hymcache_client* client,
+                                      const hymcache_key* keys, size_t num_keys,
+                                      int64_t expected_in_ms, int64_t hold_ms) {
+  return Guard([&]() -> absl::Status {
+    if (client == nullptr) return Null("client");
+    if (expected_in_ms < 0 || hold_ms < 0) {
+      return absl::InvalidArgumentError(
+          "hymcache_hint_next_turn: expected_in_ms and hold_ms must be >= 0");
+    }
+    ASSIGN_OR_RETURN(std::vector<std::string> k,
+                     hymcache::Keys(keys, num_keys));
+    hymcache::TurnHintOptions o;
+    o.expected_in = absl::Milliseconds(expected_in_ms);
+    if (hold_ms > 0) o.hold = absl::Milliseconds(hold_ms);
+    return client->impl->HintNextTurn(k, o);
+  });
+}
+
+hymcache_code hymcache_hint_conversation_ended(hymcache_client* client,
+                                               const hymcache_key* keys,
+                                               size_t num_keys) {
+  return Guard([&]() -> absl::Status {
+    if (client == nullptr) return Null("client");
+    ASSIGN_OR_RETURN(std::vector<std::string> k,
+                     hymcache::Keys(keys, num_keys));
+    return client->impl->HintConversationEnded(k);
+  });
+}
+
 hymcache_code hymcache_register_memory(hymcache_client* client, void* data,
                                        size_t size) {
   return Guard([&]() -> absl::Status {

@@ -328,6 +328,25 @@ hymcache_code hymcache_remove(hymcache_client* client, const hymcache_key* keys,
                               size_t num_keys, int64_t timeout_ms,
                               uint8_t* removed);
 
+/* Think-time hints (docs/prefetch.md). Advice only: each returns at once
+ * and its work runs in the background; it never fails or delays a load or
+ * store.
+ * hymcache_hint_next_turn: keys are a conversation's chain, in order, just
+ * answered; its next turn is expected in about expected_in_ms (0: unknown)
+ * and the nodes hold the staged blocks hold_ms past that (0: the default,
+ * 60 s). Hybrid nodes stage the chain while idle, so the turn loads it from
+ * DRAM.
+ * hymcache_hint_conversation_ended: the conversation will not come back.
+ * Errors: INVALID_ARGUMENT (no keys, an empty or oversized key, a negative
+ * time), RESOURCE_EXHAUSTED (the client's hints in flight are at their
+ * limit: this one is dropped). */
+hymcache_code hymcache_hint_next_turn(hymcache_client* client,
+                                      const hymcache_key* keys, size_t num_keys,
+                                      int64_t expected_in_ms, int64_t hold_ms);
+hymcache_code hymcache_hint_conversation_ended(hymcache_client* client,
+                                               const hymcache_key* keys,
+                                               size_t num_keys);
+
 /* Registers engine-owned memory [data, data + size) (e.g. a KV pool) for
  * direct transfers: RDMA reads land in it and writes leave from it without a
  * copy through the transport's bounce buffer. It stays pinned and must stay

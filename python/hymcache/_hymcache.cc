@@ -633,6 +633,35 @@ class PyClient {
     return Unwrap(WithoutGil([&] { return c.Remove(keys, call); }));
   }
 
+  // Think-time hints: True if queued, False if the client dropped it (its
+  // hints in flight at their limit); raises InvalidArgument.
+  bool HintNextTurn(const std::vector<std::string>& keys,
+                    std::optional<double> expected_in,
+                    std::optional<double> hold) {
+    const ClientRef live = Live();
+    TurnHintOptions o;
+    if (expected_in.has_value()) {
+      if (!std::isfinite(*expected_in) || *expected_in < 0) {
+        ThrowInvalid("expected_in must be a finite number of seconds >= 0");
+      }
+      o.expected_in = absl::Seconds(*expected_in);
+    }
+    if (hold.has_value()) {
+      if (!std::isfinite(*hold) || *hold <= 0) {
+        ThrowInvalid("hold must be a finite number of seconds > 0");
+      }
+      o.hold = absl::Seconds(*hold);
+    }
+    Client& c = *live;
+    return Queued(c.HintNextTurn(keys, o));
+  }
+
+  bool HintConversationEnded(const std::vector<std::string>& keys) {
+    const ClientRef live = Live();
+    Client& c = *live;
+    return Queued(c.HintConversationEnded(keys));
+  }
+
   py::dict Stats(std::optional<double> deadline) {
     const ClientRef live = Live();
     Client& c = *live;
@@ -706,6 +735,13 @@ class PyClient {
       Throw(absl::FailedPreconditionError("the client is closed"));
     }
     return ClientRef(client_);
+  }
+
+  // A hint's outcome: queued, or dropped at the client's limit.
+  static bool Queued(const absl::Status& s) {
+    if (s.ok()) return true;
+    if (absl::IsResourceExhausted(s)) return false;
+    Throw(s);
   }
 
   std::shared_ptr<Client> client_;  // GIL; null once closed
@@ -954,6 +990,19 @@ write is reported in the result, never retried. deadline: seconds from now
            py::arg("deadline") = py::none(),
            "Removes keys (and the blocks after each in its chain); per key "
            "whether it was stored.")
+      .def("hint_next_turn", &PyClient::HintNextTurn, py::arg("keys"),
+           py::kw_only(), py::arg("expected_in") = py::none(),
+           py::arg("hold") = py::none(),
+           "Think-time hint: keys are a conversation's chain, in order, just "
+           "answered; its next turn is expected in about expected_in seconds "
+           "(None: unknown). Hybrid nodes stage the chain while idle and hold "
+           "it hold seconds past that (None: 60), so the turn loads it from "
+           "DRAM. Advice: returns at once, True if queued, False if dropped "
+           "(too many hints in flight). Raises InvalidArgument.")
+      .def("hint_conversation_ended", &PyClient::HintConversationEnded,
+           py::arg("keys"),
+           "Think-time hint: the conversation will not come back; the nodes "
+           "drop its hints. True if queued, False if dropped.")
       .def("stats", &PyClient::Stats, py::kw_only(),
            py::arg("deadline") = py::none(),
            "The cluster: nodes (liveness, capacity, use, objects) and the "

@@ -92,6 +92,10 @@ _DEFAULTS = {
     "load_deadline": 5.0,
     "lookup_deadline": 1.0,
     "retry_interval": 5.0,
+    # Think-time hints: when a request finishes, tell HyMCache its chain is
+    # likely read again by the conversation's next turn (hybrid nodes stage
+    # it meanwhile), held this many seconds. 0: send none.
+    "hint_hold": 60.0,
 }
 
 
@@ -220,6 +224,14 @@ class HyMCacheConnector(KVConnectorBase_V1):
                 object.__setattr__(ktc, "kv_load_failure_policy", "recompute")
         if role == KVConnectorRole.SCHEDULER:
             self._keys = hymcache.KeyBuilder(tp_rank=0, **ns)
+            # Each TP rank stores its own blocks: hints name every rank's.
+            tp = int(getattr(vllm_config.parallel_config,
+                             "tensor_parallel_size", 1) or 1)
+            self._rank_keys = [self._keys] + [
+                hymcache.KeyBuilder(tp_rank=r, **ns) for r in range(1, tp)
+            ]
+            self.hints_sent = 0
+            self.hints_dropped = 0
             self._reqs: Dict[str, _RequestState] = {}
             self._master_down_since: Optional[float] = None
             self._lookup_calls = 0
@@ -393,8 +405,30 @@ class HyMCacheConnector(KVConnectorBase_V1):
     ) -> Tuple[bool, Optional[Dict[str, Any]]]:
         # Saves copy the blocks out in the step that computed them, so vLLM
         # may free the blocks at once.
-        self._reqs.pop(request.request_id, None)
+        state = self._reqs.pop(request.request_id, None)
+        if state is not None and state.keys:
+            self._hint_next_turn(state)
         return False, None
+
+    def _hint_next_turn(self, state: _RequestState) -> None:
+        """The conversation answered: its chain (every TP rank's) is likely
+        read again at its next turn. Advice: never fails the request."""
+        hold = float(self._cfg["hint_hold"])
+        if hold <= 0:
+            return
+        tokens = list(state.request.all_token_ids[: len(state.keys) * self._block_size])
+        for rank, builder in enumerate(self._rank_keys):
+            try:
+                keys = state.keys if rank == 0 else builder.keys(tokens)
+                if self._client.hint_next_turn(keys, hold=hold):
+                    self.hints_sent += 1
+                else:
+                    self.hints_dropped += 1
+            except Exception as e:  # noqa: BLE001 - advice only
+                self.hints_dropped += 1
+                if self.hints_dropped == 1 or self.hints_dropped % 1000 == 0:
+                    logger.warning("HyMCache think-time hint failed: %s (%d so far)",
+                                   e, self.hints_dropped)
 
     # ------------------------------------------------------------------
     # Worker side

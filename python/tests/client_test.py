@@ -477,6 +477,23 @@ def test_store_lookup_remove_stats(client, request):
     assert stats["index_bytes_per_entry"] > 0
 
 
+def test_think_time_hints_are_advice(client, request):
+    keys, data = stored_chain(client, request.node.name, blocks=3)
+    assert client.hint_next_turn(keys, expected_in=2.5, hold=30) is True
+    assert client.hint_next_turn(keys) is True
+    assert client.hint_conversation_ended(keys) is True
+    with pytest.raises(hymcache.InvalidArgument):
+        client.hint_next_turn([])
+    with pytest.raises(hymcache.InvalidArgument):
+        client.hint_next_turn(keys, hold=0)
+    with pytest.raises(hymcache.InvalidArgument):
+        client.hint_next_turn(keys, expected_in=-1)
+    # The hinted chain loads as before.
+    pool = [bytearray(BLOCK) for _ in keys]
+    assert client.load(keys, pool).loaded == 3
+    assert [bytes(p) for p in pool] == [d.tobytes() for d in data]
+
+
 def test_store_holds_its_buffers_until_done(request):
     with Cluster(nodes=1) as cluster, \
             hymcache.Client(cluster.address, transport="tcp") as c:

@@ -233,6 +233,18 @@ def test_another_tp_rank_never_loads_the_blocks(cluster):
         assert torch.equal(kv2[n], before[n])
 
 
+def test_a_finished_request_hints_its_chain_for_the_next_turn(cluster):
+    # Every TP rank's chain: each rank stores (and loads) its own blocks.
+    sched, worker, _ = make_pair(cluster.address, model="hint", tp_size=2)
+    prompt = tokens_of(7, 3 * BS + 5)
+    step(sched, worker, request("h", prompt), [0, 1, 2, 3])
+    assert sched.hints_sent == 2 and sched.hints_dropped == 0
+    # Off with hint_hold 0.
+    sched._cfg["hint_hold"] = 0
+    step(sched, worker, request("h2", tokens_of(8, 2 * BS)), [4, 5])
+    assert sched.hints_sent == 2
+
+
 def test_master_unreachable_means_no_hits_logged_once(caplog):
     caplog.set_level(logging.WARNING, logger="hymcache.vllm")
     s, _, _ = make_pair("127.0.0.1:1")
