@@ -455,6 +455,7 @@ KvManagerStats KvManager::Stats() const {
   }
   st.turn_hints_held = turn_hints_.size();
   st.turn_hint_bytes = hint_bytes_;
+  st.turn_hint_refills = hints_loading_.size();
   return st;
 }
 

@@ -128,6 +128,7 @@ struct KvManagerOptions {
   COUNTER(expired_sessions, "Sessions released by the reaper")                 \
   GAUGE(turn_hints_held, "Think-time hinted objects queued or staged")         \
   GAUGE(turn_hint_bytes, "Bytes staged for think-time hints")                  \
+  GAUGE(turn_hint_refills, "Hinted objects being read from the capacity tier") \
   COUNTER(turn_hints, "Objects hinted for a conversation's next turn")         \
   COUNTER(turn_hints_staged, "Think-time hinted objects staged")               \
   COUNTER(turn_hint_hits,                                                      \

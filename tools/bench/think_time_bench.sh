@@ -133,7 +133,13 @@ EOF
   curl -s "http://$(grep -m1 -o 'metrics=[^ ]*' "$dir/node.stdout" | cut -d= -f2)/metrics" \
     >"$dir/metrics.txt" 2>/dev/null || true
   stop_all
-  rm -f "$CAPDIR/think-time-$$.cap"
+  # Under --throttle the node is a grandchild (throttle.sh's): stop it too.
+  pkill -f -- "--capacity_path=$CAPDIR/think-time-$$.cap" 2>/dev/null || true
+  for _ in $(seq 100); do
+    pgrep -f -- "--capacity_path=$CAPDIR/think-time-$$.cap" >/dev/null || break
+    sleep 0.1
+  done
+  rm -rf "$CAPDIR/think-time-$$.cap" "$CAPDIR/think-time-$$.cap.meta"
 }
 
 for rep in $(seq 1 "$REPS"); do
