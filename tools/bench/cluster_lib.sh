@@ -1,6 +1,24 @@
 # Shell helpers for the benchmark scripts that run real daemons on loopback
-# (source it after setting BIN, the folder holding hymcache-master and
-# hymcache-storage). Port 0 everywhere: the daemons print what they bound.
+# (BIN is the folder holding hymcache-master, hymcache-storage and hymbench:
+# set it, or call cluster_binaries). Port 0 everywhere: the daemons print
+# what they bound.
+
+# cluster_binaries OUT: BIN=$HYMCACHE_BENCH_BIN when set (binaries built
+# already: the measurements smoke test cannot run bazel), else builds the
+# daemons and hymbench with bazel -c opt and copies them to OUT/bin
+# (bazel-bin follows the last build configuration). Run from the root.
+cluster_binaries() {
+  if [ -n "${HYMCACHE_BENCH_BIN:-}" ]; then
+    BIN=$HYMCACHE_BENCH_BIN
+    return
+  fi
+  bazel build -c opt //master:hymcache-master //storage_node:hymcache-storage \
+    //tools/hymbench:hymbench >/dev/null
+  BIN="$1/bin"
+  mkdir -p "$BIN"
+  cp -f bazel-bin/master/hymcache-master bazel-bin/storage_node/hymcache-storage \
+    bazel-bin/tools/hymbench/hymbench "$BIN/"
+}
 
 PIDS=()
 cleanup() {

@@ -47,20 +47,9 @@ CAPDIR=${CAPDIR:-$OUT}
 
 mkdir -p "$OUT" "$CAPDIR"
 cd "$ROOT"
-if [ -n "${HYMCACHE_BENCH_BIN:-}" ]; then
-  BIN=$HYMCACHE_BENCH_BIN
-else
-  bazel build -c opt //master:hymcache-master //storage_node:hymcache-storage \
-    //tools/hymbench:hymbench >/dev/null
-  # Copies: bazel-bin follows the last build configuration.
-  BIN="$OUT/bin"
-  mkdir -p "$BIN"
-  cp -f bazel-bin/master/hymcache-master bazel-bin/storage_node/hymcache-storage \
-    bazel-bin/tools/hymbench/hymbench "$BIN/"
-fi
-
 # shellcheck source=tools/bench/cluster_lib.sh
 source "$ROOT/tools/bench/cluster_lib.sh"
+cluster_binaries "$OUT"
 
 # replay NAME [flags]: runs hymbench, keeps its JSON and table; fails if
 # the replay stored and loaded nothing.

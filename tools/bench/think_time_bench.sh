@@ -27,10 +27,10 @@
 #   --read_bps / --write_bps  pace the node's capacity tier (BlockIo's own
 #                pacer: --io_max_read_bytes_per_s), e.g. an NVMe drive's
 #                8.7 GB/s read on zram. Default: unpaced.
-#   --throttle   run the hybrid nodes under shared/tools/throttle.sh-like
-#                cgroup blkio limits instead (needs root; uses
-#                THROTTLE_SCRIPT, default ../shared/tools/throttle.sh) at
-#                --read_bps / --write_bps.
+#   --throttle   run the hybrid nodes in a cgroup v1 blkio group that limits
+#                --capdir's block device to --read_bps / --write_bps
+#                instead (the kernel's throttle; needs root and
+#                /sys/fs/cgroup/blkio).
 #   --reps       alternating rounds of the three configurations (default 2).
 # Knobs (environment): CONVERSATIONS (16), TURNS (6), GAP_MS (3000), BLOCK
 #   (1M), STAGING (512M: hints may hold half, the chains of the
@@ -70,24 +70,25 @@ BLOCK=${BLOCK:-1M}
 STAGING=${STAGING:-512M}
 WRITE_BUFFER=${WRITE_BUFFER:-32M}
 CAPACITY=${CAPACITY:-2G}
-THROTTLE_SCRIPT=${THROTTLE_SCRIPT:-$ROOT/../shared/tools/throttle.sh}
 
 mkdir -p "$OUT" "$CAPDIR"
 cd "$ROOT"
-if [ -n "${HYMCACHE_BENCH_BIN:-}" ]; then
-  BIN=$HYMCACHE_BENCH_BIN
-else
-  bazel build -c opt //master:hymcache-master //storage_node:hymcache-storage \
-    //tools/hymbench:hymbench >/dev/null
-  BIN="$OUT/bin"
-  mkdir -p "$BIN"
-  cp -f bazel-bin/master/hymcache-master bazel-bin/storage_node/hymcache-storage \
-    bazel-bin/tools/hymbench/hymbench "$BIN/"
-fi
 # shellcheck source=tools/bench/cluster_lib.sh
 source "$ROOT/tools/bench/cluster_lib.sh"
+cluster_binaries "$OUT"
 
 PACE=()
+CG=""
+if [ "$THROTTLE" = 1 ]; then
+  root=/sys/fs/cgroup/blkio
+  [ -w "$root" ] || { echo "--throttle: $root is not writable (need root, cgroup v1)" >&2; exit 2; }
+  majmin=$(findmnt -n -o MAJ:MIN --target "$CAPDIR" | head -1 | tr -d ' ')
+  CG="$root/hymcache-think-time.$$"
+  mkdir "$CG"
+  [ "$READ_BPS" != 0 ] && echo "$majmin $READ_BPS" >"$CG/blkio.throttle.read_bps_device"
+  [ "$WRITE_BPS" != 0 ] && echo "$majmin $WRITE_BPS" >"$CG/blkio.throttle.write_bps_device"
+  trap 'cleanup; rmdir "$CG" 2>/dev/null || true' EXIT
+fi
 [ "$THROTTLE" = 0 ] && [ "$READ_BPS" != 0 ] && PACE+=(--io_max_read_bytes_per_s="$READ_BPS")
 [ "$THROTTLE" = 0 ] && [ "$WRITE_BPS" != 0 ] && PACE+=(--io_max_write_bytes_per_s="$WRITE_BPS")
 
@@ -106,12 +107,13 @@ run() {
                 --write_buffer_bytes="$WRITE_BUFFER" --metrics_listen=127.0.0.1:0
                 "${PACE[@]}")
     if [ "$THROTTLE" = 1 ]; then
-      # The cgroup holds the node process (and its I/O threads).
+      # The node joins the throttled group first (its threads inherit it).
       local real_bin=$BIN
       mkdir -p "$dir/tbin"
       cat >"$dir/tbin/hymcache-storage" <<EOF
 #!/bin/bash
-exec "$THROTTLE_SCRIPT" "$CAPDIR" "$READ_BPS" "$WRITE_BPS" -- "$real_bin/hymcache-storage" "\$@"
+echo \$\$ > "$CG/tasks"
+exec "$real_bin/hymcache-storage" "\$@"
 EOF
       chmod +x "$dir/tbin/hymcache-storage"
       BIN="$dir/tbin" start_node "$dir" node "${node[@]}"
