@@ -141,7 +141,7 @@ EOF
     pgrep -f -- "--capacity_path=$CAPDIR/think-time-$$.cap" >/dev/null || break
     sleep 0.1
   done
-  rm -rf "$CAPDIR/think-time-$$.cap" "$CAPDIR/think-time-$$.cap.meta"
+  rm -rf "$CAPDIR/think-time-$$.cap"*  # the file, .meta and .node_key
 }
 
 for rep in $(seq 1 "$REPS"); do
