@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,12 @@ Fixture* Make() {
   char tmpl[] = "/tmp/hym-storage-control-fuzz-XXXXXX";
   const char* dir = mkdtemp(tmpl);
   CHECK(dir != nullptr);
+  // The fixture lives as long as the fuzzer; its files go when it exits.
+  static std::string* const made = new std::string(dir);
+  std::atexit([] {
+    std::error_code ec;
+    std::filesystem::remove_all(*made, ec);
+  });
   MasterOptions mo;
   mo.db_path = std::string(dir) + "/master";
   mo.service.max_pending_share_per_caller = 1.0;

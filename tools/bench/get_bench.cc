@@ -45,7 +45,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -595,9 +597,15 @@ int Main() {
          best_get / best_raw, ok ? "" : "  DATA MISMATCH");
   client->reset();
   cluster.Stop();
-  std::string rm = "rm -rf " + db;
-  if (FLAGS_db_path.empty() && system(rm.c_str()) != 0) {
-    fprintf(stderr, "could not remove %s\n", db.c_str());
+  if (FLAGS_db_path.empty()) {
+    // The master's directory and the index snapshot beside it.
+    std::error_code ec;
+    for (const std::string& p : {db, db + ".snapshot"}) {
+      std::filesystem::remove_all(p, ec);
+      if (ec)
+        fprintf(stderr, "could not remove %s: %s\n", p.c_str(),
+                ec.message().c_str());
+    }
   }
   return ok ? 0 : 1;
 }
