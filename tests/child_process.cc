@@ -42,9 +42,21 @@ absl::StatusOr<pid_t> Launch(const std::string& binary,
   for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
   for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
+  // In a namespace, the child's exec (or its failure) is waited for: a
+  // child still on its way into the namespace when the namespace is
+  // deleted (VirtualNetwork's end kills what `ip netns pids` lists) would
+  // join it anyway through its descriptor and escape the kill.
+  int exec_pipe[2] = {-1, -1};
+  if (netns_fd >= 0 && pipe2(exec_pipe, O_CLOEXEC) != 0) return Errno("pipe");
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid < 0) return Errno("fork");
+  if (pid < 0) {
+    if (exec_pipe[0] >= 0) {
+      close(exec_pipe[0]);
+      close(exec_pipe[1]);
+    }
+    return Errno("fork");
+  }
   if (pid == 0) {
     // dup2 clears close-on-exec on the new descriptors.
     if (out_fd >= 0) dup2(out_fd, 1);
@@ -56,6 +68,14 @@ absl::StatusOr<pid_t> Launch(const std::string& binary,
     if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) _exit(125);
     execve(binary.c_str(), argv.data(), envp.data());
     _exit(127);
+  }
+  if (exec_pipe[0] >= 0) {
+    close(exec_pipe[1]);
+    // End of file: the child exec'd (the pipe closed on exec) or exited.
+    char c;
+    while (read(exec_pipe[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    close(exec_pipe[0]);
   }
   return pid;
 }
