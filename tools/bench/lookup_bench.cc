@@ -824,6 +824,8 @@ int Main() {
   if (temp_db) {
     std::error_code ec;
     std::filesystem::remove_all(db, ec);
+    std::filesystem::remove(db + ".snapshot",
+                            ec);  // the index snapshot beside it
   }
   if (FLAGS_auth) {
     std::error_code ec;
