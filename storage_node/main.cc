@@ -112,6 +112,9 @@ DEFINE_bool(allow_overcommit, Defaults().allow_memory_overcommit,
             "refusing; stores are refused once the filesystem is full).");
 DEFINE_string(staging_bytes, Bytes(HybridDefaults().device.staging_bytes),
               "Hybrid devices: DRAM staging window.");
+DEFINE_bool(populate_memory, HybridDefaults().device.populate_memory,
+            "Hybrid devices: fault in the staging window and the write buffer "
+            "at start-up (~0.1 s per GiB) instead of on the request path.");
 DEFINE_string(write_buffer_bytes,
               Bytes(HybridDefaults().device.write_buffer_bytes),
               "Hybrid devices: DRAM write buffer.");
@@ -306,6 +309,7 @@ absl::Status DeviceFromFlags(StorageNodeOptions::Device* device) {
     hybrid.device.staging_bytes = staging;
     hybrid.device.write_buffer_bytes = write_buffer;
     hybrid.device.numa_node = FLAGS_numa_node;
+    hybrid.device.populate_memory = FLAGS_populate_memory;
     hybrid.device.io_queue_depth = FLAGS_io_queue_depth;
     hybrid.device.verify_on_open = FLAGS_verify_on_open;
     hybrid.device.verify_reads = FLAGS_verify_reads;
@@ -434,10 +438,11 @@ int main(int argc, char** argv) {
                     "alignment", "max_region_bytes", "shared_huge_pages"}},
                   {"Hybrid device (--device=hybrid, hybrid-lru)",
                    {"capacity_path", "capacity_bytes", "capacity_metadata_dir",
-                    "staging_bytes", "write_buffer_bytes", "io_engine",
-                    "io_queue_depth", "io_direct", "io_max_read_bytes_per_s",
-                    "io_max_write_bytes_per_s", "verify_on_open",
-                    "verify_reads", "shutdown_flush_timeout_ms"}},
+                    "staging_bytes", "write_buffer_bytes", "populate_memory",
+                    "io_engine", "io_queue_depth", "io_direct",
+                    "io_max_read_bytes_per_s", "io_max_write_bytes_per_s",
+                    "verify_on_open", "verify_reads",
+                    "shutdown_flush_timeout_ms"}},
                   {"Prefetch",
                    {"prefetch_window_bytes", "prefetch_session_timeout_ms",
                     "prefetch_hint_share", "prefetch_max_hint_hold_ms"}},

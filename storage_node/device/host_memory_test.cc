@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -84,6 +86,37 @@ TEST_CASE("HostMemory allocates zeroed, page-rounded private memory") {
   for (uint64_t i = 0; i < m->size(); i += 512) CHECK(m->data()[i] == 0);
   std::memset(m->data(), 0xab, m->size());
   CHECK(m->data()[m->size() - 1] == 0xab);
+}
+
+// Pages of [p, + len) in memory now (mincore: for a memfd, its page cache).
+uint64_t ResidentPages(const uint8_t* p, uint64_t len) {
+  std::vector<unsigned char> vec((len + Page() - 1) / Page());
+  REQUIRE(mincore(const_cast<uint8_t*>(p), len, vec.data()) == 0);
+  return static_cast<uint64_t>(std::count_if(
+      vec.begin(), vec.end(), [](unsigned char c) { return c & 1; }));
+}
+
+TEST_CASE("HostMemory with populate has every page in memory from the start") {
+  for (bool shareable : {true, false}) {
+    INFO("shareable " << shareable);
+    HostMemoryOptions o;
+    o.bytes = 8 << 20;
+    o.shareable = shareable;
+    o.name = "hm-populate";
+    auto lazy = MustAllocate(o);
+    const uint64_t pages = lazy->size() / Page();
+    // Only the first page (touched to learn its NUMA node), or the huge
+    // page holding it.
+    CHECK(ResidentPages(lazy->data(), lazy->size()) < pages);
+    o.populate = true;
+    auto eager = MustAllocate(o);
+    CHECK(ResidentPages(eager->data(), eager->size()) == pages);
+    // Still zero-filled and writable.
+    for (uint64_t i = 0; i < eager->size(); i += 4096)
+      REQUIRE(eager->data()[i] == 0);
+    std::memset(eager->data(), 0x5a, eager->size());
+    CHECK(eager->data()[eager->size() - 1] == 0x5a);
+  }
 }
 
 TEST_CASE("HostMemory shareable memory is visible through a second mapping") {

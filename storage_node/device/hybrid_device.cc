@@ -27,6 +27,7 @@ absl::StatusOr<std::unique_ptr<HostMemory>> AllocateArea(
   m.numa_node = options.numa_node;
   m.huge_pages = true;
   m.shareable = options.shareable;
+  m.populate = options.populate_memory;
   m.name = name;
   auto mem = HostMemory::Allocate(m);
   if (!mem.ok()) {

@@ -251,6 +251,34 @@ TEST_CASE("HybridDevice with shareable=false exposes private areas") {
   rig.dev->AbortWrite(*w);
 }
 
+TEST_CASE(
+    "HybridDevice faults its window and buffer in at creation unless told not "
+    "to") {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  auto resident = [&](const MemoryArea& a) {
+    std::vector<unsigned char> vec((a.length + page - 1) / page);
+    REQUIRE(mincore(a.base, a.length, vec.data()) == 0);
+    return static_cast<uint64_t>(std::count_if(
+        vec.begin(), vec.end(), [](unsigned char c) { return c & 1; }));
+  };
+  for (bool populate : {true, false}) {
+    INFO("populate_memory " << populate);
+    HybridDeviceOptions o = SmallOptions();
+    o.staging_bytes = 4 << 20;
+    o.write_buffer_bytes = 4 << 20;
+    o.populate_memory = populate;
+    Rig rig(o);
+    const std::vector<MemoryArea> areas = rig.dev->Areas();
+    REQUIRE(areas.size() == 2);
+    for (const MemoryArea& a : areas) {
+      INFO(a.kind);
+      // Without: the first refill or write into fresh space allocates and
+      // zeroes its page on the request's path.
+      CHECK((resident(a) == a.length / page) == populate);
+    }
+  }
+}
+
 TEST_CASE("PrefetchWait and BeginWrite pointers always lie in an area") {
   Rig rig;
   const std::vector<MemoryArea> areas = rig.dev->Areas();
