@@ -4,7 +4,8 @@
 // same BlockIo (engine, queue depth, chunk size), against the raw O_DIRECT
 // read bandwidth of the capacity tier.
 //
-//   bazel run -c opt //tools/bench:device_bench -- --json=/tmp/device_bench.json
+//   bazel run -c opt //tools/bench:device_bench --
+//   --json=/tmp/device_bench.json
 //
 // Workload. C conversations (threads) each own a prefix of blocks. Turn t
 // (1..T) reads the first t/T of every conversation's prefix in order, then
@@ -28,7 +29,8 @@
 //                   runs on the host's cores, as zram's does);
 //   staging         HybridDevice; each conversation keeps a prefetch pipeline
 //                   (its share of the window) ahead of its reads:
-//                   PrefetchObject .. PrefetchWait, memcpy out, PrefetchRelease;
+//                   PrefetchObject .. PrefetchWait, memcpy out,
+//                   PrefetchRelease;
 //   staging+writer  the same plus a writer thread appending blocks at a fixed
 //                   rate through BeginWrite/CommitWrite while the turns read
 //                   (paused during the between-turn appends; its rate is
@@ -37,6 +39,8 @@
 //   lru             LruCacheDevice (cache = window + write buffer), reads via
 //                   AcquireRead in order;
 //   lru+writer      the same plus the writer.
+// --hold_mib=N stages N MiB of other blocks before the staging modes' turns
+// and holds them to the end (what unclaimed think-time hints do to a window).
 // "hit ratio" is, for staging, the fraction of PrefetchWaits whose object was
 // already staged (the pipeline kept ahead); for LRU, the line hit ratio.
 //
@@ -179,6 +183,9 @@ DEFINE_bool(drain_appends, true,
             "it full, so without this the concurrent writer's refusals at "
             "each turn's start measure that burst, not its own rate");
 DEFINE_int32(settle_ms, 0, "pause after populating, before timing a mode");
+DEFINE_uint64(hold_mib, 0,
+              "staging modes: stage and hold this many MiB of other blocks "
+              "for the whole run (think-time hints nobody claims)");
 DEFINE_string(json, "", "also write the results as JSON to this file");
 DEFINE_bool(keep_files, false, "keep the capacity files");
 

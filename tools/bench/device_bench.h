@@ -53,6 +53,7 @@ DECLARE_int32(raw_passes);
 DECLARE_int32(settle_ms);
 DECLARE_bool(drain_appends);
 DECLARE_bool(keep_files);
+DECLARE_uint64(hold_mib);
 
 namespace hymcache::device_bench {
 

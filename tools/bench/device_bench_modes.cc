@@ -27,6 +27,12 @@ class Target {
   // freshly mapped window (huge-page faults, compaction) is a start-up cost
   // of a long-running device, not part of its steady state.
   virtual absl::Status WarmUp(uint64_t base, uint64_t n) = 0;
+  // Stages `n` blocks from `base` and holds them until ReleaseHeld (what
+  // think-time hints nobody claims do to a staging window).
+  virtual absl::Status Hold(uint64_t base, uint64_t n) {
+    return absl::UnimplementedError("this device stages nothing to hold");
+  }
+  virtual void ReleaseHeld() {}
   // Makes everything written so far durable in the tier.
   virtual absl::Status Drain() = 0;
   virtual std::string Describe() const = 0;
@@ -102,6 +108,23 @@ class StagingTarget : public Target {
     return status;
   }
 
+  absl::Status Hold(uint64_t base, uint64_t n) override {
+    for (uint64_t i = 0; i < n; ++i) {
+      auto h = dev_->PrefetchObject(0, base + i * cfg_.block, cfg_.block);
+      if (!h.ok()) return h.status();
+      held_.push_back(*h);
+    }
+    for (const auto& h : held_) {
+      auto p = dev_->PrefetchWait(h, absl::InfiniteFuture());
+      if (!p.ok()) return p.status();
+    }
+    return absl::OkStatus();
+  }
+  void ReleaseHeld() override {
+    for (const auto& h : held_) dev_->PrefetchRelease(h);
+    held_.clear();
+  }
+
   absl::Status Drain() override {
     if (!dev_->WaitFlushedForTest(absl::Now() + absl::Minutes(5),
                                   /*force=*/true)) {
@@ -132,6 +155,7 @@ class StagingTarget : public Target {
  private:
   std::unique_ptr<HybridDevice> dev_;
   const Config cfg_;
+  std::vector<storage::PrefetchHandle> held_;
 };
 
 class LruTarget : public Target {
@@ -384,6 +408,13 @@ absl::StatusOr<ModeResult> RunMode(const Config& cfg, const std::string& name,
                      std::min(dram_blocks, cfg.writer_blocks));
   if (!s.ok()) return Fail(name + ": warm-up", s);
   const double warm_secs = absl::ToDoubleSeconds(absl::Now() - w0);
+  const uint64_t hold_blocks =
+      std::min(FLAGS_hold_mib * kMiB / cfg.block, cfg.writer_blocks);
+  if (hold_blocks > 0) {
+    s = target->Hold(cfg.blocks_per_conv * cfg.conversations * cfg.block,
+                     hold_blocks);
+    if (!s.ok()) return Fail(name + ": hold", s);
+  }
   DropPageCache(path);
   absl::SleepFor(absl::Milliseconds(FLAGS_settle_ms));
   std::fprintf(stderr,
@@ -501,6 +532,7 @@ absl::StatusOr<ModeResult> RunMode(const Config& cfg, const std::string& name,
     res.append_refusals += p.refusals;
   }
   if (failed) return absl::InternalError(name + ": an append failed");
+  target->ReleaseHeld();
   res.notes = target->Describe();
   target->DeviceIo(&res.refill_gbps, &res.read_qd);
   std::fprintf(stderr, "[%s] %s\n", name.c_str(), res.notes.c_str());
