@@ -299,6 +299,17 @@ absl::StatusOr<std::unique_ptr<storage::MemoryDevice>> MakeDevice(
     *incarnation = t->incarnation();
     storage::HybridDeviceOptions h = hybrid->device;
     h.shareable = shareable;
+    // Overcommitted (--allow_overcommit): faulting it all in now would only
+    // get the node killed at start; pages come as they are used.
+    if (h.populate_memory &&
+        !storage::CheckMemoryFits(h.staging_bytes + h.write_buffer_bytes,
+                                  h.numa_node, /*allow_overcommit=*/false,
+                                  "--staging_bytes + --write_buffer_bytes")
+             .ok()) {
+      LOG(WARNING) << "hybrid device: not faulting in the overcommitted "
+                      "staging window and write buffer at start";
+      h.populate_memory = false;
+    }
     LOG(INFO) << "hybrid device: capacity file " << tier.path << " ("
               << (t->adopted() ? "adopted" : "formatted") << ", "
               << t->io()->engine()
