@@ -241,5 +241,10 @@ smoke think_time_bench -p '^think_time: hints_vs_dram_p50=[0-9.]+ .*wasted_bw_vs
   STAGING=16M WRITE_BUFFER=8M CAPACITY=256M \
   bash "$B/think_time_bench.sh" --capdir="$T/think-time" --out="$T/think-time-out" --reps=1
 
+# tools/bench/eviction_agreement.sh: a small generated chat.
+smoke eviction_agreement -p '^eviction_agreement: measured_vs_model_saved=[0-9.]+ measured_vs_model_hits=[0-9.]+ ' -- \
+  env HYMCACHE_BENCH_BIN="$BIN" CONVERSATIONS=8 TURNS=4 \
+  bash "$B/eviction_agreement.sh" --out="$T/eviction-agreement"
+
 echo "measurements smoke: $passed passed, $failed failed${failures[*]:+ (${failures[*]})}"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

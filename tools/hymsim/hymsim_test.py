@@ -812,6 +812,54 @@ def test_replay_saved_seconds_by_hand():
     assert evict_replay.footprint(reqs, 128, reused=True) == 3
 
 
+def test_measured_replay_scored_like_the_model(capsys):
+    model = presets.MODELS["qwen2.5-32b"]
+    reqs = [trace.Request(0.0, 3 * 128 + 5, 1, [1, 2, 3, 4], 0, 1),
+            trace.Request(1.0, 5 * 128, 1, [1, 2, 3, 7, 8], 0, 2)]
+    d = _tmp()
+    rep = os.path.join(d, "replay.json")
+
+    def report(loaded, blocks=(4, 5)):
+        with open(rep, "w") as f:
+            json.dump({"requests": [{"index": i, "blocks": b, "loaded": n}
+                                    for i, (b, n) in enumerate(zip(blocks, loaded))]}, f)
+
+    # The second request loaded the 3 blocks it shares with the first.
+    report([0, 3])
+    got = evict_replay.measured(reqs, rep, model, 128, 1e12)
+    assert got["hit_blocks"] == 3 and got["blocks"] == 8
+    assert got["saved_s"] == pytest.approx(model.prefill_flops(0, 3 * 128) / 1e12)
+    # A load of a partial last block (hymbench stores it) counts as the
+    # model counts: full blocks only.
+    report([4, 0])
+    assert evict_replay.measured(reqs, rep, model, 128, 1e12)["hit_blocks"] == 3
+    report([0, 1])
+    assert evict_replay.measured(reqs, rep, model, 128, 1e12)["hit_blocks"] == 1
+    # A report of another trace is refused.
+    for bad in ([0], [0, 1, 2]):
+        report(bad, blocks=(4, 5, 5)[:len(bad)])
+        with pytest.raises(ValueError):
+            evict_replay.measured(reqs, rep, model, 128, 1e12)
+    report([0, 0], blocks=(4, 6))
+    with pytest.raises(ValueError):
+        evict_replay.measured(reqs, rep, model, 128, 1e12)
+    # Through the CLI: the agreement line, and --measured needs one block per
+    # hash_id.
+    path = os.path.join(d, "t.jsonl")
+    with open(path, "w") as f:
+        trace.write_jsonl(reqs, f)
+    report([0, 3])
+    out = os.path.join(d, "ev.json")
+    assert cli.main(["eviction", "--trace=" + path, "--trace_block_tokens=128",
+                     "--block_tokens=128", "--capacity_fraction=1",
+                     "--policies=cost", "--measured=" + rep, "--json=" + out]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("eviction_agreement: measured_vs_model_saved=1.00 "
+                           "measured_vs_model_hits=1.00")
+    assert json.load(open(out))["agreement"]["hits"] == pytest.approx(1.0)
+    assert cli.main(["eviction", "--trace=" + path, "--measured=" + rep]) == 2
+
+
 def test_cli_eviction(capsys):
     d = _tmp()
     out = os.path.join(d, "ev.json")

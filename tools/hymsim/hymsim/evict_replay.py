@@ -166,6 +166,35 @@ def replay(requests, order, policy, capacity, model, block_tokens, flop_rate,
             "evictions": store.evictions, "refused": store.refused}
 
 
+def measured(requests, path, model, block_tokens, flop_rate):
+    """The same count for a real replay of the same trace (hymbench replay
+    --json, one hash_id per block): each request's loaded prefix, capped at
+    its full blocks as replay() caps its hits. Raises ValueError when the
+    report is not of this trace."""
+    with open(path) as f:
+        recs = json.load(f).get("requests", [])
+    if len(recs) != len(requests):
+        raise ValueError("%s has %d requests, the trace %d" %
+                         (path, len(recs), len(requests)))
+    saved = 0.0
+    hits = blocks = 0
+    for rec in recs:
+        i = rec.get("index", -1)
+        if not 0 <= i < len(requests) or rec.get("blocks") != len(requests[i].hash_ids):
+            raise ValueError("%s: request %r does not match the trace" % (path, i))
+        r = requests[i]
+        ids = full_ids(r, block_tokens)
+        h = min(rec.get("loaded", 0), len(ids))
+        saved += (model.prefill_flops(0, r.input_length) -
+                  model.prefill_flops(h * block_tokens,
+                                      r.input_length - h * block_tokens))
+        hits += h
+        blocks += len(ids)
+    return {"saved_s": saved / flop_rate,
+            "hit_ratio": hits / blocks if blocks else 0.0,
+            "hit_blocks": hits, "blocks": blocks}
+
+
 def load_workload(args, model, flop_rate):
     """(label, requests, order, parents or None) for --trace or --synthetic."""
     if args.trace:
@@ -217,6 +246,10 @@ def _parser():
     for f in dataclasses.fields(trace.MultiTurnOptions):
         p.add_argument("--" + f.name, type=type(f.default), default=None,
                        help="--synthetic generator: default as synthetic_workload")
+    p.add_argument("--measured",
+                   help="hymbench replay --json of the same --trace against a "
+                   "cluster whose store holds the first capacity fraction "
+                   "(block_tokens = trace_block_tokens): compared with lru")
     p.add_argument("--json", help="write the results here")
     return p
 
@@ -232,12 +265,21 @@ def main(argv):
     try:
         fractions = [float(x) for x in args.capacity_fraction.split(",")]
         policies = args.policies.split(",")
+        if args.measured and "lru" not in policies:
+            policies.insert(0, "lru")  # what the master runs
         for name in policies:
             if name not in POLICIES:
                 raise ValueError("unknown policy %r" % name)
         if any(not 0 <= f for f in fractions):
             raise ValueError("capacity fractions must be >= 0")
+        if args.measured and (not args.trace or
+                              args.block_tokens != args.trace_block_tokens):
+            raise ValueError("--measured needs --trace and --block_tokens "
+                             "equal to --trace_block_tokens (one block per "
+                             "hash_id, as hymbench stores them)")
         label, reqs, order, parents = load_workload(args, model, flop_rate)
+        real = (measured(reqs, args.measured, model, args.block_tokens, flop_rate)
+                if args.measured else None)
     except (OSError, ValueError, trace.TraceError) as e:
         print("hymsim eviction: %s" % e, file=sys.stderr)
         return 2
@@ -281,6 +323,19 @@ def main(argv):
             results[-1]["ceiling_vs_lru_saved"] = ceiling
             lines.append("eviction: cost_vs_lru_saved=%.2f (%s, capacity %.2f; "
                          "any policy <= %.2f)" % (ratio, label, frac, ceiling))
+    agreement = None
+    if real is not None and "lru" in results[0]["policies"]:
+        model_lru = results[0]["policies"]["lru"]
+        print("%-9s %-8s %10.1f %9.3f %8s %10s" % (
+            "%.2f" % fractions[0], "measured", real["saved_s"],
+            real["hit_ratio"], "-", "-"))
+        agreement = {
+            "saved": real["saved_s"] / model_lru["saved_s"] if model_lru["saved_s"] else 0.0,
+            "hits": real["hit_blocks"] / model_lru["hit_blocks"] if model_lru["hit_blocks"] else 0.0,
+            "measured": real}
+        lines.append("eviction_agreement: measured_vs_model_saved=%.2f "
+                     "measured_vs_model_hits=%.2f (lru, capacity %.2f)" %
+                     (agreement["saved"], agreement["hits"], fractions[0]))
     for line in lines:
         print(line)
     if args.json:
@@ -292,5 +347,6 @@ def main(argv):
                        "model": model.name, "flop_rate": flop_rate,
                        "cost_params": dataclasses.asdict(params),
                        "ideal": ideal,
-                       "results": results}, f, indent=1)
+                       "results": results,
+                       "agreement": agreement}, f, indent=1)
     return 0

@@ -1,0 +1,80 @@
+#!/bin/bash
+# hymsim and hymbench side by side on eviction (issue 33: "hymsim and
+# hymbench agree within 20%"): one trace, a store that holds a fraction of
+# its footprint, and the prefill time the cached prefixes save
+#   model     hymsim eviction's chain-rule store with the master's LRU walk
+#             (tools/hymsim/hymsim/eviction.py), capacity in blocks;
+#   measured  hymbench replay of the same trace against a real master and an
+#             all-DRAM node of that capacity in bytes (the master evicts),
+#             scored by the same prefill formula (hymsim --measured).
+# The replay runs in trace order, one request at a time, each store waited
+# for (--wait_stores) and no read leases (--read_lease_ms=0), so the store
+# sees the sequence the model sees.
+#
+# Usage: tools/bench/eviction_agreement.sh [--trace=PATH] [--fraction=0.5]
+#          [--block_bytes=64K] [--out=DIR]
+#   --trace     a Mooncake JSONL trace (512 tokens per hash_id), e.g.
+#               ../shared/traces/...; default: hymbench gen's synthetic chat
+#               (CONVERSATIONS=48, TURNS=8: ~400 requests).
+#   --fraction  the store's capacity as a fraction of the trace's footprint
+#               (its distinct full blocks).
+# Knobs (environment): HYMCACHE_BENCH_BIN as cluster_lib.sh.
+# Its last line: `eviction_agreement: measured_vs_model_saved=X.XX
+#   measured_vs_model_hits=X.XX (lru, capacity F)`.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TRACE=""
+FRACTION=0.5
+BLOCK=64K
+OUT=/tmp/eviction-agreement
+while [ $# -gt 0 ]; do
+  case $1 in
+    --trace=*) TRACE=${1#*=} ;;
+    --fraction=*) FRACTION=${1#*=} ;;
+    --block_bytes=*) BLOCK=${1#*=} ;;
+    --out=*) OUT=${1#*=} ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+CONVERSATIONS=${CONVERSATIONS:-48}
+TURNS=${TURNS:-8}
+
+rm -rf "$OUT"
+mkdir -p "$OUT"
+cd "$ROOT"
+# shellcheck source=tools/bench/cluster_lib.sh
+source "$ROOT/tools/bench/cluster_lib.sh"
+cluster_binaries "$OUT"
+
+if [ -z "$TRACE" ]; then
+  TRACE="$OUT/trace.jsonl"
+  "$BIN/hymbench" gen --conversations="$CONVERSATIONS" --turns="$TURNS" >"$TRACE"
+fi
+block_bytes=$(python3 -c "
+s = '$BLOCK'.upper(); m = {'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}
+print(int(s[:-1]) * m[s[-1]] if s[-1] in m else int(s))")
+# The store's capacity: the fraction of the distinct full blocks
+# (hymsim's footprint), in bytes.
+capacity=$(cd tools/hymsim && python3 -c "
+import sys
+from hymsim import evict_replay, trace
+reqs = trace.load_mooncake(sys.argv[1])
+print(int(float(sys.argv[2]) * evict_replay.footprint(reqs, 512)) * int(sys.argv[3]))
+" "$(realpath "$TRACE")" "$FRACTION" "$block_bytes")
+echo "trace $TRACE, capacity $FRACTION of the footprint: $capacity bytes" \
+  "in $BLOCK blocks" >&2
+
+start_master "$OUT/master" --read_lease_ms=0
+start_node "$OUT" node --device=dram --dram_bytes="$capacity" --shm=false
+"$BIN/hymbench" replay --master="$MASTER" --trace="$TRACE" --block_tokens=512 \
+  --block_bytes="$BLOCK" --concurrency=1 --time_scale=max --wait_stores \
+  --progress_s=0 --json="$OUT/replay.json" >"$OUT/replay.txt" 2>"$OUT/replay.log"
+stop_all
+tail -4 "$OUT/replay.txt" >&2
+
+cd tools/hymsim
+python3 -m hymsim eviction --trace="$(realpath "$TRACE")" --block_tokens=512 \
+  --trace_block_tokens=512 --capacity_fraction="$FRACTION" --policies=lru \
+  --measured="$OUT/replay.json" --json="$OUT/eviction.json"
