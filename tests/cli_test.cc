@@ -270,16 +270,25 @@ TEST_CASE("a DRAM device larger than the host is refused") {
   CHECK(Exited(RunResult{*status, ""}, 0));
 }
 
-TEST_CASE("a hybrid device's DRAM larger than the host is refused, or started overcommitted without faulting it in") {
+TEST_CASE(
+    "a hybrid device's DRAM larger than the host is refused, or started "
+    "overcommitted without faulting it in") {
   const uint64_t mem = MemTotal();
   REQUIRE(mem > 0);
   const std::string dir = TempDir("overcommit");
   std::vector<std::string> args = {
-      "--master=127.0.0.1:1", "--name=wide", "--data_port=0",
-      "--control_port=0", "--rdma=off", "--shm=false", "--device=hybrid",
-      "--capacity_path=" + dir + "/capacity", "--capacity_bytes=64M",
+      "--master=127.0.0.1:1",
+      "--name=wide",
+      "--data_port=0",
+      "--control_port=0",
+      "--rdma=off",
+      "--shm=false",
+      "--device=hybrid",
+      "--capacity_path=" + dir + "/capacity",
+      "--capacity_bytes=64M",
       "--staging_bytes=" + std::to_string(mem + (uint64_t{1} << 30)),
-      "--write_buffer_bytes=16M", "--io_direct=false",
+      "--write_buffer_bytes=16M",
+      "--io_direct=false",
       "--node_key_file=" + dir + "/node.key"};
   RunResult r = MustRun(kBinaries[1], args);
   CHECK(Exited(r, 1));
