@@ -249,6 +249,8 @@ TEST_CASE(
   for (size_t i = 0; i < lines.size(); ++i) {
     auto j = nlohmann::json::parse(lines[i]);
     CHECK(j["sequence"] == once[i].sequence());
+    // Where a later --stream=ID --after=SEQ resumes.
+    CHECK(j["stream_id"] == whole.stream);
   }
   // Text, resuming after the last event: nothing until new events come.
   o.json = false;

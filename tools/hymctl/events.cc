@@ -42,11 +42,15 @@ const char* KindName(v1::KvEvent::Kind kind) {
   }
 }
 
-void Print(const v1::KvEvent& e, bool as_json, std::ostream& out) {
+// `stream_id` (JSON only): with the sequence, where a later
+// `--stream=ID --after=SEQ` resumes.
+void Print(const v1::KvEvent& e, uint64_t stream_id, bool as_json,
+           std::ostream& out) {
   const bool block = e.kind() == v1::KvEvent::BLOCK_STORED ||
                      e.kind() == v1::KvEvent::BLOCK_REMOVED;
   if (as_json) {
-    json j{{"sequence", e.sequence()},
+    json j{{"stream_id", stream_id},
+           {"sequence", e.sequence()},
            {"kind", KindName(e.kind())},
            {"node_id", e.node_id()},
            {"unix_ms", e.unix_ms()}};
@@ -87,7 +91,8 @@ int FollowEvents(v1::MasterService::Stub* stub, const EventsOptions& options,
       req.set_stream_id(resp.stream_id());
       if (resp.missed_to() != 0) {
         if (options.json) {
-          out << json{{"missed_from", resp.missed_from()},
+          out << json{{"stream_id", resp.stream_id()},
+                      {"missed_from", resp.missed_from()},
                       {"missed_to", resp.missed_to()}}
                      .dump()
               << "\n";
@@ -98,7 +103,7 @@ int FollowEvents(v1::MasterService::Stub* stub, const EventsOptions& options,
         req.set_after_sequence(resp.missed_to());
       }
       for (const v1::KvEvent& e : resp.events()) {
-        Print(e, options.json, out);
+        Print(e, resp.stream_id(), options.json, out);
         req.set_after_sequence(e.sequence());
         if (options.count > 0 && ++printed >= options.count) {
           out.flush();
