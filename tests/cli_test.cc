@@ -240,6 +240,17 @@ TEST_CASE("--log_dir writes glog files there; a missing one is refused") {
   CHECK(absl::StrContains(missing.output, "not a writable directory"));
 }
 
+// Starts the storage node with `args`, checks it comes up, and stops it
+// cleanly (exit 0 on SIGTERM).
+void StartsAndStopsCleanly(const std::vector<std::string>& args) {
+  auto d = Daemon::Start(RunfilePath(kBinaries[1]), args);
+  REQUIRE(d.ok());
+  CHECK(absl::StartsWith(d->ready_line(), "hymcache-storage data="));
+  auto status = d->Stop(SIGTERM);
+  REQUIRE(status.ok());
+  CHECK(Exited(RunResult{*status, ""}, 0));
+}
+
 TEST_CASE("a DRAM device larger than the host is refused") {
   const uint64_t mem = MemTotal();
   REQUIRE(mem > 0);
@@ -259,15 +270,9 @@ TEST_CASE("a DRAM device larger than the host is refused") {
   }
   // With --allow_overcommit it starts (address space is reserved lazily),
   // with a warning, and stops cleanly.
-  auto d = Daemon::Start(RunfilePath(kBinaries[1]),
-                         {"--master=127.0.0.1:1", "--data_port=0",
-                          "--control_port=0", "--rdma=off", "--shm=false",
-                          "--dram_bytes=" + too_big, "--allow_overcommit"});
-  REQUIRE(d.ok());
-  CHECK(absl::StartsWith(d->ready_line(), "hymcache-storage data="));
-  auto status = d->Stop(SIGTERM);
-  REQUIRE(status.ok());
-  CHECK(Exited(RunResult{*status, ""}, 0));
+  StartsAndStopsCleanly({"--master=127.0.0.1:1", "--data_port=0",
+                         "--control_port=0", "--rdma=off", "--shm=false",
+                         "--dram_bytes=" + too_big, "--allow_overcommit"});
 }
 
 TEST_CASE(
@@ -297,12 +302,7 @@ TEST_CASE(
   // Faulting in more than the host has would get the node killed (or the
   // host thrashing) at start: --allow_overcommit leaves pages to first use.
   args.push_back("--allow_overcommit");
-  auto d = Daemon::Start(RunfilePath(kBinaries[1]), args);
-  REQUIRE(d.ok());
-  CHECK(absl::StartsWith(d->ready_line(), "hymcache-storage data="));
-  auto status = d->Stop(SIGTERM);
-  REQUIRE(status.ok());
-  CHECK(Exited(RunResult{*status, ""}, 0));
+  StartsAndStopsCleanly(args);
 }
 
 TEST_CASE("a 10 TiB sparse capacity file on a smaller filesystem is refused") {
@@ -328,12 +328,7 @@ TEST_CASE("a 10 TiB sparse capacity file on a smaller filesystem is refused") {
 
   std::vector<std::string> over = args;
   over.push_back("--allow_overcommit");
-  auto d = Daemon::Start(RunfilePath(kBinaries[1]), over);
-  REQUIRE(d.ok());
-  CHECK(absl::StartsWith(d->ready_line(), "hymcache-storage data="));
-  auto status = d->Stop(SIGTERM);
-  REQUIRE(status.ok());
-  CHECK(Exited(RunResult{*status, ""}, 0));
+  StartsAndStopsCleanly(over);
 }
 
 }  // namespace

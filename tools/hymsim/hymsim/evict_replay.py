@@ -139,6 +139,18 @@ def parent_indices(requests):
     return out
 
 
+def saved_flops(model, r, h, block_tokens):
+    """Prefill FLOPs request `r` saves when its first `h` blocks are cached."""
+    return (model.prefill_flops(0, r.input_length) -
+            model.prefill_flops(h * block_tokens, r.input_length - h * block_tokens))
+
+
+def _totals(saved_flops_sum, hits, blocks, flop_rate):
+    return {"saved_s": saved_flops_sum / flop_rate,
+            "hit_ratio": hits / blocks if blocks else 0.0,
+            "hit_blocks": hits, "blocks": blocks}
+
+
 def replay(requests, order, policy, capacity, model, block_tokens, flop_rate,
            parents=None):
     """Feeds `order` ([(time, index)]) through a store of `capacity` blocks;
@@ -155,15 +167,11 @@ def replay(requests, order, policy, capacity, model, block_tokens, flop_rate,
         stats.observe(t, i, r.turn, parents[i] if parents[i] >= 0 else None)
         ids = full_ids(r, block_tokens)
         h = store.serve(ids, t, r.conversation, r.turn, stats)
-        saved += (model.prefill_flops(0, r.input_length) -
-                  model.prefill_flops(h * block_tokens,
-                                      r.input_length - h * block_tokens))
+        saved += saved_flops(model, r, h, block_tokens)
         hits += h
         blocks += len(ids)
-    return {"saved_s": saved / flop_rate,
-            "hit_ratio": hits / blocks if blocks else 0.0,
-            "hit_blocks": hits, "blocks": blocks,
-            "evictions": store.evictions, "refused": store.refused}
+    return dict(_totals(saved, hits, blocks, flop_rate),
+                evictions=store.evictions, refused=store.refused)
 
 
 def measured(requests, path, model, block_tokens, flop_rate):
@@ -185,14 +193,10 @@ def measured(requests, path, model, block_tokens, flop_rate):
         r = requests[i]
         ids = full_ids(r, block_tokens)
         h = min(rec.get("loaded", 0), len(ids))
-        saved += (model.prefill_flops(0, r.input_length) -
-                  model.prefill_flops(h * block_tokens,
-                                      r.input_length - h * block_tokens))
+        saved += saved_flops(model, r, h, block_tokens)
         hits += h
         blocks += len(ids)
-    return {"saved_s": saved / flop_rate,
-            "hit_ratio": hits / blocks if blocks else 0.0,
-            "hit_blocks": hits, "blocks": blocks}
+    return _totals(saved, hits, blocks, flop_rate)
 
 
 def load_workload(args, model, flop_rate):
