@@ -241,6 +241,13 @@ smoke think_time_bench -p '^think_time: hints_vs_dram_p50=[0-9.]+ .*wasted_bw_vs
   STAGING=16M WRITE_BUFFER=8M CAPACITY=256M \
   bash "$B/think_time_bench.sh" --capdir="$T/think-time" --out="$T/think-time-out" --reps=1
 
+# netns_bench: one small size, few calls (root and network namespaces; in
+# Bazel's sandbox it says SKIPPED, which passes).
+smoke netns_bench -p '^netns: (SKIPPED|get256k_vs_raw=[0-9.]+ lookup8_vs_raw=[0-9.]+)' -- \
+  "$R/tools/bench/netns_bench" --block_kib=256 --blocks=4 --rounds=2 \
+  --lookup_keys=8 --lookups=50 --trials=1 --minloglevel=1 \
+  --master_binary="$BIN/hymcache-master" --storage_binary="$BIN/hymcache-storage"
+
 # tools/bench/eviction_agreement.sh: a small generated chat.
 smoke eviction_agreement -p '^eviction_agreement: measured_vs_model_saved=[0-9.]+ measured_vs_model_hits=[0-9.]+ ' -- \
   env HYMCACHE_BENCH_BIN="$BIN" CONVERSATIONS=8 TURNS=4 \
