@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -211,6 +212,14 @@ int Run() {
 
   // The cluster on the server host.
   const std::string dir = testing::TempDir("netns_bench");
+  // Removed on the way out, after the daemons below have stopped.
+  struct RemoveDir {
+    ~RemoveDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+    std::string path;
+  } remove_dir{dir};
   ChildOptions on_server;
   on_server.netns_path = net.netns_path(kServer);
   std::vector<std::string> margs =

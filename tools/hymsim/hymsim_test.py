@@ -1,9 +1,11 @@
 """hymsim's cache models against brute force, the turn-inference rule, the
 paper-hardware calibration, the CLI and the plots."""
 
+import atexit
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 
@@ -19,8 +21,21 @@ from hymsim import sim
 from hymsim import trace
 
 
+_TMP_DIRS = []
+
+
 def _tmp():
-    return tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    """A fresh directory, removed when the tests end (also when run by hand,
+    outside Bazel's TEST_TMPDIR)."""
+    d = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    _TMP_DIRS.append(d)
+    return d
+
+
+@atexit.register
+def _remove_tmp_dirs():
+    for d in _TMP_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 # --- LRU vs a naive list ---------------------------------------------------
