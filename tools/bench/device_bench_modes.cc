@@ -408,8 +408,9 @@ absl::StatusOr<ModeResult> RunMode(const Config& cfg, const std::string& name,
                      std::min(dram_blocks, cfg.writer_blocks));
   if (!s.ok()) return Fail(name + ": warm-up", s);
   const double warm_secs = absl::ToDoubleSeconds(absl::Now() - w0);
+  // Staging modes only: the LRU cache stages nothing ahead to hold.
   const uint64_t hold_blocks =
-      std::min(FLAGS_hold_mib * kMiB / cfg.block, cfg.writer_blocks);
+      lru ? 0 : std::min(FLAGS_hold_mib * kMiB / cfg.block, cfg.writer_blocks);
   if (hold_blocks > 0) {
     s = target->Hold(cfg.blocks_per_conv * cfg.conversations * cfg.block,
                      hold_blocks);
