@@ -398,6 +398,45 @@ def test_lmsys_single_node_claims():
     assert 2.5 < gain < 3.5
 
 
+def test_think_time_hints_load_later_turns_like_dram():
+    # A staging device whose refill is slow next to its line rate (and no
+    # GPU prefix cache), users who
+    # think longer than a chain takes to stage: with hints, turns >= 2 load
+    # like an all-DRAM tier of the same capacity; without, each pays its
+    # refill. Hints with no room (share 0, or less than one chain) change
+    # nothing.
+    hw = presets.paper_hardware()
+    hw.hym_ssd_read_bps = 4e9
+    o = trace.MultiTurnOptions(conversations=16, turns=5, user_tokens=1024,
+                               output_tokens=64, think_s=20.0, concurrency=16)
+    reqs = trace.generate_multiturn(o, 128)
+
+    def later_load_s(name, **hw_fields):
+        h = presets.paper_hardware()
+        h.hym_ssd_read_bps = hw.hym_ssd_read_bps
+        # No GPU prefix cache: every reused block comes from the tier.
+        h.gpu_hbm_bytes = LLAMA.params * LLAMA.dtype_bytes / h.gpu_memory_utilization
+        for k, v in hw_fields.items():
+            setattr(h, k, v)
+        res = sim.simulate(reqs, sim.make_system(name, h, LLAMA.kv_bytes_per_token() * 128),
+                           LLAMA, h, 128, o.concurrency)
+        return sum(r.load_s for r in res if r.turn >= 2)
+
+    dram = later_load_s("hymcache_all_dram")
+    plain = later_load_s("hymcache")
+    hinted = later_load_s("hymcache_hints")
+    assert plain > 1.3 * dram
+    assert hinted <= 1.1 * dram
+    assert later_load_s("hymcache_hints", hym_hint_share=0.0) == pytest.approx(plain)
+    # Room for less than one conversation's chain: no hint is staged.
+    assert later_load_s("hymcache_hints", hym_hint_share=1e-6) == pytest.approx(plain)
+    # One user, back before the chain is staged: the turn refills it.
+    o = trace.MultiTurnOptions(conversations=1, turns=5, user_tokens=1024,
+                               output_tokens=64, think_s=1e-6, concurrency=1)
+    reqs = trace.generate_multiturn(o, 128)
+    assert later_load_s("hymcache_hints") == pytest.approx(later_load_s("hymcache"))
+
+
 # --- CLI -------------------------------------------------------------------
 
 def test_cli_json_schema_and_measured(capsys):

@@ -115,6 +115,12 @@ class Hardware:
     # assumption: 8 GB of the device DRAM is the write buffer, the rest the
     # staging window.
     hym_write_buffer_bytes: float = 8 * GB
+    # HyMCache's think-time hints (hymcache_hints; docs/prefetch.md): the
+    # share of the staging window they may hold (the node's default) and how
+    # long past its expected turn an unclaimed hint holds its blocks (the
+    # vLLM connector's default hold).
+    hym_hint_share: float = 0.5
+    hym_hint_hold_s: float = 60.0
     # paper (Figure 5): a CMM-H LRU device past its DRAM falls to ~5 GB/s.
     lru_miss_bps: float = 5 * GB
     # paper: the KV connector falls back to recomputation after 10 s.

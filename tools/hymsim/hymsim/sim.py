@@ -61,6 +61,11 @@ class Tier:
     writes_share_lanes: bool = False
     # Fixed cost per block read (one file per object: open + extent lookup).
     per_block_latency_s: float = 0.0
+    # Think-time hints (staging device): blocks of the window that hints may
+    # hold (0: no hints), and how long an unclaimed hint holds them past its
+    # expected turn.
+    hint_blocks: int = 0
+    hint_hold_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -74,7 +79,8 @@ class System:
 
 SYSTEMS = ["recompute", "gpu_prefix", "lmcache_local", "mooncake_dram",
            "mooncake_nvmeof", "hymcache"]
-VARIANTS = ["hymcache_noprefetch", "hymcache_lru", "hymcache_dram_only"]
+VARIANTS = ["hymcache_noprefetch", "hymcache_lru", "hymcache_dram_only",
+            "hymcache_hints", "hymcache_all_dram"]
 LABELS = {
     "recompute": "Recomputation",
     "gpu_prefix": "GPU Prefix Caching",
@@ -85,6 +91,8 @@ LABELS = {
     "hymcache_noprefetch": "HyMCache, prefetch off",
     "hymcache_lru": "HyMCache, LRU device",
     "hymcache_dram_only": "HyMCache, DRAM only",
+    "hymcache_hints": "HyMCache, think-time hints",
+    "hymcache_all_dram": "HyMCache, all DRAM of the same capacity",
 }
 
 
@@ -133,6 +141,14 @@ def make_system(name, hw, block_bytes):
             t.device = "dram"
             t.capacity_blocks = blocks(hw.hym_device_dram_bytes)
             t.latency_s = 0.0
+        elif name == "hymcache_all_dram":
+            # think_time_bench's reference: the capacity tier's size in
+            # DRAM, read at the node's line rate.
+            t.device = "dram"
+            t.latency_s = 0.0
+        elif name == "hymcache_hints":
+            t.hint_blocks = blocks(hw.hym_hint_share * window)
+            t.hint_hold_s = hw.hym_hint_hold_s
         elif name != "hymcache":
             raise ValueError("unknown system %r" % name)
         return System(name, LABELS[name], True, t)
@@ -190,8 +206,10 @@ class _TierState:
     def index(self, w):
         return w if self.tier.scope == "worker" else 0
 
-    def transfer_s(self, ids, block_bytes):
-        """Seconds to read blocks `ids` (in order) once a lane is free."""
+    def transfer_s(self, ids, block_bytes, staged=0):
+        """Seconds to read blocks `ids` (in order) once a lane is free; on a
+        staging device the first `staged` are in the window already (a
+        think-time hint staged them) and are read at line rate."""
         t = self.tier
         n = len(ids)
         read_s = block_bytes / t.lane_bps
@@ -199,9 +217,9 @@ class _TierState:
             return t.latency_s + n * (read_s + t.per_block_latency_s)
         if t.device == "staging":
             secs, _ = cache.staged_load_time(
-                n, t.prefetch_depth if t.prefetch else 0,
+                n - staged, t.prefetch_depth if t.prefetch else 0,
                 block_bytes / t.refill_bps, read_s, t.latency_s)
-            return secs
+            return staged * read_s + secs
         # lru_device: per block a device-DRAM hit reads at line rate, a miss
         # first refills at the collapsed rate the paper measured.
         secs = 0.0
@@ -252,6 +270,20 @@ def simulate(requests, system, model, hw, block_tokens=128, concurrency=None,
     def prefill_s(cached_tokens, new_tokens):
         return model.prefill_flops(cached_tokens, new_tokens) / flops
 
+    # Think-time hints (hymcache_hints): once a request is answered, the
+    # chain it stored is hinted for its conversation's next turn and staged
+    # into the window (on the earliest-free lane, at the refill rate) if the
+    # hints' share of the window has room; the next turn reads those blocks
+    # at line rate when they are staged by its lookup. An unclaimed hint
+    # holds its blocks until think_s + hint_hold_s after its request.
+    # Simplified: a hint without room is dropped, not queued; its refill
+    # takes no lane time from requests (the node stages hints only while no
+    # request waits and yields their space; think_time_bench measured no cost
+    # to requests) and runs at one lane's refill rate.
+    hint_blocks = system.tier.hint_blocks if system.tier else 0
+    hints = {}  # request index -> (ready, blocks, n, expires)
+    hint_used = 0
+
     outstanding = 0
     ready = collections.deque()
     while heap:
@@ -297,12 +329,22 @@ def simulate(requests, system, model, hw, block_tokens=128, concurrency=None,
             k = tier.index(w)
             h = g + tier.caches[k].prefix_hit(ids[:full], g)
             load = hw.lookup_s
+            staged = 0
+            if hint_blocks:
+                for j in [j for j, x in hints.items() if x[3] <= t0]:
+                    hint_used -= hints.pop(j)[2]
+                hint = hints.pop(r.parent, None) if r.parent >= 0 else None
+                if hint is not None:
+                    hint_used -= hint[2]
+                    if hint[0] <= t0 + load:
+                        while g + staged < h and ids[g + staged] in hint[1]:
+                            staged += 1
             if h > g:
                 tier.release_writes(k, t0 + load)
                 lanes = tier.lanes[k]
                 lane = min(range(len(lanes)), key=lanes.__getitem__)
                 begin = max(t0 + load, lanes[lane])
-                end = begin + tier.transfer_s(ids[g:h], block_bytes)
+                end = begin + tier.transfer_s(ids[g:h], block_bytes, staged)
                 lease = system.tier.lease_s
                 if end - t0 > hw.load_deadline_s:
                     fallback = True
@@ -350,6 +392,15 @@ def simulate(requests, system, model, hw, block_tokens=128, concurrency=None,
                 # The admitted blocks' writes take the device once released
                 # (at `finish`); a read requested before then goes first.
                 tier.queue_write(k, finish, stored * block_bytes)
+        if hint_blocks:
+            k = tier.index(w)
+            n = _peek(tier.caches[k], ids[:full])
+            if n and hint_used + n <= hint_blocks:
+                t = system.tier
+                ready = finish + t.latency_s + n * block_bytes / t.refill_bps
+                hints[i] = (ready, set(ids[:n]), n,
+                            finish + r.think_s + t.hint_hold_s)
+                hint_used += n
         results[i] = Result(turn=r.turn, ttft_s=finish - arrival,
                             queue_s=start - arrival, load_s=load,
                             prefill_s=pre, blocks=full, gpu_hit=g,
