@@ -33,8 +33,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -44,8 +44,8 @@
 
 #include <gflags/gflags.h>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -66,7 +66,8 @@ DEFINE_int32(lookup_keys, 32, "keys per BatchLookup");
 DEFINE_int32(lookups, 2000, "timed BatchLookups per trial");
 DEFINE_int32(trials, 5, "alternating trials; the best of each is reported");
 DEFINE_uint64(rate_mbit, 0, "shape each host's link to this rate (0: none)");
-DEFINE_string(master_binary, "", "default: master/hymcache-master in the runfiles");
+DEFINE_string(master_binary, "",
+              "default: master/hymcache-master in the runfiles");
 DEFINE_string(storage_binary, "",
               "default: storage_node/hymcache-storage in the runfiles");
 
@@ -132,8 +133,8 @@ double RawRoundTrips(const std::string& server, size_t req, size_t part,
           .IgnoreError();
       for (size_t i = first; i < first + n; ++i) {
         for (size_t off = 0; off < part; off += kRecvPiece) {
-          RecvAll(c->fd(), dst[i].data() + off, std::min(kRecvPiece, part - off),
-                  absl::InfiniteFuture())
+          RecvAll(c->fd(), dst[i].data() + off,
+                  std::min(kRecvPiece, part - off), absl::InfiniteFuture())
               .IgnoreError();
         }
       }
@@ -185,7 +186,8 @@ int Run() {
   auto made = VirtualNetwork::Create({.hosts = {"server", "client"}});
   if (!made.ok()) {
     std::printf("netns: SKIPPED: %s\n", made.status().ToString().c_str());
-    return made.status().code() == absl::StatusCode::kFailedPrecondition ? 0 : 1;
+    return made.status().code() == absl::StatusCode::kFailedPrecondition ? 0
+                                                                         : 1;
   }
   VirtualNetwork& net = **made;
   if (FLAGS_rate_mbit > 0) {
@@ -193,7 +195,8 @@ int Run() {
       absl::Status s =
           net.ShapeLink(h, {.rate_bits_per_s = FLAGS_rate_mbit * 1000000});
       if (!s.ok()) {
-        std::fprintf(stderr, "netns_bench: shaping: %s\n", s.ToString().c_str());
+        std::fprintf(stderr, "netns_bench: shaping: %s\n",
+                     s.ToString().c_str());
         return 1;
       }
     }
@@ -230,7 +233,8 @@ int Run() {
                               : FLAGS_master_binary,
                           margs, on_server);
   if (!m.ok()) {
-    std::fprintf(stderr, "netns_bench: master: %s\n", m.status().ToString().c_str());
+    std::fprintf(stderr, "netns_bench: master: %s\n",
+                 m.status().ToString().c_str());
     return 1;
   }
   auto master = testing::ParseMasterReadyLine(m->ready_line());
@@ -239,15 +243,16 @@ int Run() {
   sargs.push_back("--insecure");
   sargs.push_back("--listen_host=" + net.address(kServer));
   sargs.push_back(absl::StrCat(
-      "--dram_bytes=", (largest * FLAGS_blocks * 2 + (uint64_t{64} << 20)) >> 20,
-      "M"));
-  auto node = Daemon::Launch(
-      FLAGS_storage_binary.empty()
-          ? testing::RunfilePath("storage_node/hymcache-storage")
-          : FLAGS_storage_binary,
-      sargs, on_server);
+      "--dram_bytes=",
+      (largest * FLAGS_blocks * 2 + (uint64_t{64} << 20)) >> 20, "M"));
+  auto node =
+      Daemon::Launch(FLAGS_storage_binary.empty()
+                         ? testing::RunfilePath("storage_node/hymcache-storage")
+                         : FLAGS_storage_binary,
+                     sargs, on_server);
   if (!node.ok()) {
-    std::fprintf(stderr, "netns_bench: node: %s\n", node.status().ToString().c_str());
+    std::fprintf(stderr, "netns_bench: node: %s\n",
+                 node.status().ToString().c_str());
     return 1;
   }
   // The raw server's socket in the server host; its thread ends when the
@@ -260,7 +265,8 @@ int Run() {
     auto ls = ListenTcp(net.address(kServer), 0);
     if (!ls.ok()) return 1;
     listener = std::move(*ls);
-    raw_address = absl::StrCat(net.address(kServer), ":", *LocalPort(listener.fd()));
+    raw_address =
+        absl::StrCat(net.address(kServer), ":", *LocalPort(listener.fd()));
   }
   struct RawServer {
     explicit RawServer(int fd)
@@ -287,17 +293,18 @@ int Run() {
   Client& c = **client;
   std::printf("netns: client %s -> server %s%s\n", net.address(kClient).c_str(),
               net.address(kServer).c_str(),
-              FLAGS_rate_mbit > 0
-                  ? absl::StrCat(", links shaped to ", FLAGS_rate_mbit, " Mbit/s")
-                        .c_str()
-                  : "");
+              FLAGS_rate_mbit > 0 ? absl::StrCat(", links shaped to ",
+                                                 FLAGS_rate_mbit, " Mbit/s")
+                                        .c_str()
+                                  : "");
   std::printf("%-10s %12s %12s %8s\n", "what", "raw", "hymcache", "ratio");
   std::string last = "netns:";
   int bad = 0;
 
   for (uint64_t size : sizes) {
     std::vector<std::string> keys;
-    std::vector<std::vector<char>> src(FLAGS_blocks, std::vector<char>(size, 'k'));
+    std::vector<std::vector<char>> src(FLAGS_blocks,
+                                       std::vector<char>(size, 'k'));
     std::vector<std::vector<char>> dst(FLAGS_blocks, std::vector<char>(size));
     std::vector<ConstBuffer> in_bufs;
     std::vector<MutableBuffer> out_bufs;
@@ -313,9 +320,10 @@ int Run() {
       so.deadline = absl::Now() + absl::Seconds(60);
       auto stored = c.Store({keys[i]}, {in_bufs[i]}, so)->Wait(so.deadline);
       if (!stored.ok() || stored->stored != 1) {
-        std::fprintf(stderr, "netns_bench: store of a %llu-byte block failed: %s\n",
-                     static_cast<unsigned long long>(size),
-                     stored.ok() ? "not stored" : stored.status().ToString().c_str());
+        std::fprintf(
+            stderr, "netns_bench: store of a %llu-byte block failed: %s\n",
+            static_cast<unsigned long long>(size),
+            stored.ok() ? "not stored" : stored.status().ToString().c_str());
         return 1;
       }
     }
@@ -323,9 +331,9 @@ int Run() {
     for (int t = 0; t < FLAGS_trials; ++t) {
       // As the TCP transport reads a batch: exchanges of at most 16 MiB
       // (TcpTransportOptions::max_read_frame_bytes).
-      const double raw_s = RawRoundTrips(raw_address, 1, size, dst,
-                                         std::max<uint64_t>(1, (16 << 20) / size),
-                                         FLAGS_rounds);
+      const double raw_s =
+          RawRoundTrips(raw_address, 1, size, dst,
+                        std::max<uint64_t>(1, (16 << 20) / size), FLAGS_rounds);
       const absl::Time t0 = absl::Now();
       size_t loaded = 0;
       for (int r = 0; r < FLAGS_rounds; ++r) {
@@ -341,7 +349,8 @@ int Run() {
                                      [](char ch) { return ch == 'k'; });
       }
       if (!exact) ++bad;
-      const double bytes = static_cast<double>(size) * FLAGS_blocks * FLAGS_rounds;
+      const double bytes =
+          static_cast<double>(size) * FLAGS_blocks * FLAGS_rounds;
       best.Keep(raw_s > 0 ? bytes / raw_s / 1e9 : 0, bytes / hym_s / 1e9);
     }
     const std::string name = size >= (1 << 20)
@@ -349,8 +358,8 @@ int Run() {
                                  : absl::StrCat("get", size >> 10, "k");
     std::printf("%-10s %9.2f GB/s %7.2f GB/s %7.2fx\n", name.c_str(), best.raw,
                 best.hym, best.ratio());
-    absl::StrAppend(&last, " ", name, "_vs_raw=",
-                    absl::StrFormat("%.2f", best.ratio()));
+    absl::StrAppend(&last, " ", name,
+                    "_vs_raw=", absl::StrFormat("%.2f", best.ratio()));
   }
 
   // Lookups: keys stored as one chain of small blocks.
@@ -378,15 +387,15 @@ int Run() {
   const WireBytes w0 = ReadWireBytes();
   for (int i = 0; i < calibrate; ++i) c.BatchLookup(lkeys).IgnoreError();
   const WireBytes w1 = ReadWireBytes();
-  const size_t req_bytes = std::max<int64_t>(
-      1, (w1.tx_payload() - w0.tx_payload()) / calibrate);
-  const size_t resp_bytes = std::max<int64_t>(
-      1, (w1.rx_payload() - w0.rx_payload()) / calibrate);
+  const size_t req_bytes =
+      std::max<int64_t>(1, (w1.tx_payload() - w0.tx_payload()) / calibrate);
+  const size_t resp_bytes =
+      std::max<int64_t>(1, (w1.rx_payload() - w0.rx_payload()) / calibrate);
   Best lookups;
   std::vector<std::vector<char>> ldst(1, std::vector<char>(resp_bytes));
   for (int t = 0; t < FLAGS_trials; ++t) {
-    const double raw_s =
-        RawRoundTrips(raw_address, req_bytes, resp_bytes, ldst, 1, FLAGS_lookups);
+    const double raw_s = RawRoundTrips(raw_address, req_bytes, resp_bytes, ldst,
+                                       1, FLAGS_lookups);
     const absl::Time t0 = absl::Now();
     int ok = 0;
     for (int i = 0; i < FLAGS_lookups; ++i) ok += c.BatchLookup(lkeys).ok();
@@ -394,14 +403,16 @@ int Run() {
     if (ok != FLAGS_lookups) ++bad;
     lookups.Keep(raw_s > 0 ? FLAGS_lookups / raw_s : 0, FLAGS_lookups / hym_s);
   }
-  std::printf("%-10s %7.0f calls/s %5.0f calls/s %6.2fx   (%zu B up, %zu B down)\n",
-              absl::StrCat("lookup", FLAGS_lookup_keys).c_str(), lookups.raw,
-              lookups.hym, lookups.ratio(), req_bytes, resp_bytes);
-  absl::StrAppend(&last, " lookup", FLAGS_lookup_keys, "_vs_raw=",
-                  absl::StrFormat("%.2f", lookups.ratio()));
+  std::printf(
+      "%-10s %7.0f calls/s %5.0f calls/s %6.2fx   (%zu B up, %zu B down)\n",
+      absl::StrCat("lookup", FLAGS_lookup_keys).c_str(), lookups.raw,
+      lookups.hym, lookups.ratio(), req_bytes, resp_bytes);
+  absl::StrAppend(&last, " lookup", FLAGS_lookup_keys,
+                  "_vs_raw=", absl::StrFormat("%.2f", lookups.ratio()));
 
   if (bad > 0) {
-    std::fprintf(stderr, "netns_bench: %d trials lost or got wrong data\n", bad);
+    std::fprintf(stderr, "netns_bench: %d trials lost or got wrong data\n",
+                 bad);
     return 1;
   }
   std::printf("%s\n", last.c_str());
