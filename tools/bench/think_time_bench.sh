@@ -40,7 +40,9 @@
 #   instead of building them with bazel -c opt).
 # Its last line: `think_time: hints_vs_dram_p50=X.XX hints_vs_dram_p99=X.XX
 #   nohints_vs_dram_p50=X.XX nohints_vs_dram_p99=X.XX hints_bw_vs_nohints=X.XX
-#   wasted_bw_vs_nohints=X.XX` (medians over the reps). Takes about
+#   wasted_bw_vs_nohints=X.XX` (medians over the reps; nan where CONFIGS
+#   left out a configuration the ratio needs). Before it, the loads' p50,
+#   p90 and p99 per configuration over all reps pooled. Takes about
 #   (4 x reps x TURNS x GAP_MS) + setup.
 set -euo pipefail
 
@@ -151,9 +153,10 @@ for rep in $(seq 1 "$REPS"); do
   done
 done
 
-python3 - "$OUT" "$REPS" <<'EOF'
+python3 - "$OUT" "$REPS" ${CONFIGS:-dram hybrid hints waste} <<'EOF'
 import json, statistics, sys
 out, reps = sys.argv[1], int(sys.argv[2])
+run = sys.argv[3:]
 
 def pct(v, p):
     v = sorted(v)
@@ -171,7 +174,7 @@ def stats(path):
     byts = sum(r['loaded_bytes'] for r in recs)
     secs = sum(r['load_ms'] for r in recs) / 1e3
     errors = sum(1 for r in j['requests'] if r.get('load_error'))
-    return dict(p50=pct(loads, 0.5), p99=pct(loads, 0.99), n=len(recs),
+    return dict(p50=pct(loads, 0.5), p99=pct(loads, 0.99), n=len(recs), loads=loads,
                 gbps=byts / secs / 1e9 if secs else 0, errors=errors,
                 hit=j['overall']['prefix_hit_ratio'])
 
@@ -185,24 +188,42 @@ def metric(path, name):
     return float('nan')
 
 rows, ratios = [], {k: [] for k in ('h50', 'h99', 'n50', 'n99', 'bw', 'waste')}
-configs = ('dram', 'hybrid', 'hints', 'waste')
+# The configurations run (CONFIGS), in the table's order; a ratio needs both
+# of its configurations (else "nan").
+configs = [c for c in ('dram', 'hybrid', 'hints', 'waste') if c in run]
+pooled = {c: [] for c in configs}
+nan = float('nan')
+
+def ratio(s, a, b, key):
+    if a not in s or b not in s or not s[b][key]:
+        return nan
+    return s[a][key] / s[b][key]
+
 print('| rep | config | turns>=2 loads | p50 load ms | p99 load ms | load GB/s | hit ratio | hints staged / hits / late / wasted |')
 print('|---|---|---|---|---|---|---|---|')
 for rep in range(1, reps + 1):
     s = {c: stats('%s/%s-%d/replay.json' % (out, c, rep)) for c in configs}
     for c in configs:
+        pooled[c] += s[c]['loads']
         m = '%s/%s-%d/metrics.txt' % (out, c, rep)
         h = '/'.join('%g' % metric(m, 'hymcache_storage_prefetch_turn_' + n) for n in
                      ('hints_staged_total', 'hint_hits_total', 'hint_late_total', 'hints_wasted_total'))
         print('| %d | %s | %d | %.2f | %.2f | %.2f | %.3f | %s |' % (
             rep, c, s[c]['n'], s[c]['p50'], s[c]['p99'], s[c]['gbps'], s[c]['hit'], h))
-    ratios['h50'].append(s['hints']['p50'] / s['dram']['p50'])
-    ratios['h99'].append(s['hints']['p99'] / s['dram']['p99'])
-    ratios['n50'].append(s['hybrid']['p50'] / s['dram']['p50'])
-    ratios['n99'].append(s['hybrid']['p99'] / s['dram']['p99'])
-    ratios['bw'].append(s['hints']['gbps'] / s['hybrid']['gbps'] if s['hybrid']['gbps'] else float('nan'))
-    ratios['waste'].append(s['waste']['gbps'] / s['hybrid']['gbps'] if s['hybrid']['gbps'] else float('nan'))
+    ratios['h50'].append(ratio(s, 'hints', 'dram', 'p50'))
+    ratios['h99'].append(ratio(s, 'hints', 'dram', 'p99'))
+    ratios['n50'].append(ratio(s, 'hybrid', 'dram', 'p50'))
+    ratios['n99'].append(ratio(s, 'hybrid', 'dram', 'p99'))
+    ratios['bw'].append(ratio(s, 'hints', 'hybrid', 'gbps'))
+    ratios['waste'].append(ratio(s, 'waste', 'hybrid', 'gbps'))
 med = {k: statistics.median(v) for k, v in ratios.items()}
+# The loads of every rep together: a p99 of reps x 80 loads moves less with
+# one slow load than each rep's own.
+line = []
+for c in configs:
+    line.append('%s p50 %.2f p90 %.2f p99 %.2f ms' % (
+        c, pct(pooled[c], 0.5), pct(pooled[c], 0.9), pct(pooled[c], 0.99)))
+print('pooled over %d reps: %s' % (reps, '; '.join(line)))
 print('think_time: hints_vs_dram_p50=%.2f hints_vs_dram_p99=%.2f nohints_vs_dram_p50=%.2f '
       'nohints_vs_dram_p99=%.2f hints_bw_vs_nohints=%.2f wasted_bw_vs_nohints=%.2f' % (
           med['h50'], med['h99'], med['n50'], med['n99'], med['bw'], med['waste']))
