@@ -173,6 +173,21 @@ WireBytes ReadWireBytes() {
   return w;
 }
 
+// Starts `binary` (default: `runfile` in the runfiles) with `args`; says
+// why on stderr when it does not come up.
+absl::StatusOr<Daemon> LaunchDaemon(const char* what, const std::string& binary,
+                                    const char* runfile,
+                                    const std::vector<std::string>& args,
+                                    const ChildOptions& options) {
+  auto d = Daemon::Launch(
+      binary.empty() ? testing::RunfilePath(runfile) : binary, args, options);
+  if (!d.ok()) {
+    std::fprintf(stderr, "netns_bench: %s: %s\n", what,
+                 d.status().ToString().c_str());
+  }
+  return d;
+}
+
 struct Best {
   double raw = 0, hym = 0;
   void Keep(double r, double h) {
@@ -228,15 +243,9 @@ int Run() {
   std::vector<std::string> margs =
       testing::MasterArgs(dir + "/master", net.address(kServer) + ":0");
   margs.push_back("--insecure");
-  auto m = Daemon::Launch(FLAGS_master_binary.empty()
-                              ? testing::RunfilePath("master/hymcache-master")
-                              : FLAGS_master_binary,
-                          margs, on_server);
-  if (!m.ok()) {
-    std::fprintf(stderr, "netns_bench: master: %s\n",
-                 m.status().ToString().c_str());
-    return 1;
-  }
+  auto m = LaunchDaemon("master", FLAGS_master_binary, "master/hymcache-master",
+                        margs, on_server);
+  if (!m.ok()) return 1;
   auto master = testing::ParseMasterReadyLine(m->ready_line());
   if (!master.ok()) return 1;
   std::vector<std::string> sargs = testing::StorageArgs(*master, "server-node");
@@ -245,16 +254,9 @@ int Run() {
   sargs.push_back(absl::StrCat(
       "--dram_bytes=",
       (largest * FLAGS_blocks * 2 + (uint64_t{64} << 20)) >> 20, "M"));
-  auto node =
-      Daemon::Launch(FLAGS_storage_binary.empty()
-                         ? testing::RunfilePath("storage_node/hymcache-storage")
-                         : FLAGS_storage_binary,
-                     sargs, on_server);
-  if (!node.ok()) {
-    std::fprintf(stderr, "netns_bench: node: %s\n",
-                 node.status().ToString().c_str());
-    return 1;
-  }
+  auto node = LaunchDaemon("node", FLAGS_storage_binary,
+                           "storage_node/hymcache-storage", sargs, on_server);
+  if (!node.ok()) return 1;
   // The raw server's socket in the server host; its thread ends when the
   // socket is shut down, on every way out of here.
   std::string raw_address;
