@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
 
@@ -13,6 +15,30 @@ namespace {
 
 // The share of the granted TTL a leader trusts (see the header comment).
 constexpr double kTrustedShareOfTtl = 0.8;
+
+std::string EncodeStanding(const CandidateStanding& s) {
+  return absl::StrCat(s.position, " ", s.group);
+}
+
+std::optional<CandidateStanding> DecodeStanding(absl::string_view value) {
+  const size_t space = value.find(' ');
+  if (space == absl::string_view::npos) return std::nullopt;
+  CandidateStanding s;
+  if (!absl::SimpleAtoi(value.substr(0, space), &s.position)) {
+    return std::nullopt;
+  }
+  s.group = std::string(value.substr(space + 1));
+  return s;
+}
+
+// Whether candidate `a` (standing `as`) should lead before `b` (`bs`).
+bool Outranks(const CandidateStanding& as, absl::string_view a,
+              const CandidateStanding& bs, absl::string_view b) {
+  if (as.group.empty()) return false;
+  if (bs.group.empty()) return true;
+  if (as.group != bs.group) return false;
+  return as.position > bs.position || (as.position == bs.position && a < b);
+}
 
 LeaderInfo InfoOf(const mvccpb::KeyValue& kv) {
   LeaderInfo info;
@@ -38,6 +64,11 @@ absl::Status LeaderElectionOptions::Validate() const {
   }
   if (retry_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("election: retry_interval must be > 0");
+  }
+  if (ranking_window < absl::ZeroDuration() ||
+      ranking_patience < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "election: ranking_window and ranking_patience must be >= 0");
   }
   if (thread_name.empty()) {
     return absl::InvalidArgumentError("election: empty thread_name");
@@ -151,6 +182,7 @@ void LeaderElection::Run() {
       continue;
     }
     absl::Status s = Campaign();
+    WithdrawStanding();
     bool leader;
     {
       MutexLock l(&mu_);
@@ -166,6 +198,7 @@ void LeaderElection::Run() {
       }
     } else if (s.ok()) {
       StandBy();
+      Rank();
     } else {
       VLOG(1) << "election " << options_.key << ": " << s;
       MutexLock l(&mu_);
@@ -174,6 +207,7 @@ void LeaderElection::Run() {
       }
     }
   }
+  WithdrawStanding();
   StepDown(absl::CancelledError("resigned"));
 }
 
@@ -197,6 +231,88 @@ absl::Status LeaderElection::RevokeEndedLease() {
   MutexLock l(&mu_);
   unrevoked_lease_ = 0;
   return absl::OkStatus();
+}
+
+void LeaderElection::Rank() {
+  if (!options_.standing) return;
+  {
+    MutexLock l(&mu_);
+    if (stopping_ || frozen_ || observed_) return;
+    ++stats_.rankings;
+  }
+  EtcdClient* etcd = options_.etcd;
+  const CandidateStanding mine = options_.standing();
+  const std::string prefix = StandingPrefix(options_.key);
+  const absl::Duration call =
+      std::min(etcd->options().call_timeout, options_.lease_ttl);
+  // Ranking is advice: an etcd error campaigns at once.
+  auto grant = etcd->LeaseGrant(options_.lease_ttl, absl::Now() + call);
+  if (!grant.ok()) {
+    VLOG(1) << "election " << options_.key << ": ranking: " << grant.status();
+    return;
+  }
+  standing_lease_ = grant->id();
+  etcdserverpb::PutRequest put;
+  put.set_key(prefix + options_.candidate);
+  put.set_value(EncodeStanding(mine));
+  put.set_lease(standing_lease_);
+  if (auto p = etcd->Put(put, absl::Now() + call); !p.ok()) {
+    VLOG(1) << "election " << options_.key << ": ranking: " << p.status();
+    return;
+  }
+  {
+    MutexLock l(&mu_);
+    const absl::Time until = absl::Now() + options_.ranking_window;
+    while (!stopping_ && !frozen_ && !observed_ && absl::Now() < until) {
+      cv_.WaitWithDeadline(&mu_, until);
+    }
+    if (stopping_ || frozen_ || observed_) return;
+  }
+  etcdserverpb::RangeRequest range;
+  range.set_key(prefix);
+  range.set_range_end(EtcdClient::PrefixEnd(prefix));
+  auto all = etcd->Range(range, absl::Now() + call);
+  if (!all.ok()) {
+    VLOG(1) << "election " << options_.key << ": ranking: " << all.status();
+    return;
+  }
+  std::string better;
+  CandidateStanding best = mine;
+  for (const mvccpb::KeyValue& kv : all->kvs()) {
+    absl::string_view name = kv.key();
+    name.remove_prefix(std::min(prefix.size(), name.size()));
+    std::optional<CandidateStanding> theirs = DecodeStanding(kv.value());
+    if (name == options_.candidate || !theirs.has_value()) continue;
+    if (Outranks(*theirs, name, best,
+                 better.empty() ? options_.candidate : better)) {
+      better = std::string(name);
+      best = *theirs;
+    }
+  }
+  if (better.empty()) return;
+  LOG(INFO) << "election " << options_.key << ": " << options_.candidate
+            << " (at " << mine.position << " of '" << mine.group
+            << "') waits up to "
+            << absl::FormatDuration(options_.ranking_patience) << " for "
+            << better << " (at " << best.position
+            << "), more up to date, to lead";
+  MutexLock l(&mu_);
+  ++stats_.yielded;
+  const absl::Time until = absl::Now() + options_.ranking_patience;
+  while (!stopping_ && !frozen_ && !observed_ && absl::Now() < until) {
+    cv_.WaitWithDeadline(&mu_, until);
+  }
+}
+
+void LeaderElection::WithdrawStanding() {
+  if (standing_lease_ == 0) return;
+  options_.etcd
+      ->LeaseRevoke(
+          standing_lease_,
+          absl::Now() + std::min(options_.etcd->options().call_timeout,
+                                 options_.lease_ttl))
+      .IgnoreError();  // else it expires with its TTL
+  standing_lease_ = 0;
 }
 
 absl::Status LeaderElection::Campaign() {

@@ -46,6 +46,22 @@
 //     nothing from an old leader collides with the new one's (docs/ha.md:
 //     wired into the master in a later change).
 //
+// Ranking (options.standing). With asynchronous replication, or a standby
+// still copying, the standbys are not equally up to date, and whichever
+// wins loses what it lacks. So a standby that sees the key go does not
+// campaign at once: it puts its standing under StandingPrefix(key) +
+// candidate (under a lease of its own, TTL lease_ttl), waits
+// ranking_window for the others to do the same, reads them all, and
+// campaigns at once when no candidate of its group stands higher (equal
+// positions: the smaller candidate value first). An outranked candidate
+// waits up to ranking_patience for a new leader key (the better one's),
+// then campaigns anyway: the better one may have died meanwhile. Ranking is
+// advice, never a condition to lead: an etcd error skips it, a candidate
+// that notices the vacancy after another's window has ended is not waited
+// for, and candidates of different groups do not wait for each other. It
+// adds ranking_window (and an etcd Put, Range and revocation) to a
+// failover; the first election at start is not ranked.
+//
 // Thread safety: LeaderElection and LeaderObserver are safe for concurrent
 // use without external synchronization. Callbacks run on the election's (or
 // observer's) own thread, one at a time; they must not destroy the object
@@ -83,6 +99,14 @@ struct LeaderInfo {
   }
 };
 
+// How up to date a candidate is: positions compare only within one group
+// (a standby master: the leader database it follows, and the sequence of it
+// applied). An empty group ranks below every other (it knows nothing).
+struct CandidateStanding {
+  std::string group;
+  uint64_t position = 0;
+};
+
 struct LeaderElectionOptions {
   // The etcd cluster. Required; not owned; must outlive the election.
   EtcdClient* etcd = nullptr;
@@ -107,6 +131,17 @@ struct LeaderElectionOptions {
   std::function<void(int64_t epoch, const absl::Status& why)> on_lost;
   // The election thread's name. Default: "hym-election".
   std::string thread_name = "hym-election";
+  // How up to date this candidate is (a standby master: the leader's
+  // sequence it has applied). Unset: when the leader key goes, every
+  // standby campaigns at once and the first Txn wins. Set: a vacancy is
+  // ranked first (see "Ranking" in the file comment); called on the
+  // election thread.
+  std::function<CandidateStanding()> standing;
+  // Ranking: how long a candidate waits for the others' standings after
+  // publishing its own, and how long an outranked one then waits for the
+  // better one to win before campaigning itself. Default: 100 ms, 500 ms.
+  absl::Duration ranking_window = absl::Milliseconds(100);
+  absl::Duration ranking_patience = absl::Milliseconds(500);
 
   // InvalidArgument naming the field that is wrong.
   absl::Status Validate() const;
@@ -119,6 +154,9 @@ struct LeaderElectionStats {
   uint64_t renewals = 0;
   uint64_t renewal_failures = 0;
   uint64_t campaigns = 0;
+  // Vacancies ranked, and those where a better candidate was waited for.
+  uint64_t rankings = 0;
+  uint64_t yielded = 0;
 };
 
 class LeaderElection {
@@ -181,6 +219,11 @@ class LeaderElection {
   void Lead();
   // While standing by: wait until the key is vacant (or a re-read is due).
   void StandBy();
+  // After a vacancy, with options.standing: publishes this candidate's
+  // standing and returns when it should campaign (see "Ranking").
+  void Rank();
+  // Ends the standing Rank published (after the campaign that followed).
+  void WithdrawStanding();
   // Ends the term: IsLeader() false, on_lost(why), lease revoked.
   void StepDown(const absl::Status& why);
   void OnWatch(absl::StatusOr<EtcdWatchBatch> batch);
@@ -211,7 +254,16 @@ class LeaderElection {
   bool key_changed_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<LeaderInfo> observed_ ABSL_GUARDED_BY(mu_);
   LeaderElectionStats stats_ ABSL_GUARDED_BY(mu_);
+  // The lease of the standing Rank published (0: none); election thread.
+  int64_t standing_lease_ = 0;
 };
+
+// Where candidates publish their standings while a vacancy is ranked:
+// `key` + "/standing/" (a prefix; each candidate's key is the prefix plus
+// its candidate value).
+inline std::string StandingPrefix(const std::string& key) {
+  return key + "/standing/";
+}
 
 // The leader key of a HyMCache cluster's masters:
 // "/hymcache/<cluster>/master/leader" (docs/ha.md).

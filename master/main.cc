@@ -146,6 +146,15 @@ DEFINE_bool(preload_index, hymcache::HaMasterOptions().preload_index,
             "anything (all masters restarted at once) it serves without "
             "loading again; costs the index's memory while standing by");
 
+DEFINE_int64(
+    election_ranking_ms,
+    absl::ToInt64Milliseconds(hymcache::HaMasterOptions().ranking_window),
+    "with --etcd and replication: when the leader goes, each standby "
+    "publishes how much of its store it holds and waits this long "
+    "for the others', so that the most up-to-date one leads "
+    "(docs/ha.md); adds this much to a failover. 0: the first "
+    "standby to campaign leads");
+
 DEFINE_string(replication, "",
               "standby replication (docs/ha.md): off, async (standbys follow "
               "the leader's store; a leader crash loses the standby's lag) or "
@@ -225,7 +234,8 @@ int main(int argc, char** argv) {
            {{"Serving", {"listen", "db_path", "sync_writes", "metrics_listen"}},
             {"High availability (docs/ha.md)",
              {"etcd", "cluster", "advertise_address", "lease_ttl_s",
-              "serve_reads_without_etcd", "preload_index", "replication",
+              "serve_reads_without_etcd", "preload_index",
+              "election_ranking_ms", "replication",
               "replication_sync_timeout_ms", "replication_token_file"}},
             {"Nodes and placement",
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
@@ -257,6 +267,7 @@ int main(int argc, char** argv) {
     ha.lease_ttl = absl::Seconds(FLAGS_lease_ttl_s);
     ha.serve_reads_without_etcd = FLAGS_serve_reads_without_etcd;
     ha.preload_index = FLAGS_preload_index;
+    ha.ranking_window = absl::Milliseconds(FLAGS_election_ranking_ms);
     ha.master = options;
     if (!FLAGS_replication_token_file.empty()) {
       std::ifstream in(FLAGS_replication_token_file);

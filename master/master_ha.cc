@@ -170,6 +170,10 @@ absl::Status HaMasterOptions::Validate() const {
     return absl::InvalidArgumentError(
         "master HA: lease_ttl must be whole seconds, at least 1 s");
   }
+  if (ranking_window < absl::ZeroDuration() || ranking_window >= lease_ttl) {
+    return absl::InvalidArgumentError(
+        "master HA: ranking_window must be >= 0 and below lease_ttl");
+  }
   if (open_retry < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("master HA: open_retry must be >= 0");
   }
@@ -219,6 +223,8 @@ absl::StatusOr<std::unique_ptr<HaMaster>> HaMaster::Create(
     auto follower = master::ReplicaFollower::Create(fo);
     if (follower.ok()) {
       ha->follower_ = std::move(follower).value();
+      MutexLock l(&ha->standing_mu_);
+      ha->standing_source_ = ha->follower_.get();
     } else {
       LOG(WARNING) << "master HA: not following the leader: "
                    << follower.status()
@@ -233,6 +239,18 @@ absl::StatusOr<std::unique_ptr<HaMaster>> HaMaster::Create(
   lo.candidate = ha->advertise_;
   lo.lease_ttl = options.lease_ttl;
   lo.thread_name = "master-election";
+  // A standby whose follower could not start ranks too (knowing nothing, it
+  // yields to one that follows). Without replication every master serves
+  // the same directory: nothing to rank.
+  if (options.master.replication != master::ReplicationMode::kOff &&
+      options.ranking_window > absl::ZeroDuration()) {
+    lo.standing = [raw] { return raw->Standing(); };
+    lo.ranking_window = options.ranking_window;
+    // An outranked standby waits for the better one's election: its Txn,
+    // and the watch event (a few ms), with room for a loaded host.
+    lo.ranking_patience =
+        std::max(5 * options.ranking_window, absl::Milliseconds(500));
+  }
   lo.on_elected = [raw](int64_t epoch) {
     LOG(INFO) << "master HA: elected leader of cluster '"
               << raw->options_.cluster << "' with epoch " << epoch;
@@ -386,11 +404,24 @@ void HaMaster::StopFollowing() {
             << " at leader sequence " << st.applied_sequence << " of database "
             << st.leader_db_id << " (" << st.batches_applied
             << " batches applied, " << st.full_copies << " full copies)";
+  {
+    MutexLock l(&standing_mu_);
+    standing_source_ = nullptr;
+  }
   absl::Status closed = follower_->Stop();
   if (!closed.ok()) {
     LOG(WARNING) << "master HA: closing the follower's store: " << closed;
   }
   follower_.reset();
+}
+
+CandidateStanding HaMaster::Standing() const {
+  MutexLock l(&standing_mu_);
+  if (standing_source_ == nullptr) return {};
+  const master::ReplicaFollower::Stats st = standing_source_->GetStats();
+  // Mid-copy the directory is no usable state: it knows nothing.
+  if (st.copying || st.leader_db_id.empty()) return {};
+  return {st.leader_db_id, st.applied_sequence};
 }
 
 uint64_t HaMaster::FollowerProgress() const {
@@ -486,6 +517,17 @@ void HaMaster::VisitStats(StatsVisitor* v) const {
       "Terms of this master that ended without an answer from etcd "
       "and turned read-only",
       static_cast<double>(read_only_periods_.load(std::memory_order_relaxed)));
+  if (LeaderElection* e = election_ptr_.load(std::memory_order_acquire)) {
+    const LeaderElectionStats es = e->stats();
+    v->Counter("election_rankings",
+               "Vacancies this master ranked before campaigning "
+               "(--election_ranking_ms)",
+               static_cast<double>(es.rankings));
+    v->Counter("election_yielded",
+               "Vacancies where this master waited for a more up-to-date "
+               "standby to lead",
+               static_cast<double>(es.yielded));
+  }
   v->Counter(
       "read_only_write_refusals",
       "Writes refused (reason read_only) while read-only",
@@ -688,6 +730,10 @@ void HaMaster::Shutdown() {
   if (election_ != nullptr) election_->Resign();
   thread_.Join();
   if (follower_ != nullptr) {
+    {
+      MutexLock l(&standing_mu_);
+      standing_source_ = nullptr;
+    }
     absl::Status closed = follower_->Stop();
     if (!closed.ok()) LOG(WARNING) << "master HA: follower: " << closed;
     follower_.reset();

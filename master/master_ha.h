@@ -62,6 +62,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/leader_election.h"
 #include "common/mutex.h"
 #include "common/security.h"
 #include "common/stats.h"
@@ -123,6 +124,13 @@ struct HaMasterOptions {
   // elected), so that a failover does not load after the election either.
   // Default: true.
   bool preload_index = true;
+  // With replication, standbys rank a vacancy before they campaign
+  // (LeaderElectionOptions::standing: the leader sequence each follower
+  // applied, within one leader database), so that the most up-to-date one
+  // leads: how long each waits for the others' standings. Adds this much
+  // to a failover. 0: no ranking (the first standby to campaign wins).
+  // Default: 100 ms.
+  absl::Duration ranking_window = absl::Milliseconds(100);
 
   // InvalidArgument naming the first bad field.
   absl::Status Validate() const;
@@ -211,6 +219,9 @@ class HaMaster {
   void MaybePreloadAgain();
   // The leadership stats (MasterOptions::extra_stats).
   void VisitStats(StatsVisitor* v) const;
+  // How up to date the follower is, for the election's ranking (on the
+  // election thread).
+  CandidateStanding Standing() const;
 
   // Constant after Create.
   const HaMasterOptions options_;
@@ -226,6 +237,10 @@ class HaMaster {
   // held by another process). Used by the master-ha thread only, and by
   // Shutdown after joining it.
   std::unique_ptr<master::ReplicaFollower> follower_;
+  // follower_ as Standing() reads it: cleared before follower_ stops.
+  mutable Mutex standing_mu_;
+  master::ReplicaFollower* standing_source_ ABSL_GUARDED_BY(standing_mu_) =
+      nullptr;
   std::string followed_;  // the leader follower_ follows; master-ha thread
   // The leader epochs this process has seen change (standing by, and its
   // own election).

@@ -9,6 +9,7 @@
 // Every candidate has its own EtcdClient, as separate masters would.
 // Timings: leases of 2 s (4 s where etcd itself fails over), so every
 // takeover below is bounded by a few seconds.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,7 +114,8 @@ struct Candidate {
 std::unique_ptr<Candidate> Campaign(
     const EtcdCluster& cluster, const std::string& name, Journal* journal,
     Clock* clock = nullptr, absl::Duration ttl = kTtl,
-    absl::Duration call_timeout = EtcdClientOptions().call_timeout) {
+    absl::Duration call_timeout = EtcdClientOptions().call_timeout,
+    const std::function<void(LeaderElectionOptions&)>& configure = nullptr) {
   auto c = std::make_unique<Candidate>();
   c->name = name;
   EtcdClientOptions eo;
@@ -130,6 +132,7 @@ std::unique_ptr<Candidate> Campaign(
   o.lease_ttl = ttl;
   o.clock = clock;
   o.thread_name = "elect-" + name;
+  if (configure) configure(o);
   o.on_elected = [journal, name](int64_t epoch) {
     journal->Add({name, true, epoch, absl::OkStatus(), absl::Now()});
   };
@@ -466,6 +469,116 @@ TEST_CASE("A leader cut off from all of etcd steps down within its lease; the el
   for (int i = 0; i < 3; ++i) REQUIRE(cluster->Thaw(i).ok());
   Candidate* next = WaitForLeader({a.get(), b.get()}, absl::Seconds(30));
   CHECK(*next->election->LeaderEpoch() > epoch);
+  journal.CheckTermsDoNotOverlap();
+}
+
+// Ranking's pauses here: long enough that every standby hears of a
+// vacancy within the window on a loaded machine (tsan).
+constexpr absl::Duration kRankingWindow = absl::Seconds(1);
+constexpr absl::Duration kRankingPatience = absl::Seconds(2);
+
+// A standby that ranks vacancies, at `position` of group "db".
+std::unique_ptr<Candidate> RankedStandby(const EtcdCluster& cluster,
+                                         const std::string& name,
+                                         uint64_t position, Journal* journal) {
+  return Campaign(
+      cluster, name, journal, nullptr, kTtl, EtcdClientOptions().call_timeout,
+      [position](LeaderElectionOptions& o) {
+        o.standing = [position] { return CandidateStanding{"db", position}; };
+        o.ranking_window = kRankingWindow;
+        o.ranking_patience = kRankingPatience;
+      });
+}
+
+// Puts a standing for a candidate that never campaigns (one that died after
+// publishing it), under a lease of its own TTL.
+void PublishStanding(EtcdClient* etcd, const std::string& name,
+                     const std::string& value) {
+  auto lease = etcd->LeaseGrant(absl::Seconds(30));
+  REQUIRE(lease.ok());
+  etcdserverpb::PutRequest put;
+  put.set_key(StandingPrefix(kKey) + name);
+  put.set_value(value);
+  put.set_lease(lease->id());
+  REQUIRE(etcd->Put(put).ok());
+}
+
+TEST_CASE(
+    "When the leader goes, the most up-to-date standby leads, not the first to "
+    "campaign") {
+  auto cluster = StartCluster(1);
+  Journal journal;
+  auto a = Campaign(*cluster, "a", &journal);
+  WaitForLeader({a.get()});
+  // "b" sorts first (it would win ties) and is the least up to date.
+  auto b = RankedStandby(*cluster, "b", 5, &journal);
+  auto c = RankedStandby(*cluster, "c", 9, &journal);
+  auto d = RankedStandby(*cluster, "d", 7, &journal);
+  for (Candidate* s : {b.get(), c.get(), d.get()}) {
+    REQUIRE(
+        Eventually([&] { return s->election->ObservedLeader().has_value(); }));
+  }
+
+  a->election->Resign();
+  Candidate* next = WaitForLeader({b.get(), c.get(), d.get()});
+  CHECK(next->name == "c");
+  // The others waited for it.
+  REQUIRE(Eventually([&] {
+    return b->election->stats().yielded == 1 &&
+           d->election->stats().yielded == 1;
+  }));
+  CHECK(c->election->stats().yielded == 0);
+  CHECK(c->election->stats().rankings == 1);
+
+  // Again without it: of 5 and 7, 7.
+  c->election->Resign();
+  next = WaitForLeader({b.get(), d.get()});
+  CHECK(next->name == "d");
+  // Their standings went with the ranking (revoked, not left to expire).
+  REQUIRE(Eventually([&] {
+    etcdserverpb::RangeRequest r;
+    r.set_key(StandingPrefix(kKey));
+    r.set_range_end(EtcdClient::PrefixEnd(StandingPrefix(kKey)));
+    auto got = b->etcd->Range(r);
+    return got.ok() && got->kvs_size() == 0;
+  }));
+  journal.CheckTermsDoNotOverlap();
+}
+
+TEST_CASE(
+    "An outranked standby leads anyway when the better candidate never "
+    "campaigns; other groups are not waited for") {
+  auto cluster = StartCluster(1);
+  Journal journal;
+  auto a = Campaign(*cluster, "a", &journal);
+  WaitForLeader({a.get()});
+  auto b = RankedStandby(*cluster, "b", 1, &journal);
+  REQUIRE(
+      Eventually([&] { return b->election->ObservedLeader().has_value(); }));
+
+  // A better candidate of the same group that died after publishing, and
+  // one of another database: the first is waited for (ranking_patience),
+  // the second is not.
+  PublishStanding(b->etcd.get(), "z", "100 db");
+  PublishStanding(b->etcd.get(), "y", "1000 other");
+  const absl::Time resigned = absl::Now();
+  a->election->Resign();
+  WaitForLeader({b.get()});
+  const absl::Duration took = absl::Now() - resigned;
+  CHECK(b->election->stats().yielded == 1);
+  CHECK(took >= kRankingWindow + kRankingPatience);
+
+  // Malformed standings are ignored; an empty group ranks below every
+  // other.
+  auto e = RankedStandby(*cluster, "e", 3, &journal);
+  REQUIRE(
+      Eventually([&] { return e->election->ObservedLeader().has_value(); }));
+  PublishStanding(e->etcd.get(), "x", "garbage");
+  PublishStanding(e->etcd.get(), "w", "999 ");
+  b->election->Resign();
+  WaitForLeader({e.get()});
+  // Only "z" (100 of db) outranked it.
+  CHECK(e->election->stats().yielded == 1);
   journal.CheckTermsDoNotOverlap();
 }
 

@@ -585,6 +585,28 @@ TEST_CASE("A leader whose term ends stops serving and exits, and the standby lea
   PutIntact(*rig.client, Blocks("k-", 2, 7));
 }
 
+// Waits until the leader at `address` reports a standby holding every
+// write (lag 0): the commits so far are in its store. Returns the leader's
+// latest sequence.
+double WaitForStandbyCaughtUp(const std::string& address) {
+  std::map<std::string, double> stats;
+  const bool replicated = Eventually(
+      [&] {
+        auto st = StatsOf(address);
+        if (!st.ok()) return false;
+        stats = *st;
+        return stats["replication_followers"] >= 1 &&
+               stats["replication_lag_sequences"] == 0 &&
+               stats["replication_latest_sequence"] > 0;
+      },
+      absl::Seconds(30));
+  INFO("followers " << stats["replication_followers"] << ", lag "
+                    << stats["replication_lag_sequences"] << ", latest "
+                    << stats["replication_latest_sequence"]);
+  REQUIRE(replicated);
+  return stats["replication_latest_sequence"];
+}
+
 // Two masters on separate --db_path directories, replicating in `mode`
 // (async or sync); see the two tests below.
 void ReplicatedTakeover(const std::string& name, const std::string& mode) {
@@ -617,24 +639,7 @@ void ReplicatedTakeover(const std::string& name, const std::string& mode) {
     CHECK((*leader_stats)["replication_sync_commits"] >= 1);
     CHECK((*leader_stats)["replication_sync_timeouts"] == 0);
   } else {
-    // The leader reports the standby holding every write (lag 0): the
-    // commits above are in the standby's store.
-    std::map<std::string, double> stats;
-    const bool replicated = Eventually(
-        [&] {
-          auto st = StatsOf(rig.masters[leader].address);
-          if (!st.ok()) return false;
-          stats = *st;
-          return stats["replication_followers"] >= 1 &&
-                 stats["replication_lag_sequences"] == 0 &&
-                 stats["replication_latest_sequence"] > 0;
-        },
-        absl::Seconds(30));
-    INFO("followers " << stats["replication_followers"] << ", lag "
-                      << stats["replication_lag_sequences"] << ", latest "
-                      << stats["replication_latest_sequence"]);
-    REQUIRE(replicated);
-    latest = stats["replication_latest_sequence"];
+    latest = WaitForStandbyCaughtUp(rig.masters[leader].address);
   }
 
   // Everything committed before the kill is there, byte for byte, served
@@ -658,6 +663,45 @@ TEST_CASE("A standby on its own store follows the leader asynchronously and, onc
 
 TEST_CASE("With synchronous replication every acknowledged object survives a leader killed right after the puts") {
   ReplicatedTakeover("master_ha_sync", "sync");
+}
+
+TEST_CASE(
+    "Of two standbys the one that follows the leader's store leads, though the "
+    "other campaigns first") {
+  Rig rig("master_ha_ranking");
+  const std::string async = "--replication=async";
+  rig.StartMaster(rig.dir + "/m0", {async});
+  LeaderInfo first;
+  REQUIRE(rig.WaitForServingLeader(&first) == 0);
+  // m1 follows the leader; m2, on m1's directory, cannot (m1's follower
+  // holds it): it knows nothing, and ranks below m1. Its shorter window
+  // ends first, so without ranking it would campaign first and lead.
+  rig.StartMaster(rig.dir + "/m1", {async, "--election_ranking_ms=800"});
+  RequireStandby(rig.masters[1].address, first);
+  rig.StartMaster(rig.dir + "/m1", {async, "--election_ranking_ms=200"});
+  RequireStandby(rig.masters[2].address, first);
+  rig.StartNodeAndClient();
+  const Blocks before("before-", 16, 3);
+  PutIntact(*rig.client, before);
+  WaitForStandbyCaughtUp(rig.masters[0].address);
+
+  const LeaderInfo second = KillLeaderAndCheckTakeover(
+      rig, 0, 1, first, before, Blocks("after-", 1, 200), "ranked standbys");
+  auto m1 = StatsOf(rig.masters[1].address);
+  REQUIRE(m1.ok());
+  CHECK((*m1)["election_rankings"] == 1);
+  CHECK((*m1)["election_yielded"] == 0);
+  CHECK((*m1)["replica_applied_sequence_at_election"] > 0);
+
+  // m2 waited for m1 (its counters show once it leads: kill m1, whose
+  // directory it then opens).
+  KillLeaderAndCheckTakeover(rig, 1, 2, second, before,
+                             Blocks("later-", 1, 300),
+                             "the standby that knew nothing");
+  auto m2 = StatsOf(rig.masters[2].address);
+  REQUIRE(m2.ok());
+  CHECK((*m2)["election_rankings"] == 2);
+  CHECK((*m2)["election_yielded"] == 1);
 }
 
 // ------------------------------------------------------------ etcd faults
