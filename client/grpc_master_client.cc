@@ -10,12 +10,14 @@
 #include <vector>
 
 #include "absl/base/internal/endian.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster_stats.h"
 #include "common/grpc_reconnect.h"
 #include "common/grpc_status.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
+#include "common/status_reason.h"
 #include "common/wire.h"
 #include "proto/master.grpc.pb.h"
 
@@ -354,9 +356,20 @@ class GrpcMasterClient : public MasterClient {
     }
     req.set_preferred_node_id(args.preferred_node_id);
     if (!args.parent_key.empty()) req.set_parent_key(args.parent_key);
+    uint64_t token = 0;
+    while (token == 0) token = absl::Uniform<uint64_t>(absl::BitGen());
+    req.set_put_token(token);
     pb::PutStartResponse resp;
-    RETURN_IF_ERROR(Unary(&pb::MasterService::Stub::PutStart, req, &resp,
-                          deadline, "PutStart"));
+    absl::Status called = Unary(&pb::MasterService::Stub::PutStart, req, &resp,
+                                deadline, "PutStart");
+    if (!called.ok()) {
+      // The master may have started the put and its answer been lost (our
+      // deadline passed first, the connection broke): end it by its token,
+      // or its keys stay in progress, refused to every writer, until it
+      // expires (the master's put_timeout, 30 s by default).
+      if (AnswerMayBeLost(called)) AbortInBackground(0, token);
+      return called;
+    }
     PutStartReply out;
     out.put_id = resp.put_id();
     out.slots.resize(resp.slots_size());
@@ -396,6 +409,31 @@ class GrpcMasterClient : public MasterClient {
 
   void PutAbortInBackground(uint64_t put_id) override {
     if (put_id == 0) return;
+    AbortInBackground(put_id, 0);
+  }
+
+  // Whether a failed call may have been carried out by the master, its
+  // answer lost: anything but the master's own refusal.
+  static bool AnswerMayBeLost(const absl::Status& s) {
+    switch (s.code()) {
+      case absl::StatusCode::kDeadlineExceeded:
+      case absl::StatusCode::kCancelled:
+      case absl::StatusCode::kUnknown:
+      case absl::StatusCode::kInternal:
+      case absl::StatusCode::kAborted:
+        return true;
+      case absl::StatusCode::kUnavailable:
+        // A standby's refusal carries a reason (not_leader, read_only);
+        // a broken connection does not.
+        return ReasonOf(s) == StatusReason::kNone;
+      default:
+        return false;
+    }
+  }
+
+  // PutAbort of the put `put_id` or (put_id 0) the one PutStart sent with
+  // `token`, not waited for.
+  void AbortInBackground(uint64_t put_id, uint64_t token) {
     struct Call {
       grpc::ClientContext ctx;
       pb::PutAbortRequest req;
@@ -403,6 +441,7 @@ class GrpcMasterClient : public MasterClient {
     };
     auto call = std::make_shared<Call>();
     call->req.set_put_id(put_id);
+    call->req.set_put_token(token);
     call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + kAbortTimeout));
     // The call's state dies with the callback, after gRPC let go of it.
     auto pin = std::make_shared<AsyncPin>(this, call);

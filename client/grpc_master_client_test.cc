@@ -704,6 +704,84 @@ std::unique_ptr<grpc::Server> Serve(grpc::Service* service,
   return server;
 }
 
+// Passes PutStart and PutAbort on to a real master, but holds PutStart's
+// answer until Release(): a master whose answer arrives after the caller's
+// deadline.
+class LateMaster final : public pb::MasterService::Service {
+ public:
+  explicit LateMaster(const std::string& real)
+      : real_(pb::MasterService::NewStub(Channel(real))) {}
+  grpc::Status PutStart(grpc::ServerContext*, const pb::PutStartRequest* req,
+                        pb::PutStartResponse* resp) override {
+    grpc::ClientContext ctx;
+    grpc::Status s = real_->PutStart(&ctx, *req, resp);
+    MutexLock l(&mu_);
+    mu_.Await(absl::Condition(&released_));
+    return s;
+  }
+  grpc::Status PutAbort(grpc::ServerContext*, const pb::PutAbortRequest* req,
+                        pb::PutAbortResponse* resp) override {
+    {
+      MutexLock l(&mu_);
+      aborts_.push_back(*req);
+    }
+    grpc::ClientContext ctx;
+    return real_->PutAbort(&ctx, *req, resp);
+  }
+  void Release() {
+    MutexLock l(&mu_);
+    released_ = true;
+  }
+  std::vector<pb::PutAbortRequest> aborts() const {
+    MutexLock l(&mu_);
+    return aborts_;
+  }
+
+ private:
+  std::unique_ptr<pb::MasterService::Stub> real_;
+  mutable Mutex mu_;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<pb::PutAbortRequest> aborts_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_CASE(
+    "A put whose PutStart answer misses the caller's deadline is aborted by "
+    "its token, freeing its keys at once") {
+  auto master = StartPopulated("late");
+  LateMaster late(master->address());
+  std::string late_address;
+  std::unique_ptr<grpc::Server> server = Serve(&late, &late_address);
+  auto client = NewClient(late_address, 0);
+  PutStartArgs put;
+  put.keys = {"late-0", "late-1"};
+  put.lengths = {4096, 4096};
+  auto started = client->PutStart(put, absl::Now() + absl::Milliseconds(300));
+  CHECK(started.status().code() == absl::StatusCode::kDeadlineExceeded);
+  late.Release();
+
+  // The client named the put by the token its PutStart carried (it never
+  // saw the put id), and the master ended it: without that, the keys would
+  // be in progress for every writer until the put expired (30 s).
+  REQUIRE(testing::Eventually([&] { return late.aborts().size() == 1; }));
+  CHECK(late.aborts()[0].put_id() == 0);
+  CHECK(late.aborts()[0].put_token() != 0);
+  auto stub = pb::MasterService::NewStub(Channel(master->address()));
+  REQUIRE(testing::Eventually([&] {
+    grpc::ClientContext ctx;
+    pb::GetStatsResponse st;
+    return stub->GetStats(&ctx, pb::GetStatsRequest(), &st).ok() &&
+           st.pending_puts() == 0;
+  }));
+  auto direct = NewClient(master->address(), 0);
+  auto again = direct->PutStart(put, Soon());
+  REQUIRE(again.ok());
+  for (const PutSlot& slot : again->slots) {
+    CHECK(slot.state == PutSlotState::kAllocated);
+  }
+  client.reset();
+  server->Shutdown();
+}
+
 TEST_CASE("A master without LookupStream gets unary BatchLookups") {
   auto master = StartPopulated("old");
   OldMaster old(master->address());

@@ -242,6 +242,12 @@ absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
   }
   absl::Status cs =
       master_->PutCommit(start.put_id, failed, receipts, deadline);
+  if (!cs.ok()) {
+    // Refused, or the answer was lost (deadline, connection): end the put
+    // now rather than at its expiry, which until then refuses its keys to
+    // every writer (a no-op if the commit did apply).
+    master_->PutAbortInBackground(start.put_id);
+  }
   for (size_t k = 0; k < ops.size(); ++k) {
     if (!st[k].ok()) continue;
     if (cs.ok()) {

@@ -613,6 +613,7 @@ class MasterService {
     std::string parent_key;  // PutStart's; pinned while the put is pending
     absl::Time expiry;
     std::vector<PendingSlot> slots;
+    uint64_t token = 0;  // PutStartRequest.put_token (0: none)
   };
   // One tenant's pending puts (for its quota).
   struct TenantPending {
@@ -943,6 +944,8 @@ class MasterService {
       ABSL_PT_GUARDED_BY(mu_);
   uint64_t object_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, PendingPut> pending_ ABSL_GUARDED_BY(mu_);
+  // put_token -> put id, for the pending puts that carry one.
+  absl::flat_hash_map<uint64_t, uint64_t> pending_tokens_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, CallerPending> pending_by_caller_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> quota_evictions_by_tenant_

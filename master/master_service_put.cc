@@ -57,6 +57,7 @@ void MasterService::ReleasePut(uint64_t put_id, bool free_space) {
   if (it == pending_.end()) return;
   PendingPut put = std::move(it->second);
   pending_.erase(it);
+  if (put.token != 0) pending_tokens_.erase(put.token);
   CountCallerPending(put, -1);
   for (const PendingSlot& slot : put.slots) {
     if (free_space) FreeSpace(put.node_id, slot.region_id, slot.addr);
@@ -430,6 +431,12 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
 
   v1::PutStartResponse response;
   MutexLock l(&mu_);
+  if (request.put_token() != 0 &&
+      pending_tokens_.contains(request.put_token())) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("PutStart: put_token ", request.put_token(),
+                     " already names a pending put"));
+  }
   const absl::Time now = clock_->Now();
   absl::StatusOr<PutPlan> plan = ClassifyPutKeysLocked(request, now, &response);
   if (!plan.ok()) return plan.status();
@@ -467,6 +474,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   put.key_count = static_cast<uint32_t>(request.keys_size());
   put.parent_key = request.parent_key();
   put.expiry = now + options_.put_timeout;
+  put.token = request.put_token();
   put.slots.reserve(plan->to_allocate.size());
   for (size_t j = 0; j < plan->to_allocate.size(); ++j) {
     auto gen = store_->NextGeneration();
@@ -494,6 +502,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   if (!put.parent_key.empty()) ++pending_parents_[put.parent_key];
   response.set_expires_unix_ms(absl::ToUnixMillis(put.expiry));
   CountCallerPending(put, +1);
+  if (put.token != 0) pending_tokens_[put.token] = put_id;
   pending_.emplace(put_id, std::move(put));
   last_placed_node_ = node_id;
   response.set_put_id(put_id);
@@ -668,6 +677,7 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
   // ReapExpired removes them.
   UnpinParent(put);
   CountCallerPending(put, -1);
+  if (put.token != 0) pending_tokens_.erase(put.token);
   pending_.erase(it);
   v1::PutCommitResponse response;
   response.set_committed(committed);
@@ -677,11 +687,20 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
 absl::StatusOr<v1::PutAbortResponse> MasterService::PutAbort(
     const v1::PutAbortRequest& request) {
   MutexLock l(&mu_);
-  if (!pending_.contains(request.put_id())) {
-    return absl::NotFoundError(
-        absl::StrCat("put ", request.put_id(), " expired or unknown"));
+  uint64_t put_id = request.put_id();
+  if (put_id == 0 && request.put_token() != 0) {
+    auto t = pending_tokens_.find(request.put_token());
+    if (t == pending_tokens_.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "put with token ", request.put_token(), " expired or unknown"));
+    }
+    put_id = t->second;
   }
-  ReleasePut(request.put_id(), /*free_space=*/true);
+  if (!pending_.contains(put_id)) {
+    return absl::NotFoundError(
+        absl::StrCat("put ", put_id, " expired or unknown"));
+  }
+  ReleasePut(put_id, /*free_space=*/true);
   return v1::PutAbortResponse();
 }
 

@@ -199,6 +199,44 @@ TEST_CASE("Expired puts are reaped and cannot be committed") {
   CHECK(h.svc->counters().puts_expired == 3);
 }
 
+TEST_CASE(
+    "A put whose answer was lost ends by its token, freeing its keys at once") {
+  Harness h("token");
+  uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  v1::PutStartRequest req = PutReq({"k1", "k2"}, {100, 100});
+  req.set_put_token(0xfeedbeef);
+  auto started = h.svc->PutStart(req);
+  REQUIRE(started.ok());
+  CHECK(h.Start({"k1"}, {100}).slots(0).state() == v1::SLOT_IN_PROGRESS);
+  // The same token again (a PutStart retried): refused, the first stays.
+  auto again = h.svc->PutStart(req);
+  CHECK(again.status().code() == StatusCode::kAlreadyExists);
+  CHECK(h.svc->GetStats().pending_puts() == 1);
+
+  // The caller never saw put_id: it aborts by the token.
+  v1::PutAbortRequest abort;
+  abort.set_put_token(0xfeedbeef);
+  REQUIRE(h.svc->PutAbort(abort).ok());
+  CHECK(h.svc->GetStats().pending_puts() == 0);
+  CHECK(h.UsedBytes(a) == 0);
+  CHECK(h.svc->PutAbort(abort).status().code() == StatusCode::kNotFound);
+  auto next = h.Start({"k1", "k2"}, {100, 100});
+  CHECK(next.slots(0).state() == v1::SLOT_ALLOCATED);
+  CHECK(next.slots(1).state() == v1::SLOT_ALLOCATED);
+
+  // A token is free again once its put ends (committed here).
+  v1::PutStartRequest third = PutReq({"k4"}, {100});
+  third.set_put_token(7);
+  auto t1 = h.svc->PutStart(third);
+  REQUIRE(t1.ok());
+  h.Commit(*t1);
+  third.set_keys(0, "k5");
+  CHECK(h.svc->PutStart(third).ok());
+  abort.set_put_token(7);
+  REQUIRE(h.svc->PutAbort(abort).ok());
+  CHECK(h.Lookup({"k4"}).results(0).found());
+}
+
 TEST_CASE("PutStart places a chain's continuation on its parent's node") {
   // Round robin keeps a chain on its node however full; load-aware
   // placement keeps it within a margin (master_service_placement_test).

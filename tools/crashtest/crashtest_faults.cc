@@ -11,6 +11,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/leader_election.h"
@@ -229,7 +230,8 @@ absl::StatusOr<size_t> CrashTest::Impl::CaughtUpLeader() {
   }
 }
 
-bool CrashTest::Impl::PutProbe(int n, const CallOptions& call) {
+bool CrashTest::Impl::PutProbe(int n, const CallOptions& call,
+                               std::string* why) {
   const std::string key = absl::StrCat("crashtest-ha-probe-", n);
   std::vector<uint8_t> data(4096, static_cast<uint8_t>(n));
   const std::vector<std::string> keys = {key};
@@ -240,6 +242,12 @@ bool CrashTest::Impl::PutProbe(int n, const CallOptions& call) {
     // An attempt whose answer missed its deadline may have committed.
     auto l = client_->BatchLookup(keys, call);
     stored = l.ok() && l->found.size() == 1 && l->found[0];
+  }
+  if (!stored && why != nullptr) {
+    *why = !p.ok()              ? p.status().ToString()
+           : p->skipped > 0     ? "skipped (a put of the key in progress)"
+           : !p->errors[0].ok() ? p->errors[0].ToString()
+                                : "not stored";
   }
   if (!stored) return false;
   if (probe_keys_.empty() || probe_keys_.back() != key) {
@@ -258,13 +266,23 @@ absl::Status CrashTest::Impl::MeasureFailover(absl::Time killed, int kill) {
   // its whole deadline, and must not delay the lookups' measurement.
   std::optional<absl::Duration> lookup, put;
   std::string last_lookup;
+  // What each failed put attempt got, as it changed (the putter's; read
+  // after it is joined): why a slow failover was slow.
+  std::vector<std::string> put_story;
   const absl::Time give_up = killed + absl::Seconds(60);
   Thread putter("ct-put-probe", [&] {
     while (absl::Now() < give_up) {
-      if (PutProbe(2 * kill + 1,
-                   {.deadline = absl::Now() + absl::Seconds(1)})) {
+      std::string why;
+      if (PutProbe(2 * kill + 1, {.deadline = absl::Now() + absl::Seconds(1)},
+                   &why)) {
         put = absl::Now() - killed;
         return;
+      }
+      if (put_story.empty() ||
+          !absl::EndsWith(put_story.back(), absl::StrCat(": ", why))) {
+        put_story.push_back(
+            absl::StrCat("+", absl::ToInt64Milliseconds(absl::Now() - killed),
+                         " ms: ", why));
       }
       absl::SleepFor(absl::Milliseconds(10));
     }
@@ -331,10 +349,11 @@ absl::Status CrashTest::Impl::MeasureFailover(absl::Time killed, int kill) {
   const absl::Duration worst = std::max(*lookup, *put);
   if (options_.max_failover > absl::ZeroDuration() &&
       worst > options_.max_failover) {
-    report_.failures.push_back(
-        absl::StrCat("master HA: kill ", kill, ": failover took ",
-                     absl::FormatDuration(worst), " (bound ",
-                     absl::FormatDuration(options_.max_failover), ")"));
+    report_.failures.push_back(absl::StrCat(
+        "master HA: kill ", kill, ": failover took ",
+        absl::FormatDuration(worst), " (bound ",
+        absl::FormatDuration(options_.max_failover),
+        "); the put attempts got: ", absl::StrJoin(put_story, "; ")));
   }
   return absl::OkStatus();
 }

@@ -156,7 +156,7 @@ class CrashTest::Impl {
   absl::Status MeasureFailover(absl::Time killed, int kill);
   // Puts probe key `n` (4 KiB; charged to every node) with `call`; whether
   // it is stored (or was by an earlier attempt).
-  bool PutProbe(int n, const CallOptions& call);
+  bool PutProbe(int n, const CallOptions& call, std::string* why = nullptr);
 
   // After the workload: recovery, fsck, the final reads.
   absl::Status Recover();
