@@ -22,6 +22,7 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -130,6 +131,10 @@ absl::StatusOr<uint64_t> MasterService::StartReconcile(uint32_t node_id,
   }
   node.reconciling = true;
   node.committed_since_reconcile.clear();
+  // The node is busy streaming its listing, not heartbeating (its
+  // heartbeats and reconciliations share a thread): a proven call, so a
+  // sign of life like a heartbeat, here and when the stream ends.
+  node.last_seen = std::max(node.last_seen, clock_->Now());
   return ++node.reconcile_epoch;
 }
 
@@ -272,6 +277,9 @@ absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
   node.committed_since_reconcile.clear();
   const bool was_awaited = node.needs_reconcile;
   node.needs_reconcile = false;
+  // Served at once, even when the listing took longer than node_timeout to
+  // stream, rather than at the node's next heartbeat.
+  node.last_seen = std::max(node.last_seen, clock_->Now());
   if (was_awaited || !doomed.empty() || unlisted > 0) {
     LOG(INFO) << "node " << id << " '" << node.info.name()
               << "' reconciled: listed " << listed << ", held "

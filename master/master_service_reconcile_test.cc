@@ -105,6 +105,32 @@ TEST_CASE("Reconciliation drops listings a restarted node lost and frees what it
   CHECK(h.Found({"k0", "k1", "k2", "k3", "k4"}) == "11100");
 }
 
+TEST_CASE(
+    "A node whose reconciliation outlasts node_timeout is served as soon as it "
+    "ends, not at its next heartbeat") {
+  Harness h("reconcile_long");
+  const std::vector<RegionSpec> regions = {{0, 1 << 20, 64, true}};
+  const uint32_t a = h.Register("a", 9, regions);
+  h.Put({"k0", "k1"}, 100);
+  const std::vector<v1::Location> listed = h.Listed(a);
+  auto back = Reg(h.svc.get(), NodeReq("a", 9, regions));
+  REQUIRE(back.ok());
+  REQUIRE(back->reconcile());
+  auto r = h.svc->BeginReconcile(a, 9);
+  REQUIRE(r.ok());
+  google::protobuf::RepeatedPtrField<v1::Location> chunk(listed.begin(),
+                                                         listed.end());
+  REQUIRE((*r)->Add(chunk).ok());
+  // A listing that takes longer than node_timeout (10 s) to stream, from
+  // the registration and from the reconciliation's start: the node sends
+  // no heartbeat meanwhile.
+  h.clock.Advance(absl::Seconds(6));
+  CHECK(h.Found({"k0", "k1"}) == "00");  // not served while reconciling
+  h.clock.Advance(absl::Seconds(6));
+  REQUIRE(h.svc->FinishReconcile(std::move(*r)).ok());
+  CHECK(h.Found({"k0", "k1"}) == "11");
+}
+
 TEST_CASE("Reconciliation does not judge commits made while it ran, nor pending puts") {
   Harness h("reconcile_race");
   const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
