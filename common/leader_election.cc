@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
@@ -15,20 +16,33 @@ namespace {
 
 // The share of the granted TTL a leader trusts (see the header comment).
 constexpr double kTrustedShareOfTtl = 0.8;
+// How often a ranking candidate re-reads the others' standings while it
+// waits for one that has not ranked the vacancy yet.
+constexpr absl::Duration kRankingPoll = absl::Milliseconds(10);
 
-std::string EncodeStanding(const CandidateStanding& s) {
-  return absl::StrCat(s.position, " ", s.group);
+// A candidate's entry under StandingPrefix: "" while it stands by (present,
+// not ranking), "<vacated epoch> <position> <group>" once it ranks the
+// vacancy of the term of that epoch.
+std::string EncodeStanding(int64_t vacated, const CandidateStanding& s) {
+  return absl::StrCat(vacated, " ", s.position, " ", s.group);
 }
 
-std::optional<CandidateStanding> DecodeStanding(absl::string_view value) {
-  const size_t space = value.find(' ');
-  if (space == absl::string_view::npos) return std::nullopt;
-  CandidateStanding s;
-  if (!absl::SimpleAtoi(value.substr(0, space), &s.position)) {
+struct RankedStanding {
+  int64_t vacated = 0;  // 0: present, not ranking
+  CandidateStanding standing;
+};
+
+std::optional<RankedStanding> DecodeStanding(absl::string_view value) {
+  RankedStanding r;
+  if (value.empty()) return r;
+  std::vector<absl::string_view> parts =
+      absl::StrSplit(value, absl::MaxSplits(' ', 2));
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &r.vacated) ||
+      r.vacated <= 0 || !absl::SimpleAtoi(parts[1], &r.standing.position)) {
     return std::nullopt;
   }
-  s.group = std::string(value.substr(space + 1));
-  return s;
+  r.standing.group = std::string(parts[2]);
+  return r;
 }
 
 // Whether candidate `a` (standing `as`) should lead before `b` (`bs`).
@@ -182,13 +196,13 @@ void LeaderElection::Run() {
       continue;
     }
     absl::Status s = Campaign();
-    WithdrawStanding();
     bool leader;
     {
       MutexLock l(&mu_);
       leader = leader_;
     }
     if (leader) {
+      WithdrawStanding();  // a leader is no candidate
       Lead();
       // A term that ended without Resign: leave the next campaign to the
       // standbys (they saw the key go) for a retry interval.
@@ -233,61 +247,119 @@ absl::Status LeaderElection::RevokeEndedLease() {
   return absl::OkStatus();
 }
 
+void LeaderElection::ObserveLocked(std::optional<LeaderInfo> leader,
+                                   int64_t revision) {
+  // The watch may have seen a later change (the key deleted, say) before
+  // this answer, read earlier, was applied: keep the newer view.
+  if (revision < observed_revision_) return;
+  observed_revision_ = revision;
+  observed_ = std::move(leader);
+  if (observed_) last_leader_epoch_ = observed_->epoch;
+}
+
+absl::Duration LeaderElection::EtcdCallTimeout() const {
+  return std::min(options_.etcd->options().call_timeout, options_.lease_ttl);
+}
+
+bool LeaderElection::PutStanding(const std::string& value) {
+  EtcdClient* etcd = options_.etcd;
+  const absl::Time deadline = absl::Now() + EtcdCallTimeout();
+  if (standing_lease_ == 0) {
+    auto grant = etcd->LeaseGrant(options_.lease_ttl, deadline);
+    if (!grant.ok()) {
+      VLOG(1) << "election " << options_.key
+              << ": standing: " << grant.status();
+      return false;
+    }
+    standing_lease_ = grant->id();
+  }
+  etcdserverpb::PutRequest put;
+  put.set_key(StandingPrefix(options_.key) + options_.candidate);
+  put.set_value(value);
+  put.set_lease(standing_lease_);
+  auto p = etcd->Put(put, deadline);
+  if (!p.ok()) {
+    // The lease may be gone (expired while etcd was away): a new one next.
+    VLOG(1) << "election " << options_.key << ": standing: " << p.status();
+    WithdrawStanding();
+    return false;
+  }
+  presence_renew_at_ = absl::Now() + options_.lease_ttl / 3;
+  return true;
+}
+
+void LeaderElection::KeepPresence() {
+  if (!options_.standing) return;
+  if (standing_lease_ == 0) {
+    PutStanding("");
+    return;
+  }
+  if (absl::Now() < presence_renew_at_) return;
+  auto k = options_.etcd->LeaseKeepAliveOnce(standing_lease_,
+                                             absl::Now() + EtcdCallTimeout());
+  if (k.ok()) {
+    presence_renew_at_ = absl::Now() + options_.lease_ttl / 3;
+    MutexLock l(&mu_);
+    ++stats_.presence_renewals;
+  } else {
+    standing_lease_ = 0;  // expired, or etcd away: present again next time
+    presence_renew_at_ = absl::Now() + options_.retry_interval;
+  }
+}
+
 void LeaderElection::Rank() {
   if (!options_.standing) return;
+  int64_t vacated;
   {
     MutexLock l(&mu_);
     if (stopping_ || frozen_ || observed_) return;
     ++stats_.rankings;
+    vacated = last_leader_epoch_;
   }
-  EtcdClient* etcd = options_.etcd;
   const CandidateStanding mine = options_.standing();
-  const std::string prefix = StandingPrefix(options_.key);
-  const absl::Duration call =
-      std::min(etcd->options().call_timeout, options_.lease_ttl);
   // Ranking is advice: an etcd error campaigns at once.
-  auto grant = etcd->LeaseGrant(options_.lease_ttl, absl::Now() + call);
-  if (!grant.ok()) {
-    VLOG(1) << "election " << options_.key << ": ranking: " << grant.status();
-    return;
-  }
-  standing_lease_ = grant->id();
-  etcdserverpb::PutRequest put;
-  put.set_key(prefix + options_.candidate);
-  put.set_value(EncodeStanding(mine));
-  put.set_lease(standing_lease_);
-  if (auto p = etcd->Put(put, absl::Now() + call); !p.ok()) {
-    VLOG(1) << "election " << options_.key << ": ranking: " << p.status();
-    return;
-  }
-  {
+  if (vacated <= 0 || !PutStanding(EncodeStanding(vacated, mine))) return;
+  const std::string prefix = StandingPrefix(options_.key);
+  const absl::Time window_end = absl::Now() + options_.ranking_window;
+  std::string better;
+  CandidateStanding best;
+  while (true) {
+    etcdserverpb::RangeRequest range;
+    range.set_key(prefix);
+    range.set_range_end(EtcdClient::PrefixEnd(prefix));
+    auto all = options_.etcd->Range(range, absl::Now() + EtcdCallTimeout());
+    if (!all.ok()) {
+      VLOG(1) << "election " << options_.key << ": ranking: " << all.status();
+      return;
+    }
+    // Candidates present but not ranking this vacancy yet are waited for
+    // until the window ends; the rest are compared now.
+    bool waiting = false;
+    better.clear();
+    best = mine;
+    for (const mvccpb::KeyValue& kv : all->kvs()) {
+      absl::string_view name = kv.key();
+      name.remove_prefix(std::min(prefix.size(), name.size()));
+      if (name == options_.candidate) continue;
+      std::optional<RankedStanding> theirs = DecodeStanding(kv.value());
+      if (!theirs.has_value() || theirs->vacated > vacated) continue;
+      if (theirs->vacated < vacated) {
+        waiting = true;
+        continue;
+      }
+      if (Outranks(theirs->standing, name, best,
+                   better.empty() ? options_.candidate : better)) {
+        better = std::string(name);
+        best = theirs->standing;
+      }
+    }
+    if (!waiting || absl::Now() >= window_end) break;
     MutexLock l(&mu_);
-    const absl::Time until = absl::Now() + options_.ranking_window;
+    const absl::Time until = std::min(window_end, absl::Now() + kRankingPoll);
     while (!stopping_ && !frozen_ && !observed_ && absl::Now() < until) {
       cv_.WaitWithDeadline(&mu_, until);
     }
     if (stopping_ || frozen_ || observed_) return;
-  }
-  etcdserverpb::RangeRequest range;
-  range.set_key(prefix);
-  range.set_range_end(EtcdClient::PrefixEnd(prefix));
-  auto all = etcd->Range(range, absl::Now() + call);
-  if (!all.ok()) {
-    VLOG(1) << "election " << options_.key << ": ranking: " << all.status();
-    return;
-  }
-  std::string better;
-  CandidateStanding best = mine;
-  for (const mvccpb::KeyValue& kv : all->kvs()) {
-    absl::string_view name = kv.key();
-    name.remove_prefix(std::min(prefix.size(), name.size()));
-    std::optional<CandidateStanding> theirs = DecodeStanding(kv.value());
-    if (name == options_.candidate || !theirs.has_value()) continue;
-    if (Outranks(*theirs, name, best,
-                 better.empty() ? options_.candidate : better)) {
-      better = std::string(name);
-      best = *theirs;
-    }
   }
   if (better.empty()) return;
   LOG(INFO) << "election " << options_.key << ": " << options_.candidate
@@ -306,11 +378,7 @@ void LeaderElection::Rank() {
 
 void LeaderElection::WithdrawStanding() {
   if (standing_lease_ == 0) return;
-  options_.etcd
-      ->LeaseRevoke(
-          standing_lease_,
-          absl::Now() + std::min(options_.etcd->options().call_timeout,
-                                 options_.lease_ttl))
+  options_.etcd->LeaseRevoke(standing_lease_, absl::Now() + EtcdCallTimeout())
       .IgnoreError();  // else it expires with its TTL
   standing_lease_ = 0;
 }
@@ -347,9 +415,11 @@ absl::Status LeaderElection::Campaign() {
     epoch = r->header().revision();
   } else {
     std::optional<LeaderInfo> holder;
+    int64_t read_at = r->header().revision();
     if (r->responses_size() > 0 &&
         r->responses(0).response_range().kvs_size() > 0) {
       holder = InfoOf(r->responses(0).response_range().kvs(0));
+      read_at = r->responses(0).response_range().kvs(0).mod_revision();
     }
     if (holder && holder->lease == lease) {
       // An earlier attempt of this Txn (retried on another endpoint)
@@ -358,7 +428,7 @@ absl::Status LeaderElection::Campaign() {
     } else {
       etcd->LeaseRevoke(lease, revoke_by).IgnoreError();
       MutexLock l(&mu_);
-      observed_ = holder;
+      ObserveLocked(holder, read_at);
       return absl::OkStatus();
     }
   }
@@ -395,7 +465,7 @@ absl::Status LeaderElection::Campaign() {
     valid_until_ = valid_until;
     renew_at_ = renew_at;
     key_changed_ = false;
-    observed_ = LeaderInfo{options_.candidate, epoch, lease};
+    ObserveLocked(LeaderInfo{options_.candidate, epoch, lease}, epoch);
     ++stats_.terms_won;
   }
   LOG(INFO) << "election " << options_.key << ": " << options_.candidate
@@ -475,13 +545,19 @@ void LeaderElection::StandBy() {
   while (true) {
     const absl::Time recheck_at =
         absl::Now() + std::max(options_.lease_ttl / 2, options_.retry_interval);
-    {
+    while (true) {
+      // Present among the candidates (ranking: renewed every TTL/3).
+      KeepPresence();
+      const absl::Time wake = options_.standing
+                                  ? std::min(recheck_at, presence_renew_at_)
+                                  : recheck_at;
       MutexLock l(&mu_);
       // The watch clears observed_ when it sees the key deleted.
-      while (!stopping_ && !frozen_ && observed_ && absl::Now() < recheck_at) {
-        cv_.WaitWithDeadline(&mu_, recheck_at);
+      while (!stopping_ && !frozen_ && observed_ && absl::Now() < wake) {
+        cv_.WaitWithDeadline(&mu_, wake);
       }
       if (stopping_ || frozen_ || !observed_) return;
+      if (absl::Now() >= recheck_at) break;
     }
     // No word from the watch for a while (it may be stuck on a frozen
     // member): read the key.
@@ -492,7 +568,7 @@ void LeaderElection::StandBy() {
       observed_.reset();
       return;
     }
-    observed_ = InfoOf(**kv);
+    ObserveLocked(InfoOf(**kv), (*kv)->mod_revision());
   }
 }
 
@@ -547,13 +623,13 @@ void LeaderElection::OnWatch(absl::StatusOr<EtcdWatchBatch> batch) {
     const bool newer_than_term = ev.kv().mod_revision() > epoch_;
     if (ev.type() == mvccpb::Event::DELETE) {
       if (!leader_ || newer_than_term) {
-        observed_.reset();
+        ObserveLocked(std::nullopt, ev.kv().mod_revision());
         key_changed_ = true;
       }
     } else {
       if (leader_ && !newer_than_term) continue;  // this term's own creation
       if (leader_ && ev.kv().create_revision() == epoch_) continue;
-      observed_ = InfoOf(ev.kv());
+      ObserveLocked(InfoOf(ev.kv()), ev.kv().mod_revision());
       key_changed_ = true;
     }
   }

@@ -48,19 +48,22 @@
 //
 // Ranking (options.standing). With asynchronous replication, or a standby
 // still copying, the standbys are not equally up to date, and whichever
-// wins loses what it lacks. So a standby that sees the key go does not
-// campaign at once: it puts its standing under StandingPrefix(key) +
-// candidate (under a lease of its own, TTL lease_ttl), waits
-// ranking_window for the others to do the same, reads them all, and
-// campaigns at once when no candidate of its group stands higher (equal
-// positions: the smaller candidate value first). An outranked candidate
-// waits up to ranking_patience for a new leader key (the better one's),
-// then campaigns anyway: the better one may have died meanwhile. Ranking is
-// advice, never a condition to lead: an etcd error skips it, a candidate
-// that notices the vacancy after another's window has ended is not waited
-// for, and candidates of different groups do not wait for each other. It
-// adds ranking_window (and an etcd Put, Range and revocation) to a
-// failover; the first election at start is not ranked.
+// wins loses what it lacks. So every standby keeps an entry under
+// StandingPrefix(key) + candidate (under a lease of its own, TTL
+// lease_ttl, renewed every TTL/3 while it stands by: its presence), and
+// one that sees the key go does not campaign at once: it writes its
+// standing and the vacated term's epoch into its entry, then reads the
+// others' until every present candidate has ranked this vacancy too or
+// ranking_window has passed, and campaigns at once when no candidate of
+// its group stands higher (equal positions: the smaller candidate value
+// first). An outranked candidate waits up to ranking_patience for a new
+// leader key (the better one's), then campaigns anyway: the better one may
+// have died meanwhile. A lone standby campaigns at once (an etcd Put and
+// Range later); the window is waited out only for a present candidate that
+// does not rank (a frozen or dying process, until its lease expires).
+// Ranking is advice, never a condition to lead: an etcd error skips it,
+// and candidates of different groups do not wait for each other. The
+// first election at start is not ranked; a leader withdraws its entry.
 //
 // Thread safety: LeaderElection and LeaderObserver are safe for concurrent
 // use without external synchronization. Callbacks run on the election's (or
@@ -157,6 +160,8 @@ struct LeaderElectionStats {
   // Vacancies ranked, and those where a better candidate was waited for.
   uint64_t rankings = 0;
   uint64_t yielded = 0;
+  // Renewals of the candidate's entry while standing by (ranking).
+  uint64_t presence_renewals = 0;
 };
 
 class LeaderElection {
@@ -222,8 +227,19 @@ class LeaderElection {
   // After a vacancy, with options.standing: publishes this candidate's
   // standing and returns when it should campaign (see "Ranking").
   void Rank();
-  // Ends the standing Rank published (after the campaign that followed).
+  // With options.standing, while standing by: keeps this candidate's entry
+  // under StandingPrefix (granted, then renewed every TTL/3).
+  void KeepPresence();
+  // Puts this candidate's entry (under standing_lease_, granted if none);
+  // false on an etcd error.
+  bool PutStanding(const std::string& value);
+  // Revokes the entry's lease (the entry goes with it).
   void WithdrawStanding();
+  // Sets observed_ (and last_leader_epoch_) to what etcd said at
+  // `revision`, unless a later revision was observed already.
+  void ObserveLocked(std::optional<LeaderInfo> leader, int64_t revision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration EtcdCallTimeout() const;
   // Ends the term: IsLeader() false, on_lost(why), lease revoked.
   void StepDown(const absl::Status& why);
   void OnWatch(absl::StatusOr<EtcdWatchBatch> batch);
@@ -254,8 +270,14 @@ class LeaderElection {
   bool key_changed_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<LeaderInfo> observed_ ABSL_GUARDED_BY(mu_);
   LeaderElectionStats stats_ ABSL_GUARDED_BY(mu_);
-  // The lease of the standing Rank published (0: none); election thread.
+  // The epoch of the last leader observed (the vacancy Rank ranks), and
+  // the etcd revision of the last observation (ObserveLocked).
+  int64_t last_leader_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t observed_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  // The lease of this candidate's entry under StandingPrefix (0: none),
+  // and when it is next renewed; election thread.
   int64_t standing_lease_ = 0;
+  absl::Time presence_renew_at_ = absl::InfinitePast();
 };
 
 // Where candidates publish their standings while a vacancy is ranked:

@@ -150,10 +150,10 @@ DEFINE_int64(
     election_ranking_ms,
     absl::ToInt64Milliseconds(hymcache::HaMasterOptions().ranking_window),
     "with --etcd and replication: when the leader goes, each standby "
-    "publishes how much of its store it holds and waits this long "
-    "for the others', so that the most up-to-date one leads "
-    "(docs/ha.md); adds this much to a failover. 0: the first "
-    "standby to campaign leads");
+    "publishes how much of its store it holds and waits up to this long "
+    "for the other standbys', so that the most up-to-date one leads "
+    "(docs/ha.md; a lone standby does not wait). 0: the first standby "
+    "to campaign leads");
 
 DEFINE_string(replication, "",
               "standby replication (docs/ha.md): off, async (standbys follow "

@@ -127,8 +127,9 @@ struct HaMasterOptions {
   // With replication, standbys rank a vacancy before they campaign
   // (LeaderElectionOptions::standing: the leader sequence each follower
   // applied, within one leader database), so that the most up-to-date one
-  // leads: how long each waits for the others' standings. Adds this much
-  // to a failover. 0: no ranking (the first standby to campaign wins).
+  // leads: the longest each waits for another present standby to rank it
+  // (a lone standby, or one whose peers rank at once, waits a few ms of
+  // etcd calls). 0: no ranking (the first standby to campaign wins).
   // Default: 100 ms.
   absl::Duration ranking_window = absl::Milliseconds(100);
 

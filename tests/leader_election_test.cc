@@ -9,6 +9,8 @@
 // Every candidate has its own EtcdClient, as separate masters would.
 // Timings: leases of 2 s (4 s where etcd itself fails over), so every
 // takeover below is bounded by a few seconds.
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -16,10 +18,11 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/eventually.h"
 #include "common/etcd_client.h"
+#include "common/eventually.h"
 #include "common/fake_clock.h"
 #include "common/leader_election.h"
 #include "common/mutex.h"
@@ -534,51 +537,104 @@ TEST_CASE(
   c->election->Resign();
   next = WaitForLeader({b.get(), d.get()});
   CHECK(next->name == "d");
-  // Their standings went with the ranking (revoked, not left to expire).
+  // The leaders withdrew their entries (revoked, not left to expire); the
+  // standby's stays: its presence.
   REQUIRE(Eventually([&] {
     etcdserverpb::RangeRequest r;
     r.set_key(StandingPrefix(kKey));
     r.set_range_end(EtcdClient::PrefixEnd(StandingPrefix(kKey)));
     auto got = b->etcd->Range(r);
-    return got.ok() && got->kvs_size() == 0;
+    return got.ok() && got->kvs_size() == 1 &&
+           got->kvs(0).key() == StandingPrefix(kKey) + "b";
+  }));
+  journal.CheckTermsDoNotOverlap();
+}
+
+TEST_CASE("A lone standby leads at once: it waits out no ranking window") {
+  auto cluster = StartCluster(1);
+  Journal journal;
+  auto a = Campaign(*cluster, "a", &journal);
+  WaitForLeader({a.get()});
+  auto b = RankedStandby(*cluster, "b", 4, &journal);
+  REQUIRE(
+      Eventually([&] { return b->election->ObservedLeader().has_value(); }));
+  // b's presence is renewed while it stands by (TTL 2 s, renewed every
+  // 2/3 s): after more renewals than one lease lasts, the entry is there
+  // under the lease it was first put with.
+  const std::string entry = StandingPrefix(kKey) + "b";
+  int64_t lease = 0;
+  REQUIRE(Eventually([&] {
+    auto kv = b->etcd->Get(entry);
+    if (!kv.ok() || !kv->has_value()) return false;
+    lease = (*kv)->lease();
+    return true;
+  }));
+  REQUIRE(
+      Eventually([&] { return b->election->stats().presence_renewals >= 4; },
+                 absl::Seconds(20)));
+  auto kv = b->etcd->Get(entry);
+  REQUIRE(kv.ok());
+  REQUIRE(kv->has_value());
+  CHECK((*kv)->lease() == lease);
+  auto ttl = b->etcd->LeaseTimeToLive(lease);
+  REQUIRE(ttl.ok());
+  CHECK(ttl->ttl() > 0);
+
+  const absl::Time resigned = absl::Now();
+  a->election->Resign();
+  WaitForLeader({b.get()});
+  CHECK(absl::Now() - resigned < kRankingWindow);
+  CHECK(b->election->stats().rankings == 1);
+  CHECK(b->election->stats().yielded == 0);
+  // The leader withdrew its entry.
+  REQUIRE(Eventually([&] {
+    auto gone = b->etcd->Get(entry);
+    return gone.ok() && !gone->has_value();
   }));
   journal.CheckTermsDoNotOverlap();
 }
 
 TEST_CASE(
     "An outranked standby leads anyway when the better candidate never "
-    "campaigns; other groups are not waited for") {
+    "campaigns; other groups, silent candidates and bad entries are not "
+    "waited for beyond the window") {
   auto cluster = StartCluster(1);
   Journal journal;
   auto a = Campaign(*cluster, "a", &journal);
-  WaitForLeader({a.get()});
+  Candidate* first = WaitForLeader({a.get()});
+  const int64_t e1 = *first->election->LeaderEpoch();
   auto b = RankedStandby(*cluster, "b", 1, &journal);
   REQUIRE(
       Eventually([&] { return b->election->ObservedLeader().has_value(); }));
 
-  // A better candidate of the same group that died after publishing, and
-  // one of another database: the first is waited for (ranking_patience),
-  // the second is not.
-  PublishStanding(b->etcd.get(), "z", "100 db");
-  PublishStanding(b->etcd.get(), "y", "1000 other");
+  // For the vacancy of epoch e1: a better candidate of the same group that
+  // died after ranking it (waited for: ranking_patience), one of another
+  // database (not), and one present that never ranks (waited for until
+  // the window ends).
+  PublishStanding(b->etcd.get(), "z", absl::StrCat(e1, " 100 db"));
+  PublishStanding(b->etcd.get(), "y", absl::StrCat(e1, " 1000 other"));
+  PublishStanding(b->etcd.get(), "p", "");
   const absl::Time resigned = absl::Now();
   a->election->Resign();
-  WaitForLeader({b.get()});
+  Candidate* second = WaitForLeader({b.get()});
   const absl::Duration took = absl::Now() - resigned;
   CHECK(b->election->stats().yielded == 1);
   CHECK(took >= kRankingWindow + kRankingPatience);
+  const int64_t e2 = *second->election->LeaderEpoch();
 
-  // Malformed standings are ignored; an empty group ranks below every
-  // other.
+  // The next vacancy: entries that ranked an older one (z, y) or none (p)
+  // are waited for until the window ends, then ignored; malformed ones at
+  // once; an empty group ranks below every other.
   auto e = RankedStandby(*cluster, "e", 3, &journal);
   REQUIRE(
       Eventually([&] { return e->election->ObservedLeader().has_value(); }));
   PublishStanding(e->etcd.get(), "x", "garbage");
-  PublishStanding(e->etcd.get(), "w", "999 ");
+  PublishStanding(e->etcd.get(), "w", absl::StrCat(e2, " 999 "));
+  const absl::Time resigned_again = absl::Now();
   b->election->Resign();
   WaitForLeader({e.get()});
-  // Only "z" (100 of db) outranked it.
-  CHECK(e->election->stats().yielded == 1);
+  CHECK(absl::Now() - resigned_again >= kRankingWindow);
+  CHECK(e->election->stats().yielded == 0);
   journal.CheckTermsDoNotOverlap();
 }
 
