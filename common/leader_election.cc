@@ -211,8 +211,11 @@ void LeaderElection::Run() {
         cv_.WaitWithDeadline(&mu_, absl::Now() + options_.retry_interval);
       }
     } else if (s.ok()) {
-      StandBy();
-      Rank();
+      // Until the key is vacant and ranking says to campaign (a leader
+      // that appears meanwhile is stood by for, not raced).
+      do {
+        StandBy();
+      } while (!Rank());
     } else {
       VLOG(1) << "election " << options_.key << ": " << s;
       MutexLock l(&mu_);
@@ -289,12 +292,13 @@ bool LeaderElection::PutStanding(const std::string& value) {
 }
 
 void LeaderElection::KeepPresence() {
-  if (!options_.standing) return;
+  if (!options_.standing || absl::Now() < presence_renew_at_) return;
   if (standing_lease_ == 0) {
-    PutStanding("");
+    if (!PutStanding("")) {
+      presence_renew_at_ = absl::Now() + options_.retry_interval;
+    }
     return;
   }
-  if (absl::Now() < presence_renew_at_) return;
   auto k = options_.etcd->LeaseKeepAliveOnce(standing_lease_,
                                              absl::Now() + EtcdCallTimeout());
   if (k.ok()) {
@@ -307,18 +311,19 @@ void LeaderElection::KeepPresence() {
   }
 }
 
-void LeaderElection::Rank() {
-  if (!options_.standing) return;
+bool LeaderElection::Rank() {
+  if (!options_.standing) return true;
   int64_t vacated;
   {
     MutexLock l(&mu_);
-    if (stopping_ || frozen_ || observed_) return;
+    if (stopping_ || frozen_) return true;
+    if (observed_) return false;
     ++stats_.rankings;
     vacated = last_leader_epoch_;
   }
   const CandidateStanding mine = options_.standing();
   // Ranking is advice: an etcd error campaigns at once.
-  if (vacated <= 0 || !PutStanding(EncodeStanding(vacated, mine))) return;
+  if (vacated <= 0 || !PutStanding(EncodeStanding(vacated, mine))) return true;
   const std::string prefix = StandingPrefix(options_.key);
   const absl::Time window_end = absl::Now() + options_.ranking_window;
   std::string better;
@@ -330,7 +335,7 @@ void LeaderElection::Rank() {
     auto all = options_.etcd->Range(range, absl::Now() + EtcdCallTimeout());
     if (!all.ok()) {
       VLOG(1) << "election " << options_.key << ": ranking: " << all.status();
-      return;
+      return true;
     }
     // Candidates present but not ranking this vacancy yet are waited for
     // until the window ends; the rest are compared now.
@@ -359,9 +364,10 @@ void LeaderElection::Rank() {
     while (!stopping_ && !frozen_ && !observed_ && absl::Now() < until) {
       cv_.WaitWithDeadline(&mu_, until);
     }
-    if (stopping_ || frozen_ || observed_) return;
+    if (stopping_ || frozen_) return true;
+    if (observed_) return false;
   }
-  if (better.empty()) return;
+  if (better.empty()) return true;
   LOG(INFO) << "election " << options_.key << ": " << options_.candidate
             << " (at " << mine.position << " of '" << mine.group
             << "') waits up to "
@@ -374,6 +380,7 @@ void LeaderElection::Rank() {
   while (!stopping_ && !frozen_ && !observed_ && absl::Now() < until) {
     cv_.WaitWithDeadline(&mu_, until);
   }
+  return stopping_ || frozen_ || !observed_;
 }
 
 void LeaderElection::WithdrawStanding() {
@@ -428,6 +435,10 @@ absl::Status LeaderElection::Campaign() {
     } else {
       etcd->LeaseRevoke(lease, revoke_by).IgnoreError();
       MutexLock l(&mu_);
+      // etcd's revision now: below what was observed only if the etcd
+      // cluster was recreated (revisions start over), and then nothing
+      // observed before counts.
+      if (r->header().revision() < observed_revision_) observed_revision_ = 0;
       ObserveLocked(holder, read_at);
       return absl::OkStatus();
     }

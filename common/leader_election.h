@@ -225,8 +225,10 @@ class LeaderElection {
   // While standing by: wait until the key is vacant (or a re-read is due).
   void StandBy();
   // After a vacancy, with options.standing: publishes this candidate's
-  // standing and returns when it should campaign (see "Ranking").
-  void Rank();
+  // standing and returns when it should campaign (true; also on etcd
+  // errors, stopping or frozen), or false when a leader appeared
+  // meanwhile (stand by again). See "Ranking".
+  bool Rank();
   // With options.standing, while standing by: keeps this candidate's entry
   // under StandingPrefix (granted, then renewed every TTL/3).
   void KeepPresence();

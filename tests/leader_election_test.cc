@@ -493,6 +493,14 @@ std::unique_ptr<Candidate> RankedStandby(const EtcdCluster& cluster,
       });
 }
 
+// Waits until `c`'s entry is under StandingPrefix (it stands by, present).
+void RequirePresent(Candidate* c) {
+  REQUIRE(Eventually([&] {
+    auto kv = c->etcd->Get(StandingPrefix(kKey) + c->name);
+    return kv.ok() && kv->has_value();
+  }));
+}
+
 // Puts a standing for a candidate that never campaigns (one that died after
 // publishing it), under a lease of its own TTL.
 void PublishStanding(EtcdClient* etcd, const std::string& name,
@@ -520,6 +528,7 @@ TEST_CASE(
   for (Candidate* s : {b.get(), c.get(), d.get()}) {
     REQUIRE(
         Eventually([&] { return s->election->ObservedLeader().has_value(); }));
+    RequirePresent(s);
   }
 
   a->election->Resign();
