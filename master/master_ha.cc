@@ -419,8 +419,13 @@ CandidateStanding HaMaster::Standing() const {
   MutexLock l(&standing_mu_);
   if (standing_source_ == nullptr) return {};
   const master::ReplicaFollower::Stats st = standing_source_->GetStats();
-  // Mid-copy the directory is no usable state: it knows nothing.
-  if (st.copying || st.leader_db_id.empty()) return {};
+  // Mid-copy the directory is no usable state, and a store not yet
+  // confirmed by the leader it follows (the one that just went) lacks
+  // everything that leader committed: it knows nothing.
+  if (st.copying || st.leader_db_id.empty() || st.data_leader.empty() ||
+      st.data_leader != st.leader) {
+    return {};
+  }
   return {st.leader_db_id, st.applied_sequence};
 }
 

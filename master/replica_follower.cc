@@ -296,6 +296,7 @@ absl::Status ReplicaFollower::ApplyWithPosition(rocksdb::WriteBatch* batch,
 
 // What one stream has applied so far.
 struct ReplicaFollower::StreamState {
+  std::string leader;    // whose stream
   std::string db_id;     // the leader database's identity
   uint64_t applied = 0;  // the last leader sequence applied
   bool copying = false;  // in a full copy
@@ -306,6 +307,7 @@ void ReplicaFollower::Publish(const StreamState& st, uint64_t batches) {
     MutexLock l(&mu_);
     stats_.applied_sequence = st.applied;
     stats_.leader_db_id = st.copying ? "" : st.db_id;
+    stats_.data_leader = st.leader;
     stats_.copying = st.copying;
     stats_.streaming = !st.copying;
     stats_.batches_applied += batches;
@@ -406,6 +408,7 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& leader,
       v1::Replication::NewStub(*channel);
   grpc::ClientContext ctx;
   StreamState st;
+  st.leader = leader;
   {
     MutexLock l(&mu_);
     if (stopping_ || leader_ != leader) {

@@ -108,6 +108,11 @@ class ReplicaFollower {
     // ("" before the first copy).
     uint64_t applied_sequence = 0;
     std::string leader_db_id;
+    // The leader whose stream last confirmed or changed the store ("" until
+    // one has since this follower started): the store holds that leader's
+    // data; a standby following another leader it has not heard from yet
+    // knows nothing of that one's commits.
+    std::string data_leader;
     // The leader's latest sequence as last heard, minus applied_sequence.
     uint64_t lag_sequences = 0;
     uint64_t batches_applied = 0;  // the leader's write batches
