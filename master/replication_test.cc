@@ -543,6 +543,45 @@ TEST_CASE("A follower moved to another leader with SetLeader follows it") {
   CHECK(DumpDir(dir) == DumpStore(b.store));
 }
 
+TEST_CASE("A follower names the leader its data came from only once that "
+          "leader's stream confirmed or changed its store") {
+  Leader a("data_leader_a");
+  WriteSome(a.store, "a", 10);
+  const std::string dir = TestDir("data_leader_standby");
+  {
+    auto f = Follow(dir, a.address);
+    WaitApplied(f.get(), a.Latest());
+    const ReplicaFollower::Stats st = f->GetStats();
+    CHECK(st.data_leader == a.address);
+    CHECK(st.leader == a.address);
+    // Told to follow a leader it cannot reach, it still holds a's data,
+    // and says so: a standby whose two names differ knows nothing of the
+    // new leader's commits.
+    f->SetLeader("127.0.0.1:1");
+    const ReplicaFollower::Stats moved = f->GetStats();
+    CHECK(moved.leader == "127.0.0.1:1");
+    CHECK(moved.data_leader == a.address);
+    REQUIRE(f->Stop().ok());
+  }
+  // Restarted, the store still has a's identity and position, but no
+  // leader has confirmed them since: no data leader until a's stream does.
+  ReplicaFollowerOptions o;
+  o.leader = "127.0.0.1:1";
+  o.store.path = dir;
+  o.min_backoff = absl::Milliseconds(10);
+  o.max_backoff = absl::Milliseconds(100);
+  auto restarted = ReplicaFollower::Create(o);
+  REQUIRE(restarted.ok());
+  auto f = std::move(restarted).value();
+  CHECK(f->GetStats().leader_db_id == a.source->db_id());
+  CHECK(f->GetStats().applied_sequence == a.Latest());
+  CHECK(f->GetStats().data_leader.empty());
+  f->SetLeader(a.address);
+  REQUIRE(Eventually([&] { return f->GetStats().data_leader == a.address; }));
+  CHECK(f->GetStats().full_copies == 0);  // confirmed by resuming, not copied
+  REQUIRE(f->Stop().ok());
+}
+
 // -------------------------------------------- through the master, end to end
 
 // Every object a master lists, one sorted line each.
