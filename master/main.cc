@@ -161,10 +161,17 @@ DEFINE_string(replication, "",
               "sync (a PutCommit is answered once a standby holds it, or "
               "after --replication_sync_timeout_ms). Empty: async with "
               "--etcd, off without");
-DEFINE_int64(replication_sync_timeout_ms, 500,
+DEFINE_int64(replication_sync_timeout_ms,
+             Ms(Defaults().replication_sync_timeout),
              "with --replication=sync: the longest a commit waits for a "
              "standby before it is answered anyway (counted in "
              "hymcache_master_replication_sync_timeouts_total)");
+DEFINE_int64(replication_async_delay_ms,
+             Ms(Defaults().replication_async_batch_delay),
+             "with --replication=async: how long the stream to a standby "
+             "gathers writes into one message (0..1000): up to this much "
+             "more lag, i.e. more commits a leader crash may lose, for less "
+             "leader CPU per write (docs/ha.md)");
 DEFINE_string(replication_token_file, "",
               "with --etcd: a file holding the admin token a standby presents "
               "to the leader to follow it (needed when the masters have "
@@ -219,6 +226,8 @@ absl::Status OptionsFromFlags(hymcache::MasterOptions* options) {
   options->replication = *mode;
   options->replication_sync_timeout =
       absl::Milliseconds(FLAGS_replication_sync_timeout_ms);
+  options->replication_async_batch_delay =
+      absl::Milliseconds(FLAGS_replication_async_delay_ms);
   hymcache::DaemonOptionsFromFlags(options);  // security, metrics, build
   return options->Validate();
 }
@@ -236,7 +245,8 @@ int main(int argc, char** argv) {
              {"etcd", "cluster", "advertise_address", "lease_ttl_s",
               "serve_reads_without_etcd", "preload_index",
               "election_ranking_ms", "replication",
-              "replication_sync_timeout_ms", "replication_token_file"}},
+              "replication_sync_timeout_ms", "replication_async_delay_ms",
+              "replication_token_file"}},
             {"Nodes and placement",
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
               "read_lease_ms", "max_evictions_per_put", "max_eviction_scan",

@@ -43,6 +43,11 @@ absl::Status MasterReplicationOptions::Validate() const {
     return absl::InvalidArgumentError(
         "master replication: sync_timeout must be positive");
   }
+  if (async_batch_delay < absl::ZeroDuration() ||
+      async_batch_delay > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        "master replication: async_batch_delay must be in [0, 1 s]");
+  }
   return absl::OkStatus();
 }
 

@@ -93,6 +93,19 @@ TEST_CASE("Replication modes parse and print") {
   o.replication = ReplicationMode::kSync;
   o.replication_sync_timeout = absl::ZeroDuration();
   CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
+  o.replication_sync_timeout = absl::Milliseconds(500);
+  CHECK(o.Validate().ok());
+  o.replication = ReplicationMode::kAsync;
+  for (absl::Duration bad :
+       {absl::Milliseconds(-1), absl::Milliseconds(1001)}) {
+    o.replication_async_batch_delay = bad;
+    CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
+  }
+  o.replication_async_batch_delay = absl::ZeroDuration();
+  CHECK(o.Validate().ok());
+  // The library's default, declared once.
+  CHECK(MasterOptions().replication_async_batch_delay ==
+        master::MasterReplicationOptions().async_batch_delay);
 }
 
 TEST_CASE(

@@ -65,6 +65,12 @@ absl::Status MasterOptions::Validate() const {
     return absl::InvalidArgumentError(
         "master: replication_sync_timeout must be positive");
   }
+  if (replication != master::ReplicationMode::kOff &&
+      (replication_async_batch_delay < absl::ZeroDuration() ||
+       replication_async_batch_delay > absl::Seconds(1))) {
+    return absl::InvalidArgumentError(
+        "master: replication_async_batch_delay must be in [0, 1 s]");
+  }
   if (!service.snapshot_path.empty()) {
     return absl::InvalidArgumentError(
         "master: service.snapshot_path is derived from db_path (see "
@@ -172,6 +178,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     master::MasterReplicationOptions ro;
     ro.mode = options.replication;
     ro.sync_timeout = options.replication_sync_timeout;
+    ro.async_batch_delay = options.replication_async_batch_delay;
     ro.store = store;
     ro.authenticator = (*security)->authenticator();
     auto r = master::MasterReplication::Create(ro);

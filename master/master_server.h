@@ -131,8 +131,14 @@ struct MasterOptions : DaemonOptions {
   // only once a standby holds it or after replication_sync_timeout.
   // Default: kOff.
   master::ReplicationMode replication = master::ReplicationMode::kOff;
-  // kSync: the longest a commit waits for a standby. Default: 500 ms.
-  absl::Duration replication_sync_timeout = absl::Milliseconds(500);
+  // kSync: the longest a commit waits for a standby
+  // (MasterReplicationOptions::sync_timeout, and its default).
+  absl::Duration replication_sync_timeout =
+      master::MasterReplicationOptions().sync_timeout;
+  // kAsync: how long the stream to a standby gathers writes into one
+  // message (MasterReplicationOptions::async_batch_delay, and its default).
+  absl::Duration replication_async_batch_delay =
+      master::MasterReplicationOptions().async_batch_delay;
   // More stats for /metrics and GetStats (HaMaster adds its leadership's).
   // Called on scrape and GetStats threads. Default: none.
   std::function<void(StatsVisitor*)> extra_stats;
