@@ -81,16 +81,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   security.tls.cert_file = options.tls_cert_file;
   security.tls.key_file = options.tls_key_file;
   security.tls.server_name = options.tls_server_name;
-  if (options.grpc_poll_strategy == "auto") {
-    PreferGrpcPollStrategy("poll");  // before the first channel
-  } else if (!options.grpc_poll_strategy.empty()) {
-    // Before the first channel: gRPC may start with it.
-    if (absl::Status s = SetGrpcPollStrategy(options.grpc_poll_strategy);
-        !s.ok()) {
-      return absl::Status(
-          s.code(),
-          absl::StrCat("ClientOptions.grpc_poll_strategy: ", s.message()));
-    }
+  // Before the first channel: gRPC may start with it.
+  if (absl::Status s = ApplyGrpcPollStrategyChoice(options.grpc_poll_strategy);
+      !s.ok()) {
+    return absl::Status(
+        s.code(),
+        absl::StrCat("ClientOptions.grpc_poll_strategy: ", s.message()));
   }
   // One MasterClient per master address, each over master_connections
   // channels.

@@ -82,12 +82,10 @@ absl::Status ClientOptions::Validate() const {
     return absl::InvalidArgumentError(
         "ClientOptions.master_connections must be in 1..64");
   }
-  if (!grpc_poll_strategy.empty() && grpc_poll_strategy != "auto") {
-    if (absl::Status s = ValidateGrpcPollStrategy(grpc_poll_strategy);
-        !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ClientOptions.grpc_poll_strategy: ", s.message()));
-    }
+  if (absl::Status s = ValidateGrpcPollStrategyChoice(grpc_poll_strategy);
+      !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.grpc_poll_strategy: ", s.message()));
   }
   if (read_batch_bytes == 0) {
     return absl::InvalidArgumentError(

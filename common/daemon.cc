@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_polling.h"
 #include "common/stats.h"
 #include "common/systemd.h"
 
@@ -31,6 +32,13 @@ absl::Status DaemonOptions::Validate(absl::string_view daemon,
 }
 
 void VisitBuildInfo(const DaemonOptions& options, StatsVisitor* v) {
+  if (const std::string strategy = GrpcPollStrategyInUse(); !strategy.empty()) {
+    const StatLabel poll[] = {{"strategy", strategy}};
+    v->Gauge("grpc_poll_strategy",
+             "1, labelled with how gRPC waits for I/O in this process "
+             "(--grpc_poll_strategy)",
+             1, poll);
+  }
   if (options.build_version.empty()) return;
   const StatLabel build[] = {{"version", options.build_version},
                              {"commit", options.build_commit}};

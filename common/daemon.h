@@ -10,7 +10,8 @@
 //                   credentials built from DaemonOptions, re-read together
 //                   on SIGHUP; what was loaded (with the identities'
 //                   warnings), or why not, is logged either way.
-//   VisitBuildInfo  the build_info{version, commit} gauge.
+//   VisitBuildInfo  the build_info{version, commit} and
+//                   grpc_poll_strategy{strategy} gauges.
 //   DaemonSignals   main()'s signal loop: SIGTERM/SIGINT stop, SIGHUP
 //                   reloads, received synchronously (sigwait) and told to
 //                   systemd (common/systemd.h) as the unit's status line.
@@ -87,7 +88,10 @@ struct DaemonOptions {
                         absl::string_view listen_host) const;
 };
 
-// build_info{version, commit} = 1, when options.build_version is set.
+// build_info{version, commit} = 1, when options.build_version is set; and
+// grpc_poll_strategy{strategy} = 1 once gRPC runs in the process
+// (GrpcPollStrategyInUse, common/grpc_polling.h: what --grpc_poll_strategy
+// chose).
 void VisitBuildInfo(const DaemonOptions& options, StatsVisitor* v);
 
 // A serving daemon's identities and TLS credentials: loaded from

@@ -1,7 +1,8 @@
 // The command-line flags of DaemonOptions (common/daemon.h), defined once
 // for both daemons' main()s: --auth_tokens_file, --insecure, --tls_cert,
 // --tls_key, --tls_ca, --tls_require_client_cert and --metrics_listen,
-// their defaults taken from DaemonOptions. Link it only into a main()
+// their defaults taken from DaemonOptions, and --grpc_poll_strategy
+// (ApplyGrpcPollStrategyFlag). Link it only into a main()
 // (flags are main's business, STYLE.md); a daemon's own flags stay in its
 // main.cc. Being defined here, the flags show in a main's --help only in
 // the groups (common/cli.h) that name them.
@@ -31,10 +32,19 @@ void DaemonOptionsFromFlags(DaemonOptions* options);
 // keep); the command line parsed (ParseCommandLine, with daemon logging)
 // with `options.groups` followed by the groups every daemon shares,
 // "Security" (the flags above but --metrics_listen, which a daemon places
-// itself, then `more_security_flags`) and "Logging"; then glog started.
+// itself, then `more_security_flags`), "gRPC" and "Logging"; then glog
+// started.
 void StartDaemonMain(CommandLineOptions options,
                      const std::vector<std::string>& more_security_flags,
                      int* argc, char*** argv);
+
+// Sets gRPC's poll strategy from --grpc_poll_strategy (common/grpc_polling.h):
+// "poll" or "epoll1" as named; "auto" (the default) leaves a strategy
+// GRPC_POLL_STRATEGY names, else takes `auto_strategy` ("" for gRPC's own
+// default, epoll1), the daemon's measured choice. Call right after
+// StartDaemonMain, before any gRPC object. Errors: InvalidArgument naming
+// the flag (for ExitForBadFlags).
+absl::Status ApplyGrpcPollStrategyFlag(absl::string_view auto_strategy);
 
 // A daemon's answer to flags it cannot use: "<program>: <message>" on
 // stderr (where daemons log), then the exit status for bad usage, 2, which

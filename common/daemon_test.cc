@@ -1,5 +1,6 @@
 #include "common/daemon.h"
 
+#include <grpcpp/grpcpp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -9,12 +10,15 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "catch2/catch.hpp"
+#include "common/grpc_polling.h"
 #include "common/stats.h"
 #include "common/systemd.h"
 #include "common/test_log_capture.h"
@@ -73,16 +77,35 @@ TEST_CASE("DaemonOptions: a non-loopback listen host needs identities or "
 TEST_CASE("VisitBuildInfo exports build_info only for a build that says "
           "its version") {
   DaemonOptions o;
+  auto build_info = [](const FlatStatsVisitor& v) {
+    std::vector<std::pair<std::string, double>> out;
+    for (const auto& [name, value] : v.values()) {
+      if (absl::StartsWith(name, "build_info")) out.emplace_back(name, value);
+    }
+    return out;
+  };
   FlatStatsVisitor none;
   VisitBuildInfo(o, &none);
-  CHECK(none.values().empty());
+  CHECK(build_info(none).empty());
   o.build_version = "1.2.3";
   o.build_commit = "abc";
   FlatStatsVisitor v;
   VisitBuildInfo(o, &v);
+  REQUIRE(build_info(v).size() == 1);
+  CHECK(build_info(v)[0].first ==
+        "build_info{version=\"1.2.3\",commit=\"abc\"}");
+  CHECK(build_info(v)[0].second == 1);
+}
+
+TEST_CASE("VisitBuildInfo exports the poll strategy once gRPC runs") {
+  grpc::CompletionQueue cq;  // gRPC runs from here on
+  const std::string strategy = GrpcPollStrategyInUse();
+  REQUIRE_FALSE(strategy.empty());
+  FlatStatsVisitor v;
+  VisitBuildInfo(DaemonOptions(), &v);
   REQUIRE(v.values().size() == 1);
   CHECK(v.values()[0].first ==
-        "build_info{version=\"1.2.3\",commit=\"abc\"}");
+        absl::StrCat("grpc_poll_strategy{strategy=\"", strategy, "\"}"));
   CHECK(v.values()[0].second == 1);
 }
 

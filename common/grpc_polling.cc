@@ -73,4 +73,18 @@ bool PreferGrpcPollStrategy(absl::string_view strategy) {
   return SetGrpcPollStrategy(strategy).ok();
 }
 
+absl::Status ValidateGrpcPollStrategyChoice(absl::string_view choice) {
+  if (choice == "auto" || choice.empty()) return absl::OkStatus();
+  return ValidateGrpcPollStrategy(choice);
+}
+
+absl::Status ApplyGrpcPollStrategyChoice(absl::string_view choice) {
+  if (choice == "auto") {
+    PreferGrpcPollStrategy("poll");
+    return absl::OkStatus();
+  }
+  if (choice.empty()) return absl::OkStatus();
+  return SetGrpcPollStrategy(choice);
+}
+
 }  // namespace hymcache

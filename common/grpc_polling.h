@@ -43,6 +43,16 @@ void RestoreGrpcPollStrategyEnvironment();
 // while gRPC does not run.
 std::string GrpcPollStrategyInUse();
 
+// OK for a configured choice ApplyGrpcPollStrategyChoice takes: "auto",
+// "" or a strategy ValidateGrpcPollStrategy accepts.
+absl::Status ValidateGrpcPollStrategyChoice(absl::string_view choice);
+
+// A configured choice (ClientOptions::grpc_poll_strategy, the daemons'
+// --grpc_poll_strategy) applied: "auto" is PreferGrpcPollStrategy("poll"),
+// "" leaves gRPC's default, any other name is SetGrpcPollStrategy's.
+// Errors: those of SetGrpcPollStrategy.
+absl::Status ApplyGrpcPollStrategyChoice(absl::string_view choice);
+
 // SetGrpcPollStrategy's default form: sets `strategy` (which
 // ValidateGrpcPollStrategy accepts) unless something chose already, i.e.
 // gRPC runs in this process or its environment names a strategy

@@ -263,6 +263,14 @@ int main(int argc, char** argv) {
 
   // Stop and reload signals are taken by WaitForStop below, and blocked in
   // every thread (threads inherit the mask): no work in a signal handler.
+  // An elected master's election, follower and replication threads would
+  // poll its clients' connections under epoll1 (docs/ha.md); a single
+  // master keeps gRPC's default (the same lookup throughput, a lower p99).
+  if (absl::Status s =
+          hymcache::ApplyGrpcPollStrategyFlag(FLAGS_etcd.empty() ? "" : "poll");
+      !s.ok()) {
+    return hymcache::ExitForBadFlags("hymcache-master", s);
+  }
   hymcache::DaemonSignals signals;
   hymcache::MasterOptions options;
   if (absl::Status s = OptionsFromFlags(&options); !s.ok()) {

@@ -456,6 +456,11 @@ int main(int argc, char** argv) {
       {"token_file", "node_key_file", "capability_skew_ms", "tls_server_name"},
       &argc, &argv);
   RaiseDescriptorLimit();
+  // gRPC's default unless chosen: the node's gRPC is its control service
+  // and its master channel, off the data path.
+  if (absl::Status s = hymcache::ApplyGrpcPollStrategyFlag(""); !s.ok()) {
+    return hymcache::ExitForBadFlags("hymcache-storage", s);
+  }
 
   hymcache::StorageNodeOptions options;
   if (absl::Status s = OptionsFromFlags(&options); !s.ok()) {

@@ -387,6 +387,43 @@ TEST_CASE("a real Prometheus scrapes the master and a storage node and sees "
   prom.Stop();
 }
 
+TEST_CASE(
+    "A daemon reports the gRPC poll strategy it runs with: the "
+    "flag's, else the environment's, else its default") {
+  const std::string dir = TempDir("poll_strategy");
+  struct Variant {
+    std::vector<std::string> flags;
+    std::vector<std::string> env;
+    std::string want;
+  };
+  // A single master's default is gRPC's (an elected one's, poll, is
+  // checked in HaMasterExports).
+  const Variant variants[] = {
+      {{}, {}, "epoll1"},
+      {{"--grpc_poll_strategy=poll"}, {}, "poll"},
+      {{}, {"GRPC_POLL_STRATEGY=poll"}, "poll"},
+      {{"--grpc_poll_strategy=epoll1"}, {"GRPC_POLL_STRATEGY=poll"}, "epoll1"},
+  };
+  int i = 0;
+  for (const Variant& v : variants) {
+    const std::string metrics = absl::StrCat("127.0.0.1:", UnusedPort());
+    std::vector<std::string> args = {absl::StrCat("--db_path=", dir, "/m", i++),
+                                     "--listen=127.0.0.1:0", "--logtostderr",
+                                     "--metrics_listen=" + metrics};
+    args.insert(args.end(), v.flags.begin(), v.flags.end());
+    auto d = testing::Daemon::Start(RunfilePath("master/hymcache-master"), args,
+                                    absl::Seconds(30), v.env);
+    REQUIRE(d.ok());
+    auto r = HttpGet(metrics, "/metrics");
+    REQUIRE(r.ok());
+    INFO(r->body);
+    CHECK(absl::StrContains(
+        r->body, absl::StrCat("hymcache_master_grpc_poll_strategy{strategy=\"",
+                              v.want, "\"} 1")));
+    CHECK(d->Stop(SIGTERM).ok());
+  }
+}
+
 // Series names an elected master exports on top of a single master's: two
 // masters with --etcd (a 1-member etcd) and async replication, scraped at
 // the leader once its standby follows past its full copy (the lag series
@@ -424,6 +461,9 @@ std::set<std::string> HaMasterExports(const std::string& dir) {
       absl::Seconds(30));
   INFO(body);
   REQUIRE(followed);
+  // An elected master polls on "poll" by default (--grpc_poll_strategy).
+  CHECK(absl::StrContains(
+      body, "\nhymcache_master_grpc_poll_strategy{strategy=\"poll\"} 1"));
   std::set<std::string> exported;
   for (absl::string_view line : absl::StrSplit(body, '\n')) {
     if (line.empty() || line[0] == '#') continue;
