@@ -37,6 +37,9 @@
 // --failover_objects=N does the same but kills only the leader: the time
 // from the kill until the standby serves every sampled key.
 //
+// --modes=off,async:2,async compares the stream's batch delay
+// (--replication_async_delay_ms) at 2 ms with the default.
+//
 // --modes=events_off,off compares a plain master that keeps no KV events
 // (--event_log_capacity=0) with one that does (the default): the cost of
 // publishing them.
@@ -67,6 +70,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/cli.h"
+#include "common/mutex.h"
 #include "common/thread.h"
 #include "master/proving_heartbeat.h"
 #include "proto/master.grpc.pb.h"
@@ -75,7 +79,8 @@
 #include "tests/etcd_cluster.h"
 
 DEFINE_string(modes, "off,async,sync",
-              "modes to compare (off first: the base)");
+              "modes to compare (off first: the base); async:MS is async "
+              "with --replication_async_delay_ms=MS");
 DEFINE_int32(threads, 4, "client threads (one connection each)");
 DEFINE_double(seconds, 3, "timed seconds per phase");
 DEFINE_int32(reps, 2, "repetitions of every mode");
@@ -83,6 +88,9 @@ DEFINE_int32(put_keys, 4, "keys per put");
 DEFINE_int32(batch, 32, "keys per BatchLookup");
 DEFINE_string(dir, "", "daemon data (default: a new /tmp directory)");
 DEFINE_string(master_binary, "", "hymcache-master (default: from runfiles)");
+DEFINE_string(master_flags, "",
+              "more flags for every master, space-separated (e.g. "
+              "\"--grpc_poll_strategy=poll --rpc_threads=2\")");
 DEFINE_uint64(failover_objects, 0,
               "as --restart_objects, but SIGKILL only the leader and time "
               "until the standby serves the committed keys");
@@ -147,6 +155,10 @@ absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
   Rig rig;
   std::vector<std::string> common = {"--listen=127.0.0.1:0",
                                      "--node_timeout_ms=3600000"};
+  for (absl::string_view f :
+       absl::StrSplit(FLAGS_master_flags, ' ', absl::SkipEmpty())) {
+    common.emplace_back(f);
+  }
   if (mode == "off" || mode == "events_off") {
     std::vector<std::string> args = common;
     args.push_back("--db_path=" + dir + "/m0");
@@ -171,7 +183,12 @@ absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
     args.push_back("--etcd=" + absl::StrJoin(rig.etcd->endpoints(), ","));
     args.push_back("--cluster=bench");
     args.push_back("--lease_ttl_s=1");
-    args.push_back("--replication=" + mode);
+    // "async:MS": async with the stream's batch delay at MS.
+    const std::vector<std::string> parts = absl::StrSplit(mode, ':');
+    args.push_back("--replication=" + parts[0]);
+    if (parts.size() > 1) {
+      args.push_back("--replication_async_delay_ms=" + parts[1]);
+    }
     args.insert(args.end(), ha_flags.begin(), ha_flags.end());
     rig.args.push_back(args);
     auto d = Daemon::Start(binary, args);
@@ -257,6 +274,8 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   const int threads = FLAGS_threads;
   std::vector<std::vector<std::string>> keys(threads);
   std::atomic<uint64_t> puts{0}, failures{0};
+  Mutex error_mu;
+  std::string first_error ABSL_GUARDED_BY(error_mu);
   auto phase = [&](const std::function<void(int, v1::MasterService::Stub*,
                                             absl::Time)>& body) {
     std::vector<std::unique_ptr<v1::MasterService::Stub>> stubs;
@@ -327,8 +346,12 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       for (int k = 0; k < FLAGS_batch; ++k) req.add_keys(all[pick(rng)]);
       v1::BatchLookupResponse resp;
       grpc::ClientContext ctx;
-      if (!stub->BatchLookup(&ctx, req, &resp).ok()) {
-        failures.fetch_add(1);
+      const grpc::Status st = stub->BatchLookup(&ctx, req, &resp);
+      if (!st.ok()) {
+        if (failures.fetch_add(1) == 0) {
+          MutexLock l(&error_mu);
+          first_error = st.error_message();
+        }
         continue;
       }
       lookups.fetch_add(1);
@@ -344,9 +367,10 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   }
   r.stats = Stats(admin.get());
   if (misses.load() > 0 || failures.load() > 0) {
-    return absl::InternalError(absl::StrCat(mode, ": ", misses.load(),
-                                            " misses, ", failures.load(),
-                                            " failed calls"));
+    MutexLock l(&error_mu);
+    return absl::InternalError(
+        absl::StrCat(mode, ": ", misses.load(), " misses, ", failures.load(),
+                     " failed calls (first: ", first_error, ")"));
   }
   return r;
 }
