@@ -543,8 +543,9 @@ TEST_CASE("A follower moved to another leader with SetLeader follows it") {
   CHECK(DumpDir(dir) == DumpStore(b.store));
 }
 
-TEST_CASE("A follower names the leader its data came from only once that "
-          "leader's stream confirmed or changed its store") {
+TEST_CASE(
+    "A follower names the leader its data came from only once that "
+    "leader's stream confirmed or changed its store") {
   Leader a("data_leader_a");
   WriteSome(a.store, "a", 10);
   const std::string dir = TestDir("data_leader_standby");
