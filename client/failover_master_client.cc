@@ -153,6 +153,12 @@ R FailoverMasterClient::WithFailover(absl::Time deadline, bool per_attempt,
     if ((!ShouldTryAnotherMaster(s) && !silent) || clock_->Now() >= deadline) {
       return result;
     }
+    if (ReasonOf(s) == StatusReason::kNodesRejoining) {
+      // The leader, just elected: its nodes rejoin it within a heartbeat
+      // or two. Ask it again, not the others.
+      absl::SleepFor(std::min(options_.round_pause, deadline - clock_->Now()));
+      continue;
+    }
     if (Advance(index, s)) {
       // Every master refused once: nobody leads yet (an election is on).
       absl::SleepFor(std::min(options_.round_pause, deadline - clock_->Now()));

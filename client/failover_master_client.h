@@ -7,7 +7,9 @@
 // to a leader of an epoch below the highest seen are not followed.
 //
 // A master that does not answer within attempt_timeout is passed over the
-// same way (except for PutCommit).
+// same way (except for PutCommit). An UNAVAILABLE with reason
+// kNodesRejoining (a leader whose nodes have not rejoined it yet, right
+// after its election) is asked again after round_pause instead.
 //
 // A lookup stream (StartLookups) runs on the current master; when one of
 // its chunks is refused so, that chunk and the rest are looked up one by

@@ -279,6 +279,22 @@ TEST_CASE("An error that is not UNAVAILABLE is the caller's, with no failover") 
   CHECK(c->failovers() == 0);
 }
 
+TEST_CASE(
+    "A leader whose nodes are rejoining it is asked again, not passed over") {
+  Rig rig;
+  rig.standby_a.set_status(WithReason(
+      absl::UnavailableError("no storage node has rejoined this master yet"),
+      StatusReason::kNodesRejoining));
+  auto c = rig.Make({"a:1", "c:1"});
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(50);
+  PutStartArgs args{{"k1"}, {100}, 0, ""};
+  auto put = c->PutStart(args, deadline);
+  CHECK(ReasonOf(put.status()) == StatusReason::kNodesRejoining);
+  CHECK(rig.standby_a.calls() >= 2);  // asked again after each pause
+  CHECK(c->current_address() == "a:1");
+  CHECK(c->failovers() == 0);
+}
+
 TEST_CASE("With no leader anywhere the call fails at its deadline") {
   Rig rig;
   rig.standby_a.set_status(NotLeaderError("no leader", {}));

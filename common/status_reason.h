@@ -55,7 +55,12 @@ namespace hymcache {
     "a PutCommit named a written slot without the storage node's write "    \
     "receipt for it (missing, forged, or another slot's, generation's or "  \
     "node's): the master committed nothing of that put (docs/ha.md, "       \
-    "node-confirmed commits)")
+    "node-confirmed commits)")                                              \
+  X(kNodesRejoining, "nodes_rejoining",                                     \
+    "the master has just started serving (elected, or restarted) and no "   \
+    "storage node has re-registered and reconciled with it yet, though "    \
+    "some were alive: puts are placeable again within a heartbeat or two; " \
+    "retry the same master shortly")
 
 enum class StatusReason : uint32_t {
   kNone = 0,

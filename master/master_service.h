@@ -666,6 +666,10 @@ class MasterService {
     size_t alive = 0;        // alive nodes looked at, not draining
     size_t draining = 0;     // alive, but drained by an operator
     size_t unproven = 0;     // alive, not yet proven its key (IsPlaceable)
+    // Not alive only because it has not re-registered or reconciled with
+    // this master yet, though seen within node_timeout (this master loaded
+    // it, or it is mid-registration): it is expected back shortly.
+    size_t rejoining = 0;
     bool chain_spilled = false;         // see PlacementRanking
     bool tenant_share_ignored = false;  // see PlacementRanking
   };

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/status_reason.h"
 #include "master/master_service_test_fixture.h"
 
 namespace hymcache {
@@ -180,6 +181,37 @@ TEST_CASE("Dead nodes' objects miss and dead nodes get no placements") {
   CHECK(none.status().message().find("no alive") != std::string::npos);
   h.Heartbeat(a, 1);
   CHECK(h.Put({"w"}) == a);
+}
+
+TEST_CASE(
+    "Right after a restart a put waiting for the nodes to rejoin is "
+    "Unavailable (retry), not refused, until node_timeout") {
+  Harness h("rejoining");
+  h.Register("a", 1, {{0, 1 << 20}});
+  h.Put({"x"});
+  h.CrashAndRestart();
+  // The node record is loaded but the node has not registered again.
+  auto waiting = h.svc->PutStart(PutReq({"y"}, {1}));
+  CHECK(waiting.status().code() == StatusCode::kUnavailable);
+  CHECK(ReasonOf(waiting.status()) == StatusReason::kNodesRejoining);
+  // Registered again, but its objects are not reconciled yet: still
+  // waiting.
+  auto back = Reg(h.svc.get(), NodeReq("a", 1, {{0, 1 << 20}}));
+  REQUIRE(back.ok());
+  REQUIRE(back->reconcile());
+  waiting = h.svc->PutStart(PutReq({"y"}, {1}));
+  CHECK(ReasonOf(waiting.status()) == StatusReason::kNodesRejoining);
+  h.ReconcileWith(back->node_id(), 1, h.Listed(back->node_id()));
+  CHECK(h.Put({"y"}) == back->node_id());
+
+  // A node that does not come back within node_timeout is dead: refused.
+  h.CrashAndRestart();
+  CHECK(ReasonOf(h.svc->PutStart(PutReq({"z"}, {1})).status()) ==
+        StatusReason::kNodesRejoining);
+  h.clock.Advance(absl::Seconds(11));
+  auto refused = h.svc->PutStart(PutReq({"z"}, {1}));
+  CHECK(refused.status().code() == StatusCode::kResourceExhausted);
+  CHECK(ReasonOf(refused.status()) == StatusReason::kNone);
 }
 
 TEST_CASE("Re-registering with a new incarnation purges every region") {

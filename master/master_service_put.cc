@@ -327,7 +327,13 @@ MasterService::NodeChoice MasterService::ChooseNodeLocked(
   std::vector<PlacementCandidate> candidates;
   size_t round_robin_start = 0;
   for (auto& [id, node] : nodes_) {
-    if (!IsAlive(node, now)) continue;
+    if (!IsAlive(node, now)) {
+      if (!node.deregistered && (!node.registered || node.needs_reconcile) &&
+          now - node.last_seen <= options_.node_timeout) {
+        ++c.rejoining;
+      }
+      continue;
+    }
     if (node.info.draining()) {
       ++c.draining;
       continue;
@@ -392,6 +398,15 @@ double MasterService::PlacementImbalanceLocked(absl::Time now) const {
 absl::StatusOr<MasterService::Node*> MasterService::EvictAndPlaceLocked(
     const PutPlan& plan, NodeChoice* choice, absl::Time now) {
   if (choice->chosen != nullptr) return choice->chosen;
+  if (choice->alive == 0 && choice->rejoining > 0) {
+    // Right after an election or a restart: the nodes come back within a
+    // heartbeat or two; the caller retries instead of dropping the put.
+    return WithReason(
+        absl::UnavailableError(absl::StrCat(
+            "no storage node has rejoined this master yet (", choice->rejoining,
+            " known alive are re-registering or reconciling); retry shortly")),
+        StatusReason::kNodesRejoining);
+  }
   if (choice->alive == 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "no alive storage node to place ", plan.to_allocate.size(),

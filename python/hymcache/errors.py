@@ -7,8 +7,9 @@ all under `hymcache.Error`. Argument errors (`InvalidArgument`,
 work too. `err.code` is the canonical code's name (e.g. "NOT_FOUND");
 `err.reason` is the machine-readable reason that refines it, or "none"
 (common/status_reason.h: "store_queue_full", "no_room",
-"node_refused_write", "not_attempted"). Match on code and reason, never on
-the message, which is for people.
+"node_refused_write", "not_attempted", "not_leader", "read_only",
+"write_receipt_invalid", "nodes_rejoining"). Match on code and reason,
+never on the message, which is for people.
 
 load() never raises for a miss, a dead node, a buffer too small or its
 deadline: those end the loaded prefix and appear as `LoadResult.stop_reason`
