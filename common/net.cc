@@ -13,10 +13,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_reason.h"
 
 namespace hymcache {
 namespace {
@@ -24,6 +27,15 @@ namespace {
 absl::Status Errno(const char* what) {
   int e = errno;
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(e)));
+}
+
+// A failed connect's errno as a status; ECONNREFUSED carries the reason
+// kConnectionRefused.
+absl::Status ConnectErrno(const std::string& host_port) {
+  const bool refused = errno == ECONNREFUSED;
+  absl::Status s = Errno(absl::StrCat("connect ", host_port).c_str());
+  return refused ? WithReason(std::move(s), StatusReason::kConnectionRefused)
+                 : s;
 }
 
 // Milliseconds to wait in poll() for `deadline`, -1 for no deadline.
@@ -169,7 +181,7 @@ absl::StatusOr<Socket> ConnectTcp(const std::string& host_port,
     }
     int r = connect(s.fd(), ai->ai_addr, ai->ai_addrlen);
     if (r != 0 && errno != EINPROGRESS) {
-      last = Errno(absl::StrCat("connect ", host_port).c_str());
+      last = ConnectErrno(host_port);
       continue;
     }
     if (r != 0) {
@@ -183,7 +195,7 @@ absl::StatusOr<Socket> ConnectTcp(const std::string& host_port,
       getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
       if (err != 0) {
         errno = err;
-        last = Errno(absl::StrCat("connect ", host_port).c_str());
+        last = ConnectErrno(host_port);
         continue;
       }
     }

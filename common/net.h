@@ -52,7 +52,9 @@ absl::StatusOr<Socket> ListenTcp(const std::string& host, int port,
                                  int backlog = 128);
 absl::StatusOr<int> LocalPort(int fd);
 
-// Connects with TCP_NODELAY set, giving up at `deadline`.
+// Connects with TCP_NODELAY set, giving up at `deadline`. Errors:
+// Unavailable; with reason kConnectionRefused (common/status_reason.h) when
+// the host answered that nothing listens there.
 absl::StatusOr<Socket> ConnectTcp(const std::string& host_port,
                                   absl::Time deadline);
 

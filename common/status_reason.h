@@ -60,7 +60,10 @@ namespace hymcache {
     "the master has just started serving (elected, or restarted) and no "   \
     "storage node has re-registered and reconciled with it yet, though "    \
     "some were alive: puts are placeable again within a heartbeat or two; " \
-    "retry the same master shortly")
+    "retry the same master shortly")                                        \
+  X(kConnectionRefused, "connection_refused",                               \
+    "the host answered that nothing listens at the address's port "         \
+    "(ECONNREFUSED): the process is gone, not merely slow or cut off")
 
 enum class StatusReason : uint32_t {
   kNone = 0,
