@@ -228,6 +228,29 @@ void LeaderElection::Run() {
   StepDown(absl::CancelledError("resigned"));
 }
 
+absl::Status LeaderElection::RevokeLeaderLease(const LeaderInfo& leader) {
+  {
+    MutexLock l(&mu_);
+    if (!observed_.has_value() || !(*observed_ == leader) ||
+        leader.candidate == options_.candidate || leader.lease == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "election ", options_.key, ": ", leader.candidate, " (epoch ",
+          leader.epoch, ") is not the leader observed, or is this candidate"));
+    }
+  }
+  absl::Status r = options_.etcd->LeaseRevoke(
+      leader.lease,
+      absl::Now() +
+          std::min(options_.etcd->options().call_timeout, options_.lease_ttl));
+  if (!r.ok() && r.code() != absl::StatusCode::kNotFound) return r;
+  LOG(INFO) << "election " << options_.key << ": ended the term of "
+            << leader.candidate << " (epoch " << leader.epoch
+            << "): revoked its lease " << leader.lease << " (" << r << ")";
+  MutexLock l(&mu_);
+  if (r.ok()) ++stats_.leaders_revoked;
+  return absl::OkStatus();
+}
+
 absl::Status LeaderElection::RevokeEndedLease() {
   int64_t lease;
   {

@@ -162,6 +162,8 @@ struct LeaderElectionStats {
   uint64_t yielded = 0;
   // Renewals of the candidate's entry while standing by (ranking).
   uint64_t presence_renewals = 0;
+  // Other candidates' terms ended by RevokeLeaderLease.
+  uint64_t leaders_revoked = 0;
 };
 
 class LeaderElection {
@@ -197,6 +199,17 @@ class LeaderElection {
   // nullopt while none is known.
   std::optional<LeaderInfo> ObservedLeader() const;
   LeaderElectionStats stats() const;
+
+  // Ends another candidate's term now rather than when its lease runs out:
+  // revokes `leader`'s lease (its key goes with it, and the standbys
+  // campaign) if `leader` is still the leader observed (same epoch and
+  // lease). For a leader known to be dead (its address refuses
+  // connections: its process is gone); a live leader revoked loses its
+  // term, fenced by its epoch like any deposed one. OK when revoked or
+  // already gone (NotFound from etcd); FailedPrecondition when `leader` is
+  // not the leader observed now, or is this candidate; etcd's error
+  // otherwise.
+  absl::Status RevokeLeaderLease(const LeaderInfo& leader);
 
   // A Txn compare that holds only while the leader key is the one created
   // at `epoch`: put it in every Txn a leader makes so that a deposed

@@ -146,6 +146,13 @@ DEFINE_bool(preload_index, hymcache::HaMasterOptions().preload_index,
             "anything (all masters restarted at once) it serves without "
             "loading again; costs the index's memory while standing by");
 
+DEFINE_bool(end_dead_leader_terms,
+            hymcache::HaMasterOptions().end_dead_leader_terms,
+            "with --etcd and replication: a standby whose stream from the "
+            "leader broke and whose connect to the leader is refused (the "
+            "leader's process is gone, its host up) revokes the leader's "
+            "lease, so that a standby leads at once instead of after "
+            "--lease_ttl_s (docs/ha.md); false: always wait for the lease");
 DEFINE_int64(
     election_ranking_ms,
     absl::ToInt64Milliseconds(hymcache::HaMasterOptions().ranking_window),
@@ -244,7 +251,7 @@ int main(int argc, char** argv) {
             {"High availability (docs/ha.md)",
              {"etcd", "cluster", "advertise_address", "lease_ttl_s",
               "serve_reads_without_etcd", "preload_index",
-              "election_ranking_ms", "replication",
+              "election_ranking_ms", "end_dead_leader_terms", "replication",
               "replication_sync_timeout_ms", "replication_async_delay_ms",
               "replication_token_file"}},
             {"Nodes and placement",
@@ -285,6 +292,7 @@ int main(int argc, char** argv) {
     ha.lease_ttl = absl::Seconds(FLAGS_lease_ttl_s);
     ha.serve_reads_without_etcd = FLAGS_serve_reads_without_etcd;
     ha.preload_index = FLAGS_preload_index;
+    ha.end_dead_leader_terms = FLAGS_end_dead_leader_terms;
     ha.ranking_window = absl::Milliseconds(FLAGS_election_ranking_ms);
     ha.master = options;
     if (!FLAGS_replication_token_file.empty()) {

@@ -485,6 +485,33 @@ void HaMaster::MaybePreloadAgain() {
   Preload();
 }
 
+void HaMaster::MaybeEndDeadLeaderTerm() {
+  if (!options_.end_dead_leader_terms || follower_ == nullptr) return;
+  const master::ReplicaFollower::Stats st = follower_->GetStats();
+  if (st.streaming || st.copying) return;
+  std::optional<LeaderInfo> l = election_->ObservedLeader();
+  if (!l.has_value() || l->candidate == advertise_ ||
+      l->candidate != followed_ || l->epoch == revoked_epoch_) {
+    return;
+  }
+  // A connect answered "refused" comes within a round trip; one that
+  // times out says nothing (a lost host, a partition: the lease decides).
+  absl::StatusOr<Socket> probe =
+      ConnectTcp(l->candidate, absl::Now() + options_.follow_interval);
+  if (probe.ok() ||
+      ReasonOf(probe.status()) != StatusReason::kConnectionRefused) {
+    return;
+  }
+  revoked_epoch_ = l->epoch;
+  LOG(WARNING) << "master HA: the leader " << l->candidate << " (epoch "
+               << l->epoch << ") refuses connections (" << probe.status()
+               << "): its process is gone; ending its term now";
+  if (absl::Status r = election_->RevokeLeaderLease(*l); !r.ok()) {
+    LOG(WARNING) << "master HA: could not end the term: " << r
+                 << "; its lease will run out";
+  }
+}
+
 void HaMaster::DropStalePreload() {
   if (!preloaded_.has_value()) return;
   const uint64_t now = FollowerProgress();
@@ -532,6 +559,11 @@ void HaMaster::VisitStats(StatsVisitor* v) const {
                "Vacancies where this master waited for a more up-to-date "
                "standby to lead",
                static_cast<double>(es.yielded));
+    v->Counter("dead_leaders_revoked",
+               "Terms of leaders whose address refused connections (their "
+               "process gone) that this master ended by revoking their "
+               "lease (--end_dead_leader_terms)",
+               static_cast<double>(es.leaders_revoked));
   }
   v->Counter(
       "read_only_write_refusals",
@@ -545,6 +577,7 @@ void HaMaster::Loop() {
   while (true) {
     FollowObservedLeader();
     DropStalePreload();
+    MaybeEndDeadLeaderTerm();
     MaybePreloadAgain();
     MutexLock l(&mu_);
     if (stopping_) return;

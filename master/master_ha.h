@@ -132,6 +132,15 @@ struct HaMasterOptions {
   // etcd calls). 0: no ranking (the first standby to campaign wins).
   // Default: 100 ms.
   absl::Duration ranking_window = absl::Milliseconds(100);
+  // With replication, a standby whose stream from the leader broke tries
+  // the leader's address (a TCP connect, at most every follow_interval);
+  // when the host answers that nothing listens there (ECONNREFUSED: the
+  // leader's process is gone, its host is up) it revokes the leader's
+  // lease (LeaderElection::RevokeLeaderLease), so that the standbys elect
+  // at once instead of after the lease's TTL. A leader whose host is lost
+  // or cut off answers no connect at all, and its lease runs out as
+  // before. false: always wait for the lease. Default: true.
+  bool end_dead_leader_terms = true;
 
   // InvalidArgument naming the first bad field.
   absl::Status Validate() const;
@@ -218,6 +227,10 @@ class HaMaster {
   // before anyone is elected, and the load runs meanwhile); at most once
   // per kPreloadInterval. On the master-ha thread.
   void MaybePreloadAgain();
+  // end_dead_leader_terms: while the follower's stream is down, probes the
+  // followed leader's address and revokes its lease if nothing listens
+  // there. On the master-ha thread.
+  void MaybeEndDeadLeaderTerm();
   // The leadership stats (MasterOptions::extra_stats).
   void VisitStats(StatsVisitor* v) const;
   // How up to date the follower is, for the election's ranking (on the
@@ -255,6 +268,7 @@ class HaMaster {
   bool preloaded_once_ = false;  // Preload ran (whatever it got)
   absl::Time last_preload_ = absl::InfinitePast();       // MaybePreloadAgain's
   absl::Time stream_down_since_ = absl::InfinitePast();  // InfinitePast: up
+  int64_t revoked_epoch_ = 0;  // MaybeEndDeadLeaderTerm's last; master-ha
   // The serving term took over preloaded_ (1) or loaded its store (0).
   std::atomic<int> served_preloaded_{0};
   // What the follower had applied when this master was elected.

@@ -411,6 +411,39 @@ TEST_CASE("Revoking the leader's lease ends its term and a new term begins with 
   CHECK(current->succeeded());
 }
 
+TEST_CASE(
+    "A standby ends the observed leader's term with RevokeLeaderLease, and "
+    "only that leader's") {
+  auto cluster = StartCluster(1);
+  Journal journal;
+  auto a = Campaign(*cluster, "a", &journal);
+  auto b = Campaign(*cluster, "b", &journal);
+  Candidate* leader = WaitForLeader({a.get(), b.get()});
+  Candidate* standby = leader == a.get() ? b.get() : a.get();
+  std::optional<LeaderInfo> info;
+  REQUIRE(Eventually([&] {
+    info = standby->election->ObservedLeader();
+    return info.has_value() && info->candidate == leader->name;
+  }));
+  // Not the leader observed (another epoch), nor the standby itself.
+  LeaderInfo stale = *info;
+  stale.epoch -= 1;
+  CHECK(
+      absl::IsFailedPrecondition(standby->election->RevokeLeaderLease(stale)));
+  CHECK(absl::IsFailedPrecondition(leader->election->RevokeLeaderLease(
+      *leader->election->ObservedLeader())));
+  CHECK(leader->election->IsLeader());
+
+  REQUIRE(standby->election->RevokeLeaderLease(*info).ok());
+  CHECK(standby->election->stats().leaders_revoked == 1);
+  REQUIRE(Eventually([&] {
+    auto last = journal.Last(leader->name);
+    return last.has_value() && !last->elected;
+  }));
+  Candidate* next = WaitForLeader({a.get(), b.get()});
+  CHECK(*next->election->LeaderEpoch() > info->epoch);
+}
+
 TEST_CASE("Killing one of three etcd members changes nothing for the leader and the standby") {
   auto cluster = StartCluster(3);
   Journal journal;

@@ -704,6 +704,37 @@ TEST_CASE(
   CHECK((*m2)["election_yielded"] == 1);
 }
 
+TEST_CASE(
+    "A leader whose process is gone is replaced at once, not after its "
+    "lease") {
+  Rig rig("master_ha_dead_leader");
+  // A 30 s lease: a standby leading within 15 s did not wait for it.
+  const std::vector<std::string> flags = {"--replication=async",
+                                          "--lease_ttl_s=30"};
+  rig.StartMaster(rig.dir + "/m0", flags);
+  LeaderInfo first;
+  REQUIRE(rig.WaitForServingLeader(&first) == 0);
+  rig.StartMaster(rig.dir + "/m1", flags);
+  RequireStandby(rig.masters[1].address, first);
+  rig.StartNodeAndClient();
+  const Blocks before("before-", 8, 5);
+  PutIntact(*rig.client, before);
+  WaitForStandbyCaughtUp(rig.masters[0].address);
+
+  // kill -9: the port refuses connections, so the standby whose stream
+  // broke revokes the dead leader's lease and leads.
+  REQUIRE(rig.masters[0].daemon.Stop(SIGKILL).ok());
+  LeaderInfo second;
+  REQUIRE(rig.WaitForServingLeader(&second, absl::Seconds(15)) == 1);
+  CHECK(second.epoch > first.epoch);
+  // Served once the node has rejoined the new leader.
+  CHECK(Eventually(
+      [&] { return LoadIntact(*rig.client, before) == before.keys.size(); }));
+  auto m1 = StatsOf(rig.masters[1].address);
+  REQUIRE(m1.ok());
+  CHECK((*m1)["dead_leaders_revoked"] == 1);
+}
+
 // ------------------------------------------------------------ etcd faults
 // A 3-member etcd cluster under the masters (docs/ha.md, "etcd faults").
 
