@@ -488,18 +488,28 @@ void HaMaster::MaybePreloadAgain() {
 void HaMaster::MaybeEndDeadLeaderTerm() {
   if (!options_.end_dead_leader_terms || follower_ == nullptr) return;
   const master::ReplicaFollower::Stats st = follower_->GetStats();
-  if (st.streaming || st.copying) return;
+  if (st.streaming || st.copying) {
+    last_inconclusive_probe_ = absl::InfinitePast();  // probe at the break
+    return;
+  }
   std::optional<LeaderInfo> l = election_->ObservedLeader();
+  // A leader that answered (or whose host did not) is probed again only
+  // this much later: a stream refused for another reason (credentials)
+  // must not become a connect every follow_interval.
+  constexpr absl::Duration kProbeAgainAfter = absl::Seconds(1);
+  const absl::Time now = absl::Now();
   if (!l.has_value() || l->candidate == advertise_ ||
-      l->candidate != followed_ || l->epoch == revoked_epoch_) {
+      l->candidate != followed_ || l->epoch == revoked_epoch_ ||
+      now - last_inconclusive_probe_ < kProbeAgainAfter) {
     return;
   }
   // A connect answered "refused" comes within a round trip; one that
   // times out says nothing (a lost host, a partition: the lease decides).
   absl::StatusOr<Socket> probe =
-      ConnectTcp(l->candidate, absl::Now() + options_.follow_interval);
+      ConnectTcp(l->candidate, now + options_.follow_interval);
   if (probe.ok() ||
       ReasonOf(probe.status()) != StatusReason::kConnectionRefused) {
+    last_inconclusive_probe_ = now;
     return;
   }
   revoked_epoch_ = l->epoch;

@@ -268,7 +268,11 @@ class HaMaster {
   bool preloaded_once_ = false;  // Preload ran (whatever it got)
   absl::Time last_preload_ = absl::InfinitePast();       // MaybePreloadAgain's
   absl::Time stream_down_since_ = absl::InfinitePast();  // InfinitePast: up
-  int64_t revoked_epoch_ = 0;  // MaybeEndDeadLeaderTerm's last; master-ha
+  // MaybeEndDeadLeaderTerm's: the epoch it last ended, and when a probe
+  // last found the leader alive or unreachable since the stream was last
+  // up. master-ha thread.
+  int64_t revoked_epoch_ = 0;
+  absl::Time last_inconclusive_probe_ = absl::InfinitePast();
   // The serving term took over preloaded_ (1) or loaded its store (0).
   std::atomic<int> served_preloaded_{0};
   // What the follower had applied when this master was elected.

@@ -106,7 +106,7 @@ std::string CrashTestReport::FailoverLine() const {
   if (failover_key_gone.size() == failover_lookup.size() &&
       failover_elected.size() == failover_lookup.size()) {
     etcd =
-        absl::StrCat("; kill->lease expired ", Percentiles(failover_key_gone),
+        absl::StrCat("; kill->leader key gone ", Percentiles(failover_key_gone),
                      "; kill->new leader ", Percentiles(failover_elected));
   }
   return absl::StrCat(

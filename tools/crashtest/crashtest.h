@@ -225,8 +225,8 @@ struct CrashTestReport {
   std::vector<absl::Duration> failover_lookup;
   std::vector<absl::Duration> failover_put;
   // Of the same kills, the time until the dead leader's key was gone (its
-  // lease expired in etcd) and until a new leader's key appeared, as this
-  // process's etcd watch saw them.
+  // lease expired, or a standby revoked it) and until a new leader's key
+  // appeared, as this process's etcd watch saw them.
   std::vector<absl::Duration> failover_key_gone;
   std::vector<absl::Duration> failover_elected;
   uint64_t terms_ended = 0;

@@ -333,7 +333,7 @@ absl::Status CrashTest::Impl::MeasureFailover(absl::Time killed, int kill) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   Log(absl::StrCat(
-      "failover ", kill, ": lease expired after ",
+      "failover ", kill, ": leader key gone (lease expired or revoked) after ",
       gone ? absl::StrCat(absl::ToInt64Milliseconds(*gone)) : "?",
       " ms, new leader after ",
       elected ? absl::StrCat(absl::ToInt64Milliseconds(*elected)) : "?",
