@@ -516,6 +516,14 @@ void HaMaster::MaybeEndDeadLeaderTerm() {
   LOG(WARNING) << "master HA: the leader " << l->candidate << " (epoch "
                << l->epoch << ") refuses connections (" << probe.status()
                << "): its process is gone; ending its term now";
+  // Load the index first, as while a lease runs out (MaybePreloadAgain),
+  // so that whichever standby is elected serves at once: the load is due
+  // before serving either way, and now it precedes the election.
+  if (options_.preload_index && preloaded_once_ && !preloaded_.has_value() &&
+      FollowerProgress() != preload_progress_) {
+    last_preload_ = now;
+    Preload();
+  }
   if (absl::Status r = election_->RevokeLeaderLease(*l); !r.ok()) {
     LOG(WARNING) << "master HA: could not end the term: " << r
                  << "; its lease will run out";

@@ -139,7 +139,9 @@ struct HaMasterOptions {
   // lease (LeaderElection::RevokeLeaderLease), so that the standbys elect
   // at once instead of after the lease's TTL. A leader whose host is lost
   // or cut off answers no connect at all, and its lease runs out as
-  // before. false: always wait for the lease. Default: true.
+  // before. With preload_index it loads its index first, so that the
+  // standby elected serves at once. false: always wait for the lease.
+  // Default: true.
   bool end_dead_leader_terms = true;
 
   // InvalidArgument naming the first bad field.
@@ -228,8 +230,9 @@ class HaMaster {
   // per kPreloadInterval. On the master-ha thread.
   void MaybePreloadAgain();
   // end_dead_leader_terms: while the follower's stream is down, probes the
-  // followed leader's address and revokes its lease if nothing listens
-  // there. On the master-ha thread.
+  // followed leader's address and, if nothing listens there, preloads the
+  // index (preload_index) and revokes the leader's lease. On the master-ha
+  // thread.
   void MaybeEndDeadLeaderTerm();
   // The leadership stats (MasterOptions::extra_stats).
   void VisitStats(StatsVisitor* v) const;

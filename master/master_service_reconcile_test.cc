@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/status_reason.h"
 #include "master/master_service_test_fixture.h"
 
 namespace hymcache {
@@ -64,10 +65,12 @@ TEST_CASE("Reconciliation drops listings a restarted node lost and frees what it
   REQUIRE(back.ok());
   CHECK(back->objects_retained());
   CHECK(back->reconcile());
-  // Not served until it has reconciled: neither reads nor placements.
+  // Not served until it has reconciled: neither reads nor placements (a
+  // put is asked to retry shortly).
   CHECK(h.Lookup({"k0"}).hit_prefix_length() == 0);
-  CHECK(h.svc->PutStart(PutReq({"z"}, {64})).status().code() ==
-        StatusCode::kResourceExhausted);
+  const absl::Status waiting = h.svc->PutStart(PutReq({"z"}, {64})).status();
+  CHECK(waiting.code() == StatusCode::kUnavailable);
+  CHECK(ReasonOf(waiting) == StatusReason::kNodesRejoining);
 
   // The put allocated in key order: k3 and k4 have the highest
   // generations.

@@ -652,8 +652,8 @@ void ReplicatedTakeover(const std::string& name, const std::string& mode) {
   CHECK((*st)["replica_applied_sequence_at_election"] >= latest);
   CHECK((*st)["replica_applied_sequence_at_election"] > 0);
   CHECK((*st)["leader_changes"] >= 2);
-  // The standby loaded its index while the dead leader's lease ran out
-  // (its stream broke at the kill), and served that.
+  // The standby loaded its index once its stream broke at the kill (before
+  // it ended the dead leader's term), and served that.
   CHECK((*st)["index_preloaded"] == 1);
 }
 
