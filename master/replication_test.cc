@@ -566,14 +566,7 @@ TEST_CASE(
   }
   // Restarted, the store still has a's identity and position, but no
   // leader has confirmed them since: no data leader until a's stream does.
-  ReplicaFollowerOptions o;
-  o.leader = "127.0.0.1:1";
-  o.store.path = dir;
-  o.min_backoff = absl::Milliseconds(10);
-  o.max_backoff = absl::Milliseconds(100);
-  auto restarted = ReplicaFollower::Create(o);
-  REQUIRE(restarted.ok());
-  auto f = std::move(restarted).value();
+  auto f = Follow(dir, "127.0.0.1:1");
   CHECK(f->GetStats().leader_db_id == a.source->db_id());
   CHECK(f->GetStats().applied_sequence == a.Latest());
   CHECK(f->GetStats().data_leader.empty());
