@@ -82,6 +82,30 @@ trim_disk_cache() {
 passed=0
 failed=0
 status=0
+# What each failed Bazel test said, kept for the end of the output: a test's
+# whole log scrolls by mid-run and a CI report that keeps only the start and
+# the end of the output drops the assertion that failed (issue 30, stop 42:
+# a hybrid_device_test failure whose message no one could read).
+failures=$(mktemp)
+# Appends to $failures the failed assertions of each test that Bazel's log
+# $1 (configuration $2) names as failed: Catch2's "FAILED:" blocks and
+# Python's tracebacks where there are some, else the log's last lines.
+digest_failures() {
+  local log=$1 cfg=$2 target path
+  grep -oE '^FAIL: //[^ ]+ \(see [^)]+\)' "$log" | sort -u |
+    while read -r _ target _ path; do
+      path=${path%)}
+      echo "--- [$cfg] $target"
+      if [ ! -f "$path" ]; then
+        echo "(no log at $path)"
+      elif grep -qE 'FAILED:|^Traceback|^E  ' "$path"; then
+        grep -E -A 12 'FAILED:|^Traceback|^E  ' "$path" |
+          grep -v -E '^[IWE][0-9]{4} ' | head -n 80
+      else
+        grep -v -E '^[IWE][0-9]{4} ' "$path" | tail -n 30
+      fi
+    done >> "$failures"
+}
 # Fast, so first: the lines the change adds or edits follow .clang-format
 # (the rest of the tree is not asked to). Counted as one check.
 if [ "${HYMCACHE_FORMAT:-1}" = "1" ]; then
@@ -121,6 +145,7 @@ for cfg in $CONFIGS; do
   p=$(grep -cE '^//[^ ]+ +PASSED' "$log")
   f=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE|FAILED TO BUILD)' "$log")
   echo "=== [$cfg] $p passed, $f failed (bazel exit $rc)"
+  digest_failures "$log" "$cfg"
   passed=$((passed + p))
   failed=$((failed + f))
   if [ "$rc" -ne 0 ]; then
@@ -236,5 +261,10 @@ if [ "${HYMCACHE_ENGINE_TESTS:-1}" = "1" ]; then
   rm -f "$log"
 fi
 
+if [ -s "$failures" ]; then
+  echo "=== what the failed tests said (their logs above, whole)"
+  cat "$failures"
+fi
+rm -f "$failures"
 echo "$passed passed, $failed failed"
 exit $status
