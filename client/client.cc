@@ -82,7 +82,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   security.tls.key_file = options.tls_key_file;
   security.tls.server_name = options.tls_server_name;
   // Before the first channel: gRPC may start with it.
-  if (absl::Status s = ApplyGrpcPollStrategyChoice(options.grpc_poll_strategy);
+  if (absl::Status s =
+          ApplyGrpcPollStrategyChoice(options.grpc_poll_strategy, "poll");
       !s.ok()) {
     return absl::Status(
         s.code(),

@@ -89,12 +89,8 @@ void StartDaemonMain(CommandLineOptions options,
 }
 
 absl::Status ApplyGrpcPollStrategyFlag(absl::string_view auto_strategy) {
-  absl::Status s;
-  if (FLAGS_grpc_poll_strategy != "auto") {
-    s = SetGrpcPollStrategy(FLAGS_grpc_poll_strategy);
-  } else if (!auto_strategy.empty()) {
-    PreferGrpcPollStrategy(auto_strategy);
-  }
+  absl::Status s =
+      ApplyGrpcPollStrategyChoice(FLAGS_grpc_poll_strategy, auto_strategy);
   if (s.ok()) return s;
   return absl::InvalidArgumentError(
       absl::StrCat("--grpc_poll_strategy: ", s.message()));

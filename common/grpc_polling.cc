@@ -78,9 +78,10 @@ absl::Status ValidateGrpcPollStrategyChoice(absl::string_view choice) {
   return ValidateGrpcPollStrategy(choice);
 }
 
-absl::Status ApplyGrpcPollStrategyChoice(absl::string_view choice) {
+absl::Status ApplyGrpcPollStrategyChoice(absl::string_view choice,
+                                         absl::string_view auto_strategy) {
   if (choice == "auto") {
-    PreferGrpcPollStrategy("poll");
+    if (!auto_strategy.empty()) PreferGrpcPollStrategy(auto_strategy);
     return absl::OkStatus();
   }
   if (choice.empty()) return absl::OkStatus();

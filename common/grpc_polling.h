@@ -48,10 +48,12 @@ std::string GrpcPollStrategyInUse();
 absl::Status ValidateGrpcPollStrategyChoice(absl::string_view choice);
 
 // A configured choice (ClientOptions::grpc_poll_strategy, the daemons'
-// --grpc_poll_strategy) applied: "auto" is PreferGrpcPollStrategy("poll"),
-// "" leaves gRPC's default, any other name is SetGrpcPollStrategy's.
+// --grpc_poll_strategy) applied: "auto" is
+// PreferGrpcPollStrategy(auto_strategy) (nothing where auto_strategy is
+// ""), "" leaves gRPC's default, any other name is SetGrpcPollStrategy's.
 // Errors: those of SetGrpcPollStrategy.
-absl::Status ApplyGrpcPollStrategyChoice(absl::string_view choice);
+absl::Status ApplyGrpcPollStrategyChoice(absl::string_view choice,
+                                         absl::string_view auto_strategy);
 
 // SetGrpcPollStrategy's default form: sets `strategy` (which
 // ValidateGrpcPollStrategy accepts) unless something chose already, i.e.

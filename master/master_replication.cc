@@ -43,12 +43,8 @@ absl::Status MasterReplicationOptions::Validate() const {
     return absl::InvalidArgumentError(
         "master replication: sync_timeout must be positive");
   }
-  if (async_batch_delay < absl::ZeroDuration() ||
-      async_batch_delay > absl::Seconds(1)) {
-    return absl::InvalidArgumentError(
-        "master replication: async_batch_delay must be in [0, 1 s]");
-  }
-  return absl::OkStatus();
+  return ValidateReplicationBatchDelay(async_batch_delay,
+                                       "master replication: async_batch_delay");
 }
 
 MasterReplication::MasterReplication(const MasterReplicationOptions& options,

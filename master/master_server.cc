@@ -65,11 +65,10 @@ absl::Status MasterOptions::Validate() const {
     return absl::InvalidArgumentError(
         "master: replication_sync_timeout must be positive");
   }
-  if (replication != master::ReplicationMode::kOff &&
-      (replication_async_batch_delay < absl::ZeroDuration() ||
-       replication_async_batch_delay > absl::Seconds(1))) {
-    return absl::InvalidArgumentError(
-        "master: replication_async_batch_delay must be in [0, 1 s]");
+  if (replication != master::ReplicationMode::kOff) {
+    absl::Status s = master::ValidateReplicationBatchDelay(
+        replication_async_batch_delay, "master: replication_async_batch_delay");
+    if (!s.ok()) return s;
   }
   if (!service.snapshot_path.empty()) {
     return absl::InvalidArgumentError(

@@ -58,11 +58,19 @@ absl::Status ReplicationSourceOptions::Validate() const {
     return absl::InvalidArgumentError(
         "replication source: poll and heartbeat intervals must be > 0");
   }
-  if (batch_delay < absl::ZeroDuration() || batch_delay > absl::Seconds(1)) {
-    return absl::InvalidArgumentError(
-        "replication source: batch_delay must be within [0, 1 s]");
+  return ValidateReplicationBatchDelay(batch_delay,
+                                       "replication source: batch_delay");
+}
+
+absl::Status ValidateReplicationBatchDelay(absl::Duration delay,
+                                           absl::string_view what) {
+  if (delay >= absl::ZeroDuration() && delay <= kMaxReplicationBatchDelay) {
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " must be within [0, ",
+                   absl::FormatDuration(kMaxReplicationBatchDelay), "], not ",
+                   absl::FormatDuration(delay)));
 }
 
 absl::StatusOr<std::unique_ptr<ReplicationSource>> ReplicationSource::Create(

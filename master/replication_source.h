@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/mutex.h"
@@ -73,16 +74,25 @@ struct ReplicationSourceOptions {
   // follower write, one acknowledgement) instead of one each. It adds up
   // to this much to the replication lag and nothing while a commit waits
   // for a follower (WaitReplicated, OnReplicated: those are sent at once).
-  // Asynchronous replication sets it (MasterReplication: 2 ms); with one
+  // Asynchronous replication sets it (MasterReplication: 10 ms); with one
   // message per write the stream and acknowledgement threads cost the
   // leader twice its own work per put (docs/ha.md). Zero: no wait; at
-  // most 1 s. Default: zero.
+  // most kMaxReplicationBatchDelay. Default: zero.
   absl::Duration batch_delay = absl::ZeroDuration();
   // Lag times. nullptr: Clock::Real(). Not owned. Default: nullptr.
   Clock* clock = nullptr;
 
   absl::Status Validate() const;
 };
+
+// The longest batch delay a stream takes (ReplicationSourceOptions,
+// MasterReplicationOptions::async_batch_delay, --replication_async_delay_ms).
+inline constexpr absl::Duration kMaxReplicationBatchDelay = absl::Seconds(1);
+
+// OK for a batch delay in [0, kMaxReplicationBatchDelay]; else
+// InvalidArgument naming `what` (the option or flag).
+absl::Status ValidateReplicationBatchDelay(absl::Duration delay,
+                                           absl::string_view what);
 
 class ReplicationSource final : public hymcache::v1::Replication::Service {
  public:
