@@ -231,11 +231,17 @@ void LeaderElection::Run() {
 absl::Status LeaderElection::RevokeLeaderLease(const LeaderInfo& leader) {
   {
     MutexLock l(&mu_);
+    // A leader named like this candidate but under a lease this object
+    // never campaigned with is an earlier process of this candidate (a
+    // restarted master on the address its predecessor led on).
     if (!observed_.has_value() || !(*observed_ == leader) ||
-        leader.candidate == options_.candidate || leader.lease == 0) {
+        leader.lease == 0 ||
+        (leader.candidate == options_.candidate &&
+         (leader.lease == lease_ || leader.lease == campaign_lease_))) {
       return absl::FailedPreconditionError(absl::StrCat(
           "election ", options_.key, ": ", leader.candidate, " (epoch ",
-          leader.epoch, ") is not the leader observed, or is this candidate"));
+          leader.epoch,
+          ") is not the leader observed, or is this candidate's term"));
     }
   }
   absl::Status r = options_.etcd->LeaseRevoke(
@@ -425,6 +431,13 @@ absl::Status LeaderElection::Campaign() {
   auto grant = etcd->LeaseGrant(options_.lease_ttl);
   if (!grant.ok()) return grant.status();
   const int64_t lease = grant->id();
+  {
+    // Before the Txn: the watch may show the key under this lease before
+    // the Txn answers, and RevokeLeaderLease must not take it for an
+    // earlier process's.
+    MutexLock l(&mu_);
+    campaign_lease_ = lease;
+  }
   const absl::Duration ttl = absl::Seconds(grant->ttl());
 
   etcdserverpb::TxnRequest txn;

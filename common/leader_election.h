@@ -205,10 +205,12 @@ class LeaderElection {
   // campaign) if `leader` is still the leader observed (same epoch and
   // lease). For a leader known to be dead (its address refuses
   // connections: its process is gone); a live leader revoked loses its
-  // term, fenced by its epoch like any deposed one. OK when revoked or
-  // already gone (NotFound from etcd); FailedPrecondition when `leader` is
-  // not the leader observed now, or is this candidate; etcd's error
-  // otherwise.
+  // term, fenced by its epoch like any deposed one. `leader` may name this
+  // candidate under a lease it never campaigned with: an earlier process
+  // of it (a master restarted on its address), whose term is over. OK when
+  // revoked or already gone (NotFound from etcd); FailedPrecondition when
+  // `leader` is not the leader observed now, or is this candidate's own
+  // (won or campaigning) term; etcd's error otherwise.
   absl::Status RevokeLeaderLease(const LeaderInfo& leader);
 
   // A Txn compare that holds only while the leader key is the one created
@@ -275,6 +277,8 @@ class LeaderElection {
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
+  // The lease of this candidate's latest campaign, won or not (0: none).
+  int64_t campaign_lease_ ABSL_GUARDED_BY(mu_) = 0;
   // An ended term's lease that StepDown could not revoke (0: none).
   int64_t unrevoked_lease_ ABSL_GUARDED_BY(mu_) = 0;
   // The lease's local deadline on clock_ (see the file comment).

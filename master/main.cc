@@ -148,11 +148,14 @@ DEFINE_bool(preload_index, hymcache::HaMasterOptions().preload_index,
 
 DEFINE_bool(end_dead_leader_terms,
             hymcache::HaMasterOptions().end_dead_leader_terms,
-            "with --etcd and replication: a standby whose stream from the "
-            "leader broke and whose connect to the leader is refused (the "
-            "leader's process is gone, its host up) revokes the leader's "
-            "lease, so that a standby leads at once instead of after "
-            "--lease_ttl_s (docs/ha.md); false: always wait for the lease");
+            "with --etcd: a master that finds the leader key naming its own "
+            "address (an earlier process of it, restarted) revokes that "
+            "lease at once; with replication, a standby whose stream from "
+            "the leader broke and whose connect to the leader is refused "
+            "(the leader's process is gone, its host up) revokes the "
+            "leader's lease, so that a standby leads at once instead of "
+            "after --lease_ttl_s (docs/ha.md); false: always wait for the "
+            "lease");
 DEFINE_int64(
     election_ranking_ms,
     absl::ToInt64Milliseconds(hymcache::HaMasterOptions().ranking_window),

@@ -486,7 +486,33 @@ void HaMaster::MaybePreloadAgain() {
 }
 
 void HaMaster::MaybeEndDeadLeaderTerm() {
-  if (!options_.end_dead_leader_terms || follower_ == nullptr) return;
+  if (!options_.end_dead_leader_terms) return;
+  if (std::optional<LeaderInfo> l = election_->ObservedLeader();
+      l.has_value() && l->candidate == advertise_ &&
+      l->epoch != revoked_epoch_) {
+    // The leader key names this master's address while this process
+    // stands by: it is the term of an earlier process on this address
+    // (killed and restarted, by systemd say), which is gone, since this one
+    // listens there now. Ended at once instead of after its lease, with no
+    // probe. The index is loaded already (Loop preloads first).
+    // RevokeLeaderLease refuses (FailedPrecondition) this process's own
+    // term, won meanwhile.
+    revoked_epoch_ = l->epoch;
+    absl::Status r = election_->RevokeLeaderLease(*l);
+    if (r.ok()) {
+      LOG(WARNING) << "master HA: the leader key named this master's address "
+                   << advertise_ << " (epoch " << l->epoch
+                   << ") under an earlier process's lease: ended its term";
+    } else if (!absl::IsFailedPrecondition(r)) {
+      LOG(WARNING) << "master HA: the leader key names this master's address "
+                   << advertise_ << " (epoch " << l->epoch
+                   << ") under an earlier process's lease; could not end its "
+                      "term: "
+                   << r << "; its lease will run out";
+    }
+    return;
+  }
+  if (follower_ == nullptr) return;
   const master::ReplicaFollower::Stats st = follower_->GetStats();
   if (st.streaming || st.copying) {
     last_inconclusive_probe_ = absl::InfinitePast();  // probe at the break

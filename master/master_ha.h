@@ -140,8 +140,11 @@ struct HaMasterOptions {
   // at once instead of after the lease's TTL. A leader whose host is lost
   // or cut off answers no connect at all, and its lease runs out as
   // before. With preload_index it loads its index first, so that the
-  // standby elected serves at once. false: always wait for the lease.
-  // Default: true.
+  // standby elected serves at once. And, with or without replication, a
+  // master that finds the leader key naming its own address while it
+  // stands by revokes that lease at once: it is an earlier process's on
+  // this address (killed and restarted, by systemd say), with no probe.
+  // false: always wait for the lease. Default: true.
   bool end_dead_leader_terms = true;
 
   // InvalidArgument naming the first bad field.
@@ -229,10 +232,11 @@ class HaMaster {
   // before anyone is elected, and the load runs meanwhile); at most once
   // per kPreloadInterval. On the master-ha thread.
   void MaybePreloadAgain();
-  // end_dead_leader_terms: while the follower's stream is down, probes the
-  // followed leader's address and, if nothing listens there, preloads the
-  // index (preload_index) and revokes the leader's lease. On the master-ha
-  // thread.
+  // end_dead_leader_terms: revokes the lease of a leader named by this
+  // master's own address (an earlier process of it) at once; else, while
+  // the follower's stream is down, probes the followed leader's address
+  // and, if nothing listens there, preloads the index (preload_index) and
+  // revokes the leader's lease. On the master-ha thread.
   void MaybeEndDeadLeaderTerm();
   // The leadership stats (MasterOptions::extra_stats).
   void VisitStats(StatsVisitor* v) const;

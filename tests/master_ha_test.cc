@@ -735,6 +735,39 @@ TEST_CASE(
   CHECK((*m1)["dead_leaders_revoked"] == 1);
 }
 
+TEST_CASE(
+    "A leader killed and restarted on its address ends its earlier "
+    "process's term at once and leads again") {
+  Rig rig("master_ha_restarted_leader");
+  // A 30 s lease, no standby: leading again within 15 s did not wait for
+  // the killed process's lease.
+  std::vector<std::string> flags = {"--lease_ttl_s=30"};
+  rig.StartMaster(rig.dir + "/m0", flags);
+  LeaderInfo first;
+  REQUIRE(rig.WaitForServingLeader(&first) == 0);
+  rig.StartNodeAndClient();
+  const Blocks before("before-", 8, 7);
+  PutIntact(*rig.client, before);
+
+  // As systemd's Restart= does: the same store, the same address.
+  const std::string address = rig.masters[0].address;
+  REQUIRE(rig.masters[0].daemon.Stop(SIGKILL).ok());
+  rig.masters.clear();
+  flags.push_back("--listen=" + address);
+  rig.StartMaster(rig.dir + "/m0", flags);
+  REQUIRE(rig.masters[0].address == address);
+  LeaderInfo second;
+  REQUIRE(rig.WaitForServingLeader(&second, absl::Seconds(15)) == 0);
+  CHECK(second.epoch > first.epoch);
+  CHECK(second.lease != first.lease);
+  CHECK(Eventually(
+      [&] { return LoadIntact(*rig.client, before) == before.keys.size(); }));
+  PutIntact(*rig.client, Blocks("after-", 4, 8));
+  auto m0 = StatsOf(address);
+  REQUIRE(m0.ok());
+  CHECK((*m0)["dead_leaders_revoked"] == 1);
+}
+
 // ------------------------------------------------------------ etcd faults
 // A 3-member etcd cluster under the masters (docs/ha.md, "etcd faults").
 
