@@ -485,8 +485,8 @@ void HaMaster::MaybePreloadAgain() {
   Preload();
 }
 
-void HaMaster::MaybeEndDeadLeaderTerm() {
-  if (!options_.end_dead_leader_terms) return;
+bool HaMaster::MaybeEndDeadLeaderTerm() {
+  if (!options_.end_dead_leader_terms) return false;
   if (std::optional<LeaderInfo> l = election_->ObservedLeader();
       l.has_value() && l->candidate == advertise_ &&
       l->epoch != revoked_epoch_) {
@@ -510,13 +510,13 @@ void HaMaster::MaybeEndDeadLeaderTerm() {
                       "term: "
                    << r << "; its lease will run out";
     }
-    return;
+    return r.ok();
   }
-  if (follower_ == nullptr) return;
+  if (follower_ == nullptr) return false;
   const master::ReplicaFollower::Stats st = follower_->GetStats();
   if (st.streaming || st.copying) {
     last_inconclusive_probe_ = absl::InfinitePast();  // probe at the break
-    return;
+    return false;
   }
   std::optional<LeaderInfo> l = election_->ObservedLeader();
   // A leader that answered (or whose host did not) is probed again only
@@ -527,7 +527,7 @@ void HaMaster::MaybeEndDeadLeaderTerm() {
   if (!l.has_value() || l->candidate == advertise_ ||
       l->candidate != followed_ || l->epoch == revoked_epoch_ ||
       now - last_inconclusive_probe_ < kProbeAgainAfter) {
-    return;
+    return false;
   }
   // A connect answered "refused" comes within a round trip; one that
   // times out says nothing (a lost host, a partition: the lease decides).
@@ -536,7 +536,7 @@ void HaMaster::MaybeEndDeadLeaderTerm() {
   if (probe.ok() ||
       ReasonOf(probe.status()) != StatusReason::kConnectionRefused) {
     last_inconclusive_probe_ = now;
-    return;
+    return false;
   }
   revoked_epoch_ = l->epoch;
   LOG(WARNING) << "master HA: the leader " << l->candidate << " (epoch "
@@ -550,10 +550,12 @@ void HaMaster::MaybeEndDeadLeaderTerm() {
     last_preload_ = now;
     Preload();
   }
-  if (absl::Status r = election_->RevokeLeaderLease(*l); !r.ok()) {
+  absl::Status r = election_->RevokeLeaderLease(*l);
+  if (!r.ok()) {
     LOG(WARNING) << "master HA: could not end the term: " << r
                  << "; its lease will run out";
   }
+  return r.ok();
 }
 
 void HaMaster::DropStalePreload() {
@@ -616,7 +618,31 @@ void HaMaster::VisitStats(StatsVisitor* v) const {
 }
 
 void HaMaster::Loop() {
-  Preload();
+  // A first look at the leader key before the startup preload: a term
+  // whose process is gone (this master's earlier process, or a leader
+  // whose address refuses connections) ends at once, and the election
+  // runs while the elected master loads its store. Preloading first would
+  // put every standby's load, each contending for the cores, before the
+  // election (ha_bench --restart_objects, docs/ha.md).
+  constexpr absl::Duration kFirstLook = absl::Milliseconds(200);
+  bool ended_at_start = false;
+  if (options_.end_dead_leader_terms) {
+    const absl::Time until = absl::Now() + kFirstLook;
+    while (!election_->ObservedLeader().has_value() && absl::Now() < until) {
+      MutexLock l(&mu_);
+      if (stopping_) return;
+      cv_.WaitWithDeadline(&mu_, absl::Now() + absl::Milliseconds(5));
+    }
+    FollowObservedLeader();
+    ended_at_start = MaybeEndDeadLeaderTerm();
+  }
+  if (!ended_at_start) {
+    Preload();
+  } else {
+    // Skipped, not off: later preloads (MaybePreloadAgain, and before
+    // ending a dead leader's term) still run.
+    preloaded_once_ = true;
+  }
   int64_t epoch = 0;
   while (true) {
     FollowObservedLeader();

@@ -236,8 +236,9 @@ class HaMaster {
   // master's own address (an earlier process of it) at once; else, while
   // the follower's stream is down, probes the followed leader's address
   // and, if nothing listens there, preloads the index (preload_index) and
-  // revokes the leader's lease. On the master-ha thread.
-  void MaybeEndDeadLeaderTerm();
+  // revokes the leader's lease. Returns whether it ended a term. On the
+  // master-ha thread.
+  bool MaybeEndDeadLeaderTerm();
   // The leadership stats (MasterOptions::extra_stats).
   void VisitStats(StatsVisitor* v) const;
   // How up to date the follower is, for the election's ranking (on the
@@ -272,7 +273,9 @@ class HaMaster {
   // Create there).
   std::optional<PreloadedIndex> preloaded_;
   uint64_t preload_progress_ = 0;
-  bool preloaded_once_ = false;  // Preload ran (whatever it got)
+  // Preload ran (whatever it got), or Loop skipped the startup preload
+  // for a term it ended at once.
+  bool preloaded_once_ = false;
   absl::Time last_preload_ = absl::InfinitePast();       // MaybePreloadAgain's
   absl::Time stream_down_since_ = absl::InfinitePast();  // InfinitePast: up
   // MaybeEndDeadLeaderTerm's: the epoch it last ended, and when a probe
