@@ -27,10 +27,13 @@
 // at once (issue 30: "all masters restarted at once with 1M objects:
 // serving within 2 s"): an async pair commits N objects (puts of 1,000
 // keys), the bench waits until the standby holds them all, SIGKILLs both
-// masters together, restarts both on their stores and polls both with
-// BatchLookups of 32 of the committed keys; it prints the milliseconds from
-// the restart to the first lookup that finds every key (which includes the
-// dead leader's lease running out in etcd: --lease_ttl_s=1), --reps times,
+// masters together, restarts both on their stores and their addresses (as
+// systemd or a StatefulSet would; --restart_on_new_ports: on new ones, as
+// after moving to other hosts) and polls both with BatchLookups of 32 of
+// the committed keys; it prints the milliseconds from the restart to the
+// first lookup that finds every key (which includes the dead leader's term
+// ending: at once where a restarted master finds its own address in the
+// leader key, else when its lease runs out, --lease_ttl_s=1), --reps times,
 // each rep once with the masters' --preload_index (the default) and once
 // without:
 //   bazel run -c opt //tools/bench:ha_bench -- --restart_objects=1000000
@@ -45,15 +48,19 @@
 // publishing them.
 //
 // Caveat: the standby and etcd share this machine (and its cores) with the
-// leader and the load.
+// leader and the load; --leader_cpu=N gives the first master (the leader,
+// and mode off's master) CPU N to itself and puts everything else on the
+// other CPUs, as if the leader had a host of its own.
 #include <gflags/gflags.h>
 #include <grpcpp/grpcpp.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -98,6 +105,14 @@ DEFINE_uint64(restart_objects, 0,
               "instead of --modes: commit this many objects on an async pair, "
               "SIGKILL both masters at once, restart both and time until one "
               "serves lookups of them");
+DEFINE_int32(leader_cpu, -1,
+             "pin the first master (the one leading, and the single master "
+             "of mode off) to this CPU and everything else (the bench's "
+             "clients, the standby, etcd) to the other CPUs, as if the "
+             "leader had a host of its own; -1: no pinning");
+DEFINE_bool(restart_on_new_ports, false,
+            "with --restart_objects: restart the masters on new ports "
+            "instead of their own addresses");
 
 namespace hymcache {
 namespace {
@@ -149,6 +164,41 @@ absl::StatusOr<std::string> StandbyAddress(const Daemon& d) {
   return d.ready_line().substr(prefix.size());
 }
 
+// Daemon::Start of master `index` (0: the one that leads first), on
+// --leader_cpu when that is set and index is 0 (taskset execs the master:
+// the pid is the master's).
+absl::StatusOr<Daemon> StartMaster(const std::string& binary,
+                                   const std::vector<std::string>& args,
+                                   int index) {
+  if (FLAGS_leader_cpu < 0 || index != 0) return Daemon::Start(binary, args);
+  std::vector<std::string> pinned = {"-c", absl::StrCat(FLAGS_leader_cpu),
+                                     binary};
+  pinned.insert(pinned.end(), args.begin(), args.end());
+  return Daemon::Start("/usr/bin/taskset", pinned);
+}
+
+// --leader_cpu: this process (and what it starts later: etcd, the standby)
+// on every CPU but the leader's.
+absl::Status PinAwayFromLeaderCpu() {
+  if (FLAGS_leader_cpu < 0) return absl::OkStatus();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  if (FLAGS_leader_cpu >= cpus || cpus < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--leader_cpu=", FLAGS_leader_cpu, " needs two or more CPUs (", cpus,
+        " online) and one of them"));
+  }
+  for (long c = 0; c < cpus; ++c) {
+    if (c != FLAGS_leader_cpu) CPU_SET(c, &set);
+  }
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    return absl::InternalError(
+        absl::StrCat("sched_setaffinity: ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
                              const std::string& dir,
                              const std::vector<std::string>& ha_flags = {}) {
@@ -165,7 +215,7 @@ absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
     // The KV events' cost (docs/deployment.md): a plain master keeping
     // none.
     if (mode == "events_off") args.push_back("--event_log_capacity=0");
-    auto d = Daemon::Start(binary, args);
+    auto d = StartMaster(binary, args, 0);
     if (!d.ok()) return d.status();
     auto address = testing::ParseMasterReadyLine(d->ready_line());
     if (!address.ok()) return address.status();
@@ -191,7 +241,7 @@ absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
     }
     args.insert(args.end(), ha_flags.begin(), ha_flags.end());
     rig.args.push_back(args);
-    auto d = Daemon::Start(binary, args);
+    auto d = StartMaster(binary, args, i);
     if (!d.ok()) return d.status();
     auto address = StandbyAddress(*d);
     if (!address.ok()) return address.status();
@@ -603,7 +653,11 @@ absl::StatusOr<double> RunRestartAll(const std::string& binary,
     }
     t0 = absl::Now();
     for (size_t i = 0; i < rig->args.size(); ++i) {
-      auto d = Daemon::Start(binary, rig->args[i]);
+      std::vector<std::string> args = rig->args[i];
+      if (!FLAGS_restart_on_new_ports) {
+        args.push_back("--listen=" + (i == 0 ? rig->leader : rig->standby));
+      }
+      auto d = Daemon::Start(binary, args);
       if (!d.ok()) return d.status();
       auto address = StandbyAddress(*d);
       if (!address.ok()) return address.status();
@@ -768,5 +822,9 @@ int main(int argc, char** argv) {
                 "HA off and on, side by side",
        .main_file = __FILE__},
       &argc, &argv);
+  if (absl::Status s = hymcache::PinAwayFromLeaderCpu(); !s.ok()) {
+    std::fprintf(stderr, "ha_bench: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   return hymcache::Main(argv[0]);
 }
