@@ -494,9 +494,9 @@ bool HaMaster::MaybeEndDeadLeaderTerm() {
     // stands by: it is the term of an earlier process on this address
     // (killed and restarted, by systemd say), which is gone, since this one
     // listens there now. Ended at once instead of after its lease, with no
-    // probe. The index is loaded already (Loop preloads first).
-    // RevokeLeaderLease refuses (FailedPrecondition) this process's own
-    // term, won meanwhile.
+    // probe and no preload first (at start, Loop preloads only if no term
+    // ended: the elected master loads its store). RevokeLeaderLease refuses
+    // (FailedPrecondition) this process's own term, won meanwhile.
     revoked_epoch_ = l->epoch;
     absl::Status r = election_->RevokeLeaderLease(*l);
     if (r.ok()) {
