@@ -701,7 +701,11 @@ TEST_CASE(
   auto m2 = StatsOf(rig.masters[2].address);
   REQUIRE(m2.ok());
   CHECK((*m2)["election_rankings"] == 2);
-  CHECK((*m2)["election_yielded"] == 1);
+  // At the first vacancy m2 either yielded to m1's standing or, having
+  // ranked before m1 posted one, saw m1 elected while it waited for it
+  // (m1 ends a dead leader's term itself and may rank and win at once): a
+  // yield counted or not, never a campaign (m1 led, above).
+  CHECK((*m2)["election_yielded"] <= 1);
 }
 
 TEST_CASE(
