@@ -317,7 +317,7 @@ class Client {
       absl::Span<const std::string> keys, const CallOptions& call = {}) = 0;
 
   // Think-time hints (docs/prefetch.md). Advice only: each returns at once
-  // and its work (a for-read lookup of `keys`, then one small frame per
+  // and its work (a lookup of `keys`, then one small frame per
   // node holding them) runs in the background; it never fails or delays a
   // Load, Store or Put. A client runs at most max_pending_hints at once.
   //
@@ -327,7 +327,10 @@ class Client {
   // turn's Load finds it staged, and the lookup keeps the chain recent on
   // the master (away from eviction).
   // HintConversationEnded: the conversation will not come back; the nodes
-  // drop its hints (its blocks stay stored).
+  // drop its hints, and the master moves the chain's own blocks (not a
+  // prefix other chains share) to the front of their node's eviction
+  // order: they stay stored, and go before any other block when the node
+  // needs room.
   // Errors: InvalidArgument (empty list, empty or oversized key, hold <= 0),
   // ResourceExhausted (max_pending_hints in flight: the hint is dropped).
   virtual absl::Status HintNextTurn(absl::Span<const std::string> keys,

@@ -142,7 +142,7 @@ absl::Status ClientImpl::Lookup(absl::Span<const std::string> keys,
        begin += options_.max_keys_per_rpc) {
     size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
     absl::StatusOr<LookupBatch> batch =
-        master_->Lookup(keys.subspan(begin, n), /*for_read=*/false, deadline);
+        master_->Lookup(keys.subspan(begin, n), LookupIntent::kPeek, deadline);
     if (!batch.ok()) {
       if (begin == 0 || batch.status().code() == absl::StatusCode::kInternal) {
         return batch.status();

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/testing/fake_master_client.h"
 #include "client/testing/fake_transport.h"
+#include "common/eventually.h"
 #include "common/status_reason.h"
 
 namespace hymcache {
@@ -599,6 +600,31 @@ TEST_CASE("Store: beyond max_pending_stores a store is skipped at once") {
   CHECK(r2->stored == 2);
   CHECK(rig.master->put_starts().size() == 2);
   CHECK_FALSE(rig.master->Find("k4").has_value());
+}
+
+TEST_CASE("An ended conversation goes to the master tail first, in runs that overlap by a key") {
+  ClientOptions o = TestOptions();
+  o.max_keys_per_rpc = 4;
+  Rig rig(o);
+  Blocks b(10);
+  StoreAll(rig, b);
+  REQUIRE(rig.client->HintConversationEnded(b.keys).ok());
+  // Each run ends with the head of the run sent before it: the master
+  // (MetadataIndex::DemoteChain) walks up from there.
+  using Run = std::vector<std::string>;
+  REQUIRE(testing::Eventually(
+      [&] { return rig.master->ended_chains().size() == 4; }));
+  CHECK(rig.master->ended_chains() ==
+        std::vector<Run>{{"k9"},
+                         {"k6", "k7", "k8", "k9"},
+                         {"k3", "k4", "k5", "k6"},
+                         {"k0", "k1", "k2", "k3"}});
+  // A next-turn hint ends nothing.
+  REQUIRE(rig.client->HintNextTurn(b.keys).ok());
+  REQUIRE(rig.client->HintConversationEnded({"k0"}).ok());
+  REQUIRE(testing::Eventually(
+      [&] { return rig.master->ended_chains().size() == 5; }));
+  CHECK(rig.master->ended_chains().back() == Run{"k0"});
 }
 
 }  // namespace

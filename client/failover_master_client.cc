@@ -184,10 +184,11 @@ uint64_t FailoverMasterClient::failovers() const {
 }
 
 absl::StatusOr<LookupBatch> FailoverMasterClient::Lookup(
-    absl::Span<const std::string> keys, bool for_read, absl::Time deadline) {
+    absl::Span<const std::string> keys, LookupIntent intent,
+    absl::Time deadline) {
   return WithFailover<absl::StatusOr<LookupBatch>>(
       deadline, true, [&](MasterClient* m, absl::Time d) {
-        return m->Lookup(keys, for_read, d);
+        return m->Lookup(keys, intent, d);
       });
 }
 
@@ -219,9 +220,9 @@ class FailoverMasterClient::Stream final : public LookupStream {
       inner_->CancelRest();
       inner_.reset();
     }
-    absl::StatusOr<LookupBatch> b = parent_->Lookup(
-        keys_.subspan(next_ * chunk_keys_, chunk_keys_), /*for_read=*/true,
-        deadline_);
+    absl::StatusOr<LookupBatch> b =
+        parent_->Lookup(keys_.subspan(next_ * chunk_keys_, chunk_keys_),
+                        LookupIntent::kRead, deadline_);
     if (!b.ok()) return b.status();
     batch_ = std::move(b).value();
     ++next_;

@@ -32,8 +32,8 @@ class RefusingMaster final : public MasterClient {
     return calls_;
   }
 
-  absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string>, bool,
-                                     absl::Time) override {
+  absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string>,
+                                     LookupIntent, absl::Time) override {
     return Refuse();
   }
   std::unique_ptr<LookupStream> StartLookups(absl::Span<const std::string>,
@@ -90,8 +90,8 @@ class Forward final : public MasterClient {
   explicit Forward(MasterClient* m) : m_(m) {}
   // Calls from now on go to `m`.
   void set(MasterClient* m) { m_ = m; }
-  absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> k, bool r,
-                                     absl::Time d) override {
+  absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> k,
+                                     LookupIntent r, absl::Time d) override {
     return m_.load()->Lookup(k, r, d);
   }
   std::unique_ptr<LookupStream> StartLookups(absl::Span<const std::string> k,
@@ -175,7 +175,7 @@ TEST_CASE("A call refused by a standby goes to the leader it names") {
   CHECK(c->highest_epoch() == 7);
   CHECK(rig.standby_a.calls() == 1);
   // Later calls go straight to the leader.
-  auto found = c->Lookup({"k1"}, false, kLater);
+  auto found = c->Lookup({"k1"}, LookupIntent::kPeek, kLater);
   REQUIRE(found.ok());
   CHECK(found->found == std::vector<bool>{true});
   CHECK(rig.standby_a.calls() == 1);
@@ -223,7 +223,7 @@ TEST_CASE(
   CHECK(rig.dead_b.calls() == 1);
   CHECK(answers.asked() == 4);
   // Later calls go straight to the leader.
-  REQUIRE(c->Lookup({"k"}, false, kLater).ok());
+  REQUIRE(c->Lookup({"k"}, LookupIntent::kPeek, kLater).ok());
   CHECK(answers.asked() == 4);
 }
 
@@ -234,7 +234,7 @@ TEST_CASE(
   Answers answers({""});
   auto c = rig.Make({}, answers.source());
   const absl::Time deadline = absl::Now() + absl::Milliseconds(30);
-  auto r = c->Lookup({"k"}, false, deadline);
+  auto r = c->Lookup({"k"}, LookupIntent::kPeek, deadline);
   CHECK(r.status().code() == absl::StatusCode::kUnavailable);
   CHECK(absl::Now() >= deadline);
   CHECK(answers.asked() >= 2);
@@ -300,7 +300,7 @@ TEST_CASE("With no leader anywhere the call fails at its deadline") {
   rig.standby_a.set_status(NotLeaderError("no leader", {}));
   auto c = rig.Make({"a:1", "b:1"});
   const absl::Time deadline = absl::Now() + absl::Milliseconds(100);
-  auto r = c->Lookup({"k"}, false, deadline);
+  auto r = c->Lookup({"k"}, LookupIntent::kPeek, deadline);
   CHECK(r.status().code() == absl::StatusCode::kUnavailable);
   CHECK(absl::Now() >= deadline);
   // Both were tried, round after round.
@@ -311,13 +311,15 @@ TEST_CASE("With no leader anywhere the call fails at its deadline") {
 TEST_CASE("A refusal naming a leader of an older epoch is not followed") {
   Rig rig;
   auto c = rig.Make({"a:1", "c:1"});
-  REQUIRE(c->Lookup({"k"}, false, kLater).ok());  // epoch 7 learned via a:1
+  REQUIRE(c->Lookup({"k"}, LookupIntent::kPeek, kLater)
+              .ok());  // epoch 7 learned via a:1
   CHECK(c->highest_epoch() == 7);
   // The master at c now refuses, naming a stale leader (b, epoch 3): the
   // client goes round the list instead, and never to b.
   RefusingMaster stale(NotLeaderError("deposed", {"b:1", 3}));
   rig.at_c.set(&stale);
-  auto r = c->Lookup({"k"}, false, absl::Now() + absl::Milliseconds(50));
+  auto r = c->Lookup({"k"}, LookupIntent::kPeek,
+                     absl::Now() + absl::Milliseconds(50));
   CHECK(r.status().code() == absl::StatusCode::kUnavailable);
   CHECK(stale.calls() >= 1);
   CHECK(std::count(rig.connected.begin(), rig.connected.end(), "b:1") == 0);
@@ -351,8 +353,8 @@ TEST_CASE("A lookup stream whose master refuses goes on chunk by chunk") {
 class SilentMaster final : public MasterClient {
  public:
   explicit SilentMaster(FakeClock* clock) : clock_(clock) {}
-  absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string>, bool,
-                                     absl::Time d) override {
+  absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string>,
+                                     LookupIntent, absl::Time d) override {
     return Wait(d);
   }
   std::unique_ptr<LookupStream> StartLookups(absl::Span<const std::string>,

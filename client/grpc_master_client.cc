@@ -65,12 +65,13 @@ ObjectLocation FromRecord(const wire::LookupRecord& r) {
 
 // A lookup request for `keys` into `req` (cleared first: a reused request
 // keeps its key strings' memory). Asks for the packed answer.
-void FillLookupRequest(absl::Span<const std::string> keys, bool for_read,
+void FillLookupRequest(absl::Span<const std::string> keys, LookupIntent intent,
                        pb::BatchLookupRequest* req) {
   req->Clear();
   req->mutable_keys()->Reserve(static_cast<int>(keys.size()));
   for (const std::string& k : keys) req->add_keys(k);
-  req->set_for_read(for_read);
+  req->set_for_read(intent == LookupIntent::kRead);
+  req->set_ended(intent == LookupIntent::kEnded);
   req->set_packed(true);
 }
 
@@ -310,7 +311,7 @@ class GrpcMasterClient : public MasterClient {
   }
 
   absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> keys,
-                                     bool for_read,
+                                     LookupIntent intent,
                                      absl::Time deadline) override {
     // Already late: nothing is sent (as gRPC does for a unary call; with
     // the "poll" strategy, a stream's events may still be taken after the
@@ -327,7 +328,7 @@ class GrpcMasterClient : public MasterClient {
         stream != nullptr ? &stream->request() : &unary_req;
     pb::BatchLookupResponse* resp =
         stream != nullptr ? &stream->response() : &unary_resp;
-    FillLookupRequest(keys, for_read, req);
+    FillLookupRequest(keys, intent, req);
     absl::Status answered;
     if (stream == nullptr ||
         !StreamLookup(stream.get(), *req, resp, deadline, &answered)) {
@@ -781,7 +782,7 @@ class GrpcLookupStream : public LookupStream {
       Call* c = call.get();
       const size_t begin = launched_ * chunk_;
       FillLookupRequest(keys_.subspan(begin, ChunkSize(launched_)),
-                        /*for_read=*/true, &c->req);
+                        LookupIntent::kRead, &c->req);
       c->ctx.set_deadline(absl::ToChronoTime(deadline_));
       state_->calls[launched_] = std::move(call);
       ++launched_;
@@ -924,7 +925,7 @@ class StreamedLookups : public LookupStream {
         static_cast<size_t>(client_->options_.lookup_pipeline_depth);
     if (!writing_ && written_ < nchunks_ && written_ < next_ + depth) {
       FillLookupRequest(keys_.subspan(written_ * chunk_, ChunkSize(written_)),
-                        /*for_read=*/true, &req_);
+                        LookupIntent::kRead, &req_);
       stream_->StartWrite(req_, &write_tag_);
       writing_ = true;
       ++written_;

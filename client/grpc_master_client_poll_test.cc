@@ -78,7 +78,7 @@ TEST_CASE("Lookups from several threads find a restarted master again") {
     for (int t = 0; t < 2; ++t) {
       callers.emplace_back("caller", [&] {
         for (int i = 0; i < 10; ++i) {
-          if (!client->Lookup(keys, true, soon()).ok()) failed++;
+          if (!client->Lookup(keys, LookupIntent::kRead, soon()).ok()) failed++;
         }
       });
     }
@@ -88,7 +88,7 @@ TEST_CASE("Lookups from several threads find a restarted master again") {
   for (int round = 0; round < 2; ++round) {
     master->Shutdown();
     master.reset();
-    auto down = client->Lookup(keys, true, soon());
+    auto down = client->Lookup(keys, LookupIntent::kRead, soon());
     CHECK(down.status().code() == absl::StatusCode::kUnavailable);
     o.listen_address = address;  // the same port, the same index
     master = StartMaster(o);
@@ -96,14 +96,17 @@ TEST_CASE("Lookups from several threads find a restarted master again") {
     // and a connection attempt.
     INFO("round " << round);
     CHECK(testing::Eventually(
-        [&] { return client->Lookup(keys, true, soon()).ok(); },
+        [&] { return client->Lookup(keys, LookupIntent::kRead, soon()).ok(); },
         absl::Milliseconds(2500)));
     {
       std::vector<Thread> callers;
       for (int t = 0; t < 2; ++t) {
         callers.emplace_back("caller", [&] {
           if (!testing::Eventually(
-                  [&] { return client->Lookup(keys, true, soon()).ok(); },
+                  [&] {
+                    return client->Lookup(keys, LookupIntent::kRead, soon())
+                        .ok();
+                  },
                   absl::Seconds(5))) {
             failed++;
           }

@@ -223,8 +223,10 @@ TEST_CASE("Lookups over streams answer as unary BatchLookups do") {
     for (int first : {0, 5, 17}) {
       INFO("for_read " << for_read << " first " << first);
       const std::vector<std::string> keys = Mixed(first, 12);
-      auto s = streamed->Lookup(keys, for_read, Soon());
-      auto u = unary->Lookup(keys, for_read, Soon());
+      const LookupIntent intent =
+          for_read ? LookupIntent::kRead : LookupIntent::kPeek;
+      auto s = streamed->Lookup(keys, intent, Soon());
+      auto u = unary->Lookup(keys, intent, Soon());
       REQUIRE(s.ok());
       REQUIRE(u.ok());
       CheckFound(*s, keys);
@@ -233,17 +235,17 @@ TEST_CASE("Lookups over streams answer as unary BatchLookups do") {
   }
   // All misses; and a refusal (a key too long) is the same refusal.
   const std::vector<std::string> misses = {Miss(1), Miss(2)};
-  auto s = streamed->Lookup(misses, false, Soon());
+  auto s = streamed->Lookup(misses, LookupIntent::kPeek, Soon());
   REQUIRE(s.ok());
   CHECK(s->found == std::vector<bool>{false, false});
   CHECK(s->nodes.empty());
   const std::vector<std::string> bad = {Hit(0), std::string(4096, 'x')};
-  auto sb = streamed->Lookup(bad, false, Soon());
-  auto ub = unary->Lookup(bad, false, Soon());
+  auto sb = streamed->Lookup(bad, LookupIntent::kPeek, Soon());
+  auto ub = unary->Lookup(bad, LookupIntent::kPeek, Soon());
   CHECK(sb.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(sb.status() == ub.status());
   // The refusal ended that stream; the next lookup opens another.
-  auto after = streamed->Lookup(Mixed(3, 6), true, Soon());
+  auto after = streamed->Lookup(Mixed(3, 6), LookupIntent::kRead, Soon());
   REQUIRE(after.ok());
   CheckFound(*after, Mixed(3, 6));
 
@@ -289,7 +291,7 @@ TEST_CASE("A Load's pipelined lookups over a stream answer as unary ones") {
     lookups->CancelRest();
     CHECK_FALSE(lookups->has_next());
   }
-  auto after = streamed->Lookup(Mixed(0, 6), false, Soon());
+  auto after = streamed->Lookup(Mixed(0, 6), LookupIntent::kPeek, Soon());
   REQUIRE(after.ok());
   CheckFound(*after, Mixed(0, 6));
   CHECK(Stat(address, "lookup_streams_opened") == 2);
@@ -315,15 +317,15 @@ TEST_CASE("A stream is checked as BatchLookup is: refused, and revoked") {
   Populate(address, node, engine);
 
   auto good = NewClient(address, 4, engine);
-  auto r = good->Lookup(Mixed(0, 6), false, Soon());
+  auto r = good->Lookup(Mixed(0, 6), LookupIntent::kPeek, Soon());
   REQUIRE(r.ok());
   CheckFound(*r, Mixed(0, 6));
 
   auto unknown = NewClient(address, 4, other);
-  auto u = unknown->Lookup(Mixed(0, 6), false, Soon());
+  auto u = unknown->Lookup(Mixed(0, 6), LookupIntent::kPeek, Soon());
   CHECK(u.status().code() == absl::StatusCode::kUnauthenticated);
   auto as_node = NewClient(address, 4, node);
-  auto n = as_node->Lookup(Mixed(0, 6), false, Soon());
+  auto n = as_node->Lookup(Mixed(0, 6), LookupIntent::kPeek, Soon());
   CHECK(n.status().code() == absl::StatusCode::kPermissionDenied);
   // Refused when the stream opened, and not retried as unary calls.
   CHECK(Stat(address, "lookup_streams_refused", admin) == 2);
@@ -333,7 +335,7 @@ TEST_CASE("A stream is checked as BatchLookup is: refused, and revoked") {
   CheckStatBecomes(address, "lookup_streams_open", 1, admin);
   write_identities(false);
   REQUIRE(master->ReloadIdentities().ok());
-  auto revoked = good->Lookup(Mixed(0, 6), false, Soon());
+  auto revoked = good->Lookup(Mixed(0, 6), LookupIntent::kPeek, Soon());
   CHECK(revoked.status().code() == absl::StatusCode::kUnauthenticated);
   CHECK(Stat(address, "lookup_errors", admin) == 1);
   CheckStatBecomes(address, "lookup_streams_open", 0, admin);
@@ -428,17 +430,19 @@ TEST_CASE("A lookup past its deadline drops its stream; no late answer is "
   auto client = NewClient(relay.address(), 4);
   const std::vector<std::string> hits = {Hit(0), Hit(1), Hit(2)};
   const std::vector<std::string> misses = {Miss(0), Miss(1), Miss(2)};
-  REQUIRE(client->Lookup(misses, false, Soon()).ok());  // a stream is open
+  REQUIRE(client->Lookup(misses, LookupIntent::kPeek, Soon())
+              .ok());  // a stream is open
 
   relay.Pause();
   const absl::Time start = absl::Now();
-  auto late = client->Lookup(hits, false, start + absl::Milliseconds(200));
+  auto late = client->Lookup(hits, LookupIntent::kPeek,
+                             start + absl::Milliseconds(200));
   CHECK(late.status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(absl::Now() - start < absl::Seconds(3));
   relay.Resume();  // the answer to `hits` now arrives, on a cancelled stream
 
   for (int i = 0; i < 5; ++i) {
-    auto r = client->Lookup(misses, false, Soon());
+    auto r = client->Lookup(misses, LookupIntent::kPeek, Soon());
     REQUIRE(r.ok());
     CheckFound(*r, misses);
   }
@@ -464,19 +468,21 @@ TEST_CASE("A lookup whose deadline has passed is not sent") {
   auto master = StartPopulated("already-late");
   const std::string address = master->address();
   auto client = NewClient(address, 4);
-  REQUIRE(client->Lookup({Hit(0)}, false, Soon()).ok());  // a stream is idle
+  REQUIRE(client->Lookup({Hit(0)}, LookupIntent::kPeek, Soon())
+              .ok());  // a stream is idle
   const double before = Stat(address, "lookups");
   const absl::Time past = absl::Now() - absl::Seconds(1);
   for (int i = 0; i < 3; ++i) {
-    CHECK(client->Lookup({Hit(0), Hit(1)}, true, past).status().code() ==
-          absl::StatusCode::kDeadlineExceeded);
+    CHECK(client->Lookup({Hit(0), Hit(1)}, LookupIntent::kRead, past)
+              .status()
+              .code() == absl::StatusCode::kDeadlineExceeded);
     auto lookups = client->StartLookups({Hit(0), Hit(1)}, 1, past);
     CHECK(lookups->Next(true).status().code() ==
           absl::StatusCode::kDeadlineExceeded);
   }
   CHECK(Stat(address, "lookups") == before);
   // The idle stream was not spent on them.
-  REQUIRE(client->Lookup({Hit(0)}, false, Soon()).ok());
+  REQUIRE(client->Lookup({Hit(0)}, LookupIntent::kPeek, Soon()).ok());
   CHECK(Stat(address, "lookup_streams_opened") == 1);
 }
 
@@ -495,7 +501,8 @@ TEST_CASE("Open streams do not hold up the master's shutdown; lookups "
     for (int t = 0; t < 4; ++t) {
       callers.emplace_back("caller", [&] {
         for (int i = 0; i < 20; ++i) {
-          if (!client->Lookup(Mixed(i, 6), false, Soon()).ok()) failed++;
+          if (!client->Lookup(Mixed(i, 6), LookupIntent::kPeek, Soon()).ok())
+            failed++;
         }
       });
     }
@@ -508,7 +515,7 @@ TEST_CASE("Open streams do not hold up the master's shutdown; lookups "
   master->Shutdown();
   CHECK(absl::Now() - start < absl::Milliseconds(900));
   master.reset();
-  auto down = client->Lookup(Mixed(0, 6), false, Soon());
+  auto down = client->Lookup(Mixed(0, 6), LookupIntent::kPeek, Soon());
   CHECK(down.status().code() == absl::StatusCode::kUnavailable);
 
   o.listen_address = address;  // the same port, the same index
@@ -518,13 +525,15 @@ TEST_CASE("Open streams do not hold up the master's shutdown; lookups "
   auto unary = NewClient(address, 0);
   // The channel reconnects after its backoff (about a second).
   testing::Eventually(
-      [&] { return client->Lookup(Mixed(0, 6), false, Soon()).ok(); },
+      [&] {
+        return client->Lookup(Mixed(0, 6), LookupIntent::kPeek, Soon()).ok();
+      },
       absl::Seconds(10));
   for (int i = 0; i < 12; ++i) {  // more than the streams the pool held
-    auto r = client->Lookup(Mixed(i, 6), true, Soon());
+    auto r = client->Lookup(Mixed(i, 6), LookupIntent::kRead, Soon());
     INFO(r.status().ToString());
     REQUIRE(r.ok());
-    auto u = unary->Lookup(Mixed(i, 6), true, Soon());
+    auto u = unary->Lookup(Mixed(i, 6), LookupIntent::kRead, Soon());
     REQUIRE(u.ok());
     CheckSame(*r, *u);
   }
@@ -548,7 +557,9 @@ CallerTally LookupFromThreads(MasterClient* client, int threads, int calls) {
       callers.emplace_back("caller", [&, t] {
         for (int i = 0; i < calls; ++i) {
           const std::vector<std::string> keys = Mixed(t * 7 + i, 1 + t);
-          auto r = client->Lookup(keys, i % 2 == 0, Soon());
+          auto r = client->Lookup(
+              keys, i % 2 == 0 ? LookupIntent::kRead : LookupIntent::kPeek,
+              Soon());
           if (!r.ok()) {
             failed++;
             continue;
@@ -640,10 +651,11 @@ TEST_CASE("Beyond the master's stream limit, lookups go unary") {
   auto master = StartPopulated("limit", o);
   const std::string address = master->address();
   auto first = NewClient(address, 4);
-  REQUIRE(first->Lookup(Mixed(0, 6), false, Soon()).ok());  // holds it
+  REQUIRE(first->Lookup(Mixed(0, 6), LookupIntent::kPeek, Soon())
+              .ok());  // holds it
   auto second = NewClient(address, 4);
   for (int i = 0; i < 3; ++i) {
-    auto r = second->Lookup(Mixed(i, 6), true, Soon());
+    auto r = second->Lookup(Mixed(i, 6), LookupIntent::kRead, Soon());
     REQUIRE(r.ok());
     CheckFound(*r, Mixed(i, 6));
   }
@@ -798,10 +810,14 @@ TEST_CASE("A master without LookupStream gets unary BatchLookups") {
   for (int i = 0; i < 5; ++i) {
     // Answered with results (not packed): the same answer as the packed
     // one the master gives this client's version.
-    auto r = client->Lookup(Mixed(i, 6), i % 2 == 0, Soon());
+    auto r = client->Lookup(
+        Mixed(i, 6), i % 2 == 0 ? LookupIntent::kRead : LookupIntent::kPeek,
+        Soon());
     REQUIRE(r.ok());
     CheckFound(*r, Mixed(i, 6));
-    auto d = direct->Lookup(Mixed(i, 6), i % 2 == 0, Soon());
+    auto d = direct->Lookup(
+        Mixed(i, 6), i % 2 == 0 ? LookupIntent::kRead : LookupIntent::kPeek,
+        Soon());
     REQUIRE(d.ok());
     CheckSame(*r, *d);
   }
@@ -864,7 +880,7 @@ TEST_CASE("A malformed packed answer is an error, never another key's") {
     std::string address;
     std::unique_ptr<grpc::Server> server = Serve(&bad, &address);
     auto client = NewClient(address, 4);
-    auto r = client->Lookup(Mixed(0, 6), false, Soon());
+    auto r = client->Lookup(Mixed(0, 6), LookupIntent::kPeek, Soon());
     INFO(r.status().ToString());
     CHECK(r.status().code() == absl::StatusCode::kInternal);
     auto all = TakeAll(client->StartLookups(Mixed(0, 6), 3, Soon()).get());

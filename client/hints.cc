@@ -3,6 +3,7 @@
 // up and sent to the nodes holding it, in the background.
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,32 +76,58 @@ void ClientImpl::SendTurnHint(const std::vector<std::string>& keys,
   // Hints are advice: every failure below only means nothing is staged.
   const absl::Time deadline = clock_->Now() + kReleaseTimeout;
   const bool next_turn = times.hold_ms > 0;
-  // The stored prefix of the chain, node by node in read order. A next-turn
-  // hint looks it up for reading: the master then counts the chain as just
-  // used (recent, leased), which keeps eviction away from it.
-  std::vector<std::pair<uint32_t, std::vector<RemoteRef>>> per_node;
   const absl::Span<const std::string> all(keys);
-  for (size_t begin = 0; begin < keys.size();
-       begin += options_.max_keys_per_rpc) {
-    const size_t n =
-        std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
-    absl::StatusOr<LookupBatch> batch = master_->Lookup(
-        all.subspan(begin, n), /*for_read=*/next_turn, deadline);
-    if (!batch.ok()) break;
-    for (const PeerInfo& node : batch->nodes) Remember(node);
-    size_t i = 0;
-    for (; i < n && batch->found[i]; ++i) {
-      const ObjectLocation& loc = batch->locations[i];
-      auto it =
-          std::find_if(per_node.begin(), per_node.end(),
-                       [&](const auto& p) { return p.first == loc.node_id; });
-      if (it == per_node.end()) {
-        per_node.emplace_back(loc.node_id, std::vector<RemoteRef>());
-        it = std::prev(per_node.end());
-      }
-      it->second.push_back(ToRemoteRef(loc));
+  // Each key's location, where the master found it.
+  std::vector<std::optional<ObjectLocation>> found(keys.size());
+  if (next_turn) {
+    // Looked up for reading, head first, up to the first miss: the master
+    // then counts the chain as just used (recent, leased), which keeps
+    // eviction away from it.
+    for (size_t begin = 0; begin < keys.size();
+         begin += options_.max_keys_per_rpc) {
+      const size_t n =
+          std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
+      absl::StatusOr<LookupBatch> batch =
+          master_->Lookup(all.subspan(begin, n), LookupIntent::kRead, deadline);
+      if (!batch.ok()) break;
+      for (const PeerInfo& node : batch->nodes) Remember(node);
+      size_t i = 0;
+      for (; i < n && batch->found[i]; ++i)
+        found[begin + i] = batch->locations[i];
+      if (i < n) break;  // the chain's stored prefix ends here
     }
-    if (i < n) break;  // the chain's stored prefix ends here
+  } else {
+    // Ended: the master moves the chain's unshared tail to the front of its
+    // node's eviction order. A chain longer than one request goes in runs,
+    // tail first, each with the head of the run after it (what
+    // MetadataIndex::DemoteChain walks up from).
+    const size_t run = std::max<size_t>(1, options_.max_keys_per_rpc - 1);
+    for (size_t r = (keys.size() + run - 1) / run; r-- > 0;) {
+      const size_t begin = r * run;
+      const size_t n = std::min(run, keys.size() - begin);
+      const size_t with =
+          std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
+      absl::StatusOr<LookupBatch> batch = master_->Lookup(
+          all.subspan(begin, with), LookupIntent::kEnded, deadline);
+      if (!batch.ok()) break;
+      for (const PeerInfo& node : batch->nodes) Remember(node);
+      for (size_t i = 0; i < n; ++i) {
+        if (batch->found[i]) found[begin + i] = batch->locations[i];
+      }
+    }
+  }
+  // The stored prefix of the chain, node by node in read order.
+  std::vector<std::pair<uint32_t, std::vector<RemoteRef>>> per_node;
+  for (size_t i = 0; i < keys.size() && found[i].has_value(); ++i) {
+    const ObjectLocation& loc = *found[i];
+    auto it =
+        std::find_if(per_node.begin(), per_node.end(),
+                     [&](const auto& p) { return p.first == loc.node_id; });
+    if (it == per_node.end()) {
+      per_node.emplace_back(loc.node_id, std::vector<RemoteRef>());
+      it = std::prev(per_node.end());
+    }
+    it->second.push_back(ToRemoteRef(loc));
   }
   for (const auto& [node, refs] : per_node) {
     absl::StatusOr<PeerInfo> peer = Peer(node);

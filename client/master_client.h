@@ -84,16 +84,27 @@ struct PutStartReply {
   PeerInfo node;
 };
 
+// What a lookup is for (BatchLookupRequest's for_read and ended).
+enum class LookupIntent : uint8_t {
+  // Nothing changes on the master.
+  kPeek,
+  // The caller is about to read the leading hits: the master marks them
+  // used and holds them for its read lease (for_read).
+  kRead,
+  // `keys` are a chain (or a run of it, head first) whose conversation
+  // ended: the master moves its unshared tail to the front of its node's
+  // eviction order (ended).
+  kEnded,
+};
+
 class MasterClient {
  public:
   virtual ~MasterClient() = default;
 
-  // One lookup of `keys` (at most max_keys_per_rpc). `for_read`: the caller
-  // is about to read the leading hits (the master marks them used and
-  // holds them for its read lease). Errors: the RPC's status, Internal for
-  // a malformed answer.
+  // One lookup of `keys` (at most max_keys_per_rpc), for `intent`.
+  // Errors: the RPC's status, Internal for a malformed answer.
   virtual absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> keys,
-                                             bool for_read,
+                                             LookupIntent intent,
                                              absl::Time deadline) = 0;
 
   // Starts the pipelined for-read lookups of a Load: chunks of
@@ -147,7 +158,7 @@ class MasterClient {
 //   };
 #define HYMCACHE_MASTER_CLIENT_OVERRIDES                                       \
   absl::StatusOr<LookupBatch> Lookup(absl::Span<const std::string> keys,       \
-                                     bool for_read, absl::Time deadline)       \
+                                     LookupIntent intent, absl::Time deadline) \
       override;                                                                \
   std::unique_ptr<LookupStream> StartLookups(                                  \
       absl::Span<const std::string> keys, size_t chunk_keys,                   \

@@ -238,6 +238,9 @@ struct MasterServiceOptions {
   COUNTER(placements_over_tenant_share,                                       \
           "PutStarts placed although every node was over the tenant's "       \
           "max_tenant_share_per_node")                                        \
+  COUNTER(ended_chain_blocks_demoted,                                         \
+          "Blocks of ended conversations moved to the least recent end of "   \
+          "their node's eviction order (BatchLookup with ended)")             \
   DGAUGE(placement_imbalance,                                                 \
          "The largest alive node's used bytes over the alive nodes' mean")
 HYM_DECLARE_STATS_STRUCT(MasterServiceCounters, HYM_MASTER_SERVICE_COUNTERS);
@@ -429,8 +432,12 @@ class MasterService {
   // leading run of hits; NodeInfo of each node referenced. With for_read,
   // the hit prefix becomes most recently used (chain heads first, each
   // linked block just below its parent; unlinked keys last key first) and
-  // leased for read_lease; such calls take the mutex exclusively. Without
-  // it nothing changes. Errors: InvalidArgument (key count or sizes).
+  // leased for read_lease; such calls take the mutex exclusively. With
+  // ended (a conversation ended), after the lookup the keys' unshared chain
+  // tail goes to the least recent end of its node's eviction order
+  // (MetadataIndex::DemoteChain; exclusively too). Otherwise nothing
+  // changes. Errors: InvalidArgument (key count or sizes; for_read with
+  // ended).
   absl::StatusOr<hymcache::v1::BatchLookupResponse> BatchLookup(
       const hymcache::v1::BatchLookupRequest& request);
   // The same answer written into `*response`, which must be empty (on an

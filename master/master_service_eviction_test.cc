@@ -558,6 +558,42 @@ TEST_CASE("Two continuations of one prefix go before the prefix") {
   CHECK(h.Found({"p0", "p1", "a1", "a2", "b1", "x"}) == "000000");
 }
 
+TEST_CASE("An ended conversation's own blocks are evicted first, not the prefix it shares") {
+  Harness h("evict_ended",
+            [](MasterServiceOptions& o) { o.read_lease = absl::ZeroDuration(); });
+  const uint32_t a = h.Register("a", 1, {{0, 7 * kSlot}});
+  // A system prompt s shared by conversations A and B, and an older
+  // conversation x.
+  h.Put({"x0", "x1"}, kObj);
+  h.clock.Advance(absl::Seconds(1));
+  h.Put({"s"}, kObj);
+  h.PutChild({"a1", "a2"}, kObj, "s");
+  REQUIRE(h.Read({"s"}).hit_prefix_length() == 1);
+  h.PutChild({"b1", "b2"}, kObj, "s");
+  REQUIRE(h.UsedBytes(a) == 7 * kSlot);
+
+  // A ended. The answer is a plain lookup's; for_read with ended is refused.
+  v1::BatchLookupRequest ended = LookupReq({"s", "a1", "a2"});
+  ended.set_ended(true);
+  auto r = h.svc->BatchLookup(ended);
+  REQUIRE(r.ok());
+  CHECK(r->hit_prefix_length() == 3);
+  CHECK(h.svc->counters().ended_chain_blocks_demoted == 2);
+  ended.set_for_read(true);
+  CHECK(h.svc->BatchLookup(ended).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  // New puts take A's blocks, tail first, before the older x; then x; the
+  // shared s stays while B is stored.
+  h.Put({"n0"}, kObj);
+  CHECK(h.Found({"s", "a1", "a2", "x0", "x1"}) == "11011");
+  h.Put({"n1"}, kObj);
+  CHECK(h.Found({"s", "a1", "a2", "x0", "x1"}) == "10011");
+  h.Put({"n2"}, kObj);
+  CHECK(h.Found({"x0", "x1", "s", "b1", "b2"}) == "10111");
+  CHECK(h.svc->counters().evicted_objects == 3);
+}
+
 TEST_CASE("A chain continued on another node loses its tail there with its head") {
   Harness h("cross_node_chain");
   const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});

@@ -360,6 +360,7 @@ class Driver {
       for (int n = in_.Range(0, 8); n > 0; --n) r.add_keys(Key());
       r.set_for_read(in_.Bool());
       r.set_packed(in_.Bool());
+      if (!r.for_read()) r.set_ended(in_.Bool());
     }
     auto resp = service_->BatchLookup(r);
     if (!resp.ok()) return;

@@ -107,7 +107,20 @@ absl::Status MasterService::BatchLookupInto(
     const v1::BatchLookupRequest& request, v1::BatchLookupResponse* response) {
   absl::Status s = ValidateKeys(request.keys());
   if (!s.ok()) return s;
+  if (request.for_read() && request.ended()) {
+    return absl::InvalidArgumentError(
+        "BatchLookup: a lookup for reading cannot end its chain (for_read "
+        "with ended)");
+  }
   response->mutable_results()->Reserve(request.keys_size());
+  if (request.ended()) {
+    MutexLock l(&mu_);
+    LookupLocked(request, clock_->Now(), response);
+    std::vector<absl::string_view> keys(request.keys().begin(),
+                                        request.keys().end());
+    counters_.ended_chain_blocks_demoted += index_->DemoteChain(keys);
+    return absl::OkStatus();
+  }
   if (!request.for_read()) {
     ReaderMutexLock l(&mu_);
     LookupLocked(request, clock_->Now(), response);

@@ -178,6 +178,21 @@ class MetadataIndex {
   // change to the index since.
   void TouchRecords(absl::Span<const uint32_t> records, uint32_t read_tick);
 
+  // A chain whose conversation ended (no reader is expected back): moves
+  // its unshared tail to the least recent end of its node's list, so that
+  // eviction takes it before anything else there. `keys` is the chain or a
+  // run of it, head first. Walks from the last key to the first. The last
+  // present one goes to the least recent end when it has no children; with
+  // one child it stays and the walk goes on above it (a long chain comes in
+  // runs, tail first, each ending with the head of the run before); with
+  // more the walk ends. Each key before it goes just above the next one
+  // when that is its only child (none on other nodes). The walk ends at a
+  // key that is absent, not the next one's parent, or has other children:
+  // a prefix other chains share keeps its place, and every entry stays more
+  // recent than its children. Read ticks (read leases) are unchanged.
+  // Returns how many entries moved.
+  size_t DemoteChain(absl::Span<const absl::string_view> keys);
+
   // The read tick of `key` (0 if never touched since its Upsert), if present.
   std::optional<uint32_t> ReadTick(absl::string_view key) const;
 
@@ -443,6 +458,10 @@ class MetadataIndex {
   void LinkMostRecent(uint32_t i, List& list);
   // Inserts record i into `list` just below (less recent than) `above`.
   void LinkBelow(uint32_t i, uint32_t above, List& list);
+  // Inserts record i into `list` just above (more recent than) `below`.
+  void LinkAbove(uint32_t i, uint32_t below, List& list);
+  // Inserts record i at the least recent end of `list` (which may be empty).
+  void LinkLeastRecent(uint32_t i, List& list);
   // Takes record i out of `node_id`'s list, dropping the list if empty.
   void Unlink(uint32_t i, uint32_t node_id);
   // Takes record i out of `list` (which may become empty).

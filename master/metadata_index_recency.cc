@@ -40,6 +40,31 @@ void MetadataIndex::LinkBelow(uint32_t i, uint32_t above, List& list) {
   a.prev = i;
 }
 
+void MetadataIndex::LinkAbove(uint32_t i, uint32_t below, List& list) {
+  Record& l = record(i);
+  Record& b = record(below);
+  l.prev = below;
+  l.next = b.next;
+  if (b.next != kNil) {
+    record(b.next).prev = i;
+  } else {
+    list.most = i;
+  }
+  b.next = i;
+}
+
+void MetadataIndex::LinkLeastRecent(uint32_t i, List& list) {
+  Record& l = record(i);
+  l.prev = kNil;
+  l.next = list.least;
+  if (list.least != kNil) {
+    record(list.least).prev = i;
+  } else {
+    list.most = i;
+  }
+  list.least = i;
+}
+
 void MetadataIndex::Unlink(uint32_t i, uint32_t node_id) {
   auto it = lists_.find(node_id);
   if (it == lists_.end()) return;  // not linked (cannot happen)
@@ -89,6 +114,46 @@ void MetadataIndex::TouchRecords(absl::Span<const uint32_t> records,
   for (uint32_t i : records) {
     if (LocalParent(i) != kNil) TouchRecord(i, read_tick);
   }
+}
+
+size_t MetadataIndex::DemoteChain(absl::Span<const absl::string_view> keys) {
+  size_t moved = 0;
+  uint32_t child = kNil;  // the entry below the next one up: moved or kept
+  for (size_t k = keys.size(); k-- > 0;) {
+    const uint32_t i = Lookup(keys[k]);
+    if (i == kNil) {
+      if (child == kNil) continue;  // the tail is gone already
+      break;
+    }
+    if (cross_children_.contains(i)) break;  // the chain goes on elsewhere
+    auto list = lists_.find(NodeOf(i));
+    const Record& l = record(i);
+    if (list == lists_.end() ||
+        (l.prev == kNil && l.next == kNil && list->second.least != i)) {
+      break;  // on no list (loading)
+    }
+    const uint32_t children = ChildCount(i);
+    if (child == kNil) {
+      // The last present key: a tail goes to the least recent end; one
+      // child (the head of a run demoted before: a long chain comes in
+      // runs, tail first, each ending with the next run's head) stays.
+      if (children > 1) break;
+      if (children == 0 && list->second.least != i) {
+        Unlink(i, list->second);
+        LinkLeastRecent(i, list->second);
+        ++moved;
+      }
+    } else {
+      if (children != 1 || LocalParent(child) != i) break;
+      if (record(child).next != i) {
+        Unlink(i, list->second);
+        LinkAbove(i, child, list->second);
+        ++moved;
+      }
+    }
+    child = i;
+  }
+  return moved;
 }
 
 void MetadataIndex::TouchRecord(uint32_t i, uint32_t read_tick) {

@@ -469,6 +469,65 @@ TEST_CASE("MetadataIndex PickEvictions takes a chain's tail first, never a block
         }) == Keys{"a"});
 }
 
+TEST_CASE(
+    "MetadataIndex DemoteChain sends an ended chain's unshared tail to the "
+    "least recent end") {
+  // p is a prefix of two chains, a1-a2-a3 and b1; x and y are roots.
+  MetadataIndex index;
+  REQUIRE(index.Upsert("x", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("p", OnNode(1, 1)).ok());
+  REQUIRE(index.Upsert("a1", OnNode(1, 1), "p").ok());
+  REQUIRE(index.Upsert("a2", OnNode(1, 1), "a1").ok());
+  REQUIRE(index.Upsert("a3", OnNode(1, 1), "a2").ok());
+  REQUIRE(index.Upsert("b1", OnNode(1, 1), "p").ok());
+  REQUIRE(index.Upsert("y", OnNode(1, 1)).ok());
+  REQUIRE(Order(index, 1) == Keys{"x", "a3", "a2", "a1", "b1", "p", "y"});
+
+  // Chain a ended: its own blocks go first, the shared p keeps its place.
+  CHECK(index.DemoteChain(
+            std::vector<absl::string_view>{"p", "a1", "a2", "a3"}) == 3);
+  CHECK(Order(index, 1) == Keys{"a3", "a2", "a1", "x", "b1", "p", "y"});
+  CHECK(Pick(index, 1, 3) == Keys{"a3", "a2", "a1"});
+  // Again: nothing moves.
+  CHECK(index.DemoteChain(
+            std::vector<absl::string_view>{"p", "a1", "a2", "a3"}) == 0);
+  // Read again, it moves back up (a Touch undoes a demotion).
+  REQUIRE(index.TouchPrefix({"p", "a1", "a2", "a3"}, 1) == 4);
+  CHECK(Order(index, 1) == Keys{"x", "b1", "y", "a3", "a2", "a1", "p"});
+
+  // In runs, tail first, each ending with the head of the run before (as
+  // a client sends a chain longer than one request): the same order.
+  CHECK(index.DemoteChain(std::vector<absl::string_view>{"a2", "a3"}) == 2);
+  CHECK(index.DemoteChain(std::vector<absl::string_view>{"p", "a1", "a2"}) ==
+        1);
+  CHECK(Order(index, 1) == Keys{"a3", "a2", "a1", "x", "b1", "y", "p"});
+
+  // A tail already evicted: the walk starts at the last present key.
+  REQUIRE(index.Erase("a3").has_value());
+  REQUIRE(index.TouchPrefix({"p", "a1", "a2"}, 2) == 3);
+  CHECK(index.DemoteChain(
+            std::vector<absl::string_view>{"p", "a1", "a2", "a3"}) == 2);
+  CHECK(Order(index, 1) == Keys{"a2", "a1", "x", "b1", "y", "p"});
+
+  // Keys that are not one chain: only the last moves.
+  CHECK(index.DemoteChain(std::vector<absl::string_view>{"y", "b1"}) == 1);
+  CHECK(Order(index, 1) == Keys{"b1", "a2", "a1", "x", "y", "p"});
+  // A shared prefix alone (two children) moves nothing; nor absent keys.
+  CHECK(index.DemoteChain(std::vector<absl::string_view>{"p"}) == 0);
+  CHECK(index.DemoteChain(std::vector<absl::string_view>{"none", "nor"}) == 0);
+  CHECK(Order(index, 1) == Keys{"b1", "a2", "a1", "x", "y", "p"});
+
+  // A block whose chain goes on on another node keeps its place.
+  REQUIRE(index.Upsert("c", OnNode(2, 1), "a2").ok());
+  REQUIRE(index.Touch("a2", 3));
+  const Keys before = Order(index, 1);
+  CHECK(index.DemoteChain(std::vector<absl::string_view>{"a1", "a2"}) == 0);
+  CHECK(Order(index, 1) == before);
+  CHECK(index.DemoteChain(std::vector<absl::string_view>{"a2", "c"}) == 0);
+  CHECK(Order(index, 2) == Keys{"c"});
+  CHECK(*index.ReadTick("a2") == 3);
+}
+
 TEST_CASE("MetadataIndex Adopt links a block committed before its parent") {
   MetadataIndex index;
   REQUIRE(index.Upsert("y5", OnNode(1, 1)).ok());
@@ -781,8 +840,20 @@ TEST_CASE("MetadataIndex chains stay consistent under random operations") {
           CHECK(index.ghost_count() == 0);
         }
         break;
-      case 7:
+      case 7: {
+        // An ended chain: k and up to 5 of its ancestors, head first, or
+        // a run of it.
+        Keys chain{k};
+        for (auto c = index.Chain(k);
+             c && !c->parent.empty() && chain.size() < 6;
+             c = index.Chain(c->parent)) {
+          chain.insert(chain.begin(), c->parent);
+        }
+        if (rng() % 2 && chain.size() > 2) chain.pop_back();
+        std::vector<absl::string_view> views(chain.begin(), chain.end());
+        index.DemoteChain(views);
         break;
+      }
     }
   }
   // Every block is less recent than its parent.

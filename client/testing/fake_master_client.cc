@@ -150,6 +150,11 @@ std::vector<size_t> FakeMasterClient::stream_chunk_keys() const {
   return stream_chunk_keys_;
 }
 
+std::vector<std::vector<std::string>> FakeMasterClient::ended_chains() const {
+  MutexLock l(&mu_);
+  return ended_chains_;
+}
+
 size_t FakeMasterClient::streams_cancelled_early() const {
   MutexLock l(&mu_);
   return streams_cancelled_early_;
@@ -176,8 +181,12 @@ LookupBatch FakeMasterClient::LookupLocked(
 }
 
 absl::StatusOr<LookupBatch> FakeMasterClient::Lookup(
-    absl::Span<const std::string> keys, bool for_read, absl::Time deadline) {
+    absl::Span<const std::string> keys, LookupIntent intent,
+    absl::Time deadline) {
   MutexLock l(&mu_);
+  if (intent == LookupIntent::kEnded) {
+    ended_chains_.emplace_back(keys.begin(), keys.end());
+  }
   return LookupLocked(keys);
 }
 

@@ -74,6 +74,8 @@ class FakeMasterClient : public MasterClient {
   size_t streams_cancelled_early() const;
   // Chunk sizes of the lookup streams started, in order.
   std::vector<size_t> stream_chunk_keys() const;
+  // The keys of each Lookup with LookupIntent::kEnded, in order.
+  std::vector<std::vector<std::string>> ended_chains() const;
 
   // MasterClient.
   HYMCACHE_MASTER_CLIENT_OVERRIDES
@@ -106,6 +108,7 @@ class FakeMasterClient : public MasterClient {
   absl::Status put_commit_error_ ABSL_GUARDED_BY(mu_);
   bool put_start_blocked_ ABSL_GUARDED_BY(mu_) = false;
 
+  std::vector<std::vector<std::string>> ended_chains_ ABSL_GUARDED_BY(mu_);
   std::vector<PutStartArgs> put_starts_ ABSL_GUARDED_BY(mu_);
   std::vector<Commit> commits_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> aborts_ ABSL_GUARDED_BY(mu_);

@@ -388,9 +388,10 @@ double TimedLookup(Caller *caller, const std::vector<std::string> &keys,
   if (caller->sdk() != nullptr) {
     const size_t start = rng() % (keys.size() - batch + 1);
     absl::Time t0 = absl::Now();
-    absl::StatusOr<LookupBatch> r =
-        caller->sdk()->Lookup(absl::MakeConstSpan(keys).subspan(start, batch),
-                              for_read, absl::Now() + absl::Seconds(10));
+    absl::StatusOr<LookupBatch> r = caller->sdk()->Lookup(
+        absl::MakeConstSpan(keys).subspan(start, batch),
+        for_read ? LookupIntent::kRead : LookupIntent::kPeek,
+        absl::Now() + absl::Seconds(10));
     double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
     if (!r.ok()) {
       if (tally->errors.fetch_add(1, std::memory_order_relaxed) == 0) {
