@@ -602,7 +602,9 @@ TEST_CASE("Store: beyond max_pending_stores a store is skipped at once") {
   CHECK_FALSE(rig.master->Find("k4").has_value());
 }
 
-TEST_CASE("An ended conversation goes to the master tail first, in runs that overlap by a key") {
+TEST_CASE(
+    "An ended conversation goes to the master tail first, in runs that overlap "
+    "by a key") {
   ClientOptions o = TestOptions();
   o.max_keys_per_rpc = 4;
   Rig rig(o);

@@ -558,9 +558,12 @@ TEST_CASE("Two continuations of one prefix go before the prefix") {
   CHECK(h.Found({"p0", "p1", "a1", "a2", "b1", "x"}) == "000000");
 }
 
-TEST_CASE("An ended conversation's own blocks are evicted first, not the prefix it shares") {
-  Harness h("evict_ended",
-            [](MasterServiceOptions& o) { o.read_lease = absl::ZeroDuration(); });
+TEST_CASE(
+    "An ended conversation's own blocks are evicted first, not the prefix it "
+    "shares") {
+  Harness h("evict_ended", [](MasterServiceOptions& o) {
+    o.read_lease = absl::ZeroDuration();
+  });
   const uint32_t a = h.Register("a", 1, {{0, 7 * kSlot}});
   // A system prompt s shared by conversations A and B, and an older
   // conversation x.
