@@ -112,6 +112,11 @@ DEFINE_bool(
     "Client::HintNextTurn for its blocks, as an engine does when a turn "
     "is answered (think-time staging on hybrid nodes).");
 DEFINE_int64(hint_hold_ms, 60000, "TurnHintOptions::hold of those hints.");
+DEFINE_bool(
+    hint_conversation_end, false,
+    "After a conversation's last request in the trace (once its store is "
+    "done), send Client::HintConversationEnded for its blocks instead, as an "
+    "engine does when a session closes: the master evicts them first.");
 DEFINE_string(hint_namespace, "",
               "Hints name the request's blocks in this namespace instead (a "
               "run there stored them; this one never reads them): every "
@@ -299,6 +304,7 @@ int RunReplay() {
   ro.register_pool = FLAGS_register_pool;
   ro.hint_next_turn = FLAGS_hint_next_turn;
   ro.hint_hold = absl::Milliseconds(FLAGS_hint_hold_ms);
+  ro.hint_conversation_end = FLAGS_hint_conversation_end;
   ro.hint_namespace = FLAGS_hint_namespace;
   ro.progress_interval = absl::Seconds(FLAGS_progress_s);
   if (auto s = ro.Validate(); !s.ok()) return UsageError(std::string(s.message()));
@@ -410,6 +416,8 @@ int RunReplay() {
       {"hint_next_turn", ro.hint_next_turn ? "true" : "false"},
       {"hints_sent", absl::StrCat(result->hints_sent)},
       {"hints_dropped", absl::StrCat(result->hints_dropped)},
+      {"hint_conversation_end", ro.hint_conversation_end ? "true" : "false"},
+      {"ended_hints_sent", absl::StrCat(result->ended_hints_sent)},
       {"turn_source", FLAGS_synthetic ? "synthetic"
                       : FLAGS_infer_turns
                           ? "from the trace, else inferred from prefix chains"

@@ -153,6 +153,17 @@ class Replayer {
   // request.
   ReplayResult Run(std::vector<std::unique_ptr<KvPool>> pools) {
     const std::vector<size_t> ceiling = CeilingHits(requests_);
+    last_turn_.assign(requests_.size(), false);
+    {
+      absl::flat_hash_map<int64_t, size_t> last;  // conversation -> request
+      for (size_t i = 0; i < requests_.size(); ++i) {
+        const Request& q = requests_[i];
+        if (q.conversation < 0) continue;
+        auto [it, added] = last.try_emplace(q.conversation, i);
+        if (!added && q.turn >= requests_[it->second].turn) it->second = i;
+      }
+      for (const auto& [conversation, i] : last) last_turn_[i] = true;
+    }
     result_.records.resize(requests_.size());
     for (size_t i = 0; i < requests_.size(); ++i) {
       RequestRecord& r = result_.records[i];
@@ -230,6 +241,7 @@ class Replayer {
     result_.pool_waits = pool_waits_;
     result_.hints_sent = hints_sent_;
     result_.hints_dropped = hints_dropped_;
+    result_.ended_hints_sent = ended_hints_sent_;
     return std::move(result_);
   }
 
@@ -438,7 +450,7 @@ class Replayer {
     p.ids = std::move(store_ids);
     p.slots = std::move(held);
     p.bytes = held_bytes;
-    p.hint = options_.hint_next_turn;
+    p.hint = options_.hint_next_turn || options_.hint_conversation_end;
     if (p.handle == nullptr) {  // the API promises a handle; do not crash
       rec.store_error = "Store returned no handle";
       rec.store_failed = store_keys.size();
@@ -547,9 +559,20 @@ class Replayer {
     }
   }
 
-  // The think-time hint of a request whose turn is answered.
+  // The think-time hint of a request whose turn is answered: the
+  // conversation ended (its last request), or its next turn comes.
   void HintNextTurn(size_t request) {
-    if (!options_.hint_next_turn || requests_[request].hash_ids.empty()) return;
+    if (requests_[request].hash_ids.empty()) return;
+    if (options_.hint_conversation_end && last_turn_[request]) {
+      std::vector<std::string> keys;
+      for (uint64_t id : requests_[request].hash_ids)
+        keys.push_back(codec_.Key(id));
+      const bool sent = client_->HintConversationEnded(keys).ok();
+      MutexLock l(&mu_);
+      ++(sent ? ended_hints_sent_ : hints_dropped_);
+      return;
+    }
+    if (!options_.hint_next_turn) return;
     std::vector<std::string> keys;
     for (uint64_t id : requests_[request].hash_ids)
       keys.push_back(hint_codec_.Key(id));
@@ -715,6 +738,10 @@ class Replayer {
   size_t pool_waits_ ABSL_GUARDED_BY(mu_) = 0;
   size_t hints_sent_ ABSL_GUARDED_BY(mu_) = 0;
   size_t hints_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t ended_hints_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per request: the last of its conversation (the highest turn; set in
+  // Run).
+  std::vector<bool> last_turn_;
   // By hash id: what became of each block handed to a store (absent: never
   // handed to one yet).
   absl::flat_hash_map<uint64_t, BlockFate> fates_ ABSL_GUARDED_BY(mu_);

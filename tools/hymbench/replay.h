@@ -22,7 +22,9 @@
 //   3. With hint_next_turn, once the request's store is done (at once when
 //      it stored nothing): Client::HintNextTurn(keys), as an engine does
 //      when a turn is answered, so that the nodes stage the conversation's
-//      blocks during the think time before its next turn.
+//      blocks during the think time before its next turn. With
+//      hint_conversation_end, a conversation's last request sends
+//      Client::HintConversationEnded(keys) instead.
 //
 // `concurrency` workers take requests in trace order. With time_scale > 0 a
 // request does not start before (timestamp - first timestamp) / time_scale
@@ -105,6 +107,13 @@ struct ReplayOptions {
   bool hint_next_turn = false;
   // TurnHintOptions::hold of those hints. > 0. Default: 60 s.
   absl::Duration hint_hold = absl::Seconds(60);
+  // After the last request of each conversation (the highest turn the
+  // trace has for it; requests without a conversation have none), once its
+  // store is done: Client::HintConversationEnded(keys) instead of a
+  // next-turn hint, as an engine does when a session closes. The trace's
+  // end of a conversation stands for the engine knowing it (a closed chat,
+  // a finished agent task). Default: false.
+  bool hint_conversation_end = false;
   // Non-empty: the hints name the request's blocks in this namespace
   // instead (blocks a run in that namespace stored, never read by this
   // one): every hint is wrong, to measure what wasted staging costs the
@@ -149,6 +158,8 @@ struct ReplayResult {
   // (its max_pending_hints) or refused.
   size_t hints_sent = 0;
   size_t hints_dropped = 0;
+  // Conversation-ended hints sent (hint_conversation_end).
+  size_t ended_hints_sent = 0;
 };
 
 // Replays `requests`. `progress` (may be null) receives a progress line every

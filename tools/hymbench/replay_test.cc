@@ -204,12 +204,22 @@ class FakeClient : public Client {
     hints_.push_back(std::move(h));
     return absl::OkStatus();
   }
-  absl::Status HintConversationEnded(absl::Span<const std::string>) override {
-    return absl::UnimplementedError("fake");
+  absl::Status HintConversationEnded(
+      absl::Span<const std::string> keys) override {
+    MutexLock l(&mu_);
+    HintSeen h{std::vector<std::string>(keys.begin(), keys.end()), 0,
+               absl::ZeroDuration()};
+    for (const std::string& k : keys) h.stored += blocks_.contains(k) ? 1 : 0;
+    ended_.push_back(std::move(h));
+    return absl::OkStatus();
   }
   std::vector<HintSeen> hints() {
     MutexLock l(&mu_);
     return hints_;
+  }
+  std::vector<HintSeen> ended() {
+    MutexLock l(&mu_);
+    return ended_;
   }
   // What the client saw, for the pool checks.
   struct Counts {
@@ -299,6 +309,7 @@ class FakeClient : public Client {
   size_t loads_ ABSL_GUARDED_BY(mu_) = 0;
   int store_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<HintSeen> hints_ ABSL_GUARDED_BY(mu_);
+  std::vector<HintSeen> ended_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<void*, size_t> regions_ ABSL_GUARDED_BY(mu_);
   size_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
   size_t outside_regions_ ABSL_GUARDED_BY(mu_) = 0;
@@ -453,6 +464,45 @@ TEST_CASE("with hint_next_turn each request's blocks are hinted once stored") {
   FakeClient quiet({});
   REQUIRE(Replay(&quiet, reqs, Small()).ok());
   CHECK(quiet.hints().empty());
+}
+
+TEST_CASE(
+    "with hint_conversation_end each conversation's last request ends it, once "
+    "stored") {
+  FakeClient::Options fo;
+  fo.store_delay = absl::Milliseconds(2);
+  FakeClient client(fo);
+  const std::vector<Request> reqs = Workload(3, 4);
+  ReplayOptions o = Small();
+  o.hint_next_turn = true;
+  o.hint_conversation_end = true;
+  auto res = Replay(&client, reqs, o);
+  REQUIRE(res.ok());
+  BlockCodec codec(o.key_namespace, o.block_bytes);
+  std::set<std::vector<std::string>> last_turns, turns, ended, hinted;
+  for (const Request& q : reqs) {
+    std::vector<std::string> keys;
+    for (uint64_t id : q.hash_ids) keys.push_back(codec.Key(id));
+    (q.turn == 3 ? last_turns : turns).insert(keys);
+  }
+  REQUIRE(last_turns.size() == 3);
+  CHECK(res->ended_hints_sent == 3);
+  CHECK(res->hints_sent == reqs.size() - 3);
+  for (const auto& h : client.ended()) {
+    ended.insert(h.keys);
+    CHECK(h.stored == h.keys.size());  // sent after the store was done
+  }
+  for (const auto& h : client.hints()) hinted.insert(h.keys);
+  CHECK(ended == last_turns);
+  CHECK(hinted == turns);
+  // Alone: only the ends.
+  FakeClient ends_only(fo);
+  o.hint_next_turn = false;
+  res = Replay(&ends_only, reqs, o);
+  REQUIRE(res.ok());
+  CHECK(res->ended_hints_sent == 3);
+  CHECK(ends_only.hints().empty());
+  CHECK(ends_only.ended().size() == 3);
 }
 
 TEST_CASE("concurrent replay with asynchronous stores finishes every store") {
