@@ -12,12 +12,19 @@
 # sees the sequence the model sees.
 #
 # Usage: tools/bench/eviction_agreement.sh [--trace=PATH] [--fraction=0.5]
-#          [--block_bytes=64K] [--out=DIR]
+#          [--block_bytes=64K] [--out=DIR] [--ended]
 #   --trace     a Mooncake JSONL trace (512 tokens per hash_id), e.g.
 #               ../shared/traces/...; default: hymbench gen's synthetic chat
 #               (CONVERSATIONS=48, TURNS=8: ~400 requests).
 #   --fraction  the store's capacity as a fraction of the trace's footprint
 #               (its distinct full blocks).
+#   --ended     a second replay, on a fresh master and node, that sends
+#               HintConversationEnded after each conversation's last request
+#               (--hint_conversation_end: the master evicts ended chains
+#               first), scored beside the first and against hymsim's "ended"
+#               policy; one more last line: `eviction_ended:
+#               measured_ended_vs_lru_saved=X.XX model_ended_vs_lru_saved=X.XX
+#               measured_vs_model_saved=X.XX (ended, capacity F)`.
 # Knobs (environment): HYMCACHE_BENCH_BIN as cluster_lib.sh.
 # Its last line: `eviction_agreement: measured_vs_model_saved=X.XX
 #   measured_vs_model_hits=X.XX (lru, capacity F)`.
@@ -28,12 +35,14 @@ TRACE=""
 FRACTION=0.5
 BLOCK=64K
 OUT=/tmp/eviction-agreement
+ENDED=0
 while [ $# -gt 0 ]; do
   case $1 in
     --trace=*) TRACE=${1#*=} ;;
     --fraction=*) FRACTION=${1#*=} ;;
     --block_bytes=*) BLOCK=${1#*=} ;;
     --out=*) OUT=${1#*=} ;;
+    --ended) ENDED=1 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -66,15 +75,27 @@ print(int(float(sys.argv[2]) * evict_replay.footprint(reqs, 512)) * int(sys.argv
 echo "trace $TRACE, capacity $FRACTION of the footprint: $capacity bytes" \
   "in $BLOCK blocks" >&2
 
-start_master "$OUT/master" --read_lease_ms=0
-start_node "$OUT" node --device=dram --dram_bytes="$capacity" --shm=false
-"$BIN/hymbench" replay --master="$MASTER" --trace="$TRACE" --block_tokens=512 \
-  --block_bytes="$BLOCK" --concurrency=1 --time_scale=max --wait_stores \
-  --progress_s=0 --json="$OUT/replay.json" >"$OUT/replay.txt" 2>"$OUT/replay.log"
-stop_all
-tail -4 "$OUT/replay.txt" >&2
+# One replay against a fresh master and node: $1 names its files, the rest
+# are extra hymbench flags.
+replay() {
+  local name=$1
+  shift
+  start_master "$OUT/master-$name" --read_lease_ms=0
+  start_node "$OUT" "node-$name" --device=dram --dram_bytes="$capacity" --shm=false
+  "$BIN/hymbench" replay --master="$MASTER" --trace="$TRACE" --block_tokens=512 \
+    --block_bytes="$BLOCK" --concurrency=1 --time_scale=max --wait_stores \
+    --progress_s=0 --json="$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>"$OUT/$name.log"
+  stop_all
+  tail -4 "$OUT/$name.txt" >&2
+}
+replay replay
+measured_ended=()
+if [ "$ENDED" = 1 ]; then
+  replay replay-ended --hint_conversation_end
+  measured_ended=(--measured_ended="$OUT/replay-ended.json")
+fi
 
 cd tools/hymsim
 python3 -m hymsim eviction --trace="$(realpath "$TRACE")" --block_tokens=512 \
   --trace_block_tokens=512 --capacity_fraction="$FRACTION" --policies=lru \
-  --measured="$OUT/replay.json" --json="$OUT/eviction.json"
+  --measured="$OUT/replay.json" "${measured_ended[@]}" --json="$OUT/eviction.json"

@@ -693,13 +693,16 @@ def _policy(name):
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("name", ["lru", "cost"])
+@pytest.mark.parametrize("name", ["lru", "ended", "cost"])
 def test_eviction_keeps_chains_and_capacity(seed, name):
     store = eviction.BlockStore(12, _policy(name))
     stats = eviction.ReturnStats()
+    ends = random.Random(seed)
     evicted = 0
     for t, conv, turn, ids in _random_chains(seed):
         stats.observe(t, conv, turn)
+        if ends.random() < 0.3:
+            store.end(ids)  # conversations end at random (a no-op but for ended)
         before = set(store.blocks)
         h = store.serve(ids, t, conv, turn, stats)
         assert all(b in before for b in ids[:h])
@@ -758,6 +761,42 @@ def test_lru_matches_the_master_walk(seed):
         assert store.serve(ids, t, conv, turn) == ref.serve(ids)
         assert set(store.blocks) == set(ref.parent)
     assert store.evictions == ref.evictions > 0
+
+
+def test_ended_chains_go_first_and_shared_prefixes_stay():
+    store = eviction.BlockStore(6, _policy("ended"))
+    store.serve(["x0", "x1"], 0.0, conversation=1, turn=0)
+    store.serve(["p", "a1", "a2"], 1.0, conversation=2, turn=0)
+    store.serve(["p", "b1"], 2.0, conversation=3, turn=0)
+    # a ended: its own blocks, tail first; p has two children and stays.
+    assert store.end(["p", "a1", "a2"]) == ["a2", "a1"]
+    assert store.end(["p"]) == []            # shared: nothing moves
+    store.serve(["n0"], 3.0, conversation=4, turn=0)
+    assert "a2" not in store and "x1" in store
+    store.serve(["n1"], 4.0, conversation=5, turn=0)
+    assert "a1" not in store and "x1" in store
+    store.serve(["n2"], 5.0, conversation=6, turn=0)
+    assert "x1" not in store and "p" in store and "b1" in store
+    store.check()
+    # Plain LRU ignores ends; a read undoes one.
+    lru = eviction.BlockStore(3, _policy("lru"))
+    lru.serve(["y0", "y1"], 0.0)
+    assert lru.end(["y0", "y1"]) == []
+    ended = eviction.BlockStore(3, _policy("ended"))
+    ended.serve(["y0", "y1"], 0.0)
+    ended.serve(["z"], 1.0)
+    assert ended.end(["y0", "y1"]) == ["y1", "y0"]
+    ended.serve(["y0", "y1"], 2.0)           # read again: recent
+    ended.serve(["w"], 3.0)
+    assert "z" not in ended and "y1" in ended
+
+
+def test_last_turns_end_each_conversation_once():
+    reqs = [trace.Request(timestamp=i, input_length=512, output_length=1,
+                          hash_ids=[i], conversation=c, turn=t)
+            for i, (c, t) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (-1, 0)])]
+    order = [(q.timestamp, i) for i, q in enumerate(reqs)]
+    assert evict_replay.last_turns(reqs, order) == {3, 4}
 
 
 def test_cost_score_terms():

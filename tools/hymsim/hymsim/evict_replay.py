@@ -30,7 +30,7 @@ from . import eviction
 from . import presets
 from . import trace
 
-POLICIES = ["lru", "cost", "oracle"]
+POLICIES = ["lru", "ended", "cost", "oracle"]
 
 
 class OraclePolicy(eviction.CostPolicy):
@@ -119,6 +119,8 @@ def make_policy(name, model, block_tokens, flop_rate, params=None,
         return OraclePolicy(requests, order, model, block_tokens, flop_rate)
     if name == "lru":
         return eviction.LruPolicy()
+    if name == "ended":
+        return eviction.EndedPolicy()
     if name == "cost":
         return eviction.CostPolicy(model, block_tokens,
                                    model.kv_bytes_per_token() * block_tokens,
@@ -151,6 +153,20 @@ def _totals(saved_flops_sum, hits, blocks, flop_rate):
             "hit_blocks": hits, "blocks": blocks}
 
 
+def last_turns(requests, order):
+    """The requests that end their conversation: its highest turn, the
+    latest in `order` on a tie (hymbench replay's rule)."""
+    last = {}
+    for _, i in order:
+        c = requests[i].conversation
+        if c is None or c < 0:
+            continue
+        j = last.get(c)
+        if j is None or requests[i].turn >= requests[j].turn:
+            last[c] = i
+    return set(last.values())
+
+
 def replay(requests, order, policy, capacity, model, block_tokens, flop_rate,
            parents=None):
     """Feeds `order` ([(time, index)]) through a store of `capacity` blocks;
@@ -160,6 +176,7 @@ def replay(requests, order, policy, capacity, model, block_tokens, flop_rate,
         parents = parent_indices(requests)
     store = eviction.BlockStore(capacity, policy)
     stats = eviction.ReturnStats()
+    last = last_turns(requests, order)
     saved = 0.0
     hits = blocks = 0
     for t, i in order:
@@ -167,6 +184,8 @@ def replay(requests, order, policy, capacity, model, block_tokens, flop_rate,
         stats.observe(t, i, r.turn, parents[i] if parents[i] >= 0 else None)
         ids = full_ids(r, block_tokens)
         h = store.serve(ids, t, r.conversation, r.turn, stats)
+        if i in last:
+            store.end(ids)  # as hymbench replay --hint_conversation_end
         saved += saved_flops(model, r, h, block_tokens)
         hits += h
         blocks += len(ids)
@@ -254,6 +273,10 @@ def _parser():
                    help="hymbench replay --json of the same --trace against a "
                    "cluster whose store holds the first capacity fraction "
                    "(block_tokens = trace_block_tokens): compared with lru")
+    p.add_argument("--measured_ended", "--measured-ended",
+                   help="as --measured, of a replay with "
+                   "--hint_conversation_end: compared with ended, and with "
+                   "the --measured run")
     p.add_argument("--json", help="write the results here")
     return p
 
@@ -269,8 +292,13 @@ def main(argv):
     try:
         fractions = [float(x) for x in args.capacity_fraction.split(",")]
         policies = args.policies.split(",")
+        if args.measured_ended and not args.measured:
+            raise ValueError("--measured_ended needs --measured (the run "
+                             "without ends)")
         if args.measured and "lru" not in policies:
             policies.insert(0, "lru")  # what the master runs
+        if args.measured_ended and "ended" not in policies:
+            policies.insert(1, "ended")
         for name in policies:
             if name not in POLICIES:
                 raise ValueError("unknown policy %r" % name)
@@ -284,6 +312,9 @@ def main(argv):
         label, reqs, order, parents = load_workload(args, model, flop_rate)
         real = (measured(reqs, args.measured, model, args.block_tokens, flop_rate)
                 if args.measured else None)
+        real_ended = (measured(reqs, args.measured_ended, model,
+                               args.block_tokens, flop_rate)
+                      if args.measured_ended else None)
     except (OSError, ValueError, trace.TraceError) as e:
         print("hymsim eviction: %s" % e, file=sys.stderr)
         return 2
@@ -340,6 +371,30 @@ def main(argv):
         lines.append("eviction_agreement: measured_vs_model_saved=%.2f "
                      "measured_vs_model_hits=%.2f (lru, capacity %.2f)" %
                      (agreement["saved"], agreement["hits"], fractions[0]))
+    if real_ended is not None:
+        model_lru = results[0]["policies"]["lru"]
+        model_ended = results[0]["policies"]["ended"]
+        print("%-9s %-8s %10.1f %9.3f %8s %10s" % (
+            "%.2f" % fractions[0], "meas-end", real_ended["saved_s"],
+            real_ended["hit_ratio"], "-",
+            "%.2f" % (real_ended["saved_s"] / real["saved_s"])
+            if real["saved_s"] else "-"))
+
+        def ratio(a, b):
+            return a / b if b else 0.0
+        agreement["ended"] = {
+            "measured": real_ended,
+            "measured_vs_lru_saved": ratio(real_ended["saved_s"], real["saved_s"]),
+            "model_vs_lru_saved": ratio(model_ended["saved_s"], model_lru["saved_s"]),
+            "measured_vs_model_saved": ratio(real_ended["saved_s"],
+                                             model_ended["saved_s"])}
+        lines.append("eviction_ended: measured_ended_vs_lru_saved=%.2f "
+                     "model_ended_vs_lru_saved=%.2f measured_vs_model_saved=%.2f "
+                     "(ended, capacity %.2f)" % (
+                         agreement["ended"]["measured_vs_lru_saved"],
+                         agreement["ended"]["model_vs_lru_saved"],
+                         agreement["ended"]["measured_vs_model_saved"],
+                         fractions[0]))
     for line in lines:
         print(line)
     if args.json:

@@ -226,6 +226,27 @@ class LruPolicy:
         return out
 
 
+class EndedPolicy(LruPolicy):
+    """The master's LRU with conversation ends (BatchLookup ended,
+    MetadataIndex::DemoteChain): an ended chain's unshared tail goes to the
+    least recent end, the latest ended first, each chain tail first."""
+    name = "ended"
+
+    def __init__(self):
+        super().__init__()
+        self._ends = 0
+
+    def demote(self, store, bids):
+        """`bids`: the blocks to demote, tail first (BlockStore.end)."""
+        self._ends += 1
+        for bid in bids:
+            b = store.blocks[bid]
+            b.tick = -self._ends
+            b.version += 1
+            if not b.children:
+                self.leaf(store, bid, b)
+
+
 class CostPolicy:
     name = "cost"
 
@@ -345,6 +366,37 @@ class BlockStore:
                 self.leaves.discard(parent)
             self._touch(ids[k], now, conversation, turn)
         return h
+
+    def end(self, ids):
+        """The conversation whose chain is `ids` (head first) ended: the
+        policy may demote its unshared tail (EndedPolicy), walked as
+        MetadataIndex::DemoteChain walks it: from the last cached block (no
+        children, or one: it stays), up while each block's only child is
+        the next one. Returns the blocks demoted, tail first."""
+        demote = getattr(self.policy, "demote", None)
+        if demote is None:
+            return []
+        out = []
+        child = None
+        for k in range(len(ids) - 1, -1, -1):
+            b = self.blocks.get(ids[k])
+            if b is None:
+                if child is None:
+                    continue
+                break
+            if child is None:
+                if b.children > 1:
+                    break
+                if b.children == 0:
+                    out.append(ids[k])
+            else:
+                if b.children != 1 or self.blocks[child].parent != ids[k]:
+                    break
+                out.append(ids[k])
+            child = ids[k]
+        if out:
+            demote(self, out)
+        return out
 
     def _touch(self, bid, now, conversation, turn):
         b = self.blocks[bid]
