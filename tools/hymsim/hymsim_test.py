@@ -951,6 +951,18 @@ def test_measured_replay_scored_like_the_model(capsys):
                            "measured_vs_model_hits=1.00")
     assert json.load(open(out))["agreement"]["hits"] == pytest.approx(1.0)
     assert cli.main(["eviction", "--trace=" + path, "--measured=" + rep]) == 2
+    # Beside a run with ends (the same report here): its own line.
+    assert cli.main(["eviction", "--trace=" + path, "--trace_block_tokens=128",
+                     "--block_tokens=128", "--capacity_fraction=1",
+                     "--measured=" + rep, "--measured_ended=" + rep,
+                     "--json=" + out]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("eviction_ended: measured_ended_vs_lru_saved=1.00 "
+                           "model_ended_vs_lru_saved=1.00 "
+                           "measured_vs_model_saved=1.00")
+    assert json.load(open(out))["agreement"]["ended"]["measured_vs_lru_saved"] == 1.0
+    assert cli.main(["eviction", "--trace=" + path, "--trace_block_tokens=128",
+                     "--block_tokens=128", "--measured_ended=" + rep]) == 2
 
 
 def test_cli_eviction(capsys):
