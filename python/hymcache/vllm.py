@@ -51,6 +51,13 @@ kv_connector_extra_config keys (all optional but `master`):
   load_deadline     seconds a load may take (default 5.0)
   lookup_deadline   seconds a lookup may take (default 1.0)
   retry_interval    seconds lookups pause after the master failed (default 5.0)
+  hint_hold         seconds a finished request's chain is held staged for
+                    its conversation's next turn (default 60; 0: no hints)
+
+A request whose `kv_transfer_params` (the OpenAI API's per-request field)
+has "hymcache_conversation_ended": true is its conversation's last turn:
+when it finishes the connector sends HintConversationEnded instead of a
+next-turn hint, and the master evicts the chain's own blocks first.
 
 This module imports vLLM; `import hymcache` alone does not.
 """
@@ -232,6 +239,7 @@ class HyMCacheConnector(KVConnectorBase_V1):
             ]
             self.hints_sent = 0
             self.hints_dropped = 0
+            self.ended_hints_sent = 0
             self._reqs: Dict[str, _RequestState] = {}
             self._master_down_since: Optional[float] = None
             self._lookup_calls = 0
@@ -407,21 +415,31 @@ class HyMCacheConnector(KVConnectorBase_V1):
         # may free the blocks at once.
         state = self._reqs.pop(request.request_id, None)
         if state is not None and state.keys:
-            self._hint_next_turn(state)
+            params = getattr(request, "kv_transfer_params", None) or {}
+            self._hint_turn(state, ended=bool(
+                params.get("hymcache_conversation_ended", False)))
         return False, None
 
-    def _hint_next_turn(self, state: _RequestState) -> None:
+    def _hint_turn(self, state: _RequestState, ended: bool) -> None:
         """The conversation answered: its chain (every TP rank's) is likely
-        read again at its next turn. Advice: never fails the request."""
+        read again at its next turn, or, `ended`, never (the master evicts
+        it first). Advice: never fails the request."""
         hold = float(self._cfg["hint_hold"])
-        if hold <= 0:
+        if hold <= 0 and not ended:
             return
         tokens = list(state.request.all_token_ids[: len(state.keys) * self._block_size])
         for rank, builder in enumerate(self._rank_keys):
             try:
                 keys = state.keys if rank == 0 else builder.keys(tokens)
-                if self._client.hint_next_turn(keys, hold=hold):
-                    self.hints_sent += 1
+                if ended:
+                    sent = self._client.hint_conversation_ended(keys)
+                else:
+                    sent = self._client.hint_next_turn(keys, hold=hold)
+                if sent:
+                    if ended:
+                        self.ended_hints_sent += 1
+                    else:
+                        self.hints_sent += 1
                 else:
                     self.hints_dropped += 1
             except Exception as e:  # noqa: BLE001 - advice only

@@ -243,6 +243,13 @@ def test_a_finished_request_hints_its_chain_for_the_next_turn(cluster):
     sched._cfg["hint_hold"] = 0
     step(sched, worker, request("h2", tokens_of(8, 2 * BS)), [4, 5])
     assert sched.hints_sent == 2
+    # The last turn, as the application marks it: the conversation ended
+    # (sent whatever hint_hold is), no next-turn hint.
+    last = request("h3", tokens_of(9, 2 * BS))
+    last.kv_transfer_params = {"hymcache_conversation_ended": True}
+    step(sched, worker, last, [6, 7])
+    assert sched.ended_hints_sent == 2 and sched.hints_sent == 2
+    assert sched.hints_dropped == 0
 
 
 def test_master_unreachable_means_no_hits_logged_once(caplog):
