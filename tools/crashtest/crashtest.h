@@ -83,6 +83,12 @@ struct CrashTestOptions {
   uint64_t max_block_bytes = 64 << 10;
   // Pause between a conversation's turns. Default: 20 ms.
   absl::Duration think_time = absl::Milliseconds(20);
+  // Think-time hints, as an engine sends them: after each turn but the
+  // last, Client::HintNextTurn of the conversation's chain (hybrid nodes
+  // stage it, the master keeps it recent); after the last,
+  // HintConversationEnded (the nodes drop it, the master evicts its own
+  // blocks first). Advice: the checks are the same. Default: false.
+  bool hints = false;
   // Deadline of each Load, and timeout of each Store. Default: 2 s each.
   absl::Duration load_deadline = absl::Seconds(2);
   // The workload client's ClientOptions of the same names.

@@ -77,6 +77,12 @@ void CrashTest::Impl::ConversationLoop(int slot) {
         chains_[chain] = c.keys;
       }
       RunTurn(c, scratch);
+      if (options_.hints) {
+        // Refused only when too many are pending: advice, not checked.
+        (t + 1 < turns ? client_->HintNextTurn(c.keys)
+                       : client_->HintConversationEnded(c.keys))
+            .IgnoreError();
+      }
       if (!SleepUnlessStopping(options_.think_time)) break;
     }
   }

@@ -55,6 +55,9 @@ DEFINE_string(min_block_bytes, "16K",
               "smallest block (lengths derive from keys)");
 DEFINE_string(max_block_bytes, "64K", "largest block");
 DEFINE_int32(think_ms, 20, "pause between a conversation's turns");
+DEFINE_bool(hints, false,
+            "think-time hints: HintNextTurn after each turn, "
+            "HintConversationEnded after a conversation's last");
 DEFINE_int32(load_deadline_ms, 2000, "deadline of each Load");
 DEFINE_string(client_poll_strategy,
               hymcache::ClientOptions().grpc_poll_strategy,
@@ -218,6 +221,7 @@ int main(int argc, char** argv) {
   o.system_prompts = FLAGS_system_prompts;
   o.system_prompt_blocks = FLAGS_system_prompt_blocks;
   o.think_time = absl::Milliseconds(FLAGS_think_ms);
+  o.hints = FLAGS_hints;
   o.load_deadline = absl::Milliseconds(FLAGS_load_deadline_ms);
   o.client_poll_strategy = FLAGS_client_poll_strategy;
   o.master_connections = FLAGS_master_connections;
