@@ -487,8 +487,8 @@ void HaMaster::MaybePreloadAgain() {
 
 bool HaMaster::MaybeEndDeadLeaderTerm() {
   if (!options_.end_dead_leader_terms) return false;
-  if (std::optional<LeaderInfo> l = election_->ObservedLeader();
-      l.has_value() && l->candidate == advertise_ &&
+  const std::optional<LeaderInfo> l = election_->ObservedLeader();
+  if (l.has_value() && l->candidate == advertise_ &&
       l->epoch != revoked_epoch_) {
     // The leader key names this master's address while this process
     // stands by: it is the term of an earlier process on this address
@@ -518,7 +518,6 @@ bool HaMaster::MaybeEndDeadLeaderTerm() {
     last_inconclusive_probe_ = absl::InfinitePast();  // probe at the break
     return false;
   }
-  std::optional<LeaderInfo> l = election_->ObservedLeader();
   // A leader that answered (or whose host did not) is probed again only
   // this much later: a stream refused for another reason (credentials)
   // must not become a connect every follow_interval.
