@@ -109,7 +109,8 @@ DEFINE_int32(leader_cpu, -1,
              "pin the first master (the one leading, and the single master "
              "of mode off) to this CPU and everything else (the bench's "
              "clients, the standby, etcd) to the other CPUs, as if the "
-             "leader had a host of its own; -1: no pinning");
+             "leader had a host of its own (--restart_objects: the first "
+             "master again when restarted); -1: no pinning");
 DEFINE_bool(restart_on_new_ports, false,
             "with --restart_objects: restart the masters on new ports "
             "instead of their own addresses");
@@ -657,7 +658,7 @@ absl::StatusOr<double> RunRestartAll(const std::string& binary,
       if (!FLAGS_restart_on_new_ports) {
         args.push_back("--listen=" + (i == 0 ? rig->leader : rig->standby));
       }
-      auto d = Daemon::Start(binary, args);
+      auto d = StartMaster(binary, args, static_cast<int>(i));
       if (!d.ok()) return d.status();
       auto address = StandbyAddress(*d);
       if (!address.ok()) return address.status();
