@@ -41,28 +41,20 @@ void MetadataIndex::LinkBelow(uint32_t i, uint32_t above, List& list) {
 }
 
 void MetadataIndex::LinkAbove(uint32_t i, uint32_t below, List& list) {
-  Record& l = record(i);
-  Record& b = record(below);
-  l.prev = below;
-  l.next = b.next;
-  if (b.next != kNil) {
-    record(b.next).prev = i;
+  const uint32_t above = record(below).next;
+  if (above == kNil) {
+    LinkMostRecent(i, list);
   } else {
-    list.most = i;
+    LinkBelow(i, above, list);
   }
-  b.next = i;
 }
 
 void MetadataIndex::LinkLeastRecent(uint32_t i, List& list) {
-  Record& l = record(i);
-  l.prev = kNil;
-  l.next = list.least;
-  if (list.least != kNil) {
-    record(list.least).prev = i;
+  if (list.least == kNil) {
+    LinkMostRecent(i, list);
   } else {
-    list.most = i;
+    LinkBelow(i, list.least, list);
   }
-  list.least = i;
 }
 
 void MetadataIndex::Unlink(uint32_t i, uint32_t node_id) {
