@@ -414,7 +414,7 @@ class Replayer {
     pool->Give(free_now);
     rec.store_keys = store_keys.size();
     if (store_keys.empty()) {
-      HintNextTurn(i);
+      HintTurn(i);
       return;
     }
     const uint64_t held_bytes = held.size() * bb;
@@ -431,7 +431,7 @@ class Replayer {
       }
     }
     if (drop) {
-      HintNextTurn(i);
+      HintTurn(i);
       return;
     }
     {
@@ -561,7 +561,7 @@ class Replayer {
 
   // The think-time hint of a request whose turn is answered: the
   // conversation ended (its last request), or its next turn comes.
-  void HintNextTurn(size_t request) {
+  void HintTurn(size_t request) {
     if (requests_[request].hash_ids.empty()) return;
     if (options_.hint_conversation_end && last_turn_[request]) {
       std::vector<std::string> keys;
@@ -646,7 +646,7 @@ class Replayer {
     }
     if (!error.ok()) rec.store_error = error.ToString();
     pool->Give(p.slots);
-    if (p.hint) HintNextTurn(p.request);
+    if (p.hint) HintTurn(p.request);
     MutexLock l(&mu_);
     for (size_t k = 0; k < fates.size(); ++k) {
       if (!fates[k].has_value()) continue;
