@@ -97,8 +97,11 @@ class MasterReplication {
       const MasterReplicationOptions& options);
   ~MasterReplication();
 
-  // The gRPC service to register on the master's server.
-  grpc::Service* service() { return source_.get(); }
+  // The gRPC service to register on the master's server: the standbys'
+  // streams run on its completion-queue pollers (StartOn, once per poller
+  // after the server is built), on the thread that serves PutCommit.
+  grpc::Service* service() { return source_->async_service(); }
+  void StartOn(CqPoller* poller) { source_->StartOn(poller); }
 
   // After a commit's store write, before its answer (MasterRpcHooks::
   // after_commit): kAsync wakes the streams and answers at once; kSync

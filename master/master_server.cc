@@ -263,7 +263,7 @@ absl::Status MasterServer::StartRpc(const MasterOptions& options) {
       std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
   builder.RegisterService(handler_->async_service());
   builder.RegisterService(health_->service());
-  // Standby replication: a sync service, served like reflection.
+  // Standby replication: its streams on the pollers too.
   if (replication_ != nullptr) builder.RegisterService(replication_->service());
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> cqs;
   for (uint32_t i = 0; i < options.rpc_threads; ++i) {
@@ -283,10 +283,13 @@ absl::Status MasterServer::StartRpc(const MasterOptions& options) {
     master::CqPoller* poller = pollers_[i].get();
     master::MasterRpcHandler* handler = handler_.get();
     master::HealthService* health = health_.get();
-    poller->Start(absl::StrCat("master-rpc-", i), [poller, handler, health] {
-      handler->StartOn(poller);
-      health->StartOn(poller);
-    });
+    master::MasterReplication* replication = replication_.get();
+    poller->Start(absl::StrCat("master-rpc-", i),
+                  [poller, handler, health, replication] {
+                    handler->StartOn(poller);
+                    health->StartOn(poller);
+                    if (replication != nullptr) replication->StartOn(poller);
+                  });
   }
   std::string host = SplitHostPort(options.listen_address)->first;
   if (host == "0.0.0.0" || host == "::" || host == "*") host = "127.0.0.1";

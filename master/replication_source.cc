@@ -1,11 +1,10 @@
-// The leader's side of standby replication. Each follower's stream runs on
-// its gRPC handler thread: a full copy from a RocksDB snapshot when needed,
-// then the write log from the snapshot's sequence (or the follower's) on,
-// read with one TransactionLogIterator that tails the current log file
-// (RocksDB's iterator reads records appended after it reached the end; a
-// new log file makes it answer TryAgain, and a new iterator is opened from
-// the next sequence). A second thread per stream reads the follower's
-// acknowledgements.
+// The leader's side of standby replication: the followers' bookkeeping and
+// waiters, and the blocking stream. A stream served as a synchronous
+// service runs on its gRPC handler thread: a full copy from a RocksDB
+// snapshot when needed, then the write log from the snapshot's sequence
+// (or the follower's) on (master/replication_log.h). A second thread per
+// stream reads the follower's acknowledgements. The same stream on a
+// completion-queue poller is in replication_follow_call.cc.
 #include "master/replication_source.h"
 
 #include <glog/logging.h>
@@ -18,8 +17,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
-#include "common/rocksdb_util.h"
 #include "common/thread.h"
+#include "master/replication_follow_call.h"
+#include "master/replication_log.h"
 
 namespace hymcache {
 namespace master {
@@ -33,16 +33,6 @@ namespace {
 constexpr size_t kMaxInFlight = 65536;
 
 }  // namespace
-
-// One follower's stream. Protected by the source's mu_.
-struct ReplicationSource::Follower {
-  std::string name;
-  std::string peer;
-  uint64_t acked = 0;
-  bool copying = true;
-  // Batches sent and not yet acknowledged: last sequence, when sent.
-  std::deque<std::pair<uint64_t, absl::Time>> in_flight;
-};
 
 absl::Status ReplicationSourceOptions::Validate() const {
   if (store == nullptr) {
@@ -113,8 +103,17 @@ void ReplicationSource::NotifyWrite() {
   {
     MutexLock l(&mu_);
     ++notified_;
+    WakeCallsLocked(/*cut=*/false);
   }
   changed_.SignalAll();
+}
+
+bool ReplicationSource::CommitWaitingLocked() const {
+  return !waiters_.empty() || sync_waiting_ > 0;
+}
+
+void ReplicationSource::WakeCallsLocked(bool cut) {
+  for (const auto& [id, call] : calls_) call->Wake(cut);
 }
 
 absl::Status ReplicationSource::WaitReplicated(uint64_t seq,
@@ -123,6 +122,7 @@ absl::Status ReplicationSource::WaitReplicated(uint64_t seq,
   MutexLock l(&mu_);
   ++sync_waiting_;
   batch_cut_.SignalAll();
+  WakeCallsLocked(/*cut=*/true);
   absl::Status s;
   for (;;) {
     if (shutdown_) {
@@ -195,6 +195,7 @@ void ReplicationSource::OnReplicated(uint64_t seq, absl::Time deadline,
       waiters_.emplace(id, Waiter{seq, deadline, std::move(done)});
       if (earliest) deadlines_changed_.Signal();
       batch_cut_.SignalAll();
+      WakeCallsLocked(/*cut=*/true);
       return;
     }
   }
@@ -255,6 +256,7 @@ void ReplicationSource::Shutdown() {
     MutexLock l(&mu_);
     shutdown_ = true;
     for (const auto& [id, ctx] : contexts_) ctx->TryCancel();
+    WakeCallsLocked(/*cut=*/true);
     changed_.SignalAll();
     deadlines_changed_.SignalAll();
     batch_cut_.SignalAll();
@@ -306,9 +308,59 @@ void ReplicationSource::WaitToBatch(grpc::ServerContext* ctx) {
   if (options_.batch_delay <= absl::ZeroDuration()) return;
   const absl::Time until = absl::Now() + options_.batch_delay;
   MutexLock l(&mu_);
-  while (!shutdown_ && !ctx->IsCancelled() && waiters_.empty() &&
-         sync_waiting_ == 0) {
+  while (!shutdown_ && !ctx->IsCancelled() && !CommitWaitingLocked()) {
     if (batch_cut_.WaitWithDeadline(&mu_, until)) break;  // timed out
+  }
+}
+
+absl::StatusOr<uint64_t> ReplicationSource::Join(Follower* f,
+                                                 grpc::ServerContext* ctx,
+                                                 FollowCall* call) {
+  MutexLock l(&mu_);
+  if (shutdown_) return absl::UnavailableError("replication source shut down");
+  const uint64_t id = next_id_++;
+  followers_[id] = f;  // copying: counts for nothing yet
+  contexts_[id] = ctx;
+  if (call != nullptr) calls_[id] = call;
+  ++counters_.streams_started;
+  return id;
+}
+
+void ReplicationSource::Leave(uint64_t id) {
+  std::vector<std::function<void(absl::Status)>> satisfied;
+  {
+    MutexLock l(&mu_);
+    followers_.erase(id);
+    contexts_.erase(id);
+    calls_.erase(id);
+    // The standbys left may all hold what this one had not acknowledged.
+    satisfied = TakeSatisfiedLocked(HeldLocked());
+  }
+  changed_.SignalAll();
+  for (auto& done : satisfied) done(absl::OkStatus());
+}
+
+void ReplicationSource::Acknowledge(Follower* f, uint64_t applied) {
+  std::vector<std::function<void(absl::Status)>> satisfied;
+  {
+    MutexLock l(&mu_);
+    f->copying = false;
+    f->acked = std::max(f->acked, applied);
+    while (!f->in_flight.empty() && f->in_flight.front().first <= f->acked) {
+      f->in_flight.pop_front();
+    }
+    satisfied = TakeSatisfiedLocked(HeldLocked());
+  }
+  changed_.SignalAll();
+  for (auto& done : satisfied) done(absl::OkStatus());
+}
+
+void ReplicationSource::CountSent(Follower* f, int batches, uint64_t last) {
+  MutexLock l(&mu_);
+  counters_.batches_sent += batches;
+  ++counters_.messages_sent;
+  if (f->in_flight.size() < kMaxInFlight) {
+    f->in_flight.emplace_back(last, clock_->Now());
   }
 }
 
@@ -333,7 +385,7 @@ class ReplicationSource::Stream {
 
   absl::Status Serve(const v1::FollowRequest& first) {
     const bool copy = !(first.leader_db_id() == source_->db_id_ &&
-                        LogStartsAt(first.from_sequence() + 1));
+                        WriteLogStartsAt(db_, first.from_sequence() + 1));
     v1::FollowResponse start;
     start.set_kind(v1::FollowResponse::START);
     start.set_db_id(source_->db_id_);
@@ -359,83 +411,44 @@ class ReplicationSource::Stream {
     return stream_->Write(m);
   }
 
-  // Whether the log holds a batch starting exactly at `seq` (or `seq` is
-  // the next sequence to be written).
-  bool LogStartsAt(uint64_t seq) {
-    if (seq <= 1) return false;
-    const uint64_t latest = db_->GetLatestSequenceNumber();
-    if (seq > latest + 1) return false;  // the follower is ahead: another past
-    if (seq == latest + 1) return true;
-    std::unique_ptr<rocksdb::TransactionLogIterator> it;
-    if (!db_->GetUpdatesSince(seq, &it).ok() || !it->Valid()) return false;
-    return it->GetBatch().sequence == seq;
-  }
-
   // Streams a consistent copy of the database; returns its sequence.
   absl::StatusOr<uint64_t> Copy() {
-    const rocksdb::Snapshot* snap = db_->GetSnapshot();
-    const uint64_t at = snap->GetSequenceNumber();
-    absl::Status s = CopyAt(snap);
-    db_->ReleaseSnapshot(snap);
-    if (!s.ok()) return s;
+    const ReplicationSourceOptions& o = source_->options_;
+    ReplicationCopyReader copy(db_, o.copy_chunk_records, o.copy_chunk_bytes);
+    v1::FollowResponse chunk;
+    for (;;) {
+      absl::StatusOr<bool> more = copy.Next(&chunk);
+      if (!more.ok()) return more.status();
+      if (!*more) break;
+      RETURN_IF_FALSE(Send(chunk));
+    }
+    {
+      MutexLock l(&source_->mu_);
+      source_->counters_.copy_records_sent += copy.records();
+    }
     v1::FollowResponse end;
     end.set_kind(v1::FollowResponse::COPY_END);
-    end.set_sequence(at);
+    end.set_sequence(copy.sequence());
     RETURN_IF_FALSE(Send(end));
-    LOG(INFO) << "replication: full copy at sequence " << at << " sent to "
-              << follower_->name << " (" << follower_->peer << ")";
-    return at;
-  }
-
-  absl::Status CopyAt(const rocksdb::Snapshot* snap) {
-    rocksdb::ReadOptions ro;
-    ro.snapshot = snap;
-    ro.fill_cache = false;
-    ro.readahead_size = size_t{2} << 20;
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
-    v1::FollowResponse chunk;
-    size_t bytes = 0;
-    uint64_t records = 0;
-    auto flush = [&]() -> bool {
-      chunk.set_kind(v1::FollowResponse::COPY_CHUNK);
-      const bool ok = Send(chunk);
-      chunk.Clear();
-      bytes = 0;
-      return ok;
-    };
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
-      if (it->key() == rocksdb::Slice(kReplicaPositionKey)) continue;
-      chunk.add_keys(it->key().data(), it->key().size());
-      chunk.add_values(it->value().data(), it->value().size());
-      bytes += it->key().size() + it->value().size();
-      ++records;
-      if (static_cast<size_t>(chunk.keys_size()) >=
-              source_->options_.copy_chunk_records ||
-          bytes >= source_->options_.copy_chunk_bytes) {
-        RETURN_IF_FALSE(flush());
-      }
-    }
-    absl::Status s = FromRocksDb(it->status(), "replication source", "copy");
-    if (!s.ok()) return s;
-    if (chunk.keys_size() > 0) RETURN_IF_FALSE(flush());
-    MutexLock l(&source_->mu_);
-    source_->counters_.copy_records_sent += records;
-    return absl::OkStatus();
+    LOG(INFO) << "replication: full copy at sequence " << copy.sequence()
+              << " sent to " << follower_->name << " (" << follower_->peer
+              << ")";
+    return copy.sequence();
   }
 
   // Sends the log from `next` on, until the stream ends.
   absl::Status StreamLog(uint64_t next) {
-    std::unique_ptr<rocksdb::TransactionLogIterator> it;
-    bool fresh = false;
+    ReplicationLogReader log(db_, next, source_->options_.log_message_bytes);
     absl::Time last_sent = absl::Now();
+    v1::FollowResponse m;
     for (;;) {
-      if (next > db_->GetLatestSequenceNumber()) {
+      if (!log.Behind()) {
         if (!source_->WaitForWrites(
-                ctx_, next,
+                ctx_, log.next(),
                 last_sent + source_->options_.heartbeat_interval)) {
           return absl::CancelledError("stream ended");
         }
-        if (next > db_->GetLatestSequenceNumber()) {
+        if (!log.Behind()) {
           v1::FollowResponse hb;
           hb.set_kind(v1::FollowResponse::HEARTBEAT);
           hb.set_sequence(db_->GetLatestSequenceNumber());
@@ -445,91 +458,16 @@ class ReplicationSource::Stream {
         }
       }
       source_->WaitToBatch(ctx_);
-      if (it == nullptr) {
-        rocksdb::Status rs = db_->GetUpdatesSince(next, &it);
-        if (!rs.ok()) {
-          return absl::OutOfRangeError(absl::StrCat(
-              "the log from sequence ", next, " is gone: ", rs.ToString()));
+      for (;;) {
+        absl::StatusOr<ReplicationLogReader::Fill> fill = log.Next(&m);
+        if (!fill.ok()) return fill.status();
+        if (*fill == ReplicationLogReader::Fill::kRetryLater) {
+          absl::SleepFor(source_->options_.poll_interval);
         }
-        fresh = true;
-      }
-      if (!fresh) it->Next();
-      const uint64_t before = next;
-      v1::FollowResponse m;
-      size_t bytes = 0;
-      int batches = 0;
-      auto send = [&]() -> bool {
-        if (batches == 0) return true;
-        m.set_kind(v1::FollowResponse::BATCH);
-        m.set_sequence(next - m.count());
-        // Counted (and its lag clock started) before the send: the follower
-        // may apply and acknowledge it before this thread runs again.
-        {
-          MutexLock l(&source_->mu_);
-          source_->counters_.batches_sent += batches;
-          ++source_->counters_.messages_sent;
-          if (follower_->in_flight.size() < kMaxInFlight) {
-            follower_->in_flight.emplace_back(next - 1, source_->clock_->Now());
-          }
-        }
-        if (!Send(m)) return false;
-        m.Clear();
-        bytes = 0;
-        batches = 0;
+        if (*fill != ReplicationLogReader::Fill::kFilled) break;
+        source_->CountSent(follower_, m.batches_size(), log.next() - 1);
+        RETURN_IF_FALSE(Send(m));
         last_sent = absl::Now();
-        return true;
-      };
-      while (it->Valid()) {
-        rocksdb::BatchResult b = it->GetBatch();
-        const uint32_t count = b.writeBatchPtr->Count();
-        if (b.sequence + count <= next) {  // sent already
-          it->Next();
-          continue;
-        }
-        if (b.sequence != next) {
-          RETURN_IF_FALSE(send());
-          return absl::OutOfRangeError(absl::StrCat(
-              "the log skips from sequence ", next, " to ", b.sequence));
-        }
-        m.add_batches(b.writeBatchPtr->Data());
-        m.set_count(m.count() + count);
-        bytes += b.writeBatchPtr->GetDataSize();
-        ++batches;
-        next += count;
-        if (bytes >= source_->options_.log_message_bytes) {
-          RETURN_IF_FALSE(send());
-        }
-        it->Next();
-      }
-      RETURN_IF_FALSE(send());
-      const bool was_fresh = fresh;
-      fresh = false;
-      if (!it->status().ok()) {
-        if (was_fresh && next == before) {
-          // A new iterator that cannot read: the log is damaged or gone,
-          // or (TryAgain) it moved to a new file meanwhile: try again in a
-          // moment.
-          if (it->status().IsTryAgain()) {
-            absl::SleepFor(source_->options_.poll_interval);
-            it.reset();
-            continue;
-          }
-          return absl::OutOfRangeError(
-              absl::StrCat("reading the log at sequence ", next, ": ",
-                           it->status().ToString()));
-        }
-        // TryAgain: the log moved to a new file; read on from a new
-        // iterator.
-        VLOG(1) << "replication: reopening the log at " << next << ": "
-                << it->status().ToString();
-        it.reset();
-        continue;
-      }
-      if (next == before && next <= db_->GetLatestSequenceNumber()) {
-        // Published but not readable yet: a new iterator, after a pause
-        // if a new one did not help either.
-        if (was_fresh) absl::SleepFor(source_->options_.poll_interval);
-        it.reset();
       }
     }
   }
@@ -557,33 +495,11 @@ grpc::Status ReplicationSource::Follow(
   }
   Follower f;
   f.peer = ctx->peer();
-  uint64_t id = 0;
-  {
-    MutexLock l(&mu_);
-    if (shutdown_) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "replication source shut down");
-    }
-    id = next_id_++;
-    followers_[id] = &f;  // copying: counts for nothing yet
-    contexts_[id] = ctx;
-    ++counters_.streams_started;
-  }
-  auto leave = [&] {
-    std::vector<std::function<void(absl::Status)>> satisfied;
-    {
-      MutexLock l(&mu_);
-      followers_.erase(id);
-      contexts_.erase(id);
-      // The standbys left may all hold what this one had not acknowledged.
-      satisfied = TakeSatisfiedLocked(HeldLocked());
-    }
-    changed_.SignalAll();
-    for (auto& done : satisfied) done(absl::OkStatus());
-  };
+  absl::StatusOr<uint64_t> id = Join(&f, ctx, /*call=*/nullptr);
+  if (!id.ok()) return ToGrpcStatus(id.status());
   v1::FollowRequest first;
   if (!stream->Read(&first)) {
-    leave();
+    Leave(*id);
     return grpc::Status(grpc::StatusCode::CANCELLED, "no first message");
   }
   {
@@ -592,20 +508,7 @@ grpc::Status ReplicationSource::Follow(
   }
   absl::StatusOr<Thread> acks = Thread::Start("repl-acks", [&] {
     v1::FollowRequest ack;
-    while (stream->Read(&ack)) {
-      std::vector<std::function<void(absl::Status)>> satisfied;
-      {
-        MutexLock l(&mu_);
-        f.copying = false;
-        f.acked = std::max(f.acked, ack.applied_sequence());
-        while (!f.in_flight.empty() && f.in_flight.front().first <= f.acked) {
-          f.in_flight.pop_front();
-        }
-        satisfied = TakeSatisfiedLocked(HeldLocked());
-      }
-      changed_.SignalAll();
-      for (auto& done : satisfied) done(absl::OkStatus());
-    }
+    while (stream->Read(&ack)) Acknowledge(&f, ack.applied_sequence());
   });
   absl::Status s;
   if (acks.ok()) {
@@ -617,7 +520,7 @@ grpc::Status ReplicationSource::Follow(
   } else {
     s = acks.status();
   }
-  leave();
+  Leave(*id);
   if (!absl::IsCancelled(s)) {
     LOG(WARNING) << "replication: stream to " << f.name << " ended: " << s;
   }

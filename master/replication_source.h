@@ -9,10 +9,16 @@
 // holds it (synchronous replication: with two standbys, either may win the
 // next election), and GetStats reports each follower's lag.
 //
-// The service is synchronous gRPC (one handler thread per follower, plus a
-// named thread reading its acknowledgements), so it may be registered on
-// the master's completion-queue server (master/cq_server.h: sync methods
-// are fine there) or on a server of its own.
+// Two ways to serve it, with the same streams:
+//  - as a synchronous gRPC service (this object: one handler thread per
+//    follower, plus a named thread reading its acknowledgements), on a
+//    server of its own or beside completion-queue services;
+//  - on the master's completion-queue pollers (async_service() and
+//    StartOn: master/cq_server.h): every event of a follower's stream (its
+//    acknowledgements, the next message, the wait for writes) runs on the
+//    poller's thread, the thread that serves PutCommit, so a synchronous
+//    commit is answered from the acknowledgement's event with no hand-off
+//    between threads (docs/ha.md, "Serving the stream on the poller").
 //
 // Thread safety: safe for concurrent use without external synchronization.
 // REQUIRES: the store outlives the source; Shutdown() (or destruction)
@@ -42,6 +48,8 @@
 
 namespace hymcache {
 namespace master {
+
+class CqPoller;  // master/cq_server.h
 
 struct ReplicationSourceOptions {
   // The leader's store. Its write log is what followers replay: give it
@@ -162,6 +170,14 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
   // The identity of the leader's database, as followers record it.
   const std::string& db_id() const { return db_id_; }
 
+  // Serving on completion-queue pollers: register async_service() on the
+  // server instead of this object, then call StartOn for each poller once
+  // the server is built (a Follow call is requested on each). Shutdown()
+  // ends those streams too; call it before the server shuts down, and keep
+  // the source alive until the pollers have drained.
+  grpc::Service* async_service() { return &async_service_; }
+  void StartOn(CqPoller* poller);
+
   // gRPC entry point (the RPC adapter).
   grpc::Status Follow(
       grpc::ServerContext* ctx,
@@ -169,9 +185,19 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
                                hymcache::v1::FollowRequest>* stream) override;
 
  private:
-  struct Follower;
+  // One follower's stream. Protected by mu_.
+  struct Follower {
+    std::string name;
+    std::string peer;
+    uint64_t acked = 0;
+    bool copying = true;
+    // Batches sent and not yet acknowledged: last sequence, when sent.
+    std::deque<std::pair<uint64_t, absl::Time>> in_flight;
+  };
   class Stream;
   friend class Stream;
+  class FollowCall;  // a stream on a poller (replication_follow_call.cc)
+  friend class FollowCall;
 
   ReplicationSource(const ReplicationSourceOptions& options,
                     std::string db_id);
@@ -193,6 +219,27 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
       uint64_t held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The "repl-deadline" thread: expires OnReplicated waiters.
   void ExpireWaiters();
+
+  // A follower's stream began: its id (for Leave), or Unavailable after
+  // Shutdown. `ctx` is cancelled at Shutdown; `call`, when not null, is
+  // woken by writes and waiters (FollowCall::Wake).
+  absl::StatusOr<uint64_t> Join(Follower* f, grpc::ServerContext* ctx,
+                                FollowCall* call);
+  // The stream ended: it stops counting, and the waiters the others hold
+  // are answered (on this thread).
+  void Leave(uint64_t id);
+  // The follower acknowledged holding `applied`: answers the waiters now
+  // held, on this thread.
+  void Acknowledge(Follower* f, uint64_t applied);
+  // A log message of `batches` write batches up to `last` is about to be
+  // sent: counted, and its lag clock started (the follower may apply and
+  // acknowledge it before the sender runs again).
+  void CountSent(Follower* f, int batches, uint64_t last);
+  // Whether a commit waits for the followers (WaitReplicated or
+  // OnReplicated): a stream then sends at once instead of batching.
+  bool CommitWaitingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the streams on pollers; `cut` ends a batch delay too.
+  void WakeCallsLocked(bool cut) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const ReplicationSourceOptions options_;
@@ -223,6 +270,9 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Follower*> followers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, grpc::ServerContext*> contexts_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, FollowCall*> calls_ ABSL_GUARDED_BY(mu_);
+
+  hymcache::v1::Replication::AsyncService async_service_;
   Stats counters_ ABSL_GUARDED_BY(mu_);  // followers unused
 };
 

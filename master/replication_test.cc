@@ -18,6 +18,7 @@
 #include "common/mutex.h"
 #include "common/security.h"
 #include "common/test_identities.h"
+#include "master/cq_server.h"
 #include "master/master_service_test_fixture.h"
 #include "master/metadata_store.h"
 #include "master/replica_follower.h"
@@ -91,6 +92,11 @@ void WriteSome(MetadataStore* store, const std::string& prefix, int n) {
   REQUIRE(store->Apply(m).ok());
 }
 
+// How the next Leader serves its source: as a synchronous gRPC service, or
+// on a completion-queue poller as the master serves it. Each test that
+// makes a leader runs both ways: it sets this first, from GENERATE.
+bool g_on_poller = false;
+
 // A leader's store, its ReplicationSource and a gRPC server on loopback.
 struct Leader {
   explicit Leader(const std::string& name, uint64_t keep_wal_seconds = 3600,
@@ -117,15 +123,26 @@ struct Leader {
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
                        &port);
-    b.RegisterService(source.get());
+    std::unique_ptr<grpc::ServerCompletionQueue> cq;
+    if (g_on_poller) {
+      b.RegisterService(source->async_service());
+      cq = b.AddCompletionQueue();
+    } else {
+      b.RegisterService(source.get());
+    }
     server = b.BuildAndStart();
     REQUIRE(server != nullptr);
     REQUIRE(port > 0);
     address = absl::StrCat("127.0.0.1:", port);
+    if (cq != nullptr) {
+      poller = std::make_unique<CqPoller>(std::move(cq));
+      poller->Start("repl-poller", [this] { source->StartOn(poller.get()); });
+    }
   }
   ~Leader() {
     source->Shutdown();
     server->Shutdown();
+    if (poller != nullptr) poller->ShutdownAndJoin();
   }
   uint64_t Latest() { return store->LatestSequence(); }
 
@@ -134,6 +151,7 @@ struct Leader {
   RocksDbMetadataStore* store = nullptr;
   std::unique_ptr<ReplicationSource> source;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<CqPoller> poller;  // g_on_poller
   std::string address;
 };
 
@@ -160,6 +178,7 @@ void WaitApplied(ReplicaFollower* f, uint64_t seq) {
 
 TEST_CASE("A follower catches up from empty with a full copy, then follows "
           "live writes") {
+  g_on_poller = GENERATE(false, true);
   Leader leader("catch_up");
   WriteSome(leader.store, "before", 50);
   const std::string dir = TestDir("catch_up_standby");
@@ -195,6 +214,7 @@ TEST_CASE("A follower catches up from empty with a full copy, then follows "
 TEST_CASE(
     "With a batch delay a stream sends the writes of that time as one "
     "message, and a commit waiting for a follower cuts the delay") {
+  g_on_poller = GENERATE(false, true);
   // A delay far longer than the writes or a round trip take, even under a
   // sanitizer.
   Leader leader("batch_delay", 3600, nullptr, absl::Seconds(1));
@@ -255,6 +275,7 @@ TEST_CASE("A batch delay outside [0, 1 s] is refused") {
 
 TEST_CASE("A restarted follower resumes from its position without a full "
           "copy") {
+  g_on_poller = GENERATE(false, true);
   Leader leader("resume");
   WriteSome(leader.store, "one", 30);
   const std::string dir = TestDir("resume_standby");
@@ -281,6 +302,7 @@ TEST_CASE("A restarted follower resumes from its position without a full "
 
 TEST_CASE("A follower whose position is no longer in the leader's log gets a "
           "full copy") {
+  g_on_poller = GENERATE(false, true);
   Leader leader("trimmed", /*keep_wal_seconds=*/0);
   WriteSome(leader.store, "one", 30);
   const std::string dir = TestDir("trimmed_standby");
@@ -312,6 +334,7 @@ TEST_CASE("A follower whose position is no longer in the leader's log gets a "
 
 TEST_CASE("A directory written by a master since it followed gets a full "
           "copy") {
+  g_on_poller = GENERATE(false, true);
   Leader leader("diverged");
   WriteSome(leader.store, "one", 20);
   const std::string dir = TestDir("diverged_standby");
@@ -337,6 +360,7 @@ TEST_CASE("A directory written by a master since it followed gets a full "
 
 TEST_CASE("WaitReplicated returns once a follower holds the sequence, and "
           "DEADLINE_EXCEEDED without one") {
+  g_on_poller = GENERATE(false, true);
   Leader leader("wait");
   WriteSome(leader.store, "one", 5);
   CHECK(leader.source
@@ -400,6 +424,7 @@ struct Answer {
 TEST_CASE(
     "With two standbys a commit is held only once both hold it; a "
     "standby that leaves stops counting") {
+  g_on_poller = GENERATE(false, true);
   Leader leader("two");
   WriteSome(leader.store, "one", 5);
   auto f = Follow(TestDir("two_standby"), leader.address);
@@ -458,6 +483,7 @@ TEST_CASE(
 
 TEST_CASE("OnReplicated answers once a follower holds the sequence, at its "
           "deadline without one, and at Shutdown") {
+  g_on_poller = GENERATE(false, true);
   Leader leader("on_replicated");
   WriteSome(leader.store, "one", 5);
   {
@@ -495,6 +521,7 @@ TEST_CASE("OnReplicated answers once a follower holds the sequence, at its "
 }
 
 TEST_CASE("Only an admin of the cluster may follow the leader") {
+  g_on_poller = GENERATE(false, true);
   auto admin = NewToken();
   auto engine = NewToken();
   REQUIRE(admin.ok());
@@ -526,6 +553,7 @@ TEST_CASE("Only an admin of the cluster may follow the leader") {
 }
 
 TEST_CASE("A follower moved to another leader with SetLeader follows it") {
+  g_on_poller = GENERATE(false, true);
   Leader a("move_a");
   Leader b("move_b");
   WriteSome(a.store, "a", 10);
@@ -546,6 +574,7 @@ TEST_CASE("A follower moved to another leader with SetLeader follows it") {
 TEST_CASE(
     "A follower names the leader its data came from only once that "
     "leader's stream confirmed or changed its store") {
+  g_on_poller = GENERATE(false, true);
   Leader a("data_leader_a");
   WriteSome(a.store, "a", 10);
   const std::string dir = TestDir("data_leader_standby");
@@ -597,6 +626,7 @@ std::vector<std::string> Everything(MasterService* svc) {
 
 TEST_CASE("A standby's directory, opened by a master, lists exactly what the "
           "leader's master committed") {
+  g_on_poller = GENERATE(false, true);
   using service_test::NodeReq;
   using service_test::PutReq;
   using service_test::Reg;
