@@ -62,6 +62,10 @@ absl::Status ClientOptions::Validate() const {
         "ClientOptions.default_deadline and default_store_deadline must be "
         "positive");
   }
+  if (unresponsive_node_period < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.unresponsive_node_period must be >= 0");
+  }
   if (max_idle_connections_per_node < 0) {
     return absl::InvalidArgumentError(
         "ClientOptions.max_idle_connections_per_node must be >= 0");

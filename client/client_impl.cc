@@ -50,6 +50,7 @@ ClientImpl::ClientImpl(const ClientOptions& options,
       transport_(std::move(transport)),
       device_(std::move(device)),
       clock_(clock),
+      unresponsive_(clock, options.unresponsive_node_period),
       store_executor_(std::move(store_executor)),
       bg_executor_(std::move(bg_executor)) {}
 

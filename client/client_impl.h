@@ -32,6 +32,7 @@
 #include "client/device_memory.h"
 #include "client/master_client.h"
 #include "client/transport.h"
+#include "client/unresponsive_nodes.h"
 #include "common/clock.h"
 #include "common/executor.h"
 #include "common/mutex.h"
@@ -166,6 +167,8 @@ class ClientImpl : public Client {
   const std::shared_ptr<Transport> transport_;
   const std::shared_ptr<DeviceMemory> device_;
   Clock* const clock_;
+  // Nodes that did not answer, skipped for a while.
+  UnresponsiveNodes unresponsive_;
   // Run Stores ("hym-store") and background work: releases of cancelled
   // prefetches, read-repair reports ("hym-bg"). Reset first on destruction.
   std::unique_ptr<Executor> store_executor_;

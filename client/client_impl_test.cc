@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/testing/fake_master_client.h"
 #include "client/testing/fake_transport.h"
@@ -313,6 +314,115 @@ TEST_CASE("Load stops at a node that died between the lookup and the read") {
   CHECK(rig.master->reported_missing().empty());
   CHECK(rig.master->Find("k4").has_value());
   CHECK(rig.transport->released_sessions().size() == 2);
+}
+
+TEST_CASE(
+    "A node that does not answer is skipped for unresponsive_node_period: "
+    "its blocks are misses at once, then it is tried again") {
+  ClientOptions o = TestOptions();
+  o.read_batch_bytes = 8 * kLen;
+  Rig rig(o);
+  Blocks b(8), on1(4), on2(4, 4);
+  StoreAll(rig, on1);
+  rig.master->SetDefaultNode(2);
+  StoreAll(rig, on2);
+  REQUIRE(rig.master->Find("k4")->node_id == 2);
+  rig.transport->SilenceNode(2);
+  LoadOptions lo;
+  lo.prefetch = false;
+
+  // The first load waits for node 2 until its deadline, with the blocks of
+  // node 1 loaded.
+  Out first(8);
+  absl::Time start = rig.clock.Now();
+  lo.deadline = start + absl::Seconds(2);
+  auto r = rig.client->Load(b.keys, first.bufs, lo);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 4);
+  CHECK(r->stop_reason.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(rig.clock.Now() - start == absl::Seconds(2));
+  CheckLoaded(b, first, 4);
+  const size_t reads = rig.transport->reads().size();
+
+  // The next ones do not wait: node 2's blocks are misses at once.
+  for (int i = 0; i < 3; ++i) {
+    Out again(8);
+    start = rig.clock.Now();
+    lo.deadline = start + absl::Seconds(2);
+    r = rig.client->Load(b.keys, again.bufs, lo);
+    REQUIRE(r.ok());
+    CHECK(r->loaded == 4);
+    CHECK(r->stop_reason.code() == absl::StatusCode::kUnavailable);
+    CHECK(absl::StrContains(r->stop_reason.message(), "did not answer"));
+    CHECK(rig.clock.Now() == start);
+    CheckLoaded(b, again, 4);
+  }
+  CHECK(rig.transport->reads().size() == reads + 3);  // node 1's only
+
+  // A Store that the master places on node 2 is not written, at once.
+  Blocks more(2, 100);
+  StoreOptions so;
+  so.deadline = rig.clock.Now() + absl::Seconds(2);
+  const size_t writes = rig.transport->writes().size();
+  auto w = rig.client->Store(more.keys, more.in(), so)->Wait();
+  REQUIRE(w.ok());
+  CHECK(w->stored == 0);
+  CHECK(w->failed == 2);
+  CHECK(rig.transport->writes().size() == writes);
+  CHECK_FALSE(rig.master->Find("k100").has_value());
+
+  // After the period the node is tried again: it answers now.
+  rig.transport->ReviveNode(2);
+  rig.clock.Advance(o.unresponsive_node_period);
+  Out back(8);
+  lo.deadline = rig.clock.Now() + absl::Seconds(2);
+  r = rig.client->Load(b.keys, back.bufs, lo);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 8);
+  CheckLoaded(b, back, 8);
+}
+
+TEST_CASE(
+    "A node is not held unresponsive for a deadline too short to answer in, "
+    "nor with unresponsive_node_period zero") {
+  for (const absl::Duration period : {absl::Seconds(5), absl::ZeroDuration()}) {
+    ClientOptions o = TestOptions();
+    o.unresponsive_node_period = period;
+    Rig rig(o);
+    Blocks b(4);
+    StoreAll(rig, b);
+    const uint32_t node = rig.master->Find("k0")->node_id;
+    rig.transport->SilenceNode(node);
+    LoadOptions lo;
+    lo.prefetch = false;
+    Out out(4);
+    // 50 ms to answer is too little to judge the node by (kMinWait).
+    lo.deadline = rig.clock.Now() + absl::Milliseconds(50);
+    auto r = rig.client->Load(b.keys, out.bufs, lo);
+    REQUIRE(r.ok());
+    CHECK(r->loaded == 0);
+    CHECK(r->stop_reason.code() == absl::StatusCode::kDeadlineExceeded);
+    // Waiting 2 s marks it, unless the period is zero.
+    lo.deadline = rig.clock.Now() + absl::Seconds(2);
+    r = rig.client->Load(b.keys, out.bufs, lo);
+    REQUIRE(r.ok());
+    CHECK(r->stop_reason.code() == absl::StatusCode::kDeadlineExceeded);
+    const size_t reads = rig.transport->reads().size();
+    lo.deadline = rig.clock.Now() + absl::Seconds(2);
+    r = rig.client->Load(b.keys, out.bufs, lo);
+    REQUIRE(r.ok());
+    CHECK(r->loaded == 0);
+    if (period > absl::ZeroDuration()) {
+      CHECK(r->stop_reason.code() == absl::StatusCode::kUnavailable);
+      CHECK(rig.transport->reads().size() == reads);
+    } else {
+      CHECK(r->stop_reason.code() == absl::StatusCode::kDeadlineExceeded);
+      CHECK(rig.transport->reads().size() == reads + 1);
+    }
+  }
+  ClientOptions bad = TestOptions();
+  bad.unresponsive_node_period = absl::Seconds(-1);
+  CHECK(bad.Validate().code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("Load reports an object its node no longer holds, and stops before it") {

@@ -131,7 +131,7 @@ void ClientImpl::SendTurnHint(const std::vector<std::string>& keys,
   }
   for (const auto& [node, refs] : per_node) {
     absl::StatusOr<PeerInfo> peer = Peer(node);
-    if (!peer.ok()) continue;
+    if (!peer.ok() || unresponsive_.Skip(node)) continue;
     transport_->HintTurn(*peer, refs, times, deadline);
   }
 }

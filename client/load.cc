@@ -101,14 +101,23 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
       stop = peer.status();
       break;
     }
+    if (unresponsive_.Skip(locs[i].node_id)) {
+      stop = absl::UnavailableError(
+          absl::StrCat("storage node ", locs[i].node_id,
+                       " did not answer a recent call: its blocks count as "
+                       "misses for now"));
+      break;
+    }
     std::vector<ReadOp> ops;
     ops.reserve(j - i);
     for (size_t k = i; k < j; ++k) {
       ops.push_back(ReadOp{ToRemoteRef(locs[k]), buffers[k].data});
     }
+    const absl::Time read_start = clock_->Now();
     std::vector<absl::Status> st =
         in_session ? transport_->ReadSession(*peer, session, ops, deadline)
                    : transport_->Read(*peer, ops, deadline);
+    unresponsive_.Observe(locs[i].node_id, read_start, st.front());
     ReportRefused(keys, locs, i, st);
     size_t ok = 0;
     while (ok < st.size() && st[ok].ok()) {
@@ -187,11 +196,14 @@ void ClientImpl::Hint(uint64_t session, const std::vector<ObjectLocation>& locs,
   }
   for (auto& [node, refs] : per_node) {
     absl::StatusOr<PeerInfo> peer = Peer(node);
-    if (!peer.ok()) continue;
+    if (!peer.ok() || unresponsive_.Skip(node)) continue;
     if (std::find(nodes->begin(), nodes->end(), node) == nodes->end()) {
       nodes->push_back(node);
     }
-    transport_->Prefetch(*peer, session, refs, deadline);
+    const absl::Time start = clock_->Now();
+    std::vector<absl::Status> st =
+        transport_->Prefetch(*peer, session, refs, deadline);
+    if (!st.empty()) unresponsive_.Observe(node, start, st.front());
   }
 }
 

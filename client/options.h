@@ -137,6 +137,13 @@ struct ClientOptions {
   // Most bytes read from a node in one data-plane request of Load (a block
   // larger than this is read alone). Default: 4 MiB.
   uint64_t read_batch_bytes = 4 << 20;
+  // How long a storage node that did not answer is skipped
+  // (client/unresponsive_nodes.h): a call that waited for it until its
+  // deadline marks it, and for this long the
+  // client's Loads treat its blocks as misses at once, and its Stores and
+  // hints skip it, instead of each waiting for its deadline until the
+  // master declares the node dead. Zero: never skipped. Default: 5 s.
+  absl::Duration unresponsive_node_period = absl::Seconds(5);
   // Threads that run asynchronous Stores ("hym-store"). Default: 2.
   int store_threads = 2;
   // Stores queued or running at once; a Store beyond this fails at once

@@ -207,7 +207,19 @@ absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
   Remember(start.node);
   *node = start.node.node_id;
 
+  if (unresponsive_.Skip(start.node.node_id)) {
+    // Opportunistic: not stored, rather than waiting for the deadline.
+    master_->PutAbortInBackground(start.put_id);
+    for (uint32_t i : op_index) {
+      out->errors[offset + i] = absl::UnavailableError(
+          absl::StrCat("storage node ", start.node.node_id,
+                       " did not answer a recent call: not stored"));
+    }
+    return absl::OkStatus();
+  }
+  const absl::Time write_start = clock_->Now();
   std::vector<absl::Status> st = transport_->Write(start.node, ops, deadline);
+  unresponsive_.Observe(start.node.node_id, write_start, st.front());
   std::vector<uint32_t> failed;
   size_t good = 0;
   for (size_t k = 0; k < ops.size(); ++k) {

@@ -15,7 +15,11 @@
 //     and after the loss;
 //   - once the master has declared the node dead, a chain that had a block
 //     there loads exactly its blocks before the first one that was there
-//     (a prefix hit; the rest is recomputed by the engine).
+//     (a prefix hit; the rest is recomputed by the engine);
+//   - before that, each engine's client waits for the silent node at most
+//     about once: the load that waited marks it unresponsive
+//     (ClientOptions::unresponsive_node_period, client/unresponsive_nodes.h)
+//     and later loads count its blocks as misses at once.
 // The time from the cut to the master's verdict and the slowest load in
 // between are printed.
 //
@@ -133,6 +137,8 @@ struct Tally {
   // prefix before that block.
   int affected_wrong_prefix ABSL_GUARDED_BY(mu) = 0;
   int affected_loads ABSL_GUARDED_BY(mu) = 0;  // during and after the loss
+  // Loads after the cut that took at least half their deadline.
+  int slow_after_cut ABSL_GUARDED_BY(mu) = 0;
   absl::Duration slowest ABSL_GUARDED_BY(mu);
   std::string first_error ABSL_GUARDED_BY(mu);
 };
@@ -179,6 +185,7 @@ void LoadLoop(Client& client, int seed, Run* run) {
     if (after_verdict) ++t.loads_after_verdict;
     t.slowest = std::max(t.slowest, took);
     if (took > kLoadDeadline + kLoadSlack) ++t.late;
+    if (cut && took >= kLoadDeadline / 2) ++t.slow_after_cut;
     if (!r.ok()) {
       ++t.failed;
       if (t.first_error.empty()) t.first_error = r.status().ToString();
@@ -233,23 +240,13 @@ Daemon LaunchMaster(VirtualNetwork& net, const std::string& dir,
   return std::move(m).value();
 }
 
-TEST_CASE(
-    "A storage host lost mid-load: loads end as hits or prefix misses, never "
-    "errors or wrong bytes, and only chains that had a block there lose "
-    "blocks") {
-  std::vector<std::string> hosts = {"master"};
-  for (int i = 0; i < kStorageHosts; ++i) hosts.push_back(absl::StrCat("s", i));
-  for (int i = 0; i < kEngineHosts; ++i) hosts.push_back(absl::StrCat("e", i));
-  auto made = VirtualNetwork::Create({.hosts = hosts});
-  if (made.status().code() == absl::StatusCode::kFailedPrecondition) {
-    std::printf("NETNS SKIPPED: %s\n", made.status().ToString().c_str());
-    WARN("NETNS SKIPPED: " << made.status().ToString());
-    return;
-  }
-  INFO(made.status().ToString());
-  REQUIRE(made.ok());
-  VirtualNetwork& net = **made;
-  const std::string dir = TempDir("host_loss_netns");
+// One run on fresh daemons: store, load, cut s1's link, check; the link is
+// restored at the end. The engines' clients skip an unresponsive node for
+// `period` (zero: never, as before the mark existed).
+void RunLoss(VirtualNetwork& net, absl::Duration period) {
+  INFO("unresponsive_node_period " << absl::FormatDuration(period));
+  const std::string dir =
+      TempDir(absl::StrCat("host_loss_netns_", absl::ToInt64Seconds(period)));
   std::string master;
   Daemon m = LaunchMaster(net, dir, &master);
   std::vector<Daemon> nodes;
@@ -285,6 +282,7 @@ TEST_CASE(
         }
         ClientOptions co;
         co.master_address = master;
+        co.unresponsive_node_period = period;
         auto c = Client::Create(co);
         if (!c.ok()) {
           errors[e] = c.status().ToString();
@@ -382,11 +380,14 @@ TEST_CASE(
   MutexLock l(&run.tally.mu);
   const Tally& t = run.tally;
   std::printf(
-      "host_loss_netns: loads=%d (after the verdict %d) failed=%d late=%d "
+      "host_loss_netns: unresponsive_node_period=%s loads=%d (after the "
+      "verdict %d) failed=%d late=%d "
       "wrong_blocks=%d unaffected_short=%d affected_loads=%d "
-      "affected_wrong_prefix=%d cut_to_verdict_ms=%lld slowest_load_ms=%lld\n",
-      t.loads, t.loads_after_verdict, t.failed, t.late, t.wrong_blocks,
-      t.unaffected_short, t.affected_loads, t.affected_wrong_prefix,
+      "affected_wrong_prefix=%d slow_after_cut=%d cut_to_verdict_ms=%lld "
+      "slowest_load_ms=%lld\n",
+      absl::FormatDuration(period).c_str(), t.loads, t.loads_after_verdict,
+      t.failed, t.late, t.wrong_blocks, t.unaffected_short, t.affected_loads,
+      t.affected_wrong_prefix, t.slow_after_cut,
       static_cast<long long>(absl::ToInt64Milliseconds(verdict_at - cut_at)),
       static_cast<long long>(absl::ToInt64Milliseconds(t.slowest)));
   INFO("first error: " << t.first_error);
@@ -396,6 +397,32 @@ TEST_CASE(
   CHECK(t.unaffected_short == 0);
   CHECK(t.affected_wrong_prefix == 0);
   CHECK(t.affected_loads > 0);
+  // One load per client waits for the silent node (two if one was already
+  // waiting on it when the cut came, as the mark is per call).
+  if (period > absl::ZeroDuration()) {
+    CHECK(t.slow_after_cut <= 2 * kEngineHosts);
+  }
+  REQUIRE(net.RestoreLink(StorageHost(kLost)).ok());
+}
+
+TEST_CASE(
+    "A storage host lost mid-load: loads end as hits or prefix misses, never "
+    "errors or wrong bytes, and only chains that had a block there lose "
+    "blocks") {
+  std::vector<std::string> hosts = {"master"};
+  for (int i = 0; i < kStorageHosts; ++i) hosts.push_back(absl::StrCat("s", i));
+  for (int i = 0; i < kEngineHosts; ++i) hosts.push_back(absl::StrCat("e", i));
+  auto made = VirtualNetwork::Create({.hosts = hosts});
+  if (made.status().code() == absl::StatusCode::kFailedPrecondition) {
+    std::printf("NETNS SKIPPED: %s\n", made.status().ToString().c_str());
+    WARN("NETNS SKIPPED: " << made.status().ToString());
+    return;
+  }
+  INFO(made.status().ToString());
+  REQUIRE(made.ok());
+  // The client's default, then without the mark, side by side.
+  RunLoss(**made, ClientOptions().unresponsive_node_period);
+  RunLoss(**made, absl::ZeroDuration());
 }
 
 }  // namespace

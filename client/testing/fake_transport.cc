@@ -29,6 +29,25 @@ void FakeTransport::KillNode(uint32_t node_id) {
   dead_.insert(node_id);
 }
 
+void FakeTransport::SilenceNode(uint32_t node_id) {
+  MutexLock l(&mu_);
+  silent_.insert(node_id);
+}
+
+void FakeTransport::ReviveNode(uint32_t node_id) {
+  MutexLock l(&mu_);
+  dead_.erase(node_id);
+  silent_.erase(node_id);
+}
+
+absl::Status FakeTransport::Silence(const PeerInfo& peer, absl::Time deadline) {
+  if (silent_.count(peer.node_id) == 0) return absl::OkStatus();
+  if (clock_ != nullptr && clock_->Now() < deadline) {
+    clock_->Advance(deadline - clock_->Now());
+  }
+  return absl::DeadlineExceededError("fake transport: the node is silent");
+}
+
 void FakeTransport::Forget(uint32_t node_id, uint64_t addr) {
   MutexLock l(&mu_);
   for (auto it = memory_.begin(); it != memory_.end();) {
@@ -88,7 +107,8 @@ std::vector<absl::Status> FakeTransport::ReadLocked(
     const PeerInfo& peer, absl::Span<const ReadOp> ops, size_t abort_after,
     absl::Time deadline) {
   std::vector<absl::Status> out(ops.size());
-  absl::Status failure;  // a transport failure: the rest carry it
+  // A transport failure: the rest carry it.
+  absl::Status failure = Silence(peer, deadline);
   for (size_t i = 0; i < ops.size(); ++i) {
     if (failure.ok() && dead_.count(peer.node_id) > 0) {
       failure = absl::UnavailableError("fake transport: node is down");
@@ -141,6 +161,9 @@ std::vector<absl::Status> FakeTransport::Prefetch(
     absl::Time deadline) {
   MutexLock l(&mu_);
   prefetched_ += refs.size();
+  if (absl::Status s = Silence(peer, deadline); !s.ok()) {
+    return std::vector<absl::Status>(refs.size(), s);
+  }
   if (dead_.count(peer.node_id) > 0) {
     return std::vector<absl::Status>(
         refs.size(), absl::UnavailableError("fake transport: node is down"));
@@ -167,7 +190,7 @@ std::vector<absl::Status> FakeTransport::Write(const PeerInfo& peer,
   std::map<size_t, absl::Status> failures = std::move(write_failures_);
   write_failures_.clear();
   std::vector<absl::Status> out(ops.size());
-  absl::Status failure;
+  absl::Status failure = Silence(peer, deadline);
   for (size_t i = 0; i < ops.size(); ++i) {
     if (failure.ok() && dead_.count(peer.node_id) > 0) {
       failure = absl::UnavailableError("fake transport: node is down");

@@ -36,6 +36,12 @@ class FakeTransport : public Transport {
   // Failure injection.
   // Every op to `node_id` fails with Unavailable (the node died).
   void KillNode(uint32_t node_id);
+  // Every call to `node_id` is answered by nothing: it takes until its
+  // deadline (the clock is advanced there) and fails with DeadlineExceeded
+  // (the node's host was lost).
+  void SilenceNode(uint32_t node_id);
+  // `node_id` answers again (undoes KillNode and SilenceNode).
+  void ReviveNode(uint32_t node_id);
   // The object at <node, addr> is gone (a node that lost it).
   void Forget(uint32_t node_id, uint64_t addr);
   // The next ReadSession answers Aborted for its ops after the first `n`
@@ -91,6 +97,10 @@ class FakeTransport : public Transport {
   // OK, or DeadlineExceeded when the clock has reached `deadline`; then
   // advances the clock by op_time.
   absl::Status Tick(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For a silent node: the clock advanced to `deadline`, DeadlineExceeded;
+  // else OK.
+  absl::Status Silence(const PeerInfo& peer, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   FakeClock* const clock_;
   const absl::Duration op_time_;
@@ -98,6 +108,7 @@ class FakeTransport : public Transport {
   mutable Mutex mu_;
   std::map<Where, Object> memory_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> dead_ ABSL_GUARDED_BY(mu_);
+  std::set<uint32_t> silent_ ABSL_GUARDED_BY(mu_);
   size_t abort_after_ ABSL_GUARDED_BY(mu_) = 0;  // 0: none
   std::map<size_t, absl::Status> write_failures_ ABSL_GUARDED_BY(mu_);
   std::vector<size_t> reads_ ABSL_GUARDED_BY(mu_);
