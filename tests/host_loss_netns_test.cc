@@ -44,13 +44,12 @@
 #include "tests/cluster.h"
 #include "tests/daemon.h"
 #include "tests/netns/virtual_network.h"
+#include "tests/netns_daemons.h"
 
 namespace hymcache {
 namespace {
 
-using testing::ChildOptions;
 using testing::Daemon;
-using testing::RunfilePath;
 using testing::TempDir;
 using testing::VirtualNetwork;
 
@@ -220,26 +219,6 @@ void LoadLoop(Client& client, int seed, Run* run) {
   }
 }
 
-Daemon LaunchMaster(VirtualNetwork& net, const std::string& dir,
-                    std::string* address) {
-  ChildOptions on_master;
-  on_master.netns_path = net.netns_path(kMasterHost);
-  std::vector<std::string> margs =
-      testing::MasterArgs(dir + "/master", net.address(kMasterHost) + ":0");
-  for (const char* f : {"--logtostderr", "--insecure", "--node_timeout_ms=3000",
-                        "--heartbeat_interval_ms=500"}) {
-    margs.push_back(f);
-  }
-  auto m =
-      Daemon::Launch(RunfilePath("master/hymcache-master"), margs, on_master);
-  INFO(m.status().ToString());
-  REQUIRE(m.ok());
-  auto master = testing::ParseMasterReadyLine(m->ready_line());
-  REQUIRE(master.ok());
-  *address = *master;
-  return std::move(m).value();
-}
-
 // One run on fresh daemons: store, load, cut s1's link, check; the link is
 // restored at the end. The engines' clients skip an unresponsive node for
 // `period` (zero: never, as before the mark existed).
@@ -247,20 +226,17 @@ void RunLoss(VirtualNetwork& net, absl::Duration period) {
   INFO("unresponsive_node_period " << absl::FormatDuration(period));
   const std::string dir =
       TempDir(absl::StrCat("host_loss_netns_", absl::ToInt64Seconds(period)));
-  std::string master;
-  Daemon m = LaunchMaster(net, dir, &master);
+  auto m = testing::StartMasterOn(
+      net, kMasterHost, dir + "/master",
+      {"--insecure", "--node_timeout_ms=3000", "--heartbeat_interval_ms=500"});
+  INFO(m.status().ToString());
+  REQUIRE(m.ok());
+  const std::string master = m->address;
   std::vector<Daemon> nodes;
   for (int i = 0; i < kStorageHosts; ++i) {
-    ChildOptions o;
-    o.netns_path = net.netns_path(StorageHost(i));
-    std::vector<std::string> args =
-        testing::StorageArgs(master, absl::StrCat("s", i));
-    for (std::string f : {"--insecure", "--logtostderr", "--dram_bytes=64M"}) {
-      args.push_back(f);
-    }
-    args.push_back("--listen_host=" + net.address(StorageHost(i)));
-    auto d =
-        Daemon::Launch(RunfilePath("storage_node/hymcache-storage"), args, o);
+    auto d = testing::StartStorageOn(net, StorageHost(i), master,
+                                     absl::StrCat("s", i),
+                                     {"--insecure", "--dram_bytes=64M"});
     INFO(d.status().ToString());
     REQUIRE(d.ok());
     nodes.push_back(std::move(d).value());
@@ -412,17 +388,13 @@ TEST_CASE(
   std::vector<std::string> hosts = {"master"};
   for (int i = 0; i < kStorageHosts; ++i) hosts.push_back(absl::StrCat("s", i));
   for (int i = 0; i < kEngineHosts; ++i) hosts.push_back(absl::StrCat("e", i));
-  auto made = VirtualNetwork::Create({.hosts = hosts});
-  if (made.status().code() == absl::StatusCode::kFailedPrecondition) {
-    std::printf("NETNS SKIPPED: %s\n", made.status().ToString().c_str());
-    WARN("NETNS SKIPPED: " << made.status().ToString());
-    return;
-  }
-  INFO(made.status().ToString());
-  REQUIRE(made.ok());
+  auto net = testing::NetworkOrSkip(hosts);
+  INFO(net.status().ToString());
+  REQUIRE(net.ok());
+  if (*net == nullptr) return;
   // The client's default, then without the mark, side by side.
-  RunLoss(**made, ClientOptions().unresponsive_node_period);
-  RunLoss(**made, absl::ZeroDuration());
+  RunLoss(**net, ClientOptions().unresponsive_node_period);
+  RunLoss(**net, absl::ZeroDuration());
 }
 
 }  // namespace

@@ -43,6 +43,7 @@
 #include "tests/daemon.h"
 #include "tests/etcd_cluster.h"
 #include "tests/netns/virtual_network.h"
+#include "tests/netns_daemons.h"
 
 namespace hymcache {
 namespace {
@@ -141,14 +142,10 @@ TEST_CASE(
     "A leader cut off from etcd but not from nodes and clients stops accepting "
     "writes within its lease and commits nothing after the new leader is "
     "elected") {
-  auto made = VirtualNetwork::Create({.hosts = {"etcd", "a", "b", "c"}});
-  if (made.status().code() == absl::StatusCode::kFailedPrecondition) {
-    std::printf("NETNS SKIPPED: %s\n", made.status().ToString().c_str());
-    WARN("NETNS SKIPPED: " << made.status().ToString());
-    return;
-  }
+  auto made = testing::NetworkOrSkip({"etcd", "a", "b", "c"});
   INFO(made.status().ToString());
   REQUIRE(made.ok());
+  if (*made == nullptr) return;
   VirtualNetwork& net = **made;
   // The test itself (its etcd client, its Clients and their gRPC threads)
   // lives on host C from here on.

@@ -36,13 +36,12 @@
 #include "tests/cluster.h"
 #include "tests/daemon.h"
 #include "tests/netns/virtual_network.h"
+#include "tests/netns_daemons.h"
 
 namespace hymcache {
 namespace {
 
-using testing::ChildOptions;
 using testing::Daemon;
-using testing::RunfilePath;
 using testing::TempDir;
 using testing::VirtualNetwork;
 
@@ -145,31 +144,17 @@ struct Outcome {
 
 Outcome RunCluster(VirtualNetwork& net, const std::string& policy, int stores) {
   const std::string dir = TempDir("placement_netns_" + policy);
-  ChildOptions on_master;
-  on_master.netns_path = net.netns_path(kMasterHost);
-  std::vector<std::string> margs =
-      testing::MasterArgs(dir + "/master", net.address(kMasterHost) + ":0");
-  for (const char* f : {"--logtostderr", "--insecure"}) margs.push_back(f);
-  margs.push_back("--placement=" + policy);
-  auto m =
-      Daemon::Launch(RunfilePath("master/hymcache-master"), margs, on_master);
+  auto m = testing::StartMasterOn(net, kMasterHost, dir + "/master",
+                                  {"--insecure", "--placement=" + policy});
   INFO(m.status().ToString());
   REQUIRE(m.ok());
-  auto master = testing::ParseMasterReadyLine(m->ready_line());
-  REQUIRE(master.ok());
+  const std::string master = m->address;
 
   std::vector<Daemon> nodes;
   for (int i = 0; i < kStorageHosts; ++i) {
-    ChildOptions o;
-    o.netns_path = net.netns_path(StorageHost(i));
-    std::vector<std::string> args =
-        testing::StorageArgs(*master, absl::StrCat("s", i));
-    for (std::string f : {"--insecure", "--logtostderr", "--dram_bytes=64M"}) {
-      args.push_back(f);
-    }
-    args.push_back("--listen_host=" + net.address(StorageHost(i)));
-    auto d =
-        Daemon::Launch(RunfilePath("storage_node/hymcache-storage"), args, o);
+    auto d = testing::StartStorageOn(net, StorageHost(i), master,
+                                     absl::StrCat("s", i),
+                                     {"--insecure", "--dram_bytes=64M"});
     INFO(d.status().ToString());
     REQUIRE(d.ok());
     nodes.push_back(std::move(d).value());
@@ -190,7 +175,7 @@ Outcome RunCluster(VirtualNetwork& net, const std::string& policy, int stores) {
         return;
       }
       ClientOptions co;
-      co.master_address = *master;
+      co.master_address = master;
       auto c = Client::Create(co);
       if (!c.ok()) {
         engines[e].error = c.status().ToString();
@@ -217,7 +202,7 @@ Outcome RunCluster(VirtualNetwork& net, const std::string& policy, int stores) {
   auto in = net.EnterHost(EngineHost(0));
   REQUIRE(in.ok());
   ClientOptions co;
-  co.master_address = *master;
+  co.master_address = master;
   auto reader = Client::Create(co);
   REQUIRE(reader.ok());
   for (const Engine& e : engines) {
@@ -264,17 +249,13 @@ TEST_CASE(
   std::vector<std::string> hosts = {"master"};
   for (int i = 0; i < kStorageHosts; ++i) hosts.push_back(absl::StrCat("s", i));
   for (int i = 0; i < kEngineHosts; ++i) hosts.push_back(absl::StrCat("e", i));
-  auto made = VirtualNetwork::Create({.hosts = hosts});
-  if (made.status().code() == absl::StatusCode::kFailedPrecondition) {
-    std::printf("NETNS SKIPPED: %s\n", made.status().ToString().c_str());
-    WARN("NETNS SKIPPED: " << made.status().ToString());
-    return;
-  }
-  INFO(made.status().ToString());
-  REQUIRE(made.ok());
+  auto net = testing::NetworkOrSkip(hosts);
+  INFO(net.status().ToString());
+  REQUIRE(net.ok());
+  if (*net == nullptr) return;
   const int stores = Stores();
-  const Outcome aware = RunCluster(**made, "load_aware", stores);
-  const Outcome rr = RunCluster(**made, "round_robin", stores);
+  const Outcome aware = RunCluster(**net, "load_aware", stores);
+  const Outcome rr = RunCluster(**net, "round_robin", stores);
   std::printf(
       "placement_netns: %d stores from %d engine hosts onto %d storage "
       "hosts: load_aware imbalance %.3f (%.1f s, %llu chains, %llu checked, "

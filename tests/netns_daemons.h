@@ -1,0 +1,38 @@
+// What the tests on many hosts (network namespaces, tests/netns) share: the
+// network, or a skip where namespaces cannot be made, and daemons started
+// inside its hosts, each listening on its host's address.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tests/daemon.h"
+#include "tests/netns/virtual_network.h"
+
+namespace hymcache::testing {
+
+// The network of `hosts`; nullptr, after printing "NETNS SKIPPED: why",
+// where this machine cannot make namespaces (not root, no iproute2): the
+// test then returns and passes. Other errors are errors.
+absl::StatusOr<std::unique_ptr<VirtualNetwork>> NetworkOrSkip(
+    const std::vector<std::string>& hosts);
+
+// A master (MasterArgs with `db_path`, port 0 on the host's address,
+// --logtostderr, then `extra`) in host `host`, and the address it serves.
+struct NetnsMaster {
+  Daemon daemon;
+  std::string address;
+};
+absl::StatusOr<NetnsMaster> StartMasterOn(
+    VirtualNetwork& net, int host, const std::string& db_path,
+    const std::vector<std::string>& extra = {});
+
+// A storage node `name` (StorageArgs for `master`, --listen_host the host's
+// address, --logtostderr, then `extra`) in host `host`.
+absl::StatusOr<Daemon> StartStorageOn(
+    VirtualNetwork& net, int host, const std::string& master,
+    const std::string& name, const std::vector<std::string>& extra = {});
+
+}  // namespace hymcache::testing
