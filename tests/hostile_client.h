@@ -35,6 +35,7 @@
 #include "client/block_key.h"
 #include "client/client.h"
 #include "common/capability.h"
+#include "common/eventually.h"
 #include "common/fd_passing.h"
 #include "common/grpc_status.h"
 #include "common/net.h"
@@ -262,40 +263,41 @@ struct Cluster {
   }
 
   void WaitAlive() {
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (absl::Now() < deadline) {
-      pb::ListNodesResponse r;
-      grpc::ClientContext ctx;
-      if (master_stub->ListNodes(&ctx, {}, &r).ok()) {
-        for (const auto& n : r.nodes()) {
-          if (n.alive() && n.data_address() == node.data_address) {
-            info = n;
-            return;
+    const bool alive = testing::Eventually(
+        [&] {
+          pb::ListNodesResponse r;
+          grpc::ClientContext ctx;
+          if (!master_stub->ListNodes(&ctx, {}, &r).ok()) return false;
+          for (const auto& n : r.nodes()) {
+            if (n.alive() && n.data_address() == node.data_address) {
+              info = n;
+              return true;
+            }
           }
-        }
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    FAIL("the storage node never became alive");
+          return false;
+        },
+        absl::Seconds(60));
+    if (!alive) FAIL("the storage node never became alive");
   }
 
   // A hybrid node's small write buffer may refuse a write for a moment.
   void PutOrRetry(Client& c, const Blocks& b) {
     std::vector<ConstBuffer> in;
     for (const auto& d : b.data) in.push_back({d.data(), d.size()});
-    const absl::Time deadline = absl::Now() + kSlack;
-    while (true) {
-      auto r = c.Put(b.keys, in);
-      INFO(r.status().ToString());
-      REQUIRE(r.ok());
-      if (r->stored + r->skipped == b.keys.size()) return;
-      for (const auto& e : r->errors) {
-        INFO(e.ToString());
-        REQUIRE((e.ok() || e.code() == absl::StatusCode::kResourceExhausted));
-      }
-      REQUIRE(absl::Now() < deadline);
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+    REQUIRE(testing::Eventually(
+        [&] {
+          auto r = c.Put(b.keys, in);
+          INFO(r.status().ToString());
+          REQUIRE(r.ok());
+          if (r->stored + r->skipped == b.keys.size()) return true;
+          for (const auto& e : r->errors) {
+            INFO(e.ToString());
+            REQUIRE(
+                (e.ok() || e.code() == absl::StatusCode::kResourceExhausted));
+          }
+          return false;
+        },
+        kSlack));
   }
 
   void GetAndCompare(Client& c, const Blocks& b) {
@@ -355,12 +357,13 @@ struct Cluster {
   // Waits until the daemon's descriptors are back near `baseline` (closed
   // connections are reaped asynchronously).
   void RequireFdsSettle(pid_t pid, int baseline, const char* who) {
-    const absl::Time deadline = absl::Now() + kSlack;
     int now = OpenFds(pid);
-    while (now > baseline + 16 && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(50));
-      now = OpenFds(pid);
-    }
+    testing::Eventually(
+        [&] {
+          now = OpenFds(pid);
+          return now <= baseline + 16;
+        },
+        kSlack);
     INFO(who << " descriptors: " << baseline << " -> " << now);
     REQUIRE(now <= baseline + 16);
   }

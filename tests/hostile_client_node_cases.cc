@@ -483,12 +483,13 @@ std::vector<Case> DataCases(Cluster& c) {
                    }
                  }
                  // Every slot comes back.
-                 const absl::Time deadline = absl::Now() + kSlack;
-                 uint64_t open = c.NodeOpenConnections();
-                 while (open > before && absl::Now() < deadline) {
-                   absl::SleepFor(absl::Milliseconds(20));
-                   open = c.NodeOpenConnections();
-                 }
+                 uint64_t open = 0;
+                 testing::Eventually(
+                     [&] {
+                       open = c.NodeOpenConnections();
+                       return open <= before;
+                     },
+                     kSlack);
                  CHECK(open <= before);
                  return Outcome{};
                }});

@@ -30,18 +30,17 @@ TEST_CASE("A footprint many times the window streams through correctly") {
     if (i % 2 == 0) {
       rig.FillDisk(objs[i].addr, objs[i].len, 50);
     } else {
-      while (true) {
-        auto w = rig.dev->BeginWrite(0, objs[i].addr, objs[i].len, i);
-        if (!w.ok()) {
-          REQUIRE(w.status().code() == absl::StatusCode::kResourceExhausted);
-          absl::SleepFor(absl::Milliseconds(1));
-          continue;
-        }
-        std::vector<uint8_t> v = Pattern(objs[i].addr, objs[i].len, 50);
-        std::memcpy(w->data, v.data(), v.size());
-        REQUIRE(rig.dev->CommitWrite(*w).ok());
-        break;
-      }
+      // A full write buffer refuses until the flusher has made room.
+      decltype(rig.dev->BeginWrite(0, 0, 0, 0)) w;
+      REQUIRE(WaitUntil([&] {
+        w = rig.dev->BeginWrite(0, objs[i].addr, objs[i].len, i);
+        REQUIRE((w.ok() ||
+                 w.status().code() == absl::StatusCode::kResourceExhausted));
+        return w.ok();
+      }));
+      std::vector<uint8_t> v = Pattern(objs[i].addr, objs[i].len, 50);
+      std::memcpy(w->data, v.data(), v.size());
+      REQUIRE(rig.dev->CommitWrite(*w).ok());
     }
   }
   // Keep up to 4 prefetches ahead of the reader.

@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/crc32c.h"
+#include "common/eventually.h"
 #include "common/fake_clock.h"
 #include "common/thread.h"
 #include "storage_node/device/fake_block_io.h"
@@ -126,12 +127,7 @@ inline PrefetchHandle Prefetch(HybridDevice* d, uint64_t addr, uint64_t len) {
 // Polls `pred` until it holds; false after 20 s.
 template <typename Pred>
 inline bool WaitUntil(Pred pred) {
-  const absl::Time deadline = Soon();
-  while (!pred()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
+  return testing::Eventually(pred, absl::Seconds(20));
 }
 
 // Whether every durable extent's bytes on the disk are its object's, for
