@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -54,10 +55,33 @@ bool Outranks(const CandidateStanding& as, absl::string_view a,
   return as.position > bs.position || (as.position == bs.position && a < b);
 }
 
+// The leader key's value: the candidate, and the epoch base it campaigned
+// with when that is not 0 (see "Epoch" in the header).
+constexpr absl::string_view kBaseField = "\nepoch_base=";
+
+std::string LeaderValue(const std::string& candidate, int64_t base) {
+  if (base == 0) return candidate;
+  return absl::StrCat(candidate, kBaseField, base);
+}
+
 LeaderInfo InfoOf(const mvccpb::KeyValue& kv) {
   LeaderInfo info;
-  info.candidate = kv.value();
-  info.epoch = kv.create_revision();
+  absl::string_view value = kv.value();
+  int64_t base = 0;
+  if (size_t at = value.find(kBaseField); at != absl::string_view::npos) {
+    if (!absl::SimpleAtoi(value.substr(at + kBaseField.size()), &base) ||
+        base < 0) {
+      // Not written by an election: read it as a base of 0, like a value
+      // without one.
+      LOG(WARNING) << "election " << kv.key() << ": bad epoch base in "
+                   << absl::CHexEscape(value);
+      base = 0;
+    }
+    value = value.substr(0, at);
+  }
+  info.candidate = std::string(value);
+  info.revision = kv.create_revision();
+  info.epoch = base + kv.create_revision();
   info.lease = kv.lease();
   return info;
 }
@@ -69,6 +93,9 @@ absl::Status LeaderElectionOptions::Validate() const {
   if (key.empty()) return absl::InvalidArgumentError("election: empty key");
   if (candidate.empty()) {
     return absl::InvalidArgumentError("election: empty candidate");
+  }
+  if (candidate.find('\n') != std::string::npos) {
+    return absl::InvalidArgumentError("election: newline in candidate");
   }
   if (lease_ttl < absl::Seconds(1) ||
       absl::Ceil(lease_ttl, absl::Seconds(1)) != lease_ttl) {
@@ -91,12 +118,12 @@ absl::Status LeaderElectionOptions::Validate() const {
 }
 
 etcdserverpb::Compare LeaderElection::FenceCompare(const std::string& key,
-                                                   int64_t epoch) {
+                                                   int64_t revision) {
   etcdserverpb::Compare c;
   c.set_key(key);
   c.set_target(etcdserverpb::Compare::CREATE);
   c.set_result(etcdserverpb::Compare::EQUAL);
-  c.set_create_revision(epoch);
+  c.set_create_revision(revision);
   return c;
 }
 
@@ -286,7 +313,10 @@ void LeaderElection::ObserveLocked(std::optional<LeaderInfo> leader,
   if (revision < observed_revision_) return;
   observed_revision_ = revision;
   observed_ = std::move(leader);
-  if (observed_) last_leader_epoch_ = observed_->epoch;
+  if (observed_) {
+    last_leader_epoch_ = observed_->epoch;
+    highest_epoch_ = std::max(highest_epoch_, observed_->epoch);
+  }
 }
 
 absl::Duration LeaderElection::EtcdCallTimeout() const {
@@ -439,25 +469,77 @@ absl::Status LeaderElection::Campaign() {
     campaign_lease_ = lease;
   }
   const absl::Duration ttl = absl::Seconds(grant->ttl());
+  const absl::Time revoke_by =
+      absl::Now() + std::min(etcd->options().call_timeout, options_.lease_ttl);
+
+  // The epoch base (see "Epoch" in the header): etcd's, raised where this
+  // candidate knows of a larger epoch than etcd's revision can pass.
+  const std::string base_key = EpochBaseKey(options_.key);
+  etcdserverpb::RangeRequest base_read;
+  base_read.set_key(base_key);
+  auto base_kv = etcd->Range(base_read);
+  if (!base_kv.ok()) {
+    etcd->LeaseRevoke(lease, revoke_by).IgnoreError();
+    return base_kv.status();
+  }
+  int64_t etcd_base = 0;
+  int64_t base_mod_revision = 0;  // 0: absent (as etcd compares it)
+  if (base_kv->kvs_size() > 0) {
+    base_mod_revision = base_kv->kvs(0).mod_revision();
+    if (!absl::SimpleAtoi(base_kv->kvs(0).value(), &etcd_base) ||
+        etcd_base < 0) {
+      etcd->LeaseRevoke(lease, revoke_by).IgnoreError();
+      return absl::DataLossError(absl::StrCat(
+          "election: ", base_key, " holds ",
+          absl::CHexEscape(base_kv->kvs(0).value()), ", not an epoch base"));
+    }
+  }
+  int64_t floor = options_.epoch_floor ? options_.epoch_floor() : 0;
+  {
+    MutexLock l(&mu_);
+    floor = std::max(floor, highest_epoch_);
+  }
+  // The winning Txn's revision is above the read's.
+  const int64_t base =
+      std::max(etcd_base, floor - base_kv->header().revision());
 
   etcdserverpb::TxnRequest txn;
   *txn.add_compare() = FenceCompare(options_.key, 0);  // absent
+  etcdserverpb::Compare* same_base = txn.add_compare();
+  same_base->set_key(base_key);
+  same_base->set_target(etcdserverpb::Compare::MOD);
+  same_base->set_result(etcdserverpb::Compare::EQUAL);
+  same_base->set_mod_revision(base_mod_revision);
   auto* put = txn.add_success()->mutable_request_put();
   put->set_key(options_.key);
-  put->set_value(options_.candidate);
+  put->set_value(LeaderValue(options_.candidate, base));
   put->set_lease(lease);
+  if (base != etcd_base) {
+    auto* raise = txn.add_success()->mutable_request_put();
+    raise->set_key(base_key);
+    raise->set_value(absl::StrCat(base));
+  }
   txn.add_failure()->mutable_request_range()->set_key(options_.key);
   auto r = etcd->Txn(txn);
-  const absl::Time revoke_by =
-      absl::Now() + std::min(etcd->options().call_timeout, options_.lease_ttl);
   if (!r.ok()) {
     // Whether or not it applied, the lease ends the attempt.
     etcd->LeaseRevoke(lease, revoke_by).IgnoreError();
     return r.status();
   }
   int64_t epoch = 0;
+  int64_t revision = 0;
   if (r->succeeded()) {
-    epoch = r->header().revision();
+    revision = r->header().revision();
+    epoch = base + revision;
+    if (base != etcd_base) {
+      LOG(WARNING) << "election " << options_.key << ": raised the epoch base"
+                   << " from " << etcd_base << " to " << base
+                   << " (etcd's revision " << revision
+                   << " is below the epochs already used, up to " << floor
+                   << ": was etcd recreated?)";
+      MutexLock l(&mu_);
+      ++stats_.epoch_base_raises;
+    }
   } else {
     std::optional<LeaderInfo> holder;
     int64_t read_at = r->header().revision();
@@ -470,6 +552,7 @@ absl::Status LeaderElection::Campaign() {
       // An earlier attempt of this Txn (retried on another endpoint)
       // applied: this candidate won.
       epoch = holder->epoch;
+      revision = holder->revision;
     } else {
       etcd->LeaseRevoke(lease, revoke_by).IgnoreError();
       MutexLock l(&mu_);
@@ -477,6 +560,9 @@ absl::Status LeaderElection::Campaign() {
       // cluster was recreated (revisions start over), and then nothing
       // observed before counts.
       if (r->header().revision() < observed_revision_) observed_revision_ = 0;
+      // No holder: the key is vacant and the base moved since it was read
+      // (another candidate won and its term is over already). Campaigning
+      // again reads the new base.
       ObserveLocked(holder, read_at);
       return absl::OkStatus();
     }
@@ -510,11 +596,16 @@ absl::Status LeaderElection::Campaign() {
     MutexLock l(&mu_);
     leader_ = true;
     epoch_ = epoch;
+    revision_ = revision;
     lease_ = lease;
     valid_until_ = valid_until;
     renew_at_ = renew_at;
     key_changed_ = false;
-    ObserveLocked(LeaderInfo{options_.candidate, epoch, lease}, epoch);
+    ObserveLocked(LeaderInfo{.candidate = options_.candidate,
+                             .epoch = epoch,
+                             .revision = revision,
+                             .lease = lease},
+                  revision);
     ++stats_.terms_won;
   }
   LOG(INFO) << "election " << options_.key << ": " << options_.candidate
@@ -527,11 +618,11 @@ absl::Status LeaderElection::Campaign() {
 void LeaderElection::Lead() {
   EtcdClient* etcd = options_.etcd;
   absl::Time renew_at;
-  int64_t lease, epoch;
+  int64_t lease, revision;
   {
     MutexLock l(&mu_);
     lease = lease_;
-    epoch = epoch_;
+    revision = revision_;
     renew_at = renew_at_;
   }
   while (true) {
@@ -568,7 +659,8 @@ void LeaderElection::Lead() {
       // The key must still be the one this term created (someone may have
       // deleted it, and the watch may be stuck on a frozen member).
       auto kv = etcd->Get(options_.key, call_deadline);
-      if (kv.ok() && (!kv->has_value() || (*kv)->create_revision() != epoch)) {
+      if (kv.ok() &&
+          (!kv->has_value() || (*kv)->create_revision() != revision)) {
         StepDown(absl::AbortedError("the leader key was deleted or replaced"));
         return;
       }
@@ -669,7 +761,7 @@ void LeaderElection::OnWatch(absl::StatusOr<EtcdWatchBatch> batch) {
     return;
   }
   for (const mvccpb::Event& ev : batch->events) {
-    const bool newer_than_term = ev.kv().mod_revision() > epoch_;
+    const bool newer_than_term = ev.kv().mod_revision() > revision_;
     if (ev.type() == mvccpb::Event::DELETE) {
       if (!leader_ || newer_than_term) {
         ObserveLocked(std::nullopt, ev.kv().mod_revision());
@@ -677,7 +769,7 @@ void LeaderElection::OnWatch(absl::StatusOr<EtcdWatchBatch> batch) {
       }
     } else {
       if (leader_ && !newer_than_term) continue;  // this term's own creation
-      if (leader_ && ev.kv().create_revision() == epoch_) continue;
+      if (leader_ && ev.kv().create_revision() == revision_) continue;
       ObserveLocked(InfoOf(ev.kv()), ev.kv().mod_revision());
       key_changed_ = true;
     }

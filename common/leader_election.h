@@ -29,15 +29,25 @@
 // once instead of after the TTL.
 //
 // Epoch. A leader's epoch is the create_revision of the leader key it
-// created: the etcd revision of the winning Txn. etcd's revision is a
-// cluster-wide counter that only grows (it survives member restarts,
-// leader changes and snapshot restores, and compaction keeps
+// created (the etcd revision of the winning Txn) plus an epoch base. etcd's
+// revision is a cluster-wide counter that only grows (it survives member
+// restarts, leader changes and snapshot restores, and compaction keeps
 // create_revision), and every election creates the key anew in a later
-// revision, so every new leader's epoch is larger than every earlier
-// leader's. Nothing else is needed: a separate counter key bumped in the
-// same Txn would give the same guarantee with one more key to keep
-// consistent. (Only wiping etcd entirely restarts revisions; see
-// docs/ha.md.) The epoch fences:
+// revision. Only an etcd cluster recreated empty starts revisions over, and
+// the base is for that case: it lives in EpochBaseKey(key) (absent: 0),
+// and a candidate campaigns with base = max(that key's value, floor - R),
+// where floor is the highest epoch it knows was used (every epoch it saw,
+// and options.epoch_floor: a master's store remembers the epochs its
+// generations came from) and R the etcd revision its read of the base was
+// answered at. The winning Txn needs the base key unchanged since that
+// read, and writes the raised base with the leader key, whose value
+// carries it ("<candidate>\nepoch_base=<base>"; just the candidate while
+// the base is 0), so that every observer computes the same epoch. So every
+// leader's epoch is larger than every earlier leader's of the same etcd
+// cluster (its base is no smaller, its revision larger), and larger than
+// every epoch its candidate knew of before etcd was recreated. With etcd
+// never recreated the base stays 0 (floor - R <= 0: the revision has passed
+// every epoch used). The epoch fences:
 //   - in etcd, a leader's writes carry FenceCompare(epoch) and apply only
 //     while its key is still the one it created;
 //   - elsewhere, nodes and clients remember the highest epoch seen and
@@ -92,13 +102,17 @@ namespace hymcache {
 struct LeaderInfo {
   // The value the leader campaigned with (its address).
   std::string candidate;
-  // The leader key's create_revision (see the file comment).
+  // The leader key's create_revision plus its epoch base (see the file
+  // comment).
   int64_t epoch = 0;
+  // The leader key's create_revision: what FenceCompare compares.
+  int64_t revision = 0;
   // The leader's etcd lease.
   int64_t lease = 0;
 
   bool operator==(const LeaderInfo& o) const {
-    return candidate == o.candidate && epoch == o.epoch && lease == o.lease;
+    return candidate == o.candidate && epoch == o.epoch &&
+           revision == o.revision && lease == o.lease;
   }
 };
 
@@ -116,7 +130,7 @@ struct LeaderElectionOptions {
   // The leader key, e.g. "/hymcache/<cluster>/master/leader". Required.
   std::string key;
   // This candidate's identity, stored as the key's value while it leads
-  // (how others reach it, e.g. its gRPC address). Required.
+  // (how others reach it, e.g. its gRPC address). Required; no newline.
   std::string candidate;
   // The lease's TTL, whole seconds (etcd's unit), at least 1 s; etcd may
   // grant more (its minimum is 1.5 election timeouts). How long the cluster
@@ -140,6 +154,12 @@ struct LeaderElectionOptions {
   // ranked first (see "Ranking" in the file comment); called on the
   // election thread.
   std::function<CandidateStanding()> standing;
+  // The highest epoch this candidate knows was used besides those it saw in
+  // etcd (a master: the epoch its store's generations reached), so that it
+  // never leads with a smaller or equal one even after etcd was recreated
+  // empty (see "Epoch"). Called on the election thread before each
+  // campaign; its value must be below 2^31. Unset: 0.
+  std::function<int64_t()> epoch_floor;
   // Ranking: how long a candidate waits for the others' standings after
   // publishing its own, and how long an outranked one then waits for the
   // better one to win before campaigning itself. Default: 100 ms, 500 ms.
@@ -164,6 +184,8 @@ struct LeaderElectionStats {
   uint64_t presence_renewals = 0;
   // Other candidates' terms ended by RevokeLeaderLease.
   uint64_t leaders_revoked = 0;
+  // Campaigns won with a base raised past etcd's (etcd recreated).
+  uint64_t epoch_base_raises = 0;
 };
 
 class LeaderElection {
@@ -214,10 +236,10 @@ class LeaderElection {
   absl::Status RevokeLeaderLease(const LeaderInfo& leader);
 
   // A Txn compare that holds only while the leader key is the one created
-  // at `epoch`: put it in every Txn a leader makes so that a deposed
-  // leader's late writes fail.
+  // at `revision` (LeaderInfo::revision): put it in every Txn a leader
+  // makes so that a deposed leader's late writes fail.
   static etcdserverpb::Compare FenceCompare(const std::string& key,
-                                            int64_t epoch);
+                                            int64_t revision);
 
   // Stops this candidate's renewals, campaigns and lease revocation, as if
   // its process were frozen or cut off from etcd; the local deadline still
@@ -276,6 +298,8 @@ class LeaderElection {
   // StepDown is calling on_lost for epoch_ (UnendedTermEpoch).
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // The term's leader key's create_revision (LeaderInfo::revision).
+  int64_t revision_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   // The lease of this candidate's latest campaign, won or not (0: none).
   int64_t campaign_lease_ ABSL_GUARDED_BY(mu_) = 0;
@@ -293,6 +317,8 @@ class LeaderElection {
   // the etcd revision of the last observation (ObserveLocked).
   int64_t last_leader_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t observed_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  // The highest epoch observed or won (the campaign's floor, "Epoch").
+  int64_t highest_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // The lease of this candidate's entry under StandingPrefix (0: none),
   // and when it is next renewed; election thread.
   int64_t standing_lease_ = 0;
@@ -304,6 +330,12 @@ class LeaderElection {
 // its candidate value).
 inline std::string StandingPrefix(const std::string& key) {
   return key + "/standing/";
+}
+
+// Where the epoch base of the election at `key` lives (see "Epoch"): a
+// decimal integer, absent while 0.
+inline std::string EpochBaseKey(const std::string& key) {
+  return key + "/epoch_base";
 }
 
 // The leader key of a HyMCache cluster's masters:

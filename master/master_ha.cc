@@ -17,6 +17,7 @@
 #include "common/status_reason.h"
 #include "master/cq_server.h"
 #include "master/health_service.h"
+#include "master/metadata_store.h"
 #include "master/replica_follower.h"
 #include "proto/master.grpc.pb.h"
 
@@ -211,6 +212,16 @@ absl::StatusOr<std::unique_ptr<HaMaster>> HaMaster::Create(
     MutexLock l(&ha->mu_);
     ha->standby_ = std::move(standby).value();
   }
+  // Before the follower writes to the directory (not that it matters: the
+  // read takes no lock). A store that cannot be read is the open's problem
+  // once elected; here it only lowers what the floor knows.
+  if (auto limit = master::ReadReservedGenerationLimit(options.master.db_path);
+      limit.ok()) {
+    ha->store_epoch_floor_ = static_cast<int64_t>(*limit >> kEpochShift);
+  } else {
+    LOG(WARNING) << "master HA: cannot read the generations reserved in "
+                 << options.master.db_path << ": " << limit.status();
+  }
   if (options.master.replication != master::ReplicationMode::kOff) {
     // The same directory and options the master opens when elected
     // (MasterServer's OpenService).
@@ -239,6 +250,9 @@ absl::StatusOr<std::unique_ptr<HaMaster>> HaMaster::Create(
   lo.candidate = ha->advertise_;
   lo.lease_ttl = options.lease_ttl;
   lo.thread_name = "master-election";
+  // Its store may hold generations of epochs that etcd no longer knows of
+  // (etcd recreated empty): never lead with one of those again.
+  lo.epoch_floor = [raw] { return raw->store_epoch_floor_; };
   // A standby whose follower could not start ranks too (knowing nothing, it
   // yields to one that follows). Without replication every master serves
   // the same directory: nothing to rank.

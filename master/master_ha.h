@@ -248,6 +248,9 @@ class HaMaster {
   // Constant after Create.
   const HaMasterOptions options_;
   int port_ = 0;           // the bound port
+  // The highest epoch its store's generations came from when it started:
+  // the election's epoch_floor (common/leader_election.h, "Epoch").
+  int64_t store_epoch_floor_ = 0;
   std::string address_;
   std::string advertise_;
   std::unique_ptr<EtcdClient> etcd_;

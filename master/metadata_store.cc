@@ -212,6 +212,29 @@ rocksdb::Options MetadataStoreDbOptions(
   return db_options;
 }
 
+absl::StatusOr<uint64_t> ReadReservedGenerationLimit(const std::string& path) {
+  struct stat st;
+  if (stat((path + "/CURRENT").c_str(), &st) != 0) return 0;  // no store
+  RocksDbMetadataStoreOptions options;
+  options.path = path;
+  rocksdb::DB* raw = nullptr;
+  absl::Status s = FromRocks(
+      rocksdb::DB::OpenForReadOnly(MetadataStoreDbOptions(options), path, &raw),
+      absl::StrCat("open ", path, " read-only"));
+  if (!s.ok()) return s;
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::string value;
+  rocksdb::Status gs = db->Get(rocksdb::ReadOptions(), kGenerationKey, &value);
+  if (gs.IsNotFound()) return 0;
+  if (!gs.ok()) return FromRocks(gs, "read generation");
+  if (value.size() != 8) {
+    return absl::DataLossError(
+        absl::StrCat("metadata store: generation record has ", value.size(),
+                     " bytes, want 8"));
+  }
+  return absl::little_endian::Load64(value.data());
+}
+
 absl::StatusOr<std::unique_ptr<RocksDbMetadataStore>>
 RocksDbMetadataStore::Create(const RocksDbMetadataStoreOptions& options) {
   absl::Status valid = options.Validate();

@@ -205,6 +205,14 @@ struct RocksDbMetadataStoreOptions {
 rocksdb::Options MetadataStoreDbOptions(
     const RocksDbMetadataStoreOptions& options);
 
+// The end of the last block of generations reserved in the store at `path`
+// (0: no store there, or none reserved yet), read without the store's lock
+// (beside a process that has it open). An elected master's generations lie
+// in [epoch << 32, ...): this tells a restarted master which epochs its
+// store has issued generations in (master/master_ha.cc's epoch floor).
+// Errors: DataLoss (a corrupt record); RocksDB's error if it cannot read.
+absl::StatusOr<uint64_t> ReadReservedGenerationLimit(const std::string& path);
+
 // A key of the store reserved for a standby's replication position
 // (ReplicaFollower); the store itself never reads or writes it.
 inline constexpr char kReplicaPositionKey[] = "m:replica";

@@ -374,6 +374,30 @@ TEST_CASE("RocksDbMetadataStore hands out generations of its term's range only")
         absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE(
+    "The generations a store reserved are read beside its open handle, and "
+    "are 0 where no store is") {
+  const std::string dir = TestDir("reserved_limit");
+  auto none = ReadReservedGenerationLimit(dir + "/absent");
+  REQUIRE(none.ok());
+  CHECK(*none == 0);
+  RocksDbMetadataStoreOptions o;
+  o.path = dir;
+  o.generation_block = 4;
+  o.generation_floor = uint64_t{7} << 32;
+  auto store = RocksDbMetadataStore::Create(o);
+  REQUIRE(store.ok());
+  // Open: the block reserved at open, then the next one.
+  auto limit = ReadReservedGenerationLimit(dir);
+  REQUIRE(limit.ok());
+  CHECK(*limit == (uint64_t{7} << 32) + 4);
+  for (int i = 0; i < 5; ++i) REQUIRE((*store)->NextGeneration().ok());
+  limit = ReadReservedGenerationLimit(dir);
+  REQUIRE(limit.ok());
+  CHECK(*limit == (uint64_t{7} << 32) + 8);
+  CHECK((*limit >> 32) == 7);  // the epoch its generations came from
+}
+
 TEST_CASE("RocksDbMetadataStore refuses a second open of the same directory") {
   const std::string dir = TestDir("locked");
   auto first = Open(dir);

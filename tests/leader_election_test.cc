@@ -185,6 +185,9 @@ TEST_CASE("Election options without etcd, key, candidate or a whole-second TTL a
   CHECK(absl::IsInvalidArgument(o.Validate()));
   o.lease_ttl = absl::Milliseconds(500);
   CHECK(absl::IsInvalidArgument(LeaderElection::Create(o).status()));
+  o.lease_ttl = absl::Seconds(1);
+  o.candidate = "a\nepoch_base=7";  // would read as another epoch base
+  CHECK(absl::IsInvalidArgument(o.Validate()));
 }
 
 TEST_CASE("Of two candidates exactly one leads and the other stands by, seeing it") {
@@ -215,17 +218,19 @@ TEST_CASE("Of two candidates exactly one leads and the other stands by, seeing i
   CHECK((*observer)->current() == *read);
   CHECK((*observer)->highest_epoch() == epoch);
 
-  // A write fenced with the leader's epoch applies; one fenced with an
-  // older epoch does not.
+  // A write fenced with the leader key's revision applies; one fenced with
+  // an older revision does not. (With no epoch base, they are the epoch.)
+  CHECK((*read)->revision == epoch);
   etcdserverpb::TxnRequest txn;
-  *txn.add_compare() = LeaderElection::FenceCompare(kKey, epoch);
+  *txn.add_compare() = LeaderElection::FenceCompare(kKey, (*read)->revision);
   auto* put = txn.add_success()->mutable_request_put();
   put->set_key("/hymcache/test/config");
   put->set_value("by leader");
   auto fenced = leader->etcd->Txn(txn);
   REQUIRE(fenced.ok());
   CHECK(fenced->succeeded());
-  *txn.mutable_compare(0) = LeaderElection::FenceCompare(kKey, epoch - 1);
+  *txn.mutable_compare(0) =
+      LeaderElection::FenceCompare(kKey, (*read)->revision - 1);
   auto stale = leader->etcd->Txn(txn);
   REQUIRE(stale.ok());
   CHECK_FALSE(stale->succeeded());
@@ -398,14 +403,15 @@ TEST_CASE("Revoking the leader's lease ends its term and a new term begins with 
   // what the epoch fences: the old epoch's writes fail, the new one's
   // apply.
   etcdserverpb::TxnRequest txn;
-  *txn.add_compare() = LeaderElection::FenceCompare(kKey, info->epoch);
+  *txn.add_compare() = LeaderElection::FenceCompare(kKey, info->revision);
   auto* put = txn.add_success()->mutable_request_put();
   put->set_key("/hymcache/test/config");
   put->set_value("late write of the old leader");
   auto late = leader->etcd->Txn(txn);
   REQUIRE(late.ok());
   CHECK_FALSE(late->succeeded());
-  *txn.mutable_compare(0) = LeaderElection::FenceCompare(kKey, next_epoch);
+  *txn.mutable_compare(0) = LeaderElection::FenceCompare(
+      kKey, next->election->ObservedLeader()->revision);
   auto current = next->etcd->Txn(txn);
   REQUIRE(current.ok());
   CHECK(current->succeeded());
@@ -720,6 +726,87 @@ TEST_CASE("When etcd loses its quorum the leader steps down, and a leader is ele
   Candidate* next = WaitForLeader({a.get(), b.get()}, absl::Seconds(30));
   CHECK(*next->election->LeaderEpoch() > epoch);
   journal.CheckTermsDoNotOverlap();
+}
+
+TEST_CASE(
+    "A candidate that knows of epochs above etcd's revision leads above "
+    "them, and later leaders of the same etcd stay above it") {
+  // As after etcd was recreated empty: revisions start over, but a
+  // master's store remembers the epochs its generations came from.
+  auto cluster = StartCluster(1);
+  Journal journal;
+  constexpr int64_t kUsed = 5000;
+  auto a = Campaign(
+      *cluster, "a", &journal, nullptr, kTtl, EtcdClientOptions().call_timeout,
+      [](LeaderElectionOptions& o) { o.epoch_floor = [] { return kUsed; }; });
+  REQUIRE(Eventually([&] { return a->election->IsLeader(); }));
+  const LeaderInfo first = *a->election->ObservedLeader();
+  CHECK(first.revision < kUsed);
+  CHECK(first.epoch > kUsed);
+  CHECK(*a->election->LeaderEpoch() == first.epoch);
+  CHECK(a->election->stats().epoch_base_raises == 1);
+  // Everyone reading etcd computes the same epoch and candidate.
+  auto read = ReadLeader(a->etcd.get(), kKey);
+  REQUIRE(read.ok());
+  REQUIRE(read->has_value());
+  CHECK(**read == first);
+  CHECK((*read)->candidate == "a");
+  auto observer = LeaderObserver::Create(a->etcd.get(), kKey, nullptr);
+  REQUIRE(observer.ok());
+  CHECK((*observer)->highest_epoch() == first.epoch);
+  // The fence is the key's revision, as without a base.
+  etcdserverpb::TxnRequest txn;
+  *txn.add_compare() = LeaderElection::FenceCompare(kKey, first.revision);
+  txn.add_success()->mutable_request_put()->set_key("/hymcache/test/x");
+  auto fenced = a->etcd->Txn(txn);
+  REQUIRE(fenced.ok());
+  CHECK(fenced->succeeded());
+
+  // A candidate that knows nothing of the old epochs still leads above
+  // them: the base stays in etcd.
+  auto b = Campaign(*cluster, "b", &journal);
+  a->election->Resign();
+  REQUIRE(Eventually([&] { return b->election->IsLeader(); }));
+  const LeaderInfo second = *b->election->ObservedLeader();
+  CHECK(second.epoch > first.epoch);
+  CHECK(second.epoch - second.revision == first.epoch - first.revision);
+  CHECK(b->election->stats().epoch_base_raises == 0);
+  // The observer followed both terms.
+  REQUIRE(
+      Eventually([&] { return (*observer)->highest_epoch() == second.epoch; }));
+  journal.CheckTermsDoNotOverlap();
+}
+
+TEST_CASE(
+    "Without epochs above etcd's revision the base stays 0 and the epoch is "
+    "the leader key's revision") {
+  auto cluster = StartCluster(1);
+  Journal journal;
+  auto a =
+      Campaign(*cluster, "a", &journal, nullptr, kTtl,
+               EtcdClientOptions().call_timeout, [](LeaderElectionOptions& o) {
+                 o.epoch_floor = [] { return int64_t{1}; };
+               });
+  REQUIRE(Eventually([&] { return a->election->IsLeader(); }));
+  const LeaderInfo first = *a->election->ObservedLeader();
+  CHECK(first.epoch == first.revision);
+  CHECK(a->election->stats().epoch_base_raises == 0);
+  auto base = a->etcd->Get(EpochBaseKey(kKey));
+  REQUIRE(base.ok());
+  CHECK_FALSE(base->has_value());
+  // Its own earlier epochs (seen in etcd) do not raise the base either:
+  // later revisions pass them.
+  a->election->Resign();
+  auto again =
+      Campaign(*cluster, "a", &journal, nullptr, kTtl,
+               EtcdClientOptions().call_timeout, [&](LeaderElectionOptions& o) {
+                 o.epoch_floor = [e = first.epoch] { return e; };
+               });
+  REQUIRE(Eventually([&] { return again->election->IsLeader(); }));
+  const LeaderInfo second = *again->election->ObservedLeader();
+  CHECK(second.epoch == second.revision);
+  CHECK(second.epoch > first.epoch);
+  CHECK(again->election->stats().epoch_base_raises == 0);
 }
 
 }  // namespace

@@ -1041,5 +1041,61 @@ TEST_CASE(
   std::fflush(stdout);
 }
 
+TEST_CASE(
+    "A master whose etcd was recreated empty leads above every epoch its "
+    "store has seen, its node takes it, and it serves what it held") {
+  Rig rig("master_ha_etcd_recreated");
+  const std::string db = rig.dir + "/master";
+  // The old etcd's revision well past what the new one reaches before its
+  // first election, so that the old term's epoch is above the new
+  // cluster's first revisions.
+  for (int i = 0; i < 100; ++i) {
+    etcdserverpb::PutRequest put;
+    put.set_key(absl::StrCat("/hymcache/filler/", i));
+    put.set_value("x");
+    REQUIRE(rig.etcd_client->Put(put).ok());
+  }
+  rig.StartMaster(db, {"--replication=off"});
+  LeaderInfo old_term;
+  rig.WaitForServingLeader(&old_term);
+  REQUIRE(old_term.epoch > 100);
+  rig.StartNodeAndClient();
+  const Blocks before("before-", 8, 1);
+  PutIntact(*rig.client, before);
+
+  // etcd lost and recreated empty; the master restarted on its address
+  // and its store. The node (which saw the old epoch) and the client stay.
+  const std::string address = rig.masters[0].address;
+  REQUIRE(rig.masters[0].daemon.Stop(SIGKILL).ok());
+  rig.masters.clear();
+  rig.etcd_client.reset();
+  rig.etcd.reset();
+  auto fresh = EtcdCluster::Start({.members = 1});
+  INFO(fresh.status().ToString());
+  REQUIRE(fresh.ok());
+  rig.etcd = std::move(fresh).value();
+  auto etcd_client = EtcdClient::Create({.endpoints = rig.etcd->endpoints()});
+  REQUIRE(etcd_client.ok());
+  rig.etcd_client = std::move(etcd_client).value();
+  rig.StartMaster(db, {"--replication=off", "--listen=" + address});
+  LeaderInfo new_term;
+  rig.WaitForServingLeader(&new_term);
+  INFO("old epoch " << old_term.epoch << ", new epoch " << new_term.epoch
+                    << " at revision " << new_term.revision);
+  CHECK(new_term.revision < old_term.epoch);  // etcd started over
+  CHECK(new_term.epoch > old_term.epoch);
+  auto base = rig.etcd_client->Get(EpochBaseKey(kLeaderKey));
+  REQUIRE(base.ok());
+  REQUIRE(base->has_value());
+  CHECK((*base)->value() == absl::StrCat(new_term.epoch - new_term.revision));
+
+  // The node refuses a master whose epoch is below the highest it saw:
+  // that it registers again and serves shows the new epoch is above it.
+  CHECK(Eventually(
+      [&] { return LoadIntact(*rig.client, before) == before.keys.size(); },
+      absl::Seconds(20)));
+  PutIntact(*rig.client, Blocks("after-", 4, 50));
+}
+
 }  // namespace
 }  // namespace hymcache
