@@ -362,6 +362,8 @@ TEST_CASE(
   // One campaign, won, renewed once before leading; never lost.
   CHECK(c->election->stats().campaigns == 1);
   CHECK(c->election->stats().renewals == 1);
+  // on_elected runs just after IsLeader() turns true.
+  REQUIRE(Eventually([&] { return !journal.events().empty(); }));
   auto events = journal.events();
   REQUIRE(events.size() == 1);
   CHECK(events[0].elected);
