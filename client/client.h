@@ -101,6 +101,14 @@ struct LookupResult {
   size_t hit_prefix = 0;
 };
 
+// What Exists answers: BatchLookup's answer without the locations.
+struct ExistsResult {
+  // Per key, in order: whether it is stored (on a live node).
+  std::vector<bool> found;
+  // Number of leading keys found: the reusable prefix.
+  size_t hit_prefix = 0;
+};
+
 enum class PutOutcome {
   kStored,         // written and committed by this call
   kAlreadyStored,  // the key was already stored: nothing written
@@ -251,6 +259,13 @@ class Client {
   // Looks up `keys` in order. Errors: InvalidArgument (empty list, empty or
   // oversized key), Unavailable, DeadlineExceeded.
   virtual absl::StatusOr<LookupResult> BatchLookup(
+      absl::Span<const std::string> keys, const CallOptions& call = {}) = 0;
+
+  // Which of `keys` are stored: BatchLookup's answer without locations,
+  // cheaper on both sides (the master signs no capabilities and sends no
+  // node entries; the answer is a bitmap). For a router's or an engine's
+  // prefix match, which reads nothing. Errors: as BatchLookup.
+  virtual absl::StatusOr<ExistsResult> Exists(
       absl::Span<const std::string> keys, const CallOptions& call = {}) = 0;
 
   // A request's read path. Looks `keys` up (pipelined: with prefetch, the

@@ -65,7 +65,20 @@ absl::StatusOr<LookupResult> ClientImpl::BatchLookup(
     absl::Span<const std::string> keys, const CallOptions& call) {
   RETURN_IF_ERROR(CheckKeys(keys));
   LookupResult out;
-  RETURN_IF_ERROR(Lookup(keys, Deadline(call.deadline), &out));
+  RETURN_IF_ERROR(
+      Lookup(keys, LookupIntent::kPeek, Deadline(call.deadline), &out));
+  return out;
+}
+
+absl::StatusOr<ExistsResult> ClientImpl::Exists(
+    absl::Span<const std::string> keys, const CallOptions& call) {
+  RETURN_IF_ERROR(CheckKeys(keys));
+  LookupResult got;
+  RETURN_IF_ERROR(
+      Lookup(keys, LookupIntent::kExists, Deadline(call.deadline), &got));
+  ExistsResult out;
+  out.found = std::move(got.found);
+  out.hit_prefix = got.hit_prefix;
   return out;
 }
 
@@ -129,9 +142,11 @@ absl::StatusOr<PeerInfo> ClientImpl::Peer(uint32_t node_id) {
 }
 
 absl::Status ClientImpl::Lookup(absl::Span<const std::string> keys,
-                                absl::Time deadline, LookupResult* out) {
+                                LookupIntent intent, absl::Time deadline,
+                                LookupResult* out) {
+  const bool exists = intent == LookupIntent::kExists;
   out->found.assign(keys.size(), false);
-  out->locations.assign(keys.size(), ObjectLocation{});
+  out->locations.assign(exists ? 0 : keys.size(), ObjectLocation{});
   out->hit_prefix = 0;
   // As Load and Store do: a call whose deadline has passed does not start
   // (gRPC may still complete a call whose deadline passes in flight).
@@ -143,7 +158,7 @@ absl::Status ClientImpl::Lookup(absl::Span<const std::string> keys,
        begin += options_.max_keys_per_rpc) {
     size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
     absl::StatusOr<LookupBatch> batch =
-        master_->Lookup(keys.subspan(begin, n), LookupIntent::kPeek, deadline);
+        master_->Lookup(keys.subspan(begin, n), intent, deadline);
     if (!batch.ok()) {
       if (begin == 0 || batch.status().code() == absl::StatusCode::kInternal) {
         return batch.status();
@@ -153,7 +168,9 @@ absl::Status ClientImpl::Lookup(absl::Span<const std::string> keys,
     for (const PeerInfo& node : batch->nodes) Remember(node);
     for (size_t i = 0; i < n; ++i) {
       out->found[begin + i] = batch->found[i];
-      if (batch->found[i]) out->locations[begin + i] = batch->locations[i];
+      if (batch->found[i] && !exists) {
+        out->locations[begin + i] = batch->locations[i];
+      }
       if (prefix_open && batch->found[i]) {
         ++out->hit_prefix;
       } else {

@@ -63,6 +63,8 @@ class ClientImpl : public Client {
              std::shared_ptr<DeviceMemory> device);
   ~ClientImpl() override;
 
+  absl::StatusOr<ExistsResult> Exists(absl::Span<const std::string> keys,
+                                      const CallOptions& call) override;
   absl::StatusOr<LookupResult> BatchLookup(absl::Span<const std::string> keys,
                                            const CallOptions& call) override;
   absl::StatusOr<LoadResult> Load(absl::Span<const std::string> keys,
@@ -104,10 +106,11 @@ class ClientImpl : public Client {
   static absl::Status CheckKeys(absl::Span<const std::string> keys);
   void Remember(const PeerInfo& peer);
   absl::StatusOr<PeerInfo> Peer(uint32_t node_id);
-  // Looks keys up in RPCs of max_keys_per_rpc. An RPC failure after the
+  // Looks keys up in RPCs of max_keys_per_rpc, for `intent` (kPeek or
+  // kExists: then `out`'s locations stay empty). An RPC failure after the
   // first returns what was found so far.
-  absl::Status Lookup(absl::Span<const std::string> keys, absl::Time deadline,
-                      LookupResult* out);
+  absl::Status Lookup(absl::Span<const std::string> keys, LookupIntent intent,
+                      absl::Time deadline, LookupResult* out);
 
   // load.cc
   uint64_t NewSessionId();

@@ -72,6 +72,7 @@ void FillLookupRequest(absl::Span<const std::string> keys, LookupIntent intent,
   for (const std::string& k : keys) req->add_keys(k);
   req->set_for_read(intent == LookupIntent::kRead);
   req->set_ended(intent == LookupIntent::kEnded);
+  req->set_exists_only(intent == LookupIntent::kExists);
   req->set_packed(true);
 }
 
@@ -82,7 +83,18 @@ absl::Status FromProto(const pb::BatchLookupResponse& resp, size_t n,
                        LookupBatch* out) {
   out->found.assign(n, false);
   out->locations.resize(n);
-  if (!resp.packed_results().empty()) {
+  if (!resp.found_bits().empty()) {
+    // An existence check's answer (exists_only): found, nothing else.
+    const std::string& bits = resp.found_bits();
+    if (bits.size() != (n + 7) / 8 || resp.results_size() != 0 ||
+        !resp.packed_results().empty()) {
+      return absl::InternalError("BatchLookup: master returned a short answer");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      out->found[i] = (static_cast<uint8_t>(bits[i / 8]) >> (i % 8)) & 1;
+      out->locations[i] = ObjectLocation();
+    }
+  } else if (!resp.packed_results().empty()) {
     const std::string& p = resp.packed_results();
     if (resp.results_size() != 0 || p.size() != n * wire::kLookupRecordBytes) {
       return absl::InternalError("BatchLookup: master returned a short answer");

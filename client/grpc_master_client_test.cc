@@ -259,6 +259,37 @@ TEST_CASE("Lookups over streams answer as unary BatchLookups do") {
   CheckStatBecomes(address, "lookup_streams_open", 0);
 }
 
+TEST_CASE(
+    "An existence check finds what a lookup finds, over streams and unary, "
+    "with no locations or nodes") {
+  auto master = StartPopulated("exists");
+  const std::string address = master->address();
+  auto streamed = NewClient(address, 4);
+  auto unary = NewClient(address, 0);
+  for (int first : {0, 5, 17}) {
+    INFO("first " << first);
+    // 12 keys: the answer's bitmap spans two bytes.
+    const std::vector<std::string> keys = Mixed(first, 12);
+    auto peek = unary->Lookup(keys, LookupIntent::kPeek, Soon());
+    REQUIRE(peek.ok());
+    for (MasterClient* m : {streamed.get(), unary.get()}) {
+      auto e = m->Lookup(keys, LookupIntent::kExists, Soon());
+      REQUIRE(e.ok());
+      CheckFound(*e, keys);
+      CHECK(e->found == peek->found);
+      CHECK(e->nodes.empty());
+      for (const ObjectLocation& l : e->locations) CHECK(l.node_id == 0);
+    }
+  }
+  // Counted as lookups, with their hits (three hits in Mixed(17, 12)...).
+  const double hits_before = Stat(address, "lookup_hits");
+  auto e =
+      unary->Lookup({Hit(0), Miss(1), Hit(1)}, LookupIntent::kExists, Soon());
+  REQUIRE(e.ok());
+  CHECK(e->found == std::vector<bool>{true, false, true});
+  CHECK(Stat(address, "lookup_hits") == hits_before + 2);
+}
+
 TEST_CASE("A Load's pipelined lookups over a stream answer as unary ones") {
   auto master = StartPopulated("pipelined");
   const std::string address = master->address();

@@ -95,6 +95,10 @@ enum class LookupIntent : uint8_t {
   // ended: the master moves its unshared tail to the front of its node's
   // eviction order (ended).
   kEnded,
+  // Only which keys are stored (exists_only): the answer's `found`, with no
+  // locations or nodes (a master that predates exists_only sends them
+  // anyway).
+  kExists,
 };
 
 class MasterClient {

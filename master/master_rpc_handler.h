@@ -13,6 +13,7 @@
 
 #include "absl/base/internal/endian.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/numeric/bits.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
@@ -332,7 +333,8 @@ class MasterRpcHandler final {
       QualifyAll(id, qualified.mutable_keys());
       s = service_->BatchLookupInto(qualified, resp);
     }
-    CountLookup(s, *resp, absl::Now() - start);
+    CountLookup(s, static_cast<uint64_t>(req.keys_size()), *resp,
+                absl::Now() - start);
     return s;
   }
 
@@ -537,22 +539,23 @@ class MasterRpcHandler final {
  private:
   // Relaxed atomic adds and a lock-free histogram: nothing here serializes
   // lookups.
-  void CountLookup(const absl::Status& s, const v1::BatchLookupResponse& r,
-                   absl::Duration took) {
+  void CountLookup(const absl::Status& s, uint64_t keys,
+                   const v1::BatchLookupResponse& r, absl::Duration took) {
     if (!s.ok()) {
       Add(rpc_stats_.lookup_errors);
       return;
     }
-    uint64_t keys = 0;
     uint64_t hits = 0;
-    if (!r.packed_results().empty()) {
+    if (!r.found_bits().empty()) {
+      for (char byte : r.found_bits()) {
+        hits += absl::popcount(static_cast<uint8_t>(byte));
+      }
+    } else if (!r.packed_results().empty()) {
       const std::string& p = r.packed_results();
-      keys = p.size() / wire::kLookupRecordBytes;
       for (size_t off = 0; off < p.size(); off += wire::kLookupRecordBytes) {
         hits += absl::little_endian::Load32(p.data() + off) != 0 ? 1 : 0;
       }
     } else {
-      keys = static_cast<uint64_t>(r.results_size());
       for (const v1::LookupResult& x : r.results()) hits += x.found() ? 1 : 0;
     }
     Add(rpc_stats_.lookups);

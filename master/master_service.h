@@ -745,6 +745,11 @@ class MasterService {
   // restart counts from the load; a reconciliation in progress). PutStart
   // reports such a node's keys as existing rather than storing them again.
   bool MayComeBack(const Node& node, absl::Time now) const;
+  // An exists_only request's answer: found_bits and hit_prefix_length.
+  void ExistsLocked(const hymcache::v1::BatchLookupRequest& request,
+                    absl::Time now,
+                    hymcache::v1::BatchLookupResponse* response) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Fills `response` for `request`'s keys; returns the hit prefix length.
   // `hit_records` (if given) gets the index records of the hit prefix (for
   // MetadataIndex::TouchRecords under the same lock).

@@ -112,6 +112,16 @@ absl::Status MasterService::BatchLookupInto(
         "BatchLookup: a lookup for reading cannot end its chain (for_read "
         "with ended)");
   }
+  if (request.exists_only()) {
+    if (request.for_read() || request.ended()) {
+      return absl::InvalidArgumentError(
+          "BatchLookup: an existence check neither reads nor ends a chain "
+          "(exists_only with for_read or ended)");
+    }
+    ReaderMutexLock l(&mu_);
+    ExistsLocked(request, clock_->Now(), response);
+    return absl::OkStatus();
+  }
   response->mutable_results()->Reserve(request.keys_size());
   if (request.ended()) {
     MutexLock l(&mu_);
@@ -144,6 +154,30 @@ absl::Status MasterService::BatchLookupInto(
   const uint32_t tick = LeaseTick(now);
   index_->TouchRecords(hit_records, tick);
   return absl::OkStatus();
+}
+
+void MasterService::ExistsLocked(const v1::BatchLookupRequest& request,
+                                 absl::Time now,
+                                 v1::BatchLookupResponse* out) const {
+  std::string* bits = out->mutable_found_bits();
+  bits->assign((request.keys_size() + 7) / 8, '\0');
+  bool prefix = true;
+  uint32_t hit_prefix = 0;
+  for (int i = 0; i < request.keys_size(); ++i) {
+    auto e = index_->Find(request.keys(i));
+    bool found = false;
+    if (e) {
+      auto n = nodes_.find(e->node_id);
+      found = n != nodes_.end() && IsAlive(n->second, now);
+    }
+    if (!found) {
+      prefix = false;
+      continue;
+    }
+    (*bits)[i / 8] = static_cast<char>((*bits)[i / 8] | (1 << (i % 8)));
+    if (prefix) ++hit_prefix;
+  }
+  out->set_hit_prefix_length(hit_prefix);
 }
 
 uint32_t MasterService::LookupLocked(

@@ -36,6 +36,45 @@ TEST_CASE("BatchLookup reports the hit prefix and the nodes referenced") {
   CHECK(only_a.nodes_size() == 1);
 }
 
+TEST_CASE(
+    "An existence check answers a bitmap and the hit prefix, signing "
+    "nothing") {
+  Harness h("exists");
+  h.Register("a", 1, {{0, 1 << 20}});
+  h.Put({"e0", "e1"});
+  h.Put({"e3"});
+  const std::vector<std::string> keys = {"e0", "e1", "e2", "e3", "e4",
+                                         "e5", "e6", "e7", "e0"};
+  v1::BatchLookupRequest req = LookupReq(keys);
+  req.set_exists_only(true);
+  req.set_packed(true);  // as the client asks: exists_only wins
+  auto r = h.svc->BatchLookup(req);
+  REQUIRE(r.ok());
+  CHECK(r->results_size() == 0);
+  CHECK(r->packed_results().empty());
+  CHECK(r->nodes_size() == 0);
+  CHECK(r->hit_prefix_length() == 2);
+  // e0, e1, e3 and e0 again: bits 0, 1, 3 and 8.
+  REQUIRE(r->found_bits().size() == 2);
+  CHECK(static_cast<uint8_t>(r->found_bits()[0]) == 0b1011);
+  CHECK(static_cast<uint8_t>(r->found_bits()[1]) == 0b1);
+  // The same as a lookup finds.
+  auto l = h.Lookup(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    CHECK(
+        l.results(static_cast<int>(i)).found() ==
+        (((static_cast<uint8_t>(r->found_bits()[i / 8]) >> (i % 8)) & 1) == 1));
+  }
+  // It neither reads nor ends a chain.
+  req.set_for_read(true);
+  CHECK(h.svc->BatchLookup(req).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  req.set_for_read(false);
+  req.set_ended(true);
+  CHECK(h.svc->BatchLookup(req).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("Remove deletes objects durably and frees their space") {
   Harness h("remove");
   uint32_t a = h.Register("a", 1, {{0, 1 << 20}});

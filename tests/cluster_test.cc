@@ -340,6 +340,10 @@ TEST_CASE("a dead storage node's keys turn into misses") {
   auto put = c.client->Put(b.keys, b.in());
   REQUIRE(put.ok());
   REQUIRE(put->stored == 4);
+  auto stored = c.client->Exists(keys);
+  REQUIRE(stored.ok());
+  CHECK(stored->hit_prefix == 4);
+  CHECK(stored->found == std::vector<bool>(4, true));
   auto st = c.client->GetClusterStatus();
   REQUIRE(st.ok());
   // Find and kill the node holding the blocks.
@@ -375,6 +379,11 @@ TEST_CASE("a dead storage node's keys turn into misses") {
         return hits == 0;
       },
       absl::Seconds(15), absl::Milliseconds(100)));
+  // An existence check agrees: the keys of a dead node are not stored.
+  auto exists = c.client->Exists(keys);
+  REQUIRE(exists.ok());
+  CHECK(exists->hit_prefix == 0);
+  CHECK(exists->found == std::vector<bool>(4, false));
   WaitForNodes(*c.client, 1);
 
   // New writes go to the surviving node.

@@ -277,8 +277,7 @@ hymcache_code hymcache_lookup(hymcache_client* client, const hymcache_key* keys,
                      hymcache::Keys(keys, num_keys));
     hymcache::CallOptions call;
     ASSIGN_OR_RETURN(call.deadline, CallDeadline(timeout_ms));
-    ASSIGN_OR_RETURN(hymcache::LookupResult r,
-                     client->impl->BatchLookup(k, call));
+    ASSIGN_OR_RETURN(hymcache::ExistsResult r, client->impl->Exists(k, call));
     if (found != nullptr) {
       for (size_t i = 0; i < num_keys; ++i) found[i] = r.found[i] ? 1 : 0;
     }

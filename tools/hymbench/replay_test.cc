@@ -168,6 +168,10 @@ class FakeClient : public Client {
                                            const CallOptions&) override {
     return absl::UnimplementedError("fake");
   }
+  absl::StatusOr<ExistsResult> Exists(absl::Span<const std::string>,
+                                      const CallOptions&) override {
+    return absl::UnimplementedError("fake");
+  }
   absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string>,
                                            const CallOptions&) override {
     return absl::UnimplementedError("fake");
