@@ -68,9 +68,20 @@ def keys(token_ids, *, model="", dtype="", layout="", tp_rank=0, tp_size=1,
                       block_tokens=block_tokens).keys(token_ids, parent=parent)
 
 
+def hit_prefix(found):
+    """The number of leading True in `found` (what Client.exists returns):
+    how many leading blocks of a chain are stored."""
+    n = 0
+    for f in found:
+        if not f:
+            break
+        n += 1
+    return n
+
+
 __all__ = [
     "Client", "KeyBuilder", "LoadResult", "StoreFuture", "StoreResult",
-    "key_to_hex", "keys", "errors", "Error", "Aborted", "AlreadyExists",
+    "hit_prefix", "key_to_hex", "keys", "errors", "Error", "Aborted", "AlreadyExists",
     "Cancelled", "DataLoss", "DeadlineExceeded", "FailedPrecondition",
     "Internal", "InvalidArgument", "NotFound", "OutOfRange",
     "PermissionDenied", "ResourceExhausted", "Unauthenticated", "Unavailable",

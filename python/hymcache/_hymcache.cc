@@ -624,6 +624,15 @@ class PyClient {
     return out;
   }
 
+  std::vector<bool> Exists(const std::vector<std::string>& keys,
+                           std::optional<double> deadline) {
+    const ClientRef live = Live();
+    Client& c = *live;
+    CallOptions call;
+    call.deadline = DeadlineFrom(deadline);
+    return Unwrap(WithoutGil([&] { return c.Exists(keys, call); })).found;
+  }
+
   std::vector<bool> Remove(const std::vector<std::string>& keys,
                            std::optional<double> deadline) {
     const ClientRef live = Live();
@@ -986,6 +995,11 @@ write is reported in the result, never retried. deadline: seconds from now
            "Looks keys up in order: {'found': [bool], 'hit_prefix': int, "
            "'lengths': [int], 'node_ids': [int]}. Raises InvalidArgument, "
            "Unavailable, DeadlineExceeded.")
+      .def("exists", &PyClient::Exists, py::arg("keys"), py::kw_only(),
+           py::arg("deadline") = py::none(),
+           "Which keys are stored, in order: [bool]. Cheaper than lookup "
+           "(no locations: the master signs nothing, the answer is a "
+           "bitmap). Raises InvalidArgument, Unavailable, DeadlineExceeded.")
       .def("remove", &PyClient::Remove, py::arg("keys"), py::kw_only(),
            py::arg("deadline") = py::none(),
            "Removes keys (and the blocks after each in its chain); per key "

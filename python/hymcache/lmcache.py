@@ -117,9 +117,9 @@ class _Connector:
         if not keys:
             return 0
         try:
-            hit = self.client.lookup([hymcache_key(k) for k in keys],
-                                     deadline=self._deadline)
-            return int(hit["hit_prefix"])
+            found = self.client.exists([hymcache_key(k) for k in keys],
+                                       deadline=self._deadline)
+            return hymcache.hit_prefix(found)
         except Exception as e:
             self._degraded("lookup", e)
             return 0

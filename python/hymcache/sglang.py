@@ -173,8 +173,8 @@ class _HiCacheBackend:
             pieces = ["flat"] if n == 0 else range(n)
             n = max(n, 1)
             hkeys = [self._key(k, j) for k in keys for j in pieces]
-            hit = self.client.lookup(hkeys, deadline=self._deadline)
-            return int(hit["hit_prefix"]) // n
+            found = self.client.exists(hkeys, deadline=self._deadline)
+            return hymcache.hit_prefix(found) // n
         except Exception as e:
             self._degraded("batch_exists", e)
             return 0

@@ -290,7 +290,7 @@ class HyMCacheConnector(KVConnectorBase_V1):
             return 0
         self._lookup_calls += 1
         try:
-            found = self._client.lookup(
+            found = self._client.exists(
                 keys, deadline=float(self._cfg["lookup_deadline"])
             )
         except hymcache.Error as e:
@@ -306,7 +306,7 @@ class HyMCacheConnector(KVConnectorBase_V1):
         if self._master_down_since is not None:
             logger.warning("HyMCache master reachable again")
             self._master_down_since = None
-        return int(found["hit_prefix"])
+        return hymcache.hit_prefix(found)
 
     def get_num_new_matched_tokens(
         self, request: "Request", num_computed_tokens: int

@@ -164,9 +164,9 @@ class Engine:
                 if usable:
                     t0 = self._clock()
                     try:
-                        hit = self.client.lookup(
+                        hit = hymcache.hit_prefix(self.client.exists(
                             keys[:usable], deadline=self.load_deadline
-                        )["hit_prefix"]
+                        ))
                     except hymcache.Error as e:  # the master is away: a miss
                         rec["load_stop"] = e.code
                     t1 = self._clock()

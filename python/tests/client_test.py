@@ -466,8 +466,16 @@ def test_store_lookup_remove_stats(client, request):
     found = client.lookup(keys + chain(request.node.name + "-none", 1))
     assert found["found"] == [True, True, True, False]
     assert found["hit_prefix"] == 3 and found["lengths"][:3] == [BLOCK] * 3
+    # The existence check finds the same, and hit_prefix counts its lead.
+    exists = client.exists(keys + chain(request.node.name + "-none", 1))
+    assert exists == [True, True, True, False]
+    assert hymcache.hit_prefix(exists) == 3
+    assert hymcache.hit_prefix([False, True]) == 0
+    with pytest.raises(hymcache.InvalidArgument):
+        client.exists([])
     assert client.remove(keys[1:]) == [True, True]
     assert client.lookup(keys)["found"] == [True, False, False]
+    assert client.exists(keys) == [True, False, False]
     stats = client.stats()
     assert stats["nodes"] and all(n["alive"] for n in stats["nodes"])
     assert stats["object_count"] >= 1

@@ -28,7 +28,7 @@ Workloads, each the same through each system's own Python client library
             HyMCache: store/load with registered buffers; Redis: SET of a
             memoryview, GET returning bytes). GB/s = all bytes moved / wall
             time from the first client's start to the last one's end.
-  lookup32  existence of 32 random stored keys per call (HyMCache: lookup,
+  lookup32  existence of 32 random stored keys per call (HyMCache: exists,
             Mooncake: batch_is_exist, Redis: EXISTS k1..k32), calls/s, at 1
             and 8 clients.
   multiturn a synthetic multi-turn chat (hymbench's shape: a shared system
@@ -243,7 +243,7 @@ class HymClient:
         return self.c.load(keys, views).loaded if keys else 0
 
     def exists(self, keys):
-        return self.c.lookup(keys)["found"]
+        return self.c.exists(keys)
 
     def remove(self, keys):
         for i in range(0, len(keys), 1024):
