@@ -35,6 +35,8 @@ constexpr char kPrefix[] = "hymnet-";
 constexpr char kNetnsDir[] = "/run/netns/";
 // A run holds an flock on kLockDir/<prefix>.lock while it lives.
 constexpr char kLockDir[] = "/run/hymnet/";
+// The NFQUEUE number of the latency fallback (one per host namespace).
+constexpr uint16_t kQueueNum = 0;
 
 // Whether this process has capability `bit` in its effective set
 // (/proc/self/status CapEff).
@@ -103,10 +105,12 @@ absl::Status VirtualNetworkOptions::Validate() const {
           "VirtualNetworkOptions: host name '", h, "' is empty or repeated"));
     }
   }
-  if (ip_binary.empty() || tc_binary.empty()) {
+  if (ip_binary.empty() || tc_binary.empty() || iptables_binary.empty()) {
     return absl::InvalidArgumentError(
-        "VirtualNetworkOptions: ip_binary and tc_binary are required");
+        "VirtualNetworkOptions: ip_binary, tc_binary and iptables_binary are "
+        "required");
   }
+  if (absl::Status s = delayer.Validate(); !s.ok()) return s;
   if (command_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "VirtualNetworkOptions: command_timeout must be positive");
@@ -220,6 +224,8 @@ absl::StatusOr<std::unique_ptr<VirtualNetwork>> VirtualNetwork::Create(
 }
 
 VirtualNetwork::~VirtualNetwork() {
+  // The delayer's thread ends before the namespaces (and their rules) go.
+  delayer_.reset();
   for (auto it = created_.rbegin(); it != created_.rend(); ++it) {
     DeleteNetns(options_, *it);
   }
@@ -291,38 +297,144 @@ absl::Status VirtualNetwork::Build() {
 
 absl::Status VirtualNetwork::ShapeLink(int host, const LinkShape& shape) {
   if (host < 0 || host >= size()) return absl::OutOfRangeError("no such host");
+  if (shape.latency < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ShapeLink: negative latency");
+  }
+  const bool delay = shape.latency > absl::ZeroDuration();
+  if (delay && !shape.through_delayer && netem_missing_.empty()) {
+    absl::Status s = SetNetem(host, shape);
+    if (s.ok() || s.code() != absl::StatusCode::kFailedPrecondition) {
+      if (s.ok()) return Unqueue(host);
+      return s;
+    }
+    netem_missing_ = std::string(s.message());
+  }
+  if (absl::Status s = SetTbf(host, shape.rate_bits_per_s); !s.ok()) return s;
+  if (delay || shape.through_delayer) return Queue(host, shape.latency);
+  return Unqueue(host);
+}
+
+absl::Status VirtualNetwork::SetNetem(int host, const LinkShape& shape) {
   const std::pair<std::string, std::string> ends[] = {
       {netns_name(host), "eth0"}, {switch_netns(), absl::StrCat("h", host)}};
-  const std::string rate = absl::StrCat(shape.rate_bits_per_s, "bit");
   for (const auto& [ns, dev] : ends) {
-    std::vector<std::string> args = {"qdisc", "replace", "dev", dev, "root"};
-    if (shape.latency > absl::ZeroDuration()) {
-      args.insert(
-          args.end(),
-          {"netem", "delay",
-           absl::StrCat(absl::ToInt64Microseconds(shape.latency), "us")});
-      if (shape.rate_bits_per_s > 0) args.insert(args.end(), {"rate", rate});
-    } else if (shape.rate_bits_per_s > 0) {
-      // A burst of at least one 4 ms tick's worth (and 16 KiB).
-      const uint64_t burst =
-          std::max<uint64_t>(shape.rate_bits_per_s / 8 / 250, 16 << 10);
-      args.insert(args.end(), {"tbf", "rate", rate, "burst",
-                               absl::StrCat(burst), "latency", "200ms"});
-    } else {
-      // Back to the default qdisc; none installed is fine.
-      Tc(ns, {"qdisc", "del", "dev", dev, "root"}).IgnoreError();
-      continue;
+    std::vector<std::string> args = {
+        "qdisc", "replace",
+        "dev",   dev,
+        "root",  "netem",
+        "delay", absl::StrCat(absl::ToInt64Microseconds(shape.latency), "us")};
+    if (shape.rate_bits_per_s > 0) {
+      args.insert(args.end(),
+                  {"rate", absl::StrCat(shape.rate_bits_per_s, "bit")});
     }
     if (absl::Status s = Tc(ns, args); !s.ok()) {
+      // tc: "Specified qdisc kind is unknown." (no sch_netem).
       if (absl::StrContains(s.message(), "unknown")) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("this kernel lacks the qdisc (sch_netem / sch_tbf): ",
-                         s.message()));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "this kernel lacks the qdisc (sch_netem): ", s.message()));
       }
       return s;
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status VirtualNetwork::SetTbf(int host, uint64_t rate_bits_per_s) {
+  const std::pair<std::string, std::string> ends[] = {
+      {netns_name(host), "eth0"}, {switch_netns(), absl::StrCat("h", host)}};
+  for (const auto& [ns, dev] : ends) {
+    if (rate_bits_per_s == 0) {
+      // Back to the default qdisc; none installed is fine.
+      Tc(ns, {"qdisc", "del", "dev", dev, "root"}).IgnoreError();
+      continue;
+    }
+    // A burst of at least one 4 ms tick's worth (and 16 KiB).
+    const uint64_t burst =
+        std::max<uint64_t>(rate_bits_per_s / 8 / 250, 16 << 10);
+    if (absl::Status s =
+            Tc(ns, {"qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                    absl::StrCat(rate_bits_per_s, "bit"), "burst",
+                    absl::StrCat(burst), "latency", "200ms"});
+        !s.ok()) {
+      if (absl::StrContains(s.message(), "unknown")) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "this kernel lacks the qdisc (sch_tbf): ", s.message()));
+      }
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VirtualNetwork::QueueRule(int host, const std::string& op,
+                                       const std::string& chain) const {
+  return RunOk(options_.ip_binary,
+               {"netns", "exec", netns_name(host), options_.iptables_binary,
+                "-w", op, chain, chain == "INPUT" ? "-i" : "-o", "eth0", "-j",
+                "NFQUEUE", "--queue-num", absl::StrCat(kQueueNum)},
+               options_.command_timeout);
+}
+
+absl::Status VirtualNetwork::Queue(int host, absl::Duration latency) {
+  // Why, when neither way to delay works.
+  auto neither = [this](const absl::Status& s) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no way to add latency here: ",
+        netem_missing_.empty() ? "netem not tried" : netem_missing_,
+        "; and the NFQUEUE fallback: ", s.message()));
+  };
+  if (delayer_ == nullptr) {
+    if (access(options_.iptables_binary.c_str(), X_OK) != 0) {
+      return neither(absl::FailedPreconditionError(absl::StrCat(
+          options_.iptables_binary, " is missing (Debian's iptables)")));
+    }
+    auto d = LinkDelayer::Create(options_.delayer);
+    if (!d.ok()) return neither(d.status());
+    delayer_ = std::move(d).value();
+  }
+  // The queue is bound before any rule feeds it: a rule without a
+  // listener drops.
+  if (absl::Status s = delayer_->Serve(netns_path(host), kQueueNum, latency);
+      !s.ok()) {
+    Unqueue(host).IgnoreError();  // only ends the thread, if idle
+    return s.code() == absl::StatusCode::kFailedPrecondition ? neither(s) : s;
+  }
+  if (queued_[host]) return absl::OkStatus();
+  for (const char* chain : {"OUTPUT", "INPUT"}) {
+    if (absl::Status s = QueueRule(host, "-A", chain); !s.ok()) {
+      queued_[host] = true;  // removes what went in
+      Unqueue(host).IgnoreError();
+      return neither(s);
+    }
+  }
+  queued_[host] = true;
+  return absl::OkStatus();
+}
+
+absl::Status VirtualNetwork::Unqueue(int host) {
+  absl::Status result;
+  if (queued_[host]) {
+    // Rules out first: nothing is queued once the delayer lets go.
+    for (const char* chain : {"OUTPUT", "INPUT"}) {
+      absl::Status s = QueueRule(host, "-D", chain);
+      if (result.ok()) result = s;
+    }
+    queued_[host] = false;
+  }
+  if (delayer_ == nullptr) return result;
+  delayer_->Stop(netns_path(host), kQueueNum).IgnoreError();  // not served
+  if (delayer_->queues() == 0) {
+    // No shaped host left: the thread ends.
+    past_delayer_stats_.Add(delayer_->stats());
+    delayer_.reset();
+  }
+  return result;
+}
+
+LinkDelayerStats VirtualNetwork::delayer_stats() const {
+  LinkDelayerStats s = past_delayer_stats_;
+  if (delayer_ != nullptr) s.Add(delayer_->stats());
+  return s;
 }
 
 absl::Status VirtualNetwork::CutLink(int host) {

@@ -21,8 +21,9 @@
 // from there).
 //
 // Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2's ip and tc
-// (Debian's iproute2). Without them Create says FailedPrecondition, which
-// the tests report as one "NETNS SKIPPED: why" line.
+// (Debian's iproute2); latency on a kernel without sch_netem also needs
+// iptables and NFQUEUE (LinkShape). Without them Create says
+// FailedPrecondition, which the tests report as one "NETNS SKIPPED: why" line.
 //
 // Thread safety: not thread-safe; one test thread drives it.
 #pragma once
@@ -35,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "tests/netns/link_delayer.h"
 
 namespace hymcache::testing {
 
@@ -45,6 +47,11 @@ struct VirtualNetworkOptions {
   // iproute2's programs. Default: Debian's paths.
   std::string ip_binary = "/usr/sbin/ip";
   std::string tc_binary = "/usr/sbin/tc";
+  // Queues packets to the latency fallback (LinkShape). Default: Debian's
+  // iptables.
+  std::string iptables_binary = "/usr/sbin/iptables";
+  // The latency fallback's queues. Default: LinkDelayerOptions' defaults.
+  LinkDelayerOptions delayer;
   // Bound on each ip / tc command. Default: 10 s.
   absl::Duration command_timeout = absl::Seconds(10);
 
@@ -53,14 +60,27 @@ struct VirtualNetworkOptions {
 };
 
 // Shaping of one host's link to the bridge, applied in both directions
-// (egress of the host's eth0 and of the switch's end): a packet between
-// hosts X and Y is delayed by X's latency plus Y's.
+// (what the host sends and what it receives): a packet between hosts X and
+// Y is delayed by X's latency plus Y's, so with L on both a round trip
+// takes 4 L.
+//
+// Latency is tc netem on both ends of the link (egress of the host's eth0
+// and of the switch's end) where the kernel has sch_netem. Where it has not
+// (tc: "Specified qdisc kind is unknown"), the host's namespace gets two
+// iptables rules, `OUTPUT -o eth0` and `INPUT -i eth0` to NFQUEUE 0, and a
+// LinkDelayer (link_delayer.h) holds each packet `latency` in userspace:
+// IPv4 only (ARP goes undelayed), a full queue drops (counted in
+// delayer_stats()), and the delayer's thread costs CPU per packet.
 struct LinkShape {
-  // Added one-way delay (tc netem). Default: 0 (none).
+  // Added one-way delay (tc netem, else LinkDelayer). Default: 0 (none).
   absl::Duration latency = absl::ZeroDuration();
   // Rate limit in bits per second (tc tbf; netem's rate with a latency).
   // Default: 0 (unlimited).
   uint64_t rate_bits_per_s = 0;
+  // Delay through LinkDelayer even where the kernel has netem, and queue
+  // packets through it even with a zero latency: what the delayer itself
+  // costs (netns_bench --delayer). Default: false.
+  bool through_delayer = false;
 };
 
 // The calling thread inside a host's namespace until destroyed (then back
@@ -99,10 +119,14 @@ class VirtualNetwork {
   std::string netns_name(int host) const;
   const std::string& name(int host) const { return options_.hosts[host]; }
 
-  // Shapes host i's link (LinkShape); a zero shape removes the shaping.
-  // Errors: FailedPrecondition (this kernel lacks the qdisc: tc's message),
-  // Internal.
+  // Shapes host i's link (LinkShape); a zero shape removes the shaping
+  // (qdiscs, iptables rules, the host's delayer queue; the delayer's thread
+  // ends with the last queue). Errors: FailedPrecondition (this kernel
+  // lacks tbf, or has neither netem nor a usable NFQUEUE: the messages of
+  // both), Internal.
   absl::Status ShapeLink(int host, const LinkShape& shape);
+  // The latency fallback's counters (zeros before it was first used).
+  LinkDelayerStats delayer_stats() const;
   // Takes host i's link down (the host reaches no one) / up again.
   absl::Status CutLink(int host);
   absl::Status RestoreLink(int host);
@@ -126,11 +150,23 @@ class VirtualNetwork {
  private:
   explicit VirtualNetwork(const VirtualNetworkOptions& options,
                           std::string prefix)
-      : options_(options), prefix_(std::move(prefix)) {}
+      : options_(options),
+        prefix_(std::move(prefix)),
+        queued_(options.hosts.size(), false) {}
   absl::Status Build();
   absl::Status Ip(const std::vector<std::string>& args) const;
   absl::Status Tc(const std::string& netns,
                   const std::vector<std::string>& args) const;
+  // tbf (rate > 0) or the default qdisc on both ends of host i's link.
+  absl::Status SetTbf(int host, uint64_t rate_bits_per_s);
+  // netem on both ends of host i's link.
+  absl::Status SetNetem(int host, const LinkShape& shape);
+  // Host i's packets through the delayer, or no longer.
+  absl::Status Queue(int host, absl::Duration latency);
+  absl::Status Unqueue(int host);
+  // `iptables op chain -o/-i eth0 -j NFQUEUE` in host i's namespace.
+  absl::Status QueueRule(int host, const std::string& op,
+                         const std::string& chain) const;
   // The filter on host `from` that drops what it sends to `to`.
   absl::Status SetDrop(int from, int to, bool on);
   std::string switch_netns() const { return prefix_ + "-sw"; }
@@ -142,6 +178,14 @@ class VirtualNetwork {
   // This run's lock (see RemoveStaleRuns), held until destruction.
   int lock_fd_ = -1;
   std::string lock_path_;
+  // Set once tc said the kernel has no netem: tc's message.
+  std::string netem_missing_;
+  // The latency fallback, while a host is queued; the hosts whose iptables
+  // rules are in.
+  std::unique_ptr<LinkDelayer> delayer_;
+  std::vector<bool> queued_;
+  // Counters of delayers already stopped.
+  LinkDelayerStats past_delayer_stats_;
 };
 
 }  // namespace hymcache::testing

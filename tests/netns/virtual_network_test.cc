@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/eventually.h"
 #include "common/net.h"
 #include "tests/child_process.h"
 
@@ -103,10 +105,44 @@ TEST_CASE(
   CHECK(Connects(*net, 0, 2, absl::Seconds(5)));
 }
 
+// One TCP round trip from host `from` to `to`'s listener, twice: the
+// connect (SYN out, SYN-ACK back) and then a byte there and back on the
+// connection.
+struct RoundTrips {
+  absl::Duration connect = absl::InfiniteDuration();
+  absl::Duration echo = absl::InfiniteDuration();
+};
+RoundTrips Measure(VirtualNetwork& net, Listeners& listeners, int from,
+                   int to) {
+  RoundTrips r;
+  auto in = net.EnterHost(from);
+  REQUIRE(in.ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  const absl::Time t0 = absl::Now();
+  auto c = ConnectTcp(absl::StrCat(net.address(to), ":7000"), deadline);
+  if (!c.ok()) return r;
+  r.connect = absl::Now() - t0;
+  // Accepted once the handshake's last ACK has crossed too.
+  Socket accepted(accept(listeners.sockets[to].fd(), nullptr, nullptr));
+  REQUIRE(accepted.valid());
+  char byte = 'x';
+  const absl::Time t1 = absl::Now();
+  if (SendAll(c->fd(), &byte, 1, deadline).ok() &&
+      RecvAll(accepted.fd(), &byte, 1, deadline).ok() &&
+      SendAll(accepted.fd(), &byte, 1, deadline).ok() &&
+      RecvAll(c->fd(), &byte, 1, deadline).ok()) {
+    r.echo = absl::Now() - t1;
+  }
+  return r;
+}
+
 TEST_CASE(
-    "A link is shaped with tbf, and netem delay where the kernel has it") {
+    "A link is shaped with tbf, and latency with netem or, without it, "
+    "the NFQUEUE delayer: a round trip between hosts of 5 ms each takes "
+    "20 ms until the shape is removed") {
   auto net = MakeNetwork({"a", "b"});
   if (net == nullptr) return;
+  Listeners listeners(*net);
   REQUIRE(net->ShapeLink(0, {.rate_bits_per_s = 100'000'000}).ok());
   auto shown = Run("/usr/sbin/tc",
                    {"-n", net->netns_name(0), "qdisc", "show", "dev", "eth0"});
@@ -114,17 +150,67 @@ TEST_CASE(
   INFO(shown->output);
   CHECK(absl::StrContains(shown->output, "tbf"));
   CHECK(absl::StrContains(shown->output, "100Mbit"));
-  absl::Status delayed = net->ShapeLink(1, {.latency = absl::Milliseconds(5)});
-  if (delayed.code() == absl::StatusCode::kFailedPrecondition) {
-    WARN("no netem in this kernel: " << delayed.ToString());
-  } else {
-    CHECK(delayed.ok());
-  }
   REQUIRE(net->ShapeLink(0, {}).ok());
   shown = Run("/usr/sbin/tc",
               {"-n", net->netns_name(0), "qdisc", "show", "dev", "eth0"});
   REQUIRE(shown.ok());
   CHECK_FALSE(absl::StrContains(shown->output, "tbf"));
+
+  // a -> b: a's 5 ms plus b's 5 ms each way, so 20 ms there and back.
+  const absl::Duration latency = absl::Milliseconds(5);
+  absl::Status delayed = net->ShapeLink(0, {.latency = latency});
+  if (delayed.code() == absl::StatusCode::kFailedPrecondition) {
+    WARN("neither netem nor NFQUEUE here: " << delayed.ToString());
+    return;
+  }
+  REQUIRE(delayed.ok());
+  REQUIRE(net->ShapeLink(1, {.latency = latency}).ok());
+  // Never faster than the delay; slower only by scheduling, so the first
+  // of a few tries that comes in under 100 ms.
+  RoundTrips shaped;
+  CHECK(Eventually(
+      [&] {
+        shaped = Measure(*net, listeners, 0, 1);
+        INFO("connect " << shaped.connect << ", echo " << shaped.echo);
+        CHECK(shaped.connect >= 4 * latency);
+        CHECK(shaped.echo >= 4 * latency);
+        return shaped.connect < absl::Milliseconds(100) &&
+               shaped.echo < absl::Milliseconds(100);
+      },
+      absl::Seconds(10)));
+  INFO("shaped: connect " << shaped.connect << ", echo " << shaped.echo);
+  const LinkDelayerStats stats = net->delayer_stats();
+  INFO("delayer: " << stats.packets << " packets, max late "
+                   << stats.max_lateness);
+  CHECK(stats.kernel_dropped == 0);
+  CHECK(stats.receive_overruns == 0);
+  CHECK(stats.netlink_errors == 0);
+
+  // Unshaped: back to a local link's round trip.
+  REQUIRE(net->ShapeLink(0, {}).ok());
+  REQUIRE(net->ShapeLink(1, {}).ok());
+  RoundTrips plain;
+  CHECK(Eventually(
+      [&] {
+        plain = Measure(*net, listeners, 0, 1);
+        return plain.connect < absl::Milliseconds(3) &&
+               plain.echo < absl::Milliseconds(3);
+      },
+      absl::Seconds(10)));
+  INFO("unshaped: connect " << plain.connect << ", echo " << plain.echo);
+  std::printf(
+      "round trips a<->b, 5 ms per host: connect %s, echo %s; unshaped: "
+      "connect %s, echo %s; delayer: %llu packets, at most %s late\n",
+      absl::FormatDuration(shaped.connect).c_str(),
+      absl::FormatDuration(shaped.echo).c_str(),
+      absl::FormatDuration(plain.connect).c_str(),
+      absl::FormatDuration(plain.echo).c_str(),
+      static_cast<unsigned long long>(stats.packets),
+      absl::FormatDuration(stats.max_lateness).c_str());
+  auto rules = Run("/usr/sbin/ip", {"netns", "exec", net->netns_name(0),
+                                    "/usr/sbin/iptables", "-S"});
+  REQUIRE(rules.ok());
+  CHECK_FALSE(absl::StrContains(rules->output, "NFQUEUE"));
 }
 
 TEST_CASE(
