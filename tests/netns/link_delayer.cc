@@ -6,6 +6,7 @@
 #include <linux/netfilter/nfnetlink.h>
 #include <linux/netfilter/nfnetlink_queue.h>
 #include <linux/netlink.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -162,6 +163,7 @@ void LinkDelayerStats::Add(const LinkDelayerStats& other) {
   receive_overruns += other.receive_overruns;
   netlink_errors += other.netlink_errors;
   max_lateness = std::max(max_lateness, other.max_lateness);
+  thread_cpu += other.thread_cpu;
 }
 
 absl::Status LinkDelayerOptions::Validate() const {
@@ -314,6 +316,10 @@ LinkDelayerStats LinkDelayer::stats() const {
   MutexLock l(&mu_);
   LinkDelayerStats s = stats_;
   for (const auto& [name, q] : queues_) s.kernel_dropped += KernelDropped(q);
+  timespec cpu;
+  if (have_cpu_clock_ && clock_gettime(cpu_clock_, &cpu) == 0) {
+    s.thread_cpu = absl::DurationFromTimespec(cpu);
+  }
   return s;
 }
 
@@ -459,6 +465,10 @@ void LinkDelayer::ArmTimer() {
 }
 
 void LinkDelayer::Loop() {
+  {
+    MutexLock l(&mu_);
+    have_cpu_clock_ = pthread_getcpuclockid(pthread_self(), &cpu_clock_) == 0;
+  }
   epoll_event events[32];
   for (;;) {
     const int n = epoll_wait(epoll_fd_, events, 32, -1);

@@ -27,6 +27,8 @@
 // Thread safety: safe for concurrent use without external synchronization.
 #pragma once
 
+#include <time.h>
+
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -71,6 +73,8 @@ struct LinkDelayerStats {
   uint64_t netlink_errors = 0;
   // The latest a packet was released after its due time (scheduling).
   absl::Duration max_lateness = absl::ZeroDuration();
+  // CPU time the delayer's thread has used (user and system).
+  absl::Duration thread_cpu = absl::ZeroDuration();
 
   // Adds `other`'s counts (the larger max_lateness).
   void Add(const LinkDelayerStats& other);
@@ -148,6 +152,9 @@ class LinkDelayer {
   std::map<std::string, Queue> queues_ ABSL_GUARDED_BY(mu_);
   uint64_t next_key_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The thread's CPU clock, once it runs.
+  bool have_cpu_clock_ ABSL_GUARDED_BY(mu_) = false;
+  clockid_t cpu_clock_ ABSL_GUARDED_BY(mu_);
   LinkDelayerStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

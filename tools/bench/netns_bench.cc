@@ -5,6 +5,7 @@
 //
 //   bazel run -c opt //tools/bench:netns_bench
 //   bazel run -c opt //tools/bench:netns_bench -- --rate_mbit=10000
+//   bazel run -c opt //tools/bench:netns_bench -- --latency_us=250  # 1 ms RTT
 //
 // Two hosts (tests/netns/virtual_network.h: network namespaces joined by
 // veth pairs and a bridge): "server" runs the real master and a storage node
@@ -26,6 +27,11 @@
 //         the link's counters less the packets' headers.
 // Trials alternate the raw and the HyMCache form; the best of each is
 // reported. --rate_mbit shapes both ends of each host's link (tc tbf).
+// --latency_us delays each host's link both ways (tc netem, or the NFQUEUE
+// delayer where the kernel has no netem: tests/netns/link_delayer.h); a
+// packet crosses both hosts' links, so 250 us per host is 500 us each way,
+// a 1 ms round trip. --delayer sends packets through the delayer even with
+// no latency (its own cost).
 // Last line: `netns: get1m_vs_raw=X.XX get16m_vs_raw=X.XX
 // lookup32_vs_raw=X.XX` (the sizes as run).
 #include <sys/mman.h>
@@ -66,6 +72,12 @@ DEFINE_int32(lookup_keys, 32, "keys per BatchLookup");
 DEFINE_int32(lookups, 2000, "timed BatchLookups per trial");
 DEFINE_int32(trials, 5, "alternating trials; the best of each is reported");
 DEFINE_uint64(rate_mbit, 0, "shape each host's link to this rate (0: none)");
+DEFINE_uint64(latency_us, 0,
+              "one-way delay added on each host's link (0: none); a packet "
+              "between the hosts gets twice this");
+DEFINE_bool(delayer, false,
+            "delay in userspace (NFQUEUE) even where the kernel has netem, "
+            "and even with --latency_us=0");
 DEFINE_string(master_binary, "",
               "default: master/hymcache-master in the runfiles");
 DEFINE_string(storage_binary, "",
@@ -198,6 +210,7 @@ struct Best {
 };
 
 int Run() {
+  const absl::Time start = absl::Now();
   auto made = VirtualNetwork::Create({.hosts = {"server", "client"}});
   if (!made.ok()) {
     std::printf("netns: SKIPPED: %s\n", made.status().ToString().c_str());
@@ -205,10 +218,12 @@ int Run() {
                                                                          : 1;
   }
   VirtualNetwork& net = **made;
-  if (FLAGS_rate_mbit > 0) {
+  if (FLAGS_rate_mbit > 0 || FLAGS_latency_us > 0 || FLAGS_delayer) {
     for (int h : {kServer, kClient}) {
       absl::Status s =
-          net.ShapeLink(h, {.rate_bits_per_s = FLAGS_rate_mbit * 1000000});
+          net.ShapeLink(h, {.latency = absl::Microseconds(FLAGS_latency_us),
+                            .rate_bits_per_s = FLAGS_rate_mbit * 1000000,
+                            .through_delayer = FLAGS_delayer});
       if (!s.ok()) {
         std::fprintf(stderr, "netns_bench: shaping: %s\n",
                      s.ToString().c_str());
@@ -293,12 +308,16 @@ int Run() {
     return 1;
   }
   Client& c = **client;
+  std::string shaped;
+  if (FLAGS_rate_mbit > 0) {
+    absl::StrAppend(&shaped, ", links shaped to ", FLAGS_rate_mbit, " Mbit/s");
+  }
+  if (FLAGS_latency_us > 0 || FLAGS_delayer) {
+    absl::StrAppend(&shaped, ", ", FLAGS_latency_us, " us per host link (",
+                    FLAGS_latency_us * 4, " us RTT)");
+  }
   std::printf("netns: client %s -> server %s%s\n", net.address(kClient).c_str(),
-              net.address(kServer).c_str(),
-              FLAGS_rate_mbit > 0 ? absl::StrCat(", links shaped to ",
-                                                 FLAGS_rate_mbit, " Mbit/s")
-                                        .c_str()
-                                  : "");
+              net.address(kServer).c_str(), shaped.c_str());
   std::printf("%-10s %12s %12s %8s\n", "what", "raw", "hymcache", "ratio");
   std::string last = "netns:";
   int bad = 0;
@@ -412,6 +431,20 @@ int Run() {
   absl::StrAppend(&last, " lookup", FLAGS_lookup_keys,
                   "_vs_raw=", absl::StrFormat("%.2f", lookups.ratio()));
 
+  const testing::LinkDelayerStats d = net.delayer_stats();
+  if (d.packets > 0) {
+    std::printf(
+        "delayer: %llu packets in %llu verdicts, at most %.0f us late, "
+        "%llu dropped (queue full), %llu notice overruns; its thread used "
+        "%.1f s of CPU in %.1f s\n",
+        static_cast<unsigned long long>(d.packets),
+        static_cast<unsigned long long>(d.verdict_batches),
+        absl::ToDoubleMicroseconds(d.max_lateness),
+        static_cast<unsigned long long>(d.kernel_dropped),
+        static_cast<unsigned long long>(d.receive_overruns),
+        absl::ToDoubleSeconds(d.thread_cpu),
+        absl::ToDoubleSeconds(absl::Now() - start));
+  }
   if (bad > 0) {
     std::fprintf(stderr, "netns_bench: %d trials lost or got wrong data\n",
                  bad);
