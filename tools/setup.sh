@@ -21,7 +21,10 @@
 #                           etcd.service this installs is stopped and
 #                           disabled again: the tests run their own;
 #                           iproute2 (ip, tc: tests/netns' hosts in
-#                           network namespaces); and clang-format-14
+#                           network namespaces) and iptables (their
+#                           links' latency where the kernel has no
+#                           netem: tests/netns/link_delayer.h); and
+#                           clang-format-14
 #                           (tools/format_check.sh).
 set -euo pipefail
 
@@ -41,7 +44,7 @@ TEST_PACKAGES=(prometheus redis-server systemd systemd-container mmdebstrap dpkg
   golang-github-xeipuuv-gojsonschema-dev
   python3-kubernetes python3-jsonschema python3-yaml
   etcd-server etcd-client
-  iproute2
+  iproute2 iptables
   clang-format-14)
 if [ "${1:-}" = "--test" ]; then
   PACKAGES+=("${TEST_PACKAGES[@]}")
