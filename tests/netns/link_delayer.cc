@@ -343,9 +343,16 @@ void LinkDelayer::Close(Queue& q) {
 uint64_t LinkDelayer::KernelDropped(const Queue& q) const {
   // Lines: queue_num portid queue_total copy_mode copy_range queue_dropped
   // queue_user_dropped id_sequence 1.
+  // A seq_file: no pread, but it rewinds.
   char text[4096];
-  const ssize_t n = pread(q.proc_fd, text, sizeof(text) - 1, 0);
-  if (n <= 0) return 0;
+  ssize_t n = -1;
+  if (lseek(q.proc_fd, 0, SEEK_SET) == 0) {
+    n = read(q.proc_fd, text, sizeof(text) - 1);
+  }
+  if (n < 0) {
+    PLOG(ERROR) << "LinkDelayer: reading nfnetlink_queue's counters";
+    return 0;
+  }
   text[n] = '\0';
   uint64_t dropped = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {

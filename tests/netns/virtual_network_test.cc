@@ -7,7 +7,9 @@
 // Needs root; elsewhere it prints "NETNS SKIPPED: why" and passes.
 #include "tests/netns/virtual_network.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -211,6 +213,75 @@ TEST_CASE(
                                     "/usr/sbin/iptables", "-S"});
   REQUIRE(rules.ok());
   CHECK_FALSE(absl::StrContains(rules->output, "NFQUEUE"));
+}
+
+TEST_CASE(
+    "The delayer never lets a packet through early: what its full queue "
+    "cannot hold is dropped and counted") {
+  VirtualNetworkOptions o{.hosts = {"a", "b"}};
+  o.delayer.queue_maxlen = 1;
+  auto made = VirtualNetwork::Create(o);
+  if (made.status().code() == absl::StatusCode::kFailedPrecondition) {
+    std::printf("NETNS SKIPPED: %s\n", made.status().ToString().c_str());
+    return;
+  }
+  REQUIRE(made.ok());
+  VirtualNetwork& net = **made;
+  const absl::Duration latency = absl::Milliseconds(20);
+  absl::Status s =
+      net.ShapeLink(0, {.latency = latency, .through_delayer = true});
+  if (s.code() == absl::StatusCode::kFailedPrecondition) {
+    WARN("no NFQUEUE here: " << s.ToString());
+    return;
+  }
+  REQUIRE(s.ok());
+  // Ten datagrams from a to b at once; a's queue holds one.
+  Socket rx;
+  {
+    auto in = net.EnterHost(1);
+    REQUIRE(in.ok());
+    rx = Socket(socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    sockaddr_in at = {};
+    at.sin_family = AF_INET;
+    at.sin_port = htons(7001);
+    inet_pton(AF_INET, net.address(1).c_str(), &at.sin_addr);
+    REQUIRE(bind(rx.fd(), reinterpret_cast<sockaddr*>(&at), sizeof(at)) == 0);
+  }
+  constexpr int kSent = 10;
+  absl::Time sent_at;
+  {
+    auto in = net.EnterHost(0);
+    REQUIRE(in.ok());
+    Socket tx(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    sockaddr_in to = {};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(7001);
+    inet_pton(AF_INET, net.address(1).c_str(), &to.sin_addr);
+    sent_at = absl::Now();
+    for (int i = 0; i < kSent; ++i) {
+      // A drop in the queue is not the sender's error.
+      REQUIRE(sendto(tx.fd(), "d", 1, 0, reinterpret_cast<sockaddr*>(&to),
+                     sizeof(to)) == 1);
+    }
+  }
+  int received = 0;
+  absl::Duration first = absl::InfiniteDuration();
+  uint64_t dropped = 0;
+  CHECK(Eventually([&] {
+    char byte;
+    while (recv(rx.fd(), &byte, 1, 0) == 1) {
+      if (received++ == 0) first = absl::Now() - sent_at;
+    }
+    dropped = net.delayer_stats().kernel_dropped;
+    return received + static_cast<int>(dropped) == kSent;
+  }));
+  INFO(received << " received, " << dropped << " dropped, the first after "
+                << first);
+  CHECK(received >= 1);
+  CHECK(dropped >= 1);
+  CHECK(first >= latency);
+  REQUIRE(net.ShapeLink(0, {}).ok());
+  CHECK(net.delayer_stats().kernel_dropped == dropped);  // kept once stopped
 }
 
 TEST_CASE(
