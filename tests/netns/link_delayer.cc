@@ -343,7 +343,7 @@ void LinkDelayer::Close(Queue& q) {
 uint64_t LinkDelayer::KernelDropped(const Queue& q) const {
   // Lines: queue_num portid queue_total copy_mode copy_range queue_dropped
   // queue_user_dropped id_sequence 1.
-  // A seq_file: no pread, but it rewinds.
+  // Read afresh from the start each time (a seq_file).
   char text[4096];
   ssize_t n = -1;
   if (lseek(q.proc_fd, 0, SEEK_SET) == 0) {
