@@ -284,6 +284,66 @@ absl::Status LeaderElection::RevokeLeaderLease(const LeaderInfo& leader) {
   return absl::OkStatus();
 }
 
+absl::Status LeaderElection::EndTermAbove(int64_t epoch) {
+  if (epoch >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "election ", options_.key, ": epoch ", epoch, " is out of range"));
+  }
+  int64_t revision;
+  {
+    MutexLock l(&mu_);
+    if (!leader_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("election ", options_.key, ": not leading"));
+    }
+    if (epoch <= epoch_) return absl::OkStatus();
+    revision = revision_;
+    highest_epoch_ = std::max(highest_epoch_, epoch);
+  }
+  EtcdClient* etcd = options_.etcd;
+  const absl::Time deadline = absl::Now() + EtcdCallTimeout();
+  const std::string base_key = EpochBaseKey(options_.key);
+  etcdserverpb::RangeRequest base_read;
+  base_read.set_key(base_key);
+  auto base_kv = etcd->Range(base_read, deadline);
+  if (!base_kv.ok()) return base_kv.status();
+  int64_t etcd_base = 0;
+  int64_t base_mod_revision = 0;
+  if (base_kv->kvs_size() > 0) {
+    base_mod_revision = base_kv->kvs(0).mod_revision();
+    if (!absl::SimpleAtoi(base_kv->kvs(0).value(), &etcd_base)) etcd_base = 0;
+  }
+  // Any later winning Txn's revision is above the read's.
+  const int64_t base =
+      std::max(etcd_base, epoch - base_kv->header().revision());
+  etcdserverpb::TxnRequest txn;
+  *txn.add_compare() = FenceCompare(options_.key, revision);
+  etcdserverpb::Compare* same_base = txn.add_compare();
+  same_base->set_key(base_key);
+  same_base->set_target(etcdserverpb::Compare::MOD);
+  same_base->set_result(etcdserverpb::Compare::EQUAL);
+  same_base->set_mod_revision(base_mod_revision);
+  if (base != etcd_base) {
+    auto* raise = txn.add_success()->mutable_request_put();
+    raise->set_key(base_key);
+    raise->set_value(absl::StrCat(base));
+  }
+  txn.add_success()->mutable_request_delete_range()->set_key(options_.key);
+  auto r = etcd->Txn(txn, deadline);
+  if (!r.ok()) return r.status();
+  if (!r->succeeded()) {
+    return absl::AbortedError(absl::StrCat(
+        "election ", options_.key,
+        ": the term ended or the epoch base moved before it was raised"));
+  }
+  LOG(WARNING) << "election " << options_.key << ": " << options_.candidate
+               << " ends its term to lead above epoch " << epoch
+               << " (the epoch base is now " << base << ")";
+  MutexLock l(&mu_);
+  if (base != etcd_base) ++stats_.epoch_base_raises;
+  return absl::OkStatus();
+}
+
 absl::Status LeaderElection::RevokeEndedLease() {
   int64_t lease;
   {

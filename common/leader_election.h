@@ -241,6 +241,17 @@ class LeaderElection {
   static etcdserverpb::Compare FenceCompare(const std::string& key,
                                             int64_t revision);
 
+  // Ends this candidate's term so that the next leader's epoch, whoever it
+  // is, is above `epoch`: an epoch a storage node has accepted that etcd
+  // knows nothing of (etcd recreated empty, every store that knew it lost).
+  // One Txn, fenced by this term's revision: raises the epoch base as a
+  // campaign would (see "Epoch") and deletes the leader key; the watch
+  // then ends the term (on_lost, ABORTED). OK at once when `epoch` is not
+  // above this term's. Errors: FailedPrecondition (not leading),
+  // InvalidArgument (`epoch` of 2^31 or more), Aborted (the term ended or
+  // the base moved meanwhile: nothing written), etcd's error.
+  absl::Status EndTermAbove(int64_t epoch);
+
   // Stops this candidate's renewals, campaigns and lease revocation, as if
   // its process were frozen or cut off from etcd; the local deadline still
   // ends its leadership. (Its watch keeps running: that can only end a

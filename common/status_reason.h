@@ -63,7 +63,12 @@ namespace hymcache {
     "retry the same master shortly")                                        \
   X(kConnectionRefused, "connection_refused",                               \
     "the host answered that nothing listens at the address's port "         \
-    "(ECONNREFUSED): the process is gone, not merely slow or cut off")
+    "(ECONNREFUSED): the process is gone, not merely slow or cut off")      \
+  X(kMasterEpochBehind, "master_epoch_behind",                              \
+    "a storage node registering has accepted a master of a higher epoch "   \
+    "than this master's (etcd was recreated empty, and no master's store "  \
+    "remembered that epoch): an elected master ends its term so that the "  \
+    "next leader's epoch is above it; register again shortly")
 
 enum class StatusReason : uint32_t {
   kNone = 0,

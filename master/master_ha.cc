@@ -358,20 +358,39 @@ bool HaMaster::AnotherLeaderObserved(int64_t epoch) const {
 }
 
 bool HaMaster::ServeTerm(int64_t* epoch) {
+  int64_t ended_above = 0;  // the node epoch this term was ended for
   while (true) {
+    int64_t end_above = 0;
     {
-      // Read-write: nothing to do until on_lost (or Shutdown) signals. The
-      // read-only flag is read under mu_, which on_lost holds to set it.
+      // Read-write: nothing to do until on_lost (or Shutdown) signals, or a
+      // node shows an epoch above this term's. The read-only flag is read
+      // under mu_, which on_lost holds to set it.
       MutexLock l(&mu_);
-      while (!stopping_ && !lost_ &&
-             read_only_epoch_.load(std::memory_order_acquire) != *epoch) {
+      while (
+          !stopping_ && !lost_ &&
+          read_only_epoch_.load(std::memory_order_acquire) != *epoch &&
+          (node_epoch_above_ <= *epoch || node_epoch_above_ == ended_above)) {
         cv_.Wait(&mu_);
       }
       if (stopping_ || lost_) return false;
-      if (elected_epoch_ > *epoch) {
+      if (node_epoch_above_ > *epoch && node_epoch_above_ != ended_above) {
+        end_above = node_epoch_above_;
+      } else if (elected_epoch_ > *epoch) {
         *epoch = elected_epoch_;
         return true;
       }
+    }
+    if (end_above != 0) {
+      // A node has accepted a master of a higher epoch than this term's
+      // (etcd was recreated and no store remembered it): end the term above
+      // it, so that whoever leads next (this master restarted, or a
+      // standby) is a leader the nodes accept. on_lost follows.
+      ended_above = end_above;
+      absl::Status ended = election_->EndTermAbove(end_above);
+      LOG(WARNING) << "master HA: a storage node has accepted epoch "
+                   << end_above << ", above this term's " << *epoch
+                   << ": ending the term for a leader above it: " << ended;
+      continue;
     }
     // Read-only: poll the election for another master's term.
     if (AnotherLeaderObserved(*epoch)) {
@@ -740,6 +759,13 @@ absl::Status HaMaster::Serve(int64_t epoch) {
   mo.generation_floor = static_cast<uint64_t>(epoch) << kEpochShift;
   mo.generation_end = static_cast<uint64_t>(epoch + 1) << kEpochShift;
   mo.service.epoch = epoch;
+  mo.service.on_epoch_behind = [this](int64_t node_epoch) {
+    MutexLock l(&mu_);
+    if (node_epoch > node_epoch_above_) {
+      node_epoch_above_ = node_epoch;
+      cv_.SignalAll();
+    }
+  };
   mo.take_preloaded =
       [this](uint64_t sequence) -> std::unique_ptr<master::MasterService> {
     if (!preloaded_.has_value()) return nullptr;

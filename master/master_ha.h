@@ -303,6 +303,9 @@ class HaMaster {
   std::unique_ptr<MasterServer> server_ ABSL_GUARDED_BY(mu_);
   // The term won (on_elected) and not yet served; 0: none.
   int64_t elected_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // The highest master epoch a registering node had accepted above the
+  // serving term's (MasterServiceOptions::on_epoch_behind; 0: none).
+  int64_t node_epoch_above_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t serving_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // on_lost ran (the term ended).
   bool lost_ ABSL_GUARDED_BY(mu_) = false;

@@ -52,6 +52,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -171,6 +172,12 @@ struct MasterServiceOptions {
   // answers (master_epoch) so that nodes refuse a master of an older term.
   // 0: no election. Default: 0.
   int64_t epoch = 0;
+  // With an epoch: called (on the RPC's thread; must return quickly) when a
+  // node registers having accepted a master of a higher epoch, which it
+  // passes; the registration is refused (FailedPrecondition, reason
+  // kMasterEpochBehind). HaMaster ends its term above that epoch. Default:
+  // none.
+  std::function<void(int64_t node_epoch)> on_epoch_behind;
   // Node-confirmed commits (docs/ha.md): PutCommit commits a slot only
   // with the storage node's write receipt for it (PutCommitRequest.receipts,
   // signed with the node's key when the bytes landed), so that no client

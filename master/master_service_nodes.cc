@@ -23,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "common/limits.h"
 #include "common/net.h"
+#include "common/status_reason.h"
 #include "master/master_service_internal.h"
 
 namespace hymcache {
@@ -394,6 +395,22 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
     const v1::RegisterNodeRequest& request) {
   absl::Status s = ValidateRegistration(request);
   if (!s.ok()) return s;
+  if (options_.epoch != 0 && request.highest_master_epoch() > options_.epoch) {
+    // This term is below one the node has seen: nothing it answers would be
+    // taken. Its leader key is what must move (HaMaster), not the node.
+    if (options_.on_epoch_behind) {
+      options_.on_epoch_behind(request.highest_master_epoch());
+    }
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "RegisterNode: node '", request.name(),
+                          "' has accepted master "
+                          "epoch ",
+                          request.highest_master_epoch(),
+                          ", above this master's ", options_.epoch,
+                          " (etcd recreated?): this master ends its term so "
+                          "that the next leader's epoch is above it")),
+                      StatusReason::kMasterEpochBehind);
+  }
 
   v1::NodeInfo info;
   info.set_name(request.name());

@@ -78,6 +78,36 @@ TEST_CASE("RegisterNode assigns stable ids and validates requests") {
   CHECK(code(v6) == StatusCode::kOk);
 }
 
+TEST_CASE(
+    "An elected master refuses a node that has accepted a higher epoch, and "
+    "says so once per registration") {
+  std::vector<int64_t> behind;
+  Harness h("epoch_behind", [&](MasterServiceOptions& o) {
+    o.epoch = 7;
+    o.on_epoch_behind = [&](int64_t e) { behind.push_back(e); };
+  });
+  v1::RegisterNodeRequest req = NodeReq("a", 1, {{0, 4096}});
+  req.set_highest_master_epoch(9);
+  auto refused = Reg(h.svc.get(), req);
+  CHECK(refused.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(ReasonOf(refused.status()) == StatusReason::kMasterEpochBehind);
+  CHECK(behind == std::vector<int64_t>{9});
+  // Nothing was registered.
+  CHECK(h.svc->ListNodes().nodes_size() == 0);
+  // The same epoch, or a lower one, registers.
+  req.set_highest_master_epoch(7);
+  auto same = Reg(h.svc.get(), req);
+  REQUIRE(same.ok());
+  CHECK(same->master_epoch() == 7);
+  CHECK(behind.size() == 1);
+
+  // A master without an election (epoch 0) has nothing to compare: nodes
+  // refuse it themselves if they must.
+  Harness plain("epoch_behind_plain");
+  req.set_highest_master_epoch(9);
+  CHECK(Reg(plain.svc.get(), req).ok());
+}
+
 TEST_CASE("Heartbeat tracks liveness and asks unknown nodes to re-register") {
   Harness h("heartbeat");
   uint32_t a = h.Register("a", 5, {{0, 1 << 20}});

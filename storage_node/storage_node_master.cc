@@ -167,6 +167,10 @@ absl::Status StorageNode::Register() {
   }
   *req.mutable_auth() = Auth("register", 0);
   req.set_registration_nonce(registration_nonce_);
+  {
+    MutexLock l(&mu_);
+    req.set_highest_master_epoch(highest_master_epoch_);
+  }
   v1::RegisterNodeResponse resp;
   // The master lists this node as soon as it has answered, and clients may
   // come with its capabilities before the answer is applied here: data-

@@ -780,6 +780,38 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "A leader told of a higher epoch ends its term, and the next leader "
+    "leads above that epoch") {
+  auto cluster = StartCluster(1);
+  Journal journal;
+  auto a = Campaign(*cluster, "a", &journal);
+  REQUIRE(Eventually([&] { return a->election->IsLeader(); }));
+  const int64_t first = *a->election->LeaderEpoch();
+  CHECK(absl::IsInvalidArgument(a->election->EndTermAbove(int64_t{1} << 31)));
+  CHECK(a->election->EndTermAbove(first).ok());  // not above: nothing
+  CHECK(a->election->IsLeader());
+  auto b = Campaign(*cluster, "b", &journal);
+  CHECK(absl::IsFailedPrecondition(b->election->EndTermAbove(9000)));
+
+  // As a storage node would tell it after etcd was recreated.
+  REQUIRE(a->election->EndTermAbove(9000).ok());
+  REQUIRE(Eventually([&] {
+    auto last = journal.Last("a");
+    return last.has_value() && !last->elected;
+  }));
+  CHECK(absl::IsAborted(journal.Last("a")->why));
+  Candidate* next = WaitForLeader({a.get(), b.get()});
+  const LeaderInfo info = *next->election->ObservedLeader();
+  CHECK(info.epoch > 9000);
+  CHECK(info.revision < 9000);
+  auto read = ReadLeader(b->etcd.get(), kKey);
+  REQUIRE(read.ok());
+  REQUIRE(read->has_value());
+  CHECK((*read)->epoch == info.epoch);
+  journal.CheckTermsDoNotOverlap();
+}
+
+TEST_CASE(
     "Without epochs above etcd's revision the base stays 0 and the epoch is "
     "the leader key's revision") {
   auto cluster = StartCluster(1);

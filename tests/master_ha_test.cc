@@ -1041,32 +1041,23 @@ TEST_CASE(
   std::fflush(stdout);
 }
 
-TEST_CASE(
-    "A master whose etcd was recreated empty leads above every epoch its "
-    "store has seen, its node takes it, and it serves what it held") {
-  Rig rig("master_ha_etcd_recreated");
-  const std::string db = rig.dir + "/master";
-  // The old etcd's revision well past what the new one reaches before its
-  // first election, so that the old term's epoch is above the new
-  // cluster's first revisions.
-  for (int i = 0; i < 100; ++i) {
+// etcd lost and recreated empty: every master of the rig killed (their
+// processes forgotten), the rig's etcd replaced by a fresh one-member
+// cluster. Before, `filler` keys were put in the old etcd, so that its
+// revision (and the epochs it gave) are well past what the new one reaches
+// before its first elections.
+void FillEtcd(Rig& rig, int filler) {
+  for (int i = 0; i < filler; ++i) {
     etcdserverpb::PutRequest put;
     put.set_key(absl::StrCat("/hymcache/filler/", i));
     put.set_value("x");
     REQUIRE(rig.etcd_client->Put(put).ok());
   }
-  rig.StartMaster(db, {"--replication=off"});
-  LeaderInfo old_term;
-  rig.WaitForServingLeader(&old_term);
-  REQUIRE(old_term.epoch > 100);
-  rig.StartNodeAndClient();
-  const Blocks before("before-", 8, 1);
-  PutIntact(*rig.client, before);
-
-  // etcd lost and recreated empty; the master restarted on its address
-  // and its store. The node (which saw the old epoch) and the client stay.
-  const std::string address = rig.masters[0].address;
-  REQUIRE(rig.masters[0].daemon.Stop(SIGKILL).ok());
+}
+void RecreateEtcd(Rig& rig) {
+  for (HaMasterProcess& m : rig.masters) {
+    if (m.daemon.Alive()) REQUIRE(m.daemon.Stop(SIGKILL).ok());
+  }
   rig.masters.clear();
   rig.etcd_client.reset();
   rig.etcd.reset();
@@ -1077,6 +1068,26 @@ TEST_CASE(
   auto etcd_client = EtcdClient::Create({.endpoints = rig.etcd->endpoints()});
   REQUIRE(etcd_client.ok());
   rig.etcd_client = std::move(etcd_client).value();
+}
+
+TEST_CASE(
+    "A master whose etcd was recreated empty leads above every epoch its "
+    "store has seen, its node takes it, and it serves what it held") {
+  Rig rig("master_ha_etcd_recreated");
+  const std::string db = rig.dir + "/master";
+  FillEtcd(rig, 100);
+  rig.StartMaster(db, {"--replication=off"});
+  LeaderInfo old_term;
+  rig.WaitForServingLeader(&old_term);
+  REQUIRE(old_term.epoch > 100);
+  rig.StartNodeAndClient();
+  const Blocks before("before-", 8, 1);
+  PutIntact(*rig.client, before);
+
+  // The master restarted on its address and its store. The node (which
+  // saw the old epoch) and the client stay.
+  const std::string address = rig.masters[0].address;
+  RecreateEtcd(rig);
   rig.StartMaster(db, {"--replication=off", "--listen=" + address});
   LeaderInfo new_term;
   rig.WaitForServingLeader(&new_term);
@@ -1095,6 +1106,51 @@ TEST_CASE(
       [&] { return LoadIntact(*rig.client, before) == before.keys.size(); },
       absl::Seconds(20)));
   PutIntact(*rig.client, Blocks("after-", 4, 50));
+}
+
+TEST_CASE(
+    "With etcd and the master's store both lost, a node that saw a higher "
+    "epoch makes the master end its term, and restarted it leads above it") {
+  Rig rig("master_ha_node_epoch");
+  FillEtcd(rig, 100);
+  rig.StartMaster(rig.dir + "/master", {"--replication=off"});
+  LeaderInfo old_term;
+  rig.WaitForServingLeader(&old_term);
+  rig.StartNodeAndClient();
+  PutIntact(*rig.client, Blocks("before-", 4, 1));
+
+  // Nothing remembers the old epoch but the node.
+  const std::string address = rig.masters[0].address;
+  const std::string empty_db = rig.dir + "/master-new";
+  RecreateEtcd(rig);
+  rig.StartMaster(empty_db, {"--replication=off", "--listen=" + address});
+  LeaderInfo low_term;
+  rig.WaitForServingLeader(&low_term);
+  CHECK(low_term.epoch < old_term.epoch);
+  // The node registers with the epoch it saw; the master refuses, raises the
+  // base and ends its term, and exits for its supervisor (status 3).
+  REQUIRE(Eventually([&] { return !rig.masters[0].daemon.Alive(); },
+                     absl::Seconds(20)));
+  CHECK(WIFEXITED(rig.masters[0].daemon.exit_status()));
+  CHECK(WEXITSTATUS(rig.masters[0].daemon.exit_status()) == 3);
+
+  // Started again, as systemd or Kubernetes would: it leads above the
+  // node's epoch, the node registers, and puts and loads work.
+  rig.masters.clear();
+  rig.StartMaster(empty_db, {"--replication=off", "--listen=" + address});
+  LeaderInfo new_term;
+  rig.WaitForServingLeader(&new_term);
+  INFO("old epoch " << old_term.epoch << ", low " << low_term.epoch << ", new "
+                    << new_term.epoch);
+  CHECK(new_term.epoch > old_term.epoch);
+  const Blocks after("after-", 4, 50);
+  CHECK(Eventually(
+      [&] {
+        auto put = rig.client->Put(after.keys, after.in());
+        return put.ok() && put->stored + put->skipped == 4;
+      },
+      absl::Seconds(20)));
+  CHECK(LoadIntact(*rig.client, after) == after.keys.size());
 }
 
 }  // namespace
