@@ -86,6 +86,58 @@ LeaderInfo InfoOf(const mvccpb::KeyValue& kv) {
   return info;
 }
 
+// The epoch base as etcd holds it (see "Epoch" in the header), read for a
+// Txn that raises it.
+struct EpochBase {
+  std::string key;
+  int64_t value = 0;         // absent: 0
+  int64_t mod_revision = 0;  // absent: 0, as etcd compares it
+  int64_t read_at = 0;       // the revision the read was answered at
+};
+
+absl::StatusOr<EpochBase> ReadEpochBase(EtcdClient* etcd,
+                                        const std::string& election_key,
+                                        absl::Time deadline) {
+  EpochBase b;
+  b.key = EpochBaseKey(election_key);
+  etcdserverpb::RangeRequest read;
+  read.set_key(b.key);
+  auto r = etcd->Range(read, deadline);
+  if (!r.ok()) return r.status();
+  b.read_at = r->header().revision();
+  if (r->kvs_size() > 0) {
+    b.mod_revision = r->kvs(0).mod_revision();
+    if (!absl::SimpleAtoi(r->kvs(0).value(), &b.value) || b.value < 0) {
+      return absl::DataLossError(absl::StrCat(
+          "election: ", b.key, " holds ", absl::CHexEscape(r->kvs(0).value()),
+          ", not an epoch base"));
+    }
+  }
+  return b;
+}
+
+// The base a Txn after `b` must write so that its term's epoch (the base
+// plus the Txn's revision, which is above b.read_at) exceeds `floor`.
+int64_t BaseAbove(const EpochBase& b, int64_t floor) {
+  return std::max(b.value, floor - b.read_at);
+}
+
+// Into `txn`: a compare that holds while the base is as `b` read it, and,
+// in its success branch, the put of `base` where it differs.
+void RaiseBaseInTxn(const EpochBase& b, int64_t base,
+                    etcdserverpb::TxnRequest* txn) {
+  etcdserverpb::Compare* same = txn->add_compare();
+  same->set_key(b.key);
+  same->set_target(etcdserverpb::Compare::MOD);
+  same->set_result(etcdserverpb::Compare::EQUAL);
+  same->set_mod_revision(b.mod_revision);
+  if (base != b.value) {
+    auto* raise = txn->add_success()->mutable_request_put();
+    raise->set_key(b.key);
+    raise->set_value(absl::StrCat(base));
+  }
+}
+
 }  // namespace
 
 absl::Status LeaderElectionOptions::Validate() const {
@@ -302,32 +354,12 @@ absl::Status LeaderElection::EndTermAbove(int64_t epoch) {
   }
   EtcdClient* etcd = options_.etcd;
   const absl::Time deadline = absl::Now() + EtcdCallTimeout();
-  const std::string base_key = EpochBaseKey(options_.key);
-  etcdserverpb::RangeRequest base_read;
-  base_read.set_key(base_key);
-  auto base_kv = etcd->Range(base_read, deadline);
-  if (!base_kv.ok()) return base_kv.status();
-  int64_t etcd_base = 0;
-  int64_t base_mod_revision = 0;
-  if (base_kv->kvs_size() > 0) {
-    base_mod_revision = base_kv->kvs(0).mod_revision();
-    if (!absl::SimpleAtoi(base_kv->kvs(0).value(), &etcd_base)) etcd_base = 0;
-  }
-  // Any later winning Txn's revision is above the read's.
-  const int64_t base =
-      std::max(etcd_base, epoch - base_kv->header().revision());
+  auto read = ReadEpochBase(etcd, options_.key, deadline);
+  if (!read.ok()) return read.status();
+  const int64_t base = BaseAbove(*read, epoch);
   etcdserverpb::TxnRequest txn;
   *txn.add_compare() = FenceCompare(options_.key, revision);
-  etcdserverpb::Compare* same_base = txn.add_compare();
-  same_base->set_key(base_key);
-  same_base->set_target(etcdserverpb::Compare::MOD);
-  same_base->set_result(etcdserverpb::Compare::EQUAL);
-  same_base->set_mod_revision(base_mod_revision);
-  if (base != etcd_base) {
-    auto* raise = txn.add_success()->mutable_request_put();
-    raise->set_key(base_key);
-    raise->set_value(absl::StrCat(base));
-  }
+  RaiseBaseInTxn(*read, base, &txn);
   txn.add_success()->mutable_request_delete_range()->set_key(options_.key);
   auto r = etcd->Txn(txn, deadline);
   if (!r.ok()) return r.status();
@@ -340,7 +372,7 @@ absl::Status LeaderElection::EndTermAbove(int64_t epoch) {
                << " ends its term to lead above epoch " << epoch
                << " (the epoch base is now " << base << ")";
   MutexLock l(&mu_);
-  if (base != etcd_base) ++stats_.epoch_base_raises;
+  if (base != read->value) ++stats_.epoch_base_raises;
   return absl::OkStatus();
 }
 
@@ -534,51 +566,25 @@ absl::Status LeaderElection::Campaign() {
 
   // The epoch base (see "Epoch" in the header): etcd's, raised where this
   // candidate knows of a larger epoch than etcd's revision can pass.
-  const std::string base_key = EpochBaseKey(options_.key);
-  etcdserverpb::RangeRequest base_read;
-  base_read.set_key(base_key);
-  auto base_kv = etcd->Range(base_read);
-  if (!base_kv.ok()) {
+  auto read = ReadEpochBase(etcd, options_.key, revoke_by);
+  if (!read.ok()) {
     etcd->LeaseRevoke(lease, revoke_by).IgnoreError();
-    return base_kv.status();
-  }
-  int64_t etcd_base = 0;
-  int64_t base_mod_revision = 0;  // 0: absent (as etcd compares it)
-  if (base_kv->kvs_size() > 0) {
-    base_mod_revision = base_kv->kvs(0).mod_revision();
-    if (!absl::SimpleAtoi(base_kv->kvs(0).value(), &etcd_base) ||
-        etcd_base < 0) {
-      etcd->LeaseRevoke(lease, revoke_by).IgnoreError();
-      return absl::DataLossError(absl::StrCat(
-          "election: ", base_key, " holds ",
-          absl::CHexEscape(base_kv->kvs(0).value()), ", not an epoch base"));
-    }
+    return read.status();
   }
   int64_t floor = options_.epoch_floor ? options_.epoch_floor() : 0;
   {
     MutexLock l(&mu_);
     floor = std::max(floor, highest_epoch_);
   }
-  // The winning Txn's revision is above the read's.
-  const int64_t base =
-      std::max(etcd_base, floor - base_kv->header().revision());
+  const int64_t base = BaseAbove(*read, floor);
 
   etcdserverpb::TxnRequest txn;
   *txn.add_compare() = FenceCompare(options_.key, 0);  // absent
-  etcdserverpb::Compare* same_base = txn.add_compare();
-  same_base->set_key(base_key);
-  same_base->set_target(etcdserverpb::Compare::MOD);
-  same_base->set_result(etcdserverpb::Compare::EQUAL);
-  same_base->set_mod_revision(base_mod_revision);
+  RaiseBaseInTxn(*read, base, &txn);
   auto* put = txn.add_success()->mutable_request_put();
   put->set_key(options_.key);
   put->set_value(LeaderValue(options_.candidate, base));
   put->set_lease(lease);
-  if (base != etcd_base) {
-    auto* raise = txn.add_success()->mutable_request_put();
-    raise->set_key(base_key);
-    raise->set_value(absl::StrCat(base));
-  }
   txn.add_failure()->mutable_request_range()->set_key(options_.key);
   auto r = etcd->Txn(txn);
   if (!r.ok()) {
@@ -591,9 +597,9 @@ absl::Status LeaderElection::Campaign() {
   if (r->succeeded()) {
     revision = r->header().revision();
     epoch = base + revision;
-    if (base != etcd_base) {
+    if (base != read->value) {
       LOG(WARNING) << "election " << options_.key << ": raised the epoch base"
-                   << " from " << etcd_base << " to " << base
+                   << " from " << read->value << " to " << base
                    << " (etcd's revision " << revision
                    << " is below the epochs already used, up to " << floor
                    << ": was etcd recreated?)";
