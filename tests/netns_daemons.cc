@@ -1,7 +1,11 @@
 #include "tests/netns_daemons.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 
 namespace hymcache::testing {
 
@@ -12,6 +16,25 @@ absl::StatusOr<std::unique_ptr<VirtualNetwork>> NetworkOrSkip(
     std::printf("NETNS SKIPPED: %s\n", made.status().ToString().c_str());
     std::fflush(stdout);
     return std::unique_ptr<VirtualNetwork>();
+  }
+  if (!made.ok()) return made;
+  const char* latency = std::getenv("HYM_NETNS_LINK_LATENCY_US");
+  int64_t us = 0;
+  if (latency != nullptr && *latency != '\0' &&
+      (!absl::SimpleAtoi(latency, &us) || us < 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HYM_NETNS_LINK_LATENCY_US=", latency,
+                     ": not a number of microseconds"));
+  }
+  if (us > 0) {
+    for (int h = 0; h < (*made)->size(); ++h) {
+      absl::Status shaped =
+          (*made)->ShapeLink(h, {.latency = absl::Microseconds(us)});
+      if (!shaped.ok()) return shaped;
+    }
+    std::printf("NETNS: every link delayed %lld us each way\n",
+                static_cast<long long>(us));
+    std::fflush(stdout);
   }
   return made;
 }

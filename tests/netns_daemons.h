@@ -16,6 +16,12 @@ namespace hymcache::testing {
 // The network of `hosts`; nullptr, after printing "NETNS SKIPPED: why",
 // where this machine cannot make namespaces (not root, no iproute2): the
 // test then returns and passes. Other errors are errors.
+//
+// With HYM_NETNS_LINK_LATENCY_US=N in the environment (Bazel:
+// --test_env=HYM_NETNS_LINK_LATENCY_US=250), every host's link is shaped
+// with N us of one-way latency (LinkShape; netem, or the NFQUEUE delayer
+// where the kernel has no netem): between two hosts a packet waits 2N each
+// way, so 250 gives the 1 ms round trips of issue 32's floors.
 absl::StatusOr<std::unique_ptr<VirtualNetwork>> NetworkOrSkip(
     const std::vector<std::string>& hosts);
 
