@@ -49,6 +49,10 @@ CONFIGS=${HYMCACHE_TEST_CONFIGS:-"default asan tsan"}
 # leaves room for a few runs' worth before anything goes.
 DISK_CACHE=$HOME/.cache/bazel-disk
 trim_disk_cache() {
+  # A fresh machine has no cache folder yet: df of a missing path printed
+  # nothing, the check read 0 bytes free and every configuration built
+  # without the cache (none reused the one before it).
+  mkdir -p "$DISK_CACHE"
   local budget=$(( ${HYMCACHE_DISK_CACHE_GB:-25} << 30 ))
   local want_free=$(( ${HYMCACHE_DISK_FREE_GB:-10} << 30 ))
   local free
