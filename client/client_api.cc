@@ -95,6 +95,11 @@ absl::Status ClientOptions::Validate() const {
     return absl::InvalidArgumentError(
         "ClientOptions.read_batch_bytes must be > 0");
   }
+  if (location_cache_ttl < absl::Milliseconds(1) ||
+      location_cache_ttl > absl::Seconds(60)) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.location_cache_ttl must be in 1ms..60s");
+  }
   if (store_threads < 1 || max_pending_stores < 1 || max_pending_hints < 1) {
     return absl::InvalidArgumentError(
         "ClientOptions.store_threads, max_pending_stores and "

@@ -51,6 +51,8 @@ ClientImpl::ClientImpl(const ClientOptions& options,
       device_(std::move(device)),
       clock_(clock),
       unresponsive_(clock, options.unresponsive_node_period),
+      locations_(clock, options.location_cache_entries,
+                 options.location_cache_ttl),
       store_executor_(std::move(store_executor)),
       bg_executor_(std::move(bg_executor)) {}
 
@@ -85,6 +87,7 @@ absl::StatusOr<ExistsResult> ClientImpl::Exists(
 absl::StatusOr<std::vector<bool>> ClientImpl::Remove(
     absl::Span<const std::string> keys, const CallOptions& call) {
   RETURN_IF_ERROR(CheckKeys(keys));
+  locations_.Erase(keys);
   const absl::Time deadline = Deadline(call.deadline);
   std::vector<bool> out;
   for (size_t begin = 0; begin < keys.size();

@@ -4,7 +4,9 @@
 // plane) and owns the logic between them, split by concern:
 //   client_impl.cc  construction, peers, lookups, removal, cluster status;
 //   load.cc         the read path (Load: pipelined lookups, prefetch hints,
-//                   batched reads, aborted-suffix retry, read repair);
+//                   batched reads, aborted-suffix retry, read repair, and
+//                   reads of recently found keys without a lookup,
+//                   location_cache.h);
 //   store.cc        the write path (Store: PutStart, writes, PutCommit);
 //   device_io.cc    device-memory Loads and Stores through the pinned
 //                   bounce pool (bounce_pool.h) and the DeviceMemory seam;
@@ -30,6 +32,7 @@
 #include "client/bounce_pool.h"
 #include "client/client.h"
 #include "client/device_memory.h"
+#include "client/location_cache.h"
 #include "client/master_client.h"
 #include "client/transport.h"
 #include "client/unresponsive_nodes.h"
@@ -113,6 +116,15 @@ class ClientImpl : public Client {
                       absl::Time deadline, LookupResult* out);
 
   // load.cc
+  // Reads keys whose locations `locs` came from the location cache, with
+  // no lookup. True: `out` is the Load's answer (every block read, or the
+  // deadline passed: the blocks read before it). False: a read was refused
+  // or failed with time left; the keys' entries are dropped and the caller
+  // looks them up.
+  bool LoadCached(absl::Span<const std::string> keys,
+                  absl::Span<const MutableBuffer> buffers,
+                  const std::vector<ObjectLocation>& locs, absl::Time deadline,
+                  LoadResult* out);
   uint64_t NewSessionId();
   size_t ReadRunEnd(const std::vector<ObjectLocation>& locs,
                     absl::Span<const MutableBuffer> buffers, size_t i,
@@ -172,6 +184,8 @@ class ClientImpl : public Client {
   Clock* const clock_;
   // Nodes that did not answer, skipped for a while.
   UnresponsiveNodes unresponsive_;
+  // Where recent Loads found their keys.
+  LocationCache locations_;
   // Run Stores ("hym-store") and background work: releases of cancelled
   // prefetches, read-repair reports ("hym-bg"). Reset first on destruction.
   std::unique_ptr<Executor> store_executor_;

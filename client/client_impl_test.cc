@@ -28,6 +28,9 @@ ClientOptions TestOptions() {
   o.master_address = "fake-master:1";
   o.lookup_batch_keys = 4;
   o.read_batch_bytes = 4 * kLen;
+  // These tests count the lookup path's calls; the location cache's own
+  // cases below turn it on.
+  o.location_cache_entries = 0;
   return o;
 }
 
@@ -737,6 +740,162 @@ TEST_CASE(
   REQUIRE(testing::Eventually(
       [&] { return rig.master->ended_chains().size() == 5; }));
   CHECK(rig.master->ended_chains().back() == Run{"k0"});
+}
+
+ClientOptions CachingOptions() {
+  ClientOptions o = TestOptions();
+  o.location_cache_entries = 64;
+  o.location_cache_ttl = absl::Seconds(1);
+  return o;
+}
+
+TEST_CASE(
+    "Options: the location cache's ttl is 1 ms to 60 s; 0 entries turns it "
+    "off") {
+  ClientOptions o = TestOptions();
+  CHECK(ClientOptions().location_cache_entries > 0);
+  for (absl::Duration ttl : {absl::Milliseconds(1), absl::Seconds(60)}) {
+    o.location_cache_ttl = ttl;
+    CHECK(o.Validate().ok());
+  }
+  for (absl::Duration ttl :
+       {absl::ZeroDuration(), absl::Microseconds(999), absl::Seconds(61)}) {
+    o.location_cache_ttl = ttl;
+    CHECK(absl::IsInvalidArgument(o.Validate()));
+  }
+}
+
+TEST_CASE("A Load of keys found within the ttl reads them without a lookup") {
+  Rig rig(CachingOptions());
+  Blocks b(3);
+  StoreAll(rig, b);
+  for (bool prefetch : {false, true, false}) {
+    Out out(3);
+    LoadOptions lo;
+    lo.prefetch = prefetch;
+    auto r = rig.client->Load(b.keys, out.bufs, lo);
+    REQUIRE(r.ok());
+    CHECK(r->loaded == 3);
+    CHECK(r->hit_prefix == 3);
+    CHECK(r->bytes == 3 * kLen);
+    CHECK(r->lengths == std::vector<uint64_t>(3, kLen));
+    CHECK(r->stop_reason.ok());
+    CheckLoaded(b, out, 3);
+  }
+  // One lookup (the first Load); one read each.
+  CHECK(rig.master->stream_chunk_keys().size() == 1);
+  CHECK(rig.transport->reads() == std::vector<size_t>{3, 3, 3});
+  // A prefix of the keys, or one key more, is not all cached: looked up.
+  Blocks more(4);
+  StoreAll(rig, Blocks(1, 3));
+  Out out(4);
+  REQUIRE(rig.client->Load(more.keys, out.bufs).ok());
+  CHECK(rig.master->stream_chunk_keys().size() == 2);
+  // Past the ttl the keys are looked up again (and the master renews their
+  // read lease).
+  rig.clock.Advance(absl::Seconds(1));
+  REQUIRE(rig.client->Load(b.keys, Out(3).bufs).ok());
+  CHECK(rig.master->stream_chunk_keys().size() == 3);
+}
+
+TEST_CASE("A cached location its node no longer holds is looked up again") {
+  Rig rig(CachingOptions());
+  Blocks b(4);
+  StoreAll(rig, b);
+  REQUIRE(rig.client->Load(b.keys, Out(4).bufs).ok());
+  REQUIRE(rig.master->stream_chunk_keys().size() == 1);
+  const ObjectLocation lost = *rig.master->Find("k2");
+  rig.transport->Forget(lost.node_id, lost.addr);
+  Out out(4);
+  auto r = rig.client->Load(b.keys, out.bufs);
+  REQUIRE(r.ok());
+  // The cached read was refused; the lookup path read again and reported
+  // the block the node lost.
+  CHECK(rig.master->stream_chunk_keys().size() == 2);
+  CHECK(r->loaded == 2);
+  CHECK(r->stop_reason.code() == absl::StatusCode::kNotFound);
+  CheckLoaded(b, out, 2, /*untouched=*/4);  // one read of all 4, twice
+  rig.client.reset();                       // runs the background report
+  auto reported = rig.master->reported_missing();
+  REQUIRE(reported.size() == 1);
+  CHECK(reported[0].first == "k2");
+}
+
+TEST_CASE("A cached location on a node that died falls back to a lookup") {
+  Rig rig(CachingOptions());
+  Blocks b(2);
+  StoreAll(rig, b);
+  REQUIRE(rig.client->Load(b.keys, Out(2).bufs).ok());
+  rig.transport->KillNode(1);
+  auto r = rig.client->Load(b.keys, Out(2).bufs);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 0);
+  CHECK(r->stop_reason.code() == absl::StatusCode::kUnavailable);
+  CHECK(rig.master->stream_chunk_keys().size() == 2);
+  // The entries went with the failure: the next Load looks up too.
+  rig.transport->ReviveNode(1);
+  Out out(2);
+  r = rig.client->Load(b.keys, out.bufs);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 2);
+  CheckLoaded(b, out, 2);
+  CHECK(rig.master->stream_chunk_keys().size() == 3);
+}
+
+TEST_CASE("A Remove drops the client's cached locations of its keys") {
+  Rig rig(CachingOptions());
+  Blocks b(2);
+  StoreAll(rig, b);
+  REQUIRE(rig.client->Load(b.keys, Out(2).bufs).ok());
+  REQUIRE(rig.client->Remove({b.keys[1]}, {}).ok());
+  auto r = rig.client->Load(b.keys, Out(2).bufs);
+  REQUIRE(r.ok());
+  CHECK(rig.master->stream_chunk_keys().size() == 2);
+  CHECK(r->loaded == 1);
+  CHECK(r->stop_reason.code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE(
+    "A cached Load into a buffer too small reports it as the lookup path "
+    "does") {
+  Rig rig(CachingOptions());
+  Blocks b(2);
+  StoreAll(rig, b);
+  REQUIRE(rig.client->Load(b.keys, Out(2).bufs).ok());
+  Out small(2, kLen - 1);
+  auto r = rig.client->Load(b.keys, small.bufs);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 0);
+  CHECK(r->stop_reason.code() == absl::StatusCode::kOutOfRange);
+}
+
+TEST_CASE(
+    "A cached Load of a node that does not answer returns the blocks before "
+    "it at the deadline") {
+  ClientOptions o = CachingOptions();
+  o.read_batch_bytes = 8 * kLen;
+  Rig rig(o);
+  Blocks b(8), on1(4), on2(4, 4);
+  StoreAll(rig, on1);
+  rig.master->SetDefaultNode(2);
+  StoreAll(rig, on2);
+  REQUIRE(rig.client->Get(b.keys, Out(8).bufs).ok());
+  REQUIRE(rig.master->stream_chunk_keys().size() == 1);
+  rig.transport->SilenceNode(2);
+  Out out(8);
+  LoadOptions lo;
+  lo.prefetch = false;  // two nodes: a hinted Load looks up
+  lo.deadline = rig.clock.Now() + absl::Seconds(5);
+  auto r = rig.client->Load(b.keys, out.bufs, lo);
+  REQUIRE(r.ok());
+  CHECK(r->loaded == 4);
+  CHECK(r->stop_reason.code() == absl::StatusCode::kDeadlineExceeded);
+  CheckLoaded(b, out, 4);
+  // No lookup after the deadline; the silent node's entries are gone.
+  CHECK(rig.master->stream_chunk_keys().size() == 1);
+  rig.transport->ReviveNode(2);
+  REQUIRE(rig.client->Get(b.keys, Out(8).bufs).ok());
+  CHECK(rig.master->stream_chunk_keys().size() == 2);
 }
 
 }  // namespace

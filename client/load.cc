@@ -20,6 +20,18 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
     return LoadToDevice(keys, buffers, options);
   }
   const absl::Time deadline = Deadline(options.deadline);
+  // Every key found a moment ago: read without looking up, when the load
+  // would send no hint anyway (no prefetch, or all of it one read).
+  {
+    std::vector<ObjectLocation> cached;
+    LoadResult out;
+    if (locations_.FindAll(keys, &cached) &&
+        (!options.prefetch ||
+         ReadRunEnd(cached, buffers, 0, keys.size()) == keys.size()) &&
+        LoadCached(keys, buffers, cached, deadline, &out)) {
+      return out;
+    }
+  }
   uint64_t session = 0;  // drawn at the first hint
   // With hints, a small first lookup lets the nodes start staging and the
   // reads start early; without, fewer and larger lookups are faster
@@ -53,6 +65,7 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
       }
       const LookupBatch& batch = **r;
       for (const PeerInfo& n : batch.nodes) Remember(n);
+      const size_t first = found;
       for (size_t k = 0; k < batch.found.size(); ++k) {
         if (!batch.found[k]) {
           closed = true;
@@ -60,6 +73,8 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
         }
         locs[found++] = batch.locations[k];
       }
+      locations_.Insert(keys.subspan(first, found - first),
+                        absl::MakeConstSpan(locs).subspan(first));
       if (closed) lookups->CancelRest();
     }
     if (!lookups->has_next()) closed = true;
@@ -133,6 +148,11 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
     }
   }
   lookups->CancelRest();
+  // Blocks found but not read (a node down, a deadline): no cached read of
+  // them next time.
+  if (out.loaded < found) {
+    locations_.Erase(keys.subspan(out.loaded, found - out.loaded));
+  }
   out.hit_prefix = std::max(found, out.loaded);
   if (out.loaded == keys.size()) {
     out.stop_reason = absl::OkStatus();
@@ -149,6 +169,61 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
     ReleaseInBackground(session, session_nodes);
   }
   return out;
+}
+
+bool ClientImpl::LoadCached(absl::Span<const std::string> keys,
+                            absl::Span<const MutableBuffer> buffers,
+                            const std::vector<ObjectLocation>& locs,
+                            absl::Time deadline, LoadResult* out) {
+  for (size_t k = 0; k < keys.size(); ++k) {
+    // The lookup path reports a buffer too small.
+    if (buffers[k].data == nullptr || buffers[k].size < locs[k].length) {
+      return false;
+    }
+  }
+  absl::Status stop;
+  while (out->loaded < keys.size()) {
+    const size_t i = out->loaded;
+    const size_t j = ReadRunEnd(locs, buffers, i, keys.size());
+    absl::StatusOr<PeerInfo> peer = Peer(locs[i].node_id);
+    if (!peer.ok() || unresponsive_.Skip(locs[i].node_id)) {
+      stop = absl::UnavailableError("skipped");
+      break;
+    }
+    std::vector<ReadOp> ops;
+    ops.reserve(j - i);
+    for (size_t k = i; k < j; ++k) {
+      ops.push_back(ReadOp{ToRemoteRef(locs[k]), buffers[k].data});
+    }
+    const absl::Time read_start = clock_->Now();
+    std::vector<absl::Status> st = transport_->Read(*peer, ops, deadline);
+    unresponsive_.Observe(locs[i].node_id, read_start, st.front());
+    size_t ok = 0;
+    while (ok < st.size() && st[ok].ok()) {
+      out->lengths.push_back(locs[i + ok].length);
+      out->bytes += locs[i + ok].length;
+      ++ok;
+    }
+    out->loaded = i + ok;
+    if (ok < st.size()) {
+      stop = st[ok];
+      break;
+    }
+  }
+  out->hit_prefix = keys.size();  // what the lookups said within the ttl
+  if (stop.ok()) return true;
+  locations_.Erase(keys.subspan(out->loaded));
+  // Refused (NotFound: evicted, removed or the space reused; a capability
+  // the node no longer takes) or failed with time left: the lookup path
+  // starts over and reports what is really missing. The deadline passed
+  // (a node that does not answer): there is no time for a lookup; the
+  // blocks read are the answer, as on the lookup path.
+  if (absl::IsDeadlineExceeded(stop) || clock_->Now() >= deadline) {
+    out->stop_reason = stop;
+    return true;
+  }
+  *out = LoadResult();
+  return false;
 }
 
 // The end of the run of blocks from `i` (< `end`) that one read takes: on
@@ -228,6 +303,7 @@ void ClientImpl::ReportRefused(absl::Span<const std::string> keys,
     where.push_back(locs[first + k]);
   }
   if (missing.empty()) return;
+  locations_.Erase(missing);
   // Dropped when the queue is full: the node's next reconciliation removes
   // the listings instead.
   bg_executor_->TrySubmit(

@@ -137,6 +137,18 @@ struct ClientOptions {
   // Most bytes read from a node in one data-plane request of Load (a block
   // larger than this is read alone). Default: 4 MiB.
   uint64_t read_batch_bytes = 4 << 20;
+  // Where this client last found its keys, reused so that a Load of
+  // blocks it read within location_cache_ttl skips the master and only
+  // reads from the node (client/location_cache.h: the node's exact-extent
+  // and capability checks make a stale entry a refused read, never another
+  // object's bytes; the Load then looks the keys up again). Entries held at
+  // most; 0 turns the cache off. Default: 16384 (a few MiB).
+  uint32_t location_cache_entries = 16384;
+  // How long an entry is used, at most (also never past 1 s before its
+  // read capability expires). Keep it below the master's read_lease (5 s),
+  // which a lookup renews and a cached read does not. 1 ms..60 s.
+  // Default: 1 s.
+  absl::Duration location_cache_ttl = absl::Seconds(1);
   // How long a storage node that did not answer is skipped
   // (client/unresponsive_nodes.h): a call that waited for it until its
   // deadline marks it, and for this long the

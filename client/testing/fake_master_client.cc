@@ -12,7 +12,8 @@ namespace hymcache {
 ObjectCapability FakeCapability(const ObjectLocation& l, uint8_t rights) {
   ObjectCapability c;
   c.rights = rights;
-  c.expires_unix_ms = 1;
+  // Far ahead of any FakeClock (the real master's are minutes ahead).
+  c.expires_unix_ms = int64_t{4102444800000};  // 2100-01-01
   absl::little_endian::Store64(
       c.tag.data(), l.addr ^ (uint64_t{l.node_id} << 40) ^
                         (uint64_t{l.region_id} << 56) ^ l.length);
