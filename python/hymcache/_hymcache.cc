@@ -482,7 +482,8 @@ class PyClient {
            const std::string& tls_key_file, const std::string& tls_server_name,
            int store_threads, int max_pending_stores, int master_connections,
            const std::string& grpc_poll_strategy, py::object etcd,
-           const std::string& cluster) {
+           const std::string& cluster, int64_t location_cache_entries,
+           double location_cache_ttl) {
     ClientOptions o;
     std::vector<std::string> list;
     if (py::isinstance<py::str>(masters)) {
@@ -528,6 +529,14 @@ class PyClient {
     o.tls_server_name = tls_server_name;
     o.store_threads = store_threads;
     o.max_pending_stores = max_pending_stores;
+    if (location_cache_entries < 0 || location_cache_entries > UINT32_MAX) {
+      ThrowInvalid("location_cache_entries must be in 0..2^32-1");
+    }
+    if (!std::isfinite(location_cache_ttl)) {
+      ThrowInvalid("location_cache_ttl must be finite seconds");
+    }
+    o.location_cache_entries = static_cast<uint32_t>(location_cache_entries);
+    o.location_cache_ttl = absl::Seconds(location_cache_ttl);
     o.master_connections = master_connections;
     o.grpc_poll_strategy = grpc_poll_strategy;
     client_ = Unwrap(WithoutGil([&] { return Client::Create(o); }));
@@ -929,6 +938,10 @@ master_connections, grpc_poll_strategy: for a process whose threads look
   gRPC already runs in the process or GRPC_POLL_STRATEGY names one; "" for
   gRPC's choice; "poll" or "epoll1", which must be set before anything in
   the process starts gRPC).
+location_cache_entries, location_cache_ttl: where recent loads found their
+  keys, so that a load of keys found within the ttl (seconds, default 1)
+  reads from the nodes without asking the master; 0 entries turns it off
+  (client/location_cache.h).
 
 Connects lazily: calls raise Unavailable while the master is down. Safe to
 use from several threads; every call that waits releases the GIL. close()
@@ -937,7 +950,8 @@ use from several threads; every call that waits releases the GIL. close()
       .def(py::init<py::object, const std::string&, double, double,
                     const std::string&, const std::string&, const std::string&,
                     const std::string&, const std::string&, int, int, int,
-                    const std::string&, py::object, const std::string&>(),
+                    const std::string&, py::object, const std::string&, int64_t,
+                    double>(),
            // The SDK's defaults (client/options.h), not copies; only the
            // transport differs: Python picks the best plane ("auto").
            py::arg("masters") = py::none(), py::kw_only(),
@@ -956,7 +970,11 @@ use from several threads; every call that waits releases the GIL. close()
            py::arg("master_connections") = kSdkDefaults.master_connections,
            py::arg("grpc_poll_strategy") = kSdkDefaults.grpc_poll_strategy,
            py::arg("etcd") = py::none(),
-           py::arg("cluster") = kSdkDefaults.cluster)
+           py::arg("cluster") = kSdkDefaults.cluster,
+           py::arg("location_cache_entries") =
+               kSdkDefaults.location_cache_entries,
+           py::arg("location_cache_ttl") =
+               absl::ToDoubleSeconds(kSdkDefaults.location_cache_ttl))
       .def(
           "load", &PyClient::Load, py::arg("keys"), py::arg("buffers"),
           py::kw_only(), py::arg("deadline") = py::none(),
