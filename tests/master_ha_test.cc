@@ -307,6 +307,10 @@ struct Rig {
     REQUIRE(n.ok());
     node = std::move(n).value();
     ClientOptions co;
+    // Every load here asks the master: the tests check what a new leader
+    // serves, which a location cached before a kill would answer for it
+    // (for location_cache_ttl).
+    co.location_cache_entries = 0;
     if (via_etcd) {
       co.etcd_endpoints = endpoints;
       co.cluster = kCluster;
@@ -328,6 +332,7 @@ struct Rig {
 // intact.
 void PutIntact(Client& client, const Blocks& b) {
   auto put = client.Put(b.keys, b.in());
+  INFO("put: " << put.status().ToString());
   REQUIRE(put.ok());
   REQUIRE(put->stored == b.keys.size());
   REQUIRE(LoadIntact(client, b) == b.keys.size());
