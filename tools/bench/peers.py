@@ -157,7 +157,9 @@ def start_hymcache(d, a, work, name, dram=None, hybrid=None):
     n = d.start(node, nlog)
     wait_for(f"{name} node", lambda: line_in(nlog, r"^hymcache-storage data="), n, nlog)
     return dict(kind="hymcache", master=master, transport=a.transport,
-                settings=" ".join(node[5:]))
+                location_cache=a.location_cache,
+                settings=" ".join(node[5:]) +
+                ("" if a.location_cache else " (client: location_cache_entries=0)"))
 
 
 def start_mooncake(d, a, work, name, budget):
@@ -217,7 +219,9 @@ def start_redis(d, a, work, name, budget):
 class HymClient:
     def __init__(self, spec, bufs):
         import hymcache
-        self.c = hymcache.Client(spec["master"], transport=spec["transport"])
+        # The SDK's location cache unless --location_cache=0.
+        kw = {} if spec.get("location_cache", 1) else dict(location_cache_entries=0)
+        self.c = hymcache.Client(spec["master"], transport=spec["transport"], **kw)
         # The node registers before its first heartbeat makes it alive.
         deadline = time.monotonic() + 60
         while not any(n["alive"] for n in self.c.stats()["nodes"]):
@@ -666,6 +670,9 @@ def main():
     p.add_argument("--work", default="/tmp/hymcache-peers")
     p.add_argument("--short", action="store_true")
     p.add_argument("--transport", default="tcp", help="HyMCache's client transport")
+    p.add_argument("--location_cache", type=int, default=1,
+                   help="0: HyMCache's clients without the SDK's location cache "
+                        "(client/location_cache.h), to show its share")
     p.add_argument("--shm", type=int, default=1,
                    help="also HyMCache's same-host shared-memory client (a column)")
     p.add_argument("--budget", type=int, default=1 * GIB, help="DRAM of each system (bytes)")
