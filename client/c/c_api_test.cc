@@ -189,6 +189,18 @@ TEST_CASE("client options checks") {
   CHECK(std::string(hymcache_last_error()).find("grpc_poll_strategy") !=
         std::string::npos);
   o.grpc_poll_strategy = "";
+  o.location_cache_ttl_ms = -1;
+  CHECK(hymcache_client_create(&o, &c) == HYMCACHE_INVALID_ARGUMENT);
+  CHECK(std::string(hymcache_last_error()).find("location_cache_ttl") !=
+        std::string::npos);
+  o.location_cache_ttl_ms = 60001;
+  CHECK(hymcache_client_create(&o, &c) == HYMCACHE_INVALID_ARGUMENT);
+  o.location_cache_ttl_ms = 500;
+  o.location_cache_entries = -1;  // off
+  REQUIRE(hymcache_client_create(&o, &c) == HYMCACHE_OK);
+  hymcache_client_destroy(c);
+  o.location_cache_entries = 0;
+  o.location_cache_ttl_ms = 0;
   REQUIRE(hymcache_client_create(&o, &c) == HYMCACHE_OK);
   hymcache_client_destroy(c);
   o.master_connections = 0;

@@ -199,6 +199,13 @@ absl::StatusOr<ClientOptions> ToClientOptions(
   if (o.store_threads != 0) c.store_threads = o.store_threads;
   if (o.max_pending_stores != 0) c.max_pending_stores = o.max_pending_stores;
   if (o.master_connections != 0) c.master_connections = o.master_connections;
+  if (o.location_cache_entries < 0) c.location_cache_entries = 0;
+  if (o.location_cache_entries > 0) {
+    c.location_cache_entries = static_cast<uint32_t>(o.location_cache_entries);
+  }
+  if (o.location_cache_ttl_ms != 0) {
+    c.location_cache_ttl = absl::Milliseconds(o.location_cache_ttl_ms);
+  }
   if (o.grpc_poll_strategy != nullptr) {
     c.grpc_poll_strategy = o.grpc_poll_strategy;
   }

@@ -177,6 +177,14 @@ typedef struct hymcache_client_options {
   /* With etcd_endpoints: the cluster's name, as the masters' --cluster.
    * Default (NULL): "default". */
   const char* cluster;
+  /* Where recent loads found their keys: a load of keys this client found
+   * within location_cache_ttl_ms reads from the nodes without asking the
+   * master (a node refuses a location that went stale, and the load looks
+   * its keys up again; docs/consistency.md). Entries held at most; a
+   * negative value turns the cache off. Default (0): 16384. */
+  int32_t location_cache_entries;
+  /* How long an entry is used, 1..60000 ms. Default (0): 1000. */
+  int64_t location_cache_ttl_ms;
 } hymcache_client_options;
 
 /* Zeroes *options (every field its default) and sets struct_size. */
