@@ -126,6 +126,13 @@ class ClientImpl : public Client {
                   const std::vector<ObjectLocation>& locs, absl::Time deadline,
                   LoadResult* out);
   uint64_t NewSessionId();
+  // Reads blocks [i, j) of one node's run from `peer` into their buffers,
+  // in `session` (0: the ordinary way, no staged copies), and tells
+  // unresponsive_ how the node answered. One status per block.
+  std::vector<absl::Status> ReadRun(const PeerInfo& peer, uint64_t session,
+                                    const std::vector<ObjectLocation>& locs,
+                                    absl::Span<const MutableBuffer> buffers,
+                                    size_t i, size_t j, absl::Time deadline);
   size_t ReadRunEnd(const std::vector<ObjectLocation>& locs,
                     absl::Span<const MutableBuffer> buffers, size_t i,
                     size_t end) const;

@@ -123,16 +123,8 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
                        "misses for now"));
       break;
     }
-    std::vector<ReadOp> ops;
-    ops.reserve(j - i);
-    for (size_t k = i; k < j; ++k) {
-      ops.push_back(ReadOp{ToRemoteRef(locs[k]), buffers[k].data});
-    }
-    const absl::Time read_start = clock_->Now();
     std::vector<absl::Status> st =
-        in_session ? transport_->ReadSession(*peer, session, ops, deadline)
-                   : transport_->Read(*peer, ops, deadline);
-    unresponsive_.Observe(locs[i].node_id, read_start, st.front());
+        ReadRun(*peer, in_session ? session : 0, locs, buffers, i, j, deadline);
     ReportRefused(keys, locs, i, st);
     size_t ok = 0;
     while (ok < st.size() && st[ok].ok()) {
@@ -190,14 +182,8 @@ bool ClientImpl::LoadCached(absl::Span<const std::string> keys,
       stop = absl::UnavailableError("skipped");
       break;
     }
-    std::vector<ReadOp> ops;
-    ops.reserve(j - i);
-    for (size_t k = i; k < j; ++k) {
-      ops.push_back(ReadOp{ToRemoteRef(locs[k]), buffers[k].data});
-    }
-    const absl::Time read_start = clock_->Now();
-    std::vector<absl::Status> st = transport_->Read(*peer, ops, deadline);
-    unresponsive_.Observe(locs[i].node_id, read_start, st.front());
+    std::vector<absl::Status> st =
+        ReadRun(*peer, /*session=*/0, locs, buffers, i, j, deadline);
     size_t ok = 0;
     while (ok < st.size() && st[ok].ok()) {
       out->lengths.push_back(locs[i + ok].length);
@@ -224,6 +210,24 @@ bool ClientImpl::LoadCached(absl::Span<const std::string> keys,
   }
   *out = LoadResult();
   return false;
+}
+
+std::vector<absl::Status> ClientImpl::ReadRun(
+    const PeerInfo& peer, uint64_t session,
+    const std::vector<ObjectLocation>& locs,
+    absl::Span<const MutableBuffer> buffers, size_t i, size_t j,
+    absl::Time deadline) {
+  std::vector<ReadOp> ops;
+  ops.reserve(j - i);
+  for (size_t k = i; k < j; ++k) {
+    ops.push_back(ReadOp{ToRemoteRef(locs[k]), buffers[k].data});
+  }
+  const absl::Time read_start = clock_->Now();
+  std::vector<absl::Status> st =
+      session != 0 ? transport_->ReadSession(peer, session, ops, deadline)
+                   : transport_->Read(peer, ops, deadline);
+  unresponsive_.Observe(locs[i].node_id, read_start, st.front());
+  return st;
 }
 
 // The end of the run of blocks from `i` (< `end`) that one read takes: on
