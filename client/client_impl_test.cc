@@ -82,6 +82,13 @@ PutResult StoreAll(Rig& rig, const Blocks& b, StoreOptions so = {}) {
   return *r;
 }
 
+// Stores k0..k3 on node 1 and k4..k7 on node 2 (later puts go to node 2).
+void StoreSplit(Rig& rig) {
+  StoreAll(rig, Blocks(4));
+  rig.master->SetDefaultNode(2);
+  StoreAll(rig, Blocks(4, 4));
+}
+
 // Destination buffers, filled with kUntouched.
 struct Out {
   explicit Out(size_t n, size_t len = kLen) : bytes(n, std::vector<uint8_t>(len, kUntouched)) {
@@ -296,10 +303,8 @@ TEST_CASE("Load stops at a node that died between the lookup and the read") {
   ClientOptions o = TestOptions();
   o.read_batch_bytes = 8 * kLen;
   Rig rig(o);
-  Blocks b(8), on1(4), on2(4, 4);
-  StoreAll(rig, on1);
-  rig.master->SetDefaultNode(2);
-  StoreAll(rig, on2);
+  Blocks b(8);
+  StoreSplit(rig);
   REQUIRE(rig.master->Find("k3")->node_id == 1);
   REQUIRE(rig.master->Find("k4")->node_id == 2);
   rig.transport->KillNode(2);
@@ -325,10 +330,8 @@ TEST_CASE(
   ClientOptions o = TestOptions();
   o.read_batch_bytes = 8 * kLen;
   Rig rig(o);
-  Blocks b(8), on1(4), on2(4, 4);
-  StoreAll(rig, on1);
-  rig.master->SetDefaultNode(2);
-  StoreAll(rig, on2);
+  Blocks b(8);
+  StoreSplit(rig);
   REQUIRE(rig.master->Find("k4")->node_id == 2);
   rig.transport->SilenceNode(2);
   LoadOptions lo;
@@ -875,10 +878,8 @@ TEST_CASE(
   ClientOptions o = CachingOptions();
   o.read_batch_bytes = 8 * kLen;
   Rig rig(o);
-  Blocks b(8), on1(4), on2(4, 4);
-  StoreAll(rig, on1);
-  rig.master->SetDefaultNode(2);
-  StoreAll(rig, on2);
+  Blocks b(8);
+  StoreSplit(rig);
   REQUIRE(rig.client->Get(b.keys, Out(8).bufs).ok());
   REQUIRE(rig.master->stream_chunk_keys().size() == 1);
   rig.transport->SilenceNode(2);
