@@ -223,7 +223,8 @@ struct NodeStatus {
   std::string data_address;
   std::string control_address;
   bool alive = false;
-  // Registered, not served until it has reconciled with the master.
+  // Registered with its objects kept, not yet reconciled with the master:
+  // its objects are served, it takes no placements.
   bool awaiting_reconcile = false;
   int64_t last_heartbeat_unix_ms = 0;
   uint64_t capacity_bytes = 0;

@@ -269,7 +269,7 @@ size_t MasterService::ReapExpired() {
   // One line when a registered node goes silent (its objects miss now).
   for (auto& [id, node] : nodes_) {
     if (node.registered && !node.deregistered && !node.reported_dead &&
-        !IsAlive(node, now)) {
+        !IsReadable(node, now)) {
       LOG(WARNING) << "node " << id << " '" << node.info.name()
                    << "' missed its heartbeats for "
                    << absl::FormatDuration(

@@ -103,7 +103,7 @@ absl::StatusOr<v1::PrefixQueryResponse> MasterService::PrefixQuery(
     auto e = index_->Find(key);
     if (!e) break;
     auto n = nodes_.find(e->node_id);
-    if (n == nodes_.end() || !IsAlive(n->second, now)) break;
+    if (n == nodes_.end() || !IsReadable(n->second, now)) break;
     // A node first seen here did not hold the keys before this one.
     PerNode& p = per_node.try_emplace(e->node_id, PerNode{0, 0, hit == 0})
                      .first->second;

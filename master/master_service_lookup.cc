@@ -168,7 +168,7 @@ void MasterService::ExistsLocked(const v1::BatchLookupRequest& request,
     bool found = false;
     if (e) {
       auto n = nodes_.find(e->node_id);
-      found = n != nodes_.end() && IsAlive(n->second, now);
+      found = n != nodes_.end() && IsReadable(n->second, now);
     }
     if (!found) {
       prefix = false;
@@ -205,7 +205,7 @@ uint32_t MasterService::LookupLocked(
     const Node* node = nullptr;
     if (e) {
       auto n = nodes_.find(e->node_id);
-      if (n != nodes_.end() && IsAlive(n->second, now)) node = &n->second;
+      if (n != nodes_.end() && IsReadable(n->second, now)) node = &n->second;
     }
     if (node == nullptr) {
       prefix = false;

@@ -165,6 +165,11 @@ bool MasterService::IsAlive(const Node& node, absl::Time now) const {
          now - node.last_seen <= options_.node_timeout;
 }
 
+bool MasterService::IsReadable(const Node& node, absl::Time now) const {
+  return node.registered && !node.deregistered &&
+         now - node.last_seen <= options_.node_timeout;
+}
+
 bool MasterService::IsPlaceable(const Node& node, absl::Time now) const {
   // A node given a fresh key takes placements once it has proven it holds
   // it (its first heartbeat, sent right after it registers): until then the
@@ -475,7 +480,8 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
     LOG(INFO) << "node " << id << " '" << request.name() << "' re-registered"
               << (node.needs_reconcile
                       ? absl::StrCat("; serving its ", node.object_count,
-                                     " objects once it reconciles")
+                                     " objects, placing on it once it "
+                                     "reconciles")
                       : "");
     return response;
   }

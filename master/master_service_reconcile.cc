@@ -277,16 +277,15 @@ absl::StatusOr<v1::ReconcileNodeResponse> MasterService::FinishReconcile(
   node.committed_since_reconcile.clear();
   const bool was_awaited = node.needs_reconcile;
   node.needs_reconcile = false;
-  // Served at once, even when the listing took longer than node_timeout to
-  // stream, rather than at the node's next heartbeat.
+  // Alive at once (placeable, and served if the listing took longer than
+  // node_timeout to stream), rather than at the node's next heartbeat.
   node.last_seen = std::max(node.last_seen, clock_->Now());
   if (was_awaited || !doomed.empty() || unlisted > 0) {
     LOG(INFO) << "node " << id << " '" << node.info.name()
               << "' reconciled: listed " << listed << ", held "
-              << response.held() << ", matched " << matched
-              << ", dropped " << doomed.size()
-              << " listings it does not hold, " << unlisted
-              << " extents unlisted" << (was_awaited ? "; serving it" : "");
+              << response.held() << ", matched " << matched << ", dropped "
+              << doomed.size() << " listings it does not hold, " << unlisted
+              << " extents unlisted" << (was_awaited ? "; placing on it" : "");
   }
   return response;
 }

@@ -49,7 +49,9 @@ TEST_CASE("A listing reconciled away takes the blocks after it; the node frees t
   CHECK(h.UsedBytes(a) == 2 * kSlot);
 }
 
-TEST_CASE("Reconciliation drops listings a restarted node lost and frees what it holds unlisted") {
+TEST_CASE(
+    "Reconciliation drops listings a restarted node lost and frees what it "
+    "holds unlisted; its objects are served meanwhile") {
   Harness h("reconcile_lost");
   const std::vector<RegionSpec> regions = {{0, 1 << 20, 64, true}};
   const uint32_t a = h.Register("a", 9, regions);
@@ -65,9 +67,12 @@ TEST_CASE("Reconciliation drops listings a restarted node lost and frees what it
   REQUIRE(back.ok());
   CHECK(back->objects_retained());
   CHECK(back->reconcile());
-  // Not served until it has reconciled: neither reads nor placements (a
-  // put is asked to retry shortly).
-  CHECK(h.Lookup({"k0"}).hit_prefix_length() == 0);
+  // Until it has reconciled its objects are served, every listing as
+  // before (a reader refused for k3 would report it), but it takes no
+  // placements (a put is asked to retry shortly) and is not alive.
+  CHECK(h.Found({"k0", "k1", "k2", "k3", "k4"}) == "11111");
+  CHECK(h.svc->ListNodes().nodes(0).awaiting_reconcile());
+  CHECK_FALSE(h.svc->ListNodes().nodes(0).alive());
   const absl::Status waiting = h.svc->PutStart(PutReq({"z"}, {64})).status();
   CHECK(waiting.code() == StatusCode::kUnavailable);
   CHECK(ReasonOf(waiting) == StatusReason::kNodesRejoining);
@@ -128,8 +133,9 @@ TEST_CASE(
   // the registration and from the reconciliation's start: the node sends
   // no heartbeat meanwhile.
   h.clock.Advance(absl::Seconds(6));
-  CHECK(h.Found({"k0", "k1"}) == "00");  // not served while reconciling
+  CHECK(h.Found({"k0", "k1"}) == "11");  // served while reconciling
   h.clock.Advance(absl::Seconds(6));
+  CHECK(h.Found({"k0", "k1"}) == "00");  // silent past node_timeout
   REQUIRE(h.svc->FinishReconcile(std::move(*r)).ok());
   CHECK(h.Found({"k0", "k1"}) == "11");
 }
