@@ -83,6 +83,11 @@ MasterClient* FailoverMasterClient::Current(size_t* index) {
   return masters_[current_]->client.get();
 }
 
+bool FailoverMasterClient::several() const {
+  MutexLock l(&mu_);
+  return masters_.size() > 1 || static_cast<bool>(options_.leader);
+}
+
 bool FailoverMasterClient::Advance(size_t index, const absl::Status& failed) {
   MutexLock l(&mu_);
   ++failovers_;
@@ -196,13 +201,17 @@ absl::StatusOr<LookupBatch> FailoverMasterClient::Lookup(
 // Lookup (with failover) once it refused.
 class FailoverMasterClient::Stream final : public LookupStream {
  public:
+  // `inner`: the stream on master `index`, started with `inner_deadline`
+  // (before `deadline` when another master could answer instead).
   Stream(FailoverMasterClient* parent, absl::Span<const std::string> keys,
-         size_t chunk_keys, absl::Time deadline,
-         std::unique_ptr<LookupStream> inner)
+         size_t chunk_keys, absl::Time deadline, size_t index,
+         absl::Time inner_deadline, std::unique_ptr<LookupStream> inner)
       : parent_(parent),
         keys_(keys),
         chunk_keys_(std::max<size_t>(1, chunk_keys)),
         deadline_(deadline),
+        index_(index),
+        inner_deadline_(inner_deadline),
         inner_(std::move(inner)) {}
 
   bool has_next() const override {
@@ -216,9 +225,16 @@ class FailoverMasterClient::Stream final : public LookupStream {
         if (*r != nullptr) ++next_;
         return r;
       }
-      if (!ShouldTryAnotherMaster(r.status())) return r;
+      // A master that did not answer within the attempt timeout (frozen,
+      // or its host lost: silence, no refusal) is passed over as a unary
+      // call's is, and the rest is looked up chunk by chunk elsewhere.
+      const bool silent =
+          r.status().code() == absl::StatusCode::kDeadlineExceeded &&
+          inner_deadline_ < deadline_;
+      if (!ShouldTryAnotherMaster(r.status()) && !silent) return r;
       inner_->CancelRest();
       inner_.reset();
+      if (silent) parent_->Advance(index_, r.status());
     }
     absl::StatusOr<LookupBatch> b =
         parent_->Lookup(keys_.subspan(next_ * chunk_keys_, chunk_keys_),
@@ -239,6 +255,8 @@ class FailoverMasterClient::Stream final : public LookupStream {
   const absl::Span<const std::string> keys_;
   const size_t chunk_keys_;
   const absl::Time deadline_;
+  const size_t index_;
+  const absl::Time inner_deadline_;
   std::unique_ptr<LookupStream> inner_;
   size_t next_ = 0;  // chunks taken
   bool cancelled_ = false;
@@ -250,12 +268,18 @@ std::unique_ptr<LookupStream> FailoverMasterClient::StartLookups(
     absl::Time deadline) {
   size_t index = 0;
   MasterClient* master = Current(&index);
+  // With another master to ask, the stream gets the attempt timeout, as a
+  // unary call does.
+  const absl::Time inner_deadline =
+      several() ? std::min(deadline, clock_->Now() + options_.attempt_timeout)
+                : deadline;
   // Without a master yet, chunk by chunk through Lookup (which waits for
   // one).
   return std::make_unique<Stream>(
-      this, keys, chunk_keys, deadline,
-      master == nullptr ? nullptr
-                        : master->StartLookups(keys, chunk_keys, deadline));
+      this, keys, chunk_keys, deadline, index, inner_deadline,
+      master == nullptr
+          ? nullptr
+          : master->StartLookups(keys, chunk_keys, inner_deadline));
 }
 
 absl::StatusOr<PutStartReply> FailoverMasterClient::PutStart(

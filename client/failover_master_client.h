@@ -11,9 +11,10 @@
 // kNodesRejoining (a leader whose nodes have not rejoined it yet, right
 // after its election) is asked again after round_pause instead.
 //
-// A lookup stream (StartLookups) runs on the current master; when one of
-// its chunks is refused so, that chunk and the rest are looked up one by
-// one through Lookup (with the same failover).
+// A lookup stream (StartLookups) runs on the current master, within the
+// attempt timeout when another master could answer; when one of its chunks
+// is refused so, or not answered by then, that chunk and the rest are
+// looked up one by one through Lookup (with the same failover).
 //
 // A PutCommit or PutAbort after a failover reaches a master that never
 // started the put: it fails (NOT_FOUND) and the store is lost, as a
@@ -108,6 +109,8 @@ class FailoverMasterClient final : public MasterClient {
   // it names, or the leader the caller's `leader` names, or the next one.
   // Returns whether a whole round has passed without an answer.
   bool Advance(size_t index, const absl::Status& failed);
+  // Whether a call could go to another master than the current one.
+  bool several() const;
   // Index of `address`, connecting it if new; -1 if it cannot be.
   int IndexOf(const std::string& address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

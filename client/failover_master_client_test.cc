@@ -358,8 +358,8 @@ class SilentMaster final : public MasterClient {
     return Wait(d);
   }
   std::unique_ptr<LookupStream> StartLookups(absl::Span<const std::string>,
-                                             size_t, absl::Time) override {
-    return nullptr;
+                                             size_t, absl::Time d) override {
+    return std::make_unique<SilentStream>(this, d);
   }
   absl::StatusOr<PutStartReply> PutStart(const PutStartArgs&,
                                          absl::Time d) override {
@@ -385,6 +385,20 @@ class SilentMaster final : public MasterClient {
   }
 
  private:
+  // A stream whose answers never come: each Next waits for the deadline.
+  class SilentStream final : public LookupStream {
+   public:
+    SilentStream(SilentMaster* m, absl::Time d) : m_(m), d_(d) {}
+    bool has_next() const override { return true; }
+    absl::StatusOr<const LookupBatch*> Next(bool) override {
+      return m_->Wait(d_);
+    }
+    void CancelRest() override {}
+
+   private:
+    SilentMaster* const m_;
+    const absl::Time d_;
+  };
   // What a gRPC call to a frozen server does.
   absl::Status Wait(absl::Time deadline) {
     const absl::Time now = clock_->Now();
@@ -423,6 +437,72 @@ TEST_CASE("A master that answers nothing is passed over after the attempt timeou
         absl::StatusCode::kDeadlineExceeded);
   CHECK(clock.Now() == commit_deadline);
   CHECK((*c)->current_address() == "c:1");
+}
+
+TEST_CASE(
+    "A lookup stream on a master that answers nothing is passed over after the "
+    "attempt timeout, and the lookups after it go to the next master") {
+  Rig rig;
+  PutStartArgs args{{"k1", "k2", "k3"}, {1, 1, 1}, 0, ""};
+  REQUIRE(
+      rig.leader
+          .PutCommit(rig.leader.PutStart(args, kLater)->put_id, {}, {}, kLater)
+          .ok());
+  FakeClock clock;
+  SilentMaster frozen(&clock);  // a leader whose host was lost
+  rig.masters["f:1"] = &frozen;
+  FailoverMasterClientOptions o;
+  o.addresses = {"f:1", "c:1"};
+  o.attempt_timeout = absl::Milliseconds(50);
+  o.clock = &clock;
+  o.connect = [&rig](const std::string& address)
+      -> absl::StatusOr<std::unique_ptr<MasterClient>> {
+    return std::unique_ptr<MasterClient>(new Forward(rig.masters[address]));
+  };
+  auto c = FailoverMasterClient::Create(std::move(o));
+  REQUIRE(c.ok());
+  const std::vector<std::string> keys = {"k1", "k2", "k3"};
+  auto found_all = [&](absl::Time deadline) {
+    auto stream = (*c)->StartLookups(keys, 2, deadline);
+    std::vector<bool> found;
+    while (stream->has_next()) {
+      auto b = stream->Next(true);
+      REQUIRE(b.ok());
+      REQUIRE(*b != nullptr);
+      found.insert(found.end(), (*b)->found.begin(), (*b)->found.end());
+    }
+    return found == std::vector<bool>{true, true, true};
+  };
+  const absl::Time start = clock.Now();
+  CHECK(found_all(start + absl::Seconds(30)));
+  // The silent master had its attempt timeout, not the load's deadline.
+  CHECK(clock.Now() - start == absl::Milliseconds(50));
+  CHECK((*c)->current_address() == "c:1");
+  // The next load's stream goes to c:1 at once.
+  CHECK(found_all(clock.Now() + absl::Seconds(30)));
+  CHECK(clock.Now() - start == absl::Milliseconds(50));
+}
+
+TEST_CASE("With one master a silent lookup stream has the whole deadline") {
+  FakeClock clock;
+  SilentMaster frozen(&clock);
+  FailoverMasterClientOptions o;
+  o.addresses = {"f:1"};
+  o.attempt_timeout = absl::Milliseconds(50);
+  o.clock = &clock;
+  o.connect =
+      [&frozen](
+          const std::string&) -> absl::StatusOr<std::unique_ptr<MasterClient>> {
+    return std::unique_ptr<MasterClient>(new Forward(&frozen));
+  };
+  auto c = FailoverMasterClient::Create(std::move(o));
+  REQUIRE(c.ok());
+  const std::vector<std::string> keys = {"k1"};
+  const absl::Time deadline = clock.Now() + absl::Seconds(2);
+  auto stream = (*c)->StartLookups(keys, 2, deadline);
+  CHECK(stream->Next(true).status().code() ==
+        absl::StatusCode::kDeadlineExceeded);
+  CHECK(clock.Now() == deadline);
 }
 
 TEST_CASE("Options without an address or a connect function are refused") {

@@ -39,11 +39,11 @@ inline void ToProto(const storage::RegionDescriptor& r,
 
 // The node's connections to the masters (a channel and stub each), and the
 // one calls go to. With several masters (docs/ha.md) a call refused with
-// UNAVAILABLE moves the node on: to the leader the refusal names
-// (LeaderHintOf) when it is one of the list, else to the next master; the
-// heartbeat loop then registers there. With etcd (`leader` set) a master
-// the refusal or etcd names is connected even if not listed, and etcd's
-// leader is preferred to the next of the list.
+// UNAVAILABLE, or not answered within the call's timeout, moves the node on: to
+// the leader the refusal names (LeaderHintOf) when it is one of the list, else
+// to the next master; the heartbeat loop then registers there. With etcd
+// (`leader` set) a master the refusal or etcd names is connected even if not
+// listed, and etcd's leader is preferred to the next of the list.
 struct StorageNode::MasterLink {
   struct Peer {
     std::string address;

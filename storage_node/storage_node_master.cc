@@ -143,6 +143,13 @@ absl::Status StorageNode::CallMaster(Fn call, absl::Duration timeout) {
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       master_->reconnector->Kick(index);
       master_->Refused(out);
+    } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      // Silence, not a refusal: a master frozen or whose host is lost
+      // (packets dropped) never answers, and the next call must not wait
+      // on it again. With several masters, move on as after a refusal (a
+      // live leader merely slow is found again through the others'
+      // hints).
+      master_->Refused(out);
     }
   }
   MutexLock l(&mu_);
