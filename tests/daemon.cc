@@ -79,11 +79,11 @@ std::string Field(const std::string& line, const std::string& key) {
 }
 
 absl::StatusOr<std::string> ParseMasterReadyLine(const std::string& line) {
-  constexpr absl::string_view kPrefix = "hymcache-master listening on ";
-  if (!absl::StartsWith(line, kPrefix)) {
-    return absl::InternalError("unexpected master line: " + line);
+  for (absl::string_view prefix :
+       {"hymcache-master listening on ", "hymcache-master standing by on "}) {
+    if (absl::StartsWith(line, prefix)) return line.substr(prefix.size());
   }
-  return line.substr(kPrefix.size());
+  return absl::InternalError("unexpected master line: " + line);
 }
 
 absl::StatusOr<StorageReadyLine> ParseStorageReadyLine(

@@ -71,7 +71,8 @@ std::string Field(const std::string& line, const std::string& key);
 
 // What the daemons print once they serve, as this harness and the crash
 // test's RestartableCluster (tests/cluster.h) both read it.
-// The master's: "hymcache-master listening on HOST:PORT"; returns HOST:PORT.
+// The master's: "hymcache-master listening on HOST:PORT", or with --etcd
+// "hymcache-master standing by on HOST:PORT"; returns HOST:PORT.
 absl::StatusOr<std::string> ParseMasterReadyLine(const std::string& line);
 // A storage node's: "hymcache-storage data=H:P control=H:P ...".
 struct StorageReadyLine {
