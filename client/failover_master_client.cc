@@ -88,13 +88,26 @@ bool FailoverMasterClient::several() const {
   return masters_.size() > 1 || static_cast<bool>(options_.leader);
 }
 
-bool FailoverMasterClient::Advance(size_t index, const absl::Status& failed) {
+bool FailoverMasterClient::Advance(size_t index, const absl::Status& failed,
+                                   bool silent) {
   MutexLock l(&mu_);
   ++failovers_;
+  const absl::Time now = clock_->Now();
+  if (silent) {
+    silent_ = index;
+    silent_at_ = now;
+  }
   if (index != current_) {
     // Another call moved on already: follow it, a round has not passed.
     return false;
   }
+  // Right after a leader's host is lost the standbys still name it until
+  // its lease runs out: no hint leads back to a master that just went
+  // silent.
+  const bool recently_silent = now - silent_at_ < kSilentMemory;
+  auto usable = [&](int i) {
+    return i >= 0 && !(recently_silent && static_cast<size_t>(i) == silent_);
+  };
   int next = -1;
   if (std::optional<LeaderHint> hint = LeaderHintOf(failed);
       hint.has_value() && !hint->address.empty() &&
@@ -102,14 +115,21 @@ bool FailoverMasterClient::Advance(size_t index, const absl::Status& failed) {
       hint->address != masters_[index]->address) {
     highest_epoch_ = hint->epoch;
     next = IndexOf(hint->address);
+    if (!usable(next)) next = -1;
   }
   if (next < 0 && options_.leader) {
     const std::string leader = options_.leader();
     if (!leader.empty() && leader != masters_[index]->address) {
       next = IndexOf(leader);
+      if (!usable(next)) next = -1;
     }
   }
-  if (next < 0) next = static_cast<int>((index + 1) % masters_.size());
+  if (next < 0) {
+    next = static_cast<int>((index + 1) % masters_.size());
+    if (!usable(next) && masters_.size() > 2) {
+      next = static_cast<int>((next + 1) % masters_.size());
+    }
+  }
   current_ = static_cast<size_t>(next);
   ++refusals_;
   if (refusals_ >= masters_.size()) {
@@ -164,7 +184,7 @@ R FailoverMasterClient::WithFailover(absl::Time deadline, bool per_attempt,
       absl::SleepFor(std::min(options_.round_pause, deadline - clock_->Now()));
       continue;
     }
-    if (Advance(index, s)) {
+    if (Advance(index, s, silent)) {
       // Every master refused once: nobody leads yet (an election is on).
       absl::SleepFor(std::min(options_.round_pause, deadline - clock_->Now()));
       if (clock_->Now() >= deadline) return result;
@@ -234,7 +254,7 @@ class FailoverMasterClient::Stream final : public LookupStream {
       if (!ShouldTryAnotherMaster(r.status()) && !silent) return r;
       inner_->CancelRest();
       inner_.reset();
-      if (silent) parent_->Advance(index_, r.status());
+      if (silent) parent_->Advance(index_, r.status(), /*silent=*/true);
     }
     absl::StatusOr<LookupBatch> b =
         parent_->Lookup(keys_.subspan(next_ * chunk_keys_, chunk_keys_),

@@ -105,10 +105,14 @@ class FailoverMasterClient final : public MasterClient {
   // The master calls go to now; nullptr while none is known (no list, and
   // the leader source names none).
   MasterClient* Current(size_t* index);
-  // `failed` (the master at `index`) refused a call: moves to the leader
-  // it names, or the leader the caller's `leader` names, or the next one.
-  // Returns whether a whole round has passed without an answer.
-  bool Advance(size_t index, const absl::Status& failed);
+  // `failed` (the master at `index`) refused a call, or did not answer it
+  // in time (`silent`): moves to the leader it names, or the leader the
+  // caller's `leader` names, or the next one; for kSilentMemory after a
+  // master went silent, none of these leads back to it. Returns whether a
+  // whole round has passed without an answer.
+  bool Advance(size_t index, const absl::Status& failed, bool silent = false);
+  // How long a master that went silent is passed over by hints.
+  static constexpr absl::Duration kSilentMemory = absl::Seconds(3);
   // Whether a call could go to another master than the current one.
   bool several() const;
   // Index of `address`, connecting it if new; -1 if it cannot be.
@@ -128,6 +132,9 @@ class FailoverMasterClient final : public MasterClient {
   // Masters are only ever added (their clients outlive the calls on them).
   std::vector<std::unique_ptr<Master>> masters_ ABSL_GUARDED_BY(mu_);
   size_t current_ ABSL_GUARDED_BY(mu_) = 0;
+  // The master that last went silent, and when (Advance).
+  size_t silent_ ABSL_GUARDED_BY(mu_) = SIZE_MAX;
+  absl::Time silent_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Consecutive refusals since the last answer.
   size_t refusals_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t highest_epoch_ ABSL_GUARDED_BY(mu_) = 0;

@@ -483,6 +483,36 @@ TEST_CASE(
   CHECK(clock.Now() - start == absl::Milliseconds(50));
 }
 
+TEST_CASE(
+    "A standby's hint naming the master that just went silent is not followed "
+    "back to it") {
+  Rig rig;
+  FakeClock clock;
+  SilentMaster lost(&clock);  // the leader whose host was lost
+  // Until the lost leader's lease runs out the standby still names it.
+  RefusingMaster stale(NotLeaderError("standing by", {"f:1", 7}));
+  rig.masters["f:1"] = &lost;
+  rig.masters["s:1"] = &stale;
+  FailoverMasterClientOptions o;
+  o.addresses = {"f:1", "s:1", "c:1"};
+  o.attempt_timeout = absl::Milliseconds(50);
+  o.round_pause = absl::Milliseconds(1);
+  o.clock = &clock;
+  o.connect = [&rig](const std::string& address)
+      -> absl::StatusOr<std::unique_ptr<MasterClient>> {
+    return std::unique_ptr<MasterClient>(new Forward(rig.masters[address]));
+  };
+  auto c = FailoverMasterClient::Create(std::move(o));
+  REQUIRE(c.ok());
+  const absl::Time start = clock.Now();
+  auto put = (*c)->PutStart({{"k"}, {10}, 0, ""}, start + absl::Seconds(30));
+  REQUIRE(put.ok());
+  // One attempt timeout on the lost master, none more.
+  CHECK(clock.Now() - start == absl::Milliseconds(50));
+  CHECK((*c)->current_address() == "c:1");
+  CHECK(stale.calls() == 1);
+}
+
 TEST_CASE("With one master a silent lookup stream has the whole deadline") {
   FakeClock clock;
   SilentMaster frozen(&clock);

@@ -409,6 +409,9 @@ class StorageNode {
   template <typename Fn>
   absl::Status CallMaster(Fn call,
                           absl::Duration timeout = absl::ZeroDuration());
+  // The timeout of a registration or a heartbeat: with several masters
+  // kAttemptAmongMasters (at most rpc_timeout), else 0 (rpc_timeout).
+  absl::Duration AttemptTimeout() const;
   // Streams the extent table to the master (ReconcileNode) and frees the
   // extents it reports unlisted.
   absl::Status Reconcile(uint32_t node_id);

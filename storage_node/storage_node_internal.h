@@ -69,6 +69,9 @@ struct StorageNode::MasterLink {
   // Only ever grows (a Peer outlives the calls on it).
   std::vector<std::unique_ptr<Peer>> peers ABSL_GUARDED_BY(mu);
   size_t current ABSL_GUARDED_BY(mu) = 0;
+  // The master that last went silent, and when (Silent).
+  size_t silent ABSL_GUARDED_BY(mu) = SIZE_MAX;
+  absl::Time silent_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
 
   // The master calls go to now; nullptr while none is known (no list, and
   // etcd names no leader).
@@ -125,16 +128,33 @@ struct StorageNode::MasterLink {
     }
     return false;
   }
+  // The current master did not answer a call within its timeout (frozen,
+  // or its host lost): moves on as after a refusal, and for a while
+  // (kSilentMemory) follows no hint back to it. Right after a leader's
+  // host is lost the standbys still name it until its lease runs out; a
+  // node that went back would wait on it again.
+  void Silent(const absl::Status& s, absl::Time now) {
+    {
+      MutexLock l(&mu);
+      silent = current;
+      silent_at = now;
+    }
+    Refused(s, now);
+  }
   // The current master refused a call with `s` (UNAVAILABLE).
-  void Refused(const absl::Status& s) {
+  void Refused(const absl::Status& s, absl::Time now = absl::Now()) {
     MutexLock l(&mu);
     if (peers.empty() || (peers.size() < 2 && !leader)) return;
     const size_t at = current;
+    const bool recently_silent = now - silent_at < kSilentMemory;
     if (std::optional<LeaderHint> hint = LeaderHintOf(s);
         hint.has_value() && !hint->address.empty() &&
         hint->address != peers[at]->address) {
       int i = Find(hint->address);
       if (i < 0 && leader) i = IndexOf(hint->address);
+      if (i >= 0 && recently_silent && static_cast<size_t>(i) == silent) {
+        i = -1;  // the master that just went silent: not yet
+      }
       if (i >= 0) {
         current = static_cast<size_t>(i);
         return;
@@ -143,14 +163,22 @@ struct StorageNode::MasterLink {
     if (leader) {
       const std::string named = leader();
       if (!named.empty() && named != peers[at]->address) {
-        if (const int i = IndexOf(named); i >= 0) {
+        if (const int i = IndexOf(named);
+            i >= 0 && !(recently_silent && static_cast<size_t>(i) == silent)) {
           current = static_cast<size_t>(i);
           return;
         }
       }
     }
-    current = (at + 1) % peers.size();
+    size_t next = (at + 1) % peers.size();
+    if (recently_silent && next == silent && peers.size() > 2) {
+      next = (next + 1) % peers.size();
+    }
+    current = next;
   }
+
+  // How long a master that went silent is passed over by hints.
+  static constexpr absl::Duration kSilentMemory = absl::Seconds(3);
 
  private:
   int Find(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {

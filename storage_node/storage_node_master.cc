@@ -41,6 +41,12 @@ constexpr absl::Duration kMaxRetry = absl::Seconds(2);
 constexpr absl::Duration kMaxRetryAmongMasters = absl::Milliseconds(100);
 // Used when the master does not say how often to heartbeat.
 constexpr absl::Duration kDefaultHeartbeat = absl::Seconds(1);
+// With several masters, how long a heartbeat or a registration waits for
+// its answer (at most rpc_timeout): a leader answers in milliseconds, and a
+// leader whose host is lost answers nothing, so the node moves on to the
+// next master after this rather than after the whole rpc_timeout (the
+// client's attempt_timeout, FailoverMasterClientOptions, is the same).
+constexpr absl::Duration kAttemptAmongMasters = absl::Seconds(1);
 // Deadline of one reconciliation stream (a node may hold millions of
 // extents: ~20 bytes each on the wire).
 constexpr absl::Duration kReconcileTimeout = absl::Minutes(2);
@@ -148,13 +154,19 @@ absl::Status StorageNode::CallMaster(Fn call, absl::Duration timeout) {
       // (packets dropped) never answers, and the next call must not wait
       // on it again. With several masters, move on as after a refusal (a
       // live leader merely slow is found again through the others'
-      // hints).
-      master_->Refused(out);
+      // hints once MasterLink::kSilentMemory has passed).
+      master_->Silent(out, absl::Now());
     }
   }
   MutexLock l(&mu_);
   rpc_ = nullptr;
   return out;
+}
+
+absl::Duration StorageNode::AttemptTimeout() const {
+  return master_->several()
+             ? std::min(options_.rpc_timeout, kAttemptAmongMasters)
+             : absl::ZeroDuration();
 }
 
 absl::Status StorageNode::Register() {
@@ -185,9 +197,11 @@ absl::Status StorageNode::Register() {
   if (!identity_change_carried_) capabilities_->BeginIdentityChange();
   const bool carried = identity_change_carried_;
   identity_change_carried_ = false;
-  absl::Status called = CallMaster([&](grpc::ClientContext* ctx) {
-    return master_->stub()->RegisterNode(ctx, req, &resp);
-  });
+  absl::Status called = CallMaster(
+      [&](grpc::ClientContext* ctx) {
+        return master_->stub()->RegisterNode(ctx, req, &resp);
+      },
+      AttemptTimeout());
   if (called.ok()) called = CheckMasterEpoch(resp.master_epoch());
   if (called.ok() && resp.node_id() == 0) {
     called = absl::InternalError("master assigned node id 0");
@@ -286,9 +300,11 @@ absl::StatusOr<bool> StorageNode::Heartbeat(uint32_t node_id) {
   req.set_incarnation(incarnation_);
   *req.mutable_auth() = Auth("heartbeat", node_id);
   v1::HeartbeatResponse resp;
-  RETURN_IF_ERROR(CallMaster([&](grpc::ClientContext* ctx) {
-    return master_->stub()->Heartbeat(ctx, req, &resp);
-  }));
+  RETURN_IF_ERROR(CallMaster(
+      [&](grpc::ClientContext* ctx) {
+        return master_->stub()->Heartbeat(ctx, req, &resp);
+      },
+      AttemptTimeout()));
   RETURN_IF_ERROR(CheckMasterEpoch(resp.master_epoch()));
   ApplyGenerationCeiling(resp.generation_ceiling());
   {
