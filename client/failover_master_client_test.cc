@@ -134,13 +134,19 @@ struct Rig {
     masters["b:1"] = &dead_b;
     masters["c:1"] = &at_c;
   }
+  // On `clock` (when given) with a 50 ms attempt timeout.
   std::unique_ptr<FailoverMasterClient> Make(
       std::vector<std::string> addresses,
-      std::function<std::string()> leader_source = nullptr) {
+      std::function<std::string()> leader_source = nullptr,
+      FakeClock* clock = nullptr) {
     FailoverMasterClientOptions o;
     o.addresses = std::move(addresses);
     o.leader = std::move(leader_source);
     o.round_pause = absl::Milliseconds(1);
+    if (clock != nullptr) {
+      o.clock = clock;
+      o.attempt_timeout = absl::Milliseconds(50);
+    }
     o.connect = [this](const std::string& address)
         -> absl::StatusOr<std::unique_ptr<MasterClient>> {
       connected.push_back(address);
@@ -414,29 +420,20 @@ TEST_CASE("A master that answers nothing is passed over after the attempt timeou
   FakeClock clock;
   SilentMaster frozen(&clock);
   rig.masters["f:1"] = &frozen;
-  FailoverMasterClientOptions o;
-  o.addresses = {"f:1", "c:1"};
-  o.attempt_timeout = absl::Milliseconds(50);
-  o.clock = &clock;
-  o.connect = [&rig](const std::string& address)
-      -> absl::StatusOr<std::unique_ptr<MasterClient>> {
-    return std::unique_ptr<MasterClient>(new Forward(rig.masters[address]));
-  };
-  auto c = FailoverMasterClient::Create(std::move(o));
-  REQUIRE(c.ok());
+  auto c = rig.Make({"f:1", "c:1"}, nullptr, &clock);
   const absl::Time start = clock.Now();
-  auto put = (*c)->PutStart({{"k"}, {10}, 0, ""}, start + absl::Seconds(30));
+  auto put = c->PutStart({{"k"}, {10}, 0, ""}, start + absl::Seconds(30));
   REQUIRE(put.ok());
   // The silent master had its attempt timeout, no more, before c:1 answered.
   CHECK(clock.Now() - start == absl::Milliseconds(50));
-  CHECK((*c)->current_address() == "c:1");
+  CHECK(c->current_address() == "c:1");
   // A PutCommit is not moved on by silence: only its master can answer.
   rig.at_c.set(&frozen);
   const absl::Time commit_deadline = clock.Now() + absl::Milliseconds(200);
-  CHECK((*c)->PutCommit(put->put_id, {}, {}, commit_deadline).code() ==
+  CHECK(c->PutCommit(put->put_id, {}, {}, commit_deadline).code() ==
         absl::StatusCode::kDeadlineExceeded);
   CHECK(clock.Now() == commit_deadline);
-  CHECK((*c)->current_address() == "c:1");
+  CHECK(c->current_address() == "c:1");
 }
 
 TEST_CASE(
@@ -451,19 +448,10 @@ TEST_CASE(
   FakeClock clock;
   SilentMaster frozen(&clock);  // a leader whose host was lost
   rig.masters["f:1"] = &frozen;
-  FailoverMasterClientOptions o;
-  o.addresses = {"f:1", "c:1"};
-  o.attempt_timeout = absl::Milliseconds(50);
-  o.clock = &clock;
-  o.connect = [&rig](const std::string& address)
-      -> absl::StatusOr<std::unique_ptr<MasterClient>> {
-    return std::unique_ptr<MasterClient>(new Forward(rig.masters[address]));
-  };
-  auto c = FailoverMasterClient::Create(std::move(o));
-  REQUIRE(c.ok());
+  auto c = rig.Make({"f:1", "c:1"}, nullptr, &clock);
   const std::vector<std::string> keys = {"k1", "k2", "k3"};
   auto found_all = [&](absl::Time deadline) {
-    auto stream = (*c)->StartLookups(keys, 2, deadline);
+    auto stream = c->StartLookups(keys, 2, deadline);
     std::vector<bool> found;
     while (stream->has_next()) {
       auto b = stream->Next(true);
@@ -477,7 +465,7 @@ TEST_CASE(
   CHECK(found_all(start + absl::Seconds(30)));
   // The silent master had its attempt timeout, not the load's deadline.
   CHECK(clock.Now() - start == absl::Milliseconds(50));
-  CHECK((*c)->current_address() == "c:1");
+  CHECK(c->current_address() == "c:1");
   // The next load's stream goes to c:1 at once.
   CHECK(found_all(clock.Now() + absl::Seconds(30)));
   CHECK(clock.Now() - start == absl::Milliseconds(50));
@@ -493,43 +481,25 @@ TEST_CASE(
   RefusingMaster stale(NotLeaderError("standing by", {"f:1", 7}));
   rig.masters["f:1"] = &lost;
   rig.masters["s:1"] = &stale;
-  FailoverMasterClientOptions o;
-  o.addresses = {"f:1", "s:1", "c:1"};
-  o.attempt_timeout = absl::Milliseconds(50);
-  o.round_pause = absl::Milliseconds(1);
-  o.clock = &clock;
-  o.connect = [&rig](const std::string& address)
-      -> absl::StatusOr<std::unique_ptr<MasterClient>> {
-    return std::unique_ptr<MasterClient>(new Forward(rig.masters[address]));
-  };
-  auto c = FailoverMasterClient::Create(std::move(o));
-  REQUIRE(c.ok());
+  auto c = rig.Make({"f:1", "s:1", "c:1"}, nullptr, &clock);
   const absl::Time start = clock.Now();
-  auto put = (*c)->PutStart({{"k"}, {10}, 0, ""}, start + absl::Seconds(30));
+  auto put = c->PutStart({{"k"}, {10}, 0, ""}, start + absl::Seconds(30));
   REQUIRE(put.ok());
   // One attempt timeout on the lost master, none more.
   CHECK(clock.Now() - start == absl::Milliseconds(50));
-  CHECK((*c)->current_address() == "c:1");
+  CHECK(c->current_address() == "c:1");
   CHECK(stale.calls() == 1);
 }
 
 TEST_CASE("With one master a silent lookup stream has the whole deadline") {
+  Rig rig;
   FakeClock clock;
   SilentMaster frozen(&clock);
-  FailoverMasterClientOptions o;
-  o.addresses = {"f:1"};
-  o.attempt_timeout = absl::Milliseconds(50);
-  o.clock = &clock;
-  o.connect =
-      [&frozen](
-          const std::string&) -> absl::StatusOr<std::unique_ptr<MasterClient>> {
-    return std::unique_ptr<MasterClient>(new Forward(&frozen));
-  };
-  auto c = FailoverMasterClient::Create(std::move(o));
-  REQUIRE(c.ok());
+  rig.masters["f:1"] = &frozen;
+  auto c = rig.Make({"f:1"}, nullptr, &clock);
   const std::vector<std::string> keys = {"k1"};
   const absl::Time deadline = clock.Now() + absl::Seconds(2);
-  auto stream = (*c)->StartLookups(keys, 2, deadline);
+  auto stream = c->StartLookups(keys, 2, deadline);
   CHECK(stream->Next(true).status().code() ==
         absl::StatusCode::kDeadlineExceeded);
   CHECK(clock.Now() == deadline);
