@@ -245,16 +245,20 @@ class FailoverMasterClient::Stream final : public LookupStream {
         if (*r != nullptr) ++next_;
         return r;
       }
-      // A master that did not answer within the attempt timeout (frozen,
-      // or its host lost: silence, no refusal) is passed over as a unary
-      // call's is, and the rest is looked up chunk by chunk elsewhere.
-      const bool silent =
+      // The stream's attempt timeout passed (it is shorter than the
+      // load's deadline): the rest is looked up chunk by chunk, each with
+      // its own attempt and failover. A master that answered no chunk at
+      // all (frozen, or its host lost: silence, no refusal) is passed over
+      // as a unary call's is; one that answered some (a long load) is not.
+      const bool timed_out =
           r.status().code() == absl::StatusCode::kDeadlineExceeded &&
           inner_deadline_ < deadline_;
-      if (!ShouldTryAnotherMaster(r.status()) && !silent) return r;
+      if (!ShouldTryAnotherMaster(r.status()) && !timed_out) return r;
       inner_->CancelRest();
       inner_.reset();
-      if (silent) parent_->Advance(index_, r.status(), /*silent=*/true);
+      if (timed_out && next_ == 0) {
+        parent_->Advance(index_, r.status(), /*silent=*/true);
+      }
     }
     absl::StatusOr<LookupBatch> b =
         parent_->Lookup(keys_.subspan(next_ * chunk_keys_, chunk_keys_),

@@ -112,7 +112,10 @@ class FailoverMasterClient final : public MasterClient {
   // whole round has passed without an answer.
   bool Advance(size_t index, const absl::Status& failed, bool silent = false);
   // How long a master that went silent is passed over by hints.
-  static constexpr absl::Duration kSilentMemory = absl::Seconds(3);
+  // (A master's lease outlives its host's loss by up to 1.5 s, and the
+  // standbys name it until they see the lease end; a live leader wrongly
+  // taken for silent is not asked for this long.)
+  static constexpr absl::Duration kSilentMemory = absl::Seconds(2);
   // Whether a call could go to another master than the current one.
   bool several() const;
   // Index of `address`, connecting it if new; -1 if it cannot be.

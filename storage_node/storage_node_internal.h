@@ -178,7 +178,8 @@ struct StorageNode::MasterLink {
   }
 
   // How long a master that went silent is passed over by hints.
-  static constexpr absl::Duration kSilentMemory = absl::Seconds(3);
+  // (FailoverMasterClient::kSilentMemory, the client's, is the same.)
+  static constexpr absl::Duration kSilentMemory = absl::Seconds(2);
 
  private:
   int Find(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
