@@ -113,9 +113,10 @@ class FailoverMasterClient final : public MasterClient {
   bool Advance(size_t index, const absl::Status& failed, bool silent = false);
   // How long a master that went silent is passed over by hints.
   // (A master's lease outlives its host's loss by up to 1.5 s, and the
-  // standbys name it until they see the lease end; a live leader wrongly
-  // taken for silent is not asked for this long.)
-  static constexpr absl::Duration kSilentMemory = absl::Seconds(2);
+  // standbys name it until they see the lease end, about 0.5 s later; the
+  // first attempt on it ends 1 s after the loss at the earliest. A live
+  // leader wrongly taken for silent is not asked for this long.)
+  static constexpr absl::Duration kSilentMemory = absl::Milliseconds(1500);
   // Whether a call could go to another master than the current one.
   bool several() const;
   // Index of `address`, connecting it if new; -1 if it cannot be.

@@ -178,8 +178,12 @@ struct StorageNode::MasterLink {
   }
 
   // How long a master that went silent is passed over by hints.
-  // (FailoverMasterClient::kSilentMemory, the client's, is the same.)
-  static constexpr absl::Duration kSilentMemory = absl::Seconds(2);
+  // A node finds the silence with a heartbeat (sent within an interval of
+  // the loss, answered or not within 1 s), so a second covers the
+  // standbys' stale hints (FailoverMasterClient::kSilentMemory), and a
+  // live leader wrongly taken for silent gets the node back within about
+  // interval + 2 s, inside the master's node_timeout.
+  static constexpr absl::Duration kSilentMemory = absl::Seconds(1);
 
  private:
   int Find(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
