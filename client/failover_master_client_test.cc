@@ -159,6 +159,14 @@ struct Rig {
     return std::move(c).value();
   }
 
+  // Commits `keys` (1 byte each) on the leader.
+  void StoreOnLeader(const std::vector<std::string>& keys) {
+    PutStartArgs args{keys, std::vector<uint64_t>(keys.size(), 1), 0, ""};
+    auto put = leader.PutStart(args, absl::InfiniteFuture());
+    REQUIRE(put.ok());
+    REQUIRE(leader.PutCommit(put->put_id, {}, {}, absl::InfiniteFuture()).ok());
+  }
+
   RefusingMaster standby_a{NotLeaderError("standing by", {"c:1", 7})};
   RefusingMaster dead_b{absl::UnavailableError("connection refused")};
   FakeMasterClient leader;
@@ -168,6 +176,22 @@ struct Rig {
 };
 
 const absl::Time kLater = absl::InfiniteFuture();
+
+// What a lookup stream of `keys` (chunks of 2) through `c` found, every
+// chunk required to arrive.
+std::vector<bool> FoundByStream(FailoverMasterClient& c,
+                                const std::vector<std::string>& keys,
+                                absl::Time deadline) {
+  auto stream = c.StartLookups(keys, 2, deadline);
+  std::vector<bool> found;
+  while (stream->has_next()) {
+    auto b = stream->Next(true);
+    REQUIRE(b.ok());
+    REQUIRE(*b != nullptr);
+    found.insert(found.end(), (*b)->found.begin(), (*b)->found.end());
+  }
+  return found;
+}
 
 TEST_CASE("A call refused by a standby goes to the leader it names") {
   Rig rig;
@@ -335,22 +359,10 @@ TEST_CASE("A refusal naming a leader of an older epoch is not followed") {
 
 TEST_CASE("A lookup stream whose master refuses goes on chunk by chunk") {
   Rig rig;
-  PutStartArgs args{{"k1", "k2", "k3"}, {1, 1, 1}, 0, ""};
-  REQUIRE(
-      rig.leader
-          .PutCommit(rig.leader.PutStart(args, kLater)->put_id, {}, {}, kLater)
-          .ok());
+  rig.StoreOnLeader({"k1", "k2", "k3"});
   auto c = rig.Make({"a:1"});
-  const std::vector<std::string> keys = {"k1", "k2", "k3"};
-  auto stream = c->StartLookups(keys, 2, kLater);
-  std::vector<bool> found;
-  while (stream->has_next()) {
-    auto b = stream->Next(true);
-    REQUIRE(b.ok());
-    REQUIRE(*b != nullptr);
-    found.insert(found.end(), (*b)->found.begin(), (*b)->found.end());
-  }
-  CHECK(found == std::vector<bool>{true, true, true});
+  CHECK(FoundByStream(*c, {"k1", "k2", "k3"}, kLater) ==
+        std::vector<bool>{true, true, true});
   CHECK(c->current_address() == "c:1");
 }
 
@@ -440,26 +452,14 @@ TEST_CASE(
     "A lookup stream on a master that answers nothing is passed over after the "
     "attempt timeout, and the lookups after it go to the next master") {
   Rig rig;
-  PutStartArgs args{{"k1", "k2", "k3"}, {1, 1, 1}, 0, ""};
-  REQUIRE(
-      rig.leader
-          .PutCommit(rig.leader.PutStart(args, kLater)->put_id, {}, {}, kLater)
-          .ok());
+  rig.StoreOnLeader({"k1", "k2", "k3"});
   FakeClock clock;
   SilentMaster frozen(&clock);  // a leader whose host was lost
   rig.masters["f:1"] = &frozen;
   auto c = rig.Make({"f:1", "c:1"}, nullptr, &clock);
-  const std::vector<std::string> keys = {"k1", "k2", "k3"};
   auto found_all = [&](absl::Time deadline) {
-    auto stream = c->StartLookups(keys, 2, deadline);
-    std::vector<bool> found;
-    while (stream->has_next()) {
-      auto b = stream->Next(true);
-      REQUIRE(b.ok());
-      REQUIRE(*b != nullptr);
-      found.insert(found.end(), (*b)->found.begin(), (*b)->found.end());
-    }
-    return found == std::vector<bool>{true, true, true};
+    return FoundByStream(*c, {"k1", "k2", "k3"}, deadline) ==
+           std::vector<bool>{true, true, true};
   };
   const absl::Time start = clock.Now();
   CHECK(found_all(start + absl::Seconds(30)));
@@ -568,25 +568,14 @@ TEST_CASE(
     "A lookup stream that answered a chunk before its attempt timeout goes on "
     "chunk by chunk on the same master: a long load is not silence") {
   Rig rig;
-  PutStartArgs args{{"k1", "k2", "k3"}, {1, 1, 1}, 0, ""};
-  REQUIRE(
-      rig.leader
-          .PutCommit(rig.leader.PutStart(args, kLater)->put_id, {}, {}, kLater)
-          .ok());
+  rig.StoreOnLeader({"k1", "k2", "k3"});
   FakeClock clock;
   StallsAfterFirstChunk busy(&rig.leader, &clock);
   rig.masters["x:1"] = &busy;
   auto c = rig.Make({"x:1", "c:1"}, nullptr, &clock);
-  const std::vector<std::string> keys = {"k1", "k2", "k3"};
-  auto stream = c->StartLookups(keys, 2, clock.Now() + absl::Seconds(30));
-  std::vector<bool> found;
-  while (stream->has_next()) {
-    auto b = stream->Next(true);
-    REQUIRE(b.ok());
-    REQUIRE(*b != nullptr);
-    found.insert(found.end(), (*b)->found.begin(), (*b)->found.end());
-  }
-  CHECK(found == std::vector<bool>{true, true, true});
+  CHECK(
+      FoundByStream(*c, {"k1", "k2", "k3"}, clock.Now() + absl::Seconds(30)) ==
+      std::vector<bool>{true, true, true});
   CHECK(c->current_address() == "x:1");
   CHECK(c->failovers() == 0);
 }
