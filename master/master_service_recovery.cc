@@ -394,13 +394,10 @@ bool MasterService::SnapshotLoader::ReplayChanges() {
     return false;
   }
   // A block committed before the block before it (racing puts of one
-  // chain) is linked once both are in.
-  for (const auto& [key, parent] : linked) {
-    auto chain = index.Chain(key);
-    if (chain && chain->parent.empty() && index.Find(parent)) {
-      index.Adopt(key, parent);
-    }
-  }
+  // chain) is linked once both are in. Adopt passes over a linked block at
+  // once (Chain, which walks to the root, made this quadratic in a chain's
+  // length).
+  for (const auto& [key, parent] : linked) index.Adopt(key, parent);
   std::stable_sort(uses.begin(), uses.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& [ms, key] : uses) index.Touch(key, 0);
