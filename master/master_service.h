@@ -167,6 +167,17 @@ struct MasterServiceOptions {
   // Period of the snapshots written by MaybeSnapshot (besides the one at
   // shutdown). 0: only at shutdown. Default: 10 min.
   absl::Duration snapshot_interval = absl::Minutes(10);
+  // MaybeSnapshot also writes one once the store has taken this many
+  // changes (sequence numbers) since the snapshot the index last matched,
+  // or half as many as the index holds objects if that is more. So a kill
+  // -9 leaves at most about half an index's worth of changes to replay (a
+  // change replays in about a third of the time a scan spends per object),
+  // and a write load, however heavy, pays one snapshot's shared lock
+  // (about 0.1 s per million objects) per half index of changes. A master
+  // that loaded by scanning, or took over a standby's index, counts from
+  // sequence 0: it writes one at its first upkeep. 0: by time only.
+  // Default: 100,000.
+  uint64_t snapshot_changes = 100000;
   // The epoch of this master's term when elected through etcd
   // (master/master_ha.h), sent in RegisterNode, Heartbeat and GetStats
   // answers (master_epoch) so that nodes refuse a master of an older term.
@@ -248,6 +259,8 @@ struct MasterServiceOptions {
   COUNTER(ended_chain_blocks_demoted,                                         \
           "Blocks of ended conversations moved to the least recent end of "   \
           "their node's eviction order (BatchLookup with ended)")             \
+  COUNTER(index_snapshots,                                                    \
+          "Index snapshots written (by time, by changes, at shutdown)")       \
   DGAUGE(placement_imbalance,                                                 \
          "The largest alive node's used bytes over the alive nodes' mean")
 HYM_DECLARE_STATS_STRUCT(MasterServiceCounters, HYM_MASTER_SERVICE_COUNTERS);
@@ -529,7 +542,9 @@ class MasterService {
   size_t ReapExpired();
 
   // Writes the index snapshot (options.snapshot_path) if snapshot_interval
-  // has passed since the last one; called by MasterServer's upkeep thread.
+  // has passed since the last one, or the store has taken snapshot_changes
+  // (at least half the index) since; called by MasterServer's
+  // upkeep thread. A read-only view writes none.
   // The index is serialised under a shared lock (lookups that only read go
   // on; writers wait: about 0.1 s per million objects), made durable
   // outside it. Errors: as WriteSnapshot; OK when none was due.
@@ -963,6 +978,11 @@ class MasterService {
   // One snapshot writer at a time. Taken before mu_.
   Mutex snapshot_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Time last_snapshot_ ABSL_GUARDED_BY(snapshot_mu_);
+  // The store sequence of the last snapshot written, or of the one loaded
+  // (copied from loaded_snapshot_sequence_ at the first MaybeSnapshot).
+  uint64_t last_snapshot_sequence_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
+  // The sequence of the snapshot Load read the index from; 0 after a scan.
+  uint64_t loaded_snapshot_sequence_ ABSL_GUARDED_BY(mu_) = 0;
 
   mutable Mutex mu_;
   // Protected by mu_.

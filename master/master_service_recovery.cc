@@ -67,6 +67,11 @@ absl::Status MasterService::WriteSnapshot() {
   absl::Status s = CommitIndexSnapshot(options_.snapshot_path);
   if (!s.ok()) return s;
   last_snapshot_ = clock_->Now();
+  last_snapshot_sequence_ = seq;
+  {
+    MutexLock l(&mu_);
+    ++counters_.index_snapshots;
+  }
   LOG(INFO) << "index snapshot: " << objects << " objects at sequence " << seq
             << ", " << *bytes << " bytes in "
             << absl::FormatDuration(last_snapshot_ - start);
@@ -74,16 +79,34 @@ absl::Status MasterService::WriteSnapshot() {
 }
 
 absl::Status MasterService::MaybeSnapshot() {
-  if (options_.snapshot_path.empty() ||
-      options_.snapshot_interval <= absl::ZeroDuration()) {
+  const bool by_time = options_.snapshot_interval > absl::ZeroDuration();
+  const bool by_changes = options_.snapshot_changes > 0;
+  if (options_.snapshot_path.empty() || store_->read_only() ||
+      !(by_time || by_changes)) {
     return absl::OkStatus();
   }
   {
     MutexLock w(&snapshot_mu_);
-    if (last_snapshot_ == absl::Time()) last_snapshot_ = clock_->Now();
-    if (clock_->Now() - last_snapshot_ < options_.snapshot_interval) {
-      return absl::OkStatus();
+    const absl::Time now = clock_->Now();
+    if (last_snapshot_ == absl::Time()) {
+      last_snapshot_ = now;
+      ReaderMutexLock l(&mu_);
+      last_snapshot_sequence_ = loaded_snapshot_sequence_;
     }
+    bool due = by_time && now - last_snapshot_ >= options_.snapshot_interval;
+    if (!due && by_changes) {
+      uint64_t objects = 0;
+      uint64_t latest = 0;
+      {
+        ReaderMutexLock l(&mu_);
+        objects = index_->size();
+        latest = store_->LatestSequence();
+      }
+      due = latest > last_snapshot_sequence_ &&
+            latest - last_snapshot_sequence_ >=
+                std::max<uint64_t>(options_.snapshot_changes, objects / 2);
+    }
+    if (!due) return absl::OkStatus();
   }
   return WriteSnapshot();
 }
@@ -283,9 +306,11 @@ bool MasterService::SnapshotLoader::Load(std::vector<std::string>* doomed) {
               << snapshot_entries_ << " objects, no change since; read and "
               << "allocators built in " << (t_read_ - t_start_) << ", "
               << (absl::Now() - t_start_) << " in all";
-    return true;
+  } else if (!ReserveFromIndex(orphans, doomed)) {
+    return false;
   }
-  return ReserveFromIndex(orphans, doomed);
+  service_->loaded_snapshot_sequence_ = seq_;
+  return true;
 }
 
 void MasterService::SnapshotLoader::PlanPrebuilt() {

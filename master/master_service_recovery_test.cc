@@ -565,6 +565,99 @@ TEST_CASE("A restart from an index snapshot plus the store's newer changes keeps
   CHECK(place("probe") == placed);
 }
 
+TEST_CASE(
+    "Snapshots follow the store's changes, so a kill -9 leaves a recent one to "
+    "restart from") {
+  const std::string snap = TestDir("snapshot_changes_file") + ".snap";
+  Harness h("snapshot_changes", [&](MasterServiceOptions& o) {
+    o.snapshot_path = snap;
+    o.snapshot_interval = absl::ZeroDuration();  // by changes only
+    o.snapshot_changes = 10;
+  });
+  h.Register("a", 1, {{0, 1 << 24}});
+  auto written = [&] { return h.svc->counters().index_snapshots; };
+  int next = 0;
+  // Puts one object at a time, each followed by the upkeep's check, until
+  // a snapshot is written or `most` puts; returns the puts made.
+  auto put_until_snapshot = [&](int most) {
+    const uint64_t before = written();
+    int puts = 0;
+    while (written() == before && puts < most) {
+      h.Put({"k" + std::to_string(next++)}, kObj);
+      ++puts;
+      REQUIRE(h.svc->MaybeSnapshot().ok());
+    }
+    return puts;
+  };
+
+  // A young store: fewer changes than snapshot_changes.
+  REQUIRE(h.svc->MaybeSnapshot().ok());
+  CHECK(written() == 0);
+  CHECK_FALSE(std::filesystem::exists(snap));
+  // Every commit is at least one change: due within 10 puts.
+  CHECK(put_until_snapshot(10) <= 10);
+  CHECK(written() == 1);
+  CHECK(std::filesystem::exists(snap));
+  REQUIRE(h.svc->MaybeSnapshot().ok());
+  CHECK(written() == 1);  // nothing since
+
+  // Past twice snapshot_changes objects, the next waits for half as many
+  // changes as the index holds objects: 20 puts are not enough at 200.
+  while (h.svc->GetStats().object_count() < 200) put_until_snapshot(1000);
+  const uint64_t at_200 = written();
+  CHECK(put_until_snapshot(20) == 20);
+  CHECK(written() == at_200);
+  put_until_snapshot(400);
+  CHECK(written() == at_200 + 1);
+
+  // A few puts after it, then a kill -9: the store as on disk and the
+  // snapshot the upkeep wrote (the destructor writes a fresh one).
+  for (int i = 0; i < 3; ++i) h.Put({"late" + std::to_string(i)}, kObj);
+  const std::vector<std::string> before = Everything(h.svc.get());
+  const std::string saved = snap + ".saved";
+  std::filesystem::copy_file(snap, saved,
+                             std::filesystem::copy_options::overwrite_existing);
+  const std::string copy = h.dir + "-crash";
+  std::filesystem::copy(h.dir, copy, std::filesystem::copy_options::recursive);
+  h.svc.reset();
+  std::filesystem::copy_file(saved, snap,
+                             std::filesystem::copy_options::overwrite_existing);
+  h.dir = copy;
+  h.Open();
+  CHECK(h.svc->load_path() == MasterService::LoadPath::kSnapshot);
+  CHECK(Everything(h.svc.get()) == before);
+  // It counts from the snapshot it loaded: three puts since are not due.
+  REQUIRE(h.svc->MaybeSnapshot().ok());
+  CHECK(h.svc->counters().index_snapshots == 0);
+
+  // Loaded by a scan (no snapshot file), it counts from sequence 0 and
+  // writes one at its first upkeep.
+  const std::string again = h.dir + "-again";
+  std::filesystem::copy(h.dir, again, std::filesystem::copy_options::recursive);
+  h.svc.reset();
+  std::filesystem::remove(snap);
+  h.dir = again;
+  h.Open();
+  CHECK(h.svc->load_path() == MasterService::LoadPath::kScan);
+  REQUIRE(h.svc->MaybeSnapshot().ok());
+  CHECK(h.svc->counters().index_snapshots == 1);
+  CHECK(std::filesystem::exists(snap));
+
+  // By time only (snapshot_changes 0), none without the interval.
+  Harness t("snapshot_by_time", [&](MasterServiceOptions& o) {
+    o.snapshot_path = TestDir("snapshot_by_time_file") + ".snap";
+    o.snapshot_interval = absl::Minutes(10);
+    o.snapshot_changes = 0;
+  });
+  t.Register("a", 1, {{0, 1 << 20}});
+  for (int i = 0; i < 30; ++i) t.Put({"t" + std::to_string(i)}, kObj);
+  REQUIRE(t.svc->MaybeSnapshot().ok());
+  CHECK(t.svc->counters().index_snapshots == 0);
+  t.clock.Advance(absl::Minutes(10));
+  REQUIRE(t.svc->MaybeSnapshot().ok());
+  CHECK(t.svc->counters().index_snapshots == 1);
+}
+
 }  // namespace
 }  // namespace service_test
 }  // namespace master
