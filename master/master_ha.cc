@@ -234,8 +234,26 @@ absl::StatusOr<std::unique_ptr<HaMaster>> HaMaster::Create(
     auto follower = master::ReplicaFollower::Create(fo);
     if (follower.ok()) {
       ha->follower_ = std::move(follower).value();
-      MutexLock l(&ha->standing_mu_);
-      ha->standing_source_ = ha->follower_.get();
+      {
+        MutexLock l(&ha->standing_mu_);
+        ha->standing_source_ = ha->follower_.get();
+      }
+      if (options.master.index_snapshots &&
+          options.master.service.snapshot_changes > 0) {
+        StandbySnapshotsOptions so;
+        so.master = options.master;
+        so.applied = [f = ha->follower_.get()]() -> uint64_t {
+          const master::ReplicaFollower::Stats st = f->GetStats();
+          return st.copying ? 0 : st.applied_sequence;
+        };
+        auto snapshots = StandbySnapshots::Start(so);
+        if (snapshots.ok()) {
+          ha->snapshots_ = std::move(snapshots).value();
+        } else {
+          LOG(WARNING) << "master HA: no snapshots while standing by: "
+                       << snapshots.status();
+        }
+      }
     } else {
       LOG(WARNING) << "master HA: not following the leader: "
                    << follower.status()
@@ -426,6 +444,12 @@ void HaMaster::FollowObservedLeader() {
 
 void HaMaster::StopFollowing() {
   if (follower_ == nullptr) return;
+  if (snapshots_ != nullptr) {
+    // A view still loading finishes on its thread and is dropped.
+    snapshots_->Stop();
+    standby_snapshots_.store(snapshots_->GetStats().written,
+                             std::memory_order_relaxed);
+  }
   const master::ReplicaFollower::Stats st = follower_->GetStats();
   applied_at_election_.store(st.applied_sequence, std::memory_order_relaxed);
   full_copies_.store(st.full_copies, std::memory_order_relaxed);
@@ -609,6 +633,11 @@ void HaMaster::VisitStats(StatsVisitor* v) const {
            "when it was elected (0: it did not follow)",
            static_cast<double>(
                applied_at_election_.load(std::memory_order_relaxed)));
+  v->Gauge(
+      "standby_snapshots_at_election",
+      "Index snapshots this master wrote of its store while standing by "
+      "(master/standby_snapshots.h)",
+      static_cast<double>(standby_snapshots_.load(std::memory_order_relaxed)));
   v->Gauge("replica_full_copies_at_election",
            "Full copies of the leader's store this master took while standing "
            "by",
@@ -876,6 +905,7 @@ void HaMaster::Shutdown() {
   // gate already refuses).
   if (election_ != nullptr) election_->Resign();
   thread_.Join();
+  snapshots_.reset();
   if (follower_ != nullptr) {
     {
       MutexLock l(&standing_mu_);

@@ -68,6 +68,7 @@
 #include "common/stats.h"
 #include "common/thread.h"
 #include "master/master_server.h"
+#include "master/standby_snapshots.h"
 
 namespace hymcache {
 
@@ -262,6 +263,10 @@ class HaMaster {
   // held by another process). Used by the master-ha thread only, and by
   // Shutdown after joining it.
   std::unique_ptr<master::ReplicaFollower> follower_;
+  // Snapshots of follower_'s store while standing by (null: replication or
+  // snapshots off). Stopped before follower_ stops, joined by Shutdown.
+  std::unique_ptr<StandbySnapshots> snapshots_;
+  std::atomic<uint64_t> standby_snapshots_{0};  // written, at the election
   // follower_ as Standing() reads it: cleared before follower_ stops.
   mutable Mutex standing_mu_;
   master::ReplicaFollower* standing_source_ ABSL_GUARDED_BY(standing_mu_) =

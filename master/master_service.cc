@@ -150,6 +150,7 @@ absl::StatusOr<std::unique_ptr<MasterService>> MasterService::CreatePreloaded(
     service->next_node_id_ = from->next_node_id_;
     service->index_ = std::move(from->index_);
     from->index_ = std::make_unique<MetadataIndex>();
+    from->taken_over_ = true;
     service->index_->TrackUsed(options.recency_batch > 0);
     service->object_bytes_ = from->object_bytes_;
     service->counters_.objects_dropped = from->counters_.objects_dropped;

@@ -549,10 +549,12 @@ class MasterService {
   // on; writers wait: about 0.1 s per million objects), made durable
   // outside it. Errors: as WriteSnapshot; OK when none was due.
   absl::Status MaybeSnapshot();
-  // Writes the index snapshot now. Errors: FailedPrecondition without a
-  // snapshot_path, or while removed entries' orphans are still listed;
-  // Unimplemented if the store keeps no sequence numbers; file system
-  // errors.
+  // Writes the index snapshot now, at the store's latest sequence (a
+  // read-only view's: the one it opened at, as a standby's snapshots do,
+  // master/standby_snapshots.h). Errors: FailedPrecondition without a
+  // snapshot_path, while removed entries' orphans are still listed, or for
+  // a view whose index CreatePreloaded took; Unimplemented if the store
+  // keeps no sequence numbers; file system errors.
   absl::Status WriteSnapshot();
   // How the last start-up loaded the objects.
   enum class LoadPath { kScan, kCarefulScan, kSnapshot };
@@ -987,6 +989,8 @@ class MasterService {
   mutable Mutex mu_;
   // Protected by mu_.
   LoadPath load_path_ ABSL_GUARDED_BY(mu_) = LoadPath::kScan;
+  // CreatePreloaded moved this (preloaded) service's state out.
+  bool taken_over_ ABSL_GUARDED_BY(mu_) = false;
   std::map<uint32_t, Node> nodes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> node_by_name_ ABSL_GUARDED_BY(mu_);
   uint32_t next_node_id_ ABSL_GUARDED_BY(mu_) = 1;

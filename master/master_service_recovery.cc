@@ -42,10 +42,6 @@ absl::Status MasterService::WriteSnapshot() {
   if (options_.snapshot_path.empty()) {
     return absl::FailedPreconditionError("no snapshot_path");
   }
-  if (store_->read_only()) {
-    return absl::FailedPreconditionError(
-        "the store is a read-only view: no snapshot of it");
-  }
   MutexLock w(&snapshot_mu_);
   const absl::Time start = clock_->Now();
   absl::StatusOr<uint64_t> bytes;
@@ -56,6 +52,10 @@ absl::Status MasterService::WriteSnapshot() {
     // change is applied in memory: with mu_ held the sequence number names
     // exactly the state of the index.
     ReaderMutexLock l(&mu_);
+    if (taken_over_) {
+      return absl::FailedPreconditionError(
+          "this read-only view's index was taken over: no snapshot of it");
+    }
     seq = store_->LatestSequence();
     if (seq == 0) {
       return absl::UnimplementedError("the store keeps no sequence numbers");
