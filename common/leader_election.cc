@@ -223,12 +223,12 @@ void LeaderElection::FreezeForTest() {
 
 bool LeaderElection::IsLeader() const {
   MutexLock l(&mu_);
-  return leader_ && clock_->Now() < valid_until_;
+  return leader_ && !key_changed_ && clock_->Now() < valid_until_;
 }
 
 std::optional<int64_t> LeaderElection::LeaderEpoch() const {
   MutexLock l(&mu_);
-  if (leader_ && clock_->Now() < valid_until_) return epoch_;
+  if (leader_ && !key_changed_ && clock_->Now() < valid_until_) return epoch_;
   return std::nullopt;
 }
 
@@ -373,6 +373,10 @@ absl::Status LeaderElection::EndTermAbove(int64_t epoch) {
                << " (the epoch base is now " << base << ")";
   MutexLock l(&mu_);
   if (base != read->value) ++stats_.epoch_base_raises;
+  // The term is over in etcd now: IsLeader() turns false at once, not when
+  // the watch reports the deletion (a standby may win meanwhile).
+  key_changed_ = true;
+  cv_.SignalAll();
   return absl::OkStatus();
 }
 

@@ -205,8 +205,10 @@ class LeaderElection {
   // answer). Idempotent.
   void Resign();
 
-  // Whether this candidate leads now: it won, has not stepped down, and the
-  // lease's local deadline has not passed on the clock.
+  // Whether this candidate leads now: it won, has not stepped down, its key
+  // is not known to be gone (deleted by EndTermAbove, or seen deleted or
+  // replaced by the watch), and the lease's local deadline has not passed
+  // on the clock.
   bool IsLeader() const;
   // This candidate's epoch while IsLeader(), else nullopt.
   std::optional<int64_t> LeaderEpoch() const;

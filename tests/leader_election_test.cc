@@ -799,6 +799,9 @@ TEST_CASE(
 
   // As a storage node would tell it after etcd was recreated.
   REQUIRE(a->election->EndTermAbove(9000).ok());
+  // Over as soon as the Txn is: not when a's watch reports the deletion.
+  CHECK_FALSE(a->election->IsLeader());
+  CHECK_FALSE(a->election->LeaderEpoch().has_value());
   REQUIRE(Eventually([&] {
     auto last = journal.Last("a");
     return last.has_value() && !last->elected;
