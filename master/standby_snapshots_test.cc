@@ -24,10 +24,9 @@ std::vector<std::string> Listing(MasterService* svc) {
     v1::ListObjectsResponse page;
     more = svc->ListObjects(0, &cursor, 100, &page);
     for (const auto& o : page.objects()) {
-      out.push_back(absl::StrCat(o.key(), " ", o.location().node_id(), "/",
-                                 o.location().addr(), "/",
-                                 o.location().generation(), " ",
-                                 o.parent_key()));
+      out.push_back(absl::StrCat(
+          o.key(), " ", o.location().node_id(), "/", o.location().addr(), "/",
+          o.location().generation(), " ", o.parent_key()));
     }
   }
   std::sort(out.begin(), out.end());

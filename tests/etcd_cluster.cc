@@ -75,6 +75,11 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::StartOnce(
   if (options.members < 1) {
     return absl::InvalidArgumentError("etcd cluster: members < 1");
   }
+  if (!options.member_hosts.empty() &&
+      static_cast<int>(options.member_hosts.size()) != options.members) {
+    return absl::InvalidArgumentError(
+        "etcd cluster: member_hosts must name one host per member");
+  }
   auto c = std::unique_ptr<EtcdCluster>(new EtcdCluster(options));
   const std::string dir = TempDir("etcd");
   c->dir_ = dir;
@@ -86,8 +91,13 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::StartOnce(
     if (!client_port.ok()) return client_port.status();
     auto peer_port = FreePort();
     if (!peer_port.ok()) return peer_port.status();
-    m.client = absl::StrCat(options.host, ":", *client_port);
-    m.peer = absl::StrCat(options.host, ":", *peer_port);
+    const bool own = !options.member_hosts.empty();
+    const std::string& host =
+        own ? options.member_hosts[i].address : options.host;
+    m.netns_path =
+        own ? options.member_hosts[i].netns_path : options.netns_path;
+    m.client = absl::StrCat(host, ":", *client_port);
+    m.peer = absl::StrCat(host, ":", *peer_port);
     m.data_dir = absl::StrCat(dir, "/", m.name);
     m.log = absl::StrCat(dir, "/", m.name, ".log");
     peers.push_back(absl::StrCat(m.name, "=http://", m.peer));
@@ -142,7 +152,7 @@ absl::Status EtcdCluster::Launch(int i, bool new_cluster) {
   ChildOptions o;
   o.log_path = m.log;
   o.wait_for_ready_line = false;
-  o.netns_path = options_.netns_path;
+  o.netns_path = m.netns_path;
   auto d = Daemon::Launch(kEtcd, args, o);
   if (!d.ok()) return d.status();
   m.daemon = std::move(*d);

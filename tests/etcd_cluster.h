@@ -40,6 +40,15 @@ struct EtcdClusterOptions {
   // Default: "127.0.0.1", "" (this process's namespace).
   std::string host = "127.0.0.1";
   std::string netns_path;
+  // Instead of `host` and `netns_path`: member i listens on
+  // member_hosts[i].address in member_hosts[i].netns_path (members on hosts
+  // of their own, as a three-host install runs them). Either empty or one
+  // per member. Default: empty.
+  struct MemberHost {
+    std::string address;
+    std::string netns_path;
+  };
+  std::vector<MemberHost> member_hosts;
 };
 
 class EtcdCluster {
@@ -80,7 +89,7 @@ class EtcdCluster {
   static absl::StatusOr<std::unique_ptr<EtcdCluster>> StartOnce(
       const EtcdClusterOptions& options);
   struct Member {
-    std::string name, client, peer, data_dir, log;
+    std::string name, client, peer, data_dir, log, netns_path;
     Daemon daemon;
     bool frozen = false;
   };
