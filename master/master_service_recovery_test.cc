@@ -13,31 +13,6 @@ namespace master {
 namespace service_test {
 namespace {
 
-// ------------------------------------------------------- index snapshots
-
-// Every object the master lists, one sorted line each: key, location,
-// linked parent, orphan flag.
-std::vector<std::string> Everything(MasterService* svc) {
-  std::vector<std::string> out;
-  uint64_t cursor = 0;
-  bool more = true;
-  while (more) {
-    v1::ListObjectsResponse page;
-    more = svc->ListObjects(0, &cursor, 100, &page);
-    for (const auto& o : page.objects()) {
-      const v1::Location& l = o.location();
-      out.push_back(o.key() + " " + std::to_string(l.node_id()) + "/" +
-                    std::to_string(l.region_id()) + "/" +
-                    std::to_string(l.addr()) + "/" +
-                    std::to_string(l.length()) + "/" +
-                    std::to_string(l.generation()) + " parent=" +
-                    o.parent_key());
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 TEST_CASE("Restart keeps committed objects and nodes, not pending puts") {
   Harness h("restart");
   uint32_t a = h.Register("a", 1, {{0, 1 << 20}});

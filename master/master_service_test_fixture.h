@@ -6,6 +6,7 @@
 
 #include "master/master_service.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -155,6 +156,23 @@ inline void AddReceipts(const v1::PutStartResponse& start,
                           ? ReceiptFor(start, i)
                           : "");
   }
+}
+
+// Every object `svc` lists, one sorted line each: key, location, parent.
+inline std::vector<std::string> Everything(MasterService* svc) {
+  std::vector<std::string> out;
+  uint64_t cursor = 0;
+  bool more = true;
+  while (more) {
+    v1::ListObjectsResponse page;
+    more = svc->ListObjects(0, &cursor, 100, &page);
+    for (const auto& o : page.objects()) {
+      out.push_back(absl::StrCat(o.key(), " ", o.location().ShortDebugString(),
+                                 " parent=", o.parent_key()));
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 inline v1::BatchLookupRequest LookupReq(std::vector<std::string> keys) {

@@ -607,22 +607,7 @@ TEST_CASE(
 
 // -------------------------------------------- through the master, end to end
 
-// Every object a master lists, one sorted line each.
-std::vector<std::string> Everything(MasterService* svc) {
-  std::vector<std::string> out;
-  uint64_t cursor = 0;
-  bool more = true;
-  while (more) {
-    v1::ListObjectsResponse page;
-    more = svc->ListObjects(0, &cursor, 100, &page);
-    for (const auto& o : page.objects()) {
-      out.push_back(absl::StrCat(o.key(), " ", o.location().ShortDebugString(),
-                                 " parent=", o.parent_key()));
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using service_test::Everything;
 
 TEST_CASE("A standby's directory, opened by a master, lists exactly what the "
           "leader's master committed") {

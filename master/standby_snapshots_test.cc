@@ -15,24 +15,6 @@ namespace master {
 namespace service_test {
 namespace {
 
-// Every object listed: key and location, sorted.
-std::vector<std::string> Listing(MasterService* svc) {
-  std::vector<std::string> out;
-  uint64_t cursor = 0;
-  bool more = true;
-  while (more) {
-    v1::ListObjectsResponse page;
-    more = svc->ListObjects(0, &cursor, 100, &page);
-    for (const auto& o : page.objects()) {
-      out.push_back(absl::StrCat(
-          o.key(), " ", o.location().node_id(), "/", o.location().addr(), "/",
-          o.location().generation(), " ", o.parent_key()));
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 TEST_CASE(
     "A standby snapshots its store every snapshot_changes applied, and the "
     "master elected on that store loads from the snapshot and the changes "
@@ -83,7 +65,7 @@ TEST_CASE(
   snaps.Stop();
   applied = 1000;
   made->reset();
-  const std::vector<std::string> before = Listing(h.svc.get());
+  const std::vector<std::string> before = Everything(h.svc.get());
   REQUIRE(before.size() == 41);
 
   // The follower closes its store; the elected master opens it with the
@@ -100,7 +82,7 @@ TEST_CASE(
   INFO(elected.status().ToString());
   REQUIRE(elected.ok());
   CHECK((*elected)->load_path() == MasterService::LoadPath::kSnapshot);
-  CHECK(Listing(elected->get()) == before);
+  CHECK(Everything(elected->get()) == before);
 }
 
 TEST_CASE("StandbySnapshotsOptions refuse what cannot work") {
