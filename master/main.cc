@@ -78,6 +78,11 @@ DEFINE_uint32(recency_batch, ServiceDefaults().recency_batch,
               "most object reads the reaper writes to the store per round, "
               "so that a restart keeps the eviction order (0: reads are not "
               "persisted; a restart orders objects by commit time)");
+DEFINE_uint64(index_snapshot_changes, ServiceDefaults().snapshot_changes,
+              "an index snapshot after this many store changes (or half the "
+              "index, if more), besides every 10 min and at shutdown; a "
+              "standby snapshots its follower's store alike (0: by time "
+              "only)");
 DEFINE_int64(reconcile_interval_ms, Ms(ServiceDefaults().reconcile_interval),
              "period of each storage node's background reconciliation of its "
              "extents with the master's listings (0: only at registration)");
@@ -206,6 +211,7 @@ absl::Status OptionsFromFlags(hymcache::MasterOptions* options) {
   so.max_evictions_per_put = FLAGS_max_evictions_per_put;
   so.max_eviction_scan = FLAGS_max_eviction_scan;
   so.recency_batch = FLAGS_recency_batch;
+  so.snapshot_changes = FLAGS_index_snapshot_changes;
   so.max_nodes = FLAGS_max_nodes;
   so.forget_dead_nodes_after =
       FLAGS_forget_dead_nodes_after_s == 0
@@ -260,8 +266,9 @@ int main(int argc, char** argv) {
             {"Nodes and placement",
              {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
               "read_lease_ms", "max_evictions_per_put", "max_eviction_scan",
-              "recency_batch", "reconcile_interval_ms",
-              "capability_lifetime_ms", "require_write_receipts", "placement",
+              "recency_batch", "index_snapshot_changes",
+              "reconcile_interval_ms", "capability_lifetime_ms",
+              "require_write_receipts", "placement",
               "placement_chain_spill_over", "placement_load_weight",
               "max_tenant_share_per_node", "tenant_share_min_bytes",
               "event_log_capacity"}},
