@@ -78,6 +78,8 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(
     ep.kv = etcdserverpb::KV::NewStub(ep.channel);
     ep.lease = etcdserverpb::Lease::NewStub(ep.channel);
     ep.watch = etcdserverpb::Watch::NewStub(ep.channel);
+    ep.cluster = etcdserverpb::Cluster::NewStub(ep.channel);
+    ep.maintenance = etcdserverpb::Maintenance::NewStub(ep.channel);
     channels.push_back(ep.channel);
     client->endpoints_.push_back(std::move(ep));
   }
@@ -143,6 +145,60 @@ absl::Status EtcdClient::Call(const char* what, absl::Time deadline,
     if (pause_end >= deadline) return last;
     absl::SleepFor(options_.retry_pause);
   }
+}
+
+absl::Status EtcdClient::CallOne(const char* what, size_t index,
+                                 absl::Time deadline, const Attempt& attempt) {
+  if (index >= endpoints_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd ", what, ": no endpoint ", index));
+  }
+  grpc::ClientContext context;
+  context.set_wait_for_ready(true);
+  context.set_deadline(absl::ToChronoTime(deadline));
+  absl::Status s = attempt(endpoints_[index], &context);
+  if (s.ok()) return s;
+  return absl::Status(
+      s.code(), absl::StrCat("etcd ", what, " (", options_.endpoints[index],
+                             "): ", s.message()));
+}
+
+absl::StatusOr<etcdserverpb::MemberListResponse> EtcdClient::MemberList(
+    absl::Time deadline) {
+  etcdserverpb::MemberListRequest request;
+  etcdserverpb::MemberListResponse response;
+  absl::Status s = Call(
+      "MemberList", Deadline(deadline),
+      [&](const Endpoint& ep, grpc::ClientContext* c) {
+        return FromGrpcStatus(ep.cluster->MemberList(c, request, &response));
+      });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<etcdserverpb::StatusResponse> EtcdClient::MemberStatus(
+    size_t index, absl::Time deadline) {
+  etcdserverpb::StatusRequest request;
+  etcdserverpb::StatusResponse response;
+  absl::Status s = CallOne(
+      "Status", index, Deadline(deadline),
+      [&](const Endpoint& ep, grpc::ClientContext* c) {
+        return FromGrpcStatus(ep.maintenance->Status(c, request, &response));
+      });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::Status EtcdClient::MoveLeader(size_t index, uint64_t target,
+                                    absl::Time deadline) {
+  etcdserverpb::MoveLeaderRequest request;
+  request.set_targetid(target);
+  etcdserverpb::MoveLeaderResponse response;
+  return CallOne("MoveLeader", index, Deadline(deadline),
+                 [&](const Endpoint& ep, grpc::ClientContext* c) {
+                   return FromGrpcStatus(
+                       ep.maintenance->MoveLeader(c, request, &response));
+                 });
 }
 
 absl::StatusOr<etcdserverpb::RangeResponse> EtcdClient::Range(

@@ -167,6 +167,21 @@ class EtcdClient {
   const EtcdClientOptions& options() const { return options_; }
   // Index (in options().endpoints) of the endpoint calls go to first.
   size_t preferred_endpoint() const;
+  // Cluster.MemberList (any member, with failover).
+  absl::StatusOr<etcdserverpb::MemberListResponse> MemberList(
+      absl::Time deadline = kDefaultDeadline);
+  // Maintenance.Status of options.endpoints[index] alone (no failover): its
+  // member ID (header.member_id) and the raft leader's as it sees it
+  // (leader). InvalidArgument for an index out of range.
+  absl::StatusOr<etcdserverpb::StatusResponse> MemberStatus(
+      size_t index, absl::Time deadline = kDefaultDeadline);
+  // Maintenance.MoveLeader sent to options.endpoints[index] alone, which
+  // must be the raft leader (else etcd refuses): it hands its leadership to
+  // member `target`. etcd then restarts every lease's TTL, as at any raft
+  // leader change.
+  absl::Status MoveLeader(size_t index, uint64_t target,
+                          absl::Time deadline = kDefaultDeadline);
+
   // Calls that moved on to another endpoint (for tests and metrics).
   uint64_t failovers() const;
 
@@ -177,6 +192,8 @@ class EtcdClient {
     std::unique_ptr<etcdserverpb::KV::Stub> kv;
     std::unique_ptr<etcdserverpb::Lease::Stub> lease;
     std::unique_ptr<etcdserverpb::Watch::Stub> watch;
+    std::unique_ptr<etcdserverpb::Cluster::Stub> cluster;
+    std::unique_ptr<etcdserverpb::Maintenance::Stub> maintenance;
   };
   // One attempt on one endpoint: fills the response, returns gRPC's status.
   using Attempt = std::function<absl::Status(const Endpoint&,
@@ -186,6 +203,9 @@ class EtcdClient {
   // Runs `attempt` with failover until `deadline` (see the file comment).
   absl::Status Call(const char* what, absl::Time deadline,
                     const Attempt& attempt);
+  // One attempt on endpoint `index` only, within `deadline`.
+  absl::Status CallOne(const char* what, size_t index, absl::Time deadline,
+                       const Attempt& attempt);
   absl::Time Deadline(absl::Time deadline) const;
   // The endpoint after `failed` becomes the preferred one (unless another
   // thread moved it already) and its channel is kept connecting.

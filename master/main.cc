@@ -161,6 +161,12 @@ DEFINE_bool(end_dead_leader_terms,
             "leader's lease, so that a standby leads at once instead of "
             "after --lease_ttl_s (docs/ha.md); false: always wait for the "
             "lease");
+DEFINE_bool(etcd_move_raft_leader,
+            hymcache::HaMasterOptions().move_etcd_raft_leader,
+            "with --etcd: the leading master keeps etcd's raft leadership "
+            "off the member listed first in --etcd (in a three-host "
+            "install, this host's own), so that losing one host never loses "
+            "both leaders at once (docs/ha.md)");
 DEFINE_int64(
     election_ranking_ms,
     absl::ToInt64Milliseconds(hymcache::HaMasterOptions().ranking_window),
@@ -260,7 +266,8 @@ int main(int argc, char** argv) {
             {"High availability (docs/ha.md)",
              {"etcd", "cluster", "advertise_address", "lease_ttl_s",
               "serve_reads_without_etcd", "preload_index",
-              "election_ranking_ms", "end_dead_leader_terms", "replication",
+              "etcd_move_raft_leader", "election_ranking_ms",
+              "end_dead_leader_terms", "replication",
               "replication_sync_timeout_ms", "replication_async_delay_ms",
               "replication_token_file"}},
             {"Nodes and placement",
@@ -303,6 +310,7 @@ int main(int argc, char** argv) {
     ha.serve_reads_without_etcd = FLAGS_serve_reads_without_etcd;
     ha.preload_index = FLAGS_preload_index;
     ha.end_dead_leader_terms = FLAGS_end_dead_leader_terms;
+    ha.move_etcd_raft_leader = FLAGS_etcd_move_raft_leader;
     ha.ranking_window = absl::Milliseconds(FLAGS_election_ranking_ms);
     ha.master = options;
     if (!FLAGS_replication_token_file.empty()) {

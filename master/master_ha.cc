@@ -376,20 +376,41 @@ bool HaMaster::AnotherLeaderObserved(int64_t epoch) const {
 }
 
 bool HaMaster::ServeTerm(int64_t* epoch) {
+  // How often a leader checks where etcd's raft leader is
+  // (move_etcd_raft_leader).
+  constexpr absl::Duration kRaftLeaderCheck = absl::Seconds(2);
   int64_t ended_above = 0;  // the node epoch this term was ended for
+  absl::Time next_raft_check = absl::Now();  // at the term's start
   while (true) {
     int64_t end_above = 0;
+    bool check_raft = false;
     {
       // Read-write: nothing to do until on_lost (or Shutdown) signals, or a
-      // node shows an epoch above this term's. The read-only flag is read
-      // under mu_, which on_lost holds to set it.
+      // node shows an epoch above this term's (or the raft leader's check
+      // is due). The read-only flag is read under mu_, which on_lost holds
+      // to set it.
       MutexLock l(&mu_);
       while (
           !stopping_ && !lost_ &&
           read_only_epoch_.load(std::memory_order_acquire) != *epoch &&
           (node_epoch_above_ <= *epoch || node_epoch_above_ == ended_above)) {
-        cv_.Wait(&mu_);
+        if (!options_.move_etcd_raft_leader) {
+          cv_.Wait(&mu_);
+        } else if (absl::Now() >= next_raft_check) {
+          check_raft = true;
+          break;
+        } else {
+          cv_.WaitWithDeadline(&mu_, next_raft_check);
+        }
       }
+    }
+    if (check_raft) {
+      MaybeMoveRaftLeader();
+      next_raft_check = absl::Now() + kRaftLeaderCheck;
+      continue;
+    }
+    {
+      MutexLock l(&mu_);
       if (stopping_ || lost_) return false;
       if (node_epoch_above_ > *epoch && node_epoch_above_ != ended_above) {
         end_above = node_epoch_above_;
@@ -614,6 +635,40 @@ bool HaMaster::MaybeEndDeadLeaderTerm() {
   return r.ok();
 }
 
+void HaMaster::MaybeMoveRaftLeader() {
+  if (options_.etcd_endpoints.size() < 2) return;
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
+  auto status = etcd_->MemberStatus(0, deadline);
+  if (!status.ok()) {
+    VLOG(1) << "master HA: etcd member " << options_.etcd_endpoints[0] << ": "
+            << status.status();
+    return;
+  }
+  const uint64_t first = status->header().member_id();
+  if (status->leader() != first) return;
+  auto members = etcd_->MemberList(deadline);
+  if (!members.ok()) return;
+  uint64_t target = 0;
+  for (const etcdserverpb::Member& m : members->members()) {
+    if (m.id() != first && !m.islearner() && m.clienturls_size() > 0) {
+      target = m.id();
+      break;
+    }
+  }
+  if (target == 0) return;
+  absl::Status moved = etcd_->MoveLeader(0, target, deadline);
+  if (!moved.ok()) {
+    LOG(WARNING) << "master HA: etcd's raft leader is "
+                 << options_.etcd_endpoints[0]
+                 << ", beside this leading master; moving it failed: " << moved;
+    return;
+  }
+  raft_leader_moves_.fetch_add(1, std::memory_order_relaxed);
+  LOG(INFO) << "master HA: moved etcd's raft leadership from "
+            << options_.etcd_endpoints[0] << " (beside this leading master) "
+            << "to member " << absl::StrCat(absl::Hex(target));
+}
+
 void HaMaster::DropStalePreload() {
   if (!preloaded_.has_value()) return;
   const uint64_t now = FollowerProgress();
@@ -633,6 +688,11 @@ void HaMaster::VisitStats(StatsVisitor* v) const {
            "when it was elected (0: it did not follow)",
            static_cast<double>(
                applied_at_election_.load(std::memory_order_relaxed)));
+  v->Counter(
+      "etcd_raft_leader_moves",
+      "Times this leading master moved etcd's raft leadership off the "
+      "etcd member listed first (--etcd_move_raft_leader)",
+      static_cast<double>(raft_leader_moves_.load(std::memory_order_relaxed)));
   v->Gauge(
       "standby_snapshots_at_election",
       "Index snapshots this master wrote of its store while standing by "

@@ -147,6 +147,16 @@ struct HaMasterOptions {
   // this address (killed and restarted, by systemd say), with no probe.
   // false: always wait for the lease. Default: true.
   bool end_dead_leader_terms = true;
+  // While leading, keep etcd's raft leadership off the member listed first
+  // in etcd_endpoints (in a three-host install, the one on this host:
+  // docs/ha.md, "A three-host install loses a host"): every few seconds
+  // the leader asks that member's Status and, if it is the raft leader,
+  // has it hand the leadership to another member (MoveLeader). A lost host
+  // then never takes the leading master and etcd's raft leader at once,
+  // which costs a raft election plus a whole lease TTL (a new raft leader
+  // restarts every lease). Each move restarts the leases too, once. A
+  // one-member etcd is left alone. Default: false.
+  bool move_etcd_raft_leader = false;
 
   // InvalidArgument naming the first bad field.
   absl::Status Validate() const;
@@ -221,6 +231,8 @@ class HaMaster {
   void FollowObservedLeader();
   // Stops the follower so the store can be opened; on the master-ha thread.
   void StopFollowing();
+  // move_etcd_raft_leader's check and move; on the master-ha thread.
+  void MaybeMoveRaftLeader();
   // Loads preloaded_ (options_.preload_index); on the master-ha thread.
   void Preload();
   // What the follower has changed in the directory so far (batches applied
@@ -267,6 +279,7 @@ class HaMaster {
   // snapshots off). Stopped before follower_ stops, joined by Shutdown.
   std::unique_ptr<StandbySnapshots> snapshots_;
   std::atomic<uint64_t> standby_snapshots_{0};  // written, at the election
+  std::atomic<uint64_t> raft_leader_moves_{0};  // MaybeMoveRaftLeader's
   // follower_ as Standing() reads it: cleared before follower_ stops.
   mutable Mutex standing_mu_;
   master::ReplicaFollower* standing_source_ ABSL_GUARDED_BY(standing_mu_) =
