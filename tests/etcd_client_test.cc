@@ -317,6 +317,43 @@ TEST_CASE("Calls and watches skip a frozen member") {
   REQUIRE(cluster->Thaw(0).ok());
 }
 
+TEST_CASE(
+    "Each member's Status names it and the raft leader, and MoveLeader on the "
+    "raft leader hands the leadership to the member named") {
+  auto cluster = StartCluster(3);
+  auto etcd = Connect(cluster->endpoints());
+  auto members = etcd->MemberList();
+  INFO(members.status().ToString());
+  REQUIRE(members.ok());
+  REQUIRE(members->members_size() == 3);
+  std::vector<uint64_t> ids;
+  uint64_t leader = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto st = etcd->MemberStatus(i);
+    INFO(st.status().ToString());
+    REQUIRE(st.ok());
+    ids.push_back(st->header().member_id());
+    if (leader == 0) leader = st->leader();
+    CHECK(st->leader() == leader);  // all agree
+  }
+  CHECK(ids[0] != ids[1]);
+  CHECK(ids[1] != ids[2]);
+  int from = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (ids[i] == leader) from = i;
+  }
+  REQUIRE(from >= 0);
+  const int to = (from + 1) % 3;
+  // Only the raft leader can move its leadership.
+  CHECK_FALSE(etcd->MoveLeader((from + 2) % 3, ids[to]).ok());
+  REQUIRE(etcd->MoveLeader(from, ids[to]).ok());
+  CHECK(Eventually([&] {
+    auto st = etcd->MemberStatus(from);
+    return st.ok() && st->leader() == ids[to];
+  }));
+  CHECK(absl::IsInvalidArgument(etcd->MemberStatus(3).status()));
+}
+
 TEST_CASE("Without quorum calls fail within their deadline; with quorum back they succeed again") {
   auto cluster = StartCluster(3);
   auto etcd = Connect(cluster->endpoints());
