@@ -317,13 +317,28 @@ void MetadataIndex::DetachFromParent(uint32_t i) {
 }
 
 std::vector<uint32_t> MetadataIndex::DetachChildren(uint32_t i) {
+  std::vector<uint32_t> out;
+  // Same-node children sit just below their parent (see the file comment):
+  // look there first, so that moving a chain's blocks one by one (a
+  // relocation, head first) finds each block's child at once. Only a late
+  // Adopt leaves one elsewhere: the walks below find it.
+  for (uint32_t j = record(i).prev; j != kNil && ChildCount(i) > 0;) {
+    const uint32_t prev = record(j).prev;
+    if (record(j).parent == i && !record(j).cross()) {
+      DetachFromParent(j);
+      out.push_back(j);
+    }
+    j = prev;
+  }
+  // Least recent first, as the walks below find them (Upsert relinks them
+  // in this order, keeping their order).
+  std::reverse(out.begin(), out.end());
   std::vector<uint32_t> nodes;
   if (ChildCount(i) > 0) nodes.push_back(NodeOf(i));
   auto cross = cross_children_.find(i);
   if (cross != cross_children_.end()) {
     for (const auto& [node, count] : cross->second) nodes.push_back(node);
   }
-  std::vector<uint32_t> out;
   for (uint32_t node : nodes) {
     auto list = lists_.find(node);
     if (list == lists_.end()) continue;
@@ -368,8 +383,9 @@ absl::StatusOr<std::optional<ObjectLocation>> MetadataIndex::Upsert(
     // The key stays listed (at its new location), so the blocks after it
     // are still reachable through it: they stay, linked to it again (same
     // node or cross links as its new node says), so that losing it later
-    // still orphans them. O(entries of the nodes holding them); a key with
-    // children is stored again only when its node is dead.
+    // still orphans them. A key with children is stored again when its
+    // node is dead, or relocated (a chain's blocks head first: each one's
+    // child is just below it).
     std::vector<uint32_t> kids;
     if (HasChildren(i)) {
       // A parent below the key would close a cycle: the key becomes a root.
@@ -471,6 +487,12 @@ std::optional<MetadataIndex::ChainLinks> MetadataIndex::Chain(
     }
   }
   return out;
+}
+
+std::string MetadataIndex::ParentOf(absl::string_view key) const {
+  const uint32_t i = Lookup(key);
+  if (i == kNil || record(i).parent == kNil) return std::string();
+  return std::string(KeyOf(record(i).parent));
 }
 
 std::vector<std::pair<std::string, ObjectLocation>> MetadataIndex::EraseIf(

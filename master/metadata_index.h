@@ -125,8 +125,10 @@ class MetadataIndex {
   // another node. Either way its read tick is 0. A replaced entry's children
   // stay, linked to it again as its new node makes them (same-node children
   // just below it, the others cross-linked): the key is still listed, so
-  // readers still reach them through it (O(entries of the nodes holding its
-  // children) when it has children). If `parent` is below `key`, `key`
+  // readers still reach them through it. Its same-node children are
+  // looked for just below it first (a chain's next block is found at once);
+  // any not found there, and its children on other nodes, by walking the
+  // lists of the nodes holding them. If `parent` is below `key`, `key`
   // becomes a root instead (no cycle). Returns the replaced entry, if any.
   // Errors: InvalidArgument if the key is empty or too long, entry.length >
   // kMaxLength or parent == key; ResourceExhausted at 2^32 - 1 records
@@ -206,6 +208,9 @@ class MetadataIndex {
   };
   // `key`'s links, if present. O(depth) for `orphan`.
   std::optional<ChainLinks> Chain(absl::string_view key) const;
+  // The key of the parent `key` is linked to: Chain(key)->parent without
+  // the walk. "" when `key` is absent, a root, or its parent was erased.
+  std::string ParentOf(absl::string_view key) const;
 
   // Calls `fn` for the entries of `node_id`, least recently used first,
   // until it returns false or the list ends. `fn` must not modify the index.
