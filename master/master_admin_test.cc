@@ -1,5 +1,6 @@
-// MasterService's on-call operations: draining a node (SetNodeDraining)
-// and inspecting a key (InspectKey).
+// MasterService's on-call operations: draining a node (SetNodeDraining),
+// relocating its objects (PutStart relocate_from_node) and inspecting a key
+// (InspectKey).
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -232,6 +233,126 @@ TEST_CASE("A drained node gets no new placements and keeps serving, across resta
   CHECK_FALSE(h.Node(a).draining());
 
   CHECK(h.Drain("nope", true).status().code() == StatusCode::kNotFound);
+}
+
+TEST_CASE(
+    "A relocation moves a drained node's chains elsewhere, links and all, and "
+    "only what is still there") {
+  Harness h("relocate");
+  const uint32_t a = h.Register("a", 7000);
+  const uint32_t b = h.Register("b", 7100);
+  // A chain c0..c3 on a, a branch x after c1 on a, and the chain continued
+  // on b (y after c3: a cross link).
+  REQUIRE(h.Put({"c0", "c1", "c2", "c3"}, a) == a);
+  REQUIRE(h.Put({"x"}, a, "c1") == a);
+  REQUIRE(h.Put({"y"}, b, "c3") == b);
+  REQUIRE(h.Put({"gone"}, a) == a);
+  REQUIRE(h.Drain("a", true).ok());
+
+  auto relocate = [&](std::vector<std::string> keys,
+                      const std::string& parent) {
+    v1::PutStartRequest r;
+    for (const auto& k : keys) {
+      r.add_keys(k);
+      r.add_lengths(4096);
+    }
+    r.set_parent_key(parent);
+    r.set_relocate_from_node(a);
+    return h.svc->PutStart(r);
+  };
+  auto commit = [&](const v1::PutStartResponse& s) {
+    v1::PutCommitRequest c;
+    c.set_put_id(s.put_id());
+    AddWriteReceipts(s, HmacSha256(h.key_by_id.at(s.node().node_id())), &c);
+    auto done = h.svc->PutCommit(c);
+    INFO(done.status().ToString());
+    REQUIRE(done.ok());
+    return done->committed();
+  };
+  const uint64_t gen_c1 = h.Inspect("c1").location().generation();
+
+  // Head first, as hymctl drain --copy does. Keys not on a are skipped.
+  auto s = relocate({"c0", "c1", "c2", "c3", "y", "never"}, "");
+  REQUIRE(s.ok());
+  CHECK(s->node().node_id() == b);
+  for (int i = 0; i < 4; ++i) CHECK(s->slots(i).state() == v1::SLOT_ALLOCATED);
+  CHECK(s->slots(4).state() == v1::SLOT_NOT_ON_NODE);
+  CHECK(s->slots(5).state() == v1::SLOT_NOT_ON_NODE);
+  // Until the commit, readers are sent to a.
+  CHECK(h.Inspect("c1").location().node_id() == a);
+  auto g = relocate({"gone"}, "");
+  REQUIRE(g.ok());
+  // The same keys cannot be relocated twice at once.
+  auto twice = relocate({"c0"}, "");
+  REQUIRE(twice.ok());
+  CHECK(twice->slots(0).state() == v1::SLOT_IN_PROGRESS);
+
+  CHECK(commit(*s) == 4);
+  for (const char* k : {"c0", "c1", "c2", "c3"}) {
+    INFO(k);
+    const v1::InspectKeyResponse i = h.Inspect(k);
+    CHECK(i.location().node_id() == b);
+    CHECK_FALSE(i.unreachable());
+  }
+  CHECK(h.Inspect("c1").location().generation() != gen_c1);
+  // The links stay: c2 under c1 on b, x (still on a) under c1 across
+  // nodes, y now under c3 on its own node.
+  CHECK(h.Inspect("c2").parent_key() == "c1");
+  CHECK_FALSE(h.Inspect("c2").parent_on_other_node());
+  CHECK(h.Inspect("x").parent_key() == "c1");
+  CHECK(h.Inspect("x").parent_on_other_node());
+  CHECK(h.Inspect("y").parent_key() == "c3");
+  CHECK_FALSE(h.Inspect("y").parent_on_other_node());
+  CHECK(h.Inspect("c1").cross_children() == 1);
+  CHECK(h.svc->counters().objects_relocated == 4);
+  // a keeps x and gone; its space for the others is freed.
+  CHECK(h.Node(a).object_count() == 2);
+  CHECK(h.Node(a).used_bytes() == 2 * 4096);
+
+  // Removed before its copy commits: the copy is dropped, not resurrected.
+  v1::RemoveRequest rm;
+  rm.add_keys("gone");
+  REQUIRE(h.svc->Remove(rm).ok());
+  CHECK(commit(*g) == 0);
+  CHECK(h.svc->counters().relocations_skipped == 1);
+  CHECK_FALSE(h.Inspect("gone").found());
+  const uint64_t b_used = h.Node(b).used_bytes();
+
+  // Durable: a restart lists the same.
+  h.Restart();
+  h.Register("a", 7000);
+  h.Register("b", 7100);
+  CHECK(h.Inspect("c3").location().node_id() == b);
+  CHECK(h.Inspect("y").parent_key() == "c3");
+  CHECK(h.Inspect("x").parent_key() == "c1");
+  CHECK(h.Node(b).used_bytes() == b_used);
+  // Removing c1 still takes everything after it, wherever it is.
+  rm.clear_keys();
+  rm.add_keys("c1");
+  REQUIRE(h.svc->Remove(rm).ok());
+  for (const char* k : {"c2", "c3", "x", "y"})
+    CHECK_FALSE(h.Inspect(k).found());
+  CHECK(h.Inspect("c0").found());
+
+  // A relocation from an unknown node is refused; with nowhere else to go,
+  // nothing is allocated.
+  v1::PutStartRequest bad;
+  bad.add_keys("c0");
+  bad.add_lengths(4096);
+  bad.set_relocate_from_node(99);
+  CHECK(h.svc->PutStart(bad).status().code() == StatusCode::kNotFound);
+  REQUIRE(h.Put({"z"}, a) == b);  // a drains: z is on b
+  REQUIRE(h.Drain("a", false).ok());
+  REQUIRE(h.Drain("b", true).ok());
+  bad.set_relocate_from_node(b);
+  bad.set_keys(0, "z");
+  auto to_a = h.svc->PutStart(bad);
+  REQUIRE(to_a.ok());
+  CHECK(to_a->node().node_id() == a);
+  REQUIRE(h.Drain("a", true).ok());
+  bad.set_keys(0, "c0");
+  auto nowhere = h.svc->PutStart(bad);
+  CHECK(nowhere.status().code() == StatusCode::kResourceExhausted);
 }
 
 TEST_CASE("A drain that cannot be written changes nothing") {

@@ -247,6 +247,12 @@ class MasterRpcHandler final {
                         v1::PutStartResponse* resp) {
     auto id = Admit(ctx, kEngine, "PutStart");
     if (!id.ok()) return Refuse(ctx, id.status());
+    const bool relocation = req->relocate_from_node() != 0;
+    if (relocation && auth_ != nullptr && id->role != Role::kAdmin) {
+      return Refuse(ctx, absl::PermissionDeniedError(
+                             "PutStart: relocate_from_node (moving other "
+                             "callers' objects) needs an admin token"));
+    }
     absl::Status s = CheckKeys(*id, req->keys(), "PutStart");
     if (s.ok()) s = CheckKey(*id, req->parent_key(), "PutStart");
     if (!s.ok()) return Refuse(ctx, s);
@@ -262,7 +268,9 @@ class MasterRpcHandler final {
     }
     // The service enforces the quota (evicting the tenant's own objects
     // first) under its lock, counting pending puts.
-    const TenantQuota quota = tenants_->Quota(id->tenant);
+    // A relocation replaces objects already counted: no quota.
+    const TenantQuota quota =
+        relocation ? TenantQuota{} : tenants_->Quota(id->tenant);
     bool over_quota = false;
     absl::StatusOr<v1::PutStartResponse> out = service_->PutStart(
         *r, CallerKeyOf(ctx, *id),

@@ -261,6 +261,12 @@ struct MasterServiceOptions {
           "their node's eviction order (BatchLookup with ended)")             \
   COUNTER(index_snapshots,                                                    \
           "Index snapshots written (by time, by changes, at shutdown)")       \
+  COUNTER(objects_relocated,                                                  \
+          "Objects moved to another node by a relocation (hymctl drain "      \
+          "--copy)")                                                          \
+  COUNTER(relocations_skipped,                                                \
+          "Relocated copies not committed: the object was removed or "        \
+          "changed between PutStart and PutCommit")                           \
   DGAUGE(placement_imbalance,                                                 \
          "The largest alive node's used bytes over the alive nodes' mean")
 HYM_DECLARE_STATS_STRUCT(MasterServiceCounters, HYM_MASTER_SERVICE_COUNTERS);
@@ -424,6 +430,10 @@ class MasterService {
   // (counted in puts_over_tenant_quota; *over_quota set when given) and
   // nothing changes. (Evictions made for the quota stay made if the put
   // then finds no node with room.)
+  // Relocation (request.relocate_from_node, see master.proto): keys listed
+  // on that node get slots on another node (not counted against `quota`:
+  // the commit replaces them), any other key SLOT_NOT_ON_NODE; NotFound
+  // for an unknown node.
   absl::StatusOr<hymcache::v1::PutStartResponse> PutStart(
       const hymcache::v1::PutStartRequest& request,
       absl::string_view caller = "", const TenantLimit& quota = {},
@@ -435,7 +445,10 @@ class MasterService {
   // (commits_unreachable), since no reader could reach them. Each committed
   // block is linked to its parent (across nodes too).
   // With require_write_receipts, each slot to commit needs its node's
-  // write receipt (request.receipts[index]).
+  // write receipt (request.receipts[index]). A relocation's slot commits
+  // only if its key is still listed where PutStart found it (else it is
+  // freed: relocations_skipped); the key then moves (objects_relocated),
+  // keeping its chain links, and its old extent is freed.
   // Errors: NotFound ("put expired or unknown");
   // InvalidArgument for an index >= the put's key count (nothing changes);
   // PermissionDenied with StatusReason::kWriteReceiptInvalid when a slot to
@@ -633,6 +646,9 @@ class MasterService {
     uint64_t addr;
     uint64_t length;
     uint64_t generation;
+    // A relocation's slot: the generation of the listing it replaces (0:
+    // an ordinary put).
+    uint64_t relocated_generation = 0;
     ObjectLocation location(uint32_t node_id) const {
       return ObjectLocation{node_id, region_id, addr, length, generation};
     }
@@ -647,6 +663,7 @@ class MasterService {
     absl::Time expiry;
     std::vector<PendingSlot> slots;
     uint64_t token = 0;  // PutStartRequest.put_token (0: none)
+    uint32_t relocate_from = 0;  // PutStartRequest.relocate_from_node
   };
   // One tenant's pending puts (for its quota).
   struct TenantPending {
@@ -686,6 +703,10 @@ class MasterService {
     std::vector<int> to_allocate;   // indexes of the keys that need space
     std::vector<uint64_t> lengths;  // their lengths, in that order
     uint64_t total_bytes = 0;       // their sum
+    uint32_t exclude = 0;           // a relocation's source: never chosen
+    // A relocation: per key, the generation of its listing on the source
+    // node (0: not listed there, nothing to copy).
+    std::vector<uint64_t> relocated;
     // Never evicted by this PutStart: its parent_key and the keys it
     // reports as existing (the caller relies on their locations).
     absl::flat_hash_set<absl::string_view> keep;
@@ -797,6 +818,10 @@ class MasterService {
   // plus one (0 means "never read"). Kept below 2^31 by moving the epoch
   // forward and rebasing the index's ticks, so ticks never wrap.
   uint32_t LeaseTick(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When read tick `tick` was read: lease_epoch_ + (tick - 1) ms; a tick
+  // rebased to 0 is older than the epoch (the epoch itself).
+  absl::Time ReadTimeOfTick(uint32_t tick) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Whether an object read at `read_tick` is still leased at `now_tick`.
   bool IsLeased(uint32_t read_tick, uint32_t now_tick) const;
   // Evicts least recently used objects of `node` (never `keep`, never past
@@ -859,6 +884,12 @@ class MasterService {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // PutStart's checks of the request alone, before the lock: key count
   // and sizes, lengths, parent_key, duplicates. Errors: InvalidArgument.
+  // A relocation's slots (PutCommit) whose key is no longer listed where
+  // PutStart found it join `failed`; returns how many. The others take the
+  // parent their key is linked to now.
+  uint32_t SkipChangedRelocationsLocked(
+      PendingPut* put, absl::flat_hash_set<uint32_t>* failed) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidatePutStart(
       const hymcache::v1::PutStartRequest& request) const;
   // Resolves the preferred node (parent_key's node when none is given and

@@ -83,6 +83,10 @@ uint32_t MasterService::LeaseTick(absl::Time now) {
   return static_cast<uint32_t>(ms);
 }
 
+absl::Time MasterService::ReadTimeOfTick(uint32_t tick) const {
+  return lease_epoch_ + absl::Milliseconds(tick > 0 ? int64_t{tick} - 1 : 0);
+}
+
 bool MasterService::IsLeased(uint32_t read_tick, uint32_t now_tick) const {
   if (read_tick == 0) return false;  // never read since written
   const int64_t age = int64_t{now_tick} - int64_t{read_tick};

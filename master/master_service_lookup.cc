@@ -77,8 +77,7 @@ absl::StatusOr<v1::InspectKeyResponse> MasterService::InspectKey(
   if (n != nodes_.end()) FillNodeInfo(n->second, now, response.mutable_node());
   const std::optional<uint32_t> tick = index_->ReadTick(request.key());
   if (tick && *tick > 0) {
-    // As in PersistRecencyLocked: tick t was read at lease_epoch_ + t - 1 ms.
-    const absl::Time read = lease_epoch_ + absl::Milliseconds(int64_t{*tick} - 1);
+    const absl::Time read = ReadTimeOfTick(*tick);
     response.set_last_read_unix_ms(absl::ToUnixMillis(read));
     if (read + options_.read_lease > now) {
       response.set_lease_expires_unix_ms(
@@ -303,6 +302,12 @@ bool MasterService::ListObjects(uint32_t node_id, uint64_t* cursor,
                             }
                             v1::Location* loc = o->mutable_location();
                             ToProto(e, loc);
+                            const std::optional<uint32_t> tick =
+                                index_->ReadTick(key);
+                            if (tick && *tick > 0) {
+                              o->set_last_read_unix_ms(
+                                  absl::ToUnixMillis(ReadTimeOfTick(*tick)));
+                            }
                             ++added;
                             return true;
                           });

@@ -262,6 +262,15 @@ absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
     return absl::NotFoundError(
         absl::StrCat("preferred node ", plan.preferred, " is unknown"));
   }
+  plan.exclude = request.relocate_from_node();
+  if (plan.exclude != 0) {
+    if (nodes_.count(plan.exclude) == 0) {
+      return absl::NotFoundError(
+          absl::StrCat("relocation: node ", plan.exclude,
+                       " (relocate_from_node) is unknown"));
+    }
+    plan.relocated.assign(request.keys_size(), 0);
+  }
   // Keys this call must not evict: its parent and the keys it reports as
   // existing (the caller relies on their locations).
   if (!request.parent_key().empty()) {
@@ -274,7 +283,7 @@ absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
                        "' is not stored: the blocks after it would be "
                        "unreachable"));
     }
-    if (e && plan.preferred == 0) {
+    if (e && plan.preferred == 0 && e->node_id != plan.exclude) {
       auto n = nodes_.find(e->node_id);
       if (n != nodes_.end() && IsPlaceable(n->second, now)) {
         plan.preferred = e->node_id;
@@ -290,7 +299,15 @@ absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
       slot->set_state(v1::SLOT_IN_PROGRESS);
       continue;
     }
-    if (auto e = index_->Find(key)) {
+    if (plan.exclude != 0) {
+      // Relocation: a copy of what the source node lists, nothing else.
+      auto e = index_->Find(key);
+      if (!e || e->node_id != plan.exclude) {
+        slot->set_state(v1::SLOT_NOT_ON_NODE);
+        continue;
+      }
+      plan.relocated[i] = e->generation;
+    } else if (auto e = index_->Find(key)) {
       auto n = nodes_.find(e->node_id);
       // A node that is only briefly unavailable (re-registering after a
       // master restart, or reconciling) keeps its keys: storing one
@@ -327,6 +344,7 @@ MasterService::NodeChoice MasterService::ChooseNodeLocked(
   std::vector<PlacementCandidate> candidates;
   size_t round_robin_start = 0;
   for (auto& [id, node] : nodes_) {
+    if (id == plan.exclude) continue;  // a relocation's source
     if (!IsAlive(node, now)) {
       if (!node.deregistered && (!node.registered || node.needs_reconcile) &&
           now - node.last_seen <= options_.node_timeout) {
@@ -490,6 +508,7 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   put.parent_key = request.parent_key();
   put.expiry = now + options_.put_timeout;
   put.token = request.put_token();
+  put.relocate_from = plan->exclude;
   put.slots.reserve(plan->to_allocate.size());
   for (size_t j = 0; j < plan->to_allocate.size(); ++j) {
     auto gen = store_->NextGeneration();
@@ -505,6 +524,11 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
                      placed[j].second,
                      request.lengths(i),
                      *gen};
+    if (plan->exclude != 0) {
+      // A relocated block keeps the parent it is linked to.
+      slot.parent = index_->ParentOf(slot.key);
+      slot.relocated_generation = plan->relocated[i];
+    }
     v1::Location* loc = response.mutable_slots(i)->mutable_location();
     ToProto(slot.location(node_id), loc);
     Grant(**chosen, *loc, wire::kCapWrite, put.expiry,
@@ -584,6 +608,25 @@ void MasterService::SlotsToCommitLocked(
   }
 }
 
+uint32_t MasterService::SkipChangedRelocationsLocked(
+    PendingPut* put, absl::flat_hash_set<uint32_t>* failed) const {
+  if (put->relocate_from == 0) return 0;
+  uint32_t skipped = 0;
+  for (PendingSlot& slot : put->slots) {
+    if (failed->contains(slot.index)) continue;
+    auto e = index_->Find(slot.key);
+    if (!e || e->node_id != put->relocate_from ||
+        e->generation != slot.relocated_generation) {
+      // Removed, evicted or stored again since PutStart: its copy is stale.
+      failed->insert(slot.index);
+      ++skipped;
+      continue;
+    }
+    slot.parent = index_->ParentOf(slot.key);  // as linked now
+  }
+  return skipped;
+}
+
 absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
     const v1::PutCommitRequest& request) {
   MutexLock l(&mu_);
@@ -619,6 +662,9 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
       return r;
     }
   }
+
+  // A relocation moves only listings that are still the ones it copied.
+  const uint32_t skipped = SkipChangedRelocationsLocked(&put, &failed);
 
   // The slots to commit, in chain order: a slot whose parent is neither
   // committed nor committed by this put would be unreachable.
@@ -667,16 +713,18 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
       continue;
     }
     if (old->has_value()) {
-      // Replaced an entry on a dead node.
+      // Replaced an entry on a dead node, or relocated one.
       const ObjectLocation& o = **old;
       FreeSpace(o.node_id, o.region_id, o.addr);
       CountObject(o, -1);
+      if (slot.relocated_generation != 0) ++counters_.objects_relocated;
     }
     CountObject(e, +1);
     EmitStoredLocked(slot.key, slot.parent, e);
     ++committed;
   }
   counters_.commits_unreachable += unreachable;
+  counters_.relocations_skipped += skipped;
   for (const PendingSlot* slot : waiting) {
     waiting_children_[slot->parent].push_back(slot->key);
   }

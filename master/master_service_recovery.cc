@@ -602,10 +602,7 @@ size_t MasterService::PersistRecencyLocked(size_t max) {
   MetadataMutation m;
   m.object_uses.reserve(used.size());
   for (auto& [key, tick] : used) {
-    // Tick t was read at lease_epoch_ + (t - 1) ms; a tick rebased to 0 is
-    // older than the epoch.
-    const absl::Time at =
-        lease_epoch_ + absl::Milliseconds(tick > 0 ? int64_t{tick} - 1 : 0);
+    const absl::Time at = ReadTimeOfTick(tick);
     m.object_uses.emplace_back(std::move(key),
                                static_cast<uint64_t>(absl::ToUnixMillis(at)));
   }

@@ -941,6 +941,18 @@ TEST_CASE("Tenants: A neither reads, overwrites, removes nor learns of B's "
     v1::PutAbortResponse resp;
     CHECK(stub_a->PutAbort(&ctx, abort, &resp).ok());
   }
+  // Nor move anyone's blocks: relocation (hymctl drain --copy) is an
+  // admin's.
+  {
+    grpc::ClientContext ctx;
+    v1::PutStartRequest relocate;
+    relocate.add_keys("k1");
+    relocate.add_lengths(xb.size());
+    relocate.set_relocate_from_node(1);
+    v1::PutStartResponse resp;
+    CHECK(stub_b->PutStart(&ctx, relocate, &resp).error_code() ==
+          grpc::StatusCode::PERMISSION_DENIED);
+  }
 
   // tenant-a's admin removes tenant-a's k1 only.
   hymctl::Options ho;
