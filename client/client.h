@@ -183,6 +183,14 @@ struct StoreOptions {
   // keys are in chain order: eviction prefers the later ones (a chain that
   // loses its tail still serves a shorter prefix).
   std::string parent_key;
+  // Relocation (an admin's hymctl drain --copy; needs an admin token where
+  // the master checks identities): `keys` are objects the caller read from
+  // this node, to be moved off it. A key still listed there is written to
+  // another node and moved there at commit, keeping its chain links, if
+  // its listing did not change meanwhile; any other key is skipped
+  // (kAlreadyStored: nothing written). Host buffers only. 0: an ordinary
+  // store. Default: 0.
+  uint32_t relocate_from_node = 0;
   // Which memory every buffer of the call is in. Default: host memory.
   // Device buffers are copied device->host into bounce chunks, one group of
   // keys at a time, before they are written; a failed copy fails its keys

@@ -156,19 +156,23 @@ class ClientImpl : public Client {
   static absl::Status CheckPut(absl::Span<const std::string> keys,
                                absl::Span<const ConstBuffer> buffers);
   // The body of a Store of checked arguments: PutAll, with "no node has
-  // room" reported as every key refused.
+  // room" reported as every key refused. `relocate_from_node`: see
+  // StoreOptions (0: an ordinary store).
   absl::StatusOr<PutResult> StoreNow(absl::Span<const std::string> keys,
                                      absl::Span<const ConstBuffer> buffers,
                                      const std::string& parent_key,
-                                     absl::Time deadline);
+                                     absl::Time deadline,
+                                     uint32_t relocate_from_node);
   absl::StatusOr<PutResult> PutAll(absl::Span<const std::string> keys,
                                    absl::Span<const ConstBuffer> buffers,
                                    const std::string& parent_key,
-                                   absl::Time deadline);
+                                   absl::Time deadline,
+                                   uint32_t relocate_from_node);
   absl::Status PutChunk(absl::Span<const std::string> keys,
                         absl::Span<const ConstBuffer> buffers, size_t offset,
                         const std::string& parent_key, absl::Time deadline,
-                        uint32_t* node, PutResult* out);
+                        uint32_t relocate_from_node, uint32_t* node,
+                        PutResult* out);
 
   // device_io.cc
   // The bounce pool, created (pinned, registered) on first use.

@@ -252,7 +252,8 @@ absl::StatusOr<PutResult> ClientImpl::StoreFromDevice(
       break;
     }
     absl::StatusOr<PutResult> r =
-        StoreNow(keys.subspan(next, end - next), bounce, parent, deadline);
+        StoreNow(keys.subspan(next, end - next), bounce, parent, deadline,
+                 /*relocate_from_node=*/0);
     pool->Release(*chunk);
     if (!r.ok()) {
       if (next == 0) return r.status();

@@ -369,6 +369,7 @@ class GrpcMasterClient : public MasterClient {
     }
     req.set_preferred_node_id(args.preferred_node_id);
     if (!args.parent_key.empty()) req.set_parent_key(args.parent_key);
+    req.set_relocate_from_node(args.relocate_from_node);
     uint64_t token = 0;
     while (token == 0) token = absl::Uniform<uint64_t>(absl::BitGen());
     req.set_put_token(token);
@@ -390,6 +391,7 @@ class GrpcMasterClient : public MasterClient {
       const pb::PutSlot& s = resp.slots(i);
       switch (s.state()) {
         case pb::SLOT_EXISTS:
+        case pb::SLOT_NOT_ON_NODE:  // a relocation's: nothing to write
           out.slots[i].state = PutSlotState::kExists;
           break;
         case pb::SLOT_IN_PROGRESS:

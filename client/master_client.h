@@ -61,6 +61,8 @@ struct PutStartArgs {
   uint32_t preferred_node_id = 0;
   // Key of the block before keys[0] in its chain ("": keys[0] heads it).
   std::string parent_key;
+  // Relocation off this node (StoreOptions::relocate_from_node); 0: none.
+  uint32_t relocate_from_node = 0;
 };
 
 enum class PutSlotState {

@@ -49,6 +49,11 @@ std::shared_ptr<StoreHandle> ClientImpl::Store(
     const StoreOptions& options) {
   auto handle = std::make_shared<StoreHandleImpl>();
   absl::Status bad = CheckPut(keys, buffers);
+  if (bad.ok() && options.relocate_from_node != 0 &&
+      options.memory.kind != MemoryKind::kHost) {
+    bad = absl::InvalidArgumentError(
+        "Store: relocate_from_node takes host buffers only");
+  }
   if (!bad.ok()) {
     handle->Complete(bad);
     return handle;
@@ -59,11 +64,11 @@ std::shared_ptr<StoreHandle> ClientImpl::Store(
                keys = std::vector<std::string>(keys.begin(), keys.end()),
                bufs = std::vector<ConstBuffer>(buffers.begin(), buffers.end()),
                parent = options.parent_key, memory = options.memory,
-               deadline]() {
-    handle->Complete(memory.kind == MemoryKind::kHost
-                         ? StoreNow(keys, bufs, parent, deadline)
-                         : StoreFromDevice(keys, bufs, memory, parent,
-                                           deadline));
+               relocate = options.relocate_from_node, deadline]() {
+    handle->Complete(
+        memory.kind == MemoryKind::kHost
+            ? StoreNow(keys, bufs, parent, deadline, relocate)
+            : StoreFromDevice(keys, bufs, memory, parent, deadline));
   };
   if (!store_executor_->TrySubmit(std::move(task))) {
     handle->Complete(WithReason(
@@ -79,13 +84,16 @@ absl::StatusOr<PutResult> ClientImpl::Put(absl::Span<const std::string> keys,
                                           absl::Span<const ConstBuffer> buffers,
                                           const CallOptions& call) {
   RETURN_IF_ERROR(CheckPut(keys, buffers));
-  return StoreNow(keys, buffers, /*parent_key=*/"", Deadline(call.deadline));
+  return StoreNow(keys, buffers, /*parent_key=*/"", Deadline(call.deadline),
+                  /*relocate_from_node=*/0);
 }
 
 absl::StatusOr<PutResult> ClientImpl::StoreNow(
     absl::Span<const std::string> keys, absl::Span<const ConstBuffer> buffers,
-    const std::string& parent_key, absl::Time deadline) {
-  absl::StatusOr<PutResult> r = PutAll(keys, buffers, parent_key, deadline);
+    const std::string& parent_key, absl::Time deadline,
+    uint32_t relocate_from_node) {
+  absl::StatusOr<PutResult> r =
+      PutAll(keys, buffers, parent_key, deadline, relocate_from_node);
   if (!r.ok() && r.status().code() == absl::StatusCode::kResourceExhausted) {
     // No node had room: every key is refused (skipped), not an error.
     PutResult refused;
@@ -122,7 +130,8 @@ absl::Status ClientImpl::CheckPut(absl::Span<const std::string> keys,
 // call as one chain.
 absl::StatusOr<PutResult> ClientImpl::PutAll(
     absl::Span<const std::string> keys, absl::Span<const ConstBuffer> buffers,
-    const std::string& parent_key, absl::Time deadline) {
+    const std::string& parent_key, absl::Time deadline,
+    uint32_t relocate_from_node) {
   PutResult out;
   out.outcomes.assign(keys.size(), PutOutcome::kFailed);
   out.errors.assign(keys.size(), absl::OkStatus());
@@ -132,8 +141,8 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
     size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
     absl::Status st =
         PutChunk(keys.subspan(begin, n), buffers.subspan(begin, n), begin,
-                 begin == 0 ? parent_key : keys[begin - 1], deadline, &node,
-                 &out);
+                 begin == 0 ? parent_key : keys[begin - 1], deadline,
+                 relocate_from_node, &node, &out);
     if (!st.ok()) {
       if (begin == 0) return st;  // nothing happened yet: the call failed
       for (size_t i = begin; i < keys.size(); ++i) out.errors[i] = st;
@@ -166,7 +175,8 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
 absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
                                   absl::Span<const ConstBuffer> buffers,
                                   size_t offset, const std::string& parent_key,
-                                  absl::Time deadline, uint32_t* node,
+                                  absl::Time deadline,
+                                  uint32_t relocate_from_node, uint32_t* node,
                                   PutResult* out) {
   PutStartArgs args;
   args.keys.assign(keys.begin(), keys.end());
@@ -174,6 +184,7 @@ absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
   for (const ConstBuffer& b : buffers) args.lengths.push_back(b.size);
   args.preferred_node_id = *node;
   args.parent_key = parent_key;
+  args.relocate_from_node = relocate_from_node;
   ASSIGN_OR_RETURN(PutStartReply start, master_->PutStart(args, deadline));
   if (start.slots.size() != keys.size()) {
     master_->PutAbortInBackground(start.put_id);
