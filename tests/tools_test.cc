@@ -1,15 +1,20 @@
 // hymctl and the demo workload against real daemons.
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/eventually.h"
 #include "proto/master.grpc.pb.h"
 #include "tests/daemon.h"
 #include "tools/demo/demo.h"
@@ -201,6 +206,138 @@ TEST_CASE("hymctl fsck finds and repairs listings and extents that disagree") {
   std::ofstream(g) << std::string(4096, 'g');
   REQUIRE(Ctl(c.master.address, {"put", "ghost", g}, &out) == 0);
   CHECK(out.find("stored ghost") != std::string::npos);
+}
+
+// The blocks of chain `c` of the drain test: 8 of 64 KiB, each's bytes its
+// own.
+std::vector<std::string> DrainChainKeys(int c) {
+  std::vector<std::string> keys;
+  for (int b = 0; b < 8; ++b) {
+    keys.push_back("chain" + std::to_string(c) + "/b" + std::to_string(b));
+  }
+  return keys;
+}
+std::string DrainBlock(const std::string& key) {
+  std::string bytes(64 << 10, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<char>(key[i % key.size()] + i / 4096);
+  }
+  return bytes;
+}
+// Loads chain `c` whole and checks every byte; the blocks loaded.
+size_t LoadDrainChain(Client* client, int c) {
+  const std::vector<std::string> keys = DrainChainKeys(c);
+  std::vector<std::string> got(keys.size(), std::string(64 << 10, '\0'));
+  std::vector<MutableBuffer> into;
+  for (std::string& g : got) into.push_back({g.data(), g.size()});
+  auto r = client->Load(keys, into);
+  if (!r.ok()) return 0;
+  for (size_t b = 0; b < r->loaded; ++b) {
+    if (got[b] != DrainBlock(keys[b])) return 0;  // wrong bytes
+  }
+  return r->loaded;
+}
+
+TEST_CASE(
+    "hymctl drain --copy moves a node's hot chains elsewhere under load, and "
+    "they outlive it") {
+  const std::string dir = TempDir("drain_copy");
+  auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0");
+  REQUIRE(m.ok());
+  auto old_node =
+      StorageProcess::Start(m->address, "old", {"--dram_bytes=67108864"});
+  REQUIRE(old_node.ok());
+  ClientOptions co;
+  co.master_address = m->address;
+  auto client = Client::Create(co);
+  REQUIRE(client.ok());
+  // Six chains on the old node, the only one yet; chains 0-2 are read
+  // (hot), 3-5 never.
+  REQUIRE(testing::Eventually([&] {
+    const std::vector<std::string> keys = DrainChainKeys(0);
+    std::vector<std::string> bytes;
+    for (const auto& k : keys) bytes.push_back(DrainBlock(k));
+    std::vector<ConstBuffer> from;
+    for (const auto& b : bytes) from.push_back({b.data(), b.size()});
+    auto put = (*client)->Put(keys, from);
+    return put.ok() && put->stored == keys.size();
+  }));
+  for (int c = 1; c < 6; ++c) {
+    const std::vector<std::string> keys = DrainChainKeys(c);
+    std::vector<std::string> bytes;
+    for (const auto& k : keys) bytes.push_back(DrainBlock(k));
+    std::vector<ConstBuffer> from;
+    for (const auto& b : bytes) from.push_back({b.data(), b.size()});
+    auto put = (*client)->Put(keys, from);
+    REQUIRE(put.ok());
+    REQUIRE(put->stored == keys.size());
+  }
+  for (int c = 0; c < 3; ++c) REQUIRE(LoadDrainChain(client->get(), c) == 8);
+  auto new_node =
+      StorageProcess::Start(m->address, "new", {"--dram_bytes=67108864"});
+  REQUIRE(new_node.ok());
+  std::string out;
+  REQUIRE(testing::Eventually([&] {
+    return Ctl(m->address, {"status"}, &out, true) == 0 &&
+           nlohmann::json::parse(out)["nodes"].size() == 2 &&
+           nlohmann::json::parse(out)["nodes"][1]["alive"] == true;
+  }));
+  uint32_t new_id = 0;
+  const nlohmann::json status = nlohmann::json::parse(out);
+  for (const auto& n : status["nodes"]) {
+    if (n["name"] == "new") new_id = n["node_id"].get<uint32_t>();
+  }
+  INFO(out);
+  REQUIRE(new_id != 0);
+
+  // Readers load the hot chains throughout the drain.
+  std::atomic<bool> stop{false};
+  std::atomic<int> loads{0}, failed_loads{0};
+  std::thread reader([&] {
+    while (!stop.load()) {
+      for (int c = 0; c < 3; ++c) {
+        ++loads;
+        if (LoadDrainChain(client->get(), c) != 8) ++failed_loads;
+      }
+    }
+  });
+  hymctl::Options o;
+  o.master_address = m->address;
+  o.json = true;
+  o.drain_copy = "hot";
+  o.hot_within_seconds = 600;
+  std::ostringstream os, es;
+  const int rc = hymctl::Run(o, {"drain", "old"}, os, es);
+  // Loads after the copy too: the listings now name the new node.
+  const int loads_at_copy = loads.load();
+  REQUIRE(
+      testing::Eventually([&] { return loads.load() > loads_at_copy + 6; }));
+  stop = true;
+  reader.join();
+  INFO(os.str() << es.str());
+  REQUIRE(rc == 0);
+  auto j = nlohmann::json::parse(os.str());
+  CHECK(j["copy"]["listed"] == 48);
+  CHECK(j["copy"]["chosen"] == 24);
+  CHECK(j["copy"]["copied"] == 24);
+  CHECK(j["copy"]["copied_bytes"] == 24 * (64 << 10));
+  CHECK(j["copy"]["let_go"] == 24);
+  CHECK(j["copy"]["failed"] == 0);
+  CHECK(j["objects"] == 24);
+  CHECK(loads.load() > 6);
+  CHECK(failed_loads.load() == 0);
+
+  // The old node leaves (killed): the hot chains are all still there, on
+  // the new node; the cold ones were let go.
+  REQUIRE(old_node->daemon.Stop(SIGKILL).ok());
+  for (int c = 0; c < 3; ++c) {
+    INFO("chain " << c);
+    auto look = (*client)->BatchLookup(DrainChainKeys(c));
+    REQUIRE(look.ok());
+    CHECK(look->hit_prefix == 8);
+    for (const auto& l : look->locations) CHECK(l.node_id == new_id);
+    CHECK(LoadDrainChain(client->get(), c) == 8);
+  }
 }
 
 TEST_CASE("the demo workload reuses prefixes and verifies every byte") {

@@ -29,9 +29,11 @@
 #include "common/etcd_client.h"
 #include "common/grpc_status.h"
 #include "common/leader_election.h"
+#include "common/status_macros.h"
 #include "common/status_reason.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
+#include "tools/hymctl/drain_copy.h"
 #include "tools/hymctl/events.h"
 #include "tools/hymctl/fsck.h"
 #include "tools/hymctl/top.h"
@@ -217,17 +219,7 @@ class Cli {
       return FollowEvents(stub.get(), eo, o_.timeout_seconds, out_, err_);
     }
     if (cmd == "status") return rest.empty() ? Status() : Usage("status takes no operands");
-    ClientOptions co;
-    co.master_address = o_.master_address;
-    co.auth_token = o_.security.token;
-    co.tls_ca_file = o_.security.tls.ca_file;
-    co.tls_cert_file = o_.security.tls.cert_file;
-    co.tls_key_file = o_.security.tls.key_file;
-    co.tls_server_name = o_.security.tls.server_name;
-    co.default_deadline = absl::Seconds(o_.timeout_seconds);
-    auto client = Client::Create(co);
-    if (!client.ok()) return Fail(client.status());
-    client_ = std::move(*client);
+    if (absl::Status c = CreateClient(); !c.ok()) return Fail(c);
     if (cmd == "stats") return rest.empty() ? NodeStats() : Usage("stats takes no operands");
     if (cmd == "put") return rest.size() == 2 ? Put(rest[0], rest[1]) : Usage("put KEY FILE");
     if (cmd == "get") return rest.size() == 2 ? Get(rest[0], rest[1]) : Usage("get KEY FILE");
@@ -243,6 +235,21 @@ class Cli {
   }
 
  private:
+  absl::Status CreateClient() {
+    ClientOptions co;
+    co.master_address = o_.master_address;
+    co.auth_token = o_.security.token;
+    co.tls_ca_file = o_.security.tls.ca_file;
+    co.tls_cert_file = o_.security.tls.cert_file;
+    co.tls_key_file = o_.security.tls.key_file;
+    co.tls_server_name = o_.security.tls.server_name;
+    co.default_deadline = absl::Seconds(o_.timeout_seconds);
+    auto client = Client::Create(co);
+    if (!client.ok()) return client.status();
+    client_ = std::move(*client);
+    return absl::OkStatus();
+  }
+
   int Usage(const std::string& why) {
     err_ << "hymctl: " << why << "\n" << HelpText();
     return 2;
@@ -629,6 +636,13 @@ class Cli {
       grpc::Status s = stub->SetNodeDraining(&ctx, req, &resp);
       if (!s.ok()) return Fail(FromGrpcStatus(s));
     }
+    std::optional<DrainCopyReport> copy;
+    if (draining && !o_.drain_copy.empty()) {
+      auto copied = CopyOff(stub.get(), resp.node_id());
+      if (!copied.ok()) return Fail(copied.status());
+      copy = *copied;
+      resp.set_object_count(copy->listed - copy->copied);
+    }
     uint64_t objects = resp.object_count();
     bool forgotten = false;
     const bool wait = draining && o_.wait;
@@ -653,6 +667,7 @@ class Cli {
              {"objects", objects}};
       if (wait) j["drained"] = empty;
       if (forgotten) j["forgotten"] = true;
+      if (copy) j["copy"] = DrainCopyJson(*copy);
       out_ << j.dump() << "\n";
     } else {
       out_ << "node " << resp.node_id() << " '" << node->name() << "' "
@@ -660,6 +675,7 @@ class Cli {
                         : "undrained: placements resume")
            << (resp.changed() ? "" : " (already so)") << "; " << objects
            << " objects\n";
+      if (copy) out_ << DrainCopyText(*copy) << "\n";
       if (wait) {
         out_ << (empty ? "drained: the node holds no objects"
                        : absl::StrCat(objects,
@@ -669,6 +685,29 @@ class Cli {
       }
     }
     return wait && !empty ? 1 : 0;
+  }
+
+  // drain --copy: the node's objects (or its hot chains) to other nodes,
+  // with a progress line on stderr every second.
+  absl::StatusOr<DrainCopyReport> CopyOff(
+      hymcache::v1::MasterService::Stub* stub, uint32_t node_id) {
+    DrainCopyOptions dc;
+    dc.node_id = node_id;
+    if (o_.drain_copy == "hot") {
+      dc.which = DrainCopyOptions::Which::kHot;
+    } else if (o_.drain_copy != "all") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "drain --copy takes 'all' or 'hot', not '", o_.drain_copy, "'"));
+    }
+    dc.hot_within = absl::Seconds(o_.hot_within_seconds);
+    dc.deadline = absl::Now() + absl::Seconds(o_.timeout_seconds);
+    RETURN_IF_ERROR(CreateClient());
+    absl::Time shown = absl::Now();
+    return CopyOffNode(stub, client_.get(), dc, [&](const DrainCopyReport& r) {
+      if (absl::Now() - shown < absl::Seconds(1)) return;
+      shown = absl::Now();
+      err_ << "drain --copy: " << DrainCopyText(r) << "\n";
+    });
   }
 
   // Admin: everything the master knows about one key.
@@ -1130,61 +1169,6 @@ class Cli {
 };
 
 }  // namespace
-
-std::string HelpText() {
-  return R"(usage: hymctl [flags] COMMAND [operands]   (hymctl --help: the flags too)
-
-Cluster:
-  status [-o wide]    nodes: state, device, used, size, objects, last seen
-                      (fits 80 columns; -o wide: addresses, exact sizes)
-  stats               each node's data-plane and device counters
-  top [--interval=S] [--iterations=N]
-                      per-node reads, writes, DRAM hit ratio, staging and
-                      flush rates, refreshed every S seconds (default 2)
-  version             hymctl's version
-On call (admin):
-  drain NODE [--wait] [--timeout=S]
-                      no new puts on NODE (reads continue; kept across
-                      restarts); --wait: until it holds no objects
-  undrain NODE        placements on NODE resume
-  forget NODE         remove a dead node's record and its objects
-                      (also: node forget NODE)
-  inspect KEY         where KEY is, its node's state, last read, lease,
-                      chain links, tenant
-  events [--count=N] [--stream=ID --after=SEQ]
-                      follow the KV events (blocks stored and removed,
-                      nodes up and down) from the oldest held, or after
-                      SEQ of stream ID; --count: stop after N
-  fsck [--repair] [--settle=S]
-                      compare the master's listings with every node's
-                      extents (exit 1 if inconsistent)
-Objects:
-  put KEY FILE        store FILE under KEY
-  get KEY FILE        write KEY's bytes to FILE
-  lookup KEY...       locations and the hit prefix
-  rm KEY...           remove keys
-Tenants and tokens:
-  tenant list         every tenant's objects, bytes and quota
-  tenant usage TENANT
-  tenant set-quota TENANT MAX_OBJECTS MAX_BYTES
-                      0 = unlimited; refused PutStarts beyond it
-  token new ROLE TENANT NAME TOKEN_FILE [--nodes=A,B]
-                      write a fresh token to TOKEN_FILE (a new file, mode
-                      0600) and print its identities line (ROLE: engine,
-                      admin or node; TENANT: - for the default;
-                      --nodes: the node names a node token may
-                      register as)
-  help                this text
-
-NODE is a node's name or id. KEY is text, or hex with --hex. The master is
-the leader of --cluster (default "default") that etcd names with
---etcd=E1:2379[,...], else --master (several: A,B,C, the one that leads),
-else $HYMCACHE_MASTER, else 127.0.0.1:50051. --json prints JSON;
-each key in it comes with "<field>_encoding": "text" or "hex".
-Exit status: 0 done, 1 failed (or: drain --wait not empty, inspect not
-found, fsck inconsistent), 2 bad usage.
-)";
-}
 
 int Run(const Options& options, const std::vector<std::string>& args,
         std::ostream& out, std::ostream& err) {

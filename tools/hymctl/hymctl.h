@@ -42,6 +42,11 @@ struct Options {
   // drain: wait until the node holds no objects (at most timeout_seconds).
   // Default: false.
   bool wait = false;
+  // drain: first copy the node's objects to other nodes (drain_copy.h):
+  // "all", "hot" (read within hot_within_seconds, and the blocks before
+  // them) or "" (none: they go when the node leaves). Default: "".
+  std::string drain_copy;
+  double hot_within_seconds = 600;
   // token new: the node names a node token may register as, comma-separated
   // ("": any name). Default: "".
   std::string token_nodes;

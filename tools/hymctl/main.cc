@@ -35,6 +35,10 @@ DEFINE_string(tls_server_name, "",
               "name the servers' certificates carry (default: the host dialled)");
 DEFINE_string(o, "", "status: 'wide' for every address and exact sizes");
 DEFINE_bool(wait, false, "drain: wait until the node holds no objects");
+DEFINE_string(copy, "",
+              "drain: first copy the node's objects to other nodes: 'all', or "
+              "'hot' (read within --hot_within, and the blocks before them)");
+DEFINE_double(hot_within, 600, "drain --copy=hot: seconds since a read");
 DEFINE_double(interval, 2, "top: seconds between refreshes");
 DEFINE_string(nodes, "",
               "token new: node names (comma-separated) a node token may "
@@ -49,11 +53,12 @@ int main(int argc, char** argv) {
       {.program = "hymctl",
        .usage = hymcache::hymctl::HelpText(),
        .groups = {{"Connection",
-                   {"master", "etcd", "cluster", "timeout", "token_file", "tls_ca", "tls_cert",
-                    "tls_key", "tls_server_name"}},
+                   {"master", "etcd", "cluster", "timeout", "token_file",
+                    "tls_ca", "tls_cert", "tls_key", "tls_server_name"}},
                   {"Output", {"json", "hex", "o"}},
                   {"fsck", {"repair", "settle"}},
-                  {"drain and top", {"wait", "interval", "iterations"}},
+                  {"drain and top",
+                   {"wait", "copy", "hot_within", "interval", "iterations"}},
                   {"token new", {"nodes"}}},
        .main_file = __FILE__},
       &argc, &argv);
@@ -77,6 +82,8 @@ int main(int argc, char** argv) {
   }
   o.wide = FLAGS_o == "wide";
   o.wait = FLAGS_wait;
+  o.drain_copy = FLAGS_copy;
+  o.hot_within_seconds = FLAGS_hot_within;
   o.token_nodes = FLAGS_nodes;
   o.interval_seconds = FLAGS_interval;
   o.iterations = FLAGS_iterations;
