@@ -340,6 +340,67 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("hymctl rebalance moves the hottest chains onto a node that joined") {
+  const std::string dir = TempDir("rebalance");
+  auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0");
+  REQUIRE(m.ok());
+  auto first =
+      StorageProcess::Start(m->address, "first", {"--dram_bytes=67108864"});
+  REQUIRE(first.ok());
+  ClientOptions co;
+  co.master_address = m->address;
+  auto client = Client::Create(co);
+  REQUIRE(client.ok());
+  // Eight chains of 512 KiB on the only node; chains 4-7 are read last
+  // (the hottest).
+  for (int c = 0; c < 8; ++c) {
+    const std::vector<std::string> keys = DrainChainKeys(c);
+    std::vector<std::string> bytes;
+    for (const auto& k : keys) bytes.push_back(DrainBlock(k));
+    std::vector<ConstBuffer> from;
+    for (const auto& b : bytes) from.push_back({b.data(), b.size()});
+    REQUIRE(testing::Eventually([&] {
+      auto put = (*client)->Put(keys, from);
+      return put.ok() && put->stored + put->skipped == keys.size();
+    }));
+  }
+  for (int c = 0; c < 8; ++c) REQUIRE(LoadDrainChain(client->get(), c) == 8);
+  std::string out;
+  CHECK(Ctl(m->address, {"rebalance"}, &out) == 0);
+  CHECK(out.find("balanced") != std::string::npos);
+
+  auto second =
+      StorageProcess::Start(m->address, "second", {"--dram_bytes=67108864"});
+  REQUIRE(second.ok());
+  REQUIRE(testing::Eventually([&] {
+    return Ctl(m->address, {"status"}, &out, true) == 0 &&
+           nlohmann::json::parse(out)["nodes"].size() == 2 &&
+           nlohmann::json::parse(out)["nodes"][1]["alive"] == true;
+  }));
+  REQUIRE(Ctl(m->address, {"rebalance"}, &out, true) == 0);
+  INFO(out);
+  const nlohmann::json j = nlohmann::json::parse(out);
+  REQUIRE(j["moved"].size() == 1);
+  CHECK(j["moved"][0]["name"] == "first");
+  CHECK(j["moved"][0]["copy"]["copied"] == 32);  // half: four chains
+  CHECK(j["moved"][0]["copy"]["failed"] == 0);
+  CHECK(j["moved"][0]["copy"]["max_bytes_reached"] == true);
+  const uint32_t first_id = j["moved"][0]["node_id"].get<uint32_t>();
+  // The hottest four moved, whole; every chain still loads.
+  for (int c = 0; c < 8; ++c) {
+    INFO("chain " << c);
+    auto look = (*client)->BatchLookup(DrainChainKeys(c));
+    REQUIRE(look.ok());
+    REQUIRE(look->hit_prefix == 8);
+    for (const auto& l : look->locations) {
+      CHECK((l.node_id == first_id) == (c < 4));
+    }
+    CHECK(LoadDrainChain(client->get(), c) == 8);
+  }
+  REQUIRE(Ctl(m->address, {"rebalance"}, &out, true) == 0);
+  CHECK(nlohmann::json::parse(out)["moved"].empty());
+}
+
 TEST_CASE("the demo workload reuses prefixes and verifies every byte") {
   Small c;
   demo::DemoOptions o;

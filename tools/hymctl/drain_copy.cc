@@ -89,7 +89,8 @@ class Copier {
     // Depth first, in runs of linked blocks: a run follows each block's
     // hottest child; the other children start runs of their own, after it.
     std::vector<size_t> starts(roots.rbegin(), roots.rend());
-    while (!starts.empty() && !report_.deadline_passed) {
+    while (!starts.empty() && !report_.deadline_passed &&
+           !report_.max_bytes_reached) {
       const size_t first = starts.back();
       starts.pop_back();
       std::vector<size_t> run{first};
@@ -133,6 +134,10 @@ class Copier {
     for (size_t b = 0; b < run.size(); b += options_.batch_keys) {
       if (absl::Now() >= options_.deadline) {
         report_.deadline_passed = true;
+        return;
+      }
+      if (report_.copied_bytes >= options_.max_bytes) {
+        report_.max_bytes_reached = true;
         return;
       }
       const size_t n = std::min(options_.batch_keys, run.size() - b);
@@ -217,15 +222,43 @@ std::string DrainCopyText(const DrainCopyReport& r) {
   return absl::StrCat("copied ", r.copied, " of ", r.chosen, " objects (",
                       r.copied_bytes, " bytes); ", r.skipped, " skipped, ",
                       r.failed, " failed, ", r.let_go, " let go",
-                      r.deadline_passed ? ", deadline passed" : "");
+                      r.deadline_passed ? ", deadline passed" : "",
+                      r.max_bytes_reached ? ", share moved" : "");
 }
 
 nlohmann::json DrainCopyJson(const DrainCopyReport& r) {
-  return nlohmann::json{{"listed", r.listed},   {"chosen", r.chosen},
-                        {"copied", r.copied},   {"copied_bytes", r.copied_bytes},
-                        {"skipped", r.skipped}, {"failed", r.failed},
+  return nlohmann::json{{"listed", r.listed},
+                        {"chosen", r.chosen},
+                        {"copied", r.copied},
+                        {"copied_bytes", r.copied_bytes},
+                        {"skipped", r.skipped},
+                        {"failed", r.failed},
                         {"let_go", r.let_go},
-                        {"deadline_passed", r.deadline_passed}};
+                        {"deadline_passed", r.deadline_passed},
+                        {"max_bytes_reached", r.max_bytes_reached}};
+}
+
+std::string RebalanceText(const std::vector<RebalanceStep>& steps) {
+  if (steps.empty()) return "balanced: no node holds more than its share";
+  std::string out;
+  for (const RebalanceStep& s : steps) {
+    absl::StrAppend(&out, out.empty() ? "" : "\n", "node ", s.node_id, " '",
+                    s.name, "' held ", s.used_bytes, " bytes (mean ",
+                    s.mean_bytes, "): ", DrainCopyText(s.copy));
+  }
+  return out;
+}
+
+nlohmann::json RebalanceJson(const std::vector<RebalanceStep>& steps) {
+  nlohmann::json moved = nlohmann::json::array();
+  for (const RebalanceStep& s : steps) {
+    moved.push_back(nlohmann::json{{"node_id", s.node_id},
+                                   {"name", s.name},
+                                   {"used_bytes", s.used_bytes},
+                                   {"mean_bytes", s.mean_bytes},
+                                   {"copy", DrainCopyJson(s.copy)}});
+  }
+  return nlohmann::json{{"moved", moved}};
 }
 
 absl::StatusOr<DrainCopyReport> CopyOffNode(
@@ -240,6 +273,58 @@ absl::StatusOr<DrainCopyReport> CopyOffNode(
       ListNode(master, options.node_id, options.deadline);
   if (!objects.ok()) return objects.status();
   return Copier(client, options, progress, std::move(*objects)).Run();
+}
+
+absl::StatusOr<std::vector<RebalanceStep>> Rebalance(
+    v1::MasterService::Stub* master, Client* client,
+    const RebalanceOptions& options,
+    const std::function<void(const DrainCopyReport&)>& progress) {
+  v1::GetStatsResponse stats;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(
+        std::min(options.deadline, absl::Now() + absl::Seconds(30))));
+    grpc::Status s = master->GetStats(&ctx, v1::GetStatsRequest(), &stats);
+    if (!s.ok()) return FromGrpcStatus(s);
+  }
+  std::vector<const v1::NodeInfo*> nodes;
+  uint64_t total = 0;
+  for (const v1::NodeInfo& n : stats.nodes()) {
+    if (!n.alive() || n.draining()) continue;
+    nodes.push_back(&n);
+    total += n.used_bytes();
+  }
+  std::vector<RebalanceStep> steps;
+  if (nodes.size() < 2) return steps;
+  const uint64_t mean = total / nodes.size();
+  // The fullest first.
+  std::sort(nodes.begin(), nodes.end(), [](const auto* a, const auto* b) {
+    return a->used_bytes() > b->used_bytes();
+  });
+  for (const v1::NodeInfo* n : nodes) {
+    if (static_cast<double>(n->used_bytes()) <=
+        static_cast<double>(mean) * (1 + options.slack)) {
+      break;
+    }
+    RebalanceStep step;
+    step.node_id = n->node_id();
+    step.name = n->name();
+    step.used_bytes = n->used_bytes();
+    step.mean_bytes = mean;
+    DrainCopyOptions dc;
+    dc.node_id = n->node_id();
+    dc.which = options.which;
+    dc.hot_within = options.hot_within;
+    dc.deadline = options.deadline;
+    dc.max_bytes = n->used_bytes() - mean;
+    absl::StatusOr<DrainCopyReport> copied =
+        CopyOffNode(master, client, dc, progress);
+    if (!copied.ok()) return copied.status();
+    step.copy = *copied;
+    steps.push_back(std::move(step));
+    if (copied->deadline_passed) break;
+  }
+  return steps;
 }
 
 }  // namespace hymcache::hymctl

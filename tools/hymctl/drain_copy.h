@@ -1,5 +1,7 @@
 // drain --copy: moves a draining node's chains to the other nodes before it
-// leaves (docs/operations.md, "Draining a node").
+// leaves; rebalance: moves chains off the fullest nodes, so that a node
+// that joins takes a share of the hot chains (docs/operations.md, "drain /
+// undrain" and "rebalance").
 //
 // The master lists the node's objects (ListObjects, with each one's parent
 // and last read). The copy takes every object (kAll) or the hot ones (kHot:
@@ -23,7 +25,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -47,6 +51,9 @@ struct DrainCopyOptions {
   size_t batch_keys = 64;
   // The whole copy ends by then (what is not copied stays). Default: none.
   absl::Time deadline = absl::InfiniteFuture();
+  // The copy ends once it has moved this many bytes (a rebalance's share).
+  // Default: no limit.
+  uint64_t max_bytes = std::numeric_limits<uint64_t>::max();
 };
 
 struct DrainCopyReport {
@@ -58,6 +65,7 @@ struct DrainCopyReport {
   uint64_t failed = 0;        // not moved: a write or commit failed
   uint64_t let_go = 0;        // listed, not chosen (kHot)
   bool deadline_passed = false;
+  bool max_bytes_reached = false;
 };
 
 // Copies per the options. `progress` (may be empty) is called after each
@@ -69,9 +77,43 @@ absl::StatusOr<DrainCopyReport> CopyOffNode(
     const DrainCopyOptions& options,
     const std::function<void(const DrainCopyReport&)>& progress);
 
+// rebalance: each alive, undrained node holding more than `slack` over the
+// mean of those nodes' used bytes gives up its excess: CopyOffNode with
+// max_bytes = its used bytes minus the mean, hottest chains first (`which`
+// kHot: only those read within hot_within), to the other nodes (the
+// master's load-aware placement puts them on the emptiest: the node that
+// joined). Unlike a drain, the node keeps taking puts and its freed space
+// is reused: a reader that looked a moved block up before its copy
+// committed may find it gone (a miss: the engine recomputes; never
+// another object's bytes).
+struct RebalanceOptions {
+  DrainCopyOptions::Which which = DrainCopyOptions::Which::kAll;
+  absl::Duration hot_within = absl::Minutes(10);
+  // A node more than this share over the mean gives up its excess.
+  // Default: 0.1.
+  double slack = 0.1;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+struct RebalanceStep {
+  uint32_t node_id = 0;
+  std::string name;
+  uint64_t used_bytes = 0;  // before
+  uint64_t mean_bytes = 0;  // the alive, undrained nodes' mean
+  DrainCopyReport copy;
+};
+// Errors: as CopyOffNode, and the master's GetStats.
+absl::StatusOr<std::vector<RebalanceStep>> Rebalance(
+    hymcache::v1::MasterService::Stub* master, Client* client,
+    const RebalanceOptions& options,
+    const std::function<void(const DrainCopyReport&)>& progress);
+
 // "copied C of N objects (B bytes); S skipped, F failed, L let go" (and
-// ", deadline passed"), and the same as JSON.
+// ", deadline passed" or ", share moved"), and the same as JSON.
 std::string DrainCopyText(const DrainCopyReport& report);
 nlohmann::json DrainCopyJson(const DrainCopyReport& report);
+// A line per node that gave up chains ("balanced: ..." for none), and
+// {"moved": [{node_id, name, used_bytes, mean_bytes, copy}]}.
+std::string RebalanceText(const std::vector<RebalanceStep>& steps);
+nlohmann::json RebalanceJson(const std::vector<RebalanceStep>& steps);
 
 }  // namespace hymcache::hymctl

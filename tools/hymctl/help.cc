@@ -24,6 +24,11 @@ On call (admin):
                       them, to other nodes first (within --timeout);
                       --wait: until it holds no objects
   undrain NODE        placements on NODE resume
+  rebalance [--copy=all|hot [--hot_within=S]]
+                      move chains, hottest first, off each node holding
+                      more than 10% over the mean onto the emptiest ones
+                      (a node that joined); hot: only those read within S
+                      seconds
   forget NODE         remove a dead node's record and its objects
                       (also: node forget NODE)
   inspect KEY         where KEY is, its node's state, last read, lease,

@@ -8,11 +8,12 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iterator>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/escaping.h"
@@ -221,6 +222,10 @@ class Cli {
     if (cmd == "status") return rest.empty() ? Status() : Usage("status takes no operands");
     if (absl::Status c = CreateClient(); !c.ok()) return Fail(c);
     if (cmd == "stats") return rest.empty() ? NodeStats() : Usage("stats takes no operands");
+    if (cmd == "rebalance") {
+      return rest.empty() ? RebalanceNodes()
+                          : Usage("rebalance takes no operands");
+    }
     if (cmd == "put") return rest.size() == 2 ? Put(rest[0], rest[1]) : Usage("put KEY FILE");
     if (cmd == "get") return rest.size() == 2 ? Get(rest[0], rest[1]) : Usage("get KEY FILE");
     if (cmd == "lookup") return rest.empty() ? Usage("lookup KEY...") : Lookup(rest);
@@ -702,12 +707,42 @@ class Cli {
     dc.hot_within = absl::Seconds(o_.hot_within_seconds);
     dc.deadline = absl::Now() + absl::Seconds(o_.timeout_seconds);
     RETURN_IF_ERROR(CreateClient());
-    absl::Time shown = absl::Now();
-    return CopyOffNode(stub, client_.get(), dc, [&](const DrainCopyReport& r) {
+    return CopyOffNode(stub, client_.get(), dc, ProgressLine("drain --copy"));
+  }
+
+  // A progress line on stderr at most every second.
+  std::function<void(const DrainCopyReport&)> ProgressLine(
+      const std::string& what) {
+    return [this, what, shown = absl::Now()](const DrainCopyReport& r) mutable {
       if (absl::Now() - shown < absl::Seconds(1)) return;
       shown = absl::Now();
-      err_ << "drain --copy: " << DrainCopyText(r) << "\n";
-    });
+      err_ << what << ": " << DrainCopyText(r) << "\n";
+    };
+  }
+
+  // Admin: chains off the fullest nodes, onto the emptiest (a node that
+  // joined); --copy=hot: only chains read within --hot_within.
+  int RebalanceNodes() {
+    absl::Status why;
+    auto stub = MasterStub(&why);
+    if (stub == nullptr) return Fail(why);
+    RebalanceOptions ro;
+    if (o_.drain_copy == "hot") {
+      ro.which = DrainCopyOptions::Which::kHot;
+    } else if (!o_.drain_copy.empty() && o_.drain_copy != "all") {
+      return Usage("rebalance --copy takes 'all' or 'hot'");
+    }
+    ro.hot_within = absl::Seconds(o_.hot_within_seconds);
+    ro.deadline = absl::Now() + absl::Seconds(o_.timeout_seconds);
+    auto steps =
+        Rebalance(stub.get(), client_.get(), ro, ProgressLine("rebalance"));
+    if (!steps.ok()) return Fail(steps.status());
+    out_ << (o_.json ? RebalanceJson(*steps).dump() : RebalanceText(*steps))
+         << "\n";
+    for (const RebalanceStep& s : *steps) {
+      if (s.copy.failed > 0) return 1;
+    }
+    return 0;
   }
 
   // Admin: everything the master knows about one key.

@@ -37,7 +37,8 @@ DEFINE_string(o, "", "status: 'wide' for every address and exact sizes");
 DEFINE_bool(wait, false, "drain: wait until the node holds no objects");
 DEFINE_string(copy, "",
               "drain: first copy the node's objects to other nodes: 'all', or "
-              "'hot' (read within --hot_within, and the blocks before them)");
+              "'hot' (read within --hot_within, and the blocks before them); "
+              "rebalance: which chains may move");
 DEFINE_double(hot_within, 600, "drain --copy=hot: seconds since a read");
 DEFINE_double(interval, 2, "top: seconds between refreshes");
 DEFINE_string(nodes, "",
