@@ -16,8 +16,8 @@
 //     [--test_env=HYM_NETNS_LINK_LATENCY_US=250: 1 ms round trips]
 // Needs root for the namespaces; elsewhere it prints "NETNS SKIPPED: why"
 // and passes.
-#include <catch2/catch.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -117,8 +117,8 @@ TEST_CASE(
   if (*net_or == nullptr) return;
   VirtualNetwork& net = **net_or;
   const std::string dir = TempDir("drain_netns");
-  auto m = testing::StartMasterOn(net, kMasterHost, dir + "/master",
-                                  {"--insecure"});
+  auto m =
+      testing::StartMasterOn(net, kMasterHost, dir + "/master", {"--insecure"});
   INFO(m.status().ToString());
   REQUIRE(m.ok());
   const std::string master = m->address;
@@ -154,7 +154,8 @@ TEST_CASE(
         return;
       }
       clients[e] = std::move(*c);
-      if (absl::Status s = testing::WaitForLiveNodes(*clients[e], kStorageHosts);
+      if (absl::Status s =
+              testing::WaitForLiveNodes(*clients[e], kStorageHosts);
           !s.ok()) {
         en.error = s.ToString();
         return;
@@ -179,7 +180,8 @@ TEST_CASE(
       }
       for (int k = 0; k < chains; ++k) {
         if (Hot(k) && !en.Load(*clients[e], k)) {
-          en.error = absl::StrCat("chain ", k, " did not load before the drain");
+          en.error =
+              absl::StrCat("chain ", k, " did not load before the drain");
           return;
         }
       }
@@ -207,7 +209,8 @@ TEST_CASE(
   for (Engine& en : engines) {
     for (int k = 0; k < chains; ++k) {
       std::vector<std::string> keys;
-      for (int b = 0; b < en.blocks[k]; ++b) keys.push_back(BlockKey(en.id, k, b));
+      for (int b = 0; b < en.blocks[k]; ++b)
+        keys.push_back(BlockKey(en.id, k, b));
       auto look = clients[0]->BatchLookup(keys);
       REQUIRE(look.ok());
       bool on = false;
@@ -257,7 +260,8 @@ TEST_CASE(
   for (auto& t : threads) t.join();
   INFO(copy_out);
   REQUIRE(rc == 0);
-  const nlohmann::json j = nlohmann::json::parse(copy_out.substr(0, copy_out.find('\n')));
+  const nlohmann::json j =
+      nlohmann::json::parse(copy_out.substr(0, copy_out.find('\n')));
   int loads = 0, failed = 0, wrong = 0;
   for (const Engine& en : engines) {
     loads += en.loads;
