@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cluster_stats.h"
 #include "master/master_service_internal.h"
+#include "master/replica_key.h"
 
 namespace hymcache {
 namespace master {
@@ -216,6 +217,10 @@ absl::Status MasterService::ValidateKeys(
       return absl::InvalidArgumentError(
           absl::StrCat("key ", i, " has ", keys[i].size(), " bytes (want 1..",
                        options_.max_key_bytes, ")"));
+    }
+    if (IsReplicaKey(keys[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key ", i, " ends with the suffix reserved for replicas"));
     }
   }
   return absl::OkStatus();

@@ -210,64 +210,66 @@ struct MasterServiceOptions {
 // The master service's counters since start, declared once
 // (common/stats.h); kept under the service's lock and exported by the
 // daemon (hymcache_master_*_total).
-#define HYM_MASTER_SERVICE_COUNTERS(COUNTER, GAUGE, DGAUGE)                   \
-  COUNTER(objects_dropped,                                                    \
-          "Persisted objects dropped at start-up or re-registration: their "  \
-          "node or region no longer holds them")                              \
-  COUNTER(objects_purged,                                                     \
-          "Objects purged because their node's memory started afresh")        \
-  COUNTER(puts_expired, "Pending puts freed by expiry")                       \
-  COUNTER(puts_cancelled,                                                     \
-          "Pending puts cancelled: their node re-registered or left")         \
-  COUNTER(evicted_objects,                                                    \
-          "Committed objects evicted to make room for new puts")              \
-  COUNTER(evicted_bytes, "Bytes (object lengths) of evicted objects")         \
-  COUNTER(reconciliations, "Completed node reconciliations")                  \
-  COUNTER(reconcile_dropped_listings,                                         \
-          "Listings reconciliations removed: the node did not hold them")     \
-  COUNTER(reconcile_unlisted_extents,                                         \
-          "Unlisted extents reconciliations returned to nodes")               \
-  COUNTER(read_repairs,                                                       \
-          "Listings dropped because a reader reported the node refused them") \
-  COUNTER(orphans_removed,                                                    \
-          "Objects removed because a block before them in their chain was "   \
-          "removed")                                                          \
-  COUNTER(                                                                    \
-      commits_unreachable,                                                    \
-      "Put slots freed at commit: the block before them was not committed")   \
-  COUNTER(commits_refused_receipt,                                            \
-          "PutCommits refused: a slot to commit lacked its node's write "     \
-          "receipt (missing or forged)")                                      \
-  COUNTER(recency_writes, "Object reads written to the store (recency)")      \
-  COUNTER(recency_write_failures, "Failed writes of read-recency batches")    \
-  COUNTER(puts_over_caller_limit,                                             \
-          "PutStarts refused: their caller had too many pending puts")        \
-  COUNTER(tenant_evicted_objects,                                             \
-          "Objects evicted from a tenant over its quota for its own new put " \
-          "(also in evicted_objects)")                                        \
-  COUNTER(                                                                    \
-      puts_over_tenant_quota,                                                 \
-      "PutStarts refused: the tenant could not be brought within its quota")  \
-  COUNTER(nodes_forgotten,                                                    \
-          "Node records removed (ForgetNode, or dead too long)")              \
-  COUNTER(placements_spilled,                                                 \
-          "PutStarts whose chain continued on another node: its own was "     \
-          "filled past the spill margin (master/placement.h)")                \
-  COUNTER(placements_over_tenant_share,                                       \
-          "PutStarts placed although every node was over the tenant's "       \
-          "max_tenant_share_per_node")                                        \
-  COUNTER(ended_chain_blocks_demoted,                                         \
-          "Blocks of ended conversations moved to the least recent end of "   \
-          "their node's eviction order (BatchLookup with ended)")             \
-  COUNTER(index_snapshots,                                                    \
-          "Index snapshots written (by time, by changes, at shutdown)")       \
-  COUNTER(objects_relocated,                                                  \
-          "Objects moved to another node by a relocation (hymctl drain "      \
-          "--copy)")                                                          \
-  COUNTER(relocations_skipped,                                                \
-          "Relocated copies not committed: the object was removed or "        \
-          "changed between PutStart and PutCommit")                           \
-  DGAUGE(placement_imbalance,                                                 \
+#define HYM_MASTER_SERVICE_COUNTERS(COUNTER, GAUGE, DGAUGE)                    \
+  COUNTER(objects_dropped,                                                     \
+          "Persisted objects dropped at start-up or re-registration: their "   \
+          "node or region no longer holds them")                               \
+  COUNTER(objects_purged,                                                      \
+          "Objects purged because their node's memory started afresh")         \
+  COUNTER(puts_expired, "Pending puts freed by expiry")                        \
+  COUNTER(puts_cancelled,                                                      \
+          "Pending puts cancelled: their node re-registered or left")          \
+  COUNTER(evicted_objects,                                                     \
+          "Committed objects evicted to make room for new puts")               \
+  COUNTER(evicted_bytes, "Bytes (object lengths) of evicted objects")          \
+  COUNTER(reconciliations, "Completed node reconciliations")                   \
+  COUNTER(reconcile_dropped_listings,                                          \
+          "Listings reconciliations removed: the node did not hold them")      \
+  COUNTER(reconcile_unlisted_extents,                                          \
+          "Unlisted extents reconciliations returned to nodes")                \
+  COUNTER(read_repairs,                                                        \
+          "Listings dropped because a reader reported the node refused them")  \
+  COUNTER(orphans_removed,                                                     \
+          "Objects removed because a block before them in their chain was "    \
+          "removed")                                                           \
+  COUNTER(                                                                     \
+      commits_unreachable,                                                     \
+      "Put slots freed at commit: the block before them was not committed")    \
+  COUNTER(commits_refused_receipt,                                             \
+          "PutCommits refused: a slot to commit lacked its node's write "      \
+          "receipt (missing or forged)")                                       \
+  COUNTER(recency_writes, "Object reads written to the store (recency)")       \
+  COUNTER(recency_write_failures, "Failed writes of read-recency batches")     \
+  COUNTER(puts_over_caller_limit,                                              \
+          "PutStarts refused: their caller had too many pending puts")         \
+  COUNTER(tenant_evicted_objects,                                              \
+          "Objects evicted from a tenant over its quota for its own new put "  \
+          "(also in evicted_objects)")                                         \
+  COUNTER(                                                                     \
+      puts_over_tenant_quota,                                                  \
+      "PutStarts refused: the tenant could not be brought within its quota")   \
+  COUNTER(nodes_forgotten,                                                     \
+          "Node records removed (ForgetNode, or dead too long)")               \
+  COUNTER(placements_spilled,                                                  \
+          "PutStarts whose chain continued on another node: its own was "      \
+          "filled past the spill margin (master/placement.h)")                 \
+  COUNTER(placements_over_tenant_share,                                        \
+          "PutStarts placed although every node was over the tenant's "        \
+          "max_tenant_share_per_node")                                         \
+  COUNTER(ended_chain_blocks_demoted,                                          \
+          "Blocks of ended conversations moved to the least recent end of "    \
+          "their node's eviction order (BatchLookup with ended)")              \
+  COUNTER(index_snapshots,                                                     \
+          "Index snapshots written (by time, by changes, at shutdown)")        \
+  COUNTER(objects_relocated,                                                   \
+          "Objects moved to another node by a relocation (hymctl drain "       \
+          "--copy)")                                                           \
+  COUNTER(relocations_skipped,                                                 \
+          "Relocated or replica copies not committed: the object was "         \
+          "removed or changed between PutStart and PutCommit")                 \
+  COUNTER(replicas_stored,                                                     \
+          "Copies of blocks stored on a second node (StoreOptions::replicas)") \
+  DGAUGE(placement_imbalance,                                                  \
          "The largest alive node's used bytes over the alive nodes' mean")
 HYM_DECLARE_STATS_STRUCT(MasterServiceCounters, HYM_MASTER_SERVICE_COUNTERS);
 
@@ -646,9 +648,10 @@ class MasterService {
     uint64_t addr;
     uint64_t length;
     uint64_t generation;
-    // A relocation's slot: the generation of the listing it replaces (0:
-    // an ordinary put).
-    uint64_t relocated_generation = 0;
+    // A relocation's or a replica's slot: the generation of the listing it
+    // copies (0: an ordinary put). A replica's `key` is the copy's
+    // (master/replica_key.h).
+    uint64_t copied_generation = 0;
     ObjectLocation location(uint32_t node_id) const {
       return ObjectLocation{node_id, region_id, addr, length, generation};
     }
@@ -664,6 +667,7 @@ class MasterService {
     std::vector<PendingSlot> slots;
     uint64_t token = 0;  // PutStartRequest.put_token (0: none)
     uint32_t relocate_from = 0;  // PutStartRequest.relocate_from_node
+    bool replica = false;        // PutStartRequest.replica
   };
   // One tenant's pending puts (for its quota).
   struct TenantPending {
@@ -703,10 +707,13 @@ class MasterService {
     std::vector<int> to_allocate;   // indexes of the keys that need space
     std::vector<uint64_t> lengths;  // their lengths, in that order
     uint64_t total_bytes = 0;       // their sum
-    uint32_t exclude = 0;           // a relocation's source: never chosen
-    // A relocation: per key, the generation of its listing on the source
-    // node (0: not listed there, nothing to copy).
-    std::vector<uint64_t> relocated;
+    // A relocation's source, or the node a replica's keys are on: never
+    // chosen.
+    uint32_t exclude = 0;
+    bool replica = false;
+    // A relocation or a replica: per key, the generation of its listing
+    // to copy (0: none, nothing to copy).
+    std::vector<uint64_t> copied;
     // Never evicted by this PutStart: its parent_key and the keys it
     // reports as existing (the caller relies on their locations).
     absl::flat_hash_set<absl::string_view> keep;
@@ -808,6 +815,12 @@ class MasterService {
   // Fills `response` for `request`'s keys; returns the hit prefix length.
   // `hit_records` (if given) gets the index records of the hit prefix (for
   // MetadataIndex::TouchRecords under the same lock).
+  // The copy of `key` (master/replica_key.h) if its node is readable, with
+  // its record in *record.
+  std::optional<ObjectLocation> ReadableCopyLocked(absl::string_view key,
+                                                   absl::Time now,
+                                                   uint32_t* record) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   uint32_t LookupLocked(
       const hymcache::v1::BatchLookupRequest& request, absl::Time now,
       hymcache::v1::BatchLookupResponse* response,
@@ -884,11 +897,11 @@ class MasterService {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // PutStart's checks of the request alone, before the lock: key count
   // and sizes, lengths, parent_key, duplicates. Errors: InvalidArgument.
-  // A relocation's slots (PutCommit) whose key is no longer listed where
-  // PutStart found it join `failed`; returns how many. The others take the
-  // parent their key is linked to now.
-  uint32_t SkipChangedRelocationsLocked(
-      PendingPut* put, absl::flat_hash_set<uint32_t>* failed) const
+  // A relocation's or a replica's slots (PutCommit) whose key is no longer
+  // listed as PutStart found it join `failed`; returns how many. A
+  // relocation's others take the parent their key is linked to now.
+  uint32_t SkipChangedCopiesLocked(PendingPut* put,
+                                   absl::flat_hash_set<uint32_t>* failed) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidatePutStart(
       const hymcache::v1::PutStartRequest& request) const;

@@ -20,6 +20,7 @@
 #include <algorithm>
 
 #include "master/master_service.h"
+#include "master/replica_key.h"
 #include "master/tenant.h"
 
 namespace hymcache {
@@ -33,8 +34,11 @@ void MasterService::EmitStoredLocked(const std::string& key,
   if (events_->capacity() == 0) return;  // events off: no cost
   v1::KvEvent event;
   event.set_kind(v1::KvEvent::BLOCK_STORED);
-  event.set_key(key);
-  event.set_parent_key(parent);
+  // A copy (master/replica_key.h) is its key stored on one more node.
+  const bool copy = IsReplicaKey(key);
+  event.set_key(std::string(copy ? PrimaryKeyOf(key) : key));
+  event.set_parent_key(std::string(
+      copy && IsReplicaKey(parent) ? PrimaryKeyOf(parent) : parent));
   event.set_node_id(e.node_id);
   if (auto n = nodes_.find(e.node_id); n != nodes_.end()) {
     if (auto r = n->second.regions.find(e.region_id);
@@ -64,7 +68,7 @@ void MasterService::ListenToIndexLocked() {
       [log, clock](absl::string_view key, const ObjectLocation& at) {
         v1::KvEvent event;
         event.set_kind(v1::KvEvent::BLOCK_REMOVED);
-        event.set_key(std::string(key));
+        event.set_key(std::string(IsReplicaKey(key) ? PrimaryKeyOf(key) : key));
         event.set_node_id(at.node_id);
         event.set_tenant(std::string(TenantOfKey(key)));
         event.set_unix_ms(absl::ToUnixMillis(clock->Now()));

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "master/master_service_internal.h"
+#include "master/replica_key.h"
 #include "master/tenant.h"
 
 namespace hymcache {
@@ -169,6 +170,10 @@ void MasterService::ExistsLocked(const v1::BatchLookupRequest& request,
       auto n = nodes_.find(e->node_id);
       found = n != nodes_.end() && IsReadable(n->second, now);
     }
+    if (!found && (e || prefix)) {
+      uint32_t record;
+      found = ReadableCopyLocked(request.keys(i), now, &record).has_value();
+    }
     if (!found) {
       prefix = false;
       continue;
@@ -205,6 +210,14 @@ uint32_t MasterService::LookupLocked(
     if (e) {
       auto n = nodes_.find(e->node_id);
       if (n != nodes_.end() && IsReadable(n->second, now)) node = &n->second;
+    }
+    if (node == nullptr && (e || prefix)) {
+      // Its node is not readable (or, while the prefix holds, it is gone):
+      // a copy on another node answers, if there is one.
+      if (auto c = ReadableCopyLocked(request.keys(i), now, &record)) {
+        e = c;
+        node = &nodes_.at(c->node_id);
+      }
     }
     if (node == nullptr) {
       prefix = false;
@@ -256,14 +269,29 @@ uint32_t MasterService::LookupLocked(
   return hit_prefix;
 }
 
+std::optional<ObjectLocation> MasterService::ReadableCopyLocked(
+    absl::string_view key, absl::Time now, uint32_t* record) const {
+  auto c = index_->Find(ReplicaKeyOf(key), record);
+  if (!c) return std::nullopt;
+  auto n = nodes_.find(c->node_id);
+  if (n == nodes_.end() || !IsReadable(n->second, now)) return std::nullopt;
+  return c;
+}
+
 absl::StatusOr<v1::RemoveResponse> MasterService::Remove(
     const v1::RemoveRequest& request) {
   absl::Status s = ValidateKeys(request.keys());
   if (!s.ok()) return s;
   MutexLock l(&mu_);
   MetadataMutation m;
+  std::vector<std::string> copies;  // the keys' copies (replica_key.h)
   for (const std::string& key : request.keys()) {
     if (index_->Find(key)) m.delete_objects.push_back(key);
+    std::string copy = ReplicaKeyOf(key);
+    if (index_->Find(copy)) {
+      m.delete_objects.push_back(copy);
+      copies.push_back(std::move(copy));
+    }
   }
   s = store_->Apply(m);
   if (!s.ok()) return s;
@@ -274,6 +302,12 @@ absl::StatusOr<v1::RemoveResponse> MasterService::Remove(
     if (!e) continue;
     FreeSpace(e->node_id, e->region_id, e->addr);
     CountObject(*e, -1);
+  }
+  for (const std::string& copy : copies) {
+    if (auto e = index_->Erase(copy)) {
+      FreeSpace(e->node_id, e->region_id, e->addr);
+      CountObject(*e, -1);
+    }
   }
   SweepOrphansLocked();  // the removed blocks' descendants
   return response;

@@ -39,6 +39,7 @@
 #include "common/capability.h"
 #include "common/status_reason.h"
 #include "master/master_service_internal.h"
+#include "master/replica_key.h"
 #include "master/tenant.h"
 
 namespace hymcache {
@@ -263,13 +264,26 @@ absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
         absl::StrCat("preferred node ", plan.preferred, " is unknown"));
   }
   plan.exclude = request.relocate_from_node();
-  if (plan.exclude != 0) {
-    if (nodes_.count(plan.exclude) == 0) {
-      return absl::NotFoundError(
-          absl::StrCat("relocation: node ", plan.exclude,
-                       " (relocate_from_node) is unknown"));
+  plan.replica = request.replica();
+  if (plan.replica && plan.exclude != 0) {
+    return absl::InvalidArgumentError(
+        "PutStart: replica and relocate_from_node do not go together");
+  }
+  if (plan.exclude != 0 && nodes_.count(plan.exclude) == 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "relocation: node ", plan.exclude, " (relocate_from_node) is unknown"));
+  }
+  if (plan.replica) {
+    // The copies go to another node than the one the keys are on.
+    for (const std::string& key : request.keys()) {
+      if (auto e = index_->Find(key)) {
+        plan.exclude = e->node_id;
+        break;
+      }
     }
-    plan.relocated.assign(request.keys_size(), 0);
+  }
+  if (plan.exclude != 0 || plan.replica) {
+    plan.copied.assign(request.keys_size(), 0);
   }
   // Keys this call must not evict: its parent and the keys it reports as
   // existing (the caller relies on their locations).
@@ -283,6 +297,10 @@ absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
                        "' is not stored: the blocks after it would be "
                        "unreachable"));
     }
+    if (plan.replica) {
+      // After the copy of the block before: a chain's copies together.
+      e = index_->Find(ReplicaKeyOf(request.parent_key()));
+    }
     if (e && plan.preferred == 0 && e->node_id != plan.exclude) {
       auto n = nodes_.find(e->node_id);
       if (n != nodes_.end() && IsPlaceable(n->second, now)) {
@@ -295,18 +313,38 @@ absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
   for (int i = 0; i < request.keys_size(); ++i) {
     v1::PutSlot* slot = response->add_slots();
     const std::string& key = request.keys(i);
-    if (pending_keys_.contains(key)) {
+    if (plan.replica) {
+      // A copy of what is listed, of the caller's length, not there yet.
+      auto e = index_->Find(key);
+      if (!e || e->node_id != plan.exclude || e->length != request.lengths(i)) {
+        slot->set_state(v1::SLOT_NOT_ON_NODE);
+        continue;
+      }
+      const std::string copy = ReplicaKeyOf(key);
+      if (pending_keys_.contains(copy)) {
+        slot->set_state(v1::SLOT_IN_PROGRESS);
+        continue;
+      }
+      if (auto c = index_->Find(copy)) {
+        auto n = nodes_.find(c->node_id);
+        if (n != nodes_.end() && MayComeBack(n->second, now)) {
+          slot->set_state(v1::SLOT_EXISTS);
+          ToProto(*c, slot->mutable_location());
+          continue;
+        }
+      }
+      plan.copied[i] = e->generation;
+    } else if (pending_keys_.contains(key)) {
       slot->set_state(v1::SLOT_IN_PROGRESS);
       continue;
-    }
-    if (plan.exclude != 0) {
+    } else if (plan.exclude != 0) {
       // Relocation: a copy of what the source node lists, nothing else.
       auto e = index_->Find(key);
       if (!e || e->node_id != plan.exclude) {
         slot->set_state(v1::SLOT_NOT_ON_NODE);
         continue;
       }
-      plan.relocated[i] = e->generation;
+      plan.copied[i] = e->generation;
     } else if (auto e = index_->Find(key)) {
       auto n = nodes_.find(e->node_id);
       // A node that is only briefly unavailable (re-registering after a
@@ -508,7 +546,8 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
   put.parent_key = request.parent_key();
   put.expiry = now + options_.put_timeout;
   put.token = request.put_token();
-  put.relocate_from = plan->exclude;
+  put.relocate_from = plan->replica ? 0 : plan->exclude;
+  put.replica = plan->replica;
   put.slots.reserve(plan->to_allocate.size());
   for (size_t j = 0; j < plan->to_allocate.size(); ++j) {
     auto gen = store_->NextGeneration();
@@ -524,10 +563,21 @@ absl::StatusOr<v1::PutStartResponse> MasterService::PutStart(
                      placed[j].second,
                      request.lengths(i),
                      *gen};
-    if (plan->exclude != 0) {
+    if (plan->replica) {
+      // The copy links to the copy of the block before it, where that is
+      // stored or being stored; else it heads a chain of copies.
+      slot.key = ReplicaKeyOf(slot.key);
+      slot.parent = slot.parent.empty() ? "" : ReplicaKeyOf(slot.parent);
+      if (!slot.parent.empty() && !index_->Find(slot.parent) &&
+          !pending_keys_.contains(slot.parent) &&
+          (put.slots.empty() || put.slots.back().key != slot.parent)) {
+        slot.parent.clear();
+      }
+      slot.copied_generation = plan->copied[i];
+    } else if (plan->exclude != 0) {
       // A relocated block keeps the parent it is linked to.
       slot.parent = index_->ParentOf(slot.key);
-      slot.relocated_generation = plan->relocated[i];
+      slot.copied_generation = plan->copied[i];
     }
     v1::Location* loc = response.mutable_slots(i)->mutable_location();
     ToProto(slot.location(node_id), loc);
@@ -608,21 +658,22 @@ void MasterService::SlotsToCommitLocked(
   }
 }
 
-uint32_t MasterService::SkipChangedRelocationsLocked(
+uint32_t MasterService::SkipChangedCopiesLocked(
     PendingPut* put, absl::flat_hash_set<uint32_t>* failed) const {
-  if (put->relocate_from == 0) return 0;
+  if (put->relocate_from == 0 && !put->replica) return 0;
   uint32_t skipped = 0;
   for (PendingSlot& slot : put->slots) {
     if (failed->contains(slot.index)) continue;
-    auto e = index_->Find(slot.key);
-    if (!e || e->node_id != put->relocate_from ||
-        e->generation != slot.relocated_generation) {
+    auto e = index_->Find(put->replica ? PrimaryKeyOf(slot.key)
+                                       : absl::string_view(slot.key));
+    if (!e || e->generation != slot.copied_generation ||
+        (!put->replica && e->node_id != put->relocate_from)) {
       // Removed, evicted or stored again since PutStart: its copy is stale.
       failed->insert(slot.index);
       ++skipped;
       continue;
     }
-    slot.parent = index_->ParentOf(slot.key);  // as linked now
+    if (!put->replica) slot.parent = index_->ParentOf(slot.key);  // as now
   }
   return skipped;
 }
@@ -663,8 +714,9 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
     }
   }
 
-  // A relocation moves only listings that are still the ones it copied.
-  const uint32_t skipped = SkipChangedRelocationsLocked(&put, &failed);
+  // A relocation or a replica copies only listings that are still the ones
+  // PutStart saw.
+  const uint32_t skipped = SkipChangedCopiesLocked(&put, &failed);
 
   // The slots to commit, in chain order: a slot whose parent is neither
   // committed nor committed by this put would be unreachable.
@@ -681,8 +733,23 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
     record.parent_key = slot->parent;
     m.put_objects.emplace_back(slot->key, std::move(record));
   }
+  // A key stored anew (not moved, not a copy) may have new bytes: a copy of
+  // its earlier bytes goes (master/replica_key.h).
+  const size_t first_stale_copy = m.delete_objects.size();
+  if (put.relocate_from == 0 && !put.replica) {
+    for (const PendingSlot* slot : to_commit) {
+      std::string copy = ReplicaKeyOf(slot->key);
+      if (index_->Find(copy)) m.delete_objects.push_back(std::move(copy));
+    }
+  }
   absl::Status s = store_->Apply(m);
   if (!s.ok()) return s;  // nothing changed; the put stays pending
+  for (size_t k = first_stale_copy; k < m.delete_objects.size(); ++k) {
+    if (auto gone = index_->Erase(m.delete_objects[k])) {
+      FreeSpace(gone->node_id, gone->region_id, gone->addr);
+      CountObject(*gone, -1);
+    }
+  }
 
   // A reconciliation of the node that began before this commit may have
   // listed the node's extents before these writes landed: it must not
@@ -717,14 +784,16 @@ absl::StatusOr<v1::PutCommitResponse> MasterService::PutCommit(
       const ObjectLocation& o = **old;
       FreeSpace(o.node_id, o.region_id, o.addr);
       CountObject(o, -1);
-      if (slot.relocated_generation != 0) ++counters_.objects_relocated;
+      if (put.relocate_from != 0) ++counters_.objects_relocated;
     }
+    if (put.replica) ++counters_.replicas_stored;
     CountObject(e, +1);
     EmitStoredLocked(slot.key, slot.parent, e);
     ++committed;
   }
   counters_.commits_unreachable += unreachable;
   counters_.relocations_skipped += skipped;
+  if (m.delete_objects.size() > first_stale_copy) SweepOrphansLocked();
   for (const PendingSlot* slot : waiting) {
     waiting_children_[slot->parent].push_back(slot->key);
   }

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "master/master_service_test_fixture.h"
+#include "master/replica_key.h"
 
 namespace hymcache {
 namespace master {
@@ -471,6 +472,106 @@ TEST_CASE("Without require_write_receipts a commit needs no receipts") {
   CHECK(ok->committed() == 1);
   CHECK(h.Lookup({"k0"}).results(0).found());
   CHECK(h.svc->counters().commits_refused_receipt == 0);
+}
+
+}  // namespace
+}  // namespace service_test
+}  // namespace master
+}  // namespace hymcache
+
+namespace hymcache {
+namespace master {
+namespace service_test {
+namespace {
+
+TEST_CASE(
+    "A replica is a copy on another node that lookups use when the key's node "
+    "is gone, and that goes with the key") {
+  Harness h("replica", [](MasterServiceOptions& o) {
+    o.placement.policy = PlacementPolicy::kRoundRobin;
+  });
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  const uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  REQUIRE(h.Put({"k0", "k1", "k2"}, kObj, a) == a);
+  auto replica = [&](std::vector<std::string> keys, const std::string& parent,
+                     uint64_t len = kObj) {
+    v1::PutStartRequest r =
+        PutReq(keys, std::vector<uint64_t>(keys.size(), len));
+    r.set_parent_key(parent);
+    r.set_replica(true);
+    return h.svc->PutStart(r);
+  };
+  // Not committed, or of another length: nothing to copy.
+  auto none = replica({"nope"}, "");
+  REQUIRE(none.ok());
+  CHECK(none->slots(0).state() == v1::SLOT_NOT_ON_NODE);
+  auto wrong = replica({"k0"}, "", kObj + 1);
+  REQUIRE(wrong.ok());
+  CHECK(wrong->slots(0).state() == v1::SLOT_NOT_ON_NODE);
+  // The copies go to the other node, in two puts of the chain.
+  auto first = replica({"k0"}, "");
+  REQUIRE(first.ok());
+  CHECK(first->node().node_id() == b);
+  CHECK(h.Commit(*first) == 1);
+  auto rest = replica({"k1", "k2"}, "k0");
+  REQUIRE(rest.ok());
+  CHECK(rest->node().node_id() == b);
+  CHECK(h.Commit(*rest) == 2);
+  CHECK(h.svc->counters().replicas_stored == 3);
+  auto again = replica({"k0", "k1"}, "");
+  REQUIRE(again.ok());
+  CHECK(again->slots(0).state() == v1::SLOT_EXISTS);
+  CHECK(again->slots(1).state() == v1::SLOT_EXISTS);
+  CHECK(h.UsedBytes(b) == 3 * 1024);
+  // A caller cannot name a copy.
+  CHECK(h.svc->PutStart(PutReq({"k0" + std::string(kReplicaSuffix)}, {kObj}))
+            .status()
+            .code() == StatusCode::kInvalidArgument);
+  CHECK(h.svc->BatchLookup(LookupReq({"k0" + std::string(kReplicaSuffix)}))
+            .status()
+            .code() == StatusCode::kInvalidArgument);
+
+  // While a is alive the keys are read there.
+  auto look = h.Lookup({"k0", "k1", "k2"});
+  CHECK(look.hit_prefix_length() == 3);
+  for (const auto& r : look.results()) CHECK(r.location().node_id() == a);
+  // a dies: the copies answer, whole chain.
+  h.clock.Advance(absl::Seconds(11));
+  h.Heartbeat(b, 1);
+  look = h.Lookup({"k0", "k1", "k2"});
+  CHECK(look.hit_prefix_length() == 3);
+  for (const auto& r : look.results()) CHECK(r.location().node_id() == b);
+  v1::BatchLookupRequest exists = LookupReq({"k0", "k1", "k2", "nope"});
+  exists.set_exists_only(true);
+  auto bits = h.svc->BatchLookup(exists);
+  REQUIRE(bits.ok());
+  CHECK(bits->hit_prefix_length() == 3);
+
+  // Removing a key removes its copy, and the blocks after it theirs.
+  v1::RemoveRequest rm;
+  rm.add_keys("k1");
+  REQUIRE(h.svc->Remove(rm).ok());
+  CHECK(h.Found({"k0", "k1", "k2"}) == "100");
+  CHECK(h.UsedBytes(b) == 1024);
+  // Stored anew (a is dead): the new bytes win, the old copy goes.
+  CHECK(h.Put({"k0"}, kObj, b) == b);
+  std::vector<std::string> listed = Everything(h.svc.get());
+  CHECK(listed.size() == 1);  // k0 alone, no copy
+  // A copy whose key changes before its commit is not committed.
+  const uint32_t c = h.Register("c", 1, {{0, 1 << 20}}, 7200);
+  auto stale = replica({"k0"}, "");
+  REQUIRE(stale.ok());
+  CHECK(stale->node().node_id() == c);
+  rm.set_keys(0, "k0");
+  REQUIRE(h.svc->Remove(rm).ok());
+  CHECK(h.Commit(*stale) == 0);
+  CHECK(h.svc->counters().relocations_skipped == 1);
+  CHECK(Everything(h.svc.get()).empty());
+  // Not a replica and a relocation at once.
+  v1::PutStartRequest both = PutReq({"k0"}, {kObj});
+  both.set_replica(true);
+  both.set_relocate_from_node(a);
+  CHECK(h.svc->PutStart(both).status().code() == StatusCode::kInvalidArgument);
 }
 
 }  // namespace
