@@ -130,6 +130,8 @@ struct PutResult {
   size_t refused = 0;
   // Node the (last chunk of) stored blocks went to (0 if none).
   uint32_t node_id = 0;
+  // Copies stored on a second node (StoreOptions::replicas).
+  size_t replicated = 0;
 };
 
 // A request's read path (Client::Load).
@@ -191,6 +193,15 @@ struct StoreOptions {
   // (kAlreadyStored: nothing written). Host buffers only. 0: an ordinary
   // store. Default: 0.
   uint32_t relocate_from_node = 0;
+  // Copies of each block: 2 also stores a copy of every block stored (or
+  // found stored) on another node, once the blocks are committed, so that
+  // losing one node loses none of them (a prefix many sessions share: a
+  // system prompt, an agent's scaffold). The copies count against capacity
+  // and the tenant's quota like any block and are evicted like one; a
+  // lookup uses a copy when the block's own node is not readable. Best
+  // effort: a copy that finds no room is skipped (PutResult::replicated
+  // counts the ones stored). 1 or 2. Default: 1.
+  uint32_t replicas = 1;
   // Which memory every buffer of the call is in. Default: host memory.
   // Device buffers are copied device->host into bounce chunks, one group of
   // keys at a time, before they are written; a failed copy fails its keys

@@ -156,23 +156,29 @@ class ClientImpl : public Client {
   static absl::Status CheckPut(absl::Span<const std::string> keys,
                                absl::Span<const ConstBuffer> buffers);
   // The body of a Store of checked arguments: PutAll, with "no node has
-  // room" reported as every key refused. `relocate_from_node`: see
-  // StoreOptions (0: an ordinary store).
+  // room" reported as every key refused. `relocate_from_node` and
+  // `replicas`: see StoreOptions (0 and 1: an ordinary store).
   absl::StatusOr<PutResult> StoreNow(absl::Span<const std::string> keys,
                                      absl::Span<const ConstBuffer> buffers,
                                      const std::string& parent_key,
                                      absl::Time deadline,
-                                     uint32_t relocate_from_node);
+                                     uint32_t relocate_from_node,
+                                     uint32_t replicas);
   absl::StatusOr<PutResult> PutAll(absl::Span<const std::string> keys,
                                    absl::Span<const ConstBuffer> buffers,
                                    const std::string& parent_key,
                                    absl::Time deadline,
-                                   uint32_t relocate_from_node);
+                                   uint32_t relocate_from_node,
+                                   uint32_t replicas);
+  size_t PutCopies(absl::Span<const std::string> keys,
+                   absl::Span<const ConstBuffer> buffers,
+                   const std::string& parent_key, absl::Time deadline);
+  // `replica`: PutStartArgs::replica.
   absl::Status PutChunk(absl::Span<const std::string> keys,
                         absl::Span<const ConstBuffer> buffers, size_t offset,
                         const std::string& parent_key, absl::Time deadline,
-                        uint32_t relocate_from_node, uint32_t* node,
-                        PutResult* out);
+                        uint32_t relocate_from_node, bool replica,
+                        uint32_t* node, PutResult* out);
 
   // device_io.cc
   // The bounce pool, created (pinned, registered) on first use.
@@ -183,9 +189,9 @@ class ClientImpl : public Client {
       absl::Span<const std::string> keys,
       absl::Span<const MutableBuffer> buffers, const LoadOptions& options);
   absl::StatusOr<PutResult> StoreFromDevice(
-      absl::Span<const std::string> keys,
-      absl::Span<const ConstBuffer> buffers, const MemorySpace& memory,
-      const std::string& parent_key, absl::Time deadline);
+      absl::Span<const std::string> keys, absl::Span<const ConstBuffer> buffers,
+      const MemorySpace& memory, const std::string& parent_key,
+      absl::Time deadline, uint32_t replicas);
 
   // Constant after construction.
   const ClientOptions options_;

@@ -201,7 +201,7 @@ absl::StatusOr<LoadResult> ClientImpl::LoadToDevice(
 absl::StatusOr<PutResult> ClientImpl::StoreFromDevice(
     absl::Span<const std::string> keys, absl::Span<const ConstBuffer> buffers,
     const MemorySpace& memory, const std::string& parent_key,
-    absl::Time deadline) {
+    absl::Time deadline, uint32_t replicas) {
   ASSIGN_OR_RETURN(BouncePool * pool, Pool());
   ASSIGN_OR_RETURN(std::unique_ptr<DeviceStream> stream,
                    device_->NewStream(memory.device));
@@ -253,7 +253,7 @@ absl::StatusOr<PutResult> ClientImpl::StoreFromDevice(
     }
     absl::StatusOr<PutResult> r =
         StoreNow(keys.subspan(next, end - next), bounce, parent, deadline,
-                 /*relocate_from_node=*/0);
+                 /*relocate_from_node=*/0, replicas);
     pool->Release(*chunk);
     if (!r.ok()) {
       if (next == 0) return r.status();
@@ -267,6 +267,7 @@ absl::StatusOr<PutResult> ClientImpl::StoreFromDevice(
     out.skipped += r->skipped;
     out.failed += r->failed;
     out.refused += r->refused;
+    out.replicated += r->replicated;
     if (r->node_id != 0) out.node_id = r->node_id;
     if (r->failed > 0) {
       fail_rest(end, absl::AbortedError(

@@ -370,6 +370,7 @@ class GrpcMasterClient : public MasterClient {
     req.set_preferred_node_id(args.preferred_node_id);
     if (!args.parent_key.empty()) req.set_parent_key(args.parent_key);
     req.set_relocate_from_node(args.relocate_from_node);
+    req.set_replica(args.replica);
     uint64_t token = 0;
     while (token == 0) token = absl::Uniform<uint64_t>(absl::BitGen());
     req.set_put_token(token);

@@ -63,6 +63,8 @@ struct PutStartArgs {
   std::string parent_key;
   // Relocation off this node (StoreOptions::relocate_from_node); 0: none.
   uint32_t relocate_from_node = 0;
+  // Copies of committed keys on another node (StoreOptions::replicas).
+  bool replica = false;
 };
 
 enum class PutSlotState {

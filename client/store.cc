@@ -54,6 +54,12 @@ std::shared_ptr<StoreHandle> ClientImpl::Store(
     bad = absl::InvalidArgumentError(
         "Store: relocate_from_node takes host buffers only");
   }
+  if (bad.ok() && (options.replicas < 1 || options.replicas > 2 ||
+                   (options.replicas > 1 && options.relocate_from_node != 0))) {
+    bad = absl::InvalidArgumentError(
+        absl::StrCat("Store: replicas is ", options.replicas,
+                     " (want 1 or 2, and 1 with relocate_from_node)"));
+  }
   if (!bad.ok()) {
     handle->Complete(bad);
     return handle;
@@ -64,11 +70,12 @@ std::shared_ptr<StoreHandle> ClientImpl::Store(
                keys = std::vector<std::string>(keys.begin(), keys.end()),
                bufs = std::vector<ConstBuffer>(buffers.begin(), buffers.end()),
                parent = options.parent_key, memory = options.memory,
-               relocate = options.relocate_from_node, deadline]() {
+               relocate = options.relocate_from_node,
+               replicas = options.replicas, deadline]() {
     handle->Complete(
         memory.kind == MemoryKind::kHost
-            ? StoreNow(keys, bufs, parent, deadline, relocate)
-            : StoreFromDevice(keys, bufs, memory, parent, deadline));
+            ? StoreNow(keys, bufs, parent, deadline, relocate, replicas)
+            : StoreFromDevice(keys, bufs, memory, parent, deadline, replicas));
   };
   if (!store_executor_->TrySubmit(std::move(task))) {
     handle->Complete(WithReason(
@@ -85,15 +92,15 @@ absl::StatusOr<PutResult> ClientImpl::Put(absl::Span<const std::string> keys,
                                           const CallOptions& call) {
   RETURN_IF_ERROR(CheckPut(keys, buffers));
   return StoreNow(keys, buffers, /*parent_key=*/"", Deadline(call.deadline),
-                  /*relocate_from_node=*/0);
+                  /*relocate_from_node=*/0, /*replicas=*/1);
 }
 
 absl::StatusOr<PutResult> ClientImpl::StoreNow(
     absl::Span<const std::string> keys, absl::Span<const ConstBuffer> buffers,
     const std::string& parent_key, absl::Time deadline,
-    uint32_t relocate_from_node) {
+    uint32_t relocate_from_node, uint32_t replicas) {
   absl::StatusOr<PutResult> r =
-      PutAll(keys, buffers, parent_key, deadline, relocate_from_node);
+      PutAll(keys, buffers, parent_key, deadline, relocate_from_node, replicas);
   if (!r.ok() && r.status().code() == absl::StatusCode::kResourceExhausted) {
     // No node had room: every key is refused (skipped), not an error.
     PutResult refused;
@@ -131,7 +138,7 @@ absl::Status ClientImpl::CheckPut(absl::Span<const std::string> keys,
 absl::StatusOr<PutResult> ClientImpl::PutAll(
     absl::Span<const std::string> keys, absl::Span<const ConstBuffer> buffers,
     const std::string& parent_key, absl::Time deadline,
-    uint32_t relocate_from_node) {
+    uint32_t relocate_from_node, uint32_t replicas) {
   PutResult out;
   out.outcomes.assign(keys.size(), PutOutcome::kFailed);
   out.errors.assign(keys.size(), absl::OkStatus());
@@ -142,7 +149,7 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
     absl::Status st =
         PutChunk(keys.subspan(begin, n), buffers.subspan(begin, n), begin,
                  begin == 0 ? parent_key : keys[begin - 1], deadline,
-                 relocate_from_node, &node, &out);
+                 relocate_from_node, /*replica=*/false, &node, &out);
     if (!st.ok()) {
       if (begin == 0) return st;  // nothing happened yet: the call failed
       for (size_t i = begin; i < keys.size(); ++i) out.errors[i] = st;
@@ -150,6 +157,9 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
     }
   }
   out.node_id = node;
+  if (replicas > 1) {
+    out.replicated = PutCopies(keys, buffers, parent_key, deadline);
+  }
   for (size_t i = 0; i < keys.size(); ++i) {
     switch (out.outcomes[i]) {
       case PutOutcome::kStored:
@@ -171,13 +181,38 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
   return out;
 }
 
+// The copies of a Store with replicas 2: the same chunks again, each a
+// PutStart with `replica` (the master places them on another node than
+// the blocks', after the copy of the block before); best effort. Returns
+// how many were stored.
+size_t ClientImpl::PutCopies(absl::Span<const std::string> keys,
+                             absl::Span<const ConstBuffer> buffers,
+                             const std::string& parent_key,
+                             absl::Time deadline) {
+  PutResult copies;
+  copies.outcomes.assign(keys.size(), PutOutcome::kFailed);
+  copies.errors.assign(keys.size(), absl::OkStatus());
+  uint32_t node = 0;
+  for (size_t begin = 0; begin < keys.size();
+       begin += options_.max_keys_per_rpc) {
+    size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
+    absl::Status st =
+        PutChunk(keys.subspan(begin, n), buffers.subspan(begin, n), begin,
+                 begin == 0 ? parent_key : keys[begin - 1], deadline,
+                 /*relocate_from_node=*/0, /*replica=*/true, &node, &copies);
+    if (!st.ok()) break;
+  }
+  return static_cast<size_t>(std::count(
+      copies.outcomes.begin(), copies.outcomes.end(), PutOutcome::kStored));
+}
+
 // One PutStart / writes / PutCommit round for keys [offset, offset+n).
 absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
                                   absl::Span<const ConstBuffer> buffers,
                                   size_t offset, const std::string& parent_key,
                                   absl::Time deadline,
-                                  uint32_t relocate_from_node, uint32_t* node,
-                                  PutResult* out) {
+                                  uint32_t relocate_from_node, bool replica,
+                                  uint32_t* node, PutResult* out) {
   PutStartArgs args;
   args.keys.assign(keys.begin(), keys.end());
   args.lengths.reserve(buffers.size());
@@ -185,6 +220,7 @@ absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
   args.preferred_node_id = *node;
   args.parent_key = parent_key;
   args.relocate_from_node = relocate_from_node;
+  args.replica = replica;
   ASSIGN_OR_RETURN(PutStartReply start, master_->PutStart(args, deadline));
   if (start.slots.size() != keys.size()) {
     master_->PutAbortInBackground(start.put_id);
