@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "master/replica_key.h"
 
 namespace hymcache::hymctl {
 namespace {
@@ -39,6 +40,9 @@ absl::StatusOr<std::vector<Listed>> ListNode(v1::MasterService::Stub* master,
   while (reader->Read(&page)) {
     for (const v1::ListedObject& o : page.objects()) {
       if (o.unreachable()) continue;  // the master removes these itself
+      // A block's copy (master/replica_key.h) is let go: its block is
+      // elsewhere, and no caller may name it.
+      if (master::IsReplicaKey(o.key())) continue;
       Listed l;
       l.key = o.key();
       l.parent = o.parent_key();

@@ -20,7 +20,9 @@
 // A block that cannot be read (removed meanwhile, or its node refused it)
 // ends its run: the blocks after it are not copied (nothing would reach
 // them). Objects put on the node during the copy (the drain began after the
-// listing) are not copied; run it again to take them.
+// listing) are not copied; run it again to take them. Copies of blocks
+// (StoreOptions::replicas, master/replica_key.h) on the node are let go
+// and not counted: their blocks are on other nodes.
 #pragma once
 
 #include <cstdint>
