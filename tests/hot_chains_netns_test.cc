@@ -1,5 +1,8 @@
-// Issue 32's drain floor on many hosts (tests/netns/virtual_network.h): a
-// master on one host, 8 storage nodes on 8 hosts and 4 engine hosts. Each
+// Issue 32's floors for hot chains on many hosts
+// (tests/netns/virtual_network.h): a master on one host, 8 storage nodes on
+// 8 hosts and 4 engine hosts.
+//
+// The drain floor. Each
 // engine stores its conversations (chains of 2-12 blocks of 8 KiB, one
 // Store each) and reads three in four of them (hot; the fourth is never
 // read: cold). Then, while every engine loads its hot chains in a loop,
@@ -11,9 +14,19 @@
 //
 // HYM_DRAIN_CHAINS sets the chains per engine: 100 by default (CI), more
 // for the documented run:
-//   bazel test -c opt //tests:drain_netns_test --test_output=all
-//     --test_env=HYM_DRAIN_CHAINS=400 --nocache_test_results
+//   bazel test -c opt //tests:hot_chains_netns_test --test_output=all
+//     --test_arg='hymctl drain*' --test_env=HYM_DRAIN_CHAINS=400
+//     --nocache_test_results
 //     [--test_env=HYM_NETNS_LINK_LATENCY_US=250: 1 ms round trips]
+//
+// The hot-prefix floor. Two prefixes of 16 blocks that every session
+// shares, one stored with StoreOptions::replicas 2 and one without, and on
+// each engine host 24 sessions per prefix, each 4 blocks of its own after
+// the prefix. Each storage host in turn is cut off (its link down) until
+// the master finds it dead; every session then loads its chain, and the
+// prefix's hit ratio (prefix blocks loaded over prefix blocks asked for) is
+// compared with the one before the cut. The floor: with replicas 2, at
+// most 2 points lower whichever host is lost.
 // Needs root for the namespaces; elsewhere it prints "NETNS SKIPPED: why"
 // and passes.
 #include <atomic>
@@ -21,6 +34,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -32,6 +46,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/eventually.h"
 #include "tests/cluster.h"
 #include "tests/daemon.h"
 #include "tests/netns/virtual_network.h"
@@ -107,6 +122,31 @@ struct Engine {
   }
 };
 
+// A master and the 8 storage nodes, each on its host.
+struct NetnsCluster {
+  testing::NetnsMaster master;
+  std::vector<Daemon> nodes;
+};
+NetnsCluster StartCluster(VirtualNetwork& net, const std::string& name,
+                          const std::vector<std::string>& master_flags) {
+  NetnsCluster c;
+  const std::string dir = TempDir(name);
+  auto m =
+      testing::StartMasterOn(net, kMasterHost, dir + "/master", master_flags);
+  INFO(m.status().ToString());
+  REQUIRE(m.ok());
+  c.master = std::move(*m);
+  for (int i = 0; i < kStorageHosts; ++i) {
+    auto d = testing::StartStorageOn(net, StorageHost(i), c.master.address,
+                                     absl::StrCat("s", i),
+                                     {"--insecure", "--dram_bytes=64M"});
+    INFO(d.status().ToString());
+    REQUIRE(d.ok());
+    c.nodes.push_back(std::move(d).value());
+  }
+  return c;
+}
+
 TEST_CASE(
     "hymctl drain --copy=hot on 8 storage hosts under load: no load fails, "
     "and every hot chain of the drained node loads from the others after it "
@@ -116,21 +156,9 @@ TEST_CASE(
   REQUIRE(net_or.ok());
   if (*net_or == nullptr) return;
   VirtualNetwork& net = **net_or;
-  const std::string dir = TempDir("drain_netns");
-  auto m =
-      testing::StartMasterOn(net, kMasterHost, dir + "/master", {"--insecure"});
-  INFO(m.status().ToString());
-  REQUIRE(m.ok());
-  const std::string master = m->address;
-  std::vector<Daemon> nodes;
-  for (int i = 0; i < kStorageHosts; ++i) {
-    auto d = testing::StartStorageOn(net, StorageHost(i), master,
-                                     absl::StrCat("s", i),
-                                     {"--insecure", "--dram_bytes=64M"});
-    INFO(d.status().ToString());
-    REQUIRE(d.ok());
-    nodes.push_back(std::move(d).value());
-  }
+  NetnsCluster cluster = StartCluster(net, "drain_netns", {"--insecure"});
+  const std::string master = cluster.master.address;
+  std::vector<Daemon>& nodes = cluster.nodes;
 
   // Each engine on its host stores its chains, then reads the hot ones.
   const int chains = ChainsPerEngine();
@@ -302,6 +330,226 @@ TEST_CASE(
       blocks_on_s0, hot_on_s0, absl::ToDoubleSeconds(took),
       j["copy"].dump().c_str(), loads, failed, wrong, hot_loaded,
       hot_loaded + hot_missing);
+}
+
+// The hot-prefix case's blocks: 8 KiB from the key.
+std::vector<uint8_t> KeyBytes(const std::string& key) {
+  std::vector<uint8_t> out(kBlock);
+  std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>()(key)));
+  for (auto& x : out) x = static_cast<uint8_t>(rng());
+  return out;
+}
+constexpr int kPrefixBlocks = 16;
+constexpr int kOwnBlocks = 4;
+constexpr int kSessions = 24;  // per prefix and engine
+std::string PrefixKey(char prefix, int b) {
+  return absl::StrCat(std::string(1, prefix), "-b", b);
+}
+std::vector<std::string> SessionKeys(char prefix, int e, int s) {
+  std::vector<std::string> keys;
+  for (int b = 0; b < kPrefixBlocks; ++b) keys.push_back(PrefixKey(prefix, b));
+  for (int b = 0; b < kOwnBlocks; ++b) {
+    keys.push_back(
+        absl::StrCat("e", e, "-", std::string(1, prefix), s, "-b", b));
+  }
+  return keys;
+}
+
+// Blocks asked for and loaded, by part of the chain.
+struct HitCount {
+  int prefix_asked = 0, prefix_loaded = 0, own_asked = 0, own_loaded = 0;
+  int wrong = 0;
+  double PrefixRatio() const {
+    return prefix_asked == 0 ? 0 : 100.0 * prefix_loaded / prefix_asked;
+  }
+  double OwnRatio() const {
+    return own_asked == 0 ? 0 : 100.0 * own_loaded / own_asked;
+  }
+  void Add(const HitCount& o) {
+    prefix_asked += o.prefix_asked;
+    prefix_loaded += o.prefix_loaded;
+    own_asked += o.own_asked;
+    own_loaded += o.own_loaded;
+    wrong += o.wrong;
+  }
+};
+
+TEST_CASE(
+    "A prefix every session shares, stored with replicas 2: losing any one "
+    "storage host lowers its hit ratio by at most 2 points; without replicas "
+    "losing its host loses it") {
+  auto net_or = testing::NetworkOrSkip(HostNames());
+  INFO(net_or.status().ToString());
+  REQUIRE(net_or.ok());
+  if (*net_or == nullptr) return;
+  VirtualNetwork& net = **net_or;
+  NetnsCluster cluster = StartCluster(
+      net, "replica_netns",
+      {"--insecure", "--node_timeout_ms=2000", "--heartbeat_interval_ms=500"});
+  const std::string master = cluster.master.address;
+
+  // One client per engine host, made on it.
+  std::vector<std::unique_ptr<Client>> clients(kEngineHosts);
+  std::vector<std::string> errors(kEngineHosts);
+  auto on_engines = [&](const std::function<void(int e)>& fn) {
+    std::vector<std::thread> threads;
+    for (int e = 0; e < kEngineHosts; ++e) {
+      threads.emplace_back([&, e] {
+        auto in = net.EnterHost(EngineHost(e));
+        if (!in.ok()) {
+          errors[e] = in.status().ToString();
+          return;
+        }
+        fn(e);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int e = 0; e < kEngineHosts; ++e) {
+      INFO("engine " << e << ": " << errors[e]);
+      REQUIRE(errors[e].empty());
+    }
+  };
+  auto store = [](Client& client, const std::vector<std::string>& keys,
+                  const std::string& parent, uint32_t replicas) {
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<ConstBuffer> bufs;
+    for (const auto& k : keys) data.push_back(KeyBytes(k));
+    for (const auto& d : data) bufs.push_back({d.data(), d.size()});
+    StoreOptions o;
+    o.parent_key = parent;
+    o.replicas = replicas;
+    o.deadline = absl::Now() + absl::Seconds(10);
+    return client.Store(keys, bufs, o)->Wait();
+  };
+  on_engines([&](int e) {
+    ClientOptions co;
+    co.master_address = master;
+    auto c = Client::Create(co);
+    if (!c.ok()) {
+      errors[e] = c.status().ToString();
+      return;
+    }
+    clients[e] = std::move(*c);
+    if (absl::Status s = testing::WaitForLiveNodes(*clients[e], kStorageHosts);
+        !s.ok()) {
+      errors[e] = s.ToString();
+    }
+  });
+  // The two prefixes: P with a copy of every block, Q without.
+  {
+    auto in = net.EnterHost(EngineHost(0));
+    REQUIRE(in.ok());
+    for (const char prefix : {'P', 'Q'}) {
+      std::vector<std::string> keys;
+      for (int b = 0; b < kPrefixBlocks; ++b)
+        keys.push_back(PrefixKey(prefix, b));
+      auto r = store(*clients[0], keys, "", prefix == 'P' ? 2 : 1);
+      REQUIRE(r.ok());
+      REQUIRE(r->stored == keys.size());
+      CHECK(r->replicated == (prefix == 'P' ? keys.size() : 0u));
+    }
+  }
+  on_engines([&](int e) {
+    for (const char prefix : {'P', 'Q'}) {
+      for (int s = 0; s < kSessions; ++s) {
+        std::vector<std::string> keys = SessionKeys(prefix, e, s);
+        keys.erase(keys.begin(), keys.begin() + kPrefixBlocks);
+        auto r =
+            store(*clients[e], keys, PrefixKey(prefix, kPrefixBlocks - 1), 1);
+        if (!r.ok() || r->stored != keys.size()) {
+          errors[e] = "a session's blocks were not stored";
+          return;
+        }
+      }
+    }
+  });
+  // Every session loads its chain once; the counts per prefix.
+  auto measure = [&](HitCount* p, HitCount* q) {
+    std::vector<HitCount> per(2 * kEngineHosts);
+    on_engines([&](int e) {
+      for (const char prefix : {'P', 'Q'}) {
+        HitCount& h = per[2 * e + (prefix == 'P' ? 0 : 1)];
+        for (int s = 0; s < kSessions; ++s) {
+          const std::vector<std::string> keys = SessionKeys(prefix, e, s);
+          std::vector<std::vector<uint8_t>> got(keys.size(),
+                                                std::vector<uint8_t>(kBlock));
+          std::vector<MutableBuffer> bufs;
+          for (auto& g : got) bufs.push_back({g.data(), g.size()});
+          auto r = clients[e]->Load(keys, bufs);
+          const size_t loaded = r.ok() ? r->loaded : 0;
+          for (size_t b = 0; b < loaded; ++b) {
+            if (got[b] != KeyBytes(keys[b])) ++h.wrong;
+          }
+          h.prefix_asked += kPrefixBlocks;
+          h.own_asked += kOwnBlocks;
+          h.prefix_loaded +=
+              static_cast<int>(std::min<size_t>(loaded, kPrefixBlocks));
+          h.own_loaded += static_cast<int>(
+              loaded > kPrefixBlocks ? loaded - kPrefixBlocks : 0);
+        }
+      }
+    });
+    *p = HitCount();
+    *q = HitCount();
+    for (int e = 0; e < kEngineHosts; ++e) {
+      p->Add(per[2 * e]);
+      q->Add(per[2 * e + 1]);
+    }
+  };
+  HitCount base_p, base_q;
+  measure(&base_p, &base_q);
+  CHECK(base_p.PrefixRatio() == 100);
+  CHECK(base_q.PrefixRatio() == 100);
+
+  // Where the prefixes' blocks and P's copies are.
+  auto node_alive = [&](const std::string& name, bool alive) {
+    auto in = net.EnterHost(EngineHost(0));
+    return in.ok() && testing::Eventually(
+                          [&] {
+                            auto st = clients[0]->GetClusterStatus();
+                            if (!st.ok()) return false;
+                            for (const auto& n : st->nodes) {
+                              if (n.name == name) return n.alive == alive;
+                            }
+                            return false;
+                          },
+                          absl::Seconds(30));
+  };
+  {
+    auto in = net.EnterHost(EngineHost(0));
+    REQUIRE(in.ok());
+    auto st = clients[0]->GetClusterStatus();
+    REQUIRE(st.ok());
+    for (const char prefix : {'P', 'Q'}) {
+      auto look = clients[0]->BatchLookup({PrefixKey(prefix, 0)});
+      REQUIRE(look.ok());
+      REQUIRE(look->hit_prefix == 1);
+      for (const auto& n : st->nodes) {
+        if (n.node_id == look->locations[0].node_id) {
+          std::printf("replica_netns: prefix %c is on %s\n", prefix,
+                      n.name.c_str());
+        }
+      }
+    }
+  }
+  std::printf(
+      "replica_netns: host lost | P (replicas 2) prefix hit %% | Q "
+      "(none) prefix hit %% | own blocks hit %% | wrong bytes\n");
+  for (int i = 0; i < kStorageHosts; ++i) {
+    const std::string name = absl::StrCat("s", i);
+    INFO("host " << name);
+    REQUIRE(net.CutLink(StorageHost(i)).ok());
+    REQUIRE(node_alive(name, false));
+    HitCount p, q;
+    measure(&p, &q);
+    REQUIRE(net.RestoreLink(StorageHost(i)).ok());
+    REQUIRE(node_alive(name, true));
+    std::printf("replica_netns: %s | %.1f | %.1f | %.1f | %d\n", name.c_str(),
+                p.PrefixRatio(), q.PrefixRatio(),
+                (p.OwnRatio() + q.OwnRatio()) / 2, p.wrong + q.wrong);
+    CHECK(p.wrong + q.wrong == 0);
+    CHECK(base_p.PrefixRatio() - p.PrefixRatio() <= 2.0);
+  }
 }
 
 }  // namespace
