@@ -35,9 +35,15 @@ grpc::Status MasterRpcHandler::SetTenantQuota(
     v1::SetTenantQuotaResponse* resp) {
   auto id = Admit(ctx, kAdmin, "SetTenantQuota");
   if (!id.ok()) return Refuse(ctx, id.status());
-  absl::Status s = tenants_->SetQuota(
-      req->tenant(), TenantQuota{req->max_objects(), req->max_bytes()});
-  if (s.ok()) {
+  absl::Status s = req->set_replicas()
+                       ? tenants_->SetReplicas(req->tenant(), req->replicas())
+                       : tenants_->SetQuota(
+                             req->tenant(),
+                             TenantQuota{req->max_objects(), req->max_bytes()});
+  if (s.ok() && req->set_replicas()) {
+    LOG(INFO) << "master: tenant '" << req->tenant() << "' replicas set to "
+              << req->replicas() << " by '" << id->name << "'";
+  } else if (s.ok()) {
     LOG(INFO) << "master: tenant '" << req->tenant() << "' quota set to "
               << req->max_objects() << " objects, " << req->max_bytes()
               << " bytes by '" << id->name << "'";

@@ -276,6 +276,10 @@ class MasterRpcHandler final {
         *r, CallerKeyOf(ctx, *id),
         TenantLimit{quota.max_objects, quota.max_bytes}, &over_quota);
     if (over_quota) tenants_->CountQuotaRefusal(id->tenant);
+    if (out.ok() && !relocation && !req->replica()) {
+      // The tenant's replication factor, for the client to make the copies.
+      out->set_replicas(quota.replicas);
+    }
     if (out.ok() && auth_ != nullptr) {
       tenants_->NotePut(out->put_id(), id->tenant,
                         absl::FromUnixMillis(out->expires_unix_ms()),
@@ -459,6 +463,7 @@ class MasterRpcHandler final {
     for (const auto& [t, q] : tenants_->Quotas()) {
       rows[t].set_max_objects(q.max_objects);
       rows[t].set_max_bytes(q.max_bytes);
+      rows[t].set_replicas(q.replicas);
     }
     if (!req->tenant().empty()) rows[req->tenant()];  // even if empty
     const auto evictions = service_->QuotaEvictionsByTenant();

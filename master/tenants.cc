@@ -49,11 +49,15 @@ absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Create(
         absl::StrSplit(line, ' ', absl::SkipEmpty());
     if (f.empty() || f[0][0] == '#') continue;
     TenantQuota q;
-    if (f.size() != 3 || !ValidTenant(f[0]).ok() ||
+    if ((f.size() != 3 && f.size() != 4) || !ValidTenant(f[0]).ok() ||
         !absl::SimpleAtoi(f[1], &q.max_objects) ||
-        !absl::SimpleAtoi(f[2], &q.max_bytes)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          quota_path, ":", n, ": expected 'tenant max_objects max_bytes'"));
+        !absl::SimpleAtoi(f[2], &q.max_bytes) ||
+        (f.size() == 4 &&
+         (!absl::SimpleAtoi(f[3], &q.replicas) || q.replicas > 2))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(quota_path, ":", n,
+                       ": expected 'tenant max_objects max_bytes [replicas]' "
+                       "(replicas 0..2)"));
     }
     MutexLock l(&r->mu_);  // Not yet shared; taken for the analysis.
     r->quotas_[std::string(f[0])] = q;
@@ -67,10 +71,11 @@ absl::Status TenantRegistry::Save(
   const std::string tmp = path_ + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << "# tenant max_objects max_bytes (0: unlimited); hymctl tenant "
-           "set-quota\n";
+    out << "# tenant max_objects max_bytes (0: unlimited) replicas; hymctl "
+           "tenant set-quota, set-replicas\n";
     for (const auto& [t, q] : quotas) {
-      out << t << " " << q.max_objects << " " << q.max_bytes << "\n";
+      out << t << " " << q.max_objects << " " << q.max_bytes << " "
+          << q.replicas << "\n";
     }
     out.flush();
     if (!out) return absl::InternalError(absl::StrCat(tmp, ": write failed"));
@@ -81,21 +86,40 @@ absl::Status TenantRegistry::Save(
   return absl::OkStatus();
 }
 
-absl::Status TenantRegistry::SetQuota(absl::string_view tenant,
-                                      const TenantQuota& quota) {
+absl::Status TenantRegistry::Update(
+    absl::string_view tenant, const std::function<void(TenantQuota&)>& change) {
   absl::Status valid = ValidTenant(tenant);
   if (!valid.ok()) return valid;
   MutexLock l(&mu_);
   std::map<std::string, TenantQuota> next = quotas_;
-  if (quota.max_objects == 0 && quota.max_bytes == 0) {
+  TenantQuota& q = next[std::string(tenant)];
+  change(q);
+  if (q.max_objects == 0 && q.max_bytes == 0 && q.replicas == 0) {
     next.erase(std::string(tenant));
-  } else {
-    next[std::string(tenant)] = quota;
   }
   absl::Status s = Save(next);
   if (!s.ok()) return s;
   quotas_ = std::move(next);
   return absl::OkStatus();
+}
+
+absl::Status TenantRegistry::SetQuota(absl::string_view tenant,
+                                      const TenantQuota& quota) {
+  return Update(tenant, [&](TenantQuota& q) {
+    q.max_objects = quota.max_objects;
+    q.max_bytes = quota.max_bytes;
+  });
+}
+
+absl::Status TenantRegistry::SetReplicas(absl::string_view tenant,
+                                         uint32_t replicas) {
+  if (replicas > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replicas is ", replicas,
+                     " (want 0..2: 2 keeps a copy of every "
+                     "block on a second node)"));
+  }
+  return Update(tenant, [&](TenantQuota& q) { q.replicas = replicas; });
 }
 
 TenantQuota TenantRegistry::Quota(absl::string_view tenant) const {

@@ -4,13 +4,15 @@
 // (so that no other tenant can commit or abort it), and per-tenant refusal
 // counters.
 //
-// Quota file: one line per tenant, "tenant max_objects max_bytes" (0:
-// unlimited), rewritten whole (temporary file + rename) by SetQuota.
+// Quota file: one line per tenant, "tenant max_objects max_bytes [replicas]"
+// (0: unlimited; replicas 0 when absent), rewritten whole (temporary file +
+// rename) by SetQuota and SetReplicas.
 //
 // Thread safety: safe for concurrent use without external synchronization.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -27,6 +29,10 @@ namespace hymcache::master {
 struct TenantQuota {
   uint64_t max_objects = 0;  // 0: unlimited
   uint64_t max_bytes = 0;    // 0: unlimited
+  // Replication factor: 2, every block the tenant's clients store also
+  // gets a copy on another node (master/replica_key.h); 0 or 1: none.
+  // Not a limit, kept here as the tenant's other setting.
+  uint32_t replicas = 0;
 };
 
 class TenantRegistry {
@@ -36,10 +42,14 @@ class TenantRegistry {
   static absl::StatusOr<std::unique_ptr<TenantRegistry>> Create(
       const std::string& quota_path);
 
-  // Sets (both 0: clears) `tenant`'s quota and rewrites the file.
+  // Sets `tenant`'s quota (max_objects and max_bytes; its replicas stay)
+  // and rewrites the file; a tenant with all three 0 is dropped.
   // InvalidArgument for a bad tenant name; Internal if the file cannot be
   // written (the quota is then not changed).
   absl::Status SetQuota(absl::string_view tenant, const TenantQuota& quota);
+  // The same for the replication factor alone (the quota stays).
+  // InvalidArgument above 2.
+  absl::Status SetReplicas(absl::string_view tenant, uint32_t replicas);
   TenantQuota Quota(absl::string_view tenant) const;
   std::map<std::string, TenantQuota> Quotas() const;
 
@@ -65,6 +75,9 @@ class TenantRegistry {
   };
   explicit TenantRegistry(std::string path) : path_(std::move(path)) {}
   absl::Status Save(const std::map<std::string, TenantQuota>& quotas) const;
+  // Applies `change` to `tenant`'s entry, drops it if all zero, and saves.
+  absl::Status Update(absl::string_view tenant,
+                      const std::function<void(TenantQuota&)>& change);
 
   // Constant after Create.
   const std::string path_;
