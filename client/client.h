@@ -200,7 +200,8 @@ struct StoreOptions {
   // and the tenant's quota like any block and are evicted like one; a
   // lookup uses a copy when the block's own node is not readable. Best
   // effort: a copy that finds no room is skipped (PutResult::replicated
-  // counts the ones stored). 1 or 2. Default: 1.
+  // counts the ones stored). A tenant whose replication factor is 2 (hymctl
+  // tenant set-replicas) gets copies whatever this says. 1 or 2. Default: 1.
   uint32_t replicas = 1;
   // Which memory every buffer of the call is in. Default: host memory.
   // Device buffers are copied device->host into bounce chunks, one group of

@@ -173,12 +173,19 @@ class ClientImpl : public Client {
   size_t PutCopies(absl::Span<const std::string> keys,
                    absl::Span<const ConstBuffer> buffers,
                    const std::string& parent_key, absl::Time deadline);
+  // What a Store's chunks learn as they go: the node the first one's
+  // blocks went to (asked for by the next ones), and the most copies the
+  // master asked for (the tenant's replication factor).
+  struct PutProgress {
+    uint32_t node = 0;
+    uint32_t replicas = 0;
+  };
   // `replica`: PutStartArgs::replica.
   absl::Status PutChunk(absl::Span<const std::string> keys,
                         absl::Span<const ConstBuffer> buffers, size_t offset,
                         const std::string& parent_key, absl::Time deadline,
                         uint32_t relocate_from_node, bool replica,
-                        uint32_t* node, PutResult* out);
+                        PutProgress* progress, PutResult* out);
 
   // device_io.cc
   // The bounce pool, created (pinned, registered) on first use.

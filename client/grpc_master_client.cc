@@ -404,6 +404,7 @@ class GrpcMasterClient : public MasterClient {
       }
     }
     out.node = FromProto(resp.node());
+    out.replicas = resp.replicas();
     return out;
   }
 

@@ -86,6 +86,8 @@ struct PutStartReply {
   std::vector<PutSlot> slots;
   // The node every allocated slot is on.
   PeerInfo node;
+  // The tenant's replication factor (2: also store copies).
+  uint32_t replicas = 0;
 };
 
 // What a lookup is for (BatchLookupRequest's for_read and ended).

@@ -142,22 +142,23 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
   PutResult out;
   out.outcomes.assign(keys.size(), PutOutcome::kFailed);
   out.errors.assign(keys.size(), absl::OkStatus());
-  uint32_t node = 0;
+  PutProgress progress;
   for (size_t begin = 0; begin < keys.size();
        begin += options_.max_keys_per_rpc) {
     size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
     absl::Status st =
         PutChunk(keys.subspan(begin, n), buffers.subspan(begin, n), begin,
                  begin == 0 ? parent_key : keys[begin - 1], deadline,
-                 relocate_from_node, /*replica=*/false, &node, &out);
+                 relocate_from_node, /*replica=*/false, &progress, &out);
     if (!st.ok()) {
       if (begin == 0) return st;  // nothing happened yet: the call failed
       for (size_t i = begin; i < keys.size(); ++i) out.errors[i] = st;
       break;
     }
   }
-  out.node_id = node;
-  if (replicas > 1) {
+  out.node_id = progress.node;
+  // The caller's replicas, or its tenant's (the master says).
+  if (std::max(replicas, progress.replicas) > 1) {
     out.replicated = PutCopies(keys, buffers, parent_key, deadline);
   }
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -192,14 +193,14 @@ size_t ClientImpl::PutCopies(absl::Span<const std::string> keys,
   PutResult copies;
   copies.outcomes.assign(keys.size(), PutOutcome::kFailed);
   copies.errors.assign(keys.size(), absl::OkStatus());
-  uint32_t node = 0;
+  PutProgress progress;
   for (size_t begin = 0; begin < keys.size();
        begin += options_.max_keys_per_rpc) {
     size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
-    absl::Status st =
-        PutChunk(keys.subspan(begin, n), buffers.subspan(begin, n), begin,
-                 begin == 0 ? parent_key : keys[begin - 1], deadline,
-                 /*relocate_from_node=*/0, /*replica=*/true, &node, &copies);
+    absl::Status st = PutChunk(
+        keys.subspan(begin, n), buffers.subspan(begin, n), begin,
+        begin == 0 ? parent_key : keys[begin - 1], deadline,
+        /*relocate_from_node=*/0, /*replica=*/true, &progress, &copies);
     if (!st.ok()) break;
   }
   return static_cast<size_t>(std::count(
@@ -212,12 +213,12 @@ absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
                                   size_t offset, const std::string& parent_key,
                                   absl::Time deadline,
                                   uint32_t relocate_from_node, bool replica,
-                                  uint32_t* node, PutResult* out) {
+                                  PutProgress* progress, PutResult* out) {
   PutStartArgs args;
   args.keys.assign(keys.begin(), keys.end());
   args.lengths.reserve(buffers.size());
   for (const ConstBuffer& b : buffers) args.lengths.push_back(b.size);
-  args.preferred_node_id = *node;
+  args.preferred_node_id = progress->node;
   args.parent_key = parent_key;
   args.relocate_from_node = relocate_from_node;
   args.replica = replica;
@@ -250,9 +251,10 @@ absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
         break;
     }
   }
+  progress->replicas = std::max(progress->replicas, start.replicas);
   if (ops.empty()) return absl::OkStatus();
   Remember(start.node);
-  *node = start.node.node_id;
+  progress->node = start.node.node_id;
 
   if (unresponsive_.Skip(start.node.node_id)) {
     // Opportunistic: not stored, rather than waiting for the deadline.
