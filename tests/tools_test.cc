@@ -401,6 +401,69 @@ TEST_CASE("hymctl rebalance moves the hottest chains onto a node that joined") {
   CHECK(nlohmann::json::parse(out)["moved"].empty());
 }
 
+TEST_CASE(
+    "A tenant's replication factor gives every block its clients store a copy "
+    "that outlives the block's node") {
+  const std::string dir = TempDir("tenant_replicas");
+  auto m = MasterProcess::Start(
+      dir + "/master", "127.0.0.1:0",
+      {"--node_timeout_ms=2000", "--heartbeat_interval_ms=500"});
+  REQUIRE(m.ok());
+  std::vector<StorageProcess> nodes;
+  for (const char* name : {"n1", "n2"}) {
+    auto n = StorageProcess::Start(m->address, name, {"--dram_bytes=67108864"});
+    REQUIRE(n.ok());
+    nodes.push_back(std::move(*n));
+  }
+  std::string out;
+  REQUIRE(testing::Eventually([&] {
+    return Ctl(m->address, {"status"}, &out, true) == 0 &&
+           nlohmann::json::parse(out)["nodes_alive"] == 2;
+  }));
+  CHECK(Ctl(m->address, {"tenant", "set-replicas", "default", "3"}, &out) == 1);
+  REQUIRE(Ctl(m->address, {"tenant", "set-replicas", "default", "2"}, &out) ==
+          0);
+  REQUIRE(Ctl(m->address, {"tenant", "list"}, &out, true) == 0);
+  CHECK(nlohmann::json::parse(out)["tenants"][0]["replicas"] == 2);
+
+  // A plain Put: the client makes the copies because the master says so.
+  ClientOptions co;
+  co.master_address = m->address;
+  auto client = Client::Create(co);
+  REQUIRE(client.ok());
+  const std::vector<std::string> keys = DrainChainKeys(0);
+  std::vector<std::string> bytes;
+  for (const auto& k : keys) bytes.push_back(DrainBlock(k));
+  std::vector<ConstBuffer> from;
+  for (const auto& b : bytes) from.push_back({b.data(), b.size()});
+  auto put = (*client)->Put(keys, from);
+  REQUIRE(put.ok());
+  CHECK(put->stored == keys.size());
+  CHECK(put->replicated == keys.size());
+  // The node holding the blocks dies: the copies serve the whole chain.
+  auto look = (*client)->BatchLookup(keys);
+  REQUIRE(look.ok());
+  REQUIRE(look->hit_prefix == keys.size());
+  const uint32_t holder = look->locations[0].node_id;
+  REQUIRE(Ctl(m->address, {"status"}, &out, true) == 0);
+  int victim = -1;
+  const nlohmann::json status = nlohmann::json::parse(out);
+  for (const auto& n : status["nodes"]) {
+    if (n["node_id"] == holder) victim = n["name"] == "n1" ? 0 : 1;
+  }
+  REQUIRE(victim >= 0);
+  REQUIRE(nodes[victim].daemon.Stop(SIGKILL).ok());
+  REQUIRE(testing::Eventually([&] {
+    return Ctl(m->address, {"status"}, &out, true) == 0 &&
+           nlohmann::json::parse(out)["nodes_alive"] == 1;
+  }));
+  look = (*client)->BatchLookup(keys);
+  REQUIRE(look.ok());
+  CHECK(look->hit_prefix == keys.size());
+  for (const auto& l : look->locations) CHECK(l.node_id != holder);
+  CHECK(LoadDrainChain(client->get(), 0) == 8);
+}
+
 TEST_CASE("the demo workload reuses prefixes and verifies every byte") {
   Small c;
   demo::DemoOptions o;

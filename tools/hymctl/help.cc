@@ -50,6 +50,9 @@ Tenants and tokens:
   tenant usage TENANT
   tenant set-quota TENANT MAX_OBJECTS MAX_BYTES
                       0 = unlimited; refused PutStarts beyond it
+  tenant set-replicas TENANT N
+                      2: every block the tenant's clients store also
+                      gets a copy on another node; 1: none
   token new ROLE TENANT NAME TOKEN_FILE [--nodes=A,B]
                       write a fresh token to TOKEN_FILE (a new file, mode
                       0600) and print its identities line (ROLE: engine,

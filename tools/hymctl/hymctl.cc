@@ -37,83 +37,13 @@
 #include "tools/hymctl/drain_copy.h"
 #include "tools/hymctl/events.h"
 #include "tools/hymctl/fsck.h"
+#include "tools/hymctl/table.h"
 #include "tools/hymctl/top.h"
 
 namespace hymcache::hymctl {
 namespace {
 
 using nlohmann::json;
-
-std::string Human(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", v, units[u]);
-}
-
-// Prints rows as aligned columns.
-void Table(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width;
-  for (const auto& r : rows) {
-    if (width.size() < r.size()) width.resize(r.size(), 0);
-    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
-  }
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t i = 0; i < r.size(); ++i) {
-      line += r[i];
-      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
-    }
-    out << line << "\n";
-  }
-}
-
-// Bytes in at most 5 characters: 512B, 1.5K, 12K, 123M (binary units).
-std::string ShortBytes(uint64_t bytes) {
-  const char* units[] = {"B", "K", "M", "G", "T", "P"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 999.5 && u < 5) {
-    v /= 1024;
-    ++u;
-  }
-  return v < 9.95 && u > 0 ? absl::StrFormat("%.1f%s", v, units[u])
-                           : absl::StrFormat("%.0f%s", v, units[u]);
-}
-
-// An age in at most 5 characters: 0.4s, 12s, 5m, 3h, 2d.
-std::string ShortAge(absl::Duration d) {
-  const double s = absl::ToDoubleSeconds(d);
-  if (s < 0) return "0s";
-  if (s < 10) return absl::StrFormat("%.1fs", s);
-  if (s < 120) return absl::StrFormat("%.0fs", s);
-  if (s < 7200) return absl::StrFormat("%.0fm", s / 60);
-  if (s < 172800) return absl::StrFormat("%.0fh", s / 3600);
-  return absl::StrFormat("%.0fd", s / 86400);
-}
-
-// A node's state as status, top and inspect show it.
-std::string NodeState(const hymcache::v1::NodeInfo& n) {
-  if (n.alive()) return n.draining() ? "DRAINING" : "alive";
-  const std::string base = n.awaiting_reconcile() ? "RECONCILING" : "DEAD";
-  return n.draining() ? base + ",DRAINING" : base;
-}
-
-// Fits 80 columns in the narrow status table.
-std::string NarrowState(const hymcache::v1::NodeInfo& n) {
-  if (n.alive()) return n.draining() ? "DRAINING" : "alive";
-  const std::string base = n.awaiting_reconcile() ? "RECONCILING" : "DEAD";
-  return n.draining() ? (n.awaiting_reconcile() ? "RECONC,DRAIN" : "DEAD,DRAIN")
-                      : base;
-}
-
-std::string DeviceKind(const hymcache::v1::NodeInfo& n) {
-  return n.regions_size() > 0 ? n.regions(0).device_kind() : "";
-}
 
 // Of several masters (--master=A,B,C; docs/ha.md), the one that leads: each
 // is asked in turn (GetStats); a standby's NOT_LEADER names the leader,
@@ -360,10 +290,11 @@ class Cli {
     const bool list = args.size() == 1 && args[0] == "list";
     const bool usage = args.size() == 2 && args[0] == "usage";
     const bool set = args.size() == 4 && args[0] == "set-quota";
-    if (!list && !usage && !set) {
+    const bool replicas = args.size() == 3 && args[0] == "set-replicas";
+    if (!list && !usage && !set && !replicas) {
       return Usage(
           "tenant list | usage TENANT | set-quota TENANT MAX_OBJECTS "
-          "MAX_BYTES");
+          "MAX_BYTES | set-replicas TENANT N");
     }
     auto channel = CreateChannel(o_.master_address, o_.security);
     if (!channel.ok()) return Fail(channel.status());
@@ -371,6 +302,22 @@ class Cli {
     grpc::ClientContext ctx;
     ctx.set_deadline(
         absl::ToChronoTime(absl::Now() + absl::Seconds(o_.timeout_seconds)));
+    if (replicas) {
+      hymcache::v1::SetTenantQuotaRequest req;
+      uint32_t n = 0;
+      if (!absl::SimpleAtoi(args[2], &n))
+        return Usage("set-replicas: N is 0..2");
+      req.set_tenant(args[1]);
+      req.set_replicas(n);
+      req.set_set_replicas(true);
+      hymcache::v1::SetTenantQuotaResponse resp;
+      grpc::Status s = stub->SetTenantQuota(&ctx, req, &resp);
+      if (!s.ok()) return Fail(FromGrpcStatus(s));
+      out_ << (o_.json ? json{{"tenant", args[1]}, {"replicas", n}}.dump()
+                       : absl::StrCat("tenant ", args[1], ": replicas ", n))
+           << "\n";
+      return 0;
+    }
     if (set) {
       hymcache::v1::SetTenantQuotaRequest req;
       uint64_t objects = 0, bytes = 0;
@@ -407,7 +354,8 @@ class Cli {
                            {"max_objects", t.max_objects()},
                            {"max_bytes", t.max_bytes()},
                            {"quota_refusals", t.quota_refusals()},
-                           {"quota_evictions", t.quota_evictions()}});
+                           {"quota_evictions", t.quota_evictions()},
+                           {"replicas", t.replicas()}});
       }
       out_ << json{{"tenants", all}}.dump(2) << "\n";
       return 0;
@@ -418,13 +366,13 @@ class Cli {
     };
     std::vector<std::vector<std::string>> rows = {
         {"TENANT", "OBJECTS", "BYTES", "MAX OBJECTS", "MAX BYTES",
-         "REFUSED PUTS", "EVICTED"}};
+         "REFUSED PUTS", "EVICTED", "REPLICAS"}};
     for (const auto& t : resp.tenants()) {
       rows.push_back({t.tenant(), absl::StrCat(t.objects()), Human(t.bytes()),
-                      limit(t.max_objects(), false),
-                      limit(t.max_bytes(), true),
+                      limit(t.max_objects(), false), limit(t.max_bytes(), true),
                       absl::StrCat(t.quota_refusals()),
-                      absl::StrCat(t.quota_evictions())});
+                      absl::StrCat(t.quota_evictions()),
+                      absl::StrCat(std::max(t.replicas(), 1u))});
     }
     Table(out_, rows);
     return 0;
