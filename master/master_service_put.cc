@@ -382,7 +382,7 @@ MasterService::NodeChoice MasterService::ChooseNodeLocked(
   std::vector<PlacementCandidate> candidates;
   size_t round_robin_start = 0;
   for (auto& [id, node] : nodes_) {
-    if (id == plan.exclude) continue;  // a relocation's source
+    if (id == plan.exclude) continue;  // a relocation's source, a copy's block
     if (!IsAlive(node, now)) {
       if (!node.deregistered && (!node.registered || node.needs_reconcile) &&
           now - node.last_seen <= options_.node_timeout) {
