@@ -19,7 +19,9 @@ std::string Slurp(const std::string& path) {
                      std::istreambuf_iterator<char>());
 }
 
-TEST_CASE("Quotas and replication factors survive a restart, each set apart from the other") {
+TEST_CASE(
+    "Quotas and replication factors survive a restart, each set apart from the "
+    "other") {
   const std::string path = TestDir("tenants-quotas");
   {
     auto r = TenantRegistry::Create(path);

@@ -19,7 +19,7 @@ namespace v1 = ::hymcache::v1;
 // One object the node holds, as listed.
 struct Listed {
   std::string key;
-  std::string parent;     // linked parent's key ("": none)
+  std::string parent;  // linked parent's key ("": none)
   uint64_t length = 0;
   int64_t last_read_ms = 0;
   bool chosen = false;
@@ -185,8 +185,7 @@ class Copier {
     so.parent_key = parent;
     so.relocate_from_node = options_.node_id;
     absl::StatusOr<PutResult> put =
-        client_
-            ->Store(absl::MakeConstSpan(keys).subspan(0, loaded), from, so)
+        client_->Store(absl::MakeConstSpan(keys).subspan(0, loaded), from, so)
             ->Wait();
     if (!put.ok()) {
       report_.failed += loaded;

@@ -59,13 +59,13 @@ struct DrainCopyOptions {
 };
 
 struct DrainCopyReport {
-  uint64_t listed = 0;        // objects the node held when listed
-  uint64_t chosen = 0;        // of them, to copy
-  uint64_t copied = 0;        // moved to another node
+  uint64_t listed = 0;  // objects the node held when listed
+  uint64_t chosen = 0;  // of them, to copy
+  uint64_t copied = 0;  // moved to another node
   uint64_t copied_bytes = 0;
-  uint64_t skipped = 0;       // not on the node any more, or unreadable
-  uint64_t failed = 0;        // not moved: a write or commit failed
-  uint64_t let_go = 0;        // listed, not chosen (kHot)
+  uint64_t skipped = 0;  // not on the node any more, or unreadable
+  uint64_t failed = 0;   // not moved: a write or commit failed
+  uint64_t let_go = 0;   // listed, not chosen (kHot)
   bool deadline_passed = false;
   bool max_bytes_reached = false;
 };

@@ -15,20 +15,24 @@ std::string Human(uint64_t bytes) {
     v /= 1024;
     ++u;
   }
-  return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", v, units[u]);
+  return u == 0 ? absl::StrCat(bytes, " B")
+                : absl::StrFormat("%.1f %s", v, units[u]);
 }
 
-void Table(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+void Table(std::ostream& out,
+           const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> width;
   for (const auto& r : rows) {
     if (width.size() < r.size()) width.resize(r.size(), 0);
-    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+    for (size_t i = 0; i < r.size(); ++i)
+      width[i] = std::max(width[i], r[i].size());
   }
   for (const auto& r : rows) {
     std::string line;
     for (size_t i = 0; i < r.size(); ++i) {
       line += r[i];
-      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
+      if (i + 1 < r.size())
+        line += std::string(width[i] - r[i].size() + 2, ' ');
     }
     out << line << "\n";
   }

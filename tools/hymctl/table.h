@@ -15,7 +15,8 @@ namespace hymcache::hymctl {
 // "512 B", "1.5 KiB", "12.0 MiB".
 std::string Human(uint64_t bytes);
 // Prints rows as aligned columns.
-void Table(std::ostream& out, const std::vector<std::vector<std::string>>& rows);
+void Table(std::ostream& out,
+           const std::vector<std::vector<std::string>>& rows);
 // Bytes in at most 5 characters: 512B, 1.5K, 12K, 123M (binary units).
 std::string ShortBytes(uint64_t bytes);
 // An age in at most 5 characters: 0.4s, 12s, 5m, 3h, 2d.
