@@ -180,6 +180,15 @@ class ClientImpl : public Client {
     uint32_t node = 0;
     uint32_t replicas = 0;
   };
+  // PutChunk over `keys` in chunks of max_keys_per_rpc, each naming the
+  // block before it as its parent; the first error, with the offset of its
+  // chunk in *failed_at.
+  absl::Status PutChunks(absl::Span<const std::string> keys,
+                         absl::Span<const ConstBuffer> buffers,
+                         const std::string& parent_key, absl::Time deadline,
+                         uint32_t relocate_from_node, bool replica,
+                         PutProgress* progress, PutResult* out,
+                         size_t* failed_at);
   // `replica`: PutStartArgs::replica.
   absl::Status PutChunk(absl::Span<const std::string> keys,
                         absl::Span<const ConstBuffer> buffers, size_t offset,

@@ -143,18 +143,13 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
   out.outcomes.assign(keys.size(), PutOutcome::kFailed);
   out.errors.assign(keys.size(), absl::OkStatus());
   PutProgress progress;
-  for (size_t begin = 0; begin < keys.size();
-       begin += options_.max_keys_per_rpc) {
-    size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
-    absl::Status st =
-        PutChunk(keys.subspan(begin, n), buffers.subspan(begin, n), begin,
-                 begin == 0 ? parent_key : keys[begin - 1], deadline,
-                 relocate_from_node, /*replica=*/false, &progress, &out);
-    if (!st.ok()) {
-      if (begin == 0) return st;  // nothing happened yet: the call failed
-      for (size_t i = begin; i < keys.size(); ++i) out.errors[i] = st;
-      break;
-    }
+  size_t failed_at = 0;
+  absl::Status st =
+      PutChunks(keys, buffers, parent_key, deadline, relocate_from_node,
+                /*replica=*/false, &progress, &out, &failed_at);
+  if (!st.ok()) {
+    if (failed_at == 0) return st;  // nothing happened yet: the call failed
+    for (size_t i = failed_at; i < keys.size(); ++i) out.errors[i] = st;
   }
   out.node_id = progress.node;
   // The caller's replicas, or its tenant's (the master says).
@@ -194,17 +189,34 @@ size_t ClientImpl::PutCopies(absl::Span<const std::string> keys,
   copies.outcomes.assign(keys.size(), PutOutcome::kFailed);
   copies.errors.assign(keys.size(), absl::OkStatus());
   PutProgress progress;
+  size_t failed_at = 0;
+  PutChunks(keys, buffers, parent_key, deadline, /*relocate_from_node=*/0,
+            /*replica=*/true, &progress, &copies, &failed_at)
+      .IgnoreError();  // best effort: what was stored counts
+  return static_cast<size_t>(std::count(
+      copies.outcomes.begin(), copies.outcomes.end(), PutOutcome::kStored));
+}
+
+absl::Status ClientImpl::PutChunks(absl::Span<const std::string> keys,
+                                   absl::Span<const ConstBuffer> buffers,
+                                   const std::string& parent_key,
+                                   absl::Time deadline,
+                                   uint32_t relocate_from_node, bool replica,
+                                   PutProgress* progress, PutResult* out,
+                                   size_t* failed_at) {
   for (size_t begin = 0; begin < keys.size();
        begin += options_.max_keys_per_rpc) {
     size_t n = std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
-    absl::Status st = PutChunk(
-        keys.subspan(begin, n), buffers.subspan(begin, n), begin,
-        begin == 0 ? parent_key : keys[begin - 1], deadline,
-        /*relocate_from_node=*/0, /*replica=*/true, &progress, &copies);
-    if (!st.ok()) break;
+    absl::Status st =
+        PutChunk(keys.subspan(begin, n), buffers.subspan(begin, n), begin,
+                 begin == 0 ? parent_key : keys[begin - 1], deadline,
+                 relocate_from_node, replica, progress, out);
+    if (!st.ok()) {
+      *failed_at = begin;
+      return st;
+    }
   }
-  return static_cast<size_t>(std::count(
-      copies.outcomes.begin(), copies.outcomes.end(), PutOutcome::kStored));
+  return absl::OkStatus();
 }
 
 // One PutStart / writes / PutCommit round for keys [offset, offset+n).
