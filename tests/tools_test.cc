@@ -224,6 +224,15 @@ std::string DrainBlock(const std::string& key) {
   }
   return bytes;
 }
+// Puts chain `c` (every block) with a plain Put.
+absl::StatusOr<PutResult> PutDrainChain(Client* client, int c) {
+  const std::vector<std::string> keys = DrainChainKeys(c);
+  std::vector<std::string> bytes;
+  for (const auto& k : keys) bytes.push_back(DrainBlock(k));
+  std::vector<ConstBuffer> from;
+  for (const auto& b : bytes) from.push_back({b.data(), b.size()});
+  return client->Put(keys, from);
+}
 // Loads chain `c` whole and checks every byte; the blocks loaded.
 size_t LoadDrainChain(Client* client, int c) {
   const std::vector<std::string> keys = DrainChainKeys(c);
@@ -254,23 +263,13 @@ TEST_CASE(
   // Six chains on the old node, the only one yet; chains 0-2 are read
   // (hot), 3-5 never.
   REQUIRE(testing::Eventually([&] {
-    const std::vector<std::string> keys = DrainChainKeys(0);
-    std::vector<std::string> bytes;
-    for (const auto& k : keys) bytes.push_back(DrainBlock(k));
-    std::vector<ConstBuffer> from;
-    for (const auto& b : bytes) from.push_back({b.data(), b.size()});
-    auto put = (*client)->Put(keys, from);
-    return put.ok() && put->stored == keys.size();
+    auto put = PutDrainChain(client->get(), 0);
+    return put.ok() && put->stored == 8;
   }));
   for (int c = 1; c < 6; ++c) {
-    const std::vector<std::string> keys = DrainChainKeys(c);
-    std::vector<std::string> bytes;
-    for (const auto& k : keys) bytes.push_back(DrainBlock(k));
-    std::vector<ConstBuffer> from;
-    for (const auto& b : bytes) from.push_back({b.data(), b.size()});
-    auto put = (*client)->Put(keys, from);
+    auto put = PutDrainChain(client->get(), c);
     REQUIRE(put.ok());
-    REQUIRE(put->stored == keys.size());
+    REQUIRE(put->stored == 8);
   }
   for (int c = 0; c < 3; ++c) REQUIRE(LoadDrainChain(client->get(), c) == 8);
   auto new_node =
@@ -354,14 +353,9 @@ TEST_CASE("hymctl rebalance moves the hottest chains onto a node that joined") {
   // Eight chains of 512 KiB on the only node; chains 4-7 are read last
   // (the hottest).
   for (int c = 0; c < 8; ++c) {
-    const std::vector<std::string> keys = DrainChainKeys(c);
-    std::vector<std::string> bytes;
-    for (const auto& k : keys) bytes.push_back(DrainBlock(k));
-    std::vector<ConstBuffer> from;
-    for (const auto& b : bytes) from.push_back({b.data(), b.size()});
     REQUIRE(testing::Eventually([&] {
-      auto put = (*client)->Put(keys, from);
-      return put.ok() && put->stored + put->skipped == keys.size();
+      auto put = PutDrainChain(client->get(), c);
+      return put.ok() && put->stored + put->skipped == 8;
     }));
   }
   for (int c = 0; c < 8; ++c) REQUIRE(LoadDrainChain(client->get(), c) == 8);
@@ -432,11 +426,7 @@ TEST_CASE(
   auto client = Client::Create(co);
   REQUIRE(client.ok());
   const std::vector<std::string> keys = DrainChainKeys(0);
-  std::vector<std::string> bytes;
-  for (const auto& k : keys) bytes.push_back(DrainBlock(k));
-  std::vector<ConstBuffer> from;
-  for (const auto& b : bytes) from.push_back({b.data(), b.size()});
-  auto put = (*client)->Put(keys, from);
+  auto put = PutDrainChain(client->get(), 0);
   REQUIRE(put.ok());
   CHECK(put->stored == keys.size());
   CHECK(put->replicated == keys.size());
