@@ -247,47 +247,64 @@ size_t LoadDrainChain(Client* client, int c) {
   return r->loaded;
 }
 
+// A master and a Client; storage nodes (64 MiB) join one by one.
+struct GrowingCluster {
+  std::string dir;
+  MasterProcess master;
+  std::vector<StorageProcess> nodes;
+  std::unique_ptr<Client> client;
+  explicit GrowingCluster(const std::string& name,
+                          std::vector<std::string> master_flags = {})
+      : dir(TempDir(name)) {
+    auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0",
+                                  std::move(master_flags));
+    REQUIRE(m.ok());
+    master = std::move(*m);
+    ClientOptions co;
+    co.master_address = master.address;
+    auto c = Client::Create(co);
+    REQUIRE(c.ok());
+    client = std::move(*c);
+  }
+  // Starts node `name` and waits until every node is alive; its node id.
+  uint32_t AddNode(const std::string& name) {
+    auto n =
+        StorageProcess::Start(master.address, name, {"--dram_bytes=67108864"});
+    REQUIRE(n.ok());
+    nodes.push_back(std::move(*n));
+    std::string out;
+    REQUIRE(testing::Eventually([&] {
+      return Ctl(master.address, {"status"}, &out, true) == 0 &&
+             nlohmann::json::parse(out)["nodes_alive"] == nodes.size();
+    }));
+    const nlohmann::json status = nlohmann::json::parse(out);
+    for (const auto& n : status["nodes"]) {
+      if (n["name"] == name) return n["node_id"].get<uint32_t>();
+    }
+    FAIL("node " << name << " not listed: " << out);
+    return 0;
+  }
+};
+
 TEST_CASE(
     "hymctl drain --copy moves a node's hot chains elsewhere under load, and "
     "they outlive it") {
-  const std::string dir = TempDir("drain_copy");
-  auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0");
-  REQUIRE(m.ok());
-  auto old_node =
-      StorageProcess::Start(m->address, "old", {"--dram_bytes=67108864"});
-  REQUIRE(old_node.ok());
-  ClientOptions co;
-  co.master_address = m->address;
-  auto client = Client::Create(co);
-  REQUIRE(client.ok());
+  GrowingCluster cluster("drain_copy");
+  cluster.AddNode("old");
   // Six chains on the old node, the only one yet; chains 0-2 are read
   // (hot), 3-5 never.
   REQUIRE(testing::Eventually([&] {
-    auto put = PutDrainChain(client->get(), 0);
+    auto put = PutDrainChain(cluster.client.get(), 0);
     return put.ok() && put->stored == 8;
   }));
   for (int c = 1; c < 6; ++c) {
-    auto put = PutDrainChain(client->get(), c);
+    auto put = PutDrainChain(cluster.client.get(), c);
     REQUIRE(put.ok());
     REQUIRE(put->stored == 8);
   }
-  for (int c = 0; c < 3; ++c) REQUIRE(LoadDrainChain(client->get(), c) == 8);
-  auto new_node =
-      StorageProcess::Start(m->address, "new", {"--dram_bytes=67108864"});
-  REQUIRE(new_node.ok());
-  std::string out;
-  REQUIRE(testing::Eventually([&] {
-    return Ctl(m->address, {"status"}, &out, true) == 0 &&
-           nlohmann::json::parse(out)["nodes"].size() == 2 &&
-           nlohmann::json::parse(out)["nodes"][1]["alive"] == true;
-  }));
-  uint32_t new_id = 0;
-  const nlohmann::json status = nlohmann::json::parse(out);
-  for (const auto& n : status["nodes"]) {
-    if (n["name"] == "new") new_id = n["node_id"].get<uint32_t>();
-  }
-  INFO(out);
-  REQUIRE(new_id != 0);
+  for (int c = 0; c < 3; ++c)
+    REQUIRE(LoadDrainChain(cluster.client.get(), c) == 8);
+  const uint32_t new_id = cluster.AddNode("new");
 
   // Readers load the hot chains throughout the drain.
   std::atomic<bool> stop{false};
@@ -296,12 +313,12 @@ TEST_CASE(
     while (!stop.load()) {
       for (int c = 0; c < 3; ++c) {
         ++loads;
-        if (LoadDrainChain(client->get(), c) != 8) ++failed_loads;
+        if (LoadDrainChain(cluster.client.get(), c) != 8) ++failed_loads;
       }
     }
   });
   hymctl::Options o;
-  o.master_address = m->address;
+  o.master_address = cluster.master.address;
   o.json = true;
   o.drain_copy = "hot";
   o.hot_within_seconds = 600;
@@ -328,50 +345,36 @@ TEST_CASE(
 
   // The old node leaves (killed): the hot chains are all still there, on
   // the new node; the cold ones were let go.
-  REQUIRE(old_node->daemon.Stop(SIGKILL).ok());
+  REQUIRE(cluster.nodes[0].daemon.Stop(SIGKILL).ok());
   for (int c = 0; c < 3; ++c) {
     INFO("chain " << c);
-    auto look = (*client)->BatchLookup(DrainChainKeys(c));
+    auto look = cluster.client->BatchLookup(DrainChainKeys(c));
     REQUIRE(look.ok());
     CHECK(look->hit_prefix == 8);
     for (const auto& l : look->locations) CHECK(l.node_id == new_id);
-    CHECK(LoadDrainChain(client->get(), c) == 8);
+    CHECK(LoadDrainChain(cluster.client.get(), c) == 8);
   }
 }
 
 TEST_CASE("hymctl rebalance moves the hottest chains onto a node that joined") {
-  const std::string dir = TempDir("rebalance");
-  auto m = MasterProcess::Start(dir + "/master", "127.0.0.1:0");
-  REQUIRE(m.ok());
-  auto first =
-      StorageProcess::Start(m->address, "first", {"--dram_bytes=67108864"});
-  REQUIRE(first.ok());
-  ClientOptions co;
-  co.master_address = m->address;
-  auto client = Client::Create(co);
-  REQUIRE(client.ok());
+  GrowingCluster cluster("rebalance");
+  cluster.AddNode("first");
   // Eight chains of 512 KiB on the only node; chains 4-7 are read last
   // (the hottest).
   for (int c = 0; c < 8; ++c) {
     REQUIRE(testing::Eventually([&] {
-      auto put = PutDrainChain(client->get(), c);
+      auto put = PutDrainChain(cluster.client.get(), c);
       return put.ok() && put->stored + put->skipped == 8;
     }));
   }
-  for (int c = 0; c < 8; ++c) REQUIRE(LoadDrainChain(client->get(), c) == 8);
+  for (int c = 0; c < 8; ++c)
+    REQUIRE(LoadDrainChain(cluster.client.get(), c) == 8);
   std::string out;
-  CHECK(Ctl(m->address, {"rebalance"}, &out) == 0);
+  CHECK(Ctl(cluster.master.address, {"rebalance"}, &out) == 0);
   CHECK(out.find("balanced") != std::string::npos);
 
-  auto second =
-      StorageProcess::Start(m->address, "second", {"--dram_bytes=67108864"});
-  REQUIRE(second.ok());
-  REQUIRE(testing::Eventually([&] {
-    return Ctl(m->address, {"status"}, &out, true) == 0 &&
-           nlohmann::json::parse(out)["nodes"].size() == 2 &&
-           nlohmann::json::parse(out)["nodes"][1]["alive"] == true;
-  }));
-  REQUIRE(Ctl(m->address, {"rebalance"}, &out, true) == 0);
+  cluster.AddNode("second");
+  REQUIRE(Ctl(cluster.master.address, {"rebalance"}, &out, true) == 0);
   INFO(out);
   const nlohmann::json j = nlohmann::json::parse(out);
   REQUIRE(j["moved"].size() == 1);
@@ -383,75 +386,61 @@ TEST_CASE("hymctl rebalance moves the hottest chains onto a node that joined") {
   // The hottest four moved, whole; every chain still loads.
   for (int c = 0; c < 8; ++c) {
     INFO("chain " << c);
-    auto look = (*client)->BatchLookup(DrainChainKeys(c));
+    auto look = cluster.client->BatchLookup(DrainChainKeys(c));
     REQUIRE(look.ok());
     REQUIRE(look->hit_prefix == 8);
     for (const auto& l : look->locations) {
       CHECK((l.node_id == first_id) == (c < 4));
     }
-    CHECK(LoadDrainChain(client->get(), c) == 8);
+    CHECK(LoadDrainChain(cluster.client.get(), c) == 8);
   }
-  REQUIRE(Ctl(m->address, {"rebalance"}, &out, true) == 0);
+  REQUIRE(Ctl(cluster.master.address, {"rebalance"}, &out, true) == 0);
   CHECK(nlohmann::json::parse(out)["moved"].empty());
 }
 
 TEST_CASE(
     "A tenant's replication factor gives every block its clients store a copy "
     "that outlives the block's node") {
-  const std::string dir = TempDir("tenant_replicas");
-  auto m = MasterProcess::Start(
-      dir + "/master", "127.0.0.1:0",
-      {"--node_timeout_ms=2000", "--heartbeat_interval_ms=500"});
-  REQUIRE(m.ok());
-  std::vector<StorageProcess> nodes;
-  for (const char* name : {"n1", "n2"}) {
-    auto n = StorageProcess::Start(m->address, name, {"--dram_bytes=67108864"});
-    REQUIRE(n.ok());
-    nodes.push_back(std::move(*n));
-  }
+  GrowingCluster cluster("tenant_replicas", {"--node_timeout_ms=2000",
+                                             "--heartbeat_interval_ms=500"});
+  cluster.AddNode("n1");
+  cluster.AddNode("n2");
   std::string out;
-  REQUIRE(testing::Eventually([&] {
-    return Ctl(m->address, {"status"}, &out, true) == 0 &&
-           nlohmann::json::parse(out)["nodes_alive"] == 2;
-  }));
-  CHECK(Ctl(m->address, {"tenant", "set-replicas", "default", "3"}, &out) == 1);
-  REQUIRE(Ctl(m->address, {"tenant", "set-replicas", "default", "2"}, &out) ==
-          0);
-  REQUIRE(Ctl(m->address, {"tenant", "list"}, &out, true) == 0);
+  CHECK(Ctl(cluster.master.address, {"tenant", "set-replicas", "default", "3"},
+            &out) == 1);
+  REQUIRE(Ctl(cluster.master.address,
+              {"tenant", "set-replicas", "default", "2"}, &out) == 0);
+  REQUIRE(Ctl(cluster.master.address, {"tenant", "list"}, &out, true) == 0);
   CHECK(nlohmann::json::parse(out)["tenants"][0]["replicas"] == 2);
 
   // A plain Put: the client makes the copies because the master says so.
-  ClientOptions co;
-  co.master_address = m->address;
-  auto client = Client::Create(co);
-  REQUIRE(client.ok());
   const std::vector<std::string> keys = DrainChainKeys(0);
-  auto put = PutDrainChain(client->get(), 0);
+  auto put = PutDrainChain(cluster.client.get(), 0);
   REQUIRE(put.ok());
   CHECK(put->stored == keys.size());
   CHECK(put->replicated == keys.size());
   // The node holding the blocks dies: the copies serve the whole chain.
-  auto look = (*client)->BatchLookup(keys);
+  auto look = cluster.client->BatchLookup(keys);
   REQUIRE(look.ok());
   REQUIRE(look->hit_prefix == keys.size());
   const uint32_t holder = look->locations[0].node_id;
-  REQUIRE(Ctl(m->address, {"status"}, &out, true) == 0);
+  REQUIRE(Ctl(cluster.master.address, {"status"}, &out, true) == 0);
   int victim = -1;
   const nlohmann::json status = nlohmann::json::parse(out);
   for (const auto& n : status["nodes"]) {
     if (n["node_id"] == holder) victim = n["name"] == "n1" ? 0 : 1;
   }
   REQUIRE(victim >= 0);
-  REQUIRE(nodes[victim].daemon.Stop(SIGKILL).ok());
+  REQUIRE(cluster.nodes[victim].daemon.Stop(SIGKILL).ok());
   REQUIRE(testing::Eventually([&] {
-    return Ctl(m->address, {"status"}, &out, true) == 0 &&
+    return Ctl(cluster.master.address, {"status"}, &out, true) == 0 &&
            nlohmann::json::parse(out)["nodes_alive"] == 1;
   }));
-  look = (*client)->BatchLookup(keys);
+  look = cluster.client->BatchLookup(keys);
   REQUIRE(look.ok());
   CHECK(look->hit_prefix == keys.size());
   for (const auto& l : look->locations) CHECK(l.node_id != holder);
-  CHECK(LoadDrainChain(client->get(), 0) == 8);
+  CHECK(LoadDrainChain(cluster.client.get(), 0) == 8);
 }
 
 TEST_CASE("the demo workload reuses prefixes and verifies every byte") {
