@@ -1110,7 +1110,17 @@ TEST_CASE(
   CHECK(Eventually(
       [&] { return LoadIntact(*rig.client, before) == before.keys.size(); },
       absl::Seconds(20)));
-  PutIntact(*rig.client, Blocks("after-", 4, 50));
+  // The master serves its listing before the node has registered again (the
+  // node's retry pause grew to 2 s while etcd was down): puts are refused
+  // with kNodesRejoining until it has, which may outlast one put's deadline.
+  const Blocks after("after-", 4, 50);
+  CHECK(Eventually(
+      [&] {
+        auto put = rig.client->Put(after.keys, after.in());
+        return put.ok() && put->stored + put->skipped == 4;
+      },
+      absl::Seconds(20)));
+  CHECK(LoadIntact(*rig.client, after) == after.keys.size());
 }
 
 TEST_CASE(
