@@ -10,6 +10,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "master/metadata_index_internal.h"
+#include "master/replica_key.h"
 #include "master/tenant.h"
 
 namespace hymcache {
@@ -77,13 +78,17 @@ uint32_t MetadataIndex::Lookup(absl::string_view key) const {
 }
 
 void MetadataIndex::TableInsert(uint32_t i) {
-  table_->Insert(HashKey(KeyOf(i)), i);
+  const absl::string_view key = KeyOf(i);
+  table_->Insert(HashKey(key), i);
   ++size_;
+  if (IsReplicaKey(key)) ++copy_count_;
 }
 
 void MetadataIndex::TableErase(uint32_t i) {
-  table_->Erase(HashKey(KeyOf(i)), i);
+  const absl::string_view key = KeyOf(i);
+  table_->Erase(HashKey(key), i);
   --size_;
+  if (IsReplicaKey(key)) --copy_count_;
 }
 
 void MetadataIndex::RebuildTable(size_t n) {
@@ -564,6 +569,7 @@ void MetadataIndex::Clear() {
   }
   table_ = std::make_unique<RecordTable>(0);
   size_ = 0;
+  copy_count_ = 0;
   chunks_.clear();
   lists_.clear();
   records_used_ = 0;

@@ -316,6 +316,9 @@ class MetadataIndex {
 
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
+  // Live entries that are copies of other keys (master/replica_key.h): 0
+  // lets a lookup skip looking for copies at all.
+  size_t copy_count() const { return copy_count_; }
 
   // Objects and bytes of the entries whose key is in a tenant's key space
   // (master/tenant.h), kept up to date by every insert, replace and erase.
@@ -522,6 +525,7 @@ class MetadataIndex {
   size_t used_head_ = 0;
   std::unique_ptr<LoadState> load_;  // between LoadEntry and FinishLoad
   size_t size_ = 0;  // live entries (findable keys)
+  size_t copy_count_ = 0;  // of them, copies (IsReplicaKey)
 };
 
 }  // namespace master

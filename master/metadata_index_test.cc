@@ -1,4 +1,5 @@
 #include "master/metadata_index.h"
+#include "master/replica_key.h"
 #include "master/tenant.h"
 
 #include <catch2/catch.hpp>
@@ -1050,6 +1051,38 @@ TEST_CASE("MetadataIndex hash table stays whole through growth and churn") {
   }
   index.Reserve(100000);
   for (uint64_t n : live) REQUIRE(index.Find(key(n)).has_value());
+}
+
+TEST_CASE(
+    "The index counts its copies through every insert, erase and restore") {
+  MetadataIndex index;
+  CHECK(index.copy_count() == 0);
+  REQUIRE(index.Upsert("a", E(1)).ok());
+  REQUIRE(index.Upsert(ReplicaKeyOf("a"), E(2)).ok());
+  REQUIRE(index.Upsert("b", E(3), "a").ok());
+  REQUIRE(index.Upsert(ReplicaKeyOf("b"), E(4), ReplicaKeyOf("a")).ok());
+  CHECK(index.copy_count() == 2);
+  // A copy stored again is still one copy.
+  REQUIRE(index.Upsert(ReplicaKeyOf("b"), E(5), ReplicaKeyOf("a")).ok());
+  CHECK(index.copy_count() == 2);
+
+  std::string stream;
+  REQUIRE(index
+              .Save([&](absl::string_view piece) {
+                stream.append(piece.data(), piece.size());
+                return absl::OkStatus();
+              })
+              .ok());
+  MetadataIndex restored;
+  REQUIRE(restored.Restore(stream).ok());
+  CHECK(restored.copy_count() == 2);
+
+  REQUIRE(index.Erase(ReplicaKeyOf("b")).has_value());
+  CHECK(index.copy_count() == 1);
+  REQUIRE(index.Erase("a").has_value());  // its copy stays
+  CHECK(index.copy_count() == 1);
+  index.Clear();
+  CHECK(index.copy_count() == 0);
 }
 
 }  // namespace
