@@ -50,6 +50,7 @@
 // under it, so commits are serialized in store order.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -714,6 +715,16 @@ class MasterService {
     // A relocation or a replica: per key, the generation of its listing
     // to copy (0: none, nothing to copy).
     std::vector<uint64_t> copied;
+    // A relocation: the nodes holding a relocated block's copy
+    // (master/replica_key.h), tried last (PlacementCandidate::holds_copy).
+    // A replica's block is on `exclude`, never chosen.
+    std::vector<uint32_t> copy_nodes;
+    void AvoidCopyNode(uint32_t node_id) {
+      if (node_id != exclude && std::find(copy_nodes.begin(), copy_nodes.end(),
+                                          node_id) == copy_nodes.end()) {
+        copy_nodes.push_back(node_id);
+      }
+    }
     // Never evicted by this PutStart: its parent_key and the keys it
     // reports as existing (the caller relies on their locations).
     absl::flat_hash_set<absl::string_view> keep;
@@ -812,15 +823,20 @@ class MasterService {
                     absl::Time now,
                     hymcache::v1::BatchLookupResponse* response) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Fills `response` for `request`'s keys; returns the hit prefix length.
-  // `hit_records` (if given) gets the index records of the hit prefix (for
-  // MetadataIndex::TouchRecords under the same lock).
   // The copy of `key` (master/replica_key.h) if its node is readable, with
   // its record in *record.
   std::optional<ObjectLocation> ReadableCopyLocked(absl::string_view key,
                                                    absl::Time now,
                                                    uint32_t* record) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Fills `response` for `request`'s keys; returns the hit prefix length.
+  // A key with a copy is answered from whichever of its two nodes is
+  // readable and, when both are, less loaded (CopyChooser). `hit_records`
+  // (if given) gets the index records of the hit prefix, both copies' where
+  // a key has two (for MetadataIndex::TouchRecords under the same lock:
+  // a prefix read from one copy keeps the other as recent).
+  // `read_bytes_by_node` (if given) gets the hit prefix's bytes by the node
+  // that serves them.
   uint32_t LookupLocked(
       const hymcache::v1::BatchLookupRequest& request, absl::Time now,
       hymcache::v1::BatchLookupResponse* response,

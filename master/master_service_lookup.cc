@@ -202,6 +202,9 @@ uint32_t MasterService::LookupLocked(
     records = reinterpret_cast<uint8_t*>(bytes->data());
   }
   if (hit_records != nullptr) hit_records->reserve(request.keys_size());
+  // Only a cluster holding copies (master/replica_key.h) looks for them.
+  const bool copies = index_->copy_count() > 0;
+  CopyChooser chooser(options_.placement.load_half_life, now);
   for (int i = 0; i < request.keys_size(); ++i) {
     v1::LookupResult* result = packed ? nullptr : response.add_results();
     uint32_t record;
@@ -211,18 +214,37 @@ uint32_t MasterService::LookupLocked(
       auto n = nodes_.find(e->node_id);
       if (n != nodes_.end() && IsReadable(n->second, now)) node = &n->second;
     }
-    if (node == nullptr && (e || prefix)) {
-      // Its node is not readable (or, while the prefix holds, it is gone):
-      // a copy on another node answers, if there is one.
-      if (auto c = ReadableCopyLocked(request.keys(i), now, &record)) {
-        e = c;
-        node = &nodes_.at(c->node_id);
+    uint32_t also_record = 0;  // the other copy's, read too: kept as recent
+    bool also = false;
+    if (copies && (e || prefix)) {
+      uint32_t copy_record;
+      if (auto c = ReadableCopyLocked(request.keys(i), now, &copy_record)) {
+        const Node* copy_node = &nodes_.at(c->node_id);
+        if (node == nullptr) {
+          // Its node is not readable (or, while the prefix holds, it is
+          // gone): the copy answers.
+          e = c;
+          node = copy_node;
+          record = copy_record;
+        } else if (chooser.PrefersCopy(c->node_id, copy_node->traffic,
+                                       e->node_id, node->traffic)) {
+          // Both readable: the less loaded node serves this key.
+          also_record = record;
+          also = true;
+          e = c;
+          node = copy_node;
+          record = copy_record;
+        } else {
+          also_record = copy_record;
+          also = true;
+        }
       }
     }
     if (node == nullptr) {
       prefix = false;
       continue;  // not found: a zero record, an empty result
     }
+    if (copies) chooser.Served(e->node_id, e->length);
     if (packed) {
       CapabilityScope scope;
       scope.node_id = e->node_id;
@@ -245,7 +267,10 @@ uint32_t MasterService::LookupLocked(
     }
     if (prefix) {
       ++hit_prefix;
-      if (hit_records != nullptr) hit_records->push_back(record);
+      if (hit_records != nullptr) {
+        hit_records->push_back(record);
+        if (also) hit_records->push_back(also_record);
+      }
       if (read_bytes_by_node != nullptr) {
         auto r =
             std::find_if(read_bytes_by_node->begin(), read_bytes_by_node->end(),

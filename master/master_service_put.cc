@@ -345,6 +345,11 @@ absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
         continue;
       }
       plan.copied[i] = e->generation;
+      if (index_->copy_count() > 0) {
+        if (auto c = index_->Find(ReplicaKeyOf(key))) {
+          plan.AvoidCopyNode(c->node_id);
+        }
+      }
     } else if (auto e = index_->Find(key)) {
       auto n = nodes_.find(e->node_id);
       // A node that is only briefly unavailable (re-registering after a
@@ -410,6 +415,8 @@ MasterService::NodeChoice MasterService::ChooseNodeLocked(
     pc.tenant_bytes = named_tenant ? index_->TenantBytesOnNode(tenant, id) : 0;
     pc.chain_node = id == plan.preferred && !plan.requested;
     pc.requested = id == plan.preferred && plan.requested;
+    pc.holds_copy = std::find(plan.copy_nodes.begin(), plan.copy_nodes.end(),
+                              id) != plan.copy_nodes.end();
     if (id <= last_placed_node_) round_robin_start = candidates.size() + 1;
     nodes.push_back(&node);
     candidates.push_back(pc);

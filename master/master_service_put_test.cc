@@ -3,6 +3,7 @@
 // The shared Harness is in master_service_test_fixture.h.
 
 #include <catch2/catch.hpp>
+#include <set>
 
 #include "master/master_service_test_fixture.h"
 #include "master/replica_key.h"
@@ -531,10 +532,22 @@ TEST_CASE(
             .status()
             .code() == StatusCode::kInvalidArgument);
 
-  // While a is alive the keys are read there.
+  // While a and b are both alive, one answer spreads the chain over both
+  // (CopyChooser), and a read keeps both copies of what it read as recent.
   auto look = h.Lookup({"k0", "k1", "k2"});
   CHECK(look.hit_prefix_length() == 3);
-  for (const auto& r : look.results()) CHECK(r.location().node_id() == a);
+  std::set<uint32_t> serving;
+  for (const auto& r : look.results()) serving.insert(r.location().node_id());
+  CHECK(serving == std::set<uint32_t>{a, b});
+  h.clock.Advance(absl::Seconds(1));
+  CHECK(h.Read({"k0", "k1", "k2"}).hit_prefix_length() == 3);
+  for (const std::string& key : {std::string("k1"), ReplicaKeyOf("k1")}) {
+    v1::InspectKeyRequest inspect;
+    inspect.set_key(key);
+    auto got = h.svc->InspectKey(inspect);
+    REQUIRE(got.ok());
+    CHECK(got->last_read_unix_ms() == absl::ToUnixMillis(h.clock.Now()));
+  }
   // a dies: the copies answer, whole chain.
   h.clock.Advance(absl::Seconds(11));
   h.Heartbeat(b, 1);
@@ -572,6 +585,50 @@ TEST_CASE(
   both.set_replica(true);
   both.set_relocate_from_node(a);
   CHECK(h.svc->PutStart(both).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE(
+    "A relocated block goes to another node than its copy's while one has "
+    "room") {
+  Harness h("relocate_past_copy");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  const uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  const uint32_t c = h.Register("c", 1, {{0, 1 << 20}}, 7200);
+  REQUIRE(h.Put({"k0", "k1"}, kObj, a) == a);
+  v1::PutStartRequest copy = PutReq({"k0", "k1"}, {kObj, kObj}, b);
+  copy.set_replica(true);
+  auto copied = h.svc->PutStart(copy);
+  REQUIRE(copied.ok());
+  REQUIRE(copied->node().node_id() == b);
+  REQUIRE(h.Commit(*copied) == 2);
+  // c is the fuller node: without the copy on b, b would take the move.
+  REQUIRE(h.Put({"filler"}, 8 * kObj, c) == c);
+  v1::PutStartRequest move = PutReq({"k0", "k1"}, {kObj, kObj});
+  move.set_relocate_from_node(a);
+  auto moved = h.svc->PutStart(move);
+  REQUIRE(moved.ok());
+  CHECK(moved->node().node_id() == c);
+  REQUIRE(h.Commit(*moved) == 2);
+  // Block on c, copy on b: either one lost, the chain is still read whole.
+  h.clock.Advance(absl::Seconds(11));
+  h.Heartbeat(b, 1);
+  CHECK(h.Found({"k0", "k1"}) == "11");
+  // With only the copy's node left, the move still goes there: a block
+  // next to its copy beats a block lost with a drained node.
+  const uint32_t d = h.Register("d", 1, {{0, 1 << 20}}, 7300);
+  h.Heartbeat(d, 1);
+  REQUIRE(h.Put({"k2"}, kObj, d) == d);
+  copy = PutReq({"k2"}, {kObj}, b);
+  copy.set_replica(true);
+  copied = h.svc->PutStart(copy);
+  REQUIRE(copied.ok());
+  REQUIRE(copied->node().node_id() == b);
+  REQUIRE(h.Commit(*copied) == 1);
+  move = PutReq({"k2"}, {kObj});
+  move.set_relocate_from_node(d);
+  moved = h.svc->PutStart(move);
+  REQUIRE(moved.ok());
+  CHECK(moved->node().node_id() == b);
 }
 
 }  // namespace

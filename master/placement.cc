@@ -92,6 +92,9 @@ PlacementRanking RankNodes(const PlacementOptions& options,
       return candidates[i].requested || candidates[i].chain_node;
     };
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      if (candidates[a].holds_copy != candidates[b].holds_copy) {
+        return candidates[b].holds_copy;
+      }
       if (first(a) != first(b)) return first(a);
       return turn(a) < turn(b);
     });
@@ -148,9 +151,13 @@ PlacementRanking RankNodes(const PlacementOptions& options,
 
   // The chain's node, kept while within the spill margin.
   // 0: the requested node or the kept chain node; 1: the rest; 2: over the
-  // share; 3: the spilled chain node.
+  // share; 3: the spilled chain node; 4: a node holding another copy.
   std::vector<int> group(n, 1);
   for (size_t i = 0; i < n; ++i) {
+    if (candidates[i].holds_copy) {
+      group[i] = 4;
+      continue;
+    }
     if (over_share[i]) group[i] = 2;
     if (candidates[i].requested) {
       group[i] = 0;
@@ -174,6 +181,36 @@ PlacementRanking RankNodes(const PlacementOptions& options,
   });
   out.order = std::move(order);
   return out;
+}
+
+bool CopyChooser::PrefersCopy(uint32_t copy_node,
+                              const DecayingRate& copy_traffic,
+                              uint32_t block_node,
+                              const DecayingRate& block_traffic) const {
+  return Load(copy_node, copy_traffic) < Load(block_node, block_traffic);
+}
+
+void CopyChooser::Served(uint32_t node, uint64_t bytes) {
+  for (auto& [id, sum] : served_) {
+    if (id == node) {
+      sum += bytes;
+      return;
+    }
+  }
+  served_.emplace_back(node, bytes);
+}
+
+double CopyChooser::Load(uint32_t node, const DecayingRate& traffic) const {
+  double load = traffic.PerSecond(now_, half_life_);
+  for (const auto& [id, sum] : served_) {
+    if (id == node) {
+      // What DecayingRate::Add(sum) would add to PerSecond.
+      load += static_cast<double>(sum) * std::log(2.0) /
+              absl::ToDoubleSeconds(half_life_);
+      break;
+    }
+  }
+  return load;
 }
 
 double PlacementImbalance(absl::Span<const uint64_t> used) {

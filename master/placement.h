@@ -37,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -103,6 +104,10 @@ struct PlacementCandidate {
   // The caller named it (PutStartRequest.preferred_node_id): tried first
   // whatever its fill, as the caller asked.
   bool requested = false;
+  // Holds the other copy of one of the put's keys (a relocated block's
+  // copy, a copy's block, master/replica_key.h): tried last, so that a
+  // block and its copy land on one node only when no other node has room.
+  bool holds_copy = false;
 };
 
 struct PlacementRanking {
@@ -125,6 +130,34 @@ PlacementRanking RankNodes(const PlacementOptions& options,
 // The largest of `used` over their mean; 1 when all are equal, 0 when
 // `used` is empty or all zero.
 double PlacementImbalance(absl::Span<const uint64_t> used);
+
+// Which of a key's two readable copies (its block and the copy of a hot
+// prefix, master/replica_key.h) serves one lookup's key: the node with the
+// lower load, its recent traffic (a DecayingRate, as placement weighs it)
+// plus the bytes this answer already sends it, counted as that traffic
+// would count them. So one answer spreads a shared prefix over both nodes,
+// and a node many readers already use is passed over. Ties go to the
+// block. Not thread-safe; one per lookup.
+class CopyChooser {
+ public:
+  CopyChooser(absl::Duration half_life, absl::Time now)
+      : half_life_(half_life), now_(now) {}
+
+  // Whether the copy on `copy_node` serves rather than the block on
+  // `block_node`, each with its node's traffic.
+  bool PrefersCopy(uint32_t copy_node, const DecayingRate& copy_traffic,
+                   uint32_t block_node,
+                   const DecayingRate& block_traffic) const;
+  // This answer sends `bytes` from `node`.
+  void Served(uint32_t node, uint64_t bytes);
+
+ private:
+  double Load(uint32_t node, const DecayingRate& traffic) const;
+
+  const absl::Duration half_life_;
+  const absl::Time now_;
+  std::vector<std::pair<uint32_t, uint64_t>> served_;  // few nodes
+};
 
 }  // namespace master
 }  // namespace hymcache

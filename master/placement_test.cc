@@ -168,6 +168,52 @@ TEST_CASE("Imbalance is the largest over the mean") {
   CHECK(PlacementImbalance({1, 1, 4}) == Approx(2.0));
 }
 
+TEST_CASE(
+    "A node holding a relocated block's copy is tried last, under either "
+    "policy") {
+  PlacementOptions o;
+  std::vector<PlacementCandidate> c = {Node(1, 0), Node(2, 500), Node(3, 900)};
+  c[0].holds_copy = true;
+  CHECK(Ids(c, RankNodes(o, c, 10, false, 0, 0)) ==
+        std::vector<uint32_t>{2, 3, 1});
+  // Even when it holds the chain.
+  c[0].chain_node = true;
+  CHECK(Ids(c, RankNodes(o, c, 10, false, 0, 0)).back() == 1);
+  o.policy = PlacementPolicy::kRoundRobin;
+  CHECK(Ids(c, RankNodes(o, c, 10, false, 0, 0)) ==
+        std::vector<uint32_t>{2, 3, 1});
+}
+
+TEST_CASE(
+    "The less loaded of a key's two nodes serves it, and one answer spreads "
+    "a prefix over both") {
+  const absl::Time now = absl::FromUnixSeconds(1000);
+  const absl::Duration half_life = absl::Seconds(10);
+  DecayingRate idle, busy;
+  busy.Add(64 << 20, now - absl::Seconds(1), half_life);
+  {
+    CopyChooser chooser(half_life, now);
+    CHECK(chooser.PrefersCopy(2, idle, 1, busy));
+    CHECK_FALSE(chooser.PrefersCopy(2, busy, 1, idle));
+    CHECK_FALSE(chooser.PrefersCopy(2, idle, 1, idle));  // ties: the block
+  }
+  // Equal traffic: what this answer already sends decides, key by key.
+  CopyChooser chooser(half_life, now);
+  int from_copy = 0;
+  for (int key = 0; key < 8; ++key) {
+    const bool copy = chooser.PrefersCopy(2, idle, 1, idle);
+    from_copy += copy;
+    chooser.Served(copy ? 2 : 1, 4096);
+  }
+  CHECK(from_copy == 4);
+  // A busy node takes none of a short prefix.
+  CopyChooser spread(half_life, now);
+  for (int key = 0; key < 8; ++key) {
+    CHECK(spread.PrefersCopy(2, idle, 1, busy));
+    spread.Served(2, 4096);
+  }
+}
+
 }  // namespace
 }  // namespace master
 }  // namespace hymcache
