@@ -1,5 +1,7 @@
 #include "tests/cluster.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,8 +19,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/eventually.h"
+#include "common/grpc_status.h"
 #include "common/net.h"
 #include "common/status_macros.h"
+#include "proto/master.grpc.pb.h"
 
 namespace hymcache::testing {
 namespace {
@@ -46,6 +50,20 @@ absl::StatusOr<std::string> PortOf(const std::string& host_port) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::map<std::string, double>> MasterStats(
+    const std::string& address) {
+  auto stub = v1::MasterService::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  v1::GetStatsResponse resp;
+  absl::Status s =
+      FromGrpcStatus(stub->GetStats(&ctx, v1::GetStatsRequest(), &resp));
+  if (!s.ok()) return s;
+  return std::map<std::string, double>(resp.stats().begin(),
+                                       resp.stats().end());
+}
 
 absl::Status WaitForLiveNodes(Client& client, size_t alive,
                               const std::vector<std::string>& data_addresses,

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +41,11 @@ absl::Status WaitForLiveNodes(
     Client& client, size_t alive,
     const std::vector<std::string>& data_addresses = {},
     absl::Duration timeout = absl::Seconds(30));
+
+// The master's GetStats map (counters and gauges by name, as the metrics
+// name them less their prefix), asked of `address` alone (no failover).
+absl::StatusOr<std::map<std::string, double>> MasterStats(
+    const std::string& address);
 
 // A cluster for one test. Tests that add their own helpers derive from it;
 // its members keep the names the tests use (dir, master, nodes, client).

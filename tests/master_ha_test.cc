@@ -103,20 +103,6 @@ absl::Status CallGetStats(const std::string& address) {
   return FromGrpcStatus(stub->GetStats(&ctx, req, &resp));
 }
 
-// GetStats's map of stats from `address` (no failover).
-absl::StatusOr<std::map<std::string, double>> StatsOf(
-    const std::string& address) {
-  auto stub = v1::MasterService::NewStub(Dial(address));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  v1::GetStatsRequest req;
-  v1::GetStatsResponse resp;
-  absl::Status s = FromGrpcStatus(stub->GetStats(&ctx, req, &resp));
-  if (!s.ok()) return s;
-  return std::map<std::string, double>(resp.stats().begin(),
-                                       resp.stats().end());
-}
-
 // The leader key (nullopt: none).
 std::optional<LeaderInfo> Leader(EtcdClient* etcd) {
   auto l = ReadLeader(etcd, kLeaderKey);
@@ -280,7 +266,7 @@ struct Rig {
     NewLeader l;
     l.index = WaitForServingLeader(&l.info);
     CHECK(l.info.epoch > before.epoch);
-    auto st = StatsOf(masters[l.index].address);
+    auto st = testing::MasterStats(masters[l.index].address);
     INFO(st.status().ToString());
     REQUIRE(st.ok());
     l.stats = *st;
@@ -597,7 +583,7 @@ double WaitForStandbyCaughtUp(const std::string& address) {
   std::map<std::string, double> stats;
   const bool replicated = Eventually(
       [&] {
-        auto st = StatsOf(address);
+        auto st = testing::MasterStats(address);
         if (!st.ok()) return false;
         stats = *st;
         return stats["replication_followers"] >= 1 &&
@@ -627,7 +613,7 @@ void ReplicatedTakeover(const std::string& name, const std::string& mode) {
   // The standby follows (past its full copy) before the puts: a sync
   // commit then waits for it rather than for the timeout.
   REQUIRE(Eventually([&] {
-    auto st = StatsOf(rig.masters[leader].address);
+    auto st = testing::MasterStats(rig.masters[leader].address);
     return st.ok() && (*st)["replication_followers"] >= 1;
   }));
 
@@ -635,7 +621,7 @@ void ReplicatedTakeover(const std::string& name, const std::string& mode) {
   const Blocks before("before-", 16, 3);
   PutIntact(*rig.client, before);
 
-  auto leader_stats = StatsOf(rig.masters[leader].address);
+  auto leader_stats = testing::MasterStats(rig.masters[leader].address);
   REQUIRE(leader_stats.ok());
   double latest = 0;
   if (mode == "sync") {
@@ -652,7 +638,7 @@ void ReplicatedTakeover(const std::string& name, const std::string& mode) {
   KillLeaderAndCheckTakeover(rig, leader, standby, first, before,
                              Blocks("after-", 1, 200),
                              "separate stores, " + mode);
-  auto st = StatsOf(rig.masters[standby].address);
+  auto st = testing::MasterStats(rig.masters[standby].address);
   REQUIRE(st.ok());
   CHECK((*st)["replica_applied_sequence_at_election"] >= latest);
   CHECK((*st)["replica_applied_sequence_at_election"] > 0);
@@ -692,7 +678,7 @@ TEST_CASE(
 
   const LeaderInfo second = KillLeaderAndCheckTakeover(
       rig, 0, 1, first, before, Blocks("after-", 1, 200), "ranked standbys");
-  auto m1 = StatsOf(rig.masters[1].address);
+  auto m1 = testing::MasterStats(rig.masters[1].address);
   REQUIRE(m1.ok());
   CHECK((*m1)["election_rankings"] == 1);
   CHECK((*m1)["election_yielded"] == 0);
@@ -703,7 +689,7 @@ TEST_CASE(
   KillLeaderAndCheckTakeover(rig, 1, 2, second, before,
                              Blocks("later-", 1, 300),
                              "the standby that knew nothing");
-  auto m2 = StatsOf(rig.masters[2].address);
+  auto m2 = testing::MasterStats(rig.masters[2].address);
   REQUIRE(m2.ok());
   CHECK((*m2)["election_rankings"] == 2);
   // At the first vacancy m2 either yielded to m1's standing or, having
@@ -739,7 +725,7 @@ TEST_CASE(
   // Served once the node has rejoined the new leader.
   CHECK(Eventually(
       [&] { return LoadIntact(*rig.client, before) == before.keys.size(); }));
-  auto m1 = StatsOf(rig.masters[1].address);
+  auto m1 = testing::MasterStats(rig.masters[1].address);
   REQUIRE(m1.ok());
   CHECK((*m1)["dead_leaders_revoked"] == 1);
 }
@@ -772,7 +758,7 @@ TEST_CASE(
   CHECK(Eventually(
       [&] { return LoadIntact(*rig.client, before) == before.keys.size(); }));
   PutIntact(*rig.client, Blocks("after-", 4, 8));
-  auto m0 = StatsOf(address);
+  auto m0 = testing::MasterStats(address);
   REQUIRE(m0.ok());
   CHECK((*m0)["dead_leaders_revoked"] == 1);
 }
@@ -799,7 +785,7 @@ void KillAndRestartBothMasters(const std::string& name,
   PutIntact(*rig.client, before);
   REQUIRE(Eventually(
       [&] {
-        auto st = StatsOf(rig.masters[0].address);
+        auto st = testing::MasterStats(rig.masters[0].address);
         return st.ok() && (*st)["replication_followers"] >= 1 &&
                (*st)["replication_lag_sequences"] == 0;
       },
@@ -814,7 +800,7 @@ void KillAndRestartBothMasters(const std::string& name,
   LeaderInfo second;
   const size_t index = rig.WaitForServingLeader(&second, elected_within);
   CHECK(second.epoch > first.epoch);
-  auto stats = StatsOf(rig.masters[index].address);
+  auto stats = testing::MasterStats(rig.masters[index].address);
   REQUIRE(stats.ok());
   if (preloaded >= 0) CHECK((*stats)["index_preloaded"] == preloaded);
   size_t loaded = 0;
@@ -906,7 +892,7 @@ TEST_CASE(
   std::optional<LeaderInfo> now = Leader(rig.etcd_client.get());
   REQUIRE(now.has_value());
   CHECK(now->epoch == first.epoch);
-  auto st = StatsOf(rig.masters[0].address);
+  auto st = testing::MasterStats(rig.masters[0].address);
   REQUIRE(st.ok());
   CHECK((*st)["read_only_periods"] == 0);
   for (const Blocks& b : stored)
@@ -955,7 +941,7 @@ TEST_CASE(
     REQUIRE(*loaded == before.keys.size());
     ++loads;
     if (!read_only_after) {
-      auto st = StatsOf(leader);
+      auto st = testing::MasterStats(leader);
       INFO(st.status().ToString());
       REQUIRE(st.ok());  // GetStats reads: answered read-only too
       if ((*st)["leader_read_only"] == 1)
@@ -988,7 +974,7 @@ TEST_CASE(
                    : put.status().ToString()));
     CHECK((!put.ok() || put->stored == 0));
   }
-  auto ro = StatsOf(leader);
+  auto ro = testing::MasterStats(leader);
   REQUIRE(ro.ok());
   CHECK((*ro)["read_only_write_refusals"] >= 1);
   CHECK((*ro)["read_only_periods"] == 1);
