@@ -120,6 +120,11 @@ DEFINE_double(max_tenant_share_per_node,
 DEFINE_uint64(tenant_share_min_bytes,
               ServiceDefaults().placement.tenant_share_min_bytes,
               "the tenant share limit applies from this many tenant bytes");
+DEFINE_uint32(auto_replica_branches, ServiceDefaults().auto_replica_branches,
+              "a read of a prefix that at least this many chains continue "
+              "from (a shared system prompt) stores copies of it on a second "
+              "node, where it has none (docs/deployment.md, \"Replicas of "
+              "hot prefixes\"); 0: never");
 DEFINE_uint64(event_log_capacity, ServiceDefaults().event_log_capacity,
               "KV events kept for WatchEvents subscribers (hymctl events, "
               "routers); 0: none");
@@ -234,6 +239,7 @@ absl::Status OptionsFromFlags(hymcache::MasterOptions* options) {
   so.placement.policy = *policy;
   so.placement.chain_spill_over = FLAGS_placement_chain_spill_over;
   so.placement.load_weight = FLAGS_placement_load_weight;
+  so.auto_replica_branches = FLAGS_auto_replica_branches;
   so.placement.max_tenant_share_per_node = FLAGS_max_tenant_share_per_node;
   so.placement.tenant_share_min_bytes = FLAGS_tenant_share_min_bytes;
   so.event_log_capacity = FLAGS_event_log_capacity;
@@ -278,7 +284,7 @@ int main(int argc, char** argv) {
               "require_write_receipts", "placement",
               "placement_chain_spill_over", "placement_load_weight",
               "max_tenant_share_per_node", "tenant_share_min_bytes",
-              "event_log_capacity"}},
+              "auto_replica_branches", "event_log_capacity"}},
             {"Limits",
              {"max_nodes", "forget_dead_nodes_after_s",
               "max_pending_share_per_caller", "max_pending_slots_per_caller"}}},

@@ -21,6 +21,7 @@ namespace v1 = ::hymcache::v1;
 constexpr uint32_t kMaxNodesLimit = 65536;
 constexpr uint32_t kMaxBatchKeysLimit = 65536;
 constexpr absl::Duration kMaxReadLease = absl::Hours(24);
+constexpr uint32_t kMaxAutoReplicaBranches = 65536;
 constexpr absl::Duration kMaxReconcileInterval = absl::Hours(24);
 constexpr uint64_t kMaxReconcileExtentsLimit = uint64_t{1} << 28;
 constexpr uint32_t kMaxUnlistedLimit = uint32_t{1} << 20;
@@ -57,6 +58,10 @@ absl::Status MasterServiceOptions::Validate() const {
   }
   if (read_lease < absl::ZeroDuration() || read_lease > kMaxReadLease) {
     return absl::InvalidArgumentError("read_lease must be 0..24h");
+  }
+  if (auto_replica_branches > kMaxAutoReplicaBranches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "auto_replica_branches must be 0..", kMaxAutoReplicaBranches));
   }
   if (capability_lifetime < absl::Seconds(1) ||
       capability_lifetime > absl::Hours(1)) {

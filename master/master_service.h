@@ -198,6 +198,16 @@ struct MasterServiceOptions {
   // nodes hold no bytes, and for clusters with nodes older than receipts).
   // Default: true.
   bool require_write_receipts = true;
+  // Automatic copies of shared prefixes (docs/deployment.md, "Replicas of
+  // hot prefixes"): a for_read BatchLookup whose hit prefix reaches a block
+  // that at least this many chains continue from (linked children on any
+  // node: the sessions that share the prefix up to it) asks its reader to
+  // store copies of the prefix up to that block
+  // (BatchLookupResponse.copy_prefix_length) when some of it has none, so
+  // that losing one node loses the prefix for none of them. One reader per
+  // block is asked per put_timeout. 0: never. 0..65536. Default: 0 (copies
+  // cost capacity: an operator turns them on).
+  uint32_t auto_replica_branches = 0;
   // Which node takes a put's new slots (master/placement.h).
   PlacementOptions placement;
   // KV events kept for WatchEvents subscribers (master/event_log.h): a
@@ -270,6 +280,9 @@ struct MasterServiceOptions {
           "removed or changed between PutStart and PutCommit")                 \
   COUNTER(replicas_stored,                                                     \
           "Copies of blocks stored on a second node (StoreOptions::replicas)") \
+  COUNTER(auto_copies_asked,                                                   \
+          "Reads asked to store copies of a prefix many chains share "         \
+          "(auto_replica_branches)")                                           \
   DGAUGE(placement_imbalance,                                                  \
          "The largest alive node's used bytes over the alive nodes' mean")
 HYM_DECLARE_STATS_STRUCT(MasterServiceCounters, HYM_MASTER_SERVICE_COUNTERS);
@@ -701,6 +714,17 @@ class MasterService {
     uint64_t matched = 0;  // held exactly (removed from the held extents)
     uint64_t skipped = 0;  // committed since the reconciliation began
   };
+  // The shared part of a read's hit prefix (auto_replica_branches;
+  // LookupLocked).
+  struct SharedPrefix {
+    static constexpr uint32_t kNone = ~uint32_t{0};
+    // One past the deepest hit-prefix block that at least
+    // auto_replica_branches chains continue from; 0: none.
+    uint32_t end = 0;
+    absl::string_view block;  // that block's key (the request's)
+    // The first hit-prefix block with no readable copy; kNone: all have.
+    uint32_t first_uncopied = kNone;
+  };
   // A PutStart's keys sorted out under the lock (ClassifyPutKeysLocked).
   struct PutPlan {
     uint32_t preferred = 0;         // the node to try first; 0: none
@@ -836,13 +860,20 @@ class MasterService {
   // a key has two (for MetadataIndex::TouchRecords under the same lock:
   // a prefix read from one copy keeps the other as recent).
   // `read_bytes_by_node` (if given) gets the hit prefix's bytes by the node
-  // that serves them.
+  // that serves them. `shared` (if given; auto_replica_branches > 0) gets
+  // the hit prefix's shared part.
   uint32_t LookupLocked(
       const hymcache::v1::BatchLookupRequest& request, absl::Time now,
       hymcache::v1::BatchLookupResponse* response,
       std::vector<uint32_t>* hit_records = nullptr,
-      std::vector<std::pair<uint32_t, uint64_t>>* read_bytes_by_node =
-          nullptr) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+      std::vector<std::pair<uint32_t, uint64_t>>* read_bytes_by_node = nullptr,
+      SharedPrefix* shared = nullptr) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Whether a read whose hit prefix is `shared` is asked to store copies of
+  // it (BatchLookupResponse.copy_prefix_length): some of it up to its
+  // shared block has none, and no reader was asked for that block within
+  // put_timeout. Records the ask.
+  bool AskForCopiesLocked(const SharedPrefix& shared, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The read tick of `now` for the index: milliseconds since lease_epoch_
   // plus one (0 means "never read"). Kept below 2^31 by moving the epoch
   // forward and rebasing the index's ticks, so ticks never wrap.
@@ -1053,6 +1084,10 @@ class MasterService {
   bool taken_over_ ABSL_GUARDED_BY(mu_) = false;
   std::map<uint32_t, Node> nodes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> node_by_name_ ABSL_GUARDED_BY(mu_);
+  // Shared prefixes' blocks whose reader was asked for copies, with when
+  // the ask lapses (AskForCopiesLocked).
+  absl::flat_hash_map<std::string, absl::Time> copies_asked_
+      ABSL_GUARDED_BY(mu_);
   uint32_t next_node_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint32_t last_placed_node_ ABSL_GUARDED_BY(mu_) = 0;
   // Never null; a pointer so that CreatePreloaded can take another

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "master/master_service_internal.h"
 #include "master/replica_key.h"
@@ -28,6 +29,10 @@ namespace {
 namespace v1 = ::hymcache::v1;
 
 using internal::ToProto;
+
+// Most shared-prefix blocks whose reader was asked for copies and may still
+// be storing them (copies_asked_).
+constexpr size_t kMaxCopyAsks = 4096;
 
 }  // namespace
 
@@ -140,7 +145,13 @@ absl::Status MasterService::BatchLookupInto(
   const absl::Time now = clock_->Now();
   std::vector<uint32_t> hit_records;
   std::vector<std::pair<uint32_t, uint64_t>> read_bytes;
-  LookupLocked(request, now, response, &hit_records, &read_bytes);
+  SharedPrefix shared;
+  LookupLocked(request, now, response, &hit_records, &read_bytes,
+               options_.auto_replica_branches > 0 ? &shared : nullptr);
+  if (AskForCopiesLocked(shared, now)) {
+    response->set_copy_prefix_length(shared.end);
+    ++counters_.auto_copies_asked;
+  }
   // What the caller is about to read, as each node's recent traffic
   // (placement weighs it, master/placement.h).
   for (const auto& [node_id, bytes] : read_bytes) {
@@ -154,6 +165,29 @@ absl::Status MasterService::BatchLookupInto(
   const uint32_t tick = LeaseTick(now);
   index_->TouchRecords(hit_records, tick);
   return absl::OkStatus();
+}
+
+bool MasterService::AskForCopiesLocked(const SharedPrefix& shared,
+                                       absl::Time now) {
+  if (shared.end == 0 || shared.first_uncopied >= shared.end) return false;
+  // One reader at a time per block: the first one asked stores the copies
+  // within a put's lifetime, or the next reader is asked.
+  auto [it, fresh] = copies_asked_.try_emplace(shared.block);
+  if (!fresh && it->second > now) return false;
+  it->second = now + options_.put_timeout;
+  if (fresh && copies_asked_.size() > kMaxCopyAsks) {
+    // Bounded: lapsed asks go (each lasts a put_timeout, so they are few
+    // unless many prefixes are read at once; then the oldest are dropped
+    // too, and at worst a prefix is asked for twice).
+    absl::erase_if(copies_asked_,
+                   [&](const auto& a) { return a.second <= now; });
+    while (copies_asked_.size() > kMaxCopyAsks) {
+      auto victim = copies_asked_.begin();
+      if (victim->first == shared.block) ++victim;
+      copies_asked_.erase(victim);
+    }
+  }
+  return true;
 }
 
 void MasterService::ExistsLocked(const v1::BatchLookupRequest& request,
@@ -187,7 +221,8 @@ void MasterService::ExistsLocked(const v1::BatchLookupRequest& request,
 uint32_t MasterService::LookupLocked(
     const v1::BatchLookupRequest& request, absl::Time now,
     v1::BatchLookupResponse* out, std::vector<uint32_t>* hit_records,
-    std::vector<std::pair<uint32_t, uint64_t>>* read_bytes_by_node) const {
+    std::vector<std::pair<uint32_t, uint64_t>>* read_bytes_by_node,
+    SharedPrefix* shared) const {
   v1::BatchLookupResponse& response = *out;
   std::vector<const Node*> referenced;
   bool prefix = true;
@@ -209,6 +244,9 @@ uint32_t MasterService::LookupLocked(
     v1::LookupResult* result = packed ? nullptr : response.add_results();
     uint32_t record;
     auto e = index_->Find(request.keys(i), &record);
+    const bool block_found = e.has_value();
+    const uint32_t block_record = record;
+    bool has_copy = false;
     const Node* node = nullptr;
     if (e) {
       auto n = nodes_.find(e->node_id);
@@ -219,6 +257,7 @@ uint32_t MasterService::LookupLocked(
     if (copies && (e || prefix)) {
       uint32_t copy_record;
       if (auto c = ReadableCopyLocked(request.keys(i), now, &copy_record)) {
+        has_copy = true;
         const Node* copy_node = &nodes_.at(c->node_id);
         if (node == nullptr) {
           // Its node is not readable (or, while the prefix holds, it is
@@ -266,6 +305,16 @@ uint32_t MasterService::LookupLocked(
             result->mutable_capability());
     }
     if (prefix) {
+      if (shared != nullptr) {
+        if (!has_copy && shared->first_uncopied == SharedPrefix::kNone) {
+          shared->first_uncopied = hit_prefix;
+        }
+        if (block_found &&
+            index_->Branches(block_record) >= options_.auto_replica_branches) {
+          shared->end = hit_prefix + 1;
+          shared->block = request.keys(i);
+        }
+      }
       ++hit_prefix;
       if (hit_records != nullptr) {
         hit_records->push_back(record);

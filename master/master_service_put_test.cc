@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "master/master_service_test_fixture.h"
 #include "master/replica_key.h"
 
@@ -629,6 +630,68 @@ TEST_CASE(
   moved = h.svc->PutStart(move);
   REQUIRE(moved.ok());
   CHECK(moved->node().node_id() == b);
+}
+
+TEST_CASE(
+    "A read of a prefix that many chains continue from asks its reader for "
+    "copies, one reader per put_timeout, until the prefix has them") {
+  Harness h("auto_copies", [](MasterServiceOptions& o) {
+    o.auto_replica_branches = 3;
+    o.node_timeout = absl::Hours(1);
+  });
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  const uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  REQUIRE(h.Put({"p0", "p1"}, kObj, a) == a);
+  auto branch = [&](const std::string& key, uint32_t node) {
+    v1::PutStartRequest r = PutReq({key}, {kObj}, node);
+    r.set_parent_key("p1");
+    auto s = h.svc->PutStart(r);
+    REQUIRE(s.ok());
+    REQUIRE(h.Commit(*s) == 1);
+  };
+  branch("s0", a);
+  branch("s1", a);
+  auto asked = [&](std::vector<std::string> keys) {
+    return h.Read(keys).copy_prefix_length();
+  };
+  // Two chains continue from p1: not shared enough.
+  CHECK(asked({"p0", "p1", "s0"}) == 0);
+  // A third, on another node (a cross link counts as well).
+  branch("s2", b);
+  CHECK(asked({"p0", "p1", "s2"}) == 2);
+  CHECK(h.svc->counters().auto_copies_asked == 1);
+  // That reader stores them; until then, or put_timeout, no other is asked.
+  CHECK(asked({"p0", "p1", "s1"}) == 0);
+  // Plain lookups and existence checks are never asked.
+  CHECK(h.Lookup({"p0", "p1"}).copy_prefix_length() == 0);
+  h.clock.Advance(absl::Seconds(31));
+  CHECK(asked({"p0", "p1"}) == 2);  // the first reader did not: another
+  CHECK(h.svc->counters().auto_copies_asked == 2);
+  // Copies of the prefix: no one is asked again.
+  v1::PutStartRequest copy = PutReq({"p0", "p1"}, {kObj, kObj});
+  copy.set_replica(true);
+  auto copied = h.svc->PutStart(copy);
+  REQUIRE(copied.ok());
+  CHECK(copied->node().node_id() == b);
+  REQUIRE(h.Commit(*copied) == 2);
+  h.clock.Advance(absl::Seconds(31));
+  CHECK(asked({"p0", "p1", "s0"}) == 0);
+  CHECK(h.svc->counters().auto_copies_asked == 2);
+  // A read whose hit prefix stops before the shared block is not asked.
+  CHECK(asked({"p0", "nope", "p1"}) == 0);
+}
+
+TEST_CASE("Without auto_replica_branches no read is asked for copies") {
+  Harness h("auto_copies_off");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  REQUIRE(h.Put({"p0"}, kObj, a) == a);
+  for (int s = 0; s < 8; ++s) h.PutChild({absl::StrCat("t", s)}, kObj, "p0");
+  CHECK(h.Read({"p0", "t0"}).copy_prefix_length() == 0);
+  CHECK(h.svc->counters().auto_copies_asked == 0);
+  MasterServiceOptions bad;
+  bad.auto_replica_branches = 65537;
+  CHECK(absl::IsInvalidArgument(bad.Validate()));
 }
 
 }  // namespace

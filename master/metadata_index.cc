@@ -252,6 +252,15 @@ void MetadataIndex::RemoveRecord(uint32_t i) {
   }
 }
 
+uint32_t MetadataIndex::Branches(uint32_t i) const {
+  uint32_t n = ChildCount(i);
+  auto cross = cross_children_.find(i);
+  if (cross != cross_children_.end()) {
+    for (const auto& [node, count] : cross->second) n += count;
+  }
+  return n;
+}
+
 void MetadataIndex::DropGhostNode(uint32_t node_id) {
   auto g = ghosts_by_node_.find(node_id);
   if (g != ghosts_by_node_.end() && --g->second == 0) ghosts_by_node_.erase(g);

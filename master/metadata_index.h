@@ -211,6 +211,10 @@ class MetadataIndex {
   // The key of the parent `key` is linked to: Chain(key)->parent without
   // the walk. "" when `key` is absent, a root, or its parent was erased.
   std::string ParentOf(absl::string_view key) const;
+  // How many chains continue from the entry in `record` (a record Find
+  // gave, the index unchanged since): its linked children on its node and
+  // on others. O(1) plus its other nodes.
+  uint32_t Branches(uint32_t record) const;
 
   // Calls `fn` for the entries of `node_id`, least recently used first,
   // until it returns false or the list ends. `fn` must not modify the index.
