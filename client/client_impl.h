@@ -173,6 +173,12 @@ class ClientImpl : public Client {
   size_t PutCopies(absl::Span<const std::string> keys,
                    absl::Span<const ConstBuffer> buffers,
                    const std::string& parent_key, absl::Time deadline);
+  // load.cc: stores copies of a Load's first keys.size() blocks, which the
+  // master asked for (ClientOptions::max_auto_copy_bytes), in the
+  // background from a copy of their bytes.
+  void CopyInBackground(absl::Span<const std::string> keys,
+                        absl::Span<const MutableBuffer> buffers,
+                        const std::vector<uint64_t>& lengths);
   // What a Store's chunks learn as they go: the node the first one's
   // blocks went to (asked for by the next ones), and the most copies the
   // master asked for (the tenant's replication factor).

@@ -121,6 +121,8 @@ absl::Status FromProto(const pb::BatchLookupResponse& resp, size_t n,
                                     : ObjectLocation();
     }
   }
+  out->copy_prefix =
+      std::min<uint32_t>(resp.copy_prefix_length(), static_cast<uint32_t>(n));
   out->nodes.clear();
   out->nodes.reserve(resp.nodes_size());
   for (const pb::NodeInfo& node : resp.nodes()) {

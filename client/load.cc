@@ -49,6 +49,7 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
   absl::Status stop;
   std::vector<uint32_t> session_nodes;  // nodes holding hinted objects
   bool plain_tail = false;  // blocks [hinted, found) are read unhinted
+  size_t copy_end = 0;      // the master asks for copies of [0, copy_end)
 
   while (true) {
     // Take lookup answers in order: wait only when there is nothing to read
@@ -66,6 +67,7 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
       const LookupBatch& batch = **r;
       for (const PeerInfo& n : batch.nodes) Remember(n);
       const size_t first = found;
+      if (batch.copy_prefix > 0) copy_end = first + batch.copy_prefix;
       for (size_t k = 0; k < batch.found.size(); ++k) {
         if (!batch.found[k]) {
           closed = true;
@@ -160,7 +162,35 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
   if (options.prefetch && hinted > out.loaded) {
     ReleaseInBackground(session, session_nodes);
   }
+  if (copy_end > 0 && copy_end <= out.loaded) {
+    CopyInBackground(keys.first(copy_end), buffers, out.lengths);
+  }
   return out;
+}
+
+// The copies a read's lookup asked for (LookupBatch::copy_prefix): its
+// first keys.size() blocks, read into `buffers` (`lengths` bytes each),
+// copied out and stored as copies (PutCopies) by a background Store.
+void ClientImpl::CopyInBackground(absl::Span<const std::string> keys,
+                                  absl::Span<const MutableBuffer> buffers,
+                                  const std::vector<uint64_t>& lengths) {
+  uint64_t bytes = 0;
+  for (size_t k = 0; k < keys.size(); ++k) bytes += lengths[k];
+  if (bytes == 0 || bytes > options_.max_auto_copy_bytes) return;
+  std::vector<std::string> data(keys.size());
+  for (size_t k = 0; k < keys.size(); ++k) {
+    data[k].assign(static_cast<const char*>(buffers[k].data), lengths[k]);
+  }
+  // Dropped when the store queue is full: the master asks the next reader.
+  store_executor_->TrySubmit(
+      [this, keys = std::vector<std::string>(keys.begin(), keys.end()),
+       data = std::move(data)] {
+        std::vector<ConstBuffer> bufs;
+        bufs.reserve(data.size());
+        for (const std::string& d : data) bufs.push_back({d.data(), d.size()});
+        PutCopies(keys, bufs, /*parent_key=*/"",
+                  clock_->Now() + options_.default_store_deadline);
+      });
 }
 
 bool ClientImpl::LoadCached(absl::Span<const std::string> keys,

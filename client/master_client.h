@@ -34,6 +34,10 @@ struct LookupBatch {
   std::vector<ObjectLocation> locations;
   // How to reach the nodes the found locations name.
   std::vector<PeerInfo> nodes;
+  // A read's lookup only: the master asks the reader to store copies of
+  // its read's blocks up to and including this batch's key copy_prefix - 1
+  // (BatchLookupResponse.copy_prefix_length); 0: nothing asked.
+  uint32_t copy_prefix = 0;
 };
 
 // The lookups of one read: consecutive chunks of its keys, several in

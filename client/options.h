@@ -165,6 +165,13 @@ struct ClientOptions {
   // or running at once; one beyond is dropped (ResourceExhausted).
   // Default: 64.
   int max_pending_hints = 64;
+  // Copies the master asks a read for (a prefix that many sessions share,
+  // its --auto_replica_branches; docs/deployment.md, "Replicas of hot
+  // prefixes"): after such a Load into host memory, the client stores
+  // copies of the blocks it read up to the shared one, from the bytes it
+  // read, as a background Store (best effort, never delaying the Load),
+  // when they come to at most this many bytes. 0: never. Default: 64 MiB.
+  uint64_t max_auto_copy_bytes = uint64_t{64} << 20;
   // Device-memory buffers (LoadOptions::memory, StoreOptions::memory).
   DeviceOptions device;
   // Checks every field; InvalidArgument names the bad one.
