@@ -568,6 +568,71 @@ TEST_CASE(
   CHECK(GetAndVerify(*c.client, b).loaded == 1);
 }
 
+TEST_CASE(
+    "a prefix many sessions continue from is copied to a second node by a "
+    "read, and outlives its node") {
+  Cluster c(2, {"--node_timeout_ms=1500", "--auto_replica_branches=3"});
+  auto stats = [&] {
+    auto st = testing::MasterStats(c.master.address);
+    INFO(st.status().ToString());
+    REQUIRE(st.ok());
+    return *st;
+  };
+  // A shared prefix, and three sessions' own blocks after it.
+  const std::vector<std::string> prefix = {"sys-0", "sys-1", "sys-2", "sys-3"};
+  const Blocks shared = MakeBlocks(prefix, {8192}, 11);
+  auto put = c.client->Put(shared.keys, shared.in());
+  REQUIRE(put.ok());
+  REQUIRE(put->stored == 4);
+  std::vector<Blocks> sessions;
+  for (int s = 0; s < 3; ++s) {
+    const Blocks own = MakeBlocks(
+        {absl::StrCat("session-", s, "-0"), absl::StrCat("session-", s, "-1")},
+        {8192}, 100 + 10 * s);
+    StoreOptions o;
+    o.parent_key = prefix.back();
+    auto r = c.client->Store(own.keys, own.in(), o)->Wait();
+    REQUIRE(r.ok());
+    REQUIRE(r->stored == 2);
+    Blocks whole = shared;
+    whole.keys.insert(whole.keys.end(), own.keys.begin(), own.keys.end());
+    whole.data.insert(whole.data.end(), own.data.begin(), own.data.end());
+    sessions.push_back(std::move(whole));
+  }
+  CHECK(stats()["auto_copies_asked"] == 0);
+
+  // One session's read: the master asks it for copies of the prefix, and
+  // the client stores them in the background.
+  CHECK(GetAndVerify(*c.client, sessions[0]).loaded == 6);
+  CHECK(stats()["auto_copies_asked"] == 1);
+  CHECK(Eventually([&] { return stats()["replicas_stored"] == 4; },
+                   absl::Seconds(10)));
+  // Copied: the next reader is not asked.
+  CHECK(GetAndVerify(*c.client, sessions[1]).loaded == 6);
+  CHECK(stats()["auto_copies_asked"] == 1);
+
+  // The prefix's node dies: every session still reads the prefix, byte for
+  // byte, from its copies (its own blocks went with the node).
+  auto st = c.client->GetClusterStatus();
+  REQUIRE(st.ok());
+  bool killed = false;
+  for (const auto& n : st->nodes) {
+    if (n.node_id != put->node_id) continue;
+    for (auto& node : c.nodes) {
+      if (node.data_address == n.data_address) {
+        REQUIRE(node.daemon.Stop(SIGKILL).ok());
+        killed = true;
+      }
+    }
+  }
+  REQUIRE(killed);
+  for (const Blocks& session : sessions) {
+    CHECK(
+        Eventually([&] { return GetAndVerify(*c.client, session).loaded >= 4; },
+                   absl::Seconds(15)));
+  }
+}
+
 // Raw requests: every malformed one gets a clear error; the daemons stay up
 // and nothing already committed is lost.
 TEST_CASE("malformed requests get errors while the daemons stay up") {
