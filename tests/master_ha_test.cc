@@ -324,6 +324,19 @@ void PutIntact(Client& client, const Blocks& b) {
   REQUIRE(LoadIntact(client, b) == b.keys.size());
 }
 
+// Puts `b` through `client` until it is stored, then loads it intact: for a
+// master just restarted, which refuses puts (kNodesRejoining) until its
+// node has registered again, possibly for longer than one put's deadline.
+void PutOnceRejoined(Client& client, const Blocks& b) {
+  CHECK(Eventually(
+      [&] {
+        auto put = client.Put(b.keys, b.in());
+        return put.ok() && put->stored + put->skipped == b.keys.size();
+      },
+      absl::Seconds(20)));
+  CHECK(LoadIntact(client, b) == b.keys.size());
+}
+
 // kill -9 of `leader`, then a lookup of `before`'s keys (all must be
 // found) and a put of `after` through `client`, each attempt with a 1 s
 // deadline, until both succeed; prints and returns the times from the kill
@@ -1097,16 +1110,8 @@ TEST_CASE(
       [&] { return LoadIntact(*rig.client, before) == before.keys.size(); },
       absl::Seconds(20)));
   // The master serves its listing before the node has registered again (the
-  // node's retry pause grew to 2 s while etcd was down): puts are refused
-  // with kNodesRejoining until it has, which may outlast one put's deadline.
-  const Blocks after("after-", 4, 50);
-  CHECK(Eventually(
-      [&] {
-        auto put = rig.client->Put(after.keys, after.in());
-        return put.ok() && put->stored + put->skipped == 4;
-      },
-      absl::Seconds(20)));
-  CHECK(LoadIntact(*rig.client, after) == after.keys.size());
+  // node's retry pause grew to 2 s while etcd was down).
+  PutOnceRejoined(*rig.client, Blocks("after-", 4, 50));
 }
 
 TEST_CASE(
@@ -1144,14 +1149,7 @@ TEST_CASE(
   INFO("old epoch " << old_term.epoch << ", low " << low_term.epoch << ", new "
                     << new_term.epoch);
   CHECK(new_term.epoch > old_term.epoch);
-  const Blocks after("after-", 4, 50);
-  CHECK(Eventually(
-      [&] {
-        auto put = rig.client->Put(after.keys, after.in());
-        return put.ok() && put->stored + put->skipped == 4;
-      },
-      absl::Seconds(20)));
-  CHECK(LoadIntact(*rig.client, after) == after.keys.size());
+  PutOnceRejoined(*rig.client, Blocks("after-", 4, 50));
 }
 
 }  // namespace
