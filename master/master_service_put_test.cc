@@ -596,12 +596,7 @@ TEST_CASE(
   const uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
   const uint32_t c = h.Register("c", 1, {{0, 1 << 20}}, 7200);
   REQUIRE(h.Put({"k0", "k1"}, kObj, a) == a);
-  v1::PutStartRequest copy = PutReq({"k0", "k1"}, {kObj, kObj}, b);
-  copy.set_replica(true);
-  auto copied = h.svc->PutStart(copy);
-  REQUIRE(copied.ok());
-  REQUIRE(copied->node().node_id() == b);
-  REQUIRE(h.Commit(*copied) == 2);
+  REQUIRE(h.PutCopies({"k0", "k1"}, kObj, b) == b);
   // c is the fuller node: without the copy on b, b would take the move.
   REQUIRE(h.Put({"filler"}, 8 * kObj, c) == c);
   v1::PutStartRequest move = PutReq({"k0", "k1"}, {kObj, kObj});
@@ -619,12 +614,7 @@ TEST_CASE(
   const uint32_t d = h.Register("d", 1, {{0, 1 << 20}}, 7300);
   h.Heartbeat(d, 1);
   REQUIRE(h.Put({"k2"}, kObj, d) == d);
-  copy = PutReq({"k2"}, {kObj}, b);
-  copy.set_replica(true);
-  copied = h.svc->PutStart(copy);
-  REQUIRE(copied.ok());
-  REQUIRE(copied->node().node_id() == b);
-  REQUIRE(h.Commit(*copied) == 1);
+  REQUIRE(h.PutCopies({"k2"}, kObj, b) == b);
   move = PutReq({"k2"}, {kObj});
   move.set_relocate_from_node(d);
   moved = h.svc->PutStart(move);
@@ -668,12 +658,7 @@ TEST_CASE(
   CHECK(asked({"p0", "p1"}) == 2);  // the first reader did not: another
   CHECK(h.svc->counters().auto_copies_asked == 2);
   // Copies of the prefix: no one is asked again.
-  v1::PutStartRequest copy = PutReq({"p0", "p1"}, {kObj, kObj});
-  copy.set_replica(true);
-  auto copied = h.svc->PutStart(copy);
-  REQUIRE(copied.ok());
-  CHECK(copied->node().node_id() == b);
-  REQUIRE(h.Commit(*copied) == 2);
+  CHECK(h.PutCopies({"p0", "p1"}, kObj) == b);
   h.clock.Advance(absl::Seconds(31));
   CHECK(asked({"p0", "p1", "s0"}) == 0);
   CHECK(h.svc->counters().auto_copies_asked == 2);

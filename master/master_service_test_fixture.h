@@ -298,6 +298,19 @@ struct Harness {
     Commit(r);
     return r.node().node_id();
   }
+  // Stores copies (PutStartRequest.replica) of committed `keys` of `len`
+  // bytes each and commits them all; returns the node used.
+  uint32_t PutCopies(std::vector<std::string> keys, uint64_t len,
+                     uint32_t preferred = 0) {
+    v1::PutStartRequest req =
+        PutReq(keys, std::vector<uint64_t>(keys.size(), len), preferred);
+    req.set_replica(true);
+    auto r = svc->PutStart(req);
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    REQUIRE(Commit(*r) == keys.size());
+    return r->node().node_id();
+  }
   // A plain lookup. Asked packed too (it changes nothing), the answer must
   // be the same, record by record, capabilities included.
   v1::BatchLookupResponse Lookup(std::vector<std::string> keys) {
