@@ -325,55 +325,28 @@ void RunLoss(VirtualNetwork& net, const Shape& shape, absl::Duration period) {
   // This thread works from the first engine host.
   auto in_main = net.EnterHost(shape.EngineHost(0));
   REQUIRE(in_main.ok());
-  std::unique_ptr<testing::EtcdCluster> etcd;
+  testing::NetnsMastersOptions mo;
+  for (int i = 0; i < shape.masters; ++i) {
+    mo.master_hosts.push_back(shape.MasterHost(i));
+  }
+  if (shape.masters > 1 && !shape.colocated) mo.etcd_host = shape.EtcdHost();
+  mo.etcd_beside_masters = shape.masters > 1 && shape.colocated;
+  mo.dir = dir;
+  mo.cluster = "scale";
+  mo.flags = {"--insecure", "--node_timeout_ms=3000",
+              "--heartbeat_interval_ms=500"};
+  auto started = testing::StartMastersOn(net, mo);
+  INFO(started.status().ToString());
+  REQUIRE(started.ok());
+  testing::NetnsMasters masters = std::move(started).value();
   std::unique_ptr<EtcdClient> etcd_client;
-  std::vector<std::string> master_flags = {
-      "--insecure", "--node_timeout_ms=3000", "--heartbeat_interval_ms=500"};
-  if (shape.masters > 1) {
-    testing::EtcdClusterOptions eo{.members = 3};
-    if (shape.colocated) {
-      for (int i = 0; i < eo.members; ++i) {
-        eo.member_hosts.push_back({net.address(shape.MasterHost(i)),
-                                   net.netns_path(shape.MasterHost(i))});
-      }
-    } else {
-      eo.host = net.address(shape.EtcdHost());
-      eo.netns_path = net.netns_path(shape.EtcdHost());
-    }
-    auto made = testing::EtcdCluster::Start(eo);
-    INFO(made.status().ToString());
-    REQUIRE(made.ok());
-    etcd = std::move(made).value();
-    auto client = EtcdClient::Create({.endpoints = etcd->endpoints()});
+  if (masters.etcd != nullptr) {
+    auto client = EtcdClient::Create({.endpoints = masters.etcd->endpoints()});
     REQUIRE(client.ok());
     etcd_client = std::move(client).value();
-    master_flags.insert(
-        master_flags.end(),
-        {"--cluster=scale", "--lease_ttl_s=1", "--replication=sync"});
   }
-  std::vector<testing::NetnsMaster> masters;
-  std::vector<std::string> master_addresses;
-  for (int i = 0; i < shape.masters; ++i) {
-    std::vector<std::string> flags = master_flags;
-    if (etcd != nullptr) {
-      // A three-host install lists the host's own etcd member first (as
-      // docs/deployment.md says): a master's etcd calls and watch go to the
-      // member beside it, not to one that may be on a lost host.
-      std::vector<std::string> endpoints = etcd->endpoints();
-      if (shape.colocated) {
-        std::rotate(endpoints.begin(), endpoints.begin() + i, endpoints.end());
-      }
-      flags.push_back("--etcd=" + absl::StrJoin(endpoints, ","));
-      if (shape.colocated) flags.push_back("--etcd_move_raft_leader");
-    }
-    auto m = testing::StartMasterOn(net, shape.MasterHost(i),
-                                    absl::StrCat(dir, "/master", i), flags);
-    INFO(m.status().ToString());
-    REQUIRE(m.ok());
-    master_addresses.push_back(m->address);
-    masters.push_back(std::move(m).value());
-  }
-  const std::string master = absl::StrJoin(master_addresses, ",");
+  const std::vector<std::string>& master_addresses = masters.addresses;
+  const std::string master = masters.address_list();
   std::vector<Daemon> nodes;
   for (int i = 0; i < shape.storage_hosts; ++i) {
     auto d = testing::StartStorageOn(net, shape.StorageHost(i), master,

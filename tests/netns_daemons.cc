@@ -1,11 +1,13 @@
 #include "tests/netns_daemons.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace hymcache::testing {
 
@@ -53,6 +55,59 @@ absl::StatusOr<NetnsMaster> StartMasterOn(
   absl::StatusOr<std::string> address = ParseMasterReadyLine(d->ready_line());
   if (!address.ok()) return address.status();
   return NetnsMaster{std::move(d).value(), *address};
+}
+
+std::string NetnsMasters::address_list() const {
+  return absl::StrJoin(addresses, ",");
+}
+
+absl::StatusOr<NetnsMasters> StartMastersOn(VirtualNetwork& net,
+                                            const NetnsMastersOptions& o) {
+  const int n = static_cast<int>(o.master_hosts.size());
+  if (n == 0 || (n > 1 && o.etcd_host < 0 && !o.etcd_beside_masters) ||
+      (o.etcd_beside_masters && n != 3)) {
+    return absl::InvalidArgumentError(
+        "StartMastersOn: one master, or HA masters with etcd's host (or "
+        "three beside etcd's members)");
+  }
+  NetnsMasters out;
+  std::vector<std::string> flags = o.flags;
+  if (n > 1) {
+    EtcdClusterOptions eo{.members = 3};
+    if (o.etcd_beside_masters) {
+      for (int host : o.master_hosts) {
+        eo.member_hosts.push_back({net.address(host), net.netns_path(host)});
+      }
+    } else {
+      eo.host = net.address(o.etcd_host);
+      eo.netns_path = net.netns_path(o.etcd_host);
+    }
+    auto etcd = EtcdCluster::Start(eo);
+    if (!etcd.ok()) return etcd.status();
+    out.etcd = std::move(etcd).value();
+    flags.insert(flags.end(), {"--cluster=" + o.cluster, "--lease_ttl_s=1",
+                               "--replication=sync"});
+  }
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> own = flags;
+    if (out.etcd != nullptr) {
+      // A three-host install lists the host's own etcd member first (as
+      // docs/deployment.md says): a master's etcd calls and watch go to the
+      // member beside it, not to one that may be on a lost host.
+      std::vector<std::string> endpoints = out.etcd->endpoints();
+      if (o.etcd_beside_masters) {
+        std::rotate(endpoints.begin(), endpoints.begin() + i, endpoints.end());
+        own.push_back("--etcd_move_raft_leader");
+      }
+      own.push_back("--etcd=" + absl::StrJoin(endpoints, ","));
+    }
+    auto m = StartMasterOn(net, o.master_hosts[i],
+                           absl::StrCat(o.dir, "/master", i), own);
+    if (!m.ok()) return m.status();
+    out.addresses.push_back(m->address);
+    out.masters.push_back(std::move(m).value());
+  }
+  return out;
 }
 
 absl::StatusOr<Daemon> StartStorageOn(VirtualNetwork& net, int host,

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "tests/daemon.h"
+#include "tests/etcd_cluster.h"
 #include "tests/netns/virtual_network.h"
 
 namespace hymcache::testing {
@@ -34,6 +35,34 @@ struct NetnsMaster {
 absl::StatusOr<NetnsMaster> StartMasterOn(
     VirtualNetwork& net, int host, const std::string& db_path,
     const std::vector<std::string>& extra = {});
+
+// The masters of a cluster on many hosts: one master alone, or HA masters
+// (docs/ha.md) electing their leader through a 3-member etcd cluster,
+// with synchronous replication.
+struct NetnsMastersOptions {
+  // Master i runs in host master_hosts[i]. One: a master alone, no etcd.
+  std::vector<int> master_hosts;
+  // HA: etcd's members all run in this host...
+  int etcd_host = -1;
+  // ...or, true: member i runs in master i's host (a three-host install;
+  // three masters), each master lists its own member first and moves
+  // etcd's raft leadership off its host (--etcd_move_raft_leader).
+  bool etcd_beside_masters = false;
+  std::string dir;                 // master i's store: dir/master<i>
+  std::string cluster = "netns";   // HA: --cluster
+  std::vector<std::string> flags;  // every master's (HA adds its own)
+};
+struct NetnsMasters {
+  std::unique_ptr<EtcdCluster> etcd;  // HA only
+  std::vector<NetnsMaster> masters;
+  std::vector<std::string> addresses;  // master i's
+  // Every master's address, comma-separated (clients', nodes' --master).
+  std::string address_list() const;
+};
+// Starts them; the calling thread must reach the hosts (enter one of the
+// network's hosts first).
+absl::StatusOr<NetnsMasters> StartMastersOn(VirtualNetwork& net,
+                                            const NetnsMastersOptions& o);
 
 // A storage node `name` (StorageArgs for `master`, --listen_host the host's
 // address, --logtostderr, then `extra`) in host `host`.
