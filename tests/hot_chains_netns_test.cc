@@ -1,13 +1,13 @@
 // Issue 32's floors for hot chains on many hosts
-// (tests/netns/virtual_network.h): a master on one host, 8 storage nodes on
-// 8 hosts and 4 engine hosts.
+// (tests/netns/virtual_network.h): 3 masters on 3 hosts (HA on a 3-member
+// etcd on a host of its own, synchronous replication), 8 storage nodes on 8
+// hosts and 4 engine hosts.
 //
-// The drain floor. Each
-// engine stores its conversations (chains of 2-12 blocks of 8 KiB, one
-// Store each) and reads three in four of them (hot; the fourth is never
-// read: cold). Then, while every engine loads its hot chains in a loop,
-// hymctl (in-process, from the master's host) drains storage node s0 with
-// --copy=hot. Afterwards s0 is killed: every hot chain must still load
+// The drain floor. Each engine stores its conversations (chains of 2-12
+// blocks of 8 KiB, one Store each) and reads three in four of them (hot;
+// the fourth is never read: cold). Then, while every engine loads its hot
+// chains in a loop, hymctl (in-process, from the first master's host)
+// drains storage node s0 with --copy=hot. Afterwards s0 is killed: every hot chain must still load
 // whole, byte for byte, from the other nodes. The floor: 0 failed loads
 // during the drain, and every hot chain of the drained node readable
 // elsewhere afterwards.
@@ -31,6 +31,7 @@
 // first reads store copies of both, and the floor holds for both.
 // Needs root for the namespaces; elsewhere it prints "NETNS SKIPPED: why"
 // and passes.
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <csignal>
@@ -62,13 +63,15 @@ using testing::Daemon;
 using testing::TempDir;
 using testing::VirtualNetwork;
 
+constexpr int kMasters = 3;
 constexpr int kStorageHosts = 8;
 constexpr int kEngineHosts = 4;
 constexpr size_t kBlock = 8 * 1024;
-// Host indexes: 0 the master, 1..8 storage, 9..12 engines.
-constexpr int kMasterHost = 0;
-int StorageHost(int i) { return 1 + i; }
-int EngineHost(int i) { return 1 + kStorageHosts + i; }
+// Host indexes: 0..2 the masters, 3 etcd, 4..11 storage, 12..15 engines.
+int MasterHost(int i) { return i; }
+constexpr int kEtcdHost = kMasters;
+int StorageHost(int i) { return kMasters + 1 + i; }
+int EngineHost(int i) { return kMasters + 1 + kStorageHosts + i; }
 
 int ChainsPerEngine() {
   const char* v = std::getenv("HYM_DRAIN_CHAINS");
@@ -76,7 +79,9 @@ int ChainsPerEngine() {
 }
 
 std::vector<std::string> HostNames() {
-  std::vector<std::string> names{"m0"};
+  std::vector<std::string> names;
+  for (int i = 0; i < kMasters; ++i) names.push_back(absl::StrCat("m", i));
+  names.push_back("etcd");
   for (int i = 0; i < kStorageHosts; ++i) names.push_back(absl::StrCat("s", i));
   for (int i = 0; i < kEngineHosts; ++i) names.push_back(absl::StrCat("e", i));
   return names;
@@ -124,22 +129,40 @@ struct Engine {
   }
 };
 
-// A master and the 8 storage nodes, each on its host.
+// The masters (and etcd) and the 8 storage nodes, each on its host.
 struct NetnsCluster {
-  testing::NetnsMaster master;
+  testing::NetnsMasters masters;
   std::vector<Daemon> nodes;
+  std::string master;  // every master's address, for clients and hymctl
+  // A counter of the masters' (the leader's: only it counts puts and
+  // reads; standbys that answer GetStats count 0), -1 when none answers.
+  double Counter(const std::string& name) const {
+    double most = -1;
+    for (const std::string& a : masters.addresses) {
+      auto st = testing::MasterStats(a);
+      if (st.ok()) most = std::max(most, (*st)[name]);
+    }
+    return most;
+  }
 };
 NetnsCluster StartCluster(VirtualNetwork& net, const std::string& name,
                           const std::vector<std::string>& master_flags) {
+  auto in = net.EnterHost(MasterHost(0));  // etcd is reached from here
+  REQUIRE(in.ok());
   NetnsCluster c;
-  const std::string dir = TempDir(name);
-  auto m =
-      testing::StartMasterOn(net, kMasterHost, dir + "/master", master_flags);
+  testing::NetnsMastersOptions mo;
+  for (int i = 0; i < kMasters; ++i) mo.master_hosts.push_back(MasterHost(i));
+  mo.etcd_host = kEtcdHost;
+  mo.dir = TempDir(name);
+  mo.cluster = name;
+  mo.flags = master_flags;
+  auto m = testing::StartMastersOn(net, mo);
   INFO(m.status().ToString());
   REQUIRE(m.ok());
-  c.master = std::move(*m);
+  c.masters = std::move(m).value();
+  c.master = c.masters.address_list();
   for (int i = 0; i < kStorageHosts; ++i) {
-    auto d = testing::StartStorageOn(net, StorageHost(i), c.master.address,
+    auto d = testing::StartStorageOn(net, StorageHost(i), c.master,
                                      absl::StrCat("s", i),
                                      {"--insecure", "--dram_bytes=64M"});
     INFO(d.status().ToString());
@@ -159,7 +182,7 @@ TEST_CASE(
   if (*net_or == nullptr) return;
   VirtualNetwork& net = **net_or;
   NetnsCluster cluster = StartCluster(net, "drain_netns", {"--insecure"});
-  const std::string master = cluster.master.address;
+  const std::string master = cluster.master;
   std::vector<Daemon>& nodes = cluster.nodes;
 
   // Each engine on its host stores its chains, then reads the hot ones.
@@ -273,7 +296,7 @@ TEST_CASE(
   int rc = -1;
   absl::Duration took;
   {
-    auto in = net.EnterHost(kMasterHost);
+    auto in = net.EnterHost(MasterHost(0));
     REQUIRE(in.ok());
     hymctl::Options o;
     o.master_address = master;
@@ -392,7 +415,7 @@ void HotPrefixRun(Copies copies) {
   if (automatic) flags.push_back("--auto_replica_branches=8");
   NetnsCluster cluster = StartCluster(
       net, automatic ? "auto_replica_netns" : "replica_netns", flags);
-  const std::string master = cluster.master.address;
+  const std::string master = cluster.master;
 
   // One client per engine host, made on it.
   std::vector<std::unique_ptr<Client>> clients(kEngineHosts);
@@ -519,10 +542,8 @@ void HotPrefixRun(Copies copies) {
     double stored = 0, asked = 0;
     CHECK(testing::Eventually(
         [&] {
-          auto st = testing::MasterStats(master);
-          if (!st.ok()) return false;
-          stored = (*st)["replicas_stored"];
-          asked = (*st)["auto_copies_asked"];
+          stored = cluster.Counter("replicas_stored");
+          asked = cluster.Counter("auto_copies_asked");
           return stored >= 2 * kPrefixBlocks;
         },
         absl::Seconds(30)));
