@@ -86,6 +86,7 @@ class Driver {
     options_.max_reconcile_extents = 1 + in_.Range(0, 255);
     options_.max_unlisted_per_reconcile = 1 + in_.Range(0, 15);
     options_.recency_batch = in_.Range(0, 16);
+    options_.auto_replica_branches = in_.Range(0, 2);
     Restart();
   }
 
@@ -365,8 +366,15 @@ class Driver {
     auto resp = service_->BatchLookup(r);
     if (!resp.ok()) return;
     if (r.packed()) Unpack(&*resp, r.keys_size());
-    FUZZ_CHECK(resp->results_size() == r.keys_size());
     FUZZ_CHECK(resp->hit_prefix_length() <= uint32_t(r.keys_size()));
+    FUZZ_CHECK(resp->copy_prefix_length() <= resp->hit_prefix_length());
+    if (r.exists_only()) {
+      // A raw request's existence check: a bitmap, nothing else.
+      FUZZ_CHECK(resp->found_bits().size() == size_t(r.keys_size() + 7) / 8);
+      FUZZ_CHECK(resp->results_size() == 0);
+      return;
+    }
+    FUZZ_CHECK(resp->results_size() == r.keys_size());
     Listings();
     std::map<std::string, v1::Location> by_key;
     for (const Listed& l : listed_) by_key[l.key] = l.loc;
