@@ -173,6 +173,8 @@ TEST_CASE("Get past its deadline returns the finished blocks and writes nothing 
   for (auto& s : src) in.push_back({s.data(), s.size()});
   auto put = (*client)->Put(keys, in);
   REQUIRE(put.ok());
+  INFO("first error: " << (put->errors.empty() ? absl::OkStatus()
+                                               : put->errors[0]));
   REQUIRE(put->stored == 4);
 
   std::vector<std::vector<char>> dst(4, std::vector<char>(1 << 20, '.'));
