@@ -7,10 +7,10 @@
 // blocks of 8 KiB, one Store each) and reads three in four of them (hot;
 // the fourth is never read: cold). Then, while every engine loads its hot
 // chains in a loop, hymctl (in-process, from the first master's host)
-// drains storage node s0 with --copy=hot. Afterwards s0 is killed: every hot chain must still load
-// whole, byte for byte, from the other nodes. The floor: 0 failed loads
-// during the drain, and every hot chain of the drained node readable
-// elsewhere afterwards.
+// drains storage node s0 with --copy=hot. Afterwards s0 is killed: every hot
+// chain must still load whole, byte for byte, from the other nodes. The floor:
+// 0 failed loads during the drain, and every hot chain of the drained node
+// readable elsewhere afterwards.
 //
 // HYM_DRAIN_CHAINS sets the chains per engine: 100 by default (CI), more
 // for the documented run:
