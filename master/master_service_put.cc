@@ -269,6 +269,14 @@ absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
     return absl::InvalidArgumentError(
         "PutStart: replica and relocate_from_node do not go together");
   }
+  const auto& copied_generations = request.copied_generations();
+  if (!copied_generations.empty() &&
+      (!plan.replica || copied_generations.size() != request.keys_size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PutStart: copied_generations (", copied_generations.size(),
+        ") needs replica and one generation per key (", request.keys_size(),
+        ")"));
+  }
   if (plan.exclude != 0 && nodes_.count(plan.exclude) == 0) {
     return absl::NotFoundError(absl::StrCat(
         "relocation: node ", plan.exclude, " (relocate_from_node) is unknown"));
@@ -332,6 +340,12 @@ absl::StatusOr<MasterService::PutPlan> MasterService::ClassifyPutKeysLocked(
           ToProto(*c, slot->mutable_location());
           continue;
         }
+      }
+      // Stored again since the caller read the bytes it copies.
+      if (!copied_generations.empty() && copied_generations[i] != 0 &&
+          copied_generations[i] != e->generation) {
+        slot->set_state(v1::SLOT_NOT_ON_NODE);
+        continue;
       }
       plan.copied[i] = e->generation;
     } else if (pending_keys_.contains(key)) {

@@ -589,6 +589,47 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "A copy names the generation its bytes were read at: a key stored again "
+    "since gets no copy") {
+  Harness h("copied_generation");
+  const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});
+  const uint32_t b = h.Register("b", 1, {{0, 1 << 20}}, 7100);
+  REQUIRE(h.Put({"k0"}, kObj, a) == a);
+  const uint64_t read_at = h.Lookup({"k0"}).results(0).location().generation();
+  // Removed and stored again after the reader read it: a new generation.
+  v1::RemoveRequest rm;
+  rm.add_keys("k0");
+  REQUIRE(h.svc->Remove(rm).ok());
+  REQUIRE(h.Put({"k0"}, kObj, a) == a);
+  const uint64_t now_at = h.Lookup({"k0"}).results(0).location().generation();
+  REQUIRE(now_at != read_at);
+  auto copy_of = [&](std::vector<uint64_t> generations, bool replica = true) {
+    v1::PutStartRequest r = PutReq({"k0"}, {kObj});
+    r.set_replica(replica);
+    for (uint64_t g : generations) r.add_copied_generations(g);
+    return h.svc->PutStart(r);
+  };
+  auto stale = copy_of({read_at});
+  REQUIRE(stale.ok());
+  CHECK(stale->slots(0).state() == v1::SLOT_NOT_ON_NODE);
+  CHECK(stale->put_id() == 0);
+  // The count must match the keys, and only copies name generations.
+  CHECK(copy_of({now_at, now_at}).status().code() ==
+        StatusCode::kInvalidArgument);
+  CHECK(copy_of({now_at}, /*replica=*/false).status().code() ==
+        StatusCode::kInvalidArgument);
+  // The listed generation, or none named, is copied.
+  auto fresh = copy_of({now_at});
+  REQUIRE(fresh.ok());
+  CHECK(fresh->slots(0).state() == v1::SLOT_ALLOCATED);
+  CHECK(fresh->node().node_id() == b);
+  REQUIRE(h.Commit(*fresh) == 1);
+  auto again = copy_of({0});
+  REQUIRE(again.ok());
+  CHECK(again->slots(0).state() == v1::SLOT_EXISTS);
+}
+
+TEST_CASE(
     "A relocated block goes to another node than its copy's while one has "
     "room") {
   Harness h("relocate_past_copy");
