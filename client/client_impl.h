@@ -170,14 +170,18 @@ class ClientImpl : public Client {
                                    absl::Time deadline,
                                    uint32_t relocate_from_node,
                                    uint32_t replicas);
+  // `generations`: per key, the generation its bytes were listed with
+  // (PutStartArgs::copied_generations; 0: any).
   size_t PutCopies(absl::Span<const std::string> keys,
                    absl::Span<const ConstBuffer> buffers,
-                   const std::string& parent_key, absl::Time deadline);
+                   const std::string& parent_key,
+                   std::vector<uint64_t> generations, absl::Time deadline);
   // load.cc: stores copies of a Load's first keys.size() blocks, which the
   // master asked for (ClientOptions::max_auto_copy_bytes), in the
   // background from a copy of their bytes.
   void CopyInBackground(absl::Span<const std::string> keys,
                         absl::Span<const MutableBuffer> buffers,
+                        absl::Span<const ObjectLocation> locations,
                         const std::vector<uint64_t>& lengths);
   // What a Store's chunks learn as they go: the node the first one's
   // blocks went to (asked for by the next ones), and the most copies the
@@ -185,6 +189,10 @@ class ClientImpl : public Client {
   struct PutProgress {
     uint32_t node = 0;
     uint32_t replicas = 0;
+    // Per key of the whole Store, when not empty. An ordinary put fills in
+    // the generation each key is listed with (its own slot's, or the
+    // stored key's; 0: unknown); copies send them as copied_generations.
+    std::vector<uint64_t> generations;
   };
   // PutChunk over `keys` in chunks of max_keys_per_rpc, each naming the
   // block before it as its parent; the first error, with the offset of its

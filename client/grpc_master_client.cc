@@ -373,6 +373,7 @@ class GrpcMasterClient : public MasterClient {
     if (!args.parent_key.empty()) req.set_parent_key(args.parent_key);
     req.set_relocate_from_node(args.relocate_from_node);
     req.set_replica(args.replica);
+    for (uint64_t g : args.copied_generations) req.add_copied_generations(g);
     uint64_t token = 0;
     while (token == 0) token = absl::Uniform<uint64_t>(absl::BitGen());
     req.set_put_token(token);
@@ -394,7 +395,10 @@ class GrpcMasterClient : public MasterClient {
       const pb::PutSlot& s = resp.slots(i);
       switch (s.state()) {
         case pb::SLOT_EXISTS:
-        case pb::SLOT_NOT_ON_NODE:  // a relocation's: nothing to write
+          out.slots[i].state = PutSlotState::kExists;
+          out.slots[i].location = FromProto(s.location(), s.capability());
+          break;
+        case pb::SLOT_NOT_ON_NODE:  // a relocation's or copy's: no write
           out.slots[i].state = PutSlotState::kExists;
           break;
         case pb::SLOT_IN_PROGRESS:

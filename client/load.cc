@@ -163,32 +163,37 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
     ReleaseInBackground(session, session_nodes);
   }
   if (copy_end > 0 && copy_end <= out.loaded) {
-    CopyInBackground(keys.first(copy_end), buffers, out.lengths);
+    CopyInBackground(keys.first(copy_end), buffers, locs, out.lengths);
   }
   return out;
 }
 
 // The copies a read's lookup asked for (LookupBatch::copy_prefix): its
-// first keys.size() blocks, read into `buffers` (`lengths` bytes each),
-// copied out and stored as copies (PutCopies) by a background Store.
+// first keys.size() blocks, read into `buffers` (`lengths` bytes each)
+// from `locations`, copied out and stored as copies (PutCopies) by a
+// background Store. Each copy names the generation it was read at, so a key
+// stored again meanwhile is not copied.
 void ClientImpl::CopyInBackground(absl::Span<const std::string> keys,
                                   absl::Span<const MutableBuffer> buffers,
+                                  absl::Span<const ObjectLocation> locations,
                                   const std::vector<uint64_t>& lengths) {
   uint64_t bytes = 0;
   for (size_t k = 0; k < keys.size(); ++k) bytes += lengths[k];
   if (bytes == 0 || bytes > options_.max_auto_copy_bytes) return;
   std::vector<std::string> data(keys.size());
+  std::vector<uint64_t> generations(keys.size());
   for (size_t k = 0; k < keys.size(); ++k) {
     data[k].assign(static_cast<const char*>(buffers[k].data), lengths[k]);
+    generations[k] = locations[k].generation;
   }
   // Dropped when the store queue is full: the master asks the next reader.
   store_executor_->TrySubmit(
       [this, keys = std::vector<std::string>(keys.begin(), keys.end()),
-       data = std::move(data)] {
+       data = std::move(data), generations = std::move(generations)] {
         std::vector<ConstBuffer> bufs;
         bufs.reserve(data.size());
         for (const std::string& d : data) bufs.push_back({d.data(), d.size()});
-        PutCopies(keys, bufs, /*parent_key=*/"",
+        PutCopies(keys, bufs, /*parent_key=*/"", generations,
                   clock_->Now() + options_.default_store_deadline);
       });
 }

@@ -69,6 +69,10 @@ struct PutStartArgs {
   uint32_t relocate_from_node = 0;
   // Copies of committed keys on another node (StoreOptions::replicas).
   bool replica = false;
+  // With replica: the generation each key's copied bytes were listed with
+  // (empty, or one per key; 0: any). A key listed since with another
+  // generation is not copied (PutStartRequest.copied_generations).
+  std::vector<uint64_t> copied_generations;
 };
 
 enum class PutSlotState {
@@ -79,7 +83,8 @@ enum class PutSlotState {
 
 struct PutSlot {
   PutSlotState state = PutSlotState::kAllocated;
-  // kAllocated: where to write, with the capability to write it.
+  // kAllocated: where to write, with the capability to write it. kExists:
+  // where the key is stored (no capability).
   ObjectLocation location;
 };
 

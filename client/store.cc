@@ -143,6 +143,7 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
   out.outcomes.assign(keys.size(), PutOutcome::kFailed);
   out.errors.assign(keys.size(), absl::OkStatus());
   PutProgress progress;
+  progress.generations.assign(keys.size(), 0);
   size_t failed_at = 0;
   absl::Status st =
       PutChunks(keys, buffers, parent_key, deadline, relocate_from_node,
@@ -154,7 +155,8 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
   out.node_id = progress.node;
   // The caller's replicas, or its tenant's (the master says).
   if (std::max(replicas, progress.replicas) > 1) {
-    out.replicated = PutCopies(keys, buffers, parent_key, deadline);
+    out.replicated = PutCopies(keys, buffers, parent_key,
+                               std::move(progress.generations), deadline);
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     switch (out.outcomes[i]) {
@@ -179,16 +181,18 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
 
 // The copies of a Store with replicas 2: the same chunks again, each a
 // PutStart with `replica` (the master places them on another node than
-// the blocks', after the copy of the block before); best effort. Returns
-// how many were stored.
+// the blocks', after the copy of the block before) and the generations the
+// bytes belong to; best effort. Returns how many were stored.
 size_t ClientImpl::PutCopies(absl::Span<const std::string> keys,
                              absl::Span<const ConstBuffer> buffers,
                              const std::string& parent_key,
+                             std::vector<uint64_t> generations,
                              absl::Time deadline) {
   PutResult copies;
   copies.outcomes.assign(keys.size(), PutOutcome::kFailed);
   copies.errors.assign(keys.size(), absl::OkStatus());
   PutProgress progress;
+  progress.generations = std::move(generations);
   size_t failed_at = 0;
   PutChunks(keys, buffers, parent_key, deadline, /*relocate_from_node=*/0,
             /*replica=*/true, &progress, &copies, &failed_at)
@@ -234,10 +238,21 @@ absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
   args.parent_key = parent_key;
   args.relocate_from_node = relocate_from_node;
   args.replica = replica;
+  const bool generations = progress->generations.size() >= offset + keys.size();
+  if (replica && generations) {
+    args.copied_generations.assign(
+        progress->generations.begin() + offset,
+        progress->generations.begin() + offset + keys.size());
+  }
   ASSIGN_OR_RETURN(PutStartReply start, master_->PutStart(args, deadline));
   if (start.slots.size() != keys.size()) {
     master_->PutAbortInBackground(start.put_id);
     return absl::InternalError("PutStart: master returned a short answer");
+  }
+  if (!replica && generations) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      progress->generations[offset + i] = start.slots[i].location.generation;
+    }
   }
   std::vector<WriteOp> ops;
   std::vector<uint32_t> op_index;  // op -> key index in this chunk
