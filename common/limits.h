@@ -14,4 +14,9 @@ namespace hymcache {
 // capacity file records and what StorageNodeOptions::Validate allows.
 inline constexpr size_t kMaxNodeNameBytes = 128;
 
+// Bytes in a host name (a DNS name's most): a storage node's host
+// (RegisterNodeRequest.host) and a reader's (BatchLookupRequest.reader_host,
+// ClientOptions::host), which the master compares.
+inline constexpr size_t kMaxHostBytes = 253;
+
 }  // namespace hymcache

@@ -33,6 +33,7 @@
 #include "glog/logging.h"
 #include "master/fake_metadata_store.h"
 #include "master/master_service.h"
+#include "master/replica_key.h"
 
 namespace hymcache::master {
 namespace {
@@ -112,6 +113,12 @@ class Driver {
       return listed_[in_.Range(0, listed_.size() - 1)].key;
     }
     return in_.String(300);  // raw: empty, long, binary
+  }
+  // A machine's name: one of a few, or raw (empty, too long).
+  std::string Host() {
+    const uint8_t h = in_.U8();
+    if (h < 230) return absl::StrCat("h", h % 3);
+    return in_.String(300);
   }
   uint32_t NodeId() {
     const uint8_t k = in_.U8();
@@ -310,6 +317,7 @@ class Driver {
       if (in_.Range(0, 7) == 0) {
         (*r.mutable_transport_params())[in_.String(16)] = in_.String(64);
       }
+      if (in_.Range(0, 3) == 0) r.set_host(Host());
     }
     service_->RegisterNode(r).IgnoreError();
   }
@@ -325,6 +333,23 @@ class Driver {
       if (in_.Range(0, 9) == 0) r.add_lengths(Length());  // count mismatch
       if (in_.Range(0, 3) == 0) r.set_preferred_node_id(NodeId());
       if (in_.Bool()) r.set_parent_key(Key());
+      if (in_.Range(0, 4) == 0) {
+        // Copies of listed keys, naming the generations they copy: the
+        // listed one, none (0), another, or a count that does not match.
+        r.set_replica(true);
+        if (in_.Bool()) {
+          std::map<std::string, uint64_t> listed;
+          for (const Listed& l : listed_) listed[l.key] = l.loc.generation();
+          for (const std::string& key : r.keys()) {
+            const uint8_t g = in_.U8();
+            auto it = listed.find(key);
+            r.add_copied_generations(g < 160 && it != listed.end() ? it->second
+                                     : g < 220                     ? 0
+                                                                   : in_.U64());
+          }
+          if (in_.Range(0, 9) == 0) r.add_copied_generations(in_.U64());
+        }
+      }
     }
     uint64_t max_gen = 0;
     for (const Listed& l : listed_) {
@@ -362,18 +387,21 @@ class Driver {
       r.set_for_read(in_.Bool());
       r.set_packed(in_.Bool());
       if (!r.for_read()) r.set_ended(in_.Bool());
+      if (in_.Range(0, 3) == 0) r.set_reader_host(Host());
     }
     auto resp = service_->BatchLookup(r);
     if (!resp.ok()) return;
-    if (r.packed()) Unpack(&*resp, r.keys_size());
     FUZZ_CHECK(resp->hit_prefix_length() <= uint32_t(r.keys_size()));
     FUZZ_CHECK(resp->copy_prefix_length() <= resp->hit_prefix_length());
     if (r.exists_only()) {
-      // A raw request's existence check: a bitmap, nothing else.
+      // A raw request's existence check: a bitmap, nothing else (packed or
+      // not: there are no records to pack).
       FUZZ_CHECK(resp->found_bits().size() == size_t(r.keys_size() + 7) / 8);
       FUZZ_CHECK(resp->results_size() == 0);
+      FUZZ_CHECK(resp->packed_results().empty());
       return;
     }
+    if (r.packed()) Unpack(&*resp, r.keys_size());
     FUZZ_CHECK(resp->results_size() == r.keys_size());
     Listings();
     std::map<std::string, v1::Location> by_key;
@@ -382,12 +410,17 @@ class Driver {
       const v1::LookupResult& res = resp->results(i);
       if (i < int(resp->hit_prefix_length())) FUZZ_CHECK(res.found());
       if (!res.found()) continue;
+      // The key's listing or its copy's (master/replica_key.h).
       auto it = by_key.find(r.keys(i));
-      FUZZ_CHECK(it != by_key.end()) << "hit for an unlisted key";
-      FUZZ_CHECK(it->second.SerializeAsString() ==
-                 res.location().SerializeAsString())
-          << "lookup " << res.location().ShortDebugString() << " vs listed "
-          << it->second.ShortDebugString();
+      auto copy = by_key.find(ReplicaKeyOf(r.keys(i)));
+      FUZZ_CHECK(it != by_key.end() || copy != by_key.end())
+          << "hit for an unlisted key";
+      const std::string got = res.location().SerializeAsString();
+      FUZZ_CHECK(
+          (it != by_key.end() && it->second.SerializeAsString() == got) ||
+          (copy != by_key.end() && copy->second.SerializeAsString() == got))
+          << "lookup " << res.location().ShortDebugString()
+          << " is neither the key's listing nor its copy's";
     }
   }
 

@@ -18,6 +18,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "master/master_service_internal.h"
 #include "master/replica_key.h"
 #include "master/tenant.h"
@@ -112,6 +113,11 @@ absl::Status MasterService::BatchLookupInto(
     const v1::BatchLookupRequest& request, v1::BatchLookupResponse* response) {
   absl::Status s = ValidateKeys(request.keys());
   if (!s.ok()) return s;
+  if (request.reader_host().size() > kMaxHostBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BatchLookup: reader_host of ", request.reader_host().size(),
+        " bytes (want at most ", kMaxHostBytes, ")"));
+  }
   if (request.for_read() && request.ended()) {
     return absl::InvalidArgumentError(
         "BatchLookup: a lookup for reading cannot end its chain (for_read "
@@ -240,6 +246,10 @@ uint32_t MasterService::LookupLocked(
   // Only a cluster holding copies (master/replica_key.h) looks for them.
   const bool copies = index_->copy_count() > 0;
   CopyChooser chooser(options_.placement.load_half_life, now);
+  const std::string& reader_host = request.reader_host();
+  auto on_reader_host = [&reader_host](const Node& n) {
+    return !reader_host.empty() && n.info.host() == reader_host;
+  };
   for (int i = 0; i < request.keys_size(); ++i) {
     v1::LookupResult* result = packed ? nullptr : response.add_results();
     uint32_t record;
@@ -265,8 +275,10 @@ uint32_t MasterService::LookupLocked(
           e = c;
           node = copy_node;
           record = copy_record;
-        } else if (chooser.PrefersCopy(c->node_id, copy_node->traffic,
-                                       e->node_id, node->traffic)) {
+        } else if (chooser.PrefersCopy(
+                       {c->node_id, &copy_node->traffic,
+                        on_reader_host(*copy_node)},
+                       {e->node_id, &node->traffic, on_reader_host(*node)})) {
           // Both readable: the less loaded node serves this key.
           also_record = record;
           also = true;

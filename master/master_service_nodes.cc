@@ -120,6 +120,11 @@ absl::Status ValidateRegistration(const v1::RegisterNodeRequest& request) {
   if (request.incarnation() == 0) {
     return absl::InvalidArgumentError("incarnation must be nonzero");
   }
+  if (request.host().size() > kMaxHostBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host of ", request.host().size(), " bytes (want at most ",
+                     kMaxHostBytes, ")"));
+  }
   if (request.registration_nonce().size() > 64) {
     return absl::InvalidArgumentError(absl::StrCat(
         "registration_nonce of ", request.registration_nonce().size(),
@@ -422,6 +427,7 @@ absl::StatusOr<v1::RegisterNodeResponse> MasterService::RegisterNode(
   info.set_incarnation(request.incarnation());
   info.set_data_address(request.data_address());
   info.set_control_address(request.control_address());
+  info.set_host(request.host());
   for (const auto& r : request.regions()) *info.add_regions() = DurableRegion(r);
   *info.mutable_transport_params() = request.transport_params();
   // Persisted: false once the node deregisters (see DeregisterNode).

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "master/master_service_test_fixture.h"
 #include "master/replica_key.h"
 
@@ -586,6 +587,52 @@ TEST_CASE(
   both.set_replica(true);
   both.set_relocate_from_node(a);
   CHECK(h.svc->PutStart(both).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE(
+    "A reader is answered from the copy on its own host, and a host too long "
+    "is refused") {
+  Harness h("reader_host");
+  auto on_host = [&](const std::string& name, const std::string& host,
+                     int port) {
+    v1::RegisterNodeRequest req = NodeReq(name, 1, {{0, 1 << 20}}, port);
+    req.set_host(host);
+    auto r = Reg(h.svc.get(), req);
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    return r->node_id();
+  };
+  const uint32_t a = on_host("a", "host-a", 7000);
+  const uint32_t b = on_host("b", "host-b", 7100);
+  REQUIRE(h.Put({"k0", "k1", "k2", "k3"}, kObj, a) == a);
+  REQUIRE(h.PutCopies({"k0", "k1", "k2", "k3"}, kObj, b) == b);
+  auto served_from = [&](const std::string& reader) {
+    v1::BatchLookupRequest req = LookupReq({"k0", "k1", "k2", "k3"});
+    req.set_reader_host(reader);
+    auto r = h.svc->BatchLookup(req);
+    REQUIRE(r.ok());
+    REQUIRE(r->hit_prefix_length() == 4);
+    std::set<uint32_t> nodes;
+    for (const auto& x : r->results()) nodes.insert(x.location().node_id());
+    return nodes;
+  };
+  CHECK(served_from("host-b") == std::set<uint32_t>{b});
+  CHECK(served_from("host-a") == std::set<uint32_t>{a});
+  CHECK(served_from("elsewhere") == std::set<uint32_t>{a, b});  // by load
+  CHECK(served_from("") == std::set<uint32_t>{a, b});
+  // The host is kept with the node, and both limits hold.
+  v1::ListNodesResponse nodes = h.svc->ListNodes();
+  for (const auto& n : nodes.nodes()) {
+    CHECK(n.host() == (n.node_id() == a ? "host-a" : "host-b"));
+  }
+  v1::BatchLookupRequest long_reader = LookupReq({"k0"});
+  long_reader.set_reader_host(std::string(kMaxHostBytes + 1, 'h'));
+  CHECK(h.svc->BatchLookup(long_reader).status().code() ==
+        StatusCode::kInvalidArgument);
+  v1::RegisterNodeRequest long_node = NodeReq("c", 1, {{0, 1 << 20}}, 7200);
+  long_node.set_host(std::string(kMaxHostBytes + 1, 'h'));
+  CHECK(Reg(h.svc.get(), long_node).status().code() ==
+        StatusCode::kInvalidArgument);
 }
 
 TEST_CASE(

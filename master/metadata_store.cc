@@ -91,6 +91,7 @@ hymcache::v1::NodeInfo DurableNodeFields(const hymcache::v1::NodeInfo& in) {
   out.set_alive(in.alive());
   out.set_data_address(in.data_address());
   out.set_control_address(in.control_address());
+  out.set_host(in.host());
   for (const auto& r : in.regions()) {
     auto* nr = out.add_regions();
     *nr = r;

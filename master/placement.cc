@@ -183,11 +183,9 @@ PlacementRanking RankNodes(const PlacementOptions& options,
   return out;
 }
 
-bool CopyChooser::PrefersCopy(uint32_t copy_node,
-                              const DecayingRate& copy_traffic,
-                              uint32_t block_node,
-                              const DecayingRate& block_traffic) const {
-  return Load(copy_node, copy_traffic) < Load(block_node, block_traffic);
+bool CopyChooser::PrefersCopy(const Holder& copy, const Holder& block) const {
+  if (copy.on_reader_host != block.on_reader_host) return copy.on_reader_host;
+  return Load(copy.node, *copy.traffic) < Load(block.node, *block.traffic);
 }
 
 void CopyChooser::Served(uint32_t node, uint64_t bytes) {

@@ -143,11 +143,15 @@ class CopyChooser {
   CopyChooser(absl::Duration half_life, absl::Time now)
       : half_life_(half_life), now_(now) {}
 
-  // Whether the copy on `copy_node` serves rather than the block on
-  // `block_node`, each with its node's traffic.
-  bool PrefersCopy(uint32_t copy_node, const DecayingRate& copy_traffic,
-                   uint32_t block_node,
-                   const DecayingRate& block_traffic) const;
+  // One of a key's two readable places.
+  struct Holder {
+    uint32_t node = 0;
+    const DecayingRate* traffic = nullptr;  // its node's reads
+    bool on_reader_host = false;            // the reader's own machine
+  };
+  // Whether the copy serves rather than the block: the one on the reader's
+  // host if only one is, else the less loaded (ties: the block).
+  bool PrefersCopy(const Holder& copy, const Holder& block) const;
   // This answer sends `bytes` from `node`.
   void Served(uint32_t node, uint64_t bytes);
 

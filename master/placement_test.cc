@@ -191,17 +191,18 @@ TEST_CASE(
   const absl::Duration half_life = absl::Seconds(10);
   DecayingRate idle, busy;
   busy.Add(64 << 20, now - absl::Seconds(1), half_life);
+  using H = CopyChooser::Holder;
   {
     CopyChooser chooser(half_life, now);
-    CHECK(chooser.PrefersCopy(2, idle, 1, busy));
-    CHECK_FALSE(chooser.PrefersCopy(2, busy, 1, idle));
-    CHECK_FALSE(chooser.PrefersCopy(2, idle, 1, idle));  // ties: the block
+    CHECK(chooser.PrefersCopy(H{2, &idle}, H{1, &busy}));
+    CHECK_FALSE(chooser.PrefersCopy(H{2, &busy}, H{1, &idle}));
+    CHECK_FALSE(chooser.PrefersCopy(H{2, &idle}, H{1, &idle}));  // ties
   }
   // Equal traffic: what this answer already sends decides, key by key.
   CopyChooser chooser(half_life, now);
   int from_copy = 0;
   for (int key = 0; key < 8; ++key) {
-    const bool copy = chooser.PrefersCopy(2, idle, 1, idle);
+    const bool copy = chooser.PrefersCopy(H{2, &idle}, H{1, &idle});
     from_copy += copy;
     chooser.Served(copy ? 2 : 1, 4096);
   }
@@ -209,8 +210,28 @@ TEST_CASE(
   // A busy node takes none of a short prefix.
   CopyChooser spread(half_life, now);
   for (int key = 0; key < 8; ++key) {
-    CHECK(spread.PrefersCopy(2, idle, 1, busy));
+    CHECK(spread.PrefersCopy(H{2, &idle}, H{1, &busy}));
     spread.Served(2, 4096);
+  }
+}
+
+TEST_CASE(
+    "The holder on the reader's own host serves a key before a less loaded "
+    "one elsewhere; with both or neither there, load decides") {
+  const absl::Time now = absl::FromUnixSeconds(1000);
+  const absl::Duration half_life = absl::Seconds(10);
+  DecayingRate idle, busy;
+  busy.Add(64 << 20, now - absl::Seconds(1), half_life);
+  using H = CopyChooser::Holder;
+  CopyChooser chooser(half_life, now);
+  CHECK(chooser.PrefersCopy(H{2, &busy, true}, H{1, &idle, false}));
+  CHECK_FALSE(chooser.PrefersCopy(H{2, &idle, false}, H{1, &busy, true}));
+  CHECK(chooser.PrefersCopy(H{2, &idle, true}, H{1, &busy, true}));
+  CHECK_FALSE(chooser.PrefersCopy(H{2, &busy, true}, H{1, &idle, true}));
+  // However much this answer already sends from it.
+  for (int key = 0; key < 8; ++key) {
+    CHECK(chooser.PrefersCopy(H{2, &idle, true}, H{1, &idle, false}));
+    chooser.Served(2, 1 << 20);
   }
 }
 
