@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -286,6 +287,15 @@ absl::Status Discard(int fd, size_t len, absl::Time deadline) {
     len -= chunk;
   }
   return absl::OkStatus();
+}
+
+std::string DefaultHostName() {
+  if (const char* env = std::getenv("HYM_HOST"); env != nullptr && *env) {
+    return env;
+  }
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) return "";
+  return host;
 }
 
 std::string LocalHostIdentity() {

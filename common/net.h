@@ -94,4 +94,10 @@ absl::Status Discard(int fd, size_t len, absl::Time deadline);
 // with the same identity can share memory. Empty if it cannot be read.
 std::string LocalHostIdentity();
 
+// The machine this process runs on, as storage nodes and readers name it
+// to the master (NodeInfo.host, BatchLookupRequest.reader_host): $HYM_HOST
+// when set (a container's own hostname is not its machine's: a Kubernetes
+// pod sets it from spec.nodeName), else the hostname; "" if neither.
+std::string DefaultHostName();
+
 }  // namespace hymcache

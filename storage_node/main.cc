@@ -81,6 +81,10 @@ DEFINE_string(cluster, "default",
 DEFINE_string(name, Defaults().node_name.c_str(),
               "Stable node name reported to the master (default: "
               "advertise_host:data_port).");
+DEFINE_string(host, Defaults().host.c_str(),
+              "The machine this node runs on, for the master to answer a "
+              "reader on the same machine from this node's copy first "
+              "(default: $HYM_HOST, else the hostname).");
 DEFINE_string(listen_host, Defaults().listen_host.c_str(),
               "Address the data plane and control service bind to.");
 DEFINE_int32(data_port, 50061, "Data-plane TCP port (0: pick a free port).");
@@ -353,6 +357,7 @@ absl::Status OptionsFromFlags(hymcache::StorageNodeOptions* options) {
     options->master_address.clear();
   }
   options->node_name = FLAGS_name;
+  options->host = FLAGS_host;
   options->listen_host = FLAGS_listen_host;
   options->control_port = FLAGS_control_port;
   options->advertise_host = FLAGS_advertise_host;
@@ -431,7 +436,7 @@ int main(int argc, char** argv) {
                 "  hymcache-storage --master=HOST:PORT [--dram_bytes=1G] "
                 "[flags]",
        .groups = {{"Master and addresses",
-                   {"master", "name", "listen_host", "advertise_host",
+                   {"master", "name", "host", "listen_host", "advertise_host",
                     "data_port", "control_port", "metrics_listen"}},
                   {"Memory device",
                    {"device", "dram_bytes", "numa_node", "allow_overcommit",

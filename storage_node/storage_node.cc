@@ -23,6 +23,7 @@
 #include "common/grpc_reconnect.h"
 #include "common/grpc_status.h"
 #include "common/health_probe.h"
+#include "common/limits.h"
 #include "common/metrics_exporter.h"
 #include "common/net.h"
 #include "common/rdma.h"
@@ -586,6 +587,12 @@ absl::Status StorageNode::StartDataPlane(const std::string& advertise) {
 
   data_address_ = JoinHostPort(advertise, data_port_);
   name_ = options_.node_name.empty() ? data_address_ : options_.node_name;
+  host_ = options_.host.empty() ? DefaultHostName() : options_.host;
+  if (host_.size() > kMaxHostBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("storage node: host ($HYM_HOST) has ", host_.size(),
+                     " bytes (at most ", kMaxHostBytes, ")"));
+  }
   return absl::OkStatus();
 }
 

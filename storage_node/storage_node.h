@@ -125,6 +125,11 @@ struct StorageNodeOptions : DaemonOptions {
   // Host that clients and the master use to reach this node.
   // Default: "" = listen_host
   std::string advertise_host;
+  // The machine the node runs on, as the master compares it with a
+  // reader's (ClientOptions::host): of a block and its copy, one on the
+  // reader's host serves it first. At most kMaxHostBytes.
+  // Default: "" = DefaultHostName() ($HYM_HOST, else the hostname)
+  std::string host;
 
   // The memory device behind the node, one of:
   //   DramDeviceOptions: DRAM on numa_node (contents start afresh every
@@ -442,6 +447,7 @@ class StorageNode {
   std::string control_address_;
   std::string metrics_address_;
   std::string name_;
+  std::string host_;  // StorageNodeOptions::host, resolved
   // Sent with every registration (RegisterNodeRequest.registration_nonce).
   std::string registration_nonce_;
   uint64_t incarnation_ = 0;

@@ -178,6 +178,7 @@ absl::Status StorageNode::Register() {
   req.set_incarnation(incarnation_);
   req.set_data_address(data_address_);
   req.set_control_address(control_address_);
+  req.set_host(host_);
   for (const storage::RegionDescriptor& r : device_->Regions()) {
     ToProto(r, req.add_regions());
   }

@@ -131,6 +131,11 @@ absl::Status StorageNodeOptions::Validate() const {
         absl::StrCat("storage node: node_name has ", node_name.size(),
                      " bytes (at most ", kMaxNodeNameBytes, ")"));
   }
+  if (host.size() > kMaxHostBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("storage node: host has ", host.size(), " bytes (at most ",
+                     kMaxHostBytes, ")"));
+  }
   absl::Status s = DaemonOptions::Validate("storage node", listen_host);
   if (!s.ok()) return s;
   if (data.port < 0 || data.port > 65535 || control_port < 0 ||
