@@ -19,6 +19,8 @@
 #include "common/etcd_client.h"
 #include "common/grpc_polling.h"
 #include "common/leader_election.h"
+#include "common/limits.h"
+#include "common/net.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 
@@ -91,7 +93,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
   }
   // One MasterClient per master address, each over master_connections
   // channels.
-  auto connect = [options, security, args](const std::string& address)
+  const std::string reader_host =
+      options.host.empty() ? DefaultHostName() : options.host;
+  if (reader_host.size() > kMaxHostBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.host ($HYM_HOST) has ", reader_host.size(),
+                     " bytes (at most ", kMaxHostBytes, ")"));
+  }
+  auto connect = [options, security, args,
+                  reader_host](const std::string& address)
       -> absl::StatusOr<std::unique_ptr<MasterClient>> {
     std::vector<std::shared_ptr<grpc::Channel>> channels;
     for (int i = 0; i < options.master_connections; ++i) {
@@ -105,7 +115,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
       channels.push_back(std::move(channel));
     }
     return NewGrpcMasterClient(
-        channels, {.lookup_pipeline_depth = options.lookup_pipeline_depth});
+        channels, {.lookup_pipeline_depth = options.lookup_pipeline_depth,
+                   .reader_host = reader_host});
   };
   const std::vector<std::string> masters = options.MasterAddresses();
   std::unique_ptr<MasterClient> master;

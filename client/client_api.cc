@@ -7,6 +7,7 @@
 #include "absl/strings/strip.h"
 #include "client/options.h"
 #include "common/grpc_polling.h"
+#include "common/limits.h"
 #include "common/net.h"
 
 namespace hymcache {
@@ -69,6 +70,11 @@ absl::Status ClientOptions::Validate() const {
   if (max_idle_connections_per_node < 0) {
     return absl::InvalidArgumentError(
         "ClientOptions.max_idle_connections_per_node must be >= 0");
+  }
+  if (host.size() > kMaxHostBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.host has ", host.size(), " bytes (at most ",
+                     kMaxHostBytes, ")"));
   }
   if (max_keys_per_rpc == 0 || max_keys_per_rpc > 1024) {
     return absl::InvalidArgumentError(

@@ -66,10 +66,12 @@ ObjectLocation FromRecord(const wire::LookupRecord& r) {
 // A lookup request for `keys` into `req` (cleared first: a reused request
 // keeps its key strings' memory). Asks for the packed answer.
 void FillLookupRequest(absl::Span<const std::string> keys, LookupIntent intent,
+                       const std::string& reader_host,
                        pb::BatchLookupRequest* req) {
   req->Clear();
   req->mutable_keys()->Reserve(static_cast<int>(keys.size()));
   for (const std::string& k : keys) req->add_keys(k);
+  if (!reader_host.empty()) req->set_reader_host(reader_host);
   req->set_for_read(intent == LookupIntent::kRead);
   req->set_ended(intent == LookupIntent::kEnded);
   req->set_exists_only(intent == LookupIntent::kExists);
@@ -342,7 +344,7 @@ class GrpcMasterClient : public MasterClient {
         stream != nullptr ? &stream->request() : &unary_req;
     pb::BatchLookupResponse* resp =
         stream != nullptr ? &stream->response() : &unary_resp;
-    FillLookupRequest(keys, intent, req);
+    FillLookupRequest(keys, intent, options_.reader_host, req);
     absl::Status answered;
     if (stream == nullptr ||
         !StreamLookup(stream.get(), *req, resp, deadline, &answered)) {
@@ -804,7 +806,8 @@ class GrpcLookupStream : public LookupStream {
       Call* c = call.get();
       const size_t begin = launched_ * chunk_;
       FillLookupRequest(keys_.subspan(begin, ChunkSize(launched_)),
-                        LookupIntent::kRead, &c->req);
+                        LookupIntent::kRead, client_->options_.reader_host,
+                        &c->req);
       c->ctx.set_deadline(absl::ToChronoTime(deadline_));
       state_->calls[launched_] = std::move(call);
       ++launched_;
@@ -947,7 +950,8 @@ class StreamedLookups : public LookupStream {
         static_cast<size_t>(client_->options_.lookup_pipeline_depth);
     if (!writing_ && written_ < nchunks_ && written_ < next_ + depth) {
       FillLookupRequest(keys_.subspan(written_ * chunk_, ChunkSize(written_)),
-                        LookupIntent::kRead, &req_);
+                        LookupIntent::kRead, client_->options_.reader_host,
+                        &req_);
       stream_->StartWrite(req_, &write_tag_);
       writing_ = true;
       ++written_;

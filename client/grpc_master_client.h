@@ -29,6 +29,9 @@ struct GrpcMasterClientOptions {
   // open between calls. 0: every Lookup is a unary BatchLookup. A master
   // without LookupStream (UNIMPLEMENTED) gets unary calls from then on.
   int idle_lookup_streams = 16;
+  // Sent with every lookup (BatchLookupRequest.reader_host; ClientOptions::
+  // host). "": no preference.
+  std::string reader_host;
 };
 
 std::unique_ptr<MasterClient> NewGrpcMasterClient(

@@ -172,6 +172,11 @@ struct ClientOptions {
   // read, as a background Store (best effort, never delaying the Load),
   // when they come to at most this many bytes. 0: never. Default: 64 MiB.
   uint64_t max_auto_copy_bytes = uint64_t{64} << 20;
+  // The machine this client runs on, sent with its lookups
+  // (BatchLookupRequest.reader_host): of a block and its copy, the one on a
+  // storage node of this host (its --host) serves first. At most 253 bytes.
+  // Default: "" = $HYM_HOST, else the hostname.
+  std::string host;
   // Device-memory buffers (LoadOptions::memory, StoreOptions::memory).
   DeviceOptions device;
   // Checks every field; InvalidArgument names the bad one.

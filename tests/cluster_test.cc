@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <random>
 #include <set>
@@ -52,9 +53,11 @@ std::vector<std::string> Keys(size_t n, const std::string& model = "m") {
   return b.Keys(tokens);
 }
 
-std::unique_ptr<Client> NewClient(const std::string& master) {
+std::unique_ptr<Client> NewClient(const std::string& master,
+                                  const std::string& host = "") {
   ClientOptions o;
   o.master_address = master;
+  o.host = host;
   auto c = Client::Create(o);
   REQUIRE(c.ok());
   return std::move(*c);
@@ -137,9 +140,10 @@ struct Cluster {
       FAIL("node " << n.control_address << " never applied its registration");
     }
   }
-  void AddNode(const std::string& name) {
-    auto s = StorageProcess::Start(master.address, name,
-                                   {"--dram_bytes=268435456"});
+  void AddNode(const std::string& name, const std::string& host = "") {
+    std::vector<std::string> flags = {"--dram_bytes=268435456"};
+    if (!host.empty()) flags.push_back("--host=" + host);
+    auto s = StorageProcess::Start(master.address, name, flags);
     INFO(s.status().ToString());
     REQUIRE(s.ok());
     nodes.push_back(std::move(*s));
@@ -630,6 +634,41 @@ TEST_CASE(
     CHECK(
         Eventually([&] { return GetAndVerify(*c.client, session).loaded >= 4; },
                    absl::Seconds(15)));
+  }
+}
+
+TEST_CASE("a reader is served from the copy on its own host's node") {
+  Cluster c(0);
+  c.AddNode("node-a", "host-a");
+  c.AddNode("node-b", "host-b");
+  WaitForNodes(*c.client, 2);
+  for (const StorageProcess& n : c.nodes) Cluster::WaitRegistered(n);
+  const Blocks b = MakeBlocks({"h0", "h1", "h2", "h3"}, {8192}, 21);
+  StoreOptions o;
+  o.replicas = 2;
+  auto stored = c.client->Store(b.keys, b.in(), o)->Wait();
+  REQUIRE(stored.ok());
+  REQUIRE(stored->stored == 4);
+  REQUIRE(stored->replicated == 4);
+  auto st = c.client->GetClusterStatus();
+  REQUIRE(st.ok());
+  std::map<std::string, uint32_t> node_of_host;
+  for (const auto& n : st->nodes) {
+    node_of_host[n.data_address == c.nodes[0].data_address ? "host-a"
+                                                           : "host-b"] =
+        n.node_id;
+  }
+  REQUIRE(node_of_host.size() == 2);
+  for (const std::string host : {"host-a", "host-b"}) {
+    INFO(host);
+    auto reader = NewClient(c.master.address, host);
+    auto found = reader->BatchLookup(b.keys);
+    REQUIRE(found.ok());
+    REQUIRE(found->hit_prefix == 4);
+    for (const ObjectLocation& l : found->locations) {
+      CHECK(l.node_id == node_of_host[host]);
+    }
+    CHECK(GetAndVerify(*reader, b).loaded == 4);
   }
 }
 
