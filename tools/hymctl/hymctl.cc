@@ -432,20 +432,22 @@ class Cli {
       for (const auto& n : st->nodes()) {
         const uint64_t free =
             n.capacity_bytes() - std::min(n.used_bytes(), n.capacity_bytes());
-        nodes.push_back({{"node_id", n.node_id()},
-                         {"name", n.name()},
-                         {"data_address", n.data_address()},
-                         {"control_address", n.control_address()},
-                         {"state", NodeState(n)},
-                         {"alive", n.alive()},
-                         {"draining", n.draining()},
-                         {"awaiting_reconcile", n.awaiting_reconcile()},
-                         {"device", DeviceKind(n)},
-                         {"capacity_bytes", n.capacity_bytes()},
-                         {"used_bytes", n.used_bytes()},
-                         {"free_bytes", free},
-                         {"objects", n.object_count()},
-                         {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms()}});
+        nodes.push_back(
+            {{"node_id", n.node_id()},
+             {"name", n.name()},
+             {"host", n.host()},
+             {"data_address", n.data_address()},
+             {"control_address", n.control_address()},
+             {"state", NodeState(n)},
+             {"alive", n.alive()},
+             {"draining", n.draining()},
+             {"awaiting_reconcile", n.awaiting_reconcile()},
+             {"device", DeviceKind(n)},
+             {"capacity_bytes", n.capacity_bytes()},
+             {"used_bytes", n.used_bytes()},
+             {"free_bytes", free},
+             {"objects", n.object_count()},
+             {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms()}});
       }
       // Every cluster stat under its name (common/cluster_stats.h), and
       // "objects", the name object_count had here first.
@@ -469,11 +471,12 @@ class Cli {
     };
     std::vector<std::vector<std::string>> rows;
     if (o_.wide) {
-      rows.push_back({"NODE", "NAME", "DATA", "CONTROL", "STATE", "DEVICE",
-                      "CAPACITY", "USED", "FREE", "OBJECTS", "LAST HEARTBEAT"});
+      rows.push_back({"NODE", "NAME", "HOST", "DATA", "CONTROL", "STATE",
+                      "DEVICE", "CAPACITY", "USED", "FREE", "OBJECTS",
+                      "LAST HEARTBEAT"});
       for (const auto& n : st->nodes()) {
         rows.push_back(
-            {absl::StrCat(n.node_id()), n.name(), n.data_address(),
+            {absl::StrCat(n.node_id()), n.name(), n.host(), n.data_address(),
              n.control_address(), NodeState(n), DeviceKind(n),
              Human(n.capacity_bytes()), Human(n.used_bytes()),
              Human(n.capacity_bytes() -
