@@ -1,5 +1,6 @@
 // Issue 32's placement floor on many hosts (tests/netns/virtual_network.h):
-// a master on one host, 8 storage nodes on 8 hosts and 4 engine hosts, each
+// 3 HA masters on 3 hosts (etcd on a fourth, tests/netns_daemons.h
+// StartMastersOn), 8 storage nodes on 8 hosts and 4 engine hosts, each
 // engine a real Client on its own host storing conversations (chains of
 // mixed lengths, one Store per turn with the previous turn's last key as
 // parent_key) until 10,000 stores are done. Then the largest node's used
@@ -45,13 +46,15 @@ using testing::Daemon;
 using testing::TempDir;
 using testing::VirtualNetwork;
 
+constexpr int kMasters = 3;
 constexpr int kStorageHosts = 8;
 constexpr int kEngineHosts = 4;
 constexpr size_t kBlock = 8 * 1024;
-// Host indexes: 0 the master, 1..8 storage, 9..12 engines.
-constexpr int kMasterHost = 0;
-int StorageHost(int i) { return 1 + i; }
-int EngineHost(int i) { return 1 + kStorageHosts + i; }
+// Host indexes: 0..2 the masters, 3 etcd, 4..11 storage, 12..15 engines.
+int MasterHost(int i) { return i; }
+constexpr int kEtcdHost = kMasters;
+int StorageHost(int i) { return kMasters + 1 + i; }
+int EngineHost(int i) { return kMasters + 1 + kStorageHosts + i; }
 
 int Stores() {
   const char* v = std::getenv("HYM_PLACEMENT_STORES");
@@ -143,12 +146,21 @@ struct Outcome {
 };
 
 Outcome RunCluster(VirtualNetwork& net, const std::string& policy, int stores) {
-  const std::string dir = TempDir("placement_netns_" + policy);
-  auto m = testing::StartMasterOn(net, kMasterHost, dir + "/master",
-                                  {"--insecure", "--placement=" + policy});
+  testing::NetnsMastersOptions mo;
+  for (int i = 0; i < kMasters; ++i) mo.master_hosts.push_back(MasterHost(i));
+  mo.etcd_host = kEtcdHost;
+  mo.dir = TempDir("placement_netns_" + policy);
+  mo.cluster = "placement_" + policy;
+  mo.flags = {"--insecure", "--placement=" + policy};
+  absl::StatusOr<testing::NetnsMasters> m;
+  {
+    auto in = net.EnterHost(MasterHost(0));  // etcd is reached from here
+    REQUIRE(in.ok());
+    m = testing::StartMastersOn(net, mo);
+  }
   INFO(m.status().ToString());
   REQUIRE(m.ok());
-  const std::string master = m->address;
+  const std::string master = m->address_list();
 
   std::vector<Daemon> nodes;
   for (int i = 0; i < kStorageHosts; ++i) {
@@ -246,7 +258,9 @@ TEST_CASE(
     "On 8 storage hosts fed by 4 engine hosts, load-aware placement leaves "
     "the largest node within 1.15x the mean bytes, with round robin beside "
     "it") {
-  std::vector<std::string> hosts = {"master"};
+  std::vector<std::string> hosts;
+  for (int i = 0; i < kMasters; ++i) hosts.push_back(absl::StrCat("m", i));
+  hosts.push_back("etcd");
   for (int i = 0; i < kStorageHosts; ++i) hosts.push_back(absl::StrCat("s", i));
   for (int i = 0; i < kEngineHosts; ++i) hosts.push_back(absl::StrCat("e", i));
   auto net = testing::NetworkOrSkip(hosts);
