@@ -20,11 +20,13 @@
 #include "client/client.h"
 #include "proto/master.grpc.pb.h"
 #include "tests/cluster.h"
+#include "tests/kv_events_testing.h"
 #include "tools/hymctl/hymctl.h"
 
 namespace hymcache {
 namespace {
 
+using testing::EventPosition;
 using testing::TestCluster;
 
 std::unique_ptr<v1::MasterService::Stub> Stub(const std::string& address) {
@@ -32,91 +34,28 @@ std::unique_ptr<v1::MasterService::Stub> Stub(const std::string& address) {
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
 }
 
-// Where a subscriber is in the stream.
-struct Position {
-  uint64_t stream = 0;
-  uint64_t after = 0;
-};
+// The master's latest event number.
+uint64_t Latest(v1::MasterService::Stub& stub) {
+  auto latest = testing::LatestEvent(stub);
+  INFO(latest.status().ToString());
+  REQUIRE(latest.ok());
+  return *latest;
+}
 
-// Reads events after *at until the one numbered `until` or `max` events,
-// then drops the stream (a subscriber going away); appends them to *out
-// and the missed ranges to *missed; moves *at.
-void Follow(v1::MasterService::Stub& stub, Position* at, uint64_t until,
+void Follow(v1::MasterService::Stub& stub, EventPosition* at, uint64_t until,
             size_t max, std::vector<v1::KvEvent>* out,
             std::vector<std::pair<uint64_t, uint64_t>>* missed = nullptr) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-  v1::WatchEventsRequest req;
-  req.set_stream_id(at->stream);
-  req.set_after_sequence(at->after);
-  req.set_max_events(7);  // several messages
-  auto reader = stub.WatchEvents(&ctx, req);
-  v1::WatchEventsResponse resp;
-  size_t got = 0;
-  while (got < max && at->after < until && reader->Read(&resp)) {
-    at->stream = resp.stream_id();
-    if (resp.missed_to() != 0) {
-      if (missed != nullptr) {
-        missed->emplace_back(resp.missed_from(), resp.missed_to());
-      }
-      at->after = resp.missed_to();
-    }
-    for (const v1::KvEvent& e : resp.events()) {
-      out->push_back(e);
-      at->after = e.sequence();
-      if (++got == max) break;
-    }
-  }
-  ctx.TryCancel();
-  reader->Finish();
+  absl::Status s = testing::FollowEvents(stub, at, until, max, out, missed);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
 }
 
-uint64_t Latest(v1::MasterService::Stub& stub) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  v1::WatchEventsRequest req;
-  req.set_max_events(1);
-  auto reader = stub.WatchEvents(&ctx, req);
-  v1::WatchEventsResponse resp;
-  REQUIRE(reader->Read(&resp));
-  ctx.TryCancel();
-  reader->Finish();
-  return resp.latest_sequence();
-}
-
-std::vector<std::string> ChainKeys(int chain, int blocks) {
-  std::vector<std::string> keys;
-  for (int b = 0; b < blocks; ++b) keys.push_back(absl::StrCat("ch", chain, "-", b));
-  return keys;
-}
-
-// Stores chains 0..chains-1 (each in turns of 3 blocks after the previous
-// turn's last), removes a middle block of every third chain (its tail goes
-// with it). Returns each chain's keys.
 std::vector<std::vector<std::string>> Workload(Client& c, int chains,
                                                int blocks) {
-  std::vector<std::vector<std::string>> all;
-  const std::string data(4096, 'x');
-  for (int ch = 0; ch < chains; ++ch) {
-    std::vector<std::string> keys = ChainKeys(ch, blocks);
-    for (int b = 0; b < blocks; b += 3) {
-      std::vector<std::string> turn(keys.begin() + b,
-                                    keys.begin() + std::min(b + 3, blocks));
-      std::vector<ConstBuffer> bufs(turn.size(), {data.data(), data.size()});
-      StoreOptions o;
-      o.deadline = absl::Now() + absl::Seconds(10);
-      if (b > 0) o.parent_key = keys[b - 1];
-      auto r = c.Store(turn, bufs, o)->Wait(o.deadline);
-      REQUIRE(r.ok());
-      REQUIRE(r->stored == turn.size());
-    }
-    all.push_back(keys);
-  }
-  for (int ch = 0; ch < chains; ch += 3) {
-    auto r = c.Remove({all[ch][blocks / 2]});
-    REQUIRE(r.ok());
-  }
-  return all;
+  auto all = testing::StoreChainsRemoveSome(c, "", chains, blocks);
+  INFO(all.status().ToString());
+  REQUIRE(all.ok());
+  return *std::move(all);
 }
 
 TEST_CASE(
@@ -136,11 +75,11 @@ TEST_CASE(
   const uint64_t latest = Latest(*stub);
 
   // One subscriber reads everything in one stream...
-  Position whole;
+  EventPosition whole;
   std::vector<v1::KvEvent> once;
   Follow(*stub, &whole, latest, SIZE_MAX, &once);
   // ...another in pieces of 50 events, reconnecting after each.
-  Position pieces;
+  EventPosition pieces;
   std::vector<v1::KvEvent> resumed;
   int reconnects = 0;
   while (pieces.after < latest) {
@@ -158,79 +97,30 @@ TEST_CASE(
     CHECK(resumed[i].kind() == once[i].kind());
   }
 
-  // Every block stored once, before any removal of it; every removed block
-  // (the removed middle blocks and their tails) removed once.
-  std::map<std::string, int> stored, removed;
+  // Every block stored once with its chain parent, before any removal of
+  // it; every removed block (the removed middle blocks and their tails)
+  // removed once.
+  absl::Status checked = testing::CheckChainEvents(once, latest, chains);
+  INFO(checked.ToString());
+  CHECK(checked.ok());
   std::set<uint32_t> up;
   for (const v1::KvEvent& e : once) {
     if (e.kind() == v1::KvEvent::BLOCK_STORED) {
-      CHECK(removed.count(e.key()) == 0);
-      ++stored[e.key()];
       CHECK(e.tier() == "dram");
       CHECK(e.tenant() == "default");
-    } else if (e.kind() == v1::KvEvent::BLOCK_REMOVED) {
-      CHECK(stored.count(e.key()) == 1);
-      ++removed[e.key()];
     } else if (e.kind() == v1::KvEvent::NODE_UP) {
       up.insert(e.node_id());
     }
   }
   CHECK(up.size() == 2);
-  CHECK(stored.size() == static_cast<size_t>(kChains * kBlocks));
-  for (const auto& [k, n] : stored) CHECK(n == 1);
-  size_t want_removed = 0;
-  for (int ch = 0; ch < kChains; ch += 3) {
-    for (int b = kBlocks / 2; b < kBlocks; ++b) {
-      ++want_removed;
-      CHECK(removed[chains[ch][b]] == 1);
-    }
-  }
-  CHECK(removed.size() == want_removed);
-  // A chain's parent is the block before it.
-  for (const v1::KvEvent& e : once) {
-    if (e.kind() != v1::KvEvent::BLOCK_STORED) continue;
-    const auto dash = e.key().rfind('-');
-    const int b = std::stoi(e.key().substr(dash + 1));
-    CHECK(e.parent_key() ==
-          (b == 0 ? "" : e.key().substr(0, dash + 1) + std::to_string(b - 1)));
-  }
 
   // The router: key -> node from the events alone.
-  std::map<std::string, uint32_t> where;
-  for (const v1::KvEvent& e : once) {
-    if (e.kind() == v1::KvEvent::BLOCK_STORED) where[e.key()] = e.node_id();
-    if (e.kind() == v1::KvEvent::BLOCK_REMOVED) where.erase(e.key());
-  }
+  const std::map<std::string, uint32_t> where = testing::RouterView(once);
   int agree = 0, asked = 0;
   for (const auto& keys : chains) {
-    v1::PrefixQueryRequest req;
-    for (const auto& k : keys) req.add_keys(k);
-    grpc::ClientContext ctx;
-    v1::PrefixQueryResponse resp;
-    REQUIRE(stub->PrefixQuery(&ctx, req, &resp).ok());
-    // The router's answer.
-    uint32_t hit = 0;
-    std::map<uint32_t, std::pair<uint32_t, uint32_t>> per;  // longest, blocks
-    std::set<uint32_t> broke;
-    for (const auto& k : keys) {
-      auto w = where.find(k);
-      if (w == where.end()) break;
-      auto& p = per[w->second];
-      ++p.second;
-      for (auto& [id, q] : per) {
-        if (id != w->second) broke.insert(id);
-      }
-      if (!broke.count(w->second)) p.first = hit + 1;
-      ++hit;
-    }
-    bool same = resp.hit_prefix_length() == hit &&
-                static_cast<size_t>(resp.nodes_size()) == per.size();
-    for (const auto& n : resp.nodes()) {
-      auto p = per.find(n.node_id());
-      same = same && p != per.end() && p->second.first == n.longest_prefix() &&
-             p->second.second == n.blocks();
-    }
-    agree += same;
+    auto same = testing::RouterAgrees(*stub, where, keys);
+    REQUIRE(same.ok());
+    agree += *same;
     ++asked;
   }
   INFO("router agrees with PrefixQuery on " << agree << " of " << asked);
@@ -275,7 +165,7 @@ TEST_CASE("A subscriber behind the master's event buffer is told which "
   Workload(*c.client, 10, 6);
   const uint64_t latest = Latest(*stub);
   REQUIRE(latest > 16);
-  Position at{0, 0};
+  EventPosition at{0, 0};
   std::vector<v1::KvEvent> got;
   std::vector<std::pair<uint64_t, uint64_t>> missed;
   Follow(*stub, &at, latest, SIZE_MAX, &got, &missed);
@@ -298,7 +188,7 @@ TEST_CASE("A subscriber behind the master's event buffer is told which "
         grpc::StatusCode::INVALID_ARGUMENT);
   grpc::ClientContext c3;
   v1::PrefixQueryRequest ok;
-  for (const auto& k : ChainKeys(1, 6)) ok.add_keys(k);
+  for (const auto& k : testing::EventChainKeys("", 1, 6)) ok.add_keys(k);
   REQUIRE(stub->PrefixQuery(&c3, ok, &r).ok());
   CHECK(r.hit_prefix_length() == 6);
   REQUIRE(r.nodes_size() == 1);
