@@ -45,7 +45,8 @@
 //
 // --modes=events_off,off compares a plain master that keeps no KV events
 // (--event_log_capacity=0) with one that does (the default): the cost of
-// publishing them.
+// publishing them. A mode ending in /events_off is that mode with no
+// events (--modes=async/events_off,async: their cost with HA on).
 //
 // Caveat: the standby and etcd share this machine (and its cores) with the
 // leader and the load; --leader_cpu=N gives the first master (the leader,
@@ -74,6 +75,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/cli.h"
@@ -200,12 +202,18 @@ absl::Status PinAwayFromLeaderCpu() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Rig> StartRig(const std::string& binary, const std::string& mode,
+absl::StatusOr<Rig> StartRig(const std::string& binary,
+                             const std::string& mode_name,
                              const std::string& dir,
                              const std::vector<std::string>& ha_flags = {}) {
   Rig rig;
   std::vector<std::string> common = {"--listen=127.0.0.1:0",
                                      "--node_timeout_ms=3600000"};
+  absl::string_view mode_view = mode_name;
+  if (absl::ConsumeSuffix(&mode_view, "/events_off")) {
+    common.push_back("--event_log_capacity=0");
+  }
+  const std::string mode(mode_view);
   for (absl::string_view f :
        absl::StrSplit(FLAGS_master_flags, ' ', absl::SkipEmpty())) {
     common.emplace_back(f);
