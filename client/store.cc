@@ -153,10 +153,23 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
     for (size_t i = failed_at; i < keys.size(); ++i) out.errors[i] = st;
   }
   out.node_id = progress.node;
-  // The caller's replicas, or its tenant's (the master says).
+  // The caller's replicas, or its tenant's (the master says): copies of
+  // the leading keys this store stored or found stored, whose listed
+  // generations it knows (a key that failed, or that another writer was
+  // storing, ends them).
   if (std::max(replicas, progress.replicas) > 1) {
-    out.replicated = PutCopies(keys, buffers, parent_key,
-                               std::move(progress.generations), deadline);
+    size_t copyable = 0;
+    while (copyable < keys.size() &&
+           (out.outcomes[copyable] == PutOutcome::kStored ||
+            out.outcomes[copyable] == PutOutcome::kAlreadyStored)) {
+      ++copyable;
+    }
+    progress.generations.resize(copyable);
+    if (copyable > 0) {
+      out.replicated =
+          PutCopies(keys.first(copyable), buffers.first(copyable), parent_key,
+                    std::move(progress.generations), deadline);
+    }
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     switch (out.outcomes[i]) {
