@@ -60,31 +60,22 @@ namespace hymcache {
 namespace {
 
 using testing::Daemon;
-using testing::TempDir;
 using testing::VirtualNetwork;
 
-constexpr int kMasters = 3;
 constexpr int kStorageHosts = 8;
 constexpr int kEngineHosts = 4;
 constexpr size_t kBlock = 8 * 1024;
-// Host indexes: 0..2 the masters, 3 etcd, 4..11 storage, 12..15 engines.
-int MasterHost(int i) { return i; }
-constexpr int kEtcdHost = kMasters;
-int StorageHost(int i) { return kMasters + 1 + i; }
-int EngineHost(int i) { return kMasters + 1 + kStorageHosts + i; }
+// 3 masters, etcd, the storage hosts, the engine hosts.
+testing::NetnsLayout Layout() {
+  return {.storage = kStorageHosts, .engines = kEngineHosts};
+}
+int MasterHost(int i) { return Layout().master_host(i); }
+int StorageHost(int i) { return Layout().storage_host(i); }
+int EngineHost(int i) { return Layout().engine_host(i); }
 
 int ChainsPerEngine() {
   const char* v = std::getenv("HYM_DRAIN_CHAINS");
   return v != nullptr && std::atoi(v) > 0 ? std::atoi(v) : 100;
-}
-
-std::vector<std::string> HostNames() {
-  std::vector<std::string> names;
-  for (int i = 0; i < kMasters; ++i) names.push_back(absl::StrCat("m", i));
-  names.push_back("etcd");
-  for (int i = 0; i < kStorageHosts; ++i) names.push_back(absl::StrCat("s", i));
-  for (int i = 0; i < kEngineHosts; ++i) names.push_back(absl::StrCat("e", i));
-  return names;
 }
 
 std::string BlockKey(int e, int c, int b) {
@@ -129,59 +120,36 @@ struct Engine {
   }
 };
 
-// The masters (and etcd) and the 8 storage nodes, each on its host.
-struct NetnsCluster {
-  testing::NetnsMasters masters;
-  std::vector<Daemon> nodes;
-  std::string master;  // every master's address, for clients and hymctl
-  // A counter of the masters' (the leader's: only it counts puts and
-  // reads; standbys that answer GetStats count 0), -1 when none answers.
-  double Counter(const std::string& name) const {
-    double most = -1;
-    for (const std::string& a : masters.addresses) {
-      auto st = testing::MasterStats(a);
-      if (st.ok()) most = std::max(most, (*st)[name]);
-    }
-    return most;
+// A counter of the masters' (the leader's: only it counts puts and reads;
+// standbys that answer GetStats count 0), -1 when none answers.
+double Counter(const testing::NetnsCluster& c, const std::string& name) {
+  double most = -1;
+  for (const std::string& a : c.masters.addresses) {
+    auto st = testing::MasterStats(a);
+    if (st.ok()) most = std::max(most, (*st)[name]);
   }
-};
-NetnsCluster StartCluster(VirtualNetwork& net, const std::string& name,
-                          const std::vector<std::string>& master_flags) {
-  auto in = net.EnterHost(MasterHost(0));  // etcd is reached from here
-  REQUIRE(in.ok());
-  NetnsCluster c;
-  testing::NetnsMastersOptions mo;
-  for (int i = 0; i < kMasters; ++i) mo.master_hosts.push_back(MasterHost(i));
-  mo.etcd_host = kEtcdHost;
-  mo.dir = TempDir(name);
-  mo.cluster = name;
-  mo.flags = master_flags;
-  auto m = testing::StartMastersOn(net, mo);
-  INFO(m.status().ToString());
-  REQUIRE(m.ok());
-  c.masters = std::move(m).value();
-  c.master = c.masters.address_list();
-  for (int i = 0; i < kStorageHosts; ++i) {
-    auto d = testing::StartStorageOn(net, StorageHost(i), c.master,
-                                     absl::StrCat("s", i),
-                                     {"--insecure", "--dram_bytes=64M"});
-    INFO(d.status().ToString());
-    REQUIRE(d.ok());
-    c.nodes.push_back(std::move(d).value());
-  }
-  return c;
+  return most;
+}
+testing::NetnsCluster StartCluster(
+    VirtualNetwork& net, const std::string& name,
+    const std::vector<std::string>& master_flags) {
+  auto c = testing::StartClusterOn(net, Layout(), name, master_flags);
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  return std::move(c).value();
 }
 
 TEST_CASE(
     "hymctl drain --copy=hot on 8 storage hosts under load: no load fails, "
     "and every hot chain of the drained node loads from the others after it "
     "is gone") {
-  auto net_or = testing::NetworkOrSkip(HostNames());
+  auto net_or = testing::NetworkOrSkip(Layout().HostNames());
   INFO(net_or.status().ToString());
   REQUIRE(net_or.ok());
   if (*net_or == nullptr) return;
   VirtualNetwork& net = **net_or;
-  NetnsCluster cluster = StartCluster(net, "drain_netns", {"--insecure"});
+  testing::NetnsCluster cluster =
+      StartCluster(net, "drain_netns", {"--insecure"});
   const std::string master = cluster.master;
   std::vector<Daemon>& nodes = cluster.nodes;
 
@@ -405,7 +373,7 @@ struct HitCount {
 enum class Copies { kWritten, kAuto };
 void HotPrefixRun(Copies copies) {
   const bool automatic = copies == Copies::kAuto;
-  auto net_or = testing::NetworkOrSkip(HostNames());
+  auto net_or = testing::NetworkOrSkip(Layout().HostNames());
   INFO(net_or.status().ToString());
   REQUIRE(net_or.ok());
   if (*net_or == nullptr) return;
@@ -413,7 +381,7 @@ void HotPrefixRun(Copies copies) {
   std::vector<std::string> flags = {"--insecure", "--node_timeout_ms=2000",
                                     "--heartbeat_interval_ms=500"};
   if (automatic) flags.push_back("--auto_replica_branches=8");
-  NetnsCluster cluster = StartCluster(
+  testing::NetnsCluster cluster = StartCluster(
       net, automatic ? "auto_replica_netns" : "replica_netns", flags);
   const std::string master = cluster.master;
 
@@ -542,8 +510,8 @@ void HotPrefixRun(Copies copies) {
     double stored = 0, asked = 0;
     CHECK(testing::Eventually(
         [&] {
-          stored = cluster.Counter("replicas_stored");
-          asked = cluster.Counter("auto_copies_asked");
+          stored = Counter(cluster, "replicas_stored");
+          asked = Counter(cluster, "auto_copies_asked");
           return stored >= 2 * kPrefixBlocks;
         },
         absl::Seconds(30)));

@@ -43,22 +43,17 @@
 namespace hymcache {
 namespace {
 
-using testing::Daemon;
 using testing::Eventually;
-using testing::TempDir;
 using testing::VirtualNetwork;
 
-constexpr int kMasters = 3;
 constexpr int kStorageHosts = 8;
 constexpr int kEngineHosts = 4;
+// 3 masters, etcd, the storage hosts, the engine hosts and the router's.
+testing::NetnsLayout Layout() {
+  return {
+      .storage = kStorageHosts, .engines = kEngineHosts, .extra = {"router"}};
+}
 constexpr int kBlocks = 10;
-// Host indexes: 0..2 the masters, 3 etcd, 4..11 storage, 12..15 engines,
-// 16 the router.
-int MasterHost(int i) { return i; }
-constexpr int kEtcdHost = kMasters;
-int StorageHost(int i) { return kMasters + 1 + i; }
-int EngineHost(int i) { return kMasters + 1 + kStorageHosts + i; }
-constexpr int kRouterHost = kMasters + 1 + kStorageHosts + kEngineHosts;
 
 int ChainsPerEngine() {
   const char* v = std::getenv("HYM_EVENT_CHAINS");
@@ -74,50 +69,25 @@ TEST_CASE(
     "On 8 storage hosts with 3 masters, a router following the leader's "
     "events across hosts, resuming every 100, sees each store and removal "
     "once in commit order and answers as PrefixQuery") {
-  std::vector<std::string> hosts;
-  for (int i = 0; i < kMasters; ++i) hosts.push_back(absl::StrCat("m", i));
-  hosts.push_back("etcd");
-  for (int i = 0; i < kStorageHosts; ++i) hosts.push_back(absl::StrCat("s", i));
-  for (int i = 0; i < kEngineHosts; ++i) hosts.push_back(absl::StrCat("e", i));
-  hosts.push_back("router");
-  auto net_or = testing::NetworkOrSkip(hosts);
+  auto net_or = testing::NetworkOrSkip(Layout().HostNames());
   INFO(net_or.status().ToString());
   REQUIRE(net_or.ok());
   if (*net_or == nullptr) return;
   VirtualNetwork& net = **net_or;
 
-  testing::NetnsMastersOptions mo;
-  for (int i = 0; i < kMasters; ++i) mo.master_hosts.push_back(MasterHost(i));
-  mo.etcd_host = kEtcdHost;
-  mo.dir = TempDir("kv_events_netns");
-  mo.cluster = "kv_events_netns";
-  mo.flags = {"--insecure"};
-  absl::StatusOr<testing::NetnsMasters> masters;
-  {
-    auto in = net.EnterHost(MasterHost(0));  // etcd is reached from here
-    REQUIRE(in.ok());
-    masters = testing::StartMastersOn(net, mo);
-  }
-  INFO(masters.status().ToString());
-  REQUIRE(masters.ok());
-  const std::string master = masters->address_list();
-  std::vector<Daemon> nodes;
-  for (int i = 0; i < kStorageHosts; ++i) {
-    auto d = testing::StartStorageOn(net, StorageHost(i), master,
-                                     absl::StrCat("s", i),
-                                     {"--insecure", "--dram_bytes=64M"});
-    INFO(d.status().ToString());
-    REQUIRE(d.ok());
-    nodes.push_back(std::move(d).value());
-  }
+  auto cluster =
+      testing::StartClusterOn(net, Layout(), "kv_events_netns", {"--insecure"});
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  const std::string master = cluster->master;
 
   // The router, on its host: the leader is the master that streams events.
-  auto in_router = net.EnterHost(kRouterHost);
+  auto in_router = net.EnterHost(Layout().extra_host(0));
   REQUIRE(in_router.ok());
   std::unique_ptr<v1::MasterService::Stub> leader;
   REQUIRE(Eventually(
       [&] {
-        for (const std::string& a : masters->addresses) {
+        for (const std::string& a : cluster->masters.addresses) {
           auto stub = Stub(a);
           if (testing::LatestEvent(*stub).ok()) {
             leader = std::move(stub);
@@ -137,7 +107,7 @@ TEST_CASE(
   const absl::Time start = absl::Now();
   for (int e = 0; e < kEngineHosts; ++e) {
     threads.emplace_back([&, e] {
-      auto in = net.EnterHost(EngineHost(e));
+      auto in = net.EnterHost(Layout().engine_host(e));
       absl::Status s = in.status();
       std::unique_ptr<Client> client;
       if (s.ok()) {

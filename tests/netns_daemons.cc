@@ -110,6 +110,47 @@ absl::StatusOr<NetnsMasters> StartMastersOn(VirtualNetwork& net,
   return out;
 }
 
+std::vector<std::string> NetnsLayout::HostNames() const {
+  std::vector<std::string> names;
+  for (int i = 0; i < masters; ++i) names.push_back(absl::StrCat("m", i));
+  names.push_back("etcd");
+  for (int i = 0; i < storage; ++i) names.push_back(absl::StrCat("s", i));
+  for (int i = 0; i < engines; ++i) names.push_back(absl::StrCat("e", i));
+  names.insert(names.end(), extra.begin(), extra.end());
+  return names;
+}
+
+absl::StatusOr<NetnsCluster> StartClusterOn(
+    VirtualNetwork& net, const NetnsLayout& layout, const std::string& name,
+    const std::vector<std::string>& master_flags,
+    const std::vector<std::string>& storage_flags) {
+  NetnsCluster c;
+  {
+    // etcd's members are reached from here while the masters start.
+    auto in = net.EnterHost(layout.master_host(0));
+    if (!in.ok()) return in.status();
+    NetnsMastersOptions mo;
+    for (int i = 0; i < layout.masters; ++i) {
+      mo.master_hosts.push_back(layout.master_host(i));
+    }
+    mo.etcd_host = layout.etcd_host();
+    mo.dir = TempDir(name);
+    mo.cluster = name;
+    mo.flags = master_flags;
+    auto m = StartMastersOn(net, mo);
+    if (!m.ok()) return m.status();
+    c.masters = std::move(m).value();
+  }
+  c.master = c.masters.address_list();
+  for (int i = 0; i < layout.storage; ++i) {
+    auto d = StartStorageOn(net, layout.storage_host(i), c.master,
+                            absl::StrCat("s", i), storage_flags);
+    if (!d.ok()) return d.status();
+    c.nodes.push_back(std::move(d).value());
+  }
+  return c;
+}
+
 absl::StatusOr<Daemon> StartStorageOn(VirtualNetwork& net, int host,
                                       const std::string& master,
                                       const std::string& name,

@@ -70,4 +70,36 @@ absl::StatusOr<Daemon> StartStorageOn(
     VirtualNetwork& net, int host, const std::string& master,
     const std::string& name, const std::vector<std::string>& extra = {});
 
+// Issue 32's cluster shape, host by host in this order: the masters m0..,
+// etcd, the storage hosts s0.., the engine hosts e0.., then `extra`.
+struct NetnsLayout {
+  int masters = 3;
+  int storage = 8;
+  int engines = 4;
+  std::vector<std::string> extra;
+
+  int master_host(int i) const { return i; }
+  int etcd_host() const { return masters; }
+  int storage_host(int i) const { return masters + 1 + i; }
+  int engine_host(int i) const { return masters + 1 + storage + i; }
+  int extra_host(int i) const { return masters + 1 + storage + engines + i; }
+  // The names for NetworkOrSkip.
+  std::vector<std::string> HostNames() const;
+};
+
+// A layout's masters (StartMastersOn: HA with etcd on its host when there
+// are several; `dir` and --cluster from `name`, then `master_flags`) and a
+// storage node "s<i>" on each storage host (every master's address as its
+// --master, then `storage_flags`).
+struct NetnsCluster {
+  NetnsMasters masters;
+  std::vector<Daemon> nodes;
+  std::string master;  // every master's address, for clients and hymctl
+};
+absl::StatusOr<NetnsCluster> StartClusterOn(
+    VirtualNetwork& net, const NetnsLayout& layout, const std::string& name,
+    const std::vector<std::string>& master_flags,
+    const std::vector<std::string>& storage_flags = {"--insecure",
+                                                     "--dram_bytes=64M"});
+
 }  // namespace hymcache::testing

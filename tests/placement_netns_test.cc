@@ -42,19 +42,16 @@
 namespace hymcache {
 namespace {
 
-using testing::Daemon;
-using testing::TempDir;
 using testing::VirtualNetwork;
 
-constexpr int kMasters = 3;
 constexpr int kStorageHosts = 8;
 constexpr int kEngineHosts = 4;
+// 3 masters, etcd, the storage hosts, the engine hosts.
+testing::NetnsLayout Layout() {
+  return {.storage = kStorageHosts, .engines = kEngineHosts};
+}
 constexpr size_t kBlock = 8 * 1024;
-// Host indexes: 0..2 the masters, 3 etcd, 4..11 storage, 12..15 engines.
-int MasterHost(int i) { return i; }
-constexpr int kEtcdHost = kMasters;
-int StorageHost(int i) { return kMasters + 1 + i; }
-int EngineHost(int i) { return kMasters + 1 + kStorageHosts + i; }
+int EngineHost(int i) { return Layout().engine_host(i); }
 
 int Stores() {
   const char* v = std::getenv("HYM_PLACEMENT_STORES");
@@ -146,31 +143,12 @@ struct Outcome {
 };
 
 Outcome RunCluster(VirtualNetwork& net, const std::string& policy, int stores) {
-  testing::NetnsMastersOptions mo;
-  for (int i = 0; i < kMasters; ++i) mo.master_hosts.push_back(MasterHost(i));
-  mo.etcd_host = kEtcdHost;
-  mo.dir = TempDir("placement_netns_" + policy);
-  mo.cluster = "placement_" + policy;
-  mo.flags = {"--insecure", "--placement=" + policy};
-  absl::StatusOr<testing::NetnsMasters> m;
-  {
-    auto in = net.EnterHost(MasterHost(0));  // etcd is reached from here
-    REQUIRE(in.ok());
-    m = testing::StartMastersOn(net, mo);
-  }
-  INFO(m.status().ToString());
-  REQUIRE(m.ok());
-  const std::string master = m->address_list();
-
-  std::vector<Daemon> nodes;
-  for (int i = 0; i < kStorageHosts; ++i) {
-    auto d = testing::StartStorageOn(net, StorageHost(i), master,
-                                     absl::StrCat("s", i),
-                                     {"--insecure", "--dram_bytes=64M"});
-    INFO(d.status().ToString());
-    REQUIRE(d.ok());
-    nodes.push_back(std::move(d).value());
-  }
+  auto cluster =
+      testing::StartClusterOn(net, Layout(), "placement_" + policy,
+                              {"--insecure", "--placement=" + policy});
+  INFO(cluster.status().ToString());
+  REQUIRE(cluster.ok());
+  const std::string master = cluster->master;
 
   // Each engine on its host: its own Client (gRPC threads and sockets in
   // the host's namespace).
@@ -258,12 +236,7 @@ TEST_CASE(
     "On 8 storage hosts fed by 4 engine hosts, load-aware placement leaves "
     "the largest node within 1.15x the mean bytes, with round robin beside "
     "it") {
-  std::vector<std::string> hosts;
-  for (int i = 0; i < kMasters; ++i) hosts.push_back(absl::StrCat("m", i));
-  hosts.push_back("etcd");
-  for (int i = 0; i < kStorageHosts; ++i) hosts.push_back(absl::StrCat("s", i));
-  for (int i = 0; i < kEngineHosts; ++i) hosts.push_back(absl::StrCat("e", i));
-  auto net = testing::NetworkOrSkip(hosts);
+  auto net = testing::NetworkOrSkip(Layout().HostNames());
   INFO(net.status().ToString());
   REQUIRE(net.ok());
   if (*net == nullptr) return;
