@@ -74,6 +74,7 @@
 #include "client/master_client.h"
 #include "common/cli.h"
 #include "common/grpc_polling.h"
+#include "common/net.h"
 #include "common/security.h"
 #include "common/thread.h"
 #include "master/master_server.h"
@@ -221,6 +222,12 @@ bool Commit(v1::MasterService::Stub* stub, const HmacSha256& node_key,
   return true;
 }
 
+// This host's name, as the SDK sends it with every lookup.
+const std::string& ReaderHost() {
+  static const std::string* host = new std::string(DefaultHostName());
+  return *host;
+}
+
 // The client SDK's view of the master (what Client::Create makes) over
 // `connections` connections of its own.
 std::unique_ptr<MasterClient> NewSdkClient(const std::string &address,
@@ -237,7 +244,8 @@ std::unique_ptr<MasterClient> NewSdkClient(const std::string &address,
     }
     channels.push_back(*channel);
   }
-  return NewGrpcMasterClient(channels, GrpcMasterClientOptions());
+  // As Client::Create: every lookup names this host (ClientOptions::host).
+  return NewGrpcMasterClient(channels, {.reader_host = DefaultHostName()});
 }
 
 // --client_poll_strategy, in a client process before its first channel.
@@ -406,6 +414,7 @@ double TimedLookup(Caller *caller, const std::vector<std::string> &keys,
   v1::BatchLookupRequest req;
   req.set_for_read(for_read);
   req.set_packed(FLAGS_packed);
+  req.set_reader_host(ReaderHost());  // as the SDK's requests carry it
   const size_t start = rng() % (keys.size() - batch + 1);
   for (int i = 0; i < batch; ++i) req.add_keys(keys[start + i]);
   v1::BatchLookupResponse resp;
