@@ -461,14 +461,20 @@ void RunLoss(VirtualNetwork& net, const Shape& shape, absl::Duration period) {
       }
       return std::nullopt;
     };
-    auto first = raft_leader();
-    REQUIRE(first.has_value());
-    if (*first != lost) {
-      auto target = etcd_client->MemberStatus(lost);
-      REQUIRE(target.ok());
-      REQUIRE(
-          etcd_client->MoveLeader(*first, target->header().member_id()).ok());
-    }
+    // A move etcd refuses (the raft leadership changed between the status
+    // and the move, or the leader was busy: seen under tsan) is tried again.
+    auto target = etcd_client->MemberStatus(lost);
+    REQUIRE(target.ok());
+    CHECK(testing::Eventually([&] {
+      auto first = raft_leader();
+      if (!first.has_value()) return false;
+      if (*first == lost) return true;
+      absl::Status moved =
+          etcd_client->MoveLeader(*first, target->header().member_id());
+      if (!moved.ok())
+        std::printf("etcd MoveLeader: %s\n", moved.ToString().c_str());
+      return moved.ok();
+    }));
     CHECK(testing::Eventually([&] {
       auto now = raft_leader();
       return now.has_value() && *now != lost;
