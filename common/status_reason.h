@@ -68,7 +68,14 @@ namespace hymcache {
     "a storage node registering has accepted a master of a higher epoch "   \
     "than this master's (etcd was recreated empty, and no master's store "  \
     "remembered that epoch): an elected master ends its term so that the "  \
-    "next leader's epoch is above it; register again shortly")
+    "next leader's epoch is above it; register again shortly")              \
+  X(kEnginesFull, "engines_full",                                           \
+    "the master already keeps the caches of max_engines engines "           \
+    "(ReportEngineBlocks): a new engine is known once one of them has not " \
+    "reported for the engine TTL")                                          \
+  X(kEngineReportsOff, "engine_reports_off",                                \
+    "the master keeps no engines' caches (--max_engines=0): "               \
+    "ReportEngineBlocks is refused and PrefixQuery answers per node only")
 
 enum class StatusReason : uint32_t {
   kNone = 0,
