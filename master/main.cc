@@ -128,6 +128,16 @@ DEFINE_uint32(auto_replica_branches, ServiceDefaults().auto_replica_branches,
 DEFINE_uint64(event_log_capacity, ServiceDefaults().event_log_capacity,
               "KV events kept for WatchEvents subscribers (hymctl events, "
               "routers); 0: none");
+DEFINE_uint32(max_engines, ServiceDefaults().engine_caches.max_engines,
+              "engines whose own caches (ReportEngineBlocks: python -m "
+              "hymcache.engine_blocks) the master keeps for PrefixQuery's "
+              "answer per engine; 0: none");
+DEFINE_uint32(max_engine_blocks,
+              ServiceDefaults().engine_caches.max_blocks_per_engine,
+              "keys kept per engine (the oldest reported go first)");
+DEFINE_uint32(engine_ttl_s,
+              absl::ToInt64Seconds(ServiceDefaults().engine_caches.ttl),
+              "an engine not reported for this long is forgotten");
 DEFINE_bool(sync_writes, Defaults().sync_writes,
             "fsync the metadata WAL on every write (survives power loss)");
 DEFINE_string(etcd, "",
@@ -243,6 +253,9 @@ absl::Status OptionsFromFlags(hymcache::MasterOptions* options) {
   so.placement.max_tenant_share_per_node = FLAGS_max_tenant_share_per_node;
   so.placement.tenant_share_min_bytes = FLAGS_tenant_share_min_bytes;
   so.event_log_capacity = FLAGS_event_log_capacity;
+  so.engine_caches.max_engines = FLAGS_max_engines;
+  so.engine_caches.max_blocks_per_engine = FLAGS_max_engine_blocks;
+  so.engine_caches.ttl = absl::Seconds(FLAGS_engine_ttl_s);
   options->sync_writes = FLAGS_sync_writes;
   auto mode = hymcache::master::ParseReplicationMode(
       FLAGS_replication.empty() ? (FLAGS_etcd.empty() ? "off" : "async")
@@ -277,14 +290,27 @@ int main(int argc, char** argv) {
               "replication_sync_timeout_ms", "replication_async_delay_ms",
               "replication_token_file"}},
             {"Nodes and placement",
-             {"node_timeout_ms", "heartbeat_interval_ms", "put_timeout_ms",
-              "read_lease_ms", "max_evictions_per_put", "max_eviction_scan",
-              "recency_batch", "index_snapshot_changes",
-              "reconcile_interval_ms", "capability_lifetime_ms",
-              "require_write_receipts", "placement",
-              "placement_chain_spill_over", "placement_load_weight",
-              "max_tenant_share_per_node", "tenant_share_min_bytes",
-              "auto_replica_branches", "event_log_capacity"}},
+             {"node_timeout_ms",
+              "heartbeat_interval_ms",
+              "put_timeout_ms",
+              "read_lease_ms",
+              "max_evictions_per_put",
+              "max_eviction_scan",
+              "recency_batch",
+              "index_snapshot_changes",
+              "reconcile_interval_ms",
+              "capability_lifetime_ms",
+              "require_write_receipts",
+              "placement",
+              "placement_chain_spill_over",
+              "placement_load_weight",
+              "max_tenant_share_per_node",
+              "tenant_share_min_bytes",
+              "auto_replica_branches",
+              "event_log_capacity",
+              "max_engines",
+              "max_engine_blocks",
+              "engine_ttl_s"}},
             {"Limits",
              {"max_nodes", "forget_dead_nodes_after_s",
               "max_pending_share_per_caller", "max_pending_slots_per_caller"}}},

@@ -512,6 +512,28 @@ class MasterRpcHandler final {
     QualifyAll(*id, qualified.mutable_keys());
     return Reply(ctx, service_->PrefixQuery(qualified), resp);
   }
+  // Changes nothing durable (kRead): engines' caches are advice the leader
+  // keeps in memory, and each reporter resends its set to a new leader.
+  grpc::Status ReportEngineBlocks(grpc::ServerContext* ctx,
+                                  const v1::ReportEngineBlocksRequest* req,
+                                  v1::ReportEngineBlocksResponse* resp) {
+    auto id = Admit(ctx, kEngine, "ReportEngineBlocks", CallAccess::kRead);
+    if (!id.ok()) return Refuse(ctx, id.status());
+    for (const auto* keys : {&req->removed(), &req->stored()}) {
+      if (absl::Status s = CheckKeys(*id, *keys, "ReportEngineBlocks");
+          !s.ok()) {
+        return Refuse(ctx, s);
+      }
+    }
+    if (!Rewrites(*id)) {
+      return Reply(ctx, service_->ReportEngineBlocks(id->tenant, *req), resp);
+    }
+    v1::ReportEngineBlocksRequest qualified = *req;
+    QualifyAll(*id, qualified.mutable_removed());
+    QualifyAll(*id, qualified.mutable_stored());
+    return Reply(ctx, service_->ReportEngineBlocks(id->tenant, qualified),
+                 resp);
+  }
   grpc::Status GetStats(grpc::ServerContext* ctx,
                         const v1::GetStatsRequest* /*req*/,
                         v1::GetStatsResponse* resp) {

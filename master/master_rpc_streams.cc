@@ -448,6 +448,8 @@ void MasterRpcHandler::StartOn(CqPoller* poller) {
              &MasterRpcHandler::SetNodeDraining);
   ServeUnary(poller, &S::RequestInspectKey, &MasterRpcHandler::InspectKey);
   ServeUnary(poller, &S::RequestPrefixQuery, &MasterRpcHandler::PrefixQuery);
+  ServeUnary(poller, &S::RequestReportEngineBlocks,
+             &MasterRpcHandler::ReportEngineBlocks);
   ReconcileCall::Request(this, poller);
   ListObjectsCall::Request(this, poller);
   WatchEventsCall::Request(this, poller);

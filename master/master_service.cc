@@ -111,6 +111,7 @@ absl::Status MasterServiceOptions::Validate() const {
   if (event_log_capacity > (size_t{1} << 24)) {
     return absl::InvalidArgumentError("event_log_capacity must be 0..2^24");
   }
+  if (absl::Status s = engine_caches.Validate(); !s.ok()) return s;
   return placement.Validate();
 }
 
@@ -179,6 +180,7 @@ MasterService::MasterService(const MasterServiceOptions& options,
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
       store_(std::move(store)),
       events_(std::make_unique<EventLog>(options.event_log_capacity)),
+      engine_caches_(std::make_unique<EngineCaches>(options.engine_caches)),
       index_(std::make_unique<MetadataIndex>()) {
   // Put ids are not durable: start at a random point so that a put id from
   // before a restart does not name a put of the new process.

@@ -73,6 +73,7 @@
 #include "common/stats.h"
 #include "common/wire.h"
 #include "master/allocator.h"
+#include "master/engine_caches.h"
 #include "master/event_log.h"
 #include "master/metadata_index.h"
 #include "master/metadata_store.h"
@@ -214,6 +215,9 @@ struct MasterServiceOptions {
   // subscriber further behind is told what it missed. 0: none kept.
   // 0..2^24. Default: 65536 (about 16 MiB with 64-byte keys).
   size_t event_log_capacity = 65536;
+  // Engines' own caches, as their reporters send them, for PrefixQuery's
+  // answer per engine (master/engine_caches.h).
+  EngineCachesOptions engine_caches;
 
   absl::Status Validate() const;
 };
@@ -598,8 +602,18 @@ class MasterService {
   const EventLog& events() const { return *events_; }
   // The longest cached prefix of a chain, overall and per node (alive
   // nodes only). Errors: InvalidArgument (no keys, too many, too long).
+  // Engines that report their caches (ReportEngineBlocks) are answered
+  // too, those of the keys' tenant only.
   absl::StatusOr<hymcache::v1::PrefixQueryResponse> PrefixQuery(
       const hymcache::v1::PrefixQueryRequest& request) const;
+  // One report of engine request.engine_id of `tenant` (EngineCaches::Apply;
+  // keys as the tenant's qualified keys). Errors: InvalidArgument (a bad
+  // id, an empty or oversized key, more than max_batch_keys keys), and
+  // EngineCaches::Apply's.
+  absl::StatusOr<hymcache::v1::ReportEngineBlocksResponse> ReportEngineBlocks(
+      absl::string_view tenant,
+      const hymcache::v1::ReportEngineBlocksRequest& request);
+  const EngineCaches& engine_caches() const { return *engine_caches_; }
 
   // While set, lookups and puts carry no capabilities (benchmarks
   // measuring what signing them costs; nodes then refuse every op). Never
@@ -1066,6 +1080,7 @@ class MasterService {
   Clock* const clock_;
   const std::unique_ptr<MetadataStore> store_;  // thread-safe itself
   const std::unique_ptr<EventLog> events_;      // thread-safe itself
+  const std::unique_ptr<EngineCaches> engine_caches_;  // thread-safe itself
   std::atomic<bool> skip_capabilities_for_test_{false};
 
   // One snapshot writer at a time. Taken before mu_.

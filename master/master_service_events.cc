@@ -15,7 +15,8 @@
 //
 // PrefixQuery: the leading keys of a chain found on alive nodes, and per
 // node the longest prefix it holds alone and how many of those blocks it
-// holds.
+// holds; per engine that reports its own cache (ReportEngineBlocks,
+// master/engine_caches.h), the leading keys that cache holds.
 
 #include <algorithm>
 
@@ -125,6 +126,43 @@ absl::StatusOr<v1::PrefixQueryResponse> MasterService::PrefixQuery(
     np->set_longest_prefix(p.longest);
     np->set_blocks(p.blocks);
   }
+  for (auto& [engine, n] : engine_caches_->LongestPrefixes(
+           TenantOfKey(request.keys(0)), request.keys(), now)) {
+    auto* ep = out.add_engines();
+    ep->set_engine_id(std::move(engine));
+    ep->set_longest_prefix(n);
+  }
+  return out;
+}
+
+absl::StatusOr<v1::ReportEngineBlocksResponse>
+MasterService::ReportEngineBlocks(
+    absl::string_view tenant, const v1::ReportEngineBlocksRequest& request) {
+  const size_t keys = request.removed_size() + request.stored_size();
+  if (keys > options_.max_batch_keys) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ReportEngineBlocks: ", keys, " keys in one report (at most ",
+        options_.max_batch_keys, "; send a larger change as several)"));
+  }
+  for (const auto* list : {&request.removed(), &request.stored()}) {
+    for (const std::string& k : *list) {
+      if (k.empty() || k.size() > options_.max_key_bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ReportEngineBlocks: a key of ", k.size(),
+                         " bytes (want 1..", options_.max_key_bytes, ")"));
+      }
+    }
+  }
+  EngineCaches::Report report;
+  report.cleared = request.cleared();
+  report.removed = &request.removed();
+  report.stored = &request.stored();
+  auto blocks =
+      engine_caches_->Apply(tenant, request.engine_id(), report, clock_->Now());
+  if (!blocks.ok()) return blocks.status();
+  v1::ReportEngineBlocksResponse out;
+  out.set_blocks(*blocks);
+  out.set_ttl_ms(absl::ToInt64Milliseconds(options_.engine_caches.ttl));
   return out;
 }
 
