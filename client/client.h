@@ -266,6 +266,49 @@ struct ClusterStatus {
   HYM_CLUSTER_STAT_MEMBERS
 };
 
+// For routers (Client::PrefixQuery): how much of a chain of keys is cached,
+// and where.
+struct PrefixAnswer {
+  // Leading keys stored on alive nodes (what a Load would read).
+  uint32_t hit_prefix_length = 0;
+  struct Node {
+    uint32_t node_id = 0;
+    // Leading keys all on this node.
+    uint32_t longest_prefix = 0;
+    // Keys of the hit prefix this node holds.
+    uint32_t blocks = 0;
+  };
+  // Every node holding a block of the hit prefix, by node_id.
+  std::vector<Node> nodes;
+  struct Engine {
+    std::string engine_id;
+    // Leading keys the engine's own cache holds.
+    uint32_t longest_prefix = 0;
+  };
+  // Engines of this caller's tenant whose own caches hold keys[0]
+  // (Client::ReportEngineBlocks), longest prefix first.
+  std::vector<Engine> engines;
+};
+
+// What an engine's own cache (its GPU's prefix cache) gained and lost since
+// its last report (Client::ReportEngineBlocks). Applied in field order.
+struct EngineBlocksReport {
+  // 1..128 bytes, unique within the tenant.
+  std::string engine_id;
+  // The engine dropped every block, or the reporter resends its whole set.
+  bool cleared = false;
+  std::vector<std::string> removed;
+  std::vector<std::string> stored;
+};
+
+struct EngineBlocksReply {
+  // Keys the master now holds for the engine: a reporter whose own count
+  // differs resends its whole set (cleared, then every key).
+  uint64_t blocks = 0;
+  // Report again within this, or the master forgets the engine.
+  absl::Duration ttl;
+};
+
 class Client {
  public:
   // Connects lazily: Create succeeds while the master is down; calls then
@@ -377,6 +420,23 @@ class Client {
   // Nodes, liveness, capacity and object counts.
   virtual absl::StatusOr<ClusterStatus> GetClusterStatus(
       const CallOptions& call = {}) = 0;
+
+  // For routers (docs/deployment.md, "KV events"): the longest cached
+  // prefix of the chain `keys` (keys[i+1] extends keys[i]; at most
+  // max_keys_per_rpc), per node and per engine that reports its cache.
+  // Errors: InvalidArgument (no keys, too many, an empty or oversized
+  // key), the RPC's.
+  virtual absl::StatusOr<PrefixAnswer> PrefixQuery(
+      absl::Span<const std::string> keys, const CallOptions& call = {}) = 0;
+  // For an engine's reporter (python -m hymcache.engine_blocks): sends
+  // `report`, in several calls when it has more than max_keys_per_rpc keys
+  // (`cleared` with the first), and answers the master's count after the
+  // last. A report with no keys keeps the engine known. Errors:
+  // InvalidArgument (a bad id or key), ResourceExhausted (reason
+  // engines_full), FailedPrecondition (reason engine_reports_off), the
+  // RPC's.
+  virtual absl::StatusOr<EngineBlocksReply> ReportEngineBlocks(
+      const EngineBlocksReport& report, const CallOptions& call = {}) = 0;
 
   // Registers engine-owned memory [data, data + size) (e.g. the KV buffers
   // the engine loads into) for direct transfers: RDMA reads then land in

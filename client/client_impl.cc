@@ -105,6 +105,46 @@ absl::StatusOr<ClusterStatus> ClientImpl::GetClusterStatus(
   return master_->GetClusterStatus(Deadline(call.deadline));
 }
 
+absl::StatusOr<PrefixAnswer> ClientImpl::PrefixQuery(
+    absl::Span<const std::string> keys, const CallOptions& call) {
+  RETURN_IF_ERROR(CheckKeys(keys));
+  if (keys.size() > options_.max_keys_per_rpc) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PrefixQuery: ", keys.size(), " keys (at most ",
+                     options_.max_keys_per_rpc, ")"));
+  }
+  return master_->PrefixQuery(keys, Deadline(call.deadline));
+}
+
+absl::StatusOr<EngineBlocksReply> ClientImpl::ReportEngineBlocks(
+    const EngineBlocksReport& report, const CallOptions& call) {
+  for (const auto* list : {&report.removed, &report.stored}) {
+    if (!list->empty()) RETURN_IF_ERROR(CheckKeys(*list));
+  }
+  const absl::Time deadline = Deadline(call.deadline);
+  // Removals first, as the master applies them: each call takes the next
+  // max_keys_per_rpc keys of removed then stored.
+  const size_t total = report.removed.size() + report.stored.size();
+  size_t sent = 0;
+  EngineBlocksReply reply;
+  do {
+    EngineBlocksReport part;
+    part.engine_id = report.engine_id;
+    part.cleared = report.cleared && sent == 0;
+    const size_t end = std::min(total, sent + options_.max_keys_per_rpc);
+    for (size_t i = sent; i < end; ++i) {
+      if (i < report.removed.size()) {
+        part.removed.push_back(report.removed[i]);
+      } else {
+        part.stored.push_back(report.stored[i - report.removed.size()]);
+      }
+    }
+    ASSIGN_OR_RETURN(reply, master_->ReportEngineBlocks(part, deadline));
+    sent = end;
+  } while (sent < total);
+  return reply;
+}
+
 absl::Status ClientImpl::RegisterMemory(void* data, size_t size) {
   if (data == nullptr || size == 0) {
     return absl::InvalidArgumentError("RegisterMemory: empty range");

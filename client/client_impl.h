@@ -84,6 +84,10 @@ class ClientImpl : public Client {
                                            const CallOptions& call) override;
   absl::StatusOr<ClusterStatus> GetClusterStatus(
       const CallOptions& call) override;
+  absl::StatusOr<PrefixAnswer> PrefixQuery(absl::Span<const std::string> keys,
+                                           const CallOptions& call) override;
+  absl::StatusOr<EngineBlocksReply> ReportEngineBlocks(
+      const EngineBlocksReport& report, const CallOptions& call) override;
   absl::Status RegisterMemory(void* data, size_t size) override;
   absl::Status UnregisterMemory(void* data) override;
   absl::Status HintNextTurn(absl::Span<const std::string> keys,

@@ -353,4 +353,20 @@ absl::StatusOr<ClusterStatus> FailoverMasterClient::GetClusterStatus(
       [&](MasterClient* m, absl::Time d) { return m->GetClusterStatus(d); });
 }
 
+absl::StatusOr<PrefixAnswer> FailoverMasterClient::PrefixQuery(
+    absl::Span<const std::string> keys, absl::Time deadline) {
+  return WithFailover<absl::StatusOr<PrefixAnswer>>(
+      deadline, true,
+      [&](MasterClient* m, absl::Time d) { return m->PrefixQuery(keys, d); });
+}
+
+// A report is a set change: applying it twice leaves the same set.
+absl::StatusOr<EngineBlocksReply> FailoverMasterClient::ReportEngineBlocks(
+    const EngineBlocksReport& report, absl::Time deadline) {
+  return WithFailover<absl::StatusOr<EngineBlocksReply>>(
+      deadline, true, [&](MasterClient* m, absl::Time d) {
+        return m->ReportEngineBlocks(report, d);
+      });
+}
+
 }  // namespace hymcache

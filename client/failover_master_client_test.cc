@@ -58,6 +58,14 @@ class RefusingMaster final : public MasterClient {
                                            absl::Time) override {
     return Refuse();
   }
+  absl::StatusOr<PrefixAnswer> PrefixQuery(absl::Span<const std::string>,
+                                           absl::Time) override {
+    return Refuse();
+  }
+  absl::StatusOr<EngineBlocksReply> ReportEngineBlocks(
+      const EngineBlocksReport&, absl::Time) override {
+    return Refuse();
+  }
   absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time) override {
     return Refuse();
   }
@@ -121,6 +129,14 @@ class Forward final : public MasterClient {
   }
   absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time d) override {
     return m_.load()->GetClusterStatus(d);
+  }
+  absl::StatusOr<PrefixAnswer> PrefixQuery(absl::Span<const std::string> k,
+                                           absl::Time d) override {
+    return m_.load()->PrefixQuery(k, d);
+  }
+  absl::StatusOr<EngineBlocksReply> ReportEngineBlocks(
+      const EngineBlocksReport& r, absl::Time d) override {
+    return m_.load()->ReportEngineBlocks(r, d);
   }
 
  private:
@@ -401,6 +417,14 @@ class SilentMaster final : public MasterClient {
   absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time d) override {
     return Wait(d);
   }
+  absl::StatusOr<PrefixAnswer> PrefixQuery(absl::Span<const std::string>,
+                                           absl::Time d) override {
+    return Wait(d);
+  }
+  absl::StatusOr<EngineBlocksReply> ReportEngineBlocks(
+      const EngineBlocksReport&, absl::Time d) override {
+    return Wait(d);
+  }
 
  private:
   // A stream whose answers never come: each Next waits for the deadline.
@@ -528,6 +552,14 @@ class StallsAfterFirstChunk final : public MasterClient {
   }
   absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time d) override {
     return m_->GetClusterStatus(d);
+  }
+  absl::StatusOr<PrefixAnswer> PrefixQuery(absl::Span<const std::string> k,
+                                           absl::Time d) override {
+    return m_->PrefixQuery(k, d);
+  }
+  absl::StatusOr<EngineBlocksReply> ReportEngineBlocks(
+      const EngineBlocksReport& r, absl::Time d) override {
+    return m_->ReportEngineBlocks(r, d);
   }
 
  private:

@@ -507,6 +507,37 @@ class GrpcMasterClient : public MasterClient {
     return std::vector<bool>(resp.removed().begin(), resp.removed().end());
   }
 
+  absl::StatusOr<PrefixAnswer> PrefixQuery(absl::Span<const std::string> keys,
+                                           absl::Time deadline) override {
+    pb::PrefixQueryRequest req;
+    for (const std::string& k : keys) req.add_keys(k);
+    pb::PrefixQueryResponse resp;
+    RETURN_IF_ERROR(Unary(&pb::MasterService::Stub::PrefixQuery, req, &resp,
+                          deadline, "PrefixQuery"));
+    PrefixAnswer out;
+    out.hit_prefix_length = resp.hit_prefix_length();
+    for (const auto& n : resp.nodes()) {
+      out.nodes.push_back({n.node_id(), n.longest_prefix(), n.blocks()});
+    }
+    for (const auto& e : resp.engines()) {
+      out.engines.push_back({e.engine_id(), e.longest_prefix()});
+    }
+    return out;
+  }
+
+  absl::StatusOr<EngineBlocksReply> ReportEngineBlocks(
+      const EngineBlocksReport& report, absl::Time deadline) override {
+    pb::ReportEngineBlocksRequest req;
+    req.set_engine_id(report.engine_id);
+    req.set_cleared(report.cleared);
+    for (const std::string& k : report.removed) req.add_removed(k);
+    for (const std::string& k : report.stored) req.add_stored(k);
+    pb::ReportEngineBlocksResponse resp;
+    RETURN_IF_ERROR(Unary(&pb::MasterService::Stub::ReportEngineBlocks, req,
+                          &resp, deadline, "ReportEngineBlocks"));
+    return EngineBlocksReply{resp.blocks(), absl::Milliseconds(resp.ttl_ms())};
+  }
+
   absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time deadline) override {
     pb::GetStatsRequest req;
     pb::GetStatsResponse resp;

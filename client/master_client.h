@@ -166,6 +166,14 @@ class MasterClient {
 
   virtual absl::StatusOr<ClusterStatus> GetClusterStatus(
       absl::Time deadline) = 0;
+
+  // PrefixQuery of `keys` (at most max_keys_per_rpc).
+  virtual absl::StatusOr<PrefixAnswer> PrefixQuery(
+      absl::Span<const std::string> keys, absl::Time deadline) = 0;
+  // One ReportEngineBlocks call (removed and stored together at most
+  // max_keys_per_rpc keys).
+  virtual absl::StatusOr<EngineBlocksReply> ReportEngineBlocks(
+      const EngineBlocksReport& report, absl::Time deadline) = 0;
 };
 
 // Every MasterClient method as an implementation declares it, written once
@@ -193,6 +201,11 @@ class MasterClient {
                              absl::Time deadline) override;                    \
   absl::StatusOr<std::vector<bool>> Remove(absl::Span<const std::string> keys, \
                                            absl::Time deadline) override;      \
-  absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time deadline) override;
+  absl::StatusOr<ClusterStatus> GetClusterStatus(absl::Time deadline)          \
+      override;                                                                \
+  absl::StatusOr<PrefixAnswer> PrefixQuery(absl::Span<const std::string> keys, \
+                                           absl::Time deadline) override;      \
+  absl::StatusOr<EngineBlocksReply> ReportEngineBlocks(                        \
+      const EngineBlocksReport& report, absl::Time deadline) override;
 
 }  // namespace hymcache

@@ -18,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
+#include "common/eventually.h"
+#include "common/status_reason.h"
 #include "proto/master.grpc.pb.h"
 #include "tests/cluster.h"
 #include "tests/kv_events_testing.h"
@@ -194,6 +196,93 @@ TEST_CASE("A subscriber behind the master's event buffer is told which "
   REQUIRE(r.nodes_size() == 1);
   CHECK(r.nodes(0).longest_prefix() == 6);
   CHECK(r.nodes(0).blocks() == 6);
+}
+
+TEST_CASE(
+    "PrefixQuery answers per engine what each engine reports its own "
+    "cache holds, a large report goes in parts, and an engine that "
+    "stops reporting is forgotten") {
+  TestCluster c("kv_events_engines");
+  REQUIRE(c.StartMaster({"--engine_ttl_s=1", "--max_engines=2"}).ok());
+  REQUIRE(c.AddNode("a", {"--dram_bytes=64M"}).ok());
+  ClientOptions o;
+  o.max_keys_per_rpc = 4;  // the 10-key report below goes in 3 calls
+  o.lookup_batch_keys = 4;
+  REQUIRE(c.Connect(o).ok());
+  REQUIRE(c.WaitAlive().ok());
+  const auto chain = testing::EventChainKeys("", 0, 10);
+  // The store holds the first 3 blocks of the chain.
+  std::vector<std::string> head(chain.begin(), chain.begin() + 3);
+  std::vector<std::string> bytes(3, std::string(4096, 'x'));
+  std::vector<ConstBuffer> bufs;
+  for (const auto& b : bytes) bufs.push_back({b.data(), b.size()});
+  REQUIRE(c.client->Put(head, bufs).ok());
+
+  EngineBlocksReport all;
+  all.engine_id = "engine-a";
+  all.stored = chain;
+  auto r = c.client->ReportEngineBlocks(all);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->blocks == 10);
+  CHECK(r->ttl == absl::Seconds(1));
+  EngineBlocksReport some;
+  some.engine_id = "engine-b";
+  some.stored = {chain[0], chain[1], chain[2], chain[3], chain[4], chain[5]};
+  some.removed = {chain[4]};  // removals apply first: chain[4] stays
+  REQUIRE(c.client->ReportEngineBlocks(some).ok());
+  EngineBlocksReport drop;
+  drop.engine_id = "engine-b";
+  drop.removed = {chain[2]};
+  REQUIRE(c.client->ReportEngineBlocks(drop)->blocks == 5);
+  // The 4-key client takes at most 4 keys a query: a router asks with its
+  // own client.
+  CHECK(c.client->PrefixQuery(chain).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  ClientOptions ro;
+  ro.master_address = c.master.address;
+  auto router = Client::Create(ro);
+  REQUIRE(router.ok());
+
+  auto p = (*router)->PrefixQuery(chain);
+  INFO(p.status().ToString());
+  REQUIRE(p.ok());
+  CHECK(p->hit_prefix_length == 3);
+  REQUIRE(p->nodes.size() == 1);
+  CHECK(p->nodes[0].longest_prefix == 3);
+  REQUIRE(p->engines.size() == 2);
+  CHECK(p->engines[0].engine_id == "engine-a");
+  CHECK(p->engines[0].longest_prefix == 10);
+  CHECK(p->engines[1].engine_id == "engine-b");
+  CHECK(p->engines[1].longest_prefix == 2);
+
+  // A third engine is refused while both others are known, with a reason.
+  EngineBlocksReport third;
+  third.engine_id = "engine-c";
+  auto full = c.client->ReportEngineBlocks(third);
+  CHECK(full.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(ReasonOf(full.status()) == StatusReason::kEnginesFull);
+  // Bad ids and keys are refused, and nothing already reported is lost.
+  EngineBlocksReport bad;
+  CHECK(c.client->ReportEngineBlocks(bad).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  bad.engine_id = "engine-a";
+  bad.stored = {std::string(100000, 'k')};
+  CHECK(c.client->ReportEngineBlocks(bad).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK((*router)->PrefixQuery(chain)->engines.size() == 2);
+
+  // engine-a keeps reporting (an empty report keeps it known), engine-b
+  // stops: within the TTL it is forgotten, and engine-c takes its place.
+  EngineBlocksReport alive;
+  alive.engine_id = "engine-a";
+  CHECK(testing::Eventually([&] {
+    if (!c.client->ReportEngineBlocks(alive).ok()) return false;
+    auto q = (*router)->PrefixQuery(chain);
+    return q.ok() && q->engines.size() == 1 &&
+           q->engines[0].engine_id == "engine-a";
+  }));
+  CHECK(c.client->ReportEngineBlocks(third).ok());
 }
 
 }  // namespace

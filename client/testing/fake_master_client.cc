@@ -316,6 +316,48 @@ absl::StatusOr<std::vector<bool>> FakeMasterClient::Remove(
   return out;
 }
 
+absl::StatusOr<PrefixAnswer> FakeMasterClient::PrefixQuery(
+    absl::Span<const std::string> keys, absl::Time deadline) {
+  MutexLock l(&mu_);
+  PrefixAnswer out;
+  std::map<uint32_t, PrefixAnswer::Node> nodes;
+  std::optional<uint32_t> alone;  // the node holding every key so far
+  for (const std::string& k : keys) {
+    auto it = index_.find(k);
+    if (it == index_.end()) break;
+    const uint32_t id = it->second.node_id;
+    PrefixAnswer::Node& n = nodes[id];
+    n.node_id = id;
+    ++n.blocks;
+    if (out.hit_prefix_length == 0) alone = id;
+    if (alone == id) n.longest_prefix = out.hit_prefix_length + 1;
+    if (alone != id) alone.reset();
+    ++out.hit_prefix_length;
+  }
+  for (auto& [id, n] : nodes) out.nodes.push_back(n);
+  for (const auto& [engine, held] : engines_) {
+    uint32_t n = 0;
+    while (n < keys.size() && held.count(keys[n]) > 0) ++n;
+    if (n > 0) out.engines.push_back({engine, n});
+  }
+  std::stable_sort(
+      out.engines.begin(), out.engines.end(),
+      [](const PrefixAnswer::Engine& a, const PrefixAnswer::Engine& b) {
+        return a.longest_prefix > b.longest_prefix;
+      });
+  return out;
+}
+
+absl::StatusOr<EngineBlocksReply> FakeMasterClient::ReportEngineBlocks(
+    const EngineBlocksReport& report, absl::Time deadline) {
+  MutexLock l(&mu_);
+  std::set<std::string>& held = engines_[report.engine_id];
+  if (report.cleared) held.clear();
+  for (const std::string& k : report.removed) held.erase(k);
+  held.insert(report.stored.begin(), report.stored.end());
+  return EngineBlocksReply{held.size(), absl::Seconds(60)};
+}
+
 absl::StatusOr<ClusterStatus> FakeMasterClient::GetClusterStatus(
     absl::Time deadline) {
   MutexLock l(&mu_);

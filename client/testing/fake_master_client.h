@@ -99,6 +99,8 @@ class FakeMasterClient : public MasterClient {
   uint64_t next_put_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<std::string, ObjectLocation> index_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> in_progress_ ABSL_GUARDED_BY(mu_);
+  // ReportEngineBlocks: each engine's keys (no bound, no expiry).
+  std::map<std::string, std::set<std::string>> engines_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, PendingPut> pending_ ABSL_GUARDED_BY(mu_);
 
   std::map<size_t, absl::Status> lookup_failures_ ABSL_GUARDED_BY(mu_);

@@ -176,6 +176,14 @@ class FakeClient : public Client {
                                            const CallOptions&) override {
     return absl::UnimplementedError("fake");
   }
+  absl::StatusOr<PrefixAnswer> PrefixQuery(absl::Span<const std::string>,
+                                           const CallOptions&) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<EngineBlocksReply> ReportEngineBlocks(
+      const EngineBlocksReport&, const CallOptions&) override {
+    return absl::UnimplementedError("fake");
+  }
   absl::StatusOr<ClusterStatus> GetClusterStatus(const CallOptions&) override {
     ClusterStatus s;
     s.nodes.push_back({});
