@@ -1,5 +1,5 @@
 # Type stubs of the hymcache package (the extension's classes included).
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import errors as errors
 from .errors import (
@@ -111,6 +111,18 @@ class Client:
     def remove(
         self, keys: Sequence[Key], *, deadline: Optional[float] = None
     ) -> List[bool]: ...
+    def prefix_query(
+        self, keys: Sequence[Key], *, deadline: Optional[float] = None
+    ) -> Dict[str, Any]: ...
+    def report_engine_blocks(
+        self,
+        engine_id: str,
+        *,
+        stored: Sequence[Key] = [],
+        removed: Sequence[Key] = [],
+        cleared: bool = False,
+        deadline: Optional[float] = None,
+    ) -> Tuple[int, float]: ...
     def hint_next_turn(
         self,
         keys: Sequence[Key],

@@ -651,6 +651,58 @@ class PyClient {
     return Unwrap(WithoutGil([&] { return c.Remove(keys, call); }));
   }
 
+  // For routers: {"hit_prefix_length": n, "nodes": [{node_id,
+  // longest_prefix, blocks}], "engines": [{engine_id, longest_prefix}]}.
+  py::dict PrefixQuery(const std::vector<std::string>& keys,
+                       std::optional<double> deadline) {
+    const ClientRef live = Live();
+    Client& c = *live;
+    CallOptions call;
+    call.deadline = DeadlineFrom(deadline);
+    PrefixAnswer a =
+        Unwrap(WithoutGil([&] { return c.PrefixQuery(keys, call); }));
+    py::list nodes;
+    for (const PrefixAnswer::Node& n : a.nodes) {
+      py::dict d;
+      d["node_id"] = n.node_id;
+      d["longest_prefix"] = n.longest_prefix;
+      d["blocks"] = n.blocks;
+      nodes.append(d);
+    }
+    py::list engines;
+    for (const PrefixAnswer::Engine& e : a.engines) {
+      py::dict d;
+      d["engine_id"] = e.engine_id;
+      d["longest_prefix"] = e.longest_prefix;
+      engines.append(d);
+    }
+    py::dict out;
+    out["hit_prefix_length"] = a.hit_prefix_length;
+    out["nodes"] = nodes;
+    out["engines"] = engines;
+    return out;
+  }
+
+  // For an engine's reporter: (blocks the master holds for it, TTL in
+  // seconds).
+  std::pair<uint64_t, double> ReportEngineBlocks(
+      const std::string& engine_id, const std::vector<std::string>& stored,
+      const std::vector<std::string>& removed, bool cleared,
+      std::optional<double> deadline) {
+    const ClientRef live = Live();
+    Client& c = *live;
+    CallOptions call;
+    call.deadline = DeadlineFrom(deadline);
+    EngineBlocksReport r;
+    r.engine_id = engine_id;
+    r.cleared = cleared;
+    r.stored = stored;
+    r.removed = removed;
+    EngineBlocksReply reply =
+        Unwrap(WithoutGil([&] { return c.ReportEngineBlocks(r, call); }));
+    return {reply.blocks, absl::ToDoubleSeconds(reply.ttl)};
+  }
+
   // Think-time hints: True if queued, False if the client dropped it (its
   // hints in flight at their limit); raises InvalidArgument.
   bool HintNextTurn(const std::vector<std::string>& keys,
@@ -1022,6 +1074,25 @@ write is reported in the result, never retried. deadline: seconds from now
            py::arg("deadline") = py::none(),
            "Removes keys (and the blocks after each in its chain); per key "
            "whether it was stored.")
+      .def("prefix_query", &PyClient::PrefixQuery, py::arg("keys"),
+           py::kw_only(), py::arg("deadline") = py::none(),
+           "For routers: how much of the chain keys is cached, and where: "
+           "{'hit_prefix_length': n, 'nodes': [{'node_id', "
+           "'longest_prefix', 'blocks'}], 'engines': [{'engine_id', "
+           "'longest_prefix'}]} (engines: those whose own caches hold "
+           "keys[0], as they report them, longest first). Raises "
+           "InvalidArgument, Unavailable, DeadlineExceeded.")
+      .def("report_engine_blocks", &PyClient::ReportEngineBlocks,
+           py::arg("engine_id"), py::kw_only(),
+           py::arg("stored") = std::vector<std::string>(),
+           py::arg("removed") = std::vector<std::string>(),
+           py::arg("cleared") = false, py::arg("deadline") = py::none(),
+           "For an engine's reporter (python -m hymcache.engine_blocks): "
+           "the keys engine_id's own cache gained and lost (applied: "
+           "cleared, removed, stored). Returns (blocks the master now holds "
+           "for it, TTL in seconds: report again within it). Raises "
+           "InvalidArgument, ResourceExhausted (engines_full), "
+           "FailedPrecondition (engine_reports_off).")
       .def("hint_next_turn", &PyClient::HintNextTurn, py::arg("keys"),
            py::kw_only(), py::arg("expected_in") = py::none(),
            py::arg("hold") = py::none(),

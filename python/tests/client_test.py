@@ -502,6 +502,26 @@ def test_think_time_hints_are_advice(client, request):
     assert [bytes(p) for p in pool] == [d.tobytes() for d in data]
 
 
+def test_prefix_query_names_the_nodes_and_the_engines_that_report(
+        client, request):
+    keys, _ = stored_chain(client, request.node.name, blocks=3)
+    engine = request.node.name[-100:]
+    assert client.report_engine_blocks(engine, stored=keys[:2]) == (2, 60.0)
+    q = client.prefix_query(keys + chain("other", 1))
+    assert q["hit_prefix_length"] == 3
+    assert [n["longest_prefix"] for n in q["nodes"]] == [3]
+    assert {"engine_id": engine, "longest_prefix": 2} in q["engines"]
+    # Applied in order: cleared, removed, stored.
+    assert client.report_engine_blocks(engine, stored=keys[1:],
+                                       removed=keys[:1], cleared=True)[0] == 2
+    assert all(e["engine_id"] != engine
+               for e in client.prefix_query(keys)["engines"])
+    with pytest.raises(hymcache.InvalidArgument):
+        client.report_engine_blocks("")
+    with pytest.raises(hymcache.InvalidArgument):
+        client.prefix_query([])
+
+
 def test_store_holds_its_buffers_until_done(request):
     with Cluster(nodes=1) as cluster, \
             hymcache.Client(cluster.address, transport="tcp") as c:
