@@ -53,6 +53,12 @@ kv_connector_extra_config keys (all optional but `master`):
   retry_interval    seconds lookups pause after the master failed (default 5.0)
   hint_hold         seconds a finished request's chain is held staged for
                     its conversation's next turn (default 60; 0: no hints)
+  engine_id         report this engine's own prefix cache to the master
+                    under this id (hymcache.engine_blocks), so that the
+                    master's PrefixQuery names this engine for the prefixes
+                    it holds; needs vLLM's KV events over ZMQ
+                    (kv_events_config: enable_kv_cache_events, publisher
+                    "zmq"), which the reporter follows (default "": none)
 
 A request whose `kv_transfer_params` (the OpenAI API's per-request field)
 has "hymcache_conversation_ended": true is its conversation's last turn:
@@ -103,6 +109,7 @@ _DEFAULTS = {
     # likely read again by the conversation's next turn (hybrid nodes stage
     # it meanwhile), held this many seconds. 0: send none.
     "hint_hold": 60.0,
+    "engine_id": "",
 }
 
 
@@ -244,6 +251,8 @@ class HyMCacheConnector(KVConnectorBase_V1):
             self._master_down_since: Optional[float] = None
             self._lookup_calls = 0
             self._lookup_failures = 0
+            self.engine_blocks = _start_engine_blocks(
+                vllm_config, self._cfg, self._client, self._keys)
         else:
             from vllm.distributed.parallel_state import (
                 get_tensor_model_parallel_rank,
@@ -647,10 +656,41 @@ class HyMCacheConnector(KVConnectorBase_V1):
         return None, None
 
     def shutdown(self) -> None:
+        reporter = getattr(self, "engine_blocks", None)
+        if reporter is not None:
+            reporter.stop()
         try:
             self._client.close()
         except hymcache.Error as e:
             logger.warning("HyMCache close: %s", e)
+
+
+def _start_engine_blocks(vllm_config: "VllmConfig", cfg: Dict[str, Any],
+                         client: Any, keys: Any) -> Optional[Any]:
+    """The reporter of this engine's own cache (engine_id set), following
+    vLLM's KV events on this host; None (said once) when vLLM publishes
+    none over ZMQ."""
+    engine_id = str(cfg.get("engine_id") or "")
+    if not engine_id:
+        return None
+    ev = getattr(vllm_config, "kv_events_config", None)
+    if (ev is None or not getattr(ev, "enable_kv_cache_events", False) or
+            getattr(ev, "publisher", "") != "zmq"):
+        logger.warning(
+            "HyMCacheConnector: engine_id %r is set but vLLM publishes no KV "
+            "events over ZMQ (kv_events_config); this engine's cache is not "
+            "reported", engine_id)
+        return None
+    from vllm.distributed.kv_events import ZmqEventPublisher
+
+    from hymcache.engine_blocks import EngineBlocksReporter
+
+    rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
+    endpoint = ZmqEventPublisher.offset_endpoint_port(ev.endpoint, rank)
+    # The publisher binds (a wildcard); the reporter beside it connects.
+    endpoint = endpoint.replace("//*:", "//127.0.0.1:")
+    return EngineBlocksReporter(client, engine_id, keys, endpoint,
+                                topic=ev.topic).start()
 
 
 def _runs(block_ids: List[int]) -> List[Tuple[int, int, int]]:

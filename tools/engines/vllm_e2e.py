@@ -175,6 +175,16 @@ def run_config(a):
         master = a.master if a.config != "nomaster" else dead_address()
         ekw["kv_transfer_config"] = hymcache_transfer_config(
             master, a.salt, a.transport)
+        if a.config == "hymcache":
+            # vLLM publishes its own cache's KV events; the connector
+            # reports them to the master (hymcache.engine_blocks), checked
+            # after the run (check_engine_blocks).
+            from vllm.config import KVEventsConfig
+            ekw["kv_events_config"] = KVEventsConfig(
+                enable_kv_cache_events=True, publisher="zmq",
+                endpoint=f"tcp://*:{free_port()}")
+            ekw["kv_transfer_config"]["kv_connector_extra_config"][
+                "engine_id"] = E2E_ENGINE_ID
     elif a.config == "mooncake":
         # vLLM's own MooncakeStoreConnector; the store's settings come from
         # the file MOONCAKE_CONFIG_PATH names (the driver writes it).
@@ -233,8 +243,43 @@ def run_config(a):
                                 ttft=ttft, cached=final.num_cached_tokens or 0,
                                 output=toks))
             hist[c] = prompt + toks
+    if a.config == "hymcache":
+        check_engine_blocks(engine, prompt, a.master, p["block"])
     with open(a.out, "w") as f:
         json.dump(results, f)
+
+
+E2E_ENGINE_ID = "vllm-e2e"
+
+
+def check_engine_blocks(engine, prompt, master, block):
+    """The master's PrefixQuery names this engine for every full block of
+    the last prompt (just computed, so in vLLM's cache), as its connector's
+    reporter learnt from vLLM's KV events; raises if not."""
+    import hymcache
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(
+        __file__)), "..", "..", "python", "testing"))
+    from eventually import eventually
+    core = engine.engine_core.engine_core  # in-process (no multiprocessing)
+    conn = core.scheduler.get_kv_connector()
+    reporter = conn.engine_blocks
+    keys = conn._keys.keys(prompt[:len(prompt) // block * block])[:1024]
+    with hymcache.Client([master], transport="tcp") as c:
+        def longest():
+            got = c.prefix_query(keys)["engines"]
+            return {e["engine_id"]: e["longest_prefix"]
+                    for e in got}.get(E2E_ENGINE_ID, 0)
+        ok = eventually(lambda: longest() == len(keys), timeout=20)
+        got = longest()
+    print(f"vllm_e2e: engine blocks: PrefixQuery names engine "
+          f"{E2E_ENGINE_ID} for {got} of the last prompt's {len(keys)} "
+          f"blocks; its reporter followed {reporter.batches} vLLM event "
+          f"batches, holds {len(reporter.held_keys())} blocks "
+          f"({reporter.unmapped_blocks} unmapped, {reporter.gaps} gaps, "
+          f"{reporter.resyncs} whole-set reports)", flush=True)
+    if not ok:
+        raise RuntimeError("the master does not name the engine for the "
+                           "blocks its cache holds")
 
 
 def lmcache_failures():
