@@ -88,6 +88,8 @@ class Driver {
     options_.max_unlisted_per_reconcile = 1 + in_.Range(0, 15);
     options_.recency_batch = in_.Range(0, 16);
     options_.auto_replica_branches = in_.Range(0, 2);
+    options_.engine_caches.max_engines = in_.Range(0, 3);
+    options_.engine_caches.max_blocks_per_engine = 1 + in_.Range(0, 7);
     Restart();
   }
 
@@ -173,7 +175,7 @@ class Driver {
   // ---- steps
 
   void Step() {
-    switch (in_.Range(0, 17)) {
+    switch (in_.Range(0, 18)) {
       case 0:
       case 1: Register(); break;
       case 2: {
@@ -272,7 +274,44 @@ class Driver {
                                      : absl::OkStatus());
         break;
       case 17: Restart(); break;
+      case 18:
+        EngineBlocks();
+        break;
     }
+  }
+
+  // An engine's report, then a PrefixQuery: each engine answered holds at
+  // most the chain's keys and its cap, and the engines come longest first.
+  void EngineBlocks() {
+    v1::ReportEngineBlocksRequest r;
+    if (!Raw(&r)) {
+      r.set_engine_id(in_.Range(0, 9) == 0
+                          ? in_.String(140)
+                          : absl::StrCat("e", in_.Range(0, 4)));
+      r.set_cleared(in_.Range(0, 4) == 0);
+      for (int n = in_.Range(0, 3); n > 0; --n) r.add_removed(Key());
+      for (int n = in_.Range(0, 6); n > 0; --n) r.add_stored(Key());
+    }
+    auto resp = service_->ReportEngineBlocks("default", r);
+    if (resp.ok()) {
+      FUZZ_CHECK(resp->blocks() <=
+                 options_.engine_caches.max_blocks_per_engine);
+    }
+    v1::PrefixQueryRequest q;
+    if (!Raw(&q)) {
+      for (int n = in_.Range(0, 6); n > 0; --n) q.add_keys(Key());
+    }
+    auto answer = service_->PrefixQuery(q);
+    if (!answer.ok()) return;
+    uint32_t last = UINT32_MAX;
+    for (const auto& e : answer->engines()) {
+      FUZZ_CHECK(e.longest_prefix() >= 1 &&
+                 e.longest_prefix() <= static_cast<uint32_t>(q.keys_size()));
+      FUZZ_CHECK(e.longest_prefix() <= last);
+      last = e.longest_prefix();
+    }
+    FUZZ_CHECK(answer->engines_size() <=
+               static_cast<int>(options_.engine_caches.max_engines));
   }
 
   void Restart() {
