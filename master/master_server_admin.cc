@@ -35,6 +35,13 @@ void MasterServer::VisitStats(StatsVisitor* v) const {
     v->Gauge("node_objects", "Objects listed on the node", n.object_count(), l);
   }
   service_->counters().Visit(v);
+  const auto [engines, engine_blocks] = service_->EngineCacheSizes();
+  v->Gauge("engines_reporting",
+           "Engines whose own caches the master keeps (ReportEngineBlocks "
+           "within the engine TTL)",
+           static_cast<double>(engines));
+  v->Gauge("engine_blocks", "Keys the master keeps for engines' own caches",
+           static_cast<double>(engine_blocks));
   for (const auto& [tenant, u] : service_->AllTenantUsage()) {
     const StatLabel t{"tenant", tenant};
     const absl::Span<const StatLabel> l(&t, 1);

@@ -613,7 +613,10 @@ class MasterService {
   absl::StatusOr<hymcache::v1::ReportEngineBlocksResponse> ReportEngineBlocks(
       absl::string_view tenant,
       const hymcache::v1::ReportEngineBlocksRequest& request);
-  const EngineCaches& engine_caches() const { return *engine_caches_; }
+  // Engines known now (reported within the TTL) and keys held for them.
+  std::pair<size_t, uint64_t> EngineCacheSizes() const {
+    return {engine_caches_->engines(clock_->Now()), engine_caches_->blocks()};
+  }
 
   // While set, lookups and puts carry no capabilities (benchmarks
   // measuring what signing them costs; nodes then refuse every op). Never

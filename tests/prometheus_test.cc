@@ -345,6 +345,10 @@ TEST_CASE("a real Prometheus scrapes the master and a storage node and sees "
 
   PutAndLoad(*c.client, 24);
   constexpr uint64_t kBytes = 24 * (64 << 10);
+  EngineBlocksReport report;
+  report.engine_id = "prom-engine";
+  report.stored = {"prom-e0", "prom-e1", "prom-e2"};
+  REQUIRE(c.client->ReportEngineBlocks(report).ok());
 
   // Every series below changed under the load (each was 0 before it).
   // (Each waits for the value the whole load reaches: a scrape may catch
@@ -371,6 +375,10 @@ TEST_CASE("a real Prometheus scrapes the master and a storage node and sees "
   r = prom.WaitFor("hymcache_master_node_objects{node=\"prom-node\"} == 24");
   CHECK(r.size() == 1);
   r = prom.WaitFor("hymcache_master_tenant_objects{tenant=\"default\"} == 24");
+  CHECK(r.size() == 1);
+  r = prom.WaitFor("hymcache_master_engines_reporting == 1");
+  CHECK(r.size() == 1);
+  r = prom.WaitFor("hymcache_master_engine_blocks == 3");
   CHECK(r.size() == 1);
   r = prom.WaitFor("hymcache_master_lookup_seconds_count > 0");
   CHECK(r.size() == 1);
