@@ -100,15 +100,16 @@ std::vector<std::tuple<std::string, Roles, Call>> MasterMethods() {
                v1::M##Response* out) { return s->M(c, r, out); })         \
   }
   std::vector<std::tuple<std::string, Roles, Call>> m = {
-      HYM_UNARY(RegisterNode, node),   HYM_UNARY(Heartbeat, node),
-      HYM_UNARY(DeregisterNode, node), HYM_UNARY(PutStart, engine),
-      HYM_UNARY(PutCommit, engine),    HYM_UNARY(PutAbort, engine),
-      HYM_UNARY(BatchLookup, engine),  HYM_UNARY(Remove, admin),
-      HYM_UNARY(ListNodes, admin),     HYM_UNARY(GetStats, admin),
-      HYM_UNARY(BeginReconcile, node), HYM_UNARY(ReportMissing, engine),
-      HYM_UNARY(ListTenants, admin),   HYM_UNARY(SetTenantQuota, admin),
-      HYM_UNARY(ForgetNode, admin),    HYM_UNARY(SetNodeDraining, admin),
-      HYM_UNARY(InspectKey, admin),
+      HYM_UNARY(RegisterNode, node),         HYM_UNARY(Heartbeat, node),
+      HYM_UNARY(DeregisterNode, node),       HYM_UNARY(PutStart, engine),
+      HYM_UNARY(PutCommit, engine),          HYM_UNARY(PutAbort, engine),
+      HYM_UNARY(BatchLookup, engine),        HYM_UNARY(Remove, admin),
+      HYM_UNARY(ListNodes, admin),           HYM_UNARY(GetStats, admin),
+      HYM_UNARY(BeginReconcile, node),       HYM_UNARY(ReportMissing, engine),
+      HYM_UNARY(ListTenants, admin),         HYM_UNARY(SetTenantQuota, admin),
+      HYM_UNARY(ForgetNode, admin),          HYM_UNARY(SetNodeDraining, admin),
+      HYM_UNARY(InspectKey, admin),          HYM_UNARY(PrefixQuery, engine),
+      HYM_UNARY(ReportEngineBlocks, engine),
   };
 #undef HYM_UNARY
   m.emplace_back("ReconcileNode", node, [](grpc::Channel* ch) {
@@ -269,7 +270,7 @@ TEST_CASE("Every RPC admits its roles and refuses the others") {
       ++checked;
     }
   }
-  CHECK(checked == 19 * 5 + 3 * 3);
+  CHECK(checked == 21 * 5 + 3 * 3);
   // The node registered with its token, so its heartbeats are admitted.
   CHECK(c.node->registered());
 }
@@ -894,6 +895,27 @@ TEST_CASE("Tenants: A neither reads, overwrites, removes nor learns of B's "
   CHECK(Load(*a, "k1", xa.size()) == xa);
   CHECK(Load(*b, "k1", xb.size()) == xb);
   CHECK(Load(*dflt, "k1", xd.size()) == xd);
+  // Engines' caches too: B does not learn of A's engine, even of the same
+  // id, and A's query names only its own.
+  EngineBlocksReport engine_a;
+  engine_a.engine_id = "gpu-0";
+  engine_a.stored = {"k1", "k9"};
+  REQUIRE(a->ReportEngineBlocks(engine_a).ok());
+  auto b_sees = b->PrefixQuery({"k1", "k9"});
+  REQUIRE(b_sees.ok());
+  CHECK(b_sees->engines.empty());
+  EngineBlocksReport engine_b;
+  engine_b.engine_id = "gpu-0";
+  engine_b.stored = {"k1"};
+  REQUIRE(b->ReportEngineBlocks(engine_b).ok());
+  auto a_sees = a->PrefixQuery({"k1", "k9"});
+  REQUIRE(a_sees.ok());
+  REQUIRE(a_sees->engines.size() == 1);
+  CHECK(a_sees->engines[0].longest_prefix == 2);
+  b_sees = b->PrefixQuery({"k1", "k9"});
+  REQUIRE(b_sees.ok());
+  REQUIRE(b_sees->engines.size() == 1);
+  CHECK(b_sees->engines[0].longest_prefix == 1);
 
   // Nobody spells another tenant's key: the default tenant's engines may
   // not send qualified keys, other tenants' are qualified again.
