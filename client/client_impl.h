@@ -175,11 +175,15 @@ class ClientImpl : public Client {
                                    uint32_t relocate_from_node,
                                    uint32_t replicas);
   // `generations`: per key, the generation its bytes were listed with
-  // (PutStartArgs::copied_generations; 0: any).
+  // (PutStartArgs::copied_generations; 0: any). `nodes`: per key, the node
+  // it is listed on (empty: all on one): each run of keys on one node is
+  // copied by puts of its own, as the master places a copy off the node of
+  // its put's first key (a chain that spilled over nodes is copied whole).
   size_t PutCopies(absl::Span<const std::string> keys,
                    absl::Span<const ConstBuffer> buffers,
                    const std::string& parent_key,
-                   std::vector<uint64_t> generations, absl::Time deadline);
+                   std::vector<uint64_t> generations,
+                   absl::Span<const uint32_t> nodes, absl::Time deadline);
   // load.cc: stores copies of a Load's first keys.size() blocks, which the
   // master asked for (ClientOptions::max_auto_copy_bytes), in the
   // background from a copy of their bytes.
@@ -197,6 +201,8 @@ class ClientImpl : public Client {
     // the generation each key is listed with (its own slot's, or the
     // stored key's; 0: unknown); copies send them as copied_generations.
     std::vector<uint64_t> generations;
+    // Beside generations: the node each key is listed on (0: unknown).
+    std::vector<uint32_t> nodes;
   };
   // PutChunk over `keys` in chunks of max_keys_per_rpc, each naming the
   // block before it as its parent; the first error, with the offset of its

@@ -172,7 +172,8 @@ absl::StatusOr<LoadResult> ClientImpl::Load(
 // first keys.size() blocks, read into `buffers` (`lengths` bytes each)
 // from `locations`, copied out and stored as copies (PutCopies) by a
 // background Store. Each copy names the generation it was read at, so a key
-// stored again meanwhile is not copied.
+// stored again meanwhile is not copied, and the blocks on each node are
+// copied off it (a prefix that spilled over nodes is copied whole).
 void ClientImpl::CopyInBackground(absl::Span<const std::string> keys,
                                   absl::Span<const MutableBuffer> buffers,
                                   absl::Span<const ObjectLocation> locations,
@@ -182,18 +183,21 @@ void ClientImpl::CopyInBackground(absl::Span<const std::string> keys,
   if (bytes == 0 || bytes > options_.max_auto_copy_bytes) return;
   std::vector<std::string> data(keys.size());
   std::vector<uint64_t> generations(keys.size());
+  std::vector<uint32_t> nodes(keys.size());
   for (size_t k = 0; k < keys.size(); ++k) {
     data[k].assign(static_cast<const char*>(buffers[k].data), lengths[k]);
     generations[k] = locations[k].generation;
+    nodes[k] = locations[k].node_id;
   }
   // Dropped when the store queue is full: the master asks the next reader.
   store_executor_->TrySubmit(
       [this, keys = std::vector<std::string>(keys.begin(), keys.end()),
-       data = std::move(data), generations = std::move(generations)] {
+       data = std::move(data), generations = std::move(generations),
+       nodes = std::move(nodes)] {
         std::vector<ConstBuffer> bufs;
         bufs.reserve(data.size());
         for (const std::string& d : data) bufs.push_back({d.data(), d.size()});
-        PutCopies(keys, bufs, /*parent_key=*/"", generations,
+        PutCopies(keys, bufs, /*parent_key=*/"", generations, nodes,
                   clock_->Now() + options_.default_store_deadline);
       });
 }

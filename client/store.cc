@@ -144,6 +144,7 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
   out.errors.assign(keys.size(), absl::OkStatus());
   PutProgress progress;
   progress.generations.assign(keys.size(), 0);
+  progress.nodes.assign(keys.size(), 0);
   size_t failed_at = 0;
   absl::Status st =
       PutChunks(keys, buffers, parent_key, deadline, relocate_from_node,
@@ -165,10 +166,11 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
       ++copyable;
     }
     progress.generations.resize(copyable);
+    progress.nodes.resize(copyable);
     if (copyable > 0) {
       out.replicated =
           PutCopies(keys.first(copyable), buffers.first(copyable), parent_key,
-                    std::move(progress.generations), deadline);
+                    std::move(progress.generations), progress.nodes, deadline);
     }
   }
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -192,26 +194,45 @@ absl::StatusOr<PutResult> ClientImpl::PutAll(
   return out;
 }
 
-// The copies of a Store with replicas 2: the same chunks again, each a
-// PutStart with `replica` (the master places them on another node than
-// the blocks', after the copy of the block before) and the generations the
-// bytes belong to; best effort. Returns how many were stored.
+// The copies of a Store with replicas 2 (and a Load's automatic ones): the
+// same chunks again, each a PutStart with `replica` (the master places them
+// on another node than the blocks', after the copy of the block before)
+// and the generations the bytes belong to, a run of keys listed on one node
+// at a time; best effort. Returns how many were stored.
 size_t ClientImpl::PutCopies(absl::Span<const std::string> keys,
                              absl::Span<const ConstBuffer> buffers,
                              const std::string& parent_key,
                              std::vector<uint64_t> generations,
+                             absl::Span<const uint32_t> nodes,
                              absl::Time deadline) {
-  PutResult copies;
-  copies.outcomes.assign(keys.size(), PutOutcome::kFailed);
-  copies.errors.assign(keys.size(), absl::OkStatus());
-  PutProgress progress;
-  progress.generations = std::move(generations);
-  size_t failed_at = 0;
-  PutChunks(keys, buffers, parent_key, deadline, /*relocate_from_node=*/0,
-            /*replica=*/true, &progress, &copies, &failed_at)
-      .IgnoreError();  // best effort: what was stored counts
-  return static_cast<size_t>(std::count(
-      copies.outcomes.begin(), copies.outcomes.end(), PutOutcome::kStored));
+  size_t stored = 0;
+  for (size_t begin = 0; begin < keys.size();) {
+    size_t end = begin + 1;
+    if (nodes.size() == keys.size()) {
+      while (end < keys.size() && nodes[end] == nodes[begin]) ++end;
+    } else {
+      end = keys.size();
+    }
+    const size_t n = end - begin;
+    PutResult copies;
+    copies.outcomes.assign(n, PutOutcome::kFailed);
+    copies.errors.assign(n, absl::OkStatus());
+    PutProgress progress;
+    if (generations.size() == keys.size()) {
+      progress.generations.assign(generations.begin() + begin,
+                                  generations.begin() + end);
+    }
+    size_t failed_at = 0;
+    PutChunks(keys.subspan(begin, n), buffers.subspan(begin, n),
+              begin == 0 ? parent_key : keys[begin - 1], deadline,
+              /*relocate_from_node=*/0, /*replica=*/true, &progress, &copies,
+              &failed_at)
+        .IgnoreError();  // best effort: what was stored counts
+    stored += static_cast<size_t>(std::count(
+        copies.outcomes.begin(), copies.outcomes.end(), PutOutcome::kStored));
+    begin = end;
+  }
+  return stored;
 }
 
 absl::Status ClientImpl::PutChunks(absl::Span<const std::string> keys,
@@ -265,6 +286,11 @@ absl::Status ClientImpl::PutChunk(absl::Span<const std::string> keys,
   if (!replica && generations) {
     for (size_t i = 0; i < keys.size(); ++i) {
       progress->generations[offset + i] = start.slots[i].location.generation;
+    }
+  }
+  if (!replica && progress->nodes.size() >= offset + keys.size()) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      progress->nodes[offset + i] = start.slots[i].location.node_id;
     }
   }
   std::vector<WriteOp> ops;

@@ -637,6 +637,82 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "a shared prefix spread over two nodes is copied whole, each block off "
+    "its own node, and outlives either node") {
+  Cluster c(2, {"--node_timeout_ms=1500", "--auto_replica_branches=3"});
+  auto stats = [&] {
+    auto st = testing::MasterStats(c.master.address);
+    INFO(st.status().ToString());
+    REQUIRE(st.ok());
+    return *st;
+  };
+  auto stub = pb::MasterService::NewStub(grpc::CreateChannel(
+      c.master.address, grpc::InsecureChannelCredentials()));
+  auto drain = [&](const std::string& name, bool on) {
+    grpc::ClientContext ctx;
+    pb::SetNodeDrainingRequest req;
+    req.set_name(name);
+    req.set_draining(on);
+    pb::SetNodeDrainingResponse resp;
+    REQUIRE(stub->SetNodeDraining(&ctx, req, &resp).ok());
+  };
+  auto node_name = [&](uint32_t id) {
+    auto st = c.client->GetClusterStatus();
+    REQUIRE(st.ok());
+    for (const auto& n : st->nodes) {
+      if (n.node_id == id) return n.name;
+    }
+    FAIL("no node " << id);
+    return std::string();
+  };
+  // The prefix's first half on one node; that node drains, so the second
+  // half (chained on the first) goes to the other: the chain spilled.
+  const Blocks first = MakeBlocks({"spill-0", "spill-1"}, {8192}, 21);
+  auto put = c.client->Put(first.keys, first.in());
+  REQUIRE(put.ok());
+  REQUIRE(put->stored == 2);
+  const std::string first_node = node_name(put->node_id);
+  drain(first_node, true);
+  const Blocks second = MakeBlocks({"spill-2", "spill-3"}, {8192}, 22);
+  StoreOptions chained;
+  chained.parent_key = "spill-1";
+  auto r = c.client->Store(second.keys, second.in(), chained)->Wait();
+  REQUIRE(r.ok());
+  REQUIRE(r->stored == 2);
+  REQUIRE(r->node_id != put->node_id);
+  drain(first_node, false);
+  Blocks prefix = first;
+  prefix.keys.insert(prefix.keys.end(), second.keys.begin(), second.keys.end());
+  prefix.data.insert(prefix.data.end(), second.data.begin(), second.data.end());
+  std::vector<Blocks> sessions;
+  for (int s = 0; s < 3; ++s) {
+    const Blocks own =
+        MakeBlocks({absl::StrCat("spill-session-", s)}, {8192}, 200 + s);
+    StoreOptions o;
+    o.parent_key = prefix.keys.back();
+    auto w = c.client->Store(own.keys, own.in(), o)->Wait();
+    REQUIRE(w.ok());
+    REQUIRE(w->stored == 1);
+    Blocks whole = prefix;
+    whole.keys.push_back(own.keys[0]);
+    whole.data.push_back(own.data[0]);
+    sessions.push_back(std::move(whole));
+  }
+
+  // A read asks for copies of the 4 shared blocks: all 4 are stored, the
+  // first two off the first node and the last two off the second.
+  CHECK(GetAndVerify(*c.client, sessions[0]).loaded == 5);
+  CHECK(stats()["auto_copies_asked"] == 1);
+  CHECK(Eventually([&] { return stats()["replicas_stored"] == 4; },
+                   absl::Seconds(10)));
+
+  // Either node dies: the prefix is read whole, byte for byte.
+  REQUIRE(c.nodes[0].daemon.Stop(SIGKILL).ok());
+  CHECK(Eventually([&] { return GetAndVerify(*c.client, prefix).loaded == 4; },
+                   absl::Seconds(15)));
+}
+
 TEST_CASE("a reader is served from the copy on its own host's node") {
   Cluster c(0);
   c.AddNode("node-a", "host-a");
