@@ -1075,6 +1075,11 @@ class MasterService {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // A NODE_UP or NODE_DOWN event.
   void EmitNode(hymcache::v1::KvEvent::Kind kind, uint32_t node_id) const;
+  // PrefixQuery's answer per node (and hit_prefix_length).
+  void AnswerNodePrefixes(const hymcache::v1::PrefixQueryRequest& request,
+                          absl::Time now,
+                          hymcache::v1::PrefixQueryResponse* out) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Makes index_ report what leaves it as BLOCK_REMOVED events.
   void ListenToIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

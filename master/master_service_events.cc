@@ -93,8 +93,22 @@ absl::StatusOr<v1::PrefixQueryResponse> MasterService::PrefixQuery(
   absl::Status s = ValidateKeys(request.keys());
   if (!s.ok()) return s;
   v1::PrefixQueryResponse out;
-  ReaderMutexLock l(&mu_);
   const absl::Time now = clock_->Now();
+  AnswerNodePrefixes(request, now, &out);
+  // Engines' caches outside the service's lock (EngineCaches has its own).
+  for (auto& [engine, n] : engine_caches_->LongestPrefixes(
+           TenantOfKey(request.keys(0)), request.keys(), now)) {
+    auto* ep = out.add_engines();
+    ep->set_engine_id(std::move(engine));
+    ep->set_longest_prefix(n);
+  }
+  return out;
+}
+
+void MasterService::AnswerNodePrefixes(const v1::PrefixQueryRequest& request,
+                                       absl::Time now,
+                                       v1::PrefixQueryResponse* out) const {
+  ReaderMutexLock l(&mu_);
   // Per node: blocks held and the longest prefix held alone (a node's run
   // ends at the first key it does not hold).
   struct PerNode {
@@ -119,20 +133,13 @@ absl::StatusOr<v1::PrefixQueryResponse> MasterService::PrefixQuery(
     if (p.run) p.longest = hit + 1;
     ++hit;
   }
-  out.set_hit_prefix_length(hit);
+  out->set_hit_prefix_length(hit);
   for (const auto& [id, p] : per_node) {
-    auto* np = out.add_nodes();
+    auto* np = out->add_nodes();
     np->set_node_id(id);
     np->set_longest_prefix(p.longest);
     np->set_blocks(p.blocks);
   }
-  for (auto& [engine, n] : engine_caches_->LongestPrefixes(
-           TenantOfKey(request.keys(0)), request.keys(), now)) {
-    auto* ep = out.add_engines();
-    ep->set_engine_id(std::move(engine));
-    ep->set_longest_prefix(n);
-  }
-  return out;
 }
 
 absl::StatusOr<v1::ReportEngineBlocksResponse>
