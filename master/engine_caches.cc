@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_reason.h"
 
@@ -17,6 +18,9 @@ absl::Status EngineCachesOptions::Validate() const {
   if (max_blocks_per_engine == 0 || max_blocks_per_engine > (1u << 24)) {
     return absl::InvalidArgumentError("max_blocks_per_engine must be 1..2^24");
   }
+  if (max_blocks == 0 || max_blocks > (uint64_t{1} << 26)) {
+    return absl::InvalidArgumentError("max_blocks must be 1..2^26");
+  }
   if (ttl < absl::Seconds(1) || ttl > absl::Hours(1)) {
     return absl::InvalidArgumentError("engine ttl must be 1 s..1 h");
   }
@@ -25,6 +29,19 @@ absl::Status EngineCachesOptions::Validate() const {
 
 EngineCaches::EngineCaches(const EngineCachesOptions& options)
     : options_(options) {}
+
+uint64_t EngineCaches::HashOf(absl::string_view key) {
+  return absl::HashOf(key);
+}
+
+size_t EngineCaches::CapLocked() const {
+  if (blocks_ <= options_.max_blocks || engines_.empty()) {
+    return options_.max_blocks_per_engine;
+  }
+  return std::max<size_t>(
+      1, std::min<uint64_t>(options_.max_blocks_per_engine,
+                            options_.max_blocks / engines_.size()));
+}
 
 void EngineCaches::ExpireLocked(absl::Time now) {
   for (auto it = engines_.begin(); it != engines_.end();) {
@@ -78,7 +95,7 @@ absl::StatusOr<uint64_t> EngineCaches::Apply(absl::string_view tenant,
   }
   if (report.removed != nullptr) {
     for (const std::string& key : *report.removed) {
-      auto w = e.where.find(key);
+      auto w = e.where.find(HashOf(key));
       if (w == e.where.end()) continue;
       e.order.erase(w->second);
       e.where.erase(w);
@@ -87,20 +104,21 @@ absl::StatusOr<uint64_t> EngineCaches::Apply(absl::string_view tenant,
   }
   if (report.stored != nullptr) {
     for (const std::string& key : *report.stored) {
-      auto [w, inserted] = e.where.try_emplace(key);
+      const uint64_t h = HashOf(key);
+      auto [w, inserted] = e.where.try_emplace(h);
       if (!inserted) {
         // Reported again: now the newest.
         e.order.splice(e.order.end(), e.order, w->second);
         continue;
       }
-      w->second = e.order.insert(e.order.end(), key);
+      w->second = e.order.insert(e.order.end(), h);
       ++blocks_;
-      if (e.order.size() > options_.max_blocks_per_engine) {
-        e.where.erase(e.order.front());
-        e.order.pop_front();
-        --blocks_;
-      }
     }
+  }
+  for (const size_t cap = CapLocked(); e.order.size() > cap;) {
+    e.where.erase(e.order.front());
+    e.order.pop_front();
+    --blocks_;
   }
   return static_cast<uint64_t>(e.order.size());
 }
@@ -116,7 +134,7 @@ std::vector<std::pair<std::string, uint32_t>> EngineCaches::LongestPrefixes(
     if (id.first != tenant || now - e.last_report >= options_.ttl) continue;
     uint32_t n = 0;
     while (n < static_cast<uint32_t>(keys.size()) &&
-           e.where.contains(keys[n])) {
+           e.where.contains(HashOf(keys[n]))) {
       ++n;
     }
     if (n > 0) out.emplace_back(id.second, n);

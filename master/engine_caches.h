@@ -4,13 +4,18 @@
 // (docs/deployment.md, "KV events").
 //
 // An engine is named by its tenant and an id it chooses (1..128 bytes). Its
-// reporter (python -m hymcache.engine_blocks, which follows vLLM's own KV
-// events) sends the keys the engine's cache gained and lost since its last
-// report; the master keeps them in a bounded set per engine:
-// - at most max_blocks_per_engine keys: beyond that, the keys reported
-//   longest ago go first (an engine's cache is bounded too, so a set that
-//   outgrows it has missed removals, and its oldest keys are the likeliest
-//   stale);
+// reporter (hymcache.engine_blocks, which follows vLLM's own KV events)
+// sends the keys the engine's cache gained and lost since its last report;
+// the master keeps them in a bounded set per engine, each key as a 64-bit
+// hash (about 60 bytes a key in all; two keys of one chain colliding, at
+// odds of 2^-64, would make a router's guess wrong, never a read):
+// - at most max_blocks_per_engine keys, and at most its share of
+//   max_blocks (max_blocks / engines known) when the engines hold more than
+//   max_blocks in all: beyond that, the keys reported longest ago go first
+//   (an engine's cache is bounded too, so a set that outgrows it has missed
+//   removals, and its oldest keys are the likeliest stale). An engine over
+//   its share after another joined is trimmed at its next report, so the
+//   keys held stay below about twice max_blocks;
 // - at most max_engines engines: a new engine beyond them is refused
 //   (ResourceExhausted, reason engines_full) until one expires;
 // - an engine that has not reported for `ttl` is forgotten (its engine
@@ -48,8 +53,11 @@ struct EngineCachesOptions {
   // reason engine_reports_off). 0..65536. Default: 256.
   uint32_t max_engines = 256;
   // Keys kept per engine. 1..2^24. Default: 262144 (a large GPU's prefix
-  // cache in 16-token blocks; about 32 MiB per engine with 64-byte keys).
+  // cache in 16-token blocks).
   uint32_t max_blocks_per_engine = 262144;
+  // Keys kept for all engines together (see the file comment). 1..2^26.
+  // Default: 4,194,304 (about 256 MiB of the master's memory).
+  uint64_t max_blocks = uint64_t{1} << 22;
   // An engine not reported for this long is forgotten. 1 s..1 h. Default:
   // 60 s (reporters report at least every ttl / 4).
   absl::Duration ttl = absl::Seconds(60);
@@ -94,13 +102,17 @@ class EngineCaches {
  private:
   struct Engine {
     absl::Time last_report;
-    // Keys, oldest report first; `where` finds each in it.
-    std::list<std::string> order;
-    absl::flat_hash_map<std::string, std::list<std::string>::iterator> where;
+    // Keys' hashes, oldest report first; `where` finds each in it.
+    std::list<uint64_t> order;
+    absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> where;
   };
   using EngineKey = std::pair<std::string, std::string>;  // tenant, id
 
+  static uint64_t HashOf(absl::string_view key);
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What one engine may hold now (max_blocks_per_engine, or its share of
+  // max_blocks when the engines hold more).
+  size_t CapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const EngineCachesOptions options_;
   mutable Mutex mu_;

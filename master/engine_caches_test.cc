@@ -96,6 +96,32 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "Beyond max_blocks in all, each engine keeps its share: its "
+    "oldest keys go at its next report") {
+  EngineCachesOptions o;
+  o.max_blocks = 8;
+  REQUIRE(o.Validate().ok());
+  EngineCaches c(o);
+  REQUIRE(*Store(c, "a", K({"a0", "a1", "a2", "a3", "a4", "a5"}), kT0) == 6);
+  // b's 4 keys make 10 > 8: b keeps its share of 4.
+  REQUIRE(*Store(c, "b", K({"b0", "b1", "b2", "b3"}), kT0) == 4);
+  CHECK(c.blocks() == 10);
+  // a reports again (nothing new): trimmed to its share, oldest first.
+  REQUIRE(*Store(c, "a", Keys(), kT0) == 4);
+  CHECK(c.blocks() == 8);
+  auto p = c.LongestPrefixes("default", K({"a2", "a3", "a4", "a5"}), kT0);
+  REQUIRE(p.size() == 1);
+  CHECK(p[0].second == 4);
+  CHECK(c.LongestPrefixes("default", K({"a0"}), kT0).empty());
+  // Within max_blocks the per-engine cap alone applies.
+  Keys removed = K({"b0", "b1", "b2", "b3"});
+  EngineCaches::Report r;
+  r.removed = &removed;
+  REQUIRE(*c.Apply("default", "b", r, kT0) == 0);
+  REQUIRE(*Store(c, "a", K({"a6", "a7", "a8"}), kT0) == 7);
+}
+
+TEST_CASE(
     "An engine not reported for the TTL is forgotten, and a new "
     "engine beyond max_engines is refused until one is") {
   EngineCachesOptions o;
@@ -147,6 +173,9 @@ TEST_CASE(
   CHECK(!bad.Validate().ok());
   bad = EngineCachesOptions{};
   bad.max_engines = 65537;
+  CHECK(!bad.Validate().ok());
+  bad = EngineCachesOptions{};
+  bad.max_blocks = 0;
   CHECK(!bad.Validate().ok());
 }
 
