@@ -150,6 +150,14 @@ struct Cluster {
   }
 };
 
+// The master's counters (GetStats); fails the test if it does not answer.
+std::map<std::string, double> Stats(const Cluster& c) {
+  auto st = testing::MasterStats(c.master.address);
+  INFO(st.status().ToString());
+  REQUIRE(st.ok());
+  return *st;
+}
+
 TEST_CASE("a put longer than one master RPC is still one chain") {
   Cluster c(1);
   ClientOptions o;
@@ -576,12 +584,7 @@ TEST_CASE(
     "a prefix many sessions continue from is copied to a second node by a "
     "read, and outlives its node") {
   Cluster c(2, {"--node_timeout_ms=1500", "--auto_replica_branches=3"});
-  auto stats = [&] {
-    auto st = testing::MasterStats(c.master.address);
-    INFO(st.status().ToString());
-    REQUIRE(st.ok());
-    return *st;
-  };
+  auto stats = [&] { return Stats(c); };
   // A shared prefix, and three sessions' own blocks after it.
   const std::vector<std::string> prefix = {"sys-0", "sys-1", "sys-2", "sys-3"};
   const Blocks shared = MakeBlocks(prefix, {8192}, 11);
@@ -641,12 +644,7 @@ TEST_CASE(
     "a shared prefix spread over two nodes is copied whole, each block off "
     "its own node, and outlives either node") {
   Cluster c(2, {"--node_timeout_ms=1500", "--auto_replica_branches=3"});
-  auto stats = [&] {
-    auto st = testing::MasterStats(c.master.address);
-    INFO(st.status().ToString());
-    REQUIRE(st.ok());
-    return *st;
-  };
+  auto stats = [&] { return Stats(c); };
   auto stub = pb::MasterService::NewStub(grpc::CreateChannel(
       c.master.address, grpc::InsecureChannelCredentials()));
   auto drain = [&](const std::string& name, bool on) {
