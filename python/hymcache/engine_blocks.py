@@ -98,6 +98,9 @@ class EngineBlocksReporter:
         self._last_seq: Optional[int] = None
         self._ttl = 60.0
         self._failing = False
+        # apply() and report() may run on different threads (a test feeding
+        # batches by hand): the state above is theirs under this lock.
+        self._lock = threading.Lock()
         # Counters.
         self.batches = 0
         self.unmapped_blocks = 0  # parent never seen, or tokens that did not fit
@@ -121,12 +124,17 @@ class EngineBlocksReporter:
 
     def held_keys(self) -> List[bytes]:
         """The keys the reporter believes the engine holds (for tests)."""
-        return list(self._held.values())
+        with self._lock:
+            return list(self._held.values())
 
     # ------------------------------------------------------------ events
 
     def apply(self, seq: int, payload: bytes) -> None:
         """One published batch (sequence number, msgpack payload)."""
+        with self._lock:
+            self._apply(seq, payload)
+
+    def _apply(self, seq: int, payload: bytes) -> None:
         if self._last_seq is not None and seq != self._last_seq + 1:
             self.gaps += 1
             log.warning("engine %s: KV events %d..%d were lost; forgetting "
@@ -193,36 +201,42 @@ class EngineBlocksReporter:
 
     def report(self) -> None:
         """Sends the changes since the last report (or the whole set)."""
+        with self._lock:
+            resync, self._resync = self._resync, False
+            changed, self._changed = self._changed, {}
+            count = len(set(self._held.values()))
+            held = list(self._held.values()) if resync else []
         try:
-            if self._resync:
-                held = list(self._held.values())
+            if resync:
                 blocks, ttl = self._client.report_engine_blocks(
                     self.engine_id, stored=held, cleared=True)
-                self.resyncs += 1
             else:
                 blocks, ttl = self._client.report_engine_blocks(
                     self.engine_id,
-                    stored=[k for k, held in self._changed.items() if held],
-                    removed=[k for k, held in self._changed.items()
-                             if not held])
+                    stored=[k for k, h in changed.items() if h],
+                    removed=[k for k, h in changed.items() if not h])
         except Exception as e:  # the master down, or refusing: later
-            self.report_failures += 1
-            if not self._failing:
-                log.warning("engine %s: reporting its blocks to the master "
-                            "failed (%s); retrying", self.engine_id, e)
-            self._failing = True
-            self._resync = True
-            self._changed.clear()
+            with self._lock:
+                self.report_failures += 1
+                if not self._failing:
+                    log.warning("engine %s: reporting its blocks to the "
+                                "master failed (%s); retrying",
+                                self.engine_id, e)
+                self._failing = True
+                self._resync = True  # the whole set, changes included
             return
-        self.reports += 1
-        self._failing = False
-        self._ttl = ttl
-        self._changed.clear()
-        # A master that disagrees right after a whole set (it keeps fewer
-        # keys per engine than this reporter) is taken at its word.
-        resynced, self._resync = self._resync, False
-        if not resynced:
-            self._resync = blocks != len(set(self._held.values()))
+        with self._lock:
+            self.reports += 1
+            self.resyncs += resync
+            self._failing = False
+            self._ttl = ttl
+            if resync:
+                # Only a clear since the snapshot asks for another whole
+                # set; a master that disagrees right after one (it keeps
+                # fewer keys per engine than this reporter) is taken at its
+                # word.
+                return
+            self._resync = self._resync or blocks != count
 
     def _run(self) -> None:
         ctx = zmq.Context.instance()
