@@ -318,6 +318,53 @@ static void RoundTrip(const char* master, hymcache_transport t,
   EXPECT(st.nodes_alive + st.nodes_dead == st.nodes);
   EXPECT(st.index_bytes_per_entry > 0);
 
+  /* An engine's own cache, reported and answered beside the node's part
+   * of the prefix (blocks 0..4 stored after the removal above). */
+  char engine[64];
+  snprintf(engine, sizeof(engine), "c-engine-%s", model);
+  uint64_t held = 0;
+  int64_t ttl_ms = 0;
+  REQUIRE_OK(hymcache_report_engine_blocks(c, engine, 1, NULL, 0, b.keys, 3,
+                                           HYMCACHE_TIMEOUT_DEFAULT, &held,
+                                           &ttl_ms));
+  EXPECT(held == 3 && ttl_ms > 0);
+  REQUIRE_OK(hymcache_report_engine_blocks(c, engine, 0, &b.keys[2], 1, NULL, 0,
+                                           HYMCACHE_TIMEOUT_DEFAULT, &held,
+                                           NULL));
+  EXPECT(held == 2);
+  hymcache_node_prefix nodes[4];
+  hymcache_engine_prefix engines[4];
+  hymcache_prefix_answer pa;
+  memset(&pa, 0, sizeof(pa));
+  pa.struct_size = sizeof(pa);
+  pa.nodes = nodes;
+  pa.nodes_capacity = 4;
+  pa.engines = engines;
+  pa.engines_capacity = 4;
+  REQUIRE_OK(
+      hymcache_prefix_query(c, b.keys, kBlocks, HYMCACHE_TIMEOUT_DEFAULT, &pa));
+  EXPECT(pa.hit_prefix_length == 5);
+  EXPECT(pa.num_nodes >= 1 && nodes[0].blocks >= 1);
+  EXPECT(pa.num_engines == 1);
+  EXPECT(strcmp(engines[0].engine_id, engine) == 0);
+  EXPECT(engines[0].longest_prefix == 2);
+  /* No room asked for: the counts alone. */
+  pa.nodes_capacity = 0;
+  pa.nodes = NULL;
+  pa.engines_capacity = 0;
+  pa.engines = NULL;
+  REQUIRE_OK(
+      hymcache_prefix_query(c, b.keys, kBlocks, HYMCACHE_TIMEOUT_DEFAULT, &pa));
+  EXPECT(pa.num_engines == 1);
+  EXPECT_CODE(
+      hymcache_report_engine_blocks(c, "", 0, NULL, 0, NULL, 0,
+                                    HYMCACHE_TIMEOUT_DEFAULT, NULL, NULL),
+      HYMCACHE_INVALID_ARGUMENT);
+  pa.struct_size = 8;
+  EXPECT_CODE(
+      hymcache_prefix_query(c, b.keys, kBlocks, HYMCACHE_TIMEOUT_DEFAULT, &pa),
+      HYMCACHE_INVALID_ARGUMENT);
+
   hymcache_client_destroy(c);
   FreeBlocks(&b);
 }

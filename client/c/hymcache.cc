@@ -519,6 +519,72 @@ hymcache_code hymcache_cluster_stats_get(hymcache_client* client,
   });
 }
 
+hymcache_code hymcache_prefix_query(hymcache_client* client,
+                                    const hymcache_key* keys, size_t num_keys,
+                                    int64_t timeout_ms,
+                                    hymcache_prefix_answer* answer) {
+  return Guard([&]() -> absl::Status {
+    if (client == nullptr) return Null("client");
+    if (answer == nullptr) return Null("answer");
+    if (answer->struct_size < sizeof(hymcache_prefix_answer)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("answer->struct_size ", answer->struct_size,
+                       " is smaller than ", sizeof(hymcache_prefix_answer)));
+    }
+    if ((answer->nodes == nullptr && answer->nodes_capacity > 0) ||
+        (answer->engines == nullptr && answer->engines_capacity > 0)) {
+      return Null("answer->nodes or answer->engines");
+    }
+    ASSIGN_OR_RETURN(std::vector<std::string> k,
+                     hymcache::Keys(keys, num_keys));
+    hymcache::CallOptions call;
+    ASSIGN_OR_RETURN(call.deadline, CallDeadline(timeout_ms));
+    ASSIGN_OR_RETURN(hymcache::PrefixAnswer a,
+                     client->impl->PrefixQuery(k, call));
+    answer->hit_prefix_length = a.hit_prefix_length;
+    answer->num_nodes = a.nodes.size();
+    for (size_t i = 0; i < a.nodes.size() && i < answer->nodes_capacity; ++i) {
+      answer->nodes[i] = {a.nodes[i].node_id, a.nodes[i].longest_prefix,
+                          a.nodes[i].blocks};
+    }
+    answer->num_engines = a.engines.size();
+    for (size_t i = 0; i < a.engines.size() && i < answer->engines_capacity;
+         ++i) {
+      hymcache_engine_prefix& e = answer->engines[i];
+      std::memset(e.engine_id, 0, sizeof(e.engine_id));
+      std::memcpy(
+          e.engine_id, a.engines[i].engine_id.data(),
+          std::min(a.engines[i].engine_id.size(), sizeof(e.engine_id) - 1));
+      e.longest_prefix = a.engines[i].longest_prefix;
+    }
+    return absl::OkStatus();
+  });
+}
+
+hymcache_code hymcache_report_engine_blocks(
+    hymcache_client* client, const char* engine_id, int cleared,
+    const hymcache_key* removed, size_t num_removed, const hymcache_key* stored,
+    size_t num_stored, int64_t timeout_ms, uint64_t* blocks_out,
+    int64_t* ttl_ms_out) {
+  return Guard([&]() -> absl::Status {
+    if (client == nullptr) return Null("client");
+    if (engine_id == nullptr) return Null("engine_id");
+    hymcache::EngineBlocksReport r;
+    r.engine_id = engine_id;
+    r.cleared = cleared != 0;
+    ASSIGN_OR_RETURN(r.removed, hymcache::Keys(removed, num_removed));
+    ASSIGN_OR_RETURN(r.stored, hymcache::Keys(stored, num_stored));
+    hymcache::CallOptions call;
+    ASSIGN_OR_RETURN(call.deadline, CallDeadline(timeout_ms));
+    ASSIGN_OR_RETURN(hymcache::EngineBlocksReply reply,
+                     client->impl->ReportEngineBlocks(r, call));
+    if (blocks_out != nullptr) *blocks_out = reply.blocks;
+    if (ttl_ms_out != nullptr)
+      *ttl_ms_out = absl::ToInt64Milliseconds(reply.ttl);
+    return absl::OkStatus();
+  });
+}
+
 void hymcache_key_namespace_init(hymcache_key_namespace* ns) {
   if (ns == nullptr) return;
   std::memset(ns, 0, sizeof(*ns));

@@ -406,6 +406,71 @@ hymcache_code hymcache_cluster_stats_get(hymcache_client* client,
                                          hymcache_cluster_stats* stats);
 
 /* ------------------------------------------------------------------------ */
+/* Routers and engines' own caches (docs/deployment.md, "KV events")        */
+
+/* One storage node's part of a prefix: the leading keys all on it, and how
+ * many keys of the hit prefix it holds. */
+typedef struct hymcache_node_prefix {
+  uint32_t node_id;
+  uint32_t longest_prefix;
+  uint32_t blocks;
+} hymcache_node_prefix;
+
+/* Longest engine id (hymcache_report_engine_blocks), in bytes. */
+#define HYMCACHE_MAX_ENGINE_ID 128
+
+/* One engine's part: the leading keys its own cache holds. */
+typedef struct hymcache_engine_prefix {
+  char engine_id[HYMCACHE_MAX_ENGINE_ID + 1]; /* NUL-terminated */
+  uint32_t longest_prefix;
+} hymcache_engine_prefix;
+
+typedef struct hymcache_prefix_answer {
+  /* sizeof(hymcache_prefix_answer), set by the caller. */
+  size_t struct_size;
+  /* Leading keys stored on alive nodes (what a load would read). */
+  uint32_t hit_prefix_length;
+  /* Caller's arrays (NULL with capacity 0: not wanted). The library writes
+   * at most *_capacity entries and sets num_* to how many there are (which
+   * may be more). Nodes by node_id; engines longest prefix first. */
+  hymcache_node_prefix* nodes;
+  size_t nodes_capacity;
+  size_t num_nodes;
+  hymcache_engine_prefix* engines;
+  size_t engines_capacity;
+  size_t num_engines;
+} hymcache_prefix_answer;
+
+/* For routers: how much of the chain keys[0..num_keys) (keys[i+1] extends
+ * keys[i]; at most the client's max_keys_per_rpc) is cached, per storage
+ * node and per engine that reports its own cache (engines of this client's
+ * tenant). `answer->struct_size` must be set.
+ * Errors: INVALID_ARGUMENT (no keys, too many, an empty or oversized key,
+ * struct_size too small), UNAVAILABLE, DEADLINE_EXCEEDED. */
+hymcache_code hymcache_prefix_query(hymcache_client* client,
+                                    const hymcache_key* keys, size_t num_keys,
+                                    int64_t timeout_ms,
+                                    hymcache_prefix_answer* answer);
+
+/* For an engine's reporter: what engine_id's own cache (its GPU's prefix
+ * cache) gained and lost since its last report, applied in this order:
+ * every key dropped (cleared != 0), then `removed`, then `stored` (sent in
+ * several calls when long). engine_id: 1..HYMCACHE_MAX_ENGINE_ID bytes,
+ * unique within the tenant. Report at least every *ttl_ms_out, or the
+ * master forgets the engine; a report with no keys keeps it known. When
+ * *blocks_out (the keys the master now holds for it; optional) differs
+ * from the reporter's own count, resend the whole set (cleared, every
+ * key). Errors: INVALID_ARGUMENT (a bad id or key), RESOURCE_EXHAUSTED
+ * (reason engines_full: the master keeps as many engines as it may),
+ * FAILED_PRECONDITION (engine_reports_off), UNAVAILABLE,
+ * DEADLINE_EXCEEDED. */
+hymcache_code hymcache_report_engine_blocks(
+    hymcache_client* client, const char* engine_id, int cleared,
+    const hymcache_key* removed, size_t num_removed, const hymcache_key* stored,
+    size_t num_stored, int64_t timeout_ms, uint64_t* blocks_out,
+    int64_t* ttl_ms_out);
+
+/* ------------------------------------------------------------------------ */
 /* Block keys                                                               */
 
 /* Bytes of a block key. */
