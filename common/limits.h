@@ -19,4 +19,8 @@ inline constexpr size_t kMaxNodeNameBytes = 128;
 // ClientOptions::host), which the master compares.
 inline constexpr size_t kMaxHostBytes = 253;
 
+// Bytes in an engine's id (ReportEngineBlocksRequest.engine_id: 1..this;
+// the C API's HYMCACHE_MAX_ENGINE_ID).
+inline constexpr size_t kMaxEngineIdBytes = 128;
+
 }  // namespace hymcache

@@ -42,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/limits.h"
 #include "common/mutex.h"
 #include "google/protobuf/repeated_field.h"
 
@@ -64,9 +65,6 @@ struct EngineCachesOptions {
 
   absl::Status Validate() const;
 };
-
-// Longest id an engine may choose.
-inline constexpr size_t kMaxEngineIdBytes = 128;
 
 class EngineCaches {
  public:

@@ -22,6 +22,7 @@
 #include "client/options.h"
 #include "common/build_info.h"
 #include "common/cluster_stats.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 
 struct hymcache_client {
@@ -518,6 +519,8 @@ hymcache_code hymcache_cluster_stats_get(hymcache_client* client,
     return absl::OkStatus();
   });
 }
+
+static_assert(HYMCACHE_MAX_ENGINE_ID == hymcache::kMaxEngineIdBytes);
 
 hymcache_code hymcache_prefix_query(hymcache_client* client,
                                     const hymcache_key* keys, size_t num_keys,

@@ -75,6 +75,7 @@ class EngineBlocksReporter:
     def __init__(self, client: Any, engine_id: str, key_builder: Any,
                  endpoint: str, topic: str = "", interval: float = 0.5,
                  max_blocks: int = 1 << 20):
+        # The master's limit (kMaxEngineIdBytes, common/limits.h).
         if not engine_id or len(engine_id.encode()) > 128:
             raise ValueError("engine_id must be 1..128 bytes")
         if interval <= 0 or max_blocks < 1:
