@@ -110,6 +110,8 @@ void MasterReplication::VisitStats(StatsVisitor* v) const {
   const ReplicationSource::Stats st = source_->GetStats();
   MasterReplicationStats s = counters_.Load();
   s.replication_latest_sequence = st.latest_sequence;
+  s.replication_messages_sent = st.messages_sent;
+  s.replication_batches_sent = st.batches_sent;
   std::optional<ReplicationSource::FollowerStats> best;
   for (const ReplicationSource::FollowerStats& f : st.followers) {
     if (f.copying) {

@@ -50,7 +50,7 @@ enum class ReplicationMode {
 absl::StatusOr<ReplicationMode> ParseReplicationMode(absl::string_view s);
 const char* ReplicationModeName(ReplicationMode mode);
 
-// Counters of the synchronous commits.
+// Counters of the synchronous commits and of the stream.
 #define HYM_MASTER_REPLICATION_STATS(COUNTER, GAUGE, DGAUGE)                \
   COUNTER(replication_sync_commits,                                         \
           "Commits answered once a standby held them (sync replication)")   \
@@ -60,6 +60,11 @@ const char* ReplicationModeName(ReplicationMode mode);
   COUNTER(replication_sync_no_standby,                                      \
           "Commits answered at once because no standby was following past " \
           "its full copy (sync replication; lost if the leader dies now)")  \
+  COUNTER(replication_messages_sent,                                        \
+          "Log messages sent to standbys (each carries the write batches "  \
+          "gathered since the one before)")                                 \
+  COUNTER(replication_batches_sent,                                         \
+          "Write batches sent to standbys (the leader's store writes)")     \
   GAUGE(replication_followers,                                              \
         "Standbys following this leader past their full copy")              \
   GAUGE(replication_copying, "Standbys in a full copy of the store")        \

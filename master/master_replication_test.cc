@@ -155,8 +155,13 @@ TEST_CASE(
   // The per-standby series is there (its value moves with the writes).
   CHECK(leader.Stat("replication_lag_sequences{follower=\"standby-1\"}") >=
         0);
+  const double messages = leader.Stat("replication_messages_sent");
+  const double batches = leader.Stat("replication_batches_sent");
   leader.Put("held");
   CHECK(leader.Stat("replication_sync_commits") == 1);
+  // The held commit went out in a log message (its batches counted).
+  CHECK(leader.Stat("replication_messages_sent") > messages);
+  CHECK(leader.Stat("replication_batches_sent") > batches);
   CHECK(leader.Stat("replication_sync_no_standby") == 1);
   CHECK(leader.Stat("replication_sync_timeouts") == 0);
 

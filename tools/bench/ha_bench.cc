@@ -71,6 +71,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -803,10 +804,14 @@ int Main(const char* argv0) {
           "leader_cpu_us_per_put=%.1f leader_cpu_us_per_lookup=%.1f",
           rep, mode.c_str(), r->puts_per_s, r->lookups_per_s,
           r->leader_cpu_us_per_put, r->leader_cpu_us_per_lookup);
-      if (mode == "sync") {
-        std::printf(" sync_commits=%.0f sync_timeouts=%.0f",
-                    r->stats["replication_sync_commits"],
-                    r->stats["replication_sync_timeouts"]);
+      if (absl::StartsWith(mode, "sync")) {
+        std::printf(
+            " sync_commits=%.0f sync_timeouts=%.0f batches_sent=%.0f "
+            "messages_sent=%.0f",
+            r->stats["replication_sync_commits"],
+            r->stats["replication_sync_timeouts"],
+            r->stats["replication_batches_sent"],
+            r->stats["replication_messages_sent"]);
       }
       std::printf("\n");
       std::fflush(stdout);
