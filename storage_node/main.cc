@@ -160,6 +160,10 @@ DEFINE_int32(prefetch_session_timeout_ms,
 DEFINE_double(prefetch_hint_share, Defaults().prefetch.hint_share,
               "Think-time hints: the share of the hybrid device's staging "
               "window they may hold staged (0: ignore hints).");
+DEFINE_bool(prefetch_hints_when_idle, Defaults().prefetch.hints_when_idle,
+            "Think-time hints: start refills from the capacity tier only "
+            "while no request is loading from the node (false: also beside "
+            "requests whose blocks are all staged).");
 DEFINE_int32(prefetch_max_hint_hold_ms, Ms(Defaults().prefetch.max_hint_hold),
              "Think-time hints: the longest a hint holds its objects, from "
              "its arrival (ms).");
@@ -384,6 +388,7 @@ absl::Status OptionsFromFlags(hymcache::StorageNodeOptions* options) {
   options->prefetch.session_timeout =
       absl::Milliseconds(FLAGS_prefetch_session_timeout_ms);
   options->prefetch.hint_share = FLAGS_prefetch_hint_share;
+  options->prefetch.hints_when_idle = FLAGS_prefetch_hints_when_idle;
   options->prefetch.max_hint_hold =
       absl::Milliseconds(FLAGS_prefetch_max_hint_hold_ms);
 
@@ -450,7 +455,8 @@ int main(int argc, char** argv) {
                     "shutdown_flush_timeout_ms"}},
                   {"Prefetch",
                    {"prefetch_window_bytes", "prefetch_session_timeout_ms",
-                    "prefetch_hint_share", "prefetch_max_hint_hold_ms"}},
+                    "prefetch_hint_share", "prefetch_hints_when_idle",
+                    "prefetch_max_hint_hold_ms"}},
                   {"Data planes",
                    {"shm", "shm_allowed_uids", "shm_allowed_gids", "rdma",
                     "rdma_device", "max_connections",

@@ -100,6 +100,14 @@ struct KvManagerOptions {
   // that arrives meanwhile shares the device with at most this many hint
   // refills. >= 1. Default: 2.
   int max_hint_refills = 2;
+  // Think-time hints start refills only in idle device time: while no
+  // request's prefetch session is open on the node. A request that arrives
+  // then shares the device (and, where the capacity tier costs CPU, as
+  // zram does, the cores) only with the refills already running, at most
+  // max_hint_refills, never with new ones. False: refills also start beside
+  // open sessions whose objects are all issued (they only yield window
+  // space a session needs). Default: true.
+  bool hints_when_idle = true;
   // Not owned; required; must outlive the manager.
   MemoryDevice* device = nullptr;
   ExtentTable* extents = nullptr;

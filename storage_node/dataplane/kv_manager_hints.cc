@@ -5,7 +5,8 @@
 //
 // The rules (docs/prefetch.md, "Think-time hints"):
 //   * A hint never takes window space a request needs. Hints are staged only
-//     while no session has an object waiting to be issued, only into space
+//     while no session has an object waiting to be issued (by default only
+//     while no session is open at all: idle device time), only into space
 //     sessions leave free, and together at most hint_share of the window.
 //     A session about to issue an object unstages hints, the latest expected
 //     first, until the object fits; those hints go back to the queue and
@@ -171,8 +172,10 @@ void KvManager::ProbeHintsLocked() {
 
 void KvManager::PumpHintsLocked() {
   ProbeHintsLocked();
-  // Requests waiting for the window come first.
+  // Requests waiting for the window come first; with hints_when_idle, any
+  // open request does.
   if (session_queued_ > 0) return;
+  if (options_.hints_when_idle && !sessions_.empty()) return;
   const uint64_t budget = HintBudget();
   while (!hint_queue_.empty() &&
          static_cast<int>(hints_loading_.size()) < options_.max_hint_refills) {

@@ -510,6 +510,33 @@ TEST_CASE("hint refills are paced: at most max_hint_refills in flight") {
   CHECK(rig.kv->Stats().turn_hints_staged == 4);
 }
 
+TEST_CASE("hint refills start only while no request loads (hints_when_idle)") {
+  for (const bool idle_only : {true, false}) {
+    CAPTURE(idle_only);
+    KvManagerOptions o = HintOptions();
+    o.hints_when_idle = idle_only;
+    Rig rig(12, o);
+    // A request whose 2 objects are all issued (nothing waits for window
+    // space), still reading.
+    REQUIRE(AllOk(rig.kv->Prefetch(7, rig.Keys(8, 10))));
+    REQUIRE(rig.kv->Stats().queued_objects == 0);
+    REQUIRE(AllOk(
+        rig.kv->HintTurn(rig.Keys(0, 3), absl::Seconds(1), absl::Seconds(60))));
+    rig.kv->ReapExpired();  // a pump
+    CHECK(rig.kv->Stats().turn_hints_staged == (idle_only ? 0 : 3));
+    CHECK(rig.kv->Stats().turn_hints_held == 3);
+    rig.Read(7, 8);
+    CHECK(rig.kv->Stats().turn_hints_staged == (idle_only ? 0 : 3));
+    // The request's last read ends its session: the device is idle.
+    rig.Read(7, 9);
+    CHECK(rig.kv->Stats().sessions == 0);
+    CHECK(rig.kv->Stats().turn_hints_staged == 3);
+    REQUIRE(AllOk(rig.kv->Prefetch(8, rig.Keys(0, 3))));
+    CHECK(rig.kv->Stats().turn_hint_hits == 3);
+    for (int i = 0; i < 3; ++i) rig.Read(8, i);
+  }
+}
+
 TEST_CASE("without a staging window hints are accepted and stage nothing") {
   Rig rig(4);  // staging_capacity 0: a DRAM device
   REQUIRE(AllOk(

@@ -236,7 +236,7 @@ smoke hymbench_floors -p '^prefetch on/off load bandwidth: [0-9.]+x' \
   bash "$B/hymbench_floors.sh" "$T/trace.jsonl"
 
 # tools/bench/think_time_bench.sh: two conversations of two turns, one rep.
-smoke think_time_bench -p '^think_time: hints_vs_dram_p50=[0-9.]+ .*wasted_bw_vs_nohints=[0-9.na]+$' -- \
+smoke think_time_bench -p '^think_time: hints_vs_dram_p50=[0-9.]+ .*wasted_bw_vs_nohints=[0-9.na]+ pooled_hints_vs_dram_p50=[0-9.na]+ pooled_hints_vs_dram_p99=[0-9.na]+$' -- \
   env HYMCACHE_BENCH_BIN="$BIN" CONVERSATIONS=2 TURNS=2 GAP_MS=300 BLOCK=64K \
   STAGING=16M WRITE_BUFFER=8M CAPACITY=256M \
   bash "$B/think_time_bench.sh" --capdir="$T/think-time" --out="$T/think-time-out" --reps=1

@@ -9,6 +9,9 @@
 #              the capacity tier when it arrives;
 #   hints      the same hybrid node setup, hymbench --hint_next_turn (each
 #              turn, once stored, hints its blocks for the next one);
+#   busyhints  (only when CONFIGS names it) hints with
+#              --prefetch_hints_when_idle=false: refills may start beside
+#              requests that are loading (the node's rule before Dec 6 2026);
 #   waste      the same, every hint wrong: each names the blocks of the same
 #              workload in another namespace (stored first, never read):
 #              what wasted staging costs the requests in flight.
@@ -40,8 +43,10 @@
 #   instead of building them with bazel -c opt).
 # Its last line: `think_time: hints_vs_dram_p50=X.XX hints_vs_dram_p99=X.XX
 #   nohints_vs_dram_p50=X.XX nohints_vs_dram_p99=X.XX hints_bw_vs_nohints=X.XX
-#   wasted_bw_vs_nohints=X.XX` (medians over the reps; nan where CONFIGS
-#   left out a configuration the ratio needs). Before it, the loads' p50,
+#   wasted_bw_vs_nohints=X.XX pooled_hints_vs_dram_p50=X.XX
+#   pooled_hints_vs_dram_p99=X.XX` (medians over the reps, then the ratios of
+#   every rep's loads pooled; nan where CONFIGS left out a configuration the
+#   ratio needs). Before it, the loads' p50,
 #   p90 and p99 per configuration over all reps pooled. Takes about
 #   (4 x reps x TURNS x GAP_MS) + setup.
 set -euo pipefail
@@ -108,6 +113,7 @@ run() {
                 --capacity_bytes="$CAPACITY" --staging_bytes="$STAGING"
                 --write_buffer_bytes="$WRITE_BUFFER" --metrics_listen=127.0.0.1:0
                 "${PACE[@]}")
+    [ "$config" = busyhints ] && node+=(--prefetch_hints_when_idle=false)
     if [ "$THROTTLE" = 1 ]; then
       # The node joins the throttled group first (its threads inherit it).
       local real_bin=$BIN
@@ -123,6 +129,7 @@ EOF
       start_node "$dir" node "${node[@]}"
     fi
     [ "$config" = hints ] && hint=(--hint_next_turn)
+    [ "$config" = busyhints ] && hint=(--hint_next_turn)
     [ "$config" = waste ] && hint=(--hint_next_turn --hint_namespace=decoy)
   fi
   "$BIN/hymbench" replay --master="$MASTER" --synthetic \
@@ -190,7 +197,7 @@ def metric(path, name):
 rows, ratios = [], {k: [] for k in ('h50', 'h99', 'n50', 'n99', 'bw', 'waste')}
 # The configurations run (CONFIGS), in the table's order; a ratio needs both
 # of its configurations (else "nan").
-configs = [c for c in ('dram', 'hybrid', 'hints', 'waste') if c in run]
+configs = [c for c in ('dram', 'hybrid', 'hints', 'busyhints', 'waste') if c in run]
 pooled = {c: [] for c in configs}
 nan = float('nan')
 
@@ -224,7 +231,15 @@ for c in configs:
     line.append('%s p50 %.2f p90 %.2f p99 %.2f ms' % (
         c, pct(pooled[c], 0.5), pct(pooled[c], 0.9), pct(pooled[c], 0.99)))
 print('pooled over %d reps: %s' % (reps, '; '.join(line)))
+
+def pooled_ratio(a, b, p):
+    if a not in pooled or b not in pooled or not pooled[b]:
+        return nan
+    return pct(pooled[a], p) / pct(pooled[b], p)
+
 print('think_time: hints_vs_dram_p50=%.2f hints_vs_dram_p99=%.2f nohints_vs_dram_p50=%.2f '
-      'nohints_vs_dram_p99=%.2f hints_bw_vs_nohints=%.2f wasted_bw_vs_nohints=%.2f' % (
-          med['h50'], med['h99'], med['n50'], med['n99'], med['bw'], med['waste']))
+      'nohints_vs_dram_p99=%.2f hints_bw_vs_nohints=%.2f wasted_bw_vs_nohints=%.2f '
+      'pooled_hints_vs_dram_p50=%.2f pooled_hints_vs_dram_p99=%.2f' % (
+          med['h50'], med['h99'], med['n50'], med['n99'], med['bw'], med['waste'],
+          pooled_ratio('hints', 'dram', 0.5), pooled_ratio('hints', 'dram', 0.99)))
 EOF
