@@ -231,6 +231,7 @@ void MetadataIndex::FreeRecord(uint32_t i) {
 
 void MetadataIndex::RemoveRecord(uint32_t i) {
   const uint32_t node_id = NodeOf(i);
+  if (!ended_.empty()) ended_.erase(i);
   Unlink(i, node_id);
   DetachFromParent(i);
   if (!HasChildren(i)) {
@@ -421,6 +422,7 @@ absl::StatusOr<std::optional<ObjectLocation>> MetadataIndex::Upsert(
     CountTenantOnNode(key, old->node_id, -static_cast<int64_t>(old->length));
     CountTenantOnNode(key, entry.node_id, static_cast<int64_t>(entry.length));
     record(i).read_tick = 0;
+    if (!ended_.empty()) ended_.erase(i);  // a new entry
     place(i);
     for (uint32_t j : kids) {
       const uint32_t node_id = NodeOf(j);
@@ -597,6 +599,7 @@ void MetadataIndex::Clear() {
   cross_children_.clear();
   used_.clear();
   used_head_ = 0;
+  ended_.clear();
   load_.reset();
 }
 

@@ -178,7 +178,10 @@ class MetadataIndex {
                      uint32_t read_tick);
   // TouchPrefix of keys already found: their records, from Find, with no
   // change to the index since.
-  void TouchRecords(absl::Span<const uint32_t> records, uint32_t read_tick);
+  // Returns the most recent read tick the records had before (0: none
+  // was read since written), which tells the owner how long ago the
+  // chain was last read.
+  uint32_t TouchRecords(absl::Span<const uint32_t> records, uint32_t read_tick);
 
   // A chain whose conversation ended (no reader is expected back): moves
   // its unshared tail to the least recent end of its node's list, so that
@@ -250,6 +253,52 @@ class MetadataIndex {
                                   uint32_t read_tick)>& judge,
       const std::function<bool(absl::string_view key,
                                const ObjectLocation& entry)>& take) const;
+
+  // One candidate of PickEvictionsScored, as its `score` sees it.
+  struct Candidate {
+    absl::string_view key;
+    ObjectLocation entry;
+    // Blocks above it in its chain (0: a root), counting cross-linked
+    // parents; at most kMaxScoredDepth (a deeper chain counts as that).
+    uint32_t depth = 0;
+    // Its read tick, or else the nearest nonzero one above it in its chain
+    // (a block written after its chain's last read shares that read's
+    // time); 0 if none is.
+    uint32_t last_use_tick = 0;
+    // Its conversation ended (DemoteChain with TrackEnded on) and it has
+    // not been read since.
+    bool ended = false;
+  };
+  static constexpr uint32_t kMaxScoredDepth = 4096;
+  // PickEvictions with a choice: the walk keeps a pool of up to `pool`
+  // entries it may choose (leaves, counting as gone the children chosen
+  // before them), filled from the least recent end, and chooses the one
+  // with the lowest `score` each time the pool is full or the walk has
+  // ended. A chosen entry's parent, when that was its last child and the
+  // walk deferred it, joins the pool. A tie goes to the entry
+  // PickEvictions would choose first. So with `pool` 1, or equal scores,
+  // it chooses
+  // exactly what PickEvictions does; a larger
+  // pool trades recency for the score among the least recent entries, and
+  // still chooses only leaves (every chosen entry's children were chosen
+  // before it). `judge` and `take` as for PickEvictions (after kStop, or
+  // at the scan limit, the walk chooses from the pool it has); `score` is
+  // called once per entry that joins the pool. Nothing is modified.
+  WalkEnd PickEvictionsScored(
+      uint32_t node_id, size_t max_scan, size_t pool,
+      const std::function<Verdict(absl::string_view key,
+                                  const ObjectLocation& entry,
+                                  uint32_t read_tick)>& judge,
+      const std::function<double(const Candidate&)>& score,
+      const std::function<bool(absl::string_view key,
+                               const ObjectLocation& entry)>& take) const;
+
+  // With `on`, DemoteChain marks the entries it demotes as ended until they
+  // are read, replaced or erased (Candidate::ended). Off by default (the
+  // marks take memory until their entries go); turning it off drops them.
+  void TrackEnded(bool on);
+  // Entries marked ended.
+  size_t ended_count() const { return ended_.size(); }
 
   // Number of erased entries whose children are still present (ghosts).
   // While it is nonzero, Orphans() has something to return.
@@ -526,6 +575,9 @@ class MetadataIndex {
   // CollectUsed queue: record numbers, [used_head_, end) pending.
   bool track_used_ = false;
   std::vector<uint32_t> used_;
+  // Records marked ended (TrackEnded).
+  bool track_ended_ = false;
+  absl::flat_hash_set<uint32_t> ended_;
   size_t used_head_ = 0;
   std::unique_ptr<LoadState> load_;  // between LoadEntry and FinishLoad
   size_t size_ = 0;  // live entries (findable keys)

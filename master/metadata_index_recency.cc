@@ -1,7 +1,14 @@
 // MetadataIndex: the per-node recency lists (chains kept below their
-// parents), touches and read ticks, the eviction walk (PickEvictions),
-// orphans of ghosts, and the CollectUsed queue.
+// parents), touches and read ticks, the eviction walks (PickEvictions and
+// PickEvictionsScored), ended marks, orphans of ghosts, and the
+// CollectUsed queue.
 #include "master/metadata_index.h"
+
+#include <algorithm>
+#include <functional>
+#include <queue>
+#include <tuple>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -98,14 +105,17 @@ size_t MetadataIndex::TouchPrefix(const std::vector<absl::string_view>& keys,
   return found.size();
 }
 
-void MetadataIndex::TouchRecords(absl::Span<const uint32_t> records,
-                                 uint32_t read_tick) {
+uint32_t MetadataIndex::TouchRecords(absl::Span<const uint32_t> records,
+                                     uint32_t read_tick) {
+  uint32_t before = 0;
+  for (uint32_t i : records) before = std::max(before, record(i).read_tick);
   for (auto i = records.rbegin(); i != records.rend(); ++i) {
     if (LocalParent(*i) == kNil) TouchRecord(*i, read_tick);
   }
   for (uint32_t i : records) {
     if (LocalParent(i) != kNil) TouchRecord(i, read_tick);
   }
+  return before;
 }
 
 size_t MetadataIndex::DemoteChain(absl::Span<const absl::string_view> keys) {
@@ -135,6 +145,7 @@ size_t MetadataIndex::DemoteChain(absl::Span<const absl::string_view> keys) {
         LinkLeastRecent(i, list->second);
         ++moved;
       }
+      if (track_ended_) ended_.insert(i);
     } else {
       if (children != 1 || LocalParent(child) != i) break;
       if (record(child).next != i) {
@@ -142,6 +153,7 @@ size_t MetadataIndex::DemoteChain(absl::Span<const absl::string_view> keys) {
         LinkAbove(i, child, list->second);
         ++moved;
       }
+      if (track_ended_) ended_.insert(i);
     }
     child = i;
   }
@@ -172,6 +184,7 @@ void MetadataIndex::TouchRecord(uint32_t i, uint32_t read_tick) {
     }
   }
   l.read_tick = read_tick;
+  if (!ended_.empty()) ended_.erase(i);  // read again: not ended
   if (track_used_ && !l.used()) {
     l.set_used(true);
     used_.push_back(i);
@@ -236,6 +249,119 @@ MetadataIndex::WalkEnd MetadataIndex::PickEvictions(
     }
   }
   return WalkEnd::kListEnd;
+}
+
+MetadataIndex::WalkEnd MetadataIndex::PickEvictionsScored(
+    uint32_t node_id, size_t max_scan, size_t pool,
+    const std::function<Verdict(absl::string_view, const ObjectLocation&,
+                                uint32_t)>& judge,
+    const std::function<double(const Candidate&)>& score,
+    const std::function<bool(absl::string_view, const ObjectLocation&)>& take)
+    const {
+  auto it = lists_.find(node_id);
+  if (it == lists_.end()) return WalkEnd::kListEnd;
+  if (pool == 0) pool = 1;
+  absl::flat_hash_map<uint32_t, uint32_t> chosen_children;
+  // Deferred entries (with children not yet chosen) and their place in
+  // the walk.
+  absl::flat_hash_map<uint32_t, uint64_t> deferred;
+  // The pool: (score, order, record); the lowest score first, then the
+  // lowest order: an entry's place in the walk, or for a parent that joins
+  // when its last child is chosen, the later of its place and that
+  // child's order. That is the order PickEvictions chooses in, so with
+  // equal scores the two walks choose the same.
+  struct Pooled {
+    double score;
+    uint64_t order;
+    uint32_t record;
+    uint32_t depth;          // as in its Candidate
+    uint32_t last_use_tick;  // as in its Candidate
+    bool operator>(const Pooled& o) const {
+      return std::tie(score, order, record) >
+             std::tie(o.score, o.order, o.record);
+    }
+  };
+  std::priority_queue<Pooled, std::vector<Pooled>, std::greater<Pooled>> heap;
+  // Joins record i; `child`, when i joins because its last child was
+  // chosen, saves the walk up the chain (a chain's blocks go tail first,
+  // so walking from each would be quadratic in its length).
+  auto join = [&](uint32_t i, uint64_t order, const Pooled* child) {
+    Candidate c;
+    c.key = KeyOf(i);
+    c.entry = EntryOf(i);
+    c.ended = ended_.contains(i);
+    c.last_use_tick = record(i).read_tick;
+    if (child != nullptr && child->depth > 0 &&
+        child->depth < kMaxScoredDepth &&
+        (c.last_use_tick != 0 || record(child->record).read_tick == 0)) {
+      // The child's last use, when it had no read of its own, came from
+      // above it: from i or above i, the same as i's.
+      c.depth = child->depth - 1;
+      if (c.last_use_tick == 0) c.last_use_tick = child->last_use_tick;
+    } else {
+      for (uint32_t p = record(i).parent;
+           p != kNil && c.depth < kMaxScoredDepth; p = record(p).parent) {
+        ++c.depth;
+        if (c.last_use_tick == 0) c.last_use_tick = record(p).read_tick;
+      }
+    }
+    heap.push(Pooled{score(c), order, i, c.depth, c.last_use_tick});
+  };
+  // Chooses the pool's lowest; false when `take` has enough.
+  auto choose = [&]() -> bool {
+    const Pooled top = heap.top();
+    heap.pop();
+    if (!take(KeyOf(top.record), EntryOf(top.record))) return false;
+    // A cross-linked parent is on another node's list: not this walk's.
+    const uint32_t p = LocalParent(top.record);
+    if (p != kNil) {
+      const uint32_t n = ++chosen_children[p];
+      auto d = deferred.find(p);
+      if (n >= ChildCount(p) && d != deferred.end()) {
+        const uint64_t place = d->second;
+        deferred.erase(d);
+        join(p, std::max(place, top.order), &top);
+      }
+    }
+    return true;
+  };
+  size_t scanned = 0;
+  WalkEnd end = WalkEnd::kListEnd;
+  for (uint32_t i = it->second.least; i != kNil; i = record(i).next) {
+    if (scanned == max_scan) {
+      end = WalkEnd::kScanLimit;
+      break;
+    }
+    ++scanned;
+    const Verdict v = judge(KeyOf(i), EntryOf(i), record(i).read_tick);
+    if (v == Verdict::kStop) {
+      end = WalkEnd::kStopped;
+      break;
+    }
+    if (v == Verdict::kKeep) continue;
+    const uint32_t children = ChildCount(i);
+    if (children > 0) {
+      auto c = chosen_children.find(i);
+      if (c == chosen_children.end() || c->second < children) {
+        deferred.emplace(i, scanned);
+        continue;
+      }
+    }
+    join(i, scanned, nullptr);
+    while (heap.size() >= pool) {
+      if (!choose()) return WalkEnd::kEnough;
+    }
+  }
+  // The walk has ended: choose from what the pool holds.
+  while (!heap.empty()) {
+    if (!choose()) return WalkEnd::kEnough;
+  }
+  return end;
+}
+
+void MetadataIndex::TrackEnded(bool on) {
+  track_ended_ = on;
+  if (!on) ended_ = {};
 }
 
 std::vector<std::pair<std::string, ObjectLocation>> MetadataIndex::Orphans()
