@@ -74,6 +74,23 @@ DEFINE_uint32(max_evictions_per_put, ServiceDefaults().max_evictions_per_put,
 DEFINE_uint32(max_eviction_scan, ServiceDefaults().max_eviction_scan,
               "most objects one put's eviction walk looks at, victims and "
               "objects passed over (leased, pinned, with children) together");
+DEFINE_string(eviction_policy, "lru",
+              "which objects a full node evicts first: lru (the least "
+              "recently used chain tails) or cost (the lowest prefill time "
+              "saved per byte among --eviction_cost_pool least recent "
+              "tails; master/eviction_cost.h); chains whose conversation "
+              "ended go first under both");
+DEFINE_uint32(eviction_cost_pool, ServiceDefaults().eviction_cost.pool,
+              "with --eviction_policy=cost: evictable tails compared per "
+              "choice, from the least recent (1: LRU)");
+DEFINE_uint32(eviction_cost_block_tokens,
+              ServiceDefaults().eviction_cost.block_tokens,
+              "with --eviction_policy=cost: tokens per block");
+DEFINE_uint32(eviction_cost_attention_tokens,
+              ServiceDefaults().eviction_cost.attention_tokens,
+              "with --eviction_policy=cost: context length at which a "
+              "token's attention FLOPs equal its weights' (2 x parameters "
+              "/ (4 x layers x hidden size); 0: no position term)");
 DEFINE_uint32(recency_batch, ServiceDefaults().recency_batch,
               "most object reads the reaper writes to the store per round, "
               "so that a restart keeps the eviction order (0: reads are not "
@@ -241,6 +258,15 @@ absl::Status OptionsFromFlags(hymcache::MasterOptions* options) {
   so.max_pending_share_per_caller = FLAGS_max_pending_share_per_caller;
   so.max_pending_slots_per_caller = FLAGS_max_pending_slots_per_caller;
   so.reconcile_interval = absl::Milliseconds(FLAGS_reconcile_interval_ms);
+  auto eviction = hymcache::master::ParseEvictionPolicy(FLAGS_eviction_policy);
+  if (!eviction.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eviction_policy: ", eviction.status().message()));
+  }
+  so.eviction_policy = *eviction;
+  so.eviction_cost.pool = FLAGS_eviction_cost_pool;
+  so.eviction_cost.block_tokens = FLAGS_eviction_cost_block_tokens;
+  so.eviction_cost.attention_tokens = FLAGS_eviction_cost_attention_tokens;
   auto policy = hymcache::master::ParsePlacementPolicy(FLAGS_placement);
   if (!policy.ok()) {
     return absl::InvalidArgumentError(
@@ -296,6 +322,10 @@ int main(int argc, char** argv) {
               "read_lease_ms",
               "max_evictions_per_put",
               "max_eviction_scan",
+              "eviction_policy",
+              "eviction_cost_pool",
+              "eviction_cost_block_tokens",
+              "eviction_cost_attention_tokens",
               "recency_batch",
               "index_snapshot_changes",
               "reconcile_interval_ms",

@@ -88,6 +88,7 @@ absl::Status MasterServiceOptions::Validate() const {
   if (max_eviction_scan == 0) {
     return absl::InvalidArgumentError("max_eviction_scan must be > 0");
   }
+  if (absl::Status s = eviction_cost.Validate(); !s.ok()) return s;
   if (max_nodes == 0 || max_nodes > kMaxNodesLimit) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_nodes must be 1..", kMaxNodesLimit));
@@ -159,6 +160,8 @@ absl::StatusOr<std::unique_ptr<MasterService>> MasterService::CreatePreloaded(
     from->index_ = std::make_unique<MetadataIndex>();
     from->taken_over_ = true;
     service->index_->TrackUsed(options.recency_batch > 0);
+    service->index_->TrackEnded(options.eviction_policy ==
+                                EvictionPolicy::kCost);
     service->object_bytes_ = from->object_bytes_;
     service->counters_.objects_dropped = from->counters_.objects_dropped;
     service->counters_.orphans_removed = from->counters_.orphans_removed;
@@ -190,6 +193,7 @@ MasterService::MasterService(const MasterServiceOptions& options,
   next_put_id_ = start;
   lease_epoch_ = clock_->Now();
   index_->TrackUsed(options_.recency_batch > 0);
+  index_->TrackEnded(options_.eviction_policy == EvictionPolicy::kCost);
 }
 
 MasterService::~MasterService() {

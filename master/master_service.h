@@ -75,6 +75,7 @@
 #include "master/allocator.h"
 #include "master/engine_caches.h"
 #include "master/event_log.h"
+#include "master/eviction_cost.h"
 #include "master/metadata_index.h"
 #include "master/metadata_store.h"
 #include "master/placement.h"
@@ -121,6 +122,14 @@ struct MasterServiceOptions {
   // passed over (leased, pinned, or with children) together, across its
   // rounds. Must be > 0. Default: 16384.
   uint32_t max_eviction_scan = 16384;
+  // Which evictable objects a PutStart evicts first on a full node
+  // (master/eviction_cost.h): kLru, the least recently used leaf (chains
+  // whose conversation ended first); kCost, the lowest cost score among
+  // eviction_cost.pool least recent leaves (ended chains still first).
+  // Quota evictions within a tenant stay LRU. Default: kLru (chosen by
+  // measurement, docs/prefetch.md).
+  EvictionPolicy eviction_policy = EvictionPolicy::kLru;
+  EvictionCostOptions eviction_cost;
   // Most objects whose last read ReapExpired writes to the store per call
   // (see Recency across restarts, master_service_recovery.cc). 0: reads are
   // not persisted (a restart orders objects by commit time). Default: 16384.
@@ -910,6 +919,19 @@ class MasterService {
       const absl::flat_hash_set<absl::string_view>& keep, absl::Time now,
       std::vector<std::pair<uint32_t, uint64_t>>* out, std::string* why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The eviction walk of `node_id` under options_.eviction_policy:
+  // MetadataIndex::PickEvictions (kLru) or PickEvictionsScored with the
+  // cost score (kCost, master/eviction_cost.h).
+  MetadataIndex::WalkEnd PickEvictionsLocked(
+      uint32_t node_id, size_t max_scan, uint32_t now_tick,
+      const std::function<MetadataIndex::Verdict(
+          absl::string_view, const ObjectLocation&, uint32_t)>& judge,
+      const std::function<bool(absl::string_view, const ObjectLocation&)>& take)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A for_read lookup found the chain of `key` last read `gap` ago: one
+  // more return gap of its tenant (eviction_policy kCost).
+  void ObserveReturnGapLocked(absl::string_view key, absl::Duration gap)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes `victims` (all on `node_id`) from the store in one batch, then
   // from the index and allocators. Errors: store errors (nothing changes).
   absl::Status EvictObjects(
@@ -1122,6 +1144,11 @@ class MasterService {
   // put_token -> put id, for the pending puts that carry one.
   absl::flat_hash_map<uint64_t, uint64_t> pending_tokens_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, CallerPending> pending_by_caller_
+      ABSL_GUARDED_BY(mu_);
+  // Per tenant: gaps between a chain's reads (eviction_policy kCost only),
+  // at most kMaxReturnGapTenants; further tenants share the "" entry.
+  static constexpr size_t kMaxReturnGapTenants = 1024;
+  absl::flat_hash_map<std::string, ReturnGaps> return_gaps_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> quota_evictions_by_tenant_
       ABSL_GUARDED_BY(mu_);

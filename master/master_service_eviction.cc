@@ -41,6 +41,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <map>
 
@@ -155,8 +156,8 @@ absl::StatusOr<bool> MasterService::EvictAndAllocate(
     const size_t scan_budget = options_.max_eviction_scan - scanned;
     MetadataIndex::WalkEnd end = MetadataIndex::WalkEnd::kEnough;
     if (budget > 0 && scan_budget > 0) {
-      end = index_->PickEvictions(
-          node_id, scan_budget,
+      end = PickEvictionsLocked(
+          node_id, scan_budget, now_tick,
           [&](absl::string_view key, const ObjectLocation& e,
               uint32_t read_tick) ABSL_NO_THREAD_SAFETY_ANALYSIS {
             ++scanned;
@@ -214,6 +215,42 @@ absl::StatusOr<bool> MasterService::EvictAndAllocate(
     if (TryAllocateOnNode(node, lengths, out)) return true;
     if (!first) round_size *= 2;
   }
+}
+
+MetadataIndex::WalkEnd MasterService::PickEvictionsLocked(
+    uint32_t node_id, size_t max_scan, uint32_t now_tick,
+    const std::function<MetadataIndex::Verdict(
+        absl::string_view, const ObjectLocation&, uint32_t)>& judge,
+    const std::function<bool(absl::string_view, const ObjectLocation&)>& take) {
+  if (options_.eviction_policy != EvictionPolicy::kCost) {
+    return index_->PickEvictions(node_id, max_scan, judge, take);
+  }
+  const EvictionCostOptions& cost = options_.eviction_cost;
+  const ReturnGaps none;
+  return index_->PickEvictionsScored(
+      node_id, max_scan, cost.pool, judge,
+      [&](const MetadataIndex::Candidate& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        auto gaps = return_gaps_.find(TenantOfKey(c.key));
+        if (gaps == return_gaps_.end()) gaps = return_gaps_.find("");
+        const absl::Duration idle =
+            c.last_use_tick == 0 ? absl::InfiniteDuration()
+                                 : absl::Milliseconds(std::max<int64_t>(
+                                       0, int64_t{now_tick} - c.last_use_tick));
+        return EvictionScore(cost, c.depth, c.entry.length, idle, c.ended,
+                             gaps == return_gaps_.end() ? none : gaps->second);
+      },
+      take);
+}
+
+void MasterService::ObserveReturnGapLocked(absl::string_view key,
+                                           absl::Duration gap) {
+  absl::string_view tenant = TenantOfKey(key);
+  auto it = return_gaps_.find(tenant);
+  if (it == return_gaps_.end()) {
+    if (return_gaps_.size() >= kMaxReturnGapTenants) tenant = "";
+    it = return_gaps_.try_emplace(std::string(tenant)).first;
+  }
+  it->second.Observe(gap);
 }
 
 absl::Status MasterService::MakeRoomInTenant(

@@ -597,6 +597,68 @@ TEST_CASE(
   CHECK(h.svc->counters().evicted_objects == 3);
 }
 
+TEST_CASE(
+    "Under the cost policy a full node evicts the chain whose next read is "
+    "farthest off, not the least recent") {
+  Harness h("evict_cost", [](MasterServiceOptions& o) {
+    o.read_lease = absl::Seconds(1);
+    o.eviction_policy = EvictionPolicy::kCost;
+  });
+  const uint32_t a = h.Register("a", 1, {{0, 3 * kSlot}});
+  auto advance = [&](absl::Duration d) {  // heartbeats every 3 s at most
+    for (; d > absl::ZeroDuration(); d -= absl::Seconds(3)) {
+      h.clock.Advance(std::min(d, absl::Seconds(3)));
+      h.Heartbeat(a, 1);
+    }
+  };
+  // g comes back every 12 s: the tenant's return gaps are all about 12 s.
+  h.Put({"g"}, kObj);
+  h.Put({"p"}, kObj);
+  h.Put({"q"}, kObj);
+  for (int i = 0; i < 4; ++i) {
+    if (i > 0) advance(absl::Seconds(12));
+    REQUIRE(h.Read({"g"}).hit_prefix_length() == 1);
+  }
+  // t = 37: p read; t = 43: q read; t = 46: a put needs room. LRU would
+  // take g (read at 36), then p. With gaps of 12 s, g and p are due in
+  // two or three seconds, q in about nine: q goes.
+  advance(absl::Seconds(1));
+  h.Read({"p"});
+  advance(absl::Seconds(6));
+  h.Read({"q"});
+  advance(absl::Seconds(3));
+  h.Put({"n"}, kObj);
+  CHECK(h.Found({"g", "p", "q", "n"}) == "1101");
+
+  // An ended chain still goes first: p, though it would be back within
+  // seconds.
+  v1::BatchLookupRequest ended = LookupReq({"p"});
+  ended.set_ended(true);
+  REQUIRE(h.svc->BatchLookup(ended).ok());
+  h.Put({"m"}, kObj);
+  CHECK(h.Found({"g", "p", "n", "m"}) == "1011");
+  CHECK(h.svc->counters().evicted_objects == 2);
+}
+
+TEST_CASE(
+    "Under the cost policy a chain loses its tail first, and a shallow block "
+    "goes before a deep one") {
+  Harness h("evict_cost_chain", [](MasterServiceOptions& o) {
+    o.read_lease = absl::ZeroDuration();
+    o.eviction_policy = EvictionPolicy::kCost;
+  });
+  h.Register("a", 1, {{0, 4 * kSlot}});
+  h.Put({"c0", "c1", "c2", "c3"}, kObj);
+  // The chain's tail is the only evictable block (the others have a child).
+  h.Put({"n0"}, kObj);
+  CHECK(h.Found({"c0", "c1", "c2", "c3", "n0"}) == "11101");
+  // No gaps learned yet: position alone. c2 saves more prefill than n0, a
+  // chain head, though n0 is the more recent.
+  h.Put({"n1"}, kObj);
+  CHECK(h.Found({"c0", "c1", "c2", "n0", "n1"}) == "11101");
+  CHECK(h.svc->counters().evicted_objects == 2);
+}
+
 TEST_CASE("A chain continued on another node loses its tail there with its head") {
   Harness h("cross_node_chain");
   const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});

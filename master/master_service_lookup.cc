@@ -169,7 +169,14 @@ absl::Status MasterService::BatchLookupInto(
   // The chain head ends up most recent, each block just below the one
   // before it (MetadataIndex::TouchPrefix).
   const uint32_t tick = LeaseTick(now);
-  index_->TouchRecords(hit_records, tick);
+  const uint32_t before = index_->TouchRecords(hit_records, tick);
+  if (options_.eviction_policy == EvictionPolicy::kCost && before != 0 &&
+      before < tick) {
+    // The chain came back after this long: the tenant's return gaps
+    // (master/eviction_cost.h).
+    ObserveReturnGapLocked(request.keys(0),
+                           absl::Milliseconds(int64_t{tick} - before));
+  }
   return absl::OkStatus();
 }
 

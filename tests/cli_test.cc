@@ -204,6 +204,22 @@ TEST_CASE("flag defaults come from the options structs; a bad choice "
                                           "--max_eviction_scan=0"});
   CHECK(Exited(scan, 2));
   CHECK(absl::StrContains(scan.output, "max_eviction_scan"));
+  // So do the eviction policy's (master/eviction_cost.h).
+  CHECK(absl::StrContains(master.output,
+                          "--eviction_policy (string, default: "
+                          "\"lru\")"));
+  RunResult policy =
+      MustRun(kBinaries[0], {"--db_path=" + TempDir("policy"),
+                             "--listen=127.0.0.1:0", "--eviction_policy=lfu"});
+  CHECK(Exited(policy, 2));
+  CHECK(absl::StrContains(policy.output,
+                          "--eviction_policy: eviction policy "
+                          "'lfu' (want lru or cost)"));
+  RunResult pool = MustRun(
+      kBinaries[0], {"--db_path=" + TempDir("pool"), "--listen=127.0.0.1:0",
+                     "--eviction_policy=cost", "--eviction_cost_pool=0"});
+  CHECK(Exited(pool, 2));
+  CHECK(absl::StrContains(pool.output, "eviction_cost.pool"));
 }
 
 TEST_CASE("--log_dir writes glog files there; a missing one is refused") {

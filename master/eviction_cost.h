@@ -1,0 +1,104 @@
+// The master's eviction policies (MasterServiceOptions::eviction_policy):
+// recency (LRU, the default) and the cost-aware score, which weighs what a
+// block's presence saves against the bytes it takes.
+//
+// The cost score of an evictable leaf (docs/prefetch.md, "Cost-aware
+// eviction in the master"):
+//
+//   work  = block_tokens * (1 + (depth + 1/2) * block_tokens / attn_tokens)
+//           the prefill FLOPs the block saves, in units of one token's
+//           weight FLOPs: a token's attention grows with its position, and
+//           at attn_tokens (attention_tokens) of context it costs as much
+//           as the weights
+//   S, R  = the share of the tenant's observed return gaps longer than the
+//           block's idle time, and their mean excess over it
+//           (ReturnGaps::At): "still coming back" and "how soon"
+//   score = work * S / (bytes * max(R, min_wait))      0 when ended
+//
+// A block's idle time counts from its last read, or else its chain's last
+// read above it (it was written after that read). A chain never read
+// counts as idle past every gap seen: score 0 once the tenant has any (the
+// walk compares only the least recent leaves, so such a chain was written
+// long before the rest and never came back). Without gaps, S = 1 and R = 0:
+// position and bytes alone.
+//
+// The lowest goes first. It is hymsim's `cost` score (tools/hymsim/hymsim/
+// eviction.py) with what a master knows: no turn numbers and no readers
+// per block, so the return probability is the gap term alone.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace hymcache {
+namespace master {
+
+enum class EvictionPolicy {
+  kLru,   // least recently used leaf first (plus ended chains first)
+  kCost,  // lowest cost score among the `pool` least recent leaves first
+};
+
+// "lru" or "cost"; InvalidArgument otherwise.
+absl::StatusOr<EvictionPolicy> ParseEvictionPolicy(absl::string_view name);
+absl::string_view EvictionPolicyName(EvictionPolicy policy);
+
+struct EvictionCostOptions {
+  // Evictable leaves the walk compares before each choice, from the least
+  // recent end (MetadataIndex::PickEvictionsScored). 1 is LRU. 1..65536.
+  // Default: 64.
+  uint32_t pool = 64;
+  // Tokens per block, as the engines cut them. 1..2^20. Default: 512 (the
+  // Mooncake trace's and hymbench's).
+  uint32_t block_tokens = 512;
+  // The context length at which a token's attention FLOPs equal its
+  // weights' FLOPs: 2 * parameters / (4 * layers * hidden size), about
+  // 49,600 for Qwen2.5-32B (hymsim's model). 0: every block saves the same
+  // (no position term). Default: 49152.
+  uint32_t attention_tokens = 49152;
+  // Floor of a block's expected wait until its next read (one scheduling
+  // quantum). 1 ms..1 h. Default: 1 s.
+  absl::Duration min_wait = absl::Seconds(1);
+
+  absl::Status Validate() const;
+};
+
+// One tenant's gaps between a chain's reads, learned online by the master
+// from for_read lookups (the time since the chain's previous read), in
+// bins of milliseconds spaced by a factor sqrt(2) (as hymsim's).
+class ReturnGaps {
+ public:
+  void Observe(absl::Duration gap);
+  uint64_t count() const { return count_; }
+
+  struct Tail {
+    double survival;          // share of gaps longer than the idle time
+    absl::Duration residual;  // their mean excess over it
+  };
+  // At `idle`: each gap counted at its bin's geometric middle, plus half a
+  // pseudo-gap at 2 * idle (so both stay defined past the longest gap);
+  // {1, 0} while no gap has been seen.
+  Tail At(absl::Duration idle) const;
+
+ private:
+  static constexpr int kBins = 80;  // 1 ms .. 2^40 ms
+  std::array<uint64_t, kBins> bins_{};
+  uint64_t count_ = 0;
+};
+
+// The prefill work a block at `depth` (blocks before it in its chain)
+// saves, in units of one token's weight FLOPs (the file comment).
+double BlockPrefillWork(const EvictionCostOptions& options, uint32_t depth);
+
+// The cost score (the file comment); lower is evicted first. `idle`:
+// absl::InfiniteDuration() when the chain was never read.
+double EvictionScore(const EvictionCostOptions& options, uint32_t depth,
+                     uint64_t bytes, absl::Duration idle, bool ended,
+                     const ReturnGaps& gaps);
+
+}  // namespace master
+}  // namespace hymcache
