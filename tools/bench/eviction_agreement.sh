@@ -12,7 +12,7 @@
 # sees the sequence the model sees.
 #
 # Usage: tools/bench/eviction_agreement.sh [--trace=PATH] [--fraction=0.5]
-#          [--block_bytes=64K] [--out=DIR] [--ended]
+#          [--block_bytes=64K] [--out=DIR] [--ended] [--cost]
 #   --trace     a Mooncake JSONL trace (512 tokens per hash_id), e.g.
 #               ../shared/traces/...; default: hymbench gen's synthetic chat
 #               (CONVERSATIONS=48, TURNS=8: ~400 requests).
@@ -25,6 +25,14 @@
 #               policy; one more last line: `eviction_ended:
 #               measured_ended_vs_lru_saved=X.XX model_ended_vs_lru_saved=X.XX
 #               measured_vs_model_saved=X.XX (ended, capacity F)`.
+#   --cost      one more replay, on a fresh master (--eviction_policy=cost,
+#               master/eviction_cost.h) and node, with the hints of
+#               --ended when it is given too; scored beside the others and
+#               against hymsim's "cost" policy; one more last line:
+#               `eviction_cost: measured_cost_vs_lru_saved=X.XX
+#               [measured_cost_vs_ended_saved=X.XX] model_cost_vs_lru_saved=X.XX
+#               (cost, capacity F)`. COST_FLAGS (environment) adds master
+#               flags to that run (e.g. --eviction_cost_pool=256).
 # Knobs (environment): HYMCACHE_BENCH_BIN as cluster_lib.sh.
 # Its last line: `eviction_agreement: measured_vs_model_saved=X.XX
 #   measured_vs_model_hits=X.XX (lru, capacity F)`.
@@ -36,6 +44,7 @@ FRACTION=0.5
 BLOCK=64K
 OUT=/tmp/eviction-agreement
 ENDED=0
+COST=0
 while [ $# -gt 0 ]; do
   case $1 in
     --trace=*) TRACE=${1#*=} ;;
@@ -43,6 +52,7 @@ while [ $# -gt 0 ]; do
     --block_bytes=*) BLOCK=${1#*=} ;;
     --out=*) OUT=${1#*=} ;;
     --ended) ENDED=1 ;;
+    --cost) COST=1 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -76,11 +86,12 @@ echo "trace $TRACE, capacity $FRACTION of the footprint: $capacity bytes" \
   "in $BLOCK blocks" >&2
 
 # One replay against a fresh master and node: $1 names its files, the rest
-# are extra hymbench flags.
+# are extra hymbench flags; MASTER_FLAGS (an array) extra master flags.
+MASTER_FLAGS=()
 replay() {
   local name=$1
   shift
-  start_master "$OUT/master-$name" --read_lease_ms=0
+  start_master "$OUT/master-$name" --read_lease_ms=0 "${MASTER_FLAGS[@]}"
   start_node "$OUT" "node-$name" --device=dram --dram_bytes="$capacity" --shm=false
   "$BIN/hymbench" replay --master="$MASTER" --trace="$TRACE" --block_tokens=512 \
     --block_bytes="$BLOCK" --concurrency=1 --time_scale=max --wait_stores \
@@ -94,8 +105,19 @@ if [ "$ENDED" = 1 ]; then
   replay replay-ended --hint_conversation_end
   measured_ended=(--measured_ended="$OUT/replay-ended.json")
 fi
+measured_cost=()
+if [ "$COST" = 1 ]; then
+  hints=()
+  [ "$ENDED" = 1 ] && hints=(--hint_conversation_end)
+  # shellcheck disable=SC2206  # COST_FLAGS: words on purpose
+  MASTER_FLAGS=(--eviction_policy=cost ${COST_FLAGS:-})
+  replay replay-cost "${hints[@]}"
+  MASTER_FLAGS=()
+  measured_cost=(--measured_cost="$OUT/replay-cost.json")
+fi
 
 cd tools/hymsim
 python3 -m hymsim eviction --trace="$(realpath "$TRACE")" --block_tokens=512 \
   --trace_block_tokens=512 --capacity_fraction="$FRACTION" --policies=lru \
-  --measured="$OUT/replay.json" "${measured_ended[@]}" --json="$OUT/eviction.json"
+  --measured="$OUT/replay.json" "${measured_ended[@]}" "${measured_cost[@]}" \
+  --json="$OUT/eviction.json"

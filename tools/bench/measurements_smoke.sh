@@ -250,9 +250,10 @@ smoke netns_bench -p '^netns: (SKIPPED|get256k_vs_raw=[0-9.]+ lookup8_vs_raw=[0-
 
 # tools/bench/eviction_agreement.sh: a small generated chat.
 smoke eviction_agreement -p '^eviction_agreement: measured_vs_model_saved=[0-9.]+ measured_vs_model_hits=[0-9.]+ ' \
-  -p '^eviction_ended: measured_ended_vs_lru_saved=[0-9.]+ model_ended_vs_lru_saved=[0-9.]+ measured_vs_model_saved=[0-9.]+ ' -- \
+  -p '^eviction_ended: measured_ended_vs_lru_saved=[0-9.]+ model_ended_vs_lru_saved=[0-9.]+ measured_vs_model_saved=[0-9.]+ ' \
+  -p '^eviction_cost: measured_cost_vs_lru_saved=[0-9.]+ measured_cost_vs_ended_saved=[0-9.]+ model_cost_vs_lru_saved=[0-9.]+ ' -- \
   env HYMCACHE_BENCH_BIN="$BIN" CONVERSATIONS=8 TURNS=4 \
-  bash "$B/eviction_agreement.sh" --ended --out="$T/eviction-agreement"
+  bash "$B/eviction_agreement.sh" --ended --cost --out="$T/eviction-agreement"
 
 echo "measurements smoke: $passed passed, $failed failed${failures[*]:+ (${failures[*]})}"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

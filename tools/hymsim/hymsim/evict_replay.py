@@ -277,6 +277,11 @@ def _parser():
                    help="as --measured, of a replay with "
                    "--hint_conversation_end: compared with ended, and with "
                    "the --measured run")
+    p.add_argument("--measured_cost", "--measured-cost",
+                   help="as --measured, of a replay against a master with "
+                   "--eviction_policy=cost (and the --measured_ended run's "
+                   "hints when that is given): compared with the model's "
+                   "cost, and with the --measured (and --measured_ended) run")
     p.add_argument("--json", help="write the results here")
     return p
 
@@ -299,6 +304,10 @@ def main(argv):
             policies.insert(0, "lru")  # what the master runs
         if args.measured_ended and "ended" not in policies:
             policies.insert(1, "ended")
+        if args.measured_cost and not args.measured:
+            raise ValueError("--measured_cost needs --measured (the LRU run)")
+        if args.measured_cost and "cost" not in policies:
+            policies.append("cost")
         for name in policies:
             if name not in POLICIES:
                 raise ValueError("unknown policy %r" % name)
@@ -315,6 +324,9 @@ def main(argv):
         real_ended = (measured(reqs, args.measured_ended, model,
                                args.block_tokens, flop_rate)
                       if args.measured_ended else None)
+        real_cost = (measured(reqs, args.measured_cost, model,
+                              args.block_tokens, flop_rate)
+                     if args.measured_cost else None)
     except (OSError, ValueError, trace.TraceError) as e:
         print("hymsim eviction: %s" % e, file=sys.stderr)
         return 2
@@ -395,6 +407,29 @@ def main(argv):
                          agreement["ended"]["model_vs_lru_saved"],
                          agreement["ended"]["measured_vs_model_saved"],
                          fractions[0]))
+    if real_cost is not None:
+        def ratio(a, b):
+            return a / b if b else 0.0
+        model_lru = results[0]["policies"]["lru"]
+        model_cost = results[0]["policies"]["cost"]
+        print("%-9s %-8s %10.1f %9.3f %8s %10s" % (
+            "%.2f" % fractions[0], "meas-cost", real_cost["saved_s"],
+            real_cost["hit_ratio"], "-",
+            "%.2f" % ratio(real_cost["saved_s"], real["saved_s"])))
+        agreement["cost"] = {
+            "measured": real_cost,
+            "measured_vs_lru_saved": ratio(real_cost["saved_s"], real["saved_s"]),
+            "model_vs_lru_saved": ratio(model_cost["saved_s"], model_lru["saved_s"])}
+        vs_ended = ""
+        if real_ended is not None:
+            agreement["cost"]["measured_vs_ended_saved"] = ratio(
+                real_cost["saved_s"], real_ended["saved_s"])
+            vs_ended = "measured_cost_vs_ended_saved=%.2f " % (
+                agreement["cost"]["measured_vs_ended_saved"])
+        lines.append("eviction_cost: measured_cost_vs_lru_saved=%.2f %s"
+                     "model_cost_vs_lru_saved=%.2f (cost, capacity %.2f)" % (
+                         agreement["cost"]["measured_vs_lru_saved"], vs_ended,
+                         agreement["cost"]["model_vs_lru_saved"], fractions[0]))
     for line in lines:
         print(line)
     if args.json:
