@@ -7,14 +7,17 @@
 #include <vector>
 
 #include "master/metadata_index.h"
+#include "master/metadata_index_test_util.h"
 
 namespace hymcache {
 namespace master {
 namespace {
 
-using Keys = std::vector<std::string>;
-using Verdict = MetadataIndex::Verdict;
-using WalkEnd = MetadataIndex::WalkEnd;
+using index_test::Keys;
+using index_test::Pick;
+using index_test::PickScored;
+using index_test::Verdict;
+using index_test::WalkEnd;
 using Candidate = MetadataIndex::Candidate;
 
 ObjectLocation OnNode(uint32_t node, uint64_t n) {
@@ -25,43 +28,6 @@ ObjectLocation OnNode(uint32_t node, uint64_t n) {
   e.length = 4096;
   e.generation = n + 1;
   return e;
-}
-
-Keys Pick(const MetadataIndex& index, uint32_t node, size_t want,
-          size_t max_scan = 1000,
-          const std::function<Verdict(absl::string_view)>& judge = nullptr) {
-  Keys out;
-  index.PickEvictions(
-      node, max_scan,
-      [&](absl::string_view k, const ObjectLocation&, uint32_t) {
-        return judge ? judge(k) : Verdict::kEvict;
-      },
-      [&](absl::string_view k, const ObjectLocation&) {
-        out.emplace_back(k);
-        return out.size() < want;
-      });
-  return out;
-}
-
-Keys PickScored(
-    const MetadataIndex& index, uint32_t node, size_t want, size_t pool,
-    const std::function<double(const Candidate&)>& score,
-    size_t max_scan = 1000,
-    const std::function<Verdict(absl::string_view)>& judge = nullptr,
-    WalkEnd* end = nullptr) {
-  Keys out;
-  WalkEnd e = index.PickEvictionsScored(
-      node, max_scan, pool,
-      [&](absl::string_view k, const ObjectLocation&, uint32_t) {
-        return judge ? judge(k) : Verdict::kEvict;
-      },
-      score,
-      [&](absl::string_view k, const ObjectLocation&) {
-        out.emplace_back(k);
-        return out.size() < want;
-      });
-  if (end != nullptr) *end = e;
-  return out;
 }
 
 TEST_CASE(
@@ -89,10 +55,10 @@ TEST_CASE(
           auto keep_some = [](absl::string_view k) {
             return k.back() == '7' ? Verdict::kKeep : Verdict::kEvict;
           };
-          const Keys lru = Pick(index, node, want, scan, keep_some);
-          CHECK(PickScored(index, node, want, 1, random_score, scan,
-                           keep_some) == lru);
-          CHECK(PickScored(index, node, want, 64, equal, scan, keep_some) ==
+          const Keys lru = Pick(index, node, want, keep_some, scan);
+          CHECK(PickScored(index, node, want, 1, random_score, keep_some,
+                           scan) == lru);
+          CHECK(PickScored(index, node, want, 64, equal, keep_some, scan) ==
                 lru);
         }
       }
@@ -128,16 +94,16 @@ TEST_CASE("A scored walk chooses the pool's lowest, and only leaves") {
   // first. So does the scan limit.
   WalkEnd end;
   CHECK(PickScored(
-            index, 1, 10, 64, by_key, 1000,
+            index, 1, 10, 64, by_key,
             [](absl::string_view k) {
               return k == "v" ? Verdict::kStop : Verdict::kEvict;
             },
-            &end) == Keys{"u", "t2", "t1", "h"});
+            1000, &end) == Keys{"u", "t2", "t1", "h"});
   CHECK(end == WalkEnd::kStopped);
-  CHECK(PickScored(index, 1, 10, 64, by_key, 4, nullptr, &end) ==
+  CHECK(PickScored(index, 1, 10, 64, by_key, nullptr, 4, &end) ==
         Keys{"u", "t2", "t1", "h"});
   CHECK(end == WalkEnd::kScanLimit);
-  PickScored(index, 1, 2, 64, by_key, 1000, nullptr, &end);
+  PickScored(index, 1, 2, 64, by_key, nullptr, 1000, &end);
   CHECK(end == WalkEnd::kEnough);
 }
 

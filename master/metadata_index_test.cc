@@ -1,4 +1,5 @@
 #include "master/metadata_index.h"
+#include "master/metadata_index_test_util.h"
 #include "master/replica_key.h"
 #include "master/tenant.h"
 
@@ -316,28 +317,9 @@ TEST_CASE("MetadataIndex recency lists match a model under random operations") {
   CHECK(index.size() == node_of.size());
 }
 
-
-using Verdict = MetadataIndex::Verdict;
-using WalkEnd = MetadataIndex::WalkEnd;
-
-// PickEvictions with `judge` (default: everything may go), taking at most
-// `want` entries; returns the chosen keys in order.
-Keys Pick(const MetadataIndex& index, uint32_t node, size_t want,
-          std::function<Verdict(absl::string_view)> judge = nullptr,
-          size_t max_scan = 1000, WalkEnd* end = nullptr) {
-  Keys out;
-  WalkEnd e = index.PickEvictions(
-      node, max_scan,
-      [&](absl::string_view k, const ObjectLocation&, uint32_t) {
-        return judge ? judge(k) : Verdict::kEvict;
-      },
-      [&](absl::string_view k, const ObjectLocation&) {
-        out.emplace_back(k);
-        return out.size() < want;
-      });
-  if (end != nullptr) *end = e;
-  return out;
-}
+using index_test::Pick;
+using index_test::Verdict;
+using index_test::WalkEnd;
 
 std::string ParentOf(const MetadataIndex& index, const std::string& key) {
   auto c = index.Chain(key);
