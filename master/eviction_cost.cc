@@ -79,8 +79,8 @@ ReturnGaps::Tail ReturnGaps::At(absl::Duration idle) const {
 double BlockPrefillWork(const EvictionCostOptions& options, uint32_t depth) {
   const double tokens = options.block_tokens;
   if (options.attention_tokens == 0) return tokens;
-  return tokens *
-         (1.0 + (depth + 0.5) * tokens / double{options.attention_tokens});
+  return tokens * (1.0 + (depth + 0.5) * tokens /
+                             static_cast<double>(options.attention_tokens));
 }
 
 double EvictionScore(const EvictionCostOptions& options, uint32_t depth,
