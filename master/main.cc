@@ -74,7 +74,9 @@ DEFINE_uint32(max_evictions_per_put, ServiceDefaults().max_evictions_per_put,
 DEFINE_uint32(max_eviction_scan, ServiceDefaults().max_eviction_scan,
               "most objects one put's eviction walk looks at, victims and "
               "objects passed over (leased, pinned, with children) together");
-DEFINE_string(eviction_policy, "lru",
+DEFINE_string(eviction_policy,
+              std::string(hymcache::master::EvictionPolicyName(
+                  ServiceDefaults().eviction_policy)),
               "which objects a full node evicts first: lru (the least "
               "recently used chain tails) or cost (the lowest prefill time "
               "saved per byte among --eviction_cost_pool least recent "
