@@ -72,7 +72,9 @@ void FillLookupRequest(absl::Span<const std::string> keys, LookupIntent intent,
   req->mutable_keys()->Reserve(static_cast<int>(keys.size()));
   for (const std::string& k : keys) req->add_keys(k);
   if (!reader_host.empty()) req->set_reader_host(reader_host);
-  req->set_for_read(intent == LookupIntent::kRead);
+  req->set_for_read(intent == LookupIntent::kRead ||
+                    intent == LookupIntent::kNextTurn);
+  req->set_next_turn(intent == LookupIntent::kNextTurn);
   req->set_ended(intent == LookupIntent::kEnded);
   req->set_exists_only(intent == LookupIntent::kExists);
   req->set_packed(true);

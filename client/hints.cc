@@ -87,8 +87,8 @@ void ClientImpl::SendTurnHint(const std::vector<std::string>& keys,
          begin += options_.max_keys_per_rpc) {
       const size_t n =
           std::min<size_t>(keys.size() - begin, options_.max_keys_per_rpc);
-      absl::StatusOr<LookupBatch> batch =
-          master_->Lookup(all.subspan(begin, n), LookupIntent::kRead, deadline);
+      absl::StatusOr<LookupBatch> batch = master_->Lookup(
+          all.subspan(begin, n), LookupIntent::kNextTurn, deadline);
       if (!batch.ok()) break;
       for (const PeerInfo& node : batch->nodes) Remember(node);
       size_t i = 0;

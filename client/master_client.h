@@ -99,13 +99,18 @@ struct PutStartReply {
   uint32_t replicas = 0;
 };
 
-// What a lookup is for (BatchLookupRequest's for_read and ended).
+// What a lookup is for (BatchLookupRequest's for_read, next_turn, ended and
+// exists_only).
 enum class LookupIntent : uint8_t {
   // Nothing changes on the master.
   kPeek,
   // The caller is about to read the leading hits: the master marks them
   // used and holds them for its read lease (for_read).
   kRead,
+  // kRead for a think-time hint (Client::HintNextTurn): the conversation
+  // answered a turn and `keys` are its chain, or a run of it (for_read with
+  // next_turn; the master learns how often turns come back from it).
+  kNextTurn,
   // `keys` are a chain (or a run of it, head first) whose conversation
   // ended: the master moves its unshared tail to the front of its node's
   // eviction order (ended).
