@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace hymcache {
@@ -36,6 +37,10 @@ absl::Status EvictionCostOptions::Validate() const {
   if (min_wait < absl::Milliseconds(1) || min_wait > absl::Hours(1)) {
     return absl::InvalidArgumentError(
         "eviction_cost.min_wait must be 1 ms..1 h");
+  }
+  if (turn_horizon < absl::Seconds(1) || turn_horizon > absl::Hours(7 * 24)) {
+    return absl::InvalidArgumentError(
+        "eviction_cost.turn_horizon must be 1 s..7 days");
   }
   return absl::OkStatus();
 }
@@ -76,6 +81,66 @@ ReturnGaps::Tail ReturnGaps::At(absl::Duration idle) const {
   return {c / (count_ + 0.5), absl::Milliseconds(excess / c)};
 }
 
+double TurnRate::Probability() const {
+  return (returned + 1.0) / (returned + not_returned + 2.0);
+}
+
+AwaitingTurns::AwaitingTurns(absl::Duration horizon, size_t max_marks)
+    : horizon_(horizon), max_marks_(std::max<size_t>(max_marks, 1)) {}
+
+void AwaitingTurns::Await(absl::string_view key, absl::Time now) {
+  auto it = marks_.find(key);
+  if (it != marks_.end()) {
+    if (it->second == now) return;  // its entry in order_ stands
+    it->second = now;               // the old entry goes stale
+    order_.emplace_back(std::string(key), now);
+  } else {
+    // Bounded: the oldest go first, forgotten (neither outcome).
+    while (marks_.size() >= max_marks_) {
+      auto& [old, when] = order_.front();
+      auto live = marks_.find(old);
+      if (live != marks_.end() && live->second == when) marks_.erase(live);
+      order_.pop_front();
+    }
+    marks_.emplace(std::string(key), now);
+    order_.emplace_back(std::string(key), now);
+  }
+  if (order_.size() >= 2 * max_marks_) {
+    // At least half are stale: keep one entry per live mark, in order (a
+    // key resolved and hinted again at the same time has two that match).
+    std::deque<std::pair<std::string, absl::Time>> live;
+    absl::flat_hash_set<absl::string_view> kept;
+    for (auto& entry : order_) {
+      auto m = marks_.find(entry.first);
+      if (m != marks_.end() && m->second == entry.second &&
+          kept.insert(m->first).second) {
+        live.push_back(std::move(entry));
+      }
+    }
+    order_.swap(live);
+  }
+}
+
+bool AwaitingTurns::Resolve(absl::string_view key) {
+  auto it = marks_.find(key);
+  if (it == marks_.end()) return false;
+  marks_.erase(it);
+  return true;
+}
+
+void AwaitingTurns::Expire(
+    absl::Time now, const std::function<void(absl::string_view)>& expired) {
+  while (!order_.empty() && order_.front().second + horizon_ <= now) {
+    auto& [key, when] = order_.front();
+    auto it = marks_.find(key);
+    if (it != marks_.end() && it->second == when) {
+      expired(key);
+      marks_.erase(it);
+    }
+    order_.pop_front();
+  }
+}
+
 double BlockPrefillWork(const EvictionCostOptions& options, uint32_t depth) {
   const double tokens = options.block_tokens;
   if (options.attention_tokens == 0) return tokens;
@@ -85,13 +150,20 @@ double BlockPrefillWork(const EvictionCostOptions& options, uint32_t depth) {
 
 double EvictionScore(const EvictionCostOptions& options, uint32_t depth,
                      uint64_t bytes, absl::Duration idle, bool ended,
-                     const ReturnGaps& gaps) {
+                     const ReturnGaps& gaps, const TurnRate& turns) {
   if (ended) return 0;
   const ReturnGaps::Tail tail = gaps.At(idle);
   const double wait_s =
       absl::ToDoubleSeconds(std::max(tail.residual, options.min_wait));
   if (!std::isfinite(wait_s)) return 0;
-  return BlockPrefillWork(options, depth) * tail.survival /
+  // Still coming back after `idle`: of the chains that return (p), those
+  // whose gap is longer (S), among all not back yet (p S + 1 - p).
+  double q = tail.survival;
+  if (turns.known()) {
+    const double p = turns.Probability();
+    q = p * q / (p * q + (1.0 - p));
+  }
+  return BlockPrefillWork(options, depth) * q /
          (std::max<uint64_t>(bytes, 1) * wait_s);
 }
 

@@ -12,8 +12,13 @@
 //           as the weights
 //   S, R  = the share of the tenant's observed return gaps longer than the
 //           block's idle time, and their mean excess over it
-//           (ReturnGaps::At): "still coming back" and "how soon"
-//   score = work * S / (bytes * max(R, min_wait))      0 when ended
+//           (ReturnGaps::At): "still coming back, if it comes" and "how
+//           soon"
+//   p     = the tenant's turn-return rate (TurnRate): the share of its
+//           chains hinted as awaiting a next turn that came back
+//   Q     = p * S / (p * S + 1 - p): the chain still comes back, given that
+//           it has not for its idle time (S alone while p is unknown)
+//   score = work * Q / (bytes * max(R, min_wait))      0 when ended
 //
 // A block's idle time counts from its last read, or else its chain's last
 // read above it (it was written after that read). A chain never read
@@ -24,12 +29,19 @@
 //
 // The lowest goes first. It is hymsim's `cost` score (tools/hymsim/hymsim/
 // eviction.py) with what a master knows: no turn numbers and no readers
-// per block, so the return probability is the gap term alone.
+// per block. Turns it learns from think-time hints (next_turn lookups,
+// Client::HintNextTurn; AwaitingTurns): a hinted chain read again came
+// back, one ended or left past turn_horizon did not.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -63,6 +75,10 @@ struct EvictionCostOptions {
   // Floor of a block's expected wait until its next read (one scheduling
   // quantum). 1 ms..1 h. Default: 1 s.
   absl::Duration min_wait = absl::Seconds(1);
+  // How long a chain hinted as awaiting its next turn may wait for it: not
+  // read again by then, it counts as not returned (TurnRate). 1 s..7 days.
+  // Default: 30 min.
+  absl::Duration turn_horizon = absl::Minutes(30);
 
   absl::Status Validate() const;
 };
@@ -90,6 +106,56 @@ class ReturnGaps {
   uint64_t count_ = 0;
 };
 
+// One tenant's turns: of its chains hinted as awaiting a next turn, how
+// many came back and how many did not (AwaitingTurns).
+struct TurnRate {
+  uint64_t returned = 0;
+  uint64_t not_returned = 0;
+
+  // Whether any hinted turn has resolved (without hints the score's return
+  // term is the gaps' alone).
+  bool known() const { return returned + not_returned > 0; }
+  // The probability that a hinted chain's next turn comes: (returned + 1)
+  // / (returned + not_returned + 2).
+  double Probability() const;
+};
+
+// What the cost score knows of one tenant's returns.
+struct TenantReturns {
+  ReturnGaps gaps;
+  TurnRate turns;
+};
+
+// The chains awaiting their next turn, each by one key (the last one a
+// next_turn lookup found) and when it was hinted. A later read of that key
+// is a return; an ended lookup of it, or its horizon without either, is
+// not. At most max_marks at once: past it, the oldest are forgotten and
+// count as neither (so are marks re-hinted before they resolve).
+class AwaitingTurns {
+ public:
+  AwaitingTurns(absl::Duration horizon, size_t max_marks);
+
+  // `key` awaits its chain's next turn from `now`.
+  void Await(absl::string_view key, absl::Time now);
+  // True when `key` awaited a turn (no longer: it is resolved).
+  bool Resolve(absl::string_view key);
+  // The marks past their horizon at `now`, each passed to `expired`, and
+  // forgotten.
+  void Expire(absl::Time now,
+              const std::function<void(absl::string_view)>& expired);
+
+  bool empty() const { return marks_.empty(); }
+  size_t size() const { return marks_.size(); }
+
+ private:
+  const absl::Duration horizon_;
+  const size_t max_marks_;
+  absl::flat_hash_map<std::string, absl::Time> marks_;
+  // (key, when) in the order hinted; an entry whose key is no longer marked
+  // at that time is stale and skipped.
+  std::deque<std::pair<std::string, absl::Time>> order_;
+};
+
 // The prefill work a block at `depth` (blocks before it in its chain)
 // saves, in units of one token's weight FLOPs (the file comment).
 double BlockPrefillWork(const EvictionCostOptions& options, uint32_t depth);
@@ -98,7 +164,7 @@ double BlockPrefillWork(const EvictionCostOptions& options, uint32_t depth);
 // absl::InfiniteDuration() when the chain was never read.
 double EvictionScore(const EvictionCostOptions& options, uint32_t depth,
                      uint64_t bytes, absl::Duration idle, bool ended,
-                     const ReturnGaps& gaps);
+                     const ReturnGaps& gaps, const TurnRate& turns = {});
 
 }  // namespace master
 }  // namespace hymcache

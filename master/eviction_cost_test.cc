@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <string>
+#include <vector>
 
 namespace hymcache {
 namespace master {
@@ -25,6 +27,11 @@ TEST_CASE("Eviction cost options refuse a zero pool, zero block or tiny wait") {
   CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
   o = EvictionCostOptions();
   o.min_wait = absl::Microseconds(10);
+  CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
+  o = EvictionCostOptions();
+  o.turn_horizon = absl::Milliseconds(500);
+  CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
+  o.turn_horizon = absl::Hours(24 * 8);
   CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
 }
 
@@ -80,6 +87,86 @@ TEST_CASE("The score puts ended, never-read and far-off blocks first") {
   ReturnGaps none;
   CHECK(EvictionScore(o, 5, 4096, absl::InfiniteDuration(), false, none) >
         EvictionScore(o, 0, 4096, absl::InfiniteDuration(), false, none));
+}
+
+TEST_CASE(
+    "A turn-return rate is unknown until a turn resolves, then smoothed") {
+  TurnRate t;
+  CHECK_FALSE(t.known());
+  t.not_returned = 1;
+  CHECK(t.known());
+  CHECK(t.Probability() == Approx(1.0 / 3));
+  t.returned = 7;
+  CHECK(t.Probability() == Approx(8.0 / 10));
+}
+
+TEST_CASE("A hinted chain resolves once: a read or an end, else its horizon") {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  AwaitingTurns turns(absl::Seconds(10), 100);
+  turns.Await("a", t0);
+  turns.Await("b", t0 + absl::Seconds(1));
+  turns.Await("c", t0 + absl::Seconds(2));
+  CHECK(turns.size() == 3);
+  CHECK(turns.Resolve("b"));
+  CHECK_FALSE(turns.Resolve("b"));  // once
+  CHECK_FALSE(turns.Resolve("never hinted"));
+  std::vector<std::string> expired;
+  auto note = [&](absl::string_view k) { expired.emplace_back(k); };
+  turns.Expire(t0 + absl::Seconds(9), note);
+  CHECK(expired.empty());
+  // a's horizon passes; b is resolved already (its entry is skipped).
+  turns.Expire(t0 + absl::Seconds(11), note);
+  CHECK(expired == std::vector<std::string>{"a"});
+  CHECK(turns.size() == 1);
+  // Hinted again, c's horizon starts again.
+  turns.Await("c", t0 + absl::Seconds(8));
+  turns.Expire(t0 + absl::Seconds(13), note);
+  CHECK(expired.size() == 1);
+  turns.Expire(t0 + absl::Seconds(18), note);
+  CHECK(expired == std::vector<std::string>{"a", "c"});
+  CHECK(turns.empty());
+}
+
+TEST_CASE(
+    "Awaiting turns are bounded: past the bound the oldest are forgotten") {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  AwaitingTurns turns(absl::Seconds(10), 4);
+  for (int i = 0; i < 10; ++i) {
+    turns.Await("k" + std::to_string(i), t0 + absl::Milliseconds(i));
+    CHECK(turns.size() <= 4);
+  }
+  CHECK_FALSE(turns.Resolve("k5"));  // forgotten: neither outcome
+  CHECK(turns.Resolve("k6"));
+  // Re-hinting one key over and over keeps the queue bounded too.
+  for (int i = 0; i < 100; ++i) turns.Await("k9", t0 + absl::Milliseconds(i));
+  std::vector<std::string> expired;
+  turns.Expire(t0 + absl::Seconds(20),
+               [&](absl::string_view k) { expired.emplace_back(k); });
+  CHECK(expired == std::vector<std::string>{"k7", "k8", "k9"});
+}
+
+TEST_CASE("A tenant whose turns seldom come back scores its blocks lower") {
+  EvictionCostOptions o;
+  ReturnGaps g;
+  for (int i = 0; i < 3; ++i) g.Observe(absl::Seconds(10));
+  TurnRate unknown;
+  TurnRate often{/*returned=*/9, /*not_returned=*/1};
+  TurnRate seldom{/*returned=*/1, /*not_returned=*/9};
+  const auto score = [&](absl::Duration idle, const TurnRate& t) {
+    return EvictionScore(o, 2, 4096, idle, false, g, t);
+  };
+  // Unknown: the gap term alone, as before any hint.
+  CHECK(score(absl::Seconds(3), unknown) ==
+        EvictionScore(o, 2, 4096, absl::Seconds(3), false, g));
+  CHECK(score(absl::Seconds(3), often) > score(absl::Seconds(3), seldom));
+  // Both still order by the time to the next read.
+  CHECK(score(absl::Seconds(9), seldom) > score(absl::Seconds(3), seldom));
+  // Without gaps (S = 1) the return term is the rate itself.
+  ReturnGaps none;
+  CHECK(EvictionScore(o, 0, 4096, absl::Seconds(1), false, none, seldom) ==
+        Approx(EvictionScore(o, 0, 4096, absl::Seconds(1), false, none) *
+               seldom.Probability()));
+  CHECK(EvictionScore(o, 2, 4096, absl::Seconds(9), true, g, often) == 0);
 }
 
 }  // namespace

@@ -93,6 +93,11 @@ DEFINE_uint32(eviction_cost_attention_tokens,
               "with --eviction_policy=cost: context length at which a "
               "token's attention FLOPs equal its weights' (2 x parameters "
               "/ (4 x layers x hidden size); 0: no position term)");
+DEFINE_int64(eviction_cost_turn_horizon_ms,
+             Ms(ServiceDefaults().eviction_cost.turn_horizon),
+             "with --eviction_policy=cost: a chain hinted as awaiting its "
+             "next turn (HintNextTurn) and not read again within this long "
+             "counts as not returned (the tenant's turn-return rate)");
 DEFINE_uint32(recency_batch, ServiceDefaults().recency_batch,
               "most object reads the reaper writes to the store per round, "
               "so that a restart keeps the eviction order (0: reads are not "
@@ -269,6 +274,8 @@ absl::Status OptionsFromFlags(hymcache::MasterOptions* options) {
   so.eviction_cost.pool = FLAGS_eviction_cost_pool;
   so.eviction_cost.block_tokens = FLAGS_eviction_cost_block_tokens;
   so.eviction_cost.attention_tokens = FLAGS_eviction_cost_attention_tokens;
+  so.eviction_cost.turn_horizon =
+      absl::Milliseconds(FLAGS_eviction_cost_turn_horizon_ms);
   auto policy = hymcache::master::ParsePlacementPolicy(FLAGS_placement);
   if (!policy.ok()) {
     return absl::InvalidArgumentError(
@@ -328,6 +335,7 @@ int main(int argc, char** argv) {
               "eviction_cost_pool",
               "eviction_cost_block_tokens",
               "eviction_cost_attention_tokens",
+              "eviction_cost_turn_horizon_ms",
               "recency_batch",
               "index_snapshot_changes",
               "reconcile_interval_ms",

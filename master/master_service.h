@@ -283,6 +283,12 @@ struct MasterServiceOptions {
   COUNTER(ended_chain_blocks_demoted,                                          \
           "Blocks of ended conversations moved to the least recent end of "    \
           "their node's eviction order (BatchLookup with ended)")              \
+  COUNTER(turns_returned,                                                      \
+          "Chains hinted as awaiting their next turn (BatchLookup with "       \
+          "next_turn) read again: returns (eviction_policy cost)")             \
+  COUNTER(turns_not_returned,                                                  \
+          "Chains hinted as awaiting their next turn that ended or passed "    \
+          "the turn horizon unread (eviction_policy cost)")                    \
   COUNTER(index_snapshots,                                                     \
           "Index snapshots written (by time, by changes, at shutdown)")        \
   COUNTER(objects_relocated,                                                   \
@@ -928,10 +934,16 @@ class MasterService {
           absl::string_view, const ObjectLocation&, uint32_t)>& judge,
       const std::function<bool(absl::string_view, const ObjectLocation&)>& take)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A for_read lookup found the chain of `key` last read `gap` ago: one
-  // more return gap of its tenant (eviction_policy kCost).
-  void ObserveReturnGapLocked(absl::string_view key, absl::Duration gap)
+  // The return statistics of the tenant of `key` (eviction_policy kCost).
+  TenantReturns& ReturnsOfLocked(absl::string_view key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a lookup tells the cost policy of its tenant's returns: a for_read
+  // one's gap since the chain's last read (`before`, a tick; 0: never
+  // read) and the turns it answers (a next_turn one awaits a turn, an
+  // ended one ends those it names). Only under eviction_policy kCost.
+  void LearnReturnsLocked(const hymcache::v1::BatchLookupRequest& request,
+                          uint32_t hits, absl::Time now, uint32_t before,
+                          uint32_t tick) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes `victims` (all on `node_id`) from the store in one batch, then
   // from the index and allocators. Errors: store errors (nothing changes).
   absl::Status EvictObjects(
@@ -1145,11 +1157,17 @@ class MasterService {
   absl::flat_hash_map<uint64_t, uint64_t> pending_tokens_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, CallerPending> pending_by_caller_
       ABSL_GUARDED_BY(mu_);
-  // Per tenant: gaps between a chain's reads (eviction_policy kCost only),
-  // at most kMaxReturnGapTenants; further tenants share the "" entry.
-  static constexpr size_t kMaxReturnGapTenants = 1024;
-  absl::flat_hash_map<std::string, ReturnGaps> return_gaps_
+  // Per tenant: gaps between a chain's reads and its turn-return rate
+  // (eviction_policy kCost only), at most kMaxReturnTenants; further
+  // tenants share the "" entry.
+  static constexpr size_t kMaxReturnTenants = 1024;
+  absl::flat_hash_map<std::string, TenantReturns> tenant_returns_
       ABSL_GUARDED_BY(mu_);
+  // Chains hinted as awaiting their next turn (next_turn lookups; kCost
+  // only), at most kMaxAwaitingTurns.
+  static constexpr size_t kMaxAwaitingTurns = size_t{1} << 16;
+  AwaitingTurns awaiting_turns_ ABSL_GUARDED_BY(mu_){
+      options_.eviction_cost.turn_horizon, kMaxAwaitingTurns};
   absl::flat_hash_map<std::string, uint64_t> quota_evictions_by_tenant_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, TenantPending> pending_by_tenant_

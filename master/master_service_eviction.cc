@@ -226,31 +226,32 @@ MetadataIndex::WalkEnd MasterService::PickEvictionsLocked(
     return index_->PickEvictions(node_id, max_scan, judge, take);
   }
   const EvictionCostOptions& cost = options_.eviction_cost;
-  const ReturnGaps none;
+  const TenantReturns none;
   return index_->PickEvictionsScored(
       node_id, max_scan, cost.pool, judge,
       [&](const MetadataIndex::Candidate& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        auto gaps = return_gaps_.find(TenantOfKey(c.key));
-        if (gaps == return_gaps_.end()) gaps = return_gaps_.find("");
+        auto it = tenant_returns_.find(TenantOfKey(c.key));
+        if (it == tenant_returns_.end()) it = tenant_returns_.find("");
+        const TenantReturns& returns =
+            it == tenant_returns_.end() ? none : it->second;
         const absl::Duration idle =
             c.last_use_tick == 0 ? absl::InfiniteDuration()
                                  : absl::Milliseconds(std::max<int64_t>(
                                        0, int64_t{now_tick} - c.last_use_tick));
         return EvictionScore(cost, c.depth, c.entry.length, idle, c.ended,
-                             gaps == return_gaps_.end() ? none : gaps->second);
+                             returns.gaps, returns.turns);
       },
       take);
 }
 
-void MasterService::ObserveReturnGapLocked(absl::string_view key,
-                                           absl::Duration gap) {
+TenantReturns& MasterService::ReturnsOfLocked(absl::string_view key) {
   absl::string_view tenant = TenantOfKey(key);
-  auto it = return_gaps_.find(tenant);
-  if (it == return_gaps_.end()) {
-    if (return_gaps_.size() >= kMaxReturnGapTenants) tenant = "";
-    it = return_gaps_.try_emplace(std::string(tenant)).first;
+  auto it = tenant_returns_.find(tenant);
+  if (it == tenant_returns_.end()) {
+    if (tenant_returns_.size() >= kMaxReturnTenants) tenant = "";
+    it = tenant_returns_.try_emplace(std::string(tenant)).first;
   }
-  it->second.Observe(gap);
+  return it->second;
 }
 
 absl::Status MasterService::MakeRoomInTenant(

@@ -659,6 +659,100 @@ TEST_CASE(
   CHECK(h.svc->counters().evicted_objects == 2);
 }
 
+TEST_CASE(
+    "Under the cost policy a tenant whose hinted turns seldom come back loses "
+    "its blocks first") {
+  // One run per policy: LRU takes the least recent block, the cost policy
+  // the block of the tenant whose turns do not come back.
+  for (const EvictionPolicy policy :
+       {EvictionPolicy::kLru, EvictionPolicy::kCost}) {
+    CAPTURE(EvictionPolicyName(policy));
+    Harness h(absl::StrCat("evict_turns_", EvictionPolicyName(policy)),
+              [&](MasterServiceOptions& o) {
+                o.read_lease = absl::ZeroDuration();
+                o.eviction_policy = policy;
+                o.eviction_cost.turn_horizon = absl::Seconds(10);
+              });
+    const uint32_t a = h.Register("a", 1, {{0, 3 * kSlot}});
+    const std::string ax = QualifyKey("ta", "x"), by = QualifyKey("tb", "y");
+    const std::string ac = QualifyKey("ta", "c"), bc = QualifyKey("tb", "c");
+    const std::string bd = QualifyKey("tb", "d"), be = QualifyKey("tb", "e");
+    auto hint = [&](const std::string& key) {
+      v1::BatchLookupRequest r = LookupReq({key});
+      r.set_for_read(true);
+      r.set_next_turn(true);
+      auto got = h.svc->BatchLookup(r);
+      REQUIRE(got.ok());
+      REQUIRE(got->hit_prefix_length() == 1);
+    };
+    // One chain per tenant answers a turn. tb's comes back, ta's does not
+    // within the horizon. Then both are removed.
+    h.Put({ax}, kObj);
+    h.Put({by}, kObj);
+    hint(ax);
+    hint(by);
+    REQUIRE(h.Read({by}).hit_prefix_length() == 1);
+    for (int i = 0; i < 4; ++i) {  // 12 s, heartbeats every 3 s
+      h.clock.Advance(absl::Seconds(3));
+      h.Heartbeat(a, 1);
+    }
+    v1::RemoveRequest remove;
+    remove.add_keys(ax);
+    remove.add_keys(by);
+    REQUIRE(h.svc->Remove(remove).ok());
+    // ta's block is read after tb's: LRU evicts tb's.
+    h.Put({bc}, kObj);
+    h.Put({ac}, kObj);
+    REQUIRE(h.Read({bc}).hit_prefix_length() == 1);
+    h.clock.Advance(absl::Seconds(1));
+    REQUIRE(h.Read({ac}).hit_prefix_length() == 1);
+    h.Put({bd}, kObj);
+    h.Put({be}, kObj);
+    if (policy == EvictionPolicy::kCost) {
+      CHECK(h.svc->counters().turns_returned == 1);
+      CHECK(h.svc->counters().turns_not_returned == 1);
+      CHECK(h.Found({ac, bc, bd, be}) == "0111");
+    } else {
+      CHECK(h.svc->counters().turns_returned == 0);
+      CHECK(h.Found({ac, bc, bd, be}) == "1011");
+    }
+  }
+}
+
+TEST_CASE(
+    "Under the cost policy a hinted chain that ends counts as not returned, "
+    "once") {
+  Harness h("evict_turns_ended", [](MasterServiceOptions& o) {
+    o.eviction_policy = EvictionPolicy::kCost;
+  });
+  h.Register("a", 1, {{0, 1 << 20}});
+  h.Put({"c0", "c1", "c2"}, kObj);
+  // The hint names the chain; it is marked at its last stored block (c2).
+  v1::BatchLookupRequest hint = LookupReq({"c0", "c1", "c2", "c3"});
+  hint.set_for_read(true);
+  hint.set_next_turn(true);
+  auto got = h.svc->BatchLookup(hint);
+  REQUIRE(got.ok());
+  REQUIRE(got->hit_prefix_length() == 3);
+  h.clock.Advance(absl::Seconds(2));
+  // A read of the chain's head alone is not its turn coming back.
+  h.Read({"c0"});
+  CHECK(h.svc->counters().turns_returned == 0);
+  v1::BatchLookupRequest ended = LookupReq({"c0", "c1", "c2"});
+  ended.set_ended(true);
+  REQUIRE(h.svc->BatchLookup(ended).ok());
+  CHECK(h.svc->counters().turns_not_returned == 1);
+  // Resolved once: the chain read again later is no return.
+  h.Read({"c0", "c1", "c2"});
+  CHECK(h.svc->counters().turns_returned == 0);
+
+  // next_turn needs for_read.
+  v1::BatchLookupRequest bad = LookupReq({"c0"});
+  bad.set_next_turn(true);
+  CHECK(h.svc->BatchLookup(bad).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("A chain continued on another node loses its tail there with its head") {
   Harness h("cross_node_chain");
   const uint32_t a = h.Register("a", 1, {{0, 1 << 20}});

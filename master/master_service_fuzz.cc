@@ -90,6 +90,13 @@ class Driver {
     options_.auto_replica_branches = in_.Range(0, 2);
     options_.engine_caches.max_engines = in_.Range(0, 3);
     options_.engine_caches.max_blocks_per_engine = 1 + in_.Range(0, 7);
+    // Drawn from the values above, so that older corpus entries read the
+    // same: the cost policy on about half the runs.
+    options_.eviction_policy = options_.recency_batch % 2 == 1
+                                   ? EvictionPolicy::kCost
+                                   : EvictionPolicy::kLru;
+    options_.eviction_cost.pool = 1 + options_.max_evictions_per_put % 8;
+    options_.eviction_cost.turn_horizon = absl::Seconds(20);
     Restart();
   }
 
@@ -426,6 +433,8 @@ class Driver {
       r.set_for_read(in_.Bool());
       r.set_packed(in_.Bool());
       if (!r.for_read()) r.set_ended(in_.Bool());
+      // A think-time hint's lookup (drawn from the key count: see above).
+      r.set_next_turn(r.for_read() && r.keys_size() % 3 == 1);
       if (in_.Range(0, 3) == 0) r.set_reader_host(Host());
     }
     auto resp = service_->BatchLookup(r);

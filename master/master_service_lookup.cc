@@ -123,6 +123,11 @@ absl::Status MasterService::BatchLookupInto(
         "BatchLookup: a lookup for reading cannot end its chain (for_read "
         "with ended)");
   }
+  if (request.next_turn() && !request.for_read()) {
+    return absl::InvalidArgumentError(
+        "BatchLookup: a think-time hint's lookup reads its chain (next_turn "
+        "without for_read)");
+  }
   if (request.exists_only()) {
     if (request.for_read() || request.ended()) {
       return absl::InvalidArgumentError(
@@ -140,6 +145,9 @@ absl::Status MasterService::BatchLookupInto(
     std::vector<absl::string_view> keys(request.keys().begin(),
                                         request.keys().end());
     counters_.ended_chain_blocks_demoted += index_->DemoteChain(keys);
+    if (options_.eviction_policy == EvictionPolicy::kCost) {
+      LearnReturnsLocked(request, 0, clock_->Now(), 0, 0);
+    }
     return absl::OkStatus();
   }
   if (!request.for_read()) {
@@ -170,14 +178,52 @@ absl::Status MasterService::BatchLookupInto(
   // before it (MetadataIndex::TouchPrefix).
   const uint32_t tick = LeaseTick(now);
   const uint32_t before = index_->TouchRecords(hit_records, tick);
-  if (options_.eviction_policy == EvictionPolicy::kCost && before != 0 &&
-      before < tick) {
-    // The chain came back after this long: the tenant's return gaps
-    // (master/eviction_cost.h).
-    ObserveReturnGapLocked(request.keys(0),
-                           absl::Milliseconds(int64_t{tick} - before));
+  if (options_.eviction_policy == EvictionPolicy::kCost) {
+    LearnReturnsLocked(request, response->hit_prefix_length(), now, before,
+                       tick);
   }
   return absl::OkStatus();
+}
+
+void MasterService::LearnReturnsLocked(const v1::BatchLookupRequest& request,
+                                       uint32_t hits, absl::Time now,
+                                       uint32_t before, uint32_t tick) {
+  awaiting_turns_.Expire(now, [&](absl::string_view key) {
+    ++ReturnsOfLocked(key).turns.not_returned;
+    ++counters_.turns_not_returned;
+  });
+  if (request.ended()) {
+    // Those it names will not come back.
+    for (const std::string& key : request.keys()) {
+      if (awaiting_turns_.empty()) break;
+      if (awaiting_turns_.Resolve(key)) {
+        ++ReturnsOfLocked(key).turns.not_returned;
+        ++counters_.turns_not_returned;
+      }
+    }
+    return;
+  }
+  if (request.next_turn()) {
+    // The conversation answered; its chain, as far as stored, awaits the
+    // next turn. Not a return: the hint follows the turn's own read.
+    if (hits > 0) awaiting_turns_.Await(request.keys(hits - 1), now);
+    return;
+  }
+  if (before != 0 && before < tick) {
+    // The chain came back after this long: the tenant's return gaps
+    // (master/eviction_cost.h).
+    ReturnsOfLocked(request.keys(0))
+        .gaps.Observe(absl::Milliseconds(int64_t{tick} - before));
+  }
+  // A turn that came back: a read of the key its hint marked (found or
+  // not: an evicted tail still came back).
+  for (const std::string& key : request.keys()) {
+    if (awaiting_turns_.empty()) break;
+    if (awaiting_turns_.Resolve(key)) {
+      ++ReturnsOfLocked(key).turns.returned;
+      ++counters_.turns_returned;
+    }
+  }
 }
 
 bool MasterService::AskForCopiesLocked(const SharedPrefix& shared,

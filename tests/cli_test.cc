@@ -220,6 +220,12 @@ TEST_CASE("flag defaults come from the options structs; a bad choice "
                      "--eviction_policy=cost", "--eviction_cost_pool=0"});
   CHECK(Exited(pool, 2));
   CHECK(absl::StrContains(pool.output, "eviction_cost.pool"));
+  RunResult horizon =
+      MustRun(kBinaries[0],
+              {"--db_path=" + TempDir("horizon"), "--listen=127.0.0.1:0",
+               "--eviction_policy=cost", "--eviction_cost_turn_horizon_ms=10"});
+  CHECK(Exited(horizon, 2));
+  CHECK(absl::StrContains(horizon.output, "eviction_cost.turn_horizon"));
 }
 
 TEST_CASE("--log_dir writes glog files there; a missing one is refused") {
