@@ -33,6 +33,9 @@
 #               [measured_cost_vs_ended_saved=X.XX] model_cost_vs_lru_saved=X.XX
 #               (cost, capacity F)`. COST_FLAGS (environment) adds master
 #               flags to that run (e.g. --eviction_cost_pool=256).
+#   REPLAY_FLAGS (environment) adds hymbench flags to every replay (e.g.
+#   --hint_next_turn: think-time hints, from which the cost policy learns
+#   each tenant's turn-return rate).
 # Knobs (environment): HYMCACHE_BENCH_BIN as cluster_lib.sh.
 # Its last line: `eviction_agreement: measured_vs_model_saved=X.XX
 #   measured_vs_model_hits=X.XX (lru, capacity F)`.
@@ -88,6 +91,8 @@ echo "trace $TRACE, capacity $FRACTION of the footprint: $capacity bytes" \
 # One replay against a fresh master and node: $1 names its files, the rest
 # are extra hymbench flags; MASTER_FLAGS (an array) extra master flags.
 MASTER_FLAGS=()
+# shellcheck disable=SC2206  # REPLAY_FLAGS: words on purpose
+replay_flags=(${REPLAY_FLAGS:-})
 replay() {
   local name=$1
   shift
@@ -95,7 +100,8 @@ replay() {
   start_node "$OUT" "node-$name" --device=dram --dram_bytes="$capacity" --shm=false
   "$BIN/hymbench" replay --master="$MASTER" --trace="$TRACE" --block_tokens=512 \
     --block_bytes="$BLOCK" --concurrency=1 --time_scale=max --wait_stores \
-    --progress_s=0 --json="$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>"$OUT/$name.log"
+    --progress_s=0 --json="$OUT/$name.json" "${replay_flags[@]}" "$@" \
+    >"$OUT/$name.txt" 2>"$OUT/$name.log"
   stop_all
   tail -4 "$OUT/$name.txt" >&2
 }
