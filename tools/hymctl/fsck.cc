@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "master/replica_key.h"
 #include "proto/master.grpc.pb.h"
 #include "proto/storage.grpc.pb.h"
 
@@ -211,7 +212,11 @@ class Fsck {
     std::set<uint32_t> reconcile;
     for (const FsckFinding& f : report->findings) {
       if (f.kind == FsckFinding::Kind::kUnreachable) {
-        unreachable.add_keys(f.key);
+        // A copy's key (master/replica_key.h) is not a key callers may
+        // name, and Remove refuses the whole batch for one: the copy goes
+        // with its block's Remove, or else with the master's own sweep of
+        // unreachable objects (MasterService::SweepOrphansLocked).
+        if (!master::IsReplicaKey(f.key)) unreachable.add_keys(f.key);
         continue;
       }
       if (f.kind != FsckFinding::Kind::kUnlisted) {
