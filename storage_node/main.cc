@@ -163,7 +163,7 @@ DEFINE_double(prefetch_hint_share, Defaults().prefetch.hint_share,
 DEFINE_bool(prefetch_hints_when_idle, Defaults().prefetch.hints_when_idle,
             "Think-time hints: start refills from the capacity tier only "
             "while no request is loading from the node (false: also beside "
-            "requests whose blocks are all staged).");
+            "requests whose blocks are all issued).");
 DEFINE_int32(prefetch_max_hint_hold_ms, Ms(Defaults().prefetch.max_hint_hold),
              "Think-time hints: the longest a hint holds its objects, from "
              "its arrival (ms).");
