@@ -290,6 +290,30 @@ TEST_CASE(
   CHECK(Stat(address, "lookup_hits") == hits_before + 2);
 }
 
+TEST_CASE(
+    "A think-time hint's lookup reaches the master as one: its chain's next "
+    "read is a returned turn") {
+  MasterOptions o;
+  o.service.eviction_policy = master::EvictionPolicy::kCost;
+  auto master = StartPopulated("next_turn", o);
+  const std::string address = master->address();
+  for (size_t streams : {size_t{4}, size_t{0}}) {
+    INFO("streams " << streams);
+    auto client = NewClient(address, streams);
+    const std::vector<std::string> chain = {Hit(0), Hit(1), Hit(2), Miss(3)};
+    auto hint = client->Lookup(chain, LookupIntent::kNextTurn, Soon());
+    REQUIRE(hint.ok());
+    // A read for the lease, as kRead's: the stored prefix is found.
+    CHECK(hint->found == std::vector<bool>{true, true, true, false});
+    const double before = Stat(address, "turns_returned");
+    // Not a return itself; the chain's next read is one.
+    auto read = client->Lookup(chain, LookupIntent::kRead, Soon());
+    REQUIRE(read.ok());
+    CHECK(Stat(address, "turns_returned") == before + 1);
+  }
+  CHECK(Stat(address, "turns_not_returned") == 0);
+}
+
 TEST_CASE("A Load's pipelined lookups over a stream answer as unary ones") {
   auto master = StartPopulated("pipelined");
   const std::string address = master->address();
