@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 
 namespace hymcache {
@@ -88,57 +89,83 @@ double TurnRate::Probability() const {
 AwaitingTurns::AwaitingTurns(absl::Duration horizon, size_t max_marks)
     : horizon_(horizon), max_marks_(std::max<size_t>(max_marks, 1)) {}
 
-void AwaitingTurns::Await(absl::string_view key, absl::Time now) {
-  auto it = marks_.find(key);
+uint64_t AwaitingTurns::Fingerprint(absl::string_view key) {
+  return absl::Hash<absl::string_view>{}(key);
+}
+
+void AwaitingTurns::Await(absl::string_view key, absl::Time now,
+                          TurnRate* rate) {
+  const uint64_t fp = Fingerprint(key);
+  auto it = marks_.find(fp);
   if (it != marks_.end()) {
-    if (it->second == now) return;  // its entry in order_ stands
-    it->second = now;               // the old entry goes stale
-    order_.emplace_back(std::string(key), now);
+    it->second.rate = rate;
+    if (it->second.when == now) return;  // its entry in order_ stands
+    it->second.when = now;               // the old entry goes stale
+    order_.emplace_back(fp, now);
   } else {
     // Bounded: the oldest go first, forgotten (neither outcome).
     while (marks_.size() >= max_marks_) {
-      auto& [old, when] = order_.front();
+      const auto [old, when] = order_.front();
       auto live = marks_.find(old);
-      if (live != marks_.end() && live->second == when) marks_.erase(live);
+      if (live != marks_.end() && live->second.when == when) {
+        marks_.erase(live);
+      }
       order_.pop_front();
     }
-    marks_.emplace(std::string(key), now);
-    order_.emplace_back(std::string(key), now);
+    marks_.emplace(fp, Mark{now, rate});
+    order_.emplace_back(fp, now);
   }
   if (order_.size() >= 2 * max_marks_) {
     // At least half are stale: keep one entry per live mark, in order (a
     // key resolved and hinted again at the same time has two that match).
-    std::deque<std::pair<std::string, absl::Time>> live;
-    absl::flat_hash_set<absl::string_view> kept;
-    for (auto& entry : order_) {
+    std::deque<std::pair<uint64_t, absl::Time>> live;
+    absl::flat_hash_set<uint64_t> kept;
+    for (const auto& entry : order_) {
       auto m = marks_.find(entry.first);
-      if (m != marks_.end() && m->second == entry.second &&
-          kept.insert(m->first).second) {
-        live.push_back(std::move(entry));
+      if (m != marks_.end() && m->second.when == entry.second &&
+          kept.insert(entry.first).second) {
+        live.push_back(entry);
       }
     }
     order_.swap(live);
   }
 }
 
-bool AwaitingTurns::Resolve(absl::string_view key) {
-  auto it = marks_.find(key);
-  if (it == marks_.end()) return false;
+TurnRate* AwaitingTurns::Take(absl::string_view key) {
+  auto it = marks_.find(Fingerprint(key));
+  if (it == marks_.end()) return nullptr;
+  TurnRate* rate = it->second.rate;
   marks_.erase(it);
+  return rate;
+}
+
+bool AwaitingTurns::Returned(absl::string_view key) {
+  TurnRate* rate = Take(key);
+  if (rate == nullptr) return false;
+  ++rate->returned;
   return true;
 }
 
-void AwaitingTurns::Expire(
-    absl::Time now, const std::function<void(absl::string_view)>& expired) {
+bool AwaitingTurns::Ended(absl::string_view key) {
+  TurnRate* rate = Take(key);
+  if (rate == nullptr) return false;
+  ++rate->not_returned;
+  return true;
+}
+
+size_t AwaitingTurns::Expire(absl::Time now) {
+  size_t expired = 0;
   while (!order_.empty() && order_.front().second + horizon_ <= now) {
-    auto& [key, when] = order_.front();
-    auto it = marks_.find(key);
-    if (it != marks_.end() && it->second == when) {
-      expired(key);
+    const auto [fp, when] = order_.front();
+    auto it = marks_.find(fp);
+    if (it != marks_.end() && it->second.when == when) {
+      ++it->second.rate->not_returned;
+      ++expired;
       marks_.erase(it);
     }
     order_.pop_front();
   }
+  return expired;
 }
 
 double BlockPrefillWork(const EvictionCostOptions& options, uint32_t depth) {

@@ -37,8 +37,6 @@
 #include <array>
 #include <cstdint>
 #include <deque>
-#include <functional>
-#include <string>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -127,33 +125,45 @@ struct TenantReturns {
 };
 
 // The chains awaiting their next turn, each by one key (the last one a
-// next_turn lookup found) and when it was hinted. A later read of that key
+// next_turn lookup found; held as a 64-bit fingerprint) and when it was
+// hinted, with the TurnRate its outcome counts in. A later read of that key
 // is a return; an ended lookup of it, or its horizon without either, is
 // not. At most max_marks at once: past it, the oldest are forgotten and
-// count as neither (so are marks re-hinted before they resolve).
+// count as neither (so are marks hinted again before they resolve).
 class AwaitingTurns {
  public:
   AwaitingTurns(absl::Duration horizon, size_t max_marks);
 
-  // `key` awaits its chain's next turn from `now`.
-  void Await(absl::string_view key, absl::Time now);
-  // True when `key` awaited a turn (no longer: it is resolved).
-  bool Resolve(absl::string_view key);
-  // The marks past their horizon at `now`, each passed to `expired`, and
-  // forgotten.
-  void Expire(absl::Time now,
-              const std::function<void(absl::string_view)>& expired);
+  // `key` awaits its chain's next turn from `now`; its outcome counts in
+  // `*rate`. REQUIRES: `rate` outlives the mark (it stays put).
+  void Await(absl::string_view key, absl::Time now, TurnRate* rate);
+  // A read of `key`: if it awaited a turn, one more return. True then.
+  bool Returned(absl::string_view key);
+  // An end of `key`'s chain: if it awaited a turn, one more that did not
+  // come. True then.
+  bool Ended(absl::string_view key);
+  // The marks past their horizon at `now`: each one more turn that did not
+  // come, and forgotten. Returns how many.
+  size_t Expire(absl::Time now);
 
   bool empty() const { return marks_.empty(); }
   size_t size() const { return marks_.size(); }
 
  private:
+  struct Mark {
+    absl::Time when;
+    TurnRate* rate;
+  };
+  static uint64_t Fingerprint(absl::string_view key);
+  // The mark of `key`, taken out (nullptr: none).
+  TurnRate* Take(absl::string_view key);
+
   const absl::Duration horizon_;
   const size_t max_marks_;
-  absl::flat_hash_map<std::string, absl::Time> marks_;
-  // (key, when) in the order hinted; an entry whose key is no longer marked
-  // at that time is stale and skipped.
-  std::deque<std::pair<std::string, absl::Time>> order_;
+  absl::flat_hash_map<uint64_t, Mark> marks_;
+  // (fingerprint, when) in the order hinted; an entry whose key is no
+  // longer marked at that time is stale and skipped.
+  std::deque<std::pair<uint64_t, absl::Time>> order_;
 };
 
 // The prefill work a block at `depth` (blocks before it in its chain)

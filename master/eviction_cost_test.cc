@@ -103,27 +103,30 @@ TEST_CASE(
 TEST_CASE("A hinted chain resolves once: a read or an end, else its horizon") {
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   AwaitingTurns turns(absl::Seconds(10), 100);
-  turns.Await("a", t0);
-  turns.Await("b", t0 + absl::Seconds(1));
-  turns.Await("c", t0 + absl::Seconds(2));
-  CHECK(turns.size() == 3);
-  CHECK(turns.Resolve("b"));
-  CHECK_FALSE(turns.Resolve("b"));  // once
-  CHECK_FALSE(turns.Resolve("never hinted"));
-  std::vector<std::string> expired;
-  auto note = [&](absl::string_view k) { expired.emplace_back(k); };
-  turns.Expire(t0 + absl::Seconds(9), note);
-  CHECK(expired.empty());
+  TurnRate one, other;
+  turns.Await("a", t0, &one);
+  turns.Await("b", t0 + absl::Seconds(1), &one);
+  turns.Await("c", t0 + absl::Seconds(2), &other);
+  turns.Await("d", t0 + absl::Seconds(3), &other);
+  CHECK(turns.size() == 4);
+  CHECK(turns.Returned("b"));
+  CHECK_FALSE(turns.Returned("b"));  // once
+  CHECK_FALSE(turns.Ended("b"));
+  CHECK_FALSE(turns.Returned("never hinted"));
+  CHECK(turns.Ended("d"));
+  CHECK(one.returned == 1);
+  CHECK(other.not_returned == 1);
+  CHECK(turns.Expire(t0 + absl::Seconds(9)) == 0);
   // a's horizon passes; b is resolved already (its entry is skipped).
-  turns.Expire(t0 + absl::Seconds(11), note);
-  CHECK(expired == std::vector<std::string>{"a"});
+  CHECK(turns.Expire(t0 + absl::Seconds(11)) == 1);
+  CHECK(one.not_returned == 1);
   CHECK(turns.size() == 1);
   // Hinted again, c's horizon starts again.
-  turns.Await("c", t0 + absl::Seconds(8));
-  turns.Expire(t0 + absl::Seconds(13), note);
-  CHECK(expired.size() == 1);
-  turns.Expire(t0 + absl::Seconds(18), note);
-  CHECK(expired == std::vector<std::string>{"a", "c"});
+  turns.Await("c", t0 + absl::Seconds(8), &other);
+  CHECK(turns.Expire(t0 + absl::Seconds(13)) == 0);
+  CHECK(turns.Expire(t0 + absl::Seconds(18)) == 1);
+  CHECK(other.not_returned == 2);
+  CHECK(other.returned == 0);
   CHECK(turns.empty());
 }
 
@@ -131,18 +134,25 @@ TEST_CASE(
     "Awaiting turns are bounded: past the bound the oldest are forgotten") {
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   AwaitingTurns turns(absl::Seconds(10), 4);
+  TurnRate rate;
   for (int i = 0; i < 10; ++i) {
-    turns.Await("k" + std::to_string(i), t0 + absl::Milliseconds(i));
+    turns.Await("k" + std::to_string(i), t0 + absl::Milliseconds(i), &rate);
     CHECK(turns.size() <= 4);
   }
-  CHECK_FALSE(turns.Resolve("k5"));  // forgotten: neither outcome
-  CHECK(turns.Resolve("k6"));
-  // Re-hinting one key over and over keeps the queue bounded too.
-  for (int i = 0; i < 100; ++i) turns.Await("k9", t0 + absl::Milliseconds(i));
-  std::vector<std::string> expired;
-  turns.Expire(t0 + absl::Seconds(20),
-               [&](absl::string_view k) { expired.emplace_back(k); });
-  CHECK(expired == std::vector<std::string>{"k7", "k8", "k9"});
+  CHECK_FALSE(turns.Returned("k5"));  // forgotten: neither outcome
+  CHECK(turns.Returned("k6"));
+  // Hinting one key over and over keeps the queue bounded too, and the
+  // others stay.
+  for (int i = 0; i < 100; ++i) {
+    turns.Await("k9", t0 + absl::Milliseconds(i), &rate);
+  }
+  // Resolved and hinted again at the same time: one mark, expiring once.
+  CHECK(turns.Returned("k8"));
+  turns.Await("k8", t0 + absl::Milliseconds(99), &rate);
+  CHECK(turns.Expire(t0 + absl::Seconds(20)) == 3);  // k7, k8, k9
+  CHECK(rate.returned == 2);
+  CHECK(rate.not_returned == 3);
+  CHECK(turns.empty());
 }
 
 TEST_CASE("A tenant whose turns seldom come back scores its blocks lower") {

@@ -63,6 +63,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -1159,9 +1160,10 @@ class MasterService {
       ABSL_GUARDED_BY(mu_);
   // Per tenant: gaps between a chain's reads and its turn-return rate
   // (eviction_policy kCost only), at most kMaxReturnTenants; further
-  // tenants share the "" entry.
+  // tenants share the "" entry. Never erased, and a node map: the marks of
+  // awaiting_turns_ point at their tenant's TurnRate.
   static constexpr size_t kMaxReturnTenants = 1024;
-  absl::flat_hash_map<std::string, TenantReturns> tenant_returns_
+  absl::node_hash_map<std::string, TenantReturns> tenant_returns_
       ABSL_GUARDED_BY(mu_);
   // Chains hinted as awaiting their next turn (next_turn lookups; kCost
   // only), at most kMaxAwaitingTurns.

@@ -188,25 +188,22 @@ absl::Status MasterService::BatchLookupInto(
 void MasterService::LearnReturnsLocked(const v1::BatchLookupRequest& request,
                                        uint32_t hits, absl::Time now,
                                        uint32_t before, uint32_t tick) {
-  awaiting_turns_.Expire(now, [&](absl::string_view key) {
-    ++ReturnsOfLocked(key).turns.not_returned;
-    ++counters_.turns_not_returned;
-  });
+  counters_.turns_not_returned += awaiting_turns_.Expire(now);
   if (request.ended()) {
     // Those it names will not come back.
     for (const std::string& key : request.keys()) {
       if (awaiting_turns_.empty()) break;
-      if (awaiting_turns_.Resolve(key)) {
-        ++ReturnsOfLocked(key).turns.not_returned;
-        ++counters_.turns_not_returned;
-      }
+      if (awaiting_turns_.Ended(key)) ++counters_.turns_not_returned;
     }
     return;
   }
   if (request.next_turn()) {
     // The conversation answered; its chain, as far as stored, awaits the
     // next turn. Not a return: the hint follows the turn's own read.
-    if (hits > 0) awaiting_turns_.Await(request.keys(hits - 1), now);
+    if (hits > 0) {
+      const std::string& last = request.keys(hits - 1);
+      awaiting_turns_.Await(last, now, &ReturnsOfLocked(last).turns);
+    }
     return;
   }
   if (before != 0 && before < tick) {
@@ -219,10 +216,7 @@ void MasterService::LearnReturnsLocked(const v1::BatchLookupRequest& request,
   // not: an evicted tail still came back).
   for (const std::string& key : request.keys()) {
     if (awaiting_turns_.empty()) break;
-    if (awaiting_turns_.Resolve(key)) {
-      ++ReturnsOfLocked(key).turns.returned;
-      ++counters_.turns_returned;
-    }
+    if (awaiting_turns_.Returned(key)) ++counters_.turns_returned;
   }
 }
 
