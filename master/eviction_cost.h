@@ -128,8 +128,9 @@ struct TenantReturns {
 // next_turn lookup found; held as a 64-bit fingerprint) and when it was
 // hinted, with the TurnRate its outcome counts in. A later read of that key
 // is a return; an ended lookup of it, or its horizon without either, is
-// not. At most max_marks at once: past it, the oldest are forgotten and
-// count as neither (so are marks hinted again before they resolve).
+// not. A key hinted again before it resolves keeps one mark, from the
+// later hint. At most max_marks at once: past it, the oldest are forgotten
+// and count as neither.
 class AwaitingTurns {
  public:
   AwaitingTurns(absl::Duration horizon, size_t max_marks);
