@@ -598,7 +598,7 @@ class StallsAfterFirstChunk final : public MasterClient {
 
 TEST_CASE(
     "A lookup stream that answered a chunk before its attempt timeout goes on "
-    "chunk by chunk on the same master: a long load is not silence") {
+    "chunk by chunk on the same master; a long load is not silence") {
   Rig rig;
   rig.StoreOnLeader({"k1", "k2", "k3"});
   FakeClock clock;

@@ -645,7 +645,7 @@ TEST_CASE(
 
 TEST_CASE(
     "With 3 masters, the leading master's host lost mid-load and then a "
-    "storage host: no wrong bytes, lookups served again by another master, "
+    "storage host; no wrong bytes, lookups served again by another master, "
     "and outside the leader's outage loads end as hits or prefix misses") {
   const Shape shape{.masters = 3};
   auto net = testing::NetworkOrSkip(shape.HostNames());
@@ -668,7 +668,7 @@ TEST_CASE(
 
 TEST_CASE(
     "At issue 32's scale (3 masters, 8 storage hosts, 4 engine hosts), the "
-    "leading master's host and then a storage host lost mid-load: no wrong "
+    "leading master's host and then a storage host lost mid-load; no wrong "
     "bytes, and outside the leader's outage loads end as hits or prefix "
     "misses, never errors",
     "[.scale]") {

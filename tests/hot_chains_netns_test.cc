@@ -583,7 +583,7 @@ TEST_CASE(
 
 TEST_CASE(
     "A prefix every session shares, copied by its first reads "
-    "(auto_replica_branches): losing any one storage host lowers its hit "
+    "(auto_replica_branches); losing any one storage host lowers its hit "
     "ratio by at most 2 points") {
   HotPrefixRun(Copies::kAuto);
 }

@@ -140,7 +140,7 @@ RoundTrips Measure(VirtualNetwork& net, Listeners& listeners, int from,
 
 TEST_CASE(
     "A link is shaped with tbf, and latency with netem or, without it, "
-    "the NFQUEUE delayer: a round trip between hosts of 5 ms each takes "
+    "the NFQUEUE delayer; a round trip between hosts of 5 ms each takes "
     "20 ms until the shape is removed") {
   auto net = MakeNetwork({"a", "b"});
   if (net == nullptr) return;
