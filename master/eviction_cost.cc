@@ -168,6 +168,24 @@ size_t AwaitingTurns::Expire(absl::Time now) {
   return expired;
 }
 
+ReturnLearner::ReturnLearner(absl::Duration turn_horizon, size_t max_tenants)
+    : max_tenants_(max_tenants), awaiting_(turn_horizon, size_t{1} << 16) {}
+
+TenantReturns& ReturnLearner::For(absl::string_view tenant) {
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end()) {
+    if (tenants_.size() >= max_tenants_) tenant = "";
+    it = tenants_.try_emplace(std::string(tenant)).first;
+  }
+  return it->second;
+}
+
+const TenantReturns& ReturnLearner::Of(absl::string_view tenant) const {
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end()) it = tenants_.find("");
+  return it == tenants_.end() ? none_ : it->second;
+}
+
 double BlockPrefillWork(const EvictionCostOptions& options, uint32_t depth) {
   const double tokens = options.block_tokens;
   if (options.attention_tokens == 0) return tokens;

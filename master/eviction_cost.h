@@ -37,9 +37,11 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -165,6 +167,40 @@ class AwaitingTurns {
   // (fingerprint, when) in the order hinted; an entry whose key is no
   // longer marked at that time is stale and skipped.
   std::deque<std::pair<uint64_t, absl::Time>> order_;
+};
+
+// What the cost policy learns of each tenant's returns: its gaps and turn
+// rate (TenantReturns, at most max_tenants; further tenants share the ""
+// entry) and the chains awaiting a turn (AwaitingTurns, at most 65,536).
+// The master feeds it from its lookups (master_service_lookup.cc) and
+// scores with Of() (master_service_eviction.cc).
+class ReturnLearner {
+ public:
+  explicit ReturnLearner(absl::Duration turn_horizon,
+                         size_t max_tenants = 1024);
+
+  // A read of a chain of `tenant` last read `gap` ago.
+  void ObserveGap(absl::string_view tenant, absl::Duration gap) {
+    For(tenant).gaps.Observe(gap);
+  }
+  // `key`, of `tenant`, awaits its chain's next turn from `now`.
+  void AwaitTurn(absl::string_view tenant, absl::string_view key,
+                 absl::Time now) {
+    awaiting_.Await(key, now, &For(tenant).turns);
+  }
+  AwaitingTurns& awaiting() { return awaiting_; }
+  // `tenant`'s statistics (the shared entry's past max_tenants; empty ones
+  // when none).
+  const TenantReturns& Of(absl::string_view tenant) const;
+
+ private:
+  TenantReturns& For(absl::string_view tenant);
+
+  const size_t max_tenants_;
+  // Never erased, and a node map: awaiting_'s marks point into it.
+  absl::node_hash_map<std::string, TenantReturns> tenants_;
+  const TenantReturns none_;
+  AwaitingTurns awaiting_;
 };
 
 // The prefill work a block at `depth` (blocks before it in its chain)

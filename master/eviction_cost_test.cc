@@ -155,6 +155,22 @@ TEST_CASE(
   CHECK(turns.empty());
 }
 
+TEST_CASE("Returns are learned per tenant; past max_tenants they share one") {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  ReturnLearner learner(absl::Seconds(10), /*max_tenants=*/2);
+  CHECK(learner.Of("a").gaps.count() == 0);  // unknown: empty
+  learner.ObserveGap("a", absl::Seconds(3));
+  learner.AwaitTurn("b", "b/k", t0);
+  learner.AwaitTurn("c", "c/k", t0);  // the third tenant: the shared entry
+  CHECK(learner.awaiting().Returned("b/k"));
+  CHECK(learner.awaiting().Ended("c/k"));
+  CHECK(learner.Of("a").gaps.count() == 1);
+  CHECK(learner.Of("b").turns.returned == 1);
+  CHECK(learner.Of("c").turns.not_returned == 1);  // read from ""
+  CHECK(learner.Of("d").turns.not_returned == 1);
+  CHECK(learner.Of("a").turns.known() == false);
+}
+
 TEST_CASE("A tenant whose turns seldom come back scores its blocks lower") {
   EvictionCostOptions o;
   ReturnGaps g;

@@ -63,7 +63,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -935,9 +934,6 @@ class MasterService {
           absl::string_view, const ObjectLocation&, uint32_t)>& judge,
       const std::function<bool(absl::string_view, const ObjectLocation&)>& take)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The return statistics of the tenant of `key` (eviction_policy kCost).
-  TenantReturns& ReturnsOfLocked(absl::string_view key)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What a lookup tells the cost policy of its tenant's returns: a for_read
   // one's gap since the chain's last read (`before`, a tick; 0: never
   // read) and the turns it answers (a next_turn one awaits a turn, an
@@ -1158,18 +1154,9 @@ class MasterService {
   absl::flat_hash_map<uint64_t, uint64_t> pending_tokens_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, CallerPending> pending_by_caller_
       ABSL_GUARDED_BY(mu_);
-  // Per tenant: gaps between a chain's reads and its turn-return rate
-  // (eviction_policy kCost only), at most kMaxReturnTenants; further
-  // tenants share the "" entry. Never erased, and a node map: the marks of
-  // awaiting_turns_ point at their tenant's TurnRate.
-  static constexpr size_t kMaxReturnTenants = 1024;
-  absl::node_hash_map<std::string, TenantReturns> tenant_returns_
-      ABSL_GUARDED_BY(mu_);
-  // Chains hinted as awaiting their next turn (next_turn lookups; kCost
-  // only), at most kMaxAwaitingTurns.
-  static constexpr size_t kMaxAwaitingTurns = size_t{1} << 16;
-  AwaitingTurns awaiting_turns_ ABSL_GUARDED_BY(mu_){
-      options_.eviction_cost.turn_horizon, kMaxAwaitingTurns};
+  // What the cost policy learns of returns (eviction_policy kCost only).
+  ReturnLearner returns_ ABSL_GUARDED_BY(mu_){
+      options_.eviction_cost.turn_horizon};
   absl::flat_hash_map<std::string, uint64_t> quota_evictions_by_tenant_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, TenantPending> pending_by_tenant_

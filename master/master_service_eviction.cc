@@ -226,14 +226,10 @@ MetadataIndex::WalkEnd MasterService::PickEvictionsLocked(
     return index_->PickEvictions(node_id, max_scan, judge, take);
   }
   const EvictionCostOptions& cost = options_.eviction_cost;
-  const TenantReturns none;
   return index_->PickEvictionsScored(
       node_id, max_scan, cost.pool, judge,
       [&](const MetadataIndex::Candidate& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        auto it = tenant_returns_.find(TenantOfKey(c.key));
-        if (it == tenant_returns_.end()) it = tenant_returns_.find("");
-        const TenantReturns& returns =
-            it == tenant_returns_.end() ? none : it->second;
+        const TenantReturns& returns = returns_.Of(TenantOfKey(c.key));
         const absl::Duration idle =
             c.last_use_tick == 0 ? absl::InfiniteDuration()
                                  : absl::Milliseconds(std::max<int64_t>(
@@ -242,16 +238,6 @@ MetadataIndex::WalkEnd MasterService::PickEvictionsLocked(
                              returns.gaps, returns.turns);
       },
       take);
-}
-
-TenantReturns& MasterService::ReturnsOfLocked(absl::string_view key) {
-  absl::string_view tenant = TenantOfKey(key);
-  auto it = tenant_returns_.find(tenant);
-  if (it == tenant_returns_.end()) {
-    if (tenant_returns_.size() >= kMaxReturnTenants) tenant = "";
-    it = tenant_returns_.try_emplace(std::string(tenant)).first;
-  }
-  return it->second;
 }
 
 absl::Status MasterService::MakeRoomInTenant(

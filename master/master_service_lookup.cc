@@ -188,12 +188,12 @@ absl::Status MasterService::BatchLookupInto(
 void MasterService::LearnReturnsLocked(const v1::BatchLookupRequest& request,
                                        uint32_t hits, absl::Time now,
                                        uint32_t before, uint32_t tick) {
-  counters_.turns_not_returned += awaiting_turns_.Expire(now);
+  counters_.turns_not_returned += returns_.awaiting().Expire(now);
   if (request.ended()) {
     // Those it names will not come back.
     for (const std::string& key : request.keys()) {
-      if (awaiting_turns_.empty()) break;
-      if (awaiting_turns_.Ended(key)) ++counters_.turns_not_returned;
+      if (returns_.awaiting().empty()) break;
+      if (returns_.awaiting().Ended(key)) ++counters_.turns_not_returned;
     }
     return;
   }
@@ -202,21 +202,21 @@ void MasterService::LearnReturnsLocked(const v1::BatchLookupRequest& request,
     // next turn. Not a return: the hint follows the turn's own read.
     if (hits > 0) {
       const std::string& last = request.keys(hits - 1);
-      awaiting_turns_.Await(last, now, &ReturnsOfLocked(last).turns);
+      returns_.AwaitTurn(TenantOfKey(last), last, now);
     }
     return;
   }
   if (before != 0 && before < tick) {
     // The chain came back after this long: the tenant's return gaps
     // (master/eviction_cost.h).
-    ReturnsOfLocked(request.keys(0))
-        .gaps.Observe(absl::Milliseconds(int64_t{tick} - before));
+    returns_.ObserveGap(TenantOfKey(request.keys(0)),
+                        absl::Milliseconds(int64_t{tick} - before));
   }
   // A turn that came back: a read of the key its hint marked (found or
   // not: an evicted tail still came back).
   for (const std::string& key : request.keys()) {
-    if (awaiting_turns_.empty()) break;
-    if (awaiting_turns_.Returned(key)) ++counters_.turns_returned;
+    if (returns_.awaiting().empty()) break;
+    if (returns_.awaiting().Returned(key)) ++counters_.turns_returned;
   }
 }
 
