@@ -283,6 +283,9 @@ void InferTurns(std::vector<Request>* requests, int64_t block_tokens) {
     size_t first_open = 0;
   };
   absl::flat_hash_map<std::pair<size_t, uint64_t>, Candidates> by_tail;
+  // Each block id's first conversation: an inferred request is a candidate
+  // parent only if its last full block first came in its own conversation.
+  absl::flat_hash_map<uint64_t, int64_t> first_conversation;
   std::vector<bool> continued(reqs.size(), false);
   auto full_blocks = [&](const Request& p) {
     const int64_t full = std::max<int64_t>(p.input_length, 0) / block_tokens;
@@ -295,7 +298,8 @@ void InferTurns(std::vector<Request>* requests, int64_t block_tokens) {
   };
   for (size_t i = 0; i < reqs.size(); ++i) {
     Request& r = reqs[i];
-    if (r.turn < 0) {
+    const bool inferred = r.turn < 0;
+    if (inferred) {
       // The longest chain first: scanning j down from the end, the first
       // index with a valid candidate has the largest full(p).
       std::optional<size_t> parent;
@@ -326,7 +330,11 @@ void InferTurns(std::vector<Request>* requests, int64_t block_tokens) {
         r.turn = 0;
       }
     }
-    if (const size_t full = full_blocks(r); full >= 1) {
+    for (uint64_t id : r.hash_ids)
+      first_conversation.try_emplace(id, r.conversation);
+    if (const size_t full = full_blocks(r);
+        full >= 1 && (!inferred || first_conversation[r.hash_ids[full - 1]] ==
+                                       r.conversation)) {
       by_tail[{full, r.hash_ids[full - 1]}].requests.push_back(i);
     }
   }

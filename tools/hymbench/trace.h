@@ -146,13 +146,20 @@ std::vector<size_t> CeilingHits(absl::Span<const Request> requests);
 //   hash_ids are p's first full(p) hash_ids, and r.input_length >
 //   p.input_length (a next turn adds at least the previous answer; an
 //   identical prompt is a repeat, not a turn).
+//   p can be a parent only if p's last full block first came in p's own
+//   conversation (a request whose full blocks are only a prefix another
+//   conversation brought, such as a system prompt every conversation
+//   shares with the request's own text in its partial last block, is
+//   nobody's parent: hashes cannot tell its next turn from any other
+//   conversation's on that prompt; Mooncake's conversation trace is made
+//   of such requests). Only the first conversation on such a prompt, if
+//   its first request has no full block of its own, keeps the ambiguity.
 //   r's parent is the p it continues with the most full blocks (the
 //   longest chain r extends); among those, the earliest one no request has
-//   continued yet, or the latest one if all have been (hashes cannot tell
-//   apart conversations whose only full blocks are a shared system prompt;
-//   conversations usually take turns in order of arrival). r is then the
-//   parent's conversation, turn parent.turn + 1. With no parent r starts a
-//   new conversation at turn 0.
+//   continued yet, or the latest one if all have been (conversations
+//   usually take turns in order of arrival). r is then the parent's
+//   conversation, turn parent.turn + 1. With no parent r starts a new
+//   conversation at turn 0.
 // Two requests may continue the same parent (a conversation that branches,
 // or a retry): both get its turn + 1. A first turn shorter than one block
 // has no full block, so nothing continues it. Requests that already have a

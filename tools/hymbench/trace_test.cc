@@ -344,6 +344,21 @@ TEST_CASE("turn inference on hand-made chains") {
     InferTurns(&reqs);
     CHECK(Turns(reqs) == P{{0, 0}, {1, 0}, {0, 1}, {1, 1}});
   }
+  SECTION(
+      "a request whose only full blocks are another conversation's prompt is "
+      "no parent") {
+    std::vector<Request> reqs = {
+        // System prompt 1 2, user text 3 4.
+        Chain({1, 2, 3, 4}, 2048),
+        // The prompt, with its own text in a partial block.
+        Chain({1, 2, 5}, 1100),
+        // A third conversation, not the second one's next turn.
+        Chain({1, 2, 6, 7}, 2048),
+        Chain({1, 2, 3, 4, 8}, 2300),
+    };
+    InferTurns(&reqs);
+    CHECK(Turns(reqs) == P{{0, 0}, {1, 0}, {2, 0}, {0, 1}});
+  }
   SECTION("a missing full block breaks the chain") {
     std::vector<Request> reqs = {Chain({1, 2, 3}, 1536), Chain({1, 2, 9, 10}, 2048)};
     InferTurns(&reqs);

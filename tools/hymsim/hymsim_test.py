@@ -186,6 +186,21 @@ def test_infer_turns_hand_made_chains():
     assert n == 4
 
 
+def test_infer_turns_a_shared_prompt_alone_is_no_parent():
+    bt = 4
+    reqs = [
+        R(0, [1, 2, 3, 4]),                    # prompt 1 2, user 3 4
+        R(1, [1, 2, 5], tokens=2 * bt + 1),    # the prompt, own text partial
+        R(2, [1, 2, 6, 7]),                    # not request 1's next turn
+        R(3, [1, 2, 3, 4, 8]),                 # request 0's next turn
+    ]
+    parents = []
+    n = trace.infer_turns(reqs, bt, parents)
+    assert parents == [-1, -1, -1, 0]
+    assert [r.turn for r in reqs] == [1, 1, 1, 2]
+    assert n == 3
+
+
 def test_infer_turns_recovers_generator_turns():
     o = trace.MultiTurnOptions(conversations=6, turns=4, user_tokens=300,
                                shared_prefixes=2, shared_tokens=256, seed=3)

@@ -68,15 +68,24 @@ def infer_turns(requests, block_tokens, parents=None):
     next turn fills it). Request B's parent is the earlier request A with
     the largest full(A) >= 1 such that full(A) < len(B.hash_ids) and
     B.hash_ids[:full(A)] == A.hash_ids[:full(A)] (the latest such A on
-    ties). B's turn is A's turn + 1; B joins A's conversation if it is A's
-    first child, else it starts a new conversation (a branch: two requests
-    extending the same chain are two conversations sharing a prefix). A
-    request without a parent is turn 1 of a new conversation.
+    ties), among the requests whose last full block first came in their
+    own chain (the request, its parent, its parent's parent, ... and the
+    branches of that tree): a request whose full blocks are only a prefix
+    an unrelated conversation brought (a system prompt every conversation
+    shares, with the request's own text in its partial last block) is
+    nobody's parent, since its next turn cannot be told from any other
+    conversation on that prompt. B's turn is A's turn + 1; B joins A's
+    conversation if it is A's first child, else it starts a new
+    conversation (a branch: two requests extending the same chain are two
+    conversations sharing a prefix). A request without a parent is turn 1
+    of a new conversation.
 
     Returns the number of conversations. Overwrites conversation and turn;
     appends each request's parent index (-1: none) to `parents` if given.
     """
     by_last = {}  # last full block id -> [(full, index)]
+    first_seen = {}  # block id -> the tree of its first request
+    tree = []  # request index -> its root request's index
     has_child = set()
     conversations = 0
     for i, b in enumerate(requests):
@@ -104,8 +113,11 @@ def infer_turns(requests, block_tokens, parents=None):
             b.turn = 1
             b.conversation = conversations
             conversations += 1
+        tree.append(tree[parent] if parent >= 0 else i)
+        for h in ids:
+            first_seen.setdefault(h, tree[i])
         full = min(len(ids), b.input_length // block_tokens)
-        if full >= 1:
+        if full >= 1 and first_seen[ids[full - 1]] == tree[i]:
             by_last.setdefault(ids[full - 1], []).append((full, i))
     return conversations
 
