@@ -43,6 +43,14 @@
 // --modes=off,async:2,async compares the stream's batch delay
 // (--replication_async_delay_ms) at 2 ms with the default.
 //
+// Each run's row has the puts' latency (PutStart + PutCommit, p50 and
+// p99). A synchronous commit waits for the standby, so with one put in
+// flight per thread sync keeps the leader less busy than off does, and
+// the throughput ratio measures the round trip, not the leader's cost.
+// --put_depth=N keeps N puts in flight per thread (gRPC's callback API)
+// so that every mode saturates the leader: docs/ha.md measures the floor
+// with --threads=4 --put_depth=128 --leader_cpu=0.
+//
 // --modes=events_off,off compares a plain master that keeps no KV events
 // (--event_log_capacity=0) with one that does (the default): the cost of
 // publishing them. A mode ending in /events_off is that mode with no
@@ -64,6 +72,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -94,6 +103,11 @@ DEFINE_string(modes, "off,async,sync",
 DEFINE_int32(threads, 4, "client threads (one connection each)");
 DEFINE_double(seconds, 3, "timed seconds per phase");
 DEFINE_int32(reps, 2, "repetitions of every mode");
+DEFINE_int32(put_depth, 1,
+             "puts each client thread keeps in flight (above 1: gRPC's "
+             "callback API, a chain of PutStart and PutCommit per slot): "
+             "enough for a mode whose commits wait (sync) to keep the "
+             "leader as busy as off does, without a thread per call");
 DEFINE_int32(put_keys, 4, "keys per put");
 DEFINE_int32(batch, 32, "keys per BatchLookup");
 DEFINE_string(dir, "", "daemon data (default: a new /tmp directory)");
@@ -296,7 +310,94 @@ struct Result {
   // own cost, whatever the standby and etcd take from the shared cores.
   double leader_cpu_us_per_put = 0;
   double leader_cpu_us_per_lookup = 0;
+  // PutStart + PutCommit, as the client sees it.
+  absl::Duration put_p50;
+  absl::Duration put_p99;
   std::map<std::string, double> stats;
+};
+
+// --put_depth: one slot of a client's puts. Puts one after another on
+// `stub` through gRPC's callback API (PutStart, then PutCommit with the
+// node's receipts) until `end`, then calls `done`. Its callbacks run on
+// gRPC's threads one at a time, so its fields need no lock; read them
+// after `done`.
+class PutChain {
+ public:
+  PutChain(v1::MasterService::Stub* stub, const HmacSha256* node_key,
+           std::string prefix, absl::Time end, std::function<void()> done)
+      : stub_(stub),
+        node_key_(node_key),
+        prefix_(std::move(prefix)),
+        end_(end),
+        done_(std::move(done)) {}
+
+  void Start() { Next(); }
+
+  uint64_t puts = 0;
+  uint64_t failures = 0;
+  std::vector<std::string> keys;
+  std::vector<absl::Duration> times;
+
+ private:
+  void Next() {
+    if (absl::Now() >= end_) {
+      done_();
+      return;
+    }
+    start_req_.Clear();
+    for (int k = 0; k < FLAGS_put_keys; ++k) {
+      start_req_.add_keys(absl::StrCat(prefix_, n_, "-", k));
+      start_req_.add_lengths(4096);
+    }
+    ++n_;
+    started_ = absl::Now();
+    start_resp_.Clear();
+    start_ctx_ = std::make_unique<grpc::ClientContext>();
+    stub_->async()->PutStart(start_ctx_.get(), &start_req_, &start_resp_,
+                             [this](grpc::Status st) { OnStarted(st); });
+  }
+
+  void OnStarted(const grpc::Status& st) {
+    if (!st.ok() || start_resp_.put_id() == 0) {
+      ++failures;
+      Next();
+      return;
+    }
+    commit_req_.Clear();
+    commit_req_.set_put_id(start_resp_.put_id());
+    master::AddWriteReceipts(start_resp_, *node_key_, &commit_req_);
+    commit_resp_.Clear();
+    commit_ctx_ = std::make_unique<grpc::ClientContext>();
+    stub_->async()->PutCommit(commit_ctx_.get(), &commit_req_, &commit_resp_,
+                              [this](grpc::Status st) { OnCommitted(st); });
+  }
+
+  void OnCommitted(const grpc::Status& st) {
+    if (!st.ok() ||
+        commit_resp_.committed() != static_cast<uint32_t>(FLAGS_put_keys)) {
+      ++failures;
+    } else {
+      ++puts;
+      times.push_back(absl::Now() - started_);
+      keys.insert(keys.end(), start_req_.keys().begin(),
+                  start_req_.keys().end());
+    }
+    Next();
+  }
+
+  v1::MasterService::Stub* const stub_;
+  const HmacSha256* const node_key_;
+  const std::string prefix_;
+  const absl::Time end_;
+  const std::function<void()> done_;
+  uint64_t n_ = 0;
+  absl::Time started_;
+  v1::PutStartRequest start_req_;
+  v1::PutStartResponse start_resp_;
+  std::unique_ptr<grpc::ClientContext> start_ctx_;
+  v1::PutCommitRequest commit_req_;
+  v1::PutCommitResponse commit_resp_;
+  std::unique_ptr<grpc::ClientContext> commit_ctx_;
 };
 
 // User + system CPU seconds `pid` has used (/proc/PID/stat); 0 if unknown.
@@ -333,6 +434,7 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   if (!node_key) return absl::InternalError("cannot register the fake node");
   const int threads = FLAGS_threads;
   std::vector<std::vector<std::string>> keys(threads);
+  std::vector<std::vector<absl::Duration>> put_times(threads);
   std::atomic<uint64_t> puts{0}, failures{0};
   Mutex error_mu;
   std::string first_error ABSL_GUARDED_BY(error_mu);
@@ -354,6 +456,33 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   double cpu0 = CpuSeconds(leader_pid);
   absl::Time t0 = absl::Now();
   phase([&](int t, v1::MasterService::Stub* stub, absl::Time end) {
+    if (FLAGS_put_depth > 1) {
+      Mutex mu;
+      CondVar all_done;
+      int running ABSL_GUARDED_BY(mu) = FLAGS_put_depth;
+      std::vector<std::unique_ptr<PutChain>> chains;
+      for (int c = 0; c < FLAGS_put_depth; ++c) {
+        chains.push_back(std::make_unique<PutChain>(
+            stub, &*node_key, absl::StrCat(mode, "-t", t, "-c", c, "-"), end,
+            [&] {
+              MutexLock l(&mu);
+              if (--running == 0) all_done.SignalAll();
+            }));
+      }
+      for (auto& c : chains) c->Start();
+      {
+        MutexLock l(&mu);
+        while (running > 0) all_done.Wait(&mu);
+      }
+      for (auto& c : chains) {
+        puts.fetch_add(c->puts);
+        failures.fetch_add(c->failures);
+        keys[t].insert(keys[t].end(), c->keys.begin(), c->keys.end());
+        put_times[t].insert(put_times[t].end(), c->times.begin(),
+                            c->times.end());
+      }
+      return;
+    }
     uint64_t n = 0;
     while (absl::Now() < end) {
       v1::PutStartRequest req;
@@ -362,6 +491,7 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
         req.add_lengths(4096);
       }
       ++n;
+      const absl::Time started = absl::Now();
       v1::PutStartResponse resp;
       grpc::ClientContext ctx;
       if (!stub->PutStart(&ctx, req, &resp).ok() || resp.put_id() == 0) {
@@ -380,6 +510,7 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
         continue;
       }
       puts.fetch_add(1);
+      put_times[t].push_back(absl::Now() - started);
       for (const std::string& k : req.keys()) keys[t].push_back(k);
     }
   });
@@ -387,6 +518,15 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   if (puts.load() > 0) {
     r.leader_cpu_us_per_put = (CpuSeconds(leader_pid) - cpu0) * 1e6 /
                               static_cast<double>(puts.load());
+  }
+  {
+    std::vector<absl::Duration> times;
+    for (auto& v : put_times) times.insert(times.end(), v.begin(), v.end());
+    std::sort(times.begin(), times.end());
+    if (!times.empty()) {
+      r.put_p50 = times[times.size() / 2];
+      r.put_p99 = times[times.size() * 99 / 100];
+    }
   }
   std::vector<std::string> all;
   for (auto& v : keys) all.insert(all.end(), v.begin(), v.end());
@@ -787,6 +927,7 @@ int Main(const char* argv0) {
   }
   std::map<std::string, Result> best;
   std::map<std::string, std::vector<double>> cpu_put, cpu_lookup;
+  std::map<std::string, std::vector<double>> puts_by_rep, lookups_by_rep;
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.empty() ? 0.0 : v[v.size() / 2];
@@ -801,9 +942,12 @@ int Main(const char* argv0) {
       }
       std::printf(
           "rep=%d mode=%s puts_per_s=%.0f lookups_per_s=%.0f "
-          "leader_cpu_us_per_put=%.1f leader_cpu_us_per_lookup=%.1f",
+          "leader_cpu_us_per_put=%.1f leader_cpu_us_per_lookup=%.1f "
+          "put_p50_ms=%.2f put_p99_ms=%.2f",
           rep, mode.c_str(), r->puts_per_s, r->lookups_per_s,
-          r->leader_cpu_us_per_put, r->leader_cpu_us_per_lookup);
+          r->leader_cpu_us_per_put, r->leader_cpu_us_per_lookup,
+          absl::ToDoubleMilliseconds(r->put_p50),
+          absl::ToDoubleMilliseconds(r->put_p99));
       if (absl::StartsWith(mode, "sync")) {
         std::printf(
             " sync_commits=%.0f sync_timeouts=%.0f batches_sent=%.0f "
@@ -818,15 +962,19 @@ int Main(const char* argv0) {
       Result& b = best[mode];
       b.puts_per_s = std::max(b.puts_per_s, r->puts_per_s);
       b.lookups_per_s = std::max(b.lookups_per_s, r->lookups_per_s);
+      puts_by_rep[mode].push_back(r->puts_per_s);
+      lookups_by_rep[mode].push_back(r->lookups_per_s);
       cpu_put[mode].push_back(r->leader_cpu_us_per_put);
       cpu_lookup[mode].push_back(r->leader_cpu_us_per_lookup);
     }
   }
   std::filesystem::remove_all(dir);
   const Result& base = best[modes[0]];
-  std::printf("\nthreads=%d put_keys=%d batch=%d seconds=%.1f (best of %d)\n",
-              FLAGS_threads, FLAGS_put_keys, FLAGS_batch, FLAGS_seconds,
-              FLAGS_reps);
+  std::printf(
+      "\nthreads=%d put_depth=%d put_keys=%d batch=%d seconds=%.1f (best of "
+      "%d)\n",
+      FLAGS_threads, FLAGS_put_depth, FLAGS_put_keys, FLAGS_batch,
+      FLAGS_seconds, FLAGS_reps);
   for (const std::string& m : modes) {
     const Result& r = best[m];
     std::printf(
@@ -834,6 +982,21 @@ int Main(const char* argv0) {
         r.puts_per_s, base.puts_per_s > 0 ? r.puts_per_s / base.puts_per_s : 0,
         r.lookups_per_s,
         base.lookups_per_s > 0 ? r.lookups_per_s / base.lookups_per_s : 0);
+  }
+  // Each rep's ratio to the same rep's base, whose conditions it shared
+  // most closely (the modes of a rep run back to back).
+  std::printf("per-rep ratios to %s (median of %d reps)\n", modes[0].c_str(),
+              FLAGS_reps);
+  for (const std::string& m : modes) {
+    std::vector<double> puts, lookups;
+    for (int rep = 0; rep < FLAGS_reps; ++rep) {
+      const double bp = puts_by_rep[modes[0]][rep];
+      const double bl = lookups_by_rep[modes[0]][rep];
+      puts.push_back(bp > 0 ? puts_by_rep[m][rep] / bp : 0);
+      lookups.push_back(bl > 0 ? lookups_by_rep[m][rep] / bl : 0);
+    }
+    std::printf("%-6s puts %.2fx  lookups %.2fx\n", m.c_str(), median(puts),
+                median(lookups));
   }
   // The leader's own cost, apart from what the standby and etcd take from
   // the shared cores: off's CPU per op / this mode's (1.00x: no cost).

@@ -175,6 +175,11 @@ smoke replication_benchmark -p '^rep=0 mode=async puts_per_s=[1-9]' \
 smoke ha_bench -p '^async +puts/s +[1-9][0-9.]* \([0-9.]+x\) +lookups/s +[1-9]' -- \
   "$B/ha_bench" --modes=off,async --threads=1 --seconds=0.3 --reps=1 \
   --dir="$T/ha"
+# ... -- --modes=off,async,sync --threads=4 --put_depth=128 --leader_cpu=0
+smoke ha_bench_depth -p '^sync +puts/s +[1-9][0-9.]* \([0-9.]+x\)' \
+  -p '^sync +puts [0-9.]+x +lookups [0-9.]+x$' -- \
+  "$B/ha_bench" --modes=off,sync --threads=1 --put_depth=8 --seconds=0.3 \
+  --reps=1 --dir="$T/ha-depth"
 
 # bazel run -c opt //tools/bench:ha_bench -- --failover_objects=N and
 # --restart_objects=N (docs/ha.md)
