@@ -86,6 +86,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/cli.h"
@@ -318,9 +319,9 @@ struct Result {
 
 // --put_depth: one slot of a client's puts. Puts one after another on
 // `stub` through gRPC's callback API (PutStart, then PutCommit with the
-// node's receipts) until `end`, then calls `done`. Its callbacks run on
-// gRPC's threads one at a time, so its fields need no lock; read them
-// after `done`.
+// node's receipts) until `end`, then calls `done` as its last act. Its
+// callbacks run on gRPC's threads one at a time, so its fields need no
+// lock; read them after `done`.
 class PutChain {
  public:
   PutChain(v1::MasterService::Stub* stub, const HmacSha256* node_key,
@@ -457,23 +458,17 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   absl::Time t0 = absl::Now();
   phase([&](int t, v1::MasterService::Stub* stub, absl::Time end) {
     if (FLAGS_put_depth > 1) {
-      Mutex mu;
-      CondVar all_done;
-      int running ABSL_GUARDED_BY(mu) = FLAGS_put_depth;
+      // Safe to destroy once Wait returns, unlike a mutex the last chain
+      // may still be unlocking.
+      absl::BlockingCounter running(FLAGS_put_depth);
       std::vector<std::unique_ptr<PutChain>> chains;
       for (int c = 0; c < FLAGS_put_depth; ++c) {
         chains.push_back(std::make_unique<PutChain>(
             stub, &*node_key, absl::StrCat(mode, "-t", t, "-c", c, "-"), end,
-            [&] {
-              MutexLock l(&mu);
-              if (--running == 0) all_done.SignalAll();
-            }));
+            [&running] { running.DecrementCount(); }));
       }
       for (auto& c : chains) c->Start();
-      {
-        MutexLock l(&mu);
-        while (running > 0) all_done.Wait(&mu);
-      }
+      running.Wait();
       for (auto& c : chains) {
         puts.fetch_add(c->puts);
         failures.fetch_add(c->failures);
