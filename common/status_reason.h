@@ -75,7 +75,11 @@ namespace hymcache {
     "reported for the engine TTL")                                          \
   X(kEngineReportsOff, "engine_reports_off",                                \
     "the master keeps no engines' caches (--max_engines=0): "               \
-    "ReportEngineBlocks is refused and PrefixQuery answers per node only")
+    "ReportEngineBlocks is refused and PrefixQuery answers per node only")  \
+  X(kCommitNotConfirmed, "commit_not_confirmed",                            \
+    "a leader with --replication=confirm answered the commit, but a "       \
+    "standby it named no longer follows that leader's database (a "         \
+    "failover came between): the put may be lost; store it again")
 
 enum class StatusReason : uint32_t {
   kNone = 0,

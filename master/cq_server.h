@@ -116,10 +116,12 @@ struct UnaryMethod {
       std::function<grpc::Status(grpc::ServerContext*, const Req&, Resp*)>;
 
   // Runs after `handle` when set: the call is answered (with what `handle`
-  // returned) when `answer` runs, once, from any thread, so a handler may
-  // hold its answer without blocking the poller (a synchronous commit waits
-  // for a standby: master/master_replication.h). Null: answered at once.
-  using HoldFn = std::function<void(const grpc::Status& handled,
+  // returned, and `resp` as the hold leaves it) when `answer` runs, once,
+  // from any thread, so a handler may hold its answer without blocking the
+  // poller (a synchronous commit waits for a standby; a confirmed one adds
+  // what the client confirms: master/master_replication.h). Null: answered
+  // at once.
+  using HoldFn = std::function<void(const grpc::Status& handled, Resp* resp,
                                     std::function<void()> answer)>;
 
   Service* service;
@@ -157,7 +159,7 @@ class UnaryCall final : public CqTag {
     finishing_ = true;
     status_ = method_->handle(&ctx_, req_, &resp_);
     if (method_->hold) {
-      method_->hold(status_, [this] { Answer(); });
+      method_->hold(status_, &resp_, [this] { Answer(); });
     } else {
       Answer();
     }

@@ -217,10 +217,11 @@ DEFINE_int64(
 
 DEFINE_string(replication, "",
               "standby replication (docs/ha.md): off, async (standbys follow "
-              "the leader's store; a leader crash loses the standby's lag) or "
+              "the leader's store; a leader crash loses the standby's lag), "
               "sync (a PutCommit is answered once a standby holds it, or "
-              "after --replication_sync_timeout_ms). Empty: async with "
-              "--etcd, off without");
+              "after --replication_sync_timeout_ms) or confirm (answered at "
+              "once; the client acknowledges the put once the standbys say "
+              "they hold it). Empty: async with --etcd, off without");
 DEFINE_int64(replication_sync_timeout_ms,
              Ms(Defaults().replication_sync_timeout),
              "with --replication=sync: the longest a commit waits for a "
@@ -232,6 +233,11 @@ DEFINE_int64(replication_async_delay_ms,
              "gathers writes into one message (0..1000): up to this much "
              "more lag, i.e. more commits a leader crash may lose, for less "
              "leader CPU per write (docs/ha.md)");
+DEFINE_int64(replication_confirm_delay_ms,
+             Ms(Defaults().replication_confirm_batch_delay),
+             "with --replication=confirm: the same for its stream (0..1000): "
+             "up to this much more latency per put (the client waits for "
+             "the standby) for less leader CPU per write (docs/ha.md)");
 DEFINE_string(replication_token_file, "",
               "with --etcd: a file holding the admin token a standby presents "
               "to the leader to follow it (needed when the masters have "
@@ -304,6 +310,8 @@ absl::Status OptionsFromFlags(hymcache::MasterOptions* options) {
       absl::Milliseconds(FLAGS_replication_sync_timeout_ms);
   options->replication_async_batch_delay =
       absl::Milliseconds(FLAGS_replication_async_delay_ms);
+  options->replication_confirm_batch_delay =
+      absl::Milliseconds(FLAGS_replication_confirm_delay_ms);
   hymcache::DaemonOptionsFromFlags(options);  // security, metrics, build
   return options->Validate();
 }
@@ -323,7 +331,7 @@ int main(int argc, char** argv) {
               "etcd_move_raft_leader", "election_ranking_ms",
               "end_dead_leader_terms", "replication",
               "replication_sync_timeout_ms", "replication_async_delay_ms",
-              "replication_token_file"}},
+              "replication_confirm_delay_ms", "replication_token_file"}},
             {"Nodes and placement",
              {"node_timeout_ms",
               "heartbeat_interval_ms",

@@ -19,7 +19,9 @@
 #include "master/health_service.h"
 #include "master/metadata_store.h"
 #include "master/replica_follower.h"
+#include "master/standby_confirm_waits.h"
 #include "proto/master.grpc.pb.h"
+#include "proto/replication.pb.h"
 
 namespace hymcache {
 namespace master {
@@ -28,12 +30,16 @@ namespace master {
 // not grpc.health.v1 (so every MasterService method, whatever the caller's
 // version) finishes at once with `refusal()`, and health says NOT_SERVING.
 // No identity check: the answer holds nothing but the leader's address,
-// which the leader key publishes anyway.
+// which the leader key publishes anyway. With `waits`, it also serves
+// StandbyConfirm.WaitApplied (commits the client confirms,
+// master/standby_confirm_waits.h).
 class StandbyServer {
  public:
   static absl::StatusOr<std::unique_ptr<StandbyServer>> Create(
-      const MasterOptions& options, std::function<absl::Status()> refusal) {
-    std::unique_ptr<StandbyServer> s(new StandbyServer(std::move(refusal)));
+      const MasterOptions& options, std::function<absl::Status()> refusal,
+      std::unique_ptr<StandbyConfirmWaits> waits = nullptr) {
+    std::unique_ptr<StandbyServer> s(
+        new StandbyServer(std::move(refusal), std::move(waits)));
     auto tls = ReloadableServerTls::Create(options.tls);
     if (!tls.ok()) return tls.status();
     s->tls_ = std::move(tls).value();
@@ -61,13 +67,16 @@ class StandbyServer {
     StandbyServer* raw = s.get();
     s->poller_->Start("master-standby", [raw] {
       raw->health_.StartOn(raw->poller_.get());
-      RefuseCall::Request(raw);
+      StandbyCall::Request(raw);
     });
     return s;
   }
 
   ~StandbyServer() {
     health_.Shutdown();
+    // The open confirmations are answered (FailedPrecondition: this master
+    // no longer stands by) before the grace below, and no later ones wait.
+    if (waits_ != nullptr) waits_->Shutdown();
     // A call already taken is answered with its refusal (UNAVAILABLE, which
     // callers retry on the leader) instead of being cancelled: with an
     // immediate deadline a client polling the standby while it handed the
@@ -81,11 +90,12 @@ class StandbyServer {
   int port() const { return port_; }
 
  private:
-  // One call: requested, then finished with the refusal.
-  class RefuseCall final : public CqTag {
+  // One call: requested, then finished with the refusal; or, for
+  // WaitApplied, its request read, then answered when the waits say.
+  class StandbyCall final : public CqTag {
    public:
     static void Request(StandbyServer* server) {
-      auto* call = new RefuseCall(server);
+      auto* call = new StandbyCall(server);
       if (!server->poller_->IfOpen([call, server] {
             grpc::ServerCompletionQueue* cq = server->poller_->cq();
             server->generic_.RequestCall(&call->ctx_, &call->stream_, cq, cq,
@@ -95,28 +105,100 @@ class StandbyServer {
       }
     }
     void Proceed(bool ok) override {
-      if (finishing_ || !ok) {
-        delete this;
-        return;
+      switch (state_) {
+        case State::kRequested:
+          if (!ok) break;
+          Request(server_);
+          if (server_->waits_ != nullptr &&
+              ctx_.method() == kWaitAppliedMethod) {
+            state_ = State::kReading;
+            stream_.Read(&request_, this);
+          } else {
+            Finish(server_->refusal_());
+          }
+          return;
+        case State::kReading:
+          Confirm(ok);
+          return;
+        case State::kFinishing:
+          break;
       }
-      Request(server_);
-      finishing_ = true;
-      stream_.Finish(ToGrpcStatus(server_->refusal_()), this);
+      delete this;
     }
 
    private:
-    explicit RefuseCall(StandbyServer* server)
+    static constexpr char kWaitAppliedMethod[] =
+        "/hymcache.v1.StandbyConfirm/WaitApplied";
+    enum class State { kRequested, kReading, kFinishing };
+
+    explicit StandbyCall(StandbyServer* server)
         : server_(server), stream_(&ctx_) {}
+
+    void Confirm(bool read) {
+      v1::WaitAppliedRequest req;
+      std::vector<grpc::Slice> slices;
+      std::string bytes;
+      if (read && request_.Dump(&slices).ok()) {
+        for (const grpc::Slice& slice : slices) {
+          bytes.append(reinterpret_cast<const char*>(slice.begin()),
+                       slice.size());
+        }
+      }
+      if (!read || !req.ParseFromString(bytes)) {
+        Finish(absl::InvalidArgumentError(
+            "standby: a WaitApplied call without a request"));
+        return;
+      }
+      // The call's own deadline, at most a minute away.
+      const absl::Time deadline = std::min(absl::FromChrono(ctx_.deadline()),
+                                           absl::Now() + absl::Minutes(1));
+      // `this` may be gone once Wait returns (answered on another thread).
+      server_->waits_->Wait(req.db_id(), req.sequence(), deadline,
+                            [this](absl::Status status, uint64_t applied) {
+                              if (!status.ok()) {
+                                Finish(status);
+                                return;
+                              }
+                              v1::WaitAppliedResponse resp;
+                              resp.set_applied_sequence(applied);
+                              const std::string out = resp.SerializeAsString();
+                              grpc::Slice slice(out);
+                              response_ = grpc::ByteBuffer(&slice, 1);
+                              state_ = State::kFinishing;
+                              if (!server_->poller_->IfOpen([this] {
+                                    stream_.WriteAndFinish(
+                                        response_, grpc::WriteOptions(),
+                                        grpc::Status::OK, this);
+                                  })) {
+                                delete this;
+                              }
+                            });
+    }
+
+    void Finish(const absl::Status& status) {
+      state_ = State::kFinishing;
+      // The queue may be shut down already (an answer from the waits'
+      // thread): then no event would come.
+      if (!server_->poller_->IfOpen(
+              [this, status] { stream_.Finish(ToGrpcStatus(status), this); })) {
+        delete this;
+      }
+    }
+
     StandbyServer* const server_;
     grpc::GenericServerContext ctx_;
     grpc::GenericServerAsyncReaderWriter stream_;
-    bool finishing_ = false;
+    grpc::ByteBuffer request_;
+    grpc::ByteBuffer response_;
+    State state_ = State::kRequested;
   };
 
-  explicit StandbyServer(std::function<absl::Status()> refusal)
-      : refusal_(std::move(refusal)) {}
+  StandbyServer(std::function<absl::Status()> refusal,
+                std::unique_ptr<StandbyConfirmWaits> waits)
+      : refusal_(std::move(refusal)), waits_(std::move(waits)) {}
 
   const std::function<absl::Status()> refusal_;
+  const std::unique_ptr<StandbyConfirmWaits> waits_;
   std::unique_ptr<ReloadableServerTls> tls_;
   HealthService health_;
   grpc::AsyncGenericService generic_;
@@ -201,7 +283,8 @@ absl::StatusOr<std::unique_ptr<HaMaster>> HaMaster::Create(
 
   HaMaster* raw = ha.get();
   auto standby = master::StandbyServer::Create(
-      options.master, [raw] { return raw->NotLeader(); });
+      options.master, [raw] { return raw->NotLeader(); },
+      raw->NewConfirmWaits());
   if (!standby.ok()) return standby.status();
   ha->port_ = (*standby)->port();
   ha->address_ = DialAddress(options.master.listen_address, ha->port_);
@@ -491,6 +574,37 @@ void HaMaster::StopFollowing() {
     LOG(WARNING) << "master HA: closing the follower's store: " << closed;
   }
   follower_.reset();
+}
+
+std::unique_ptr<master::StandbyConfirmWaits> HaMaster::NewConfirmWaits() {
+  if (options_.master.replication == master::ReplicationMode::kOff) {
+    return nullptr;
+  }
+  master::StandbyConfirmWaitsOptions wo;
+  wo.applied = [this] {
+    master::StandbyApplied out;
+    MutexLock l(&standing_mu_);
+    if (standing_source_ == nullptr) return out;
+    const master::ReplicaFollower::Stats st = standing_source_->GetStats();
+    out.following = !st.copying && !st.leader_db_id.empty();
+    out.db_id = st.leader_db_id;
+    out.sequence = st.applied_sequence;
+    return out;
+  };
+  wo.wait_applied = [this](uint64_t seen, absl::Time deadline) {
+    // Held while it waits (at most a deadline slice, 5 ms): StopFollowing
+    // takes it before the follower goes.
+    MutexLock l(&standing_mu_);
+    if (standing_source_ == nullptr) return;
+    standing_source_->WaitApplied(seen + 1, deadline).IgnoreError();
+  };
+  auto waits = master::StandbyConfirmWaits::Create(wo);
+  if (!waits.ok()) {
+    LOG(WARNING) << "master HA: no commit confirmations while standing by: "
+                 << waits.status();
+    return nullptr;
+  }
+  return std::move(waits).value();
 }
 
 CandidateStanding HaMaster::Standing() const {
@@ -819,8 +933,8 @@ absl::Status HaMaster::ServeAgain(int64_t epoch) {
   // the port never closes; Serve then retires the standby.
   MasterOptions so = options_.master;
   so.listen_address = WithPort(options_.master.listen_address, port_);
-  auto standby =
-      master::StandbyServer::Create(so, [this] { return NotLeader(); });
+  auto standby = master::StandbyServer::Create(
+      so, [this] { return NotLeader(); }, NewConfirmWaits());
   if (!standby.ok()) return standby.status();
   std::unique_ptr<MasterServer> old;
   {

@@ -77,6 +77,7 @@ class LeaderElection;
 
 namespace master {
 class ReplicaFollower;
+class StandbyConfirmWaits;
 class StandbyServer;
 }  // namespace master
 
@@ -226,6 +227,10 @@ class HaMaster {
   // What a standby (or a deposed leader) answers: kNotLeader with the
   // leader this candidate knows.
   absl::Status NotLeader() const;
+  // The confirmations a standby server answers from the follower (commits
+  // the client confirms); null without replication, or if its thread
+  // cannot start (then WaitApplied is refused as every call is).
+  std::unique_ptr<master::StandbyConfirmWaits> NewConfirmWaits();
   // Points the follower (if any) at the leader the election observes;
   // counts leader changes. On the master-ha thread.
   void FollowObservedLeader();

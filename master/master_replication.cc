@@ -15,8 +15,9 @@ absl::StatusOr<ReplicationMode> ParseReplicationMode(absl::string_view s) {
   if (s == "off") return ReplicationMode::kOff;
   if (s == "async") return ReplicationMode::kAsync;
   if (s == "sync") return ReplicationMode::kSync;
+  if (s == "confirm") return ReplicationMode::kConfirm;
   return absl::InvalidArgumentError(absl::StrCat(
-      "replication must be off, async or sync, not '", s, "'"));
+      "replication must be off, async, sync or confirm, not '", s, "'"));
 }
 
 const char* ReplicationModeName(ReplicationMode mode) {
@@ -27,6 +28,8 @@ const char* ReplicationModeName(ReplicationMode mode) {
       return "async";
     case ReplicationMode::kSync:
       return "sync";
+    case ReplicationMode::kConfirm:
+      return "confirm";
   }
   return "?";
 }
@@ -43,8 +46,13 @@ absl::Status MasterReplicationOptions::Validate() const {
     return absl::InvalidArgumentError(
         "master replication: sync_timeout must be positive");
   }
-  return ValidateReplicationBatchDelay(async_batch_delay,
-                                       "master replication: async_batch_delay");
+  if (absl::Status s = ValidateReplicationBatchDelay(
+          async_batch_delay, "master replication: async_batch_delay");
+      !s.ok()) {
+    return s;
+  }
+  return ValidateReplicationBatchDelay(
+      confirm_batch_delay, "master replication: confirm_batch_delay");
 }
 
 MasterReplication::MasterReplication(const MasterReplicationOptions& options,
@@ -61,6 +69,8 @@ absl::StatusOr<std::unique_ptr<MasterReplication>> MasterReplication::Create(
   ro.authenticator = options.authenticator;
   if (options.mode == ReplicationMode::kAsync) {
     ro.batch_delay = options.async_batch_delay;
+  } else if (options.mode == ReplicationMode::kConfirm) {
+    ro.batch_delay = options.confirm_batch_delay;
   }
   auto source = ReplicationSource::Create(ro);
   if (!source.ok()) return source.status();
@@ -71,7 +81,24 @@ absl::StatusOr<std::unique_ptr<MasterReplication>> MasterReplication::Create(
       new MasterReplication(options, std::move(source).value()));
 }
 
-void MasterReplication::AfterCommit(std::function<void()> answer) {
+void MasterReplication::AfterCommit(v1::PutCommitResponse* resp,
+                                    std::function<void()> answer) {
+  if (options_.mode == ReplicationMode::kConfirm) {
+    // The commit's write is in the store: its sequence is at most the
+    // latest. The client waits for the standbys, not this leader.
+    std::vector<std::string> standbys = source_->FollowerNamesPastCopy();
+    if (standbys.empty()) {
+      Add(counters_.replication_sync_no_standby);
+    } else {
+      resp->set_replication_sequence(options_.store->LatestSequence());
+      resp->set_replication_db_id(source_->db_id());
+      for (std::string& s : standbys) resp->add_confirm_with(std::move(s));
+      Add(counters_.replication_confirm_commits);
+    }
+    source_->NotifyWrite();
+    answer();
+    return;
+  }
   if (options_.mode != ReplicationMode::kSync) {
     source_->NotifyWrite();
     answer();

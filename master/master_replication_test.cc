@@ -55,8 +55,10 @@ struct Master {
   // The registered node's key: it signs the write receipts of Put.
   std::string node_key;
 
-  // PutStart + PutCommit of one key; how long the commit took.
-  absl::Duration Put(const std::string& key) {
+  // PutStart + PutCommit of one key; how long the commit took, and the
+  // commit's answer in *answer (if given).
+  absl::Duration Put(const std::string& key,
+                     v1::PutCommitResponse* answer = nullptr) {
     v1::PutStartRequest put;
     put.add_keys(key);
     put.add_lengths(4096);
@@ -76,6 +78,7 @@ struct Master {
     INFO(s.error_message());
     REQUIRE(s.ok());
     CHECK(resp.committed() == 1);
+    if (answer != nullptr) *answer = resp;
     return took;
   }
 };
@@ -84,6 +87,9 @@ TEST_CASE("Replication modes parse and print") {
   CHECK(*master::ParseReplicationMode("off") == ReplicationMode::kOff);
   CHECK(*master::ParseReplicationMode("async") == ReplicationMode::kAsync);
   CHECK(*master::ParseReplicationMode("sync") == ReplicationMode::kSync);
+  CHECK(*master::ParseReplicationMode("confirm") == ReplicationMode::kConfirm);
+  CHECK(std::string(master::ReplicationModeName(ReplicationMode::kConfirm)) ==
+        "confirm");
   CHECK(master::ParseReplicationMode("yes").status().code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(std::string(master::ReplicationModeName(ReplicationMode::kSync)) ==
@@ -103,9 +109,77 @@ TEST_CASE("Replication modes parse and print") {
   }
   o.replication_async_batch_delay = absl::ZeroDuration();
   CHECK(o.Validate().ok());
-  // The library's default, declared once.
+  o.replication = ReplicationMode::kConfirm;
+  o.replication_confirm_batch_delay = absl::Milliseconds(1001);
+  CHECK(o.Validate().code() == absl::StatusCode::kInvalidArgument);
+  o.replication_confirm_batch_delay = absl::ZeroDuration();
+  CHECK(o.Validate().ok());
+  // The library's defaults, declared once.
   CHECK(MasterOptions().replication_async_batch_delay ==
         master::MasterReplicationOptions().async_batch_delay);
+  CHECK(MasterOptions().replication_confirm_batch_delay ==
+        master::MasterReplicationOptions().confirm_batch_delay);
+}
+
+TEST_CASE(
+    "A confirmed commit is answered at once with its sequence, database and "
+    "standbys, and names none while no standby follows") {
+  MasterOptions o;
+  o.db_path = TestDir("confirm-leader");
+  o.replication = ReplicationMode::kConfirm;
+  // Longer than the test: the answers below did not wait for the stream.
+  o.replication_confirm_batch_delay = absl::Seconds(1);
+  Master leader(o);
+  v1::RegisterNodeResponse reg;
+  {
+    grpc::ClientContext ctx;
+    REQUIRE(leader.stub->RegisterNode(&ctx, OneRegionNodeReq("n"), &reg).ok());
+    leader.node_key = reg.node_key();
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::HeartbeatResponse hb;
+    REQUIRE(
+        leader.stub
+            ->Heartbeat(
+                &ctx, master::ProvingHeartbeat(OneRegionNodeReq("n"), reg), &hb)
+            .ok());
+  }
+  v1::PutCommitResponse alone;
+  leader.Put("alone", &alone);
+  CHECK(alone.confirm_with_size() == 0);
+  CHECK(alone.replication_sequence() == 0);
+  CHECK(leader.Stat("replication_sync_no_standby") == 1);
+  CHECK(leader.Stat("replication_confirm_commits") == 0);
+
+  master::ReplicaFollowerOptions fo;
+  fo.leader = leader.server->address();
+  fo.store.path = TestDir("confirm-standby");
+  fo.name = "standby-1:7000";
+  auto follower = master::ReplicaFollower::Create(fo);
+  REQUIRE(follower.ok());
+  REQUIRE(testing::Eventually(
+      [&] { return leader.Stat("replication_followers") == 1; }));
+  v1::PutCommitResponse named;
+  leader.Put("named", &named);
+  REQUIRE(named.confirm_with_size() == 1);
+  CHECK(named.confirm_with(0) == "standby-1:7000");
+  CHECK(named.replication_sequence() > 0);
+  CHECK(named.replication_sequence() <=
+        leader.Stat("replication_latest_sequence"));
+  CHECK(leader.Stat("replication_confirm_commits") == 1);
+  // The sequence and database named are the ones the standby applies.
+  REQUIRE((*follower)
+              ->WaitApplied(named.replication_sequence(),
+                            absl::Now() + absl::Seconds(30))
+              .ok());
+  CHECK((*follower)->GetStats().leader_db_id == named.replication_db_id());
+  REQUIRE((*follower)->Stop().ok());
+  leader.server->Shutdown();
+  MasterOptions so;
+  so.db_path = fo.store.path;
+  Master standby(so);
+  CHECK(standby.Stats().object_count() == 2);
 }
 
 TEST_CASE(

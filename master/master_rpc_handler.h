@@ -86,8 +86,11 @@ struct MasterRpcHooks {
   std::function<absl::Status(CallAccess)> gate;
   // Runs after every PutCommit that succeeded; the commit is answered when
   // `answer` runs (once, from any thread), e.g. once a standby holds it
-  // (master/master_replication.h). Must not block. Null: answered at once.
-  std::function<void(std::function<void()> answer)> after_commit;
+  // (master/master_replication.h), with `resp` as it then is (the hook may
+  // add to it until it calls `answer`). Must not block. Null: answered at
+  // once.
+  std::function<void(v1::PutCommitResponse* resp, std::function<void()> answer)>
+      after_commit;
   // More stats for GetStats's map (and the server's /metrics).
   std::function<void(StatsVisitor*)> extra_stats;
 };
@@ -608,7 +611,8 @@ class MasterRpcHandler final {
   Clock* const clock_;
   // MasterRpcHooks; null: none.
   const std::function<absl::Status(CallAccess)> gate_;
-  const std::function<void(std::function<void()>)> after_commit_;
+  const std::function<void(v1::PutCommitResponse*, std::function<void()>)>
+      after_commit_;
   const std::function<void(StatsVisitor*)> extra_stats_;
   MasterRpcCounters rpc_stats_;
   LatencyHistogram lookup_latency_;

@@ -417,17 +417,18 @@ void MasterRpcHandler::StartOn(CqPoller* poller) {
   ServeUnary(poller, &S::RequestForgetNode, &MasterRpcHandler::ForgetNode);
   ServeUnary(poller, &S::RequestPutStart, &MasterRpcHandler::PutStart);
   // A commit that succeeded is answered when after_commit says (a
-  // synchronous commit: once a standby holds it).
+  // synchronous commit: once a standby holds it), with what it adds.
   UnaryMethod<S, v1::PutCommitRequest, v1::PutCommitResponse>::HoldFn
       commit_hold = nullptr;
   if (after_commit_) {
     commit_hold = [this](const grpc::Status& handled,
+                         v1::PutCommitResponse* resp,
                          std::function<void()> answer) {
       if (!handled.ok()) {
         answer();
         return;
       }
-      after_commit_(std::move(answer));
+      after_commit_(resp, std::move(answer));
     };
   }
   ServeUnary(poller, &S::RequestPutCommit, &MasterRpcHandler::PutCommit,

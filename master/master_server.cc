@@ -69,6 +69,10 @@ absl::Status MasterOptions::Validate() const {
     absl::Status s = master::ValidateReplicationBatchDelay(
         replication_async_batch_delay, "master: replication_async_batch_delay");
     if (!s.ok()) return s;
+    s = master::ValidateReplicationBatchDelay(
+        replication_confirm_batch_delay,
+        "master: replication_confirm_batch_delay");
+    if (!s.ok()) return s;
   }
   if (!service.snapshot_path.empty()) {
     return absl::InvalidArgumentError(
@@ -178,6 +182,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
     ro.mode = options.replication;
     ro.sync_timeout = options.replication_sync_timeout;
     ro.async_batch_delay = options.replication_async_batch_delay;
+    ro.confirm_batch_delay = options.replication_confirm_batch_delay;
     ro.store = store;
     ro.authenticator = (*security)->authenticator();
     auto r = master::MasterReplication::Create(ro);
@@ -199,8 +204,9 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Create(
   hooks.gate = options.gate;
   master::MasterReplication* repl = server->replication_.get();
   if (repl != nullptr) {
-    hooks.after_commit = [repl](std::function<void()> answer) {
-      repl->AfterCommit(std::move(answer));
+    hooks.after_commit = [repl](v1::PutCommitResponse* resp,
+                                std::function<void()> answer) {
+      repl->AfterCommit(resp, std::move(answer));
     };
   }
   hooks.extra_stats = [repl, extra = options.extra_stats](StatsVisitor* v) {

@@ -139,6 +139,10 @@ struct MasterOptions : DaemonOptions {
   // message (MasterReplicationOptions::async_batch_delay, and its default).
   absl::Duration replication_async_batch_delay =
       master::MasterReplicationOptions().async_batch_delay;
+  // kConfirm: the same for its stream
+  // (MasterReplicationOptions::confirm_batch_delay, and its default).
+  absl::Duration replication_confirm_batch_delay =
+      master::MasterReplicationOptions().confirm_batch_delay;
   // More stats for /metrics and GetStats (HaMaster adds its leadership's).
   // Called on scrape and GetStats threads. Default: none.
   std::function<void(StatsVisitor*)> extra_stats;

@@ -209,6 +209,19 @@ size_t ReplicationSource::FollowersPastCopy() const {
   return n;
 }
 
+std::vector<std::string> ReplicationSource::FollowerNamesPastCopy() const {
+  std::vector<std::string> names;
+  MutexLock l(&mu_);
+  for (const auto& [id, f] : followers_) {
+    if (f->copying ||
+        std::find(names.begin(), names.end(), f->name) != names.end()) {
+      continue;
+    }
+    names.push_back(f->name);
+  }
+  return names;
+}
+
 void ReplicationSource::ExpireWaiters() {
   for (;;) {
     std::vector<std::pair<uint64_t, std::function<void(absl::Status)>>> fired;

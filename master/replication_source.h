@@ -135,6 +135,9 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
 
   // Followers past their full copy (those whose acknowledgements count).
   size_t FollowersPastCopy() const;
+  // Their names (FollowRequest.follower: a standby master's advertise
+  // address), each once.
+  std::vector<std::string> FollowerNamesPastCopy() const;
 
   // Ends every stream (CANCELLED to the followers) and refuses new ones;
   // WaitReplicated returns Unavailable. Idempotent; blocks until the
