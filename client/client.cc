@@ -100,8 +100,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
         absl::StrCat("ClientOptions.host ($HYM_HOST) has ", reader_host.size(),
                      " bytes (at most ", kMaxHostBytes, ")"));
   }
-  auto connect = [options, security, args,
-                  reader_host](const std::string& address)
+  // Commits a leader with --replication=confirm answers are confirmed with
+  // its standbys (docs/ha.md), over channels of the same security.
+  ASSIGN_OR_RETURN(std::shared_ptr<StandbyConfirmer> confirmer,
+                   StandbyConfirmer::Create(
+                       {.dial = [security, args](const std::string& address) {
+                         return CreateChannel(address, security, args);
+                       }}));
+  auto connect = [options, security, args, reader_host,
+                  confirmer](const std::string& address)
       -> absl::StatusOr<std::unique_ptr<MasterClient>> {
     std::vector<std::shared_ptr<grpc::Channel>> channels;
     for (int i = 0; i < options.master_connections; ++i) {
@@ -116,7 +123,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(
     }
     return NewGrpcMasterClient(
         channels, {.lookup_pipeline_depth = options.lookup_pipeline_depth,
-                   .reader_host = reader_host});
+                   .reader_host = reader_host,
+                   .confirmer = confirmer});
   };
   const std::vector<std::string> masters = options.MasterAddresses();
   std::unique_ptr<MasterClient> master;

@@ -39,6 +39,9 @@ bool ShouldTryAnotherMaster(const absl::Status& s) {
   // CANCELLED answer is the server's: a master that closed with the call
   // taken, as a standby does at its port's hand-over to the elected server
   // beside it (master/master_ha.cc) or a master shutting down.
+  // Not a commit the leader answered and its standbys did not confirm: the
+  // leader did its part; another master does not know the put.
+  if (ReasonOf(s) == StatusReason::kCommitNotConfirmed) return false;
   return s.code() == absl::StatusCode::kUnavailable ||
          s.code() == absl::StatusCode::kCancelled;
 }

@@ -1,5 +1,6 @@
 #include "client/grpc_master_client.h"
 
+#include <glog/logging.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -430,8 +431,20 @@ class GrpcMasterClient : public MasterClient {
                        wire::kReceiptBytes);
     }
     pb::PutCommitResponse resp;
-    return Unary(&pb::MasterService::Stub::PutCommit, req, &resp, deadline,
-                 "PutCommit");
+    absl::Status committed = Unary(&pb::MasterService::Stub::PutCommit, req,
+                                   &resp, deadline, "PutCommit");
+    if (!committed.ok() || !StandbyConfirmer::NeedsConfirm(resp)) {
+      return committed;
+    }
+    if (options_.confirmer == nullptr) {
+      LOG_FIRST_N(WARNING, 1)
+          << "master client: the leader asks commits to be confirmed with "
+             "its standbys and this client has no confirmer: acknowledged "
+             "unconfirmed";
+      return committed;
+    }
+    return options_.confirmer->Confirm(
+        resp, std::min(deadline, absl::Now() + options_.confirm_timeout));
   }
 
   void PutAbortInBackground(uint64_t put_id) override {

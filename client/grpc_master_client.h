@@ -12,7 +12,9 @@
 #include <memory>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "client/master_client.h"
+#include "client/standby_confirmer.h"
 
 namespace grpc {
 class Channel;
@@ -32,6 +34,13 @@ struct GrpcMasterClientOptions {
   // Sent with every lookup (BatchLookupRequest.reader_host; ClientOptions::
   // host). "": no preference.
   std::string reader_host;
+  // Commits a leader with --replication=confirm answers are acknowledged
+  // only once the standbys it names hold them (client/standby_confirmer.h),
+  // waiting at most confirm_timeout (a standby silent that long counts as
+  // a sync leader counts its timeout). Null: such commits are acknowledged
+  // with the leader's answer (logged), as with --replication=async.
+  std::shared_ptr<StandbyConfirmer> confirmer;
+  absl::Duration confirm_timeout = absl::Milliseconds(500);
 };
 
 std::unique_ptr<MasterClient> NewGrpcMasterClient(

@@ -612,10 +612,16 @@ double WaitForStandbyCaughtUp(const std::string& address) {
 }
 
 // Two masters on separate --db_path directories, replicating in `mode`
-// (async or sync); see the two tests below.
+// (async, sync or confirm); see the tests below.
 void ReplicatedTakeover(const std::string& name, const std::string& mode) {
   Rig rig(name);
-  const std::vector<std::string> flags = {"--replication=" + mode};
+  std::vector<std::string> flags = {"--replication=" + mode};
+  if (mode == "confirm") {
+    // The stream holds each write 300 ms (under the client's 500 ms confirm
+    // timeout): a put acknowledged before the standby held it would be
+    // lost by the kill right after the puts.
+    flags.push_back("--replication_confirm_delay_ms=300");
+  }
   rig.StartMaster(rig.dir + "/m0", flags);
   LeaderInfo first;
   const size_t leader = rig.WaitForServingLeader(&first);
@@ -642,6 +648,11 @@ void ReplicatedTakeover(const std::string& name, const std::string& mode) {
     // for before the kill.
     CHECK((*leader_stats)["replication_sync_commits"] >= 1);
     CHECK((*leader_stats)["replication_sync_timeouts"] == 0);
+  } else if (mode == "confirm") {
+    // Every commit named the standby, and the client acknowledged each put
+    // once the standby said it held it: nothing to wait for either.
+    CHECK((*leader_stats)["replication_confirm_commits"] >= 1);
+    CHECK((*leader_stats)["replication_sync_no_standby"] == 0);
   } else {
     latest = WaitForStandbyCaughtUp(rig.masters[leader].address);
   }
@@ -667,6 +678,12 @@ TEST_CASE("A standby on its own store follows the leader asynchronously and, onc
 
 TEST_CASE("With synchronous replication every acknowledged object survives a leader killed right after the puts") {
   ReplicatedTakeover("master_ha_sync", "sync");
+}
+
+TEST_CASE(
+    "With commits the client confirms every acknowledged object survives a "
+    "leader killed right after the puts") {
+  ReplicatedTakeover("master_ha_confirm", "confirm");
 }
 
 TEST_CASE(

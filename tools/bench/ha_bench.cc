@@ -1,8 +1,10 @@
 // ha_bench: the steady-state cost of master HA (docs/ha.md), side by side
 // in one run: Put and BatchLookup throughput of a plain master ("off")
 // against the leader of two masters elected through etcd, whose standby
-// follows it asynchronously ("async") or acknowledges every commit before
-// the client hears of it ("sync").
+// follows it asynchronously ("async"), acknowledges every commit before
+// the client hears of it ("sync"), or is asked by the client whether it
+// holds each commit before the put counts ("confirm": the client's side is
+// the SDK's, client/standby_confirmer.h).
 //
 //   bazel run -c opt //tools/bench:ha_bench -- [--modes=off,async,sync]
 //       [--threads=4] [--seconds=3] [--reps=2]
@@ -21,7 +23,8 @@
 // Modes run in turn, --reps times (each rep rotates the order). Prints one
 // row per run and then, per mode, the best rep's puts/s and lookups/s and
 // their ratio to off's. In sync mode it also prints the leader's
-// replication_sync_commits and replication_sync_timeouts.
+// replication_sync_commits and replication_sync_timeouts; in confirm mode
+// the client's WaitApplied calls, timeouts and commits not confirmed.
 //
 // --restart_objects=N instead times the recovery from losing every master
 // at once (issue 30: "all masters restarted at once with 1M objects:
@@ -89,6 +92,7 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/standby_confirmer.h"
 #include "common/cli.h"
 #include "common/mutex.h"
 #include "common/thread.h"
@@ -99,8 +103,10 @@
 #include "tests/etcd_cluster.h"
 
 DEFINE_string(modes, "off,async,sync",
-              "modes to compare (off first: the base); async:MS is async "
-              "with --replication_async_delay_ms=MS");
+              "modes to compare (off first: the base): off, async, sync, "
+              "confirm; async:MS and confirm:MS set the stream's batch "
+              "delay (--replication_async_delay_ms, "
+              "--replication_confirm_delay_ms)");
 DEFINE_int32(threads, 4, "client threads (one connection each)");
 DEFINE_double(seconds, 3, "timed seconds per phase");
 DEFINE_int32(reps, 2, "repetitions of every mode");
@@ -262,7 +268,8 @@ absl::StatusOr<Rig> StartRig(const std::string& binary,
     const std::vector<std::string> parts = absl::StrSplit(mode, ':');
     args.push_back("--replication=" + parts[0]);
     if (parts.size() > 1) {
-      args.push_back("--replication_async_delay_ms=" + parts[1]);
+      args.push_back(
+          absl::StrCat("--replication_", parts[0], "_delay_ms=", parts[1]));
     }
     args.insert(args.end(), ha_flags.begin(), ha_flags.end());
     rig.args.push_back(args);
@@ -317,6 +324,10 @@ struct Result {
   std::map<std::string, double> stats;
 };
 
+// How long a put waits for its standbys' confirmation (the SDK's default,
+// GrpcMasterClientOptions::confirm_timeout).
+constexpr absl::Duration kConfirmTimeout = absl::Milliseconds(500);
+
 // --put_depth: one slot of a client's puts. Puts one after another on
 // `stub` through gRPC's callback API (PutStart, then PutCommit with the
 // node's receipts) until `end`, then calls `done` as its last act. Its
@@ -325,9 +336,11 @@ struct Result {
 class PutChain {
  public:
   PutChain(v1::MasterService::Stub* stub, const HmacSha256* node_key,
-           std::string prefix, absl::Time end, std::function<void()> done)
+           StandbyConfirmer* confirmer, std::string prefix, absl::Time end,
+           std::function<void()> done)
       : stub_(stub),
         node_key_(node_key),
+        confirmer_(confirmer),
         prefix_(std::move(prefix)),
         end_(end),
         done_(std::move(done)) {}
@@ -374,7 +387,18 @@ class PutChain {
   }
 
   void OnCommitted(const grpc::Status& st) {
-    if (!st.ok() ||
+    if (st.ok() && StandbyConfirmer::NeedsConfirm(commit_resp_)) {
+      // The put counts once the standbys hold it, as the SDK counts it.
+      confirmer_->ConfirmAsync(
+          commit_resp_, absl::Now() + kConfirmTimeout,
+          [this](absl::Status confirmed) { OnConfirmed(confirmed.ok()); });
+      return;
+    }
+    OnConfirmed(st.ok());
+  }
+
+  void OnConfirmed(bool ok) {
+    if (!ok ||
         commit_resp_.committed() != static_cast<uint32_t>(FLAGS_put_keys)) {
       ++failures;
     } else {
@@ -388,6 +412,7 @@ class PutChain {
 
   v1::MasterService::Stub* const stub_;
   const HmacSha256* const node_key_;
+  StandbyConfirmer* const confirmer_;
   const std::string prefix_;
   const absl::Time end_;
   const std::function<void()> done_;
@@ -433,6 +458,12 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   auto admin = Dial(rig->leader, 0);
   const std::optional<HmacSha256> node_key = RegisterFakeNode(admin.get());
   if (!node_key) return absl::InternalError("cannot register the fake node");
+  auto confirmer = StandbyConfirmer::Create(
+      {.dial = [](const std::string& address)
+           -> absl::StatusOr<std::shared_ptr<grpc::Channel>> {
+        return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+      }});
+  if (!confirmer.ok()) return confirmer.status();
   const int threads = FLAGS_threads;
   std::vector<std::vector<std::string>> keys(threads);
   std::vector<std::vector<absl::Duration>> put_times(threads);
@@ -464,7 +495,8 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       std::vector<std::unique_ptr<PutChain>> chains;
       for (int c = 0; c < FLAGS_put_depth; ++c) {
         chains.push_back(std::make_unique<PutChain>(
-            stub, &*node_key, absl::StrCat(mode, "-t", t, "-c", c, "-"), end,
+            stub, &*node_key, confirmer->get(),
+            absl::StrCat(mode, "-t", t, "-c", c, "-"), end,
             [&running] { running.DecrementCount(); }));
       }
       for (auto& c : chains) c->Start();
@@ -500,7 +532,8 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       v1::PutCommitResponse done;
       grpc::ClientContext ctx2;
       if (!stub->PutCommit(&ctx2, commit, &done).ok() ||
-          done.committed() != static_cast<uint32_t>(FLAGS_put_keys)) {
+          done.committed() != static_cast<uint32_t>(FLAGS_put_keys) ||
+          !(*confirmer)->Confirm(done, absl::Now() + kConfirmTimeout).ok()) {
         failures.fetch_add(1);
         continue;
       }
@@ -561,6 +594,11 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
                                  static_cast<double>(lookups.load());
   }
   r.stats = Stats(admin.get());
+  const StandbyConfirmer::Stats confirms = (*confirmer)->GetStats();
+  r.stats["client_confirm_waits_sent"] = confirms.waits_sent;
+  r.stats["client_confirm_timeouts"] = confirms.timeouts;
+  r.stats["client_confirm_unreachable"] = confirms.unreachable;
+  r.stats["client_commits_not_confirmed"] = confirms.commits_not_confirmed;
   if (misses.load() > 0 || failures.load() > 0) {
     MutexLock l(&error_mu);
     return absl::InternalError(
@@ -950,6 +988,17 @@ int Main(const char* argv0) {
             r->stats["replication_sync_commits"],
             r->stats["replication_sync_timeouts"],
             r->stats["replication_batches_sent"],
+            r->stats["replication_messages_sent"]);
+      }
+      if (absl::StartsWith(mode, "confirm")) {
+        std::printf(
+            " confirm_commits=%.0f waits_sent=%.0f timeouts=%.0f "
+            "unreachable=%.0f not_confirmed=%.0f messages_sent=%.0f",
+            r->stats["replication_confirm_commits"],
+            r->stats["client_confirm_waits_sent"],
+            r->stats["client_confirm_timeouts"],
+            r->stats["client_confirm_unreachable"],
+            r->stats["client_commits_not_confirmed"],
             r->stats["replication_messages_sent"]);
       }
       std::printf("\n");
