@@ -1,0 +1,163 @@
+#include "master/standby_confirm_waits.h"
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "common/mutex.h"
+#include "common/status_reason.h"
+
+namespace hymcache {
+namespace master {
+namespace {
+
+// A follower's state the test moves by hand; wait_applied blocks on it as
+// the real follower's WaitApplied does.
+class FakeStore {
+ public:
+  StandbyConfirmWaitsOptions Options() {
+    StandbyConfirmWaitsOptions o;
+    o.applied = [this] {
+      MutexLock l(&mu_);
+      return state_;
+    };
+    o.wait_applied = [this](uint64_t seen, absl::Time deadline) {
+      MutexLock l(&mu_);
+      while (state_.sequence <= seen && absl::Now() < deadline) {
+        changed_.WaitWithDeadline(&mu_, deadline);
+      }
+    };
+    return o;
+  }
+  void Set(bool following, const std::string& db, uint64_t seq) {
+    MutexLock l(&mu_);
+    state_ = {following, db, seq};
+    changed_.SignalAll();
+  }
+
+ private:
+  Mutex mu_;
+  CondVar changed_;
+  StandbyApplied state_ ABSL_GUARDED_BY(mu_);
+};
+
+struct Answer {
+  absl::Notification done;
+  absl::Status status;
+  uint64_t applied = 0;
+  StandbyConfirmWaits::Done Callback() {
+    return [this](absl::Status s, uint64_t a) {
+      status = std::move(s);
+      applied = a;
+      done.Notify();
+    };
+  }
+};
+
+TEST_CASE("a confirmation is answered once the standby applies its sequence") {
+  FakeStore store;
+  store.Set(true, "db1", 10);
+  auto waits = StandbyConfirmWaits::Create(store.Options());
+  REQUIRE(waits.ok());
+  Answer held, later;
+  (*waits)->Wait("db1", 10, absl::Now() + absl::Seconds(30), held.Callback());
+  REQUIRE(held.done.HasBeenNotified());  // at once, on this thread
+  CHECK(held.status.ok());
+  (*waits)->Wait("db1", 15, absl::Now() + absl::Seconds(30), later.Callback());
+  CHECK_FALSE(later.done.HasBeenNotified());
+  store.Set(true, "db1", 14);
+  CHECK_FALSE(later.done.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  store.Set(true, "db1", 16);
+  REQUIRE(later.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(later.status.ok());
+  CHECK(later.applied >= 15);
+}
+
+TEST_CASE("a confirmation of another leader database is refused at once") {
+  FakeStore store;
+  store.Set(true, "db2", 100);
+  auto waits = StandbyConfirmWaits::Create(store.Options());
+  REQUIRE(waits.ok());
+  Answer other, copying;
+  (*waits)->Wait("db1", 5, absl::Now() + absl::Seconds(30), other.Callback());
+  REQUIRE(other.done.HasBeenNotified());
+  CHECK(other.status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(ReasonOf(other.status) == StatusReason::kCommitNotConfirmed);
+  store.Set(false, "", 0);
+  (*waits)->Wait("db2", 5, absl::Now() + absl::Seconds(30), copying.Callback());
+  REQUIRE(copying.done.HasBeenNotified());
+  CHECK(ReasonOf(copying.status) == StatusReason::kCommitNotConfirmed);
+}
+
+TEST_CASE("a waiting confirmation is refused when the follower moves to another database") {
+  FakeStore store;
+  store.Set(true, "db1", 1);
+  auto waits = StandbyConfirmWaits::Create(store.Options());
+  REQUIRE(waits.ok());
+  Answer a;
+  (*waits)->Wait("db1", 50, absl::Now() + absl::Seconds(30), a.Callback());
+  store.Set(true, "db9", 60);
+  REQUIRE(a.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(ReasonOf(a.status) == StatusReason::kCommitNotConfirmed);
+}
+
+TEST_CASE("a confirmation not applied by its deadline answers DeadlineExceeded") {
+  FakeStore store;
+  store.Set(true, "db1", 1);
+  auto waits = StandbyConfirmWaits::Create(store.Options());
+  REQUIRE(waits.ok());
+  Answer a;
+  (*waits)->Wait("db1", 50, absl::Now() + absl::Milliseconds(20), a.Callback());
+  REQUIRE(a.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(a.status.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK((*waits)->waiting() == 0);
+}
+
+TEST_CASE("shutdown answers the open confirmations and refuses later ones") {
+  FakeStore store;
+  store.Set(true, "db1", 1);
+  auto waits = StandbyConfirmWaits::Create(store.Options());
+  REQUIRE(waits.ok());
+  std::vector<std::unique_ptr<Answer>> open;
+  for (int i = 0; i < 8; ++i) {
+    open.push_back(std::make_unique<Answer>());
+    (*waits)->Wait("db1", 100 + i, absl::Now() + absl::Seconds(30),
+                   open.back()->Callback());
+  }
+  (*waits)->Shutdown();
+  for (const auto& a : open) {
+    REQUIRE(a->done.HasBeenNotified());
+    CHECK(a->status.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(ReasonOf(a->status) == StatusReason::kCommitNotConfirmed);
+  }
+  Answer after;
+  (*waits)->Wait("db1", 100, absl::Now() + absl::Seconds(30), after.Callback());
+  REQUIRE(after.done.HasBeenNotified());
+  CHECK(after.status.code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("confirmations beyond max_waiting are refused with ResourceExhausted") {
+  FakeStore store;
+  store.Set(true, "db1", 1);
+  StandbyConfirmWaitsOptions o = store.Options();
+  o.max_waiting = 2;
+  auto waits = StandbyConfirmWaits::Create(o);
+  REQUIRE(waits.ok());
+  Answer a, b, c;
+  (*waits)->Wait("db1", 10, absl::Now() + absl::Seconds(30), a.Callback());
+  (*waits)->Wait("db1", 10, absl::Now() + absl::Seconds(30), b.Callback());
+  (*waits)->Wait("db1", 10, absl::Now() + absl::Seconds(30), c.Callback());
+  REQUIRE(c.done.HasBeenNotified());
+  CHECK(c.status.code() == absl::StatusCode::kResourceExhausted);
+  store.Set(true, "db1", 10);
+  REQUIRE(a.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  REQUIRE(b.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(a.status.ok());
+  CHECK(b.status.ok());
+}
+
+}  // namespace
+}  // namespace master
+}  // namespace hymcache
