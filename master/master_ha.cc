@@ -568,6 +568,10 @@ void HaMaster::StopFollowing() {
   {
     MutexLock l(&standing_mu_);
     standing_source_ = nullptr;
+    final_applied_.following = !st.copying && !st.leader_db_id.empty();
+    final_applied_.final = true;
+    final_applied_.db_id = st.leader_db_id;
+    final_applied_.sequence = st.applied_sequence;
   }
   absl::Status closed = follower_->Stop();
   if (!closed.ok()) {
@@ -584,7 +588,7 @@ std::unique_ptr<master::StandbyConfirmWaits> HaMaster::NewConfirmWaits() {
   wo.applied = [this] {
     master::StandbyApplied out;
     MutexLock l(&standing_mu_);
-    if (standing_source_ == nullptr) return out;
+    if (standing_source_ == nullptr) return final_applied_;
     const master::ReplicaFollower::Stats st = standing_source_->GetStats();
     out.following = !st.copying && !st.leader_db_id.empty();
     out.db_id = st.leader_db_id;

@@ -68,6 +68,7 @@
 #include "common/stats.h"
 #include "common/thread.h"
 #include "master/master_server.h"
+#include "master/standby_confirm_waits.h"
 #include "master/standby_snapshots.h"
 
 namespace hymcache {
@@ -313,6 +314,9 @@ class HaMaster {
   std::atomic<int> served_preloaded_{0};
   // What the follower had applied when this master was elected.
   std::atomic<uint64_t> applied_at_election_{0};
+  // What the follower held when it stopped to lead (final), for the
+  // confirmations asked until the standby server closes.
+  master::StandbyApplied final_applied_ ABSL_GUARDED_BY(standing_mu_);
   std::atomic<uint64_t> full_copies_{0};
   // The ended term whose server serves reads only (3' above); 0: none.
   // Set by on_lost, cleared when elected again or deposed.

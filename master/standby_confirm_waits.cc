@@ -59,6 +59,14 @@ bool StandbyConfirmWaits::Answerable(const Question& q,
     *answer = absl::OkStatus();
     return true;
   }
+  if (st.final) {
+    *answer = WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "standby: elected holding sequence ", st.sequence, ", not ",
+            q.sequence, " (the commit was lost with the old leader)")),
+        StatusReason::kCommitNotConfirmed);
+    return true;
+  }
   if (now >= q.deadline) {
     *answer = absl::DeadlineExceededError(
         absl::StrCat("standby: sequence ", q.sequence, " not applied (at ",

@@ -36,6 +36,10 @@ struct StandbyApplied {
   // It follows a leader database past a full copy (else nothing below
   // counts).
   bool following = false;
+  // It will apply nothing more: it stopped following to lead (elected).
+  // What it holds is what the new leader's store holds, and a sequence
+  // beyond it is refused at once.
+  bool final = false;
   // That database's identity and the last of its sequences applied.
   std::string db_id;
   uint64_t sequence = 0;
@@ -74,11 +78,12 @@ class StandbyConfirmWaits {
   // Answers `done` once: OK when the store holds `sequence` of leader
   // database `db_id`; FailedPrecondition (reason commit_not_confirmed) at
   // once when it does not follow that database past a full copy (another
-  // leader's, or none) and when the standby stops standing by (Shutdown)
-  // before it does; DeadlineExceeded at `deadline`; ResourceExhausted
-  // beyond max_waiting. Runs `done` on the caller's thread when the
-  // answer is known at once, else on the "standby-confirm" thread: keep it
-  // short and non-blocking.
+  // leader's, or none), when it holds less and will apply nothing more
+  // (StandbyApplied::final), and when the standby stops standing by
+  // (Shutdown) before it does; DeadlineExceeded at `deadline`;
+  // ResourceExhausted beyond max_waiting. Runs `done` on the caller's thread
+  // when the answer is known at once, else on the "standby-confirm" thread:
+  // keep it short and non-blocking.
   void Wait(const std::string& db_id, uint64_t sequence, absl::Time deadline,
             Done done);
 

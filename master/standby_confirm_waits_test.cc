@@ -31,9 +31,10 @@ class FakeStore {
     };
     return o;
   }
-  void Set(bool following, const std::string& db, uint64_t seq) {
+  void Set(bool following, const std::string& db, uint64_t seq,
+           bool final = false) {
     MutexLock l(&mu_);
-    state_ = {following, db, seq};
+    state_ = {following, final, db, seq};
     changed_.SignalAll();
   }
 
@@ -101,6 +102,27 @@ TEST_CASE("a waiting confirmation is refused when the follower moves to another 
   store.Set(true, "db9", 60);
   REQUIRE(a.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   CHECK(ReasonOf(a.status) == StatusReason::kCommitNotConfirmed);
+}
+
+TEST_CASE(
+    "an elected standby confirms what its store holds and refuses the rest at "
+    "once") {
+  FakeStore store;
+  store.Set(true, "db1", 1);
+  auto waits = StandbyConfirmWaits::Create(store.Options());
+  REQUIRE(waits.ok());
+  Answer waiting, held, beyond;
+  (*waits)->Wait("db1", 50, absl::Now() + absl::Seconds(30),
+                 waiting.Callback());
+  store.Set(true, "db1", 40, /*final=*/true);  // stopped following to lead
+  REQUIRE(waiting.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(ReasonOf(waiting.status) == StatusReason::kCommitNotConfirmed);
+  (*waits)->Wait("db1", 40, absl::Now() + absl::Seconds(30), held.Callback());
+  REQUIRE(held.done.HasBeenNotified());
+  CHECK(held.status.ok());
+  (*waits)->Wait("db1", 41, absl::Now() + absl::Seconds(30), beyond.Callback());
+  REQUIRE(beyond.done.HasBeenNotified());
+  CHECK(ReasonOf(beyond.status) == StatusReason::kCommitNotConfirmed);
 }
 
 TEST_CASE("a confirmation not applied by its deadline answers DeadlineExceeded") {
