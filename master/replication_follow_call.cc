@@ -202,8 +202,12 @@ void ReplicationSource::FollowCall::PumpLog() {
         MutexLock l(&source_->mu_);
         waiting = source_->CommitWaitingLocked();
       }
-      if (!waiting) {  // gather the writes of the delay into one message
-        ArmAlarm(absl::Now() + o.batch_delay, /*batching=*/true, seen);
+      // Gather the writes until the delay has passed since the last message
+      // (at once after a quiet spell: the delay bounds the messages' rate,
+      // and adds nothing to a lone write).
+      const absl::Time until = last_sent_ + o.batch_delay;
+      if (!waiting && absl::Now() < until) {
+        ArmAlarm(until, /*batching=*/true, seen);
         return;
       }
     }

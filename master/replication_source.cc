@@ -317,9 +317,11 @@ bool ReplicationSource::WaitForWrites(grpc::ServerContext* ctx, uint64_t next,
   }
 }
 
-void ReplicationSource::WaitToBatch(grpc::ServerContext* ctx) {
+void ReplicationSource::WaitToBatch(grpc::ServerContext* ctx,
+                                    absl::Time last_sent) {
   if (options_.batch_delay <= absl::ZeroDuration()) return;
-  const absl::Time until = absl::Now() + options_.batch_delay;
+  const absl::Time until = last_sent + options_.batch_delay;
+  if (absl::Now() >= until) return;
   MutexLock l(&mu_);
   while (!shutdown_ && !ctx->IsCancelled() && !CommitWaitingLocked()) {
     if (batch_cut_.WaitWithDeadline(&mu_, until)) break;  // timed out
@@ -470,7 +472,7 @@ class ReplicationSource::Stream {
           continue;
         }
       }
-      source_->WaitToBatch(ctx_);
+      source_->WaitToBatch(ctx_, last_sent);
       for (;;) {
         absl::StatusOr<ReplicationLogReader::Fill> fill = log.Next(&m);
         if (!fill.ok()) return fill.status();

@@ -77,11 +77,13 @@ struct ReplicationSourceOptions {
   absl::Duration poll_interval = absl::Milliseconds(5);
   // An idle stream sends a HEARTBEAT this often. Default: 1 s.
   absl::Duration heartbeat_interval = absl::Seconds(1);
-  // How long a stream that found new writes waits before it reads the log,
-  // so that the writes of that time go out as one message (one send, one
-  // follower write, one acknowledgement) instead of one each. It adds up
-  // to this much to the replication lag and nothing while a commit waits
-  // for a follower (WaitReplicated, OnReplicated: those are sent at once).
+  // The least time between a stream's log messages: a stream that found
+  // new writes less than this after its last message waits until then
+  // before it reads the log, so that the writes of that time go out as one
+  // message (one send, one follower write, one acknowledgement) instead of
+  // one each; after a quiet spell it sends at once. It adds up to this
+  // much to the replication lag and nothing while a commit waits for a
+  // follower (WaitReplicated, OnReplicated: those are sent at once).
   // Asynchronous replication sets it (MasterReplication: 10 ms); with one
   // message per write the stream and acknowledgement threads cost the
   // leader twice its own work per put (docs/ha.md). Zero: no wait; at
@@ -210,9 +212,10 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
   bool WaitForWrites(grpc::ServerContext* ctx, uint64_t next,
                      absl::Time until);
   uint64_t Latest() const;
-  // batch_delay: waits that long, or less if a commit starts waiting for a
-  // follower, the stream is cancelled or the source shuts down.
-  void WaitToBatch(grpc::ServerContext* ctx);
+  // batch_delay: waits until that long after the stream's last message
+  // (`last_sent`), or less if a commit starts waiting for a follower, the
+  // stream is cancelled or the source shuts down.
+  void WaitToBatch(grpc::ServerContext* ctx, absl::Time last_sent);
   // The highest sequence every follower past its copy has acknowledged (0
   // with none).
   uint64_t HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
