@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
 #include "common/status_reason.h"
 #include "proto/master.pb.h"
@@ -63,7 +62,14 @@ absl::StatusOr<std::shared_ptr<StandbyConfirmer>> StandbyConfirmer::Create(
   return std::shared_ptr<StandbyConfirmer>(new StandbyConfirmer(options));
 }
 
-StandbyConfirmer::~StandbyConfirmer() = default;
+StandbyConfirmer::~StandbyConfirmer() {
+  // The channels close here, on the owner's thread: gRPC frees its callback
+  // queue twice when the last reference to a channel goes on that queue's
+  // own thread.
+  MutexLock l(&mu_);
+  stopping_ = true;
+  while (in_flight_ > 0) idle_.Wait(&mu_);
+}
 
 bool StandbyConfirmer::NeedsConfirm(const pb::PutCommitResponse& resp) {
   return resp.confirm_with_size() > 0;
@@ -137,18 +143,24 @@ void StandbyConfirmer::ConfirmAsync(const pb::PutCommitResponse& resp,
 
 absl::Status StandbyConfirmer::Confirm(const pb::PutCommitResponse& resp,
                                        absl::Time deadline) {
-  absl::Notification answered;
+  // A Mutex, not absl::Notification: the sanitizers see through ours.
+  Mutex mu;
+  CondVar answered;
+  bool done = false;
   absl::Status out;
   ConfirmAsync(resp, deadline, [&](absl::Status s) {
+    MutexLock l(&mu);
     out = std::move(s);
-    answered.Notify();
+    done = true;
+    answered.SignalAll();
   });
-  answered.WaitForNotification();
+  MutexLock l(&mu);
+  while (!done) answered.Wait(&mu);
   return out;
 }
 
 StandbyConfirmer::Call* StandbyConfirmer::NextCallLocked(Target* t) {
-  if (t->in_flight || t->waiting.empty()) return nullptr;
+  if (t->in_flight || t->waiting.empty() || stopping_) return nullptr;
   auto* c = new Call;
   c->target = t;
   c->sequence = t->waiting.rbegin()->first;
@@ -156,17 +168,15 @@ StandbyConfirmer::Call* StandbyConfirmer::NextCallLocked(Target* t) {
   c->req.set_sequence(c->sequence);
   c->ctx.set_deadline(absl::ToChronoTime(t->latest_deadline));
   t->in_flight = true;
+  ++in_flight_;
   ++stats_.waits_sent;
   return c;
 }
 
 void StandbyConfirmer::Send(Call* c) {
-  // The call keeps the confirmer alive until it is answered.
   c->target->stub->async()->WaitApplied(
       &c->ctx, &c->req, &c->resp,
-      [self = shared_from_this(), c](grpc::Status status) {
-        self->OnDone(c, status);
-      });
+      [this, c](grpc::Status status) { OnDone(c, status); });
 }
 
 void StandbyConfirmer::OnDone(Call* c, const grpc::Status& status) {
@@ -191,12 +201,22 @@ void StandbyConfirmer::OnDone(Call* c, const grpc::Status& status) {
       answered.emplace_back(std::move(it->second), per_commit);
       it = t->waiting.erase(it);
     }
+    if (stopping_) {  // no next call: answered as if it were unreachable
+      for (auto& [seq, join] : t->waiting) {
+        answered.emplace_back(std::move(join),
+                              absl::CancelledError("standby confirmer closed"));
+      }
+      t->waiting.clear();
+    }
     if (t->waiting.empty()) t->latest_deadline = absl::InfinitePast();
     next = NextCallLocked(t);
   }
   delete c;
   for (auto& [j, s] : answered) Answer(j, s);
   if (next != nullptr) Send(next);
+  // The last touch of `this`: the destructor may run once it is released.
+  MutexLock l(&mu_);
+  if (--in_flight_ == 0) idle_.SignalAll();
 }
 
 void StandbyConfirmer::Answer(const std::shared_ptr<Join>& join,

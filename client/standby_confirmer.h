@@ -56,14 +56,14 @@ struct StandbyConfirmerOptions {
   absl::Status Validate() const;
 };
 
-class StandbyConfirmer
-    : public std::enable_shared_from_this<StandbyConfirmer> {
+class StandbyConfirmer {
  public:
   // Errors: InvalidArgument (Validate).
   static absl::StatusOr<std::shared_ptr<StandbyConfirmer>> Create(
       const StandbyConfirmerOptions& options);
-  // A call in flight holds a reference: the confirmer goes once the
-  // last of them is answered (each by the latest deadline of its commits).
+  // Waits for the calls in flight (each ends by the latest deadline of the
+  // commits it answers); commits waiting behind them are answered as with
+  // an unreachable standby.
   ~StandbyConfirmer();
   StandbyConfirmer(const StandbyConfirmer&) = delete;
   StandbyConfirmer& operator=(const StandbyConfirmer&) = delete;
@@ -111,8 +111,12 @@ class StandbyConfirmer
   // Constant after construction.
   const StandbyConfirmerOptions options_;
   mutable Mutex mu_;
+  CondVar idle_;  // no call in flight
   absl::flat_hash_map<std::string, std::unique_ptr<Target>> targets_
       ABSL_GUARDED_BY(mu_);
+  // Calls sent and not yet through OnDone.
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -82,13 +82,14 @@ void StandbyConfirmWaits::Wait(const std::string& db_id, uint64_t sequence,
   const StandbyApplied st = options_.applied();
   absl::Status answer;
   if (Answerable(q, st, absl::Now(), &answer)) {
-    q.done(answer, st.sequence);
+    q.done(std::move(answer), st.sequence);
     return;
   }
   {
     MutexLock l(&mu_);
-    if (!stopping_ && open_.size() < options_.max_waiting) {
+    if (!stopping_ && waiting_ < options_.max_waiting) {
       open_.push_back(std::move(q));
+      ++waiting_;
       asked_.Signal();
       return;
     }
@@ -100,7 +101,7 @@ void StandbyConfirmWaits::Wait(const std::string& db_id, uint64_t sequence,
                        "standby: ", options_.max_waiting,
                        " confirmations already waiting"));
   }
-  q.done(answer, st.sequence);
+  q.done(std::move(answer), st.sequence);
 }
 
 void StandbyConfirmWaits::Run() {
@@ -115,16 +116,24 @@ void StandbyConfirmWaits::Run() {
     const StandbyApplied st = options_.applied();
     const absl::Time now = absl::Now();
     std::vector<Question> keep;
+    std::vector<std::pair<Question, absl::Status>> ready;
     absl::Time earliest = absl::InfiniteFuture();
     for (Question& q : questions) {
       absl::Status answer;
       if (Answerable(q, st, now, &answer)) {
-        q.done(answer, st.sequence);
+        ready.emplace_back(std::move(q), std::move(answer));
       } else {
         earliest = std::min(earliest, q.deadline);
         keep.push_back(std::move(q));
       }
     }
+    {
+      MutexLock l(&mu_);
+      waiting_ -= ready.size();  // before the answers: waiting() agrees
+    }
+    // Each answer handed over whole: this thread keeps no reference to it.
+    for (auto& [q, answer] : ready) q.done(std::move(answer), st.sequence);
+    ready.clear();
     if (keep.empty()) continue;
     {
       MutexLock l(&mu_);
@@ -148,6 +157,7 @@ void StandbyConfirmWaits::Shutdown() {
   {
     MutexLock l(&mu_);
     questions.swap(open_);
+    waiting_ = 0;
   }
   const absl::Status gone =
       WithReason(absl::FailedPreconditionError("standby: no longer standing by"),
@@ -157,7 +167,7 @@ void StandbyConfirmWaits::Shutdown() {
 
 size_t StandbyConfirmWaits::waiting() const {
   MutexLock l(&mu_);
-  return open_.size();
+  return waiting_;
 }
 
 }  // namespace master

@@ -114,6 +114,8 @@ class StandbyConfirmWaits {
   mutable Mutex mu_;
   CondVar asked_;  // a question, or shutdown
   std::vector<Question> open_ ABSL_GUARDED_BY(mu_);
+  // Questions not yet answered: open_ and those the thread is looking at.
+  size_t waiting_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 

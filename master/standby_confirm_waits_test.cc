@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
 #include "common/mutex.h"
 #include "common/status_reason.h"
 
@@ -44,17 +43,46 @@ class FakeStore {
   StandbyApplied state_ ABSL_GUARDED_BY(mu_);
 };
 
-struct Answer {
-  absl::Notification done;
-  absl::Status status;
-  uint64_t applied = 0;
+// One question's answer. A Mutex, not absl::Notification: the sanitizers
+// see through ours.
+class Answer {
+ public:
   StandbyConfirmWaits::Done Callback() {
     return [this](absl::Status s, uint64_t a) {
-      status = std::move(s);
-      applied = a;
-      done.Notify();
+      MutexLock l(&mu_);
+      status_ = std::move(s);
+      applied_ = a;
+      done_ = true;
+      answered_.SignalAll();
     };
   }
+  bool HasBeenNotified() {
+    MutexLock l(&mu_);
+    return done_;
+  }
+  // Whether it was answered within `timeout`.
+  bool WaitForNotificationWithTimeout(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    MutexLock l(&mu_);
+    while (!done_ && !answered_.WaitWithDeadline(&mu_, deadline)) {
+    }
+    return done_;
+  }
+  absl::Status status() {
+    MutexLock l(&mu_);
+    return status_;
+  }
+  uint64_t applied() {
+    MutexLock l(&mu_);
+    return applied_;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar answered_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 TEST_CASE("a confirmation is answered once the standby applies its sequence") {
@@ -64,16 +92,16 @@ TEST_CASE("a confirmation is answered once the standby applies its sequence") {
   REQUIRE(waits.ok());
   Answer held, later;
   (*waits)->Wait("db1", 10, absl::Now() + absl::Seconds(30), held.Callback());
-  REQUIRE(held.done.HasBeenNotified());  // at once, on this thread
-  CHECK(held.status.ok());
+  REQUIRE(held.HasBeenNotified());  // at once, on this thread
+  CHECK(held.status().ok());
   (*waits)->Wait("db1", 15, absl::Now() + absl::Seconds(30), later.Callback());
-  CHECK_FALSE(later.done.HasBeenNotified());
+  CHECK_FALSE(later.HasBeenNotified());
   store.Set(true, "db1", 14);
-  CHECK_FALSE(later.done.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  CHECK_FALSE(later.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
   store.Set(true, "db1", 16);
-  REQUIRE(later.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  CHECK(later.status.ok());
-  CHECK(later.applied >= 15);
+  REQUIRE(later.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(later.status().ok());
+  CHECK(later.applied() >= 15);
 }
 
 TEST_CASE("a confirmation of another leader database is refused at once") {
@@ -83,13 +111,13 @@ TEST_CASE("a confirmation of another leader database is refused at once") {
   REQUIRE(waits.ok());
   Answer other, copying;
   (*waits)->Wait("db1", 5, absl::Now() + absl::Seconds(30), other.Callback());
-  REQUIRE(other.done.HasBeenNotified());
-  CHECK(other.status.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(ReasonOf(other.status) == StatusReason::kCommitNotConfirmed);
+  REQUIRE(other.HasBeenNotified());
+  CHECK(other.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(ReasonOf(other.status()) == StatusReason::kCommitNotConfirmed);
   store.Set(false, "", 0);
   (*waits)->Wait("db2", 5, absl::Now() + absl::Seconds(30), copying.Callback());
-  REQUIRE(copying.done.HasBeenNotified());
-  CHECK(ReasonOf(copying.status) == StatusReason::kCommitNotConfirmed);
+  REQUIRE(copying.HasBeenNotified());
+  CHECK(ReasonOf(copying.status()) == StatusReason::kCommitNotConfirmed);
 }
 
 TEST_CASE("a waiting confirmation is refused when the follower moves to another database") {
@@ -100,8 +128,8 @@ TEST_CASE("a waiting confirmation is refused when the follower moves to another 
   Answer a;
   (*waits)->Wait("db1", 50, absl::Now() + absl::Seconds(30), a.Callback());
   store.Set(true, "db9", 60);
-  REQUIRE(a.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  CHECK(ReasonOf(a.status) == StatusReason::kCommitNotConfirmed);
+  REQUIRE(a.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(ReasonOf(a.status()) == StatusReason::kCommitNotConfirmed);
 }
 
 TEST_CASE(
@@ -115,14 +143,14 @@ TEST_CASE(
   (*waits)->Wait("db1", 50, absl::Now() + absl::Seconds(30),
                  waiting.Callback());
   store.Set(true, "db1", 40, /*final=*/true);  // stopped following to lead
-  REQUIRE(waiting.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  CHECK(ReasonOf(waiting.status) == StatusReason::kCommitNotConfirmed);
+  REQUIRE(waiting.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(ReasonOf(waiting.status()) == StatusReason::kCommitNotConfirmed);
   (*waits)->Wait("db1", 40, absl::Now() + absl::Seconds(30), held.Callback());
-  REQUIRE(held.done.HasBeenNotified());
-  CHECK(held.status.ok());
+  REQUIRE(held.HasBeenNotified());
+  CHECK(held.status().ok());
   (*waits)->Wait("db1", 41, absl::Now() + absl::Seconds(30), beyond.Callback());
-  REQUIRE(beyond.done.HasBeenNotified());
-  CHECK(ReasonOf(beyond.status) == StatusReason::kCommitNotConfirmed);
+  REQUIRE(beyond.HasBeenNotified());
+  CHECK(ReasonOf(beyond.status()) == StatusReason::kCommitNotConfirmed);
 }
 
 TEST_CASE("a confirmation not applied by its deadline answers DeadlineExceeded") {
@@ -132,8 +160,8 @@ TEST_CASE("a confirmation not applied by its deadline answers DeadlineExceeded")
   REQUIRE(waits.ok());
   Answer a;
   (*waits)->Wait("db1", 50, absl::Now() + absl::Milliseconds(20), a.Callback());
-  REQUIRE(a.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  CHECK(a.status.code() == absl::StatusCode::kDeadlineExceeded);
+  REQUIRE(a.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(a.status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK((*waits)->waiting() == 0);
 }
 
@@ -150,14 +178,14 @@ TEST_CASE("shutdown answers the open confirmations and refuses later ones") {
   }
   (*waits)->Shutdown();
   for (const auto& a : open) {
-    REQUIRE(a->done.HasBeenNotified());
-    CHECK(a->status.code() == absl::StatusCode::kFailedPrecondition);
-    CHECK(ReasonOf(a->status) == StatusReason::kCommitNotConfirmed);
+    REQUIRE(a->HasBeenNotified());
+    CHECK(a->status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(ReasonOf(a->status()) == StatusReason::kCommitNotConfirmed);
   }
   Answer after;
   (*waits)->Wait("db1", 100, absl::Now() + absl::Seconds(30), after.Callback());
-  REQUIRE(after.done.HasBeenNotified());
-  CHECK(after.status.code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(after.HasBeenNotified());
+  CHECK(after.status().code() == absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_CASE("confirmations beyond max_waiting are refused with ResourceExhausted") {
@@ -171,13 +199,13 @@ TEST_CASE("confirmations beyond max_waiting are refused with ResourceExhausted")
   (*waits)->Wait("db1", 10, absl::Now() + absl::Seconds(30), a.Callback());
   (*waits)->Wait("db1", 10, absl::Now() + absl::Seconds(30), b.Callback());
   (*waits)->Wait("db1", 10, absl::Now() + absl::Seconds(30), c.Callback());
-  REQUIRE(c.done.HasBeenNotified());
-  CHECK(c.status.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(c.HasBeenNotified());
+  CHECK(c.status().code() == absl::StatusCode::kResourceExhausted);
   store.Set(true, "db1", 10);
-  REQUIRE(a.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  REQUIRE(b.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  CHECK(a.status.ok());
-  CHECK(b.status.ok());
+  REQUIRE(a.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  REQUIRE(b.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(a.status().ok());
+  CHECK(b.status().ok());
 }
 
 }  // namespace
