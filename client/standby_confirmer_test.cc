@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/awaited.h"
 #include "common/mutex.h"
 #include "common/status_reason.h"
 #include "proto/master.pb.h"
@@ -98,36 +99,19 @@ pb::PutCommitResponse Commit(uint64_t seq, std::vector<std::string> standbys,
   return r;
 }
 
-// One commit's outcome. A Mutex, not absl::Notification: the sanitizers see
-// through ours.
+// One commit's outcome.
 class Outcome {
  public:
   std::function<void(absl::Status)> Callback() {
-    return [this](absl::Status s) {
-      MutexLock l(&mu_);
-      status_ = std::move(s);
-      done_ = true;
-      answered_.SignalAll();
-    };
+    return [this](absl::Status s) { status_.Set(std::move(s)); };
   }
-  // Whether it was answered within `timeout`.
-  bool WaitForNotificationWithTimeout(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    MutexLock l(&mu_);
-    while (!done_ && !answered_.WaitWithDeadline(&mu_, deadline)) {
-    }
-    return done_;
+  bool WaitForNotificationWithTimeout(absl::Duration timeout) const {
+    return status_.WaitFor(timeout);
   }
-  absl::Status status() {
-    MutexLock l(&mu_);
-    return status_;
-  }
+  absl::Status status() const { return status_.Get(); }
 
  private:
-  Mutex mu_;
-  CondVar answered_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  testing::Awaited<absl::Status> status_;
 };
 
 TEST_CASE("A commit naming no standby is confirmed at once") {

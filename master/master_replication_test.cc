@@ -55,6 +55,38 @@ struct Master {
   // The registered node's key: it signs the write receipts of Put.
   std::string node_key;
 
+  // A follower on `dir` named `name`, once this leader counts it past its
+  // copy.
+  std::unique_ptr<master::ReplicaFollower> FollowedBy(const std::string& dir,
+                                                      const std::string& name) {
+    master::ReplicaFollowerOptions fo;
+    fo.leader = server->address();
+    fo.store.path = dir;
+    fo.name = name;
+    auto follower = master::ReplicaFollower::Create(fo);
+    REQUIRE(follower.ok());
+    REQUIRE(testing::Eventually(
+        [&] { return Stat("replication_followers") == 1; }));
+    return std::move(follower).value();
+  }
+
+  // Registers node "n" and proves its key with a heartbeat: it is
+  // placeable, and node_key signs Put's receipts.
+  void RegisterPlaceableNode() {
+    v1::RegisterNodeResponse reg;
+    {
+      grpc::ClientContext ctx;
+      REQUIRE(stub->RegisterNode(&ctx, OneRegionNodeReq("n"), &reg).ok());
+      node_key = reg.node_key();
+    }
+    grpc::ClientContext ctx;
+    v1::HeartbeatResponse hb;
+    REQUIRE(
+        stub->Heartbeat(
+                &ctx, master::ProvingHeartbeat(OneRegionNodeReq("n"), reg), &hb)
+            .ok());
+  }
+
   // PutStart + PutCommit of one key; how long the commit took, and the
   // commit's answer in *answer (if given).
   absl::Duration Put(const std::string& key,
@@ -82,6 +114,18 @@ struct Master {
     return took;
   }
 };
+
+// Stops `follower` and `leader`, then opens the follower's directory `dir`
+// as a master does (its ordinary restart path): the objects it serves.
+uint64_t StopAndOpen(Master* leader, master::ReplicaFollower* follower,
+                     const std::string& dir) {
+  REQUIRE(follower->Stop().ok());
+  leader->server->Shutdown();
+  MasterOptions so;
+  so.db_path = dir;
+  Master standby(so);
+  return standby.Stats().object_count();
+}
 
 TEST_CASE("Replication modes parse and print") {
   CHECK(*master::ParseReplicationMode("off") == ReplicationMode::kOff);
@@ -130,21 +174,7 @@ TEST_CASE(
   // Longer than the test: the answers below did not wait for the stream.
   o.replication_confirm_batch_delay = absl::Seconds(1);
   Master leader(o);
-  v1::RegisterNodeResponse reg;
-  {
-    grpc::ClientContext ctx;
-    REQUIRE(leader.stub->RegisterNode(&ctx, OneRegionNodeReq("n"), &reg).ok());
-    leader.node_key = reg.node_key();
-  }
-  {
-    grpc::ClientContext ctx;
-    v1::HeartbeatResponse hb;
-    REQUIRE(
-        leader.stub
-            ->Heartbeat(
-                &ctx, master::ProvingHeartbeat(OneRegionNodeReq("n"), reg), &hb)
-            .ok());
-  }
+  leader.RegisterPlaceableNode();
   v1::PutCommitResponse alone;
   leader.Put("alone", &alone);
   CHECK(alone.confirm_with_size() == 0);
@@ -152,14 +182,9 @@ TEST_CASE(
   CHECK(leader.Stat("replication_sync_no_standby") == 1);
   CHECK(leader.Stat("replication_confirm_commits") == 0);
 
-  master::ReplicaFollowerOptions fo;
-  fo.leader = leader.server->address();
-  fo.store.path = TestDir("confirm-standby");
-  fo.name = "standby-1:7000";
-  auto follower = master::ReplicaFollower::Create(fo);
-  REQUIRE(follower.ok());
-  REQUIRE(testing::Eventually(
-      [&] { return leader.Stat("replication_followers") == 1; }));
+  const std::string standby_dir = TestDir("confirm-standby");
+  std::unique_ptr<master::ReplicaFollower> follower =
+      leader.FollowedBy(standby_dir, "standby-1:7000");
   v1::PutCommitResponse named;
   leader.Put("named", &named);
   REQUIRE(named.confirm_with_size() == 1);
@@ -169,17 +194,12 @@ TEST_CASE(
         leader.Stat("replication_latest_sequence"));
   CHECK(leader.Stat("replication_confirm_commits") == 1);
   // The sequence and database named are the ones the standby applies.
-  REQUIRE((*follower)
+  REQUIRE(follower
               ->WaitApplied(named.replication_sequence(),
                             absl::Now() + absl::Seconds(30))
               .ok());
-  CHECK((*follower)->GetStats().leader_db_id == named.replication_db_id());
-  REQUIRE((*follower)->Stop().ok());
-  leader.server->Shutdown();
-  MasterOptions so;
-  so.db_path = fo.store.path;
-  Master standby(so);
-  CHECK(standby.Stats().object_count() == 2);
+  CHECK(follower->GetStats().leader_db_id == named.replication_db_id());
+  CHECK(StopAndOpen(&leader, follower.get(), standby_dir) == 2);
 }
 
 TEST_CASE(
@@ -218,14 +238,9 @@ TEST_CASE(
   CHECK(leader.Stat("replication_sync_commits") == 0);
 
   // A standby on its own directory follows the leader's port.
-  master::ReplicaFollowerOptions fo;
-  fo.leader = leader.server->address();
-  fo.store.path = TestDir("standby");
-  fo.name = "standby-1";
-  auto follower = master::ReplicaFollower::Create(fo);
-  REQUIRE(follower.ok());
-  REQUIRE(testing::Eventually(
-      [&] { return leader.Stat("replication_followers") == 1; }));
+  const std::string standby_dir = TestDir("standby");
+  std::unique_ptr<master::ReplicaFollower> follower =
+      leader.FollowedBy(standby_dir, "standby-1");
   // The per-standby series is there (its value moves with the writes).
   CHECK(leader.Stat("replication_lag_sequences{follower=\"standby-1\"}") >=
         0);
@@ -241,12 +256,7 @@ TEST_CASE(
 
   // The acknowledged commits are in the standby's directory, which a master
   // opens with its ordinary restart path.
-  REQUIRE((*follower)->Stop().ok());
-  leader.server->Shutdown();
-  MasterOptions so;
-  so.db_path = fo.store.path;
-  Master standby(so);
-  CHECK(standby.Stats().object_count() == 2);
+  CHECK(StopAndOpen(&leader, follower.get(), standby_dir) == 2);
 }
 
 }  // namespace

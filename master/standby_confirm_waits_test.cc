@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/awaited.h"
 #include "common/mutex.h"
 #include "common/status_reason.h"
 
@@ -43,46 +44,23 @@ class FakeStore {
   StandbyApplied state_ ABSL_GUARDED_BY(mu_);
 };
 
-// One question's answer. A Mutex, not absl::Notification: the sanitizers
-// see through ours.
+// One question's answer: its status and the sequence the standby held.
 class Answer {
  public:
   StandbyConfirmWaits::Done Callback() {
-    return [this](absl::Status s, uint64_t a) {
-      MutexLock l(&mu_);
-      status_ = std::move(s);
-      applied_ = a;
-      done_ = true;
-      answered_.SignalAll();
+    return [this](absl::Status s, uint64_t applied) {
+      answer_.Set({std::move(s), applied});
     };
   }
-  bool HasBeenNotified() {
-    MutexLock l(&mu_);
-    return done_;
+  bool HasBeenNotified() const { return answer_.Done(); }
+  bool WaitForNotificationWithTimeout(absl::Duration timeout) const {
+    return answer_.WaitFor(timeout);
   }
-  // Whether it was answered within `timeout`.
-  bool WaitForNotificationWithTimeout(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    MutexLock l(&mu_);
-    while (!done_ && !answered_.WaitWithDeadline(&mu_, deadline)) {
-    }
-    return done_;
-  }
-  absl::Status status() {
-    MutexLock l(&mu_);
-    return status_;
-  }
-  uint64_t applied() {
-    MutexLock l(&mu_);
-    return applied_;
-  }
+  absl::Status status() const { return answer_.Get().first; }
+  uint64_t applied() const { return answer_.Get().second; }
 
  private:
-  Mutex mu_;
-  CondVar answered_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
+  testing::Awaited<std::pair<absl::Status, uint64_t>> answer_;
 };
 
 TEST_CASE("a confirmation is answered once the standby applies its sequence") {
