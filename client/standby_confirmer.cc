@@ -123,9 +123,9 @@ void StandbyConfirmer::ConfirmAsync(const pb::PutCommitResponse& resp,
     for (const std::string& address : resp.confirm_with()) {
       Target* t = TargetLocked(address, resp.replication_db_id());
       if (t->stub == nullptr) {
-        now.emplace_back(join, absl::UnavailableError(absl::StrCat(
-                                   "standby ", address, ": ",
-                                   t->dial_error.message())));
+        now.emplace_back(
+            join, absl::UnavailableError(absl::StrCat(
+                      "standby ", address, ": ", t->dial_error.message())));
         continue;
       }
       if (t->confirmed >= seq) {
@@ -189,8 +189,8 @@ void StandbyConfirmer::OnDone(Call* c, const grpc::Status& status) {
     t->in_flight = false;
     uint64_t upto = c->sequence;
     if (status.ok()) {
-      t->confirmed = std::max({t->confirmed, c->resp.applied_sequence(),
-                               c->sequence});
+      t->confirmed =
+          std::max({t->confirmed, c->resp.applied_sequence(), c->sequence});
       upto = t->confirmed;
     } else {
       per_commit = FromGrpcStatus(

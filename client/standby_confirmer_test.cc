@@ -29,8 +29,7 @@ class FakeStandby final : public pb::StandbyConfirm::Service {
   FakeStandby() {
     grpc::ServerBuilder b;
     int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                       &port);
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     b.RegisterService(this);
     server_ = b.BuildAndStart();
     address = "127.0.0.1:" + std::to_string(port);
@@ -83,9 +82,8 @@ std::shared_ptr<StandbyConfirmer> NewConfirmer() {
   auto c = StandbyConfirmer::Create(
       {.dial = [](const std::string& address)
            -> absl::StatusOr<std::shared_ptr<grpc::Channel>> {
-         return grpc::CreateChannel(address,
-                                    grpc::InsecureChannelCredentials());
-       }});
+        return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+      }});
   REQUIRE(c.ok());
   return *c;
 }
@@ -117,12 +115,14 @@ class Outcome {
 TEST_CASE("A commit naming no standby is confirmed at once") {
   auto confirmer = NewConfirmer();
   CHECK_FALSE(StandbyConfirmer::NeedsConfirm(pb::PutCommitResponse()));
-  CHECK(confirmer->Confirm(pb::PutCommitResponse(), absl::InfiniteFuture())
-            .ok());
+  CHECK(
+      confirmer->Confirm(pb::PutCommitResponse(), absl::InfiniteFuture()).ok());
   CHECK(confirmer->GetStats().waits_sent == 0);
 }
 
-TEST_CASE("Commits are confirmed once every standby named holds them, one wait in flight per standby") {
+TEST_CASE(
+    "Commits are confirmed once every standby named holds them, one wait in "
+    "flight per standby") {
   FakeStandby a, b;
   auto confirmer = NewConfirmer();
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
@@ -154,24 +154,29 @@ TEST_CASE("Commits are confirmed once every standby named holds them, one wait i
   CHECK(a.calls() == calls);
 }
 
-TEST_CASE("A standby following another database fails the put with commit_not_confirmed") {
+TEST_CASE(
+    "A standby following another database fails the put with "
+    "commit_not_confirmed") {
   FakeStandby a;
   a.Set(100);
   auto confirmer = NewConfirmer();
-  const absl::Status s = confirmer->Confirm(
-      Commit(5, {a.address}, "db-of-an-old-leader"),
-      absl::Now() + absl::Seconds(60));
+  const absl::Status s =
+      confirmer->Confirm(Commit(5, {a.address}, "db-of-an-old-leader"),
+                         absl::Now() + absl::Seconds(60));
   CHECK(s.code() == absl::StatusCode::kUnavailable);
   CHECK(ReasonOf(s) == StatusReason::kCommitNotConfirmed);
   CHECK(confirmer->GetStats().commits_not_confirmed == 1);
 }
 
-TEST_CASE("A standby silent past the deadline or unreachable counts, as a sync leader counts its timeouts") {
+TEST_CASE(
+    "A standby silent past the deadline or unreachable counts, as a sync "
+    "leader counts its timeouts") {
   FakeStandby a;
   auto confirmer = NewConfirmer();
   // a never applies 7: the put is acknowledged at the deadline, counted.
-  CHECK(confirmer->Confirm(Commit(7, {a.address}),
-                           absl::Now() + absl::Milliseconds(100))
+  CHECK(confirmer
+            ->Confirm(Commit(7, {a.address}),
+                      absl::Now() + absl::Milliseconds(100))
             .ok());
   CHECK(confirmer->GetStats().timeouts == 1);
   // Nothing listens there.
@@ -180,8 +185,7 @@ TEST_CASE("A standby silent past the deadline or unreachable counts, as a sync l
     FakeStandby b;
     gone = b.address;
   }
-  CHECK(confirmer->Confirm(Commit(7, {gone}),
-                           absl::Now() + absl::Seconds(10))
+  CHECK(confirmer->Confirm(Commit(7, {gone}), absl::Now() + absl::Seconds(10))
             .ok());
   CHECK(confirmer->GetStats().unreachable == 1);
   CHECK(confirmer->GetStats().commits_confirmed == 2);

@@ -93,13 +93,12 @@ void StandbyConfirmWaits::Wait(const std::string& db_id, uint64_t sequence,
       asked_.Signal();
       return;
     }
-    answer = stopping_
-                 ? WithReason(absl::FailedPreconditionError(
-                                  "standby: no longer standing by"),
-                              StatusReason::kCommitNotConfirmed)
-                 : absl::ResourceExhaustedError(absl::StrCat(
-                       "standby: ", options_.max_waiting,
-                       " confirmations already waiting"));
+    answer = stopping_ ? WithReason(absl::FailedPreconditionError(
+                                        "standby: no longer standing by"),
+                                    StatusReason::kCommitNotConfirmed)
+                       : absl::ResourceExhaustedError(
+                             absl::StrCat("standby: ", options_.max_waiting,
+                                          " confirmations already waiting"));
   }
   q.done(std::move(answer), st.sequence);
 }
@@ -159,9 +158,9 @@ void StandbyConfirmWaits::Shutdown() {
     questions.swap(open_);
     waiting_ = 0;
   }
-  const absl::Status gone =
-      WithReason(absl::FailedPreconditionError("standby: no longer standing by"),
-                 StatusReason::kCommitNotConfirmed);
+  const absl::Status gone = WithReason(
+      absl::FailedPreconditionError("standby: no longer standing by"),
+      StatusReason::kCommitNotConfirmed);
   for (Question& q : questions) q.done(gone, 0);
 }
 

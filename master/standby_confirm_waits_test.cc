@@ -98,7 +98,9 @@ TEST_CASE("a confirmation of another leader database is refused at once") {
   CHECK(ReasonOf(copying.status()) == StatusReason::kCommitNotConfirmed);
 }
 
-TEST_CASE("a waiting confirmation is refused when the follower moves to another database") {
+TEST_CASE(
+    "a waiting confirmation is refused when the follower moves to another "
+    "database") {
   FakeStore store;
   store.Set(true, "db1", 1);
   auto waits = StandbyConfirmWaits::Create(store.Options());
@@ -131,7 +133,8 @@ TEST_CASE(
   CHECK(ReasonOf(beyond.status()) == StatusReason::kCommitNotConfirmed);
 }
 
-TEST_CASE("a confirmation not applied by its deadline answers DeadlineExceeded") {
+TEST_CASE(
+    "a confirmation not applied by its deadline answers DeadlineExceeded") {
   FakeStore store;
   store.Set(true, "db1", 1);
   auto waits = StandbyConfirmWaits::Create(store.Options());
@@ -166,7 +169,8 @@ TEST_CASE("shutdown answers the open confirmations and refuses later ones") {
   CHECK(after.status().code() == absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_CASE("confirmations beyond max_waiting are refused with ResourceExhausted") {
+TEST_CASE(
+    "confirmations beyond max_waiting are refused with ResourceExhausted") {
   FakeStore store;
   store.Set(true, "db1", 1);
   StandbyConfirmWaitsOptions o = store.Options();
