@@ -63,16 +63,30 @@ class Answer {
   testing::Awaited<std::pair<absl::Status, uint64_t>> answer_;
 };
 
+// A StandbyConfirmWaits over `o` (which must be valid).
+std::unique_ptr<StandbyConfirmWaits> NewWaits(
+    const StandbyConfirmWaitsOptions& o) {
+  auto waits = StandbyConfirmWaits::Create(o);
+  REQUIRE(waits.ok());
+  return std::move(waits).value();
+}
+
+// Asks `waits` for `sequence` of `db` with a deadline far beyond the test.
+void Ask(StandbyConfirmWaits* waits, const std::string& db, uint64_t sequence,
+         Answer* answer) {
+  waits->Wait(db, sequence, absl::Now() + absl::Seconds(30),
+              answer->Callback());
+}
+
 TEST_CASE("a confirmation is answered once the standby applies its sequence") {
   FakeStore store;
   store.Set(true, "db1", 10);
-  auto waits = StandbyConfirmWaits::Create(store.Options());
-  REQUIRE(waits.ok());
+  std::unique_ptr<StandbyConfirmWaits> waits = NewWaits(store.Options());
   Answer held, later;
-  (*waits)->Wait("db1", 10, absl::Now() + absl::Seconds(30), held.Callback());
+  Ask(waits.get(), "db1", 10, &held);
   REQUIRE(held.HasBeenNotified());  // at once, on this thread
   CHECK(held.status().ok());
-  (*waits)->Wait("db1", 15, absl::Now() + absl::Seconds(30), later.Callback());
+  Ask(waits.get(), "db1", 15, &later);
   CHECK_FALSE(later.HasBeenNotified());
   store.Set(true, "db1", 14);
   CHECK_FALSE(later.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
@@ -85,15 +99,14 @@ TEST_CASE("a confirmation is answered once the standby applies its sequence") {
 TEST_CASE("a confirmation of another leader database is refused at once") {
   FakeStore store;
   store.Set(true, "db2", 100);
-  auto waits = StandbyConfirmWaits::Create(store.Options());
-  REQUIRE(waits.ok());
+  std::unique_ptr<StandbyConfirmWaits> waits = NewWaits(store.Options());
   Answer other, copying;
-  (*waits)->Wait("db1", 5, absl::Now() + absl::Seconds(30), other.Callback());
+  Ask(waits.get(), "db1", 5, &other);
   REQUIRE(other.HasBeenNotified());
   CHECK(other.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(ReasonOf(other.status()) == StatusReason::kCommitNotConfirmed);
   store.Set(false, "", 0);
-  (*waits)->Wait("db2", 5, absl::Now() + absl::Seconds(30), copying.Callback());
+  Ask(waits.get(), "db2", 5, &copying);
   REQUIRE(copying.HasBeenNotified());
   CHECK(ReasonOf(copying.status()) == StatusReason::kCommitNotConfirmed);
 }
@@ -103,10 +116,9 @@ TEST_CASE(
     "database") {
   FakeStore store;
   store.Set(true, "db1", 1);
-  auto waits = StandbyConfirmWaits::Create(store.Options());
-  REQUIRE(waits.ok());
+  std::unique_ptr<StandbyConfirmWaits> waits = NewWaits(store.Options());
   Answer a;
-  (*waits)->Wait("db1", 50, absl::Now() + absl::Seconds(30), a.Callback());
+  Ask(waits.get(), "db1", 50, &a);
   store.Set(true, "db9", 60);
   REQUIRE(a.WaitForNotificationWithTimeout(absl::Seconds(30)));
   CHECK(ReasonOf(a.status()) == StatusReason::kCommitNotConfirmed);
@@ -117,18 +129,16 @@ TEST_CASE(
     "once") {
   FakeStore store;
   store.Set(true, "db1", 1);
-  auto waits = StandbyConfirmWaits::Create(store.Options());
-  REQUIRE(waits.ok());
+  std::unique_ptr<StandbyConfirmWaits> waits = NewWaits(store.Options());
   Answer waiting, held, beyond;
-  (*waits)->Wait("db1", 50, absl::Now() + absl::Seconds(30),
-                 waiting.Callback());
+  Ask(waits.get(), "db1", 50, &waiting);
   store.Set(true, "db1", 40, /*final=*/true);  // stopped following to lead
   REQUIRE(waiting.WaitForNotificationWithTimeout(absl::Seconds(30)));
   CHECK(ReasonOf(waiting.status()) == StatusReason::kCommitNotConfirmed);
-  (*waits)->Wait("db1", 40, absl::Now() + absl::Seconds(30), held.Callback());
+  Ask(waits.get(), "db1", 40, &held);
   REQUIRE(held.HasBeenNotified());
   CHECK(held.status().ok());
-  (*waits)->Wait("db1", 41, absl::Now() + absl::Seconds(30), beyond.Callback());
+  Ask(waits.get(), "db1", 41, &beyond);
   REQUIRE(beyond.HasBeenNotified());
   CHECK(ReasonOf(beyond.status()) == StatusReason::kCommitNotConfirmed);
 }
@@ -137,34 +147,31 @@ TEST_CASE(
     "a confirmation not applied by its deadline answers DeadlineExceeded") {
   FakeStore store;
   store.Set(true, "db1", 1);
-  auto waits = StandbyConfirmWaits::Create(store.Options());
-  REQUIRE(waits.ok());
+  std::unique_ptr<StandbyConfirmWaits> waits = NewWaits(store.Options());
   Answer a;
-  (*waits)->Wait("db1", 50, absl::Now() + absl::Milliseconds(20), a.Callback());
+  waits->Wait("db1", 50, absl::Now() + absl::Milliseconds(20), a.Callback());
   REQUIRE(a.WaitForNotificationWithTimeout(absl::Seconds(30)));
   CHECK(a.status().code() == absl::StatusCode::kDeadlineExceeded);
-  CHECK((*waits)->waiting() == 0);
+  CHECK(waits->waiting() == 0);
 }
 
 TEST_CASE("shutdown answers the open confirmations and refuses later ones") {
   FakeStore store;
   store.Set(true, "db1", 1);
-  auto waits = StandbyConfirmWaits::Create(store.Options());
-  REQUIRE(waits.ok());
+  std::unique_ptr<StandbyConfirmWaits> waits = NewWaits(store.Options());
   std::vector<std::unique_ptr<Answer>> open;
   for (int i = 0; i < 8; ++i) {
     open.push_back(std::make_unique<Answer>());
-    (*waits)->Wait("db1", 100 + i, absl::Now() + absl::Seconds(30),
-                   open.back()->Callback());
+    Ask(waits.get(), "db1", 100 + i, open.back().get());
   }
-  (*waits)->Shutdown();
+  waits->Shutdown();
   for (const auto& a : open) {
     REQUIRE(a->HasBeenNotified());
     CHECK(a->status().code() == absl::StatusCode::kFailedPrecondition);
     CHECK(ReasonOf(a->status()) == StatusReason::kCommitNotConfirmed);
   }
   Answer after;
-  (*waits)->Wait("db1", 100, absl::Now() + absl::Seconds(30), after.Callback());
+  Ask(waits.get(), "db1", 100, &after);
   REQUIRE(after.HasBeenNotified());
   CHECK(after.status().code() == absl::StatusCode::kFailedPrecondition);
 }
@@ -175,12 +182,11 @@ TEST_CASE(
   store.Set(true, "db1", 1);
   StandbyConfirmWaitsOptions o = store.Options();
   o.max_waiting = 2;
-  auto waits = StandbyConfirmWaits::Create(o);
-  REQUIRE(waits.ok());
+  std::unique_ptr<StandbyConfirmWaits> waits = NewWaits(o);
   Answer a, b, c;
-  (*waits)->Wait("db1", 10, absl::Now() + absl::Seconds(30), a.Callback());
-  (*waits)->Wait("db1", 10, absl::Now() + absl::Seconds(30), b.Callback());
-  (*waits)->Wait("db1", 10, absl::Now() + absl::Seconds(30), c.Callback());
+  Ask(waits.get(), "db1", 10, &a);
+  Ask(waits.get(), "db1", 10, &b);
+  Ask(waits.get(), "db1", 10, &c);
   REQUIRE(c.HasBeenNotified());
   CHECK(c.status().code() == absl::StatusCode::kResourceExhausted);
   store.Set(true, "db1", 10);
