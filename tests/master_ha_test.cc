@@ -787,7 +787,8 @@ TEST_CASE(
   CHECK(second.lease != first.lease);
   CHECK(Eventually(
       [&] { return LoadIntact(*rig.client, before) == before.keys.size(); }));
-  PutIntact(*rig.client, Blocks("after-", 4, 8));
+  // Readable is not yet placeable: the node may still be reconciling.
+  PutOnceRejoined(*rig.client, Blocks("after-", 4, 8));
   auto m0 = testing::MasterStats(address);
   REQUIRE(m0.ok());
   CHECK((*m0)["dead_leaders_revoked"] == 1);
