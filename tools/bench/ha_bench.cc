@@ -19,7 +19,8 @@
 //   put:    PutStart + PutCommit of --put_keys 4 KiB keys per put, for
 //           --seconds;
 //   lookup: BatchLookup of --batch random keys the puts committed, for
-//           --seconds.
+//           --seconds, once every master is idle again (--settle_s: the
+//           standby's index snapshot that the puts set off runs first).
 // Modes run in turn, --reps times (each rep rotates the order). Prints one
 // row per run and then, per mode, the best rep's puts/s and lookups/s and
 // their ratio to off's. In sync mode it also prints the leader's
@@ -52,7 +53,12 @@
 // the throughput ratio measures the round trip, not the leader's cost.
 // --put_depth=N keeps N puts in flight per thread (gRPC's callback API)
 // so that every mode saturates the leader: docs/ha.md measures the floor
-// with --threads=4 --put_depth=128 --leader_cpu=0.
+// with --threads=4 --put_depth=128 --leader_cpu=0. --lookup_depth=N does
+// the same for the lookups (docs/ha.md: --lookup_depth=16): with one in
+// flight per thread their rate follows the round trip through the
+// clients' core, which the standby and etcd share on a small machine.
+// Each row also has the bench's own CPU per lookup and the other masters'
+// share of a core during the lookups.
 //
 // --modes=events_off,off compares a plain master that keeps no KV events
 // (--event_log_capacity=0) with one that does (the default): the cost of
@@ -116,6 +122,10 @@ DEFINE_int32(put_depth, 1,
              "enough for a mode whose commits wait (sync) to keep the "
              "leader as busy as off does, without a thread per call");
 DEFINE_int32(put_keys, 4, "keys per put");
+DEFINE_int32(lookup_depth, 1,
+             "lookups each client thread keeps in flight (above 1: gRPC's "
+             "callback API): enough to keep the leader as busy in every "
+             "mode, whatever else shares the clients' cores");
 DEFINE_int32(batch, 32, "keys per BatchLookup");
 DEFINE_string(dir, "", "daemon data (default: a new /tmp directory)");
 DEFINE_string(master_binary, "", "hymcache-master (default: from runfiles)");
@@ -135,6 +145,12 @@ DEFINE_int32(leader_cpu, -1,
              "clients, the standby, etcd) to the other CPUs, as if the "
              "leader had a host of its own (--restart_objects: the first "
              "master again when restarted); -1: no pinning");
+DEFINE_double(settle_s, 20,
+              "before the lookup phase, wait up to this long until every "
+              "master of the mode is idle (under 2% of a core in two 250 ms "
+              "windows in a row): what the puts left behind (the standby's "
+              "index snapshot, on this machine's shared cores) then does not "
+              "overlap the lookups; 0: start them at once");
 DEFINE_bool(restart_on_new_ports, false,
             "with --restart_objects: restart the masters on new ports "
             "instead of their own addresses");
@@ -318,6 +334,13 @@ struct Result {
   // own cost, whatever the standby and etcd take from the shared cores.
   double leader_cpu_us_per_put = 0;
   double leader_cpu_us_per_lookup = 0;
+  // This process's CPU per lookup (the clients', and the SDK confirmer's
+  // threads in confirm modes) and the other masters' share of a core
+  // during the lookup phase.
+  double client_cpu_us_per_lookup = 0;
+  double standby_cpu_share = 0;
+  // From the end of the put phase until every master was idle (--settle_s).
+  absl::Duration settled;
   // PutStart + PutCommit, as the client sees it.
   absl::Duration put_p50;
   absl::Duration put_p99;
@@ -426,6 +449,66 @@ class PutChain {
   std::unique_ptr<grpc::ClientContext> commit_ctx_;
 };
 
+// --lookup_depth: one slot of a client's lookups. BatchLookups of
+// --batch random keys of `keys` one after another on `stub` through gRPC's
+// callback API until `end`, then calls `done` as its last act; as
+// PutChain, its fields are read after `done`.
+class LookupChain {
+ public:
+  LookupChain(v1::MasterService::Stub* stub,
+              const std::vector<std::string>* keys, uint64_t seed,
+              absl::Time end, std::function<void()> done)
+      : stub_(stub),
+        keys_(keys),
+        rng_(seed),
+        pick_(0, keys->size() - 1),
+        end_(end),
+        done_(std::move(done)) {}
+
+  void Start() { Next(); }
+
+  uint64_t lookups = 0;
+  uint64_t misses = 0;
+  uint64_t failures = 0;
+  std::string first_error;
+
+ private:
+  void Next() {
+    if (absl::Now() >= end_) {
+      done_();
+      return;
+    }
+    req_.Clear();
+    for (int k = 0; k < FLAGS_batch; ++k) req_.add_keys((*keys_)[pick_(rng_)]);
+    resp_.Clear();
+    ctx_ = std::make_unique<grpc::ClientContext>();
+    stub_->async()->BatchLookup(ctx_.get(), &req_, &resp_,
+                                [this](grpc::Status st) { OnAnswered(st); });
+  }
+
+  void OnAnswered(const grpc::Status& st) {
+    if (!st.ok()) {
+      if (failures++ == 0) first_error = st.error_message();
+    } else {
+      ++lookups;
+      for (const auto& e : resp_.results()) {
+        if (!e.found()) ++misses;
+      }
+    }
+    Next();
+  }
+
+  v1::MasterService::Stub* const stub_;
+  const std::vector<std::string>* const keys_;
+  std::mt19937_64 rng_;
+  std::uniform_int_distribution<size_t> pick_;
+  const absl::Time end_;
+  const std::function<void()> done_;
+  v1::BatchLookupRequest req_;
+  v1::BatchLookupResponse resp_;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+};
+
 // User + system CPU seconds `pid` has used (/proc/PID/stat); 0 if unknown.
 double CpuSeconds(pid_t pid) {
   std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
@@ -446,6 +529,27 @@ double CpuSeconds(pid_t pid) {
     ticks += v;
   }
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Waits until every process of `pids` uses under 2% of a core in two
+// 250 ms windows in a row, or `limit` has passed; how long that took.
+absl::Duration Settle(const std::vector<pid_t>& pids, absl::Duration limit) {
+  const absl::Time start = absl::Now();
+  constexpr absl::Duration kWindow = absl::Milliseconds(250);
+  int quiet = 0;
+  while (quiet < 2 && absl::Now() - start < limit) {
+    std::vector<double> before;
+    for (pid_t p : pids) before.push_back(CpuSeconds(p));
+    absl::SleepFor(kWindow);
+    bool idle = true;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (CpuSeconds(pids[i]) - before[i] >
+          0.02 * absl::ToDoubleSeconds(kWindow))
+        idle = false;
+    }
+    quiet = idle ? quiet + 1 : 0;
+  }
+  return absl::Now() - start;
 }
 
 absl::StatusOr<Result> RunMode(const std::string& binary,
@@ -564,9 +668,42 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
                                             failures.load(), " failed puts)"));
   }
   std::atomic<uint64_t> lookups{0}, misses{0};
+  if (FLAGS_settle_s > 0) {
+    std::vector<pid_t> pids;
+    for (const Daemon& m : rig->masters) pids.push_back(m.pid());
+    r.settled = Settle(pids, absl::Seconds(FLAGS_settle_s));
+  }
+  auto others_cpu = [&] {
+    double sum = 0;
+    for (size_t i = 1; i < rig->masters.size(); ++i)
+      sum += CpuSeconds(rig->masters[i].pid());
+    return sum;
+  };
+  const double client_cpu0 = CpuSeconds(getpid());
+  const double others_cpu0 = others_cpu();
   cpu0 = CpuSeconds(leader_pid);
   t0 = absl::Now();
   phase([&](int t, v1::MasterService::Stub* stub, absl::Time end) {
+    if (FLAGS_lookup_depth > 1) {
+      absl::BlockingCounter running(FLAGS_lookup_depth);
+      std::vector<std::unique_ptr<LookupChain>> chains;
+      for (int c = 0; c < FLAGS_lookup_depth; ++c) {
+        chains.push_back(std::make_unique<LookupChain>(
+            stub, &all, static_cast<uint64_t>(t) * 1000003 + c, end,
+            [&running] { running.DecrementCount(); }));
+      }
+      for (auto& c : chains) c->Start();
+      running.Wait();
+      for (auto& c : chains) {
+        lookups.fetch_add(c->lookups);
+        misses.fetch_add(c->misses);
+        if (c->failures > 0 && failures.fetch_add(c->failures) == 0) {
+          MutexLock l(&error_mu);
+          first_error = c->first_error;
+        }
+      }
+      return;
+    }
     std::mt19937_64 rng(t);
     std::uniform_int_distribution<size_t> pick(0, all.size() - 1);
     while (absl::Now() < end) {
@@ -588,9 +725,13 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       }
     }
   });
-  r.lookups_per_s = lookups.load() / absl::ToDoubleSeconds(absl::Now() - t0);
+  const double lookup_s = absl::ToDoubleSeconds(absl::Now() - t0);
+  r.lookups_per_s = lookups.load() / lookup_s;
+  r.standby_cpu_share = (others_cpu() - others_cpu0) / lookup_s;
   if (lookups.load() > 0) {
     r.leader_cpu_us_per_lookup = (CpuSeconds(leader_pid) - cpu0) * 1e6 /
+                                 static_cast<double>(lookups.load());
+    r.client_cpu_us_per_lookup = (CpuSeconds(getpid()) - client_cpu0) * 1e6 /
                                  static_cast<double>(lookups.load());
   }
   r.stats = Stats(admin.get());
@@ -976,11 +1117,14 @@ int Main(const char* argv0) {
       std::printf(
           "rep=%d mode=%s puts_per_s=%.0f lookups_per_s=%.0f "
           "leader_cpu_us_per_put=%.1f leader_cpu_us_per_lookup=%.1f "
-          "put_p50_ms=%.2f put_p99_ms=%.2f",
+          "put_p50_ms=%.2f put_p99_ms=%.2f settled_ms=%.0f "
+          "client_cpu_us_per_lookup=%.1f standby_cpu_during_lookups=%.0f%%",
           rep, mode.c_str(), r->puts_per_s, r->lookups_per_s,
           r->leader_cpu_us_per_put, r->leader_cpu_us_per_lookup,
           absl::ToDoubleMilliseconds(r->put_p50),
-          absl::ToDoubleMilliseconds(r->put_p99));
+          absl::ToDoubleMilliseconds(r->put_p99),
+          absl::ToDoubleMilliseconds(r->settled), r->client_cpu_us_per_lookup,
+          r->standby_cpu_share * 100);
       if (absl::StartsWith(mode, "sync")) {
         std::printf(
             " sync_commits=%.0f sync_timeouts=%.0f batches_sent=%.0f "

@@ -180,12 +180,14 @@ smoke ha_bench_depth -p '^sync +puts/s +[1-9][0-9.]* \([0-9.]+x\)' \
   -p '^sync +puts [0-9.]+x +lookups [0-9.]+x$' -- \
   "$B/ha_bench" --modes=off,sync --threads=1 --put_depth=8 --seconds=0.3 \
   --reps=1 --dir="$T/ha-depth"
-# ... -- --modes=off,async,sync,confirm --put_depth=128 --leader_cpu=0: the
-# client confirms its commits with the standby (every put confirmed)
-smoke ha_bench_confirm -p '^confirm +puts/s +[1-9][0-9.]* \([0-9.]+x\)' \
+# ... -- --modes=off,async,sync,confirm --put_depth=128 --lookup_depth=16
+# --leader_cpu=0: the client confirms its commits with the standby (every
+# put confirmed); the lookups start once the masters are idle
+smoke ha_bench_confirm -p '^confirm +puts/s +[1-9][0-9.]* \([0-9.]+x\) +lookups/s +[1-9]' \
+  -p '^rep=0 mode=confirm .* settled_ms=[0-9]+ client_cpu_us_per_lookup=[1-9]' \
   -p '^rep=0 mode=confirm .* confirm_commits=[1-9][0-9]* waits_sent=[1-9][0-9]* .*not_confirmed=0' -- \
-  "$B/ha_bench" --modes=off,confirm --threads=1 --put_depth=8 --seconds=0.3 \
-  --reps=1 --dir="$T/ha-confirm"
+  "$B/ha_bench" --modes=off,confirm --threads=1 --put_depth=8 --lookup_depth=4 \
+  --seconds=0.3 --reps=1 --dir="$T/ha-confirm"
 
 # bazel run -c opt //tools/bench:ha_bench -- --failover_objects=N and
 # --restart_objects=N (docs/ha.md)
