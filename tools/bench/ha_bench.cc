@@ -58,7 +58,14 @@
 // flight per thread their rate follows the round trip through the
 // clients' core, which the standby and etcd share on a small machine.
 // Each row also has the bench's own CPU per lookup and the other masters'
-// share of a core during the lookups.
+// share of a core during the lookups. --lookup_stream sends the lookups as
+// the SDK does, as messages of one LookupStream per thread, and
+// --client_poll_strategy=poll polls as the SDK does by default.
+//
+// Mode "redis" is the baseline of issue 30's "lookups stay >= 0.5x Redis
+// MGET-32": the lookup phase's load as MGETs to redis-server on the
+// leader's CPU (--redis_server, --redis_keys; no put phase), and a last
+// table of each mode's lookups against it.
 //
 // --modes=events_off,off compares a plain master that keeps no KV events
 // (--event_log_capacity=0) with one that does (the default): the cost of
@@ -100,6 +107,7 @@
 #include "absl/time/time.h"
 #include "client/standby_confirmer.h"
 #include "common/cli.h"
+#include "common/grpc_polling.h"
 #include "common/mutex.h"
 #include "common/thread.h"
 #include "master/proving_heartbeat.h"
@@ -107,6 +115,8 @@
 #include "tests/cluster.h"
 #include "tests/daemon.h"
 #include "tests/etcd_cluster.h"
+#include "tools/bench/ha_bench_chains.h"
+#include "tools/bench/redis_baseline.h"
 
 DEFINE_string(modes, "off,async,sync",
               "modes to compare (off first: the base): off, async, sync, "
@@ -145,6 +155,19 @@ DEFINE_int32(leader_cpu, -1,
              "clients, the standby, etcd) to the other CPUs, as if the "
              "leader had a host of its own (--restart_objects: the first "
              "master again when restarted); -1: no pinning");
+DEFINE_bool(lookup_stream, false,
+            "lookups as messages of one LookupStream per client thread (what "
+            "the SDK sends), one in flight, instead of unary BatchLookups; "
+            "not with --lookup_depth above 1");
+DEFINE_string(client_poll_strategy, "",
+              "gRPC's poll strategy in this process, the clients' "
+              "(common/grpc_polling.h): \"\" gRPC's default, \"poll\" (the "
+              "SDK's default), \"epoll1\"; the masters keep their own");
+DEFINE_string(redis_server, "redis-server",
+              "mode redis: the redis-server binary (Debian's package)");
+DEFINE_uint64(redis_keys, 200000,
+              "mode redis: keys stored before the lookups (about as many as "
+              "the other modes' puts commit in 3 s)");
 DEFINE_double(settle_s, 20,
               "before the lookup phase, wait up to this long until every "
               "master of the mode is idle (under 2% of a core in two 250 ms "
@@ -347,168 +370,6 @@ struct Result {
   std::map<std::string, double> stats;
 };
 
-// How long a put waits for its standbys' confirmation (the SDK's default,
-// GrpcMasterClientOptions::confirm_timeout).
-constexpr absl::Duration kConfirmTimeout = absl::Milliseconds(500);
-
-// --put_depth: one slot of a client's puts. Puts one after another on
-// `stub` through gRPC's callback API (PutStart, then PutCommit with the
-// node's receipts) until `end`, then calls `done` as its last act. Its
-// callbacks run on gRPC's threads one at a time, so its fields need no
-// lock; read them after `done`.
-class PutChain {
- public:
-  PutChain(v1::MasterService::Stub* stub, const HmacSha256* node_key,
-           StandbyConfirmer* confirmer, std::string prefix, absl::Time end,
-           std::function<void()> done)
-      : stub_(stub),
-        node_key_(node_key),
-        confirmer_(confirmer),
-        prefix_(std::move(prefix)),
-        end_(end),
-        done_(std::move(done)) {}
-
-  void Start() { Next(); }
-
-  uint64_t puts = 0;
-  uint64_t failures = 0;
-  std::vector<std::string> keys;
-  std::vector<absl::Duration> times;
-
- private:
-  void Next() {
-    if (absl::Now() >= end_) {
-      done_();
-      return;
-    }
-    start_req_.Clear();
-    for (int k = 0; k < FLAGS_put_keys; ++k) {
-      start_req_.add_keys(absl::StrCat(prefix_, n_, "-", k));
-      start_req_.add_lengths(4096);
-    }
-    ++n_;
-    started_ = absl::Now();
-    start_resp_.Clear();
-    start_ctx_ = std::make_unique<grpc::ClientContext>();
-    stub_->async()->PutStart(start_ctx_.get(), &start_req_, &start_resp_,
-                             [this](grpc::Status st) { OnStarted(st); });
-  }
-
-  void OnStarted(const grpc::Status& st) {
-    if (!st.ok() || start_resp_.put_id() == 0) {
-      ++failures;
-      Next();
-      return;
-    }
-    commit_req_.Clear();
-    commit_req_.set_put_id(start_resp_.put_id());
-    master::AddWriteReceipts(start_resp_, *node_key_, &commit_req_);
-    commit_resp_.Clear();
-    commit_ctx_ = std::make_unique<grpc::ClientContext>();
-    stub_->async()->PutCommit(commit_ctx_.get(), &commit_req_, &commit_resp_,
-                              [this](grpc::Status st) { OnCommitted(st); });
-  }
-
-  void OnCommitted(const grpc::Status& st) {
-    if (st.ok() && StandbyConfirmer::NeedsConfirm(commit_resp_)) {
-      // The put counts once the standbys hold it, as the SDK counts it.
-      confirmer_->ConfirmAsync(
-          commit_resp_, absl::Now() + kConfirmTimeout,
-          [this](absl::Status confirmed) { OnConfirmed(confirmed.ok()); });
-      return;
-    }
-    OnConfirmed(st.ok());
-  }
-
-  void OnConfirmed(bool ok) {
-    if (!ok ||
-        commit_resp_.committed() != static_cast<uint32_t>(FLAGS_put_keys)) {
-      ++failures;
-    } else {
-      ++puts;
-      times.push_back(absl::Now() - started_);
-      keys.insert(keys.end(), start_req_.keys().begin(),
-                  start_req_.keys().end());
-    }
-    Next();
-  }
-
-  v1::MasterService::Stub* const stub_;
-  const HmacSha256* const node_key_;
-  StandbyConfirmer* const confirmer_;
-  const std::string prefix_;
-  const absl::Time end_;
-  const std::function<void()> done_;
-  uint64_t n_ = 0;
-  absl::Time started_;
-  v1::PutStartRequest start_req_;
-  v1::PutStartResponse start_resp_;
-  std::unique_ptr<grpc::ClientContext> start_ctx_;
-  v1::PutCommitRequest commit_req_;
-  v1::PutCommitResponse commit_resp_;
-  std::unique_ptr<grpc::ClientContext> commit_ctx_;
-};
-
-// --lookup_depth: one slot of a client's lookups. BatchLookups of
-// --batch random keys of `keys` one after another on `stub` through gRPC's
-// callback API until `end`, then calls `done` as its last act; as
-// PutChain, its fields are read after `done`.
-class LookupChain {
- public:
-  LookupChain(v1::MasterService::Stub* stub,
-              const std::vector<std::string>* keys, uint64_t seed,
-              absl::Time end, std::function<void()> done)
-      : stub_(stub),
-        keys_(keys),
-        rng_(seed),
-        pick_(0, keys->size() - 1),
-        end_(end),
-        done_(std::move(done)) {}
-
-  void Start() { Next(); }
-
-  uint64_t lookups = 0;
-  uint64_t misses = 0;
-  uint64_t failures = 0;
-  std::string first_error;
-
- private:
-  void Next() {
-    if (absl::Now() >= end_) {
-      done_();
-      return;
-    }
-    req_.Clear();
-    for (int k = 0; k < FLAGS_batch; ++k) req_.add_keys((*keys_)[pick_(rng_)]);
-    resp_.Clear();
-    ctx_ = std::make_unique<grpc::ClientContext>();
-    stub_->async()->BatchLookup(ctx_.get(), &req_, &resp_,
-                                [this](grpc::Status st) { OnAnswered(st); });
-  }
-
-  void OnAnswered(const grpc::Status& st) {
-    if (!st.ok()) {
-      if (failures++ == 0) first_error = st.error_message();
-    } else {
-      ++lookups;
-      for (const auto& e : resp_.results()) {
-        if (!e.found()) ++misses;
-      }
-    }
-    Next();
-  }
-
-  v1::MasterService::Stub* const stub_;
-  const std::vector<std::string>* const keys_;
-  std::mt19937_64 rng_;
-  std::uniform_int_distribution<size_t> pick_;
-  const absl::Time end_;
-  const std::function<void()> done_;
-  v1::BatchLookupRequest req_;
-  v1::BatchLookupResponse resp_;
-  std::unique_ptr<grpc::ClientContext> ctx_;
-};
-
 // User + system CPU seconds `pid` has used (/proc/PID/stat); 0 if unknown.
 double CpuSeconds(pid_t pid) {
   std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
@@ -552,9 +413,51 @@ absl::Duration Settle(const std::vector<pid_t>& pids, absl::Duration limit) {
   return absl::Now() - start;
 }
 
+// Mode "redis", the baseline of issue 30's "lookups stay >= 0.5x Redis
+// MGET-32": redis-server (no persistence) on --leader_cpu as the leader
+// would be, --redis_keys keys of about the puts' length stored with a
+// 40-byte value each, then the lookup phase's load as MGETs of --batch
+// random keys: --threads connections, --lookup_depth MGETs in flight on
+// each (pipelined). No put phase.
+absl::StatusOr<Result> RunRedis() {
+  bench::RedisServer redis;
+  if (!redis.Start(FLAGS_redis_server, FLAGS_leader_cpu)) {
+    return absl::UnavailableError(absl::StrCat(
+        "mode redis: cannot start ", FLAGS_redis_server,
+        " (tools/setup.sh --test installs Debian's redis-server)"));
+  }
+  std::vector<std::string> keys;
+  keys.reserve(FLAGS_redis_keys);
+  for (uint64_t i = 0; i < FLAGS_redis_keys; ++i) {
+    keys.push_back(absl::StrCat("redis-t", i % 4, "-c", i % 128, "-", i / 512,
+                                "-", i % 4));
+  }
+  if (!bench::LoadRedis(redis.port(), keys)) {
+    return absl::InternalError("mode redis: cannot store the keys");
+  }
+  Result r;
+  const double server_cpu0 = CpuSeconds(redis.pid());
+  const double client_cpu0 = CpuSeconds(getpid());
+  const bench::MgetLoad load =
+      bench::RunMgets(redis.port(), keys, FLAGS_batch, FLAGS_threads,
+                      FLAGS_lookup_depth, FLAGS_seconds);
+  if (load.errors > 0 || load.misses > 0 || load.calls == 0) {
+    return absl::InternalError(
+        absl::StrCat("mode redis: ", load.errors, " failed connections, ",
+                     load.misses, " keys missed, ", load.calls, " MGETs"));
+  }
+  r.lookups_per_s = static_cast<double>(load.calls) / load.seconds;
+  r.leader_cpu_us_per_lookup = (CpuSeconds(redis.pid()) - server_cpu0) * 1e6 /
+                               static_cast<double>(load.calls);
+  r.client_cpu_us_per_lookup = (CpuSeconds(getpid()) - client_cpu0) * 1e6 /
+                               static_cast<double>(load.calls);
+  return r;
+}
+
 absl::StatusOr<Result> RunMode(const std::string& binary,
                                const std::string& mode,
                                const std::string& dir) {
+  if (mode == "redis") return RunRedis();
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   auto rig = StartRig(binary, mode, dir);
@@ -596,10 +499,10 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       // Safe to destroy once Wait returns, unlike a mutex the last chain
       // may still be unlocking.
       absl::BlockingCounter running(FLAGS_put_depth);
-      std::vector<std::unique_ptr<PutChain>> chains;
+      std::vector<std::unique_ptr<bench::PutChain>> chains;
       for (int c = 0; c < FLAGS_put_depth; ++c) {
-        chains.push_back(std::make_unique<PutChain>(
-            stub, &*node_key, confirmer->get(),
+        chains.push_back(std::make_unique<bench::PutChain>(
+            stub, &*node_key, confirmer->get(), FLAGS_put_keys,
             absl::StrCat(mode, "-t", t, "-c", c, "-"), end,
             [&running] { running.DecrementCount(); }));
       }
@@ -637,7 +540,9 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       grpc::ClientContext ctx2;
       if (!stub->PutCommit(&ctx2, commit, &done).ok() ||
           done.committed() != static_cast<uint32_t>(FLAGS_put_keys) ||
-          !(*confirmer)->Confirm(done, absl::Now() + kConfirmTimeout).ok()) {
+          !(*confirmer)
+               ->Confirm(done, absl::Now() + bench::kConfirmTimeout)
+               .ok()) {
         failures.fetch_add(1);
         continue;
       }
@@ -686,11 +591,11 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   phase([&](int t, v1::MasterService::Stub* stub, absl::Time end) {
     if (FLAGS_lookup_depth > 1) {
       absl::BlockingCounter running(FLAGS_lookup_depth);
-      std::vector<std::unique_ptr<LookupChain>> chains;
+      std::vector<std::unique_ptr<bench::LookupChain>> chains;
       for (int c = 0; c < FLAGS_lookup_depth; ++c) {
-        chains.push_back(std::make_unique<LookupChain>(
-            stub, &all, static_cast<uint64_t>(t) * 1000003 + c, end,
-            [&running] { running.DecrementCount(); }));
+        chains.push_back(std::make_unique<bench::LookupChain>(
+            stub, &all, FLAGS_batch, static_cast<uint64_t>(t) * 1000003 + c,
+            end, [&running] { running.DecrementCount(); }));
       }
       for (auto& c : chains) c->Start();
       running.Wait();
@@ -706,12 +611,30 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
     }
     std::mt19937_64 rng(t);
     std::uniform_int_distribution<size_t> pick(0, all.size() - 1);
+    // --lookup_stream: one LookupStream for the thread's lookups.
+    grpc::ClientContext stream_ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::BatchLookupRequest,
+                                             v1::BatchLookupResponse>>
+        stream;
+    if (FLAGS_lookup_stream) stream = stub->LookupStream(&stream_ctx);
     while (absl::Now() < end) {
       v1::BatchLookupRequest req;
       for (int k = 0; k < FLAGS_batch; ++k) req.add_keys(all[pick(rng)]);
       v1::BatchLookupResponse resp;
       grpc::ClientContext ctx;
-      const grpc::Status st = stub->BatchLookup(&ctx, req, &resp);
+      grpc::Status st;
+      if (stream == nullptr) {
+        st = stub->BatchLookup(&ctx, req, &resp);
+      } else if (!stream->Write(req) || !stream->Read(&resp)) {
+        st = stream->Finish();
+        if (st.ok())
+          st = grpc::Status(grpc::StatusCode::UNKNOWN, "stream ended");
+        if (failures.fetch_add(1) == 0) {
+          MutexLock l(&error_mu);
+          first_error = st.error_message();
+        }
+        break;
+      }
       if (!st.ok()) {
         if (failures.fetch_add(1) == 0) {
           MutexLock l(&error_mu);
@@ -722,6 +645,13 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       lookups.fetch_add(1);
       for (const auto& e : resp.results()) {
         if (!e.found()) misses.fetch_add(1);
+      }
+    }
+    if (stream != nullptr && stream->WritesDone()) {
+      const grpc::Status st = stream->Finish();
+      if (!st.ok() && failures.fetch_add(1) == 0) {
+        MutexLock l(&error_mu);
+        first_error = st.error_message();
       }
     }
   });
@@ -1061,6 +991,12 @@ int Main(const char* argv0) {
   }
   const std::vector<std::string> modes =
       absl::StrSplit(FLAGS_modes, ',', absl::SkipEmpty());
+  if (FLAGS_lookup_stream && FLAGS_lookup_depth > 1) {
+    std::fprintf(stderr,
+                 "ha_bench: --lookup_stream sends one lookup at a time; "
+                 "drop it or --lookup_depth\n");
+    return 2;
+  }
   const std::string dir =
       FLAGS_dir.empty() ? absl::StrCat("/tmp/hymcache-ha-bench-", getpid())
                         : FLAGS_dir;
@@ -1199,6 +1135,24 @@ int Main(const char* argv0) {
                 m.c_str(), put, put > 0 ? base_put / put : 0, lookup,
                 lookup > 0 ? base_lookup / lookup : 0);
   }
+  // Issue 30's "lookups stay >= 0.5x Redis MGET-32": each mode's lookups
+  // against the Redis baseline's (mode redis), best and per rep.
+  if (lookups_by_rep.count("redis") != 0) {
+    std::printf("lookups against redis (best; median of %d reps)\n",
+                FLAGS_reps);
+    const double redis_best = best["redis"].lookups_per_s;
+    for (const std::string& m : modes) {
+      if (m == "redis") continue;
+      std::vector<double> ratios;
+      for (int rep = 0; rep < FLAGS_reps; ++rep) {
+        const double rl = lookups_by_rep["redis"][rep];
+        ratios.push_back(rl > 0 ? lookups_by_rep[m][rep] / rl : 0);
+      }
+      std::printf("%-6s lookups %.2fx redis (per rep %.2fx)\n", m.c_str(),
+                  redis_best > 0 ? best[m].lookups_per_s / redis_best : 0,
+                  median(ratios));
+    }
+  }
   return 0;
 }
 
@@ -1213,6 +1167,19 @@ int main(int argc, char** argv) {
                 "HA off and on, side by side",
        .main_file = __FILE__},
       &argc, &argv);
+  if (absl::Status s = hymcache::ApplyGrpcPollStrategyChoice(
+          FLAGS_client_poll_strategy, "poll");
+      !s.ok()) {
+    std::fprintf(stderr, "ha_bench: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  // gRPC reads the strategy when it starts: start it now (a channel kept
+  // for the process's life), then let the daemons started later choose
+  // their own.
+  static const auto* const started = new std::shared_ptr<grpc::Channel>(
+      grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials()));
+  (void)started;
+  hymcache::RestoreGrpcPollStrategyEnvironment();
   if (absl::Status s = hymcache::PinAwayFromLeaderCpu(); !s.ok()) {
     std::fprintf(stderr, "ha_bench: %s\n", std::string(s.message()).c_str());
     return 2;

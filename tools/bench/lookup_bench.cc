@@ -735,14 +735,15 @@ int Main() {
       GrpcPollStrategyInUse().c_str());
   RedisServer redis;
   if (FLAGS_redis) {
-    if (!redis.Start() || !LoadRedis(redis.port, keys)) {
+    if (!redis.Start(FLAGS_redis_server) || !LoadRedis(redis.port(), keys)) {
       std::fprintf(stderr, "redis: cannot start %s or load the keys\n",
                    FLAGS_redis_server.c_str());
       return 1;
     }
-    std::printf("Redis baseline: %s on 127.0.0.1:%d (no persistence), "
-                "MGET of the same keys, 40-byte values\n\n",
-                FLAGS_redis_server.c_str(), redis.port);
+    std::printf(
+        "Redis baseline: %s on 127.0.0.1:%d (no persistence), "
+        "MGET of the same keys, 40-byte values\n\n",
+        FLAGS_redis_server.c_str(), redis.port());
   }
   std::printf("| batch | threads | mode | calls | µs/call p50 | µs/call p99 | "
               "µs/key (p50) | keys/s | calls/s | server CPU µs/call |\n");
@@ -779,8 +780,8 @@ int Main() {
           if (t.keys_per_s > r.keys_per_s) r = t;
         }
         if (FLAGS_redis) {
-          Row t = WithServerCpu(redis.pid, kWarmupCalls, [&] {
-            return MeasureRedis(redis.port, keys, batch, threads);
+          Row t = WithServerCpu(redis.pid(), kWarmupCalls, [&] {
+            return MeasureRedis(redis.port(), keys, batch, threads);
           });
           misses += t.misses;
           errors += t.errors;

@@ -2,22 +2,6 @@
 
 namespace hymcache::lookup_bench {
 
-// A loopback port free right now (bind port 0, read it, close).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // One MGET of `batch` consecutive stored keys from a random start; its
 // microseconds. Misses and failures go to `tally`.
 double TimedMget(Resp* c, const std::vector<std::string>& keys, int batch,
@@ -73,28 +57,6 @@ Row MeasureRedis(int port, const std::vector<std::string>& keys, int batch,
   row.misses = tally.misses.load();
   row.errors = tally.errors.load();
   return row;
-}
-
-// Stores every key with a 40-byte value, 1000 keys per MSET, pipelined.
-bool LoadRedis(int port, const std::vector<std::string>& keys) {
-  Resp c;
-  if (!c.Connect(port)) return false;
-  const std::string value(40, 'v');
-  size_t sent = 0;
-  for (size_t start = 0; start < keys.size(); start += 1000) {
-    std::vector<absl::string_view> args = {"MSET"};
-    for (size_t i = start; i < std::min(keys.size(), start + 1000); ++i) {
-      args.push_back(keys[i]);
-      args.push_back(value);
-    }
-    c.Add(args);
-    ++sent;
-  }
-  if (!c.Flush()) return false;
-  for (size_t i = 0; i < sent; ++i) {
-    if (c.Read() != 1) return false;
-  }
-  return true;
 }
 
 }  // namespace hymcache::lookup_bench

@@ -174,12 +174,12 @@ smoke replication_benchmark -p '^rep=0 mode=async puts_per_s=[1-9]' \
 # bazel run -c opt //tools/bench:ha_bench (docs/ha.md; Debian's etcd)
 smoke ha_bench -p '^async +puts/s +[1-9][0-9.]* \([0-9.]+x\) +lookups/s +[1-9]' -- \
   "$B/ha_bench" --modes=off,async --threads=1 --seconds=0.3 --reps=1 \
-  --dir="$T/ha"
+  --settle_s=3 --dir="$T/ha"
 # ... -- --modes=off,async,sync --threads=4 --put_depth=128 --leader_cpu=0
 smoke ha_bench_depth -p '^sync +puts/s +[1-9][0-9.]* \([0-9.]+x\)' \
   -p '^sync +puts [0-9.]+x +lookups [0-9.]+x$' -- \
   "$B/ha_bench" --modes=off,sync --threads=1 --put_depth=8 --seconds=0.3 \
-  --reps=1 --dir="$T/ha-depth"
+  --reps=1 --settle_s=3 --dir="$T/ha-depth"
 # ... -- --modes=off,async,sync,confirm --put_depth=128 --lookup_depth=16
 # --leader_cpu=0: the client confirms its commits with the standby (every
 # put confirmed); the lookups start once the masters are idle
@@ -187,7 +187,16 @@ smoke ha_bench_confirm -p '^confirm +puts/s +[1-9][0-9.]* \([0-9.]+x\) +lookups/
   -p '^rep=0 mode=confirm .* settled_ms=[0-9]+ client_cpu_us_per_lookup=[1-9]' \
   -p '^rep=0 mode=confirm .* confirm_commits=[1-9][0-9]* waits_sent=[1-9][0-9]* .*not_confirmed=0' -- \
   "$B/ha_bench" --modes=off,confirm --threads=1 --put_depth=8 --lookup_depth=4 \
-  --seconds=0.3 --reps=1 --dir="$T/ha-confirm"
+  --seconds=0.3 --reps=1 --settle_s=3 --dir="$T/ha-confirm"
+
+# ... -- --modes=off,async,confirm,redis --threads=1 --lookup_stream
+# --client_poll_strategy=poll: HA lookups against Redis MGET-32 (Debian's
+# redis-server, as lookup_bench_transports)
+smoke ha_bench_redis -p '^rep=0 mode=redis .*lookups_per_s=[1-9]' \
+  -p '^async +lookups [0-9.]+x redis \(per rep [0-9.]+x\)$' -- \
+  "$B/ha_bench" --modes=off,async,redis --threads=1 --put_depth=8 \
+  --lookup_stream --client_poll_strategy=poll --redis_keys=2000 \
+  --seconds=0.3 --reps=1 --settle_s=3 --dir="$T/ha-redis"
 
 # bazel run -c opt //tools/bench:ha_bench -- --failover_objects=N and
 # --restart_objects=N (docs/ha.md)
