@@ -159,7 +159,7 @@ check default -- --require_pdb \
   --expect='^ +grpc:\n +port: 50062$' \
   --expect="--master=$m3\$" --expect="--etcd=$e3\$" \
   --expect='--advertise_address=\$\(POD_NAME\)\.hym-master\.kv\.svc:50051$' \
-  --expect='--cluster=hym$' --expect='--lease_ttl_s=5$' --expect='--replication=async$' \
+  --expect='--cluster=hym$' --expect='--lease_ttl_s=5$' --expect='--replication=confirm$' \
   --expect='--replication_token_file=/etc/hymcache/auth/admin\.token$' \
   --expect='- key: admin\.token\n +path: admin\.token' \
   --expect='kind: Service\nmetadata:\n +name: hym-master\n(.*\n){0,20} +clusterIP: None\n +publishNotReadyAddresses: true' \
@@ -234,7 +234,7 @@ check metrics -f "$v/metrics.yaml" -- \
 check insecure -f "$v/insecure.yaml" -- \
   --expect='--insecure$' --expect_not='^kind: Secret$' \
   --expect_not='auth_tokens_file' --expect_not='^kind: PodDisruptionBudget$' \
-  --expect_not='replication_token_file' --expect='--replication=async$'
+  --expect_not='replication_token_file' --expect='--replication=confirm$'
 check ipc_lock --set storage.ipcLock=true -- --expect='add: \["IPC_LOCK"\]' \
   --expect='--rdma=off$'
 
