@@ -41,8 +41,8 @@ class PutChain {
 
   uint64_t puts = 0;
   uint64_t failures = 0;
-  std::vector<std::string> keys;        // of the puts that counted
-  std::vector<absl::Duration> times;    // PutStart to counted, per put
+  std::vector<std::string> keys;      // of the puts that counted
+  std::vector<absl::Duration> times;  // PutStart to counted, per put
 
  private:
   void Next();

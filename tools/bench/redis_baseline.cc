@@ -157,13 +157,13 @@ bool RedisServer::Start(const std::string& binary, int cpu) {
       // taskset execs redis-server: the pid stays the server's.
       execlp("taskset", "taskset", "-c", cpu_s.c_str(), binary.c_str(),
              "--port", port_s.c_str(), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--loglevel",
-             "warning", "--protected-mode", "no", static_cast<char*>(nullptr));
+             "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",
+             "--protected-mode", "no", static_cast<char*>(nullptr));
     } else {
-      execlp(binary.c_str(), binary.c_str(), "--port", port_s.c_str(),
-             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--daemonize", "no", "--loglevel", "warning", "--protected-mode",
-             "no", static_cast<char*>(nullptr));
+      execlp(binary.c_str(), binary.c_str(), "--port", port_s.c_str(), "--bind",
+             "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize",
+             "no", "--loglevel", "warning", "--protected-mode", "no",
+             static_cast<char*>(nullptr));
     }
     _exit(127);
   }
