@@ -158,6 +158,10 @@ void MasterReplication::VisitStats(StatsVisitor* v) const {
              absl::ToDoubleSeconds(f.lag_time), l);
   }
   s.Visit(v);
+  const StatLabel mode{"mode", ReplicationModeName(options_.mode)};
+  v->Gauge("replication_mode",
+           "1 for the --replication mode this leader runs (label mode)", 1.0,
+           absl::Span<const StatLabel>(&mode, 1));
   v->Gauge("replication_lag_sequences",
            "Leader writes the most up-to-date standby has not acknowledged "
            "(all of them without one)",

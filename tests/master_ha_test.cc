@@ -635,6 +635,16 @@ void ReplicatedTakeover(const std::string& name, const std::string& mode) {
     auto st = testing::MasterStats(rig.masters[leader].address);
     return st.ok() && (*st)["replication_followers"] >= 1;
   }));
+  // hymctl status names the mode and the standby following.
+  auto status =
+      testing::Run(RunfilePath("tools/hymctl/hymctl"),
+                   {"--master=" + rig.masters[leader].address, "status"});
+  REQUIRE(status.ok());
+  INFO(status->output);
+  CHECK(absl::StrContains(
+      status->output,
+      absl::StrCat("replication: ", mode, ", 1 standby following (",
+                   rig.masters[standby].address, " ")));
 
   rig.StartNodeAndClient();
   const Blocks before("before-", 16, 3);

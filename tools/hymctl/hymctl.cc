@@ -37,6 +37,7 @@
 #include "tools/hymctl/drain_copy.h"
 #include "tools/hymctl/events.h"
 #include "tools/hymctl/fsck.h"
+#include "tools/hymctl/replication_status.h"
 #include "tools/hymctl/table.h"
 #include "tools/hymctl/top.h"
 
@@ -462,6 +463,21 @@ class Cli {
         j["placement_imbalance"] = st->stats().at("placement_imbalance");
       j["master_epoch"] = st->master_epoch();
       j["master_read_only"] = MasterReadOnly(*st);
+      if (auto r = ParseReplicationStatus(
+              {st->stats().begin(), st->stats().end()})) {
+        json standbys = json::array();
+        for (const StandbyLag& s : r->standbys) {
+          json one{{"name", s.name}, {"lag_sequences", s.lag_sequences}};
+          if (s.lag_seconds) one["lag_seconds"] = *s.lag_seconds;
+          standbys.push_back(one);
+        }
+        j["replication"] = {{"mode", r->mode},
+                            {"followers", r->followers},
+                            {"copying", r->copying},
+                            {"lag_sequences", r->lag_sequences},
+                            {"standbys", standbys}};
+        if (r->lag_seconds) j["replication"]["lag_seconds"] = *r->lag_seconds;
+      }
       out_ << j.dump(2) << "\n";
       return 0;
     }
@@ -542,6 +558,10 @@ class Cli {
     } else if (st->master_epoch() != 0) {
       out_ << "master " << o_.master_address << " leads, epoch "
            << st->master_epoch() << "\n";
+    }
+    if (auto r =
+            ParseReplicationStatus({st->stats().begin(), st->stats().end()})) {
+      out_ << FormatReplicationStatus(*r) << "\n";
     }
     return 0;
   }
