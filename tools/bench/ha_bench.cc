@@ -584,6 +584,13 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       sum += CpuSeconds(rig->masters[i].pid());
     return sum;
   };
+  // Counts `n` failed lookups; the first failure's message is kept.
+  auto failed = [&](uint64_t n, const std::string& message) {
+    if (n > 0 && failures.fetch_add(n) == 0) {
+      MutexLock l(&error_mu);
+      first_error = message;
+    }
+  };
   const double client_cpu0 = CpuSeconds(getpid());
   const double others_cpu0 = others_cpu();
   cpu0 = CpuSeconds(leader_pid);
@@ -602,10 +609,7 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       for (auto& c : chains) {
         lookups.fetch_add(c->lookups);
         misses.fetch_add(c->misses);
-        if (c->failures > 0 && failures.fetch_add(c->failures) == 0) {
-          MutexLock l(&error_mu);
-          first_error = c->first_error;
-        }
+        failed(c->failures, c->first_error);
       }
       return;
     }
@@ -627,19 +631,12 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
         st = stub->BatchLookup(&ctx, req, &resp);
       } else if (!stream->Write(req) || !stream->Read(&resp)) {
         st = stream->Finish();
-        if (st.ok())
-          st = grpc::Status(grpc::StatusCode::UNKNOWN, "stream ended");
-        if (failures.fetch_add(1) == 0) {
-          MutexLock l(&error_mu);
-          first_error = st.error_message();
-        }
+        stream.reset();  // finished: nothing more to send or close
+        failed(1, st.ok() ? "the lookup stream ended" : st.error_message());
         break;
       }
       if (!st.ok()) {
-        if (failures.fetch_add(1) == 0) {
-          MutexLock l(&error_mu);
-          first_error = st.error_message();
-        }
+        failed(1, st.error_message());
         continue;
       }
       lookups.fetch_add(1);
@@ -649,10 +646,7 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
     }
     if (stream != nullptr && stream->WritesDone()) {
       const grpc::Status st = stream->Finish();
-      if (!st.ok() && failures.fetch_add(1) == 0) {
-        MutexLock l(&error_mu);
-        first_error = st.error_message();
-      }
+      if (!st.ok()) failed(1, st.error_message());
     }
   });
   const double lookup_s = absl::ToDoubleSeconds(absl::Now() - t0);
