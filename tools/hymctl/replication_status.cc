@@ -36,12 +36,12 @@ std::optional<ReplicationStatus> ParseReplicationStatus(
     if (auto mode = LabelOf(key, "replication_mode", "mode");
         mode.has_value() && value != 0) {
       r.mode = *mode;
-    } else if (auto name = LabelOf(key, "replication_lag_sequences",
-                                   "follower")) {
+    } else if (auto name =
+                   LabelOf(key, "replication_lag_sequences", "follower")) {
       standbys[*name].name = *name;
       standbys[*name].lag_sequences = value;
-    } else if (auto name = LabelOf(key, "replication_lag_seconds",
-                                   "follower")) {
+    } else if (auto name =
+                   LabelOf(key, "replication_lag_seconds", "follower")) {
       standbys[*name].name = *name;
       standbys[*name].lag_seconds = value;
     }
@@ -61,9 +61,9 @@ std::optional<ReplicationStatus> ParseReplicationStatus(
 }
 
 std::string FormatReplicationStatus(const ReplicationStatus& r) {
-  std::string out = absl::StrCat("replication: ", r.mode, ", ", r.followers,
-                                 r.followers == 1 ? " standby" : " standbys",
-                                 " following");
+  std::string out =
+      absl::StrCat("replication: ", r.mode, ", ", r.followers,
+                   r.followers == 1 ? " standby" : " standbys", " following");
   if (!r.standbys.empty()) {
     out += " (";
     for (size_t i = 0; i < r.standbys.size(); ++i) {

@@ -22,7 +22,7 @@ struct StandbyLag {
 };
 
 struct ReplicationStatus {
-  std::string mode;  // "off", "async", "sync" or "confirm"
+  std::string mode;   // "off", "async", "sync" or "confirm"
   int followers = 0;  // standbys past their full copy
   int copying = 0;    // standbys in a full copy
   // Of the most up-to-date standby (every write without one).

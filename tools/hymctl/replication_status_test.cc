@@ -39,8 +39,8 @@ TEST_CASE(
 TEST_CASE(
     "A master without a replication mode has no replication line, and a "
     "leader without standbys says so") {
-  CHECK(!ParseReplicationStatus({{"objects", 7},
-                                 {"replication_lag_sequences", 9}})
+  CHECK(!ParseReplicationStatus(
+             {{"objects", 7}, {"replication_lag_sequences", 9}})
              .has_value());
   // A mode gauge at 0 names no mode.
   CHECK(!ParseReplicationStatus({{"replication_mode{mode=\"async\"}", 0}})
