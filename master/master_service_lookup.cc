@@ -18,6 +18,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/limits.h"
 #include "master/master_service_internal.h"
 #include "master/replica_key.h"
@@ -34,6 +35,19 @@ using internal::ToProto;
 // Most shared-prefix blocks whose reader was asked for copies and may still
 // be storing them (copies_asked_).
 constexpr size_t kMaxCopyAsks = 4096;
+
+// MetadataIndex::Prefetch of the keys from `begin` on, when `begin` starts
+// a window of kPrefetchKeys: the caller's Finds of them follow.
+void PrefetchWindow(const MetadataIndex& index,
+                    const google::protobuf::RepeatedPtrField<std::string>& keys,
+                    int begin) {
+  constexpr int kWindow = static_cast<int>(MetadataIndex::kPrefetchKeys);
+  if (begin % kWindow != 0) return;
+  absl::string_view window[kWindow];
+  const int n = std::min(keys.size() - begin, kWindow);
+  for (int k = 0; k < n; ++k) window[k] = keys[begin + k];
+  index.Prefetch(absl::MakeConstSpan(window, n));
+}
 
 }  // namespace
 
@@ -251,6 +265,7 @@ void MasterService::ExistsLocked(const v1::BatchLookupRequest& request,
   bool prefix = true;
   uint32_t hit_prefix = 0;
   for (int i = 0; i < request.keys_size(); ++i) {
+    PrefetchWindow(*index_, request.keys(), i);
     auto e = index_->Find(request.keys(i));
     bool found = false;
     if (e) {
@@ -299,6 +314,7 @@ uint32_t MasterService::LookupLocked(
   };
   for (int i = 0; i < request.keys_size(); ++i) {
     v1::LookupResult* result = packed ? nullptr : response.add_results();
+    PrefetchWindow(*index_, request.keys(), i);
     uint32_t record;
     auto e = index_->Find(request.keys(i), &record);
     const bool block_found = e.has_value();

@@ -461,6 +461,20 @@ bool MetadataIndex::Adopt(absl::string_view child, absl::string_view parent) {
   return true;
 }
 
+void MetadataIndex::Prefetch(absl::Span<const absl::string_view> keys) const {
+  const size_t n = std::min(keys.size(), kPrefetchKeys);
+  size_t hashes[kPrefetchKeys];
+  for (size_t k = 0; k < n; ++k) {
+    hashes[k] = HashKey(keys[k]);
+    table_->PrefetchHome(hashes[k]);
+  }
+  // The groups arrive about together; each names its key's record.
+  for (size_t k = 0; k < n; ++k) {
+    table_->ForEachHomeMatch(hashes[k],
+                             [this](uint32_t r) { PrefetchLine(&record(r)); });
+  }
+}
+
 std::optional<ObjectLocation> MetadataIndex::Find(absl::string_view key) const {
   uint32_t i;
   return Find(key, &i);

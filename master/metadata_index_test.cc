@@ -1035,6 +1035,33 @@ TEST_CASE("MetadataIndex hash table stays whole through growth and churn") {
   for (uint64_t n : live) REQUIRE(index.Find(key(n)).has_value());
 }
 
+TEST_CASE("MetadataIndex Prefetch of any keys changes nothing") {
+  MetadataIndex index;
+  const std::string long_key(200, 'k');  // kept out of line
+  std::vector<std::string> keys = {"a", "absent", "", long_key};
+  for (int i = 0; i < 100; ++i) keys.push_back("n" + std::to_string(i));
+  std::vector<absl::string_view> views(keys.begin(), keys.end());
+  index.Prefetch(views);  // an empty index
+  index.Prefetch({});
+  REQUIRE(index.Upsert("a", E(1)).ok());
+  REQUIRE(index.Upsert(long_key, E(2), "a").ok());
+  for (int i = 0; i < 100; i += 2) {
+    REQUIRE(index.Upsert("n" + std::to_string(i), E(10 + i)).ok());
+  }
+  REQUIRE(index.Erase("n0").has_value());  // an erased slot
+  const size_t size = index.size();
+  // More keys than kPrefetchKeys: the first ones are taken.
+  index.Prefetch(views);
+  index.Prefetch(absl::MakeConstSpan(views).subspan(60));
+  CHECK(index.size() == size);
+  CHECK(index.Find("a")->generation == E(1).generation);
+  CHECK(index.Find(long_key)->generation == E(2).generation);
+  CHECK_FALSE(index.Find("n0").has_value());
+  CHECK_FALSE(index.Find("n1").has_value());
+  CHECK(index.Find("n98")->generation == E(108).generation);
+  CHECK_FALSE(index.Find("absent").has_value());
+}
+
 TEST_CASE(
     "The index counts its copies through every insert, erase and restore") {
   MetadataIndex index;
