@@ -91,6 +91,7 @@ B="$R/tools/bench"
 # bazel run -c opt //master:metadata_index_benchmark
 smoke metadata_index_benchmark \
   -p '^key_bytes=32 entries=20000 bytes_per_entry=' \
+  -p ' signed32_us=[0-9.]+/[0-9.]+/[0-9.]+ prefetched32_us=[0-9.]+/' \
   -p '^mix threads=2 op=batch_lookup32_for_read count=[1-9]' -- \
   "$R/master/metadata_index_benchmark" --entries=20000 --key_sizes=32 \
   --mix_threads=2 --mix_objects=2000 --mix_seconds=0.3
