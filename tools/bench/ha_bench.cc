@@ -18,9 +18,10 @@
 // leader:
 //   put:    PutStart + PutCommit of --put_keys 4 KiB keys per put, for
 //           --seconds;
-//   lookup: BatchLookup of --batch random keys the puts committed, for
-//           --seconds, once every master is idle again (--settle_s: the
-//           standby's index snapshot that the puts set off runs first).
+//   lookup: BatchLookup of --batch random keys the puts committed (packed
+//           answers, as the SDK's, unless --nopacked), for --seconds, once
+//           every master is idle again (--settle_s: the standby's index
+//           snapshot that the puts set off runs first).
 // Modes run in turn, --reps times (each rep rotates the order). Prints one
 // row per run and then, per mode, the best rep's puts/s and lookups/s and
 // their ratio to off's. In sync mode it also prints the leader's
@@ -159,6 +160,9 @@ DEFINE_bool(lookup_stream, false,
             "lookups as messages of one LookupStream per client thread (what "
             "the SDK sends), one in flight, instead of unary BatchLookups; "
             "not with --lookup_depth above 1");
+DEFINE_bool(packed, true,
+            "lookups ask for packed answers (BatchLookupRequest.packed; the "
+            "SDK always does)");
 DEFINE_string(client_poll_strategy, "",
               "gRPC's poll strategy in this process, the clients' "
               "(common/grpc_polling.h): \"\" gRPC's default, \"poll\" (the "
@@ -601,8 +605,9 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       std::vector<std::unique_ptr<bench::LookupChain>> chains;
       for (int c = 0; c < FLAGS_lookup_depth; ++c) {
         chains.push_back(std::make_unique<bench::LookupChain>(
-            stub, &all, FLAGS_batch, static_cast<uint64_t>(t) * 1000003 + c,
-            end, [&running] { running.DecrementCount(); }));
+            stub, &all, FLAGS_batch, FLAGS_packed,
+            static_cast<uint64_t>(t) * 1000003 + c, end,
+            [&running] { running.DecrementCount(); }));
       }
       for (auto& c : chains) c->Start();
       running.Wait();
@@ -614,7 +619,6 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       return;
     }
     std::mt19937_64 rng(t);
-    std::uniform_int_distribution<size_t> pick(0, all.size() - 1);
     // --lookup_stream: one LookupStream for the thread's lookups.
     grpc::ClientContext stream_ctx;
     std::unique_ptr<grpc::ClientReaderWriter<v1::BatchLookupRequest,
@@ -623,7 +627,7 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
     if (FLAGS_lookup_stream) stream = stub->LookupStream(&stream_ctx);
     while (absl::Now() < end) {
       v1::BatchLookupRequest req;
-      for (int k = 0; k < FLAGS_batch; ++k) req.add_keys(all[pick(rng)]);
+      bench::FillLookup(all, FLAGS_batch, FLAGS_packed, &rng, &req);
       v1::BatchLookupResponse resp;
       grpc::ClientContext ctx;
       grpc::Status st;
@@ -640,9 +644,7 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
         continue;
       }
       lookups.fetch_add(1);
-      for (const auto& e : resp.results()) {
-        if (!e.found()) misses.fetch_add(1);
-      }
+      misses.fetch_add(bench::MissesOf(resp));
     }
     if (stream != nullptr && stream->WritesDone()) {
       const grpc::Status st = stream->Finish();
@@ -1089,9 +1091,9 @@ int Main(const char* argv0) {
   std::filesystem::remove_all(dir);
   const Result& base = best[modes[0]];
   std::printf(
-      "\nthreads=%d put_depth=%d put_keys=%d batch=%d seconds=%.1f (best of "
-      "%d)\n",
-      FLAGS_threads, FLAGS_put_depth, FLAGS_put_keys, FLAGS_batch,
+      "\nthreads=%d put_depth=%d put_keys=%d batch=%d packed=%d seconds=%.1f "
+      "(best of %d)\n",
+      FLAGS_threads, FLAGS_put_depth, FLAGS_put_keys, FLAGS_batch, FLAGS_packed,
       FLAGS_seconds, FLAGS_reps);
   for (const std::string& m : modes) {
     const Result& r = best[m];

@@ -1,9 +1,11 @@
 #include "tools/bench/ha_bench_chains.h"
 
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/wire.h"
 #include "master/proving_heartbeat.h"
 
 namespace hymcache::bench {
@@ -75,15 +77,38 @@ void PutChain::OnConfirmed(bool ok) {
   Next();
 }
 
+void FillLookup(const std::vector<std::string>& keys, int batch, bool packed,
+                std::mt19937_64* rng, v1::BatchLookupRequest* req) {
+  std::uniform_int_distribution<size_t> pick(0, keys.size() - 1);
+  req->Clear();
+  for (int k = 0; k < batch; ++k) req->add_keys(keys[pick(*rng)]);
+  req->set_packed(packed);
+}
+
+uint64_t MissesOf(const v1::BatchLookupResponse& resp) {
+  uint64_t misses = 0;
+  const std::string& packed = resp.packed_results();
+  for (size_t at = 0; at + wire::kLookupRecordBytes <= packed.size();
+       at += wire::kLookupRecordBytes) {
+    uint32_t node_id;
+    std::memcpy(&node_id, packed.data() + at, sizeof(node_id));
+    if (node_id == 0) ++misses;
+  }
+  for (const auto& e : resp.results()) {
+    if (!e.found()) ++misses;
+  }
+  return misses;
+}
+
 LookupChain::LookupChain(v1::MasterService::Stub* stub,
                          const std::vector<std::string>* keys, int batch,
-                         uint64_t seed, absl::Time end,
+                         bool packed, uint64_t seed, absl::Time end,
                          std::function<void()> done)
     : stub_(stub),
       keys_(keys),
       batch_(batch),
+      packed_(packed),
       rng_(seed),
-      pick_(0, keys->size() - 1),
       end_(end),
       done_(std::move(done)) {}
 
@@ -92,8 +117,7 @@ void LookupChain::Next() {
     done_();
     return;
   }
-  req_.Clear();
-  for (int k = 0; k < batch_; ++k) req_.add_keys((*keys_)[pick_(rng_)]);
+  FillLookup(*keys_, batch_, packed_, &rng_, &req_);
   resp_.Clear();
   ctx_ = std::make_unique<grpc::ClientContext>();
   stub_->async()->BatchLookup(ctx_.get(), &req_, &resp_,
@@ -105,9 +129,7 @@ void LookupChain::OnAnswered(const grpc::Status& st) {
     if (failures++ == 0) first_error = st.error_message();
   } else {
     ++lookups;
-    for (const auto& e : resp_.results()) {
-      if (!e.found()) ++misses;
-    }
+    misses += MissesOf(resp_);
   }
   Next();
 }

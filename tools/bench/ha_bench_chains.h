@@ -67,14 +67,24 @@ class PutChain {
   std::unique_ptr<grpc::ClientContext> commit_ctx_;
 };
 
+// A BatchLookup of `batch` keys picked from `keys` (not empty) by `rng`
+// into `req` (cleared first); it asks for packed answers when `packed`, as
+// the SDK always does (client/grpc_master_client.cc).
+void FillLookup(const std::vector<std::string>& keys, int batch, bool packed,
+                std::mt19937_64* rng, v1::BatchLookupRequest* req);
+
+// The keys `resp` did not find: its zero packed records (node_id 0), or
+// its results not found.
+uint64_t MissesOf(const v1::BatchLookupResponse& resp);
+
 // BatchLookups of `batch` random keys of `keys` (not empty; it outlives
-// the chain) one after another on `stub` until `end`, then calls `done`
-// as its last act.
+// the chain), packed or not (FillLookup), one after another on `stub`
+// until `end`, then calls `done` as its last act.
 class LookupChain {
  public:
   LookupChain(v1::MasterService::Stub* stub,
-              const std::vector<std::string>* keys, int batch, uint64_t seed,
-              absl::Time end, std::function<void()> done);
+              const std::vector<std::string>* keys, int batch, bool packed,
+              uint64_t seed, absl::Time end, std::function<void()> done);
 
   void Start() { Next(); }
 
@@ -90,8 +100,8 @@ class LookupChain {
   v1::MasterService::Stub* const stub_;
   const std::vector<std::string>* const keys_;
   const int batch_;
+  const bool packed_;
   std::mt19937_64 rng_;
-  std::uniform_int_distribution<size_t> pick_;
   const absl::Time end_;
   const std::function<void()> done_;
   v1::BatchLookupRequest req_;

@@ -194,6 +194,7 @@ smoke ha_bench_confirm -p '^confirm +puts/s +[1-9][0-9.]* \([0-9.]+x\) +lookups/
 # --client_poll_strategy=poll: HA lookups against Redis MGET-32 (Debian's
 # redis-server, as lookup_bench_transports)
 smoke ha_bench_redis -p '^rep=0 mode=redis .*lookups_per_s=[1-9]' \
+  -p '^threads=1 .* batch=32 packed=1 ' \
   -p '^async +lookups [0-9.]+x redis \(per rep [0-9.]+x\)$' -- \
   "$B/ha_bench" --modes=off,async,redis --threads=1 --put_depth=8 \
   --lookup_stream --client_poll_strategy=poll --redis_keys=2000 \
