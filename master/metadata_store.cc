@@ -387,7 +387,29 @@ absl::Status RocksDbMetadataStore::Write(rocksdb::WriteBatch* batch, bool sync,
     write_failed_.store(true, std::memory_order_release);
     return Explain(s, what);
   }
+  ReaderMutexLock l(&listener_mu_);
+  for (const auto& [owner, fn] : listeners_) fn();
   return s;
+}
+
+void RocksDbMetadataStore::AddWriteListener(const void* owner,
+                                            std::function<void()> fn) {
+  MutexLock l(&listener_mu_);
+  for (auto& [o, f] : listeners_) {
+    if (o == owner) {
+      f = std::move(fn);
+      return;
+    }
+  }
+  listeners_.emplace_back(owner, std::move(fn));
+}
+
+void RocksDbMetadataStore::RemoveWriteListener(const void* owner) {
+  MutexLock l(&listener_mu_);
+  listeners_.erase(
+      std::remove_if(listeners_.begin(), listeners_.end(),
+                     [owner](const auto& l) { return l.first == owner; }),
+      listeners_.end());
 }
 
 absl::Status RocksDbMetadataStore::Explain(const absl::Status& s,

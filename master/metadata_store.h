@@ -251,6 +251,16 @@ class RocksDbMetadataStore : public MetadataStore {
   // Apply.
   rocksdb::DB* db() const { return db_.get(); }
 
+  // Calls `fn` on the writing thread after each write that succeeds: how
+  // a replication source hears of every write at once
+  // (ReplicationSource::NotifyWrite), not only of the commits. `owner`
+  // names it for RemoveWriteListener (one listener per owner; adding again
+  // replaces it).
+  void AddWriteListener(const void* owner, std::function<void()> fn);
+  // Removes `owner`'s listener, if any. Once this returns it is not
+  // running and is not called again.
+  void RemoveWriteListener(const void* owner);
+
  private:
   RocksDbMetadataStore(const RocksDbMetadataStoreOptions& options,
                        std::unique_ptr<rocksdb::DB> db);
@@ -273,6 +283,11 @@ class RocksDbMetadataStore : public MetadataStore {
 
   // The last write failed (RocksDB refuses writes until resumed).
   std::atomic<bool> write_failed_{false};
+
+  // Held shared while the listener runs, exclusive to change it.
+  Mutex listener_mu_;
+  std::vector<std::pair<const void*, std::function<void()>>> listeners_
+      ABSL_GUARDED_BY(listener_mu_);
 
   Mutex gen_mu_;
   uint64_t next_generation_ ABSL_GUARDED_BY(gen_mu_) = 0;

@@ -177,6 +177,32 @@ std::vector<std::string> ChangesSince(MetadataStore* store, uint64_t after,
   return out;
 }
 
+TEST_CASE(
+    "RocksDbMetadataStore calls each write listener after every write until it "
+    "is removed") {
+  auto store = Open(TestDir("write_listener"));
+  int a = 0, b = 0;
+  const int owner_a = 0, owner_b = 0;
+  store->AddWriteListener(&owner_a, [&] { ++a; });
+  store->AddWriteListener(&owner_b, [&] { ++b; });
+  REQUIRE(store->PutObjects({{"x", ObjectRecord{1, 0, 0, 64, 1}}}).ok());
+  MetadataMutation m;
+  m.delete_objects.push_back("x");
+  REQUIRE(store->Apply(m).ok());
+  CHECK(a == 2);
+  CHECK(b == 2);
+  // Adding again replaces; removing one leaves the other.
+  store->AddWriteListener(&owner_a, [&] { a += 10; });
+  store->RemoveWriteListener(&owner_b);
+  REQUIRE(store->PutObjects({{"y", ObjectRecord{1, 0, 0, 64, 2}}}).ok());
+  CHECK(a == 12);
+  CHECK(b == 2);
+  store->RemoveWriteListener(&owner_a);
+  store->RemoveWriteListener(&owner_a);  // none left: nothing happens
+  REQUIRE(store->Apply(m).ok());
+  CHECK(a == 12);
+}
+
 TEST_CASE("RocksDbMetadataStore replays the object changes after a sequence number") {
   const std::string dir = TestDir("changes");
   uint64_t mark = 0;

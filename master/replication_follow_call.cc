@@ -235,9 +235,11 @@ void ReplicationSource::FollowCall::PumpLog() {
     Send();
     return;
   }
-  // Writes no one notified show at the next poll.
-  ArmAlarm(std::min(now + o.poll_interval, last_sent_ + o.heartbeat_interval),
-           /*batching=*/false, seen);
+  // Every write wakes the stream (the store's write listener); the poll is
+  // a safety net.
+  ArmAlarm(
+      std::min(now + o.idle_poll_interval, last_sent_ + o.heartbeat_interval),
+      /*batching=*/false, seen);
 }
 
 uint64_t ReplicationSource::FollowCall::Wakes() {

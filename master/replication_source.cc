@@ -44,6 +44,7 @@ absl::Status ReplicationSourceOptions::Validate() const {
         "replication source: copy chunks must be > 0");
   }
   if (poll_interval <= absl::ZeroDuration() ||
+      idle_poll_interval <= absl::ZeroDuration() ||
       heartbeat_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "replication source: poll and heartbeat intervals must be > 0");
@@ -84,6 +85,9 @@ absl::StatusOr<std::unique_ptr<ReplicationSource>> ReplicationSource::Create(
       "repl-deadline", [p = source.get()] { p->ExpireWaiters(); });
   if (!t.ok()) return t.status();
   source->deadline_thread_ = std::move(t).value();
+  // Every write wakes the streams, not only the commits that notify.
+  options.store->AddWriteListener(source.get(),
+                                  [p = source.get()] { p->NotifyWrite(); });
   return source;
 }
 
@@ -264,6 +268,8 @@ void ReplicationSource::ExpireWaiters() {
 }
 
 void ReplicationSource::Shutdown() {
+  // First, and without mu_: a write running the listener takes it.
+  options_.store->RemoveWriteListener(this);
   std::vector<std::function<void(absl::Status)>> waiting;
   {
     MutexLock l(&mu_);

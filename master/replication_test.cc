@@ -101,7 +101,8 @@ bool g_on_poller = false;
 struct Leader {
   explicit Leader(const std::string& name, uint64_t keep_wal_seconds = 3600,
                   const Authenticator* auth = nullptr,
-                  absl::Duration batch_delay = absl::ZeroDuration())
+                  absl::Duration batch_delay = absl::ZeroDuration(),
+                  absl::Duration idle_poll_and_heartbeat = absl::ZeroDuration())
       : dir(TestDir(name + "_leader")) {
     RocksDbMetadataStoreOptions so;
     so.path = dir;
@@ -115,6 +116,10 @@ struct Leader {
     o.store = store;
     o.authenticator = auth;
     o.batch_delay = batch_delay;
+    if (idle_poll_and_heartbeat > absl::ZeroDuration()) {
+      o.idle_poll_interval = idle_poll_and_heartbeat;
+      o.heartbeat_interval = idle_poll_and_heartbeat;
+    }
     auto src = ReplicationSource::Create(o);
     INFO(src.status().ToString());
     REQUIRE(src.ok());
@@ -255,6 +260,25 @@ TEST_CASE(
       leader.Latest(), start + absl::Milliseconds(500));
   INFO(held.ToString());
   CHECK(held.ok());
+  REQUIRE(f->Stop().ok());
+}
+
+TEST_CASE(
+    "On a poller every write to the leader's store reaches a "
+    "follower at once, with no commit to notify it and no idle poll") {
+  g_on_poller = true;
+  // Polls and heartbeats an hour apart: only the store's write listener
+  // can wake the stream.
+  Leader leader("write_listener", 3600, nullptr, absl::ZeroDuration(),
+                absl::Hours(1));
+  WriteSome(leader.store, "before", 5);
+  auto f = Follow(TestDir("write_listener_standby"), leader.address);
+  WaitApplied(f.get(), leader.Latest());
+  // Writes as an eviction's or a registration's: nobody calls NotifyWrite.
+  for (int round = 0; round < 3; ++round) {
+    WriteSome(leader.store, absl::StrCat("after", round), 3);
+    WaitApplied(f.get(), leader.Latest());
+  }
   REQUIRE(f->Stop().ok());
 }
 
