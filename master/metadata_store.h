@@ -284,7 +284,7 @@ class RocksDbMetadataStore : public MetadataStore {
   // The last write failed (RocksDB refuses writes until resumed).
   std::atomic<bool> write_failed_{false};
 
-  // Held shared while the listener runs, exclusive to change it.
+  // Held shared while the listeners run, exclusive to change them.
   Mutex listener_mu_;
   std::vector<std::pair<const void*, std::function<void()>>> listeners_
       ABSL_GUARDED_BY(listener_mu_);

@@ -80,8 +80,8 @@ struct ReplicationSourceOptions {
   // about. Every write through the store's Write tells it (the store's
   // write listener, NotifyWrite), so this is a safety net; it bounds the
   // replication delay of a write that somehow was not. At 5 ms (the
-  // earlier poll_interval) an idle leader spent about 3.5% of a core on
-  // these wakeups per standby. Default: 100 ms.
+  // earlier poll_interval) an idle leader with one standby spent about 3%
+  // of a core on these wakeups (docs/ha.md). Default: 100 ms.
   absl::Duration idle_poll_interval = absl::Milliseconds(100);
   // An idle stream sends a HEARTBEAT this often. Default: 1 s.
   absl::Duration heartbeat_interval = absl::Seconds(1);
