@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<ReplicationSource>> ReplicationSource::Create(
   // Every write wakes the streams, not only the commits that notify.
   options.store->AddWriteListener(source.get(),
                                   [p = source.get()] { p->NotifyWrite(); });
+  source->listening_.store(true);
   return source;
 }
 
@@ -269,7 +270,7 @@ void ReplicationSource::ExpireWaiters() {
 
 void ReplicationSource::Shutdown() {
   // First, and without mu_: a write running the listener takes it.
-  options_.store->RemoveWriteListener(this);
+  if (listening_.exchange(false)) options_.store->RemoveWriteListener(this);
   std::vector<std::function<void(absl::Status)>> waiting;
   {
     MutexLock l(&mu_);

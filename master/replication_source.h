@@ -21,12 +21,14 @@
 //    between threads (docs/ha.md, "Serving the stream on the poller").
 //
 // Thread safety: safe for concurrent use without external synchronization.
-// REQUIRES: the store outlives the source; Shutdown() (or destruction)
+// REQUIRES: the store outlives the source's first Shutdown() (or its
+// destruction), which takes its write listener off the store; Shutdown()
 // before the grpc::Server serving it is shut down, so streams end at once.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -261,6 +263,9 @@ class ReplicationSource final : public hymcache::v1::Replication::Service {
   const std::string db_id_;
 
   Thread deadline_thread_;  // started by Create, joined by Shutdown
+  // The store calls NotifyWrite after each write (Create), until the first
+  // Shutdown removes it: a later one does not touch the store.
+  std::atomic<bool> listening_{false};
 
   mutable Mutex mu_;
   CondVar changed_;  // writes notified, acks, shutdown

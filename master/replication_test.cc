@@ -728,6 +728,7 @@ TEST_CASE("A standby's directory, opened by a master, lists exactly what the "
   REQUIRE(fresh->slots_size() == 1);
   CHECK(fresh->slots(0).location().generation() > max_generation);
   standby->reset();
+  leader.source->Shutdown();  // before its store goes with the master
   svc->reset();
 }
 
