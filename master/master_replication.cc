@@ -95,12 +95,10 @@ void MasterReplication::AfterCommit(v1::PutCommitResponse* resp,
       for (std::string& s : standbys) resp->add_confirm_with(std::move(s));
       Add(counters_.replication_confirm_commits);
     }
-    source_->NotifyWrite();
     answer();
     return;
   }
   if (options_.mode != ReplicationMode::kSync) {
-    source_->NotifyWrite();
     answer();
     return;
   }
@@ -109,7 +107,6 @@ void MasterReplication::AfterCommit(v1::PutCommitResponse* resp,
     // the timeout, and the answer would come anyway. Without this, every
     // commit after a failover would wait the timeout until the old leader
     // is back as a standby.
-    source_->NotifyWrite();
     Add(counters_.replication_sync_no_standby);
     answer();
     return;

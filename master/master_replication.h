@@ -129,7 +129,8 @@ class MasterReplication {
   void StartOn(CqPoller* poller) { source_->StartOn(poller); }
 
   // After a commit's store write, before its answer (MasterRpcHooks::
-  // after_commit): kAsync wakes the streams and answers at once; kSync
+  // after_commit; the write itself woke the streams, through the store's
+  // write listener): kAsync answers at once; kSync
   // answers when a standby holds the store's latest sequence, or at the
   // timeout, or at Shutdown; kConfirm adds to `resp` what the client
   // confirms and answers at once. Never blocks.
