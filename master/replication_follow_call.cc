@@ -96,6 +96,8 @@ void ReplicationSource::FollowCall::OnRead(bool ok) {
   }
   if (phase_ != Phase::kFirst) {
     source_->Acknowledge(&follower_, in_.applied_sequence());
+    acked_ = std::max(acked_, in_.applied_sequence());
+    if (acked_ >= sent_) WakeAlarmOnAck();
     StartRead();
     return;
   }
@@ -144,17 +146,18 @@ void ReplicationSource::FollowCall::OnWritten(bool ok) {
 }
 
 void ReplicationSource::FollowCall::OnAlarm(bool /*ok: fired, or cancelled*/) {
-  bool batching;
+  AlarmKind kind;
   {
     MutexLock l(&wake_mu_);
     alarm_set_ = false;
-    batching = alarm_batching_;
+    kind = alarm_kind_;
   }
   if (phase_ == Phase::kEnding) {
     MaybeFinish();
     return;
   }
-  if (batching) batch_waited_ = true;
+  if (kind == AlarmKind::kBatch) batch_waited_ = true;
+  if (kind == AlarmKind::kAck) ack_waited_ = true;
   if (!writing_) Pump();
 }
 
@@ -207,23 +210,34 @@ void ReplicationSource::FollowCall::PumpLog() {
       // and adds nothing to a lone write).
       const absl::Time until = last_sent_ + o.batch_delay;
       if (!waiting && absl::Now() < until) {
-        ArmAlarm(until, /*batching=*/true, seen);
+        ArmAlarm(until, AlarmKind::kBatch, seen);
+        return;
+      }
+    }
+    // One message unacknowledged at a time (ack_wait): the writes of the
+    // round trip go out together once the follower answers.
+    if (o.ack_wait > absl::ZeroDuration() && !ack_waited_ && acked_ < sent_) {
+      const absl::Time until = last_sent_ + o.ack_wait;
+      if (absl::Now() < until) {
+        ArmAlarm(until, AlarmKind::kAck, seen);
         return;
       }
     }
     batch_waited_ = false;
+    ack_waited_ = false;
     absl::StatusOr<ReplicationLogReader::Fill> fill = log_->Next(&out_);
     if (!fill.ok()) {
       End(ToGrpcStatus(fill.status()));
       return;
     }
     if (*fill == ReplicationLogReader::Fill::kFilled) {
-      source_->CountSent(&follower_, out_.batches_size(), log_->next() - 1);
+      sent_ = log_->next() - 1;
+      source_->CountSent(&follower_, out_.batches_size(), sent_);
       Send();
       return;
     }
     if (*fill == ReplicationLogReader::Fill::kRetryLater) {
-      ArmAlarm(absl::Now() + o.poll_interval, /*batching=*/false, Wakes());
+      ArmAlarm(absl::Now() + o.poll_interval, AlarmKind::kPoll, Wakes());
       return;
     }
   }
@@ -239,7 +253,7 @@ void ReplicationSource::FollowCall::PumpLog() {
   // a safety net.
   ArmAlarm(
       std::min(now + o.idle_poll_interval, last_sent_ + o.heartbeat_interval),
-      /*batching=*/false, seen);
+      AlarmKind::kPoll, seen);
 }
 
 uint64_t ReplicationSource::FollowCall::Wakes() {
@@ -247,14 +261,14 @@ uint64_t ReplicationSource::FollowCall::Wakes() {
   return wakes_;
 }
 
-void ReplicationSource::FollowCall::ArmAlarm(absl::Time deadline, bool batching,
-                                             uint64_t seen) {
+void ReplicationSource::FollowCall::ArmAlarm(absl::Time deadline,
+                                             AlarmKind kind, uint64_t seen) {
   bool queued;
   {
     MutexLock l(&wake_mu_);
-    if (!batching && wakes_ != seen) deadline = absl::Now();
+    if (kind == AlarmKind::kPoll && wakes_ != seen) deadline = absl::Now();
     alarm_set_ = true;
-    alarm_batching_ = batching;
+    alarm_kind_ = kind;
     alarm_cancelled_ = false;
     queued = poller_->IfOpen([this, deadline] {
       alarm_.Set(poller_->cq(), absl::ToChronoTime(deadline), &alarm_tag_);
@@ -266,19 +280,39 @@ void ReplicationSource::FollowCall::ArmAlarm(absl::Time deadline, bool batching,
   }
 }
 
-void ReplicationSource::FollowCall::Wake(bool cut) {
+void ReplicationSource::FollowCall::Wake(ReplicationSource::WakeReason why) {
   MutexLock l(&wake_mu_);
   ++wakes_;
-  CancelAlarmLocked(cut);
+  CancelAlarmLocked(why, /*acked=*/false);
 }
 
-void ReplicationSource::FollowCall::WakeAlarm(bool cut) {
+void ReplicationSource::FollowCall::WakeAlarm(
+    ReplicationSource::WakeReason why) {
   MutexLock l(&wake_mu_);
-  CancelAlarmLocked(cut);
+  CancelAlarmLocked(why, /*acked=*/false);
 }
 
-void ReplicationSource::FollowCall::CancelAlarmLocked(bool cut) {
-  if (alarm_set_ && !alarm_cancelled_ && (cut || !alarm_batching_)) {
+void ReplicationSource::FollowCall::WakeAlarmOnAck() {
+  MutexLock l(&wake_mu_);
+  CancelAlarmLocked(ReplicationSource::WakeReason::kWrite, /*acked=*/true);
+}
+
+void ReplicationSource::FollowCall::CancelAlarmLocked(
+    ReplicationSource::WakeReason why, bool acked) {
+  if (!alarm_set_ || alarm_cancelled_) return;
+  bool ends = false;
+  switch (alarm_kind_) {
+    case AlarmKind::kPoll:
+      ends = !acked;
+      break;
+    case AlarmKind::kBatch:
+      ends = why != ReplicationSource::WakeReason::kWrite;
+      break;
+    case AlarmKind::kAck:
+      ends = acked || why == ReplicationSource::WakeReason::kShutdown;
+      break;
+  }
+  if (ends) {
     alarm_.Cancel();  // its event comes at once
     alarm_cancelled_ = true;
   }
@@ -299,7 +333,7 @@ void ReplicationSource::FollowCall::End(const grpc::Status& status) {
   // Ends the Read (and a Write held by flow control); with neither, the
   // follower is told the status.
   if (reading_ || writing_) ctx_.TryCancel();
-  WakeAlarm(/*cut=*/true);
+  WakeAlarm(ReplicationSource::WakeReason::kShutdown);
   MaybeFinish();
 }
 

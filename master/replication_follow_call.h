@@ -6,10 +6,10 @@
 //  - for the follower's acknowledgements: a Read always outstanding, whose
 //    event answers the commits now held (ReplicationSource::Acknowledge),
 //    on the poller's thread;
-//  - for writes, a batch delay, a heartbeat: a grpc::Alarm on the poller's
-//    queue, which a write (NotifyWrite) or a commit that waits
-//    (OnReplicated) cancels from any thread, so that its event comes at
-//    once.
+//  - for writes, a batch delay, the follower's acknowledgement of the last
+//    message (ack_wait), a heartbeat: a grpc::Alarm on the poller's queue,
+//    which a write (NotifyWrite), a commit that waits (OnReplicated) or the
+//    acknowledgement cancels, so that its event comes at once.
 // At most one Write, one Read and one alarm are in flight; the call ends
 // (Finish) once none is, and deletes itself at Finish's event.
 //
@@ -38,11 +38,10 @@ class ReplicationSource::FollowCall {
   // queue is shut down).
   static void Request(ReplicationSource* source, CqPoller* poller);
 
-  // Something to send: a write (cut false), or a commit waiting for the
-  // followers or the source shutting down (cut true: a batch delay ends
-  // too). From any thread; REQUIRES the source's mu_ (the call is then
-  // still registered, so alive).
-  void Wake(bool cut);
+  // Something to send (ReplicationSource::WakeReason says what each ends).
+  // From any thread; REQUIRES the source's mu_ (the call is then still
+  // registered, so alive).
+  void Wake(ReplicationSource::WakeReason why);
 
  private:
   FollowCall(ReplicationSource* source, CqPoller* poller);
@@ -60,15 +59,23 @@ class ReplicationSource::FollowCall {
   // The next message, or an alarm to wait for one.
   void Pump();
   void PumpLog();
+  // What the alarm waits for.
+  enum class AlarmKind {
+    kPoll,   // writes, a heartbeat: any wake ends it
+    kBatch,  // the batch delay: a commit waiting or shutdown ends it
+    kAck,    // the acknowledgement (ack_wait): it, or shutdown, ends it
+  };
   // Sets the alarm at `deadline`; at once instead if a write came since
-  // the stream looked (`seen`, the wake count then) and it is not a batch
-  // delay.
-  void ArmAlarm(absl::Time deadline, bool batching, uint64_t seen);
+  // the stream looked (`seen`, the wake count then) and it is kPoll.
+  void ArmAlarm(absl::Time deadline, AlarmKind kind, uint64_t seen);
   uint64_t Wakes();
-  // Ends the alarm now (its event comes at once), unless it is a batch
-  // delay and `cut` is false.
-  void WakeAlarm(bool cut);
-  void CancelAlarmLocked(bool cut) ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_);
+  // Ends the alarm now (its event comes at once) if `why` ends its kind.
+  void WakeAlarm(ReplicationSource::WakeReason why);
+  // The same for the follower's acknowledgement of the last message: ends
+  // kAck only.
+  void WakeAlarmOnAck();
+  void CancelAlarmLocked(ReplicationSource::WakeReason why, bool acked)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_);
   // Ends the stream with `status` (the follower is told it, unless gone).
   void End(const grpc::Status& status);
   // Finishes once no Write, Read or alarm is in flight.
@@ -102,13 +109,18 @@ class ReplicationSource::FollowCall {
   bool writing_ = false;
   bool finishing_ = false;
   bool batch_waited_ = false;  // the batch delay passed: send now
+  bool ack_waited_ = false;    // the acknowledgement came, or ack_wait passed
+  // The last sequence sent in a log message, and the highest the follower
+  // acknowledged (0: none yet; the first log message never waits).
+  uint64_t sent_ = 0;
+  uint64_t acked_ = 0;
   absl::Time last_sent_;
   grpc::Status end_status_;
 
   Mutex wake_mu_;
   grpc::Alarm alarm_;  // Set and Cancel under wake_mu_
   bool alarm_set_ ABSL_GUARDED_BY(wake_mu_) = false;
-  bool alarm_batching_ ABSL_GUARDED_BY(wake_mu_) = false;
+  AlarmKind alarm_kind_ ABSL_GUARDED_BY(wake_mu_) = AlarmKind::kPoll;
   bool alarm_cancelled_ ABSL_GUARDED_BY(wake_mu_) = false;
   uint64_t wakes_ ABSL_GUARDED_BY(wake_mu_) = 0;
 };

@@ -49,8 +49,13 @@ absl::Status ReplicationSourceOptions::Validate() const {
     return absl::InvalidArgumentError(
         "replication source: poll and heartbeat intervals must be > 0");
   }
-  return ValidateReplicationBatchDelay(batch_delay,
-                                       "replication source: batch_delay");
+  if (absl::Status s = ValidateReplicationBatchDelay(
+          batch_delay, "replication source: batch_delay");
+      !s.ok()) {
+    return s;
+  }
+  return ValidateReplicationBatchDelay(ack_wait,
+                                       "replication source: ack_wait");
 }
 
 absl::Status ValidateReplicationBatchDelay(absl::Duration delay,
@@ -108,7 +113,7 @@ void ReplicationSource::NotifyWrite() {
   {
     MutexLock l(&mu_);
     ++notified_;
-    WakeCallsLocked(/*cut=*/false);
+    WakeCallsLocked(WakeReason::kWrite);
   }
   changed_.SignalAll();
 }
@@ -117,8 +122,8 @@ bool ReplicationSource::CommitWaitingLocked() const {
   return !waiters_.empty() || sync_waiting_ > 0;
 }
 
-void ReplicationSource::WakeCallsLocked(bool cut) {
-  for (const auto& [id, call] : calls_) call->Wake(cut);
+void ReplicationSource::WakeCallsLocked(WakeReason why) {
+  for (const auto& [id, call] : calls_) call->Wake(why);
 }
 
 absl::Status ReplicationSource::WaitReplicated(uint64_t seq,
@@ -127,7 +132,7 @@ absl::Status ReplicationSource::WaitReplicated(uint64_t seq,
   MutexLock l(&mu_);
   ++sync_waiting_;
   batch_cut_.SignalAll();
-  WakeCallsLocked(/*cut=*/true);
+  WakeCallsLocked(WakeReason::kCommitWaiting);
   absl::Status s;
   for (;;) {
     if (shutdown_) {
@@ -200,7 +205,7 @@ void ReplicationSource::OnReplicated(uint64_t seq, absl::Time deadline,
       waiters_.emplace(id, Waiter{seq, deadline, std::move(done)});
       if (earliest) deadlines_changed_.Signal();
       batch_cut_.SignalAll();
-      WakeCallsLocked(/*cut=*/true);
+      WakeCallsLocked(WakeReason::kCommitWaiting);
       return;
     }
   }
@@ -276,7 +281,7 @@ void ReplicationSource::Shutdown() {
     MutexLock l(&mu_);
     shutdown_ = true;
     for (const auto& [id, ctx] : contexts_) ctx->TryCancel();
-    WakeCallsLocked(/*cut=*/true);
+    WakeCallsLocked(WakeReason::kShutdown);
     changed_.SignalAll();
     deadlines_changed_.SignalAll();
     batch_cut_.SignalAll();
@@ -332,6 +337,16 @@ void ReplicationSource::WaitToBatch(grpc::ServerContext* ctx,
   MutexLock l(&mu_);
   while (!shutdown_ && !ctx->IsCancelled() && !CommitWaitingLocked()) {
     if (batch_cut_.WaitWithDeadline(&mu_, until)) break;  // timed out
+  }
+}
+
+void ReplicationSource::WaitForAck(grpc::ServerContext* ctx, const Follower* f,
+                                   uint64_t sent, absl::Time last_sent) {
+  if (options_.ack_wait <= absl::ZeroDuration()) return;
+  const absl::Time until = last_sent + options_.ack_wait;
+  MutexLock l(&mu_);
+  while (!shutdown_ && !ctx->IsCancelled() && f->acked < sent) {
+    if (changed_.WaitWithDeadline(&mu_, until)) break;  // timed out
   }
 }
 
@@ -462,6 +477,7 @@ class ReplicationSource::Stream {
   absl::Status StreamLog(uint64_t next) {
     ReplicationLogReader log(db_, next, source_->options_.log_message_bytes);
     absl::Time last_sent = absl::Now();
+    uint64_t sent = 0;  // the last sequence sent in a log message
     v1::FollowResponse m;
     for (;;) {
       if (!log.Behind()) {
@@ -481,13 +497,15 @@ class ReplicationSource::Stream {
       }
       source_->WaitToBatch(ctx_, last_sent);
       for (;;) {
+        source_->WaitForAck(ctx_, follower_, sent, last_sent);
         absl::StatusOr<ReplicationLogReader::Fill> fill = log.Next(&m);
         if (!fill.ok()) return fill.status();
         if (*fill == ReplicationLogReader::Fill::kRetryLater) {
           absl::SleepFor(source_->options_.poll_interval);
         }
         if (*fill != ReplicationLogReader::Fill::kFilled) break;
-        source_->CountSent(follower_, m.batches_size(), log.next() - 1);
+        sent = log.next() - 1;
+        source_->CountSent(follower_, m.batches_size(), sent);
         RETURN_IF_FALSE(Send(m));
         last_sent = absl::Now();
       }

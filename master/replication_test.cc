@@ -102,7 +102,8 @@ struct Leader {
   explicit Leader(const std::string& name, uint64_t keep_wal_seconds = 3600,
                   const Authenticator* auth = nullptr,
                   absl::Duration batch_delay = absl::ZeroDuration(),
-                  absl::Duration idle_poll_and_heartbeat = absl::ZeroDuration())
+                  absl::Duration idle_poll_and_heartbeat = absl::ZeroDuration(),
+                  absl::Duration ack_wait = ReplicationSourceOptions().ack_wait)
       : dir(TestDir(name + "_leader")) {
     RocksDbMetadataStoreOptions so;
     so.path = dir;
@@ -116,6 +117,7 @@ struct Leader {
     o.store = store;
     o.authenticator = auth;
     o.batch_delay = batch_delay;
+    o.ack_wait = ack_wait;
     if (idle_poll_and_heartbeat > absl::ZeroDuration()) {
       o.idle_poll_interval = idle_poll_and_heartbeat;
       o.heartbeat_interval = idle_poll_and_heartbeat;
@@ -282,7 +284,75 @@ TEST_CASE(
   REQUIRE(f->Stop().ok());
 }
 
-TEST_CASE("A batch delay outside [0, 1 s] is refused") {
+// Puts one object `key`, as a commit would.
+void PutOne(MetadataStore* store, const std::string& key) {
+  ObjectRecord r;
+  r.node_id = 7;
+  r.length = 100;
+  r.generation = 1;
+  REQUIRE(store->PutObjects({{key, r}}).ok());
+}
+
+TEST_CASE(
+    "A stream keeps one log message unacknowledged: the writes made "
+    "meanwhile go out as one message when the follower acknowledges it, "
+    "or at the ack wait without") {
+  g_on_poller = GENERATE(false, true);
+  // An ack wait far longer than the checks below take, even under a
+  // sanitizer.
+  Leader leader("ack_wait", 3600, nullptr, absl::ZeroDuration(),
+                absl::ZeroDuration(), absl::Seconds(1));
+  // A follower of our own that acknowledges only when told, resuming at
+  // the leader's latest sequence (no full copy).
+  std::unique_ptr<v1::Replication::Stub> stub = v1::Replication::NewStub(
+      grpc::CreateChannel(leader.address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->Follow(&ctx);
+  v1::FollowRequest first;
+  first.set_follower("slow");
+  first.set_leader_db_id(leader.source->db_id());
+  first.set_from_sequence(leader.Latest());
+  REQUIRE(stream->Write(first));
+  v1::FollowResponse m;
+  REQUIRE(stream->Read(&m));
+  REQUIRE(m.kind() == v1::FollowResponse::START);
+  REQUIRE_FALSE(m.copy());
+
+  // The first write goes out at once: nothing is unacknowledged.
+  PutOne(leader.store, "one");
+  REQUIRE(stream->Read(&m));
+  REQUIRE(m.kind() == v1::FollowResponse::BATCH);
+  REQUIRE(m.batches_size() == 1);
+  const uint64_t first_sent = leader.Latest();
+  const uint64_t messages = leader.source->GetStats().messages_sent;
+
+  // Nine more while it is unacknowledged: none is sent, not even for a
+  // commit that waits for the follower (the wait's time is the check's).
+  for (int i = 0; i < 9; ++i) PutOne(leader.store, absl::StrCat("more/", i));
+  absl::Status held = leader.source->WaitReplicated(
+      leader.Latest(), absl::Now() + absl::Milliseconds(200));
+  CHECK(absl::IsDeadlineExceeded(held));
+  CHECK(leader.source->GetStats().messages_sent == messages);
+
+  // The acknowledgement releases them, as one message.
+  v1::FollowRequest ack;
+  ack.set_applied_sequence(first_sent);
+  REQUIRE(stream->Write(ack));
+  REQUIRE(stream->Read(&m));
+  REQUIRE(m.kind() == v1::FollowResponse::BATCH);
+  CHECK(m.batches_size() == 9);
+  CHECK(m.sequence() == first_sent + 1);
+
+  // Left unacknowledged, a message holds the next only for the ack wait.
+  PutOne(leader.store, "last");
+  REQUIRE(stream->Read(&m));
+  REQUIRE(m.kind() == v1::FollowResponse::BATCH);
+  CHECK(m.batches_size() == 1);
+  ctx.TryCancel();
+  stream->Finish();
+}
+
+TEST_CASE("A batch delay or ack wait outside [0, 1 s] is refused") {
   RocksDbMetadataStoreOptions so;
   so.path = TestDir("batch_delay_refused");
   auto store = RocksDbMetadataStore::Create(so);
@@ -294,6 +364,10 @@ TEST_CASE("A batch delay outside [0, 1 s] is refused") {
   o.batch_delay = -absl::Milliseconds(1);
   CHECK(absl::IsInvalidArgument(o.Validate()));
   o.batch_delay = absl::Seconds(1);
+  CHECK(o.Validate().ok());
+  o.ack_wait = absl::Seconds(2);
+  CHECK(absl::IsInvalidArgument(o.Validate()));
+  o.ack_wait = absl::ZeroDuration();
   CHECK(o.Validate().ok());
 }
 
