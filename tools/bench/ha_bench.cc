@@ -366,6 +366,9 @@ struct Result {
   // during the lookup phase.
   double client_cpu_us_per_lookup = 0;
   double standby_cpu_share = 0;
+  // The same per put: this process's CPU, and the other masters'.
+  double client_cpu_us_per_put = 0;
+  double standby_cpu_us_per_put = 0;
   // From the end of the put phase until every master was idle (--settle_s).
   absl::Duration settled;
   // PutStart + PutCommit, as the client sees it.
@@ -496,7 +499,15 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   };
   Result r;
   const pid_t leader_pid = rig->masters[0].pid();
+  auto others_cpu = [&] {
+    double sum = 0;
+    for (size_t i = 1; i < rig->masters.size(); ++i)
+      sum += CpuSeconds(rig->masters[i].pid());
+    return sum;
+  };
   double cpu0 = CpuSeconds(leader_pid);
+  double client_cpu0 = CpuSeconds(getpid());
+  double others_cpu0 = others_cpu();
   absl::Time t0 = absl::Now();
   phase([&](int t, v1::MasterService::Stub* stub, absl::Time end) {
     if (FLAGS_put_depth > 1) {
@@ -559,6 +570,10 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
   if (puts.load() > 0) {
     r.leader_cpu_us_per_put = (CpuSeconds(leader_pid) - cpu0) * 1e6 /
                               static_cast<double>(puts.load());
+    r.client_cpu_us_per_put = (CpuSeconds(getpid()) - client_cpu0) * 1e6 /
+                              static_cast<double>(puts.load());
+    r.standby_cpu_us_per_put =
+        (others_cpu() - others_cpu0) * 1e6 / static_cast<double>(puts.load());
   }
   {
     std::vector<absl::Duration> times;
@@ -582,12 +597,6 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
     for (const Daemon& m : rig->masters) pids.push_back(m.pid());
     r.settled = Settle(pids, absl::Seconds(FLAGS_settle_s));
   }
-  auto others_cpu = [&] {
-    double sum = 0;
-    for (size_t i = 1; i < rig->masters.size(); ++i)
-      sum += CpuSeconds(rig->masters[i].pid());
-    return sum;
-  };
   // Counts `n` failed lookups; the first failure's message is kept.
   auto failed = [&](uint64_t n, const std::string& message) {
     if (n > 0 && failures.fetch_add(n) == 0) {
@@ -595,8 +604,8 @@ absl::StatusOr<Result> RunMode(const std::string& binary,
       first_error = message;
     }
   };
-  const double client_cpu0 = CpuSeconds(getpid());
-  const double others_cpu0 = others_cpu();
+  client_cpu0 = CpuSeconds(getpid());
+  others_cpu0 = others_cpu();
   cpu0 = CpuSeconds(leader_pid);
   t0 = absl::Now();
   phase([&](int t, v1::MasterService::Stub* stub, absl::Time end) {
@@ -1050,13 +1059,15 @@ int Main(const char* argv0) {
           "rep=%d mode=%s puts_per_s=%.0f lookups_per_s=%.0f "
           "leader_cpu_us_per_put=%.1f leader_cpu_us_per_lookup=%.1f "
           "put_p50_ms=%.2f put_p99_ms=%.2f settled_ms=%.0f "
-          "client_cpu_us_per_lookup=%.1f standby_cpu_during_lookups=%.0f%%",
+          "client_cpu_us_per_lookup=%.1f standby_cpu_during_lookups=%.0f%% "
+          "client_cpu_us_per_put=%.1f standby_cpu_us_per_put=%.1f",
           rep, mode.c_str(), r->puts_per_s, r->lookups_per_s,
           r->leader_cpu_us_per_put, r->leader_cpu_us_per_lookup,
           absl::ToDoubleMilliseconds(r->put_p50),
           absl::ToDoubleMilliseconds(r->put_p99),
           absl::ToDoubleMilliseconds(r->settled), r->client_cpu_us_per_lookup,
-          r->standby_cpu_share * 100);
+          r->standby_cpu_share * 100, r->client_cpu_us_per_put,
+          r->standby_cpu_us_per_put);
       if (absl::StartsWith(mode, "sync")) {
         std::printf(
             " sync_commits=%.0f sync_timeouts=%.0f batches_sent=%.0f "
