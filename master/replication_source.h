@@ -106,9 +106,10 @@ struct ReplicationSourceOptions {
   // trickle each write still goes out at once. Unlike batch_delay, a commit
   // waiting for the followers does not cut it short (it waits for that
   // acknowledgement either way). Measured (docs/ha.md, "One message in
-  // flight"): with confirm commits the messages per commit fell from 0.14
-  // to about 0.02 and the standby's CPU per put by a third. Zero: send at
-  // once; at most kMaxReplicationBatchDelay. Default: 5 ms.
+  // flight"): with sync or confirm commits the messages per commit fell
+  // from 0.14 to 0.013-0.036, and the standby's CPU per put from about 17
+  // to 10 us. Zero: send at once; at most kMaxReplicationBatchDelay.
+  // Default: 5 ms.
   absl::Duration ack_wait = absl::Milliseconds(5);
   // Lag times. nullptr: Clock::Real(). Not owned. Default: nullptr.
   Clock* clock = nullptr;

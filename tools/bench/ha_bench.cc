@@ -59,7 +59,8 @@
 // flight per thread their rate follows the round trip through the
 // clients' core, which the standby and etcd share on a small machine.
 // Each row also has the bench's own CPU per lookup and the other masters'
-// share of a core during the lookups. --lookup_stream sends the lookups as
+// share of a core during the lookups, and per put the bench's CPU and the
+// other masters'. --lookup_stream sends the lookups as
 // the SDK does, as messages of one LookupStream per thread, and
 // --client_poll_strategy=poll polls as the SDK does by default.
 //
