@@ -183,6 +183,48 @@ void WaitApplied(ReplicaFollower* f, uint64_t seq) {
   REQUIRE(s.ok());
 }
 
+// A standby of the test's own on a raw stream: it claims the leader's
+// database up to its latest sequence (no full copy) and acknowledges only
+// when told. Destroy it before the leader.
+struct RawStandby {
+  RawStandby(const Leader& leader, const std::string& name)
+      : stub(v1::Replication::NewStub(grpc::CreateChannel(
+            leader.address, grpc::InsecureChannelCredentials()))),
+        stream(stub->Follow(&ctx)) {
+    v1::FollowRequest first;
+    first.set_follower(name);
+    first.set_leader_db_id(leader.source->db_id());
+    first.set_from_sequence(leader.store->LatestSequence());
+    REQUIRE(stream->Write(first));
+    v1::FollowResponse start = Next();
+    REQUIRE(start.kind() == v1::FollowResponse::START);
+    REQUIRE_FALSE(start.copy());
+  }
+  ~RawStandby() {
+    Leave();
+    stream->Finish();
+  }
+  // The leader's next message.
+  v1::FollowResponse Next() {
+    v1::FollowResponse m;
+    REQUIRE(stream->Read(&m));
+    return m;
+  }
+  void Ack(uint64_t seq) {
+    v1::FollowRequest a;
+    a.set_applied_sequence(seq);
+    REQUIRE(stream->Write(a));
+  }
+  // Ends the stream: the leader sees the standby leave.
+  void Leave() { ctx.TryCancel(); }
+
+  std::unique_ptr<v1::Replication::Stub> stub;
+  grpc::ClientContext ctx;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::FollowRequest, v1::FollowResponse>>
+      stream;
+};
+
 TEST_CASE("A follower catches up from empty with a full copy, then follows "
           "live writes") {
   g_on_poller = GENERATE(false, true);
@@ -302,25 +344,11 @@ TEST_CASE(
   // sanitizer.
   Leader leader("ack_wait", 3600, nullptr, absl::ZeroDuration(),
                 absl::ZeroDuration(), absl::Seconds(1));
-  // A follower of our own that acknowledges only when told, resuming at
-  // the leader's latest sequence (no full copy).
-  std::unique_ptr<v1::Replication::Stub> stub = v1::Replication::NewStub(
-      grpc::CreateChannel(leader.address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  auto stream = stub->Follow(&ctx);
-  v1::FollowRequest first;
-  first.set_follower("slow");
-  first.set_leader_db_id(leader.source->db_id());
-  first.set_from_sequence(leader.Latest());
-  REQUIRE(stream->Write(first));
-  v1::FollowResponse m;
-  REQUIRE(stream->Read(&m));
-  REQUIRE(m.kind() == v1::FollowResponse::START);
-  REQUIRE_FALSE(m.copy());
+  RawStandby slow(leader, "slow");
 
   // The first write goes out at once: nothing is unacknowledged.
   PutOne(leader.store, "one");
-  REQUIRE(stream->Read(&m));
+  v1::FollowResponse m = slow.Next();
   REQUIRE(m.kind() == v1::FollowResponse::BATCH);
   REQUIRE(m.batches_size() == 1);
   const uint64_t first_sent = leader.Latest();
@@ -335,21 +363,17 @@ TEST_CASE(
   CHECK(leader.source->GetStats().messages_sent == messages);
 
   // The acknowledgement releases them, as one message.
-  v1::FollowRequest ack;
-  ack.set_applied_sequence(first_sent);
-  REQUIRE(stream->Write(ack));
-  REQUIRE(stream->Read(&m));
+  slow.Ack(first_sent);
+  m = slow.Next();
   REQUIRE(m.kind() == v1::FollowResponse::BATCH);
   CHECK(m.batches_size() == 9);
   CHECK(m.sequence() == first_sent + 1);
 
   // Left unacknowledged, a message holds the next only for the ack wait.
   PutOne(leader.store, "last");
-  REQUIRE(stream->Read(&m));
+  m = slow.Next();
   REQUIRE(m.kind() == v1::FollowResponse::BATCH);
   CHECK(m.batches_size() == 1);
-  ctx.TryCancel();
-  stream->Finish();
 }
 
 TEST_CASE("A batch delay or ack wait outside [0, 1 s] is refused") {
@@ -528,27 +552,10 @@ TEST_CASE(
   auto f = Follow(TestDir("two_standby"), leader.address);
   WaitApplied(f.get(), leader.Latest());
 
-  // A second standby that acknowledges only when the test says so: a raw
-  // stream that claims the leader's database up to its latest sequence (no
-  // full copy) and acknowledges that once, so it is past its copy.
-  auto stub = v1::Replication::NewStub(
-      grpc::CreateChannel(leader.address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  auto stream = stub->Follow(&ctx);
-  v1::FollowRequest first;
-  first.set_follower("silent");
-  first.set_leader_db_id(leader.source->db_id());
-  first.set_from_sequence(leader.Latest());
-  REQUIRE(stream->Write(first));
-  v1::FollowResponse start;
-  REQUIRE(stream->Read(&start));
-  CHECK(start.kind() == v1::FollowResponse::START);
-  auto ack = [&](uint64_t seq) {
-    v1::FollowRequest a;
-    a.set_applied_sequence(seq);
-    REQUIRE(stream->Write(a));
-  };
-  ack(leader.Latest());
+  // A second standby that acknowledges only when the test says so. It
+  // acknowledges its start once, so it is past its copy.
+  RawStandby silent(leader, "silent");
+  silent.Ack(leader.Latest());
   REQUIRE(Eventually([&] { return leader.source->FollowersPastCopy() == 2; }));
 
   REQUIRE(leader.store->PutObjects({{"x", ObjectRecord{}}}).ok());
@@ -562,7 +569,7 @@ TEST_CASE(
   leader.source->OnReplicated(seq, Soon(),
                               [&](absl::Status s) { later.Set(s); });
   CHECK(!later.Done());
-  ack(seq);
+  silent.Ack(seq);
   CHECK(later.Get().ok());
   CHECK(leader.source->WaitReplicated(seq, Soon()).ok());
 
@@ -574,7 +581,7 @@ TEST_CASE(
   leader.source->OnReplicated(seq2, Soon(),
                               [&](absl::Status s) { on_leave.Set(s); });
   WaitApplied(f.get(), seq2);
-  ctx.TryCancel();
+  silent.Leave();
   CHECK(on_leave.Get().ok());
   REQUIRE(f->Stop().ok());
 }
