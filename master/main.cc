@@ -21,6 +21,7 @@
 #include "common/cli.h"
 #include "common/daemon.h"
 #include "common/daemon_flags.h"
+#include "common/malloc_tuning.h"
 #include "master/main_ha.h"
 #include "master/master_server.h"
 
@@ -319,6 +320,9 @@ absl::Status OptionsFromFlags(hymcache::MasterOptions* options) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, with main's argv as given: the re-executed image starts here
+  // again with the tunables set (common/malloc_tuning.h).
+  hymcache::ReexecWithDaemonMallocTunables(argv);
   hymcache::StartDaemonMain(
       {.program = "hymcache-master",
        .usage = "HyMCache master: metadata, placement, liveness.\n"
