@@ -1,5 +1,6 @@
 #include "common/malloc_tuning.h"
 
+#include <sys/auxv.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -36,6 +37,10 @@ void ReexecWithDaemonMallocTunables(char** argv) {
   (void)argv;
   return;
 #else
+  // A secure-execution start (setuid, setgid, file capabilities): glibc
+  // erases the malloc tunables from the new image's environment, so the
+  // image would find nothing and execute again, for ever.
+  if (getauxval(AT_SECURE) != 0) return;
   const std::optional<std::string> tunables =
       DaemonMallocTunables(std::getenv("GLIBC_TUNABLES"));
   if (!tunables.has_value()) return;

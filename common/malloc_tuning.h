@@ -37,8 +37,10 @@ std::optional<std::string> DaemonMallocTunables(const char* current);
 // DaemonMallocTunables has something to add, sets GLIBC_TUNABLES and executes
 // /proc/self/exe with the same arguments (same process id, so a supervisor sees
 // no change; systemd's NOTIFY_SOCKET and the rest of the environment are kept).
-// Returns when there is nothing to add, in a sanitizer build, or when the exec
-// fails: then the daemon runs with glibc's defaults, having said why on stderr.
+// Returns when there is nothing to add, in a sanitizer build, in a
+// secure-execution start (AT_SECURE: glibc would erase the tunable again),
+// or when the exec fails: then the daemon runs with glibc's defaults, having
+// said why on stderr.
 void ReexecWithDaemonMallocTunables(char** argv);
 
 }  // namespace hymcache
